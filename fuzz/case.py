@@ -1,0 +1,405 @@
+"""The case model: what one generated test case is, as pure data.
+
+A case is a tree of frozen dataclasses and enums, JSON-serialisable with a schema version. The
+driver draws cases with Hypothesis (no torch RNG is involved), sends the same JSON to every rank,
+and each rank rebuilds everything it needs deterministically from it. Corpus entries store cases
+in this form, so :func:`case_from_json` validates everything it reads and names the offending
+field and value in its :class:`~fuzz.errors.CaseError`.
+
+This module imports only the standard library: the rank side depends on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Union
+
+from fuzz.errors import CaseError
+
+SCHEMA_VERSION = 1
+
+#: Bounds that keep every case small enough to run in well under a second on CPU.
+MAX_WIDTH = 64
+MAX_DEPTH = 6
+MAX_STEPS = 16
+MAX_WORLD_SIZE = 64
+
+
+class LeafKind(str, enum.Enum):
+    """The kinds of leaf modules a tree is made of. Every leaf maps width -> width."""
+
+    LINEAR = "linear"
+    LAYER_NORM = "layer_norm"
+    RELU = "relu"
+    TANH = "tanh"
+    GELU = "gelu"
+
+
+class Dtype(str, enum.Enum):
+    FLOAT32 = "float32"
+    FLOAT64 = "float64"
+
+
+class Optimizer(str, enum.Enum):
+    SGD = "sgd"
+    ADAM = "adam"
+    ADAMW = "adamw"
+
+
+class FaultAction(str, enum.Enum):
+    """Faults the pool's own tests inject into one rank (see :class:`FaultBody`)."""
+
+    NONE = "none"  # every rank runs one all-reduce and reports its result
+    HANG = "hang"  # only ``rank`` enters an all-reduce, so it blocks forever
+    RAISE = "raise"  # ``rank`` raises, the others enter an all-reduce without it
+    EXIT = "exit"  # ``rank`` calls os._exit(3)
+    SIGKILL = "sigkill"  # ``rank`` kills itself with SIGKILL
+    SIGSEGV = "sigsegv"  # ``rank`` segfaults
+    SLEEP = "sleep"  # every rank sleeps ``seconds`` (to kill the driver mid-case)
+
+
+PARAM_LEAVES = frozenset({LeafKind.LINEAR, LeafKind.LAYER_NORM})
+
+
+@dataclass(frozen=True)
+class Leaf:
+    kind: LeafKind
+    bias: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.bias and self.kind not in PARAM_LEAVES:
+            raise CaseError("bias", f"bias=False only applies to linear and layer_norm, not {self.kind.value}")
+
+
+@dataclass(frozen=True)
+class Block:
+    """A container: runs its children in order; ``residual`` adds its input to the result."""
+
+    children: tuple[Node, ...]
+    residual: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.children:
+            raise CaseError("children", "a block needs at least one child")
+
+
+Node = Union[Leaf, Block]
+
+
+def iter_paths(block: Block, prefix: str = "") -> typing.Iterator[tuple[str, Node]]:
+    """Yield ``(path, node)`` for every node, parents before children; the root's path is ``""``.
+
+    Paths are the module names torch gives the submodules (``"1.0"``), so
+    ``model.get_submodule(path)`` finds the built module.
+    """
+    yield prefix, block
+    for i, child in enumerate(block.children):
+        path = f"{prefix}.{i}" if prefix else str(i)
+        if isinstance(child, Block):
+            yield from iter_paths(child, path)
+        else:
+            yield path, child
+
+
+def has_params(node: Node) -> bool:
+    """True if the module built from ``node`` holds at least one parameter."""
+    if isinstance(node, Leaf):
+        return node.kind in PARAM_LEAVES
+    return any(has_params(c) for c in node.children)
+
+
+def tree_depth(node: Node) -> int:
+    if isinstance(node, Leaf):
+        return 0
+    return 1 + max(tree_depth(c) for c in node.children)
+
+
+@dataclass(frozen=True)
+class ModuleTree:
+    width: int
+    root: Block
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.width <= MAX_WIDTH:
+            raise CaseError("width", f"width={self.width} is outside 1..{MAX_WIDTH}")
+        if tree_depth(self.root) > MAX_DEPTH:
+            raise CaseError("root", f"tree depth {tree_depth(self.root)} exceeds {MAX_DEPTH}")
+
+    def paths(self) -> dict[str, Node]:
+        return dict(iter_paths(self.root))
+
+    @property
+    def size(self) -> int:
+        """Number of nodes: the size measure reported for shrunk cases."""
+        return len(self.paths())
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """One ``fully_shard`` call on the module at ``path`` ("" is the root).
+
+    ``shard_dim`` is what ``shard_placement_fn`` returns for parameters with more than
+    ``shard_dim`` dimensions (``Shard(shard_dim)``); ``0`` means no placement function.
+    """
+
+    path: str
+    reshard_after_forward: bool | int = True
+    shard_dim: int = 0
+
+    def __post_init__(self) -> None:
+        raf = self.reshard_after_forward
+        if not isinstance(raf, bool) and raf < 2:
+            raise CaseError("reshard_after_forward", f"an int must be a divisor >= 2 of the shard size, got {raf}")
+        if self.shard_dim not in (0, 1):
+            raise CaseError("shard_dim", f"shard_dim={self.shard_dim} must be 0 or 1")
+
+
+@dataclass(frozen=True)
+class Composition:
+    """``fully_shard`` calls, applied in this order (children before their parents)."""
+
+    shards: tuple[ShardSpec, ...] = ()
+
+
+@dataclass(frozen=True)
+class Training:
+    optimizer: Optimizer = Optimizer.SGD
+    lr: float = 0.1
+    momentum: float = 0.0
+    #: Adam's eps. Near a zero gradient Adam's update g / (sqrt(v) + eps) has gain 1 / eps, so a
+    #: gradient that is zero in exact arithmetic but rounding noise in practice (a LayerNorm of
+    #: width 1, a bias before a LayerNorm) turns into a step whose size depends on summation
+    #: order. The strategies keep eps >= 1e-4 and pair Adam with float64 (see fuzz.tolerance).
+    eps: float = 1e-3
+    steps: int = 2
+    batch_per_rank: int = 2
+    #: Parameter dtype of both the composed model and the reference.
+    dtype: Dtype = Dtype.FLOAT32
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.steps <= MAX_STEPS:
+            raise CaseError("steps", f"steps={self.steps} is outside 1..{MAX_STEPS}")
+        if not 1 <= self.batch_per_rank <= 64:
+            raise CaseError("batch_per_rank", f"batch_per_rank={self.batch_per_rank} is outside 1..64")
+        if not 0.0 < self.lr <= 1.0:
+            raise CaseError("lr", f"lr={self.lr} is outside (0, 1]")
+        if not 0.0 <= self.momentum < 1.0:
+            raise CaseError("momentum", f"momentum={self.momentum} is outside [0, 1)")
+        if self.eps <= 0.0:
+            raise CaseError("eps", f"eps={self.eps} must be positive")
+
+
+@dataclass(frozen=True)
+class ParityBody:
+    """Train a composed model and a plain reference on the same global batches."""
+
+    KIND: ClassVar[str] = "parity"
+    tree: ModuleTree
+    composition: Composition
+    training: Training = field(default_factory=Training)
+
+    def __post_init__(self) -> None:
+        paths = self.tree.paths()
+        seen: set[str] = set()
+        for i, spec in enumerate(self.composition.shards):
+            where = f"composition.shards[{i}].path"
+            if spec.path not in paths:
+                raise CaseError(where, f"{spec.path!r} names no module of the tree (paths: {sorted(paths)})")
+            if isinstance(paths[spec.path], Leaf) and paths[spec.path].kind not in PARAM_LEAVES:
+                raise CaseError(where, f"{spec.path!r} is a parameter-free {paths[spec.path].kind.value} leaf")
+            if spec.path in seen:
+                raise CaseError(where, f"{spec.path!r} is sharded twice")
+            for earlier in seen:
+                if _is_ancestor(earlier, spec.path):
+                    raise CaseError(where, f"{spec.path!r} comes after its ancestor {earlier!r}; shard children first")
+            seen.add(spec.path)
+        owners = [p for p, n in paths.items() if isinstance(n, Leaf) and n.kind in PARAM_LEAVES]
+        if not owners:
+            raise CaseError("tree", "the tree has no parameters (no linear or layer_norm leaf)")
+        for owner in owners:
+            # A parameter outside every fully_shard'ed subtree gets no gradient reduction, so
+            # its ranks would diverge by design: not a case this property can judge.
+            if not any(s == owner or _is_ancestor(s, owner) for s in seen):
+                raise CaseError("composition.shards", f"the parameters of {owner!r} are under no fully_shard; shard an ancestor")
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return self.tree.size, self.training.steps
+
+
+@dataclass(frozen=True)
+class FaultBody:
+    """A pool self-test: inject ``action`` into ``rank`` (see :class:`FaultAction`)."""
+
+    KIND: ClassVar[str] = "fault"
+    action: FaultAction
+    rank: int = 0
+    seconds: float = 0.0
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return 1, 1
+
+
+Body = Union[ParityBody, FaultBody]
+_BODIES: dict[str, type] = {b.KIND: b for b in (ParityBody, FaultBody)}
+
+
+def _is_ancestor(ancestor: str, path: str) -> bool:
+    """True if the module at ``ancestor`` contains the one at ``path`` (and is not it)."""
+    if ancestor == path:
+        return False
+    return ancestor == "" or path.startswith(ancestor + ".")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One generated test case: which property, how many ranks, the seed, and the body."""
+
+    property: str
+    world_size: int
+    seed: int
+    body: Body
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.world_size <= MAX_WORLD_SIZE:
+            raise CaseError("world_size", f"world_size={self.world_size} is outside 1..{MAX_WORLD_SIZE}")
+        if not 0 <= self.seed < 2**63:
+            raise CaseError("seed", f"seed={self.seed} is outside 0..2**63-1")
+        if isinstance(self.body, FaultBody) and not 0 <= self.body.rank < self.world_size:
+            raise CaseError("body.rank", f"rank={self.body.rank} is not a rank of world_size={self.world_size}")
+        if isinstance(self.body, ParityBody):
+            for i, spec in enumerate(self.body.composition.shards):
+                raf = spec.reshard_after_forward
+                if not isinstance(raf, bool) and (raf >= self.world_size or self.world_size % raf):
+                    raise CaseError(
+                        f"body.composition.shards[{i}].reshard_after_forward",
+                        f"{raf} is not a divisor of world_size={self.world_size} other than 1 and itself",
+                    )
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """(nodes, steps): the measure by which shrunk cases are reported."""
+        return self.body.size
+
+
+# --------------------------------------------------------------------------------------------
+# JSON codec. Generic over the dataclasses above, driven by their type hints, so a new field is
+# serialised and validated without touching this code.
+
+
+def to_jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out: dict[str, Any] = {}
+        kind = getattr(type(value), "KIND", None)
+        if kind is not None:
+            out["kind"] = kind
+        for f in dataclasses.fields(value):
+            out[f.name] = to_jsonable(getattr(value, f.name))
+        return out
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, tuple):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, (bool, int, float, str)) or value is None:
+        return value
+    raise TypeError(f"cannot serialise {type(value).__name__}")
+
+
+def case_to_json(case: Case) -> dict[str, Any]:
+    return {"schema": SCHEMA_VERSION, **to_jsonable(case)}
+
+
+def case_to_text(case: Case) -> str:
+    return json.dumps(case_to_json(case), sort_keys=True)
+
+
+def case_from_json(data: Any, path: str = "case") -> Case:
+    """Rebuild a :class:`Case` from :func:`case_to_json` output, validating every field."""
+    if not isinstance(data, dict):
+        raise CaseError(path, f"expected a JSON object, got {type(data).__name__}")
+    schema = data.get("schema")
+    if schema != SCHEMA_VERSION:
+        if isinstance(schema, int) and schema > SCHEMA_VERSION:
+            raise CaseError(f"{path}.schema", f"schema {schema} is newer than this shardfuzz ({SCHEMA_VERSION}); upgrade shardfuzz")
+        raise CaseError(f"{path}.schema", f"unsupported schema {schema!r}; expected {SCHEMA_VERSION}")
+    body = {k: v for k, v in data.items() if k != "schema"}
+    result = _decode(Case, body, path)
+    assert isinstance(result, Case)
+    return result
+
+
+def _decode(tp: Any, value: Any, path: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        options = typing.get_args(tp)
+        if all(dataclasses.is_dataclass(o) for o in options):
+            kinds = {getattr(o, "KIND", None): o for o in options}
+            if None not in kinds:
+                if not isinstance(value, dict) or value.get("kind") not in kinds:
+                    raise CaseError(path, f"kind must be one of {sorted(kinds)}, got {value!r:.80}")
+                return _decode(kinds[value["kind"]], value, path)
+            # Untagged union of dataclasses (Node): Leaf has "kind", Block has "children".
+            if isinstance(value, dict) and "children" in value:
+                return _decode(Block, value, path)
+            return _decode(Leaf, value, path)
+        if bool in options and int in options:
+            if isinstance(value, bool) or (isinstance(value, int)):
+                return value
+            raise CaseError(path, f"expected a bool or an int, got {value!r:.80}")
+        for option in options:
+            if option is type(None) and value is None:
+                return None
+        non_none = [o for o in options if o is not type(None)]
+        return _decode(non_none[0], value, path)
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise CaseError(path, f"expected a list, got {value!r:.80}")
+        (item_tp, _ellipsis) = typing.get_args(tp)
+        return tuple(_decode(item_tp, v, f"{path}[{i}]") for i, v in enumerate(value))
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        try:
+            return tp(value)
+        except ValueError:
+            raise CaseError(path, f"{value!r:.80} is not one of {[m.value for m in tp]}") from None
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise CaseError(path, f"expected a JSON object, got {value!r:.80}")
+        hints = typing.get_type_hints(tp)
+        fields = {f.name: f for f in dataclasses.fields(tp)}
+        tag = {"kind"} if getattr(tp, "KIND", None) else set()
+        unknown = set(value) - set(fields) - tag
+        if unknown:
+            raise CaseError(path, f"unknown field(s) {sorted(unknown)}")
+        kwargs = {}
+        for name, f in fields.items():
+            if name in value:
+                kwargs[name] = _decode(hints[name], value[name], f"{path}.{name}")
+            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise CaseError(f"{path}.{name}", "missing")
+        try:
+            return tp(**kwargs)
+        except CaseError as e:
+            raise CaseError(f"{path}.{e.path}", str(e).split(": ", 1)[1]) from None
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise CaseError(path, f"expected a number, got {value!r:.80}")
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise CaseError(path, f"expected an integer, got {value!r:.80}")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise CaseError(path, f"expected true or false, got {value!r:.80}")
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            raise CaseError(path, f"expected a string, got {value!r:.80}")
+        return value
+    raise TypeError(f"no decoder for {tp!r}")

@@ -1,0 +1,217 @@
+"""The command line: a thin layer over :mod:`fuzz.explore`, :mod:`fuzz.bench` and the corpus.
+
+Exit codes: 0 ran and nothing new failed (replay: no longer fails); 1 a new failure was found
+or reproduced; 2 bad arguments or an unreadable input, with a message that names it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+from fuzz.errors import ShardfuzzError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def duration(text: str) -> float:
+    """Seconds from ``300``, ``300s``, ``10m``, ``8h`` or ``1h30m``."""
+    m = re.fullmatch(r"\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*", text)
+    if not text.strip() or m is None or not any(m.groups()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration; write e.g. 300, 90s, 10m or 8h")
+    h, mins, s = (float(g) if g else 0.0 for g in m.groups())
+    seconds = h * 3600 + mins * 60 + s
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive duration")
+    return seconds
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def _pool_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="gloo (CPU, default) or nccl (one GPU per rank)")
+    p.add_argument("--world-size", type=positive_int, default=2, help="number of ranks (default 2)")
+    p.add_argument("--deadline", type=duration, default=60.0, help="seconds a case may take before it is a hang (default 60)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m fuzz", description="Property-based fuzzing of PyTorch's composable distributed APIs.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    ex = sub.add_parser("explore", help="run properties for a time budget; new failures go to the corpus")
+    ex.add_argument("--budget", type=duration, default=60.0, help="time budget, e.g. 300, 10m, 8h (default 60s)")
+    ex.add_argument("--max-examples", type=positive_int, default=None, help="stop after this many cases")
+    ex.add_argument("--property", action="append", dest="properties", metavar="NAME", help="property to run (repeatable; default all)")
+    ex.add_argument("--corpus", type=Path, default=Path("corpus"), help="corpus directory (default ./corpus)")
+    ex.add_argument("--report", type=Path, default=None, help="directory for a JSON summary of the campaign")
+    ex.add_argument("--seed", type=int, default=None, help="campaign seed (default: random)")
+    _pool_args(ex)
+
+    rp = sub.add_parser("replay", help="re-run one corpus entry: exit 1 if it still fails, 0 if not")
+    rp.add_argument("entry", type=Path)
+    _pool_args(rp)
+
+    sub.add_parser("properties", help="list the property names")
+
+    cp = sub.add_parser("corpus", help="list the corpus entries")
+    cp.add_argument("--corpus", type=Path, default=Path("corpus"))
+
+    be = sub.add_parser("bench", help="pool against spawn-per-case on the same cases; ends with 'speedup: <ratio>x'")
+    be.add_argument("--cases", type=positive_int, default=100, help="cases through the pool (default 100)")
+    be.add_argument("--spawn-cases", type=positive_int, default=5, help="cases through spawn-per-case (default 5)")
+    be.add_argument("--seed", type=int, default=0)
+    _pool_args(be)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so the pool is closed and found failures are saved.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        handler = {"explore": _explore, "replay": _replay, "properties": _properties, "corpus": _corpus, "bench": _bench}
+        return int(handler[args.command](args))
+    except ShardfuzzError as e:
+        print(f"python -m fuzz {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _properties(args: argparse.Namespace) -> int:
+    from fuzz.properties import all_properties
+
+    for prop in all_properties():
+        print(f"{prop.name:16} {prop.description}")
+    return EXIT_OK
+
+
+def _explore(args: argparse.Namespace) -> int:
+    import random
+    import time
+
+    from fuzz.explore import explore
+    from fuzz.pool import RankPool
+    from fuzz.properties import all_properties, get_property
+
+    props = [get_property(n) for n in args.properties] if args.properties else all_properties()
+    too_small = [p.name for p in props if p.min_world_size > args.world_size]
+    if too_small:
+        raise ShardfuzzError(f"--world-size {args.world_size} is too small for {too_small}")
+    seed = args.seed if args.seed is not None else random.SystemRandom().getrandbits(32)
+    tty = sys.stderr.isatty()
+    last = [0.0]
+
+    def show(progress: Any) -> None:
+        now = time.monotonic()
+        if now - last[0] >= (0.5 if tty else 10.0):
+            last[0] = now
+            print(("\r\x1b[K" if tty else "") + progress.line(), end="" if tty else "\n", file=sys.stderr, flush=True)
+
+    print(
+        f"explore: {[p.name for p in props]} for {args.budget:.0f}s on {args.world_size} ranks ({args.backend}), "
+        f"seed {seed}, corpus {args.corpus}",
+        file=sys.stderr,
+    )
+    with RankPool(world_size=args.world_size, backend=args.backend, deadline=args.deadline) as pool:
+        progress = explore(
+            pool, props, budget=args.budget, max_examples=args.max_examples, seed=seed, corpus=args.corpus, on_case=show
+        )
+    if tty:
+        print(file=sys.stderr)
+    print(progress.line(), file=sys.stderr)
+    if progress.interrupted:
+        print("explore: stopped early by a signal; what was found is saved", file=sys.stderr)
+    for found in progress.found.values():
+        where = f" -> {found.path}" if found.path else ""
+        tag = "known" if found.known else (found.entry.status if found.entry else "unconfirmed")
+        repro = f", reproduced {found.entry.reproduced}/{found.entry.reruns}" if found.entry and not found.known else ""
+        print(
+            f"{tag}: {found.failure.signature} x{found.hits} (size {found.case.size}{repro}): {found.failure.summary}{where}",
+            file=sys.stderr,
+        )
+    if args.report is not None:
+        _write_report(args.report, progress, seed)
+    return EXIT_FAILED if progress.new_failures else EXIT_OK
+
+
+def _write_report(directory: Path, progress: Any, seed: int) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    summary = {
+        "seed": seed,
+        "seconds": progress.elapsed,
+        "cases": progress.cases,
+        "interrupted": progress.interrupted,
+        "restarts": progress.restarts,
+        "cases_per_property": dict(progress.per_property),
+        "seconds_per_property": dict(progress.seconds_per_property),
+        "features": dict(progress.features),
+        "failures": [
+            {"signature": f.failure.signature, "kind": f.failure.kind, "hits": f.hits, "known": f.known,
+             "summary": f.failure.summary, "entry": str(f.path) if f.path else None}
+            for f in progress.found.values()
+        ],
+    }
+    tmp = directory / ".summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, directory / "summary.json")
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from fuzz.corpus import load_entry
+    from fuzz.explore import run_case
+    from fuzz.pool import RankPool
+    from fuzz.properties import get_property
+
+    entry = load_entry(args.entry)
+    prop = get_property(entry.case.property)
+    world_size = entry.case.world_size
+    with RankPool(world_size=world_size, backend=args.backend, deadline=args.deadline) as pool:
+        failure = run_case(pool, prop, entry.case)
+    if failure is None:
+        print(f"replay: {args.entry} passes now (was {entry.signature})")
+        return EXIT_OK
+    same = "same signature" if failure.signature == entry.signature else f"was {entry.signature}"
+    print(f"replay: {args.entry} still fails: {failure.signature} ({same}): {failure.summary}")
+    return EXIT_FAILED
+
+
+def _corpus(args: argparse.Namespace) -> int:
+    from fuzz.corpus import load_corpus
+
+    entries, problems = load_corpus(args.corpus)
+    for problem in problems:
+        print(f"skipped: {problem}", file=sys.stderr)
+    print(f"{'signature':70} {'property':10} {'size':8} {'status':7} count")
+    for _, e in entries:
+        print(f"{e.signature[:70]:70} {e.case.property:10} {str(e.case.size):8} {e.status:7} {e.count}")
+    return EXIT_OK
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from fuzz.bench import bench
+
+    bench(backend=args.backend, world_size=args.world_size, pool_cases=args.cases, spawn_cases=args.spawn_cases, seed=args.seed)
+    return EXIT_OK

@@ -1,0 +1,196 @@
+"""The corpus: one JSON file per distinct failure, written atomically, never unpickled.
+
+An entry holds the minimal case, its failure (kind, signature, summary, every rank's account),
+the versions it was found with, how many re-runs reproduced it, and how often it was hit. Two
+failures with one signature are one entry: the smaller case is kept and the count goes up.
+An entry marked ``known`` stands for a bug in torch itself (``upstream`` names the issue where
+there is one): hitting it again is reported but is not a new failure.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import platform
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fuzz.case import Case, case_from_json, case_to_json
+from fuzz.errors import CaseError, ShardfuzzError
+from fuzz.signature import Failure
+
+ENTRY_SCHEMA = 1
+STATUSES = ("new", "flaky", "known")
+
+
+@dataclass(frozen=True)
+class Entry:
+    case: Case
+    kind: str
+    signature: str
+    summary: str
+    details: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    backend: str = "gloo"
+    device_kind: str = "cpu"
+    found_at: str = ""
+    reruns: int = 0
+    reproduced: int = 0
+    count: int = 1
+    status: str = "new"
+    upstream: str | None = None
+
+    @property
+    def file_name(self) -> str:
+        digest = hashlib.sha1(self.signature.encode()).hexdigest()[:12]
+        return f"{self.case.property}-{self.kind}-{digest}.json"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": ENTRY_SCHEMA,
+            "property": self.case.property,
+            "kind": self.kind,
+            "signature": self.signature,
+            "summary": self.summary,
+            "status": self.status,
+            "upstream": self.upstream,
+            "count": self.count,
+            "reruns": self.reruns,
+            "reproduced": self.reproduced,
+            "size": {"nodes": self.case.size[0], "steps": self.case.size[1]},
+            "backend": self.backend,
+            "world_size": self.case.world_size,
+            "device_kind": self.device_kind,
+            "versions": self.versions,
+            "found_at": self.found_at,
+            "case": case_to_json(self.case),
+            "details": self.details,
+        }
+
+
+def entry_from_failure(
+    case: Case, failure: Failure, *, versions: dict[str, str], backend: str, device_kind: str, reruns: int, reproduced: int
+) -> Entry:
+    status = "new" if reproduced == reruns else "flaky"
+    return Entry(
+        case=case,
+        kind=failure.kind,
+        signature=failure.signature,
+        summary=failure.summary,
+        details=failure.details,
+        versions={**versions, **_driver_versions()},
+        backend=backend,
+        device_kind=device_kind,
+        found_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        reruns=reruns,
+        reproduced=reproduced,
+        status=status,
+    )
+
+
+def _driver_versions() -> dict[str, str]:
+    import hypothesis
+
+    return {"hypothesis": hypothesis.__version__, "python": platform.python_version()}
+
+
+def load_entry(path: str | os.PathLike[str]) -> Entry:
+    """Read and validate one entry; raises ShardfuzzError naming the file and the problem."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ShardfuzzError(f"{p}: cannot read corpus entry: {e}") from None
+    if not isinstance(data, dict):
+        raise ShardfuzzError(f"{p}: a corpus entry is a JSON object, got {type(data).__name__}")
+    schema = data.get("schema")
+    if isinstance(schema, int) and schema > ENTRY_SCHEMA:
+        raise ShardfuzzError(f"{p}: entry schema {schema} is newer than this shardfuzz ({ENTRY_SCHEMA}); upgrade shardfuzz")
+    if schema != ENTRY_SCHEMA:
+        raise ShardfuzzError(f"{p}: unsupported entry schema {schema!r}; expected {ENTRY_SCHEMA}")
+    try:
+        case = case_from_json(data.get("case"))
+    except CaseError as e:
+        raise ShardfuzzError(f"{p}: {e}") from None
+    for name in ("kind", "signature"):
+        if not isinstance(data.get(name), str):
+            raise ShardfuzzError(f"{p}: field {name!r} must be a string, got {data.get(name)!r:.80}")
+    status = data.get("status", "new")
+    if status not in STATUSES:
+        raise ShardfuzzError(f"{p}: status {status!r} is not one of {STATUSES}")
+    return Entry(
+        case=case,
+        kind=data["kind"],
+        signature=data["signature"],
+        summary=str(data.get("summary", "")),
+        details=data.get("details") or {},
+        versions=data.get("versions") or {},
+        backend=str(data.get("backend", "gloo")),
+        device_kind=str(data.get("device_kind", "cpu")),
+        found_at=str(data.get("found_at", "")),
+        reruns=int(data.get("reruns", 0)),
+        reproduced=int(data.get("reproduced", 0)),
+        count=int(data.get("count", 1)),
+        status=status,
+        upstream=data.get("upstream"),
+    )
+
+
+def load_corpus(directory: str | os.PathLike[str]) -> tuple[list[tuple[Path, Entry]], list[str]]:
+    """Every readable entry in ``directory``, and one message per file that could not be read."""
+    d = Path(directory)
+    entries: list[tuple[Path, Entry]] = []
+    problems: list[str] = []
+    if not d.is_dir():
+        return entries, problems
+    for path in sorted(d.glob("*.json")):
+        try:
+            entries.append((path, load_entry(path)))
+        except ShardfuzzError as e:
+            problems.append(str(e))
+    return entries, problems
+
+
+def save_entry(directory: str | os.PathLike[str], entry: Entry) -> tuple[Path, Entry]:
+    """Write ``entry``, merging with an existing entry of the same signature.
+
+    The smaller case is kept (fewer nodes, then fewer steps), counts add up, and a ``known``
+    status or upstream reference set by a person is never overwritten. The write is atomic.
+    """
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / entry.file_name
+    if path.exists():
+        try:
+            old = load_entry(path)
+        except ShardfuzzError:
+            old = None
+        if old is not None and old.signature == entry.signature:
+            keep = entry if entry.case.size < old.case.size else old
+            entry = Entry(
+                **{
+                    **keep.__dict__,
+                    "count": old.count + entry.count,
+                    "status": old.status if old.status == "known" else keep.status,
+                    "upstream": old.upstream or entry.upstream,
+                }
+            )
+    _atomic_write(path, json.dumps(entry.to_json(), indent=1, sort_keys=True) + "\n")
+    return path, entry
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise

@@ -1,0 +1,538 @@
+"""The persistent rank pool: spawn N ranks once, run many cases in them, survive their failures.
+
+The driver side of the controller/worker split (the rank side is :mod:`fuzz._rank.worker`). The
+driver never enters a collective, so whatever the ranks do, it can see and end it:
+
+- every case has a deadline; ranks that miss it get their Python stacks dumped (faulthandler on
+  SIGUSR1) and the case ends as a ``hang``;
+- a rank whose result pipe closes has died: the case ends as a ``crash`` with its exit status,
+  the stack faulthandler wrote (on a fatal signal) and the tail of its output;
+- a rank that raises reports its traceback; the others get a short grace period to report too,
+  then their stacks are dumped and the case ends as an ``exception``.
+
+After anything but ``ok`` the ranks are ended and a fresh set is spawned at once (a process group
+that has seen an error is not trusted again); spawning overlaps with whatever the driver does
+next. The TCP store that ranks rendezvous through lives in the driver on an OS-chosen loopback
+port, so pools in several processes (pytest-xdist workers, parallel campaigns) never collide.
+Ranks die with the driver (PR_SET_PDEATHSIG), ignore SIGINT, and are ended in steps (stop
+message, SIGTERM, SIGKILL) under one deadline by :meth:`RankPool.close`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import enum
+import fcntl
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import weakref
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import IO, Any
+
+from fuzz._protocol import CaseDone, Ready, RunCase, Stop, decode, encode
+from fuzz.case import Case, case_to_json
+from fuzz.errors import InvalidArgument, PoolError
+
+BACKENDS = ("gloo", "nccl")
+#: How long the other ranks may take to report once one rank has failed, before their stacks
+#: are taken. Long enough for gloo to notice a closed peer, short against any case deadline.
+FAILURE_GRACE_S = 3.0
+STACK_DUMP_WAIT_S = 1.0
+OUTPUT_TAIL_BYTES = 4000
+
+#: Environment every rank gets unless the caller's environment already says otherwise.
+RANK_ENV_DEFAULTS = {
+    "OMP_NUM_THREADS": "1",
+    "GLOO_SOCKET_IFNAME": "lo",
+    "NCCL_SOCKET_IFNAME": "lo",
+    # NVLink multicast can put shared GPUs out of service; a fuzzer never needs it.
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+class OutcomeKind(str, enum.Enum):
+    OK = "ok"
+    EXCEPTION = "exception"
+    HANG = "hang"
+    CRASH = "crash"
+
+
+@dataclass(frozen=True)
+class RankReport:
+    """What one rank did in one case."""
+
+    rank: int
+    observation: dict[str, Any] | None = None
+    exc_type: str | None = None
+    message: str | None = None
+    traceback: str | None = None
+    #: Python stacks of every thread, when the rank was stuck or died on a fatal signal.
+    stack: str | None = None
+    #: Exit status when the rank died (negative: killed by that signal).
+    exit_status: int | None = None
+    output_tail: str | None = None
+    seconds: float | None = None
+    stats: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def status(self) -> str:
+        if self.exit_status is not None:
+            return "dead"
+        if self.exc_type is not None:
+            return "error"
+        if self.observation is not None:
+            return "ok"
+        return "stuck"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The result of one case over all ranks."""
+
+    kind: OutcomeKind
+    ranks: tuple[RankReport, ...]
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return self.kind is OutcomeKind.OK
+
+    @property
+    def observations(self) -> list[dict[str, Any]]:
+        return [r.observation or {} for r in self.ranks]
+
+    def describe(self) -> str:
+        """A human-readable account of every rank, for failure messages and corpus entries."""
+        parts = [f"{self.kind.value} after {self.seconds:.2f}s"]
+        for r in self.ranks:
+            head = f"--- rank {r.rank}: {r.status}"
+            if r.exit_status is not None:
+                head += f" (exit status {r.exit_status})"
+            parts.append(head)
+            if r.exc_type:
+                parts.append(r.traceback or f"{r.exc_type}: {r.message}")
+            if r.stack:
+                parts.append("stack:\n" + r.stack)
+            if r.exit_status is not None and r.output_tail:
+                parts.append("last output:\n" + r.output_tail)
+        return "\n".join(parts)
+
+
+@dataclass
+class _Rank:
+    rank: int
+    proc: subprocess.Popen[bytes]
+    cmd: IO[bytes]
+    res_fd: int
+    stack_path: str
+    log_path: str
+    buf: bytes = b""
+    ready: Ready | None = None
+    stack_offset: int = 0
+    eof: bool = False
+
+
+_live_pools: weakref.WeakSet[RankPool] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_pools() -> None:
+    for pool in list(_live_pools):
+        pool.close()
+
+
+class RankPool:
+    """N ranks in one process group, reused across cases.
+
+    >>> with RankPool(world_size=2) as pool:
+    ...     outcome = pool.run(case)
+
+    ``backend`` is ``"gloo"`` (CPU) or ``"nccl"`` (one GPU per rank, plus gloo for CPU tensors).
+    ``gpus`` picks the GPUs for NCCL; by default the pool takes free ones, locking each so that
+    other pools, in this process or any other, get disjoint GPUs. ``deadline`` is the default
+    number of seconds a case may take.
+    """
+
+    def __init__(
+        self,
+        world_size: int = 2,
+        backend: str = "gloo",
+        *,
+        gpus: list[int] | None = None,
+        deadline: float = 60.0,
+        start_timeout: float = 180.0,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        if backend not in BACKENDS:
+            raise InvalidArgument(f"backend={backend!r} is not one of {BACKENDS}")
+        if not isinstance(world_size, int) or world_size < 1:
+            raise InvalidArgument(f"world_size={world_size!r} must be a positive integer")
+        if deadline <= 0:
+            raise InvalidArgument(f"deadline={deadline!r} must be positive (seconds)")
+        self.world_size = world_size
+        self.backend = backend
+        self.deadline = deadline
+        self.start_timeout = start_timeout
+        self.restarts = 0
+        self.cases_run = 0
+        self.versions: dict[str, str] = {}
+        self._extra_env = dict(env or {})
+        self._ranks: list[_Rank] = []
+        self._store: Any = None
+        self._tmp = tempfile.mkdtemp(prefix="shardfuzz-pool-")
+        self._gpu_locks: list[IO[bytes]] = []
+        self._closed = False
+        self._case_id = 0
+        self.devices = self._pick_devices(gpus)
+        _live_pools.add(self)
+
+    # ----------------------------------------------------------------------------- lifecycle
+
+    def __enter__(self) -> RankPool:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        """Spawn the ranks (if not running) without waiting for them to join."""
+        if self._closed:
+            raise PoolError("this pool is closed; make a new RankPool")
+        if not self._ranks:
+            self._spawn()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """End every rank: ask them to stop, then SIGTERM, then SIGKILL, within ``timeout``."""
+        if self._closed:
+            return
+        self._closed = True
+        self._shutdown(timeout)
+        for lock in self._gpu_locks:
+            lock.close()
+        self._gpu_locks = []
+        shutil.rmtree(self._tmp, ignore_errors=True)
+        _live_pools.discard(self)
+
+    @property
+    def pids(self) -> list[int]:
+        return [r.proc.pid for r in self._ranks]
+
+    # ----------------------------------------------------------------------------- running
+
+    def run(self, case: Case, *, deadline: float | None = None) -> Outcome:
+        """Run one case on every rank; never raises for anything the ranks do."""
+        if case.world_size != self.world_size:
+            raise InvalidArgument(
+                f"case.world_size={case.world_size} does not match this pool's world_size={self.world_size}"
+            )
+        self.start()
+        self._await_ready()
+        limit = self.deadline if deadline is None else deadline
+        self._case_id += 1
+        msg = RunCase(case_id=self._case_id, case=case_to_json(case))
+        start = time.monotonic()
+        for r in self._ranks:
+            r.stack_offset = _size(r.stack_path)
+            self._send(r, msg)
+        done, dead = self._collect(self._case_id, start + limit)
+        outcome = self._judge_outcome(done, dead, time.monotonic() - start)
+        self.cases_run += 1
+        if not outcome.ok:
+            self._respawn()
+        return outcome
+
+    def _collect(self, case_id: int, deadline: float) -> tuple[dict[int, CaseDone], set[int]]:
+        done: dict[int, CaseDone] = {}
+        dead: set[int] = set()
+        first_failure: float | None = None
+        sel = selectors.DefaultSelector()
+        for r in self._ranks:
+            sel.register(r.res_fd, selectors.EVENT_READ, r)
+        try:
+            while len(done) + len(dead) < self.world_size:
+                now = time.monotonic()
+                until = deadline if first_failure is None else min(deadline, first_failure + FAILURE_GRACE_S)
+                if now >= until:
+                    break
+                for key, _ in sel.select(until - now):
+                    r = key.data
+                    for m in self._read(r):
+                        if isinstance(m, CaseDone) and m.case_id == case_id:
+                            done[r.rank] = m
+                            if m.exc_type is not None and first_failure is None:
+                                first_failure = time.monotonic()
+                    if r.eof:
+                        sel.unregister(r.res_fd)
+                        if r.rank not in done:
+                            dead.add(r.rank)
+                            if first_failure is None:
+                                first_failure = time.monotonic()
+        finally:
+            sel.close()
+        return done, dead
+
+    def _judge_outcome(self, done: dict[int, CaseDone], dead: set[int], seconds: float) -> Outcome:
+        stuck = [r for r in self._ranks if r.rank not in done and r.rank not in dead]
+        if stuck:
+            self._dump_stacks(stuck)
+        if dead or stuck:
+            self._kill_all()  # a dead rank's exit status is known only once it is reaped
+        reports = []
+        for r in self._ranks:
+            m = done.get(r.rank)
+            stack = _read_from(r.stack_path, r.stack_offset) or None
+            if m is not None:
+                reports.append(
+                    RankReport(
+                        rank=r.rank,
+                        observation=m.observation,
+                        exc_type=m.exc_type,
+                        message=m.message,
+                        traceback=m.traceback,
+                        stack=stack,
+                        seconds=m.seconds,
+                        stats=m.stats,
+                    )
+                )
+            else:
+                status = r.proc.returncode if r.rank in dead else None
+                reports.append(
+                    RankReport(rank=r.rank, stack=stack, exit_status=status, output_tail=_tail(r.log_path))
+                )
+        if dead:
+            kind = OutcomeKind.CRASH
+        elif any(m.exc_type for m in done.values()):
+            kind = OutcomeKind.EXCEPTION
+        elif stuck:
+            kind = OutcomeKind.HANG
+        else:
+            kind = OutcomeKind.OK
+        return Outcome(kind=kind, ranks=tuple(reports), seconds=seconds)
+
+    # ----------------------------------------------------------------------------- internals
+
+    def _pick_devices(self, gpus: list[int] | None) -> list[str]:
+        if self.backend == "gloo":
+            if gpus:
+                raise InvalidArgument(f"gpus={gpus!r} only applies to backend='nccl'")
+            return ["cpu"] * self.world_size
+        import torch
+
+        count = torch.cuda.device_count()
+        if count == 0:
+            raise InvalidArgument("backend='nccl' needs CUDA GPUs and this host has none; use backend='gloo'")
+        if gpus is not None:
+            if len(gpus) != self.world_size or any(not 0 <= g < count for g in gpus):
+                raise InvalidArgument(
+                    f"gpus={gpus!r} must name {self.world_size} distinct GPUs among 0..{count - 1}"
+                )
+            chosen = list(gpus)
+        else:
+            chosen = self._lock_free_gpus(count)
+        return [f"cuda:{g}" for g in chosen]
+
+    def _lock_free_gpus(self, count: int) -> list[int]:
+        lock_dir = os.path.join(tempfile.gettempdir(), "shardfuzz-gpu-locks")
+        os.makedirs(lock_dir, exist_ok=True)
+        chosen: list[int] = []
+        for g in range(count):
+            f = open(os.path.join(lock_dir, f"gpu{g}.lock"), "wb")  # noqa: SIM115 - held while the pool lives
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                f.close()
+                continue
+            self._gpu_locks.append(f)
+            chosen.append(g)
+            if len(chosen) == self.world_size:
+                return chosen
+        for f in self._gpu_locks:
+            f.close()
+        self._gpu_locks = []
+        raise PoolError(
+            f"world_size={self.world_size} needs {self.world_size} free GPUs; {len(chosen)} of {count} are free "
+            "(other pools hold the rest); run fewer pools at once or a smaller world size"
+        )
+
+    def _spawn(self) -> None:
+        from torch.distributed import TCPStore
+
+        self._store = TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=120), wait_for_workers=False)
+        env = {**RANK_ENV_DEFAULTS, **os.environ, **self._extra_env}
+        # The rank must import this very checkout of fuzz, also when it is not installed.
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+        generation = self.restarts
+        for rank in range(self.world_size):
+            cmd_r, cmd_w = os.pipe()
+            res_r, res_w = os.pipe()
+            stack_path = os.path.join(self._tmp, f"rank{rank}.g{generation}.stack")
+            log_path = os.path.join(self._tmp, f"rank{rank}.g{generation}.log")
+            rank_env = {
+                **env,
+                "SHARDFUZZ_RANK": str(rank),
+                "SHARDFUZZ_WORLD_SIZE": str(self.world_size),
+                "SHARDFUZZ_BACKEND": self.backend,
+                "SHARDFUZZ_DEVICE": self.devices[rank],
+                "SHARDFUZZ_STORE_PORT": str(self._store.port),
+                "SHARDFUZZ_PARENT_PID": str(os.getpid()),
+                "SHARDFUZZ_STACK_FILE": stack_path,
+                "SHARDFUZZ_CMD_FD": str(cmd_r),
+                "SHARDFUZZ_RES_FD": str(res_w),
+            }
+            with open(log_path, "wb") as log:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "fuzz._rank.worker"],
+                    env=rank_env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    pass_fds=(cmd_r, res_w),
+                )
+            os.close(cmd_r)
+            os.close(res_w)
+            os.set_blocking(res_r, False)
+            self._ranks.append(
+                _Rank(rank, proc, os.fdopen(cmd_w, "wb", buffering=0), res_r, stack_path, log_path)
+            )
+
+    def _await_ready(self) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        for r in self._ranks:
+            while r.ready is None:
+                if r.eof or r.proc.poll() is not None:
+                    self._kill_all()
+                    raise PoolError(
+                        f"rank {r.rank} exited with status {r.proc.wait()} while starting; its output:\n"
+                        f"{_tail(r.log_path)}"
+                    )
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    self._kill_all()
+                    raise PoolError(f"rank {r.rank} did not join the process group within {self.start_timeout}s")
+                sel = selectors.DefaultSelector()
+                sel.register(r.res_fd, selectors.EVENT_READ)
+                sel.select(min(remaining, 0.5))
+                sel.close()
+                for m in self._read(r):
+                    if isinstance(m, Ready):
+                        r.ready = m
+                        self.versions = m.versions
+
+    def _read(self, r: _Rank) -> list[Any]:
+        """Read what is available from one rank's result pipe and parse whole lines."""
+        if r.eof:
+            return []
+        try:
+            data = os.read(r.res_fd, 1 << 20)
+        except BlockingIOError:
+            return []
+        if not data:
+            r.eof = True
+            return []
+        r.buf += data
+        *lines, r.buf = r.buf.split(b"\n")
+        out = []
+        for line in lines:
+            try:
+                out.append(decode(line))
+            except ValueError:  # garbage on the result pipe: treat the rank as broken
+                r.eof = True
+                r.proc.kill()
+        return out
+
+    def _send(self, r: _Rank, msg: Any) -> None:
+        try:
+            r.cmd.write(encode(msg))
+        except (BrokenPipeError, OSError):
+            r.eof = True  # it died; _collect will see the closed result pipe
+
+    def _dump_stacks(self, ranks: list[_Rank]) -> None:
+        for r in ranks:
+            if r.proc.poll() is None:
+                r.proc.send_signal(signal.SIGUSR1)
+        end = time.monotonic() + STACK_DUMP_WAIT_S
+        sizes: dict[int, int] = {}
+        while time.monotonic() < end:  # wait until every dump has started and stopped growing
+            time.sleep(0.05)
+            now = {r.rank: _size(r.stack_path) for r in ranks}
+            if now == sizes and all(now[r.rank] > r.stack_offset for r in ranks):
+                break
+            sizes = now
+
+    def _kill_all(self) -> None:
+        for r in self._ranks:
+            if r.proc.poll() is None:
+                r.proc.kill()
+        for r in self._ranks:
+            r.proc.wait()
+
+    def _respawn(self) -> None:
+        self._teardown_ranks(kill=True, timeout=0)
+        self.restarts += 1
+        self._spawn()
+
+    def _shutdown(self, timeout: float) -> None:
+        self._teardown_ranks(kill=False, timeout=timeout)
+
+    def _teardown_ranks(self, *, kill: bool, timeout: float) -> None:
+        end = time.monotonic() + timeout
+        if kill:
+            self._kill_all()
+        else:
+            for r in self._ranks:
+                self._send(r, Stop())
+            _wait_all([r.proc for r in self._ranks], end - 0.4 * timeout)
+            for r in self._ranks:
+                if r.proc.poll() is None:
+                    r.proc.terminate()
+            _wait_all([r.proc for r in self._ranks], end)
+            self._kill_all()
+        for r in self._ranks:
+            r.cmd.close()
+            os.close(r.res_fd)
+        self._ranks = []
+        self._store = None
+
+
+def _wait_all(procs: list[subprocess.Popen[bytes]], until: float) -> None:
+    for p in procs:
+        remaining = until - time.monotonic()
+        if remaining <= 0:
+            return
+        try:
+            p.wait(remaining)
+        except subprocess.TimeoutExpired:
+            return
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _read_from(path: str, offset: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _tail(path: str) -> str:
+    size = _size(path)
+    return _read_from(path, max(0, size - OUTPUT_TAIL_BYTES))

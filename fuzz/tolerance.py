@@ -1,0 +1,72 @@
+"""The tolerance policy: how far a composed run may drift from its reference, per dtype.
+
+One policy for the whole suite, written down here, never a number bumped until green.
+Values are compared elementwise as ``|actual - expected| <= atol + rtol * |expected|``.
+
+- float32 is tight. A composed run differs from its reference only in summation order
+  (gradients are averaged across ranks by a reduce-scatter or all-reduce instead of summed in
+  one matmul over the global batch), which costs a few ulps per operation. Small models, few
+  steps and SGD, whose update is linear in the gradient, keep that under 1e-5 relative; a
+  wrong gradient (a shard reduced on the wrong dimension, a missing reduction, a dropped rank)
+  is off by O(1).
+- float64 carries the cases whose numerics amplify rounding noise: Adam and AdamW have gain
+  1/eps near a zero gradient (see :class:`fuzz.case.Training`), and a LayerNorm over one
+  feature divides by sqrt(eps). Noise at 1e-16 stays far under 1e-9 after such gains, where at
+  1e-7 (float32) it does not; the strategies pair those optimizers with float64.
+- bfloat16 and float16 are compared against a reference that applies the same casts, so only
+  rounding of the low-precision operands differs: a few units of their 8- and 11-bit mantissas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    rtol: float
+    atol: float
+
+
+POLICY: dict[str, Tolerance] = {
+    "float64": Tolerance(rtol=1e-9, atol=1e-12),
+    "float32": Tolerance(rtol=1e-5, atol=1e-6),
+    "bfloat16": Tolerance(rtol=3.2e-2, atol=1e-3),
+    "float16": Tolerance(rtol=4e-3, atol=1e-4),
+}
+
+
+def tolerance_for(dtype: str) -> Tolerance:
+    try:
+        return POLICY[dtype]
+    except KeyError:
+        raise KeyError(f"no tolerance policy for dtype {dtype!r}; known: {sorted(POLICY)}") from None
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    index: int
+    actual: float
+    expected: float
+    error: float
+    allowed: float
+
+
+def first_mismatch(actual: Sequence[float], expected: Sequence[float], tol: Tolerance) -> Mismatch | None:
+    """The element with the largest violation of the policy, or None if all are within it.
+
+    Lengths must agree; NaN never passes (not even against NaN: a reference gone NaN is a
+    broken case, not agreement).
+    """
+    if len(actual) != len(expected):
+        return Mismatch(index=-1, actual=float(len(actual)), expected=float(len(expected)), error=float("inf"), allowed=0.0)
+    worst: Mismatch | None = None
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        allowed = tol.atol + tol.rtol * abs(e)
+        err = abs(a - e)
+        if not err <= allowed:  # also catches NaN
+            excess = err - allowed if err == err else float("inf")
+            if worst is None or excess > worst.error - worst.allowed:
+                worst = Mismatch(index=i, actual=a, expected=e, error=err, allowed=allowed)
+    return worst

@@ -1,0 +1,229 @@
+"""The rank pool's failure handling, for real: two gloo ranks on CPU, one fault at a time.
+
+Every test shares one pool (spawning costs about a second each time), so every failure test
+also checks that the pool respawned its ranks and runs the next clean case correctly.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from fuzz.case import Case, FaultAction, FaultBody
+from fuzz.errors import InvalidArgument
+from fuzz.pool import FAILURE_GRACE_S, OutcomeKind, RankPool
+
+WORLD_SIZE = 2
+DEADLINE = 8.0
+FAULTY = 1  # the rank every fault is injected into
+
+
+def fault_case(action: FaultAction, rank: int = FAULTY, world_size: int = WORLD_SIZE, seconds: float = 0.0) -> Case:
+    return Case(
+        property="_fault",
+        world_size=world_size,
+        seed=0,
+        body=FaultBody(action=action, rank=rank, seconds=seconds),
+    )
+
+
+def pid_alive(pid: int) -> bool:
+    """True if ``pid`` names a process that has not exited (a zombie counts as exited)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def assert_all_gone(pids: list[int], timeout: float = 5.0) -> None:
+    end = time.monotonic() + timeout
+    while True:
+        alive = [p for p in pids if pid_alive(p)]
+        if not alive:
+            return
+        if time.monotonic() > end:
+            pytest.fail(f"rank processes {alive} (of {pids}) are still alive")
+        time.sleep(0.05)
+
+
+def assert_clean_case_ok(pool: RankPool) -> None:
+    outcome = pool.run(fault_case(FaultAction.NONE))
+    assert outcome.kind is OutcomeKind.OK, outcome.describe()
+    assert [o["value"] for o in outcome.observations] == [3.0] * WORLD_SIZE, outcome.describe()
+
+
+@pytest.fixture(scope="module")
+def pool():
+    p = RankPool(world_size=WORLD_SIZE, backend="gloo", deadline=DEADLINE)
+    try:
+        p.start()
+        yield p
+    finally:
+        p.close()
+
+
+def test_clean_case_is_ok_and_all_reduces(pool: RankPool) -> None:
+    restarts = pool.restarts
+    outcome = pool.run(fault_case(FaultAction.NONE))
+    assert outcome.ok, outcome.describe()
+    assert outcome.kind is OutcomeKind.OK
+    assert len(outcome.ranks) == WORLD_SIZE
+    for rank, report in enumerate(outcome.ranks):
+        assert report.rank == rank
+        assert report.status == "ok"
+        assert report.observation == {"value": 3.0}  # 1 + 2
+        assert report.exc_type is None and report.exit_status is None
+    assert pool.restarts == restarts  # an ok case keeps the ranks
+    assert len(pool.pids) == WORLD_SIZE
+
+
+def test_hang_ends_at_the_deadline_with_the_stuck_stack(pool: RankPool) -> None:
+    assert_clean_case_ok(pool)  # ranks joined, so the deadline measures the case alone
+    old_pids = pool.pids
+    restarts = pool.restarts
+    start = time.monotonic()
+    outcome = pool.run(fault_case(FaultAction.HANG))
+    wall = time.monotonic() - start
+
+    assert outcome.kind is OutcomeKind.HANG, outcome.describe()
+    assert DEADLINE - 0.1 <= outcome.seconds < DEADLINE + 3.0, outcome.seconds
+    assert wall < DEADLINE + 5.0, wall  # stack dump and respawn are bounded too
+    stuck = outcome.ranks[FAULTY]
+    assert stuck.status == "stuck", outcome.describe()
+    assert stuck.stack is not None
+    assert "all_reduce" in stuck.stack and "run_fault" in stuck.stack, stuck.stack
+    other = outcome.ranks[1 - FAULTY]
+    assert other.status == "ok"
+    assert other.observation == {"value": float(1 - FAULTY + 1)}  # it never reduced
+
+    assert pool.restarts == restarts + 1
+    assert set(pool.pids).isdisjoint(old_pids)
+    assert_all_gone(old_pids)
+    assert_clean_case_ok(pool)
+
+
+def test_raise_on_one_rank_is_an_exception_with_every_rank_accounted_for(pool: RankPool) -> None:
+    old_pids = pool.pids
+    restarts = pool.restarts
+    outcome = pool.run(fault_case(FaultAction.RAISE))
+
+    assert outcome.kind is OutcomeKind.EXCEPTION, outcome.describe()
+    # The others get a grace period, not the whole deadline.
+    assert outcome.seconds < DEADLINE, outcome.seconds
+    assert outcome.seconds < FAILURE_GRACE_S + 3.0, outcome.seconds
+    raiser = outcome.ranks[FAULTY]
+    assert raiser.status == "error"
+    assert raiser.exc_type == "builtins.RuntimeError"
+    assert raiser.message == f"injected fault on rank {FAULTY}"
+    assert raiser.traceback is not None and "injected fault" in raiser.traceback, raiser.traceback
+    for report in outcome.ranks:
+        assert report.traceback or report.stack, f"rank {report.rank} has no account:\n{outcome.describe()}"
+    blocked = outcome.ranks[1 - FAULTY]
+    assert blocked.status == "stuck"
+    assert blocked.stack is not None and "all_reduce" in blocked.stack, blocked.stack
+
+    assert pool.restarts == restarts + 1
+    assert_all_gone(old_pids)
+    assert_clean_case_ok(pool)
+
+
+@pytest.mark.parametrize(
+    ("action", "exit_status"),
+    [(FaultAction.EXIT, 3), (FaultAction.SIGKILL, -9), (FaultAction.SIGSEGV, -11)],
+    ids=["exit", "sigkill", "sigsegv"],
+)
+def test_dead_rank_is_a_crash_with_its_exit_status(pool: RankPool, action: FaultAction, exit_status: int) -> None:
+    assert_clean_case_ok(pool)  # the ranks are up, so pool.pids are the ones the case runs on
+    old_pids = pool.pids
+    restarts = pool.restarts
+    outcome = pool.run(fault_case(action))
+
+    assert outcome.kind is OutcomeKind.CRASH, outcome.describe()
+    assert outcome.seconds < DEADLINE, outcome.seconds  # seen at once, not at the deadline
+    dead = outcome.ranks[FAULTY]
+    assert dead.status == "dead", outcome.describe()
+    assert dead.exit_status == exit_status, outcome.describe()
+    if action is FaultAction.SIGSEGV:
+        assert dead.stack is not None and "Segmentation fault" in dead.stack, dead.stack
+        assert "run_fault" in dead.stack, dead.stack
+    assert outcome.ranks[1 - FAULTY].exit_status is None  # the survivor is not reported dead
+
+    assert pool.restarts == restarts + 1
+    assert set(pool.pids).isdisjoint(old_pids)
+    assert_all_gone(old_pids, timeout=0.0)  # killed and reaped before run() returned
+    for pid in old_pids:
+        assert not os.path.exists(f"/proc/{pid}"), f"rank pid {pid} was not reaped"
+    assert_clean_case_ok(pool)
+
+
+def test_case_of_another_world_size_is_rejected(pool: RankPool) -> None:
+    cases_run = pool.cases_run
+    with pytest.raises(InvalidArgument, match="world_size"):
+        pool.run(fault_case(FaultAction.NONE, rank=0, world_size=WORLD_SIZE + 1))
+    with pytest.raises(InvalidArgument, match="world_size"):
+        pool.run(fault_case(FaultAction.NONE, rank=0, world_size=1))
+    assert pool.cases_run == cases_run
+    assert_clean_case_ok(pool)  # a rejected case leaves the pool usable
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"backend": "mpi"},
+        {"world_size": 0},
+        {"world_size": -1},
+        {"deadline": 0},
+    ],
+    ids=["backend-mpi", "world-size-0", "world-size-neg", "deadline-0"],
+)
+def test_bad_pool_arguments_are_rejected(kwargs: dict) -> None:
+    with pytest.raises(InvalidArgument):
+        RankPool(**kwargs)
+
+
+def test_two_pools_in_one_process_do_not_collide(pool: RankPool) -> None:
+    other = RankPool(world_size=WORLD_SIZE, backend="gloo", deadline=DEADLINE)
+    try:
+        other.start()
+        assert set(other.pids).isdisjoint(pool.pids)
+        assert other._store.port != pool._store.port
+        for p in (other, pool, other):
+            assert_clean_case_ok(p)
+    finally:
+        other.close()
+    assert_clean_case_ok(pool)  # closing one pool leaves the other alone
+
+
+def test_close_ends_every_rank_and_is_idempotent() -> None:
+    p = RankPool(world_size=WORLD_SIZE, backend="gloo", deadline=DEADLINE)
+    p.start()
+    assert_clean_case_ok(p)
+    pids = p.pids
+    assert len(pids) == WORLD_SIZE and all(pid_alive(pid) for pid in pids)
+    start = time.monotonic()
+    p.close()
+    assert time.monotonic() - start < 10.0 + 1.0  # close()'s own timeout
+    for pid in pids:
+        assert not pid_alive(pid), f"rank pid {pid} survived close()"
+        assert not os.path.exists(f"/proc/{pid}"), f"rank pid {pid} was not reaped"
+    assert p.pids == []
+    p.close()  # a second close is a no-op
+    p.close()
+    assert p.pids == []
+
+
+def test_close_while_ranks_are_still_starting() -> None:
+    p = RankPool(world_size=WORLD_SIZE, backend="gloo", deadline=DEADLINE)
+    p.start()
+    pids = p.pids
+    p.close()
+    for pid in pids:
+        assert not pid_alive(pid), f"rank pid {pid} survived close()"
