@@ -48,9 +48,10 @@ def positive_int(text: str) -> int:
     return value
 
 
-def _pool_args(p: argparse.ArgumentParser) -> None:
+def _pool_args(p: argparse.ArgumentParser, *, world_size: bool = True) -> None:
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="gloo (CPU, default) or nccl (one GPU per rank)")
-    p.add_argument("--world-size", type=positive_int, default=2, help="number of ranks (default 2)")
+    if world_size:
+        p.add_argument("--world-size", type=positive_int, default=2, help="number of ranks (default 2)")
     p.add_argument("--deadline", type=duration, default=60.0, help="seconds a case may take before it is a hang (default 60)")
 
 
@@ -68,8 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     _pool_args(ex)
 
     rp = sub.add_parser("replay", help="re-run one corpus entry: exit 1 if it still fails, 0 if not")
-    rp.add_argument("entry", type=Path)
-    _pool_args(rp)
+    rp.add_argument("entry", type=Path, help="a corpus entry (JSON); its case fixes the world size")
+    _pool_args(rp, world_size=False)
 
     sub.add_parser("properties", help="list the property names")
 

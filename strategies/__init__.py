@@ -18,6 +18,6 @@ __all__ = [
     "trainings",
 ]
 
-_defined = {name for name in dir() if not name.startswith("_")} - {"annotations"}
-if _defined - {"_cases", "_compositions", "_trees", "_validation"} != set(__all__):
-    raise ImportError(f"strategies.__all__ is out of date: {sorted(_defined ^ set(__all__))}")
+_public = {n for n in dir() if n.isidentifier() and not n.startswith("_")}
+if _public != set(__all__):
+    raise ImportError(f"strategies.__all__ is out of date: {sorted(_public ^ set(__all__))}")

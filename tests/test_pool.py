@@ -85,6 +85,7 @@ def test_clean_case_is_ok_and_all_reduces(pool: RankPool) -> None:
     assert len(pool.pids) == WORLD_SIZE
 
 
+@pytest.mark.slow  # waits out the whole 8 s deadline
 def test_hang_ends_at_the_deadline_with_the_stuck_stack(pool: RankPool) -> None:
     assert_clean_case_ok(pool)  # ranks joined, so the deadline measures the case alone
     old_pids = pool.pids

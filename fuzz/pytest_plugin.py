@@ -1,0 +1,98 @@
+"""pytest plugin (registered through the ``pytest11`` entry point): a rank pool for tests.
+
+Options: ``--shardfuzz-backend`` (gloo | nccl), ``--shardfuzz-world-size`` and
+``--shardfuzz-deadline``. Fixtures: ``rank_pool`` (one pool per session, per xdist worker) and
+``check_case`` (run a case on it and fail the test with every rank's account if the property
+does not hold). Hypothesis profiles: ``ci`` (derandomized, no deadline, no database), ``dev``
+(the default outside CI) and ``overnight``; ``--hypothesis-profile`` picks one, otherwise
+``ci`` is loaded when the CI environment variable is set.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, Phase, currently_in_test_context, event, settings
+
+from fuzz.case import Case, case_to_text
+
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    deadline=None,
+    database=None,
+    max_examples=40,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile("dev", deadline=None, max_examples=25, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile(
+    "overnight",
+    deadline=None,
+    max_examples=5000,
+    phases=tuple(Phase),
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("shardfuzz")
+    group.addoption("--shardfuzz-backend", choices=("gloo", "nccl"), default="gloo", help="backend of the test pool")
+    group.addoption("--shardfuzz-world-size", type=int, default=2, help="ranks in the test pool (default 2)")
+    group.addoption("--shardfuzz-deadline", type=float, default=60.0, help="seconds per case before a hang")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not config.getoption("hypothesis_profile", default=None):
+        settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+
+@pytest.fixture(scope="session")
+def rank_pool(request: pytest.FixtureRequest) -> Iterator[Any]:
+    from fuzz.pool import RankPool
+
+    pool = RankPool(
+        world_size=request.config.getoption("shardfuzz_world_size"),
+        backend=request.config.getoption("shardfuzz_backend"),
+        deadline=request.config.getoption("shardfuzz_deadline"),
+    )
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+@pytest.fixture(scope="session")
+def check_case(rank_pool: Any) -> Callable[[Case], None]:
+    """Run a case on the pool and fail, with every rank's account, if its property fails."""
+    from fuzz.explore import run_case
+    from fuzz.properties import get_property
+
+    def check(case: Case) -> None:
+        prop = get_property(case.property)
+        if currently_in_test_context():
+            for feature in prop.features(case):
+                event(feature)
+        failure = run_case(rank_pool, prop, case)
+        if failure is not None:
+            raise AssertionError(
+                f"{failure.signature}\n{failure.summary}\ncase: {case_to_text(case)}\n{_describe(failure.details)}"
+            )
+
+    return check
+
+
+def _describe(details: dict[str, Any]) -> str:
+    ranks = details.get("ranks")
+    if not ranks:
+        return ""
+    out = []
+    for r in ranks:
+        out.append(f"--- rank {r['rank']}: {r['status']}")
+        for key in ("traceback", "stack", "output_tail"):
+            if r.get(key):
+                out.append(r[key])
+    return "\n".join(out)

@@ -1,0 +1,69 @@
+"""The command-line contract: exit codes, messages that name bad input, explore and replay."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import mutant_env, run_cli
+
+
+def test_properties_lists_parity_and_hides_the_self_test():
+    result = run_cli("properties")
+    assert result.returncode == 0
+    names = [line.split()[0] for line in result.stdout.splitlines()]
+    assert "parity" in names
+    assert "_fault" not in names
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (("explore", "--budget", "soon"), "soon"),
+        (("explore", "--world-size", "0"), "--world-size"),
+        (("explore", "--property", "no-such-property", "--budget", "1"), "no-such-property"),
+        (("replay", "does/not/exist.json"), "does/not/exist.json"),
+        (("frobnicate",), "frobnicate"),
+    ],
+)
+def test_bad_input_exits_2_with_a_message_naming_it(args, named):
+    result = run_cli(*args)
+    assert result.returncode == 2, result.stderr
+    assert named in result.stderr
+
+
+def test_replay_of_a_newer_schema_entry_exits_2(tmp_path):
+    entry = tmp_path / "future.json"
+    entry.write_text(json.dumps({"schema": 99, "case": {}}))
+    result = run_cli("replay", str(entry))
+    assert result.returncode == 2
+    assert "newer" in result.stderr and str(entry) in result.stderr
+
+
+def test_short_campaign_on_unmutated_torch_exits_0_and_reports(tmp_path):
+    result = run_cli("explore", "--budget", "8", "--seed", "3", "--corpus", str(tmp_path / "c"), "--report", str(tmp_path / "r"))
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["cases"] > 0
+    assert summary["failures"] == []
+    assert summary["cases_per_property"]["parity"] == summary["cases"]
+    assert not list((tmp_path / "c").glob("*.json"))
+
+
+def test_campaign_under_a_fault_saves_an_entry_that_replays(tmp_path):
+    env = mutant_env("P01_shard_dim_chunk")
+    corpus = tmp_path / "corpus"
+    result = run_cli("explore", "--budget", "30", "--seed", "1", "--corpus", str(corpus), env=env)
+    assert result.returncode == 1, result.stderr
+    entries = sorted(corpus.glob("*.json"))
+    assert entries, result.stderr
+    data = json.loads(entries[0].read_text())
+    assert data["kind"] == "mismatch"
+    assert data["reproduced"] == data["reruns"] > 0
+    assert data["versions"]["torch"]
+
+    assert run_cli("replay", str(entries[0]), env=env).returncode == 1
+    fixed = run_cli("replay", str(entries[0]))
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    assert "passes now" in fixed.stdout
