@@ -192,6 +192,7 @@ class RankPool:
         self._tmp = tempfile.mkdtemp(prefix="shardfuzz-pool-")
         self._gpu_locks: list[IO[bytes]] = []
         self._closed = False
+        self._busy = False  # a case is in flight (the driver was interrupted inside run())
         self._case_id = 0
         self.devices = self._pick_devices(gpus)
         _live_pools.add(self)
@@ -216,13 +217,18 @@ class RankPool:
         """End every rank: ask them to stop, then SIGTERM, then SIGKILL, within ``timeout``."""
         if self._closed:
             return
-        self._closed = True
-        self._shutdown(timeout)
-        for lock in self._gpu_locks:
-            lock.close()
-        self._gpu_locks = []
-        shutil.rmtree(self._tmp, ignore_errors=True)
-        _live_pools.discard(self)
+        try:
+            self._shutdown(timeout)
+        except BaseException:  # a second Ctrl-C mid-shutdown: still end every rank
+            self._kill_all()
+            raise
+        finally:
+            self._closed = True
+            for lock in self._gpu_locks:
+                lock.close()
+            self._gpu_locks = []
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            _live_pools.discard(self)
 
     @property
     def pids(self) -> list[int]:
@@ -242,10 +248,12 @@ class RankPool:
         self._case_id += 1
         msg = RunCase(case_id=self._case_id, case=case_to_json(case))
         start = time.monotonic()
+        self._busy = True
         for r in self._ranks:
             r.stack_offset = _size(r.stack_path)
             self._send(r, msg)
         done, dead = self._collect(self._case_id, start + limit)
+        self._busy = False
         outcome = self._judge_outcome(done, dead, time.monotonic() - start)
         self.cases_run += 1
         if not outcome.ok:
@@ -491,9 +499,10 @@ class RankPool:
         if kill:
             self._kill_all()
         else:
-            for r in self._ranks:
-                self._send(r, Stop())
-            _wait_all([r.proc for r in self._ranks], end - 0.4 * timeout)
+            if not self._busy:  # ranks in the middle of a case would not read the stop message
+                for r in self._ranks:
+                    self._send(r, Stop())
+                _wait_all([r.proc for r in self._ranks], end - 0.4 * timeout)
             for r in self._ranks:
                 if r.proc.poll() is None:
                     r.proc.terminate()
