@@ -27,8 +27,9 @@ def sample_cases(world_size: int, n: int, seed: int) -> list[Case]:
     """``n`` parity cases drawn deterministically from the property's strategy."""
     out: list[Case] = []
 
-    @settings(max_examples=n, database=None, phases=(Phase.generate,), deadline=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=n, database=None, phases=(Phase.generate,), deadline=None, suppress_health_check=list(HealthCheck)
+    )
     @hypothesis_seed(seed)
     @given(get_property("parity").cases(world_size=world_size))
     def collect(case: Case) -> None:
@@ -53,7 +54,12 @@ class BenchResult:
 
 
 def bench(
-    *, backend: str = "gloo", world_size: int = 2, pool_cases: int = 100, spawn_cases: int = 5, seed: int = 0,
+    *,
+    backend: str = "gloo",
+    world_size: int = 2,
+    pool_cases: int = 100,
+    spawn_cases: int = 5,
+    seed: int = 0,
     out: Callable[[str], None] = print,
 ) -> BenchResult:
     cases = sample_cases(world_size, max(pool_cases, spawn_cases), seed)
@@ -72,16 +78,20 @@ def bench(
             if failure is not None:
                 raise ShardfuzzError(f"bench case failed, fix that first: {failure.summary}")
         total = time.perf_counter() - t0
-        out(f"pool:  start-up {startup:.2f}s, {len(times)} cases in {total:.2f}s: "
-            f"{total / len(times):.4f}s per case (median case {statistics.median(times):.4f}s)")
+        out(
+            f"pool:  start-up {startup:.2f}s, {len(times)} cases in {total:.2f}s: "
+            f"{total / len(times):.4f}s per case (median case {statistics.median(times):.4f}s)"
+        )
         spawn_times = []
         for case in cases[:spawn_cases]:
             t = time.perf_counter()
             run_spawned(case, backend=backend, devices=pool.devices)
             spawn_times.append(time.perf_counter() - t)
         spawn = statistics.fmean(spawn_times)
-        out(f"spawn-per-case (multiprocessing spawn + FileStore, as MultiProcessTestCase): "
-            f"{len(spawn_times)} cases, {spawn:.3f}s per case")
+        out(
+            f"spawn-per-case (multiprocessing spawn + FileStore, as MultiProcessTestCase): "
+            f"{len(spawn_times)} cases, {spawn:.3f}s per case"
+        )
     result = BenchResult(startup, total / len(times), statistics.median(times), spawn, len(times), len(spawn_times))
     out(f"speedup: {result.speedup:.1f}x")
     return result

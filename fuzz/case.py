@@ -11,6 +11,7 @@ This module imports only the standard library: the rank side depends on it.
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import enum
 import json
@@ -210,8 +211,9 @@ class ParityBody:
             where = f"composition.shards[{i}].path"
             if spec.path not in paths:
                 raise CaseError(where, f"{spec.path!r} names no module of the tree (paths: {sorted(paths)})")
-            if isinstance(paths[spec.path], Leaf) and paths[spec.path].kind not in PARAM_LEAVES:
-                raise CaseError(where, f"{spec.path!r} is a parameter-free {paths[spec.path].kind.value} leaf")
+            target = paths[spec.path]
+            if isinstance(target, Leaf) and target.kind not in PARAM_LEAVES:
+                raise CaseError(where, f"{spec.path!r} is a parameter-free {target.kind.value} leaf")
             if spec.path in seen:
                 raise CaseError(where, f"{spec.path!r} is sharded twice")
             for earlier in seen:
@@ -225,7 +227,9 @@ class ParityBody:
             # A parameter outside every fully_shard'ed subtree gets no gradient reduction, so
             # its ranks would diverge by design: not a case this property can judge.
             if not any(s == owner or _is_ancestor(s, owner) for s in seen):
-                raise CaseError("composition.shards", f"the parameters of {owner!r} are under no fully_shard; shard an ancestor")
+                raise CaseError(
+                    "composition.shards", f"the parameters of {owner!r} are under no fully_shard; shard an ancestor"
+                )
 
     @property
     def size(self) -> tuple[int, int]:
@@ -282,7 +286,7 @@ class Case:
                         f"{raf} is not a divisor of world_size={self.world_size} other than 1 and itself",
                     )
 
-    @property
+    @builtins.property  # the field "property" shadows the builtin in this class body
     def size(self) -> tuple[int, int]:
         """(nodes, steps): the measure by which shrunk cases are reported."""
         return self.body.size
@@ -324,9 +328,11 @@ def case_from_json(data: Any, path: str = "case") -> Case:
     if not isinstance(data, dict):
         raise CaseError(path, f"expected a JSON object, got {type(data).__name__}")
     schema = data.get("schema")
-    if schema != SCHEMA_VERSION:
+    if isinstance(schema, bool) or not isinstance(schema, int) or schema != SCHEMA_VERSION:
         if isinstance(schema, int) and schema > SCHEMA_VERSION:
-            raise CaseError(f"{path}.schema", f"schema {schema} is newer than this shardfuzz ({SCHEMA_VERSION}); upgrade shardfuzz")
+            raise CaseError(
+                f"{path}.schema", f"schema {schema} is newer than this shardfuzz ({SCHEMA_VERSION}); upgrade shardfuzz"
+            )
         raise CaseError(f"{path}.schema", f"unsupported schema {schema!r}; expected {SCHEMA_VERSION}")
     body = {k: v for k, v in data.items() if k != "schema"}
     result = _decode(Case, body, path)
@@ -339,8 +345,8 @@ def _decode(tp: Any, value: Any, path: str) -> Any:
     if origin in (Union, types.UnionType):
         options = typing.get_args(tp)
         if all(dataclasses.is_dataclass(o) for o in options):
-            kinds = {getattr(o, "KIND", None): o for o in options}
-            if None not in kinds:
+            kinds: dict[str, Any] = {getattr(o, "KIND", ""): o for o in options}
+            if "" not in kinds:
                 if not isinstance(value, dict) or value.get("kind") not in kinds:
                     raise CaseError(path, f"kind must be one of {sorted(kinds)}, got {value!r:.80}")
                 return _decode(kinds[value["kind"]], value, path)
@@ -349,7 +355,7 @@ def _decode(tp: Any, value: Any, path: str) -> Any:
                 return _decode(Block, value, path)
             return _decode(Leaf, value, path)
         if bool in options and int in options:
-            if isinstance(value, bool) or (isinstance(value, int)):
+            if isinstance(value, int):  # bools included
                 return value
             raise CaseError(path, f"expected a bool or an int, got {value!r:.80}")
         for option in options:
@@ -383,7 +389,7 @@ def _decode(tp: Any, value: Any, path: str) -> Any:
             elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 raise CaseError(f"{path}.{name}", "missing")
         try:
-            return tp(**kwargs)
+            return typing.cast(Any, tp)(**kwargs)
         except CaseError as e:
             raise CaseError(f"{path}.{e.path}", str(e).split(": ", 1)[1]) from None
     if tp is float:

@@ -49,20 +49,32 @@ def positive_int(text: str) -> int:
 
 
 def _pool_args(p: argparse.ArgumentParser, *, world_size: bool = True) -> None:
-    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="gloo (CPU, default) or nccl (one GPU per rank)")
+    p.add_argument(
+        "--backend", choices=("gloo", "nccl"), default="gloo", help="gloo (CPU, default) or nccl (one GPU per rank)"
+    )
     if world_size:
         p.add_argument("--world-size", type=positive_int, default=2, help="number of ranks (default 2)")
-    p.add_argument("--deadline", type=duration, default=60.0, help="seconds a case may take before it is a hang (default 60)")
+    p.add_argument(
+        "--deadline", type=duration, default=60.0, help="seconds a case may take before it is a hang (default 60)"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m fuzz", description="Property-based fuzzing of PyTorch's composable distributed APIs.")
+    parser = _Parser(
+        prog="python -m fuzz", description="Property-based fuzzing of PyTorch's composable distributed APIs."
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     ex = sub.add_parser("explore", help="run properties for a time budget; new failures go to the corpus")
     ex.add_argument("--budget", type=duration, default=60.0, help="time budget, e.g. 300, 10m, 8h (default 60s)")
     ex.add_argument("--max-examples", type=positive_int, default=None, help="stop after this many cases")
-    ex.add_argument("--property", action="append", dest="properties", metavar="NAME", help="property to run (repeatable; default all)")
+    ex.add_argument(
+        "--property",
+        action="append",
+        dest="properties",
+        metavar="NAME",
+        help="property to run (repeatable; default all)",
+    )
     ex.add_argument("--corpus", type=Path, default=Path("corpus"), help="corpus directory (default ./corpus)")
     ex.add_argument("--report", type=Path, default=None, help="directory for a JSON summary of the campaign")
     ex.add_argument("--seed", type=int, default=None, help="campaign seed (default: random)")
@@ -90,7 +102,13 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM unwinds like Ctrl-C, so the pool is closed and found failures are saved.
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        handler = {"explore": _explore, "replay": _replay, "properties": _properties, "corpus": _corpus, "bench": _bench}
+        handler = {
+            "explore": _explore,
+            "replay": _replay,
+            "properties": _properties,
+            "corpus": _corpus,
+            "bench": _bench,
+        }
         return int(handler[args.command](args))
     except ShardfuzzError as e:
         print(f"python -m fuzz {args.command}: error: {e}", file=sys.stderr)
@@ -150,7 +168,8 @@ def _explore(args: argparse.Namespace) -> int:
         tag = "known" if found.known else (found.entry.status if found.entry else "unconfirmed")
         repro = f", reproduced {found.entry.reproduced}/{found.entry.reruns}" if found.entry and not found.known else ""
         print(
-            f"{tag}: {found.failure.signature} x{found.hits} (size {found.case.size}{repro}): {found.failure.summary}{where}",
+            f"{tag}: {found.failure.signature} x{found.hits} (size {found.case.size}{repro}): "
+            f"{found.failure.summary}{where}",
             file=sys.stderr,
         )
     if args.report is not None:
@@ -170,8 +189,14 @@ def _write_report(directory: Path, progress: Any, seed: int) -> None:
         "seconds_per_property": dict(progress.seconds_per_property),
         "features": dict(progress.features),
         "failures": [
-            {"signature": f.failure.signature, "kind": f.failure.kind, "hits": f.hits, "known": f.known,
-             "summary": f.failure.summary, "entry": str(f.path) if f.path else None}
+            {
+                "signature": f.failure.signature,
+                "kind": f.failure.kind,
+                "hits": f.hits,
+                "known": f.known,
+                "summary": f.failure.summary,
+                "entry": str(f.path) if f.path else None,
+            }
             for f in progress.found.values()
         ],
     }
@@ -207,12 +232,18 @@ def _corpus(args: argparse.Namespace) -> int:
         print(f"skipped: {problem}", file=sys.stderr)
     print(f"{'signature':70} {'property':10} {'size':8} {'status':7} count")
     for _, e in entries:
-        print(f"{e.signature[:70]:70} {e.case.property:10} {str(e.case.size):8} {e.status:7} {e.count}")
+        print(f"{e.signature[:70]:70} {e.case.property:10} {e.case.size!s:8} {e.status:7} {e.count}")
     return EXIT_OK
 
 
 def _bench(args: argparse.Namespace) -> int:
     from fuzz.bench import bench
 
-    bench(backend=args.backend, world_size=args.world_size, pool_cases=args.cases, spawn_cases=args.spawn_cases, seed=args.seed)
+    bench(
+        backend=args.backend,
+        world_size=args.world_size,
+        pool_cases=args.cases,
+        spawn_cases=args.spawn_cases,
+        seed=args.seed,
+    )
     return EXIT_OK

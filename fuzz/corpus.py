@@ -73,7 +73,14 @@ class Entry:
 
 
 def entry_from_failure(
-    case: Case, failure: Failure, *, versions: dict[str, str], backend: str, device_kind: str, reruns: int, reproduced: int
+    case: Case,
+    failure: Failure,
+    *,
+    versions: dict[str, str],
+    backend: str,
+    device_kind: str,
+    reruns: int,
+    reproduced: int,
 ) -> Entry:
     status = "new" if reproduced == reruns else "flaky"
     return Entry(
@@ -109,7 +116,9 @@ def load_entry(path: str | os.PathLike[str]) -> Entry:
         raise ShardfuzzError(f"{p}: a corpus entry is a JSON object, got {type(data).__name__}")
     schema = data.get("schema")
     if isinstance(schema, int) and schema > ENTRY_SCHEMA:
-        raise ShardfuzzError(f"{p}: entry schema {schema} is newer than this shardfuzz ({ENTRY_SCHEMA}); upgrade shardfuzz")
+        raise ShardfuzzError(
+            f"{p}: entry schema {schema} is newer than this shardfuzz ({ENTRY_SCHEMA}); upgrade shardfuzz"
+        )
     if schema != ENTRY_SCHEMA:
         raise ShardfuzzError(f"{p}: unsupported entry schema {schema!r}; expected {ENTRY_SCHEMA}")
     try:
@@ -132,12 +141,19 @@ def load_entry(path: str | os.PathLike[str]) -> Entry:
         backend=str(data.get("backend", "gloo")),
         device_kind=str(data.get("device_kind", "cpu")),
         found_at=str(data.get("found_at", "")),
-        reruns=int(data.get("reruns", 0)),
-        reproduced=int(data.get("reproduced", 0)),
-        count=int(data.get("count", 1)),
+        reruns=_count(p, data, "reruns", 0),
+        reproduced=_count(p, data, "reproduced", 0),
+        count=_count(p, data, "count", 1),
         status=status,
         upstream=data.get("upstream"),
     )
+
+
+def _count(path: Path, data: dict[str, Any], name: str, default: int) -> int:
+    value = data.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ShardfuzzError(f"{path}: field {name!r} must be a non-negative integer, got {value!r:.80}")
+    return value
 
 
 def load_corpus(directory: str | os.PathLike[str]) -> tuple[list[tuple[Path, Entry]], list[str]]:

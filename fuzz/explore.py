@@ -50,7 +50,7 @@ class Progress:
     budget: float
     cases: int = 0
     per_property: Counter[str] = field(default_factory=Counter)
-    seconds_per_property: Counter[str] = field(default_factory=Counter)
+    seconds_per_property: dict[str, float] = field(default_factory=dict)
     features: Counter[str] = field(default_factory=Counter)
     found: dict[str, Found] = field(default_factory=dict)
     restarts: int = 0
@@ -114,7 +114,9 @@ def explore(
                 if progress.elapsed >= budget or (max_examples is not None and progress.cases >= max_examples):
                     break
                 chunk = CHUNK_EXAMPLES if max_examples is None else min(CHUNK_EXAMPLES, max_examples - progress.cases)
-                pending = _run_chunk(pool, prop, chunk, rng.getrandbits(64), progress, known, budget, hard_stop, on_case)
+                pending = _run_chunk(
+                    pool, prop, chunk, rng.getrandbits(64), progress, known, budget, hard_stop, on_case
+                )
                 for found in pending:
                     _confirm_and_save(pool, prop, found, progress, corpus, reruns)
     except KeyboardInterrupt:
@@ -122,8 +124,13 @@ def explore(
         for found in progress.found.values():  # keep what was found, unconfirmed
             if found.entry is None and corpus is not None and not found.known:
                 entry = entry_from_failure(
-                    found.case, found.failure, versions=pool.versions, backend=pool.backend,
-                    device_kind=_device_kind(pool), reruns=0, reproduced=0,
+                    found.case,
+                    found.failure,
+                    versions=pool.versions,
+                    backend=pool.backend,
+                    device_kind=_device_kind(pool),
+                    reruns=0,
+                    reproduced=0,
                 )
                 found.path, found.entry = save_entry(corpus, entry)
     progress.restarts = pool.restarts
@@ -167,7 +174,9 @@ def _run_chunk(
         failure = run_case(pool, prop, case)
         progress.cases += 1
         progress.per_property[prop.name] += 1
-        progress.seconds_per_property[prop.name] += time.monotonic() - start
+        progress.seconds_per_property[prop.name] = (
+            progress.seconds_per_property.get(prop.name, 0.0) + time.monotonic() - start
+        )
         progress.restarts = pool.restarts
         if on_case is not None:
             on_case(progress)
@@ -185,9 +194,7 @@ def _run_chunk(
             progress.found[sig] = new[sig] = Found(case, failure)
         else:
             seen.hits += 1
-            if case.size < seen.case.size or (
-                case.size == seen.case.size and len(repr(case)) < len(repr(seen.case))
-            ):
+            if case.size < seen.case.size or (case.size == seen.case.size and len(repr(case)) < len(repr(seen.case))):
                 seen.case, seen.failure = case, failure
         shrinking = True
         raise _Failed(sig)
@@ -210,8 +217,13 @@ def _confirm_and_save(
         if failure is not None and failure.signature == found.failure.signature:
             reproduced += 1
     entry = entry_from_failure(
-        found.case, found.failure, versions=pool.versions, backend=pool.backend,
-        device_kind=_device_kind(pool), reruns=reruns, reproduced=reproduced,
+        found.case,
+        found.failure,
+        versions=pool.versions,
+        backend=pool.backend,
+        device_kind=_device_kind(pool),
+        reruns=reruns,
+        reproduced=reproduced,
     )
     found.entry = entry
     if corpus is not None:

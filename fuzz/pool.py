@@ -315,9 +315,7 @@ class RankPool:
                 )
             else:
                 status = r.proc.returncode if r.rank in dead else None
-                reports.append(
-                    RankReport(rank=r.rank, stack=stack, exit_status=status, output_tail=_tail(r.log_path))
-                )
+                reports.append(RankReport(rank=r.rank, stack=stack, exit_status=status, output_tail=_tail(r.log_path)))
         if dead:
             kind = OutcomeKind.CRASH
         elif any(m.exc_type for m in done.values()):
@@ -342,9 +340,7 @@ class RankPool:
             raise InvalidArgument("backend='nccl' needs CUDA GPUs and this host has none; use backend='gloo'")
         if gpus is not None:
             if len(gpus) != self.world_size or any(not 0 <= g < count for g in gpus):
-                raise InvalidArgument(
-                    f"gpus={gpus!r} must name {self.world_size} distinct GPUs among 0..{count - 1}"
-                )
+                raise InvalidArgument(f"gpus={gpus!r} must name {self.world_size} distinct GPUs among 0..{count - 1}")
             chosen = list(gpus)
         else:
             chosen = self._lock_free_gpus(count)
@@ -355,7 +351,7 @@ class RankPool:
         os.makedirs(lock_dir, exist_ok=True)
         chosen: list[int] = []
         for g in range(count):
-            f = open(os.path.join(lock_dir, f"gpu{g}.lock"), "wb")  # noqa: SIM115 - held while the pool lives
+            f: IO[bytes] = open(os.path.join(lock_dir, f"gpu{g}.lock"), "wb")  # noqa: SIM115 - held while the pool lives
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
@@ -411,9 +407,7 @@ class RankPool:
             os.close(cmd_r)
             os.close(res_w)
             os.set_blocking(res_r, False)
-            self._ranks.append(
-                _Rank(rank, proc, os.fdopen(cmd_w, "wb", buffering=0), res_r, stack_path, log_path)
-            )
+            self._ranks.append(_Rank(rank, proc, os.fdopen(cmd_w, "wb", buffering=0), res_r, stack_path, log_path))
 
     def _await_ready(self) -> None:
         deadline = time.monotonic() + self.start_timeout

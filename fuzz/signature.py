@@ -53,7 +53,9 @@ def failure_from_outcome(prop: str, outcome: Outcome) -> Failure:
     if outcome.kind is OutcomeKind.CRASH:
         dead = next(r for r in outcome.ranks if r.exit_status is not None)
         status = dead.exit_status
-        cause = f"signal {signal.Signals(-status).name}" if status is not None and status < 0 else f"exit status {status}"
+        cause = (
+            f"signal {signal.Signals(-status).name}" if status is not None and status < 0 else f"exit status {status}"
+        )
         where = location(dead.stack) if dead.stack else "?"
         return Failure("crash", f"crash:{prop}:{cause}@{where}", f"rank {dead.rank} died ({cause})", details)
     if outcome.kind is OutcomeKind.EXCEPTION:

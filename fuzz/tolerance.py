@@ -19,6 +19,7 @@ Values are compared elementwise as ``|actual - expected| <= atol + rtol * |expec
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -56,16 +57,18 @@ class Mismatch:
 def first_mismatch(actual: Sequence[float], expected: Sequence[float], tol: Tolerance) -> Mismatch | None:
     """The element with the largest violation of the policy, or None if all are within it.
 
-    Lengths must agree; NaN never passes (not even against NaN: a reference gone NaN is a
-    broken case, not agreement).
+    Lengths must agree; NaN and infinities never pass (not even against themselves: a
+    reference that overflowed is a broken case, not agreement).
     """
     if len(actual) != len(expected):
-        return Mismatch(index=-1, actual=float(len(actual)), expected=float(len(expected)), error=float("inf"), allowed=0.0)
+        return Mismatch(
+            index=-1, actual=float(len(actual)), expected=float(len(expected)), error=float("inf"), allowed=0.0
+        )
     worst: Mismatch | None = None
     for i, (a, e) in enumerate(zip(actual, expected)):
         allowed = tol.atol + tol.rtol * abs(e)
         err = abs(a - e)
-        if not err <= allowed:  # also catches NaN
+        if not err <= allowed or not math.isfinite(e):  # also catches NaN
             excess = err - allowed if err == err else float("inf")
             if worst is None or excess > worst.error - worst.allowed:
                 worst = Mismatch(index=i, actual=a, expected=e, error=err, allowed=allowed)

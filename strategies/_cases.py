@@ -14,7 +14,9 @@ from strategies._validation import check_bounds, check_world_size
 def trainings(draw: st.DrawFn, *, max_steps: int = 3, max_batch_per_rank: int = 3) -> Training:
     """Optimizer, learning rate and schedule. Adam's eps stays >= 1e-4 (see Training.eps)."""
     check_bounds("max_steps", max_steps, "max_steps", max_steps, floor=1, ceiling=16)
-    check_bounds("max_batch_per_rank", max_batch_per_rank, "max_batch_per_rank", max_batch_per_rank, floor=1, ceiling=64)
+    check_bounds(
+        "max_batch_per_rank", max_batch_per_rank, "max_batch_per_rank", max_batch_per_rank, floor=1, ceiling=64
+    )
     optimizer = draw(st.sampled_from(Optimizer))
     momentum = draw(st.sampled_from((0.0, 0.9))) if optimizer is Optimizer.SGD else 0.0
     # float32 only with SGD, whose update is linear in the gradient: see Training.eps.

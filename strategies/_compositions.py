@@ -27,10 +27,11 @@ def compositions(draw: st.DrawFn, tree: ModuleTree, *, world_size: int) -> Compo
     candidates = [p for p, n in tree.paths().items() if p and has_params(n)]
     chosen = draw(st.lists(st.sampled_from(candidates), unique=True)) if candidates else []
     # Deepest first, so children are sharded before their ancestors; the root comes last.
-    order = sorted(chosen, key=lambda p: (-p.count("."), p)) + [""]
+    order = [*sorted(chosen, key=lambda p: (-p.count("."), p)), ""]
     specs = [
-        ShardSpec(path=p, reshard_after_forward=draw(reshard_values(world_size)), shard_dim=draw(st.sampled_from((0, 1))))
+        ShardSpec(
+            path=p, reshard_after_forward=draw(reshard_values(world_size)), shard_dim=draw(st.sampled_from((0, 1)))
+        )
         for p in order
     ]
     return Composition(shards=tuple(specs))
-

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fuzz.case import MAX_WORLD_SIZE
 from fuzz.errors import InvalidArgument
 
 
@@ -16,5 +17,5 @@ def check_bounds(name_lo: str, lo: int, name_hi: str, hi: int, *, floor: int, ce
 
 
 def check_world_size(world_size: int) -> None:
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise InvalidArgument(f"world_size={world_size!r} must be a positive integer")
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or not 1 <= world_size <= MAX_WORLD_SIZE:
+        raise InvalidArgument(f"world_size={world_size!r} must be an integer in 1..{MAX_WORLD_SIZE}")

@@ -271,7 +271,9 @@ def test_sibling_prefix_is_not_an_ancestor() -> None:
     # "1" is not an ancestor of "10"/"1x": paths are compared by component, not by prefix.
     leaves = tuple(Leaf(LeafKind.LINEAR) for _ in range(11))
     tree = ModuleTree(width=2, root=Block(children=leaves))
-    body = ParityBody(tree=tree, composition=Composition(shards=(ShardSpec(path="1"), ShardSpec(path="10"), ShardSpec(path=""))))
+    body = ParityBody(
+        tree=tree, composition=Composition(shards=(ShardSpec(path="1"), ShardSpec(path="10"), ShardSpec(path="")))
+    )
     assert [s.path for s in body.composition.shards] == ["1", "10", ""]
 
 

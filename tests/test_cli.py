@@ -42,7 +42,9 @@ def test_replay_of_a_newer_schema_entry_exits_2(tmp_path):
 
 
 def test_short_campaign_on_unmutated_torch_exits_0_and_reports(tmp_path):
-    result = run_cli("explore", "--budget", "8", "--seed", "3", "--corpus", str(tmp_path / "c"), "--report", str(tmp_path / "r"))
+    result = run_cli(
+        "explore", "--budget", "8", "--seed", "3", "--corpus", str(tmp_path / "c"), "--report", str(tmp_path / "r")
+    )
     assert result.returncode == 0, result.stderr
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert summary["cases"] > 0

@@ -12,7 +12,18 @@ from typing import Any
 import hypothesis
 import pytest
 
-from fuzz.case import Block, Case, Composition, Leaf, LeafKind, ModuleTree, ParityBody, ShardSpec, Training, case_to_json
+from fuzz.case import (
+    Block,
+    Case,
+    Composition,
+    Leaf,
+    LeafKind,
+    ModuleTree,
+    ParityBody,
+    ShardSpec,
+    Training,
+    case_to_json,
+)
 from fuzz.corpus import ENTRY_SCHEMA, Entry, entry_from_failure, load_corpus, load_entry, save_entry
 from fuzz.errors import ShardfuzzError
 from fuzz.signature import Failure
@@ -39,7 +50,9 @@ def _large_case() -> Case:
         seed=22,
         body=ParityBody(
             tree=tree,
-            composition=Composition(shards=(ShardSpec(path="0", reshard_after_forward=False), ShardSpec(path="", shard_dim=1))),
+            composition=Composition(
+                shards=(ShardSpec(path="0", reshard_after_forward=False), ShardSpec(path="", shard_dim=1))
+            ),
             training=Training(steps=3),
         ),
     )
@@ -75,7 +88,9 @@ def test_case_sizes_differ() -> None:
 
 
 def test_save_then_load_round_trip(tmp_path: Path) -> None:
-    entry = _entry(_large_case(), backend="gloo", device_kind="cpu", count=2, status="flaky", upstream="pytorch/pytorch#1")
+    entry = _entry(
+        _large_case(), backend="gloo", device_kind="cpu", count=2, status="flaky", upstream="pytorch/pytorch#1"
+    )
     path, saved = save_entry(tmp_path, entry)
     assert saved == entry
     assert path == tmp_path / entry.file_name
@@ -170,7 +185,8 @@ def test_merge_counts_accumulate_over_many_saves(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("new_case", [_small_case, _large_case], ids=["new-is-smaller", "new-is-larger"])
 def test_known_status_and_upstream_survive_merge(tmp_path: Path, new_case: Any) -> None:
-    save_entry(tmp_path, _entry(_large_case() if new_case is _small_case else _small_case(), status="known", upstream="pytorch/pytorch#12345"))
+    old_case = _large_case() if new_case is _small_case else _small_case()
+    save_entry(tmp_path, _entry(old_case, status="known", upstream="pytorch/pytorch#12345"))
     path, merged = save_entry(tmp_path, _entry(new_case(), status="new", upstream=None))
     assert merged.status == "known"
     assert merged.upstream == "pytorch/pytorch#12345"
@@ -324,11 +340,6 @@ def test_load_unknown_status(tmp_path: Path) -> None:
     assert "'fixed'" in str(err)
 
 
-@pytest.mark.xfail(
-    reason="BUG fuzz/corpus.py load_entry: int(data.get('count', 1)) (also reruns/reproduced) raises a bare "
-    "ValueError/TypeError, not ShardfuzzError naming the file, so load_corpus crashes on such a file",
-    raises=(ValueError, TypeError),
-)
 @pytest.mark.parametrize("name", ["count", "reruns", "reproduced"])
 def test_load_non_integer_counter(tmp_path: Path, name: str) -> None:
     data = _good_data()

@@ -9,6 +9,7 @@ or ``PR_SET_PDEATHSIG`` once the driver is dead (SIGTERM, SIGKILL: no Python cod
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import selectors
@@ -152,9 +153,7 @@ def test_killing_the_driver_mid_case_leaves_no_rank_behind(tmp_path: Path, sig: 
             proc.wait()
         for pid in rank_pids:
             if pid_alive(pid):
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
         if proc.stdout is not None:
             proc.stdout.close()

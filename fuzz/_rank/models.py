@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fuzz.case import Block, Leaf, LeafKind, ModuleTree, Node
+from fuzz.case import Leaf, LeafKind, ModuleTree, Node
 
 
 class TreeBlock(nn.Module):

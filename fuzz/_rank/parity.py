@@ -100,5 +100,7 @@ def run_parity(case: Case, body: ParityBody, ctx: RankContext) -> dict[str, Any]
     if reference is not None:
         observation["params"] = params
         observation["ref_losses"] = ref_losses
-        observation["ref_params"] = {n: p.detach().double().cpu().flatten().tolist() for n, p in reference.named_parameters()}
+        observation["ref_params"] = {
+            n: p.detach().double().cpu().flatten().tolist() for n, p in reference.named_parameters()
+        }
     return observation

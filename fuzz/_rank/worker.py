@@ -81,9 +81,7 @@ def main() -> int:
         "127.0.0.1", int(env["SHARDFUZZ_STORE_PORT"]), world_size, False, timeout=timedelta(seconds=120)
     )
     pg_backend = "cpu:gloo,cuda:nccl" if backend == "nccl" else "gloo"
-    dist.init_process_group(
-        pg_backend, store=store, rank=rank, world_size=world_size, timeout=PROCESS_GROUP_TIMEOUT
-    )
+    dist.init_process_group(pg_backend, store=store, rank=rank, world_size=world_size, timeout=PROCESS_GROUP_TIMEOUT)
     ctx = RankContext(rank=rank, world_size=world_size, device=device, backend=backend)
     versions = {
         "torch": torch.__version__,
@@ -113,7 +111,7 @@ def _run_one(msg: RunCase, ctx: Any, run_case: Any) -> CaseDone:
         case = case_from_json(msg.case)
         observation = run_case(case, ctx)
         ctx.end_case()
-    except BaseException as e:  # noqa: BLE001 - every error is an observation for the driver
+    except BaseException as e:
         return CaseDone(
             case_id=msg.case_id,
             rank=ctx.rank,

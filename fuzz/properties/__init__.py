@@ -43,7 +43,9 @@ def get_property(name: str) -> Property:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise InvalidArgument(f"--property {name!r} is not a property; run `python -m fuzz properties` for the list") from None
+        raise InvalidArgument(
+            f"--property {name!r} is not a property; run `python -m fuzz properties` for the list"
+        ) from None
 
 
 def all_properties() -> list[Property]:

@@ -52,12 +52,16 @@ def judge(case: Case, outcome: Outcome) -> Failure | None:
 def features(case: Case) -> list[str]:
     body = case.body
     assert isinstance(body, ParityBody)
-    out = [f"optimizer:{body.training.optimizer.value}", f"steps:{body.training.steps}", f"dtype:{body.training.dtype.value}"]
+    out = [
+        f"optimizer:{body.training.optimizer.value}",
+        f"steps:{body.training.steps}",
+        f"dtype:{body.training.dtype.value}",
+    ]
     width = body.tree.width
     out.append("shards:uneven" if width % case.world_size else "shards:even")
     if width < case.world_size:
         out.append("shards:empty")
-    for path, node in body.tree.paths().items():
+    for node in body.tree.paths().values():
         if isinstance(node, Leaf):
             out.append(f"leaf:{node.kind.value}" + ("" if node.bias else ":no-bias"))
         elif isinstance(node, Block) and node.residual:
