@@ -6,5 +6,6 @@ cd "$(dirname "$0")/.."
 python3 -m pip install --quiet --disable-pip-version-check -r requirements-cpu.txt -e '.[dev]'
 export CI="${CI:-true}"   # loads the derandomized 'ci' Hypothesis profile
 python3 -m ruff check fuzz strategies tests
+python3 -m ruff format --check fuzz strategies tests
 python3 -m mypy
 python3 -m pytest -n 2 "$@"
