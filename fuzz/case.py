@@ -14,6 +14,7 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import enum
+import importlib
 import json
 import types
 import typing
@@ -195,8 +196,37 @@ class Training:
             raise CaseError("eps", f"eps={self.eps} must be positive")
 
 
+class Body:
+    """Base of case bodies: frozen dataclasses, each with a unique ``KIND`` tag in JSON.
+
+    Subclasses register themselves; modules that define bodies outside this file are listed
+    in ``BODY_MODULES`` so the decoder can find them.
+    """
+
+    KIND: ClassVar[str]
+    registry: ClassVar[dict[str, type[Body]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.KIND in Body.registry:
+            raise TypeError(f"two case bodies share KIND {cls.KIND!r}")
+        Body.registry[cls.KIND] = cls
+
+    def validate_for(self, world_size: int) -> None:
+        """Checks that need the world size; raise CaseError with a path relative to the body."""
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """(nodes, steps): the measure by which shrunk cases are reported."""
+        return 1, 1
+
+
+#: Modules that define further case bodies (imported before decoding).
+BODY_MODULES: tuple[str, ...] = ()
+
+
 @dataclass(frozen=True)
-class ParityBody:
+class ParityBody(Body):
     """Train a composed model and a plain reference on the same global batches."""
 
     KIND: ClassVar[str] = "parity"
@@ -235,9 +265,18 @@ class ParityBody:
     def size(self) -> tuple[int, int]:
         return self.tree.size, self.training.steps
 
+    def validate_for(self, world_size: int) -> None:
+        for i, spec in enumerate(self.composition.shards):
+            raf = spec.reshard_after_forward
+            if not isinstance(raf, bool) and (raf >= world_size or world_size % raf):
+                raise CaseError(
+                    f"composition.shards[{i}].reshard_after_forward",
+                    f"{raf} is not a divisor of world_size={world_size} other than 1 and itself",
+                )
+
 
 @dataclass(frozen=True)
-class FaultBody:
+class FaultBody(Body):
     """A pool self-test: inject ``action`` into ``rank`` (see :class:`FaultAction`)."""
 
     KIND: ClassVar[str] = "fault"
@@ -245,13 +284,9 @@ class FaultBody:
     rank: int = 0
     seconds: float = 0.0
 
-    @property
-    def size(self) -> tuple[int, int]:
-        return 1, 1
-
-
-Body = Union[ParityBody, FaultBody]
-_BODIES: dict[str, type] = {b.KIND: b for b in (ParityBody, FaultBody)}
+    def validate_for(self, world_size: int) -> None:
+        if not 0 <= self.rank < world_size:
+            raise CaseError("rank", f"rank={self.rank} is not a rank of world_size={world_size}")
 
 
 def _is_ancestor(ancestor: str, path: str) -> bool:
@@ -275,16 +310,10 @@ class Case:
             raise CaseError("world_size", f"world_size={self.world_size} is outside 1..{MAX_WORLD_SIZE}")
         if not 0 <= self.seed < 2**63:
             raise CaseError("seed", f"seed={self.seed} is outside 0..2**63-1")
-        if isinstance(self.body, FaultBody) and not 0 <= self.body.rank < self.world_size:
-            raise CaseError("body.rank", f"rank={self.body.rank} is not a rank of world_size={self.world_size}")
-        if isinstance(self.body, ParityBody):
-            for i, spec in enumerate(self.body.composition.shards):
-                raf = spec.reshard_after_forward
-                if not isinstance(raf, bool) and (raf >= self.world_size or self.world_size % raf):
-                    raise CaseError(
-                        f"body.composition.shards[{i}].reshard_after_forward",
-                        f"{raf} is not a divisor of world_size={self.world_size} other than 1 and itself",
-                    )
+        try:
+            self.body.validate_for(self.world_size)
+        except CaseError as e:
+            raise CaseError(f"body.{e.path}", str(e).split(": ", 1)[1]) from None
 
     @builtins.property  # the field "property" shadows the builtin in this class body
     def size(self) -> tuple[int, int]:
@@ -341,16 +370,19 @@ def case_from_json(data: Any, path: str = "case") -> Case:
 
 
 def _decode(tp: Any, value: Any, path: str) -> Any:
+    if tp is Body:
+        for module in BODY_MODULES:
+            importlib.import_module(module)
+        kinds = Body.registry
+        if not isinstance(value, dict) or value.get("kind") not in kinds:
+            got = value.get("kind") if isinstance(value, dict) else value
+            raise CaseError(f"{path}.kind", f"{got!r:.80} is not one of {sorted(kinds)}")
+        return _decode(kinds[value["kind"]], value, path)
     origin = typing.get_origin(tp)
     if origin in (Union, types.UnionType):
         options = typing.get_args(tp)
         if all(dataclasses.is_dataclass(o) for o in options):
-            kinds: dict[str, Any] = {getattr(o, "KIND", ""): o for o in options}
-            if "" not in kinds:
-                if not isinstance(value, dict) or value.get("kind") not in kinds:
-                    raise CaseError(path, f"kind must be one of {sorted(kinds)}, got {value!r:.80}")
-                return _decode(kinds[value["kind"]], value, path)
-            # Untagged union of dataclasses (Node): Leaf has "kind", Block has "children".
+            # The one untagged union of dataclasses (Node): Leaf has "kind", Block has "children".
             if isinstance(value, dict) and "children" in value:
                 return _decode(Block, value, path)
             return _decode(Leaf, value, path)

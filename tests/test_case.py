@@ -234,10 +234,10 @@ def test_unknown_field() -> None:
 
 def test_unknown_body_kind() -> None:
     data = _good_json()
-    data["body"]["kind"] = "checkpoint"
+    data["body"]["kind"] = "no-such-body"
     err = _decode_error(data)
-    assert err.path == "case.body"
-    assert "checkpoint" in str(err)
+    assert err.path == "case.body.kind"
+    assert "no-such-body" in str(err)
     assert "parity" in str(err)
 
 

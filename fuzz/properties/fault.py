@@ -44,6 +44,6 @@ FAULT = register(
         description="pool self-test: inject a fault into one rank",
         cases=_cases,
         judge=judge,
-        features=lambda case: [f"fault:{case.body.action.value}"],  # type: ignore[union-attr]
+        features=lambda case: [f"fault:{getattr(case.body, 'action', None)}"],
     )
 )

@@ -20,7 +20,8 @@ from fuzz.tolerance import first_mismatch, tolerance_for
 def judge(case: Case, outcome: Outcome) -> Failure | None:
     if not outcome.ok:
         return failure_from_outcome(case.property, outcome)
-    tol = tolerance_for(case.body.training.dtype.value)  # type: ignore[union-attr]
+    assert isinstance(case.body, ParityBody)
+    tol = tolerance_for(case.body.training.dtype.value)
     per_rank = [obs["losses"] for obs in outcome.observations]
     losses = [fmean(step) for step in zip(*per_rank)]
     ref = outcome.observations[0]
