@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import importlib
 import os
 import signal
 import time
@@ -12,21 +13,29 @@ import torch
 import torch.distributed as dist
 
 from fuzz._rank.context import RankContext
-from fuzz._rank.parity import run_parity
-from fuzz.case import Case, FaultAction, FaultBody, ParityBody
+from fuzz.case import Case, FaultAction, FaultBody
+
+#: What runs a body of each KIND: "module:function", imported on first use. The function
+#: takes (case, body, ctx) and returns a JSON-able observation.
+PROGRAMS: dict[str, str] = {
+    "parity": "fuzz._rank.parity:run_parity",
+    "fault": "fuzz._rank.programs:run_fault",
+}
 
 
 def run_case(case: Case, ctx: RankContext) -> dict[str, Any]:
     if case.world_size != ctx.world_size:
         raise ValueError(f"case needs world_size={case.world_size}, this pool has {ctx.world_size}")
-    if isinstance(case.body, ParityBody):
-        return run_parity(case, case.body, ctx)
-    if isinstance(case.body, FaultBody):
-        return run_fault(case.body, ctx)
-    raise TypeError(f"no program for {type(case.body).__name__}")
+    target = PROGRAMS.get(case.body.KIND)
+    if target is None:
+        raise TypeError(f"no program for case bodies of kind {case.body.KIND!r}")
+    module, function = target.split(":")
+    program = getattr(importlib.import_module(module), function)
+    result: dict[str, Any] = program(case, case.body, ctx)
+    return result
 
 
-def run_fault(body: FaultBody, ctx: RankContext) -> dict[str, Any]:
+def run_fault(case: Case, body: FaultBody, ctx: RankContext) -> dict[str, Any]:
     """Inject one fault into one rank: the pool's own tests use these to exercise its paths."""
     me = ctx.rank == body.rank
     t = torch.tensor([float(ctx.rank + 1)], device=ctx.device)
