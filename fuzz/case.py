@@ -37,14 +37,37 @@ class LeafKind(str, enum.Enum):
 
     LINEAR = "linear"
     LAYER_NORM = "layer_norm"
+    CONV1D = "conv1d"  # kernel 1 over a length-1 sequence: (B, W) -> (B, W, 1) -> (B, W)
     RELU = "relu"
     TANH = "tanh"
     GELU = "gelu"
+    DROPOUT = "dropout"  # p = 0.5: makes activation checkpointing's RNG handling observable
 
 
 class Dtype(str, enum.Enum):
     FLOAT32 = "float32"
     FLOAT64 = "float64"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+
+
+class AccumSync(str, enum.Enum):
+    """What happens to gradient reduction on the microbatches before a step's last one."""
+
+    ALWAYS = "always"  # reduce after every microbatch
+    NO_GRAD_SYNC = "no_grad_sync"  # set_requires_gradient_sync(False) (FSDP2) / no_sync() (FSDP1, DDP)
+    NO_ALL_REDUCE = "no_all_reduce"  # set_requires_all_reduce(False): HSDP reduce-scatters, skips the all-reduce
+
+
+class Wrapper(str, enum.Enum):
+    """Whole-model wrappers, the alternative to composable APIs."""
+
+    NONE = "none"
+    DDP = "ddp"
+    FSDP1_FULL_SHARD = "fsdp1_full_shard"
+    FSDP1_SHARD_GRAD_OP = "fsdp1_shard_grad_op"
+    FSDP1_NO_SHARD = "fsdp1_no_shard"
+    FSDP1_HYBRID_SHARD = "fsdp1_hybrid_shard"
 
 
 class Optimizer(str, enum.Enum):
@@ -65,25 +88,33 @@ class FaultAction(str, enum.Enum):
     SLEEP = "sleep"  # every rank sleeps ``seconds`` (to kill the driver mid-case)
 
 
-PARAM_LEAVES = frozenset({LeafKind.LINEAR, LeafKind.LAYER_NORM})
+PARAM_LEAVES = frozenset({LeafKind.LINEAR, LeafKind.LAYER_NORM, LeafKind.CONV1D})
 
 
 @dataclass(frozen=True)
 class Leaf:
     kind: LeafKind
     bias: bool = True
+    #: requires_grad=False on the leaf's parameters (they still take part in forward).
+    frozen: bool = False
 
     def __post_init__(self) -> None:
         if not self.bias and self.kind not in PARAM_LEAVES:
-            raise CaseError("bias", f"bias=False only applies to linear and layer_norm, not {self.kind.value}")
+            raise CaseError("bias", f"bias=False only applies to parameter leaves, not {self.kind.value}")
+        if self.frozen and self.kind not in PARAM_LEAVES:
+            raise CaseError("frozen", f"frozen=True only applies to parameter leaves, not {self.kind.value}")
 
 
 @dataclass(frozen=True)
 class Block:
-    """A container: runs its children in order; ``residual`` adds its input to the result."""
+    """A container: runs its children in order, then multiplies by its own ``scale`` parameter
+    (a parameter held by a non-leaf module), adds its ``shift`` buffer, and with ``residual``
+    adds its input."""
 
     children: tuple[Node, ...]
     residual: bool = False
+    scale: bool = False
+    buffer: bool = False
 
     def __post_init__(self) -> None:
         if not self.children:
@@ -112,7 +143,14 @@ def has_params(node: Node) -> bool:
     """True if the module built from ``node`` holds at least one parameter."""
     if isinstance(node, Leaf):
         return node.kind in PARAM_LEAVES
-    return any(has_params(c) for c in node.children)
+    return node.scale or any(has_params(c) for c in node.children)
+
+
+def owns_params(node: Node) -> bool:
+    """True if ``node``'s module has parameters of its own (not only in submodules)."""
+    if isinstance(node, Leaf):
+        return node.kind in PARAM_LEAVES
+    return node.scale
 
 
 def tree_depth(node: Node) -> int:
@@ -142,16 +180,30 @@ class ModuleTree:
 
 
 @dataclass(frozen=True)
-class ShardSpec:
-    """One ``fully_shard`` call on the module at ``path`` ("" is the root).
+class MixedPrecision:
+    """``MixedPrecisionPolicy``; None leaves a field at torch's default."""
 
-    ``shard_dim`` is what ``shard_placement_fn`` returns for parameters with more than
-    ``shard_dim`` dimensions (``Shard(shard_dim)``); ``0`` means no placement function.
+    param_dtype: Dtype | None = None
+    reduce_dtype: Dtype | None = None
+    output_dtype: Dtype | None = None
+    cast_forward_inputs: bool = True
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """One ``fully_shard`` call on the module at ``path`` ("" is the root), together with the
+    modules at ``group`` (``fully_shard([path, *group])``).
+
+    ``shard_dim`` is what ``shard_placement_fn`` returns for parameters whose ``shard_dim``
+    splits evenly (``Shard(shard_dim)``); ``0`` means no placement function.
     """
 
     path: str
     reshard_after_forward: bool | int = True
     shard_dim: int = 0
+    group: tuple[str, ...] = ()
+    mixed_precision: MixedPrecision | None = None
+    offload: bool = False  # CPUOffloadPolicy (needs an accelerator)
 
     def __post_init__(self) -> None:
         raf = self.reshard_after_forward
@@ -160,12 +212,63 @@ class ShardSpec:
         if self.shard_dim not in (0, 1):
             raise CaseError("shard_dim", f"shard_dim={self.shard_dim} must be 0 or 1")
 
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return (self.path, *self.group)
+
 
 @dataclass(frozen=True)
 class Composition:
-    """``fully_shard`` calls, applied in this order (children before their parents)."""
+    """How the model is distributed.
+
+    Composable APIs: ``checkpoint`` on ``checkpoints``, ``fully_shard`` per ``shards`` and
+    ``replicate`` on ``replicates``, applied module by module from the deepest up (a module's
+    checkpoint before its fully_shard when ``checkpoint_first``, else after). ``mesh`` is ()
+    for a 1D mesh over all ranks or (replicate, shard) for HSDP. Or a whole-model ``wrapper``
+    (DDP, FSDP1), optionally with ``auto_wrap`` (FSDP1: ModuleWrapPolicy over blocks).
+    """
 
     shards: tuple[ShardSpec, ...] = ()
+    replicates: tuple[str, ...] = ()
+    checkpoints: tuple[str, ...] = ()
+    checkpoint_first: bool = True
+    mesh: tuple[int, ...] = ()
+    wrapper: Wrapper = Wrapper.NONE
+    auto_wrap: bool = False
+
+    def __post_init__(self) -> None:
+        if self.mesh and len(self.mesh) != 2:
+            raise CaseError("mesh", f"mesh={self.mesh} must be () or (replicate, shard)")
+        if self.wrapper is not Wrapper.NONE and (self.shards or self.replicates):
+            raise CaseError("wrapper", f"wrapper={self.wrapper.value} does not combine with fully_shard / replicate")
+        if self.auto_wrap and not self.wrapper.value.startswith("fsdp1"):
+            raise CaseError("auto_wrap", "auto_wrap applies to FSDP1 wrappers only")
+        if self.wrapper is Wrapper.FSDP1_HYBRID_SHARD and not self.mesh:
+            raise CaseError("mesh", "fsdp1_hybrid_shard needs a (replicate, shard) mesh")
+
+    @property
+    def sharded_paths(self) -> list[str]:
+        return [p for spec in self.shards for p in spec.paths]
+
+    def steps(self) -> list[tuple[str, str]]:
+        """``(api, path)`` in the order they are applied: deepest module first; per module
+        checkpoint (if first), fully_shard, replicate, checkpoint (if not first). A grouped
+        fully_shard happens at its shallowest member's turn, after every member's descendants."""
+        order = {"checkpoint": 0 if self.checkpoint_first else 3, "fully_shard": 1, "replicate": 2}
+        items = [("checkpoint", p) for p in self.checkpoints] + [("replicate", p) for p in self.replicates]
+        items += [("fully_shard", spec.path) for spec in self.shards]
+
+        def key(item: tuple[str, str]) -> tuple[int, int, str]:
+            api, path = item
+            depth = min(q.count(".") + (q != "") for q in self._spec_paths(api, path))
+            return (-depth, order[api], path)
+
+        return sorted(items, key=key)
+
+    def _spec_paths(self, api: str, path: str) -> tuple[str, ...]:
+        if api == "fully_shard":
+            return next(s.paths for s in self.shards if s.path == path)
+        return (path,)
 
 
 @dataclass(frozen=True)
@@ -182,6 +285,15 @@ class Training:
     batch_per_rank: int = 2
     #: Parameter dtype of both the composed model and the reference.
     dtype: Dtype = Dtype.FLOAT32
+    #: Microbatches per optimizer step, and what reduction does on all but the last.
+    grad_accum: int = 1
+    accum_sync: AccumSync = AccumSync.ALWAYS
+    #: zero_grad(set_to_none=...).
+    set_to_none: bool = True
+    #: Every rank trains on the same slice (else each on its own slice of the global batch).
+    same_input: bool = False
+    #: 2: a second parameter group (every other trainable parameter) with half the lr.
+    param_groups: int = 1
 
     def __post_init__(self) -> None:
         if not 1 <= self.steps <= MAX_STEPS:
@@ -194,6 +306,12 @@ class Training:
             raise CaseError("momentum", f"momentum={self.momentum} is outside [0, 1)")
         if self.eps <= 0.0:
             raise CaseError("eps", f"eps={self.eps} must be positive")
+        if self.dtype not in (Dtype.FLOAT32, Dtype.FLOAT64):
+            raise CaseError("dtype", f"dtype={self.dtype.value}: low precision comes from a MixedPrecision policy")
+        if not 1 <= self.grad_accum <= 4:
+            raise CaseError("grad_accum", f"grad_accum={self.grad_accum} is outside 1..4")
+        if self.param_groups not in (1, 2):
+            raise CaseError("param_groups", f"param_groups={self.param_groups} must be 1 or 2")
 
 
 class Body:
@@ -225,9 +343,74 @@ class Body:
 BODY_MODULES: tuple[str, ...] = ()
 
 
+def check_composition(tree: ModuleTree, comp: Composition, where: str = "composition") -> None:
+    """Structural checks of a composition against its tree (CaseError on the first problem)."""
+    paths = tree.paths()
+    sharded: list[str] = []
+    for i, spec in enumerate(comp.shards):
+        for j, path in enumerate(spec.paths):
+            at = f"{where}.shards[{i}]." + ("path" if j == 0 else f"group[{j - 1}]")
+            if path not in paths:
+                raise CaseError(at, f"{path!r} names no module of the tree (paths: {sorted(paths)})")
+            node = paths[path]
+            if not has_params(node):
+                what = f"a parameter-free {node.kind.value} leaf" if isinstance(node, Leaf) else "holds no parameters"
+                raise CaseError(at, f"{path!r} is {what}" if isinstance(node, Leaf) else f"{path!r} {what}")
+            if path in sharded:
+                raise CaseError(at, f"{path!r} is sharded twice")
+            for other in spec.paths[:j]:
+                if _is_ancestor(other, path) or _is_ancestor(path, other):
+                    raise CaseError(at, f"{path!r} and {other!r} are nested; a group takes disjoint modules")
+            sharded.append(path)
+    for name, group in (("replicates", comp.replicates), ("checkpoints", comp.checkpoints)):
+        for i, path in enumerate(group):
+            if path not in paths:
+                raise CaseError(f"{where}.{name}[{i}]", f"{path!r} names no module of the tree")
+            if group.count(path) > 1:
+                raise CaseError(f"{where}.{name}[{i}]", f"{path!r} appears twice")
+    for i, path in enumerate(comp.replicates):
+        if path in sharded:
+            raise CaseError(f"{where}.replicates[{i}]", f"{path!r} is also fully_shard'ed")
+    done: list[str] = []
+    for api, path in comp.steps():
+        if api != "fully_shard":
+            continue
+        members = comp._spec_paths(api, path)
+        for member in members:
+            late = [d for d in done if _is_ancestor(d, member)]
+            if late:
+                raise CaseError(
+                    f"{where}.shards",
+                    f"{member!r} would be sharded after its ancestor {late[0]!r}; put grouped modules at one depth",
+                )
+        done += members
+    if comp.wrapper is Wrapper.NONE:
+        managed = sharded + list(comp.replicates)
+        for owner, node in paths.items():
+            # A parameter under no fully_shard / replicate gets no gradient reduction, so its
+            # ranks would diverge by design: not a case the properties can judge.
+            if owns_params(node) and not any(m == owner or _is_ancestor(m, owner) for m in managed):
+                raise CaseError(f"{where}.shards", f"the parameters of {owner!r} are under no fully_shard or replicate")
+
+
+def check_mesh(comp: Composition, world_size: int, where: str = "composition") -> None:
+    if comp.mesh and comp.mesh[0] * comp.mesh[1] != world_size:
+        r, sh = comp.mesh
+        raise CaseError(f"{where}.mesh", f"mesh=({r}, {sh}) needs world_size={r * sh}, not {world_size}")
+    shard_size = comp.mesh[1] if comp.mesh else world_size
+    for i, spec in enumerate(comp.shards):
+        raf = spec.reshard_after_forward
+        if not isinstance(raf, bool) and (raf >= shard_size or shard_size % raf):
+            raise CaseError(
+                f"{where}.shards[{i}].reshard_after_forward",
+                f"{raf} is not a divisor of the shard size {shard_size} (world_size={world_size}, mesh={comp.mesh}) "
+                "other than 1 and itself",
+            )
+
+
 @dataclass(frozen=True)
 class ParityBody(Body):
-    """Train a composed model and a plain reference on the same global batches."""
+    """Train a composed model and a plain reference on the same data; compare step by step."""
 
     KIND: ClassVar[str] = "parity"
     tree: ModuleTree
@@ -235,44 +418,81 @@ class ParityBody(Body):
     training: Training = field(default_factory=Training)
 
     def __post_init__(self) -> None:
-        paths = self.tree.paths()
-        seen: set[str] = set()
-        for i, spec in enumerate(self.composition.shards):
-            where = f"composition.shards[{i}].path"
-            if spec.path not in paths:
-                raise CaseError(where, f"{spec.path!r} names no module of the tree (paths: {sorted(paths)})")
-            target = paths[spec.path]
-            if isinstance(target, Leaf) and target.kind not in PARAM_LEAVES:
-                raise CaseError(where, f"{spec.path!r} is a parameter-free {target.kind.value} leaf")
-            if spec.path in seen:
-                raise CaseError(where, f"{spec.path!r} is sharded twice")
-            for earlier in seen:
-                if _is_ancestor(earlier, spec.path):
-                    raise CaseError(where, f"{spec.path!r} comes after its ancestor {earlier!r}; shard children first")
-            seen.add(spec.path)
-        owners = [p for p, n in paths.items() if isinstance(n, Leaf) and n.kind in PARAM_LEAVES]
-        if not owners:
-            raise CaseError("tree", "the tree has no parameters (no linear or layer_norm leaf)")
-        for owner in owners:
-            # A parameter outside every fully_shard'ed subtree gets no gradient reduction, so
-            # its ranks would diverge by design: not a case this property can judge.
-            if not any(s == owner or _is_ancestor(s, owner) for s in seen):
-                raise CaseError(
-                    "composition.shards", f"the parameters of {owner!r} are under no fully_shard; shard an ancestor"
-                )
+        if not has_params(self.tree.root):
+            raise CaseError("tree", "the tree has no parameters")
+        check_composition(self.tree, self.composition)
+        t = self.training
+        if t.accum_sync is AccumSync.NO_ALL_REDUCE and not self.composition.mesh:
+            raise CaseError("training.accum_sync", "no_all_reduce needs an HSDP (replicate, shard) mesh")
+        if t.accum_sync is not AccumSync.ALWAYS and self.composition.replicates:
+            raise CaseError("training.accum_sync", "replicate() has no gradient-sync switch; use always")
 
     @property
     def size(self) -> tuple[int, int]:
         return self.tree.size, self.training.steps
 
     def validate_for(self, world_size: int) -> None:
-        for i, spec in enumerate(self.composition.shards):
-            raf = spec.reshard_after_forward
-            if not isinstance(raf, bool) and (raf >= world_size or world_size % raf):
-                raise CaseError(
-                    f"composition.shards[{i}].reshard_after_forward",
-                    f"{raf} is not a divisor of world_size={world_size} other than 1 and itself",
-                )
+        check_mesh(self.composition, world_size)
+
+
+@dataclass(frozen=True)
+class MetamorphicBody(Body):
+    """Train the same tree under two compositions that must not change numerics."""
+
+    KIND: ClassVar[str] = "metamorphic"
+    tree: ModuleTree
+    composition: Composition
+    variant: Composition
+    training: Training = field(default_factory=Training)
+
+    def __post_init__(self) -> None:
+        if not has_params(self.tree.root):
+            raise CaseError("tree", "the tree has no parameters")
+        check_composition(self.tree, self.composition)
+        check_composition(self.tree, self.variant, "variant")
+        if self.training.accum_sync is not AccumSync.ALWAYS:
+            raise CaseError("training.accum_sync", "metamorphic cases use always")
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return self.tree.size, self.training.steps
+
+    def validate_for(self, world_size: int) -> None:
+        check_mesh(self.composition, world_size)
+        check_mesh(self.variant, world_size, "variant")
+
+
+class Misuse(str, enum.Enum):
+    """Compositions the API documents as errors; each must raise on every rank, never hang."""
+
+    REPLICATE_AFTER_FULLY_SHARD = "replicate_after_fully_shard"  # RuntimeError "Cannot apply `replicate()`"
+    UNEVEN_SHARD_DIM_1 = "uneven_shard_dim_1"  # NotImplementedError: uneven sharding on dim 1
+
+
+@dataclass(frozen=True)
+class InvalidBody(Body):
+    """Apply one documented misuse to the module at ``path``; every rank must raise."""
+
+    KIND: ClassVar[str] = "invalid"
+    tree: ModuleTree
+    misuse: Misuse
+    path: str = ""
+
+    def __post_init__(self) -> None:
+        paths = self.tree.paths()
+        if self.path not in paths:
+            raise CaseError("path", f"{self.path!r} names no module of the tree")
+        if not has_params(paths[self.path]):
+            raise CaseError("path", f"{self.path!r} holds no parameters")
+        if self.misuse is Misuse.UNEVEN_SHARD_DIM_1:
+            sub = paths[self.path]
+            matrices = [n for _, n in iter_paths(sub)] if isinstance(sub, Block) else [sub]
+            if not any(isinstance(n, Leaf) and n.kind in (LeafKind.LINEAR, LeafKind.CONV1D) for n in matrices):
+                raise CaseError("path", f"{self.path!r} has no weight matrix to shard on dim 1")
+
+    def validate_for(self, world_size: int) -> None:
+        if self.misuse is Misuse.UNEVEN_SHARD_DIM_1 and self.tree.width % world_size == 0:
+            raise CaseError("tree.width", f"width={self.tree.width} divides world_size={world_size}: dim 1 is even")
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--shardfuzz-backend", choices=("gloo", "nccl"), default="gloo", help="backend of the test pool")
     group.addoption("--shardfuzz-world-size", type=int, default=2, help="ranks in the test pool (default 2)")
     group.addoption("--shardfuzz-deadline", type=float, default=60.0, help="seconds per case before a hang")
+    group.addoption(
+        "--shardfuzz-corpus",
+        default="corpus",
+        help="corpus directory (relative to the rootdir): failures matching its 'known' entries are expected",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -66,8 +71,22 @@ def rank_pool(request: pytest.FixtureRequest) -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
-def check_case(rank_pool: Any) -> Callable[[Case], None]:
-    """Run a case on the pool and fail, with every rank's account, if its property fails."""
+def known_signatures(request: pytest.FixtureRequest) -> dict[str, str]:
+    """Signatures of the corpus entries marked ``known`` (torch bugs), with their upstream issue."""
+    from fuzz.corpus import load_corpus
+
+    corpus = request.config.rootpath / request.config.getoption("shardfuzz_corpus")
+    entries, _problems = load_corpus(corpus)
+    return {e.signature: e.upstream or "no upstream issue" for _, e in entries if e.status == "known"}
+
+
+@pytest.fixture(scope="session")
+def check_case(rank_pool: Any, known_signatures: dict[str, str]) -> Callable[[Case], None]:
+    """Run a case on the pool and fail, with every rank's account, if its property fails.
+
+    A failure whose signature is a known torch bug in the corpus is expected: it is recorded
+    as a Hypothesis event, and its own corpus entry is the (strict xfail) regression test.
+    """
     from fuzz.explore import run_case
     from fuzz.properties import get_property
 
@@ -77,6 +96,10 @@ def check_case(rank_pool: Any) -> Callable[[Case], None]:
             for feature in prop.features(case):
                 event(feature)
         failure = run_case(rank_pool, prop, case)
+        if failure is not None and failure.signature in known_signatures:
+            if currently_in_test_context():
+                event(f"known torch bug {known_signatures[failure.signature]}: {failure.signature}")
+            return
         if failure is not None:
             raise AssertionError(
                 f"{failure.signature}\n{failure.summary}\ncase: {case_to_text(case)}\n{_describe(failure.details)}"

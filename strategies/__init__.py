@@ -4,18 +4,32 @@ Plural nouns, keyword-only options with ``max_*`` bounds, one error type
 (:class:`fuzz.errors.InvalidArgument`) for bad arguments.
 """
 
-from strategies._cases import parity_cases, trainings
-from strategies._compositions import compositions, reshard_values
+from strategies._cases import (
+    invalid_cases,
+    metamorphic_cases,
+    metamorphic_variants,
+    mixed_precision_cases,
+    parity_cases,
+    trainings,
+)
+from strategies._compositions import compositions, meshes, mixed_precision_policies, reshard_values, wrappers
 from strategies._trees import WIDTHS, leaves, module_trees
 
 __all__ = [
     "WIDTHS",
     "compositions",
+    "invalid_cases",
     "leaves",
+    "meshes",
+    "metamorphic_cases",
+    "metamorphic_variants",
+    "mixed_precision_cases",
+    "mixed_precision_policies",
     "module_trees",
     "parity_cases",
     "reshard_values",
     "trainings",
+    "wrappers",
 ]
 
 _public = {n for n in dir() if n.isidentifier() and not n.startswith("_")}

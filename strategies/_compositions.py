@@ -1,37 +1,169 @@
-"""Strategies for compositions: which modules get ``fully_shard``, with which options."""
+"""Strategies for compositions: which modules get fully_shard / replicate / checkpoint, with
+which options, on which mesh; or a whole-model wrapper (DDP, FSDP1)."""
 
 from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from fuzz.case import Composition, ModuleTree, ShardSpec, has_params
+from fuzz.case import (
+    PARAM_LEAVES,
+    Block,
+    Composition,
+    Dtype,
+    Leaf,
+    MixedPrecision,
+    ModuleTree,
+    ShardSpec,
+    Wrapper,
+    has_params,
+)
 from strategies._validation import check_world_size
 
 
-def reshard_values(world_size: int) -> st.SearchStrategy[bool | int]:
-    """``reshard_after_forward`` values valid on a 1D mesh of ``world_size``: bools, and the
-    non-trivial divisors of the world size."""
-    check_world_size(world_size)
-    divisors = [d for d in range(2, world_size) if world_size % d == 0]
+def _nested(a: str, b: str) -> bool:
+    return a == b or a == "" or b == "" or a.startswith(b + ".") or b.startswith(a + ".")
+
+
+def reshard_values(shard_size: int) -> st.SearchStrategy[bool | int]:
+    """``reshard_after_forward`` values valid on a shard dimension of ``shard_size``: bools, and
+    the non-trivial divisors of the shard size."""
+    check_world_size(shard_size)
+    divisors = [d for d in range(2, shard_size) if shard_size % d == 0]
     values: st.SearchStrategy[bool | int] = st.booleans()
     if divisors:
         values = st.one_of(values, st.sampled_from(divisors))
     return values
 
 
-@st.composite
-def compositions(draw: st.DrawFn, tree: ModuleTree, *, world_size: int) -> Composition:
-    """``fully_shard`` on the root and on any subset of the other parameter-holding modules,
-    children first, each with its own ``reshard_after_forward`` and shard dimension."""
+def meshes(world_size: int) -> st.SearchStrategy[tuple[int, ...]]:
+    """() for a 1D mesh, or an HSDP (replicate, shard) shape: every factorisation of the world
+    size, replicate size > 1 with shard size 1 included."""
     check_world_size(world_size)
-    candidates = [p for p, n in tree.paths().items() if p and has_params(n)]
+    shapes = [(r, world_size // r) for r in range(1, world_size + 1) if world_size % r == 0]
+    return st.sampled_from([(), *shapes])
+
+
+@st.composite
+def mixed_precision_policies(draw: st.DrawFn) -> MixedPrecision:
+    """Policies for the units inside the root. Their outputs flow into layers of the enclosing
+    unit without a cast, so output_dtype is the unit's own compute dtype or unset (anything
+    else is a dtype mismatch by construction, not a bug)."""
+    low = st.sampled_from([Dtype.BFLOAT16, Dtype.FLOAT16])
+    param = draw(st.one_of(st.none(), low))
+    compute = param if param is not None else Dtype.FLOAT32
+    return MixedPrecision(
+        param_dtype=param,
+        reduce_dtype=draw(st.one_of(st.none(), st.just(Dtype.FLOAT32), low)),
+        output_dtype=draw(st.sampled_from([None, compute])),
+        cast_forward_inputs=draw(st.booleans()),
+    )
+
+
+def _trainable_left(tree: ModuleTree, path: str, sharded: list[str]) -> bool:
+    """Whether the module at ``path`` holds a trainable parameter outside every sharded module."""
+    for sub, node in tree.paths().items():
+        if not _nested(sub, path) or (path and not (sub == path or sub.startswith(path + "."))):
+            continue
+        if any(s == sub or (s != path and _nested(sub, s) and (s == "" or sub.startswith(s + "."))) for s in sharded):
+            continue
+        if isinstance(node, Leaf) and node.kind in PARAM_LEAVES and not node.frozen:
+            return True
+        if isinstance(node, Block) and node.scale:
+            return True
+    return False
+
+
+@st.composite
+def _disjoint_subset(draw: st.DrawFn, candidates: list[str], exclude: list[str]) -> list[str]:
+    out: list[str] = []
+    for p in draw(st.lists(st.sampled_from(candidates), unique=True)) if candidates else []:
+        if not any(_nested(p, q) for q in out + exclude):
+            out.append(p)
+    return out
+
+
+@st.composite
+def compositions(
+    draw: st.DrawFn,
+    tree: ModuleTree,
+    *,
+    world_size: int,
+    replicate: bool = True,
+    checkpoint: bool = True,
+    hsdp: bool = True,
+    mixed_precision: bool = False,
+) -> Composition:
+    """Composable APIs on a tree: fully_shard on the root (or replicate on it) and on any
+    subset of the other parameter-holding modules, some grouped; replicate on submodules;
+    checkpoint anywhere, before or after fully_shard; a 1D or HSDP mesh."""
+    check_world_size(world_size)
+    paths = tree.paths()
+    mesh = draw(meshes(world_size)) if hsdp else ()
+    shard_size = mesh[1] if mesh else world_size
+    candidates = [p for p, n in paths.items() if p and has_params(n)]
+    mode = draw(st.sampled_from(["fsdp", "replicate-root", "replicate-sub"])) if replicate else "fsdp"
     chosen = draw(st.lists(st.sampled_from(candidates), unique=True)) if candidates else []
-    # Deepest first, so children are sharded before their ancestors; the root comes last.
-    order = [*sorted(chosen, key=lambda p: (-p.count("."), p)), ""]
-    specs = [
-        ShardSpec(
-            path=p, reshard_after_forward=draw(reshard_values(world_size)), shard_dim=draw(st.sampled_from((0, 1)))
+    replicates: list[str] = []
+    if mode == "replicate-sub":
+        replicates = draw(_disjoint_subset([p for p in candidates if p not in chosen], []))
+    if mode == "replicate-root":
+        replicates = [""]
+    # DDP (inside replicate) refuses a module with no trainable parameter of its own to manage.
+    replicates = [r for r in replicates if _trainable_left(tree, r, chosen)]
+    if mode == "replicate-root" and not replicates:
+        mode = "fsdp"
+    # Group disjoint sharded modules into one fully_shard call, sometimes.
+    groups: list[list[str]] = []
+    for p in chosen:
+        # A group must sit under a sharded root: FSDP2 refuses a group as a root of its own.
+        same_depth = mode != "replicate-root" and groups and all(q.count(".") == p.count(".") for q in groups[-1])
+        if same_depth and draw(st.booleans()) and not any(_nested(p, q) for q in groups[-1]):
+            groups[-1].append(p)
+        else:
+            groups.append([p])
+    if mode != "replicate-root":
+        groups.append([""])
+    policy = draw(mixed_precision_policies()) if mixed_precision else None
+    specs = []
+    for group in groups:
+        mp = policy
+        if policy is not None and group == [""]:
+            # The root receives the (fp32) input: it must cast it for the low-precision units.
+            mp = MixedPrecision(
+                param_dtype=policy.param_dtype,
+                reduce_dtype=policy.reduce_dtype,
+                output_dtype=draw(st.sampled_from([None, Dtype.FLOAT32, Dtype.BFLOAT16, Dtype.FLOAT16])),
+                cast_forward_inputs=True,
+            )
+        specs.append(
+            ShardSpec(
+                path=group[0],
+                group=tuple(group[1:]),
+                reshard_after_forward=draw(reshard_values(shard_size)),
+                shard_dim=draw(st.sampled_from((0, 1))),
+                mixed_precision=mp,
+            )
         )
-        for p in order
-    ]
-    return Composition(shards=tuple(specs))
+    checkpoints = draw(_disjoint_subset(list(paths), replicates)) if checkpoint else []
+    return Composition(
+        shards=tuple(specs),
+        replicates=tuple(replicates),
+        checkpoints=tuple(checkpoints),
+        checkpoint_first=draw(st.booleans()),
+        mesh=mesh,
+    )
+
+
+@st.composite
+def wrappers(draw: st.DrawFn, tree: ModuleTree, *, world_size: int, checkpoint: bool = True) -> Composition:
+    """DDP or FSDP1 (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD), FSDP1 with or without
+    auto-wrapping every block, with checkpoint on submodules."""
+    check_world_size(world_size)
+    wrapper = draw(st.sampled_from([w for w in Wrapper if w is not Wrapper.NONE]))
+    mesh: tuple[int, ...] = ()
+    if wrapper is Wrapper.FSDP1_HYBRID_SHARD:
+        mesh = draw(meshes(world_size).filter(bool))
+    auto_wrap = draw(st.booleans()) if wrapper.value.startswith("fsdp1") else False
+    submodules = [p for p in tree.paths() if p]
+    checkpoints = draw(_disjoint_subset(submodules, [])) if checkpoint else []
+    return Composition(wrapper=wrapper, mesh=mesh, auto_wrap=auto_wrap, checkpoints=tuple(checkpoints))

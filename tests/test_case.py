@@ -252,19 +252,18 @@ def test_shard_spec_naming_no_module() -> None:
     assert direct.value.path == "composition.shards[0].path"
 
 
-def test_child_sharded_after_ancestor() -> None:
-    data = _good_json()
-    data["body"]["composition"]["shards"] = [{"path": ""}, {"path": "0"}]
-    err = _decode_error(data)
-    assert err.path == "case.body.composition.shards[1].path"
-    assert "'0'" in str(err)
-    assert "ancestor" in str(err)
+def test_shards_apply_children_first_whatever_their_listing_order() -> None:
+    comp = Composition(shards=(ShardSpec(path=""), ShardSpec(path="0.0"), ShardSpec(path="0")))
+    assert [p for api, p in comp.steps() if api == "fully_shard"] == ["0.0", "0", ""]
 
 
-def test_grandchild_sharded_after_ancestor() -> None:
+def test_group_member_below_a_sharded_module_is_refused() -> None:
+    # fully_shard(["0.0", "1"]) runs at depth 1 ("1"), after fully_shard("0"): "0.0" would
+    # then be sharded after its ancestor "0".
     with pytest.raises(CaseError, match="ancestor") as info:
-        _case(shards=(ShardSpec(path="0"), ShardSpec(path="0.0"), ShardSpec(path="")))
-    assert info.value.path == "composition.shards[1].path"
+        _case(shards=(ShardSpec(path="0"), ShardSpec(path="1", group=("0.0",)), ShardSpec(path="")))
+    assert info.value.path == "composition.shards"
+    assert "'0.0'" in str(info.value)
 
 
 def test_sibling_prefix_is_not_an_ancestor() -> None:

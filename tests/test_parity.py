@@ -1,46 +1,107 @@
-"""The parity property end to end on the session's rank pool, and its sensitivity to a real fault."""
+"""The training properties end to end on the session's rank pool, and their sensitivity to
+real faults in torch (../shared/mutants)."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fuzz.case import Block, Case, Composition, Leaf, LeafKind, ModuleTree, Optimizer, ParityBody, ShardSpec, Training
+from fuzz.case import (
+    Block,
+    Case,
+    Composition,
+    Dtype,
+    Leaf,
+    LeafKind,
+    MetamorphicBody,
+    MixedPrecision,
+    ModuleTree,
+    Optimizer,
+    ParityBody,
+    ShardSpec,
+    Training,
+)
 from fuzz.explore import run_case
 from fuzz.pool import RankPool
 from fuzz.properties import get_property
-from strategies import parity_cases
+from strategies import invalid_cases, metamorphic_cases, mixed_precision_cases, parity_cases
 from tests.conftest import mutant_env
 
 
 @given(data=st.data())
-def test_fully_shard_trains_like_the_reference(rank_pool, check_case, data):
-    case = data.draw(parity_cases(world_size=rank_pool.world_size), label="case")
-    check_case(case)
+def test_composed_models_train_like_the_reference(rank_pool, check_case, data):
+    check_case(data.draw(parity_cases(world_size=rank_pool.world_size), label="case"))
+
+
+@given(data=st.data())
+def test_mixed_precision_contracts(rank_pool, check_case, data):
+    check_case(data.draw(mixed_precision_cases(world_size=rank_pool.world_size), label="case"))
+
+
+@given(data=st.data())
+def test_metamorphic_variants_agree(rank_pool, check_case, data):
+    check_case(data.draw(metamorphic_cases(world_size=rank_pool.world_size), label="case"))
+
+
+@given(data=st.data())
+def test_misuses_raise_on_every_rank(rank_pool, check_case, data):
+    check_case(data.draw(invalid_cases(world_size=rank_pool.world_size), label="case"))
+
+
+def _linear_tree(width: int = 8) -> ModuleTree:
+    return ModuleTree(width=width, root=Block(children=(Leaf(LeafKind.LINEAR, bias=False),)))
 
 
 def _shard_dim_1_case() -> Case:
-    """The minimal case the suite shrank P01 to: one Linear whose weight is sharded on dim 1."""
-    tree = ModuleTree(width=8, root=Block(children=(Leaf(LeafKind.LINEAR, bias=False),)))
+    """One Linear whose weight is sharded on dim 1 (P01's minimal case)."""
     body = ParityBody(
-        tree=tree,
+        tree=_linear_tree(),
         composition=Composition(shards=(ShardSpec(path="", reshard_after_forward=False, shard_dim=1),)),
         training=Training(optimizer=Optimizer.SGD, lr=0.05, steps=1, batch_per_rank=3),
     )
     return Case(property="parity", world_size=2, seed=104, body=body)
 
 
-def test_parity_holds_for_the_shard_dim_1_case_on_unmutated_torch(check_case):
-    check_case(_shard_dim_1_case())
+def _checkpoint_dropout_case() -> Case:
+    """Dropout under activation checkpointing, against the same model without it (P02)."""
+    tree = ModuleTree(width=4, root=Block(children=(Leaf(LeafKind.LINEAR), Leaf(LeafKind.DROPOUT))))
+    body = MetamorphicBody(
+        tree=tree,
+        composition=Composition(shards=(ShardSpec(path=""),), checkpoints=("",)),
+        variant=Composition(shards=(ShardSpec(path=""),)),
+        training=Training(steps=1, batch_per_rank=4),
+    )
+    return Case(property="metamorphic", world_size=2, seed=3, body=body)
 
 
-def test_parity_notices_gradients_reduced_on_the_wrong_dim():
-    """Under a real fault in torch (reduce-scatter chunks on dim 0 whatever the shard dim), the
-    property fails with a parameter mismatch; the same case passes on unmutated torch above."""
-    case = _shard_dim_1_case()
-    with RankPool(world_size=2, env=mutant_env("P01_shard_dim_chunk"), deadline=30) as pool:
-        failure = run_case(pool, get_property("parity"), case)
-    assert failure is not None
-    assert failure.kind == "mismatch"
-    assert failure.signature == "mismatch:parity:param"
-    assert "0.weight" in failure.summary
+def _output_dtype_case() -> Case:
+    """bf16 parameters, float32 output requested (P03)."""
+    policy = MixedPrecision(param_dtype=Dtype.BFLOAT16, output_dtype=Dtype.FLOAT32)
+    body = ParityBody(
+        tree=_linear_tree(4),
+        composition=Composition(shards=(ShardSpec(path="", mixed_precision=policy),)),
+        training=Training(steps=1),
+    )
+    return Case(property="mixed_precision", world_size=2, seed=0, body=body)
+
+
+FAULTS = [
+    ("P01_shard_dim_chunk", _shard_dim_1_case),
+    ("P02_ac_rng_not_preserved", _checkpoint_dropout_case),
+    ("P03_output_dtype_cast", _output_dtype_case),
+]
+
+
+def test_the_fault_cases_pass_on_unmutated_torch(check_case):
+    for _, make in FAULTS:
+        check_case(make())
+
+
+def test_properties_notice_real_faults_in_torch():
+    """Each injected fault makes its case fail with a mismatch (the same cases pass above)."""
+    for mutant, make in FAULTS:
+        case = make()
+        with RankPool(world_size=2, env=mutant_env(mutant), deadline=30) as pool:
+            failure = run_case(pool, get_property(case.property), case)
+        assert failure is not None, mutant
+        assert failure.kind == "mismatch", (mutant, failure.summary)

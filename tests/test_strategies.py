@@ -34,6 +34,8 @@ _LEAF_TYPES = {
     LeafKind.RELU: nn.ReLU,
     LeafKind.TANH: nn.Tanh,
     LeafKind.GELU: nn.GELU,
+    LeafKind.CONV1D: nn.Conv1d,
+    LeafKind.DROPOUT: nn.Dropout,
 }
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -102,14 +104,19 @@ def test_parity_cases_respect_their_bounds(case: Case) -> None:
 def test_compositions_shard_children_before_ancestors_and_root_last(data: st.DataObject) -> None:
     tree = data.draw(module_trees(max_depth=4, max_children=3))
     comp = data.draw(compositions(tree, world_size=6))
-    paths = [s.path for s in comp.shards]
-    assert paths[-1] == ""
-    assert len(set(paths)) == len(paths)
-    for i, p in enumerate(paths):
-        for q in paths[i + 1 :]:
-            assert not (p != "" and q.startswith(p + ".")), f"{q} after its ancestor {p}"
+    order = [p for api, p in comp.steps() if api == "fully_shard"]
+    # The root is managed last: fully_shard on it, or replicate on it.
+    assert (order and order[-1] == "") or comp.replicates == ("",)
+    assert len(set(order)) == len(order)
+    applied: list[str] = []
+    for p in order:
+        members = next(s.paths for s in comp.shards if s.path == p)
+        for m in members:
+            assert not any(a == "" or m.startswith(a + ".") for a in applied), f"{m} after an ancestor in {applied}"
+        applied += members
+    shard_size = comp.mesh[1] if comp.mesh else 6
     for s in comp.shards:
-        assert s.reshard_after_forward in (True, False, 2, 3)
+        assert s.reshard_after_forward in (True, False) or shard_size % s.reshard_after_forward == 0
 
 
 @FAST
@@ -229,6 +236,7 @@ def test_features_of_a_hand_built_case() -> None:
         "reshard_after_forward:True",
         "shard_placement_fn:Shard(1)",
         "fully_shard:count:2",
+        "mesh:4",
     }
 
 

@@ -14,26 +14,54 @@ from fuzz.case import Leaf, LeafKind, ModuleTree, Node
 
 
 class TreeBlock(nn.Module):
-    """Runs its children in order; with ``residual`` adds the block's input to the result."""
+    """Runs its children in order, then ``* scale`` (its own parameter), ``+ shift`` (its
+    buffer) and ``+ input`` (residual), each if the block has it."""
 
-    def __init__(self, children: list[nn.Module], residual: bool) -> None:
+    def __init__(self, children: list[nn.Module], residual: bool, width: int, scale: bool, buffer: bool) -> None:
         super().__init__()
         for i, child in enumerate(children):
             self.add_module(str(i), child)
         self.residual = residual
+        self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(width)) if scale else None
+        if buffer:
+            self.register_buffer("shift", 0.1 * torch.randn(width))
+        else:
+            self.shift = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = x
         for child in self.children():
             y = child(y)
+        if self.scale is not None:
+            y = y * self.scale
+        if self.shift is not None:
+            y = y + self.shift
         return x + y if self.residual else y
 
 
+class PointwiseConv1d(nn.Conv1d):
+    """Conv1d with kernel 1 applied to (batch, width) as a length-1 sequence."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.unsqueeze(-1)).squeeze(-1)
+
+
 def build_leaf(leaf: Leaf, width: int) -> nn.Module:
+    module = _build_leaf(leaf, width)
+    if leaf.frozen:
+        module.requires_grad_(False)
+    return module
+
+
+def _build_leaf(leaf: Leaf, width: int) -> nn.Module:
     if leaf.kind is LeafKind.LINEAR:
         return nn.Linear(width, width, bias=leaf.bias)
     if leaf.kind is LeafKind.LAYER_NORM:
         return nn.LayerNorm(width, bias=leaf.bias)
+    if leaf.kind is LeafKind.CONV1D:
+        return PointwiseConv1d(width, width, kernel_size=1, bias=leaf.bias)
+    if leaf.kind is LeafKind.DROPOUT:
+        return nn.Dropout(0.5)
     if leaf.kind is LeafKind.RELU:
         return nn.ReLU()
     if leaf.kind is LeafKind.TANH:
@@ -46,7 +74,7 @@ def build_leaf(leaf: Leaf, width: int) -> nn.Module:
 def build_node(node: Node, width: int) -> nn.Module:
     if isinstance(node, Leaf):
         return build_leaf(node, width)
-    return TreeBlock([build_node(c, width) for c in node.children], node.residual)
+    return TreeBlock([build_node(c, width) for c in node.children], node.residual, width, node.scale, node.buffer)
 
 
 def build_model(tree: ModuleTree, device: torch.device) -> nn.Module:

@@ -1,9 +1,15 @@
-"""Training parity on a rank: the composed model against a plain reference, step by step.
+"""Training parity on a rank: a composed model against a plain reference, step by step.
 
-Every rank trains the composed model on its slice of a global batch; rank 0 also trains an
-identical plain model on the whole global batch. With the loss a mean over equal slices, the
-averaged gradients of the composed model equal the reference's in exact arithmetic, so the
-mean of the ranks' losses must follow the reference loss and the final parameters must agree.
+The reference is the same plain model trained on this rank's own slice of data, its gradients
+averaged over all ranks with one all-reduce per step: data-parallel training with nothing to
+get wrong. Both runs start from the same weights and reseed the RNG identically, so dropout
+masks agree too (activation checkpointing must restore the RNG state when it recomputes). In
+exact arithmetic the composed model's losses, and its parameters after every step, equal the
+reference's on every rank.
+
+Along the way the composed run records API contracts (are parameters sharded after forward,
+which dtype do outputs and parameters have, which parameters does replicate manage) for the
+driver to judge.
 """
 
 from __future__ import annotations
@@ -12,95 +18,246 @@ import copy
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from fuzz._rank.compose import TORCH_DTYPES, Composed, compose
+from fuzz._rank.compose import apply_fully_shard as apply_fully_shard  # re-exported for other programs
 from fuzz._rank.context import RankContext
 from fuzz._rank.models import build_model
-from fuzz.case import Case, Optimizer, ParityBody, ShardSpec, Training
+from fuzz.case import (
+    AccumSync,
+    Case,
+    Composition,
+    MetamorphicBody,
+    ModuleTree,
+    Optimizer,
+    ParityBody,
+    Training,
+)
 
 
 def make_optimizer(params: Any, training: Training) -> torch.optim.Optimizer:
+    """The case's optimizer over ``params`` (trainable ones only), in 1 or 2 param groups."""
+    params = [p for p in params if p.requires_grad]
+    groups: Any = params
+    if training.param_groups == 2:
+        groups = [{"params": params[0::2]}, {"params": params[1::2], "lr": training.lr / 2}]
+        groups = [g for g in groups if g["params"]]
     if training.optimizer is Optimizer.SGD:
-        return torch.optim.SGD(params, lr=training.lr, momentum=training.momentum)
+        return torch.optim.SGD(groups, lr=training.lr, momentum=training.momentum)
     if training.optimizer is Optimizer.ADAM:
-        return torch.optim.Adam(params, lr=training.lr, eps=training.eps)
-    return torch.optim.AdamW(params, lr=training.lr, eps=training.eps)
-
-
-def _placement_fn(shard_dim: int, shard_size: int) -> Any:
-    """Shard(shard_dim) where that dimension splits evenly, else the default Shard(0).
-
-    FSDP2 documents uneven sharding as supported on dim 0 only (NotImplementedError
-    otherwise), so this is how a user's placement function has to look.
-    """
-    from torch.distributed.tensor import Shard
-
-    def fn(param: nn.Parameter) -> Any:
-        if param.ndim > shard_dim and param.shape[shard_dim] % shard_size == 0:
-            return Shard(shard_dim)
-        return None
-
-    return fn
-
-
-def apply_fully_shard(model: nn.Module, spec: ShardSpec, mesh: Any) -> None:
-    from torch.distributed.fsdp import fully_shard
-
-    kwargs: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": spec.reshard_after_forward}
-    if spec.shard_dim:
-        kwargs["shard_placement_fn"] = _placement_fn(spec.shard_dim, mesh.size())
-    fully_shard(model.get_submodule(spec.path), **kwargs)
+        return torch.optim.Adam(groups, lr=training.lr, eps=training.eps)
+    return torch.optim.AdamW(groups, lr=training.lr, eps=training.eps)
 
 
 def full_parameters(model: nn.Module) -> dict[str, list[float]]:
     """Every parameter as a flat list, gathered if sharded (a collective on every rank)."""
-    from torch.distributed.tensor import DTensor
+    with Composed(model).full_parameters() as params:
+        return {n: t.double().cpu().flatten().tolist() for n, t in params.items()}
 
-    out = {}
-    for name, p in model.named_parameters():
-        t = p.full_tensor() if isinstance(p, DTensor) else p
-        out[name] = t.detach().double().cpu().flatten().tolist()
+
+def batches(case: Case, training: Training, width: int, ctx: RankContext) -> list[list[tuple[Any, Any]]]:
+    """Per step, per microbatch: this rank's (input, target), from a generator seeded by the case."""
+    dtype = TORCH_DTYPES[training.dtype]
+    gen = torch.Generator().manual_seed(case.seed)
+    b = training.batch_per_rank
+    lo = 0 if training.same_input else ctx.rank * b
+    out = []
+    for _ in range(training.steps):
+        step = []
+        for _ in range(training.grad_accum):
+            x = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
+            y = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
+            step.append((x[lo : lo + b].to(ctx.device), y[lo : lo + b].to(ctx.device)))
+        out.append(step)
     return out
 
 
-def run_parity(case: Case, body: ParityBody, ctx: RankContext) -> dict[str, Any]:
-    training = body.training
+def _seed_for_run(case: Case, ctx: RankContext) -> None:
+    # Same on both runs of one rank (dropout masks agree), different across ranks.
+    torch.manual_seed((case.seed * 7919 + ctx.rank + 1) % 2**63)
+
+
+class _Contracts:
+    """Hooks that record API contracts during the composed run's first forward."""
+
+    def __init__(self, model: nn.Module, comp: Composition) -> None:
+        self.model = model
+        self.comp = comp
+        self.leaf_dtypes: dict[str, str] = {}
+        self.output_dtypes: dict[str, str] = {}
+        self.handles: list[Any] = []
+        for path in comp.sharded_paths:
+            mod = model.get_submodule(path)
+            self.handles.append(mod.register_forward_hook(self._on_output(path)))
+        for name, mod in model.named_modules():
+            if any(True for _ in mod.parameters(recurse=False)):
+                self.handles.append(mod.register_forward_pre_hook(self._on_leaf(name)))
+
+    def _on_output(self, path: str) -> Any:
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            if isinstance(output, torch.Tensor):
+                self.output_dtypes.setdefault(path, str(output.dtype).removeprefix("torch."))
+
+        return hook
+
+    def _on_leaf(self, name: str) -> Any:
+        def hook(module: nn.Module, args: Any) -> None:
+            p = next(module.parameters(recurse=False))
+            self.leaf_dtypes.setdefault(name, str(p.dtype).removeprefix("torch."))
+
+        return hook
+
+    def after_forward(self) -> dict[str, Any]:
+        """Which units' parameters are registered sharded right after the root's forward."""
+        from torch.distributed.tensor import DTensor
+
+        for h in self.handles:
+            h.remove()
+        # Other units: nested fully_shard modules, and replicated ones (replicate manages those).
+        sharded = self.comp.sharded_paths + list(self.comp.replicates)
+        state: dict[str, list[bool]] = {}
+        for spec in self.comp.shards:
+            flags = []
+            for path in spec.paths:
+                for sub, _ in iter_paths_of(self.model, path):
+                    if sub != path and _under_other_unit(sub, path, sharded):
+                        continue
+                    mod = self.model.get_submodule(sub)
+                    flags += [isinstance(p, DTensor) for p in mod.parameters(recurse=False)]
+            state[spec.path] = flags
+        return {"sharded_after_forward": state, "leaf_dtypes": self.leaf_dtypes, "output_dtypes": self.output_dtypes}
+
+
+def iter_paths_of(model: nn.Module, path: str) -> list[tuple[str, nn.Module]]:
+    root = model.get_submodule(path)
+    return [((f"{path}.{n}" if path and n else (n or path)), m) for n, m in root.named_modules()]
+
+
+def _under_other_unit(sub: str, unit: str, sharded: list[str]) -> bool:
+    """True if ``sub`` lies inside a fully_shard unit nested in ``unit``."""
+    return any(
+        other != unit and (unit == "" or other.startswith(unit + ".")) and (sub == other or sub.startswith(other + "."))
+        for other in sharded
+    )
+
+
+def replicate_contract(model: nn.Module, comp: Composition) -> dict[str, list[str]]:
+    """For each replicated module: the parameter names replicate says it manages."""
+    from torch.distributed._composable import replicate
+
+    out = {}
+    for path in comp.replicates:
+        state = replicate.state(model.get_submodule(path))
+        out[path] = sorted(getattr(state, "_param_names", []))
+    return out
+
+
+def train(
+    case: Case, tree: ModuleTree, training: Training, comp: Composition | None, ctx: RankContext
+) -> dict[str, Any]:
+    """Train the tree under ``comp`` (None: the all-reduce reference); observations as JSON."""
     torch.manual_seed(case.seed)
-    model = build_model(body.tree, ctx.device).to(getattr(torch, training.dtype.value))
-    reference = copy.deepcopy(model) if ctx.rank == 0 else None
-    mesh = ctx.mesh((ctx.world_size,), ("shard",))
-    for spec in body.composition.shards:
-        apply_fully_shard(model, spec, mesh)
-    opt = make_optimizer(model.parameters(), training)
-    ref_opt = make_optimizer(reference.parameters(), training) if reference is not None else None
-
-    batch, width = training.batch_per_rank, body.tree.width
-    lo, hi = ctx.rank * batch, (ctx.rank + 1) * batch
-    data = torch.Generator().manual_seed(case.seed)
-    losses, ref_losses = [], []
-    for _ in range(training.steps):
-        dtype = getattr(torch, training.dtype.value)
-        x = torch.randn(ctx.world_size * batch, width, generator=data, dtype=dtype).to(ctx.device)
-        y = torch.randn(ctx.world_size * batch, width, generator=data, dtype=dtype).to(ctx.device)
-        loss = F.mse_loss(model(x[lo:hi]), y[lo:hi])
-        loss.backward()
+    model = build_model(tree, ctx.device).to(TORCH_DTYPES[training.dtype])
+    composed = compose(model, comp, ctx) if comp is not None else Composed(model)
+    contracts = _Contracts(model, comp) if comp is not None else None
+    obs: dict[str, Any] = {}
+    opt = make_optimizer(composed.model.parameters(), training)
+    _seed_for_run(case, ctx)
+    losses: list[list[float]] = []
+    params_per_step: list[dict[str, list[float]]] = []
+    grad_norms: list[float] = []
+    for step in batches(case, training, tree.width, ctx):
+        step_losses = []
+        for i, (x, y) in enumerate(step):
+            last = i == len(step) - 1
+            sync = AccumSync.ALWAYS if last else training.accum_sync
+            composed.set_sync(
+                requires_gradient_sync=sync is not AccumSync.NO_GRAD_SYNC,
+                requires_all_reduce=sync is AccumSync.ALWAYS,
+            )
+            ctx_mgr = composed.no_sync() if sync is AccumSync.NO_GRAD_SYNC else _null()
+            with ctx_mgr:
+                out = composed.model(x)
+                if contracts is not None and comp is not None:
+                    obs["contracts"] = contracts.after_forward()
+                    obs["contracts"]["output_dtype"] = str(out.dtype).removeprefix("torch.")
+                    obs["contracts"]["replicate_params"] = replicate_contract(model, comp)  # set at lazy init
+                    contracts = None
+                loss = F.mse_loss(out.to(y.dtype), y)
+                loss.backward()
+            step_losses.append(loss.item())
+        if comp is None:
+            _average_gradients(model, ctx)
+        if composed.wrapper.value.startswith("fsdp1") and composed.wrapper.value != "fsdp1_no_shard":
+            grad_norms.append(float("nan"))  # FSDP1 keeps local shards of gradients: not comparable
+        else:
+            grad_norms.append(_grad_norm(composed))
         opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-        if reference is not None and ref_opt is not None:
-            ref_loss = F.mse_loss(reference(x), y)
-            ref_loss.backward()
-            ref_opt.step()
-            ref_opt.zero_grad()
-            ref_losses.append(ref_loss.item())
+        opt.zero_grad(set_to_none=training.set_to_none)
+        losses.append(step_losses)
+        with composed.full_parameters() as full:
+            if ctx.rank == 0:
+                params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
+    obs["losses"] = losses
+    obs["grad_norms"] = grad_norms
+    obs["local_params"] = _local_replicated(composed.model)
+    if ctx.rank == 0:
+        obs["params"] = params_per_step
+    return obs
 
-    params = full_parameters(model)
-    observation: dict[str, Any] = {"losses": losses}
-    if reference is not None:
-        observation["params"] = params
-        observation["ref_losses"] = ref_losses
-        observation["ref_params"] = {
-            n: p.detach().double().cpu().flatten().tolist() for n, p in reference.named_parameters()
-        }
-    return observation
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _average_gradients(model: nn.Module, ctx: RankContext) -> None:
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
+            p.grad /= ctx.world_size
+
+
+def _grad_norm(composed: Composed) -> float:
+    """Squared-norm of this rank's (local shard of the) gradients, summed over ranks' view."""
+    from torch.distributed.tensor import DTensor
+
+    total = torch.zeros((), dtype=torch.float64)
+    for p in composed.model.parameters():
+        if p.grad is not None:
+            g = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+            total += g.double().pow(2).sum().cpu()
+    return float(total.sqrt())
+
+
+def _local_replicated(model: nn.Module) -> dict[str, list[float]]:
+    """Parameters held whole on every rank (replicate, DDP): must be equal across ranks."""
+    from torch.distributed.tensor import DTensor
+
+    return {
+        n: p.detach().double().cpu().flatten().tolist()
+        for n, p in model.named_parameters()
+        if not isinstance(p, DTensor) and not n.startswith("_fsdp_wrapped_module") and "_fsdp" not in n
+    }
+
+
+def run_parity(case: Case, body: ParityBody, ctx: RankContext) -> dict[str, Any]:
+    composed = train(case, body.tree, body.training, body.composition, ctx)
+    reference = train(case, body.tree, body.training, None, ctx)
+    return {**composed, "ref": {k: reference[k] for k in ("losses", "params", "grad_norms") if k in reference}}
+
+
+def run_metamorphic(case: Case, body: MetamorphicBody, ctx: RankContext) -> dict[str, Any]:
+    first = train(case, body.tree, body.training, body.composition, ctx)
+    second = train(case, body.tree, body.training, body.variant, ctx)
+    return {**first, "ref": {k: second[k] for k in ("losses", "params", "grad_norms") if k in second}}
+
+
+def copy_model(model: nn.Module) -> nn.Module:
+    return copy.deepcopy(model)

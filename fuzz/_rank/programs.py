@@ -20,6 +20,10 @@ from fuzz.case import Case, FaultAction, FaultBody
 PROGRAMS: dict[str, str] = {
     "parity": "fuzz._rank.parity:run_parity",
     "fault": "fuzz._rank.programs:run_fault",
+    "metamorphic": "fuzz._rank.parity:run_metamorphic",
+    "invalid": "fuzz._rank.invalid:run_invalid",
+    "state_dict": "fuzz._rank.state_dict:run_state_dict",
+    "dcp": "fuzz._rank.dcp:run_dcp",
 }
 
 

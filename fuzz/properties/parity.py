@@ -1,93 +1,353 @@
-"""``parity``: a model under fully_shard trains like a plain model on the global batch.
+"""Training properties: ``parity``, ``mixed_precision`` and ``metamorphic``.
 
-Each step, the mean of the ranks' losses must match the reference loss, and after the last
-step every parameter (gathered to full) must match the reference's, under the float32 policy
-of :mod:`fuzz.tolerance`.
+- ``parity``: a composed model (fully_shard / replicate / checkpoint in any allowed order, 1D or
+  HSDP meshes, DDP and FSDP1 wrappers) trains like the all-reduce reference: every rank's loss
+  on every microbatch, the gradient norm and the gathered parameters after every step agree
+  under the dtype's tolerance; plus the API contracts recorded on the way.
+- ``mixed_precision``: fully_shard with MixedPrecisionPolicy: the contracts (parameter dtype
+  inside forward, output dtype, sharding state), not numerics against a full-precision
+  reference.
+- ``metamorphic``: two compositions that must not change numerics (checkpoint on or off,
+  reshard_after_forward values, mesh shape, FSDP2 vs FSDP1 vs DDP) agree with each other.
 """
 
 from __future__ import annotations
 
-from statistics import fmean
+import math
 from typing import Any
 
-from fuzz.case import Block, Case, Leaf, ParityBody
+from fuzz.case import Block, Case, Composition, Leaf, MetamorphicBody, ModuleTree, ParityBody, Training, Wrapper
 from fuzz.pool import Outcome
 from fuzz.properties import Property, register
 from fuzz.signature import Failure, failure_from_outcome
-from fuzz.tolerance import first_mismatch, tolerance_for
+from fuzz.tolerance import Tolerance, first_mismatch, tolerance_for
 
 
-def judge(case: Case, outcome: Outcome) -> Failure | None:
-    if not outcome.ok:
-        return failure_from_outcome(case.property, outcome)
-    assert isinstance(case.body, ParityBody)
-    tol = tolerance_for(case.body.training.dtype.value)
-    per_rank = [obs["losses"] for obs in outcome.observations]
-    losses = [fmean(step) for step in zip(*per_rank)]
-    ref = outcome.observations[0]
-    bad = first_mismatch(losses, ref["ref_losses"], tol)
-    if bad is not None:
-        return Failure(
-            "mismatch",
-            f"mismatch:{case.property}:loss",
-            f"loss at step {bad.index} is {bad.actual!r}, reference {bad.expected!r} "
-            f"(error {bad.error:.3g} > allowed {bad.allowed:.3g})",
-            {"check": "loss", "observed": losses, "expected": ref["ref_losses"], "per_rank": per_rank},
-        )
-    for name, expected in ref["ref_params"].items():
-        actual = ref["params"].get(name)
-        if actual is None:
-            return Failure("mismatch", f"mismatch:{case.property}:param-missing", f"parameter {name} is missing", {})
-        bad = first_mismatch(actual, expected, tol)
-        if bad is not None:
-            return Failure(
-                "mismatch",
-                f"mismatch:{case.property}:param",
-                f"{name}[{bad.index}] is {bad.actual!r} after {len(losses)} step(s), reference {bad.expected!r} "
-                f"(error {bad.error:.3g} > allowed {bad.allowed:.3g})",
-                {"check": "param", "param": name, "observed": actual, "expected": expected},
+def _mismatch(prop: str, check: str, api: str, summary: str, **details: Any) -> Failure:
+    """A numeric mismatch is charged to the property and the API family (not to the quantity
+    that disagreed: one bug shows as a wrong loss, gradient or parameter case by case)."""
+    where = f"@{api}" if api else f":{check}"
+    return Failure("mismatch", f"mismatch:{prop}{where}", summary, {"check": check, **details})
+
+
+def api_of(comp: Composition) -> str:
+    """The API family a mismatch is charged to: fsdp2 (fully_shard and replicate), fsdp1 or
+    ddp. A shard dimension of size 1 is named, since degenerate shard groups take their own
+    code paths (and a known FSDP1 bug lives there)."""
+    if comp.wrapper is Wrapper.DDP:
+        name = "ddp"
+    elif comp.wrapper is not Wrapper.NONE:
+        name = "fsdp1"
+    else:
+        name = "fsdp2"
+    if comp.mesh and comp.mesh[1] == 1:
+        name += ":shard1"
+    return name
+
+
+def compare_runs(prop: str, observations: list[dict[str, Any]], tol: Tolerance, api: str = "") -> Failure | None:
+    """Composed run (top level of each observation) against ``obs["ref"]``, step by step."""
+    for rank, obs in enumerate(observations):
+        ref = obs["ref"]
+        for step, (got, want) in enumerate(zip(obs["losses"], ref["losses"])):
+            bad = first_mismatch(got, want, tol)
+            if bad is not None:
+                return _mismatch(
+                    prop,
+                    "loss",
+                    api,
+                    f"rank {rank} loss at step {step}, microbatch {bad.index}: {bad.actual!r}, "
+                    f"expected {bad.expected!r} (error {bad.error:.3g} > allowed {bad.allowed:.3g})",
+                    rank=rank,
+                    step=step,
+                    observed=obs["losses"],
+                    expected=ref["losses"],
+                )
+        norms = [
+            (i, g, w)
+            for i, (g, w) in enumerate(zip(obs["grad_norms"], ref["grad_norms"]))
+            if not (math.isnan(g) or math.isnan(w))
+        ]
+        for step, got_norm, want_norm in norms:
+            bad = first_mismatch([got_norm], [want_norm], tol)
+            if bad is not None:
+                return _mismatch(
+                    prop,
+                    "grad",
+                    api,
+                    f"rank {rank} gradient norm at step {step} is {got_norm!r}, expected {want_norm!r}",
+                    rank=rank,
+                    step=step,
+                )
+    first = observations[0]
+    for step, (got_params, want_params) in enumerate(zip(first["params"], first["ref"]["params"])):
+        if set(got_params) != set(want_params):
+            return _mismatch(
+                prop,
+                "param-names",
+                api,
+                f"parameter names differ: {sorted(set(got_params) ^ set(want_params))}",
+            )
+        for name, want in want_params.items():
+            bad = first_mismatch(got_params[name], want, tol)
+            if bad is not None:
+                return _mismatch(
+                    prop,
+                    "param",
+                    api,
+                    f"{name}[{bad.index}] after step {step} is {bad.actual!r}, expected {bad.expected!r} "
+                    f"(error {bad.error:.3g} > allowed {bad.allowed:.3g})",
+                    param=name,
+                    step=step,
+                    observed=got_params[name],
+                    expected=want,
+                )
+    return None
+
+
+def check_replicas(prop: str, observations: list[dict[str, Any]]) -> Failure | None:
+    """Parameters held whole on every rank (replicate, DDP) are bitwise equal across ranks."""
+    base = observations[0]["local_params"]
+    for rank, obs in enumerate(observations[1:], start=1):
+        for name, values in base.items():
+            if obs["local_params"].get(name) != values:
+                return _mismatch(prop, "replicas", "", f"replica of {name} on rank {rank} differs from rank 0's")
+    return None
+
+
+def check_contracts(prop: str, comp: Composition, tree: ModuleTree, contracts: dict[str, Any]) -> Failure | None:
+    for spec in comp.shards:
+        flags = contracts["sharded_after_forward"].get(spec.path, [])
+        raf = spec.reshard_after_forward
+        if isinstance(raf, bool) and flags and any(f != raf for f in flags):
+            state = "sharded" if raf else "unsharded"
+            return _mismatch(
+                prop,
+                "contract-reshard",
+                "",
+                f"fully_shard({spec.path!r}, reshard_after_forward={raf}): parameters not {state} after forward "
+                f"({flags})",
+            )
+        mp = spec.mixed_precision
+        if mp is not None and mp.output_dtype is not None:
+            got = contracts["output_dtypes"].get(spec.path)
+            if got is not None and got != mp.output_dtype.value:
+                return _mismatch(
+                    prop,
+                    "contract-output-dtype",
+                    "",
+                    f"fully_shard({spec.path!r}) with output_dtype={mp.output_dtype.value} returned {got}",
+                )
+        if mp is not None and mp.param_dtype is not None:
+            for leaf, dtype in contracts["leaf_dtypes"].items():
+                if _unit_of(leaf, comp) == spec.path and dtype != mp.param_dtype.value:
+                    return _mismatch(
+                        prop,
+                        "contract-param-dtype",
+                        "",
+                        f"{leaf!r} ran forward with {dtype} parameters under param_dtype={mp.param_dtype.value}",
+                    )
+    for path, names in contracts.get("replicate_params", {}).items():
+        expected = sorted(_replicated_names(tree, comp, path))
+        if names != expected:
+            return _mismatch(
+                prop,
+                "contract-replicate",
+                "",
+                f"replicate({path!r}) manages {names}, expected exactly those fully_shard does not: {expected}",
             )
     return None
 
 
-def features(case: Case) -> list[str]:
+def _unit_of(module: str, comp: Composition) -> str | None:
+    """The spec path of the innermost fully_shard unit containing ``module``."""
+    best: tuple[int, str] | None = None
+    for spec in comp.shards:
+        for p in spec.paths:
+            if p == module or p == "" or module.startswith(p + "."):
+                depth = p.count(".") + (p != "")
+                if best is None or depth > best[0]:
+                    best = (depth, spec.path)
+    return None if best is None else best[1]
+
+
+def _replicated_names(tree: ModuleTree, comp: Composition, path: str) -> list[str]:
+    """Names (relative to ``path``) of parameters under ``path`` that no fully_shard or deeper
+    replicate manages."""
+    others = [p for p in comp.sharded_paths + list(comp.replicates) if p != path]
+    names = []
+    for sub, node in tree.paths().items():
+        if not (sub == path or path == "" or sub.startswith(path + ".")):
+            continue
+        if any(o == sub or (o != "" and sub.startswith(o + ".")) for o in others if _inside(o, path)):
+            continue
+        rel = sub[len(path) + 1 :] if path and sub != path else ("" if sub == path else sub)
+        prefix = f"{rel}." if rel else ""
+        if isinstance(node, Leaf) and node.kind.value in ("linear", "layer_norm", "conv1d"):
+            names.append(prefix + "weight")
+            if node.bias:
+                names.append(prefix + "bias")
+        elif isinstance(node, Block) and node.scale:
+            names.append(prefix + "scale")
+    return names
+
+
+def _inside(other: str, path: str) -> bool:
+    return path == "" or other.startswith(path + ".")
+
+
+def _tolerance(training: Training) -> Tolerance:
+    return tolerance_for(training.dtype.value)
+
+
+def judge_parity(case: Case, outcome: Outcome) -> Failure | None:
+    if not outcome.ok:
+        return failure_from_outcome(case.property, outcome)
     body = case.body
     assert isinstance(body, ParityBody)
-    out = [
-        f"optimizer:{body.training.optimizer.value}",
-        f"steps:{body.training.steps}",
-        f"dtype:{body.training.dtype.value}",
-    ]
-    width = body.tree.width
-    out.append("shards:uneven" if width % case.world_size else "shards:even")
-    if width < case.world_size:
+    obs = outcome.observations
+    api = api_of(body.composition)
+    failure = compare_runs(case.property, obs, _tolerance(body.training), api) or check_replicas(case.property, obs)
+    if failure is None and "contracts" in obs[0]:
+        failure = check_contracts(case.property, body.composition, body.tree, obs[0]["contracts"])
+    return failure
+
+
+def judge_mixed_precision(case: Case, outcome: Outcome) -> Failure | None:
+    if not outcome.ok:
+        return failure_from_outcome(case.property, outcome)
+    body = case.body
+    assert isinstance(body, ParityBody)
+    for obs in outcome.observations:
+        failure = check_contracts(case.property, body.composition, body.tree, obs["contracts"])
+        if failure is not None:
+            return failure
+    return None
+
+
+def judge_metamorphic(case: Case, outcome: Outcome) -> Failure | None:
+    if not outcome.ok:
+        return failure_from_outcome(case.property, outcome)
+    body = case.body
+    assert isinstance(body, MetamorphicBody)
+    api = "~".join(sorted({api_of(body.composition), api_of(body.variant)}))
+    return compare_runs(case.property, outcome.observations, _tolerance(body.training), api)
+
+
+def composition_features(comp: Composition, world_size: int, prefix: str = "") -> list[str]:
+    out = []
+    if comp.wrapper is not Wrapper.NONE:
+        out.append(f"{prefix}wrapper:{comp.wrapper.value}" + (":auto_wrap" if comp.auto_wrap else ""))
+    out.append(f"{prefix}mesh:{'x'.join(map(str, comp.mesh)) if comp.mesh else world_size}")
+    for spec in comp.shards:
+        raf = spec.reshard_after_forward
+        out.append(f"{prefix}reshard_after_forward:{'int' if not isinstance(raf, bool) else raf}")
+        if spec.shard_dim:
+            out.append(f"{prefix}shard_placement_fn:Shard({spec.shard_dim})")
+        if spec.group:
+            out.append(f"{prefix}fully_shard:grouped")
+        if spec.offload:
+            out.append(f"{prefix}offload")
+        mp = spec.mixed_precision
+        if mp is not None:
+            for name in ("param_dtype", "reduce_dtype", "output_dtype"):
+                value = getattr(mp, name)
+                if value is not None:
+                    out.append(f"{prefix}mp:{name}:{value.value}")
+            if not mp.cast_forward_inputs:
+                out.append(f"{prefix}mp:no_cast_forward_inputs")
+    if comp.replicates:
+        out.append(f"{prefix}replicate" + (":root" if "" in comp.replicates else ":sub"))
+    if comp.checkpoints:
+        out.append(f"{prefix}checkpoint:" + ("before" if comp.checkpoint_first else "after") + "_fully_shard")
+    out.append(f"{prefix}fully_shard:count:{min(len(comp.shards), 4)}")
+    return out
+
+
+def tree_features(tree: ModuleTree, world_size: int) -> list[str]:
+    out = ["shards:uneven" if tree.width % world_size else "shards:even"]
+    if tree.width < world_size:
         out.append("shards:empty")
-    for node in body.tree.paths().values():
+    for node in tree.paths().values():
         if isinstance(node, Leaf):
             out.append(f"leaf:{node.kind.value}" + ("" if node.bias else ":no-bias"))
-        elif isinstance(node, Block) and node.residual:
-            out.append("block:residual")
-    for spec in body.composition.shards:
-        raf = spec.reshard_after_forward
-        out.append(f"reshard_after_forward:{'int' if not isinstance(raf, bool) else raf}")
-        if spec.shard_dim:
-            out.append(f"shard_placement_fn:Shard({spec.shard_dim})")
-    out.append(f"fully_shard:count:{min(len(body.composition.shards), 4)}")
-    return sorted(set(out))
+            if node.frozen:
+                out.append("param:frozen")
+        elif isinstance(node, Block):
+            if node.residual:
+                out.append("block:residual")
+            if node.scale:
+                out.append("block:own-param")
+            if node.buffer:
+                out.append("block:buffer")
+    return out
 
 
-def _cases(*, world_size: int, **kwargs: Any) -> Any:
-    from strategies import parity_cases
+def training_features(t: Training) -> list[str]:
+    out = [f"optimizer:{t.optimizer.value}", f"steps:{t.steps}", f"dtype:{t.dtype.value}"]
+    if t.grad_accum > 1:
+        out.append(f"grad_accum:{t.accum_sync.value}")
+    if not t.set_to_none:
+        out.append("zero_grad:set_to_none=False")
+    if t.same_input:
+        out.append("input:same-on-every-rank")
+    if t.param_groups > 1:
+        out.append("param_groups:2")
+    if t.optimizer.value == "sgd" and t.momentum:
+        out.append("sgd:momentum")
+    return out
 
-    return parity_cases(world_size=world_size, **kwargs)
+
+def features(case: Case) -> list[str]:
+    body = case.body
+    if isinstance(body, ParityBody):
+        comp = composition_features(body.composition, case.world_size)
+        return sorted(set(tree_features(body.tree, case.world_size) + comp + training_features(body.training)))
+    assert isinstance(body, MetamorphicBody)
+    return sorted(
+        set(
+            tree_features(body.tree, case.world_size)
+            + composition_features(body.composition, case.world_size)
+            + composition_features(body.variant, case.world_size, "variant:")
+            + training_features(body.training)
+        )
+    )
+
+
+def _strategy(name: str) -> Any:
+    def cases(*, world_size: int, **kwargs: Any) -> Any:
+        import strategies
+
+        return getattr(strategies, name)(world_size=world_size, **kwargs)
+
+    return cases
 
 
 PARITY = register(
     Property(
         name="parity",
-        description="fully_shard at random levels trains like a plain model on the global batch",
-        cases=_cases,
-        judge=judge,
+        description="composed models (fully_shard, replicate, checkpoint, HSDP, DDP, FSDP1) train like "
+        "the all-reduce reference, step by step; API contracts hold",
+        cases=_strategy("parity_cases"),
+        judge=judge_parity,
+        features=features,
+    )
+)
+MIXED_PRECISION = register(
+    Property(
+        name="mixed_precision",
+        description="fully_shard's MixedPrecisionPolicy: parameter dtype in forward, output dtype, sharding",
+        cases=_strategy("mixed_precision_cases"),
+        judge=judge_mixed_precision,
+        features=features,
+    )
+)
+METAMORPHIC = register(
+    Property(
+        name="metamorphic",
+        description="checkpoint on/off, reshard_after_forward, mesh shape, FSDP2/FSDP1/DDP do not change numerics",
+        cases=_strategy("metamorphic_cases"),
+        judge=judge_metamorphic,
         features=features,
     )
 )

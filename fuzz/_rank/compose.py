@@ -1,0 +1,167 @@
+"""Apply a :class:`fuzz.case.Composition` to a plain model on a rank.
+
+Composable APIs (``checkpoint``, ``fully_shard``, ``replicate``) are applied in the order
+``Composition.steps()`` gives; wrappers (DDP, FSDP1) wrap the whole model. Returns the model to
+train (the wrapper, or the model itself) and what the training loop needs to know about it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from fuzz._rank.context import RankContext
+from fuzz.case import Composition, Dtype, MixedPrecision, ShardSpec, Wrapper
+
+TORCH_DTYPES = {
+    Dtype.FLOAT32: torch.float32,
+    Dtype.FLOAT64: torch.float64,
+    Dtype.BFLOAT16: torch.bfloat16,
+    Dtype.FLOAT16: torch.float16,
+}
+
+#: Prefixes wrappers add to parameter names.
+_WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "module.", "_checkpoint_wrapped_module.")
+
+
+def clean_name(name: str) -> str:
+    for prefix in _WRAPPER_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
+
+
+def mesh_for(comp: Composition, ctx: RankContext) -> Any:
+    if comp.mesh:
+        return ctx.mesh(tuple(comp.mesh), ("replicate", "shard"))
+    return ctx.mesh((ctx.world_size,), ("shard",))
+
+
+def _placement_fn(shard_dim: int, shard_size: int) -> Any:
+    """Shard(shard_dim) where that dimension splits evenly, else the default Shard(0).
+
+    FSDP2 documents uneven sharding as supported on dim 0 only (NotImplementedError
+    otherwise), so this is how a user's placement function has to look.
+    """
+    from torch.distributed.tensor import Shard
+
+    def fn(param: nn.Parameter) -> Any:
+        if param.ndim > shard_dim and param.shape[shard_dim] % shard_size == 0:
+            return Shard(shard_dim)
+        return None
+
+    return fn
+
+
+def mp_policy(mp: MixedPrecision) -> Any:
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    def dt(d: Dtype | None) -> torch.dtype | None:
+        return None if d is None else TORCH_DTYPES[d]
+
+    return MixedPrecisionPolicy(
+        param_dtype=dt(mp.param_dtype),
+        reduce_dtype=dt(mp.reduce_dtype),
+        output_dtype=dt(mp.output_dtype),
+        cast_forward_inputs=mp.cast_forward_inputs,
+    )
+
+
+def apply_fully_shard(model: nn.Module, spec: ShardSpec, mesh: Any) -> None:
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+
+    kwargs: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": spec.reshard_after_forward}
+    if spec.shard_dim:
+        shard_size = mesh.size(mesh.ndim - 1)
+        kwargs["shard_placement_fn"] = _placement_fn(spec.shard_dim, shard_size)
+    if spec.mixed_precision is not None:
+        kwargs["mp_policy"] = mp_policy(spec.mixed_precision)
+    if spec.offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy()
+    modules = [model.get_submodule(p) for p in spec.paths]
+    fully_shard(modules if spec.group else modules[0], **kwargs)
+
+
+@dataclass
+class Composed:
+    model: nn.Module
+    #: FSDP2 modules that are not inside another one (where gradient-sync switches go).
+    fsdp_roots: list[nn.Module] = field(default_factory=list)
+    wrapper: Wrapper = Wrapper.NONE
+
+    def no_sync(self) -> Any:
+        """Context for a microbatch whose gradients must not be reduced yet (wrappers)."""
+        if self.wrapper is Wrapper.NONE:
+            return nullcontext()
+        return self.model.no_sync()  # type: ignore[operator]
+
+    def set_sync(self, requires_gradient_sync: bool = True, requires_all_reduce: bool = True) -> None:
+        for m in self.fsdp_roots:
+            m.set_requires_gradient_sync(requires_gradient_sync)  # type: ignore[operator]
+            m.set_requires_all_reduce(requires_all_reduce)  # type: ignore[operator]
+
+    @contextmanager
+    def full_parameters(self) -> Iterator[dict[str, torch.Tensor]]:
+        """Every parameter, full size, by its plain-model name (a collective on every rank)."""
+        from torch.distributed.tensor import DTensor
+
+        if self.wrapper.value.startswith("fsdp1"):
+            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+            with FSDP.summon_full_params(self.model):
+                yield {clean_name(n): p.detach().clone() for n, p in self.model.named_parameters()}
+            return
+        out = {}
+        for n, p in self.model.named_parameters():
+            out[clean_name(n)] = (p.full_tensor() if isinstance(p, DTensor) else p).detach()
+        yield out
+
+
+def compose(model: nn.Module, comp: Composition, ctx: RankContext) -> Composed:
+    from torch.distributed._composable import checkpoint, replicate
+
+    if comp.wrapper is not Wrapper.NONE:
+        for path in comp.checkpoints:
+            checkpoint(model.get_submodule(path))
+        return Composed(model=_wrap(model, comp, ctx), wrapper=comp.wrapper)
+    mesh = mesh_for(comp, ctx)
+    specs = {s.path: s for s in comp.shards}
+    for api, path in comp.steps():
+        if api == "checkpoint":
+            checkpoint(model.get_submodule(path))
+        elif api == "fully_shard":
+            apply_fully_shard(model, specs[path], mesh)
+        else:
+            replicate(model.get_submodule(path), device_ids=None if ctx.device.type == "cpu" else [ctx.device])
+    sharded = comp.sharded_paths
+    tops = [p for p in sharded if not any(q != p and (q == "" or p.startswith(q + ".")) for q in sharded)]
+    return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
+
+
+def _wrap(model: nn.Module, comp: Composition, ctx: RankContext) -> nn.Module:
+    if comp.wrapper is Wrapper.DDP:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        return DDP(model, device_ids=None if ctx.device.type == "cpu" else [ctx.device])
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    from fuzz._rank.models import TreeBlock
+
+    strategy = {
+        Wrapper.FSDP1_FULL_SHARD: ShardingStrategy.FULL_SHARD,
+        Wrapper.FSDP1_SHARD_GRAD_OP: ShardingStrategy.SHARD_GRAD_OP,
+        Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD,
+        Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD,
+    }[comp.wrapper]
+    kwargs: dict[str, Any] = {"sharding_strategy": strategy, "device_id": ctx.device, "use_orig_params": True}
+    if comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD:
+        kwargs["device_mesh"] = mesh_for(comp, ctx)
+    if comp.auto_wrap:
+        kwargs["auto_wrap_policy"] = ModuleWrapPolicy({TreeBlock})
+    return FSDP(model, **kwargs)

@@ -1,0 +1,44 @@
+"""Documented misuses of the composable APIs, applied on every rank.
+
+Every rank must raise the documented error. The error is caught and reported as the
+observation; a barrier afterwards shows that no rank went on into collectives the others
+never join (that would end as a hang).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from fuzz._rank.context import RankContext
+from fuzz._rank.models import build_model
+from fuzz.case import Case, InvalidBody, Misuse
+
+
+def run_invalid(case: Case, body: InvalidBody, ctx: RankContext) -> dict[str, Any]:
+    from torch.distributed._composable import replicate
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Shard
+
+    torch.manual_seed(case.seed)
+    model = build_model(body.tree, ctx.device)
+    mesh = ctx.mesh((ctx.world_size,), ("shard",))
+    target = model.get_submodule(body.path)
+    raised: dict[str, str] | None = None
+    try:
+        if body.misuse is Misuse.REPLICATE_AFTER_FULLY_SHARD:
+            fully_shard(target, mesh=mesh)
+            replicate(target)
+        elif body.misuse is Misuse.UNEVEN_SHARD_DIM_1:
+            fully_shard(target, mesh=mesh, shard_placement_fn=lambda p: Shard(1) if p.ndim > 1 else None)
+        if body.path:
+            fully_shard(model, mesh=mesh)
+        x = torch.randn(2, body.tree.width, device=ctx.device)
+        F.mse_loss(model(x), torch.zeros_like(x)).backward()
+    except Exception as e:
+        raised = {"type": f"{type(e).__module__}.{type(e).__qualname__}", "message": str(e)[:500]}
+    dist.barrier()
+    return {"raised": raised}
