@@ -13,12 +13,16 @@ from strategies._cases import (
     trainings,
 )
 from strategies._compositions import compositions, meshes, mixed_precision_policies, reshard_values, wrappers
+from strategies._state_dict import checkpoint_entries, dcp_cases, layouts, rank_orders, state_dict_cases
 from strategies._trees import WIDTHS, leaves, module_trees
 
 __all__ = [
     "WIDTHS",
+    "checkpoint_entries",
     "compositions",
+    "dcp_cases",
     "invalid_cases",
+    "layouts",
     "leaves",
     "meshes",
     "metamorphic_cases",
@@ -27,7 +31,9 @@ __all__ = [
     "mixed_precision_policies",
     "module_trees",
     "parity_cases",
+    "rank_orders",
     "reshard_values",
+    "state_dict_cases",
     "trainings",
     "wrappers",
 ]

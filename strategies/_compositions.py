@@ -74,9 +74,11 @@ def _trainable_left(tree: ModuleTree, path: str, sharded: list[str]) -> bool:
 
 
 @st.composite
-def _disjoint_subset(draw: st.DrawFn, candidates: list[str], exclude: list[str]) -> list[str]:
+def _disjoint_subset(draw: st.DrawFn, candidates: list[str], exclude: list[str], min_size: int = 0) -> list[str]:
     out: list[str] = []
-    for p in draw(st.lists(st.sampled_from(candidates), unique=True)) if candidates else []:
+    if not candidates:
+        return out
+    for p in draw(st.lists(st.sampled_from(candidates), unique=True, min_size=min(min_size, len(candidates)))):
         if not any(_nested(p, q) for q in out + exclude):
             out.append(p)
     return out
@@ -105,7 +107,7 @@ def compositions(
     chosen = draw(st.lists(st.sampled_from(candidates), unique=True)) if candidates else []
     replicates: list[str] = []
     if mode == "replicate-sub":
-        replicates = draw(_disjoint_subset([p for p in candidates if p not in chosen], []))
+        replicates = draw(_disjoint_subset([p for p in candidates if p not in chosen], [], min_size=1))
     if mode == "replicate-root":
         replicates = [""]
     # DDP (inside replicate) refuses a module with no trainable parameter of its own to manage.

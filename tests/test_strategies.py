@@ -15,10 +15,18 @@ from hypothesis import strategies as st
 from torch import nn
 
 from fuzz._rank.models import TreeBlock, build_model
-from fuzz.case import Block, Case, Leaf, LeafKind, Optimizer, ParityBody, case_from_json, case_to_json
+from fuzz.case import Block, Case, Leaf, LeafKind, Optimizer, ParityBody, Wrapper, case_from_json, case_to_json
 from fuzz.errors import InvalidArgument, ShardfuzzError
 from fuzz.properties.parity import features
-from strategies import compositions, module_trees, parity_cases, reshard_values, trainings
+from strategies import (
+    compositions,
+    metamorphic_cases,
+    mixed_precision_cases,
+    module_trees,
+    parity_cases,
+    reshard_values,
+    trainings,
+)
 
 FAST = settings(
     max_examples=60,
@@ -155,7 +163,7 @@ _N_FEATURE_EXAMPLES = 300
 _MIN_RATE = 0.05
 
 
-def _feature_counts(world_size: int) -> tuple[Counter[str], int]:
+def _feature_counts(world_size: int, cases: Any = parity_cases) -> tuple[Counter[str], int]:
     counts: Counter[str] = Counter()
     n = 0
 
@@ -166,7 +174,7 @@ def _feature_counts(world_size: int) -> tuple[Counter[str], int]:
         phases=[Phase.generate],
         suppress_health_check=list(HealthCheck),
     )
-    @given(parity_cases(world_size=world_size))
+    @given(cases(world_size=world_size))
     def collect(case: Case) -> None:
         nonlocal n
         n += 1
@@ -198,10 +206,52 @@ def test_features_are_generated_at_a_useful_rate() -> None:
         "reshard_after_forward:True",
         "reshard_after_forward:False",
         "shard_placement_fn:Shard(1)",
+        "param:frozen",
+        "block:own-param",
+        "block:buffer",
+        "fully_shard:grouped",
+        "replicate:root",
+        "replicate:sub",
+        "checkpoint:before_fully_shard",
+        "checkpoint:after_fully_shard",
+        "mesh:2",
+        "mesh:1x2",
+        "mesh:2x1",
+        "grad_accum:always",
+        "grad_accum:no_grad_sync",
+        "zero_grad:set_to_none=False",
+        "input:same-on-every-rank",
+        "param_groups:2",
+        "sgd:momentum",
     ]
     _assert_rates(counts, n, wanted)
+    # Wrappers are one case in five, spread over five kinds.
+    wrappers = [f"wrapper:{w.value}" for w in Wrapper if w is not Wrapper.NONE]
+    assert sum(counts[f] + counts[f + ":auto_wrap"] for f in wrappers) >= 0.1 * n
+    assert all(counts[f] + counts[f + ":auto_wrap"] > 0 for f in wrappers), dict(counts)
     # world_size=2 has no divisor other than 1 and itself
     assert counts["reshard_after_forward:int"] == 0
+
+
+def test_mixed_precision_fields_are_generated_at_a_useful_rate() -> None:
+    counts, n = _feature_counts(2, mixed_precision_cases)
+    wanted = [
+        "mp:param_dtype:bfloat16",
+        "mp:param_dtype:float16",
+        "mp:reduce_dtype:float32",
+        "mp:reduce_dtype:bfloat16",
+        "mp:output_dtype:float32",
+        "mp:output_dtype:bfloat16",
+        "mp:no_cast_forward_inputs",
+    ]
+    _assert_rates(counts, n, wanted)
+
+
+def test_metamorphic_variants_cover_every_change() -> None:
+    counts, n = _feature_counts(2, metamorphic_cases)
+    wanted = ["variant:mesh:2", "variant:mesh:2x1", "variant:checkpoint:before_fully_shard", "variant:mesh:1x2"]
+    _assert_rates(counts, n, wanted)
+    assert sum(v for k, v in counts.items() if k.startswith("variant:wrapper:")) >= _MIN_RATE * n
 
 
 def test_int_reshard_after_forward_is_generated_at_a_useful_rate() -> None:

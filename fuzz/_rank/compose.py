@@ -92,6 +92,8 @@ class Composed:
     #: FSDP2 modules that are not inside another one (where gradient-sync switches go).
     fsdp_roots: list[nn.Module] = field(default_factory=list)
     wrapper: Wrapper = Wrapper.NONE
+    #: Parameter names of the plain model, before any wrapper renamed them.
+    param_names: list[str] = field(default_factory=list)
 
     def no_sync(self) -> Any:
         """Context for a microbatch whose gradients must not be reduced yet (wrappers)."""
@@ -112,8 +114,17 @@ class Composed:
         if self.wrapper.value.startswith("fsdp1"):
             from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
+            # Read each parameter by the name it had before wrapping: with use_orig_params,
+            # FSDP1 can leave a parameter registered as a plain tensor view (e.g. a frozen one
+            # under NO_SHARD after backward; see pytorch/pytorch#85831), and named_parameters()
+            # then skips it although the model still uses it.
+            modules = {clean_name(n): m for n, m in self.model.named_modules()}
             with FSDP.summon_full_params(self.model):
-                yield {clean_name(n): p.detach().clone() for n, p in self.model.named_parameters()}
+                out = {}
+                for name in self.param_names:
+                    owner, _, attr = name.rpartition(".")
+                    out[name] = getattr(modules[owner], attr).detach().clone()
+                yield out
             return
         out = {}
         for n, p in self.model.named_parameters():
@@ -125,9 +136,10 @@ def compose(model: nn.Module, comp: Composition, ctx: RankContext) -> Composed:
     from torch.distributed._composable import checkpoint, replicate
 
     if comp.wrapper is not Wrapper.NONE:
+        names = [n for n, _ in model.named_parameters()]
         for path in comp.checkpoints:
             checkpoint(model.get_submodule(path))
-        return Composed(model=_wrap(model, comp, ctx), wrapper=comp.wrapper)
+        return Composed(model=_wrap(model, comp, ctx), wrapper=comp.wrapper, param_names=names)
     mesh = mesh_for(comp, ctx)
     specs = {s.path: s for s in comp.shards}
     for api, path in comp.steps():
