@@ -294,6 +294,8 @@ class Training:
     same_input: bool = False
     #: 2: a second parameter group (every other trainable parameter) with half the lr.
     param_groups: int = 1
+    #: The optimizer's ``foreach``; None is torch's default (foreach on CUDA, a loop on CPU).
+    foreach: bool | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.steps <= MAX_STEPS:
@@ -340,7 +342,7 @@ class Body:
 
 
 #: Modules that define further case bodies (imported before decoding).
-BODY_MODULES: tuple[str, ...] = ()
+BODY_MODULES: tuple[str, ...] = ("fuzz.case_state",)
 
 
 def check_composition(tree: ModuleTree, comp: Composition, where: str = "composition") -> None:

@@ -78,16 +78,34 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--corpus", type=Path, default=Path("corpus"), help="corpus directory (default ./corpus)")
     ex.add_argument("--report", type=Path, default=None, help="directory for a JSON summary of the campaign")
     ex.add_argument("--seed", type=int, default=None, help="campaign seed (default: random)")
+    db = ex.add_mutually_exclusive_group()
+    db.add_argument(
+        "--database",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="Hypothesis example database: failures are saved there and replayed first by the next campaign "
+        "or pytest run (default $SHARDFUZZ_DATABASE or .shardfuzz/hypothesis-db; may be shared)",
+    )
+    db.add_argument("--no-database", action="store_true", help="neither replay nor save Hypothesis examples")
     _pool_args(ex)
 
     rp = sub.add_parser("replay", help="re-run one corpus entry: exit 1 if it still fails, 0 if not")
     rp.add_argument("entry", type=Path, help="a corpus entry (JSON); its case fixes the world size")
     _pool_args(rp, world_size=False)
 
+    rr = sub.add_parser(
+        "repro", help="write a standalone script (imports only torch) that reproduces one corpus entry under torchrun"
+    )
+    rr.add_argument("entry", type=Path, help="a corpus entry (JSON)")
+    rr.add_argument(
+        "-o", "--output", type=Path, default=None, metavar="FILE.py", help="where to write the script (default stdout)"
+    )
+
     sub.add_parser("properties", help="list the property names")
 
     cp = sub.add_parser("corpus", help="list the corpus entries")
-    cp.add_argument("--corpus", type=Path, default=Path("corpus"))
+    cp.add_argument("--corpus", type=Path, default=Path("corpus"), help="corpus directory (default ./corpus)")
 
     be = sub.add_parser("bench", help="pool against spawn-per-case on the same cases; ends with 'speedup: <ratio>x'")
     be.add_argument("--cases", type=positive_int, default=100, help="cases through the pool (default 100)")
@@ -105,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         handler = {
             "explore": _explore,
             "replay": _replay,
+            "repro": _repro,
             "properties": _properties,
             "corpus": _corpus,
             "bench": _bench,
@@ -131,6 +150,7 @@ def _explore(args: argparse.Namespace) -> int:
     import random
     import time
 
+    from fuzz.database import default_directory, example_database
     from fuzz.explore import explore
     from fuzz.pool import RankPool
     from fuzz.properties import all_properties, get_property
@@ -140,6 +160,8 @@ def _explore(args: argparse.Namespace) -> int:
     if too_small:
         raise ShardfuzzError(f"--world-size {args.world_size} is too small for {too_small}")
     seed = args.seed if args.seed is not None else random.SystemRandom().getrandbits(32)
+    db_dir = None if args.no_database else (args.database if args.database is not None else default_directory())
+    database = example_database(db_dir) if db_dir is not None else None
     tty = sys.stderr.isatty()
     last = [0.0]
 
@@ -151,12 +173,19 @@ def _explore(args: argparse.Namespace) -> int:
 
     print(
         f"explore: {[p.name for p in props]} for {args.budget:.0f}s on {args.world_size} ranks ({args.backend}), "
-        f"seed {seed}, corpus {args.corpus}",
+        f"seed {seed}, corpus {args.corpus}, database {db_dir if db_dir is not None else 'none'}",
         file=sys.stderr,
     )
     with RankPool(world_size=args.world_size, backend=args.backend, deadline=args.deadline) as pool:
         progress = explore(
-            pool, props, budget=args.budget, max_examples=args.max_examples, seed=seed, corpus=args.corpus, on_case=show
+            pool,
+            props,
+            budget=args.budget,
+            max_examples=args.max_examples,
+            seed=seed,
+            corpus=args.corpus,
+            on_case=show,
+            database=database,
         )
     if tty:
         print(file=sys.stderr)
@@ -224,16 +253,45 @@ def _replay(args: argparse.Namespace) -> int:
     return EXIT_FAILED
 
 
+def _repro(args: argparse.Namespace) -> int:
+    from fuzz.corpus import load_entry
+    from fuzz.repro import render_entry
+
+    entry = load_entry(args.entry)
+    script = render_entry(entry, source=str(args.entry))
+    if args.output is None:
+        sys.stdout.write(script)
+        return EXIT_OK
+    try:
+        args.output.write_text(script)
+    except OSError as e:
+        raise ShardfuzzError(f"-o {args.output}: cannot write the script: {e.strerror or e}") from None
+    print(
+        f"repro: wrote {args.output}; run it with "
+        f"torchrun --nproc-per-node {entry.case.world_size} {args.output} (exit 1 if the failure reproduces)",
+        file=sys.stderr,
+    )
+    return EXIT_OK
+
+
 def _corpus(args: argparse.Namespace) -> int:
+    """The corpus as a table; unreadable entries are named on stderr (exit 2) after the rest."""
     from fuzz.corpus import load_corpus
 
+    if not args.corpus.is_dir():
+        what = "is not a directory" if args.corpus.exists() else "does not exist"
+        raise ShardfuzzError(f"--corpus {args.corpus} {what}")
     entries, problems = load_corpus(args.corpus)
+    rows = [(e.signature, e.case.property, str(e.case.size), e.status, str(e.count), path.name) for path, e in entries]
+    header = ("signature", "property", "size", "status", "count", "file")  # size: (nodes, steps)
+    widths = [max([len(header[i])] + [len(r[i]) for r in rows]) for i in range(len(header) - 1)]
+    for row in (header, *rows):
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
+    if not entries and not problems:
+        print(f"(no entries in {args.corpus})", file=sys.stderr)
     for problem in problems:
-        print(f"skipped: {problem}", file=sys.stderr)
-    print(f"{'signature':70} {'property':10} {'size':8} {'status':7} count")
-    for _, e in entries:
-        print(f"{e.signature[:70]:70} {e.case.property:10} {e.case.size!s:8} {e.status:7} {e.count}")
-    return EXIT_OK
+        print(f"python -m fuzz corpus: error: {problem}", file=sys.stderr)
+    return EXIT_USAGE if problems else EXIT_OK
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -6,6 +6,14 @@ the campaign seed each time), round-robin over the chosen properties, until the 
 reproduces, and saved to the corpus under its signature; a signature seen before in this
 campaign or in the corpus is counted, not shrunk again. The budget is checked before each new
 example; a shrink in progress may finish, within ``SHRINK_OVERRUN`` of the budget.
+
+With an example ``database`` (see :mod:`fuzz.database`), every failure Hypothesis shrinks is also
+saved there under the property's key, and the first chunk of each property replays the saved
+failures first (``Phase.reuse``, smallest first, up to the first that still fails), before
+generating anything. Later chunks of the same campaign
+do not replay: a re-hit of a signature already shrunk in this campaign is counted, not raised,
+which Hypothesis would take as "no longer fails" and delete from the database. A replayed
+failure whose signature is a known corpus entry is deleted from the database the same way.
 """
 
 from __future__ import annotations
@@ -19,10 +27,12 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, Phase, Verbosity, event, given, settings
 from hypothesis import seed as hypothesis_seed
+from hypothesis.database import ExampleDatabase
 from hypothesis.errors import Flaky, HypothesisException
 
 from fuzz.case import Case
 from fuzz.corpus import Entry, entry_from_failure, load_corpus, save_entry
+from fuzz.database import database_key, use_database_key
 from fuzz.pool import RankPool
 from fuzz.properties import Property
 from fuzz.signature import Failure
@@ -96,8 +106,12 @@ def explore(
     corpus: Path | None = None,
     on_case: Callable[[Progress], None] | None = None,
     reruns: int = RERUNS,
+    database: ExampleDatabase | None = None,
 ) -> Progress:
     """Explore ``properties`` on ``pool`` for ``budget`` seconds; returns what was seen.
+
+    ``database``: a Hypothesis example database that failures are saved to and replayed from
+    (each property's first chunk replays it first); None for none.
 
     Ctrl-C (KeyboardInterrupt) ends the campaign early; what was found is kept and saved.
     """
@@ -108,14 +122,27 @@ def explore(
         known = {e.signature: e for _, e in entries if e.status == "known"}
     rng = random.Random(seed)
     hard_stop = budget + max(60.0, SHRINK_OVERRUN * budget)
+    replayed: set[str] = set()
     try:
         while progress.elapsed < budget and (max_examples is None or progress.cases < max_examples):
             for prop in properties:
                 if progress.elapsed >= budget or (max_examples is not None and progress.cases >= max_examples):
                     break
                 chunk = CHUNK_EXAMPLES if max_examples is None else min(CHUNK_EXAMPLES, max_examples - progress.cases)
+                reuse = database is not None and prop.name not in replayed
+                replayed.add(prop.name)
                 pending = _run_chunk(
-                    pool, prop, chunk, rng.getrandbits(64), progress, known, budget, hard_stop, on_case
+                    pool,
+                    prop,
+                    chunk,
+                    rng.getrandbits(64),
+                    progress,
+                    known,
+                    budget,
+                    hard_stop,
+                    on_case,
+                    database=database,
+                    reuse=reuse,
                 )
                 for found in pending:
                     _confirm_and_save(pool, prop, found, progress, corpus, reruns)
@@ -147,16 +174,23 @@ def _run_chunk(
     budget: float,
     hard_stop: float,
     on_case: Callable[[Progress], None] | None,
+    *,
+    database: ExampleDatabase | None = None,
+    reuse: bool = False,
 ) -> list[Found]:
-    """Run up to ``n`` examples of ``prop``; returns the failures new to this campaign."""
+    """Run up to ``n`` examples of ``prop``; returns the failures new to this campaign.
+
+    With ``reuse``, the failures saved in ``database`` for this property run first.
+    """
     new: dict[str, Found] = {}
     shrinking = False
+    phases = (Phase.reuse, Phase.generate, Phase.shrink) if reuse else (Phase.generate, Phase.shrink)
 
     @settings(
         max_examples=n,
         deadline=None,
-        database=None,
-        phases=(Phase.generate, Phase.shrink),
+        database=database,
+        phases=phases,
         suppress_health_check=list(HealthCheck),
         report_multiple_bugs=False,
         verbosity=Verbosity.quiet,
@@ -194,11 +228,14 @@ def _run_chunk(
             progress.found[sig] = new[sig] = Found(case, failure)
         else:
             seen.hits += 1
-            if case.size < seen.case.size or (case.size == seen.case.size and len(repr(case)) < len(repr(seen.case))):
-                seen.case, seen.failure = case, failure
+            # Hypothesis only moves to cases it judges smaller, and replays its final, minimal
+            # case last: the latest failing case of a signature is the one to keep.
+            seen.case, seen.failure = case, failure
         shrinking = True
         raise _Failed(sig)
 
+    if database is not None:
+        use_database_key(test, database_key(prop.name, pool.world_size))
     try:
         test()
     except (_Failed, Flaky, _BudgetSpent):

@@ -40,9 +40,11 @@ def location(text: str | None) -> str:
     else:
         ordered = list(reversed(frames))
     for path, fn in ordered:
-        m = re.search(r"(torch/.*\.py)$", path)
-        if m and "/fuzz/" not in path:
-            return f"{m.group(1)}:{fn}"
+        # The last "/torch/" is the package itself, wherever it is installed
+        # (".../torch/.venv/lib/.../site-packages/torch/distributed/x.py").
+        at = path.rfind("/torch/")
+        if at >= 0 and "/fuzz/" not in path:
+            return f"{path[at + 1 :]}:{fn}"
     path, fn = ordered[0]
     return f"{path.rsplit('/', 1)[-1]}:{fn}"
 

@@ -57,6 +57,9 @@ def trainings(
         set_to_none=draw(st.booleans()),
         same_input=draw(st.booleans()),
         param_groups=draw(st.sampled_from((1, 2))),
+        # foreach=True over fully_shard + replicate parameters hits a known torch bug (corpus:
+        # pytorch/pytorch#183207); its minimal cases are kept there, the strategy draws the rest.
+        foreach=draw(st.sampled_from((None, False))),
     )
 
 

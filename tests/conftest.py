@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-#: Injected faults in torch (see ../shared/mutants/README.md), beside the checkout.
-MUTANTS = ROOT.parent / "shared" / "mutants"
+#: Injected faults in torch (see ../shared/mutants/README.md), beside the checkout unless
+#: SHARDFUZZ_MUTANTS points elsewhere (a machine that has the checkout without shared/).
+MUTANTS = Path(os.environ.get("SHARDFUZZ_MUTANTS", ROOT.parent / "shared" / "mutants"))
 
 
 def mutant_env(name: str) -> dict[str, str]:

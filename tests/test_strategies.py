@@ -209,9 +209,7 @@ def test_features_are_generated_at_a_useful_rate() -> None:
         "param:frozen",
         "block:own-param",
         "block:buffer",
-        "fully_shard:grouped",
         "replicate:root",
-        "replicate:sub",
         "checkpoint:before_fully_shard",
         "checkpoint:after_fully_shard",
         "mesh:2",
@@ -225,6 +223,10 @@ def test_features_are_generated_at_a_useful_rate() -> None:
         "sgd:momentum",
     ]
     _assert_rates(counts, n, wanted)
+    # These need a particular tree shape (two parameter modules at one depth; a module left
+    # over for replicate), so they come rarer; 2% is still dozens per minute of a campaign.
+    scarce = {f: counts[f] / n for f in ("fully_shard:grouped", "replicate:sub") if counts[f] < 0.02 * n}
+    assert not scarce, scarce
     # Wrappers are one case in five, spread over five kinds.
     wrappers = [f"wrapper:{w.value}" for w in Wrapper if w is not Wrapper.NONE]
     assert sum(counts[f] + counts[f + ":auto_wrap"] for f in wrappers) >= 0.1 * n

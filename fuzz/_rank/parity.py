@@ -45,11 +45,12 @@ def make_optimizer(params: Any, training: Training) -> torch.optim.Optimizer:
     if training.param_groups == 2:
         groups = [{"params": params[0::2]}, {"params": params[1::2], "lr": training.lr / 2}]
         groups = [g for g in groups if g["params"]]
+    foreach = training.foreach
     if training.optimizer is Optimizer.SGD:
-        return torch.optim.SGD(groups, lr=training.lr, momentum=training.momentum)
+        return torch.optim.SGD(groups, lr=training.lr, momentum=training.momentum, foreach=foreach)
     if training.optimizer is Optimizer.ADAM:
-        return torch.optim.Adam(groups, lr=training.lr, eps=training.eps)
-    return torch.optim.AdamW(groups, lr=training.lr, eps=training.eps)
+        return torch.optim.Adam(groups, lr=training.lr, eps=training.eps, foreach=foreach)
+    return torch.optim.AdamW(groups, lr=training.lr, eps=training.eps, foreach=foreach)
 
 
 def full_parameters(model: nn.Module) -> dict[str, list[float]]:

@@ -54,4 +54,4 @@ def all_properties() -> list[Property]:
 
 
 def _load() -> None:
-    from fuzz.properties import fault, invalid, parity  # noqa: F401 - registers on import
+    from fuzz.properties import fault, invalid, parity, state_dict  # noqa: F401 - registers on import

@@ -297,6 +297,8 @@ def training_features(t: Training) -> list[str]:
         out.append("param_groups:2")
     if t.optimizer.value == "sgd" and t.momentum:
         out.append("sgd:momentum")
+    if t.foreach is not None:
+        out.append(f"optimizer:foreach={t.foreach}")
     return out
 
 

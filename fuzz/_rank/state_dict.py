@@ -1,0 +1,312 @@
+"""State-dict round trips on a rank: train, take the state out, load it into a fresh model.
+
+The building blocks here (build a side, train it, observe it) are shared with the DCP program
+(:mod:`fuzz._rank.dcp`). Observations are taken without the API under test: parameters and
+buffers are gathered with ``full_tensor()``, optimizer state is read from ``optimizer.state``
+and gathered the same way, hyperparameters from ``optimizer.param_groups``, so a state-dict
+bug cannot hide itself in its own observation.
+
+Two things every program here does on purpose:
+
+- The state handed to ``set_*`` in memory is a deep copy. ``Optimizer.load_state_dict`` keeps
+  the tensors it is given (a shallow copy by design, pytorch/pytorch#106082), so without the
+  copy the source and target optimizers would share ``exp_avg`` / ``step`` tensors and corrupt
+  each other when both train on. A checkpoint in practice comes from storage, which copies.
+- Every collective runs in the same order on every rank: values are computed in a fixed order
+  first and only then arranged in per-rank orders.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from fuzz._rank.compose import TORCH_DTYPES, Composed, clean_name, compose
+from fuzz._rank.context import RankContext
+from fuzz._rank.models import build_model
+from fuzz._rank.parity import batches, make_optimizer
+from fuzz.case import Case, Composition, ModuleTree, Optimizer, Training
+from fuzz.case_state import Api, Options, StateDictBody, is_plain
+
+#: Rows of the fixed input every forward probe runs on (independent of the world size, so
+#: that a checkpoint saved by N ranks and loaded by M can be compared).
+PROBE_ROWS = 3
+#: Seed offset of the fresh model, so that a load that does nothing is seen.
+FRESH_SEED = 0x5EED
+
+
+@dataclass
+class Side:
+    """One model with its optimizer, as built from a composition."""
+
+    composed: Composed
+    comp: Composition
+    training: Training
+    opt: torch.optim.Optimizer | None = None
+
+    @property
+    def model(self) -> nn.Module:
+        return self.composed.model
+
+    @property
+    def plain(self) -> bool:
+        return is_plain(self.comp)
+
+
+def build_side(
+    tree: ModuleTree, comp: Composition, training: Training, ctx: RankContext, *, seed: int, meta: bool = False
+) -> Side:
+    """Build the tree (on the meta device if ``meta``) and apply ``comp``; no optimizer yet."""
+    torch.manual_seed(seed)
+    device = torch.device("meta") if meta else ctx.device
+    model = build_model(tree, device).to(TORCH_DTYPES[training.dtype])
+    composed = Composed(model) if is_plain(comp) else compose(model, comp, ctx)
+    return Side(composed=composed, comp=comp, training=training)
+
+
+def fresh_training(training: Training) -> Training:
+    """Other hyperparameters than ``training``'s, for the fresh optimizer: a load must bring
+    back the saved ones (lr of every group, momentum, eps).
+
+    Momentum stays zero where it was zero: set_optimizer_state_dict with a full state dict
+    merges the saved state into the optimizer's current state (torch's comment in
+    ``_load_optim_state_dict``: "may result in optim having additional parameters"), and that
+    current state is what its own zero-lr initialisation step made. A fresh SGD with momentum
+    would keep momentum buffers that a saved SGD without momentum never had: a difference of
+    set-up, not of the load.
+    """
+    momentum = 0.5 if training.optimizer is Optimizer.SGD and training.momentum else 0.0
+    return Training(**{**training.__dict__, "lr": training.lr * 0.37, "momentum": momentum, "eps": training.eps * 10})
+
+
+def add_optimizer(side: Side, training: Training) -> torch.optim.Optimizer:
+    side.opt = make_optimizer(side.model.parameters(), training)
+    return side.opt
+
+
+def seed_segment(case: Case, ctx: RankContext, segment: int) -> None:
+    """Reseed before a stretch of training or a probe (dropout): the same on both runs that
+    must agree, different per rank and per segment."""
+    torch.manual_seed((case.seed * 7919 + segment * 104729 + ctx.rank + 1) % 2**63)
+
+
+def all_batches(case: Case, training: Training, steps: int, tree: ModuleTree, ctx: RankContext) -> list[Any]:
+    """This rank's (input, target) for ``steps`` steps: the parity programs' data."""
+    return [step[0] for step in batches(case, Training(**{**training.__dict__, "steps": steps}), tree.width, ctx)]
+
+
+def train_steps(side: Side, data: list[Any], ctx: RankContext) -> list[float]:
+    """One optimizer step per batch; a plain model averages its gradients over the ranks."""
+    assert side.opt is not None
+    losses = []
+    for x, y in data:
+        loss = F.mse_loss(side.model(x).to(y.dtype), y)
+        loss.backward()
+        if side.plain:
+            for p in side.model.parameters():
+                if p.grad is not None:
+                    dist.all_reduce(p.grad)
+                    p.grad /= ctx.world_size
+        side.opt.step()
+        side.opt.zero_grad(set_to_none=side.training.set_to_none)
+        losses.append(loss.item())
+    return losses
+
+
+def _flat(t: Any) -> list[float]:
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(t, DTensor):
+        t = t.full_tensor()
+    return [float(v) for v in t.detach().double().cpu().flatten().tolist()]
+
+
+def observe_model(side: Side) -> dict[str, list[float]]:
+    """Every parameter and buffer, full size, by its plain-model name (collective)."""
+    with side.composed.full_parameters() as params:
+        out = {n: [float(v) for v in t.double().cpu().flatten().tolist()] for n, t in params.items()}
+    for n, b in side.model.named_buffers():
+        out[clean_name(n)] = _flat(b)
+    return out
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return _flat(value)
+    if isinstance(value, (tuple, list)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (bool, int, float, str)) or value is None:
+        return value
+    return repr(value)
+
+
+def observe_groups(side: Side) -> list[dict[str, Any]]:
+    """Every param group's hyperparameters, and its parameters by name (local, no collective)."""
+    if side.opt is None:
+        return []
+    names = {id(p): clean_name(n) for n, p in side.model.named_parameters()}
+    out = []
+    for group in side.opt.param_groups:
+        item = {k: _jsonable(v) for k, v in sorted(group.items()) if k != "params"}
+        item["params"] = [names.get(id(p), "?") for p in group["params"]]
+        out.append(item)
+    return out
+
+
+def observe_optimizer(side: Side) -> dict[str, dict[str, list[float]]]:
+    """Every optimizer state entry (exp_avg, exp_avg_sq, step, momentum_buffer, ...), full
+    size, by parameter name (collective: the same params and keys in the same order on every
+    rank, or the mismatch shows as a hang)."""
+    if side.opt is None:
+        return {}
+    names = {id(p): clean_name(n) for n, p in side.model.named_parameters()}
+    out: dict[str, dict[str, list[float]]] = {}
+    for group in side.opt.param_groups:
+        for p in group["params"]:
+            state = side.opt.state.get(p, {})
+            entry = {key: _jsonable(state[key]) for key in sorted(state)}
+            if entry:
+                out[names.get(id(p), "?")] = entry
+    return out
+
+
+def probe(side: Side, case: Case, tree: ModuleTree, ctx: RankContext) -> list[float]:
+    """The model's output on a fixed input (a forward on every rank)."""
+    gen = torch.Generator().manual_seed(case.seed + 1)
+    x = torch.randn(PROBE_ROWS, tree.width, generator=gen, dtype=TORCH_DTYPES[side.training.dtype]).to(ctx.device)
+    seed_segment(case, ctx, 99)
+    with torch.no_grad():
+        out = _flat(side.model(x))
+    reshard(side.model)
+    return out
+
+
+def reshard(model: nn.Module) -> None:
+    """Register the sharded parameters again after a forward. With reshard_after_forward
+    False (or an int) a forward leaves the unsharded (or partly sharded) parameters
+    registered, and fully_shard documents that "to modify the parameters ... the registered
+    parameters must be the sharded parameters ... done by manually resharding via reshard()";
+    set_model_state_dict reads the registered parameters before FSDP2's load hook reshards."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
+def observe(side: Side, case: Case, tree: ModuleTree, ctx: RankContext, *, model: bool = True) -> dict[str, Any]:
+    """Model, optimizer, groups and a probe; the big parts on rank 0 only."""
+    obs: dict[str, Any] = {"groups": observe_groups(side)}
+    if model:
+        params = observe_model(side)
+        optim = observe_optimizer(side)
+        out = probe(side, case, tree, ctx)
+        if ctx.rank == 0:
+            obs.update(model=params, optimizer=optim, probe=out)
+    return obs
+
+
+def model_keys(side: Side) -> list[str]:
+    """The model's state-dict keys (parameters and persistent buffers), sorted."""
+    return sorted(clean_name(k) for k in side.model.state_dict())
+
+
+def dropped_keys(side: Side, drop: tuple[int, ...]) -> list[str]:
+    keys = model_keys(side)
+    return sorted({keys[i % len(keys)] for i in drop}) if keys else []
+
+
+def state_dict_options(o: Options) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(
+        full_state_dict=o.full_state_dict,
+        cpu_offload=o.cpu_offload,
+        broadcast_from_rank0=o.broadcast_from_rank0,
+        strict=o.strict,
+    )
+
+
+def _take(body: StateDictBody, side: Side) -> tuple[dict[str, Any], dict[str, Any]]:
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict, get_state_dict
+
+    options = state_dict_options(body.save)
+    assert side.opt is not None
+    if body.api is Api.COMBINED:
+        return get_state_dict(side.model, side.opt, options=options)
+    if body.api is Api.MODULE:
+        msd = side.model.state_dict()
+    else:
+        msd = get_model_state_dict(side.model, options=options)
+    return msd, get_optimizer_state_dict(side.model, side.opt, options=options)
+
+
+def _put(body: StateDictBody, side: Side, msd: dict[str, Any], osd: dict[str, Any], ctx: RankContext) -> Any:
+    """Load into ``side``; builds its optimizer after the model load for a meta-device target.
+    Returns what the model load reported (missing and unexpected keys)."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict, set_state_dict
+
+    options = state_dict_options(body.load)
+    fresh = fresh_training(body.training)
+    if body.api is Api.COMBINED:
+        assert side.opt is not None
+        return set_state_dict(side.model, side.opt, model_state_dict=msd, optim_state_dict=osd, options=options)
+    if body.target_meta_init and not body.load.full_state_dict:
+        # A sharded state dict is copied into the parameters, so they need storage first (a
+        # full one is assigned: set_model_state_dict detects the meta device).
+        side.model.to_empty(device=ctx.device)
+    if body.api is Api.MODULE:
+        result = side.model.load_state_dict(msd, strict=body.load.strict)
+    else:
+        result = set_model_state_dict(side.model, msd, options=options)
+    opt = side.opt if side.opt is not None else add_optimizer(side, fresh)
+    set_optimizer_state_dict(side.model, opt, osd, options=options)
+    return result
+
+
+def incompatible(result: Any) -> dict[str, list[str]]:
+    missing = getattr(result, "missing_keys", []) or []
+    unexpected = getattr(result, "unexpected_keys", []) or []
+    return {"missing": sorted(clean_name(k) for k in missing), "unexpected": sorted(clean_name(k) for k in unexpected)}
+
+
+def run_state_dict(case: Case, body: StateDictBody, ctx: RankContext) -> dict[str, Any]:
+    t = body.training
+    data = all_batches(case, t, t.steps + body.steps_after, body.tree, ctx)
+    src = build_side(body.tree, body.source, t, ctx, seed=case.seed)
+    add_optimizer(src, t)
+    seed_segment(case, ctx, 0)
+    obs: dict[str, Any] = {"losses_before": train_steps(src, data[: t.steps], ctx)}
+
+    msd, osd = _take(body, src)
+    msd, osd = copy.deepcopy((msd, osd))  # see the module docstring
+    obs["saved"] = observe(src, case, body.tree, ctx)
+
+    tgt = build_side(body.tree, body.target, t, ctx, seed=case.seed + FRESH_SEED, meta=body.target_meta_init)
+    if not body.target_meta_init:
+        add_optimizer(tgt, fresh_training(t))
+    dropped = dropped_keys(src, body.drop)
+    obs["dropped"] = dropped
+    if dropped:
+        obs["fresh"] = observe(tgt, case, body.tree, ctx)
+        msd = {k: v for k, v in msd.items() if k not in dropped}
+    if body.load.broadcast_from_rank0 and ctx.rank != 0:
+        msd, osd = {}, {}  # the documented use: only rank 0 holds the full state
+    obs["load_result"] = incompatible(_put(body, tgt, msd, osd, ctx))
+    obs["loaded"] = observe(tgt, case, body.tree, ctx)
+
+    if body.steps_after:
+        seed_segment(case, ctx, 1)
+        obs["losses_source"] = train_steps(src, data[t.steps :], ctx)
+        seed_segment(case, ctx, 1)
+        obs["losses_target"] = train_steps(tgt, data[t.steps :], ctx)
+        final_src, final_tgt = observe_model(src), observe_model(tgt)
+        if ctx.rank == 0:
+            obs["final_source"], obs["final_target"] = final_src, final_tgt
+    return obs

@@ -1,0 +1,372 @@
+"""State-dict and checkpoint properties: ``state_dict`` and ``dcp``.
+
+Both train a model under one composition, move its state into a fresh model and optimizer
+(built with other weights and other hyperparameters) under a possibly different composition,
+and judge:
+
+- round trip, exactly (equality, no tolerance): every parameter and buffer gathered to full,
+  every optimizer state entry (exp_avg, exp_avg_sq, step, momentum_buffer) gathered to full,
+  every param group's hyperparameters on every rank, and the output of a forward on a fixed
+  input. Keys left out of a load keep their fresh values; entries left out of a partial DCP
+  load leave their objects untouched; Stateful objects and plain tensors come back exactly,
+  and what was passed to ``dcp.load`` was loaded in place.
+- resume equivalence: both models train on, on the same data. With the same composition on
+  both sides the same operations run in the same order, so losses and final parameters must
+  be equal exactly. Across compositions the gradient reductions are grouped differently
+  (other flat buffers, another mesh, all-reduce instead of reduce-scatter), so the sums are
+  associated differently and may differ in the last bits: then the dtype's policy of
+  :mod:`fuzz.tolerance` applies, as in the training properties.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+from collections.abc import Callable
+from typing import Any
+
+from fuzz.case import Case, Composition, Optimizer, Wrapper
+from fuzz.case_state import Api, DcpBody, DcpMode, Entry, StateDictBody, dcp_root, is_plain, tensor_kind
+from fuzz.pool import Outcome
+from fuzz.properties import Property, register
+from fuzz.signature import Failure, failure_from_outcome
+from fuzz.tolerance import first_mismatch, tolerance_for
+
+# Round trips remove their checkpoints; one killed mid-case (a hang, a crash) cannot.
+atexit.register(shutil.rmtree, dcp_root(os.getpid()), ignore_errors=True)
+
+
+#: The signature of a deadlock in which rank 0 broadcasts state that other ranks skipped.
+ALONE_IN_BROADCAST = "torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone"
+
+
+def _failure(prop: str, outcome: Outcome) -> Failure:
+    """failure_from_outcome, with one refinement. When rank 0 is inside _broadcast_state_dict
+    (rank 0 sends, the others receive) and another rank is not, the ranks disagreed about
+    whether to broadcast: a deadlock, whatever it shows as. The rank that skipped runs on into
+    its next collective, so the outcome is a hang in rank 0's broadcast or a crash or error
+    wherever the other rank's next collective mismatched it; a signature from where the ranks
+    happen to stop would split one bug into many. This one names the mechanism instead."""
+    failure = failure_from_outcome(prop, outcome)
+    inside = ["_broadcast_state_dict" in (r.stack or "") + (r.traceback or "") for r in outcome.ranks]
+    if inside and inside[0] and not all(inside):
+        skipped = [r.rank for r, i in zip(outcome.ranks, inside) if not i]
+        return Failure(
+            "hang",
+            f"hang:{prop}@{ALONE_IN_BROADCAST}",
+            f"rank 0 broadcasts state in _broadcast_state_dict that rank(s) {skipped} skipped ({failure.summary})",
+            failure.details,
+        )
+    return failure
+
+
+def _mismatch(prop: str, check: str, where: str, summary: str, **details: Any) -> Failure:
+    return Failure("mismatch", f"mismatch:{prop}:{check}@{where}", summary, {"check": check, **details})
+
+
+def _first_difference(got: Any, want: Any, path: str = "") -> str:
+    """Where two JSON values first differ, e.g. ``['0.weight']['exp_avg'][3]: 0.5 != 0.25``."""
+    if isinstance(got, dict) and isinstance(want, dict):
+        for key in sorted(set(got) | set(want), key=str):
+            if key not in got:
+                return f"{path}[{key!r}] is missing"
+            if key not in want:
+                return f"{path}[{key!r}] is unexpected"
+            diff = _first_difference(got[key], want[key], f"{path}[{key!r}]")
+            if diff:
+                return diff
+        return ""
+    if isinstance(got, list) and isinstance(want, list):
+        if len(got) != len(want):
+            return f"{path} has {len(got)} elements, expected {len(want)}"
+        for i, (g, w) in enumerate(zip(got, want)):
+            diff = _first_difference(g, w, f"{path}[{i}]")
+            if diff:
+                return diff
+        return ""
+    return "" if got == want else f"{path}: {got!r} != {want!r}"
+
+
+def _exact(prop: str, check: str, where: str, what: str, got: Any, want: Any, **details: Any) -> Failure | None:
+    diff = _first_difference(got, want)
+    if not diff:
+        return None
+    return _mismatch(
+        prop, check, where, f"{what} differs after the load: {diff}", observed=got, expected=want, **details
+    )
+
+
+def _where(comp: Composition) -> str:
+    if comp.wrapper is not Wrapper.NONE:
+        return comp.wrapper.value
+    if is_plain(comp):
+        return "plain"
+    name = "+".join(api for api, used in (("fully_shard", comp.shards), ("replicate", comp.replicates)) if used)
+    return name + (":hsdp" if comp.mesh else "")
+
+
+def _check_model(
+    prop: str, where: str, saved: dict[str, Any], loaded: dict[str, Any], fresh: dict[str, Any] | None, dropped: list
+) -> Failure | None:
+    """Loaded model == saved, except dropped keys, which keep their fresh values."""
+    want = dict(saved["model"])
+    for key in dropped:
+        if fresh is not None and "model" in fresh:
+            want[key] = fresh["model"][key]
+    return _exact(prop, "model", where, "the model (parameters and buffers)", loaded["model"], want, dropped=dropped)
+
+
+def _check_resume(prop: str, where: str, case: Case, same: bool, observations: list[dict[str, Any]]) -> Failure | None:
+    body = case.body
+    assert isinstance(body, (StateDictBody, DcpBody))
+    tol = tolerance_for(body.training.dtype.value)
+    for rank, obs in enumerate(observations):
+        if "losses_target" not in obs:
+            return None
+        got, want = obs["losses_target"], obs["losses_source"]
+        bad = (
+            first_mismatch(got, want, tol)
+            if not same
+            else next((i for i, (g, w) in enumerate(zip(got, want)) if g != w), None)
+        )
+        if bad is not None:
+            return _mismatch(
+                prop,
+                "resume_loss",
+                where,
+                f"rank {rank}: losses after the load {got} differ from the uninterrupted run's {want} "
+                + ("(must be equal: same composition)" if same else f"(beyond {tol})"),
+                rank=rank,
+                observed=got,
+                expected=want,
+            )
+    first = observations[0]
+    got_p, want_p = first["final_target"], first["final_source"]
+    if same:
+        diff = _first_difference(got_p, want_p)
+        if diff:
+            return _mismatch(
+                prop, "resume_params", where, f"parameters after resuming differ from the uninterrupted run's: {diff}"
+            )
+        return None
+    for name, want_v in want_p.items():
+        bad_p = first_mismatch(got_p.get(name, []), want_v, tol)
+        if bad_p is not None:
+            return _mismatch(
+                prop,
+                "resume_params",
+                where,
+                f"{name}[{bad_p.index}] is {bad_p.actual!r} after resuming, uninterrupted {bad_p.expected!r} "
+                f"(error {bad_p.error:.3g} > allowed {bad_p.allowed:.3g})",
+                param=name,
+            )
+    return None
+
+
+def judge_state_dict(case: Case, outcome: Outcome) -> Failure | None:
+    if not outcome.ok:
+        return _failure(case.property, outcome)
+    body = case.body
+    assert isinstance(body, StateDictBody)
+    prop, where = case.property, body.api.value
+    observations = outcome.observations
+    first = observations[0]
+    saved, loaded, dropped = first["saved"], first["loaded"], first["dropped"]
+    failure = _check_model(prop, where, saved, loaded, first.get("fresh"), dropped)
+    if failure is None:
+        failure = _exact(prop, "optimizer", where, "the optimizer state", loaded["optimizer"], saved["optimizer"])
+    for rank, obs in enumerate(observations):
+        if failure is None:
+            failure = _exact(
+                prop, "groups", where, f"rank {rank}'s param groups", obs["loaded"]["groups"], obs["saved"]["groups"]
+            )
+        result = obs["load_result"]
+        if failure is None and (result["unexpected"] or set(result["missing"]) - set(dropped)):
+            failure = _mismatch(
+                prop, "load_result", where, f"rank {rank}: the load reported {result}; keys left out: {dropped}"
+            )
+    if failure is None and not dropped:
+        failure = _exact(prop, "probe", where, "the forward output on the fixed input", loaded["probe"], saved["probe"])
+    if failure is None and not dropped:
+        failure = _check_resume(prop, where, case, body.source == body.target, observations)
+    return failure
+
+
+def judge_dcp(case: Case, outcome: Outcome) -> Failure | None:
+    if not outcome.ok:
+        return _failure(case.property, outcome)
+    body = case.body
+    assert isinstance(body, DcpBody)
+    prop, observations = case.property, outcome.observations
+    where = "async_save" if body.async_save else "save"
+    for rank, obs in enumerate(observations):
+        if obs.get("in_place"):
+            return _mismatch(prop, "in_place", "load", f"rank {rank}: {obs['in_place']}")
+    if body.mode is not DcpMode.ROUND_TRIP:
+        return None
+    loaded_entries = [e for e in body.entries if e not in body.skip]
+    model_loaded = Entry.MODEL in loaded_entries or Entry.APP in loaded_entries
+    optim_loaded = Entry.OPTIMIZER in loaded_entries or Entry.APP in loaded_entries
+    first = observations[0]
+    saved, loaded, fresh, dropped = first["saved"], first["loaded"], first.get("fresh"), first["dropped"]
+    if model_loaded:
+        failure = _check_model(prop, where, saved, loaded, fresh, dropped)
+    else:
+        failure = _exact(
+            prop, "skipped_model", where, "the model (not loaded)", loaded["model"], (fresh or {})["model"]
+        )
+    if failure is None and optim_loaded:
+        failure = _exact(prop, "optimizer", where, "the optimizer state", loaded["optimizer"], saved["optimizer"])
+    elif failure is None and fresh is not None and "optimizer" in fresh:
+        failure = _exact(
+            prop,
+            "skipped_optimizer",
+            where,
+            "the optimizer state (not loaded)",
+            loaded["optimizer"],
+            fresh["optimizer"],
+        )
+    for rank, obs in enumerate(observations):
+        if failure is not None:
+            break
+        want_groups = obs["saved"]["groups"] if optim_loaded else obs["fresh"]["groups"]
+        failure = _exact(prop, "groups", where, f"rank {rank}'s param groups", obs["loaded"]["groups"], want_groups)
+        for key in ("scalars", "counter", "extra"):
+            if failure is None and key in obs["loaded"]:
+                got, want = obs["loaded"][key], obs["saved"][key]
+                if key == "counter":
+                    if got.get("agreed") != got["value"]:
+                        failure = _mismatch(prop, "counter", where, f"rank {rank}: ranks loaded different values {got}")
+                        break
+                    got = {k: v for k, v in got.items() if k != "agreed"}
+                    want = {k: v for k, v in want.items() if k != "agreed"}
+                failure = _exact(prop, key, where, f"rank {rank}'s {key} entry", got, want)
+    if failure is None and model_loaded and not dropped:
+        failure = _exact(prop, "probe", where, "the forward output on the fixed input", loaded["probe"], saved["probe"])
+    if failure is None:
+        failure = _check_resume(prop, where, case, body.source == body.target, observations)
+    return failure
+
+
+def _layout_features(source: Composition, target: Composition) -> list[str]:
+    out = [f"source:{_where(source)}", f"target:{_where(target)}"]
+    if source == target:
+        out.append("reshard:none")
+    elif source.mesh != target.mesh and not is_plain(source) and not is_plain(target):
+        out.append("reshard:mesh")
+    elif tensor_kind(source) != tensor_kind(target):
+        out.append(f"reshard:{tensor_kind(source)}->{tensor_kind(target)}")
+    else:
+        out.append("reshard:composition")
+    for comp in (source, target):
+        if any(s.shard_dim for s in comp.shards):
+            out.append("shard_placement_fn")
+        if comp.checkpoints:
+            out.append("activation_checkpoint")
+    return out
+
+
+def features_state_dict(case: Case) -> list[str]:
+    body = case.body
+    assert isinstance(body, StateDictBody)
+    s, ld = body.save, body.load
+    out = [
+        f"api:{body.api.value}",
+        "state_dict:full" if s.full_state_dict else "state_dict:sharded",
+        f"optimizer:{body.training.optimizer.value}",
+        f"param_groups:{body.training.param_groups}",
+        f"steps_after:{min(body.steps_after, 2)}",
+    ]
+    out += [f"save:{n}" for n, on in (("cpu_offload", s.cpu_offload),) if on]
+    out += [
+        f"load:{n}"
+        for n, on in (("cpu_offload", ld.cpu_offload), ("broadcast_from_rank0", ld.broadcast_from_rank0))
+        if on
+    ]
+    out.append("strict" if ld.strict else "non-strict" + (":drop" if body.drop else ""))
+    if body.target_meta_init:
+        out.append("meta_init")
+    return sorted(set(out + _layout_features(body.source, body.target)))
+
+
+def features_dcp(case: Case) -> list[str]:
+    body = case.body
+    assert isinstance(body, DcpBody)
+    out = [f"entry:{e.value}" for e in body.entries]
+    out.append("orders:differ" if len(set(body.orders)) > 1 else "orders:same")
+    out.append("async_save" if body.async_save else "save")
+    out.append("storage:objects" if body.storage_objects else "storage:checkpoint_id")
+    out.append(f"save:{'full' if body.save_full_state_dict else 'sharded'}")
+    out.append(f"load:{'full' if body.load_full_state_dict else 'sharded'}")
+    out += ["save:cpu_offload"] * body.save_cpu_offload + ["load:cpu_offload"] * body.load_cpu_offload
+    out += [f"skip:{e.value}" for e in body.skip]
+    if body.drop:
+        out.append("drop")
+    if body.module_stateful:
+        out.append("module_stateful")
+    if body.target_meta_init:
+        out.append("meta_init")
+    if len(body.collective_entries()) > 1:
+        out.append("collective_statefuls:several")
+    return sorted(set(out + _layout_features(body.source, body.target)))
+
+
+#: The known upstream bugs (entries in corpus/, described in docs/state_dict.md).
+BROADCAST_EMPTY = "set_state_dict-broadcast-empty"
+STATELESS_FULL = "set_optimizer_state_dict-full-stateless"
+
+
+def known_bug(case: Case) -> str | None:
+    """The known upstream bug a case runs into, if any:
+
+    - ``BROADCAST_EMPTY``: set_state_dict with broadcast_from_rank0 deadlocks when ranks other
+      than 0 pass an empty model state dict (it derives optim_only per rank from that dict).
+    - ``STATELESS_FULL``: set_optimizer_state_dict with full_state_dict raises "Expected device
+      to be set" when the optimizer holds no tensor state (SGD without momentum).
+    """
+    body = case.body
+    t = body.training if isinstance(body, (StateDictBody, DcpBody)) else None
+    stateless = t is not None and t.optimizer is Optimizer.SGD and not t.momentum
+    if isinstance(body, StateDictBody):
+        if body.api is Api.COMBINED and body.load.broadcast_from_rank0:
+            return BROADCAST_EMPTY
+        if stateless and body.load.full_state_dict:
+            return STATELESS_FULL
+    if isinstance(body, DcpBody):
+        loaded = [e for e in body.entries if e not in body.skip]
+        if Entry.APP in loaded and body.load_full_state_dict and body.load_cpu_offload:
+            return BROADCAST_EMPTY
+        if stateless and body.load_full_state_dict and (Entry.APP in loaded or Entry.OPTIMIZER in loaded):
+            return STATELESS_FULL
+    return None
+
+
+def _cases(factory: str) -> Callable[..., Any]:
+    def cases(*, world_size: int, **kwargs: Any) -> Any:
+        import strategies
+
+        return getattr(strategies, factory)(world_size=world_size, **kwargs)
+
+    return cases
+
+
+STATE_DICT = register(
+    Property(
+        name="state_dict",
+        description="get/set_*_state_dict (and FSDP2's own) move model and optimizer state exactly, across layouts",
+        cases=_cases("state_dict_cases"),
+        judge=judge_state_dict,
+        features=features_state_dict,
+    )
+)
+
+DCP = register(
+    Property(
+        name="dcp",
+        description="DCP save/async_save/load with Stateful objects and per-rank key orders round-trip exactly",
+        cases=_cases("dcp_cases"),
+        judge=judge_dcp,
+        features=features_dcp,
+    )
+)
