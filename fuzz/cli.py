@@ -7,7 +7,6 @@ or reproduced; 2 bad arguments or an unreadable input, with a message that names
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import signal
@@ -76,7 +75,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="property to run (repeatable; default all)",
     )
     ex.add_argument("--corpus", type=Path, default=Path("corpus"), help="corpus directory (default ./corpus)")
-    ex.add_argument("--report", type=Path, default=None, help="directory for a JSON summary of the campaign")
+    ex.add_argument(
+        "--report",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="directory for the campaign's report: summary.json and a self-contained report.html "
+        "(rewritten every minute while the campaign runs)",
+    )
+    ex.add_argument("--report-every", type=float, default=60.0, help=argparse.SUPPRESS)
+    ex.add_argument(
+        "--pools",
+        type=positive_int,
+        default=1,
+        help="pools side by side, each in its own process with its own ranks (and GPUs with nccl), "
+        "sharing the corpus and database; seeds are SEED, SEED+1, ... (default 1)",
+    )
     ex.add_argument("--seed", type=int, default=None, help="campaign seed (default: random)")
     db = ex.add_mutually_exclusive_group()
     db.add_argument(
@@ -148,11 +162,7 @@ def _properties(args: argparse.Namespace) -> int:
 
 def _explore(args: argparse.Namespace) -> int:
     import random
-    import time
 
-    from fuzz.database import default_directory, example_database
-    from fuzz.explore import explore
-    from fuzz.pool import RankPool
     from fuzz.properties import all_properties, get_property
 
     props = [get_property(n) for n in args.properties] if args.properties else all_properties()
@@ -160,16 +170,46 @@ def _explore(args: argparse.Namespace) -> int:
     if too_small:
         raise ShardfuzzError(f"--world-size {args.world_size} is too small for {too_small}")
     seed = args.seed if args.seed is not None else random.SystemRandom().getrandbits(32)
+    launched = _torchrun_rank()
+    if launched is not None:  # one campaign per process that torchrun starts (docs/campaigns.md)
+        rank, _ = launched
+        seed += 1000 * rank
+        if args.report is not None:
+            args.report = args.report / f"launcher-rank-{rank}"
+    if args.pools > 1:
+        from fuzz.campaign import run_pools
+
+        return run_pools(args, seed, [p.name for p in props])
+    return _explore_one(args, seed, props)
+
+
+def _torchrun_rank() -> tuple[int, int] | None:
+    """(RANK, WORLD_SIZE) when torchrun (or another torchelastic launcher) started this process."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or "RANK" not in os.environ:
+        return None
+    return int(os.environ["RANK"]), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _explore_one(args: argparse.Namespace, seed: int, props: list[Any]) -> int:
+    import time
+
+    from fuzz.database import default_directory, example_database
+    from fuzz.explore import explore
+    from fuzz.pool import RankPool
+
     db_dir = None if args.no_database else (args.database if args.database is not None else default_directory())
     database = example_database(db_dir) if db_dir is not None else None
     tty = sys.stderr.isatty()
-    last = [0.0]
+    last = {"line": 0.0, "report": time.monotonic()}
 
     def show(progress: Any) -> None:
         now = time.monotonic()
-        if now - last[0] >= (0.5 if tty else 10.0):
-            last[0] = now
+        if now - last["line"] >= (0.5 if tty else 10.0):
+            last["line"] = now
             print(("\r\x1b[K" if tty else "") + progress.line(), end="" if tty else "\n", file=sys.stderr, flush=True)
+        if args.report is not None and now - last["report"] >= args.report_every:
+            last["report"] = now
+            _write_report(args.report, progress.summary(seed=seed, backend=args.backend, world_size=args.world_size))
 
     print(
         f"explore: {[p.name for p in props]} for {args.budget:.0f}s on {args.world_size} ranks ({args.backend}), "
@@ -195,43 +235,32 @@ def _explore(args: argparse.Namespace) -> int:
     for found in progress.found.values():
         where = f" -> {found.path}" if found.path else ""
         tag = "known" if found.known else (found.entry.status if found.entry else "unconfirmed")
-        repro = f", reproduced {found.entry.reproduced}/{found.entry.reruns}" if found.entry and not found.known else ""
+        if found.in_corpus:
+            tag = f"in corpus ({tag})"
+        repro = (
+            f", reproduced {found.entry.reproduced}/{found.entry.reruns}"
+            if found.entry and not found.known and not found.in_corpus
+            else ""
+        )
         print(
             f"{tag}: {found.failure.signature} x{found.hits} (size {found.case.size}{repro}): "
             f"{found.failure.summary}{where}",
             file=sys.stderr,
         )
     if args.report is not None:
-        _write_report(args.report, progress, seed)
+        html = _write_report(args.report, progress.summary(seed=seed, backend=args.backend, world_size=args.world_size))
+        print(f"explore: report {html}", file=sys.stderr)
     return EXIT_FAILED if progress.new_failures else EXIT_OK
 
 
-def _write_report(directory: Path, progress: Any, seed: int) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    summary = {
-        "seed": seed,
-        "seconds": progress.elapsed,
-        "cases": progress.cases,
-        "interrupted": progress.interrupted,
-        "restarts": progress.restarts,
-        "cases_per_property": dict(progress.per_property),
-        "seconds_per_property": dict(progress.seconds_per_property),
-        "features": dict(progress.features),
-        "failures": [
-            {
-                "signature": f.failure.signature,
-                "kind": f.failure.kind,
-                "hits": f.hits,
-                "known": f.known,
-                "summary": f.failure.summary,
-                "entry": str(f.path) if f.path else None,
-            }
-            for f in progress.found.values()
-        ],
-    }
-    tmp = directory / ".summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, directory / "summary.json")
+def _write_report(directory: Path, summary: dict[str, Any]) -> Path:
+    from fuzz.report import write_report
+
+    try:
+        _, html = write_report(directory, summary)
+    except OSError as e:
+        raise ShardfuzzError(f"--report {directory}: cannot write the report: {e.strerror or e}") from None
+    return html
 
 
 def _replay(args: argparse.Namespace) -> int:

@@ -14,16 +14,31 @@ generating anything. Later chunks of the same campaign
 do not replay: a re-hit of a signature already shrunk in this campaign is counted, not raised,
 which Hypothesis would take as "no longer fails" and delete from the database. A replayed
 failure whose signature is a known corpus entry is deleted from the database the same way.
+
+Time goes where new behaviour still appears (:class:`Scheduler`, after HypoFuzz's idea): each
+chunk of a property counts its *discoveries* (a feature, or a pair of features occurring in
+one case, that this property had not produced before in the campaign, and each new failure
+signature), and the next property is drawn with a probability that follows its recent
+discoveries per second, with a floor so that no property starves. A property whose cases all
+look alike gets less time; one still finding new combinations gets more.
+
+A failure whose signature has an entry in the corpus already (from an earlier campaign) is
+counted against that entry, not shrunk again; with the example database, a restarted campaign
+thus resumes where the last one stopped.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 import random
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from hypothesis import HealthCheck, Phase, Verbosity, event, given, settings
 from hypothesis import seed as hypothesis_seed
@@ -40,6 +55,69 @@ from fuzz.signature import Failure
 CHUNK_EXAMPLES = 25
 SHRINK_OVERRUN = 0.25  # of the budget, at least 60 s
 RERUNS = 3
+#: Samples of the campaign's progress kept for the report (at most this many, evenly spread).
+TIMELINE_POINTS = 400
+
+
+class Scheduler:
+    """Which property runs the next chunk: the ones still discovering get more of the time.
+
+    Each property's rate is its discoveries per second over its recent chunks (an exponential
+    moving sum, ``decay`` per chunk, so the estimate follows a property as it saturates), with a
+    prior of half a discovery so that a property that found nothing yet keeps a chance. The
+    share of time is ``floor / n`` for every property plus ``1 - floor`` split by rate. Every
+    property runs once before any weighting, in the order given.
+    """
+
+    def __init__(self, names: Iterable[str], rng: random.Random, *, floor: float = 0.2, decay: float = 0.7) -> None:
+        self.names = list(names)
+        if not self.names:
+            raise ValueError("a scheduler needs at least one property")
+        self.rng = rng
+        self.floor = floor
+        self.decay = decay
+        self.found: dict[str, float] = dict.fromkeys(self.names, 0.0)
+        self.seconds: dict[str, float] = dict.fromkeys(self.names, 0.0)
+        self.chunks: Counter[str] = Counter()
+
+    def record(self, name: str, *, seconds: float, discoveries: int) -> None:
+        self.found[name] = self.found[name] * self.decay + discoveries
+        self.seconds[name] = self.seconds[name] * self.decay + max(seconds, 1e-3)
+        self.chunks[name] += 1
+
+    def rates(self) -> dict[str, float]:
+        return {n: (self.found[n] + 0.5) / (self.seconds[n] + 1.0) for n in self.names}
+
+    def weights(self) -> dict[str, float]:
+        rates = self.rates()
+        total = sum(rates.values())
+        n = len(self.names)
+        return {k: self.floor / n + (1 - self.floor) * r / total for k, r in rates.items()}
+
+    def pick(self) -> str:
+        for name in self.names:
+            if not self.chunks[name]:
+                return name
+        weights = self.weights()
+        return self.rng.choices(self.names, weights=[weights[n] for n in self.names])[0]
+
+
+class Discoveries:
+    """What each property has produced so far: features, feature pairs, failure signatures."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, set[str]] = {}
+        self.total = 0
+
+    def add(self, prop: str, features: Iterable[str]) -> int:
+        """Record one case's features; returns how many features and pairs were new."""
+        seen = self.seen.setdefault(prop, set())
+        fs = sorted(set(features))
+        keys = fs + [f"{a}&{b}" for a, b in itertools.combinations(fs, 2)]
+        new = [k for k in keys if k not in seen]
+        seen.update(new)
+        self.total += len(new)
+        return len(new)
 
 
 @dataclass
@@ -52,6 +130,8 @@ class Found:
     known: bool = False
     entry: Entry | None = None
     path: Path | None = None
+    first_seen: float = 0.0  # seconds into the campaign
+    in_corpus: bool = False  # its signature had a (not known) corpus entry before this campaign
 
 
 @dataclass
@@ -62,9 +142,31 @@ class Progress:
     per_property: Counter[str] = field(default_factory=Counter)
     seconds_per_property: dict[str, float] = field(default_factory=dict)
     features: Counter[str] = field(default_factory=Counter)
+    features_per_property: dict[str, Counter[str]] = field(default_factory=dict)
     found: dict[str, Found] = field(default_factory=dict)
     restarts: int = 0
     interrupted: bool = False
+    started_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    timeline: list[dict[str, Any]] = field(default_factory=list)
+    weights: dict[str, float] = field(default_factory=dict)
+    _sample_every: float = 1.0
+
+    def sample(self, *, force: bool = False) -> None:
+        """Add a point to the timeline (at most every few seconds; thinned to TIMELINE_POINTS)."""
+        t = self.elapsed
+        if not force and self.timeline and t - self.timeline[-1]["t"] < self._sample_every:
+            return
+        self.timeline.append(
+            {
+                "t": round(t, 2),
+                "cases": self.cases,
+                "distinct_failures": len(self.found),
+                "per_property": dict(self.per_property),
+            }
+        )
+        if len(self.timeline) > TIMELINE_POINTS:  # keep every other point, sample half as often
+            self.timeline = [*self.timeline[:-1:2], self.timeline[-1]]
+            self._sample_every *= 2
 
     @property
     def elapsed(self) -> float:
@@ -78,9 +180,53 @@ class Progress:
         rate = self.cases / self.elapsed if self.elapsed > 0 else 0.0
         by_sig = ", ".join(f"{f.failure.signature} x{f.hits}" for f in self.found.values()) or "none"
         return (
-            f"[{self.elapsed:6.0f}s / {self.budget:.0f}s] cases {self.cases} ({rate:.1f}/s) "
+            f"[{_clock(self.elapsed)} / {_clock(self.budget)}] cases {self.cases} ({rate:.1f}/s) "
             f"restarts {self.restarts} failures: {by_sig}"
         )
+
+    def summary(self, *, seed: int, backend: str, world_size: int, pools: int = 1) -> dict[str, Any]:
+        """The campaign as plain data (schema 1), for summary.json and the HTML report."""
+        return {
+            "schema": 1,
+            "seed": seed,
+            "started_at": self.started_at,
+            "seconds": round(self.elapsed, 2),
+            "budget": self.budget,
+            "cases": self.cases,
+            "interrupted": self.interrupted,
+            "restarts": self.restarts,
+            "backend": backend,
+            "world_size": world_size,
+            "pools": pools,
+            "properties": sorted(self.weights or self.per_property),
+            "cases_per_property": dict(self.per_property),
+            "seconds_per_property": {k: round(v, 3) for k, v in self.seconds_per_property.items()},
+            "features": dict(self.features),
+            "features_per_property": {k: dict(v) for k, v in self.features_per_property.items()},
+            "failures": [
+                {
+                    "signature": f.failure.signature,
+                    "kind": f.failure.kind,
+                    "property": f.case.property,
+                    "hits": f.hits,
+                    "known": f.known,
+                    "in_corpus": f.in_corpus,
+                    "summary": f.failure.summary,
+                    "entry": str(f.path) if f.path else None,
+                    "first_seen": round(f.first_seen, 2),
+                }
+                for f in self.found.values()
+            ],
+            "timeline": self.timeline,
+            "weights": {k: round(v, 4) for k, v in self.weights.items()},
+        }
+
+
+def _clock(seconds: float) -> str:
+    if math.isinf(seconds):
+        return "inf"
+    s = int(seconds)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
 class _Failed(Exception):
@@ -116,36 +262,52 @@ def explore(
     Ctrl-C (KeyboardInterrupt) ends the campaign early; what was found is kept and saved.
     """
     progress = Progress(started=time.monotonic(), budget=budget)
-    known: dict[str, Entry] = {}
+    progress._sample_every = max(1.0, budget / TIMELINE_POINTS) if math.isfinite(budget) else 1.0
+    progress.sample(force=True)
+    corpus_entries: dict[str, tuple[Path, Entry]] = {}
     if corpus is not None:
         entries, _problems = load_corpus(corpus)
-        known = {e.signature: e for _, e in entries if e.status == "known"}
+        corpus_entries = {e.signature: (p, e) for p, e in entries}
     rng = random.Random(seed)
+    by_name = {p.name: p for p in properties}
+    scheduler = Scheduler(by_name, rng)
+    discoveries = Discoveries()
     hard_stop = budget + max(60.0, SHRINK_OVERRUN * budget)
     replayed: set[str] = set()
+
+    def spent() -> bool:
+        return progress.elapsed >= budget or (max_examples is not None and progress.cases >= max_examples)
+
     try:
-        while progress.elapsed < budget and (max_examples is None or progress.cases < max_examples):
-            for prop in properties:
-                if progress.elapsed >= budget or (max_examples is not None and progress.cases >= max_examples):
-                    break
-                chunk = CHUNK_EXAMPLES if max_examples is None else min(CHUNK_EXAMPLES, max_examples - progress.cases)
-                reuse = database is not None and prop.name not in replayed
-                replayed.add(prop.name)
-                pending = _run_chunk(
-                    pool,
-                    prop,
-                    chunk,
-                    rng.getrandbits(64),
-                    progress,
-                    known,
-                    budget,
-                    hard_stop,
-                    on_case,
-                    database=database,
-                    reuse=reuse,
-                )
-                for found in pending:
-                    _confirm_and_save(pool, prop, found, progress, corpus, reruns)
+        while not spent():
+            prop = by_name[scheduler.pick()]
+            chunk = CHUNK_EXAMPLES if max_examples is None else min(CHUNK_EXAMPLES, max_examples - progress.cases)
+            reuse = database is not None and prop.name not in replayed
+            replayed.add(prop.name)
+            started, signatures, behaviours = time.monotonic(), len(progress.found), discoveries.total
+            pending = _run_chunk(
+                pool,
+                prop,
+                chunk,
+                rng.getrandbits(64),
+                progress,
+                corpus_entries,
+                budget,
+                hard_stop,
+                on_case,
+                database=database,
+                reuse=reuse,
+                discoveries=discoveries,
+            )
+            for found in pending:
+                _confirm_and_save(pool, prop, found, progress, corpus, reruns)
+            scheduler.record(
+                prop.name,
+                seconds=time.monotonic() - started,
+                discoveries=discoveries.total - behaviours + len(progress.found) - signatures,
+            )
+            progress.weights = scheduler.weights()
+            progress.sample()
     except KeyboardInterrupt:
         progress.interrupted = True
         for found in progress.found.values():  # keep what was found, unconfirmed
@@ -161,6 +323,8 @@ def explore(
                 )
                 found.path, found.entry = save_entry(corpus, entry)
     progress.restarts = pool.restarts
+    progress.weights = scheduler.weights()
+    progress.sample(force=True)
     return progress
 
 
@@ -170,17 +334,19 @@ def _run_chunk(
     n: int,
     chunk_seed: int,
     progress: Progress,
-    known: dict[str, Entry],
+    corpus_entries: dict[str, tuple[Path, Entry]],
     budget: float,
     hard_stop: float,
     on_case: Callable[[Progress], None] | None,
     *,
     database: ExampleDatabase | None = None,
     reuse: bool = False,
+    discoveries: Discoveries | None = None,
 ) -> list[Found]:
-    """Run up to ``n`` examples of ``prop``; returns the failures new to this campaign.
+    """Run up to ``n`` examples of ``prop``; returns the failures new to this campaign and corpus.
 
     With ``reuse``, the failures saved in ``database`` for this property run first.
+    ``discoveries`` records each case's features.
     """
     new: dict[str, Found] = {}
     shrinking = False
@@ -201,9 +367,14 @@ def _run_chunk(
         nonlocal shrinking
         if progress.elapsed >= (hard_stop if shrinking else budget):
             raise _BudgetSpent
-        for feature in prop.features(case):
+        features = prop.features(case)
+        per_property = progress.features_per_property.setdefault(prop.name, Counter())
+        for feature in features:
             event(feature)
             progress.features[feature] += 1
+            per_property[feature] += 1
+        if discoveries is not None:
+            discoveries.add(prop.name, features)
         start = time.monotonic()
         failure = run_case(pool, prop, case)
         progress.cases += 1
@@ -212,6 +383,7 @@ def _run_chunk(
             progress.seconds_per_property.get(prop.name, 0.0) + time.monotonic() - start
         )
         progress.restarts = pool.restarts
+        progress.sample()
         if on_case is not None:
             on_case(progress)
         if failure is None:
@@ -221,11 +393,22 @@ def _run_chunk(
         if seen is not None and sig not in new:
             seen.hits += 1  # found and shrunk earlier in this campaign: count it only
             return
-        if sig in known and sig not in new:
-            progress.found[sig] = Found(case, failure, known=True, entry=known[sig])
+        if sig in corpus_entries and sig not in new:
+            # Shrunk by an earlier campaign: count it against its entry, do not shrink again.
+            path, entry = corpus_entries[sig]
+            known = entry.status == "known"
+            progress.found[sig] = Found(
+                case,
+                failure,
+                known=known,
+                entry=entry,
+                path=path,
+                first_seen=progress.elapsed,
+                in_corpus=not known,
+            )
             return
         if seen is None:
-            progress.found[sig] = new[sig] = Found(case, failure)
+            progress.found[sig] = new[sig] = Found(case, failure, first_seen=progress.elapsed)
         else:
             seen.hits += 1
             # Hypothesis only moves to cases it judges smaller, and replays its final, minimal

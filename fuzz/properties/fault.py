@@ -2,15 +2,22 @@
 
 Its cases inject one fault into one rank (see :class:`fuzz.case.FaultAction`); the judge
 passes ``none`` cases whose all-reduce summed correctly and fails everything else.
+
+Campaigns draw ``none`` cases only, unless ``SHARDFUZZ_FAULT_ACTIONS`` names the actions to draw
+(comma-separated :class:`~fuzz.case.FaultAction` values; ``SHARDFUZZ_FAULT_SECONDS`` sets how
+long ``sleep`` sleeps): the campaign tests use this to have failures to save and busy ranks to
+signal, without a fault in torch.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from hypothesis import strategies as st
 
 from fuzz.case import Case, FaultAction, FaultBody
+from fuzz.errors import InvalidArgument
 from fuzz.pool import Outcome
 from fuzz.properties import Property, register
 from fuzz.signature import Failure, failure_from_outcome
@@ -28,13 +35,23 @@ def judge(case: Case, outcome: Outcome) -> Failure | None:
     return None
 
 
+def _actions() -> list[FaultAction]:
+    names = os.environ.get("SHARDFUZZ_FAULT_ACTIONS", "none")
+    try:
+        return [FaultAction(n.strip()) for n in names.split(",") if n.strip()] or [FaultAction.NONE]
+    except ValueError:
+        choices = ", ".join(a.value for a in FaultAction)
+        raise InvalidArgument(f"SHARDFUZZ_FAULT_ACTIONS={names!r}: each must be one of {choices}") from None
+
+
 def _cases(*, world_size: int, **_: Any) -> Any:
+    seconds = float(os.environ.get("SHARDFUZZ_FAULT_SECONDS", "0.5"))
     return st.builds(
         Case,
         property=st.just("_fault"),
         world_size=st.just(world_size),
         seed=st.just(0),
-        body=st.builds(FaultBody, action=st.just(FaultAction.NONE)),
+        body=st.builds(FaultBody, action=st.sampled_from(_actions()), seconds=st.just(seconds)),
     )
 
 

@@ -1,0 +1,238 @@
+"""Several pools side by side: ``python -m fuzz explore --pools K``.
+
+Each pool runs in its own driver process (``python -m fuzz explore --pools 1``) with its own
+ranks, and with nccl its own GPUs (each pool locks free GPUs, see :mod:`fuzz.pool`), so a
+hang or crash in one pool never stalls another. The drivers share the corpus (entries are
+written atomically and merged by signature) and the Hypothesis example database (a directory
+database is safe to share). Pool ``i`` explores with seed ``SEED + i`` and writes its own report
+to ``REPORT/pool-i`` (its log to ``REPORT/pool-i/explore.log``); this process prints one
+combined progress line from those reports and writes the combined report to ``REPORT``.
+
+Signals: SIGINT and SIGTERM are passed to every pool, which stop, save what they found and
+write their reports; the combined report follows. The pools die with this process
+(PR_SET_PDEATHSIG), so even a SIGKILL leaves no driver and, through them, no rank behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+#: Seconds between the pools' report rewrites, which the combined progress line reads.
+POOL_REPORT_EVERY_S = 2.0
+#: Seconds the pools get to stop after SIGTERM before they are killed.
+STOP_GRACE_S = 90.0
+
+_PR_SET_PDEATHSIG = 1
+
+
+def run_pools(args: argparse.Namespace, seed: int, properties: list[str]) -> int:
+    """Run ``args.pools`` campaigns side by side; returns the worst exit code (2 > 1 > 0)."""
+    from fuzz.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, _write_report
+
+    report = args.report if args.report is not None else Path(tempfile.mkdtemp(prefix="shardfuzz-pools-"))
+    dirs = [report / f"pool-{i}" for i in range(args.pools)]
+    procs: list[subprocess.Popen[bytes]] = []
+    logs = []
+    print(
+        f"explore: {args.pools} pools of {args.world_size} ranks ({args.backend}), "
+        f"seeds {seed}..{seed + args.pools - 1}, reports and logs in {report}/pool-*",
+        file=sys.stderr,
+    )
+    started = time.monotonic()
+    tty = sys.stderr.isatty()
+    interrupted = False
+    try:
+        for i, d in enumerate(dirs):
+            d.mkdir(parents=True, exist_ok=True)
+            log = open(d / "explore.log", "wb")  # noqa: SIM115 - closed below
+            logs.append(log)
+            procs.append(
+                subprocess.Popen(
+                    _child_argv(args, seed + i, properties, d),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    preexec_fn=_die_with_parent,
+                    start_new_session=True,  # Ctrl-C reaches this process only; it passes SIGINT on
+                )
+            )
+        last = 0.0
+        while any(p.poll() is None for p in procs):
+            time.sleep(0.2)
+            now = time.monotonic()
+            if now - last >= (1.0 if tty else 10.0):
+                last = now
+                line = _line(merge(_read(dirs), seconds=now - started), args.pools)
+                print(("\r\x1b[K" if tty else "") + line, end="" if tty else "\n", file=sys.stderr, flush=True)
+    except KeyboardInterrupt:
+        interrupted = True
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                p.send_signal(signal.SIGTERM)
+        until = time.monotonic() + STOP_GRACE_S
+        for p in procs:
+            try:
+                p.wait(timeout=max(0.1, until - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for log in logs:
+            log.close()
+    if tty:
+        print(file=sys.stderr)
+    summary = merge(_read(dirs), seconds=time.monotonic() - started)
+    summary["interrupted"] = summary.get("interrupted", False) or interrupted
+    summary["budget"] = args.budget
+    print(_line(summary, args.pools), file=sys.stderr)
+    for f in summary["failures"]:
+        tag = "known" if f["known"] else "new"
+        print(f"{tag}: {f['signature']} x{f['hits']}: {f['summary']} -> {f['entry']}", file=sys.stderr)
+    codes = [p.returncode for p in procs]
+    for i, code in enumerate(codes):
+        if code not in (EXIT_OK, EXIT_FAILED):
+            print(f"explore: pool {i} exited with {code}; see {dirs[i] / 'explore.log'}", file=sys.stderr)
+    if args.report is not None:
+        print(f"explore: report {_write_report(report, summary)}", file=sys.stderr)
+    if any(c not in (EXIT_OK, EXIT_FAILED) for c in codes) and not interrupted:
+        return EXIT_USAGE
+    return EXIT_FAILED if EXIT_FAILED in codes or any(not f["known"] for f in summary["failures"]) else EXIT_OK
+
+
+def _child_argv(args: argparse.Namespace, seed: int, properties: list[str], report: Path) -> list[str]:
+    argv = [sys.executable, "-m", "fuzz", "explore", "--pools", "1", "--seed", str(seed)]
+    argv += ["--budget", str(args.budget), "--backend", args.backend, "--world-size", str(args.world_size)]
+    argv += ["--deadline", str(args.deadline), "--corpus", str(args.corpus), "--report", str(report)]
+    argv += ["--report-every", str(POOL_REPORT_EVERY_S)]
+    if args.max_examples is not None:
+        argv += ["--max-examples", str(max(1, args.max_examples // args.pools))]
+    for name in properties:
+        argv += ["--property", name]
+    if args.no_database:
+        argv.append("--no-database")
+    elif args.database is not None:
+        argv += ["--database", str(args.database)]
+    return argv
+
+
+def _die_with_parent() -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def _read(dirs: list[Path]) -> list[dict[str, Any]]:
+    out = []
+    for d in dirs:
+        try:
+            out.append(json.loads((d / "summary.json").read_text()))
+        except (OSError, ValueError):
+            continue  # not written yet
+    return out
+
+
+def merge(summaries: list[dict[str, Any]], *, seconds: float) -> dict[str, Any]:
+    """One summary (schema 1) for several pools' summaries: counts add, failures merge by signature."""
+
+    def add(key: str) -> dict[str, Any]:
+        total: Counter[str] = Counter()
+        for s in summaries:
+            total.update(s.get(key, {}))
+        return dict(total)
+
+    failures: dict[str, dict[str, Any]] = {}
+    for s in summaries:
+        for f in s.get("failures", []):
+            seen = failures.get(f["signature"])
+            if seen is None:
+                failures[f["signature"]] = dict(f)
+            else:
+                seen["hits"] += f["hits"]
+                seen["first_seen"] = min(seen["first_seen"], f["first_seen"])
+                seen["entry"] = seen["entry"] or f["entry"]
+    per_property: dict[str, Counter[str]] = {}
+    for s in summaries:
+        for prop, feats in s.get("features_per_property", {}).items():
+            per_property.setdefault(prop, Counter()).update(feats)
+    weights: Counter[str] = Counter()
+    for s in summaries:
+        weights.update(s.get("weights", {}))
+    first = summaries[0] if summaries else {}
+    return {
+        "schema": 1,
+        "seed": first.get("seed"),
+        "seeds": [s.get("seed") for s in summaries],
+        "started_at": first.get("started_at"),
+        "seconds": round(seconds, 2),
+        "budget": first.get("budget", 0.0),
+        "cases": sum(s.get("cases", 0) for s in summaries),
+        "interrupted": any(s.get("interrupted", False) for s in summaries),
+        "restarts": sum(s.get("restarts", 0) for s in summaries),
+        "backend": first.get("backend"),
+        "world_size": first.get("world_size"),
+        "pools": len(summaries),
+        "properties": sorted({p for s in summaries for p in s.get("properties", [])}),
+        "cases_per_property": add("cases_per_property"),
+        "seconds_per_property": add("seconds_per_property"),
+        "features": add("features"),
+        "features_per_property": {k: dict(v) for k, v in per_property.items()},
+        "failures": sorted(failures.values(), key=lambda f: f["first_seen"]),
+        "timeline": _merge_timelines([s.get("timeline", []) for s in summaries], list(failures.values())),
+        "weights": {k: round(v / len(summaries), 4) for k, v in weights.items()} if summaries else {},
+    }
+
+
+def _merge_timelines(timelines: list[list[dict[str, Any]]], failures: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """At each time any pool sampled, the sum over pools of their latest sample.
+
+    Distinct failures come from the merged failures' first sightings (pools start together),
+    so a signature that two pools found counts once.
+    """
+    times = sorted({p["t"] for tl in timelines for p in tl})
+    merged = []
+    idx = [0] * len(timelines)
+    latest: list[dict[str, Any] | None] = [None] * len(timelines)
+    for t in times:
+        for i, tl in enumerate(timelines):
+            while idx[i] < len(tl) and tl[idx[i]]["t"] <= t:
+                latest[i] = tl[idx[i]]
+                idx[i] += 1
+        points = [p for p in latest if p is not None]
+        per_property: Counter[str] = Counter()
+        for p in points:
+            per_property.update(p.get("per_property", {}))
+        merged.append(
+            {
+                "t": t,
+                "cases": sum(p["cases"] for p in points),
+                "distinct_failures": sum(1 for f in failures if f["first_seen"] <= t),
+                "per_property": dict(per_property),
+            }
+        )
+    return merged
+
+
+def _line(summary: dict[str, Any], pools: int) -> str:
+    from fuzz.explore import _clock
+
+    seconds = summary.get("seconds", 0.0)
+    rate = summary["cases"] / seconds if seconds > 0 else 0.0
+    fails = ", ".join(f"{f['signature']} x{f['hits']}" for f in summary["failures"]) or "none"
+    return (
+        f"[{_clock(seconds)} / {_clock(summary.get('budget') or 0.0)}] {pools} pools, cases {summary['cases']} "
+        f"({rate:.1f}/s) restarts {summary['restarts']} failures: {fails}"
+    )

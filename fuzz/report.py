@@ -1,0 +1,510 @@
+"""The report of an exploration campaign: ``summary.json`` and one self-contained ``report.html``.
+
+:func:`write_report` takes the campaign's summary (schema 1, built by the campaign code) and
+writes both files atomically (temporary file, fsync, rename) into a directory it creates. The
+JSON is the summary plus ``coverage``, the feature checklist of :mod:`fuzz.coverage`. The HTML
+needs nothing but itself: no scripts, no fonts, no stylesheets from elsewhere; the plots are
+inline SVG drawn here. Every text that comes from the summary is escaped, since signatures and
+summaries quote exception messages, which may hold anything.
+
+The renderer is tolerant: optional keys may be missing, a campaign may have run no case, the
+timeline may hold one point or none. A summary that cannot be read at all (not a mapping) is a
+caller's bug and raises TypeError. docs/report.md says how to read the page.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import os
+import secrets
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from fuzz.coverage import AREAS, CHECKLIST, coverage
+
+#: Colours of the plots (tests/test_report.py looks for them in a screenshot).
+TOTAL_COLOUR = "#202a44"
+FAILURE_COLOUR = "#d1495b"
+COVERAGE_COLOUR = "#2a9d8f"
+NEVER_COLOUR = "#fbe3e6"  # background of a checklist row never exercised
+PROPERTY_COLOURS = ("#3a86ff", "#fb8500", "#8338ec", "#55a630", "#ff006e", "#8d6e63", "#00b4d8", "#6c757d")
+
+_TOP_FEATURES = 40
+
+_CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,Arial,sans-serif;margin:0;background:#f6f7f9;color:#1d2330}
+main{max-width:1140px;margin:0 auto;padding:16px 24px 48px}
+h1{font-size:22px;margin:8px 0 4px}
+h2{font-size:17px;margin:26px 0 8px;border-bottom:1px solid #d8dce3;padding-bottom:4px}
+h3{font-size:14px;margin:14px 0 4px}
+.card{background:#fff;border:1px solid #d8dce3;border-radius:6px;padding:10px 14px;margin:8px 0}
+.facts{display:grid;grid-template-columns:repeat(6,1fr);gap:6px 16px}
+.facts div{font-size:12px;color:#5a6375}.facts b{display:block;font-size:16px;color:#1d2330}
+.verdict{font-size:15px;font-weight:600;margin:6px 0}.bad{color:#b3261e}.good{color:#1e7b34}.warn{color:#8a5a00}
+table{border-collapse:collapse;width:100%;font-size:12.5px;background:#fff}
+th,td{border-bottom:1px solid #e4e7ec;padding:4px 6px;text-align:left;vertical-align:top}
+th{background:#eef0f4}td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}
+code{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px;word-break:break-all}
+.small{font-size:11.5px;color:#5a6375}.tag{padding:1px 6px;border-radius:8px;font-size:11px;font-weight:600}
+.tag.new{background:#fde2e1;color:#b3261e}.tag.known{background:#e6eefc;color:#1d4fa0}
+.grid{display:grid;grid-template-columns:1fr 1fr;gap:12px}
+.legend{font-size:12px;margin:2px 0 0}.legend span.sw{display:inline-block;width:12px;height:12px;
+border-radius:2px;margin:0 4px 0 10px;vertical-align:-2px}
+.never{background:__NEVER__;border:1px solid #e9a3ad;font-size:12.5px}
+.never ul{columns:3;column-gap:36px;margin:4px 0 8px;padding-left:18px}svg text{font-family:inherit}
+"""
+
+
+def write_report(directory: Path, summary: Mapping[str, Any]) -> tuple[Path, Path]:
+    """Write ``summary.json`` (sorted keys, indent 1, with ``coverage`` added) and
+    ``report.html`` into ``directory`` (created if needed); return their paths."""
+    if not isinstance(summary, Mapping):
+        raise TypeError(f"summary must be a mapping, got {type(summary).__name__}")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    data = dict(summary)
+    data["coverage"] = coverage(_mapping(summary.get("features")))
+    json_path, html_path = directory / "summary.json", directory / "report.html"
+    _write_atomic(json_path, json.dumps(data, sort_keys=True, indent=1, default=str) + "\n")
+    _write_atomic(html_path, render_html(data))
+    return json_path, html_path
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    # os.open with mode 0o666 (not mkstemp's 0o600): a report is for reading, under the umask.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+# --------------------------------------------------------------------------------------------
+# Reading the summary defensively
+
+
+def _num(value: Any, default: float = 0.0) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return default
+    return float(value)
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return {str(k): v for k, v in value.items()} if isinstance(value, Mapping) else {}
+
+
+def _seq(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, (list, tuple)) else []
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.3g} s" if seconds < 10 else f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _property_names(s: Mapping[str, Any]) -> list[str]:
+    names = [str(n) for n in _seq(s.get("properties"))]
+    for key in ("cases_per_property", "seconds_per_property", "weights"):
+        names += [n for n in _mapping(s.get(key)) if n not in names]
+    for point in _seq(s.get("timeline")):
+        if isinstance(point, Mapping):
+            names += [n for n in _mapping(point.get("per_property")) if n not in names]
+    return names
+
+
+# --------------------------------------------------------------------------------------------
+# The page
+
+
+def render_html(summary: Mapping[str, Any]) -> str:
+    """The report page for ``summary`` (coverage is computed if the summary lacks it)."""
+    s = summary
+    names = _property_names(s)
+    colours = {n: PROPERTY_COLOURS[i % len(PROPERTY_COLOURS)] for i, n in enumerate(names)}
+    cov = s.get("coverage")
+    rows = cov if isinstance(cov, list) else coverage(_mapping(s.get("features")))
+    title = f"shardfuzz campaign, seed {s.get('seed', '?')}"
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        # Nothing may be fetched: the page must render the same offline, from any directory.
+        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\">",
+        f"<title>{_e(title)}</title><style>{_CSS.replace('__NEVER__', NEVER_COLOUR)}</style></head><body><main>",
+        _header(s, title),
+        _properties_table(s, names, colours),
+        _failures_table(s),
+        _plots(s, names, colours),
+        _coverage_section(rows),
+        _features_table(s),
+        "</main></body></html>",
+    ]
+    return "\n".join(parts) + "\n"
+
+
+def _header(s: Mapping[str, Any], title: str) -> str:
+    seconds, budget, cases = _num(s.get("seconds")), _num(s.get("budget")), int(_num(s.get("cases")))
+    rate = f"{cases / seconds:.3g}" if seconds > 0 else "-"
+    seeds = _seq(s.get("seeds"))  # a campaign of several pools: one seed each
+    spent = _duration(seconds) + (f" of {_duration(budget)} ({100 * seconds / budget:.0f}%)" if budget > 0 else "")
+    facts = [
+        ("seed", s.get("seed", "-") if len(seeds) < 2 else f"{seeds[0]}..{seeds[-1]}"),
+        ("backend", s.get("backend", "-")),
+        ("world size", s.get("world_size", "-")),
+        ("pools", s.get("pools", 1)),
+        ("started", s.get("started_at", "-")),
+        ("elapsed / budget", spent),
+        ("cases", cases),
+        ("cases / s", rate),
+        ("restarts", int(_num(s.get("restarts")))),
+        ("interrupted", "yes" if s.get("interrupted") else "no"),
+        ("properties", len(_property_names(s))),
+        ("schema", s.get("schema", "-")),
+    ]
+    grid = "".join(f"<div>{_e(k)}<b>{_e(v)}</b></div>" for k, v in facts)
+    failures = [f for f in _seq(s.get("failures")) if isinstance(f, Mapping)]
+    new = sum(1 for f in failures if not f.get("known"))
+    known = len(failures) - new
+    if new:
+        verdict = f'<p class="verdict bad">{new} new distinct failure{"s" * (new != 1)}'
+    else:
+        verdict = '<p class="verdict good">no new failure'
+    verdict += f", {known} known</p>" if known else "</p>"
+    if s.get("interrupted"):
+        verdict += '<p class="verdict warn">The campaign was interrupted: the figures cover the time it ran.</p>'
+    return f'<h1>{_e(title)}</h1><div class="card">{verdict}<div class="facts">{grid}</div></div>'
+
+
+def _properties_table(s: Mapping[str, Any], names: list[str], colours: dict[str, str]) -> str:
+    cases, seconds, weights = (_mapping(s.get(k)) for k in ("cases_per_property", "seconds_per_property", "weights"))
+    body = []
+    for n in names:
+        c, sec = int(_num(cases.get(n))), _num(seconds.get(n))
+        per = f"{sec / c:.4f}" if c else "-"
+        weight = f"{100 * _num(weights[n]):.0f}%" if n in weights else "-"
+        swatch = f'<span style="display:inline-block;width:10px;height:10px;background:{colours[n]}"></span> '
+        body.append(
+            f"<tr><td>{swatch}<code>{_e(n)}</code></td><td class=n>{c}</td><td class=n>{sec:.1f}</td>"
+            f"<td class=n>{per}</td><td class=n>{weight}</td></tr>"
+        )
+    if not body:
+        return ""
+    head = (
+        "<tr><th>property</th><th class=n>cases</th><th class=n>seconds</th><th class=n>s / case</th>"
+        "<th class=n>scheduler share</th></tr>"
+    )
+    return f"<h2>Properties</h2><table>{head}{''.join(body)}</table>"
+
+
+def _failures_table(s: Mapping[str, Any]) -> str:
+    failures = [f for f in _seq(s.get("failures")) if isinstance(f, Mapping)]
+    if not failures:
+        return '<h2>Failures</h2><p class="card good">No failures.</p>'
+    failures.sort(key=lambda f: (bool(f.get("known")), -_num(f.get("hits")), _num(f.get("first_seen"))))
+    body = []
+    for f in failures:
+        tag = '<span class="tag known">known</span>' if f.get("known") else '<span class="tag new">new</span>'
+        summary = str(f.get("summary") or "")
+        if len(summary) > 400:
+            summary = summary[:400] + "..."
+        first = f.get("first_seen")
+        first_text = f"{_num(first):.1f}" if isinstance(first, (int, float)) else "-"
+        entry = f.get("entry")
+        body.append(
+            f"<tr><td><code>{_e(f.get('signature', '?'))}</code><div class=small>{_e(summary)}</div></td>"
+            f"<td>{_e(f.get('kind', '-'))}</td><td><code>{_e(f.get('property', '-'))}</code></td>"
+            f"<td class=n>{int(_num(f.get('hits')))}</td><td>{tag}</td><td class=n>{first_text}</td>"
+            f"<td>{'<code>' + _e(entry) + '</code>' if entry else '<span class=small>not saved</span>'}</td></tr>"
+        )
+    head = (
+        "<tr><th>signature</th><th>kind</th><th>property</th><th class=n>hits</th><th>status</th>"
+        "<th class=n>first seen (s)</th><th>corpus entry</th></tr>"
+    )
+    return f"<h2>Failures ({len(failures)} distinct)</h2><table>{head}{''.join(body)}</table>"
+
+
+def _plots(s: Mapping[str, Any], names: list[str], colours: dict[str, str]) -> str:
+    timeline = sorted(
+        (p for p in _seq(s.get("timeline")) if isinstance(p, Mapping) and "t" in p), key=lambda p: _num(p.get("t"))
+    )
+    seconds = _num(s.get("seconds"))
+    end = seconds if timeline and seconds > _num(timeline[-1].get("t")) else None
+    total = [(_num(p.get("t")), _num(p.get("cases"))) for p in timeline]
+    if end is not None:
+        total.append((end, _num(s.get("cases"), total[-1][1])))
+    series = [("all properties", TOTAL_COLOUR, total, 2.5)]
+    final = _mapping(s.get("cases_per_property"))
+    for n in names:
+        pts = [(_num(p.get("t")), _num(_mapping(p.get("per_property")).get(n))) for p in timeline]
+        if end is not None and n in final:
+            pts.append((end, _num(final[n])))
+        if any(y for _, y in pts):
+            series.append((n, colours[n], pts, 1.5))
+    cases_plot = _figure(
+        "Cases over time",
+        _line_chart(series, width=1090, height=280, y_label="cases"),
+        _legend(series) if total else "",
+    )
+    distinct = [(_num(p.get("t")), _num(p.get("distinct_failures"))) for p in timeline]
+    firsts = sorted(_num(f.get("first_seen")) for f in _seq(s.get("failures")) if isinstance(f, Mapping))
+    if not distinct and firsts:
+        distinct = [(0.0, 0.0)] + [(t, float(i + 1)) for i, t in enumerate(firsts)]
+    if distinct and seconds > distinct[-1][0]:
+        distinct.append((seconds, distinct[-1][1]))
+    fail_series = [("distinct failures", FAILURE_COLOUR, distinct, 2.0)]
+    fail_plot = _figure(
+        "Distinct failures over time", _line_chart(fail_series, width=535, height=240, y_label="failures", step=True)
+    )
+    cases, secs = _mapping(s.get("cases_per_property")), _mapping(s.get("seconds_per_property"))
+    bars = []
+    for n in names:
+        c = _num(cases.get(n))
+        if c > 0:
+            mean = _num(secs.get(n)) / c
+            bars.append((n, mean, colours[n], f"{mean:.3g} s ({int(c)} cases)", False))
+    time_plot = _figure(
+        "Time per case by property (mean seconds)",
+        _bar_chart(bars, width=535, label_width=120, empty="no case ran") if bars else _empty(535, 120, "no case ran"),
+    )
+    return f'<h2>Progress</h2>{cases_plot}<div class="grid">{fail_plot}{time_plot}</div>'
+
+
+def _figure(title: str, svg: str, legend: str = "") -> str:
+    return f'<div class="card"><h3>{_e(title)}</h3>{svg}{legend}</div>'
+
+
+def _legend(series: Sequence[tuple[str, str, Any, float]]) -> str:
+    items = "".join(f'<span class=sw style="background:{c}"></span>{_e(n)}' for n, c, _, _ in series)
+    return f'<div class="legend">{items}</div>'
+
+
+def _coverage_section(rows: list[Any]) -> str:
+    rows = [r for r in rows if isinstance(r, Mapping)]
+    never = [r for r in rows if not r.get("exercised")]
+    missing = [r for r in never if not r.get("generated", True)]
+    unreached = [r for r in never if r.get("generated", True)]
+    out = [f"<h2>Feature coverage ({len(rows) - len(never)} of {len(rows)} checklist items exercised)</h2>"]
+    if never:
+        lists = []
+        for what, group in (
+            ("not generated by the suite yet", missing),
+            ("generated by the strategies, not reached in this campaign", unreached),
+        ):
+            if group:
+                items = "".join(
+                    f"<li>{_e(r.get('label'))} <span class=small>({_e(r.get('area'))})</span></li>" for r in group
+                )
+                lists.append(f"<div><b>Never exercised: {_e(what)} ({len(group)})</b><ul>{items}</ul></div>")
+        out.append(f'<div class="card never">{"".join(lists)}</div>')
+    out.append(
+        '<p class="small">Bars are on a logarithmic scale: the number is how many feature events of the '
+        "campaign matched the item (a case may count more than once).</p>"
+    )
+    areas = list(AREAS) + sorted({str(r.get("area")) for r in rows} - set(AREAS))
+    for area in areas:
+        group = [r for r in rows if r.get("area") == area]
+        if not group:
+            continue
+        done = sum(1 for r in group if r.get("exercised"))
+        bars = []
+        for r in group:
+            count = int(_num(r.get("count")))
+            if r.get("exercised"):
+                text = str(count)
+            else:
+                text = "never exercised" + ("" if r.get("generated", True) else ": not generated yet")
+            bars.append((str(r.get("label")), float(count), COVERAGE_COLOUR, text, not r.get("exercised")))
+        chart = _bar_chart(bars, width=1090, label_width=430, log=True, empty="")
+        out.append(_figure(f"{area}: {done} of {len(group)} exercised", chart))
+    return "".join(out)
+
+
+def _features_table(s: Mapping[str, Any]) -> str:
+    features = {n: int(_num(c)) for n, c in _mapping(s.get("features")).items()}
+    per_prop = {p: _mapping(f) for p, f in _mapping(s.get("features_per_property")).items()}
+    top = sorted(features.items(), key=lambda kv: (-kv[1], kv[0]))[:_TOP_FEATURES]
+    if not top:
+        return "<h2>Top features</h2><p class=card>No feature was recorded.</p>"
+    body = []
+    for name, count in top:
+        by = sorted(
+            ((p, int(_num(f.get(name)))) for p, f in per_prop.items() if _num(f.get(name)) > 0), key=lambda x: -x[1]
+        )
+        where = ", ".join(f"{p} {c}" for p, c in by)
+        items = ", ".join(i.id for i in CHECKLIST if i.matches(name))
+        body.append(
+            f"<tr><td><code>{_e(name)}</code></td><td class=n>{count}</td><td>{_e(where)}</td>"
+            f"<td class=small>{_e(items)}</td></tr>"
+        )
+    head = "<tr><th>feature</th><th class=n>count</th><th>by property</th><th>checklist items</th></tr>"
+    shown = f"top {len(top)} of {len(features)}" if len(features) > len(top) else f"all {len(top)}"
+    return f"<h2>Top features ({shown})</h2><table>{head}{''.join(body)}</table>"
+
+
+# --------------------------------------------------------------------------------------------
+# Inline SVG
+
+
+def _nice_step(span: float, ticks: int = 5) -> float:
+    raw = span / max(ticks, 1)
+    magnitude = 10 ** math.floor(math.log10(raw))
+    for m in (1, 2, 2.5, 5, 10):
+        if m * magnitude >= raw:
+            return m * magnitude
+    return 10 * magnitude
+
+
+def _ticks(hi: float, ticks: int = 5) -> tuple[list[float], float]:
+    """Tick values from 0 to a rounded-up ``hi``, and that upper bound."""
+    if hi <= 0:
+        hi = 1.0
+    step = _nice_step(hi, ticks)
+    top = step * math.ceil(hi / step - 1e-9)
+    return [i * step for i in range(round(top / step) + 1)], top
+
+
+def _tick_text(value: float) -> str:
+    return f"{value:.0f}" if value == int(value) else f"{value:.3g}"
+
+
+def _svg_open(width: float, height: float) -> str:
+    # Scales to the width of its box, keeping its proportions.
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" role="img" '
+        f'style="width:100%;max-width:{width}px;height:auto;display:block">'
+    )
+
+
+def _empty(width: int, height: int, text: str) -> str:
+    return (
+        _svg_open(width, height)
+        + f'<rect x="0.5" y="0.5" width="{width - 1}" height="{height - 1}" fill="#fafbfc" stroke="#d8dce3"/>'
+        f'<text x="{width / 2}" y="{height / 2}" text-anchor="middle" fill="#5a6375" font-size="13">{_e(text)}</text>'
+        "</svg>"
+    )
+
+
+def _line_chart(
+    series: Sequence[tuple[str, str, Sequence[tuple[float, float]], float]],
+    *,
+    width: int,
+    height: int,
+    y_label: str,
+    step: bool = False,
+) -> str:
+    """Lines (``step``: a staircase) over campaign time, x from 0 to the last point."""
+    points = [p for _, _, pts, _ in series for p in pts]
+    if not points:
+        return _empty(width, height, "no timeline was recorded")
+    left, right, top, bottom = 56, 28, 10, 36
+    plot_w, plot_h = width - left - right, height - top - bottom
+    div, unit = (1, "s") if max(x for x, _ in points) < 120 else (60, "min")
+    if max(x for x, _ in points) >= 7200:
+        div, unit = 3600, "h"
+    # The x axis ends at the last point (the end of the campaign), not at a rounded value.
+    x_hi = max(x for x, _ in points) or 1.0
+    x_ticks = [t * div for t in _ticks(x_hi / div)[0] if t * div <= x_hi * (1 + 1e-9)]
+    y_ticks, y_hi = _ticks(max(y for _, y in points), 4)
+
+    def px(x: float) -> float:
+        return left + plot_w * x / x_hi
+
+    def py(y: float) -> float:
+        return top + plot_h * (1 - y / y_hi)
+
+    out = [_svg_open(width, height)]
+    out.append(f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="#fff" stroke="#d8dce3"/>')
+    for y in y_ticks:
+        out.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{py(y):.1f}" y2="{py(y):.1f}" stroke="#eceff3"/>')
+        out.append(
+            f'<text x="{left - 6}" y="{py(y) + 4:.1f}" text-anchor="end" font-size="11" fill="#5a6375">'
+            f"{_tick_text(y)}</text>"
+        )
+    for x in x_ticks:
+        out.append(
+            f'<text x="{px(x):.1f}" y="{top + plot_h + 15}" text-anchor="middle" font-size="11" fill="#5a6375">'
+            f"{_tick_text(x / div) + ' ' + unit if x else '0'}</text>"
+        )
+    out.append(
+        f'<text x="{left + plot_w / 2}" y="{height - 4}" text-anchor="middle" font-size="11" fill="#5a6375">'
+        "time since the campaign started</text>"
+    )
+    out.append(
+        f'<text x="12" y="{top + plot_h / 2}" font-size="11" fill="#5a6375" text-anchor="middle" '
+        f'transform="rotate(-90 12 {top + plot_h / 2})">{_e(y_label)}</text>'
+    )
+    for name, colour, pts, stroke in series:
+        if not pts:
+            continue
+        coords = []
+        for i, (x, y) in enumerate(pts):
+            if step and i:
+                coords.append(f"{px(x):.1f},{py(pts[i - 1][1]):.1f}")
+            coords.append(f"{px(x):.1f},{py(y):.1f}")
+        out.append(f"<g><title>{_e(name)}</title>")
+        if len(pts) == 1:
+            out.append(f'<circle cx="{coords[0].split(",")[0]}" cy="{coords[0].split(",")[1]}" r="4" fill="{colour}"/>')
+        else:
+            out.append(
+                f'<polyline points="{" ".join(coords)}" fill="none" stroke="{colour}" stroke-width="{stroke}" '
+                'stroke-linejoin="round"/>'
+            )
+        out.append("</g>")
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _bar_chart(
+    bars: Sequence[tuple[str, float, str, str, bool]],
+    *,
+    width: int,
+    label_width: int,
+    log: bool = False,
+    empty: str,
+) -> str:
+    """Horizontal bars: (label, value, colour, text after the bar, highlighted row)."""
+    if not bars:
+        return _empty(width, 60, empty)
+    row, gap = 22, 4
+    text_w = 150
+    bar_w = width - label_width - text_w - 8
+    height = len(bars) * (row + gap) + gap
+
+    def scale(v: float) -> float:
+        return math.log10(1 + v) if log else v
+
+    hi = max((scale(max(v, 0.0)) for _, v, _, _, _ in bars), default=0.0) or 1.0
+    out = [_svg_open(width, height)]
+    for i, (label, value, colour, text, highlight) in enumerate(bars):
+        y = gap + i * (row + gap)
+        if highlight:
+            out.append(f'<rect x="0" y="{y - 2}" width="{width}" height="{row + 4}" fill="{NEVER_COLOUR}"/>')
+        label_colour = "#b3261e" if highlight else "#1d2330"
+        out.append(
+            f'<text x="{label_width - 8}" y="{y + 15}" text-anchor="end" font-size="12" fill="{label_colour}">'
+            f"{_e(label)}</text>"
+        )
+        length = bar_w * scale(max(value, 0.0)) / hi
+        if length > 0:
+            out.append(f'<rect x="{label_width}" y="{y + 2}" width="{length:.1f}" height="{row - 4}" fill="{colour}"/>')
+        out.append(
+            f'<text x="{label_width + length + 6:.1f}" y="{y + 15}" font-size="12" fill="{label_colour}">'
+            f"{_e(text)}</text>"
+        )
+    out.append("</svg>")
+    return "".join(out)

@@ -1,0 +1,332 @@
+"""Campaigns: the scheduler, merged reports of several pools, and signals mid-campaign.
+
+The signal tests run ``python -m fuzz explore`` on the hidden ``_fault`` property with
+``SHARDFUZZ_FAULT_ACTIONS=raise,sleep``: a rank raising is a failure to shrink and save, a sleep
+keeps the ranks busy. Once the corpus holds the entry, a signal goes to the driver or to one of
+its ranks; then the entry must still be there and load, and no process of the campaign may be
+left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fuzz.campaign import merge
+from fuzz.corpus import load_corpus
+from fuzz.explore import Discoveries, Progress, Scheduler
+from tests.conftest import ROOT, run_cli
+from tests.test_signals import pid_alive
+
+STARTUP_TIMEOUT_S = 120.0
+EXIT_TIMEOUT_S = 30.0
+
+
+# --------------------------------------------------------------------------------------------
+# Scheduler
+
+
+def test_every_property_runs_once_before_any_weighting() -> None:
+    s = Scheduler(["a", "b", "c"], random.Random(0))
+    order = []
+    for _ in range(3):
+        name = s.pick()
+        order.append(name)
+        s.record(name, seconds=1.0, discoveries=0)
+    assert order == ["a", "b", "c"]
+
+
+def test_time_follows_discoveries_per_second_with_a_floor() -> None:
+    s = Scheduler(["busy", "stale"], random.Random(0), floor=0.2)
+    for _ in range(10):
+        s.record("busy", seconds=5.0, discoveries=20)
+        s.record("stale", seconds=5.0, discoveries=0)
+    w = s.weights()
+    assert w["busy"] > 0.8 and w["stale"] >= 0.1 - 1e-9
+    assert sum(w.values()) == pytest.approx(1.0)
+    picks = [s.pick() for _ in range(2000)]
+    assert 0.8 < picks.count("busy") / len(picks) < 0.95
+    # a slow property with the same discoveries per chunk gets less than a fast one
+    t = Scheduler(["fast", "slow"], random.Random(0))
+    for _ in range(10):
+        t.record("fast", seconds=1.0, discoveries=5)
+        t.record("slow", seconds=10.0, discoveries=5)
+    assert t.weights()["fast"] > t.weights()["slow"]
+
+
+def test_the_estimate_follows_a_property_that_saturates() -> None:
+    s = Scheduler(["a", "b"], random.Random(0))
+    for _ in range(5):
+        s.record("a", seconds=1.0, discoveries=10)
+        s.record("b", seconds=1.0, discoveries=0)
+    before = s.weights()["a"]
+    for _ in range(30):
+        s.record("a", seconds=1.0, discoveries=0)
+        s.record("b", seconds=1.0, discoveries=0)
+    assert s.weights()["a"] < before
+    assert s.weights()["a"] == pytest.approx(s.weights()["b"], abs=0.05)
+
+
+def test_discoveries_count_new_features_and_pairs_once() -> None:
+    d = Discoveries()
+    assert d.add("p", ["x", "y"]) == 3  # x, y, x&y
+    assert d.add("p", ["y", "x"]) == 0
+    assert d.add("p", ["x", "z"]) == 2  # z, x&z
+    assert d.add("q", ["x"]) == 1  # per property
+    assert d.total == 6
+
+
+def test_timeline_is_thinned_and_keeps_its_last_point() -> None:
+    p = Progress(started=time.monotonic() - 1000, budget=10.0)
+    p._sample_every = 0.0
+    for i in range(1000):
+        p.cases = i
+        p.sample(force=True)
+    assert len(p.timeline) <= 401
+    assert p.timeline[-1]["cases"] == 999
+    ts = [pt["cases"] for pt in p.timeline]
+    assert ts == sorted(ts)
+
+
+# --------------------------------------------------------------------------------------------
+# Several pools
+
+
+def _summary(seed: int, cases: int, failures: list[dict[str, Any]], timeline: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "schema": 1,
+        "seed": seed,
+        "budget": 10.0,
+        "cases": cases,
+        "restarts": 1,
+        "backend": "gloo",
+        "world_size": 2,
+        "properties": ["parity"],
+        "cases_per_property": {"parity": cases},
+        "seconds_per_property": {"parity": cases * 0.1},
+        "features": {"mesh:2": cases},
+        "features_per_property": {"parity": {"mesh:2": cases}},
+        "failures": failures,
+        "timeline": timeline,
+        "weights": {"parity": 1.0},
+    }
+
+
+def test_merge_adds_counts_and_merges_failures_by_signature() -> None:
+    f = {"signature": "s", "kind": "mismatch", "property": "parity", "hits": 2, "known": False, "summary": ""}
+    a = _summary(
+        1,
+        10,
+        [{**f, "first_seen": 3.0, "entry": "c/e.json"}],
+        [{"t": 0.0, "cases": 0, "distinct_failures": 0}, {"t": 5.0, "cases": 10, "distinct_failures": 1}],
+    )
+    b = _summary(
+        2,
+        30,
+        [{**f, "first_seen": 1.0, "entry": None}, {**f, "signature": "t", "hits": 1, "first_seen": 4.0, "entry": None}],
+        [{"t": 2.0, "cases": 5, "distinct_failures": 1}, {"t": 6.0, "cases": 30, "distinct_failures": 2}],
+    )
+    m = merge([a, b], seconds=7.0)
+    assert m["pools"] == 2 and m["seeds"] == [1, 2]
+    assert m["cases"] == 40 and m["restarts"] == 2
+    assert m["cases_per_property"] == {"parity": 40}
+    assert m["features_per_property"] == {"parity": {"mesh:2": 40}}
+    by_sig = {x["signature"]: x for x in m["failures"]}
+    assert by_sig["s"]["hits"] == 4 and by_sig["s"]["first_seen"] == 1.0 and by_sig["s"]["entry"] == "c/e.json"
+    assert [(p["t"], p["cases"], p["distinct_failures"]) for p in m["timeline"]] == [
+        (0.0, 0, 0),
+        (2.0, 5, 1),
+        (5.0, 15, 2),
+        (6.0, 40, 2),
+    ]
+    assert merge([], seconds=1.0)["cases"] == 0
+
+
+def test_two_pools_side_by_side_write_one_report(tmp_path: Path) -> None:
+    report = tmp_path / "report"
+    result = run_cli(
+        "explore",
+        "--pools",
+        "2",
+        "--budget",
+        "6",
+        "--property",
+        "invalid",
+        "--seed",
+        "5",
+        "--corpus",
+        str(tmp_path / "corpus"),
+        "--no-database",
+        "--report",
+        str(report),
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((report / "summary.json").read_text())
+    assert summary["pools"] == 2 and summary["seeds"] == [5, 6]
+    pools = [json.loads((report / f"pool-{i}" / "summary.json").read_text()) for i in range(2)]
+    assert all(p["cases"] > 0 for p in pools)
+    assert summary["cases"] == sum(p["cases"] for p in pools)
+    assert (report / "report.html").is_file() and (report / "pool-0" / "explore.log").is_file()
+    assert "2 pools" in result.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# Signals in the middle of a campaign
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(d.name))
+    return out
+
+
+def _descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        kids = _children(todo.pop())
+        found += kids
+        todo += kids
+    return found
+
+
+def _entries(corpus: Path) -> list[Any]:
+    entries, problems = load_corpus(corpus) if corpus.is_dir() else ([], [])
+    assert not problems, problems
+    return entries
+
+
+def _start(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[bytes], Path, Path]:
+    corpus, report = tmp_path / "corpus", tmp_path / "report"
+    env = {
+        **os.environ,
+        "SHARDFUZZ_FAULT_ACTIONS": "raise,sleep",
+        "SHARDFUZZ_FAULT_SECONDS": "0.3",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+    }
+    argv = [sys.executable, "-m", "fuzz", "explore", "--property", "_fault", "--budget", "300", "--seed", "1"]
+    argv += ["--corpus", str(corpus), "--report", str(report), "--report-every", "1", "--no-database", *extra]
+    log = open(tmp_path / "explore.log", "wb")  # noqa: SIM115 - the child holds it
+    out = {"stdin": subprocess.DEVNULL, "stdout": log, "stderr": subprocess.STDOUT}
+    proc = subprocess.Popen(argv, cwd=tmp_path, env=env, start_new_session=True, **out)  # type: ignore[call-overload]
+    log.close()
+    end = time.monotonic() + STARTUP_TIMEOUT_S
+    while not _entries(corpus) and time.monotonic() < end and proc.poll() is None:
+        time.sleep(0.2)
+    if not _entries(corpus):
+        proc.kill()
+        pytest.fail(f"no entry was saved; log:\n{(tmp_path / 'explore.log').read_text(errors='replace')[-3000:]}")
+    return proc, corpus, report
+
+
+def _wait_gone(pids: list[int], timeout: float) -> list[int]:
+    end = time.monotonic() + timeout
+    alive = [p for p in pids if pid_alive(p)]
+    while alive and time.monotonic() < end:
+        time.sleep(0.05)
+        alive = [p for p in alive if pid_alive(p)]
+    return alive
+
+
+def _cleanup(proc: subprocess.Popen[bytes], pids: list[int]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    for pid in pids:
+        if pid_alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name)
+def test_signalling_the_driver_keeps_saved_failures_and_leaves_no_process(tmp_path: Path, sig: signal.Signals) -> None:
+    proc, corpus, report = _start(tmp_path)
+    family: list[int] = []
+    try:
+        saved = {e.signature for _, e in _entries(corpus)}
+        family = _descendants(proc.pid)
+        assert family, "the driver has no ranks"
+        os.kill(proc.pid, sig)
+        try:
+            code = proc.wait(EXIT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the campaign did not stop within {EXIT_TIMEOUT_S}s of {sig.name}")
+        log = (tmp_path / "explore.log").read_text(errors="replace")
+        assert not _wait_gone(family, EXIT_TIMEOUT_S), f"processes outlived the campaign after {sig.name}"
+        assert saved <= {e.signature for _, e in _entries(corpus)}, log[-3000:]
+        assert not list(corpus.glob(".*.tmp")), "a half-written entry was left"
+        summary = json.loads((report / "summary.json").read_text())  # rewritten every second
+        assert summary["cases"] > 0
+        if sig is signal.SIGKILL:
+            assert code == -signal.SIGKILL
+        else:
+            assert code == 1, log[-3000:]  # a new failure was found
+            assert summary["interrupted"] is True
+            assert "stopped early by a signal" in log
+    finally:
+        _cleanup(proc, family)
+
+
+def test_signalling_ranks_keeps_the_campaign_going(tmp_path: Path) -> None:
+    """SIGINT, SIGKILL and SIGTERM to ranks, one after another, in one campaign."""
+    proc, corpus, _ = _start(tmp_path)
+    family: set[int] = set()
+    try:
+        saved = {e.signature for _, e in _entries(corpus)}
+        for sig in (signal.SIGINT, signal.SIGKILL, signal.SIGTERM):
+            ranks = _children(proc.pid)
+            assert len(ranks) == 2, ranks
+            family.update(ranks)
+            os.kill(ranks[1], sig)
+            time.sleep(3.0)  # the campaign goes on (a killed rank is a crash; the pool respawns)
+            log = (tmp_path / "explore.log").read_text(errors="replace")
+            assert proc.poll() is None, f"the campaign ended after {sig.name} to a rank:\n{log[-3000:]}"
+            if sig is signal.SIGINT:  # ranks ignore SIGINT: the driver decides when they end
+                assert pid_alive(ranks[1])
+        family.update(_descendants(proc.pid))
+        os.kill(proc.pid, signal.SIGTERM)
+        code = proc.wait(EXIT_TIMEOUT_S)
+        log = (tmp_path / "explore.log").read_text(errors="replace")
+        assert code == 1, log[-3000:]
+        assert not _wait_gone(list(family), EXIT_TIMEOUT_S), "processes outlived the campaign"
+        assert saved <= {e.signature for _, e in _entries(corpus)}
+    finally:
+        _cleanup(proc, list(family))
+
+
+def test_signalling_several_pools_stops_each_and_keeps_their_failures(tmp_path: Path) -> None:
+    proc, corpus, report = _start(tmp_path, "--pools", "2")
+    family: list[int] = []
+    try:
+        time.sleep(1.0)
+        family = _descendants(proc.pid)
+        assert len(family) >= 6, family  # two drivers, four ranks
+        saved = {e.signature for _, e in _entries(corpus)}
+        os.kill(proc.pid, signal.SIGTERM)
+        code = proc.wait(EXIT_TIMEOUT_S * 2)
+        log = (tmp_path / "explore.log").read_text(errors="replace")
+        assert code == 1, log[-3000:]
+        assert not _wait_gone(family, EXIT_TIMEOUT_S), "processes outlived the campaign"
+        assert saved <= {e.signature for _, e in _entries(corpus)}
+        summary = json.loads((report / "summary.json").read_text())
+        assert summary["pools"] == 2 and summary["interrupted"] is True
+        assert any(f["signature"] in saved for f in summary["failures"])
+    finally:
+        _cleanup(proc, family)
