@@ -5,11 +5,22 @@ FILE.py`` that rebuilds the entry's case as plain code (a module tree in ``nn.Se
 with the case's submodule names, the composition calls, the data drawn from the case's seed, the
 training loop of the composed model and of its reference, and the property's checks with the
 tolerance numbers inlined) and exits 1 iff the failure reproduces, short enough to paste into
-a PyTorch issue.
+a PyTorch issue. Only what the case uses is written: a case without replicate has no replicate
+import, no replica check and no replicate contract.
+
+Rendered: ``parity`` and ``mixed_precision`` cases; compositions of ``checkpoint``,
+``fully_shard`` (groups, ``reshard_after_forward``, ``shard_placement_fn``,
+``MixedPrecisionPolicy``) and ``replicate`` in the order :meth:`fuzz.case.Composition.steps`
+gives, on the 1D mesh or an HSDP (replicate, shard) mesh; or DDP / FSDP1 (every sharding
+strategy, auto-wrap) with checkpoint on submodules. Refused: ``CPUOffloadPolicy`` (it needs an
+accelerator, so no test on CPU could hold a script against the pool), other body kinds and
+properties, and what the ranks ignore (a mesh on a wrapper other than HYBRID_SHARD,
+``checkpoint_first`` on a wrapper).
 
 The script mirrors what the ranks do (:mod:`fuzz._rank.parity`, :mod:`fuzz._rank.compose`,
-:mod:`fuzz._rank.models`) and what the driver judges (:mod:`fuzz.properties.parity`); tests run
-a script and the pool on the same case and compare every observation, so a drift shows.
+:mod:`fuzz._rank.models`) and what the driver judges (:mod:`fuzz.properties.parity`, whose
+expectations it reuses); tests run a script and the pool on the same case and compare every
+observation, so a drift shows.
 
 A renderer must never emit a script that quietly tests something else than the case. So before
 rendering, :func:`check_supported` walks the whole case: every dataclass must be one this
@@ -38,31 +49,37 @@ from fuzz.case import (
     Dtype,
     Leaf,
     LeafKind,
+    MixedPrecision,
     ModuleTree,
     Node,
     Optimizer,
     ParityBody,
     ShardSpec,
     Training,
+    Wrapper,
     iter_paths,
     owns_params,
     to_jsonable,
 )
 from fuzz.corpus import Entry
 from fuzz.errors import InvalidArgument
+
+# The judge's own expectations (which parameters replicate must manage, which fully_shard unit
+# casts a module's parameters), so a script's checks cannot drift from the property's.
+from fuzz.properties.parity import _replicated_names, _unit_of
 from fuzz.tolerance import tolerance_for
 
 #: The fields each case dataclass may use in a renderable case. Fields missing here must hold
-#: their defaults. ``checkpoint_first`` orders checkpoint calls against fully_shard, so it has no
-#: effect while ``checkpoints`` is empty, which it must be here (``checkpoints`` is not listed).
+#: their defaults (``ShardSpec.offload``: CPUOffloadPolicy).
 KNOWN_FIELDS: dict[type, frozenset[str]] = {
     Case: frozenset({"property", "world_size", "seed", "body"}),
     ParityBody: frozenset({"tree", "composition", "training"}),
     ModuleTree: frozenset({"width", "root"}),
     Block: frozenset({"children", "residual", "scale", "buffer"}),
     Leaf: frozenset({"kind", "bias", "frozen"}),
-    Composition: frozenset({"shards", "checkpoint_first"}),
-    ShardSpec: frozenset({"path", "reshard_after_forward", "shard_dim", "group"}),
+    Composition: frozenset({"shards", "replicates", "checkpoints", "checkpoint_first", "mesh", "wrapper", "auto_wrap"}),
+    ShardSpec: frozenset({"path", "reshard_after_forward", "shard_dim", "group", "mixed_precision"}),
+    MixedPrecision: frozenset({"param_dtype", "reduce_dtype", "output_dtype", "cast_forward_inputs"}),
     Training: frozenset(
         {
             "optimizer",
@@ -96,16 +113,34 @@ KNOWN_VALUES: dict[type[enum.Enum], frozenset[enum.Enum]] = {
         }
     ),
     Optimizer: frozenset({Optimizer.SGD, Optimizer.ADAM, Optimizer.ADAMW}),
-    Dtype: frozenset({Dtype.FLOAT32, Dtype.FLOAT64}),
-    AccumSync: frozenset({AccumSync.ALWAYS, AccumSync.NO_GRAD_SYNC}),
+    Dtype: frozenset({Dtype.FLOAT32, Dtype.FLOAT64, Dtype.BFLOAT16, Dtype.FLOAT16}),
+    AccumSync: frozenset({AccumSync.ALWAYS, AccumSync.NO_GRAD_SYNC, AccumSync.NO_ALL_REDUCE}),
+    Wrapper: frozenset(
+        {
+            Wrapper.NONE,
+            Wrapper.DDP,
+            Wrapper.FSDP1_FULL_SHARD,
+            Wrapper.FSDP1_SHARD_GRAD_OP,
+            Wrapper.FSDP1_NO_SHARD,
+            Wrapper.FSDP1_HYBRID_SHARD,
+        }
+    ),
 }
 
-#: Properties whose judge the parity renderer reproduces (``mixed_precision`` shares the body
-#: but judges other things).
-PARITY_PROPERTIES = frozenset({"parity"})
+#: Properties of parity bodies whose judges the parity renderer reproduces: ``parity`` (numerics
+#: against the all-reduce reference, replicas, contracts on rank 0) and ``mixed_precision``
+#: (the contracts alone, on every rank).
+PARITY_PROPERTIES = frozenset({"parity", "mixed_precision"})
 
 #: Seconds before a script gives up on a hang (faulthandler prints every thread's stack).
 TIMEOUT_S = 300
+
+_FSDP1_STRATEGIES = {
+    Wrapper.FSDP1_FULL_SHARD: "FULL_SHARD",
+    Wrapper.FSDP1_SHARD_GRAD_OP: "SHARD_GRAD_OP",
+    Wrapper.FSDP1_NO_SHARD: "NO_SHARD",
+    Wrapper.FSDP1_HYBRID_SHARD: "HYBRID_SHARD",
+}
 
 
 def render_entry(entry: Entry, *, source: str = "") -> str:
@@ -126,6 +161,8 @@ def render_entry(entry: Entry, *, source: str = "") -> str:
 def check_supported(case: Case, *, where: str = "entry") -> None:
     """Refuse (InvalidArgument naming the field) any part of ``case`` the renderer does not know."""
     problems = [f"{path}: {problem}" for path, problem in _unsupported(case, "case")]
+    if not problems and isinstance(case.body, ParityBody):
+        problems = [f"{path}: {problem}" for path, problem in _ignored(case.body.composition, "case.body.composition")]
     if problems:
         raise InvalidArgument(
             f"{where}: repro cannot render this case yet (replay it with `python -m fuzz replay` instead): "
@@ -158,6 +195,17 @@ def _unsupported(value: Any, path: str) -> Iterator[tuple[str, str]]:
         yield path, f"{type(value).__name__}.{value.name} ({value.value!r}) is not rendered"
 
 
+def _ignored(comp: Composition, path: str) -> Iterator[tuple[str, str]]:
+    """Fields the case model accepts but the ranks do not use with a wrapper: a script would
+    either use them (and test something else than the ranks did) or silently drop them."""
+    if comp.wrapper is Wrapper.NONE:
+        return
+    if comp.mesh and comp.wrapper is not Wrapper.FSDP1_HYBRID_SHARD:
+        yield f"{path}.mesh", f"{_show(comp.mesh)} is not used by the ranks with wrapper {comp.wrapper.value}"
+    if not comp.checkpoint_first:
+        yield f"{path}.checkpoint_first", f"false is not used by the ranks with wrapper {comp.wrapper.value}"
+
+
 def _default(f: dataclasses.Field[Any]) -> Any:
     if f.default is not dataclasses.MISSING:
         return f.default
@@ -179,7 +227,114 @@ def _show(value: Any) -> str:
 
 
 # ----------------------------------------------------------------------------------------------
-# parity
+# parity and mixed_precision
+
+
+@dataclasses.dataclass(frozen=True)
+class _Uses:
+    """What a parity body's case uses, which decides what its script contains."""
+
+    case: Case
+    body: ParityBody
+
+    @property
+    def comp(self) -> Composition:
+        return self.body.composition
+
+    @property
+    def reference(self) -> bool:
+        """Numerics against the all-reduce reference (``parity``); ``mixed_precision`` judges the
+        contracts alone, so its script trains only the composed model."""
+        return self.case.property == "parity"
+
+    @property
+    def wrapper(self) -> bool:
+        return self.comp.wrapper is not Wrapper.NONE
+
+    @property
+    def fsdp1(self) -> bool:
+        return self.comp.wrapper in _FSDP1_STRATEGIES
+
+    @property
+    def ddp(self) -> bool:
+        return self.comp.wrapper is Wrapper.DDP
+
+    @property
+    def mesh(self) -> tuple[int, ...] | None:
+        """The device mesh's shape, or None where nothing takes a mesh (DDP, FSDP1 but HYBRID_SHARD)."""
+        if not self.wrapper:
+            return self.comp.mesh or (self.case.world_size,)
+        return self.comp.mesh if self.comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD else None
+
+    @property
+    def replicas(self) -> bool:
+        """Parameters held whole on every rank, which ``parity`` requires bitwise equal. Without
+        replicate or DDP there are none: fully_shard's are DTensors, FSDP1's names start with
+        ``_fsdp_wrapped_module`` (the ranks skip both)."""
+        return self.reference and (bool(self.comp.replicates) or self.ddp)
+
+    @property
+    def sharded_grads(self) -> bool:
+        """FSDP1 keeps local shards of gradients: their norms are not compared (NaN)."""
+        return self.fsdp1 and self.comp.wrapper is not Wrapper.FSDP1_NO_SHARD
+
+    @property
+    def no_sync(self) -> bool:
+        return self.wrapper and self.body.training.accum_sync is AccumSync.NO_GRAD_SYNC
+
+    @property
+    def dtensor(self) -> bool:
+        return bool(self.comp.shards)
+
+    def reshard_contract(self) -> dict[str, tuple[bool, list[str]]]:
+        """Per fully_shard call with a bool reshard_after_forward: the modules whose own
+        parameters it manages (every module under its members that is not inside another unit,
+        fully_shard or replicate, nested in them), as fuzz._rank.parity records the contract."""
+        comp, tree = self.comp, self.body.tree
+        units = comp.sharded_paths + list(comp.replicates)
+        # Modules without parameters of their own contribute no flags; leaving them out changes nothing.
+        modules = [path for path, node in tree.paths().items() if owns_params(node)]
+        return {
+            spec.path: (
+                spec.reshard_after_forward,
+                [m for member in spec.paths for m in _owned(member, modules, units)],
+            )
+            for spec in comp.shards
+            if isinstance(spec.reshard_after_forward, bool)
+            # a unit holding no parameters of its own has nothing to check
+            and any(_owned(member, modules, units) for member in spec.paths)
+        }
+
+    def replicate_contract(self) -> dict[str, list[str]]:
+        return {path: sorted(_replicated_names(self.body.tree, self.comp, path)) for path in self.comp.replicates}
+
+    def output_dtype_contract(self) -> dict[str, str]:
+        return {
+            spec.path: spec.mixed_precision.output_dtype.value
+            for spec in self.comp.shards
+            if spec.mixed_precision is not None and spec.mixed_precision.output_dtype is not None
+        }
+
+    def param_dtype_contract(self) -> dict[str, tuple[str, list[str]]]:
+        """Per fully_shard call with a param_dtype: the modules (with parameters of their own) it
+        is the innermost unit of, which must see param_dtype parameters as their forward starts."""
+        modules = [path for path, node in self.body.tree.paths().items() if owns_params(node)]
+        return {
+            spec.path: (
+                spec.mixed_precision.param_dtype.value,
+                [m for m in modules if _unit_of(m, self.comp) == spec.path],
+            )
+            for spec in self.comp.shards
+            if spec.mixed_precision is not None and spec.mixed_precision.param_dtype is not None
+        }
+
+    @property
+    def dtypes(self) -> bool:
+        return bool(self.output_dtype_contract() or self.param_dtype_contract())
+
+    @property
+    def contracts(self) -> bool:
+        return bool(self.reshard_contract() or self.comp.replicates or self.dtypes)
 
 
 def render_parity(entry: Entry, source: str) -> str:
@@ -191,32 +346,74 @@ def render_parity(entry: Entry, source: str) -> str:
             f"{source or 'entry'}: property {case.property!r} judges parity bodies differently; "
             f"repro renders the checks of {sorted(PARITY_PROPERTIES)} only"
         )
-    tree, comp, training = body.tree, body.composition, body.training
+    uses = _Uses(case, body)
     sections = [
-        _header(entry, source, training),
-        _IMPORTS + ("from torch.distributed.tensor import DTensor, Shard\n" if _uses_shard_dim(comp) else _DTENSOR),
-        _constants(entry, training),
-        render_classes(tree),
-        render_model(tree),
-        render_composition(comp, tree),
-        render_optimizer(training),
-        _STATIC,
-        _MAIN,
+        _header(entry, source, uses),
+        render_imports(uses) + "\n\n" + _constants(entry, uses).strip("\n"),
+        render_classes(body.tree),
+        render_model(body.tree),
+        render_composition(uses),
+        render_optimizer(uses),
+        render_training(uses),
+        render_checks(uses),
+        render_main(uses),
     ]
     return "\n\n\n".join(s.strip("\n") for s in sections if s.strip()) + "\n"
 
 
-def _uses_shard_dim(comp: Composition) -> bool:
-    return any(spec.shard_dim for spec in comp.shards)
+def describe_composition(uses: _Uses) -> str:
+    """What the composed model runs under, in words: "under checkpoint and fully_shard on a ..."."""
+    comp = uses.comp
+    mesh = uses.mesh
+    on_mesh = f" on a {mesh[0]}x{mesh[1]} (replicate, shard) device mesh" if mesh and len(mesh) == 2 else ""
+    if comp.wrapper is Wrapper.DDP:
+        what = "wrapped in DistributedDataParallel"
+    elif uses.fsdp1:
+        what = (
+            f"wrapped in FullyShardedDataParallel (FSDP1, ShardingStrategy.{_FSDP1_STRATEGIES[comp.wrapper]}){on_mesh}"
+        )
+        if comp.auto_wrap:
+            what += ", every block wrapped by ModuleWrapPolicy"
+    else:
+        apis = [api for api in ("checkpoint", "fully_shard", "replicate") if any(a == api for a, _ in comp.steps())]
+        what = "under " + (", ".join(apis[:-1]) + " and " + apis[-1] if len(apis) > 1 else apis[0]) + on_mesh
+    if uses.wrapper and comp.checkpoints:
+        what = f"under checkpoint on submodules, {what}"
+    return what
 
 
-def _header(entry: Entry, source: str, training: Training) -> str:
+def _header(entry: Entry, source: str, uses: _Uses) -> str:
     case = entry.case
+    training = uses.body.training
     tol = tolerance_for(training.dtype.value)
     summary = textwrap.fill(entry.summary or "(no summary)", 92, initial_indent="    ", subsequent_indent="    ")
     versions = ", ".join(f"{k} {v}" for k, v in sorted(entry.versions.items()) if k in ("torch", "python", "device"))
     name = _doc(source or "a shardfuzz corpus entry")
     summary, versions = _doc(summary), _doc(versions)
+    contracts = []
+    if uses.reshard_contract():
+        contracts.append(
+            "the parameters of every fully_shard unit must be sharded iff its reshard_after_forward is True"
+        )
+    if uses.dtypes:
+        contracts.append("each module must see its unit's param_dtype parameters and each unit return its output_dtype")
+    if uses.comp.replicates:
+        contracts.append("replicate must manage exactly the parameters that no fully_shard holds")
+    after_forward = ("; and right after the first forward " + "; ".join(contracts)) if contracts else ""
+    if uses.reference:
+        replicas = " Parameters held whole on every rank must be bitwise equal across ranks." if uses.replicas else ""
+        norms = " (FSDP1's local gradient shards are not)" if uses.sharded_grads else ""
+        what = f"""Every rank trains the model below {describe_composition(uses)}, and the same plain
+model whose gradients are averaged over the ranks by an all_reduce per step (data parallelism,
+nothing to get wrong), each on its own slice of the same batches, from the same weights and RNG
+state. Every rank's losses and gradient norms{norms}, and the full parameters after every step,
+must agree within rtol={tol.rtol!r}, atol={tol.atol!r} ({training.dtype.value}){after_forward}.{replicas}"""
+    else:
+        what = f"""Every rank trains the model below {describe_composition(uses)} with
+MixedPrecisionPolicy; on every rank, right after the first forward, {"; ".join(contracts)}.
+Numerics are not compared against a full-precision reference (shardfuzz's mixed_precision
+property judges these contracts only); an exception on any rank is a failure too."""
+    what = "\n".join(textwrap.fill(p.replace("\n", " "), 96, break_on_hyphens=False) for p in what.split("\n\n"))
     return f'''#!/usr/bin/env python3
 """Reproducer for {name} (generated by `python -m fuzz repro`).
 
@@ -224,12 +421,7 @@ Recorded failure: {_doc(entry.signature)} ({entry.status}; reproduced {entry.rep
 {summary}
 Found with {versions or "unknown versions"}; backend {entry.backend}, {case.world_size} ranks.
 
-Every rank trains the model below under fully_shard, and the same plain model whose gradients
-are averaged over the ranks by an all_reduce per step (data parallelism, nothing to get wrong),
-each on its own slice of the same batches, from the same weights and RNG state. Every rank's
-losses and gradient norms, and the full parameters after every step, must agree within
-rtol={tol.rtol!r}, atol={tol.atol!r} ({training.dtype.value}); and right after the first forward the
-parameters of every fully_shard unit must be sharded iff its reshard_after_forward is True.
+{what}
 
     torchrun --nproc-per-node {case.world_size} THIS_FILE.py [--backend gloo|nccl]
 
@@ -238,46 +430,80 @@ Exit status 0: everything agrees (the failure does not reproduce); 1: it does; 2
 """'''
 
 
+def _docstring(text: str, indent: str = "    ") -> str:
+    """A docstring line (or lines, wrapped at 100 columns) for generated code, with its newline."""
+    lines = textwrap.wrap(text, 100 - len(indent) - 3, break_on_hyphens=False)
+    return indent + '"""' + f"\n{indent}".join(lines) + '"""\n'
+
+
 def _doc(text: str) -> str:
     """``text`` made safe inside a triple-quoted docstring (messages can hold quotes, backslashes)."""
     return text.replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
 
 
-_IMPORTS = """
-import argparse
-import faulthandler
-import json
-import os
-import sys
+def render_imports(uses: _Uses) -> str:
+    comp = uses.comp
+    apis = {api for api, _ in comp.steps()} | ({"checkpoint"} if comp.checkpoints else set())
+    lines = ["import argparse", "import faulthandler", "import json", "import os", "import sys"]
+    if uses.no_sync or (uses.fsdp1 and uses.reference):
+        lines.append("from contextlib import nullcontext")
+    lines += [
+        "",
+        "import torch",
+        "import torch.distributed as dist",
+        "import torch.nn.functional as F",
+        "from torch import nn",
+    ]
+    composable = sorted(apis & {"checkpoint", "replicate"})
+    if composable:
+        lines.append(f"from torch.distributed._composable import {', '.join(composable)}")
+    if uses.mesh:
+        lines.append("from torch.distributed.device_mesh import init_device_mesh")
+    fsdp = (["fully_shard"] if comp.shards else []) + (["MixedPrecisionPolicy"] if _uses_mp(comp) else [])
+    if uses.fsdp1:
+        lines.append("from torch.distributed.fsdp import FullyShardedDataParallel as FSDP")
+        fsdp.append("ShardingStrategy")
+    if fsdp:
+        # isort's order: classes before functions
+        lines.append(f"from torch.distributed.fsdp import {', '.join(sorted(fsdp, key=lambda n: (n[0].islower(), n)))}")
+    if uses.fsdp1 and comp.auto_wrap:
+        lines.append("from torch.distributed.fsdp.wrap import ModuleWrapPolicy")
+    if uses.dtensor:
+        shard = ", Shard" if any(spec.shard_dim for spec in comp.shards) else ""
+        lines.append(f"from torch.distributed.tensor import DTensor{shard}")
+    if uses.ddp:
+        lines.append("from torch.nn.parallel import DistributedDataParallel as DDP")
+    return "\n".join(lines)
 
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
-"""
-_DTENSOR = "from torch.distributed.tensor import DTensor\n"
+
+def _uses_mp(comp: Composition) -> bool:
+    return any(spec.mixed_precision is not None for spec in comp.shards)
 
 
-def _constants(entry: Entry, training: Training) -> str:
+def _constants(entry: Entry, uses: _Uses) -> str:
     case = entry.case
-    assert isinstance(case.body, ParityBody)
+    training = uses.body.training
     tol = tolerance_for(training.dtype.value)
-    return f"""
+    out = f"""
 RECORDED = {_q(entry.signature)}  # the failure shardfuzz saw, and the check that disagreed
 RECORDED_CHECK = {_q(entry.details.get("check"))}
 WORLD_SIZE = {case.world_size}
 SEED = {case.seed}
-WIDTH = {case.body.tree.width}
+WIDTH = {uses.body.tree.width}
 STEPS = {training.steps}
 MICROBATCHES = {training.grad_accum}  # per optimizer step
 BATCH_PER_RANK = {training.batch_per_rank}
 SAME_INPUT = {training.same_input}  # every rank trains on the first slice (else on its own)
 DTYPE = torch.{training.dtype.value}
-RTOL, ATOL = {tol.rtol!r}, {tol.atol!r}  # shardfuzz's tolerance policy for {training.dtype.value}
-TIMEOUT_S = {TIMEOUT_S}
 """
+    if uses.reference:
+        out += f"RTOL, ATOL = {tol.rtol!r}, {tol.atol!r}  # shardfuzz's tolerance policy for {training.dtype.value}\n"
+    mesh = uses.mesh
+    if mesh is not None and len(mesh) == 2:
+        out += f'MESH_SHAPE, MESH_DIM_NAMES = {mesh!r}, ("replicate", "shard")  # HSDP: replicas of shard groups\n'
+    elif mesh is not None:
+        out += 'MESH_SHAPE, MESH_DIM_NAMES = (WORLD_SIZE,), ("shard",)\n'
+    return out + f"TIMEOUT_S = {TIMEOUT_S}\n"
 
 
 # -- the module tree ----------------------------------------------------------------------------
@@ -376,22 +602,47 @@ def render_node(node: Node, path: str, depth: int) -> str:
 # -- the composition ----------------------------------------------------------------------------
 
 
-def render_composition(comp: Composition, tree: ModuleTree) -> str:
-    """fully_shard calls in the order the fuzzer applies them (``Composition.steps()``)."""
-    specs = {spec.path: spec for spec in comp.shards}
-    placement = sorted({spec.shard_dim for spec in comp.shards if spec.shard_dim})
-    out = [render_placement_fn(dim) for dim in placement]
-    calls = [render_fully_shard(specs[path]) for api, path in comp.steps() if api == "fully_shard"]
-    sharded = comp.sharded_paths
-    tops = [p for p in sharded if not any(q != p and (q == "" or p.startswith(q + ".")) for q in sharded)]
-    out.append(
-        "def compose(model, mesh):\n"
-        '    """fully_shard, deepest modules first; returns the outermost FSDP modules."""\n'
-        + "".join(f"    {call}\n" for call in calls)
-        + f"    return [{', '.join(_module(p) for p in tops)}]\n"
-    )
-    out.append(render_reshard_contract(comp, tree))
-    return "\n\n\n".join(s.strip("\n") for s in out)
+def render_composition(uses: _Uses) -> str:
+    """compose(): the composable API calls in the order the fuzzer applies them
+    (``Composition.steps()``), or the wrapper; then the contracts they promise."""
+    comp = uses.comp
+    out = [render_placement_fn(dim) for dim in sorted({spec.shard_dim for spec in comp.shards if spec.shard_dim})]
+    if uses.wrapper:
+        calls = [f"    checkpoint({_module(p)})" for p in comp.checkpoints]  # before wrapping, as the ranks do
+        calls.append(render_wrapper(uses))
+        doc = "Checkpoint on submodules, then the wrapper" if comp.checkpoints else "The wrapper"
+        doc += " over the whole model; returns it."
+    else:
+        specs = {spec.path: spec for spec in comp.shards}
+        policies = _policy_names(comp)
+        calls = [_call(f"{name} = MixedPrecisionPolicy", render_mp_args(mp)) for mp, name in policies.items()]
+        for api, path in comp.steps():
+            if api == "fully_shard":
+                calls.append(render_fully_shard(specs[path], policies))
+            elif api == "checkpoint":
+                calls.append(f"    checkpoint({_module(path)})")
+            else:
+                calls.append(
+                    _call("replicate", [_module(path), 'device_ids=None if device.type == "cpu" else [device]'])
+                )
+        order = (
+            ["checkpoint", "fully_shard", "replicate"]
+            if comp.checkpoint_first
+            else ["fully_shard", "replicate", "checkpoint"]
+        )
+        used = {api for api, _ in comp.steps()}
+        order_text = ", ".join(api for api in order if api in used)
+        if comp.shards:
+            sharded = comp.sharded_paths
+            tops = [p for p in sharded if not any(q != p and (q == "" or p.startswith(q + ".")) for q in sharded)]
+            calls.append(f"    return model, [{', '.join(_module(p) for p in tops)}]")
+            doc = f"Deepest modules first, per module {order_text}; returns the model and its outermost FSDP modules."
+        else:
+            calls.append("    return model")
+            doc = f"Deepest modules first, per module {order_text}."
+    out.append("def compose(model, mesh, device):\n" + _docstring(doc) + "".join(f"{call}\n" for call in calls))
+    out.append(render_contracts(uses))
+    return "\n\n\n".join(s.strip("\n") for s in out if s.strip())
 
 
 def _module(path: str) -> str:
@@ -401,47 +652,107 @@ def _module(path: str) -> str:
 def render_placement_fn(dim: int) -> str:
     return f'''
 def shard_dim_{dim}(param):
-    """Shard({dim}) where dim {dim} splits evenly over the shard ranks, else the default Shard(0):
-    fully_shard supports uneven sharding on dim 0 only."""
-    if param.ndim > {dim} and param.shape[{dim}] % WORLD_SIZE == 0:
+    """Shard({dim}) where dim {dim} splits evenly over the ranks of a shard group, else the default
+    Shard(0): fully_shard supports uneven sharding on dim 0 only."""
+    if param.ndim > {dim} and param.shape[{dim}] % MESH_SHAPE[-1] == 0:
         return Shard({dim})
     return None
 '''
 
 
-def render_fully_shard(spec: ShardSpec) -> str:
+def _policy_names(comp: Composition) -> dict[MixedPrecision, str]:
+    """A variable name per distinct MixedPrecisionPolicy, in the order fully_shard first uses them."""
+    specs = {spec.path: spec for spec in comp.shards}
+    used = [specs[path].mixed_precision for api, path in comp.steps() if api == "fully_shard"]
+    distinct = list(dict.fromkeys(mp for mp in used if mp is not None))
+    return {mp: "mp_policy" if len(distinct) == 1 else f"mp_policy_{i}" for i, mp in enumerate(distinct, 1)}
+
+
+def render_fully_shard(spec: ShardSpec, policies: dict[MixedPrecision, str]) -> str:
     modules = [_module(p) for p in spec.paths]
     target = f"[{', '.join(modules)}]" if spec.group else modules[0]
-    kwargs = f"mesh=mesh, reshard_after_forward={spec.reshard_after_forward!r}"
+    kwargs = [target, "mesh=mesh", f"reshard_after_forward={spec.reshard_after_forward!r}"]
     if spec.shard_dim:
-        kwargs += f", shard_placement_fn=shard_dim_{spec.shard_dim}"
-    return f"fully_shard({target}, {kwargs})"
+        kwargs.append(f"shard_placement_fn=shard_dim_{spec.shard_dim}")
+    if spec.mixed_precision is not None:
+        kwargs.append(f"mp_policy={policies[spec.mixed_precision]}")
+    return _call("fully_shard", kwargs)
 
 
-def render_reshard_contract(comp: Composition, tree: ModuleTree) -> str:
-    """Per fully_shard call with a bool reshard_after_forward: the modules whose own parameters it
-    manages (every module under its members that is not inside another unit nested in them), as
-    fuzz._rank.parity records the contract."""
-    sharded = comp.sharded_paths
-    # Modules without parameters of their own contribute no flags; leaving them out changes nothing.
-    modules = [path for path, node in tree.paths().items() if owns_params(node)]
-    rows = ""
-    for spec in comp.shards:
-        if isinstance(spec.reshard_after_forward, bool):
-            owned = [m for member in spec.paths for m in _owned(member, modules, sharded)]
-            rows += f"    {_q(spec.path)}: ({spec.reshard_after_forward}, {_q(owned)}),\n"
-    return (
-        "# fully_shard unit (its first module) -> (reshard_after_forward, modules whose own parameters it holds)\n"
-        + ("RESHARD_CONTRACT = {\n" + rows + "}\n" if rows else "RESHARD_CONTRACT = {}\n")
-    )
+def _call(head: str, args: list[str], indent: str = "    ") -> str:
+    """``head(args)`` on one line at ``indent`` if it fits in 100 columns, else one argument a line."""
+    one = f"{indent}{head}({', '.join(args)})"
+    if len(one) <= 100:
+        return one
+    return f"{indent}{head}(\n" + "".join(f"{indent}    {a},\n" for a in args) + f"{indent})"
 
 
-def _owned(member: str, modules: list[str], sharded: list[str]) -> list[str]:
+def render_mp_args(mp: MixedPrecision) -> list[str]:
+    """MixedPrecisionPolicy's arguments for the fields the case sets (None is torch's default)."""
+    args = [
+        f"{name}=torch.{getattr(mp, name).value}"
+        for name in ("param_dtype", "reduce_dtype", "output_dtype")
+        if getattr(mp, name) is not None
+    ]
+    if not mp.cast_forward_inputs:
+        args.append("cast_forward_inputs=False")
+    return args
+
+
+def render_wrapper(uses: _Uses) -> str:
+    comp = uses.comp
+    if comp.wrapper is Wrapper.DDP:
+        return _call("return DDP", ["model", 'device_ids=None if device.type == "cpu" else [device]'])
+    kwargs = ["model", f"sharding_strategy=ShardingStrategy.{_FSDP1_STRATEGIES[comp.wrapper]}"]
+    if comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD:
+        kwargs.append("device_mesh=mesh")
+    if comp.auto_wrap:
+        kwargs.append("auto_wrap_policy=ModuleWrapPolicy({nn.Sequential})")  # every block: Block is one too
+    kwargs += ["device_id=device", "use_orig_params=True"]
+    return _call("return FSDP", kwargs)
+
+
+def render_contracts(uses: _Uses) -> str:
+    """The contracts as tables the checks read, each only if the case has something under it."""
+    out = []
+    reshard = uses.reshard_contract()
+    if reshard:
+        rows = "".join(f"    {_q(unit)}: ({raf}, {_q(mods)}),\n" for unit, (raf, mods) in reshard.items())
+        out.append(
+            "# fully_shard unit (its first module) -> (reshard_after_forward, modules whose own parameters it holds)\n"
+            "RESHARD_CONTRACT = {\n" + rows + "}\n"
+        )
+    outputs = uses.output_dtype_contract()
+    if outputs:
+        rows = "".join(f"    {_q(unit)}: {_q(dtype)},\n" for unit, dtype in outputs.items())
+        out.append(
+            "# fully_shard unit -> the dtype its output must have (output_dtype)\nOUTPUT_DTYPE_CONTRACT = {\n"
+            + rows
+            + "}\n"
+        )
+    params = uses.param_dtype_contract()
+    if params:
+        rows = "".join(f"    {_q(unit)}: ({_q(dtype)}, {_q(mods)}),\n" for unit, (dtype, mods) in params.items())
+        out.append(
+            "# fully_shard unit -> (param_dtype, the modules it is the innermost unit of, which must see\n"
+            "# parameters of that dtype as their forward starts)\nPARAM_DTYPE_CONTRACT = {\n" + rows + "}\n"
+        )
+    replicated = uses.replicate_contract()
+    if replicated:
+        rows = "".join(f"    {_q(path)}: {_q(names)},\n" for path, names in replicated.items())
+        out.append(
+            "# replicated module -> the parameters replicate must manage: exactly those no fully_shard holds\n"
+            "REPLICATE_CONTRACT = {\n" + rows + "}\n"
+        )
+    return "\n".join(out)
+
+
+def _owned(member: str, modules: list[str], units: list[str]) -> list[str]:
     out = []
     for sub in modules:
         if not (sub == member or member == "" or sub.startswith(member + ".")):
             continue
-        nested = [o for o in sharded if o != member and (member == "" or o.startswith(member + "."))]
+        nested = [o for o in units if o != member and (member == "" or o.startswith(member + "."))]
         if sub != member and any(sub == o or sub.startswith(o + ".") for o in nested):
             continue
         out.append(sub)
@@ -451,7 +762,8 @@ def _owned(member: str, modules: list[str], sharded: list[str]) -> list[str]:
 # -- training -----------------------------------------------------------------------------------
 
 
-def render_optimizer(training: Training) -> str:
+def render_optimizer(uses: _Uses) -> str:
+    training = uses.body.training
     if training.optimizer is Optimizer.SGD:
         ctor = f"torch.optim.SGD(groups, lr={training.lr!r}, momentum={training.momentum!r}"
     else:
@@ -464,23 +776,34 @@ def render_optimizer(training: Training) -> str:
             f'    groups = [{{"params": params[0::2]}}, {{"params": params[1::2], "lr": {training.lr / 2!r}}}]\n'
             '    groups = [g for g in groups if g["params"]]\n'
         )
-    sync = training.accum_sync is AccumSync.NO_GRAD_SYNC
-    return (
-        "def make_optimizer(model):\n"
-        "    params = [p for p in model.parameters() if p.requires_grad]\n"
+    out = (
+        "def make_optimizer(net):\n"
+        "    params = [p for p in net.parameters() if p.requires_grad]\n"
         + groups
-        + f"    return {ctor}\n"
-        + "\n\n"
-        + "SET_TO_NONE = "
-        + repr(training.set_to_none)
-        + "  # zero_grad(set_to_none=...)\n"
-        + "SYNC_EVERY_MICROBATCH = "
-        + repr(not sync)
-        + "  # else set_requires_gradient_sync(False) on all but a step's last microbatch\n"
+        + f"    return {ctor}\n\n\n"
+        + f"SET_TO_NONE = {training.set_to_none!r}  # zero_grad(set_to_none=...)\n"
     )
+    sync = training.accum_sync
+    if uses.comp.shards:
+        grad_sync, all_reduce = sync is not AccumSync.NO_GRAD_SYNC, sync is AccumSync.ALWAYS
+        out += (
+            f"# On a step's microbatches before the last (accum_sync={sync.value}): set_requires_gradient_sync(...),\n"
+            f"# set_requires_all_reduce(...) on the outermost FSDP modules; the last one always reduces.\n"
+            f"GRADIENT_SYNC_BEFORE_LAST, ALL_REDUCE_BEFORE_LAST = {grad_sync}, {all_reduce}\n"
+        )
+    elif uses.wrapper and sync is AccumSync.NO_ALL_REDUCE and training.grad_accum > 1:
+        out += (
+            f"# accum_sync={sync.value}: {uses.comp.wrapper.value} has no switch for it; like shardfuzz's ranks, this\n"
+            "# reduces gradients on every microbatch.\n"
+        )
+    return out
 
 
-_STATIC = '''
+def render_training(uses: _Uses) -> str:
+    return "\n\n\n".join(s.strip("\n") for s in (_BATCHES, render_helpers(uses), render_train(uses)) if s.strip())
+
+
+_BATCHES = '''
 def batches(rank, device):
     """Per step, per microbatch: this rank's slice of a global batch drawn from a generator seeded
     with SEED (the same on every rank)."""
@@ -495,62 +818,208 @@ def batches(rank, device):
             step.append((x[lo : lo + BATCH_PER_RANK].to(device), y[lo : lo + BATCH_PER_RANK].to(device)))
         out.append(step)
     return out
+'''
 
-
+_FULL = """
 def full(t):
     return t.full_tensor() if isinstance(t, DTensor) else t
+"""
+
+_PARAMETER = '''
+def parameter(model, name):
+    """A parameter by its plain-model name, as an attribute: FSDP1 can leave one registered as a
+    plain tensor view (a frozen one under NO_SHARD after backward), which named_parameters()
+    then skips (pytorch/pytorch#85831)."""
+    owner, _, attr = name.rpartition(".")
+    return getattr(model.get_submodule(owner), attr)
+'''
+
+_WATCH_DTYPES = '''
+def watch_dtypes(model):
+    """Hooks for the first forward: the dtype of the parameters each module of
+    PARAM_DTYPE_CONTRACT sees as its forward starts, and of each unit's output."""
+    seen = {"param_dtypes": {}, "output_dtypes": {}}
+
+    def on_start(name):
+        def hook(module, args):
+            seen["param_dtypes"].setdefault(name, str(next(module.parameters(False)).dtype).removeprefix("torch."))
+
+        return hook
+
+    def on_output(unit):
+        def hook(module, args, output):
+            seen["output_dtypes"].setdefault(unit, str(output.dtype).removeprefix("torch."))
+
+        return hook
+
+    units, modules = {OUTPUT_DTYPES}, {PARAM_MODULES}
+    hooks = [model.get_submodule(u).register_forward_hook(on_output(u)) for u in units]
+    hooks += [model.get_submodule(m).register_forward_pre_hook(on_start(m)) for m in modules]
+    return seen, hooks
+'''
 
 
-def sharded_after_forward(model):
-    """Per unit of RESHARD_CONTRACT: is each of its parameters registered sharded (a DTensor)?"""
-    return {
-        unit: (reshard, [isinstance(p, DTensor) for m in mods for p in model.get_submodule(m).parameters(False)])
-        for unit, (reshard, mods) in RESHARD_CONTRACT.items()
-    }
+def render_helpers(uses: _Uses) -> str:
+    out = []
+    if uses.dtensor:
+        out.append(_FULL)
+    if uses.fsdp1:
+        out.append(_PARAMETER)
+    if uses.dtypes:
+        outputs = "OUTPUT_DTYPE_CONTRACT" if uses.output_dtype_contract() else "[]"
+        modules = "[m for _, ms in PARAM_DTYPE_CONTRACT.values() for m in ms]" if uses.param_dtype_contract() else "[]"
+        out.append(_WATCH_DTYPES.replace("{OUTPUT_DTYPES}", outputs).replace("{PARAM_MODULES}", modules))
+    if uses.contracts:
+        out.append(render_after_forward(uses))
+    return "\n\n\n".join(s.strip("\n") for s in out)
 
 
-def train(composed, rank, device, mesh):
-    """One run: under fully_shard (composed) or plain with gradients all-reduced (reference)."""
-    torch.manual_seed(SEED)
-    with device:
-        model = build_model()
-    model.to(DTYPE)
-    roots = compose(model, mesh) if composed else []
-    opt = make_optimizer(model)
-    torch.manual_seed((SEED * 7919 + rank + 1) % 2**63)  # dropout masks: same in both runs of a rank
-    run = {"losses": [], "grad_norms": [], "params": []}
-    for step in batches(rank, device):
-        step_losses = []
-        for i, (x, y) in enumerate(step):
-            sync = SYNC_EVERY_MICROBATCH or i == len(step) - 1
-            for m in roots:
-                m.set_requires_gradient_sync(sync)
-                m.set_requires_all_reduce(sync)
-            out = model(x)
-            if composed and "contract" not in run:
-                run["contract"] = sharded_after_forward(model)
-            loss = F.mse_loss(out.to(y.dtype), y)
-            loss.backward()
-            step_losses.append(loss.item())
-        if not composed:
-            for p in model.parameters():
-                if p.grad is not None:
-                    dist.all_reduce(p.grad)
-                    p.grad /= WORLD_SIZE
-        norm = torch.zeros((), dtype=torch.float64)
-        for p in model.parameters():
-            if p.grad is not None:
-                norm += full(p.grad).double().pow(2).sum().cpu()
-        run["grad_norms"].append(float(norm.sqrt()))
-        opt.step()
-        opt.zero_grad(set_to_none=SET_TO_NONE)
-        run["losses"].append(step_losses)
-        params = {n: full(p).detach().double().cpu().flatten().tolist() for n, p in model.named_parameters()}
-        if rank == 0:
-            run["params"].append(params)
-    return run
+def render_after_forward(uses: _Uses) -> str:
+    lines = [
+        "def contracts_after_forward(model" + (", watched" if uses.dtypes else "") + "):",
+        '    """What the contracts are about, right after the first forward."""',
+    ]
+    if uses.dtypes:
+        lines += ["    seen, hooks = watched", "    for h in hooks:", "        h.remove()"]
+    lines.append("    return {")
+    if uses.reshard_contract():
+        lines += [
+            '        "sharded": {  # per unit: is each of its parameters registered sharded (a DTensor)?',
+            "            unit: [isinstance(p, DTensor) for m in ms for p in model.get_submodule(m).parameters(False)]",
+            "            for unit, (_, ms) in RESHARD_CONTRACT.items()",
+            "        },",
+        ]
+    if uses.comp.replicates:
+        lines += [
+            '        "replicated": {  # per replicated module: the parameters replicate manages',
+            '            path: sorted(getattr(replicate.state(model.get_submodule(path)), "_param_names", []))',
+            "            for path in REPLICATE_CONTRACT",
+            "        },",
+        ]
+    if uses.dtypes:
+        lines.append("        **seen,")
+    lines.append("    }")
+    return "\n".join(lines) + "\n"
 
 
+def render_train(uses: _Uses) -> str:
+    comp = uses.comp
+    ref = uses.reference
+    what = describe_composition(uses)
+    if ref:
+        lines = [
+            "def train(composed, rank, device, mesh):",
+            _docstring(f"One run: {what} (composed), or plain with gradients all-reduced (reference).").rstrip("\n"),
+        ]
+    else:
+        lines = ["def train(rank, device, mesh):", _docstring(f"The run {what}.").rstrip("\n")]
+    lines += ["    torch.manual_seed(SEED)", "    with device:", "        model = build_model()", "    model.to(DTYPE)"]
+    if uses.fsdp1:
+        lines.append("    names = [n for n, _ in model.named_parameters()]  # before FSDP1 wraps anything")
+    if comp.shards:
+        lines.append(
+            "    net, roots = compose(model, mesh, device) if composed else (model, [])"
+            if ref
+            else "    net, roots = compose(model, mesh, device)"
+        )
+    else:
+        lines.append(
+            "    net = compose(model, mesh, device) if composed else model"
+            if ref
+            else "    net = compose(model, mesh, device)"
+        )
+    if uses.dtypes:
+        lines.append(
+            "    watched = watch_dtypes(model) if composed else None" if ref else "    watched = watch_dtypes(model)"
+        )
+    lines += [
+        "    opt = make_optimizer(net)",
+        "    torch.manual_seed((SEED * 7919 + rank + 1) % 2**63)  # dropout masks: "
+        + ("same in both runs of a rank" if ref else "the fuzzer's seed for this rank"),
+        '    run = {"losses": [], "grad_norms": [], "params": []}',
+        "    for step in batches(rank, device):",
+        "        step_losses = []",
+        "        for i, (x, y) in enumerate(step):",
+    ]
+    if comp.shards or uses.no_sync:
+        lines.append("            last = i == len(step) - 1")
+    if comp.shards:
+        lines += [
+            "            for m in roots:",
+            "                m.set_requires_gradient_sync(last or GRADIENT_SYNC_BEFORE_LAST)",
+            "                m.set_requires_all_reduce(last or ALL_REDUCE_BEFORE_LAST)",
+        ]
+    pad = "            "
+    if uses.no_sync:
+        no_sync = (
+            "net.no_sync() if composed and not last else nullcontext()"
+            if ref
+            else "net.no_sync() if not last else nullcontext()"
+        )
+        lines.append(f"{pad}with {no_sync}:  # accum_sync=no_grad_sync")
+        pad += "    "
+    lines.append(f"{pad}out = net(x)")
+    if uses.contracts:
+        watched = ", watched" if uses.dtypes else ""
+        cond = 'composed and "contract" not in run' if ref else '"contract" not in run'
+        lines += [f"{pad}if {cond}:", f'{pad}    run["contract"] = contracts_after_forward(model{watched})']
+    lines += [f"{pad}loss = F.mse_loss(out.to(y.dtype), y)", f"{pad}loss.backward()"]
+    lines.append("            step_losses.append(loss.item())")
+    if ref:
+        lines += [
+            "        if not composed:",
+            "            for p in model.parameters():",
+            "                if p.grad is not None:",
+            "                    dist.all_reduce(p.grad)",
+            "                    p.grad /= WORLD_SIZE",
+        ]
+    grad = "full(p.grad)" if uses.dtensor else "p.grad"
+    norm = [
+        "norm = torch.zeros((), dtype=torch.float64)",
+        "for p in net.parameters():",
+        "    if p.grad is not None:",
+        f"        norm += {grad}.double().pow(2).sum().cpu()",
+        'run["grad_norms"].append(float(norm.sqrt()))',
+    ]
+    if uses.sharded_grads and ref:
+        lines += ["        if composed:  # FSDP1 keeps local shards of gradients: not compared"]
+        lines += ['            run["grad_norms"].append(float("nan"))', "        else:"]
+        lines += [f"            {line}" for line in norm]
+    elif uses.sharded_grads:
+        lines += ['        run["grad_norms"].append(float("nan"))  # FSDP1 keeps local shards of gradients']
+    else:
+        lines += [f"        {line}" for line in norm]
+    lines += [
+        "        opt.step()",
+        "        opt.zero_grad(set_to_none=SET_TO_NONE)",
+        '        run["losses"].append(step_losses)',
+    ]
+    values = ".detach().double().cpu().flatten().tolist()"
+    if uses.fsdp1:
+        lines += [
+            "        with FSDP.summon_full_params(net)" + (" if composed else nullcontext():" if ref else ":"),
+            f"            params = {{n: parameter(model, n){values} for n in names}}",
+        ]
+    else:
+        value = "full(p)" if uses.dtensor else "p"
+        lines.append(f"        params = {{n: {value}{values} for n, p in model.named_parameters()}}")
+    lines += ["        if rank == 0:", '            run["params"].append(params)']
+    if uses.replicas:  # (parity only)
+        dtensor = " if not isinstance(p, DTensor)" if uses.dtensor else ""
+        lines += [
+            "    if composed:  # the parameters each rank holds whole",
+            '        run["local"] = {',
+            f"            n: p{values}",
+            f"            for n, p in net.named_parameters(){dtensor}",
+            "        }",
+        ]
+    lines.append("    return run")
+    return "\n".join(lines) + "\n"
+
+
+# -- the checks ---------------------------------------------------------------------------------
+
+_WORST_MISMATCH = '''
 def worst_mismatch(actual, expected):
     """The element furthest outside |a - e| <= ATOL + RTOL * |e| (NaN and inf never pass), or None."""
     if len(actual) != len(expected):
@@ -564,10 +1033,9 @@ def worst_mismatch(actual, expected):
             if worst is None or excess > worst[3] - worst[4]:
                 worst = (i, a, e, err, allowed)
     return worst
+'''
 
-
-def check(runs):
-    """(check, message) for the first disagreement, in the fuzzer's order, or None."""
+_COMPARE = """
     for rank, (got, ref) in enumerate(runs):
         for step, (a, e) in enumerate(zip(got["losses"], ref["losses"])):
             bad = worst_mismatch(a, e)
@@ -592,17 +1060,117 @@ def check(runs):
                     f"{name}[{i}] after step {step} is {x!r}, expected {y!r} "
                     f"(error {err:.3g} > allowed {allowed:.3g})"
                 )
-    for unit, (reshard, flags) in got["contract"].items():
-        if flags and any(f != reshard for f in flags):
-            state = "sharded" if reshard else "unsharded"
-            return "contract-reshard", (
-                f"fully_shard({unit!r}, reshard_after_forward={reshard}): "
-                f"parameters not {state} after forward ({flags})"
-            )
-    return None
-'''
+"""
 
-_MAIN = """
+_REPLICAS = """
+    for rank, (got, _) in enumerate(runs[1:], start=1):
+        for name, values in runs[0][0]["local"].items():
+            if got["local"].get(name) != values:
+                return "replicas", f"replica of {name} on rank {rank} differs from rank 0's"
+"""
+
+_RESHARD_CHECK = """
+{pad}reshard, _ = RESHARD_CONTRACT[unit]
+{pad}flags = seen["sharded"][unit]
+{pad}if flags and any(f != reshard for f in flags):
+{pad}    state = "sharded" if reshard else "unsharded"
+{pad}    return "contract-reshard", (
+{pad}        f"fully_shard({unit!r}, reshard_after_forward={reshard}): "
+{pad}        f"parameters not {state} after forward ({flags})"
+{pad}    )
+"""
+
+_OUTPUT_DTYPE_CHECK = """
+{pad}got = seen["output_dtypes"].get(unit)
+{pad}if got is not None and got != OUTPUT_DTYPE_CONTRACT[unit]:
+{pad}    return "contract-output-dtype", (
+{pad}        f"fully_shard({unit!r}) with output_dtype={OUTPUT_DTYPE_CONTRACT[unit]} returned {got}"
+{pad}    )
+"""
+
+_PARAM_DTYPE_CHECK = """
+{pad}dtype, modules = PARAM_DTYPE_CONTRACT[unit]
+{pad}for m in modules:
+{pad}    got = seen["param_dtypes"].get(m)
+{pad}    if got is not None and got != dtype:
+{pad}        return "contract-param-dtype", f"{m!r} ran forward with {got} parameters under param_dtype={dtype}"
+"""
+
+_REPLICATE_CHECK = """
+    for path, expected in REPLICATE_CONTRACT.items():
+        if seen["replicated"][path] != expected:
+            return "contract-replicate", (
+                f"replicate({path!r}) manages {seen['replicated'][path]}, "
+                f"expected exactly those fully_shard does not: {expected}"
+            )
+"""
+
+
+def render_checks(uses: _Uses) -> str:
+    out = []
+    if uses.reference:
+        out.append(_WORST_MISMATCH)
+    if uses.contracts:
+        out.append(render_check_contracts(uses))
+    if uses.reference:
+        tail = ""
+        if uses.replicas:
+            tail += _REPLICAS.lstrip("\n")
+        tail += '    return check_contracts(runs[0][0]["contract"])\n' if uses.contracts else "    return None\n"
+        order = "per rank losses and gradient norms, then rank 0's parameters"
+        order += ", the replicas" if uses.replicas else ""
+        order += ", rank 0's contracts" if uses.contracts else ""
+        doc = _docstring(f"(check, message) for the first disagreement, in the fuzzer's order ({order}), or None.")
+        out.append("def check(runs):\n" + doc.rstrip("\n") + _COMPARE + tail)
+    else:
+        body = (
+            "    for rank, run in enumerate(runs):\n"
+            '        failed = check_contracts(run["contract"])\n'
+            "        if failed:\n"
+            '            return failed[0], f"rank {rank}: {failed[1]}"\n'
+            if uses.contracts
+            else ""
+        )
+        out.append(
+            "def check(runs):\n"
+            '    """(check, message) for the first rank whose contracts fail, or None (mixed_precision judges\n'
+            '    every rank\'s contracts and no numerics)."""\n' + body + "    return None\n"
+        )
+    return "\n\n\n".join(s.strip("\n") for s in out)
+
+
+def render_check_contracts(uses: _Uses) -> str:
+    """Per fully_shard call in the case's order: reshard, output dtype, parameter dtype (as
+    fuzz.properties.parity.check_contracts goes), then replicate's."""
+    parts: list[tuple[dict[str, Any], str, str]] = [
+        (uses.reshard_contract(), "RESHARD_CONTRACT", _RESHARD_CHECK),
+        (uses.output_dtype_contract(), "OUTPUT_DTYPE_CONTRACT", _OUTPUT_DTYPE_CHECK),
+        (uses.param_dtype_contract(), "PARAM_DTYPE_CONTRACT", _PARAM_DTYPE_CHECK),
+    ]
+    used = [(table, name, text) for table, name, text in parts if table]
+    lines = [
+        "def check_contracts(seen):",
+        '    """(check, message) for the first contract that does not hold, in the fuzzer\'s order, or None."""',
+    ]
+    if len(used) == 1:
+        _, name, text = used[0]
+        lines.append(f"    for unit in {name}:")
+        lines.append(text.strip("\n").replace("{pad}", "        "))
+    elif used:
+        units = [spec.path for spec in uses.comp.shards if any(spec.path in table for table, _, _ in used)]
+        lines.append(f"    for unit in {_q(units)}:  # fully_shard calls, in the case's order")
+        for _, name, text in used:
+            lines.append(f"        if unit in {name}:")
+            lines.append(text.strip("\n").replace("{pad}", "            "))
+    if uses.comp.replicates:
+        lines.append(_REPLICATE_CHECK.strip("\n"))
+    lines.append("    return None")
+    return "\n".join(lines) + "\n"
+
+
+# -- main ---------------------------------------------------------------------------------------
+
+_MAIN_START = """
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=("gloo", "nccl"), default=os.environ.get("REPRO_BACKEND", "gloo"))
@@ -624,10 +1192,9 @@ def main():
             print(f"this case needs {WORLD_SIZE} ranks: torchrun --nproc-per-node {WORLD_SIZE} {sys.argv[0]}")
         dist.destroy_process_group()
         return 2
-    mesh = init_device_mesh(device.type, (WORLD_SIZE,), mesh_dim_names=("shard",))
-    try:
-        mine = (train(True, rank, device, mesh), train(False, rank, device, mesh))
-    except Exception as e:  # say so, then let the traceback through (torchrun exits 1)
+"""
+
+_MAIN_END = """    except Exception as e:  # say so, then let the traceback through (torchrun exits 1)
         name = f"{type(e).__module__}.{type(e).__qualname__}"
         verdict = "REPRODUCED" if f":{name}@" in RECORDED else "FAIL"
         print(f"{verdict} (rank {rank}): {name}: {e}; the recorded failure was {RECORDED}", flush=True)
@@ -636,8 +1203,7 @@ def main():
     dist.all_gather_object(runs, mine)
     failed = check(runs) if rank == 0 else None
     if rank == 0:
-        for step, (got, ref) in enumerate(zip(runs[0][0]["losses"], runs[0][1]["losses"])):
-            print(f"rank 0 step {step}: loss {got}, reference {ref}")
+{print_losses}
         if os.environ.get("REPRO_OBSERVATIONS"):  # for shardfuzz's own tests
             with open(os.environ["REPRO_OBSERVATIONS"], "w") as f:
                 json.dump(runs, f)
@@ -659,6 +1225,26 @@ if __name__ == "__main__":
     sys.stderr.flush()
     os._exit(status)  # skip interpreter teardown, which process-group threads can abort (SIGABRT)
 """
+
+
+def render_main(uses: _Uses) -> str:
+    if uses.mesh is not None:
+        mesh = "    mesh = init_device_mesh(device.type, MESH_SHAPE, mesh_dim_names=MESH_DIM_NAMES)\n"
+    else:
+        mesh = f"    mesh = None  # {uses.comp.wrapper.value} runs on the default process group\n"
+    if uses.reference:
+        run = "        mine = (train(True, rank, device, mesh), train(False, rank, device, mesh))\n"
+        losses = (
+            '        for step, (got, ref) in enumerate(zip(runs[0][0]["losses"], runs[0][1]["losses"])):\n'
+            '            print(f"rank 0 step {step}: loss {got}, reference {ref}")'
+        )
+    else:
+        run = "        mine = train(rank, device, mesh)\n"
+        losses = (
+            '        for step, got in enumerate(runs[0]["losses"]):\n'
+            '            print(f"rank 0 step {step}: loss {got}")'
+        )
+    return _MAIN_START + mesh + "    try:\n" + run + _MAIN_END.replace("{print_losses}", losses)
 
 
 #: Body kind -> renderer; a kind missing here is refused.

@@ -17,6 +17,7 @@ from fuzz.case import (
     Optimizer,
     ParityBody,
     Training,
+    Wrapper,
     has_params,
     iter_paths,
 )
@@ -65,9 +66,10 @@ def trainings(
 
 def _fit_training(training: Training, comp: Composition) -> Training:
     """Drop gradient-sync modes the composition has no switch for (replicate; no_all_reduce
-    without HSDP)."""
+    without fully_shard on an HSDP mesh: FSDP1's HYBRID_SHARD has only no_sync())."""
     sync = training.accum_sync
-    if (comp.replicates and sync is not AccumSync.ALWAYS) or (sync is AccumSync.NO_ALL_REDUCE and not comp.mesh):
+    no_switch = not comp.mesh or comp.wrapper is not Wrapper.NONE
+    if (comp.replicates and sync is not AccumSync.ALWAYS) or (sync is AccumSync.NO_ALL_REDUCE and no_switch):
         return Training(**{**training.__dict__, "accum_sync": AccumSync.ALWAYS})
     return training
 

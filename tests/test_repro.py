@@ -6,16 +6,21 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
+import importlib.util
 import json
 import os
+import random
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, Phase, assume, find, given, settings
 from hypothesis import strategies as st
+from hypothesis.errors import NoSuchExample
 
 from fuzz import repro
 from fuzz.case import (
@@ -34,12 +39,14 @@ from fuzz.case import (
     ShardSpec,
     Training,
     Wrapper,
+    iter_paths,
 )
-from fuzz.corpus import Entry, save_entry
+from fuzz.corpus import Entry, load_entry, save_entry
 from fuzz.errors import InvalidArgument
+from fuzz.properties import get_property
 from fuzz.repro import check_supported, render_entry
-from strategies import module_trees
-from tests.conftest import mutant_env, run_cli
+from strategies import mixed_precision_cases, module_trees, parity_cases
+from tests.conftest import ROOT, mutant_env, run_cli
 
 
 def _rich_case() -> Case:
@@ -129,6 +136,84 @@ def test_script_parses_and_imports_only_torch_and_the_standard_library(summary: 
     compile(source, "repro.py", "exec")
 
 
+def _paths(node: ast.expr) -> list[str]:
+    """The case paths a rendered module expression names (model, model.get_submodule(p), [...])."""
+    if isinstance(node, ast.List):
+        return [p for element in node.elts for p in _paths(element)]
+    if isinstance(node, ast.Name) and node.id == "model":
+        return [""]
+    assert isinstance(node, ast.Call) and isinstance(node.args[0], ast.Constant), ast.unparse(node)
+    return [node.args[0].value]
+
+
+def _compose_calls(source: str) -> list[tuple[str, list[str], dict[str, str]]]:
+    """compose()'s calls in source order: (function, paths of its first argument, keyword arguments
+    as source), with MixedPrecisionPolicy variables replaced by their constructor's source."""
+    compose = next(f for f in ast.parse(source).body if isinstance(f, ast.FunctionDef) and f.name == "compose")
+    policies: dict[str, str] = {}
+    calls = []
+    for stmt in compose.body:
+        if isinstance(stmt, ast.Assign) and isinstance(stmt.targets[0], ast.Name):
+            policies[stmt.targets[0].id] = ast.unparse(stmt.value)
+        value = getattr(stmt, "value", None)
+        if isinstance(value, ast.Tuple):  # return model, [roots]
+            value = value.elts[0]
+        if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id != "MixedPrecisionPolicy":
+            kwargs = {k.arg or "": ast.unparse(k.value) for k in value.keywords}
+            if "mp_policy" in kwargs:
+                kwargs["mp_policy"] = policies[kwargs["mp_policy"]]
+            calls.append((value.func.id, _paths(value.args[0]), kwargs))
+    return calls
+
+
+def _policy_source(spec: ShardSpec) -> str:
+    mp = spec.mixed_precision
+    assert mp is not None
+    args = [
+        f"{n}=torch.{getattr(mp, n).value}" for n in ("param_dtype", "reduce_dtype", "output_dtype") if getattr(mp, n)
+    ]
+    return (
+        f"MixedPrecisionPolicy({', '.join(args + ([] if mp.cast_forward_inputs else ['cast_forward_inputs=False']))})"
+    )
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_every_generated_case_renders_with_the_ranks_calls_in_their_order(data: Any) -> None:
+    """Whatever parity_cases and mixed_precision_cases draw renders (nothing is refused), imports
+    only torch, and composes with exactly the calls fuzz._rank.compose makes, in its order
+    (Composition.steps()), with the case's arguments."""
+    world_size = data.draw(st.sampled_from([2, 4]), label="world_size")
+    cases = data.draw(st.sampled_from([parity_cases, mixed_precision_cases]), label="property")
+    case = data.draw(cases(world_size=world_size), label="case")
+    source = render_entry(_entry(case))
+    compile(source, "repro.py", "exec")
+    assert _imported_modules(source) - {"torch"} <= set(sys.stdlib_module_names)
+    comp = _comp(case)
+    calls = _compose_calls(source)
+    if comp.wrapper is not Wrapper.NONE:
+        wrapper = "DDP" if comp.wrapper is Wrapper.DDP else "FSDP"
+        assert [(f, p) for f, p, _ in calls] == [("checkpoint", [p]) for p in comp.checkpoints] + [(wrapper, [""])]
+        kwargs = calls[-1][2]
+        if wrapper == "FSDP":
+            strategy = comp.wrapper.value.removeprefix("fsdp1_").upper()
+            assert kwargs["sharding_strategy"] == f"ShardingStrategy.{strategy}"
+            assert ("device_mesh" in kwargs) == (comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD)
+            assert ("auto_wrap_policy" in kwargs) == comp.auto_wrap
+        return
+    specs = {spec.path: spec for spec in comp.shards}
+    expected = [(api, list(specs[path].paths) if api == "fully_shard" else [path]) for api, path in comp.steps()]
+    assert [(f, p) for f, p, _ in calls] == expected
+    for function, paths, kwargs in calls:
+        if function == "fully_shard":
+            spec = specs[paths[0]]
+            assert kwargs["reshard_after_forward"] == repr(spec.reshard_after_forward)
+            assert kwargs.get("shard_placement_fn") == (f"shard_dim_{spec.shard_dim}" if spec.shard_dim else None)
+            assert kwargs.get("mp_policy") == (_policy_source(spec) if spec.mixed_precision else None)
+    if comp.mesh:
+        assert f'MESH_SHAPE, MESH_DIM_NAMES = {comp.mesh!r}, ("replicate", "shard")' in source
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_scripts_build_the_model_the_ranks_build(data: Any) -> None:
@@ -166,46 +251,210 @@ def test_scripts_build_the_model_the_ranks_build(data: Any) -> None:
     assert torch.equal(rendered(x), expected(x))
 
 
-def _observations(outcome: Any) -> list[dict[str, Any]]:
-    return [
-        {
-            "losses": obs["losses"],
-            "grad_norms": obs["grad_norms"],
-            "params": obs.get("params", []),
-            "ref": {k: obs["ref"].get(k, []) for k in ("losses", "grad_norms", "params")},
-        }
-        for obs in outcome.observations
-    ]
+# -- generated cases, one per rendered feature ------------------------------------------------------
 
 
-def test_script_observes_what_the_pool_observes_and_passes(rank_pool: Any, tmp_path: Path) -> None:
-    """On unmutated torch: exit 0, and every loss, gradient norm and parameter equals the pool's
-    for the same case, on every rank, bit for bit."""
+def _comp(case: Case) -> Composition:
+    assert isinstance(case.body, ParityBody)
+    return case.body.composition
+
+
+def _training(case: Case) -> Training:
+    assert isinstance(case.body, ParityBody)
+    return case.body.training
+
+
+def _dropout_under(case: Case, paths: tuple[str, ...]) -> bool:
+    assert isinstance(case.body, ParityBody)
+    nodes = case.body.tree.paths()
+    return any(
+        isinstance(n, Leaf) and n.kind is LeafKind.DROPOUT
+        for p in paths
+        for n in ([m for _, m in iter_paths(nodes[p])] if isinstance(nodes[p], Block) else [nodes[p]])
+    )
+
+
+def _has_nested_block(case: Case) -> bool:
+    assert isinstance(case.body, ParityBody)
+    return any(isinstance(n, Block) for p, n in case.body.tree.paths().items() if p)
+
+
+def _mp_casts_output(case: Case) -> bool:
+    """Some unit's output_dtype differs from its param_dtype (what the P03 fault confuses)."""
+    policies = [s.mixed_precision for s in _comp(case).shards if s.mixed_precision is not None]
+    return any(mp.param_dtype and mp.output_dtype and mp.output_dtype != mp.param_dtype for mp in policies)
+
+
+#: Feature -> (strategy, what a case must use, the seed that finds one in well under a second).
+FEATURES: dict[str, tuple[Callable[..., Any], Callable[[Case], bool], int]] = {
+    # replicate beside fully_shard, checkpoint over dropout (its RNG handling is observable)
+    "replicate+checkpoint": (
+        parity_cases,
+        lambda c: bool(_comp(c).replicates and _comp(c).shards) and _dropout_under(c, _comp(c).checkpoints),
+        6,
+    ),
+    # a 2x1 HSDP mesh (shard groups of one rank) with Shard(1) placements, set_requires_all_reduce(False)
+    # while accumulating, several steps
+    "hsdp": (
+        parity_cases,
+        lambda c: (
+            _comp(c).mesh == (2, 1)
+            and any(spec.shard_dim for spec in _comp(c).shards)
+            and _training(c).accum_sync is AccumSync.NO_ALL_REDUCE
+            and _training(c).steps > 1
+        ),
+        0,
+    ),
+    "mixed_precision": (mixed_precision_cases, _mp_casts_output, 7),
+    "ddp": (
+        parity_cases,
+        lambda c: (
+            _comp(c).wrapper is Wrapper.DDP
+            and bool(_comp(c).checkpoints)
+            and _training(c).accum_sync is AccumSync.NO_GRAD_SYNC
+        ),
+        0,
+    ),
+    "fsdp1": (
+        parity_cases,
+        lambda c: (
+            _comp(c).wrapper in (Wrapper.FSDP1_FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP, Wrapper.FSDP1_NO_SHARD)
+            and _comp(c).auto_wrap
+            and bool(_comp(c).checkpoints)
+            and _has_nested_block(c)
+            and _training(c).accum_sync is AccumSync.NO_GRAD_SYNC
+        ),
+        6,
+    ),
+}
+
+
+@functools.cache
+def _generated(feature: str) -> Case:
+    """The first case the feature's strategy draws from its seed that uses the feature and that
+    repro renders (deterministic: the same case on every run while the strategies stay as they are)."""
+    strategy, uses, seed = FEATURES[feature]
+
+    def wanted(case: Case) -> bool:
+        try:
+            check_supported(case)
+        except InvalidArgument:
+            return False
+        return uses(case)
+
+    search = settings(phases=[Phase.generate], database=None, max_examples=500, suppress_health_check=list(HealthCheck))
+    try:
+        return find(strategy(world_size=2), wanted, settings=search, random=random.Random(seed))
+    except NoSuchExample:
+        pytest.fail(f"no case for {feature!r} in 500 draws from seed {seed}; the strategies changed, pick a seed")
+
+
+def _case(name: str) -> Case:
+    return _rich_case() if name == "rich" else _generated(name)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as JSON: floats bit for bit (repr round-trips), NaN equal to NaN."""
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def _assert_observes_what_the_pool_observes(case: Case, outcome: Any, runs: list[Any]) -> None:
+    """Every loss, gradient norm and parameter of the script's runs equals the pool's, on every
+    rank; so do the replicas and what the contracts are checked on."""
+    reference = case.property == "parity"
+    for rank, (mine, obs) in enumerate(zip(runs, outcome.observations)):
+        got, ref = mine if reference else (mine, None)
+        for key in ("losses", "grad_norms", "params"):
+            assert _same(got[key], obs.get(key, [])), f"rank {rank} {key}"
+            if ref is not None:
+                assert _same(ref[key], obs["ref"].get(key, [])), f"rank {rank} reference {key}"
+        if "local" in got:
+            assert _same(got["local"], obs["local_params"]), f"rank {rank} replicas"
+        elif reference:  # the script leaves the replica check out only where it has nothing to compare
+            assert obs["local_params"] == {}, f"rank {rank}: the ranks hold {sorted(obs['local_params'])} whole"
+        contract, theirs = got.get("contract", {}), obs.get("contracts", {})
+        for unit, flags in contract.get("sharded", {}).items():
+            assert flags == theirs["sharded_after_forward"][unit], f"rank {rank} sharded after forward: {unit!r}"
+        if "replicated" in contract:
+            assert contract["replicated"] == theirs["replicate_params"], f"rank {rank} replicate's parameters"
+        for module, dtype in contract.get("param_dtypes", {}).items():
+            assert theirs["leaf_dtypes"][module] == dtype, f"rank {rank} parameter dtype in {module!r}"
+        for unit, dtype in contract.get("output_dtypes", {}).items():
+            assert theirs["output_dtypes"][unit] == dtype, f"rank {rank} output dtype of {unit!r}"
+
+
+def _run_both(rank_pool: Any, tmp_path: Path, entry: Entry) -> tuple[Any, subprocess.CompletedProcess[str], Any]:
     if rank_pool.world_size != 2 or rank_pool.backend != "gloo":
         pytest.skip("compares with a 2-rank gloo pool (the default --shardfuzz-world-size / --shardfuzz-backend)")
-    case = _rich_case()
-    outcome = rank_pool.run(case)
+    outcome = rank_pool.run(entry.case)
     assert outcome.ok, outcome
     script = tmp_path / "repro.py"
-    script.write_text(render_entry(_entry(case)))
+    script.write_text(render_entry(entry))
     result = _torchrun(script, {"REPRO_OBSERVATIONS": str(tmp_path / "obs.json")})
+    runs = json.loads((tmp_path / "obs.json").read_text()) if (tmp_path / "obs.json").exists() else None
+    assert runs is not None, result.stdout + result.stderr
+    _assert_observes_what_the_pool_observes(entry.case, outcome, runs)
+    return outcome, result, get_property(entry.case.property).judge(entry.case, outcome)
+
+
+@pytest.mark.parametrize("name", ["rich", *FEATURES])
+def test_script_observes_what_the_pool_observes_and_passes(rank_pool: Any, tmp_path: Path, name: str) -> None:
+    """On unmutated torch: every loss, gradient norm, parameter and contract observation equals
+    the pool's for the same case, on every rank, bit for bit; the script and the property's judge
+    both pass."""
+    case = _case(name)
+    _outcome, result, failure = _run_both(rank_pool, tmp_path, _entry(case))
+    assert failure is None, failure
     assert result.returncode == 0, result.stdout + result.stderr
     assert "PASS" in result.stdout
-    runs = json.loads((tmp_path / "obs.json").read_text())
-    from_script = [{**composed, "ref": reference} for composed, reference in runs]
-    for rank, (got, want) in enumerate(zip(from_script, _observations(outcome))):
-        for key in ("losses", "grad_norms", "params"):
-            assert got[key] == want[key], f"rank {rank} {key}"
-            assert got["ref"][key] == want["ref"][key], f"rank {rank} reference {key}"
 
 
-def test_script_fails_under_a_real_fault(tmp_path: Path) -> None:
-    """The same script exits non-zero when torch chunks reduce-scatter gradients on dim 0 (P01)."""
+def test_the_known_fsdp1_hybrid_shard_bug_reproduces_as_a_standalone_script(rank_pool: Any, tmp_path: Path) -> None:
+    """The corpus's FSDP1 HYBRID_SHARD entry (shard groups of one rank, pytorch/pytorch#154888)
+    renders into a script that fails on unmutated torch, as the pool does, with the same check."""
+    entry = load_entry(ROOT / "corpus" / "parity-mismatch-da0c9d4e06cd.json")
+    assert entry.status == "known" and entry.upstream == "pytorch/pytorch#154888"
+    _outcome, result, failure = _run_both(rank_pool, tmp_path, entry)
+    assert failure is not None, "torch fixed pytorch/pytorch#154888: retire this test with the corpus entry"
+    assert failure.signature == entry.signature, failure
+    assert result.returncode == 1, result.stdout + result.stderr
+    check = failure.details["check"]
+    assert f"REPRODUCED {entry.signature} ({check}): " in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize(
+    ("name", "mutant"),
+    [
+        ("rich", "P01_shard_dim_chunk"),  # reduce-scatter chunks Shard(1) gradients on dim 0
+        ("replicate+checkpoint", "P02_ac_rng_not_preserved"),  # recompute draws other dropout masks
+        ("mixed_precision", "P03_output_dtype_cast"),  # outputs cast to param_dtype, not output_dtype
+    ],
+)
+def test_script_fails_under_a_real_fault(tmp_path: Path, name: str, mutant: str) -> None:
     script = tmp_path / "repro.py"
-    script.write_text(render_entry(_entry(_rich_case())))
-    result = _torchrun(script, mutant_env("P01_shard_dim_chunk"))
+    script.write_text(render_entry(_entry(_case(name))))
+    result = _torchrun(script, mutant_env(mutant))
     assert result.returncode != 0, result.stdout + result.stderr
-    assert "REPRODUCED mismatch:parity@fsdp2" in result.stdout or "FAIL (" in result.stdout, result.stdout
+    assert "REPRODUCED " in result.stdout or "FAIL (" in result.stdout, result.stdout
+
+
+def test_scripts_are_lint_clean(tmp_path: Path) -> None:
+    """Only what the case uses is rendered: no unused import or variable, sorted imports (ruff's
+    pyflakes, pycodestyle and isort rules on the scripts of every feature and the known entry)."""
+    if importlib.util.find_spec("ruff") is None:
+        pytest.skip("ruff is not installed")
+    entries = [_entry(_case(name)) for name in ["rich", *FEATURES]]
+    entries.append(load_entry(ROOT / "corpus" / "parity-mismatch-da0c9d4e06cd.json"))
+    for i, entry in enumerate(entries):
+        (tmp_path / f"repro_{i}.py").write_text(render_entry(entry))
+    result = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--isolated", "--select", "F,E,W,I", "--line-length", "120", "."],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_nccl_without_cuda_is_a_usage_error(tmp_path: Path) -> None:
@@ -245,19 +494,28 @@ def _with(case: Case, **changes: Any) -> Case:
 def test_unrendered_features_are_refused_naming_the_field() -> None:
     case = _with(
         _rich_case(),
-        composition=Composition(shards=(ShardSpec(path=""),), replicates=("1",), checkpoints=("0",)),
+        composition=Composition(shards=(ShardSpec(path="", offload=True), ShardSpec(path="1", offload=True))),
         training=Training(),
     )
     with pytest.raises(InvalidArgument) as e:
         render_entry(_entry(case), source="corpus/x.json")
     message = str(e.value)
     assert message.startswith("corpus/x.json: ")
-    assert "case.body.composition.replicates" in message and "case.body.composition.checkpoints" in message
+    assert "case.body.composition.shards[0].offload: true" in message
+    assert "case.body.composition.shards[1].offload: true" in message
 
 
-def test_a_wrapper_case_is_refused() -> None:
-    case = _with(_rich_case(), composition=Composition(wrapper=Wrapper.DDP))
-    with pytest.raises(InvalidArgument, match=r"case\.body\.composition\.wrapper: \"ddp\""):
+@pytest.mark.parametrize(
+    ("composition", "field"),
+    [
+        (Composition(wrapper=Wrapper.DDP, mesh=(2, 1)), "mesh"),
+        (Composition(wrapper=Wrapper.FSDP1_FULL_SHARD, checkpoints=("0",), checkpoint_first=False), "checkpoint_first"),
+    ],
+)
+def test_wrapper_fields_the_ranks_ignore_are_refused(composition: Composition, field: str) -> None:
+    """A script would either use them (and test something else than the ranks did) or drop them."""
+    case = _with(_rich_case(), composition=composition, training=Training())
+    with pytest.raises(InvalidArgument, match=rf"case\.body\.composition\.{field}: .* not used by the ranks"):
         render_entry(_entry(case))
 
 
@@ -287,8 +545,8 @@ def test_a_renderer_out_of_date_with_the_case_model_says_so(monkeypatch: pytest.
 
 
 def test_other_properties_of_parity_bodies_are_refused() -> None:
-    case = dataclasses.replace(_rich_case(), property="mixed_precision")
-    with pytest.raises(InvalidArgument, match="'mixed_precision'"):
+    case = dataclasses.replace(_rich_case(), property="metamorphic")
+    with pytest.raises(InvalidArgument, match="'metamorphic'"):
         render_entry(_entry(case))
 
 
