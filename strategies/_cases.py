@@ -65,13 +65,15 @@ def trainings(
 
 
 def _fit_training(training: Training, comp: Composition) -> Training:
-    """Drop gradient-sync modes the composition has no switch for (replicate; no_all_reduce
-    without fully_shard on an HSDP mesh: FSDP1's HYBRID_SHARD has only no_sync())."""
+    """Drop gradient-sync modes the composition has no switch for: replicate has none (every
+    microbatch reduces); no_all_reduce needs fully_shard on an HSDP mesh, elsewhere it becomes
+    no_grad_sync (set_requires_gradient_sync(False), or FSDP1's and DDP's no_sync())."""
     sync = training.accum_sync
-    no_switch = not comp.mesh or comp.wrapper is not Wrapper.NONE
-    if (comp.replicates and sync is not AccumSync.ALWAYS) or (sync is AccumSync.NO_ALL_REDUCE and no_switch):
-        return Training(**{**training.__dict__, "accum_sync": AccumSync.ALWAYS})
-    return training
+    if comp.replicates and sync is not AccumSync.ALWAYS:
+        sync = AccumSync.ALWAYS
+    elif sync is AccumSync.NO_ALL_REDUCE and (not comp.mesh or comp.wrapper is not Wrapper.NONE):
+        sync = AccumSync.NO_GRAD_SYNC
+    return training if sync is training.accum_sync else Training(**{**training.__dict__, "accum_sync": sync})
 
 
 @st.composite
