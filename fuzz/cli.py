@@ -217,6 +217,7 @@ def _explore_one(args: argparse.Namespace, seed: int, props: list[Any]) -> int:
         file=sys.stderr,
     )
     with RankPool(world_size=args.world_size, backend=args.backend, deadline=args.deadline) as pool:
+        print(f"explore: ranks on {', '.join(pool.devices)}", file=sys.stderr)
         progress = explore(
             pool,
             props,

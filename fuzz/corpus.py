@@ -43,6 +43,14 @@ class Entry:
     count: int = 1
     status: str = "new"
     upstream: str | None = None
+    #: Other signatures of the same bug, set by a person: where another backend or torch version
+    #: meets it in another innermost frame (e.g. a foreach kernel on CUDA, a loop on CPU).
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def signatures(self) -> frozenset[str]:
+        """The signature and its aliases: a failure with any of them is this entry's bug."""
+        return frozenset((self.signature, *self.aliases))
 
     @property
     def file_name(self) -> str:
@@ -58,6 +66,7 @@ class Entry:
             "summary": self.summary,
             "status": self.status,
             "upstream": self.upstream,
+            **({"aliases": list(self.aliases)} if self.aliases else {}),
             "count": self.count,
             "reruns": self.reruns,
             "reproduced": self.reproduced,
@@ -128,6 +137,9 @@ def load_entry(path: str | os.PathLike[str]) -> Entry:
     for name in ("kind", "signature"):
         if not isinstance(data.get(name), str):
             raise ShardfuzzError(f"{p}: field {name!r} must be a string, got {data.get(name)!r:.80}")
+    aliases = data.get("aliases", [])
+    if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
+        raise ShardfuzzError(f"{p}: field 'aliases' must be a list of signatures, got {aliases!r:.80}")
     status = data.get("status", "new")
     if status not in STATUSES:
         raise ShardfuzzError(f"{p}: status {status!r} is not one of {STATUSES}")
@@ -146,6 +158,7 @@ def load_entry(path: str | os.PathLike[str]) -> Entry:
         count=_count(p, data, "count", 1),
         status=status,
         upstream=data.get("upstream"),
+        aliases=tuple(aliases),
     )
 
 
@@ -193,6 +206,7 @@ def save_entry(directory: str | os.PathLike[str], entry: Entry) -> tuple[Path, E
                     "count": old.count + entry.count,
                     "status": old.status if old.status == "known" else keep.status,
                     "upstream": old.upstream or entry.upstream,
+                    "aliases": old.aliases or entry.aliases,
                 }
             )
     _atomic_write(path, json.dumps(entry.to_json(), indent=1, sort_keys=True) + "\n")

@@ -267,7 +267,7 @@ def explore(
     corpus_entries: dict[str, tuple[Path, Entry]] = {}
     if corpus is not None:
         entries, _problems = load_corpus(corpus)
-        corpus_entries = {e.signature: (p, e) for p, e in entries}
+        corpus_entries = {sig: (p, e) for p, e in entries for sig in e.signatures}
     rng = random.Random(seed)
     by_name = {p.name: p for p in properties}
     scheduler = Scheduler(by_name, rng)

@@ -25,13 +25,11 @@ from fuzz.case_state import (
     is_plain,
     tensor_kind,
 )
-from strategies._cases import trainings
+from strategies._cases import _rare_foreach_on_mixed_params, trainings
 from strategies._compositions import compositions
+from strategies._odds import KNOWN_BUG_ODDS, one_in
 from strategies._trees import module_trees
 from strategies._validation import check_bounds, check_world_size
-
-#: One draw in this many takes the branch that meets the known set_state_dict deadlock.
-KNOWN_BUG_ODDS = 16
 
 
 @st.composite
@@ -78,12 +76,6 @@ def _in_memory_sharded_ok(source: Composition, target: Composition) -> bool:
     return kinds[0] != "dtensor" or source.mesh == target.mesh
 
 
-def one_in(draw: st.DrawFn, n: int) -> bool:
-    """True about once in ``n`` draws. Hypothesis favours the bounds of a range, so the rare
-    value sits in its middle."""
-    return draw(st.integers(0, n - 1)) == n // 2
-
-
 def _stateful_optimizer(draw: st.DrawFn, training: Training, full_load: bool) -> Training:
     """SGD without momentum keeps no tensor state, which set_optimizer_state_dict cannot load
     from a full state dict (a known torch bug): keep that combination rare."""
@@ -128,6 +120,7 @@ def state_dict_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 3, ma
     if not strict and not meta:
         drop = tuple(draw(st.lists(st.integers(0, 31), unique=True, max_size=3)))
     training = _stateful_optimizer(draw, draw(trainings(max_steps=max_steps, accumulation=False)), full)
+    training = _rare_foreach_on_mixed_params(draw, training, source, target)
     body = StateDictBody(
         tree=tree,
         source=source,
@@ -201,6 +194,7 @@ def dcp_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 3, max_steps
     optimizer_loaded = any(e in entries and e not in skip for e in (Entry.OPTIMIZER, Entry.APP))
     training = draw(trainings(max_steps=max_steps, accumulation=False))
     training = _stateful_optimizer(draw, training, load_full and optimizer_loaded)
+    training = _rare_foreach_on_mixed_params(draw, training, source, target)
     body = DcpBody(
         tree=tree,
         source=source,

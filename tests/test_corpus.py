@@ -98,6 +98,21 @@ def test_save_then_load_round_trip(tmp_path: Path) -> None:
     assert load_entry(path) == entry
 
 
+def test_aliases_round_trip_survive_merge_and_are_validated(tmp_path: Path) -> None:
+    alias = "exception:parity:builtins.RuntimeError@torch/x.py:f"
+    entry = _entry(status="known", aliases=(alias,))
+    path, _ = save_entry(tmp_path, entry)
+    assert load_entry(path).aliases == (alias,)
+    assert load_entry(path).signatures == {SIGNATURE, alias}
+    _, merged = save_entry(tmp_path, _entry())  # a campaign re-hit carries no aliases
+    assert merged.aliases == (alias,)
+    data = json.loads(path.read_text())
+    data["aliases"] = "not a list"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ShardfuzzError, match="aliases"):
+        load_entry(path)
+
+
 def test_save_creates_missing_directory(tmp_path: Path) -> None:
     directory = tmp_path / "a" / "b"
     path, _ = save_entry(directory, _entry())
