@@ -235,6 +235,11 @@ class Composition:
     mesh: tuple[int, ...] = ()
     wrapper: Wrapper = Wrapper.NONE
     auto_wrap: bool = False
+    #: Build the model on the meta device, compose it, then ``to_empty`` and copy the seeded
+    #: values in (each shard through ``distribute_tensor``); FSDP2's lazy init runs at the first
+    #: forward. fully_shard / checkpoint only: replicate and the wrappers broadcast or flatten
+    #: module states when applied, which meta tensors do not have.
+    meta_init: bool = False
 
     def __post_init__(self) -> None:
         if self.mesh and len(self.mesh) != 2:
@@ -245,6 +250,8 @@ class Composition:
             raise CaseError("auto_wrap", "auto_wrap applies to FSDP1 wrappers only")
         if self.wrapper is Wrapper.FSDP1_HYBRID_SHARD and not self.mesh:
             raise CaseError("mesh", "fsdp1_hybrid_shard needs a (replicate, shard) mesh")
+        if self.meta_init and (self.wrapper is not Wrapper.NONE or self.replicates):
+            raise CaseError("meta_init", "meta_init applies to fully_shard / checkpoint compositions only")
 
     @property
     def sharded_paths(self) -> list[str]:

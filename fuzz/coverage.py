@@ -87,7 +87,6 @@ CHECKLIST: tuple[Item, ...] = (
         "meta-device init + lazy init, then training",
         _FS,
         rf"{_V}init:meta",
-        generated=False,
     ),
     _item("fsdp2.accum_sync", "gradient accumulation, reduce every microbatch", _FS, r"grad_accum:always"),
     _item(

@@ -77,7 +77,9 @@ KNOWN_FIELDS: dict[type, frozenset[str]] = {
     ModuleTree: frozenset({"width", "root"}),
     Block: frozenset({"children", "residual", "scale", "buffer"}),
     Leaf: frozenset({"kind", "bias", "frozen"}),
-    Composition: frozenset({"shards", "replicates", "checkpoints", "checkpoint_first", "mesh", "wrapper", "auto_wrap"}),
+    Composition: frozenset(
+        {"shards", "replicates", "checkpoints", "checkpoint_first", "mesh", "wrapper", "auto_wrap", "meta_init"}
+    ),
     ShardSpec: frozenset({"path", "reshard_after_forward", "shard_dim", "group", "mixed_precision"}),
     MixedPrecision: frozenset({"param_dtype", "reduce_dtype", "output_dtype", "cast_forward_inputs"}),
     Training: frozenset(
@@ -284,7 +286,7 @@ class _Uses:
 
     @property
     def dtensor(self) -> bool:
-        return bool(self.comp.shards)
+        return bool(self.comp.shards) or self.comp.meta_init
 
     def reshard_contract(self) -> dict[str, tuple[bool, list[str]]]:
         """Per fully_shard call with a bool reshard_after_forward: the modules whose own
@@ -379,6 +381,8 @@ def describe_composition(uses: _Uses) -> str:
         what = "under " + (", ".join(apis[:-1]) + " and " + apis[-1] if len(apis) > 1 else apis[0]) + on_mesh
     if uses.wrapper and comp.checkpoints:
         what = f"under checkpoint on submodules, {what}"
+    if comp.meta_init:
+        what += ", built on the meta device"
     return what
 
 
@@ -470,7 +474,8 @@ def render_imports(uses: _Uses) -> str:
         lines.append("from torch.distributed.fsdp.wrap import ModuleWrapPolicy")
     if uses.dtensor:
         shard = ", Shard" if any(spec.shard_dim for spec in comp.shards) else ""
-        lines.append(f"from torch.distributed.tensor import DTensor{shard}")
+        meta = ", distribute_tensor" if comp.meta_init else ""
+        lines.append(f"from torch.distributed.tensor import DTensor{shard}{meta}")
     if uses.ddp:
         lines.append("from torch.nn.parallel import DistributedDataParallel as DDP")
     return "\n".join(lines)
@@ -800,7 +805,31 @@ def render_optimizer(uses: _Uses) -> str:
 
 
 def render_training(uses: _Uses) -> str:
-    return "\n\n\n".join(s.strip("\n") for s in (_BATCHES, render_helpers(uses), render_train(uses)) if s.strip())
+    parts = (_BATCHES, render_helpers(uses), render_meta(uses), render_train(uses))
+    return "\n\n\n".join(s.strip("\n") for s in parts if s.strip())
+
+
+def render_meta(uses: _Uses) -> str:
+    """compose_from_meta(), when the case builds its model on the meta device."""
+    if not uses.comp.meta_init:
+        return ""
+    got, ret = ("net, roots", "model, net, roots") if uses.comp.shards else ("net", "model, net")
+    return (
+        "def compose_from_meta(values, mesh, device):\n"
+        '    """The model built on the meta device and composed there; then to_empty and the\n'
+        "    seeded values copied in, each sharded parameter through distribute_tensor with its\n"
+        '    own mesh and placements. FSDP2 initialises lazily at the first forward."""\n'
+        '    with torch.device("meta"):\n'
+        "        model = build_model()\n"
+        "    model.to(DTYPE)\n"
+        f"    {got} = compose(model, mesh, device)\n"
+        "    model.to_empty(device=device)\n"
+        "    with torch.no_grad():\n"
+        "        for name, t in [*model.named_parameters(), *model.named_buffers()]:\n"
+        "            src = values[name]\n"
+        "            t.copy_(distribute_tensor(src, t.device_mesh, t.placements) if isinstance(t, DTensor) else src)\n"
+        f"    return {ret}\n"
+    )
 
 
 _BATCHES = '''
@@ -914,9 +943,23 @@ def render_train(uses: _Uses) -> str:
     else:
         lines = ["def train(rank, device, mesh):", _docstring(f"The run {what}.").rstrip("\n")]
     lines += ["    torch.manual_seed(SEED)", "    with device:", "        model = build_model()", "    model.to(DTYPE)"]
-    if uses.fsdp1:
+    if comp.meta_init:
+        got = "model, net, roots" if comp.shards else "model, net"
+        plain = "net, roots = model, []" if comp.shards else "net = model"
+        if ref:
+            lines += [
+                "    if composed:",
+                f"        {got} = compose_from_meta(model.state_dict(), mesh, device)",
+                "    else:",
+                f"        {plain}",
+            ]
+        else:
+            lines.append(f"    {got} = compose_from_meta(model.state_dict(), mesh, device)")
+    elif uses.fsdp1:
         lines.append("    names = [n for n, _ in model.named_parameters()]  # before FSDP1 wraps anything")
-    if comp.shards:
+    if comp.meta_init:
+        pass  # composed in compose_from_meta above
+    elif comp.shards:
         lines.append(
             "    net, roots = compose(model, mesh, device) if composed else (model, [])"
             if ref

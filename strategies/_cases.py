@@ -88,6 +88,13 @@ def _rare_foreach_on_mixed_params(draw: st.DrawFn, training: Training, *comps: C
     return training
 
 
+def _maybe_meta_init(draw: st.DrawFn, comp: Composition) -> Composition:
+    """One in four fully_shard / checkpoint compositions starts from the meta device."""
+    if comp.wrapper is Wrapper.NONE and not comp.replicates and draw(st.sampled_from((False, False, False, True))):
+        return Composition(**{**comp.__dict__, "meta_init": True})
+    return comp
+
+
 @st.composite
 def parity_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 3, max_steps: int = 3) -> Case:
     """Cases for ``parity``: a tree, a composition of the composable APIs (or, one case in
@@ -97,7 +104,7 @@ def parity_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 3, max_st
     if draw(st.sampled_from(["composable", "wrapper", "composable", "composable", "composable"])) == "wrapper":
         comp = draw(wrappers(tree, world_size=world_size))
     else:
-        comp = draw(compositions(tree, world_size=world_size))
+        comp = _maybe_meta_init(draw, draw(compositions(tree, world_size=world_size)))
     training = _fit_training(draw(trainings(max_steps=max_steps, hsdp=bool(comp.mesh))), comp)
     training = _rare_foreach_on_mixed_params(draw, training, comp)
     body = ParityBody(tree=tree, composition=comp, training=training)
@@ -111,7 +118,9 @@ def mixed_precision_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 
     low-precision activation by design."""
     check_world_size(world_size)
     tree = draw(module_trees(max_depth=max_depth, buffers=False))
-    comp = draw(compositions(tree, world_size=world_size, replicate=False, mixed_precision=True))
+    comp = _maybe_meta_init(
+        draw, draw(compositions(tree, world_size=world_size, replicate=False, mixed_precision=True))
+    )
     training = _fit_training(draw(trainings(max_steps=2, hsdp=bool(comp.mesh))), comp)
     # Policies speak of float32 parameters (output_dtype=float32 meets float32 layers).
     training = Training(**{**training.__dict__, "dtype": Dtype.FLOAT32})
@@ -122,7 +131,9 @@ def mixed_precision_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 
 @st.composite
 def metamorphic_variants(draw: st.DrawFn, tree: ModuleTree, comp: Composition, *, world_size: int) -> Composition:
     """``comp`` with one change that must not change numerics."""
-    change = draw(st.sampled_from(["checkpoint", "wrapper", "checkpoint_order", "reshard", "mesh"]))
+    change = draw(st.sampled_from(["checkpoint", "meta_init", "wrapper", "checkpoint_order", "reshard", "mesh"]))
+    if change == "meta_init" and not comp.replicates:
+        return Composition(**{**comp.__dict__, "meta_init": not comp.meta_init})
     if change == "checkpoint":
         if comp.checkpoints:
             return Composition(**{**comp.__dict__, "checkpoints": ()})

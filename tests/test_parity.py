@@ -105,3 +105,53 @@ def test_properties_notice_real_faults_in_torch():
             failure = run_case(pool, get_property(case.property), case)
         assert failure is not None, mutant
         assert failure.kind == "mismatch", (mutant, failure.summary)
+
+
+def _meta_case(mesh: tuple[int, ...], shard_dim: int, world_size: int) -> Case:
+    """A tree built on the meta device: nested fully_shard (one Shard(1), one uneven), a buffer,
+    a block's own parameter and a checkpoint, then to_empty and FSDP2's lazy init."""
+    tree = ModuleTree(
+        width=5,
+        root=Block(
+            children=(
+                Block(children=(Leaf(LeafKind.LINEAR), Leaf(LeafKind.TANH)), scale=True, buffer=True),
+                Leaf(LeafKind.LAYER_NORM),
+                Leaf(LeafKind.LINEAR),
+            ),
+            residual=True,
+        ),
+    )
+    comp = Composition(
+        shards=(
+            ShardSpec(path="0", shard_dim=shard_dim),
+            ShardSpec(path="2", reshard_after_forward=False),
+            ShardSpec(path=""),
+        ),
+        checkpoints=("1",),
+        mesh=mesh,
+        meta_init=True,
+    )
+    training = Training(optimizer=Optimizer.ADAM, lr=0.01, steps=2, batch_per_rank=2, dtype=Dtype.FLOAT64)
+    return Case(
+        property="parity",
+        world_size=world_size,
+        seed=5,
+        body=ParityBody(tree=tree, composition=comp, training=training),
+    )
+
+
+def test_models_built_on_the_meta_device_train_like_the_reference(rank_pool, check_case):
+    ws = rank_pool.world_size
+    check_case(_meta_case((), 1, ws))
+    check_case(_meta_case((ws, 1), 0, ws))
+    check_case(_meta_case((1, ws), 1, ws))
+    variant = Composition(**{**_meta_case((), 0, ws).body.composition.__dict__, "meta_init": False})
+    meta = _meta_case((), 0, ws).body
+    check_case(
+        Case(
+            property="metamorphic",
+            world_size=ws,
+            seed=3,
+            body=MetamorphicBody(tree=meta.tree, composition=meta.composition, variant=variant, training=meta.training),
+        )
+    )

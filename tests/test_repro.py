@@ -291,7 +291,7 @@ FEATURES: dict[str, tuple[Callable[..., Any], Callable[[Case], bool], int]] = {
     "replicate+checkpoint": (
         parity_cases,
         lambda c: bool(_comp(c).replicates and _comp(c).shards) and _dropout_under(c, _comp(c).checkpoints),
-        6,
+        0,
     ),
     # a 2x1 HSDP mesh (shard groups of one rank) with Shard(1) placements, set_requires_all_reduce(False)
     # while accumulating, several steps
@@ -306,6 +306,12 @@ FEATURES: dict[str, tuple[Callable[..., Any], Callable[[Case], bool], int]] = {
         0,
     ),
     "mixed_precision": (mixed_precision_cases, _mp_casts_output, 7),
+    # built on the meta device, composed, to_empty, values copied in shard by shard; lazy init
+    "meta": (
+        parity_cases,
+        lambda c: _comp(c).meta_init and any(spec.shard_dim for spec in _comp(c).shards) and len(_comp(c).shards) > 1,
+        0,
+    ),
     "ddp": (
         parity_cases,
         lambda c: (
@@ -324,7 +330,7 @@ FEATURES: dict[str, tuple[Callable[..., Any], Callable[[Case], bool], int]] = {
             and _has_nested_block(c)
             and _training(c).accum_sync is AccumSync.NO_GRAD_SYNC
         ),
-        6,
+        0,
     ),
 }
 
@@ -343,10 +349,13 @@ def _generated(feature: str) -> Case:
         return uses(case)
 
     search = settings(phases=[Phase.generate], database=None, max_examples=500, suppress_health_check=list(HealthCheck))
-    try:
-        return find(strategy(world_size=2), wanted, settings=search, random=random.Random(seed))
-    except NoSuchExample:
-        pytest.fail(f"no case for {feature!r} in 500 draws from seed {seed}; the strategies changed, pick a seed")
+    # A change to the strategies moves what a seed draws: try a few seeds before giving up.
+    for attempt in range(seed, seed + 8):
+        try:
+            return find(strategy(world_size=2), wanted, settings=search, random=random.Random(attempt))
+        except NoSuchExample:
+            continue
+    pytest.fail(f"no case for {feature!r} in 8 x 500 draws from seed {seed}; the strategies changed, pick a seed")
 
 
 def _case(name: str) -> Case:

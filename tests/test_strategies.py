@@ -223,6 +223,7 @@ def test_features_are_generated_at_a_useful_rate() -> None:
         "input:same-on-every-rank",
         "param_groups:2",
         "sgd:momentum",
+        "init:meta",
     ]
     _assert_rates(counts, n, wanted)
     # These need a particular tree shape (two parameter modules at one depth; a module left
@@ -267,7 +268,7 @@ def test_mixed_precision_fields_are_generated_at_a_useful_rate() -> None:
 def test_metamorphic_variants_cover_every_change() -> None:
     counts, n = _feature_counts(2, metamorphic_cases)
     wanted = ["variant:mesh:2", "variant:mesh:2x1", "variant:checkpoint:before_fully_shard", "variant:mesh:1x2"]
-    _assert_rates(counts, n, wanted)
+    _assert_rates(counts, n, [*wanted, "variant:init:meta"])
     assert sum(v for k, v in counts.items() if k.startswith("variant:wrapper:")) >= _MIN_RATE * n
 
 

@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from fuzz._rank.context import RankContext
-from fuzz.case import Composition, Dtype, MixedPrecision, ShardSpec, Wrapper
+from fuzz._rank.models import build_model
+from fuzz.case import Composition, Dtype, MixedPrecision, ModuleTree, ShardSpec, Wrapper
 
 TORCH_DTYPES = {
     Dtype.FLOAT32: torch.float32,
@@ -152,6 +153,38 @@ def compose(model: nn.Module, comp: Composition, ctx: RankContext) -> Composed:
     sharded = comp.sharded_paths
     tops = [p for p in sharded if not any(q != p and (q == "" or p.startswith(q + ".")) for q in sharded)]
     return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
+
+
+def build_composed(
+    tree: ModuleTree, comp: Composition, dtype: torch.dtype, ctx: RankContext, *, seed: int
+) -> tuple[nn.Module, Composed]:
+    """Build the tree with the RNG seeded by ``seed`` and apply ``comp``: the model as built
+    (the wrapper's inner module) and the composed one.
+
+    With ``comp.meta_init`` the model is built on the meta device and composed there; then
+    ``to_empty`` gives it storage on the rank's device and the values a plain seeded build would
+    have are copied in, each sharded parameter through ``distribute_tensor`` with its own mesh
+    and placements. So the composed model starts from the same weights either way, and what
+    differs is the path through FSDP2's meta-device support and its lazy init.
+    """
+    torch.manual_seed(seed)
+    if not comp.meta_init:
+        model = build_model(tree, ctx.device).to(dtype)
+        return model, compose(model, comp, ctx)
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    values = build_model(tree, ctx.device).to(dtype).state_dict()
+    model = build_model(tree, torch.device("meta")).to(dtype)
+    composed = compose(model, comp, ctx)
+    model.to_empty(device=ctx.device)
+    with torch.no_grad():
+        for name, t in [*model.named_parameters(), *model.named_buffers()]:
+            src = values[clean_name(name)]
+            if isinstance(t, DTensor):
+                t.copy_(distribute_tensor(src, t.device_mesh, t.placements))
+            else:
+                t.copy_(src)
+    return model, composed
 
 
 def _wrap(model: nn.Module, comp: Composition, ctx: RankContext) -> nn.Module:

@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from fuzz._rank.compose import TORCH_DTYPES, Composed, compose
+from fuzz._rank.compose import TORCH_DTYPES, Composed, build_composed
 from fuzz._rank.compose import apply_fully_shard as apply_fully_shard  # re-exported for other programs
 from fuzz._rank.context import RankContext
 from fuzz._rank.models import build_model
@@ -160,9 +160,13 @@ def train(
     case: Case, tree: ModuleTree, training: Training, comp: Composition | None, ctx: RankContext
 ) -> dict[str, Any]:
     """Train the tree under ``comp`` (None: the all-reduce reference); observations as JSON."""
-    torch.manual_seed(case.seed)
-    model = build_model(tree, ctx.device).to(TORCH_DTYPES[training.dtype])
-    composed = compose(model, comp, ctx) if comp is not None else Composed(model)
+    dtype = TORCH_DTYPES[training.dtype]
+    if comp is not None:
+        model, composed = build_composed(tree, comp, dtype, ctx, seed=case.seed)
+    else:
+        torch.manual_seed(case.seed)
+        model = build_model(tree, ctx.device).to(dtype)
+        composed = Composed(model)
     contracts = _Contracts(model, comp) if comp is not None else None
     obs: dict[str, Any] = {}
     opt = make_optimizer(composed.model.parameters(), training)

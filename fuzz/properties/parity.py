@@ -262,6 +262,8 @@ def composition_features(comp: Composition, world_size: int, prefix: str = "") -
         out.append(f"{prefix}replicate" + (":root" if "" in comp.replicates else ":sub"))
     if comp.checkpoints:
         out.append(f"{prefix}checkpoint:" + ("before" if comp.checkpoint_first else "after") + "_fully_shard")
+    if comp.meta_init:
+        out.append(f"{prefix}init:meta")
     out.append(f"{prefix}fully_shard:count:{min(len(comp.shards), 4)}")
     return out
 
