@@ -146,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     except ShardfuzzError as e:
         print(f"python -m fuzz {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:  # `python -m fuzz corpus | head`: the reader left, nothing is wrong
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:

@@ -35,6 +35,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 
 from fuzz.case import Case, Composition
+from fuzz.cli import positive_int
 from fuzz.errors import InvalidArgument, ShardfuzzError
 from fuzz.pool import RankPool
 from fuzz.properties import Property, all_properties, get_property
@@ -455,26 +456,16 @@ def _marks(text: str) -> tuple[int, ...]:
         ) from None
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="python -m fuzz.health",
         description="Run many cases through one rank pool and check that every rank's memory, threads and "
         "descriptors stay within a limit between marks. Exit 0 ok, 1 drift, 2 bad arguments.",
     )
-    p.add_argument("--cases", type=_positive_int, default=2000, help="cases to run (default 2000)")
+    p.add_argument("--cases", type=positive_int, default=2000, help="cases to run (default 2000)")
     p.add_argument("--marks", type=_marks, default=(200, 2000), help="case counts to sample at (default 200,2000)")
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="gloo (CPU, default) or nccl")
-    p.add_argument("--world-size", type=_positive_int, default=2, help="number of ranks (default 2)")
+    p.add_argument("--world-size", type=positive_int, default=2, help="number of ranks (default 2)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--property", action="append", dest="properties", metavar="NAME", help="repeatable; default all")
     p.add_argument("--deadline", type=float, default=60.0, help="seconds a case may take (default 60)")

@@ -29,3 +29,16 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300)
     return subprocess.run(
         [sys.executable, "-m", "fuzz", *args], cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout
     )
+
+
+def torchrun(script: Path, env: dict[str, str] | None = None, nproc: int = 2) -> subprocess.CompletedProcess[str]:
+    """Run a standalone repro script as its users do. ``--standalone`` picks a free rendezvous
+    port, so parallel test workers never collide."""
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), str(script)],
+        cwd=script.parent,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )

@@ -5,7 +5,6 @@ committed entries run as regression tests (tests/test_corpus_entries.py)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -14,18 +13,7 @@ from pathlib import Path
 
 from fuzz.case import Block, Case, Composition, Leaf, LeafKind, ModuleTree, ParityBody, ShardSpec, Training
 from fuzz.corpus import Entry, save_entry
-from tests.conftest import ROOT, mutant_env, run_cli
-
-
-def _torchrun(script: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)],
-        cwd=script.parent,
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+from tests.conftest import ROOT, mutant_env, run_cli, torchrun
 
 
 def test_a_fault_found_by_explore_replays_and_reproduces_from_a_script(tmp_path: Path) -> None:
@@ -62,13 +50,13 @@ def test_a_fault_found_by_explore_replays_and_reproduces_from_a_script(tmp_path:
     script = tmp_path / "repro.py"
     written = run_cli("repro", str(entry), "-o", str(script))
     assert written.returncode == 0, written.stderr
-    broken = _torchrun(script, fault)
+    broken = torchrun(script, fault)
     assert broken.returncode != 0, broken.stdout + broken.stderr
     assert "REPRODUCED" in broken.stdout, broken.stdout
 
     fixed = run_cli("replay", str(entry))
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
-    passing = _torchrun(script)
+    passing = torchrun(script)
     assert passing.returncode == 0, passing.stdout + passing.stderr
     assert "PASS" in passing.stdout
 

@@ -9,7 +9,6 @@ import dataclasses
 import functools
 import importlib.util
 import json
-import os
 import random
 import subprocess
 import sys
@@ -46,7 +45,7 @@ from fuzz.errors import InvalidArgument
 from fuzz.properties import get_property
 from fuzz.repro import check_supported, render_entry
 from strategies import mixed_precision_cases, module_trees, parity_cases
-from tests.conftest import ROOT, mutant_env, run_cli
+from tests.conftest import ROOT, mutant_env, run_cli, torchrun
 
 
 def _rich_case() -> Case:
@@ -98,18 +97,6 @@ def _entry(case: Case, *, check: str = "loss") -> Entry:
         versions={"torch": "2.13.0"},
         reruns=3,
         reproduced=3,
-    )
-
-
-def _torchrun(script: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    # --standalone: a free rendezvous port, so parallel test workers never collide.
-    return subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)],
-        cwd=script.parent,
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=240,
     )
 
 
@@ -399,7 +386,7 @@ def _run_both(rank_pool: Any, tmp_path: Path, entry: Entry) -> tuple[Any, subpro
     assert outcome.ok, outcome
     script = tmp_path / "repro.py"
     script.write_text(render_entry(entry))
-    result = _torchrun(script, {"REPRO_OBSERVATIONS": str(tmp_path / "obs.json")})
+    result = torchrun(script, {"REPRO_OBSERVATIONS": str(tmp_path / "obs.json")})
     runs = json.loads((tmp_path / "obs.json").read_text()) if (tmp_path / "obs.json").exists() else None
     assert runs is not None, result.stdout + result.stderr
     _assert_observes_what_the_pool_observes(entry.case, outcome, runs)
@@ -442,7 +429,7 @@ def test_the_known_fsdp1_hybrid_shard_bug_reproduces_as_a_standalone_script(rank
 def test_script_fails_under_a_real_fault(tmp_path: Path, name: str, mutant: str) -> None:
     script = tmp_path / "repro.py"
     script.write_text(render_entry(_entry(_case(name))))
-    result = _torchrun(script, mutant_env(mutant))
+    result = torchrun(script, mutant_env(mutant))
     assert result.returncode != 0, result.stdout + result.stderr
     assert "REPRODUCED " in result.stdout or "FAIL (" in result.stdout, result.stdout
 

@@ -28,6 +28,18 @@ class Property:
     min_world_size: int = 1
 
 
+def strategy(name: str) -> Callable[..., Any]:
+    """``Property.cases`` for the strategy ``strategies.<name>``, imported when first drawn (the
+    registry loads without Hypothesis strategies being built)."""
+
+    def cases(*, world_size: int, **kwargs: Any) -> Any:
+        import strategies
+
+        return getattr(strategies, name)(world_size=world_size, **kwargs)
+
+    return cases
+
+
 _REGISTRY: dict[str, Property] = {}
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from fuzz.case import Block, Case, Composition, Leaf, MetamorphicBody, ModuleTree, ParityBody, Training, Wrapper
 from fuzz.pool import Outcome
-from fuzz.properties import Property, register
+from fuzz.properties import Property, register, strategy
 from fuzz.signature import Failure, failure_from_outcome
 from fuzz.tolerance import Tolerance, first_mismatch, tolerance_for
 
@@ -320,21 +320,12 @@ def features(case: Case) -> list[str]:
     )
 
 
-def _strategy(name: str) -> Any:
-    def cases(*, world_size: int, **kwargs: Any) -> Any:
-        import strategies
-
-        return getattr(strategies, name)(world_size=world_size, **kwargs)
-
-    return cases
-
-
 PARITY = register(
     Property(
         name="parity",
         description="composed models (fully_shard, replicate, checkpoint, HSDP, DDP, FSDP1) train like "
         "the all-reduce reference, step by step; API contracts hold",
-        cases=_strategy("parity_cases"),
+        cases=strategy("parity_cases"),
         judge=judge_parity,
         features=features,
     )
@@ -343,7 +334,7 @@ MIXED_PRECISION = register(
     Property(
         name="mixed_precision",
         description="fully_shard's MixedPrecisionPolicy: parameter dtype in forward, output dtype, sharding",
-        cases=_strategy("mixed_precision_cases"),
+        cases=strategy("mixed_precision_cases"),
         judge=judge_mixed_precision,
         features=features,
     )
@@ -351,8 +342,9 @@ MIXED_PRECISION = register(
 METAMORPHIC = register(
     Property(
         name="metamorphic",
-        description="checkpoint on/off, reshard_after_forward, mesh shape, FSDP2/FSDP1/DDP do not change numerics",
-        cases=_strategy("metamorphic_cases"),
+        description="meta-device init, checkpoint on/off, reshard_after_forward, mesh shape, FSDP2/FSDP1/DDP do not "
+        "change numerics",
+        cases=strategy("metamorphic_cases"),
         judge=judge_metamorphic,
         features=features,
     )

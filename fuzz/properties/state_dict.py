@@ -27,13 +27,12 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
-from collections.abc import Callable
 from typing import Any
 
 from fuzz.case import Case, Composition, Optimizer, Wrapper
 from fuzz.case_state import Api, DcpBody, DcpMode, Entry, StateDictBody, dcp_root, is_plain, tensor_kind
 from fuzz.pool import Outcome
-from fuzz.properties import Property, register
+from fuzz.properties import Property, register, strategy
 from fuzz.signature import Failure, failure_from_outcome
 from fuzz.tolerance import first_mismatch, tolerance_for
 
@@ -361,20 +360,11 @@ def known_bug(case: Case) -> str | None:
     return None
 
 
-def _cases(factory: str) -> Callable[..., Any]:
-    def cases(*, world_size: int, **kwargs: Any) -> Any:
-        import strategies
-
-        return getattr(strategies, factory)(world_size=world_size, **kwargs)
-
-    return cases
-
-
 STATE_DICT = register(
     Property(
         name="state_dict",
         description="get/set_*_state_dict (and FSDP2's own) move model and optimizer state exactly, across layouts",
-        cases=_cases("state_dict_cases"),
+        cases=strategy("state_dict_cases"),
         judge=judge_state_dict,
         features=features_state_dict,
     )
@@ -384,7 +374,7 @@ DCP = register(
     Property(
         name="dcp",
         description="DCP save/async_save/load with Stateful objects and per-rank key orders round-trip exactly",
-        cases=_cases("dcp_cases"),
+        cases=strategy("dcp_cases"),
         judge=judge_dcp,
         features=features_dcp,
     )
