@@ -34,7 +34,7 @@ from fuzz._rank.state_dict import (
     dropped_keys,
     fresh_training,
     observe,
-    observe_model,
+    resume_both,
     seed_segment,
     state_dict_options,
     train_steps,
@@ -291,13 +291,7 @@ def run_dcp(case: Case, body: DcpBody, ctx: RankContext) -> dict[str, Any]:
     obs["loaded"] = {**observe(tgt, case, body.tree, ctx), **_observe_entries(values)}
 
     if src is not None and body.steps_after and not dropped and _loads_everything(body):
-        seed_segment(case, ctx, 1)
-        obs["losses_source"] = train_steps(src, data[t.steps :], ctx)
-        seed_segment(case, ctx, 1)
-        obs["losses_target"] = train_steps(tgt, data[t.steps :], ctx)
-        final_src, final_tgt = observe_model(src), observe_model(tgt)
-        if ctx.rank == 0:
-            obs["final_source"], obs["final_target"] = final_src, final_tgt
+        obs.update(resume_both(case, src, tgt, data[t.steps :], ctx))
     if body.mode is DcpMode.ROUND_TRIP:
         dist.barrier()
         if ctx.rank == 0:

@@ -302,11 +302,19 @@ def run_state_dict(case: Case, body: StateDictBody, ctx: RankContext) -> dict[st
     obs["loaded"] = observe(tgt, case, body.tree, ctx)
 
     if body.steps_after:
-        seed_segment(case, ctx, 1)
-        obs["losses_source"] = train_steps(src, data[t.steps :], ctx)
-        seed_segment(case, ctx, 1)
-        obs["losses_target"] = train_steps(tgt, data[t.steps :], ctx)
-        final_src, final_tgt = observe_model(src), observe_model(tgt)
-        if ctx.rank == 0:
-            obs["final_source"], obs["final_target"] = final_src, final_tgt
+        obs.update(resume_both(case, src, tgt, data[t.steps :], ctx))
+    return obs
+
+
+def resume_both(case: Case, src: Side, tgt: Side, data: list[Any], ctx: RankContext) -> dict[str, Any]:
+    """Train on the source (uninterrupted) and the target (resumed) from one RNG state over the
+    same batches: their losses, and (rank 0) their final models."""
+    obs: dict[str, Any] = {}
+    seed_segment(case, ctx, 1)
+    obs["losses_source"] = train_steps(src, data, ctx)
+    seed_segment(case, ctx, 1)
+    obs["losses_target"] = train_steps(tgt, data, ctx)
+    final_src, final_tgt = observe_model(src), observe_model(tgt)
+    if ctx.rank == 0:
+        obs["final_source"], obs["final_target"] = final_src, final_tgt
     return obs
