@@ -22,7 +22,7 @@ from fuzz.case import (
     iter_paths,
 )
 from fuzz.case import Leaf as _Leaf
-from strategies._compositions import compositions, meshes, reshard_values, wrappers
+from strategies._compositions import compositions, meshes, rare_int_reshard_dim_1, reshard_values, wrappers
 from strategies._odds import KNOWN_BUG_ODDS, one_in
 from strategies._trees import module_trees
 from strategies._validation import check_bounds, check_world_size
@@ -144,10 +144,12 @@ def metamorphic_variants(draw: st.DrawFn, tree: ModuleTree, comp: Composition, *
         return Composition(**{**comp.__dict__, "checkpoint_first": not comp.checkpoint_first})
     if change == "reshard":
         shard_size = comp.mesh[1] if comp.mesh else world_size
-        shards = tuple(
-            type(s)(**{**s.__dict__, "reshard_after_forward": draw(reshard_values(shard_size))}) for s in comp.shards
-        )
-        return Composition(**{**comp.__dict__, "shards": shards})
+        resharded = []
+        for s in comp.shards:
+            reshard = draw(reshard_values(shard_size))
+            shard_dim = rare_int_reshard_dim_1(draw, reshard, s.shard_dim)
+            resharded.append(type(s)(**{**s.__dict__, "reshard_after_forward": reshard, "shard_dim": shard_dim}))
+        return Composition(**{**comp.__dict__, "shards": tuple(resharded)})
     if change == "mesh":
         mesh = draw(meshes(world_size))
         # An int reshard_after_forward is tied to the old shard size; True is valid for any.

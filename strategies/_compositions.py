@@ -17,6 +17,7 @@ from fuzz.case import (
     Wrapper,
     has_params,
 )
+from strategies._odds import KNOWN_BUG_ODDS, one_in
 from strategies._validation import check_world_size
 
 
@@ -84,6 +85,15 @@ def _disjoint_subset(draw: st.DrawFn, candidates: list[str], exclude: list[str],
     return out
 
 
+def rare_int_reshard_dim_1(draw: st.DrawFn, reshard: bool | int, shard_dim: int) -> int:
+    """An int reshard_after_forward with Shard(1) placements meets a known FSDP2 bug (IndexError
+    in foreach_all_gather_copy_out, corpus/parity-exception-c9b6f29fb81d.json): keep that rare,
+    each hit costs a respawn of the pool."""
+    if shard_dim and not isinstance(reshard, bool) and not one_in(draw, KNOWN_BUG_ODDS):
+        return 0
+    return shard_dim
+
+
 @st.composite
 def compositions(
     draw: st.DrawFn,
@@ -137,12 +147,13 @@ def compositions(
                 output_dtype=draw(st.sampled_from([None, Dtype.FLOAT32, Dtype.BFLOAT16, Dtype.FLOAT16])),
                 cast_forward_inputs=True,
             )
+        reshard = draw(reshard_values(shard_size))
         specs.append(
             ShardSpec(
                 path=group[0],
                 group=tuple(group[1:]),
-                reshard_after_forward=draw(reshard_values(shard_size)),
-                shard_dim=draw(st.sampled_from((0, 1))),
+                reshard_after_forward=reshard,
+                shard_dim=rare_int_reshard_dim_1(draw, reshard, draw(st.sampled_from((0, 1)))),
                 mixed_precision=mp,
             )
         )

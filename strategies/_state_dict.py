@@ -11,8 +11,6 @@ drawn rarely: each hit costs a whole case deadline. So does the known AssertionE
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from hypothesis import strategies as st
 
 from fuzz.case import Case, Composition, ModuleTree, Optimizer, Training, Wrapper
@@ -42,13 +40,8 @@ def layouts(draw: st.DrawFn, tree: ModuleTree, *, world_size: int) -> Compositio
         return Composition()
     if kind == "ddp":
         return Composition(wrapper=Wrapper.DDP)
+    # compositions() keeps the known int-reshard / Shard(1) FSDP2 bug rare.
     comp: Composition = draw(compositions(tree, world_size=world_size, replicate=kind == "composable"))
-    # An int reshard_after_forward with shard_dim 1 meets a known FSDP2 bug in training (the
-    # training properties' corpus entry): keep it rare here, where each hit costs a respawn.
-    int_dim1 = any(not isinstance(s.reshard_after_forward, bool) and s.shard_dim for s in comp.shards)
-    if int_dim1 and not one_in(draw, KNOWN_BUG_ODDS):
-        shards = tuple(s if isinstance(s.reshard_after_forward, bool) else replace(s, shard_dim=0) for s in comp.shards)
-        comp = replace(comp, shards=shards)
     return comp
 
 

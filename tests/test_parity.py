@@ -155,3 +155,20 @@ def test_models_built_on_the_meta_device_train_like_the_reference(rank_pool, che
             body=MetamorphicBody(tree=meta.tree, composition=meta.composition, variant=variant, training=meta.training),
         )
     )
+
+
+def test_mismatches_of_frozen_units_with_an_int_reshard_get_their_own_signature():
+    from fuzz.properties.parity import api_of
+
+    tree = ModuleTree(width=2, root=Block(children=(Leaf(LeafKind.CONV1D, bias=False, frozen=True),), scale=True))
+    comp = Composition(shards=(ShardSpec(path="0", reshard_after_forward=2),), replicates=("",))
+    assert api_of(comp, tree) == "fsdp2:frozen-int-reshard"
+    # trainable, a bool reshard, or the frozen leaf inside a unit that also owns a trainable
+    # parameter: the plain family
+    trainable = ModuleTree(width=2, root=Block(children=(Leaf(LeafKind.CONV1D, bias=False),), scale=True))
+    assert api_of(comp, trainable) == "fsdp2"
+    assert (
+        api_of(Composition(shards=(ShardSpec(path="0", reshard_after_forward=True),), replicates=("",)), tree)
+        == "fsdp2"
+    )
+    assert api_of(Composition(shards=(ShardSpec(path="", reshard_after_forward=2),)), tree) == "fsdp2"

@@ -16,7 +16,20 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from fuzz.case import Block, Case, Composition, Leaf, MetamorphicBody, ModuleTree, ParityBody, Training, Wrapper
+from fuzz.case import (
+    Block,
+    Case,
+    Composition,
+    Leaf,
+    MetamorphicBody,
+    ModuleTree,
+    Node,
+    ParityBody,
+    Training,
+    Wrapper,
+    iter_paths,
+    owns_params,
+)
 from fuzz.pool import Outcome
 from fuzz.properties import Property, register, strategy
 from fuzz.signature import Failure, failure_from_outcome
@@ -30,10 +43,12 @@ def _mismatch(prop: str, check: str, api: str, summary: str, **details: Any) -> 
     return Failure("mismatch", f"mismatch:{prop}{where}", summary, {"check": check, **details})
 
 
-def api_of(comp: Composition) -> str:
+def api_of(comp: Composition, tree: ModuleTree | None = None) -> str:
     """The API family a mismatch is charged to: fsdp2 (fully_shard and replicate), fsdp1 or
-    ddp. A shard dimension of size 1 is named, since degenerate shard groups take their own
-    code paths (and a known FSDP1 bug lives there)."""
+    ddp. Degenerate setups that take their own code paths are named, since known bugs live
+    there: a shard dimension of size 1 (``:shard1``, an FSDP1 bug), and a fully_shard unit with
+    an int ``reshard_after_forward`` whose parameters are all frozen (``:frozen-int-reshard``,
+    an FSDP2 bug: such a unit can stay in its post-forward state after backward)."""
     if comp.wrapper is Wrapper.DDP:
         name = "ddp"
     elif comp.wrapper is not Wrapper.NONE:
@@ -42,7 +57,33 @@ def api_of(comp: Composition) -> str:
         name = "fsdp2"
     if comp.mesh and comp.mesh[1] == 1:
         name += ":shard1"
+    if tree is not None and frozen_int_reshard_unit(tree, comp):
+        name += ":frozen-int-reshard"
     return name
+
+
+def frozen_int_reshard_unit(tree: ModuleTree, comp: Composition) -> bool:
+    """True if a fully_shard unit with an int reshard_after_forward manages only frozen
+    parameters (modules inside a nested unit or a replicate are not its own)."""
+    paths = tree.paths()
+    others = comp.sharded_paths + list(comp.replicates)
+    for spec in comp.shards:
+        if isinstance(spec.reshard_after_forward, bool):
+            continue
+        owned: list[Node] = []
+        for member in spec.paths:
+            node = paths[member]
+            subtree = list(iter_paths(node, member)) if isinstance(node, Block) else [(member, node)]
+            owned += [n for sub, n in subtree if owns_params(n) and not _inside_other(sub, member, others)]
+        if owned and all(isinstance(n, Leaf) and n.frozen for n in owned):
+            return True
+    return False
+
+
+def _inside_other(sub: str, unit: str, others: list[str]) -> bool:
+    return any(
+        o != unit and (unit == "" or o.startswith(unit + ".")) and (sub == o or sub.startswith(o + ".")) for o in others
+    )
 
 
 def compare_runs(prop: str, observations: list[dict[str, Any]], tol: Tolerance, api: str = "") -> Failure | None:
@@ -206,7 +247,7 @@ def judge_parity(case: Case, outcome: Outcome) -> Failure | None:
     body = case.body
     assert isinstance(body, ParityBody)
     obs = outcome.observations
-    api = api_of(body.composition)
+    api = api_of(body.composition, body.tree)
     failure = compare_runs(case.property, obs, _tolerance(body.training), api) or check_replicas(case.property, obs)
     if failure is None and "contracts" in obs[0]:
         failure = check_contracts(case.property, body.composition, body.tree, obs[0]["contracts"])
@@ -232,7 +273,9 @@ def judge_metamorphic(case: Case, outcome: Outcome) -> Failure | None:
     assert isinstance(body, MetamorphicBody)
     # The base composition is always composable (fully_shard / replicate); the variant is what
     # changed, so the mismatch is charged to it.
-    api = api_of(body.variant)
+    api = api_of(body.variant, body.tree)
+    if not api.endswith(":frozen-int-reshard") and frozen_int_reshard_unit(body.tree, body.composition):
+        api += ":frozen-int-reshard"
     return compare_runs(case.property, outcome.observations, _tolerance(body.training), api)
 
 
