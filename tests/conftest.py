@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -42,3 +45,38 @@ def torchrun(script: Path, env: dict[str, str] | None = None, nproc: int = 2) ->
         text=True,
         timeout=240,
     )
+
+
+def pid_alive(pid: int) -> bool:
+    """True if ``pid`` names a process that has not exited (a zombie counts as exited)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def wait_gone(pids: list[int], timeout: float) -> list[int]:
+    """Wait up to ``timeout`` seconds for ``pids`` to exit; the ones still alive."""
+    end = time.monotonic() + timeout
+    alive = [p for p in pids if pid_alive(p)]
+    while alive and time.monotonic() < end:
+        time.sleep(0.05)
+        alive = [p for p in alive if pid_alive(p)]
+    return alive
+
+
+def kill_leftovers(proc: subprocess.Popen[bytes], pids: list[int]) -> None:
+    """After a failed assertion: end ``proc`` and ``pids``, only processes the test started."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    for pid in pids:
+        if pid_alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

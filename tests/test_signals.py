@@ -9,7 +9,6 @@ or ``PR_SET_PDEATHSIG`` once the driver is dead (SIGTERM, SIGKILL: no Python cod
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import selectors
@@ -21,6 +20,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import kill_leftovers, pid_alive, wait_gone
 
 ROOT = Path(__file__).resolve().parents[1]
 STARTUP_TIMEOUT_S = 90.0
@@ -54,20 +55,6 @@ DRIVER = textwrap.dedent(
     sys.exit(5)
     """
 )
-
-
-def pid_alive(pid: int) -> bool:
-    """True if ``pid`` names a process that has not exited (a zombie counts as exited)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
 
 def read_line(proc: subprocess.Popen[bytes], timeout: float) -> bytes:
@@ -136,24 +123,12 @@ def test_killing_the_driver_mid_case_leaves_no_rank_behind(tmp_path: Path, sig: 
             assert status == -sig  # the default action: no Python code ran
         assert status != 5, "the driver finished the sleep case instead of being interrupted"
 
-        remaining = EXIT_TIMEOUT_S - (time.monotonic() - sent)
-        end = time.monotonic() + max(remaining, 0.0)
-        alive = [p for p in rank_pids if pid_alive(p)]
-        while alive and time.monotonic() < end:
-            time.sleep(0.05)
-            alive = [p for p in rank_pids if pid_alive(p)]
+        alive = wait_gone(rank_pids, max(EXIT_TIMEOUT_S - (time.monotonic() - sent), 0.0))
         assert not alive, (
             f"rank processes {alive} outlived the driver by {EXIT_TIMEOUT_S}s after {sig.name}; "
             f"driver stderr:\n{stderr_path.read_text(errors='replace')[-3000:]}"
         )
     finally:
-        # Clean up after a failed assertion, ending only processes this test started.
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for pid in rank_pids:
-            if pid_alive(pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+        kill_leftovers(proc, rank_pids)
         if proc.stdout is not None:
             proc.stdout.close()
