@@ -12,7 +12,8 @@ Rendered: ``parity`` and ``mixed_precision`` cases; compositions of ``checkpoint
 ``fully_shard`` (groups, ``reshard_after_forward``, ``shard_placement_fn``,
 ``MixedPrecisionPolicy``) and ``replicate`` in the order :meth:`fuzz.case.Composition.steps`
 gives, on the 1D mesh or an HSDP (replicate, shard) mesh; or DDP / FSDP1 (every sharding
-strategy, auto-wrap) with checkpoint on submodules. Refused: ``CPUOffloadPolicy`` (it needs an
+strategy, auto-wrap) with checkpoint on submodules; ``torch.compile`` of the composed model.
+Refused: ``Training.skips`` and ``Training.unfreeze`` (not rendered yet), ``CPUOffloadPolicy`` (it needs an
 accelerator, so no test on CPU could hold a script against the pool), other body kinds and
 properties, and what the ranks ignore (a mesh on a wrapper other than HYBRID_SHARD,
 ``checkpoint_first`` on a wrapper).
@@ -45,6 +46,7 @@ from fuzz.case import (
     AccumSync,
     Block,
     Case,
+    Compile,
     Composition,
     Dtype,
     Leaf,
@@ -97,6 +99,7 @@ KNOWN_FIELDS: dict[type, frozenset[str]] = {
             "same_input",
             "param_groups",
             "foreach",
+            "compile",
         }
     ),
 }
@@ -115,6 +118,7 @@ KNOWN_VALUES: dict[type[enum.Enum], frozenset[enum.Enum]] = {
         }
     ),
     Optimizer: frozenset({Optimizer.SGD, Optimizer.ADAM, Optimizer.ADAMW}),
+    Compile: frozenset({Compile.NONE, Compile.EAGER, Compile.AOT_EAGER}),
     Dtype: frozenset({Dtype.FLOAT32, Dtype.FLOAT64, Dtype.BFLOAT16, Dtype.FLOAT16}),
     AccumSync: frozenset({AccumSync.ALWAYS, AccumSync.NO_GRAD_SYNC, AccumSync.NO_ALL_REDUCE}),
     Wrapper: frozenset(
@@ -283,6 +287,10 @@ class _Uses:
     @property
     def no_sync(self) -> bool:
         return self.wrapper and self.body.training.accum_sync is AccumSync.NO_GRAD_SYNC
+
+    @property
+    def compiled(self) -> bool:
+        return self.body.training.compile is not Compile.NONE
 
     @property
     def dtensor(self) -> bool:
@@ -931,6 +939,18 @@ def render_after_forward(uses: _Uses) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _render_compile(uses: _Uses) -> list[str]:
+    """torch.compile of the composed model (never of the reference), after a reset of Dynamo."""
+    if not uses.compiled:
+        return []
+    backend = _q(uses.body.training.compile.value)
+    if uses.reference:
+        return [
+            f"    forward = torch.compile(net, backend={backend}) if composed else net",
+        ]
+    return [f"    forward = torch.compile(net, backend={backend})"]
+
+
 def render_train(uses: _Uses) -> str:
     comp = uses.comp
     ref = uses.reference
@@ -977,6 +997,7 @@ def render_train(uses: _Uses) -> str:
         )
     lines += [
         "    opt = make_optimizer(net)",
+        *_render_compile(uses),
         "    torch.manual_seed((SEED * 7919 + rank + 1) % 2**63)  # dropout masks: "
         + ("same in both runs of a rank" if ref else "the fuzzer's seed for this rank"),
         '    run = {"losses": [], "grad_norms": [], "params": []}',
@@ -1001,7 +1022,7 @@ def render_train(uses: _Uses) -> str:
         )
         lines.append(f"{pad}with {no_sync}:  # accum_sync=no_grad_sync")
         pad += "    "
-    lines.append(f"{pad}out = net(x)")
+    lines.append(f"{pad}out = {'forward' if uses.compiled else 'net'}(x)")
     if uses.contracts:
         watched = ", watched" if uses.dtypes else ""
         cond = 'composed and "contract" not in run' if ref else '"contract" not in run'

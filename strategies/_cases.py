@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import strategies as st
 
 from fuzz.case import (
     AccumSync,
     Case,
+    Compile,
     Composition,
     Dtype,
     InvalidBody,
@@ -16,16 +19,25 @@ from fuzz.case import (
     ModuleTree,
     Optimizer,
     ParityBody,
+    Skip,
     Training,
+    Unfreeze,
     Wrapper,
+    check_training,
     has_params,
     iter_paths,
+    owns_params,
 )
 from fuzz.case import Leaf as _Leaf
+from fuzz.errors import CaseError
 from strategies._compositions import compositions, meshes, rare_int_reshard_dim_1, reshard_values, wrappers
 from strategies._odds import KNOWN_BUG_ODDS, one_in
 from strategies._trees import module_trees
 from strategies._validation import check_bounds, check_world_size
+
+#: One case in this many compiles its composed model (see training_schedules): Dynamo's tracing
+#: costs far more than a small case's training.
+COMPILE_ODDS = 32
 
 
 @st.composite
@@ -88,6 +100,143 @@ def _rare_foreach_on_mixed_params(draw: st.DrawFn, training: Training, *comps: C
     return training
 
 
+@st.composite
+def training_schedules(draw: st.DrawFn, tree: ModuleTree, training: Training, *comps: Composition) -> Training:
+    """``training`` with, sometimes, modules left out of forward on some microbatches (unused
+    parameters), frozen leaves unfrozen between steps, and torch.compile of the composed model;
+    only where :func:`fuzz.case.check_training` accepts them for ``comps``."""
+    paths = tree.paths()
+    changes: dict[str, Any] = {}
+    if draw(st.sampled_from((False, True, False, False))):
+        candidates = [p for p, n in paths.items() if p and has_params(n)] or [p for p in paths if p]
+        slots = [(s, m) for s in range(training.steps) for m in range(training.grad_accum)]
+        skips: list[Skip] = []
+        for path in draw(st.lists(st.sampled_from(candidates), min_size=1, max_size=2, unique=True)):
+            for s, m in draw(st.lists(st.sampled_from(slots), min_size=1, unique=True)):
+                skips.append(Skip(path=path, step=s, microbatch=m))
+        changes["skips"] = tuple(skips)
+    frozen = [p for p, n in paths.items() if isinstance(n, _Leaf) and n.frozen]
+    if frozen and training.steps > 1 and draw(st.booleans()):
+        chosen = draw(st.lists(st.sampled_from(frozen), min_size=1, max_size=2, unique=True))
+        changes["unfreeze"] = tuple(Unfreeze(path=p, step=draw(st.integers(1, training.steps - 1))) for p in chosen)
+    if one_in(draw, COMPILE_ODDS):
+        changes["compile"] = draw(st.sampled_from([Compile.EAGER, Compile.AOT_EAGER]))
+    if not changes:
+        return training
+    out = Training(**{**training.__dict__, **changes})
+    # Drop what the tree or the compositions cannot take, one skip at a time.
+    while True:
+        try:
+            check_training(tree, comps, out)
+            return out
+        except CaseError as e:
+            if e.path.startswith("training.skips[") and out.skips:
+                i = int(e.path.split("[")[1].split("]")[0])
+                out = Training(**{**out.__dict__, "skips": out.skips[:i] + out.skips[i + 1 :]})
+            elif e.path.startswith("training.skips") and out.skips:
+                out = Training(**{**out.__dict__, "skips": ()})
+            elif e.path.startswith("training.unfreeze") and out.unfreeze:
+                out = Training(**{**out.__dict__, "unfreeze": ()})
+            elif e.path.startswith("training.compile") and out.compile is not Compile.NONE:
+                fallback = Compile.EAGER if out.compile is Compile.AOT_EAGER else Compile.NONE
+                out = Training(**{**out.__dict__, "compile": fallback})
+            else:
+                raise
+
+
+def _checked(tree: ModuleTree, training: Training, *comps: Composition) -> Training:
+    """``training`` if check_training accepts it, else without its skips (the rules below change
+    skips after training_schedules made them valid)."""
+    try:
+        check_training(tree, comps, training)
+        return training
+    except CaseError:
+        return Training(**{**training.__dict__, "skips": ()})
+
+
+def _rare_unused_after_partial_reduce(
+    draw: st.DrawFn, tree: ModuleTree, training: Training, comp: Composition
+) -> Training:
+    """With set_requires_all_reduce(False) (no_all_reduce), parameters unused on some but not all
+    microbatches of a step meet a known FSDP2 bug (their unit's partial reduce-scatter output is
+    dropped or fails to add up; signature ``...@fsdp2:unused-no-all-reduce``): keep that rare, and
+    otherwise leave such modules out of every microbatch of their step."""
+    if (
+        training.accum_sync is AccumSync.NO_ALL_REDUCE
+        and training.unused_on_some_microbatches(tree)
+        and not one_in(draw, KNOWN_BUG_ODDS)
+    ):
+        whole = {(s.path, s.step) for s in training.skips}
+        skips = tuple(
+            Skip(path=p, step=st_, microbatch=m) for p, st_ in sorted(whole) for m in range(training.grad_accum)
+        )
+        return _checked(tree, Training(**{**training.__dict__, "skips": skips}), comp)
+    return training
+
+
+def _rare_unfrozen_unresharded(draw: st.DrawFn, tree: ModuleTree, training: Training, *comps: Composition) -> Training:
+    """Unfreezing a leaf of an all-frozen fully_shard unit with reshard_after_forward other than
+    True meets a known FSDP2 bug under a replicate'd root (signature ``...:unfrozen-unresharded``,
+    see fuzz.properties.parity.unfrozen_unresharded_unit): keep that rare."""
+    from fuzz.properties.parity import unfrozen_unresharded_unit
+
+    if any(unfrozen_unresharded_unit(tree, c, training) for c in comps) and not one_in(draw, KNOWN_BUG_ODDS):
+        return Training(**{**training.__dict__, "unfreeze": ()})
+    return training
+
+
+def never_run_under_no_sync(tree: ModuleTree, comp: Composition, training: Training) -> bool:
+    """True if a module holding parameters is left out of the first forward while gradients
+    accumulate without sync under a MixedPrecisionPolicy with a reduce_dtype: FSDP2's
+    post-backward then reads the unsharded parameter of a unit that never ran (a known bug,
+    ``AttributeError ... to_accumulated_grad_if_needed``)."""
+    paths = tree.paths()
+    return (
+        training.accum_sync is AccumSync.NO_GRAD_SYNC
+        and any(s.mixed_precision is not None and s.mixed_precision.reduce_dtype is not None for s in comp.shards)
+        and any(has_params(paths[p]) for p in training.skipped_at(0, 0))
+    )
+
+
+def _rare_never_run_under_no_sync(draw: st.DrawFn, tree: ModuleTree, training: Training, comp: Composition) -> Training:
+    """Keep :func:`never_run_under_no_sync` rare (1 in KNOWN_BUG_ODDS); else run everything first."""
+    if never_run_under_no_sync(tree, comp, training) and not one_in(draw, KNOWN_BUG_ODDS):
+        skips = tuple(s for s in training.skips if (s.step, s.microbatch) != (0, 0))
+        return _checked(tree, Training(**{**training.__dict__, "skips": skips}), comp)
+    return training
+
+
+def _nested_unit(unit: str, member: str, path: str) -> bool:
+    """True if ``unit`` is another unit inside ``member`` that holds ``path``."""
+    inside = unit != member and (member == "" or unit.startswith(member + "."))
+    return inside and (path == unit or path.startswith(unit + "."))
+
+
+def unfrozen_in_frozen_mp_unit(tree: ModuleTree, comp: Composition, training: Training) -> bool:
+    """True if a leaf unfrozen later belongs to a fully_shard unit with a param_dtype whose own
+    parameters are all frozen at the start: FSDP2 takes a unit's original and reduce dtypes from
+    its trainable parameters at lazy init (FSDPParamGroup._init_mp_dtypes), so it never casts
+    such a unit's low-precision gradient back (a known bug, ``RuntimeError ... foreach_reduce``:
+    "attempting to assign a gradient with dtype BFloat16 to a tensor with grad_dtype Float")."""
+    paths = tree.paths()
+    units = comp.sharded_paths + list(comp.replicates)
+    unfrozen = {u.path for u in training.unfreeze}
+    for spec in comp.shards:
+        if spec.mixed_precision is None or spec.mixed_precision.param_dtype is None:
+            continue
+        owned = [
+            (p, n)
+            for m in spec.paths
+            for p, n in paths.items()
+            if owns_params(n)
+            and (p == m or m == "" or p.startswith(m + "."))
+            and not any(_nested_unit(u, m, p) for u in units)
+        ]
+        if owned and all(isinstance(n, _Leaf) and n.frozen for _, n in owned) and any(p in unfrozen for p, _ in owned):
+            return True
+    return False
+
+
 def _maybe_meta_init(draw: st.DrawFn, comp: Composition) -> Composition:
     """About one in three fully_shard / checkpoint compositions starts from the meta device."""
     if comp.wrapper is Wrapper.NONE and not comp.replicates and draw(st.sampled_from((False, True, False))):
@@ -107,6 +256,11 @@ def parity_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 3, max_st
         comp = _maybe_meta_init(draw, draw(compositions(tree, world_size=world_size)))
     training = _fit_training(draw(trainings(max_steps=max_steps, hsdp=bool(comp.mesh))), comp)
     training = _rare_foreach_on_mixed_params(draw, training, comp)
+    training = _rare_unused_after_partial_reduce(draw, tree, draw(training_schedules(tree, training, comp)), comp)
+    training = _rare_unfrozen_unresharded(draw, tree, training, comp)
+    training = _rare_never_run_under_no_sync(draw, tree, training, comp)
+    if unfrozen_in_frozen_mp_unit(tree, comp, training) and not one_in(draw, KNOWN_BUG_ODDS):
+        training = Training(**{**training.__dict__, "unfreeze": ()})
     body = ParityBody(tree=tree, composition=comp, training=training)
     return Case(property="parity", world_size=world_size, seed=draw(st.integers(0, 2**32 - 1)), body=body)
 
@@ -124,6 +278,8 @@ def mixed_precision_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 
     training = _fit_training(draw(trainings(max_steps=2, hsdp=bool(comp.mesh))), comp)
     # Policies speak of float32 parameters (output_dtype=float32 meets float32 layers).
     training = Training(**{**training.__dict__, "dtype": Dtype.FLOAT32})
+    training = _rare_unused_after_partial_reduce(draw, tree, draw(training_schedules(tree, training, comp)), comp)
+    training = _rare_unfrozen_unresharded(draw, tree, training, comp)
     body = ParityBody(tree=tree, composition=comp, training=training)
     return Case(property="mixed_precision", world_size=world_size, seed=draw(st.integers(0, 2**32 - 1)), body=body)
 
@@ -170,6 +326,8 @@ def metamorphic_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 3, m
     variant = draw(metamorphic_variants(tree, comp, world_size=world_size))
     training = draw(trainings(max_steps=max_steps, accumulation=False))
     training = _rare_foreach_on_mixed_params(draw, training, comp, variant)
+    training = draw(training_schedules(tree, training, comp, variant))
+    training = _rare_unfrozen_unresharded(draw, tree, training, comp, variant)
     body = MetamorphicBody(tree=tree, composition=comp, variant=variant, training=training)
     return Case(property="metamorphic", world_size=world_size, seed=draw(st.integers(0, 2**32 - 1)), body=body)
 

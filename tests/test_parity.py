@@ -3,12 +3,18 @@ real faults in torch (../shared/mutants)."""
 
 from __future__ import annotations
 
-from hypothesis import given
+import re
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 
 from fuzz.case import (
+    AccumSync,
     Block,
     Case,
+    Compile,
     Composition,
     Dtype,
     Leaf,
@@ -19,12 +25,17 @@ from fuzz.case import (
     Optimizer,
     ParityBody,
     ShardSpec,
+    Skip,
     Training,
+    Unfreeze,
+    Wrapper,
 )
+from fuzz.errors import CaseError
 from fuzz.explore import run_case
 from fuzz.pool import RankPool
 from fuzz.properties import get_property
 from strategies import invalid_cases, metamorphic_cases, mixed_precision_cases, parity_cases
+from strategies._cases import never_run_under_no_sync, unfrozen_in_frozen_mp_unit
 from tests.conftest import mutant_env
 
 
@@ -172,3 +183,164 @@ def test_mismatches_of_frozen_units_with_an_int_reshard_get_their_own_signature(
         == "fsdp2"
     )
     assert api_of(Composition(shards=(ShardSpec(path="", reshard_after_forward=2),)), tree) == "fsdp2"
+
+
+# -- training schedules: unused parameters, parameters unfrozen later, torch.compile -------------
+
+_KNOWN_SCHEDULE_BUGS = (":unused-no-all-reduce", ":unfrozen-unresharded")
+
+
+def _generated_with(strategy: Any, feature: str, world_size: int) -> Case:
+    """The first case the strategy draws (derandomized) with ``feature`` and none of the known
+    FSDP2 bugs the schedules meet (those have their own tests below)."""
+    from fuzz.properties.parity import api_of, features
+
+    def wanted(case: Case) -> bool:
+        body = case.body
+        assert isinstance(body, (ParityBody, MetamorphicBody))
+        comps = [body.composition] + ([body.variant] if isinstance(body, MetamorphicBody) else [])
+        apis = [api_of(c, body.tree, body.training) for c in comps]
+        known = any(k in a for a in apis for k in _KNOWN_SCHEDULE_BUGS)
+        known |= never_run_under_no_sync(body.tree, body.composition, body.training)
+        known |= unfrozen_in_frozen_mp_unit(body.tree, body.composition, body.training)
+        return feature in features(case) and not known
+
+    search = settings(
+        max_examples=3000,
+        database=None,
+        derandomize=True,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    return find(strategy(world_size=world_size), wanted, settings=search)
+
+
+@pytest.mark.parametrize(
+    "feature",
+    ["param:unused", "param:unused:some-microbatches", "param:unfrozen_later", "compile:eager", "compile:aot_eager"],
+)
+@pytest.mark.parametrize("strategy", [parity_cases, metamorphic_cases, mixed_precision_cases], ids=lambda s: s.__name__)
+def test_generated_training_schedules_hold(rank_pool, check_case, strategy, feature):
+    if strategy is metamorphic_cases and feature.endswith("some-microbatches"):
+        pytest.skip("metamorphic cases have one microbatch per step")
+    check_case(_generated_with(strategy, feature, rank_pool.world_size))
+
+
+@given(data=st.data())
+def test_composed_models_with_unused_parameters_train_like_the_reference(rank_pool, check_case, data):
+    case = data.draw(
+        parity_cases(world_size=rank_pool.world_size).filter(lambda c: bool(c.body.training.skips)), label="case"
+    )
+    check_case(case)
+
+
+def _skip_tree() -> ModuleTree:
+    return ModuleTree(width=4, root=Block(children=(Leaf(LeafKind.LINEAR), Leaf(LeafKind.TANH), Leaf(LeafKind.LINEAR))))
+
+
+@pytest.mark.parametrize(
+    ("composition", "training", "field", "reason"),
+    [
+        (Composition(wrapper=Wrapper.DDP), Training(skips=(Skip("0", 0),)), "skips[0]", "find_unused_parameters"),
+        (
+            Composition(shards=(ShardSpec("0"),), replicates=("",)),
+            Training(skips=(Skip("2", 0),)),
+            "skips[0]",
+            "find_unused",
+        ),
+        (
+            Composition(wrapper=Wrapper.FSDP1_FULL_SHARD),
+            Training(momentum=0.9, skips=(Skip("0", 0),)),
+            "skips[0]",
+            "zero gradients",
+        ),
+        (
+            Composition(wrapper=Wrapper.FSDP1_NO_SHARD),
+            Training(grad_accum=2, accum_sync=AccumSync.NO_GRAD_SYNC, skips=(Skip("0", 0, 1),)),
+            "skips[0]",
+            "no_sync",
+        ),
+        (Composition(shards=(ShardSpec(""),)), Training(skips=(Skip("", 0),)), "skips[0].path", "below the root"),
+        (
+            Composition(shards=(ShardSpec(""),)),
+            Training(skips=(Skip("0", 0), Skip("2", 0))),
+            "skips[0]",
+            "no trainable",
+        ),
+        (
+            Composition(shards=(ShardSpec(""),)),
+            Training(steps=2, unfreeze=(Unfreeze("0", 1),)),
+            "unfreeze[0].path",
+            "frozen leaf",
+        ),
+        (
+            Composition(shards=(ShardSpec(""),), checkpoints=("0",)),
+            Training(compile=Compile.AOT_EAGER),
+            "compile",
+            "aot_eager",
+        ),
+    ],
+)
+def test_schedules_the_apis_do_not_support_are_refused(composition, training, field, reason):
+    with pytest.raises(CaseError, match=rf"training\.{re.escape(field)}: .*{reason}"):
+        ParityBody(tree=_skip_tree(), composition=composition, training=training)
+
+
+def test_training_refuses_schedules_outside_its_steps():
+    with pytest.raises(CaseError, match=r"skips\[0\]\.step: step=2 is outside 0\.\.1"):
+        Training(steps=2, skips=(Skip("0", 2),))
+    with pytest.raises(CaseError, match=r"skips\[0\]\.microbatch"):
+        Training(skips=(Skip("0", 0, 1),))
+    with pytest.raises(CaseError, match=r"unfreeze\[0\]\.step: step=0"):
+        Training(steps=2, unfreeze=(Unfreeze("0", 0),))
+    # a replicated module left out of forward as a whole is fine (DDP never prepared a backward)
+    tree = ModuleTree(width=4, root=Block(children=(Block(children=(Leaf(LeafKind.LINEAR),)), Leaf(LeafKind.LINEAR))))
+    ParityBody(tree, Composition(shards=(ShardSpec(""),), replicates=("0",)), Training(skips=(Skip("0", 0),)))
+
+
+def _no_all_reduce_case(world_size: int) -> Case:
+    """HSDP, reduce-scatter only on the first of two microbatches (set_requires_all_reduce(False)),
+    the fully_shard unit "0" unused on the last one."""
+    tree = ModuleTree(width=4, root=Block(children=(Leaf(LeafKind.LINEAR), Leaf(LeafKind.LINEAR))))
+    comp = Composition(shards=(ShardSpec("0"), ShardSpec("")), mesh=(1, world_size))
+    training = Training(grad_accum=2, accum_sync=AccumSync.NO_ALL_REDUCE, skips=(Skip("0", 0, 1),))
+    return Case("parity", world_size, 0, ParityBody(tree, comp, training))
+
+
+def _unfrozen_unresharded_case(world_size: int) -> Case:
+    """A frozen fully_shard unit with reshard_after_forward=False under a replicate'd root,
+    unfrozen before step 1."""
+    tree = ModuleTree(width=4, root=Block(children=(Leaf(LeafKind.LINEAR, frozen=True), Leaf(LeafKind.LINEAR))))
+    comp = Composition(shards=(ShardSpec("0", reshard_after_forward=False),), replicates=("",))
+    return Case("parity", world_size, 1, ParityBody(tree, comp, Training(steps=2, unfreeze=(Unfreeze("0", 1),))))
+
+
+@pytest.mark.parametrize(
+    ("make", "signature"),
+    [
+        (_no_all_reduce_case, "mismatch:parity@fsdp2:unused-no-all-reduce"),
+        (_unfrozen_unresharded_case, "mismatch:parity@fsdp2:unfrozen-unresharded"),
+    ],
+    ids=["unused-no-all-reduce", "unfrozen-unresharded"],
+)
+def test_known_fsdp2_bugs_of_training_schedules_fail_with_their_own_signature(rank_pool, make, signature):
+    """Two FSDP2 bugs the schedules found (docs/design.md): the cases fail on torch 2.13 with
+    signatures of their own. When torch fixes one, this test fails: retire it."""
+    case = make(rank_pool.world_size)
+    failure = run_case(rank_pool, get_property("parity"), case)
+    assert failure is not None, f"torch fixed {signature}: retire this test and the odds in strategies/_cases.py"
+    assert failure.signature == signature, failure
+
+
+def test_the_same_schedules_with_set_requires_gradient_sync_pass(check_case, rank_pool):
+    """The controls of the two bugs above: no_grad_sync instead of no_all_reduce; reshard_after_forward=True."""
+    case = _no_all_reduce_case(rank_pool.world_size)
+    body = case.body
+    assert isinstance(body, ParityBody)
+    training = Training(**{**body.training.__dict__, "accum_sync": AccumSync.NO_GRAD_SYNC})
+    check_case(Case("parity", case.world_size, 0, ParityBody(body.tree, body.composition, training)))
+    case = _unfrozen_unresharded_case(rank_pool.world_size)
+    body = case.body
+    assert isinstance(body, ParityBody)
+    comp = Composition(shards=(ShardSpec("0"),), replicates=("",))
+    check_case(Case("parity", case.world_size, 1, ParityBody(body.tree, comp, body.training)))

@@ -26,6 +26,7 @@ from fuzz.case import (
     AccumSync,
     Block,
     Case,
+    Compile,
     Composition,
     Dtype,
     FaultAction,
@@ -36,7 +37,9 @@ from fuzz.case import (
     Optimizer,
     ParityBody,
     ShardSpec,
+    Skip,
     Training,
+    Unfreeze,
     Wrapper,
     iter_paths,
 )
@@ -173,6 +176,12 @@ def test_every_generated_case_renders_with_the_ranks_calls_in_their_order(data: 
     world_size = data.draw(st.sampled_from([2, 4]), label="world_size")
     cases = data.draw(st.sampled_from([parity_cases, mixed_precision_cases]), label="property")
     case = data.draw(cases(world_size=world_size), label="case")
+    training = _training(case)
+    if training.skips or training.unfreeze:  # not rendered yet: refused, naming the field
+        field = "skips" if training.skips else "unfreeze"
+        with pytest.raises(InvalidArgument, match=rf"case\.body\.training\.{field}: "):
+            render_entry(_entry(case))
+        return
     source = render_entry(_entry(case))
     compile(source, "repro.py", "exec")
     assert _imported_modules(source) - {"torch"} <= set(sys.stdlib_module_names)
@@ -293,6 +302,8 @@ FEATURES: dict[str, tuple[Callable[..., Any], Callable[[Case], bool], int]] = {
         0,
     ),
     "mixed_precision": (mixed_precision_cases, _mp_casts_output, 7),
+    # torch.compile of the composed model (Dynamo only), beside fully_shard
+    "compile": (parity_cases, lambda c: _training(c).compile is Compile.EAGER and bool(_comp(c).shards), 0),
     # built on the meta device, composed, to_empty, values copied in shard by shard; lazy init
     "meta": (
         parity_cases,
@@ -561,3 +572,22 @@ def test_cli_names_an_unwritable_output(tmp_path: Path) -> None:
     result = run_cli("repro", str(path), "-o", str(target))
     assert result.returncode == 2
     assert str(target) in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("training", "field"),
+    [
+        (Training(skips=(Skip("1", 0),)), "skips"),
+        (Training(steps=2, unfreeze=(Unfreeze("3", 1),)), "unfreeze"),
+    ],
+)
+def test_training_schedules_are_refused_naming_the_field(tmp_path: Path, training: Training, field: str) -> None:
+    """Modules left out of forward and leaves unfrozen later are not rendered yet: refused with
+    exit 2, naming the field."""
+    case = _with(_rich_case(), composition=Composition(shards=(ShardSpec(path=""),)), training=training)
+    with pytest.raises(InvalidArgument, match=rf"case\.body\.training\.{field}: "):
+        render_entry(_entry(case))
+    path, _ = save_entry(tmp_path, _entry(case))
+    result = run_cli("repro", str(path), "-o", str(tmp_path / "r.py"))
+    assert result.returncode == 2
+    assert f"case.body.training.{field}" in result.stderr

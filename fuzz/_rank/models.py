@@ -27,10 +27,14 @@ class TreeBlock(nn.Module):
             self.register_buffer("shift", 0.1 * torch.randn(width))
         else:
             self.shift = None
+        #: Names of children left out of forward (``Training.skips``); set by :func:`set_skipped`.
+        self.skipped: frozenset[str] = frozenset()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = x
-        for child in self.children():
+        for name, child in self.named_children():
+            if name in self.skipped:
+                continue
             y = child(y)
         if self.scale is not None:
             y = y * self.scale
@@ -80,3 +84,24 @@ def build_node(node: Node, width: int) -> nn.Module:
 def build_model(tree: ModuleTree, device: torch.device) -> nn.Module:
     with torch.device(device):
         return build_node(tree.root, tree.width)
+
+
+def tree_blocks(model: nn.Module) -> dict[str, TreeBlock]:
+    """The blocks of a built tree by their case paths, through any wrapper (DDP's ``module``,
+    FSDP1's ``_fsdp_wrapped_module``, checkpoint wrappers): tree paths are digits only."""
+    return {
+        ".".join(c for c in name.split(".") if c.isdigit()): m
+        for name, m in model.named_modules()
+        if isinstance(m, TreeBlock)
+    }
+
+
+def set_skipped(blocks: dict[str, TreeBlock], paths: list[str]) -> None:
+    """Leave the modules at ``paths`` out of forward until the next call (the rest run)."""
+    skipped: dict[str, set[str]] = {p: set() for p in blocks}
+    for path in paths:
+        parent, _, name = path.rpartition(".")
+        skipped[parent].add(name)
+    for p, block in blocks.items():
+        if block.skipped != skipped[p]:
+            block.skipped = frozenset(skipped[p])

@@ -22,13 +22,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from fuzz._rank.compose import TORCH_DTYPES, Composed, build_composed
+from fuzz._rank.compose import TORCH_DTYPES, Composed, build_composed, clean_name
 from fuzz._rank.compose import apply_fully_shard as apply_fully_shard  # re-exported for other programs
 from fuzz._rank.context import RankContext
-from fuzz._rank.models import build_model
+from fuzz._rank.models import build_model, set_skipped, tree_blocks
 from fuzz.case import (
     AccumSync,
     Case,
+    Compile,
     Composition,
     MetamorphicBody,
     ModuleTree,
@@ -38,9 +39,11 @@ from fuzz.case import (
 )
 
 
-def make_optimizer(params: Any, training: Training) -> torch.optim.Optimizer:
-    """The case's optimizer over ``params`` (trainable ones only), in 1 or 2 param groups."""
-    params = [p for p in params if p.requires_grad]
+def make_optimizer(params: Any, training: Training, later: Any = ()) -> torch.optim.Optimizer:
+    """The case's optimizer over ``params`` (trainable ones only, and the frozen ones in
+    ``later``, which training unfreezes), in 1 or 2 param groups."""
+    held = {id(p) for p in later}
+    params = [p for p in params if p.requires_grad or id(p) in held]
     groups: Any = params
     if training.param_groups == 2:
         groups = [{"params": params[0::2]}, {"params": params[1::2], "lr": training.lr / 2}]
@@ -111,8 +114,9 @@ class _Contracts:
 
         return hook
 
-    def after_forward(self) -> dict[str, Any]:
-        """Which units' parameters are registered sharded right after the root's forward."""
+    def after_forward(self, skipped: list[str]) -> dict[str, Any]:
+        """Which units' parameters are registered sharded right after the root's forward (none
+        for a unit whose modules were all left out of it: they never left their sharded state)."""
         from torch.distributed.tensor import DTensor
 
         for h in self.handles:
@@ -121,7 +125,10 @@ class _Contracts:
         sharded = self.comp.sharded_paths + list(self.comp.replicates)
         state: dict[str, list[bool]] = {}
         for spec in self.comp.shards:
-            flags = []
+            flags: list[bool] = []
+            if all(_under_any(path, skipped) for path in spec.paths):
+                state[spec.path] = flags
+                continue
             for path in spec.paths:
                 for sub, _ in iter_paths_of(self.model, path):
                     if sub != path and _under_other_unit(sub, path, sharded):
@@ -145,12 +152,19 @@ def _under_other_unit(sub: str, unit: str, sharded: list[str]) -> bool:
     )
 
 
-def replicate_contract(model: nn.Module, comp: Composition) -> dict[str, list[str]]:
-    """For each replicated module: the parameter names replicate says it manages."""
+def _under_any(path: str, skipped: list[str]) -> bool:
+    """True if the module at ``path`` is at or under one of the ``skipped`` paths."""
+    return any(path == s or path.startswith(s + ".") for s in skipped)
+
+
+def replicate_contract(model: nn.Module, comp: Composition, skipped: list[str] | None = None) -> dict[str, list[str]]:
+    """For each replicated module that ran forward: the parameter names replicate says it manages."""
     from torch.distributed._composable import replicate
 
     out = {}
     for path in comp.replicates:
+        if _under_any(path, skipped or []):
+            continue
         state = replicate.state(model.get_submodule(path))
         out[path] = sorted(getattr(state, "_param_names", []))
     return out
@@ -169,14 +183,22 @@ def train(
         composed = Composed(model)
     contracts = _Contracts(model, comp) if comp is not None else None
     obs: dict[str, Any] = {}
-    opt = make_optimizer(composed.model.parameters(), training)
+    blocks = tree_blocks(composed.model)
+    later = _unfrozen_later(composed.model, training)
+    opt = make_optimizer(composed.model.parameters(), training, [p for ps in later.values() for p in ps])
+    forward = _compiled(composed.model, training) if comp is not None else composed.model
     _seed_for_run(case, ctx)
     losses: list[list[float]] = []
     params_per_step: list[dict[str, list[float]]] = []
     grad_norms: list[float] = []
-    for step in batches(case, training, tree.width, ctx):
+    for s, step in enumerate(batches(case, training, tree.width, ctx)):
+        for path in [u.path for u in training.unfreeze if u.step == s]:
+            for p in later[path]:
+                p.requires_grad_(True)
         step_losses = []
         for i, (x, y) in enumerate(step):
+            skipped = training.skipped_at(s, i)
+            set_skipped(blocks, skipped)
             last = i == len(step) - 1
             sync = AccumSync.ALWAYS if last else training.accum_sync
             composed.set_sync(
@@ -185,11 +207,12 @@ def train(
             )
             ctx_mgr = composed.no_sync() if sync is AccumSync.NO_GRAD_SYNC else _null()
             with ctx_mgr:
-                out = composed.model(x)
+                out = forward(x)
                 if contracts is not None and comp is not None:
-                    obs["contracts"] = contracts.after_forward()
+                    obs["contracts"] = contracts.after_forward(skipped)
                     obs["contracts"]["output_dtype"] = str(out.dtype).removeprefix("torch.")
-                    obs["contracts"]["replicate_params"] = replicate_contract(model, comp)  # set at lazy init
+                    # set at lazy init, which a replicated module left out of forward has not had
+                    obs["contracts"]["replicate_params"] = replicate_contract(model, comp, skipped)
                     contracts = None
                 loss = F.mse_loss(out.to(y.dtype), y)
                 loss.backward()
@@ -212,6 +235,27 @@ def train(
     if ctx.rank == 0:
         obs["params"] = params_per_step
     return obs
+
+
+def _unfrozen_later(model: nn.Module, training: Training) -> dict[str, list[nn.Parameter]]:
+    """Per path of ``training.unfreeze``: the parameters of that (frozen) leaf, found by their
+    plain-model names through any wrapper, before anything ran."""
+    out: dict[str, list[nn.Parameter]] = {u.path: [] for u in training.unfreeze}
+    for name, p in model.named_parameters():
+        owner = ".".join(c for c in clean_name(name).split(".")[:-1] if c.isdigit())
+        if owner in out:
+            out[owner].append(p)
+    return out
+
+
+def _compiled(model: nn.Module, training: Training) -> Any:
+    """``torch.compile(model)`` with the case's backend, or the model. Dynamo's caches are reset
+    first: compiled frames of earlier cases' models (the same ``TreeBlock.forward`` code) would
+    otherwise count towards its recompile limit, past which it silently runs eagerly."""
+    if training.compile is Compile.NONE:
+        return model
+    torch._dynamo.reset()
+    return torch.compile(model, backend=training.compile.value)
 
 
 class _null:

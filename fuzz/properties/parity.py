@@ -17,8 +17,10 @@ import math
 from typing import Any
 
 from fuzz.case import (
+    AccumSync,
     Block,
     Case,
+    Compile,
     Composition,
     Leaf,
     MetamorphicBody,
@@ -27,6 +29,7 @@ from fuzz.case import (
     ParityBody,
     Training,
     Wrapper,
+    has_params,
     iter_paths,
     owns_params,
 )
@@ -43,12 +46,16 @@ def _mismatch(prop: str, check: str, api: str, summary: str, **details: Any) -> 
     return Failure("mismatch", f"mismatch:{prop}{where}", summary, {"check": check, **details})
 
 
-def api_of(comp: Composition, tree: ModuleTree | None = None) -> str:
+def api_of(comp: Composition, tree: ModuleTree | None = None, training: Training | None = None) -> str:
     """The API family a mismatch is charged to: fsdp2 (fully_shard and replicate), fsdp1 or
     ddp. Degenerate setups that take their own code paths are named, since known bugs live
     there: a shard dimension of size 1 (``:shard1``, an FSDP1 bug), and a fully_shard unit with
     an int ``reshard_after_forward`` whose parameters are all frozen (``:frozen-int-reshard``,
-    an FSDP2 bug: such a unit can stay in its post-forward state after backward)."""
+    an FSDP2 bug: such a unit can stay in its post-forward state after backward), and a module
+    with parameters left out of some microbatches of a step under set_requires_all_reduce(False)
+    (``:unused-no-all-reduce``, an FSDP2 bug: the partial reduce-scatter output of a unit is kept
+    for the parameters that had gradients on earlier microbatches, so it is dropped when the unit
+    is unused on the last microbatch, and fails to add up when the set changes)."""
     if comp.wrapper is Wrapper.DDP:
         name = "ddp"
     elif comp.wrapper is not Wrapper.NONE:
@@ -59,6 +66,16 @@ def api_of(comp: Composition, tree: ModuleTree | None = None) -> str:
         name += ":shard1"
     if tree is not None and frozen_int_reshard_unit(tree, comp):
         name += ":frozen-int-reshard"
+    if tree is not None and training is not None and unfrozen_unresharded_unit(tree, comp, training):
+        name += ":unfrozen-unresharded"
+    if (
+        tree is not None
+        and training is not None
+        and comp.shards
+        and training.accum_sync is AccumSync.NO_ALL_REDUCE
+        and training.unused_on_some_microbatches(tree)
+    ):
+        name += ":unused-no-all-reduce"
     return name
 
 
@@ -77,6 +94,40 @@ def frozen_int_reshard_unit(tree: ModuleTree, comp: Composition) -> bool:
             owned += [n for sub, n in subtree if owns_params(n) and not _inside_other(sub, member, others)]
         if owned and all(isinstance(n, Leaf) and n.frozen for n in owned):
             return True
+    return False
+
+
+def unfrozen_unresharded_unit(tree: ModuleTree, comp: Composition, training: Training) -> bool:
+    """True if a leaf unfrozen later lies in a fully_shard unit whose reshard_after_forward is not
+    True, inside an outermost fully_shard unit (one no other encloses) that holds only frozen
+    parameters at the start. Such an outermost unit (under a replicate'd root) is an FSDP2 root
+    whose output needs no gradient, so FSDP2 never queues its post-backward callback: its units
+    keep their unsharded parameters registered after backward, and requires_grad_(True) on a
+    sharded parameter (the one the optimizer holds) never reaches them (a known FSDP2 bug, like
+    ``:frozen-int-reshard``)."""
+    if not training.unfreeze:
+        return False
+    paths = tree.paths()
+    sharded = comp.sharded_paths
+    others = sharded + list(comp.replicates)
+    unfrozen = {u.path for u in training.unfreeze}
+
+    def inside(path: str, unit: str) -> bool:
+        return path == unit or unit == "" or path.startswith(unit + ".")
+
+    for top in comp.shards:
+        if any(o not in top.paths and any(inside(m, o) for m in top.paths) for o in sharded):
+            continue  # not outermost
+        subtree = [(p, n) for p, n in paths.items() if owns_params(n) and any(inside(p, m) for m in top.paths)]
+        if not subtree or not all(isinstance(n, Leaf) and n.frozen for _, n in subtree):
+            continue
+        for spec in comp.shards:
+            if spec.reshard_after_forward is True or not any(inside(m, t) for m in spec.paths for t in top.paths):
+                continue
+            for member in spec.paths:
+                owned = [p for p, _ in subtree if inside(p, member) and not _inside_other(p, member, others)]
+                if any(p in unfrozen for p in owned):
+                    return True
     return False
 
 
@@ -247,7 +298,7 @@ def judge_parity(case: Case, outcome: Outcome) -> Failure | None:
     body = case.body
     assert isinstance(body, ParityBody)
     obs = outcome.observations
-    api = api_of(body.composition, body.tree)
+    api = api_of(body.composition, body.tree, body.training)
     failure = compare_runs(case.property, obs, _tolerance(body.training), api) or check_replicas(case.property, obs)
     if failure is None and "contracts" in obs[0]:
         failure = check_contracts(case.property, body.composition, body.tree, obs[0]["contracts"])
@@ -273,9 +324,11 @@ def judge_metamorphic(case: Case, outcome: Outcome) -> Failure | None:
     assert isinstance(body, MetamorphicBody)
     # The base composition is always composable (fully_shard / replicate); the variant is what
     # changed, so the mismatch is charged to it.
-    api = api_of(body.variant, body.tree)
+    api = api_of(body.variant, body.tree, body.training)
     if not api.endswith(":frozen-int-reshard") and frozen_int_reshard_unit(body.tree, body.composition):
         api += ":frozen-int-reshard"
+    if ":unfrozen-unresharded" not in api and unfrozen_unresharded_unit(body.tree, body.composition, body.training):
+        api += ":unfrozen-unresharded"
     return compare_runs(case.property, outcome.observations, _tolerance(body.training), api)
 
 
@@ -347,11 +400,30 @@ def training_features(t: Training) -> list[str]:
     return out
 
 
+def schedule_features(tree: ModuleTree, t: Training) -> list[str]:
+    """Modules left out of forward (``param:unused`` where they hold parameters), leaves unfrozen
+    later, torch.compile."""
+    out = []
+    paths = tree.paths()
+    if any(has_params(paths[s.path]) for s in t.skips):
+        out.append("param:unused")
+        if t.unused_on_some_microbatches(tree):
+            out.append("param:unused:some-microbatches")
+    elif t.skips:
+        out.append("skip:no-params")
+    if t.unfreeze:
+        out.append("param:unfrozen_later")
+    if t.compile is not Compile.NONE:
+        out.append(f"compile:{t.compile.value}")
+    return out
+
+
 def features(case: Case) -> list[str]:
     body = case.body
     if isinstance(body, ParityBody):
         comp = composition_features(body.composition, case.world_size)
-        return sorted(set(tree_features(body.tree, case.world_size) + comp + training_features(body.training)))
+        training = training_features(body.training) + schedule_features(body.tree, body.training)
+        return sorted(set(tree_features(body.tree, case.world_size) + comp + training))
     assert isinstance(body, MetamorphicBody)
     return sorted(
         set(
@@ -359,6 +431,7 @@ def features(case: Case) -> list[str]:
             + composition_features(body.composition, case.world_size)
             + composition_features(body.variant, case.world_size, "variant:")
             + training_features(body.training)
+            + schedule_features(body.tree, body.training)
         )
     )
 
