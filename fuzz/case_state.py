@@ -26,9 +26,13 @@ from typing import ClassVar
 
 from fuzz.case import (
     MAX_STEPS,
+    PARAM_LEAVES,
+    Block,
     Body,
     Composition,
+    Leaf,
     ModuleTree,
+    Optimizer,
     Training,
     Wrapper,
     check_composition,
@@ -49,21 +53,107 @@ def is_plain(comp: Composition) -> bool:
     return not comp.shards and not comp.replicates and comp.wrapper is Wrapper.NONE
 
 
+def is_fsdp1(comp: Composition) -> bool:
+    return comp.wrapper.value.startswith("fsdp1")
+
+
+def fsdp1_shard1(comp: Composition) -> bool:
+    """FSDP1 HYBRID_SHARD whose shard dimension has size 1 (and more than one replica): it falls
+    back to NO_SHARD and never averages gradients across the replicas, a known torch bug
+    (pytorch/pytorch#154888, docs/known_bugs.md)."""
+    return comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD and comp.mesh[1] == 1 and comp.mesh[0] > 1
+
+
+def fsdp1_full_offload(body: Body, world_size: int) -> bool:
+    """Whether a case meets two torch bugs of FSDP1's FULL_STATE_DICT with offload_to_cpu on
+    CPU, where the "offload" copies nothing: ``model.state_dict()`` clones the parameters
+    from an unsharded buffer that has been freed already (SIGSEGV in the post-state-dict
+    hook's param_hook, or garbage), and ``FSDP.optim_state_dict`` (offload_to_cpu is
+    FullOptimStateDictConfig's default) returns every tensor state of a parameter as a view
+    of one all-gather buffer, which the next state's all-gather overwrites (exp_avg comes
+    back equal to exp_avg_sq). Both need parameters sharded over more than one rank (FSDP1
+    gathers nothing under NO_SHARD or a shard group of one)."""
+    if not isinstance(body, StateDictBody) or body.api is not Api.FSDP1:
+        return False
+    if not (body.save.full_state_dict and body.save.cpu_offload):
+        return False
+    wrapper = body.source.wrapper
+    if wrapper is Wrapper.FSDP1_HYBRID_SHARD:
+        return body.source.mesh[1] > 1
+    return wrapper in (Wrapper.FSDP1_FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP) and world_size > 1
+
+
+def fsdp1_dcp_stateless(body: Body) -> bool:
+    """Whether a case meets a torch bug of the classic FSDP1 recipe: an optimizer without state
+    (SGD without momentum) leaves no entry for its empty "state" in the checkpoint, so
+    load_sharded_optimizer_state_dict returns a dict without "state", which
+    FSDP.optim_state_dict_to_load refuses (ValueError)."""
+    if not isinstance(body, DcpBody) or not is_fsdp1(body.target):
+        return False
+    loaded = Entry.OPTIMIZER in body.entries and Entry.OPTIMIZER not in body.skip
+    t = body.training
+    return loaded and t.optimizer is Optimizer.SGD and not t.momentum
+
+
+def fsdp1_dcp_empty_shard(body: Body, world_size: int) -> bool:
+    """Whether a case meets a torch bug of dcp.load with FSDP1's sharded state dict: a rank
+    that holds no chunk of a parameter (FSDP1 chunks dim 0, the tree's width, into
+    world_size pieces with torch.chunk, which makes fewer pieces when the width is small)
+    flattens the ShardedTensor away, the planner takes the key missing on that rank for a
+    sign of a checkpoint older than 2.4 and flattens the whole dict the old way, and then a
+    dict without tensors (the scalars entry) is "Missing key in checkpoint state_dict"."""
+    if not isinstance(body, DcpBody) or tensor_kind(body.target) != "sharded_tensor":
+        return False
+    loaded = [e for e in body.entries if e not in body.skip]
+    if Entry.MODEL not in loaded or Entry.SCALARS not in loaded:
+        return False
+    width = body.tree.width
+    chunk = -(-width // world_size)
+    return -(-width // chunk) < world_size
+
+
+def fsdp1_async_default_stager(body: Body) -> bool:
+    """Whether a case meets a torch bug of dcp.async_save without a storage writer: its
+    DefaultStager deep-copies the state dict calling ``data_ptr()`` on every tensor, which
+    ShardedTensor (FSDP1 FULL_SHARD / SHARD_GRAD_OP sharded state dicts) does not support."""
+    if not isinstance(body, DcpBody):
+        return False
+    return body.async_save and not body.storage_objects and tensor_kind(body.source) == "sharded_tensor"
+
+
+def fsdp1_frozen_unit(comp: Composition, tree: ModuleTree) -> bool:
+    """Whether FSDP1 NO_SHARD with auto-wrapping makes a unit whose parameters are all frozen
+    (a block without its own scale whose parameter leaves are all frozen; auto-wrapping puts
+    every block in a unit of its own). After a training step such a unit leaves its
+    parameters registered as plain tensor views (pytorch/pytorch#85831), and FSDP1's
+    state_dict hooks then raise AssertionError "FSDP assumes ... is in the state_dict"."""
+    if comp.wrapper is not Wrapper.FSDP1_NO_SHARD or not comp.auto_wrap:
+        return False
+    for node in tree.paths().values():
+        if isinstance(node, Block) and not node.scale:
+            leaves = [c for c in node.children if isinstance(c, Leaf) and c.kind in PARAM_LEAVES]
+            if leaves and all(c.frozen for c in leaves):
+                return True
+    return False
+
+
 def tensor_kind(comp: Composition) -> str:
     """What a sharded (not full) state dict of the model holds: ``dtensor`` (fully_shard
-    only), ``plain`` (plain model, DDP, replicate only), or ``mixed``."""
+    only, FSDP1 HYBRID_SHARD with its mesh), ``plain`` (plain model, DDP, replicate only,
+    FSDP1 NO_SHARD), ``sharded_tensor`` (FSDP1 FULL_SHARD / SHARD_GRAD_OP), or ``mixed``."""
+    if comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD:
+        # A shard dimension of size 1 falls back to NO_SHARD (pytorch/pytorch#154888).
+        return "plain" if comp.mesh[1] == 1 else "dtensor"
+    if comp.wrapper in (Wrapper.FSDP1_FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP):
+        return "sharded_tensor"
     if comp.wrapper is not Wrapper.NONE:
-        return "plain" if comp.wrapper is Wrapper.DDP else comp.wrapper.value
+        return "plain"  # DDP, FSDP1 NO_SHARD
     if not comp.shards:
         return "plain"
     return "mixed" if comp.replicates else "dtensor"
 
 
 def _check_side(comp: Composition, tree: ModuleTree, where: str) -> None:
-    if comp.wrapper.value.startswith("fsdp1"):
-        # FSDP1 keeps optimizer state as flat local shards: reading it back would take the
-        # very API under test (FSDP.optim_state_dict), so these properties leave FSDP1 out.
-        raise CaseError(f"{where}.wrapper", f"{comp.wrapper.value} is not covered by the state-dict properties")
     if is_plain(comp):
         if comp.mesh:
             raise CaseError(f"{where}.mesh", "a plain model (no fully_shard) has no mesh")
@@ -81,6 +171,14 @@ def _check_common(
         raise CaseError("tree", "the tree has no parameters")
     _check_side(source, tree, "source")
     _check_side(target, tree, "target")
+    if is_fsdp1(source) != is_fsdp1(target):
+        # FSDP1's own state dicts (FSDP.set_state_dict_type, FSDP.optim_state_dict) go between
+        # FSDP1 models; moving state between FSDP1 and the other APIs is not drawn.
+        raise CaseError("target.wrapper", "FSDP1 state goes from an FSDP1 model to an FSDP1 model")
+    if is_fsdp1(source) and steps_after < 1:
+        # FSDP1 keeps optimizer state as flat local shards: reading it in full would take the
+        # very API under test (FSDP.optim_state_dict), so a load is judged by resuming.
+        raise CaseError("steps_after", "FSDP1 optimizer state is judged by resuming: steps_after must be >= 1")
     if not 0 <= steps_after <= MAX_STEPS:
         raise CaseError("steps_after", f"steps_after={steps_after} is outside 0..{MAX_STEPS}")
     if training.grad_accum != 1:
@@ -98,12 +196,35 @@ def _check_drop(drop: tuple[int, ...]) -> None:
         raise CaseError("drop", f"{list(drop)} must be distinct non-negative positions")
 
 
+def _check_frozen_in_optimizer(tree: ModuleTree, frozen_in_optimizer: bool) -> None:
+    if frozen_in_optimizer and not any(getattr(n, "frozen", False) for n in tree.paths().values()):
+        raise CaseError("frozen_in_optimizer", "the tree has no frozen parameter to hand to the optimizer")
+
+
+def fsdp1_in_memory_problem(source: Composition, target: Composition) -> str | None:
+    """Why a sharded FSDP1 state dict cannot move in memory from source to target, or None.
+    FULL_SHARD and SHARD_GRAD_OP hold ShardedTensors over all ranks, NO_SHARD plain tensors,
+    HYBRID_SHARD DTensors on its mesh; FSDP1's load hooks take only their own kind ("Expected
+    ShardedTensor, got DTensor"): resharding is what full state dicts and DCP are for."""
+    kinds = (tensor_kind(source), tensor_kind(target))
+    if kinds[0] != kinds[1]:
+        return f"a sharded FSDP1 state dict cannot go from {kinds[0]} to {kinds[1]} in memory"
+    if kinds[0] == "dtensor" and source.mesh != target.mesh:
+        return "a sharded FSDP1 HYBRID_SHARD state dict in memory needs the same mesh on both sides"
+    return None
+
+
 class Api(str, enum.Enum):
     """How the state leaves the source model and enters the target (:class:`StateDictBody`)."""
 
     SPLIT = "split"  # get/set_model_state_dict and get/set_optimizer_state_dict
     COMBINED = "combined"  # get_state_dict / set_state_dict
     MODULE = "module"  # FSDP2's model.state_dict() / load_state_dict(); the optimizer as SPLIT
+    #: FSDP1: FSDP.set_state_dict_type (SHARDED_STATE_DICT, or FULL_STATE_DICT with
+    #: save.full_state_dict), model.state_dict() / load_state_dict(), FSDP.optim_state_dict and
+    #: optim.load_state_dict(FSDP.optim_state_dict_to_load(...)); save.cpu_offload is the
+    #: configs' offload_to_cpu.
+    FSDP1 = "fsdp1_optim_state_dict"
 
 
 @dataclass(frozen=True)
@@ -124,6 +245,10 @@ class StateDictBody(Body):
     after it was loaded (resume equivalence). ``drop`` are positions in the sorted list of the
     model's state-dict keys (modulo its length): those keys are left out of the state that is
     loaded (needs ``load.strict`` False) and keep their fresh values.
+
+    ``frozen_in_optimizer`` hands the frozen parameters to the optimizer too (they get no
+    gradient, so no state); ``empty_group`` adds a param group without parameters, with its
+    own lr. Both optimizers of a case are built the same way.
     """
 
     KIND: ClassVar[str] = "state_dict"
@@ -137,13 +262,21 @@ class StateDictBody(Body):
     load: Options = field(default_factory=Options)
     target_meta_init: bool = False
     drop: tuple[int, ...] = ()
+    frozen_in_optimizer: bool = False
+    empty_group: bool = False
 
     def __post_init__(self) -> None:
         _check_common(self.tree, self.source, self.target, self.training, self.steps_after, self.target_meta_init)
         _check_drop(self.drop)
+        _check_frozen_in_optimizer(self.tree, self.frozen_in_optimizer)
         save, load = self.save, self.load
         if save.broadcast_from_rank0 or not save.strict:
             raise CaseError("save", "broadcast_from_rank0 and strict apply to loading (set_*) only")
+        if (self.api is Api.FSDP1) != is_fsdp1(self.source):
+            raise CaseError("api", "fsdp1_optim_state_dict is FSDP1's own API: use it, and only it, with FSDP1 models")
+        if self.api is Api.FSDP1:
+            self._check_fsdp1()
+            return
         # A full state dict holds plain tensors, a sharded one what the model holds (DTensors
         # under fully_shard): set_* must be told which it gets, and in memory a DTensor only
         # goes into a DTensor on the same mesh (resharding across meshes or kinds is what DCP
@@ -176,6 +309,20 @@ class StateDictBody(Body):
         if self.drop and self.target_meta_init:
             raise CaseError("drop", "a meta-device target has no values for the keys left out of the load")
 
+    def _check_fsdp1(self) -> None:
+        save, load = self.save, self.load
+        if load.full_state_dict != save.full_state_dict:
+            raise CaseError("load.full_state_dict", "must equal save.full_state_dict: both describe the same dict")
+        if load.cpu_offload or load.broadcast_from_rank0 or not load.strict:
+            # FSDP1's configs apply to taking the state; its load_state_dict is strict here.
+            raise CaseError("load", "FSDP1's own load takes no StateDictOptions: cpu_offload, broadcast, non-strict")
+        if self.drop:
+            raise CaseError("drop", "FSDP1's own load is strict here: no keys are left out")
+        if not save.full_state_dict:
+            problem = fsdp1_in_memory_problem(self.source, self.target)
+            if problem:
+                raise CaseError("save.full_state_dict", problem)
+
     @property
     def size(self) -> tuple[int, int]:
         return self.tree.size, self.training.steps + self.steps_after
@@ -184,6 +331,17 @@ class StateDictBody(Body):
         for where, comp in (("source", self.source), ("target", self.target)):
             if not is_plain(comp):
                 check_mesh(comp, world_size, where)
+
+
+class Overwrite(str, enum.Enum):
+    """Whether a round trip saves over an earlier checkpoint in its directory (:class:`DcpBody`)."""
+
+    NONE = "none"  # an empty directory
+    TRUE = "true"  # FileSystemWriter(path, overwrite=True) saves over it; the load gets the new state
+    #: FileSystemWriter(path, overwrite=False) refuses: CheckpointException "Checkpoint already
+    #: exists" on every rank, the earlier checkpoint untouched; the case then clears the
+    #: directory and saves again with overwrite=False.
+    FALSE = "false"
 
 
 class Entry(str, enum.Enum):
@@ -214,6 +372,19 @@ class DcpBody(Body):
     kept after the case, so that another pool, of another world size, can load it.
     ``deadlock`` makes the counter's state_dict all_reduce on rank 0 only, inside dcp.save: a
     hang on purpose, for the test of the pool's hang report (never drawn by the strategies).
+
+    FSDP1 sides take the classic recipe: ``model.state_dict()`` and ``FSDP.optim_state_dict``
+    under SHARDED_STATE_DICT saved, the model loaded in place into its own state dict, the
+    optimizer through ``load_sharded_optimizer_state_dict`` and ``FSDP.optim_state_dict_to_load``.
+
+    ``overwrite``: save over an earlier checkpoint (of a freshly built model) in the same
+    directory, through ``FileSystemWriter(path, overwrite=...)``. ``async_saves`` (with
+    ``async_save``): that many async saves a training step apart, the source training on
+    before each save's future completes (the last one's: its ``steps_after`` steps), over a
+    process group of their own; ``cache_staged`` reuses one
+    ``FileSystemWriter(cache_staged_state_dict=True)`` for all of them. ``no_dist``: every rank
+    saves and loads its own checkpoint (``no_dist=True``, its own directory) of a plain model.
+    ``frozen_in_optimizer`` and ``empty_group`` as in :class:`StateDictBody`.
     """
 
     KIND: ClassVar[str] = "dcp"
@@ -238,10 +409,17 @@ class DcpBody(Body):
     mode: DcpMode = DcpMode.ROUND_TRIP
     checkpoint_dir: str = ""
     deadlock: bool = False
+    overwrite: Overwrite = Overwrite.NONE
+    async_saves: int = 0
+    cache_staged: bool = False
+    no_dist: bool = False
+    frozen_in_optimizer: bool = False
+    empty_group: bool = False
 
     def __post_init__(self) -> None:
         _check_common(self.tree, self.source, self.target, self.training, self.steps_after, self.target_meta_init)
         _check_drop(self.drop)
+        _check_frozen_in_optimizer(self.tree, self.frozen_in_optimizer)
         entries = self.entries
         if not entries or len(set(entries)) != len(entries):
             raise CaseError("entries", f"{[e.value for e in entries]} must be non-empty and name each entry once")
@@ -270,6 +448,58 @@ class DcpBody(Body):
             raise CaseError("checkpoint_dir", "is required by save-only / load-only and refused by round trips")
         if self.deadlock and Entry.COUNTER not in entries:
             raise CaseError("deadlock", "the deadlock is issued by the counter entry, which is not saved")
+        if is_fsdp1(self.source):
+            self._check_fsdp1()
+        self._check_saves()
+        if self.no_dist:
+            self._check_no_dist()
+
+    def _check_fsdp1(self) -> None:
+        if Entry.APP in self.entries or self.module_stateful:
+            raise CaseError("entries", "FSDP1 takes the classic recipe: model and optimizer state dicts, no app")
+        if self.save_full_state_dict or self.load_full_state_dict:
+            # A fresh optimizer's FSDP.optim_state_dict is empty: nothing to load a full one into.
+            raise CaseError("save_full_state_dict", "FSDP1 through DCP takes SHARDED_STATE_DICT")
+        if self.drop:
+            raise CaseError("drop", "FSDP1's own load is strict here: no keys are left out")
+
+    def _check_saves(self) -> None:
+        """overwrite, async_saves, cache_staged."""
+        round_trip = self.mode is DcpMode.ROUND_TRIP
+        if self.overwrite is not Overwrite.NONE:
+            if not self.storage_objects:
+                raise CaseError("overwrite", "is a FileSystemWriter option: needs storage_objects")
+            if not round_trip or self.async_saves or self.deadlock:
+                raise CaseError("overwrite", "applies to a round trip's single save")
+        if not 0 <= self.async_saves <= 3:
+            raise CaseError("async_saves", f"async_saves={self.async_saves} is outside 0..3")
+        if self.async_saves:
+            if not self.async_save:
+                raise CaseError("async_saves", "counts async saves: needs async_save")
+            if not round_trip or self.deadlock:
+                raise CaseError("async_saves", "applies to round trips")
+            if self.async_saves > self.training.steps:
+                # One training step after each earlier save, before its future completes.
+                raise CaseError("async_saves", f"{self.async_saves} saves a step apart need training.steps >= that")
+            if self.steps_after < 1:
+                raise CaseError(
+                    "async_saves", "the source trains on while the last save is in flight: steps_after >= 1"
+                )
+        if self.cache_staged:
+            if self.async_saves < 2:
+                raise CaseError("cache_staged", "the staging cache is reused by several async saves: async_saves >= 2")
+            if not self.storage_objects:
+                raise CaseError("cache_staged", "is a FileSystemWriter option: needs storage_objects")
+
+    def _check_no_dist(self) -> None:
+        if not (is_plain(self.source) and is_plain(self.target)):
+            raise CaseError("no_dist", "saves without collectives: a plain model on both sides, the same on every rank")
+        if Entry.COUNTER in self.entries:
+            raise CaseError("no_dist", "the counter all-reduces: no_dist saves and loads run without collectives")
+        if self.save_full_state_dict or self.load_full_state_dict or self.save_cpu_offload or self.load_cpu_offload:
+            raise CaseError("no_dist", "a plain model's own state dict: no full_state_dict or cpu_offload")
+        if self.async_save or self.overwrite is not Overwrite.NONE or self.mode is not DcpMode.ROUND_TRIP:
+            raise CaseError("no_dist", "takes dcp.save / dcp.load in a round trip, each rank its own directory")
 
     @property
     def size(self) -> tuple[int, int]:

@@ -4,12 +4,19 @@ Everything drawn here is a case the documented API supports (the rules are in
 :mod:`fuzz.case_state`); where a draw would break a rule, it falls back to a valid choice
 instead of being filtered away, so every draw yields a case. The known upstream deadlock of
 ``set_state_dict`` with ``broadcast_from_rank0`` (see docs/state_dict.md) stays in the space,
-drawn rarely: each hit costs a whole case deadline. So does the known AssertionError of
-``set_optimizer_state_dict`` with full state dicts for an optimizer without tensor state
-(SGD without momentum): each hit costs a respawn of the pool.
+drawn rarely: each hit costs a whole case deadline. So do the known errors, each hit a respawn
+of the pool (all in docs/state_dict.md, named by ``known_bug``): ``set_optimizer_state_dict``
+with full state dicts for an optimizer without tensor state (SGD without momentum); FSDP1
+HYBRID_SHARD with a shard dimension of size 1 (pytorch/pytorch#154888); FSDP1's full state
+dicts with offload_to_cpu on CPU; FSDP1 NO_SHARD with a unit of frozen parameters; the
+classic FSDP1 DCP recipe with a stateless optimizer, or with a rank that holds no chunk of a
+parameter beside the scalars entry; async_save's default stager with FSDP1's ShardedTensors;
+and ``FileSystemWriter(cache_staged_state_dict=True)`` without an accelerator.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from hypothesis import strategies as st
 
@@ -19,12 +26,17 @@ from fuzz.case_state import (
     DcpBody,
     Entry,
     Options,
+    Overwrite,
     StateDictBody,
+    fsdp1_dcp_empty_shard,
+    fsdp1_frozen_unit,
+    fsdp1_full_offload,
+    fsdp1_in_memory_problem,
     is_plain,
     tensor_kind,
 )
 from strategies._cases import _rare_foreach_on_mixed_params, trainings
-from strategies._compositions import compositions
+from strategies._compositions import _disjoint_subset, compositions, meshes
 from strategies._odds import KNOWN_BUG_ODDS, KNOWN_HANG_ODDS, one_in
 from strategies._trees import module_trees
 from strategies._validation import check_bounds, check_world_size
@@ -43,6 +55,44 @@ def layouts(draw: st.DrawFn, tree: ModuleTree, *, world_size: int) -> Compositio
     # compositions() keeps the known int-reshard / Shard(1) FSDP2 bug rare.
     comp: Composition = draw(compositions(tree, world_size=world_size, replicate=kind == "composable"))
     return comp
+
+
+FSDP1_WRAPPERS = (
+    Wrapper.FSDP1_FULL_SHARD,
+    Wrapper.FSDP1_SHARD_GRAD_OP,
+    Wrapper.FSDP1_NO_SHARD,
+    Wrapper.FSDP1_HYBRID_SHARD,
+)
+
+
+@st.composite
+def fsdp1_layouts(draw: st.DrawFn, tree: ModuleTree, *, world_size: int) -> Composition:
+    """FSDP1 with any sharding strategy (HYBRID_SHARD on a 2D mesh), with or without
+    auto-wrapping every block, with checkpoint on submodules. A shard dimension of size 1
+    under HYBRID_SHARD meets a known FSDP1 bug (pytorch/pytorch#154888), NO_SHARD with a unit
+    of frozen parameters another (fsdp1_frozen_unit): both kept rare."""
+    check_world_size(world_size)
+    wrapper = draw(st.sampled_from(FSDP1_WRAPPERS))
+    mesh: tuple[int, ...] = ()
+    if wrapper is Wrapper.FSDP1_HYBRID_SHARD:
+        mesh = draw(meshes(world_size).filter(bool))
+        if mesh[1] == 1 and mesh[0] > 1 and not one_in(draw, KNOWN_BUG_ODDS):
+            mesh = (1, world_size)
+    checkpoints = draw(_disjoint_subset([p for p in tree.paths() if p], []))
+    comp = Composition(wrapper=wrapper, mesh=mesh, auto_wrap=draw(st.booleans()), checkpoints=tuple(checkpoints))
+    if fsdp1_frozen_unit(comp, tree) and not one_in(draw, KNOWN_BUG_ODDS):
+        comp = replace(comp, auto_wrap=False)  # a known FSDP1 bug with a unit of frozen parameters: rarely
+    return comp
+
+
+def _has_frozen(tree: ModuleTree) -> bool:
+    return any(getattr(n, "frozen", False) for n in tree.paths().values())
+
+
+def _optimizer_options(draw: st.DrawFn, tree: ModuleTree) -> tuple[bool, bool]:
+    """frozen_in_optimizer (half the trees that have frozen parameters) and empty_group (a
+    param group without parameters, one case in four)."""
+    return _has_frozen(tree) and draw(st.booleans()), one_in(draw, 4)
 
 
 @st.composite
@@ -71,7 +121,8 @@ def _in_memory_sharded_ok(source: Composition, target: Composition) -> bool:
 
 def _stateful_optimizer(draw: st.DrawFn, training: Training, full_load: bool) -> Training:
     """SGD without momentum keeps no tensor state, which set_optimizer_state_dict cannot load
-    from a full state dict (a known torch bug): keep that combination rare."""
+    from a full state dict (a known torch bug), nor the classic FSDP1 recipe from a
+    checkpoint (another): keep those combinations rare."""
     stateless = training.optimizer is Optimizer.SGD and not training.momentum
     if full_load and stateless and not one_in(draw, KNOWN_BUG_ODDS):
         return Training(**{**training.__dict__, "momentum": 0.9})
@@ -89,6 +140,8 @@ def state_dict_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 3, ma
     check_world_size(world_size)
     check_bounds("max_steps", max_steps, "max_steps", max_steps, floor=1, ceiling=16)
     tree = draw(module_trees(max_depth=max_depth))
+    if draw(st.sampled_from(["layouts", "layouts", "layouts", "layouts", "fsdp1"])) == "fsdp1":
+        return _fsdp1_state_dict_case(draw, tree, world_size, max_steps)
     source = draw(layouts(tree, world_size=world_size))
     target = _target(draw, tree, source, world_size)
     full = draw(st.booleans())
@@ -96,7 +149,7 @@ def state_dict_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 3, ma
         # In memory a sharded state dict goes only between like layouts on one mesh; the
         # other pairs are what full state dicts are for.
         full = True
-    api = draw(st.sampled_from(Api))
+    api = draw(st.sampled_from([Api.SPLIT, Api.COMBINED, Api.MODULE]))
     if api is Api.MODULE and (full or tensor_kind(source) != "dtensor" or tensor_kind(target) != "dtensor"):
         api = Api.SPLIT
     save_offload = draw(st.booleans())
@@ -114,6 +167,7 @@ def state_dict_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 3, ma
         drop = tuple(draw(st.lists(st.integers(0, 31), unique=True, max_size=3)))
     training = _stateful_optimizer(draw, draw(trainings(max_steps=max_steps, accumulation=False)), full)
     training = _rare_foreach_on_mixed_params(draw, training, source, target)
+    frozen_in_optimizer, empty_group = _optimizer_options(draw, tree)
     body = StateDictBody(
         tree=tree,
         source=source,
@@ -127,7 +181,33 @@ def state_dict_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 3, ma
         ),
         target_meta_init=meta,
         drop=drop,
+        frozen_in_optimizer=frozen_in_optimizer,
+        empty_group=empty_group,
     )
+    return Case(property="state_dict", world_size=world_size, seed=draw(st.integers(0, 2**32 - 1)), body=body)
+
+
+def _fsdp1_state_dict_case(draw: st.DrawFn, tree: ModuleTree, world_size: int, max_steps: int) -> Case:
+    """FSDP1's own state dicts between FSDP1 models: full (any strategies) or sharded (like
+    layouts only, see fsdp1_in_memory_problem); offload_to_cpu from save.cpu_offload."""
+    source = draw(fsdp1_layouts(tree, world_size=world_size))
+    target = source if one_in(draw, 4) else draw(fsdp1_layouts(tree, world_size=world_size))
+    full = draw(st.booleans()) or fsdp1_in_memory_problem(source, target) is not None
+    frozen_in_optimizer, empty_group = _optimizer_options(draw, tree)
+    body = StateDictBody(
+        tree=tree,
+        source=source,
+        target=target,
+        training=draw(trainings(max_steps=max_steps, accumulation=False)),
+        steps_after=draw(st.sampled_from((1, 2))),
+        api=Api.FSDP1,
+        save=Options(full_state_dict=full, cpu_offload=draw(st.booleans())),
+        load=Options(full_state_dict=full),
+        frozen_in_optimizer=frozen_in_optimizer,
+        empty_group=empty_group,
+    )
+    if fsdp1_full_offload(body, world_size) and not one_in(draw, KNOWN_BUG_ODDS):
+        body = replace(body, save=Options(full_state_dict=True))  # known FSDP1 offload bugs on CPU: rarely
     return Case(property="state_dict", world_size=world_size, seed=draw(st.integers(0, 2**32 - 1)), body=body)
 
 
@@ -154,20 +234,48 @@ def checkpoint_entries(draw: st.DrawFn) -> tuple[Entry, ...]:
 def dcp_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 3, max_steps: int = 3) -> Case:
     """Cases for ``dcp``: train, dcp.save (or async_save) a dict built in a per-rank order,
     dcp.load all or part of it in place into a fresh model under another layout (another
-    mesh, composition, or a plain model: DCP reshards), train both on."""
+    mesh, composition, or a plain model: DCP reshards), train both on. Also: FSDP1 models
+    (the classic sharded recipe), a save over an earlier checkpoint (FileSystemWriter's
+    ``overwrite``), several async saves with the source training while they are in flight
+    (sometimes through one FileSystemWriter with cache_staged_state_dict), and per-rank
+    checkpoints of a plain model saved and loaded with no_dist."""
     check_world_size(world_size)
     check_bounds("max_steps", max_steps, "max_steps", max_steps, floor=1, ceiling=16)
     tree = draw(module_trees(max_depth=max_depth))
-    source = draw(layouts(tree, world_size=world_size))
-    target = _target(draw, tree, source, world_size)
+    kind = draw(st.sampled_from(["layouts", "layouts", "layouts", "fsdp1", "no_dist"]))
+    fsdp1, no_dist = kind == "fsdp1", kind == "no_dist"
+    if fsdp1:
+        source = draw(fsdp1_layouts(tree, world_size=world_size))
+        target = source if one_in(draw, 4) else draw(fsdp1_layouts(tree, world_size=world_size))
+    elif no_dist:
+        source = target = Composition()
+    else:
+        source = draw(layouts(tree, world_size=world_size))
+        target = _target(draw, tree, source, world_size)
     entries = draw(checkpoint_entries())
+    if fsdp1 and Entry.APP in entries:
+        # FSDP1 takes the classic recipe: its own model and optimizer state dicts.
+        at = entries.index(Entry.APP)
+        entries = (*entries[:at], Entry.MODEL, Entry.OPTIMIZER, *entries[at + 1 :])
+    if fsdp1 and Entry.SCALARS in entries and not one_in(draw, KNOWN_BUG_ODDS):
+        probe = DcpBody(tree=tree, source=source, target=target, entries=entries)
+        if fsdp1_dcp_empty_shard(probe, world_size):
+            # A known dcp.load bug with a rank that holds no chunk of an FSDP1 parameter: rarely.
+            entries = tuple(e for e in entries if e is not Entry.SCALARS)
+    if no_dist and Entry.COUNTER in entries:
+        entries = tuple(e for e in entries if e is not Entry.COUNTER) or (Entry.MODEL,)
     save_full, load_full = draw(st.booleans()), draw(st.booleans())
     save_offload, load_offload = draw(st.booleans()), draw(st.booleans())
+    if fsdp1:
+        save_full = load_full = False  # offload is the sharded configs' offload_to_cpu
+    if no_dist:
+        save_full = load_full = save_offload = load_offload = False
     if Entry.APP in entries and load_full and load_offload and not one_in(draw, KNOWN_HANG_ODDS):
         load_offload = False  # the known set_state_dict deadlock (through App.load_state_dict): rarely
     module_stateful = (
         Entry.MODEL in entries
         and Wrapper.DDP not in (source.wrapper, target.wrapper)
+        and not fsdp1
         and not (save_full or load_full)
         and draw(st.booleans())
     )
@@ -181,20 +289,38 @@ def dcp_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 3, max_steps
     loads_model = any(e in entries and e not in skip for e in (Entry.MODEL, Entry.APP))
     meta = loads_model and _meta_ok(target) and (is_plain(target) or bool(target.shards)) and one_in(draw, 6)
     drop: tuple[int, ...] = ()
-    droppable = Entry.MODEL in entries and Entry.MODEL not in skip and not module_stateful and not meta
+    droppable = Entry.MODEL in entries and Entry.MODEL not in skip and not module_stateful and not meta and not fsdp1
     if droppable and one_in(draw, 4):
         drop = tuple(draw(st.lists(st.integers(0, 31), unique=True, min_size=1, max_size=3)))
     optimizer_loaded = any(e in entries and e not in skip for e in (Entry.OPTIMIZER, Entry.APP))
     training = draw(trainings(max_steps=max_steps, accumulation=False))
-    training = _stateful_optimizer(draw, training, load_full and optimizer_loaded)
+    # Stateless SGD meets a known bug of set_optimizer_state_dict with full state dicts, and
+    # one of the classic FSDP1 recipe (fsdp1_dcp_stateless): rarely.
+    training = _stateful_optimizer(draw, training, (load_full or fsdp1) and optimizer_loaded)
     training = _rare_foreach_on_mixed_params(draw, training, source, target)
+    steps_after = draw(st.sampled_from((1, 2) if fsdp1 else (1, 2, 0)))
+    async_save = not no_dist and draw(st.booleans())
+    storage_objects = draw(st.booleans())
+    if async_save and not storage_objects and tensor_kind(source) == "sharded_tensor":
+        # async_save's default stager cannot copy FSDP1's ShardedTensors (a known torch bug): rarely.
+        storage_objects = not one_in(draw, KNOWN_BUG_ODDS)
+    # Several async saves with training in flight, half the async cases that can.
+    async_saves = 0
+    if async_save and steps_after and draw(st.booleans()):
+        async_saves = draw(st.integers(1, min(3, training.steps)))
+    # The staging cache needs an accelerator (a known torch bug elsewhere): rarely.
+    cache_staged = async_saves >= 2 and storage_objects and one_in(draw, KNOWN_BUG_ODDS)
+    overwrite = Overwrite.NONE
+    if storage_objects and not async_saves and not no_dist:
+        overwrite = draw(st.sampled_from([Overwrite.NONE, Overwrite.TRUE, Overwrite.FALSE]))
+    frozen_in_optimizer, empty_group = _optimizer_options(draw, tree)
     body = DcpBody(
         tree=tree,
         source=source,
         target=target,
         entries=entries,
         training=training,
-        steps_after=draw(st.sampled_from((1, 2, 0))),
+        steps_after=steps_after,
         orders=orders,
         skip=skip,
         drop=drop,
@@ -203,8 +329,14 @@ def dcp_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 3, max_steps
         load_full_state_dict=load_full,
         load_cpu_offload=load_offload,
         module_stateful=module_stateful,
-        async_save=draw(st.booleans()),
-        storage_objects=draw(st.booleans()),
+        async_save=async_save,
+        storage_objects=storage_objects,
         target_meta_init=meta,
+        overwrite=overwrite,
+        async_saves=async_saves,
+        cache_staged=cache_staged,
+        no_dist=no_dist,
+        frozen_in_optimizer=frozen_in_optimizer,
+        empty_group=empty_group,
     )
     return Case(property="dcp", world_size=world_size, seed=draw(st.integers(0, 2**32 - 1)), body=body)

@@ -28,19 +28,23 @@ from fuzz._rank.context import RankContext
 from fuzz._rank.state_dict import (
     FRESH_SEED,
     Side,
-    add_optimizer,
     all_batches,
+    body_optimizer,
     build_side,
     dropped_keys,
     fresh_training,
+    fsdp1_load_optimizer,
+    fsdp1_optim_state_dict,
+    fsdp1_state_dict_type,
     observe,
     resume_both,
+    resume_source,
     seed_segment,
     state_dict_options,
     train_steps,
 )
 from fuzz.case import Case, case_to_text
-from fuzz.case_state import DcpBody, DcpMode, Entry, Options, dcp_root
+from fuzz.case_state import DcpBody, DcpMode, Entry, Options, Overwrite, dcp_root
 
 
 def case_dir(case: Case, ctx: RankContext) -> str:
@@ -49,10 +53,11 @@ def case_dir(case: Case, ctx: RankContext) -> str:
     return os.path.join(dcp_root(os.environ.get("SHARDFUZZ_PARENT_PID", os.getppid())), f"{digest}-{count}")
 
 
-def scalar_values(case: Case, body: DcpBody) -> dict[str, Any]:
+def scalar_values(case: Case, body: DcpBody, rank: int = 0) -> dict[str, Any]:
     """What the scalars entry holds when saved: the same on every rank (DCP saves non-tensor
-    values once, as replicated)."""
-    s = case.seed % 100003
+    values once, as replicated), except with no_dist, where each rank saves its own checkpoint
+    and its own values (``rank``)."""
+    s = (case.seed + (rank * 7919 if body.no_dist else 0)) % 100003
     return {
         "step": body.training.steps,
         "loss": s / 7.0,
@@ -137,8 +142,9 @@ def _options(full: bool, offload: bool, *, load: bool, strict: bool = True) -> O
     )
 
 
-def extra_value(case: Case) -> torch.Tensor:
-    return torch.arange(5, dtype=torch.float64) * ((case.seed % 97) + 0.25)
+def extra_value(case: Case, rank: int = 0) -> torch.Tensor:
+    """The extra tensor: the same on every rank, or each rank's own (``rank``) with no_dist."""
+    return torch.arange(5, dtype=torch.float64) * ((case.seed % 97) + 0.25) + rank
 
 
 def _values(
@@ -155,26 +161,32 @@ def _values(
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
     out: dict[Entry, Any] = {}
+    salt = ctx.rank if body.no_dist else 0
     for entry in body.entries:
         if entry in skip:
             continue
         if entry is Entry.MODEL:
-            if body.module_stateful:
-                out[entry] = side.model
+            if body.module_stateful or side.fsdp1:
+                # FSDP1: its own state_dict, of the type fsdp1_state_dict_type set
+                out[entry] = side.model if body.module_stateful else side.model.state_dict()
             else:
                 out[entry] = get_model_state_dict(side.model, options=state_dict_options(get))
         elif entry is Entry.OPTIMIZER:
             assert side.opt is not None
-            out[entry] = get_optimizer_state_dict(side.model, side.opt, options=state_dict_options(get))
+            if side.fsdp1:
+                if not fresh:  # a fresh FSDP1 optimizer's state is loaded after dcp.load (_finish_load)
+                    out[entry] = fsdp1_optim_state_dict(side)
+            else:
+                out[entry] = get_optimizer_state_dict(side.model, side.opt, options=state_dict_options(get))
         elif entry is Entry.APP:
             out[entry] = App(side, get, put)
         elif entry is Entry.SCALARS:
-            values = scalar_values(case, body)
+            values = scalar_values(case, body, salt)
             out[entry] = Scalars({k: type(v)() if fresh else v for k, v in values.items()})
         elif entry is Entry.COUNTER:
             out[entry] = Counter(0.0 if fresh else float(case.seed % 1009) + 0.5, ctx, deadlock=body.deadlock)
         elif entry is Entry.EXTRA:
-            out[entry] = torch.zeros(5, dtype=torch.float64) if fresh else extra_value(case)
+            out[entry] = torch.zeros(5, dtype=torch.float64) if fresh else extra_value(case, salt)
     return out
 
 
@@ -208,19 +220,30 @@ def _in_place_problem(state: dict[str, Any], before: dict[str, Any], tensors: di
     return ""
 
 
-def _save(body: DcpBody, state: dict[str, Any], path: str) -> None:
+def _writer_kwargs(body: DcpBody, path: str, overwrite: bool | None = None) -> dict[str, Any]:
     import torch.distributed.checkpoint as dcp
 
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {"no_dist": True} if body.no_dist else {}
     if body.storage_objects:
-        kwargs["storage_writer"] = dcp.FileSystemWriter(path)
+        options: dict[str, Any] = {} if overwrite is None else {"overwrite": overwrite}
+        kwargs["storage_writer"] = dcp.FileSystemWriter(path, **options)
     else:
         kwargs["checkpoint_id"] = path
+    return kwargs
+
+
+def _wait(result: Any) -> None:
+    # A Future in torch 2.11; with some stagers newer versions return AsyncSaveResponse.
+    future: Any = getattr(result, "upload_completion", result)
+    future.result()
+
+
+def _save(body: DcpBody, state: dict[str, Any], path: str, overwrite: bool | None = None) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    kwargs = _writer_kwargs(body, path, overwrite)
     if body.async_save:
-        result = dcp.async_save(state, **kwargs)
-        # A Future in torch 2.11; with some stagers newer versions return AsyncSaveResponse.
-        future: Any = getattr(result, "upload_completion", result)
-        future.result()
+        _wait(dcp.async_save(state, **kwargs))
     else:
         dcp.save(state, **kwargs)
 
@@ -228,10 +251,128 @@ def _save(body: DcpBody, state: dict[str, Any], path: str) -> None:
 def _load(body: DcpBody, state: dict[str, Any], path: str) -> None:
     import torch.distributed.checkpoint as dcp
 
+    kwargs: dict[str, Any] = {"no_dist": True} if body.no_dist else {}
     if body.storage_objects:
-        dcp.load(state, storage_reader=dcp.FileSystemReader(path))
+        dcp.load(state, storage_reader=dcp.FileSystemReader(path), **kwargs)
     else:
-        dcp.load(state, checkpoint_id=path)
+        dcp.load(state, checkpoint_id=path, **kwargs)
+
+
+#: The process group of the saves that overlap training (made once per rank process).
+_ASYNC_GROUP: Any = None
+
+
+def _async_group() -> Any:
+    """A gloo group of its own for async saves during which the source trains. The upload
+    thread runs DCP's collectives (gather / scatter of plans) while the main thread runs the
+    training's; on one group the two threads would enqueue them in an order that can differ
+    between ranks, and gloo pairs collectives by order. torch's own fix of in-flight staging
+    (pytorch/pytorch#145408) saves over dist.new_group(backend="gloo") the same way."""
+    global _ASYNC_GROUP
+    if _ASYNC_GROUP is None:
+        _ASYNC_GROUP = dist.new_group(backend="gloo")
+    return _ASYNC_GROUP
+
+
+def _directory_digest(path: str) -> str:
+    """The names and contents of every file under ``path`` (to show a refused save left it
+    alone), read directly rather than through DCP."""
+    digest = hashlib.sha1()
+    for root, dirs, files in os.walk(path):
+        dirs.sort()
+        for name in sorted(files):
+            full = os.path.join(root, name)
+            digest.update(os.path.relpath(full, path).encode() + b"\0")
+            with open(full, "rb") as f:
+                digest.update(f.read())
+    return digest.hexdigest()
+
+
+def _earlier_checkpoint(body: DcpBody, case: Case, ctx: RankContext, path: str, get: Options, put: Options) -> None:
+    """Save a checkpoint of the same entries, from a freshly built model with other weights,
+    other hyperparameters and fresh Statefuls, into ``path``: what the case's save overwrites
+    (or must refuse to)."""
+    t = body.training
+    decoy = build_side(body.tree, body.source, t, ctx, seed=case.seed + 2 * FRESH_SEED)
+    body_optimizer(decoy, fresh_training(t), body)
+    if decoy.fsdp1:
+        fsdp1_state_dict_type(decoy, full=False, offload=body.save_cpu_offload)
+    values = _values(body, case, decoy, ctx, get, put, fresh=True, skip=())
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(_arrange(body, values, ctx), checkpoint_id=path)
+
+
+def _save_over(body: DcpBody, state: dict[str, Any], path: str, ctx: RankContext) -> dict[str, Any]:
+    """The case's save into a directory that holds an earlier checkpoint (``body.overwrite``).
+    overwrite=True saves over it. overwrite=False must refuse: FileSystemWriter documents
+    ``overwrite`` as "Whether to allow overwriting existing checkpoints" and raises
+    RuntimeError("Checkpoint already exists ...") in prepare_local_plan, which DCP reports as a
+    CheckpointException on every rank (torch's own test_overwrite asserts it); the refused save
+    must leave the earlier checkpoint as it was. Then the directory is cleared and the state
+    saved with overwrite=False again, which must succeed."""
+    if body.overwrite is Overwrite.TRUE:
+        _save(body, state, path, overwrite=True)
+        return {}
+    dist.barrier()
+    before = _directory_digest(path) if ctx.rank == 0 else ""
+    refusal: dict[str, str] | None = None
+    try:
+        _save(body, state, path, overwrite=False)
+    except BaseException as e:  # CheckpointException derives from BaseException
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        refusal = {"type": f"{type(e).__module__}.{type(e).__qualname__}", "message": str(e)[:2000]}
+    dist.barrier()
+    out: dict[str, Any] = {"refusal": refusal}
+    if ctx.rank == 0:
+        out["untouched"] = _directory_digest(path) == before
+        shutil.rmtree(path, ignore_errors=True)
+    dist.barrier()
+    _save(body, state, path, overwrite=False)
+    return out
+
+
+def _save_in_flight(
+    body: DcpBody,
+    case: Case,
+    src: Side,
+    ctx: RankContext,
+    data: list[Any],
+    get: Options,
+    put: Options,
+    path: str,
+) -> dict[str, Any]:
+    """``body.async_saves`` async saves, each followed by training before its future is waited
+    on: one step after each earlier save (into its own directory under ``path``), the
+    ``steps_after`` steps of resuming after the last (into ``path``). The checkpoint must hold
+    the state at its async_save call, whatever the training changed while it was written.
+    With ``cache_staged`` one FileSystemWriter(cache_staged_state_dict=True) stages them all,
+    its cache reused from the second save on."""
+    import torch.distributed.checkpoint as dcp
+
+    t, n = body.training, body.async_saves
+    first = t.steps - (n - 1)
+    obs: dict[str, Any] = {"losses_before": train_steps(src, data[:first], ctx)}
+    writer = dcp.FileSystemWriter(path, cache_staged_state_dict=True) if body.cache_staged else None
+    group = _async_group()
+    for k in range(n):
+        last = k == n - 1
+        where = path if last else os.path.join(path, f"early-{k}")
+        values = _values(body, case, src, ctx, get, put, fresh=False, skip=())
+        state = _arrange(body, values, ctx)
+        if writer is not None:
+            kwargs: dict[str, Any] = {"checkpoint_id": where, "storage_writer": writer}
+        else:
+            kwargs = _writer_kwargs(body, where)
+        result = dcp.async_save(state, process_group=group, **kwargs)
+        if not last:
+            obs["losses_before"] += train_steps(src, data[first + k : first + k + 1], ctx)
+        else:
+            obs["saved"] = {**observe(src, case, body.tree, ctx), **_observe_entries(values)}
+            obs["source_done"] = resume_source(case, src, data[t.steps :], ctx)
+        _wait(result)
+    return obs
 
 
 def _observe_entries(values: dict[Entry, Any]) -> dict[str, Any]:
@@ -256,25 +397,44 @@ def run_dcp(case: Case, body: DcpBody, ctx: RankContext) -> dict[str, Any]:
         # Left over by a run of this case that was killed (the ranks never write before every
         # rank has entered dcp.save, so removing it here races with nothing).
         shutil.rmtree(path, ignore_errors=True)
+    # With no_dist every rank saves and loads a checkpoint of its own, in its own directory.
+    own = os.path.join(path, f"rank-{ctx.rank}") if body.no_dist else path
     obs: dict[str, Any] = {}
     data = all_batches(case, t, t.steps + body.steps_after, body.tree, ctx)
 
     src: Side | None = None
+    source_done: Any = None
     if body.mode is not DcpMode.LOAD_ONLY:
         src = build_side(body.tree, body.source, t, ctx, seed=case.seed)
-        add_optimizer(src, t)
+        body_optimizer(src, t, body)
+        if src.fsdp1:
+            fsdp1_state_dict_type(src, full=False, offload=body.save_cpu_offload)
+        if body.overwrite is not Overwrite.NONE:
+            _earlier_checkpoint(body, case, ctx, path, get_save, put)
         seed_segment(case, ctx, 0)
-        obs["losses_before"] = train_steps(src, data[: t.steps], ctx)
-        values = _values(body, case, src, ctx, get_save, put, fresh=False, skip=())
-        _save(body, _arrange(body, values, ctx), path)
-        obs["saved"] = {**observe(src, case, body.tree, ctx), **_observe_entries(values)}
+        if body.async_saves:
+            obs.update(_save_in_flight(body, case, src, ctx, data, get_save, put, path))
+            source_done = obs.pop("source_done")
+        else:
+            obs["losses_before"] = train_steps(src, data[: t.steps], ctx)
+            values = _values(body, case, src, ctx, get_save, put, fresh=False, skip=())
+            state = _arrange(body, values, ctx)
+            if body.overwrite is not Overwrite.NONE:
+                obs["overwrite"] = _save_over(body, state, path, ctx)
+            else:
+                if body.no_dist:
+                    dist.barrier()  # rank 0 has cleared the case's directory before anyone writes
+                _save(body, state, own)
+            obs["saved"] = {**observe(src, case, body.tree, ctx), **_observe_entries(values)}
         if body.mode is DcpMode.SAVE_ONLY:
             return obs
 
     tgt = build_side(body.tree, body.target, t, ctx, seed=case.seed + FRESH_SEED, meta=body.target_meta_init)
     if body.target_meta_init:
         tgt.model.to_empty(device=ctx.device)  # DCP loads in place: the parameters need storage
-    add_optimizer(tgt, fresh_training(t))
+    body_optimizer(tgt, fresh_training(t), body)
+    if tgt.fsdp1:
+        fsdp1_state_dict_type(tgt, full=False, offload=body.load_cpu_offload)
     dropped = dropped_keys(tgt, body.drop)
     obs["dropped"] = dropped
     # A meta-device model has no values before the load (to_empty leaves garbage).
@@ -285,13 +445,13 @@ def run_dcp(case: Case, body: DcpBody, ctx: RankContext) -> dict[str, Any]:
     state = _arrange(body, values, ctx)
     plain = {k: v for k, v in state.items() if isinstance(v, (dict, torch.Tensor))}
     tensors = {k: _tensors(v) for k, v in plain.items()}
-    _load(body, state, path)
+    _load(body, state, own)
     obs["in_place"] = _in_place_problem(state, plain, tensors)
-    _finish_load(body, tgt, values, put)
+    _finish_load(body, tgt, values, put, own)
     obs["loaded"] = {**observe(tgt, case, body.tree, ctx), **_observe_entries(values)}
 
     if src is not None and body.steps_after and not dropped and _loads_everything(body):
-        obs.update(resume_both(case, src, tgt, data[t.steps :], ctx))
+        obs.update(resume_both(case, src, tgt, data[t.steps :], ctx, source_done))
     if body.mode is DcpMode.ROUND_TRIP:
         dist.barrier()
         if ctx.rank == 0:
@@ -305,10 +465,14 @@ def _loads_everything(body: DcpBody) -> bool:
     return Entry.APP in loaded or (Entry.MODEL in loaded and Entry.OPTIMIZER in loaded)
 
 
-def _finish_load(body: DcpBody, side: Side, values: dict[Entry, Any], put: Options) -> None:
-    """After dcp.load filled the state dicts in place: hand them to set_*."""
+def _finish_load(body: DcpBody, side: Side, values: dict[Entry, Any], put: Options, path: str) -> None:
+    """After dcp.load filled the state dicts in place: hand them to set_* (FSDP1: to its own
+    load_state_dict, and its optimizer state through load_sharded_optimizer_state_dict)."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
+    if side.fsdp1:
+        _finish_fsdp1_load(body, side, values, path)
+        return
     options = state_dict_options(put)
     if Entry.MODEL in values and not body.module_stateful:
         msd = values[Entry.MODEL]
@@ -316,3 +480,21 @@ def _finish_load(body: DcpBody, side: Side, values: dict[Entry, Any], put: Optio
     if Entry.OPTIMIZER in values:
         assert side.opt is not None
         set_optimizer_state_dict(side.model, side.opt, values[Entry.OPTIMIZER], options=options)
+
+
+def _finish_fsdp1_load(body: DcpBody, side: Side, values: dict[Entry, Any], path: str) -> None:
+    """The classic FSDP1 recipe: the model's sharded state dict was loaded in place, into its
+    own load_state_dict; the optimizer's comes from load_sharded_optimizer_state_dict (its
+    keys follow the model's sharded state dict) through FSDP.optim_state_dict_to_load."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.optimizer import load_sharded_optimizer_state_dict
+
+    if Entry.MODEL in values:
+        side.model.load_state_dict(values[Entry.MODEL])
+    if Entry.OPTIMIZER in body.entries and Entry.OPTIMIZER not in body.skip:
+        loaded = load_sharded_optimizer_state_dict(
+            model_state_dict=side.model.state_dict(),
+            optimizer_key=Entry.OPTIMIZER.value,
+            storage_reader=dcp.FileSystemReader(path),
+        )
+        fsdp1_load_optimizer(side, loaded[Entry.OPTIMIZER.value])

@@ -19,7 +19,7 @@ Two things every program here does on purpose:
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -32,7 +32,7 @@ from fuzz._rank.context import RankContext
 from fuzz._rank.models import build_model
 from fuzz._rank.parity import batches, make_optimizer
 from fuzz.case import Case, Composition, ModuleTree, Optimizer, Training
-from fuzz.case_state import Api, Options, StateDictBody, is_plain
+from fuzz.case_state import Api, Options, StateDictBody, is_fsdp1, is_plain
 
 #: Rows of the fixed input every forward probe runs on (independent of the world size, so
 #: that a checkpoint saved by N ranks and loaded by M can be compared).
@@ -49,6 +49,8 @@ class Side:
     comp: Composition
     training: Training
     opt: torch.optim.Optimizer | None = None
+    #: Parameter names by id, taken when the optimizer was built (see names()).
+    param_names: dict[int, str] = field(default_factory=dict)
 
     @property
     def model(self) -> nn.Module:
@@ -57,6 +59,18 @@ class Side:
     @property
     def plain(self) -> bool:
         return is_plain(self.comp)
+
+    @property
+    def fsdp1(self) -> bool:
+        return is_fsdp1(self.comp)
+
+    def names(self) -> dict[int, str]:
+        """Plain-model names of the parameters by id. With use_orig_params, FSDP1 can leave a
+        parameter registered as a plain tensor view (a frozen one under NO_SHARD after
+        backward, pytorch/pytorch#85831) and named_parameters() then skips it, so the names
+        taken when the optimizer was built (before any forward) fill the gaps."""
+        current = {id(p): clean_name(n) for n, p in self.model.named_parameters()}
+        return {**self.param_names, **current}
 
 
 def build_side(
@@ -85,9 +99,24 @@ def fresh_training(training: Training) -> Training:
     return Training(**{**training.__dict__, "lr": training.lr * 0.37, "momentum": momentum, "eps": training.eps * 10})
 
 
-def add_optimizer(side: Side, training: Training) -> torch.optim.Optimizer:
-    side.opt = make_optimizer(side.model.parameters(), training)
+def add_optimizer(
+    side: Side, training: Training, *, frozen_in_optimizer: bool = False, empty_group: bool = False
+) -> torch.optim.Optimizer:
+    """The case's optimizer (fuzz._rank.parity.make_optimizer), with the frozen parameters
+    handed to it too if ``frozen_in_optimizer`` (no gradient reaches them, so they get no
+    state), and a param group without parameters and with its own lr if ``empty_group``."""
+    params = list(side.model.parameters())
+    frozen = [p for p in params if not p.requires_grad] if frozen_in_optimizer else []
+    side.opt = make_optimizer(params, training, later=frozen)
+    if empty_group:
+        side.opt.add_param_group({"params": [], "lr": training.lr / 4})
+    side.param_names = {id(p): clean_name(n) for n, p in side.model.named_parameters()}
     return side.opt
+
+
+def body_optimizer(side: Side, training: Training, body: Any) -> torch.optim.Optimizer:
+    """add_optimizer with the body's optimizer options (StateDictBody, DcpBody)."""
+    return add_optimizer(side, training, frozen_in_optimizer=body.frozen_in_optimizer, empty_group=body.empty_group)
 
 
 def seed_segment(case: Case, ctx: RankContext, segment: int) -> None:
@@ -150,7 +179,7 @@ def observe_groups(side: Side) -> list[dict[str, Any]]:
     """Every param group's hyperparameters, and its parameters by name (local, no collective)."""
     if side.opt is None:
         return []
-    names = {id(p): clean_name(n) for n, p in side.model.named_parameters()}
+    names = side.names()
     out = []
     for group in side.opt.param_groups:
         item = {k: _jsonable(v) for k, v in sorted(group.items()) if k != "params"}
@@ -162,10 +191,11 @@ def observe_groups(side: Side) -> list[dict[str, Any]]:
 def observe_optimizer(side: Side) -> dict[str, dict[str, list[float]]]:
     """Every optimizer state entry (exp_avg, exp_avg_sq, step, momentum_buffer, ...), full
     size, by parameter name (collective: the same params and keys in the same order on every
-    rank, or the mismatch shows as a hang)."""
+    rank, or the mismatch shows as a hang). Under FSDP1 the entries are this rank's flat
+    local shards (no collective): only FSDP.optim_state_dict, the API under test, gathers them."""
     if side.opt is None:
         return {}
-    names = {id(p): clean_name(n) for n, p in side.model.named_parameters()}
+    names = side.names()
     out: dict[str, dict[str, list[float]]] = {}
     for group in side.opt.param_groups:
         for p in group["params"]:
@@ -201,14 +231,19 @@ def reshard(model: nn.Module) -> None:
 
 
 def observe(side: Side, case: Case, tree: ModuleTree, ctx: RankContext, *, model: bool = True) -> dict[str, Any]:
-    """Model, optimizer, groups and a probe; the big parts on rank 0 only."""
+    """Model, optimizer, groups and a probe; the big parts on rank 0 only. FSDP1's optimizer
+    state is this rank's local shards (``optimizer_local``, on every rank)."""
     obs: dict[str, Any] = {"groups": observe_groups(side)}
     if model:
         params = observe_model(side)
         optim = observe_optimizer(side)
         out = probe(side, case, tree, ctx)
+        if side.fsdp1:
+            obs["optimizer_local"] = optim
         if ctx.rank == 0:
-            obs.update(model=params, optimizer=optim, probe=out)
+            obs.update(model=params, probe=out)
+            if not side.fsdp1:
+                obs["optimizer"] = optim
     return obs
 
 
@@ -218,8 +253,54 @@ def model_keys(side: Side) -> list[str]:
 
 
 def dropped_keys(side: Side, drop: tuple[int, ...]) -> list[str]:
+    if not drop:
+        return []
     keys = model_keys(side)
     return sorted({keys[i % len(keys)] for i in drop}) if keys else []
+
+
+def fsdp1_state_dict_type(side: Side, *, full: bool, offload: bool) -> None:
+    """FSDP.set_state_dict_type on an FSDP1 model: FULL_STATE_DICT on every rank (rank0_only
+    False) or SHARDED_STATE_DICT, with ``offload`` as the model's and the optimizer's
+    offload_to_cpu."""
+    from torch.distributed.fsdp import (
+        FullOptimStateDictConfig,
+        FullStateDictConfig,
+        ShardedOptimStateDictConfig,
+        ShardedStateDictConfig,
+        StateDictType,
+    )
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    if full:
+        FSDP.set_state_dict_type(
+            side.model,
+            StateDictType.FULL_STATE_DICT,
+            FullStateDictConfig(offload_to_cpu=offload, rank0_only=False),
+            FullOptimStateDictConfig(offload_to_cpu=offload, rank0_only=False),
+        )
+    else:
+        FSDP.set_state_dict_type(
+            side.model,
+            StateDictType.SHARDED_STATE_DICT,
+            ShardedStateDictConfig(offload_to_cpu=offload),
+            ShardedOptimStateDictConfig(offload_to_cpu=offload),
+        )
+
+
+def fsdp1_optim_state_dict(side: Side) -> dict[str, Any]:
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    assert side.opt is not None
+    osd: dict[str, Any] = FSDP.optim_state_dict(side.model, side.opt)
+    return osd
+
+
+def fsdp1_load_optimizer(side: Side, osd: dict[str, Any]) -> None:
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    assert side.opt is not None
+    side.opt.load_state_dict(FSDP.optim_state_dict_to_load(side.model, side.opt, osd))
 
 
 def state_dict_options(o: Options) -> Any:
@@ -238,6 +319,9 @@ def _take(body: StateDictBody, side: Side) -> tuple[dict[str, Any], dict[str, An
 
     options = state_dict_options(body.save)
     assert side.opt is not None
+    if body.api is Api.FSDP1:
+        fsdp1_state_dict_type(side, full=body.save.full_state_dict, offload=body.save.cpu_offload)
+        return side.model.state_dict(), fsdp1_optim_state_dict(side)
     if body.api is Api.COMBINED:
         return get_state_dict(side.model, side.opt, options=options)
     if body.api is Api.MODULE:
@@ -254,18 +338,25 @@ def _put(body: StateDictBody, side: Side, msd: dict[str, Any], osd: dict[str, An
 
     options = state_dict_options(body.load)
     fresh = fresh_training(body.training)
+    if body.api is Api.FSDP1:
+        fsdp1_state_dict_type(side, full=body.load.full_state_dict, offload=body.load.cpu_offload)
+        result = side.model.load_state_dict(msd)
+        fsdp1_load_optimizer(side, osd)
+        return result
     if body.api is Api.COMBINED:
         assert side.opt is not None
         return set_state_dict(side.model, side.opt, model_state_dict=msd, optim_state_dict=osd, options=options)
-    if body.target_meta_init and not body.load.full_state_dict:
+    if body.target_meta_init and (not body.load.full_state_dict or is_plain(body.target)):
         # A sharded state dict is copied into the parameters, so they need storage first (a
-        # full one is assigned: set_model_state_dict detects the meta device).
+        # full one is assigned: set_model_state_dict detects the meta device). A plain model
+        # gets storage first too: assigned, its tensors would land on the process group's
+        # default device (the CPU for "cpu:gloo,cuda:nccl"), as nothing else names one.
         side.model.to_empty(device=ctx.device)
     if body.api is Api.MODULE:
         result = side.model.load_state_dict(msd, strict=body.load.strict)
     else:
         result = set_model_state_dict(side.model, msd, options=options)
-    opt = side.opt if side.opt is not None else add_optimizer(side, fresh)
+    opt = side.opt if side.opt is not None else body_optimizer(side, fresh, body)
     set_optimizer_state_dict(side.model, opt, osd, options=options)
     return result
 
@@ -280,7 +371,7 @@ def run_state_dict(case: Case, body: StateDictBody, ctx: RankContext) -> dict[st
     t = body.training
     data = all_batches(case, t, t.steps + body.steps_after, body.tree, ctx)
     src = build_side(body.tree, body.source, t, ctx, seed=case.seed)
-    add_optimizer(src, t)
+    body_optimizer(src, t, body)
     seed_segment(case, ctx, 0)
     obs: dict[str, Any] = {"losses_before": train_steps(src, data[: t.steps], ctx)}
 
@@ -290,7 +381,7 @@ def run_state_dict(case: Case, body: StateDictBody, ctx: RankContext) -> dict[st
 
     tgt = build_side(body.tree, body.target, t, ctx, seed=case.seed + FRESH_SEED, meta=body.target_meta_init)
     if not body.target_meta_init:
-        add_optimizer(tgt, fresh_training(t))
+        body_optimizer(tgt, fresh_training(t), body)
     dropped = dropped_keys(src, body.drop)
     obs["dropped"] = dropped
     if dropped:
@@ -306,15 +397,30 @@ def run_state_dict(case: Case, body: StateDictBody, ctx: RankContext) -> dict[st
     return obs
 
 
-def resume_both(case: Case, src: Side, tgt: Side, data: list[Any], ctx: RankContext) -> dict[str, Any]:
-    """Train on the source (uninterrupted) and the target (resumed) from one RNG state over the
-    same batches: their losses, and (rank 0) their final models."""
-    obs: dict[str, Any] = {}
+def resume_source(case: Case, src: Side, data: list[Any], ctx: RankContext) -> tuple[list[float], dict[str, Any]]:
+    """Train the source on (uninterrupted): its losses and final model."""
     seed_segment(case, ctx, 1)
-    obs["losses_source"] = train_steps(src, data, ctx)
+    losses = train_steps(src, data, ctx)
+    return losses, observe_model(src)
+
+
+def resume_both(
+    case: Case,
+    src: Side,
+    tgt: Side,
+    data: list[Any],
+    ctx: RankContext,
+    source_done: tuple[list[float], dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """Train on the source (uninterrupted) and the target (resumed) from one RNG state over the
+    same batches: their losses, and (rank 0) their final models. ``source_done`` is what
+    resume_source gave if the source trained on already (while its checkpoint was in flight)."""
+    obs: dict[str, Any] = {}
+    losses_src, final_src = source_done if source_done is not None else resume_source(case, src, data, ctx)
+    obs["losses_source"] = losses_src
     seed_segment(case, ctx, 1)
     obs["losses_target"] = train_steps(tgt, data, ctx)
-    final_src, final_tgt = observe_model(src), observe_model(tgt)
+    final_tgt = observe_model(tgt)
     if ctx.rank == 0:
         obs["final_source"], obs["final_target"] = final_src, final_tgt
     return obs

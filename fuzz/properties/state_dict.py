@@ -29,8 +29,25 @@ import os
 import shutil
 from typing import Any
 
-from fuzz.case import Case, Composition, Optimizer, Wrapper
-from fuzz.case_state import Api, DcpBody, DcpMode, Entry, StateDictBody, dcp_root, is_plain, tensor_kind
+from fuzz.case import Case, Composition, ModuleTree, Optimizer, Wrapper
+from fuzz.case_state import (
+    Api,
+    DcpBody,
+    DcpMode,
+    Entry,
+    Overwrite,
+    StateDictBody,
+    dcp_root,
+    fsdp1_async_default_stager,
+    fsdp1_dcp_empty_shard,
+    fsdp1_dcp_stateless,
+    fsdp1_frozen_unit,
+    fsdp1_full_offload,
+    fsdp1_shard1,
+    is_fsdp1,
+    is_plain,
+    tensor_kind,
+)
 from fuzz.pool import Outcome
 from fuzz.properties import Property, register, strategy
 from fuzz.signature import Failure, failure_from_outcome
@@ -42,6 +59,9 @@ atexit.register(shutil.rmtree, dcp_root(os.getpid()), ignore_errors=True)
 
 #: The signature of a deadlock in which rank 0 broadcasts state that other ranks skipped.
 ALONE_IN_BROADCAST = "torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone"
+#: What FileSystemWriter(overwrite=False) raises on an existing checkpoint (a RuntimeError in its
+#: prepare_local_plan, which DCP reports as a CheckpointException on every rank).
+ALREADY_EXISTS = "Checkpoint already exists"
 
 
 def _failure(prop: str, outcome: Outcome) -> Failure:
@@ -109,6 +129,13 @@ def _where(comp: Composition) -> str:
     return name + (":hsdp" if comp.mesh else "")
 
 
+def _shard1(source: Composition, target: Composition) -> str:
+    """``:shard1`` where a side is FSDP1 HYBRID_SHARD with a shard dimension of size 1, a
+    degenerate setup with a known bug (pytorch/pytorch#154888), as the training properties
+    name it: a corpus entry that marks it known must not hide other mismatches."""
+    return ":shard1" if fsdp1_shard1(source) or fsdp1_shard1(target) else ""
+
+
 def _check_model(
     prop: str, where: str, saved: dict[str, Any], loaded: dict[str, Any], fresh: dict[str, Any] | None, dropped: list
 ) -> Failure | None:
@@ -118,6 +145,39 @@ def _check_model(
         if fresh is not None and "model" in fresh:
             want[key] = fresh["model"][key]
     return _exact(prop, "model", where, "the model (parameters and buffers)", loaded["model"], want, dropped=dropped)
+
+
+def _check_optimizer(
+    prop: str,
+    where: str,
+    source: Composition,
+    target: Composition,
+    observations: list[dict[str, Any]],
+    want: str,
+    check: str = "optimizer",
+) -> Failure | None:
+    """The loaded optimizer state against the ``want`` observation (``saved``, or ``fresh``
+    for an optimizer left out of the load): gathered to full, or, under FSDP1, each rank's
+    local shards, comparable only between the same layout (another layout is judged by
+    resuming: every state entry takes part in the next steps)."""
+    if not is_fsdp1(target):
+        first = observations[0]
+        return _exact(prop, check, where, "the optimizer state", first["loaded"]["optimizer"], first[want]["optimizer"])
+    if want == "saved" and source != target:
+        return None
+    for rank, obs in enumerate(observations):
+        failure = _exact(
+            prop,
+            check,
+            where,
+            f"rank {rank}'s local optimizer state (FSDP1, one layout)",
+            obs["loaded"]["optimizer_local"],
+            obs[want]["optimizer_local"],
+            rank=rank,
+        )
+        if failure is not None:
+            return failure
+    return None
 
 
 def _same_operations(source: Composition, target: Composition) -> bool:
@@ -177,13 +237,13 @@ def judge_state_dict(case: Case, outcome: Outcome) -> Failure | None:
         return _failure(case.property, outcome)
     body = case.body
     assert isinstance(body, StateDictBody)
-    prop, where = case.property, body.api.value
+    prop, where = case.property, body.api.value + _shard1(body.source, body.target)
     observations = outcome.observations
     first = observations[0]
     saved, loaded, dropped = first["saved"], first["loaded"], first["dropped"]
     failure = _check_model(prop, where, saved, loaded, first.get("fresh"), dropped)
     if failure is None:
-        failure = _exact(prop, "optimizer", where, "the optimizer state", loaded["optimizer"], saved["optimizer"])
+        failure = _check_optimizer(prop, where, body.source, body.target, observations, "saved")
     for rank, obs in enumerate(observations):
         if failure is None:
             failure = _exact(
@@ -207,12 +267,16 @@ def judge_dcp(case: Case, outcome: Outcome) -> Failure | None:
     body = case.body
     assert isinstance(body, DcpBody)
     prop, observations = case.property, outcome.observations
-    where = "async_save" if body.async_save else "save"
+    where = ("async_save" if body.async_save else "save") + _shard1(body.source, body.target)
     for rank, obs in enumerate(observations):
         if obs.get("in_place"):
             return _mismatch(prop, "in_place", "load", f"rank {rank}: {obs['in_place']}")
     if body.mode is not DcpMode.ROUND_TRIP:
         return None
+    if body.overwrite is Overwrite.FALSE:
+        failure = _check_refusal(prop, where, observations)
+        if failure is not None:
+            return failure
     loaded_entries = [e for e in body.entries if e not in body.skip]
     model_loaded = Entry.MODEL in loaded_entries or Entry.APP in loaded_entries
     optim_loaded = Entry.OPTIMIZER in loaded_entries or Entry.APP in loaded_entries
@@ -225,7 +289,9 @@ def judge_dcp(case: Case, outcome: Outcome) -> Failure | None:
             prop, "skipped_model", where, "the model (not loaded)", loaded["model"], (fresh or {})["model"]
         )
     if failure is None and optim_loaded:
-        failure = _exact(prop, "optimizer", where, "the optimizer state", loaded["optimizer"], saved["optimizer"])
+        failure = _check_optimizer(prop, where, body.source, body.target, observations, "saved")
+    elif failure is None and is_fsdp1(body.target):
+        failure = _check_optimizer(prop, where, body.source, body.target, observations, "fresh", "skipped_optimizer")
     elif failure is None and fresh is not None and "optimizer" in fresh:
         failure = _exact(
             prop,
@@ -257,6 +323,29 @@ def judge_dcp(case: Case, outcome: Outcome) -> Failure | None:
     return failure
 
 
+def _check_refusal(prop: str, where: str, observations: list[dict[str, Any]]) -> Failure | None:
+    """FileSystemWriter(overwrite=False) over an existing checkpoint: the documented refusal
+    (CheckpointException "Checkpoint already exists") on every rank, and the existing
+    checkpoint left as it was."""
+    for rank, obs in enumerate(observations):
+        refusal = obs["overwrite"]["refusal"]
+        if refusal is None:
+            return _mismatch(
+                prop, "overwrite", where, f"rank {rank}: FileSystemWriter(overwrite=False) saved over a checkpoint"
+            )
+        if not refusal["type"].endswith(".CheckpointException") or ALREADY_EXISTS not in refusal["message"]:
+            return _mismatch(
+                prop,
+                "overwrite",
+                where,
+                f"rank {rank}: FileSystemWriter(overwrite=False) over a checkpoint raised {refusal['type']}: "
+                f"{refusal['message'][:500]} (expected CheckpointException {ALREADY_EXISTS!r})",
+            )
+    if not observations[0]["overwrite"]["untouched"]:
+        return _mismatch(prop, "overwrite", where, "the refused save (overwrite=False) changed the existing checkpoint")
+    return None
+
+
 def _layout_features(source: Composition, target: Composition) -> list[str]:
     out = [f"source:{_where(source)}", f"target:{_where(target)}"]
     if source == target:
@@ -272,6 +361,19 @@ def _layout_features(source: Composition, target: Composition) -> list[str]:
             out.append("shard_placement_fn")
         if comp.checkpoints:
             out.append("activation_checkpoint")
+        if comp.auto_wrap:
+            out.append("fsdp1:auto_wrap")
+        if fsdp1_shard1(comp):
+            out.append("fsdp1:hybrid_shard1")
+    return out
+
+
+def _optimizer_features(tree: ModuleTree, frozen_in_optimizer: bool, empty_group: bool) -> list[str]:
+    out = []
+    if any(getattr(n, "frozen", False) for n in tree.paths().values()):
+        out.append("frozen:in_optimizer" if frozen_in_optimizer else "frozen:model_only")
+    if empty_group:
+        out.append("param_groups:empty")
     return out
 
 
@@ -295,6 +397,7 @@ def features_state_dict(case: Case) -> list[str]:
     out.append("strict" if ld.strict else "non-strict" + (":drop" if body.drop else ""))
     if body.target_meta_init:
         out.append("meta_init")
+    out += _optimizer_features(body.tree, body.frozen_in_optimizer, body.empty_group)
     return sorted(set(out + _layout_features(body.source, body.target)))
 
 
@@ -317,6 +420,18 @@ def features_dcp(case: Case) -> list[str]:
         out.append("meta_init")
     if len(body.collective_entries()) > 1:
         out.append("collective_statefuls:several")
+    if is_fsdp1(body.source) and Entry.OPTIMIZER in body.entries:
+        out.append(f"api:{Api.FSDP1.value}")
+    if body.overwrite is not Overwrite.NONE:
+        out.append(f"overwrite:{body.overwrite.value}")
+    if body.async_saves:
+        out.append("async:in_flight")
+        out.append(f"async:saves:{body.async_saves}")
+    if body.cache_staged:
+        out.append("async:cached")
+    if body.no_dist:
+        out.append("no_dist")
+    out += _optimizer_features(body.tree, body.frozen_in_optimizer, body.empty_group)
     return sorted(set(out + _layout_features(body.source, body.target)))
 
 
@@ -326,6 +441,28 @@ STATELESS_FULL = "set_optimizer_state_dict-full-stateless"
 #: Not a state-dict bug: FSDP2's backward all-gather fails for an int reshard_after_forward with
 #: Shard(1) parameters; the training properties own it (corpus/parity-exception-c9b6f29fb81d.json).
 INT_RESHARD_DIM1 = "fully_shard-int-reshard-shard-dim-1"
+#: Not a state-dict bug either: FSDP1 HYBRID_SHARD with a shard dimension of size 1 never averages
+#: gradients across replicas (pytorch/pytorch#154888; the training properties' corpus entries).
+FSDP1_HSDP_SHARD1 = "fsdp1-hybrid-shard-dim-1"
+#: FSDP1's FULL_STATE_DICT with offload_to_cpu on CPU: model.state_dict() clones freed memory
+#: (SIGSEGV), FSDP.optim_state_dict aliases the gathered states (fuzz.case_state.fsdp1_full_offload).
+FSDP1_FULL_OFFLOAD = "fsdp1-full-state-dict-offload-to-cpu"
+#: FSDP1 NO_SHARD with a unit whose parameters are all frozen: after training, its state_dict
+#: hooks raise "FSDP assumes ... is in the state_dict" (fuzz.case_state.fsdp1_frozen_unit).
+FSDP1_FROZEN_UNIT = "fsdp1-no-shard-frozen-unit-state-dict"
+#: The classic FSDP1 recipe with an optimizer without state (SGD without momentum): DCP saves no
+#: entry for the empty "state" dict, load_sharded_optimizer_state_dict returns a dict without
+#: "state", and FSDP.optim_state_dict_to_load raises ValueError ("must have the keys "state"").
+FSDP1_DCP_STATELESS = "fsdp1-dcp-stateless-optimizer"
+#: dcp.load of an FSDP1 sharded state dict where a rank holds no chunk of a parameter, beside a
+#: dict without tensors: "Missing key in checkpoint state_dict" (fuzz.case_state.fsdp1_dcp_empty_shard).
+FSDP1_DCP_EMPTY_SHARD = "dcp-load-empty-sharded-tensor-pre-2.4-guess"
+#: dcp.async_save with its DefaultStager (no storage writer) of a state dict holding ShardedTensors
+#: (FSDP1's sharded state dicts): "torch function 'data_ptr' ... not supported for ShardedTensor".
+FSDP1_ASYNC_DEFAULT_STAGER = "async_save-default-stager-sharded-tensor"
+#: FileSystemWriter(cache_staged_state_dict=True) pins its staging cache: "Cannot access
+#: accelerator device when none is available" on a host without an accelerator.
+CACHED_STAGING_NEEDS_ACCELERATOR = "filesystemwriter-cache-staged-pin-memory"
 
 
 def known_bug(case: Case) -> str | None:
@@ -337,6 +474,20 @@ def known_bug(case: Case) -> str | None:
       to be set" when the optimizer holds no tensor state (SGD without momentum).
     - ``INT_RESHARD_DIM1``: the source or target trains under fully_shard with an int
       reshard_after_forward and shard_dim 1 (an FSDP2 bug met in training).
+    - ``FSDP1_HSDP_SHARD1``: the source or target trains under FSDP1 HYBRID_SHARD with a shard
+      dimension of size 1 (an FSDP1 bug met in training, pytorch/pytorch#154888).
+    - ``FSDP1_FULL_OFFLOAD``: FSDP1's FULL_STATE_DICT with offload_to_cpu on CPU (model and
+      optimizer state dicts; fuzz.case_state.fsdp1_full_offload).
+    - ``FSDP1_FROZEN_UNIT``: the source is FSDP1 NO_SHARD with an auto-wrapped unit of
+      frozen parameters only (its state_dict after training).
+    - ``FSDP1_DCP_STATELESS``: an FSDP1 optimizer without state loaded through
+      load_sharded_optimizer_state_dict.
+    - ``FSDP1_DCP_EMPTY_SHARD``: dcp.load into FSDP1's sharded state dict with a rank that
+      holds no chunk of a parameter, beside the scalars entry.
+    - ``FSDP1_ASYNC_DEFAULT_STAGER``: dcp.async_save without a storage writer of FSDP1's
+      ShardedTensors.
+    - ``CACHED_STAGING_NEEDS_ACCELERATOR``: FileSystemWriter(cache_staged_state_dict=True)
+      (fails on a host without an accelerator).
     """
     body = case.body
     if isinstance(body, (StateDictBody, DcpBody)) and any(
@@ -344,6 +495,20 @@ def known_bug(case: Case) -> str | None:
         for s in (*body.source.shards, *body.target.shards)
     ):
         return INT_RESHARD_DIM1
+    if isinstance(body, (StateDictBody, DcpBody)) and (fsdp1_shard1(body.source) or fsdp1_shard1(body.target)):
+        return FSDP1_HSDP_SHARD1
+    if isinstance(body, (StateDictBody, DcpBody)) and fsdp1_frozen_unit(body.source, body.tree):
+        return FSDP1_FROZEN_UNIT
+    if isinstance(body, StateDictBody) and fsdp1_full_offload(body, case.world_size):
+        return FSDP1_FULL_OFFLOAD
+    if isinstance(body, DcpBody) and fsdp1_dcp_stateless(body):
+        return FSDP1_DCP_STATELESS
+    if isinstance(body, DcpBody) and fsdp1_dcp_empty_shard(body, case.world_size):
+        return FSDP1_DCP_EMPTY_SHARD
+    if isinstance(body, DcpBody) and fsdp1_async_default_stager(body):
+        return FSDP1_ASYNC_DEFAULT_STAGER
+    if isinstance(body, DcpBody) and body.cache_staged:
+        return CACHED_STAGING_NEEDS_ACCELERATOR
     t = body.training if isinstance(body, (StateDictBody, DcpBody)) else None
     stateless = t is not None and t.optimizer is Optimizer.SGD and not t.momentum
     if isinstance(body, StateDictBody):
