@@ -97,8 +97,8 @@ CHECKLIST: tuple[Item, ...] = (
     ),
     _item("fsdp2.no_all_reduce", "set_requires_all_reduce(False) (HSDP)", _FS, r"grad_accum:no_all_reduce"),
     _item("fsdp2.frozen", "frozen parameters", _FS, r"param:frozen"),
-    _item("fsdp2.unused", "unused parameters (no gradient)", _FS, r"param:unused", generated=False),
-    _item("fsdp2.unfrozen", "parameters unfrozen later in training", _FS, r"param:unfrozen_later", generated=False),
+    _item("fsdp2.unused", "unused parameters (no gradient)", _FS, r"param:unused(?::some-microbatches)?"),
+    _item("fsdp2.unfrozen", "parameters unfrozen later in training", _FS, r"param:unfrozen_later"),
     _item("fsdp2.misuse_dim1", "invalid: Shard(1) on an uneven dimension raises", _FS, r"misuse:uneven_shard_dim_1"),
     # replicate and checkpoint, alone and composed with fully_shard
     _item(
@@ -137,20 +137,12 @@ CHECKLIST: tuple[Item, ...] = (
     _item("fsdp1.no_shard", "FSDP1 NO_SHARD", _W, rf"{_V}wrapper:fsdp1_no_shard(?::auto_wrap)?"),
     _item("fsdp1.hybrid_shard", "FSDP1 HYBRID_SHARD", _W, rf"{_V}wrapper:fsdp1_hybrid_shard(?::auto_wrap)?"),
     _item("fsdp1.auto_wrap", "FSDP1 auto-wrap policy", _W, rf"{_V}wrapper:fsdp1_\w+:auto_wrap"),
-    # The state-dict properties leave FSDP1 out (docs/state_dict.md says why).
-    _item(
-        "fsdp1.state_dict",
-        "FSDP1 SHARDED_STATE_DICT",
-        _W,
-        r"(?:source|target):fsdp1_\w+",
-        generated=False,
-    ),
+    _item("fsdp1.state_dict", "FSDP1 model saved or loaded (set_state_dict_type)", _W, r"(?:source|target):fsdp1_\w+"),
     _item(
         "fsdp1.optim_state_dict",
         "FSDP1 optim_state_dict / optim_state_dict_to_load",
         _W,
         r"api:fsdp1_optim_state_dict",
-        generated=False,
     ),
     # device meshes
     _item("mesh.1d", "1D mesh", _M, rf"{_V}mesh:\d+|(?:source|target):(?:fully_shard|replicate)[^:]*"),
@@ -193,12 +185,17 @@ CHECKLIST: tuple[Item, ...] = (
     ),
     _item("dcp.orders", "per-rank key orderings", _SD, r"orders:differ"),
     _item("dcp.storage_objects", "FileSystemWriter / FileSystemReader objects", _SD, r"storage:objects"),
-    _item("dcp.overwrite", "saving over an existing checkpoint", _SD, r"overwrite:\w+", generated=False),
+    _item("dcp.overwrite", "saving over an existing checkpoint", _SD, r"overwrite:\w+"),
     _item("dcp.reshard_mesh", "load into another mesh", _SD, r"reshard:mesh"),
     _item("dcp.reshard_layout", "load into another composition", _SD, r"reshard:(?:composition|\w+->\w+)"),
     # Save-only / load-only cases exist (DcpMode) but no strategy draws them.
     _item("dcp.reshard_world", "load into another world size", _SD, r"reshard:world_size", generated=False),
-    _item("compile", "torch.compile'd model", _SD, rf"{_V}compile(?::\w+)?", generated=False),
+    _item("dcp.async_cached", "async_save with cache_staged_state_dict", _SD, r"async:cached"),
+    _item("dcp.async_in_flight", "optimizer steps while an async_save is in flight", _SD, r"async:in_flight"),
+    _item("dcp.no_dist", "DCP save / load with no process group (no_dist)", _SD, r"no_dist"),
+    _item("sd.optim_frozen", "frozen parameters held by the optimizer", _SD, r"frozen:in_optimizer"),
+    _item("sd.empty_group", "an empty optimizer param group", _SD, r"param_groups:empty"),
+    _item("compile", "torch.compile'd model", _SD, rf"{_V}compile(?::\w+)?"),
 )
 
 
