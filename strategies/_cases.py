@@ -107,7 +107,7 @@ def training_schedules(draw: st.DrawFn, tree: ModuleTree, training: Training, *c
     only where :func:`fuzz.case.check_training` accepts them for ``comps``."""
     paths = tree.paths()
     changes: dict[str, Any] = {}
-    if draw(st.sampled_from((False, True, False, False))):
+    if draw(st.sampled_from((False, True, False))):
         candidates = [p for p, n in paths.items() if p and has_params(n)] or [p for p in paths if p]
         slots = [(s, m) for s in range(training.steps) for m in range(training.grad_accum)]
         skips: list[Skip] = []

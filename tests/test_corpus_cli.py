@@ -29,7 +29,7 @@ def test_a_fault_found_by_explore_replays_and_reproduces_from_a_script(tmp_path:
         "--max-examples",
         "150",
         "--seed",
-        "1",
+        "2",
         "--corpus",
         str(corpus),
         "--database",

@@ -64,7 +64,7 @@ def test_a_failure_saved_by_one_campaign_is_the_first_case_of_the_next(tmp_path:
     key = database_key("parity", 2)
     with RankPool(world_size=2, env=mutant_env("P01_shard_dim_chunk"), deadline=30) as pool:
         first = _Recording(pool)
-        found = explore(first, [prop], budget=60, max_examples=25, seed=1, database=db, reruns=0)
+        found = explore(first, [prop], budget=60, max_examples=100, seed=3, database=db, reruns=0)
         assert found.new_failures, "the P01 fault was not found; the test needs a failure to save"
         saved = _first_case_drawn(db, key)
         assert saved is not None, f"campaign 1 saved nothing under {key!r}"

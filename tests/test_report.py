@@ -309,7 +309,7 @@ def test_generated_items_match_emitted_features(emitted: dict[str, set[str]]) ->
                 case = find(
                     strategy,
                     lambda case, prop=prop, item=item: any(item.matches(f) for f in prop.features(case)),
-                    settings=settings(_QUICK, max_examples=300),
+                    settings=settings(_QUICK, max_examples=1000),
                 )
             except NoSuchExample:
                 continue

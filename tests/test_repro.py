@@ -41,6 +41,7 @@ from fuzz.case import (
     Training,
     Unfreeze,
     Wrapper,
+    has_params,
     iter_paths,
 )
 from fuzz.corpus import Entry, load_entry, save_entry
@@ -263,10 +264,15 @@ def _training(case: Case) -> Training:
 def _dropout_under(case: Case, paths: tuple[str, ...]) -> bool:
     assert isinstance(case.body, ParityBody)
     nodes = case.body.tree.paths()
+    # With a trainable parameter under the same checkpoint, other dropout masks on recompute
+    # change gradients (a checkpointed dropout alone may change nothing the case observes).
     return any(
-        isinstance(n, Leaf) and n.kind is LeafKind.DROPOUT
+        has_params(nodes[p])
+        and any(
+            isinstance(n, Leaf) and n.kind is LeafKind.DROPOUT
+            for n in ([m for _, m in iter_paths(nodes[p])] if isinstance(nodes[p], Block) else [nodes[p]])
+        )
         for p in paths
-        for n in ([m for _, m in iter_paths(nodes[p])] if isinstance(nodes[p], Block) else [nodes[p]])
     )
 
 
