@@ -347,6 +347,10 @@ def test_known_fsdp1_bugs_still_fail(rank_pool: RankPool, bug: str, expected: st
     if bug == FSDP1_FULL_OFFLOAD:
         body = case.body
         assert isinstance(body, StateDictBody) and fsdp1_full_offload(body, case.world_size)
+        if rank_pool.backend == "nccl":
+            # On a GPU the offload copies to the CPU before the buffer is freed: no bug there.
+            assert run_case(rank_pool, get_property(case.property), case) is None
+            return
     failure = run_case(rank_pool, get_property(case.property), case)
     assert failure is not None, f"{bug} no longer fails: torch fixed it?"
     assert expected in failure.signature, failure.signature

@@ -346,11 +346,13 @@ def _put(body: StateDictBody, side: Side, msd: dict[str, Any], osd: dict[str, An
     if body.api is Api.COMBINED:
         assert side.opt is not None
         return set_state_dict(side.model, side.opt, model_state_dict=msd, optim_state_dict=osd, options=options)
-    if body.target_meta_init and (not body.load.full_state_dict or is_plain(body.target)):
-        # A sharded state dict is copied into the parameters, so they need storage first (a
-        # full one is assigned: set_model_state_dict detects the meta device). A plain model
-        # gets storage first too: assigned, its tensors would land on the process group's
-        # default device (the CPU for "cpu:gloo,cuda:nccl"), as nothing else names one.
+    if body.target_meta_init and (not body.load.full_state_dict or ctx.device.type != "cpu"):
+        # A sharded state dict is copied into the parameters, so they need storage first. A
+        # full one is assigned (set_model_state_dict detects the meta device) on the device
+        # torch takes for the process group's default, which is the CPU for the ranks'
+        # "cpu:gloo,cuda:nccl" group: parameters and buffers of a meta model would end up on
+        # the CPU, nothing in the API names another device. So off the CPU the target gets
+        # storage first too (docs/state_dict.md); on the CPU the assigning path is exercised.
         side.model.to_empty(device=ctx.device)
     if body.api is Api.MODULE:
         result = side.model.load_state_dict(msd, strict=body.load.strict)
