@@ -332,7 +332,7 @@ def _known_cases(world_size: int) -> dict[str, Case]:
         # SIGSEGV while cloning freed memory, or (if the memory was not reused yet) the
         # optimizer's aliased states: either way the case fails.
         (FSDP1_FULL_OFFLOAD, ":state_dict"),
-        (FSDP1_HSDP_SHARD1, "mismatch:state_dict:resume_params@fsdp1_optim_state_dict:shard1"),
+        (FSDP1_HSDP_SHARD1, "mismatch:state_dict@fsdp1_optim_state_dict:shard1"),
         (FSDP1_DCP_STATELESS, "exception:dcp:builtins.ValueError@torch/distributed/fsdp/_optim_utils.py"),
         (FSDP1_DCP_EMPTY_SHARD, "exception:dcp:torch.distributed.checkpoint.api.CheckpointException"),
         (FSDP1_ASYNC_DEFAULT_STAGER, "exception:dcp:builtins.RuntimeError@torch/distributed/_shard/sharded_tensor"),
