@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, find, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from hypothesis.errors import NoSuchExample
 
 from fuzz.coverage import AREAS, CHECKLIST, Item, coverage
 from fuzz.properties import all_properties
@@ -294,6 +293,31 @@ def _common_prefix(a: str, b: str) -> int:
     return n
 
 
+class _Found(Exception):
+    pass
+
+
+def _search(prop: Any, item: Item, n: int) -> list[str] | None:
+    """The features of the first of up to ``n`` drawn cases that emits a name matching
+    ``item`` (a plain draw loop: ``find`` gave up early on rare features under some
+    Hypothesis versions)."""
+    found: list[list[str]] = []
+
+    @settings(_QUICK, max_examples=n)
+    @given(st.one_of(_cases(prop, 2), _cases(prop, 4)))
+    def draw(case: Any) -> None:
+        names = prop.features(case)
+        if any(item.matches(f) for f in names):
+            found.append(names)
+            raise _Found
+
+    try:
+        draw()
+    except _Found:
+        return found[0]
+    return None
+
+
 def test_generated_items_match_emitted_features(emitted: dict[str, set[str]]) -> None:
     """A renamed feature must not make an item look never exercised: every item the suite
     claims to generate matches a name the properties really emit. Items too rare for the
@@ -304,16 +328,10 @@ def test_generated_items_match_emitted_features(emitted: dict[str, set[str]]) ->
             continue
         props = sorted(all_properties(), key=lambda p: _closeness(item, emitted[p.name]), reverse=True)
         for prop in props:
-            strategy = st.one_of(_cases(prop, 2), _cases(prop, 4))
-            try:
-                case = find(
-                    strategy,
-                    lambda case, prop=prop, item=item: any(item.matches(f) for f in prop.features(case)),
-                    settings=settings(_QUICK, max_examples=1000),
-                )
-            except NoSuchExample:
+            names = _search(prop, item, 1000)
+            if names is None:
                 continue
-            emitted[prop.name].update(prop.features(case))
+            emitted[prop.name].update(names)
             break
         else:
             pytest.fail(f"no property emits a feature that matches {item.id} ({item.pattern}): renamed?")
