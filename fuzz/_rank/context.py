@@ -11,6 +11,10 @@ import torch
 FULL_GC_EVERY = 50
 
 
+class CollectivesOutOfStep(RuntimeError):
+    """After a case, the ranks had not issued the same collectives (see RankContext.end_case)."""
+
+
 @dataclass
 class RankContext:
     rank: int
@@ -31,6 +35,46 @@ class RankContext:
         return self._meshes[key]
 
     _cases: int = 0
+    #: Groups made outside meshes (e.g. the async saves' own group) that the step check covers.
+    extra_groups: list[Any] = field(default_factory=list)
+
+    def _check_in_step(self) -> None:
+        """Every rank ends the case having issued as many collectives as the others, on every
+        group this process has made.
+
+        gloo pairs collectives by order, not by kind: a rank that ran one collective more than
+        the others (a broadcast's root, say, which completes without a receiver) leaves its
+        message queued, and the next case on the pool would read it as its own and fail for
+        no fault of its own, by an abort in gloo or wrong values. Here each rank all-gathers
+        this case's number on each group: out of step, the gather sees other numbers (raised
+        as CollectivesOutOfStep), or never completes (a hang), and either way the case that
+        caused it is the one that fails. CPU tensors, so gloo carries the check under NCCL too.
+        """
+        import torch.distributed as dist
+
+        groups: list[Any] = [None]
+        for mesh in self._meshes.values():
+            groups.extend(mesh.get_all_groups())
+        groups.extend(self.extra_groups)
+        seen: set[int] = set()
+        mine = torch.tensor([self._cases, self.rank], dtype=torch.int64)
+        for group in groups:
+            key = id(group if group is not None else dist.group.WORLD)
+            if key in seen or not _has_cpu_backend(group):
+                continue
+            seen.add(key)
+            size = dist.get_world_size(group)
+            parts = [torch.zeros(2, dtype=torch.int64) for _ in range(size)]
+            dist.all_gather(parts, mine, group=group)
+            out = torch.cat(parts)
+            cases = out[0::2].tolist()
+            if any(c != self._cases for c in cases):
+                raise CollectivesOutOfStep(
+                    f"after the case, the ranks' collectives were out of step on group of ranks "
+                    f"{dist.get_process_group_ranks(group or dist.group.WORLD)}: this rank "
+                    f"(rank {self.rank}, case number {self._cases}) gathered case numbers {cases} from "
+                    f"ranks {out[1::2].tolist()}; some rank ran a collective that the others did not"
+                )
 
     def end_case(self) -> None:
         """Leave nothing of the case behind that could change the next one.
@@ -42,5 +86,17 @@ class RankContext:
         """
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+        self._check_in_step()
         self._cases += 1
         gc.collect(1 if self._cases % FULL_GC_EVERY else 2)
+
+
+def _has_cpu_backend(group: Any) -> bool:
+    import torch.distributed as dist
+
+    pg: Any = group if group is not None else dist.group.WORLD
+    try:
+        pg._get_backend(torch.device("cpu"))
+    except RuntimeError:
+        return False
+    return True

@@ -262,7 +262,7 @@ def _load(body: DcpBody, state: dict[str, Any], path: str) -> None:
 _ASYNC_GROUP: Any = None
 
 
-def _async_group() -> Any:
+def _async_group(ctx: RankContext) -> Any:
     """A gloo group of its own for async saves during which the source trains. The upload
     thread runs DCP's collectives (gather / scatter of plans) while the main thread runs the
     training's; on one group the two threads would enqueue them in an order that can differ
@@ -271,6 +271,7 @@ def _async_group() -> Any:
     global _ASYNC_GROUP
     if _ASYNC_GROUP is None:
         _ASYNC_GROUP = dist.new_group(backend="gloo")
+        ctx.extra_groups.append(_ASYNC_GROUP)
     return _ASYNC_GROUP
 
 
@@ -355,7 +356,7 @@ def _save_in_flight(
     first = t.steps - (n - 1)
     obs: dict[str, Any] = {"losses_before": train_steps(src, data[:first], ctx)}
     writer = dcp.FileSystemWriter(path, cache_staged_state_dict=True) if body.cache_staged else None
-    group = _async_group()
+    group = _async_group(ctx)
     for k in range(n):
         last = k == n - 1
         where = path if last else os.path.join(path, f"early-{k}")
