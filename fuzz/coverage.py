@@ -160,7 +160,6 @@ CHECKLIST: tuple[Item, ...] = (
         "FSDP + tensor parallel (Colwise / RowwiseParallel)",
         _M,
         rf"{_V}tp:\w+",
-        generated=False,
     ),
     # state dicts and distributed checkpoint
     _item("sd.split", "get/set_model_state_dict + get/set_optimizer_state_dict", _SD, r"api:split"),

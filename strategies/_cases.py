@@ -30,10 +30,22 @@ from fuzz.case import (
 )
 from fuzz.case import Leaf as _Leaf
 from fuzz.errors import CaseError
-from strategies._compositions import compositions, meshes, rare_int_reshard_dim_1, reshard_values, wrappers
+from strategies._compositions import (
+    TP_SIZE,
+    compositions,
+    meshes,
+    rare_int_reshard_dim_1,
+    reshard_values,
+    tensor_parallel,
+    with_tp_blocks,
+    wrappers,
+)
 from strategies._odds import KNOWN_BUG_ODDS, one_in
-from strategies._trees import module_trees
+from strategies._trees import WIDTHS, module_trees
 from strategies._validation import check_bounds, check_world_size
+
+#: One parity case in this many, where the world size has a (shard, tp) mesh, is FSDP + TP.
+TP_ODDS = 4
 
 #: One case in this many compiles its composed model (see training_schedules): Dynamo's tracing
 #: costs far more than a small case's training.
@@ -249,6 +261,8 @@ def parity_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 3, max_st
     """Cases for ``parity``: a tree, a composition of the composable APIs (or, one case in
     five, DDP / FSDP1), a training."""
     check_world_size(world_size)
+    if world_size >= 2 * TP_SIZE and world_size % TP_SIZE == 0 and one_in(draw, TP_ODDS):
+        return draw(_tensor_parallel_parity_case(world_size, max_depth, max_steps))
     tree = draw(module_trees(max_depth=max_depth))
     if draw(st.sampled_from(["composable", "wrapper", "composable", "composable", "composable"])) == "wrapper":
         comp = draw(wrappers(tree, world_size=world_size))
@@ -261,6 +275,18 @@ def parity_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 3, max_st
     training = _rare_never_run_under_no_sync(draw, tree, training, comp)
     if unfrozen_in_frozen_mp_unit(tree, comp, training) and not one_in(draw, KNOWN_BUG_ODDS):
         training = Training(**{**training.__dict__, "unfreeze": ()})
+    body = ParityBody(tree=tree, composition=comp, training=training)
+    return Case(property="parity", world_size=world_size, seed=draw(st.integers(0, 2**32 - 1)), body=body)
+
+
+@st.composite
+def _tensor_parallel_parity_case(draw: st.DrawFn, world_size: int, max_depth: int, max_steps: int) -> Case:
+    """A parity case of FSDP + TP: a tree of a width the tp ranks split evenly, with MLP-like
+    blocks inserted so that it has Linear pairs; trained without skips, unfreeze or compile."""
+    widths = st.sampled_from([w for w in WIDTHS if w % TP_SIZE == 0])
+    tree = draw(with_tp_blocks(draw(module_trees(max_depth=max_depth, widths=widths))))
+    comp = draw(tensor_parallel(tree, world_size=world_size))
+    training = _fit_training(draw(trainings(max_steps=max_steps, hsdp=False)), comp)
     body = ParityBody(tree=tree, composition=comp, training=training)
     return Case(property="parity", world_size=world_size, seed=draw(st.integers(0, 2**32 - 1)), body=body)
 

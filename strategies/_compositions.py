@@ -7,16 +7,21 @@ from hypothesis import strategies as st
 
 from fuzz.case import (
     PARAM_LEAVES,
+    TP_BETWEEN,
     Block,
     Composition,
     Dtype,
     Leaf,
+    LeafKind,
     MixedPrecision,
     ModuleTree,
+    Node,
     ShardSpec,
+    TpPair,
     Wrapper,
     has_params,
 )
+from fuzz.errors import InvalidArgument
 from strategies._odds import KNOWN_BUG_ODDS, one_in
 from strategies._validation import check_world_size
 
@@ -180,3 +185,98 @@ def wrappers(draw: st.DrawFn, tree: ModuleTree, *, world_size: int, checkpoint: 
     submodules = [p for p in tree.paths() if p]
     checkpoints = draw(_disjoint_subset(submodules, [])) if checkpoint else []
     return Composition(wrapper=wrapper, mesh=mesh, auto_wrap=auto_wrap, checkpoints=tuple(checkpoints))
+
+
+#: Tensor-parallel group size of the TP cases (a (world_size / 2, 2) mesh).
+TP_SIZE = 2
+
+
+def _trainable_linear(node: Node) -> bool:
+    return isinstance(node, Leaf) and node.kind is LeafKind.LINEAR and not node.frozen
+
+
+def tp_candidates(tree: ModuleTree) -> list[TpPair]:
+    """Disjoint pairs of trainable Linear leaves of one block with only activations between,
+    left to right: where Colwise- and RowwiseParallel can go."""
+    pairs: list[TpPair] = []
+    for path, node in tree.paths().items():
+        if not isinstance(node, Block):
+            continue
+        prefix = f"{path}." if path else ""
+        i = 0
+        while i < len(node.children):
+            if _trainable_linear(node.children[i]):
+                j = i + 1
+                while j < len(node.children) and isinstance(node.children[j], Leaf):
+                    child = node.children[j]
+                    assert isinstance(child, Leaf)
+                    if child.kind not in TP_BETWEEN:
+                        break
+                    j += 1
+                if j < len(node.children) and _trainable_linear(node.children[j]):
+                    pairs.append(TpPair(f"{prefix}{i}", f"{prefix}{j}"))
+                    i = j + 1
+                    continue
+            i += 1
+    return pairs
+
+
+def _insert(node: Block, at: list[str], index: int, child: Node) -> Block:
+    if not at:
+        children = (*node.children[:index], child, *node.children[index:])
+    else:
+        k = int(at[0])
+        inner = node.children[k]
+        assert isinstance(inner, Block)
+        children = (*node.children[:k], _insert(inner, at[1:], index, child), *node.children[k + 1 :])
+    return Block(children=children, residual=node.residual, scale=node.scale, buffer=node.buffer)
+
+
+@st.composite
+def tp_blocks(draw: st.DrawFn) -> Block:
+    """An MLP-like block: Linear, an activation or none, Linear (a tensor-parallel pair)."""
+    act = draw(st.one_of(st.none(), st.sampled_from(sorted(TP_BETWEEN, key=lambda k: k.value))))
+    return Block(
+        children=(
+            Leaf(LeafKind.LINEAR, bias=draw(st.booleans())),
+            *([Leaf(act)] if act is not None else []),
+            Leaf(LeafKind.LINEAR, bias=draw(st.booleans())),
+        ),
+        residual=draw(st.booleans()),
+        scale=draw(st.booleans()),
+        buffer=draw(st.booleans()),
+    )
+
+
+@st.composite
+def with_tp_blocks(draw: st.DrawFn, tree: ModuleTree) -> ModuleTree:
+    """``tree`` with one or two MLP-like blocks inserted at random places."""
+    root = tree.root
+    assert isinstance(root, Block)
+    for _ in range(draw(st.integers(1, 2))):
+        blocks = [p for p, n in ModuleTree(width=tree.width, root=root).paths().items() if isinstance(n, Block)]
+        at = draw(st.sampled_from(blocks))
+        parent = ModuleTree(width=tree.width, root=root).paths()[at]
+        assert isinstance(parent, Block)
+        index = draw(st.integers(0, len(parent.children)))
+        root = _insert(root, at.split(".") if at else [], index, draw(tp_blocks()))
+    return ModuleTree(width=tree.width, root=root)
+
+
+@st.composite
+def tensor_parallel(draw: st.DrawFn, tree: ModuleTree, *, world_size: int, checkpoint: bool = True) -> Composition:
+    """FSDP + TP on a (world_size / 2, 2) mesh: ColwiseParallel / RowwiseParallel on some of the
+    tree's Linear pairs (``tp_candidates``, at least one), then fully_shard over the other mesh
+    dimension on the root and any other modules (shard placement Shard(0)), checkpoint anywhere."""
+    check_world_size(world_size)
+    if world_size % TP_SIZE or world_size < 2 * TP_SIZE:
+        raise InvalidArgument(f"world_size={world_size} has no (shard, tp) mesh with tp={TP_SIZE} and shard > 1")
+    candidates = tp_candidates(tree)
+    if not candidates:
+        raise InvalidArgument("the tree has no Linear pair for tensor parallelism (see with_tp_blocks)")
+    pairs = [c for c in candidates if draw(st.sampled_from([True, True, False]))] or candidates[:1]
+    base = draw(
+        compositions(tree, world_size=world_size // TP_SIZE, replicate=False, checkpoint=checkpoint, hsdp=False)
+    )
+    shards = tuple(ShardSpec(**{**s.__dict__, "shard_dim": 0}) for s in base.shards)
+    return Composition(**{**base.__dict__, "shards": shards, "tp": tuple(pairs), "tp_size": TP_SIZE})

@@ -235,7 +235,8 @@ def test_coverage_counts_matching_features() -> None:
     assert rows["mesh.1d"]["count"] == 5
     assert rows["mesh.hsdp_shard1"]["count"] == 0 and not rows["mesh.hsdp_shard1"]["exercised"]
     assert not rows["sd.split"]["exercised"]
-    assert rows["mesh.tp"]["generated"] is False
+    assert rows["mesh.tp"]["generated"] is True
+    assert rows["dcp.reshard_world"]["generated"] is False
     assert [r["id"] for r in coverage({})] == [i.id for i in CHECKLIST]
 
 

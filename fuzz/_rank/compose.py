@@ -36,7 +36,15 @@ def clean_name(name: str) -> str:
     return name
 
 
+def tp_mesh(comp: Composition, ctx: RankContext) -> Any:
+    """The (shard, tp) mesh of a tensor-parallel composition."""
+    return ctx.mesh((ctx.world_size // comp.tp_size, comp.tp_size), ("shard", "tp"))
+
+
 def mesh_for(comp: Composition, ctx: RankContext) -> Any:
+    """The mesh fully_shard (and FSDP1's HYBRID_SHARD) shards over."""
+    if comp.tp:
+        return tp_mesh(comp, ctx)["shard"]
     if comp.mesh:
         return ctx.mesh(tuple(comp.mesh), ("replicate", "shard"))
     return ctx.mesh((ctx.world_size,), ("shard",))
@@ -141,6 +149,14 @@ def compose(model: nn.Module, comp: Composition, ctx: RankContext) -> Composed:
         for path in comp.checkpoints:
             checkpoint(model.get_submodule(path))
         return Composed(model=_wrap(model, comp, ctx), wrapper=comp.wrapper, param_names=names)
+    if comp.tp:
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+        plan: dict[str, Any] = {}
+        for pair in comp.tp:
+            plan[pair.colwise] = ColwiseParallel()
+            plan[pair.rowwise] = RowwiseParallel()
+        parallelize_module(model, tp_mesh(comp, ctx)["tp"], plan)
     mesh = mesh_for(comp, ctx)
     specs = {s.path: s for s in comp.shards}
     for api, path in comp.steps():

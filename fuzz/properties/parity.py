@@ -47,21 +47,28 @@ def _mismatch(prop: str, check: str, api: str, summary: str, **details: Any) -> 
 
 
 def api_of(comp: Composition, tree: ModuleTree | None = None, training: Training | None = None) -> str:
-    """The API family a mismatch is charged to: fsdp2 (fully_shard and replicate), fsdp1 or
-    ddp. Degenerate setups that take their own code paths are named, since known bugs live
-    there: a shard dimension of size 1 (``:shard1``, an FSDP1 bug), and a fully_shard unit with
-    an int ``reshard_after_forward`` whose parameters are all frozen (``:frozen-int-reshard``,
-    an FSDP2 bug: such a unit can stay in its post-forward state after backward), and a module
-    with parameters left out of some microbatches of a step under set_requires_all_reduce(False)
-    (``:unused-no-all-reduce``, an FSDP2 bug: the partial reduce-scatter output of a unit is kept
-    for the parameters that had gradients on earlier microbatches, so it is dropped when the unit
-    is unused on the last microbatch, and fails to add up when the set changes)."""
+    """The API family a mismatch is charged to: fsdp2 (fully_shard and replicate; ``fsdp2+tp``
+    with tensor parallelism), fsdp1 or ddp. Degenerate setups that take their own code paths
+    are named, since known bugs live there:
+
+    - ``:shard1``: a shard dimension of size 1 (an FSDP1 bug).
+    - ``:frozen-int-reshard``: a fully_shard unit with an int ``reshard_after_forward`` whose
+      parameters are all frozen (an FSDP2 bug: such a unit can stay in its post-forward state
+      after backward).
+    - ``:unused-no-all-reduce``: a module with parameters left out of some microbatches of a
+      step under set_requires_all_reduce(False) (an FSDP2 bug: the partial reduce-scatter output
+      of a unit is kept for the parameters that had gradients on earlier microbatches, so it is
+      dropped when the unit is unused on the last microbatch, and fails to add up when the set
+      changes).
+    """
     if comp.wrapper is Wrapper.DDP:
         name = "ddp"
     elif comp.wrapper is not Wrapper.NONE:
         name = "fsdp1"
     else:
         name = "fsdp2"
+    if comp.tp:
+        name += "+tp"
     if comp.mesh and comp.mesh[1] == 1:
         name += ":shard1"
     if tree is not None and frozen_int_reshard_unit(tree, comp):
@@ -336,7 +343,10 @@ def composition_features(comp: Composition, world_size: int, prefix: str = "") -
     out = []
     if comp.wrapper is not Wrapper.NONE:
         out.append(f"{prefix}wrapper:{comp.wrapper.value}" + (":auto_wrap" if comp.auto_wrap else ""))
-    out.append(f"{prefix}mesh:{'x'.join(map(str, comp.mesh)) if comp.mesh else world_size}")
+    out.append(f"{prefix}mesh:{'x'.join(map(str, comp.mesh)) if comp.mesh else world_size // comp.tp_size}")
+    if comp.tp:
+        out.append(f"{prefix}tp:size{comp.tp_size}")
+        out.append(f"{prefix}tp:pairs:{len(comp.tp)}")
     for spec in comp.shards:
         raf = spec.reshard_after_forward
         out.append(f"{prefix}reshard_after_forward:{'int' if not isinstance(raf, bool) else raf}")
