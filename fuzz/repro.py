@@ -13,10 +13,10 @@ Rendered: ``parity`` and ``mixed_precision`` cases; compositions of ``checkpoint
 ``MixedPrecisionPolicy``) and ``replicate`` in the order :meth:`fuzz.case.Composition.steps`
 gives, on the 1D mesh or an HSDP (replicate, shard) mesh; or DDP / FSDP1 (every sharding
 strategy, auto-wrap) with checkpoint on submodules; ``torch.compile`` of the composed model.
-Refused: ``Training.skips`` and ``Training.unfreeze`` (not rendered yet), ``CPUOffloadPolicy`` (it needs an
-accelerator, so no test on CPU could hold a script against the pool), other body kinds and
-properties, and what the ranks ignore (a mesh on a wrapper other than HYBRID_SHARD,
-``checkpoint_first`` on a wrapper).
+Refused: ``Training.skips``, ``Training.unfreeze`` and tensor parallelism (``Composition.tp``)
+(not rendered yet), ``CPUOffloadPolicy`` (it needs an accelerator, so no test on CPU could hold
+a script against the pool), other body kinds and properties, and what the ranks ignore (a mesh
+on a wrapper other than HYBRID_SHARD, ``checkpoint_first`` on a wrapper).
 
 The script mirrors what the ranks do (:mod:`fuzz._rank.parity`, :mod:`fuzz._rank.compose`,
 :mod:`fuzz._rank.models`) and what the driver judges (:mod:`fuzz.properties.parity`, whose
