@@ -64,6 +64,14 @@ def fsdp1_shard1(comp: Composition) -> bool:
     return comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD and comp.mesh[1] == 1 and comp.mesh[0] > 1
 
 
+def fsdp1_hsdp_2d(comp: Composition) -> bool:
+    """FSDP1 HYBRID_SHARD over more than one replica and more than one shard. Its sharded state
+    dict holds DTensors over the 2-D mesh; DCP's ``load_sharded_optimizer_state_dict`` lays the
+    optimizer state out as chunks over the whole world instead, so the classic FSDP1 recipe
+    loads wrong optimizer state into it (docs/known_bugs.md)."""
+    return comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD and comp.mesh[0] > 1 and comp.mesh[1] > 1
+
+
 def fsdp1_full_offload(body: Body, world_size: int) -> bool:
     """Whether a case meets two torch bugs of FSDP1's FULL_STATE_DICT with offload_to_cpu on
     CPU, where the "offload" copies nothing: ``model.state_dict()`` clones the parameters

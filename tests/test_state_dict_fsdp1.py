@@ -31,11 +31,14 @@ from fuzz.properties.state_dict import (
     FSDP1_DCP_STATELESS,
     FSDP1_FROZEN_UNIT,
     FSDP1_FULL_OFFLOAD,
+    FSDP1_HSDP_OPTIMIZER_LOAD,
     FSDP1_HSDP_SHARD1,
+    _hsdp_optimizer_load,
     features_dcp,
     features_state_dict,
     known_bug,
 )
+from fuzz.signature import Failure
 from strategies import dcp_cases, state_dict_cases
 from tests.conftest import MUTANTS
 from tests.test_state_dict import TREE
@@ -354,6 +357,42 @@ def test_known_fsdp1_bugs_still_fail(rank_pool: RankPool, bug: str, expected: st
     failure = run_case(rank_pool, get_property(case.property), case)
     assert failure is not None, f"{bug} no longer fails: torch fixed it?"
     assert expected in failure.signature, failure.signature
+
+
+@pytest.mark.parametrize(
+    "target,entries,check,renamed",
+    [
+        (fsdp1(Wrapper.FSDP1_HYBRID_SHARD, mesh=(2, 2)), (Entry.MODEL, Entry.OPTIMIZER), "optimizer", True),
+        (fsdp1(Wrapper.FSDP1_HYBRID_SHARD, mesh=(2, 2)), (Entry.MODEL, Entry.OPTIMIZER), "resume_params", True),
+        # a wrong model after the load is another bug
+        (fsdp1(Wrapper.FSDP1_HYBRID_SHARD, mesh=(2, 2)), (Entry.MODEL, Entry.OPTIMIZER), "model", False),
+        # the optimizer state not loaded through load_sharded_optimizer_state_dict
+        (fsdp1(Wrapper.FSDP1_HYBRID_SHARD, mesh=(2, 2)), (Entry.MODEL,), "resume_params", False),
+        # one replica, or one rank per shard group: world-chunked state is FSDP1's own layout there
+        (fsdp1(Wrapper.FSDP1_HYBRID_SHARD, mesh=(1, 4)), (Entry.MODEL, Entry.OPTIMIZER), "optimizer", False),
+        (fsdp1(Wrapper.FSDP1_FULL_SHARD), (Entry.MODEL, Entry.OPTIMIZER), "optimizer", False),
+    ],
+)
+def test_hsdp_optimizer_load_is_named_by_its_mechanism(
+    target: Composition, entries: tuple[Entry, ...], check: str, renamed: bool
+) -> None:
+    """The classic FSDP1 DCP recipe into HYBRID_SHARD over a 2-D mesh loads world-chunked
+    optimizer state (docs/known_bugs.md): the checks downstream of that load, and only those,
+    are renamed to the mechanism, so the known entry hides no other optimizer or model bug."""
+    case = Case(
+        "dcp",
+        4,
+        1,
+        DcpBody(tree=TREE, source=fsdp1(Wrapper.FSDP1_FULL_SHARD), target=target, entries=entries, training=ADAM),
+    )
+    failure = Failure("mismatch", f"mismatch:dcp:{check}@save", "differs", {"check": check})
+    got = _hsdp_optimizer_load(case, failure)
+    assert got is not None
+    if renamed:
+        assert got.signature == f"mismatch:dcp@save:{FSDP1_HSDP_OPTIMIZER_LOAD}"
+    else:
+        assert got is failure
+    assert _hsdp_optimizer_load(case, None) is None
 
 
 # --------------------------------------------------------------------------------- sensitivity

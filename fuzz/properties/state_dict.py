@@ -44,6 +44,7 @@ from fuzz.case_state import (
     fsdp1_dcp_stateless,
     fsdp1_frozen_unit,
     fsdp1_full_offload,
+    fsdp1_hsdp_2d,
     fsdp1_shard1,
     is_fsdp1,
     is_plain,
@@ -60,6 +61,8 @@ atexit.register(shutil.rmtree, dcp_root(os.getpid()), ignore_errors=True)
 
 #: The signature of a deadlock in which rank 0 broadcasts state that other ranks skipped.
 ALONE_IN_BROADCAST = "torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone"
+#: The signature suffix of the FSDP1 HYBRID_SHARD optimizer load bug (see _hsdp_optimizer_load).
+FSDP1_HSDP_OPTIMIZER_LOAD = "fsdp1-hsdp-load_sharded_optimizer_state_dict"
 #: What FileSystemWriter(overwrite=False) raises on an existing checkpoint (a RuntimeError in its
 #: prepare_local_plan, which DCP reports as a CheckpointException on every rank).
 ALREADY_EXISTS = "Checkpoint already exists"
@@ -249,7 +252,34 @@ def judge_state_dict(case: Case, outcome: Outcome) -> Failure | None:
 
 
 def judge_dcp(case: Case, outcome: Outcome) -> Failure | None:
-    return _one_bug(case, _judge_dcp(case, outcome))
+    return _one_bug(case, _hsdp_optimizer_load(case, _judge_dcp(case, outcome)))
+
+
+#: Checks that read the optimizer state a load restored, directly or through training on it.
+OPTIMIZER_CHECKS = ("optimizer", "resume_loss", "resume_params")
+
+
+def _hsdp_optimizer_load(case: Case, failure: Failure | None) -> Failure | None:
+    """Into FSDP1 HYBRID_SHARD over a 2-D mesh, DCP's load_sharded_optimizer_state_dict lays the
+    optimizer state out as chunks over the whole world, not as the model's DTensors over the
+    mesh, and FSDP.optim_state_dict_to_load takes those chunks for its own shards (a torch bug,
+    docs/known_bugs.md). Whichever check meets the wrong state first (the optimizer state on an
+    unchanged layout; resuming on a changed one) it is one bug, so such a mismatch is named by
+    the mechanism. Only checks downstream of that optimizer load are renamed: a wrong model
+    after the load keeps its own signature."""
+    body = case.body
+    if (
+        failure is None
+        or failure.kind != "mismatch"
+        or not isinstance(body, DcpBody)
+        or not fsdp1_hsdp_2d(body.target)
+        or Entry.OPTIMIZER not in body.entries
+        or Entry.OPTIMIZER in body.skip
+        or failure.details.get("check") not in OPTIMIZER_CHECKS
+    ):
+        return failure
+    where = "async_save" if body.async_save else "save"
+    return dataclasses.replace(failure, signature=f"mismatch:{case.property}@{where}:{FSDP1_HSDP_OPTIMIZER_LOAD}")
 
 
 def _judge_state_dict(case: Case, outcome: Outcome) -> Failure | None:
