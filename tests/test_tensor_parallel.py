@@ -5,6 +5,7 @@ hand-built cases trained against the reference on four ranks.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from typing import Any
 
@@ -188,3 +189,28 @@ def test_fsdp_with_tensor_parallel_trains_like_the_reference(
     losses = [o["losses"] for o in outcome.observations]
     assert losses[0] == losses[1] and losses[2] == losses[3] and losses[0] != losses[2]
     assert run_case(pool4, get_property("parity"), case) is None
+
+
+# ------------------------------------------------------------- on the session pool (2 ranks)
+
+
+@pytest.mark.parametrize(
+    ("comp", "training"),
+    [(_comp(), _SGD), (_comp(raf=False, inner=True), _ADAM_ACCUM)],
+    ids=["root", "nested-no-reshard-accum"],
+)
+def test_tensor_parallel_over_every_rank_trains_like_the_reference(
+    rank_pool: RankPool, comp: Composition, training: Training
+) -> None:
+    """A (1, 2) mesh: every rank in the one tp group, fully_shard over a shard dimension of one.
+    Not drawn (the strategies want a shard dimension of more than one rank), but it runs the
+    tensor-parallel path on the session pool's backend: NCCL on a host with two GPUs."""
+    if rank_pool.world_size != 2:
+        pytest.skip("a (1, 2) mesh needs a pool of 2 ranks")
+    case = dataclasses.replace(_case(comp, training), world_size=2)
+    outcome = rank_pool.run(case)
+    assert outcome.ok, outcome.describe()
+    failure = get_property("parity").judge(case, outcome)
+    assert failure is None, f"{failure.signature}\n{failure.summary}"
+    losses = [o["losses"] for o in outcome.observations]
+    assert losses[0] == losses[1] and len(losses[0]) == training.steps  # one tp group, one input
