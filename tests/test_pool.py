@@ -14,6 +14,7 @@ import pytest
 from fuzz.case import Case, FaultAction, FaultBody
 from fuzz.errors import InvalidArgument
 from fuzz.pool import FAILURE_GRACE_S, OutcomeKind, RankPool
+from fuzz.pytest_plugin import HistoryDependentCrash, make_checker
 
 WORLD_SIZE = 2
 DEADLINE = 8.0
@@ -230,3 +231,34 @@ def test_close_while_ranks_are_still_starting() -> None:
     p.close()
     for pid in pids:
         assert not pid_alive(pid), f"rank pid {pid} survived close()"
+
+
+# ------------------------------------------------------------------------- the pytest checker
+
+
+class _CrashFirst:
+    """A pool whose first ``crashes`` runs segfault a rank, whatever the case."""
+
+    def __init__(self, pool: RankPool, crashes: int) -> None:
+        self.pool, self.crashes = pool, crashes
+
+    def run(self, case: Case) -> object:
+        if self.crashes:
+            self.crashes -= 1
+            return self.pool.run(fault_case(FaultAction.SIGSEGV))
+        return self.pool.run(case)
+
+
+def test_a_crash_the_case_does_not_repeat_is_a_warning_not_a_failure(pool: RankPool) -> None:
+    check = make_checker(_CrashFirst(pool, crashes=1), known_signatures={})
+    with pytest.warns(
+        HistoryDependentCrash, match=r"crash:_fault:signal SIGSEGV[\s\S]*passed when run again[\s\S]*rank 1: dead"
+    ):
+        check(fault_case(FaultAction.NONE))
+
+
+def test_a_crash_the_case_repeats_fails_the_test(pool: RankPool) -> None:
+    check = make_checker(_CrashFirst(pool, crashes=2), known_signatures={})
+    with pytest.raises(AssertionError, match="crash:_fault:signal SIGSEGV"):
+        check(fault_case(FaultAction.NONE))
+    assert_clean_case_ok(pool)
