@@ -201,7 +201,9 @@ def never_run_under_no_sync(tree: ModuleTree, comp: Composition, training: Train
     """True if a module holding parameters is left out of the first forward while gradients
     accumulate without sync under a MixedPrecisionPolicy with a reduce_dtype: FSDP2's
     post-backward then reads the unsharded parameter of a unit that never ran (a known bug,
-    ``AttributeError ... to_accumulated_grad_if_needed``)."""
+    ``AttributeError ... to_accumulated_grad_if_needed``), or, where the unit ran without that
+    parameter, gets gradients of two dtypes on the syncing microbatch (another known bug,
+    ``AssertionError ... expects uniform gradient dtype``; docs/known_bugs.md)."""
     paths = tree.paths()
     return (
         training.accum_sync is AccumSync.NO_GRAD_SYNC
