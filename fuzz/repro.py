@@ -13,8 +13,10 @@ Rendered: ``parity`` and ``mixed_precision`` cases; compositions of ``checkpoint
 ``MixedPrecisionPolicy``) and ``replicate`` in the order :meth:`fuzz.case.Composition.steps`
 gives, on the 1D mesh or an HSDP (replicate, shard) mesh; or DDP / FSDP1 (every sharding
 strategy, auto-wrap) with checkpoint on submodules; ``torch.compile`` of the composed model.
-Refused: ``Training.skips``, ``Training.unfreeze`` and tensor parallelism (``Composition.tp``)
-(not rendered yet), ``CPUOffloadPolicy`` (it needs an accelerator, so no test on CPU could hold
+Also rendered: modules left out of forward on given microbatches (``Training.skips``: every
+block is then a ``Block`` that can leave children out) and frozen leaves unfrozen before a
+step (``Training.unfreeze``). Refused: tensor parallelism (``Composition.tp``, not rendered
+yet), ``CPUOffloadPolicy`` (it needs an accelerator, so no test on CPU could hold
 a script against the pool), other body kinds and properties, and what the ranks ignore (a mesh
 on a wrapper other than HYBRID_SHARD, ``checkpoint_first`` on a wrapper).
 
@@ -57,7 +59,9 @@ from fuzz.case import (
     Optimizer,
     ParityBody,
     ShardSpec,
+    Skip,
     Training,
+    Unfreeze,
     Wrapper,
     iter_paths,
     owns_params,
@@ -84,6 +88,8 @@ KNOWN_FIELDS: dict[type, frozenset[str]] = {
     ),
     ShardSpec: frozenset({"path", "reshard_after_forward", "shard_dim", "group", "mixed_precision"}),
     MixedPrecision: frozenset({"param_dtype", "reduce_dtype", "output_dtype", "cast_forward_inputs"}),
+    Skip: frozenset({"path", "step", "microbatch"}),
+    Unfreeze: frozenset({"path", "step"}),
     Training: frozenset(
         {
             "optimizer",
@@ -100,6 +106,8 @@ KNOWN_FIELDS: dict[type, frozenset[str]] = {
             "param_groups",
             "foreach",
             "compile",
+            "skips",
+            "unfreeze",
         }
     ),
 }
@@ -296,6 +304,19 @@ class _Uses:
     def dtensor(self) -> bool:
         return bool(self.comp.shards) or self.comp.meta_init
 
+    @property
+    def skips(self) -> bool:
+        return bool(self.body.training.skips)
+
+    @property
+    def unfreeze(self) -> bool:
+        return bool(self.body.training.unfreeze)
+
+    def _ran_first(self, path: str) -> bool:
+        """Whether the module at ``path`` ran in the first forward, where the contracts are read."""
+        skipped = self.body.training.skipped_at(0, 0)
+        return not any(path == s or path.startswith(s + ".") for s in skipped)
+
     def reshard_contract(self) -> dict[str, tuple[bool, list[str]]]:
         """Per fully_shard call with a bool reshard_after_forward: the modules whose own
         parameters it manages (every module under its members that is not inside another unit,
@@ -313,22 +334,33 @@ class _Uses:
             if isinstance(spec.reshard_after_forward, bool)
             # a unit holding no parameters of its own has nothing to check
             and any(_owned(member, modules, units) for member in spec.paths)
+            # nor one with a member left out of the first forward: all left out, it never
+            # unsharded; some, and torch before 2.13 does not reshard the group (the ranks
+            # check the latter where torch completes such groups; the script never does)
+            and all(self._ran_first(member) for member in spec.paths)
         }
 
     def replicate_contract(self) -> dict[str, list[str]]:
-        return {path: sorted(_replicated_names(self.body.tree, self.comp, path)) for path in self.comp.replicates}
+        """Replicated modules that ran in the first forward (lazy init sets what replicate manages)."""
+        return {
+            path: sorted(_replicated_names(self.body.tree, self.comp, path))
+            for path in self.comp.replicates
+            if self._ran_first(path)
+        }
 
     def output_dtype_contract(self) -> dict[str, str]:
         return {
             spec.path: spec.mixed_precision.output_dtype.value
             for spec in self.comp.shards
-            if spec.mixed_precision is not None and spec.mixed_precision.output_dtype is not None
+            if spec.mixed_precision is not None
+            and spec.mixed_precision.output_dtype is not None
+            and self._ran_first(spec.path)
         }
 
     def param_dtype_contract(self) -> dict[str, tuple[str, list[str]]]:
         """Per fully_shard call with a param_dtype: the modules (with parameters of their own) it
         is the innermost unit of, which must see param_dtype parameters as their forward starts."""
-        modules = [path for path, node in self.body.tree.paths().items() if owns_params(node)]
+        modules = [p for p, node in self.body.tree.paths().items() if owns_params(node) and self._ran_first(p)]
         return {
             spec.path: (
                 spec.mixed_precision.param_dtype.value,
@@ -360,8 +392,8 @@ def render_parity(entry: Entry, source: str) -> str:
     sections = [
         _header(entry, source, uses),
         render_imports(uses) + "\n\n" + _constants(entry, uses).strip("\n"),
-        render_classes(body.tree),
-        render_model(body.tree),
+        render_classes(body.tree, skips=uses.skips),
+        render_model(body.tree, skips=uses.skips),
         render_composition(uses),
         render_optimizer(uses),
         render_training(uses),
@@ -509,6 +541,20 @@ BATCH_PER_RANK = {training.batch_per_rank}
 SAME_INPUT = {training.same_input}  # every rank trains on the first slice (else on its own)
 DTYPE = torch.{training.dtype.value}
 """
+    if uses.skips:
+        at: dict[tuple[int, int], list[str]] = {}
+        for skip in training.skips:
+            at.setdefault((skip.step, skip.microbatch), []).append(skip.path)
+        rows = "".join(f"    {key!r}: {_q(paths)},\n" for key, paths in sorted(at.items()))
+        out += "# (step, microbatch) -> the modules left out of that forward (their parent Block skips them)\n"
+        out += "SKIPS = {\n" + rows + "}\n"
+    if uses.unfreeze:
+        steps: dict[int, list[str]] = {}
+        for u in training.unfreeze:
+            steps.setdefault(u.step, []).append(u.path)
+        rows = "".join(f"    {step!r}: {_q(paths)},\n" for step, paths in sorted(steps.items()))
+        out += "# step -> frozen leaves whose parameters train from then on (the optimizer holds them from the start)\n"
+        out += "UNFREEZE = {\n" + rows + "}\n"
     if uses.reference:
         out += f"RTOL, ATOL = {tol.rtol!r}, {tol.atol!r}  # shardfuzz's tolerance policy for {training.dtype.value}\n"
     mesh = uses.mesh
@@ -568,6 +614,36 @@ class Block(nn.Sequential):
         return x + y if self.residual else y
 '''
 
+_SKIPPING_BLOCK_CLASS = '''
+class Block(nn.Module):
+    """Runs its children in order, except those named in ``skipped`` (set per microbatch by
+    set_skipped), then * scale (a parameter of its own), + shift (a buffer) and + its input
+    (residual), each if it has it."""
+
+    def __init__(self, *children, residual=False, scale=False, shift=False):
+        super().__init__()
+        for i, child in enumerate(children):
+            self.add_module(str(i), child)
+        self.residual = residual
+        self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(WIDTH)) if scale else None
+        if shift:
+            self.register_buffer("shift", 0.1 * torch.randn(WIDTH))
+        else:
+            self.shift = None
+        self.skipped = frozenset()
+
+    def forward(self, x):
+        y = x
+        for name, child in self.named_children():
+            if name not in self.skipped:
+                y = child(y)
+        if self.scale is not None:
+            y = y * self.scale
+        if self.shift is not None:
+            y = y + self.shift
+        return x + y if self.residual else y
+'''
+
 _CONV_CLASS = '''
 class PointwiseConv1d(nn.Conv1d):
     """Conv1d with kernel 1 applied to (batch, width) as a length-1 sequence."""
@@ -577,19 +653,22 @@ class PointwiseConv1d(nn.Conv1d):
 '''
 
 
-def render_classes(tree: ModuleTree) -> str:
-    """The module classes the tree needs beyond torch.nn."""
+def render_classes(tree: ModuleTree, *, skips: bool = False) -> str:
+    """The module classes the tree needs beyond torch.nn (with ``skips``, every block is a Block
+    that can leave children out of forward)."""
     nodes = _nodes(tree)
     out = []
-    if any(isinstance(n, Block) and not _is_plain(n) for n in nodes):
+    if skips:
+        out.append(_SKIPPING_BLOCK_CLASS)
+    elif any(isinstance(n, Block) and not _is_plain(n) for n in nodes):
         out.append(_BLOCK_CLASS)
     if any(isinstance(n, Leaf) and n.kind is LeafKind.CONV1D for n in nodes):
         out.append(_CONV_CLASS)
     return "\n\n\n".join(s.strip("\n") for s in out)
 
 
-def render_model(tree: ModuleTree) -> str:
-    body = render_node(tree.root, "", 1)
+def render_model(tree: ModuleTree, *, skips: bool = False) -> str:
+    body = render_node(tree.root, "", 1, skips=skips)
     return (
         "def build_model():\n"
         '    """Submodule names are the case\'s paths (commented), as model.get_submodule(path) finds them."""\n'
@@ -597,7 +676,7 @@ def render_model(tree: ModuleTree) -> str:
     )
 
 
-def render_node(node: Node, path: str, depth: int) -> str:
+def render_node(node: Node, path: str, depth: int, *, skips: bool = False) -> str:
     pad = "    " * depth
     if isinstance(node, Leaf):
         expr = LEAF_RENDERERS[node.kind](node)
@@ -605,9 +684,9 @@ def render_node(node: Node, path: str, depth: int) -> str:
     lines = []
     for i, child in enumerate(node.children):
         child_path = f"{path}.{i}" if path else str(i)
-        lines.append(render_node(child, child_path, depth + 1) + f",  # {_q(child_path)}")
+        lines.append(render_node(child, child_path, depth + 1, skips=skips) + f",  # {_q(child_path)}")
     opts = [name for name, on in (("residual", node.residual), ("scale", node.scale), ("shift", node.buffer)) if on]
-    cls = "nn.Sequential" if not opts else "Block"
+    cls = "nn.Sequential" if not opts and not skips else "Block"
     tail = "".join(f"{pad}    {name}=True,\n" for name in opts)
     return f"{pad}{cls}(\n" + "\n".join(lines) + "\n" + tail + f"{pad})"
 
@@ -789,9 +868,17 @@ def render_optimizer(uses: _Uses) -> str:
             f'    groups = [{{"params": params[0::2]}}, {{"params": params[1::2], "lr": {training.lr / 2!r}}}]\n'
             '    groups = [g for g in groups if g["params"]]\n'
         )
+    if uses.unfreeze:
+        head = (
+            "def make_optimizer(net, later):\n"
+            '    """Over the trainable parameters and the frozen ones in ``later`` (unfrozen later)."""\n'
+            "    held = {id(p) for ps in later.values() for p in ps}\n"
+            "    params = [p for p in net.parameters() if p.requires_grad or id(p) in held]\n"
+        )
+    else:
+        head = "def make_optimizer(net):\n    params = [p for p in net.parameters() if p.requires_grad]\n"
     out = (
-        "def make_optimizer(net):\n"
-        "    params = [p for p in net.parameters() if p.requires_grad]\n"
+        head
         + groups
         + f"    return {ctor}\n\n\n"
         + f"SET_TO_NONE = {training.set_to_none!r}  # zero_grad(set_to_none=...)\n"
@@ -896,8 +983,37 @@ def watch_dtypes(model):
 '''
 
 
+_SET_SKIPPED = '''
+def set_skipped(blocks, paths):
+    """Leave the modules at ``paths`` out of forward until the next call (the rest run)."""
+    skipped = {p: set() for p in blocks}
+    for path in paths:
+        parent, _, name = path.rpartition(".")
+        skipped[parent].add(name)
+    for p, block in blocks.items():
+        if block.skipped != skipped[p]:
+            block.skipped = frozenset(skipped[p])
+'''
+
+_UNFROZEN_LATER = '''
+def unfrozen_later(net):
+    """Per path of UNFREEZE: the parameters of that (frozen) leaf as the composed model holds
+    them, found by their plain-model names (the numeric parts) through any wrapper."""
+    out = {path: [] for paths in UNFREEZE.values() for path in paths}
+    for name, p in net.named_parameters():
+        owner = ".".join(c for c in name.split(".")[:-1] if c.isdigit())
+        if owner in out:
+            out[owner].append(p)
+    return out
+'''
+
+
 def render_helpers(uses: _Uses) -> str:
     out = []
+    if uses.skips:
+        out.append(_SET_SKIPPED)
+    if uses.unfreeze:
+        out.append(_UNFROZEN_LATER)
     if uses.dtensor:
         out.append(_FULL)
     if uses.fsdp1:
@@ -963,6 +1079,9 @@ def render_train(uses: _Uses) -> str:
     else:
         lines = ["def train(rank, device, mesh):", _docstring(f"The run {what}.").rstrip("\n")]
     lines += ["    torch.manual_seed(SEED)", "    with device:", "        model = build_model()", "    model.to(DTYPE)"]
+    blocks = "    blocks = {n: m for n, m in model.named_modules() if isinstance(m, Block)}  # by plain-model path"
+    if uses.skips and not comp.meta_init:
+        lines.append(blocks)
     if comp.meta_init:
         got = "model, net, roots" if comp.shards else "model, net"
         plain = "net, roots = model, []" if comp.shards else "net = model"
@@ -991,20 +1110,34 @@ def render_train(uses: _Uses) -> str:
             if ref
             else "    net = compose(model, mesh, device)"
         )
+    if uses.skips and comp.meta_init:
+        lines.append(blocks)
     if uses.dtypes:
         lines.append(
             "    watched = watch_dtypes(model) if composed else None" if ref else "    watched = watch_dtypes(model)"
         )
+    if uses.unfreeze:
+        lines += ["    later = unfrozen_later(net)", "    opt = make_optimizer(net, later)"]
+    else:
+        lines.append("    opt = make_optimizer(net)")
     lines += [
-        "    opt = make_optimizer(net)",
         *_render_compile(uses),
         "    torch.manual_seed((SEED * 7919 + rank + 1) % 2**63)  # dropout masks: "
         + ("same in both runs of a rank" if ref else "the fuzzer's seed for this rank"),
         '    run = {"losses": [], "grad_norms": [], "params": []}',
-        "    for step in batches(rank, device):",
-        "        step_losses = []",
-        "        for i, (x, y) in enumerate(step):",
+        "    for s, step in enumerate(batches(rank, device)):"
+        if uses.skips or uses.unfreeze
+        else "    for step in batches(rank, device):",
     ]
+    if uses.unfreeze:
+        lines += [
+            "        for path in UNFREEZE.get(s, []):",
+            "            for p in later[path]:",
+            "                p.requires_grad_(True)",
+        ]
+    lines += ["        step_losses = []", "        for i, (x, y) in enumerate(step):"]
+    if uses.skips:
+        lines.append("            set_skipped(blocks, SKIPS.get((s, i), []))")
     if comp.shards or uses.no_sync:
         lines.append("            last = i == len(step) - 1")
     if comp.shards:

@@ -37,9 +37,7 @@ from fuzz.case import (
     Optimizer,
     ParityBody,
     ShardSpec,
-    Skip,
     Training,
-    Unfreeze,
     Wrapper,
     has_params,
     iter_paths,
@@ -47,6 +45,7 @@ from fuzz.case import (
 from fuzz.corpus import Entry, load_entry, save_entry
 from fuzz.errors import InvalidArgument
 from fuzz.properties import get_property
+from fuzz.properties.parity import unfrozen_unresharded_unit
 from fuzz.repro import check_supported, render_entry
 from strategies import mixed_precision_cases, module_trees, parity_cases
 from tests.conftest import ROOT, mutant_env, run_cli, torchrun
@@ -182,12 +181,9 @@ def test_every_generated_case_renders_with_the_ranks_calls_in_their_order(data: 
         with pytest.raises(InvalidArgument, match=r"case\.body\.composition\.tp: "):
             render_entry(_entry(case))
         return
-    if training.skips or training.unfreeze:  # not rendered yet: refused, naming the field
-        field = "skips" if training.skips else "unfreeze"
-        with pytest.raises(InvalidArgument, match=rf"case\.body\.training\.{field}: "):
-            render_entry(_entry(case))
-        return
     source = render_entry(_entry(case))
+    assert ("SKIPS = {" in source and "set_skipped(blocks, SKIPS.get((s, i), []))" in source) == bool(training.skips)
+    assert ("UNFREEZE = {" in source and "later = unfrozen_later(net)" in source) == bool(training.unfreeze)
     compile(source, "repro.py", "exec")
     assert _imported_modules(source) - {"torch"} <= set(sys.stdlib_module_names)
     comp = _comp(case)
@@ -312,6 +308,23 @@ FEATURES: dict[str, tuple[Callable[..., Any], Callable[[Case], bool], int]] = {
         0,
     ),
     "mixed_precision": (mixed_precision_cases, _mp_casts_output, 7),
+    # modules left out of forward on some microbatches while gradients accumulate under fully_shard
+    "skips": (
+        parity_cases,
+        lambda c: bool(_training(c).skips) and bool(_comp(c).shards) and _training(c).grad_accum > 1,
+        0,
+    ),
+    # frozen leaves unfrozen before a later step, under fully_shard (not into the known bug of a
+    # frozen unit left unresharded: test_known_bugs_with_training_schedules_... has that one)
+    "unfreeze": (
+        parity_cases,
+        lambda c: (
+            bool(_training(c).unfreeze)
+            and bool(_comp(c).shards)
+            and not unfrozen_unresharded_unit(c.body.tree, _comp(c), _training(c))  # type: ignore[union-attr]
+        ),
+        0,
+    ),
     # torch.compile of the composed model (Dynamo only), beside fully_shard
     "compile": (parity_cases, lambda c: _training(c).compile is Compile.EAGER and bool(_comp(c).shards), 0),
     # built on the meta device, composed, to_empty, values copied in shard by shard; lazy init
@@ -354,6 +367,8 @@ def _generated(feature: str) -> Case:
             check_supported(case)
         except InvalidArgument:
             return False
+        if feature not in ("skips", "unfreeze") and (_training(case).skips or _training(case).unfreeze):
+            return False  # each feature's case as it was before repro rendered these schedules
         return uses(case)
 
     search = settings(phases=[Phase.generate], database=None, max_examples=500, suppress_health_check=list(HealthCheck))
@@ -461,7 +476,9 @@ def test_scripts_are_lint_clean(tmp_path: Path) -> None:
     if importlib.util.find_spec("ruff") is None:
         pytest.skip("ruff is not installed")
     entries = [_entry(_case(name)) for name in ["rich", *FEATURES]]
-    entries.append(load_entry(ROOT / "corpus" / "parity-mismatch-da0c9d4e06cd.json"))
+    for name in ("da0c9d4e06cd", "cfc52991d173", "5f3ad2a543cd"):
+        entries.append(load_entry(ROOT / "corpus" / f"parity-mismatch-{name}.json"))
+    entries.append(load_entry(ROOT / "corpus" / "mixed_precision-exception-0e5c9d1aa3c7.json"))
     for i, entry in enumerate(entries):
         (tmp_path / f"repro_{i}.py").write_text(render_entry(entry))
     result = subprocess.run(
@@ -585,19 +602,35 @@ def test_cli_names_an_unwritable_output(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("training", "field"),
+    "name",
     [
-        (Training(skips=(Skip("1", 0),)), "skips"),
-        (Training(steps=2, unfreeze=(Unfreeze("3", 1),)), "unfreeze"),
+        "parity-mismatch-cfc52991d173",  # a unit left out of the last microbatch, no all-reduce before it
+        "parity-mismatch-5f3ad2a543cd",  # a frozen unit, never resharded, unfrozen later
     ],
 )
-def test_training_schedules_are_refused_naming_the_field(tmp_path: Path, training: Training, field: str) -> None:
-    """Modules left out of forward and leaves unfrozen later are not rendered yet: refused with
-    exit 2, naming the field."""
-    case = _with(_rich_case(), composition=Composition(shards=(ShardSpec(path=""),)), training=training)
-    with pytest.raises(InvalidArgument, match=rf"case\.body\.training\.{field}: "):
-        render_entry(_entry(case))
-    path, _ = save_entry(tmp_path, _entry(case))
-    result = run_cli("repro", str(path), "-o", str(tmp_path / "r.py"))
-    assert result.returncode == 2
-    assert f"case.body.training.{field}" in result.stderr
+def test_known_bugs_with_training_schedules_reproduce_as_standalone_scripts(
+    rank_pool: Any, tmp_path: Path, name: str
+) -> None:
+    """Corpus entries whose cases leave modules out of forward (skips) or unfreeze leaves later
+    render into scripts that observe what the pool observes, bit for bit, and fail with the
+    entry's signature and check on unmutated torch."""
+    entry = load_entry(ROOT / "corpus" / f"{name}.json")
+    assert entry.status == "known"
+    _outcome, result, failure = _run_both(rank_pool, tmp_path, entry)
+    assert failure is not None and failure.signature == entry.signature, failure
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"REPRODUCED {entry.signature} ({failure.details['check']}): " in result.stdout, result.stdout
+
+
+def test_a_known_exception_with_skips_reproduces_as_a_standalone_script(tmp_path: Path) -> None:
+    """The reduce_dtype / no-sync / unused-parameter bug (an exception in backward) from its
+    corpus entry: the script raises it on every rank and says so."""
+    entry = load_entry(ROOT / "corpus" / "mixed_precision-exception-0e5c9d1aa3c7.json")
+    assert entry.status == "known" and entry.case.body.training.skips  # type: ignore[union-attr]
+    script = tmp_path / "repro.py"
+    script.write_text(render_entry(entry))
+    result = torchrun(script)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "REPRODUCED (rank 0): builtins.AssertionError: FSDP reduce-scatter expects uniform gradient dtype" in (
+        result.stdout
+    ), result.stdout + result.stderr
