@@ -255,8 +255,15 @@ class Composition:
     #: over the tp dimension before anything else, and fully_shard shards over the other one.
     tp: tuple[TpPair, ...] = ()
     tp_size: int = 1
+    #: DDP and replicate (which runs DDP) built with ``find_unused_parameters=True``: after
+    #: each forward the reducer walks the autograd graph from the outputs and marks the
+    #: parameters it does not reach as ready, so a module that ran without using some of its
+    #: parameters is allowed.
+    find_unused: bool = False
 
     def __post_init__(self) -> None:
+        if self.find_unused and self.wrapper is not Wrapper.DDP and not self.replicates:
+            raise CaseError("find_unused", "find_unused_parameters applies to DDP and replicate only")
         if self.tp_size < 1:
             raise CaseError("tp_size", f"tp_size={self.tp_size} must be at least 1")
         if bool(self.tp) != (self.tp_size > 1):
@@ -609,15 +616,18 @@ def _check_unused(tree: ModuleTree, comp: Composition, t: Training, skip: Skip, 
     parameter's gradient None, and torch's optimizers skip a parameter whose gradient is None
     (no momentum, no Adam moments or step, no weight decay); zero and None gradients are the same
     only to SGD without momentum."""
-    if comp.wrapper is Wrapper.DDP or any(
-        _is_ancestor(r, skip.path) and _manages_under(tree, comp, r, skip.path) for r in comp.replicates
+    if not comp.find_unused and (
+        comp.wrapper is Wrapper.DDP
+        or any(_is_ancestor(r, skip.path) and _manages_under(tree, comp, r, skip.path) for r in comp.replicates)
     ):
         # DDP (and replicate, which runs DDP) raises "Expected to have finished reduction in the
         # prior iteration" when a parameter of a module that ran forward got no gradient, unless
-        # built with find_unused_parameters=True, which fuzz._rank.compose does not pass. A
-        # replicated module left out of forward as a whole is fine: DDP never prepared a backward.
+        # built with find_unused_parameters=True (comp.find_unused). Then a parameter unused on
+        # every rank keeps its gradient untouched (None after zero_grad(set_to_none=True)), as
+        # in the reference. A replicated module left out of forward as a whole is fine either
+        # way: DDP never prepared a backward.
         raise CaseError(at, f"{skip.path!r} holds parameters DDP manages: needs find_unused_parameters=True")
-    if comp.wrapper is not Wrapper.NONE:  # FSDP1
+    if comp.wrapper not in (Wrapper.NONE, Wrapper.DDP):  # FSDP1
         if t.optimizer is not Optimizer.SGD or t.momentum:
             # FSDP1 flattens a unit's parameters into one FlatParameter; with use_orig_params the
             # original parameters' gradients are views into its gradient, so a parameter unused

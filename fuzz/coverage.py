@@ -132,6 +132,12 @@ CHECKLIST: tuple[Item, ...] = (
     ),
     # FSDP1 and DDP
     _item("ddp", "DistributedDataParallel", _W, rf"{_V}wrapper:ddp|(?:source|target):ddp"),
+    _item(
+        "ddp.find_unused",
+        "find_unused_parameters=True (DDP, replicate)",
+        _W,
+        rf"{_V}find_unused_parameters",
+    ),
     _item("fsdp1.full_shard", "FSDP1 FULL_SHARD", _W, rf"{_V}wrapper:fsdp1_full_shard(?::auto_wrap)?"),
     _item("fsdp1.shard_grad_op", "FSDP1 SHARD_GRAD_OP", _W, rf"{_V}wrapper:fsdp1_shard_grad_op(?::auto_wrap)?"),
     _item("fsdp1.no_shard", "FSDP1 NO_SHARD", _W, rf"{_V}wrapper:fsdp1_no_shard(?::auto_wrap)?"),

@@ -85,7 +85,17 @@ KNOWN_FIELDS: dict[type, frozenset[str]] = {
     Block: frozenset({"children", "residual", "scale", "buffer"}),
     Leaf: frozenset({"kind", "bias", "frozen"}),
     Composition: frozenset(
-        {"shards", "replicates", "checkpoints", "checkpoint_first", "mesh", "wrapper", "auto_wrap", "meta_init"}
+        {
+            "shards",
+            "replicates",
+            "checkpoints",
+            "checkpoint_first",
+            "mesh",
+            "wrapper",
+            "auto_wrap",
+            "meta_init",
+            "find_unused",
+        }
     ),
     ShardSpec: frozenset({"path", "reshard_after_forward", "shard_dim", "group", "mixed_precision"}),
     MixedPrecision: frozenset({"param_dtype", "reduce_dtype", "output_dtype", "cast_forward_inputs"}),
@@ -736,9 +746,10 @@ def render_composition(uses: _Uses) -> str:
             elif api == "checkpoint":
                 calls.append(f"    checkpoint({_module(path)})")
             else:
-                calls.append(
-                    _call("replicate", [_module(path), 'device_ids=None if device.type == "cpu" else [device]'])
-                )
+                args = [_module(path), 'device_ids=None if device.type == "cpu" else [device]']
+                if comp.find_unused:
+                    args.append("find_unused_parameters=True")
+                calls.append(_call("replicate", args))
         order = (
             ["checkpoint", "fully_shard", "replicate"]
             if comp.checkpoint_first
@@ -816,7 +827,8 @@ def render_mp_args(mp: MixedPrecision) -> list[str]:
 def render_wrapper(uses: _Uses) -> str:
     comp = uses.comp
     if comp.wrapper is Wrapper.DDP:
-        return _call("return DDP", ["model", 'device_ids=None if device.type == "cpu" else [device]'])
+        args = ["model", 'device_ids=None if device.type == "cpu" else [device]']
+        return _call("return DDP", args + (["find_unused_parameters=True"] if comp.find_unused else []))
     kwargs = ["model", f"sharding_strategy=ShardingStrategy.{_FSDP1_STRATEGIES[comp.wrapper]}"]
     if comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD:
         kwargs.append("device_mesh=mesh")

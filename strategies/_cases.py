@@ -315,7 +315,10 @@ def mixed_precision_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 
 @st.composite
 def metamorphic_variants(draw: st.DrawFn, tree: ModuleTree, comp: Composition, *, world_size: int) -> Composition:
     """``comp`` with one change that must not change numerics."""
-    change = draw(st.sampled_from(["checkpoint", "meta_init", "wrapper", "checkpoint_order", "reshard", "mesh"]))
+    changes = ["checkpoint", "meta_init", "wrapper", "checkpoint_order", "reshard", "mesh", "find_unused"]
+    change = draw(st.sampled_from(changes))
+    if change == "find_unused" and comp.replicates:
+        return Composition(**{**comp.__dict__, "find_unused": not comp.find_unused})
     if change == "meta_init" and not comp.replicates:
         return Composition(**{**comp.__dict__, "meta_init": not comp.meta_init})
     if change == "checkpoint":

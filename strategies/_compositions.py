@@ -111,8 +111,9 @@ def compositions(
     mixed_precision: bool = False,
 ) -> Composition:
     """Composable APIs on a tree: fully_shard on the root (or replicate on it) and on any
-    subset of the other parameter-holding modules, some grouped; replicate on submodules;
-    checkpoint anywhere, before or after fully_shard; a 1D or HSDP mesh."""
+    subset of the other parameter-holding modules, some grouped; replicate on submodules (half
+    the time with find_unused_parameters=True); checkpoint anywhere, before or after
+    fully_shard; a 1D or HSDP mesh."""
     check_world_size(world_size)
     paths = tree.paths()
     mesh = draw(meshes(world_size)) if hsdp else ()
@@ -169,13 +170,15 @@ def compositions(
         checkpoints=tuple(checkpoints),
         checkpoint_first=draw(st.booleans()),
         mesh=mesh,
+        find_unused=bool(replicates) and draw(st.booleans()),
     )
 
 
 @st.composite
 def wrappers(draw: st.DrawFn, tree: ModuleTree, *, world_size: int, checkpoint: bool = True) -> Composition:
-    """DDP or FSDP1 (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD), FSDP1 with or without
-    auto-wrapping every block, with checkpoint on submodules."""
+    """DDP (half the time with find_unused_parameters=True) or FSDP1 (FULL_SHARD,
+    SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD), FSDP1 with or without auto-wrapping every block,
+    with checkpoint on submodules."""
     check_world_size(world_size)
     wrapper = draw(st.sampled_from([w for w in Wrapper if w is not Wrapper.NONE]))
     mesh: tuple[int, ...] = ()
@@ -184,7 +187,10 @@ def wrappers(draw: st.DrawFn, tree: ModuleTree, *, world_size: int, checkpoint: 
     auto_wrap = draw(st.booleans()) if wrapper.value.startswith("fsdp1") else False
     submodules = [p for p in tree.paths() if p]
     checkpoints = draw(_disjoint_subset(submodules, [])) if checkpoint else []
-    return Composition(wrapper=wrapper, mesh=mesh, auto_wrap=auto_wrap, checkpoints=tuple(checkpoints))
+    find_unused = wrapper is Wrapper.DDP and draw(st.booleans())
+    return Composition(
+        wrapper=wrapper, mesh=mesh, auto_wrap=auto_wrap, checkpoints=tuple(checkpoints), find_unused=find_unused
+    )
 
 
 #: Tensor-parallel group size of the TP cases (a (world_size / 2, 2) mesh).

@@ -344,3 +344,39 @@ def test_the_same_schedules_with_set_requires_gradient_sync_pass(check_case, ran
     assert isinstance(body, ParityBody)
     comp = Composition(shards=(ShardSpec("0"),), replicates=("",))
     check_case(Case("parity", case.world_size, 1, ParityBody(body.tree, comp, body.training)))
+
+
+def _find_unused_cases(world_size: int) -> list[Case]:
+    """DDP and replicate built with find_unused_parameters=True, with a parameter-holding module
+    left out of forward on some steps and microbatches: under DDP's no_sync() (the unused
+    parameter accumulated a gradient on the microbatch without sync, and none on the one that
+    syncs), under SGD with momentum and under Adam (a parameter without a gradient gets no
+    update at all), and under a replicate'd root with a fully_shard unit."""
+    tree = _skip_tree()
+    accum = Training(
+        steps=2,
+        grad_accum=2,
+        accum_sync=AccumSync.NO_GRAD_SYNC,
+        optimizer=Optimizer.SGD,
+        momentum=0.9,
+        skips=(Skip("0", 0, 1), Skip("2", 1, 0)),
+    )
+    adam = Training(steps=3, optimizer=Optimizer.ADAM, skips=(Skip("0", 1),), set_to_none=False)
+    ddp = Composition(wrapper=Wrapper.DDP, find_unused=True)
+    mixed = Composition(shards=(ShardSpec("2"),), replicates=("",), find_unused=True)
+    sub = Composition(shards=(ShardSpec(""),), replicates=("0",), find_unused=True)
+    bodies = [(ddp, accum), (ddp, adam), (mixed, adam), (mixed, Training(steps=2, skips=(Skip("0", 1),)))]
+    bodies.append((sub, Training(steps=2, skips=(Skip("0", 0),))))
+    return [Case("parity", world_size, i, ParityBody(tree, c, t)) for i, (c, t) in enumerate(bodies)]
+
+
+def test_find_unused_parameters_lets_ddp_and_replicate_skip_modules(rank_pool, check_case):
+    for case in _find_unused_cases(rank_pool.world_size):
+        check_case(case)
+
+
+def test_find_unused_applies_to_ddp_and_replicate_only():
+    with pytest.raises(CaseError, match=r"find_unused: .*DDP and replicate only"):
+        Composition(shards=(ShardSpec(""),), find_unused=True)
+    with pytest.raises(CaseError, match=r"find_unused: .*DDP and replicate only"):
+        Composition(wrapper=Wrapper.FSDP1_FULL_SHARD, find_unused=True)

@@ -342,6 +342,18 @@ FEATURES: dict[str, tuple[Callable[..., Any], Callable[[Case], bool], int]] = {
         ),
         0,
     ),
+    # find_unused_parameters=True: DDP with a module left out of some forwards
+    "find_unused": (
+        parity_cases,
+        lambda c: _comp(c).wrapper is Wrapper.DDP and _comp(c).find_unused and bool(_training(c).skips),
+        0,
+    ),
+    # replicate with find_unused_parameters=True, a module it manages left out of some forwards
+    "replicate_find_unused": (
+        parity_cases,
+        lambda c: bool(_comp(c).replicates) and _comp(c).find_unused and bool(_training(c).skips),
+        0,
+    ),
     "fsdp1": (
         parity_cases,
         lambda c: (
@@ -367,7 +379,8 @@ def _generated(feature: str) -> Case:
             check_supported(case)
         except InvalidArgument:
             return False
-        if feature not in ("skips", "unfreeze") and (_training(case).skips or _training(case).unfreeze):
+        schedules = ("skips", "unfreeze", "find_unused", "replicate_find_unused")
+        if feature not in schedules and (_training(case).skips or _training(case).unfreeze):
             return False  # each feature's case as it was before repro rendered these schedules
         return uses(case)
 

@@ -387,6 +387,30 @@ def test_training_schedules_are_generated_at_a_useful_rate() -> None:
         assert compiled <= 0.06 * n, (cases, compiled)
 
 
+def test_find_unused_parameters_meets_unused_parameters() -> None:
+    """find_unused_parameters=True is drawn for DDP and replicate, and together with modules they
+    manage left out of forward (what it exists for), in parity and metamorphic cases."""
+    for cases in (parity_cases, metamorphic_cases):
+        counts, n = _feature_counts(2, cases)
+        on = counts["find_unused_parameters"] + counts["variant:find_unused_parameters"]
+        assert on >= 0.05 * n, (cases, dict(counts))
+    found: list[Case] = []
+
+    @settings(max_examples=5000, database=None, phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+    @given(parity_cases(world_size=2))
+    def draw(case: Case) -> None:
+        body = case.body
+        assert isinstance(body, ParityBody)
+        comp, paths = body.composition, body.tree.paths()
+        skipped = [s for s in body.training.skips if _param_leaves(paths[s.path])]
+        if comp.find_unused and skipped and (comp.wrapper.value == "ddp" or "" in comp.replicates):
+            found.append(case)
+            raise _Found
+
+    with pytest.raises(_Found):
+        draw()
+
+
 @pytest.mark.parametrize("feature", ["compile:eager", "compile:aot_eager", "param:unused:some-microbatches"])
 @pytest.mark.parametrize("cases", [parity_cases, metamorphic_cases, mixed_precision_cases], ids=lambda s: s.__name__)
 def test_every_training_schedule_is_reachable(cases: Any, feature: str) -> None:
@@ -414,9 +438,9 @@ class _Found(Exception):
 @FAST
 @given(parity_cases(world_size=2))
 def test_schedules_keep_to_the_api_rules(case: Case) -> None:
-    """Skips leave a trainable parameter in every forward; none names the root; DDP never sees an
-    unused parameter of its own, nor FSDP1 one under an optimizer that tells zero from None; no
-    leaf DDP manages is unfrozen later."""
+    """Skips leave a trainable parameter in every forward; none names the root; DDP sees an
+    unused parameter of its own only with find_unused_parameters=True, FSDP1 never under an
+    optimizer that tells zero from None; no leaf DDP manages is unfrozen later."""
     from fuzz.case import Optimizer, Wrapper
 
     body = case.body
@@ -425,7 +449,8 @@ def test_schedules_keep_to_the_api_rules(case: Case) -> None:
     assert all(s.path in paths and s.path for s in t.skips)
     with_params = [s for s in t.skips if any(True for _ in _param_leaves(paths[s.path]))]
     if comp.wrapper is Wrapper.DDP:
-        assert not with_params and not t.unfreeze
+        assert comp.find_unused or not with_params
+        assert not t.unfreeze
     elif comp.wrapper is not Wrapper.NONE and with_params:
         assert t.optimizer is Optimizer.SGD and t.momentum == 0.0
     for u in t.unfreeze:

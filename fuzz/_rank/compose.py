@@ -165,7 +165,11 @@ def compose(model: nn.Module, comp: Composition, ctx: RankContext) -> Composed:
         elif api == "fully_shard":
             apply_fully_shard(model, specs[path], mesh)
         else:
-            replicate(model.get_submodule(path), device_ids=None if ctx.device.type == "cpu" else [ctx.device])
+            replicate(
+                model.get_submodule(path),
+                device_ids=None if ctx.device.type == "cpu" else [ctx.device],
+                find_unused_parameters=comp.find_unused,
+            )
     sharded = comp.sharded_paths
     tops = [p for p in sharded if not any(q != p and (q == "" or p.startswith(q + ".")) for q in sharded)]
     return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
@@ -207,7 +211,8 @@ def _wrap(model: nn.Module, comp: Composition, ctx: RankContext) -> nn.Module:
     if comp.wrapper is Wrapper.DDP:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        return DDP(model, device_ids=None if ctx.device.type == "cpu" else [ctx.device])
+        device_ids = None if ctx.device.type == "cpu" else [ctx.device]
+        return DDP(model, device_ids=device_ids, find_unused_parameters=comp.find_unused)
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp import ShardingStrategy
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy

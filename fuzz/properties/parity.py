@@ -366,6 +366,8 @@ def composition_features(comp: Composition, world_size: int, prefix: str = "") -
                 out.append(f"{prefix}mp:no_cast_forward_inputs")
     if comp.replicates:
         out.append(f"{prefix}replicate" + (":root" if "" in comp.replicates else ":sub"))
+    if comp.find_unused:
+        out.append(f"{prefix}find_unused_parameters")
     if comp.checkpoints:
         out.append(f"{prefix}checkpoint:" + ("before" if comp.checkpoint_first else "after") + "_fully_shard")
     if comp.meta_init:
