@@ -189,10 +189,15 @@ def _rare_unused_after_partial_reduce(
 def _rare_unfrozen_unresharded(draw: st.DrawFn, tree: ModuleTree, training: Training, *comps: Composition) -> Training:
     """Unfreezing a leaf of an all-frozen fully_shard unit with reshard_after_forward other than
     True meets a known FSDP2 bug under a replicate'd root (signature ``...:unfrozen-unresharded``,
-    see fuzz.properties.parity.unfrozen_unresharded_unit): keep that rare."""
-    from fuzz.properties.parity import unfrozen_unresharded_unit
+    see fuzz.properties.parity.unfrozen_unresharded_unit), and of an all-frozen FSDP1 NO_SHARD
+    unit a known FSDP1 bug (``...:unfrozen-frozen-unit``, fsdp1_unfrozen_in_frozen_unit): keep
+    both rare."""
+    from fuzz.properties.parity import fsdp1_unfrozen_in_frozen_unit, unfrozen_unresharded_unit
 
-    if any(unfrozen_unresharded_unit(tree, c, training) for c in comps) and not one_in(draw, KNOWN_BUG_ODDS):
+    known = any(
+        unfrozen_unresharded_unit(tree, c, training) or fsdp1_unfrozen_in_frozen_unit(tree, c, training) for c in comps
+    )
+    if known and not one_in(draw, KNOWN_BUG_ODDS):
         return Training(**{**training.__dict__, "unfreeze": ()})
     return training
 

@@ -187,7 +187,7 @@ def test_mismatches_of_frozen_units_with_an_int_reshard_get_their_own_signature(
 
 # -- training schedules: unused parameters, parameters unfrozen later, torch.compile -------------
 
-_KNOWN_SCHEDULE_BUGS = (":unused-no-all-reduce", ":unfrozen-unresharded")
+_KNOWN_SCHEDULE_BUGS = (":unused-no-all-reduce", ":unfrozen-unresharded", ":unfrozen-frozen-unit")
 
 
 def _generated_with(strategy: Any, feature: str, world_size: int) -> Case:
@@ -315,21 +315,37 @@ def _unfrozen_unresharded_case(world_size: int) -> Case:
     return Case("parity", world_size, 1, ParityBody(tree, comp, Training(steps=2, unfreeze=(Unfreeze("0", 1),))))
 
 
+def _unfrozen_frozen_fsdp1_unit_case(world_size: int, wrapper: Wrapper = Wrapper.FSDP1_NO_SHARD) -> Case:
+    """FSDP1 auto-wrapping every block: the root's unit holds only a frozen leaf, unfrozen before
+    step 1; the inner block is a unit of its own."""
+    inner = Block(children=(Leaf(LeafKind.LINEAR),))
+    tree = ModuleTree(width=4, root=Block(children=(Leaf(LeafKind.LINEAR, frozen=True), inner)))
+    comp = Composition(wrapper=wrapper, auto_wrap=True)
+    return Case("parity", world_size, 0, ParityBody(tree, comp, Training(steps=2, unfreeze=(Unfreeze("0", 1),))))
+
+
 @pytest.mark.parametrize(
     ("make", "signature"),
     [
         (_no_all_reduce_case, "mismatch:parity@fsdp2:unused-no-all-reduce"),
         (_unfrozen_unresharded_case, "mismatch:parity@fsdp2:unfrozen-unresharded"),
+        (_unfrozen_frozen_fsdp1_unit_case, "mismatch:parity@fsdp1:unfrozen-frozen-unit"),
     ],
-    ids=["unused-no-all-reduce", "unfrozen-unresharded"],
+    ids=["unused-no-all-reduce", "unfrozen-unresharded", "unfrozen-frozen-unit"],
 )
-def test_known_fsdp2_bugs_of_training_schedules_fail_with_their_own_signature(rank_pool, make, signature):
-    """Two FSDP2 bugs the schedules found (docs/design.md): the cases fail on torch 2.13 with
-    signatures of their own. When torch fixes one, this test fails: retire it."""
+def test_known_bugs_of_training_schedules_fail_with_their_own_signature(rank_pool, make, signature):
+    """Two FSDP2 bugs and an FSDP1 bug the schedules found (docs/design.md, docs/known_bugs.md):
+    the cases fail on torch 2.13 with signatures of their own. When torch fixes one, this test
+    fails: retire it."""
     case = make(rank_pool.world_size)
     failure = run_case(rank_pool, get_property("parity"), case)
     assert failure is not None, f"torch fixed {signature}: retire this test and the odds in strategies/_cases.py"
     assert failure.signature == signature, failure
+
+
+def test_unfreezing_in_a_frozen_fsdp1_unit_passes_when_sharded(check_case, rank_pool):
+    """The control of the FSDP1 bug above: FULL_SHARD instead of NO_SHARD trains the unfrozen leaf."""
+    check_case(_unfrozen_frozen_fsdp1_unit_case(rank_pool.world_size, Wrapper.FSDP1_FULL_SHARD))
 
 
 def test_the_same_schedules_with_set_requires_gradient_sync_pass(check_case, rank_pool):

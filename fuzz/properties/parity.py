@@ -17,6 +17,7 @@ import math
 from typing import Any
 
 from fuzz.case import (
+    PARAM_LEAVES,
     AccumSync,
     Block,
     Case,
@@ -60,6 +61,8 @@ def api_of(comp: Composition, tree: ModuleTree | None = None, training: Training
       of a unit is kept for the parameters that had gradients on earlier microbatches, so it is
       dropped when the unit is unused on the last microbatch, and fails to add up when the set
       changes).
+    - ``:unfrozen-frozen-unit``: a leaf unfrozen later in an FSDP1 NO_SHARD unit whose
+      parameters are all frozen at wrapping (an FSDP1 bug, :func:`fsdp1_unfrozen_in_frozen_unit`).
     """
     if comp.wrapper is Wrapper.DDP:
         name = "ddp"
@@ -83,7 +86,30 @@ def api_of(comp: Composition, tree: ModuleTree | None = None, training: Training
         and training.unused_on_some_microbatches(tree)
     ):
         name += ":unused-no-all-reduce"
+    if tree is not None and training is not None and fsdp1_unfrozen_in_frozen_unit(tree, comp, training):
+        name += ":unfrozen-frozen-unit"
     return name
+
+
+def fsdp1_unfrozen_in_frozen_unit(tree: ModuleTree, comp: Composition, training: Training) -> bool:
+    """True if a leaf unfrozen later belongs to an FSDP1 NO_SHARD unit whose parameters are all
+    frozen at wrapping (fuzz.case_state.fsdp1_frozen_unit: auto-wrapping makes every block a
+    unit of its own). After the first backward such a unit leaves its parameters registered as
+    plain tensor views (the pytorch/pytorch#85831 family), so requires_grad_(True) on the
+    Parameter the optimizer holds never reaches what forward uses: the leaf is never trained.
+    (Unfreezing the module's attribute instead fails FSDP1's post-backward assertion on
+    ``_post_backward_hook_state``.) docs/known_bugs.md has a torch-only reproducer."""
+    if comp.wrapper is not Wrapper.FSDP1_NO_SHARD or not comp.auto_wrap or not training.unfreeze:
+        return False
+    paths = tree.paths()
+    for later in training.unfreeze:
+        unit = paths[later.path.rpartition(".")[0]]
+        if not isinstance(unit, Block) or unit.scale:
+            continue
+        leaves = [c for c in unit.children if isinstance(c, Leaf) and c.kind in PARAM_LEAVES]
+        if leaves and all(c.frozen for c in leaves):
+            return True
+    return False
 
 
 def frozen_int_reshard_unit(tree: ModuleTree, comp: Composition) -> bool:
