@@ -244,6 +244,15 @@ def _q(value: Any) -> str:
     return "None" if value is None else json.dumps(value)
 
 
+def _names(names: list[str]) -> str:
+    """A list of strings as a literal for a table row: inline, or one item a line where the row
+    would run past the scripts' line length."""
+    inline = _q(names)
+    if len(inline) <= 80:
+        return inline
+    return "[\n" + "".join(f"        {_q(n)},\n" for n in names) + "    ]"
+
+
 def _show(value: Any) -> str:
     try:
         return json.dumps(to_jsonable(value))[:120]
@@ -843,7 +852,7 @@ def render_contracts(uses: _Uses) -> str:
     out = []
     reshard = uses.reshard_contract()
     if reshard:
-        rows = "".join(f"    {_q(unit)}: ({raf}, {_q(mods)}),\n" for unit, (raf, mods) in reshard.items())
+        rows = "".join(f"    {_q(unit)}: ({raf}, {_names(mods)}),\n" for unit, (raf, mods) in reshard.items())
         out.append(
             "# fully_shard unit (its first module) -> (reshard_after_forward, modules whose own parameters it holds)\n"
             "RESHARD_CONTRACT = {\n" + rows + "}\n"
@@ -858,14 +867,14 @@ def render_contracts(uses: _Uses) -> str:
         )
     params = uses.param_dtype_contract()
     if params:
-        rows = "".join(f"    {_q(unit)}: ({_q(dtype)}, {_q(mods)}),\n" for unit, (dtype, mods) in params.items())
+        rows = "".join(f"    {_q(unit)}: ({_q(dtype)}, {_names(mods)}),\n" for unit, (dtype, mods) in params.items())
         out.append(
             "# fully_shard unit -> (param_dtype, the modules it is the innermost unit of, which must see\n"
             "# parameters of that dtype as their forward starts)\nPARAM_DTYPE_CONTRACT = {\n" + rows + "}\n"
         )
     replicated = uses.replicate_contract()
     if replicated:
-        rows = "".join(f"    {_q(path)}: {_q(names)},\n" for path, names in replicated.items())
+        rows = "".join(f"    {_q(path)}: {_names(names)},\n" for path, names in replicated.items())
         out.append(
             "# replicated module -> the parameters replicate must manage: exactly those no fully_shard holds\n"
             "REPLICATE_CONTRACT = {\n" + rows + "}\n"

@@ -293,7 +293,7 @@ FEATURES: dict[str, tuple[Callable[..., Any], Callable[[Case], bool], int]] = {
     "replicate+checkpoint": (
         parity_cases,
         lambda c: bool(_comp(c).replicates and _comp(c).shards) and _dropout_under(c, _comp(c).checkpoints),
-        0,
+        11,
     ),
     # a 2x1 HSDP mesh (shard groups of one rank) with Shard(1) placements, set_requires_all_reduce(False)
     # while accumulating, several steps
