@@ -5,7 +5,8 @@ out, put it into a freshly built model and optimizer under a ``target`` composit
 both train on:
 
 - :class:`StateDictBody` moves the state in memory through ``get_*_state_dict`` /
-  ``set_*_state_dict`` (or FSDP2's own ``state_dict`` / ``load_state_dict``);
+  ``set_*_state_dict`` (which take FSDP1 models too, so state moves between FSDP1 and the
+  other APIs), FSDP2's own ``state_dict`` / ``load_state_dict``, or FSDP1's own state dicts;
 - :class:`DcpBody` moves it through ``torch.distributed.checkpoint`` save / async_save / load,
   beside Stateful objects, with the top-level dict built in a different order on each rank.
 
@@ -255,8 +256,8 @@ def sharded_in_memory_problem(source: Composition, target: Composition) -> str |
 class Api(str, enum.Enum):
     """How the state leaves the source model and enters the target (:class:`StateDictBody`)."""
 
-    SPLIT = "split"  # get/set_model_state_dict and get/set_optimizer_state_dict
-    COMBINED = "combined"  # get_state_dict / set_state_dict
+    SPLIT = "split"  # get/set_model_state_dict and get/set_optimizer_state_dict (any models, FSDP1 too)
+    COMBINED = "combined"  # get_state_dict / set_state_dict (any models, FSDP1 too)
     MODULE = "module"  # FSDP2's model.state_dict() / load_state_dict(); the optimizer as SPLIT
     #: FSDP1: FSDP.set_state_dict_type (SHARDED_STATE_DICT, or FULL_STATE_DICT with
     #: save.full_state_dict), model.state_dict() / load_state_dict(), FSDP.optim_state_dict and

@@ -1,5 +1,8 @@
 """Strategies for the state-dict and checkpoint properties: layouts, rank orders, cases.
 
+``state_dict`` cases of the split and combined APIs put FSDP1 on either side, or both, one
+layout in six (``layouts(fsdp1=True)``): get/set_*_state_dict take FSDP1 models too.
+
 Everything drawn here is a case the documented API supports (the rules are in
 :mod:`fuzz.case_state`); where a draw would break a rule, it falls back to a valid choice
 instead of being filtered away, so every draw yields a case. The known upstream deadlock of

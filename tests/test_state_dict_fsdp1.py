@@ -154,7 +154,13 @@ def test_fsdp1_rules() -> None:
         StateDictBody(tree=TREE, source=full_shard, target=Composition(), api=Api.FSDP1)
     # get/set_*_state_dict take FSDP1 models too (tests/test_state_dict_fsdp1_dsd.py); FSDP2's
     # own state_dict does not
-    StateDictBody(tree=TREE, source=full_shard, target=full_shard, save=Options(full_state_dict=True))
+    StateDictBody(
+        tree=TREE,
+        source=full_shard,
+        target=full_shard,
+        save=Options(full_state_dict=True),
+        load=Options(full_state_dict=True),
+    )
     with pytest.raises(CaseError, match="api"):
         StateDictBody(tree=TREE, source=full_shard, target=full_shard, api=Api.MODULE)
     with pytest.raises(CaseError, match="cannot go from sharded_tensor to plain"):

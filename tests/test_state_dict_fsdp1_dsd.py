@@ -13,7 +13,9 @@ full, which must equal what get_optimizer_state_dict took from the FSDP1 source.
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,7 +26,9 @@ from fuzz.case import Case, Composition, Optimizer, Training, Wrapper, case_from
 from fuzz.case_state import Api, DcpBody, Entry, Options, StateDictBody, is_fsdp1, sharded_in_memory_problem
 from fuzz.corpus import Entry as CorpusEntry
 from fuzz.errors import CaseError, InvalidArgument
+from fuzz.explore import run_case
 from fuzz.pool import RankPool
+from fuzz.properties import get_property
 from fuzz.properties.state_dict import (
     FSDP1_FULL_OFFLOAD,
     _holding_elements,
@@ -33,7 +37,7 @@ from fuzz.properties.state_dict import (
 )
 from fuzz.repro import render_entry
 from strategies import state_dict_cases
-from tests.conftest import ROOT
+from tests.conftest import MUTANTS, ROOT
 from tests.test_state_dict import ADAM, SGD, TREE, fsdp
 
 FILTERED = settings(suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
@@ -101,6 +105,16 @@ def _scenarios(ws: int) -> dict[str, StateDictBody]:
             save=FULL,
             load=Options(full_state_dict=True, strict=False),
             drop=(0, 3),
+        ),
+        # full: a stateless optimizer (SGD without momentum) into FSDP1, which loads it through
+        # FSDP.optim_state_dict_to_load (not the known "Expected device to be set" path)
+        "full-stateless-sgd-into-fsdp1": StateDictBody(
+            tree=TREE,
+            source=fsdp("1"),
+            target=fsdp1(Wrapper.FSDP1_FULL_SHARD),
+            training=Training(optimizer=Optimizer.SGD, lr=0.1, steps=2),
+            save=FULL,
+            load=FULL,
         ),
         # sharded: NO_SHARD's plain tensors into DDP
         "sharded-no_shard-to-ddp": StateDictBody(
@@ -277,3 +291,31 @@ def test_repro_refuses_fsdp1_cases_of_the_state_dict_functions() -> None:
     )
     with pytest.raises(InvalidArgument, match="no renderer for case bodies of kind 'state_dict'"):
         render_entry(entry)
+
+
+# --------------------------------------------------------------------------------- sensitivity
+
+
+def test_resume_notices_aliased_fsdp1_optimizer_states_taken_by_get_optimizer_state_dict(tmp_path: Path) -> None:
+    """A fault in the FSDP1 gather under get_optimizer_state_dict: every gathered state of a
+    parameter a view of one buffer. The target of another API loads exactly what it was
+    given (the optimizer check agrees), so resuming must see it."""
+    harness = MUTANTS / "harness"
+    if not (harness / "sitecustomize.py").exists():
+        pytest.skip(f"the mutant harness {harness} is not present beside this checkout")
+    spec = {
+        "module": "torch.distributed.fsdp._optim_utils",
+        "old": "                value = value.detach().clone()\n",
+        "new": "                pass\n",
+        "models": "fsdp1_full_optim_state_alias",
+    }
+    path = tmp_path / "alias.json"
+    path.write_text(json.dumps(spec))
+    env = {"MUTANT": str(path), "PYTHONPATH": os.pathsep.join([str(harness), os.environ.get("PYTHONPATH", "")])}
+    body = StateDictBody(
+        tree=TREE, source=fsdp1(Wrapper.FSDP1_FULL_SHARD), target=fsdp("1"), training=ADAM, save=FULL, load=FULL
+    )
+    with RankPool(world_size=2, env=env, deadline=30) as pool:
+        failure = run_case(pool, get_property("state_dict"), Case("state_dict", 2, 42, body))
+    assert failure is not None, "aliased FSDP1 optimizer states went unnoticed"
+    assert failure.signature.startswith("mismatch:state_dict:resume_"), failure.signature

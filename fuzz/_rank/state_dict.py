@@ -4,7 +4,10 @@ The building blocks here (build a side, train it, observe it) are shared with th
 (:mod:`fuzz._rank.dcp`). Observations are taken without the API under test: parameters and
 buffers are gathered with ``full_tensor()``, optimizer state is read from ``optimizer.state``
 and gathered the same way, hyperparameters from ``optimizer.param_groups``, so a state-dict
-bug cannot hide itself in its own observation.
+bug cannot hide itself in its own observation. FSDP1 keeps optimizer state as flat local
+shards that only FSDP.optim_state_dict gathers: an FSDP1 side reports each rank's local state,
+and an FSDP1 source whose target is of another API reports what get_optimizer_state_dict took
+from it (observe_state_dict_optimizer), which that target must hold in full after the load.
 
 Two things every program here does on purpose:
 

@@ -5,7 +5,10 @@ Both train a model under one composition, move its state into a fresh model and 
 and judge:
 
 - round trip, exactly (equality, no tolerance): every parameter and buffer gathered to full,
-  every optimizer state entry (exp_avg, exp_avg_sq, step, momentum_buffer) gathered to full,
+  every optimizer state entry (exp_avg, exp_avg_sq, step, momentum_buffer) gathered to full
+  (from an FSDP1 source, whose state only FSDP.optim_state_dict gathers: what
+  get_optimizer_state_dict took from it; into an FSDP1 target: each rank's local shards,
+  between one layout),
   every param group's hyperparameters on every rank, and the output of a forward on a fixed
   input. Keys left out of a load keep their fresh values; entries left out of a partial DCP
   load leave their objects untouched; Stateful objects and plain tensors come back exactly,
