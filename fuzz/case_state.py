@@ -5,7 +5,8 @@ out, put it into a freshly built model and optimizer under a ``target`` composit
 both train on:
 
 - :class:`StateDictBody` moves the state in memory through ``get_*_state_dict`` /
-  ``set_*_state_dict`` (or FSDP2's own ``state_dict`` / ``load_state_dict``);
+  ``set_*_state_dict`` (which take FSDP1 models too, so state moves between FSDP1 and the
+  other APIs), FSDP2's own ``state_dict`` / ``load_state_dict``, or FSDP1's own state dicts;
 - :class:`DcpBody` moves it through ``torch.distributed.checkpoint`` save / async_save / load,
   beside Stateful objects, with the top-level dict built in a different order on each rank.
 
@@ -80,15 +81,22 @@ def fsdp1_full_offload(body: Body, world_size: int) -> bool:
     FullOptimStateDictConfig's default) returns every tensor state of a parameter as a view
     of one all-gather buffer, which the next state's all-gather overwrites (exp_avg comes
     back equal to exp_avg_sq). Both need parameters sharded over more than one rank (FSDP1
-    gathers nothing under NO_SHARD or a shard group of one)."""
-    if not isinstance(body, StateDictBody) or body.api is not Api.FSDP1:
+    gathers nothing under NO_SHARD or a shard group of one). get_*_state_dict with
+    full_state_dict and cpu_offload take an FSDP1 model's state the same way (offload_to_cpu,
+    with rank0_only), so split and combined meet them too."""
+    if not isinstance(body, StateDictBody):
         return False
     if not (body.save.full_state_dict and body.save.cpu_offload):
         return False
-    wrapper = body.source.wrapper
-    if wrapper is Wrapper.FSDP1_HYBRID_SHARD:
-        return body.source.mesh[1] > 1
-    return wrapper in (Wrapper.FSDP1_FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP) and world_size > 1
+    return fsdp1_gathers(body.source, world_size)
+
+
+def fsdp1_gathers(comp: Composition, world_size: int) -> bool:
+    """Whether FSDP1 shards ``comp``'s parameters over more than one rank (a full state dict
+    then gathers them)."""
+    if comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD:
+        return comp.mesh[1] > 1
+    return comp.wrapper in (Wrapper.FSDP1_FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP) and world_size > 1
 
 
 def fsdp1_dcp_stateless(body: Body) -> bool:
@@ -179,13 +187,10 @@ def _check_common(
         raise CaseError("tree", "the tree has no parameters")
     _check_side(source, tree, "source")
     _check_side(target, tree, "target")
-    if is_fsdp1(source) != is_fsdp1(target):
-        # FSDP1's own state dicts (FSDP.set_state_dict_type, FSDP.optim_state_dict) go between
-        # FSDP1 models; moving state between FSDP1 and the other APIs is not drawn.
-        raise CaseError("target.wrapper", "FSDP1 state goes from an FSDP1 model to an FSDP1 model")
-    if is_fsdp1(source) and steps_after < 1:
+    if (is_fsdp1(source) or is_fsdp1(target)) and steps_after < 1:
         # FSDP1 keeps optimizer state as flat local shards: reading it in full would take the
-        # very API under test (FSDP.optim_state_dict), so a load is judged by resuming.
+        # very API under test (FSDP.optim_state_dict, which get_optimizer_state_dict calls for
+        # FSDP1 models), so what an FSDP1 side saved or loaded is judged by resuming.
         raise CaseError("steps_after", "FSDP1 optimizer state is judged by resuming: steps_after must be >= 1")
     if not 0 <= steps_after <= MAX_STEPS:
         raise CaseError("steps_after", f"steps_after={steps_after} is outside 0..{MAX_STEPS}")
@@ -193,7 +198,11 @@ def _check_common(
         raise CaseError("training.grad_accum", "state-dict cases train one microbatch per step")
     if meta and (target.replicates or target.wrapper is not Wrapper.NONE):
         # DDP (and replicate) broadcast parameter values when applied: there are none on meta.
-        raise CaseError("target_meta_init", "a meta-device target takes fully_shard or nothing, not DDP/replicate")
+        # FSDP1 materializes a meta module when it wraps it (reset_parameters or its
+        # param_init_fn), so its target would not be on meta when the state is loaded.
+        raise CaseError(
+            "target_meta_init", "a meta-device target takes fully_shard or nothing, not DDP/replicate/FSDP1"
+        )
     for s in (*source.shards, *target.shards):
         if s.mixed_precision is not None or s.offload:
             raise CaseError("source.shards", "mixed precision and CPU offload are covered by the training properties")
@@ -222,11 +231,33 @@ def fsdp1_in_memory_problem(source: Composition, target: Composition) -> str | N
     return None
 
 
+def sharded_in_memory_problem(source: Composition, target: Composition) -> str | None:
+    """Why a sharded state dict taken with get_*_state_dict cannot go into ``target`` in
+    memory, or None. It holds what the model holds: DTensors (fully_shard; FSDP1
+    HYBRID_SHARD), plain tensors (plain model, DDP, replicate; FSDP1 NO_SHARD) or
+    ShardedTensors (FSDP1 FULL_SHARD / SHARD_GRAD_OP). set_model_state_dict copies it into the
+    target's own tensors, so only like kinds go, DTensors on the same mesh: it refuses a
+    DTensor on another mesh ("Cannot run aten.copy_.default on inputs with different
+    meshes"), and FSDP1's load hooks refuse another kind. So between FSDP1 and the other APIs
+    a sharded state dict goes from NO_SHARD to plain tensors, and from HYBRID_SHARD to
+    fully_shard on the same mesh (both DTensors over (replicate, shard), checked with torch
+    alone); ShardedTensors only into FSDP1 FULL_SHARD / SHARD_GRAD_OP. Resharding is what
+    full state dicts and DCP are for."""
+    if is_fsdp1(source) and is_fsdp1(target):
+        return fsdp1_in_memory_problem(source, target)
+    kinds = (tensor_kind(source), tensor_kind(target))
+    if kinds[0] != kinds[1] or kinds[0] not in ("dtensor", "plain"):
+        return f"a sharded state dict cannot go from {kinds[0]} to {kinds[1]}"
+    if kinds[0] == "dtensor" and source.mesh != target.mesh:
+        return "a sharded state dict in memory needs the same mesh on both sides"
+    return None
+
+
 class Api(str, enum.Enum):
     """How the state leaves the source model and enters the target (:class:`StateDictBody`)."""
 
-    SPLIT = "split"  # get/set_model_state_dict and get/set_optimizer_state_dict
-    COMBINED = "combined"  # get_state_dict / set_state_dict
+    SPLIT = "split"  # get/set_model_state_dict and get/set_optimizer_state_dict (any models, FSDP1 too)
+    COMBINED = "combined"  # get_state_dict / set_state_dict (any models, FSDP1 too)
     MODULE = "module"  # FSDP2's model.state_dict() / load_state_dict(); the optimizer as SPLIT
     #: FSDP1: FSDP.set_state_dict_type (SHARDED_STATE_DICT, or FULL_STATE_DICT with
     #: save.full_state_dict), model.state_dict() / load_state_dict(), FSDP.optim_state_dict and
@@ -280,11 +311,15 @@ class StateDictBody(Body):
         save, load = self.save, self.load
         if save.broadcast_from_rank0 or not save.strict:
             raise CaseError("save", "broadcast_from_rank0 and strict apply to loading (set_*) only")
-        if (self.api is Api.FSDP1) != is_fsdp1(self.source):
-            raise CaseError("api", "fsdp1_optim_state_dict is FSDP1's own API: use it, and only it, with FSDP1 models")
         if self.api is Api.FSDP1:
+            if not (is_fsdp1(self.source) and is_fsdp1(self.target)):
+                # FSDP.set_state_dict_type and FSDP.optim_state_dict work on FSDP1 models only.
+                raise CaseError("target.wrapper", "fsdp1_optim_state_dict: from an FSDP1 model to an FSDP1 model")
             self._check_fsdp1()
             return
+        # get/set_*_state_dict take FSDP1 models too (under FSDP.state_dict_type, as torch's
+        # own e2e test_e2e_save_and_load does), so split and combined move state between FSDP1
+        # and the other APIs.
         # A full state dict holds plain tensors, a sharded one what the model holds (DTensors
         # under fully_shard): set_* must be told which it gets, and in memory a DTensor only
         # goes into a DTensor on the same mesh (resharding across meshes or kinds is what DCP
@@ -292,11 +327,10 @@ class StateDictBody(Body):
         if load.full_state_dict != save.full_state_dict:
             raise CaseError("load.full_state_dict", "must equal save.full_state_dict: both describe the same dict")
         if not save.full_state_dict:
-            kinds = (tensor_kind(self.source), tensor_kind(self.target))
-            if kinds[0] != kinds[1] or kinds[0] not in ("dtensor", "plain"):
-                raise CaseError("save.full_state_dict", f"a sharded state dict cannot go from {kinds[0]} to {kinds[1]}")
-            if kinds[0] == "dtensor" and self.source.mesh != self.target.mesh:
-                raise CaseError("target.mesh", "a sharded state dict in memory needs the same mesh on both sides")
+            problem = sharded_in_memory_problem(self.source, self.target)
+            if problem:
+                field_ = "target.mesh" if "mesh" in problem else "save.full_state_dict"
+                raise CaseError(field_, problem)
         if load.broadcast_from_rank0 and not load.full_state_dict:
             raise CaseError("load.broadcast_from_rank0", "needs full_state_dict (documented in StateDictOptions)")
         if save.full_state_dict and save.cpu_offload and not load.broadcast_from_rank0:
@@ -305,7 +339,12 @@ class StateDictBody(Body):
                 "full_state_dict with cpu_offload leaves the state on rank 0 only: load it with broadcast_from_rank0",
             )
         if self.api is Api.MODULE and (
-            save.full_state_dict or tensor_kind(self.source) != "dtensor" or tensor_kind(self.target) != "dtensor"
+            save.full_state_dict
+            or tensor_kind(self.source) != "dtensor"
+            or tensor_kind(self.target) != "dtensor"
+            # an FSDP1 model's own state_dict is FSDP1's state_dict_type (Api.FSDP1)
+            or is_fsdp1(self.source)
+            or is_fsdp1(self.target)
         ):
             raise CaseError("api", "FSDP2's own state_dict is sharded: use it between fully_shard'ed models only")
         if self.api is Api.COMBINED and self.target_meta_init:
@@ -456,6 +495,11 @@ class DcpBody(Body):
             raise CaseError("checkpoint_dir", "is required by save-only / load-only and refused by round trips")
         if self.deadlock and Entry.COUNTER not in entries:
             raise CaseError("deadlock", "the deadlock is issued by the counter entry, which is not saved")
+        if is_fsdp1(self.source) != is_fsdp1(self.target):
+            # Through DCP an FSDP1 side takes the classic recipe (FSDP1's own sharded state
+            # dicts, see _check_fsdp1); moving state between FSDP1 and the other APIs through
+            # DCP is not drawn.
+            raise CaseError("target.wrapper", "FSDP1 state goes from an FSDP1 model to an FSDP1 model")
         if is_fsdp1(self.source):
             self._check_fsdp1()
         self._check_saves()

@@ -1,5 +1,8 @@
 """Strategies for the state-dict and checkpoint properties: layouts, rank orders, cases.
 
+``state_dict`` cases of the split and combined APIs put FSDP1 on either side, or both, one
+layout in six (``layouts(fsdp1=True)``): get/set_*_state_dict take FSDP1 models too.
+
 Everything drawn here is a case the documented API supports (the rules are in
 :mod:`fuzz.case_state`); where a draw would break a rule, it falls back to a valid choice
 instead of being filtered away, so every draw yields a case. The known upstream deadlock of
@@ -31,8 +34,11 @@ from fuzz.case_state import (
     fsdp1_dcp_empty_shard,
     fsdp1_frozen_unit,
     fsdp1_full_offload,
+    fsdp1_gathers,
     fsdp1_in_memory_problem,
+    is_fsdp1,
     is_plain,
+    sharded_in_memory_problem,
     tensor_kind,
 )
 from strategies._cases import _rare_foreach_on_mixed_params, trainings
@@ -43,11 +49,17 @@ from strategies._validation import check_bounds, check_world_size
 
 
 @st.composite
-def layouts(draw: st.DrawFn, tree: ModuleTree, *, world_size: int) -> Composition:
+def layouts(draw: st.DrawFn, tree: ModuleTree, *, world_size: int, fsdp1: bool = False) -> Composition:
     """How a model sits on the ranks: fully_shard (1D or HSDP, with checkpoint), any
-    composition of the composable APIs, DDP, or a plain model (empty composition)."""
+    composition of the composable APIs, DDP, or a plain model (empty composition); with
+    ``fsdp1``, one time in six an FSDP1 layout (fsdp1_layouts), for the APIs that take FSDP1
+    models beside the others (get/set_*_state_dict)."""
     check_world_size(world_size)
-    kind = draw(st.sampled_from(["fully_shard", "fully_shard", "composable", "ddp", "plain"]))
+    kinds = ["fully_shard", "fully_shard", "composable", "ddp", "plain"] + ["fsdp1"] * fsdp1
+    kind = draw(st.sampled_from(kinds))
+    if kind == "fsdp1":
+        comp1: Composition = draw(fsdp1_layouts(tree, world_size=world_size))
+        return comp1
     if kind == "plain":
         return Composition()
     if kind == "ddp":
@@ -105,18 +117,17 @@ def rank_orders(draw: st.DrawFn, n: int, *, world_size: int) -> tuple[tuple[int,
     return tuple(tuple(draw(st.permutations(range(n)))) for _ in range(world_size))
 
 
-def _target(draw: st.DrawFn, tree: ModuleTree, source: Composition, world_size: int) -> Composition:
+def _target(
+    draw: st.DrawFn, tree: ModuleTree, source: Composition, world_size: int, *, fsdp1: bool = False
+) -> Composition:
     """The same layout as the source a quarter of the time (exact resume), else another one."""
     if one_in(draw, 4):
         return source
-    return draw(layouts(tree, world_size=world_size))
+    return draw(layouts(tree, world_size=world_size, fsdp1=fsdp1))
 
 
 def _in_memory_sharded_ok(source: Composition, target: Composition) -> bool:
-    kinds = (tensor_kind(source), tensor_kind(target))
-    if kinds[0] != kinds[1] or kinds[0] not in ("dtensor", "plain"):
-        return False
-    return kinds[0] != "dtensor" or source.mesh == target.mesh
+    return sharded_in_memory_problem(source, target) is None
 
 
 def _stateful_optimizer(draw: st.DrawFn, training: Training, full_load: bool) -> Training:
@@ -142,17 +153,23 @@ def state_dict_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 3, ma
     tree = draw(module_trees(max_depth=max_depth))
     if draw(st.sampled_from(["layouts", "layouts", "layouts", "layouts", "fsdp1"])) == "fsdp1":
         return _fsdp1_state_dict_case(draw, tree, world_size, max_steps)
-    source = draw(layouts(tree, world_size=world_size))
-    target = _target(draw, tree, source, world_size)
+    # get/set_*_state_dict take FSDP1 models too: FSDP1 on either side, or both.
+    source = draw(layouts(tree, world_size=world_size, fsdp1=True))
+    target = _target(draw, tree, source, world_size, fsdp1=True)
+    fsdp1_side = is_fsdp1(source) or is_fsdp1(target)
     full = draw(st.booleans())
     if not full and not _in_memory_sharded_ok(source, target):
         # In memory a sharded state dict goes only between like layouts on one mesh; the
         # other pairs are what full state dicts are for.
         full = True
     api = draw(st.sampled_from([Api.SPLIT, Api.COMBINED, Api.MODULE]))
-    if api is Api.MODULE and (full or tensor_kind(source) != "dtensor" or tensor_kind(target) != "dtensor"):
+    if api is Api.MODULE and (
+        full or tensor_kind(source) != "dtensor" or tensor_kind(target) != "dtensor" or fsdp1_side
+    ):
         api = Api.SPLIT
     save_offload = draw(st.booleans())
+    if full and save_offload and fsdp1_gathers(source, world_size) and not one_in(draw, KNOWN_BUG_ODDS):
+        save_offload = False  # known FSDP1 offload_to_cpu bugs on CPU (fsdp1_full_offload): rarely
     broadcast = full and draw(st.booleans())
     if api is Api.COMBINED and broadcast and not one_in(draw, KNOWN_HANG_ODDS):
         api = Api.SPLIT  # the known set_state_dict deadlock: rarely
@@ -165,7 +182,10 @@ def state_dict_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 3, ma
     drop: tuple[int, ...] = ()
     if not strict and not meta:
         drop = tuple(draw(st.lists(st.integers(0, 31), unique=True, max_size=3)))
-    training = _stateful_optimizer(draw, draw(trainings(max_steps=max_steps, accumulation=False)), full)
+    # An FSDP1 target loads a full optimizer state through FSDP.optim_state_dict_to_load, not
+    # the path of the known stateless bug.
+    stateless_bug = full and not is_fsdp1(target)
+    training = _stateful_optimizer(draw, draw(trainings(max_steps=max_steps, accumulation=False)), stateless_bug)
     training = _rare_foreach_on_mixed_params(draw, training, source, target)
     frozen_in_optimizer, empty_group = _optimizer_options(draw, tree)
     body = StateDictBody(
@@ -173,7 +193,8 @@ def state_dict_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 3, ma
         source=source,
         target=target,
         training=training,
-        steps_after=draw(st.sampled_from((1, 2, 0))),
+        # FSDP1 optimizer state is judged by resuming
+        steps_after=draw(st.sampled_from((1, 2) if fsdp1_side else (1, 2, 0))),
         api=api,
         save=Options(full_state_dict=full, cpu_offload=save_offload),
         load=Options(

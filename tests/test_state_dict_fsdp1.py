@@ -152,8 +152,17 @@ def test_fsdp1_rules() -> None:
     full_shard, no_shard = fsdp1(Wrapper.FSDP1_FULL_SHARD), fsdp1(Wrapper.FSDP1_NO_SHARD)
     with pytest.raises(CaseError, match="FSDP1 model to an FSDP1 model"):
         StateDictBody(tree=TREE, source=full_shard, target=Composition(), api=Api.FSDP1)
+    # get/set_*_state_dict take FSDP1 models too (tests/test_state_dict_fsdp1_dsd.py); FSDP2's
+    # own state_dict does not
+    StateDictBody(
+        tree=TREE,
+        source=full_shard,
+        target=full_shard,
+        save=Options(full_state_dict=True),
+        load=Options(full_state_dict=True),
+    )
     with pytest.raises(CaseError, match="api"):
-        StateDictBody(tree=TREE, source=full_shard, target=full_shard, save=Options(full_state_dict=True))
+        StateDictBody(tree=TREE, source=full_shard, target=full_shard, api=Api.MODULE)
     with pytest.raises(CaseError, match="cannot go from sharded_tensor to plain"):
         StateDictBody(tree=TREE, source=full_shard, target=no_shard, api=Api.FSDP1)
     with pytest.raises(CaseError, match="steps_after"):

@@ -4,7 +4,10 @@ The building blocks here (build a side, train it, observe it) are shared with th
 (:mod:`fuzz._rank.dcp`). Observations are taken without the API under test: parameters and
 buffers are gathered with ``full_tensor()``, optimizer state is read from ``optimizer.state``
 and gathered the same way, hyperparameters from ``optimizer.param_groups``, so a state-dict
-bug cannot hide itself in its own observation.
+bug cannot hide itself in its own observation. FSDP1 keeps optimizer state as flat local
+shards that only FSDP.optim_state_dict gathers: an FSDP1 side reports each rank's local state,
+and an FSDP1 source whose target is of another API reports what get_optimizer_state_dict took
+from it (observe_state_dict_optimizer), which that target must hold in full after the load.
 
 Two things every program here does on purpose:
 
@@ -206,6 +209,22 @@ def observe_optimizer(side: Side) -> dict[str, dict[str, list[float]]]:
     return out
 
 
+def observe_state_dict_optimizer(osd: dict[str, Any]) -> dict[str, dict[str, list[float]]]:
+    """The state of an optimizer state dict that get_optimizer_state_dict took from an FSDP1
+    model, keyed by FQN, in observe_optimizer's form (collective where it holds DTensors:
+    every rank calls it in the same order). FSDP1's own optimizer state is flat local shards
+    that only FSDP.optim_state_dict gathers, so this, the API's output, is what a target of
+    another API must hold in full after loading it; whether it is FSDP1's true state is
+    judged by resuming (steps_after >= 1 for FSDP1). On ranks other than 0 it may be empty
+    (full_state_dict with cpu_offload)."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for fqn, state in sorted(osd.get("state", {}).items()):
+        entry = {key: _jsonable(state[key]) for key in sorted(state)}
+        if entry:
+            out[clean_name(fqn)] = entry
+    return out
+
+
 def probe(side: Side, case: Case, tree: ModuleTree, ctx: RankContext) -> list[float]:
     """The model's output on a fixed input (a forward on every rank)."""
     gen = torch.Generator().manual_seed(case.seed + 1)
@@ -380,6 +399,11 @@ def run_state_dict(case: Case, body: StateDictBody, ctx: RankContext) -> dict[st
     msd, osd = _take(body, src)
     msd, osd = copy.deepcopy((msd, osd))  # see the module docstring
     obs["saved"] = observe(src, case, body.tree, ctx)
+    if src.fsdp1 and not is_fsdp1(body.target):
+        # What the target must hold in full after the load (see observe_state_dict_optimizer).
+        saved_optim = observe_state_dict_optimizer(osd)
+        if ctx.rank == 0:
+            obs["saved"]["optimizer"] = saved_optim
 
     tgt = build_side(body.tree, body.target, t, ctx, seed=case.seed + FRESH_SEED, meta=body.target_meta_init)
     if not body.target_meta_init:
