@@ -252,7 +252,7 @@ def test_fsdp1_under_the_state_dict_functions_is_drawn_at_a_useful_rate() -> Non
     n = 0
 
     @settings(
-        max_examples=400,
+        max_examples=1500,
         derandomize=True,
         database=None,
         deadline=None,
@@ -269,8 +269,9 @@ def test_fsdp1_under_the_state_dict_functions_is_drawn_at_a_useful_rate() -> Non
 
     collect()
     # Measured over 2,000 draws: split 3.1% (source), 4.8% (target), 4.2% (both); combined 1.6%
-    # in all. The floors are well below, so another Hypothesis version's draws do not trip them.
-    assert sum(counts[f"combined:fsdp1_{side}"] for side in ("source", "target", "both")) >= 1, counts
+    # in all. The floors are well below, and 1,500 draws keep them far from a count of a few,
+    # so another Hypothesis version's draws do not trip them.
+    assert sum(counts[f"combined:fsdp1_{side}"] for side in ("source", "target", "both")) >= 0.004 * n, counts
     for side in ("source", "target", "both"):
         assert counts[f"split:fsdp1_{side}"] >= 0.01 * n, counts
     dsd = sum(bugs.values())
