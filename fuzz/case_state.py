@@ -8,7 +8,10 @@ both train on:
   ``set_*_state_dict`` (which take FSDP1 models too, so state moves between FSDP1 and the
   other APIs), FSDP2's own ``state_dict`` / ``load_state_dict``, or FSDP1's own state dicts;
 - :class:`DcpBody` moves it through ``torch.distributed.checkpoint`` save / async_save / load,
-  beside Stateful objects, with the top-level dict built in a different order on each rank.
+  beside Stateful objects, with the top-level dict built in a different order on each rank;
+  the model and optimizer go in as state dicts, in an app Stateful, or as the objects
+  themselves with state dicts patched to get/set_*_state_dict (FSDP1 models too, to and from
+  any layout), or as FSDP1's own state dicts between FSDP1 models (the classic recipe).
 
 An empty composition (no fully_shard, no replicate, no wrapper) is a plain model, the same on
 every rank, trained data-parallel by hand (gradients all-reduced). The rules below keep out

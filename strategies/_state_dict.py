@@ -1,7 +1,10 @@
 """Strategies for the state-dict and checkpoint properties: layouts, rank orders, cases.
 
 ``state_dict`` cases of the split and combined APIs put FSDP1 on either side, or both, one
-layout in six (``layouts(fsdp1=True)``): get/set_*_state_dict take FSDP1 models too.
+layout in six (``layouts(fsdp1=True)``): get/set_*_state_dict take FSDP1 models too. ``dcp``
+cases put FSDP1 on one side or both one case in three, its state moved through the app
+Stateful or patched state dicts (``DcpBody.patched``) to and from any layout, or between
+FSDP1 models by the classic recipe.
 
 Everything drawn here is a case the documented API supports (the rules are in
 :mod:`fuzz.case_state`); where a draw would break a rule, it falls back to a valid choice
