@@ -307,7 +307,9 @@ def test_fsdp1_through_the_state_dict_functions_is_drawn_at_a_useful_rate() -> N
             bugs[known_bug(case)] += 1
 
     collect()
-    # Measured over 2,000 draws (world size 2): MEASURED
+    # Measured over 2,000 draws (world size 2): app 9.8% (source 4.0%,
+    # target 3.0%, both 2.8%), patched FSDP1 7.8% (source 1.6%, target 2.3%, both 3.9%), patched in
+    # all 14.1%, the classic recipe 9.5%; known bugs 5.4% of the FSDP1 cases on the new paths.
     # The floors are well below, so another Hypothesis version's draws do not trip them.
     for how in ("app", "patched"):
         assert sum(counts[f"fsdp1:{how}:{side}"] for side in ("source", "target", "both")) >= 0.02 * n, counts
