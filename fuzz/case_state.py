@@ -8,7 +8,10 @@ both train on:
   ``set_*_state_dict`` (which take FSDP1 models too, so state moves between FSDP1 and the
   other APIs), FSDP2's own ``state_dict`` / ``load_state_dict``, or FSDP1's own state dicts;
 - :class:`DcpBody` moves it through ``torch.distributed.checkpoint`` save / async_save / load,
-  beside Stateful objects, with the top-level dict built in a different order on each rank.
+  beside Stateful objects, with the top-level dict built in a different order on each rank;
+  the model and optimizer go in as state dicts, in an app Stateful, or as the objects
+  themselves with state dicts patched to get/set_*_state_dict (FSDP1 models too, to and from
+  any layout), or as FSDP1's own state dicts between FSDP1 models (the classic recipe).
 
 An empty composition (no fully_shard, no replicate, no wrapper) is a plain model, the same on
 every rank, trained data-parallel by hand (gradients all-reduced). The rules below keep out
@@ -83,7 +86,15 @@ def fsdp1_full_offload(body: Body, world_size: int) -> bool:
     back equal to exp_avg_sq). Both need parameters sharded over more than one rank (FSDP1
     gathers nothing under NO_SHARD or a shard group of one). get_*_state_dict with
     full_state_dict and cpu_offload take an FSDP1 model's state the same way (offload_to_cpu,
-    with rank0_only), so split and combined meet them too."""
+    with rank0_only), so split and combined meet them too, and so do DCP cases that take an
+    FSDP1 side's state through the app entry or patched state dicts: the source's when saved,
+    the fresh target's when dcp.load asks it for the state dict to load into."""
+    if isinstance(body, DcpBody):
+        if body.classic_fsdp1:
+            return False
+        saves = body.save_full_state_dict and body.save_cpu_offload and fsdp1_gathers(body.source, world_size)
+        loads = body.load_full_state_dict and body.load_cpu_offload and fsdp1_gathers(body.target, world_size)
+        return saves or loads
     if not isinstance(body, StateDictBody):
         return False
     if not (body.save.full_state_dict and body.save.cpu_offload):
@@ -104,7 +115,7 @@ def fsdp1_dcp_stateless(body: Body) -> bool:
     (SGD without momentum) leaves no entry for its empty "state" in the checkpoint, so
     load_sharded_optimizer_state_dict returns a dict without "state", which
     FSDP.optim_state_dict_to_load refuses (ValueError)."""
-    if not isinstance(body, DcpBody) or not is_fsdp1(body.target):
+    if not isinstance(body, DcpBody) or not is_fsdp1(body.target) or not body.classic_fsdp1:
         return False
     loaded = Entry.OPTIMIZER in body.entries and Entry.OPTIMIZER not in body.skip
     t = body.training
@@ -117,11 +128,16 @@ def fsdp1_dcp_empty_shard(body: Body, world_size: int) -> bool:
     world_size pieces with torch.chunk, which makes fewer pieces when the width is small)
     flattens the ShardedTensor away, the planner takes the key missing on that rank for a
     sign of a checkpoint older than 2.4 and flattens the whole dict the old way, and then a
-    dict without tensors (the scalars entry) is "Missing key in checkpoint state_dict"."""
-    if not isinstance(body, DcpBody) or tensor_kind(body.target) != "sharded_tensor":
+    value that the old way keys differently, a list (the scalars entry's history, an optimizer
+    state dict's param_groups), is "Missing key in checkpoint state_dict". The sharded state
+    dicts get_*_state_dict take of such a model (app, patched) hold the same ShardedTensors,
+    its optimizer's too, and the optimizer state dict loaded with them (app, patched) holds
+    param_groups."""
+    if not isinstance(body, DcpBody) or tensor_kind(body.target) != "sharded_tensor" or body.load_full_state_dict:
         return False
     loaded = [e for e in body.entries if e not in body.skip]
-    if Entry.MODEL not in loaded or Entry.SCALARS not in loaded:
+    optimizer = Entry.APP in loaded or (body.patched and Entry.OPTIMIZER in loaded)
+    if not (Entry.MODEL in loaded or optimizer) or not (Entry.SCALARS in loaded or optimizer):
         return False
     width = body.tree.width
     chunk = -(-width // world_size)
@@ -132,7 +148,7 @@ def fsdp1_async_default_stager(body: Body) -> bool:
     """Whether a case meets a torch bug of dcp.async_save without a storage writer: its
     DefaultStager deep-copies the state dict calling ``data_ptr()`` on every tensor, which
     ShardedTensor (FSDP1 FULL_SHARD / SHARD_GRAD_OP sharded state dicts) does not support."""
-    if not isinstance(body, DcpBody):
+    if not isinstance(body, DcpBody) or body.save_full_state_dict:
         return False
     return body.async_save and not body.storage_objects and tensor_kind(body.source) == "sharded_tensor"
 
@@ -394,8 +410,11 @@ class Overwrite(str, enum.Enum):
 class Entry(str, enum.Enum):
     """A top-level entry of the dict given to ``dcp.save`` / ``dcp.load``; its key is the value."""
 
-    MODEL = "model"  # get_model_state_dict(model), or the module itself (DcpBody.module_stateful)
-    OPTIMIZER = "optimizer"  # get_optimizer_state_dict(model, optimizer)
+    #: get_model_state_dict(model), or the module itself (DcpBody.module_stateful, or
+    #: DcpBody.patched: its state_dict / load_state_dict patched to get/set_model_state_dict)
+    MODEL = "model"
+    #: get_optimizer_state_dict(model, optimizer), or the optimizer itself (DcpBody.patched)
+    OPTIMIZER = "optimizer"
     APP = "app"  # a Stateful wrapping both: get_state_dict / set_state_dict
     SCALARS = "scalars"  # a Stateful holding Python scalars (int, float, str, bool, list)
     COUNTER = "counter"  # a Stateful whose state_dict and load_state_dict all_reduce on every rank
@@ -420,9 +439,18 @@ class DcpBody(Body):
     ``deadlock`` makes the counter's state_dict all_reduce on rank 0 only, inside dcp.save: a
     hang on purpose, for the test of the pool's hang report (never drawn by the strategies).
 
-    FSDP1 sides take the classic recipe: ``model.state_dict()`` and ``FSDP.optim_state_dict``
-    under SHARDED_STATE_DICT saved, the model loaded in place into its own state dict, the
-    optimizer through ``load_sharded_optimizer_state_dict`` and ``FSDP.optim_state_dict_to_load``.
+    ``patched``: the model and optimizer entries are the model and optimizer objects
+    themselves, after ``_patch_model_state_dict(model)`` and ``_patch_optimizer_state_dict(model,
+    optimizers=optimizer)`` (with the save options on the source, the load options on the
+    target), so that their ``state_dict`` / ``load_state_dict``, which DCP calls, go through
+    get/set_model_state_dict and get/set_optimizer_state_dict (as torch's own e2e
+    test_e2e_save_and_load does, FSDP1 included).
+
+    An FSDP1 side moves its state through the distributed state-dict functions (the app
+    entry, or ``patched``), to and from any layout (DCP reshards), or takes the classic
+    recipe, between FSDP1 models: ``model.state_dict()`` and ``FSDP.optim_state_dict`` under
+    SHARDED_STATE_DICT saved, the model loaded in place into its own state dict, the optimizer
+    through ``load_sharded_optimizer_state_dict`` and ``FSDP.optim_state_dict_to_load``.
 
     ``overwrite``: save over an earlier checkpoint (of a freshly built model) in the same
     directory, through ``FileSystemWriter(path, overwrite=...)``. ``async_saves`` (with
@@ -449,6 +477,10 @@ class DcpBody(Body):
     load_full_state_dict: bool = False
     load_cpu_offload: bool = False
     module_stateful: bool = False
+    #: The model and optimizer objects themselves, their state dicts patched to the
+    #: distributed state-dict functions (torch's _patch_model_state_dict /
+    #: _patch_optimizer_state_dict).
+    patched: bool = False
     async_save: bool = False
     #: FileSystemWriter / FileSystemReader objects instead of checkpoint_id=path.
     storage_objects: bool = False
@@ -485,7 +517,14 @@ class DcpBody(Body):
             if Wrapper.DDP in (self.source.wrapper, self.target.wrapper):
                 # DDP's own keys carry a "module." prefix; get_model_state_dict strips it.
                 raise CaseError("module_stateful", "DDP's own state_dict keys differ from the plain model's")
-        if self.drop and (Entry.MODEL not in entries or Entry.MODEL in self.skip or self.module_stateful):
+        if self.patched:
+            if Entry.MODEL not in entries and Entry.OPTIMIZER not in entries:
+                raise CaseError("patched", "applies to the model and optimizer entries, neither of which is saved")
+            if self.module_stateful:
+                raise CaseError("patched", "the module is its own Stateful either with its own or a patched state_dict")
+        if self.drop and (
+            Entry.MODEL not in entries or Entry.MODEL in self.skip or self.module_stateful or self.patched
+        ):
             raise CaseError("drop", "leaving model keys out needs the model entry loaded as a state dict")
         if self.target_meta_init and not any(e in entries and e not in self.skip for e in (Entry.MODEL, Entry.APP)):
             raise CaseError("target_meta_init", "a meta-device target must load its model")
@@ -495,23 +534,38 @@ class DcpBody(Body):
             raise CaseError("checkpoint_dir", "is required by save-only / load-only and refused by round trips")
         if self.deadlock and Entry.COUNTER not in entries:
             raise CaseError("deadlock", "the deadlock is issued by the counter entry, which is not saved")
-        if is_fsdp1(self.source) != is_fsdp1(self.target):
-            # Through DCP an FSDP1 side takes the classic recipe (FSDP1's own sharded state
-            # dicts, see _check_fsdp1); moving state between FSDP1 and the other APIs through
-            # DCP is not drawn.
-            raise CaseError("target.wrapper", "FSDP1 state goes from an FSDP1 model to an FSDP1 model")
-        if is_fsdp1(self.source):
+        if is_fsdp1(self.source) or is_fsdp1(self.target):
             self._check_fsdp1()
         self._check_saves()
         if self.no_dist:
             self._check_no_dist()
 
+    @property
+    def classic_fsdp1(self) -> bool:
+        """Whether an FSDP1 side takes the classic recipe (FSDP1's own state dicts): not
+        through the app entry nor patched state dicts."""
+        return (is_fsdp1(self.source) or is_fsdp1(self.target)) and not self.patched and Entry.APP not in self.entries
+
     def _check_fsdp1(self) -> None:
-        if Entry.APP in self.entries or self.module_stateful:
-            raise CaseError("entries", "FSDP1 takes the classic recipe: model and optimizer state dicts, no app")
+        if self.module_stateful:
+            # module_stateful is FSDP2's own model.state_dict(); an FSDP1 model's own is its
+            # state_dict_type's, which the classic recipe takes.
+            raise CaseError("module_stateful", "an FSDP1 model's own state_dict is the classic recipe's")
+        if not self.classic_fsdp1:
+            # get/set_*_state_dict take FSDP1 models (torch's e2e test_e2e_save_and_load saves
+            # and loads them through DCP this way), so the state goes to and from any layout.
+            return
+        if not (is_fsdp1(self.source) and is_fsdp1(self.target)):
+            # FSDP1's own state dicts on both ends: FSDP.optim_state_dict_to_load and
+            # load_sharded_optimizer_state_dict take an FSDP1 model. Between FSDP1 and the
+            # other APIs the state goes through the app entry or patched state dicts.
+            raise CaseError(
+                "target.wrapper",
+                "the classic FSDP1 recipe goes from an FSDP1 model to an FSDP1 model: use app or patched",
+            )
         if self.save_full_state_dict or self.load_full_state_dict:
             # A fresh optimizer's FSDP.optim_state_dict is empty: nothing to load a full one into.
-            raise CaseError("save_full_state_dict", "FSDP1 through DCP takes SHARDED_STATE_DICT")
+            raise CaseError("save_full_state_dict", "the classic FSDP1 recipe through DCP takes SHARDED_STATE_DICT")
         if self.drop:
             raise CaseError("drop", "FSDP1's own load is strict here: no keys are left out")
 
@@ -558,11 +612,16 @@ class DcpBody(Body):
         return self.tree.size + len(self.entries), self.training.steps + self.steps_after
 
     def collective_entries(self) -> list[Entry]:
-        """Entries whose ``state_dict`` runs collectives when dcp.save calls it: the counter,
-        and app with full state dicts (get_state_dict gathers)."""
+        """Entries whose ``state_dict`` runs collectives when dcp.save calls it: the counter;
+        app, and the patched model and optimizer, with full state dicts (get_*_state_dict
+        gather) or an FSDP1 source (its ShardedTensors gather their metadata when made, and
+        FSDP.optim_state_dict exchanges parameter keys with all_gather_object)."""
         out: list[Entry] = [e for e in self.entries if e is Entry.COUNTER]
-        if Entry.APP in self.entries and self.save_full_state_dict:
+        gathers = self.save_full_state_dict or is_fsdp1(self.source)
+        if Entry.APP in self.entries and gathers:
             out.append(Entry.APP)
+        if self.patched and gathers:
+            out += [e for e in self.entries if e in (Entry.MODEL, Entry.OPTIMIZER)]
         return out
 
     def validate_for(self, world_size: int) -> None:
@@ -582,5 +641,5 @@ class DcpBody(Body):
         if len(set(self.orders)) > 1 and len(self.collective_entries()) > 1:
             raise CaseError(
                 "orders",
-                "per-rank orders allow at most one entry whose state_dict runs collectives (counter, full app)",
+                "per-rank orders allow at most one entry whose state_dict runs collectives (see collective_entries)",
             )

@@ -1,7 +1,10 @@
 """Strategies for the state-dict and checkpoint properties: layouts, rank orders, cases.
 
 ``state_dict`` cases of the split and combined APIs put FSDP1 on either side, or both, one
-layout in six (``layouts(fsdp1=True)``): get/set_*_state_dict take FSDP1 models too.
+layout in six (``layouts(fsdp1=True)``): get/set_*_state_dict take FSDP1 models too. ``dcp``
+cases put FSDP1 on one side or both one case in three, its state moved through the app
+Stateful or patched state dicts (``DcpBody.patched``) to and from any layout, or between
+FSDP1 models by the classic recipe.
 
 Everything drawn here is a case the documented API supports (the rules are in
 :mod:`fuzz.case_state`); where a draw would break a rule, it falls back to a valid choice
@@ -255,39 +258,50 @@ def checkpoint_entries(draw: st.DrawFn) -> tuple[Entry, ...]:
 def dcp_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 3, max_steps: int = 3) -> Case:
     """Cases for ``dcp``: train, dcp.save (or async_save) a dict built in a per-rank order,
     dcp.load all or part of it in place into a fresh model under another layout (another
-    mesh, composition, or a plain model: DCP reshards), train both on. Also: FSDP1 models
-    (the classic sharded recipe), a save over an earlier checkpoint (FileSystemWriter's
+    mesh, composition, or a plain model: DCP reshards), train both on. The model and
+    optimizer go in as state dicts, in an app Stateful, or as the objects themselves with
+    their state dicts patched to get/set_*_state_dict (``patched``). Also: FSDP1 models on
+    one side or both, moved through app or patched state dicts to and from any layout, or
+    between FSDP1 models by the classic sharded recipe; a save over an earlier checkpoint (FileSystemWriter's
     ``overwrite``), several async saves with the source training while they are in flight
     (sometimes through one FileSystemWriter with cache_staged_state_dict), and per-rank
     checkpoints of a plain model saved and loaded with no_dist."""
     check_world_size(world_size)
     check_bounds("max_steps", max_steps, "max_steps", max_steps, floor=1, ceiling=16)
     tree = draw(module_trees(max_depth=max_depth))
-    kind = draw(st.sampled_from(["layouts", "layouts", "layouts", "fsdp1", "no_dist"]))
+    kind = draw(st.sampled_from(["layouts", "layouts", "layouts", "fsdp1", "fsdp1", "no_dist"]))
     fsdp1, no_dist = kind == "fsdp1", kind == "no_dist"
+    # How an FSDP1 side's state moves: the classic recipe (FSDP1 on both sides), or through
+    # the distributed state-dict functions (app, patched), to and from any layout.
+    how = ""
     if fsdp1:
-        source = draw(fsdp1_layouts(tree, world_size=world_size))
-        target = source if one_in(draw, 4) else draw(fsdp1_layouts(tree, world_size=world_size))
+        sides = draw(st.sampled_from(["both", "both", "source", "target"]))
+        if sides == "both":
+            source = draw(fsdp1_layouts(tree, world_size=world_size))
+            target = source if one_in(draw, 4) else draw(fsdp1_layouts(tree, world_size=world_size))
+            how = draw(st.sampled_from(["classic", "classic", "app", "patched"]))
+        else:
+            fsdp1_side = draw(fsdp1_layouts(tree, world_size=world_size))
+            other = draw(layouts(tree, world_size=world_size))
+            source, target = (fsdp1_side, other) if sides == "source" else (other, fsdp1_side)
+            how = draw(st.sampled_from(["app", "patched"]))
     elif no_dist:
         source = target = Composition()
     else:
         source = draw(layouts(tree, world_size=world_size))
         target = _target(draw, tree, source, world_size)
     entries = draw(checkpoint_entries())
-    if fsdp1 and Entry.APP in entries:
-        # FSDP1 takes the classic recipe: its own model and optimizer state dicts.
+    if how in ("classic", "patched") and Entry.APP in entries:
+        # the model and optimizer entries: FSDP1's own state dicts, or the patched objects
         at = entries.index(Entry.APP)
         entries = (*entries[:at], Entry.MODEL, Entry.OPTIMIZER, *entries[at + 1 :])
-    if fsdp1 and Entry.SCALARS in entries and not one_in(draw, KNOWN_BUG_ODDS):
-        probe = DcpBody(tree=tree, source=source, target=target, entries=entries)
-        if fsdp1_dcp_empty_shard(probe, world_size):
-            # A known dcp.load bug with a rank that holds no chunk of an FSDP1 parameter: rarely.
-            entries = tuple(e for e in entries if e is not Entry.SCALARS)
+    if how == "app" and Entry.APP not in entries:
+        entries = (*(e for e in entries if e not in (Entry.MODEL, Entry.OPTIMIZER)), Entry.APP)
     if no_dist and Entry.COUNTER in entries:
         entries = tuple(e for e in entries if e is not Entry.COUNTER) or (Entry.MODEL,)
     save_full, load_full = draw(st.booleans()), draw(st.booleans())
     save_offload, load_offload = draw(st.booleans()), draw(st.booleans())
-    if fsdp1:
+    if how == "classic":
         save_full = load_full = False  # offload is the sharded configs' offload_to_cpu
     if no_dist:
         save_full = load_full = save_offload = load_offload = False
@@ -300,8 +314,31 @@ def dcp_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 3, max_steps
         and not (save_full or load_full)
         and draw(st.booleans())
     )
+    # The model and optimizer objects themselves, their state dicts patched (as torch's e2e
+    # test does): every FSDP1 case that draws it, a quarter of the others that can.
+    patched = how == "patched" or (
+        not fsdp1 and not module_stateful and (Entry.MODEL in entries or Entry.OPTIMIZER in entries) and one_in(draw, 4)
+    )
+    probe = DcpBody(
+        tree=tree, source=source, target=target, entries=entries, patched=patched, load_full_state_dict=load_full
+    )
+    if fsdp1 and fsdp1_dcp_empty_shard(probe, world_size) and not one_in(draw, KNOWN_BUG_ODDS):
+        # A known dcp.load bug with a rank that holds no chunk of an FSDP1 parameter, beside a
+        # list (scalars; the optimizer state dict through app or patched): rarely. Without
+        # the scalars entry, or else with a full load (plain tensors, nothing flattened away).
+        entries = tuple(e for e in entries if e is not Entry.SCALARS) or entries
+        if fsdp1_dcp_empty_shard(replace(probe, entries=entries), world_size):
+            load_full, load_offload = True, False
     orders = draw(rank_orders(len(entries), world_size=world_size))
-    collective = [e for e in entries if e is Entry.COUNTER or (e is Entry.APP and save_full)]
+    # Statefuls whose state_dict runs collectives inside dcp.save (DcpBody.collective_entries)
+    gathers = save_full or is_fsdp1(source)
+    collective = [
+        e
+        for e in entries
+        if e is Entry.COUNTER
+        or (e is Entry.APP and gathers)
+        or (patched and gathers and e in (Entry.MODEL, Entry.OPTIMIZER))
+    ]
     if len(collective) > 1 and orders:
         orders = (orders[0],) * world_size  # dcp.save leaves the order of such Statefuls to us
     skip: tuple[Entry, ...] = ()
@@ -310,19 +347,28 @@ def dcp_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 3, max_steps
     loads_model = any(e in entries and e not in skip for e in (Entry.MODEL, Entry.APP))
     meta = loads_model and _meta_ok(target) and (is_plain(target) or bool(target.shards)) and one_in(draw, 6)
     drop: tuple[int, ...] = ()
-    droppable = Entry.MODEL in entries and Entry.MODEL not in skip and not module_stateful and not meta and not fsdp1
+    droppable = (
+        Entry.MODEL in entries
+        and Entry.MODEL not in skip
+        and not module_stateful
+        and not patched
+        and not meta
+        and not fsdp1
+    )
     if droppable and one_in(draw, 4):
         drop = tuple(draw(st.lists(st.integers(0, 31), unique=True, min_size=1, max_size=3)))
     optimizer_loaded = any(e in entries and e not in skip for e in (Entry.OPTIMIZER, Entry.APP))
     training = draw(trainings(max_steps=max_steps, accumulation=False))
-    # Stateless SGD meets a known bug of set_optimizer_state_dict with full state dicts, and
-    # one of the classic FSDP1 recipe (fsdp1_dcp_stateless): rarely.
-    training = _stateful_optimizer(draw, training, (load_full or fsdp1) and optimizer_loaded)
+    # Stateless SGD meets a known bug of set_optimizer_state_dict with full state dicts (not
+    # into FSDP1, which loads through FSDP.optim_state_dict_to_load), and one of the classic
+    # FSDP1 recipe (fsdp1_dcp_stateless): rarely.
+    stateless_bug = (load_full and not is_fsdp1(target)) or how == "classic"
+    training = _stateful_optimizer(draw, training, stateless_bug and optimizer_loaded)
     training = _rare_foreach_on_mixed_params(draw, training, source, target)
     steps_after = draw(st.sampled_from((1, 2) if fsdp1 else (1, 2, 0)))
     async_save = not no_dist and draw(st.booleans())
     storage_objects = draw(st.booleans())
-    if async_save and not storage_objects and tensor_kind(source) == "sharded_tensor":
+    if async_save and not storage_objects and tensor_kind(source) == "sharded_tensor" and not save_full:
         # async_save's default stager cannot copy FSDP1's ShardedTensors (a known torch bug): rarely.
         storage_objects = not one_in(draw, KNOWN_BUG_ODDS)
     # Several async saves with training in flight, half the async cases that can.
@@ -355,6 +401,7 @@ def dcp_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 3, max_steps
         load_full_state_dict=load_full,
         load_cpu_offload=load_offload,
         module_stateful=module_stateful,
+        patched=patched,
         async_save=async_save,
         storage_objects=storage_objects,
         target_meta_init=meta,
@@ -365,4 +412,7 @@ def dcp_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 3, max_steps
         frozen_in_optimizer=frozen_in_optimizer,
         empty_group=empty_group,
     )
+    if fsdp1_full_offload(body, world_size) and not one_in(draw, KNOWN_BUG_ODDS):
+        # known FSDP1 offload_to_cpu bugs on CPU, met through get_*_state_dict: rarely
+        body = replace(body, save_cpu_offload=False, load_cpu_offload=False)
     return Case(property="dcp", world_size=world_size, seed=draw(st.integers(0, 2**32 - 1)), body=body)

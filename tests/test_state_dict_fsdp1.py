@@ -176,8 +176,10 @@ def test_fsdp1_rules() -> None:
             save=Options(full_state_dict=True),
             load=Options(full_state_dict=True, strict=False),
         )
+    # through DCP an FSDP1 model takes app or patched state dicts too (tests/test_state_dict_fsdp1_dcp.py)
+    DcpBody(tree=TREE, source=full_shard, target=no_shard, entries=(Entry.APP,))
     with pytest.raises(CaseError, match="classic recipe"):
-        DcpBody(tree=TREE, source=full_shard, target=no_shard, entries=(Entry.APP,))
+        DcpBody(tree=TREE, source=full_shard, target=no_shard, entries=(Entry.MODEL,), module_stateful=True)
     with pytest.raises(CaseError, match="SHARDED_STATE_DICT"):
         DcpBody(tree=TREE, source=full_shard, target=no_shard, entries=(Entry.MODEL,), load_full_state_dict=True)
 

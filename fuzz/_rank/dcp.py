@@ -7,6 +7,15 @@ optimizer the dict holds Stateful objects: Python scalars, and a counter whose s
 load_state_dict all-reduce. Loading is in place: the dicts and tensors passed to ``dcp.load``
 are the ones the program keeps, and it checks they still are afterwards.
 
+The model and optimizer go in as state dicts of get_*_state_dict, as the module itself
+(``module_stateful``), inside an app Stateful over get/set_state_dict, or, with ``patched``,
+as the model and optimizer objects whose state_dict / load_state_dict torch's
+_patch_model_state_dict / _patch_optimizer_state_dict route through get/set_*_state_dict.
+An FSDP1 side takes the classic recipe (its own sharded state dicts) unless the case moves
+its state through app or patched state dicts; its source's optimizer state, which only
+FSDP.optim_state_dict gathers, is then observed as get_optimizer_state_dict takes it in full
+for a target of another API to be compared with.
+
 The checkpoint directory of a round trip is derived from the case, so all ranks agree without
 a collective: ``<tmp>/shardfuzz-dcp-<driver pid>/<case digest>-<case count>`` (ranks run cases
 in lockstep, so their case counts agree). Rank 0 removes it before saving (a killed run of the
@@ -37,6 +46,7 @@ from fuzz._rank.state_dict import (
     fsdp1_optim_state_dict,
     fsdp1_state_dict_type,
     observe,
+    observe_state_dict_optimizer,
     resume_both,
     resume_source,
     seed_segment,
@@ -44,7 +54,7 @@ from fuzz._rank.state_dict import (
     train_steps,
 )
 from fuzz.case import Case, case_to_text
-from fuzz.case_state import DcpBody, DcpMode, Entry, Options, Overwrite, dcp_root
+from fuzz.case_state import DcpBody, DcpMode, Entry, Options, Overwrite, dcp_root, is_fsdp1
 
 
 def case_dir(case: Case, ctx: RankContext) -> str:
@@ -162,18 +172,22 @@ def _values(
 
     out: dict[Entry, Any] = {}
     salt = ctx.rank if body.no_dist else 0
+    classic = side.fsdp1 and body.classic_fsdp1
     for entry in body.entries:
         if entry in skip:
             continue
         if entry is Entry.MODEL:
-            if body.module_stateful or side.fsdp1:
-                # FSDP1: its own state_dict, of the type fsdp1_state_dict_type set
-                out[entry] = side.model if body.module_stateful else side.model.state_dict()
+            if body.module_stateful or body.patched:
+                out[entry] = side.model  # its own state_dict, or the patched one (prepare_side)
+            elif classic:
+                out[entry] = side.model.state_dict()  # of the type fsdp1_state_dict_type set
             else:
                 out[entry] = get_model_state_dict(side.model, options=state_dict_options(get))
         elif entry is Entry.OPTIMIZER:
             assert side.opt is not None
-            if side.fsdp1:
+            if body.patched:
+                out[entry] = side.opt  # its state_dict patched to get/set_optimizer_state_dict
+            elif classic:
                 if not fresh:  # a fresh FSDP1 optimizer's state is loaded after dcp.load (_finish_load)
                     out[entry] = fsdp1_optim_state_dict(side)
             else:
@@ -188,6 +202,39 @@ def _values(
         elif entry is Entry.EXTRA:
             out[entry] = torch.zeros(5, dtype=torch.float64) if fresh else extra_value(case, salt)
     return out
+
+
+def prepare_side(body: DcpBody, side: Side, options: Options) -> None:
+    """Before the side's state is taken or loaded: FSDP1's SHARDED_STATE_DICT for the classic
+    recipe; with ``patched``, the model's and optimizer's state_dict / load_state_dict routed
+    through get/set_*_state_dict with ``options`` (torch's _patch_model_state_dict and
+    _patch_optimizer_state_dict, as its e2e test_e2e_save_and_load does)."""
+    if side.fsdp1 and body.classic_fsdp1:
+        fsdp1_state_dict_type(side, full=False, offload=options.cpu_offload)
+    if body.patched:
+        from torch.distributed.checkpoint.state_dict import _patch_model_state_dict, _patch_optimizer_state_dict
+
+        assert side.opt is not None
+        _patch_model_state_dict(side.model, options=state_dict_options(options))
+        _patch_optimizer_state_dict(side.model, optimizers=(side.opt,), options=state_dict_options(options))
+
+
+def _observe_saved(body: DcpBody, case: Case, src: Side, ctx: RankContext, values: dict[Entry, Any]) -> dict[str, Any]:
+    """The source as saved. An FSDP1 source whose state moves through get_optimizer_state_dict
+    (app, patched) into a target of another API: its optimizer state as
+    get_optimizer_state_dict takes it in full (rank 0), which the target must hold after the
+    load (observe_state_dict_optimizer; collective, on every rank)."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    saved = {**observe(src, case, body.tree, ctx), **_observe_entries(values)}
+    moves = any(e in body.entries and e not in body.skip for e in (Entry.OPTIMIZER, Entry.APP))
+    if src.fsdp1 and not body.classic_fsdp1 and not is_fsdp1(body.target) and moves:
+        assert src.opt is not None
+        osd = get_optimizer_state_dict(src.model, src.opt, options=state_dict_options(Options(full_state_dict=True)))
+        optim = observe_state_dict_optimizer(osd)
+        if ctx.rank == 0:
+            saved["optimizer"] = optim
+    return saved
 
 
 def _arrange(body: DcpBody, values: dict[Entry, Any], ctx: RankContext) -> dict[str, Any]:
@@ -296,8 +343,7 @@ def _earlier_checkpoint(body: DcpBody, case: Case, ctx: RankContext, path: str, 
     t = body.training
     decoy = build_side(body.tree, body.source, t, ctx, seed=case.seed + 2 * FRESH_SEED)
     body_optimizer(decoy, fresh_training(t), body)
-    if decoy.fsdp1:
-        fsdp1_state_dict_type(decoy, full=False, offload=body.save_cpu_offload)
+    prepare_side(body, decoy, get)
     values = _values(body, case, decoy, ctx, get, put, fresh=True, skip=())
     import torch.distributed.checkpoint as dcp
 
@@ -370,7 +416,7 @@ def _save_in_flight(
         if not last:
             obs["losses_before"] += train_steps(src, data[first + k : first + k + 1], ctx)
         else:
-            obs["saved"] = {**observe(src, case, body.tree, ctx), **_observe_entries(values)}
+            obs["saved"] = _observe_saved(body, case, src, ctx, values)
             obs["source_done"] = resume_source(case, src, data[t.steps :], ctx)
         _wait(result)
     return obs
@@ -408,8 +454,7 @@ def run_dcp(case: Case, body: DcpBody, ctx: RankContext) -> dict[str, Any]:
     if body.mode is not DcpMode.LOAD_ONLY:
         src = build_side(body.tree, body.source, t, ctx, seed=case.seed)
         body_optimizer(src, t, body)
-        if src.fsdp1:
-            fsdp1_state_dict_type(src, full=False, offload=body.save_cpu_offload)
+        prepare_side(body, src, get_save)
         if body.overwrite is not Overwrite.NONE:
             _earlier_checkpoint(body, case, ctx, path, get_save, put)
         seed_segment(case, ctx, 0)
@@ -426,7 +471,7 @@ def run_dcp(case: Case, body: DcpBody, ctx: RankContext) -> dict[str, Any]:
                 if body.no_dist:
                     dist.barrier()  # rank 0 has cleared the case's directory before anyone writes
                 _save(body, state, own)
-            obs["saved"] = {**observe(src, case, body.tree, ctx), **_observe_entries(values)}
+            obs["saved"] = _observe_saved(body, case, src, ctx, values)
         if body.mode is DcpMode.SAVE_ONLY:
             return obs
 
@@ -434,8 +479,9 @@ def run_dcp(case: Case, body: DcpBody, ctx: RankContext) -> dict[str, Any]:
     if body.target_meta_init:
         tgt.model.to_empty(device=ctx.device)  # DCP loads in place: the parameters need storage
     body_optimizer(tgt, fresh_training(t), body)
-    if tgt.fsdp1:
-        fsdp1_state_dict_type(tgt, full=False, offload=body.load_cpu_offload)
+    # A patched target's state_dict (what dcp.load loads into) and load_state_dict share one
+    # set of options: the load's.
+    prepare_side(body, tgt, put)
     dropped = dropped_keys(tgt, body.drop)
     obs["dropped"] = dropped
     # A meta-device model has no values before the load (to_empty leaves garbage).
@@ -467,12 +513,16 @@ def _loads_everything(body: DcpBody) -> bool:
 
 
 def _finish_load(body: DcpBody, side: Side, values: dict[Entry, Any], put: Options, path: str) -> None:
-    """After dcp.load filled the state dicts in place: hand them to set_* (FSDP1: to its own
-    load_state_dict, and its optimizer state through load_sharded_optimizer_state_dict)."""
+    """After dcp.load filled the state dicts in place: hand them to set_* (FSDP1's classic
+    recipe: to its own load_state_dict, and its optimizer state through
+    load_sharded_optimizer_state_dict). Stateful entries (app, the module, patched objects)
+    were loaded by dcp.load itself."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
-    if side.fsdp1:
+    if side.fsdp1 and body.classic_fsdp1:
         _finish_fsdp1_load(body, side, values, path)
+        return
+    if body.patched:
         return
     options = state_dict_options(put)
     if Entry.MODEL in values and not body.module_stateful:

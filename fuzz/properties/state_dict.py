@@ -288,6 +288,7 @@ def _hsdp_optimizer_load(case: Case, failure: Failure | None) -> Failure | None:
         or failure.kind != "mismatch"
         or not isinstance(body, DcpBody)
         or not fsdp1_hsdp_2d(body.target)
+        or not body.classic_fsdp1
         or Entry.OPTIMIZER not in body.entries
         or Entry.OPTIMIZER in body.skip
         or failure.details.get("check") not in OPTIMIZER_CHECKS
@@ -489,7 +490,14 @@ def features_dcp(case: Case) -> list[str]:
         out.append("meta_init")
     if len(body.collective_entries()) > 1:
         out.append("collective_statefuls:several")
-    if is_fsdp1(body.source) and Entry.OPTIMIZER in body.entries:
+    if body.patched:
+        out.append("patched")
+    fsdp1_sides = [side for side, comp in (("source", body.source), ("target", body.target)) if is_fsdp1(comp)]
+    if fsdp1_sides:
+        # how an FSDP1 side's state moves: e.g. fsdp1:app:target, fsdp1:patched:both, fsdp1:classic:both
+        how = "classic" if body.classic_fsdp1 else "patched" if body.patched else "app"
+        out.append(f"fsdp1:{how}:{'both' if len(fsdp1_sides) == 2 else fsdp1_sides[0]}")
+    if body.classic_fsdp1 and Entry.OPTIMIZER in body.entries:
         out.append(f"api:{Api.FSDP1.value}")
     if body.overwrite is not Overwrite.NONE:
         out.append(f"overwrite:{body.overwrite.value}")
@@ -546,7 +554,8 @@ def known_bug(case: Case) -> str | None:
     - ``FSDP1_HSDP_SHARD1``: the source or target trains under FSDP1 HYBRID_SHARD with a shard
       dimension of size 1 (an FSDP1 bug met in training, pytorch/pytorch#154888).
     - ``FSDP1_FULL_OFFLOAD``: FSDP1's FULL_STATE_DICT with offload_to_cpu on CPU (model and
-      optimizer state dicts; fuzz.case_state.fsdp1_full_offload).
+      optimizer state dicts, also taken through get_*_state_dict in state_dict and dcp
+      cases; fuzz.case_state.fsdp1_full_offload).
     - ``FSDP1_FROZEN_UNIT``: the source is FSDP1 NO_SHARD with an auto-wrapped unit of
       frozen parameters only (its state_dict after training).
     - ``FSDP1_DCP_STATELESS``: an FSDP1 optimizer without state loaded through
@@ -568,7 +577,7 @@ def known_bug(case: Case) -> str | None:
         return FSDP1_HSDP_SHARD1
     if isinstance(body, (StateDictBody, DcpBody)) and fsdp1_frozen_unit(body.source, body.tree):
         return FSDP1_FROZEN_UNIT
-    if isinstance(body, StateDictBody) and fsdp1_full_offload(body, case.world_size):
+    if isinstance(body, (StateDictBody, DcpBody)) and fsdp1_full_offload(body, case.world_size):
         return FSDP1_FULL_OFFLOAD
     if isinstance(body, DcpBody) and fsdp1_dcp_stateless(body):
         return FSDP1_DCP_STATELESS
@@ -590,7 +599,10 @@ def known_bug(case: Case) -> str | None:
         loaded = [e for e in body.entries if e not in body.skip]
         if Entry.APP in loaded and body.load_full_state_dict and body.load_cpu_offload:
             return BROADCAST_EMPTY
-        if stateless and body.load_full_state_dict and (Entry.APP in loaded or Entry.OPTIMIZER in loaded):
+        optimizer_loaded = Entry.APP in loaded or Entry.OPTIMIZER in loaded
+        # An FSDP1 target loads a full optimizer state through FSDP.optim_state_dict_to_load
+        # (inside set_optimizer_state_dict), not the path of the stateless bug.
+        if stateless and body.load_full_state_dict and optimizer_loaded and not is_fsdp1(body.target):
             return STATELESS_FULL
     return None
 
