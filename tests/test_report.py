@@ -328,8 +328,9 @@ def test_generated_items_match_emitted_features(emitted: dict[str, set[str]]) ->
         if not item.generated or any(item.matches(n) for n in seen):
             continue
         props = sorted(all_properties(), key=lambda p: _closeness(item, emitted[p.name]), reverse=True)
-        for prop in props:
-            names = _search(prop, item, 1000)
+        for i, prop in enumerate(props):
+            # Known-bug paths are drawn at about 1 in 1,000 (cached staging: 4 in 3,000 dcp cases).
+            names = _search(prop, item, 5000 if i == 0 else 1000)
             if names is None:
                 continue
             emitted[prop.name].update(names)
