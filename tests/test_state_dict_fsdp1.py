@@ -409,9 +409,9 @@ def test_hsdp_optimizer_load_is_named_by_its_mechanism(
 # --------------------------------------------------------------------------------- sensitivity
 
 
-def test_fsdp1_resume_notices_aliased_optimizer_states(tmp_path: Path) -> None:
-    """A fault in FSDP1's full optimizer state dict: every gathered state a view of one buffer
-    (what offload_to_cpu does on CPU, here without it). Only resuming can see it."""
+def aliased_optimizer_state_env(tmp_path: Path) -> dict[str, str]:
+    """The environment of a fault in FSDP1's full optimizer state gather: every gathered state
+    of a parameter a view of one buffer (skips where the mutant harness is absent)."""
     harness = MUTANTS / "harness"
     if not (harness / "sitecustomize.py").exists():
         pytest.skip(f"the mutant harness {harness} is not present beside this checkout")
@@ -424,6 +424,13 @@ def test_fsdp1_resume_notices_aliased_optimizer_states(tmp_path: Path) -> None:
     path = tmp_path / "alias.json"
     path.write_text(json.dumps(spec))
     env = {"MUTANT": str(path), "PYTHONPATH": os.pathsep.join([str(harness), os.environ.get("PYTHONPATH", "")])}
+    return env
+
+
+def test_fsdp1_resume_notices_aliased_optimizer_states(tmp_path: Path) -> None:
+    """A fault in FSDP1's full optimizer state dict: every gathered state a view of one buffer
+    (what offload_to_cpu does on CPU, here without it). Only resuming can see it."""
+    env = aliased_optimizer_state_env(tmp_path)
     case = Case(
         "state_dict",
         2,

@@ -13,7 +13,6 @@ full, which must equal what get_optimizer_state_dict took from the FSDP1 source.
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -37,8 +36,9 @@ from fuzz.properties.state_dict import (
 )
 from fuzz.repro import render_entry
 from strategies import state_dict_cases
-from tests.conftest import MUTANTS, ROOT
+from tests.conftest import ROOT
 from tests.test_state_dict import ADAM, SGD, TREE, fsdp
+from tests.test_state_dict_fsdp1 import aliased_optimizer_state_env
 
 FILTERED = settings(suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
 FULL = Options(full_state_dict=True)
@@ -305,18 +305,7 @@ def test_resume_notices_aliased_fsdp1_optimizer_states_taken_by_get_optimizer_st
     """A fault in the FSDP1 gather under get_optimizer_state_dict: every gathered state of a
     parameter a view of one buffer. The target of another API loads exactly what it was
     given (the optimizer check agrees), so resuming must see it."""
-    harness = MUTANTS / "harness"
-    if not (harness / "sitecustomize.py").exists():
-        pytest.skip(f"the mutant harness {harness} is not present beside this checkout")
-    spec = {
-        "module": "torch.distributed.fsdp._optim_utils",
-        "old": "                value = value.detach().clone()\n",
-        "new": "                pass\n",
-        "models": "fsdp1_full_optim_state_alias",
-    }
-    path = tmp_path / "alias.json"
-    path.write_text(json.dumps(spec))
-    env = {"MUTANT": str(path), "PYTHONPATH": os.pathsep.join([str(harness), os.environ.get("PYTHONPATH", "")])}
+    env = aliased_optimizer_state_env(tmp_path)
     body = StateDictBody(
         tree=TREE, source=fsdp1(Wrapper.FSDP1_FULL_SHARD), target=fsdp("1"), training=ADAM, save=FULL, load=FULL
     )
