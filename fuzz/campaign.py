@@ -102,6 +102,8 @@ def run_pools(args: argparse.Namespace, seed: int, properties: list[str]) -> int
     print(_line(summary, args.pools), file=sys.stderr)
     for f in summary["failures"]:
         tag = "known" if f["known"] else "new"
+        if f.get("known_as"):
+            tag = f"known (as {f['known_as']})"
         print(f"{tag}: {f['signature']} x{f['hits']}: {f['summary']} -> {f['entry']}", file=sys.stderr)
     codes = [p.returncode for p in procs]
     for i, code in enumerate(codes):

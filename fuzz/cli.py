@@ -239,6 +239,8 @@ def _explore_one(args: argparse.Namespace, seed: int, props: list[Any]) -> int:
     for found in progress.found.values():
         where = f" -> {found.path}" if found.path else ""
         tag = "known" if found.known else (found.entry.status if found.entry else "unconfirmed")
+        if found.known_as:
+            tag = f"known (as {found.known_as})"
         if found.in_corpus:
             tag = f"in corpus ({tag})"
         repro = (

@@ -15,13 +15,14 @@ import json
 import os
 import platform
 import tempfile
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fuzz.case import Case, case_from_json, case_to_json
 from fuzz.errors import CaseError, ShardfuzzError
-from fuzz.signature import Failure
+from fuzz.signature import Failure, same_bug
 
 ENTRY_SCHEMA = 1
 STATUSES = ("new", "flaky", "known")
@@ -182,6 +183,58 @@ def load_corpus(directory: str | os.PathLike[str]) -> tuple[list[tuple[Path, Ent
         except ShardfuzzError as e:
             problems.append(str(e))
     return entries, problems
+
+
+class CorpusIndex:
+    """Which corpus entry a failure signature belongs to.
+
+    Any entry takes its own signature and aliases. A ``known`` entry (a torch bug) also takes
+    the signatures :func:`fuzz.signature.same_bug` calls the same bug: met through another
+    property, or a mismatch in a case that meets its bug's conditions and others too. Those are
+    reported as the known bug and not saved again.
+    """
+
+    def __init__(self, entries: list[tuple[Path, Entry]]) -> None:
+        self._exact = {sig: (p, e) for p, e in entries for sig in e.signatures}
+        self._known = [(sig, p, e) for p, e in entries if e.status == "known" for sig in sorted(e.signatures)]
+
+    def match(self, signature: str) -> tuple[Path, Entry] | None:
+        """The entry a failure signed ``signature`` is counted against, or None."""
+        hit = self._exact.get(signature)
+        if hit is not None:
+            return hit
+        for sig, path, entry in self._known:
+            if same_bug(sig, signature):
+                return path, entry
+        return None
+
+    def known(self, signature: str) -> Entry | None:
+        """The ``known`` entry whose bug a failure signed ``signature`` is, or None."""
+        hit = self.match(signature)
+        return hit[1] if hit is not None and hit[1].status == "known" else None
+
+
+class KnownBugs(Mapping[str, str]):
+    """Signature -> upstream issue (or "no upstream issue") of the ``known`` corpus entries, where
+    a lookup also takes any signature :func:`fuzz.signature.same_bug` ties to one of them.
+    Iterating gives the entries' own signatures and aliases."""
+
+    def __init__(self, entries: list[tuple[Path, Entry]]) -> None:
+        known = [(p, e) for p, e in entries if e.status == "known"]
+        self._index = CorpusIndex(known)
+        self._own = {sig: e.upstream or "no upstream issue" for _, e in known for sig in e.signatures}
+
+    def __getitem__(self, signature: str) -> str:
+        entry = self._index.known(signature)
+        if entry is None:
+            raise KeyError(signature)
+        return entry.upstream or "no upstream issue"
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._own)
+
+    def __len__(self) -> int:
+        return len(self._own)
 
 
 def save_entry(directory: str | os.PathLike[str], entry: Entry) -> tuple[Path, Entry]:

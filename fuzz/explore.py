@@ -24,7 +24,9 @@ look alike gets less time; one still finding new combinations gets more.
 
 A failure whose signature has an entry in the corpus already (from an earlier campaign) is
 counted against that entry, not shrunk again; with the example database, a restarted campaign
-thus resumes where the last one stopped.
+thus resumes where the last one stopped. So is a known torch bug met another way (through
+another property, or in a case that meets its conditions and another's:
+:func:`fuzz.signature.same_bug`); the report names the known entry it was counted against.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from hypothesis.database import ExampleDatabase
 from hypothesis.errors import Flaky, HypothesisException
 
 from fuzz.case import Case
-from fuzz.corpus import Entry, entry_from_failure, load_corpus, save_entry
+from fuzz.corpus import CorpusIndex, Entry, entry_from_failure, load_corpus, save_entry
 from fuzz.database import database_key, use_database_key
 from fuzz.pool import RankPool
 from fuzz.properties import Property
@@ -133,6 +135,14 @@ class Found:
     first_seen: float = 0.0  # seconds into the campaign
     in_corpus: bool = False  # its signature had a (not known) corpus entry before this campaign
 
+    @property
+    def known_as(self) -> str | None:
+        """The known entry's own signature, where this failure was counted against it as the
+        same bug met another way (fuzz.signature.same_bug)."""
+        if self.known and self.entry is not None and self.entry.signature != self.failure.signature:
+            return self.entry.signature
+        return None
+
 
 @dataclass
 class Progress:
@@ -210,6 +220,7 @@ class Progress:
                     "property": f.case.property,
                     "hits": f.hits,
                     "known": f.known,
+                    "known_as": f.known_as,
                     "in_corpus": f.in_corpus,
                     "summary": f.failure.summary,
                     "entry": str(f.path) if f.path else None,
@@ -264,10 +275,7 @@ def explore(
     progress = Progress(started=time.monotonic(), budget=budget)
     progress._sample_every = max(1.0, budget / TIMELINE_POINTS) if math.isfinite(budget) else 1.0
     progress.sample(force=True)
-    corpus_entries: dict[str, tuple[Path, Entry]] = {}
-    if corpus is not None:
-        entries, _problems = load_corpus(corpus)
-        corpus_entries = {sig: (p, e) for p, e in entries for sig in e.signatures}
+    corpus_entries = CorpusIndex(load_corpus(corpus)[0] if corpus is not None else [])
     rng = random.Random(seed)
     by_name = {p.name: p for p in properties}
     scheduler = Scheduler(by_name, rng)
@@ -334,7 +342,7 @@ def _run_chunk(
     n: int,
     chunk_seed: int,
     progress: Progress,
-    corpus_entries: dict[str, tuple[Path, Entry]],
+    corpus_entries: CorpusIndex,
     budget: float,
     hard_stop: float,
     on_case: Callable[[Progress], None] | None,
@@ -393,9 +401,11 @@ def _run_chunk(
         if seen is not None and sig not in new:
             seen.hits += 1  # found and shrunk earlier in this campaign: count it only
             return
-        if sig in corpus_entries and sig not in new:
-            # Shrunk by an earlier campaign: count it against its entry, do not shrink again.
-            path, entry = corpus_entries[sig]
+        hit = corpus_entries.match(sig) if sig not in new else None
+        if hit is not None:
+            # Shrunk by an earlier campaign, or a known bug met another way: count it against
+            # its entry, do not shrink again.
+            path, entry = hit
             known = entry.status == "known"
             progress.found[sig] = Found(
                 case,

@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, given, settings
@@ -220,13 +220,10 @@ def _round_robin(
                 skipped[bug] += 1
 
 
-def _known_signatures(corpus: str | os.PathLike[str] | None) -> set[str]:
-    from fuzz.corpus import load_corpus
+def _known_signatures(corpus: str | os.PathLike[str] | None) -> Mapping[str, str]:
+    from fuzz.corpus import KnownBugs, load_corpus
 
-    if corpus is None:
-        return set()
-    entries, _ = load_corpus(corpus)
-    return {e.signature for _, e in entries if e.status == "known"}
+    return KnownBugs(load_corpus(corpus)[0] if corpus is not None else [])
 
 
 # --------------------------------------------------------------------------------- the run

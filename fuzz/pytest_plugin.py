@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -72,13 +72,14 @@ def rank_pool(request: pytest.FixtureRequest) -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
-def known_signatures(request: pytest.FixtureRequest) -> dict[str, str]:
-    """Signatures of the corpus entries marked ``known`` (torch bugs), with their upstream issue."""
-    from fuzz.corpus import load_corpus
+def known_signatures(request: pytest.FixtureRequest) -> Mapping[str, str]:
+    """Signatures of the corpus entries marked ``known`` (torch bugs), with their upstream issue;
+    a lookup also takes a signature of the same bug met another way (fuzz.corpus.KnownBugs)."""
+    from fuzz.corpus import KnownBugs, load_corpus
 
     corpus = request.config.rootpath / request.config.getoption("shardfuzz_corpus")
     entries, _problems = load_corpus(corpus)
-    return {sig: e.upstream or "no upstream issue" for _, e in entries if e.status == "known" for sig in e.signatures}
+    return KnownBugs(entries)
 
 
 class HistoryDependentCrash(UserWarning):
@@ -86,7 +87,7 @@ class HistoryDependentCrash(UserWarning):
 
 
 @pytest.fixture(scope="session")
-def check_case(rank_pool: Any, known_signatures: dict[str, str]) -> Callable[[Case], None]:
+def check_case(rank_pool: Any, known_signatures: Mapping[str, str]) -> Callable[[Case], None]:
     """Run a case on the pool and fail, with every rank's account, if its property fails.
 
     A failure whose signature is a known torch bug in the corpus is expected: it is recorded
@@ -96,7 +97,7 @@ def check_case(rank_pool: Any, known_signatures: dict[str, str]) -> Callable[[Ca
     return make_checker(rank_pool, known_signatures)
 
 
-def make_checker(pool: Any, known_signatures: dict[str, str]) -> Callable[[Case], None]:
+def make_checker(pool: Any, known_signatures: Mapping[str, str]) -> Callable[[Case], None]:
     """``check_case``'s body, over any pool.
 
     A crash (a rank killed by a signal) is run again at once, on the fresh ranks the pool has

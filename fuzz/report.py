@@ -220,6 +220,8 @@ def _failures_table(s: Mapping[str, Any]) -> str:
     for f in failures:
         tag = '<span class="tag known">known</span>' if f.get("known") else '<span class="tag new">new</span>'
         summary = str(f.get("summary") or "")
+        if f.get("known_as"):
+            summary = f"the known bug {f['known_as']}, met another way. {summary}"
         if len(summary) > 400:
             summary = summary[:400] + "..."
         first = f.get("first_seen")

@@ -84,3 +84,50 @@ def _rank_details(r: Any) -> dict[str, Any]:
         "exit_status": r.exit_status,
         "output_tail": r.output_tail,
     }
+
+
+# ------------------------------------------------------------------- one bug, several signatures
+
+
+def _parts(signature: str) -> tuple[str, str, str] | None:
+    """(kind, property, detail) of a signature; None for one this module did not write."""
+    kind, sep, rest = signature.partition(":")
+    if not sep:
+        return None
+    if kind in ("mismatch", "hang"):
+        cut = min((i for i in (rest.find("@"), rest.find(":")) if i >= 0), default=-1)
+    else:
+        cut = rest.find(":")
+    if cut <= 0:
+        return None
+    return kind, rest[:cut], rest[cut:]
+
+
+def same_bug(entry: str, found: str) -> bool:
+    """Whether a failure signed ``found`` is the bug a corpus entry signed ``entry`` stands for.
+
+    Equal signatures are one bug. Beyond that, two rules, both independent of the property the
+    bug was met through (a property is a scenario; the bug lives in torch):
+
+    - an exception, crash or hang with the same detail (exception type or signal, and the
+      innermost torch frame) met through another property;
+    - a mismatch charged to the same API family (``@fsdp2``, ``@save``, ...) whose tags (the
+      degenerate setups of known bugs that :func:`fuzz.properties.parity.api_of` and the
+      state-dict judges append, such as ``:shard1`` or ``:unfrozen-unresharded``) include all of
+      the entry's, which must have at least one: the case meets that bug's conditions, and
+      possibly another's too. A mismatch charged to a check (``mismatch:prop:check``) has no
+      family and matches only itself.
+    """
+    if entry == found:
+        return True
+    a, b = _parts(entry), _parts(found)
+    if a is None or b is None or a[0] != b[0]:
+        return False
+    kind, detail_a, detail_b = a[0], a[2], b[2]
+    if kind != "mismatch":
+        return detail_a == detail_b
+    if not (detail_a.startswith("@") and detail_b.startswith("@")):
+        return False
+    head_a, *tags_a = detail_a[1:].split(":")
+    head_b, *tags_b = detail_b[1:].split(":")
+    return head_a == head_b and bool(tags_a) and set(tags_a) <= set(tags_b)

@@ -63,6 +63,32 @@ def test_short_campaign_on_unmutated_torch_exits_0_and_reports(tmp_path):
     assert {p.name for p in corpus.glob("*.json")} == before
 
 
+def test_a_known_bug_met_through_another_property_is_not_new(tmp_path):
+    """A known entry's exception met through another property is that known bug: reported as
+    such (naming the entry), not saved again, exit 0. The pool self-test's raising rank stands
+    in for the bug."""
+    env = {"SHARDFUZZ_FAULT_ACTIONS": "raise"}
+    corpus, report = tmp_path / "corpus", tmp_path / "r"
+    args = ("explore", "--property", "_fault", "--max-examples", "2", "--seed", "1", "--no-database")
+    first = run_cli(*args, "--corpus", str(corpus), env=env)
+    assert first.returncode == 1, first.stderr
+    (path,) = corpus.glob("*.json")
+    data = json.loads(path.read_text())
+    kind, prop, detail = data["signature"].split(":", 2)
+    assert (kind, prop) == ("exception", "_fault"), data["signature"]
+    elsewhere = f"exception:parity:{detail}"
+    data.update(signature=elsewhere, status="known", upstream="pytorch/pytorch#1")
+    path.write_text(json.dumps(data))
+
+    again = run_cli(*args, "--corpus", str(corpus), "--report", str(report), env=env)
+    assert again.returncode == 0, again.stderr
+    (failure,) = json.loads((report / "summary.json").read_text())["failures"]
+    assert failure["known"] and failure["known_as"] == elsewhere
+    assert failure["signature"] == f"exception:_fault:{detail}"
+    assert f"known (as {elsewhere})" in again.stderr
+    assert list(corpus.glob("*.json")) == [path]
+
+
 def test_campaign_under_a_fault_saves_an_entry_that_replays(tmp_path):
     env = mutant_env("P01_shard_dim_chunk")
     corpus, before = _corpus_with_known_bugs(tmp_path)

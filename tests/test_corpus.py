@@ -24,9 +24,18 @@ from fuzz.case import (
     Training,
     case_to_json,
 )
-from fuzz.corpus import ENTRY_SCHEMA, Entry, entry_from_failure, load_corpus, load_entry, save_entry
+from fuzz.corpus import (
+    ENTRY_SCHEMA,
+    CorpusIndex,
+    Entry,
+    KnownBugs,
+    entry_from_failure,
+    load_corpus,
+    load_entry,
+    save_entry,
+)
 from fuzz.errors import ShardfuzzError
-from fuzz.signature import Failure
+from fuzz.signature import Failure, same_bug
 
 SIGNATURE = "mismatch:parity:loss"
 
@@ -111,6 +120,78 @@ def test_aliases_round_trip_survive_merge_and_are_validated(tmp_path: Path) -> N
     path.write_text(json.dumps(data))
     with pytest.raises(ShardfuzzError, match="aliases"):
         load_entry(path)
+
+
+# --------------------------------------------------------------------------------------------
+# One bug, several signatures
+
+SEGV = "signal SIGSEGV@torch/distributed/fsdp/_state_dict_utils.py:param_hook"
+HANG_AT = "torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone"
+
+
+@pytest.mark.parametrize(
+    ("entry", "found"),
+    [
+        # exceptions, crashes and hangs: the same detail met through another property
+        (f"crash:state_dict:{SEGV}", f"crash:dcp:{SEGV}"),
+        ("exception:parity:builtins.IndexError@torch/a.py:f", "exception:metamorphic:builtins.IndexError@torch/a.py:f"),
+        (f"hang:state_dict@{HANG_AT}", f"hang:dcp@{HANG_AT}"),
+        # mismatches: the entry's tags are among the failure's, in the same API family
+        ("mismatch:parity@fsdp2:unfrozen-unresharded", "mismatch:parity@fsdp2:shard1:unfrozen-unresharded"),
+        ("mismatch:parity@fsdp2:unfrozen-unresharded", "mismatch:metamorphic@fsdp2:unfrozen-unresharded"),
+        ("mismatch:parity@fsdp1:shard1", "mismatch:parity@fsdp1:shard1:unfrozen-frozen-unit"),
+        ("mismatch:dcp@save:shard1", "mismatch:dcp@save:shard1:fsdp1-hsdp-load_sharded_optimizer_state_dict"),
+    ],
+)
+def test_same_bug_met_another_way(entry: str, found: str) -> None:
+    assert same_bug(entry, found)
+    assert same_bug(found, found)
+
+
+@pytest.mark.parametrize(
+    ("entry", "found"),
+    [
+        ("exception:parity:builtins.IndexError@torch/a.py:f", "exception:parity:builtins.IndexError@torch/a.py:g"),
+        ("exception:parity:builtins.IndexError@torch/a.py:f", "exception:parity:builtins.KeyError@torch/a.py:f"),
+        (f"crash:state_dict:{SEGV}", f"exception:state_dict:{SEGV}"),
+        (f"crash:state_dict:{SEGV}", f"crash:state_dict:{SEGV.replace('SIGSEGV', 'SIGABRT')}"),
+        (f"hang:state_dict@{HANG_AT}", "hang:state_dict@torch/distributed/_state_dict_utils.py:_broadcast_state_dict"),
+        # a tag names a bug of one API family only
+        ("mismatch:parity@fsdp1:shard1", "mismatch:parity@fsdp2:shard1"),
+        # a failure without the entry's tag does not meet that bug's conditions
+        ("mismatch:parity@fsdp2:unfrozen-unresharded", "mismatch:parity@fsdp2"),
+        ("mismatch:parity@fsdp2:unfrozen-unresharded", "mismatch:parity@fsdp2:frozen-int-reshard"),
+        # an entry without tags is a whole API family: only itself
+        ("mismatch:parity@fsdp2", "mismatch:parity@fsdp2:shard1"),
+        ("mismatch:parity@fsdp2", "mismatch:metamorphic@fsdp2"),
+        # checks are not families
+        ("mismatch:mixed_precision:contract-output-dtype", "mismatch:parity:contract-output-dtype"),
+        ("mismatch:state_dict@split:shard1", "mismatch:dcp@save:shard1"),
+        ("not a signature", "not a signature either"),
+    ],
+)
+def test_different_bugs(entry: str, found: str) -> None:
+    assert not same_bug(entry, found)
+
+
+def test_index_takes_any_entry_exactly_and_known_ones_met_another_way(tmp_path: Path) -> None:
+    known_sig = "mismatch:parity@fsdp2:unfrozen-unresharded"
+    new_sig = "exception:parity:builtins.IndexError@torch/a.py:f"
+    known = save_entry(tmp_path, _entry(signature=known_sig, status="known", upstream="pytorch/pytorch#7"))
+    new = save_entry(tmp_path, _entry(signature=new_sig, kind="exception"))
+    index = CorpusIndex(load_corpus(tmp_path)[0])
+    assert index.match(known_sig) == known
+    assert index.match(new_sig) == new
+    assert index.match("mismatch:metamorphic@fsdp2:shard1:unfrozen-unresharded") == known
+    assert index.known("mismatch:metamorphic@fsdp2:shard1:unfrozen-unresharded") == known[1]
+    # Only a person's "known" mark makes a bug one that other signatures can be counted against.
+    assert index.match("exception:dcp:builtins.IndexError@torch/a.py:f") is None
+    assert index.known(new_sig) is None
+    bugs = KnownBugs(load_corpus(tmp_path)[0])
+    assert list(bugs) == [known_sig]
+    assert bugs["mismatch:parity@fsdp2:shard1:unfrozen-unresharded"] == "pytorch/pytorch#7"
+    assert "mismatch:parity@fsdp2:shard1" not in bugs
+    assert new_sig not in bugs
 
 
 def test_save_creates_missing_directory(tmp_path: Path) -> None:
