@@ -8,7 +8,9 @@ tolerance numbers inlined) and exits 1 iff the failure reproduces, short enough 
 a PyTorch issue. Only what the case uses is written: a case without replicate has no replicate
 import, no replica check and no replicate contract.
 
-Rendered: ``parity`` and ``mixed_precision`` cases; compositions of ``checkpoint``,
+Rendered: ``parity`` and ``mixed_precision`` cases, and ``metamorphic`` ones (the model trained
+under the composition, run A, and under the variant, run B, compared as the property does, with
+no contracts); compositions of ``checkpoint``,
 ``fully_shard`` (groups, ``reshard_after_forward``, ``shard_placement_fn``,
 ``MixedPrecisionPolicy``) and ``replicate`` in the order :meth:`fuzz.case.Composition.steps`
 gives, on the 1D mesh or an HSDP (replicate, shard) mesh; or DDP / FSDP1 (every sharding
@@ -54,6 +56,7 @@ from fuzz.case import (
     Dtype,
     Leaf,
     LeafKind,
+    MetamorphicBody,
     MixedPrecision,
     ModuleTree,
     Node,
@@ -81,6 +84,7 @@ from fuzz.tolerance import tolerance_for
 KNOWN_FIELDS: dict[type, frozenset[str]] = {
     Case: frozenset({"property", "world_size", "seed", "body"}),
     ParityBody: frozenset({"tree", "composition", "training"}),
+    MetamorphicBody: frozenset({"tree", "composition", "variant", "training"}),
     ModuleTree: frozenset({"width", "root"}),
     Block: frozenset({"children", "residual", "scale", "buffer"}),
     Leaf: frozenset({"kind", "bias", "frozen"}),
@@ -188,6 +192,12 @@ def check_supported(case: Case, *, where: str = "entry") -> None:
     problems = [f"{path}: {problem}" for path, problem in _unsupported(case, "case")]
     if not problems and isinstance(case.body, ParityBody):
         problems = [f"{path}: {problem}" for path, problem in _ignored(case.body.composition, "case.body.composition")]
+    if not problems and isinstance(case.body, MetamorphicBody):
+        problems = [
+            f"{path}: {problem}"
+            for name in ("composition", "variant")
+            for path, problem in _ignored(getattr(case.body, name), f"case.body.{name}")
+        ]
     if problems:
         raise InvalidArgument(
             f"{where}: repro cannot render this case yet (replay it with `python -m fuzz replay` instead): "
@@ -270,10 +280,31 @@ class _Uses:
 
     case: Case
     body: ParityBody
+    #: Appended to the names of this composition's functions and constants (``compose_a``,
+    #: ``MESH_SHAPE_A``) where a script trains under two (``metamorphic``); empty otherwise.
+    suffix: str = ""
 
     @property
     def comp(self) -> Composition:
         return self.body.composition
+
+    @property
+    def metamorphic(self) -> bool:
+        """Two compositions compared with each other: no reference, no contracts, no replicas."""
+        return self.case.property == "metamorphic"
+
+    @property
+    def compares(self) -> bool:
+        """Numerics compared between two runs (with the tolerance policy)."""
+        return self.reference or self.metamorphic
+
+    def fn(self, name: str) -> str:
+        """A function name of this composition's run."""
+        return name + self.suffix
+
+    def const(self, name: str) -> str:
+        """A constant's name of this composition's run."""
+        return name + self.suffix.upper()
 
     @property
     def reference(self) -> bool:
@@ -341,6 +372,8 @@ class _Uses:
         """Per fully_shard call with a bool reshard_after_forward: the modules whose own
         parameters it manages (every module under its members that is not inside another unit,
         fully_shard or replicate, nested in them), as fuzz._rank.parity records the contract."""
+        if self.metamorphic:
+            return {}
         comp, tree = self.comp, self.body.tree
         units = comp.sharded_paths + list(comp.replicates)
         # Modules without parameters of their own contribute no flags; leaving them out changes nothing.
@@ -362,6 +395,8 @@ class _Uses:
 
     def replicate_contract(self) -> dict[str, list[str]]:
         """Replicated modules that ran in the first forward (lazy init sets what replicate manages)."""
+        if self.metamorphic:
+            return {}
         return {
             path: sorted(_replicated_names(self.body.tree, self.comp, path))
             for path in self.comp.replicates
@@ -369,6 +404,8 @@ class _Uses:
         }
 
     def output_dtype_contract(self) -> dict[str, str]:
+        if self.metamorphic:
+            return {}
         return {
             spec.path: spec.mixed_precision.output_dtype.value
             for spec in self.comp.shards
@@ -380,6 +417,8 @@ class _Uses:
     def param_dtype_contract(self) -> dict[str, tuple[str, list[str]]]:
         """Per fully_shard call with a param_dtype: the modules (with parameters of their own) it
         is the innermost unit of, which must see param_dtype parameters as their forward starts."""
+        if self.metamorphic:
+            return {}
         modules = [p for p, node in self.body.tree.paths().items() if owns_params(node) and self._ran_first(p)]
         return {
             spec.path: (
@@ -396,7 +435,7 @@ class _Uses:
 
     @property
     def contracts(self) -> bool:
-        return bool(self.reshard_contract() or self.comp.replicates or self.dtypes)
+        return not self.metamorphic and bool(self.reshard_contract() or self.comp.replicates or self.dtypes)
 
 
 def render_parity(entry: Entry, source: str) -> str:
@@ -419,6 +458,37 @@ def render_parity(entry: Entry, source: str) -> str:
         render_training(uses),
         render_checks(uses),
         render_main(uses),
+    ]
+    return "\n\n\n".join(s.strip("\n") for s in sections if s.strip()) + "\n"
+
+
+def render_metamorphic(entry: Entry, source: str) -> str:
+    """A ``metamorphic`` case: train under the composition (run A) and under the variant (run B),
+    each as the ranks do (:func:`fuzz._rank.parity.run_metamorphic`), and compare B with A as
+    :func:`fuzz.properties.parity.compare_runs` does."""
+    case = entry.case
+    body = case.body
+    assert isinstance(body, MetamorphicBody)
+    a = _Uses(case, ParityBody(tree=body.tree, composition=body.composition, training=body.training), "_a")
+    b = _Uses(case, ParityBody(tree=body.tree, composition=body.variant, training=body.training), "_b")
+    skips = a.skips
+    helpers = list(dict.fromkeys(h for side in (a, b) for h in render_helpers(side).split("\n\n\n") if h.strip()))
+    sections = [
+        _header(entry, source, a, b),
+        render_imports(a, b) + "\n\n" + _constants(entry, a, b).strip("\n"),
+        render_classes(body.tree, skips=skips),
+        render_model(body.tree, skips=skips),
+        render_composition(a),
+        render_composition(b),
+        render_optimizer(a, b),
+        _BATCHES,
+        *helpers,
+        render_meta(a),
+        render_train(a),
+        render_meta(b),
+        render_train(b),
+        render_checks(a),
+        render_main(a, b),
     ]
     return "\n\n\n".join(s.strip("\n") for s in sections if s.strip()) + "\n"
 
@@ -465,7 +535,7 @@ def _long_str(text: str) -> str:
     return "(\n" + "".join(f"    {_q(p)}\n" for p in parts) + ")"
 
 
-def _header(entry: Entry, source: str, uses: _Uses) -> str:
+def _header(entry: Entry, source: str, uses: _Uses, variant: _Uses | None = None) -> str:
     case = entry.case
     training = uses.body.training
     tol = tolerance_for(training.dtype.value)
@@ -483,7 +553,13 @@ def _header(entry: Entry, source: str, uses: _Uses) -> str:
     if uses.comp.replicates:
         contracts.append("replicate must manage exactly the parameters that no fully_shard holds")
     after_forward = ("; and right after the first forward " + "; ".join(contracts)) if contracts else ""
-    if uses.reference:
+    if variant is not None:
+        norms = " (FSDP1's local gradient shards are not)" if uses.sharded_grads or variant.sharded_grads else ""
+        what = f"""Every rank trains the model below twice, from the same weights, batches and RNG state:
+run A {describe_composition(uses)}, and run B {describe_composition(variant)}. The change must not
+change numerics: every rank's losses and gradient norms{norms}, and the full parameters after every
+step, of run B must agree with run A's within rtol={tol.rtol!r}, atol={tol.atol!r} ({training.dtype.value})."""
+    elif uses.reference:
         replicas = " Parameters held whole on every rank must be bitwise equal across ranks." if uses.replicas else ""
         norms = " (FSDP1's local gradient shards are not)" if uses.sharded_grads else ""
         what = f"""Every rank trains the model below {describe_composition(uses)}, and the same plain
@@ -525,11 +601,16 @@ def _doc(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
 
 
-def render_imports(uses: _Uses) -> str:
-    comp = uses.comp
-    apis = {api for api, _ in comp.steps()} | ({"checkpoint"} if comp.checkpoints else set())
+def render_imports(*sides: _Uses) -> str:
+    """The imports of a script that trains under each of ``sides`` (one composition, or the two
+    of a metamorphic case)."""
+    apis = {api for u in sides for api, _ in u.comp.steps()} | (
+        {"checkpoint"} if any(u.comp.checkpoints for u in sides) else set()
+    )
+    shards = any(u.comp.shards for u in sides)
+    fsdp1 = any(u.fsdp1 for u in sides)
     lines = ["import argparse", "import faulthandler", "import json", "import os", "import sys"]
-    if uses.no_sync or (uses.fsdp1 and uses.reference):
+    if any(u.no_sync or (u.fsdp1 and u.reference) for u in sides):
         lines.append("from contextlib import nullcontext")
     lines += [
         "",
@@ -541,22 +622,23 @@ def render_imports(uses: _Uses) -> str:
     composable = sorted(apis & {"checkpoint", "replicate"})
     if composable:
         lines.append(f"from torch.distributed._composable import {', '.join(composable)}")
-    if uses.mesh:
+    if any(u.mesh for u in sides):
         lines.append("from torch.distributed.device_mesh import init_device_mesh")
-    fsdp = (["fully_shard"] if comp.shards else []) + (["MixedPrecisionPolicy"] if _uses_mp(comp) else [])
-    if uses.fsdp1:
+    mp = any(_uses_mp(u.comp) for u in sides)
+    fsdp = (["fully_shard"] if shards else []) + (["MixedPrecisionPolicy"] if mp else [])
+    if fsdp1:
         lines.append("from torch.distributed.fsdp import FullyShardedDataParallel as FSDP")
         fsdp.append("ShardingStrategy")
     if fsdp:
         # isort's order: classes before functions
         lines.append(f"from torch.distributed.fsdp import {', '.join(sorted(fsdp, key=lambda n: (n[0].islower(), n)))}")
-    if uses.fsdp1 and comp.auto_wrap:
+    if any(u.fsdp1 and u.comp.auto_wrap for u in sides):
         lines.append("from torch.distributed.fsdp.wrap import ModuleWrapPolicy")
-    if uses.dtensor:
-        shard = ", Shard" if any(spec.shard_dim for spec in comp.shards) else ""
-        meta = ", distribute_tensor" if comp.meta_init else ""
+    if any(u.dtensor for u in sides):
+        shard = ", Shard" if any(spec.shard_dim for u in sides for spec in u.comp.shards) else ""
+        meta = ", distribute_tensor" if any(u.comp.meta_init for u in sides) else ""
         lines.append(f"from torch.distributed.tensor import DTensor{shard}{meta}")
-    if uses.ddp:
+    if any(u.ddp for u in sides):
         lines.append("from torch.nn.parallel import DistributedDataParallel as DDP")
     return "\n".join(lines)
 
@@ -565,7 +647,9 @@ def _uses_mp(comp: Composition) -> bool:
     return any(spec.mixed_precision is not None for spec in comp.shards)
 
 
-def _constants(entry: Entry, uses: _Uses) -> str:
+def _constants(entry: Entry, uses: _Uses, *others: _Uses) -> str:
+    """The script's constants; ``others``: the other compositions a script trains under, whose
+    meshes are named by their suffixes too (``MESH_SHAPE_B``)."""
     case = entry.case
     training = uses.body.training
     tol = tolerance_for(training.dtype.value)
@@ -596,13 +680,15 @@ DTYPE = torch.{training.dtype.value}
         rows = "".join(f"    {step!r}: {_q(paths)},\n" for step, paths in sorted(steps.items()))
         out += "# step -> frozen leaves whose parameters train from then on (the optimizer holds them from the start)\n"
         out += "UNFREEZE = {\n" + rows + "}\n"
-    if uses.reference:
+    if uses.compares:
         out += f"RTOL, ATOL = {tol.rtol!r}, {tol.atol!r}  # shardfuzz's tolerance policy for {training.dtype.value}\n"
-    mesh = uses.mesh
-    if mesh is not None and len(mesh) == 2:
-        out += f'MESH_SHAPE, MESH_DIM_NAMES = {mesh!r}, ("replicate", "shard")  # HSDP: replicas of shard groups\n'
-    elif mesh is not None:
-        out += 'MESH_SHAPE, MESH_DIM_NAMES = (WORLD_SIZE,), ("shard",)\n'
+    for side in (uses, *others):
+        mesh = side.mesh
+        names = f"{side.const('MESH_SHAPE')}, {side.const('MESH_DIM_NAMES')}"
+        if mesh is not None and len(mesh) == 2:
+            out += f'{names} = {mesh!r}, ("replicate", "shard")  # HSDP: replicas of shard groups\n'
+        elif mesh is not None:
+            out += f'{names} = (WORLD_SIZE,), ("shard",)\n'
     return out + f"TIMEOUT_S = {TIMEOUT_S}\n"
 
 
@@ -739,7 +825,7 @@ def render_composition(uses: _Uses) -> str:
     """compose(): the composable API calls in the order the fuzzer applies them
     (``Composition.steps()``), or the wrapper; then the contracts they promise."""
     comp = uses.comp
-    out = [render_placement_fn(dim) for dim in sorted({spec.shard_dim for spec in comp.shards if spec.shard_dim})]
+    out = [render_placement_fn(dim, uses) for dim in sorted({spec.shard_dim for spec in comp.shards if spec.shard_dim})]
     if uses.wrapper:
         calls = [f"    checkpoint({_module(p)})" for p in comp.checkpoints]  # before wrapping, as the ranks do
         calls.append(render_wrapper(uses))
@@ -751,7 +837,7 @@ def render_composition(uses: _Uses) -> str:
         calls = [_call(f"{name} = MixedPrecisionPolicy", render_mp_args(mp)) for mp, name in policies.items()]
         for api, path in comp.steps():
             if api == "fully_shard":
-                calls.append(render_fully_shard(specs[path], policies))
+                calls.append(render_fully_shard(specs[path], policies, uses.suffix))
             elif api == "checkpoint":
                 calls.append(f"    checkpoint({_module(path)})")
             else:
@@ -774,7 +860,8 @@ def render_composition(uses: _Uses) -> str:
         else:
             calls.append("    return model")
             doc = f"Deepest modules first, per module {order_text}."
-    out.append("def compose(model, mesh, device):\n" + _docstring(doc) + "".join(f"{call}\n" for call in calls))
+    head = f"def {uses.fn('compose')}(model, mesh, device):\n"
+    out.append(head + _docstring(doc) + "".join(f"{call}\n" for call in calls))
     out.append(render_contracts(uses))
     return "\n\n\n".join(s.strip("\n") for s in out if s.strip())
 
@@ -783,12 +870,12 @@ def _module(path: str) -> str:
     return "model" if path == "" else f"model.get_submodule({_q(path)})"
 
 
-def render_placement_fn(dim: int) -> str:
+def render_placement_fn(dim: int, uses: _Uses) -> str:
     return f'''
-def shard_dim_{dim}(param):
+def shard_dim_{dim}{uses.suffix}(param):
     """Shard({dim}) where dim {dim} splits evenly over the ranks of a shard group, else the default
     Shard(0): fully_shard supports uneven sharding on dim 0 only."""
-    if param.ndim > {dim} and param.shape[{dim}] % MESH_SHAPE[-1] == 0:
+    if param.ndim > {dim} and param.shape[{dim}] % {uses.const("MESH_SHAPE")}[-1] == 0:
         return Shard({dim})
     return None
 '''
@@ -802,12 +889,12 @@ def _policy_names(comp: Composition) -> dict[MixedPrecision, str]:
     return {mp: "mp_policy" if len(distinct) == 1 else f"mp_policy_{i}" for i, mp in enumerate(distinct, 1)}
 
 
-def render_fully_shard(spec: ShardSpec, policies: dict[MixedPrecision, str]) -> str:
+def render_fully_shard(spec: ShardSpec, policies: dict[MixedPrecision, str], suffix: str = "") -> str:
     modules = [_module(p) for p in spec.paths]
     target = f"[{', '.join(modules)}]" if spec.group else modules[0]
     kwargs = [target, "mesh=mesh", f"reshard_after_forward={spec.reshard_after_forward!r}"]
     if spec.shard_dim:
-        kwargs.append(f"shard_placement_fn=shard_dim_{spec.shard_dim}")
+        kwargs.append(f"shard_placement_fn=shard_dim_{spec.shard_dim}{suffix}")
     if spec.mixed_precision is not None:
         kwargs.append(f"mp_policy={policies[spec.mixed_precision]}")
     return _call("fully_shard", kwargs)
@@ -897,7 +984,7 @@ def _owned(member: str, modules: list[str], units: list[str]) -> list[str]:
 # -- training -----------------------------------------------------------------------------------
 
 
-def render_optimizer(uses: _Uses) -> str:
+def render_optimizer(uses: _Uses, *others: _Uses) -> str:
     training = uses.body.training
     if training.optimizer is Optimizer.SGD:
         ctor = f"torch.optim.SGD(groups, lr={training.lr!r}, momentum={training.momentum!r}"
@@ -927,7 +1014,7 @@ def render_optimizer(uses: _Uses) -> str:
         + f"SET_TO_NONE = {training.set_to_none!r}  # zero_grad(set_to_none=...)\n"
     )
     sync = training.accum_sync
-    if uses.comp.shards:
+    if any(side.comp.shards for side in (uses, *others)):
         grad_sync, all_reduce = sync is not AccumSync.NO_GRAD_SYNC, sync is AccumSync.ALWAYS
         out += (
             f"# On a step's microbatches before the last (accum_sync={sync.value}): set_requires_gradient_sync(...),\n"
@@ -953,14 +1040,14 @@ def render_meta(uses: _Uses) -> str:
         return ""
     got, ret = ("net, roots", "model, net, roots") if uses.comp.shards else ("net", "model, net")
     return (
-        "def compose_from_meta(values, mesh, device):\n"
+        f"def {uses.fn('compose_from_meta')}(values, mesh, device):\n"
         '    """The model built on the meta device and composed there; then to_empty and the\n'
         "    seeded values copied in, each sharded parameter through distribute_tensor with its\n"
         '    own mesh and placements. FSDP2 initialises lazily at the first forward."""\n'
         '    with torch.device("meta"):\n'
         "        model = build_model()\n"
         "    model.to(DTYPE)\n"
-        f"    {got} = compose(model, mesh, device)\n"
+        f"    {got} = {uses.fn('compose')}(model, mesh, device)\n"
         "    model.to_empty(device=device)\n"
         "    with torch.no_grad():\n"
         "        for name, t in [*model.named_parameters(), *model.named_buffers()]:\n"
@@ -1120,7 +1207,8 @@ def render_train(uses: _Uses) -> str:
             _docstring(f"One run: {what} (composed), or plain with gradients all-reduced (reference).").rstrip("\n"),
         ]
     else:
-        lines = ["def train(rank, device, mesh):", _docstring(f"The run {what}.").rstrip("\n")]
+        run = f"Run {uses.suffix.lstrip('_').upper()}," if uses.suffix else "The run"
+        lines = [f"def {uses.fn('train')}(rank, device, mesh):", _docstring(f"{run} {what}.").rstrip("\n")]
     lines += ["    torch.manual_seed(SEED)", "    with device:", "        model = build_model()", "    model.to(DTYPE)"]
     blocks = "    blocks = {n: m for n, m in model.named_modules() if isinstance(m, Block)}  # by plain-model path"
     if uses.skips and not comp.meta_init:
@@ -1136,7 +1224,7 @@ def render_train(uses: _Uses) -> str:
                 f"        {plain}",
             ]
         else:
-            lines.append(f"    {got} = compose_from_meta(model.state_dict(), mesh, device)")
+            lines.append(f"    {got} = {uses.fn('compose_from_meta')}(model.state_dict(), mesh, device)")
     elif uses.fsdp1:
         lines.append("    names = [n for n, _ in model.named_parameters()]  # before FSDP1 wraps anything")
     if comp.meta_init:
@@ -1145,13 +1233,13 @@ def render_train(uses: _Uses) -> str:
         lines.append(
             "    net, roots = compose(model, mesh, device) if composed else (model, [])"
             if ref
-            else "    net, roots = compose(model, mesh, device)"
+            else f"    net, roots = {uses.fn('compose')}(model, mesh, device)"
         )
     else:
         lines.append(
             "    net = compose(model, mesh, device) if composed else model"
             if ref
-            else "    net = compose(model, mesh, device)"
+            else f"    net = {uses.fn('compose')}(model, mesh, device)"
         )
     if uses.skips and comp.meta_init:
         lines.append(blocks)
@@ -1347,6 +1435,13 @@ _REPLICATE_CHECK = """
 
 
 def render_checks(uses: _Uses) -> str:
+    if uses.metamorphic:
+        doc = _docstring(
+            "(check, message) for the first disagreement of run B with run A, in the fuzzer's order "
+            "(per rank losses and gradient norms, then rank 0's parameters), or None."
+        )
+        check = "def check(runs):\n" + doc.rstrip("\n") + _COMPARE + "    return None\n"
+        return _WORST_MISMATCH.strip("\n") + "\n\n\n" + check
     out = []
     if uses.reference:
         out.append(_WORST_MISMATCH)
@@ -1467,7 +1562,23 @@ if __name__ == "__main__":
 """
 
 
-def render_main(uses: _Uses) -> str:
+def render_main(uses: _Uses, variant: _Uses | None = None) -> str:
+    if variant is not None:  # metamorphic: run A (the composition), then run B (the variant)
+        meshes = ""
+        for side, name in ((uses, "mesh_a"), (variant, "mesh_b")):
+            if side.mesh is not None:
+                shape, dims = side.const("MESH_SHAPE"), side.const("MESH_DIM_NAMES")
+                meshes += f"    {name} = init_device_mesh(device.type, {shape}, mesh_dim_names={dims})\n"
+            else:
+                meshes += f"    {name} = None  # {side.comp.wrapper.value} runs on the default process group\n"
+        run = (
+            f"        mine = ({uses.fn('train')}(rank, device, mesh_a), {variant.fn('train')}(rank, device, mesh_b))\n"
+        )
+        losses = (
+            '        for step, (a, b) in enumerate(zip(runs[0][0]["losses"], runs[0][1]["losses"])):\n'
+            '            print(f"rank 0 step {step}: loss {a} (A), {b} (B)")'
+        )
+        return _MAIN_START + meshes + "    try:\n" + run + _MAIN_END.replace("{print_losses}", losses)
     if uses.mesh is not None:
         mesh = "    mesh = init_device_mesh(device.type, MESH_SHAPE, mesh_dim_names=MESH_DIM_NAMES)\n"
     else:
@@ -1488,7 +1599,7 @@ def render_main(uses: _Uses) -> str:
 
 
 #: Body kind -> renderer; a kind missing here is refused.
-RENDERERS: dict[str, Callable[[Entry, str], str]] = {"parity": render_parity}
+RENDERERS: dict[str, Callable[[Entry, str], str]] = {"parity": render_parity, "metamorphic": render_metamorphic}
 #: Body kinds refused on purpose, with why.
 REFUSED: dict[str, str] = {
     "fault": "fault cases are the rank pool's self-test (an injected fault), not a torch bug; nothing to reproduce"

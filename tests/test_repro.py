@@ -33,6 +33,7 @@ from fuzz.case import (
     FaultBody,
     Leaf,
     LeafKind,
+    MetamorphicBody,
     ModuleTree,
     Optimizer,
     ParityBody,
@@ -47,7 +48,7 @@ from fuzz.errors import InvalidArgument
 from fuzz.properties import get_property
 from fuzz.properties.parity import unfrozen_unresharded_unit
 from fuzz.repro import check_supported, render_entry
-from strategies import mixed_precision_cases, module_trees, parity_cases
+from strategies import metamorphic_cases, mixed_precision_cases, module_trees, parity_cases
 from tests.conftest import ROOT, mutant_env, run_cli, torchrun
 
 
@@ -136,10 +137,11 @@ def _paths(node: ast.expr) -> list[str]:
     return [node.args[0].value]
 
 
-def _compose_calls(source: str) -> list[tuple[str, list[str], dict[str, str]]]:
-    """compose()'s calls in source order: (function, paths of its first argument, keyword arguments
-    as source), with MixedPrecisionPolicy variables replaced by their constructor's source."""
-    compose = next(f for f in ast.parse(source).body if isinstance(f, ast.FunctionDef) and f.name == "compose")
+def _compose_calls(source: str, name: str = "compose") -> list[tuple[str, list[str], dict[str, str]]]:
+    """compose()'s (or ``name``'s) calls in source order: (function, paths of its first argument,
+    keyword arguments as source), with MixedPrecisionPolicy variables replaced by their
+    constructor's source."""
+    compose = next(f for f in ast.parse(source).body if isinstance(f, ast.FunctionDef) and f.name == name)
     policies: dict[str, str] = {}
     calls = []
     for stmt in compose.body:
@@ -186,8 +188,13 @@ def test_every_generated_case_renders_with_the_ranks_calls_in_their_order(data: 
     assert ("UNFREEZE = {" in source and "later = unfrozen_later(net)" in source) == bool(training.unfreeze)
     compile(source, "repro.py", "exec")
     assert _imported_modules(source) - {"torch"} <= set(sys.stdlib_module_names)
-    comp = _comp(case)
-    calls = _compose_calls(source)
+    _assert_composes_like_the_ranks(source, _comp(case))
+
+
+def _assert_composes_like_the_ranks(source: str, comp: Composition, suffix: str = "") -> None:
+    """The script's compose function (``compose`` + suffix) makes exactly the calls
+    fuzz._rank.compose makes for ``comp``, in its order (Composition.steps()), with its arguments."""
+    calls = _compose_calls(source, "compose" + suffix)
     if comp.wrapper is not Wrapper.NONE:
         wrapper = "DDP" if comp.wrapper is Wrapper.DDP else "FSDP"
         assert [(f, p) for f, p, _ in calls] == [("checkpoint", [p]) for p in comp.checkpoints] + [(wrapper, [""])]
@@ -205,10 +212,34 @@ def test_every_generated_case_renders_with_the_ranks_calls_in_their_order(data: 
         if function == "fully_shard":
             spec = specs[paths[0]]
             assert kwargs["reshard_after_forward"] == repr(spec.reshard_after_forward)
-            assert kwargs.get("shard_placement_fn") == (f"shard_dim_{spec.shard_dim}" if spec.shard_dim else None)
+            placement = f"shard_dim_{spec.shard_dim}{suffix}" if spec.shard_dim else None
+            assert kwargs.get("shard_placement_fn") == placement
             assert kwargs.get("mp_policy") == (_policy_source(spec) if spec.mixed_precision else None)
     if comp.mesh:
-        assert f'MESH_SHAPE, MESH_DIM_NAMES = {comp.mesh!r}, ("replicate", "shard")' in source
+        names = f"MESH_SHAPE{suffix.upper()}, MESH_DIM_NAMES{suffix.upper()}"
+        assert f'{names} = {comp.mesh!r}, ("replicate", "shard")' in source
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_every_generated_metamorphic_case_renders_both_compositions(data: Any) -> None:
+    """Whatever metamorphic_cases draws renders (but CPUOffloadPolicy, refused naming the field),
+    imports only torch, and composes run A with the composition's calls and run B with the
+    variant's."""
+    world_size = data.draw(st.sampled_from([2, 4]), label="world_size")
+    case = data.draw(metamorphic_cases(world_size=world_size), label="case")
+    body = case.body
+    assert isinstance(body, MetamorphicBody)
+    if any(spec.offload for comp in (body.composition, body.variant) for spec in comp.shards):
+        with pytest.raises(InvalidArgument, match=r"\.offload: "):
+            render_entry(_entry(case))
+        return
+    source = render_entry(_entry(case))
+    compile(source, "repro.py", "exec")
+    assert _imported_modules(source) - {"torch"} <= set(sys.stdlib_module_names)
+    _assert_composes_like_the_ranks(source, body.composition, "_a")
+    _assert_composes_like_the_ranks(source, body.variant, "_b")
+    assert "def check_contracts" not in source and "REPLICATE_CONTRACT" not in source  # numerics only
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -257,7 +288,7 @@ def _comp(case: Case) -> Composition:
 
 
 def _training(case: Case) -> Training:
-    assert isinstance(case.body, ParityBody)
+    assert isinstance(case.body, (ParityBody, MetamorphicBody))
     return case.body.training
 
 
@@ -421,10 +452,11 @@ def _same(a: Any, b: Any) -> bool:
 
 def _assert_observes_what_the_pool_observes(case: Case, outcome: Any, runs: list[Any]) -> None:
     """Every loss, gradient norm and parameter of the script's runs equals the pool's, on every
-    rank; so do the replicas and what the contracts are checked on."""
+    rank; so do the replicas and what the contracts are checked on. A metamorphic script's run B
+    is the pool's second run (``obs["ref"]``)."""
     reference = case.property == "parity"
     for rank, (mine, obs) in enumerate(zip(runs, outcome.observations)):
-        got, ref = mine if reference else (mine, None)
+        got, ref = mine if case.property in ("parity", "metamorphic") else (mine, None)
         for key in ("losses", "grad_norms", "params"):
             assert _same(got[key], obs.get(key, [])), f"rank {rank} {key}"
             if ref is not None:
@@ -470,6 +502,96 @@ def test_script_observes_what_the_pool_observes_and_passes(rank_pool: Any, tmp_p
     assert "PASS" in result.stdout
 
 
+def _variant(case: Case) -> tuple[Composition, Composition]:
+    assert isinstance(case.body, MetamorphicBody)
+    return case.body.composition, case.body.variant
+
+
+def _reshards(comp: Composition) -> list[bool | int]:
+    return [spec.reshard_after_forward for spec in comp.shards]
+
+
+#: Metamorphic changes -> (what a case must use, the seed that finds one); each run A against run B.
+METAMORPHIC: dict[str, tuple[Callable[[Case], bool], int]] = {
+    # fully_shard on the 1D mesh against a 2x1 or 1x2 HSDP mesh
+    "mesh": (lambda c: _variant(c)[0].mesh != _variant(c)[1].mesh and bool(_variant(c)[1].shards), 0),
+    # the composable APIs against FSDP1 or DDP
+    "wrapper": (lambda c: _variant(c)[1].wrapper is not Wrapper.NONE and _training(c).steps > 1, 0),
+    # reshard_after_forward values (bool and int) changed
+    "reshard": (lambda c: _reshards(_variant(c)[0]) != _reshards(_variant(c)[1]), 0),
+    # built on the meta device or not
+    "meta": (lambda c: _variant(c)[0].meta_init != _variant(c)[1].meta_init, 0),
+}
+
+
+@functools.cache
+def _metamorphic(change: str) -> Case:
+    uses, seed = METAMORPHIC[change]
+
+    def wanted(case: Case) -> bool:
+        try:
+            check_supported(case)
+        except InvalidArgument:
+            return False
+        return uses(case) and not (_training(case).skips or _training(case).unfreeze)
+
+    search = settings(phases=[Phase.generate], database=None, max_examples=500, suppress_health_check=list(HealthCheck))
+    for attempt in range(seed, seed + 8):
+        try:
+            return find(metamorphic_cases(world_size=2), wanted, settings=search, random=random.Random(attempt))
+        except NoSuchExample:
+            continue
+    pytest.fail(f"no metamorphic case for {change!r} in 8 x 500 draws from seed {seed}; pick a seed")
+
+
+def _checkpoint_dropout_metamorphic_case() -> Case:
+    """fully_shard on the root, against the same with checkpoint on a block that holds dropout
+    between two Linears: recomputation must draw the same dropout masks (P02 breaks that)."""
+    dropout = Block(children=(Leaf(LeafKind.LINEAR), Leaf(LeafKind.DROPOUT), Leaf(LeafKind.LINEAR)))
+    tree = ModuleTree(width=4, root=Block(children=(Leaf(LeafKind.LINEAR), dropout)))
+    comp = Composition(shards=(ShardSpec(""),))
+    variant = dataclasses.replace(comp, checkpoints=("1",))
+    return Case("metamorphic", 2, 3, MetamorphicBody(tree, comp, variant, Training(steps=2)))
+
+
+@pytest.mark.parametrize("change", ["checkpoint", *METAMORPHIC])
+def test_metamorphic_script_observes_what_the_pool_observes_and_passes(
+    rank_pool: Any, tmp_path: Path, change: str
+) -> None:
+    """A metamorphic case's script trains run A and run B as the pool's ranks do, bit for bit on
+    every rank, and passes on unmutated torch, as the property's judge does."""
+    case = _checkpoint_dropout_metamorphic_case() if change == "checkpoint" else _metamorphic(change)
+    _outcome, result, failure = _run_both(rank_pool, tmp_path, _entry(case))
+    assert failure is None, failure
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "PASS" in result.stdout
+
+
+@pytest.mark.parametrize("name", ["metamorphic-mismatch-c39d139117c4", "metamorphic-mismatch-fc5f66f774ab"])
+def test_known_metamorphic_mismatches_reproduce_as_standalone_scripts(
+    rank_pool: Any, tmp_path: Path, name: str
+) -> None:
+    """The known FSDP1 HYBRID_SHARD (shard groups of one rank) and NO_SHARD (a frozen unit
+    unfrozen later) entries of the metamorphic property: the script observes what the pool does
+    and fails with the entry's check on unmutated torch."""
+    entry = load_entry(ROOT / "corpus" / f"{name}.json")
+    assert entry.status == "known"
+    _outcome, result, failure = _run_both(rank_pool, tmp_path, entry)
+    assert failure is not None and failure.signature == entry.signature, failure
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"REPRODUCED {entry.signature} ({failure.details['check']}): " in result.stdout, result.stdout
+
+
+def test_metamorphic_script_fails_under_a_real_fault(tmp_path: Path) -> None:
+    """Under P02 (checkpoint's recomputation draws other dropout masks) run B, with checkpoint,
+    departs from run A."""
+    script = tmp_path / "repro.py"
+    script.write_text(render_entry(_entry(_checkpoint_dropout_metamorphic_case())))
+    result = torchrun(script, mutant_env("P02_ac_rng_not_preserved"))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "REPRODUCED " in result.stdout or "FAIL (" in result.stdout, result.stdout
+
+
 def test_the_known_fsdp1_hybrid_shard_bug_reproduces_as_a_standalone_script(rank_pool: Any, tmp_path: Path) -> None:
     """The corpus's FSDP1 HYBRID_SHARD entry (shard groups of one rank, pytorch/pytorch#154888)
     renders into a script that fails on unmutated torch, as the pool does, with the same check."""
@@ -508,6 +630,9 @@ def test_scripts_are_lint_clean(tmp_path: Path) -> None:
     for name in ("da0c9d4e06cd", "cfc52991d173", "5f3ad2a543cd"):
         entries.append(load_entry(ROOT / "corpus" / f"parity-mismatch-{name}.json"))
     entries.append(load_entry(ROOT / "corpus" / "mixed_precision-exception-0e5c9d1aa3c7.json"))
+    entries += [_entry(_metamorphic(change)) for change in METAMORPHIC]
+    entries.append(_entry(_checkpoint_dropout_metamorphic_case()))
+    entries += [load_entry(p) for p in sorted((ROOT / "corpus").glob("metamorphic-*.json"))]
     for i, entry in enumerate(entries):
         (tmp_path / f"repro_{i}.py").write_text(render_entry(entry))
     result = subprocess.run(
@@ -608,6 +733,7 @@ def test_a_renderer_out_of_date_with_the_case_model_says_so(monkeypatch: pytest.
 
 
 def test_other_properties_of_parity_bodies_are_refused() -> None:
+    """A parity body judged by a property other than parity and mixed_precision: refused."""
     case = dataclasses.replace(_rich_case(), property="metamorphic")
     with pytest.raises(InvalidArgument, match="'metamorphic'"):
         render_entry(_entry(case))
