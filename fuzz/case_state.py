@@ -278,7 +278,10 @@ class Api(str, enum.Enum):
     #: FSDP1: FSDP.set_state_dict_type (SHARDED_STATE_DICT, or FULL_STATE_DICT with
     #: save.full_state_dict), model.state_dict() / load_state_dict(), FSDP.optim_state_dict and
     #: optim.load_state_dict(FSDP.optim_state_dict_to_load(...)); save.cpu_offload is the
-    #: configs' offload_to_cpu.
+    #: configs' offload_to_cpu. load.broadcast_from_rank0 (full only) is the configs'
+    #: rank0_only, on save and load: the state is taken on rank 0 alone; the model's reaches
+    #: the other ranks as a file would (broadcast_object_list), the optimizer's through
+    #: optim_state_dict_to_load's own broadcast from rank 0.
     FSDP1 = "fsdp1_optim_state_dict"
 
 
@@ -376,9 +379,11 @@ class StateDictBody(Body):
         save, load = self.save, self.load
         if load.full_state_dict != save.full_state_dict:
             raise CaseError("load.full_state_dict", "must equal save.full_state_dict: both describe the same dict")
-        if load.cpu_offload or load.broadcast_from_rank0 or not load.strict:
+        if load.cpu_offload or not load.strict:
             # FSDP1's configs apply to taking the state; its load_state_dict is strict here.
-            raise CaseError("load", "FSDP1's own load takes no StateDictOptions: cpu_offload, broadcast, non-strict")
+            raise CaseError("load", "FSDP1's own load takes no StateDictOptions: cpu_offload, non-strict")
+        if load.broadcast_from_rank0 and not load.full_state_dict:
+            raise CaseError("load.broadcast_from_rank0", "rank0_only is a FULL_STATE_DICT config")
         if self.drop:
             raise CaseError("drop", "FSDP1's own load is strict here: no keys are left out")
         if not save.full_state_dict:

@@ -243,11 +243,13 @@ def _explore_one(args: argparse.Namespace, seed: int, props: list[Any]) -> int:
             tag = f"known (as {found.known_as})"
         if found.in_corpus:
             tag = f"in corpus ({tag})"
-        repro = (
-            f", reproduced {found.entry.reproduced}/{found.entry.reruns}"
-            if found.entry and not found.known and not found.in_corpus
-            else ""
-        )
+        repro = ""
+        if found.entry and not found.known and not found.in_corpus:
+            repro = (
+                f", reproduced {found.entry.reproduced}/{found.entry.reruns}"
+                if found.entry.reruns
+                else ", not re-run: the campaign was stopped first"
+            )
         print(
             f"{tag}: {found.failure.signature} x{found.hits} (size {found.case.size}{repro}): "
             f"{found.failure.summary}{where}",

@@ -180,6 +180,7 @@ CHECKLIST: tuple[Item, ...] = (
     _item("sd.full", "full state dict", _SD, r"state_dict:full|save:full|load:full"),
     _item("sd.sharded", "sharded state dict", _SD, r"state_dict:sharded|save:sharded|load:sharded"),
     _item("sd.broadcast", "broadcast_from_rank0", _SD, r"load:broadcast_from_rank0"),
+    _item("sd.fsdp1_rank0_only", "FSDP1 FULL_STATE_DICT with rank0_only (its own API)", _SD, r"fsdp1:rank0_only"),
     _item("sd.cpu_offload", "StateDictOptions cpu_offload", _SD, r"(?:save|load):cpu_offload"),
     _item("sd.strict", "strict load", _SD, r"strict"),
     _item("sd.non_strict", "non-strict load", _SD, r"non-strict(?::drop)?"),

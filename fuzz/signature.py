@@ -31,7 +31,7 @@ class Failure:
 
 def location(text: str | None) -> str:
     """The innermost frame inside torch (``torch/x/y.py:function``), else the innermost frame."""
-    frames = _FRAME.findall(text or "")
+    frames = _FRAME.findall(_current_thread(text or ""))
     if not frames:
         return "?"
     # faulthandler prints most recent call first, tracebacks last: normalise to innermost first.
@@ -41,12 +41,25 @@ def location(text: str | None) -> str:
         ordered = list(reversed(frames))
     for path, fn in ordered:
         # The last "/torch/" is the package itself, wherever it is installed
-        # (".../torch/.venv/lib/.../site-packages/torch/distributed/x.py").
+        # (".../torch/.venv/lib/.../site-packages/torch/distributed/x.py"), unless another
+        # package lies below it (".../torch/.venv/lib/.../site-packages/tqdm/_monitor.py").
         at = path.rfind("/torch/")
-        if at >= 0 and "/fuzz/" not in path:
-            return f"{path[at + 1 :]}:{fn}"
+        inner = path[at + 1 :]
+        if at >= 0 and "/fuzz/" not in path and "-packages/" not in inner:
+            return f"{inner}:{fn}"
     path, fn = ordered[0]
     return f"{path.rsplit('/', 1)[-1]}:{fn}"
+
+
+def _current_thread(text: str) -> str:
+    """faulthandler's block of the thread that faulted or was signalled ("Current thread ..."),
+    where it has frames: the other threads it lists (a tqdm monitor, a compile worker) say
+    nothing about where the rank died. Else the whole text (a traceback)."""
+    at = text.find("Current thread ")
+    if at < 0:
+        return text
+    block = re.split(r"\n\s*\n", text[at:], maxsplit=1)[0]
+    return block if _FRAME.search(block) else text
 
 
 def failure_from_outcome(prop: str, outcome: Outcome) -> Failure:

@@ -212,8 +212,9 @@ def state_dict_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 3, ma
 
 
 def _fsdp1_state_dict_case(draw: st.DrawFn, tree: ModuleTree, world_size: int, max_steps: int) -> Case:
-    """FSDP1's own state dicts between FSDP1 models: full (any strategies) or sharded (like
-    layouts only, see fsdp1_in_memory_problem); offload_to_cpu from save.cpu_offload."""
+    """FSDP1's own state dicts between FSDP1 models: full (any strategies; half of them with
+    rank0_only, load.broadcast_from_rank0) or sharded (like layouts only, see
+    fsdp1_in_memory_problem); offload_to_cpu from save.cpu_offload."""
     source = draw(fsdp1_layouts(tree, world_size=world_size))
     target = source if one_in(draw, 4) else draw(fsdp1_layouts(tree, world_size=world_size))
     full = draw(st.booleans()) or fsdp1_in_memory_problem(source, target) is not None
@@ -226,7 +227,7 @@ def _fsdp1_state_dict_case(draw: st.DrawFn, tree: ModuleTree, world_size: int, m
         steps_after=draw(st.sampled_from((1, 2))),
         api=Api.FSDP1,
         save=Options(full_state_dict=full, cpu_offload=draw(st.booleans())),
-        load=Options(full_state_dict=full),
+        load=Options(full_state_dict=full, broadcast_from_rank0=full and draw(st.booleans())),
         frozen_in_optimizer=frozen_in_optimizer,
         empty_group=empty_group,
     )

@@ -35,7 +35,7 @@ from fuzz.corpus import (
     save_entry,
 )
 from fuzz.errors import ShardfuzzError
-from fuzz.signature import Failure, same_bug
+from fuzz.signature import Failure, location, same_bug
 
 SIGNATURE = "mismatch:parity:loss"
 
@@ -172,6 +172,38 @@ def test_same_bug_met_another_way(entry: str, found: str) -> None:
 )
 def test_different_bugs(entry: str, found: str) -> None:
     assert not same_bug(entry, found)
+
+
+# A rank's faulthandler dump on SIGSEGV (torch 2.11 on the device machine): another thread is
+# listed before the one that faulted.
+_DUMP = """Fatal Python error: Segmentation fault
+
+Thread 0x00007faa7adde6c0 (most recent call first):
+  File "/usr/lib/python3.12/threading.py", line 359 in wait
+  File "/opt/torch/.venv/lib/python3.12/site-packages/tqdm/_monitor.py", line 69 in run
+  File "/usr/lib/python3.12/threading.py", line 1030 in _bootstrap
+
+Thread 0x00007faac6eff6c0 (most recent call first):
+  <no Python frame>
+
+Current thread 0x00007fada55de140 (most recent call first):
+  File "/opt/torch/.venv/lib/python3.12/site-packages/torch/distributed/fsdp/_state_dict_utils.py", line 3 in param_hook
+  File "/opt/torch/.venv/lib/python3.12/site-packages/torch/nn/modules/module.py", line 2276 in state_dict
+  File "/work/main/fuzz/_rank/state_dict.py", line 349 in _take
+
+Extension modules: numpy._core._multiarray_umath, torch._C (total: 2)
+"""
+
+
+def test_a_crash_is_located_in_the_thread_that_faulted() -> None:
+    param_hook = "torch/distributed/fsdp/_state_dict_utils.py:param_hook"
+    assert location(_DUMP) == param_hook
+    # without a current thread's block: the innermost torch frame of the whole dump (tqdm under
+    # /opt/torch/.venv is not torch)
+    assert location(_DUMP.replace("Current thread", "Thread")) == param_hook
+    assert location(_DUMP.split("Current thread")[0]) == "threading.py:wait"  # no torch frame: the innermost
+    traceback = 'Traceback (most recent call last):\n  File "/x/torch/a/b.py", line 3, in f\nValueError: no\n'
+    assert location(traceback) == "torch/a/b.py:f"
 
 
 def test_index_takes_any_entry_exactly_and_known_ones_met_another_way(tmp_path: Path) -> None:

@@ -83,17 +83,27 @@ def test_generated_fsdp1_checkpoints_resume_exactly(rank_pool: RankPool, check_c
 
 
 @pytest.mark.parametrize(
-    "full,source,target",
+    "full,source,target,rank0_only",
     [
-        (False, Wrapper.FSDP1_FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP),  # ShardedTensor into ShardedTensor
-        (False, Wrapper.FSDP1_NO_SHARD, Wrapper.FSDP1_NO_SHARD),  # plain tensors
-        (True, Wrapper.FSDP1_NO_SHARD, Wrapper.FSDP1_FULL_SHARD),  # full: any strategies
-        (True, Wrapper.FSDP1_FULL_SHARD, Wrapper.FSDP1_HYBRID_SHARD),
+        (False, Wrapper.FSDP1_FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP, False),  # ShardedTensor into ShardedTensor
+        (False, Wrapper.FSDP1_NO_SHARD, Wrapper.FSDP1_NO_SHARD, False),  # plain tensors
+        (True, Wrapper.FSDP1_NO_SHARD, Wrapper.FSDP1_FULL_SHARD, False),  # full: any strategies
+        (True, Wrapper.FSDP1_FULL_SHARD, Wrapper.FSDP1_HYBRID_SHARD, False),
+        # rank0_only: the state taken on rank 0 alone, the optimizer's broadcast by optim_state_dict_to_load
+        (True, Wrapper.FSDP1_SHARD_GRAD_OP, Wrapper.FSDP1_NO_SHARD, True),
+        (True, Wrapper.FSDP1_HYBRID_SHARD, Wrapper.FSDP1_FULL_SHARD, True),
     ],
-    ids=["sharded-full_shard-to-shard_grad_op", "sharded-no_shard", "full-no_shard-to-full_shard", "full-to-hsdp"],
+    ids=[
+        "sharded-full_shard-to-shard_grad_op",
+        "sharded-no_shard",
+        "full-no_shard-to-full_shard",
+        "full-to-hsdp",
+        "rank0_only-shard_grad_op-to-no_shard",
+        "rank0_only-hsdp-to-full_shard",
+    ],
 )
 def test_fsdp1_state_dict_scenarios(
-    check_case: Any, rank_pool: RankPool, full: bool, source: Wrapper, target: Wrapper
+    check_case: Any, rank_pool: RankPool, full: bool, source: Wrapper, target: Wrapper, rank0_only: bool
 ) -> None:
     ws = rank_pool.world_size
     side = {w: hsdp(ws) if w is Wrapper.FSDP1_HYBRID_SHARD else fsdp1(w, auto_wrap=True) for w in (source, target)}
@@ -105,7 +115,7 @@ def test_fsdp1_state_dict_scenarios(
         steps_after=2,
         api=Api.FSDP1,
         save=Options(full_state_dict=full),
-        load=Options(full_state_dict=full),
+        load=Options(full_state_dict=full, broadcast_from_rank0=rank0_only),
         empty_group=True,
     )
     check_case(Case("state_dict", ws, 21, body))
@@ -165,6 +175,14 @@ def test_fsdp1_rules() -> None:
         StateDictBody(tree=TREE, source=full_shard, target=full_shard, api=Api.MODULE)
     with pytest.raises(CaseError, match="cannot go from sharded_tensor to plain"):
         StateDictBody(tree=TREE, source=full_shard, target=no_shard, api=Api.FSDP1)
+    with pytest.raises(CaseError, match="rank0_only is a FULL_STATE_DICT config"):
+        StateDictBody(
+            tree=TREE,
+            source=full_shard,
+            target=full_shard,
+            api=Api.FSDP1,
+            load=Options(broadcast_from_rank0=True),
+        )
     with pytest.raises(CaseError, match="steps_after"):
         StateDictBody(tree=TREE, source=full_shard, target=full_shard, api=Api.FSDP1, steps_after=0)
     with pytest.raises(CaseError, match="load"):
@@ -217,6 +235,8 @@ def test_fsdp1_is_drawn_at_a_useful_rate() -> None:
     for strategy, features in ((state_dict_cases, features_state_dict), (dcp_cases, features_dcp)):
         counts, bugs, n = _counts(strategy, features)
         assert counts["api:fsdp1_optim_state_dict"] >= 0.05 * n, (strategy, counts)
+        if strategy is state_dict_cases:  # FSDP1's own FULL_STATE_DICT with rank0_only (about 3%)
+            assert counts["fsdp1:rank0_only"] >= 0.01 * n, counts
         sources = sum(v for k, v in counts.items() if k.startswith("source:fsdp1_"))
         assert sources >= 0.08 * n, (strategy, counts)
         # The known bugs of the FSDP1 branches stay rare: each hit costs a respawn of the pool.
@@ -427,9 +447,11 @@ def aliased_optimizer_state_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def test_fsdp1_resume_notices_aliased_optimizer_states(tmp_path: Path) -> None:
+@pytest.mark.parametrize("rank0_only", [False, True], ids=["every_rank", "rank0_only"])
+def test_fsdp1_resume_notices_aliased_optimizer_states(tmp_path: Path, rank0_only: bool) -> None:
     """A fault in FSDP1's full optimizer state dict: every gathered state a view of one buffer
-    (what offload_to_cpu does on CPU, here without it). Only resuming can see it."""
+    (what offload_to_cpu does on CPU, here without it). Only resuming can see it, whether the
+    state is taken on every rank or on rank 0 alone and broadcast by optim_state_dict_to_load."""
     env = aliased_optimizer_state_env(tmp_path)
     case = Case(
         "state_dict",
@@ -442,7 +464,7 @@ def test_fsdp1_resume_notices_aliased_optimizer_states(tmp_path: Path) -> None:
             training=ADAM,
             api=Api.FSDP1,
             save=Options(full_state_dict=True),
-            load=Options(full_state_dict=True),
+            load=Options(full_state_dict=True, broadcast_from_rank0=rank0_only),
         ),
     )
     with RankPool(world_size=2, env=env, deadline=30) as pool:

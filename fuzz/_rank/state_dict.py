@@ -278,10 +278,10 @@ def dropped_keys(side: Side, drop: tuple[int, ...]) -> list[str]:
     return sorted({keys[i % len(keys)] for i in drop}) if keys else []
 
 
-def fsdp1_state_dict_type(side: Side, *, full: bool, offload: bool) -> None:
-    """FSDP.set_state_dict_type on an FSDP1 model: FULL_STATE_DICT on every rank (rank0_only
-    False) or SHARDED_STATE_DICT, with ``offload`` as the model's and the optimizer's
-    offload_to_cpu."""
+def fsdp1_state_dict_type(side: Side, *, full: bool, offload: bool, rank0_only: bool = False) -> None:
+    """FSDP.set_state_dict_type on an FSDP1 model: FULL_STATE_DICT (on every rank, or with
+    ``rank0_only`` on rank 0 alone) or SHARDED_STATE_DICT, with ``offload`` as the model's and
+    the optimizer's offload_to_cpu."""
     from torch.distributed.fsdp import (
         FullOptimStateDictConfig,
         FullStateDictConfig,
@@ -295,8 +295,8 @@ def fsdp1_state_dict_type(side: Side, *, full: bool, offload: bool) -> None:
         FSDP.set_state_dict_type(
             side.model,
             StateDictType.FULL_STATE_DICT,
-            FullStateDictConfig(offload_to_cpu=offload, rank0_only=False),
-            FullOptimStateDictConfig(offload_to_cpu=offload, rank0_only=False),
+            FullStateDictConfig(offload_to_cpu=offload, rank0_only=rank0_only),
+            FullOptimStateDictConfig(offload_to_cpu=offload, rank0_only=rank0_only),
         )
     else:
         FSDP.set_state_dict_type(
@@ -339,7 +339,8 @@ def _take(body: StateDictBody, side: Side) -> tuple[dict[str, Any], dict[str, An
     options = state_dict_options(body.save)
     assert side.opt is not None
     if body.api is Api.FSDP1:
-        fsdp1_state_dict_type(side, full=body.save.full_state_dict, offload=body.save.cpu_offload)
+        only0 = body.load.broadcast_from_rank0
+        fsdp1_state_dict_type(side, full=body.save.full_state_dict, offload=body.save.cpu_offload, rank0_only=only0)
         return side.model.state_dict(), fsdp1_optim_state_dict(side)
     if body.api is Api.COMBINED:
         return get_state_dict(side.model, side.opt, options=options)
@@ -358,7 +359,8 @@ def _put(body: StateDictBody, side: Side, msd: dict[str, Any], osd: dict[str, An
     options = state_dict_options(body.load)
     fresh = fresh_training(body.training)
     if body.api is Api.FSDP1:
-        fsdp1_state_dict_type(side, full=body.load.full_state_dict, offload=body.load.cpu_offload)
+        only0 = body.load.broadcast_from_rank0
+        fsdp1_state_dict_type(side, full=body.load.full_state_dict, offload=body.load.cpu_offload, rank0_only=only0)
         result = side.model.load_state_dict(msd)
         fsdp1_load_optimizer(side, osd)
         return result
@@ -388,6 +390,16 @@ def incompatible(result: Any) -> dict[str, list[str]]:
     return {"missing": sorted(clean_name(k) for k in missing), "unexpected": sorted(clean_name(k) for k in unexpected)}
 
 
+def from_rank0(state: dict[str, Any], ctx: RankContext) -> dict[str, Any]:
+    """Rank 0's ``state`` on every rank (on the CPU), as if rank 0 had saved it to a shared file
+    that every rank then reads."""
+    mine = [{k: v.detach().cpu() if torch.is_tensor(v) else v for k, v in state.items()} if ctx.rank == 0 else None]
+    dist.broadcast_object_list(mine, src=0)
+    got = mine[0]
+    assert isinstance(got, dict)
+    return got
+
+
 def run_state_dict(case: Case, body: StateDictBody, ctx: RankContext) -> dict[str, Any]:
     t = body.training
     data = all_batches(case, t, t.steps + body.steps_after, body.tree, ctx)
@@ -413,7 +425,11 @@ def run_state_dict(case: Case, body: StateDictBody, ctx: RankContext) -> dict[st
     if dropped:
         obs["fresh"] = observe(tgt, case, body.tree, ctx)
         msd = {k: v for k, v in msd.items() if k not in dropped}
-    if body.load.broadcast_from_rank0 and ctx.rank != 0:
+    if body.api is Api.FSDP1 and body.load.broadcast_from_rank0:
+        # rank0_only: FSDP1's load_state_dict wants the full model state on every rank, which
+        # users read from rank 0's file; optim_state_dict_to_load broadcasts rank 0's itself.
+        msd = from_rank0(msd, ctx)
+    elif body.load.broadcast_from_rank0 and ctx.rank != 0:
         msd, osd = {}, {}  # the documented use: only rank 0 holds the full state
     obs["load_result"] = incompatible(_put(body, tgt, msd, osd, ctx))
     obs["loaded"] = observe(tgt, case, body.tree, ctx)

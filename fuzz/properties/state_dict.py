@@ -455,12 +455,12 @@ def features_state_dict(case: Case) -> list[str]:
         f"steps_after:{min(body.steps_after, 2)}",
     ]
     out += [f"save:{n}" for n, on in (("cpu_offload", s.cpu_offload),) if on]
-    out += [
-        f"load:{n}"
-        for n, on in (("cpu_offload", ld.cpu_offload), ("broadcast_from_rank0", ld.broadcast_from_rank0))
-        if on
-    ]
+    # FSDP1's own API reads broadcast_from_rank0 as its configs' rank0_only (fsdp1:rank0_only)
+    broadcast = ld.broadcast_from_rank0 and body.api is not Api.FSDP1
+    out += [f"load:{n}" for n, on in (("cpu_offload", ld.cpu_offload), ("broadcast_from_rank0", broadcast)) if on]
     out.append("strict" if ld.strict else "non-strict" + (":drop" if body.drop else ""))
+    if body.api is Api.FSDP1 and ld.broadcast_from_rank0:
+        out.append("fsdp1:rank0_only")
     if body.target_meta_init:
         out.append("meta_init")
     fsdp1_sides = [side for side, comp in (("source", body.source), ("target", body.target)) if is_fsdp1(comp)]
