@@ -415,14 +415,19 @@ def _generated(feature: str) -> Case:
             return False  # each feature's case as it was before repro rendered these schedules
         return uses(case)
 
+    return _first(strategy, wanted, seed, feature)
+
+
+def _first(strategy: Callable[..., Any], wanted: Callable[[Case], bool], seed: int, what: str) -> Case:
+    """The first 2-rank case ``strategy`` draws from ``seed`` that is ``wanted``. A change to the
+    strategies moves what a seed draws: a few seeds are tried before giving up."""
     search = settings(phases=[Phase.generate], database=None, max_examples=500, suppress_health_check=list(HealthCheck))
-    # A change to the strategies moves what a seed draws: try a few seeds before giving up.
     for attempt in range(seed, seed + 8):
         try:
             return find(strategy(world_size=2), wanted, settings=search, random=random.Random(attempt))
         except NoSuchExample:
             continue
-    pytest.fail(f"no case for {feature!r} in 8 x 500 draws from seed {seed}; the strategies changed, pick a seed")
+    pytest.fail(f"no case for {what!r} in 8 x 500 draws from seed {seed}; the strategies changed, pick a seed")
 
 
 def _replicate_checkpoint_case() -> Case:
@@ -535,13 +540,7 @@ def _metamorphic(change: str) -> Case:
             return False
         return uses(case) and not (_training(case).skips or _training(case).unfreeze)
 
-    search = settings(phases=[Phase.generate], database=None, max_examples=500, suppress_health_check=list(HealthCheck))
-    for attempt in range(seed, seed + 8):
-        try:
-            return find(metamorphic_cases(world_size=2), wanted, settings=search, random=random.Random(attempt))
-        except NoSuchExample:
-            continue
-    pytest.fail(f"no metamorphic case for {change!r} in 8 x 500 draws from seed {seed}; pick a seed")
+    return _first(metamorphic_cases, wanted, seed, f"metamorphic {change}")
 
 
 def _checkpoint_dropout_metamorphic_case() -> Case:
