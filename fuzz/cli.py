@@ -131,8 +131,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    # SIGTERM unwinds like Ctrl-C, so the pool is closed and found failures are saved.
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    # SIGINT and SIGTERM unwind as Ctrl-C does, so the pool is closed and found failures are saved,
+    # and the stop is recorded for loops that check it (fuzz.stop). A SIGINT that a shell left
+    # ignored (a background job) stays ignored.
+    from fuzz.stop import request_stop
+
+    signal.signal(signal.SIGTERM, request_stop)
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, request_stop)
     try:
         handler = {
             "explore": _explore,
@@ -149,10 +155,6 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `python -m fuzz corpus | head`: the reader left, nothing is wrong
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
-
-
-def _raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _properties(args: argparse.Namespace) -> int:

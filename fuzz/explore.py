@@ -27,6 +27,10 @@ counted against that entry, not shrunk again; with the example database, a resta
 thus resumes where the last one stopped. So is a known torch bug met another way (through
 another property, or in a case that meets its conditions and another's:
 :func:`fuzz.signature.same_bug`); the report names the known entry it was counted against.
+
+Stopping: Ctrl-C or SIGTERM ends the campaign early and what was found is saved. The stop is
+also checked before every case (:mod:`fuzz.stop`), so a KeyboardInterrupt lost on its way still
+ends the campaign as interrupted.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from fuzz.database import database_key, use_database_key
 from fuzz.pool import RankPool
 from fuzz.properties import Property
 from fuzz.signature import Failure
+from fuzz.stop import clear_stop, stop_requested, stop_signal
 
 CHUNK_EXAMPLES = 25
 SHRINK_OVERRUN = 0.25  # of the budget, at least 60 s
@@ -284,6 +289,8 @@ def explore(
     replayed: set[str] = set()
 
     def spent() -> bool:
+        if stop_requested():
+            raise KeyboardInterrupt(f"signal {stop_signal()}")
         return progress.elapsed >= budget or (max_examples is not None and progress.cases >= max_examples)
 
     try:
@@ -316,7 +323,10 @@ def explore(
             )
             progress.weights = scheduler.weights()
             progress.sample()
-    except KeyboardInterrupt:
+    except BaseException as e:
+        # After a stop request, whatever unwound the loop is the stop (see the module docstring).
+        if not isinstance(e, KeyboardInterrupt) and not stop_requested():
+            raise
         progress.interrupted = True
         for found in progress.found.values():  # keep what was found, unconfirmed
             if found.entry is None and corpus is not None and not found.known:
@@ -330,6 +340,8 @@ def explore(
                     reproduced=0,
                 )
                 found.path, found.entry = save_entry(corpus, entry)
+    progress.interrupted = progress.interrupted or stop_requested()
+    clear_stop()
     progress.restarts = pool.restarts
     progress.weights = scheduler.weights()
     progress.sample(force=True)
@@ -373,6 +385,8 @@ def _run_chunk(
     @given(prop.cases(world_size=pool.world_size))
     def test(case: Case) -> None:
         nonlocal shrinking
+        if stop_requested():
+            raise KeyboardInterrupt(f"signal {stop_signal()}")
         if progress.elapsed >= (hard_stop if shrinking else budget):
             raise _BudgetSpent
         features = prop.features(case)
@@ -443,6 +457,8 @@ def _confirm_and_save(
 ) -> None:
     reproduced = 0
     for _ in range(reruns):
+        if stop_requested():
+            raise KeyboardInterrupt(f"signal {stop_signal()}")
         failure = run_case(pool, prop, found.case)
         if failure is not None and failure.signature == found.failure.signature:
             reproduced += 1

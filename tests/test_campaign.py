@@ -22,8 +22,12 @@ from typing import Any
 import pytest
 
 from fuzz.campaign import merge
+from fuzz.case import Case
 from fuzz.corpus import load_corpus
-from fuzz.explore import Discoveries, Progress, Scheduler
+from fuzz.explore import Discoveries, Progress, Scheduler, explore
+from fuzz.pool import Outcome, RankPool
+from fuzz.properties import get_property
+from fuzz.stop import request_stop, stop_requested
 from tests.conftest import ROOT, kill_leftovers, run_cli, wait_gone
 
 STARTUP_TIMEOUT_S = 120.0
@@ -211,6 +215,11 @@ def _entries(corpus: Path) -> list[Any]:
     return entries
 
 
+def _sigint_as_from_a_terminal() -> None:
+    """A test run in the background inherits SIGINT ignored, and the campaign would keep it so."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[bytes], Path, Path]:
     corpus, report = tmp_path / "corpus", tmp_path / "report"
     env = {
@@ -223,7 +232,9 @@ def _start(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[bytes], Path, 
     argv += ["--corpus", str(corpus), "--report", str(report), "--report-every", "1", "--no-database", *extra]
     log = open(tmp_path / "explore.log", "wb")  # noqa: SIM115 - the child holds it
     out = {"stdin": subprocess.DEVNULL, "stdout": log, "stderr": subprocess.STDOUT}
-    proc = subprocess.Popen(argv, cwd=tmp_path, env=env, start_new_session=True, **out)  # type: ignore[call-overload]
+    proc = subprocess.Popen(  # type: ignore[call-overload]
+        argv, cwd=tmp_path, env=env, start_new_session=True, preexec_fn=_sigint_as_from_a_terminal, **out
+    )
     log.close()
     end = time.monotonic() + STARTUP_TIMEOUT_S
     while not _entries(corpus) and time.monotonic() < end and proc.poll() is None:
@@ -252,13 +263,13 @@ def test_signalling_the_driver_keeps_saved_failures_and_leaves_no_process(tmp_pa
         assert saved <= {e.signature for _, e in _entries(corpus)}, log[-3000:]
         assert not list(corpus.glob(".*.tmp")), "a half-written entry was left"
         summary = json.loads((report / "summary.json").read_text())  # rewritten every second
-        assert summary["cases"] > 0
+        assert summary["cases"] > 0, log[-3000:]
         if sig is signal.SIGKILL:
             assert code == -signal.SIGKILL
         else:
             assert code == 1, log[-3000:]  # a new failure was found
-            assert summary["interrupted"] is True
-            assert "stopped early by a signal" in log
+            assert summary["interrupted"] is True, log[-3000:]
+            assert "stopped early by a signal" in log, log[-3000:]
     finally:
         kill_leftovers(proc, family)
 
@@ -311,3 +322,40 @@ def test_signalling_several_pools_stops_each_and_keeps_their_failures(tmp_path: 
         assert any(f["signature"] in saved for f in summary["failures"])
     finally:
         kill_leftovers(proc, family)
+
+
+class _LosesAStop:
+    """A pool whose ``after``-th case records a stop and swallows its KeyboardInterrupt (or, with
+    ``turn_into``, raises that instead), as a finalizer or a C++ frame can; cases run as usual."""
+
+    def __init__(self, pool: RankPool, after: int, turn_into: type[Exception] | None) -> None:
+        self.pool, self.after, self.turn_into, self.calls = pool, after, turn_into, 0
+
+    def run(self, case: Case, **kwargs: Any) -> Outcome:
+        outcome = self.pool.run(case, **kwargs)
+        self.calls += 1
+        if self.calls == self.after:
+            try:
+                request_stop(signal.SIGINT)
+            except KeyboardInterrupt:
+                if self.turn_into is not None:
+                    raise self.turn_into("the stop's KeyboardInterrupt, turned into another exception") from None
+        return outcome
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.pool, name)
+
+
+@pytest.mark.parametrize("turn_into", [None, RuntimeError], ids=["swallowed", "turned-into-RuntimeError"])
+def test_a_stop_whose_keyboard_interrupt_is_lost_still_ends_the_campaign(
+    tmp_path: Path, turn_into: type[Exception] | None
+) -> None:
+    with RankPool(world_size=2, deadline=60) as real:
+        pool = _LosesAStop(real, after=3, turn_into=turn_into)
+        progress = explore(pool, [get_property("invalid")], budget=300, seed=0, corpus=tmp_path, reruns=0)  # type: ignore[arg-type]
+        assert progress.interrupted
+        assert progress.cases <= 3, "the campaign went on after the stop"
+        assert pool.calls == 3
+        assert not stop_requested(), "the stop outlived the campaign that honoured it"
+        again = explore(real, [get_property("invalid")], budget=300, max_examples=2, seed=1, reruns=0)
+    assert not again.interrupted and again.cases == 2
