@@ -457,7 +457,7 @@ class RankPool:
     def _send(self, r: _Rank, msg: Any) -> None:
         try:
             r.cmd.write(encode(msg))
-        except (BrokenPipeError, OSError):
+        except (OSError, ValueError):  # ValueError: the pipe was closed on our side
             r.eof = True  # it died; _collect will see the closed result pipe
 
     def _dump_stacks(self, ranks: list[_Rank]) -> None:
@@ -502,11 +502,12 @@ class RankPool:
                     r.proc.terminate()
             _wait_all([r.proc for r in self._ranks], end)
             self._kill_all()
-        for r in self._ranks:
+        # Forget the ranks before closing their pipes: a teardown interrupted here and run again
+        # by close() must not close the descriptors twice (by then they may be someone else's).
+        ranks, self._ranks, self._store = self._ranks, [], None
+        for r in ranks:
             r.cmd.close()
             os.close(r.res_fd)
-        self._ranks = []
-        self._store = None
 
 
 def _wait_all(procs: list[subprocess.Popen[bytes]], until: float) -> None:
