@@ -255,7 +255,7 @@ class _BudgetSpent(BaseException):
 
 def run_case(pool: RankPool, prop: Property, case: Case) -> Failure | None:
     """Run one case on the pool and judge it: the single step pytest and the CLI share."""
-    return prop.judge(case, pool.run(case))
+    return prop.judge(case, pool.run(case, stall=prop.stall))
 
 
 def explore(

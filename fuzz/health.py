@@ -317,7 +317,7 @@ def health_bench(
             # New pids: the ranks were replaced after this case (a failure), so the processes
             # sampled next have run no case yet.
             pids = pool.pids
-            failure = prop.judge(case, pool.run(case))
+            failure = prop.judge(case, pool.run(case, stall=prop.stall))
             run += 1
             per_property[prop.name] += 1
             replaced = pool.pids != pids

@@ -4,7 +4,8 @@ The driver side of the controller/worker split (the rank side is :mod:`fuzz._ran
 driver never enters a collective, so whatever the ranks do, it can see and end it:
 
 - every case has a deadline; ranks that miss it get their Python stacks dumped (faulthandler on
-  SIGUSR1) and the case ends as a ``hang``;
+  SIGUSR1) and the case ends as a ``hang``. A property may name a deadlock that its ranks' stack
+  samples show sooner (:class:`Stall`); that ends the hang early;
 - a rank whose result pipe closes has died: the case ends as a ``crash`` with its exit status,
   the stack faulthandler wrote (on a fatal signal) and the tail of its output;
 - a rank that raises reports its traceback; the others get a short grace period to report too,
@@ -23,6 +24,7 @@ from __future__ import annotations
 import atexit
 import enum
 import fcntl
+import math
 import os
 import selectors
 import shutil
@@ -32,6 +34,7 @@ import sys
 import tempfile
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import IO, Any
@@ -46,6 +49,8 @@ BACKENDS = ("gloo", "nccl")
 FAILURE_GRACE_S = 3.0
 STACK_DUMP_WAIT_S = 1.0
 OUTPUT_TAIL_BYTES = 4000
+#: How often the driver reads the ranks' stack samples while a :class:`Stall` is being looked for.
+STALL_LOOK_EVERY_S = 0.5
 
 #: Environment every rank gets unless the caller's environment already says otherwise.
 RANK_ENV_DEFAULTS = {
@@ -96,12 +101,31 @@ class RankReport:
 
 
 @dataclass(frozen=True)
+class Stall:
+    """A deadlock that the ranks' stacks show before the case's deadline does.
+
+    A rank still in a case after a few seconds samples its main thread's stack every second
+    (fuzz/_rank/worker.py). From ``after`` seconds into the case the driver passes the latest
+    samples to ``deadlocked``, one string per rank ("" for a rank that has finished the case or
+    not been sampled yet); once it has said True for ``hold`` seconds without a break, the case
+    ends as a hang (:attr:`Outcome.stalled` is ``name``), the ranks' stacks taken as at a deadline.
+    """
+
+    name: str
+    deadlocked: Callable[[list[str]], bool]
+    after: float = 10.0
+    hold: float = 3.0
+
+
+@dataclass(frozen=True)
 class Outcome:
     """The result of one case over all ranks."""
 
     kind: OutcomeKind
     ranks: tuple[RankReport, ...]
     seconds: float
+    #: The :class:`Stall` that ended a hang before its deadline, by name; None otherwise.
+    stalled: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -114,6 +138,8 @@ class Outcome:
     def describe(self) -> str:
         """A human-readable account of every rank, for failure messages and corpus entries."""
         parts = [f"{self.kind.value} after {self.seconds:.2f}s"]
+        if self.stalled:
+            parts[0] += f" (ended before the deadline: {self.stalled})"
         for r in self.ranks:
             head = f"--- rank {r.rank}: {r.status}"
             if r.exit_status is not None:
@@ -136,6 +162,7 @@ class _Rank:
     res_fd: int
     stack_path: str
     log_path: str
+    sample_path: str = ""
     buf: bytes = b""
     ready: Ready | None = None
     stack_offset: int = 0
@@ -236,8 +263,11 @@ class RankPool:
 
     # ----------------------------------------------------------------------------- running
 
-    def run(self, case: Case, *, deadline: float | None = None) -> Outcome:
-        """Run one case on every rank; never raises for anything the ranks do."""
+    def run(self, case: Case, *, deadline: float | None = None, stall: Stall | None = None) -> Outcome:
+        """Run one case on every rank; never raises for anything the ranks do.
+
+        ``stall``: a deadlock to recognise from the ranks' stacks before the deadline.
+        """
         if case.world_size != self.world_size:
             raise InvalidArgument(
                 f"case.world_size={case.world_size} does not match this pool's world_size={self.world_size}"
@@ -252,18 +282,22 @@ class RankPool:
         for r in self._ranks:
             r.stack_offset = _size(r.stack_path)
             self._send(r, msg)
-        done, dead = self._collect(self._case_id, start + limit)
+        done, dead, stalled = self._collect(self._case_id, start, start + limit, stall)
         self._busy = False
-        outcome = self._judge_outcome(done, dead, time.monotonic() - start)
+        outcome = self._judge_outcome(done, dead, time.monotonic() - start, stalled)
         self.cases_run += 1
         if not outcome.ok:
             self._respawn()
         return outcome
 
-    def _collect(self, case_id: int, deadline: float) -> tuple[dict[int, CaseDone], set[int]]:
+    def _collect(
+        self, case_id: int, start: float, deadline: float, stall: Stall | None
+    ) -> tuple[dict[int, CaseDone], set[int], str | None]:
         done: dict[int, CaseDone] = {}
         dead: set[int] = set()
         first_failure: float | None = None
+        next_look = start + stall.after if stall is not None else math.inf
+        held_since: float | None = None
         sel = selectors.DefaultSelector()
         for r in self._ranks:
             sel.register(r.res_fd, selectors.EVENT_READ, r)
@@ -273,7 +307,16 @@ class RankPool:
                 until = deadline if first_failure is None else min(deadline, first_failure + FAILURE_GRACE_S)
                 if now >= until:
                     break
-                for key, _ in sel.select(until - now):
+                if stall is not None and first_failure is None and now >= next_look:
+                    next_look = now + STALL_LOOK_EVERY_S
+                    stacks = ["" if r.rank in done or r.rank in dead else self._sample(r, case_id) for r in self._ranks]
+                    if not stall.deadlocked(stacks):
+                        held_since = None
+                    elif held_since is None:
+                        held_since = now
+                    elif now - held_since >= stall.hold:
+                        return done, dead, stall.name
+                for key, _ in sel.select(max(0.0, min(until, next_look) - now)):
                     r = key.data
                     for m in self._read(r):
                         if isinstance(m, CaseDone) and m.case_id == case_id:
@@ -288,9 +331,20 @@ class RankPool:
                                 first_failure = time.monotonic()
         finally:
             sel.close()
-        return done, dead
+        return done, dead, None
 
-    def _judge_outcome(self, done: dict[int, CaseDone], dead: set[int], seconds: float) -> Outcome:
+    def _sample(self, r: _Rank, case_id: int) -> str:
+        """The latest main-thread stack that rank ``r`` sampled in case ``case_id`` ("" if none)."""
+        try:
+            with open(r.sample_path, encoding="utf-8", errors="replace") as f:
+                head, _, stack = f.read().partition("\n")
+        except OSError:
+            return ""
+        return stack if head == str(case_id) else ""
+
+    def _judge_outcome(
+        self, done: dict[int, CaseDone], dead: set[int], seconds: float, stalled: str | None = None
+    ) -> Outcome:
         stuck = [r for r in self._ranks if r.rank not in done and r.rank not in dead]
         if stuck:
             self._dump_stacks(stuck)
@@ -324,7 +378,7 @@ class RankPool:
             kind = OutcomeKind.HANG
         else:
             kind = OutcomeKind.OK
-        return Outcome(kind=kind, ranks=tuple(reports), seconds=seconds)
+        return Outcome(kind=kind, ranks=tuple(reports), seconds=seconds, stalled=stalled if stuck else None)
 
     # ----------------------------------------------------------------------------- internals
 
@@ -383,6 +437,7 @@ class RankPool:
             res_r, res_w = os.pipe()
             stack_path = os.path.join(self._tmp, f"rank{rank}.g{generation}.stack")
             log_path = os.path.join(self._tmp, f"rank{rank}.g{generation}.log")
+            sample_path = os.path.join(self._tmp, f"rank{rank}.g{generation}.sample")
             rank_env = {
                 **env,
                 "SHARDFUZZ_RANK": str(rank),
@@ -392,6 +447,7 @@ class RankPool:
                 "SHARDFUZZ_STORE_PORT": str(self._store.port),
                 "SHARDFUZZ_PARENT_PID": str(os.getpid()),
                 "SHARDFUZZ_STACK_FILE": stack_path,
+                "SHARDFUZZ_SAMPLE_FILE": sample_path,
                 "SHARDFUZZ_CMD_FD": str(cmd_r),
                 "SHARDFUZZ_RES_FD": str(res_w),
             }
@@ -407,7 +463,9 @@ class RankPool:
             os.close(cmd_r)
             os.close(res_w)
             os.set_blocking(res_r, False)
-            self._ranks.append(_Rank(rank, proc, os.fdopen(cmd_w, "wb", buffering=0), res_r, stack_path, log_path))
+            self._ranks.append(
+                _Rank(rank, proc, os.fdopen(cmd_w, "wb", buffering=0), res_r, stack_path, log_path, sample_path)
+            )
 
     def _await_ready(self) -> None:
         deadline = time.monotonic() + self.start_timeout

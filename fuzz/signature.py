@@ -82,7 +82,12 @@ def failure_from_outcome(prop: str, outcome: Outcome) -> Failure:
         stuck = [r for r in outcome.ranks if r.status == "stuck"]
         where = location(stuck[0].stack)
         ranks = ", ".join(str(r.rank) for r in stuck)
-        return Failure("hang", f"hang:{prop}@{where}", f"rank(s) {ranks} missed the deadline in {where}", details)
+        summary = (
+            f"rank(s) {ranks} stuck in {where}: {outcome.stalled}"
+            if outcome.stalled
+            else f"rank(s) {ranks} missed the deadline in {where}"
+        )
+        return Failure("hang", f"hang:{prop}@{where}", summary, details)
     raise ValueError("an ok outcome is not a failure")
 
 

@@ -13,8 +13,9 @@ import pytest
 
 from fuzz.case import Case, FaultAction, FaultBody
 from fuzz.errors import InvalidArgument
-from fuzz.pool import FAILURE_GRACE_S, OutcomeKind, RankPool
+from fuzz.pool import FAILURE_GRACE_S, OutcomeKind, RankPool, Stall
 from fuzz.pytest_plugin import HistoryDependentCrash, make_checker
+from fuzz.signature import failure_from_outcome
 
 WORLD_SIZE = 2
 DEADLINE = 8.0
@@ -112,6 +113,46 @@ def test_hang_ends_at_the_deadline_with_the_stuck_stack(pool: RankPool) -> None:
     assert set(pool.pids).isdisjoint(old_pids)
     assert_all_gone(old_pids)
     assert_clean_case_ok(pool)
+
+
+def test_a_stall_ends_a_hang_long_before_its_deadline(pool: RankPool) -> None:
+    """The faulty rank waits alone in an all_reduce that the other rank skipped: its stack
+    samples show the pattern, which ends the case as a hang named after the stall, with the
+    stacks taken as at a deadline."""
+
+    def alone(stacks: list[str]) -> bool:
+        return "run_fault" in stacks[FAULTY] and "run_fault" not in stacks[1 - FAULTY]
+
+    stall = Stall(name="the faulty rank alone in all_reduce", deadlocked=alone, after=1.0, hold=1.0)
+    assert_clean_case_ok(pool)
+    outcome = pool.run(fault_case(FaultAction.HANG), deadline=60.0, stall=stall)
+    assert outcome.kind is OutcomeKind.HANG, outcome.describe()
+    assert outcome.stalled == stall.name
+    assert outcome.seconds < 15.0, outcome.describe()
+    stuck = outcome.ranks[FAULTY]
+    assert stuck.status == "stuck" and stuck.stack and "all_reduce" in stuck.stack, outcome.describe()
+    assert "ended before the deadline: the faulty rank alone" in outcome.describe()
+    failure = failure_from_outcome("_fault", outcome)
+    assert failure.kind == "hang" and "stuck in" in failure.summary and stall.name in failure.summary
+    assert_clean_case_ok(pool)
+
+
+def test_a_stall_must_hold_and_its_samples_show_every_rank_still_running(pool: RankPool) -> None:
+    """Both ranks sleep 4 s in the case: the samples show them in run_fault, but a pattern that
+    must hold for 30 s never does, so the case ends normally; and a stall does not change an
+    ok case's outcome."""
+    seen: list[list[str]] = []
+
+    def record(stacks: list[str]) -> bool:
+        seen.append(stacks)
+        return True
+
+    stall = Stall(name="never for long enough", deadlocked=record, after=0.5, hold=30.0)
+    outcome = pool.run(fault_case(FaultAction.SLEEP, seconds=4.0), deadline=60.0, stall=stall)
+    assert outcome.ok and outcome.stalled is None, outcome.describe()
+    sampled = [s for s in seen if all("run_fault" in t and "time.sleep" in t for t in s)]
+    assert sampled, f"no look saw both ranks' samples in run_fault: {seen[-1:]}"
+    assert all(s == ["", ""] or s[0] or s[1] for s in seen)
 
 
 def test_raise_on_one_rank_is_an_exception_with_every_rank_accounted_for(pool: RankPool) -> None:

@@ -33,11 +33,12 @@ from fuzz.case import (
     case_to_json,
 )
 from fuzz.case_state import Api, DcpBody, DcpMode, Entry, Options, StateDictBody
+from fuzz.corpus import load_entry
 from fuzz.errors import CaseError
 from fuzz.explore import run_case
 from fuzz.pool import OutcomeKind, RankPool
 from fuzz.properties import get_property
-from fuzz.properties.state_dict import known_bug
+from fuzz.properties.state_dict import ALONE_IN_BROADCAST_STALL, known_bug
 from strategies import dcp_cases, state_dict_cases
 from tests.conftest import MUTANTS
 
@@ -208,6 +209,21 @@ def test_deadlock_inside_dcp_save_is_a_hang_with_every_ranks_stack(rank_pool: Ra
         "dcp", rank_pool.world_size, 14, DcpBody(tree=TREE, source=fsdp(), target=fsdp(), entries=body.entries)
     )
     assert run_case(rank_pool, get_property("dcp"), healthy) is None
+
+
+@pytest.mark.parametrize("name", ["state_dict-hang-dff6a54ad235.json", "dcp-hang-96de59c34a50.json"])
+def test_the_known_broadcast_deadlock_ends_long_before_the_deadline(rank_pool: RankPool, name: str) -> None:
+    """Rank 0 waits alone in _broadcast_state_dict (set_state_dict's broadcast_from_rank0): the
+    stall ends the case about 14 s in, as the known entry's hang, not at the 60 s deadline."""
+    entry = load_entry(Path(__file__).resolve().parents[1] / "corpus" / name)
+    if entry.case.world_size != rank_pool.world_size:
+        pytest.skip(f"{name} has {entry.case.world_size} ranks")
+    prop = get_property(entry.case.property)
+    outcome = rank_pool.run(entry.case, deadline=60.0, stall=prop.stall)
+    failure = prop.judge(entry.case, outcome)
+    assert failure is not None and failure.signature == entry.signature, outcome.describe()
+    assert outcome.stalled == ALONE_IN_BROADCAST_STALL.name, outcome.describe()
+    assert outcome.seconds < 30.0, outcome.seconds
 
 
 # --------------------------------------------------------------------------------- world sizes

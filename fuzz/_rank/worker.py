@@ -12,6 +12,7 @@ import faulthandler
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from datetime import timedelta
@@ -23,6 +24,42 @@ PR_SET_PDEATHSIG = 1
 #: Collectives give up after this long; the driver's per-case deadline is far shorter, so a
 #: hang is always seen (and ended) by the driver first.
 PROCESS_GROUP_TIMEOUT = timedelta(minutes=30)
+#: A rank still in a case after SAMPLE_AFTER_S writes its main thread's stack to
+#: SHARDFUZZ_SAMPLE_FILE every SAMPLE_EVERY_S, for the driver's stall checks (fuzz.pool.Stall).
+SAMPLE_AFTER_S = 2.0
+SAMPLE_EVERY_S = 1.0
+
+
+class _Sampler(threading.Thread):
+    """Writes ``<case id>\n<main thread's stack>`` to ``path`` (replaced whole) while a case runs
+    long. A thread of Python: it runs while the main thread waits in a collective, which releases
+    the GIL; a main thread that holds the GIL simply goes unsampled."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(name="shardfuzz-sampler", daemon=True)
+        self.path = path
+        self.main = threading.main_thread().ident
+        self.case: tuple[int, float] | None = None  # (case id, time.monotonic() at its start)
+
+    def run(self) -> None:
+        while True:
+            time.sleep(SAMPLE_EVERY_S)
+            current = self.case
+            if current is None or time.monotonic() - current[1] < SAMPLE_AFTER_S:
+                continue
+            frame = sys._current_frames().get(self.main) if self.main is not None else None
+            if frame is None:
+                continue
+            text = f"{current[0]}\n" + "".join(traceback.format_stack(frame))
+            del frame
+            if self.case is not current:  # the case ended meanwhile
+                continue
+            try:
+                with open(self.path + ".tmp", "w", encoding="utf-8") as f:
+                    f.write(text)
+                os.replace(self.path + ".tmp", self.path)
+            except OSError:
+                pass
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -90,12 +127,20 @@ def main() -> int:
     }
     _send(results, Ready(rank=rank, pid=os.getpid(), versions=versions))
 
+    sampler = _Sampler(env["SHARDFUZZ_SAMPLE_FILE"]) if env.get("SHARDFUZZ_SAMPLE_FILE") else None
+    if sampler is not None:
+        sampler.start()
     for line in commands:
         msg = decode(line)
         if isinstance(msg, Stop):
             break
         if isinstance(msg, RunCase):
-            _send(results, _run_one(msg, ctx, run_case))
+            if sampler is not None:
+                sampler.case = (msg.case_id, time.monotonic())
+            done = _run_one(msg, ctx, run_case)
+            if sampler is not None:
+                sampler.case = None
+            _send(results, done)
     try:
         dist.destroy_process_group()
     finally:

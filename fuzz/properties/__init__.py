@@ -14,7 +14,7 @@ from typing import Any
 
 from fuzz.case import Case
 from fuzz.errors import InvalidArgument
-from fuzz.pool import Outcome
+from fuzz.pool import Outcome, Stall
 from fuzz.signature import Failure
 
 
@@ -26,6 +26,8 @@ class Property:
     judge: Callable[[Case, Outcome], Failure | None]
     features: Callable[[Case], list[str]]
     min_world_size: int = 1
+    #: A deadlock its cases can be seen in before their deadline (fuzz.pool.Stall).
+    stall: Stall | None = None
 
 
 def strategy(name: str) -> Callable[..., Any]:
