@@ -29,9 +29,15 @@ class Failure:
     details: dict[str, Any] = field(default_factory=dict)
 
 
+#: Frames of comprehensions, which Python 3.12 inlines into the function around them (PEP 709):
+#: a location names that function on every Python, so one bug keeps one signature.
+_INLINED = frozenset({"<listcomp>", "<dictcomp>", "<setcomp>"})
+
+
 def location(text: str | None) -> str:
-    """The innermost frame inside torch (``torch/x/y.py:function``), else the innermost frame."""
-    frames = _FRAME.findall(_current_thread(text or ""))
+    """The innermost frame inside torch (``torch/x/y.py:function``), else the innermost frame;
+    comprehensions count as the function they are written in."""
+    frames = [(path, fn) for path, fn in _FRAME.findall(_current_thread(text or "")) if fn not in _INLINED]
     if not frames:
         return "?"
     # faulthandler prints most recent call first, tracebacks last: normalise to innermost first.

@@ -206,6 +206,17 @@ def test_a_crash_is_located_in_the_thread_that_faulted() -> None:
     assert location(traceback) == "torch/a/b.py:f"
 
 
+def test_a_comprehension_is_located_in_its_function_on_every_python() -> None:
+    """Python 3.11 gives a list comprehension a frame of its own; 3.12 inlines it (PEP 709)."""
+    tb, frame = "Traceback (most recent call last):\n", '  File "/x/torch/distributed/checkpoint/state_dict.py", line 9'
+    py311 = f"{tb}{frame}, in _get_optim_state_dict\n{frame}, in <listcomp>\nKeyError: 1\n"
+    py312 = f"{tb}{frame}, in _get_optim_state_dict\nKeyError: 1\n"
+    want = "torch/distributed/checkpoint/state_dict.py:_get_optim_state_dict"
+    assert location(py311) == location(py312) == want
+    dump = 'Current thread 0x1 (most recent call first):\n  File "/x/torch/a.py", line 2 in <dictcomp>\n'
+    assert location(dump + '  File "/x/torch/a.py", line 1 in f\n') == "torch/a.py:f"
+
+
 def test_index_takes_any_entry_exactly_and_known_ones_met_another_way(tmp_path: Path) -> None:
     known_sig = "mismatch:parity@fsdp2:unfrozen-unresharded"
     new_sig = "exception:parity:builtins.IndexError@torch/a.py:f"

@@ -193,9 +193,15 @@ def test_bodies_refuse_what_the_api_does_not_support() -> None:
 def test_deadlock_inside_dcp_save_is_a_hang_with_every_ranks_stack(rank_pool: RankPool) -> None:
     """A Stateful whose state_dict all-reduces on rank 0 only, inside dcp.save: rank 0 waits in
     its all_reduce, the others in DCP's own collectives. The pool reports a hang, with each
-    rank's Python stack, and its next case runs normally."""
+    rank's Python stack, and the same case without the deadlock runs normally before and after
+    (before: the first case of a fresh pool imports what its forward needs, which can take
+    seconds on a loaded machine, so the 6 s deadline measures the deadlock alone)."""
     body = DcpBody(tree=TREE, source=fsdp(), target=fsdp(), entries=(Entry.MODEL, Entry.COUNTER), deadlock=True)
     case = Case("dcp", rank_pool.world_size, 14, body)
+    healthy = Case(
+        "dcp", rank_pool.world_size, 14, DcpBody(tree=TREE, source=fsdp(), target=fsdp(), entries=body.entries)
+    )
+    assert run_case(rank_pool, get_property("dcp"), healthy) is None
     outcome = rank_pool.run(case, deadline=6)
     assert outcome.kind is OutcomeKind.HANG, outcome.describe()
     for report in outcome.ranks:
@@ -205,9 +211,6 @@ def test_deadlock_inside_dcp_save_is_a_hang_with_every_ranks_stack(rank_pool: Ra
     failure = get_property("dcp").judge(case, outcome)
     assert failure is not None and failure.kind == "hang" and failure.signature.startswith("hang:dcp@")
     assert all(r["stack"] for r in failure.details["ranks"])
-    healthy = Case(
-        "dcp", rank_pool.world_size, 14, DcpBody(tree=TREE, source=fsdp(), target=fsdp(), entries=body.entries)
-    )
     assert run_case(rank_pool, get_property("dcp"), healthy) is None
 
 
