@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 import pytest
 
@@ -283,11 +284,11 @@ class _CrashFirst:
     def __init__(self, pool: RankPool, crashes: int) -> None:
         self.pool, self.crashes = pool, crashes
 
-    def run(self, case: Case) -> object:
+    def run(self, case: Case, **kwargs: Any) -> object:
         if self.crashes:
             self.crashes -= 1
-            return self.pool.run(fault_case(FaultAction.SIGSEGV))
-        return self.pool.run(case)
+            return self.pool.run(fault_case(FaultAction.SIGSEGV), **kwargs)
+        return self.pool.run(case, **kwargs)
 
 
 def test_a_crash_the_case_does_not_repeat_is_a_warning_not_a_failure(pool: RankPool) -> None:
