@@ -57,7 +57,7 @@ from fuzz.database import database_key, use_database_key
 from fuzz.pool import RankPool
 from fuzz.properties import Property
 from fuzz.signature import Failure
-from fuzz.stop import clear_stop, stop_requested, stop_signal
+from fuzz.stop import clear_stop, raise_if_stopped, stop_requested
 
 CHUNK_EXAMPLES = 25
 SHRINK_OVERRUN = 0.25  # of the budget, at least 60 s
@@ -289,8 +289,7 @@ def explore(
     replayed: set[str] = set()
 
     def spent() -> bool:
-        if stop_requested():
-            raise KeyboardInterrupt(f"signal {stop_signal()}")
+        raise_if_stopped()
         return progress.elapsed >= budget or (max_examples is not None and progress.cases >= max_examples)
 
     try:
@@ -385,8 +384,7 @@ def _run_chunk(
     @given(prop.cases(world_size=pool.world_size))
     def test(case: Case) -> None:
         nonlocal shrinking
-        if stop_requested():
-            raise KeyboardInterrupt(f"signal {stop_signal()}")
+        raise_if_stopped()
         if progress.elapsed >= (hard_stop if shrinking else budget):
             raise _BudgetSpent
         features = prop.features(case)
@@ -457,8 +455,7 @@ def _confirm_and_save(
 ) -> None:
     reproduced = 0
     for _ in range(reruns):
-        if stop_requested():
-            raise KeyboardInterrupt(f"signal {stop_signal()}")
+        raise_if_stopped()
         failure = run_case(pool, prop, found.case)
         if failure is not None and failure.signature == found.failure.signature:
             reproduced += 1

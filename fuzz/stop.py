@@ -1,8 +1,8 @@
 """A stop request that outlives the KeyboardInterrupt carrying it.
 
 The command line handles SIGINT and SIGTERM with :func:`request_stop`: the request is recorded,
-then KeyboardInterrupt unwinds as Ctrl-C does. Long loops (:func:`fuzz.explore.explore`) check
-:func:`stop_requested` before each step, so a KeyboardInterrupt lost on the way (raised inside a
+then KeyboardInterrupt unwinds as Ctrl-C does. Long loops (:func:`fuzz.explore.explore`) call
+:func:`raise_if_stopped` before each step, so a KeyboardInterrupt lost on the way (raised inside a
 finalizer, where Python prints and drops it, or turned into another exception by code it passes
 through) still stops them.
 """
@@ -25,8 +25,10 @@ def stop_requested() -> bool:
     return bool(_signum)
 
 
-def stop_signal() -> int | None:
-    return _signum[0] if _signum else None
+def raise_if_stopped() -> None:
+    """Raise the recorded stop's KeyboardInterrupt again, if there is one."""
+    if _signum:
+        raise KeyboardInterrupt(f"signal {_signum[0]}")
 
 
 def clear_stop() -> None:

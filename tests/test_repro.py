@@ -566,6 +566,17 @@ def test_metamorphic_script_observes_what_the_pool_observes_and_passes(
     assert "PASS" in result.stdout
 
 
+def _assert_known_mismatch_reproduces(rank_pool: Any, tmp_path: Path, name: str) -> None:
+    """The known corpus entry ``name``: pool and script agree, and the script fails with the
+    entry's signature and check on unmutated torch."""
+    entry = load_entry(ROOT / "corpus" / f"{name}.json")
+    assert entry.status == "known"
+    _outcome, result, failure = _run_both(rank_pool, tmp_path, entry)
+    assert failure is not None and failure.signature == entry.signature, failure
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"REPRODUCED {entry.signature} ({failure.details['check']}): " in result.stdout, result.stdout
+
+
 @pytest.mark.parametrize("name", ["metamorphic-mismatch-c39d139117c4", "metamorphic-mismatch-fc5f66f774ab"])
 def test_known_metamorphic_mismatches_reproduce_as_standalone_scripts(
     rank_pool: Any, tmp_path: Path, name: str
@@ -573,12 +584,7 @@ def test_known_metamorphic_mismatches_reproduce_as_standalone_scripts(
     """The known FSDP1 HYBRID_SHARD (shard groups of one rank) and NO_SHARD (a frozen unit
     unfrozen later) entries of the metamorphic property: the script observes what the pool does
     and fails with the entry's check on unmutated torch."""
-    entry = load_entry(ROOT / "corpus" / f"{name}.json")
-    assert entry.status == "known"
-    _outcome, result, failure = _run_both(rank_pool, tmp_path, entry)
-    assert failure is not None and failure.signature == entry.signature, failure
-    assert result.returncode == 1, result.stdout + result.stderr
-    assert f"REPRODUCED {entry.signature} ({failure.details['check']}): " in result.stdout, result.stdout
+    _assert_known_mismatch_reproduces(rank_pool, tmp_path, name)
 
 
 def test_metamorphic_script_fails_under_a_real_fault(tmp_path: Path) -> None:
@@ -768,12 +774,7 @@ def test_known_bugs_with_training_schedules_reproduce_as_standalone_scripts(
     """Corpus entries whose cases leave modules out of forward (skips) or unfreeze leaves later
     render into scripts that observe what the pool observes, bit for bit, and fail with the
     entry's signature and check on unmutated torch."""
-    entry = load_entry(ROOT / "corpus" / f"{name}.json")
-    assert entry.status == "known"
-    _outcome, result, failure = _run_both(rank_pool, tmp_path, entry)
-    assert failure is not None and failure.signature == entry.signature, failure
-    assert result.returncode == 1, result.stdout + result.stderr
-    assert f"REPRODUCED {entry.signature} ({failure.details['check']}): " in result.stdout, result.stdout
+    _assert_known_mismatch_reproduces(rank_pool, tmp_path, name)
 
 
 def test_a_known_exception_with_skips_reproduces_as_a_standalone_script(tmp_path: Path) -> None:

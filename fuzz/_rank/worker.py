@@ -127,19 +127,16 @@ def main() -> int:
     }
     _send(results, Ready(rank=rank, pid=os.getpid(), versions=versions))
 
-    sampler = _Sampler(env["SHARDFUZZ_SAMPLE_FILE"]) if env.get("SHARDFUZZ_SAMPLE_FILE") else None
-    if sampler is not None:
-        sampler.start()
+    sampler = _Sampler(env["SHARDFUZZ_SAMPLE_FILE"])
+    sampler.start()
     for line in commands:
         msg = decode(line)
         if isinstance(msg, Stop):
             break
         if isinstance(msg, RunCase):
-            if sampler is not None:
-                sampler.case = (msg.case_id, time.monotonic())
+            sampler.case = (msg.case_id, time.monotonic())
             done = _run_one(msg, ctx, run_case)
-            if sampler is not None:
-                sampler.case = None
+            sampler.case = None
             _send(results, done)
     try:
         dist.destroy_process_group()
