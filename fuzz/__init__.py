@@ -1,6 +1,6 @@
 """shardfuzz: property-based fuzzing of PyTorch's composable distributed APIs.
 
-Public names are re-exported here lazily: the rank side imports :mod:`fuzz.case` through this
+Public names are re-exported here lazily: the rank side imports :mod:`fuzz.model` through this
 package, and must not pull in Hypothesis or the driver.
 """
 
@@ -10,13 +10,13 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "Case": "fuzz.case",
-    "case_from_json": "fuzz.case",
-    "case_to_json": "fuzz.case",
-    "SCHEMA_VERSION": "fuzz.case",
+    "Case": "fuzz.model",
+    "case_from_json": "fuzz.model",
+    "case_to_json": "fuzz.model",
+    "SCHEMA_VERSION": "fuzz.model",
     "RankPool": "fuzz.pool",
-    "Outcome": "fuzz.pool",
-    "OutcomeKind": "fuzz.pool",
+    "Outcome": "fuzz.verdict",
+    "OutcomeKind": "fuzz.verdict",
     "Property": "fuzz.properties",
     "all_properties": "fuzz.properties",
     "get_property": "fuzz.properties",

@@ -14,7 +14,7 @@ from typing import Any, Union
 
 @dataclass(frozen=True)
 class RunCase:
-    """Driver -> rank: run this case (``case`` is :func:`fuzz.case.case_to_json` output)."""
+    """Driver -> rank: run this case (``case`` is :func:`fuzz.model.case_to_json` output)."""
 
     case_id: int
     case: dict[str, Any]

@@ -14,8 +14,8 @@ import queue
 import tempfile
 from typing import Any
 
-from fuzz.case import Case, case_to_json
 from fuzz.errors import PoolError
+from fuzz.model import Case, case_to_json
 from fuzz.pool import RANK_ENV_DEFAULTS
 
 
@@ -25,7 +25,7 @@ def _child(rank: int, world_size: int, backend: str, device: str, init_file: str
 
     from fuzz._rank.context import RankContext
     from fuzz._rank.programs import run_case
-    from fuzz.case import case_from_json
+    from fuzz.model import case_from_json
 
     dev = torch.device(device)
     if dev.type == "cuda":

@@ -4,11 +4,16 @@ Both run the same parity cases (drawn once, with a fixed seed) through the same 
 The baseline spawns ranks the way PyTorch's MultiProcessTestCase does (see
 :mod:`fuzz._spawn_baseline`); the pool's figure includes its one start-up, spread over its cases.
 The last line is ``speedup: <ratio>x`` (baseline seconds per case over pool seconds per case).
+
+``python -m fuzz bench --hang`` measures instead what a deadlock costs: the seconds from the
+start of a case that deadlocks to its result (:func:`bench_hang`).
 """
 
 from __future__ import annotations
 
+import os
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,10 +22,12 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 
 from fuzz._spawn_baseline import run_spawned
-from fuzz.case import Case
 from fuzz.errors import ShardfuzzError
+from fuzz.model import Case, FaultAction, FaultBody
 from fuzz.pool import RankPool
 from fuzz.properties import get_property
+from fuzz.signature import location
+from fuzz.verdict import OutcomeKind
 
 
 def sample_cases(world_size: int, n: int, seed: int) -> list[Case]:
@@ -95,3 +102,92 @@ def bench(
     result = BenchResult(startup, total / len(times), statistics.median(times), spawn, len(times), len(spawn_times))
     out(f"speedup: {result.speedup:.1f}x")
     return result
+
+
+#: Planted in the ranks by :func:`bench_hang` (a ``sitecustomize`` module on their PYTHONPATH):
+#: ``dist.all_reduce`` becomes a barrier, so the one rank that all-reduces in the fault
+#: property's hang case waits in a barrier that the other ranks never reach.
+_BARRIER_PLANT = """\
+import torch.distributed as _dist
+
+
+def _barrier_instead(*args, **kwargs):
+    return _dist.barrier()
+
+
+_dist.all_reduce = _barrier_instead
+"""
+
+#: The deadlocks :func:`bench_hang` plants: the fault property's hang case as it is (one rank
+#: waits in an all_reduce that the others skip; they wait in the end-of-case step check), and
+#: with that all_reduce turned into a barrier.
+PLANTS = ("all_reduce", "barrier")
+
+
+@dataclass(frozen=True)
+class HangCost:
+    plant: str
+    world_size: int
+    #: Seconds from the start of the case (every rank joined and idle) to its outcome.
+    seconds: float
+    #: What ended it: the pool's name for an early end (Outcome.stalled), else "deadline".
+    ended_by: str
+    #: Where the rank that deadlocked waited (its innermost torch frame).
+    where: str = ""
+
+
+def bench_hang(
+    *,
+    backend: str = "gloo",
+    world_sizes: tuple[int, ...] = (2, 4),
+    plants: tuple[str, ...] = PLANTS,
+    runs: int = 1,
+    deadline: float = 60.0,
+    out: Callable[[str], None] = print,
+) -> list[HangCost]:
+    """The hang cost of planted deadlocks: for each world size and plant, ``runs`` cases of the
+    fault property that deadlock, each timed from its start to its outcome (``pool.run``, the
+    ranks' stacks taken and the ranks ended, with every rank joined beforehand), on a pool with
+    the campaign's default deadline. One line per case, then ``hang cost: ...`` lines with the
+    worst case per world size and plant."""
+    for plant in plants:
+        if plant not in PLANTS:
+            raise ShardfuzzError(f"no planted deadlock {plant!r}; there are {PLANTS}")
+    results: list[HangCost] = []
+    with tempfile.TemporaryDirectory(prefix="shardfuzz-hang-bench-") as plant_dir:
+        with open(os.path.join(plant_dir, "sitecustomize.py"), "w") as f:
+            f.write(_BARRIER_PLANT)
+        for world_size in world_sizes:
+            for plant in plants:
+                env = None
+                if plant == "barrier":
+                    env = {"PYTHONPATH": os.pathsep.join(p for p in (plant_dir, os.environ.get("PYTHONPATH")) if p)}
+                with RankPool(world_size=world_size, backend=backend, deadline=deadline, env=env) as pool:
+                    for i in range(runs):
+                        cost = _hang_once(pool, plant)
+                        results.append(cost)
+                        out(
+                            f"bench: {plant}, {world_size} ranks, run {i + 1}: {cost.seconds:.2f}s, "
+                            f"rank {world_size - 1} in {cost.where}, ended by: {cost.ended_by}"
+                        )
+    for world_size in world_sizes:
+        for plant in plants:
+            worst = max(r.seconds for r in results if r.world_size == world_size and r.plant == plant)
+            out(f"hang cost: {plant}, {backend}, {world_size} ranks: {worst:.1f}s (worst of {runs})")
+    return results
+
+
+def _hang_once(pool: RankPool, plant: str) -> HangCost:
+    """One planted deadlock on ``pool``, timed from its start (every rank joined and idle, a
+    healthy case run first) to its outcome."""
+    n = pool.world_size
+    hang = Case("_fault", n, 0, FaultBody(action=FaultAction.HANG, rank=n - 1))
+    warm = pool.run(Case("_fault", n, 0, FaultBody(action=FaultAction.NONE)))
+    if not warm.ok:
+        raise ShardfuzzError(f"the healthy case before the planted deadlock failed:\n{warm.describe()}")
+    t = time.perf_counter()
+    outcome = pool.run(hang)
+    seconds = time.perf_counter() - t
+    if outcome.kind is not OutcomeKind.HANG:
+        raise ShardfuzzError(f"the planted deadlock ({plant}, {n} ranks) was no hang:\n{outcome.describe()}")
+    return HangCost(plant, n, seconds, outcome.stalled or "deadline", location(outcome.ranks[-1].stack))

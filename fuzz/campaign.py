@@ -8,6 +8,11 @@ database is safe to share). Pool ``i`` explores with seed ``SEED + i`` and write
 to ``REPORT/pool-i`` (its log to ``REPORT/pool-i/explore.log``); this process prints one
 combined progress line from those reports and writes the combined report to ``REPORT``.
 
+Budget: every pool counts its budget from this process's start (``--started``), so the pools end
+within the budget's promise (README.md, "Budgets") as one campaign would. Should a pool still be
+running ``POOL_STOP_BEFORE_S`` before that limit, it gets SIGTERM (it saves what it found and
+writes its report), and SIGKILL at ``POOL_KILL_BEFORE_S``.
+
 Signals: SIGINT and SIGTERM are passed to every pool, which stop, save what they found and
 write their reports; the combined report follows. The pools die with this process
 (PR_SET_PDEATHSIG), so even a SIGKILL leaves no driver and, through them, no rank behind.
@@ -28,17 +33,28 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from fuzz.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from fuzz.report import save_report
+
 #: Seconds between the pools' report rewrites, which the combined progress line reads.
 POOL_REPORT_EVERY_S = 2.0
 #: Seconds the pools get to stop after SIGTERM before they are killed.
 STOP_GRACE_S = 90.0
+#: Seconds before the budget's wall-time limit at which pools still running get SIGTERM, and then
+#: SIGKILL: a backstop, as each pool keeps the limit itself.
+POOL_STOP_BEFORE_S = 5.0
+POOL_KILL_BEFORE_S = 2.0
 
 _PR_SET_PDEATHSIG = 1
 
 
 def run_pools(args: argparse.Namespace, seed: int, properties: list[str]) -> int:
     """Run ``args.pools`` campaigns side by side; returns the worst exit code (2 > 1 > 0)."""
-    from fuzz.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, _write_report
+    # imports Hypothesis: not at the top, for `python -m fuzz` start-up
+    from fuzz.explore import StatusLine, grace, process_started
+
+    started_at = process_started()
+    limit = started_at + args.budget + grace(args.budget)
 
     report = args.report if args.report is not None else Path(tempfile.mkdtemp(prefix="shardfuzz-pools-"))
     dirs = [report / f"pool-{i}" for i in range(args.pools)]
@@ -49,8 +65,8 @@ def run_pools(args: argparse.Namespace, seed: int, properties: list[str]) -> int
         f"seeds {seed}..{seed + args.pools - 1}, reports and logs in {report}/pool-*",
         file=sys.stderr,
     )
-    started = time.monotonic()
-    tty = sys.stderr.isatty()
+    started = started_at
+    status = StatusLine(every_tty=1.0)
     interrupted = False
     try:
         for i, d in enumerate(dirs):
@@ -59,7 +75,7 @@ def run_pools(args: argparse.Namespace, seed: int, properties: list[str]) -> int
             logs.append(log)
             procs.append(
                 subprocess.Popen(
-                    _child_argv(args, seed + i, properties, d),
+                    _child_argv(args, seed + i, properties, d, started_at),
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -67,14 +83,20 @@ def run_pools(args: argparse.Namespace, seed: int, properties: list[str]) -> int
                     start_new_session=True,  # Ctrl-C reaches this process only; it passes SIGINT on
                 )
             )
-        last = 0.0
+        stopping = False
         while any(p.poll() is None for p in procs):
             time.sleep(0.2)
             now = time.monotonic()
-            if now - last >= (1.0 if tty else 10.0):
-                last = now
-                line = _line(merge(_read(dirs), seconds=now - started), args.pools)
-                print(("\r\x1b[K" if tty else "") + line, end="" if tty else "\n", file=sys.stderr, flush=True)
+            if now >= limit - POOL_KILL_BEFORE_S:
+                for p in procs:
+                    if p.poll() is None:
+                        p.kill()
+            elif now >= limit - POOL_STOP_BEFORE_S and not stopping:
+                stopping = True
+                for p in procs:
+                    with contextlib.suppress(ProcessLookupError):
+                        p.send_signal(signal.SIGTERM)
+            status.show(lambda width: _line(merge(_read(dirs), seconds=time.monotonic() - started), args.pools, width))
     except KeyboardInterrupt:
         interrupted = True
         for p in procs:
@@ -94,8 +116,7 @@ def run_pools(args: argparse.Namespace, seed: int, properties: list[str]) -> int
                 p.wait()
         for log in logs:
             log.close()
-    if tty:
-        print(file=sys.stderr)
+    status.end()
     summary = merge(_read(dirs), seconds=time.monotonic() - started)
     summary["interrupted"] = summary.get("interrupted", False) or interrupted
     summary["budget"] = args.budget
@@ -105,19 +126,26 @@ def run_pools(args: argparse.Namespace, seed: int, properties: list[str]) -> int
         if f.get("known_as"):
             tag = f"known (as {f['known_as']})"
         print(f"{tag}: {f['signature']} x{f['hits']}: {f['summary']} -> {f['entry']}", file=sys.stderr)
+    fallback = summary.get("corpus_fallback")
+    if fallback:
+        print(f"explore: {fallback['reason']}; entries saved to {fallback['directory'] or 'nowhere'}", file=sys.stderr)
     codes = [p.returncode for p in procs]
     for i, code in enumerate(codes):
         if code not in (EXIT_OK, EXIT_FAILED):
             print(f"explore: pool {i} exited with {code}; see {dirs[i] / 'explore.log'}", file=sys.stderr)
     if args.report is not None:
-        print(f"explore: report {_write_report(report, summary)}", file=sys.stderr)
+        print(f"explore: report {save_report(report, summary)}", file=sys.stderr)
     if any(c not in (EXIT_OK, EXIT_FAILED) for c in codes) and not interrupted:
         return EXIT_USAGE
     return EXIT_FAILED if EXIT_FAILED in codes or any(not f["known"] for f in summary["failures"]) else EXIT_OK
 
 
-def _child_argv(args: argparse.Namespace, seed: int, properties: list[str], report: Path) -> list[str]:
+def _child_argv(
+    args: argparse.Namespace, seed: int, properties: list[str], report: Path, started: float | None = None
+) -> list[str]:
     argv = [sys.executable, "-m", "fuzz", "explore", "--pools", "1", "--seed", str(seed)]
+    if started is not None:
+        argv += ["--started", repr(started)]
     argv += ["--budget", str(args.budget), "--backend", args.backend, "--world-size", str(args.world_size)]
     argv += ["--deadline", str(args.deadline), "--corpus", str(args.corpus), "--report", str(report)]
     argv += ["--report-every", str(POOL_REPORT_EVERY_S)]
@@ -165,7 +193,10 @@ def merge(summaries: list[dict[str, Any]], *, seconds: float) -> dict[str, Any]:
             else:
                 seen["hits"] += f["hits"]
                 seen["first_seen"] = min(seen["first_seen"], f["first_seen"])
-                seen["entry"] = seen["entry"] or f["entry"]
+                if not seen["entry"]:
+                    for key in ("entry", "entry_fallback", "in_corpus", "commands"):
+                        if key in f:
+                            seen[key] = f[key]
     per_property: dict[str, Counter[str]] = {}
     for s in summaries:
         for prop, feats in s.get("features_per_property", {}).items():
@@ -181,6 +212,7 @@ def merge(summaries: list[dict[str, Any]], *, seconds: float) -> dict[str, Any]:
         "started_at": first.get("started_at"),
         "seconds": round(seconds, 2),
         "budget": first.get("budget", 0.0),
+        "wall_limit": first.get("wall_limit"),
         "cases": sum(s.get("cases", 0) for s in summaries),
         "interrupted": any(s.get("interrupted", False) for s in summaries),
         "restarts": sum(s.get("restarts", 0) for s in summaries),
@@ -193,6 +225,7 @@ def merge(summaries: list[dict[str, Any]], *, seconds: float) -> dict[str, Any]:
         "features": add("features"),
         "features_per_property": {k: dict(v) for k, v in per_property.items()},
         "failures": sorted(failures.values(), key=lambda f: f["first_seen"]),
+        "corpus_fallback": next((s["corpus_fallback"] for s in summaries if s.get("corpus_fallback")), None),
         "timeline": _merge_timelines([s.get("timeline", []) for s in summaries], list(failures.values())),
         "weights": {k: round(v / len(summaries), 4) for k, v in weights.items()} if summaries else {},
     }
@@ -228,13 +261,14 @@ def _merge_timelines(timelines: list[list[dict[str, Any]]], failures: list[dict[
     return merged
 
 
-def _line(summary: dict[str, Any], pools: int) -> str:
-    from fuzz.explore import _clock
+def _line(summary: dict[str, Any], pools: int, width: int | None = None) -> str:
+    from fuzz.explore import _clock, fit_line
 
     seconds = summary.get("seconds", 0.0)
     rate = summary["cases"] / seconds if seconds > 0 else 0.0
-    fails = ", ".join(f"{f['signature']} x{f['hits']}" for f in summary["failures"]) or "none"
-    return (
-        f"[{_clock(seconds)} / {_clock(summary.get('budget') or 0.0)}] {pools} pools, cases {summary['cases']} "
-        f"({rate:.1f}/s) restarts {summary['restarts']} failures: {fails}"
+    return fit_line(
+        f"[{_clock(seconds)} / {_clock(summary.get('budget') or 0.0)}] {pools} pools, cases {summary['cases']}",
+        [f"({rate:.1f}/s)", f"restarts {summary['restarts']}"],
+        [f"{f['signature']} x{f['hits']}" for f in summary["failures"]],
+        width,
     )

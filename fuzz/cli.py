@@ -7,16 +7,25 @@ or reproduced; 2 bad arguments or an unreadable input, with a message that names
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import random
 import re
 import signal
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Any, NoReturn
 
 from fuzz.errors import ShardfuzzError
+from fuzz.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from fuzz.stop import request_stop
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+# Imported where they are used, not here: fuzz.properties, fuzz.explore, fuzz.database, fuzz.bench
+# import Hypothesis (~0.3 s), fuzz.corpus and fuzz.repro the case model, fuzz.campaign and
+# fuzz.report the coverage checklist; an argument error or `--help` needs none of them.
+# None of them imports this module.
 
 
 class _Parser(argparse.ArgumentParser):
@@ -84,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
         "(rewritten every minute while the campaign runs)",
     )
     ex.add_argument("--report-every", type=float, default=60.0, help=argparse.SUPPRESS)
+    # A pool of --pools K: the time.monotonic() its parent started at, which its budget counts from.
+    ex.add_argument("--started", type=float, default=None, help=argparse.SUPPRESS)
     ex.add_argument(
         "--pools",
         type=positive_int,
@@ -111,9 +122,24 @@ def build_parser() -> argparse.ArgumentParser:
     rr = sub.add_parser(
         "repro", help="write a standalone script (imports only torch) that reproduces one corpus entry under torchrun"
     )
-    rr.add_argument("entry", type=Path, help="a corpus entry (JSON)")
+    rr.add_argument("entry", type=Path, nargs="?", help="a corpus entry (JSON)")
     rr.add_argument(
-        "-o", "--output", type=Path, default=None, metavar="FILE.py", help="where to write the script (default stdout)"
+        "-o", "--output", type=Path, default=None, metavar="FILE", help="where to write the script (default stdout)"
+    )
+    rr.add_argument(
+        "--issue",
+        action="store_true",
+        help="write Markdown for an upstream issue: title, versions, observed and expected, command, script, upstream",
+    )
+    rr.add_argument(
+        "--all",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="render every entry of a corpus directory and print the figures (rendered, code lines)",
+    )
+    rr.add_argument(
+        "--run", action="store_true", help="with --all: run each script under torchrun, print exit statuses"
     )
 
     sub.add_parser("properties", help="list the property names")
@@ -121,11 +147,33 @@ def build_parser() -> argparse.ArgumentParser:
     cp = sub.add_parser("corpus", help="list the corpus entries")
     cp.add_argument("--corpus", type=Path, default=Path("corpus"), help="corpus directory (default ./corpus)")
 
+    cv = sub.add_parser("coverage", help="what the suite draws of torch's API surface (--api)")
+    cv.add_argument(
+        "--api",
+        action="store_true",
+        help="the API-surface table, read from the installed torch: each item drawn (with its count) or why not",
+    )
+    cv.add_argument(
+        "--report",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="a campaign's report directory: counts from its summary.json",
+    )
+
     be = sub.add_parser("bench", help="pool against spawn-per-case on the same cases; ends with 'speedup: <ratio>x'")
     be.add_argument("--cases", type=positive_int, default=100, help="cases through the pool (default 100)")
     be.add_argument("--spawn-cases", type=positive_int, default=5, help="cases through spawn-per-case (default 5)")
     be.add_argument("--seed", type=int, default=0)
-    _pool_args(be)
+    be.add_argument(
+        "--hang",
+        action="store_true",
+        help="instead: the hang cost of planted deadlocks (seconds from a deadlock's start to its result), "
+        "at 2 and 4 ranks unless --world-size is given",
+    )
+    be.add_argument("--runs", type=positive_int, default=1, help="with --hang: deadlocks per plant and world size")
+    _pool_args(be, world_size=False)
+    be.add_argument("--world-size", type=positive_int, default=None, help="number of ranks (default 2)")
     return parser
 
 
@@ -134,8 +182,6 @@ def main(argv: list[str] | None = None) -> int:
     # SIGINT and SIGTERM unwind as Ctrl-C does, so the pool is closed and found failures are saved,
     # and the stop is recorded for loops that check it (fuzz.stop). A SIGINT that a shell left
     # ignored (a background job) stays ignored.
-    from fuzz.stop import request_stop
-
     signal.signal(signal.SIGTERM, request_stop)
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
         signal.signal(signal.SIGINT, request_stop)
@@ -146,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             "repro": _repro,
             "properties": _properties,
             "corpus": _corpus,
+            "coverage": _coverage,
             "bench": _bench,
         }
         return int(handler[args.command](args))
@@ -166,14 +213,24 @@ def _properties(args: argparse.Namespace) -> int:
 
 
 def _explore(args: argparse.Namespace) -> int:
-    import random
-
     from fuzz.properties import all_properties, get_property
 
     props = [get_property(n) for n in args.properties] if args.properties else all_properties()
     too_small = [p.name for p in props if p.min_world_size > args.world_size]
     if too_small:
         raise ShardfuzzError(f"--world-size {args.world_size} is too small for {too_small}")
+    # Every path is checked before the campaign starts: a failure found after minutes of work
+    # must not be lost to a path that could never be written.
+    check_directory("--corpus", args.corpus)
+    if args.report is not None:
+        check_directory("--report", args.report)
+    if not args.no_database:
+        from fuzz.database import ENV_VAR, default_directory
+
+        if args.database is not None:
+            check_directory("--database", args.database)
+        else:  # the default: $SHARDFUZZ_DATABASE where set
+            check_directory(f"${ENV_VAR}" if os.environ.get(ENV_VAR) else "--database", default_directory())
     seed = args.seed if args.seed is not None else random.SystemRandom().getrandbits(32)
     launched = _torchrun_rank()
     if launched is not None:  # one campaign per process that torchrun starts (docs/campaigns.md)
@@ -196,32 +253,38 @@ def _torchrun_rank() -> tuple[int, int] | None:
 
 
 def _explore_one(args: argparse.Namespace, seed: int, props: list[Any]) -> int:
-    import time
-
     from fuzz.database import default_directory, example_database
-    from fuzz.explore import explore
+    from fuzz.explore import StatusLine, explore, grace, process_started
     from fuzz.pool import RankPool
+    from fuzz.report import save_report
+
+    # The budget counts from this process's start (or its --pools parent's): README.md, "Budgets".
+    started = args.started if args.started is not None else process_started()
 
     db_dir = None if args.no_database else (args.database if args.database is not None else default_directory())
     database = example_database(db_dir) if db_dir is not None else None
-    tty = sys.stderr.isatty()
-    last = {"line": 0.0, "report": time.monotonic()}
+    status = StatusLine()
+    last_report = time.monotonic()
 
     def show(progress: Any) -> None:
+        nonlocal last_report
+        status.show(progress.line)
         now = time.monotonic()
-        if now - last["line"] >= (0.5 if tty else 10.0):
-            last["line"] = now
-            print(("\r\x1b[K" if tty else "") + progress.line(), end="" if tty else "\n", file=sys.stderr, flush=True)
-        if args.report is not None and now - last["report"] >= args.report_every:
-            last["report"] = now
-            _write_report(args.report, progress.summary(seed=seed, backend=args.backend, world_size=args.world_size))
+        if args.report is not None and now - last_report >= args.report_every:
+            last_report = now
+            save_report(args.report, progress.summary(seed=seed, backend=args.backend, world_size=args.world_size))
+
+    # Where a failure goes when the corpus cannot take it (fuzz.explore.explore adds the temp dir).
+    fallback = [args.report / "unsaved-corpus"] if args.report is not None else []
 
     print(
         f"explore: {[p.name for p in props]} for {args.budget:.0f}s on {args.world_size} ranks ({args.backend}), "
         f"seed {seed}, corpus {args.corpus}, database {db_dir if db_dir is not None else 'none'}",
         file=sys.stderr,
     )
-    with RankPool(world_size=args.world_size, backend=args.backend, deadline=args.deadline) as pool:
+    pool = RankPool(world_size=args.world_size, backend=args.backend, deadline=args.deadline)
+    try:
+        pool.start()
         print(f"explore: ranks on {', '.join(pool.devices)}", file=sys.stderr)
         progress = explore(
             pool,
@@ -232,9 +295,15 @@ def _explore_one(args: argparse.Namespace, seed: int, props: list[Any]) -> int:
             corpus=args.corpus,
             on_case=show,
             database=database,
+            fallback=fallback,
+            on_note=status.note,
+            started=started,
         )
-    if tty:
-        print(file=sys.stderr)
+    finally:
+        # Ending the ranks gets what the budget leaves of its teardown time (at least 2 s).
+        left = started + args.budget + grace(args.budget) - time.monotonic()
+        pool.close(timeout=min(10.0, max(2.0, left - 3.0)))
+    status.end()
     print(progress.line(), file=sys.stderr)
     if progress.interrupted:
         print("explore: stopped early by a signal; what was found is saved", file=sys.stderr)
@@ -243,34 +312,83 @@ def _explore_one(args: argparse.Namespace, seed: int, props: list[Any]) -> int:
         tag = "known" if found.known else (found.entry.status if found.entry else "unconfirmed")
         if found.known_as:
             tag = f"known (as {found.known_as})"
-        if found.in_corpus:
+        if found.in_corpus and not found.known:
             tag = f"in corpus ({tag})"
+        elif found.known and found.entry is not None and found.entry.upstream:
+            tag = f"{tag}, upstream {found.entry.upstream}"
         repro = ""
         if found.entry and not found.known and not found.in_corpus:
-            repro = (
-                f", reproduced {found.entry.reproduced}/{found.entry.reruns}"
-                if found.entry.reruns
-                else ", not re-run: the campaign was stopped first"
-            )
+            # what the campaign could not finish for it (its shrink, its re-runs) is said too
+            done = [f"reproduced {found.entry.reproduced}/{found.entry.reruns}"] if found.entry.reruns else []
+            repro = "".join(f", {part}" for part in done + found.unfinished)
         print(
             f"{tag}: {found.failure.signature} x{found.hits} (size {found.case.size}{repro}): "
             f"{found.failure.summary}{where}",
             file=sys.stderr,
         )
+    if progress.corpus_fallback is not None:
+        where = progress.corpus_fallback["directory"] or "nowhere"
+        print(f"explore: {progress.corpus_fallback['reason']}; entries saved to {where}", file=sys.stderr)
+    first_new = next((f for f in progress.new_failures if f.path is not None), None)
+    if first_new is not None:
+        from fuzz.report import next_commands
+
+        print(f"explore: next: {'  or  '.join(next_commands(first_new.path or ''))}", file=sys.stderr)
     if args.report is not None:
-        html = _write_report(args.report, progress.summary(seed=seed, backend=args.backend, world_size=args.world_size))
+        html = save_report(args.report, progress.summary(seed=seed, backend=args.backend, world_size=args.world_size))
         print(f"explore: report {html}", file=sys.stderr)
     return EXIT_FAILED if progress.new_failures else EXIT_OK
 
 
-def _write_report(directory: Path, summary: dict[str, Any]) -> Path:
-    from fuzz.report import write_report
-
+def check_directory(argument: str, path: Path) -> None:
+    """Raise ShardfuzzError (exit 2), naming ``argument``, unless ``path`` is a directory this
+    process can write files in, or one that can be created (missing parents included)."""
     try:
-        _, html = write_report(directory, summary)
+        if path.exists() and not path.is_dir():
+            raise ShardfuzzError(f"{argument} {path}: exists and is not a directory")
+        existing = path
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if existing != path and not existing.is_dir():
+            raise ShardfuzzError(f"{argument} {path}: {existing} is not a directory")
     except OSError as e:
-        raise ShardfuzzError(f"--report {directory}: cannot write the report: {e.strerror or e}") from None
-    return html
+        raise ShardfuzzError(f"{argument} {path}: cannot be read: {e.strerror or e}") from None
+    problem = _cannot_write_in(existing if str(existing) else Path("."))
+    if problem is not None:
+        where = "" if existing == path else f"cannot be created: {existing} is "
+        raise ShardfuzzError(f"{argument} {path}: {where}not writable ({problem})")
+
+
+def check_output_file(argument: str, path: Path) -> None:
+    """Raise ShardfuzzError (exit 2), naming ``argument``, unless ``path`` can be written as a file."""
+    parent = path.parent
+    try:
+        if path.is_dir():
+            raise ShardfuzzError(f"{argument} {path}: is a directory; name a file")
+        if not parent.exists():
+            raise ShardfuzzError(f"{argument} {path}: directory {parent} does not exist")
+        if not parent.is_dir():
+            raise ShardfuzzError(f"{argument} {path}: {parent} is not a directory")
+        if path.exists():
+            os.close(os.open(path, os.O_WRONLY))  # opened, not truncated: the file stays as it is
+            return
+    except OSError as e:
+        raise ShardfuzzError(f"{argument} {path}: not writable ({e.strerror or e})") from None
+    problem = _cannot_write_in(parent)
+    if problem is not None:
+        raise ShardfuzzError(f"{argument} {path}: directory {parent} is not writable ({problem})")
+
+
+def _cannot_write_in(directory: Path) -> str | None:
+    """Why no file can be created in ``directory`` (None if one can). Found by creating and
+    removing one: permission bits do not bind root, and a read-only filesystem does not show in them."""
+    try:
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=".shardfuzz-probe-")
+    except OSError as e:
+        return e.strerror or errno.errorcode.get(e.errno or 0, str(e))
+    os.close(fd)
+    os.unlink(probe)
+    return None
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -288,26 +406,67 @@ def _replay(args: argparse.Namespace) -> int:
         print(f"replay: {args.entry} passes now (was {entry.signature})")
         return EXIT_OK
     same = "same signature" if failure.signature == entry.signature else f"was {entry.signature}"
-    print(f"replay: {args.entry} still fails: {failure.signature} ({same}): {failure.summary}")
+    print(f"replay: {args.entry} still fails: {failure.signature} ({same}): {_full_summary(failure)}")
+    if entry.status == "known":
+        from fuzz.report import upstream_url
+
+        url = upstream_url(entry.upstream)
+        upstream = f"upstream {entry.upstream}" + (f" ({url})" if url and url != entry.upstream else "")
+        print(f"replay: a known torch bug, {upstream if entry.upstream else 'no upstream issue'}: {entry.summary}")
     return EXIT_FAILED
+
+
+def _full_summary(failure: Any) -> str:
+    """The failure's summary, with an exception's message in full where the summary cut it
+    (fuzz.signature keeps the first 300 characters, for signatures and tables), and at most
+    2000 characters, cut at a word boundary."""
+    from fuzz.report import shorten
+
+    summary = str(failure.summary)
+    ranks = failure.details.get("ranks") if isinstance(failure.details, dict) else None
+    if failure.kind == "exception" and isinstance(ranks, list):
+        first = next((r for r in ranks if isinstance(r, dict) and r.get("exc_type")), None)
+        if first is not None and first.get("message"):
+            summary = f"rank {first.get('rank')} raised {first['exc_type']}: {first['message']}"
+    return shorten(" ".join(summary.split()), 2000)
 
 
 def _repro(args: argparse.Namespace) -> int:
     from fuzz.corpus import load_entry
     from fuzz.repro import render_entry
 
+    if args.all is not None:
+        if args.entry is not None or args.output is not None or args.issue:
+            raise ShardfuzzError("--all DIR takes no ENTRY, -o or --issue")
+        from fuzz.repro.bench import bench_all
+
+        bench_all(args.all, run=args.run)
+        return EXIT_OK
+    if args.entry is None:
+        raise ShardfuzzError("name a corpus entry (ENTRY.json), or a corpus directory with --all DIR")
+    if args.run:
+        raise ShardfuzzError("--run goes with --all DIR")
     entry = load_entry(args.entry)
+    if args.output is not None:
+        check_output_file("-o", args.output)
     script = render_entry(entry, source=str(args.entry))
+    if args.issue:
+        from fuzz.repro.issue import render_issue
+
+        script = render_issue(entry, script, source=str(args.entry))
     if args.output is None:
         sys.stdout.write(script)
         return EXIT_OK
     try:
         args.output.write_text(script)
     except OSError as e:
-        raise ShardfuzzError(f"-o {args.output}: cannot write the script: {e.strerror or e}") from None
+        raise ShardfuzzError(
+            f"-o {args.output}: cannot write the {'issue' if args.issue else 'script'}: {e.strerror or e}"
+        ) from None
+    run = f"torchrun --nproc-per-node {entry.case.world_size} {'repro.py' if args.issue else args.output}"
     print(
-        f"repro: wrote {args.output}; run it with "
-        f"torchrun --nproc-per-node {entry.case.world_size} {args.output} (exit 1 if the failure reproduces)",
+        f"repro: wrote {args.output}; run {'its script' if args.issue else 'it'} with {run} "
+        "(exit 1 if the failure reproduces)",
         file=sys.stderr,
     )
     return EXIT_OK
@@ -333,12 +492,39 @@ def _corpus(args: argparse.Namespace) -> int:
     return EXIT_USAGE if problems else EXIT_OK
 
 
-def _bench(args: argparse.Namespace) -> int:
-    from fuzz.bench import bench
+def _coverage(args: argparse.Namespace) -> int:
+    """The API-surface table (fuzz.api_surface), with the counts of a campaign's summary.json."""
+    import json
 
+    from fuzz.api_surface import api_coverage, format_table
+
+    if not args.api:
+        raise ShardfuzzError("name what to measure: --api (the API surface of the installed torch)")
+    features = None
+    if args.report is not None:
+        path = args.report / "summary.json"
+        try:
+            summary = json.loads(path.read_text())
+        except OSError as e:
+            raise ShardfuzzError(f"--report {args.report}: cannot read {path}: {e.strerror or e}") from None
+        except ValueError as e:
+            raise ShardfuzzError(f"--report {args.report}: {path} is not JSON: {e}") from None
+        raw = summary.get("features") if isinstance(summary, dict) else None
+        features = raw if isinstance(raw, dict) else {}
+    sys.stdout.write(format_table(api_coverage(features)))
+    return EXIT_OK
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from fuzz.bench import bench, bench_hang
+
+    if args.hang:
+        sizes = (args.world_size,) if args.world_size is not None else (2, 4)
+        bench_hang(backend=args.backend, world_sizes=sizes, runs=args.runs, deadline=args.deadline)
+        return EXIT_OK
     bench(
         backend=args.backend,
-        world_size=args.world_size,
+        world_size=args.world_size or 2,
         pool_cases=args.cases,
         spawn_cases=args.spawn_cases,
         seed=args.seed,

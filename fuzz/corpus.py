@@ -9,7 +9,9 @@ there is one): hitting it again is reported but is not a new failure.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
+import fcntl
 import hashlib
 import json
 import os
@@ -20,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fuzz.case import Case, case_from_json, case_to_json
+from fuzz import known
 from fuzz.errors import CaseError, ShardfuzzError
+from fuzz.model import Case, case_from_json, case_to_json
 from fuzz.signature import Failure, same_bug
 
 ENTRY_SCHEMA = 1
@@ -44,6 +47,9 @@ class Entry:
     count: int = 1
     status: str = "new"
     upstream: str | None = None
+    #: The record of :mod:`fuzz.known` this ``known`` entry stands for (set by a person); its
+    #: upstream reference then comes from the record, the one place it is kept.
+    bug: str | None = None
     #: Other signatures of the same bug, set by a person: where another backend or torch version
     #: meets it in another innermost frame (e.g. a foreach kernel on CUDA, a loop on CPU).
     aliases: tuple[str, ...] = ()
@@ -66,7 +72,7 @@ class Entry:
             "signature": self.signature,
             "summary": self.summary,
             "status": self.status,
-            "upstream": self.upstream,
+            **({"bug": self.bug} if self.bug else {"upstream": self.upstream}),
             **({"aliases": list(self.aliases)} if self.aliases else {}),
             "count": self.count,
             "reruns": self.reruns,
@@ -144,6 +150,13 @@ def load_entry(path: str | os.PathLike[str]) -> Entry:
     status = data.get("status", "new")
     if status not in STATUSES:
         raise ShardfuzzError(f"{p}: status {status!r} is not one of {STATUSES}")
+    bug = data.get("bug")
+    upstream = data.get("upstream")
+    if bug is not None:
+        if bug not in known.BUGS:
+            raise ShardfuzzError(f"{p}: field 'bug' names no known bug: {bug!r:.80} (see fuzz/known.py)")
+        record = known.BUGS[bug]
+        upstream = record.upstream if record.upstream != known.NONE_FOUND else None
     return Entry(
         case=case,
         kind=data["kind"],
@@ -158,7 +171,8 @@ def load_entry(path: str | os.PathLike[str]) -> Entry:
         reproduced=_count(p, data, "reproduced", 0),
         count=_count(p, data, "count", 1),
         status=status,
-        upstream=data.get("upstream"),
+        upstream=upstream,
+        bug=bug,
         aliases=tuple(aliases),
     )
 
@@ -198,19 +212,28 @@ class CorpusIndex:
         self._exact = {sig: (p, e) for p, e in entries for sig in e.signatures}
         self._known = [(sig, p, e) for p, e in entries if e.status == "known" for sig in sorted(e.signatures)]
 
-    def match(self, signature: str) -> tuple[Path, Entry] | None:
-        """The entry a failure signed ``signature`` is counted against, or None."""
+    def match(self, signature: str, case: Case | None = None, kind: str = "") -> tuple[Path, Entry] | None:
+        """The entry a failure signed ``signature`` (of ``kind``, met in ``case``) is counted
+        against, or None. Beyond signatures, a mismatch in a case that meets the condition of a
+        known bug that shows as a mismatch (:func:`fuzz.known.explains`) is counted against
+        that bug's entry, preferring one of the same property."""
         hit = self._exact.get(signature)
         if hit is not None:
             return hit
         for sig, path, entry in self._known:
             if same_bug(sig, signature):
                 return path, entry
+        if case is not None:
+            bugs = {b.id for b in known.explains(case, kind)}
+            candidates = [(p, e) for _, p, e in self._known if e.bug in bugs]
+            candidates.sort(key=lambda pe: pe[1].case.property != case.property)
+            if candidates:
+                return candidates[0]
         return None
 
-    def known(self, signature: str) -> Entry | None:
+    def known(self, signature: str, case: Case | None = None, kind: str = "") -> Entry | None:
         """The ``known`` entry whose bug a failure signed ``signature`` is, or None."""
-        hit = self.match(signature)
+        hit = self.match(signature, case, kind)
         return hit[1] if hit is not None and hit[1].status == "known" else None
 
 
@@ -236,6 +259,13 @@ class KnownBugs(Mapping[str, str]):
     def __len__(self) -> int:
         return len(self._own)
 
+    def explain(self, signature: str, case: Case | None = None, kind: str = "") -> str | None:
+        """The upstream issue (or "no upstream issue") of the known bug a failure is, by its
+        signature or, for a mismatch, by the known bug its case meets (CorpusIndex.match);
+        None if it is no known bug."""
+        entry = self._index.known(signature, case, kind)
+        return None if entry is None else entry.upstream or "no upstream issue"
+
 
 def save_entry(directory: str | os.PathLike[str], entry: Entry) -> tuple[Path, Entry]:
     """Write ``entry``, merging with an existing entry of the same signature.
@@ -246,24 +276,63 @@ def save_entry(directory: str | os.PathLike[str], entry: Entry) -> tuple[Path, E
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     path = d / entry.file_name
-    if path.exists():
-        try:
-            old = load_entry(path)
-        except ShardfuzzError:
-            old = None
-        if old is not None and old.signature == entry.signature:
-            keep = entry if entry.case.size < old.case.size else old
-            entry = Entry(
-                **{
-                    **keep.__dict__,
-                    "count": old.count + entry.count,
-                    "status": old.status if old.status == "known" else keep.status,
-                    "upstream": old.upstream or entry.upstream,
-                    "aliases": old.aliases or entry.aliases,
-                }
-            )
-    _atomic_write(path, json.dumps(entry.to_json(), indent=1, sort_keys=True) + "\n")
+    with _locked(d):
+        if path.exists():
+            try:
+                old = load_entry(path)
+            except ShardfuzzError:
+                old = None
+            if old is not None and old.signature == entry.signature:
+                keep = entry if entry.case.size < old.case.size else old
+                entry = Entry(
+                    **{
+                        **keep.__dict__,
+                        "count": old.count + entry.count,
+                        "status": old.status if old.status == "known" else keep.status,
+                        "upstream": old.upstream or entry.upstream,
+                        "bug": old.bug or entry.bug,
+                        "aliases": old.aliases or entry.aliases,
+                    }
+                )
+        _atomic_write(path, json.dumps(entry.to_json(), indent=1, sort_keys=True) + "\n")
     return path, entry
+
+
+def add_hits(path: str | os.PathLike[str], signature: str, hits: int) -> int | None:
+    """Add ``hits`` to the count of the entry at ``path`` (whose signature must be ``signature``),
+    rewriting it atomically; returns the new count, or None where the file is gone, unreadable
+    or now holds another signature. Every other field, and the file's own JSON layout, is kept."""
+    p = Path(path)
+    with _locked(p.parent):
+        try:
+            data = json.loads(p.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            return None
+        count = data.get("count", 1) if isinstance(data, dict) else None
+        if not isinstance(data, dict) or data.get("signature") != signature or not isinstance(count, int):
+            return None
+        data["count"] = count + hits
+        _atomic_write(p, json.dumps(data, indent=1, sort_keys=True) + "\n")
+    return int(data["count"])
+
+
+@contextlib.contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    """An exclusive lock on the corpus directory itself (no lock file is left in it), so that
+    campaigns sharing a corpus (``--pools``, several hosts on one filesystem) do not lose each
+    other's read-modify-write of one entry. Where the directory cannot be locked (a filesystem
+    without flock), the write goes ahead unlocked: each write is still atomic."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        yield
+        return
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -277,3 +346,18 @@ def _atomic_write(path: Path, text: str) -> None:
     except BaseException:
         os.unlink(tmp)
         raise
+
+
+def builtin_corpus() -> Path | None:
+    """The suite's own corpus (its known torch bugs): ``corpus/`` beside the package in a source
+    checkout or an editable install, else where a wheel installs it (``share/shardfuzz/corpus``
+    under the environment's data directory); None if neither exists."""
+    import sysconfig
+
+    for candidate in (
+        Path(__file__).resolve().parent.parent / "corpus",
+        Path(sysconfig.get_path("data")) / "share" / "shardfuzz" / "corpus",
+    ):
+        if candidate.is_dir() and any(candidate.glob("*.json")):
+            return candidate
+    return None

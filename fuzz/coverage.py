@@ -6,8 +6,8 @@ feature-event names, the strings each property's ``features(case)`` emits (``mes
 ``variant:reshard_after_forward:int``, ``api:split``...), by a regular expression that must
 match the whole name. :func:`coverage` turns a campaign's feature counts into one row per item.
 
-Items the strategies cannot draw yet (tensor parallel, CPUOffloadPolicy on CPU, torch.compile,
-...) are listed too, with ``generated=False`` and the name such a case would emit, so a report
+Items the strategies cannot draw on CPU (CPUOffloadPolicy, drawn for accelerator pools only) or
+at all yet are listed too, with ``generated=False`` and the name such a case would emit, so a report
 shows them as never exercised instead of leaving them out. tests/test_report.py draws cases of
 every property and checks both directions: each generated item matches a name that is really
 emitted (a renamed feature cannot make an item look unexercised), and no emitted name matches
@@ -71,8 +71,10 @@ CHECKLIST: tuple[Item, ...] = (
     _item("fsdp2.mp_reduce", "MixedPrecisionPolicy reduce_dtype", _FS, rf"{_V}mp:reduce_dtype:\w+"),
     _item("fsdp2.mp_output", "MixedPrecisionPolicy output_dtype", _FS, rf"{_V}mp:output_dtype:\w+"),
     _item("fsdp2.mp_no_cast", "MixedPrecisionPolicy cast_forward_inputs=False", _FS, rf"{_V}mp:no_cast_forward_inputs"),
-    # CPUOffloadPolicy needs an accelerator; ShardSpec.offload exists but is never drawn.
-    _item("fsdp2.cpu_offload", "fully_shard CPUOffloadPolicy", _FS, rf"{_V}offload", generated=False),
+    # CPUOffloadPolicy needs an accelerator: drawn for pools with one (nccl) only, never on CPU.
+    _item(
+        "fsdp2.cpu_offload", "fully_shard CPUOffloadPolicy (accelerator pools)", _FS, rf"{_V}offload", generated=False
+    ),
     _item(
         "fsdp2.shard_placement",
         "fully_shard shard_placement_fn (Shard(1))",

@@ -4,8 +4,15 @@ The campaign runs Hypothesis in chunks (a few dozen examples each, a fresh seed 
 the campaign seed each time), round-robin over the chosen properties, until the budget or
 ``max_examples`` is spent. A failure is shrunk by Hypothesis, re-run to count how often it
 reproduces, and saved to the corpus under its signature; a signature seen before in this
-campaign or in the corpus is counted, not shrunk again. The budget is checked before each new
-example; a shrink in progress may finish, within ``SHRINK_OVERRUN`` of the budget.
+campaign or in the corpus is counted, not shrunk again.
+
+Budget: no example starts after ``budget`` seconds, and the campaign's work (cases, shrinks,
+re-runs) ends ``TEARDOWN_S`` before ``budget + grace(budget)``, so that a campaign, start-up and
+teardown included, ends within that much wall time (:class:`Clock`). Every case's deadline is cut
+to the time left; a case cut short that way is left unjudged, not taken for a hang. A failure's
+shrink runs for at most ``max(SHRINK_MIN_S, SHRINK_SHARE x budget)`` and stops early enough to
+leave time for its re-runs; a shrink cut short keeps the smallest failing case found so far, and
+the entry says that it is not fully shrunk (and, where re-runs were cut, not confirmed).
 
 With an example ``database`` (see :mod:`fuzz.database`), every failure Hypothesis shrinks is also
 saved there under the property's key, and the first chunk of each property replays the saved
@@ -37,10 +44,14 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import random
+import shutil
+import sys
+import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -51,19 +62,71 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis.database import ExampleDatabase
 from hypothesis.errors import Flaky, HypothesisException
 
-from fuzz.case import Case
-from fuzz.corpus import CorpusIndex, Entry, entry_from_failure, load_corpus, save_entry
+from fuzz.corpus import CorpusIndex, Entry, add_hits, entry_from_failure, load_corpus, save_entry
 from fuzz.database import database_key, use_database_key
+from fuzz.model import Case
 from fuzz.pool import RankPool
 from fuzz.properties import Property
+from fuzz.report import first_check, next_commands, upstream_url
 from fuzz.signature import Failure
 from fuzz.stop import clear_stop, raise_if_stopped, stop_requested
+from fuzz.verdict import OutcomeKind
 
 CHUNK_EXAMPLES = 25
-SHRINK_OVERRUN = 0.25  # of the budget, at least 60 s
 RERUNS = 3
+#: A campaign ends within budget + max(GRACE_MIN_S, GRACE_SHARE x budget) seconds of wall time.
+GRACE_MIN_S = 30.0
+GRACE_SHARE = 0.05
+#: Of that, the last TEARDOWN_S seconds are left for ending the ranks and writing the report.
+TEARDOWN_S = 8.0
+#: One failure's shrink runs for at most max(SHRINK_MIN_S, SHRINK_SHARE x budget) seconds.
+SHRINK_MIN_S = 20.0
+SHRINK_SHARE = 0.1
 #: Samples of the campaign's progress kept for the report (at most this many, evenly spread).
 TIMELINE_POINTS = 400
+
+
+def grace(budget: float) -> float:
+    """Seconds past ``budget`` within which a campaign ends: max(GRACE_MIN_S, GRACE_SHARE x budget)."""
+    return max(GRACE_MIN_S, GRACE_SHARE * budget)
+
+
+def process_started() -> float:
+    """``time.monotonic()`` at the start of this process (Linux: from /proc), else now: a
+    campaign's clock includes the interpreter's start-up and imports."""
+    now = time.monotonic()
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        age = uptime - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return now
+    return now - min(max(age, 0.0), 600.0)
+
+
+@dataclass(frozen=True)
+class Clock:
+    """A campaign's time: ``started`` (``time.monotonic()``) and its ``budget`` in seconds.
+
+    No example starts after ``budget``; all work (cases, shrinks, re-runs) ends by :attr:`work_end`,
+    which leaves TEARDOWN_S of :attr:`wall_limit` for ending the ranks and writing the report."""
+
+    started: float
+    budget: float
+
+    @property
+    def wall_limit(self) -> float:
+        """Seconds after ``started`` by which the campaign has ended."""
+        return self.budget + grace(self.budget)
+
+    @property
+    def work_end(self) -> float:
+        return self.wall_limit - TEARDOWN_S
+
+    def shrink_allowance(self) -> float:
+        return max(SHRINK_MIN_S, SHRINK_SHARE * self.budget)
 
 
 class Scheduler:
@@ -138,7 +201,21 @@ class Found:
     entry: Entry | None = None
     path: Path | None = None
     first_seen: float = 0.0  # seconds into the campaign
-    in_corpus: bool = False  # its signature had a (not known) corpus entry before this campaign
+    in_corpus: bool = False  # counted against a corpus entry (known or not) that predates this campaign
+    #: Hits already added to that entry's count in the corpus file (fuzz.corpus.add_hits).
+    counted: int = 0
+    #: Saved to a fallback directory because the corpus could not be written.
+    fallback: bool = False
+    #: Hypothesis finished shrinking it (False: the budget or a stop cut the shrink short, and
+    #: ``case`` is the smallest failing case found until then).
+    shrunk: bool = False
+    #: The features of ``case`` (the property's ``features``), for grouping failures by cause.
+    features: tuple[str, ...] = ()
+    #: Seconds its latest failing run took (what a re-run is expected to cost).
+    seconds: float = 0.0
+    #: What the campaign could not finish for it, in words ("not fully shrunk: ...", "not
+    #: confirmed: ..."); also in its entry's ``details["unfinished"]``.
+    unfinished: list[str] = field(default_factory=list)
 
     @property
     def known_as(self) -> str | None:
@@ -164,6 +241,8 @@ class Progress:
     started_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     timeline: list[dict[str, Any]] = field(default_factory=list)
     weights: dict[str, float] = field(default_factory=dict)
+    #: Where entries went when the corpus could not be written: {"directory": ..., "reason": ...}.
+    corpus_fallback: dict[str, str] | None = None
     _sample_every: float = 1.0
 
     def sample(self, *, force: bool = False) -> None:
@@ -191,12 +270,14 @@ class Progress:
     def new_failures(self) -> list[Found]:
         return [f for f in self.found.values() if not f.known]
 
-    def line(self) -> str:
+    def line(self, width: int | None = None) -> str:
+        """The status line; with ``width``, fitted to that many columns (:func:`fit_line`)."""
         rate = self.cases / self.elapsed if self.elapsed > 0 else 0.0
-        by_sig = ", ".join(f"{f.failure.signature} x{f.hits}" for f in self.found.values()) or "none"
-        return (
-            f"[{_clock(self.elapsed)} / {_clock(self.budget)}] cases {self.cases} ({rate:.1f}/s) "
-            f"restarts {self.restarts} failures: {by_sig}"
+        return fit_line(
+            f"[{_clock(self.elapsed)} / {_clock(self.budget)}] cases {self.cases}",
+            [f"({rate:.1f}/s)", f"restarts {self.restarts}"],
+            [f"{f.failure.signature} x{f.hits}" for f in self.found.values()],
+            width,
         )
 
     def summary(self, *, seed: int, backend: str, world_size: int, pools: int = 1) -> dict[str, Any]:
@@ -207,6 +288,7 @@ class Progress:
             "started_at": self.started_at,
             "seconds": round(self.elapsed, 2),
             "budget": self.budget,
+            "wall_limit": round(self.budget + grace(self.budget), 2) if math.isfinite(self.budget) else None,
             "cases": self.cases,
             "interrupted": self.interrupted,
             "restarts": self.restarts,
@@ -226,16 +308,110 @@ class Progress:
                     "hits": f.hits,
                     "known": f.known,
                     "known_as": f.known_as,
-                    "in_corpus": f.in_corpus,
+                    "bug": f.entry.bug if f.entry is not None else None,
+                    "check": first_check(f.failure.signature, f.failure.details),
+                    "features": list(f.features),
+                    # for an entry this campaign made: whether its shrink and its re-runs finished
+                    "shrunk": None if f.in_corpus else f.shrunk,
+                    "unfinished": list(f.unfinished),
+                    "reruns": f.entry.reruns if f.entry is not None and not f.in_corpus else None,
+                    "reproduced": f.entry.reproduced if f.entry is not None and not f.in_corpus else None,
+                    # an entry file in the corpus holds it (it was there before, or this campaign saved it)
+                    "in_corpus": f.path is not None and not f.fallback,
+                    "seen_before": f.in_corpus,
+                    "status": f.entry.status if f.entry is not None else None,
+                    "upstream": f.entry.upstream if f.entry is not None else None,
+                    "upstream_url": upstream_url(f.entry.upstream) if f.entry is not None else None,
+                    "entry_summary": f.entry.summary if f.entry is not None else None,
                     "summary": f.failure.summary,
                     "entry": str(f.path) if f.path else None,
+                    "entry_fallback": f.fallback,
+                    "commands": next_commands(f.path) if f.path else [],
                     "first_seen": round(f.first_seen, 2),
                 }
                 for f in self.found.values()
             ],
+            "corpus_fallback": self.corpus_fallback,
             "timeline": self.timeline,
             "weights": {k: round(v, 4) for k, v in self.weights.items()},
         }
+
+
+def fit_line(head: str, extras: Sequence[str], failures: Sequence[str], width: int | None) -> str:
+    """``head`` (always kept), then ``extras`` (most important first), then the failures.
+
+    Without ``width``, all of it. Within ``width`` columns, what is least important goes first:
+    the list of failure signatures is cut (their number stays), then the extras from the last,
+    and at last the line itself.
+    """
+    listed = "failures: " + (", ".join(failures) or "none")
+    line = " ".join([head, *extras, listed])
+    if width is None or len(line) <= width:
+        return line
+    count = f"failures: {len(failures)}" if failures else "failures: none"
+    for keep in range(len(extras), -1, -1):
+        short = " ".join([head, *extras[:keep], count])
+        if len(short) <= width:
+            room = width - len(short) - 3  # " (" and ")"
+            if failures and room >= 8:
+                short += f" ({_clip(', '.join(failures), room)})"
+            return short
+    return _clip(" ".join([head, count]), width)
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(width - 3, 0)] + "..."[: max(width, 0)]
+
+
+class StatusLine:
+    """The live progress line on stderr.
+
+    On a terminal it is redrawn in place (carriage return, erase line) at most every
+    ``every_tty`` seconds and fitted to the terminal's width less one column, so it never wraps
+    (a wrapped line is not erased by the next redraw, and copies would stack up). Elsewhere (a
+    log file, CI) the whole line is printed as a plain line at most every ``every_plain``
+    seconds. :meth:`note` prints a message on a line of its own without breaking the redraw.
+    """
+
+    def __init__(
+        self, stream: Any = None, *, tty: bool | None = None, every_tty: float = 0.5, every_plain: float = 10.0
+    ) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = self.stream.isatty() if tty is None else tty
+        self.every = every_tty if self.tty else every_plain
+        self.last = -math.inf
+        self.drawn = False
+
+    def width(self) -> int:
+        return max(shutil.get_terminal_size().columns - 1, 20)
+
+    def show(self, make: Callable[[int | None], str], *, force: bool = False) -> bool:
+        """Draw ``make(width)`` (``width`` None off a terminal) if it is time; returns whether it drew."""
+        now = time.monotonic()
+        if not force and now - self.last < self.every:
+            return False
+        self.last = now
+        if self.tty:
+            self.stream.write("\r\x1b[K" + make(self.width()))
+            self.drawn = True
+        else:
+            self.stream.write(make(None) + "\n")
+        self.stream.flush()
+        return True
+
+    def note(self, message: str) -> None:
+        """``message`` on its own line; the status line is redrawn by the next :meth:`show`."""
+        self.stream.write(("\r\x1b[K" if self.drawn else "") + message + "\n")
+        self.stream.flush()
+        self.drawn = False
+        self.last = -math.inf
+
+    def end(self) -> None:
+        """Leave the line that was redrawn in place, so that what follows starts on a fresh one."""
+        if self.drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+        self.drawn = False
 
 
 def _clock(seconds: float) -> str:
@@ -258,6 +434,32 @@ def run_case(pool: RankPool, prop: Property, case: Case) -> Failure | None:
     return prop.judge(case, pool.run(case, stall=prop.stall))
 
 
+class _Cut:
+    """A case that the campaign's time ran out on: not judged (see :func:`_run_in_time`)."""
+
+
+CUT = _Cut()
+
+
+def _run_in_time(pool: RankPool, prop: Property, case: Case, progress: Progress, until: float) -> Failure | _Cut | None:
+    """:func:`run_case` within ``until`` seconds of the campaign's clock: waiting for the ranks
+    to join and the case's deadline are both cut to the time left. A case that reaches a
+    deadline shorter than the pool's own because of that is :data:`CUT`, not a hang: it was
+    not given the time a case is promised. A hang that the stack samples show (a stall, or
+    the generic rule) is a hang whatever the deadline."""
+    left = until - progress.elapsed
+    if left <= 0 or not pool.wait_ready(left):
+        return CUT
+    left = until - progress.elapsed
+    if left <= 0:
+        return CUT
+    limit = min(pool.deadline, left)
+    outcome = pool.run(case, deadline=limit, stall=prop.stall)
+    if outcome.kind is OutcomeKind.HANG and outcome.stalled is None and limit < pool.deadline:
+        return CUT
+    return prop.judge(case, outcome)
+
+
 def explore(
     pool: RankPool,
     properties: list[Property],
@@ -269,15 +471,29 @@ def explore(
     on_case: Callable[[Progress], None] | None = None,
     reruns: int = RERUNS,
     database: ExampleDatabase | None = None,
+    fallback: Sequence[Path] = (),
+    on_note: Callable[[str], None] | None = None,
+    started: float | None = None,
 ) -> Progress:
     """Explore ``properties`` on ``pool`` for ``budget`` seconds; returns what was seen.
+
+    ``started``: the ``time.monotonic()`` the campaign's clock starts from (default: now); the
+    command line passes its process's start, so that the budget covers start-up. The work ends
+    ``TEARDOWN_S`` before ``budget + grace(budget)`` (:class:`Clock`).
 
     ``database``: a Hypothesis example database that failures are saved to and replayed from
     (each property's first chunk replays it first); None for none.
 
+    ``fallback``: directories tried in turn, then one under the system's temporary directory,
+    for an entry that cannot be written to ``corpus`` (disk full, directory removed or made
+    read-only during the campaign): the failure is kept there, ``on_note`` (default: a line on
+    stderr) says where, and the campaign goes on. A corpus entry met again gets its count raised
+    by the new hits, in its file (after each chunk and at the end).
+
     Ctrl-C (KeyboardInterrupt) ends the campaign early; what was found is kept and saved.
     """
-    progress = Progress(started=time.monotonic(), budget=budget)
+    clock = Clock(started=time.monotonic() if started is None else started, budget=budget)
+    progress = Progress(started=clock.started, budget=budget)
     progress._sample_every = max(1.0, budget / TIMELINE_POINTS) if math.isfinite(budget) else 1.0
     progress.sample(force=True)
     corpus_entries = CorpusIndex(load_corpus(corpus)[0] if corpus is not None else [])
@@ -285,8 +501,14 @@ def explore(
     by_name = {p.name: p for p in properties}
     scheduler = Scheduler(by_name, rng)
     discoveries = Discoveries()
-    hard_stop = budget + max(60.0, SHRINK_OVERRUN * budget)
     replayed: set[str] = set()
+    note = on_note if on_note is not None else _note_on_stderr
+    fallbacks = [*fallback, Path(tempfile.gettempdir()) / "shardfuzz-unsaved-corpus"]
+
+    def save(found: Found, entry: Entry) -> None:
+        assert corpus is not None
+        found.path, found.entry = _save(corpus, entry, fallbacks, progress, note)
+        found.fallback = found.path is not None and found.path.parent != corpus
 
     def spent() -> bool:
         raise_if_stopped()
@@ -306,15 +528,16 @@ def explore(
                 rng.getrandbits(64),
                 progress,
                 corpus_entries,
-                budget,
-                hard_stop,
+                clock,
+                reruns,
                 on_case,
                 database=database,
                 reuse=reuse,
                 discoveries=discoveries,
             )
             for found in pending:
-                _confirm_and_save(pool, prop, found, progress, corpus, reruns)
+                _confirm_and_save(pool, prop, found, corpus, reruns, save, progress, clock.work_end)
+            _count_hits(progress)
             scheduler.record(
                 prop.name,
                 seconds=time.monotonic() - started,
@@ -329,16 +552,13 @@ def explore(
         progress.interrupted = True
         for found in progress.found.values():  # keep what was found, unconfirmed
             if found.entry is None and corpus is not None and not found.known:
-                entry = entry_from_failure(
-                    found.case,
-                    found.failure,
-                    versions=pool.versions,
-                    backend=pool.backend,
-                    device_kind=_device_kind(pool),
-                    reruns=0,
-                    reproduced=0,
-                )
-                found.path, found.entry = save_entry(corpus, entry)
+                if not found.shrunk:
+                    found.unfinished.append("not fully shrunk: the campaign was stopped first")
+                if reruns:
+                    why = f"not confirmed: re-run 0 of {reruns} times, the campaign was stopped first"
+                    found.unfinished.append(why)
+                save(found, _entry(pool, found, reruns=0, reproduced=0))
+    _count_hits(progress)
     progress.interrupted = progress.interrupted or stop_requested()
     clear_stop()
     progress.restarts = pool.restarts
@@ -354,8 +574,8 @@ def _run_chunk(
     chunk_seed: int,
     progress: Progress,
     corpus_entries: CorpusIndex,
-    budget: float,
-    hard_stop: float,
+    clock: Clock,
+    reruns: int,
     on_case: Callable[[Progress], None] | None,
     *,
     database: ExampleDatabase | None = None,
@@ -365,10 +585,14 @@ def _run_chunk(
     """Run up to ``n`` examples of ``prop``; returns the failures new to this campaign and corpus.
 
     With ``reuse``, the failures saved in ``database`` for this property run first.
-    ``discoveries`` records each case's features.
+    ``discoveries`` records each case's features. No example starts after the budget; once a
+    failure is being shrunk, none starts after its shrink allowance (:meth:`Clock.shrink_allowance`)
+    or once only the time its re-runs need is left; a shrink cut short leaves its failures
+    marked as not fully shrunk (:attr:`Found.shrunk`).
     """
     new: dict[str, Found] = {}
     shrinking = False
+    shrink_until = math.inf
     phases = (Phase.reuse, Phase.generate, Phase.shrink) if reuse else (Phase.generate, Phase.shrink)
 
     @settings(
@@ -381,11 +605,11 @@ def _run_chunk(
         verbosity=Verbosity.quiet,
     )
     @hypothesis_seed(chunk_seed)
-    @given(prop.cases(world_size=pool.world_size))
+    @given(prop.cases(world_size=pool.world_size, accelerator=pool.backend == "nccl"))
     def test(case: Case) -> None:
-        nonlocal shrinking
+        nonlocal shrinking, shrink_until
         raise_if_stopped()
-        if progress.elapsed >= (hard_stop if shrinking else budget):
+        if progress.elapsed >= (shrink_until if shrinking else clock.budget):
             raise _BudgetSpent
         features = prop.features(case)
         per_property = progress.features_per_property.setdefault(prop.name, Counter())
@@ -396,12 +620,13 @@ def _run_chunk(
         if discoveries is not None:
             discoveries.add(prop.name, features)
         start = time.monotonic()
-        failure = run_case(pool, prop, case)
+        failure = _run_in_time(pool, prop, case, progress, clock.work_end)
+        if isinstance(failure, _Cut):
+            raise _BudgetSpent
+        seconds = time.monotonic() - start
         progress.cases += 1
         progress.per_property[prop.name] += 1
-        progress.seconds_per_property[prop.name] = (
-            progress.seconds_per_property.get(prop.name, 0.0) + time.monotonic() - start
-        )
+        progress.seconds_per_property[prop.name] = progress.seconds_per_property.get(prop.name, 0.0) + seconds
         progress.restarts = pool.restarts
         progress.sample()
         if on_case is not None:
@@ -413,7 +638,7 @@ def _run_chunk(
         if seen is not None and sig not in new:
             seen.hits += 1  # found and shrunk earlier in this campaign: count it only
             return
-        hit = corpus_entries.match(sig) if sig not in new else None
+        hit = corpus_entries.match(sig, case, failure.kind) if sig not in new else None
         if hit is not None:
             # Shrunk by an earlier campaign, or a known bug met another way: count it against
             # its entry, do not shrink again.
@@ -426,16 +651,26 @@ def _run_chunk(
                 entry=entry,
                 path=path,
                 first_seen=progress.elapsed,
-                in_corpus=not known,
+                in_corpus=True,
+                features=tuple(sorted(set(features))),
+                seconds=seconds,
             )
             return
         if seen is None:
-            progress.found[sig] = new[sig] = Found(case, failure, first_seen=progress.elapsed)
+            progress.found[sig] = new[sig] = Found(
+                case, failure, first_seen=progress.elapsed, features=tuple(sorted(set(features))), seconds=seconds
+            )
         else:
             seen.hits += 1
             # Hypothesis only moves to cases it judges smaller, and replays its final, minimal
             # case last: the latest failing case of a signature is the one to keep.
             seen.case, seen.failure = case, failure
+            seen.features, seen.seconds = tuple(sorted(set(features))), seconds
+        if not shrinking:
+            # The shrink's share of the time, less what the re-runs will need (about as long as
+            # this run took, each), at most half of what is left after the budget.
+            confirm = min(reruns * (seconds + 1.0), max(0.0, clock.work_end - max(clock.budget, progress.elapsed)) / 2)
+            shrink_until = min(progress.elapsed + clock.shrink_allowance(), clock.work_end - confirm)
         shrinking = True
         raise _Failed(sig)
 
@@ -443,34 +678,101 @@ def _run_chunk(
         use_database_key(test, database_key(prop.name, pool.world_size))
     try:
         test()
-    except (_Failed, Flaky, _BudgetSpent):
-        pass
+    except (_Failed, Flaky):
+        for found in new.values():
+            found.shrunk = True
+    except _BudgetSpent:
+        for found in new.values():
+            found.unfinished.append("not fully shrunk: the campaign's time for its shrink ran out")
     except HypothesisException:
         pass  # e.g. Unsatisfiable when the budget ran out before any example ran
     return list(new.values())
 
 
 def _confirm_and_save(
-    pool: RankPool, prop: Property, found: Found, progress: Progress, corpus: Path | None, reruns: int
+    pool: RankPool,
+    prop: Property,
+    found: Found,
+    corpus: Path | None,
+    reruns: int,
+    save: Callable[[Found, Entry], None],
+    progress: Progress,
+    until: float,
 ) -> None:
-    reproduced = 0
+    """Re-run ``found`` up to ``reruns`` times, as long as the campaign's clock leaves about the
+    time its failing run took (and each run is cut at ``until``), then make and save its entry."""
+    done = reproduced = 0
     for _ in range(reruns):
         raise_if_stopped()
-        failure = run_case(pool, prop, found.case)
+        if until - progress.elapsed < found.seconds:
+            break
+        failure = _run_in_time(pool, prop, found.case, progress, until)
+        if isinstance(failure, _Cut):
+            break
+        done += 1
         if failure is not None and failure.signature == found.failure.signature:
             reproduced += 1
-    entry = entry_from_failure(
+    if done < reruns:
+        what = "not confirmed" if done == 0 else "not fully confirmed"
+        found.unfinished.append(f"{what}: re-run {done} of {reruns} times before the campaign's time ran out")
+    entry = _entry(pool, found, reruns=done, reproduced=reproduced)
+    found.entry = entry
+    if corpus is not None:
+        save(found, entry)
+
+
+def _entry(pool: RankPool, found: Found, *, reruns: int, reproduced: int) -> Entry:
+    """The corpus entry for ``found``; what the campaign could not finish for it is in its
+    details (``unfinished``)."""
+    failure = found.failure
+    if found.unfinished:
+        details = {**failure.details, "unfinished": list(found.unfinished)}
+        failure = Failure(failure.kind, failure.signature, failure.summary, details)
+    return entry_from_failure(
         found.case,
-        found.failure,
+        failure,
         versions=pool.versions,
         backend=pool.backend,
         device_kind=_device_kind(pool),
         reruns=reruns,
         reproduced=reproduced,
     )
-    found.entry = entry
-    if corpus is not None:
-        found.path, found.entry = save_entry(corpus, entry)
+
+
+def _save(
+    corpus: Path, entry: Entry, fallbacks: Sequence[Path], progress: Progress, note: Callable[[str], None]
+) -> tuple[Path | None, Entry]:
+    """Save ``entry`` to ``corpus``, else to the first fallback directory that takes it."""
+    try:
+        return save_entry(corpus, entry)
+    except OSError as e:
+        reason = f"{e.strerror or e}"
+    for directory in fallbacks:
+        try:
+            path, saved = save_entry(directory, entry)
+        except OSError:
+            continue
+        progress.corpus_fallback = {"directory": str(directory), "reason": f"--corpus {corpus}: {reason}"}
+        note(f"explore: cannot write to --corpus {corpus} ({reason}); {entry.signature} saved to {path} instead")
+        return path, saved
+    progress.corpus_fallback = {"directory": "", "reason": f"--corpus {corpus}: {reason}"}
+    note(f"explore: cannot write to --corpus {corpus} ({reason}) nor to any fallback; {entry.signature} is not saved")
+    return None, entry
+
+
+def _count_hits(progress: Progress) -> None:
+    """Add each corpus entry's new hits in this campaign to its count, in its file."""
+    for found in progress.found.values():
+        if found.in_corpus and found.path is not None and found.entry is not None and found.hits > found.counted:
+            try:
+                add_hits(found.path, found.entry.signature, found.hits - found.counted)
+            except OSError:
+                continue  # a read-only corpus: the count stays as it was, the campaign goes on
+            found.counted = found.hits
+
+
+def _note_on_stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
 def _device_kind(pool: RankPool) -> str:

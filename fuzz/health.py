@@ -28,15 +28,17 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 
-from fuzz.case import Case, Composition
+from fuzz import known
 from fuzz.cli import positive_int
+from fuzz.corpus import KnownBugs, load_corpus
 from fuzz.errors import InvalidArgument, ShardfuzzError
+from fuzz.model import Case
 from fuzz.pool import RankPool
 from fuzz.properties import Property, all_properties, get_property
 
@@ -156,23 +158,10 @@ def verdict(
 # --------------------------------------------------------------------------------- cases
 
 
-def _compositions(case: Case) -> list[Composition]:
-    body = case.body
-    return [v for v in vars(body).values() if isinstance(v, Composition)]
-
-
 def _known_to_fail(case: Case) -> str | None:
     """The known torch bug a case would run into in a way that ends its ranks (an exception or
     a hang), if it can be told from the case; mismatches leave the ranks alive and are run."""
-    from fuzz.properties.state_dict import INT_RESHARD_DIM1, known_bug
-
-    bug = known_bug(case)
-    if bug is not None:
-        return bug
-    for comp in _compositions(case):
-        if any(not isinstance(s.reshard_after_forward, bool) and s.shard_dim for s in comp.shards):
-            return INT_RESHARD_DIM1  # corpus/parity-exception-c9b6f29fb81d.json
-    return None
+    return known.ends_ranks(case)
 
 
 def draw_cases(prop: Property, world_size: int, n: int, seed: int) -> list[Case]:
@@ -220,9 +209,7 @@ def _round_robin(
                 skipped[bug] += 1
 
 
-def _known_signatures(corpus: str | os.PathLike[str] | None) -> Mapping[str, str]:
-    from fuzz.corpus import KnownBugs, load_corpus
-
+def _known_signatures(corpus: str | os.PathLike[str] | None) -> KnownBugs:
     return KnownBugs(load_corpus(corpus)[0] if corpus is not None else [])
 
 
@@ -295,7 +282,7 @@ def health_bench(
     too_big = [p.name for p in props if p.min_world_size > world_size]
     if too_big:
         raise InvalidArgument(f"properties {too_big} need more than world_size={world_size} ranks")
-    known = _known_signatures(corpus)
+    known_bugs = _known_signatures(corpus)
     skipped: Counter[str] = Counter()
     failures: Counter[str] = Counter()
     known_hits: Counter[str] = Counter()
@@ -323,7 +310,8 @@ def health_bench(
             replaced = pool.pids != pids
             since_spawn = 0 if replaced else since_spawn + 1
             if failure is not None:
-                hits = known_hits if failure.signature in known else failures
+                is_known = known_bugs.explain(failure.signature, case, failure.kind) is not None
+                hits = known_hits if is_known else failures
                 if not hits[failure.signature]:  # each signature once, as it happens: a cut-off run still names it
                     respawned = " (ranks respawned)" if replaced else ""
                     label = "known" if hits is known_hits else "NEW"

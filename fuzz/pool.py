@@ -4,8 +4,10 @@ The driver side of the controller/worker split (the rank side is :mod:`fuzz._ran
 driver never enters a collective, so whatever the ranks do, it can see and end it:
 
 - every case has a deadline; ranks that miss it get their Python stacks dumped (faulthandler on
-  SIGUSR1) and the case ends as a ``hang``. A property may name a deadlock that its ranks' stack
-  samples show sooner (:class:`Stall`); that ends the hang early;
+  SIGUSR1) and the case ends as a ``hang``. Before that, the ranks' stack samples end a
+  deadlock sooner: when every rank still in the case has waited in a blocking call of
+  torch.distributed with its stack unchanged for :meth:`RankPool.hang_hold` seconds
+  (:class:`HangWatch`), or when they show a deadlock that the property names (:class:`Stall`);
 - a rank whose result pipe closes has died: the case ends as a ``crash`` with its exit status,
   the stack faulthandler wrote (on a fatal signal) and the tail of its output;
 - a rank that raises reports its traceback; the others get a short grace period to report too,
@@ -22,7 +24,6 @@ message, SIGTERM, SIGKILL) under one deadline by :meth:`RankPool.close`.
 from __future__ import annotations
 
 import atexit
-import enum
 import fcntl
 import math
 import os
@@ -34,14 +35,14 @@ import sys
 import tempfile
 import time
 import weakref
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import IO, Any
 
 from fuzz._protocol import CaseDone, Ready, RunCase, Stop, decode, encode
-from fuzz.case import Case, case_to_json
 from fuzz.errors import InvalidArgument, PoolError
+from fuzz.model import Case, case_to_json
+from fuzz.verdict import WAITING_HANG, HangWatch, Outcome, OutcomeKind, RankReport, Stall
 
 BACKENDS = ("gloo", "nccl")
 #: How long the other ranks may take to report once one rank has failed, before their stacks
@@ -49,8 +50,15 @@ BACKENDS = ("gloo", "nccl")
 FAILURE_GRACE_S = 3.0
 STACK_DUMP_WAIT_S = 1.0
 OUTPUT_TAIL_BYTES = 4000
-#: How often the driver reads the ranks' stack samples while a :class:`Stall` is being looked for.
+#: How often the driver reads the ranks' stack samples while a case runs past HANG_LOOK_AFTER_S.
 STALL_LOOK_EVERY_S = 0.5
+#: When the driver starts reading stack samples (the ranks sample from 2 s into a case).
+HANG_LOOK_AFTER_S = 2.0
+#: The generic hang rule (:class:`HangWatch`): every rank still in the case waits in a blocking
+#: call, its sampled stack unchanged, for max(HANG_HOLD_MIN_S, HANG_HOLD_SLOWEST x the slowest
+#: case of the property that ended ok on this pool so far).
+HANG_HOLD_MIN_S = 4.0
+HANG_HOLD_SLOWEST = 3.0
 
 #: Environment every rank gets unless the caller's environment already says otherwise.
 RANK_ENV_DEFAULTS = {
@@ -63,95 +71,6 @@ RANK_ENV_DEFAULTS = {
     "NVSHMEM_DISABLE_NVLS": "1",
     "PYTHONUNBUFFERED": "1",
 }
-
-
-class OutcomeKind(str, enum.Enum):
-    OK = "ok"
-    EXCEPTION = "exception"
-    HANG = "hang"
-    CRASH = "crash"
-
-
-@dataclass(frozen=True)
-class RankReport:
-    """What one rank did in one case."""
-
-    rank: int
-    observation: dict[str, Any] | None = None
-    exc_type: str | None = None
-    message: str | None = None
-    traceback: str | None = None
-    #: Python stacks of every thread, when the rank was stuck or died on a fatal signal.
-    stack: str | None = None
-    #: Exit status when the rank died (negative: killed by that signal).
-    exit_status: int | None = None
-    output_tail: str | None = None
-    seconds: float | None = None
-    stats: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def status(self) -> str:
-        if self.exit_status is not None:
-            return "dead"
-        if self.exc_type is not None:
-            return "error"
-        if self.observation is not None:
-            return "ok"
-        return "stuck"
-
-
-@dataclass(frozen=True)
-class Stall:
-    """A deadlock that the ranks' stacks show before the case's deadline does.
-
-    A rank still in a case after a few seconds samples its main thread's stack every second
-    (fuzz/_rank/worker.py). From ``after`` seconds into the case the driver passes the latest
-    samples to ``deadlocked``, one string per rank ("" for a rank that has finished the case or
-    not been sampled yet); once it has said True for ``hold`` seconds without a break, the case
-    ends as a hang (:attr:`Outcome.stalled` is ``name``), the ranks' stacks taken as at a deadline.
-    """
-
-    name: str
-    deadlocked: Callable[[list[str]], bool]
-    after: float = 10.0
-    hold: float = 3.0
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """The result of one case over all ranks."""
-
-    kind: OutcomeKind
-    ranks: tuple[RankReport, ...]
-    seconds: float
-    #: The :class:`Stall` that ended a hang before its deadline, by name; None otherwise.
-    stalled: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.kind is OutcomeKind.OK
-
-    @property
-    def observations(self) -> list[dict[str, Any]]:
-        return [r.observation or {} for r in self.ranks]
-
-    def describe(self) -> str:
-        """A human-readable account of every rank, for failure messages and corpus entries."""
-        parts = [f"{self.kind.value} after {self.seconds:.2f}s"]
-        if self.stalled:
-            parts[0] += f" (ended before the deadline: {self.stalled})"
-        for r in self.ranks:
-            head = f"--- rank {r.rank}: {r.status}"
-            if r.exit_status is not None:
-                head += f" (exit status {r.exit_status})"
-            parts.append(head)
-            if r.exc_type:
-                parts.append(r.traceback or f"{r.exc_type}: {r.message}")
-            if r.stack:
-                parts.append("stack:\n" + r.stack)
-            if r.exit_status is not None and r.output_tail:
-                parts.append("last output:\n" + r.output_tail)
-        return "\n".join(parts)
 
 
 @dataclass
@@ -221,6 +140,8 @@ class RankPool:
         self._closed = False
         self._busy = False  # a case is in flight (the driver was interrupted inside run())
         self._case_id = 0
+        #: Seconds of the slowest case of each property that ended ok on this pool.
+        self.slowest: dict[str, float] = {}
         self.devices = self._pick_devices(gpus)
         _live_pools.add(self)
 
@@ -263,10 +184,47 @@ class RankPool:
 
     # ----------------------------------------------------------------------------- running
 
+    def hang_hold(self, prop: str) -> float:
+        """Seconds every rank still in a case of ``prop`` must wait, unchanged, in a blocking call
+        before the case is a hang: max(HANG_HOLD_MIN_S, HANG_HOLD_SLOWEST x the slowest case of
+        ``prop`` that ended ok on this pool so far)."""
+        return max(HANG_HOLD_MIN_S, HANG_HOLD_SLOWEST * self.slowest.get(prop, 0.0))
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the ranks to join; whether they have. Unlike
+        :meth:`run`, a short wait neither raises nor ends ranks that are still starting."""
+        self.start()
+        if all(r.ready is not None for r in self._ranks):
+            return True
+        if timeout >= self.start_timeout:
+            self._await_ready()
+            return True
+        end = time.monotonic() + max(0.0, timeout)
+        while True:
+            for r in self._ranks:
+                if r.ready is None and (r.eof or r.proc.poll() is not None):
+                    self._await_ready()  # raises PoolError with the rank's output
+                for m in self._read(r):
+                    if isinstance(m, Ready):
+                        r.ready = m
+                        self.versions = m.versions
+            if all(r.ready is not None for r in self._ranks):
+                return True
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            sel = selectors.DefaultSelector()
+            for r in self._ranks:
+                if r.ready is None:
+                    sel.register(r.res_fd, selectors.EVENT_READ)
+            sel.select(min(left, 0.5))
+            sel.close()
+
     def run(self, case: Case, *, deadline: float | None = None, stall: Stall | None = None) -> Outcome:
         """Run one case on every rank; never raises for anything the ranks do.
 
-        ``stall``: a deadlock to recognise from the ranks' stacks before the deadline.
+        ``stall``: a deadlock to recognise from the ranks' stacks before the deadline, besides
+        the generic rule (:meth:`hang_hold`); a hang that both see carries the stall's name.
         """
         if case.world_size != self.world_size:
             raise InvalidArgument(
@@ -282,21 +240,25 @@ class RankPool:
         for r in self._ranks:
             r.stack_offset = _size(r.stack_path)
             self._send(r, msg)
-        done, dead, stalled = self._collect(self._case_id, start, start + limit, stall)
+        watch = HangWatch(self.hang_hold(case.property))
+        done, dead, stalled = self._collect(self._case_id, start, start + limit, stall, watch)
         self._busy = False
         outcome = self._judge_outcome(done, dead, time.monotonic() - start, stalled)
         self.cases_run += 1
+        if outcome.ok:
+            self.slowest[case.property] = max(self.slowest.get(case.property, 0.0), outcome.seconds)
         if not outcome.ok:
             self._respawn()
         return outcome
 
     def _collect(
-        self, case_id: int, start: float, deadline: float, stall: Stall | None
+        self, case_id: int, start: float, deadline: float, stall: Stall | None, watch: HangWatch | None = None
     ) -> tuple[dict[int, CaseDone], set[int], str | None]:
         done: dict[int, CaseDone] = {}
         dead: set[int] = set()
         first_failure: float | None = None
-        next_look = start + stall.after if stall is not None else math.inf
+        named_from = start + stall.after if stall is not None else math.inf
+        next_look = min(named_from, start + HANG_LOOK_AFTER_S if watch is not None else math.inf)
         held_since: float | None = None
         sel = selectors.DefaultSelector()
         for r in self._ranks:
@@ -307,15 +269,22 @@ class RankPool:
                 until = deadline if first_failure is None else min(deadline, first_failure + FAILURE_GRACE_S)
                 if now >= until:
                     break
-                if stall is not None and first_failure is None and now >= next_look:
+                if first_failure is None and now >= next_look:
                     next_look = now + STALL_LOOK_EVERY_S
-                    stacks = ["" if r.rank in done or r.rank in dead else self._sample(r, case_id) for r in self._ranks]
-                    if not stall.deadlocked(stacks):
-                        held_since = None
-                    elif held_since is None:
-                        held_since = now
-                    elif now - held_since >= stall.hold:
-                        return done, dead, stall.name
+                    over = done.keys() | dead
+                    samples = [None if r.rank in over else self._sample(r, case_id) for r in self._ranks]
+                    stacks = [s or "" for s in samples]
+                    if stall is not None and now >= named_from:
+                        if not stall.deadlocked(stacks):
+                            held_since = None
+                        elif held_since is None:
+                            held_since = now
+                        elif now - held_since >= stall.hold:
+                            return done, dead, stall.name
+                    if watch is not None and watch.look(samples, now):
+                        # A deadlock the property names keeps its name, whichever rule saw it first.
+                        named = stall is not None and stall.deadlocked(stacks)
+                        return done, dead, stall.name if named and stall is not None else WAITING_HANG
                 for key, _ in sel.select(max(0.0, min(until, next_look) - now)):
                     r = key.data
                     for m in self._read(r):
@@ -551,9 +520,15 @@ class RankPool:
         if kill:
             self._kill_all()
         else:
+            # A rank still starting has nothing to finish: it is ended at once, not after it has
+            # joined the process group only to read the stop message (seconds of imports).
+            for r in self._ranks:
+                if r.ready is None and r.proc.poll() is None:
+                    r.proc.kill()
             if not self._busy:  # ranks in the middle of a case would not read the stop message
                 for r in self._ranks:
-                    self._send(r, Stop())
+                    if r.ready is not None:
+                        self._send(r, Stop())
                 _wait_all([r.proc for r in self._ranks], end - 0.4 * timeout)
             for r in self._ranks:
                 if r.proc.poll() is None:

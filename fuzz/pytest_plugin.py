@@ -1,11 +1,13 @@
 """pytest plugin (registered through the ``pytest11`` entry point): a rank pool for tests.
 
-Options: ``--shardfuzz-backend`` (gloo | nccl), ``--shardfuzz-world-size`` and
-``--shardfuzz-deadline``. Fixtures: ``rank_pool`` (one pool per session, per xdist worker) and
-``check_case`` (run a case on it and fail the test with every rank's account if the property
-does not hold). Hypothesis profiles: ``ci`` (derandomized, no deadline, no database), ``dev``
-(the default outside CI) and ``overnight``; ``--hypothesis-profile`` picks one, otherwise
-``ci`` is loaded when the CI environment variable is set.
+Options: ``--shardfuzz-backend`` (gloo | nccl), ``--shardfuzz-world-size``,
+``--shardfuzz-deadline`` and ``--shardfuzz-corpus`` (a corpus whose ``known`` entries are
+expected failures, beside the suite's own known torch bugs, which are always expected).
+Fixtures: ``rank_pool`` (one pool per session, per xdist worker) and ``check_case`` (run a
+case on it and fail the test with every rank's account if the property does not hold).
+Hypothesis profiles: ``ci`` (derandomized, no deadline, no database), ``dev`` (the default
+outside CI) and ``overnight``; ``--hypothesis-profile`` picks one, otherwise ``ci`` is loaded
+when the CI environment variable is set.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, Phase, currently_in_test_context, event, settings
 
-from fuzz.case import Case, case_to_text
+from fuzz.model import Case, case_to_text
 
 settings.register_profile(
     "ci",
@@ -46,8 +48,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--shardfuzz-deadline", type=float, default=60.0, help="seconds per case before a hang")
     group.addoption(
         "--shardfuzz-corpus",
-        default="corpus",
-        help="corpus directory (relative to the rootdir): failures matching its 'known' entries are expected",
+        default=None,
+        help="corpus directory (relative to the rootdir) whose 'known' entries are expected failures, beside the "
+        "suite's own known torch bugs; default: the rootdir's corpus/ if there is one",
     )
 
 
@@ -75,10 +78,18 @@ def rank_pool(request: pytest.FixtureRequest) -> Iterator[Any]:
 def known_signatures(request: pytest.FixtureRequest) -> Mapping[str, str]:
     """Signatures of the corpus entries marked ``known`` (torch bugs), with their upstream issue;
     a lookup also takes a signature of the same bug met another way (fuzz.corpus.KnownBugs)."""
-    from fuzz.corpus import KnownBugs, load_corpus
+    from fuzz.corpus import KnownBugs, builtin_corpus, load_corpus
 
-    corpus = request.config.rootpath / request.config.getoption("shardfuzz_corpus")
-    entries, _problems = load_corpus(corpus)
+    entries = []
+    own = builtin_corpus()
+    if own is not None:
+        entries += load_corpus(own)[0]
+    given = request.config.getoption("shardfuzz_corpus")
+    corpus = request.config.rootpath / (given or "corpus")
+    if given and not corpus.is_dir():
+        raise pytest.UsageError(f"--shardfuzz-corpus {given}: {corpus} is not a directory")
+    if corpus.is_dir() and (own is None or corpus.resolve() != own.resolve()):
+        entries += load_corpus(corpus)[0]
     return KnownBugs(entries)
 
 
@@ -129,9 +140,10 @@ def make_checker(pool: Any, known_signatures: Mapping[str, str]) -> Callable[[Ca
                 if currently_in_test_context():
                     event(f"history-dependent crash: {failure.signature}")
                 return
-        if failure is not None and failure.signature in known_signatures:
+        upstream = None if failure is None else _explain(known_signatures, failure.signature, case, failure.kind)
+        if failure is not None and upstream is not None:
             if currently_in_test_context():
-                event(f"known torch bug {known_signatures[failure.signature]}: {failure.signature}")
+                event(f"known torch bug {upstream}: {failure.signature}")
             return
         if failure is not None:
             raise AssertionError(
@@ -139,6 +151,16 @@ def make_checker(pool: Any, known_signatures: Mapping[str, str]) -> Callable[[Ca
             )
 
     return check
+
+
+def _explain(known: Mapping[str, str], signature: str, case: Case, kind: str) -> str | None:
+    """The upstream issue of the known bug a failure is (fuzz.corpus.KnownBugs.explain), or None;
+    a plain mapping of signatures (a test's own) is looked up by signature alone."""
+    explain = getattr(known, "explain", None)
+    if explain is not None:
+        result: str | None = explain(signature, case, kind)
+        return result
+    return known.get(signature)
 
 
 def _describe(details: dict[str, Any]) -> str:

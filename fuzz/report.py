@@ -7,6 +7,10 @@ needs nothing but itself: no scripts, no fonts, no stylesheets from elsewhere; t
 inline SVG drawn here. Every text that comes from the summary is escaped, since signatures and
 summaries quote exception messages, which may hold anything.
 
+Failures that are likely one cause are grouped (:func:`causes`, ``causes`` in the JSON, the
+"Likely causes" section of the page): the same known bug met through several properties or
+signatures, and new failures with the same first failing check and the same shrunk features.
+
 The renderer is tolerant: optional keys may be missing, a campaign may have run no case, the
 timeline may hold one point or none. A summary that cannot be read at all (not a mapping) is a
 caller's bug and raises TypeError. docs/report.md says how to read the page.
@@ -18,12 +22,18 @@ import html
 import json
 import math
 import os
+import re
 import secrets
+import shlex
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from fuzz import known
 from fuzz.coverage import AREAS, CHECKLIST, coverage
+from fuzz.errors import ShardfuzzError
+from fuzz.signature import Signature
 
 #: Colours of the plots (tests/test_report.py looks for them in a screenshot).
 TOTAL_COLOUR = "#202a44"
@@ -50,6 +60,7 @@ th{background:#eef0f4}td.n,th.n{text-align:right;font-variant-numeric:tabular-nu
 code{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px;word-break:break-all}
 .small{font-size:11.5px;color:#5a6375}.tag{padding:1px 6px;border-radius:8px;font-size:11px;font-weight:600}
 .tag.new{background:#fde2e1;color:#b3261e}.tag.known{background:#e6eefc;color:#1d4fa0}
+.next{font-size:11.5px;color:#5a6375;margin-top:3px}.next code{color:#1d2330}
 .grid{display:grid;grid-template-columns:1fr 1fr;gap:12px}
 .legend{font-size:12px;margin:2px 0 0}.legend span.sw{display:inline-block;width:12px;height:12px;
 border-radius:2px;margin:0 4px 0 10px;vertical-align:-2px}
@@ -67,10 +78,133 @@ def write_report(directory: Path, summary: Mapping[str, Any]) -> tuple[Path, Pat
     directory.mkdir(parents=True, exist_ok=True)
     data = dict(summary)
     data["coverage"] = coverage(_mapping(summary.get("features")))
+    data["causes"] = causes(_seq(summary.get("failures")))
     json_path, html_path = directory / "summary.json", directory / "report.html"
     _write_atomic(json_path, json.dumps(data, sort_keys=True, indent=1, default=str) + "\n")
-    _write_atomic(html_path, render_html(data))
+    _write_atomic(html_path, render_html(data, base=directory))
     return json_path, html_path
+
+
+def save_report(directory: Path, summary: Mapping[str, Any]) -> Path:
+    """:func:`write_report` for the command line: returns the page's path; a directory that
+    cannot be written raises :class:`ShardfuzzError` naming ``--report`` (exit 2)."""
+    try:
+        _, html_path = write_report(directory, summary)
+    except OSError as e:
+        raise ShardfuzzError(f"--report {directory}: cannot write the report: {e.strerror or e}") from None
+    return html_path
+
+
+def shorten(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters at a word boundary, ending in "..." if cut."""
+    if len(text) <= limit:
+        return text
+    cut = text[: max(limit - 3, 0)]
+    space = cut.rfind(" ")
+    if space > limit // 2:  # a word boundary not too far back; else cut inside the (long) word
+        cut = cut[:space]
+    return cut.rstrip(" ,;:") + "..."
+
+
+_UPSTREAM = re.compile(r"([A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)#([0-9]+)")
+
+
+def upstream_url(upstream: str | None) -> str | None:
+    """The GitHub issue that an entry's ``upstream`` names (``pytorch/pytorch#154888`` ->
+    ``https://github.com/pytorch/pytorch/issues/154888``), a URL as given, else None."""
+    if not upstream:
+        return None
+    if upstream.startswith(("https://", "http://")):
+        return upstream.split()[0]
+    m = _UPSTREAM.search(upstream)
+    return f"https://github.com/{m.group(1)}/issues/{m.group(2)}" if m else None
+
+
+def next_commands(entry: str | os.PathLike[str]) -> list[str]:
+    """What to run on a corpus entry next: replay it on a pool, write a standalone script."""
+    quoted = shlex.quote(str(entry))
+    return [f"python -m fuzz replay {quoted}", f"python -m fuzz repro {quoted} -o repro.py"]
+
+
+def first_check(signature: str, details: Mapping[str, Any] | None = None) -> str:
+    """The check a failure failed first, without the property it was met through: for a
+    mismatch, ``mismatch:`` and the check that disagreed (``details["check"]``: ``loss``,
+    ``param``, ``optimizer``, ...); for an exception or a crash, the exception type or signal
+    and the frame; for a hang, the frame it waits in. A signature this module cannot read is
+    its own check."""
+    parsed = Signature.parse(signature)
+    if parsed is None:
+        return signature
+    check = (details or {}).get("check")
+    if parsed.kind == "mismatch":
+        return f"mismatch:{check if isinstance(check, str) and check else parsed.check or parsed.where}"
+    return f"{parsed.kind}:{parsed.check}@{parsed.where}" if parsed.check else f"{parsed.kind}@{parsed.where}"
+
+
+def causes(failures: Sequence[Any]) -> list[dict[str, Any]]:
+    """The summary's failures grouped by their likely cause, new causes first, then by hits.
+
+    - A known failure belongs to its bug: the corpus entry's ``bug`` (a record of
+      :mod:`fuzz.known`), else the known entry's own signature (``known_as``, else its
+      signature). One torch bug met through several properties, variants or symptoms is one
+      cause.
+    - A new failure belongs with the new failures of the same first failing check
+      (:func:`first_check`, the ``check`` key) and the same shrunk features (``features``): one
+      fault seen through several signatures. Without those keys (an older summary), its
+      signature is its cause.
+
+    Each cause: ``id`` (1, 2, ... in this order), ``known``, ``bug``, ``title`` (the known bug's
+    title, or the first failing check), ``upstream``, ``upstream_url``, ``check``, ``features``,
+    ``signatures``, ``properties``, ``kinds``, ``hits``, ``first_seen``."""
+    groups: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for f in failures:
+        if not isinstance(f, Mapping) or not isinstance(f.get("signature"), str):
+            continue
+        sig = str(f["signature"])
+        bug = f.get("bug") if isinstance(f.get("bug"), str) else None
+        features = tuple(str(x) for x in _seq(f.get("features")))
+        check = f.get("check") if isinstance(f.get("check"), str) else None
+        if f.get("known"):
+            key: tuple[Any, ...] = ("bug", bug) if bug else ("known", str(f.get("known_as") or sig))
+        elif check and features:
+            key = ("new", check, features)
+        else:
+            key = ("new", sig)
+        g = groups.get(key)
+        if g is None:
+            record = known.BUGS.get(bug) if bug else None
+            if record is not None:
+                title = record.title
+            elif f.get("known"):
+                title = str(f.get("entry_summary") or f.get("known_as") or sig)
+            else:
+                title = check or sig
+            g = groups[key] = {
+                "known": bool(f.get("known")),
+                "bug": bug,
+                "title": title,
+                "upstream": f.get("upstream"),
+                "upstream_url": f.get("upstream_url"),
+                "check": check,
+                "features": list(features),
+                "signatures": [],
+                "properties": [],
+                "kinds": [],
+                "hits": 0,
+                "first_seen": None,
+            }
+        g["signatures"].append(sig)
+        for name, value in (("properties", f.get("property")), ("kinds", f.get("kind"))):
+            if isinstance(value, str) and value not in g[name]:
+                g[name].append(value)
+        g["hits"] += int(_num(f.get("hits")))
+        seen = f.get("first_seen")
+        if isinstance(seen, (int, float)) and (g["first_seen"] is None or seen < g["first_seen"]):
+            g["first_seen"] = seen
+        if not g["upstream"] and f.get("upstream"):
+            g["upstream"], g["upstream_url"] = f.get("upstream"), f.get("upstream_url")
+    ordered = sorted(groups.values(), key=lambda g: (g["known"], -g["hits"], _num(g["first_seen"], math.inf)))
+    return [{"id": i, **g} for i, g in enumerate(ordered, 1)]
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -132,8 +266,11 @@ def _property_names(s: Mapping[str, Any]) -> list[str]:
 # The page
 
 
-def render_html(summary: Mapping[str, Any]) -> str:
-    """The report page for ``summary`` (coverage is computed if the summary lacks it)."""
+def render_html(summary: Mapping[str, Any], *, base: Path | None = None) -> str:
+    """The report page for ``summary`` (coverage is computed if the summary lacks it).
+
+    ``base``: the directory the page is written to; links to corpus entries are relative to it
+    (as given, relative to the current directory, without one)."""
     s = summary
     names = _property_names(s)
     colours = {n: PROPERTY_COLOURS[i % len(PROPERTY_COLOURS)] for i, n in enumerate(names)}
@@ -148,7 +285,8 @@ def render_html(summary: Mapping[str, Any]) -> str:
         f"<title>{_e(title)}</title><style>{_CSS.replace('__NEVER__', NEVER_COLOUR)}</style></head><body><main>",
         _header(s, title),
         _properties_table(s, names, colours),
-        _failures_table(s),
+        _causes_table(s),
+        _failures_table(s, base),
         _plots(s, names, colours),
         _coverage_section(rows),
         _features_table(s),
@@ -211,33 +349,118 @@ def _properties_table(s: Mapping[str, Any], names: list[str], colours: dict[str,
     return f"<h2>Properties</h2><table>{head}{''.join(body)}</table>"
 
 
-def _failures_table(s: Mapping[str, Any]) -> str:
+def _causes_table(s: Mapping[str, Any]) -> str:
+    """Likely causes: one row per group of :func:`causes`, new ones first."""
+    groups = causes(_seq(s.get("failures")))
+    if not groups:
+        return ""
+    body = []
+    for g in groups:
+        tag = '<span class="tag known">known</span>' if g["known"] else '<span class="tag new">new</span>'
+        if g["known"]:
+            what = f"<b>{_e(shorten(str(g['title']), 300))}</b>"
+            if g["bug"]:
+                what += f" <span class=small>(<code>{_e(g['bug'])}</code>)</span>"
+            if g["upstream"]:
+                url = upstream_url(str(g["upstream"]))
+                link = f'<a href="{_e(url)}">{_e(g["upstream"])}</a>' if url else _e(g["upstream"])
+                what += f"<div class=small>upstream: {link}</div>"
+        else:
+            what = f"first failing check <code>{_e(g['check'] or g['title'])}</code>"
+            if g["features"]:
+                what += f"<div class=small>shrunk features: {_e(shorten(', '.join(g['features']), 400))}</div>"
+        sigs = "".join(f"<div><code>{_e(x)}</code></div>" for x in g["signatures"])
+        props = ", ".join(_e(x) for x in g["properties"])
+        body.append(
+            f"<tr><td class=n>#{g['id']}</td><td>{tag}</td><td>{what}</td><td>{sigs}</td><td>{props}</td>"
+            f"<td class=n>{g['hits']}</td></tr>"
+        )
+    head = (
+        "<tr><th class=n>cause</th><th>status</th><th>what</th><th>signatures</th><th>properties</th>"
+        "<th class=n>hits</th></tr>"
+    )
+    new = sum(1 for g in groups if not g["known"])
+    intro = (
+        '<p class="small">Failures that are likely one cause: the same known bug met through several '
+        "properties or signatures; new failures with the same first failing check and the same shrunk "
+        "features. Start here; the failures below name their cause.</p>"
+    )
+    return f"<h2>Likely causes ({len(groups)}: {new} new)</h2>{intro}<table>{head}{''.join(body)}</table>"
+
+
+def _failures_table(s: Mapping[str, Any], base: Path | None = None) -> str:
     failures = [f for f in _seq(s.get("failures")) if isinstance(f, Mapping)]
+    fallback = _mapping(s.get("corpus_fallback"))
+    note = ""
+    if fallback:
+        note = (
+            f'<p class="verdict warn">Some entries could not be written to the corpus '
+            f"({_e(fallback.get('reason', '?'))}); they were saved to <code>{_e(fallback.get('directory', '?'))}"
+            "</code> instead.</p>"
+        )
     if not failures:
-        return '<h2>Failures</h2><p class="card good">No failures.</p>'
-    failures.sort(key=lambda f: (bool(f.get("known")), -_num(f.get("hits")), _num(f.get("first_seen"))))
+        return f'<h2>Failures</h2>{note}<p class="card good">No failures.</p>'
+    cause_of = {sig: g["id"] for g in causes(failures) for sig in g["signatures"]}
+    failures.sort(
+        key=lambda f: (
+            bool(f.get("known")),
+            cause_of.get(str(f.get("signature")), 0),
+            -_num(f.get("hits")),
+            _num(f.get("first_seen")),
+        )
+    )
     body = []
     for f in failures:
         tag = '<span class="tag known">known</span>' if f.get("known") else '<span class="tag new">new</span>'
         summary = str(f.get("summary") or "")
         if f.get("known_as"):
             summary = f"the known bug {f['known_as']}, met another way. {summary}"
-        if len(summary) > 400:
-            summary = summary[:400] + "..."
+        about = [f"<div class=small>{_e(shorten(summary, 400))}</div>"]
+        for note in _seq(f.get("unfinished")):
+            about.append(f'<div class="small warn"><b>{_e(note)}</b></div>')
+        described = str(f.get("entry_summary") or "")
+        if f.get("known") and described and described != str(f.get("summary") or ""):
+            about.append(f"<div class=small><b>Known bug:</b> {_e(shorten(described, 600))}</div>")
+        upstream = f.get("upstream")
+        if upstream:
+            url = upstream_url(str(upstream))
+            link = f'<a href="{_e(url)}">{_e(upstream)}</a>' if url else _e(upstream)
+            about.append(f"<div class=small>upstream: {link}</div>")
+        commands = [str(c) for c in _seq(f.get("commands"))]
+        if commands:
+            shown = " &nbsp;or&nbsp; ".join(f"<code>{_e(c)}</code>" for c in commands)
+            about.append(f'<div class="next">next: {shown}</div>')
         first = f.get("first_seen")
         first_text = f"{_num(first):.1f}" if isinstance(first, (int, float)) else "-"
         entry = f.get("entry")
+        if entry:
+            where = f'<a href="{_e(_href(str(entry), base))}"><code>{_e(entry)}</code></a>'
+            if f.get("entry_fallback"):
+                where += "<div class=small>not in the corpus: saved to the fallback directory</div>"
+        else:
+            where = "<span class=small>not saved</span>"
+        cause = cause_of.get(str(f.get("signature")))
         body.append(
-            f"<tr><td><code>{_e(f.get('signature', '?'))}</code><div class=small>{_e(summary)}</div></td>"
+            f"<tr><td><code>{_e(f.get('signature', '?'))}</code>{''.join(about)}</td>"
+            f"<td class=n>{'#' + str(cause) if cause else '-'}</td>"
             f"<td>{_e(f.get('kind', '-'))}</td><td><code>{_e(f.get('property', '-'))}</code></td>"
             f"<td class=n>{int(_num(f.get('hits')))}</td><td>{tag}</td><td class=n>{first_text}</td>"
-            f"<td>{'<code>' + _e(entry) + '</code>' if entry else '<span class=small>not saved</span>'}</td></tr>"
+            f"<td>{where}</td></tr>"
         )
     head = (
-        "<tr><th>signature</th><th>kind</th><th>property</th><th class=n>hits</th><th>status</th>"
-        "<th class=n>first seen (s)</th><th>corpus entry</th></tr>"
+        "<tr><th>signature</th><th class=n>cause</th><th>kind</th><th>property</th><th class=n>hits</th>"
+        "<th>status</th><th class=n>first seen (s)</th><th>corpus entry</th></tr>"
     )
-    return f"<h2>Failures ({len(failures)} distinct)</h2><table>{head}{''.join(body)}</table>"
+    return f"<h2>Failures ({len(failures)} distinct)</h2>{note}<table>{head}{''.join(body)}</table>"
+
+
+def _href(entry: str, base: Path | None) -> str:
+    """A relative link from the page in ``base`` to the file ``entry`` (relative to the current
+    directory, or absolute)."""
+    target = entry
+    if base is not None:
+        target = os.path.relpath(os.path.abspath(entry), os.path.abspath(base))
+    return urllib.parse.quote(Path(target).as_posix())
 
 
 def _plots(s: Mapping[str, Any], names: list[str], colours: dict[str, str]) -> str:

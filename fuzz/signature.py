@@ -13,10 +13,61 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
-from fuzz.pool import Outcome, OutcomeKind
+from fuzz.verdict import Outcome, OutcomeKind
 
 # Tracebacks: 'File "/x/torch/a/b.py", line 12, in fn'; faulthandler: 'File "/x/torch/a/b.py", line 12 in fn'.
 _FRAME = re.compile(r'File "([^"]+)", line \d+,? in (\S+)')
+
+
+@dataclass(frozen=True)
+class Signature:
+    """A failure signature, as parts: ``kind:property[:check][@where][:tag...]``.
+
+    - exception: ``check`` is the exception type, ``where`` the innermost torch frame;
+    - crash: ``check`` is the fatal signal or exit status, ``where`` the frame it died in;
+    - hang: ``where`` is the frame a stuck rank waits in (or a named deadlock);
+    - mismatch: either ``check`` alone (the check that disagreed), or ``where``, the API family
+      it is charged to (``fsdp2``, ``save``), with ``tags``: the degenerate setups of known bugs
+      the case meets (``shard1``, :func:`fuzz.known.mismatch_tags`); the state-dict judges also
+      write both (``optimizer@save``).
+
+    Corpus entries and the report keep the text (``str(signature)``); code that compares
+    signatures reads the parts (:meth:`parse`)."""
+
+    kind: str
+    property: str
+    check: str = ""
+    where: str = ""
+    tags: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        text = f"{self.kind}:{self.property}"
+        if self.check:
+            text += f":{self.check}"
+        if self.where:
+            text += f"@{self.where}"
+        return text + "".join(f":{t}" for t in self.tags)
+
+    @classmethod
+    def parse(cls, text: str) -> Signature | None:
+        """The parts of a signature this module wrote; None for other text. A frame (``where``
+        of an exception, crash or hang) keeps its own colons; only a mismatch's API family has
+        tags after it."""
+        kind, sep, rest = text.partition(":")
+        if not sep or kind not in ("mismatch", "exception", "crash", "hang"):
+            return None
+        head, at, where = rest.partition("@")
+        prop, _, check = head.partition(":")
+        if not prop or (at and not where):
+            return None
+        if kind == "mismatch" and at and not check:
+            family, *tags = where.split(":")
+            return cls(kind, prop, "", family, tuple(tags))
+        if kind in ("exception", "crash") and not (at and check):
+            return None
+        if not (check or where):
+            return None
+        return cls(kind, prop, check, where)
 
 
 @dataclass(frozen=True)
@@ -78,12 +129,13 @@ def failure_from_outcome(prop: str, outcome: Outcome) -> Failure:
             f"signal {signal.Signals(-status).name}" if status is not None and status < 0 else f"exit status {status}"
         )
         where = location(dead.stack) if dead.stack else "?"
-        return Failure("crash", f"crash:{prop}:{cause}@{where}", f"rank {dead.rank} died ({cause})", details)
+        signature = Signature("crash", prop, cause, where)
+        return Failure("crash", str(signature), f"rank {dead.rank} died ({cause})", details)
     if outcome.kind is OutcomeKind.EXCEPTION:
         first = next(r for r in outcome.ranks if r.exc_type)
         where = location(first.traceback)
-        summary = f"rank {first.rank} raised {first.exc_type}: {(first.message or '')[:300]}"
-        return Failure("exception", f"exception:{prop}:{first.exc_type}@{where}", summary, details)
+        summary = f"rank {first.rank} raised {first.exc_type}: {shorten(first.message or '', 300)}"
+        return Failure("exception", str(Signature("exception", prop, first.exc_type or "?", where)), summary, details)
     if outcome.kind is OutcomeKind.HANG:
         stuck = [r for r in outcome.ranks if r.status == "stuck"]
         where = location(stuck[0].stack)
@@ -93,7 +145,7 @@ def failure_from_outcome(prop: str, outcome: Outcome) -> Failure:
             if outcome.stalled
             else f"rank(s) {ranks} missed the deadline in {where}"
         )
-        return Failure("hang", f"hang:{prop}@{where}", summary, details)
+        return Failure("hang", str(Signature("hang", prop, where=where)), summary, details)
     raise ValueError("an ok outcome is not a failure")
 
 
@@ -113,18 +165,13 @@ def _rank_details(r: Any) -> dict[str, Any]:
 # ------------------------------------------------------------------- one bug, several signatures
 
 
-def _parts(signature: str) -> tuple[str, str, str] | None:
-    """(kind, property, detail) of a signature; None for one this module did not write."""
-    kind, sep, rest = signature.partition(":")
-    if not sep:
-        return None
-    if kind in ("mismatch", "hang"):
-        cut = min((i for i in (rest.find("@"), rest.find(":")) if i >= 0), default=-1)
-    else:
-        cut = rest.find(":")
-    if cut <= 0:
-        return None
-    return kind, rest[:cut], rest[cut:]
+def shorten(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters at a word boundary, with an ellipsis."""
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 1]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > limit // 2 else cut).rstrip() + "…"
 
 
 def same_bug(entry: str, found: str) -> bool:
@@ -144,14 +191,11 @@ def same_bug(entry: str, found: str) -> bool:
     """
     if entry == found:
         return True
-    a, b = _parts(entry), _parts(found)
-    if a is None or b is None or a[0] != b[0]:
+    a, b = Signature.parse(entry), Signature.parse(found)
+    if a is None or b is None or a.kind != b.kind:
         return False
-    kind, detail_a, detail_b = a[0], a[2], b[2]
-    if kind != "mismatch":
-        return detail_a == detail_b
-    if not (detail_a.startswith("@") and detail_b.startswith("@")):
+    if a.kind != "mismatch":
+        return (a.check, a.where) == (b.check, b.where)
+    if a.check or b.check or not (a.where and b.where):
         return False
-    head_a, *tags_a = detail_a[1:].split(":")
-    head_b, *tags_b = detail_b[1:].split(":")
-    return head_a == head_b and bool(tags_a) and set(tags_a) <= set(tags_b)
+    return a.where == b.where and bool(a.tags) and set(a.tags) <= set(b.tags)

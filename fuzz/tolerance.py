@@ -10,7 +10,7 @@ Values are compared elementwise as ``|actual - expected| <= atol + rtol * |expec
   wrong gradient (a shard reduced on the wrong dimension, a missing reduction, a dropped rank)
   is off by O(1).
 - float64 carries the cases whose numerics amplify rounding noise: Adam and AdamW have gain
-  1/eps near a zero gradient (see :class:`fuzz.case.Training`), and a LayerNorm over one
+  1/eps near a zero gradient (see :class:`fuzz.model.Training`), and a LayerNorm over one
   feature divides by sqrt(eps). Noise at 1e-16 stays far under 1e-9 after such gains, where at
   1e-7 (float32) it does not; the strategies pair those optimizers with float64.
 - bfloat16 and float16 are compared against a reference that applies the same casts, so only

@@ -1,8 +1,18 @@
 #!/usr/bin/env bash
-# Set up (CPU torch, pinned so no CUDA packages are downloaded) and run the test suite on CPU.
-# Extra arguments go to pytest.
+# Set up (CPU torch, pinned so no CUDA packages are downloaded: requirements-cpu.txt) and run the
+# test suite on CPU. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# requirements-cpu.txt names PyTorch's CPU wheel index. pip asks every index about every package
+# it resolves and retries one it cannot reach 5 times (about 8 s a package, so a minute or more
+# for a fresh environment). Where that index cannot be reached (an offline machine that has the
+# pinned wheel at hand, in pip's find-links or installed), the retries only cost time, so pip
+# is told not to retry. Behind a proxy pip may reach the index where this probe cannot; there,
+# and where PIP_RETRIES is set already, nothing changes.
+if [ -z "${PIP_RETRIES:-}${HTTPS_PROXY:-}${https_proxy:-}" ] &&
+    ! python3 -c 'import socket; socket.create_connection(("download.pytorch.org", 443), timeout=3).close()' 2>/dev/null; then
+    export PIP_RETRIES=0
+fi
 python3 -m pip install --quiet --disable-pip-version-check -r requirements-cpu.txt -e '.[dev]'
 # Chromium renders the campaign report in tests/test_report.py (skipped, with its reason, if
 # there is none). Installed from Debian's packages where this runs as root with apt-get.
@@ -15,4 +25,5 @@ export CI="${CI:-true}"   # loads the derandomized 'ci' Hypothesis profile
 python3 -m ruff check fuzz strategies tests
 python3 -m ruff format --check fuzz strategies tests
 python3 -m mypy
+lint-imports --no-cache   # imports point down (pyproject.toml [tool.importlinter], docs/design.md)
 python3 -m pytest -n 2 "$@"

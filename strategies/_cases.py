@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from hypothesis import strategies as st
 
-from fuzz.case import (
+from fuzz import known
+from fuzz.errors import CaseError
+from fuzz.model import (
     AccumSync,
     Case,
     Compile,
@@ -24,12 +27,11 @@ from fuzz.case import (
     Unfreeze,
     Wrapper,
     check_training,
+    contains,
     has_params,
     iter_paths,
-    owns_params,
 )
-from fuzz.case import Leaf as _Leaf
-from fuzz.errors import CaseError
+from fuzz.model import Leaf as _Leaf
 from strategies._compositions import (
     TP_SIZE,
     compositions,
@@ -40,7 +42,7 @@ from strategies._compositions import (
     with_tp_blocks,
     wrappers,
 )
-from strategies._odds import KNOWN_BUG_ODDS, one_in
+from strategies._odds import keep_known, one_in
 from strategies._trees import WIDTHS, module_trees
 from strategies._validation import check_bounds, check_world_size
 
@@ -99,16 +101,15 @@ def _fit_training(training: Training, comp: Composition) -> Training:
         sync = AccumSync.ALWAYS
     elif sync is AccumSync.NO_ALL_REDUCE and (not comp.mesh or comp.wrapper is not Wrapper.NONE):
         sync = AccumSync.NO_GRAD_SYNC
-    return training if sync is training.accum_sync else Training(**{**training.__dict__, "accum_sync": sync})
+    return training if sync is training.accum_sync else replace(training, accum_sync=sync)
 
 
 def _rare_foreach_on_mixed_params(draw: st.DrawFn, training: Training, *comps: Composition) -> Training:
     """foreach=None means the foreach kernels on CUDA, which meet the known bug over a mix of
     fully_shard (DTensor) and replicate (plain tensor) parameters: keep that rare. (On CPU None
     is the per-parameter loop, like False, so CPU cases are unchanged.)"""
-    mixed = any(c.shards and c.replicates for c in comps)
-    if training.foreach is None and mixed and not one_in(draw, KNOWN_BUG_ODDS):
-        return Training(**{**training.__dict__, "foreach": False})
+    if known.foreach_over_mixed(training, comps) and not keep_known(draw, known.FOREACH_MIXED):
+        return replace(training, foreach=False)
     return training
 
 
@@ -116,7 +117,7 @@ def _rare_foreach_on_mixed_params(draw: st.DrawFn, training: Training, *comps: C
 def training_schedules(draw: st.DrawFn, tree: ModuleTree, training: Training, *comps: Composition) -> Training:
     """``training`` with, sometimes, modules left out of forward on some microbatches (unused
     parameters), frozen leaves unfrozen between steps, and torch.compile of the composed model;
-    only where :func:`fuzz.case.check_training` accepts them for ``comps``."""
+    only where :func:`fuzz.model.check_training` accepts them for ``comps``."""
     paths = tree.paths()
     changes: dict[str, Any] = {}
     if draw(st.sampled_from((False, True, False))):
@@ -135,7 +136,7 @@ def training_schedules(draw: st.DrawFn, tree: ModuleTree, training: Training, *c
         changes["compile"] = draw(st.sampled_from([Compile.EAGER, Compile.AOT_EAGER]))
     if not changes:
         return training
-    out = Training(**{**training.__dict__, **changes})
+    out = replace(training, **changes)
     # Drop what the tree or the compositions cannot take, one skip at a time.
     while True:
         try:
@@ -144,14 +145,14 @@ def training_schedules(draw: st.DrawFn, tree: ModuleTree, training: Training, *c
         except CaseError as e:
             if e.path.startswith("training.skips[") and out.skips:
                 i = int(e.path.split("[")[1].split("]")[0])
-                out = Training(**{**out.__dict__, "skips": out.skips[:i] + out.skips[i + 1 :]})
+                out = replace(out, skips=out.skips[:i] + out.skips[i + 1 :])
             elif e.path.startswith("training.skips") and out.skips:
-                out = Training(**{**out.__dict__, "skips": ()})
+                out = replace(out, skips=())
             elif e.path.startswith("training.unfreeze") and out.unfreeze:
-                out = Training(**{**out.__dict__, "unfreeze": ()})
+                out = replace(out, unfreeze=())
             elif e.path.startswith("training.compile") and out.compile is not Compile.NONE:
                 fallback = Compile.EAGER if out.compile is Compile.AOT_EAGER else Compile.NONE
-                out = Training(**{**out.__dict__, "compile": fallback})
+                out = replace(out, compile=fallback)
             else:
                 raise
 
@@ -163,7 +164,7 @@ def _checked(tree: ModuleTree, training: Training, *comps: Composition) -> Train
         check_training(tree, comps, training)
         return training
     except CaseError:
-        return Training(**{**training.__dict__, "skips": ()})
+        return replace(training, skips=())
 
 
 def _rare_unused_after_partial_reduce(
@@ -173,16 +174,12 @@ def _rare_unused_after_partial_reduce(
     microbatches of a step meet a known FSDP2 bug (their unit's partial reduce-scatter output is
     dropped or fails to add up; signature ``...@fsdp2:unused-no-all-reduce``): keep that rare, and
     otherwise leave such modules out of every microbatch of their step."""
-    if (
-        training.accum_sync is AccumSync.NO_ALL_REDUCE
-        and training.unused_on_some_microbatches(tree)
-        and not one_in(draw, KNOWN_BUG_ODDS)
-    ):
+    if known.unused_no_all_reduce(tree, comp, training) and not keep_known(draw, known.UNUSED_NO_ALL_REDUCE):
         whole = {(s.path, s.step) for s in training.skips}
         skips = tuple(
             Skip(path=p, step=st_, microbatch=m) for p, st_ in sorted(whole) for m in range(training.grad_accum)
         )
-        return _checked(tree, Training(**{**training.__dict__, "skips": skips}), comp)
+        return _checked(tree, replace(training, skips=skips), comp)
     return training
 
 
@@ -192,81 +189,42 @@ def _rare_unfrozen_unresharded(draw: st.DrawFn, tree: ModuleTree, training: Trai
     see fuzz.properties.parity.unfrozen_unresharded_unit), and of an all-frozen FSDP1 NO_SHARD
     unit a known FSDP1 bug (``...:unfrozen-frozen-unit``, fsdp1_unfrozen_in_frozen_unit): keep
     both rare."""
-    from fuzz.properties.parity import fsdp1_unfrozen_in_frozen_unit, unfrozen_unresharded_unit
-
-    known = any(
-        unfrozen_unresharded_unit(tree, c, training) or fsdp1_unfrozen_in_frozen_unit(tree, c, training) for c in comps
-    )
-    if known and not one_in(draw, KNOWN_BUG_ODDS):
-        return Training(**{**training.__dict__, "unfreeze": ()})
+    met = [
+        bug
+        for c in comps
+        for bug, meets in (
+            (known.UNFROZEN_UNRESHARDED, known.unfrozen_unresharded_unit(tree, c, training)),
+            (known.FSDP1_UNFROZEN_FROZEN_UNIT, known.fsdp1_unfrozen_in_frozen_unit(tree, c, training)),
+        )
+        if meets
+    ]
+    if met and not keep_known(draw, met[0]):
+        return replace(training, unfreeze=())
     return training
-
-
-def never_run_under_no_sync(tree: ModuleTree, comp: Composition, training: Training) -> bool:
-    """True if a module holding parameters is left out of the first forward while gradients
-    accumulate without sync under a MixedPrecisionPolicy with a reduce_dtype: FSDP2's
-    post-backward then reads the unsharded parameter of a unit that never ran (a known bug,
-    ``AttributeError ... to_accumulated_grad_if_needed``), or, where the unit ran without that
-    parameter, gets gradients of two dtypes on the syncing microbatch (another known bug,
-    ``AssertionError ... expects uniform gradient dtype``; docs/known_bugs.md)."""
-    paths = tree.paths()
-    return (
-        training.accum_sync is AccumSync.NO_GRAD_SYNC
-        and any(s.mixed_precision is not None and s.mixed_precision.reduce_dtype is not None for s in comp.shards)
-        and any(has_params(paths[p]) for p in training.skipped_at(0, 0))
-    )
 
 
 def _rare_never_run_under_no_sync(draw: st.DrawFn, tree: ModuleTree, training: Training, comp: Composition) -> Training:
     """Keep :func:`never_run_under_no_sync` rare (1 in KNOWN_BUG_ODDS); else run everything first."""
-    if never_run_under_no_sync(tree, comp, training) and not one_in(draw, KNOWN_BUG_ODDS):
+    if known.never_run_under_no_sync(tree, comp, training) and not keep_known(draw, known.MP_NEVER_RUN_NO_SYNC):
         skips = tuple(s for s in training.skips if (s.step, s.microbatch) != (0, 0))
-        return _checked(tree, Training(**{**training.__dict__, "skips": skips}), comp)
+        return _checked(tree, replace(training, skips=skips), comp)
     return training
-
-
-def _nested_unit(unit: str, member: str, path: str) -> bool:
-    """True if ``unit`` is another unit inside ``member`` that holds ``path``."""
-    inside = unit != member and (member == "" or unit.startswith(member + "."))
-    return inside and (path == unit or path.startswith(unit + "."))
-
-
-def unfrozen_in_frozen_mp_unit(tree: ModuleTree, comp: Composition, training: Training) -> bool:
-    """True if a leaf unfrozen later belongs to a fully_shard unit with a param_dtype whose own
-    parameters are all frozen at the start: FSDP2 takes a unit's original and reduce dtypes from
-    its trainable parameters at lazy init (FSDPParamGroup._init_mp_dtypes), so it never casts
-    such a unit's low-precision gradient back (a known bug, ``RuntimeError ... foreach_reduce``:
-    "attempting to assign a gradient with dtype BFloat16 to a tensor with grad_dtype Float")."""
-    paths = tree.paths()
-    units = comp.sharded_paths + list(comp.replicates)
-    unfrozen = {u.path for u in training.unfreeze}
-    for spec in comp.shards:
-        if spec.mixed_precision is None or spec.mixed_precision.param_dtype is None:
-            continue
-        owned = [
-            (p, n)
-            for m in spec.paths
-            for p, n in paths.items()
-            if owns_params(n)
-            and (p == m or m == "" or p.startswith(m + "."))
-            and not any(_nested_unit(u, m, p) for u in units)
-        ]
-        if owned and all(isinstance(n, _Leaf) and n.frozen for _, n in owned) and any(p in unfrozen for p, _ in owned):
-            return True
-    return False
 
 
 def _maybe_meta_init(draw: st.DrawFn, comp: Composition) -> Composition:
     """About one in three fully_shard / checkpoint compositions starts from the meta device."""
     if comp.wrapper is Wrapper.NONE and not comp.replicates and draw(st.sampled_from((False, True, False))):
-        return Composition(**{**comp.__dict__, "meta_init": True})
+        return replace(comp, meta_init=True)
     return comp
 
 
 @st.composite
-def parity_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 3, max_steps: int = 3) -> Case:
+def parity_cases(
+    draw: st.DrawFn, *, world_size: int, max_depth: int = 3, max_steps: int = 3, accelerator: bool = False
+) -> Case:
     """Cases for ``parity``: a tree, a composition of the composable APIs (or, one case in
-    five, DDP / FSDP1), a training."""
+    five, DDP / FSDP1), a training. ``accelerator``: the ranks have one (CPUOffloadPolicy is
+    drawn only then)."""
     check_world_size(world_size)
     if world_size >= 2 * TP_SIZE and world_size % TP_SIZE == 0 and one_in(draw, TP_ODDS):
         return draw(_tensor_parallel_parity_case(world_size, max_depth, max_steps))
@@ -274,14 +232,14 @@ def parity_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 3, max_st
     if draw(st.sampled_from(["composable", "wrapper", "composable", "composable", "composable"])) == "wrapper":
         comp = draw(wrappers(tree, world_size=world_size))
     else:
-        comp = _maybe_meta_init(draw, draw(compositions(tree, world_size=world_size)))
+        comp = _maybe_meta_init(draw, draw(compositions(tree, world_size=world_size, offload=accelerator)))
     training = _fit_training(draw(trainings(max_steps=max_steps, hsdp=bool(comp.mesh))), comp)
     training = _rare_foreach_on_mixed_params(draw, training, comp)
     training = _rare_unused_after_partial_reduce(draw, tree, draw(training_schedules(tree, training, comp)), comp)
     training = _rare_unfrozen_unresharded(draw, tree, training, comp)
     training = _rare_never_run_under_no_sync(draw, tree, training, comp)
-    if unfrozen_in_frozen_mp_unit(tree, comp, training) and not one_in(draw, KNOWN_BUG_ODDS):
-        training = Training(**{**training.__dict__, "unfreeze": ()})
+    if known.unfrozen_in_frozen_mp_unit(tree, comp, training) and not keep_known(draw, known.MP_FROZEN_AT_LAZY_INIT):
+        training = replace(training, unfreeze=())
     body = ParityBody(tree=tree, composition=comp, training=training)
     return Case(property="parity", world_size=world_size, seed=draw(st.integers(0, 2**32 - 1)), body=body)
 
@@ -299,18 +257,19 @@ def _tensor_parallel_parity_case(draw: st.DrawFn, world_size: int, max_depth: in
 
 
 @st.composite
-def mixed_precision_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 3) -> Case:
+def mixed_precision_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 3, accelerator: bool = False) -> Case:
     """Cases for ``mixed_precision``: fully_shard with MixedPrecisionPolicy on every unit.
     Trees have no buffers: FSDP2 does not cast buffers, so a float32 buffer would promote a
     low-precision activation by design."""
     check_world_size(world_size)
     tree = draw(module_trees(max_depth=max_depth, buffers=False))
     comp = _maybe_meta_init(
-        draw, draw(compositions(tree, world_size=world_size, replicate=False, mixed_precision=True))
+        draw,
+        draw(compositions(tree, world_size=world_size, replicate=False, mixed_precision=True, offload=accelerator)),
     )
     training = _fit_training(draw(trainings(max_steps=2, hsdp=bool(comp.mesh))), comp)
     # Policies speak of float32 parameters (output_dtype=float32 meets float32 layers).
-    training = Training(**{**training.__dict__, "dtype": Dtype.FLOAT32})
+    training = replace(training, dtype=Dtype.FLOAT32)
     training = _rare_unused_after_partial_reduce(draw, tree, draw(training_schedules(tree, training, comp)), comp)
     training = _rare_unfrozen_unresharded(draw, tree, training, comp)
     body = ParityBody(tree=tree, composition=comp, training=training)
@@ -318,48 +277,58 @@ def mixed_precision_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 
 
 
 @st.composite
-def metamorphic_variants(draw: st.DrawFn, tree: ModuleTree, comp: Composition, *, world_size: int) -> Composition:
-    """``comp`` with one change that must not change numerics."""
+def metamorphic_variants(
+    draw: st.DrawFn, tree: ModuleTree, comp: Composition, *, world_size: int, accelerator: bool = False
+) -> Composition:
+    """``comp`` with one change that must not change numerics; with an ``accelerator``, also
+    CPUOffloadPolicy on or off for every fully_shard call."""
     changes = ["checkpoint", "meta_init", "wrapper", "checkpoint_order", "reshard", "mesh", "find_unused"]
+    if accelerator and comp.shards:
+        changes.append("offload")
     change = draw(st.sampled_from(changes))
+    if change == "offload":
+        on = not any(s.offload for s in comp.shards)
+        return replace(comp, shards=tuple(replace(s, offload=on) for s in comp.shards))
     if change == "find_unused" and comp.replicates:
-        return Composition(**{**comp.__dict__, "find_unused": not comp.find_unused})
+        return replace(comp, find_unused=not comp.find_unused)
     if change == "meta_init" and not comp.replicates:
-        return Composition(**{**comp.__dict__, "meta_init": not comp.meta_init})
+        return replace(comp, meta_init=not comp.meta_init)
     if change == "checkpoint":
         if comp.checkpoints:
-            return Composition(**{**comp.__dict__, "checkpoints": ()})
+            return replace(comp, checkpoints=())
         blocked = list(comp.replicates)
-        free = [p for p in tree.paths() if not any(p == b or b == "" or p.startswith(b + ".") for b in blocked)]
-        return Composition(**{**comp.__dict__, "checkpoints": tuple(free[:1])})
+        free = [p for p in tree.paths() if not any(contains(b, p) for b in blocked)]
+        return replace(comp, checkpoints=tuple(free[:1]))
     if change == "checkpoint_order":
-        return Composition(**{**comp.__dict__, "checkpoint_first": not comp.checkpoint_first})
+        return replace(comp, checkpoint_first=not comp.checkpoint_first)
     if change == "reshard":
         shard_size = comp.mesh[1] if comp.mesh else world_size
         resharded = []
         for s in comp.shards:
             reshard = draw(reshard_values(shard_size))
             shard_dim = rare_int_reshard_dim_1(draw, reshard, s.shard_dim)
-            resharded.append(type(s)(**{**s.__dict__, "reshard_after_forward": reshard, "shard_dim": shard_dim}))
-        return Composition(**{**comp.__dict__, "shards": tuple(resharded)})
+            resharded.append(replace(s, reshard_after_forward=reshard, shard_dim=shard_dim))
+        return replace(comp, shards=tuple(resharded))
     if change == "mesh":
         mesh = draw(meshes(world_size))
         # An int reshard_after_forward is tied to the old shard size; True is valid for any.
         shards = tuple(
-            s if isinstance(s.reshard_after_forward, bool) else type(s)(**{**s.__dict__, "reshard_after_forward": True})
+            s if isinstance(s.reshard_after_forward, bool) else replace(s, reshard_after_forward=True)
             for s in comp.shards
         )
-        return Composition(**{**comp.__dict__, "mesh": mesh, "shards": shards})
+        return replace(comp, mesh=mesh, shards=shards)
     return draw(wrappers(tree, world_size=world_size))
 
 
 @st.composite
-def metamorphic_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 3, max_steps: int = 3) -> Case:
+def metamorphic_cases(
+    draw: st.DrawFn, *, world_size: int, max_depth: int = 3, max_steps: int = 3, accelerator: bool = False
+) -> Case:
     """Cases for ``metamorphic``: a composition and a variant that must train identically."""
     check_world_size(world_size)
     tree = draw(module_trees(max_depth=max_depth))
-    comp = draw(compositions(tree, world_size=world_size))
-    variant = draw(metamorphic_variants(tree, comp, world_size=world_size))
+    comp = draw(compositions(tree, world_size=world_size, offload=accelerator))
+    variant = draw(metamorphic_variants(tree, comp, world_size=world_size, accelerator=accelerator))
     training = draw(trainings(max_steps=max_steps, accumulation=False))
     training = _rare_foreach_on_mixed_params(draw, training, comp, variant)
     training = draw(training_schedules(tree, training, comp, variant))
@@ -375,8 +344,9 @@ def _has_matrix(tree: ModuleTree, path: str) -> bool:
 
 
 @st.composite
-def invalid_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 2) -> Case:
-    """Cases for ``invalid``: one documented misuse on a parameter-holding module."""
+def invalid_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 2, accelerator: bool = False) -> Case:
+    """Cases for ``invalid``: one documented misuse on a parameter-holding module
+    (``accelerator`` changes nothing here)."""
     check_world_size(world_size)
     misuse = draw(st.sampled_from(Misuse))
     widths = None

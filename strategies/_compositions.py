@@ -3,9 +3,13 @@ which options, on which mesh; or a whole-model wrapper (DDP, FSDP1)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import strategies as st
 
-from fuzz.case import (
+from fuzz import known
+from fuzz.errors import InvalidArgument
+from fuzz.model import (
     PARAM_LEAVES,
     TP_BETWEEN,
     Block,
@@ -19,15 +23,15 @@ from fuzz.case import (
     ShardSpec,
     TpPair,
     Wrapper,
+    contains,
     has_params,
 )
-from fuzz.errors import InvalidArgument
-from strategies._odds import KNOWN_BUG_ODDS, one_in
+from strategies._odds import keep_known
 from strategies._validation import check_world_size
 
 
 def _nested(a: str, b: str) -> bool:
-    return a == b or a == "" or b == "" or a.startswith(b + ".") or b.startswith(a + ".")
+    return contains(a, b) or contains(b, a)
 
 
 def reshard_values(shard_size: int) -> st.SearchStrategy[bool | int]:
@@ -68,9 +72,9 @@ def mixed_precision_policies(draw: st.DrawFn) -> MixedPrecision:
 def _trainable_left(tree: ModuleTree, path: str, sharded: list[str]) -> bool:
     """Whether the module at ``path`` holds a trainable parameter outside every sharded module."""
     for sub, node in tree.paths().items():
-        if not _nested(sub, path) or (path and not (sub == path or sub.startswith(path + "."))):
+        if not _nested(sub, path) or (path and not contains(path, sub)):
             continue
-        if any(s == sub or (s != path and _nested(sub, s) and (s == "" or sub.startswith(s + "."))) for s in sharded):
+        if any(s == sub or (s != path and _nested(sub, s) and contains(s, sub)) for s in sharded):
             continue
         if isinstance(node, Leaf) and node.kind in PARAM_LEAVES and not node.frozen:
             return True
@@ -94,7 +98,8 @@ def rare_int_reshard_dim_1(draw: st.DrawFn, reshard: bool | int, shard_dim: int)
     """An int reshard_after_forward with Shard(1) placements meets a known FSDP2 bug (IndexError
     in foreach_all_gather_copy_out, corpus/parity-exception-c9b6f29fb81d.json): keep that rare,
     each hit costs a respawn of the pool."""
-    if shard_dim and not isinstance(reshard, bool) and not one_in(draw, KNOWN_BUG_ODDS):
+    spec = ShardSpec(path="", reshard_after_forward=reshard, shard_dim=shard_dim)
+    if known.int_reshard_dim1(Composition(shards=(spec,))) and not keep_known(draw, known.INT_RESHARD_DIM1):
         return 0
     return shard_dim
 
@@ -109,11 +114,14 @@ def compositions(
     checkpoint: bool = True,
     hsdp: bool = True,
     mixed_precision: bool = False,
+    offload: bool = False,
 ) -> Composition:
     """Composable APIs on a tree: fully_shard on the root (or replicate on it) and on any
     subset of the other parameter-holding modules, some grouped; replicate on submodules (half
     the time with find_unused_parameters=True); checkpoint anywhere, before or after
-    fully_shard; a 1D or HSDP mesh."""
+    fully_shard; a 1D or HSDP mesh. With ``offload`` (ranks with an accelerator: FSDP2's
+    CPUOffloadPolicy keeps parameters on the CPU and moves them to the accelerator for
+    compute), a third of the fully_shard calls take CPUOffloadPolicy."""
     check_world_size(world_size)
     paths = tree.paths()
     mesh = draw(meshes(world_size)) if hsdp else ()
@@ -161,6 +169,7 @@ def compositions(
                 reshard_after_forward=reshard,
                 shard_dim=rare_int_reshard_dim_1(draw, reshard, draw(st.sampled_from((0, 1)))),
                 mixed_precision=mp,
+                offload=offload and draw(st.sampled_from((False, False, True))),
             )
         )
     checkpoints = draw(_disjoint_subset(list(paths), replicates)) if checkpoint else []
@@ -184,7 +193,9 @@ def wrappers(draw: st.DrawFn, tree: ModuleTree, *, world_size: int, checkpoint: 
     mesh: tuple[int, ...] = ()
     if wrapper is Wrapper.FSDP1_HYBRID_SHARD:
         mesh = draw(meshes(world_size).filter(bool))
-        if mesh[1] == 1 and mesh[0] > 1 and not one_in(draw, KNOWN_BUG_ODDS):
+        if known.fsdp1_shard1(Composition(wrapper=wrapper, mesh=mesh)) and not keep_known(
+            draw, known.FSDP1_HSDP_SHARD1
+        ):
             # A shard dimension of size 1 meets a known FSDP1 bug (pytorch/pytorch#154888,
             # signature ...@fsdp1:shard1) that would hide other mismatches there: rarely.
             mesh = (1, world_size)
@@ -288,5 +299,5 @@ def tensor_parallel(draw: st.DrawFn, tree: ModuleTree, *, world_size: int, check
     base = draw(
         compositions(tree, world_size=world_size // TP_SIZE, replicate=False, checkpoint=checkpoint, hsdp=False)
     )
-    shards = tuple(ShardSpec(**{**s.__dict__, "shard_dim": 0}) for s in base.shards)
-    return Composition(**{**base.__dict__, "shards": shards, "tp": tuple(pairs), "tp_size": TP_SIZE})
+    shards = tuple(replace(s, shard_dim=0) for s in base.shards)
+    return replace(base, shards=shards, tp=tuple(pairs), tp_size=TP_SIZE)

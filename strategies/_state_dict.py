@@ -7,7 +7,7 @@ Stateful or patched state dicts (``DcpBody.patched``) to and from any layout, or
 FSDP1 models by the classic recipe.
 
 Everything drawn here is a case the documented API supports (the rules are in
-:mod:`fuzz.case_state`); where a draw would break a rule, it falls back to a valid choice
+:mod:`fuzz.model.state`); where a draw would break a rule, it falls back to a valid choice
 instead of being filtered away, so every draw yields a case. The known upstream deadlock of
 ``set_state_dict`` with ``broadcast_from_rank0`` (see docs/state_dict.md) stays in the space,
 drawn rarely: each hit costs a whole case deadline. So do the known errors, each hit a respawn
@@ -26,17 +26,19 @@ from dataclasses import replace
 
 from hypothesis import strategies as st
 
-from fuzz.case import Case, Composition, ModuleTree, Optimizer, Training, Wrapper
-from fuzz.case_state import (
+from fuzz import known
+from fuzz.model import (
     Api,
+    Case,
+    Composition,
     DcpBody,
-    Entry,
+    DcpItem,
+    ModuleTree,
     Options,
     Overwrite,
     StateDictBody,
-    fsdp1_dcp_empty_shard,
-    fsdp1_frozen_unit,
-    fsdp1_full_offload,
+    Training,
+    Wrapper,
     fsdp1_gathers,
     fsdp1_in_memory_problem,
     is_fsdp1,
@@ -46,7 +48,7 @@ from fuzz.case_state import (
 )
 from strategies._cases import _rare_foreach_on_mixed_params, trainings
 from strategies._compositions import _disjoint_subset, compositions, meshes
-from strategies._odds import KNOWN_BUG_ODDS, KNOWN_HANG_ODDS, one_in
+from strategies._odds import keep_known, one_in
 from strategies._trees import module_trees
 from strategies._validation import check_bounds, check_world_size
 
@@ -91,11 +93,13 @@ def fsdp1_layouts(draw: st.DrawFn, tree: ModuleTree, *, world_size: int) -> Comp
     mesh: tuple[int, ...] = ()
     if wrapper is Wrapper.FSDP1_HYBRID_SHARD:
         mesh = draw(meshes(world_size).filter(bool))
-        if mesh[1] == 1 and mesh[0] > 1 and not one_in(draw, KNOWN_BUG_ODDS):
+        if known.fsdp1_shard1(Composition(wrapper=wrapper, mesh=mesh)) and not keep_known(
+            draw, known.FSDP1_HSDP_SHARD1
+        ):
             mesh = (1, world_size)
     checkpoints = draw(_disjoint_subset([p for p in tree.paths() if p], []))
     comp = Composition(wrapper=wrapper, mesh=mesh, auto_wrap=draw(st.booleans()), checkpoints=tuple(checkpoints))
-    if fsdp1_frozen_unit(comp, tree) and not one_in(draw, KNOWN_BUG_ODDS):
+    if known.fsdp1_frozen_unit(comp, tree) and not keep_known(draw, known.FSDP1_FROZEN_UNIT):
         comp = replace(comp, auto_wrap=False)  # a known FSDP1 bug with a unit of frozen parameters: rarely
     return comp
 
@@ -137,9 +141,8 @@ def _stateful_optimizer(draw: st.DrawFn, training: Training, full_load: bool) ->
     """SGD without momentum keeps no tensor state, which set_optimizer_state_dict cannot load
     from a full state dict (a known torch bug), nor the classic FSDP1 recipe from a
     checkpoint (another): keep those combinations rare."""
-    stateless = training.optimizer is Optimizer.SGD and not training.momentum
-    if full_load and stateless and not one_in(draw, KNOWN_BUG_ODDS):
-        return Training(**{**training.__dict__, "momentum": 0.9})
+    if full_load and known.stateless_optimizer(training) and not keep_known(draw, known.STATELESS_FULL):
+        return replace(training, momentum=0.9)
     return training
 
 
@@ -148,9 +151,12 @@ def _meta_ok(target: Composition) -> bool:
 
 
 @st.composite
-def state_dict_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 3, max_steps: int = 3) -> Case:
+def state_dict_cases(
+    draw: st.DrawFn, *, world_size: int, max_depth: int = 3, max_steps: int = 3, accelerator: bool = False
+) -> Case:
     """Cases for ``state_dict``: train, take the state with get_*_state_dict (or FSDP2's
-    state_dict), load it into a fresh model under another layout, train both on."""
+    state_dict), load it into a fresh model under another layout, train both on
+    (``accelerator`` changes nothing here: CPU offload is the training properties')."""
     check_world_size(world_size)
     check_bounds("max_steps", max_steps, "max_steps", max_steps, floor=1, ceiling=16)
     tree = draw(module_trees(max_depth=max_depth))
@@ -171,14 +177,14 @@ def state_dict_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 3, ma
     ):
         api = Api.SPLIT
     save_offload = draw(st.booleans())
-    if full and save_offload and fsdp1_gathers(source, world_size) and not one_in(draw, KNOWN_BUG_ODDS):
+    if full and save_offload and fsdp1_gathers(source, world_size) and not keep_known(draw, known.FSDP1_FULL_OFFLOAD):
         save_offload = False  # known FSDP1 offload_to_cpu bugs on CPU (fsdp1_full_offload): rarely
     broadcast = full and draw(st.booleans())
-    if api is Api.COMBINED and broadcast and not one_in(draw, KNOWN_HANG_ODDS):
+    if api is Api.COMBINED and broadcast and not keep_known(draw, known.BROADCAST_EMPTY):
         api = Api.SPLIT  # the known set_state_dict deadlock: rarely
     if full and save_offload:
         broadcast = True  # the state is on rank 0 only
-        if api is Api.COMBINED and not one_in(draw, KNOWN_HANG_ODDS):
+        if api is Api.COMBINED and not keep_known(draw, known.BROADCAST_EMPTY):
             api = Api.SPLIT
     strict = draw(st.booleans())
     meta = api is not Api.COMBINED and _meta_ok(target) and one_in(draw, 6)
@@ -231,23 +237,23 @@ def _fsdp1_state_dict_case(draw: st.DrawFn, tree: ModuleTree, world_size: int, m
         frozen_in_optimizer=frozen_in_optimizer,
         empty_group=empty_group,
     )
-    if fsdp1_full_offload(body, world_size) and not one_in(draw, KNOWN_BUG_ODDS):
+    if known.fsdp1_full_offload(body, world_size) and not keep_known(draw, known.FSDP1_FULL_OFFLOAD):
         body = replace(body, save=Options(full_state_dict=True))  # known FSDP1 offload bugs on CPU: rarely
     return Case(property="state_dict", world_size=world_size, seed=draw(st.integers(0, 2**32 - 1)), body=body)
 
 
 @st.composite
-def checkpoint_entries(draw: st.DrawFn) -> tuple[Entry, ...]:
+def checkpoint_entries(draw: st.DrawFn) -> tuple[DcpItem, ...]:
     """The top-level entries of a checkpoint, in a drawn order: the model and optimizer (as
     state dicts, either of them, or one app Stateful wrapping both) beside scalars, a
     counter that runs collectives, and a plain tensor."""
     if draw(st.booleans()):
-        core = [Entry.APP]
+        core = [DcpItem.APP]
     else:
-        core = draw(st.sampled_from([[Entry.MODEL, Entry.OPTIMIZER], [Entry.MODEL], [Entry.OPTIMIZER]]))
+        core = draw(st.sampled_from([[DcpItem.MODEL, DcpItem.OPTIMIZER], [DcpItem.MODEL], [DcpItem.OPTIMIZER]]))
     extras = draw(
         st.lists(
-            st.sampled_from([Entry.SCALARS, Entry.COUNTER, Entry.EXTRA]),
+            st.sampled_from([DcpItem.SCALARS, DcpItem.COUNTER, DcpItem.EXTRA]),
             unique=True,
             min_size=1 if len(core) == 1 else 0,
         )
@@ -256,12 +262,15 @@ def checkpoint_entries(draw: st.DrawFn) -> tuple[Entry, ...]:
 
 
 @st.composite
-def dcp_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 3, max_steps: int = 3) -> Case:
+def dcp_cases(
+    draw: st.DrawFn, *, world_size: int, max_depth: int = 3, max_steps: int = 3, accelerator: bool = False
+) -> Case:
     """Cases for ``dcp``: train, dcp.save (or async_save) a dict built in a per-rank order,
     dcp.load all or part of it in place into a fresh model under another layout (another
     mesh, composition, or a plain model: DCP reshards), train both on. The model and
     optimizer go in as state dicts, in an app Stateful, or as the objects themselves with
-    their state dicts patched to get/set_*_state_dict (``patched``). Also: FSDP1 models on
+    their state dicts patched to get/set_*_state_dict (``patched``; ``accelerator`` changes
+    nothing here). Also: FSDP1 models on
     one side or both, moved through app or patched state dicts to and from any layout, or
     between FSDP1 models by the classic sharded recipe; a save over an earlier checkpoint (FileSystemWriter's
     ``overwrite``), several async saves with the source training while they are in flight
@@ -292,24 +301,24 @@ def dcp_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 3, max_steps
         source = draw(layouts(tree, world_size=world_size))
         target = _target(draw, tree, source, world_size)
     entries = draw(checkpoint_entries())
-    if how in ("classic", "patched") and Entry.APP in entries:
+    if how in ("classic", "patched") and DcpItem.APP in entries:
         # the model and optimizer entries: FSDP1's own state dicts, or the patched objects
-        at = entries.index(Entry.APP)
-        entries = (*entries[:at], Entry.MODEL, Entry.OPTIMIZER, *entries[at + 1 :])
-    if how == "app" and Entry.APP not in entries:
-        entries = (*(e for e in entries if e not in (Entry.MODEL, Entry.OPTIMIZER)), Entry.APP)
-    if no_dist and Entry.COUNTER in entries:
-        entries = tuple(e for e in entries if e is not Entry.COUNTER) or (Entry.MODEL,)
+        at = entries.index(DcpItem.APP)
+        entries = (*entries[:at], DcpItem.MODEL, DcpItem.OPTIMIZER, *entries[at + 1 :])
+    if how == "app" and DcpItem.APP not in entries:
+        entries = (*(e for e in entries if e not in (DcpItem.MODEL, DcpItem.OPTIMIZER)), DcpItem.APP)
+    if no_dist and DcpItem.COUNTER in entries:
+        entries = tuple(e for e in entries if e is not DcpItem.COUNTER) or (DcpItem.MODEL,)
     save_full, load_full = draw(st.booleans()), draw(st.booleans())
     save_offload, load_offload = draw(st.booleans()), draw(st.booleans())
     if how == "classic":
         save_full = load_full = False  # offload is the sharded configs' offload_to_cpu
     if no_dist:
         save_full = load_full = save_offload = load_offload = False
-    if Entry.APP in entries and load_full and load_offload and not one_in(draw, KNOWN_HANG_ODDS):
+    if DcpItem.APP in entries and load_full and load_offload and not keep_known(draw, known.BROADCAST_EMPTY):
         load_offload = False  # the known set_state_dict deadlock (through App.load_state_dict): rarely
     module_stateful = (
-        Entry.MODEL in entries
+        DcpItem.MODEL in entries
         and Wrapper.DDP not in (source.wrapper, target.wrapper)
         and not fsdp1
         and not (save_full or load_full)
@@ -318,17 +327,20 @@ def dcp_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 3, max_steps
     # The model and optimizer objects themselves, their state dicts patched (as torch's e2e
     # test does): every FSDP1 case that draws it, a quarter of the others that can.
     patched = how == "patched" or (
-        not fsdp1 and not module_stateful and (Entry.MODEL in entries or Entry.OPTIMIZER in entries) and one_in(draw, 4)
+        not fsdp1
+        and not module_stateful
+        and (DcpItem.MODEL in entries or DcpItem.OPTIMIZER in entries)
+        and one_in(draw, 4)
     )
     probe = DcpBody(
         tree=tree, source=source, target=target, entries=entries, patched=patched, load_full_state_dict=load_full
     )
-    if fsdp1 and fsdp1_dcp_empty_shard(probe, world_size) and not one_in(draw, KNOWN_BUG_ODDS):
+    if fsdp1 and known.fsdp1_dcp_empty_shard(probe, world_size) and not keep_known(draw, known.FSDP1_DCP_EMPTY_SHARD):
         # A known dcp.load bug with a rank that holds no chunk of an FSDP1 parameter, beside a
         # list (scalars; the optimizer state dict through app or patched): rarely. Without
         # the scalars entry, or else with a full load (plain tensors, nothing flattened away).
-        entries = tuple(e for e in entries if e is not Entry.SCALARS) or entries
-        if fsdp1_dcp_empty_shard(replace(probe, entries=entries), world_size):
+        entries = tuple(e for e in entries if e is not DcpItem.SCALARS) or entries
+        if known.fsdp1_dcp_empty_shard(replace(probe, entries=entries), world_size):
             load_full, load_offload = True, False
     orders = draw(rank_orders(len(entries), world_size=world_size))
     # Statefuls whose state_dict runs collectives inside dcp.save (DcpBody.collective_entries)
@@ -336,21 +348,21 @@ def dcp_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 3, max_steps
     collective = [
         e
         for e in entries
-        if e is Entry.COUNTER
-        or (e is Entry.APP and gathers)
-        or (patched and gathers and e in (Entry.MODEL, Entry.OPTIMIZER))
+        if e is DcpItem.COUNTER
+        or (e is DcpItem.APP and gathers)
+        or (patched and gathers and e in (DcpItem.MODEL, DcpItem.OPTIMIZER))
     ]
     if len(collective) > 1 and orders:
         orders = (orders[0],) * world_size  # dcp.save leaves the order of such Statefuls to us
-    skip: tuple[Entry, ...] = ()
+    skip: tuple[DcpItem, ...] = ()
     if len(entries) > 1 and one_in(draw, 4):
         skip = tuple(draw(st.lists(st.sampled_from(entries), unique=True, min_size=1, max_size=len(entries) - 1)))
-    loads_model = any(e in entries and e not in skip for e in (Entry.MODEL, Entry.APP))
+    loads_model = any(e in entries and e not in skip for e in (DcpItem.MODEL, DcpItem.APP))
     meta = loads_model and _meta_ok(target) and (is_plain(target) or bool(target.shards)) and one_in(draw, 6)
     drop: tuple[int, ...] = ()
     droppable = (
-        Entry.MODEL in entries
-        and Entry.MODEL not in skip
+        DcpItem.MODEL in entries
+        and DcpItem.MODEL not in skip
         and not module_stateful
         and not patched
         and not meta
@@ -358,7 +370,7 @@ def dcp_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 3, max_steps
     )
     if droppable and one_in(draw, 4):
         drop = tuple(draw(st.lists(st.integers(0, 31), unique=True, min_size=1, max_size=3)))
-    optimizer_loaded = any(e in entries and e not in skip for e in (Entry.OPTIMIZER, Entry.APP))
+    optimizer_loaded = any(e in entries and e not in skip for e in (DcpItem.OPTIMIZER, DcpItem.APP))
     training = draw(trainings(max_steps=max_steps, accumulation=False))
     # Stateless SGD meets a known bug of set_optimizer_state_dict with full state dicts (not
     # into FSDP1, which loads through FSDP.optim_state_dict_to_load), and one of the classic
@@ -369,9 +381,9 @@ def dcp_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 3, max_steps
     steps_after = draw(st.sampled_from((1, 2) if fsdp1 else (1, 2, 0)))
     async_save = not no_dist and draw(st.booleans())
     storage_objects = draw(st.booleans())
-    if async_save and not storage_objects and tensor_kind(source) == "sharded_tensor" and not save_full:
+    if known.default_stager_copies_sharded(async_save, storage_objects, source, save_full):
         # async_save's default stager cannot copy FSDP1's ShardedTensors (a known torch bug): rarely.
-        storage_objects = not one_in(draw, KNOWN_BUG_ODDS)
+        storage_objects = not keep_known(draw, known.FSDP1_ASYNC_DEFAULT_STAGER)
     # Several async saves with training in flight, half the async cases that can.
     async_saves = 0
     if async_save and steps_after and draw(st.booleans()):
@@ -379,7 +391,9 @@ def dcp_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 3, max_steps
     # The staging cache pins memory, which fails on a host without an accelerator (a known torch
     # bug there, so not often); with one it is a feature to exercise, and the cases that can
     # take it are few already (about 3% of dcp cases): a quarter of them.
-    cache_staged = async_saves >= 2 and storage_objects and one_in(draw, KNOWN_BUG_ODDS // 4)
+    cache_staged = (
+        async_saves >= 2 and storage_objects and one_in(draw, known.CACHED_STAGING_NEEDS_ACCELERATOR.odds // 4)
+    )
     overwrite = Overwrite.NONE
     if storage_objects and not async_saves and not no_dist:
         # four in five cases that can take it save over an older checkpoint, half of them refused
@@ -413,7 +427,7 @@ def dcp_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 3, max_steps
         frozen_in_optimizer=frozen_in_optimizer,
         empty_group=empty_group,
     )
-    if fsdp1_full_offload(body, world_size) and not one_in(draw, KNOWN_BUG_ODDS):
+    if known.fsdp1_full_offload(body, world_size) and not keep_known(draw, known.FSDP1_FULL_OFFLOAD):
         # known FSDP1 offload_to_cpu bugs on CPU, met through get_*_state_dict: rarely
         body = replace(body, save_cpu_offload=False, load_cpu_offload=False)
     return Case(property="dcp", world_size=world_size, seed=draw(st.integers(0, 2**32 - 1)), body=body)

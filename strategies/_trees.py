@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from fuzz.case import MAX_DEPTH, PARAM_LEAVES, Block, Leaf, LeafKind, ModuleTree, Node, has_params
+from fuzz.model import MAX_DEPTH, PARAM_LEAVES, Block, Leaf, LeafKind, ModuleTree, Node, has_params
 from strategies._validation import check_bounds
 
 #: Widths small enough to be fast, chosen so that most do not divide 2 or 4 ranks: uneven

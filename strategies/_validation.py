@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from fuzz.case import MAX_WORLD_SIZE
 from fuzz.errors import InvalidArgument
+from fuzz.model import MAX_WORLD_SIZE
 
 
 def check_bounds(name_lo: str, lo: int, name_hi: str, hi: int, *, floor: int, ceiling: int) -> None:

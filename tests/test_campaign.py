@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from fuzz.campaign import merge
-from fuzz.case import Case
 from fuzz.corpus import load_corpus
 from fuzz.explore import Discoveries, Progress, Scheduler, explore
+from fuzz.model import Case
 from fuzz.pool import Outcome, RankPool
 from fuzz.properties import get_property
 from fuzz.stop import request_stop, stop_requested
@@ -359,3 +359,88 @@ def test_a_stop_whose_keyboard_interrupt_is_lost_still_ends_the_campaign(
         assert not stop_requested(), "the stop outlived the campaign that honoured it"
         again = explore(real, [get_property("invalid")], budget=300, max_examples=2, seed=1, reruns=0)
     assert not again.interrupted and again.cases == 2
+
+
+# --------------------------------------------------------------------------------------------
+# Budgets: a campaign ends within budget + max(30 s, 5% of the budget) of wall time
+
+
+def _hang_campaign(tmp_path: Path, budget: float, *extra: str) -> tuple[float, subprocess.CompletedProcess[str]]:
+    """``python -m fuzz explore`` on the fault property with every case hanging; its wall time."""
+    env = {
+        **os.environ,
+        "SHARDFUZZ_FAULT_ACTIONS": "hang",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+    }
+    argv = [sys.executable, "-m", "fuzz", "explore", "--property", "_fault", "--budget", str(budget), "--seed", "3"]
+    argv += ["--corpus", str(tmp_path / "corpus"), "--report", str(tmp_path / "report"), "--no-database", *extra]
+    start = time.monotonic()
+    result = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=budget + 300)
+    return time.monotonic() - start, result
+
+
+@pytest.mark.parametrize("extra", [(), ("--pools", "2")], ids=["one-pool", "two-pools"])
+def test_a_campaign_where_every_case_hangs_ends_within_its_budget(tmp_path: Path, extra: tuple[str, ...]) -> None:
+    """The promise, under a fault that makes every case hang: the wall time stays within
+    budget + max(30 s, 5% of the budget), start-up, shrinking, re-runs and teardown included,
+    however slow the machine (a slow machine finds less, not later); the failure found is saved,
+    and what the campaign could not finish for it is said in its entry and the report."""
+    budget = 10.0
+    wall, result = _hang_campaign(tmp_path, budget, *extra)
+    assert wall <= budget + max(30.0, 0.05 * budget), (wall, result.stderr[-3000:])
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    assert summary["wall_limit"] == budget + 30.0
+    entries = _entries(tmp_path / "corpus")
+    if not summary["failures"]:  # the ranks took the whole budget to start: nothing to save
+        assert summary["cases"] == 0 and not entries, result.stderr[-3000:]
+        return
+    assert result.returncode == 1, result.stderr[-3000:]
+    hangs = [f for f in summary["failures"] if f["kind"] == "hang"]
+    assert hangs and all(f["entry"] for f in hangs), summary["failures"]
+    for _, entry in entries:
+        assert entry.kind == "hang"
+        # each re-run the entry counts was made; what was cut is said, not hidden
+        assert entry.reruns == 3 or entry.details.get("unfinished"), entry.details.get("unfinished")
+    for f in hangs:
+        assert f["reruns"] == 3 or f["unfinished"], f
+
+
+def test_a_shrink_cut_short_saves_the_smallest_case_found_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no time for shrinking, the first failing case is saved as it is, marked as not fully
+    shrunk in its entry and in the summary, and still re-run."""
+    import fuzz.explore as explore_module
+
+    monkeypatch.setenv("SHARDFUZZ_FAULT_ACTIONS", "raise")
+    monkeypatch.setattr(explore_module, "SHRINK_MIN_S", 0.0)
+    monkeypatch.setattr(explore_module, "SHRINK_SHARE", 0.0)
+    with RankPool(world_size=2, deadline=60) as pool:
+        pool.wait_ready(pool.start_timeout)
+        progress = explore(pool, [get_property("_fault")], budget=8.0, seed=0, corpus=tmp_path, reruns=1)
+    (found,) = progress.found.values()
+    assert not found.shrunk
+    assert found.unfinished and found.unfinished[0].startswith("not fully shrunk"), found.unfinished
+    ((_, entry),) = _entries(tmp_path)
+    assert entry.signature == found.failure.signature and entry.case == found.case
+    assert entry.details["unfinished"] == found.unfinished
+    assert entry.reruns == 1 and entry.reproduced == 1
+    (summary,) = progress.summary(seed=0, backend="gloo", world_size=2)["failures"]
+    assert summary["shrunk"] is False and summary["unfinished"] == found.unfinished
+
+
+def test_a_case_cut_short_by_the_budget_is_not_taken_for_a_hang(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every rank sleeps a minute (no blocking call: only a deadline could end it). The time
+    left is shorter than the deadline, so the case is cut at the end of the campaign's time and
+    left unjudged: no hang is reported for a case that was not given its deadline."""
+    import fuzz.explore as explore_module
+
+    monkeypatch.setenv("SHARDFUZZ_FAULT_ACTIONS", "sleep")
+    monkeypatch.setenv("SHARDFUZZ_FAULT_SECONDS", "60")
+    monkeypatch.setattr(explore_module, "GRACE_MIN_S", 12.0)  # work ends 4 s after the budget
+    with RankPool(world_size=2, deadline=60) as pool:
+        pool.wait_ready(pool.start_timeout)
+        progress = explore(pool, [get_property("_fault")], budget=1.0, seed=0, reruns=0, started=time.monotonic())
+    assert not progress.found, [f.failure.summary for f in progress.found.values()]
+    assert progress.cases == 0
+    assert progress.elapsed < 60.0  # the deadline was cut to the time left

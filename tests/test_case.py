@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
-from fuzz.case import (
+from fuzz.errors import CaseError, ShardfuzzError
+from fuzz.model import (
     SCHEMA_VERSION,
     Block,
     Case,
@@ -25,7 +26,6 @@ from fuzz.case import (
     case_to_json,
     case_to_text,
 )
-from fuzz.errors import CaseError, ShardfuzzError
 from strategies import parity_cases
 
 FAST = settings(

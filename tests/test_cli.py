@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -110,3 +116,75 @@ def test_campaign_under_a_fault_saves_an_entry_that_replays(tmp_path):
     fixed = run_cli("replay", str(entries[0]))
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
     assert "passes now" in fixed.stdout
+
+
+_ENTRY = "corpus/parity-mismatch-da0c9d4e06cd.json"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("explore", "--corpus", "README.md", "--no-database"), "--corpus README.md: exists and is not a directory"),
+        (("explore", "--corpus", "README.md/sub"), "--corpus README.md/sub: README.md is not a directory"),
+        (("explore", "--report", "README.md", "--no-database"), "--report README.md: exists and is not a directory"),
+        (("explore", "--database", "README.md"), "--database README.md: exists and is not a directory"),
+        (("repro", _ENTRY, "-o", "no/such/dir/r.py"), "-o no/such/dir/r.py: directory no/such/dir does not exist"),
+        (("repro", _ENTRY, "-o", "corpus"), "-o corpus: is a directory; name a file"),
+    ],
+)
+def test_a_bad_path_is_refused_before_the_campaign_starts(args, message):
+    result = run_cli(*args, "--budget", "20") if args[0] == "explore" else run_cli(*args)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [f"python -m fuzz {args[0]}: error: {message}"]
+
+
+def _read_only(directory: Path) -> list[str] | None:
+    """A command prefix under which ``directory`` cannot be written: none where its mode stops
+    writes, a read-only bind mount in a private mount namespace where it does not (root), else
+    None."""
+    directory.chmod(0o555)
+    try:
+        fd, probe = tempfile.mkstemp(dir=directory)
+    except OSError:
+        return []
+    os.close(fd)
+    os.unlink(probe)
+    if shutil.which("unshare") is None:
+        return None
+    script = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"'
+    prefix = ["unshare", "--map-root-user", "--mount", "sh", "-c", script, str(directory)]
+    works = subprocess.run([*prefix, "true"], capture_output=True).returncode == 0
+    blocked = subprocess.run([*prefix, "touch", str(directory / "probe")], capture_output=True).returncode != 0
+    return prefix if works and blocked and not (directory / "probe").exists() else None
+
+
+def test_a_read_only_corpus_is_refused_before_the_campaign_starts(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    prefix = _read_only(corpus)
+    if prefix is None:
+        pytest.skip("running as root, where a directory's mode does not stop writes, and no mount namespace")
+    try:
+        result = subprocess.run(
+            [*prefix, sys.executable, "-m", "fuzz", "explore", "--corpus", str(corpus), "--budget", "20",
+             "--no-database"],
+            cwd=ROOT, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        corpus.chmod(0o755)
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"python -m fuzz explore: error: --corpus {corpus}: not writable ("), line
+
+
+def test_bench_hang_prints_the_cost_of_each_planted_deadlock():
+    """Not timed: the figures are the benchmark's output. Each plant deadlocks where it says and
+    ends as a hang before the 60 s deadline."""
+    result = run_cli("bench", "--hang", "--world-size", "2", timeout=400)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    for plant in ("all_reduce", "barrier"):
+        assert re.search(rf"^hang cost: {plant}, gloo, 2 ranks: [0-9.]+s", out, re.M), out
+    assert "rank 1 in torch/distributed/distributed_c10d.py:all_reduce" in out, out
+    assert "rank 1 in torch/distributed/distributed_c10d.py:barrier" in out, out
+    assert "ended by: deadline" not in out, out

@@ -12,18 +12,6 @@ from typing import Any
 import hypothesis
 import pytest
 
-from fuzz.case import (
-    Block,
-    Case,
-    Composition,
-    Leaf,
-    LeafKind,
-    ModuleTree,
-    ParityBody,
-    ShardSpec,
-    Training,
-    case_to_json,
-)
 from fuzz.corpus import (
     ENTRY_SCHEMA,
     CorpusIndex,
@@ -35,6 +23,18 @@ from fuzz.corpus import (
     save_entry,
 )
 from fuzz.errors import ShardfuzzError
+from fuzz.model import (
+    Block,
+    Case,
+    Composition,
+    Leaf,
+    LeafKind,
+    ModuleTree,
+    ParityBody,
+    ShardSpec,
+    Training,
+    case_to_json,
+)
 from fuzz.signature import Failure, location, same_bug
 
 SIGNATURE = "mismatch:parity:loss"

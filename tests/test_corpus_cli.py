@@ -11,8 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fuzz.case import Block, Case, Composition, Leaf, LeafKind, ModuleTree, ParityBody, ShardSpec, Training
 from fuzz.corpus import Entry, save_entry
+from fuzz.model import Block, Case, Composition, Leaf, LeafKind, ModuleTree, ParityBody, ShardSpec, Training
 from tests.conftest import ROOT, mutant_env, run_cli, torchrun
 
 

@@ -28,7 +28,7 @@ from fuzz.errors import ShardfuzzError
 
 
 def _corpus_dir(config: pytest.Config) -> Path:
-    return Path(config.rootpath) / config.getoption("shardfuzz_corpus")
+    return Path(config.rootpath) / (config.getoption("shardfuzz_corpus") or "corpus")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from fuzz.case import Case
 from fuzz.database import campaign_examples, database_key, example_database, use_database_key
 from fuzz.errors import InvalidArgument
 from fuzz.explore import explore
+from fuzz.model import Case
 from fuzz.pool import Outcome, RankPool
 from fuzz.properties import get_property
 from tests.conftest import mutant_env, run_cli

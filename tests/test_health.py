@@ -200,7 +200,7 @@ def test_a_short_run_samples_every_rank() -> None:
 
 def test_a_respawn_between_marks_is_counted_and_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     from fuzz import health
-    from fuzz.case import Case, FaultAction, FaultBody
+    from fuzz.model import Case, FaultAction, FaultBody
     from fuzz.properties import get_property
 
     fault = get_property("_fault")

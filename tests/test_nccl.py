@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fuzz.case import Case, FaultAction, FaultBody
-from fuzz.pool import OutcomeKind
+from fuzz.model import Case, FaultAction, FaultBody
+from fuzz.verdict import OutcomeKind
 
 pytestmark = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
 

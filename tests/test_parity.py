@@ -10,7 +10,10 @@ import pytest
 from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 
-from fuzz.case import (
+from fuzz.errors import CaseError
+from fuzz.explore import run_case
+from fuzz.known import never_run_under_no_sync, unfrozen_in_frozen_mp_unit
+from fuzz.model import (
     AccumSync,
     Block,
     Case,
@@ -30,12 +33,9 @@ from fuzz.case import (
     Unfreeze,
     Wrapper,
 )
-from fuzz.errors import CaseError
-from fuzz.explore import run_case
 from fuzz.pool import RankPool
 from fuzz.properties import get_property
 from strategies import invalid_cases, metamorphic_cases, mixed_precision_cases, parity_cases
-from strategies._cases import never_run_under_no_sync, unfrozen_in_frozen_mp_unit
 from tests.conftest import mutant_env
 
 

@@ -12,11 +12,12 @@ from typing import Any
 
 import pytest
 
-from fuzz.case import Case, FaultAction, FaultBody
 from fuzz.errors import InvalidArgument
-from fuzz.pool import FAILURE_GRACE_S, OutcomeKind, RankPool, Stall
+from fuzz.model import Case, FaultAction, FaultBody
+from fuzz.pool import FAILURE_GRACE_S, HANG_HOLD_MIN_S, HANG_HOLD_SLOWEST, OutcomeKind, RankPool, Stall
 from fuzz.pytest_plugin import HistoryDependentCrash, make_checker
 from fuzz.signature import failure_from_outcome
+from fuzz.verdict import WAITING_HANG, HangWatch, blocking_call
 
 WORLD_SIZE = 2
 DEADLINE = 8.0
@@ -89,31 +90,100 @@ def test_clean_case_is_ok_and_all_reduces(pool: RankPool) -> None:
 
 
 @pytest.mark.slow  # waits out the whole 8 s deadline
-def test_hang_ends_at_the_deadline_with_the_stuck_stack(pool: RankPool) -> None:
+def test_the_deadline_ends_a_case_whose_ranks_wait_in_no_blocking_call(pool: RankPool) -> None:
+    """Every rank sleeps past the deadline: no rank waits in a collective, so only the deadline,
+    the backstop, ends the case, with every rank's stack."""
     assert_clean_case_ok(pool)  # ranks joined, so the deadline measures the case alone
     old_pids = pool.pids
     restarts = pool.restarts
     start = time.monotonic()
-    outcome = pool.run(fault_case(FaultAction.HANG))
+    outcome = pool.run(fault_case(FaultAction.SLEEP, seconds=10 * DEADLINE))
     wall = time.monotonic() - start
 
     assert outcome.kind is OutcomeKind.HANG, outcome.describe()
+    assert outcome.stalled is None, outcome.describe()
     assert DEADLINE - 0.1 <= outcome.seconds < DEADLINE + 3.0, outcome.seconds
     assert wall < DEADLINE + 5.0, wall  # stack dump and respawn are bounded too
-    stuck = outcome.ranks[FAULTY]
-    assert stuck.status == "stuck", outcome.describe()
-    assert stuck.stack is not None
-    assert "all_reduce" in stuck.stack and "run_fault" in stuck.stack, stuck.stack
-    # The other rank finished the program and waits in the end-of-case step check for a peer
-    # that never arrives: the case that left its ranks out of step is the one that fails.
-    other = outcome.ranks[1 - FAULTY]
-    assert other.status == "stuck", outcome.describe()
-    assert other.stack is not None and "_check_in_step" in other.stack, other.stack
+    for report in outcome.ranks:
+        assert report.status == "stuck" and report.stack and "run_fault" in report.stack, outcome.describe()
+    assert "missed the deadline" in failure_from_outcome("_fault", outcome).summary
 
     assert pool.restarts == restarts + 1
     assert set(pool.pids).isdisjoint(old_pids)
     assert_all_gone(old_pids)
     assert_clean_case_ok(pool)
+
+
+def test_a_deadlock_in_collectives_ends_long_before_the_deadline(pool: RankPool) -> None:
+    """The faulty rank waits in an all_reduce that the other rank skipped; that one waits in
+    the end-of-case step check for a peer that never arrives. Every rank still in the case waits
+    in a blocking call with its stack unchanged: the generic rule ends the case as a hang, with
+    every rank's stack, as at a deadline (here 60 s)."""
+    assert_clean_case_ok(pool)
+    old_pids = pool.pids
+    restarts = pool.restarts
+    assert pool.hang_hold("_fault") == HANG_HOLD_MIN_S  # the property's cases take milliseconds
+    outcome = pool.run(fault_case(FaultAction.HANG), deadline=60.0)
+
+    assert outcome.kind is OutcomeKind.HANG, outcome.describe()
+    assert outcome.stalled == WAITING_HANG, outcome.describe()
+    assert outcome.seconds < 30.0, outcome.describe()  # the rule: about 2 s + 4 s; the deadline: 60 s
+    stuck = outcome.ranks[FAULTY]
+    assert stuck.status == "stuck", outcome.describe()
+    assert stuck.stack is not None
+    assert "all_reduce" in stuck.stack and "run_fault" in stuck.stack, stuck.stack
+    # The case that left its ranks out of step is the one that fails.
+    other = outcome.ranks[1 - FAULTY]
+    assert other.status == "stuck", outcome.describe()
+    assert other.stack is not None and "_check_in_step" in other.stack, other.stack
+    failure = failure_from_outcome("_fault", outcome)
+    assert failure.signature.startswith("hang:_fault@torch/distributed/distributed_c10d.py:"), failure.signature
+    assert WAITING_HANG in failure.summary
+
+    assert pool.restarts == restarts + 1
+    assert set(pool.pids).isdisjoint(old_pids)
+    assert_all_gone(old_pids)
+    assert_clean_case_ok(pool)
+
+
+def test_a_hang_that_a_named_stall_names_keeps_its_name(pool: RankPool) -> None:
+    """The generic rule sees the deadlock long before the stall would (30 s in): the hang still
+    carries the stall's name, since the stall's pattern holds in the stacks."""
+
+    def alone(stacks: list[str]) -> bool:
+        return "run_fault" in stacks[FAULTY] and "run_fault" not in stacks[1 - FAULTY]
+
+    stall = Stall(name="the faulty rank alone in all_reduce", deadlocked=alone, after=30.0, hold=3.0)
+    assert_clean_case_ok(pool)
+    outcome = pool.run(fault_case(FaultAction.HANG), deadline=60.0, stall=stall)
+    assert outcome.kind is OutcomeKind.HANG, outcome.describe()
+    assert outcome.stalled == stall.name, outcome.describe()
+    assert outcome.seconds < 30.0, outcome.describe()
+    assert_clean_case_ok(pool)
+
+
+def test_the_hold_follows_the_property_s_slowest_healthy_case(pool: RankPool) -> None:
+    pool.slowest["_slow_property"] = 10.0
+    try:
+        assert pool.hang_hold("_slow_property") == HANG_HOLD_SLOWEST * 10.0
+        assert pool.hang_hold("_never_ran") == HANG_HOLD_MIN_S
+    finally:
+        del pool.slowest["_slow_property"]
+    assert_clean_case_ok(pool)
+    assert 0.0 < pool.slowest["_fault"] < 60.0  # ok cases are timed per property
+
+
+def test_wait_ready_gives_up_without_ending_starting_ranks() -> None:
+    p = RankPool(world_size=WORLD_SIZE, backend="gloo", deadline=DEADLINE)
+    try:
+        p.start()
+        pids = p.pids
+        assert p.wait_ready(0.0) is False  # just spawned: still importing torch
+        assert p.pids == pids and all(pid_alive(pid) for pid in pids)
+        assert p.wait_ready(p.start_timeout) is True
+        assert_clean_case_ok(p)
+    finally:
+        p.close()
 
 
 def test_a_stall_ends_a_hang_long_before_its_deadline(pool: RankPool) -> None:
@@ -304,3 +374,92 @@ def test_a_crash_the_case_repeats_fails_the_test(pool: RankPool) -> None:
     with pytest.raises(AssertionError, match="crash:_fault:signal SIGSEGV"):
         check(fault_case(FaultAction.NONE))
     assert_clean_case_ok(pool)
+
+
+# ------------------------------------------------------------------------- the generic hang rule
+
+
+def _stack(*frames: tuple[str, str, str]) -> str:
+    """A sampled stack as traceback.format_stack writes it: (path, function, source line)."""
+    return "".join(
+        f'  File "{path}", line {10 + i}, in {fn}\n    {line}\n' for i, (path, fn, line) in enumerate(frames)
+    )
+
+
+C10D = "/x/site-packages/torch/distributed/distributed_c10d.py"
+OURS = ("/x/fuzz/_rank/programs.py", "run_fault", "dist.all_reduce(t)")
+IN_ALL_REDUCE = _stack(OURS, (C10D, "all_reduce", "work.wait()"))
+IN_BARRIER = _stack(OURS, (C10D, "barrier", "work.wait()"))
+
+
+@pytest.mark.parametrize(
+    ("stack", "where"),
+    [
+        (IN_ALL_REDUCE, "torch/distributed/distributed_c10d.py:all_reduce"),
+        (IN_BARRIER, "torch/distributed/distributed_c10d.py:barrier"),
+        (
+            _stack(
+                OURS, ("/x/torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py", "wait_for_unshard", "work.wait()")
+            ),
+            "torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py:wait_for_unshard",
+        ),
+        (
+            _stack(
+                OURS, ("/x/torch/distributed/elastic/utils/store.py", "get_all", "data = store.get(f'{prefix}{idx}')")
+            ),
+            "torch/distributed/elastic/utils/store.py:get_all",
+        ),
+        (
+            _stack(
+                OURS,
+                (
+                    "/x/torch/distributed/_functional_collectives.py",
+                    "wait_tensor",
+                    "return torch.ops._c10d_functional.wait_tensor(tensor)",
+                ),
+            ),
+            "torch/distributed/_functional_collectives.py:wait_tensor",
+        ),
+        # computing, sleeping, or in torch.distributed but not waiting: no blocking call
+        (_stack(OURS, ("/usr/lib/python3/time.py", "sleep", "time.sleep(s)")), None),
+        (_stack(("/x/torch/distributed/checkpoint/planner.py", "create_plan", "plan = [x for x in items]")), None),
+        (_stack(("/x/torch/nn/modules/linear.py", "forward", "return F.linear(input, self.weight)")), None),
+        ("", None),
+    ],
+)
+def test_blocking_calls_are_read_from_the_innermost_frame(stack: str, where: str | None) -> None:
+    assert blocking_call(stack) == where
+
+
+def test_the_rule_holds_once_every_rank_in_the_case_waits_unchanged_for_the_hold() -> None:
+    watch = HangWatch(hold=4.0)
+    assert not watch.look([IN_ALL_REDUCE, IN_BARRIER], 0.0)
+    assert not watch.look([IN_ALL_REDUCE, IN_BARRIER], 3.9)
+    assert watch.look([IN_ALL_REDUCE, IN_BARRIER], 4.0)
+    # a rank that has finished the case (None) does not keep the others from being stuck
+    finished = HangWatch(hold=4.0)
+    assert not finished.look([None, IN_ALL_REDUCE], 0.0)
+    assert finished.look([None, IN_ALL_REDUCE], 5.0)
+    # nothing left in the case, or no rank sampled yet: no hang
+    assert not HangWatch(hold=0.0).look([None, None], 9.0)
+    assert not HangWatch(hold=0.0).look(["", ""], 9.0)
+
+
+def test_a_slow_case_that_makes_progress_is_no_hang() -> None:
+    """Both ranks are in collectives at every look, but their stacks move (other lines, other
+    calls): each move starts the wait again, so the rule never holds, however long it runs."""
+    watch = HangWatch(hold=4.0)
+    for t in range(60):
+        line = f"    step_{t % 3}()\n"
+        a = _stack(OURS, (C10D, "all_reduce", "work.wait()")).replace("    dist.all_reduce(t)\n", line)
+        b = IN_BARRIER if t % 2 else IN_ALL_REDUCE
+        assert not watch.look([a, b], float(t))
+
+
+def test_a_rank_outside_a_blocking_call_keeps_the_rule_from_holding() -> None:
+    """One rank computes (or sleeps, or imports) while the other waits for it: not a deadlock."""
+    computing = _stack(OURS, ("/x/torch/nn/modules/linear.py", "forward", "return F.linear(input, self.weight)"))
+    watch = HangWatch(hold=4.0)
+    for t in range(30):
+        assert not watch.look([IN_ALL_REDUCE, computing], float(t))
+    assert not HangWatch(hold=4.0).look([IN_ALL_REDUCE, ""], 100.0)  # a rank not sampled yet

@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from fuzz import known
 from fuzz.coverage import AREAS, CHECKLIST, Item, coverage
 from fuzz.properties import all_properties
 from fuzz.report import (
@@ -27,7 +28,11 @@ from fuzz.report import (
     NEVER_COLOUR,
     PROPERTY_COLOURS,
     TOTAL_COLOUR,
+    causes,
+    first_check,
     render_html,
+    shorten,
+    upstream_url,
     write_report,
 )
 
@@ -125,9 +130,9 @@ def test_summary_round_trip(tmp_path: Path) -> None:
     assert (json_path.name, html_path.name) == ("summary.json", "report.html")
     text = json_path.read_text()
     loaded = json.loads(text)
-    assert loaded == {**summary, "coverage": coverage(summary["features"])}
+    assert loaded == {**summary, "coverage": coverage(summary["features"]), "causes": causes(summary["failures"])}
     assert text == json.dumps(loaded, sort_keys=True, indent=1) + "\n"
-    assert "coverage" not in summary  # the caller's dict is left alone
+    assert "coverage" not in summary and "causes" not in summary  # the caller's dict is left alone
     # Written by rename: no temporary file is left beside them; readable under the umask.
     assert sorted(p.name for p in json_path.parent.iterdir()) == ["report.html", "summary.json"]
     assert json_path.stat().st_mode & 0o044 == 0o044 & ~_umask()
@@ -162,9 +167,12 @@ def test_text_is_escaped_and_page_is_self_contained(tmp_path: Path) -> None:
     for raw in ("<img", "<b>bold", "<svg onload", "<i>gloo"):
         assert raw not in page
     assert "&lt;img src=x onerror=alert(1)&gt;" in page and "&lt;b&gt;bold&lt;/b&gt;" in page
-    # Nothing is fetched: no external resources, the only URL is the SVG namespace.
-    assert not re.search(r"<(?:link|img|iframe|object|embed)|<[^>]*\s(?:src|href)\s*=|@import|url\(", page)
+    # Nothing is fetched: no external resources, the only URL is the SVG namespace. Links (<a href>,
+    # followed only when clicked) go to corpus entries, relative to the page.
+    assert not re.search(r"<(?:link|img|iframe|object|embed)|<(?!a\s)[^>]*\s(?:src|href)\s*=|@import|url\(", page)
     assert set(re.findall(r"https?://[^\s\"'<>]+", page)) == {"http://www.w3.org/2000/svg"}
+    (link,) = re.findall(r'<a href="([^"]*)"', page)
+    assert link.endswith("/corpus/parity-mismatch-0123456789ab.json") and ":" not in link
 
 
 _DEGENERATE = {
@@ -448,3 +456,147 @@ def test_report_renders_in_chromium(tmp_path: Path) -> None:
     wanted = {TOTAL_COLOUR, FAILURE_COLOUR, COVERAGE_COLOUR, NEVER_COLOUR, *PROPERTY_COLOURS[: len(PROPS)]}
     missing = sorted(c for c in wanted if _rgb(c) not in colours)
     assert not missing, f"colours not on the screenshot: {missing}"
+
+
+def test_a_failure_says_what_it_is_and_what_to_run_next(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A known failure shows its entry's description and upstream issue as a link; every saved
+    failure links its corpus entry relative to the page and names the replay and repro commands."""
+    monkeypatch.chdir(tmp_path)
+    known = {
+        "signature": "mismatch:parity@fsdp1:hybrid-shard1",
+        "kind": "mismatch",
+        "property": "parity",
+        "hits": 4,
+        "known": True,
+        "summary": "grad differs on rank 1",
+        "entry_summary": "FSDP1 HYBRID_SHARD with a shard group of size 1 does not synchronise gradients",
+        "upstream": "pytorch/pytorch#154888",
+        "entry": "corpus/parity-mismatch-da0c9d4e06cd.json",
+        "commands": [
+            "python -m fuzz replay corpus/parity-mismatch-da0c9d4e06cd.json",
+            "python -m fuzz repro corpus/parity-mismatch-da0c9d4e06cd.json -o repro.py",
+        ],
+        "first_seen": 3.0,
+    }
+    page = write_report(Path("reports") / "latest", _summary(failures=[known]))[1].read_text()
+    assert '<a href="https://github.com/pytorch/pytorch/issues/154888">pytorch/pytorch#154888</a>' in page
+    assert "does not synchronise gradients" in page
+    assert '<a href="../../corpus/parity-mismatch-da0c9d4e06cd.json">' in page
+    for command in known["commands"]:
+        assert f"<code>{command}</code>" in page
+
+
+def test_long_summaries_are_cut_at_a_word() -> None:
+    words = " ".join(f"word{i}" for i in range(200))
+    short = shorten(words, 100)
+    assert len(short) <= 100 and short.endswith("...")
+    assert short[:-3].split()[-1] in words.split()  # the last word shown is whole
+    assert shorten("short", 100) == "short"
+    assert upstream_url("pytorch/pytorch#85831 (related)") == "https://github.com/pytorch/pytorch/issues/85831"
+    assert upstream_url(None) is None and upstream_url("no issue yet") is None
+
+
+# --------------------------------------------------------------------------------------------
+# Likely causes
+
+
+def _failure(signature: str, **fields: Any) -> dict[str, Any]:
+    kind, prop = signature.split(":")[0], signature.split(":")[1].split("@")[0]
+    return {
+        "signature": signature,
+        "kind": kind,
+        "property": prop,
+        "hits": 1,
+        "known": False,
+        "first_seen": 1.0,
+        **fields,
+    }
+
+
+def test_one_known_bug_met_through_several_properties_and_signatures_is_one_cause() -> None:
+    bug = known.FROZEN_INT_RESHARD
+    failures = [
+        _failure("mismatch:parity@fsdp2:frozen-int-reshard", known=True, bug=bug.id, hits=3),
+        _failure(
+            "mismatch:metamorphic@fsdp1:frozen-int-reshard",
+            known=True,
+            bug=bug.id,
+            known_as="mismatch:parity@fsdp2:frozen-int-reshard",
+            hits=22,
+        ),
+        _failure("mismatch:metamorphic@ddp:frozen-int-reshard", known=True, bug=bug.id, hits=11),
+        # a known entry without a bug record: its own signature is its cause
+        _failure("exception:dcp:builtins.KeyError@torch/x.py:f", known=True, hits=2),
+        _failure(
+            "exception:state_dict:builtins.KeyError@torch/x.py:f",
+            known=True,
+            known_as="exception:dcp:builtins.KeyError@torch/x.py:f",
+        ),
+    ]
+    groups = causes(failures)
+    assert [g["known"] for g in groups] == [True, True]
+    first, second = groups
+    assert first["bug"] == bug.id and first["title"] == bug.title and first["hits"] == 36
+    assert first["properties"] == ["parity", "metamorphic"] and len(first["signatures"]) == 3
+    assert second["bug"] is None and second["hits"] == 3 and second["properties"] == ["dcp", "state_dict"]
+    assert [g["id"] for g in groups] == [1, 2]
+
+
+def test_new_failures_with_one_first_check_and_the_same_shrunk_features_are_one_cause() -> None:
+    features = ["api:fsdp2", "mesh:1d", "opt:adam"]
+    failures = [
+        _failure("mismatch:parity@fsdp2", check="mismatch:loss", features=features, hits=2),
+        _failure("mismatch:parity@fsdp2:shard1", check="mismatch:loss", features=features, hits=5),
+        _failure("mismatch:parity@fsdp1", check="mismatch:loss", features=["api:fsdp1"], hits=9),
+        _failure("mismatch:parity@fsdp2:x", check="mismatch:param", features=features, hits=1),
+        _failure("hang:dcp@torch/distributed/distributed_c10d.py:all_gather"),  # no check: its own cause
+        _failure("mismatch:parity@ddp", known=True, bug=known.FSDP1_HSDP_SHARD1.id, hits=50),
+    ]
+    groups = causes(failures)
+    assert [g["known"] for g in groups] == [False, False, False, False, True]  # new causes first
+    by_sigs = {tuple(g["signatures"]): g for g in groups}
+    shared = by_sigs[("mismatch:parity@fsdp2", "mismatch:parity@fsdp2:shard1")]
+    assert shared["hits"] == 7 and shared["check"] == "mismatch:loss" and shared["features"] == features
+    assert groups[0]["signatures"] == ["mismatch:parity@fsdp1"]  # most hits first
+
+
+def test_first_check_leaves_out_the_property() -> None:
+    assert first_check("mismatch:parity@fsdp2:shard1", {"check": "loss"}) == "mismatch:loss"
+    assert first_check("mismatch:dcp:optimizer@save", {"check": "optimizer"}) == "mismatch:optimizer"
+    assert first_check("exception:dcp:builtins.KeyError@torch/a.py:f") == "exception:builtins.KeyError@torch/a.py:f"
+    assert first_check("hang:dcp@torch/distributed/distributed_c10d.py:barrier") == (
+        "hang@torch/distributed/distributed_c10d.py:barrier"
+    )
+    assert first_check("not a signature") == "not a signature"
+
+
+def test_the_page_starts_from_causes_and_says_what_was_not_finished(tmp_path: Path) -> None:
+    failures = [
+        _failure("mismatch:parity@fsdp2", check="mismatch:loss", features=["a"], hits=2),
+        _failure(
+            "mismatch:metamorphic@fsdp2",
+            check="mismatch:loss",
+            features=["a"],
+            unfinished=["not fully shrunk: the campaign's time for its shrink ran out"],
+        ),
+        _failure(
+            "mismatch:parity@fsdp1:shard1",
+            known=True,
+            bug=known.FSDP1_HSDP_SHARD1.id,
+            upstream="pytorch/pytorch#154888",
+        ),
+    ]
+    json_path, html_path = write_report(tmp_path, _summary(failures=failures))
+    data = json.loads(json_path.read_text())
+    assert [len(g["signatures"]) for g in data["causes"]] == [2, 1]
+    page = html_path.read_text()
+    assert page.index("Likely causes (2: 1 new)") < page.index("<h2>Failures")
+    assert "not fully shrunk: the campaign&#x27;s time for its shrink ran out" in page
+    assert _e_title(known.FSDP1_HSDP_SHARD1.title) in page
+    assert page.count("<td class=n>#1</td>") == 3  # the cause's row and its two failures
+
+
+def _e_title(text: str) -> str:
+    import html
+
+    return html.escape(text, quote=True)

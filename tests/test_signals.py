@@ -39,7 +39,7 @@ DRIVER = textwrap.dedent(
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
-    from fuzz.case import Case, FaultAction, FaultBody
+    from fuzz.model import Case, FaultAction, FaultBody
     from fuzz.pool import RankPool
 
     def case(action, seconds=0.0):

@@ -18,27 +18,32 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from fuzz.case import (
+from fuzz.corpus import load_entry
+from fuzz.errors import CaseError
+from fuzz.explore import run_case
+from fuzz.known import ALONE_IN_BROADCAST_STALL, known_bug
+from fuzz.model import (
+    Api,
     Block,
     Case,
     Composition,
+    DcpBody,
+    DcpItem,
+    DcpMode,
     Dtype,
     Leaf,
     LeafKind,
     ModuleTree,
     Optimizer,
+    Options,
     ShardSpec,
+    StateDictBody,
     Training,
     case_from_json,
     case_to_json,
 )
-from fuzz.case_state import Api, DcpBody, DcpMode, Entry, Options, StateDictBody
-from fuzz.corpus import load_entry
-from fuzz.errors import CaseError
-from fuzz.explore import run_case
 from fuzz.pool import OutcomeKind, RankPool
 from fuzz.properties import get_property
-from fuzz.properties.state_dict import ALONE_IN_BROADCAST_STALL, known_bug
 from strategies import dcp_cases, state_dict_cases
 from tests.conftest import MUTANTS
 
@@ -99,7 +104,7 @@ def test_seed_scenario_statefuls_with_collectives_in_different_orders(check_case
     """test_different_ordered_state_dict_keys of the seeds: each rank builds the dict in its own
     order, and two Statefuls run collectives when loaded (the counter all-reduces, the app's
     set_state_dict gathers a full state dict); dcp.load must pair them up."""
-    entries = (Entry.COUNTER, Entry.APP, Entry.SCALARS, Entry.EXTRA)
+    entries = (DcpItem.COUNTER, DcpItem.APP, DcpItem.SCALARS, DcpItem.EXTRA)
     body = DcpBody(
         tree=TREE,
         source=fsdp("1"),
@@ -115,7 +120,7 @@ def test_seed_scenario_statefuls_with_collectives_in_different_orders(check_case
 def test_partial_load_keeps_what_was_left_out(check_case: Any, rank_pool: RankPool) -> None:
     """Entries left out of dcp.load and model keys left out of the state dict keep their fresh
     values; everything else comes back, in place, and with async_save."""
-    entries = (Entry.MODEL, Entry.OPTIMIZER, Entry.SCALARS, Entry.COUNTER, Entry.EXTRA)
+    entries = (DcpItem.MODEL, DcpItem.OPTIMIZER, DcpItem.SCALARS, DcpItem.COUNTER, DcpItem.EXTRA)
     body = DcpBody(
         tree=TREE,
         source=fsdp("1", shard_dim=1),
@@ -123,7 +128,7 @@ def test_partial_load_keeps_what_was_left_out(check_case: Any, rank_pool: RankPo
         entries=entries,
         training=ADAM,
         orders=reversed_orders(len(entries), rank_pool.world_size),
-        skip=(Entry.OPTIMIZER, Entry.SCALARS),
+        skip=(DcpItem.OPTIMIZER, DcpItem.SCALARS),
         drop=(0, 5),
         async_save=True,
         storage_objects=True,
@@ -178,13 +183,13 @@ def test_bodies_refuse_what_the_api_does_not_support() -> None:
                 tree=TREE,
                 source=fsdp(),
                 target=fsdp(),
-                entries=(Entry.COUNTER, Entry.APP),
+                entries=(DcpItem.COUNTER, DcpItem.APP),
                 orders=((0, 1), (1, 0)),
                 save_full_state_dict=True,
             ),
         )
     with pytest.raises(CaseError, match="checkpoint_dir"):
-        DcpBody(tree=TREE, source=fsdp(), target=fsdp(), entries=(Entry.MODEL,), mode=DcpMode.SAVE_ONLY)
+        DcpBody(tree=TREE, source=fsdp(), target=fsdp(), entries=(DcpItem.MODEL,), mode=DcpMode.SAVE_ONLY)
 
 
 # --------------------------------------------------------------------------------- liveness
@@ -196,7 +201,7 @@ def test_deadlock_inside_dcp_save_is_a_hang_with_every_ranks_stack(rank_pool: Ra
     rank's Python stack, and the same case without the deadlock runs normally before and after
     (before: the first case of a fresh pool imports what its forward needs, which can take
     seconds on a loaded machine, so the 6 s deadline measures the deadlock alone)."""
-    body = DcpBody(tree=TREE, source=fsdp(), target=fsdp(), entries=(Entry.MODEL, Entry.COUNTER), deadlock=True)
+    body = DcpBody(tree=TREE, source=fsdp(), target=fsdp(), entries=(DcpItem.MODEL, DcpItem.COUNTER), deadlock=True)
     case = Case("dcp", rank_pool.world_size, 14, body)
     healthy = Case(
         "dcp", rank_pool.world_size, 14, DcpBody(tree=TREE, source=fsdp(), target=fsdp(), entries=body.entries)
@@ -237,7 +242,7 @@ def _layout_for(world_size: int) -> Composition:
 
 
 def _cross_case(world_size: int, mode: DcpMode, directory: Path, layout: Composition) -> Case:
-    entries = (Entry.MODEL, Entry.OPTIMIZER, Entry.SCALARS, Entry.COUNTER, Entry.EXTRA)
+    entries = (DcpItem.MODEL, DcpItem.OPTIMIZER, DcpItem.SCALARS, DcpItem.COUNTER, DcpItem.EXTRA)
     saving = mode is DcpMode.SAVE_ONLY
     body = DcpBody(
         tree=TREE,
@@ -335,7 +340,7 @@ FAULTS = {
                 tree=TREE,
                 source=fsdp("1"),
                 target=fsdp("1"),
-                entries=(Entry.COUNTER, Entry.APP),
+                entries=(DcpItem.COUNTER, DcpItem.APP),
                 training=ADAM,
                 orders=((0, 1), (1, 0)),
                 load_full_state_dict=True,

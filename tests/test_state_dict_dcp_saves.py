@@ -18,38 +18,39 @@ import torch
 from hypothesis import HealthCheck, Phase, assume, find, given, settings
 from hypothesis import strategies as st
 
-from fuzz.case import (
+from fuzz import known
+from fuzz.errors import CaseError
+from fuzz.explore import run_case
+from fuzz.known import known_bug
+from fuzz.model import (
     Block,
     Case,
     Composition,
+    DcpBody,
+    DcpItem,
     Dtype,
     Leaf,
     LeafKind,
     ModuleTree,
     Optimizer,
+    Overwrite,
+    StateDictBody,
     Training,
     case_from_json,
     case_to_json,
 )
-from fuzz.case_state import DcpBody, Entry, Overwrite, StateDictBody
-from fuzz.errors import CaseError
-from fuzz.explore import run_case
 from fuzz.pool import RankPool
 from fuzz.properties import get_property
-from fuzz.properties.state_dict import (
-    ALREADY_EXISTS,
-    CACHED_STAGING_NEEDS_ACCELERATOR,
-    features_dcp,
-    features_state_dict,
-    known_bug,
-)
+from fuzz.properties.state_dict import ALREADY_EXISTS, features_dcp, features_state_dict
 from strategies import dcp_cases, state_dict_cases
 from tests.conftest import MUTANTS
 from tests.test_state_dict import TREE, fsdp, reversed_orders
 
+CACHED_STAGING_NEEDS_ACCELERATOR = known.CACHED_STAGING_NEEDS_ACCELERATOR.id
+
 ADAM = Training(optimizer=Optimizer.ADAM, lr=0.05, dtype=Dtype.FLOAT64, steps=3, param_groups=2)
 FILTERED = settings(suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
-ENTRIES = (Entry.MODEL, Entry.OPTIMIZER, Entry.SCALARS, Entry.COUNTER, Entry.EXTRA)
+ENTRIES = (DcpItem.MODEL, DcpItem.OPTIMIZER, DcpItem.SCALARS, DcpItem.COUNTER, DcpItem.EXTRA)
 
 
 # --------------------------------------------------------------------------------- generated
@@ -86,6 +87,7 @@ def test_generated_no_dist_checkpoints(rank_pool: RankPool, check_case: Any, dat
 def test_generated_frozen_parameters_and_empty_groups(
     rank_pool: RankPool, check_case: Any, data: Any, dcp: bool
 ) -> None:
+
     strategy = dcp_cases if dcp else state_dict_cases
     case = data.draw(strategy(world_size=rank_pool.world_size), label="case")
     body = case.body
@@ -171,7 +173,7 @@ def test_cached_staging_reused_by_async_saves(rank_pool: RankPool, check_case: A
 def test_no_dist_checkpoints_per_rank(rank_pool: RankPool, check_case: Any) -> None:
     """Each rank saves and loads its own checkpoint without collectives, with values of its own
     in the scalars and extra entries: a rank that read another's would be seen."""
-    entries = (Entry.APP, Entry.SCALARS, Entry.EXTRA)
+    entries = (DcpItem.APP, DcpItem.SCALARS, DcpItem.EXTRA)
     body = DcpBody(
         tree=TREE,
         source=Composition(),
@@ -201,7 +203,7 @@ def test_frozen_parameters_in_the_optimizer_and_an_empty_group(rank_pool: RankPo
         tree=tree,
         source=fsdp("0"),
         target=Composition(),
-        entries=(Entry.MODEL, Entry.OPTIMIZER),
+        entries=(DcpItem.MODEL, DcpItem.OPTIMIZER),
         training=ADAM,
         load_full_state_dict=True,
         frozen_in_optimizer=True,
@@ -217,7 +219,7 @@ def test_frozen_parameters_in_the_optimizer_and_an_empty_group(rank_pool: RankPo
 
 
 def test_new_fields_refuse_what_they_do_not_support() -> None:
-    base: dict[str, Any] = {"tree": TREE, "source": fsdp(), "target": fsdp(), "entries": (Entry.MODEL,)}
+    base: dict[str, Any] = {"tree": TREE, "source": fsdp(), "target": fsdp(), "entries": (DcpItem.MODEL,)}
     with pytest.raises(CaseError, match="overwrite"):
         DcpBody(**base, overwrite=Overwrite.TRUE)  # needs a FileSystemWriter
     with pytest.raises(CaseError, match="async_saves"):
@@ -229,7 +231,7 @@ def test_new_fields_refuse_what_they_do_not_support() -> None:
     with pytest.raises(CaseError, match="no_dist"):
         DcpBody(**base, no_dist=True)  # a plain model only
     with pytest.raises(CaseError, match="no_dist"):
-        DcpBody(tree=TREE, source=Composition(), target=Composition(), entries=(Entry.COUNTER,), no_dist=True)
+        DcpBody(tree=TREE, source=Composition(), target=Composition(), entries=(DcpItem.COUNTER,), no_dist=True)
     with pytest.raises(CaseError, match="frozen_in_optimizer"):
         DcpBody(**base, frozen_in_optimizer=True)  # TREE has no frozen parameter
     body = DcpBody(**base, storage_objects=True, overwrite=Overwrite.FALSE, empty_group=True)
@@ -309,7 +311,7 @@ def test_overwrite_check_notices_a_writer_that_ignores_overwrite_false(tmp_path:
         tree=TREE,
         source=fsdp("1"),
         target=fsdp("1"),
-        entries=(Entry.MODEL, Entry.OPTIMIZER),
+        entries=(DcpItem.MODEL, DcpItem.OPTIMIZER),
         training=ADAM,
         storage_objects=True,
         overwrite=Overwrite.FALSE,

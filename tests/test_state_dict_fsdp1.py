@@ -19,29 +19,43 @@ import pytest
 from hypothesis import HealthCheck, Phase, assume, find, given, settings
 from hypothesis import strategies as st
 
-from fuzz.case import Block, Case, Composition, Dtype, Leaf, LeafKind, ModuleTree, Optimizer, Training, Wrapper
-from fuzz.case_state import Api, DcpBody, Entry, Options, StateDictBody, fsdp1_full_offload, is_fsdp1
+from fuzz import known
 from fuzz.errors import CaseError
 from fuzz.explore import run_case
+from fuzz.known import fsdp1_full_offload, known_bug
+from fuzz.model import (
+    Api,
+    Block,
+    Case,
+    Composition,
+    DcpBody,
+    DcpItem,
+    Dtype,
+    Leaf,
+    LeafKind,
+    ModuleTree,
+    Optimizer,
+    Options,
+    StateDictBody,
+    Training,
+    Wrapper,
+    is_fsdp1,
+)
 from fuzz.pool import RankPool
 from fuzz.properties import get_property
-from fuzz.properties.state_dict import (
-    FSDP1_ASYNC_DEFAULT_STAGER,
-    FSDP1_DCP_EMPTY_SHARD,
-    FSDP1_DCP_STATELESS,
-    FSDP1_FROZEN_UNIT,
-    FSDP1_FULL_OFFLOAD,
-    FSDP1_HSDP_OPTIMIZER_LOAD,
-    FSDP1_HSDP_SHARD1,
-    _hsdp_optimizer_load,
-    features_dcp,
-    features_state_dict,
-    known_bug,
-)
+from fuzz.properties.state_dict import _hsdp_optimizer_load, features_dcp, features_state_dict
 from fuzz.signature import Failure
 from strategies import dcp_cases, state_dict_cases
 from tests.conftest import MUTANTS
 from tests.test_state_dict import TREE
+
+FSDP1_ASYNC_DEFAULT_STAGER = known.FSDP1_ASYNC_DEFAULT_STAGER.id
+FSDP1_DCP_EMPTY_SHARD = known.FSDP1_DCP_EMPTY_SHARD.id
+FSDP1_DCP_STATELESS = known.FSDP1_DCP_STATELESS.id
+FSDP1_FROZEN_UNIT = known.FSDP1_FROZEN_UNIT.id
+FSDP1_FULL_OFFLOAD = known.FSDP1_FULL_OFFLOAD.id
+FSDP1_HSDP_OPTIMIZER_LOAD = known.FSDP1_HSDP_OPTIMIZER_LOAD.id
+FSDP1_HSDP_SHARD1 = known.FSDP1_HSDP_SHARD1.id
 
 ADAM = Training(optimizer=Optimizer.ADAM, lr=0.05, dtype=Dtype.FLOAT64, steps=2, param_groups=2)
 SGD = Training(optimizer=Optimizer.SGD, lr=0.1, momentum=0.9, steps=2)
@@ -125,7 +139,7 @@ def test_fsdp1_checkpoint_between_strategies(check_case: Any, rank_pool: RankPoo
     """The classic recipe from HYBRID_SHARD to FULL_SHARD with auto-wrapping: DCP reshards the
     model's DTensors into ShardedTensors, load_sharded_optimizer_state_dict the optimizer's."""
     ws = rank_pool.world_size
-    entries = (Entry.SCALARS, Entry.MODEL, Entry.OPTIMIZER, Entry.EXTRA, Entry.COUNTER)
+    entries = (DcpItem.SCALARS, DcpItem.MODEL, DcpItem.OPTIMIZER, DcpItem.EXTRA, DcpItem.COUNTER)
     body = DcpBody(
         tree=TREE,
         source=hsdp(ws),
@@ -145,8 +159,8 @@ def test_fsdp1_optimizer_left_out_keeps_its_local_state(rank_pool: RankPool, che
         tree=TREE,
         source=fsdp1(Wrapper.FSDP1_FULL_SHARD),
         target=fsdp1(Wrapper.FSDP1_FULL_SHARD),
-        entries=(Entry.MODEL, Entry.OPTIMIZER),
-        skip=(Entry.OPTIMIZER,),
+        entries=(DcpItem.MODEL, DcpItem.OPTIMIZER),
+        skip=(DcpItem.OPTIMIZER,),
         training=SGD,
     )
     case = Case("dcp", rank_pool.world_size, 23, body)
@@ -195,11 +209,11 @@ def test_fsdp1_rules() -> None:
             load=Options(full_state_dict=True, strict=False),
         )
     # through DCP an FSDP1 model takes app or patched state dicts too (tests/test_state_dict_fsdp1_dcp.py)
-    DcpBody(tree=TREE, source=full_shard, target=no_shard, entries=(Entry.APP,))
+    DcpBody(tree=TREE, source=full_shard, target=no_shard, entries=(DcpItem.APP,))
     with pytest.raises(CaseError, match="classic recipe"):
-        DcpBody(tree=TREE, source=full_shard, target=no_shard, entries=(Entry.MODEL,), module_stateful=True)
+        DcpBody(tree=TREE, source=full_shard, target=no_shard, entries=(DcpItem.MODEL,), module_stateful=True)
     with pytest.raises(CaseError, match="SHARDED_STATE_DICT"):
-        DcpBody(tree=TREE, source=full_shard, target=no_shard, entries=(Entry.MODEL,), load_full_state_dict=True)
+        DcpBody(tree=TREE, source=full_shard, target=no_shard, entries=(DcpItem.MODEL,), load_full_state_dict=True)
 
 
 # --------------------------------------------------------------------------------- draw rates
@@ -319,7 +333,7 @@ def _known_cases(world_size: int) -> dict[str, Case]:
                 tree=TREE,
                 source=full_shard,
                 target=full_shard,
-                entries=(Entry.MODEL, Entry.OPTIMIZER),
+                entries=(DcpItem.MODEL, DcpItem.OPTIMIZER),
                 training=Training(optimizer=Optimizer.SGD, steps=1),
             ),
         ),
@@ -328,7 +342,7 @@ def _known_cases(world_size: int) -> dict[str, Case]:
             world_size,
             34,
             DcpBody(
-                tree=small, source=full_shard, target=full_shard, entries=(Entry.MODEL, Entry.SCALARS), training=SGD
+                tree=small, source=full_shard, target=full_shard, entries=(DcpItem.MODEL, DcpItem.SCALARS), training=SGD
             ),
         ),
         FSDP1_FROZEN_UNIT: Case(
@@ -354,7 +368,7 @@ def _known_cases(world_size: int) -> dict[str, Case]:
             world_size,
             35,
             DcpBody(
-                tree=TREE, source=full_shard, target=full_shard, entries=(Entry.MODEL,), training=SGD, async_save=True
+                tree=TREE, source=full_shard, target=full_shard, entries=(DcpItem.MODEL,), training=SGD, async_save=True
             ),
         ),
     }
@@ -393,19 +407,19 @@ def test_known_fsdp1_bugs_still_fail(rank_pool: RankPool, bug: str, expected: st
 @pytest.mark.parametrize(
     "target,entries,check,renamed",
     [
-        (fsdp1(Wrapper.FSDP1_HYBRID_SHARD, mesh=(2, 2)), (Entry.MODEL, Entry.OPTIMIZER), "optimizer", True),
-        (fsdp1(Wrapper.FSDP1_HYBRID_SHARD, mesh=(2, 2)), (Entry.MODEL, Entry.OPTIMIZER), "resume_params", True),
+        (fsdp1(Wrapper.FSDP1_HYBRID_SHARD, mesh=(2, 2)), (DcpItem.MODEL, DcpItem.OPTIMIZER), "optimizer", True),
+        (fsdp1(Wrapper.FSDP1_HYBRID_SHARD, mesh=(2, 2)), (DcpItem.MODEL, DcpItem.OPTIMIZER), "resume_params", True),
         # a wrong model after the load is another bug
-        (fsdp1(Wrapper.FSDP1_HYBRID_SHARD, mesh=(2, 2)), (Entry.MODEL, Entry.OPTIMIZER), "model", False),
+        (fsdp1(Wrapper.FSDP1_HYBRID_SHARD, mesh=(2, 2)), (DcpItem.MODEL, DcpItem.OPTIMIZER), "model", False),
         # the optimizer state not loaded through load_sharded_optimizer_state_dict
-        (fsdp1(Wrapper.FSDP1_HYBRID_SHARD, mesh=(2, 2)), (Entry.MODEL,), "resume_params", False),
+        (fsdp1(Wrapper.FSDP1_HYBRID_SHARD, mesh=(2, 2)), (DcpItem.MODEL,), "resume_params", False),
         # one replica, or one rank per shard group: world-chunked state is FSDP1's own layout there
-        (fsdp1(Wrapper.FSDP1_HYBRID_SHARD, mesh=(1, 4)), (Entry.MODEL, Entry.OPTIMIZER), "optimizer", False),
-        (fsdp1(Wrapper.FSDP1_FULL_SHARD), (Entry.MODEL, Entry.OPTIMIZER), "optimizer", False),
+        (fsdp1(Wrapper.FSDP1_HYBRID_SHARD, mesh=(1, 4)), (DcpItem.MODEL, DcpItem.OPTIMIZER), "optimizer", False),
+        (fsdp1(Wrapper.FSDP1_FULL_SHARD), (DcpItem.MODEL, DcpItem.OPTIMIZER), "optimizer", False),
     ],
 )
 def test_hsdp_optimizer_load_is_named_by_its_mechanism(
-    target: Composition, entries: tuple[Entry, ...], check: str, renamed: bool
+    target: Composition, entries: tuple[DcpItem, ...], check: str, renamed: bool
 ) -> None:
     """The classic FSDP1 DCP recipe into HYBRID_SHARD over a 2-D mesh loads world-chunked
     optimizer state (docs/known_bugs.md): the checks downstream of that load, and only those,

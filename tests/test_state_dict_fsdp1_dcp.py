@@ -22,27 +22,37 @@ import pytest
 from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
-from fuzz.case import Case, Composition, Optimizer, Training, Wrapper, case_from_json, case_to_json
-from fuzz.case_state import DcpBody, Entry, is_fsdp1
+from fuzz import known
 from fuzz.corpus import Entry as CorpusEntry
-from fuzz.errors import CaseError, InvalidArgument
-from fuzz.pool import RankPool
-from fuzz.properties.state_dict import (
-    FSDP1_DCP_EMPTY_SHARD,
-    FSDP1_DCP_STATELESS,
-    FSDP1_FULL_OFFLOAD,
-    STATELESS_FULL,
-    features_dcp,
-    known_bug,
+from fuzz.errors import CaseError
+from fuzz.known import known_bug
+from fuzz.model import (
+    Case,
+    Composition,
+    DcpBody,
+    DcpItem,
+    Optimizer,
+    Training,
+    Wrapper,
+    case_from_json,
+    case_to_json,
+    is_fsdp1,
 )
+from fuzz.pool import RankPool
+from fuzz.properties.state_dict import features_dcp
 from fuzz.repro import render_entry
 from strategies import dcp_cases
 from tests.conftest import ROOT
 from tests.test_state_dict import ADAM, TREE, fsdp, reversed_orders
 from tests.test_state_dict_fsdp1_dsd import fsdp1, hsdp_mesh
 
+FSDP1_DCP_EMPTY_SHARD = known.FSDP1_DCP_EMPTY_SHARD.id
+FSDP1_DCP_STATELESS = known.FSDP1_DCP_STATELESS.id
+FSDP1_FULL_OFFLOAD = known.FSDP1_FULL_OFFLOAD.id
+STATELESS_FULL = known.STATELESS_FULL.id
+
 FILTERED = settings(suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
-CORE = (Entry.MODEL, Entry.OPTIMIZER)
+CORE = (DcpItem.MODEL, DcpItem.OPTIMIZER)
 
 
 def _new_path(case: Case) -> bool:
@@ -61,6 +71,7 @@ def _new_path(case: Case) -> bool:
 def test_generated_fsdp1_dcp_cases_through_the_state_dict_functions(
     rank_pool: RankPool, check_case: Any, data: Any
 ) -> None:
+
     case = data.draw(dcp_cases(world_size=rank_pool.world_size), label="case")
     assume(_new_path(case))
     assume(known_bug(case) is None)
@@ -84,7 +95,7 @@ def _scenarios(ws: int) -> dict[str, DcpBody]:
             tree=TREE,
             source=fsdp1(Wrapper.FSDP1_FULL_SHARD, auto_wrap=True),
             target=fsdp("1"),
-            entries=(Entry.APP, Entry.SCALARS, Entry.EXTRA),
+            entries=(DcpItem.APP, DcpItem.SCALARS, DcpItem.EXTRA),
             orders=reversed_orders(3, ws),
             training=ADAM,
         ),
@@ -93,7 +104,7 @@ def _scenarios(ws: int) -> dict[str, DcpBody]:
             tree=TREE,
             source=fsdp1(Wrapper.FSDP1_SHARD_GRAD_OP),
             target=Composition(),
-            entries=(Entry.APP,),
+            entries=(DcpItem.APP,),
             save_full_state_dict=True,
             load_full_state_dict=True,
             training=ADAM,
@@ -103,7 +114,7 @@ def _scenarios(ws: int) -> dict[str, DcpBody]:
             tree=TREE,
             source=fsdp("1"),
             target=fsdp1(Wrapper.FSDP1_SHARD_GRAD_OP, auto_wrap=True),
-            entries=(*CORE, Entry.COUNTER),
+            entries=(*CORE, DcpItem.COUNTER),
             training=ADAM,
             async_save=True,
             storage_objects=True,
@@ -121,15 +132,15 @@ def _scenarios(ws: int) -> dict[str, DcpBody]:
         ),
         # patched: FSDP1 HYBRID_SHARD into FULL_SHARD (DCP reshards DTensors into ShardedTensors)
         "patched-hybrid-to-full_shard": DcpBody(
-            tree=TREE, source=hybrid, target=full_shard, entries=(*CORE, Entry.SCALARS), training=ADAM, patched=True
+            tree=TREE, source=hybrid, target=full_shard, entries=(*CORE, DcpItem.SCALARS), training=ADAM, patched=True
         ),
         # patched without FSDP1: a plain model, the optimizer left out of the load
         "patched-plain-partial": DcpBody(
             tree=TREE,
             source=Composition(),
             target=fsdp(),
-            entries=(*CORE, Entry.EXTRA),
-            skip=(Entry.OPTIMIZER,),
+            entries=(*CORE, DcpItem.EXTRA),
+            skip=(DcpItem.OPTIMIZER,),
             orders=reversed_orders(3, ws),
             patched=True,
         ),
@@ -163,21 +174,21 @@ def test_rules_of_fsdp1_through_dcp() -> None:
     full_shard, no_shard = fsdp1(Wrapper.FSDP1_FULL_SHARD), fsdp1(Wrapper.FSDP1_NO_SHARD)
     # app and patched move FSDP1 state to and from any layout, full or sharded
     for source, target in ((full_shard, fsdp()), (Composition(), no_shard), (full_shard, no_shard)):
-        DcpBody(tree=TREE, source=source, target=target, entries=(Entry.APP,))
+        DcpBody(tree=TREE, source=source, target=target, entries=(DcpItem.APP,))
         DcpBody(tree=TREE, source=source, target=target, entries=CORE, patched=True)
-        DcpBody(tree=TREE, source=source, target=target, entries=(Entry.APP,), save_full_state_dict=True)
+        DcpBody(tree=TREE, source=source, target=target, entries=(DcpItem.APP,), save_full_state_dict=True)
     # the classic recipe stays between FSDP1 models, sharded, strict
     with pytest.raises(CaseError, match="FSDP1 model to an FSDP1 model"):
         DcpBody(tree=TREE, source=full_shard, target=fsdp(), entries=CORE)
     with pytest.raises(CaseError, match="FSDP1 model to an FSDP1 model"):
-        DcpBody(tree=TREE, source=Composition(), target=no_shard, entries=(Entry.MODEL, Entry.SCALARS))
+        DcpBody(tree=TREE, source=Composition(), target=no_shard, entries=(DcpItem.MODEL, DcpItem.SCALARS))
     with pytest.raises(CaseError, match="SHARDED_STATE_DICT"):
         DcpBody(tree=TREE, source=full_shard, target=no_shard, entries=CORE, save_full_state_dict=True)
     assert DcpBody(tree=TREE, source=full_shard, target=no_shard, entries=CORE).classic_fsdp1
     assert not DcpBody(tree=TREE, source=full_shard, target=no_shard, entries=CORE, patched=True).classic_fsdp1
     # patched applies to the model and optimizer entries, is not module_stateful, leaves no keys out
     with pytest.raises(CaseError, match="patched"):
-        DcpBody(tree=TREE, source=fsdp(), target=fsdp(), entries=(Entry.APP,), patched=True)
+        DcpBody(tree=TREE, source=fsdp(), target=fsdp(), entries=(DcpItem.APP,), patched=True)
     with pytest.raises(CaseError, match="patched"):
         DcpBody(tree=TREE, source=fsdp(), target=fsdp(), entries=CORE, patched=True, module_stateful=True)
     with pytest.raises(CaseError, match="drop"):
@@ -187,9 +198,9 @@ def test_rules_of_fsdp1_through_dcp() -> None:
         DcpBody(tree=TREE, source=full_shard, target=full_shard, entries=CORE, module_stateful=True)
     # FSDP1 sides resume; FSDP1 targets are never on meta
     with pytest.raises(CaseError, match="steps_after"):
-        DcpBody(tree=TREE, source=fsdp(), target=no_shard, entries=(Entry.APP,), steps_after=0)
+        DcpBody(tree=TREE, source=fsdp(), target=no_shard, entries=(DcpItem.APP,), steps_after=0)
     with pytest.raises(CaseError, match="meta"):
-        DcpBody(tree=TREE, source=fsdp(), target=no_shard, entries=(Entry.APP,), target_meta_init=True)
+        DcpBody(tree=TREE, source=fsdp(), target=no_shard, entries=(DcpItem.APP,), target_meta_init=True)
 
 
 def test_patched_fsdp1_state_dicts_run_collectives_inside_dcp_save() -> None:
@@ -198,14 +209,16 @@ def test_patched_fsdp1_state_dicts_run_collectives_inside_dcp_save() -> None:
     per-rank orders of two of them are a misuse (pytorch/pytorch#114304), as with the counter."""
     orders = reversed_orders(2, 2)
     body = DcpBody(tree=TREE, source=fsdp1(Wrapper.FSDP1_FULL_SHARD), target=fsdp(), entries=CORE, patched=True)
-    assert body.collective_entries() == [Entry.MODEL, Entry.OPTIMIZER]
+    assert body.collective_entries() == [DcpItem.MODEL, DcpItem.OPTIMIZER]
     with pytest.raises(CaseError, match="orders"):
         Case("dcp", 2, 0, DcpBody(**{**body.__dict__, "orders": orders}))
     sharded = DcpBody(tree=TREE, source=fsdp(), target=fsdp(), entries=CORE, patched=True, orders=orders)
     assert sharded.collective_entries() == []
     Case("dcp", 2, 0, sharded)
-    app = DcpBody(tree=TREE, source=fsdp1(Wrapper.FSDP1_NO_SHARD), target=fsdp(), entries=(Entry.APP, Entry.COUNTER))
-    assert app.collective_entries() == [Entry.COUNTER, Entry.APP]
+    app = DcpBody(
+        tree=TREE, source=fsdp1(Wrapper.FSDP1_NO_SHARD), target=fsdp(), entries=(DcpItem.APP, DcpItem.COUNTER)
+    )
+    assert app.collective_entries() == [DcpItem.COUNTER, DcpItem.APP]
 
 
 def test_known_bugs_on_the_new_paths() -> None:
@@ -215,9 +228,9 @@ def test_known_bugs_on_the_new_paths() -> None:
     # the classic recipe
     tree2 = replace(TREE, width=2)
     for body in (
-        DcpBody(tree=tree2, source=fsdp(), target=full_shard, entries=(Entry.APP,)),
+        DcpBody(tree=tree2, source=fsdp(), target=full_shard, entries=(DcpItem.APP,)),
         DcpBody(tree=tree2, source=fsdp(), target=full_shard, entries=CORE, patched=True),
-        DcpBody(tree=tree2, source=full_shard, target=full_shard, entries=(Entry.MODEL, Entry.SCALARS)),
+        DcpBody(tree=tree2, source=full_shard, target=full_shard, entries=(DcpItem.MODEL, DcpItem.SCALARS)),
     ):
         assert known_bug(Case("dcp", 4, 0, body)) == FSDP1_DCP_EMPTY_SHARD, body
     # a full load holds plain tensors; the patched model alone holds no list
@@ -227,7 +240,9 @@ def test_known_bugs_on_the_new_paths() -> None:
                 "dcp",
                 4,
                 0,
-                DcpBody(tree=tree2, source=fsdp(), target=full_shard, entries=(Entry.APP,), load_full_state_dict=True),
+                DcpBody(
+                    tree=tree2, source=fsdp(), target=full_shard, entries=(DcpItem.APP,), load_full_state_dict=True
+                ),
             )
         )
         is None
@@ -238,7 +253,9 @@ def test_known_bugs_on_the_new_paths() -> None:
                 "dcp",
                 4,
                 0,
-                DcpBody(tree=tree2, source=fsdp(), target=full_shard, entries=(Entry.MODEL, Entry.EXTRA), patched=True),
+                DcpBody(
+                    tree=tree2, source=fsdp(), target=full_shard, entries=(DcpItem.MODEL, DcpItem.EXTRA), patched=True
+                ),
             )
         )
         is None
@@ -249,11 +266,21 @@ def test_known_bugs_on_the_new_paths() -> None:
     classic = DcpBody(tree=TREE, source=full_shard, target=full_shard, entries=CORE, training=stateless)
     assert known_bug(Case("dcp", 2, 0, classic)) == FSDP1_DCP_STATELESS
     app_full = DcpBody(
-        tree=TREE, source=fsdp(), target=full_shard, entries=(Entry.APP,), training=stateless, load_full_state_dict=True
+        tree=TREE,
+        source=fsdp(),
+        target=full_shard,
+        entries=(DcpItem.APP,),
+        training=stateless,
+        load_full_state_dict=True,
     )
     assert known_bug(Case("dcp", 2, 0, app_full)) is None
     into_fsdp2 = DcpBody(
-        tree=TREE, source=full_shard, target=fsdp(), entries=(Entry.APP,), training=stateless, load_full_state_dict=True
+        tree=TREE,
+        source=full_shard,
+        target=fsdp(),
+        entries=(DcpItem.APP,),
+        training=stateless,
+        load_full_state_dict=True,
     )
     assert known_bug(Case("dcp", 2, 0, into_fsdp2)) == STATELESS_FULL
     # full state dicts with cpu_offload of an FSDP1 model that gathers: the offload bugs
@@ -323,7 +350,7 @@ def test_fsdp1_through_the_state_dict_functions_is_drawn_at_a_useful_rate() -> N
     assert new - bugs[None] <= 0.1 * new, bugs  # known bugs stay rare
 
 
-def test_repro_refuses_dcp_cases_of_fsdp1_through_the_state_dict_functions() -> None:
+def test_repro_renders_dcp_cases_of_fsdp1_through_the_state_dict_functions() -> None:
     body = _scenarios(2)["seed-full_shard-patched"]
     entry = CorpusEntry(
         case=Case("dcp", 2, 43, body),
@@ -335,5 +362,6 @@ def test_repro_refuses_dcp_cases_of_fsdp1_through_the_state_dict_functions() -> 
         reruns=1,
         reproduced=1,
     )
-    with pytest.raises(InvalidArgument, match="no renderer for case bodies of kind 'dcp'"):
-        render_entry(entry)
+    script = render_entry(entry)  # every body kind renders (fuzz/repro/)
+    compile(script, "repro.py", "exec")
+    assert entry.signature in script

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from torch import nn
 
 from fuzz._rank.models import TreeBlock, build_model
-from fuzz.case import Block, Case, Leaf, LeafKind, Optimizer, ParityBody, Wrapper, case_from_json, case_to_json
 from fuzz.errors import InvalidArgument, ShardfuzzError
+from fuzz.model import Block, Case, Leaf, LeafKind, Optimizer, ParityBody, Wrapper, case_from_json, case_to_json
 from fuzz.properties.parity import features
 from strategies import (
     compositions,
@@ -278,7 +278,7 @@ def test_int_reshard_after_forward_is_generated_at_a_useful_rate() -> None:
 
 
 def test_features_of_a_hand_built_case() -> None:
-    from fuzz.case import Composition, ModuleTree, ShardSpec, Training
+    from fuzz.model import Composition, ModuleTree, ShardSpec, Training
 
     tree = ModuleTree(
         width=3,
@@ -366,7 +366,7 @@ def test_compositions_bad_world_size() -> None:
 
 
 def test_world_size_above_the_case_maximum_is_an_invalid_argument() -> None:
-    from fuzz.case import MAX_WORLD_SIZE
+    from fuzz.model import MAX_WORLD_SIZE
 
     with pytest.raises(InvalidArgument, match="world_size"):
         _draw_once(lambda: parity_cases(world_size=MAX_WORLD_SIZE + 1))
@@ -441,7 +441,7 @@ def test_schedules_keep_to_the_api_rules(case: Case) -> None:
     """Skips leave a trainable parameter in every forward; none names the root; DDP sees an
     unused parameter of its own only with find_unused_parameters=True, FSDP1 never under an
     optimizer that tells zero from None; no leaf DDP manages is unfrozen later."""
-    from fuzz.case import Optimizer, Wrapper
+    from fuzz.model import Optimizer, Wrapper
 
     body = case.body
     assert isinstance(body, ParityBody)
@@ -459,7 +459,7 @@ def test_schedules_keep_to_the_api_rules(case: Case) -> None:
 
 
 def _param_leaves(node: Any) -> Any:
-    from fuzz.case import PARAM_LEAVES, iter_paths
+    from fuzz.model import PARAM_LEAVES, iter_paths
 
     if isinstance(node, Leaf):
         return [node] if node.kind in PARAM_LEAVES else []
@@ -496,3 +496,31 @@ def test_known_bugs_of_training_schedules_stay_rare() -> None:
 
     collect()
     assert sum(counts[s] for s in _SCHEDULE_BUGS) <= 0.01 * counts["all"], counts
+
+
+def test_cpu_offload_is_drawn_for_accelerator_pools_only() -> None:
+    """CPUOffloadPolicy needs an accelerator: with ``accelerator=True`` the training strategies
+    draw it (and the metamorphic variant that turns it on or off); on CPU never."""
+    from strategies import metamorphic_cases, mixed_precision_cases, parity_cases
+
+    quick = settings(max_examples=100, database=None, phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+
+    def offloaded(case: Any) -> bool:
+        comps = [getattr(case.body, n, None) for n in ("composition", "variant")]
+        return any(s.offload for c in comps if c is not None for s in c.shards)
+
+    for strategy in (parity_cases, mixed_precision_cases, metamorphic_cases):
+        assert offloaded(find(strategy(world_size=2, accelerator=True), offloaded, settings=quick))
+
+        @quick
+        @given(strategy(world_size=2))
+        def never_on_cpu(case: Any) -> None:
+            assert not offloaded(case)
+
+        never_on_cpu()
+
+    def toggles(case: Any) -> bool:
+        base, variant = ({s.offload for s in c.shards} for c in (case.body.composition, case.body.variant))
+        return bool(base) and bool(variant) and base != variant and len(variant) == 1
+
+    assert toggles(find(metamorphic_cases(world_size=2, accelerator=True), toggles, settings=quick))

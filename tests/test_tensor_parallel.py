@@ -12,7 +12,9 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from fuzz.case import (
+from fuzz.errors import CaseError, InvalidArgument
+from fuzz.explore import run_case
+from fuzz.model import (
     AccumSync,
     Block,
     Case,
@@ -29,8 +31,6 @@ from fuzz.case import (
     Training,
     check_mesh,
 )
-from fuzz.errors import CaseError, InvalidArgument
-from fuzz.explore import run_case
 from fuzz.pool import RankPool
 from fuzz.properties import get_property
 from fuzz.properties.parity import api_of, features

@@ -175,7 +175,7 @@ def test_unknown_dtype_names_the_known_ones() -> None:
 
 
 def test_policy_covers_the_case_dtypes() -> None:
-    from fuzz.case import Dtype
+    from fuzz.model import Dtype
 
     for dtype in Dtype:
         assert tolerance_for(dtype.value) == POLICY[dtype.value]

@@ -1,4 +1,4 @@
-"""Apply a :class:`fuzz.case.Composition` to a plain model on a rank.
+"""Apply a :class:`fuzz.model.Composition` to a plain model on a rank.
 
 Composable APIs (``checkpoint``, ``fully_shard``, ``replicate``) are applied in the order
 ``Composition.steps()`` gives; wrappers (DDP, FSDP1) wrap the whole model. Returns the model to
@@ -17,7 +17,7 @@ from torch import nn
 
 from fuzz._rank.context import RankContext
 from fuzz._rank.models import build_model
-from fuzz.case import Composition, Dtype, MixedPrecision, ModuleTree, ShardSpec, Wrapper
+from fuzz.model import Composition, Dtype, MixedPrecision, ModuleTree, ShardSpec, Wrapper, is_ancestor
 
 TORCH_DTYPES = {
     Dtype.FLOAT32: torch.float32,
@@ -171,7 +171,7 @@ def compose(model: nn.Module, comp: Composition, ctx: RankContext) -> Composed:
                 find_unused_parameters=comp.find_unused,
             )
     sharded = comp.sharded_paths
-    tops = [p for p in sharded if not any(q != p and (q == "" or p.startswith(q + ".")) for q in sharded)]
+    tops = [p for p in sharded if not any(is_ancestor(q, p) for q in sharded)]
     return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
 
 

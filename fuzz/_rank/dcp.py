@@ -53,8 +53,7 @@ from fuzz._rank.state_dict import (
     state_dict_options,
     train_steps,
 )
-from fuzz.case import Case, case_to_text
-from fuzz.case_state import DcpBody, DcpMode, Entry, Options, Overwrite, dcp_root, is_fsdp1
+from fuzz.model import Case, DcpBody, DcpItem, DcpMode, Options, Overwrite, case_to_text, dcp_root, is_fsdp1
 
 
 def case_dir(case: Case, ctx: RankContext) -> str:
@@ -165,25 +164,25 @@ def _values(
     get: Options,
     put: Options,
     fresh: bool,
-    skip: tuple[Entry, ...],
-) -> dict[Entry, Any]:
+    skip: tuple[DcpItem, ...],
+) -> dict[DcpItem, Any]:
     """Every entry's value, computed in ``entries`` order (collectives in one order)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-    out: dict[Entry, Any] = {}
+    out: dict[DcpItem, Any] = {}
     salt = ctx.rank if body.no_dist else 0
     classic = side.fsdp1 and body.classic_fsdp1
     for entry in body.entries:
         if entry in skip:
             continue
-        if entry is Entry.MODEL:
+        if entry is DcpItem.MODEL:
             if body.module_stateful or body.patched:
                 out[entry] = side.model  # its own state_dict, or the patched one (prepare_side)
             elif classic:
                 out[entry] = side.model.state_dict()  # of the type fsdp1_state_dict_type set
             else:
                 out[entry] = get_model_state_dict(side.model, options=state_dict_options(get))
-        elif entry is Entry.OPTIMIZER:
+        elif entry is DcpItem.OPTIMIZER:
             assert side.opt is not None
             if body.patched:
                 out[entry] = side.opt  # its state_dict patched to get/set_optimizer_state_dict
@@ -192,14 +191,14 @@ def _values(
                     out[entry] = fsdp1_optim_state_dict(side)
             else:
                 out[entry] = get_optimizer_state_dict(side.model, side.opt, options=state_dict_options(get))
-        elif entry is Entry.APP:
+        elif entry is DcpItem.APP:
             out[entry] = App(side, get, put)
-        elif entry is Entry.SCALARS:
+        elif entry is DcpItem.SCALARS:
             values = scalar_values(case, body, salt)
             out[entry] = Scalars({k: type(v)() if fresh else v for k, v in values.items()})
-        elif entry is Entry.COUNTER:
+        elif entry is DcpItem.COUNTER:
             out[entry] = Counter(0.0 if fresh else float(case.seed % 1009) + 0.5, ctx, deadlock=body.deadlock)
-        elif entry is Entry.EXTRA:
+        elif entry is DcpItem.EXTRA:
             out[entry] = torch.zeros(5, dtype=torch.float64) if fresh else extra_value(case, salt)
     return out
 
@@ -219,7 +218,9 @@ def prepare_side(body: DcpBody, side: Side, options: Options) -> None:
         _patch_optimizer_state_dict(side.model, optimizers=(side.opt,), options=state_dict_options(options))
 
 
-def _observe_saved(body: DcpBody, case: Case, src: Side, ctx: RankContext, values: dict[Entry, Any]) -> dict[str, Any]:
+def _observe_saved(
+    body: DcpBody, case: Case, src: Side, ctx: RankContext, values: dict[DcpItem, Any]
+) -> dict[str, Any]:
     """The source as saved. An FSDP1 source whose state moves through get_optimizer_state_dict
     (app, patched) into a target of another API: its optimizer state as
     get_optimizer_state_dict takes it in full (rank 0), which the target must hold after the
@@ -227,7 +228,7 @@ def _observe_saved(body: DcpBody, case: Case, src: Side, ctx: RankContext, value
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     saved = {**observe(src, case, body.tree, ctx), **_observe_entries(values)}
-    moves = any(e in body.entries and e not in body.skip for e in (Entry.OPTIMIZER, Entry.APP))
+    moves = any(e in body.entries and e not in body.skip for e in (DcpItem.OPTIMIZER, DcpItem.APP))
     if src.fsdp1 and not body.classic_fsdp1 and not is_fsdp1(body.target) and moves:
         assert src.opt is not None
         osd = get_optimizer_state_dict(src.model, src.opt, options=state_dict_options(Options(full_state_dict=True)))
@@ -237,7 +238,7 @@ def _observe_saved(body: DcpBody, case: Case, src: Side, ctx: RankContext, value
     return saved
 
 
-def _arrange(body: DcpBody, values: dict[Entry, Any], ctx: RankContext) -> dict[str, Any]:
+def _arrange(body: DcpBody, values: dict[DcpItem, Any], ctx: RankContext) -> dict[str, Any]:
     """The top-level dict, built in this rank's order."""
     order = body.orders[ctx.rank] if body.orders else range(len(body.entries))
     return {body.entries[i].value: values[body.entries[i]] for i in order if body.entries[i] in values}
@@ -422,14 +423,14 @@ def _save_in_flight(
     return obs
 
 
-def _observe_entries(values: dict[Entry, Any]) -> dict[str, Any]:
+def _observe_entries(values: dict[DcpItem, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for entry, value in values.items():
-        if entry is Entry.SCALARS:
+        if entry is DcpItem.SCALARS:
             out["scalars"] = value.values
-        elif entry is Entry.COUNTER:
+        elif entry is DcpItem.COUNTER:
             out["counter"] = value.observe()
-        elif entry is Entry.EXTRA:
+        elif entry is DcpItem.EXTRA:
             out["extra"] = [float(v) for v in value.tolist()]
     return out
 
@@ -487,8 +488,8 @@ def run_dcp(case: Case, body: DcpBody, ctx: RankContext) -> dict[str, Any]:
     # A meta-device model has no values before the load (to_empty leaves garbage).
     obs["fresh"] = observe(tgt, case, body.tree, ctx, model=not body.target_meta_init)
     values = _values(body, case, tgt, ctx, get_load, put, fresh=True, skip=body.skip)
-    if dropped and Entry.MODEL in values:
-        values[Entry.MODEL] = {k: v for k, v in values[Entry.MODEL].items() if k not in dropped}
+    if dropped and DcpItem.MODEL in values:
+        values[DcpItem.MODEL] = {k: v for k, v in values[DcpItem.MODEL].items() if k not in dropped}
     state = _arrange(body, values, ctx)
     plain = {k: v for k, v in state.items() if isinstance(v, (dict, torch.Tensor))}
     tensors = {k: _tensors(v) for k, v in plain.items()}
@@ -509,10 +510,10 @@ def run_dcp(case: Case, body: DcpBody, ctx: RankContext) -> dict[str, Any]:
 def _loads_everything(body: DcpBody) -> bool:
     """Whether the load restores the model and the optimizer (so training can resume)."""
     loaded = [e for e in body.entries if e not in body.skip]
-    return Entry.APP in loaded or (Entry.MODEL in loaded and Entry.OPTIMIZER in loaded)
+    return DcpItem.APP in loaded or (DcpItem.MODEL in loaded and DcpItem.OPTIMIZER in loaded)
 
 
-def _finish_load(body: DcpBody, side: Side, values: dict[Entry, Any], put: Options, path: str) -> None:
+def _finish_load(body: DcpBody, side: Side, values: dict[DcpItem, Any], put: Options, path: str) -> None:
     """After dcp.load filled the state dicts in place: hand them to set_* (FSDP1's classic
     recipe: to its own load_state_dict, and its optimizer state through
     load_sharded_optimizer_state_dict). Stateful entries (app, the module, patched objects)
@@ -525,27 +526,27 @@ def _finish_load(body: DcpBody, side: Side, values: dict[Entry, Any], put: Optio
     if body.patched:
         return
     options = state_dict_options(put)
-    if Entry.MODEL in values and not body.module_stateful:
-        msd = values[Entry.MODEL]
+    if DcpItem.MODEL in values and not body.module_stateful:
+        msd = values[DcpItem.MODEL]
         set_model_state_dict(side.model, msd, options=options)
-    if Entry.OPTIMIZER in values:
+    if DcpItem.OPTIMIZER in values:
         assert side.opt is not None
-        set_optimizer_state_dict(side.model, side.opt, values[Entry.OPTIMIZER], options=options)
+        set_optimizer_state_dict(side.model, side.opt, values[DcpItem.OPTIMIZER], options=options)
 
 
-def _finish_fsdp1_load(body: DcpBody, side: Side, values: dict[Entry, Any], path: str) -> None:
+def _finish_fsdp1_load(body: DcpBody, side: Side, values: dict[DcpItem, Any], path: str) -> None:
     """The classic FSDP1 recipe: the model's sharded state dict was loaded in place, into its
     own load_state_dict; the optimizer's comes from load_sharded_optimizer_state_dict (its
     keys follow the model's sharded state dict) through FSDP.optim_state_dict_to_load."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.optimizer import load_sharded_optimizer_state_dict
 
-    if Entry.MODEL in values:
-        side.model.load_state_dict(values[Entry.MODEL])
-    if Entry.OPTIMIZER in body.entries and Entry.OPTIMIZER not in body.skip:
+    if DcpItem.MODEL in values:
+        side.model.load_state_dict(values[DcpItem.MODEL])
+    if DcpItem.OPTIMIZER in body.entries and DcpItem.OPTIMIZER not in body.skip:
         loaded = load_sharded_optimizer_state_dict(
             model_state_dict=side.model.state_dict(),
-            optimizer_key=Entry.OPTIMIZER.value,
+            optimizer_key=DcpItem.OPTIMIZER.value,
             storage_reader=dcp.FileSystemReader(path),
         )
-        fsdp1_load_optimizer(side, loaded[Entry.OPTIMIZER.value])
+        fsdp1_load_optimizer(side, loaded[DcpItem.OPTIMIZER.value])

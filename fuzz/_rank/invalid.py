@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from fuzz._rank.context import RankContext
 from fuzz._rank.models import build_model
-from fuzz.case import Case, InvalidBody, Misuse
+from fuzz.model import Case, InvalidBody, Misuse
 
 
 def run_invalid(case: Case, body: InvalidBody, ctx: RankContext) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Build a plain ``nn.Module`` from a :class:`fuzz.case.ModuleTree`.
+"""Build a plain ``nn.Module`` from a :class:`fuzz.model.ModuleTree`.
 
 Submodules get the names of their tree paths (``model.get_submodule("1.0")``), so compositions
 address modules the way the case does. Construction draws from torch's global RNG, which the
@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fuzz.case import Leaf, LeafKind, ModuleTree, Node
+from fuzz.model import Leaf, LeafKind, ModuleTree, Node
 
 
 class TreeBlock(nn.Module):

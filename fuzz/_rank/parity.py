@@ -26,7 +26,7 @@ from fuzz._rank.compose import TORCH_DTYPES, Composed, build_composed, clean_nam
 from fuzz._rank.compose import apply_fully_shard as apply_fully_shard  # re-exported for other programs
 from fuzz._rank.context import RankContext
 from fuzz._rank.models import build_model, set_skipped, tree_blocks
-from fuzz.case import (
+from fuzz.model import (
     AccumSync,
     Case,
     Compile,
@@ -36,6 +36,8 @@ from fuzz.case import (
     Optimizer,
     ParityBody,
     Training,
+    contains,
+    is_ancestor,
 )
 
 
@@ -172,15 +174,12 @@ def iter_paths_of(model: nn.Module, path: str) -> list[tuple[str, nn.Module]]:
 
 def _under_other_unit(sub: str, unit: str, sharded: list[str]) -> bool:
     """True if ``sub`` lies inside a fully_shard unit nested in ``unit``."""
-    return any(
-        other != unit and (unit == "" or other.startswith(unit + ".")) and (sub == other or sub.startswith(other + "."))
-        for other in sharded
-    )
+    return any(is_ancestor(unit, other) and contains(other, sub) for other in sharded)
 
 
 def _under_any(path: str, skipped: list[str]) -> bool:
     """True if the module at ``path`` is at or under one of the ``skipped`` paths."""
-    return any(path == s or path.startswith(s + ".") for s in skipped)
+    return any(contains(s, path) for s in skipped)
 
 
 def replicate_contract(model: nn.Module, comp: Composition, skipped: list[str] | None = None) -> dict[str, list[str]]:

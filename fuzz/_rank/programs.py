@@ -13,27 +13,13 @@ import torch
 import torch.distributed as dist
 
 from fuzz._rank.context import RankContext
-from fuzz.case import Case, FaultAction, FaultBody
-
-#: What runs a body of each KIND: "module:function", imported on first use. The function
-#: takes (case, body, ctx) and returns a JSON-able observation.
-PROGRAMS: dict[str, str] = {
-    "parity": "fuzz._rank.parity:run_parity",
-    "fault": "fuzz._rank.programs:run_fault",
-    "metamorphic": "fuzz._rank.parity:run_metamorphic",
-    "invalid": "fuzz._rank.invalid:run_invalid",
-    "state_dict": "fuzz._rank.state_dict:run_state_dict",
-    "dcp": "fuzz._rank.dcp:run_dcp",
-}
+from fuzz.model import Case, FaultAction, FaultBody
 
 
 def run_case(case: Case, ctx: RankContext) -> dict[str, Any]:
     if case.world_size != ctx.world_size:
         raise ValueError(f"case needs world_size={case.world_size}, this pool has {ctx.world_size}")
-    target = PROGRAMS.get(case.body.KIND)
-    if target is None:
-        raise TypeError(f"no program for case bodies of kind {case.body.KIND!r}")
-    module, function = target.split(":")
+    module, function = case.body.PROGRAM.split(":")
     program = getattr(importlib.import_module(module), function)
     result: dict[str, Any] = program(case, case.body, ctx)
     return result

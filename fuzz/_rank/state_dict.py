@@ -22,7 +22,7 @@ Two things every program here does on purpose:
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -34,8 +34,18 @@ from fuzz._rank.compose import TORCH_DTYPES, Composed, clean_name, compose
 from fuzz._rank.context import RankContext
 from fuzz._rank.models import build_model
 from fuzz._rank.parity import batches, make_optimizer
-from fuzz.case import Case, Composition, ModuleTree, Optimizer, Training
-from fuzz.case_state import Api, Options, StateDictBody, is_fsdp1, is_plain
+from fuzz.model import (
+    Api,
+    Case,
+    Composition,
+    ModuleTree,
+    Optimizer,
+    Options,
+    StateDictBody,
+    Training,
+    is_fsdp1,
+    is_plain,
+)
 
 #: Rows of the fixed input every forward probe runs on (independent of the world size, so
 #: that a checkpoint saved by N ranks and loaded by M can be compared).
@@ -99,7 +109,7 @@ def fresh_training(training: Training) -> Training:
     set-up, not of the load.
     """
     momentum = 0.5 if training.optimizer is Optimizer.SGD and training.momentum else 0.0
-    return Training(**{**training.__dict__, "lr": training.lr * 0.37, "momentum": momentum, "eps": training.eps * 10})
+    return replace(training, lr=training.lr * 0.37, momentum=momentum, eps=training.eps * 10)
 
 
 def add_optimizer(
@@ -130,7 +140,7 @@ def seed_segment(case: Case, ctx: RankContext, segment: int) -> None:
 
 def all_batches(case: Case, training: Training, steps: int, tree: ModuleTree, ctx: RankContext) -> list[Any]:
     """This rank's (input, target) for ``steps`` steps: the parity programs' data."""
-    return [step[0] for step in batches(case, Training(**{**training.__dict__, "steps": steps}), tree.width, ctx)]
+    return [step[0] for step in batches(case, replace(training, steps=steps), tree.width, ctx)]
 
 
 def train_steps(side: Side, data: list[Any], ctx: RankContext) -> list[float]:

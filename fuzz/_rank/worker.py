@@ -146,7 +146,7 @@ def main() -> int:
 
 
 def _run_one(msg: RunCase, ctx: Any, run_case: Any) -> CaseDone:
-    from fuzz.case import case_from_json
+    from fuzz.model import case_from_json
 
     start = time.perf_counter()
     try:

@@ -1,10 +1,10 @@
 """``_fault``: the pool's self-test. Not a property of torch, so hidden from listings.
 
-Its cases inject one fault into one rank (see :class:`fuzz.case.FaultAction`); the judge
+Its cases inject one fault into one rank (see :class:`fuzz.model.FaultAction`); the judge
 passes ``none`` cases whose all-reduce summed correctly and fails everything else.
 
 Campaigns draw ``none`` cases only, unless ``SHARDFUZZ_FAULT_ACTIONS`` names the actions to draw
-(comma-separated :class:`~fuzz.case.FaultAction` values; ``SHARDFUZZ_FAULT_SECONDS`` sets how
+(comma-separated :class:`~fuzz.model.FaultAction` values; ``SHARDFUZZ_FAULT_SECONDS`` sets how
 long ``sleep`` sleeps): the campaign tests use this to have failures to save and busy ranks to
 signal, without a fault in torch.
 """
@@ -16,11 +16,11 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from fuzz.case import Case, FaultAction, FaultBody
 from fuzz.errors import InvalidArgument
-from fuzz.pool import Outcome
+from fuzz.model import Case, FaultAction, FaultBody
 from fuzz.properties import Property, register
 from fuzz.signature import Failure, failure_from_outcome
+from fuzz.verdict import Outcome
 
 
 def judge(case: Case, outcome: Outcome) -> Failure | None:
@@ -62,5 +62,9 @@ FAULT = register(
         cases=_cases,
         judge=judge,
         features=lambda case: [f"fault:{getattr(case.body, 'action', None)}"],
+        body=FaultBody,
+        repro_refusal=(
+            "fault cases are the rank pool's self-test (an injected fault), not a torch bug; nothing to reproduce"
+        ),
     )
 )

@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from fuzz.case import Case, InvalidBody, Misuse
-from fuzz.pool import Outcome
+from fuzz.model import Case, InvalidBody, Misuse
 from fuzz.properties import Property, register
 from fuzz.signature import Failure, failure_from_outcome
+from fuzz.verdict import Outcome
 
 #: The documented error of each misuse: exception type and a pattern its message matches.
 EXPECTED: dict[Misuse, tuple[str, str]] = {
@@ -59,5 +59,7 @@ INVALID = register(
         cases=_cases,
         judge=judge,
         features=features,
+        body=InvalidBody,
+        repro="fuzz.repro.script:render",
     )
 )

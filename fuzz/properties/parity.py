@@ -16,54 +16,43 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from fuzz.case import (
-    PARAM_LEAVES,
-    AccumSync,
+from fuzz import known
+from fuzz.model import (
     Block,
     Case,
     Compile,
     Composition,
+    Layout,
     Leaf,
     MetamorphicBody,
     ModuleTree,
-    Node,
     ParityBody,
     Training,
+    Unit,
     Wrapper,
     has_params,
-    iter_paths,
-    owns_params,
 )
-from fuzz.pool import Outcome
 from fuzz.properties import Property, register, strategy
-from fuzz.signature import Failure, failure_from_outcome
+from fuzz.signature import Failure, Signature, failure_from_outcome
 from fuzz.tolerance import Tolerance, first_mismatch, tolerance_for
+from fuzz.verdict import Outcome
 
 
 def _mismatch(prop: str, check: str, api: str, summary: str, **details: Any) -> Failure:
     """A numeric mismatch is charged to the property and the API family (not to the quantity
     that disagreed: one bug shows as a wrong loss, gradient or parameter case by case)."""
-    where = f"@{api}" if api else f":{check}"
-    return Failure("mismatch", f"mismatch:{prop}{where}", summary, {"check": check, **details})
+    if api:
+        family, *tags = api.split(":")
+        signature = Signature("mismatch", prop, where=family, tags=tuple(tags))
+    else:
+        signature = Signature("mismatch", prop, check)
+    return Failure("mismatch", str(signature), summary, {"check": check, **details})
 
 
 def api_of(comp: Composition, tree: ModuleTree | None = None, training: Training | None = None) -> str:
     """The API family a mismatch is charged to: fsdp2 (fully_shard and replicate; ``fsdp2+tp``
-    with tensor parallelism), fsdp1 or ddp. Degenerate setups that take their own code paths
-    are named, since known bugs live there:
-
-    - ``:shard1``: a shard dimension of size 1 (an FSDP1 bug).
-    - ``:frozen-int-reshard``: a fully_shard unit with an int ``reshard_after_forward`` whose
-      parameters are all frozen (an FSDP2 bug: such a unit can stay in its post-forward state
-      after backward).
-    - ``:unused-no-all-reduce``: a module with parameters left out of some microbatches of a
-      step under set_requires_all_reduce(False) (an FSDP2 bug: the partial reduce-scatter output
-      of a unit is kept for the parameters that had gradients on earlier microbatches, so it is
-      dropped when the unit is unused on the last microbatch, and fails to add up when the set
-      changes).
-    - ``:unfrozen-frozen-unit``: a leaf unfrozen later in an FSDP1 NO_SHARD unit whose
-      parameters are all frozen at wrapping (an FSDP1 bug, :func:`fsdp1_unfrozen_in_frozen_unit`).
-    """
+    with tensor parallelism), fsdp1 or ddp, with the tags of the degenerate setups the case
+    meets, since known bugs live there (:func:`fuzz.known.mismatch_tags`)."""
     if comp.wrapper is Wrapper.DDP:
         name = "ddp"
     elif comp.wrapper is not Wrapper.NONE:
@@ -72,102 +61,7 @@ def api_of(comp: Composition, tree: ModuleTree | None = None, training: Training
         name = "fsdp2"
     if comp.tp:
         name += "+tp"
-    if comp.mesh and comp.mesh[1] == 1:
-        name += ":shard1"
-    if tree is not None and frozen_int_reshard_unit(tree, comp):
-        name += ":frozen-int-reshard"
-    if tree is not None and training is not None and unfrozen_unresharded_unit(tree, comp, training):
-        name += ":unfrozen-unresharded"
-    if (
-        tree is not None
-        and training is not None
-        and comp.shards
-        and training.accum_sync is AccumSync.NO_ALL_REDUCE
-        and training.unused_on_some_microbatches(tree)
-    ):
-        name += ":unused-no-all-reduce"
-    if tree is not None and training is not None and fsdp1_unfrozen_in_frozen_unit(tree, comp, training):
-        name += ":unfrozen-frozen-unit"
-    return name
-
-
-def fsdp1_unfrozen_in_frozen_unit(tree: ModuleTree, comp: Composition, training: Training) -> bool:
-    """True if a leaf unfrozen later belongs to an FSDP1 NO_SHARD unit whose parameters are all
-    frozen at wrapping (fuzz.case_state.fsdp1_frozen_unit: auto-wrapping makes every block a
-    unit of its own). After the first backward such a unit leaves its parameters registered as
-    plain tensor views (the pytorch/pytorch#85831 family), so requires_grad_(True) on the
-    Parameter the optimizer holds never reaches what forward uses: the leaf is never trained.
-    (Unfreezing the module's attribute instead fails FSDP1's post-backward assertion on
-    ``_post_backward_hook_state``.) docs/known_bugs.md has a torch-only reproducer."""
-    if comp.wrapper is not Wrapper.FSDP1_NO_SHARD or not comp.auto_wrap or not training.unfreeze:
-        return False
-    paths = tree.paths()
-    for later in training.unfreeze:
-        unit = paths[later.path.rpartition(".")[0]]
-        if not isinstance(unit, Block) or unit.scale:
-            continue
-        leaves = [c for c in unit.children if isinstance(c, Leaf) and c.kind in PARAM_LEAVES]
-        if leaves and all(c.frozen for c in leaves):
-            return True
-    return False
-
-
-def frozen_int_reshard_unit(tree: ModuleTree, comp: Composition) -> bool:
-    """True if a fully_shard unit with an int reshard_after_forward manages only frozen
-    parameters (modules inside a nested unit or a replicate are not its own)."""
-    paths = tree.paths()
-    others = comp.sharded_paths + list(comp.replicates)
-    for spec in comp.shards:
-        if isinstance(spec.reshard_after_forward, bool):
-            continue
-        owned: list[Node] = []
-        for member in spec.paths:
-            node = paths[member]
-            subtree = list(iter_paths(node, member)) if isinstance(node, Block) else [(member, node)]
-            owned += [n for sub, n in subtree if owns_params(n) and not _inside_other(sub, member, others)]
-        if owned and all(isinstance(n, Leaf) and n.frozen for n in owned):
-            return True
-    return False
-
-
-def unfrozen_unresharded_unit(tree: ModuleTree, comp: Composition, training: Training) -> bool:
-    """True if a leaf unfrozen later lies in a fully_shard unit whose reshard_after_forward is not
-    True, inside an outermost fully_shard unit (one no other encloses) that holds only frozen
-    parameters at the start. Such an outermost unit (under a replicate'd root) is an FSDP2 root
-    whose output needs no gradient, so FSDP2 never queues its post-backward callback: its units
-    keep their unsharded parameters registered after backward, and requires_grad_(True) on a
-    sharded parameter (the one the optimizer holds) never reaches them (a known FSDP2 bug, like
-    ``:frozen-int-reshard``)."""
-    if not training.unfreeze:
-        return False
-    paths = tree.paths()
-    sharded = comp.sharded_paths
-    others = sharded + list(comp.replicates)
-    unfrozen = {u.path for u in training.unfreeze}
-
-    def inside(path: str, unit: str) -> bool:
-        return path == unit or unit == "" or path.startswith(unit + ".")
-
-    for top in comp.shards:
-        if any(o not in top.paths and any(inside(m, o) for m in top.paths) for o in sharded):
-            continue  # not outermost
-        subtree = [(p, n) for p, n in paths.items() if owns_params(n) and any(inside(p, m) for m in top.paths)]
-        if not subtree or not all(isinstance(n, Leaf) and n.frozen for _, n in subtree):
-            continue
-        for spec in comp.shards:
-            if spec.reshard_after_forward is True or not any(inside(m, t) for m in spec.paths for t in top.paths):
-                continue
-            for member in spec.paths:
-                owned = [p for p, _ in subtree if inside(p, member) and not _inside_other(p, member, others)]
-                if any(p in unfrozen for p in owned):
-                    return True
-    return False
-
-
-def _inside_other(sub: str, unit: str, others: list[str]) -> bool:
-    return any(
-        o != unit and (unit == "" or o.startswith(unit + ".")) and (sub == o or sub.startswith(o + ".")) for o in others
-    )
+    return name + known.mismatch_tags(comp, tree, training)
 
 
 def compare_runs(prop: str, observations: list[dict[str, Any]], tol: Tolerance, api: str = "") -> Failure | None:
@@ -265,7 +159,7 @@ def check_contracts(prop: str, comp: Composition, tree: ModuleTree, contracts: d
                 )
         if mp is not None and mp.param_dtype is not None:
             for leaf, dtype in contracts["leaf_dtypes"].items():
-                if _unit_of(leaf, comp) == spec.path and dtype != mp.param_dtype.value:
+                if _unit_of(leaf, comp, tree) == spec.path and dtype != mp.param_dtype.value:
                     return _mismatch(
                         prop,
                         "contract-param-dtype",
@@ -284,41 +178,28 @@ def check_contracts(prop: str, comp: Composition, tree: ModuleTree, contracts: d
     return None
 
 
-def _unit_of(module: str, comp: Composition) -> str | None:
+def _unit_of(module: str, comp: Composition, tree: ModuleTree) -> str | None:
     """The spec path of the innermost fully_shard unit containing ``module``."""
-    best: tuple[int, str] | None = None
-    for spec in comp.shards:
-        for p in spec.paths:
-            if p == module or p == "" or module.startswith(p + "."):
-                depth = p.count(".") + (p != "")
-                if best is None or depth > best[0]:
-                    best = (depth, spec.path)
-    return None if best is None else best[1]
+    member = Layout(tree, comp).member_of(module, api="fully_shard")
+    return None if member is None else next(s.path for s in comp.shards if member in s.paths)
 
 
 def _replicated_names(tree: ModuleTree, comp: Composition, path: str) -> list[str]:
     """Names (relative to ``path``) of parameters under ``path`` that no fully_shard or deeper
     replicate manages."""
-    others = [p for p in comp.sharded_paths + list(comp.replicates) if p != path]
+    layout = Layout(tree, comp)
     names = []
-    for sub, node in tree.paths().items():
-        if not (sub == path or path == "" or sub.startswith(path + ".")):
-            continue
-        if any(o == sub or (o != "" and sub.startswith(o + ".")) for o in others if _inside(o, path)):
-            continue
+    for sub in layout.owned_by(layout.unit_of(path) or Unit("replicate", -1, (path,)), path):
+        node = layout.paths[sub]
         rel = sub[len(path) + 1 :] if path and sub != path else ("" if sub == path else sub)
         prefix = f"{rel}." if rel else ""
-        if isinstance(node, Leaf) and node.kind.value in ("linear", "layer_norm", "conv1d"):
+        if isinstance(node, Leaf):
             names.append(prefix + "weight")
             if node.bias:
                 names.append(prefix + "bias")
         elif isinstance(node, Block) and node.scale:
             names.append(prefix + "scale")
     return names
-
-
-def _inside(other: str, path: str) -> bool:
-    return path == "" or other.startswith(path + ".")
 
 
 def _tolerance(training: Training) -> Tolerance:
@@ -358,10 +239,12 @@ def judge_metamorphic(case: Case, outcome: Outcome) -> Failure | None:
     # The base composition is always composable (fully_shard / replicate); the variant is what
     # changed, so the mismatch is charged to it.
     api = api_of(body.variant, body.tree, body.training)
-    if not api.endswith(":frozen-int-reshard") and frozen_int_reshard_unit(body.tree, body.composition):
-        api += ":frozen-int-reshard"
-    if ":unfrozen-unresharded" not in api and unfrozen_unresharded_unit(body.tree, body.composition, body.training):
-        api += ":unfrozen-unresharded"
+    for bug, met in (
+        (known.FROZEN_INT_RESHARD, known.frozen_int_reshard_unit(body.tree, body.composition)),
+        (known.UNFROZEN_UNRESHARDED, known.unfrozen_unresharded_unit(body.tree, body.composition, body.training)),
+    ):
+        if met and bug.tag not in api:
+            api += bug.tag
     return compare_runs(case.property, outcome.observations, _tolerance(body.training), api)
 
 
@@ -482,6 +365,8 @@ PARITY = register(
         cases=strategy("parity_cases"),
         judge=judge_parity,
         features=features,
+        body=ParityBody,
+        repro="fuzz.repro.script:render",
     )
 )
 MIXED_PRECISION = register(
@@ -491,6 +376,8 @@ MIXED_PRECISION = register(
         cases=strategy("mixed_precision_cases"),
         judge=judge_mixed_precision,
         features=features,
+        body=ParityBody,
+        repro="fuzz.repro.script:render",
     )
 )
 METAMORPHIC = register(
@@ -501,5 +388,7 @@ METAMORPHIC = register(
         cases=strategy("metamorphic_cases"),
         judge=judge_metamorphic,
         features=features,
+        body=MetamorphicBody,
+        repro="fuzz.repro.script:render",
     )
 )

@@ -33,56 +33,35 @@ import os
 import shutil
 from typing import Any
 
-from fuzz.case import Case, Composition, ModuleTree, Optimizer, Wrapper
-from fuzz.case_state import (
+from fuzz import known
+from fuzz.model import (
     Api,
+    Case,
+    Composition,
     DcpBody,
+    DcpItem,
     DcpMode,
-    Entry,
+    ModuleTree,
     Overwrite,
     StateDictBody,
+    Wrapper,
     dcp_root,
-    fsdp1_async_default_stager,
-    fsdp1_dcp_empty_shard,
-    fsdp1_dcp_stateless,
-    fsdp1_frozen_unit,
-    fsdp1_full_offload,
-    fsdp1_hsdp_2d,
-    fsdp1_shard1,
     is_fsdp1,
     is_plain,
     tensor_kind,
 )
-from fuzz.pool import Outcome, Stall
 from fuzz.properties import Property, register, strategy
-from fuzz.signature import Failure, failure_from_outcome
+from fuzz.signature import Failure, Signature, failure_from_outcome
 from fuzz.tolerance import first_mismatch, tolerance_for
+from fuzz.verdict import Outcome
 
 # Round trips remove their checkpoints; one killed mid-case (a hang, a crash) cannot.
 atexit.register(shutil.rmtree, dcp_root(os.getpid()), ignore_errors=True)
 
 
-#: The signature of a deadlock in which rank 0 broadcasts state that other ranks skipped.
-ALONE_IN_BROADCAST = "torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone"
-#: The signature suffix of the FSDP1 HYBRID_SHARD optimizer load bug (see _hsdp_optimizer_load).
-FSDP1_HSDP_OPTIMIZER_LOAD = "fsdp1-hsdp-load_sharded_optimizer_state_dict"
 #: What FileSystemWriter(overwrite=False) raises on an existing checkpoint (a RuntimeError in its
 #: prepare_local_plan, which DCP reports as a CheckpointException on every rank).
 ALREADY_EXISTS = "Checkpoint already exists"
-
-
-def _rank0_alone_in_broadcast(stacks: list[str]) -> bool:
-    """Rank 0 is inside _broadcast_state_dict and some other rank is not (see _failure)."""
-    inside = ["_broadcast_state_dict" in s for s in stacks]
-    return bool(inside) and inside[0] and not all(inside)
-
-
-#: The same deadlock, seen in the ranks' stack samples: rank 0 has waited alone in the broadcast
-#: for 3 s, 10 s into the case. Collectives keep ranks within a second or so of each other, so a
-#: healthy case does not hold that pattern; the known bug ends in about 14 s, not at the deadline.
-ALONE_IN_BROADCAST_STALL = Stall(
-    name="rank 0 alone in _broadcast_state_dict", deadlocked=_rank0_alone_in_broadcast, after=10.0, hold=3.0
-)
 
 
 def _failure(prop: str, outcome: Outcome) -> Failure:
@@ -94,11 +73,11 @@ def _failure(prop: str, outcome: Outcome) -> Failure:
     happen to stop would split one bug into many. This one names the mechanism instead."""
     failure = failure_from_outcome(prop, outcome)
     texts = [(r.stack or "") + (r.traceback or "") for r in outcome.ranks]
-    if _rank0_alone_in_broadcast(texts):
+    if known.rank0_alone_in_broadcast(texts):
         skipped = [r.rank for r, t in zip(outcome.ranks, texts) if "_broadcast_state_dict" not in t]
         return Failure(
             "hang",
-            f"hang:{prop}@{ALONE_IN_BROADCAST}",
+            str(Signature("hang", prop, where=known.ALONE_IN_BROADCAST)),
             f"rank 0 broadcasts state in _broadcast_state_dict that rank(s) {skipped} skipped ({failure.summary})",
             failure.details,
         )
@@ -106,7 +85,7 @@ def _failure(prop: str, outcome: Outcome) -> Failure:
 
 
 def _mismatch(prop: str, check: str, where: str, summary: str, **details: Any) -> Failure:
-    return Failure("mismatch", f"mismatch:{prop}:{check}@{where}", summary, {"check": check, **details})
+    return Failure("mismatch", str(Signature("mismatch", prop, check, where)), summary, {"check": check, **details})
 
 
 def _first_difference(got: Any, want: Any, path: str = "") -> str:
@@ -154,7 +133,7 @@ def _shard1(source: Composition, target: Composition) -> str:
     """``:shard1`` where a side is FSDP1 HYBRID_SHARD with a shard dimension of size 1, a
     degenerate setup with a known bug (pytorch/pytorch#154888), as the training properties
     name it: a corpus entry that marks it known must not hide other mismatches."""
-    return ":shard1" if fsdp1_shard1(source) or fsdp1_shard1(target) else ""
+    return known.FSDP1_HSDP_SHARD1.tag if known.fsdp1_shard1(source) or known.fsdp1_shard1(target) else ""
 
 
 def _check_model(
@@ -270,10 +249,13 @@ def _one_bug(case: Case, failure: Failure | None) -> Failure | None:
     across replicas (pytorch/pytorch#154888): whichever check meets it first (the model after
     the load, the optimizer, resuming) is the same bug, so such a mismatch's signature leaves
     the check out, as the training properties' signatures do."""
-    if failure is None or failure.kind != "mismatch" or not failure.signature.endswith(":shard1"):
+    if failure is None or failure.kind != "mismatch" or not failure.signature.endswith(known.FSDP1_HSDP_SHARD1.tag):
         return failure
-    where = failure.signature.split("@", 1)[1]
-    return dataclasses.replace(failure, signature=f"mismatch:{case.property}@{where}")
+    signature = Signature.parse(failure.signature)
+    assert signature is not None and signature.where
+    family, *tags = signature.where.split(":")
+    renamed = Signature("mismatch", case.property, where=family, tags=(*tags, *signature.tags))
+    return dataclasses.replace(failure, signature=str(renamed))
 
 
 def judge_state_dict(case: Case, outcome: Outcome) -> Failure | None:
@@ -301,15 +283,13 @@ def _hsdp_optimizer_load(case: Case, failure: Failure | None) -> Failure | None:
         failure is None
         or failure.kind != "mismatch"
         or not isinstance(body, DcpBody)
-        or not fsdp1_hsdp_2d(body.target)
-        or not body.classic_fsdp1
-        or Entry.OPTIMIZER not in body.entries
-        or Entry.OPTIMIZER in body.skip
+        or not known.hsdp_optimizer_load(body)
         or failure.details.get("check") not in OPTIMIZER_CHECKS
     ):
         return failure
     where = "async_save" if body.async_save else "save"
-    return dataclasses.replace(failure, signature=f"mismatch:{case.property}@{where}:{FSDP1_HSDP_OPTIMIZER_LOAD}")
+    tag = known.FSDP1_HSDP_OPTIMIZER_LOAD.tag.lstrip(":")
+    return dataclasses.replace(failure, signature=str(Signature("mismatch", case.property, where=where, tags=(tag,))))
 
 
 def _judge_state_dict(case: Case, outcome: Outcome) -> Failure | None:
@@ -358,8 +338,8 @@ def _judge_dcp(case: Case, outcome: Outcome) -> Failure | None:
         if failure is not None:
             return failure
     loaded_entries = [e for e in body.entries if e not in body.skip]
-    model_loaded = Entry.MODEL in loaded_entries or Entry.APP in loaded_entries
-    optim_loaded = Entry.OPTIMIZER in loaded_entries or Entry.APP in loaded_entries
+    model_loaded = DcpItem.MODEL in loaded_entries or DcpItem.APP in loaded_entries
+    optim_loaded = DcpItem.OPTIMIZER in loaded_entries or DcpItem.APP in loaded_entries
     first = observations[0]
     saved, loaded, fresh, dropped = first["saved"], first["loaded"], first.get("fresh"), first["dropped"]
     if model_loaded:
@@ -443,7 +423,7 @@ def _layout_features(source: Composition, target: Composition) -> list[str]:
             out.append("activation_checkpoint")
         if comp.auto_wrap:
             out.append("fsdp1:auto_wrap")
-        if fsdp1_shard1(comp):
+        if known.fsdp1_shard1(comp):
             out.append("fsdp1:hybrid_shard1")
     return out
 
@@ -511,7 +491,7 @@ def features_dcp(case: Case) -> list[str]:
         # how an FSDP1 side's state moves: e.g. fsdp1:app:target, fsdp1:patched:both, fsdp1:classic:both
         how = "classic" if body.classic_fsdp1 else "patched" if body.patched else "app"
         out.append(f"fsdp1:{how}:{'both' if len(fsdp1_sides) == 2 else fsdp1_sides[0]}")
-    if body.classic_fsdp1 and Entry.OPTIMIZER in body.entries:
+    if body.classic_fsdp1 and DcpItem.OPTIMIZER in body.entries:
         out.append(f"api:{Api.FSDP1.value}")
     if body.overwrite is not Overwrite.NONE:
         out.append(f"overwrite:{body.overwrite.value}")
@@ -526,101 +506,6 @@ def features_dcp(case: Case) -> list[str]:
     return sorted(set(out + _layout_features(body.source, body.target)))
 
 
-#: The known upstream bugs (entries in corpus/, described in docs/state_dict.md).
-BROADCAST_EMPTY = "set_state_dict-broadcast-empty"
-STATELESS_FULL = "set_optimizer_state_dict-full-stateless"
-#: Not a state-dict bug: FSDP2's backward all-gather fails for an int reshard_after_forward with
-#: Shard(1) parameters; the training properties own it (corpus/parity-exception-c9b6f29fb81d.json).
-INT_RESHARD_DIM1 = "fully_shard-int-reshard-shard-dim-1"
-#: Not a state-dict bug either: FSDP1 HYBRID_SHARD with a shard dimension of size 1 never averages
-#: gradients across replicas (pytorch/pytorch#154888; the training properties' corpus entries).
-FSDP1_HSDP_SHARD1 = "fsdp1-hybrid-shard-dim-1"
-#: FSDP1's FULL_STATE_DICT with offload_to_cpu on CPU: model.state_dict() clones freed memory
-#: (SIGSEGV), FSDP.optim_state_dict aliases the gathered states (fuzz.case_state.fsdp1_full_offload).
-FSDP1_FULL_OFFLOAD = "fsdp1-full-state-dict-offload-to-cpu"
-#: FSDP1 NO_SHARD with a unit whose parameters are all frozen: after training, its state_dict
-#: hooks raise "FSDP assumes ... is in the state_dict" (fuzz.case_state.fsdp1_frozen_unit).
-FSDP1_FROZEN_UNIT = "fsdp1-no-shard-frozen-unit-state-dict"
-#: The classic FSDP1 recipe with an optimizer without state (SGD without momentum): DCP saves no
-#: entry for the empty "state" dict, load_sharded_optimizer_state_dict returns a dict without
-#: "state", and FSDP.optim_state_dict_to_load raises ValueError ("must have the keys "state"").
-FSDP1_DCP_STATELESS = "fsdp1-dcp-stateless-optimizer"
-#: dcp.load of an FSDP1 sharded state dict where a rank holds no chunk of a parameter, beside a
-#: dict without tensors: "Missing key in checkpoint state_dict" (fuzz.case_state.fsdp1_dcp_empty_shard).
-FSDP1_DCP_EMPTY_SHARD = "dcp-load-empty-sharded-tensor-pre-2.4-guess"
-#: dcp.async_save with its DefaultStager (no storage writer) of a state dict holding ShardedTensors
-#: (FSDP1's sharded state dicts): "torch function 'data_ptr' ... not supported for ShardedTensor".
-FSDP1_ASYNC_DEFAULT_STAGER = "async_save-default-stager-sharded-tensor"
-#: FileSystemWriter(cache_staged_state_dict=True) pins its staging cache: "Cannot access
-#: accelerator device when none is available" on a host without an accelerator.
-CACHED_STAGING_NEEDS_ACCELERATOR = "filesystemwriter-cache-staged-pin-memory"
-
-
-def known_bug(case: Case) -> str | None:
-    """The known upstream bug a case runs into, if any:
-
-    - ``BROADCAST_EMPTY``: set_state_dict with broadcast_from_rank0 deadlocks when ranks other
-      than 0 pass an empty model state dict (it derives optim_only per rank from that dict).
-    - ``STATELESS_FULL``: set_optimizer_state_dict with full_state_dict raises "Expected device
-      to be set" when the optimizer holds no tensor state (SGD without momentum).
-    - ``INT_RESHARD_DIM1``: the source or target trains under fully_shard with an int
-      reshard_after_forward and shard_dim 1 (an FSDP2 bug met in training).
-    - ``FSDP1_HSDP_SHARD1``: the source or target trains under FSDP1 HYBRID_SHARD with a shard
-      dimension of size 1 (an FSDP1 bug met in training, pytorch/pytorch#154888).
-    - ``FSDP1_FULL_OFFLOAD``: FSDP1's FULL_STATE_DICT with offload_to_cpu on CPU (model and
-      optimizer state dicts, also taken through get_*_state_dict in state_dict and dcp
-      cases; fuzz.case_state.fsdp1_full_offload).
-    - ``FSDP1_FROZEN_UNIT``: the source is FSDP1 NO_SHARD with an auto-wrapped unit of
-      frozen parameters only (its state_dict after training).
-    - ``FSDP1_DCP_STATELESS``: an FSDP1 optimizer without state loaded through
-      load_sharded_optimizer_state_dict.
-    - ``FSDP1_DCP_EMPTY_SHARD``: dcp.load into FSDP1's sharded state dict with a rank that
-      holds no chunk of a parameter, beside the scalars entry.
-    - ``FSDP1_ASYNC_DEFAULT_STAGER``: dcp.async_save without a storage writer of FSDP1's
-      ShardedTensors.
-    - ``CACHED_STAGING_NEEDS_ACCELERATOR``: FileSystemWriter(cache_staged_state_dict=True)
-      (fails on a host without an accelerator).
-    """
-    body = case.body
-    if isinstance(body, (StateDictBody, DcpBody)) and any(
-        not isinstance(s.reshard_after_forward, bool) and s.shard_dim
-        for s in (*body.source.shards, *body.target.shards)
-    ):
-        return INT_RESHARD_DIM1
-    if isinstance(body, (StateDictBody, DcpBody)) and (fsdp1_shard1(body.source) or fsdp1_shard1(body.target)):
-        return FSDP1_HSDP_SHARD1
-    if isinstance(body, (StateDictBody, DcpBody)) and fsdp1_frozen_unit(body.source, body.tree):
-        return FSDP1_FROZEN_UNIT
-    if isinstance(body, (StateDictBody, DcpBody)) and fsdp1_full_offload(body, case.world_size):
-        return FSDP1_FULL_OFFLOAD
-    if isinstance(body, DcpBody) and fsdp1_dcp_stateless(body):
-        return FSDP1_DCP_STATELESS
-    if isinstance(body, DcpBody) and fsdp1_dcp_empty_shard(body, case.world_size):
-        return FSDP1_DCP_EMPTY_SHARD
-    if isinstance(body, DcpBody) and fsdp1_async_default_stager(body):
-        return FSDP1_ASYNC_DEFAULT_STAGER
-    if isinstance(body, DcpBody) and body.cache_staged:
-        return CACHED_STAGING_NEEDS_ACCELERATOR
-    t = body.training if isinstance(body, (StateDictBody, DcpBody)) else None
-    stateless = t is not None and t.optimizer is Optimizer.SGD and not t.momentum
-    if isinstance(body, StateDictBody):
-        if body.api is Api.COMBINED and body.load.broadcast_from_rank0:
-            return BROADCAST_EMPTY
-        if stateless and body.load.full_state_dict and body.api is not Api.FSDP1 and not is_fsdp1(body.target):
-            # An FSDP1 target loads through FSDP.optim_state_dict_to_load instead.
-            return STATELESS_FULL
-    if isinstance(body, DcpBody):
-        loaded = [e for e in body.entries if e not in body.skip]
-        if Entry.APP in loaded and body.load_full_state_dict and body.load_cpu_offload:
-            return BROADCAST_EMPTY
-        optimizer_loaded = Entry.APP in loaded or Entry.OPTIMIZER in loaded
-        # An FSDP1 target loads a full optimizer state through FSDP.optim_state_dict_to_load
-        # (inside set_optimizer_state_dict), not the path of the stateless bug.
-        if stateless and body.load_full_state_dict and optimizer_loaded and not is_fsdp1(body.target):
-            return STATELESS_FULL
-    return None
-
-
 STATE_DICT = register(
     Property(
         name="state_dict",
@@ -628,7 +513,9 @@ STATE_DICT = register(
         cases=strategy("state_dict_cases"),
         judge=judge_state_dict,
         features=features_state_dict,
-        stall=ALONE_IN_BROADCAST_STALL,
+        stall=known.ALONE_IN_BROADCAST_STALL,
+        body=StateDictBody,
+        repro="fuzz.repro.script:render",
     )
 )
 
@@ -639,6 +526,8 @@ DCP = register(
         cases=strategy("dcp_cases"),
         judge=judge_dcp,
         features=features_dcp,
-        stall=ALONE_IN_BROADCAST_STALL,
+        stall=known.ALONE_IN_BROADCAST_STALL,
+        body=DcpBody,
+        repro="fuzz.repro.script:render",
     )
 )

@@ -16,8 +16,8 @@ both train on:
 An empty composition (no fully_shard, no replicate, no wrapper) is a plain model, the same on
 every rank, trained data-parallel by hand (gradients all-reduced). The rules below keep out
 what the documented API does not support, each with its reason, so that a failing case is a
-finding and not a misuse. Like :mod:`fuzz.case`, this module imports only the standard
-library and :mod:`fuzz.case`.
+finding and not a misuse. This module imports only the standard
+library and the model.
 """
 
 from __future__ import annotations
@@ -28,22 +28,12 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from fuzz.case import (
-    MAX_STEPS,
-    PARAM_LEAVES,
-    Block,
-    Body,
-    Composition,
-    Leaf,
-    ModuleTree,
-    Optimizer,
-    Training,
-    Wrapper,
-    check_composition,
-    check_mesh,
-    has_params,
-)
 from fuzz.errors import CaseError
+from fuzz.model.case import Body
+from fuzz.model.composition import Composition, Wrapper
+from fuzz.model.rules import check_composition, check_mesh
+from fuzz.model.training import MAX_STEPS, Training
+from fuzz.model.tree import ModuleTree, has_params
 
 
 def dcp_root(driver_pid: int | str) -> str:
@@ -61,112 +51,12 @@ def is_fsdp1(comp: Composition) -> bool:
     return comp.wrapper.value.startswith("fsdp1")
 
 
-def fsdp1_shard1(comp: Composition) -> bool:
-    """FSDP1 HYBRID_SHARD whose shard dimension has size 1 (and more than one replica): it falls
-    back to NO_SHARD and never averages gradients across the replicas, a known torch bug
-    (pytorch/pytorch#154888, docs/known_bugs.md)."""
-    return comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD and comp.mesh[1] == 1 and comp.mesh[0] > 1
-
-
-def fsdp1_hsdp_2d(comp: Composition) -> bool:
-    """FSDP1 HYBRID_SHARD over more than one replica and more than one shard. Its sharded state
-    dict holds DTensors over the 2-D mesh; DCP's ``load_sharded_optimizer_state_dict`` lays the
-    optimizer state out as chunks over the whole world instead, so the classic FSDP1 recipe
-    loads wrong optimizer state into it (docs/known_bugs.md)."""
-    return comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD and comp.mesh[0] > 1 and comp.mesh[1] > 1
-
-
-def fsdp1_full_offload(body: Body, world_size: int) -> bool:
-    """Whether a case meets two torch bugs of FSDP1's FULL_STATE_DICT with offload_to_cpu on
-    CPU, where the "offload" copies nothing: ``model.state_dict()`` clones the parameters
-    from an unsharded buffer that has been freed already (SIGSEGV in the post-state-dict
-    hook's param_hook, or garbage), and ``FSDP.optim_state_dict`` (offload_to_cpu is
-    FullOptimStateDictConfig's default) returns every tensor state of a parameter as a view
-    of one all-gather buffer, which the next state's all-gather overwrites (exp_avg comes
-    back equal to exp_avg_sq). Both need parameters sharded over more than one rank (FSDP1
-    gathers nothing under NO_SHARD or a shard group of one). get_*_state_dict with
-    full_state_dict and cpu_offload take an FSDP1 model's state the same way (offload_to_cpu,
-    with rank0_only), so split and combined meet them too, and so do DCP cases that take an
-    FSDP1 side's state through the app entry or patched state dicts: the source's when saved,
-    the fresh target's when dcp.load asks it for the state dict to load into."""
-    if isinstance(body, DcpBody):
-        if body.classic_fsdp1:
-            return False
-        saves = body.save_full_state_dict and body.save_cpu_offload and fsdp1_gathers(body.source, world_size)
-        loads = body.load_full_state_dict and body.load_cpu_offload and fsdp1_gathers(body.target, world_size)
-        return saves or loads
-    if not isinstance(body, StateDictBody):
-        return False
-    if not (body.save.full_state_dict and body.save.cpu_offload):
-        return False
-    return fsdp1_gathers(body.source, world_size)
-
-
 def fsdp1_gathers(comp: Composition, world_size: int) -> bool:
     """Whether FSDP1 shards ``comp``'s parameters over more than one rank (a full state dict
     then gathers them)."""
     if comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD:
         return comp.mesh[1] > 1
     return comp.wrapper in (Wrapper.FSDP1_FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP) and world_size > 1
-
-
-def fsdp1_dcp_stateless(body: Body) -> bool:
-    """Whether a case meets a torch bug of the classic FSDP1 recipe: an optimizer without state
-    (SGD without momentum) leaves no entry for its empty "state" in the checkpoint, so
-    load_sharded_optimizer_state_dict returns a dict without "state", which
-    FSDP.optim_state_dict_to_load refuses (ValueError)."""
-    if not isinstance(body, DcpBody) or not is_fsdp1(body.target) or not body.classic_fsdp1:
-        return False
-    loaded = Entry.OPTIMIZER in body.entries and Entry.OPTIMIZER not in body.skip
-    t = body.training
-    return loaded and t.optimizer is Optimizer.SGD and not t.momentum
-
-
-def fsdp1_dcp_empty_shard(body: Body, world_size: int) -> bool:
-    """Whether a case meets a torch bug of dcp.load with FSDP1's sharded state dict: a rank
-    that holds no chunk of a parameter (FSDP1 chunks dim 0, the tree's width, into
-    world_size pieces with torch.chunk, which makes fewer pieces when the width is small)
-    flattens the ShardedTensor away, the planner takes the key missing on that rank for a
-    sign of a checkpoint older than 2.4 and flattens the whole dict the old way, and then a
-    value that the old way keys differently, a list (the scalars entry's history, an optimizer
-    state dict's param_groups), is "Missing key in checkpoint state_dict". The sharded state
-    dicts get_*_state_dict take of such a model (app, patched) hold the same ShardedTensors,
-    its optimizer's too, and the optimizer state dict loaded with them (app, patched) holds
-    param_groups."""
-    if not isinstance(body, DcpBody) or tensor_kind(body.target) != "sharded_tensor" or body.load_full_state_dict:
-        return False
-    loaded = [e for e in body.entries if e not in body.skip]
-    optimizer = Entry.APP in loaded or (body.patched and Entry.OPTIMIZER in loaded)
-    if not (Entry.MODEL in loaded or optimizer) or not (Entry.SCALARS in loaded or optimizer):
-        return False
-    width = body.tree.width
-    chunk = -(-width // world_size)
-    return -(-width // chunk) < world_size
-
-
-def fsdp1_async_default_stager(body: Body) -> bool:
-    """Whether a case meets a torch bug of dcp.async_save without a storage writer: its
-    DefaultStager deep-copies the state dict calling ``data_ptr()`` on every tensor, which
-    ShardedTensor (FSDP1 FULL_SHARD / SHARD_GRAD_OP sharded state dicts) does not support."""
-    if not isinstance(body, DcpBody) or body.save_full_state_dict:
-        return False
-    return body.async_save and not body.storage_objects and tensor_kind(body.source) == "sharded_tensor"
-
-
-def fsdp1_frozen_unit(comp: Composition, tree: ModuleTree) -> bool:
-    """Whether FSDP1 NO_SHARD with auto-wrapping makes a unit whose parameters are all frozen
-    (a block without its own scale whose parameter leaves are all frozen; auto-wrapping puts
-    every block in a unit of its own). After a training step such a unit leaves its
-    parameters registered as plain tensor views (pytorch/pytorch#85831), and FSDP1's
-    state_dict hooks then raise AssertionError "FSDP assumes ... is in the state_dict"."""
-    if comp.wrapper is not Wrapper.FSDP1_NO_SHARD or not comp.auto_wrap:
-        return False
-    for node in tree.paths().values():
-        if isinstance(node, Block) and not node.scale:
-            leaves = [c for c in node.children if isinstance(c, Leaf) and c.kind in PARAM_LEAVES]
-            if leaves and all(c.frozen for c in leaves):
-                return True
-    return False
 
 
 def tensor_kind(comp: Composition) -> str:
@@ -310,6 +200,7 @@ class StateDictBody(Body):
     """
 
     KIND: ClassVar[str] = "state_dict"
+    PROGRAM: ClassVar[str] = "fuzz._rank.state_dict:run_state_dict"
     tree: ModuleTree
     source: Composition
     target: Composition
@@ -412,7 +303,7 @@ class Overwrite(str, enum.Enum):
     FALSE = "false"
 
 
-class Entry(str, enum.Enum):
+class DcpItem(str, enum.Enum):
     """A top-level entry of the dict given to ``dcp.save`` / ``dcp.load``; its key is the value."""
 
     #: get_model_state_dict(model), or the module itself (DcpBody.module_stateful, or
@@ -468,14 +359,15 @@ class DcpBody(Body):
     """
 
     KIND: ClassVar[str] = "dcp"
+    PROGRAM: ClassVar[str] = "fuzz._rank.dcp:run_dcp"
     tree: ModuleTree
     source: Composition
     target: Composition
-    entries: tuple[Entry, ...]
+    entries: tuple[DcpItem, ...]
     training: Training = field(default_factory=Training)
     steps_after: int = 1
     orders: tuple[tuple[int, ...], ...] = ()
-    skip: tuple[Entry, ...] = ()
+    skip: tuple[DcpItem, ...] = ()
     drop: tuple[int, ...] = ()
     save_full_state_dict: bool = False
     save_cpu_offload: bool = False
@@ -507,7 +399,7 @@ class DcpBody(Body):
         entries = self.entries
         if not entries or len(set(entries)) != len(entries):
             raise CaseError("entries", f"{[e.value for e in entries]} must be non-empty and name each entry once")
-        if Entry.APP in entries and (Entry.MODEL in entries or Entry.OPTIMIZER in entries):
+        if DcpItem.APP in entries and (DcpItem.MODEL in entries or DcpItem.OPTIMIZER in entries):
             raise CaseError("entries", "app holds the model and the optimizer: use it instead of model / optimizer")
         for i, e in enumerate(self.skip):
             if e not in entries:
@@ -515,7 +407,7 @@ class DcpBody(Body):
         if len(set(self.skip)) != len(self.skip) or len(self.skip) >= len(entries):
             raise CaseError("skip", "must name each entry once and leave at least one entry to load")
         if self.module_stateful:
-            if Entry.MODEL not in entries:
+            if DcpItem.MODEL not in entries:
                 raise CaseError("module_stateful", "applies to the model entry, which is not saved")
             if self.save_full_state_dict or self.load_full_state_dict:
                 raise CaseError("module_stateful", "a module's own state_dict has no full_state_dict option")
@@ -523,21 +415,21 @@ class DcpBody(Body):
                 # DDP's own keys carry a "module." prefix; get_model_state_dict strips it.
                 raise CaseError("module_stateful", "DDP's own state_dict keys differ from the plain model's")
         if self.patched:
-            if Entry.MODEL not in entries and Entry.OPTIMIZER not in entries:
+            if DcpItem.MODEL not in entries and DcpItem.OPTIMIZER not in entries:
                 raise CaseError("patched", "applies to the model and optimizer entries, neither of which is saved")
             if self.module_stateful:
                 raise CaseError("patched", "the module is its own Stateful either with its own or a patched state_dict")
         if self.drop and (
-            Entry.MODEL not in entries or Entry.MODEL in self.skip or self.module_stateful or self.patched
+            DcpItem.MODEL not in entries or DcpItem.MODEL in self.skip or self.module_stateful or self.patched
         ):
             raise CaseError("drop", "leaving model keys out needs the model entry loaded as a state dict")
-        if self.target_meta_init and not any(e in entries and e not in self.skip for e in (Entry.MODEL, Entry.APP)):
+        if self.target_meta_init and not any(e in entries and e not in self.skip for e in (DcpItem.MODEL, DcpItem.APP)):
             raise CaseError("target_meta_init", "a meta-device target must load its model")
         if self.drop and self.target_meta_init:
             raise CaseError("drop", "a meta-device target has no values for the keys left out of the load")
         if (self.mode is DcpMode.ROUND_TRIP) == bool(self.checkpoint_dir):
             raise CaseError("checkpoint_dir", "is required by save-only / load-only and refused by round trips")
-        if self.deadlock and Entry.COUNTER not in entries:
+        if self.deadlock and DcpItem.COUNTER not in entries:
             raise CaseError("deadlock", "the deadlock is issued by the counter entry, which is not saved")
         if is_fsdp1(self.source) or is_fsdp1(self.target):
             self._check_fsdp1()
@@ -549,7 +441,7 @@ class DcpBody(Body):
     def classic_fsdp1(self) -> bool:
         """Whether an FSDP1 side takes the classic recipe (FSDP1's own state dicts): not
         through the app entry nor patched state dicts."""
-        return (is_fsdp1(self.source) or is_fsdp1(self.target)) and not self.patched and Entry.APP not in self.entries
+        return (is_fsdp1(self.source) or is_fsdp1(self.target)) and not self.patched and DcpItem.APP not in self.entries
 
     def _check_fsdp1(self) -> None:
         if self.module_stateful:
@@ -605,7 +497,7 @@ class DcpBody(Body):
     def _check_no_dist(self) -> None:
         if not (is_plain(self.source) and is_plain(self.target)):
             raise CaseError("no_dist", "saves without collectives: a plain model on both sides, the same on every rank")
-        if Entry.COUNTER in self.entries:
+        if DcpItem.COUNTER in self.entries:
             raise CaseError("no_dist", "the counter all-reduces: no_dist saves and loads run without collectives")
         if self.save_full_state_dict or self.load_full_state_dict or self.save_cpu_offload or self.load_cpu_offload:
             raise CaseError("no_dist", "a plain model's own state dict: no full_state_dict or cpu_offload")
@@ -616,17 +508,17 @@ class DcpBody(Body):
     def size(self) -> tuple[int, int]:
         return self.tree.size + len(self.entries), self.training.steps + self.steps_after
 
-    def collective_entries(self) -> list[Entry]:
+    def collective_entries(self) -> list[DcpItem]:
         """Entries whose ``state_dict`` runs collectives when dcp.save calls it: the counter;
         app, and the patched model and optimizer, with full state dicts (get_*_state_dict
         gather) or an FSDP1 source (its ShardedTensors gather their metadata when made, and
         FSDP.optim_state_dict exchanges parameter keys with all_gather_object)."""
-        out: list[Entry] = [e for e in self.entries if e is Entry.COUNTER]
+        out: list[DcpItem] = [e for e in self.entries if e is DcpItem.COUNTER]
         gathers = self.save_full_state_dict or is_fsdp1(self.source)
-        if Entry.APP in self.entries and gathers:
-            out.append(Entry.APP)
+        if DcpItem.APP in self.entries and gathers:
+            out.append(DcpItem.APP)
         if self.patched and gathers:
-            out += [e for e in self.entries if e in (Entry.MODEL, Entry.OPTIMIZER)]
+            out += [e for e in self.entries if e in (DcpItem.MODEL, DcpItem.OPTIMIZER)]
         return out
 
     def validate_for(self, world_size: int) -> None:

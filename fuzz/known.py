@@ -1,0 +1,715 @@
+"""The known-bug registry: every torch bug the suite has found, in one place.
+
+One :class:`KnownBug` record per bug: its id, the upstream issue or pull request (or
+"none found" after a search), the corpus entries that stand for it, the odds at which
+strategies keep drawing it, and whether it ends the ranks (an exception, crash or hang) or
+leaves them alive (a wrong value). The conditions under which a case meets a bug are the
+functions below, over the model's data; no other module writes a bug's condition. Strategies
+ask them to keep known bugs rare, judges to name a mismatch by the degenerate setup it comes
+from (``:shard1``, ``:unfrozen-unresharded``), health runs to skip cases that would end their
+ranks, and corpus entries name their record by ``"bug"``. In the spirit of Hypothesis's
+``internal/compat.py``: quirks live in one place, callers ask by name.
+
+A bug fixed upstream leaves its record and its corpus entries here until the oldest torch the
+suite supports has the fix; the entries' tests then fail (strict xfail), which is the signal
+to retire them.
+
+Imports only the standard library, the model and the verdict types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fuzz.model import (
+    PARAM_LEAVES,
+    AccumSync,
+    Api,
+    Block,
+    Body,
+    Case,
+    Composition,
+    DcpBody,
+    DcpItem,
+    Layout,
+    Leaf,
+    ModuleTree,
+    Optimizer,
+    StateDictBody,
+    Training,
+    Wrapper,
+    fsdp1_gathers,
+    has_params,
+    is_fsdp1,
+    owns_params,
+    tensor_kind,
+)
+from fuzz.verdict import Stall
+
+#: One draw in this many takes a branch that meets a known bug: known bugs stay reachable, so a
+#: campaign notices when torch fixes one, but rare: each hit costs a respawn of the pool.
+KNOWN_BUG_ODDS = 16
+#: The same for a known deadlock, which costs a whole case deadline (60 s by default) per hit:
+#: at 1 in 16 the set_state_dict deadlock took 360 of the state_dict property's 396 s in a
+#: 10-minute campaign.
+KNOWN_HANG_ODDS = 64
+#: What ``KnownBug.upstream`` says after a search of PyTorch's issues and pull requests with
+#: several phrasings (the error text, the API names, the symptom) found nothing.
+NONE_FOUND = "none found"
+
+
+@dataclass(frozen=True)
+class KnownBug:
+    """One torch bug. ``upstream`` is ``owner/repo#N`` (an issue or a pull request) or
+    :data:`NONE_FOUND`; ``relation`` says how it relates (``same bug``, ``same symptom``,
+    ``related``) and ``state`` what is known of its fix. ``tag`` is the suffix the judges add
+    to a mismatch's API family when a case meets the bug's conditions (empty for bugs that
+    raise, crash or hang, which their exception and frame name)."""
+
+    id: str
+    title: str
+    #: What the bug shows as: "mismatch" (wrong values, ranks alive), "exception", "crash",
+    #: "hang". A mismatch met in a case that meets the bug's condition is this bug whatever
+    #: property, layout or check it shows through (:func:`explains`).
+    symptoms: frozenset[str] = frozenset({"exception"})
+    upstream: str = NONE_FOUND
+    relation: str = ""
+    state: str = ""
+    ends_ranks: bool = True
+    odds: int = KNOWN_BUG_ODDS
+    tag: str = ""
+    #: Other upstream issues and pull requests worth reading beside ``upstream``.
+    see_also: tuple[str, ...] = ()
+    #: Where the torch-only reproducer is.
+    docs: str = "docs/known_bugs.md"
+
+    @property
+    def url(self) -> str | None:
+        """A link to the upstream issue or pull request, or None."""
+        owner_repo, sep, number = self.upstream.partition("#")
+        if not sep or "/" not in owner_repo or not number.split()[0].isdigit():
+            return None
+        return f"https://github.com/{owner_repo}/issues/{number.split()[0]}"
+
+
+#: The records, by the names callers use. Corpus entries name them by ``id``.
+FSDP1_HSDP_SHARD1 = KnownBug(
+    "fsdp1-hybrid-shard-dim-1",
+    "FSDP1 HYBRID_SHARD with a shard dimension of size 1 never averages gradients across replicas",
+    symptoms=frozenset({"mismatch"}),
+    upstream="pytorch/pytorch#154888",
+    relation="same bug",
+    ends_ranks=False,
+    tag=":shard1",
+)
+FOREACH_MIXED = KnownBug(
+    "foreach-mixed-dtensor-tensor",
+    "foreach optimizers over a mix of DTensor (fully_shard) and plain (replicate) parameters raise",
+    upstream="pytorch/pytorch#183207",
+    relation="same symptom (reached there through ignored_params)",
+)
+INT_RESHARD_DIM1 = KnownBug(
+    "fully_shard-int-reshard-shard-dim-1",
+    "fully_shard with an int reshard_after_forward and Shard(1) placements: IndexError in foreach_all_gather_copy_out",
+)
+FROZEN_INT_RESHARD = KnownBug(
+    "fully_shard-frozen-int-reshard",
+    "a frozen fully_shard unit with an int reshard_after_forward under a replicate'd root stays in its "
+    "post-forward state",
+    symptoms=frozenset({"mismatch"}),
+    ends_ranks=False,
+    tag=":frozen-int-reshard",
+)
+UNFROZEN_UNRESHARDED = KnownBug(
+    "fully_shard-unfrozen-unresharded",
+    "a frozen fully_shard unit without resharding under a replicate'd root is never resharded: a leaf "
+    "unfrozen later never trains (KeyError in get_optimizer_state_dict)",
+    symptoms=frozenset({"mismatch", "exception"}),
+    ends_ranks=False,
+    tag=":unfrozen-unresharded",
+)
+UNUSED_NO_ALL_REDUCE = KnownBug(
+    "fully_shard-unused-no-all-reduce",
+    "HSDP with set_requires_all_reduce(False): a unit unused on the last microbatch loses its accumulated gradient",
+    symptoms=frozenset({"mismatch", "exception"}),
+    ends_ranks=False,
+    tag=":unused-no-all-reduce",
+)
+FSDP1_UNFROZEN_FROZEN_UNIT = KnownBug(
+    "fsdp1-no-shard-unfrozen-in-frozen-unit",
+    "FSDP1 NO_SHARD, a unit all frozen at wrapping: a leaf unfrozen later never trains",
+    symptoms=frozenset({"mismatch"}),
+    upstream="pytorch/pytorch#85831",
+    relation="related",
+    see_also=("pytorch/pytorch#104148", "pytorch/pytorch#105371"),
+    ends_ranks=False,
+    tag=":unfrozen-frozen-unit",
+)
+MP_UNIFORM_GRAD_DTYPE = KnownBug(
+    "fully_shard-reduce-dtype-no-sync-uniform-grad-dtype",
+    "MixedPrecisionPolicy(reduce_dtype) with set_requires_gradient_sync(False) and a parameter unused "
+    "on a no-sync microbatch: 'FSDP reduce-scatter expects uniform gradient dtype'",
+    upstream="pytorch/pytorch#196996",
+    relation="same bug",
+    state="open; an earlier fix (pull request #160279) is not in torch 2.13",
+    see_also=("pytorch/pytorch#160279", "pytorch/pytorch#190627"),
+)
+MP_NEVER_RUN_NO_SYNC = KnownBug(
+    "fully_shard-reduce-dtype-no-sync-never-run",
+    "MixedPrecisionPolicy(reduce_dtype) with set_requires_gradient_sync(False): a unit that never ran "
+    "forward has no '_unsharded_param' in the root's post-backward",
+    upstream="pytorch/pytorch#194058",
+    relation="same bug (pull request)",
+    state="closed; the fix is not in torch 2.13",
+)
+MP_FROZEN_AT_LAZY_INIT = KnownBug(
+    "fully_shard-mp-frozen-at-lazy-init",
+    "MixedPrecisionPolicy: a unit all frozen at lazy init gets no orig/reduce dtype; unfrozen later, its "
+    "low-precision gradient is never cast back",
+    upstream="pytorch/pytorch#186998",
+    relation="same bug",
+    state="closed, yet still present in torch 2.13.0 (fix pull request #187376 not in 2.13)",
+    see_also=("pytorch/pytorch#187376",),
+)
+BROADCAST_EMPTY = KnownBug(
+    "set_state_dict-broadcast-empty",
+    "set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0 pass an empty model state dict",
+    symptoms=frozenset({"hang", "crash", "exception"}),
+    upstream="pytorch/pytorch#157781",
+    relation="same symptom",
+    state="open",
+    see_also=("pytorch/pytorch#158836",),
+    odds=KNOWN_HANG_ODDS,
+    docs="docs/state_dict.md",
+)
+STATELESS_FULL = KnownBug(
+    "set_optimizer_state_dict-full-stateless",
+    "set_optimizer_state_dict(full_state_dict=True) for an optimizer without tensor state: 'Expected device to be set'",
+    docs="docs/state_dict.md",
+)
+FSDP1_FULL_OFFLOAD = KnownBug(
+    "fsdp1-full-state-dict-offload-to-cpu",
+    "FSDP1 FULL_STATE_DICT with offload_to_cpu on CPU: state_dict() clones a freed buffer (SIGSEGV), "
+    "optim_state_dict aliases the gathered states",
+    symptoms=frozenset({"crash", "mismatch"}),
+    upstream="pytorch/pytorch#188989",
+    relation="same root cause for the model state dict (to_cpu frees a CPU buffer); none found for the "
+    "optimizer's aliasing",
+    state="closed; its fix (pull request #188990) is not in torch 2.13",
+    see_also=("pytorch/pytorch#188990", "Lightning-AI/pytorch-lightning#21804"),
+    docs="docs/state_dict.md",
+)
+FSDP1_FROZEN_UNIT = KnownBug(
+    "fsdp1-no-shard-frozen-unit-state-dict",
+    "FSDP1 NO_SHARD with an auto-wrapped unit of frozen parameters: state_dict() after training raises "
+    "'FSDP assumes ... is in the state_dict'",
+    upstream="pytorch/pytorch#85831",
+    relation="related",
+    docs="docs/state_dict.md",
+)
+FSDP1_DCP_STATELESS = KnownBug(
+    "fsdp1-dcp-stateless-optimizer",
+    "the classic FSDP1 DCP recipe with an optimizer without state: optim_state_dict_to_load refuses the "
+    "dict without 'state'",
+    docs="docs/state_dict.md",
+)
+FSDP1_DCP_EMPTY_SHARD = KnownBug(
+    "dcp-load-empty-sharded-tensor-pre-2.4-guess",
+    "dcp.load of an FSDP1 sharded state dict where a rank holds no chunk of a parameter: the planner "
+    "guesses a pre-2.4 checkpoint, 'Missing key in checkpoint state_dict'",
+    see_also=("pytorch/pytorch#137327",),
+    docs="docs/state_dict.md",
+)
+FSDP1_ASYNC_DEFAULT_STAGER = KnownBug(
+    "async_save-default-stager-sharded-tensor",
+    "dcp.async_save's default stager calls data_ptr() on ShardedTensors",
+    docs="docs/state_dict.md",
+)
+CACHED_STAGING_NEEDS_ACCELERATOR = KnownBug(
+    "filesystemwriter-cache-staged-pin-memory",
+    "FileSystemWriter(cache_staged_state_dict=True) pins its staging copy: async_save fails on a host "
+    "without an accelerator",
+    see_also=("pytorch/pytorch#189991",),
+    docs="docs/state_dict.md",
+)
+#: Met with an accelerator only (without one, the bug above comes first): no case condition.
+CACHED_STAGING_PINNED_METADATA = KnownBug(
+    "filesystemwriter-cache-staged-pinned-metadata",
+    "a checkpoint staged by FileSystemWriter(cache_staged_state_dict=True) records pin_memory=True; the "
+    "classic FSDP1 load_sharded_optimizer_state_dict then refuses its unpinned ShardedTensors",
+    docs="docs/state_dict.md",
+)
+FSDP1_HSDP_OPTIMIZER_LOAD = KnownBug(
+    "fsdp1-hsdp-load_sharded_optimizer_state_dict",
+    "load_sharded_optimizer_state_dict chunks optimizer state over the whole world: wrong Adam state in "
+    "FSDP1 HYBRID_SHARD over a 2-D mesh",
+    symptoms=frozenset({"mismatch"}),
+    see_also=("pytorch/pytorch#111096",),
+    ends_ranks=False,
+    tag=":fsdp1-hsdp-load_sharded_optimizer_state_dict",
+)
+FSDP1_HSDP_RANK0_BROADCAST = KnownBug(
+    "fsdp1-hsdp-shard1-rank0-broadcast",
+    "set_optimizer_state_dict(full, cpu_offload) into FSDP1 HYBRID_SHARD with a shard dimension of 1 "
+    "broadcasts from global rank 0 in a one-rank group",
+    upstream="pytorch/pytorch#155680",
+    relation="same line",
+    state="open; #128444 (same path) was fixed only in part by pull request #128446",
+    see_also=("pytorch/pytorch#128444",),
+)
+
+BUGS: dict[str, KnownBug] = {
+    b.id: b
+    for b in (
+        FSDP1_HSDP_SHARD1,
+        FOREACH_MIXED,
+        INT_RESHARD_DIM1,
+        FROZEN_INT_RESHARD,
+        UNFROZEN_UNRESHARDED,
+        UNUSED_NO_ALL_REDUCE,
+        FSDP1_UNFROZEN_FROZEN_UNIT,
+        MP_UNIFORM_GRAD_DTYPE,
+        MP_NEVER_RUN_NO_SYNC,
+        MP_FROZEN_AT_LAZY_INIT,
+        BROADCAST_EMPTY,
+        STATELESS_FULL,
+        FSDP1_FULL_OFFLOAD,
+        FSDP1_FROZEN_UNIT,
+        FSDP1_DCP_STATELESS,
+        FSDP1_DCP_EMPTY_SHARD,
+        FSDP1_ASYNC_DEFAULT_STAGER,
+        CACHED_STAGING_NEEDS_ACCELERATOR,
+        CACHED_STAGING_PINNED_METADATA,
+        FSDP1_HSDP_OPTIMIZER_LOAD,
+        FSDP1_HSDP_RANK0_BROADCAST,
+    )
+}
+
+
+def get(bug_id: str) -> KnownBug:
+    """The record of ``bug_id``; KeyError names the ids there are."""
+    try:
+        return BUGS[bug_id]
+    except KeyError:
+        raise KeyError(f"no known bug {bug_id!r}; known: {sorted(BUGS)}") from None
+
+
+# --------------------------------------------------------------------------- conditions: training
+
+
+def int_reshard_dim1(comp: Composition) -> bool:
+    """:data:`INT_RESHARD_DIM1`: a fully_shard unit with an int reshard_after_forward whose
+    parameters are placed Shard(1)."""
+    return any(not isinstance(s.reshard_after_forward, bool) and s.shard_dim for s in comp.shards)
+
+
+def foreach_over_mixed(training: Training, comps: tuple[Composition, ...]) -> bool:
+    """:data:`FOREACH_MIXED` where the foreach kernels may run: ``foreach`` True, or None (foreach
+    on CUDA, a loop on CPU) over fully_shard (DTensor) and replicate (plain) parameters together."""
+    return training.foreach is not False and any(c.shards and c.replicates for c in comps)
+
+
+def shard1(comp: Composition) -> bool:
+    """A (replicate, shard) mesh whose shard dimension has size 1: a degenerate setup that takes
+    its own code paths (FSDP1 falls back to NO_SHARD there: :data:`FSDP1_HSDP_SHARD1`)."""
+    return bool(comp.mesh) and comp.mesh[1] == 1
+
+
+def fsdp1_shard1(comp: Composition) -> bool:
+    """:data:`FSDP1_HSDP_SHARD1`: FSDP1 HYBRID_SHARD whose shard dimension has size 1 (and more
+    than one replica): it falls back to NO_SHARD and never averages gradients across the
+    replicas."""
+    return comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD and comp.mesh[1] == 1 and comp.mesh[0] > 1
+
+
+def frozen_int_reshard_unit(tree: ModuleTree, comp: Composition) -> bool:
+    """:data:`FROZEN_INT_RESHARD`: a fully_shard unit with an int reshard_after_forward manages
+    only frozen parameters (modules inside a nested unit or a replicate are not its own)."""
+    layout = Layout(tree, comp)
+    return any(
+        u.api == "fully_shard"
+        and not isinstance(comp.shards[u.index].reshard_after_forward, bool)
+        and layout.frozen_only(u)
+        for u in layout.units
+    )
+
+
+def unfrozen_unresharded_unit(tree: ModuleTree, comp: Composition, training: Training) -> bool:
+    """:data:`UNFROZEN_UNRESHARDED`: a leaf unfrozen later lies in a fully_shard unit whose
+    reshard_after_forward is not True, inside an outermost fully_shard unit (one no other
+    encloses) that holds only frozen parameters at the start. Such an outermost unit (under a
+    replicate'd root) is an FSDP2 root whose output needs no gradient, so FSDP2 never queues its
+    post-backward callback: its units keep their unsharded parameters registered after
+    backward, and requires_grad_(True) on a sharded parameter (the one the optimizer holds)
+    never reaches them."""
+    unfrozen = {u.path for u in training.unfreeze}
+    return any(p in unfrozen for p in unresharded_frozen(tree, comp))
+
+
+def unresharded_frozen(tree: ModuleTree, comp: Composition) -> list[str]:
+    """The modules whose parameters :data:`UNFROZEN_UNRESHARDED` leaves unsharded after backward:
+    those of a fully_shard unit with reshard_after_forward not True inside an outermost unit
+    that holds only frozen parameters. The optimizer holding one of them (frozen or unfrozen
+    later) meets the bug: training never reaches it, and get_optimizer_state_dict finds no name
+    for it (KeyError)."""
+    layout = Layout(tree, comp)
+    shards = [u for u in layout.units if u.api == "fully_shard"]
+    out: list[str] = []
+    for top in shards:
+        if not layout.outermost(top):
+            continue
+        subtree = [p for p, n in layout.paths.items() if top.covers(p) and owns_params(n)]
+        if not subtree or not all(_frozen_leaf(layout.paths[p]) for p in subtree):
+            continue
+        for unit in shards:
+            if comp.shards[unit.index].reshard_after_forward is True:
+                continue
+            for member in unit.members:
+                if top.covers(member):
+                    out += layout.owned_by(unit, member)
+    return out
+
+
+def unused_no_all_reduce(tree: ModuleTree, comp: Composition, training: Training) -> bool:
+    """:data:`UNUSED_NO_ALL_REDUCE`: under fully_shard with set_requires_all_reduce(False), a
+    module holding parameters is left out of some but not all microbatches of a step."""
+    return (
+        bool(comp.shards)
+        and training.accum_sync is AccumSync.NO_ALL_REDUCE
+        and training.unused_on_some_microbatches(tree)
+    )
+
+
+def fsdp1_unfrozen_in_frozen_unit(tree: ModuleTree, comp: Composition, training: Training) -> bool:
+    """:data:`FSDP1_UNFROZEN_FROZEN_UNIT`: a leaf unfrozen later belongs to an FSDP1 NO_SHARD
+    unit whose parameters are all frozen at wrapping (auto-wrapping makes every block a unit of
+    its own). After the first backward such a unit leaves its parameters registered as plain
+    tensor views, so requires_grad_(True) on the Parameter the optimizer holds never reaches
+    what forward uses: the leaf is never trained. (Unfreezing the module's attribute instead
+    fails FSDP1's post-backward assertion on ``_post_backward_hook_state``.)"""
+    if comp.wrapper is not Wrapper.FSDP1_NO_SHARD or not comp.auto_wrap or not training.unfreeze:
+        return False
+    paths = tree.paths()
+    return any(_frozen_fsdp1_unit(paths[later.path.rpartition(".")[0]]) for later in training.unfreeze)
+
+
+def never_run_under_no_sync(tree: ModuleTree, comp: Composition, training: Training) -> bool:
+    """:data:`MP_NEVER_RUN_NO_SYNC` and :data:`MP_UNIFORM_GRAD_DTYPE`: a module holding
+    parameters is left out of the first forward while gradients accumulate without sync under a
+    MixedPrecisionPolicy with a reduce_dtype: FSDP2's post-backward then reads the unsharded
+    parameter of a unit that never ran (``AttributeError ... to_accumulated_grad_if_needed``),
+    or, where the unit ran without that parameter, gets gradients of two dtypes on the syncing
+    microbatch (``AssertionError ... expects uniform gradient dtype``)."""
+    paths = tree.paths()
+    return (
+        training.accum_sync is AccumSync.NO_GRAD_SYNC
+        and any(s.mixed_precision is not None and s.mixed_precision.reduce_dtype is not None for s in comp.shards)
+        and any(has_params(paths[p]) for p in training.skipped_at(0, 0))
+    )
+
+
+def unfrozen_in_frozen_mp_unit(tree: ModuleTree, comp: Composition, training: Training) -> bool:
+    """:data:`MP_FROZEN_AT_LAZY_INIT`: a leaf unfrozen later belongs to a fully_shard unit with a
+    param_dtype whose own parameters are all frozen at the start: FSDP2 takes a unit's original
+    and reduce dtypes from its trainable parameters at lazy init (FSDPParamGroup._init_mp_dtypes),
+    so it never casts such a unit's low-precision gradient back ("attempting to assign a
+    gradient with dtype BFloat16 to a tensor with grad_dtype Float")."""
+    layout = Layout(tree, comp)
+    unfrozen = {u.path for u in training.unfreeze}
+    for unit in layout.units:
+        if unit.api != "fully_shard":
+            continue
+        mp = comp.shards[unit.index].mixed_precision
+        if mp is None or mp.param_dtype is None:
+            continue
+        if layout.frozen_only(unit) and any(p in unfrozen for p in layout.owned_by(unit)):
+            return True
+    return False
+
+
+def mismatch_tags(comp: Composition, tree: ModuleTree | None = None, training: Training | None = None) -> str:
+    """The tags a training mismatch's API family carries (``:shard1:frozen-int-reshard``): the
+    degenerate setups the case meets, since known bugs live there. A corpus entry that marks a
+    tagged family known then matches only cases that meet its setup, and hides no other
+    mismatch (:func:`fuzz.signature.same_bug`)."""
+    tags = FSDP1_HSDP_SHARD1.tag if shard1(comp) else ""
+    if tree is not None and frozen_int_reshard_unit(tree, comp):
+        tags += FROZEN_INT_RESHARD.tag
+    if tree is not None and training is not None:
+        if unfrozen_unresharded_unit(tree, comp, training):
+            tags += UNFROZEN_UNRESHARDED.tag
+        if unused_no_all_reduce(tree, comp, training):
+            tags += UNUSED_NO_ALL_REDUCE.tag
+        if fsdp1_unfrozen_in_frozen_unit(tree, comp, training):
+            tags += FSDP1_UNFROZEN_FROZEN_UNIT.tag
+    return tags
+
+
+def _frozen_leaf(node: object) -> bool:
+    return isinstance(node, Leaf) and node.frozen
+
+
+def _frozen_fsdp1_unit(node: object) -> bool:
+    """A block FSDP1's auto-wrapping makes a unit of, whose parameters are all frozen (a block
+    without its own scale whose parameter leaves are all frozen)."""
+    if not isinstance(node, Block) or node.scale:
+        return False
+    leaves = [c for c in node.children if isinstance(c, Leaf) and c.kind in PARAM_LEAVES]
+    return bool(leaves) and all(c.frozen for c in leaves)
+
+
+# --------------------------------------------------------------------------- conditions: state
+
+
+def fsdp1_hsdp_2d(comp: Composition) -> bool:
+    """:data:`FSDP1_HSDP_OPTIMIZER_LOAD`:
+    FSDP1 HYBRID_SHARD over more than one replica and more than one shard. Its sharded state
+    dict holds DTensors over the 2-D mesh; DCP's ``load_sharded_optimizer_state_dict`` lays the
+    optimizer state out as chunks over the whole world instead, so the classic FSDP1 recipe
+    loads wrong optimizer state into it (docs/known_bugs.md)."""
+    return comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD and comp.mesh[0] > 1 and comp.mesh[1] > 1
+
+
+def fsdp1_full_offload(body: Body, world_size: int) -> bool:
+    """:data:`FSDP1_FULL_OFFLOAD`: whether a case meets two torch bugs of FSDP1's FULL_STATE_DICT with offload_to_cpu on
+    CPU, where the "offload" copies nothing: ``model.state_dict()`` clones the parameters
+    from an unsharded buffer that has been freed already (SIGSEGV in the post-state-dict
+    hook's param_hook, or garbage), and ``FSDP.optim_state_dict`` (offload_to_cpu is
+    FullOptimStateDictConfig's default) returns every tensor state of a parameter as a view
+    of one all-gather buffer, which the next state's all-gather overwrites (exp_avg comes
+    back equal to exp_avg_sq). Both need parameters sharded over more than one rank (FSDP1
+    gathers nothing under NO_SHARD or a shard group of one). get_*_state_dict with
+    full_state_dict and cpu_offload take an FSDP1 model's state the same way (offload_to_cpu,
+    with rank0_only), so split and combined meet them too, and so do DCP cases that take an
+    FSDP1 side's state through the app entry or patched state dicts: the source's when saved,
+    the fresh target's when dcp.load asks it for the state dict to load into."""
+    if isinstance(body, DcpBody):
+        if body.classic_fsdp1:
+            return False
+        saves = body.save_full_state_dict and body.save_cpu_offload and fsdp1_gathers(body.source, world_size)
+        loads = body.load_full_state_dict and body.load_cpu_offload and fsdp1_gathers(body.target, world_size)
+        return saves or loads
+    if not isinstance(body, StateDictBody):
+        return False
+    if not (body.save.full_state_dict and body.save.cpu_offload):
+        return False
+    return fsdp1_gathers(body.source, world_size)
+
+
+def fsdp1_dcp_stateless(body: Body) -> bool:
+    """:data:`FSDP1_DCP_STATELESS`:
+    whether a case meets a torch bug of the classic FSDP1 recipe: an optimizer without state
+    (SGD without momentum) leaves no entry for its empty "state" in the checkpoint, so
+    load_sharded_optimizer_state_dict returns a dict without "state", which
+    FSDP.optim_state_dict_to_load refuses (ValueError)."""
+    if not isinstance(body, DcpBody) or not is_fsdp1(body.target) or not body.classic_fsdp1:
+        return False
+    loaded = DcpItem.OPTIMIZER in body.entries and DcpItem.OPTIMIZER not in body.skip
+    return loaded and stateless_optimizer(body.training)
+
+
+def fsdp1_dcp_empty_shard(body: Body, world_size: int) -> bool:
+    """:data:`FSDP1_DCP_EMPTY_SHARD`:
+    whether a case meets a torch bug of dcp.load with FSDP1's sharded state dict: a rank
+    that holds no chunk of a parameter (FSDP1 chunks dim 0, the tree's width, into
+    world_size pieces with torch.chunk, which makes fewer pieces when the width is small)
+    flattens the ShardedTensor away, the planner takes the key missing on that rank for a
+    sign of a checkpoint older than 2.4 and flattens the whole dict the old way, and then a
+    value that the old way keys differently, a list (the scalars entry's history, an optimizer
+    state dict's param_groups), is "Missing key in checkpoint state_dict". The sharded state
+    dicts get_*_state_dict take of such a model (app, patched) hold the same ShardedTensors,
+    its optimizer's too, and the optimizer state dict loaded with them (app, patched) holds
+    param_groups."""
+    if not isinstance(body, DcpBody) or tensor_kind(body.target) != "sharded_tensor" or body.load_full_state_dict:
+        return False
+    loaded = [e for e in body.entries if e not in body.skip]
+    optimizer = DcpItem.APP in loaded or (body.patched and DcpItem.OPTIMIZER in loaded)
+    if not (DcpItem.MODEL in loaded or optimizer) or not (DcpItem.SCALARS in loaded or optimizer):
+        return False
+    width = body.tree.width
+    chunk = -(-width // world_size)
+    return -(-width // chunk) < world_size
+
+
+def fsdp1_async_default_stager(body: Body) -> bool:
+    """:data:`FSDP1_ASYNC_DEFAULT_STAGER`: dcp.async_save without a storage writer stages with
+    its DefaultStager, which deep-copies the state dict calling ``data_ptr()`` on every tensor,
+    which ShardedTensor (FSDP1 FULL_SHARD / SHARD_GRAD_OP sharded state dicts) does not
+    support."""
+    if not isinstance(body, DcpBody):
+        return False
+    return default_stager_copies_sharded(body.async_save, body.storage_objects, body.source, body.save_full_state_dict)
+
+
+def default_stager_copies_sharded(async_save: bool, storage_objects: bool, source: Composition, full: bool) -> bool:
+    """:func:`fsdp1_async_default_stager` over the parts a strategy draws one by one."""
+    return async_save and not storage_objects and not full and tensor_kind(source) == "sharded_tensor"
+
+
+def stateless_optimizer(training: Training) -> bool:
+    """An optimizer that keeps no tensor state (SGD without momentum): the optimizer of
+    :data:`STATELESS_FULL` and :data:`FSDP1_DCP_STATELESS`."""
+    return training.optimizer is Optimizer.SGD and not training.momentum
+
+
+def fsdp1_frozen_unit(comp: Composition, tree: ModuleTree) -> bool:
+    """:data:`FSDP1_FROZEN_UNIT`: FSDP1 NO_SHARD with auto-wrapping makes a unit whose parameters
+    are all frozen (a block without its own scale whose parameter leaves are all frozen;
+    auto-wrapping puts every block in a unit of its own). After a training step such a unit
+    leaves its parameters registered as plain tensor views, and FSDP1's state_dict hooks then
+    raise AssertionError "FSDP assumes ... is in the state_dict"."""
+    if comp.wrapper is not Wrapper.FSDP1_NO_SHARD or not comp.auto_wrap:
+        return False
+    return any(_frozen_fsdp1_unit(n) for n in tree.paths().values())
+
+
+def hsdp_optimizer_load(body: Body) -> bool:
+    """:data:`FSDP1_HSDP_OPTIMIZER_LOAD`: the classic FSDP1 recipe loads the optimizer into FSDP1
+    HYBRID_SHARD over a 2-D mesh."""
+    return (
+        isinstance(body, DcpBody)
+        and fsdp1_hsdp_2d(body.target)
+        and body.classic_fsdp1
+        and DcpItem.OPTIMIZER in body.entries
+        and DcpItem.OPTIMIZER not in body.skip
+    )
+
+
+def broadcast_empty(body: Body) -> bool:
+    """:data:`BROADCAST_EMPTY`: set_state_dict with broadcast_from_rank0 where ranks other than 0
+    pass an empty model state dict (get_state_dict with full_state_dict and cpu_offload returns
+    one there): the combined API with broadcast_from_rank0, or the app Stateful loading a full,
+    offloaded state dict."""
+    if isinstance(body, StateDictBody):
+        return body.api is Api.COMBINED and body.load.broadcast_from_rank0
+    if isinstance(body, DcpBody):
+        loaded = [e for e in body.entries if e not in body.skip]
+        return DcpItem.APP in loaded and body.load_full_state_dict and body.load_cpu_offload
+    return False
+
+
+def stateless_full(body: Body) -> bool:
+    """:data:`STATELESS_FULL`: an optimizer without tensor state (SGD without momentum) loaded
+    from a full state dict through set_optimizer_state_dict (an FSDP1 target loads through
+    FSDP.optim_state_dict_to_load instead, which is not this bug's path)."""
+    if not isinstance(body, (StateDictBody, DcpBody)):
+        return False
+    if not stateless_optimizer(body.training) or is_fsdp1(body.target):
+        return False
+    if isinstance(body, StateDictBody):
+        return body.load.full_state_dict and body.api is not Api.FSDP1
+    loaded = [e for e in body.entries if e not in body.skip]
+    return body.load_full_state_dict and (DcpItem.APP in loaded or DcpItem.OPTIMIZER in loaded)
+
+
+def known_bug(case: Case) -> str | None:
+    """The id of the known bug a state_dict or dcp case runs into (its condition can be told
+    from the case), checked in a fixed order: the training bugs its sides meet first, then the
+    state-dict and DCP bugs."""
+    body = case.body
+    if not isinstance(body, (StateDictBody, DcpBody)):
+        return None
+    sides = (body.source, body.target)
+    checks: list[tuple[KnownBug, bool]] = [
+        (INT_RESHARD_DIM1, any(int_reshard_dim1(c) for c in sides)),
+        (FSDP1_HSDP_SHARD1, any(fsdp1_shard1(c) for c in sides)),
+        (FSDP1_FROZEN_UNIT, fsdp1_frozen_unit(body.source, body.tree)),
+        (FSDP1_FULL_OFFLOAD, fsdp1_full_offload(body, case.world_size)),
+        (FSDP1_DCP_STATELESS, fsdp1_dcp_stateless(body)),
+        (FSDP1_DCP_EMPTY_SHARD, fsdp1_dcp_empty_shard(body, case.world_size)),
+        (FSDP1_ASYNC_DEFAULT_STAGER, fsdp1_async_default_stager(body)),
+        (CACHED_STAGING_NEEDS_ACCELERATOR, isinstance(body, DcpBody) and body.cache_staged),
+        (BROADCAST_EMPTY, broadcast_empty(body)),
+        (STATELESS_FULL, stateless_full(body)),
+    ]
+    return next((bug.id for bug, met in checks if met), None)
+
+
+def ends_ranks(case: Case) -> str | None:
+    """The id of a known bug the case would run into in a way that ends its ranks (an exception
+    or a hang), if the case tells; mismatches leave the ranks alive and are not named here."""
+    bug = known_bug(case)
+    if bug is not None:
+        return bug
+    comps = [v for v in vars(case.body).values() if isinstance(v, Composition)]
+    return INT_RESHARD_DIM1.id if any(int_reshard_dim1(c) for c in comps) else None
+
+
+def bugs_met(case: Case) -> list[KnownBug]:
+    """Every known bug whose condition the case meets, through any of its compositions (the
+    base and the variant of a metamorphic case, the source and the target of a state-dict
+    case), in registry order."""
+    body = case.body
+    tree = getattr(body, "tree", None)
+    training = getattr(body, "training", None)
+    comps = [v for v in vars(body).values() if isinstance(v, Composition)]
+    met: set[str] = set()
+    for comp in comps:
+        met |= {
+            b.id for b, m in ((INT_RESHARD_DIM1, int_reshard_dim1(comp)), (FSDP1_HSDP_SHARD1, fsdp1_shard1(comp))) if m
+        }
+        if isinstance(tree, ModuleTree) and frozen_int_reshard_unit(tree, comp):
+            met.add(FROZEN_INT_RESHARD.id)
+        if isinstance(tree, ModuleTree) and isinstance(training, Training):
+            for bug, condition in (
+                (UNFROZEN_UNRESHARDED, unfrozen_unresharded_unit),
+                (UNUSED_NO_ALL_REDUCE, unused_no_all_reduce),
+                (FSDP1_UNFROZEN_FROZEN_UNIT, fsdp1_unfrozen_in_frozen_unit),
+                (MP_NEVER_RUN_NO_SYNC, never_run_under_no_sync),
+                (MP_UNIFORM_GRAD_DTYPE, never_run_under_no_sync),
+                (MP_FROZEN_AT_LAZY_INIT, unfrozen_in_frozen_mp_unit),
+            ):
+                if condition(tree, comp, training):
+                    met.add(bug.id)
+    if isinstance(training, Training) and foreach_over_mixed(training, tuple(comps)):
+        met.add(FOREACH_MIXED.id)
+    if isinstance(body, (StateDictBody, DcpBody)):
+        for bug, hit in (
+            (FSDP1_FROZEN_UNIT, fsdp1_frozen_unit(body.source, body.tree)),
+            (FSDP1_FULL_OFFLOAD, fsdp1_full_offload(body, case.world_size)),
+            (FSDP1_DCP_STATELESS, fsdp1_dcp_stateless(body)),
+            (FSDP1_DCP_EMPTY_SHARD, fsdp1_dcp_empty_shard(body, case.world_size)),
+            (FSDP1_ASYNC_DEFAULT_STAGER, fsdp1_async_default_stager(body)),
+            (CACHED_STAGING_NEEDS_ACCELERATOR, isinstance(body, DcpBody) and body.cache_staged),
+            (BROADCAST_EMPTY, broadcast_empty(body)),
+            (STATELESS_FULL, stateless_full(body)),
+            (FSDP1_HSDP_OPTIMIZER_LOAD, hsdp_optimizer_load(body)),
+            (UNFROZEN_UNRESHARDED, body.frozen_in_optimizer and bool(unresharded_frozen(body.tree, body.source))),
+        ):
+            if hit:
+                met.add(bug.id)
+    return [b for b in BUGS.values() if b.id in met]
+
+
+def explains(case: Case, kind: str) -> list[KnownBug]:
+    """The known bugs that account for a *mismatch* in ``case``: those whose condition the case
+    meets and which show as wrong values. A bug shows through whatever the case checks (a loss,
+    a parameter, an optimizer state after a load) and through any layout on the other side of
+    a comparison, so a mismatch there is that bug, not a new one. Exceptions, crashes and hangs
+    are matched by their own detail instead (:func:`fuzz.signature.same_bug`): an error in a
+    case that merely meets a bug's condition may well be another bug."""
+    if kind != "mismatch":
+        return []
+    return [b for b in bugs_met(case) if kind in b.symptoms]
+
+
+# --------------------------------------------------------------------------- deadlocks in stacks
+
+#: The signature detail of :data:`BROADCAST_EMPTY` (rank 0 broadcasts state other ranks skipped).
+ALONE_IN_BROADCAST = "torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone"
+
+
+def rank0_alone_in_broadcast(stacks: list[str]) -> bool:
+    """Rank 0 is inside _broadcast_state_dict and some other rank is not: the ranks disagreed
+    about whether to broadcast (:data:`BROADCAST_EMPTY`), a deadlock whatever it shows as."""
+    inside = ["_broadcast_state_dict" in s for s in stacks]
+    return bool(inside) and inside[0] and not all(inside)
+
+
+#: :data:`BROADCAST_EMPTY` seen in the ranks' stack samples: rank 0 has waited alone in the
+#: broadcast for 3 s, 10 s into the case. Collectives keep ranks within a second or so of each
+#: other, so a healthy case does not hold that pattern; the known bug ends in about 14 s, not at
+#: the deadline.
+ALONE_IN_BROADCAST_STALL = Stall(
+    name="rank 0 alone in _broadcast_state_dict", deadlocked=rank0_alone_in_broadcast, after=10.0, hold=3.0
+)

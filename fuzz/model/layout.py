@@ -1,0 +1,108 @@
+"""Which module's parameters each distributed unit manages: the one home of that rule.
+
+Module paths are the names torch gives submodules (``"1.0"``; ``""`` is the root). A *unit* is
+one ``fully_shard`` call (its module and the modules grouped with it) or one ``replicate``
+call. The parameters a module holds itself belong to the innermost unit with a member at or
+above the module: a nested unit takes its modules' parameters away from an enclosing one,
+which is how both fully_shard and replicate assign them. The judges, the rank side, the
+validity rules and the known-bug conditions all ask :class:`Layout` instead of comparing path
+prefixes themselves.
+
+Imports only the standard library and the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from fuzz.model.composition import Composition
+from fuzz.model.tree import Leaf, ModuleTree, Node, contains, is_ancestor, owns_params
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One fully_shard call (``api == "fully_shard"``, ``index`` into ``Composition.shards``) or
+    one replicate call (``api == "replicate"``, ``index`` into ``Composition.replicates``)."""
+
+    api: str
+    index: int
+    members: tuple[str, ...]
+
+    def covers(self, path: str) -> bool:
+        """True if ``path`` is at or under one of the unit's members."""
+        return any(contains(m, path) for m in self.members)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The units of a composition over a tree, and which modules' parameters each manages."""
+
+    tree: ModuleTree
+    comp: Composition
+
+    @cached_property
+    def paths(self) -> dict[str, Node]:
+        return self.tree.paths()
+
+    @cached_property
+    def units(self) -> tuple[Unit, ...]:
+        """Every fully_shard unit (in ``shards`` order), then every replicate unit."""
+        shards = tuple(Unit("fully_shard", i, spec.paths) for i, spec in enumerate(self.comp.shards))
+        return shards + tuple(Unit("replicate", i, (p,)) for i, p in enumerate(self.comp.replicates))
+
+    @cached_property
+    def member_paths(self) -> tuple[str, ...]:
+        """Every module a fully_shard or replicate call was applied to."""
+        return tuple(m for u in self.units for m in u.members)
+
+    def member_of(self, path: str, api: str | None = None) -> str | None:
+        """The innermost unit member at or above ``path`` (None if no unit covers it); only
+        members of ``api``'s units (``"fully_shard"`` or ``"replicate"``) when it is given."""
+        best: str | None = None
+        members = self.member_paths if api is None else [m for u in self.units if u.api == api for m in u.members]
+        for m in members:
+            if contains(m, path) and (best is None or is_ancestor(best, m)):
+                best = m
+        return best
+
+    def unit_of(self, path: str) -> Unit | None:
+        """The unit that manages the parameters the module at ``path`` holds itself."""
+        member = self.member_of(path)
+        if member is None:
+            return None
+        return next(u for u in self.units if member in u.members)
+
+    def owned_by(self, unit: Unit, member: str | None = None) -> list[str]:
+        """The modules (holding parameters of their own) whose parameters ``unit`` manages,
+        parents before children; only those under ``member`` when it is given."""
+        out = []
+        for path, node in self.paths.items():
+            if owns_params(node) and self.member_of(path) in (unit.members if member is None else (member,)):
+                out.append(path)
+        return out
+
+    def outermost(self, unit: Unit) -> bool:
+        """True if no member of another fully_shard unit encloses a member of ``unit``."""
+        return not any(
+            other != unit
+            and other.api == "fully_shard"
+            and any(is_ancestor(o, m) for o in other.members for m in unit.members)
+            for other in self.units
+        )
+
+    def frozen_only(self, unit: Unit, member: str | None = None) -> bool:
+        """True if ``unit`` (or its ``member``) manages parameters and all of them are frozen."""
+        owned = [self.paths[p] for p in self.owned_by(unit, member)]
+        return bool(owned) and all(isinstance(n, Leaf) and n.frozen for n in owned)
+
+    def manages_under(self, member: str, path: str) -> bool:
+        """True if the unit member ``member`` (at or above ``path``) manages the parameters of
+        some module at or under ``path``: no other unit between them takes them."""
+        return any(
+            contains(path, sub) and owns_params(n) and self.member_of(sub) == member for sub, n in self.paths.items()
+        )
+
+    def unmanaged(self) -> list[str]:
+        """Modules holding parameters of their own that no unit covers."""
+        return [p for p, n in self.paths.items() if owns_params(n) and self.member_of(p) is None]

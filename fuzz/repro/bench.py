@@ -1,0 +1,91 @@
+"""Every entry of a corpus as a script: ``python -m fuzz repro --all DIR [--run]``.
+
+Prints, per entry, whether it rendered and its script's code lines (neither blank nor
+comments); with ``--run``, each script's exit status under ``torchrun --standalone
+--nproc-per-node N`` and how long it took. Then the figures: entries rendered / total, code
+lines median and max (also of the part written for the entry, without the carried modules),
+and with ``--run`` the exit statuses (1: reproduced). A benchmark, not a test: it prints and
+returns normally unless the directory cannot be read.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from fuzz.corpus import load_corpus
+from fuzz.errors import ShardfuzzError
+from fuzz.repro import render_entry
+from fuzz.repro.script import code_lines, generated_lines
+
+#: Seconds a script may run under --run before it counts as timed out.
+RUN_TIMEOUT_S = 300
+
+
+def run_script(script: Path, world_size: int, timeout: float = RUN_TIMEOUT_S) -> tuple[int | None, float]:
+    """(torchrun's exit status or None on a timeout, seconds) of ``script``."""
+    start = time.monotonic()
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world_size)]
+    try:
+        done = subprocess.run(
+            [*command, str(script)], cwd=script.parent, capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired:
+        return None, time.monotonic() - start
+    return done.returncode, time.monotonic() - start
+
+
+def bench_all(corpus: Path, *, run: bool = False, say: Callable[[str], None] = print) -> dict[str, object]:
+    """Render (and run) every entry under ``corpus``; print and return the figures."""
+    if not corpus.is_dir():
+        raise ShardfuzzError(f"--all {corpus}: {'is not a directory' if corpus.exists() else 'does not exist'}")
+    entries, problems = load_corpus(corpus)
+    for problem in problems:
+        say(f"unreadable: {problem}")
+    total = len(entries) + len(problems)
+    lines: list[int] = []
+    generated: list[int] = []
+    statuses: dict[str, int | None] = {}
+    with tempfile.TemporaryDirectory(prefix="shardfuzz-repro-all-") as tmp:
+        for path, entry in entries:
+            try:
+                script = render_entry(entry, source=str(path))
+            except ShardfuzzError as e:
+                say(f"{path.name}: refused: {e}")
+                continue
+            lines.append(code_lines(script))
+            generated.append(generated_lines(script))
+            row = f"{path.name}: {lines[-1]} code lines ({generated[-1]} written for the entry)"
+            if run:
+                file = Path(tmp) / f"{path.stem.replace('-', '_')}.py"
+                file.write_text(script)
+                status, seconds = run_script(file, entry.case.world_size)
+                statuses[path.name] = status
+                row += f", torchrun --nproc-per-node {entry.case.world_size}: " + (
+                    f"exit {status}" if status is not None else "timed out"
+                )
+                row += f" in {seconds:.1f} s ({entry.status})"
+            say(row)
+    figures: dict[str, object] = {"rendered": len(lines), "total": total}
+    say(f"rendered: {len(lines)}/{total}")
+    if lines:
+        figures.update(median_lines=statistics.median(lines), max_lines=max(lines))
+        say(f"code lines: median {statistics.median(lines):g}, max {max(lines)}, min {min(lines)}")
+        figures.update(median_generated=statistics.median(generated), max_generated=max(generated))
+        say(
+            f"written for the entry (the rest is carried modules): median {statistics.median(generated):g}, "
+            f"max {max(generated)}"
+        )
+    if run:
+        exits: dict[str, int] = {}
+        for status in statuses.values():
+            key = "timed out" if status is None else f"exit {status}"
+            exits[key] = exits.get(key, 0) + 1
+        figures["exits"] = exits
+        say("torchrun: " + ", ".join(f"{k}: {v}" for k, v in sorted(exits.items())))
+    return figures

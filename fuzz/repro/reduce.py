@@ -1,0 +1,547 @@
+"""Reduction: shrink a corpus entry's reproducer script while its failure still reproduces.
+
+The oracle is the script itself: ``python FILE.py`` (which starts torchrun) must exit 1 and
+print ``REPRODUCED <signature>`` with the signature the unreduced script printed; a candidate
+that passes, fails otherwise or times out is rejected. The passes, cheapest first:
+
+1. **Trace.** The unreduced script runs once with ``REPRO_TRACE=DIR`` (honoured by
+   :mod:`fuzz.repro.runtime`): every process (launcher, ranks, judge) writes the lines of the
+   carried modules it ran. Then, in every carried module, a function or method that no process
+   ran is dropped (or, where its name is still referred to, left as a stub ``...``), and inside
+   the functions that ran, every statement that did not run is dropped: branches never taken,
+   ``except`` clauses never entered (a ``try`` left without one becomes its body), loops never
+   entered. Docstrings and the annotations of functions go too.
+2. **Unused names.** Top-level functions, classes, assignments and imported names that nothing
+   left refers to (by name, attribute or string) are dropped, until nothing changes; then the
+   modules nothing imports any more. If the candidate does not reproduce, the trace pass is
+   tried module by module.
+3. **Delta debugging** over the statements left (top-level and in function bodies, in chunks,
+   ddmin), each attempt a run of the candidate script, for as long as ``budget_s`` allows.
+
+The reduced script is kept beside its entry (``NAME.repro.py`` for ``NAME.json``); its second
+line holds a hash of the entry and of the carried sources it was reduced from
+(:func:`stored_header`), so :func:`stored_script` can tell whether it is current.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from fuzz.corpus import Entry
+from fuzz.errors import InvalidArgument
+from fuzz.properties import get_property
+from fuzz.repro import render_entry
+from fuzz.repro.script import carried_modules, code_lines, imported_modules, relative, render, roots_for
+
+#: The second line of a stored reduced script.
+HEADER = "# shardfuzz reduced reproducer:"
+#: Seconds of delta debugging (pass 3) by default, after the trace passes.
+DEFAULT_BUDGET_S = 300.0
+#: A candidate may take this many times as long as the unreduced script, plus the slack.
+TIMEOUT_FACTOR = 2.0
+TIMEOUT_SLACK_S = 30.0
+_REPRODUCED = re.compile(r"^REPRODUCED (\S+)", re.MULTILINE)
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass
+class Reduction:
+    script: str
+    lines_before: int
+    lines_after: int
+    seconds: float
+    attempts: int
+    signature: str
+
+
+# -- the oracle ----------------------------------------------------------------------------------
+
+
+def run_script(text: str, *, timeout: float, env: dict[str, str] | None = None) -> tuple[int | None, str, float]:
+    """(exit status or None on a timeout, stdout and stderr, seconds) of ``python FILE.py``."""
+    with tempfile.TemporaryDirectory(prefix="shardfuzz-reduce-") as tmp:
+        file = Path(tmp) / "repro.py"
+        file.write_text(text)
+        start = time.monotonic()
+        with subprocess.Popen(
+            [sys.executable, str(file)],
+            cwd=tmp,
+            env={**os.environ, **(env or {})},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,  # torchrun and its ranks: one process group to end on a timeout
+        ) as proc:
+            try:
+                out, _ = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                out, _ = proc.communicate()
+                return None, out or "", time.monotonic() - start
+        return proc.returncode, out or "", time.monotonic() - start
+
+
+def reproduced(status: int | None, output: str) -> str | None:
+    """The signature a run reproduced, or None."""
+    found = _REPRODUCED.search(output)
+    return found.group(1) if status == 1 and found else None
+
+
+# -- hashes and the stored script ----------------------------------------------------------------
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def entry_hash(entry: Entry) -> str:
+    return _digest(json.dumps(entry.to_json(), sort_keys=True))
+
+
+def sources_hash(modules: dict[str, str]) -> str:
+    return _digest(json.dumps(modules, sort_keys=True))
+
+
+def unreduced_modules(entry: Entry) -> dict[str, str]:
+    prop = get_property(entry.case.property)
+    return carried_modules(roots_for(prop, entry.case.body.PROGRAM))
+
+
+def stored_header(entry: Entry, seconds: float | None = None) -> str:
+    took = f" seconds={seconds:.1f}" if seconds is not None else ""
+    return f"{HEADER} entry={entry_hash(entry)} sources={sources_hash(unreduced_modules(entry))}{took}"
+
+
+def stored_path(entry_path: Path) -> Path:
+    """Where the reduced script of the entry at ``entry_path`` is kept."""
+    return entry_path.with_name(entry_path.name.removesuffix(".json") + ".repro.py")
+
+
+def header_fields(script: str) -> dict[str, str]:
+    for line in script.splitlines()[:3]:
+        if line.startswith(HEADER):
+            return dict(part.split("=", 1) for part in line[len(HEADER) :].split() if "=" in part)
+    return {}
+
+
+def is_current(script: str, entry: Entry) -> bool:
+    """Whether ``script`` was reduced from this entry and the sources as they are now."""
+    fields = header_fields(script)
+    return fields.get("entry") == entry_hash(entry) and fields.get("sources") == sources_hash(unreduced_modules(entry))
+
+
+def stored_script(entry_path: Path, entry: Entry) -> str | None:
+    """The stored reduced script of the entry if it is current, else None."""
+    path = stored_path(entry_path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    return text if is_current(text, entry) else None
+
+
+# -- pass 1: what no process ran -----------------------------------------------------------------
+
+
+def _lines(nodes: list[ast.stmt]) -> Iterator[int]:
+    for node in nodes:
+        yield from range(node.lineno, (node.end_lineno or node.lineno) + 1)
+
+
+def _ran(nodes: list[ast.stmt], ran: set[int]) -> bool:
+    return any(line in ran for line in _lines(nodes))
+
+
+def _is_docstring(node: ast.stmt) -> bool:
+    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+
+
+def _strip_annotations(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+    args = fn.args
+    for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]:
+        if arg is not None:
+            arg.annotation = None
+    fn.returns = None
+
+
+def _stub(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> ast.stmt:
+    fn.body = [ast.Expr(ast.Constant(...))]
+    _strip_annotations(fn)
+    return fn
+
+
+def _body(stmts: list[ast.stmt]) -> list[ast.stmt]:
+    return stmts or [ast.Pass()]
+
+
+class _Pruner:
+    """Pass 1 over one module: ``ran`` is the set of its lines that some process ran; names in
+    ``referred`` are kept as stubs where their function did not run."""
+
+    def __init__(self, ran: set[int], referred: set[str]) -> None:
+        self.ran = ran
+        self.referred = referred
+
+    def module(self, tree: ast.Module) -> ast.Module:
+        out: list[ast.stmt] = []
+        for node in tree.body:
+            if _is_docstring(node):
+                continue
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                out.extend(self.block(node.orelse, top=True))
+                continue
+            out.extend(self.block([node], top=True))
+        tree.body = out
+        return tree
+
+    def function(self, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.stmt]:
+        if not _ran(fn.body, self.ran):
+            return [_stub(fn)] if fn.name in self.referred else []
+        _strip_annotations(fn)
+        fn.body = _body(self.block([n for n in fn.body if not _is_docstring(n)]))
+        return [fn]
+
+    def cls(self, node: ast.ClassDef) -> list[ast.stmt]:
+        body: list[ast.stmt] = []
+        for child in node.body:
+            if _is_docstring(child):
+                continue
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                body.extend(self.function(child))
+            else:
+                body.append(child)
+        node.body = _body(body)
+        return [node]
+
+    def block(self, nodes: list[ast.stmt], top: bool = False) -> list[ast.stmt]:
+        """``nodes`` without what did not run; at the top level of a module (``top``) only
+        functions and classes are judged by the trace (the rest ran on import, before it)."""
+        out: list[ast.stmt] = []
+        for node in nodes:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                out.extend(self.function(node))
+            elif isinstance(node, ast.ClassDef):
+                out.extend(self.cls(node) if top or _ran([node], self.ran) else [])
+            elif top or isinstance(node, (ast.Global, ast.Nonlocal, ast.Pass)):
+                out.append(node)
+            elif isinstance(node, ast.If):
+                out.extend(self.branch(node))
+            elif isinstance(node, ast.Try):
+                out.extend(self.handlers(node))
+            elif isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
+                if _ran(node.body, self.ran):
+                    node.body = _body(self.block(node.body))
+                    node.orelse = self.block(node.orelse)
+                    out.append(node)
+                elif _ran(node.orelse, self.ran):
+                    out.append(node)
+            elif isinstance(node, (ast.With, ast.AsyncWith)):
+                if _ran([node], self.ran):
+                    node.body = _body(self.block(node.body))
+                    out.append(node)
+            elif _ran([node], self.ran):
+                out.append(node)
+        return out
+
+    def branch(self, node: ast.If) -> list[ast.stmt]:
+        body, orelse = _ran(node.body, self.ran), _ran(node.orelse, self.ran)
+        if any(isinstance(n, ast.NamedExpr) for n in ast.walk(node.test)):
+            body = body or bool(node.body)
+        if not body and node.lineno == node.body[0].lineno:
+            body = node.lineno in self.ran  # `if x: return` on one line: the trace cannot tell
+        if body:
+            node.body = _body(self.block(node.body))
+            node.orelse = self.block(node.orelse) if orelse else []
+            return [node]
+        return self.block(node.orelse) if orelse else []
+
+    def handlers(self, node: ast.Try) -> list[ast.stmt]:
+        node.handlers = [h for h in node.handlers if _ran(h.body, self.ran)]
+        for h in node.handlers:
+            h.body = _body(self.block(h.body))
+        node.body = self.block(node.body)
+        node.orelse = self.block(node.orelse)
+        node.finalbody = self.block(node.finalbody)
+        if node.handlers or node.finalbody:
+            node.body = _body(node.body)
+            return [node]
+        return [*node.body, *node.orelse]
+
+
+# -- pass 2: unused names ------------------------------------------------------------------------
+
+
+def _refs(node: ast.AST) -> Counter[str]:
+    """The names ``node`` refers to: names, attributes, and the words of its strings."""
+    out: Counter[str] = Counter()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name):
+            out[n.id] += 1
+        elif isinstance(n, ast.Attribute):
+            out[n.attr] += 1
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str) and len(n.value) < 200:
+            out.update(_WORD.findall(n.value))
+    return out
+
+
+def _binds(node: ast.stmt) -> set[str] | None:
+    """The names a removable top-level statement binds (None: not removable by name)."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return None if node.name.startswith("__") else {node.name}
+    if isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) for t in node.targets):
+        return {t.id for t in node.targets if isinstance(t, ast.Name)}
+    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+        return {node.target.id}
+    return None
+
+
+def _alias_name(alias: ast.alias) -> str:
+    return alias.asname or alias.name.split(".")[0]
+
+
+def drop_unused(trees: dict[str, ast.Module], extra_refs: Counter[str]) -> None:
+    """Pass 2 in place: drop top-level bindings and imported names nothing refers to."""
+    for tree in trees.values():
+        tree.body = [
+            n
+            for n in tree.body
+            if not (isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets))
+        ]
+    while True:
+        total: Counter[str] = Counter(extra_refs)
+        per: dict[int, Counter[str]] = {}
+        for tree in trees.values():
+            for node in tree.body:
+                per[id(node)] = _refs(node)
+                total.update(per[id(node)])
+        changed = False
+        for tree in trees.values():
+            kept: list[ast.stmt] = []
+            for node in tree.body:
+                names = _binds(node)
+                own = per[id(node)]
+                if names is not None and all(total[name] - own[name] <= 0 for name in names):
+                    changed = True
+                    continue
+                if isinstance(node, (ast.Import, ast.ImportFrom)) and not (
+                    isinstance(node, ast.ImportFrom) and node.module == "__future__"
+                ):
+                    aliases = [a for a in node.names if a.name == "*" or total[_alias_name(a)] > 0]
+                    if len(aliases) != len(node.names):
+                        changed = True
+                        if not aliases:
+                            continue
+                        node.names = aliases
+                kept.append(node)
+            tree.body = kept
+        if not changed:
+            return
+
+
+def _unparse(tree: ast.Module) -> str:
+    body = tree.body
+    if all(isinstance(n, ast.ImportFrom) and n.module == "__future__" for n in body):
+        return ""
+    return ast.unparse(ast.fix_missing_locations(tree)) + "\n"
+
+
+def closure(sources: dict[str, str], roots: list[str]) -> dict[str, str]:
+    """The modules of ``sources`` that ``roots`` import, with their parent packages."""
+    keep: set[str] = set()
+    todo = list(roots)
+    while todo:
+        name = todo.pop()
+        if name in keep or name not in sources:
+            continue
+        keep.add(name)
+        parts = name.split(".")
+        todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))
+        todo.extend(imported_modules(name, sources[name]))
+    return {name: sources[name] for name in sorted(keep)}
+
+
+def prune(
+    modules: dict[str, str], ran: dict[str, set[int]], roots: list[str], extra_refs: Counter[str], only: set[str] | None
+) -> dict[str, str]:
+    """Passes 1 and 2 over ``modules`` (pass 1 only on the modules in ``only``, if given)."""
+    trees = {name: ast.parse(text) for name, text in modules.items()}
+    referred: Counter[str] = Counter(extra_refs)
+    for tree in trees.values():
+        referred.update(_refs(tree))
+    for name, tree in trees.items():
+        if only is None or name in only:
+            _Pruner(ran.get(name, set()), set(referred)).module(tree)
+    drop_unused(trees, extra_refs)
+    return closure({name: _unparse(tree) for name, tree in trees.items()}, roots)
+
+
+def read_trace(directory: Path, modules: dict[str, str]) -> dict[str, set[int]]:
+    files = {"shardfuzz/" + relative(name): name for name in modules}
+    ran: dict[str, set[int]] = {}
+    for path in directory.glob("lines-*.json"):
+        try:
+            lines = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        for file, line in lines:
+            if file in files:
+                ran.setdefault(files[file], set()).add(int(line))
+    return ran
+
+
+# -- pass 3: delta debugging ---------------------------------------------------------------------
+
+
+def _units(trees: dict[str, ast.Module]) -> list[tuple[str, ast.stmt, list[ast.stmt]]]:
+    """Every statement that could go (module, statement, the list it is in), outermost first."""
+    out: list[tuple[str, ast.stmt, list[ast.stmt]]] = []
+
+    def visit(name: str, stmts: list[ast.stmt]) -> None:
+        for node in stmts:
+            if isinstance(node, ast.ImportFrom) and node.module == "__future__":
+                continue
+            out.append((name, node, stmts))
+        for node in stmts:
+            for field in ("body", "orelse", "finalbody"):
+                inner = getattr(node, field, None)
+                if isinstance(inner, list) and inner and isinstance(inner[0], ast.stmt):
+                    visit(name, inner)
+            for handler in getattr(node, "handlers", []) or []:
+                visit(name, handler.body)
+
+    for name, tree in trees.items():
+        visit(name, tree.body)
+    return out
+
+
+def _without(modules: dict[str, str], drop: list[tuple[str, int]], roots: list[str]) -> dict[str, str]:
+    """``modules`` without the statements numbered ``drop`` ((module, index in :func:`_units`))."""
+    trees = {name: ast.parse(text) for name, text in modules.items()}
+    units = _units(trees)
+    gone = {id(units[i][1]) for _, i in drop}
+    for stmts in {id(lst): lst for _, _, lst in units}.values():
+        stmts[:] = [n for n in stmts if id(n) not in gone] or [ast.Pass()]
+    return closure({name: _unparse(tree) for name, tree in trees.items()}, roots)
+
+
+def ddmin(
+    modules: dict[str, str], test: Callable[[dict[str, str]], bool], roots: list[str], until: float
+) -> dict[str, str]:
+    """Pass 3: drop chunks of statements while ``test`` holds, outermost statements first,
+    halving the chunks (ddmin's complement steps are left out: each test is a torchrun)."""
+    current = modules
+    size = max(1, len(_units({n: ast.parse(t) for n, t in current.items()})) // 4)
+    while size >= 1 and time.monotonic() < until:
+        units = _units({n: ast.parse(t) for n, t in current.items()})
+        indices = list(range(len(units)))
+        start = 0
+        progressed = False
+        while start < len(indices) and time.monotonic() < until:
+            chunk = [(units[i][0], i) for i in indices[start : start + size]]
+            candidate = _without(current, chunk, roots)
+            if candidate != current and test(candidate):
+                current = candidate
+                progressed = True
+                units = _units({n: ast.parse(t) for n, t in current.items()})
+                indices = list(range(len(units)))
+                continue  # the same position now holds the next statements
+            start += size
+        if not progressed:
+            size //= 2
+    return current
+
+
+# -- the reducer ---------------------------------------------------------------------------------
+
+
+def reduce_entry(
+    entry: Entry,
+    source: str = "",
+    *,
+    budget_s: float = DEFAULT_BUDGET_S,
+    say: Callable[[str], None] = lambda _: None,
+) -> Reduction:
+    """The reduced script of ``entry``; InvalidArgument if its script does not reproduce here."""
+    began = time.monotonic()
+    full = render_entry(entry, source=source)
+    prop = get_property(entry.case.property)
+    roots = roots_for(prop, entry.case.body.PROGRAM)
+    modules = unreduced_modules(entry)
+    name = source or entry.file_name
+    with tempfile.TemporaryDirectory(prefix="shardfuzz-trace-") as tmp:
+        status, output, seconds = run_script(full, timeout=600.0, env={"REPRO_TRACE": tmp})
+        signature = reproduced(status, output)
+        if signature is None:
+            last = output.strip().splitlines()[-1] if output.strip() else "no output"
+            said = "timed out" if status is None else f"exit {status}"
+            raise InvalidArgument(f"{name}: its script does not reproduce the failure here ({said}: {last[:300]})")
+        ran = read_trace(Path(tmp), modules)
+    say(f"{name}: reproduced {signature} in {seconds:.1f} s (traced)")
+    timeout = seconds * TIMEOUT_FACTOR + TIMEOUT_SLACK_S
+    attempts = 0
+    case_refs = Counter(_WORD.findall(full.partition("\nSOURCES = {\n")[0]))
+
+    def script_of(carried: dict[str, str]) -> str:
+        return render(entry, source, modules=carried)
+
+    def test(carried: dict[str, str]) -> bool:
+        nonlocal attempts
+        attempts += 1
+        status, output, _ = run_script(script_of(carried), timeout=timeout)
+        ok = reproduced(status, output) == signature
+        say(f"  attempt {attempts}: {code_lines(script_of(carried))} code lines, {'kept' if ok else 'rejected'}")
+        return ok
+
+    current = modules
+    candidate = prune(modules, ran, roots, case_refs, None)
+    if test(candidate):
+        current = candidate
+    else:  # module by module
+        for module in sorted(modules, key=lambda m: -len(modules[m])):
+            trial = prune(current, ran, roots, case_refs, {module})
+            if trial != current and test(trial):
+                current = trial
+    current = ddmin(current, test, roots, time.monotonic() + budget_s)
+    script = script_of(current)
+    return Reduction(
+        script=script,
+        lines_before=code_lines(full),
+        lines_after=code_lines(script),
+        seconds=time.monotonic() - began,
+        attempts=attempts,
+        signature=signature,
+    )
+
+
+def reduce_and_store(
+    entry_path: Path, entry: Entry, *, budget_s: float = DEFAULT_BUDGET_S, say: Callable[[str], None] = lambda _: None
+) -> tuple[str, Reduction | None]:
+    """The entry's reduced script: the stored one if current, else a new reduction, stored
+    beside the entry (written whole, and only once it reproduced)."""
+    stored = stored_script(entry_path, entry)
+    if stored is not None:
+        return stored, None
+    result = reduce_entry(entry, str(entry_path), budget_s=budget_s, say=say)
+    lines = result.script.splitlines(keepends=True)
+    text = "".join([lines[0], stored_header(entry, result.seconds) + "\n", *lines[1:]])
+    path = stored_path(entry_path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    result.script = text
+    return text, result

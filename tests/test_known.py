@@ -1,0 +1,136 @@
+"""The known-bug registry (fuzz/known.py) and the corpus agree: every known entry names a record,
+every record has an entry (its minimal case), upstream references are well formed, and the
+records' conditions hold for their own entries' cases."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from fuzz import known
+from fuzz.corpus import CorpusIndex, Entry, load_corpus
+
+CORPUS = Path(__file__).resolve().parent.parent / "corpus"
+ENTRIES: list[tuple[Path, Entry]] = load_corpus(CORPUS)[0]
+
+#: Entries whose case also meets another bug that known_bug checks first (its order is fixed):
+#: the pinned-metadata bug needs an accelerator, and on a CPU host the staging cache fails before
+#: it; the rank-0 broadcast bug lives on a shard dimension of size 1.
+MET_FIRST = {
+    known.CACHED_STAGING_PINNED_METADATA.id: known.CACHED_STAGING_NEEDS_ACCELERATOR.id,
+    known.FSDP1_HSDP_RANK0_BROADCAST.id: known.FSDP1_HSDP_SHARD1.id,
+}
+
+
+def test_every_known_entry_names_a_record_and_every_record_has_an_entry() -> None:
+    known_entries = [e for _, e in ENTRIES if e.status == "known"]
+    assert known_entries, "the corpus has known entries"
+    unnamed = [e.signature for e in known_entries if e.bug is None]
+    assert not unnamed, f"known entries without 'bug': {unnamed}"
+    named = {e.bug for e in known_entries}
+    assert named <= set(known.BUGS)
+    assert set(known.BUGS) <= named, f"records with no corpus entry: {sorted(set(known.BUGS) - named)}"
+
+
+def test_ids_are_unique_and_names_resolve() -> None:
+    records = [v for v in vars(known).values() if isinstance(v, known.KnownBug)]
+    assert len({r.id for r in records}) == len(records) == len(known.BUGS)
+    for r in records:
+        assert known.get(r.id) is r
+    with pytest.raises(KeyError, match="no known bug"):
+        known.get("not-a-bug")
+
+
+@pytest.mark.parametrize("bug", sorted(known.BUGS))
+def test_upstream_references_are_well_formed(bug: str) -> None:
+    record = known.BUGS[bug]
+    if record.upstream == known.NONE_FOUND:
+        assert record.url is None
+    else:
+        assert re.fullmatch(r"[\w.-]+/[\w.-]+#\d+", record.upstream), record.upstream
+        assert record.url is not None and record.url.endswith("/issues/" + record.upstream.split("#")[1])
+    for ref in record.see_also:
+        assert re.fullmatch(r"[\w.-]+/[\w.-]+#\d+", ref), ref
+    assert record.odds >= 2 and Path(record.docs).suffix == ".md"
+
+
+def test_an_entry_takes_its_upstream_from_its_record() -> None:
+    for _, e in ENTRIES:
+        if e.bug is not None:
+            record = known.BUGS[e.bug]
+            assert e.upstream == (None if record.upstream == known.NONE_FOUND else record.upstream)
+
+
+@pytest.mark.parametrize(("path", "entry"), ENTRIES, ids=[p.name for p, _ in ENTRIES])
+def test_the_records_conditions_hold_for_their_entries(path: Path, entry: Entry) -> None:
+    assert entry.bug is not None
+    record = known.BUGS[entry.bug]
+    if entry.kind == "mismatch" and record.tag:
+        # a mismatch is named by the degenerate setup the case meets (fuzz.known.mismatch_tags)
+        assert record.tag in entry.signature, (record.tag, entry.signature)
+    if record.ends_ranks and entry.kind == "mismatch":
+        pytest.fail(f"{path.name}: a mismatch entry for a bug recorded as ending its ranks")
+    met = known.known_bug(entry.case)
+    if met is not None:
+        assert met in (entry.bug, MET_FIRST.get(entry.bug)), (met, entry.bug)
+    # the state-dict properties tell from the case every bug that ends their ranks, except the
+    # FSDP2 training bug met through get_optimizer_state_dict (a mismatch in training)
+    ends = entry.case.property in ("state_dict", "dcp") and entry.kind in ("exception", "crash", "hang")
+    if ends and entry.bug != known.UNFROZEN_UNRESHARDED.id:
+        assert met is not None, f"{path.name}: known_bug does not tell {entry.bug} from the case"
+    # every entry's case meets its own bug's condition, where the registry has one
+    if entry.bug not in (known.CACHED_STAGING_PINNED_METADATA.id, known.FSDP1_HSDP_RANK0_BROADCAST.id):
+        assert record in known.bugs_met(entry.case), f"{path.name}: its case does not meet {entry.bug}"
+
+
+# ------------------------------------------------------------------ known bugs met another way
+
+
+def _index() -> CorpusIndex:
+    return CorpusIndex(ENTRIES)
+
+
+def _entry(name: str) -> Entry:
+    return next(e for p, e in ENTRIES if p.name == name)
+
+
+def test_a_mismatch_through_another_layout_is_the_known_bug_its_case_meets() -> None:
+    """The frozen-int-reshard FSDP2 bug met through the metamorphic property with an FSDP1
+    variant: its signature names the variant's family (fsdp1), not fully_shard's, so only the
+    registry's condition over the case ties it to its entry."""
+    from fuzz.model import Case, Composition, MetamorphicBody, Wrapper
+
+    body = _entry("parity-mismatch-e887f758b809.json").case.body
+    variant = Composition(wrapper=Wrapper.FSDP1_FULL_SHARD)
+    case = Case("metamorphic", 4, 0, MetamorphicBody(body.tree, body.composition, variant, body.training))
+    signature = "mismatch:metamorphic@fsdp1:frozen-int-reshard"
+    assert _index().match(signature) is None  # no signature rule ties them
+    hit = _index().match(signature, case, "mismatch")
+    assert hit is not None and hit[1].bug == known.FROZEN_INT_RESHARD.id
+    assert hit[1].case.property == "parity"
+
+
+def test_a_bug_met_as_a_mismatch_instead_of_its_crash_is_known() -> None:
+    """FSDP1's full offload on CPU aliases optimizer states (exp_avg == exp_avg_sq) as often as
+    it crashes: a mismatch in such a case is that bug's entry."""
+    case = _entry("state_dict-crash-81ffab405f7f.json").case
+    hit = _index().match("mismatch:state_dict:optimizer@fsdp1_optim_state_dict", case, "mismatch")
+    assert hit is not None and hit[1].bug == known.FSDP1_FULL_OFFLOAD.id
+    assert hit[1].case.property == "state_dict"  # the entry of the same property first
+
+
+def test_the_registry_does_not_explain_errors_or_cases_that_meet_no_bug() -> None:
+    from fuzz.model import Case, Composition, ParityBody, ShardSpec
+
+    # an exception in a case that meets a bug's condition is matched by its detail alone
+    case = _entry("parity-exception-c9b6f29fb81d.json").case
+    assert known.INT_RESHARD_DIM1 in known.bugs_met(case)
+    assert _index().match("exception:parity:builtins.ValueError@torch/x.py:f", case, "exception") is None
+    # a mismatch in a case that meets no known bug is new
+    body = _entry("parity-mismatch-e887f758b809.json").case.body
+    plain = ParityBody(body.tree, Composition(shards=(ShardSpec(path=""),)), body.training)
+    clean = Case("parity", 2, 0, plain)
+    assert known.bugs_met(clean) == []
+    assert _index().match("mismatch:parity@fsdp2", clean, "mismatch") is None

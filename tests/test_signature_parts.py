@@ -1,0 +1,56 @@
+"""Signatures as parts (fuzz.signature.Signature): every signature the corpus holds parses into
+parts that write back the same text, and text the suite did not write is refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fuzz.corpus import load_corpus
+from fuzz.signature import Signature, same_bug, shorten
+
+CORPUS = Path(__file__).resolve().parent.parent / "corpus"
+SIGNATURES = sorted({s for _, e in load_corpus(CORPUS)[0] for s in e.signatures})
+
+
+@pytest.mark.parametrize("text", SIGNATURES)
+def test_corpus_signatures_round_trip(text: str) -> None:
+    parts = Signature.parse(text)
+    assert parts is not None and str(parts) == text
+
+
+def test_parts() -> None:
+    assert Signature.parse("mismatch:metamorphic@fsdp1:frozen-int-reshard") == Signature(
+        "mismatch", "metamorphic", "", "fsdp1", ("frozen-int-reshard",)
+    )
+    assert Signature.parse("exception:parity:builtins.IndexError@torch/a.py:f") == Signature(
+        "exception", "parity", "builtins.IndexError", "torch/a.py:f"
+    )
+    hang = "hang:dcp@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone"
+    assert Signature.parse(hang) == Signature("hang", "dcp", "", hang.split("@")[1])
+    assert Signature.parse("mismatch:invalid:uneven_shard_dim_1:no-error") == Signature(
+        "mismatch", "invalid", "uneven_shard_dim_1:no-error"
+    )
+
+
+@pytest.mark.parametrize("text", ["", "foo", "mismatch:", "exception:parity", "exception:parity:X", "other:p:x@y"])
+def test_text_the_suite_did_not_write_is_refused(text: str) -> None:
+    assert Signature.parse(text) is None
+
+
+def test_same_bug_reads_the_parts() -> None:
+    assert same_bug("mismatch:parity@fsdp2:shard1", "mismatch:metamorphic@fsdp2:shard1:frozen-int-reshard")
+    assert not same_bug("mismatch:parity@fsdp2:shard1", "mismatch:parity@fsdp1:shard1")
+    assert not same_bug("mismatch:parity@fsdp2", "mismatch:parity@fsdp2:shard1")  # an untagged family is no bug
+    assert not same_bug("mismatch:dcp:optimizer@save", "mismatch:dcp:resume_loss@save")
+    assert same_bug("exception:parity:builtins.X@torch/a.py:f", "exception:dcp:builtins.X@torch/a.py:f")
+    assert not same_bug("exception:parity:builtins.X@torch/a.py:f", "exception:parity:builtins.Y@torch/a.py:f")
+
+
+def test_shorten_cuts_at_a_word() -> None:
+    text = "attempting to assign a gradient with dtype BFloat16 to a tensor with grad_dtype Float"
+    out = shorten(text, 40)
+    assert len(out) <= 40 and out.endswith("…") and text.startswith(out[:-1]) and not out[:-1].endswith(" ")
+    assert text[len(out) - 1] == " "
+    assert shorten("short", 40) == "short"
