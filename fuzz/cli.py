@@ -141,6 +141,19 @@ def build_parser() -> argparse.ArgumentParser:
     rr.add_argument(
         "--run", action="store_true", help="with --all: run each script under torchrun, print exit statuses"
     )
+    rr.add_argument(
+        "--reduce",
+        action="store_true",
+        help="write the reduced script, kept beside the entry as NAME.repro.py and reduced again when the entry "
+        "or the carried sources change (each attempt runs the script); with --all: reduce every entry not yet reduced",
+    )
+    rr.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="with --reduce: seconds of delta debugging per entry, after the trace passes (default 300)",
+    )
 
     sub.add_parser("properties", help="list the property names")
 
@@ -440,16 +453,25 @@ def _repro(args: argparse.Namespace) -> int:
             raise ShardfuzzError("--all DIR takes no ENTRY, -o or --issue")
         from fuzz.repro.bench import bench_all
 
-        bench_all(args.all, run=args.run)
+        bench_all(args.all, run=args.run, reduce=args.reduce, budget_s=args.budget)
         return EXIT_OK
     if args.entry is None:
         raise ShardfuzzError("name a corpus entry (ENTRY.json), or a corpus directory with --all DIR")
     if args.run:
         raise ShardfuzzError("--run goes with --all DIR")
+    if args.budget is not None and not args.reduce:
+        raise ShardfuzzError("--budget goes with --reduce")
     entry = load_entry(args.entry)
     if args.output is not None:
         check_output_file("-o", args.output)
-    script = render_entry(entry, source=str(args.entry))
+    if args.reduce:
+        from fuzz.repro.reduce import DEFAULT_BUDGET_S, reduce_and_store
+
+        budget = DEFAULT_BUDGET_S if args.budget is None else args.budget
+        say = (lambda line: print(line, file=sys.stderr)) if args.output is not None else (lambda _: None)
+        script, _ = reduce_and_store(args.entry, entry, budget_s=budget, say=say)
+    else:
+        script = render_entry(entry, source=str(args.entry))
     if args.issue:
         from fuzz.repro.issue import render_issue
 

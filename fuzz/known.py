@@ -28,6 +28,7 @@ from fuzz.model import (
     Block,
     Body,
     Case,
+    Compile,
     Composition,
     DcpBody,
     DcpItem,
@@ -257,6 +258,16 @@ FSDP1_HSDP_RANK0_BROADCAST = KnownBug(
     state="open; #128444 (same path) was fixed only in part by pull request #128446",
     see_also=("pytorch/pytorch#128444",),
 )
+FSDP1_COMPILE_SHARDED_GRAD = KnownBug(
+    "fsdp1-compile-recompile-sharded-grad",
+    "torch.compile over FSDP1 (use_orig_params=True, sharded): recompiling the wrapped module's forward "
+    "while its parameters hold sharded gradients raises InternalTorchDynamoError 'attempting to assign a "
+    "gradient of size ...'",
+    upstream="pytorch/pytorch#111317",
+    relation="same symptom (a comment there: SHARD_GRAD_OP, use_orig_params=True, float32)",
+    state="open",
+    see_also=("pytorch/pytorch#93288",),
+)
 
 BUGS: dict[str, KnownBug] = {
     b.id: b
@@ -282,6 +293,7 @@ BUGS: dict[str, KnownBug] = {
         CACHED_STAGING_PINNED_METADATA,
         FSDP1_HSDP_OPTIMIZER_LOAD,
         FSDP1_HSDP_RANK0_BROADCAST,
+        FSDP1_COMPILE_SHARDED_GRAD,
     )
 }
 
@@ -380,17 +392,32 @@ def unused_no_all_reduce(tree: ModuleTree, comp: Composition, training: Training
     )
 
 
-def fsdp1_unfrozen_in_frozen_unit(tree: ModuleTree, comp: Composition, training: Training) -> bool:
-    """:data:`FSDP1_UNFROZEN_FROZEN_UNIT`: a leaf unfrozen later belongs to an FSDP1 NO_SHARD
-    unit whose parameters are all frozen at wrapping (auto-wrapping makes every block a unit of
-    its own). After the first backward such a unit leaves its parameters registered as plain
-    tensor views, so requires_grad_(True) on the Parameter the optimizer holds never reaches
-    what forward uses: the leaf is never trained. (Unfreezing the module's attribute instead
-    fails FSDP1's post-backward assertion on ``_post_backward_hook_state``.)"""
-    if comp.wrapper is not Wrapper.FSDP1_NO_SHARD or not comp.auto_wrap or not training.unfreeze:
+def fsdp1_unfrozen_in_frozen_unit(tree: ModuleTree, comp: Composition, training: Training, world_size: int = 2) -> bool:
+    """:data:`FSDP1_UNFROZEN_FROZEN_UNIT`: a leaf unfrozen later belongs to an FSDP1 unit that
+    does not shard (NO_SHARD, or a strategy FSDP1 turns into NO_SHARD: HYBRID_SHARD with a
+    shard group of one, FULL_SHARD / SHARD_GRAD_OP on one rank) whose parameters are all
+    frozen at wrapping (auto-wrapping makes every block a unit of its own). After the first
+    backward such a unit leaves its parameters registered as plain tensor views, so
+    requires_grad_(True) on the Parameter the optimizer holds never reaches what forward uses:
+    the leaf is never trained. (Unfreezing the module's attribute instead fails FSDP1's
+    post-backward assertion on ``_post_backward_hook_state``.)"""
+    unsharded = is_fsdp1(comp) and not fsdp1_gathers(comp, world_size)
+    if not unsharded or not comp.auto_wrap or not training.unfreeze:
         return False
     paths = tree.paths()
     return any(_frozen_fsdp1_unit(paths[later.path.rpartition(".")[0]]) for later in training.unfreeze)
+
+
+def fsdp1_compiled_with_sharded_grads(comp: Composition, training: Training, world_size: int) -> bool:
+    """:data:`FSDP1_COMPILE_SHARDED_GRAD`: a compiled model under FSDP1 whose parameters are
+    sharded runs a forward while they hold gradients (a later microbatch of an accumulated
+    step, or a later step after zero_grad(set_to_none=False)). A recompilation of the wrapped
+    module's forward then (the training programs remove a hook after the first forward, which
+    recompiles it; a smaller batch does the same) fakeifies the unsharded parameter views with
+    the sharded gradient of their flat parameter and fails inside Dynamo."""
+    if training.compile is Compile.NONE or not fsdp1_gathers(comp, world_size):
+        return False
+    return training.grad_accum > 1 or (not training.set_to_none and training.steps > 1)
 
 
 def never_run_under_no_sync(tree: ModuleTree, comp: Composition, training: Training) -> bool:
@@ -427,7 +454,9 @@ def unfrozen_in_frozen_mp_unit(tree: ModuleTree, comp: Composition, training: Tr
     return False
 
 
-def mismatch_tags(comp: Composition, tree: ModuleTree | None = None, training: Training | None = None) -> str:
+def mismatch_tags(
+    comp: Composition, tree: ModuleTree | None = None, training: Training | None = None, world_size: int = 2
+) -> str:
     """The tags a training mismatch's API family carries (``:shard1:frozen-int-reshard``): the
     degenerate setups the case meets, since known bugs live there. A corpus entry that marks a
     tagged family known then matches only cases that meet its setup, and hides no other
@@ -440,7 +469,7 @@ def mismatch_tags(comp: Composition, tree: ModuleTree | None = None, training: T
             tags += UNFROZEN_UNRESHARDED.tag
         if unused_no_all_reduce(tree, comp, training):
             tags += UNUSED_NO_ALL_REDUCE.tag
-        if fsdp1_unfrozen_in_frozen_unit(tree, comp, training):
+        if fsdp1_unfrozen_in_frozen_unit(tree, comp, training, world_size):
             tags += FSDP1_UNFROZEN_FROZEN_UNIT.tag
     return tags
 
@@ -486,14 +515,18 @@ def fsdp1_full_offload(body: Body, world_size: int) -> bool:
     if isinstance(body, DcpBody):
         if body.classic_fsdp1:
             return False
-        saves = body.save_full_state_dict and body.save_cpu_offload and fsdp1_gathers(body.source, world_size)
-        loads = body.load_full_state_dict and body.load_cpu_offload and fsdp1_gathers(body.target, world_size)
+        saves = full_offload_gathers(body.save_full_state_dict, body.save_cpu_offload, body.source, world_size)
+        loads = full_offload_gathers(body.load_full_state_dict, body.load_cpu_offload, body.target, world_size)
         return saves or loads
     if not isinstance(body, StateDictBody):
         return False
-    if not (body.save.full_state_dict and body.save.cpu_offload):
-        return False
-    return fsdp1_gathers(body.source, world_size)
+    return full_offload_gathers(body.save.full_state_dict, body.save.cpu_offload, body.source, world_size)
+
+
+def full_offload_gathers(full: bool, cpu_offload: bool, comp: Composition, world_size: int) -> bool:
+    """:func:`fsdp1_full_offload` for one side, over the parts a strategy draws one by one: a
+    full state dict with cpu_offload of an FSDP1 model that shards over more than one rank."""
+    return full and cpu_offload and fsdp1_gathers(comp, world_size)
 
 
 def fsdp1_dcp_stateless(body: Body) -> bool:
@@ -581,11 +614,22 @@ def broadcast_empty(body: Body) -> bool:
     one there): the combined API with broadcast_from_rank0, or the app Stateful loading a full,
     offloaded state dict."""
     if isinstance(body, StateDictBody):
-        return body.api is Api.COMBINED and body.load.broadcast_from_rank0
+        return broadcast_empty_combined(body.api, body.load.broadcast_from_rank0)
     if isinstance(body, DcpBody):
-        loaded = [e for e in body.entries if e not in body.skip]
-        return DcpItem.APP in loaded and body.load_full_state_dict and body.load_cpu_offload
+        loaded = tuple(e for e in body.entries if e not in body.skip)
+        return broadcast_empty_app(loaded, body.load_full_state_dict, body.load_cpu_offload)
     return False
+
+
+def broadcast_empty_combined(api: Api, broadcast_from_rank0: bool) -> bool:
+    """:func:`broadcast_empty` of a state_dict case, over its drawn parts."""
+    return api is Api.COMBINED and broadcast_from_rank0
+
+
+def broadcast_empty_app(loaded: tuple[DcpItem, ...], full: bool, cpu_offload: bool) -> bool:
+    """:func:`broadcast_empty` of a dcp case, over its drawn parts: the app Stateful among the
+    loaded entries takes a full, offloaded state dict."""
+    return DcpItem.APP in loaded and full and cpu_offload
 
 
 def stateless_full(body: Body) -> bool:
@@ -594,12 +638,20 @@ def stateless_full(body: Body) -> bool:
     FSDP.optim_state_dict_to_load instead, which is not this bug's path)."""
     if not isinstance(body, (StateDictBody, DcpBody)):
         return False
-    if not stateless_optimizer(body.training) or is_fsdp1(body.target):
+    if not stateless_optimizer(body.training):
         return False
     if isinstance(body, StateDictBody):
-        return body.load.full_state_dict and body.api is not Api.FSDP1
+        return stateless_full_path(body.load.full_state_dict, body.target) and body.api is not Api.FSDP1
     loaded = [e for e in body.entries if e not in body.skip]
-    return body.load_full_state_dict and (DcpItem.APP in loaded or DcpItem.OPTIMIZER in loaded)
+    return stateless_full_path(body.load_full_state_dict, body.target) and (
+        DcpItem.APP in loaded or DcpItem.OPTIMIZER in loaded
+    )
+
+
+def stateless_full_path(full: bool, target: Composition) -> bool:
+    """Whether a full optimizer state reaches the target through set_optimizer_state_dict's
+    path of :data:`STATELESS_FULL` (an FSDP1 target takes FSDP.optim_state_dict_to_load)."""
+    return full and not is_fsdp1(target)
 
 
 def known_bug(case: Case) -> str | None:
@@ -632,7 +684,14 @@ def ends_ranks(case: Case) -> str | None:
     if bug is not None:
         return bug
     comps = [v for v in vars(case.body).values() if isinstance(v, Composition)]
-    return INT_RESHARD_DIM1.id if any(int_reshard_dim1(c) for c in comps) else None
+    if any(int_reshard_dim1(c) for c in comps):
+        return INT_RESHARD_DIM1.id
+    training = getattr(case.body, "training", None)
+    if isinstance(training, Training) and any(
+        fsdp1_compiled_with_sharded_grads(c, training, case.world_size) for c in comps
+    ):
+        return FSDP1_COMPILE_SHARDED_GRAD.id
+    return None
 
 
 def bugs_met(case: Case) -> list[KnownBug]:
@@ -654,15 +713,20 @@ def bugs_met(case: Case) -> list[KnownBug]:
             for bug, condition in (
                 (UNFROZEN_UNRESHARDED, unfrozen_unresharded_unit),
                 (UNUSED_NO_ALL_REDUCE, unused_no_all_reduce),
-                (FSDP1_UNFROZEN_FROZEN_UNIT, fsdp1_unfrozen_in_frozen_unit),
                 (MP_NEVER_RUN_NO_SYNC, never_run_under_no_sync),
                 (MP_UNIFORM_GRAD_DTYPE, never_run_under_no_sync),
                 (MP_FROZEN_AT_LAZY_INIT, unfrozen_in_frozen_mp_unit),
             ):
                 if condition(tree, comp, training):
                     met.add(bug.id)
+            if fsdp1_unfrozen_in_frozen_unit(tree, comp, training, case.world_size):
+                met.add(FSDP1_UNFROZEN_FROZEN_UNIT.id)
     if isinstance(training, Training) and foreach_over_mixed(training, tuple(comps)):
         met.add(FOREACH_MIXED.id)
+    if isinstance(training, Training) and any(
+        fsdp1_compiled_with_sharded_grads(c, training, case.world_size) for c in comps
+    ):
+        met.add(FSDP1_COMPILE_SHARDED_GRAD.id)
     if isinstance(body, (StateDictBody, DcpBody)):
         for bug, hit in (
             (FSDP1_FROZEN_UNIT, fsdp1_frozen_unit(body.source, body.tree)),

@@ -25,5 +25,6 @@ export CI="${CI:-true}"   # loads the derandomized 'ci' Hypothesis profile
 python3 -m ruff check fuzz strategies tests
 python3 -m ruff format --check fuzz strategies tests
 python3 -m mypy
-lint-imports --no-cache   # imports point down (pyproject.toml [tool.importlinter], docs/design.md)
+# imports point down (pyproject.toml [tool.importlinter], docs/design.md); the script pip installed
+"$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/lint-imports" --no-cache
 python3 -m pytest -n 2 "$@"

@@ -121,7 +121,7 @@ def compositions(
     the time with find_unused_parameters=True); checkpoint anywhere, before or after
     fully_shard; a 1D or HSDP mesh. With ``offload`` (ranks with an accelerator: FSDP2's
     CPUOffloadPolicy keeps parameters on the CPU and moves them to the accelerator for
-    compute), a third of the fully_shard calls take CPUOffloadPolicy."""
+    compute), a third of the compositions take CPUOffloadPolicy in every fully_shard call."""
     check_world_size(world_size)
     paths = tree.paths()
     mesh = draw(meshes(world_size)) if hsdp else ()
@@ -150,6 +150,9 @@ def compositions(
     if mode != "replicate-root":
         groups.append([""])
     policy = draw(mixed_precision_policies()) if mixed_precision else None
+    # One policy for the model: under the meta-device path every parameter is materialized on
+    # the CPU at once (fuzz/_rank/compose.py:build_composed).
+    offloaded = offload and draw(st.sampled_from((False, False, True)))
     specs = []
     for group in groups:
         mp = policy
@@ -169,7 +172,7 @@ def compositions(
                 reshard_after_forward=reshard,
                 shard_dim=rare_int_reshard_dim_1(draw, reshard, draw(st.sampled_from((0, 1)))),
                 mixed_precision=mp,
-                offload=offload and draw(st.sampled_from((False, False, True))),
+                offload=offloaded,
             )
         )
     checkpoints = draw(_disjoint_subset(list(paths), replicates)) if checkpoint else []

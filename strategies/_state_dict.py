@@ -39,7 +39,6 @@ from fuzz.model import (
     StateDictBody,
     Training,
     Wrapper,
-    fsdp1_gathers,
     fsdp1_in_memory_problem,
     is_fsdp1,
     is_plain,
@@ -177,14 +176,15 @@ def state_dict_cases(
     ):
         api = Api.SPLIT
     save_offload = draw(st.booleans())
-    if full and save_offload and fsdp1_gathers(source, world_size) and not keep_known(draw, known.FSDP1_FULL_OFFLOAD):
+    offload_bug = known.full_offload_gathers(full, save_offload, source, world_size)
+    if offload_bug and not keep_known(draw, known.FSDP1_FULL_OFFLOAD):
         save_offload = False  # known FSDP1 offload_to_cpu bugs on CPU (fsdp1_full_offload): rarely
     broadcast = full and draw(st.booleans())
-    if api is Api.COMBINED and broadcast and not keep_known(draw, known.BROADCAST_EMPTY):
+    if known.broadcast_empty_combined(api, broadcast) and not keep_known(draw, known.BROADCAST_EMPTY):
         api = Api.SPLIT  # the known set_state_dict deadlock: rarely
     if full and save_offload:
         broadcast = True  # the state is on rank 0 only
-        if api is Api.COMBINED and not keep_known(draw, known.BROADCAST_EMPTY):
+        if known.broadcast_empty_combined(api, broadcast) and not keep_known(draw, known.BROADCAST_EMPTY):
             api = Api.SPLIT
     strict = draw(st.booleans())
     meta = api is not Api.COMBINED and _meta_ok(target) and one_in(draw, 6)
@@ -193,7 +193,7 @@ def state_dict_cases(
         drop = tuple(draw(st.lists(st.integers(0, 31), unique=True, max_size=3)))
     # An FSDP1 target loads a full optimizer state through FSDP.optim_state_dict_to_load, not
     # the path of the known stateless bug.
-    stateless_bug = full and not is_fsdp1(target)
+    stateless_bug = known.stateless_full_path(full, target)
     training = _stateful_optimizer(draw, draw(trainings(max_steps=max_steps, accumulation=False)), stateless_bug)
     training = _rare_foreach_on_mixed_params(draw, training, source, target)
     frozen_in_optimizer, empty_group = _optimizer_options(draw, tree)
@@ -315,7 +315,7 @@ def dcp_cases(
         save_full = load_full = False  # offload is the sharded configs' offload_to_cpu
     if no_dist:
         save_full = load_full = save_offload = load_offload = False
-    if DcpItem.APP in entries and load_full and load_offload and not keep_known(draw, known.BROADCAST_EMPTY):
+    if known.broadcast_empty_app(entries, load_full, load_offload) and not keep_known(draw, known.BROADCAST_EMPTY):
         load_offload = False  # the known set_state_dict deadlock (through App.load_state_dict): rarely
     module_stateful = (
         DcpItem.MODEL in entries
@@ -375,7 +375,7 @@ def dcp_cases(
     # Stateless SGD meets a known bug of set_optimizer_state_dict with full state dicts (not
     # into FSDP1, which loads through FSDP.optim_state_dict_to_load), and one of the classic
     # FSDP1 recipe (fsdp1_dcp_stateless): rarely.
-    stateless_bug = (load_full and not is_fsdp1(target)) or how == "classic"
+    stateless_bug = known.stateless_full_path(load_full, target) or how == "classic"
     training = _stateful_optimizer(draw, training, stateless_bug and optimizer_loaded)
     training = _rare_foreach_on_mixed_params(draw, training, source, target)
     steps_after = draw(st.sampled_from((1, 2) if fsdp1 else (1, 2, 0)))

@@ -6,12 +6,13 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sysconfig
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-LINT_IMPORTS = shutil.which("lint-imports")
+LINT_IMPORTS = shutil.which("lint-imports", path=sysconfig.get_path("scripts")) or shutil.which("lint-imports")
 
 pytestmark = pytest.mark.skipif(LINT_IMPORTS is None, reason="import-linter is not installed (pip install -e '.[dev]')")
 

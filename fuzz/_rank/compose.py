@@ -196,14 +196,24 @@ def build_composed(
     values = build_model(tree, ctx.device).to(dtype).state_dict()
     model = build_model(tree, torch.device("meta")).to(dtype)
     composed = compose(model, comp, ctx)
-    model.to_empty(device=ctx.device)
+    # CPUOffloadPolicy keeps the sharded parameters on the CPU, and fully_shard's lazy init
+    # checks that they were materialized there; buffers stay on the rank's device.
+    offload = any(s.offload for s in comp.shards)
+    model.to_empty(device="cpu" if offload else ctx.device)
     with torch.no_grad():
         for name, t in [*model.named_parameters(), *model.named_buffers()]:
             src = values[clean_name(name)]
-            if isinstance(t, DTensor):
+            if isinstance(t, DTensor) and offload:
+                t.to_local().copy_(distribute_tensor(src, t.device_mesh, t.placements).to_local())
+            elif isinstance(t, DTensor):
                 t.copy_(distribute_tensor(src, t.device_mesh, t.placements))
             else:
                 t.copy_(src)
+        if offload:
+            for module in model.modules():
+                for key, buf in module._buffers.items():
+                    if buf is not None:
+                        module._buffers[key] = buf.to(ctx.device)
     return model, composed
 
 

@@ -156,7 +156,9 @@ def check_training(tree: ModuleTree, comps: tuple[Composition, ...], t: Training
         if t.compile is Compile.AOT_EAGER and (comp.checkpoints or comp.wrapper not in (Wrapper.NONE, Wrapper.DDP)):
             # Seen on torch 2.13 and left out until investigated: composable checkpoint under
             # AOTAutograd raises CheckpointError (recomputed tensors' metadata differ), and FSDP1
-            # under AOTAutograd assigns a sharded-size gradient to an unsharded view.
+            # under AOTAutograd assigns a sharded-size gradient to an unsharded view (likely the
+            # known fsdp1-compile-recompile-sharded-grad bug of fuzz/known.py, which the eager
+            # backend meets too).
             raise CaseError(f"{where}.compile", "aot_eager with checkpoint or FSDP1 is not drawn yet")
     for i, skip in enumerate(t.skips):
         at = f"{where}.skips[{i}]"

@@ -49,7 +49,9 @@ def _mismatch(prop: str, check: str, api: str, summary: str, **details: Any) -> 
     return Failure("mismatch", str(signature), summary, {"check": check, **details})
 
 
-def api_of(comp: Composition, tree: ModuleTree | None = None, training: Training | None = None) -> str:
+def api_of(
+    comp: Composition, tree: ModuleTree | None = None, training: Training | None = None, world_size: int = 2
+) -> str:
     """The API family a mismatch is charged to: fsdp2 (fully_shard and replicate; ``fsdp2+tp``
     with tensor parallelism), fsdp1 or ddp, with the tags of the degenerate setups the case
     meets, since known bugs live there (:func:`fuzz.known.mismatch_tags`)."""
@@ -61,7 +63,7 @@ def api_of(comp: Composition, tree: ModuleTree | None = None, training: Training
         name = "fsdp2"
     if comp.tp:
         name += "+tp"
-    return name + known.mismatch_tags(comp, tree, training)
+    return name + known.mismatch_tags(comp, tree, training, world_size)
 
 
 def compare_runs(prop: str, observations: list[dict[str, Any]], tol: Tolerance, api: str = "") -> Failure | None:
@@ -212,7 +214,7 @@ def judge_parity(case: Case, outcome: Outcome) -> Failure | None:
     body = case.body
     assert isinstance(body, ParityBody)
     obs = outcome.observations
-    api = api_of(body.composition, body.tree, body.training)
+    api = api_of(body.composition, body.tree, body.training, case.world_size)
     failure = compare_runs(case.property, obs, _tolerance(body.training), api) or check_replicas(case.property, obs)
     if failure is None and "contracts" in obs[0]:
         failure = check_contracts(case.property, body.composition, body.tree, obs[0]["contracts"])
@@ -238,7 +240,7 @@ def judge_metamorphic(case: Case, outcome: Outcome) -> Failure | None:
     assert isinstance(body, MetamorphicBody)
     # The base composition is always composable (fully_shard / replicate); the variant is what
     # changed, so the mismatch is charged to it.
-    api = api_of(body.variant, body.tree, body.training)
+    api = api_of(body.variant, body.tree, body.training, case.world_size)
     for bug, met in (
         (known.FROZEN_INT_RESHARD, known.frozen_int_reshard_unit(body.tree, body.composition)),
         (known.UNFROZEN_UNRESHARDED, known.unfrozen_unresharded_unit(body.tree, body.composition, body.training)),

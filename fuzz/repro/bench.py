@@ -4,8 +4,9 @@ Prints, per entry, whether it rendered and its script's code lines (neither blan
 comments); with ``--run``, each script's exit status under ``torchrun --standalone
 --nproc-per-node N`` and how long it took. Then the figures: entries rendered / total, code
 lines median and max (also of the part written for the entry, without the carried modules),
-and with ``--run`` the exit statuses (1: reproduced). A benchmark, not a test: it prints and
-returns normally unless the directory cannot be read.
+with ``--run`` the exit statuses (1: reproduced), and the reduced scripts' code lines and
+times to reduce (``--reduce`` reduces the entries that have no current reduced script). A
+benchmark, not a test: it prints and returns normally unless the directory cannot be read.
 """
 
 from __future__ import annotations
@@ -40,8 +41,19 @@ def run_script(script: Path, world_size: int, timeout: float = RUN_TIMEOUT_S) ->
     return done.returncode, time.monotonic() - start
 
 
-def bench_all(corpus: Path, *, run: bool = False, say: Callable[[str], None] = print) -> dict[str, object]:
-    """Render (and run) every entry under ``corpus``; print and return the figures."""
+def bench_all(
+    corpus: Path,
+    *,
+    run: bool = False,
+    reduce: bool = False,
+    budget_s: float | None = None,
+    say: Callable[[str], None] = print,
+) -> dict[str, object]:
+    """Render (and run) every entry under ``corpus``; print and return the figures. The reduced
+    scripts kept beside the entries (``NAME.repro.py``) that are current are counted too; with
+    ``reduce``, every entry without one is reduced first (:mod:`fuzz.repro.reduce`)."""
+    from fuzz.repro.reduce import DEFAULT_BUDGET_S, header_fields, reduce_and_store, stored_script
+
     if not corpus.is_dir():
         raise ShardfuzzError(f"--all {corpus}: {'is not a directory' if corpus.exists() else 'does not exist'}")
     entries, problems = load_corpus(corpus)
@@ -51,6 +63,8 @@ def bench_all(corpus: Path, *, run: bool = False, say: Callable[[str], None] = p
     lines: list[int] = []
     generated: list[int] = []
     statuses: dict[str, int | None] = {}
+    reduced_lines: list[int] = []
+    reduce_seconds: list[float] = []
     with tempfile.TemporaryDirectory(prefix="shardfuzz-repro-all-") as tmp:
         for path, entry in entries:
             try:
@@ -70,8 +84,22 @@ def bench_all(corpus: Path, *, run: bool = False, say: Callable[[str], None] = p
                     f"exit {status}" if status is not None else "timed out"
                 )
                 row += f" in {seconds:.1f} s ({entry.status})"
+            reduced = stored_script(path, entry)
+            if reduced is None and reduce:
+                try:
+                    reduced, _ = reduce_and_store(
+                        path, entry, budget_s=DEFAULT_BUDGET_S if budget_s is None else budget_s
+                    )
+                except ShardfuzzError as e:
+                    row += f"; not reduced: {e}"
+            if reduced is not None:
+                reduced_lines.append(code_lines(reduced))
+                took = header_fields(reduced).get("seconds")
+                if took is not None:
+                    reduce_seconds.append(float(took))
+                row += f"; reduced: {reduced_lines[-1]} code lines" + (f" (reduced in {took} s)" if took else "")
             say(row)
-    figures: dict[str, object] = {"rendered": len(lines), "total": total}
+    figures: dict[str, object] = {"rendered": len(lines), "total": total, "reduced": len(reduced_lines)}
     say(f"rendered: {len(lines)}/{total}")
     if lines:
         figures.update(median_lines=statistics.median(lines), max_lines=max(lines))
@@ -80,6 +108,19 @@ def bench_all(corpus: Path, *, run: bool = False, say: Callable[[str], None] = p
         say(
             f"written for the entry (the rest is carried modules): median {statistics.median(generated):g}, "
             f"max {max(generated)}"
+        )
+    say(f"reduced (a current NAME.repro.py): {len(reduced_lines)}/{total}")
+    if reduced_lines:
+        figures.update(median_reduced_lines=statistics.median(reduced_lines), max_reduced_lines=max(reduced_lines))
+        say(
+            f"reduced scripts' code lines: median {statistics.median(reduced_lines):g}, max {max(reduced_lines)}, "
+            f"min {min(reduced_lines)}"
+        )
+    if reduce_seconds:
+        figures.update(median_reduce_s=statistics.median(reduce_seconds), max_reduce_s=max(reduce_seconds))
+        say(
+            f"time to reduce: median {statistics.median(reduce_seconds):.1f} s, max {max(reduce_seconds):.1f} s "
+            f"({len(reduce_seconds)} entries)"
         )
     if run:
         exits: dict[str, int] = {}

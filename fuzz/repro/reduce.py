@@ -47,6 +47,9 @@ from fuzz.properties import get_property
 from fuzz.repro import render_entry
 from fuzz.repro.script import carried_modules, code_lines, imported_modules, relative, render, roots_for
 
+#: Modules whose paths depend on timing (the judge polls, the samplers sample): the trace
+#: pass drops their functions that did not run, never a statement inside one that ran.
+WHOLE_FUNCTIONS = {"fuzz.repro.runtime", "fuzz._rank.worker"}
 #: The second line of a stored reduced script.
 HEADER = "# shardfuzz reduced reproducer:"
 #: Seconds of delta debugging (pass 3) by default, after the trace passes.
@@ -72,28 +75,44 @@ class Reduction:
 
 
 def run_script(text: str, *, timeout: float, env: dict[str, str] | None = None) -> tuple[int | None, str, float]:
-    """(exit status or None on a timeout, stdout and stderr, seconds) of ``python FILE.py``."""
+    """(exit status or None on a timeout, stdout and stderr, seconds) of ``python FILE.py``.
+    Every process still running the file afterwards (torchrun puts ranks in sessions of their
+    own) is ended by its pid."""
     with tempfile.TemporaryDirectory(prefix="shardfuzz-reduce-") as tmp:
         file = Path(tmp) / "repro.py"
         file.write_text(text)
+        log = Path(tmp) / "output"
         start = time.monotonic()
-        with subprocess.Popen(
-            [sys.executable, str(file)],
-            cwd=tmp,
-            env={**os.environ, **(env or {})},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,  # torchrun and its ranks: one process group to end on a timeout
-        ) as proc:
+        status: int | None
+        with log.open("w") as out:
+            proc = subprocess.Popen(
+                [sys.executable, str(file)],
+                cwd=tmp,
+                env={**os.environ, **(env or {})},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
             try:
-                out, _ = proc.communicate(timeout=timeout)
+                status = proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
+                status = None
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
-                out, _ = proc.communicate()
-                return None, out or "", time.monotonic() - start
-        return proc.returncode, out or "", time.monotonic() - start
+                proc.wait()
+        seconds = time.monotonic() - start
+        _end_processes_running(str(file))
+        return status, log.read_text(errors="replace"), seconds
+
+
+def _end_processes_running(file: str) -> None:
+    """SIGKILL every process of this user whose command line names ``file`` (a unique path)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if file in (proc / "cmdline").read_bytes().decode(errors="replace").split("\0"):
+                os.kill(int(proc.name), signal.SIGKILL)
 
 
 def reproduced(status: int | None, output: str) -> str | None:
@@ -193,9 +212,10 @@ class _Pruner:
     """Pass 1 over one module: ``ran`` is the set of its lines that some process ran; names in
     ``referred`` are kept as stubs where their function did not run."""
 
-    def __init__(self, ran: set[int], referred: set[str]) -> None:
+    def __init__(self, ran: set[int], referred: set[str], whole_functions: bool = False) -> None:
         self.ran = ran
         self.referred = referred
+        self.whole_functions = whole_functions
 
     def module(self, tree: ast.Module) -> ast.Module:
         out: list[ast.stmt] = []
@@ -213,8 +233,17 @@ class _Pruner:
         if not _ran(fn.body, self.ran):
             return [_stub(fn)] if fn.name in self.referred else []
         _strip_annotations(fn)
-        fn.body = _body(self.block([n for n in fn.body if not _is_docstring(n)]))
+        body = [n for n in fn.body if not _is_docstring(n)]
+        fn.body = _body(self.whole(body) if self.whole_functions else self.block(body))
         return [fn]
+
+    def whole(self, nodes: list[ast.stmt]) -> list[ast.stmt]:
+        """``nodes`` with only the functions in them judged by the trace."""
+        for node in nodes:
+            for child in ast.walk(node):
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) and child is not node:
+                    _strip_annotations(child)
+        return nodes
 
     def cls(self, node: ast.ClassDef) -> list[ast.stmt]:
         body: list[ast.stmt] = []
@@ -303,11 +332,51 @@ def _binds(node: ast.stmt) -> set[str] | None:
     """The names a removable top-level statement binds (None: not removable by name)."""
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return None if node.name.startswith("__") else {node.name}
-    if isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) for t in node.targets):
+    if isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) for t in node.targets) and _pure(node.value):
         return {t.id for t in node.targets if isinstance(t, ast.Name)}
-    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and _pure(node.value):
         return {node.target.id}
     return None
+
+
+#: Calls whose value may go unused without losing an effect (a registration must stay).
+PURE_CALLS = {"frozenset", "set", "dict", "tuple", "list", "compile", "TypeVar", "field", "namedtuple", "float", "int"}
+
+
+def _pure(value: ast.expr | None) -> bool:
+    """Whether evaluating ``value`` does nothing but build it."""
+    for node in ast.walk(value) if value is not None else ():
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+            if name not in PURE_CALLS:
+                return False
+    return True
+
+
+#: What the runtime does for the reducer alone (REPRO_TRACE), taken out of every reduced script.
+TRACE_NAMES = {"_trace", "_dump_trace", "_TRACED"}
+
+
+def drop_tracing(tree: ast.Module) -> None:
+    """Take the runtime's tracing (:func:`fuzz.repro.runtime._trace`) out of ``tree``."""
+
+    def keep(node: ast.stmt) -> bool:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return node.name not in TRACE_NAMES
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            return not (_refs(node).keys() & TRACE_NAMES)
+        if isinstance(node, ast.If):
+            return "REPRO_TRACE" not in ast.unparse(node.test)
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+            return not (_refs(node.value.func).keys() & TRACE_NAMES)
+        return True
+
+    for node in ast.walk(tree):
+        for field in ("body", "orelse", "finalbody"):
+            stmts = getattr(node, field, None)
+            if isinstance(stmts, list) and stmts and isinstance(stmts[0], ast.stmt):
+                setattr(node, field, [n for n in stmts if keep(n)] or [ast.Pass()])
 
 
 def _alias_name(alias: ast.alias) -> str:
@@ -380,12 +449,14 @@ def prune(
 ) -> dict[str, str]:
     """Passes 1 and 2 over ``modules`` (pass 1 only on the modules in ``only``, if given)."""
     trees = {name: ast.parse(text) for name, text in modules.items()}
+    for tree in trees.values():
+        drop_tracing(tree)
     referred: Counter[str] = Counter(extra_refs)
     for tree in trees.values():
         referred.update(_refs(tree))
     for name, tree in trees.items():
         if only is None or name in only:
-            _Pruner(ran.get(name, set()), set(referred)).module(tree)
+            _Pruner(ran.get(name, set()), set(referred), name in WHOLE_FUNCTIONS).module(tree)
     drop_unused(trees, extra_refs)
     return closure({name: _unparse(tree) for name, tree in trees.items()}, roots)
 
@@ -439,6 +510,10 @@ def _without(modules: dict[str, str], drop: list[tuple[str, int]], roots: list[s
     return closure({name: _unparse(tree) for name, tree in trees.items()}, roots)
 
 
+def _size(modules: dict[str, str]) -> int:
+    return sum(code_lines(text) for text in modules.values())
+
+
 def ddmin(
     modules: dict[str, str], test: Callable[[dict[str, str]], bool], roots: list[str], until: float
 ) -> dict[str, str]:
@@ -454,7 +529,7 @@ def ddmin(
         while start < len(indices) and time.monotonic() < until:
             chunk = [(units[i][0], i) for i in indices[start : start + size]]
             candidate = _without(current, chunk, roots)
-            if candidate != current and test(candidate):
+            if _size(candidate) < _size(current) and test(candidate):
                 current = candidate
                 progressed = True
                 units = _units({n: ast.parse(t) for n, t in current.items()})

@@ -82,6 +82,12 @@ def main(case_text: str, expected: dict[str, Any], argv: list[str] | None = None
     if os.environ.get("REPRO_JUDGE"):
         return judge_process(case_text, expected, os.environ["REPRO_JUDGE"], args.timeout)
     if "LOCAL_RANK" not in os.environ:
+        # Bad input is refused here, once, before any rank starts: under torchrun the first
+        # rank to refuse ends the others, and rank 0 may not get to report it.
+        problem = _input_problem(case_text, args.backend)
+        if problem is not None:
+            print(f"repro: error: {problem}", file=sys.stderr)
+            return 2
         return launch(int(expected["world_size"]), argv if argv is not None else sys.argv[1:])
     return run_rank(case_text, expected, args.backend)
 
@@ -156,10 +162,10 @@ def _dump_trace() -> None:
 
 def _exit(code: int) -> None:
     """End this process now (see the module's docstring)."""
-    _dump_trace()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
+    _dump_trace()
     os._exit(code)
 
 
@@ -169,6 +175,20 @@ def _status(code: int) -> int:
         with open(path, "w") as f:
             f.write(str(code))
     return code
+
+
+def _input_problem(case_text: str, backend: str) -> str | None:
+    """Why the script cannot run its case on this host, or None."""
+    try:
+        decode(case_text)
+    except ValueError as e:
+        return f"the case does not decode: {_one_line(e)}"
+    if backend == "nccl":
+        import torch
+
+        if not torch.cuda.is_available():
+            return "--backend nccl needs CUDA, and torch.cuda.is_available() is False here"
+    return None
 
 
 def decode(case_text: str) -> Any:
@@ -386,6 +406,7 @@ def judge_process(case_text: str, expected: dict[str, Any], root: str, timeout: 
         print("repro: error: the script could not judge the case (above)", file=sys.stderr)
     _status(code)
     sys.stdout.flush()
+    _dump_trace()  # the ranks end on the verdict, and torchrun with them ends this process
     run.write("verdict", None, code)
     time.sleep(1.0)  # the ranks see the verdict, then the directory goes
     shutil.rmtree(run.root, ignore_errors=True)

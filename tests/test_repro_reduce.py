@@ -1,0 +1,84 @@
+"""Reduced reproducer scripts (fuzz/repro/reduce.py): a reduced script still reproduces its
+entry under torchrun and is smaller; an entry that does not reproduce is refused with exit 2
+and the corpus is left as it was; the reduced scripts kept in the corpus are current."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from fuzz.corpus import load_entry
+from fuzz.repro import render_entry
+from fuzz.repro.reduce import HEADER, is_current, reduce_and_store, stored_path, stored_script
+from fuzz.repro.script import code_lines
+from tests.conftest import ROOT, run_cli, torchrun
+
+#: A small known entry (2 ranks, about 10 s a run on CPU).
+SMALL = "parity-mismatch-da0c9d4e06cd"
+STORED = sorted((ROOT / "corpus").glob("*.repro.py"))
+
+
+def _snapshot(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+
+
+def test_a_reduced_script_reproduces_its_entry_and_is_smaller(tmp_path: Path) -> None:
+    """Trace passes only (no delta debugging), so that it costs a few runs of the script."""
+    path = tmp_path / f"{SMALL}.json"
+    shutil.copy(ROOT / "corpus" / path.name, path)
+    entry = load_entry(path)
+    text, result = reduce_and_store(path, entry, budget_s=0)
+    assert result is not None
+    assert stored_path(path).read_text() == text
+    assert text.splitlines()[1].startswith(HEADER)
+    assert is_current(text, entry) and stored_script(path, entry) == text
+    assert code_lines(text) < code_lines(render_entry(entry)) // 2
+    assert reduce_and_store(path, entry, budget_s=0) == (text, None)  # kept: returned as it is
+    done = torchrun(stored_path(path), nproc=entry.case.world_size)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"REPRODUCED {entry.signature}" in done.stdout
+
+
+def test_reducing_an_entry_that_does_not_reproduce_exits_2_and_changes_nothing(tmp_path: Path) -> None:
+    """dcp-exception-1638758deb73 is a GPU-only bug: on CPU its script prints FAIL and exits 0."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    path = corpus / "dcp-exception-1638758deb73.json"
+    shutil.copy(ROOT / "corpus" / path.name, path)
+    before = _snapshot(corpus)
+    out = tmp_path / "r.py"
+    result = run_cli("repro", str(path), "--reduce", "-o", str(out))
+    assert result.returncode == 2, result.stderr
+    errors = result.stderr.strip().splitlines()
+    assert len(errors) == 1 and str(path) in errors[0] and "does not reproduce" in errors[0], result.stderr
+    assert _snapshot(corpus) == before
+    assert not out.exists()
+
+
+def test_reduce_refuses_corrupt_and_newer_entries_with_one_line(tmp_path: Path) -> None:
+    good = ROOT / "corpus" / f"{SMALL}.json"
+    corrupt = tmp_path / "corrupt.json"
+    corrupt.write_text(good.read_text()[:200])
+    newer = tmp_path / "newer.json"
+    data = json.loads(good.read_text())
+    data["case"]["schema"] = 99
+    newer.write_text(json.dumps(data))
+    before = _snapshot(tmp_path)
+    for bad in (corrupt, newer):
+        result = run_cli("repro", str(bad), "--reduce")
+        assert result.returncode == 2, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1 and str(bad) in result.stderr, result.stderr
+    assert _snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("path", STORED, ids=[p.name.removesuffix(".repro.py") for p in STORED])
+def test_every_stored_reduced_script_is_current(path: Path) -> None:
+    """Reduce again (``python -m fuzz repro ENTRY --reduce``) when this fails: the entry or the
+    carried sources changed since the script was reduced."""
+    entry_path = path.with_name(path.name.removesuffix(".repro.py") + ".json")
+    assert entry_path.exists(), f"{path.name} has no entry"
+    entry = load_entry(entry_path)
+    assert is_current(path.read_text(), entry), f"{path.name} is stale: run repro {entry_path.name} --reduce"
