@@ -437,14 +437,14 @@ def test_report_renders_in_chromium(tmp_path: Path) -> None:
         "--disable-component-update",
         "--disable-sync",
         f"--user-data-dir={tmp_path / 'profile'}",
-        "--window-size=1200,2000",
+        "--window-size=1200,5000",  # the whole page: causes, failures, plots, coverage
         f"--screenshot={png}",
         html_path.resolve().as_uri(),
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=90, cwd=tmp_path)
     assert png.exists(), f"no screenshot (exit {done.returncode}): {done.stderr[-2000:]}"
     width, height, rows = _png_rows(png.read_bytes())
-    assert (width, height) == (1200, 2000)
+    assert (width, height) == (1200, 5000)
     colours: set[bytes] = set()
     previous = b""
     for row in rows:
