@@ -199,3 +199,92 @@ def _hang_once(pool: RankPool, plant: str) -> HangCost:
     if outcome.kind is not OutcomeKind.HANG:
         raise ShardfuzzError(f"the planted deadlock ({plant}, {n} ranks) was no hang:\n{outcome.describe()}")
     return HangCost(plant, n, seconds, outcome.stalled or "deadline", location(outcome.ranks[-1].stack))
+
+
+# -- faults: time to first failure under an injected fault --------------------------------------
+
+
+@dataclass
+class FaultRun:
+    name: str
+    caught: bool
+    seconds: float | None  # campaign seconds to the first new failure
+    signature: str
+    cases: int
+
+
+def load_fault(path: str) -> dict[str, object]:
+    """A fault file (``module``, ``old``, ``new``; optional ``models``, ``properties``), checked."""
+    import json
+
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ShardfuzzError(f"{path}: not a readable fault file: {e}") from None
+    if not isinstance(data, dict) or not all(isinstance(data.get(k), str) for k in ("module", "old", "new")):
+        raise ShardfuzzError(f"{path}: a fault file needs the strings 'module', 'old' and 'new'")
+    return data
+
+
+def bench_faults(
+    directory: str, *, budget: float, seed: int, world_size: int, names: list[str] | None = None
+) -> list[FaultRun]:
+    """Run a campaign of ``budget`` seconds under each fault of ``directory`` (its
+    ``harness/sitecustomize.py`` applies the file named by ``SHARDFUZZ_FAULT`` or ``MUTANT``,
+    so ``tests/faults`` and ``../shared/mutants`` both work), over the fault's ``properties``
+    (all when it names none), and print the seconds to its first new failure. A fault counts as
+    caught when the campaign saves a failure that is not a known torch bug."""
+    import json
+    import subprocess
+    import sys
+
+    harness = os.path.join(directory, "harness")
+    if not os.path.isfile(os.path.join(harness, "sitecustomize.py")):
+        raise ShardfuzzError(f"--faults {directory}: no harness/sitecustomize.py there")
+    files = sorted(f for f in os.listdir(directory) if f.endswith(".json"))
+    if names:
+        files = [f for f in files if f.removesuffix(".json") in names]
+    if not files:
+        raise ShardfuzzError(f"--faults {directory}: no fault files" + (f" named {names}" if names else ""))
+    runs = []
+    print(f"faults: {len(files)} from {directory}, {budget:.0f} s each, {world_size} ranks, seed {seed}", flush=True)
+    for name in files:
+        path = os.path.abspath(os.path.join(directory, name))
+        fault = load_fault(path)
+        listed = fault.get("properties")
+        props = [str(p) for p in listed] if isinstance(listed, list) else []
+        with tempfile.TemporaryDirectory(prefix="shardfuzz-fault-") as tmp:
+            env = {
+                **os.environ,
+                "SHARDFUZZ_FAULT": path,
+                "MUTANT": path,
+                "PYTHONPATH": os.pathsep.join(p for p in (os.path.abspath(harness), os.environ.get("PYTHONPATH")) if p),
+            }
+            cmd = [sys.executable, "-m", "fuzz", "explore", "--budget", str(budget), "--seed", str(seed)]
+            cmd += ["--world-size", str(world_size), "--corpus", f"{tmp}/corpus", "--report", f"{tmp}/report"]
+            cmd += ["--no-database"] + [a for p in props for a in ("--property", p)]
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            try:
+                with open(f"{tmp}/report/summary.json") as f:
+                    summary = json.load(f)
+            except (OSError, ValueError):
+                tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+                raise ShardfuzzError(f"{name}: the campaign wrote no report (exit {proc.returncode}): {tail}") from None
+        new = [f for f in summary.get("failures", []) if f.get("status") == "new"]
+        first = min(new, key=lambda f: f["first_seen"]) if new else None
+        run = FaultRun(
+            name=name.removesuffix(".json"),
+            caught=first is not None,
+            seconds=None if first is None else float(first["first_seen"]),
+            signature="" if first is None else str(first["signature"]),
+            cases=int(summary.get("cases", 0)),
+        )
+        runs.append(run)
+        when = f"caught in {run.seconds:.1f} s" if run.caught else "not caught"
+        print(f"  {run.name:36} {when:18} {run.cases:6} cases  {run.signature}", flush=True)
+    caught = [r for r in runs if r.caught]
+    times = [r.seconds for r in caught if r.seconds is not None]
+    median = f", median {statistics.median(times):.1f} s, max {max(times):.1f} s" if times else ""
+    print(f"caught: {len(caught)} of {len(runs)}{median}")
+    return runs

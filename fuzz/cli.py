@@ -185,6 +185,16 @@ def build_parser() -> argparse.ArgumentParser:
         "at 2 and 4 ranks unless --world-size is given",
     )
     be.add_argument("--runs", type=positive_int, default=1, help="with --hang: deadlocks per plant and world size")
+    be.add_argument(
+        "--faults",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="instead: a campaign under each injected fault of DIR (tests/faults, ../shared/mutants) and the "
+        "seconds to its first new failure",
+    )
+    be.add_argument("--fault", action="append", default=None, metavar="NAME", help="with --faults: only these")
+    be.add_argument("--budget", type=duration, default=120.0, help="with --faults: seconds per fault (default 120)")
     _pool_args(be, world_size=False)
     be.add_argument("--world-size", type=positive_int, default=None, help="number of ranks (default 2)")
     return parser
@@ -540,6 +550,13 @@ def _coverage(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from fuzz.bench import bench, bench_hang
 
+    if args.faults is not None:
+        from fuzz.bench import bench_faults
+
+        bench_faults(
+            str(args.faults), budget=args.budget, seed=args.seed, world_size=args.world_size or 2, names=args.fault
+        )
+        return EXIT_OK
     if args.hang:
         sizes = (args.world_size,) if args.world_size is not None else (2, 4)
         bench_hang(backend=args.backend, world_sizes=sizes, runs=args.runs, deadline=args.deadline)

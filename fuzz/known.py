@@ -32,6 +32,7 @@ from fuzz.model import (
     Composition,
     DcpBody,
     DcpItem,
+    Dtype,
     Layout,
     Leaf,
     ModuleTree,
@@ -269,6 +270,20 @@ FSDP1_COMPILE_SHARDED_GRAD = KnownBug(
     see_also=("pytorch/pytorch#93288",),
 )
 
+DIVIDE_FACTOR_TWICE = KnownBug(
+    "fully_shard-divide-factor-single-shard-twice",
+    "set_gradient_divide_factor(f) on a fully_shard unit whose shard group is one rank, with "
+    "set_force_sum_reduction_for_comms(True) or a float16 / float64 reduce dtype: gradients are divided "
+    "by f twice (once where the single-rank branch copies the input, once more as the post-divide)",
+    symptoms=frozenset({"mismatch"}),
+    relation="none found after three phrasings; the single-rank division came with the pull request in "
+    "see_also, and a later one reworks that branch without the post-divide",
+    state="present in torch 2.13.0",
+    see_also=("pytorch/pytorch#167178", "pytorch/pytorch#196348"),
+    ends_ranks=False,
+    tag=":divide-factor-twice",
+)
+
 BUGS: dict[str, KnownBug] = {
     b.id: b
     for b in (
@@ -294,6 +309,7 @@ BUGS: dict[str, KnownBug] = {
         FSDP1_HSDP_OPTIMIZER_LOAD,
         FSDP1_HSDP_RANK0_BROADCAST,
         FSDP1_COMPILE_SHARDED_GRAD,
+        DIVIDE_FACTOR_TWICE,
     )
 }
 
@@ -374,7 +390,7 @@ def unresharded_frozen(tree: ModuleTree, comp: Composition) -> list[str]:
         if not subtree or not all(_frozen_leaf(layout.paths[p]) for p in subtree):
             continue
         for unit in shards:
-            if comp.shards[unit.index].reshard_after_forward is True:
+            if comp.reshard_after_forward(comp.shards[unit.index]) is True:
                 continue
             for member in unit.members:
                 if top.covers(member):
@@ -418,6 +434,29 @@ def fsdp1_compiled_with_sharded_grads(comp: Composition, training: Training, wor
     if training.compile is Compile.NONE or not fsdp1_gathers(comp, world_size):
         return False
     return training.grad_accum > 1 or (not training.set_to_none and training.steps > 1)
+
+
+#: Reduce dtypes FSDP2 treats as overflow risks (pre- and post-divides instead of one division).
+_OVERFLOW_RISK_DTYPES = (Dtype.FLOAT16, Dtype.FLOAT64)
+
+
+def divide_factor_twice(comp: Composition, training: Training, world_size: int) -> bool:
+    """:data:`DIVIDE_FACTOR_TWICE`: a gradient divide factor other than 1 on units whose shard
+    group has a single rank (an HSDP mesh of shard size 1, or one data-parallel rank), where
+    FSDP2's divide factors are not None: force-sum reductions, or a reduce dtype (the
+    policy's reduce_dtype, else its param_dtype, else the parameters') of float16 / float64."""
+    factor = comp.knobs.gradient_divide_factor
+    shard_size = comp.mesh[1] if comp.mesh else world_size // comp.tp_size
+    if factor is None or factor == 1.0 or shard_size != 1 or not comp.shards:
+        return False
+    if comp.knobs.force_sum_reduction:
+        return True
+    for spec in comp.shards:
+        mp = spec.mixed_precision
+        reduce = (mp.reduce_dtype or mp.param_dtype) if mp is not None else None
+        if (reduce or training.dtype) in _OVERFLOW_RISK_DTYPES:
+            return True
+    return False
 
 
 def never_run_under_no_sync(tree: ModuleTree, comp: Composition, training: Training) -> bool:
@@ -471,6 +510,8 @@ def mismatch_tags(
             tags += UNUSED_NO_ALL_REDUCE.tag
         if fsdp1_unfrozen_in_frozen_unit(tree, comp, training, world_size):
             tags += FSDP1_UNFROZEN_FROZEN_UNIT.tag
+    if training is not None and divide_factor_twice(comp, training, world_size):
+        tags += DIVIDE_FACTOR_TWICE.tag
     return tags
 
 
@@ -727,6 +768,8 @@ def bugs_met(case: Case) -> list[KnownBug]:
         fsdp1_compiled_with_sharded_grads(c, training, case.world_size) for c in comps
     ):
         met.add(FSDP1_COMPILE_SHARDED_GRAD.id)
+    if isinstance(training, Training) and any(divide_factor_twice(c, training, case.world_size) for c in comps):
+        met.add(DIVIDE_FACTOR_TWICE.id)
     if isinstance(body, (StateDictBody, DcpBody)):
         for bug, hit in (
             (FSDP1_FROZEN_UNIT, fsdp1_frozen_unit(body.source, body.tree)),

@@ -33,8 +33,10 @@ from fuzz.model import (
 )
 from fuzz.model import Leaf as _Leaf
 from strategies._compositions import (
+    KNOB_ODDS,
     TP_SIZE,
     compositions,
+    fsdp_knobs,
     meshes,
     rare_int_reshard_dim_1,
     reshard_values,
@@ -245,6 +247,9 @@ def parity_cases(
         comp = draw(wrappers(tree, world_size=world_size))
     else:
         comp = _maybe_meta_init(draw, draw(compositions(tree, world_size=world_size, offload=accelerator)))
+        if comp.shards and one_in(draw, KNOB_ODDS):
+            knobs = draw(fsdp_knobs(comp, world_size=world_size, scaling=True, accelerator=accelerator))
+            comp = replace(comp, knobs=knobs)
     training = _fit_training(draw(trainings(max_steps=max_steps, hsdp=bool(comp.mesh))), comp)
     training = _rare_foreach_on_mixed_params(draw, training, comp)
     training = _rare_unused_after_partial_reduce(draw, tree, draw(training_schedules(tree, training, comp)), comp)
@@ -253,6 +258,10 @@ def parity_cases(
     training = _rare_never_run_under_no_sync(draw, tree, training, comp)
     if known.unfrozen_in_frozen_mp_unit(tree, comp, training) and not keep_known(draw, known.MP_FROZEN_AT_LAZY_INIT):
         training = _checked(tree, replace(training, unfreeze=()), comp)
+    if comp.knobs.is_set:
+        training = _checked(tree, training, comp)  # the rare branches above may add skips
+    if known.divide_factor_twice(comp, training, world_size) and not keep_known(draw, known.DIVIDE_FACTOR_TWICE):
+        comp = replace(comp, knobs=replace(comp.knobs, gradient_divide_factor=None))
     body = ParityBody(tree=tree, composition=comp, training=training)
     return Case(property="parity", world_size=world_size, seed=draw(st.integers(0, 2**32 - 1)), body=body)
 
@@ -298,7 +307,14 @@ def metamorphic_variants(
     changes = ["checkpoint", "meta_init", "wrapper", "checkpoint_order", "reshard", "mesh", "find_unused"]
     if accelerator and comp.shards:
         changes.append("offload")
+    if comp.shards and not comp.tp:
+        changes.append("knobs")
     change = draw(st.sampled_from(changes))
+    if change == "knobs":
+        knobs = draw(fsdp_knobs(comp, world_size=world_size, scaling=False, accelerator=accelerator))
+        if knobs.is_set:
+            return replace(comp, knobs=knobs)
+        change = "reshard"
     if change == "offload":
         on = not any(s.offload for s in comp.shards)
         return replace(comp, shards=tuple(replace(s, offload=on) for s in comp.shards))

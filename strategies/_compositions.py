@@ -15,6 +15,7 @@ from fuzz.model import (
     Block,
     Composition,
     Dtype,
+    Knobs,
     Leaf,
     LeafKind,
     MixedPrecision,
@@ -304,3 +305,39 @@ def tensor_parallel(draw: st.DrawFn, tree: ModuleTree, *, world_size: int, check
     )
     shards = tuple(replace(s, shard_dim=0) for s in base.shards)
     return replace(base, shards=shards, tp=tuple(pairs), tp_size=TP_SIZE)
+
+
+#: About one in this many fully_shard compositions of parity gets FSDPModule knobs.
+KNOB_ODDS = 3
+
+
+@st.composite
+def fsdp_knobs(
+    draw: st.DrawFn, comp: Composition, *, world_size: int, scaling: bool, accelerator: bool = False
+) -> Knobs:
+    """FSDPModule knobs for ``comp`` (:class:`fuzz.model.Knobs`); none where it has no
+    fully_shard unit. ``scaling``: also the all-reduce hook and the gradient divide factor,
+    which change gradients by design (the parity reference scales its own the same way).
+
+    Gloo has no ReduceOp.PREMUL_SUM, which a divide factor other than the shard size is
+    reduced with unless ``set_force_sum_reduction_for_comms(True)`` turns it into sums and a
+    separate division: on the CPU a divide factor comes with force-sum."""
+    if not comp.shards or comp.tp:
+        return Knobs()
+    fields: dict[str, object] = {}
+    fields["forward_prefetch"] = draw(st.sampled_from([0, 1, 0, 2]))
+    fields["backward_prefetch"] = draw(st.sampled_from([0, 1, 0, 2]))
+    fields["reshard_after_backward_last"] = draw(st.booleans())
+    fields["explicit_unshard"] = draw(st.booleans())
+    if not comp.replicates and all(isinstance(s.reshard_after_forward, bool) for s in comp.shards):
+        fields["late_reshard_after_forward"] = draw(st.sampled_from([None, True, None, False]))
+    if scaling:
+        fields["all_reduce_hook_scale"] = draw(st.sampled_from([None, 2.0, None, 0.5]))
+        shard_size = comp.mesh[1] if comp.mesh else world_size
+        factor = draw(st.sampled_from([None, 1.0, None, float(world_size), 3.0]))
+        fields["gradient_divide_factor"] = factor
+        needs_sum = factor is not None and factor != shard_size and not accelerator
+        fields["force_sum_reduction"] = needs_sum or draw(st.booleans())
+    else:
+        fields["force_sum_reduction"] = draw(st.booleans())
+    return Knobs(**fields)  # type: ignore[arg-type]

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from fuzz._rank.context import RankContext
+from fuzz._rank.knobs import KnobState
 from fuzz._rank.models import build_model
 from fuzz.model import Composition, Dtype, MixedPrecision, ModuleTree, ShardSpec, Wrapper, is_ancestor
 
@@ -103,6 +104,8 @@ class Composed:
     wrapper: Wrapper = Wrapper.NONE
     #: Parameter names of the plain model, before any wrapper renamed them.
     param_names: list[str] = field(default_factory=list)
+    #: The composition's FSDPModule knobs, applied (None without any).
+    knobs: KnobState | None = None
 
     def no_sync(self) -> Any:
         """Context for a microbatch whose gradients must not be reduced yet (wrappers)."""
@@ -190,7 +193,7 @@ def build_composed(
     torch.manual_seed(seed)
     if not comp.meta_init:
         model = build_model(tree, ctx.device).to(dtype)
-        return model, compose(model, comp, ctx)
+        return model, _with_knobs(model, compose(model, comp, ctx), comp, tree)
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     values = build_model(tree, ctx.device).to(dtype).state_dict()
@@ -214,7 +217,13 @@ def build_composed(
                 for key, buf in module._buffers.items():
                     if buf is not None:
                         module._buffers[key] = buf.to(ctx.device)
-    return model, composed
+    return model, _with_knobs(model, composed, comp, tree)
+
+
+def _with_knobs(model: nn.Module, composed: Composed, comp: Composition, tree: ModuleTree) -> Composed:
+    if comp.knobs.is_set:
+        composed.knobs = KnobState(model, comp, tree, composed.fsdp_roots)
+    return composed
 
 
 def _wrap(model: nn.Module, comp: Composition, ctx: RankContext) -> nn.Module:

@@ -25,12 +25,14 @@ from torch import nn
 from fuzz._rank.compose import TORCH_DTYPES, Composed, build_composed, clean_name
 from fuzz._rank.compose import apply_fully_shard as apply_fully_shard  # re-exported for other programs
 from fuzz._rank.context import RankContext
+from fuzz._rank.knobs import fsdp_sharded
 from fuzz._rank.models import build_model, set_skipped, tree_blocks
 from fuzz.model import (
     AccumSync,
     Case,
     Compile,
     Composition,
+    Layout,
     MetamorphicBody,
     ModuleTree,
     Optimizer,
@@ -146,7 +148,7 @@ class _Contracts:
                     if sub != path and _under_other_unit(sub, path, sharded):
                         continue
                     mod = self.model.get_submodule(sub)
-                    flags += [_fsdp_sharded(p) for p in mod.parameters(recurse=False)]
+                    flags += [fsdp_sharded(p) for p in mod.parameters(recurse=False)]
             state[spec.path] = flags
         return {"sharded_after_forward": state, "leaf_dtypes": self.leaf_dtypes, "output_dtypes": self.output_dtypes}
 
@@ -157,14 +159,6 @@ def _completes_partial_groups() -> bool:
     from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
 
     return hasattr(FSDPState, "_force_complete_incomplete_states")
-
-
-def _fsdp_sharded(p: torch.Tensor) -> bool:
-    """Whether fully_shard holds ``p`` sharded: a DTensor over the mesh's shard dimension (a
-    tensor-parallel parameter is a DTensor over the tp dimension alone while unsharded)."""
-    from torch.distributed.tensor import DTensor
-
-    return isinstance(p, DTensor) and "shard" in (p.device_mesh.mesh_dim_names or ("shard",))
 
 
 def iter_paths_of(model: nn.Module, path: str) -> list[tuple[str, nn.Module]]:
@@ -196,12 +190,20 @@ def replicate_contract(model: nn.Module, comp: Composition, skipped: list[str] |
 
 
 def train(
-    case: Case, tree: ModuleTree, training: Training, comp: Composition | None, ctx: RankContext, tp_size: int = 1
+    case: Case,
+    tree: ModuleTree,
+    training: Training,
+    comp: Composition | None,
+    ctx: RankContext,
+    tp_size: int = 1,
+    grad_scales: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """Train the tree under ``comp`` (None: the all-reduce reference); observations as JSON.
     ``tp_size``: the case's tensor-parallel group size (its ranks share inputs and RNG), for the
     reference too. The reference averages gradients over all ranks, so each data-parallel
-    batch counts ``tp_size`` times: the same mean as over the data-parallel ranks."""
+    batch counts ``tp_size`` times: the same mean as over the data-parallel ranks; then it
+    multiplies the gradients of the parameters a module holds by ``grad_scales[module path]``
+    (what the composition's knobs do to them by design)."""
     dtype = TORCH_DTYPES[training.dtype]
     if comp is not None:
         model, composed = build_composed(tree, comp, dtype, ctx, seed=case.seed)
@@ -234,6 +236,8 @@ def train(
                 requires_all_reduce=sync is AccumSync.ALWAYS,
             )
             ctx_mgr = composed.no_sync() if sync is AccumSync.NO_GRAD_SYNC else _null()
+            if composed.knobs is not None:
+                composed.knobs.before_microbatch(first=s == 0 and i == 0, last=last)
             with ctx_mgr:
                 out = forward(x)
                 if contracts is not None and comp is not None:
@@ -246,7 +250,7 @@ def train(
                 loss.backward()
             step_losses.append(loss.item())
         if comp is None:
-            _average_gradients(model, ctx)
+            _average_gradients(model, ctx, grad_scales or {})
         if composed.wrapper.value.startswith("fsdp1") and composed.wrapper.value != "fsdp1_no_shard":
             grad_norms.append(float("nan"))  # FSDP1 keeps local shards of gradients: not comparable
         else:
@@ -260,6 +264,7 @@ def train(
     obs["losses"] = losses
     obs["grad_norms"] = grad_norms
     obs["local_params"] = _local_replicated(composed.model)
+    obs["knob_problems"] = [] if composed.knobs is None else composed.knobs.problems
     if ctx.rank == 0:
         obs["params"] = params_per_step
     return obs
@@ -294,11 +299,21 @@ class _null:
         return None
 
 
-def _average_gradients(model: nn.Module, ctx: RankContext) -> None:
-    for p in model.parameters():
+def _average_gradients(model: nn.Module, ctx: RankContext, scales: dict[str, float]) -> None:
+    for name, p in model.named_parameters():
         if p.grad is not None:
             dist.all_reduce(p.grad)
             p.grad /= ctx.world_size
+            scale = scales.get(name.rpartition(".")[0], 1.0)
+            if scale != 1.0:
+                p.grad *= scale
+
+
+def grad_scales(tree: ModuleTree, comp: Composition, world_size: int) -> dict[str, float]:
+    """Per module path holding parameters: what the knobs scale its gradients by (not 1 only)."""
+    layout = Layout(tree, comp)
+    scales = {path: layout.gradient_scale(path, world_size) for path in layout.paths}
+    return {path: scale for path, scale in scales.items() if scale != 1.0}
 
 
 def _grad_norm(composed: Composed) -> float:
@@ -327,14 +342,16 @@ def _local_replicated(model: nn.Module) -> dict[str, list[float]]:
 def run_parity(case: Case, body: ParityBody, ctx: RankContext) -> dict[str, Any]:
     tp = body.composition.tp_size
     composed = train(case, body.tree, body.training, body.composition, ctx, tp)
-    reference = train(case, body.tree, body.training, None, ctx, tp)
+    scales = grad_scales(body.tree, body.composition, ctx.world_size)
+    reference = train(case, body.tree, body.training, None, ctx, tp, scales)
     return {**composed, "ref": {k: reference[k] for k in ("losses", "params", "grad_norms") if k in reference}}
 
 
 def run_metamorphic(case: Case, body: MetamorphicBody, ctx: RankContext) -> dict[str, Any]:
     first = train(case, body.tree, body.training, body.composition, ctx)
     second = train(case, body.tree, body.training, body.variant, ctx)
-    return {**first, "ref": {k: second[k] for k in ("losses", "params", "grad_norms") if k in second}}
+    keys = ("losses", "params", "grad_norms", "knob_problems")
+    return {**first, "ref": {k: second[k] for k in keys if k in second}}
 
 
 def copy_model(model: nn.Module) -> nn.Module:

@@ -26,7 +26,7 @@ from fuzz.model.case import (
     ParityBody,
 )
 from fuzz.model.codec import SCHEMA_VERSION, case_from_json, case_to_json, case_to_text, to_jsonable
-from fuzz.model.composition import Composition, MixedPrecision, ShardSpec, TpPair, Wrapper
+from fuzz.model.composition import Composition, Knobs, MixedPrecision, ShardSpec, TpPair, Wrapper
 from fuzz.model.layout import Layout, Unit
 from fuzz.model.rules import TP_BETWEEN, check_composition, check_mesh, check_training
 from fuzz.model.state import (
@@ -86,6 +86,7 @@ __all__ = [
     "FaultAction",
     "FaultBody",
     "InvalidBody",
+    "Knobs",
     "Layout",
     "Leaf",
     "LeafKind",

@@ -6,7 +6,7 @@ document. Imports only the standard library and the model.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 from fuzz.errors import CaseError
 from fuzz.model.tree import Dtype
@@ -72,6 +72,77 @@ class TpPair:
 
 
 @dataclass(frozen=True)
+class Knobs:
+    """FSDPModule methods called on the composed model (fully_shard compositions only), each with
+    what its documentation promises, which the judges check.
+
+    Numerics unchanged (``metamorphic`` draws them as variants, ``parity`` beside the rest):
+
+    - ``forward_prefetch`` / ``backward_prefetch``: ``k`` > 0 makes every unit prefetch the
+      next ``k`` units in forward order (``set_modules_to_forward_prefetch``), or the ``k``
+      units before it in backward (``set_modules_to_backward_prefetch``; the root is never a
+      target: its parameters are all-gathered first in both passes).
+    - ``reshard_after_backward_last``: before each microbatch, ``set_reshard_after_backward(
+      last microbatch)`` and ``set_is_last_backward(last microbatch)`` on every root unit: the
+      documented gradient-accumulation recipe (parameters stay unsharded between microbatches).
+    - ``late_reshard_after_forward``: ``set_reshard_after_forward(value)`` (recursive) on every
+      root unit after composing; the value then replaces every unit's ``reshard_after_forward``
+      (:meth:`Composition.reshard_after_forward`), whose contract the judge checks after forward.
+    - ``explicit_unshard``: ``unshard(async_op=True)`` on every root unit, ``wait()``, a check
+      that the root's own parameters are registered unsharded (full size, the values of the
+      sharded ones), ``reshard()``, a check that they are sharded again, then
+      ``unshard(async_op=True)`` once more, whose wait forward does (its documented note).
+
+    Gradients scaled as documented (``parity`` only; the reference scales its gradients the
+    same way, :meth:`fuzz.model.Layout.gradient_scale`):
+
+    - ``all_reduce_hook_scale``: ``set_all_reduce_hook(hook)`` on every unit, the hook
+      multiplying the reduce output it is given in place by this value (a power of two, exact);
+      the rank also checks that what the hook sees is a 1-D tensor holding the unit's shard.
+    - ``gradient_divide_factor``: ``set_gradient_divide_factor(f)`` on every unit: gradients
+      are summed over the data-parallel ranks and divided by ``f`` instead of their number.
+    - ``force_sum_reduction``: ``set_force_sum_reduction_for_comms(True)`` on every unit (sums
+      and separate scaling; numerics as without it up to rounding).
+    """
+
+    forward_prefetch: int = 0
+    backward_prefetch: int = 0
+    reshard_after_backward_last: bool = False
+    late_reshard_after_forward: bool | None = None
+    explicit_unshard: bool = False
+    all_reduce_hook_scale: float | None = None
+    gradient_divide_factor: float | None = None
+    force_sum_reduction: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("forward_prefetch", "backward_prefetch"):
+            if not 0 <= getattr(self, name) <= 3:
+                raise CaseError(name, f"{name}={getattr(self, name)} is outside 0..3")
+        if self.all_reduce_hook_scale is not None and self.all_reduce_hook_scale not in (0.5, 2.0):
+            raise CaseError("all_reduce_hook_scale", f"{self.all_reduce_hook_scale} must be 0.5 or 2.0 (exact)")
+        if self.gradient_divide_factor is not None and not 0.5 <= self.gradient_divide_factor <= 64:
+            raise CaseError("gradient_divide_factor", f"{self.gradient_divide_factor} is outside [0.5, 64]")
+
+    @property
+    def is_set(self) -> bool:
+        return self != Knobs()
+
+    @property
+    def scales_gradients(self) -> bool:
+        """True if gradients differ from plain averaging by design (hook, divide factor)."""
+        return self.all_reduce_hook_scale is not None or self.gradient_divide_factor is not None
+
+    def names(self) -> list[str]:
+        """The knobs set, as feature names (``knob:forward_prefetch`` ...)."""
+        out = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value != f.default:
+                out.append(f.name + (f":{value}" if f.name == "late_reshard_after_forward" else ""))
+        return out
+
+
+@dataclass(frozen=True)
 class Composition:
     """How the model is distributed.
 
@@ -104,6 +175,8 @@ class Composition:
     #: parameters it does not reach as ready, so a module that ran without using some of its
     #: parameters is allowed.
     find_unused: bool = False
+    #: FSDPModule methods called after composing (:class:`Knobs`).
+    knobs: Knobs = field(default_factory=Knobs)
 
     def __post_init__(self) -> None:
         if self.find_unused and self.wrapper is not Wrapper.DDP and not self.replicates:
@@ -126,6 +199,24 @@ class Composition:
             raise CaseError("mesh", "fsdp1_hybrid_shard needs a (replicate, shard) mesh")
         if self.meta_init and (self.wrapper is not Wrapper.NONE or self.replicates):
             raise CaseError("meta_init", "meta_init applies to fully_shard / checkpoint compositions only")
+        if self.knobs.is_set and not self.shards:
+            raise CaseError("knobs", "FSDPModule methods need fully_shard units")
+        if self.knobs.late_reshard_after_forward is not None and self.replicates:
+            # Not drawn: the known bugs of frozen units under a replicate'd root are stated for
+            # the value given to fully_shard.
+            raise CaseError("knobs.late_reshard_after_forward", "not drawn with replicate")
+        if self.knobs.late_reshard_after_forward is not None and any(
+            not isinstance(s.reshard_after_forward, bool) for s in self.shards
+        ):
+            raise CaseError("knobs.late_reshard_after_forward", "not drawn with an int reshard_after_forward")
+        if self.knobs.is_set and self.tp:
+            raise CaseError("knobs", "not drawn with tensor parallelism")
+
+    def reshard_after_forward(self, spec: ShardSpec) -> bool | int:
+        """The ``reshard_after_forward`` a unit has at run time: ``spec``'s, or the value
+        ``set_reshard_after_forward`` gave every unit (:attr:`Knobs.late_reshard_after_forward`)."""
+        late = self.knobs.late_reshard_after_forward
+        return spec.reshard_after_forward if late is None else late
 
     @property
     def sharded_paths(self) -> list[str]:

@@ -106,3 +106,18 @@ class Layout:
     def unmanaged(self) -> list[str]:
         """Modules holding parameters of their own that no unit covers."""
         return [p for p, n in self.paths.items() if owns_params(n) and self.member_of(p) is None]
+
+    def gradient_scale(self, path: str, world_size: int) -> float:
+        """What the knobs (:class:`fuzz.model.Knobs`) multiply the averaged gradient of the
+        parameters the module at ``path`` holds itself by: 1 unless a fully_shard unit manages
+        them; then the all-reduce hook's factor, times ``d / f`` for a gradient divide factor
+        ``f`` over ``d`` data-parallel ranks (the gradient is summed over them and divided by
+        ``f`` instead of ``d``)."""
+        unit = self.unit_of(path)
+        if unit is None or unit.api != "fully_shard":
+            return 1.0
+        knobs = self.comp.knobs
+        scale = 1.0 if knobs.all_reduce_hook_scale is None else knobs.all_reduce_hook_scale
+        if knobs.gradient_divide_factor is not None:
+            scale *= (world_size // self.comp.tp_size) / knobs.gradient_divide_factor
+        return scale

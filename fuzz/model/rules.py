@@ -149,6 +149,18 @@ def check_training(tree: ModuleTree, comps: tuple[Composition, ...], t: Training
                 # NO_SHARD, not reduced to a torch-only reproduction yet): left out until it is.
                 raise CaseError(f"{where}.unfreeze[{i}].path", "FSDP1 no_sync() with a leaf unfrozen later")
     for comp in comps:
+        k = comp.knobs
+        if k.is_set and t.compile is not Compile.NONE:
+            raise CaseError(f"{where}.compile", "FSDPModule knobs are not drawn with torch.compile")
+        if (
+            k.forward_prefetch or k.backward_prefetch or k.reshard_after_backward_last or k.explicit_unshard
+        ) and t.skips:
+            # A module left out of forward after its parameters were prefetched or kept
+            # unsharded keeps them unsharded past the optimizer step: what prefetching a module
+            # that does not run means is not documented.
+            raise CaseError(
+                f"{where}.skips", "prefetch, explicit unshard and reshard_after_backward are drawn without skips"
+            )
         if comp.tp and (t.skips or t.unfreeze or t.compile is not Compile.NONE):
             # Not drawn yet: a skipped Linear of a pair would feed the other a tensor of the
             # wrong layout, and compile / unfreezing under TP are left for later.

@@ -139,7 +139,7 @@ def check_replicas(prop: str, observations: list[dict[str, Any]]) -> Failure | N
 def check_contracts(prop: str, comp: Composition, tree: ModuleTree, contracts: dict[str, Any]) -> Failure | None:
     for spec in comp.shards:
         flags = contracts["sharded_after_forward"].get(spec.path, [])
-        raf = spec.reshard_after_forward
+        raf = comp.reshard_after_forward(spec)
         if isinstance(raf, bool) and flags and any(f != raf for f in flags):
             state = "sharded" if raf else "unsharded"
             return _mismatch(
@@ -180,6 +180,17 @@ def check_contracts(prop: str, comp: Composition, tree: ModuleTree, contracts: d
     return None
 
 
+def check_knobs(prop: str, observations: list[dict[str, Any]]) -> Failure | None:
+    """What the ranks saw of the FSDPModule knobs' documented behaviour (fuzz._rank.knobs):
+    the state after an explicit unshard / reshard, the tensor an all-reduce hook gets."""
+    for rank, obs in enumerate(observations):
+        for run in (obs, obs.get("ref", {})):
+            problems = run.get("knob_problems") or []
+            if problems:
+                return _mismatch(prop, "contract-knobs", "", f"rank {rank}: {problems[0]}", problems=problems[:5])
+    return None
+
+
 def _unit_of(module: str, comp: Composition, tree: ModuleTree) -> str | None:
     """The spec path of the innermost fully_shard unit containing ``module``."""
     member = Layout(tree, comp).member_of(module, api="fully_shard")
@@ -215,7 +226,11 @@ def judge_parity(case: Case, outcome: Outcome) -> Failure | None:
     assert isinstance(body, ParityBody)
     obs = outcome.observations
     api = api_of(body.composition, body.tree, body.training, case.world_size)
-    failure = compare_runs(case.property, obs, _tolerance(body.training), api) or check_replicas(case.property, obs)
+    failure = (
+        check_knobs(case.property, obs)
+        or compare_runs(case.property, obs, _tolerance(body.training), api)
+        or check_replicas(case.property, obs)
+    )
     if failure is None and "contracts" in obs[0]:
         failure = check_contracts(case.property, body.composition, body.tree, obs[0]["contracts"])
     return failure
@@ -247,7 +262,9 @@ def judge_metamorphic(case: Case, outcome: Outcome) -> Failure | None:
     ):
         if met and bug.tag not in api:
             api += bug.tag
-    return compare_runs(case.property, outcome.observations, _tolerance(body.training), api)
+    return check_knobs(case.property, outcome.observations) or compare_runs(
+        case.property, outcome.observations, _tolerance(body.training), api
+    )
 
 
 def composition_features(comp: Composition, world_size: int, prefix: str = "") -> list[str]:
@@ -283,6 +300,7 @@ def composition_features(comp: Composition, world_size: int, prefix: str = "") -
         out.append(f"{prefix}checkpoint:" + ("before" if comp.checkpoint_first else "after") + "_fully_shard")
     if comp.meta_init:
         out.append(f"{prefix}init:meta")
+    out += [f"{prefix}knob:{name}" for name in comp.knobs.names()]
     out.append(f"{prefix}fully_shard:count:{min(len(comp.shards), 4)}")
     return out
 

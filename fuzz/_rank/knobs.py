@@ -1,0 +1,155 @@
+"""FSDPModule methods a composition calls after composing (:class:`fuzz.model.Knobs`), and the
+checks of what their documentation promises that only the rank can make (the state after an
+explicit unshard / reshard, the tensor an all-reduce hook is given). Violations are recorded as
+messages for the judge (``contracts["knobs"]``); numerics are judged by the property.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from fuzz.model import Composition, Knobs, Layout, ModuleTree, ShardSpec, contains, is_ancestor
+
+
+def fsdp_sharded(p: torch.Tensor) -> bool:
+    """Whether fully_shard holds ``p`` sharded: a DTensor over the mesh's shard dimension (a
+    tensor-parallel parameter is a DTensor over the tp dimension alone while unsharded)."""
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(p, DTensor) and "shard" in (p.device_mesh.mesh_dim_names or ("shard",))
+
+
+def _order(spec: ShardSpec) -> tuple[int, ...]:
+    return tuple(int(c) for c in spec.path.split(".")) if spec.path else ()
+
+
+def by_root(comp: Composition) -> list[list[ShardSpec]]:
+    """The fully_shard units under each FSDP root (a unit no other one encloses), each list in
+    the order the units' forwards start (a pre-order walk of the tree, the root first).
+    Prefetching stays within a root: another root's units are set up (lazily) by that root's
+    first forward, and prefetching across roots is not a documented use."""
+    specs = sorted(comp.shards, key=_order)
+    roots = [s for s in specs if not any(o is not s and any(is_ancestor(m, s.path) for m in o.paths) for o in specs)]
+    return [
+        [s for s in specs if s is root or (s not in roots and any(contains(m, s.path) for m in root.paths))]
+        for root in roots
+    ]
+
+
+class KnobState:
+    """The knobs of one composed model: applied at construction, then driven by the training
+    loop (:meth:`before_microbatch`), with the contract violations seen (:attr:`problems`)."""
+
+    def __init__(self, model: nn.Module, comp: Composition, tree: ModuleTree, roots: list[nn.Module]) -> None:
+        self.model = model
+        self.comp = comp
+        self.tree = tree
+        self.knobs: Knobs = comp.knobs
+        self.roots = roots
+        self.problems: list[str] = []
+        self._checked_unshard = False
+        k = self.knobs
+        for units in by_root(comp):
+            self._prefetch(units)
+        for spec in comp.shards:
+            module = model.get_submodule(spec.path)
+            if k.all_reduce_hook_scale is not None:
+                module.set_all_reduce_hook(self._hook(spec, k.all_reduce_hook_scale))  # type: ignore[operator]
+            if k.force_sum_reduction:
+                module.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]
+            if k.gradient_divide_factor is not None:
+                module.set_gradient_divide_factor(k.gradient_divide_factor)  # type: ignore[operator]
+        if k.late_reshard_after_forward is not None:
+            for root in roots:
+                root.set_reshard_after_forward(k.late_reshard_after_forward)  # type: ignore[operator]
+
+    def _prefetch(self, units: list[ShardSpec]) -> None:
+        """Prefetch among the units of one FSDP root (``units`` in forward order, the root
+        first): each prefetches the next ``forward_prefetch`` units in forward and the
+        ``backward_prefetch`` units before it in backward (never the root, all-gathered first)."""
+        k = self.knobs
+        modules = [self.model.get_submodule(s.path) for s in units]
+        for i, module in enumerate(modules):
+            ahead = modules[i + 1 : i + 1 + k.forward_prefetch]
+            if k.forward_prefetch and ahead:
+                module.set_modules_to_forward_prefetch(ahead)  # type: ignore[operator]
+            behind = list(reversed(modules[max(1, i - k.backward_prefetch) : i]))
+            if k.backward_prefetch and behind:
+                module.set_modules_to_backward_prefetch(behind)  # type: ignore[operator]
+
+    def _hook(self, spec: ShardSpec, scale: float) -> Any:
+        def hook(reduce_output: torch.Tensor) -> None:
+            # Documented: the reduce-scatter output (or HSDP's all-reduce output), this rank's
+            # shard of the unit's gradients, flat.
+            if reduce_output.ndim != 1 or not reduce_output.is_floating_point():
+                self.problems.append(
+                    f"set_all_reduce_hook on {spec.path!r}: the hook got a {reduce_output.ndim}-D "
+                    f"{reduce_output.dtype} tensor, not the flat reduce output"
+                )
+            reduce_output.mul_(scale)
+
+        return hook
+
+    def before_microbatch(self, first: bool, last: bool) -> None:
+        """Called before each microbatch's forward."""
+        k = self.knobs
+        if k.reshard_after_backward_last:
+            for root in self.roots:
+                root.set_reshard_after_backward(last)  # type: ignore[operator]
+                root.set_is_last_backward(last)  # type: ignore[operator]
+        if k.explicit_unshard:
+            if first and not self._checked_unshard:
+                self._checked_unshard = True
+                self._check_unshard_reshard()
+            for root in self.roots:
+                root.unshard(async_op=True)  # type: ignore[operator]
+
+    def _own_params(self, root: nn.Module) -> list[tuple[str, nn.Module, str]]:
+        """(module path, module, attribute) of the parameters ``root``'s unit manages itself."""
+        layout = Layout(self.tree, self.comp)
+        path = next(p for p, m in self.model.named_modules() if m is root)
+        unit = layout.unit_of(path)
+        out: list[tuple[str, nn.Module, str]] = []
+        if unit is None:
+            return out
+        for sub in layout.owned_by(unit):
+            module = self.model.get_submodule(sub)
+            out += [(sub, module, name) for name, _ in module.named_parameters(recurse=False)]
+        return out
+
+    def _check_unshard_reshard(self) -> None:
+        """unshard(async_op=True) and wait(): the unit's parameters are registered unsharded,
+        full size, with the sharded ones' values (in param_dtype); reshard(): sharded again."""
+        for root in self.roots:
+            own = self._own_params(root)
+            full = {}
+            for sub, module, name in own:
+                p = getattr(module, name)
+                full[(sub, name)] = p.full_tensor().detach().clone() if fsdp_sharded(p) else None
+            handle = root.unshard(async_op=True)  # type: ignore[operator]
+            if handle is None:
+                self.problems.append("unshard(async_op=True) returned None, not a handle")
+            else:
+                handle.wait()
+            for sub, module, name in own:
+                p = getattr(module, name)
+                where = f"{sub}.{name}" if sub else name
+                expected = full[(sub, name)]
+                if expected is None:
+                    continue
+                if fsdp_sharded(p):
+                    self.problems.append(f"after unshard() and wait(), {where} is still registered sharded")
+                elif tuple(p.shape) != tuple(expected.shape):
+                    self.problems.append(
+                        f"after unshard(), {where} has shape {tuple(p.shape)}, not {tuple(expected.shape)}"
+                    )
+                elif not torch.equal(p.detach().cpu(), expected.to(p.dtype).cpu()):
+                    self.problems.append(f"after unshard(), {where} differs from its sharded values")
+            root.reshard()  # type: ignore[operator]
+            for sub, module, name in own:
+                if full[(sub, name)] is not None and not fsdp_sharded(getattr(module, name)):
+                    where = f"{sub}.{name}" if sub else name
+                    self.problems.append(f"after reshard(), {where} is not registered sharded")

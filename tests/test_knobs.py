@@ -1,0 +1,155 @@
+"""FSDPModule knobs (fuzz.model.Knobs): cases with each knob pass on unmutated torch, and each
+knob's oracle notices an injected fault of the code behind it (tests/faults)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from fuzz import known
+from fuzz._rank.knobs import by_root
+from fuzz.errors import CaseError
+from fuzz.explore import run_case
+from fuzz.model import (
+    Block,
+    Case,
+    Composition,
+    Dtype,
+    Knobs,
+    Layout,
+    Leaf,
+    LeafKind,
+    MetamorphicBody,
+    ModuleTree,
+    Optimizer,
+    ParityBody,
+    ShardSpec,
+    Skip,
+    Training,
+    check_training,
+)
+from fuzz.pool import RankPool
+from fuzz.properties import get_property
+from strategies import parity_cases
+
+FAULTS = Path(__file__).parent / "faults"
+
+#: A root block and a nested one, each holding a Linear: two fully_shard units under one root.
+TREE = ModuleTree(
+    width=4,
+    root=Block(children=(Leaf(LeafKind.LINEAR), Block(children=(Leaf(LeafKind.LINEAR), Leaf(LeafKind.RELU))))),
+)
+SHARDS = (ShardSpec(path="", reshard_after_forward=True), ShardSpec(path="1", reshard_after_forward=False))
+TRAINING = Training(optimizer=Optimizer.SGD, lr=0.05, steps=2, batch_per_rank=2, grad_accum=2)
+
+
+def _parity(knobs: Knobs, mesh: tuple[int, ...] = ()) -> Case:
+    comp = Composition(shards=SHARDS, mesh=mesh, knobs=knobs)
+    return Case(
+        property="parity", world_size=2, seed=11, body=ParityBody(tree=TREE, composition=comp, training=TRAINING)
+    )
+
+
+def _metamorphic(knobs: Knobs) -> Case:
+    comp = Composition(shards=SHARDS)
+    body = MetamorphicBody(tree=TREE, composition=comp, variant=replace(comp, knobs=knobs), training=TRAINING)
+    return Case(property="metamorphic", world_size=2, seed=12, body=body)
+
+
+#: fault file -> a case whose knob's oracle must notice it.
+CASES: dict[str, Case] = {
+    "K01_divide_factor_ignored": _parity(Knobs(gradient_divide_factor=1.0, force_sum_reduction=True)),
+    "K02_all_reduce_hook_skipped": _parity(Knobs(all_reduce_hook_scale=2.0)),
+    "K03_reshard_noop": _parity(Knobs(explicit_unshard=True)),
+    "K04_force_sum_no_postdivide": _parity(Knobs(force_sum_reduction=True)),
+    "K05_late_reshard_not_recursive": _parity(Knobs(late_reshard_after_forward=True)),
+    "K06_unshard_wait_noop": _metamorphic(Knobs(explicit_unshard=True)),
+}
+
+#: Knobs that change no numbers, as metamorphic variants.
+NEUTRAL = [
+    Knobs(forward_prefetch=1, backward_prefetch=1),
+    Knobs(forward_prefetch=2, backward_prefetch=2),
+    Knobs(reshard_after_backward_last=True),
+    Knobs(late_reshard_after_forward=False),
+    Knobs(explicit_unshard=True, force_sum_reduction=True),
+]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_knob_cases_pass_on_unmutated_torch(check_case: Any, name: str) -> None:
+    check_case(CASES[name])
+
+
+@pytest.mark.parametrize("knobs", NEUTRAL, ids=lambda k: "+".join(k.names()))
+def test_neutral_knobs_train_like_without_them(check_case: Any, knobs: Knobs) -> None:
+    check_case(_metamorphic(knobs))
+
+
+def test_scaling_knobs_on_hsdp(check_case: Any) -> None:
+    """On a (1, 2) mesh (HSDP, one replica) the hook and the divide factor scale as on 1D."""
+    check_case(_parity(Knobs(all_reduce_hook_scale=0.5, gradient_divide_factor=4.0, force_sum_reduction=True), (1, 2)))
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_each_knob_oracle_notices_its_fault(name: str) -> None:
+    """Under the fault (applied in every rank by tests/faults/harness) the same case fails."""
+    env = {
+        "SHARDFUZZ_FAULT": str(FAULTS / f"{name}.json"),
+        "PYTHONPATH": os.pathsep.join([str(FAULTS / "harness"), os.environ.get("PYTHONPATH", "")]),
+    }
+    case = CASES[name]
+    with RankPool(world_size=2, env=env, deadline=60) as pool:
+        failure = run_case(pool, get_property(case.property), case)
+    assert failure is not None, name
+    assert failure.kind == "mismatch", (name, failure.summary)
+
+
+def test_gradient_scale_follows_the_layout() -> None:
+    comp = Composition(
+        shards=(ShardSpec(path="1"),),
+        replicates=("",),
+        knobs=Knobs(all_reduce_hook_scale=2.0, gradient_divide_factor=1.0, force_sum_reduction=True),
+    )
+    layout = Layout(TREE, comp)
+    assert layout.gradient_scale("1.0", world_size=4) == 8.0  # hook 2, sum over 4 divided by 1
+    assert layout.gradient_scale("0", world_size=4) == 1.0  # replicate's own: no knobs
+
+
+def test_prefetch_stays_within_each_root() -> None:
+    comp = Composition(shards=(ShardSpec("1"), ShardSpec("0"), ShardSpec("1.0")), replicates=("",))
+    assert [[s.path for s in g] for g in by_root(comp)] == [["0"], ["1", "1.0"]]
+
+
+def test_knob_rules() -> None:
+    with pytest.raises(CaseError, match="knobs"):
+        Composition(knobs=Knobs(forward_prefetch=1))  # no fully_shard unit
+    with pytest.raises(CaseError, match="late_reshard"):
+        Composition(shards=(ShardSpec("", reshard_after_forward=2),), knobs=Knobs(late_reshard_after_forward=True))
+    with pytest.raises(CaseError, match=r"0\.5 or 2\.0"):
+        Knobs(all_reduce_hook_scale=3.0)
+    comp = Composition(shards=SHARDS, knobs=Knobs(forward_prefetch=1))
+    with pytest.raises(CaseError, match="skips"):
+        check_training(TREE, (comp,), replace(TRAINING, skips=(Skip(path="1", step=0),)))
+
+
+def test_divide_factor_twice_condition() -> None:
+    comp = Composition(shards=SHARDS, mesh=(2, 1), knobs=Knobs(gradient_divide_factor=2.0))
+    assert not known.divide_factor_twice(comp, TRAINING, 2)  # float32, no force-sum: right
+    assert known.divide_factor_twice(comp, replace(TRAINING, dtype=Dtype.FLOAT64), 2)
+    forced = replace(comp, knobs=replace(comp.knobs, force_sum_reduction=True))
+    assert known.divide_factor_twice(forced, TRAINING, 2)
+    assert not known.divide_factor_twice(replace(forced, mesh=()), TRAINING, 2)  # shard group of 2
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(case=parity_cases(world_size=2))
+def test_drawn_knobs_are_valid_for_their_training(case: Case) -> None:
+    body = case.body
+    assert isinstance(body, ParityBody)
+    check_training(body.tree, (body.composition,), body.training)
