@@ -309,7 +309,14 @@ def _deprecated(note: str) -> Use:
 
 
 _V = "(?:variant:)?"
-_NO_DEFAULT_PLANNER = "DCP builds DefaultSavePlanner / DefaultLoadPlanner with their defaults; no case passes a planner"
+_NO_COLLECTIVES = (
+    "documented as experimental: False 'will change the format of the saved checkpoint', and nothing documents "
+    "how such a checkpoint is loaded"
+)
+_NO_FLATTEN = (
+    "False keeps a nested dict as one pickled object (no resharding, loaded by replacement instead of in "
+    "place), which the state dicts here, DTensors inside nested dicts, do not fit; the default only"
+)
 _WITH_ASYNC = "the feature is recorded for save and async_save alike"
 _STATE_DICT_OPTIONS = "the feature is recorded for FSDP1's own API too, which takes no StateDictOptions"
 _DCP_ENTRIES = "dcp's {} entries passed as state dicts call it too, and no feature names them"
@@ -317,13 +324,20 @@ _DCP_ENTRIES = "dcp's {} entries passed as state dicts call it too, and no featu
 #: Item name -> how the suite exercises it. Items torch has and this does not name are unknown.
 USES: dict[str, Use] = {
     # FSDPModule (fully_shard's module class)
-    "FSDPModule.reshard": _exercised(
-        "called on every FSDP2 module after each probe forward of a state_dict or dcp side "
-        "(fuzz/_rank/state_dict.py:reshard); no oracle of its own"
+    "FSDPModule.reshard": _drawn(
+        pattern=rf"{_V}knob:explicit_unshard",
+        note="after an explicit unshard, the sharded state checked; also called after each probe forward of a "
+        "state_dict or dcp side (fuzz/_rank/state_dict.py:reshard)",
+        bound=">=",
     ),
-    "FSDPModule.unshard": _not_drawn(),
+    "FSDPModule.unshard": _drawn(
+        pattern=rf"{_V}knob:explicit_unshard",
+        note="unshard(async_op=True) and wait() before forward, the unsharded state checked (fuzz.model.Knobs)",
+    ),
     "FSDPModule.reset_iter_state": _not_drawn("recovery after an exception aborted forward or backward"),
-    "FSDPModule.set_is_last_backward": _not_drawn(),
+    "FSDPModule.set_is_last_backward": _drawn(
+        pattern=rf"{_V}knob:reshard_after_backward_last", note="with set_reshard_after_backward, per microbatch"
+    ),
     "FSDPModule.set_requires_gradient_sync": _drawn(
         "fsdp2.no_grad_sync",
         note="called with True before every microbatch of FSDP2 training; the count is of cases with False and "
@@ -334,19 +348,19 @@ USES: dict[str, Use] = {
         "fsdp2.no_all_reduce",
         note="called with True before every microbatch of FSDP2 training; the count is of cases with False",
     ),
-    "FSDPModule.set_reshard_after_forward": _not_drawn(),
-    "FSDPModule.set_reshard_after_backward": _not_drawn(),
-    "FSDPModule.set_modules_to_forward_prefetch": _not_drawn(),
-    "FSDPModule.set_modules_to_backward_prefetch": _not_drawn(),
+    "FSDPModule.set_reshard_after_forward": _drawn(pattern=rf"{_V}knob:late_reshard_after_forward:(?:True|False)"),
+    "FSDPModule.set_reshard_after_backward": _drawn(pattern=rf"{_V}knob:reshard_after_backward_last"),
+    "FSDPModule.set_modules_to_forward_prefetch": _drawn(pattern=rf"{_V}knob:forward_prefetch"),
+    "FSDPModule.set_modules_to_backward_prefetch": _drawn(pattern=rf"{_V}knob:backward_prefetch"),
     "FSDPModule.set_custom_all_gather": _not_drawn(),
     "FSDPModule.set_custom_reduce_scatter": _not_drawn(),
-    "FSDPModule.set_all_reduce_hook": _not_drawn(),
+    "FSDPModule.set_all_reduce_hook": _drawn(pattern="knob:all_reduce_hook_scale"),
     "FSDPModule.set_post_optim_event": _accelerator(
         "an event the all-gather streams wait on; on the CPU there are no streams to order"
     ),
     "FSDPModule.set_reduce_scatter_divide_factor": _deprecated("its docstring: use set_gradient_divide_factor"),
-    "FSDPModule.set_gradient_divide_factor": _not_drawn(),
-    "FSDPModule.set_force_sum_reduction_for_comms": _not_drawn(),
+    "FSDPModule.set_gradient_divide_factor": _drawn(pattern="knob:gradient_divide_factor"),
+    "FSDPModule.set_force_sum_reduction_for_comms": _drawn(pattern=rf"{_V}knob:force_sum_reduction"),
     "FSDPModule.set_reduce_scatter_unused_params": _not_drawn(),
     "FSDPModule.set_reduce_scatter_max_input_buffers": _not_drawn("experimental"),
     "FSDPModule.set_separate_reduce_scatter_group": _not_drawn("experimental"),
@@ -405,48 +419,72 @@ USES: dict[str, Use] = {
     "dcp.save(state_dict)": _drawn("dcp.save"),
     "dcp.save(checkpoint_id)": _drawn(pattern="storage:checkpoint_id", note=_WITH_ASYNC, bound="<="),
     "dcp.save(storage_writer)": _drawn("dcp.storage_objects", note=_WITH_ASYNC, bound="<="),
-    "dcp.save(planner)": _not_drawn(_NO_DEFAULT_PLANNER),
-    "dcp.save(process_group)": _not_drawn(),
+    "dcp.save(planner)": _drawn(pattern="save_planner", note=_WITH_ASYNC, bound="<="),
+    "dcp.save(process_group)": _drawn(pattern="process_group:own", note=_WITH_ASYNC, bound="<="),
     "dcp.save(no_dist)": _drawn("dcp.no_dist"),
-    "dcp.save(use_collectives)": _not_drawn(),
+    "dcp.save(use_collectives)": _not_drawn(_NO_COLLECTIVES),
     "dcp.async_save(state_dict)": _drawn("dcp.async_save"),
     "dcp.async_save(checkpoint_id)": _drawn(pattern="storage:checkpoint_id", note=_WITH_ASYNC, bound="<="),
     "dcp.async_save(storage_writer)": _drawn("dcp.storage_objects", "dcp.async_cached", note=_WITH_ASYNC, bound="<="),
-    "dcp.async_save(planner)": _not_drawn(_NO_DEFAULT_PLANNER),
+    "dcp.async_save(planner)": _drawn(pattern="save_planner", note=_WITH_ASYNC, bound="<="),
     "dcp.async_save(process_group)": _drawn(
-        "dcp.async_in_flight", note="saves that overlap training pass a gloo group of their own"
+        "dcp.async_in_flight",
+        pattern="process_group:own",
+        note="saves that overlap training pass a gloo group of their own; process_group:own is recorded for "
+        "save and async_save alike",
+        bound="<=",
     ),
-    "dcp.async_save(async_checkpointer_type)": _not_drawn("the default (a thread) only; the process-based one is not"),
-    "dcp.async_save(async_stager)": _not_drawn(),
+    "dcp.async_save(async_checkpointer_type)": _not_drawn(
+        "the default (a thread) only; the process-based one starts a checkpointing process with a process "
+        "group of its own per rank, more than a 2-core campaign host carries per case"
+    ),
+    "dcp.async_save(async_stager)": _not_drawn(
+        "the stager a FileSystemWriter is (cache_staged_state_dict) or DCP's DefaultStager; no other stager is passed"
+    ),
     "dcp.async_save(no_dist)": _not_drawn("no_dist cases save synchronously"),
-    "dcp.async_save(use_collectives)": _not_drawn(),
+    "dcp.async_save(use_collectives)": _not_drawn(_NO_COLLECTIVES),
     "dcp.load(state_dict)": _drawn(pattern=r"load:(?:full|sharded)", note="every dcp case loads"),
     "dcp.load(checkpoint_id)": _drawn(pattern="storage:checkpoint_id"),
     "dcp.load(storage_reader)": _drawn("dcp.storage_objects"),
-    "dcp.load(planner)": _not_drawn(_NO_DEFAULT_PLANNER),
-    "dcp.load(process_group)": _not_drawn(),
+    "dcp.load(planner)": _drawn(pattern="load_planner"),
+    "dcp.load(process_group)": _drawn(pattern="process_group:own"),
     "dcp.load(no_dist)": _drawn("dcp.no_dist"),
     "FileSystemWriter(path)": _drawn("dcp.storage_objects", "dcp.async_cached"),
-    "FileSystemWriter(single_file_per_rank)": _not_drawn(),
-    "FileSystemWriter(sync_files)": _not_drawn(),
-    "FileSystemWriter(thread_count)": _not_drawn(),
-    "FileSystemWriter(per_thread_copy_ahead)": _not_drawn(),
+    "FileSystemWriter(single_file_per_rank)": _drawn(
+        pattern="writer:single_file_per_rank", note="the count is of cases with False (a file per item)"
+    ),
+    "FileSystemWriter(sync_files)": _drawn(pattern="writer:sync_files", note="the count is of cases with False"),
+    "FileSystemWriter(thread_count)": _drawn(pattern="writer:thread_count", note="the count is of cases with 2 or 3"),
+    "FileSystemWriter(per_thread_copy_ahead)": _drawn(
+        pattern="writer:per_thread_copy_ahead",
+        note="the count is of cases with a value other than 10 MB; on the CPU there is no device copy to run ahead",
+    ),
     "FileSystemWriter(cache_staged_state_dict)": _drawn("dcp.async_cached"),
     "FileSystemWriter(overwrite)": _drawn("dcp.overwrite"),
-    "FileSystemWriter(serialization_format)": _not_drawn(),
+    "FileSystemWriter(serialization_format)": _not_drawn(
+        "SAFETENSORS writes through the safetensors package, which is not among the project's requirements "
+        "(the Hugging Face storage format); the default (torch.save) only"
+    ),
     "FileSystemReader(path)": _drawn(
         "dcp.storage_objects",
         note="FSDP1's classic recipe (load_sharded_optimizer_state_dict) makes one too, and no feature names it",
         bound=">=",
     ),
-    "DefaultSavePlanner(flatten_state_dict)": _not_drawn(_NO_DEFAULT_PLANNER),
-    "DefaultSavePlanner(flatten_sharded_tensors)": _not_drawn(_NO_DEFAULT_PLANNER),
+    "DefaultSavePlanner(flatten_state_dict)": _not_drawn(_NO_FLATTEN),
+    "DefaultSavePlanner(flatten_sharded_tensors)": _drawn(
+        pattern="save_planner:flatten_sharded_tensors:false", note="the count is of cases with False"
+    ),
     "DefaultSavePlanner(dedup_replicated_tensors)": _deprecated("ignored, with a warning that says so"),
-    "DefaultSavePlanner(dedup_save_to_lowest_rank)": _not_drawn(_NO_DEFAULT_PLANNER),
-    "DefaultSavePlanner(enable_plan_caching)": _not_drawn(_NO_DEFAULT_PLANNER),
-    "DefaultLoadPlanner(flatten_state_dict)": _not_drawn(_NO_DEFAULT_PLANNER),
-    "DefaultLoadPlanner(flatten_sharded_tensors)": _not_drawn(_NO_DEFAULT_PLANNER),
-    "DefaultLoadPlanner(allow_partial_load)": _not_drawn(_NO_DEFAULT_PLANNER),
+    "DefaultSavePlanner(dedup_save_to_lowest_rank)": _drawn(pattern="save_planner:dedup_save_to_lowest_rank"),
+    "DefaultSavePlanner(enable_plan_caching)": _drawn(pattern="save_planner:enable_plan_caching"),
+    "DefaultLoadPlanner(flatten_state_dict)": _not_drawn(_NO_FLATTEN),
+    "DefaultLoadPlanner(flatten_sharded_tensors)": _drawn(
+        pattern="load_planner:flatten_sharded_tensors:false", note="the count is of cases with False"
+    ),
+    "DefaultLoadPlanner(allow_partial_load)": _drawn(
+        pattern="load_planner:allow_partial_load",
+        note="the count is of cases with True; absent:refused counts loads without it that must refuse",
+    ),
     # policies and options
     "MixedPrecisionPolicy.param_dtype": _drawn(pattern=rf"{_V}mp:param_dtype:\w+"),
     "MixedPrecisionPolicy.reduce_dtype": _drawn("fsdp2.mp_reduce"),
@@ -455,13 +493,13 @@ USES: dict[str, Use] = {
     "CPUOffloadPolicy.pin_memory": _accelerator("pins the CPU copies of an accelerator's parameters"),
     "StateDictOptions.full_state_dict": _drawn("sd.full", note=_STATE_DICT_OPTIONS, bound="<="),
     "StateDictOptions.cpu_offload": _drawn("sd.cpu_offload", note=_STATE_DICT_OPTIONS, bound="<="),
-    "StateDictOptions.ignore_frozen_params": _not_drawn(),
+    "StateDictOptions.ignore_frozen_params": _drawn(pattern="save:ignore_frozen_params"),
     "StateDictOptions.keep_submodule_prefixes": _deprecated("its docstring; it goes with the deprecated submodules"),
     "StateDictOptions.strict": _drawn(
         "sd.strict", "sd.non_strict", pattern="drop", note=_STATE_DICT_OPTIONS, bound="<="
     ),
     "StateDictOptions.broadcast_from_rank0": _drawn("sd.broadcast"),
-    "StateDictOptions.flatten_optimizer_state_dict": _not_drawn(),
+    "StateDictOptions.flatten_optimizer_state_dict": _drawn(pattern="flatten_optimizer_state_dict"),
     "StateDictOptions.dsd_fqn_modifiers": _not_drawn(),
     # torch.distributed.checkpoint.state_dict
     "state_dict.get_model_state_dict": _drawn(
@@ -479,10 +517,13 @@ USES: dict[str, Use] = {
     "state_dict.get_state_dict": _drawn("sd.combined", pattern="entry:app"),
     "state_dict.set_state_dict": _drawn("sd.combined", pattern="entry:app"),
     # format utilities
-    "format_utils.dcp_to_torch_save": _not_drawn(),
-    "format_utils.torch_save_to_dcp": _not_drawn(),
-    "format_utils.BroadcastingTorchSaveReader": _not_drawn(),
-    "format_utils.DynamicMetaLoadPlanner": _not_drawn(),
+    "format_utils.dcp_to_torch_save": _drawn(pattern="format_utils:convert"),
+    "format_utils.torch_save_to_dcp": _drawn(pattern="format_utils:convert"),
+    "format_utils.BroadcastingTorchSaveReader": _not_drawn(
+        "documented as loading tensors only ('Current implementation only supports loading Tensors'): the "
+        "checkpoints here hold Python scalars and param groups; a tensor-only variant is not drawn yet"
+    ),
+    "format_utils.DynamicMetaLoadPlanner": _not_drawn("goes with BroadcastingTorchSaveReader (its N.B.)"),
 }
 
 

@@ -189,6 +189,16 @@ STATELESS_FULL = KnownBug(
     "set_optimizer_state_dict(full_state_dict=True) for an optimizer without tensor state: 'Expected device to be set'",
     docs="docs/state_dict.md",
 )
+FLAT_FULL_OPTIM = KnownBug(
+    "set_optimizer_state_dict-flat-full-keyerror",
+    "set_optimizer_state_dict(full_state_dict=True, flatten_optimizer_state_dict=True) raises "
+    "KeyError 'param_groups.0.params.0' for any model: the full-state branch takes the optimizer's local "
+    "state dict with the flatten option still on, so the loaded and the local dicts have different keys",
+    relation="none found after three phrasings; two other flatten bugs are in see_also",
+    state="present in torch 2.13.0",
+    see_also=("pytorch/pytorch#192224", "pytorch/pytorch#192225"),
+    docs="docs/state_dict.md",
+)
 FSDP1_FULL_OFFLOAD = KnownBug(
     "fsdp1-full-state-dict-offload-to-cpu",
     "FSDP1 FULL_STATE_DICT with offload_to_cpu on CPU: state_dict() clones a freed buffer (SIGSEGV), "
@@ -310,6 +320,7 @@ BUGS: dict[str, KnownBug] = {
         FSDP1_HSDP_RANK0_BROADCAST,
         FSDP1_COMPILE_SHARDED_GRAD,
         DIVIDE_FACTOR_TWICE,
+        FLAT_FULL_OPTIM,
     )
 }
 
@@ -689,6 +700,17 @@ def stateless_full(body: Body) -> bool:
     )
 
 
+def flat_full_optimizer(body: object) -> bool:
+    """:data:`FLAT_FULL_OPTIM`: an in-memory optimizer load with full state dicts and
+    flatten_optimizer_state_dict (through set_optimizer_state_dict or set_state_dict)."""
+    return (
+        isinstance(body, StateDictBody)
+        and body.api is not Api.FSDP1
+        and body.load.full_state_dict
+        and body.load.flatten_optimizer_state_dict
+    )
+
+
 def stateless_full_path(full: bool, target: Composition) -> bool:
     """Whether a full optimizer state reaches the target through set_optimizer_state_dict's
     path of :data:`STATELESS_FULL` (an FSDP1 target takes FSDP.optim_state_dict_to_load)."""
@@ -714,6 +736,7 @@ def known_bug(case: Case) -> str | None:
         (CACHED_STAGING_NEEDS_ACCELERATOR, isinstance(body, DcpBody) and body.cache_staged),
         (BROADCAST_EMPTY, broadcast_empty(body)),
         (STATELESS_FULL, stateless_full(body)),
+        (FLAT_FULL_OPTIM, flat_full_optimizer(body)),
     ]
     return next((bug.id for bug, met in checks if met), None)
 
@@ -780,6 +803,7 @@ def bugs_met(case: Case) -> list[KnownBug]:
             (CACHED_STAGING_NEEDS_ACCELERATOR, isinstance(body, DcpBody) and body.cache_staged),
             (BROADCAST_EMPTY, broadcast_empty(body)),
             (STATELESS_FULL, stateless_full(body)),
+            (FLAT_FULL_OPTIM, flat_full_optimizer(body)),
             (FSDP1_HSDP_OPTIMIZER_LOAD, hsdp_optimizer_load(body)),
             (UNFROZEN_UNRESHARDED, body.frozen_in_optimizer and bool(unresharded_frozen(body.tree, body.source))),
         ):

@@ -22,7 +22,10 @@ and ``FileSystemWriter(cache_staged_state_dict=True)`` without an accelerator.
 
 from __future__ import annotations
 
+import importlib
+import inspect
 from dataclasses import replace
+from functools import cache
 
 from hypothesis import strategies as st
 
@@ -33,12 +36,15 @@ from fuzz.model import (
     Composition,
     DcpBody,
     DcpItem,
+    LoadPlannerOptions,
     ModuleTree,
     Options,
     Overwrite,
+    SavePlannerOptions,
     StateDictBody,
     Training,
     Wrapper,
+    WriterOptions,
     fsdp1_in_memory_problem,
     is_fsdp1,
     is_plain,
@@ -101,6 +107,46 @@ def fsdp1_layouts(draw: st.DrawFn, tree: ModuleTree, *, world_size: int) -> Comp
     if known.fsdp1_frozen_unit(comp, tree) and not keep_known(draw, known.FSDP1_FROZEN_UNIT):
         comp = replace(comp, auto_wrap=False)  # a known FSDP1 bug with a unit of frozen parameters: rarely
     return comp
+
+
+@cache
+def torch_has(module: str, attr: str, parameter: str) -> bool:
+    """Whether the installed torch's ``module.attr`` takes ``parameter`` (a dataclass field
+    counts): options a torch lacks are not drawn (the GPU hosts run an older torch than the CPU
+    hosts). False where torch cannot be imported."""
+    try:
+        obj = getattr(importlib.import_module(module), attr)
+        return parameter in inspect.signature(obj).parameters
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return False
+
+
+_DCP = "torch.distributed.checkpoint"
+
+
+def _writer_options(draw: st.DrawFn) -> WriterOptions:
+    """FileSystemWriter's I/O options: a file per item, no fsync, 1 to 3 I/O threads, and how
+    many bytes each thread copies ahead (every value must give the same checkpoint)."""
+    return WriterOptions(
+        single_file_per_rank=draw(st.booleans()),
+        sync_files=draw(st.booleans()),
+        thread_count=draw(st.sampled_from((1, 2, 3))),
+        per_thread_copy_ahead=draw(st.sampled_from((10_000_000, 1, 4096))),
+    )
+
+
+def _planners(draw: st.DrawFn, no_dist: bool) -> tuple[SavePlannerOptions | None, LoadPlannerOptions | None]:
+    """A DefaultSavePlanner and a DefaultLoadPlanner passed explicitly, each one case in four."""
+    save = load = None
+    if one_in(draw, 4):
+        save = SavePlannerOptions(
+            flatten_sharded_tensors=not one_in(draw, 4),
+            dedup_save_to_lowest_rank=not no_dist and draw(st.booleans()),
+            enable_plan_caching=torch_has(_DCP, "DefaultSavePlanner", "enable_plan_caching") and draw(st.booleans()),
+        )
+    if one_in(draw, 4):
+        load = LoadPlannerOptions(flatten_sharded_tensors=not one_in(draw, 4), allow_partial_load=draw(st.booleans()))
+    return save, load
 
 
 def _has_frozen(tree: ModuleTree) -> bool:
@@ -194,9 +240,20 @@ def state_dict_cases(
     # An FSDP1 target loads a full optimizer state through FSDP.optim_state_dict_to_load, not
     # the path of the known stateless bug.
     stateless_bug = known.stateless_full_path(full, target)
+    # ignore_frozen_params (a third of the trees with frozen parameters, under the APIs whose
+    # get takes options): the frozen parameters are left out, so the load is non-strict.
+    ignore_frozen = api in (Api.SPLIT, Api.COMBINED) and _has_frozen(tree) and one_in(draw, 3)
+    if ignore_frozen:
+        strict, meta = False, False
     training = _stateful_optimizer(draw, draw(trainings(max_steps=max_steps, accumulation=False)), stateless_bug)
     training = _rare_foreach_on_mixed_params(draw, training, source, target)
     frozen_in_optimizer, empty_group = _optimizer_options(draw, tree)
+    # flatten_optimizer_state_dict, half the time (not with an empty param group: the flat
+    # format keys hyperparameters by parameter). With full state dicts set_optimizer_state_dict
+    # raises KeyError('param_groups.0.params.0') for any model (known.FLAT_FULL_OPTIM): rare.
+    flatten = not empty_group and api is not Api.FSDP1 and draw(st.booleans())
+    if flatten and full and not keep_known(draw, known.FLAT_FULL_OPTIM):
+        flatten = False
     body = StateDictBody(
         tree=tree,
         source=source,
@@ -205,9 +262,18 @@ def state_dict_cases(
         # FSDP1 optimizer state is judged by resuming
         steps_after=draw(st.sampled_from((1, 2) if fsdp1_side else (1, 2, 0))),
         api=api,
-        save=Options(full_state_dict=full, cpu_offload=save_offload),
+        save=Options(
+            full_state_dict=full,
+            cpu_offload=save_offload,
+            ignore_frozen_params=ignore_frozen,
+            flatten_optimizer_state_dict=flatten,
+        ),
         load=Options(
-            full_state_dict=full, cpu_offload=draw(st.booleans()), broadcast_from_rank0=broadcast, strict=strict
+            full_state_dict=full,
+            cpu_offload=draw(st.booleans()),
+            broadcast_from_rank0=broadcast,
+            strict=strict,
+            flatten_optimizer_state_dict=flatten,
         ),
         target_meta_init=meta,
         drop=drop,
@@ -401,6 +467,16 @@ def dcp_cases(
             st.sampled_from([Overwrite.NONE, Overwrite.TRUE, Overwrite.FALSE, Overwrite.TRUE, Overwrite.FALSE])
         )
     frozen_in_optimizer, empty_group = _optimizer_options(draw, tree)
+    writer = _writer_options(draw) if storage_objects and one_in(draw, 3) else WriterOptions()
+    save_planner, load_planner = _planners(draw, no_dist)
+    # A key the checkpoint lacks (with allow_partial_load half the time, else the documented
+    # refusal), and the format_utils conversion: collective round trips without an FSDP1 side.
+    plain_apis = not no_dist and not fsdp1
+    absent = plain_apis and one_in(draw, 6)
+    if absent and load_planner is None and draw(st.booleans()):
+        load_planner = LoadPlannerOptions(allow_partial_load=True)
+    convert = plain_apis and one_in(draw, 8)
+    own_group = not no_dist and one_in(draw, 6)  # process_group=: a gloo group of its own
     body = DcpBody(
         tree=tree,
         source=source,
@@ -426,6 +502,12 @@ def dcp_cases(
         no_dist=no_dist,
         frozen_in_optimizer=frozen_in_optimizer,
         empty_group=empty_group,
+        writer=writer,
+        save_planner=save_planner,
+        load_planner=load_planner,
+        absent=absent,
+        convert=convert,
+        own_group=own_group,
     )
     if known.fsdp1_full_offload(body, world_size) and not keep_known(draw, known.FSDP1_FULL_OFFLOAD):
         # known FSDP1 offload_to_cpu bugs on CPU, met through get_*_state_dict: rarely

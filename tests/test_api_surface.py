@@ -121,6 +121,8 @@ def test_counts_come_from_the_campaign_features() -> None:
         "save": 5,
         "variant:mp:param_dtype:bfloat16": 1,
         "mp:param_dtype:float16": 2,
+        "knob:forward_prefetch": 4,
+        "variant:knob:forward_prefetch": 1,
         "junk": "not a number",
     }
     rows = {r["name"]: r for r in api_coverage(features)["rows"]}
@@ -133,9 +135,9 @@ def test_counts_come_from_the_campaign_features() -> None:
     ]
     sync = rows["FSDPModule.set_requires_gradient_sync"]
     assert (sync["count"], sync["bound"]) == (3, "<=")
-    assert rows["FSDPModule.set_modules_to_forward_prefetch"]["status"] == NOT_DRAWN
-    assert "count" not in rows["FSDPModule.set_modules_to_forward_prefetch"]
-    assert rows["FSDPModule.reshard"]["status"] == EXERCISED
+    assert rows["FSDPModule.set_modules_to_forward_prefetch"]["count"] == 5
+    assert rows["FSDPModule.set_unshard_in_backward"]["status"] == NOT_DRAWN
+    assert "count" not in rows["FSDPModule.set_unshard_in_backward"]
     assert rows["fully_shard(offload_policy)"]["status"] == ACCELERATOR
     assert rows["FSDPModule.set_reduce_scatter_divide_factor"]["status"] == DEPRECATED
     assert rows["FileSystemWriter(_extensions)"]["status"] == PRIVATE
@@ -192,7 +194,7 @@ def test_drawn_patterns_match_emitted_features() -> None:
     from fuzz.properties import get_property
 
     seen: set[str] = set()
-    for name in ("state_dict", "dcp", "mixed_precision"):
+    for name in ("state_dict", "dcp", "mixed_precision", "parity", "metamorphic"):
         _sample(get_property(name), seen)
     missing = {n: u.pattern for n, u in USES.items() if u.pattern and not any(re.fullmatch(u.pattern, f) for f in seen)}
     assert missing == {}

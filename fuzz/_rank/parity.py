@@ -34,12 +34,14 @@ from fuzz.model import (
     Composition,
     Layout,
     MetamorphicBody,
+    MixedPrecision,
     ModuleTree,
     Optimizer,
     ParityBody,
     Training,
     contains,
     is_ancestor,
+    mixed_precision_comparable,
 )
 
 
@@ -197,13 +199,16 @@ def train(
     ctx: RankContext,
     tp_size: int = 1,
     grad_scales: dict[str, float] | None = None,
+    precision: MixedPrecision | None = None,
 ) -> dict[str, Any]:
     """Train the tree under ``comp`` (None: the all-reduce reference); observations as JSON.
     ``tp_size``: the case's tensor-parallel group size (its ranks share inputs and RNG), for the
     reference too. The reference averages gradients over all ranks, so each data-parallel
     batch counts ``tp_size`` times: the same mean as over the data-parallel ranks; then it
     multiplies the gradients of the parameters a module holds by ``grad_scales[module path]``
-    (what the composition's knobs do to them by design)."""
+    (what the composition's knobs do to them by design). With ``precision`` (a reference
+    only) each microbatch applies that MixedPrecisionPolicy's casts by hand instead
+    (:func:`_low_precision_microbatch`)."""
     dtype = TORCH_DTYPES[training.dtype]
     if comp is not None:
         model, composed = build_composed(tree, comp, dtype, ctx, seed=case.seed)
@@ -238,6 +243,10 @@ def train(
             ctx_mgr = composed.no_sync() if sync is AccumSync.NO_GRAD_SYNC else _null()
             if composed.knobs is not None:
                 composed.knobs.before_microbatch(first=s == 0 and i == 0, last=last)
+            if precision is not None:
+                loss = _low_precision_microbatch(model, x, y, precision, training, ctx)
+                step_losses.append(loss.item())
+                continue
             with ctx_mgr:
                 out = forward(x)
                 if contracts is not None and comp is not None:
@@ -249,7 +258,7 @@ def train(
                 loss = F.mse_loss(out.to(y.dtype), y)
                 loss.backward()
             step_losses.append(loss.item())
-        if comp is None:
+        if comp is None and precision is None:
             _average_gradients(model, ctx, grad_scales or {})
         if composed.wrapper.value.startswith("fsdp1") and composed.wrapper.value != "fsdp1_no_shard":
             grad_norms.append(float("nan"))  # FSDP1 keeps local shards of gradients: not comparable
@@ -309,6 +318,34 @@ def _average_gradients(model: nn.Module, ctx: RankContext, scales: dict[str, flo
                 p.grad *= scale
 
 
+def _low_precision_microbatch(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, mp: MixedPrecision, training: Training, ctx: RankContext
+) -> torch.Tensor:
+    """One microbatch of the reference for a MixedPrecisionPolicy, the casts applied by hand as
+    FSDP2 documents them: forward and backward on a copy of the (full-precision) parameters
+    cast to ``param_dtype``, the input cast to it too (the root's ``cast_forward_inputs``), the
+    output cast to ``output_dtype``; each gradient cast to ``reduce_dtype`` (else the compute
+    dtype), summed over the ranks and divided by their number in that dtype, then cast to the
+    parameter's dtype and accumulated there. Returns the loss."""
+    base = TORCH_DTYPES[training.dtype]
+    compute = TORCH_DTYPES[mp.param_dtype] if mp.param_dtype is not None else base
+    reduce = TORCH_DTYPES[mp.reduce_dtype] if mp.reduce_dtype is not None else compute
+    shadow = copy.deepcopy(model).to(compute)
+    out = shadow(x.to(compute))
+    if mp.output_dtype is not None:
+        out = out.to(TORCH_DTYPES[mp.output_dtype])
+    loss = F.mse_loss(out.to(y.dtype), y)
+    loss.backward()
+    for p, q in zip(model.parameters(), shadow.parameters()):
+        if q.grad is None:
+            continue
+        g = q.grad.to(reduce)
+        dist.all_reduce(g)
+        g = (g / ctx.world_size).to(p.dtype)
+        p.grad = g if p.grad is None else p.grad + g
+    return loss
+
+
 def grad_scales(tree: ModuleTree, comp: Composition, world_size: int) -> dict[str, float]:
     """Per module path holding parameters: what the knobs scale its gradients by (not 1 only)."""
     layout = Layout(tree, comp)
@@ -341,10 +378,21 @@ def _local_replicated(model: nn.Module) -> dict[str, list[float]]:
 
 def run_parity(case: Case, body: ParityBody, ctx: RankContext) -> dict[str, Any]:
     tp = body.composition.tp_size
-    composed = train(case, body.tree, body.training, body.composition, ctx, tp)
-    scales = grad_scales(body.tree, body.composition, ctx.world_size)
+    comp = body.composition
+    composed = train(case, body.tree, body.training, comp, ctx, tp)
+    keys = ("losses", "params", "grad_norms")
+    if any(s.mixed_precision is not None for s in comp.shards):
+        # Under a MixedPrecisionPolicy the reference applies the policy's casts by hand, where
+        # one policy covers the model (fuzz.model.Composition.uniform_precision) and the
+        # schedule reduces every microbatch; otherwise only the contracts are judged.
+        precision = comp.uniform_precision()
+        if precision is None or not mixed_precision_comparable(body.training):
+            return composed
+        reference = train(case, body.tree, body.training, None, ctx, tp, precision=precision)
+        return {**composed, "ref": {k: reference[k] for k in keys if k in reference}}
+    scales = grad_scales(body.tree, comp, ctx.world_size)
     reference = train(case, body.tree, body.training, None, ctx, tp, scales)
-    return {**composed, "ref": {k: reference[k] for k in ("losses", "params", "grad_norms") if k in reference}}
+    return {**composed, "ref": {k: reference[k] for k in keys if k in reference}}
 
 
 def run_metamorphic(case: Case, body: MetamorphicBody, ctx: RankContext) -> dict[str, Any]:

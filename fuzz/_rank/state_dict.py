@@ -22,6 +22,7 @@ Two things every program here does on purpose:
 from __future__ import annotations
 
 import copy
+import inspect
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -332,15 +333,60 @@ def fsdp1_load_optimizer(side: Side, osd: dict[str, Any]) -> None:
     side.opt.load_state_dict(FSDP.optim_state_dict_to_load(side.model, side.opt, osd))
 
 
+def torch_kwargs(fn: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` for ``fn``, checked against this torch's signature of it. The cases pass an
+    option only where it differs from its default, and the strategies draw only options the
+    installed torch has; a case from a newer torch (a corpus entry) that names an option this
+    one lacks fails here, saying so, rather than silently running without it."""
+    params = inspect.signature(fn).parameters
+    missing = sorted(k for k in kwargs if k not in params)
+    if missing:
+        name = getattr(fn, "__qualname__", repr(fn))
+        raise NotImplementedError(f"{name} of torch {torch.__version__} has no parameter(s) {missing}")
+    return kwargs
+
+
 def state_dict_options(o: Options) -> Any:
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
+    extra = {
+        n: True for n in ("ignore_frozen_params", "flatten_optimizer_state_dict") if getattr(o, n)
+    }  # passed only when set: older torch may lack them (torch_kwargs)
     return StateDictOptions(
         full_state_dict=o.full_state_dict,
         cpu_offload=o.cpu_offload,
         broadcast_from_rank0=o.broadcast_from_rank0,
         strict=o.strict,
+        **torch_kwargs(StateDictOptions, extra),
     )
+
+
+def frozen_names(side: Side) -> list[str]:
+    """The frozen parameters' names (``requires_grad`` False), as state-dict keys."""
+    return sorted(clean_name(n) for n, p in side.model.named_parameters() if not p.requires_grad)
+
+
+def observe_flat_optimizer(body: StateDictBody, side: Side, flat: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """With flatten_optimizer_state_dict: the flat optimizer state dict that was taken, and the
+    nested one get_optimizer_state_dict takes with the same options otherwise (returned too),
+    both as JSON (collective where they hold DTensors: keys in sorted order on every rank)."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    assert side.opt is not None
+    nested: dict[str, Any] = get_optimizer_state_dict(
+        side.model, side.opt, options=state_dict_options(replace(body.save, flatten_optimizer_state_dict=False))
+    )
+    obs = {
+        "flat": {k: _jsonable(flat[k]) for k in sorted(flat)},
+        "nested": {
+            "state": {
+                fqn: {k: _jsonable(v) for k, v in sorted(st.items())}
+                for fqn, st in sorted(nested.get("state", {}).items())
+            },
+            "param_groups": [{k: _jsonable(v) for k, v in sorted(g.items())} for g in nested.get("param_groups", [])],
+        },
+    }
+    return obs, nested
 
 
 def _take(body: StateDictBody, side: Side) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -419,18 +465,34 @@ def run_state_dict(case: Case, body: StateDictBody, ctx: RankContext) -> dict[st
     obs: dict[str, Any] = {"losses_before": train_steps(src, data[: t.steps], ctx)}
 
     msd, osd = _take(body, src)
+    nested_osd = osd
+    ignored: list[str] = []
+    if body.save.ignore_frozen_params:
+        # get_model_state_dict must leave out exactly the frozen parameters; they are left
+        # out of the load too, so they keep their fresh values (as dropped keys do).
+        ignored = frozen_names(src)
+        every = model_keys(src)  # on every rank: an FSDP1 model's state_dict gathers
+        if ctx.rank == 0:
+            obs["ignore_frozen"] = {
+                "keys": sorted(clean_name(k) for k in msd),
+                "expected": sorted(set(every) - set(ignored)),
+            }
+    if body.save.flatten_optimizer_state_dict:
+        flat_obs, nested_osd = observe_flat_optimizer(body, src, osd)
+        if ctx.rank == 0:
+            obs["flat_optimizer"] = flat_obs
     msd, osd = copy.deepcopy((msd, osd))  # see the module docstring
     obs["saved"] = observe(src, case, body.tree, ctx)
     if src.fsdp1 and not is_fsdp1(body.target):
         # What the target must hold in full after the load (see observe_state_dict_optimizer).
-        saved_optim = observe_state_dict_optimizer(osd)
+        saved_optim = observe_state_dict_optimizer(nested_osd)
         if ctx.rank == 0:
             obs["saved"]["optimizer"] = saved_optim
 
     tgt = build_side(body.tree, body.target, t, ctx, seed=case.seed + FRESH_SEED, meta=body.target_meta_init)
     if not body.target_meta_init:
         body_optimizer(tgt, fresh_training(t), body)
-    dropped = dropped_keys(src, body.drop)
+    dropped = sorted(set(dropped_keys(src, body.drop)) | set(ignored))
     obs["dropped"] = dropped
     if dropped:
         obs["fresh"] = observe(tgt, case, body.tree, ctx)

@@ -212,6 +212,27 @@ class Composition:
         if self.knobs.is_set and self.tp:
             raise CaseError("knobs", "not drawn with tensor parallelism")
 
+    def uniform_precision(self) -> MixedPrecision | None:
+        """The one MixedPrecisionPolicy a reference can apply by hand, or None: fully_shard on the
+        root and every unit with the same param and reduce dtypes, no replicate, wrapper or tensor
+        parallelism, and inner units whose output_dtype is their compute dtype or unset (so no
+        cast happens between units). The root's ``output_dtype`` is kept: the reference casts
+        the model's output to it."""
+        specs = self.shards
+        if not specs or self.replicates or self.wrapper is not Wrapper.NONE or self.tp:
+            return None
+        root = next((s for s in specs if s.path == ""), None)
+        if root is None or root.mixed_precision is None or not root.mixed_precision.cast_forward_inputs:
+            return None
+        policy = root.mixed_precision
+        for spec in specs:
+            mp = spec.mixed_precision
+            if mp is None or (mp.param_dtype, mp.reduce_dtype) != (policy.param_dtype, policy.reduce_dtype):
+                return None
+            if spec is not root and mp.output_dtype not in (None, mp.param_dtype):
+                return None
+        return policy
+
     def reshard_after_forward(self, spec: ShardSpec) -> bool | int:
         """The ``reshard_after_forward`` a unit has at run time: ``spec``'s, or the value
         ``set_reshard_after_forward`` gave every unit (:attr:`Knobs.late_reshard_after_forward`)."""

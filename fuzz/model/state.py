@@ -25,7 +25,7 @@ from __future__ import annotations
 import enum
 import os
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
 from fuzz.errors import CaseError
@@ -177,12 +177,18 @@ class Api(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Options:
-    """The ``StateDictOptions`` of a get (``save``) or set (``load``) call."""
+    """The ``StateDictOptions`` of a get (``save``) or set (``load``) call.
+
+    ``ignore_frozen_params`` (get only: "the returned state_dict won't contain any frozen
+    parameters"); ``flatten_optimizer_state_dict`` (the optimizer state dict as one flat dict
+    keyed ``state.<fqn>.<key>`` / ``param_groups.<fqn>.<key>``, on get and on set)."""
 
     full_state_dict: bool = False
     cpu_offload: bool = False
     broadcast_from_rank0: bool = False
     strict: bool = True
+    ignore_frozen_params: bool = False
+    flatten_optimizer_state_dict: bool = False
 
 
 @dataclass(frozen=True)
@@ -221,6 +227,7 @@ class StateDictBody(Body):
         save, load = self.save, self.load
         if save.broadcast_from_rank0 or not save.strict:
             raise CaseError("save", "broadcast_from_rank0 and strict apply to loading (set_*) only")
+        self._check_frozen_and_flat()
         if self.api is Api.FSDP1:
             if not (is_fsdp1(self.source) and is_fsdp1(self.target)):
                 # FSDP.set_state_dict_type and FSDP.optim_state_dict work on FSDP1 models only.
@@ -265,6 +272,32 @@ class StateDictBody(Body):
             raise CaseError("drop", "leaving keys out of a load needs load.strict=False")
         if self.drop and self.target_meta_init:
             raise CaseError("drop", "a meta-device target has no values for the keys left out of the load")
+
+    def _check_frozen_and_flat(self) -> None:
+        """ignore_frozen_params and flatten_optimizer_state_dict."""
+        save, load = self.save, self.load
+        if load.ignore_frozen_params:
+            raise CaseError("load.ignore_frozen_params", "is documented for the state dict get_* returns only")
+        if save.ignore_frozen_params:
+            if self.api not in (Api.SPLIT, Api.COMBINED):
+                raise CaseError("save.ignore_frozen_params", "is a get_model_state_dict / get_state_dict option")
+            if any(getattr(n, "frozen", False) for n in self.tree.paths().values()):
+                # The state dict lacks the frozen parameters, which keep their fresh values.
+                if load.strict:
+                    raise CaseError("load.strict", "a state dict without the frozen parameters loads non-strict")
+                if self.target_meta_init:
+                    raise CaseError("target_meta_init", "a meta-device target has no values for frozen parameters")
+        if save.flatten_optimizer_state_dict != load.flatten_optimizer_state_dict:
+            raise CaseError("load.flatten_optimizer_state_dict", "must equal save's: both describe the same dict")
+        if save.flatten_optimizer_state_dict:
+            if self.api is Api.FSDP1:
+                raise CaseError("save.flatten_optimizer_state_dict", "is a get/set_*_state_dict option")
+            if self.empty_group:
+                # The flat dict keys hyperparameters by parameter (param_groups.<fqn>.lr): a
+                # group without parameters has no place in it.
+                raise CaseError(
+                    "empty_group", "a flattened optimizer state dict has no place for a group without params"
+                )
 
     def _check_fsdp1(self) -> None:
         save, load = self.save, self.load
@@ -315,6 +348,46 @@ class DcpItem(str, enum.Enum):
     SCALARS = "scalars"  # a Stateful holding Python scalars (int, float, str, bool, list)
     COUNTER = "counter"  # a Stateful whose state_dict and load_state_dict all_reduce on every rank
     EXTRA = "extra"  # a plain tensor, the same on every rank
+
+
+@dataclass(frozen=True)
+class WriterOptions:
+    """``FileSystemWriter``'s I/O options (torch's defaults: what a writer without them does)."""
+
+    single_file_per_rank: bool = True
+    sync_files: bool = True
+    thread_count: int = 1
+    per_thread_copy_ahead: int = 10_000_000
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.thread_count <= 4:
+            raise CaseError("writer.thread_count", f"thread_count={self.thread_count} is outside 1..4")
+        if self.per_thread_copy_ahead < 0:
+            raise CaseError("writer.per_thread_copy_ahead", "is a number of bytes: must be >= 0")
+
+    def changed(self) -> dict[str, object]:
+        """The options that differ from torch's defaults (what the writer is given)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}
+
+
+@dataclass(frozen=True)
+class SavePlannerOptions:
+    """A ``DefaultSavePlanner(...)`` passed to ``dcp.save`` / ``async_save`` as ``planner``."""
+
+    flatten_sharded_tensors: bool = True
+    #: each replicated item is written by the lowest rank that holds it (else: the rank with
+    #: the least planned storage so far)
+    dedup_save_to_lowest_rank: bool = False
+    enable_plan_caching: bool = False
+
+
+@dataclass(frozen=True)
+class LoadPlannerOptions:
+    """A ``DefaultLoadPlanner(...)`` passed to ``dcp.load`` as ``planner``."""
+
+    flatten_sharded_tensors: bool = True
+    #: "If False, will raise a runtime error if a key is present in state_dict, but not in the checkpoint"
+    allow_partial_load: bool = False
 
 
 class DcpMode(str, enum.Enum):
@@ -391,11 +464,30 @@ class DcpBody(Body):
     no_dist: bool = False
     frozen_in_optimizer: bool = False
     empty_group: bool = False
+    #: FileSystemWriter's I/O options (with storage_objects): the round trip must be exact.
+    writer: WriterOptions = field(default_factory=WriterOptions)
+    #: A DefaultSavePlanner(...) as dcp.save / async_save's planner (None: DCP's own default).
+    save_planner: SavePlannerOptions | None = None
+    #: A DefaultLoadPlanner(...) as dcp.load's planner (None: DCP's own default).
+    load_planner: LoadPlannerOptions | None = None
+    #: The load's dict holds one more tensor, ``absent``, that the checkpoint lacks: with
+    #: load_planner.allow_partial_load the load succeeds and leaves it untouched; without it
+    #: every rank must get DCP's "Missing key in checkpoint state_dict: absent" (then the case
+    #: loads again without it).
+    absent: bool = False
+    #: After the save, format_utils.dcp_to_torch_save (rank 0) turns the checkpoint into a
+    #: torch.save file, which must hold the full state; torch_save_to_dcp turns that back into
+    #: a DCP checkpoint, which the target loads.
+    convert: bool = False
+    #: dcp.save / async_save / load with process_group=, a gloo group of the rank's own
+    #: (dist.new_group), instead of the default group.
+    own_group: bool = False
 
     def __post_init__(self) -> None:
         _check_common(self.tree, self.source, self.target, self.training, self.steps_after, self.target_meta_init)
         _check_drop(self.drop)
         _check_frozen_in_optimizer(self.tree, self.frozen_in_optimizer)
+        self._check_options()
         entries = self.entries
         if not entries or len(set(entries)) != len(entries):
             raise CaseError("entries", f"{[e.value for e in entries]} must be non-empty and name each entry once")
@@ -493,6 +585,28 @@ class DcpBody(Body):
                 raise CaseError("cache_staged", "the staging cache is reused by several async saves: async_saves >= 2")
             if not self.storage_objects:
                 raise CaseError("cache_staged", "is a FileSystemWriter option: needs storage_objects")
+
+    def _check_options(self) -> None:
+        """writer, save_planner, load_planner, absent, convert, own_group."""
+        if self.writer != WriterOptions() and not self.storage_objects:
+            raise CaseError("writer", "is FileSystemWriter's: needs storage_objects")
+        if self.save_planner is not None and self.save_planner.dedup_save_to_lowest_rank and self.no_dist:
+            raise CaseError(
+                "save_planner.dedup_save_to_lowest_rank", "dedups items across the ranks of one save: not with no_dist"
+            )
+        if self.own_group and (self.no_dist or self.mode is not DcpMode.ROUND_TRIP):
+            raise CaseError("own_group", "a process group of its own for a collective round trip")
+        fsdp1 = is_fsdp1(self.source) or is_fsdp1(self.target)
+        for name in ("absent", "convert"):
+            if not getattr(self, name):
+                continue
+            if self.mode is not DcpMode.ROUND_TRIP or self.no_dist or self.deadlock:
+                raise CaseError(name, "applies to a collective round trip")
+            if fsdp1:
+                # absent: a key missing from the checkpoint is what sends DefaultLoadPlanner
+                # down the re-flattening path of a known FSDP1 bug (fsdp1_dcp_empty_shard);
+                # convert: FSDP1's own optimizer state is not observed in full.
+                raise CaseError(name, "is drawn for fully_shard / replicate / DDP / plain models, no FSDP1 side")
 
     def _check_no_dist(self) -> None:
         if not (is_plain(self.source) and is_plain(self.target)):

@@ -140,3 +140,16 @@ class Training:
             ):
                 return True
         return False
+
+
+def mixed_precision_comparable(training: Training) -> bool:
+    """Whether a reference can apply a MixedPrecisionPolicy's casts by hand for this schedule:
+    every microbatch reduces its gradients (FSDP2 accumulates unreduced gradients in the reduce
+    dtype otherwise), no module left out or unfrozen (known bugs of their own under mixed
+    precision), no compile."""
+    return (
+        (training.grad_accum == 1 or training.accum_sync is AccumSync.ALWAYS)
+        and not training.skips
+        and not training.unfreeze
+        and training.compile is Compile.NONE
+    )

@@ -31,10 +31,11 @@ from fuzz.model import (
     Unit,
     Wrapper,
     has_params,
+    mixed_precision_comparable,
 )
 from fuzz.properties import Property, register, strategy
 from fuzz.signature import Failure, Signature, failure_from_outcome
-from fuzz.tolerance import Tolerance, first_mismatch, tolerance_for
+from fuzz.tolerance import Tolerance, first_mismatch, mixed_precision_tolerance, tolerance_for
 from fuzz.verdict import Outcome
 
 
@@ -245,7 +246,15 @@ def judge_mixed_precision(case: Case, outcome: Outcome) -> Failure | None:
         failure = check_contracts(case.property, body.composition, body.tree, obs["contracts"])
         if failure is not None:
             return failure
-    return None
+    policy = body.composition.uniform_precision()
+    if policy is None or "ref" not in outcome.observations[0]:
+        return None
+    # Numerics against the reference that applies the policy's casts by hand
+    # (fuzz/_rank/parity.py:_low_precision_microbatch), under fuzz.tolerance's written policy.
+    low = [d.value for d in (policy.param_dtype, policy.reduce_dtype, policy.output_dtype) if d is not None]
+    tol = mixed_precision_tolerance(body.training.dtype.value, low, case.world_size // body.composition.tp_size)
+    api = api_of(body.composition, body.tree, body.training, case.world_size)
+    return compare_runs(case.property, outcome.observations, tol, api)
 
 
 def judge_metamorphic(case: Case, outcome: Outcome) -> Failure | None:
@@ -364,6 +373,8 @@ def features(case: Case) -> list[str]:
     if isinstance(body, ParityBody):
         comp = composition_features(body.composition, case.world_size)
         training = training_features(body.training) + schedule_features(body.tree, body.training)
+        if body.composition.uniform_precision() is not None and mixed_precision_comparable(body.training):
+            training.append("mp:numerics")  # compared with the hand-cast reference
         return sorted(set(tree_features(body.tree, case.world_size) + comp + training))
     assert isinstance(body, MetamorphicBody)
     return sorted(

@@ -301,7 +301,11 @@ def _judge_state_dict(case: Case, outcome: Outcome) -> Failure | None:
     observations = outcome.observations
     first = observations[0]
     saved, loaded, dropped = first["saved"], first["loaded"], first["dropped"]
-    failure = _check_model(prop, where, saved, loaded, first.get("fresh"), dropped)
+    failure = _check_ignored_frozen(prop, where, first.get("ignore_frozen"))
+    if failure is None and "flat_optimizer" in first:
+        failure = _check_flat_optimizer(prop, where, first["flat_optimizer"])
+    if failure is None:
+        failure = _check_model(prop, where, saved, loaded, first.get("fresh"), dropped)
     if failure is None:
         failure = _check_optimizer(prop, where, body.source, body.target, observations, "saved")
     for rank, obs in enumerate(observations):
@@ -321,6 +325,54 @@ def _judge_state_dict(case: Case, outcome: Outcome) -> Failure | None:
     return failure
 
 
+def _check_ignored_frozen(prop: str, where: str, observed: dict[str, Any] | None) -> Failure | None:
+    """StateDictOptions(ignore_frozen_params=True): "the returned state_dict won't contain any
+    frozen parameters": get_model_state_dict's keys are the model's state-dict keys less
+    exactly the frozen parameters (buffers and trainable parameters all kept)."""
+    if observed is None:
+        return None
+    keys, want = observed["keys"], observed["expected"]
+    if keys == want:
+        return None
+    extra, missing = sorted(set(keys) - set(want)), sorted(set(want) - set(keys))
+    return _mismatch(
+        prop,
+        "ignore_frozen_params",
+        where,
+        f"get_model_state_dict(ignore_frozen_params=True) returned keys {extra} it should leave out "
+        f"and lacks {missing}",
+        observed=keys,
+        expected=want,
+    )
+
+
+def _check_flat_optimizer(prop: str, where: str, observed: dict[str, Any]) -> Failure | None:
+    """StateDictOptions(flatten_optimizer_state_dict=True), as torch's _flatten_optim_state_dict
+    documents the format: the nested state dict's ``state[fqn][key]`` is ``state.<fqn>.<key>``
+    and every param group's hyperparameter ``k`` is ``param_groups.<fqn>.<k>`` for each of
+    its parameters, nothing else. (That set_optimizer_state_dict takes it back is judged by the
+    round trip.)"""
+    flat, nested = observed["flat"], observed["nested"]
+    want: dict[str, Any] = {}
+    for fqn, state in nested["state"].items():
+        for key, value in state.items():
+            want[f"state.{fqn}.{key}"] = value
+    for group in nested["param_groups"]:
+        for fqn in group.get("params", []):
+            for key, value in group.items():
+                if key != "params":
+                    want[f"param_groups.{fqn}.{key}"] = value
+    diff = _first_difference(flat, want)
+    if not diff:
+        return None
+    return _mismatch(
+        prop,
+        "flatten_optimizer_state_dict",
+        where,
+        f"the flattened optimizer state dict differs from the nested one, flattened as documented: {diff}",
+    )
+
+
 def _judge_dcp(case: Case, outcome: Outcome) -> Failure | None:
     if not outcome.ok:
         return _failure(case.property, outcome)
@@ -333,6 +385,9 @@ def _judge_dcp(case: Case, outcome: Outcome) -> Failure | None:
             return _mismatch(prop, "in_place", "load", f"rank {rank}: {obs['in_place']}")
     if body.mode is not DcpMode.ROUND_TRIP:
         return None
+    failure = _check_dcp_options(prop, where, body, observations)
+    if failure is not None:
+        return failure
     if body.overwrite is Overwrite.FALSE:
         failure = _check_refusal(prop, where, observations)
         if failure is not None:
@@ -381,6 +436,151 @@ def _judge_dcp(case: Case, outcome: Outcome) -> Failure | None:
     if failure is None:
         failure = _check_resume(prop, where, case, _same_operations(body.source, body.target), observations)
     return failure
+
+
+#: What DefaultLoadPlanner raises for a key of the loaded dict the checkpoint lacks
+#: (without allow_partial_load); DcpBody.absent's key is "absent".
+MISSING_KEY = "Missing key in checkpoint state_dict: absent"
+
+
+def _check_dcp_options(prop: str, where: str, body: DcpBody, observations: list[dict[str, Any]]) -> Failure | None:
+    """The oracles of the options that have one beyond the exact round trip: absent (with and
+    without allow_partial_load), dedup_save_to_lowest_rank, and the format_utils conversion."""
+    if body.absent:
+        failure = _check_absent(prop, where, body, observations)
+        if failure is not None:
+            return failure
+    if body.save_planner is not None and body.save_planner.dedup_save_to_lowest_rank:
+        failure = _check_dedup(prop, where, observations)
+        if failure is not None:
+            return failure
+    if body.convert:
+        return _check_converted(prop, where, body, observations[0])
+    return None
+
+
+def _check_absent(prop: str, where: str, body: DcpBody, observations: list[dict[str, Any]]) -> Failure | None:
+    """DefaultLoadPlanner documents allow_partial_load: "If False, will raise a runtime error if
+    a key is present in state_dict, but not in the checkpoint". With it, the load succeeds and
+    the key's tensor is left as it was; without it, every rank gets the error (dcp.load raises
+    it inside its plan's reduce-scatter, so as a CheckpointException on every rank)."""
+    allowed = body.load_planner is not None and body.load_planner.allow_partial_load
+    for rank, obs in enumerate(observations):
+        absent = obs["absent"]
+        refusal = absent["refusal"]
+        if allowed and refusal is not None:
+            return _mismatch(
+                prop,
+                "allow_partial_load",
+                where,
+                f"rank {rank}: dcp.load with allow_partial_load=True refused a key the checkpoint lacks: "
+                f"{refusal['type']}: {refusal['message'][:500]}",
+            )
+        if allowed and absent["after"] != absent["before"]:
+            return _mismatch(
+                prop,
+                "allow_partial_load",
+                where,
+                f"rank {rank}: the key the checkpoint lacks changed in the load: {absent['after']} "
+                f"(was {absent['before']})",
+            )
+        if not allowed and refusal is None:
+            return _mismatch(
+                prop,
+                "allow_partial_load",
+                where,
+                f"rank {rank}: dcp.load without allow_partial_load loaded a dict with a key the checkpoint lacks",
+            )
+        if not allowed and (
+            not refusal["type"].endswith(".CheckpointException") or MISSING_KEY not in refusal["message"]
+        ):
+            return _mismatch(
+                prop,
+                "allow_partial_load",
+                where,
+                f"rank {rank}: dcp.load without allow_partial_load raised {refusal['type']}: "
+                f"{refusal['message'][:500]} (expected CheckpointException {MISSING_KEY!r})",
+            )
+    return None
+
+
+def _check_dedup(prop: str, where: str, observations: list[dict[str, Any]]) -> Failure | None:
+    """DefaultSavePlanner(dedup_save_to_lowest_rank=True): an item that several ranks' local
+    plans hold (replicated) is written once, by the lowest of those ranks, and every planned
+    item is written. FileSystemWriter names rank r's files ``__<r>_<n>.distcp``."""
+    holders: dict[str, list[int]] = {}
+    for rank, obs in enumerate(observations):
+        for item in obs["dedup"]["local_items"]:
+            holders.setdefault(repr(item), []).append(rank)
+    written: dict[str, str] = {}
+    for fqn, offset, relative_path in observations[0]["dedup"]["written"]:
+        key = repr([fqn, offset])
+        if key in written:
+            return _mismatch(prop, "dedup", where, f"item {key} is written twice: {written[key]}, {relative_path}")
+        written[key] = relative_path
+        if key not in holders:
+            return _mismatch(prop, "dedup", where, f"item {key} is written ({relative_path}) but no rank planned it")
+        lowest = min(holders[key])
+        if not relative_path.startswith(f"__{lowest}_"):
+            return _mismatch(
+                prop,
+                "dedup",
+                where,
+                f"item {key}, planned by ranks {sorted(holders[key])}, is written to {relative_path}, "
+                f"not by rank {lowest} (dedup_save_to_lowest_rank=True)",
+            )
+    unwritten = sorted(set(holders) - set(written))
+    if unwritten:
+        return _mismatch(prop, "dedup", where, f"items planned but not written: {unwritten[:5]}")
+    return None
+
+
+def _check_converted(prop: str, where: str, body: DcpBody, first: dict[str, Any]) -> Failure | None:
+    """format_utils.dcp_to_torch_save: the torch.save file, read with torch.load, holds the
+    checkpoint's state in full: the model's parameters and buffers as the full tensors the
+    source held, the optimizer's state and param groups, the scalars and the extra tensor.
+    (torch_save_to_dcp, the way back, is judged by the load of its checkpoint: the exact round
+    trip.)"""
+    converted, saved = first["convert"], first["saved"]
+    if DcpItem.MODEL in body.entries or DcpItem.APP in body.entries:
+        failure = _exact(
+            prop, "dcp_to_torch_save", where, "the model in the torch.save file", converted.get("model"), saved["model"]
+        )
+        if failure is not None:
+            return failure
+    if (DcpItem.OPTIMIZER in body.entries or DcpItem.APP in body.entries) and "optimizer" in saved:
+        failure = _exact(
+            prop,
+            "dcp_to_torch_save",
+            where,
+            "the optimizer state in the torch.save file",
+            converted.get("optimizer"),
+            saved["optimizer"],
+        )
+        if failure is None:
+            failure = _exact(
+                prop,
+                "dcp_to_torch_save",
+                where,
+                "the param groups in the torch.save file",
+                converted.get("groups"),
+                saved["groups"],
+            )
+        if failure is not None:
+            return failure
+    for key in ("scalars", "extra"):
+        if DcpItem(key) in body.entries:
+            failure = _exact(
+                prop,
+                "dcp_to_torch_save",
+                where,
+                f"the {key} entry in the torch.save file",
+                converted.get(key),
+                saved[key],
+            )
+            if failure is not None:
+                return failure
+    return None
 
 
 def _check_refusal(prop: str, where: str, observations: list[dict[str, Any]]) -> Failure | None:
@@ -453,6 +653,10 @@ def features_state_dict(case: Case) -> list[str]:
     broadcast = ld.broadcast_from_rank0 and body.api is not Api.FSDP1
     out += [f"load:{n}" for n, on in (("cpu_offload", ld.cpu_offload), ("broadcast_from_rank0", broadcast)) if on]
     out.append("strict" if ld.strict else "non-strict" + (":drop" if body.drop else ""))
+    if s.ignore_frozen_params:
+        out.append("save:ignore_frozen_params")
+    if s.flatten_optimizer_state_dict:
+        out.append("flatten_optimizer_state_dict")
     if body.api is Api.FSDP1 and ld.broadcast_from_rank0:
         out.append("fsdp1:rank0_only")
     if body.target_meta_init:
@@ -503,7 +707,30 @@ def features_dcp(case: Case) -> list[str]:
     if body.no_dist:
         out.append("no_dist")
     out += _optimizer_features(body.tree, body.frozen_in_optimizer, body.empty_group)
+    out += _dcp_option_features(body)
     return sorted(set(out + _layout_features(body.source, body.target)))
+
+
+def _dcp_option_features(body: DcpBody) -> list[str]:
+    """FileSystemWriter's I/O options, the planners' options, absent keys, format_utils."""
+    out = [f"writer:{name}" for name in body.writer.changed()]
+    sp, lp = body.save_planner, body.load_planner
+    if sp is not None:
+        out.append("save_planner")
+        out += ["save_planner:dedup_save_to_lowest_rank"] * sp.dedup_save_to_lowest_rank
+        out += ["save_planner:enable_plan_caching"] * sp.enable_plan_caching
+        out += ["save_planner:flatten_sharded_tensors:false"] * (not sp.flatten_sharded_tensors)
+    if lp is not None:
+        out.append("load_planner")
+        out += ["load_planner:allow_partial_load"] * lp.allow_partial_load
+        out += ["load_planner:flatten_sharded_tensors:false"] * (not lp.flatten_sharded_tensors)
+    if body.absent:
+        out.append("absent:allowed" if lp is not None and lp.allow_partial_load else "absent:refused")
+    if body.convert:
+        out.append("format_utils:convert")
+    if body.own_group:
+        out.append("process_group:own")
+    return out
 
 
 STATE_DICT = register(

@@ -1,0 +1,88 @@
+"""mixed_precision's numerics: training under a MixedPrecisionPolicy matches a reference that
+applies the policy's casts by hand (fuzz/_rank/parity.py:_low_precision_microbatch), and the
+comparison notices a fault that reduces in the wrong dtype (tests/faults/K07)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fuzz.explore import run_case
+from fuzz.model import (
+    AccumSync,
+    Block,
+    Case,
+    Composition,
+    Dtype,
+    Leaf,
+    LeafKind,
+    MixedPrecision,
+    ModuleTree,
+    Optimizer,
+    ParityBody,
+    ShardSpec,
+    Skip,
+    Training,
+    mixed_precision_comparable,
+)
+from fuzz.pool import RankPool
+from fuzz.properties import get_property
+from fuzz.tolerance import mixed_precision_tolerance, tolerance_for
+
+FAULTS = Path(__file__).parent / "faults"
+TREE = ModuleTree(
+    width=6,
+    root=Block(children=(Leaf(LeafKind.LINEAR), Block(children=(Leaf(LeafKind.LINEAR), Leaf(LeafKind.GELU))))),
+)
+
+
+def _case(param: Dtype | None, reduce: Dtype | None, output: Dtype | None = None, world_size: int = 2) -> Case:
+    inner = MixedPrecision(param_dtype=param, reduce_dtype=reduce)
+    root = MixedPrecision(param_dtype=param, reduce_dtype=reduce, output_dtype=output, cast_forward_inputs=True)
+    comp = Composition(shards=(ShardSpec(path="1", mixed_precision=inner), ShardSpec(path="", mixed_precision=root)))
+    training = Training(optimizer=Optimizer.SGD, lr=0.1, steps=2, batch_per_rank=3, grad_accum=2)
+    body = ParityBody(tree=TREE, composition=comp, training=training)
+    return Case(property="mixed_precision", world_size=world_size, seed=21, body=body)
+
+
+POLICIES = [
+    (Dtype.BFLOAT16, Dtype.FLOAT32, None),
+    (Dtype.BFLOAT16, None, Dtype.FLOAT32),
+    (Dtype.FLOAT16, Dtype.FLOAT16, None),
+    (None, Dtype.BFLOAT16, None),
+]
+
+
+@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: "-".join(d.value if d else "none" for d in p))
+def test_mixed_precision_matches_the_hand_cast_reference(check_case: Any, policy: Any) -> None:
+    check_case(_case(*policy))
+
+
+def test_the_reduce_dtype_fault_is_noticed() -> None:
+    """bf16 compute, fp32 reduce: reducing in bf16 instead rounds a two-term sum, which the
+    float32 policy at two ranks notices."""
+    case = _case(Dtype.BFLOAT16, Dtype.FLOAT32)
+    env = {
+        "SHARDFUZZ_FAULT": str(FAULTS / "K07_reduce_dtype_ignored.json"),
+        "PYTHONPATH": os.pathsep.join([str(FAULTS / "harness"), os.environ.get("PYTHONPATH", "")]),
+    }
+    with RankPool(world_size=2, env=env, deadline=60) as pool:
+        failure = run_case(pool, get_property(case.property), case)
+    assert failure is not None and failure.kind == "mismatch", failure and failure.summary
+
+
+def test_which_cases_are_compared() -> None:
+    comp = _case(Dtype.BFLOAT16, None).body.composition  # type: ignore[attr-defined]
+    assert comp.uniform_precision() is not None
+    no_root = Composition(shards=(ShardSpec(path="1", mixed_precision=MixedPrecision(param_dtype=Dtype.BFLOAT16)),))
+    assert no_root.uniform_precision() is None  # the input is not cast by a root unit
+    assert not mixed_precision_comparable(Training(grad_accum=2, accum_sync=AccumSync.NO_GRAD_SYNC))
+    assert not mixed_precision_comparable(Training(steps=2, skips=(Skip(path="1", step=0),)))
+
+
+def test_the_policy_is_full_precision_at_two_ranks() -> None:
+    assert mixed_precision_tolerance("float32", ["bfloat16"], 2) == tolerance_for("float32")
+    assert mixed_precision_tolerance("float32", ["bfloat16", "float16"], 4) == tolerance_for("bfloat16")
