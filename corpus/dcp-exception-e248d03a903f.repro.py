@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=581e3ab9f78db409 sources=44e64c5dbb4d790a seconds=15.1
+# shardfuzz reduced reproducer: entry=830f5769b6f87d3f sources=e9bd0f51d0f33553 seconds=39.0
 """Reproduces shardfuzz corpus entry dcp-exception-e248d03a903f.json: exception:dcp:builtins.AssertionError@torch/distributed/checkpoint/state_dict.py:_load_optim_state_dict
 
 set_optimizer_state_dict(full_state_dict=True) raises AssertionError('Expected device to be
@@ -30,10 +30,12 @@ import sys
 
 CASE = """{
  "body": {
+  "absent": false,
   "async_save": false,
   "async_saves": 0,
   "cache_staged": false,
   "checkpoint_dir": "",
+  "convert": false,
   "deadlock": false,
   "drop": [],
   "empty_group": false,
@@ -45,20 +47,33 @@ CASE = """{
   "kind": "dcp",
   "load_cpu_offload": false,
   "load_full_state_dict": true,
+  "load_planner": null,
   "mode": "round_trip",
   "module_stateful": false,
   "no_dist": false,
   "orders": [],
   "overwrite": "none",
+  "own_group": false,
   "patched": false,
   "save_cpu_offload": false,
   "save_full_state_dict": false,
+  "save_planner": null,
   "skip": [],
   "source": {
    "auto_wrap": false,
    "checkpoint_first": true,
    "checkpoints": [],
    "find_unused": false,
+   "knobs": {
+    "all_reduce_hook_scale": null,
+    "backward_prefetch": 0,
+    "explicit_unshard": false,
+    "force_sum_reduction": false,
+    "forward_prefetch": 0,
+    "gradient_divide_factor": null,
+    "late_reshard_after_forward": null,
+    "reshard_after_backward_last": false
+   },
    "mesh": [],
    "meta_init": false,
    "replicates": [],
@@ -74,6 +89,16 @@ CASE = """{
    "checkpoint_first": true,
    "checkpoints": [],
    "find_unused": false,
+   "knobs": {
+    "all_reduce_hook_scale": null,
+    "backward_prefetch": 0,
+    "explicit_unshard": false,
+    "force_sum_reduction": false,
+    "forward_prefetch": 0,
+    "gradient_divide_factor": null,
+    "late_reshard_after_forward": null,
+    "reshard_after_backward_last": false
+   },
    "mesh": [],
    "meta_init": false,
    "replicates": [],
@@ -115,6 +140,12 @@ CASE = """{
     "scale": false
    },
    "width": 2
+  },
+  "writer": {
+   "per_thread_copy_ahead": 10000000,
+   "single_file_per_rank": true,
+   "sync_files": true,
+   "thread_count": 1
   }
  },
  "property": "dcp",
@@ -191,6 +222,7 @@ from typing import Any
 import torch
 from torch import nn
 from fuzz._rank.context import RankContext
+from fuzz._rank.knobs import KnobState
 from fuzz._rank.models import build_model
 from fuzz.model import Composition, Dtype, MixedPrecision, ModuleTree, ShardSpec, Wrapper
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
@@ -207,6 +239,7 @@ class Composed:
     fsdp_roots: list[nn.Module] = field(default_factory=list)
     wrapper: Wrapper = Wrapper.NONE
     param_names: list[str] = field(default_factory=list)
+    knobs: KnobState | None = None
 
     def no_sync(self):
         ...
@@ -256,8 +289,9 @@ import shutil
 from typing import Any
 import torch
 import torch.distributed as dist
+from fuzz._rank.compose import clean_name
 from fuzz._rank.context import RankContext
-from fuzz._rank.state_dict import FRESH_SEED, Side, all_batches, body_optimizer, build_side, dropped_keys, fresh_training, fsdp1_optim_state_dict, observe, seed_segment, state_dict_options, train_steps
+from fuzz._rank.state_dict import FRESH_SEED, Side, _jsonable, all_batches, body_optimizer, build_side, dropped_keys, fresh_training, fsdp1_optim_state_dict, observe, seed_segment, state_dict_options, torch_kwargs, train_steps
 from fuzz.model import Case, DcpBody, DcpItem, DcpMode, Options, Overwrite, case_to_text, dcp_root, is_fsdp1
 
 def case_dir(case, ctx):
@@ -309,11 +343,25 @@ def _in_place_problem(state, before, tensors):
         for path, ident in tensors[key]:
             pass
     return ''
+_LAST_PLANNER: list[Any] = [None]
+
+def _save_planner(body):
+    if body.save_planner is None:
+        return {}
+
+def _load_planner(body):
+    if body.load_planner is None:
+        return {}
+
+def _group(body):
+    return {'process_group': _async_group(_CTX[0])} if body.own_group else {}
+_CTX: list[Any] = [None]
 
 def _writer_kwargs(body, path, overwrite=None):
-    import torch.distributed.checkpoint as dcp
     kwargs: dict[str, Any] = {'no_dist': True} if body.no_dist else {}
+    kwargs.update(_group(body))
     kwargs['checkpoint_id'] = path
+    kwargs.update(_save_planner(body))
     return kwargs
 
 def _save(body, state, path, overwrite=None):
@@ -324,7 +372,14 @@ def _save(body, state, path, overwrite=None):
 def _load(body, state, path):
     import torch.distributed.checkpoint as dcp
     kwargs: dict[str, Any] = {'no_dist': True} if body.no_dist else {}
+    kwargs.update(_load_planner(body))
+    kwargs.update(_group(body))
     dcp.load(state, checkpoint_id=path, **kwargs)
+ABSENT = 'absent'
+MISSING_KEY = 'Missing key in checkpoint state_dict: ' + ABSENT
+
+def _async_group(ctx):
+    ...
 
 def _observe_entries(values):
     out: dict[str, Any] = {}
@@ -338,6 +393,7 @@ def run_dcp(case, body, ctx):
     get_load = _options(body.load_full_state_dict, body.load_cpu_offload, load=False)
     put = _options(body.load_full_state_dict, body.load_cpu_offload, load=True, strict=not body.drop)
     path = body.checkpoint_dir or case_dir(case, ctx)
+    _LAST_PLANNER[0], _CTX[0] = (None, ctx)
     if body.mode is DcpMode.ROUND_TRIP and ctx.rank == 0:
         shutil.rmtree(path, ignore_errors=True)
     own = os.path.join(path, f'rank-{ctx.rank}') if body.no_dist else path
@@ -378,6 +434,32 @@ def _finish_load(body, side, values, put, path):
     if DcpItem.OPTIMIZER in values:
         assert side.opt is not None
         set_optimizer_state_dict(side.model, side.opt, values[DcpItem.OPTIMIZER], options=options)
+""",
+    "fuzz/_rank/knobs.py": """from __future__ import annotations
+from typing import Any
+import torch
+from torch import nn
+from fuzz.model import Composition, Knobs, ModuleTree, ShardSpec
+
+class KnobState:
+
+    def __init__(self, model, comp, tree, roots):
+        ...
+
+    def _prefetch(self, units):
+        ...
+
+    def _hook(self, spec, scale):
+        ...
+
+    def before_microbatch(self, first, last):
+        ...
+
+    def _own_params(self, root):
+        ...
+
+    def _check_unshard_reshard(self):
+        ...
 """,
     "fuzz/_rank/models.py": """from __future__ import annotations
 import torch
@@ -428,7 +510,7 @@ from torch import nn
 from fuzz._rank.compose import TORCH_DTYPES, Composed, clean_name
 from fuzz._rank.context import RankContext
 from fuzz._rank.models import build_model
-from fuzz.model import AccumSync, Case, Compile, Composition, ModuleTree, Optimizer, Training
+from fuzz.model import AccumSync, Case, Compile, Composition, MixedPrecision, ModuleTree, Optimizer, Training
 
 def make_optimizer(params, training, later=()):
     held = {id(p) for p in later}
@@ -474,6 +556,7 @@ def run_case(case, ctx):
 """,
     "fuzz/_rank/state_dict.py": """from __future__ import annotations
 import copy
+import inspect
 from dataclasses import dataclass, field, replace
 from typing import Any
 import torch
@@ -619,9 +702,15 @@ def dropped_keys(side, drop):
 def fsdp1_optim_state_dict(side):
     ...
 
+def torch_kwargs(fn, kwargs):
+    params = inspect.signature(fn).parameters
+    missing = sorted((k for k in kwargs if k not in params))
+    return kwargs
+
 def state_dict_options(o):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
-    return StateDictOptions(full_state_dict=o.full_state_dict, cpu_offload=o.cpu_offload, broadcast_from_rank0=o.broadcast_from_rank0, strict=o.strict)
+    extra = {n: True for n in ('ignore_frozen_params', 'flatten_optimizer_state_dict') if getattr(o, n)}
+    return StateDictOptions(full_state_dict=o.full_state_dict, cpu_offload=o.cpu_offload, broadcast_from_rank0=o.broadcast_from_rank0, strict=o.strict, **torch_kwargs(StateDictOptions, extra))
 
 def run_state_dict(case, body, ctx):
     ...
@@ -676,7 +765,7 @@ if __name__ == '__main__':
 """,
     "fuzz/known.py": """from __future__ import annotations
 from dataclasses import dataclass
-from fuzz.model import AccumSync, Api, Block, Body, Case, Compile, Composition, DcpBody, DcpItem, Leaf, ModuleTree, Optimizer, StateDictBody, Training, Wrapper, is_fsdp1
+from fuzz.model import AccumSync, Api, Block, Body, Case, Compile, Composition, DcpBody, DcpItem, Dtype, Leaf, ModuleTree, Optimizer, StateDictBody, Training, Wrapper, is_fsdp1
 from fuzz.verdict import Stall
 KNOWN_BUG_ODDS = 16
 KNOWN_HANG_ODDS = 64
@@ -707,6 +796,7 @@ MP_NEVER_RUN_NO_SYNC = KnownBug('fully_shard-reduce-dtype-no-sync-never-run', "M
 MP_FROZEN_AT_LAZY_INIT = KnownBug('fully_shard-mp-frozen-at-lazy-init', 'MixedPrecisionPolicy: a unit all frozen at lazy init gets no orig/reduce dtype; unfrozen later, its low-precision gradient is never cast back', upstream='pytorch/pytorch#186998', relation='same bug', state='closed, yet still present in torch 2.13.0 (fix pull request #187376 not in 2.13)', see_also=('pytorch/pytorch#187376',))
 BROADCAST_EMPTY = KnownBug('set_state_dict-broadcast-empty', 'set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0 pass an empty model state dict', symptoms=frozenset({'hang', 'crash', 'exception'}), upstream='pytorch/pytorch#157781', relation='same symptom', state='open', see_also=('pytorch/pytorch#158836',), odds=KNOWN_HANG_ODDS, docs='docs/state_dict.md')
 STATELESS_FULL = KnownBug('set_optimizer_state_dict-full-stateless', "set_optimizer_state_dict(full_state_dict=True) for an optimizer without tensor state: 'Expected device to be set'", docs='docs/state_dict.md')
+FLAT_FULL_OPTIM = KnownBug('set_optimizer_state_dict-flat-full-keyerror', "set_optimizer_state_dict(full_state_dict=True, flatten_optimizer_state_dict=True) raises KeyError 'param_groups.0.params.0' for any model: the full-state branch takes the optimizer's local state dict with the flatten option still on, so the loaded and the local dicts have different keys", relation='none found after three phrasings; two other flatten bugs are in see_also', state='present in torch 2.13.0', see_also=('pytorch/pytorch#192224', 'pytorch/pytorch#192225'), docs='docs/state_dict.md')
 FSDP1_FULL_OFFLOAD = KnownBug('fsdp1-full-state-dict-offload-to-cpu', 'FSDP1 FULL_STATE_DICT with offload_to_cpu on CPU: state_dict() clones a freed buffer (SIGSEGV), optim_state_dict aliases the gathered states', symptoms=frozenset({'crash', 'mismatch'}), upstream='pytorch/pytorch#188989', relation="same root cause for the model state dict (to_cpu frees a CPU buffer); none found for the optimizer's aliasing", state='closed; its fix (pull request #188990) is not in torch 2.13', see_also=('pytorch/pytorch#188990', 'Lightning-AI/pytorch-lightning#21804'), docs='docs/state_dict.md')
 FSDP1_FROZEN_UNIT = KnownBug('fsdp1-no-shard-frozen-unit-state-dict', "FSDP1 NO_SHARD with an auto-wrapped unit of frozen parameters: state_dict() after training raises 'FSDP assumes ... is in the state_dict'", upstream='pytorch/pytorch#85831', relation='related', docs='docs/state_dict.md')
 FSDP1_DCP_STATELESS = KnownBug('fsdp1-dcp-stateless-optimizer', "the classic FSDP1 DCP recipe with an optimizer without state: optim_state_dict_to_load refuses the dict without 'state'", docs='docs/state_dict.md')
@@ -717,6 +807,7 @@ CACHED_STAGING_PINNED_METADATA = KnownBug('filesystemwriter-cache-staged-pinned-
 FSDP1_HSDP_OPTIMIZER_LOAD = KnownBug('fsdp1-hsdp-load_sharded_optimizer_state_dict', 'load_sharded_optimizer_state_dict chunks optimizer state over the whole world: wrong Adam state in FSDP1 HYBRID_SHARD over a 2-D mesh', symptoms=frozenset({'mismatch'}), see_also=('pytorch/pytorch#111096',), ends_ranks=False, tag=':fsdp1-hsdp-load_sharded_optimizer_state_dict')
 FSDP1_HSDP_RANK0_BROADCAST = KnownBug('fsdp1-hsdp-shard1-rank0-broadcast', 'set_optimizer_state_dict(full, cpu_offload) into FSDP1 HYBRID_SHARD with a shard dimension of 1 broadcasts from global rank 0 in a one-rank group', upstream='pytorch/pytorch#155680', relation='same line', state='open; #128444 (same path) was fixed only in part by pull request #128446', see_also=('pytorch/pytorch#128444',))
 FSDP1_COMPILE_SHARDED_GRAD = KnownBug('fsdp1-compile-recompile-sharded-grad', "torch.compile over FSDP1 (use_orig_params=True, sharded): recompiling the wrapped module's forward while its parameters hold sharded gradients raises InternalTorchDynamoError 'attempting to assign a gradient of size ...'", upstream='pytorch/pytorch#111317', relation='same symptom (a comment there: SHARD_GRAD_OP, use_orig_params=True, float32)', state='open', see_also=('pytorch/pytorch#93288',))
+DIVIDE_FACTOR_TWICE = KnownBug('fully_shard-divide-factor-single-shard-twice', 'set_gradient_divide_factor(f) on a fully_shard unit whose shard group is one rank, with set_force_sum_reduction_for_comms(True) or a float16 / float64 reduce dtype: gradients are divided by f twice (once where the single-rank branch copies the input, once more as the post-divide)', symptoms=frozenset({'mismatch'}), relation='none found after three phrasings; the single-rank division came with the pull request in see_also, and a later one reworks that branch without the post-divide', state='present in torch 2.13.0', see_also=('pytorch/pytorch#167178', 'pytorch/pytorch#196348'), ends_ranks=False, tag=':divide-factor-twice')
 
 def get(bug_id):
     ...
@@ -737,8 +828,8 @@ ALONE_IN_BROADCAST_STALL = Stall(name='rank 0 alone in _broadcast_state_dict', d
 """,
     "fuzz/model/__init__.py": """from fuzz.model.case import Body, Case
 from fuzz.model.codec import SCHEMA_VERSION, case_from_json, case_to_json, case_to_text, to_jsonable
-from fuzz.model.composition import Composition, MixedPrecision, ShardSpec, TpPair, Wrapper
-from fuzz.model.state import Api, DcpBody, DcpItem, DcpMode, Options, Overwrite, StateDictBody, dcp_root, is_fsdp1, is_plain
+from fuzz.model.composition import Composition, Knobs, MixedPrecision, ShardSpec, TpPair, Wrapper
+from fuzz.model.state import Api, DcpBody, DcpItem, DcpMode, LoadPlannerOptions, Options, Overwrite, SavePlannerOptions, StateDictBody, WriterOptions, dcp_root, is_fsdp1, is_plain
 from fuzz.model.training import AccumSync, Compile, Optimizer, Skip, Training, Unfreeze
 from fuzz.model.tree import Block, Dtype, Leaf, LeafKind, ModuleTree, Node
 """,
@@ -863,7 +954,7 @@ def _decode(tp, value, path):
 """,
     "fuzz/model/composition.py": """from __future__ import annotations
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from fuzz.model.tree import Dtype
 
 class Wrapper(str, enum.Enum):
@@ -900,6 +991,28 @@ class TpPair:
     rowwise: str
 
 @dataclass(frozen=True)
+class Knobs:
+    forward_prefetch: int = 0
+    backward_prefetch: int = 0
+    reshard_after_backward_last: bool = False
+    late_reshard_after_forward: bool | None = None
+    explicit_unshard: bool = False
+    all_reduce_hook_scale: float | None = None
+    gradient_divide_factor: float | None = None
+    force_sum_reduction: bool = False
+
+    def __post_init__(self):
+        for name in ('forward_prefetch', 'backward_prefetch'):
+            pass
+
+    @property
+    def is_set(self):
+        return self != Knobs()
+
+    def names(self):
+        ...
+
+@dataclass(frozen=True)
 class Composition:
     shards: tuple[ShardSpec, ...] = ()
     replicates: tuple[str, ...] = ()
@@ -912,9 +1025,16 @@ class Composition:
     tp: tuple[TpPair, ...] = ()
     tp_size: int = 1
     find_unused: bool = False
+    knobs: Knobs = field(default_factory=Knobs)
 
     def __post_init__(self):
         pass
+
+    def uniform_precision(self):
+        ...
+
+    def reshard_after_forward(self, spec):
+        ...
 
     @property
     def sharded_paths(self):
@@ -930,7 +1050,7 @@ class Composition:
 import enum
 import os
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import ClassVar
 from fuzz.model.case import Body
 from fuzz.model.composition import Composition, Wrapper
@@ -972,6 +1092,8 @@ class Options:
     cpu_offload: bool = False
     broadcast_from_rank0: bool = False
     strict: bool = True
+    ignore_frozen_params: bool = False
+    flatten_optimizer_state_dict: bool = False
 
 @dataclass(frozen=True)
 class StateDictBody(Body):
@@ -989,6 +1111,9 @@ class StateDictBody(Body):
     drop: tuple[int, ...] = ()
     frozen_in_optimizer: bool = False
     empty_group: bool = False
+
+    def _check_frozen_and_flat(self):
+        ...
 
     def _check_fsdp1(self):
         ...
@@ -1012,6 +1137,30 @@ class DcpItem(str, enum.Enum):
     SCALARS = 'scalars'
     COUNTER = 'counter'
     EXTRA = 'extra'
+
+@dataclass(frozen=True)
+class WriterOptions:
+    single_file_per_rank: bool = True
+    sync_files: bool = True
+    thread_count: int = 1
+    per_thread_copy_ahead: int = 10000000
+
+    def __post_init__(self):
+        pass
+
+    def changed(self):
+        ...
+
+@dataclass(frozen=True)
+class SavePlannerOptions:
+    flatten_sharded_tensors: bool = True
+    dedup_save_to_lowest_rank: bool = False
+    enable_plan_caching: bool = False
+
+@dataclass(frozen=True)
+class LoadPlannerOptions:
+    flatten_sharded_tensors: bool = True
+    allow_partial_load: bool = False
 
 class DcpMode(str, enum.Enum):
     ROUND_TRIP = 'round_trip'
@@ -1049,11 +1198,18 @@ class DcpBody(Body):
     no_dist: bool = False
     frozen_in_optimizer: bool = False
     empty_group: bool = False
+    writer: WriterOptions = field(default_factory=WriterOptions)
+    save_planner: SavePlannerOptions | None = None
+    load_planner: LoadPlannerOptions | None = None
+    absent: bool = False
+    convert: bool = False
+    own_group: bool = False
 
     def __post_init__(self):
         _check_common(self.tree, self.source, self.target, self.training, self.steps_after, self.target_meta_init)
         _check_drop(self.drop)
         _check_frozen_in_optimizer(self.tree, self.frozen_in_optimizer)
+        self._check_options()
         entries = self.entries
         self._check_saves()
 
@@ -1066,6 +1222,12 @@ class DcpBody(Body):
 
     def _check_saves(self):
         round_trip = self.mode is DcpMode.ROUND_TRIP
+
+    def _check_options(self):
+        fsdp1 = is_fsdp1(self.source) or is_fsdp1(self.target)
+        for name in ('absent', 'convert'):
+            if not getattr(self, name):
+                continue
 
     def _check_no_dist(self):
         ...
@@ -1269,6 +1431,7 @@ def _hsdp_optimizer_load(case, failure):
 def _judge_dcp(case, outcome):
     if not outcome.ok:
         return _failure(case.property, outcome)
+MISSING_KEY = 'Missing key in checkpoint state_dict: absent'
 
 def features_state_dict(case):
     ...
@@ -1779,6 +1942,7 @@ MODULES = {
     "fuzz._rank.compose": PREFIX + "fuzz/_rank/compose.py",
     "fuzz._rank.context": PREFIX + "fuzz/_rank/context.py",
     "fuzz._rank.dcp": PREFIX + "fuzz/_rank/dcp.py",
+    "fuzz._rank.knobs": PREFIX + "fuzz/_rank/knobs.py",
     "fuzz._rank.models": PREFIX + "fuzz/_rank/models.py",
     "fuzz._rank.parity": PREFIX + "fuzz/_rank/parity.py",
     "fuzz._rank.programs": PREFIX + "fuzz/_rank/programs.py",

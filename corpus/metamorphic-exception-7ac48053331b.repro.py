@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=f87887a09b3cef57 sources=e200e22e01c0e2bb seconds=13.4
+# shardfuzz reduced reproducer: entry=7b0827a18a4f764e sources=385f82b5db2996ec seconds=65.0
 """Reproduces shardfuzz corpus entry metamorphic-exception-7ac48053331b.json: exception:metamorphic:builtins.RuntimeError@torch/optim/sgd.py:_multi_tensor_sgd
 
 rank 0 raised builtins.RuntimeError: aten._foreach_add_.List got mixed torch.Tensor and DTensor,
@@ -33,6 +33,16 @@ CASE = """{
    "checkpoint_first": true,
    "checkpoints": [],
    "find_unused": false,
+   "knobs": {
+    "all_reduce_hook_scale": null,
+    "backward_prefetch": 0,
+    "explicit_unshard": false,
+    "force_sum_reduction": false,
+    "forward_prefetch": 0,
+    "gradient_divide_factor": null,
+    "late_reshard_after_forward": null,
+    "reshard_after_backward_last": false
+   },
    "mesh": [],
    "meta_init": false,
    "replicates": [
@@ -98,6 +108,16 @@ CASE = """{
     "1"
    ],
    "find_unused": false,
+   "knobs": {
+    "all_reduce_hook_scale": null,
+    "backward_prefetch": 0,
+    "explicit_unshard": false,
+    "force_sum_reduction": false,
+    "forward_prefetch": 0,
+    "gradient_divide_factor": null,
+    "late_reshard_after_forward": null,
+    "reshard_after_backward_last": false
+   },
    "mesh": [],
    "meta_init": false,
    "replicates": [
@@ -190,6 +210,7 @@ from typing import Any
 import torch
 from torch import nn
 from fuzz._rank.context import RankContext
+from fuzz._rank.knobs import KnobState
 from fuzz._rank.models import build_model
 from fuzz.model import Composition, Dtype, MixedPrecision, ModuleTree, ShardSpec, Wrapper, is_ancestor
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
@@ -215,6 +236,7 @@ class Composed:
     fsdp_roots: list[nn.Module] = field(default_factory=list)
     wrapper: Wrapper = Wrapper.NONE
     param_names: list[str] = field(default_factory=list)
+    knobs: KnobState | None = None
 
     def no_sync(self):
         ...
@@ -245,7 +267,10 @@ def build_composed(tree, comp, dtype, ctx, *, seed):
     torch.manual_seed(seed)
     if not comp.meta_init:
         model = build_model(tree, ctx.device).to(dtype)
-        return (model, compose(model, comp, ctx))
+        return (model, _with_knobs(model, compose(model, comp, ctx), comp, tree))
+
+def _with_knobs(model, composed, comp, tree):
+    return composed
 """,
     "fuzz/_rank/context.py": """from __future__ import annotations
 from dataclasses import dataclass, field
@@ -273,6 +298,36 @@ class RankContext:
         ...
 
     def end_case(self):
+        ...
+""",
+    "fuzz/_rank/knobs.py": """from __future__ import annotations
+from typing import Any
+import torch
+from torch import nn
+from fuzz.model import Composition, Knobs, ModuleTree, ShardSpec, contains, is_ancestor
+
+def fsdp_sharded(p):
+    from torch.distributed.tensor import DTensor
+    return isinstance(p, DTensor) and 'shard' in (p.device_mesh.mesh_dim_names or ('shard',))
+
+class KnobState:
+
+    def __init__(self, model, comp, tree, roots):
+        ...
+
+    def _prefetch(self, units):
+        ...
+
+    def _hook(self, spec, scale):
+        ...
+
+    def before_microbatch(self, first, last):
+        ...
+
+    def _own_params(self, root):
+        ...
+
+    def _check_unshard_reshard(self):
         ...
 """,
     "fuzz/_rank/models.py": """from __future__ import annotations
@@ -332,8 +387,9 @@ from torch import nn
 from fuzz._rank.compose import TORCH_DTYPES, Composed, build_composed, clean_name
 from fuzz._rank.compose import apply_fully_shard as apply_fully_shard
 from fuzz._rank.context import RankContext
+from fuzz._rank.knobs import fsdp_sharded
 from fuzz._rank.models import build_model, set_skipped, tree_blocks
-from fuzz.model import AccumSync, Case, Compile, Composition, MetamorphicBody, ModuleTree, Optimizer, ParityBody, Training, contains, is_ancestor
+from fuzz.model import AccumSync, Case, Compile, Composition, MetamorphicBody, MixedPrecision, ModuleTree, Optimizer, ParityBody, Training, contains, is_ancestor
 
 def make_optimizer(params, training, later=()):
     held = {id(p) for p in later}
@@ -400,13 +456,9 @@ class _Contracts:
             for path in spec.paths:
                 for sub, _ in iter_paths_of(self.model, path):
                     mod = self.model.get_submodule(sub)
-                    flags += [_fsdp_sharded(p) for p in mod.parameters(recurse=False)]
+                    flags += [fsdp_sharded(p) for p in mod.parameters(recurse=False)]
             state[spec.path] = flags
         return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
-
-def _fsdp_sharded(p):
-    from torch.distributed.tensor import DTensor
-    return isinstance(p, DTensor) and 'shard' in (p.device_mesh.mesh_dim_names or ('shard',))
 
 def iter_paths_of(model, path):
     root = model.get_submodule(path)
@@ -420,7 +472,7 @@ def replicate_contract(model, comp, skipped=None):
         out[path] = sorted(getattr(state, '_param_names', []))
     return out
 
-def train(case, tree, training, comp, ctx, tp_size=1):
+def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precision=None):
     dtype = TORCH_DTYPES[training.dtype]
     if comp is not None:
         model, composed = build_composed(tree, comp, dtype, ctx, seed=case.seed)
@@ -555,7 +607,7 @@ if __name__ == '__main__':
 """,
     "fuzz/known.py": """from __future__ import annotations
 from dataclasses import dataclass
-from fuzz.model import AccumSync, Block, Body, Case, Compile, Composition, Leaf, ModuleTree, Optimizer, Training, Wrapper
+from fuzz.model import AccumSync, Block, Body, Case, Compile, Composition, Dtype, Leaf, ModuleTree, Optimizer, Training, Wrapper
 from fuzz.verdict import Stall
 KNOWN_BUG_ODDS = 16
 KNOWN_HANG_ODDS = 64
@@ -586,6 +638,7 @@ MP_NEVER_RUN_NO_SYNC = KnownBug('fully_shard-reduce-dtype-no-sync-never-run', "M
 MP_FROZEN_AT_LAZY_INIT = KnownBug('fully_shard-mp-frozen-at-lazy-init', 'MixedPrecisionPolicy: a unit all frozen at lazy init gets no orig/reduce dtype; unfrozen later, its low-precision gradient is never cast back', upstream='pytorch/pytorch#186998', relation='same bug', state='closed, yet still present in torch 2.13.0 (fix pull request #187376 not in 2.13)', see_also=('pytorch/pytorch#187376',))
 BROADCAST_EMPTY = KnownBug('set_state_dict-broadcast-empty', 'set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0 pass an empty model state dict', symptoms=frozenset({'hang', 'crash', 'exception'}), upstream='pytorch/pytorch#157781', relation='same symptom', state='open', see_also=('pytorch/pytorch#158836',), odds=KNOWN_HANG_ODDS, docs='docs/state_dict.md')
 STATELESS_FULL = KnownBug('set_optimizer_state_dict-full-stateless', "set_optimizer_state_dict(full_state_dict=True) for an optimizer without tensor state: 'Expected device to be set'", docs='docs/state_dict.md')
+FLAT_FULL_OPTIM = KnownBug('set_optimizer_state_dict-flat-full-keyerror', "set_optimizer_state_dict(full_state_dict=True, flatten_optimizer_state_dict=True) raises KeyError 'param_groups.0.params.0' for any model: the full-state branch takes the optimizer's local state dict with the flatten option still on, so the loaded and the local dicts have different keys", relation='none found after three phrasings; two other flatten bugs are in see_also', state='present in torch 2.13.0', see_also=('pytorch/pytorch#192224', 'pytorch/pytorch#192225'), docs='docs/state_dict.md')
 FSDP1_FULL_OFFLOAD = KnownBug('fsdp1-full-state-dict-offload-to-cpu', 'FSDP1 FULL_STATE_DICT with offload_to_cpu on CPU: state_dict() clones a freed buffer (SIGSEGV), optim_state_dict aliases the gathered states', symptoms=frozenset({'crash', 'mismatch'}), upstream='pytorch/pytorch#188989', relation="same root cause for the model state dict (to_cpu frees a CPU buffer); none found for the optimizer's aliasing", state='closed; its fix (pull request #188990) is not in torch 2.13', see_also=('pytorch/pytorch#188990', 'Lightning-AI/pytorch-lightning#21804'), docs='docs/state_dict.md')
 FSDP1_FROZEN_UNIT = KnownBug('fsdp1-no-shard-frozen-unit-state-dict', "FSDP1 NO_SHARD with an auto-wrapped unit of frozen parameters: state_dict() after training raises 'FSDP assumes ... is in the state_dict'", upstream='pytorch/pytorch#85831', relation='related', docs='docs/state_dict.md')
 FSDP1_DCP_STATELESS = KnownBug('fsdp1-dcp-stateless-optimizer', "the classic FSDP1 DCP recipe with an optimizer without state: optim_state_dict_to_load refuses the dict without 'state'", docs='docs/state_dict.md')
@@ -596,6 +649,7 @@ CACHED_STAGING_PINNED_METADATA = KnownBug('filesystemwriter-cache-staged-pinned-
 FSDP1_HSDP_OPTIMIZER_LOAD = KnownBug('fsdp1-hsdp-load_sharded_optimizer_state_dict', 'load_sharded_optimizer_state_dict chunks optimizer state over the whole world: wrong Adam state in FSDP1 HYBRID_SHARD over a 2-D mesh', symptoms=frozenset({'mismatch'}), see_also=('pytorch/pytorch#111096',), ends_ranks=False, tag=':fsdp1-hsdp-load_sharded_optimizer_state_dict')
 FSDP1_HSDP_RANK0_BROADCAST = KnownBug('fsdp1-hsdp-shard1-rank0-broadcast', 'set_optimizer_state_dict(full, cpu_offload) into FSDP1 HYBRID_SHARD with a shard dimension of 1 broadcasts from global rank 0 in a one-rank group', upstream='pytorch/pytorch#155680', relation='same line', state='open; #128444 (same path) was fixed only in part by pull request #128446', see_also=('pytorch/pytorch#128444',))
 FSDP1_COMPILE_SHARDED_GRAD = KnownBug('fsdp1-compile-recompile-sharded-grad', "torch.compile over FSDP1 (use_orig_params=True, sharded): recompiling the wrapped module's forward while its parameters hold sharded gradients raises InternalTorchDynamoError 'attempting to assign a gradient of size ...'", upstream='pytorch/pytorch#111317', relation='same symptom (a comment there: SHARD_GRAD_OP, use_orig_params=True, float32)', state='open', see_also=('pytorch/pytorch#93288',))
+DIVIDE_FACTOR_TWICE = KnownBug('fully_shard-divide-factor-single-shard-twice', 'set_gradient_divide_factor(f) on a fully_shard unit whose shard group is one rank, with set_force_sum_reduction_for_comms(True) or a float16 / float64 reduce dtype: gradients are divided by f twice (once where the single-rank branch copies the input, once more as the post-divide)', symptoms=frozenset({'mismatch'}), relation='none found after three phrasings; the single-rank division came with the pull request in see_also, and a later one reworks that branch without the post-divide', state='present in torch 2.13.0', see_also=('pytorch/pytorch#167178', 'pytorch/pytorch#196348'), ends_ranks=False, tag=':divide-factor-twice')
 
 def get(bug_id):
     ...
@@ -612,7 +666,7 @@ ALONE_IN_BROADCAST_STALL = Stall(name='rank 0 alone in _broadcast_state_dict', d
 """,
     "fuzz/model/__init__.py": """from fuzz.model.case import Body, Case, MetamorphicBody, ParityBody
 from fuzz.model.codec import case_from_json
-from fuzz.model.composition import Composition, MixedPrecision, ShardSpec, TpPair, Wrapper
+from fuzz.model.composition import Composition, Knobs, MixedPrecision, ShardSpec, TpPair, Wrapper
 from fuzz.model.rules import check_composition, check_mesh, check_training
 from fuzz.model.state import dcp_root
 from fuzz.model.training import AccumSync, Compile, Optimizer, Skip, Training, Unfreeze
@@ -759,7 +813,7 @@ def _decode(tp, value, path):
 """,
     "fuzz/model/composition.py": """from __future__ import annotations
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from fuzz.model.tree import Dtype
 
 class Wrapper(str, enum.Enum):
@@ -799,6 +853,28 @@ class TpPair:
     rowwise: str
 
 @dataclass(frozen=True)
+class Knobs:
+    forward_prefetch: int = 0
+    backward_prefetch: int = 0
+    reshard_after_backward_last: bool = False
+    late_reshard_after_forward: bool | None = None
+    explicit_unshard: bool = False
+    all_reduce_hook_scale: float | None = None
+    gradient_divide_factor: float | None = None
+    force_sum_reduction: bool = False
+
+    def __post_init__(self):
+        for name in ('forward_prefetch', 'backward_prefetch'):
+            pass
+
+    @property
+    def is_set(self):
+        return self != Knobs()
+
+    def names(self):
+        ...
+
+@dataclass(frozen=True)
 class Composition:
     shards: tuple[ShardSpec, ...] = ()
     replicates: tuple[str, ...] = ()
@@ -811,9 +887,16 @@ class Composition:
     tp: tuple[TpPair, ...] = ()
     tp_size: int = 1
     find_unused: bool = False
+    knobs: Knobs = field(default_factory=Knobs)
 
     def __post_init__(self):
         pass
+
+    def uniform_precision(self):
+        ...
+
+    def reshard_after_forward(self, spec):
+        ...
 
     @property
     def sharded_paths(self):
@@ -877,13 +960,13 @@ def check_mesh(comp, world_size, where='composition'):
 def check_training(tree, comps, t, where='training'):
     paths = tree.paths()
     for comp in comps:
-        pass
+        k = comp.knobs
 """,
     "fuzz/model/state.py": """from __future__ import annotations
 import enum
 import os
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import ClassVar
 from fuzz.model.case import Body
 from fuzz.model.composition import Composition, Wrapper
@@ -1589,6 +1672,7 @@ MODULES = {
     "fuzz._rank": PREFIX + "fuzz/_rank/__init__.py",
     "fuzz._rank.compose": PREFIX + "fuzz/_rank/compose.py",
     "fuzz._rank.context": PREFIX + "fuzz/_rank/context.py",
+    "fuzz._rank.knobs": PREFIX + "fuzz/_rank/knobs.py",
     "fuzz._rank.models": PREFIX + "fuzz/_rank/models.py",
     "fuzz._rank.parity": PREFIX + "fuzz/_rank/parity.py",
     "fuzz._rank.programs": PREFIX + "fuzz/_rank/programs.py",

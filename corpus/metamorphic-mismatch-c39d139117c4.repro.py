@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=6b056cd49d6e5033 sources=e200e22e01c0e2bb seconds=12.6
+# shardfuzz reduced reproducer: entry=20ef2089a4f425df sources=385f82b5db2996ec seconds=49.3
 """Reproduces shardfuzz corpus entry metamorphic-mismatch-c39d139117c4.json: mismatch:metamorphic@fsdp1:shard1
 
 0.weight[1] after step 0 is -0.362216979265213, expected -0.32023686170578003 (error 0.042 >
@@ -33,6 +33,16 @@ CASE = """{
    "checkpoint_first": true,
    "checkpoints": [],
    "find_unused": false,
+   "knobs": {
+    "all_reduce_hook_scale": null,
+    "backward_prefetch": 0,
+    "explicit_unshard": false,
+    "force_sum_reduction": false,
+    "forward_prefetch": 0,
+    "gradient_divide_factor": null,
+    "late_reshard_after_forward": null,
+    "reshard_after_backward_last": false
+   },
    "mesh": [],
    "meta_init": false,
    "replicates": [],
@@ -89,6 +99,16 @@ CASE = """{
    "checkpoint_first": true,
    "checkpoints": [],
    "find_unused": false,
+   "knobs": {
+    "all_reduce_hook_scale": null,
+    "backward_prefetch": 0,
+    "explicit_unshard": false,
+    "force_sum_reduction": false,
+    "forward_prefetch": 0,
+    "gradient_divide_factor": null,
+    "late_reshard_after_forward": null,
+    "reshard_after_backward_last": false
+   },
    "mesh": [
     2,
     1
@@ -172,6 +192,7 @@ from typing import Any
 import torch
 from torch import nn
 from fuzz._rank.context import RankContext
+from fuzz._rank.knobs import KnobState
 from fuzz._rank.models import build_model
 from fuzz.model import Composition, Dtype, MixedPrecision, ModuleTree, ShardSpec, Wrapper, is_ancestor
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
@@ -199,6 +220,7 @@ class Composed:
     fsdp_roots: list[nn.Module] = field(default_factory=list)
     wrapper: Wrapper = Wrapper.NONE
     param_names: list[str] = field(default_factory=list)
+    knobs: KnobState | None = None
 
     def no_sync(self):
         ...
@@ -244,7 +266,10 @@ def build_composed(tree, comp, dtype, ctx, *, seed):
     torch.manual_seed(seed)
     if not comp.meta_init:
         model = build_model(tree, ctx.device).to(dtype)
-        return (model, compose(model, comp, ctx))
+        return (model, _with_knobs(model, compose(model, comp, ctx), comp, tree))
+
+def _with_knobs(model, composed, comp, tree):
+    return composed
 
 def _wrap(model, comp, ctx):
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -311,6 +336,36 @@ def _has_cpu_backend(group):
     pg._get_backend(torch.device('cpu'))
     return True
 """,
+    "fuzz/_rank/knobs.py": """from __future__ import annotations
+from typing import Any
+import torch
+from torch import nn
+from fuzz.model import Composition, Knobs, Layout, ModuleTree, ShardSpec, contains, is_ancestor
+
+def fsdp_sharded(p):
+    from torch.distributed.tensor import DTensor
+    return isinstance(p, DTensor) and 'shard' in (p.device_mesh.mesh_dim_names or ('shard',))
+
+class KnobState:
+
+    def __init__(self, model, comp, tree, roots):
+        ...
+
+    def _prefetch(self, units):
+        ...
+
+    def _hook(self, spec, scale):
+        ...
+
+    def before_microbatch(self, first, last):
+        ...
+
+    def _own_params(self, root):
+        ...
+
+    def _check_unshard_reshard(self):
+        ...
+""",
     "fuzz/_rank/models.py": """from __future__ import annotations
 import torch
 from torch import nn
@@ -368,8 +423,9 @@ from torch import nn
 from fuzz._rank.compose import TORCH_DTYPES, Composed, build_composed, clean_name
 from fuzz._rank.compose import apply_fully_shard as apply_fully_shard
 from fuzz._rank.context import RankContext
+from fuzz._rank.knobs import fsdp_sharded
 from fuzz._rank.models import build_model, set_skipped, tree_blocks
-from fuzz.model import AccumSync, Case, Compile, Composition, MetamorphicBody, ModuleTree, Optimizer, ParityBody, Training, contains, is_ancestor
+from fuzz.model import AccumSync, Case, Compile, Composition, Layout, MetamorphicBody, MixedPrecision, ModuleTree, Optimizer, ParityBody, Training, contains, is_ancestor
 
 def make_optimizer(params, training, later=()):
     held = {id(p) for p in later}
@@ -439,13 +495,9 @@ class _Contracts:
             for path in spec.paths:
                 for sub, _ in iter_paths_of(self.model, path):
                     mod = self.model.get_submodule(sub)
-                    flags += [_fsdp_sharded(p) for p in mod.parameters(recurse=False)]
+                    flags += [fsdp_sharded(p) for p in mod.parameters(recurse=False)]
             state[spec.path] = flags
         return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
-
-def _fsdp_sharded(p):
-    from torch.distributed.tensor import DTensor
-    return isinstance(p, DTensor) and 'shard' in (p.device_mesh.mesh_dim_names or ('shard',))
 
 def iter_paths_of(model, path):
     root = model.get_submodule(path)
@@ -456,7 +508,7 @@ def replicate_contract(model, comp, skipped=None):
     out = {}
     return out
 
-def train(case, tree, training, comp, ctx, tp_size=1):
+def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precision=None):
     dtype = TORCH_DTYPES[training.dtype]
     if comp is not None:
         model, composed = build_composed(tree, comp, dtype, ctx, seed=case.seed)
@@ -502,6 +554,7 @@ def train(case, tree, training, comp, ctx, tp_size=1):
     obs['losses'] = losses
     obs['grad_norms'] = grad_norms
     obs['local_params'] = _local_replicated(composed.model)
+    obs['knob_problems'] = [] if composed.knobs is None else composed.knobs.problems
     if ctx.rank == 0:
         obs['params'] = params_per_step
     return obs
@@ -543,7 +596,8 @@ def run_parity(case, body, ctx):
 def run_metamorphic(case, body, ctx):
     first = train(case, body.tree, body.training, body.composition, ctx)
     second = train(case, body.tree, body.training, body.variant, ctx)
-    return {**first, 'ref': {k: second[k] for k in ('losses', 'params', 'grad_norms') if k in second}}
+    keys = ('losses', 'params', 'grad_norms', 'knob_problems')
+    return {**first, 'ref': {k: second[k] for k in keys if k in second}}
 """,
     "fuzz/_rank/programs.py": """from __future__ import annotations
 import importlib
@@ -612,7 +666,7 @@ if __name__ == '__main__':
 """,
     "fuzz/known.py": """from __future__ import annotations
 from dataclasses import dataclass
-from fuzz.model import PARAM_LEAVES, AccumSync, Block, Body, Case, Compile, Composition, Layout, Leaf, ModuleTree, Optimizer, Training, Wrapper, owns_params
+from fuzz.model import PARAM_LEAVES, AccumSync, Block, Body, Case, Compile, Composition, Dtype, Layout, Leaf, ModuleTree, Optimizer, Training, Wrapper, owns_params
 from fuzz.verdict import Stall
 KNOWN_BUG_ODDS = 16
 KNOWN_HANG_ODDS = 64
@@ -643,6 +697,7 @@ MP_NEVER_RUN_NO_SYNC = KnownBug('fully_shard-reduce-dtype-no-sync-never-run', "M
 MP_FROZEN_AT_LAZY_INIT = KnownBug('fully_shard-mp-frozen-at-lazy-init', 'MixedPrecisionPolicy: a unit all frozen at lazy init gets no orig/reduce dtype; unfrozen later, its low-precision gradient is never cast back', upstream='pytorch/pytorch#186998', relation='same bug', state='closed, yet still present in torch 2.13.0 (fix pull request #187376 not in 2.13)', see_also=('pytorch/pytorch#187376',))
 BROADCAST_EMPTY = KnownBug('set_state_dict-broadcast-empty', 'set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0 pass an empty model state dict', symptoms=frozenset({'hang', 'crash', 'exception'}), upstream='pytorch/pytorch#157781', relation='same symptom', state='open', see_also=('pytorch/pytorch#158836',), odds=KNOWN_HANG_ODDS, docs='docs/state_dict.md')
 STATELESS_FULL = KnownBug('set_optimizer_state_dict-full-stateless', "set_optimizer_state_dict(full_state_dict=True) for an optimizer without tensor state: 'Expected device to be set'", docs='docs/state_dict.md')
+FLAT_FULL_OPTIM = KnownBug('set_optimizer_state_dict-flat-full-keyerror', "set_optimizer_state_dict(full_state_dict=True, flatten_optimizer_state_dict=True) raises KeyError 'param_groups.0.params.0' for any model: the full-state branch takes the optimizer's local state dict with the flatten option still on, so the loaded and the local dicts have different keys", relation='none found after three phrasings; two other flatten bugs are in see_also', state='present in torch 2.13.0', see_also=('pytorch/pytorch#192224', 'pytorch/pytorch#192225'), docs='docs/state_dict.md')
 FSDP1_FULL_OFFLOAD = KnownBug('fsdp1-full-state-dict-offload-to-cpu', 'FSDP1 FULL_STATE_DICT with offload_to_cpu on CPU: state_dict() clones a freed buffer (SIGSEGV), optim_state_dict aliases the gathered states', symptoms=frozenset({'crash', 'mismatch'}), upstream='pytorch/pytorch#188989', relation="same root cause for the model state dict (to_cpu frees a CPU buffer); none found for the optimizer's aliasing", state='closed; its fix (pull request #188990) is not in torch 2.13', see_also=('pytorch/pytorch#188990', 'Lightning-AI/pytorch-lightning#21804'), docs='docs/state_dict.md')
 FSDP1_FROZEN_UNIT = KnownBug('fsdp1-no-shard-frozen-unit-state-dict', "FSDP1 NO_SHARD with an auto-wrapped unit of frozen parameters: state_dict() after training raises 'FSDP assumes ... is in the state_dict'", upstream='pytorch/pytorch#85831', relation='related', docs='docs/state_dict.md')
 FSDP1_DCP_STATELESS = KnownBug('fsdp1-dcp-stateless-optimizer', "the classic FSDP1 DCP recipe with an optimizer without state: optim_state_dict_to_load refuses the dict without 'state'", docs='docs/state_dict.md')
@@ -653,6 +708,7 @@ CACHED_STAGING_PINNED_METADATA = KnownBug('filesystemwriter-cache-staged-pinned-
 FSDP1_HSDP_OPTIMIZER_LOAD = KnownBug('fsdp1-hsdp-load_sharded_optimizer_state_dict', 'load_sharded_optimizer_state_dict chunks optimizer state over the whole world: wrong Adam state in FSDP1 HYBRID_SHARD over a 2-D mesh', symptoms=frozenset({'mismatch'}), see_also=('pytorch/pytorch#111096',), ends_ranks=False, tag=':fsdp1-hsdp-load_sharded_optimizer_state_dict')
 FSDP1_HSDP_RANK0_BROADCAST = KnownBug('fsdp1-hsdp-shard1-rank0-broadcast', 'set_optimizer_state_dict(full, cpu_offload) into FSDP1 HYBRID_SHARD with a shard dimension of 1 broadcasts from global rank 0 in a one-rank group', upstream='pytorch/pytorch#155680', relation='same line', state='open; #128444 (same path) was fixed only in part by pull request #128446', see_also=('pytorch/pytorch#128444',))
 FSDP1_COMPILE_SHARDED_GRAD = KnownBug('fsdp1-compile-recompile-sharded-grad', "torch.compile over FSDP1 (use_orig_params=True, sharded): recompiling the wrapped module's forward while its parameters hold sharded gradients raises InternalTorchDynamoError 'attempting to assign a gradient of size ...'", upstream='pytorch/pytorch#111317', relation='same symptom (a comment there: SHARD_GRAD_OP, use_orig_params=True, float32)', state='open', see_also=('pytorch/pytorch#93288',))
+DIVIDE_FACTOR_TWICE = KnownBug('fully_shard-divide-factor-single-shard-twice', 'set_gradient_divide_factor(f) on a fully_shard unit whose shard group is one rank, with set_force_sum_reduction_for_comms(True) or a float16 / float64 reduce dtype: gradients are divided by f twice (once where the single-rank branch copies the input, once more as the post-divide)', symptoms=frozenset({'mismatch'}), relation='none found after three phrasings; the single-rank division came with the pull request in see_also, and a later one reworks that branch without the post-divide', state='present in torch 2.13.0', see_also=('pytorch/pytorch#167178', 'pytorch/pytorch#196348'), ends_ranks=False, tag=':divide-factor-twice')
 
 def get(bug_id):
     ...
@@ -696,7 +752,7 @@ ALONE_IN_BROADCAST_STALL = Stall(name='rank 0 alone in _broadcast_state_dict', d
 """,
     "fuzz/model/__init__.py": """from fuzz.model.case import Body, Case, MetamorphicBody, ParityBody
 from fuzz.model.codec import case_from_json
-from fuzz.model.composition import Composition, MixedPrecision, ShardSpec, TpPair, Wrapper
+from fuzz.model.composition import Composition, Knobs, MixedPrecision, ShardSpec, TpPair, Wrapper
 from fuzz.model.layout import Layout, Unit
 from fuzz.model.rules import check_composition, check_mesh, check_training
 from fuzz.model.state import dcp_root
@@ -842,7 +898,7 @@ def _decode(tp, value, path):
 """,
     "fuzz/model/composition.py": """from __future__ import annotations
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from fuzz.model.tree import Dtype
 
 class Wrapper(str, enum.Enum):
@@ -882,6 +938,28 @@ class TpPair:
     rowwise: str
 
 @dataclass(frozen=True)
+class Knobs:
+    forward_prefetch: int = 0
+    backward_prefetch: int = 0
+    reshard_after_backward_last: bool = False
+    late_reshard_after_forward: bool | None = None
+    explicit_unshard: bool = False
+    all_reduce_hook_scale: float | None = None
+    gradient_divide_factor: float | None = None
+    force_sum_reduction: bool = False
+
+    def __post_init__(self):
+        for name in ('forward_prefetch', 'backward_prefetch'):
+            pass
+
+    @property
+    def is_set(self):
+        return self != Knobs()
+
+    def names(self):
+        ...
+
+@dataclass(frozen=True)
 class Composition:
     shards: tuple[ShardSpec, ...] = ()
     replicates: tuple[str, ...] = ()
@@ -894,9 +972,16 @@ class Composition:
     tp: tuple[TpPair, ...] = ()
     tp_size: int = 1
     find_unused: bool = False
+    knobs: Knobs = field(default_factory=Knobs)
 
     def __post_init__(self):
         pass
+
+    def uniform_precision(self):
+        ...
+
+    def reshard_after_forward(self, spec):
+        ...
 
     @property
     def sharded_paths(self):
@@ -975,6 +1060,9 @@ class Layout:
 
     def unmanaged(self):
         return [p for p, n in self.paths.items() if owns_params(n) and self.member_of(p) is None]
+
+    def gradient_scale(self, path, world_size):
+        ...
 """,
     "fuzz/model/rules.py": """from __future__ import annotations
 from fuzz.model.composition import Composition, Wrapper
@@ -1014,13 +1102,13 @@ def check_mesh(comp, world_size, where='composition'):
 def check_training(tree, comps, t, where='training'):
     paths = tree.paths()
     for comp in comps:
-        pass
+        k = comp.knobs
 """,
     "fuzz/model/state.py": """from __future__ import annotations
 import enum
 import os
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import ClassVar
 from fuzz.model.case import Body
 from fuzz.model.composition import Composition, Wrapper
@@ -1230,6 +1318,12 @@ def compare_runs(prop, observations, tol, api=''):
             if bad is not None:
                 return _mismatch(prop, 'param', api, f'{name}[{bad.index}] after step {step} is {bad.actual!r}, expected {bad.expected!r} (error {bad.error:.3g} > allowed {bad.allowed:.3g})', param=name, step=step, observed=got_params[name], expected=want)
 
+def check_knobs(prop, observations):
+    for rank, obs in enumerate(observations):
+        for run in (obs, obs.get('ref', {})):
+            problems = run.get('knob_problems') or []
+    return None
+
 def _tolerance(training):
     return tolerance_for(training.dtype.value)
 
@@ -1245,7 +1339,7 @@ def judge_metamorphic(case, outcome):
     api = api_of(body.variant, body.tree, body.training, case.world_size)
     for bug, met in ((known.FROZEN_INT_RESHARD, known.frozen_int_reshard_unit(body.tree, body.composition)), (known.UNFROZEN_UNRESHARDED, known.unfrozen_unresharded_unit(body.tree, body.composition, body.training))):
         pass
-    return compare_runs(case.property, outcome.observations, _tolerance(body.training), api)
+    return check_knobs(case.property, outcome.observations) or compare_runs(case.property, outcome.observations, _tolerance(body.training), api)
 
 def features(case):
     ...
@@ -1743,6 +1837,7 @@ MODULES = {
     "fuzz._rank": PREFIX + "fuzz/_rank/__init__.py",
     "fuzz._rank.compose": PREFIX + "fuzz/_rank/compose.py",
     "fuzz._rank.context": PREFIX + "fuzz/_rank/context.py",
+    "fuzz._rank.knobs": PREFIX + "fuzz/_rank/knobs.py",
     "fuzz._rank.models": PREFIX + "fuzz/_rank/models.py",
     "fuzz._rank.parity": PREFIX + "fuzz/_rank/parity.py",
     "fuzz._rank.programs": PREFIX + "fuzz/_rank/programs.py",

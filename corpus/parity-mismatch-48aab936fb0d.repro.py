@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=7a3ebced14caabe6 sources=e200e22e01c0e2bb seconds=11.7
+# shardfuzz reduced reproducer: entry=2bb92ed9c23a385c sources=385f82b5db2996ec seconds=22.4
 """Reproduces shardfuzz corpus entry parity-mismatch-48aab936fb0d.json: mismatch:parity@fsdp1:unfrozen-frozen-unit
 
 FSDP1 NO_SHARD auto-wrapping a block whose parameters are all frozen, one of them unfrozen
@@ -37,6 +37,16 @@ CASE = """{
    "checkpoint_first": true,
    "checkpoints": [],
    "find_unused": false,
+   "knobs": {
+    "all_reduce_hook_scale": null,
+    "backward_prefetch": 0,
+    "explicit_unshard": false,
+    "force_sum_reduction": false,
+    "forward_prefetch": 0,
+    "gradient_divide_factor": null,
+    "late_reshard_after_forward": null,
+    "reshard_after_backward_last": false
+   },
    "mesh": [],
    "meta_init": false,
    "replicates": [],
@@ -168,6 +178,7 @@ from typing import Any
 import torch
 from torch import nn
 from fuzz._rank.context import RankContext
+from fuzz._rank.knobs import KnobState
 from fuzz._rank.models import build_model
 from fuzz.model import Composition, Dtype, MixedPrecision, ModuleTree, ShardSpec, Wrapper
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
@@ -184,6 +195,7 @@ class Composed:
     fsdp_roots: list[nn.Module] = field(default_factory=list)
     wrapper: Wrapper = Wrapper.NONE
     param_names: list[str] = field(default_factory=list)
+    knobs: KnobState | None = None
 
     def no_sync(self):
         ...
@@ -219,7 +231,10 @@ def build_composed(tree, comp, dtype, ctx, *, seed):
     torch.manual_seed(seed)
     if not comp.meta_init:
         model = build_model(tree, ctx.device).to(dtype)
-        return (model, compose(model, comp, ctx))
+        return (model, _with_knobs(model, compose(model, comp, ctx), comp, tree))
+
+def _with_knobs(model, composed, comp, tree):
+    return composed
 
 def _wrap(model, comp, ctx):
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -271,6 +286,32 @@ class RankContext:
         self._check_in_step()
         self._cases += 1
         gc.collect(1 if self._cases % FULL_GC_EVERY else 2)
+""",
+    "fuzz/_rank/knobs.py": """from __future__ import annotations
+from typing import Any
+import torch
+from torch import nn
+from fuzz.model import Composition, Knobs, Layout, ModuleTree, ShardSpec
+
+class KnobState:
+
+    def __init__(self, model, comp, tree, roots):
+        ...
+
+    def _prefetch(self, units):
+        ...
+
+    def _hook(self, spec, scale):
+        ...
+
+    def before_microbatch(self, first, last):
+        ...
+
+    def _own_params(self, root):
+        ...
+
+    def _check_unshard_reshard(self):
+        ...
 """,
     "fuzz/_rank/models.py": """from __future__ import annotations
 import torch
@@ -336,7 +377,7 @@ from torch import nn
 from fuzz._rank.compose import TORCH_DTYPES, Composed, build_composed, clean_name
 from fuzz._rank.context import RankContext
 from fuzz._rank.models import build_model, set_skipped, tree_blocks
-from fuzz.model import AccumSync, Case, Compile, Composition, MetamorphicBody, ModuleTree, Optimizer, ParityBody, Training
+from fuzz.model import AccumSync, Case, Compile, Composition, Layout, MetamorphicBody, MixedPrecision, ModuleTree, Optimizer, ParityBody, Training
 
 def make_optimizer(params, training, later=()):
     held = {id(p) for p in later}
@@ -401,7 +442,7 @@ def replicate_contract(model, comp, skipped=None):
     out = {}
     return out
 
-def train(case, tree, training, comp, ctx, tp_size=1):
+def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precision=None):
     dtype = TORCH_DTYPES[training.dtype]
     if comp is not None:
         model, composed = build_composed(tree, comp, dtype, ctx, seed=case.seed)
@@ -441,8 +482,8 @@ def train(case, tree, training, comp, ctx, tp_size=1):
                 loss = F.mse_loss(out.to(y.dtype), y)
                 loss.backward()
             step_losses.append(loss.item())
-        if comp is None:
-            _average_gradients(model, ctx)
+        if comp is None and precision is None:
+            _average_gradients(model, ctx, grad_scales or {})
         grad_norms.append(_grad_norm(composed))
         opt.step()
         opt.zero_grad(set_to_none=training.set_to_none)
@@ -453,6 +494,7 @@ def train(case, tree, training, comp, ctx, tp_size=1):
     obs['losses'] = losses
     obs['grad_norms'] = grad_norms
     obs['local_params'] = _local_replicated(composed.model)
+    obs['knob_problems'] = [] if composed.knobs is None else composed.knobs.problems
     if ctx.rank == 0:
         obs['params'] = params_per_step
     return obs
@@ -477,11 +519,17 @@ class _null:
     def __exit__(self, *exc):
         return None
 
-def _average_gradients(model, ctx):
-    for p in model.parameters():
+def _average_gradients(model, ctx, scales):
+    for name, p in model.named_parameters():
         if p.grad is not None:
             dist.all_reduce(p.grad)
             p.grad /= ctx.world_size
+            scale = scales.get(name.rpartition('.')[0], 1.0)
+
+def grad_scales(tree, comp, world_size):
+    layout = Layout(tree, comp)
+    scales = {path: layout.gradient_scale(path, world_size) for path in layout.paths}
+    return {path: scale for path, scale in scales.items() if scale != 1.0}
 
 def _grad_norm(composed):
     from torch.distributed.tensor import DTensor
@@ -498,9 +546,12 @@ def _local_replicated(model):
 
 def run_parity(case, body, ctx):
     tp = body.composition.tp_size
-    composed = train(case, body.tree, body.training, body.composition, ctx, tp)
-    reference = train(case, body.tree, body.training, None, ctx, tp)
-    return {**composed, 'ref': {k: reference[k] for k in ('losses', 'params', 'grad_norms') if k in reference}}
+    comp = body.composition
+    composed = train(case, body.tree, body.training, comp, ctx, tp)
+    keys = ('losses', 'params', 'grad_norms')
+    scales = grad_scales(body.tree, comp, ctx.world_size)
+    reference = train(case, body.tree, body.training, None, ctx, tp, scales)
+    return {**composed, 'ref': {k: reference[k] for k in keys if k in reference}}
 
 def run_metamorphic(case, body, ctx):
     ...
@@ -572,7 +623,7 @@ if __name__ == '__main__':
 """,
     "fuzz/known.py": """from __future__ import annotations
 from dataclasses import dataclass
-from fuzz.model import PARAM_LEAVES, AccumSync, Block, Body, Case, Compile, Composition, Leaf, ModuleTree, Optimizer, Training, Wrapper, fsdp1_gathers, is_fsdp1
+from fuzz.model import PARAM_LEAVES, AccumSync, Block, Body, Case, Compile, Composition, Dtype, Layout, Leaf, ModuleTree, Optimizer, Training, Wrapper, fsdp1_gathers, is_fsdp1
 from fuzz.verdict import Stall
 KNOWN_BUG_ODDS = 16
 KNOWN_HANG_ODDS = 64
@@ -603,6 +654,7 @@ MP_NEVER_RUN_NO_SYNC = KnownBug('fully_shard-reduce-dtype-no-sync-never-run', "M
 MP_FROZEN_AT_LAZY_INIT = KnownBug('fully_shard-mp-frozen-at-lazy-init', 'MixedPrecisionPolicy: a unit all frozen at lazy init gets no orig/reduce dtype; unfrozen later, its low-precision gradient is never cast back', upstream='pytorch/pytorch#186998', relation='same bug', state='closed, yet still present in torch 2.13.0 (fix pull request #187376 not in 2.13)', see_also=('pytorch/pytorch#187376',))
 BROADCAST_EMPTY = KnownBug('set_state_dict-broadcast-empty', 'set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0 pass an empty model state dict', symptoms=frozenset({'hang', 'crash', 'exception'}), upstream='pytorch/pytorch#157781', relation='same symptom', state='open', see_also=('pytorch/pytorch#158836',), odds=KNOWN_HANG_ODDS, docs='docs/state_dict.md')
 STATELESS_FULL = KnownBug('set_optimizer_state_dict-full-stateless', "set_optimizer_state_dict(full_state_dict=True) for an optimizer without tensor state: 'Expected device to be set'", docs='docs/state_dict.md')
+FLAT_FULL_OPTIM = KnownBug('set_optimizer_state_dict-flat-full-keyerror', "set_optimizer_state_dict(full_state_dict=True, flatten_optimizer_state_dict=True) raises KeyError 'param_groups.0.params.0' for any model: the full-state branch takes the optimizer's local state dict with the flatten option still on, so the loaded and the local dicts have different keys", relation='none found after three phrasings; two other flatten bugs are in see_also', state='present in torch 2.13.0', see_also=('pytorch/pytorch#192224', 'pytorch/pytorch#192225'), docs='docs/state_dict.md')
 FSDP1_FULL_OFFLOAD = KnownBug('fsdp1-full-state-dict-offload-to-cpu', 'FSDP1 FULL_STATE_DICT with offload_to_cpu on CPU: state_dict() clones a freed buffer (SIGSEGV), optim_state_dict aliases the gathered states', symptoms=frozenset({'crash', 'mismatch'}), upstream='pytorch/pytorch#188989', relation="same root cause for the model state dict (to_cpu frees a CPU buffer); none found for the optimizer's aliasing", state='closed; its fix (pull request #188990) is not in torch 2.13', see_also=('pytorch/pytorch#188990', 'Lightning-AI/pytorch-lightning#21804'), docs='docs/state_dict.md')
 FSDP1_FROZEN_UNIT = KnownBug('fsdp1-no-shard-frozen-unit-state-dict', "FSDP1 NO_SHARD with an auto-wrapped unit of frozen parameters: state_dict() after training raises 'FSDP assumes ... is in the state_dict'", upstream='pytorch/pytorch#85831', relation='related', docs='docs/state_dict.md')
 FSDP1_DCP_STATELESS = KnownBug('fsdp1-dcp-stateless-optimizer', "the classic FSDP1 DCP recipe with an optimizer without state: optim_state_dict_to_load refuses the dict without 'state'", docs='docs/state_dict.md')
@@ -613,6 +665,7 @@ CACHED_STAGING_PINNED_METADATA = KnownBug('filesystemwriter-cache-staged-pinned-
 FSDP1_HSDP_OPTIMIZER_LOAD = KnownBug('fsdp1-hsdp-load_sharded_optimizer_state_dict', 'load_sharded_optimizer_state_dict chunks optimizer state over the whole world: wrong Adam state in FSDP1 HYBRID_SHARD over a 2-D mesh', symptoms=frozenset({'mismatch'}), see_also=('pytorch/pytorch#111096',), ends_ranks=False, tag=':fsdp1-hsdp-load_sharded_optimizer_state_dict')
 FSDP1_HSDP_RANK0_BROADCAST = KnownBug('fsdp1-hsdp-shard1-rank0-broadcast', 'set_optimizer_state_dict(full, cpu_offload) into FSDP1 HYBRID_SHARD with a shard dimension of 1 broadcasts from global rank 0 in a one-rank group', upstream='pytorch/pytorch#155680', relation='same line', state='open; #128444 (same path) was fixed only in part by pull request #128446', see_also=('pytorch/pytorch#128444',))
 FSDP1_COMPILE_SHARDED_GRAD = KnownBug('fsdp1-compile-recompile-sharded-grad', "torch.compile over FSDP1 (use_orig_params=True, sharded): recompiling the wrapped module's forward while its parameters hold sharded gradients raises InternalTorchDynamoError 'attempting to assign a gradient of size ...'", upstream='pytorch/pytorch#111317', relation='same symptom (a comment there: SHARD_GRAD_OP, use_orig_params=True, float32)', state='open', see_also=('pytorch/pytorch#93288',))
+DIVIDE_FACTOR_TWICE = KnownBug('fully_shard-divide-factor-single-shard-twice', 'set_gradient_divide_factor(f) on a fully_shard unit whose shard group is one rank, with set_force_sum_reduction_for_comms(True) or a float16 / float64 reduce dtype: gradients are divided by f twice (once where the single-rank branch copies the input, once more as the post-divide)', symptoms=frozenset({'mismatch'}), relation='none found after three phrasings; the single-rank division came with the pull request in see_also, and a later one reworks that branch without the post-divide', state='present in torch 2.13.0', see_also=('pytorch/pytorch#167178', 'pytorch/pytorch#196348'), ends_ranks=False, tag=':divide-factor-twice')
 
 def get(bug_id):
     ...
@@ -645,7 +698,8 @@ ALONE_IN_BROADCAST_STALL = Stall(name='rank 0 alone in _broadcast_state_dict', d
 """,
     "fuzz/model/__init__.py": """from fuzz.model.case import Body, Case, MetamorphicBody, ParityBody
 from fuzz.model.codec import case_from_json
-from fuzz.model.composition import Composition, MixedPrecision, ShardSpec, TpPair, Wrapper
+from fuzz.model.composition import Composition, Knobs, MixedPrecision, ShardSpec, TpPair, Wrapper
+from fuzz.model.layout import Layout, Unit
 from fuzz.model.rules import check_composition, check_mesh, check_training
 from fuzz.model.state import dcp_root, fsdp1_gathers, is_fsdp1
 from fuzz.model.training import AccumSync, Compile, Optimizer, Skip, Training, Unfreeze
@@ -788,7 +842,7 @@ def _decode(tp, value, path):
 """,
     "fuzz/model/composition.py": """from __future__ import annotations
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from fuzz.model.tree import Dtype
 
 class Wrapper(str, enum.Enum):
@@ -825,6 +879,28 @@ class TpPair:
     rowwise: str
 
 @dataclass(frozen=True)
+class Knobs:
+    forward_prefetch: int = 0
+    backward_prefetch: int = 0
+    reshard_after_backward_last: bool = False
+    late_reshard_after_forward: bool | None = None
+    explicit_unshard: bool = False
+    all_reduce_hook_scale: float | None = None
+    gradient_divide_factor: float | None = None
+    force_sum_reduction: bool = False
+
+    def __post_init__(self):
+        for name in ('forward_prefetch', 'backward_prefetch'):
+            pass
+
+    @property
+    def is_set(self):
+        return self != Knobs()
+
+    def names(self):
+        ...
+
+@dataclass(frozen=True)
 class Composition:
     shards: tuple[ShardSpec, ...] = ()
     replicates: tuple[str, ...] = ()
@@ -837,9 +913,16 @@ class Composition:
     tp: tuple[TpPair, ...] = ()
     tp_size: int = 1
     find_unused: bool = False
+    knobs: Knobs = field(default_factory=Knobs)
 
     def __post_init__(self):
         pass
+
+    def uniform_precision(self):
+        ...
+
+    def reshard_after_forward(self, spec):
+        ...
 
     @property
     def sharded_paths(self):
@@ -857,8 +940,72 @@ class Composition:
     def _spec_paths(self, api, path):
         ...
 """,
+    "fuzz/model/layout.py": """from __future__ import annotations
+from dataclasses import dataclass
+from functools import cached_property
+from fuzz.model.composition import Composition
+from fuzz.model.tree import Leaf, ModuleTree, Node
+
+@dataclass(frozen=True)
+class Unit:
+    api: str
+    index: int
+    members: tuple[str, ...]
+
+    def covers(self, path):
+        ...
+
+@dataclass(frozen=True)
+class Layout:
+    tree: ModuleTree
+    comp: Composition
+
+    @cached_property
+    def paths(self):
+        return self.tree.paths()
+
+    @cached_property
+    def units(self):
+        shards = tuple((Unit('fully_shard', i, spec.paths) for i, spec in enumerate(self.comp.shards)))
+        return shards + tuple((Unit('replicate', i, (p,)) for i, p in enumerate(self.comp.replicates)))
+
+    @cached_property
+    def member_paths(self):
+        return tuple((m for u in self.units for m in u.members))
+
+    def member_of(self, path, api=None):
+        best: str | None = None
+        members = self.member_paths if api is None else [m for u in self.units if u.api == api for m in u.members]
+        return best
+
+    def unit_of(self, path):
+        member = self.member_of(path)
+        if member is None:
+            return None
+
+    def owned_by(self, unit, member=None):
+        ...
+
+    def outermost(self, unit):
+        ...
+
+    def frozen_only(self, unit, member=None):
+        ...
+
+    def manages_under(self, member, path):
+        ...
+
+    def unmanaged(self):
+        ...
+
+    def gradient_scale(self, path, world_size):
+        unit = self.unit_of(path)
+        if unit is None or unit.api != 'fully_shard':
+            return 1.0
+""",
     "fuzz/model/rules.py": """from __future__ import annotations
 from fuzz.model.composition import Composition, Wrapper
+from fuzz.model.layout import Layout
 from fuzz.model.training import AccumSync, Compile, Optimizer, Skip, Training
 from fuzz.model.tree import PARAM_LEAVES, Block, Leaf, LeafKind, ModuleTree, Node
 
@@ -884,13 +1031,13 @@ def check_training(tree, comps, t, where='training'):
         for comp in comps:
             pass
     for comp in comps:
-        pass
+        k = comp.knobs
 """,
     "fuzz/model/state.py": """from __future__ import annotations
 import enum
 import os
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import ClassVar
 from fuzz.model.case import Body
 from fuzz.model.composition import Composition, Wrapper
@@ -1069,7 +1216,7 @@ def register(prop):
 import math
 from typing import Any
 from fuzz import known
-from fuzz.model import Block, Case, Compile, Composition, Leaf, MetamorphicBody, ModuleTree, ParityBody, Training, Wrapper
+from fuzz.model import Block, Case, Compile, Composition, Layout, Leaf, MetamorphicBody, ModuleTree, ParityBody, Training, Unit, Wrapper
 from fuzz.properties import Property, register, strategy
 from fuzz.signature import Failure, Signature
 from fuzz.tolerance import Tolerance, first_mismatch, tolerance_for
@@ -1100,6 +1247,12 @@ def compare_runs(prop, observations, tol, api=''):
 def check_replicas(prop, observations):
     ...
 
+def check_knobs(prop, observations):
+    for rank, obs in enumerate(observations):
+        for run in (obs, obs.get('ref', {})):
+            problems = run.get('knob_problems') or []
+    return None
+
 def _tolerance(training):
     return tolerance_for(training.dtype.value)
 
@@ -1108,7 +1261,7 @@ def judge_parity(case, outcome):
     assert isinstance(body, ParityBody)
     obs = outcome.observations
     api = api_of(body.composition, body.tree, body.training, case.world_size)
-    failure = compare_runs(case.property, obs, _tolerance(body.training), api) or check_replicas(case.property, obs)
+    failure = check_knobs(case.property, obs) or compare_runs(case.property, obs, _tolerance(body.training), api) or check_replicas(case.property, obs)
     return failure
 
 def judge_mixed_precision(case, outcome):
@@ -1613,6 +1766,7 @@ MODULES = {
     "fuzz._rank": PREFIX + "fuzz/_rank/__init__.py",
     "fuzz._rank.compose": PREFIX + "fuzz/_rank/compose.py",
     "fuzz._rank.context": PREFIX + "fuzz/_rank/context.py",
+    "fuzz._rank.knobs": PREFIX + "fuzz/_rank/knobs.py",
     "fuzz._rank.models": PREFIX + "fuzz/_rank/models.py",
     "fuzz._rank.parity": PREFIX + "fuzz/_rank/parity.py",
     "fuzz._rank.programs": PREFIX + "fuzz/_rank/programs.py",
@@ -1622,6 +1776,7 @@ MODULES = {
     "fuzz.model.case": PREFIX + "fuzz/model/case.py",
     "fuzz.model.codec": PREFIX + "fuzz/model/codec.py",
     "fuzz.model.composition": PREFIX + "fuzz/model/composition.py",
+    "fuzz.model.layout": PREFIX + "fuzz/model/layout.py",
     "fuzz.model.rules": PREFIX + "fuzz/model/rules.py",
     "fuzz.model.state": PREFIX + "fuzz/model/state.py",
     "fuzz.model.training": PREFIX + "fuzz/model/training.py",

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=5b15326e4aa0bf75 sources=7426f7e5a33b80a9 seconds=12.9
+# shardfuzz reduced reproducer: entry=525096b75097b34c sources=8d86cad48c6c82a6 seconds=19.5
 """Reproduces shardfuzz corpus entry state_dict-exception-ab49bbd468b0.json: exception:state_dict:builtins.AssertionError@torch/distributed/fsdp/_state_dict_utils.py:_common_unshard_post_state_dict_hook
 
 FSDP1 NO_SHARD (use_orig_params) with an auto-wrapped unit whose parameters are all frozen:
@@ -40,13 +40,17 @@ CASE = """{
   "load": {
    "broadcast_from_rank0": false,
    "cpu_offload": false,
+   "flatten_optimizer_state_dict": false,
    "full_state_dict": true,
+   "ignore_frozen_params": false,
    "strict": true
   },
   "save": {
    "broadcast_from_rank0": false,
    "cpu_offload": false,
+   "flatten_optimizer_state_dict": false,
    "full_state_dict": true,
+   "ignore_frozen_params": false,
    "strict": true
   },
   "source": {
@@ -54,6 +58,16 @@ CASE = """{
    "checkpoint_first": true,
    "checkpoints": [],
    "find_unused": false,
+   "knobs": {
+    "all_reduce_hook_scale": null,
+    "backward_prefetch": 0,
+    "explicit_unshard": false,
+    "force_sum_reduction": false,
+    "forward_prefetch": 0,
+    "gradient_divide_factor": null,
+    "late_reshard_after_forward": null,
+    "reshard_after_backward_last": false
+   },
    "mesh": [],
    "meta_init": false,
    "replicates": [],
@@ -68,6 +82,16 @@ CASE = """{
    "checkpoint_first": true,
    "checkpoints": [],
    "find_unused": false,
+   "knobs": {
+    "all_reduce_hook_scale": null,
+    "backward_prefetch": 0,
+    "explicit_unshard": false,
+    "force_sum_reduction": false,
+    "forward_prefetch": 0,
+    "gradient_divide_factor": null,
+    "late_reshard_after_forward": null,
+    "reshard_after_backward_last": false
+   },
    "mesh": [],
    "meta_init": false,
    "replicates": [],
@@ -194,6 +218,7 @@ from typing import Any
 import torch
 from torch import nn
 from fuzz._rank.context import RankContext
+from fuzz._rank.knobs import KnobState
 from fuzz._rank.models import build_model
 from fuzz.model import Composition, Dtype, MixedPrecision, ModuleTree, ShardSpec, Wrapper
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
@@ -210,6 +235,7 @@ class Composed:
     fsdp_roots: list[nn.Module] = field(default_factory=list)
     wrapper: Wrapper = Wrapper.NONE
     param_names: list[str] = field(default_factory=list)
+    knobs: KnobState | None = None
 
     def no_sync(self):
         ...
@@ -260,6 +286,32 @@ class RankContext:
         ...
 
     def end_case(self):
+        ...
+""",
+    "fuzz/_rank/knobs.py": """from __future__ import annotations
+from typing import Any
+import torch
+from torch import nn
+from fuzz.model import Composition, Knobs, ModuleTree, ShardSpec
+
+class KnobState:
+
+    def __init__(self, model, comp, tree, roots):
+        ...
+
+    def _prefetch(self, units):
+        ...
+
+    def _hook(self, spec, scale):
+        ...
+
+    def before_microbatch(self, first, last):
+        ...
+
+    def _own_params(self, root):
+        ...
+
+    def _check_unshard_reshard(self):
         ...
 """,
     "fuzz/_rank/models.py": """from __future__ import annotations
@@ -313,7 +365,7 @@ from torch import nn
 from fuzz._rank.compose import TORCH_DTYPES, Composed, clean_name
 from fuzz._rank.context import RankContext
 from fuzz._rank.models import build_model
-from fuzz.model import AccumSync, Case, Compile, Composition, ModuleTree, Optimizer, Training
+from fuzz.model import AccumSync, Case, Compile, Composition, MixedPrecision, ModuleTree, Optimizer, Training
 
 def make_optimizer(params, training, later=()):
     held = {id(p) for p in later}
@@ -356,6 +408,7 @@ def run_case(case, ctx):
 """,
     "fuzz/_rank/state_dict.py": """from __future__ import annotations
 import copy
+import inspect
 from dataclasses import dataclass, field, replace
 from typing import Any
 import torch
@@ -437,9 +490,15 @@ def fsdp1_state_dict_type(side, *, full, offload, rank0_only=False):
 def fsdp1_optim_state_dict(side):
     ...
 
+def torch_kwargs(fn, kwargs):
+    params = inspect.signature(fn).parameters
+    missing = sorted((k for k in kwargs if k not in params))
+    return kwargs
+
 def state_dict_options(o):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
-    return StateDictOptions(full_state_dict=o.full_state_dict, cpu_offload=o.cpu_offload, broadcast_from_rank0=o.broadcast_from_rank0, strict=o.strict)
+    extra = {n: True for n in ('ignore_frozen_params', 'flatten_optimizer_state_dict') if getattr(o, n)}
+    return StateDictOptions(full_state_dict=o.full_state_dict, cpu_offload=o.cpu_offload, broadcast_from_rank0=o.broadcast_from_rank0, strict=o.strict, **torch_kwargs(StateDictOptions, extra))
 
 def _take(body, side):
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict, get_state_dict
@@ -509,7 +568,7 @@ if __name__ == '__main__':
 """,
     "fuzz/known.py": """from __future__ import annotations
 from dataclasses import dataclass
-from fuzz.model import AccumSync, Api, Block, Body, Case, Compile, Composition, DcpBody, DcpItem, Leaf, ModuleTree, Optimizer, StateDictBody, Training, Wrapper
+from fuzz.model import AccumSync, Api, Block, Body, Case, Compile, Composition, DcpBody, DcpItem, Dtype, Leaf, ModuleTree, Optimizer, StateDictBody, Training, Wrapper
 from fuzz.verdict import Stall
 KNOWN_BUG_ODDS = 16
 KNOWN_HANG_ODDS = 64
@@ -540,6 +599,7 @@ MP_NEVER_RUN_NO_SYNC = KnownBug('fully_shard-reduce-dtype-no-sync-never-run', "M
 MP_FROZEN_AT_LAZY_INIT = KnownBug('fully_shard-mp-frozen-at-lazy-init', 'MixedPrecisionPolicy: a unit all frozen at lazy init gets no orig/reduce dtype; unfrozen later, its low-precision gradient is never cast back', upstream='pytorch/pytorch#186998', relation='same bug', state='closed, yet still present in torch 2.13.0 (fix pull request #187376 not in 2.13)', see_also=('pytorch/pytorch#187376',))
 BROADCAST_EMPTY = KnownBug('set_state_dict-broadcast-empty', 'set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0 pass an empty model state dict', symptoms=frozenset({'hang', 'crash', 'exception'}), upstream='pytorch/pytorch#157781', relation='same symptom', state='open', see_also=('pytorch/pytorch#158836',), odds=KNOWN_HANG_ODDS, docs='docs/state_dict.md')
 STATELESS_FULL = KnownBug('set_optimizer_state_dict-full-stateless', "set_optimizer_state_dict(full_state_dict=True) for an optimizer without tensor state: 'Expected device to be set'", docs='docs/state_dict.md')
+FLAT_FULL_OPTIM = KnownBug('set_optimizer_state_dict-flat-full-keyerror', "set_optimizer_state_dict(full_state_dict=True, flatten_optimizer_state_dict=True) raises KeyError 'param_groups.0.params.0' for any model: the full-state branch takes the optimizer's local state dict with the flatten option still on, so the loaded and the local dicts have different keys", relation='none found after three phrasings; two other flatten bugs are in see_also', state='present in torch 2.13.0', see_also=('pytorch/pytorch#192224', 'pytorch/pytorch#192225'), docs='docs/state_dict.md')
 FSDP1_FULL_OFFLOAD = KnownBug('fsdp1-full-state-dict-offload-to-cpu', 'FSDP1 FULL_STATE_DICT with offload_to_cpu on CPU: state_dict() clones a freed buffer (SIGSEGV), optim_state_dict aliases the gathered states', symptoms=frozenset({'crash', 'mismatch'}), upstream='pytorch/pytorch#188989', relation="same root cause for the model state dict (to_cpu frees a CPU buffer); none found for the optimizer's aliasing", state='closed; its fix (pull request #188990) is not in torch 2.13', see_also=('pytorch/pytorch#188990', 'Lightning-AI/pytorch-lightning#21804'), docs='docs/state_dict.md')
 FSDP1_FROZEN_UNIT = KnownBug('fsdp1-no-shard-frozen-unit-state-dict', "FSDP1 NO_SHARD with an auto-wrapped unit of frozen parameters: state_dict() after training raises 'FSDP assumes ... is in the state_dict'", upstream='pytorch/pytorch#85831', relation='related', docs='docs/state_dict.md')
 FSDP1_DCP_STATELESS = KnownBug('fsdp1-dcp-stateless-optimizer', "the classic FSDP1 DCP recipe with an optimizer without state: optim_state_dict_to_load refuses the dict without 'state'", docs='docs/state_dict.md')
@@ -550,6 +610,7 @@ CACHED_STAGING_PINNED_METADATA = KnownBug('filesystemwriter-cache-staged-pinned-
 FSDP1_HSDP_OPTIMIZER_LOAD = KnownBug('fsdp1-hsdp-load_sharded_optimizer_state_dict', 'load_sharded_optimizer_state_dict chunks optimizer state over the whole world: wrong Adam state in FSDP1 HYBRID_SHARD over a 2-D mesh', symptoms=frozenset({'mismatch'}), see_also=('pytorch/pytorch#111096',), ends_ranks=False, tag=':fsdp1-hsdp-load_sharded_optimizer_state_dict')
 FSDP1_HSDP_RANK0_BROADCAST = KnownBug('fsdp1-hsdp-shard1-rank0-broadcast', 'set_optimizer_state_dict(full, cpu_offload) into FSDP1 HYBRID_SHARD with a shard dimension of 1 broadcasts from global rank 0 in a one-rank group', upstream='pytorch/pytorch#155680', relation='same line', state='open; #128444 (same path) was fixed only in part by pull request #128446', see_also=('pytorch/pytorch#128444',))
 FSDP1_COMPILE_SHARDED_GRAD = KnownBug('fsdp1-compile-recompile-sharded-grad', "torch.compile over FSDP1 (use_orig_params=True, sharded): recompiling the wrapped module's forward while its parameters hold sharded gradients raises InternalTorchDynamoError 'attempting to assign a gradient of size ...'", upstream='pytorch/pytorch#111317', relation='same symptom (a comment there: SHARD_GRAD_OP, use_orig_params=True, float32)', state='open', see_also=('pytorch/pytorch#93288',))
+DIVIDE_FACTOR_TWICE = KnownBug('fully_shard-divide-factor-single-shard-twice', 'set_gradient_divide_factor(f) on a fully_shard unit whose shard group is one rank, with set_force_sum_reduction_for_comms(True) or a float16 / float64 reduce dtype: gradients are divided by f twice (once where the single-rank branch copies the input, once more as the post-divide)', symptoms=frozenset({'mismatch'}), relation='none found after three phrasings; the single-rank division came with the pull request in see_also, and a later one reworks that branch without the post-divide', state='present in torch 2.13.0', see_also=('pytorch/pytorch#167178', 'pytorch/pytorch#196348'), ends_ranks=False, tag=':divide-factor-twice')
 
 def get(bug_id):
     ...
@@ -567,9 +628,9 @@ ALONE_IN_BROADCAST_STALL = Stall(name='rank 0 alone in _broadcast_state_dict', d
 """,
     "fuzz/model/__init__.py": """from fuzz.model.case import Body, Case
 from fuzz.model.codec import case_from_json
-from fuzz.model.composition import Composition, MixedPrecision, ShardSpec, TpPair, Wrapper
+from fuzz.model.composition import Composition, Knobs, MixedPrecision, ShardSpec, TpPair, Wrapper
 from fuzz.model.rules import check_composition, check_mesh
-from fuzz.model.state import Api, DcpBody, DcpItem, DcpMode, Options, Overwrite, StateDictBody, dcp_root, is_plain
+from fuzz.model.state import Api, DcpBody, DcpItem, DcpMode, LoadPlannerOptions, Options, Overwrite, SavePlannerOptions, StateDictBody, WriterOptions, dcp_root, is_plain
 from fuzz.model.training import AccumSync, Compile, Optimizer, Skip, Training, Unfreeze
 from fuzz.model.tree import Block, Dtype, Leaf, LeafKind, ModuleTree, Node, iter_paths
 """,
@@ -674,7 +735,7 @@ def _decode(tp, value, path):
 """,
     "fuzz/model/composition.py": """from __future__ import annotations
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from fuzz.model.tree import Dtype
 
 class Wrapper(str, enum.Enum):
@@ -711,6 +772,28 @@ class TpPair:
     rowwise: str
 
 @dataclass(frozen=True)
+class Knobs:
+    forward_prefetch: int = 0
+    backward_prefetch: int = 0
+    reshard_after_backward_last: bool = False
+    late_reshard_after_forward: bool | None = None
+    explicit_unshard: bool = False
+    all_reduce_hook_scale: float | None = None
+    gradient_divide_factor: float | None = None
+    force_sum_reduction: bool = False
+
+    def __post_init__(self):
+        for name in ('forward_prefetch', 'backward_prefetch'):
+            pass
+
+    @property
+    def is_set(self):
+        return self != Knobs()
+
+    def names(self):
+        ...
+
+@dataclass(frozen=True)
 class Composition:
     shards: tuple[ShardSpec, ...] = ()
     replicates: tuple[str, ...] = ()
@@ -723,9 +806,16 @@ class Composition:
     tp: tuple[TpPair, ...] = ()
     tp_size: int = 1
     find_unused: bool = False
+    knobs: Knobs = field(default_factory=Knobs)
 
     def __post_init__(self):
         pass
+
+    def uniform_precision(self):
+        ...
+
+    def reshard_after_forward(self, spec):
+        ...
 
     @property
     def sharded_paths(self):
@@ -767,7 +857,7 @@ def check_mesh(comp, world_size, where='composition'):
 import enum
 import os
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import ClassVar
 from fuzz.model.case import Body
 from fuzz.model.composition import Composition, Wrapper
@@ -806,6 +896,8 @@ class Options:
     cpu_offload: bool = False
     broadcast_from_rank0: bool = False
     strict: bool = True
+    ignore_frozen_params: bool = False
+    flatten_optimizer_state_dict: bool = False
 
 @dataclass(frozen=True)
 class StateDictBody(Body):
@@ -829,9 +921,13 @@ class StateDictBody(Body):
         _check_drop(self.drop)
         _check_frozen_in_optimizer(self.tree, self.frozen_in_optimizer)
         save, load = (self.save, self.load)
+        self._check_frozen_and_flat()
         if self.api is Api.FSDP1:
             self._check_fsdp1()
             return
+
+    def _check_frozen_and_flat(self):
+        save, load = (self.save, self.load)
 
     def _check_fsdp1(self):
         save, load = (self.save, self.load)
@@ -857,6 +953,27 @@ class DcpItem(str, enum.Enum):
     SCALARS = 'scalars'
     COUNTER = 'counter'
     EXTRA = 'extra'
+
+@dataclass(frozen=True)
+class WriterOptions:
+    single_file_per_rank: bool = True
+    sync_files: bool = True
+    thread_count: int = 1
+    per_thread_copy_ahead: int = 10000000
+
+    def changed(self):
+        ...
+
+@dataclass(frozen=True)
+class SavePlannerOptions:
+    flatten_sharded_tensors: bool = True
+    dedup_save_to_lowest_rank: bool = False
+    enable_plan_caching: bool = False
+
+@dataclass(frozen=True)
+class LoadPlannerOptions:
+    flatten_sharded_tensors: bool = True
+    allow_partial_load: bool = False
 
 class DcpMode(str, enum.Enum):
     ROUND_TRIP = 'round_trip'
@@ -894,6 +1011,12 @@ class DcpBody(Body):
     no_dist: bool = False
     frozen_in_optimizer: bool = False
     empty_group: bool = False
+    writer: WriterOptions = field(default_factory=WriterOptions)
+    save_planner: SavePlannerOptions | None = None
+    load_planner: LoadPlannerOptions | None = None
+    absent: bool = False
+    convert: bool = False
+    own_group: bool = False
 
     @property
     def classic_fsdp1(self):
@@ -903,6 +1026,9 @@ class DcpBody(Body):
         ...
 
     def _check_saves(self):
+        ...
+
+    def _check_options(self):
         ...
 
     def _check_no_dist(self):
@@ -1614,6 +1740,7 @@ MODULES = {
     "fuzz._rank": PREFIX + "fuzz/_rank/__init__.py",
     "fuzz._rank.compose": PREFIX + "fuzz/_rank/compose.py",
     "fuzz._rank.context": PREFIX + "fuzz/_rank/context.py",
+    "fuzz._rank.knobs": PREFIX + "fuzz/_rank/knobs.py",
     "fuzz._rank.models": PREFIX + "fuzz/_rank/models.py",
     "fuzz._rank.parity": PREFIX + "fuzz/_rank/parity.py",
     "fuzz._rank.programs": PREFIX + "fuzz/_rank/programs.py",
