@@ -227,6 +227,21 @@ def load_fault(path: str) -> dict[str, object]:
     return data
 
 
+def _applies(fault: dict[str, object]) -> bool:
+    """Whether the fault's ``old`` text occurs exactly once in this torch's module (a fault is
+    written against one version's code)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(str(fault["module"]))
+    except (ImportError, ValueError):
+        return False
+    if spec is None or spec.origin is None:
+        return False
+    with open(spec.origin) as f:
+        return f.read().count(str(fault["old"])) == 1
+
+
 def bench_faults(
     directory: str, *, budget: float, seed: int, world_size: int, names: list[str] | None = None
 ) -> list[FaultRun]:
@@ -252,6 +267,9 @@ def bench_faults(
     for name in files:
         path = os.path.abspath(os.path.join(directory, name))
         fault = load_fault(path)
+        if not _applies(fault):
+            print(f"  {name.removesuffix('.json'):36} skipped: its text is not in this torch's {fault['module']}")
+            continue
         listed = fault.get("properties")
         props = [str(p) for p in listed] if isinstance(listed, list) else []
         with tempfile.TemporaryDirectory(prefix="shardfuzz-fault-") as tmp:

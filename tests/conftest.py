@@ -27,6 +27,25 @@ def mutant_env(name: str) -> dict[str, str]:
     return {"MUTANT": str(spec), "PYTHONPATH": os.pathsep.join([harness, os.environ.get("PYTHONPATH", "")])}
 
 
+FAULTS = ROOT / "tests" / "faults"
+
+
+def fault_env(name: str) -> dict[str, str]:
+    """Environment that makes every rank import torch with the fault ``tests/faults/NAME.json``
+    applied (by tests/faults/harness); skips where this torch's source lacks the fault's text
+    (a fault is written against one torch version's code)."""
+    import importlib.util
+    import json
+
+    path = FAULTS / f"{name}.json"
+    fault = json.loads(path.read_text())
+    spec = importlib.util.find_spec(fault["module"])
+    if spec is None or spec.origin is None or Path(spec.origin).read_text().count(fault["old"]) != 1:
+        pytest.skip(f"fault {name}: its text is not in this torch's {fault['module']}")
+    harness = str(FAULTS / "harness")
+    return {"SHARDFUZZ_FAULT": str(path), "PYTHONPATH": os.pathsep.join([harness, os.environ.get("PYTHONPATH", "")])}
+
+
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, **(env or {})}
     return subprocess.run(

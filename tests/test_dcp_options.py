@@ -15,7 +15,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -52,6 +51,7 @@ from fuzz.properties import get_property
 from fuzz.properties.state_dict import MISSING_KEY, features_dcp, features_state_dict, judge_dcp, judge_state_dict
 from fuzz.verdict import Outcome
 from strategies import dcp_cases, state_dict_cases
+from tests.conftest import fault_env
 from tests.test_state_dict import TREE, fsdp, reversed_orders
 
 ADAM = Training(optimizer=Optimizer.ADAM, lr=0.05, dtype=Dtype.FLOAT64, steps=2, param_groups=2)
@@ -325,11 +325,7 @@ def test_ignore_frozen_params_and_a_flat_optimizer_state_dict(rank_pool: RankPoo
 def test_dedup_check_notices_a_planner_that_keeps_the_highest_rank() -> None:
     """A fault in torch's dedup (tests/faults/K08): replicated items go to the highest rank that
     holds them."""
-    faults = Path(__file__).parent / "faults"
-    env = {
-        "SHARDFUZZ_FAULT": str(faults / "K08_dedup_to_highest_rank.json"),
-        "PYTHONPATH": os.pathsep.join([str(faults / "harness"), os.environ.get("PYTHONPATH", "")]),
-    }
+    env = fault_env("K08_dedup_to_highest_rank")
     body = _dcp(source=Composition(), target=fsdp("1"), save_planner=SavePlannerOptions(dedup_save_to_lowest_rank=True))
     with RankPool(world_size=2, env=env, deadline=30) as pool:
         failure = run_case(pool, get_property("dcp"), Case("dcp", 2, 58, body))

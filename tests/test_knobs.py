@@ -3,7 +3,6 @@ knob's oracle notices an injected fault of the code behind it (tests/faults)."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from fuzz.model import (
 from fuzz.pool import RankPool
 from fuzz.properties import get_property
 from strategies import parity_cases
+from tests.conftest import fault_env
 
 FAULTS = Path(__file__).parent / "faults"
 
@@ -99,10 +99,7 @@ def test_scaling_knobs_on_hsdp(check_case: Any) -> None:
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_each_knob_oracle_notices_its_fault(name: str) -> None:
     """Under the fault (applied in every rank by tests/faults/harness) the same case fails."""
-    env = {
-        "SHARDFUZZ_FAULT": str(FAULTS / f"{name}.json"),
-        "PYTHONPATH": os.pathsep.join([str(FAULTS / "harness"), os.environ.get("PYTHONPATH", "")]),
-    }
+    env = fault_env(name)
     case = CASES[name]
     with RankPool(world_size=2, env=env, deadline=60) as pool:
         failure = run_case(pool, get_property(case.property), case)

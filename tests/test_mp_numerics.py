@@ -4,7 +4,6 @@ comparison notices a fault that reduces in the wrong dtype (tests/faults/K07).""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ from fuzz.model import (
 from fuzz.pool import RankPool
 from fuzz.properties import get_property
 from fuzz.tolerance import mixed_precision_tolerance, tolerance_for
+from tests.conftest import fault_env
 
 FAULTS = Path(__file__).parent / "faults"
 TREE = ModuleTree(
@@ -65,10 +65,7 @@ def test_the_reduce_dtype_fault_is_noticed() -> None:
     """bf16 compute, fp32 reduce: reducing in bf16 instead rounds a two-term sum, which the
     float32 policy at two ranks notices."""
     case = _case(Dtype.BFLOAT16, Dtype.FLOAT32)
-    env = {
-        "SHARDFUZZ_FAULT": str(FAULTS / "K07_reduce_dtype_ignored.json"),
-        "PYTHONPATH": os.pathsep.join([str(FAULTS / "harness"), os.environ.get("PYTHONPATH", "")]),
-    }
+    env = fault_env("K07_reduce_dtype_ignored")
     with RankPool(world_size=2, env=env, deadline=60) as pool:
         failure = run_case(pool, get_property(case.property), case)
     assert failure is not None and failure.kind == "mismatch", failure and failure.summary
