@@ -124,6 +124,7 @@ def torch_has(module: str, attr: str, parameter: str) -> bool:
 _DCP = "torch.distributed.checkpoint"
 
 
+@cache
 def _caching_async_untriaged() -> bool:
     """True on a torch whose DefaultSavePlanner caches plans before the global plan is validated
     (torch 2.13 says "Only cache everything after success"; 2.11 does not)."""
@@ -136,9 +137,6 @@ def _caching_async_untriaged() -> bool:
     except (ImportError, AttributeError, OSError, TypeError):
         return True
     return "after success" not in source
-
-
-_CACHING_ASYNC_UNTRIAGED = _caching_async_untriaged()
 
 
 def _writer_options(draw: st.DrawFn) -> WriterOptions:
@@ -486,7 +484,7 @@ def dcp_cases(
     frozen_in_optimizer, empty_group = _optimizer_options(draw, tree)
     writer = _writer_options(draw) if storage_objects and one_in(draw, 3) else WriterOptions()
     save_planner, load_planner = _planners(draw, no_dist)
-    if async_save and save_planner is not None and save_planner.enable_plan_caching and _CACHING_ASYNC_UNTRIAGED:
+    if async_save and save_planner is not None and save_planner.enable_plan_caching and _caching_async_untriaged():
         # Untriaged: on torch 2.11 (a GPU host's CPUs, gloo) an async_save with plan caching
         # failed in DefaultSavePlanner._create_global_plan (TypeError: a plan's planner_data is
         # None) in 2 and 4-rank campaigns; torch 2.13 (which caches only after a validated
