@@ -23,6 +23,7 @@ from hypothesis import seed as hypothesis_seed
 
 from fuzz import known
 from fuzz._spawn_baseline import run_spawned
+from fuzz.corpus import builtin_corpus
 from fuzz.errors import ShardfuzzError
 from fuzz.model import Case, FaultAction, FaultBody
 from fuzz.pool import RankPool
@@ -249,8 +250,10 @@ def bench_faults(
     ``harness/sitecustomize.py`` applies the file named by ``SHARDFUZZ_FAULT`` or ``MUTANT``,
     so ``tests/faults`` and ``../shared/mutants`` both work), over the fault's ``properties``
     (all when it names none), and print the seconds to its first new failure. A fault counts as
-    caught when the campaign saves a failure that is not a known torch bug."""
+    caught when the campaign saves a failure that is not a known torch bug (the campaign's
+    corpus starts as a copy of the suite's own)."""
     import json
+    import shutil
     import subprocess
     import sys
 
@@ -273,6 +276,11 @@ def bench_faults(
         listed = fault.get("properties")
         props = [str(p) for p in listed] if isinstance(listed, list) else []
         with tempfile.TemporaryDirectory(prefix="shardfuzz-fault-") as tmp:
+            # The suite's own corpus, so that a known torch bug met on the way is not taken
+            # for the fault.
+            known_entries = builtin_corpus()
+            if known_entries is not None:
+                shutil.copytree(known_entries, f"{tmp}/corpus")
             env = {
                 **os.environ,
                 "SHARDFUZZ_FAULT": path,
