@@ -228,7 +228,7 @@ def load_fault(path: str) -> dict[str, object]:
     return data
 
 
-def _applies(fault: dict[str, object]) -> bool:
+def fault_applies(fault: dict[str, object]) -> bool:
     """Whether the fault's ``old`` text occurs exactly once in this torch's module (a fault is
     written against one version's code)."""
     import importlib.util
@@ -270,7 +270,7 @@ def bench_faults(
     for name in files:
         path = os.path.abspath(os.path.join(directory, name))
         fault = load_fault(path)
-        if not _applies(fault):
+        if not fault_applies(fault):
             print(f"  {name.removesuffix('.json'):36} skipped: its text is not in this torch's {fault['module']}")
             continue
         listed = fault.get("properties")

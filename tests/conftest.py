@@ -34,13 +34,11 @@ def fault_env(name: str) -> dict[str, str]:
     """Environment that makes every rank import torch with the fault ``tests/faults/NAME.json``
     applied (by tests/faults/harness); skips where this torch's source lacks the fault's text
     (a fault is written against one torch version's code)."""
-    import importlib.util
-    import json
+    from fuzz.bench import fault_applies, load_fault
 
     path = FAULTS / f"{name}.json"
-    fault = json.loads(path.read_text())
-    spec = importlib.util.find_spec(fault["module"])
-    if spec is None or spec.origin is None or Path(spec.origin).read_text().count(fault["old"]) != 1:
+    fault = load_fault(str(path))
+    if not fault_applies(fault):
         pytest.skip(f"fault {name}: its text is not in this torch's {fault['module']}")
     harness = str(FAULTS / "harness")
     return {"SHARDFUZZ_FAULT": str(path), "PYTHONPATH": os.pathsep.join([harness, os.environ.get("PYTHONPATH", "")])}
