@@ -45,6 +45,7 @@ from fuzz.model import (
     is_fsdp1,
     owns_params,
     tensor_kind,
+    trained_then_frozen,
 )
 from fuzz.verdict import Stall
 
@@ -294,6 +295,22 @@ DIVIDE_FACTOR_TWICE = KnownBug(
     tag=":divide-factor-twice",
 )
 
+FROZEN_OPTIM_STATE_DROPPED = KnownBug(
+    "set_optimizer_state_dict-frozen-state-dropped",
+    "set_optimizer_state_dict drops the saved optimizer state of a parameter frozen (requires_grad=False) "
+    "when it is loaded: a parameter trained, then frozen, checkpointed and unfrozen after resuming restarts "
+    "with fresh optimizer state (get_optimizer_state_dict saved it)",
+    symptoms=frozenset({"mismatch"}),
+    upstream="pytorch/pytorch#192202",
+    relation="same bug",
+    state="open; fix pull request #192307 open, not in torch 2.13.0",
+    see_also=("pytorch/pytorch#192307",),
+    ends_ranks=False,
+    tag=":frozen-optimizer-state-dropped",
+    docs="docs/state_dict.md",
+    # a mismatch: no respawn, no deadline spent
+    odds=4,
+)
 BUGS: dict[str, KnownBug] = {
     b.id: b
     for b in (
@@ -321,6 +338,7 @@ BUGS: dict[str, KnownBug] = {
         FSDP1_COMPILE_SHARDED_GRAD,
         DIVIDE_FACTOR_TWICE,
         FLAT_FULL_OPTIM,
+        FROZEN_OPTIM_STATE_DROPPED,
     )
 }
 
@@ -684,6 +702,22 @@ def broadcast_empty_app(loaded: tuple[DcpItem, ...], full: bool, cpu_offload: bo
     return DcpItem.APP in loaded and full and cpu_offload
 
 
+def frozen_state_dropped(body: Body) -> bool:
+    """:data:`FROZEN_OPTIM_STATE_DROPPED`: a stateful optimizer loaded through
+    set_optimizer_state_dict (every path but FSDP1's own) while a parameter that trained
+    before the save is frozen."""
+    if not isinstance(body, (StateDictBody, DcpBody)) or stateless_optimizer(body.training):
+        return False
+    if isinstance(body, StateDictBody):
+        loaded = body.api is not Api.FSDP1
+    else:
+        loaded = (
+            any(e in body.entries and e not in body.skip for e in (DcpItem.OPTIMIZER, DcpItem.APP))
+            and not body.classic_fsdp1
+        )
+    return loaded and bool(trained_then_frozen(body))
+
+
 def stateless_full(body: Body) -> bool:
     """:data:`STATELESS_FULL`: an optimizer without tensor state (SGD without momentum) loaded
     from a full state dict through set_optimizer_state_dict (an FSDP1 target loads through
@@ -805,6 +839,7 @@ def bugs_met(case: Case) -> list[KnownBug]:
             (STATELESS_FULL, stateless_full(body)),
             (FLAT_FULL_OPTIM, flat_full_optimizer(body)),
             (FSDP1_HSDP_OPTIMIZER_LOAD, hsdp_optimizer_load(body)),
+            (FROZEN_OPTIM_STATE_DROPPED, frozen_state_dropped(body)),
             (UNFROZEN_UNRESHARDED, body.frozen_in_optimizer and bool(unresharded_frozen(body.tree, body.source))),
         ):
             if hit:

@@ -26,6 +26,7 @@ import importlib
 import inspect
 from dataclasses import replace
 from functools import cache
+from typing import TypeVar
 
 from hypothesis import strategies as st
 
@@ -36,19 +37,24 @@ from fuzz.model import (
     Composition,
     DcpBody,
     DcpItem,
+    Leaf,
     LoadPlannerOptions,
     ModuleTree,
     Options,
     Overwrite,
+    RequiresGrad,
     SavePlannerOptions,
     StateDictBody,
     Training,
     Wrapper,
     WriterOptions,
     fsdp1_in_memory_problem,
+    has_params,
     is_fsdp1,
     is_plain,
+    schedule_problem,
     sharded_in_memory_problem,
+    takes_schedule,
     tensor_kind,
 )
 from strategies._cases import _rare_foreach_on_mixed_params, trainings
@@ -174,6 +180,55 @@ def _optimizer_options(draw: st.DrawFn, tree: ModuleTree) -> tuple[bool, bool]:
     return _has_frozen(tree) and draw(st.booleans()), one_in(draw, 4)
 
 
+_Body = TypeVar("_Body", StateDictBody, DcpBody)
+
+
+def _requires_grad_schedule(draw: st.DrawFn, body: _Body) -> _Body:
+    """Half the bodies that can take one get a requires_grad schedule: one or two leaves
+    frozen or unfrozen between steps, before or after the state is taken
+    (fuzz.model.RequiresGrad). Each change is drawn among the flips the rules of
+    fuzz.model.schedule_problem allow; a schedule that still breaks one is not drawn."""
+    if getattr(getattr(body, "save", None), "ignore_frozen_params", False):
+        return body
+    if not (takes_schedule(body.source) and takes_schedule(body.target)):
+        return body
+    if not draw(st.booleans()):
+        return body
+    leaves = {p: n for p, n in body.tree.paths().items() if isinstance(n, Leaf) and has_params(n)}
+    flags = {p: not n.frozen for p, n in leaves.items()}
+    total = body.training.steps + body.steps_after
+    changes = []
+    for step in sorted(draw(st.lists(st.integers(0, total - 1), min_size=1, max_size=2, unique=True))):
+        can = [
+            p
+            for p, on in sorted(flags.items())
+            if (on and body.training.set_to_none) or (not on and (not leaves[p].frozen or body.frozen_in_optimizer))
+        ]
+        if not can:
+            break
+        path = draw(st.sampled_from(can))
+        flags[path] = not flags[path]
+        changes.append(RequiresGrad(path=path, step=step, trainable=flags[path]))
+
+    def valid(schedule: tuple[RequiresGrad, ...]) -> bool:
+        args = (body.tree, body.source, body.target, body.training, body.steps_after, schedule)
+        return bool(schedule) and schedule_problem(*args, body.frozen_in_optimizer) is None
+
+    schedule = tuple(changes)
+    if not valid(schedule):
+        return body
+    if known.frozen_state_dropped(replace(body, requires_grad=schedule)) and not keep_known(
+        draw, known.FROZEN_OPTIM_STATE_DROPPED
+    ):
+        # set_optimizer_state_dict drops the state of a parameter frozen at the load that
+        # trained before (known.FROZEN_OPTIM_STATE_DROPPED): rarely; else the freezes before
+        # the save go.
+        schedule = tuple(c for c in schedule if c.trainable or c.step >= body.training.steps)
+        if not valid(schedule):
+            return body
+    return replace(body, requires_grad=schedule)
+
+
 @st.composite
 def rank_orders(draw: st.DrawFn, n: int, *, world_size: int) -> tuple[tuple[int, ...], ...]:
     """For each rank, the order in which it builds a dict of ``n`` entries (a permutation),
@@ -295,6 +350,7 @@ def state_dict_cases(
         frozen_in_optimizer=frozen_in_optimizer,
         empty_group=empty_group,
     )
+    body = _requires_grad_schedule(draw, body)
     return Case(property="state_dict", world_size=world_size, seed=draw(st.integers(0, 2**32 - 1)), body=body)
 
 
@@ -534,4 +590,5 @@ def dcp_cases(
     if known.fsdp1_full_offload(body, world_size) and not keep_known(draw, known.FSDP1_FULL_OFFLOAD):
         # known FSDP1 offload_to_cpu bugs on CPU, met through get_*_state_dict: rarely
         body = replace(body, save_cpu_offload=False, load_cpu_offload=False)
+    body = _requires_grad_schedule(draw, body)
     return Case(property="dcp", world_size=world_size, seed=draw(st.integers(0, 2**32 - 1)), body=body)

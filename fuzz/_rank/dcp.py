@@ -42,6 +42,7 @@ from fuzz._rank.state_dict import (
     all_batches,
     body_optimizer,
     build_side,
+    catch_up,
     dropped_keys,
     fresh_training,
     fsdp1_load_optimizer,
@@ -49,6 +50,7 @@ from fuzz._rank.state_dict import (
     fsdp1_state_dict_type,
     observe,
     observe_state_dict_optimizer,
+    requires_grad,
     resume_both,
     resume_source,
     seed_segment,
@@ -589,7 +591,7 @@ def run_dcp(case: Case, body: DcpBody, ctx: RankContext) -> dict[str, Any]:
     src: Side | None = None
     source_done: Any = None
     if body.mode is not DcpMode.LOAD_ONLY:
-        src = build_side(body.tree, body.source, t, ctx, seed=case.seed)
+        src = build_side(body.tree, body.source, t, ctx, seed=case.seed, schedule=body.requires_grad)
         body_optimizer(src, t, body)
         prepare_side(body, src, get_save)
         if body.overwrite is not Overwrite.NONE:
@@ -617,10 +619,19 @@ def run_dcp(case: Case, body: DcpBody, ctx: RankContext) -> dict[str, Any]:
         if body.mode is DcpMode.SAVE_ONLY:
             return obs
 
-    tgt = build_side(body.tree, body.target, t, ctx, seed=case.seed + FRESH_SEED, meta=body.target_meta_init)
+    tgt = build_side(
+        body.tree,
+        body.target,
+        t,
+        ctx,
+        seed=case.seed + FRESH_SEED,
+        meta=body.target_meta_init,
+        schedule=body.requires_grad,
+    )
     if body.target_meta_init:
         tgt.model.to_empty(device=ctx.device)  # DCP loads in place: the parameters need storage
     body_optimizer(tgt, fresh_training(t), body)
+    catch_up(tgt, t.steps)
     # A patched target's state_dict (what dcp.load loads into) and load_state_dict share one
     # set of options: the load's.
     prepare_side(body, tgt, put)
@@ -634,12 +645,14 @@ def run_dcp(case: Case, body: DcpBody, ctx: RankContext) -> dict[str, Any]:
     state = _arrange(body, values, ctx)
     plain = {k: v for k, v in state.items() if isinstance(v, (dict, torch.Tensor))}
     tensors = {k: _tensors(v) for k, v in plain.items()}
+    before = requires_grad(tgt)
     if body.absent:
         obs["absent"] = _load_with_absent(body, case, state, own)
     else:
         _load(body, state, own)
     obs["in_place"] = _in_place_problem(state, plain, tensors)
     _finish_load(body, tgt, values, put, own)
+    obs["requires_grad"] = {"before": before, "after": requires_grad(tgt)}
     obs["loaded"] = {**observe(tgt, case, body.tree, ctx), **_observe_entries(values)}
 
     if src is not None and body.steps_after and not dropped and _loads_everything(body):

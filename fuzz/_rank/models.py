@@ -105,3 +105,14 @@ def set_skipped(blocks: dict[str, TreeBlock], paths: list[str]) -> None:
     for p, block in blocks.items():
         if block.skipped != skipped[p]:
             block.skipped = frozenset(skipped[p])
+
+
+def leaf_parameters(model: nn.Module, paths: list[str]) -> dict[str, list[nn.Parameter]]:
+    """Per tree path in ``paths`` (leaves): the parameters registered under it, found by their
+    plain-model names through any wrapper prefix (the path is the name's numeric components)."""
+    out: dict[str, list[nn.Parameter]] = {path: [] for path in paths}
+    for name, p in model.named_parameters():
+        owner = ".".join(c for c in name.split(".")[:-1] if c.isdigit())
+        if owner in out:
+            out[owner].append(p)
+    return out

@@ -33,7 +33,7 @@ from torch import nn
 
 from fuzz._rank.compose import TORCH_DTYPES, Composed, clean_name, compose
 from fuzz._rank.context import RankContext
-from fuzz._rank.models import build_model
+from fuzz._rank.models import build_model, leaf_parameters
 from fuzz._rank.parity import batches, make_optimizer
 from fuzz.model import (
     Api,
@@ -42,6 +42,7 @@ from fuzz.model import (
     ModuleTree,
     Optimizer,
     Options,
+    RequiresGrad,
     StateDictBody,
     Training,
     is_fsdp1,
@@ -65,6 +66,9 @@ class Side:
     opt: torch.optim.Optimizer | None = None
     #: Parameter names by id, taken when the optimizer was built (see names()).
     param_names: dict[int, str] = field(default_factory=dict)
+    #: The case's requires_grad schedule (fuzz.model.RequiresGrad), and the next step's index.
+    schedule: tuple[RequiresGrad, ...] = ()
+    step: int = 0
 
     @property
     def model(self) -> nn.Module:
@@ -88,14 +92,47 @@ class Side:
 
 
 def build_side(
-    tree: ModuleTree, comp: Composition, training: Training, ctx: RankContext, *, seed: int, meta: bool = False
+    tree: ModuleTree,
+    comp: Composition,
+    training: Training,
+    ctx: RankContext,
+    *,
+    seed: int,
+    meta: bool = False,
+    schedule: tuple[RequiresGrad, ...] = (),
 ) -> Side:
     """Build the tree (on the meta device if ``meta``) and apply ``comp``; no optimizer yet."""
     torch.manual_seed(seed)
     device = torch.device("meta") if meta else ctx.device
     model = build_model(tree, device).to(TORCH_DTYPES[training.dtype])
     composed = Composed(model) if is_plain(comp) else compose(model, comp, ctx)
-    return Side(composed=composed, comp=comp, training=training)
+    return Side(composed=composed, comp=comp, training=training, schedule=schedule)
+
+
+def change_requires_grad(side: Side, step: int) -> None:
+    """Apply the schedule's changes made before step ``step`` (to the registered parameters:
+    fully_shard's sharded ones, which it carries over to the unsharded ones)."""
+    changes = [c for c in side.schedule if c.step == step]
+    if not changes:
+        return
+    params = leaf_parameters(side.model, [c.path for c in changes])
+    for c in changes:
+        for p in params[c.path]:
+            p.requires_grad_(c.trainable)
+
+
+def catch_up(side: Side, steps: int) -> None:
+    """Bring a side built fresh to where a run of ``steps`` steps left the schedule: the
+    changes made before each of those steps, in order (a resumed target, after its optimizer
+    was built over the same parameters as the source's)."""
+    for step in range(side.step, steps):
+        change_requires_grad(side, step)
+    side.step = max(side.step, steps)
+
+
+def requires_grad(side: Side) -> dict[str, bool]:
+    """Every registered parameter's requires_grad, by its plain-model name (local)."""
+    return {clean_name(n): p.requires_grad for n, p in side.model.named_parameters()}
 
 
 def fresh_training(training: Training) -> Training:
@@ -149,6 +186,8 @@ def train_steps(side: Side, data: list[Any], ctx: RankContext) -> list[float]:
     assert side.opt is not None
     losses = []
     for x, y in data:
+        change_requires_grad(side, side.step)
+        side.step += 1
         loss = F.mse_loss(side.model(x).to(y.dtype), y)
         loss.backward()
         if side.plain:
@@ -459,7 +498,7 @@ def from_rank0(state: dict[str, Any], ctx: RankContext) -> dict[str, Any]:
 def run_state_dict(case: Case, body: StateDictBody, ctx: RankContext) -> dict[str, Any]:
     t = body.training
     data = all_batches(case, t, t.steps + body.steps_after, body.tree, ctx)
-    src = build_side(body.tree, body.source, t, ctx, seed=case.seed)
+    src = build_side(body.tree, body.source, t, ctx, seed=case.seed, schedule=body.requires_grad)
     body_optimizer(src, t, body)
     seed_segment(case, ctx, 0)
     obs: dict[str, Any] = {"losses_before": train_steps(src, data[: t.steps], ctx)}
@@ -489,9 +528,18 @@ def run_state_dict(case: Case, body: StateDictBody, ctx: RankContext) -> dict[st
         if ctx.rank == 0:
             obs["saved"]["optimizer"] = saved_optim
 
-    tgt = build_side(body.tree, body.target, t, ctx, seed=case.seed + FRESH_SEED, meta=body.target_meta_init)
+    tgt = build_side(
+        body.tree,
+        body.target,
+        t,
+        ctx,
+        seed=case.seed + FRESH_SEED,
+        meta=body.target_meta_init,
+        schedule=body.requires_grad,
+    )
     if not body.target_meta_init:
         body_optimizer(tgt, fresh_training(t), body)
+        catch_up(tgt, t.steps)
     dropped = sorted(set(dropped_keys(src, body.drop)) | set(ignored))
     obs["dropped"] = dropped
     if dropped:
@@ -503,7 +551,10 @@ def run_state_dict(case: Case, body: StateDictBody, ctx: RankContext) -> dict[st
         msd = from_rank0(msd, ctx)
     elif body.load.broadcast_from_rank0 and ctx.rank != 0:
         msd, osd = {}, {}  # the documented use: only rank 0 holds the full state
+    before = requires_grad(tgt)
     obs["load_result"] = incompatible(_put(body, tgt, msd, osd, ctx))
+    obs["requires_grad"] = {"before": before, "after": requires_grad(tgt)}
+    catch_up(tgt, t.steps)  # a meta-device target's optimizer exists from the load on
     obs["loaded"] = observe(tgt, case, body.tree, ctx)
 
     if body.steps_after:

@@ -33,7 +33,7 @@ from fuzz.model.case import Body
 from fuzz.model.composition import Composition, Wrapper
 from fuzz.model.rules import check_composition, check_mesh
 from fuzz.model.training import MAX_STEPS, Training
-from fuzz.model.tree import ModuleTree, has_params
+from fuzz.model.tree import Block, Leaf, ModuleTree, has_params
 
 
 def dcp_root(driver_pid: int | str) -> str:
@@ -124,6 +124,20 @@ def _check_frozen_in_optimizer(tree: ModuleTree, frozen_in_optimizer: bool) -> N
         raise CaseError("frozen_in_optimizer", "the tree has no frozen parameter to hand to the optimizer")
 
 
+def _check_schedule(body: StateDictBody | DcpBody) -> None:
+    problem = schedule_problem(
+        body.tree,
+        body.source,
+        body.target,
+        body.training,
+        body.steps_after,
+        body.requires_grad,
+        body.frozen_in_optimizer,
+    )
+    if problem:
+        raise CaseError(*problem)
+
+
 def fsdp1_in_memory_problem(source: Composition, target: Composition) -> str | None:
     """Why a sharded FSDP1 state dict cannot move in memory from source to target, or None.
     FULL_SHARD and SHARD_GRAD_OP hold ShardedTensors over all ranks, NO_SHARD plain tensors,
@@ -156,6 +170,102 @@ def sharded_in_memory_problem(source: Composition, target: Composition) -> str |
         return f"a sharded state dict cannot go from {kinds[0]} to {kinds[1]}"
     if kinds[0] == "dtensor" and source.mesh != target.mesh:
         return "a sharded state dict in memory needs the same mesh on both sides"
+    return None
+
+
+@dataclass(frozen=True)
+class RequiresGrad:
+    """Before step ``step`` the parameters of the leaf at ``path`` get ``requires_grad_(trainable)``.
+    Steps count over the whole run: the ``training.steps`` steps before the state is taken,
+    then the ``steps_after`` steps of resuming. A resumed target replays the changes made
+    before the state was taken (as a training script that freezes on a schedule would),
+    after its optimizer is built over the same parameters as the source's."""
+
+    path: str
+    step: int
+    trainable: bool
+
+
+def trainable_at(tree: ModuleTree, changes: tuple[RequiresGrad, ...], step: int) -> dict[str, bool]:
+    """Per leaf with parameters: its requires_grad during step ``step`` (the tree's flag, then
+    every change made before a step <= ``step``); step -1 is before any change."""
+    flags = {p: not n.frozen for p, n in tree.paths().items() if isinstance(n, Leaf) and has_params(n)}
+    for c in sorted(changes, key=lambda c: c.step):
+        if c.step <= step:
+            flags[c.path] = c.trainable
+    return flags
+
+
+def trained_then_frozen(body: StateDictBody | DcpBody) -> list[str]:
+    """Leaves that trained during some step before the state was taken and are frozen when it
+    is loaded (the target replays the changes made before the save)."""
+    steps = body.training.steps
+    at_load = trainable_at(body.tree, body.requires_grad, steps - 1)
+    trained = {p for s in range(steps) for p, on in trainable_at(body.tree, body.requires_grad, s).items() if on}
+    return sorted(p for p in trained if not at_load[p])
+
+
+def takes_schedule(comp: Composition) -> bool:
+    """Whether a side takes a requires_grad schedule (see :func:`schedule_problem`)."""
+    return (
+        (is_plain(comp) or bool(comp.shards)) and not comp.replicates and comp.wrapper is Wrapper.NONE and not comp.tp
+    )
+
+
+def schedule_problem(
+    tree: ModuleTree,
+    source: Composition,
+    target: Composition,
+    training: Training,
+    steps_after: int,
+    changes: tuple[RequiresGrad, ...],
+    frozen_in_optimizer: bool,
+) -> tuple[str, str] | None:
+    """(field, reason) if the requires_grad schedule ``changes`` is not one these bodies take,
+    or None. Each rule has its reason:
+
+    - both sides are a plain model or fully_shard (with checkpoint or HSDP): DDP and replicate
+      build their reducer from the parameters that require grad when they are constructed
+      ("No parameters should be added nor removed later"); FSDP1 and tensor parallelism are not
+      drawn with a schedule yet;
+    - a change flips the flag (a change that does nothing is no schedule);
+    - a leaf frozen in the tree is unfrozen only if the optimizer holds the frozen parameters
+      (``frozen_in_optimizer``): otherwise it would never be stepped and its gradient never
+      cleared;
+    - freezing needs ``zero_grad(set_to_none=True)``: with zeroed gradients left in place an
+      optimizer keeps stepping a frozen parameter (momentum, Adam), which a resumed model,
+      whose gradients a checkpoint does not hold, does not;
+    - every step trains at least one parameter (else backward() raises).
+    """
+    if not changes:
+        return None
+    for where, comp in (("source", source), ("target", target)):
+        if not takes_schedule(comp):
+            return f"{where}", "a requires_grad schedule is drawn on plain and fully_shard models only"
+    paths = tree.paths()
+    total = training.steps + steps_after
+    trainable = {p: not n.frozen for p, n in paths.items() if isinstance(n, Leaf) and has_params(n)}
+    scales = any(isinstance(n, Block) and n.scale for n in paths.values())  # always trained
+    for i, c in enumerate(changes):
+        if c.path not in trainable:
+            return f"requires_grad[{i}].path", f"{c.path!r} names no leaf with parameters"
+        if not 0 <= c.step < total:
+            return f"requires_grad[{i}].step", f"step={c.step} is outside 0..{total - 1}"
+        if any((d.path, d.step) == (c.path, c.step) for d in changes[:i]):
+            return f"requires_grad[{i}]", f"{c.path!r} changes twice before step {c.step}"
+    for step in range(total):
+        for i, c in enumerate(changes):
+            if c.step != step:
+                continue
+            if trainable[c.path] == c.trainable:
+                return f"requires_grad[{i}].trainable", f"{c.path!r} has requires_grad={c.trainable} already"
+            if c.trainable and not frozen_in_optimizer and getattr(paths[c.path], "frozen", False):
+                return f"requires_grad[{i}].path", f"{c.path!r} is frozen in the tree and not held by the optimizer"
+            if not c.trainable and not training.set_to_none:
+                return "training.set_to_none", "freezing a trained parameter needs zero_grad(set_to_none=True)"
+            trainable[c.path] = c.trainable
+        if not scales and not any(trainable.values()):
+            return "requires_grad", f"step {step} trains no parameter"
     return None
 
 
@@ -219,12 +329,19 @@ class StateDictBody(Body):
     drop: tuple[int, ...] = ()
     frozen_in_optimizer: bool = False
     empty_group: bool = False
+    #: Leaves frozen and unfrozen between steps (:class:`RequiresGrad`).
+    requires_grad: tuple[RequiresGrad, ...] = ()
 
     def __post_init__(self) -> None:
         _check_common(self.tree, self.source, self.target, self.training, self.steps_after, self.target_meta_init)
         _check_drop(self.drop)
         _check_frozen_in_optimizer(self.tree, self.frozen_in_optimizer)
+        _check_schedule(self)
         save, load = self.save, self.load
+        if self.requires_grad and save.ignore_frozen_params:
+            # Which parameters are frozen when the state is taken depends on the schedule:
+            # not drawn together yet.
+            raise CaseError("save.ignore_frozen_params", "not drawn with a requires_grad schedule")
         if save.broadcast_from_rank0 or not save.strict:
             raise CaseError("save", "broadcast_from_rank0 and strict apply to loading (set_*) only")
         self._check_frozen_and_flat()
@@ -482,11 +599,14 @@ class DcpBody(Body):
     #: dcp.save / async_save / load with process_group=, a gloo group of the rank's own
     #: (dist.new_group), instead of the default group.
     own_group: bool = False
+    #: Leaves frozen and unfrozen between steps (:class:`RequiresGrad`).
+    requires_grad: tuple[RequiresGrad, ...] = ()
 
     def __post_init__(self) -> None:
         _check_common(self.tree, self.source, self.target, self.training, self.steps_after, self.target_meta_init)
         _check_drop(self.drop)
         _check_frozen_in_optimizer(self.tree, self.frozen_in_optimizer)
+        _check_schedule(self)
         self._check_options()
         entries = self.entries
         if not entries or len(set(entries)) != len(entries):
