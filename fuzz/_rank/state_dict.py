@@ -446,9 +446,13 @@ def _take(body: StateDictBody, side: Side) -> tuple[dict[str, Any], dict[str, An
     return msd, get_optimizer_state_dict(side.model, side.opt, options=options)
 
 
-def _put(body: StateDictBody, side: Side, msd: dict[str, Any], osd: dict[str, Any], ctx: RankContext) -> Any:
-    """Load into ``side``; builds its optimizer after the model load for a meta-device target.
-    Returns what the model load reported (missing and unexpected keys)."""
+def _put(
+    body: StateDictBody, side: Side, msd: dict[str, Any], osd: dict[str, Any], ctx: RankContext
+) -> tuple[Any, dict[str, bool]]:
+    """Load into ``side``; builds its optimizer after the model load for a meta-device target
+    (and then replays the requires_grad schedule, before the optimizer load, as for any other
+    target). Returns what the model load reported (missing and unexpected keys), and every
+    parameter's requires_grad right after the model load."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict, set_state_dict
 
     options = state_dict_options(body.load)
@@ -457,11 +461,13 @@ def _put(body: StateDictBody, side: Side, msd: dict[str, Any], osd: dict[str, An
         only0 = body.load.broadcast_from_rank0
         fsdp1_state_dict_type(side, full=body.load.full_state_dict, offload=body.load.cpu_offload, rank0_only=only0)
         result = side.model.load_state_dict(msd)
+        flags = requires_grad(side)
         fsdp1_load_optimizer(side, osd)
-        return result
+        return result, flags
     if body.api is Api.COMBINED:
         assert side.opt is not None
-        return set_state_dict(side.model, side.opt, model_state_dict=msd, optim_state_dict=osd, options=options)
+        result = set_state_dict(side.model, side.opt, model_state_dict=msd, optim_state_dict=osd, options=options)
+        return result, requires_grad(side)
     if body.target_meta_init and (not body.load.full_state_dict or ctx.device.type != "cpu"):
         # A sharded state dict is copied into the parameters, so they need storage first. A
         # full one is assigned (set_model_state_dict detects the meta device) on the device
@@ -474,9 +480,11 @@ def _put(body: StateDictBody, side: Side, msd: dict[str, Any], osd: dict[str, An
         result = side.model.load_state_dict(msd, strict=body.load.strict)
     else:
         result = set_model_state_dict(side.model, msd, options=options)
+    flags = requires_grad(side)
     opt = side.opt if side.opt is not None else body_optimizer(side, fresh, body)
+    catch_up(side, body.training.steps)
     set_optimizer_state_dict(side.model, opt, osd, options=options)
-    return result
+    return result, flags
 
 
 def incompatible(result: Any) -> dict[str, list[str]]:
@@ -552,9 +560,9 @@ def run_state_dict(case: Case, body: StateDictBody, ctx: RankContext) -> dict[st
     elif body.load.broadcast_from_rank0 and ctx.rank != 0:
         msd, osd = {}, {}  # the documented use: only rank 0 holds the full state
     before = requires_grad(tgt)
-    obs["load_result"] = incompatible(_put(body, tgt, msd, osd, ctx))
-    obs["requires_grad"] = {"before": before, "after": requires_grad(tgt)}
-    catch_up(tgt, t.steps)  # a meta-device target's optimizer exists from the load on
+    result, after = _put(body, tgt, msd, osd, ctx)
+    obs["load_result"] = incompatible(result)
+    obs["requires_grad"] = {"before": before, "after": after}
     obs["loaded"] = observe(tgt, case, body.tree, ctx)
 
     if body.steps_after:
