@@ -170,9 +170,11 @@ def test_cached_staging_reused_by_async_saves(rank_pool: RankPool, check_case: A
     assert "Cannot access accelerator device" in failure.summary, failure.summary
 
 
-def test_no_dist_checkpoints_per_rank(rank_pool: RankPool, check_case: Any) -> None:
-    """Each rank saves and loads its own checkpoint without collectives, with values of its own
-    in the scalars and extra entries: a rank that read another's would be seen."""
+@pytest.mark.parametrize("async_save", [False, True])
+def test_no_dist_checkpoints_per_rank(rank_pool: RankPool, check_case: Any, async_save: bool) -> None:
+    """Each rank saves (with dcp.save or async_save) and loads its own checkpoint without
+    collectives, with values of its own in the scalars and extra entries: a rank that read
+    another's would be seen."""
     entries = (DcpItem.APP, DcpItem.SCALARS, DcpItem.EXTRA)
     body = DcpBody(
         tree=TREE,
@@ -183,6 +185,7 @@ def test_no_dist_checkpoints_per_rank(rank_pool: RankPool, check_case: Any) -> N
         orders=reversed_orders(len(entries), rank_pool.world_size),
         no_dist=True,
         storage_objects=True,
+        async_save=async_save,
     )
     case = Case("dcp", rank_pool.world_size, 44, body)
     check_case(case)
@@ -232,6 +235,9 @@ def test_new_fields_refuse_what_they_do_not_support() -> None:
         DcpBody(**base, no_dist=True)  # a plain model only
     with pytest.raises(CaseError, match="no_dist"):
         DcpBody(tree=TREE, source=Composition(), target=Composition(), entries=(DcpItem.COUNTER,), no_dist=True)
+    with pytest.raises(CaseError, match="no_dist"):  # saves in flight would share one directory
+        plain = {**base, "source": Composition(), "target": Composition()}
+        DcpBody(**plain, no_dist=True, async_save=True, async_saves=1)
     with pytest.raises(CaseError, match="frozen_in_optimizer"):
         DcpBody(**base, frozen_in_optimizer=True)  # TREE has no frozen parameter
     body = DcpBody(**base, storage_objects=True, overwrite=Overwrite.FALSE, empty_group=True)

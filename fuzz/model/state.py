@@ -735,8 +735,10 @@ class DcpBody(Body):
             raise CaseError("no_dist", "the counter all-reduces: no_dist saves and loads run without collectives")
         if self.save_full_state_dict or self.load_full_state_dict or self.save_cpu_offload or self.load_cpu_offload:
             raise CaseError("no_dist", "a plain model's own state dict: no full_state_dict or cpu_offload")
-        if self.async_save or self.overwrite is not Overwrite.NONE or self.mode is not DcpMode.ROUND_TRIP:
-            raise CaseError("no_dist", "takes dcp.save / dcp.load in a round trip, each rank its own directory")
+        if self.async_saves or self.overwrite is not Overwrite.NONE or self.mode is not DcpMode.ROUND_TRIP:
+            # One save (dcp.save or async_save) and one load per round trip, each rank in its own
+            # directory (saves in flight write where the others do).
+            raise CaseError("no_dist", "takes one save and a load in a round trip, each rank its own directory")
 
     @property
     def size(self) -> tuple[int, int]:
