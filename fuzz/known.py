@@ -37,6 +37,7 @@ from fuzz.model import (
     Leaf,
     ModuleTree,
     Optimizer,
+    Overwrite,
     StateDictBody,
     Training,
     Wrapper,
@@ -85,6 +86,9 @@ class KnownBug:
     see_also: tuple[str, ...] = ()
     #: Where the torch-only reproducer is.
     docs: str = "docs/known_bugs.md"
+    #: The first torch release (``major.minor``) without the bug; empty while the newest torch
+    #: the suite runs has it. See :func:`present`.
+    fixed_in: str = ""
 
     @property
     def url(self) -> str | None:
@@ -311,6 +315,17 @@ FROZEN_OPTIM_STATE_DROPPED = KnownBug(
     # a mismatch: no respawn, no deadline spent
     odds=4,
 )
+PLAN_CACHE_FAILED_SAVE = KnownBug(
+    "dcp-plan-cache-after-failed-save",
+    "DefaultSavePlanner(enable_plan_caching=True): a save that fails (FileSystemWriter(overwrite=False) "
+    "refusing an existing checkpoint) leaves its plans cached; the next save with that planner class "
+    "raises TypeError 'NoneType' object is not iterable in _create_global_plan",
+    upstream="pytorch/pytorch#176289",
+    relation="same bug (pull request: save plan caching during validation failures)",
+    state="fixed in torch 2.13 (plans are cached only after a successful save); present in torch 2.11",
+    fixed_in="2.13",
+    docs="docs/state_dict.md",
+)
 BUGS: dict[str, KnownBug] = {
     b.id: b
     for b in (
@@ -339,8 +354,21 @@ BUGS: dict[str, KnownBug] = {
         DIVIDE_FACTOR_TWICE,
         FLAT_FULL_OPTIM,
         FROZEN_OPTIM_STATE_DROPPED,
+        PLAN_CACHE_FAILED_SAVE,
     )
 }
+
+
+def _release(version: str) -> tuple[int, int]:
+    """(major, minor) of a torch version string ("2.11.0+cu130", "2.13.0a0+git...")."""
+    major, minor = [*version.split("+")[0].split("."), "0"][:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+def present(bug: KnownBug, torch_version: str) -> bool:
+    """Whether ``bug`` is in the torch of version ``torch_version`` (per ``fixed_in``): where it
+    is not, its corpus entry cannot fail and the strategies need not keep it rare."""
+    return not bug.fixed_in or _release(torch_version) < _release(bug.fixed_in)
 
 
 def get(bug_id: str) -> KnownBug:
@@ -718,6 +746,17 @@ def frozen_state_dropped(body: Body) -> bool:
     return loaded and bool(trained_then_frozen(body))
 
 
+def plan_cache_failed_save(body: Body) -> bool:
+    """:data:`PLAN_CACHE_FAILED_SAVE`: a save with plan caching refused by overwrite=False (the
+    case then saves again with the same planner class)."""
+    return (
+        isinstance(body, DcpBody)
+        and body.save_planner is not None
+        and body.save_planner.enable_plan_caching
+        and body.overwrite is Overwrite.FALSE
+    )
+
+
 def stateless_full(body: Body) -> bool:
     """:data:`STATELESS_FULL`: an optimizer without tensor state (SGD without momentum) loaded
     from a full state dict through set_optimizer_state_dict (an FSDP1 target loads through
@@ -771,6 +810,7 @@ def known_bug(case: Case) -> str | None:
         (BROADCAST_EMPTY, broadcast_empty(body)),
         (STATELESS_FULL, stateless_full(body)),
         (FLAT_FULL_OPTIM, flat_full_optimizer(body)),
+        (PLAN_CACHE_FAILED_SAVE, plan_cache_failed_save(body)),
     ]
     return next((bug.id for bug, met in checks if met), None)
 
@@ -840,6 +880,7 @@ def bugs_met(case: Case) -> list[KnownBug]:
             (FLAT_FULL_OPTIM, flat_full_optimizer(body)),
             (FSDP1_HSDP_OPTIMIZER_LOAD, hsdp_optimizer_load(body)),
             (FROZEN_OPTIM_STATE_DROPPED, frozen_state_dropped(body)),
+            (PLAN_CACHE_FAILED_SAVE, plan_cache_failed_save(body)),
             (UNFROZEN_UNRESHARDED, body.frozen_in_optimizer and bool(unresharded_frozen(body.tree, body.source))),
         ):
             if hit:

@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
+from fuzz import known
 from fuzz.corpus import load_entry
 from fuzz.errors import ShardfuzzError
 
@@ -63,6 +65,10 @@ def test_corpus(corpus_item: Path | None, request: pytest.FixtureRequest) -> Non
         entry = load_entry(corpus_item)
     except ShardfuzzError as e:
         pytest.fail(f"unreadable corpus entry: {e}", pytrace=False)
+    record = known.BUGS.get(entry.bug or "")
+    if entry.status == "known" and record is not None and not known.present(record, torch.__version__):
+        fixed = f"{record.id} is fixed in torch {record.fixed_in} (this is {torch.__version__})"
+        pytest.skip(f"{corpus_item.name}: {fixed}")
     pool = request.getfixturevalue("rank_pool")
     options = []
     if entry.case.world_size != pool.world_size:

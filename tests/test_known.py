@@ -134,3 +134,12 @@ def test_the_registry_does_not_explain_errors_or_cases_that_meet_no_bug() -> Non
     clean = Case("parity", 2, 0, plain)
     assert known.bugs_met(clean) == []
     assert _index().match("mismatch:parity@fsdp2", clean, "mismatch") is None
+
+
+def test_present_reads_the_release_a_bug_was_fixed_in() -> None:
+    bug = known.PLAN_CACHE_FAILED_SAVE
+    assert bug.fixed_in == "2.13"
+    assert known.present(bug, "2.11.0+cu130") and known.present(bug, "2.12.1")
+    for fixed in ("2.13.0+cpu", "2.14.0a0+git1234", "3.0"):
+        assert not known.present(bug, fixed)
+    assert known.present(known.FLAT_FULL_OPTIM, "2.13.0")  # no fixed_in: present everywhere
