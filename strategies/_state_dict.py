@@ -547,11 +547,12 @@ def dcp_cases(
     caching = save_planner is not None and save_planner.enable_plan_caching
     if caching and _present(known.PLAN_CACHE_FAILED_SAVE):
         # Torch before 2.13 caches save plans before a save succeeds: a save refused by
-        # overwrite=False breaks the next one (known.PLAN_CACHE_FAILED_SAVE): rarely. Async
-        # saves with plan caching failed there the same way (TypeError in _create_global_plan)
-        # without a refused save first; not reduced yet, so not drawn on such a torch.
-        refused_first = overwrite is Overwrite.FALSE and not keep_known(draw, known.PLAN_CACHE_FAILED_SAVE)
-        if async_save or refused_first:
+        # overwrite=False breaks the next one (known.PLAN_CACHE_FAILED_SAVE): rarely. Other
+        # saves with plan caching failed there with the same traceback (async saves; a DDP
+        # save beside a partial load), not reduced yet: on such a torch plan caching is drawn
+        # only for the known bug's path.
+        keep = overwrite is Overwrite.FALSE and not async_save and keep_known(draw, known.PLAN_CACHE_FAILED_SAVE)
+        if not keep:
             assert save_planner is not None
             save_planner = replace(save_planner, enable_plan_caching=False)
     # A key the checkpoint lacks (with allow_partial_load half the time, else the documented
