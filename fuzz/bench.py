@@ -6,7 +6,8 @@ The baseline spawns ranks the way PyTorch's MultiProcessTestCase does (see
 The last line is ``speedup: <ratio>x`` (baseline seconds per case over pool seconds per case).
 
 ``python -m fuzz bench --hang`` measures instead what a deadlock costs: the seconds from the
-start of a case that deadlocks to its result (:func:`bench_hang`).
+start of a case that deadlocks to its result (:func:`bench_hang`); ``python -m fuzz bench
+--torch-coverage`` what measuring torch coverage costs (:func:`bench_torch_coverage`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
@@ -111,6 +113,85 @@ def bench(
     result = BenchResult(startup, total / len(times), statistics.median(times), spawn, len(times), len(spawn_times))
     out(f"speedup: {result.speedup:.1f}x")
     return result
+
+
+#: The properties :func:`bench_torch_coverage` times, each with cases of its own.
+COVERAGE_BENCH_PROPERTIES = ("parity", "metamorphic", "mixed_precision", "state_dict", "dcp", "invalid")
+
+
+def bench_torch_coverage(
+    *,
+    backend: str = "gloo",
+    world_size: int = 2,
+    cases: int = 30,
+    passes: int = 1,
+    seed: int = 0,
+    properties: tuple[str, ...] = COVERAGE_BENCH_PROPERTIES,
+    out: Callable[[str], None] = print,
+) -> dict[str, tuple[float, float]]:
+    """Seconds per case of each property without and with torch coverage (fuzz.torch_coverage):
+    the same ``cases`` cases of each property (drawn once with ``seed``, leaving out those that
+    meet a known torch bug, whose failures would respawn the ranks) run through a fresh pool
+    without coverage, then one with it, ``passes`` times; each figure is the median over the
+    passes, from the ranks' start-up (not counted) to the last case. The last line gives cases
+    per minute over all properties; the line before, the ranks' start-up."""
+    from fuzz.torch_coverage import rank_env
+
+    accelerator = backend == "nccl"
+    drawn = {name: _healthy_cases(name, world_size, cases, seed, accelerator) for name in properties}
+    timed: dict[tuple[str, str], list[float]] = {}
+    startup: dict[str, list[float]] = {"off": [], "on": []}
+    out(f"bench: torch coverage off and on, {backend}, {world_size} ranks, {passes} passes (seed {seed})")
+    for _ in range(passes):
+        for mode in ("off", "on"):
+            with tempfile.TemporaryDirectory(prefix="shardfuzz-bench-coverage-") as data:
+                env = rank_env(Path(data)) if mode == "on" else None
+                t0 = time.perf_counter()
+                with RankPool(world_size=world_size, backend=backend, env=env) as pool:
+                    pool.wait_ready(pool.start_timeout)
+                    startup[mode].append(time.perf_counter() - t0)
+                    for name, group in drawn.items():
+                        prop = get_property(name)
+                        t = time.perf_counter()
+                        for case in group:
+                            prop.judge(case, pool.run(case, stall=prop.stall))
+                        timed.setdefault((mode, name), []).append(time.perf_counter() - t)
+    result: dict[str, tuple[float, float]] = {}
+    out(f"{'property':16} {'cases':>5} {'off s/case':>10} {'on s/case':>10} {'on/off':>7}")
+    for name, group in drawn.items():
+        if not group:
+            continue
+        off, on = (statistics.median(timed[(mode, name)]) / len(group) for mode in ("off", "on"))
+        result[name] = (off, on)
+        out(f"{name:16} {len(group):>5} {off:>10.4f} {on:>10.4f} {on / off:>7.3f}")
+    n = sum(len(g) for g in drawn.values())
+    total_off = sum(result[k][0] * len(drawn[k]) for k in result)
+    total_on = sum(result[k][1] * len(drawn[k]) for k in result)
+    off_s, on_s = statistics.median(startup["off"]), statistics.median(startup["on"])
+    out(f"start-up of the ranks: off {off_s:.2f}s, on {on_s:.2f}s")
+    out(
+        f"cases per minute: off {60 * n / total_off:.0f}, on {60 * n / total_on:.0f} "
+        f"({100 * (total_on / total_off - 1):+.1f}% time)"
+    )
+    return result
+
+
+def _healthy_cases(name: str, world_size: int, n: int, seed: int, accelerator: bool) -> list[Case]:
+    """``n`` cases of property ``name`` drawn with ``seed``, none meeting a known torch bug."""
+    out: list[Case] = []
+
+    @settings(
+        max_examples=3 * n, database=None, phases=(Phase.generate,), deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )  # fmt: skip
+    @hypothesis_seed(seed)
+    @given(get_property(name).cases(world_size=world_size, accelerator=accelerator))
+    def collect(case: Case) -> None:
+        if not known.bugs_met(case):
+            out.append(case)
+
+    collect()
+    return out[:n]
 
 
 #: Planted in the ranks by :func:`bench_hang` (a ``sitecustomize`` module on their PYTHONPATH):

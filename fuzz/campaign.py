@@ -120,6 +120,8 @@ def run_pools(args: argparse.Namespace, seed: int, properties: list[str]) -> int
     summary = merge(_read(dirs), seconds=time.monotonic() - started)
     summary["interrupted"] = summary.get("interrupted", False) or interrupted
     summary["budget"] = args.budget
+    if getattr(args, "torch_coverage", False):
+        _add_torch_coverage(summary, _read(dirs), report, signal=not args.no_coverage_signal)
     print(_line(summary, args.pools), file=sys.stderr)
     for f in summary["failures"]:
         tag = "known" if f["known"] else "new"
@@ -153,11 +155,32 @@ def _child_argv(
         argv += ["--max-examples", str(max(1, args.max_examples // args.pools))]
     for name in properties:
         argv += ["--property", name]
+    if getattr(args, "torch_coverage", False):
+        argv.append("--torch-coverage")  # each pool's data in its REPORT/pool-i/torch-coverage
+        if args.no_coverage_signal:
+            argv.append("--no-coverage-signal")
     if args.no_database:
         argv.append("--no-database")
     elif args.database is not None:
         argv += ["--database", str(args.database)]
     return argv
+
+
+def _add_torch_coverage(summary: dict[str, Any], pools: list[dict[str, Any]], report: Path, *, signal: bool) -> None:
+    """The pools' torch coverage data (each in REPORT/pool-i/torch-coverage) merged: a line is
+    reached when a rank of any pool ran it. The new lines per property are the pools' own
+    counts, summed (a line two pools each reached first counts for both)."""
+    from fuzz.torch_coverage import ReachedLines, one_line, torch_summary
+
+    lines = ReachedLines([report])
+    lines.update()
+    per_property: Counter[str] = Counter()
+    for s in pools:
+        torch = s.get("torch_coverage")
+        if isinstance(torch, dict):
+            per_property.update(torch.get("new_lines_per_property", {}))
+    summary["torch_coverage"] = torch_summary(lines, per_property=dict(per_property), signal=signal)
+    print(f"explore: {one_line(lines)}", file=sys.stderr)
 
 
 def _die_with_parent() -> None:

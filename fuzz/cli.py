@@ -113,6 +113,18 @@ def build_parser() -> argparse.ArgumentParser:
         "or pytest run (default $SHARDFUZZ_DATABASE or .shardfuzz/hypothesis-db; may be shared)",
     )
     db.add_argument("--no-database", action="store_true", help="neither replay nor save Hypothesis examples")
+    ex.add_argument(
+        "--torch-coverage",
+        action="store_true",
+        help="measure the lines of torch's distributed packages that the ranks run (coverage.py; data in "
+        "REPORT/torch-coverage, else a temporary directory; figures in the report) and give more time to the "
+        "properties still reaching new ones",
+    )
+    ex.add_argument(
+        "--no-coverage-signal",
+        action="store_true",
+        help="with --torch-coverage: measure only; the scheduler does not follow new torch lines",
+    )
     _pool_args(ex)
 
     rp = sub.add_parser("replay", help="re-run one corpus entry: exit 1 if it still fails, 0 if not")
@@ -160,7 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     cp = sub.add_parser("corpus", help="list the corpus entries")
     cp.add_argument("--corpus", type=Path, default=Path("corpus"), help="corpus directory (default ./corpus)")
 
-    cv = sub.add_parser("coverage", help="what the suite draws of torch's API surface (--api)")
+    cv = sub.add_parser(
+        "coverage", help="what the suite draws of torch's API surface (--api), or which lines of torch it ran (--torch)"
+    )
     cv.add_argument(
         "--api",
         action="store_true",
@@ -173,9 +187,32 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="a campaign's report directory: counts from its summary.json",
     )
+    cv.add_argument(
+        "--torch",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="DIR",
+        help="the lines of torch's distributed packages reached, per module, with the functions never reached: "
+        "from the data of a campaign run with --torch-coverage (DIR: its REPORT/torch-coverage, or REPORT), or, "
+        "with --corpus, from replaying every corpus entry (data kept in DIR where given)",
+    )
+    cv.add_argument(
+        "--corpus",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="with --torch: replay every entry of this corpus directory on pools that measure torch coverage",
+    )
+    _pool_args(cv, world_size=False)
 
     be = sub.add_parser("bench", help="pool against spawn-per-case on the same cases; ends with 'speedup: <ratio>x'")
-    be.add_argument("--cases", type=positive_int, default=100, help="cases through the pool (default 100)")
+    be.add_argument(
+        "--cases",
+        type=positive_int,
+        default=None,
+        help="cases through the pool (default 100); with --torch-coverage: per property (default 30)",
+    )
     be.add_argument("--spawn-cases", type=positive_int, default=5, help="cases through spawn-per-case (default 5)")
     be.add_argument("--seed", type=int, default=0)
     be.add_argument(
@@ -184,7 +221,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="instead: the hang cost of planted deadlocks (seconds from a deadlock's start to its result), "
         "at 2 and 4 ranks unless --world-size is given",
     )
-    be.add_argument("--runs", type=positive_int, default=1, help="with --hang: deadlocks per plant and world size")
+    be.add_argument(
+        "--runs",
+        type=positive_int,
+        default=1,
+        help="with --hang: deadlocks per plant and world size; with --torch-coverage: passes (off, then on)",
+    )
+    be.add_argument(
+        "--torch-coverage",
+        action="store_true",
+        help="instead: seconds per case of every property without and with torch coverage, and cases per minute",
+    )
     be.add_argument(
         "--faults",
         type=Path,
@@ -242,6 +289,10 @@ def _explore(args: argparse.Namespace) -> int:
     too_small = [p.name for p in props if p.min_world_size > args.world_size]
     if too_small:
         raise ShardfuzzError(f"--world-size {args.world_size} is too small for {too_small}")
+    if args.no_coverage_signal and not args.torch_coverage:
+        raise ShardfuzzError("--no-coverage-signal goes with --torch-coverage")
+    if args.torch_coverage:
+        _need_coverage_py("--torch-coverage")
     # Every path is checked before the campaign starts: a failure found after minutes of work
     # must not be lost to a path that could never be written.
     check_directory("--corpus", args.corpus)
@@ -299,13 +350,20 @@ def _explore_one(args: argparse.Namespace, seed: int, props: list[Any]) -> int:
 
     # Where a failure goes when the corpus cannot take it (fuzz.explore.explore adds the temp dir).
     fallback = [args.report / "unsaved-corpus"] if args.report is not None else []
+    torch_lines, env = None, None
+    if args.torch_coverage:
+        from fuzz.torch_coverage import ReachedLines, fresh_directory, rank_env
+
+        coverage_dir = fresh_directory(args.report)
+        torch_lines, env = ReachedLines([coverage_dir]), rank_env(coverage_dir)
+        print(f"explore: torch coverage data in {coverage_dir}", file=sys.stderr)
 
     print(
         f"explore: {[p.name for p in props]} for {args.budget:.0f}s on {args.world_size} ranks ({args.backend}), "
         f"seed {seed}, corpus {args.corpus}, database {db_dir if db_dir is not None else 'none'}",
         file=sys.stderr,
     )
-    pool = RankPool(world_size=args.world_size, backend=args.backend, deadline=args.deadline)
+    pool = RankPool(world_size=args.world_size, backend=args.backend, deadline=args.deadline, env=env)
     try:
         pool.start()
         print(f"explore: ranks on {', '.join(pool.devices)}", file=sys.stderr)
@@ -321,6 +379,8 @@ def _explore_one(args: argparse.Namespace, seed: int, props: list[Any]) -> int:
             fallback=fallback,
             on_note=status.note,
             started=started,
+            torch_lines=torch_lines,
+            line_signal=not args.no_coverage_signal,
         )
     finally:
         # Ending the ranks gets what the budget leaves of its teardown time (at least 2 s).
@@ -357,6 +417,10 @@ def _explore_one(args: argparse.Namespace, seed: int, props: list[Any]) -> int:
         from fuzz.report import next_commands
 
         print(f"explore: next: {'  or  '.join(next_commands(first_new.path or ''))}", file=sys.stderr)
+    if torch_lines is not None:
+        from fuzz.torch_coverage import one_line
+
+        print(f"explore: {one_line(torch_lines)}", file=sys.stderr)
     if args.report is not None:
         html = save_report(args.report, progress.summary(seed=seed, backend=args.backend, world_size=args.world_size))
         print(f"explore: report {html}", file=sys.stderr)
@@ -525,13 +589,23 @@ def _corpus(args: argparse.Namespace) -> int:
 
 
 def _coverage(args: argparse.Namespace) -> int:
-    """The API-surface table (fuzz.api_surface), with the counts of a campaign's summary.json."""
+    """The API-surface table (fuzz.api_surface), with the counts of a campaign's summary.json;
+    or the torch lines reached (fuzz.torch_coverage), from a campaign's data or a corpus."""
     import json
 
+    if args.api and args.torch is not None:
+        raise ShardfuzzError("--api and --torch measure different things; name one")
+    if args.torch is not None:
+        return _coverage_torch(args)
+    if args.corpus is not None:
+        raise ShardfuzzError("--corpus goes with --torch")
+    if not args.api:
+        raise ShardfuzzError(
+            "name what to measure: --api (the API surface of the installed torch) or --torch DIR "
+            "(the torch lines a campaign reached)"
+        )
     from fuzz.api_surface import api_coverage, format_table
 
-    if not args.api:
-        raise ShardfuzzError("name what to measure: --api (the API surface of the installed torch)")
     features = None
     if args.report is not None:
         path = args.report / "summary.json"
@@ -547,6 +621,78 @@ def _coverage(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _need_coverage_py(argument: str) -> None:
+    try:
+        import coverage  # noqa: F401
+    except ImportError:
+        raise ShardfuzzError(f"{argument} needs coverage.py, which is not installed: pip install coverage") from None
+
+
+def _coverage_torch(args: argparse.Namespace) -> int:
+    from fuzz.torch_coverage import format_table, load, torch_summary
+
+    if args.report is not None:
+        raise ShardfuzzError("--report goes with --api; name a campaign's coverage data with --torch DIR")
+    _need_coverage_py("--torch")
+    directory = Path(args.torch) if args.torch else None
+    if args.corpus is None:
+        if directory is None:
+            raise ShardfuzzError(
+                "--torch needs a directory of coverage data (a campaign's REPORT/torch-coverage), "
+                "or --corpus DIR to measure a corpus"
+            )
+        lines = load(directory)
+    else:
+        lines = _measure_corpus(args, directory)
+    sys.stdout.write(format_table(torch_summary(lines)))
+    return EXIT_OK
+
+
+def _measure_corpus(args: argparse.Namespace, directory: Path | None) -> Any:
+    """Replay every entry of ``args.corpus`` on pools whose ranks measure torch coverage (one pool
+    per world size); the data goes to ``directory`` (kept) or a temporary one (removed)."""
+    import shutil
+
+    from fuzz.corpus import load_corpus
+    from fuzz.pool import RankPool
+    from fuzz.properties import get_property
+    from fuzz.torch_coverage import ReachedLines, rank_env
+
+    if not args.corpus.is_dir():
+        what = "is not a directory" if args.corpus.exists() else "does not exist"
+        raise ShardfuzzError(f"--corpus {args.corpus} {what}")
+    entries, problems = load_corpus(args.corpus)
+    for problem in problems:
+        print(f"python -m fuzz coverage: skipped: {problem}", file=sys.stderr)
+    if not entries:
+        raise ShardfuzzError(f"--corpus {args.corpus}: no entry to replay")
+    if directory is not None:
+        check_directory("--torch", directory)
+        directory.mkdir(parents=True, exist_ok=True)
+    data = directory if directory is not None else Path(tempfile.mkdtemp(prefix="shardfuzz-torch-coverage-"))
+    try:
+        by_size: dict[int, list[Any]] = {}
+        for _, entry in entries:
+            by_size.setdefault(entry.case.world_size, []).append(entry)
+        done = 0
+        for world_size, group in sorted(by_size.items()):
+            with RankPool(
+                world_size=world_size, backend=args.backend, deadline=args.deadline, env=rank_env(data)
+            ) as pool:
+                for entry in group:
+                    prop = get_property(entry.case.property)
+                    failure = prop.judge(entry.case, pool.run(entry.case, stall=prop.stall))
+                    done += 1
+                    verdict = "passes" if failure is None else f"fails: {failure.signature}"
+                    print(f"coverage: [{done}/{len(entries)}] {entry.signature}: {verdict}", file=sys.stderr)
+        lines = ReachedLines([data])
+        lines.update()
+        return lines
+    finally:
+        if directory is None:
+            shutil.rmtree(data, ignore_errors=True)
+
+
 def _bench(args: argparse.Namespace) -> int:
     from fuzz.bench import bench, bench_hang
 
@@ -557,6 +703,18 @@ def _bench(args: argparse.Namespace) -> int:
             str(args.faults), budget=args.budget, seed=args.seed, world_size=args.world_size or 2, names=args.fault
         )
         return EXIT_OK
+    if args.torch_coverage:
+        from fuzz.bench import bench_torch_coverage
+
+        _need_coverage_py("--torch-coverage")
+        bench_torch_coverage(
+            backend=args.backend,
+            world_size=args.world_size or 2,
+            cases=args.cases or 30,
+            passes=args.runs,
+            seed=args.seed,
+        )
+        return EXIT_OK
     if args.hang:
         sizes = (args.world_size,) if args.world_size is not None else (2, 4)
         bench_hang(backend=args.backend, world_sizes=sizes, runs=args.runs, deadline=args.deadline)
@@ -564,7 +722,7 @@ def _bench(args: argparse.Namespace) -> int:
     bench(
         backend=args.backend,
         world_size=args.world_size or 2,
-        pool_cases=args.cases,
+        pool_cases=args.cases or 100,
         spawn_cases=args.spawn_cases,
         seed=args.seed,
     )

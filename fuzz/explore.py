@@ -27,7 +27,10 @@ chunk of a property counts its *discoveries* (a feature, or a pair of features o
 one case, that this property had not produced before in the campaign, and each new failure
 signature), and the next property is drawn with a probability that follows its recent
 discoveries per second, with a floor so that no property starves. A property whose cases all
-look alike gets less time; one still finding new combinations gets more.
+look alike gets less time; one still finding new combinations gets more. Where the campaign
+measures torch coverage (``torch_lines``), the lines of torch a chunk reached first are a second
+signal, which decides half of the time that follows the rates: a property still reaching
+unreached torch code gets more time (as HypoFuzz follows new branches).
 
 A failure whose signature has an entry in the corpus already (from an earlier campaign) is
 counted against that entry, not shrunk again; with the example database, a restarted campaign
@@ -70,6 +73,7 @@ from fuzz.properties import Property
 from fuzz.report import first_check, next_commands, upstream_url
 from fuzz.signature import Failure
 from fuzz.stop import clear_stop, raise_if_stopped, stop_requested
+from fuzz.torch_coverage import ReachedLines, module_figures, torch_summary
 from fuzz.verdict import OutcomeKind
 
 CHUNK_EXAMPLES = 25
@@ -84,6 +88,9 @@ SHRINK_MIN_S = 20.0
 SHRINK_SHARE = 0.1
 #: Samples of the campaign's progress kept for the report (at most this many, evenly spread).
 TIMELINE_POINTS = 400
+#: With torch coverage measured, the part of the scheduler's rate-driven time that follows the
+#: torch lines each property reaches first (Scheduler, ``line_share``).
+LINE_SHARE = 0.5
 
 
 def grace(budget: float) -> float:
@@ -137,32 +144,63 @@ class Scheduler:
     prior of half a discovery so that a property that found nothing yet keeps a chance. The
     share of time is ``floor / n`` for every property plus ``1 - floor`` split by rate. Every
     property runs once before any weighting, in the order given.
+
+    With ``line_share`` > 0 (a campaign that measures torch coverage), the torch lines a chunk
+    reached first in the campaign are a second signal: each property has a second rate, made
+    the same way from ``log2(1 + new lines)`` per chunk (a chunk that reaches hundreds of lines
+    at once, as the first chunks do, counts a few times one that reaches one, not hundreds of
+    times), and ``1 - floor`` is split ``line_share`` by the line rates and the rest by the
+    discovery rates. With ``line_share`` 0 the line counts are ignored: the shares are those
+    above, unchanged.
     """
 
-    def __init__(self, names: Iterable[str], rng: random.Random, *, floor: float = 0.2, decay: float = 0.7) -> None:
+    def __init__(
+        self,
+        names: Iterable[str],
+        rng: random.Random,
+        *,
+        floor: float = 0.2,
+        decay: float = 0.7,
+        line_share: float = 0.0,
+    ) -> None:
         self.names = list(names)
         if not self.names:
             raise ValueError("a scheduler needs at least one property")
+        if not 0.0 <= line_share <= 1.0:
+            raise ValueError(f"line_share={line_share!r} must be between 0 and 1")
         self.rng = rng
         self.floor = floor
         self.decay = decay
+        self.line_share = line_share
         self.found: dict[str, float] = dict.fromkeys(self.names, 0.0)
+        self.lines: dict[str, float] = dict.fromkeys(self.names, 0.0)
         self.seconds: dict[str, float] = dict.fromkeys(self.names, 0.0)
         self.chunks: Counter[str] = Counter()
 
-    def record(self, name: str, *, seconds: float, discoveries: int) -> None:
+    def record(self, name: str, *, seconds: float, discoveries: int, new_lines: int = 0) -> None:
         self.found[name] = self.found[name] * self.decay + discoveries
+        self.lines[name] = self.lines[name] * self.decay + math.log2(1 + max(new_lines, 0))
         self.seconds[name] = self.seconds[name] * self.decay + max(seconds, 1e-3)
         self.chunks[name] += 1
 
     def rates(self) -> dict[str, float]:
         return {n: (self.found[n] + 0.5) / (self.seconds[n] + 1.0) for n in self.names}
 
+    def line_rates(self) -> dict[str, float]:
+        return {n: (self.lines[n] + 0.5) / (self.seconds[n] + 1.0) for n in self.names}
+
     def weights(self) -> dict[str, float]:
         rates = self.rates()
         total = sum(rates.values())
         n = len(self.names)
-        return {k: self.floor / n + (1 - self.floor) * r / total for k, r in rates.items()}
+        if self.line_share == 0:
+            return {k: self.floor / n + (1 - self.floor) * r / total for k, r in rates.items()}
+        lines = self.line_rates()
+        line_total = sum(lines.values())
+        share = {
+            k: (1 - self.line_share) * r / total + self.line_share * lines[k] / line_total for k, r in rates.items()
+        }
+        return {k: self.floor / n + (1 - self.floor) * v for k, v in share.items()}
 
     def pick(self) -> str:
         for name in self.names:
@@ -243,6 +281,12 @@ class Progress:
     weights: dict[str, float] = field(default_factory=dict)
     #: Where entries went when the corpus could not be written: {"directory": ..., "reason": ...}.
     corpus_fallback: dict[str, str] | None = None
+    #: The torch lines the ranks reached, where the campaign measures them (--torch-coverage).
+    torch: ReachedLines | None = None
+    #: Whether the scheduler followed the new torch lines (Scheduler, ``line_share``).
+    torch_signal: bool = False
+    #: Torch lines that each property's chunks reached first in the campaign.
+    new_lines_per_property: Counter[str] = field(default_factory=Counter)
     _sample_every: float = 1.0
 
     def sample(self, *, force: bool = False) -> None:
@@ -250,14 +294,15 @@ class Progress:
         t = self.elapsed
         if not force and self.timeline and t - self.timeline[-1]["t"] < self._sample_every:
             return
-        self.timeline.append(
-            {
-                "t": round(t, 2),
-                "cases": self.cases,
-                "distinct_failures": len(self.found),
-                "per_property": dict(self.per_property),
-            }
-        )
+        point: dict[str, Any] = {
+            "t": round(t, 2),
+            "cases": self.cases,
+            "distinct_failures": len(self.found),
+            "per_property": dict(self.per_property),
+        }
+        if self.torch is not None:
+            point["torch_lines"] = self.torch.total
+        self.timeline.append(point)
         if len(self.timeline) > TIMELINE_POINTS:  # keep every other point, sample half as often
             self.timeline = [*self.timeline[:-1:2], self.timeline[-1]]
             self._sample_every *= 2
@@ -334,7 +379,14 @@ class Progress:
             "corpus_fallback": self.corpus_fallback,
             "timeline": self.timeline,
             "weights": {k: round(v, 4) for k, v in self.weights.items()},
+            **self._torch_summary(),
         }
+
+    def _torch_summary(self) -> dict[str, Any]:
+        if self.torch is None:
+            return {}
+        per_property = {name: self.new_lines_per_property.get(name, 0) for name in self.weights or self.per_property}
+        return {"torch_coverage": torch_summary(self.torch, per_property=per_property, signal=self.torch_signal)}
 
 
 def fit_line(head: str, extras: Sequence[str], failures: Sequence[str], width: int | None) -> str:
@@ -474,6 +526,8 @@ def explore(
     fallback: Sequence[Path] = (),
     on_note: Callable[[str], None] | None = None,
     started: float | None = None,
+    torch_lines: ReachedLines | None = None,
+    line_signal: bool = True,
 ) -> Progress:
     """Explore ``properties`` on ``pool`` for ``budget`` seconds; returns what was seen.
 
@@ -490,6 +544,11 @@ def explore(
     stderr) says where, and the campaign goes on. A corpus entry met again gets its count raised
     by the new hits, in its file (after each chunk and at the end).
 
+    ``torch_lines``: the torch lines the pool's ranks reach, where they measure them (the pool
+    was made with :func:`fuzz.torch_coverage.rank_env`); read after every chunk, credited to the
+    chunk's property, and, with ``line_signal``, followed by the scheduler (:class:`Scheduler`,
+    ``line_share`` :data:`LINE_SHARE`).
+
     Ctrl-C (KeyboardInterrupt) ends the campaign early; what was found is kept and saved.
     """
     clock = Clock(started=time.monotonic() if started is None else started, budget=budget)
@@ -499,7 +558,9 @@ def explore(
     corpus_entries = CorpusIndex(load_corpus(corpus)[0] if corpus is not None else [])
     rng = random.Random(seed)
     by_name = {p.name: p for p in properties}
-    scheduler = Scheduler(by_name, rng)
+    follow_lines = torch_lines is not None and line_signal
+    scheduler = Scheduler(by_name, rng, line_share=LINE_SHARE if follow_lines else 0.0)
+    progress.torch, progress.torch_signal = torch_lines, follow_lines
     discoveries = Discoveries()
     replayed: set[str] = set()
     note = on_note if on_note is not None else _note_on_stderr
@@ -515,6 +576,11 @@ def explore(
         return progress.elapsed >= budget or (max_examples is not None and progress.cases >= max_examples)
 
     try:
+        if torch_lines is not None:
+            module_figures({})  # reads the installed torch's modules once, while the ranks start
+            # What the ranks reach starting up (imports, the process group) is no property's discovery.
+            if pool.wait_ready(max(0.0, clock.work_end - progress.elapsed)):
+                torch_lines.update()
         while not spent():
             prop = by_name[scheduler.pick()]
             chunk = CHUNK_EXAMPLES if max_examples is None else min(CHUNK_EXAMPLES, max_examples - progress.cases)
@@ -538,10 +604,13 @@ def explore(
             for found in pending:
                 _confirm_and_save(pool, prop, found, corpus, reruns, save, progress, clock.work_end)
             _count_hits(progress)
+            new_lines = torch_lines.update() if torch_lines is not None else 0
+            progress.new_lines_per_property[prop.name] += new_lines
             scheduler.record(
                 prop.name,
                 seconds=time.monotonic() - started,
                 discoveries=discoveries.total - behaviours + len(progress.found) - signatures,
+                new_lines=new_lines,
             )
             progress.weights = scheduler.weights()
             progress.sample()
@@ -559,6 +628,8 @@ def explore(
                     found.unfinished.append(why)
                 save(found, _entry(pool, found, reruns=0, reproduced=0))
     _count_hits(progress)
+    if torch_lines is not None:
+        torch_lines.update()  # a chunk cut short by a stop: its lines count in the figures, for no property
     progress.interrupted = progress.interrupted or stop_requested()
     clear_stop()
     progress.restarts = pool.restarts

@@ -289,6 +289,7 @@ def render_html(summary: Mapping[str, Any], *, base: Path | None = None) -> str:
         _failures_table(s, base),
         _plots(s, names, colours),
         _coverage_section(rows),
+        _torch_section(s),
         _features_table(s),
         "</main></body></html>",
     ]
@@ -330,21 +331,24 @@ def _header(s: Mapping[str, Any], title: str) -> str:
 
 def _properties_table(s: Mapping[str, Any], names: list[str], colours: dict[str, str]) -> str:
     cases, seconds, weights = (_mapping(s.get(k)) for k in ("cases_per_property", "seconds_per_property", "weights"))
+    torch = _mapping(s.get("torch_coverage"))
+    new_lines = _mapping(torch.get("new_lines_per_property")) if torch else None
     body = []
     for n in names:
         c, sec = int(_num(cases.get(n))), _num(seconds.get(n))
         per = f"{sec / c:.4f}" if c else "-"
         weight = f"{100 * _num(weights[n]):.0f}%" if n in weights else "-"
         swatch = f'<span style="display:inline-block;width:10px;height:10px;background:{colours[n]}"></span> '
+        lines = "" if new_lines is None else f"<td class=n>{int(_num(new_lines.get(n)))}</td>"
         body.append(
             f"<tr><td>{swatch}<code>{_e(n)}</code></td><td class=n>{c}</td><td class=n>{sec:.1f}</td>"
-            f"<td class=n>{per}</td><td class=n>{weight}</td></tr>"
+            f"<td class=n>{per}</td><td class=n>{weight}</td>{lines}</tr>"
         )
     if not body:
         return ""
     head = (
         "<tr><th>property</th><th class=n>cases</th><th class=n>seconds</th><th class=n>s / case</th>"
-        "<th class=n>scheduler share</th></tr>"
+        "<th class=n>scheduler share</th>" + ("" if new_lines is None else "<th class=n>new torch lines</th>") + "</tr>"
     )
     return f"<h2>Properties</h2><table>{head}{''.join(body)}</table>"
 
@@ -556,6 +560,87 @@ def _coverage_section(rows: list[Any]) -> str:
             bars.append((str(r.get("label")), float(count), COVERAGE_COLOUR, text, not r.get("exercised")))
         chart = _bar_chart(bars, width=1090, label_width=430, log=True, empty="")
         out.append(_figure(f"{area}: {done} of {len(group)} exercised", chart))
+    return "".join(out)
+
+
+def _torch_section(s: Mapping[str, Any]) -> str:
+    """The torch lines the ranks reached (``torch_coverage``, from fuzz.torch_coverage): per
+    package, over time, and per module with the functions never reached. Nothing where the
+    campaign did not measure them."""
+    t = _mapping(s.get("torch_coverage"))
+    if not t:
+        return ""
+    total, reached = int(_num(t.get("lines"))), int(_num(t.get("reached")))
+    percent = 100.0 * reached / total if total else 0.0
+    out = [f"<h2>Torch coverage ({reached} of {total} lines reached, {percent:.1f}%)</h2>"]
+    signal = t.get("signal")
+    how = (
+        "The scheduler gave more time to the properties still reaching new lines. "
+        if signal
+        else "Measured only: the scheduler did not follow new lines. "
+        if signal is False
+        else ""
+    )
+    out.append(
+        '<p class="small">Lines of torch\'s distributed packages that a rank ran (coverage.py, merged over '
+        f"every rank process: {int(_num(t.get('data_files')))} data files). {how}"
+        "A line counts once, whichever property reached it; the properties table says which property's cases "
+        "reached each line first. A function is never reached when none of its executable lines ran.</p>"
+    )
+    if t.get("foreign_files"):
+        out.append(
+            f'<p class="small warn">{int(_num(t.get("foreign_files")))} measured files are not files of the torch '
+            "that read the data; they are left out.</p>"
+        )
+    rows = []
+    for p in _seq(t.get("packages")):
+        if isinstance(p, Mapping):
+            rows.append(
+                f"<tr><td><code>{_e(p.get('package'))}</code></td>"
+                f"<td class=n>{int(_num(p.get('modules_reached')))} / {int(_num(p.get('modules')))}</td>"
+                f"<td class=n>{int(_num(p.get('reached')))}</td><td class=n>{int(_num(p.get('lines')))}</td>"
+                f"<td class=n>{_num(p.get('percent')):.1f}</td></tr>"
+            )
+    if rows:
+        head = (
+            "<tr><th>package</th><th class=n>modules reached</th><th class=n>lines reached</th>"
+            "<th class=n>executable lines</th><th class=n>%</th></tr>"
+        )
+        out.append(f"<table>{head}{''.join(rows)}</table>")
+    timeline = [p for p in _seq(s.get("timeline")) if isinstance(p, Mapping) and "torch_lines" in p]
+    if timeline:
+        pts = sorted((_num(p.get("t")), _num(p.get("torch_lines"))) for p in timeline)
+        series = [("torch lines reached", COVERAGE_COLOUR, pts, 2.0)]
+        out.append(
+            _figure("Torch lines reached over time", _line_chart(series, width=1090, height=220, y_label="lines"))
+        )
+    body = []
+    for m in _seq(t.get("modules")):
+        if not isinstance(m, Mapping):
+            continue
+        never = [str(x) for x in _seq(m.get("never_reached"))]
+        lines, got = int(_num(m.get("lines"))), int(_num(m.get("reached")))
+        pct = _num(m.get("percent"))
+        bar = (
+            f'<div style="background:#eceff3;width:90px;height:9px;display:inline-block;vertical-align:middle">'
+            f'<div style="background:{COVERAGE_COLOUR};width:{min(max(pct, 0.0), 100.0) * 0.9:.0f}px;height:9px">'
+            "</div></div>"
+        )
+        functions = f"{len(never)} of {int(_num(m.get('functions')))}"
+        if never:
+            names = ", ".join(f"<code>{_e(n)}</code>" for n in never)
+            functions = f"<details><summary>{functions}</summary>{names}</details>"
+        row_class = ' class="never"' if lines and not got else ""
+        body.append(
+            f"<tr{row_class}><td><code>{_e(m.get('module'))}</code></td><td class=n>{got}</td><td class=n>{lines}</td>"
+            f"<td class=n>{pct:.1f} {bar}</td><td>{functions}</td></tr>"
+        )
+    if body:
+        head = (
+            "<tr><th>module</th><th class=n>reached</th><th class=n>lines</th><th class=n>%</th>"
+            "<th>functions never reached</th></tr>"
+        )
+        out.append(f"<h3>Per module</h3><table>{head}{''.join(body)}</table>")
     return "".join(out)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import faulthandler
+import importlib
 import os
 import signal
 import sys
@@ -104,6 +105,12 @@ def main() -> int:
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True, chain=False)
     commands = os.fdopen(int(env["SHARDFUZZ_CMD_FD"]), "rb")
     results = os.fdopen(int(env["SHARDFUZZ_RES_FD"]), "wb", buffering=0)
+    # Torch coverage (fuzz._rank.torch_coverage), started before torch is imported. Imported by
+    # name: reproducer scripts carry the modules that the worker's import statements name
+    # (fuzz.repro.script) and never measure coverage.
+    recorder = None
+    if env.get("SHARDFUZZ_TORCH_COVERAGE"):
+        recorder = importlib.import_module("fuzz._rank.torch_coverage").start(env, rank)
 
     import torch
     import torch.distributed as dist
@@ -125,6 +132,8 @@ def main() -> int:
         "python": sys.version.split()[0],
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
     }
+    if recorder is not None:
+        recorder.started()  # what start-up reaches, saved before the first case
     _send(results, Ready(rank=rank, pid=os.getpid(), versions=versions))
 
     sampler = _Sampler(env["SHARDFUZZ_SAMPLE_FILE"])
@@ -137,6 +146,8 @@ def main() -> int:
             sampler.case = (msg.case_id, time.monotonic())
             done = _run_one(msg, ctx, run_case)
             sampler.case = None
+            if recorder is not None:
+                recorder.save()  # before the result: after a failure the pool kills its ranks
             _send(results, done)
     try:
         dist.destroy_process_group()
