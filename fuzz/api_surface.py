@@ -320,6 +320,16 @@ _NO_FLATTEN = (
 _WITH_ASYNC = "the feature is recorded for save and async_save alike"
 _STATE_DICT_OPTIONS = "the feature is recorded for FSDP1's own API too, which takes no StateDictOptions"
 _DCP_ENTRIES = "dcp's {} entries passed as state dicts call it too, and no feature names them"
+_REPLICATE_COUNT_FALSE = "the count is of cases with False"
+_NEWER_DDP = (
+    "drawn where the installed torch's DistributedDataParallel takes it (inspect.signature; torch 2.13 does, "
+    "2.11 does not)"
+)
+_DELAY_BUG = (
+    "torch bug: replicate hands DDP an nn.ParameterList, whose parameters are all the root's own, and DDP "
+    "names those '.<name>' when it leaves the delayed ones out of its reducer, so they stay in it and are "
+    "reduced twice (racing; wrong with static_graph or batched_grad_copy); see strategies/_options.py"
+)
 
 #: Item name -> how the suite exercises it. Items torch has and this does not name are unknown.
 USES: dict[str, Use] = {
@@ -382,39 +392,75 @@ USES: dict[str, Use] = {
     "fully_shard(dp_mesh_dims)": _not_drawn(),
     # replicate, and DistributedDataParallel's parameters, which receive its **kwargs
     "replicate(module)": _drawn("replicate.root", "replicate.sub"),
-    "replicate(ignored_modules)": _not_drawn("replicate leaves modules under fully_shard out by itself"),
-    "replicate(device_id)": _not_drawn("replicate's own spelling of device_ids (an int or a device)"),
+    "replicate(ignored_modules)": _drawn(
+        "replicate.ignored",
+        note="parity only: the ignored modules' gradients stay local, in the reference too; contract: their "
+        "parameters are plain tensors replicate does not collect and DDP does not manage",
+    ),
+    "replicate(device_id)": _drawn(
+        pattern=rf"{_V}replicate_opt:device_id", note="torch.device of the rank (device_ids None on the CPU)"
+    ),
     "replicate(device_ids)": _accelerator("passed on every replicate: [device] on GPU ranks, None on the CPU"),
     "replicate(output_device)": _accelerator("the device of a GPU module's output"),
-    "replicate(dim)": _not_drawn(),
+    "replicate(dim)": _drawn(
+        pattern=rf"{_V}replicate_opt:dim",
+        note="dim=1: DDP scatters inputs along dim only over several devices of one process, which a "
+        "single-device module never does; numerics unchanged",
+    ),
     "replicate(broadcast_buffers)": _deprecated("DistributedDataParallel since 2.13: use forward_sync_buffers"),
-    "replicate(init_sync)": _not_drawn(),
-    "replicate(process_group)": _not_drawn(),
-    "replicate(bucket_cap_mb)": _not_drawn(),
+    "replicate(init_sync)": _drawn(pattern=rf"{_V}replicate_opt:init_sync:False", note=_REPLICATE_COUNT_FALSE),
+    "replicate(process_group)": _drawn(
+        pattern=rf"{_V}replicate_opt:group:process_group", note="a group of every rank (dist.new_group)"
+    ),
+    "replicate(bucket_cap_mb)": _drawn(
+        pattern=rf"{_V}replicate_opt:bucket_cap_mb", note="0.0001 to 1 MiB: one bucket per few parameters here"
+    ),
     "replicate(find_unused_parameters)": _drawn(
         "ddp.find_unused",
         note="the feature is recorded for DDP and replicate alike; the count includes DDP cases",
         bound="<=",
     ),
     "replicate(check_reduction)": _deprecated("DistributedDataParallel: 'This argument is deprecated'"),
-    "replicate(gradient_as_bucket_view)": _not_drawn(),
-    "replicate(static_graph)": _not_drawn(),
-    "replicate(delay_all_reduce_named_params)": _not_drawn(),
-    "replicate(param_to_hook_all_reduce)": _not_drawn(),
+    "replicate(gradient_as_bucket_view)": _drawn(pattern=rf"{_V}replicate_opt:gradient_as_bucket_view"),
+    "replicate(static_graph)": _drawn(
+        pattern=rf"{_V}replicate_opt:static_graph",
+        note="the modules left out in and around the replicated one are the same on every microbatch (its "
+        "documented condition); unused parameters then need no find_unused_parameters",
+    ),
+    "replicate(delay_all_reduce_named_params)": _not_drawn(_DELAY_BUG),
+    "replicate(param_to_hook_all_reduce)": _not_drawn(_DELAY_BUG),
     "replicate(mixed_precision)": Use(PRIVATE, note="its type is torch.nn.parallel.distributed._MixedPrecision"),
-    "replicate(device_mesh)": _not_drawn(),
-    "replicate(skip_all_reduce_unused_params)": _not_drawn(),
-    "replicate(bucket_cap_mb_list)": _not_drawn(),
-    "replicate(batched_grad_copy)": _not_drawn(),
-    "replicate(forward_sync_buffers)": _not_drawn(),
+    "replicate(device_mesh)": _drawn(pattern=rf"{_V}replicate_opt:group:device_mesh", note="a 1D mesh over every rank"),
+    "replicate(skip_all_reduce_unused_params)": _drawn(
+        pattern=rf"{_V}replicate_opt:skip_all_reduce_unused_params",
+        note="the unused parameters the same throughout training, as documented (else a hang)",
+    ),
+    "replicate(bucket_cap_mb_list)": _drawn(pattern=rf"{_V}replicate_opt:bucket_cap_mb_list", note=_NEWER_DDP),
+    "replicate(batched_grad_copy)": _drawn(pattern=rf"{_V}replicate_opt:batched_grad_copy", note=_NEWER_DDP),
+    "replicate(forward_sync_buffers)": _drawn(
+        pattern=rf"{_V}replicate_opt:forward_sync_buffers:(?:True|False)",
+        note=_NEWER_DDP + "; replicate's DDP holds a ParameterList, which has no buffers to sync",
+    ),
     # checkpoint (composable activation checkpointing)
     "checkpoint(module)": _drawn("checkpoint.before", "checkpoint.after", "checkpoint.state_dict"),
-    "checkpoint(use_reentrant)": _not_drawn("True raises NotImplementedError: a documented misuse not checked yet"),
-    "checkpoint(preserve_rng_state)": _not_drawn("the default (True) only; dropout in the trees checks it"),
-    "checkpoint(context_fn)": _not_drawn(),
-    "checkpoint(determinism_check)": _not_drawn(),
-    "checkpoint(debug)": _not_drawn(),
-    "checkpoint(early_stop)": _not_drawn(),
+    "checkpoint(use_reentrant)": _drawn(
+        "checkpoint.misuse_reentrant", note="True is a misuse (invalid): NotImplementedError on every rank"
+    ),
+    "checkpoint(preserve_rng_state)": _drawn(
+        pattern=rf"{_V}checkpoint_opt:preserve_rng_state:False",
+        note="False only where no dropout runs in a checkpointed module; the count is of cases with False",
+    ),
+    "checkpoint(context_fn)": _drawn(
+        "checkpoint.selective",
+        note="create_selective_checkpoint_contexts: matmuls MUST_SAVE, the rest PREFER_RECOMPUTE (a policy "
+        "function or the list of ops)",
+    ),
+    "checkpoint(determinism_check)": _drawn(pattern=rf"{_V}checkpoint_opt:determinism_check:(?:default|none)"),
+    "checkpoint(debug)": _not_drawn(
+        "torch bug: composable checkpoint always hands torch.utils.checkpoint a context_fn of its own, so "
+        "debug=True raises 'debug=True is incompatible with non-default context_fn' at the first forward"
+    ),
+    "checkpoint(early_stop)": _drawn(pattern=rf"{_V}checkpoint_opt:early_stop:(?:True|False)"),
     # distributed checkpoint
     "dcp.save(state_dict)": _drawn("dcp.save"),
     "dcp.save(checkpoint_id)": _drawn(pattern="storage:checkpoint_id", note=_WITH_ASYNC, bound="<="),

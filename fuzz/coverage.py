@@ -124,6 +124,33 @@ CHECKLIST: tuple[Item, ...] = (
         _RC,
         r"misuse:replicate_after_fully_shard",
     ),
+    _item(
+        "replicate.options",
+        "replicate with DistributedDataParallel's options (buckets, static graph, groups ...)",
+        _RC,
+        rf"{_V}replicate_opt:(?!ignored_modules)\w+(?::\w+)?",
+    ),
+    _item(
+        "replicate.ignored", "replicate ignored_modules (parameters kept local)", _RC, r"replicate_opt:ignored_modules"
+    ),
+    _item(
+        "checkpoint.options",
+        "checkpoint preserve_rng_state / determinism_check / early_stop",
+        _RC,
+        rf"{_V}checkpoint_opt:(?:preserve_rng_state|determinism_check|early_stop):\w+",
+    ),
+    _item(
+        "checkpoint.selective",
+        "selective activation checkpointing (checkpoint context_fn)",
+        _RC,
+        rf"{_V}checkpoint_opt:context_fn:\w+",
+    ),
+    _item(
+        "checkpoint.misuse_reentrant",
+        "invalid: checkpoint(use_reentrant=True) raises",
+        _RC,
+        r"misuse:checkpoint_use_reentrant",
+    ),
     # fully_shard after replicate on one module raises nothing: neither documented nor drawn.
     _item(
         "replicate.fully_shard_after",

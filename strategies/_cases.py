@@ -44,7 +44,8 @@ from strategies._compositions import (
     with_tp_blocks,
     wrappers,
 )
-from strategies._odds import keep_known, one_in
+from strategies._odds import CHECKPOINT_OPTION_ODDS, REPLICATE_OPTION_ODDS, keep_known, one_in
+from strategies._options import checkpoint_options, checkpoint_takes, replicate_options
 from strategies._trees import WIDTHS, module_trees
 from strategies._validation import check_bounds, check_world_size
 
@@ -225,6 +226,16 @@ def _rare_never_run_under_no_sync(draw: st.DrawFn, tree: ModuleTree, training: T
     return training
 
 
+def _maybe_api_options(draw: st.DrawFn, tree: ModuleTree, comp: Composition) -> Composition:
+    """Sometimes options for the composition's replicate calls (about one in
+    REPLICATE_OPTION_ODDS) and checkpoint calls (about one in CHECKPOINT_OPTION_ODDS)."""
+    if comp.replicates and one_in(draw, REPLICATE_OPTION_ODDS):
+        comp = replace(comp, replicate_options=draw(replicate_options(tree, comp)))
+    if comp.checkpoints and one_in(draw, CHECKPOINT_OPTION_ODDS):
+        comp = replace(comp, checkpoint_options=draw(checkpoint_options(tree, comp)))
+    return comp
+
+
 def _maybe_meta_init(draw: st.DrawFn, comp: Composition) -> Composition:
     """About one in three fully_shard / checkpoint compositions starts from the meta device."""
     if comp.wrapper is Wrapper.NONE and not comp.replicates and draw(st.sampled_from((False, True, False))):
@@ -237,8 +248,8 @@ def parity_cases(
     draw: st.DrawFn, *, world_size: int, max_depth: int = 3, max_steps: int = 3, accelerator: bool = False
 ) -> Case:
     """Cases for ``parity``: a tree, a composition of the composable APIs (or, one case in
-    five, DDP / FSDP1), a training. ``accelerator``: the ranks have one (CPUOffloadPolicy is
-    drawn only then)."""
+    five, DDP / FSDP1), sometimes with FSDPModule knobs and replicate's / checkpoint's options,
+    a training. ``accelerator``: the ranks have one (CPUOffloadPolicy is drawn only then)."""
     check_world_size(world_size)
     if world_size >= 2 * TP_SIZE and world_size % TP_SIZE == 0 and one_in(draw, TP_ODDS):
         return draw(_tensor_parallel_parity_case(world_size, max_depth, max_steps))
@@ -250,6 +261,7 @@ def parity_cases(
         if comp.shards and one_in(draw, KNOB_ODDS):
             knobs = draw(fsdp_knobs(comp, world_size=world_size, scaling=True, accelerator=accelerator))
             comp = replace(comp, knobs=knobs)
+    comp = _maybe_api_options(draw, tree, comp)
     training = _fit_training(draw(trainings(max_steps=max_steps, hsdp=bool(comp.mesh))), comp)
     training = _rare_foreach_on_mixed_params(draw, training, comp)
     training = _rare_unused_after_partial_reduce(draw, tree, draw(training_schedules(tree, training, comp)), comp)
@@ -302,14 +314,30 @@ def mixed_precision_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 
 def metamorphic_variants(
     draw: st.DrawFn, tree: ModuleTree, comp: Composition, *, world_size: int, accelerator: bool = False
 ) -> Composition:
-    """``comp`` with one change that must not change numerics; with an ``accelerator``, also
+    """``comp`` with one change that must not change numerics (among them replicate's options
+    but ``ignored_modules``, and checkpoint's options); with an ``accelerator``, also
     CPUOffloadPolicy on or off for every fully_shard call."""
     changes = ["checkpoint", "meta_init", "wrapper", "checkpoint_order", "reshard", "mesh", "find_unused"]
     if accelerator and comp.shards:
         changes.append("offload")
     if comp.shards and not comp.tp:
         changes.append("knobs")
+    if comp.replicates:
+        changes.append("replicate_options")
+    if comp.checkpoints:
+        changes.append("checkpoint_options")
     change = draw(st.sampled_from(changes))
+    if change == "replicate_options":
+        # Only the options that change no numbers: ignored_modules keeps gradients local.
+        opts = draw(replicate_options(tree, comp, local=False))
+        if opts.is_set:
+            return replace(comp, replicate_options=opts)
+        change = "find_unused"
+    if change == "checkpoint_options":
+        ckpt = draw(checkpoint_options(tree, comp))
+        if ckpt.is_set:
+            return replace(comp, checkpoint_options=ckpt)
+        change = "checkpoint_order"
     if change == "knobs":
         knobs = draw(fsdp_knobs(comp, world_size=world_size, scaling=False, accelerator=accelerator))
         if knobs.is_set:
@@ -379,6 +407,8 @@ def invalid_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 2, accel
     (``accelerator`` changes nothing here)."""
     check_world_size(world_size)
     misuse = draw(st.sampled_from(Misuse))
+    if misuse is Misuse.CHECKPOINT_USE_REENTRANT and not checkpoint_takes("use_reentrant"):
+        misuse = Misuse.REPLICATE_AFTER_FULLY_SHARD
     widths = None
     if misuse is Misuse.UNEVEN_SHARD_DIM_1:
         widths = st.sampled_from([w for w in range(1, 13) if w % world_size]) if world_size > 1 else None

@@ -1,4 +1,5 @@
-"""How often strategies take a branch that meets a known torch bug.
+"""How often strategies take a branch that meets a known torch bug, and how often they draw
+the API options that are kept modest so that the common cases stay common.
 
 Known bugs (records of :mod:`fuzz.known`) stay reachable, so a campaign notices when torch fixes
 one, but rare: each hit costs a respawn of the pool or a whole case deadline. Each record says
@@ -10,6 +11,12 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from fuzz.known import KnownBug
+
+#: About one composition with replicate calls in this many gets replicate's options (its
+#: DistributedDataParallel keywords, ignored_modules); the rest call replicate as before.
+REPLICATE_OPTION_ODDS = 3
+#: About one composition with checkpoint calls in this many gets checkpoint's options.
+CHECKPOINT_OPTION_ODDS = 4
 
 
 def one_in(draw: st.DrawFn, n: int) -> bool:

@@ -195,3 +195,29 @@ def test_precisions_are_ordered() -> None:
     for tighter, looser in itertools.pairwise(order):
         assert POLICY[tighter].rtol < POLICY[looser].rtol, (tighter, looser)
         assert POLICY[tighter].atol < POLICY[looser].atol, (tighter, looser)
+
+
+def _observation(losses: list[list[float]], ref_losses: list[list[float]]) -> dict[str, object]:
+    params = [{"w": [1.0]} for _ in losses]
+    return {
+        "losses": losses,
+        "grad_norms": [1.0] * len(losses),
+        "params": params,
+        "ref": {"losses": ref_losses, "grad_norms": [1.0] * len(losses), "params": params},
+    }
+
+
+def test_training_is_judged_up_to_the_step_where_the_reference_overflows() -> None:
+    """A plain model that diverges (the reference's loss overflows) says nothing of the
+    distributed API from that step on; the steps before it are judged as ever."""
+    from fuzz.properties.parity import compare_runs
+
+    tol = tolerance_for("float32")
+    ref = [[1.0], [1e30], [math.inf]]
+    assert compare_runs("parity", [_observation([[1.0], [1e30], [math.inf]], ref)] * 2, tol) is None
+    assert compare_runs("parity", [_observation([[1.0], [1e30], [3.0]], ref)] * 2, tol) is None
+    failure = compare_runs("parity", [_observation([[1.0], [2e30], [math.inf]], ref)] * 2, tol)
+    assert failure is not None and "step 1" in failure.summary
+    # an overflow of the composed run alone is a mismatch
+    failure = compare_runs("parity", [_observation([[1.0], [math.inf], [1.0]], [[1.0], [1e30], [1.0]])] * 2, tol)
+    assert failure is not None and "step 1" in failure.summary

@@ -18,6 +18,7 @@ from torch import nn
 from fuzz._rank.context import RankContext
 from fuzz._rank.knobs import KnobState
 from fuzz._rank.models import build_model
+from fuzz._rank.options import checkpoint_kwargs, replicate_kwargs
 from fuzz.model import Composition, Dtype, MixedPrecision, ModuleTree, ShardSpec, Wrapper, is_ancestor
 
 TORCH_DTYPES = {
@@ -144,13 +145,15 @@ class Composed:
         yield out
 
 
-def compose(model: nn.Module, comp: Composition, ctx: RankContext) -> Composed:
+def compose(model: nn.Module, comp: Composition, ctx: RankContext, tree: ModuleTree | None = None) -> Composed:
+    """Apply ``comp`` to ``model`` (built from ``tree``, which replicate's options need)."""
     from torch.distributed._composable import checkpoint, replicate
 
+    ckpt_kwargs = checkpoint_kwargs(comp.checkpoint_options)
     if comp.wrapper is not Wrapper.NONE:
         names = [n for n, _ in model.named_parameters()]
         for path in comp.checkpoints:
-            checkpoint(model.get_submodule(path))
+            checkpoint(model.get_submodule(path), **ckpt_kwargs)
         return Composed(model=_wrap(model, comp, ctx), wrapper=comp.wrapper, param_names=names)
     if comp.tp:
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -164,15 +167,11 @@ def compose(model: nn.Module, comp: Composition, ctx: RankContext) -> Composed:
     specs = {s.path: s for s in comp.shards}
     for api, path in comp.steps():
         if api == "checkpoint":
-            checkpoint(model.get_submodule(path))
+            checkpoint(model.get_submodule(path), **ckpt_kwargs)
         elif api == "fully_shard":
             apply_fully_shard(model, specs[path], mesh)
         else:
-            replicate(
-                model.get_submodule(path),
-                device_ids=None if ctx.device.type == "cpu" else [ctx.device],
-                find_unused_parameters=comp.find_unused,
-            )
+            replicate(model.get_submodule(path), **replicate_kwargs(model, tree, comp, path, ctx))
     sharded = comp.sharded_paths
     tops = [p for p in sharded if not any(is_ancestor(q, p) for q in sharded)]
     return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
@@ -193,12 +192,12 @@ def build_composed(
     torch.manual_seed(seed)
     if not comp.meta_init:
         model = build_model(tree, ctx.device).to(dtype)
-        return model, _with_knobs(model, compose(model, comp, ctx), comp, tree)
+        return model, _with_knobs(model, compose(model, comp, ctx, tree), comp, tree)
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     values = build_model(tree, ctx.device).to(dtype).state_dict()
     model = build_model(tree, torch.device("meta")).to(dtype)
-    composed = compose(model, comp, ctx)
+    composed = compose(model, comp, ctx, tree)
     # CPUOffloadPolicy keeps the sharded parameters on the CPU, and fully_shard's lazy init
     # checks that they were materialized there; buffers stay on the rank's device.
     offload = any(s.offload for s in comp.shards)

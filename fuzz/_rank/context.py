@@ -37,6 +37,18 @@ class RankContext:
     _cases: int = 0
     #: Groups made outside meshes (e.g. the async saves' own group) that the step check covers.
     extra_groups: list[Any] = field(default_factory=list)
+    #: Groups of every rank by name (:meth:`group`), made once for the same reason as meshes.
+    _groups: dict[str, Any] = field(default_factory=dict)
+
+    def group(self, name: str) -> Any:
+        """A process group of every rank, made on first use under ``name`` (``replicate``'s
+        explicit ``process_group``); the step check covers it."""
+        import torch.distributed as dist
+
+        if name not in self._groups:
+            self._groups[name] = dist.new_group(list(range(self.world_size)))
+            self.extra_groups.append(self._groups[name])
+        return self._groups[name]
 
     def _check_in_step(self) -> None:
         """Every rank ends the case having issued as many collectives as the others, on every

@@ -19,7 +19,7 @@ from fuzz.model import Case, InvalidBody, Misuse
 
 
 def run_invalid(case: Case, body: InvalidBody, ctx: RankContext) -> dict[str, Any]:
-    from torch.distributed._composable import replicate
+    from torch.distributed._composable import checkpoint, replicate
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import Shard
 
@@ -34,6 +34,8 @@ def run_invalid(case: Case, body: InvalidBody, ctx: RankContext) -> dict[str, An
             replicate(target)
         elif body.misuse is Misuse.UNEVEN_SHARD_DIM_1:
             fully_shard(target, mesh=mesh, shard_placement_fn=lambda p: Shard(1) if p.ndim > 1 else None)
+        elif body.misuse is Misuse.CHECKPOINT_USE_REENTRANT:
+            checkpoint(target, use_reentrant=True)
         if body.path:
             fully_shard(model, mesh=mesh)
         x = torch.randn(2, body.tree.width, device=ctx.device)

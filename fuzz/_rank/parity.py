@@ -27,6 +27,7 @@ from fuzz._rank.compose import apply_fully_shard as apply_fully_shard  # re-expo
 from fuzz._rank.context import RankContext
 from fuzz._rank.knobs import fsdp_sharded
 from fuzz._rank.models import build_model, set_skipped, tree_blocks
+from fuzz._rank.options import ignored_problems
 from fuzz.model import (
     AccumSync,
     Case,
@@ -200,13 +201,16 @@ def train(
     tp_size: int = 1,
     grad_scales: dict[str, float] | None = None,
     precision: MixedPrecision | None = None,
+    local: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
     """Train the tree under ``comp`` (None: the all-reduce reference); observations as JSON.
     ``tp_size``: the case's tensor-parallel group size (its ranks share inputs and RNG), for the
     reference too. The reference averages gradients over all ranks, so each data-parallel
     batch counts ``tp_size`` times: the same mean as over the data-parallel ranks; then it
     multiplies the gradients of the parameters a module holds by ``grad_scales[module path]``
-    (what the composition's knobs do to them by design). With ``precision`` (a reference
+    (what the composition's knobs do to them by design), and leaves the gradients of the
+    parameters held by the modules in ``local`` as they are (replicate's ignored modules: not
+    averaged by design; :meth:`fuzz.model.Layout.local`). With ``precision`` (a reference
     only) each microbatch applies that MixedPrecisionPolicy's casts by hand instead
     (:func:`_low_precision_microbatch`)."""
     dtype = TORCH_DTYPES[training.dtype]
@@ -254,12 +258,14 @@ def train(
                     obs["contracts"]["output_dtype"] = str(out.dtype).removeprefix("torch.")
                     # set at lazy init, which a replicated module left out of forward has not had
                     obs["contracts"]["replicate_params"] = replicate_contract(model, comp, skipped)
+                    if comp.replicate_options.ignored_modules:
+                        obs["contracts"]["replicate_ignored"] = ignored_problems(model, tree, comp)
                     contracts = None
                 loss = F.mse_loss(out.to(y.dtype), y)
                 loss.backward()
             step_losses.append(loss.item())
         if comp is None and precision is None:
-            _average_gradients(model, ctx, grad_scales or {})
+            _average_gradients(model, ctx, grad_scales or {}, local)
         if composed.wrapper.value.startswith("fsdp1") and composed.wrapper.value != "fsdp1_no_shard":
             grad_norms.append(float("nan"))  # FSDP1 keeps local shards of gradients: not comparable
         else:
@@ -272,7 +278,7 @@ def train(
                 params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
     obs["losses"] = losses
     obs["grad_norms"] = grad_norms
-    obs["local_params"] = _local_replicated(composed.model)
+    obs["local_params"] = _local_replicated(composed.model, _local_of(tree, comp))
     obs["knob_problems"] = [] if composed.knobs is None else composed.knobs.problems
     if ctx.rank == 0:
         obs["params"] = params_per_step
@@ -308,9 +314,11 @@ class _null:
         return None
 
 
-def _average_gradients(model: nn.Module, ctx: RankContext, scales: dict[str, float]) -> None:
+def _average_gradients(
+    model: nn.Module, ctx: RankContext, scales: dict[str, float], local: frozenset[str] = frozenset()
+) -> None:
     for name, p in model.named_parameters():
-        if p.grad is not None:
+        if p.grad is not None and name.rpartition(".")[0] not in local:
             dist.all_reduce(p.grad)
             p.grad /= ctx.world_size
             scale = scales.get(name.rpartition(".")[0], 1.0)
@@ -365,14 +373,25 @@ def _grad_norm(composed: Composed) -> float:
     return float(total.sqrt())
 
 
-def _local_replicated(model: nn.Module) -> dict[str, list[float]]:
-    """Parameters held whole on every rank (replicate, DDP): must be equal across ranks."""
+def _local_of(tree: ModuleTree, comp: Composition | None) -> frozenset[str]:
+    """Paths of the modules whose parameters stay local to each rank (replicate's ignored ones)."""
+    if comp is None or not comp.replicate_options.ignored_modules:
+        return frozenset()
+    return frozenset(Layout(tree, comp).local())
+
+
+def _local_replicated(model: nn.Module, local: frozenset[str] = frozenset()) -> dict[str, list[float]]:
+    """Parameters held whole on every rank (replicate, DDP): must be equal across ranks. Those of
+    the modules in ``local`` (replicate's ignored ones) train on each rank's own data: left out."""
     from torch.distributed.tensor import DTensor
 
     return {
         n: p.detach().double().cpu().flatten().tolist()
         for n, p in model.named_parameters()
-        if not isinstance(p, DTensor) and not n.startswith("_fsdp_wrapped_module") and "_fsdp" not in n
+        if not isinstance(p, DTensor)
+        and not n.startswith("_fsdp_wrapped_module")
+        and "_fsdp" not in n
+        and clean_name(n).rpartition(".")[0] not in local
     }
 
 
@@ -391,7 +410,7 @@ def run_parity(case: Case, body: ParityBody, ctx: RankContext) -> dict[str, Any]
         reference = train(case, body.tree, body.training, None, ctx, tp, precision=precision)
         return {**composed, "ref": {k: reference[k] for k in keys if k in reference}}
     scales = grad_scales(body.tree, comp, ctx.world_size)
-    reference = train(case, body.tree, body.training, None, ctx, tp, scales)
+    reference = train(case, body.tree, body.training, None, ctx, tp, scales, local=_local_of(body.tree, comp))
     return {**composed, "ref": {k: reference[k] for k in keys if k in reference}}
 
 

@@ -26,7 +26,19 @@ from fuzz.model.case import (
     ParityBody,
 )
 from fuzz.model.codec import SCHEMA_VERSION, case_from_json, case_to_json, case_to_text, to_jsonable
-from fuzz.model.composition import Composition, Knobs, MixedPrecision, ShardSpec, TpPair, Wrapper
+from fuzz.model.composition import (
+    CheckpointOptions,
+    Composition,
+    ContextFn,
+    DeterminismCheck,
+    Knobs,
+    MixedPrecision,
+    ReplicateGroup,
+    ReplicateOptions,
+    ShardSpec,
+    TpPair,
+    Wrapper,
+)
 from fuzz.model.layout import Layout, Unit
 from fuzz.model.rules import TP_BETWEEN, check_composition, check_mesh, check_training
 from fuzz.model.state import (
@@ -74,10 +86,12 @@ from fuzz.model.tree import (
     ModuleTree,
     Node,
     contains,
+    forward_order,
     has_params,
     is_ancestor,
     iter_paths,
     owns_params,
+    param_names,
     tree_depth,
 )
 
@@ -94,11 +108,14 @@ __all__ = [
     "Block",
     "Body",
     "Case",
+    "CheckpointOptions",
     "Compile",
     "Composition",
+    "ContextFn",
     "DcpBody",
     "DcpItem",
     "DcpMode",
+    "DeterminismCheck",
     "Dtype",
     "FaultAction",
     "FaultBody",
@@ -117,6 +134,8 @@ __all__ = [
     "Options",
     "Overwrite",
     "ParityBody",
+    "ReplicateGroup",
+    "ReplicateOptions",
     "RequiresGrad",
     "SavePlannerOptions",
     "ShardSpec",
@@ -136,6 +155,7 @@ __all__ = [
     "check_training",
     "contains",
     "dcp_root",
+    "forward_order",
     "fsdp1_gathers",
     "fsdp1_in_memory_problem",
     "has_params",
@@ -145,6 +165,7 @@ __all__ = [
     "iter_paths",
     "mixed_precision_comparable",
     "owns_params",
+    "param_names",
     "schedule_problem",
     "sharded_in_memory_problem",
     "takes_schedule",

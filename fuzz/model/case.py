@@ -127,6 +127,9 @@ class Misuse(str, enum.Enum):
 
     REPLICATE_AFTER_FULLY_SHARD = "replicate_after_fully_shard"  # RuntimeError "Cannot apply `replicate()`"
     UNEVEN_SHARD_DIM_1 = "uneven_shard_dim_1"  # NotImplementedError: uneven sharding on dim 1
+    #: composable ``checkpoint(module, use_reentrant=True)``: NotImplementedError ("use
+    #: torch.utils.checkpoint.checkpoint instead")
+    CHECKPOINT_USE_REENTRANT = "checkpoint_use_reentrant"
 
 
 @dataclass(frozen=True)

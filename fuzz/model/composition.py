@@ -9,7 +9,7 @@ import enum
 from dataclasses import dataclass, field, fields
 
 from fuzz.errors import CaseError
-from fuzz.model.tree import Dtype
+from fuzz.model.tree import Dtype, contains
 
 
 class Wrapper(str, enum.Enum):
@@ -142,6 +142,138 @@ class Knobs:
         return out
 
 
+class ReplicateGroup(str, enum.Enum):
+    """The group replicate all-reduces over: every rank in each case, named three ways."""
+
+    DEFAULT = "default"  # no argument: the default process group
+    PROCESS_GROUP = "process_group"  # process_group=: a group of every rank (dist.new_group)
+    DEVICE_MESH = "device_mesh"  # device_mesh=: a 1D mesh over every rank
+
+
+@dataclass(frozen=True)
+class ReplicateOptions:
+    """Options of every ``replicate`` call (``torch.distributed._composable.replicate``, which
+    hands its keyword arguments to ``DistributedDataParallel``), each with what its
+    documentation (torch/nn/parallel/distributed.py) implies for numerics.
+
+    Numerics unchanged (``parity`` beside the rest, ``metamorphic`` as variants): bucket sizes
+    (``bucket_cap_mb`` in MiB, fractions giving one bucket per few parameters here;
+    ``bucket_cap_mb_list``, per-bucket caps), ``gradient_as_bucket_view``, ``static_graph``,
+    ``init_sync=False`` (every rank builds the same weights), ``dim`` (only scatters inputs over
+    several devices of one process, which a single-device module never does), ``group`` (an
+    explicit group or 1D mesh of every rank), ``device_id`` (replicate's own spelling of
+    ``device_ids``), ``forward_sync_buffers`` (buffers equal on every rank),
+    ``batched_grad_copy``, ``skip_all_reduce_unused_params``; and ``delay_all_reduce``
+    (``delay_all_reduce_named_params`` with ``param_to_hook_all_reduce``, which DDP documents
+    as set together: the parameters of the trainable modules that run after the first one,
+    reduced when the first one's gradient is ready; :meth:`fuzz.model.Layout.delay_plan`),
+    which the strategies do not draw: under replicate DDP keeps the delayed parameters in its
+    reducer as well (strategies/_options.py says why), so they are reduced twice, racing.
+
+    Gradients local by design (``parity`` only): ``ignored_modules``, paths of modules under a
+    replicated one whose parameters replicate leaves out; their gradients are not averaged, in
+    the reference neither (:meth:`fuzz.model.Layout.local`).
+    """
+
+    bucket_cap_mb: float | None = None
+    bucket_cap_mb_list: tuple[float, ...] = ()
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
+    init_sync: bool = True
+    dim: int = 0
+    group: ReplicateGroup = ReplicateGroup.DEFAULT
+    device_id: bool = False
+    ignored_modules: tuple[str, ...] = ()
+    forward_sync_buffers: bool | None = None
+    batched_grad_copy: bool = False
+    skip_all_reduce_unused_params: bool = False
+    delay_all_reduce: bool = False
+
+    def __post_init__(self) -> None:
+        caps = (*(() if self.bucket_cap_mb is None else (self.bucket_cap_mb,)), *self.bucket_cap_mb_list)
+        if any(not 0 <= c <= 1024 for c in caps):
+            raise CaseError("bucket_cap_mb", f"bucket capacities {caps} must lie in [0, 1024] MiB")
+        if self.dim not in (0, 1):
+            raise CaseError("dim", f"dim={self.dim} must be 0 or 1")
+
+    @property
+    def is_set(self) -> bool:
+        return self != ReplicateOptions()
+
+    @property
+    def neutral(self) -> bool:
+        """True if no option changes numerics by design (no ignored modules)."""
+        return not self.ignored_modules
+
+    def names(self) -> list[str]:
+        """The options set, as feature names (``static_graph``, ``group:device_mesh`` ...)."""
+        out = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value == f.default:
+                continue
+            if f.name == "group":
+                out.append(f"group:{value.value}")
+            elif f.name == "forward_sync_buffers":
+                out.append(f"forward_sync_buffers:{value}")
+            elif f.name == "init_sync":
+                out.append("init_sync:False")
+            else:
+                out.append(f.name)
+        return out
+
+
+class ContextFn(str, enum.Enum):
+    """``context_fn`` of ``checkpoint``: selective activation checkpointing
+    (``torch.utils.checkpoint.create_selective_checkpoint_contexts``), which saves the matmuls'
+    outputs (``CheckpointPolicy.MUST_SAVE``) and recomputes the rest (``PREFER_RECOMPUTE``)."""
+
+    NONE = "none"
+    SAVE_MATMULS = "save_matmuls"  # a policy function
+    SAVE_MATMULS_LIST = "save_matmuls_list"  # the list of ops to save
+
+
+class DeterminismCheck(str, enum.Enum):
+    DEFAULT = "default"
+    NONE = "none"
+
+
+@dataclass(frozen=True)
+class CheckpointOptions:
+    """Options of every ``checkpoint`` call (``torch.distributed._composable.checkpoint``), none
+    of which may change numerics: ``preserve_rng_state=False`` (only where no dropout runs in a
+    checkpointed module: the recomputation then draws other masks, as documented),
+    ``context_fn``, ``determinism_check``, ``debug``, ``early_stop``. None leaves an option out
+    of the call (torch's default). ``use_reentrant=True`` is a misuse (``invalid``). The
+    strategies do not draw ``debug=True``: composable checkpoint refuses it whatever the
+    context_fn (strategies/_options.py says why)."""
+
+    preserve_rng_state: bool = True
+    context_fn: ContextFn = ContextFn.NONE
+    determinism_check: DeterminismCheck | None = None
+    debug: bool = False
+    early_stop: bool | None = None
+
+    @property
+    def is_set(self) -> bool:
+        return self != CheckpointOptions()
+
+    def names(self) -> list[str]:
+        """The options set, as feature names (``context_fn:save_matmuls``, ``early_stop:False`` ...)."""
+        out = []
+        if not self.preserve_rng_state:
+            out.append("preserve_rng_state:False")
+        if self.context_fn is not ContextFn.NONE:
+            out.append(f"context_fn:{self.context_fn.value}")
+        if self.determinism_check is not None:
+            out.append(f"determinism_check:{self.determinism_check.value}")
+        if self.debug:
+            out.append("debug")
+        if self.early_stop is not None:
+            out.append(f"early_stop:{self.early_stop}")
+        return out
+
+
 @dataclass(frozen=True)
 class Composition:
     """How the model is distributed.
@@ -177,6 +309,10 @@ class Composition:
     find_unused: bool = False
     #: FSDPModule methods called after composing (:class:`Knobs`).
     knobs: Knobs = field(default_factory=Knobs)
+    #: Options of every replicate call (:class:`ReplicateOptions`).
+    replicate_options: ReplicateOptions = field(default_factory=ReplicateOptions)
+    #: Options of every checkpoint call (:class:`CheckpointOptions`).
+    checkpoint_options: CheckpointOptions = field(default_factory=CheckpointOptions)
 
     def __post_init__(self) -> None:
         if self.find_unused and self.wrapper is not Wrapper.DDP and not self.replicates:
@@ -211,6 +347,21 @@ class Composition:
             raise CaseError("knobs.late_reshard_after_forward", "not drawn with an int reshard_after_forward")
         if self.knobs.is_set and self.tp:
             raise CaseError("knobs", "not drawn with tensor parallelism")
+        if self.replicate_options.is_set and not self.replicates:
+            raise CaseError("replicate_options", "replicate options need replicate calls")
+        if self.checkpoint_options.is_set and not self.checkpoints:
+            raise CaseError("checkpoint_options", "checkpoint options need checkpoint calls")
+        if self.checkpoint_options.context_fn is not ContextFn.NONE and any(
+            contains(c, p) for c in self.checkpoints for p in self.sharded_paths
+        ):
+            # Not drawn (torch 2.13): a selective checkpoint replays its region op by op and
+            # counts every op, FSDP2's profiler markers (record_function) and collectives
+            # included; FSDP2's hooks of a unit at or inside the region do other work during the
+            # recomputation than in forward whenever its parameters' state differs (kept
+            # unsharded by set_reshard_after_backward(False), prefetched, frozen units, ...), and
+            # the replay raises "profiler._record_function_enter_new.default invocation index N
+            # encountered during backward but not found in storage".
+            raise CaseError("checkpoint_options.context_fn", "not drawn over a fully_shard unit in the region")
 
     def uniform_precision(self) -> MixedPrecision | None:
         """The one MixedPrecisionPolicy a reference can apply by hand, or None: fully_shard on the

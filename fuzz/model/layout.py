@@ -4,7 +4,9 @@ Module paths are the names torch gives submodules (``"1.0"``; ``""`` is the root
 one ``fully_shard`` call (its module and the modules grouped with it) or one ``replicate``
 call. The parameters a module holds itself belong to the innermost unit with a member at or
 above the module: a nested unit takes its modules' parameters away from an enclosing one,
-which is how both fully_shard and replicate assign them. The judges, the rank side, the
+which is how both fully_shard and replicate assign them. A module replicate is told to ignore
+(``ReplicateOptions.ignored_modules``) takes its parameters away from that replicate without
+giving them to a unit: they stay local to each rank (:meth:`Layout.local`). The judges, the rank side, the
 validity rules and the known-bug conditions all ask :class:`Layout` instead of comparing path
 prefixes themselves.
 
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from fuzz.model.composition import Composition
-from fuzz.model.tree import Leaf, ModuleTree, Node, contains, is_ancestor, owns_params
+from fuzz.model.tree import Leaf, ModuleTree, Node, contains, forward_order, is_ancestor, owns_params, param_names
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,13 @@ class Layout:
         for m in members:
             if contains(m, path) and (best is None or is_ancestor(best, m)):
                 best = m
+        ignored = self.comp.replicate_options.ignored_modules
+        if (
+            best in self.comp.replicates
+            and api != "fully_shard"
+            and any(is_ancestor(best, i) and contains(i, path) for i in ignored)
+        ):
+            return None  # ignored by that replicate: local to each rank
         return best
 
     def unit_of(self, path: str) -> Unit | None:
@@ -104,8 +113,55 @@ class Layout:
         )
 
     def unmanaged(self) -> list[str]:
-        """Modules holding parameters of their own that no unit covers."""
-        return [p for p, n in self.paths.items() if owns_params(n) and self.member_of(p) is None]
+        """Modules holding parameters of their own that no unit covers (and no replicate ignores)."""
+        local = self.local()
+        return [p for p, n in self.paths.items() if owns_params(n) and self.member_of(p) is None and p not in local]
+
+    def local(self) -> list[str]:
+        """Modules holding parameters of their own that a replicate call was told to ignore
+        (``ignored_modules``) and no fully_shard inside the ignored module takes: their
+        parameters stay plain, local tensors, their gradients are not averaged."""
+        ignored = self.comp.replicate_options.ignored_modules
+        return [
+            p
+            for p, n in self.paths.items()
+            if owns_params(n) and any(contains(i, p) for i in ignored) and self.member_of(p) is None
+        ]
+
+    def ignored_by(self, member: str) -> list[str]:
+        """The ignored modules the replicate call on ``member`` is given: those whose innermost
+        enclosing replicate member it is."""
+        out = []
+        for i in self.comp.replicate_options.ignored_modules:
+            above = [r for r in self.comp.replicates if is_ancestor(r, i)]
+            if above and max(above, key=lambda r: r.count(".") + (r != "")) == member:
+                out.append(i)
+        return out
+
+    def replicated_params(self, member: str) -> list[tuple[str, str]]:
+        """(module path, parameter name) of every parameter the replicate call on ``member``
+        manages, in the order replicate collects them (its modules depth first, each module's
+        own parameters before its children's): the indices of the ``nn.ParameterList`` it
+        hands DistributedDataParallel."""
+        unit = next(u for u in self.units if u.api == "replicate" and u.members == (member,))
+        return [(p, name) for p in self.owned_by(unit) for name in param_names(self.paths[p])]
+
+    def delay_plan(self, member: str) -> tuple[str, tuple[str, ...]] | None:
+        """For ``delay_all_reduce_named_params`` on the replicate call on ``member``: the module
+        whose first parameter is ``param_to_hook_all_reduce``, the first trainable module the
+        unit manages in forward order (whose gradient forward's later modules all feed, so it
+        is ready after theirs), and the trainable modules it manages that run after it, whose
+        parameters are delayed. None where there is no such later module."""
+        unit = next(u for u in self.units if u.api == "replicate" and u.members == (member,))
+        owned = set(self.owned_by(unit))
+        order = [p for p in forward_order(self.tree.root) if p in owned and self._trainable(p)]
+        if len(order) < 2:
+            return None
+        return order[0], tuple(order[1:])
+
+    def _trainable(self, path: str) -> bool:
+        node = self.paths[path]
+        return not (isinstance(node, Leaf) and node.frozen)
 
     def gradient_scale(self, path: str, world_size: int) -> float:
         """What the knobs (:class:`fuzz.model.Knobs`) multiply the averaged gradient of the

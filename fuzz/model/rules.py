@@ -7,11 +7,25 @@ draw only cases that pass them. Imports only the standard library and the model.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from fuzz.errors import CaseError
 from fuzz.model.composition import Composition, Wrapper
 from fuzz.model.layout import Layout
 from fuzz.model.training import AccumSync, Compile, Optimizer, Skip, Training
-from fuzz.model.tree import PARAM_LEAVES, Block, Leaf, LeafKind, ModuleTree, Node, contains, has_params, is_ancestor
+from fuzz.model.tree import (
+    PARAM_LEAVES,
+    Block,
+    Leaf,
+    LeafKind,
+    ModuleTree,
+    Node,
+    contains,
+    has_params,
+    is_ancestor,
+    iter_paths,
+    owns_params,
+)
 
 
 def check_composition(tree: ModuleTree, comp: Composition, where: str = "composition") -> None:
@@ -56,6 +70,8 @@ def check_composition(tree: ModuleTree, comp: Composition, where: str = "composi
                 )
         done += members
     _check_tp(tree, comp, where)
+    _check_replicate_options(tree, comp, where)
+    _check_checkpoint_options(tree, comp, where)
     if comp.wrapper is Wrapper.NONE:
         # A parameter under no fully_shard / replicate gets no gradient reduction, so its
         # ranks would diverge by design: not a case the properties can judge.
@@ -64,6 +80,58 @@ def check_composition(tree: ModuleTree, comp: Composition, where: str = "composi
 
 
 TP_BETWEEN = frozenset({LeafKind.RELU, LeafKind.TANH, LeafKind.GELU})
+
+
+def _trainable_params(node: Node) -> bool:
+    """True if ``node``'s module holds a trainable parameter of its own."""
+    return owns_params(node) and not (isinstance(node, Leaf) and node.frozen)
+
+
+def _check_replicate_options(tree: ModuleTree, comp: Composition, where: str) -> None:
+    """``ignored_modules``: each a module strictly under a replicated one, whose own parameters
+    (some of them) that replicate would manage, not nested in another ignored module; and every
+    replicate call keeps a trainable parameter (DDP refuses a module without one: "DistributedDataParallel
+    is not needed when a module doesn't have any parameter that requires a gradient").
+    ``delay_all_reduce``: some replicate call has a plan (:meth:`Layout.delay_plan`)."""
+    opts = comp.replicate_options
+    paths = tree.paths()
+    plain = Layout(tree, replace(comp, replicate_options=replace(opts, ignored_modules=())))
+    at = f"{where}.replicate_options.ignored_modules"
+    for i, path in enumerate(opts.ignored_modules):
+        if path not in paths:
+            raise CaseError(f"{at}[{i}]", f"{path!r} names no module of the tree")
+        owners = [r for r in comp.replicates if is_ancestor(r, path)]
+        if not owners or not any(plain.manages_under(r, path) for r in owners):
+            raise CaseError(f"{at}[{i}]", f"{path!r} holds no parameters a replicate call above it manages")
+        if any(contains(o, path) or contains(path, o) for o in opts.ignored_modules[:i]):
+            raise CaseError(f"{at}[{i}]", f"{path!r} is nested with another ignored module")
+    layout = Layout(tree, comp)
+    for member in comp.replicates:
+        unit = next(u for u in layout.units if u.api == "replicate" and u.members == (member,))
+        if opts.ignored_modules and not any(_trainable_params(paths[p]) for p in layout.owned_by(unit)):
+            raise CaseError(at, f"replicate({member!r}) is left no trainable parameter of its own to manage")
+    if opts.delay_all_reduce and not any(layout.delay_plan(r) for r in comp.replicates):
+        raise CaseError(
+            f"{where}.replicate_options.delay_all_reduce",
+            "no replicate call manages two trainable modules (one to hook, one to delay)",
+        )
+
+
+def _check_checkpoint_options(tree: ModuleTree, comp: Composition, where: str) -> None:
+    """``preserve_rng_state=False`` only where no dropout runs inside a checkpointed module:
+    torch documents it as "Omit stashing and restoring the RNG state during each checkpoint",
+    so a recomputed dropout draws another mask than forward did, by design."""
+    if comp.checkpoint_options.preserve_rng_state:
+        return
+    paths = tree.paths()
+    for path in comp.checkpoints:
+        node = paths[path]
+        nodes = [n for _, n in iter_paths(node)] if isinstance(node, Block) else [node]
+        if any(isinstance(n, Leaf) and n.kind is LeafKind.DROPOUT for n in nodes):
+            raise CaseError(
+                f"{where}.checkpoint_options.preserve_rng_state",
+                f"checkpointed module {path!r} holds dropout: without the RNG state its recomputation differs",
+            )
 
 
 def _check_tp(tree: ModuleTree, comp: Composition, where: str) -> None:
@@ -161,6 +229,12 @@ def check_training(tree: ModuleTree, comps: tuple[Composition, ...], t: Training
             raise CaseError(
                 f"{where}.skips", "prefetch, explicit unshard and reshard_after_backward are drawn without skips"
             )
+        _check_replicate_training(comp, t, where)
+        if (comp.replicate_options.is_set or comp.checkpoint_options.is_set) and t.compile is not Compile.NONE:
+            # Not drawn yet: under torch.compile Dynamo traces replicate's hooks (its DDPOptimizer
+            # splits graphs at DDP's bucket boundaries) and checkpoint's context_fn as a
+            # higher-order op; the options are checked in eager mode first.
+            raise CaseError(f"{where}.compile", "replicate / checkpoint options are drawn without torch.compile")
         if comp.tp and (t.skips or t.unfreeze or t.compile is not Compile.NONE):
             # Not drawn yet: a skipped Linear of a pair would feed the other a tensor of the
             # wrong layout, and compile / unfreezing under TP are left for later.
@@ -185,14 +259,45 @@ def check_training(tree: ModuleTree, comps: tuple[Composition, ...], t: Training
             _check_unused(tree, comp, t, skip, at)
 
 
+def _check_replicate_training(comp: Composition, t: Training, where: str) -> None:
+    """Skips under replicate's options that promise a fixed graph. ``static_graph``: "The set
+    of used and unused parameters will not change during the whole training loop" and "How the
+    graph is trained will not change"; ``skip_all_reduce_unused_params``: "requires that unused
+    parameters remain the same across all ranks throughout the entire training process" (else a
+    hang). So the modules left out in and around each replicated module are the same on every
+    microbatch. ``delay_all_reduce``: none at all there (the hooked parameter must get a
+    gradient on every microbatch, else the delayed ones are never reduced)."""
+    opts = comp.replicate_options
+    if not (opts.static_graph or opts.skip_all_reduce_unused_params or opts.delay_all_reduce) or not t.skips:
+        return
+    slots = [(s, m) for s in range(t.steps) for m in range(t.grad_accum)]
+    for r in comp.replicates:
+        seen = {frozenset(p for p in t.skipped_at(s, m) if contains(p, r) or contains(r, p)) for s, m in slots}
+        if opts.delay_all_reduce and any(seen):
+            raise CaseError(f"{where}.skips", f"delay_all_reduce: modules in or around replicate({r!r}) left out")
+        if len(seen) > 1:
+            raise CaseError(
+                f"{where}.skips",
+                f"static_graph / skip_all_reduce_unused_params: replicate({r!r}) sees other modules left out over time",
+            )
+
+
 def _check_unused(tree: ModuleTree, comp: Composition, t: Training, skip: Skip, at: str) -> None:
     """The rules for parameters unused in forward, per API. The reference leaves an unused
     parameter's gradient None, and torch's optimizers skip a parameter whose gradient is None
     (no momentum, no Adam moments or step, no weight decay); zero and None gradients are the same
     only to SGD without momentum."""
-    if not comp.find_unused and (
-        comp.wrapper is Wrapper.DDP
-        or any(is_ancestor(r, skip.path) and Layout(tree, comp).manages_under(r, skip.path) for r in comp.replicates)
+    # static_graph: "it does not matter whether users set find_unused_parameters = True or not"
+    # (the unused set is fixed: _check_replicate_training).
+    if (
+        not comp.find_unused
+        and not comp.replicate_options.static_graph
+        and (
+            comp.wrapper is Wrapper.DDP
+            or any(
+                is_ancestor(r, skip.path) and Layout(tree, comp).manages_under(r, skip.path) for r in comp.replicates
+            )
+        )
     ):
         # DDP (and replicate, which runs DDP) raises "Expected to have finished reduction in the
         # prior iteration" when a parameter of a module that ran forward got no gradient, unless

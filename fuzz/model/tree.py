@@ -102,6 +102,30 @@ def owns_params(node: Node) -> bool:
     return node.scale
 
 
+def forward_order(block: Block, prefix: str = "") -> list[str]:
+    """Paths of the modules that hold parameters of their own, in the order forward first uses
+    them (a block's children in order, then its own ``scale``), nothing left out."""
+    out: list[str] = []
+    for i, child in enumerate(block.children):
+        path = f"{prefix}.{i}" if prefix else str(i)
+        if isinstance(child, Block):
+            out += forward_order(child, path)
+        elif owns_params(child):
+            out.append(path)
+    if block.scale:
+        out.append(prefix)
+    return out
+
+
+def param_names(node: Node) -> list[str]:
+    """Names of the parameters the module built from ``node`` registers itself, in order."""
+    if isinstance(node, Leaf):
+        if node.kind not in PARAM_LEAVES:
+            return []
+        return ["weight", "bias"] if node.bias else ["weight"]
+    return ["scale"] if node.scale else []
+
+
 def tree_depth(node: Node) -> int:
     if isinstance(node, Leaf):
         return 0

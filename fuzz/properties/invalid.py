@@ -14,6 +14,7 @@ from fuzz.verdict import Outcome
 EXPECTED: dict[Misuse, tuple[str, str]] = {
     Misuse.REPLICATE_AFTER_FULLY_SHARD: ("builtins.RuntimeError", r"Cannot apply `?replicate\(\)`?"),
     Misuse.UNEVEN_SHARD_DIM_1: ("builtins.NotImplementedError", r"uneven sharding on dim 1"),
+    Misuse.CHECKPOINT_USE_REENTRANT: ("builtins.NotImplementedError", r"use_reentrant=True is not supported"),
 }
 
 

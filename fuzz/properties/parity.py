@@ -67,11 +67,26 @@ def api_of(
     return name + known.mismatch_tags(comp, tree, training, world_size)
 
 
+def _judged_steps(observations: list[dict[str, Any]]) -> int:
+    """The steps before the first one where the reference's loss overflows on some rank: the
+    plain model diverged there (a large learning rate over a chain of scale parameters, say),
+    and what follows says nothing of the distributed API. Before it, values must agree."""
+    steps = min(len(obs["ref"]["losses"]) for obs in observations)
+    for obs in observations:
+        for step, losses in enumerate(obs["ref"]["losses"]):
+            if not all(math.isfinite(v) for v in losses):
+                steps = min(steps, step)
+                break
+    return steps
+
+
 def compare_runs(prop: str, observations: list[dict[str, Any]], tol: Tolerance, api: str = "") -> Failure | None:
-    """Composed run (top level of each observation) against ``obs["ref"]``, step by step."""
+    """Composed run (top level of each observation) against ``obs["ref"]``, step by step, up to
+    the step where the reference overflows (:func:`_judged_steps`)."""
+    judged = _judged_steps(observations)
     for rank, obs in enumerate(observations):
         ref = obs["ref"]
-        for step, (got, want) in enumerate(zip(obs["losses"], ref["losses"])):
+        for step, (got, want) in enumerate(zip(obs["losses"][:judged], ref["losses"][:judged])):
             bad = first_mismatch(got, want, tol)
             if bad is not None:
                 return _mismatch(
@@ -87,7 +102,7 @@ def compare_runs(prop: str, observations: list[dict[str, Any]], tol: Tolerance, 
                 )
         norms = [
             (i, g, w)
-            for i, (g, w) in enumerate(zip(obs["grad_norms"], ref["grad_norms"]))
+            for i, (g, w) in enumerate(zip(obs["grad_norms"][:judged], ref["grad_norms"][:judged]))
             if not (math.isnan(g) or math.isnan(w))
         ]
         for step, got_norm, want_norm in norms:
@@ -102,7 +117,7 @@ def compare_runs(prop: str, observations: list[dict[str, Any]], tol: Tolerance, 
                     step=step,
                 )
     first = observations[0]
-    for step, (got_params, want_params) in enumerate(zip(first["params"], first["ref"]["params"])):
+    for step, (got_params, want_params) in enumerate(zip(first["params"][:judged], first["ref"]["params"][:judged])):
         if set(got_params) != set(want_params):
             return _mismatch(
                 prop,
@@ -169,6 +184,9 @@ def check_contracts(prop: str, comp: Composition, tree: ModuleTree, contracts: d
                         "",
                         f"{leaf!r} ran forward with {dtype} parameters under param_dtype={mp.param_dtype.value}",
                     )
+    ignored = contracts.get("replicate_ignored") or []
+    if ignored:
+        return _mismatch(prop, "contract-replicate-ignored", "", f"{ignored[0]} (ignored_modules stay plain and local)")
     for path, names in contracts.get("replicate_params", {}).items():
         expected = sorted(_replicated_names(tree, comp, path))
         if names != expected:
@@ -305,6 +323,8 @@ def composition_features(comp: Composition, world_size: int, prefix: str = "") -
         out.append(f"{prefix}replicate" + (":root" if "" in comp.replicates else ":sub"))
     if comp.find_unused:
         out.append(f"{prefix}find_unused_parameters")
+    out += [f"{prefix}replicate_opt:{name}" for name in comp.replicate_options.names()]
+    out += [f"{prefix}checkpoint_opt:{name}" for name in comp.checkpoint_options.names()]
     if comp.checkpoints:
         out.append(f"{prefix}checkpoint:" + ("before" if comp.checkpoint_first else "after") + "_fully_shard")
     if comp.meta_init:

@@ -1,0 +1,169 @@
+"""Strategies for the options of ``replicate`` and ``checkpoint`` calls
+(:class:`fuzz.model.ReplicateOptions`, :class:`fuzz.model.CheckpointOptions`).
+
+An option is drawn only where the installed torch takes it: ``replicate`` hands its keyword
+arguments to ``DistributedDataParallel``, whose parameters differ between torch versions
+(``bucket_cap_mb_list``, ``batched_grad_copy`` and ``forward_sync_buffers`` are in 2.13, not in
+2.11), and composable ``checkpoint`` reads its options from ``**kwargs``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import replace
+from functools import cache
+from typing import Any
+
+from hypothesis import strategies as st
+
+from fuzz.errors import CaseError
+from fuzz.model import (
+    Block,
+    CheckpointOptions,
+    Composition,
+    ContextFn,
+    DeterminismCheck,
+    Layout,
+    Leaf,
+    LeafKind,
+    ModuleTree,
+    ReplicateGroup,
+    ReplicateOptions,
+    check_composition,
+    contains,
+    is_ancestor,
+    iter_paths,
+)
+
+
+def _source(module: str, attr: str) -> str:
+    try:
+        return inspect.getsource(inspect.unwrap(getattr(importlib.import_module(module), attr)))
+    except (ImportError, AttributeError, OSError, TypeError):
+        return ""
+
+
+@cache
+def replicate_takes(option: str) -> bool:
+    """Whether the installed torch's ``replicate`` takes ``option``: a parameter of its own, a
+    keyword its source reads (``device_id``), or a parameter of ``DistributedDataParallel``,
+    which receives the rest. False where torch cannot be imported."""
+    try:
+        from torch.distributed._composable import replicate
+        from torch.nn.parallel import DistributedDataParallel
+
+        if option in inspect.signature(replicate).parameters:
+            return True
+        if option in inspect.signature(DistributedDataParallel).parameters:
+            return True
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return False
+    return f'"{option}"' in _source("torch.distributed._composable.replicate", "replicate")
+
+
+@cache
+def checkpoint_takes(option: str) -> bool:
+    """Whether the installed torch's composable ``checkpoint`` reads ``option`` from its keyword
+    arguments (``kwargs.pop("option", ...)``); ``context_fn`` also needs selective
+    checkpointing (``create_selective_checkpoint_contexts``)."""
+    if option == "context_fn":
+        try:
+            from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts  # noqa: F401
+        except ImportError:
+            return False
+    return f'"{option}"' in _source("torch.distributed._composable.checkpoint_activation", "checkpoint")
+
+
+def _valid(tree: ModuleTree, comp: Composition) -> bool:
+    try:
+        check_composition(tree, comp)
+    except CaseError:
+        return False
+    return True
+
+
+@st.composite
+def _ignored_modules(draw: st.DrawFn, tree: ModuleTree, comp: Composition) -> tuple[str, ...]:
+    """Modules under replicated ones whose parameters replicate would manage, disjoint, each
+    kept only where every replicate call still has a trainable parameter to manage."""
+    layout = Layout(tree, comp)
+    candidates = [
+        p for p in tree.paths() if any(is_ancestor(r, p) and layout.manages_under(r, p) for r in comp.replicates)
+    ]
+    if not candidates:
+        return ()
+    chosen: tuple[str, ...] = ()
+    for path in draw(st.lists(st.sampled_from(candidates), unique=True, min_size=1, max_size=2)):
+        trial = (*chosen, path)
+        if _valid(tree, replace(comp, replicate_options=ReplicateOptions(ignored_modules=trial))):
+            chosen = trial
+    return chosen
+
+
+@st.composite
+def replicate_options(draw: st.DrawFn, tree: ModuleTree, comp: Composition, *, local: bool = True) -> ReplicateOptions:
+    """Options for the replicate calls of ``comp`` (about half of them each, where torch takes
+    them). ``local``: also ``ignored_modules``, whose gradients are not averaged by design (the
+    parity reference leaves them local too; metamorphic variants must not change numerics)."""
+    fields: dict[str, Any] = {}
+
+    def maybe(name: str, values: st.SearchStrategy[Any]) -> None:
+        if replicate_takes(name):
+            fields[name] = draw(values)
+
+    # Bucket capacities in MiB: these models' parameters take a few hundred bytes, so fractions
+    # of a MiB (0.0001 is about 100 bytes) spread them over several buckets; 0 gives each its own.
+    maybe("bucket_cap_mb", st.sampled_from([None, 0.0001, 0.001, 1.0]))
+    maybe("bucket_cap_mb_list", st.sampled_from([(), (0.0001, 0.001), (0.0, 0.0001), (1.0,)]))
+    maybe("gradient_as_bucket_view", st.booleans())
+    maybe("static_graph", st.booleans())
+    maybe("init_sync", st.booleans())
+    maybe("dim", st.sampled_from([0, 1]))
+    if replicate_takes("process_group") and replicate_takes("device_mesh"):
+        fields["group"] = draw(st.sampled_from(ReplicateGroup))
+    maybe("device_id", st.booleans())
+    maybe("forward_sync_buffers", st.sampled_from([None, True, False]))
+    maybe("batched_grad_copy", st.booleans())
+    maybe("skip_all_reduce_unused_params", st.booleans())
+    if local and draw(st.sampled_from([False, True, True])):
+        fields["ignored_modules"] = draw(_ignored_modules(tree, comp))
+    # delay_all_reduce (delay_all_reduce_named_params + param_to_hook_all_reduce) is not drawn: a
+    # torch bug (2.13) makes it reduce the delayed parameters twice under replicate. DDP leaves
+    # the named parameters out of its reducer by comparing them with f"{module_name}.{name}",
+    # which for a parameter of the root module is ".<name>", never a name named_parameters()
+    # gives; replicate hands DDP an nn.ParameterList, whose parameters are all the root's own.
+    # Both reductions write the average, racing: the gradients come out wrong now and then
+    # (3 of 60 two-rank CPU runs), always with static_graph (first step) or batched_grad_copy.
+    return ReplicateOptions(**fields)
+
+
+def _dropout_checkpointed(tree: ModuleTree, comp: Composition) -> bool:
+    paths = tree.paths()
+    for path in comp.checkpoints:
+        node = paths[path]
+        nodes = [n for _, n in iter_paths(node)] if isinstance(node, Block) else [node]
+        if any(isinstance(n, Leaf) and n.kind is LeafKind.DROPOUT for n in nodes):
+            return True
+    return False
+
+
+@st.composite
+def checkpoint_options(draw: st.DrawFn, tree: ModuleTree, comp: Composition) -> CheckpointOptions:
+    """Options for the checkpoint calls of ``comp`` (about half of them each, where torch takes
+    them): ``preserve_rng_state=False`` only where no dropout runs inside a checkpointed module,
+    ``context_fn`` only where no fully_shard unit is; never ``debug`` (see below)."""
+    fields: dict[str, Any] = {}
+    if checkpoint_takes("preserve_rng_state") and not _dropout_checkpointed(tree, comp):
+        fields["preserve_rng_state"] = draw(st.booleans())
+    # context_fn only over regions without a fully_shard unit (fuzz.model.Composition says why)
+    if checkpoint_takes("context_fn") and not any(contains(c, p) for c in comp.checkpoints for p in comp.sharded_paths):
+        fields["context_fn"] = draw(st.sampled_from(ContextFn))
+    if checkpoint_takes("determinism_check"):
+        fields["determinism_check"] = draw(st.sampled_from([None, DeterminismCheck.DEFAULT, DeterminismCheck.NONE]))
+    # debug=True is not drawn: composable checkpoint always hands torch.utils.checkpoint a
+    # context_fn of its own (to keep its hook from running again during recomputation), which
+    # refuses any with "debug=True is incompatible with non-default context_fn" (torch 2.13).
+    if checkpoint_takes("early_stop"):
+        fields["early_stop"] = draw(st.sampled_from([None, True, False]))
+    return CheckpointOptions(**fields)
