@@ -487,7 +487,9 @@ USES: dict[str, Use] = {
     "dcp.async_save(async_stager)": _not_drawn(
         "the stager a FileSystemWriter is (cache_staged_state_dict) or DCP's DefaultStager; no other stager is passed"
     ),
-    "dcp.async_save(no_dist)": _not_drawn("no_dist cases save synchronously"),
+    "dcp.async_save(no_dist)": _drawn(
+        pattern=r"no_dist:async_save", note="half the no_dist round trips, where this torch's async_save takes it"
+    ),
     "dcp.async_save(use_collectives)": _not_drawn(_NO_COLLECTIVES),
     "dcp.load(state_dict)": _drawn(pattern=r"load:(?:full|sharded)", note="every dcp case loads"),
     "dcp.load(checkpoint_id)": _drawn(pattern="storage:checkpoint_id"),

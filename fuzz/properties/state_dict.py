@@ -757,6 +757,8 @@ def features_dcp(case: Case) -> list[str]:
         out.append("async:cached")
     if body.no_dist:
         out.append("no_dist")
+        if body.async_save:
+            out.append("no_dist:async_save")
     out += _optimizer_features(body.tree, body.frozen_in_optimizer, body.empty_group) + _schedule_features(body)
     out += _dcp_option_features(body)
     return sorted(set(out + _layout_features(body.source, body.target)))
