@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=a23b7c0e9669cfda sources=385f82b5db2996ec seconds=37.2
+# shardfuzz reduced reproducer: entry=37b442d2124fd76b sources=2a826852afe86feb seconds=26.9
 """Reproduces shardfuzz corpus entry parity-exception-f2ce67efc316.json: exception:parity:builtins.RuntimeError@torch/optim/sgd.py:_multi_tensor_sgd
 
 rank 0 raised builtins.RuntimeError: aten._foreach_add_.List got mixed torch.Tensor and DTensor,
@@ -31,6 +31,13 @@ CASE = """{
   "composition": {
    "auto_wrap": false,
    "checkpoint_first": true,
+   "checkpoint_options": {
+    "context_fn": "none",
+    "debug": false,
+    "determinism_check": null,
+    "early_stop": null,
+    "preserve_rng_state": true
+   },
    "checkpoints": [],
    "find_unused": false,
    "knobs": {
@@ -45,6 +52,21 @@ CASE = """{
    },
    "mesh": [],
    "meta_init": false,
+   "replicate_options": {
+    "batched_grad_copy": false,
+    "bucket_cap_mb": null,
+    "bucket_cap_mb_list": [],
+    "delay_all_reduce": false,
+    "device_id": false,
+    "dim": 0,
+    "forward_sync_buffers": null,
+    "gradient_as_bucket_view": false,
+    "group": "default",
+    "ignored_modules": [],
+    "init_sync": true,
+    "skip_all_reduce_unused_params": false,
+    "static_graph": false
+   },
    "replicates": [
     ""
    ],
@@ -176,6 +198,7 @@ from torch import nn
 from fuzz._rank.context import RankContext
 from fuzz._rank.knobs import KnobState
 from fuzz._rank.models import build_model
+from fuzz._rank.options import checkpoint_kwargs, replicate_kwargs
 from fuzz.model import Composition, Dtype, MixedPrecision, ModuleTree, ShardSpec, Wrapper, is_ancestor
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
 _WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.')
@@ -214,15 +237,16 @@ class Composed:
     def full_parameters(self):
         ...
 
-def compose(model, comp, ctx):
+def compose(model, comp, ctx, tree=None):
     from torch.distributed._composable import checkpoint, replicate
+    ckpt_kwargs = checkpoint_kwargs(comp.checkpoint_options)
     mesh = mesh_for(comp, ctx)
     specs = {s.path: s for s in comp.shards}
     for api, path in comp.steps():
         if api == 'fully_shard':
             apply_fully_shard(model, specs[path], mesh)
         else:
-            replicate(model.get_submodule(path), device_ids=None if ctx.device.type == 'cpu' else [ctx.device], find_unused_parameters=comp.find_unused)
+            replicate(model.get_submodule(path), **replicate_kwargs(model, tree, comp, path, ctx))
     sharded = comp.sharded_paths
     tops = [p for p in sharded if not any((is_ancestor(q, p) for q in sharded))]
     return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
@@ -231,7 +255,7 @@ def build_composed(tree, comp, dtype, ctx, *, seed):
     torch.manual_seed(seed)
     if not comp.meta_init:
         model = build_model(tree, ctx.device).to(dtype)
-        return (model, _with_knobs(model, compose(model, comp, ctx), comp, tree))
+        return (model, _with_knobs(model, compose(model, comp, ctx, tree), comp, tree))
 
 def _with_knobs(model, composed, comp, tree):
     return composed
@@ -257,6 +281,10 @@ class RankContext:
         return self._meshes[key]
     _cases: int = 0
     extra_groups: list[Any] = field(default_factory=list)
+    _groups: dict[str, Any] = field(default_factory=dict)
+
+    def group(self, name):
+        ...
 
     def _check_in_step(self):
         ...
@@ -268,7 +296,7 @@ class RankContext:
 from typing import Any
 import torch
 from torch import nn
-from fuzz.model import Composition, Knobs, ModuleTree, ShardSpec, contains, is_ancestor
+from fuzz.model import Composition, Knobs, Layout, ModuleTree, ShardSpec, contains, is_ancestor
 
 def fsdp_sharded(p):
     from torch.distributed.tensor import DTensor
@@ -341,6 +369,25 @@ def set_skipped(blocks, paths):
     for p, block in blocks.items():
         pass
 """,
+    "fuzz/_rank/options.py": """from __future__ import annotations
+from typing import Any
+import torch
+from torch import nn
+from fuzz._rank.context import RankContext
+from fuzz.model import CheckpointOptions, Composition, ContextFn, Layout, ModuleTree, ReplicateGroup
+
+def replicate_kwargs(model, tree, comp, path, ctx):
+    opts = comp.replicate_options
+    kwargs: dict[str, Any] = {'find_unused_parameters': comp.find_unused}
+    kwargs['device_ids'] = None if ctx.device.type == 'cpu' else [ctx.device]
+    if not opts.is_set:
+        return kwargs
+
+def checkpoint_kwargs(opts):
+    kwargs: dict[str, Any] = {}
+    if not opts.is_set:
+        return kwargs
+""",
     "fuzz/_rank/parity.py": """from __future__ import annotations
 import copy
 from typing import Any
@@ -353,7 +400,7 @@ from fuzz._rank.compose import apply_fully_shard as apply_fully_shard
 from fuzz._rank.context import RankContext
 from fuzz._rank.knobs import fsdp_sharded
 from fuzz._rank.models import build_model, set_skipped, tree_blocks
-from fuzz.model import AccumSync, Case, Compile, Composition, MetamorphicBody, MixedPrecision, ModuleTree, Optimizer, ParityBody, Training, contains, is_ancestor
+from fuzz.model import AccumSync, Case, Compile, Composition, Layout, MetamorphicBody, MixedPrecision, ModuleTree, Optimizer, ParityBody, Training, contains, is_ancestor
 
 def make_optimizer(params, training, later=()):
     held = {id(p) for p in later}
@@ -436,7 +483,7 @@ def replicate_contract(model, comp, skipped=None):
         out[path] = sorted(getattr(state, '_param_names', []))
     return out
 
-def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precision=None):
+def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precision=None, local=frozenset()):
     dtype = TORCH_DTYPES[training.dtype]
     if comp is not None:
         model, composed = build_composed(tree, comp, dtype, ctx, seed=case.seed)
@@ -525,6 +572,7 @@ def run_case(case, ctx):
 """,
     "fuzz/_rank/worker.py": """from __future__ import annotations
 import faulthandler
+import importlib
 import os
 import signal
 import sys
@@ -573,7 +621,7 @@ if __name__ == '__main__':
 """,
     "fuzz/known.py": """from __future__ import annotations
 from dataclasses import dataclass
-from fuzz.model import AccumSync, Block, Body, Case, Compile, Composition, Dtype, Leaf, ModuleTree, Optimizer, Training, Wrapper
+from fuzz.model import PARAM_LEAVES, AccumSync, Block, Body, Case, Compile, Composition, Dtype, Layout, Leaf, ModuleTree, Optimizer, Training, Wrapper, owns_params
 from fuzz.verdict import Stall
 KNOWN_BUG_ODDS = 16
 KNOWN_HANG_ODDS = 64
@@ -592,6 +640,7 @@ class KnownBug:
     tag: str = ''
     see_also: tuple[str, ...] = ()
     docs: str = 'docs/known_bugs.md'
+    fixed_in: str = ''
 FSDP1_HSDP_SHARD1 = KnownBug('fsdp1-hybrid-shard-dim-1', 'FSDP1 HYBRID_SHARD with a shard dimension of size 1 never averages gradients across replicas', symptoms=frozenset({'mismatch'}), upstream='pytorch/pytorch#154888', relation='same bug', ends_ranks=False, tag=':shard1')
 FOREACH_MIXED = KnownBug('foreach-mixed-dtensor-tensor', 'foreach optimizers over a mix of DTensor (fully_shard) and plain (replicate) parameters raise', upstream='pytorch/pytorch#183207', relation='same symptom (reached there through ignored_params)')
 INT_RESHARD_DIM1 = KnownBug('fully_shard-int-reshard-shard-dim-1', 'fully_shard with an int reshard_after_forward and Shard(1) placements: IndexError in foreach_all_gather_copy_out')
@@ -616,6 +665,11 @@ FSDP1_HSDP_OPTIMIZER_LOAD = KnownBug('fsdp1-hsdp-load_sharded_optimizer_state_di
 FSDP1_HSDP_RANK0_BROADCAST = KnownBug('fsdp1-hsdp-shard1-rank0-broadcast', 'set_optimizer_state_dict(full, cpu_offload) into FSDP1 HYBRID_SHARD with a shard dimension of 1 broadcasts from global rank 0 in a one-rank group', upstream='pytorch/pytorch#155680', relation='same line', state='open; #128444 (same path) was fixed only in part by pull request #128446', see_also=('pytorch/pytorch#128444',))
 FSDP1_COMPILE_SHARDED_GRAD = KnownBug('fsdp1-compile-recompile-sharded-grad', "torch.compile over FSDP1 (use_orig_params=True, sharded): recompiling the wrapped module's forward while its parameters hold sharded gradients raises InternalTorchDynamoError 'attempting to assign a gradient of size ...'", upstream='pytorch/pytorch#111317', relation='same symptom (a comment there: SHARD_GRAD_OP, use_orig_params=True, float32)', state='open', see_also=('pytorch/pytorch#93288',))
 DIVIDE_FACTOR_TWICE = KnownBug('fully_shard-divide-factor-single-shard-twice', 'set_gradient_divide_factor(f) on a fully_shard unit whose shard group is one rank, with set_force_sum_reduction_for_comms(True) or a float16 / float64 reduce dtype: gradients are divided by f twice (once where the single-rank branch copies the input, once more as the post-divide)', symptoms=frozenset({'mismatch'}), relation='none found after three phrasings; the single-rank division came with the pull request in see_also, and a later one reworks that branch without the post-divide', state='present in torch 2.13.0', see_also=('pytorch/pytorch#167178', 'pytorch/pytorch#196348'), ends_ranks=False, tag=':divide-factor-twice')
+FROZEN_OPTIM_STATE_DROPPED = KnownBug('set_optimizer_state_dict-frozen-state-dropped', 'set_optimizer_state_dict drops the saved optimizer state of a parameter frozen (requires_grad=False) when it is loaded: a parameter trained, then frozen, checkpointed and unfrozen after resuming restarts with fresh optimizer state (get_optimizer_state_dict saved it)', symptoms=frozenset({'mismatch'}), upstream='pytorch/pytorch#192202', relation='same bug', state='open; fix pull request #192307 open, not in torch 2.13.0', see_also=('pytorch/pytorch#192307',), ends_ranks=False, tag=':frozen-optimizer-state-dropped', docs='docs/state_dict.md', odds=4)
+PLAN_CACHE_FAILED_SAVE = KnownBug('dcp-plan-cache-after-failed-save', "DefaultSavePlanner(enable_plan_caching=True): a save that fails (FileSystemWriter(overwrite=False) refusing an existing checkpoint) leaves its plans cached; the next save with that planner class raises TypeError 'NoneType' object is not iterable in _create_global_plan", upstream='pytorch/pytorch#176289', relation='same bug (pull request: save plan caching during validation failures)', state='fixed in torch 2.13 (plans are cached only after a successful save); present in torch 2.11', fixed_in='2.13', docs='docs/state_dict.md')
+
+def present(bug, torch_version):
+    ...
 
 def get(bug_id):
     ...
@@ -632,11 +686,12 @@ ALONE_IN_BROADCAST_STALL = Stall(name='rank 0 alone in _broadcast_state_dict', d
 """,
     "fuzz/model/__init__.py": """from fuzz.model.case import Body, Case, MetamorphicBody, ParityBody
 from fuzz.model.codec import case_from_json
-from fuzz.model.composition import Composition, Knobs, MixedPrecision, ShardSpec, TpPair, Wrapper
+from fuzz.model.composition import CheckpointOptions, Composition, ContextFn, DeterminismCheck, Knobs, MixedPrecision, ReplicateGroup, ReplicateOptions, ShardSpec, TpPair, Wrapper
+from fuzz.model.layout import Layout, Unit
 from fuzz.model.rules import check_composition, check_mesh, check_training
 from fuzz.model.state import dcp_root
 from fuzz.model.training import AccumSync, Compile, Optimizer, Skip, Training, Unfreeze
-from fuzz.model.tree import Block, Dtype, Leaf, LeafKind, ModuleTree, Node, contains, is_ancestor, iter_paths
+from fuzz.model.tree import PARAM_LEAVES, Block, Dtype, Leaf, LeafKind, ModuleTree, Node, contains, is_ancestor, iter_paths, owns_params, param_names
 """,
     "fuzz/model/case.py": """from __future__ import annotations
 import builtins
@@ -779,7 +834,7 @@ def _decode(tp, value, path):
     "fuzz/model/composition.py": """from __future__ import annotations
 import enum
 from dataclasses import dataclass, field, fields
-from fuzz.model.tree import Dtype
+from fuzz.model.tree import Dtype, contains
 
 class Wrapper(str, enum.Enum):
     NONE = 'none'
@@ -839,6 +894,61 @@ class Knobs:
     def names(self):
         ...
 
+class ReplicateGroup(str, enum.Enum):
+    DEFAULT = 'default'
+    PROCESS_GROUP = 'process_group'
+    DEVICE_MESH = 'device_mesh'
+
+@dataclass(frozen=True)
+class ReplicateOptions:
+    bucket_cap_mb: float | None = None
+    bucket_cap_mb_list: tuple[float, ...] = ()
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
+    init_sync: bool = True
+    dim: int = 0
+    group: ReplicateGroup = ReplicateGroup.DEFAULT
+    device_id: bool = False
+    ignored_modules: tuple[str, ...] = ()
+    forward_sync_buffers: bool | None = None
+    batched_grad_copy: bool = False
+    skip_all_reduce_unused_params: bool = False
+    delay_all_reduce: bool = False
+
+    def __post_init__(self):
+        caps = (*(() if self.bucket_cap_mb is None else (self.bucket_cap_mb,)), *self.bucket_cap_mb_list)
+
+    @property
+    def is_set(self):
+        return self != ReplicateOptions()
+
+    def names(self):
+        ...
+
+class ContextFn(str, enum.Enum):
+    NONE = 'none'
+    SAVE_MATMULS = 'save_matmuls'
+    SAVE_MATMULS_LIST = 'save_matmuls_list'
+
+class DeterminismCheck(str, enum.Enum):
+    DEFAULT = 'default'
+    NONE = 'none'
+
+@dataclass(frozen=True)
+class CheckpointOptions:
+    preserve_rng_state: bool = True
+    context_fn: ContextFn = ContextFn.NONE
+    determinism_check: DeterminismCheck | None = None
+    debug: bool = False
+    early_stop: bool | None = None
+
+    @property
+    def is_set(self):
+        return self != CheckpointOptions()
+
+    def names(self):
+        ...
+
 @dataclass(frozen=True)
 class Composition:
     shards: tuple[ShardSpec, ...] = ()
@@ -853,6 +963,8 @@ class Composition:
     tp_size: int = 1
     find_unused: bool = False
     knobs: Knobs = field(default_factory=Knobs)
+    replicate_options: ReplicateOptions = field(default_factory=ReplicateOptions)
+    checkpoint_options: CheckpointOptions = field(default_factory=CheckpointOptions)
 
     def __post_init__(self):
         pass
@@ -883,10 +995,92 @@ class Composition:
             return next((s.paths for s in self.shards if s.path == path))
         return (path,)
 """,
+    "fuzz/model/layout.py": """from __future__ import annotations
+from dataclasses import dataclass
+from functools import cached_property
+from fuzz.model.composition import Composition
+from fuzz.model.tree import Leaf, ModuleTree, Node, contains, is_ancestor, owns_params, param_names
+
+@dataclass(frozen=True)
+class Unit:
+    api: str
+    index: int
+    members: tuple[str, ...]
+
+    def covers(self, path):
+        ...
+
+@dataclass(frozen=True)
+class Layout:
+    tree: ModuleTree
+    comp: Composition
+
+    @cached_property
+    def paths(self):
+        return self.tree.paths()
+
+    @cached_property
+    def units(self):
+        shards = tuple((Unit('fully_shard', i, spec.paths) for i, spec in enumerate(self.comp.shards)))
+        return shards + tuple((Unit('replicate', i, (p,)) for i, p in enumerate(self.comp.replicates)))
+
+    @cached_property
+    def member_paths(self):
+        return tuple((m for u in self.units for m in u.members))
+
+    def member_of(self, path, api=None):
+        best: str | None = None
+        members = self.member_paths if api is None else [m for u in self.units if u.api == api for m in u.members]
+        for m in members:
+            if contains(m, path) and (best is None or is_ancestor(best, m)):
+                best = m
+        ignored = self.comp.replicate_options.ignored_modules
+        return best
+
+    def unit_of(self, path):
+        ...
+
+    def owned_by(self, unit, member=None):
+        ...
+
+    def outermost(self, unit):
+        ...
+
+    def frozen_only(self, unit, member=None):
+        ...
+
+    def manages_under(self, member, path):
+        ...
+
+    def unmanaged(self):
+        local = self.local()
+        return [p for p, n in self.paths.items() if owns_params(n) and self.member_of(p) is None and (p not in local)]
+
+    def local(self):
+        ignored = self.comp.replicate_options.ignored_modules
+        return [p for p, n in self.paths.items() if owns_params(n) and any((contains(i, p) for i in ignored)) and (self.member_of(p) is None)]
+
+    def ignored_by(self, member):
+        ...
+
+    def replicated_params(self, member):
+        ...
+
+    def delay_plan(self, member):
+        ...
+
+    def _trainable(self, path):
+        ...
+
+    def gradient_scale(self, path, world_size):
+        ...
+""",
     "fuzz/model/rules.py": """from __future__ import annotations
+from dataclasses import replace
 from fuzz.model.composition import Composition, Wrapper
+from fuzz.model.layout import Layout
 from fuzz.model.training import AccumSync, Compile, Optimizer, Skip, Training
-from fuzz.model.tree import Block, Leaf, LeafKind, ModuleTree, Node, contains, is_ancestor
+from fuzz.model.tree import PARAM_LEAVES, Block, Leaf, LeafKind, ModuleTree, Node, contains, is_ancestor, iter_paths, owns_params
 
 def check_composition(tree, comp, where='composition'):
     paths = tree.paths()
@@ -910,8 +1104,23 @@ def check_composition(tree, comp, where='composition'):
             late = [d for d in done if is_ancestor(d, member)]
         done += members
     _check_tp(tree, comp, where)
+    _check_replicate_options(tree, comp, where)
+    _check_checkpoint_options(tree, comp, where)
     if comp.wrapper is Wrapper.NONE:
         pass
+
+def _check_replicate_options(tree, comp, where):
+    opts = comp.replicate_options
+    paths = tree.paths()
+    plain = Layout(tree, replace(comp, replicate_options=replace(opts, ignored_modules=())))
+    at = f'{where}.replicate_options.ignored_modules'
+    layout = Layout(tree, comp)
+    for member in comp.replicates:
+        unit = next((u for u in layout.units if u.api == 'replicate' and u.members == (member,)))
+
+def _check_checkpoint_options(tree, comp, where):
+    if comp.checkpoint_options.preserve_rng_state:
+        return
 
 def _check_tp(tree, comp, where):
     paths = tree.paths()
@@ -926,6 +1135,12 @@ def check_training(tree, comps, t, where='training'):
     paths = tree.paths()
     for comp in comps:
         k = comp.knobs
+        _check_replicate_training(comp, t, where)
+
+def _check_replicate_training(comp, t, where):
+    opts = comp.replicate_options
+    if not (opts.static_graph or opts.skip_all_reduce_unused_params or opts.delay_all_reduce) or not t.skips:
+        return
 """,
     "fuzz/model/state.py": """from __future__ import annotations
 import enum
@@ -937,7 +1152,7 @@ from fuzz.model.case import Body
 from fuzz.model.composition import Composition, Wrapper
 from fuzz.model.rules import check_composition, check_mesh
 from fuzz.model.training import Training
-from fuzz.model.tree import ModuleTree
+from fuzz.model.tree import Block, Leaf, ModuleTree
 
 def dcp_root(driver_pid):
     return os.path.join(tempfile.gettempdir(), f'shardfuzz-dcp-{driver_pid}')
@@ -1021,6 +1236,7 @@ class Dtype(str, enum.Enum):
     FLOAT64 = 'float64'
     BFLOAT16 = 'bfloat16'
     FLOAT16 = 'float16'
+PARAM_LEAVES = frozenset({LeafKind.LINEAR, LeafKind.LAYER_NORM, LeafKind.CONV1D})
 
 @dataclass(frozen=True)
 class Leaf:
@@ -1047,6 +1263,14 @@ def iter_paths(block, prefix=''):
     for i, child in enumerate(block.children):
         path = f'{prefix}.{i}' if prefix else str(i)
         yield (path, child)
+
+def owns_params(node):
+    if isinstance(node, Leaf):
+        return node.kind in PARAM_LEAVES
+    return node.scale
+
+def param_names(node):
+    ...
 
 @dataclass(frozen=True)
 class ModuleTree:
@@ -1105,7 +1329,7 @@ def register(prop):
 import math
 from typing import Any
 from fuzz import known
-from fuzz.model import Block, Case, Compile, Composition, Leaf, MetamorphicBody, ModuleTree, ParityBody, Training, Wrapper
+from fuzz.model import Block, Case, Compile, Composition, Layout, Leaf, MetamorphicBody, ModuleTree, ParityBody, Training, Unit, Wrapper
 from fuzz.properties import Property, register, strategy
 from fuzz.signature import Failure, Signature, failure_from_outcome
 from fuzz.tolerance import Tolerance
@@ -1639,6 +1863,7 @@ MODULES = {
     "fuzz._rank.context": PREFIX + "fuzz/_rank/context.py",
     "fuzz._rank.knobs": PREFIX + "fuzz/_rank/knobs.py",
     "fuzz._rank.models": PREFIX + "fuzz/_rank/models.py",
+    "fuzz._rank.options": PREFIX + "fuzz/_rank/options.py",
     "fuzz._rank.parity": PREFIX + "fuzz/_rank/parity.py",
     "fuzz._rank.programs": PREFIX + "fuzz/_rank/programs.py",
     "fuzz._rank.worker": PREFIX + "fuzz/_rank/worker.py",
@@ -1647,6 +1872,7 @@ MODULES = {
     "fuzz.model.case": PREFIX + "fuzz/model/case.py",
     "fuzz.model.codec": PREFIX + "fuzz/model/codec.py",
     "fuzz.model.composition": PREFIX + "fuzz/model/composition.py",
+    "fuzz.model.layout": PREFIX + "fuzz/model/layout.py",
     "fuzz.model.rules": PREFIX + "fuzz/model/rules.py",
     "fuzz.model.state": PREFIX + "fuzz/model/state.py",
     "fuzz.model.training": PREFIX + "fuzz/model/training.py",

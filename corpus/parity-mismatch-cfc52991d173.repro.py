@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=2e8c99e7c990d4db sources=385f82b5db2996ec seconds=15.8
+# shardfuzz reduced reproducer: entry=93febf04c484369d sources=2a826852afe86feb seconds=27.6
 """Reproduces shardfuzz corpus entry parity-mismatch-cfc52991d173.json: mismatch:parity@fsdp2:unused-no-all-reduce
 
 FSDP2 HSDP with set_requires_all_reduce(False): a unit unused on the last microbatch loses the
@@ -35,6 +35,13 @@ CASE = """{
   "composition": {
    "auto_wrap": false,
    "checkpoint_first": true,
+   "checkpoint_options": {
+    "context_fn": "none",
+    "debug": false,
+    "determinism_check": null,
+    "early_stop": null,
+    "preserve_rng_state": true
+   },
    "checkpoints": [],
    "find_unused": false,
    "knobs": {
@@ -52,6 +59,21 @@ CASE = """{
     2
    ],
    "meta_init": false,
+   "replicate_options": {
+    "batched_grad_copy": false,
+    "bucket_cap_mb": null,
+    "bucket_cap_mb_list": [],
+    "delay_all_reduce": false,
+    "device_id": false,
+    "dim": 0,
+    "forward_sync_buffers": null,
+    "gradient_as_bucket_view": false,
+    "group": "default",
+    "ignored_modules": [],
+    "init_sync": true,
+    "skip_all_reduce_unused_params": false,
+    "static_graph": false
+   },
    "replicates": [],
    "shards": [
     {
@@ -194,6 +216,7 @@ from torch import nn
 from fuzz._rank.context import RankContext
 from fuzz._rank.knobs import KnobState
 from fuzz._rank.models import build_model
+from fuzz._rank.options import checkpoint_kwargs
 from fuzz.model import Composition, Dtype, MixedPrecision, ModuleTree, ShardSpec, Wrapper, is_ancestor
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
 _WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.')
@@ -237,8 +260,9 @@ class Composed:
             out[clean_name(n)] = (p.full_tensor() if isinstance(p, DTensor) else p).detach()
         yield out
 
-def compose(model, comp, ctx):
+def compose(model, comp, ctx, tree=None):
     from torch.distributed._composable import checkpoint, replicate
+    ckpt_kwargs = checkpoint_kwargs(comp.checkpoint_options)
     mesh = mesh_for(comp, ctx)
     specs = {s.path: s for s in comp.shards}
     for api, path in comp.steps():
@@ -252,7 +276,7 @@ def build_composed(tree, comp, dtype, ctx, *, seed):
     torch.manual_seed(seed)
     if not comp.meta_init:
         model = build_model(tree, ctx.device).to(dtype)
-        return (model, _with_knobs(model, compose(model, comp, ctx), comp, tree))
+        return (model, _with_knobs(model, compose(model, comp, ctx, tree), comp, tree))
 
 def _with_knobs(model, composed, comp, tree):
     return composed
@@ -280,6 +304,10 @@ class RankContext:
         return self._meshes[key]
     _cases: int = 0
     extra_groups: list[Any] = field(default_factory=list)
+    _groups: dict[str, Any] = field(default_factory=dict)
+
+    def group(self, name):
+        ...
 
     def _check_in_step(self):
         import torch.distributed as dist
@@ -394,6 +422,18 @@ def set_skipped(blocks, paths):
         if block.skipped != skipped[p]:
             block.skipped = frozenset(skipped[p])
 """,
+    "fuzz/_rank/options.py": """from __future__ import annotations
+from typing import Any
+import torch
+from torch import nn
+from fuzz._rank.context import RankContext
+from fuzz.model import CheckpointOptions, Composition, ContextFn, Layout, ModuleTree, ReplicateGroup
+
+def checkpoint_kwargs(opts):
+    kwargs: dict[str, Any] = {}
+    if not opts.is_set:
+        return kwargs
+""",
     "fuzz/_rank/parity.py": """from __future__ import annotations
 import copy
 from typing import Any
@@ -494,7 +534,7 @@ def replicate_contract(model, comp, skipped=None):
     out = {}
     return out
 
-def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precision=None):
+def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precision=None, local=frozenset()):
     dtype = TORCH_DTYPES[training.dtype]
     if comp is not None:
         model, composed = build_composed(tree, comp, dtype, ctx, seed=case.seed)
@@ -532,7 +572,7 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
                 loss.backward()
             step_losses.append(loss.item())
         if comp is None and precision is None:
-            _average_gradients(model, ctx, grad_scales or {})
+            _average_gradients(model, ctx, grad_scales or {}, local)
         grad_norms.append(_grad_norm(composed))
         opt.step()
         opt.zero_grad(set_to_none=training.set_to_none)
@@ -542,7 +582,7 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
                 params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
     obs['losses'] = losses
     obs['grad_norms'] = grad_norms
-    obs['local_params'] = _local_replicated(composed.model)
+    obs['local_params'] = _local_replicated(composed.model, _local_of(tree, comp))
     obs['knob_problems'] = [] if composed.knobs is None else composed.knobs.problems
     if ctx.rank == 0:
         obs['params'] = params_per_step
@@ -566,9 +606,9 @@ class _null:
     def __exit__(self, *exc):
         return None
 
-def _average_gradients(model, ctx, scales):
+def _average_gradients(model, ctx, scales, local=frozenset()):
     for name, p in model.named_parameters():
-        if p.grad is not None:
+        if p.grad is not None and name.rpartition('.')[0] not in local:
             dist.all_reduce(p.grad)
             p.grad /= ctx.world_size
             scale = scales.get(name.rpartition('.')[0], 1.0)
@@ -587,9 +627,13 @@ def _grad_norm(composed):
             total += g.double().pow(2).sum().cpu()
     return float(total.sqrt())
 
-def _local_replicated(model):
+def _local_of(tree, comp):
+    if comp is None or not comp.replicate_options.ignored_modules:
+        return frozenset()
+
+def _local_replicated(model, local=frozenset()):
     from torch.distributed.tensor import DTensor
-    return {n: p.detach().double().cpu().flatten().tolist() for n, p in model.named_parameters() if not isinstance(p, DTensor) and (not n.startswith('_fsdp_wrapped_module')) and ('_fsdp' not in n)}
+    return {n: p.detach().double().cpu().flatten().tolist() for n, p in model.named_parameters() if not isinstance(p, DTensor) and (not n.startswith('_fsdp_wrapped_module')) and ('_fsdp' not in n) and (clean_name(n).rpartition('.')[0] not in local)}
 
 def run_parity(case, body, ctx):
     tp = body.composition.tp_size
@@ -597,7 +641,7 @@ def run_parity(case, body, ctx):
     composed = train(case, body.tree, body.training, comp, ctx, tp)
     keys = ('losses', 'params', 'grad_norms')
     scales = grad_scales(body.tree, comp, ctx.world_size)
-    reference = train(case, body.tree, body.training, None, ctx, tp, scales)
+    reference = train(case, body.tree, body.training, None, ctx, tp, scales, local=_local_of(body.tree, comp))
     return {**composed, 'ref': {k: reference[k] for k in keys if k in reference}}
 
 def run_metamorphic(case, body, ctx):
@@ -622,6 +666,7 @@ def run_case(case, ctx):
 """,
     "fuzz/_rank/worker.py": """from __future__ import annotations
 import faulthandler
+import importlib
 import os
 import signal
 import sys
@@ -689,6 +734,7 @@ class KnownBug:
     tag: str = ''
     see_also: tuple[str, ...] = ()
     docs: str = 'docs/known_bugs.md'
+    fixed_in: str = ''
 FSDP1_HSDP_SHARD1 = KnownBug('fsdp1-hybrid-shard-dim-1', 'FSDP1 HYBRID_SHARD with a shard dimension of size 1 never averages gradients across replicas', symptoms=frozenset({'mismatch'}), upstream='pytorch/pytorch#154888', relation='same bug', ends_ranks=False, tag=':shard1')
 FOREACH_MIXED = KnownBug('foreach-mixed-dtensor-tensor', 'foreach optimizers over a mix of DTensor (fully_shard) and plain (replicate) parameters raise', upstream='pytorch/pytorch#183207', relation='same symptom (reached there through ignored_params)')
 INT_RESHARD_DIM1 = KnownBug('fully_shard-int-reshard-shard-dim-1', 'fully_shard with an int reshard_after_forward and Shard(1) placements: IndexError in foreach_all_gather_copy_out')
@@ -713,6 +759,11 @@ FSDP1_HSDP_OPTIMIZER_LOAD = KnownBug('fsdp1-hsdp-load_sharded_optimizer_state_di
 FSDP1_HSDP_RANK0_BROADCAST = KnownBug('fsdp1-hsdp-shard1-rank0-broadcast', 'set_optimizer_state_dict(full, cpu_offload) into FSDP1 HYBRID_SHARD with a shard dimension of 1 broadcasts from global rank 0 in a one-rank group', upstream='pytorch/pytorch#155680', relation='same line', state='open; #128444 (same path) was fixed only in part by pull request #128446', see_also=('pytorch/pytorch#128444',))
 FSDP1_COMPILE_SHARDED_GRAD = KnownBug('fsdp1-compile-recompile-sharded-grad', "torch.compile over FSDP1 (use_orig_params=True, sharded): recompiling the wrapped module's forward while its parameters hold sharded gradients raises InternalTorchDynamoError 'attempting to assign a gradient of size ...'", upstream='pytorch/pytorch#111317', relation='same symptom (a comment there: SHARD_GRAD_OP, use_orig_params=True, float32)', state='open', see_also=('pytorch/pytorch#93288',))
 DIVIDE_FACTOR_TWICE = KnownBug('fully_shard-divide-factor-single-shard-twice', 'set_gradient_divide_factor(f) on a fully_shard unit whose shard group is one rank, with set_force_sum_reduction_for_comms(True) or a float16 / float64 reduce dtype: gradients are divided by f twice (once where the single-rank branch copies the input, once more as the post-divide)', symptoms=frozenset({'mismatch'}), relation='none found after three phrasings; the single-rank division came with the pull request in see_also, and a later one reworks that branch without the post-divide', state='present in torch 2.13.0', see_also=('pytorch/pytorch#167178', 'pytorch/pytorch#196348'), ends_ranks=False, tag=':divide-factor-twice')
+FROZEN_OPTIM_STATE_DROPPED = KnownBug('set_optimizer_state_dict-frozen-state-dropped', 'set_optimizer_state_dict drops the saved optimizer state of a parameter frozen (requires_grad=False) when it is loaded: a parameter trained, then frozen, checkpointed and unfrozen after resuming restarts with fresh optimizer state (get_optimizer_state_dict saved it)', symptoms=frozenset({'mismatch'}), upstream='pytorch/pytorch#192202', relation='same bug', state='open; fix pull request #192307 open, not in torch 2.13.0', see_also=('pytorch/pytorch#192307',), ends_ranks=False, tag=':frozen-optimizer-state-dropped', docs='docs/state_dict.md', odds=4)
+PLAN_CACHE_FAILED_SAVE = KnownBug('dcp-plan-cache-after-failed-save', "DefaultSavePlanner(enable_plan_caching=True): a save that fails (FileSystemWriter(overwrite=False) refusing an existing checkpoint) leaves its plans cached; the next save with that planner class raises TypeError 'NoneType' object is not iterable in _create_global_plan", upstream='pytorch/pytorch#176289', relation='same bug (pull request: save plan caching during validation failures)', state='fixed in torch 2.13 (plans are cached only after a successful save); present in torch 2.11', fixed_in='2.13', docs='docs/state_dict.md')
+
+def present(bug, torch_version):
+    ...
 
 def get(bug_id):
     ...
@@ -739,12 +790,12 @@ ALONE_IN_BROADCAST_STALL = Stall(name='rank 0 alone in _broadcast_state_dict', d
 """,
     "fuzz/model/__init__.py": """from fuzz.model.case import Body, Case, MetamorphicBody, ParityBody
 from fuzz.model.codec import case_from_json
-from fuzz.model.composition import Composition, Knobs, MixedPrecision, ShardSpec, TpPair, Wrapper
+from fuzz.model.composition import CheckpointOptions, Composition, ContextFn, DeterminismCheck, Knobs, MixedPrecision, ReplicateGroup, ReplicateOptions, ShardSpec, TpPair, Wrapper
 from fuzz.model.layout import Layout, Unit
 from fuzz.model.rules import check_composition, check_mesh, check_training
 from fuzz.model.state import dcp_root
 from fuzz.model.training import AccumSync, Compile, Optimizer, Skip, Training, Unfreeze
-from fuzz.model.tree import PARAM_LEAVES, Block, Dtype, Leaf, LeafKind, ModuleTree, Node, contains, has_params, is_ancestor, iter_paths, owns_params
+from fuzz.model.tree import PARAM_LEAVES, Block, Dtype, Leaf, LeafKind, ModuleTree, Node, contains, has_params, is_ancestor, iter_paths, owns_params, param_names
 """,
     "fuzz/model/case.py": """from __future__ import annotations
 import builtins
@@ -885,7 +936,7 @@ def _decode(tp, value, path):
     "fuzz/model/composition.py": """from __future__ import annotations
 import enum
 from dataclasses import dataclass, field, fields
-from fuzz.model.tree import Dtype
+from fuzz.model.tree import Dtype, contains
 
 class Wrapper(str, enum.Enum):
     NONE = 'none'
@@ -945,6 +996,61 @@ class Knobs:
     def names(self):
         ...
 
+class ReplicateGroup(str, enum.Enum):
+    DEFAULT = 'default'
+    PROCESS_GROUP = 'process_group'
+    DEVICE_MESH = 'device_mesh'
+
+@dataclass(frozen=True)
+class ReplicateOptions:
+    bucket_cap_mb: float | None = None
+    bucket_cap_mb_list: tuple[float, ...] = ()
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
+    init_sync: bool = True
+    dim: int = 0
+    group: ReplicateGroup = ReplicateGroup.DEFAULT
+    device_id: bool = False
+    ignored_modules: tuple[str, ...] = ()
+    forward_sync_buffers: bool | None = None
+    batched_grad_copy: bool = False
+    skip_all_reduce_unused_params: bool = False
+    delay_all_reduce: bool = False
+
+    def __post_init__(self):
+        caps = (*(() if self.bucket_cap_mb is None else (self.bucket_cap_mb,)), *self.bucket_cap_mb_list)
+
+    @property
+    def is_set(self):
+        return self != ReplicateOptions()
+
+    def names(self):
+        ...
+
+class ContextFn(str, enum.Enum):
+    NONE = 'none'
+    SAVE_MATMULS = 'save_matmuls'
+    SAVE_MATMULS_LIST = 'save_matmuls_list'
+
+class DeterminismCheck(str, enum.Enum):
+    DEFAULT = 'default'
+    NONE = 'none'
+
+@dataclass(frozen=True)
+class CheckpointOptions:
+    preserve_rng_state: bool = True
+    context_fn: ContextFn = ContextFn.NONE
+    determinism_check: DeterminismCheck | None = None
+    debug: bool = False
+    early_stop: bool | None = None
+
+    @property
+    def is_set(self):
+        return self != CheckpointOptions()
+
+    def names(self):
+        ...
+
 @dataclass(frozen=True)
 class Composition:
     shards: tuple[ShardSpec, ...] = ()
@@ -959,6 +1065,8 @@ class Composition:
     tp_size: int = 1
     find_unused: bool = False
     knobs: Knobs = field(default_factory=Knobs)
+    replicate_options: ReplicateOptions = field(default_factory=ReplicateOptions)
+    checkpoint_options: CheckpointOptions = field(default_factory=CheckpointOptions)
 
     def __post_init__(self):
         pass
@@ -992,7 +1100,7 @@ class Composition:
 from dataclasses import dataclass
 from functools import cached_property
 from fuzz.model.composition import Composition
-from fuzz.model.tree import Leaf, ModuleTree, Node, contains, is_ancestor, owns_params
+from fuzz.model.tree import Leaf, ModuleTree, Node, contains, is_ancestor, owns_params, param_names
 
 @dataclass(frozen=True)
 class Unit:
@@ -1027,6 +1135,7 @@ class Layout:
         for m in members:
             if contains(m, path) and (best is None or is_ancestor(best, m)):
                 best = m
+        ignored = self.comp.replicate_options.ignored_modules
         return best
 
     def unit_of(self, path):
@@ -1046,7 +1155,24 @@ class Layout:
         ...
 
     def unmanaged(self):
-        return [p for p, n in self.paths.items() if owns_params(n) and self.member_of(p) is None]
+        local = self.local()
+        return [p for p, n in self.paths.items() if owns_params(n) and self.member_of(p) is None and (p not in local)]
+
+    def local(self):
+        ignored = self.comp.replicate_options.ignored_modules
+        return [p for p, n in self.paths.items() if owns_params(n) and any((contains(i, p) for i in ignored)) and (self.member_of(p) is None)]
+
+    def ignored_by(self, member):
+        ...
+
+    def replicated_params(self, member):
+        ...
+
+    def delay_plan(self, member):
+        ...
+
+    def _trainable(self, path):
+        ...
 
     def gradient_scale(self, path, world_size):
         unit = self.unit_of(path)
@@ -1055,10 +1181,11 @@ class Layout:
         return scale
 """,
     "fuzz/model/rules.py": """from __future__ import annotations
+from dataclasses import replace
 from fuzz.model.composition import Composition, Wrapper
 from fuzz.model.layout import Layout
 from fuzz.model.training import AccumSync, Compile, Optimizer, Skip, Training
-from fuzz.model.tree import PARAM_LEAVES, Block, Leaf, LeafKind, ModuleTree, Node, contains, has_params, is_ancestor
+from fuzz.model.tree import PARAM_LEAVES, Block, Leaf, LeafKind, ModuleTree, Node, contains, has_params, is_ancestor, iter_paths, owns_params
 
 def check_composition(tree, comp, where='composition'):
     paths = tree.paths()
@@ -1077,8 +1204,21 @@ def check_composition(tree, comp, where='composition'):
             late = [d for d in done if is_ancestor(d, member)]
         done += members
     _check_tp(tree, comp, where)
+    _check_replicate_options(tree, comp, where)
+    _check_checkpoint_options(tree, comp, where)
     if comp.wrapper is Wrapper.NONE:
         pass
+
+def _check_replicate_options(tree, comp, where):
+    opts = comp.replicate_options
+    paths = tree.paths()
+    plain = Layout(tree, replace(comp, replicate_options=replace(opts, ignored_modules=())))
+    at = f'{where}.replicate_options.ignored_modules'
+    layout = Layout(tree, comp)
+
+def _check_checkpoint_options(tree, comp, where):
+    if comp.checkpoint_options.preserve_rng_state:
+        return
 
 def _check_tp(tree, comp, where):
     paths = tree.paths()
@@ -1095,11 +1235,17 @@ def check_training(tree, comps, t, where='training'):
         pass
     for comp in comps:
         k = comp.knobs
+        _check_replicate_training(comp, t, where)
     for i, skip in enumerate(t.skips):
         at = f'{where}.skips[{i}]'
         unfrozen = {u.path for u in t.unfreeze if u.step <= skip.step}
         for comp in comps:
             _check_unused(tree, comp, t, skip, at)
+
+def _check_replicate_training(comp, t, where):
+    opts = comp.replicate_options
+    if not (opts.static_graph or opts.skip_all_reduce_unused_params or opts.delay_all_reduce) or not t.skips:
+        return
 
 def _check_unused(tree, comp, t, skip, at):
     pass
@@ -1114,7 +1260,7 @@ from fuzz.model.case import Body
 from fuzz.model.composition import Composition, Wrapper
 from fuzz.model.rules import check_composition, check_mesh
 from fuzz.model.training import Training
-from fuzz.model.tree import ModuleTree, has_params
+from fuzz.model.tree import Block, Leaf, ModuleTree, has_params
 
 def dcp_root(driver_pid):
     return os.path.join(tempfile.gettempdir(), f'shardfuzz-dcp-{driver_pid}')
@@ -1240,6 +1386,9 @@ def owns_params(node):
         return node.kind in PARAM_LEAVES
     return node.scale
 
+def param_names(node):
+    ...
+
 @dataclass(frozen=True)
 class ModuleTree:
     width: int
@@ -1313,10 +1462,18 @@ def api_of(comp, tree=None, training=None, world_size=2):
     name = 'fsdp2'
     return name + known.mismatch_tags(comp, tree, training, world_size)
 
+def _judged_steps(observations):
+    steps = min((len(obs['ref']['losses']) for obs in observations))
+    for obs in observations:
+        for step, losses in enumerate(obs['ref']['losses']):
+            pass
+    return steps
+
 def compare_runs(prop, observations, tol, api=''):
+    judged = _judged_steps(observations)
     for rank, obs in enumerate(observations):
         ref = obs['ref']
-        for step, (got, want) in enumerate(zip(obs['losses'], ref['losses'])):
+        for step, (got, want) in enumerate(zip(obs['losses'][:judged], ref['losses'][:judged])):
             bad = first_mismatch(got, want, tol)
             if bad is not None:
                 return _mismatch(prop, 'loss', api, f'rank {rank} loss at step {step}, microbatch {bad.index}: {bad.actual!r}, expected {bad.expected!r} (error {bad.error:.3g} > allowed {bad.allowed:.3g})', rank=rank, step=step, observed=obs['losses'], expected=ref['losses'])
@@ -1845,6 +2002,7 @@ MODULES = {
     "fuzz._rank.context": PREFIX + "fuzz/_rank/context.py",
     "fuzz._rank.knobs": PREFIX + "fuzz/_rank/knobs.py",
     "fuzz._rank.models": PREFIX + "fuzz/_rank/models.py",
+    "fuzz._rank.options": PREFIX + "fuzz/_rank/options.py",
     "fuzz._rank.parity": PREFIX + "fuzz/_rank/parity.py",
     "fuzz._rank.programs": PREFIX + "fuzz/_rank/programs.py",
     "fuzz._rank.worker": PREFIX + "fuzz/_rank/worker.py",

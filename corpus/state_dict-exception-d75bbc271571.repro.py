@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=f02107d364323e8f sources=8d86cad48c6c82a6 seconds=15.8
+# shardfuzz reduced reproducer: entry=7e3bfa33e075cc53 sources=73ce96bb6e183ac8 seconds=20.9
 """Reproduces shardfuzz corpus entry state_dict-exception-d75bbc271571.json: exception:state_dict:builtins.AssertionError@torch/distributed/checkpoint/state_dict.py:_load_optim_state_dict
 
 set_optimizer_state_dict(full_state_dict=True) raises AssertionError('Expected device to be
@@ -43,6 +43,7 @@ CASE = """{
    "ignore_frozen_params": false,
    "strict": true
   },
+  "requires_grad": [],
   "save": {
    "broadcast_from_rank0": false,
    "cpu_offload": false,
@@ -54,6 +55,13 @@ CASE = """{
   "source": {
    "auto_wrap": false,
    "checkpoint_first": true,
+   "checkpoint_options": {
+    "context_fn": "none",
+    "debug": false,
+    "determinism_check": null,
+    "early_stop": null,
+    "preserve_rng_state": true
+   },
    "checkpoints": [],
    "find_unused": false,
    "knobs": {
@@ -68,6 +76,21 @@ CASE = """{
    },
    "mesh": [],
    "meta_init": false,
+   "replicate_options": {
+    "batched_grad_copy": false,
+    "bucket_cap_mb": null,
+    "bucket_cap_mb_list": [],
+    "delay_all_reduce": false,
+    "device_id": false,
+    "dim": 0,
+    "forward_sync_buffers": null,
+    "gradient_as_bucket_view": false,
+    "group": "default",
+    "ignored_modules": [],
+    "init_sync": true,
+    "skip_all_reduce_unused_params": false,
+    "static_graph": false
+   },
    "replicates": [],
    "shards": [],
    "tp": [],
@@ -78,6 +101,13 @@ CASE = """{
   "target": {
    "auto_wrap": false,
    "checkpoint_first": true,
+   "checkpoint_options": {
+    "context_fn": "none",
+    "debug": false,
+    "determinism_check": null,
+    "early_stop": null,
+    "preserve_rng_state": true
+   },
    "checkpoints": [],
    "find_unused": false,
    "knobs": {
@@ -92,6 +122,21 @@ CASE = """{
    },
    "mesh": [],
    "meta_init": false,
+   "replicate_options": {
+    "batched_grad_copy": false,
+    "bucket_cap_mb": null,
+    "bucket_cap_mb_list": [],
+    "delay_all_reduce": false,
+    "device_id": false,
+    "dim": 0,
+    "forward_sync_buffers": null,
+    "gradient_as_bucket_view": false,
+    "group": "default",
+    "ignored_modules": [],
+    "init_sync": true,
+    "skip_all_reduce_unused_params": false,
+    "static_graph": false
+   },
    "replicates": [],
    "shards": [],
    "tp": [],
@@ -237,7 +282,7 @@ class Composed:
             out[clean_name(n)] = (p.full_tensor() if isinstance(p, DTensor) else p).detach()
         yield out
 
-def compose(model, comp, ctx):
+def compose(model, comp, ctx, tree=None):
     ...
 """,
     "fuzz/_rank/context.py": """from __future__ import annotations
@@ -257,6 +302,10 @@ class RankContext:
         ...
     _cases: int = 0
     extra_groups: list[Any] = field(default_factory=list)
+    _groups: dict[str, Any] = field(default_factory=dict)
+
+    def group(self, name):
+        ...
 
     def _check_in_step(self):
         ...
@@ -396,7 +445,7 @@ from fuzz._rank.compose import TORCH_DTYPES, Composed, clean_name, compose
 from fuzz._rank.context import RankContext
 from fuzz._rank.models import build_model
 from fuzz._rank.parity import batches, make_optimizer
-from fuzz.model import Api, Case, Composition, ModuleTree, Optimizer, Options, StateDictBody, Training, is_fsdp1, is_plain
+from fuzz.model import Api, Case, Composition, ModuleTree, Optimizer, Options, RequiresGrad, StateDictBody, Training, is_fsdp1, is_plain
 PROBE_ROWS = 3
 FRESH_SEED = 24301
 
@@ -407,6 +456,8 @@ class Side:
     training: Training
     opt: torch.optim.Optimizer | None = None
     param_names: dict[int, str] = field(default_factory=dict)
+    schedule: tuple[RequiresGrad, ...] = ()
+    step: int = 0
 
     @property
     def model(self):
@@ -424,12 +475,25 @@ class Side:
         current = {id(p): clean_name(n) for n, p in self.model.named_parameters()}
         return {**self.param_names, **current}
 
-def build_side(tree, comp, training, ctx, *, seed, meta=False):
+def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=()):
     torch.manual_seed(seed)
     device = torch.device('meta') if meta else ctx.device
     model = build_model(tree, device).to(TORCH_DTYPES[training.dtype])
     composed = Composed(model) if is_plain(comp) else compose(model, comp, ctx)
-    return Side(composed=composed, comp=comp, training=training)
+    return Side(composed=composed, comp=comp, training=training, schedule=schedule)
+
+def change_requires_grad(side, step):
+    changes = [c for c in side.schedule if c.step == step]
+    if not changes:
+        return
+
+def catch_up(side, steps):
+    for step in range(side.step, steps):
+        change_requires_grad(side, step)
+    side.step = max(side.step, steps)
+
+def requires_grad(side):
+    return {clean_name(n): p.requires_grad for n, p in side.model.named_parameters()}
 
 def fresh_training(training):
     momentum = 0.5 if training.optimizer is Optimizer.SGD and training.momentum else 0.0
@@ -455,6 +519,8 @@ def train_steps(side, data, ctx):
     assert side.opt is not None
     losses = []
     for x, y in data:
+        change_requires_grad(side, side.step)
+        side.step += 1
         loss = F.mse_loss(side.model(x).to(y.dtype), y)
         loss.backward()
         if side.plain:
@@ -553,16 +619,15 @@ def _put(body, side, msd, osd, ctx):
     options = state_dict_options(body.load)
     fresh = fresh_training(body.training)
     result = set_model_state_dict(side.model, msd, options=options)
+    flags = requires_grad(side)
     opt = side.opt if side.opt is not None else body_optimizer(side, fresh, body)
+    catch_up(side, body.training.steps)
     set_optimizer_state_dict(side.model, opt, osd, options=options)
-
-def incompatible(result):
-    ...
 
 def run_state_dict(case, body, ctx):
     t = body.training
     data = all_batches(case, t, t.steps + body.steps_after, body.tree, ctx)
-    src = build_side(body.tree, body.source, t, ctx, seed=case.seed)
+    src = build_side(body.tree, body.source, t, ctx, seed=case.seed, schedule=body.requires_grad)
     body_optimizer(src, t, body)
     seed_segment(case, ctx, 0)
     obs: dict[str, Any] = {'losses_before': train_steps(src, data[:t.steps], ctx)}
@@ -571,15 +636,18 @@ def run_state_dict(case, body, ctx):
     ignored: list[str] = []
     msd, osd = copy.deepcopy((msd, osd))
     obs['saved'] = observe(src, case, body.tree, ctx)
-    tgt = build_side(body.tree, body.target, t, ctx, seed=case.seed + FRESH_SEED, meta=body.target_meta_init)
+    tgt = build_side(body.tree, body.target, t, ctx, seed=case.seed + FRESH_SEED, meta=body.target_meta_init, schedule=body.requires_grad)
     if not body.target_meta_init:
         body_optimizer(tgt, fresh_training(t), body)
+        catch_up(tgt, t.steps)
     dropped = sorted(set(dropped_keys(src, body.drop)) | set(ignored))
     obs['dropped'] = dropped
-    obs['load_result'] = incompatible(_put(body, tgt, msd, osd, ctx))
+    before = requires_grad(tgt)
+    result, after = _put(body, tgt, msd, osd, ctx)
 """,
     "fuzz/_rank/worker.py": """from __future__ import annotations
 import faulthandler
+import importlib
 import os
 import signal
 import sys
@@ -628,7 +696,7 @@ if __name__ == '__main__':
 """,
     "fuzz/known.py": """from __future__ import annotations
 from dataclasses import dataclass
-from fuzz.model import AccumSync, Api, Block, Body, Case, Compile, Composition, DcpBody, DcpItem, Dtype, Leaf, ModuleTree, Optimizer, StateDictBody, Training, Wrapper, is_fsdp1
+from fuzz.model import AccumSync, Api, Block, Body, Case, Compile, Composition, DcpBody, DcpItem, Dtype, Leaf, ModuleTree, Optimizer, Overwrite, StateDictBody, Training, Wrapper, is_fsdp1
 from fuzz.verdict import Stall
 KNOWN_BUG_ODDS = 16
 KNOWN_HANG_ODDS = 64
@@ -647,6 +715,7 @@ class KnownBug:
     tag: str = ''
     see_also: tuple[str, ...] = ()
     docs: str = 'docs/known_bugs.md'
+    fixed_in: str = ''
 FSDP1_HSDP_SHARD1 = KnownBug('fsdp1-hybrid-shard-dim-1', 'FSDP1 HYBRID_SHARD with a shard dimension of size 1 never averages gradients across replicas', symptoms=frozenset({'mismatch'}), upstream='pytorch/pytorch#154888', relation='same bug', ends_ranks=False, tag=':shard1')
 FOREACH_MIXED = KnownBug('foreach-mixed-dtensor-tensor', 'foreach optimizers over a mix of DTensor (fully_shard) and plain (replicate) parameters raise', upstream='pytorch/pytorch#183207', relation='same symptom (reached there through ignored_params)')
 INT_RESHARD_DIM1 = KnownBug('fully_shard-int-reshard-shard-dim-1', 'fully_shard with an int reshard_after_forward and Shard(1) placements: IndexError in foreach_all_gather_copy_out')
@@ -671,11 +740,19 @@ FSDP1_HSDP_OPTIMIZER_LOAD = KnownBug('fsdp1-hsdp-load_sharded_optimizer_state_di
 FSDP1_HSDP_RANK0_BROADCAST = KnownBug('fsdp1-hsdp-shard1-rank0-broadcast', 'set_optimizer_state_dict(full, cpu_offload) into FSDP1 HYBRID_SHARD with a shard dimension of 1 broadcasts from global rank 0 in a one-rank group', upstream='pytorch/pytorch#155680', relation='same line', state='open; #128444 (same path) was fixed only in part by pull request #128446', see_also=('pytorch/pytorch#128444',))
 FSDP1_COMPILE_SHARDED_GRAD = KnownBug('fsdp1-compile-recompile-sharded-grad', "torch.compile over FSDP1 (use_orig_params=True, sharded): recompiling the wrapped module's forward while its parameters hold sharded gradients raises InternalTorchDynamoError 'attempting to assign a gradient of size ...'", upstream='pytorch/pytorch#111317', relation='same symptom (a comment there: SHARD_GRAD_OP, use_orig_params=True, float32)', state='open', see_also=('pytorch/pytorch#93288',))
 DIVIDE_FACTOR_TWICE = KnownBug('fully_shard-divide-factor-single-shard-twice', 'set_gradient_divide_factor(f) on a fully_shard unit whose shard group is one rank, with set_force_sum_reduction_for_comms(True) or a float16 / float64 reduce dtype: gradients are divided by f twice (once where the single-rank branch copies the input, once more as the post-divide)', symptoms=frozenset({'mismatch'}), relation='none found after three phrasings; the single-rank division came with the pull request in see_also, and a later one reworks that branch without the post-divide', state='present in torch 2.13.0', see_also=('pytorch/pytorch#167178', 'pytorch/pytorch#196348'), ends_ranks=False, tag=':divide-factor-twice')
+FROZEN_OPTIM_STATE_DROPPED = KnownBug('set_optimizer_state_dict-frozen-state-dropped', 'set_optimizer_state_dict drops the saved optimizer state of a parameter frozen (requires_grad=False) when it is loaded: a parameter trained, then frozen, checkpointed and unfrozen after resuming restarts with fresh optimizer state (get_optimizer_state_dict saved it)', symptoms=frozenset({'mismatch'}), upstream='pytorch/pytorch#192202', relation='same bug', state='open; fix pull request #192307 open, not in torch 2.13.0', see_also=('pytorch/pytorch#192307',), ends_ranks=False, tag=':frozen-optimizer-state-dropped', docs='docs/state_dict.md', odds=4)
+PLAN_CACHE_FAILED_SAVE = KnownBug('dcp-plan-cache-after-failed-save', "DefaultSavePlanner(enable_plan_caching=True): a save that fails (FileSystemWriter(overwrite=False) refusing an existing checkpoint) leaves its plans cached; the next save with that planner class raises TypeError 'NoneType' object is not iterable in _create_global_plan", upstream='pytorch/pytorch#176289', relation='same bug (pull request: save plan caching during validation failures)', state='fixed in torch 2.13 (plans are cached only after a successful save); present in torch 2.11', fixed_in='2.13', docs='docs/state_dict.md')
+
+def present(bug, torch_version):
+    ...
 
 def get(bug_id):
     ...
 
 def shard1(comp):
+    ...
+
+def frozen_state_dropped(body):
     ...
 
 def ends_ranks(case):
@@ -688,10 +765,10 @@ ALONE_IN_BROADCAST_STALL = Stall(name='rank 0 alone in _broadcast_state_dict', d
 """,
     "fuzz/model/__init__.py": """from fuzz.model.case import Body, Case
 from fuzz.model.codec import case_from_json
-from fuzz.model.composition import Composition, Knobs, MixedPrecision, ShardSpec, TpPair, Wrapper
-from fuzz.model.state import Api, DcpBody, DcpItem, DcpMode, LoadPlannerOptions, Options, Overwrite, SavePlannerOptions, StateDictBody, WriterOptions, dcp_root, is_fsdp1, is_plain
+from fuzz.model.composition import CheckpointOptions, Composition, ContextFn, DeterminismCheck, Knobs, MixedPrecision, ReplicateGroup, ReplicateOptions, ShardSpec, TpPair, Wrapper
+from fuzz.model.state import Api, DcpBody, DcpItem, DcpMode, LoadPlannerOptions, Options, Overwrite, RequiresGrad, SavePlannerOptions, StateDictBody, WriterOptions, dcp_root, is_fsdp1, is_plain, schedule_problem
 from fuzz.model.training import AccumSync, Compile, Optimizer, Skip, Training, Unfreeze
-from fuzz.model.tree import Block, Dtype, Leaf, LeafKind, ModuleTree, Node
+from fuzz.model.tree import Block, Dtype, Leaf, LeafKind, ModuleTree, Node, param_names
 """,
     "fuzz/model/case.py": """from __future__ import annotations
 import builtins
@@ -849,6 +926,61 @@ class Knobs:
     def names(self):
         ...
 
+class ReplicateGroup(str, enum.Enum):
+    DEFAULT = 'default'
+    PROCESS_GROUP = 'process_group'
+    DEVICE_MESH = 'device_mesh'
+
+@dataclass(frozen=True)
+class ReplicateOptions:
+    bucket_cap_mb: float | None = None
+    bucket_cap_mb_list: tuple[float, ...] = ()
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
+    init_sync: bool = True
+    dim: int = 0
+    group: ReplicateGroup = ReplicateGroup.DEFAULT
+    device_id: bool = False
+    ignored_modules: tuple[str, ...] = ()
+    forward_sync_buffers: bool | None = None
+    batched_grad_copy: bool = False
+    skip_all_reduce_unused_params: bool = False
+    delay_all_reduce: bool = False
+
+    def __post_init__(self):
+        caps = (*(() if self.bucket_cap_mb is None else (self.bucket_cap_mb,)), *self.bucket_cap_mb_list)
+
+    @property
+    def is_set(self):
+        return self != ReplicateOptions()
+
+    def names(self):
+        ...
+
+class ContextFn(str, enum.Enum):
+    NONE = 'none'
+    SAVE_MATMULS = 'save_matmuls'
+    SAVE_MATMULS_LIST = 'save_matmuls_list'
+
+class DeterminismCheck(str, enum.Enum):
+    DEFAULT = 'default'
+    NONE = 'none'
+
+@dataclass(frozen=True)
+class CheckpointOptions:
+    preserve_rng_state: bool = True
+    context_fn: ContextFn = ContextFn.NONE
+    determinism_check: DeterminismCheck | None = None
+    debug: bool = False
+    early_stop: bool | None = None
+
+    @property
+    def is_set(self):
+        return self != CheckpointOptions()
+
+    def names(self):
+        ...
+
 @dataclass(frozen=True)
 class Composition:
     shards: tuple[ShardSpec, ...] = ()
@@ -863,6 +995,8 @@ class Composition:
     tp_size: int = 1
     find_unused: bool = False
     knobs: Knobs = field(default_factory=Knobs)
+    replicate_options: ReplicateOptions = field(default_factory=ReplicateOptions)
+    checkpoint_options: CheckpointOptions = field(default_factory=CheckpointOptions)
 
     def __post_init__(self):
         pass
@@ -892,7 +1026,7 @@ from typing import ClassVar
 from fuzz.model.case import Body
 from fuzz.model.composition import Composition, Wrapper
 from fuzz.model.training import Training
-from fuzz.model.tree import ModuleTree
+from fuzz.model.tree import Block, Leaf, ModuleTree
 
 def dcp_root(driver_pid):
     return os.path.join(tempfile.gettempdir(), f'shardfuzz-dcp-{driver_pid}')
@@ -916,6 +1050,19 @@ def _check_drop(drop):
 
 def _check_frozen_in_optimizer(tree, frozen_in_optimizer):
     pass
+
+def _check_schedule(body):
+    problem = schedule_problem(body.tree, body.source, body.target, body.training, body.steps_after, body.requires_grad, body.frozen_in_optimizer)
+
+@dataclass(frozen=True)
+class RequiresGrad:
+    path: str
+    step: int
+    trainable: bool
+
+def schedule_problem(tree, source, target, training, steps_after, changes, frozen_in_optimizer):
+    if not changes:
+        return None
 
 class Api(str, enum.Enum):
     SPLIT = 'split'
@@ -948,11 +1095,13 @@ class StateDictBody(Body):
     drop: tuple[int, ...] = ()
     frozen_in_optimizer: bool = False
     empty_group: bool = False
+    requires_grad: tuple[RequiresGrad, ...] = ()
 
     def __post_init__(self):
         _check_common(self.tree, self.source, self.target, self.training, self.steps_after, self.target_meta_init)
         _check_drop(self.drop)
         _check_frozen_in_optimizer(self.tree, self.frozen_in_optimizer)
+        _check_schedule(self)
         save, load = (self.save, self.load)
         self._check_frozen_and_flat()
 
@@ -1046,6 +1195,7 @@ class DcpBody(Body):
     absent: bool = False
     convert: bool = False
     own_group: bool = False
+    requires_grad: tuple[RequiresGrad, ...] = ()
 
     @property
     def classic_fsdp1(self):
@@ -1173,6 +1323,9 @@ class Block:
         pass
 Node = Union[Leaf, Block]
 
+def param_names(node):
+    ...
+
 @dataclass(frozen=True)
 class ModuleTree:
     width: int
@@ -1243,10 +1396,16 @@ def _one_bug(case, failure):
         return failure
 
 def judge_state_dict(case, outcome):
-    return _one_bug(case, _judge_state_dict(case, outcome))
+    return _one_bug(case, _frozen_state_dropped(case, _judge_state_dict(case, outcome)))
 
 def judge_dcp(case, outcome):
     ...
+OPTIMIZER_CHECKS = ('optimizer', 'resume_loss', 'resume_params')
+
+def _frozen_state_dropped(case, failure):
+    body = case.body
+    if failure is None or failure.kind != 'mismatch' or (not isinstance(body, (StateDictBody, DcpBody))) or (not known.frozen_state_dropped(body)) or (failure.details.get('check') not in OPTIMIZER_CHECKS):
+        return failure
 
 def _judge_state_dict(case, outcome):
     if not outcome.ok:
