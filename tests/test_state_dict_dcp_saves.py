@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, assume, find, given, settings
+from hypothesis import HealthCheck, Phase, assume, find, given, seed, settings
 from hypothesis import strategies as st
 
 from fuzz import known
@@ -252,9 +252,13 @@ def _counts(strategy: Any, features: Any) -> tuple[Counter[str], int]:
     counts: Counter[str] = Counter()
     n = 0
 
+    # A fixed seed rather than derandomize: a derandomized run explores from its own earlier
+    # examples, so its sample's rates follow the shape of the draws, not their odds (one more
+    # draw at the end of a case once took overwrite:false from 10% to 3% of such a sample).
+    @seed(20261124)
     @settings(
         max_examples=500,
-        derandomize=True,
+        derandomize=False,
         database=None,
         deadline=None,
         phases=[Phase.generate],
