@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=dec943dbfb3fbc6f sources=a5d767261d3f7b0e seconds=20.0
+# shardfuzz reduced reproducer: entry=dec943dbfb3fbc6f sources=eaf5650b10dabf4f seconds=29.4
 """Reproduces shardfuzz corpus entry dcp-exception-e248d03a903f.json: exception:dcp:builtins.AssertionError@torch/distributed/checkpoint/state_dict.py:_load_optim_state_dict
 
 set_optimizer_state_dict(full_state_dict=True) raises AssertionError('Expected device to be

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=788a7551e5f406a5 sources=2a826852afe86feb seconds=20.4
+# shardfuzz reduced reproducer: entry=788a7551e5f406a5 sources=0eec14d08bf36b49 seconds=29.0
 """Reproduces shardfuzz corpus entry metamorphic-exception-7ac48053331b.json: exception:metamorphic:builtins.RuntimeError@torch/optim/sgd.py:_multi_tensor_sgd
 
 rank 0 raised builtins.RuntimeError: aten._foreach_add_.List got mixed torch.Tensor and DTensor,

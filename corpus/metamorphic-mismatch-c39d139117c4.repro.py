@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=0cab5ff74fb722b8 sources=2a826852afe86feb seconds=22.5
+# shardfuzz reduced reproducer: entry=0cab5ff74fb722b8 sources=0eec14d08bf36b49 seconds=20.0
 """Reproduces shardfuzz corpus entry metamorphic-mismatch-c39d139117c4.json: mismatch:metamorphic@fsdp1:shard1
 
 0.weight[1] after step 0 is -0.362216979265213, expected -0.32023686170578003 (error 0.042 >

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=c810a4073b4aafa8 sources=2a826852afe86feb seconds=21.4
+# shardfuzz reduced reproducer: entry=c810a4073b4aafa8 sources=0eec14d08bf36b49 seconds=20.4
 """Reproduces shardfuzz corpus entry metamorphic-mismatch-fc5f66f774ab.json: mismatch:metamorphic@fsdp1:unfrozen-frozen-unit
 
 FSDP1 NO_SHARD auto-wrapping a block whose parameters are all frozen, one of them unfrozen

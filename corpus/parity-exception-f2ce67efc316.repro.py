@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=37b442d2124fd76b sources=2a826852afe86feb seconds=26.9
+# shardfuzz reduced reproducer: entry=37b442d2124fd76b sources=0eec14d08bf36b49 seconds=20.8
 """Reproduces shardfuzz corpus entry parity-exception-f2ce67efc316.json: exception:parity:builtins.RuntimeError@torch/optim/sgd.py:_multi_tensor_sgd
 
 rank 0 raised builtins.RuntimeError: aten._foreach_add_.List got mixed torch.Tensor and DTensor,

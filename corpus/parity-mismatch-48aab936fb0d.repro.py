@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=8fdae8be7c1a294b sources=2a826852afe86feb seconds=23.3
+# shardfuzz reduced reproducer: entry=8fdae8be7c1a294b sources=0eec14d08bf36b49 seconds=20.8
 """Reproduces shardfuzz corpus entry parity-mismatch-48aab936fb0d.json: mismatch:parity@fsdp1:unfrozen-frozen-unit
 
 FSDP1 NO_SHARD auto-wrapping a block whose parameters are all frozen, one of them unfrozen

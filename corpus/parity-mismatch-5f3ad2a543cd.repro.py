@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=e32ecf43afd55ca4 sources=2a826852afe86feb seconds=26.3
+# shardfuzz reduced reproducer: entry=e32ecf43afd55ca4 sources=0eec14d08bf36b49 seconds=24.3
 """Reproduces shardfuzz corpus entry parity-mismatch-5f3ad2a543cd.json: mismatch:parity@fsdp2:unfrozen-unresharded
 
 FSDP2: a frozen fully_shard unit with reshard_after_forward=False under a replicate'd root is

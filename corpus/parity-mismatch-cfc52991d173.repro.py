@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=93febf04c484369d sources=2a826852afe86feb seconds=27.6
+# shardfuzz reduced reproducer: entry=93febf04c484369d sources=0eec14d08bf36b49 seconds=23.7
 """Reproduces shardfuzz corpus entry parity-mismatch-cfc52991d173.json: mismatch:parity@fsdp2:unused-no-all-reduce
 
 FSDP2 HSDP with set_requires_all_reduce(False): a unit unused on the last microbatch loses the

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=bdf91b3a9710ef8a sources=2a826852afe86feb seconds=25.3
+# shardfuzz reduced reproducer: entry=bdf91b3a9710ef8a sources=0eec14d08bf36b49 seconds=21.8
 """Reproduces shardfuzz corpus entry parity-mismatch-da0c9d4e06cd.json: mismatch:parity@fsdp1:shard1
 
 0.weight[1] after step 0 is -0.32023686170578003, expected -0.362216979265213 (error 0.042 >

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=c11db375f7be6f4c sources=73ce96bb6e183ac8 seconds=27.7
+# shardfuzz reduced reproducer: entry=c11db375f7be6f4c sources=6c2335d0b1851556 seconds=23.1
 """Reproduces shardfuzz corpus entry state_dict-exception-ab49bbd468b0.json: exception:state_dict:builtins.AssertionError@torch/distributed/fsdp/_state_dict_utils.py:_common_unshard_post_state_dict_hook
 
 FSDP1 NO_SHARD (use_orig_params) with an auto-wrapped unit whose parameters are all frozen:

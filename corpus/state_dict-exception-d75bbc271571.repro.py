@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=7e3bfa33e075cc53 sources=73ce96bb6e183ac8 seconds=20.9
+# shardfuzz reduced reproducer: entry=7e3bfa33e075cc53 sources=6c2335d0b1851556 seconds=15.1
 """Reproduces shardfuzz corpus entry state_dict-exception-d75bbc271571.json: exception:state_dict:builtins.AssertionError@torch/distributed/checkpoint/state_dict.py:_load_optim_state_dict
 
 set_optimizer_state_dict(full_state_dict=True) raises AssertionError('Expected device to be

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=cad66900fbc82703 sources=73ce96bb6e183ac8 seconds=42.9
+# shardfuzz reduced reproducer: entry=cad66900fbc82703 sources=6c2335d0b1851556 seconds=39.1
 """Reproduces shardfuzz corpus entry state_dict-hang-dff6a54ad235.json: hang:state_dict@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone
 
 set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0 pass an empty model

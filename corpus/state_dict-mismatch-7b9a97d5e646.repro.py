@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=8d4f151dd1d397c9 sources=73ce96bb6e183ac8 seconds=20.5
+# shardfuzz reduced reproducer: entry=8d4f151dd1d397c9 sources=6c2335d0b1851556 seconds=14.9
 """Reproduces shardfuzz corpus entry state_dict-mismatch-7b9a97d5e646.json: mismatch:state_dict@fsdp1_optim_state_dict:shard1
 
 FSDP1 HYBRID_SHARD with a shard dimension of size 1 never averages gradients across replicas;

@@ -334,7 +334,13 @@ def _low_precision_microbatch(
     cast to ``param_dtype``, the input cast to it too (the root's ``cast_forward_inputs``), the
     output cast to ``output_dtype``; each gradient cast to ``reduce_dtype`` (else the compute
     dtype), summed over the ranks and divided by their number in that dtype, then cast to the
-    parameter's dtype and accumulated there. Returns the loss."""
+    parameter's dtype and accumulated there. Returns the loss.
+
+    Where FSDP2 sees an overflow risk (a reduce dtype other than float32 / bfloat16), it divides
+    by part of the rank count before the sum and by the rest after it, "to avoid
+    overflow/underflow" (``_fsdp_collectives._get_gradient_divide_factors``); the reference
+    splits the division the same way (:func:`_divide_split`), which differs from dividing after
+    the sum where float16 gradients are subnormal."""
     base = TORCH_DTYPES[training.dtype]
     compute = TORCH_DTYPES[mp.param_dtype] if mp.param_dtype is not None else base
     reduce = TORCH_DTYPES[mp.reduce_dtype] if mp.reduce_dtype is not None else compute
@@ -348,10 +354,26 @@ def _low_precision_microbatch(
         if q.grad is None:
             continue
         g = q.grad.to(reduce)
+        before, after = _divide_split(reduce, ctx.world_size)
+        if before != 1:
+            g = g / before
         dist.all_reduce(g)
-        g = (g / ctx.world_size).to(p.dtype)
+        g = (g / after).to(p.dtype)
         p.grad = g if p.grad is None else p.grad + g
     return loss
+
+
+def _divide_split(reduce: torch.dtype, world_size: int) -> tuple[int, float]:
+    """(before, after): FSDP2 divides a gradient reduced in ``reduce`` over ``world_size`` ranks
+    by ``before`` ahead of the sum and by ``after`` behind it. For float32 and bfloat16 all of
+    it after (an average); for other dtypes the smallest power of two ``before`` with
+    ``before >= world_size / before`` that divides the count, the rest after."""
+    if reduce in (torch.float32, torch.bfloat16) or world_size == 1:
+        return 1, float(world_size)
+    before = 1
+    while world_size % before == 0 and world_size / before > before:
+        before *= 2
+    return before, world_size / before
 
 
 def grad_scales(tree: ModuleTree, comp: Composition, world_size: int) -> dict[str, float]:
