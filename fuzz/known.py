@@ -19,6 +19,7 @@ Imports only the standard library, the model and the verdict types.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fuzz.model import (
@@ -30,6 +31,7 @@ from fuzz.model import (
     Case,
     Compile,
     Composition,
+    ContextFn,
     DcpBody,
     DcpItem,
     Dtype,
@@ -41,6 +43,7 @@ from fuzz.model import (
     StateDictBody,
     Training,
     Wrapper,
+    contains,
     fsdp1_gathers,
     has_params,
     is_fsdp1,
@@ -326,6 +329,45 @@ PLAN_CACHE_FAILED_SAVE = KnownBug(
     fixed_in="2.13",
     docs="docs/state_dict.md",
 )
+CHECKPOINT_DEBUG = KnownBug(
+    "checkpoint-debug-always-refused",
+    "composable checkpoint(module, debug=True) raises ValueError 'debug=True is incompatible with "
+    "non-default context_fn' on the first forward whatever the caller passes: it always hands "
+    "torch.utils.checkpoint a context_fn of its own",
+    upstream="pytorch/pytorch#185285",
+    relation="same bug (pull request: allow debug mode with context_fn in checkpoint(); an earlier "
+    "attempt in see_also)",
+    state="not in torch 2.13.0",
+    see_also=("pytorch/pytorch#175338",),
+)
+SAC_OVER_FSDP_UNIT = KnownBug(
+    "selective-checkpoint-over-fully_shard-unit",
+    "selective activation checkpointing (context_fn=create_selective_checkpoint_contexts) over a region "
+    "holding a fully_shard unit whose state differs between forward and recomputation (kept unsharded "
+    "by set_reshard_after_backward(False), prefetched, frozen): the replay counts FSDP2's "
+    "record_function markers and raises 'profiler._record_function_enter_new.default invocation index "
+    "N encountered during backward but not found in storage'",
+    upstream="pytorch/pytorch#196862",
+    relation="same bug (pull request: exclude all-gather internals and profiler ops from selective checkpointing)",
+    state="not in torch 2.13.0",
+    see_also=("pytorch/pytorch#185178", "pytorch/torchtitan#3427"),
+)
+DELAY_ALL_REDUCE_ROOT = KnownBug(
+    "ddp-delay-all-reduce-root-params-reduced-twice",
+    "DistributedDataParallel(delay_all_reduce_named_params=..., param_to_hook_all_reduce=...): a delayed "
+    "parameter of the root module itself stays in the reducer too (the reducer leaves out "
+    "f'{module_name}.{name}', which is '.<name>' for the root's own parameters), so it is all-reduced "
+    "twice, racing, and its gradient is wrong now and then; every parameter replicate() hands DDP is "
+    "one (an nn.ParameterList's)",
+    symptoms=frozenset({"mismatch"}),
+    relation="none found after five phrasings; the option came with the pull request in see_also",
+    state="present in torch 2.13.0",
+    see_also=("pytorch/pytorch#95669",),
+    ends_ranks=False,
+    tag=":delay-all-reduce",
+    # a racing mismatch: most cases that meet it pass, so it costs little to draw
+    odds=4,
+)
 BUGS: dict[str, KnownBug] = {
     b.id: b
     for b in (
@@ -355,6 +397,9 @@ BUGS: dict[str, KnownBug] = {
         FLAT_FULL_OPTIM,
         FROZEN_OPTIM_STATE_DROPPED,
         PLAN_CACHE_FAILED_SAVE,
+        CHECKPOINT_DEBUG,
+        SAC_OVER_FSDP_UNIT,
+        DELAY_ALL_REDUCE_ROOT,
     )
 }
 
@@ -550,6 +595,24 @@ def unfrozen_in_frozen_mp_unit(tree: ModuleTree, comp: Composition, training: Tr
     return False
 
 
+def checkpoint_debug(comp: Composition) -> bool:
+    """checkpoint(debug=True) on some checkpointed module (:data:`CHECKPOINT_DEBUG`)."""
+    return bool(comp.checkpoints) and comp.checkpoint_options.debug
+
+
+def selective_over_unit(comp: Composition) -> bool:
+    """A selective checkpoint over a region holding a fully_shard unit (:data:`SAC_OVER_FSDP_UNIT`:
+    it fails where the unit's state differs between forward and recomputation)."""
+    return comp.checkpoint_options.context_fn is not ContextFn.NONE and any(
+        contains(c, p) for c in comp.checkpoints for p in comp.sharded_paths
+    )
+
+
+def delayed_all_reduce(comp: Composition) -> bool:
+    """replicate with delay_all_reduce_named_params (:data:`DELAY_ALL_REDUCE_ROOT`)."""
+    return bool(comp.replicates) and comp.replicate_options.delay_all_reduce
+
+
 def mismatch_tags(
     comp: Composition, tree: ModuleTree | None = None, training: Training | None = None, world_size: int = 2
 ) -> str:
@@ -569,6 +632,8 @@ def mismatch_tags(
             tags += FSDP1_UNFROZEN_FROZEN_UNIT.tag
     if training is not None and divide_factor_twice(comp, training, world_size):
         tags += DIVIDE_FACTOR_TWICE.tag
+    if delayed_all_reduce(comp):
+        tags += DELAY_ALL_REDUCE_ROOT.tag
     return tags
 
 
@@ -790,101 +855,120 @@ def stateless_full_path(full: bool, target: Composition) -> bool:
     return full and not is_fsdp1(target)
 
 
-def known_bug(case: Case) -> str | None:
-    """The id of the known bug a state_dict or dcp case runs into (its condition can be told
-    from the case), checked in a fixed order: the training bugs its sides meet first, then the
-    state-dict and DCP bugs."""
+def _comps(case: Case) -> list[Composition]:
+    """Every composition of the case: the base and the variant of a metamorphic case, the source
+    and the target of a state-dict case."""
+    return [v for v in vars(case.body).values() if isinstance(v, Composition)]
+
+
+def _per_comp(condition: Callable[[ModuleTree, Composition, Training], bool]) -> Callable[[Case], bool]:
+    """A training condition met through any composition of a case with a tree and a training."""
+
+    def met(case: Case) -> bool:
+        tree, training = getattr(case.body, "tree", None), getattr(case.body, "training", None)
+        if not isinstance(tree, ModuleTree) or not isinstance(training, Training):
+            return False
+        return any(condition(tree, c, training) for c in _comps(case))
+
+    return met
+
+
+def _with_training(condition: Callable[[Composition, Training, int], bool]) -> Callable[[Case], bool]:
+    def met(case: Case) -> bool:
+        training = getattr(case.body, "training", None)
+        return isinstance(training, Training) and any(condition(c, training, case.world_size) for c in _comps(case))
+
+    return met
+
+
+def _saving(condition: Callable[[Case], bool]) -> Callable[[Case], bool]:
+    """A condition of state_dict and dcp bodies only."""
+    return lambda case: isinstance(case.body, (StateDictBody, DcpBody)) and condition(case)
+
+
+def _frozen_int_reshard(case: Case) -> bool:
+    tree = getattr(case.body, "tree", None)
+    return isinstance(tree, ModuleTree) and any(frozen_int_reshard_unit(tree, c) for c in _comps(case))
+
+
+def _foreach_mixed(case: Case) -> bool:
+    training = getattr(case.body, "training", None)
+    return isinstance(training, Training) and foreach_over_mixed(training, tuple(_comps(case)))
+
+
+def _unfrozen_unresharded(case: Case) -> bool:
     body = case.body
-    if not isinstance(body, (StateDictBody, DcpBody)):
+    if (
+        isinstance(body, (StateDictBody, DcpBody))
+        and body.frozen_in_optimizer
+        and unresharded_frozen(body.tree, body.source)
+    ):
+        return True
+    return _per_comp(unfrozen_unresharded_unit)(case)
+
+
+def _fsdp1_unfrozen_frozen_unit(case: Case) -> bool:
+    return _per_comp(lambda t, c, tr: fsdp1_unfrozen_in_frozen_unit(t, c, tr, case.world_size))(case)
+
+
+#: Every bug whose condition a case can meet, with that condition over the whole case: the one
+#: place that says which bugs a case meets (:func:`bugs_met`, :func:`known_bug`,
+#: :func:`ends_ranks` and :func:`explains` all read it). The order is the order in which
+#: :func:`known_bug` names the first bug a state-dict case meets: the training bugs its sides
+#: meet first, then the state-dict and DCP bugs.
+CONDITIONS: tuple[tuple[KnownBug, Callable[[Case], bool]], ...] = (
+    (INT_RESHARD_DIM1, lambda case: any(int_reshard_dim1(c) for c in _comps(case))),
+    (FSDP1_HSDP_SHARD1, lambda case: any(fsdp1_shard1(c) for c in _comps(case))),
+    (FSDP1_FROZEN_UNIT, _saving(lambda case: fsdp1_frozen_unit(case.body.source, case.body.tree))),
+    (FSDP1_FULL_OFFLOAD, _saving(lambda case: fsdp1_full_offload(case.body, case.world_size))),
+    (FSDP1_DCP_STATELESS, _saving(lambda case: fsdp1_dcp_stateless(case.body))),
+    (FSDP1_DCP_EMPTY_SHARD, _saving(lambda case: fsdp1_dcp_empty_shard(case.body, case.world_size))),
+    (FSDP1_ASYNC_DEFAULT_STAGER, _saving(lambda case: fsdp1_async_default_stager(case.body))),
+    (CACHED_STAGING_NEEDS_ACCELERATOR, lambda case: isinstance(case.body, DcpBody) and case.body.cache_staged),
+    (BROADCAST_EMPTY, _saving(lambda case: broadcast_empty(case.body))),
+    (STATELESS_FULL, _saving(lambda case: stateless_full(case.body))),
+    (FLAT_FULL_OPTIM, _saving(lambda case: flat_full_optimizer(case.body))),
+    (PLAN_CACHE_FAILED_SAVE, _saving(lambda case: plan_cache_failed_save(case.body))),
+    (FSDP1_HSDP_OPTIMIZER_LOAD, _saving(lambda case: hsdp_optimizer_load(case.body))),
+    (FROZEN_OPTIM_STATE_DROPPED, _saving(lambda case: frozen_state_dropped(case.body))),
+    (FROZEN_INT_RESHARD, _frozen_int_reshard),
+    (UNFROZEN_UNRESHARDED, _unfrozen_unresharded),
+    (UNUSED_NO_ALL_REDUCE, _per_comp(unused_no_all_reduce)),
+    (MP_NEVER_RUN_NO_SYNC, _per_comp(never_run_under_no_sync)),
+    (MP_UNIFORM_GRAD_DTYPE, _per_comp(never_run_under_no_sync)),
+    (MP_FROZEN_AT_LAZY_INIT, _per_comp(unfrozen_in_frozen_mp_unit)),
+    (FSDP1_UNFROZEN_FROZEN_UNIT, _fsdp1_unfrozen_frozen_unit),
+    (FOREACH_MIXED, _foreach_mixed),
+    (FSDP1_COMPILE_SHARDED_GRAD, _with_training(fsdp1_compiled_with_sharded_grads)),
+    (DIVIDE_FACTOR_TWICE, _with_training(divide_factor_twice)),
+    (CHECKPOINT_DEBUG, lambda case: any(checkpoint_debug(c) for c in _comps(case))),
+    (SAC_OVER_FSDP_UNIT, lambda case: any(selective_over_unit(c) for c in _comps(case))),
+    (DELAY_ALL_REDUCE_ROOT, lambda case: any(delayed_all_reduce(c) for c in _comps(case))),
+)
+
+
+def _met_in_order(case: Case) -> list[KnownBug]:
+    return [bug for bug, condition in CONDITIONS if condition(case)]
+
+
+def known_bug(case: Case) -> str | None:
+    """The id of the first known bug (in :data:`CONDITIONS` order) a state_dict or dcp case
+    meets, whatever its symptom; None for other properties' cases."""
+    if not isinstance(case.body, (StateDictBody, DcpBody)):
         return None
-    sides = (body.source, body.target)
-    checks: list[tuple[KnownBug, bool]] = [
-        (INT_RESHARD_DIM1, any(int_reshard_dim1(c) for c in sides)),
-        (FSDP1_HSDP_SHARD1, any(fsdp1_shard1(c) for c in sides)),
-        (FSDP1_FROZEN_UNIT, fsdp1_frozen_unit(body.source, body.tree)),
-        (FSDP1_FULL_OFFLOAD, fsdp1_full_offload(body, case.world_size)),
-        (FSDP1_DCP_STATELESS, fsdp1_dcp_stateless(body)),
-        (FSDP1_DCP_EMPTY_SHARD, fsdp1_dcp_empty_shard(body, case.world_size)),
-        (FSDP1_ASYNC_DEFAULT_STAGER, fsdp1_async_default_stager(body)),
-        (CACHED_STAGING_NEEDS_ACCELERATOR, isinstance(body, DcpBody) and body.cache_staged),
-        (BROADCAST_EMPTY, broadcast_empty(body)),
-        (STATELESS_FULL, stateless_full(body)),
-        (FLAT_FULL_OPTIM, flat_full_optimizer(body)),
-        (PLAN_CACHE_FAILED_SAVE, plan_cache_failed_save(body)),
-    ]
-    return next((bug.id for bug, met in checks if met), None)
+    return next((bug.id for bug in _met_in_order(case)), None)
 
 
 def ends_ranks(case: Case) -> str | None:
     """The id of a known bug the case would run into in a way that ends its ranks (an exception
     or a hang), if the case tells; mismatches leave the ranks alive and are not named here."""
-    bug = known_bug(case)
-    if bug is not None:
-        return bug
-    comps = [v for v in vars(case.body).values() if isinstance(v, Composition)]
-    if any(int_reshard_dim1(c) for c in comps):
-        return INT_RESHARD_DIM1.id
-    training = getattr(case.body, "training", None)
-    if isinstance(training, Training) and any(
-        fsdp1_compiled_with_sharded_grads(c, training, case.world_size) for c in comps
-    ):
-        return FSDP1_COMPILE_SHARDED_GRAD.id
-    return None
+    return next((bug.id for bug in _met_in_order(case) if bug.ends_ranks), None)
 
 
 def bugs_met(case: Case) -> list[KnownBug]:
-    """Every known bug whose condition the case meets, through any of its compositions (the
-    base and the variant of a metamorphic case, the source and the target of a state-dict
-    case), in registry order."""
-    body = case.body
-    tree = getattr(body, "tree", None)
-    training = getattr(body, "training", None)
-    comps = [v for v in vars(body).values() if isinstance(v, Composition)]
-    met: set[str] = set()
-    for comp in comps:
-        met |= {
-            b.id for b, m in ((INT_RESHARD_DIM1, int_reshard_dim1(comp)), (FSDP1_HSDP_SHARD1, fsdp1_shard1(comp))) if m
-        }
-        if isinstance(tree, ModuleTree) and frozen_int_reshard_unit(tree, comp):
-            met.add(FROZEN_INT_RESHARD.id)
-        if isinstance(tree, ModuleTree) and isinstance(training, Training):
-            for bug, condition in (
-                (UNFROZEN_UNRESHARDED, unfrozen_unresharded_unit),
-                (UNUSED_NO_ALL_REDUCE, unused_no_all_reduce),
-                (MP_NEVER_RUN_NO_SYNC, never_run_under_no_sync),
-                (MP_UNIFORM_GRAD_DTYPE, never_run_under_no_sync),
-                (MP_FROZEN_AT_LAZY_INIT, unfrozen_in_frozen_mp_unit),
-            ):
-                if condition(tree, comp, training):
-                    met.add(bug.id)
-            if fsdp1_unfrozen_in_frozen_unit(tree, comp, training, case.world_size):
-                met.add(FSDP1_UNFROZEN_FROZEN_UNIT.id)
-    if isinstance(training, Training) and foreach_over_mixed(training, tuple(comps)):
-        met.add(FOREACH_MIXED.id)
-    if isinstance(training, Training) and any(
-        fsdp1_compiled_with_sharded_grads(c, training, case.world_size) for c in comps
-    ):
-        met.add(FSDP1_COMPILE_SHARDED_GRAD.id)
-    if isinstance(training, Training) and any(divide_factor_twice(c, training, case.world_size) for c in comps):
-        met.add(DIVIDE_FACTOR_TWICE.id)
-    if isinstance(body, (StateDictBody, DcpBody)):
-        for bug, hit in (
-            (FSDP1_FROZEN_UNIT, fsdp1_frozen_unit(body.source, body.tree)),
-            (FSDP1_FULL_OFFLOAD, fsdp1_full_offload(body, case.world_size)),
-            (FSDP1_DCP_STATELESS, fsdp1_dcp_stateless(body)),
-            (FSDP1_DCP_EMPTY_SHARD, fsdp1_dcp_empty_shard(body, case.world_size)),
-            (FSDP1_ASYNC_DEFAULT_STAGER, fsdp1_async_default_stager(body)),
-            (CACHED_STAGING_NEEDS_ACCELERATOR, isinstance(body, DcpBody) and body.cache_staged),
-            (BROADCAST_EMPTY, broadcast_empty(body)),
-            (STATELESS_FULL, stateless_full(body)),
-            (FLAT_FULL_OPTIM, flat_full_optimizer(body)),
-            (FSDP1_HSDP_OPTIMIZER_LOAD, hsdp_optimizer_load(body)),
-            (FROZEN_OPTIM_STATE_DROPPED, frozen_state_dropped(body)),
-            (PLAN_CACHE_FAILED_SAVE, plan_cache_failed_save(body)),
-            (UNFROZEN_UNRESHARDED, body.frozen_in_optimizer and bool(unresharded_frozen(body.tree, body.source))),
-        ):
-            if hit:
-                met.add(bug.id)
+    """Every known bug whose condition the case meets, through any of its compositions, in
+    registry order."""
+    met = {bug.id for bug in _met_in_order(case)}
     return [b for b in BUGS.values() if b.id in met]
 
 

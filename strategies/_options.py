@@ -17,6 +17,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from fuzz import known
 from fuzz.errors import CaseError
 from fuzz.model import (
     Block,
@@ -31,10 +32,10 @@ from fuzz.model import (
     ReplicateGroup,
     ReplicateOptions,
     check_composition,
-    contains,
     is_ancestor,
     iter_paths,
 )
+from strategies._odds import keep_known
 
 
 def _source(module: str, attr: str) -> str:
@@ -128,13 +129,13 @@ def replicate_options(draw: st.DrawFn, tree: ModuleTree, comp: Composition, *, l
     maybe("skip_all_reduce_unused_params", st.booleans())
     if local and draw(st.sampled_from([False, True, True])):
         fields["ignored_modules"] = draw(_ignored_modules(tree, comp))
-    # delay_all_reduce (delay_all_reduce_named_params + param_to_hook_all_reduce) is not drawn: a
-    # torch bug (2.13) makes it reduce the delayed parameters twice under replicate. DDP leaves
-    # the named parameters out of its reducer by comparing them with f"{module_name}.{name}",
-    # which for a parameter of the root module is ".<name>", never a name named_parameters()
-    # gives; replicate hands DDP an nn.ParameterList, whose parameters are all the root's own.
-    # Both reductions write the average, racing: the gradients come out wrong now and then
-    # (3 of 60 two-rank CPU runs), always with static_graph (first step) or batched_grad_copy.
+    # delay_all_reduce (delay_all_reduce_named_params + param_to_hook_all_reduce) meets a torch
+    # bug under replicate (known.DELAY_ALL_REDUCE_ROOT: the delayed parameters are reduced
+    # twice, racing): rarely, where some replicate call has a plan.
+    if replicate_takes("delay_all_reduce_named_params") and keep_known(draw, known.DELAY_ALL_REDUCE_ROOT):
+        layout = Layout(tree, comp)
+        if any(layout.delay_plan(r) for r in comp.replicates):
+            fields["delay_all_reduce"] = True
     return ReplicateOptions(**fields)
 
 
@@ -151,19 +152,25 @@ def _dropout_checkpointed(tree: ModuleTree, comp: Composition) -> bool:
 @st.composite
 def checkpoint_options(draw: st.DrawFn, tree: ModuleTree, comp: Composition) -> CheckpointOptions:
     """Options for the checkpoint calls of ``comp`` (about half of them each, where torch takes
-    them): ``preserve_rng_state=False`` only where no dropout runs inside a checkpointed module,
-    ``context_fn`` only where no fully_shard unit is; never ``debug`` (see below)."""
+    them): ``preserve_rng_state=False`` only where no dropout runs inside a checkpointed module;
+    ``context_fn`` over a fully_shard unit and ``debug`` rarely (torch bugs, see below)."""
     fields: dict[str, Any] = {}
     if checkpoint_takes("preserve_rng_state") and not _dropout_checkpointed(tree, comp):
         fields["preserve_rng_state"] = draw(st.booleans())
-    # context_fn only over regions without a fully_shard unit (fuzz.model.Composition says why)
-    if checkpoint_takes("context_fn") and not any(contains(c, p) for c in comp.checkpoints for p in comp.sharded_paths):
-        fields["context_fn"] = draw(st.sampled_from(ContextFn))
+    # context_fn over a region holding a fully_shard unit meets a torch bug
+    # (known.SAC_OVER_FSDP_UNIT): there rarely
+    if checkpoint_takes("context_fn"):
+        over_unit = known.selective_over_unit(
+            replace(comp, checkpoint_options=CheckpointOptions(context_fn=ContextFn.SAVE_MATMULS))
+        )
+        if not over_unit or keep_known(draw, known.SAC_OVER_FSDP_UNIT):
+            fields["context_fn"] = draw(st.sampled_from(ContextFn))
     if checkpoint_takes("determinism_check"):
         fields["determinism_check"] = draw(st.sampled_from([None, DeterminismCheck.DEFAULT, DeterminismCheck.NONE]))
-    # debug=True is not drawn: composable checkpoint always hands torch.utils.checkpoint a
-    # context_fn of its own (to keep its hook from running again during recomputation), which
-    # refuses any with "debug=True is incompatible with non-default context_fn" (torch 2.13).
+    # debug=True: composable checkpoint always hands torch.utils.checkpoint a context_fn of its
+    # own, which refuses debug (known.CHECKPOINT_DEBUG): rarely
+    if checkpoint_takes("debug") and keep_known(draw, known.CHECKPOINT_DEBUG):
+        fields["debug"] = True
     if checkpoint_takes("early_stop"):
         fields["early_stop"] = draw(st.sampled_from([None, True, False]))
     return CheckpointOptions(**fields)

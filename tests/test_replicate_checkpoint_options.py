@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from fuzz import known
 from fuzz.errors import CaseError
 from fuzz.explore import run_case
 from fuzz.model import (
@@ -112,12 +113,6 @@ def test_rules_refuse_what_the_documentation_restricts() -> None:
             )
         )
     dropout = ModuleTree(width=3, root=Block(children=(Leaf(LeafKind.LINEAR), Leaf(LeafKind.DROPOUT))))
-    with pytest.raises(CaseError, match="fully_shard unit in the region"):
-        Composition(
-            shards=(ShardSpec(""), ShardSpec("1.0")),
-            checkpoints=("1",),
-            checkpoint_options=CheckpointOptions(context_fn=ContextFn.SAVE_MATMULS),
-        )
     with pytest.raises(CaseError, match="dropout"):
         ParityBody(
             tree=dropout,
@@ -295,3 +290,27 @@ def test_metamorphic_variants_keep_gradients_averaged(data: st.DataObject) -> No
     body = case.body
     assert isinstance(body, MetamorphicBody)
     assert body.variant.replicate_options.neutral and body.composition.replicate_options.neutral
+
+
+def test_torch_bugs_of_the_options_are_conditions_of_the_registry() -> None:
+    """Selective checkpointing over a fully_shard unit, debug=True and delayed all-reduce are
+    valid cases that meet known torch bugs (fuzz.known), not rules of the model."""
+    sac = Composition(
+        shards=(ShardSpec(""), ShardSpec("1.0")),
+        checkpoints=("1",),
+        checkpoint_options=CheckpointOptions(context_fn=ContextFn.SAVE_MATMULS),
+    )
+    debug = Composition(shards=(ShardSpec(""),), checkpoints=("1",), checkpoint_options=CheckpointOptions(debug=True))
+    delay = Composition(replicates=("",), replicate_options=ReplicateOptions(delay_all_reduce=True))
+    plain = Composition(shards=(ShardSpec(""), ShardSpec("1.0")), checkpoints=("2",))
+    assert known.selective_over_unit(sac) and not known.selective_over_unit(plain)
+    assert known.checkpoint_debug(debug) and not known.checkpoint_debug(plain)
+    assert known.delayed_all_reduce(delay) and not known.delayed_all_reduce(plain)
+    assert known.mismatch_tags(delay) == known.DELAY_ALL_REDUCE_ROOT.tag
+    for comp, bug in (
+        (sac, known.SAC_OVER_FSDP_UNIT),
+        (debug, known.CHECKPOINT_DEBUG),
+        (delay, known.DELAY_ALL_REDUCE_ROOT),
+    ):
+        case = Case("parity", 2, 0, ParityBody(tree=TREE, composition=comp, training=TRAINING))
+        assert bug in known.bugs_met(case)

@@ -9,7 +9,7 @@ import enum
 from dataclasses import dataclass, field, fields
 
 from fuzz.errors import CaseError
-from fuzz.model.tree import Dtype, contains
+from fuzz.model.tree import Dtype
 
 
 class Wrapper(str, enum.Enum):
@@ -167,8 +167,8 @@ class ReplicateOptions:
     (``delay_all_reduce_named_params`` with ``param_to_hook_all_reduce``, which DDP documents
     as set together: the parameters of the trainable modules that run after the first one,
     reduced when the first one's gradient is ready; :meth:`fuzz.model.Layout.delay_plan`),
-    which the strategies do not draw: under replicate DDP keeps the delayed parameters in its
-    reducer as well (strategies/_options.py says why), so they are reduced twice, racing.
+    which meets a torch bug (``fuzz.known.DELAY_ALL_REDUCE_ROOT``), so the strategies keep it
+    rare.
 
     Gradients local by design (``parity`` only): ``ignored_modules``, paths of modules under a
     replicated one whose parameters replicate leaves out; their gradients are not averaged, in
@@ -244,9 +244,9 @@ class CheckpointOptions:
     of which may change numerics: ``preserve_rng_state=False`` (only where no dropout runs in a
     checkpointed module: the recomputation then draws other masks, as documented),
     ``context_fn``, ``determinism_check``, ``debug``, ``early_stop``. None leaves an option out
-    of the call (torch's default). ``use_reentrant=True`` is a misuse (``invalid``). The
-    strategies do not draw ``debug=True``: composable checkpoint refuses it whatever the
-    context_fn (strategies/_options.py says why)."""
+    of the call (torch's default). ``use_reentrant=True`` is a misuse (``invalid``).
+    ``debug=True`` and ``context_fn`` over a region holding a fully_shard unit meet torch bugs
+    (``fuzz.known.CHECKPOINT_DEBUG``, ``fuzz.known.SAC_OVER_FSDP_UNIT``): kept rare."""
 
     preserve_rng_state: bool = True
     context_fn: ContextFn = ContextFn.NONE
@@ -351,17 +351,6 @@ class Composition:
             raise CaseError("replicate_options", "replicate options need replicate calls")
         if self.checkpoint_options.is_set and not self.checkpoints:
             raise CaseError("checkpoint_options", "checkpoint options need checkpoint calls")
-        if self.checkpoint_options.context_fn is not ContextFn.NONE and any(
-            contains(c, p) for c in self.checkpoints for p in self.sharded_paths
-        ):
-            # Not drawn (torch 2.13): a selective checkpoint replays its region op by op and
-            # counts every op, FSDP2's profiler markers (record_function) and collectives
-            # included; FSDP2's hooks of a unit at or inside the region do other work during the
-            # recomputation than in forward whenever its parameters' state differs (kept
-            # unsharded by set_reshard_after_backward(False), prefetched, frozen units, ...), and
-            # the replay raises "profiler._record_function_enter_new.default invocation index N
-            # encountered during backward but not found in storage".
-            raise CaseError("checkpoint_options.context_fn", "not drawn over a fully_shard unit in the region")
 
     def uniform_precision(self) -> MixedPrecision | None:
         """The one MixedPrecisionPolicy a reference can apply by hand, or None: fully_shard on the
