@@ -368,6 +368,19 @@ DELAY_ALL_REDUCE_ROOT = KnownBug(
     # a racing mismatch: most cases that meet it pass, so it costs little to draw
     odds=4,
 )
+COMPILED_UNFREEZE_PLAIN = KnownBug(
+    "compile-unfrozen-plain-param-no-recompile",
+    "torch.compile (aot_eager) of a module whose plain (non-DTensor) parameter was frozen when it was "
+    "compiled: after requires_grad_(True) the compiled forward is reused without a recompile and the "
+    "parameter gets no gradient (met through fully_shard's ignored_params, which stay plain tensors)",
+    symptoms=frozenset({"mismatch"}),
+    upstream="pytorch/pytorch#139476",
+    relation="same bug (Dynamo reuses a compiled frame when the requires_grad of module parameters changes)",
+    state="present in torch 2.11; torch 2.13.0 recompiles (the torch-only reproducer passes there)",
+    fixed_in="2.13",
+    ends_ranks=False,
+    tag=":compiled-unfreeze",
+)
 BUGS: dict[str, KnownBug] = {
     b.id: b
     for b in (
@@ -400,6 +413,7 @@ BUGS: dict[str, KnownBug] = {
         CHECKPOINT_DEBUG,
         SAC_OVER_FSDP_UNIT,
         DELAY_ALL_REDUCE_ROOT,
+        COMPILED_UNFREEZE_PLAIN,
     )
 }
 
@@ -613,6 +627,13 @@ def delayed_all_reduce(comp: Composition) -> bool:
     return bool(comp.replicates) and comp.replicate_options.delay_all_reduce
 
 
+def compiled_unfreeze_ignored(comp: Composition, training: Training) -> bool:
+    """torch.compile with aot_eager over a composition whose fully_shard ignored_params include a
+    module unfrozen later (:data:`COMPILED_UNFREEZE_PLAIN`)."""
+    ignored = {p for spec in comp.shards for p in spec.ignored}
+    return training.compile is Compile.AOT_EAGER and any(u.path in ignored for u in training.unfreeze)
+
+
 def mismatch_tags(
     comp: Composition, tree: ModuleTree | None = None, training: Training | None = None, world_size: int = 2
 ) -> str:
@@ -634,6 +655,8 @@ def mismatch_tags(
         tags += DIVIDE_FACTOR_TWICE.tag
     if delayed_all_reduce(comp):
         tags += DELAY_ALL_REDUCE_ROOT.tag
+    if training is not None and compiled_unfreeze_ignored(comp, training):
+        tags += COMPILED_UNFREEZE_PLAIN.tag
     return tags
 
 
@@ -944,6 +967,7 @@ CONDITIONS: tuple[tuple[KnownBug, Callable[[Case], bool]], ...] = (
     (CHECKPOINT_DEBUG, lambda case: any(checkpoint_debug(c) for c in _comps(case))),
     (SAC_OVER_FSDP_UNIT, lambda case: any(selective_over_unit(c) for c in _comps(case))),
     (DELAY_ALL_REDUCE_ROOT, lambda case: any(delayed_all_reduce(c) for c in _comps(case))),
+    (COMPILED_UNFREEZE_PLAIN, _with_training(lambda c, training, _: compiled_unfreeze_ignored(c, training))),
 )
 
 

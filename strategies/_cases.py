@@ -16,6 +16,7 @@ from fuzz.model import (
     Composition,
     Dtype,
     InvalidBody,
+    Layout,
     LeafKind,
     MetamorphicBody,
     Misuse,
@@ -26,6 +27,7 @@ from fuzz.model import (
     Training,
     Unfreeze,
     Wrapper,
+    check_composition,
     check_training,
     contains,
     has_params,
@@ -44,7 +46,7 @@ from strategies._compositions import (
     with_tp_blocks,
     wrappers,
 )
-from strategies._odds import CHECKPOINT_OPTION_ODDS, REPLICATE_OPTION_ODDS, keep_known, one_in
+from strategies._odds import CHECKPOINT_OPTION_ODDS, IGNORED_PARAMS_ODDS, REPLICATE_OPTION_ODDS, keep_known, one_in
 from strategies._options import checkpoint_options, checkpoint_takes, replicate_options
 from strategies._trees import WIDTHS, module_trees
 from strategies._validation import check_bounds, check_world_size
@@ -236,6 +238,29 @@ def _maybe_api_options(draw: st.DrawFn, tree: ModuleTree, comp: Composition) -> 
     return comp
 
 
+def _maybe_ignored_params(draw: st.DrawFn, tree: ModuleTree, comp: Composition) -> Composition:
+    """About one in IGNORED_PARAMS_ODDS compositions that can take them (``fuzz.model.rules``):
+    ``ignored_params`` on one fully_shard call, the own parameters of some of the modules it
+    manages, never all of them."""
+    if not comp.shards or not one_in(draw, IGNORED_PARAMS_ODDS):
+        return comp
+    layout = Layout(tree, comp)
+    index = draw(st.integers(0, len(comp.shards) - 1))
+    unit = next(u for u in layout.units if u.api == "fully_shard" and u.index == index)
+    owned = layout.owned_by(unit)
+    if len(owned) < 2:
+        return comp
+    chosen = draw(st.lists(st.sampled_from(owned), unique=True, min_size=1, max_size=len(owned) - 1))
+    shards = list(comp.shards)
+    shards[index] = replace(shards[index], ignored=tuple(p for p in owned if p in chosen))
+    candidate = replace(comp, shards=tuple(shards))
+    try:
+        check_composition(tree, candidate)
+    except CaseError:
+        return comp
+    return candidate
+
+
 def _maybe_meta_init(draw: st.DrawFn, comp: Composition) -> Composition:
     """About one in three fully_shard / checkpoint compositions starts from the meta device."""
     if comp.wrapper is Wrapper.NONE and not comp.replicates and draw(st.sampled_from((False, True, False))):
@@ -261,7 +286,7 @@ def parity_cases(
         if comp.shards and one_in(draw, KNOB_ODDS):
             knobs = draw(fsdp_knobs(comp, world_size=world_size, scaling=True, accelerator=accelerator))
             comp = replace(comp, knobs=knobs)
-    comp = _maybe_api_options(draw, tree, comp)
+    comp = _maybe_ignored_params(draw, tree, _maybe_api_options(draw, tree, comp))
     training = _fit_training(draw(trainings(max_steps=max_steps, hsdp=bool(comp.mesh))), comp)
     training = _rare_foreach_on_mixed_params(draw, training, comp)
     training = _rare_unused_after_partial_reduce(draw, tree, draw(training_schedules(tree, training, comp)), comp)
@@ -274,6 +299,11 @@ def parity_cases(
         training = _checked(tree, training, comp)  # the rare branches above may add skips
     if known.divide_factor_twice(comp, training, world_size) and not keep_known(draw, known.DIVIDE_FACTOR_TWICE):
         comp = replace(comp, knobs=replace(comp.knobs, gradient_divide_factor=None))
+    if known.compiled_unfreeze_ignored(comp, training) and not keep_known(draw, known.COMPILED_UNFREEZE_PLAIN):
+        ignored = {p for spec in comp.shards for p in spec.ignored}
+        training = _checked(
+            tree, replace(training, unfreeze=tuple(u for u in training.unfreeze if u.path not in ignored)), comp
+        )
     body = ParityBody(tree=tree, composition=comp, training=training)
     return Case(property="parity", world_size=world_size, seed=draw(st.integers(0, 2**32 - 1)), body=body)
 

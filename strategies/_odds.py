@@ -17,6 +17,8 @@ from fuzz.known import KnownBug
 REPLICATE_OPTION_ODDS = 3
 #: About one composition with checkpoint calls in this many gets checkpoint's options.
 CHECKPOINT_OPTION_ODDS = 4
+#: About one parity composition in this many that can take them gets fully_shard ignored_params.
+IGNORED_PARAMS_ODDS = 4
 
 
 def one_in(draw: st.DrawFn, n: int) -> bool:

@@ -133,8 +133,8 @@ def replicate_options(draw: st.DrawFn, tree: ModuleTree, comp: Composition, *, l
     # bug under replicate (known.DELAY_ALL_REDUCE_ROOT: the delayed parameters are reduced
     # twice, racing): rarely, where some replicate call has a plan.
     if replicate_takes("delay_all_reduce_named_params") and keep_known(draw, known.DELAY_ALL_REDUCE_ROOT):
-        layout = Layout(tree, comp)
-        if any(layout.delay_plan(r) for r in comp.replicates):
+        trial = replace(comp, replicate_options=ReplicateOptions(**fields, delay_all_reduce=True))
+        if _valid(tree, trial):
             fields["delay_all_reduce"] = True
     return ReplicateOptions(**fields)
 

@@ -93,6 +93,10 @@ def apply_fully_shard(model: nn.Module, spec: ShardSpec, mesh: Any) -> None:
         kwargs["mp_policy"] = mp_policy(spec.mixed_precision)
     if spec.offload:
         kwargs["offload_policy"] = CPUOffloadPolicy()
+    if spec.ignored:
+        kwargs["ignored_params"] = {
+            p for path in spec.ignored for p in model.get_submodule(path).parameters(recurse=False)
+        }
     modules = [model.get_submodule(p) for p in spec.paths]
     fully_shard(modules if spec.group else modules[0], **kwargs)
 

@@ -70,9 +70,10 @@ def replicate_kwargs(
 
 
 def ignored_problems(model: nn.Module, tree: ModuleTree, comp: Composition) -> list[str]:
-    """What is wrong with the parameters replicate was told to ignore, after a forward (when
-    each replicate call has built its DistributedDataParallel): each must be a plain tensor
-    (no DTensor) that replicate does not collect and DDP neither manages nor delays."""
+    """What is wrong with the parameters replicate or fully_shard was told to ignore, after a
+    forward (when each replicate call has built its DistributedDataParallel): each must be a
+    plain tensor (no DTensor: not sharded) that replicate does not collect and DDP neither
+    manages nor delays."""
     from torch.distributed._composable import replicate
     from torch.distributed.tensor import DTensor
 

@@ -148,8 +148,8 @@ class _Contracts:
                 continue
             for path in spec.paths:
                 for sub, _ in iter_paths_of(self.model, path):
-                    if sub != path and _under_other_unit(sub, path, sharded):
-                        continue
+                    if (sub != path and _under_other_unit(sub, path, sharded)) or sub in spec.ignored:
+                        continue  # another unit's, or left unsharded by ignored_params
                     mod = self.model.get_submodule(sub)
                     flags += [fsdp_sharded(p) for p in mod.parameters(recurse=False)]
             state[spec.path] = flags
@@ -258,8 +258,8 @@ def train(
                     obs["contracts"]["output_dtype"] = str(out.dtype).removeprefix("torch.")
                     # set at lazy init, which a replicated module left out of forward has not had
                     obs["contracts"]["replicate_params"] = replicate_contract(model, comp, skipped)
-                    if comp.replicate_options.ignored_modules:
-                        obs["contracts"]["replicate_ignored"] = ignored_problems(model, tree, comp)
+                    if Layout(tree, comp).local():
+                        obs["contracts"]["ignored"] = ignored_problems(model, tree, comp)
                     contracts = None
                 loss = F.mse_loss(out.to(y.dtype), y)
                 loss.backward()
@@ -396,10 +396,9 @@ def _grad_norm(composed: Composed) -> float:
 
 
 def _local_of(tree: ModuleTree, comp: Composition | None) -> frozenset[str]:
-    """Paths of the modules whose parameters stay local to each rank (replicate's ignored ones)."""
-    if comp is None or not comp.replicate_options.ignored_modules:
-        return frozenset()
-    return frozenset(Layout(tree, comp).local())
+    """Paths of the modules whose parameters stay local to each rank (replicate's ignored
+    modules, fully_shard's ignored_params)."""
+    return frozenset() if comp is None else frozenset(Layout(tree, comp).local())
 
 
 def _local_replicated(model: nn.Module, local: frozenset[str] = frozenset()) -> dict[str, list[float]]:

@@ -40,6 +40,11 @@ class ShardSpec:
 
     ``shard_dim`` is what ``shard_placement_fn`` returns for parameters whose ``shard_dim``
     splits evenly (``Shard(shard_dim)``); ``0`` means no placement function.
+
+    ``ignored``: modules whose own parameters go to ``ignored_params`` ("They will not be
+    sharded, nor moved to the device during init, nor have their gradients reduced in
+    backward"): they stay plain tensors local to each rank, like replicate's ignored modules
+    (:meth:`fuzz.model.Layout.local`; ``parity`` only, rules in ``fuzz.model.rules``).
     """
 
     path: str
@@ -48,6 +53,7 @@ class ShardSpec:
     group: tuple[str, ...] = ()
     mixed_precision: MixedPrecision | None = None
     offload: bool = False  # CPUOffloadPolicy (needs an accelerator)
+    ignored: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         raf = self.reshard_after_forward

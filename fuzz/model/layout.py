@@ -5,8 +5,9 @@ one ``fully_shard`` call (its module and the modules grouped with it) or one ``r
 call. The parameters a module holds itself belong to the innermost unit with a member at or
 above the module: a nested unit takes its modules' parameters away from an enclosing one,
 which is how both fully_shard and replicate assign them. A module replicate is told to ignore
-(``ReplicateOptions.ignored_modules``) takes its parameters away from that replicate without
-giving them to a unit: they stay local to each rank (:meth:`Layout.local`). The judges, the rank side, the
+(``ReplicateOptions.ignored_modules``), or whose own parameters a fully_shard call ignores
+(``ShardSpec.ignored``), loses them to no unit: they stay local to each rank
+(:meth:`Layout.local`). The judges, the rank side, the
 validity rules and the known-bug conditions all ask :class:`Layout` instead of comparing path
 prefixes themselves.
 
@@ -73,7 +74,14 @@ class Layout:
             and any(is_ancestor(best, i) and contains(i, path) for i in ignored)
         ):
             return None  # ignored by that replicate: local to each rank
+        if best is not None and path in self._shard_ignored.get(best, ()):
+            return None  # in that fully_shard call's ignored_params: local to each rank
         return best
+
+    @cached_property
+    def _shard_ignored(self) -> dict[str, tuple[str, ...]]:
+        """Per fully_shard member: the modules whose own parameters its call ignores."""
+        return {m: spec.ignored for spec in self.comp.shards if spec.ignored for m in spec.paths}
 
     def unit_of(self, path: str) -> Unit | None:
         """The unit that manages the parameters the module at ``path`` holds itself."""
@@ -119,13 +127,15 @@ class Layout:
 
     def local(self) -> list[str]:
         """Modules holding parameters of their own that a replicate call was told to ignore
-        (``ignored_modules``) and no fully_shard inside the ignored module takes: their
-        parameters stay plain, local tensors, their gradients are not averaged."""
+        (``ignored_modules``) and no fully_shard inside the ignored module takes, or whose own
+        parameters a fully_shard call ignores (``ShardSpec.ignored``): their parameters stay
+        plain, local tensors, their gradients are not averaged."""
         ignored = self.comp.replicate_options.ignored_modules
+        by_shards = {i for spec in self.comp.shards for i in spec.ignored}
         return [
             p
             for p, n in self.paths.items()
-            if owns_params(n) and any(contains(i, p) for i in ignored) and self.member_of(p) is None
+            if owns_params(n) and (any(contains(i, p) for i in ignored) or p in by_shards) and self.member_of(p) is None
         ]
 
     def ignored_by(self, member: str) -> list[str]:

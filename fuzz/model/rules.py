@@ -72,6 +72,7 @@ def check_composition(tree: ModuleTree, comp: Composition, where: str = "composi
     _check_tp(tree, comp, where)
     _check_replicate_options(tree, comp, where)
     _check_checkpoint_options(tree, comp, where)
+    _check_ignored_params(tree, comp, where)
     if comp.wrapper is Wrapper.NONE:
         # A parameter under no fully_shard / replicate gets no gradient reduction, so its
         # ranks would diverge by design: not a case the properties can judge.
@@ -115,6 +116,47 @@ def _check_replicate_options(tree: ModuleTree, comp: Composition, where: str) ->
             f"{where}.replicate_options.delay_all_reduce",
             "no replicate call manages two trainable modules (one to hook, one to delay)",
         )
+
+
+def _check_ignored_params(tree: ModuleTree, comp: Composition, where: str) -> None:
+    """``ShardSpec.ignored``: each a module with parameters of its own that this fully_shard call
+    would manage (no inner unit takes them), named once, and the call keeps other parameters to
+    shard. Only where the documented contract is all that decides numerics: plain fully_shard
+    compositions (no wrapper, replicate, tensor parallelism, meta init, knobs), no mixed
+    precision or offload on that call (ignored parameters are not cast, so a module would mix
+    dtypes)."""
+    specs = [(i, s) for i, s in enumerate(comp.shards) if s.ignored]
+    if not specs:
+        return
+    at = f"{where}.shards[{specs[0][0]}].ignored"
+    others = (
+        ("a wrapper", comp.wrapper is not Wrapper.NONE),
+        ("replicate", bool(comp.replicates)),
+        ("tensor parallelism", bool(comp.tp)),
+        ("meta_init", comp.meta_init),
+        ("knobs", comp.knobs.is_set),
+    )
+    for what, present in others:
+        if present:
+            raise CaseError(at, f"ignored_params are not drawn with {what}")
+    paths = tree.paths()
+    plain = Layout(tree, replace(comp, shards=tuple(replace(s, ignored=()) for s in comp.shards)))
+    seen: list[str] = []
+    for i, spec in specs:
+        at = f"{where}.shards[{i}].ignored"
+        if spec.mixed_precision is not None or spec.offload:
+            raise CaseError(at, "ignored_params are not drawn with mixed precision or offload on that call")
+        for path in spec.ignored:
+            if path not in paths or not owns_params(paths[path]):
+                raise CaseError(at, f"{path!r} names no module of the tree with parameters of its own")
+            if plain.member_of(path) not in spec.paths:
+                raise CaseError(at, f"{path!r}: its parameters are not this fully_shard call's to ignore")
+            if path in seen:
+                raise CaseError(at, f"{path!r} is ignored twice")
+            seen.append(path)
+        unit = next(u for u in plain.units if u.api == "fully_shard" and u.index == i)
+        if all(p in spec.ignored for p in plain.owned_by(unit)):
+            raise CaseError(at, f"fully_shard({spec.path!r}) would be left no parameter to shard")
 
 
 def _check_checkpoint_options(tree: ModuleTree, comp: Composition, where: str) -> None:

@@ -184,9 +184,11 @@ def check_contracts(prop: str, comp: Composition, tree: ModuleTree, contracts: d
                         "",
                         f"{leaf!r} ran forward with {dtype} parameters under param_dtype={mp.param_dtype.value}",
                     )
-    ignored = contracts.get("replicate_ignored") or []
+    ignored = contracts.get("ignored") or []
     if ignored:
-        return _mismatch(prop, "contract-replicate-ignored", "", f"{ignored[0]} (ignored_modules stay plain and local)")
+        return _mismatch(
+            prop, "contract-ignored", "", f"{ignored[0]} (ignored_modules and ignored_params stay plain and local)"
+        )
     for path, names in contracts.get("replicate_params", {}).items():
         expected = sorted(_replicated_names(tree, comp, path))
         if names != expected:
@@ -309,6 +311,8 @@ def composition_features(comp: Composition, world_size: int, prefix: str = "") -
             out.append(f"{prefix}shard_placement_fn:Shard({spec.shard_dim})")
         if spec.group:
             out.append(f"{prefix}fully_shard:grouped")
+        if spec.ignored:
+            out.append(f"{prefix}fully_shard:ignored_params")
         if spec.offload:
             out.append(f"{prefix}offload")
         mp = spec.mixed_precision
