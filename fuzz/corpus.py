@@ -221,7 +221,7 @@ class CorpusIndex:
         if hit is not None:
             return hit
         for sig, path, entry in self._known:
-            if same_bug(sig, signature):
+            if same_bug(sig, signature) and self._condition_holds(entry, case):
                 return path, entry
         if case is not None:
             bugs = {b.id for b in known.explains(case, kind)}
@@ -230,6 +230,13 @@ class CorpusIndex:
             if candidates:
                 return candidates[0]
         return None
+
+    @staticmethod
+    def _condition_holds(entry: Entry, case: Case | None) -> bool:
+        """False where the entry's bug is ``conditional`` and ``case`` (when given) does not
+        meet its condition: the same exception elsewhere is another bug."""
+        record = known.BUGS.get(entry.bug or "")
+        return record is None or not record.conditional or case is None or known.meets(case, record)
 
     def known(self, signature: str, case: Case | None = None, kind: str = "") -> Entry | None:
         """The ``known`` entry whose bug a failure signed ``signature`` is, or None."""

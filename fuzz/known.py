@@ -92,6 +92,10 @@ class KnownBug:
     #: The first torch release (``major.minor``) without the bug; empty while the newest torch
     #: the suite runs has it. See :func:`present`.
     fixed_in: str = ""
+    #: An exception matches this bug's entries only in cases that meet its condition
+    #: (:func:`meets`): for bugs whose exception type and innermost frame other bugs share
+    #: (selective checkpointing's replay raises the same error for any mismatch it sees).
+    conditional: bool = False
 
     @property
     def url(self) -> str | None:
@@ -339,6 +343,7 @@ CHECKPOINT_DEBUG = KnownBug(
     "attempt in see_also)",
     state="not in torch 2.13.0",
     see_also=("pytorch/pytorch#175338",),
+    conditional=True,
 )
 SAC_OVER_FSDP_UNIT = KnownBug(
     "selective-checkpoint-over-fully_shard-unit",
@@ -351,6 +356,7 @@ SAC_OVER_FSDP_UNIT = KnownBug(
     relation="same bug (pull request: exclude all-gather internals and profiler ops from selective checkpointing)",
     state="not in torch 2.13.0",
     see_also=("pytorch/pytorch#185178", "pytorch/torchtitan#3427"),
+    conditional=True,
 )
 DELAY_ALL_REDUCE_ROOT = KnownBug(
     "ddp-delay-all-reduce-root-params-reduced-twice",
@@ -367,6 +373,17 @@ DELAY_ALL_REDUCE_ROOT = KnownBug(
     tag=":delay-all-reduce",
     # a racing mismatch: most cases that meet it pass, so it costs little to draw
     odds=4,
+)
+DELAY_BUFFER_FLOAT32 = KnownBug(
+    "ddp-delay-all-reduce-float32-buffer",
+    "DistributedDataParallel(delay_all_reduce_named_params=..., param_to_hook_all_reduce=...) over parameters "
+    "that are not float32: the delayed gradients' buffer is made with torch.zeros and no dtype, and "
+    "_clear_grad_buffer raises 'attempting to assign a gradient with dtype 'float' to a tensor with "
+    "grad_dtype 'Double''",
+    relation="none found after three phrasings (the error text, the buffer, the option); the option came "
+    "with the pull request in see_also",
+    state="present in torch 2.13.0",
+    see_also=("pytorch/pytorch#95669",),
 )
 COMPILED_UNFREEZE_PLAIN = KnownBug(
     "compile-unfrozen-plain-param-no-recompile",
@@ -414,6 +431,7 @@ BUGS: dict[str, KnownBug] = {
         SAC_OVER_FSDP_UNIT,
         DELAY_ALL_REDUCE_ROOT,
         COMPILED_UNFREEZE_PLAIN,
+        DELAY_BUFFER_FLOAT32,
     )
 }
 
@@ -625,6 +643,11 @@ def selective_over_unit(comp: Composition) -> bool:
 def delayed_all_reduce(comp: Composition) -> bool:
     """replicate with delay_all_reduce_named_params (:data:`DELAY_ALL_REDUCE_ROOT`)."""
     return bool(comp.replicates) and comp.replicate_options.delay_all_reduce
+
+
+def delayed_not_float32(comp: Composition, training: Training) -> bool:
+    """Delayed all-reduce over parameters that are not float32 (:data:`DELAY_BUFFER_FLOAT32`)."""
+    return delayed_all_reduce(comp) and training.dtype is not Dtype.FLOAT32
 
 
 def compiled_unfreeze_ignored(comp: Composition, training: Training) -> bool:
@@ -968,7 +991,13 @@ CONDITIONS: tuple[tuple[KnownBug, Callable[[Case], bool]], ...] = (
     (SAC_OVER_FSDP_UNIT, lambda case: any(selective_over_unit(c) for c in _comps(case))),
     (DELAY_ALL_REDUCE_ROOT, lambda case: any(delayed_all_reduce(c) for c in _comps(case))),
     (COMPILED_UNFREEZE_PLAIN, _with_training(lambda c, training, _: compiled_unfreeze_ignored(c, training))),
+    (DELAY_BUFFER_FLOAT32, _with_training(lambda c, training, _: delayed_not_float32(c, training))),
 )
+
+
+def meets(case: Case, bug: KnownBug) -> bool:
+    """Whether ``case`` meets ``bug``'s condition (False for a bug without one here)."""
+    return any(b is bug and condition(case) for b, condition in CONDITIONS)
 
 
 def _met_in_order(case: Case) -> list[KnownBug]:

@@ -311,6 +311,15 @@ def tensor_parallel(draw: st.DrawFn, tree: ModuleTree, *, world_size: int, check
 KNOB_ODDS = 3
 
 
+def _fsdp_has(method: str) -> bool:
+    """Whether the installed torch's FSDPModule has ``method`` (False without torch)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        return False
+    return hasattr(FSDPModule, method)
+
+
 @st.composite
 def fsdp_knobs(
     draw: st.DrawFn, comp: Composition, *, world_size: int, scaling: bool, accelerator: bool = False
@@ -331,6 +340,13 @@ def fsdp_knobs(
     fields["explicit_unshard"] = draw(st.booleans())
     if not comp.replicates and all(isinstance(s.reshard_after_forward, bool) for s in comp.shards):
         fields["late_reshard_after_forward"] = draw(st.sampled_from([None, True, None, False]))
+    if (
+        "" in comp.sharded_paths
+        and not comp.replicates
+        and not fields["explicit_unshard"]
+        and _fsdp_has("reset_iter_state")
+    ):
+        fields["abort_and_reset"] = draw(st.sampled_from([False, False, True]))
     if scaling:
         fields["all_reduce_hook_scale"] = draw(st.sampled_from([None, 2.0, None, 0.5]))
         shard_size = comp.mesh[1] if comp.mesh else world_size

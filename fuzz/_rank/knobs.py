@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fuzz.model import Composition, Knobs, Layout, ModuleTree, ShardSpec, contains, is_ancestor
+from fuzz.model import Composition, Knobs, Layout, ModuleTree, ShardSpec, contains, forward_order, is_ancestor
 
 
 def fsdp_sharded(p: torch.Tensor) -> bool:
@@ -93,6 +93,49 @@ class KnobState:
 
         return hook
 
+    def abort_and_reset(self, forward: Any, x: torch.Tensor, skipped: list[str]) -> None:
+        """A forward aborted by an exception in the forward hook of the last module holding
+        parameters that runs (not left out by ``skipped``), caught; then ``reset_iter_state()``
+        on every root unit, the documented recovery, and a check that it resharded every unit.
+        The aborted forward's RNG draws (dropout) are undone, so later ones match the reference."""
+        order = [p for p in forward_order(self.tree.root) if not any(contains(s, p) for s in skipped)]
+        inner = [p for p in order if p] or [""]
+        target = self.model.get_submodule(inner[-1])
+
+        def abort(*_: Any) -> None:
+            raise _Aborted(f"abort in forward of {inner[-1]!r}")
+
+        handle = target.register_forward_hook(abort)
+        devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+        try:
+            with torch.random.fork_rng(devices=devices):
+                forward(x)
+            self.problems.append(f"the forward meant to abort at {inner[-1]!r} did not raise")
+        except _Aborted:
+            pass
+        finally:
+            handle.remove()
+        for root in self.roots:
+            root.reset_iter_state()  # type: ignore[operator]
+        for root in self.roots:
+            for sub, module, name in self._units_params(root):
+                if not fsdp_sharded(getattr(module, name)):
+                    where = f"{sub}.{name}" if sub else name
+                    self.problems.append(f"after reset_iter_state(), {where} is not registered sharded")
+
+    def _units_params(self, root: nn.Module) -> list[tuple[str, nn.Module, str]]:
+        """(module path, module, attribute) of every parameter a fully_shard unit at or under
+        ``root`` manages."""
+        layout = Layout(self.tree, self.comp)
+        top = next(p for p, m in self.model.named_modules() if m is root)
+        out: list[tuple[str, nn.Module, str]] = []
+        for unit in layout.units:
+            if unit.api == "fully_shard" and any(contains(top, m) for m in unit.members):
+                for sub in layout.owned_by(unit):
+                    module = self.model.get_submodule(sub)
+                    out += [(sub, module, name) for name, _ in module.named_parameters(recurse=False)]
+        return out
+
     def before_microbatch(self, first: bool, last: bool) -> None:
         """Called before each microbatch's forward."""
         k = self.knobs
@@ -153,3 +196,7 @@ class KnobState:
                 if full[(sub, name)] is not None and not fsdp_sharded(getattr(module, name)):
                     where = f"{sub}.{name}" if sub else name
                     self.problems.append(f"after reshard(), {where} is not registered sharded")
+
+
+class _Aborted(RuntimeError):
+    """The exception that aborts a forward for ``abort_and_reset``."""

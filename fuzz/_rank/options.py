@@ -69,6 +69,29 @@ def replicate_kwargs(
     return kwargs
 
 
+def delay_problems(model: nn.Module, comp: Composition) -> list[str]:
+    """What is wrong with the delayed all-reduce, after a forward: documented, the parameters of
+    ``delay_all_reduce_named_params`` are all-reduced when ``param_to_hook_all_reduce``'s
+    gradient is ready, so DDP's reducer (its buckets) must not hold them as well."""
+    from torch.distributed._composable import replicate
+
+    problems = []
+    for member in comp.replicates:
+        ddp = getattr(replicate.state(model.get_submodule(member)), "_ddp", None)
+        if ddp is None:
+            continue
+        # the parameters DDP hands its reducer (recomputed: a pure function of the module and
+        # the names DDP was told to leave out)
+        reduced = {id(p) for p in ddp._build_params_for_reducer()[0]}
+        held = [i for i, p in enumerate(ddp._delay_all_reduce_params) if id(p) in reduced]
+        if held:
+            problems.append(
+                f"replicate({member!r}): {len(held)} of {len(ddp._delay_all_reduce_params)} delayed parameters are "
+                "also in DDP's reducer (all-reduced twice)"
+            )
+    return problems
+
+
 def ignored_problems(model: nn.Module, tree: ModuleTree, comp: Composition) -> list[str]:
     """What is wrong with the parameters replicate or fully_shard was told to ignore, after a
     forward (when each replicate call has built its DistributedDataParallel): each must be a

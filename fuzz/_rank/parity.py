@@ -27,7 +27,7 @@ from fuzz._rank.compose import apply_fully_shard as apply_fully_shard  # re-expo
 from fuzz._rank.context import RankContext
 from fuzz._rank.knobs import fsdp_sharded
 from fuzz._rank.models import build_model, set_skipped, tree_blocks
-from fuzz._rank.options import ignored_problems
+from fuzz._rank.options import delay_problems, ignored_problems
 from fuzz.model import (
     AccumSync,
     Case,
@@ -245,6 +245,8 @@ def train(
                 requires_all_reduce=sync is AccumSync.ALWAYS,
             )
             ctx_mgr = composed.no_sync() if sync is AccumSync.NO_GRAD_SYNC else _null()
+            if composed.knobs is not None and composed.knobs.knobs.abort_and_reset and s == 0 and i == 0:
+                composed.knobs.abort_and_reset(forward, x, skipped)
             if composed.knobs is not None:
                 composed.knobs.before_microbatch(first=s == 0 and i == 0, last=last)
             if precision is not None:
@@ -260,6 +262,8 @@ def train(
                     obs["contracts"]["replicate_params"] = replicate_contract(model, comp, skipped)
                     if Layout(tree, comp).local():
                         obs["contracts"]["ignored"] = ignored_problems(model, tree, comp)
+                    if comp.replicate_options.delay_all_reduce:
+                        obs["contracts"]["delayed"] = delay_problems(model, comp)
                     contracts = None
                 loss = F.mse_loss(out.to(y.dtype), y)
                 loss.backward()

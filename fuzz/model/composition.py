@@ -98,6 +98,13 @@ class Knobs:
       that the root's own parameters are registered unsharded (full size, the values of the
       sharded ones), ``reshard()``, a check that they are sharded again, then
       ``unshard(async_op=True)`` once more, whose wait forward does (its documented note).
+    - ``abort_and_reset``: before the first step, a forward that an exception aborts midway (a
+      forward hook of the last module holding parameters that runs), then ``reset_iter_state()``
+      on the root unit, the documented recovery ("Catch the exception ... Call
+      reset_iter_state() on the root FSDP module ... Run the next iteration normally"; it
+      "reshards every parameter group", which the rank checks). The aborted forward's RNG draws
+      are undone, so training must match the reference. Only with fully_shard on the root, no
+      replicate and no explicit unshard.
 
     Gradients scaled as documented (``parity`` only; the reference scales its gradients the
     same way, :meth:`fuzz.model.Layout.gradient_scale`):
@@ -119,8 +126,11 @@ class Knobs:
     all_reduce_hook_scale: float | None = None
     gradient_divide_factor: float | None = None
     force_sum_reduction: bool = False
+    abort_and_reset: bool = False
 
     def __post_init__(self) -> None:
+        if self.abort_and_reset and self.explicit_unshard:
+            raise CaseError("abort_and_reset", "not drawn with explicit_unshard")
         for name in ("forward_prefetch", "backward_prefetch"):
             if not 0 <= getattr(self, name) <= 3:
                 raise CaseError(name, f"{name}={getattr(self, name)} is outside 0..3")
@@ -351,6 +361,8 @@ class Composition:
             not isinstance(s.reshard_after_forward, bool) for s in self.shards
         ):
             raise CaseError("knobs.late_reshard_after_forward", "not drawn with an int reshard_after_forward")
+        if self.knobs.abort_and_reset and ("" not in self.sharded_paths or self.replicates):
+            raise CaseError("knobs.abort_and_reset", "needs fully_shard on the root and no replicate")
         if self.knobs.is_set and self.tp:
             raise CaseError("knobs", "not drawn with tensor parallelism")
         if self.replicate_options.is_set and not self.replicates:

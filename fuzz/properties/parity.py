@@ -184,6 +184,9 @@ def check_contracts(prop: str, comp: Composition, tree: ModuleTree, contracts: d
                         "",
                         f"{leaf!r} ran forward with {dtype} parameters under param_dtype={mp.param_dtype.value}",
                     )
+    delayed = contracts.get("delayed") or []
+    if delayed:
+        return _mismatch(prop, "contract-delay-all-reduce", "", delayed[0])
     ignored = contracts.get("ignored") or []
     if ignored:
         return _mismatch(
