@@ -1,437 +1,260 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=8d4f151dd1d397c9 sources=6c2335d0b1851556 seconds=14.9
+# shardfuzz reduced reproducer: entry=8d4f151dd1d397c9 sources=1d900126854a6106 seconds=62.8
 """Reproduces shardfuzz corpus entry state_dict-mismatch-7b9a97d5e646.json: mismatch:state_dict@fsdp1_optim_state_dict:shard1
 
-FSDP1 HYBRID_SHARD with a shard dimension of size 1 never averages gradients across replicas;
-met here while resuming after an FSDP1 state-dict load. (0.weight[14] is 0.18243764340877533
-after resuming, uninterrupted 0.18939998745918274 (error 0.00696 > allowed 2.89e-06))
-
+Observed: FSDP1 HYBRID_SHARD with a shard dimension of size 1 never averages gradients across
+replicas; met here while resuming after an FSDP1 state-dict load. (0.weight[14] is
+0.18243764340877533 after resuming, uninterrupted 0.18939998745918274 (error 0.00696 > allowed
+2.89e-06))
 Known torch bug: FSDP1 HYBRID_SHARD with a shard dimension of size 1 never averages gradients
 across replicas; upstream: https://github.com/pytorch/pytorch/issues/154888.
+Expected: the property's judge finds nothing.
 
-Run it with
+    torchrun --nproc-per-node 2 THIS_FILE.py
 
-    torchrun --nproc-per-node 2 THIS_FILE.py [--timeout SECONDS]
-
-(or `python THIS_FILE.py`, which starts torchrun itself; gloo on CPU by default, `--backend nccl` for
-one GPU per rank). Exit status: 1 if the failure reproduces (the same signature, or for a known
-bug the same bug), 0 if not, 2 for bad input.
-
-Every rank runs the case below (CASE) with the code shardfuzz's ranks run, reduced to what this
-failure needs (SOURCES, imported from memory): only torch needs to be installed. Rank 0 judges
-the case with the property's own judge and prints the verdict.
+prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 """
 
-import importlib.abc
-import importlib.util
-import linecache
-import sys
-
-CASE = """{
- "body": {
-  "api": "fsdp1_optim_state_dict",
-  "drop": [],
-  "empty_group": false,
-  "frozen_in_optimizer": false,
-  "kind": "state_dict",
-  "load": {
-   "broadcast_from_rank0": false,
-   "cpu_offload": false,
-   "flatten_optimizer_state_dict": false,
-   "full_state_dict": true,
-   "ignore_frozen_params": false,
-   "strict": true
-  },
-  "requires_grad": [],
-  "save": {
-   "broadcast_from_rank0": false,
-   "cpu_offload": false,
-   "flatten_optimizer_state_dict": false,
-   "full_state_dict": true,
-   "ignore_frozen_params": false,
-   "strict": true
-  },
-  "source": {
-   "auto_wrap": false,
-   "checkpoint_first": true,
-   "checkpoint_options": {
-    "context_fn": "none",
-    "debug": false,
-    "determinism_check": null,
-    "early_stop": null,
-    "preserve_rng_state": true
-   },
-   "checkpoints": [],
-   "find_unused": false,
-   "knobs": {
-    "all_reduce_hook_scale": null,
-    "backward_prefetch": 0,
-    "explicit_unshard": false,
-    "force_sum_reduction": false,
-    "forward_prefetch": 0,
-    "gradient_divide_factor": null,
-    "late_reshard_after_forward": null,
-    "reshard_after_backward_last": false
-   },
-   "mesh": [],
-   "meta_init": false,
-   "replicate_options": {
-    "batched_grad_copy": false,
-    "bucket_cap_mb": null,
-    "bucket_cap_mb_list": [],
-    "delay_all_reduce": false,
-    "device_id": false,
-    "dim": 0,
-    "forward_sync_buffers": null,
-    "gradient_as_bucket_view": false,
-    "group": "default",
-    "ignored_modules": [],
-    "init_sync": true,
-    "skip_all_reduce_unused_params": false,
-    "static_graph": false
-   },
-   "replicates": [],
-   "shards": [],
-   "tp": [],
-   "tp_size": 1,
-   "wrapper": "fsdp1_full_shard"
-  },
-  "steps_after": 1,
-  "target": {
-   "auto_wrap": false,
-   "checkpoint_first": true,
-   "checkpoint_options": {
-    "context_fn": "none",
-    "debug": false,
-    "determinism_check": null,
-    "early_stop": null,
-    "preserve_rng_state": true
-   },
-   "checkpoints": [],
-   "find_unused": false,
-   "knobs": {
-    "all_reduce_hook_scale": null,
-    "backward_prefetch": 0,
-    "explicit_unshard": false,
-    "force_sum_reduction": false,
-    "forward_prefetch": 0,
-    "gradient_divide_factor": null,
-    "late_reshard_after_forward": null,
-    "reshard_after_backward_last": false
-   },
-   "mesh": [
-    2,
-    1
-   ],
-   "meta_init": false,
-   "replicate_options": {
-    "batched_grad_copy": false,
-    "bucket_cap_mb": null,
-    "bucket_cap_mb_list": [],
-    "delay_all_reduce": false,
-    "device_id": false,
-    "dim": 0,
-    "forward_sync_buffers": null,
-    "gradient_as_bucket_view": false,
-    "group": "default",
-    "ignored_modules": [],
-    "init_sync": true,
-    "skip_all_reduce_unused_params": false,
-    "static_graph": false
-   },
-   "replicates": [],
-   "shards": [],
-   "tp": [],
-   "tp_size": 1,
-   "wrapper": "fsdp1_hybrid_shard"
-  },
-  "target_meta_init": false,
-  "training": {
-   "accum_sync": "always",
-   "batch_per_rank": 2,
-   "compile": "none",
-   "dtype": "float32",
-   "eps": 0.001,
-   "foreach": null,
-   "grad_accum": 1,
-   "lr": 0.1,
-   "momentum": 0.9,
-   "optimizer": "sgd",
-   "param_groups": 1,
-   "same_input": false,
-   "set_to_none": true,
-   "skips": [],
-   "steps": 2,
-   "unfreeze": []
-  },
-  "tree": {
-   "root": {
-    "buffer": true,
-    "children": [
-     {
-      "bias": true,
-      "frozen": false,
-      "kind": "linear"
-     },
-     {
-      "buffer": false,
-      "children": [
-       {
-        "bias": true,
-        "frozen": false,
-        "kind": "linear"
-       },
-       {
-        "bias": true,
-        "frozen": false,
-        "kind": "tanh"
-       },
-       {
-        "bias": true,
-        "frozen": false,
-        "kind": "layer_norm"
-       }
-      ],
-      "residual": false,
-      "scale": true
-     },
-     {
-      "bias": false,
-      "frozen": false,
-      "kind": "linear"
-     }
-    ],
-    "residual": false,
-    "scale": false
-   },
-   "width": 4
-  }
- },
- "property": "state_dict",
- "schema": 1,
- "seed": 32,
- "world_size": 2
-}
-"""
-
-EXPECTED = {'judge': 'fuzz.properties.state_dict',
- 'known': True,
- 'property': 'state_dict',
- 'signature': 'mismatch:state_dict@fsdp1_optim_state_dict:shard1',
- 'signatures': ['mismatch:dcp@async_save:shard1',
-                'mismatch:dcp@save:shard1',
-                'mismatch:state_dict@combined:shard1',
-                'mismatch:state_dict@fsdp1_optim_state_dict:shard1',
-                'mismatch:state_dict@split:shard1'],
- 'world_size': 2}
-
-#: Where tracebacks say the carried modules are.
-PREFIX = "shardfuzz/"
-
-class CarriedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Imports shardfuzz's modules from SOURCES, and refuses any other of shardfuzz."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name != "fuzz" and not name.startswith("fuzz."):
-            return None
-        file = MODULES.get(name)
-        if file is None:
-            raise ModuleNotFoundError(f"{name} is not carried by this script", name=name)
-        return importlib.util.spec_from_loader(name, self, origin=file, is_package=file.endswith("/__init__.py"))
-
-    def create_module(self, spec):
-        return None
-
-    def exec_module(self, module):
-        file = module.__spec__.origin
-        source = SOURCES[file[len(PREFIX) :]]
-        module.__file__ = file
-        linecache.cache[file] = (len(source), None, source.splitlines(True), file)
-        exec(compile(source, file, "exec", dont_inherit=True), module.__dict__)
-
-
-def main():
-    sys.meta_path.insert(0, CarriedModules())
-    from fuzz.repro.runtime import main as run
-
-    return run(CASE, EXPECTED)
-
-
-SOURCES = {
-    "fuzz/__init__.py": """from __future__ import annotations
-import importlib
-from typing import Any
+from __future__ import annotations
+from dataclasses import dataclass, field
+import torch
+import enum
+from dataclasses import dataclass
+from dataclasses import dataclass, field
+from dataclasses import replace
+import builtins
+from typing import ClassVar
+import dataclasses
+import json
+import os
+import tempfile
+from typing import ClassVar
+from torch import nn
+from contextlib import contextmanager
+import copy
+import torch.distributed as dist
+import torch.nn.functional as F
+import inspect
+from dataclasses import dataclass, field, replace
+import math
+import atexit
+import shutil
 
 def __getattr__(name):
     raise AttributeError(f"module 'fuzz' has no attribute {name!r}")
-""",
-    "fuzz/_protocol.py": """from __future__ import annotations
-import json
-from dataclasses import dataclass, field
-from typing import Any, Union
-
-def decode(line):
-    ...
-""",
-    "fuzz/_rank/__init__.py": """
-""",
-    "fuzz/_rank/compose.py": """from __future__ import annotations
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any
-import torch
-from torch import nn
-from fuzz._rank.context import RankContext
-from fuzz._rank.knobs import KnobState
-from fuzz._rank.models import build_model
-from fuzz._rank.options import checkpoint_kwargs
-from fuzz.model import Composition, Dtype, MixedPrecision, ModuleTree, ShardSpec, Wrapper
-TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
-_WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.')
-
-def clean_name(name):
-    for prefix in _WRAPPER_PREFIXES:
-        name = name.replace(prefix, '')
-    return name
-
-def mesh_for(comp, ctx):
-    if comp.mesh:
-        return ctx.mesh(tuple(comp.mesh), ('replicate', 'shard'))
-
-@dataclass
-class Composed:
-    model: nn.Module
-    fsdp_roots: list[nn.Module] = field(default_factory=list)
-    wrapper: Wrapper = Wrapper.NONE
-    param_names: list[str] = field(default_factory=list)
-    knobs: KnobState | None = None
-
-    def no_sync(self):
-        ...
-
-    def set_sync(self, requires_gradient_sync=True, requires_all_reduce=True):
-        ...
-
-    @contextmanager
-    def full_parameters(self):
-        from torch.distributed.tensor import DTensor
-        if self.wrapper.value.startswith('fsdp1'):
-            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-            modules = {clean_name(n): m for n, m in self.model.named_modules()}
-            with FSDP.summon_full_params(self.model):
-                out = {}
-                for name in self.param_names:
-                    owner, _, attr = name.rpartition('.')
-                    out[name] = getattr(modules[owner], attr).detach().clone()
-                yield out
-            return
-
-def compose(model, comp, ctx, tree=None):
-    from torch.distributed._composable import checkpoint, replicate
-    ckpt_kwargs = checkpoint_kwargs(comp.checkpoint_options)
-    if comp.wrapper is not Wrapper.NONE:
-        names = [n for n, _ in model.named_parameters()]
-        return Composed(model=_wrap(model, comp, ctx), wrapper=comp.wrapper, param_names=names)
-
-def _wrap(model, comp, ctx):
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    from torch.distributed.fsdp import ShardingStrategy
-    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-    from fuzz._rank.models import TreeBlock
-    strategy = {Wrapper.FSDP1_FULL_SHARD: ShardingStrategy.FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP: ShardingStrategy.SHARD_GRAD_OP, Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD, Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[comp.wrapper]
-    kwargs: dict[str, Any] = {'sharding_strategy': strategy, 'device_id': ctx.device, 'use_orig_params': True}
-    if comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD:
-        kwargs['device_mesh'] = mesh_for(comp, ctx)
-    return FSDP(model, **kwargs)
-""",
-    "fuzz/_rank/context.py": """from __future__ import annotations
-import gc
-from dataclasses import dataclass, field
-from typing import Any
-import torch
-FULL_GC_EVERY = 50
 
 @dataclass
 class RankContext:
-    rank: int
-    world_size: int
-    device: torch.device
-    backend: str
-    _meshes: dict[tuple[tuple[int, ...], tuple[str, ...]], Any] = field(default_factory=dict)
+    rank: object
+    world_size: object
+    device: object
+    backend: object
+    _meshes: object = field(default_factory=dict)
 
     def mesh(self, shape, names):
         from torch.distributed.device_mesh import init_device_mesh
         key = (shape, names)
-        if key not in self._meshes:
-            self._meshes[key] = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
+        self._meshes[key] = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
         return self._meshes[key]
-    _cases: int = 0
-    extra_groups: list[Any] = field(default_factory=list)
-    _groups: dict[str, Any] = field(default_factory=dict)
 
     def group(self, name):
-        ...
+        pass
 
-    def _check_in_step(self):
-        import torch.distributed as dist
-        groups: list[Any] = [None]
-        for mesh in self._meshes.values():
-            groups.extend(mesh.get_all_groups())
-        groups.extend(self.extra_groups)
-        seen: set[int] = set()
-        mine = torch.tensor([self._cases, self.rank], dtype=torch.int64)
-        for group in groups:
-            key = id(group if group is not None else dist.group.WORLD)
-            if key in seen or not _has_cpu_backend(group):
-                continue
-            seen.add(key)
-            size = dist.get_world_size(group)
-            parts = [torch.zeros(2, dtype=torch.int64) for _ in range(size)]
-            dist.all_gather(parts, mine, group=group)
-            out = torch.cat(parts)
-            cases = out[0::2].tolist()
+class LeafKind(str, enum.Enum):
+    LINEAR = 'linear'
+    LAYER_NORM = 'layer_norm'
+    CONV1D = 'conv1d'
+    RELU = 'relu'
+    TANH = 'tanh'
+    GELU = 'gelu'
+    DROPOUT = 'dropout'
 
-    def end_case(self):
-        self._check_in_step()
-        self._cases += 1
-        gc.collect(1 if self._cases % FULL_GC_EVERY else 2)
+class Dtype(str, enum.Enum):
+    FLOAT32 = 'float32'
+    FLOAT64 = 'float64'
+    BFLOAT16 = 'bfloat16'
+    FLOAT16 = 'float16'
 
-def _has_cpu_backend(group):
-    import torch.distributed as dist
-    pg: Any = group if group is not None else dist.group.WORLD
-    pg._get_backend(torch.device('cpu'))
-    return True
-""",
-    "fuzz/_rank/knobs.py": """from __future__ import annotations
-from typing import Any
-import torch
-from torch import nn
-from fuzz.model import Composition, Knobs, Layout, ModuleTree, ShardSpec
+@dataclass(frozen=True)
+class Leaf:
+    kind: object
+    bias: object = True
+    frozen: object = False
 
-class KnobState:
+@dataclass(frozen=True)
+class Block:
+    children: object
+    residual: object = False
+    scale: object = False
+    buffer: object = False
 
-    def __init__(self, model, comp, tree, roots):
-        ...
+def param_names(node):
+    pass
 
-    def _prefetch(self, units):
-        ...
+@dataclass(frozen=True)
+class ModuleTree:
+    width: object
+    root: object
 
-    def _hook(self, spec, scale):
-        ...
+    @property
+    def size(self):
+        pass
 
-    def before_microbatch(self, first, last):
-        ...
+class Wrapper(str, enum.Enum):
+    NONE = 'none'
+    DDP = 'ddp'
+    FSDP1_FULL_SHARD = 'fsdp1_full_shard'
+    FSDP1_SHARD_GRAD_OP = 'fsdp1_shard_grad_op'
+    FSDP1_NO_SHARD = 'fsdp1_no_shard'
+    FSDP1_HYBRID_SHARD = 'fsdp1_hybrid_shard'
 
-    def _own_params(self, root):
-        ...
+class ContextFn(str, enum.Enum):
+    NONE = 'none'
+    SAVE_MATMULS = 'save_matmuls'
+    SAVE_MATMULS_LIST = 'save_matmuls_list'
 
-    def _check_unshard_reshard(self):
-        ...
-""",
-    "fuzz/_rank/models.py": """from __future__ import annotations
-import torch
-from torch import nn
-from fuzz.model import Leaf, LeafKind, ModuleTree, Node
+@dataclass(frozen=True)
+class CheckpointOptions:
+    context_fn: object = ContextFn.NONE
+    debug: object = False
+
+    def names(self):
+        pass
+
+@dataclass(frozen=True)
+class Composition:
+    shards: object = ()
+    replicates: object = ()
+    checkpoints: object = ()
+    mesh: object = ()
+    wrapper: object = Wrapper.NONE
+    checkpoint_options: object = field(default_factory=CheckpointOptions)
+
+    def reshard_after_forward(self, spec):
+        pass
+
+    def steps(self):
+        items = [('checkpoint', p) for p in self.checkpoints] + [('replicate', p) for p in self.replicates]
+        items += [('fully_shard', spec.path) for spec in self.shards]
+
+        def key(item):
+            pass
+        return sorted(items, key=key)
+
+class Optimizer(str, enum.Enum):
+    SGD = 'sgd'
+    ADAM = 'adam'
+    ADAMW = 'adamw'
+
+@dataclass(frozen=True)
+class Training:
+    optimizer: object = Optimizer.SGD
+    lr: object = 0.1
+    momentum: object = 0.0
+    eps: object = 0.001
+    steps: object = 2
+    dtype: object = Dtype.FLOAT32
+    set_to_none: object = True
+    param_groups: object = 1
+    foreach: object = None
+
+class Body:
+    KIND: ClassVar[str]
+    PROGRAM: ClassVar[str]
+    registry: ClassVar[dict[str, type[Body]]] = {}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        Body.registry[cls.KIND] = cls
+
+    @property
+    def size(self):
+        pass
+
+@dataclass(frozen=True)
+class Case:
+    property: object
+    world_size: object
+    seed: object
+    body: object
+
+    @builtins.property
+    def size(self):
+        pass
+
+def dcp_root(driver_pid):
+    return os.path.join(tempfile.gettempdir(), f'shardfuzz-dcp-{driver_pid}')
+
+def is_plain(comp):
+    return not () and (not ()) and (comp.wrapper is Wrapper.NONE)
+
+def trained_then_frozen(body):
+    pass
+
+class Api(str, enum.Enum):
+    SPLIT = 'split'
+    COMBINED = 'combined'
+    MODULE = 'module'
+    FSDP1 = 'fsdp1_optim_state_dict'
+
+@dataclass(frozen=True)
+class Options:
+    full_state_dict: object = False
+    cpu_offload: object = False
+    broadcast_from_rank0: object = False
+    strict: object = True
+    ignore_frozen_params: object = False
+    flatten_optimizer_state_dict: object = False
+
+@dataclass(frozen=True)
+class StateDictBody(Body):
+    KIND: ClassVar[str] = 'state_dict'
+    PROGRAM: ClassVar[str] = 'fuzz._rank.state_dict:run_state_dict'
+    tree: object
+    source: object
+    target: object
+    training: object = field(default_factory=Training)
+    api: object = Api.SPLIT
+    save: object = field(default_factory=Options)
+    load: object = field(default_factory=Options)
+    frozen_in_optimizer: object = False
+    empty_group: object = False
+    requires_grad: object = ()
+
+    def __post_init__(self):
+        save, load = (self.save, self.load)
+        return
+
+    @property
+    def size(self):
+        pass
+
+class DcpMode(str, enum.Enum):
+    ROUND_TRIP = 'round_trip'
+    SAVE_ONLY = 'save_only'
+    LOAD_ONLY = 'load_only'
+
+@dataclass(frozen=True)
+class DcpBody(Body):
+    KIND: ClassVar[str] = 'dcp'
+    PROGRAM: ClassVar[str] = 'fuzz._rank.dcp:run_dcp'
+    tree: object
+    source: object
+    target: object
+    entries: object
+    training: object = field(default_factory=Training)
+    orders: object = ()
+    async_save: object = False
+    mode: object = DcpMode.ROUND_TRIP
+    cache_staged: object = False
+    frozen_in_optimizer: object = False
+    empty_group: object = False
+    requires_grad: object = ()
+    stager: object = None
+
+    @property
+    def size(self):
+        pass
 
 class TreeBlock(nn.Module):
 
@@ -455,7 +278,7 @@ class TreeBlock(nn.Module):
             y = y * self.scale
         if self.shift is not None:
             y = y + self.shift
-        return x + y if self.residual else y
+        return y
 
 def build_leaf(leaf, width):
     module = _build_leaf(leaf, width)
@@ -465,112 +288,104 @@ def _build_leaf(leaf, width):
     if leaf.kind is LeafKind.LINEAR:
         return nn.Linear(width, width, bias=leaf.bias)
     if leaf.kind is LeafKind.LAYER_NORM:
-        return nn.LayerNorm(width, bias=leaf.bias)
-    if leaf.kind is LeafKind.TANH:
-        return nn.Tanh()
+        return nn.LayerNorm(width, bias=True)
+    return nn.Tanh()
 
 def build_node(node, width):
     if isinstance(node, Leaf):
         return build_leaf(node, width)
-    return TreeBlock([build_node(c, width) for c in node.children], node.residual, width, node.scale, node.buffer)
+    return TreeBlock([build_node(c, width) for c in node.children], False, width, node.scale, node.buffer)
 
 def build_model(tree, device):
     with torch.device(device):
-        return build_node(tree.root, tree.width)
-""",
-    "fuzz/_rank/options.py": """from __future__ import annotations
-from typing import Any
-import torch
-from torch import nn
-from fuzz._rank.context import RankContext
-from fuzz.model import CheckpointOptions, Composition, ContextFn, Layout, ModuleTree, ReplicateGroup
+        return build_node(tree.root, 4)
 
 def checkpoint_kwargs(opts):
-    kwargs: dict[str, Any] = {}
-    if not opts.is_set:
-        return kwargs
-""",
-    "fuzz/_rank/parity.py": """from __future__ import annotations
-import copy
-from typing import Any
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-from torch import nn
-from fuzz._rank.compose import TORCH_DTYPES, Composed, clean_name
-from fuzz._rank.context import RankContext
-from fuzz._rank.models import build_model
-from fuzz.model import AccumSync, Case, Compile, Composition, Layout, MixedPrecision, ModuleTree, Optimizer, Training
+    kwargs = {}
+    return kwargs
+TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
+_WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.')
+
+def clean_name(name):
+    for prefix in _WRAPPER_PREFIXES:
+        name = name.replace(prefix, '')
+    return name
+
+def mesh_for(comp, ctx):
+    if (2, 1):
+        return ctx.mesh(tuple((2, 1)), ('replicate', 'shard'))
+
+@dataclass
+class Composed:
+    model: object
+    wrapper: object = Wrapper.NONE
+    param_names: object = field(default_factory=list)
+
+    @contextmanager
+    def full_parameters(self):
+        from torch.distributed.tensor import DTensor
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        modules = {clean_name(n): m for n, m in self.model.named_modules()}
+        with FSDP.summon_full_params(self.model):
+            out = {}
+            for name in self.param_names:
+                owner, _, attr = name.rpartition('.')
+                out[name] = getattr(modules[owner], attr).detach().clone()
+            yield out
+        return
+
+def compose(model, comp, ctx, tree=None):
+    from torch.distributed._composable import checkpoint, replicate
+    ckpt_kwargs = checkpoint_kwargs(comp.checkpoint_options)
+    names = [n for n, _ in model.named_parameters()]
+    return Composed(model=_wrap(model, comp, ctx), wrapper=comp.wrapper, param_names=names)
+
+def _wrap(model, comp, ctx):
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+    strategy = {Wrapper.FSDP1_FULL_SHARD: ShardingStrategy.FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP: ShardingStrategy.SHARD_GRAD_OP, Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD, Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[comp.wrapper]
+    kwargs = {'sharding_strategy': strategy, 'device_id': ctx.device, 'use_orig_params': True}
+    if comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD:
+        kwargs['device_mesh'] = mesh_for(comp, ctx)
+    return FSDP(model, **kwargs)
 
 def make_optimizer(params, training, later=()):
     held = {id(p) for p in later}
     params = [p for p in params if p.requires_grad or id(p) in held]
-    groups: Any = params
-    foreach = training.foreach
-    if training.optimizer is Optimizer.SGD:
-        return torch.optim.SGD(groups, lr=training.lr, momentum=training.momentum, foreach=foreach)
+    groups = params
+    foreach = None
+    return torch.optim.SGD(groups, lr=training.lr, momentum=training.momentum, foreach=foreach)
 
 def full_parameters(model):
-    ...
+    pass
 
 def batches(case, training, width, ctx, tp_size=1):
     dtype = TORCH_DTYPES[training.dtype]
-    gen = torch.Generator().manual_seed(case.seed)
-    b = training.batch_per_rank
-    lo = 0 if training.same_input else ctx.rank // tp_size * b
+    gen = torch.Generator().manual_seed(32)
+    b = 2
+    lo = ctx.rank // tp_size * b
     out = []
-    for _ in range(training.steps):
+    for _ in range(3):
         step = []
-        for _ in range(training.grad_accum):
+        for _ in range(1):
             x = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
             y = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
             step.append((x[lo:lo + b].to(ctx.device), y[lo:lo + b].to(ctx.device)))
         out.append(step)
     return out
-""",
-    "fuzz/_rank/programs.py": """from __future__ import annotations
-import importlib
-import os
-import signal
-import time
-from typing import Any
-import torch
-import torch.distributed as dist
-from fuzz._rank.context import RankContext
-from fuzz.model import Case
-
-def run_case(case, ctx):
-    module, function = case.body.PROGRAM.split(':')
-    program = getattr(importlib.import_module(module), function)
-    result: dict[str, Any] = program(case, case.body, ctx)
-    return result
-""",
-    "fuzz/_rank/state_dict.py": """from __future__ import annotations
-import copy
-import inspect
-from dataclasses import dataclass, field, replace
-from typing import Any
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-from torch import nn
-from fuzz._rank.compose import TORCH_DTYPES, Composed, clean_name, compose
-from fuzz._rank.context import RankContext
-from fuzz._rank.models import build_model
-from fuzz._rank.parity import batches, make_optimizer
-from fuzz.model import Api, Case, Composition, ModuleTree, Optimizer, Options, RequiresGrad, StateDictBody, Training, is_fsdp1, is_plain
 PROBE_ROWS = 3
 FRESH_SEED = 24301
 
 @dataclass
 class Side:
-    composed: Composed
-    comp: Composition
-    training: Training
-    opt: torch.optim.Optimizer | None = None
-    param_names: dict[int, str] = field(default_factory=dict)
-    schedule: tuple[RequiresGrad, ...] = ()
-    step: int = 0
+    composed: object
+    comp: object
+    training: object
+    opt: object = None
+    param_names: object = field(default_factory=dict)
+    schedule: object = ()
+    step: object = 0
 
     @property
     def model(self):
@@ -580,25 +395,19 @@ class Side:
     def plain(self):
         return is_plain(self.comp)
 
-    @property
-    def fsdp1(self):
-        return is_fsdp1(self.comp)
-
     def names(self):
         current = {id(p): clean_name(n) for n, p in self.model.named_parameters()}
         return {**self.param_names, **current}
 
 def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=()):
     torch.manual_seed(seed)
-    device = torch.device('meta') if meta else ctx.device
+    device = ctx.device
     model = build_model(tree, device).to(TORCH_DTYPES[training.dtype])
-    composed = Composed(model) if is_plain(comp) else compose(model, comp, ctx)
+    composed = compose(model, comp, ctx)
     return Side(composed=composed, comp=comp, training=training, schedule=schedule)
 
 def change_requires_grad(side, step):
-    changes = [c for c in side.schedule if c.step == step]
-    if not changes:
-        return
+    return
 
 def catch_up(side, steps):
     for step in range(side.step, steps):
@@ -609,24 +418,24 @@ def requires_grad(side):
     return {clean_name(n): p.requires_grad for n, p in side.model.named_parameters()}
 
 def fresh_training(training):
-    momentum = 0.5 if training.optimizer is Optimizer.SGD and training.momentum else 0.0
-    return replace(training, lr=training.lr * 0.37, momentum=momentum, eps=training.eps * 10)
+    momentum = 0.5
+    return replace(training, lr=0.1 * 0.37, momentum=momentum, eps=0.001 * 10)
 
 def add_optimizer(side, training, *, frozen_in_optimizer=False, empty_group=False):
     params = list(side.model.parameters())
-    frozen = [p for p in params if not p.requires_grad] if frozen_in_optimizer else []
+    frozen = []
     side.opt = make_optimizer(params, training, later=frozen)
     side.param_names = {id(p): clean_name(n) for n, p in side.model.named_parameters()}
     return side.opt
 
 def body_optimizer(side, training, body):
-    return add_optimizer(side, training, frozen_in_optimizer=body.frozen_in_optimizer, empty_group=body.empty_group)
+    return add_optimizer(side, training, frozen_in_optimizer=False, empty_group=False)
 
 def seed_segment(case, ctx, segment):
-    torch.manual_seed((case.seed * 7919 + segment * 104729 + ctx.rank + 1) % 2 ** 63)
+    torch.manual_seed((32 * 7919 + segment * 104729 + ctx.rank + 1) % 2 ** 63)
 
 def all_batches(case, training, steps, tree, ctx):
-    return [step[0] for step in batches(case, replace(training, steps=steps), tree.width, ctx)]
+    return [step[0] for step in batches(case, replace(training, steps=steps), 4, ctx)]
 
 def train_steps(side, data, ctx):
     assert side.opt is not None
@@ -637,7 +446,7 @@ def train_steps(side, data, ctx):
         loss = F.mse_loss(side.model(x).to(y.dtype), y)
         loss.backward()
         side.opt.step()
-        side.opt.zero_grad(set_to_none=side.training.set_to_none)
+        side.opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
     return losses
 
@@ -655,8 +464,7 @@ def observe_model(side):
 def _jsonable(value):
     if isinstance(value, torch.Tensor):
         return _flat(value)
-    if isinstance(value, (bool, int, float, str)) or value is None:
-        return value
+    return value
 
 def observe_groups(side):
     names = side.names()
@@ -669,7 +477,7 @@ def observe_groups(side):
 
 def observe_optimizer(side):
     names = side.names()
-    out: dict[str, dict[str, list[float]]] = {}
+    out = {}
     for group in side.opt.param_groups:
         for p in group['params']:
             state = side.opt.state.get(p, {})
@@ -679,8 +487,8 @@ def observe_optimizer(side):
     return out
 
 def probe(side, case, tree, ctx):
-    gen = torch.Generator().manual_seed(case.seed + 1)
-    x = torch.randn(PROBE_ROWS, tree.width, generator=gen, dtype=TORCH_DTYPES[side.training.dtype]).to(ctx.device)
+    gen = torch.Generator().manual_seed(32 + 1)
+    x = torch.randn(PROBE_ROWS, 4, generator=gen, dtype=TORCH_DTYPES[side.training.dtype]).to(ctx.device)
     seed_segment(case, ctx, 99)
     with torch.no_grad():
         out = _flat(side.model(x))
@@ -693,31 +501,27 @@ def reshard(model):
         pass
 
 def observe(side, case, tree, ctx, *, model=True):
-    obs: dict[str, Any] = {'groups': observe_groups(side)}
-    if model:
-        params = observe_model(side)
-        optim = observe_optimizer(side)
-        out = probe(side, case, tree, ctx)
-        if side.fsdp1:
-            obs['optimizer_local'] = optim
-        if ctx.rank == 0:
-            obs.update(model=params, probe=out)
+    obs = {'groups': observe_groups(side)}
+    params = observe_model(side)
+    optim = observe_optimizer(side)
+    out = probe(side, case, tree, ctx)
+    obs['optimizer_local'] = optim
+    if ctx.rank == 0:
+        obs.update(model=params, probe=out)
     return obs
 
 def dropped_keys(side, drop):
-    if not drop:
-        return []
+    return []
 
 def fsdp1_state_dict_type(side, *, full, offload, rank0_only=False):
     from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig, ShardedOptimStateDictConfig, ShardedStateDictConfig, StateDictType
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    if full:
-        FSDP.set_state_dict_type(side.model, StateDictType.FULL_STATE_DICT, FullStateDictConfig(offload_to_cpu=offload, rank0_only=rank0_only), FullOptimStateDictConfig(offload_to_cpu=offload, rank0_only=rank0_only))
+    FSDP.set_state_dict_type(side.model, StateDictType.FULL_STATE_DICT, FullStateDictConfig(offload_to_cpu=offload, rank0_only=rank0_only), FullOptimStateDictConfig(offload_to_cpu=offload, rank0_only=rank0_only))
 
 def fsdp1_optim_state_dict(side):
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     assert side.opt is not None
-    osd: dict[str, Any] = FSDP.optim_state_dict(side.model, side.opt)
+    osd = FSDP.optim_state_dict(side.model, side.opt)
     return osd
 
 def fsdp1_load_optimizer(side, osd):
@@ -733,28 +537,26 @@ def torch_kwargs(fn, kwargs):
 def state_dict_options(o):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
     extra = {n: True for n in ('ignore_frozen_params', 'flatten_optimizer_state_dict') if getattr(o, n)}
-    return StateDictOptions(full_state_dict=o.full_state_dict, cpu_offload=o.cpu_offload, broadcast_from_rank0=o.broadcast_from_rank0, strict=o.strict, **torch_kwargs(StateDictOptions, extra))
+    return StateDictOptions(full_state_dict=True, cpu_offload=False, broadcast_from_rank0=False, strict=True, **torch_kwargs(StateDictOptions, extra))
 
 def _take(body, side):
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict, get_state_dict
     options = state_dict_options(body.save)
     assert side.opt is not None
-    if body.api is Api.FSDP1:
-        only0 = body.load.broadcast_from_rank0
-        fsdp1_state_dict_type(side, full=body.save.full_state_dict, offload=body.save.cpu_offload, rank0_only=only0)
-        return (side.model.state_dict(), fsdp1_optim_state_dict(side))
+    only0 = False
+    fsdp1_state_dict_type(side, full=True, offload=False, rank0_only=only0)
+    return (side.model.state_dict(), fsdp1_optim_state_dict(side))
 
 def _put(body, side, msd, osd, ctx):
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict, set_state_dict
     options = state_dict_options(body.load)
     fresh = fresh_training(body.training)
-    if body.api is Api.FSDP1:
-        only0 = body.load.broadcast_from_rank0
-        fsdp1_state_dict_type(side, full=body.load.full_state_dict, offload=body.load.cpu_offload, rank0_only=only0)
-        result = side.model.load_state_dict(msd)
-        flags = requires_grad(side)
-        fsdp1_load_optimizer(side, osd)
-        return (result, flags)
+    only0 = False
+    fsdp1_state_dict_type(side, full=True, offload=False, rank0_only=only0)
+    result = side.model.load_state_dict(msd)
+    flags = requires_grad(side)
+    fsdp1_load_optimizer(side, osd)
+    return (result, flags)
 
 def incompatible(result):
     missing = getattr(result, 'missing_keys', []) or []
@@ -763,29 +565,26 @@ def incompatible(result):
 
 def run_state_dict(case, body, ctx):
     t = body.training
-    data = all_batches(case, t, t.steps + body.steps_after, body.tree, ctx)
-    src = build_side(body.tree, body.source, t, ctx, seed=case.seed, schedule=body.requires_grad)
+    data = all_batches(case, t, 2 + 1, body.tree, ctx)
+    src = build_side(body.tree, body.source, t, ctx, seed=32, schedule=())
     body_optimizer(src, t, body)
     seed_segment(case, ctx, 0)
-    obs: dict[str, Any] = {'losses_before': train_steps(src, data[:t.steps], ctx)}
+    obs = {'losses_before': train_steps(src, data[:2], ctx)}
     msd, osd = _take(body, src)
-    nested_osd = osd
-    ignored: list[str] = []
+    ignored = []
     msd, osd = copy.deepcopy((msd, osd))
     obs['saved'] = observe(src, case, body.tree, ctx)
-    tgt = build_side(body.tree, body.target, t, ctx, seed=case.seed + FRESH_SEED, meta=body.target_meta_init, schedule=body.requires_grad)
-    if not body.target_meta_init:
-        body_optimizer(tgt, fresh_training(t), body)
-        catch_up(tgt, t.steps)
-    dropped = sorted(set(dropped_keys(src, body.drop)) | set(ignored))
+    tgt = build_side(body.tree, body.target, t, ctx, seed=32 + FRESH_SEED, meta=False, schedule=())
+    body_optimizer(tgt, fresh_training(t), body)
+    catch_up(tgt, 2)
+    dropped = sorted(set(dropped_keys(src, ())) | set(ignored))
     obs['dropped'] = dropped
     before = requires_grad(tgt)
     result, after = _put(body, tgt, msd, osd, ctx)
     obs['load_result'] = incompatible(result)
     obs['requires_grad'] = {'before': before, 'after': after}
     obs['loaded'] = observe(tgt, case, body.tree, ctx)
-    if body.steps_after:
-        obs.update(resume_both(case, src, tgt, data[t.steps:], ctx))
+    obs.update(resume_both(case, src, tgt, data[2:], ctx))
     return obs
 
 def resume_source(case, src, data, ctx):
@@ -794,8 +593,8 @@ def resume_source(case, src, data, ctx):
     return (losses, observe_model(src))
 
 def resume_both(case, src, tgt, data, ctx, source_done=None):
-    obs: dict[str, Any] = {}
-    losses_src, final_src = source_done if source_done is not None else resume_source(case, src, data, ctx)
+    obs = {}
+    losses_src, final_src = resume_source(case, src, data, ctx)
     obs['losses_source'] = losses_src
     seed_segment(case, ctx, 1)
     obs['losses_target'] = train_steps(tgt, data, ctx)
@@ -803,78 +602,58 @@ def resume_both(case, src, tgt, data, ctx, source_done=None):
     if ctx.rank == 0:
         obs['final_source'], obs['final_target'] = (final_src, final_tgt)
     return obs
-""",
-    "fuzz/_rank/worker.py": """from __future__ import annotations
-import faulthandler
-import importlib
-import os
-import signal
-import sys
-import threading
-import time
-import traceback
-from datetime import timedelta
-from typing import Any
-from fuzz._protocol import decode
-PROCESS_GROUP_TIMEOUT = timedelta(minutes=30)
-SAMPLE_AFTER_S = 2.0
-SAMPLE_EVERY_S = 1.0
 
-class _Sampler(threading.Thread):
+class OutcomeKind(str, enum.Enum):
+    OK = 'ok'
+    EXCEPTION = 'exception'
+    HANG = 'hang'
+    CRASH = 'crash'
 
-    def __init__(self, path):
-        super().__init__(name='shardfuzz-sampler', daemon=True)
-        self.path = path
-        self.main = threading.main_thread().ident
-        self.case: tuple[int, float] | None = None
+@dataclass(frozen=True)
+class RankReport:
+    rank: object
+    observation: object = None
+    seconds: object = None
 
-    def run(self):
-        while True:
-            time.sleep(SAMPLE_EVERY_S)
-            current = self.case
-            if current is None or time.monotonic() - current[1] < SAMPLE_AFTER_S:
-                continue
-            frame = sys._current_frames().get(self.main) if self.main is not None else None
-            if frame is None:
-                continue
-            text = f'{current[0]}\\n' + ''.join(traceback.format_stack(frame))
-            del frame
-            if self.case is not current:
-                continue
-            try:
-                with open(self.path + '.tmp', 'w', encoding='utf-8') as f:
-                    f.write(text)
-                os.replace(self.path + '.tmp', self.path)
-            except OSError:
-                pass
+@dataclass(frozen=True)
+class Stall:
+    name: object
+    deadlocked: object
+    after: object = 10.0
+    hold: object = 3.0
 
-def main():
-    ...
-if __name__ == '__main__':
-    sys.exit(main())
-""",
-    "fuzz/known.py": """from __future__ import annotations
-from dataclasses import dataclass
-from fuzz.model import AccumSync, Api, Block, Body, Case, Compile, Composition, DcpBody, DcpItem, Dtype, Layout, Leaf, ModuleTree, Optimizer, Overwrite, StateDictBody, Training, Wrapper, is_fsdp1, trained_then_frozen
-from fuzz.verdict import Stall
+@dataclass(frozen=True)
+class Outcome:
+    kind: object
+    ranks: object
+    seconds: object
+
+    @property
+    def ok(self):
+        return self.kind is OutcomeKind.OK
+
+    @property
+    def observations(self):
+        return [r.observation or {} for r in self.ranks]
 KNOWN_BUG_ODDS = 16
 KNOWN_HANG_ODDS = 64
 NONE_FOUND = 'none found'
 
 @dataclass(frozen=True)
 class KnownBug:
-    id: str
-    title: str
-    symptoms: frozenset[str] = frozenset({'exception'})
-    upstream: str = NONE_FOUND
-    relation: str = ''
-    state: str = ''
-    ends_ranks: bool = True
-    odds: int = KNOWN_BUG_ODDS
-    tag: str = ''
-    see_also: tuple[str, ...] = ()
-    docs: str = 'docs/known_bugs.md'
-    fixed_in: str = ''
+    id: object
+    title: object
+    symptoms: object = frozenset({'exception'})
+    upstream: object = NONE_FOUND
+    relation: object = ''
+    state: object = ''
+    ends_ranks: object = True
+    odds: object = KNOWN_BUG_ODDS
+    tag: object = ''
+    see_also: object = ()
+    docs: object = 'docs/known_bugs.md'
+    fixed_in: object = ''
+    conditional: object = False
 FSDP1_HSDP_SHARD1 = KnownBug('fsdp1-hybrid-shard-dim-1', 'FSDP1 HYBRID_SHARD with a shard dimension of size 1 never averages gradients across replicas', symptoms=frozenset({'mismatch'}), upstream='pytorch/pytorch#154888', relation='same bug', ends_ranks=False, tag=':shard1')
 FOREACH_MIXED = KnownBug('foreach-mixed-dtensor-tensor', 'foreach optimizers over a mix of DTensor (fully_shard) and plain (replicate) parameters raise', upstream='pytorch/pytorch#183207', relation='same symptom (reached there through ignored_params)')
 INT_RESHARD_DIM1 = KnownBug('fully_shard-int-reshard-shard-dim-1', 'fully_shard with an int reshard_after_forward and Shard(1) placements: IndexError in foreach_all_gather_copy_out')
@@ -901,777 +680,209 @@ FSDP1_COMPILE_SHARDED_GRAD = KnownBug('fsdp1-compile-recompile-sharded-grad', "t
 DIVIDE_FACTOR_TWICE = KnownBug('fully_shard-divide-factor-single-shard-twice', 'set_gradient_divide_factor(f) on a fully_shard unit whose shard group is one rank, with set_force_sum_reduction_for_comms(True) or a float16 / float64 reduce dtype: gradients are divided by f twice (once where the single-rank branch copies the input, once more as the post-divide)', symptoms=frozenset({'mismatch'}), relation='none found after three phrasings; the single-rank division came with the pull request in see_also, and a later one reworks that branch without the post-divide', state='present in torch 2.13.0', see_also=('pytorch/pytorch#167178', 'pytorch/pytorch#196348'), ends_ranks=False, tag=':divide-factor-twice')
 FROZEN_OPTIM_STATE_DROPPED = KnownBug('set_optimizer_state_dict-frozen-state-dropped', 'set_optimizer_state_dict drops the saved optimizer state of a parameter frozen (requires_grad=False) when it is loaded: a parameter trained, then frozen, checkpointed and unfrozen after resuming restarts with fresh optimizer state (get_optimizer_state_dict saved it)', symptoms=frozenset({'mismatch'}), upstream='pytorch/pytorch#192202', relation='same bug', state='open; fix pull request #192307 open, not in torch 2.13.0', see_also=('pytorch/pytorch#192307',), ends_ranks=False, tag=':frozen-optimizer-state-dropped', docs='docs/state_dict.md', odds=4)
 PLAN_CACHE_FAILED_SAVE = KnownBug('dcp-plan-cache-after-failed-save', "DefaultSavePlanner(enable_plan_caching=True): a save that fails (FileSystemWriter(overwrite=False) refusing an existing checkpoint) leaves its plans cached; the next save with that planner class raises TypeError 'NoneType' object is not iterable in _create_global_plan", upstream='pytorch/pytorch#176289', relation='same bug (pull request: save plan caching during validation failures)', state='fixed in torch 2.13 (plans are cached only after a successful save); present in torch 2.11', fixed_in='2.13', docs='docs/state_dict.md')
+CHECKPOINT_DEBUG = KnownBug('checkpoint-debug-always-refused', "composable checkpoint(module, debug=True) raises ValueError 'debug=True is incompatible with non-default context_fn' on the first forward whatever the caller passes: it always hands torch.utils.checkpoint a context_fn of its own", upstream='pytorch/pytorch#185285', relation='same bug (pull request: allow debug mode with context_fn in checkpoint(); an earlier attempt in see_also)', state='not in torch 2.13.0', see_also=('pytorch/pytorch#175338',), conditional=True)
+SAC_OVER_FSDP_UNIT = KnownBug('selective-checkpoint-over-fully_shard-unit', "selective activation checkpointing (context_fn=create_selective_checkpoint_contexts) over a region holding a fully_shard unit whose state differs between forward and recomputation (kept unsharded by set_reshard_after_backward(False), prefetched, frozen): the replay counts FSDP2's record_function markers and raises 'profiler._record_function_enter_new.default invocation index N encountered during backward but not found in storage'", upstream='pytorch/pytorch#196862', relation='same bug (pull request: exclude all-gather internals and profiler ops from selective checkpointing)', state='not in torch 2.13.0', see_also=('pytorch/pytorch#185178', 'pytorch/torchtitan#3427'), conditional=True)
+DELAY_ALL_REDUCE_ROOT = KnownBug('ddp-delay-all-reduce-root-params-reduced-twice', "DistributedDataParallel(delay_all_reduce_named_params=..., param_to_hook_all_reduce=...): a delayed parameter of the root module itself stays in the reducer too (the reducer leaves out f'{module_name}.{name}', which is '.<name>' for the root's own parameters), so it is all-reduced twice, racing, and its gradient is wrong now and then; every parameter replicate() hands DDP is one (an nn.ParameterList's)", symptoms=frozenset({'mismatch'}), relation='none found after five phrasings; the option came with the pull request in see_also', state='present in torch 2.13.0', see_also=('pytorch/pytorch#95669',), ends_ranks=False, tag=':delay-all-reduce', odds=4)
+DELAY_BUFFER_FLOAT32 = KnownBug('ddp-delay-all-reduce-float32-buffer', "DistributedDataParallel(delay_all_reduce_named_params=..., param_to_hook_all_reduce=...) over parameters that are not float32: the delayed gradients' buffer is made with torch.zeros and no dtype, and _clear_grad_buffer raises 'attempting to assign a gradient with dtype 'float' to a tensor with grad_dtype 'Double''", relation='none found after three phrasings (the error text, the buffer, the option); the option came with the pull request in see_also', state='present in torch 2.13.0', see_also=('pytorch/pytorch#95669',))
+COMPILED_UNFREEZE_PLAIN = KnownBug('compile-unfrozen-plain-param-no-recompile', "torch.compile (aot_eager) of a module whose plain (non-DTensor) parameter was frozen when it was compiled: after requires_grad_(True) the compiled forward is reused without a recompile and the parameter gets no gradient (met through fully_shard's ignored_params, which stay plain tensors)", symptoms=frozenset({'mismatch'}), upstream='pytorch/pytorch#139476', relation='same bug (Dynamo reuses a compiled frame when the requires_grad of module parameters changes)', state='present in torch 2.11; torch 2.13.0 recompiles (the torch-only reproducer passes there)', fixed_in='2.13', ends_ranks=False, tag=':compiled-unfreeze')
 
 def present(bug, torch_version):
-    ...
+    pass
 
 def get(bug_id):
-    ...
+    pass
+
+def int_reshard_dim1(comp):
+    pass
 
 def shard1(comp):
-    ...
+    pass
 
 def fsdp1_shard1(comp):
-    return comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD and comp.mesh[1] == 1 and (comp.mesh[0] > 1)
+    return comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD and (2, 1)[1] == 1 and ((2, 1)[0] > 1)
+
+def unused_no_all_reduce(tree, comp, training):
+    pass
+
+def fsdp1_compiled_with_sharded_grads(comp, training, world_size):
+    pass
+
+def divide_factor_twice(comp, training, world_size):
+    pass
+
+def never_run_under_no_sync(tree, comp, training):
+    pass
+
+def unfrozen_in_frozen_mp_unit(tree, comp, training):
+    pass
+
+def checkpoint_debug(comp):
+    pass
+
+def selective_over_unit(comp):
+    pass
+
+def delayed_all_reduce(comp):
+    pass
+
+def delayed_not_float32(comp, training):
+    pass
+
+def compiled_unfreeze_ignored(comp, training):
+    pass
+
+def fsdp1_full_offload(body, world_size):
+    pass
+
+def fsdp1_dcp_stateless(body):
+    pass
+
+def fsdp1_dcp_empty_shard(body, world_size):
+    pass
+
+def fsdp1_async_default_stager(body):
+    pass
+
+def fsdp1_frozen_unit(comp, tree):
+    pass
+
+def hsdp_optimizer_load(body):
+    pass
+
+def broadcast_empty(body):
+    pass
 
 def frozen_state_dropped(body):
     if isinstance(body, StateDictBody):
         loaded = body.api is not Api.FSDP1
     return loaded and bool(trained_then_frozen(body))
 
+def plan_cache_failed_save(body):
+    pass
+
+def stateless_full(body):
+    pass
+
+def flat_full_optimizer(body):
+    pass
+
+def _comps(case):
+    pass
+
+def _per_comp(condition):
+
+    def met(case):
+        pass
+    return met
+
+def _with_training(condition):
+
+    def met(case):
+        pass
+    return met
+
+def _saving(condition):
+    return lambda case: isinstance(case.body, (StateDictBody, DcpBody)) and condition(case)
+
+def _frozen_int_reshard(case):
+    pass
+
+def _foreach_mixed(case):
+    pass
+
+def _unfrozen_unresharded(case):
+    pass
+
+def _fsdp1_unfrozen_frozen_unit(case):
+    pass
+CONDITIONS = ((INT_RESHARD_DIM1, lambda case: any((int_reshard_dim1(c) for c in _comps(case)))), (FSDP1_HSDP_SHARD1, lambda case: any((fsdp1_shard1(c) for c in _comps(case)))), (FSDP1_FROZEN_UNIT, _saving(lambda case: fsdp1_frozen_unit(case.body.source, case.body.tree))), (FSDP1_FULL_OFFLOAD, _saving(lambda case: fsdp1_full_offload(case.body, case.world_size))), (FSDP1_DCP_STATELESS, _saving(lambda case: fsdp1_dcp_stateless(case.body))), (FSDP1_DCP_EMPTY_SHARD, _saving(lambda case: fsdp1_dcp_empty_shard(case.body, case.world_size))), (FSDP1_ASYNC_DEFAULT_STAGER, _saving(lambda case: fsdp1_async_default_stager(case.body))), (CACHED_STAGING_NEEDS_ACCELERATOR, lambda case: isinstance(case.body, DcpBody) and case.body.cache_staged), (BROADCAST_EMPTY, _saving(lambda case: broadcast_empty(case.body))), (STATELESS_FULL, _saving(lambda case: stateless_full(case.body))), (FLAT_FULL_OPTIM, _saving(lambda case: flat_full_optimizer(case.body))), (PLAN_CACHE_FAILED_SAVE, _saving(lambda case: plan_cache_failed_save(case.body))), (FSDP1_HSDP_OPTIMIZER_LOAD, _saving(lambda case: hsdp_optimizer_load(case.body))), (FROZEN_OPTIM_STATE_DROPPED, _saving(lambda case: frozen_state_dropped(case.body))), (FROZEN_INT_RESHARD, _frozen_int_reshard), (UNFROZEN_UNRESHARDED, _unfrozen_unresharded), (UNUSED_NO_ALL_REDUCE, _per_comp(unused_no_all_reduce)), (MP_NEVER_RUN_NO_SYNC, _per_comp(never_run_under_no_sync)), (MP_UNIFORM_GRAD_DTYPE, _per_comp(never_run_under_no_sync)), (MP_FROZEN_AT_LAZY_INIT, _per_comp(unfrozen_in_frozen_mp_unit)), (FSDP1_UNFROZEN_FROZEN_UNIT, _fsdp1_unfrozen_frozen_unit), (FOREACH_MIXED, _foreach_mixed), (FSDP1_COMPILE_SHARDED_GRAD, _with_training(fsdp1_compiled_with_sharded_grads)), (DIVIDE_FACTOR_TWICE, _with_training(divide_factor_twice)), (CHECKPOINT_DEBUG, lambda case: any((checkpoint_debug(c) for c in _comps(case)))), (SAC_OVER_FSDP_UNIT, lambda case: any((selective_over_unit(c) for c in _comps(case)))), (DELAY_ALL_REDUCE_ROOT, lambda case: any((delayed_all_reduce(c) for c in _comps(case)))), (COMPILED_UNFREEZE_PLAIN, _with_training(lambda c, training, _: compiled_unfreeze_ignored(c, training))), (DELAY_BUFFER_FLOAT32, _with_training(lambda c, training, _: delayed_not_float32(c, training))))
+
 def ends_ranks(case):
-    ...
+    pass
 
 def rank0_alone_in_broadcast(stacks):
-    ...
+    pass
 ALONE_IN_BROADCAST_STALL = Stall(name='rank 0 alone in _broadcast_state_dict', deadlocked=rank0_alone_in_broadcast, after=10.0, hold=3.0)
-""",
-    "fuzz/model/__init__.py": """from fuzz.model.case import Body, Case
-from fuzz.model.codec import case_from_json
-from fuzz.model.composition import CheckpointOptions, Composition, ContextFn, DeterminismCheck, Knobs, MixedPrecision, ReplicateGroup, ReplicateOptions, ShardSpec, TpPair, Wrapper
-from fuzz.model.layout import Layout
-from fuzz.model.rules import check_composition, check_mesh
-from fuzz.model.state import Api, DcpBody, DcpItem, DcpMode, LoadPlannerOptions, Options, Overwrite, RequiresGrad, SavePlannerOptions, StateDictBody, WriterOptions, dcp_root, is_fsdp1, is_plain, schedule_problem, trained_then_frozen
-from fuzz.model.training import AccumSync, Compile, Optimizer, Skip, Training, Unfreeze
-from fuzz.model.tree import Block, Dtype, Leaf, LeafKind, ModuleTree, Node, iter_paths, param_names
-""",
-    "fuzz/model/case.py": """from __future__ import annotations
-import builtins
-import enum
-from dataclasses import dataclass, field
-from typing import Any, ClassVar
-from fuzz.model.composition import Composition
-from fuzz.model.rules import check_composition, check_mesh
-from fuzz.model.training import AccumSync, Training
-from fuzz.model.tree import Block, Leaf, LeafKind, ModuleTree, iter_paths
-
-class Body:
-    KIND: ClassVar[str]
-    PROGRAM: ClassVar[str]
-    registry: ClassVar[dict[str, type[Body]]] = {}
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        Body.registry[cls.KIND] = cls
-
-    def validate_for(self, world_size):
-        ...
-
-    @property
-    def size(self):
-        ...
-BODY_MODULES: tuple[str, ...] = ('fuzz.model.state',)
 
 @dataclass(frozen=True)
-class Case:
-    property: str
-    world_size: int
-    seed: int
-    body: Body
+class Signature:
+    kind: object
+    property: object
+    check: object = ''
+    where: object = ''
+    tags: object = ()
 
-    def __post_init__(self):
-        self.body.validate_for(self.world_size)
+    def __str__(self):
+        text = f'{self.kind}:{self.property}'
+        if self.check:
+            text += f':{self.check}'
+        if self.where:
+            text += f'@{self.where}'
+        return text + ''.join((f':{t}' for t in self.tags))
 
-    @builtins.property
-    def size(self):
-        ...
-""",
-    "fuzz/model/codec.py": """from __future__ import annotations
-import dataclasses
-import enum
-import importlib
-import json
-import types
-import typing
-from typing import Any, Union
-from fuzz.model.case import BODY_MODULES, Body, Case
-from fuzz.model.tree import Block, Leaf
-
-def case_from_json(data, path='case'):
-    schema = data.get('schema')
-    body = {k: v for k, v in data.items() if k != 'schema'}
-    result = _decode(Case, body, path)
-    assert isinstance(result, Case)
-    return result
-
-def _decode(tp, value, path):
-    if tp is Body:
-        for module in BODY_MODULES:
-            importlib.import_module(module)
-        kinds = Body.registry
-        return _decode(kinds[value['kind']], value, path)
-    origin = typing.get_origin(tp)
-    if origin in (Union, types.UnionType):
-        options = typing.get_args(tp)
-        if all((dataclasses.is_dataclass(o) for o in options)):
-            if isinstance(value, dict) and 'children' in value:
-                return _decode(Block, value, path)
-            return _decode(Leaf, value, path)
-        for option in options:
-            if option is type(None) and value is None:
-                return None
-    if origin is tuple:
-        item_tp, _ellipsis = typing.get_args(tp)
-        return tuple((_decode(item_tp, v, f'{path}[{i}]') for i, v in enumerate(value)))
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        return tp(value)
-    if dataclasses.is_dataclass(tp):
-        hints = typing.get_type_hints(tp)
-        fields = {f.name: f for f in dataclasses.fields(tp)}
-        tag = {'kind'} if getattr(tp, 'KIND', None) else set()
-        unknown = set(value) - set(fields) - tag
-        kwargs = {}
-        for name, f in fields.items():
-            if name in value:
-                kwargs[name] = _decode(hints[name], value[name], f'{path}.{name}')
-        return typing.cast(Any, tp)(**kwargs)
-    if tp is float:
-        return float(value)
-    if tp is int:
-        return value
-    if tp is bool:
-        return value
-    if tp is str:
-        return value
-""",
-    "fuzz/model/composition.py": """from __future__ import annotations
-import enum
-from dataclasses import dataclass, field, fields
-from fuzz.model.tree import Dtype
-
-class Wrapper(str, enum.Enum):
-    NONE = 'none'
-    DDP = 'ddp'
-    FSDP1_FULL_SHARD = 'fsdp1_full_shard'
-    FSDP1_SHARD_GRAD_OP = 'fsdp1_shard_grad_op'
-    FSDP1_NO_SHARD = 'fsdp1_no_shard'
-    FSDP1_HYBRID_SHARD = 'fsdp1_hybrid_shard'
+    @classmethod
+    def parse(cls, text):
+        kind, sep, rest = text.partition(':')
+        head, at, where = rest.partition('@')
+        prop, _, check = head.partition(':')
+        return cls(kind, prop, check, where)
 
 @dataclass(frozen=True)
-class MixedPrecision:
-    param_dtype: Dtype | None = None
-    reduce_dtype: Dtype | None = None
-    output_dtype: Dtype | None = None
-    cast_forward_inputs: bool = True
-
-@dataclass(frozen=True)
-class ShardSpec:
-    path: str
-    reshard_after_forward: bool | int = True
-    shard_dim: int = 0
-    group: tuple[str, ...] = ()
-    mixed_precision: MixedPrecision | None = None
-    offload: bool = False
-
-    @property
-    def paths(self):
-        ...
-
-@dataclass(frozen=True)
-class TpPair:
-    colwise: str
-    rowwise: str
-
-@dataclass(frozen=True)
-class Knobs:
-    forward_prefetch: int = 0
-    backward_prefetch: int = 0
-    reshard_after_backward_last: bool = False
-    late_reshard_after_forward: bool | None = None
-    explicit_unshard: bool = False
-    all_reduce_hook_scale: float | None = None
-    gradient_divide_factor: float | None = None
-    force_sum_reduction: bool = False
-
-    def __post_init__(self):
-        for name in ('forward_prefetch', 'backward_prefetch'):
-            pass
-
-    @property
-    def is_set(self):
-        return self != Knobs()
-
-    def names(self):
-        ...
-
-class ReplicateGroup(str, enum.Enum):
-    DEFAULT = 'default'
-    PROCESS_GROUP = 'process_group'
-    DEVICE_MESH = 'device_mesh'
-
-@dataclass(frozen=True)
-class ReplicateOptions:
-    bucket_cap_mb: float | None = None
-    bucket_cap_mb_list: tuple[float, ...] = ()
-    gradient_as_bucket_view: bool = False
-    static_graph: bool = False
-    init_sync: bool = True
-    dim: int = 0
-    group: ReplicateGroup = ReplicateGroup.DEFAULT
-    device_id: bool = False
-    ignored_modules: tuple[str, ...] = ()
-    forward_sync_buffers: bool | None = None
-    batched_grad_copy: bool = False
-    skip_all_reduce_unused_params: bool = False
-    delay_all_reduce: bool = False
-
-    def __post_init__(self):
-        caps = (*(() if self.bucket_cap_mb is None else (self.bucket_cap_mb,)), *self.bucket_cap_mb_list)
-
-    @property
-    def is_set(self):
-        return self != ReplicateOptions()
-
-    def names(self):
-        ...
-
-class ContextFn(str, enum.Enum):
-    NONE = 'none'
-    SAVE_MATMULS = 'save_matmuls'
-    SAVE_MATMULS_LIST = 'save_matmuls_list'
-
-class DeterminismCheck(str, enum.Enum):
-    DEFAULT = 'default'
-    NONE = 'none'
-
-@dataclass(frozen=True)
-class CheckpointOptions:
-    preserve_rng_state: bool = True
-    context_fn: ContextFn = ContextFn.NONE
-    determinism_check: DeterminismCheck | None = None
-    debug: bool = False
-    early_stop: bool | None = None
-
-    @property
-    def is_set(self):
-        return self != CheckpointOptions()
-
-    def names(self):
-        ...
-
-@dataclass(frozen=True)
-class Composition:
-    shards: tuple[ShardSpec, ...] = ()
-    replicates: tuple[str, ...] = ()
-    checkpoints: tuple[str, ...] = ()
-    checkpoint_first: bool = True
-    mesh: tuple[int, ...] = ()
-    wrapper: Wrapper = Wrapper.NONE
-    auto_wrap: bool = False
-    meta_init: bool = False
-    tp: tuple[TpPair, ...] = ()
-    tp_size: int = 1
-    find_unused: bool = False
-    knobs: Knobs = field(default_factory=Knobs)
-    replicate_options: ReplicateOptions = field(default_factory=ReplicateOptions)
-    checkpoint_options: CheckpointOptions = field(default_factory=CheckpointOptions)
-
-    def __post_init__(self):
-        pass
-
-    def uniform_precision(self):
-        ...
-
-    def reshard_after_forward(self, spec):
-        ...
-
-    @property
-    def sharded_paths(self):
-        ...
-
-    def steps(self):
-        order = {'checkpoint': 0 if self.checkpoint_first else 3, 'fully_shard': 1, 'replicate': 2}
-        items = [('checkpoint', p) for p in self.checkpoints] + [('replicate', p) for p in self.replicates]
-        items += [('fully_shard', spec.path) for spec in self.shards]
-
-        def key(item):
-            ...
-        return sorted(items, key=key)
-
-    def _spec_paths(self, api, path):
-        ...
-""",
-    "fuzz/model/layout.py": """from __future__ import annotations
-from dataclasses import dataclass
-from functools import cached_property
-from fuzz.model.composition import Composition
-from fuzz.model.tree import Leaf, ModuleTree, Node, param_names
-
-@dataclass(frozen=True)
-class Layout:
-    tree: ModuleTree
-    comp: Composition
-
-    @cached_property
-    def paths(self):
-        ...
-
-    @cached_property
-    def units(self):
-        ...
-
-    @cached_property
-    def member_paths(self):
-        ...
-
-    def member_of(self, path, api=None):
-        ...
-
-    def unit_of(self, path):
-        ...
-
-    def owned_by(self, unit, member=None):
-        ...
-
-    def outermost(self, unit):
-        ...
-
-    def frozen_only(self, unit, member=None):
-        ...
-
-    def manages_under(self, member, path):
-        ...
-
-    def unmanaged(self):
-        ...
-
-    def local(self):
-        ...
-
-    def ignored_by(self, member):
-        ...
-
-    def replicated_params(self, member):
-        ...
-
-    def delay_plan(self, member):
-        ...
-
-    def _trainable(self, path):
-        ...
-
-    def gradient_scale(self, path, world_size):
-        ...
-""",
-    "fuzz/model/rules.py": """from __future__ import annotations
-from dataclasses import replace
-from fuzz.model.composition import Composition, Wrapper
-from fuzz.model.layout import Layout
-from fuzz.model.training import AccumSync, Compile, Optimizer, Skip, Training
-from fuzz.model.tree import Block, Leaf, LeafKind, ModuleTree, Node, iter_paths
-
-def check_composition(tree, comp, where='composition'):
-    paths = tree.paths()
-    sharded: list[str] = []
-    for name, group in (('replicates', comp.replicates), ('checkpoints', comp.checkpoints)):
-        pass
-    done: list[str] = []
-    _check_tp(tree, comp, where)
-    _check_replicate_options(tree, comp, where)
-    _check_checkpoint_options(tree, comp, where)
-
-def _check_replicate_options(tree, comp, where):
-    opts = comp.replicate_options
-    paths = tree.paths()
-    plain = Layout(tree, replace(comp, replicate_options=replace(opts, ignored_modules=())))
-    at = f'{where}.replicate_options.ignored_modules'
-    layout = Layout(tree, comp)
-
-def _check_checkpoint_options(tree, comp, where):
-    if comp.checkpoint_options.preserve_rng_state:
-        return
-
-def _check_tp(tree, comp, where):
-    paths = tree.paths()
-    used: list[str] = []
-
-def check_mesh(comp, world_size, where='composition'):
-    shard_size = comp.mesh[1] if comp.mesh else world_size // comp.tp_size
-""",
-    "fuzz/model/state.py": """from __future__ import annotations
-import enum
-import os
-import tempfile
-from dataclasses import dataclass, field, fields
-from typing import ClassVar
-from fuzz.model.case import Body
-from fuzz.model.composition import Composition, Wrapper
-from fuzz.model.rules import check_composition, check_mesh
-from fuzz.model.training import Training
-from fuzz.model.tree import Block, Leaf, ModuleTree
-
-def dcp_root(driver_pid):
-    return os.path.join(tempfile.gettempdir(), f'shardfuzz-dcp-{driver_pid}')
-
-def is_plain(comp):
-    return not comp.shards and (not comp.replicates) and (comp.wrapper is Wrapper.NONE)
-
-def is_fsdp1(comp):
-    return comp.wrapper.value.startswith('fsdp1')
-
-def _check_side(comp, tree, where):
-    check_composition(tree, comp, where)
-
-def _check_common(tree, source, target, training, steps_after, meta):
-    _check_side(source, tree, 'source')
-    _check_side(target, tree, 'target')
-
-def _check_drop(drop):
-    pass
-
-def _check_frozen_in_optimizer(tree, frozen_in_optimizer):
-    pass
-
-def _check_schedule(body):
-    problem = schedule_problem(body.tree, body.source, body.target, body.training, body.steps_after, body.requires_grad, body.frozen_in_optimizer)
-
-@dataclass(frozen=True)
-class RequiresGrad:
-    path: str
-    step: int
-    trainable: bool
-
-def trained_then_frozen(body):
-    ...
-
-def schedule_problem(tree, source, target, training, steps_after, changes, frozen_in_optimizer):
-    if not changes:
-        return None
-
-class Api(str, enum.Enum):
-    SPLIT = 'split'
-    COMBINED = 'combined'
-    MODULE = 'module'
-    FSDP1 = 'fsdp1_optim_state_dict'
-
-@dataclass(frozen=True)
-class Options:
-    full_state_dict: bool = False
-    cpu_offload: bool = False
-    broadcast_from_rank0: bool = False
-    strict: bool = True
-    ignore_frozen_params: bool = False
-    flatten_optimizer_state_dict: bool = False
-
-@dataclass(frozen=True)
-class StateDictBody(Body):
-    KIND: ClassVar[str] = 'state_dict'
-    PROGRAM: ClassVar[str] = 'fuzz._rank.state_dict:run_state_dict'
-    tree: ModuleTree
-    source: Composition
-    target: Composition
-    training: Training = field(default_factory=Training)
-    steps_after: int = 1
-    api: Api = Api.SPLIT
-    save: Options = field(default_factory=Options)
-    load: Options = field(default_factory=Options)
-    target_meta_init: bool = False
-    drop: tuple[int, ...] = ()
-    frozen_in_optimizer: bool = False
-    empty_group: bool = False
-    requires_grad: tuple[RequiresGrad, ...] = ()
-
-    def __post_init__(self):
-        _check_common(self.tree, self.source, self.target, self.training, self.steps_after, self.target_meta_init)
-        _check_drop(self.drop)
-        _check_frozen_in_optimizer(self.tree, self.frozen_in_optimizer)
-        _check_schedule(self)
-        save, load = (self.save, self.load)
-        self._check_frozen_and_flat()
-        if self.api is Api.FSDP1:
-            self._check_fsdp1()
-            return
-
-    def _check_frozen_and_flat(self):
-        save, load = (self.save, self.load)
-
-    def _check_fsdp1(self):
-        save, load = (self.save, self.load)
-
-    @property
-    def size(self):
-        ...
-
-    def validate_for(self, world_size):
-        for where, comp in (('source', self.source), ('target', self.target)):
-            if not is_plain(comp):
-                check_mesh(comp, world_size, where)
-
-class Overwrite(str, enum.Enum):
-    NONE = 'none'
-    TRUE = 'true'
-    FALSE = 'false'
-
-class DcpItem(str, enum.Enum):
-    MODEL = 'model'
-    OPTIMIZER = 'optimizer'
-    APP = 'app'
-    SCALARS = 'scalars'
-    COUNTER = 'counter'
-    EXTRA = 'extra'
-
-@dataclass(frozen=True)
-class WriterOptions:
-    single_file_per_rank: bool = True
-    sync_files: bool = True
-    thread_count: int = 1
-    per_thread_copy_ahead: int = 10000000
-
-    def changed(self):
-        ...
-
-@dataclass(frozen=True)
-class SavePlannerOptions:
-    flatten_sharded_tensors: bool = True
-    dedup_save_to_lowest_rank: bool = False
-    enable_plan_caching: bool = False
-
-@dataclass(frozen=True)
-class LoadPlannerOptions:
-    flatten_sharded_tensors: bool = True
-    allow_partial_load: bool = False
-
-class DcpMode(str, enum.Enum):
-    ROUND_TRIP = 'round_trip'
-    SAVE_ONLY = 'save_only'
-    LOAD_ONLY = 'load_only'
-
-@dataclass(frozen=True)
-class DcpBody(Body):
-    KIND: ClassVar[str] = 'dcp'
-    PROGRAM: ClassVar[str] = 'fuzz._rank.dcp:run_dcp'
-    tree: ModuleTree
-    source: Composition
-    target: Composition
-    entries: tuple[DcpItem, ...]
-    training: Training = field(default_factory=Training)
-    steps_after: int = 1
-    orders: tuple[tuple[int, ...], ...] = ()
-    skip: tuple[DcpItem, ...] = ()
-    drop: tuple[int, ...] = ()
-    save_full_state_dict: bool = False
-    save_cpu_offload: bool = False
-    load_full_state_dict: bool = False
-    load_cpu_offload: bool = False
-    module_stateful: bool = False
-    patched: bool = False
-    async_save: bool = False
-    storage_objects: bool = False
-    target_meta_init: bool = False
-    mode: DcpMode = DcpMode.ROUND_TRIP
-    checkpoint_dir: str = ''
-    deadlock: bool = False
-    overwrite: Overwrite = Overwrite.NONE
-    async_saves: int = 0
-    cache_staged: bool = False
-    no_dist: bool = False
-    frozen_in_optimizer: bool = False
-    empty_group: bool = False
-    writer: WriterOptions = field(default_factory=WriterOptions)
-    save_planner: SavePlannerOptions | None = None
-    load_planner: LoadPlannerOptions | None = None
-    absent: bool = False
-    convert: bool = False
-    own_group: bool = False
-    requires_grad: tuple[RequiresGrad, ...] = ()
-
-    @property
-    def classic_fsdp1(self):
-        ...
-
-    def _check_fsdp1(self):
-        ...
-
-    def _check_saves(self):
-        ...
-
-    def _check_options(self):
-        ...
-
-    def _check_no_dist(self):
-        ...
-
-    @property
-    def size(self):
-        ...
-
-    def collective_entries(self):
-        ...
-
-    def validate_for(self, world_size):
-        ...
-""",
-    "fuzz/model/training.py": """from __future__ import annotations
-import enum
-from dataclasses import dataclass
-from fuzz.model.tree import Dtype, ModuleTree
-
-class AccumSync(str, enum.Enum):
-    ALWAYS = 'always'
-    NO_GRAD_SYNC = 'no_grad_sync'
-    NO_ALL_REDUCE = 'no_all_reduce'
-
-class Optimizer(str, enum.Enum):
-    SGD = 'sgd'
-    ADAM = 'adam'
-    ADAMW = 'adamw'
-
-class Compile(str, enum.Enum):
-    NONE = 'none'
-    EAGER = 'eager'
-    AOT_EAGER = 'aot_eager'
-
-@dataclass(frozen=True)
-class Skip:
-    path: str
-    step: int
-    microbatch: int = 0
-
-@dataclass(frozen=True)
-class Unfreeze:
-    path: str
-    step: int
-
-@dataclass(frozen=True)
-class Training:
-    optimizer: Optimizer = Optimizer.SGD
-    lr: float = 0.1
-    momentum: float = 0.0
-    eps: float = 0.001
-    steps: int = 2
-    batch_per_rank: int = 2
-    dtype: Dtype = Dtype.FLOAT32
-    grad_accum: int = 1
-    accum_sync: AccumSync = AccumSync.ALWAYS
-    set_to_none: bool = True
-    same_input: bool = False
-    param_groups: int = 1
-    foreach: bool | None = None
-    skips: tuple[Skip, ...] = ()
-    unfreeze: tuple[Unfreeze, ...] = ()
-    compile: Compile = Compile.NONE
-
-    def __post_init__(self):
-        pass
-
-    def skipped_at(self, step, microbatch):
-        ...
-
-    def unused_on_some_microbatches(self, tree):
-        ...
-""",
-    "fuzz/model/tree.py": """from __future__ import annotations
-import enum
-import typing
-from dataclasses import dataclass
-from typing import Union
-
-class LeafKind(str, enum.Enum):
-    LINEAR = 'linear'
-    LAYER_NORM = 'layer_norm'
-    CONV1D = 'conv1d'
-    RELU = 'relu'
-    TANH = 'tanh'
-    GELU = 'gelu'
-    DROPOUT = 'dropout'
-
-class Dtype(str, enum.Enum):
-    FLOAT32 = 'float32'
-    FLOAT64 = 'float64'
-    BFLOAT16 = 'bfloat16'
-    FLOAT16 = 'float16'
-
-@dataclass(frozen=True)
-class Leaf:
-    kind: LeafKind
-    bias: bool = True
-    frozen: bool = False
-
-    def __post_init__(self):
-        pass
-
-@dataclass(frozen=True)
-class Block:
-    children: tuple[Node, ...]
-    residual: bool = False
-    scale: bool = False
-    buffer: bool = False
-
-    def __post_init__(self):
-        pass
-Node = Union[Leaf, Block]
-
-def iter_paths(block, prefix=''):
-    yield (prefix, block)
-    for i, child in enumerate(block.children):
-        path = f'{prefix}.{i}' if prefix else str(i)
-        if isinstance(child, Block):
-            yield from iter_paths(child, path)
-        else:
-            yield (path, child)
-
-def param_names(node):
-    ...
-
-@dataclass(frozen=True)
-class ModuleTree:
-    width: int
-    root: Block
-
-    def __post_init__(self):
-        pass
-
-    def paths(self):
-        return dict(iter_paths(self.root))
-
-    @property
-    def size(self):
-        ...
-""",
-    "fuzz/properties/__init__.py": """from __future__ import annotations
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
-from fuzz.model import Body, Case
-from fuzz.signature import Failure
-from fuzz.verdict import Outcome, Stall
+class Failure:
+    kind: object
+    signature: object
+    summary: object
+    details: object = field(default_factory=dict)
 
 @dataclass(frozen=True)
 class Property:
-    name: str
-    description: str
-    cases: Callable[..., Any]
-    judge: Callable[[Case, Outcome], Failure | None]
-    features: Callable[[Case], list[str]]
-    min_world_size: int = 1
-    stall: Stall | None = None
-    body: type[Body] | None = None
-    repro: str | None = None
-    repro_refusal: str | None = None
+    name: object
+    description: object
+    cases: object
+    judge: object
+    features: object
+    stall: object = None
+    body: object = None
+    repro: object = None
 
 def strategy(name):
 
     def cases(*, world_size, **kwargs):
-        ...
+        pass
     return cases
-_REGISTRY: dict[str, Property] = {}
+_REGISTRY = {}
 
 def register(prop):
     _REGISTRY[prop.name] = prop
     return prop
-""",
-    "fuzz/properties/state_dict.py": """from __future__ import annotations
-import atexit
-import dataclasses
-import os
-import shutil
-from typing import Any
-from fuzz import known
-from fuzz.model import Api, Case, Composition, DcpBody, DcpItem, DcpMode, ModuleTree, Overwrite, StateDictBody, Wrapper, dcp_root, is_fsdp1, is_plain
-from fuzz.properties import Property, register, strategy
-from fuzz.signature import Failure, Signature
-from fuzz.tolerance import first_mismatch, tolerance_for
-from fuzz.verdict import Outcome
+
+@dataclass(frozen=True)
+class Tolerance:
+    rtol: object
+    atol: object
+POLICY = {'float64': Tolerance(rtol=1e-09, atol=1e-12), 'float32': Tolerance(rtol=1e-05, atol=1e-06), 'bfloat16': Tolerance(rtol=0.032, atol=0.001), 'float16': Tolerance(rtol=0.004, atol=0.0001)}
+
+def tolerance_for(dtype):
+    return POLICY[dtype]
+
+@dataclass(frozen=True)
+class Mismatch:
+    index: object
+    actual: object
+    expected: object
+    error: object
+    allowed: object
+
+def first_mismatch(actual, expected, tol):
+    worst = None
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        allowed = tol.atol + tol.rtol * abs(e)
+        err = abs(a - e)
+        if not err <= allowed or not math.isfinite(e):
+            excess = err - allowed if err == err else float('inf')
+            if worst is None or excess > worst.error - worst.allowed:
+                worst = Mismatch(index=i, actual=a, expected=e, error=err, allowed=allowed)
+    return worst
 atexit.register(shutil.rmtree, dcp_root(os.getpid()), ignore_errors=True)
 
 def _mismatch(prop, check, where, summary, **details):
@@ -1694,7 +905,7 @@ def _exact(prop, check, where, what, got, want, **details):
         return None
 
 def _shard1(source, target):
-    return known.FSDP1_HSDP_SHARD1.tag if known.fsdp1_shard1(source) or known.fsdp1_shard1(target) else ''
+    return FSDP1_HSDP_SHARD1.tag if fsdp1_shard1(source) or fsdp1_shard1(target) else ''
 
 def _check_model(prop, where, saved, loaded, fresh, dropped):
     want = dict(saved['model'])
@@ -1710,7 +921,7 @@ def _same_operations(source, target):
 def _check_resume(prop, where, case, same, observations):
     body = case.body
     assert isinstance(body, (StateDictBody, DcpBody))
-    tol = tolerance_for(body.training.dtype.value)
+    tol = tolerance_for('float32')
     for rank, obs in enumerate(observations):
         got, want = (obs['losses_target'], obs['losses_source'])
         bad = first_mismatch(got, want, tol) if not same else next((i for i, (g, w) in enumerate(zip(got, want)) if g != w), None)
@@ -1725,25 +936,25 @@ def _one_bug(case, failure):
     signature = Signature.parse(failure.signature)
     assert signature is not None and signature.where
     family, *tags = signature.where.split(':')
-    renamed = Signature('mismatch', case.property, where=family, tags=(*tags, *signature.tags))
+    renamed = Signature('mismatch', 'state_dict', where=family, tags=(*tags, *signature.tags))
     return dataclasses.replace(failure, signature=str(renamed))
 
 def judge_state_dict(case, outcome):
     return _one_bug(case, _frozen_state_dropped(case, _judge_state_dict(case, outcome)))
 
 def judge_dcp(case, outcome):
-    ...
+    pass
 OPTIMIZER_CHECKS = ('optimizer', 'resume_loss', 'resume_params')
 
 def _frozen_state_dropped(case, failure):
     body = case.body
-    if failure is None or failure.kind != 'mismatch' or (not isinstance(body, (StateDictBody, DcpBody))) or (not known.frozen_state_dropped(body)) or (failure.details.get('check') not in OPTIMIZER_CHECKS):
+    if failure is None or failure.kind != 'mismatch' or (not isinstance(body, (StateDictBody, DcpBody))) or (not frozen_state_dropped(body)) or (failure.details.get('check') not in OPTIMIZER_CHECKS):
         return failure
 
 def _judge_state_dict(case, outcome):
     body = case.body
     assert isinstance(body, StateDictBody)
-    prop, where = (case.property, body.api.value + _shard1(body.source, body.target))
+    prop, where = ('state_dict', 'fsdp1_optim_state_dict' + _shard1(body.source, body.target))
     observations = outcome.observations
     first = observations[0]
     saved, loaded, dropped = (first['saved'], first['loaded'], first['dropped'])
@@ -1757,7 +968,6 @@ def _judge_state_dict(case, outcome):
     for rank, obs in enumerate(observations):
         if failure is None:
             failure = _exact(prop, 'groups', where, f"rank {rank}'s param groups", obs['loaded']['groups'], obs['saved']['groups'])
-        result = obs['load_result']
     if failure is None and (not dropped):
         failure = _exact(prop, 'probe', where, 'the forward output on the fixed input', loaded['probe'], saved['probe'])
     if failure is None and (not dropped):
@@ -1775,534 +985,28 @@ def _check_ignored_frozen(prop, where, observed):
     if observed is None:
         return None
 
-def features_state_dict(case):
-    ...
-
 def features_dcp(case):
-    ...
-STATE_DICT = register(Property(name='state_dict', description="get/set_*_state_dict (and FSDP2's own) move model and optimizer state exactly, across layouts", cases=strategy('state_dict_cases'), judge=judge_state_dict, features=features_state_dict, stall=known.ALONE_IN_BROADCAST_STALL, body=StateDictBody, repro='fuzz.repro.script:render'))
-DCP = register(Property(name='dcp', description='DCP save/async_save/load with Stateful objects and per-rank key orders round-trip exactly', cases=strategy('dcp_cases'), judge=judge_dcp, features=features_dcp, stall=known.ALONE_IN_BROADCAST_STALL, body=DcpBody, repro='fuzz.repro.script:render'))
-""",
-    "fuzz/repro/__init__.py": """
-""",
-    "fuzz/repro/runtime.py": """from __future__ import annotations
-import argparse
-import contextlib
-import faulthandler
-import json
-import math
-import os
-import shutil
-import signal
-import subprocess
-import sys
-import tempfile
-import threading
-import time
-import traceback
-from typing import Any
-FAILURE_GRACE_S = 3.0
-DEFAULT_TIMEOUT_S = 60.0
-POLL_S = 0.05
-STALL_LOOK_EVERY_S = 0.5
-DUMP_WAIT_S = 5.0
-FATAL_SIGNALS = {'Segmentation fault': signal.SIGSEGV, 'Aborted': signal.SIGABRT, 'Bus error': signal.SIGBUS, 'Floating-point exception': signal.SIGFPE, 'Floating point exception': signal.SIGFPE, 'Illegal instruction': signal.SIGILL}
-CASE_ID = 1
+    pass
+DCP = register(Property(name='dcp', description='DCP save/async_save/load with Stateful objects and per-rank key orders round-trip exactly', cases=strategy('dcp_cases'), judge=judge_dcp, features=features_dcp, stall=ALONE_IN_BROADCAST_STALL, body=DcpBody, repro='fuzz.repro.script:render'))
 
-def main(case_text, expected, argv=None):
-    parser = argparse.ArgumentParser(description='reproduce one shardfuzz corpus entry under torchrun')
-    parser.add_argument('--backend', choices=('gloo', 'nccl'), default=os.environ.get('REPRO_BACKEND', 'gloo'))
-    parser.add_argument('--timeout', type=float, default=float(os.environ.get('REPRO_TIMEOUT', DEFAULT_TIMEOUT_S)), help=f'seconds before ranks still in the case are stuck: a hang (default {DEFAULT_TIMEOUT_S:g})')
-    args = parser.parse_args(argv)
-    if os.environ.get('REPRO_JUDGE'):
-        return judge_process(case_text, expected, os.environ['REPRO_JUDGE'], args.timeout)
-    if 'LOCAL_RANK' not in os.environ:
-        problem = _input_problem(case_text, args.backend)
-        if problem is not None:
-            print(f'repro: error: {problem}', file=sys.stderr)
-            return 2
-        return launch(int(expected['world_size']), argv if argv is not None else sys.argv[1:])
-    return run_rank(case_text, expected, args.backend)
-
-def launch(world_size, argv):
-    with tempfile.TemporaryDirectory(prefix='shardfuzz-repro-') as tmp:
-        status_file = os.path.join(tmp, 'status')
-        command = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc-per-node']
-        command += [str(world_size), os.path.abspath(sys.argv[0]), *argv]
-        code = subprocess.call(command, env={**os.environ, 'REPRO_STATUS_FILE': status_file})
-        try:
-            with open(status_file) as f:
-                return int(f.read())
-        except (OSError, ValueError):
-            return code or 1
-
-def _one_line(text):
-    ...
-
-def _exit(code):
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):
-            stream.flush()
-    os._exit(code)
-
-def _status(code):
-    path = os.environ.get('REPRO_STATUS_FILE')
-    if path:
-        with open(path, 'w') as f:
-            f.write(str(code))
-    return code
-
-def _input_problem(case_text, backend):
-    try:
-        decode(case_text)
-    except ValueError as e:
-        return f'the case does not decode: {_one_line(e)}'
-    if backend == 'nccl':
-        import torch
-        if not torch.cuda.is_available():
-            return '--backend nccl needs CUDA, and torch.cuda.is_available() is False here'
-    return None
-
-def decode(case_text):
-    from fuzz.model import case_from_json
-    return case_from_json(json.loads(case_text))
-
-def run_rank(case_text, expected, backend):
-    rank, world_size = (int(os.environ['RANK']), int(os.environ['WORLD_SIZE']))
-    local_rank = int(os.environ['LOCAL_RANK'])
-    needed = int(expected['world_size'])
-
-    def refuse(message: str) -> int:
-        if rank == 0:
-            print(f'repro: error: {message}', file=sys.stderr)
-            return _status(2)
-        return 2
-    if world_size != needed:
-        return refuse(f'this case needs {needed} ranks (torchrun --nproc-per-node {needed}), not {world_size}')
-    try:
-        case = decode(case_text)
-    except ValueError as e:
-        return refuse(f'the case does not decode: {_one_line(e)}')
+def main():
+    import os
     import torch
-    if backend == 'nccl' and (not torch.cuda.is_available()):
-        return refuse('--backend nccl needs CUDA, and torch.cuda.is_available() is False here')
-    from datetime import timedelta
     import torch.distributed as dist
-    from fuzz._rank.context import RankContext
-    from fuzz._rank.programs import run_case
-    from fuzz._rank.worker import _Sampler
-    shared: list[Any] = [None]
-    if rank == 0:
-        shared[0] = tempfile.mkdtemp(prefix='shardfuzz-repro-')
-        print(_versions(torch, backend, world_size), flush=True)
-        judge_proc = subprocess.Popen([sys.executable, os.path.abspath(sys.argv[0]), *sys.argv[1:]], env={**os.environ, 'REPRO_JUDGE': shared[0]})
-        with open(os.path.join(shared[0], 'judge-pid'), 'w') as f:
-            f.write(str(judge_proc.pid))
-    device = torch.device('cuda', local_rank) if backend == 'nccl' else torch.device('cpu')
-    if device.type == 'cuda':
-        torch.cuda.set_device(device)
-    dist.init_process_group('cpu:gloo,cuda:nccl' if backend == 'nccl' else 'gloo', timeout=timedelta(minutes=30))
-    ctx = RankContext(rank=rank, world_size=world_size, device=device, backend=backend)
-    dist.broadcast_object_list(shared, src=0)
-    run = Shared(str(shared[0]), world_size)
-    stack_file = open(run.path('stack', rank), 'w')
-    faulthandler.enable(file=stack_file, all_threads=True)
-    with open(run.path('pid', rank), 'w') as f:
-        f.write(str(os.getpid()))
-    signal.signal(signal.SIGTERM, lambda *_: None)
-    sampler = _Sampler(run.path('sample', rank))
-    sampler.start()
-    threading.Thread(target=_watch, args=(run, rank), name='repro-watch', daemon=True).start()
-    dist.barrier()
-    if rank == 0:
-        run.write('start', None, time.time())
-    sampler.case = (CASE_ID, time.monotonic())
-    began = time.perf_counter()
-    report: dict[str, Any]
-    try:
-        observation = run_case(case, ctx)
-        ctx.end_case()
-        report = {'observation': observation}
-    except BaseException as e:
-        report = {'exc_type': f'{type(e).__module__}.{type(e).__qualname__}', 'message': str(e)[:4000], 'traceback': traceback.format_exc()[-20000:]}
-    report['seconds'] = time.perf_counter() - began
-    sampler.case = None
-    run.write('report', rank, report)
-    while True:
-        time.sleep(3600)
-
-def _versions(torch, backend, world_size):
-    device = torch.cuda.get_device_name(0) if backend == 'nccl' else 'cpu'
-    python = sys.version.split()[0]
-    return f'torch {torch.__version__}, Python {python}, backend {backend}, {world_size} ranks, device {device}'
-
-class Shared:
-
-    def __init__(self, root, world_size):
-        self.root = root
-        self.world_size = world_size
-
-    def path(self, what, rank=None):
-        return os.path.join(self.root, what if rank is None else f'{what}-{rank}')
-
-    def write(self, what, rank, value):
-        path = self.path(what, rank)
-        with open(path + '.tmp', 'w') as f:
-            json.dump(value, f)
-        os.replace(path + '.tmp', path)
-
-    def read(self, what, rank=None):
-        try:
-            with open(self.path(what, rank)) as f:
-                return json.load(f)
-        except (OSError, ValueError):
-            return None
-
-    def text(self, what, rank):
-        try:
-            with open(self.path(what, rank), encoding='utf-8', errors='replace') as f:
-                return f.read()
-        except OSError:
-            return ''
-
-    def sample(self, rank):
-        ...
-
-    def died(self, rank):
-        text = self.text('stack', rank)
-        for name, sig in FATAL_SIGNALS.items():
-            if f'Fatal Python error: {name}' in text:
-                return -int(sig)
-        pid = self.read('pid', rank)
-        if isinstance(pid, int) and (not _alive(pid)):
-            return 1
-        return None
-
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f'/proc/{pid}/stat') as f:
-            return f.read().rsplit(')', 1)[1].split()[0] != 'Z'
-    except (OSError, IndexError):
-        return True
-
-def main_thread_stack():
-    ...
-
-def _watch(run, rank):
-    dumped = False
-    judge_pid = run.read('judge-pid')
-    while True:
-        time.sleep(POLL_S)
-        verdict = run.read('verdict')
-        if verdict is not None or not os.path.isdir(run.root):
-            if rank == 0:
-                from fuzz.model import dcp_root
-                shutil.rmtree(dcp_root(os.environ.get('SHARDFUZZ_PARENT_PID', os.getppid())), ignore_errors=True)
-            _exit(int(verdict) if rank == 0 and isinstance(verdict, int) else 0)
-        if isinstance(judge_pid, int) and (not _alive(judge_pid)) and (run.read('verdict') is None):
-            print(f'repro: error: rank {rank}: the judge process ended without a verdict', file=sys.stderr)
-            _exit(1)
-        if not dumped and os.path.exists(run.path('dump')):
-            dumped = True
-            if not os.path.exists(run.path('report', rank)):
-                run.write('stuck', rank, {'stack': main_thread_stack()})
-                print(f'--- rank {rank} is still in the case; its threads:', file=sys.stderr, flush=True)
-                faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-
-def judge_process(case_text, expected, root, timeout):
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    run = Shared(root, int(expected['world_size']))
-    code = 1
-    try:
-        case = decode(case_text)
-        until = time.monotonic() + timeout
-        while run.read('start') is None:
-            if time.monotonic() >= until or run.died(0) is not None:
-                print('repro: error: the ranks never started the case', file=sys.stderr)
-                raise SystemExit(1)
-            time.sleep(POLL_S)
-        code = judge(run, case, expected, time.monotonic(), timeout)
-    except SystemExit as e:
-        code = int(e.code or 0)
-    except BaseException:
-        traceback.print_exc()
-        print('repro: error: the script could not judge the case (above)', file=sys.stderr)
-    _status(code)
-    sys.stdout.flush()
-    run.write('verdict', None, code)
-    time.sleep(1.0)
-    shutil.rmtree(run.root, ignore_errors=True)
-    return code
-
-def collect(run, start, deadline, stall):
-    done: dict[int, dict[str, Any]] = {}
-    dead: dict[int, int] = {}
-    first_failure: float | None = None
-    next_look = start + stall.after if stall is not None else math.inf
-    held_since: float | None = None
-    while len(done) + len(dead) < run.world_size:
-        now = time.monotonic()
-        until = deadline if first_failure is None else min(deadline, first_failure + FAILURE_GRACE_S)
-        if now >= until:
-            break
-        if stall is not None and first_failure is None and (now >= next_look):
-            next_look = now + STALL_LOOK_EVERY_S
-            stacks = ['' if r in done or r in dead else run.sample(r) for r in range(run.world_size)]
-            if not stall.deadlocked(stacks):
-                held_since = None
-            elif held_since is None:
-                held_since = now
-            elif now - held_since >= stall.hold:
-                return (done, dead, stall.name)
-        for r in range(run.world_size):
-            if r in done or r in dead:
-                continue
-            report = run.read('report', r)
-            status = None if report is not None else run.died(r)
-            if report is not None:
-                done[r] = report
-            elif status is not None:
-                dead[r] = status
-            if (status is not None or (report and report.get('exc_type'))) and first_failure is None:
-                first_failure = time.monotonic()
-        time.sleep(POLL_S)
-    return (done, dead, None)
-
-def outcome_of(run, start, timeout, stall):
-    from fuzz.verdict import Outcome, OutcomeKind, RankReport
-    done, dead, stalled = collect(run, start, start + timeout, stall)
-    stuck = [r for r in range(run.world_size) if r not in done and r not in dead]
-    stacks: dict[int, str] = {}
-    if stuck:
-        run.write('dump', None, stuck)
-        until = time.monotonic() + DUMP_WAIT_S
-        while time.monotonic() < until and any((run.read('stuck', r) is None for r in stuck)):
-            time.sleep(POLL_S)
-        for r in stuck:
-            written = run.read('stuck', r)
-            stacks[r] = written['stack'] if written else ''
-    reports = []
-    for r in range(run.world_size):
-        m = done.get(r)
-        fatal = run.text('stack', r) or None
-        if m is not None:
-            reports.append(RankReport(rank=r, observation=m.get('observation'), exc_type=m.get('exc_type'), message=m.get('message'), traceback=m.get('traceback'), stack=fatal, seconds=m.get('seconds')))
-        elif r in dead:
-            reports.append(RankReport(rank=r, stack=fatal, exit_status=dead[r]))
-        else:
-            reports.append(RankReport(rank=r, stack=stacks.get(r) or fatal))
-    if dead:
-        kind = OutcomeKind.CRASH
-    elif any((m.get('exc_type') for m in done.values())):
-        kind = OutcomeKind.EXCEPTION
-    elif stuck:
-        kind = OutcomeKind.HANG
-    else:
-        kind = OutcomeKind.OK
-    seconds = time.monotonic() - start
-    return Outcome(kind=kind, ranks=tuple(reports), seconds=seconds, stalled=stalled if stuck else None)
-
-def reproduces(expected, signature):
-    from fuzz.signature import same_bug
-    signatures = list(expected['signatures'])
-    if signature in signatures:
-        return True
-    return bool(expected.get('known')) and any((same_bug(s, signature) for s in signatures))
-
-def judge(run, case, expected, start, timeout):
-    import importlib
-    importlib.import_module(expected['judge'])
-    from fuzz.properties import _REGISTRY
-    prop = _REGISTRY[case.property]
-    outcome = outcome_of(run, start, timeout, prop.stall)
-    failure = prop.judge(case, outcome)
-    _save_observations(outcome, failure)
-    print(f'outcome: {outcome.kind.value} after {outcome.seconds:.1f} s')
-    if failure is None:
-        print(f"PASS: the case passes here; the entry's failure ({expected['signature']}) did not reproduce")
-        return 0
-    if failure.kind != 'mismatch':
-        print(outcome.describe()[-6000:])
-    check = failure.details.get('check') if isinstance(failure.details, dict) else None
-    said = f"{failure.signature}{(f' ({check})' if check else '')}: {failure.summary}"
-    if reproduces(expected, failure.signature):
-        print(f'REPRODUCED {said}')
-        return 1
-    print(f"FAIL (not the entry's failure, {expected['signature']}): {said}")
-    return 0
-
-def _save_observations(outcome, failure):
-    path = os.environ.get('REPRO_OBSERVATIONS')
-    if not path:
-        return
-    modules = {name: getattr(getattr(module, '__spec__', None), 'origin', None) for name, module in list(sys.modules.items()) if name == 'fuzz' or name.startswith('fuzz.')}
-    data = {'observations': outcome.observations, 'kind': outcome.kind.value, 'signature': failure.signature if failure is not None else None, 'modules': modules, 'top_level': sorted({name.split('.')[0] for name in sys.modules})}
-    with open(path, 'w') as f:
-        json.dump(data, f)
-""",
-    "fuzz/signature.py": """from __future__ import annotations
-import signal
-from dataclasses import dataclass, field
-from typing import Any
-from fuzz.verdict import Outcome, OutcomeKind
-
-@dataclass(frozen=True)
-class Signature:
-    kind: str
-    property: str
-    check: str = ''
-    where: str = ''
-    tags: tuple[str, ...] = ()
-
-    def __str__(self):
-        text = f'{self.kind}:{self.property}'
-        if self.check:
-            text += f':{self.check}'
-        if self.where:
-            text += f'@{self.where}'
-        return text + ''.join((f':{t}' for t in self.tags))
-
-    @classmethod
-    def parse(cls, text):
-        kind, sep, rest = text.partition(':')
-        head, at, where = rest.partition('@')
-        prop, _, check = head.partition(':')
-        return cls(kind, prop, check, where)
-
-@dataclass(frozen=True)
-class Failure:
-    kind: str
-    signature: str
-    summary: str
-    details: dict[str, Any] = field(default_factory=dict)
-
-def same_bug(entry, found):
-    ...
-""",
-    "fuzz/tolerance.py": """from __future__ import annotations
-import math
-from dataclasses import dataclass
-
-@dataclass(frozen=True)
-class Tolerance:
-    rtol: float
-    atol: float
-POLICY: dict[str, Tolerance] = {'float64': Tolerance(rtol=1e-09, atol=1e-12), 'float32': Tolerance(rtol=1e-05, atol=1e-06), 'bfloat16': Tolerance(rtol=0.032, atol=0.001), 'float16': Tolerance(rtol=0.004, atol=0.0001)}
-
-def tolerance_for(dtype):
-    return POLICY[dtype]
-
-@dataclass(frozen=True)
-class Mismatch:
-    index: int
-    actual: float
-    expected: float
-    error: float
-    allowed: float
-
-def first_mismatch(actual, expected, tol):
-    worst: Mismatch | None = None
-    for i, (a, e) in enumerate(zip(actual, expected)):
-        allowed = tol.atol + tol.rtol * abs(e)
-        err = abs(a - e)
-        if not err <= allowed or not math.isfinite(e):
-            excess = err - allowed if err == err else float('inf')
-            if worst is None or excess > worst.error - worst.allowed:
-                worst = Mismatch(index=i, actual=a, expected=e, error=err, allowed=allowed)
-    return worst
-""",
-    "fuzz/verdict.py": """from __future__ import annotations
-import enum
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
-
-class OutcomeKind(str, enum.Enum):
-    OK = 'ok'
-    EXCEPTION = 'exception'
-    HANG = 'hang'
-    CRASH = 'crash'
-
-@dataclass(frozen=True)
-class RankReport:
-    rank: int
-    observation: dict[str, Any] | None = None
-    exc_type: str | None = None
-    message: str | None = None
-    traceback: str | None = None
-    stack: str | None = None
-    exit_status: int | None = None
-    output_tail: str | None = None
-    seconds: float | None = None
-    stats: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def status(self):
-        ...
-
-@dataclass(frozen=True)
-class Stall:
-    name: str
-    deadlocked: Callable[[list[str]], bool]
-    after: float = 10.0
-    hold: float = 3.0
-
-@dataclass(frozen=True)
-class Outcome:
-    kind: OutcomeKind
-    ranks: tuple[RankReport, ...]
-    seconds: float
-    stalled: str | None = None
-
-    @property
-    def ok(self):
-        return self.kind is OutcomeKind.OK
-
-    @property
-    def observations(self):
-        return [r.observation or {} for r in self.ranks]
-
-    def describe(self):
-        ...
-""",
-}
-MODULES = {
-    "fuzz": PREFIX + "fuzz/__init__.py",
-    "fuzz._protocol": PREFIX + "fuzz/_protocol.py",
-    "fuzz._rank": PREFIX + "fuzz/_rank/__init__.py",
-    "fuzz._rank.compose": PREFIX + "fuzz/_rank/compose.py",
-    "fuzz._rank.context": PREFIX + "fuzz/_rank/context.py",
-    "fuzz._rank.knobs": PREFIX + "fuzz/_rank/knobs.py",
-    "fuzz._rank.models": PREFIX + "fuzz/_rank/models.py",
-    "fuzz._rank.options": PREFIX + "fuzz/_rank/options.py",
-    "fuzz._rank.parity": PREFIX + "fuzz/_rank/parity.py",
-    "fuzz._rank.programs": PREFIX + "fuzz/_rank/programs.py",
-    "fuzz._rank.state_dict": PREFIX + "fuzz/_rank/state_dict.py",
-    "fuzz._rank.worker": PREFIX + "fuzz/_rank/worker.py",
-    "fuzz.known": PREFIX + "fuzz/known.py",
-    "fuzz.model": PREFIX + "fuzz/model/__init__.py",
-    "fuzz.model.case": PREFIX + "fuzz/model/case.py",
-    "fuzz.model.codec": PREFIX + "fuzz/model/codec.py",
-    "fuzz.model.composition": PREFIX + "fuzz/model/composition.py",
-    "fuzz.model.layout": PREFIX + "fuzz/model/layout.py",
-    "fuzz.model.rules": PREFIX + "fuzz/model/rules.py",
-    "fuzz.model.state": PREFIX + "fuzz/model/state.py",
-    "fuzz.model.training": PREFIX + "fuzz/model/training.py",
-    "fuzz.model.tree": PREFIX + "fuzz/model/tree.py",
-    "fuzz.properties": PREFIX + "fuzz/properties/__init__.py",
-    "fuzz.properties.state_dict": PREFIX + "fuzz/properties/state_dict.py",
-    "fuzz.repro": PREFIX + "fuzz/repro/__init__.py",
-    "fuzz.repro.runtime": PREFIX + "fuzz/repro/runtime.py",
-    "fuzz.signature": PREFIX + "fuzz/signature.py",
-    "fuzz.tolerance": PREFIX + "fuzz/tolerance.py",
-    "fuzz.verdict": PREFIX + "fuzz/verdict.py",
-}
-
-if __name__ == "__main__":
-    sys.exit(main())
+    case = Case(property='state_dict', world_size=2, seed=32, body=StateDictBody(tree=ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.TANH), Leaf(kind=LeafKind.LAYER_NORM)), scale=True), Leaf(kind=LeafKind.LINEAR, bias=False)), buffer=True)), source=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), target=Composition(mesh=(2, 1), wrapper=Wrapper.FSDP1_HYBRID_SHARD), training=Training(momentum=0.9), api=Api.FSDP1, save=Options(full_state_dict=True), load=Options(full_state_dict=True)))
+    dist.init_process_group('gloo')
+    rank, world_size = (dist.get_rank(), dist.get_world_size())
+    ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
+    import json
+    obs = json.loads(json.dumps(run_state_dict(case, case.body, ctx)))
+    outs = [None] * ctx.world_size
+    dist.all_gather_object(outs, obs)
+    if ctx.rank == 0:
+        reports = tuple((RankReport(rank=r, observation=o) for r, o in enumerate(outs)))
+        failure = judge_state_dict(case, Outcome(kind=OutcomeKind.OK, ranks=reports, seconds=0.0))
+        if failure is not None and failure.signature in ['mismatch:dcp@async_save:shard1', 'mismatch:dcp@save:shard1', 'mismatch:state_dict@combined:shard1', 'mismatch:state_dict@fsdp1_optim_state_dict:shard1', 'mismatch:state_dict@split:shard1']:
+            print(f'REPRODUCED {failure.signature}: {failure.summary}', flush=True)
+            os._exit(1)
+        print(f'PASS or another failure: {failure and failure.signature}', flush=True)
+if __name__ == '__main__':
+    main()

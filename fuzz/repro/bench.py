@@ -52,7 +52,7 @@ def bench_all(
     """Render (and run) every entry under ``corpus``; print and return the figures. The reduced
     scripts kept beside the entries (``NAME.repro.py``) that are current are counted too; with
     ``reduce``, every entry without one is reduced first (:mod:`fuzz.repro.reduce`)."""
-    from fuzz.repro.reduce import DEFAULT_BUDGET_S, header_fields, reduce_and_store, stored_script
+    from fuzz.repro.reduce import DEFAULT_BUDGET_S, header_fields, reduce_and_store, stored_path, stored_script
 
     if not corpus.is_dir():
         raise ShardfuzzError(f"--all {corpus}: {'is not a directory' if corpus.exists() else 'does not exist'}")
@@ -65,6 +65,8 @@ def bench_all(
     statuses: dict[str, int | None] = {}
     reduced_lines: list[int] = []
     reduce_seconds: list[float] = []
+    stale_lines: list[int] = []
+    stale_seconds: list[float] = []
     with tempfile.TemporaryDirectory(prefix="shardfuzz-repro-all-") as tmp:
         for path, entry in entries:
             try:
@@ -92,6 +94,14 @@ def bench_all(
                     )
                 except ShardfuzzError as e:
                     row += f"; not reduced: {e}"
+            kept = stored_path(path)
+            if reduced is None and kept.exists():
+                text = kept.read_text(encoding="utf-8", errors="replace")
+                stale_lines.append(code_lines(text))
+                took = header_fields(text).get("seconds")
+                if took is not None:
+                    stale_seconds.append(float(took))
+                row += f"; kept reduced script is stale: {stale_lines[-1]} code lines"
             if reduced is not None:
                 reduced_lines.append(code_lines(reduced))
                 took = header_fields(reduced).get("seconds")
@@ -121,6 +131,17 @@ def bench_all(
         say(
             f"time to reduce: median {statistics.median(reduce_seconds):.1f} s, max {max(reduce_seconds):.1f} s "
             f"({len(reduce_seconds)} entries)"
+        )
+    if stale_lines:
+        figures.update(stale=len(stale_lines), median_stale_lines=statistics.median(stale_lines))
+        say(
+            f"kept but stale (the entry or a carried module changed since): {len(stale_lines)}, code lines: "
+            f"median {statistics.median(stale_lines):g}, max {max(stale_lines)}"
+            + (
+                f"; time to reduce: median {statistics.median(stale_seconds):.1f} s, max {max(stale_seconds):.1f} s"
+                if stale_seconds
+                else ""
+            )
         )
     if run:
         exits: dict[str, int] = {}

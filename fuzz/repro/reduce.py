@@ -1,8 +1,9 @@
 """Reduction: shrink a corpus entry's reproducer script while its failure still reproduces.
 
-The oracle is the script itself: ``python FILE.py`` (which starts torchrun) must exit 1 and
-print ``REPRODUCED <signature>`` with the signature the unreduced script printed; a candidate
-that passes, fails otherwise or times out is rejected. The passes, cheapest first:
+The unreduced script (:mod:`fuzz.repro.script`) runs once, traced; every later candidate is a
+flat script run under ``torchrun --standalone --nproc-per-node N``, and is kept only if it exits
+1 printing ``REPRODUCED`` with the signature the unreduced script printed (a candidate that
+passes, fails otherwise or times out is rejected). The passes, cheapest first:
 
 1. **Trace.** The unreduced script runs once with ``REPRO_TRACE=DIR`` (honoured by
    :mod:`fuzz.repro.runtime`): every process (launcher, ranks, judge) writes the lines of the
@@ -13,9 +14,16 @@ that passes, fails otherwise or times out is rejected. The passes, cheapest firs
    entered. Docstrings and the annotations of functions go too.
 2. **Unused names.** Top-level functions, classes, assignments and imported names that nothing
    left refers to (by name, attribute or string) are dropped, until nothing changes; then the
-   modules nothing imports any more. If the candidate does not reproduce, the trace pass is
-   tried module by module.
-3. **Delta debugging** over the statements left (top-level and in function bodies, in chunks,
+   modules nothing imports any more.
+3. **Flattening and the failure's own check** (:mod:`fuzz.repro.specialize`): the modules the
+   case needs become one module under a ``main`` that runs the body's rank program on every
+   rank and checks the failure's kind (:mod:`fuzz.repro.harness`); the pool's runtime, the
+   import hook and, but for mismatches, the judge are gone. If this candidate does not
+   reproduce, it is tried without the trace pass.
+4. **Folding** (:mod:`fuzz.repro.fold`): what an instrumented run saw once becomes a literal
+   (the case's fields, the model's functions, the rank code's tests), the branches not taken,
+   the case's unread fields, the model's unread fields and uncalled methods go.
+5. **Delta debugging** over the statements left (top-level and in function bodies, in chunks,
    ddmin), each attempt a run of the candidate script, for as long as ``budget_s`` allows.
 
 The reduced script is kept beside its entry (``NAME.repro.py`` for ``NAME.json``); its second
@@ -45,7 +53,9 @@ from fuzz.corpus import Entry
 from fuzz.errors import InvalidArgument
 from fuzz.properties import get_property
 from fuzz.repro import render_entry
-from fuzz.repro.script import carried_modules, code_lines, imported_modules, relative, render, roots_for
+from fuzz.repro.harness import main_source
+from fuzz.repro.script import carried_modules, code_lines, imported_modules, relative, roots_for
+from fuzz.repro.specialize import FLAT, Origins, initial, render_flat, specialize
 
 #: Modules whose paths depend on timing (the judge polls, the samplers sample): the trace
 #: pass drops their functions that did not run, never a statement inside one that ran.
@@ -74,19 +84,24 @@ class Reduction:
 # -- the oracle ----------------------------------------------------------------------------------
 
 
-def run_script(text: str, *, timeout: float, env: dict[str, str] | None = None) -> tuple[int | None, str, float]:
-    """(exit status or None on a timeout, stdout and stderr, seconds) of ``python FILE.py``.
-    Every process still running the file afterwards (torchrun puts ranks in sessions of their
-    own) is ended by its pid."""
+def run_script(
+    text: str, *, timeout: float, env: dict[str, str] | None = None, nproc: int | None = None
+) -> tuple[int | None, str, float]:
+    """(exit status or None on a timeout, stdout and stderr, seconds) of ``python FILE.py``, or
+    with ``nproc`` of ``torchrun --standalone --nproc-per-node N FILE.py``. Every process still
+    running the file afterwards (torchrun puts ranks in sessions of their own) is ended by its pid."""
     with tempfile.TemporaryDirectory(prefix="shardfuzz-reduce-") as tmp:
         file = Path(tmp) / "repro.py"
         file.write_text(text)
         log = Path(tmp) / "output"
         start = time.monotonic()
         status: int | None
+        command = [sys.executable, str(file)]
+        if nproc is not None:
+            command[1:1] = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
         with log.open("w") as out:
             proc = subprocess.Popen(
-                [sys.executable, str(file)],
+                command,
                 cwd=tmp,
                 env={**os.environ, **(env or {})},
                 stdout=out,
@@ -118,7 +133,7 @@ def _end_processes_running(file: str) -> None:
 def reproduced(status: int | None, output: str) -> str | None:
     """The signature a run reproduced, or None."""
     found = _REPRODUCED.search(output)
-    return found.group(1) if status == 1 and found else None
+    return found.group(1).rstrip(":") if status == 1 and found else None
 
 
 # -- hashes and the stored script ----------------------------------------------------------------
@@ -554,8 +569,6 @@ def reduce_entry(
     """The reduced script of ``entry``; InvalidArgument if its script does not reproduce here."""
     began = time.monotonic()
     full = render_entry(entry, source=source)
-    prop = get_property(entry.case.property)
-    roots = roots_for(prop, entry.case.body.PROGRAM)
     modules = unreduced_modules(entry)
     name = source or entry.file_name
     with tempfile.TemporaryDirectory(prefix="shardfuzz-trace-") as tmp:
@@ -569,30 +582,37 @@ def reduce_entry(
     say(f"{name}: reproduced {signature} in {seconds:.1f} s (traced)")
     timeout = seconds * TIMEOUT_FACTOR + TIMEOUT_SLACK_S
     attempts = 0
-    case_refs = Counter(_WORD.findall(full.partition("\nSOURCES = {\n")[0]))
+    nproc = entry.case.world_size
 
-    def script_of(carried: dict[str, str]) -> str:
-        return render(entry, source, modules=carried)
-
-    def test(carried: dict[str, str]) -> bool:
+    def test_code(code: str) -> bool:
         nonlocal attempts
         attempts += 1
-        status, output, _ = run_script(script_of(carried), timeout=timeout)
+        status, output, _ = run_script(render_flat(entry, source, signature, code), timeout=timeout, nproc=nproc)
         ok = reproduced(status, output) == signature
-        say(f"  attempt {attempts}: {code_lines(script_of(carried))} code lines, {'kept' if ok else 'rejected'}")
+        say(f"  attempt {attempts}: {code_lines(code)} code lines, {'kept' if ok else 'rejected'}")
+        if not ok:
+            say("    " + " | ".join(output.strip().splitlines()[-3:])[:600])
         return ok
 
-    current = modules
-    candidate = prune(modules, ran, roots, case_refs, None)
-    if test(candidate):
-        current = candidate
-    else:  # module by module
-        for module in sorted(modules, key=lambda m: -len(modules[m])):
-            trial = prune(current, ran, roots, case_refs, {module})
-            if trial != current and test(trial):
-                current = trial
-    current = ddmin(current, test, roots, time.monotonic() + budget_s)
-    script = script_of(current)
+    main, roots = main_source(entry, signature)
+    extra = Counter(_WORD.findall(main))
+    code = None
+    origins: Origins = {}
+    tries: tuple[set[str] | None, ...] = (None, set())
+    for only in tries:  # the trace passes, else none
+        try:
+            candidate, origins = initial(entry, prune(modules, ran, roots, extra, only), signature)
+        except (KeyError, SyntaxError, ValueError) as e:  # a module the flattening cannot merge
+            say(f"  not flattened: {type(e).__name__}: {e}")
+            continue
+        if test_code(candidate):
+            code = candidate
+            break
+    if code is None:
+        raise InvalidArgument(f"{name}: its reduced script does not reproduce the failure here")
+    code = specialize(code, entry, signature, origins, test_code, timeout=timeout, say=say)
+    flat = ddmin({FLAT: code}, lambda m: test_code(m[FLAT]), [FLAT], time.monotonic() + budget_s)
+    script = render_flat(entry, source, signature, flat[FLAT])
     return Reduction(
         script=script,
         lines_before=code_lines(full),

@@ -1,0 +1,625 @@
+#!/usr/bin/env python3
+# shardfuzz reduced reproducer: entry=8896899837699fef sources=f39ac8dd53b677ff seconds=138.2
+"""Reproduces shardfuzz corpus entry dcp-crash-b5480b2301a0.json: crash:dcp:signal
+
+Observed: The FSDP1 FULL_STATE_DICT offload_to_cpu SIGSEGV on CPU (docs/state_dict.md item 5,
+state_dict-crash-81ffab405f7f) met through DCP: a full, offloaded state dict taken by the
+patched state-dict functions from the FSDP1 target, whose state dict dcp.load reads first. (rank
+0 died (signal SIGSEGV))
+Known torch bug: FSDP1 FULL_STATE_DICT with offload_to_cpu on CPU: state_dict() clones a freed
+buffer (SIGSEGV), optim_state_dict aliases the gathered states; upstream:
+https://github.com/pytorch/pytorch/issues/188989.
+Expected: no rank dies.
+
+    torchrun --nproc-per-node 2 THIS_FILE.py
+
+prints REPRODUCED and exits 1 while the failure is there, else exits 0.
+"""
+
+from __future__ import annotations
+from dataclasses import dataclass, field
+import torch
+import enum
+from dataclasses import dataclass
+from dataclasses import dataclass, field
+from dataclasses import replace
+from typing import ClassVar
+import os
+from typing import ClassVar
+from torch import nn
+from contextlib import contextmanager
+import torch.distributed as dist
+import torch.nn.functional as F
+import inspect
+from dataclasses import dataclass, field, replace
+import hashlib
+
+def __getattr__(name):
+    raise AttributeError(f"module 'fuzz' has no attribute {name!r}")
+
+@dataclass
+class RankContext:
+    rank: object
+    world_size: object
+    device: object
+    backend: object
+    _meshes: object = field(default_factory=dict)
+
+    def mesh(self, shape, names):
+        from torch.distributed.device_mesh import init_device_mesh
+        key = (shape, names)
+        self._meshes[key] = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
+        return self._meshes[key]
+    _cases: object = 0
+
+    def group(self, name):
+        pass
+
+class LeafKind(str, enum.Enum):
+    LINEAR = 'linear'
+    LAYER_NORM = 'layer_norm'
+    CONV1D = 'conv1d'
+    RELU = 'relu'
+    TANH = 'tanh'
+    GELU = 'gelu'
+    DROPOUT = 'dropout'
+
+class Dtype(str, enum.Enum):
+    FLOAT32 = 'float32'
+    FLOAT64 = 'float64'
+    BFLOAT16 = 'bfloat16'
+    FLOAT16 = 'float16'
+
+@dataclass(frozen=True)
+class Leaf:
+    kind: object
+    frozen: object = False
+
+@dataclass(frozen=True)
+class Block:
+    children: object
+    residual: object = False
+    scale: object = False
+
+def param_names(node):
+    pass
+
+@dataclass(frozen=True)
+class ModuleTree:
+    width: object
+    root: object
+
+class Wrapper(str, enum.Enum):
+    NONE = 'none'
+    DDP = 'ddp'
+    FSDP1_FULL_SHARD = 'fsdp1_full_shard'
+    FSDP1_SHARD_GRAD_OP = 'fsdp1_shard_grad_op'
+    FSDP1_NO_SHARD = 'fsdp1_no_shard'
+    FSDP1_HYBRID_SHARD = 'fsdp1_hybrid_shard'
+
+@dataclass(frozen=True)
+class ShardSpec:
+    path: object
+    reshard_after_forward: object = True
+
+@dataclass(frozen=True)
+class CheckpointOptions:
+
+    def names(self):
+        pass
+
+@dataclass(frozen=True)
+class Composition:
+    shards: object = ()
+    checkpoint_first: object = True
+    mesh: object = ()
+    wrapper: object = Wrapper.NONE
+    checkpoint_options: object = field(default_factory=CheckpointOptions)
+
+    def reshard_after_forward(self, spec):
+        pass
+
+    @property
+    def sharded_paths(self):
+        return [p for spec in self.shards for p in ('',)]
+
+    def steps(self):
+        order = {'checkpoint': 3, 'fully_shard': 1, 'replicate': 2}
+        items = [('checkpoint', p) for p in ()] + [('replicate', p) for p in ()]
+        items += [('fully_shard', '') for spec in self.shards]
+
+        def key(item):
+            api, path = item
+            depth = min((q.count('.') + (q != '') for q in ('',)))
+            return (-depth, order[api], path)
+        return sorted(items, key=key)
+
+class Optimizer(str, enum.Enum):
+    SGD = 'sgd'
+    ADAM = 'adam'
+    ADAMW = 'adamw'
+
+@dataclass(frozen=True)
+class Training:
+    optimizer: object = Optimizer.SGD
+    lr: object = 0.1
+    momentum: object = 0.0
+    eps: object = 0.001
+    steps: object = 2
+    batch_per_rank: object = 2
+    dtype: object = Dtype.FLOAT32
+    set_to_none: object = True
+    param_groups: object = 1
+    foreach: object = None
+
+class Body:
+    KIND: ClassVar[str]
+    PROGRAM: ClassVar[str]
+    registry: ClassVar[dict[str, type[Body]]] = {}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        Body.registry[cls.KIND] = cls
+
+@dataclass(frozen=True)
+class Case:
+    property: object
+    world_size: object
+    seed: object
+    body: object
+
+def is_plain(comp):
+    return not comp.shards and (not ()) and (comp.wrapper is Wrapper.NONE)
+
+def is_fsdp1(comp):
+    return comp.wrapper.value.startswith('fsdp1')
+
+@dataclass(frozen=True)
+class Options:
+    full_state_dict: object = False
+    cpu_offload: object = False
+    broadcast_from_rank0: object = False
+    strict: object = True
+    ignore_frozen_params: object = False
+    flatten_optimizer_state_dict: object = False
+
+class DcpItem(str, enum.Enum):
+    MODEL = 'model'
+    OPTIMIZER = 'optimizer'
+    APP = 'app'
+    SCALARS = 'scalars'
+    COUNTER = 'counter'
+    EXTRA = 'extra'
+
+@dataclass(frozen=True)
+class DcpBody(Body):
+    KIND: ClassVar[str] = 'dcp'
+    PROGRAM: ClassVar[str] = 'fuzz._rank.dcp:run_dcp'
+    tree: object
+    source: object
+    target: object
+    entries: object
+    training: object = field(default_factory=Training)
+    orders: object = ()
+    skip: object = ()
+    load_full_state_dict: object = False
+    load_cpu_offload: object = False
+    patched: object = False
+    frozen_in_optimizer: object = False
+    empty_group: object = False
+    requires_grad: object = ()
+
+class TreeBlock(nn.Module):
+
+    def __init__(self, children, residual, width, scale, buffer):
+        super().__init__()
+        for i, child in enumerate(children):
+            self.add_module(str(i), child)
+        self.residual = residual
+        self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(width))
+        self.shift = None
+        self.skipped: frozenset[str] = frozenset()
+
+    def forward(self, x):
+        y = x
+        for name, child in self.named_children():
+            y = child(y)
+        y = y * self.scale
+        return y
+
+def build_leaf(leaf, width):
+    module = _build_leaf(leaf, width)
+    return module
+
+def _build_leaf(leaf, width):
+    return nn.ReLU()
+
+def build_node(node, width):
+    if isinstance(node, Leaf):
+        return build_leaf(node, width)
+    return TreeBlock([build_node(c, width) for c in node.children], False, width, True, False)
+
+def build_model(tree, device):
+    with torch.device(device):
+        return build_node(tree.root, 1)
+
+def checkpoint_kwargs(opts):
+    kwargs = {}
+    return kwargs
+TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
+_WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.')
+
+def clean_name(name):
+    for prefix in _WRAPPER_PREFIXES:
+        name = name.replace(prefix, '')
+    return name
+
+def mesh_for(comp, ctx):
+    return ctx.mesh((ctx.world_size,), ('shard',))
+
+def apply_fully_shard(model, spec, mesh):
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+    kwargs = {'mesh': mesh, 'reshard_after_forward': False}
+    modules = [model.get_submodule(p) for p in ('',)]
+    fully_shard(modules if () else modules[0], **kwargs)
+
+@dataclass
+class Composed:
+    model: object
+    fsdp_roots: object = field(default_factory=list)
+    wrapper: object = Wrapper.NONE
+    param_names: object = field(default_factory=list)
+
+    @contextmanager
+    def full_parameters(self):
+        from torch.distributed.tensor import DTensor
+        if self.wrapper.value.startswith('fsdp1'):
+            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+            modules = {clean_name(n): m for n, m in self.model.named_modules()}
+            with FSDP.summon_full_params(self.model):
+                out = {}
+                for name in self.param_names:
+                    owner, _, attr = name.rpartition('.')
+                    out[name] = getattr(modules[owner], attr).detach().clone()
+                yield out
+            return
+        out = {}
+        for n, p in self.model.named_parameters():
+            out[clean_name(n)] = p.full_tensor().detach()
+        yield out
+
+def compose(model, comp, ctx, tree=None):
+    from torch.distributed._composable import checkpoint, replicate
+    ckpt_kwargs = checkpoint_kwargs(comp.checkpoint_options)
+    if comp.wrapper is not Wrapper.NONE:
+        names = [n for n, _ in model.named_parameters()]
+        return Composed(model=_wrap(model, comp, ctx), wrapper=comp.wrapper, param_names=names)
+    mesh = mesh_for(comp, ctx)
+    specs = {'': s for s in comp.shards}
+    for api, path in comp.steps():
+        apply_fully_shard(model, specs[path], mesh)
+    sharded = comp.sharded_paths
+    tops = [p for p in sharded if not any((False for q in sharded))]
+    return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
+
+def _wrap(model, comp, ctx):
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+    strategy = {Wrapper.FSDP1_FULL_SHARD: ShardingStrategy.FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP: ShardingStrategy.SHARD_GRAD_OP, Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD, Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[comp.wrapper]
+    kwargs = {'sharding_strategy': strategy, 'device_id': ctx.device, 'use_orig_params': True}
+    return FSDP(model, **kwargs)
+
+def make_optimizer(params, training, later=()):
+    held = {id(p) for p in later}
+    params = [p for p in params if p.requires_grad or id(p) in held]
+    groups = params
+    foreach = None
+    return torch.optim.SGD(groups, lr=training.lr, momentum=0.0, foreach=foreach)
+
+def full_parameters(model):
+    pass
+
+def batches(case, training, width, ctx, tp_size=1):
+    dtype = TORCH_DTYPES[training.dtype]
+    gen = torch.Generator().manual_seed(0)
+    b = 1
+    lo = ctx.rank // tp_size * b
+    out = []
+    for _ in range(2):
+        step = []
+        for _ in range(1):
+            x = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
+            y = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
+            step.append((x[lo:lo + b].to(ctx.device), y[lo:lo + b].to(ctx.device)))
+        out.append(step)
+    return out
+PROBE_ROWS = 3
+FRESH_SEED = 24301
+
+@dataclass
+class Side:
+    composed: object
+    comp: object
+    training: object
+    opt: object = None
+    param_names: object = field(default_factory=dict)
+    schedule: object = ()
+    step: object = 0
+
+    @property
+    def model(self):
+        return self.composed.model
+
+    @property
+    def plain(self):
+        return is_plain(self.comp)
+
+    @property
+    def fsdp1(self):
+        return is_fsdp1(self.comp)
+
+    def names(self):
+        current = {id(p): clean_name(n) for n, p in self.model.named_parameters()}
+        return {**self.param_names, **current}
+
+def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=()):
+    torch.manual_seed(seed)
+    device = ctx.device
+    model = build_model(tree, device).to(TORCH_DTYPES[training.dtype])
+    composed = compose(model, comp, ctx)
+    return Side(composed=composed, comp=comp, training=training, schedule=schedule)
+
+def change_requires_grad(side, step):
+    return
+
+def catch_up(side, steps):
+    for step in range(side.step, steps):
+        change_requires_grad(side, step)
+    side.step = max(side.step, steps)
+
+def requires_grad(side):
+    return {clean_name(n): p.requires_grad for n, p in side.model.named_parameters()}
+
+def fresh_training(training):
+    momentum = 0.0
+    return replace(training, lr=0.01 * 0.37, momentum=momentum, eps=0.0001 * 10)
+
+def add_optimizer(side, training, *, frozen_in_optimizer=False, empty_group=False):
+    params = list(side.model.parameters())
+    frozen = []
+    side.opt = make_optimizer(params, training, later=frozen)
+    side.param_names = {id(p): clean_name(n) for n, p in side.model.named_parameters()}
+    return side.opt
+
+def body_optimizer(side, training, body):
+    return add_optimizer(side, training, frozen_in_optimizer=False, empty_group=False)
+
+def seed_segment(case, ctx, segment):
+    torch.manual_seed((0 * 7919 + segment * 104729 + ctx.rank + 1) % 2 ** 63)
+
+def all_batches(case, training, steps, tree, ctx):
+    return [step[0] for step in batches(case, replace(training, steps=steps), 1, ctx)]
+
+def train_steps(side, data, ctx):
+    assert side.opt is not None
+    losses = []
+    for x, y in data:
+        change_requires_grad(side, side.step)
+        side.step += 1
+        loss = F.mse_loss(side.model(x).to(y.dtype), y)
+        loss.backward()
+        side.opt.step()
+        side.opt.zero_grad(set_to_none=False)
+        losses.append(loss.item())
+    return losses
+
+def _flat(t):
+    from torch.distributed.tensor import DTensor
+    return [float(v) for v in t.detach().double().cpu().flatten().tolist()]
+
+def observe_model(side):
+    with side.composed.full_parameters() as params:
+        out = {n: [float(v) for v in t.double().cpu().flatten().tolist()] for n, t in params.items()}
+    return out
+
+def _jsonable(value):
+    return value
+
+def observe_groups(side):
+    names = side.names()
+    out = []
+    for group in side.opt.param_groups:
+        item = {k: _jsonable(v) for k, v in sorted(group.items()) if k != 'params'}
+        item['params'] = [names.get(id(p), '?') for p in group['params']]
+        out.append(item)
+    return out
+
+def observe_optimizer(side):
+    names = side.names()
+    out = {}
+    for group in side.opt.param_groups:
+        for p in group['params']:
+            state = side.opt.state.get(p, {})
+            entry = {key: _jsonable(state[key]) for key in sorted(state)}
+    return out
+
+def probe(side, case, tree, ctx):
+    gen = torch.Generator().manual_seed(0 + 1)
+    x = torch.randn(PROBE_ROWS, 1, generator=gen, dtype=TORCH_DTYPES[side.training.dtype]).to(ctx.device)
+    seed_segment(case, ctx, 99)
+    with torch.no_grad():
+        out = _flat(side.model(x))
+    reshard(side.model)
+    return out
+
+def reshard(model):
+    from torch.distributed.fsdp import FSDPModule
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+def observe(side, case, tree, ctx, *, model=True):
+    obs = {'groups': observe_groups(side)}
+    params = observe_model(side)
+    optim = observe_optimizer(side)
+    out = probe(side, case, tree, ctx)
+    if side.fsdp1:
+        obs['optimizer_local'] = optim
+    return obs
+
+def dropped_keys(side, drop):
+    return []
+
+def torch_kwargs(fn, kwargs):
+    params = inspect.signature(fn).parameters
+    missing = sorted((k for k in kwargs if k not in params))
+    return kwargs
+
+def state_dict_options(o):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+    extra = {n: True for n in ('ignore_frozen_params', 'flatten_optimizer_state_dict') if getattr(o, n)}
+    return StateDictOptions(full_state_dict=o.full_state_dict, cpu_offload=o.cpu_offload, broadcast_from_rank0=o.broadcast_from_rank0, strict=True, **torch_kwargs(StateDictOptions, extra))
+
+def case_dir(case, ctx):
+    digest = hashlib.sha1('{"body": {"absent": false, "async_save": false, "async_saves": 0, "cache_staged": false, "checkpoint_dir": "", "convert": false, "deadlock": false, "drop": [], "empty_group": false, "entries": ["model", "optimizer"], "frozen_in_optimizer": false, "kind": "dcp", "load_cpu_offload": true, "load_full_state_dict": true, "load_planner": null, "mode": "round_trip", "module_stateful": false, "no_dist": false, "orders": [[0, 1], [0, 1]], "overwrite": "none", "own_group": false, "patched": true, "process_checkpointer": false, "requires_grad": [], "save_cpu_offload": false, "save_full_state_dict": false, "save_planner": null, "skip": [], "source": {"auto_wrap": false, "checkpoint_first": false, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"all_reduce_hook_scale": null, "backward_prefetch": 0, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "reshard_after_backward_last": false}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [{"group": [], "ignored": [], "mixed_precision": null, "offload": false, "path": "", "reshard_after_forward": false, "shard_dim": 0}], "tp": [], "tp_size": 1, "wrapper": "none"}, "stager": null, "steps_after": 1, "storage_objects": false, "target": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"all_reduce_hook_scale": null, "backward_prefetch": 0, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "reshard_after_backward_last": false}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "fsdp1_full_shard"}, "target_meta_init": false, "torch_save_reader": false, "training": {"accum_sync": "always", "batch_per_rank": 1, "compile": "none", "dtype": "float32", "eps": 0.0001, "foreach": null, "grad_accum": 1, "lr": 0.01, "momentum": 0.0, "optimizer": "sgd", "param_groups": 1, "same_input": false, "set_to_none": false, "skips": [], "steps": 1, "unfreeze": []}, "tree": {"root": {"buffer": false, "children": [{"bias": true, "frozen": false, "kind": "relu"}], "residual": false, "scale": true}, "width": 1}, "use_collectives": true, "writer": {"per_thread_copy_ahead": 10000000, "single_file_per_rank": true, "sync_files": true, "thread_count": 1}}, "property": "dcp", "schema": 1, "seed": 0, "world_size": 2}'.encode()).hexdigest()[:12]
+    count = getattr(ctx, '_cases', 0)
+    return os.path.join('/tmp/shardfuzz-dcp-14636', f'{digest}-{count}')
+
+def _options(full, offload, *, load, strict=True):
+    return Options(full_state_dict=full, cpu_offload=offload, broadcast_from_rank0=load and full and offload, strict=strict)
+
+def _values(body, case, side, ctx, get, put, fresh, skip):
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+    out = {}
+    for entry in body.entries:
+        if entry is DcpItem.MODEL:
+            out[entry] = side.model
+        else:
+            assert side.opt is not None
+            out[entry] = side.opt
+    return out
+
+def prepare_side(body, side, options):
+    from torch.distributed.checkpoint.state_dict import _patch_model_state_dict, _patch_optimizer_state_dict
+    assert side.opt is not None
+    _patch_model_state_dict(side.model, options=state_dict_options(options))
+    _patch_optimizer_state_dict(side.model, optimizers=(side.opt,), options=state_dict_options(options))
+
+def _observe_saved(body, case, src, ctx, values):
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+    saved = {**observe(src, case, body.tree, ctx), **_observe_entries(values)}
+    moves = any((e in body.entries and e not in () for e in (DcpItem.OPTIMIZER, DcpItem.APP)))
+    return saved
+
+def _arrange(body, values, ctx):
+    order = ((0, 1), (0, 1))[ctx.rank] if ((0, 1), (0, 1)) else range(len(body.entries))
+    return {body.entries[i].value: values[body.entries[i]] for i in order if body.entries[i] in values}
+
+def _tensors(value, path=''):
+    pass
+_LAST_PLANNER = [None]
+
+def _save_planner(body):
+    return {}
+
+def _load_planner(body):
+    return {}
+
+def _group(body):
+    return {}
+_CTX = [None]
+
+def _writer_kwargs(body, path, overwrite=None):
+    kwargs = {}
+    kwargs.update(_group(body))
+    kwargs['checkpoint_id'] = path
+    kwargs.update(_save_planner(body))
+    return kwargs
+
+def _save(body, state, path, overwrite=None):
+    import torch.distributed.checkpoint as dcp
+    kwargs = _writer_kwargs(body, path, overwrite)
+    kwargs.update(_collectives(body))
+    dcp.save(state, **kwargs)
+
+def _collectives(body):
+    return {}
+
+def _load(body, state, path):
+    import torch.distributed.checkpoint as dcp
+    kwargs = {}
+    kwargs.update(_load_planner(body))
+    kwargs.update(_group(body))
+    dcp.load(state, checkpoint_id=path, **kwargs)
+
+def _observe_entries(values):
+    out = {}
+    for entry, value in values.items():
+        pass
+    return out
+
+def run_dcp(case, body, ctx):
+    return _run_dcp(case, body, ctx)
+
+def _run_dcp(case, body, ctx):
+    t = body.training
+    get_save = _options(False, False, load=False)
+    get_load = _options(True, True, load=False)
+    put = _options(True, True, load=True, strict=not ())
+    path = '' or case_dir(case, ctx)
+    _LAST_PLANNER[0], _CTX[0] = (None, ctx)
+    own = path
+    obs = {}
+    data = all_batches(case, t, 1 + 1, body.tree, ctx)
+    src = None
+    src = build_side(body.tree, body.source, t, ctx, seed=0, schedule=())
+    body_optimizer(src, t, body)
+    prepare_side(body, src, get_save)
+    seed_segment(case, ctx, 0)
+    obs['losses_before'] = train_steps(src, data[:1], ctx)
+    values = _values(body, case, src, ctx, get_save, put, fresh=False, skip=())
+    state = _arrange(body, values, ctx)
+    _save(body, state, own)
+    obs['saved'] = _observe_saved(body, case, src, ctx, values)
+    tgt = build_side(body.tree, body.target, t, ctx, seed=0 + FRESH_SEED, meta=False, schedule=())
+    body_optimizer(tgt, fresh_training(t), body)
+    catch_up(tgt, 1)
+    prepare_side(body, tgt, put)
+    dropped = dropped_keys(tgt, ())
+    obs['dropped'] = dropped
+    obs['fresh'] = observe(tgt, case, body.tree, ctx, model=not False)
+    values = _values(body, case, tgt, ctx, get_load, put, fresh=True, skip=())
+    state = _arrange(body, values, ctx)
+    plain = {k: v for k, v in state.items() if isinstance(v, (dict, torch.Tensor))}
+    tensors = {k: _tensors(v) for k, v in plain.items()}
+    before = requires_grad(tgt)
+    _load(body, state, own)
+
+def main():
+    import os
+    import re
+    import subprocess
+    import sys
+    if not os.environ.get('REPRO_CHILD'):
+        env = {**os.environ, 'REPRO_CHILD': '1'}
+        child = subprocess.run([sys.executable, __file__], env=env, stderr=subprocess.PIPE, text=True)
+        frames = re.findall('File "[^"]+/torch/([^"]+)", line \\d+ in (\\S+)', child.stderr)
+        found = f'signal {child.returncode}@torch/{frames[0][0]}:{frames[0][1]}' if frames else ''
+        if found in ['signal -11@torch/distributed/fsdp/_state_dict_utils.py:param_hook']:
+            print(f"REPRODUCED crash:dcp:signal: rank {os.environ['RANK']} died: {found}", flush=True)
+            sys.exit(1)
+        print(f'PASS or another failure: exit {child.returncode}', flush=True)
+        sys.exit(0)
+    import faulthandler
+    faulthandler.enable()
+    import os
+    import torch
+    import torch.distributed as dist
+    case = Case(property='dcp', world_size=2, seed=0, body=DcpBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.RELU),), scale=True)), source=Composition(shards=(ShardSpec(path='', reshard_after_forward=False),), checkpoint_first=False), target=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), entries=(DcpItem.MODEL, DcpItem.OPTIMIZER), training=Training(lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, set_to_none=False), orders=((0, 1), (0, 1)), load_full_state_dict=True, load_cpu_offload=True, patched=True))
+    dist.init_process_group('gloo')
+    rank, world_size = (dist.get_rank(), dist.get_world_size())
+    ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
+    run_dcp(case, case.body, ctx)
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,1229 @@
+#!/usr/bin/env python3
+# shardfuzz reduced reproducer: entry=2d856cec14f654c5 sources=f39ac8dd53b677ff seconds=44.1
+"""Reproduces shardfuzz corpus entry dcp-mismatch-175e579ba153.json: mismatch:dcp@async_save:fsdp1-hsdp-load_sharded_optimizer_state_dict
+
+Observed: Into FSDP1 HYBRID_SHARD over a 2-D mesh, load_sharded_optimizer_state_dict lays the
+optimizer state out as chunks over the whole world instead of the model's DTensors over the
+mesh, and FSDP.optim_state_dict_to_load takes those chunks for its own shards: wrong optimizer
+state, no error. docs/known_bugs.md. (0.1.scale[7] is 1.0700299739837646 after resuming,
+uninterrupted 1.0693825483322144 (error 0.000647 > allowed 1.17e-05))
+Known torch bug: load_sharded_optimizer_state_dict chunks optimizer state over the whole world:
+wrong Adam state in FSDP1 HYBRID_SHARD over a 2-D mesh; upstream: none found.
+Expected: the property's judge finds nothing.
+
+    torchrun --nproc-per-node 4 THIS_FILE.py
+
+prints REPRODUCED and exits 1 while the failure is there, else exits 0.
+"""
+
+from __future__ import annotations
+from dataclasses import dataclass, field
+import torch
+import enum
+from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
+from dataclasses import replace
+import builtins
+from typing import ClassVar
+import dataclasses
+import json
+import os
+import tempfile
+from typing import ClassVar
+from torch import nn
+from contextlib import contextmanager
+import copy
+import torch.distributed as dist
+import torch.nn.functional as F
+import inspect
+from dataclasses import dataclass, field, replace
+import hashlib
+import shutil
+import math
+import atexit
+
+def __getattr__(name):
+    raise AttributeError(f"module 'fuzz' has no attribute {name!r}")
+
+@dataclass
+class RankContext:
+    rank: object
+    world_size: object
+    device: object
+    backend: object
+    _meshes: object = field(default_factory=dict)
+
+    def mesh(self, shape, names):
+        from torch.distributed.device_mesh import init_device_mesh
+        key = (shape, names)
+        self._meshes[key] = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
+        return self._meshes[key]
+    _cases: object = 0
+
+    def group(self, name):
+        pass
+
+class LeafKind(str, enum.Enum):
+    LINEAR = 'linear'
+    LAYER_NORM = 'layer_norm'
+    CONV1D = 'conv1d'
+    RELU = 'relu'
+    TANH = 'tanh'
+    GELU = 'gelu'
+    DROPOUT = 'dropout'
+
+class Dtype(str, enum.Enum):
+    FLOAT32 = 'float32'
+    FLOAT64 = 'float64'
+    BFLOAT16 = 'bfloat16'
+    FLOAT16 = 'float16'
+
+@dataclass(frozen=True)
+class Leaf:
+    kind: object
+    bias: object = True
+    frozen: object = False
+
+@dataclass(frozen=True)
+class Block:
+    children: object
+    residual: object = False
+    scale: object = False
+    buffer: object = False
+
+def param_names(node):
+    pass
+
+@dataclass(frozen=True)
+class ModuleTree:
+    width: object
+    root: object
+
+    @property
+    def size(self):
+        pass
+
+class Wrapper(str, enum.Enum):
+    NONE = 'none'
+    DDP = 'ddp'
+    FSDP1_FULL_SHARD = 'fsdp1_full_shard'
+    FSDP1_SHARD_GRAD_OP = 'fsdp1_shard_grad_op'
+    FSDP1_NO_SHARD = 'fsdp1_no_shard'
+    FSDP1_HYBRID_SHARD = 'fsdp1_hybrid_shard'
+
+class ContextFn(str, enum.Enum):
+    NONE = 'none'
+    SAVE_MATMULS = 'save_matmuls'
+    SAVE_MATMULS_LIST = 'save_matmuls_list'
+
+@dataclass(frozen=True)
+class CheckpointOptions:
+    context_fn: object = ContextFn.NONE
+    debug: object = False
+
+    def names(self):
+        pass
+
+@dataclass(frozen=True)
+class Composition:
+    shards: object = ()
+    replicates: object = ()
+    checkpoints: object = ()
+    mesh: object = ()
+    wrapper: object = Wrapper.NONE
+    checkpoint_options: object = field(default_factory=CheckpointOptions)
+
+    def reshard_after_forward(self, spec):
+        pass
+
+    def steps(self):
+        items = [('checkpoint', p) for p in self.checkpoints] + [('replicate', p) for p in self.replicates]
+        items += [('fully_shard', spec.path) for spec in self.shards]
+
+        def key(item):
+            pass
+        return sorted(items, key=key)
+
+class Optimizer(str, enum.Enum):
+    SGD = 'sgd'
+    ADAM = 'adam'
+    ADAMW = 'adamw'
+
+@dataclass(frozen=True)
+class Training:
+    optimizer: object = Optimizer.SGD
+    lr: object = 0.1
+    momentum: object = 0.0
+    eps: object = 0.001
+    steps: object = 2
+    dtype: object = Dtype.FLOAT32
+    set_to_none: object = True
+    param_groups: object = 1
+    foreach: object = None
+
+class Body:
+    KIND: ClassVar[str]
+    PROGRAM: ClassVar[str]
+    registry: ClassVar[dict[str, type[Body]]] = {}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        Body.registry[cls.KIND] = cls
+
+    @property
+    def size(self):
+        pass
+
+@dataclass(frozen=True)
+class Case:
+    property: object
+    world_size: object
+    seed: object
+    body: object
+
+    @builtins.property
+    def size(self):
+        pass
+
+def dcp_root(driver_pid):
+    return os.path.join(tempfile.gettempdir(), f'shardfuzz-dcp-{driver_pid}')
+
+def is_plain(comp):
+    return not () and (not ()) and (comp.wrapper is Wrapper.NONE)
+
+def is_fsdp1(comp):
+    return comp.wrapper.value.startswith('fsdp1')
+
+def trained_then_frozen(body):
+    pass
+
+@dataclass(frozen=True)
+class Options:
+    full_state_dict: object = False
+    cpu_offload: object = False
+    broadcast_from_rank0: object = False
+    strict: object = True
+
+@dataclass(frozen=True)
+class StateDictBody(Body):
+    KIND: ClassVar[str] = 'state_dict'
+    PROGRAM: ClassVar[str] = 'fuzz._rank.state_dict:run_state_dict'
+    tree: object
+    source: object
+    target: object
+    training: object = field(default_factory=Training)
+    save: object = field(default_factory=Options)
+    load: object = field(default_factory=Options)
+    frozen_in_optimizer: object = False
+    empty_group: object = False
+    requires_grad: object = ()
+
+    @property
+    def size(self):
+        pass
+
+class Overwrite(str, enum.Enum):
+    NONE = 'none'
+    TRUE = 'true'
+    FALSE = 'false'
+
+class DcpItem(str, enum.Enum):
+    MODEL = 'model'
+    OPTIMIZER = 'optimizer'
+    APP = 'app'
+    SCALARS = 'scalars'
+    COUNTER = 'counter'
+    EXTRA = 'extra'
+
+@dataclass(frozen=True)
+class WriterOptions:
+
+    def changed(self):
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}
+
+class DcpMode(str, enum.Enum):
+    ROUND_TRIP = 'round_trip'
+    SAVE_ONLY = 'save_only'
+    LOAD_ONLY = 'load_only'
+
+@dataclass(frozen=True)
+class DcpBody(Body):
+    KIND: ClassVar[str] = 'dcp'
+    PROGRAM: ClassVar[str] = 'fuzz._rank.dcp:run_dcp'
+    tree: object
+    source: object
+    target: object
+    entries: object
+    training: object = field(default_factory=Training)
+    orders: object = ()
+    skip: object = ()
+    save_cpu_offload: object = False
+    load_cpu_offload: object = False
+    async_save: object = False
+    storage_objects: object = False
+    mode: object = DcpMode.ROUND_TRIP
+    deadlock: object = False
+    overwrite: object = Overwrite.NONE
+    cache_staged: object = False
+    frozen_in_optimizer: object = False
+    empty_group: object = False
+    writer: object = field(default_factory=WriterOptions)
+    requires_grad: object = ()
+    stager: object = None
+
+    @property
+    def classic_fsdp1(self):
+        return (True or is_fsdp1(self.target)) and (not False) and (DcpItem.APP not in self.entries)
+
+    @property
+    def size(self):
+        pass
+
+class TreeBlock(nn.Module):
+
+    def __init__(self, children, residual, width, scale, buffer):
+        super().__init__()
+        for i, child in enumerate(children):
+            self.add_module(str(i), child)
+        self.residual = residual
+        self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(width)) if scale else None
+        if buffer:
+            self.register_buffer('shift', 0.1 * torch.randn(width))
+        else:
+            self.shift = None
+        self.skipped: frozenset[str] = frozenset()
+
+    def forward(self, x):
+        y = x
+        for name, child in self.named_children():
+            y = child(y)
+        if self.scale is not None:
+            y = y * self.scale
+        if self.shift is not None:
+            y = y + self.shift
+        return x + y if self.residual else y
+
+class PointwiseConv1d(nn.Conv1d):
+
+    def forward(self, x):
+        return super().forward(x.unsqueeze(-1)).squeeze(-1)
+
+def build_leaf(leaf, width):
+    module = _build_leaf(leaf, width)
+    if leaf.frozen:
+        module.requires_grad_(False)
+    return module
+
+def _build_leaf(leaf, width):
+    if leaf.kind is LeafKind.CONV1D:
+        return PointwiseConv1d(width, width, kernel_size=1, bias=leaf.bias)
+    return nn.ReLU()
+
+def build_node(node, width):
+    if isinstance(node, Leaf):
+        return build_leaf(node, width)
+    return TreeBlock([build_node(c, width) for c in node.children], node.residual, width, node.scale, node.buffer)
+
+def build_model(tree, device):
+    with torch.device(device):
+        return build_node(tree.root, 12)
+
+def checkpoint_kwargs(opts):
+    kwargs = {}
+    return kwargs
+TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
+_WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.')
+
+def clean_name(name):
+    for prefix in _WRAPPER_PREFIXES:
+        name = name.replace(prefix, '')
+    return name
+
+def mesh_for(comp, ctx):
+    if (2, 2):
+        return ctx.mesh(tuple((2, 2)), ('replicate', 'shard'))
+
+@dataclass
+class Composed:
+    model: object
+    wrapper: object = Wrapper.NONE
+    param_names: object = field(default_factory=list)
+
+    @contextmanager
+    def full_parameters(self):
+        from torch.distributed.tensor import DTensor
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        modules = {clean_name(n): m for n, m in self.model.named_modules()}
+        with FSDP.summon_full_params(self.model):
+            out = {}
+            for name in self.param_names:
+                owner, _, attr = name.rpartition('.')
+                out[name] = getattr(modules[owner], attr).detach().clone()
+            yield out
+        return
+
+def compose(model, comp, ctx, tree=None):
+    from torch.distributed._composable import checkpoint, replicate
+    ckpt_kwargs = checkpoint_kwargs(comp.checkpoint_options)
+    names = [n for n, _ in model.named_parameters()]
+    return Composed(model=_wrap(model, comp, ctx), wrapper=comp.wrapper, param_names=names)
+
+def _wrap(model, comp, ctx):
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+    strategy = {Wrapper.FSDP1_FULL_SHARD: ShardingStrategy.FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP: ShardingStrategy.SHARD_GRAD_OP, Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD, Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[comp.wrapper]
+    kwargs = {'sharding_strategy': strategy, 'device_id': ctx.device, 'use_orig_params': True}
+    if comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD:
+        kwargs['device_mesh'] = mesh_for(comp, ctx)
+    return FSDP(model, **kwargs)
+
+def make_optimizer(params, training, later=()):
+    held = {id(p) for p in later}
+    params = [p for p in params if p.requires_grad or id(p) in held]
+    groups = params
+    foreach = None
+    return torch.optim.SGD(groups, lr=training.lr, momentum=training.momentum, foreach=foreach)
+
+def full_parameters(model):
+    pass
+
+def batches(case, training, width, ctx, tp_size=1):
+    dtype = TORCH_DTYPES[training.dtype]
+    gen = torch.Generator().manual_seed(0)
+    b = 2
+    lo = ctx.rank // tp_size * b
+    out = []
+    for _ in range(2):
+        step = []
+        for _ in range(1):
+            x = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
+            y = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
+            step.append((x[lo:lo + b].to(ctx.device), y[lo:lo + b].to(ctx.device)))
+        out.append(step)
+    return out
+PROBE_ROWS = 3
+FRESH_SEED = 24301
+
+@dataclass
+class Side:
+    composed: object
+    comp: object
+    training: object
+    opt: object = None
+    param_names: object = field(default_factory=dict)
+    schedule: object = ()
+    step: object = 0
+
+    @property
+    def model(self):
+        return self.composed.model
+
+    @property
+    def plain(self):
+        return is_plain(self.comp)
+
+    @property
+    def fsdp1(self):
+        return True
+
+    def names(self):
+        current = {id(p): clean_name(n) for n, p in self.model.named_parameters()}
+        return {**self.param_names, **current}
+
+def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=()):
+    torch.manual_seed(seed)
+    device = ctx.device
+    model = build_model(tree, device).to(TORCH_DTYPES[training.dtype])
+    composed = compose(model, comp, ctx)
+    return Side(composed=composed, comp=comp, training=training, schedule=schedule)
+
+def change_requires_grad(side, step):
+    return
+
+def catch_up(side, steps):
+    for step in range(side.step, steps):
+        change_requires_grad(side, step)
+    side.step = max(side.step, steps)
+
+def requires_grad(side):
+    return {clean_name(n): p.requires_grad for n, p in side.model.named_parameters()}
+
+def fresh_training(training):
+    momentum = 0.5
+    return replace(training, lr=0.01 * 0.37, momentum=momentum, eps=0.0001 * 10)
+
+def add_optimizer(side, training, *, frozen_in_optimizer=False, empty_group=False):
+    params = list(side.model.parameters())
+    frozen = []
+    side.opt = make_optimizer(params, training, later=frozen)
+    side.param_names = {id(p): clean_name(n) for n, p in side.model.named_parameters()}
+    return side.opt
+
+def body_optimizer(side, training, body):
+    return add_optimizer(side, training, frozen_in_optimizer=False, empty_group=False)
+
+def seed_segment(case, ctx, segment):
+    torch.manual_seed((0 * 7919 + segment * 104729 + ctx.rank + 1) % 2 ** 63)
+
+def all_batches(case, training, steps, tree, ctx):
+    return [step[0] for step in batches(case, replace(training, steps=steps), 12, ctx)]
+
+def train_steps(side, data, ctx):
+    assert side.opt is not None
+    losses = []
+    for x, y in data:
+        change_requires_grad(side, side.step)
+        side.step += 1
+        loss = F.mse_loss(side.model(x).to(y.dtype), y)
+        loss.backward()
+        side.opt.step()
+        side.opt.zero_grad(set_to_none=False)
+        losses.append(loss.item())
+    return losses
+
+def _flat(t):
+    from torch.distributed.tensor import DTensor
+    return [float(v) for v in t.detach().double().cpu().flatten().tolist()]
+
+def observe_model(side):
+    with side.composed.full_parameters() as params:
+        out = {n: [float(v) for v in t.double().cpu().flatten().tolist()] for n, t in params.items()}
+    for n, b in side.model.named_buffers():
+        out[clean_name(n)] = _flat(b)
+    return out
+
+def _jsonable(value):
+    if isinstance(value, torch.Tensor):
+        return _flat(value)
+    return value
+
+def observe_groups(side):
+    names = side.names()
+    out = []
+    for group in side.opt.param_groups:
+        item = {k: _jsonable(v) for k, v in sorted(group.items()) if k != 'params'}
+        item['params'] = [names.get(id(p), '?') for p in group['params']]
+        out.append(item)
+    return out
+
+def observe_optimizer(side):
+    names = side.names()
+    out = {}
+    for group in side.opt.param_groups:
+        for p in group['params']:
+            state = side.opt.state.get(p, {})
+            entry = {key: _jsonable(state[key]) for key in sorted(state)}
+            if entry:
+                out[names.get(id(p), '?')] = entry
+    return out
+
+def probe(side, case, tree, ctx):
+    gen = torch.Generator().manual_seed(0 + 1)
+    x = torch.randn(PROBE_ROWS, 12, generator=gen, dtype=TORCH_DTYPES[side.training.dtype]).to(ctx.device)
+    seed_segment(case, ctx, 99)
+    with torch.no_grad():
+        out = _flat(side.model(x))
+    reshard(side.model)
+    return out
+
+def reshard(model):
+    from torch.distributed.fsdp import FSDPModule
+    for module in model.modules():
+        pass
+
+def observe(side, case, tree, ctx, *, model=True):
+    obs = {'groups': observe_groups(side)}
+    params = observe_model(side)
+    optim = observe_optimizer(side)
+    out = probe(side, case, tree, ctx)
+    obs['optimizer_local'] = optim
+    if ctx.rank == 0:
+        obs.update(model=params, probe=out)
+    return obs
+
+def dropped_keys(side, drop):
+    return []
+
+def fsdp1_state_dict_type(side, *, full, offload, rank0_only=False):
+    from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig, ShardedOptimStateDictConfig, ShardedStateDictConfig, StateDictType
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    FSDP.set_state_dict_type(side.model, StateDictType.SHARDED_STATE_DICT, ShardedStateDictConfig(offload_to_cpu=offload), ShardedOptimStateDictConfig(offload_to_cpu=offload))
+
+def fsdp1_optim_state_dict(side):
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    assert side.opt is not None
+    osd = FSDP.optim_state_dict(side.model, side.opt)
+    return osd
+
+def fsdp1_load_optimizer(side, osd):
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    assert side.opt is not None
+    side.opt.load_state_dict(FSDP.optim_state_dict_to_load(side.model, side.opt, osd))
+
+def torch_kwargs(fn, kwargs):
+    params = inspect.signature(fn).parameters
+    missing = sorted((k for k in kwargs if k not in params))
+    return kwargs
+
+def run_state_dict(case, body, ctx):
+    pass
+
+def resume_source(case, src, data, ctx):
+    seed_segment(case, ctx, 1)
+    losses = train_steps(src, data, ctx)
+    return (losses, observe_model(src))
+
+def resume_both(case, src, tgt, data, ctx, source_done=None):
+    obs = {}
+    losses_src, final_src = resume_source(case, src, data, ctx)
+    obs['losses_source'] = losses_src
+    seed_segment(case, ctx, 1)
+    obs['losses_target'] = train_steps(tgt, data, ctx)
+    final_tgt = observe_model(tgt)
+    if ctx.rank == 0:
+        obs['final_source'], obs['final_target'] = (final_src, final_tgt)
+    return obs
+
+def case_dir(case, ctx):
+    digest = hashlib.sha1('{"body": {"absent": false, "async_save": true, "async_saves": 0, "cache_staged": false, "checkpoint_dir": "", "convert": false, "deadlock": false, "drop": [], "empty_group": false, "entries": ["model", "optimizer", "counter", "scalars", "extra"], "frozen_in_optimizer": false, "kind": "dcp", "load_cpu_offload": true, "load_full_state_dict": false, "load_planner": null, "mode": "round_trip", "module_stateful": false, "no_dist": false, "orders": [[0, 3, 1, 4, 2], [0, 4, 2, 3, 1], [0, 4, 2, 1, 3], [0, 2, 1, 3, 4]], "overwrite": "true", "own_group": false, "patched": false, "process_checkpointer": false, "requires_grad": [], "save_cpu_offload": true, "save_full_state_dict": false, "save_planner": null, "skip": [], "source": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"all_reduce_hook_scale": null, "backward_prefetch": 0, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "reshard_after_backward_last": false}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "fsdp1_full_shard"}, "stager": null, "steps_after": 1, "storage_objects": true, "target": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"all_reduce_hook_scale": null, "backward_prefetch": 0, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "reshard_after_backward_last": false}, "mesh": [2, 2], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "fsdp1_hybrid_shard"}, "target_meta_init": false, "torch_save_reader": false, "training": {"accum_sync": "always", "batch_per_rank": 2, "compile": "none", "dtype": "float32", "eps": 0.0001, "foreach": null, "grad_accum": 1, "lr": 0.01, "momentum": 0.9, "optimizer": "sgd", "param_groups": 1, "same_input": false, "set_to_none": false, "skips": [], "steps": 1, "unfreeze": []}, "tree": {"root": {"buffer": false, "children": [{"buffer": true, "children": [{"bias": true, "frozen": false, "kind": "relu"}, {"buffer": false, "children": [{"bias": true, "frozen": false, "kind": "relu"}, {"bias": true, "frozen": true, "kind": "conv1d"}], "residual": false, "scale": true}], "residual": false, "scale": false}, {"bias": false, "frozen": true, "kind": "conv1d"}, {"buffer": true, "children": [{"bias": true, "frozen": false, "kind": "relu"}], "residual": true, "scale": false}], "residual": false, "scale": false}, "width": 12}, "use_collectives": true, "writer": {"per_thread_copy_ahead": 10000000, "single_file_per_rank": true, "sync_files": true, "thread_count": 1}}, "property": "dcp", "schema": 1, "seed": 0, "world_size": 4}'.encode()).hexdigest()[:12]
+    count = getattr(ctx, '_cases', 0)
+    return os.path.join('/tmp/shardfuzz-dcp-18978', f'{digest}-{count}')
+
+def scalar_values(case, body, rank=0):
+    s = (0 + 0) % 100003
+    return {'step': 1, 'loss': s / 7.0, 'tag': f'case-{s}', 'done': bool(s % 2), 'history': [s / 3.0, -1.5, 1e-300]}
+
+class Scalars:
+
+    def __init__(self, values):
+        self.values = dict(values)
+
+    def state_dict(self):
+        return dict(self.values)
+
+    def load_state_dict(self, state_dict):
+        self.values = dict(state_dict)
+
+class Counter:
+
+    def __init__(self, value, ctx, deadlock=False):
+        self.value = torch.tensor([value], dtype=torch.float64)
+        self.total = torch.zeros(1, dtype=torch.float64)
+        self.agreed = float('nan')
+        self.ctx = ctx
+        self.deadlock = deadlock
+
+    def state_dict(self):
+        total = self.value.clone()
+        dist.all_reduce(total)
+        self.total = total
+        return {'value': self.value, 'total': total}
+
+    def load_state_dict(self, state_dict):
+        self.value = state_dict['value']
+        self.total = state_dict['total']
+        check = self.value.clone()
+        dist.all_reduce(check)
+        self.agreed = float(check.item()) / self.ctx.world_size
+
+    def observe(self):
+        return {'value': float(self.value.item()), 'total': float(self.total.item()), 'agreed': self.agreed}
+
+def _options(full, offload, *, load, strict=True):
+    return Options(full_state_dict=full, cpu_offload=offload, broadcast_from_rank0=load and full and offload, strict=strict)
+
+def extra_value(case, rank=0):
+    return torch.arange(5, dtype=torch.float64) * (0 % 97 + 0.25) + rank
+
+def _values(body, case, side, ctx, get, put, fresh, skip):
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+    out = {}
+    salt = 0
+    for entry in body.entries:
+        if entry is DcpItem.MODEL:
+            out[entry] = side.model.state_dict()
+        elif entry is DcpItem.OPTIMIZER:
+            assert side.opt is not None
+            if not fresh:
+                out[entry] = fsdp1_optim_state_dict(side)
+        elif entry is DcpItem.SCALARS:
+            values = scalar_values(case, body, salt)
+            out[entry] = Scalars({k: type(v)() if fresh else v for k, v in values.items()})
+        elif entry is DcpItem.COUNTER:
+            out[entry] = Counter(0.0 if fresh else float(0 % 1009) + 0.5, ctx, deadlock=False)
+        else:
+            out[entry] = torch.zeros(5, dtype=torch.float64) if fresh else extra_value(case, salt)
+    return out
+
+def prepare_side(body, side, options):
+    fsdp1_state_dict_type(side, full=False, offload=True)
+
+def _observe_saved(body, case, src, ctx, values):
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+    saved = {**observe(src, case, body.tree, ctx), **_observe_entries(values)}
+    moves = any((e in body.entries and e not in () for e in (DcpItem.OPTIMIZER, DcpItem.APP)))
+    return saved
+
+def _arrange(body, values, ctx):
+    order = ((0, 3, 1, 4, 2), (0, 4, 2, 3, 1), (0, 4, 2, 1, 3), (0, 2, 1, 3, 4))[ctx.rank] if ((0, 3, 1, 4, 2), (0, 4, 2, 3, 1), (0, 4, 2, 1, 3), (0, 2, 1, 3, 4)) else range(len(body.entries))
+    return {body.entries[i].value: values[body.entries[i]] for i in order if body.entries[i] in values}
+
+def _tensors(value, path=''):
+    if isinstance(value, torch.Tensor):
+        return [(path, id(value))]
+    return [t for k, v in value.items() for t in _tensors(v, f'{path}.{k}')]
+
+def _in_place_problem(state, before, tensors):
+    for key, value in before.items():
+        now = dict(_tensors(value))
+    return ''
+
+def _writer(body, path, **options):
+    import torch.distributed.checkpoint as dcp
+    return dcp.FileSystemWriter(path, **options, **torch_kwargs(dcp.FileSystemWriter, body.writer.changed()))
+_LAST_PLANNER = [None]
+
+def _save_planner(body):
+    return {}
+
+def _load_planner(body):
+    return {}
+
+def _group(body):
+    return {}
+_CTX = [None]
+
+def _writer_kwargs(body, path, overwrite=None):
+    kwargs = {}
+    kwargs.update(_group(body))
+    options = {'overwrite': overwrite}
+    kwargs['storage_writer'] = _writer(body, path, **options)
+    kwargs.update(_save_planner(body))
+    return kwargs
+
+def _wait(result):
+    future = getattr(result, 'upload_completion', result)
+    future.result()
+
+def _save(body, state, path, overwrite=None):
+    import torch.distributed.checkpoint as dcp
+    kwargs = _writer_kwargs(body, path, overwrite)
+    kwargs.update(_collectives(body))
+    stager = _stager(body)
+    try:
+        _wait(dcp.async_save(state, **kwargs, **_async_kwargs(body, stager)))
+    finally:
+        _close(stager)
+
+def _collectives(body):
+    return {}
+
+def _stager(body):
+    return None
+
+def _close(stager):
+    pass
+
+def _async_kwargs(body, stager):
+    kwargs = {}
+    return kwargs
+
+def _load(body, state, path):
+    import torch.distributed.checkpoint as dcp
+    kwargs = {}
+    kwargs.update(_load_planner(body))
+    kwargs.update(_group(body))
+    dcp.load(state, storage_reader=dcp.FileSystemReader(path), **kwargs)
+
+def _earlier_checkpoint(body, case, ctx, path, get, put):
+    t = body.training
+    decoy = build_side(body.tree, body.source, t, ctx, seed=0 + 2 * FRESH_SEED)
+    body_optimizer(decoy, fresh_training(t), body)
+    prepare_side(body, decoy, get)
+    values = _values(body, case, decoy, ctx, get, put, fresh=True, skip=())
+    import torch.distributed.checkpoint as dcp
+    dcp.save(_arrange(body, values, ctx), checkpoint_id=path)
+
+def _save_over(body, state, path, ctx):
+    _save(body, state, path, overwrite=True)
+    return {}
+
+def _observe_entries(values):
+    out = {}
+    for entry, value in values.items():
+        if entry is DcpItem.SCALARS:
+            out['scalars'] = value.values
+        elif entry is DcpItem.COUNTER:
+            out['counter'] = value.observe()
+        elif entry is DcpItem.EXTRA:
+            out['extra'] = [float(v) for v in value.tolist()]
+    return out
+
+def run_dcp(case, body, ctx):
+    return _run_dcp(case, body, ctx)
+
+def _run_dcp(case, body, ctx):
+    t = body.training
+    get_save = _options(False, True, load=False)
+    get_load = _options(False, True, load=False)
+    put = _options(False, True, load=True, strict=not ())
+    path = '' or case_dir(case, ctx)
+    _LAST_PLANNER[0], _CTX[0] = (None, ctx)
+    if body.mode is DcpMode.ROUND_TRIP and ctx.rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
+    own = path
+    obs = {}
+    data = all_batches(case, t, 1 + 1, body.tree, ctx)
+    src = None
+    source_done = None
+    src = build_side(body.tree, body.source, t, ctx, seed=0, schedule=())
+    body_optimizer(src, t, body)
+    prepare_side(body, src, get_save)
+    _earlier_checkpoint(body, case, ctx, path, get_save, put)
+    seed_segment(case, ctx, 0)
+    obs['losses_before'] = train_steps(src, data[:1], ctx)
+    values = _values(body, case, src, ctx, get_save, put, fresh=False, skip=())
+    state = _arrange(body, values, ctx)
+    obs['overwrite'] = _save_over(body, state, path, ctx)
+    obs['saved'] = _observe_saved(body, case, src, ctx, values)
+    tgt = build_side(body.tree, body.target, t, ctx, seed=0 + FRESH_SEED, meta=False, schedule=())
+    body_optimizer(tgt, fresh_training(t), body)
+    catch_up(tgt, 1)
+    prepare_side(body, tgt, put)
+    dropped = dropped_keys(tgt, ())
+    obs['dropped'] = dropped
+    obs['fresh'] = observe(tgt, case, body.tree, ctx, model=not False)
+    values = _values(body, case, tgt, ctx, get_load, put, fresh=True, skip=())
+    state = _arrange(body, values, ctx)
+    plain = {k: v for k, v in state.items() if isinstance(v, (dict, torch.Tensor))}
+    tensors = {k: _tensors(v) for k, v in plain.items()}
+    before = requires_grad(tgt)
+    _load(body, state, own)
+    obs['in_place'] = _in_place_problem(state, plain, tensors)
+    _finish_load(body, tgt, values, put, own)
+    obs['requires_grad'] = {'before': before, 'after': requires_grad(tgt)}
+    obs['loaded'] = {**observe(tgt, case, body.tree, ctx), **_observe_entries(values)}
+    obs.update(resume_both(case, src, tgt, data[1:], ctx, source_done))
+    dist.barrier()
+    if ctx.rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
+    return obs
+
+def _finish_load(body, side, values, put, path):
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+    _finish_fsdp1_load(body, side, values, path)
+    return
+
+def _finish_fsdp1_load(body, side, values, path):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.optimizer import load_sharded_optimizer_state_dict
+    side.model.load_state_dict(values[DcpItem.MODEL])
+    loaded = load_sharded_optimizer_state_dict(model_state_dict=side.model.state_dict(), optimizer_key='optimizer', storage_reader=dcp.FileSystemReader(path))
+    fsdp1_load_optimizer(side, loaded['optimizer'])
+
+class OutcomeKind(str, enum.Enum):
+    OK = 'ok'
+    EXCEPTION = 'exception'
+    HANG = 'hang'
+    CRASH = 'crash'
+
+@dataclass(frozen=True)
+class RankReport:
+    rank: object
+    observation: object = None
+    seconds: object = None
+
+@dataclass(frozen=True)
+class Stall:
+    name: object
+    deadlocked: object
+    after: object = 10.0
+    hold: object = 3.0
+
+@dataclass(frozen=True)
+class Outcome:
+    kind: object
+    ranks: object
+    seconds: object
+
+    @property
+    def ok(self):
+        return self.kind is OutcomeKind.OK
+
+    @property
+    def observations(self):
+        return [r.observation or {} for r in self.ranks]
+KNOWN_BUG_ODDS = 16
+KNOWN_HANG_ODDS = 64
+NONE_FOUND = 'none found'
+
+@dataclass(frozen=True)
+class KnownBug:
+    id: object
+    title: object
+    symptoms: object = frozenset({'exception'})
+    upstream: object = NONE_FOUND
+    relation: object = ''
+    state: object = ''
+    ends_ranks: object = True
+    odds: object = KNOWN_BUG_ODDS
+    tag: object = ''
+    see_also: object = ()
+    docs: object = 'docs/known_bugs.md'
+    fixed_in: object = ''
+FSDP1_HSDP_SHARD1 = KnownBug('fsdp1-hybrid-shard-dim-1', 'FSDP1 HYBRID_SHARD with a shard dimension of size 1 never averages gradients across replicas', symptoms=frozenset({'mismatch'}), upstream='pytorch/pytorch#154888', relation='same bug', ends_ranks=False, tag=':shard1')
+FOREACH_MIXED = KnownBug('foreach-mixed-dtensor-tensor', 'foreach optimizers over a mix of DTensor (fully_shard) and plain (replicate) parameters raise', upstream='pytorch/pytorch#183207', relation='same symptom (reached there through ignored_params)')
+INT_RESHARD_DIM1 = KnownBug('fully_shard-int-reshard-shard-dim-1', 'fully_shard with an int reshard_after_forward and Shard(1) placements: IndexError in foreach_all_gather_copy_out')
+FROZEN_INT_RESHARD = KnownBug('fully_shard-frozen-int-reshard', "a frozen fully_shard unit with an int reshard_after_forward under a replicate'd root stays in its post-forward state", symptoms=frozenset({'mismatch'}), ends_ranks=False, tag=':frozen-int-reshard')
+UNFROZEN_UNRESHARDED = KnownBug('fully_shard-unfrozen-unresharded', "a frozen fully_shard unit without resharding under a replicate'd root is never resharded: a leaf unfrozen later never trains (KeyError in get_optimizer_state_dict)", symptoms=frozenset({'mismatch', 'exception'}), ends_ranks=False, tag=':unfrozen-unresharded')
+UNUSED_NO_ALL_REDUCE = KnownBug('fully_shard-unused-no-all-reduce', 'HSDP with set_requires_all_reduce(False): a unit unused on the last microbatch loses its accumulated gradient', symptoms=frozenset({'mismatch', 'exception'}), ends_ranks=False, tag=':unused-no-all-reduce')
+FSDP1_UNFROZEN_FROZEN_UNIT = KnownBug('fsdp1-no-shard-unfrozen-in-frozen-unit', 'FSDP1 NO_SHARD, a unit all frozen at wrapping: a leaf unfrozen later never trains', symptoms=frozenset({'mismatch'}), upstream='pytorch/pytorch#85831', relation='related', see_also=('pytorch/pytorch#104148', 'pytorch/pytorch#105371'), ends_ranks=False, tag=':unfrozen-frozen-unit')
+MP_UNIFORM_GRAD_DTYPE = KnownBug('fully_shard-reduce-dtype-no-sync-uniform-grad-dtype', "MixedPrecisionPolicy(reduce_dtype) with set_requires_gradient_sync(False) and a parameter unused on a no-sync microbatch: 'FSDP reduce-scatter expects uniform gradient dtype'", upstream='pytorch/pytorch#196996', relation='same bug', state='open; an earlier fix (pull request #160279) is not in torch 2.13', see_also=('pytorch/pytorch#160279', 'pytorch/pytorch#190627'))
+MP_NEVER_RUN_NO_SYNC = KnownBug('fully_shard-reduce-dtype-no-sync-never-run', "MixedPrecisionPolicy(reduce_dtype) with set_requires_gradient_sync(False): a unit that never ran forward has no '_unsharded_param' in the root's post-backward", upstream='pytorch/pytorch#194058', relation='same bug (pull request)', state='closed; the fix is not in torch 2.13')
+MP_FROZEN_AT_LAZY_INIT = KnownBug('fully_shard-mp-frozen-at-lazy-init', 'MixedPrecisionPolicy: a unit all frozen at lazy init gets no orig/reduce dtype; unfrozen later, its low-precision gradient is never cast back', upstream='pytorch/pytorch#186998', relation='same bug', state='closed, yet still present in torch 2.13.0 (fix pull request #187376 not in 2.13)', see_also=('pytorch/pytorch#187376',))
+BROADCAST_EMPTY = KnownBug('set_state_dict-broadcast-empty', 'set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0 pass an empty model state dict', symptoms=frozenset({'hang', 'crash', 'exception'}), upstream='pytorch/pytorch#157781', relation='same symptom', state='open', see_also=('pytorch/pytorch#158836',), odds=KNOWN_HANG_ODDS, docs='docs/state_dict.md')
+STATELESS_FULL = KnownBug('set_optimizer_state_dict-full-stateless', "set_optimizer_state_dict(full_state_dict=True) for an optimizer without tensor state: 'Expected device to be set'", docs='docs/state_dict.md')
+FLAT_FULL_OPTIM = KnownBug('set_optimizer_state_dict-flat-full-keyerror', "set_optimizer_state_dict(full_state_dict=True, flatten_optimizer_state_dict=True) raises KeyError 'param_groups.0.params.0' for any model: the full-state branch takes the optimizer's local state dict with the flatten option still on, so the loaded and the local dicts have different keys", relation='none found after three phrasings; two other flatten bugs are in see_also', state='present in torch 2.13.0', see_also=('pytorch/pytorch#192224', 'pytorch/pytorch#192225'), docs='docs/state_dict.md')
+FSDP1_FULL_OFFLOAD = KnownBug('fsdp1-full-state-dict-offload-to-cpu', 'FSDP1 FULL_STATE_DICT with offload_to_cpu on CPU: state_dict() clones a freed buffer (SIGSEGV), optim_state_dict aliases the gathered states', symptoms=frozenset({'crash', 'mismatch'}), upstream='pytorch/pytorch#188989', relation="same root cause for the model state dict (to_cpu frees a CPU buffer); none found for the optimizer's aliasing", state='closed; its fix (pull request #188990) is not in torch 2.13', see_also=('pytorch/pytorch#188990', 'Lightning-AI/pytorch-lightning#21804'), docs='docs/state_dict.md')
+FSDP1_FROZEN_UNIT = KnownBug('fsdp1-no-shard-frozen-unit-state-dict', "FSDP1 NO_SHARD with an auto-wrapped unit of frozen parameters: state_dict() after training raises 'FSDP assumes ... is in the state_dict'", upstream='pytorch/pytorch#85831', relation='related', docs='docs/state_dict.md')
+FSDP1_DCP_STATELESS = KnownBug('fsdp1-dcp-stateless-optimizer', "the classic FSDP1 DCP recipe with an optimizer without state: optim_state_dict_to_load refuses the dict without 'state'", docs='docs/state_dict.md')
+FSDP1_DCP_EMPTY_SHARD = KnownBug('dcp-load-empty-sharded-tensor-pre-2.4-guess', "dcp.load of an FSDP1 sharded state dict where a rank holds no chunk of a parameter: the planner guesses a pre-2.4 checkpoint, 'Missing key in checkpoint state_dict'", see_also=('pytorch/pytorch#137327',), docs='docs/state_dict.md')
+FSDP1_ASYNC_DEFAULT_STAGER = KnownBug('async_save-default-stager-sharded-tensor', "dcp.async_save's default stager calls data_ptr() on ShardedTensors", docs='docs/state_dict.md')
+CACHED_STAGING_NEEDS_ACCELERATOR = KnownBug('filesystemwriter-cache-staged-pin-memory', 'FileSystemWriter(cache_staged_state_dict=True) pins its staging copy: async_save fails on a host without an accelerator', see_also=('pytorch/pytorch#189991',), docs='docs/state_dict.md')
+CACHED_STAGING_PINNED_METADATA = KnownBug('filesystemwriter-cache-staged-pinned-metadata', 'a checkpoint staged by FileSystemWriter(cache_staged_state_dict=True) records pin_memory=True; the classic FSDP1 load_sharded_optimizer_state_dict then refuses its unpinned ShardedTensors', docs='docs/state_dict.md')
+FSDP1_HSDP_OPTIMIZER_LOAD = KnownBug('fsdp1-hsdp-load_sharded_optimizer_state_dict', 'load_sharded_optimizer_state_dict chunks optimizer state over the whole world: wrong Adam state in FSDP1 HYBRID_SHARD over a 2-D mesh', symptoms=frozenset({'mismatch'}), see_also=('pytorch/pytorch#111096',), ends_ranks=False, tag=':fsdp1-hsdp-load_sharded_optimizer_state_dict')
+FSDP1_HSDP_RANK0_BROADCAST = KnownBug('fsdp1-hsdp-shard1-rank0-broadcast', 'set_optimizer_state_dict(full, cpu_offload) into FSDP1 HYBRID_SHARD with a shard dimension of 1 broadcasts from global rank 0 in a one-rank group', upstream='pytorch/pytorch#155680', relation='same line', state='open; #128444 (same path) was fixed only in part by pull request #128446', see_also=('pytorch/pytorch#128444',))
+FSDP1_COMPILE_SHARDED_GRAD = KnownBug('fsdp1-compile-recompile-sharded-grad', "torch.compile over FSDP1 (use_orig_params=True, sharded): recompiling the wrapped module's forward while its parameters hold sharded gradients raises InternalTorchDynamoError 'attempting to assign a gradient of size ...'", upstream='pytorch/pytorch#111317', relation='same symptom (a comment there: SHARD_GRAD_OP, use_orig_params=True, float32)', state='open', see_also=('pytorch/pytorch#93288',))
+DIVIDE_FACTOR_TWICE = KnownBug('fully_shard-divide-factor-single-shard-twice', 'set_gradient_divide_factor(f) on a fully_shard unit whose shard group is one rank, with set_force_sum_reduction_for_comms(True) or a float16 / float64 reduce dtype: gradients are divided by f twice (once where the single-rank branch copies the input, once more as the post-divide)', symptoms=frozenset({'mismatch'}), relation='none found after three phrasings; the single-rank division came with the pull request in see_also, and a later one reworks that branch without the post-divide', state='present in torch 2.13.0', see_also=('pytorch/pytorch#167178', 'pytorch/pytorch#196348'), ends_ranks=False, tag=':divide-factor-twice')
+FROZEN_OPTIM_STATE_DROPPED = KnownBug('set_optimizer_state_dict-frozen-state-dropped', 'set_optimizer_state_dict drops the saved optimizer state of a parameter frozen (requires_grad=False) when it is loaded: a parameter trained, then frozen, checkpointed and unfrozen after resuming restarts with fresh optimizer state (get_optimizer_state_dict saved it)', symptoms=frozenset({'mismatch'}), upstream='pytorch/pytorch#192202', relation='same bug', state='open; fix pull request #192307 open, not in torch 2.13.0', see_also=('pytorch/pytorch#192307',), ends_ranks=False, tag=':frozen-optimizer-state-dropped', docs='docs/state_dict.md', odds=4)
+PLAN_CACHE_FAILED_SAVE = KnownBug('dcp-plan-cache-after-failed-save', "DefaultSavePlanner(enable_plan_caching=True): a save that fails (FileSystemWriter(overwrite=False) refusing an existing checkpoint) leaves its plans cached; the next save with that planner class raises TypeError 'NoneType' object is not iterable in _create_global_plan", upstream='pytorch/pytorch#176289', relation='same bug (pull request: save plan caching during validation failures)', state='fixed in torch 2.13 (plans are cached only after a successful save); present in torch 2.11', fixed_in='2.13', docs='docs/state_dict.md')
+CHECKPOINT_DEBUG = KnownBug('checkpoint-debug-always-refused', "composable checkpoint(module, debug=True) raises ValueError 'debug=True is incompatible with non-default context_fn' on the first forward whatever the caller passes: it always hands torch.utils.checkpoint a context_fn of its own", upstream='pytorch/pytorch#185285', relation='same bug (pull request: allow debug mode with context_fn in checkpoint(); an earlier attempt in see_also)', state='not in torch 2.13.0', see_also=('pytorch/pytorch#175338',))
+SAC_OVER_FSDP_UNIT = KnownBug('selective-checkpoint-over-fully_shard-unit', "selective activation checkpointing (context_fn=create_selective_checkpoint_contexts) over a region holding a fully_shard unit whose state differs between forward and recomputation (kept unsharded by set_reshard_after_backward(False), prefetched, frozen): the replay counts FSDP2's record_function markers and raises 'profiler._record_function_enter_new.default invocation index N encountered during backward but not found in storage'", upstream='pytorch/pytorch#196862', relation='same bug (pull request: exclude all-gather internals and profiler ops from selective checkpointing)', state='not in torch 2.13.0', see_also=('pytorch/pytorch#185178', 'pytorch/torchtitan#3427'))
+DELAY_ALL_REDUCE_ROOT = KnownBug('ddp-delay-all-reduce-root-params-reduced-twice', "DistributedDataParallel(delay_all_reduce_named_params=..., param_to_hook_all_reduce=...): a delayed parameter of the root module itself stays in the reducer too (the reducer leaves out f'{module_name}.{name}', which is '.<name>' for the root's own parameters), so it is all-reduced twice, racing, and its gradient is wrong now and then; every parameter replicate() hands DDP is one (an nn.ParameterList's)", symptoms=frozenset({'mismatch'}), relation='none found after five phrasings; the option came with the pull request in see_also', state='present in torch 2.13.0', see_also=('pytorch/pytorch#95669',), ends_ranks=False, tag=':delay-all-reduce', odds=4)
+COMPILED_UNFREEZE_PLAIN = KnownBug('compile-unfrozen-plain-param-no-recompile', "torch.compile (aot_eager) of a module whose plain (non-DTensor) parameter was frozen when it was compiled: after requires_grad_(True) the compiled forward is reused without a recompile and the parameter gets no gradient (met through fully_shard's ignored_params, which stay plain tensors)", symptoms=frozenset({'mismatch'}), upstream='pytorch/pytorch#139476', relation='same bug (Dynamo reuses a compiled frame when the requires_grad of module parameters changes)', state='present in torch 2.11; torch 2.13.0 recompiles (the torch-only reproducer passes there)', fixed_in='2.13', ends_ranks=False, tag=':compiled-unfreeze')
+
+def present(bug, torch_version):
+    pass
+
+def get(bug_id):
+    pass
+
+def int_reshard_dim1(comp):
+    pass
+
+def shard1(comp):
+    pass
+
+def fsdp1_shard1(comp):
+    return comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD and (2, 2)[1] == 1 and (comp.mesh[0] > 1)
+
+def unused_no_all_reduce(tree, comp, training):
+    pass
+
+def fsdp1_compiled_with_sharded_grads(comp, training, world_size):
+    pass
+
+def divide_factor_twice(comp, training, world_size):
+    pass
+
+def never_run_under_no_sync(tree, comp, training):
+    pass
+
+def unfrozen_in_frozen_mp_unit(tree, comp, training):
+    pass
+
+def checkpoint_debug(comp):
+    pass
+
+def selective_over_unit(comp):
+    pass
+
+def delayed_all_reduce(comp):
+    pass
+
+def compiled_unfreeze_ignored(comp, training):
+    pass
+
+def fsdp1_hsdp_2d(comp):
+    return comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD and comp.mesh[0] > 1 and (comp.mesh[1] > 1)
+
+def fsdp1_full_offload(body, world_size):
+    pass
+
+def fsdp1_dcp_stateless(body):
+    pass
+
+def fsdp1_dcp_empty_shard(body, world_size):
+    pass
+
+def fsdp1_async_default_stager(body):
+    pass
+
+def fsdp1_frozen_unit(comp, tree):
+    pass
+
+def hsdp_optimizer_load(body):
+    return isinstance(body, DcpBody) and fsdp1_hsdp_2d(body.target) and body.classic_fsdp1 and (DcpItem.OPTIMIZER in body.entries) and (DcpItem.OPTIMIZER not in body.skip)
+
+def broadcast_empty(body):
+    pass
+
+def frozen_state_dropped(body):
+    loaded = any((e in body.entries and e not in () for e in (DcpItem.OPTIMIZER, DcpItem.APP))) and (not True)
+    return loaded and bool(trained_then_frozen(body))
+
+def plan_cache_failed_save(body):
+    pass
+
+def stateless_full(body):
+    pass
+
+def flat_full_optimizer(body):
+    pass
+
+def _comps(case):
+    pass
+
+def _per_comp(condition):
+
+    def met(case):
+        pass
+    return met
+
+def _with_training(condition):
+
+    def met(case):
+        pass
+    return met
+
+def _saving(condition):
+    return lambda case: isinstance(case.body, (StateDictBody, DcpBody)) and condition(case)
+
+def _frozen_int_reshard(case):
+    pass
+
+def _foreach_mixed(case):
+    pass
+
+def _unfrozen_unresharded(case):
+    pass
+
+def _fsdp1_unfrozen_frozen_unit(case):
+    pass
+CONDITIONS = ((INT_RESHARD_DIM1, lambda case: any((int_reshard_dim1(c) for c in _comps(case)))), (FSDP1_HSDP_SHARD1, lambda case: any((fsdp1_shard1(c) for c in _comps(case)))), (FSDP1_FROZEN_UNIT, _saving(lambda case: fsdp1_frozen_unit(case.body.source, case.body.tree))), (FSDP1_FULL_OFFLOAD, _saving(lambda case: fsdp1_full_offload(case.body, case.world_size))), (FSDP1_DCP_STATELESS, _saving(lambda case: fsdp1_dcp_stateless(case.body))), (FSDP1_DCP_EMPTY_SHARD, _saving(lambda case: fsdp1_dcp_empty_shard(case.body, case.world_size))), (FSDP1_ASYNC_DEFAULT_STAGER, _saving(lambda case: fsdp1_async_default_stager(case.body))), (CACHED_STAGING_NEEDS_ACCELERATOR, lambda case: isinstance(case.body, DcpBody) and case.body.cache_staged), (BROADCAST_EMPTY, _saving(lambda case: broadcast_empty(case.body))), (STATELESS_FULL, _saving(lambda case: stateless_full(case.body))), (FLAT_FULL_OPTIM, _saving(lambda case: flat_full_optimizer(case.body))), (PLAN_CACHE_FAILED_SAVE, _saving(lambda case: plan_cache_failed_save(case.body))), (FSDP1_HSDP_OPTIMIZER_LOAD, _saving(lambda case: hsdp_optimizer_load(case.body))), (FROZEN_OPTIM_STATE_DROPPED, _saving(lambda case: frozen_state_dropped(case.body))), (FROZEN_INT_RESHARD, _frozen_int_reshard), (UNFROZEN_UNRESHARDED, _unfrozen_unresharded), (UNUSED_NO_ALL_REDUCE, _per_comp(unused_no_all_reduce)), (MP_NEVER_RUN_NO_SYNC, _per_comp(never_run_under_no_sync)), (MP_UNIFORM_GRAD_DTYPE, _per_comp(never_run_under_no_sync)), (MP_FROZEN_AT_LAZY_INIT, _per_comp(unfrozen_in_frozen_mp_unit)), (FSDP1_UNFROZEN_FROZEN_UNIT, _fsdp1_unfrozen_frozen_unit), (FOREACH_MIXED, _foreach_mixed), (FSDP1_COMPILE_SHARDED_GRAD, _with_training(fsdp1_compiled_with_sharded_grads)), (DIVIDE_FACTOR_TWICE, _with_training(divide_factor_twice)), (CHECKPOINT_DEBUG, lambda case: any((checkpoint_debug(c) for c in _comps(case)))), (SAC_OVER_FSDP_UNIT, lambda case: any((selective_over_unit(c) for c in _comps(case)))), (DELAY_ALL_REDUCE_ROOT, lambda case: any((delayed_all_reduce(c) for c in _comps(case)))), (COMPILED_UNFREEZE_PLAIN, _with_training(lambda c, training, _: compiled_unfreeze_ignored(c, training))))
+
+def ends_ranks(case):
+    pass
+
+def rank0_alone_in_broadcast(stacks):
+    pass
+ALONE_IN_BROADCAST_STALL = Stall(name='rank 0 alone in _broadcast_state_dict', deadlocked=rank0_alone_in_broadcast, after=10.0, hold=3.0)
+
+@dataclass(frozen=True)
+class Signature:
+    kind: object
+    property: object
+    check: object = ''
+    where: object = ''
+    tags: object = ()
+
+    def __str__(self):
+        text = f'{self.kind}:{self.property}'
+        if self.check:
+            text += f':{self.check}'
+        if self.where:
+            text += f'@{self.where}'
+        return text + ''.join((f':{t}' for t in self.tags))
+
+@dataclass(frozen=True)
+class Failure:
+    kind: object
+    signature: object
+    summary: object
+    details: object = field(default_factory=dict)
+
+@dataclass(frozen=True)
+class Property:
+    name: object
+    description: object
+    cases: object
+    judge: object
+    features: object
+    stall: object = None
+    body: object = None
+    repro: object = None
+
+def strategy(name):
+
+    def cases(*, world_size, **kwargs):
+        pass
+    return cases
+_REGISTRY = {}
+
+def register(prop):
+    _REGISTRY[prop.name] = prop
+    return prop
+
+@dataclass(frozen=True)
+class Tolerance:
+    rtol: object
+    atol: object
+POLICY = {'float64': Tolerance(rtol=1e-09, atol=1e-12), 'float32': Tolerance(rtol=1e-05, atol=1e-06), 'bfloat16': Tolerance(rtol=0.032, atol=0.001), 'float16': Tolerance(rtol=0.004, atol=0.0001)}
+
+def tolerance_for(dtype):
+    return POLICY[dtype]
+
+@dataclass(frozen=True)
+class Mismatch:
+    index: object
+    actual: object
+    expected: object
+    error: object
+    allowed: object
+
+def first_mismatch(actual, expected, tol):
+    worst = None
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        allowed = tol.atol + tol.rtol * abs(e)
+        err = abs(a - e)
+        if not err <= allowed or not math.isfinite(e):
+            excess = err - allowed if err == err else float('inf')
+            if worst is None or excess > worst.error - worst.allowed:
+                worst = Mismatch(index=i, actual=a, expected=e, error=err, allowed=allowed)
+    return worst
+atexit.register(shutil.rmtree, dcp_root(os.getpid()), ignore_errors=True)
+
+def _mismatch(prop, check, where, summary, **details):
+    return Failure('mismatch', str(Signature('mismatch', prop, check, where)), summary, {'check': check, **details})
+
+def _first_difference(got, want, path=''):
+    if isinstance(got, dict) and isinstance(want, dict):
+        for key in sorted(set(got) | set(want), key=str):
+            diff = _first_difference(got[key], want[key], f'{path}[{key!r}]')
+        return ''
+    if isinstance(got, list) and isinstance(want, list):
+        for i, (g, w) in enumerate(zip(got, want)):
+            diff = _first_difference(g, w, f'{path}[{i}]')
+        return ''
+    return '' if got == want else f'{path}: {got!r} != {want!r}'
+
+def _exact(prop, check, where, what, got, want, **details):
+    diff = _first_difference(got, want)
+    if not diff:
+        return None
+
+def _shard1(source, target):
+    return FSDP1_HSDP_SHARD1.tag if fsdp1_shard1(source) or fsdp1_shard1(target) else ''
+
+def _check_model(prop, where, saved, loaded, fresh, dropped):
+    want = dict(saved['model'])
+    return _exact(prop, 'model', where, 'the model (parameters and buffers)', loaded['model'], want, dropped=dropped)
+
+def _check_optimizer(prop, where, source, target, observations, want, check='optimizer'):
+    if want == 'saved' and source != target:
+        return None
+
+def _same_operations(source, target):
+    return source == target and (not source.replicates) and (source.wrapper is not Wrapper.DDP)
+
+def _check_resume(prop, where, case, same, observations):
+    body = case.body
+    assert isinstance(body, (StateDictBody, DcpBody))
+    tol = tolerance_for('float32')
+    for rank, obs in enumerate(observations):
+        got, want = (obs['losses_target'], obs['losses_source'])
+        bad = first_mismatch(got, want, tol) if not same else next((i for i, (g, w) in enumerate(zip(got, want)) if g != w), None)
+    first = observations[0]
+    got_p, want_p = (first['final_target'], first['final_source'])
+    for name, want_v in want_p.items():
+        bad_p = first_mismatch(got_p.get(name, []), want_v, tol)
+        if bad_p is not None:
+            return _mismatch(prop, 'resume_params', where, f'{name}[{bad_p.index}] is {bad_p.actual!r} after resuming, uninterrupted {bad_p.expected!r} (error {bad_p.error:.3g} > allowed {bad_p.allowed:.3g})', param=name)
+
+def _one_bug(case, failure):
+    if failure is None or failure.kind != 'mismatch' or (not failure.signature.endswith(FSDP1_HSDP_SHARD1.tag)):
+        return failure
+
+def judge_dcp(case, outcome):
+    return _one_bug(case, _frozen_state_dropped(case, _hsdp_optimizer_load(case, _judge_dcp(case, outcome))))
+OPTIMIZER_CHECKS = ('optimizer', 'resume_loss', 'resume_params')
+
+def _hsdp_optimizer_load(case, failure):
+    where = 'async_save'
+    tag = FSDP1_HSDP_OPTIMIZER_LOAD.tag.lstrip(':')
+    return dataclasses.replace(failure, signature=str(Signature('mismatch', 'dcp', where=where, tags=(tag,))))
+
+def _frozen_state_dropped(case, failure):
+    body = case.body
+    if failure is None or failure.kind != 'mismatch' or (not isinstance(body, (StateDictBody, DcpBody))) or (not frozen_state_dropped(body)) or (failure.details.get('check') not in OPTIMIZER_CHECKS):
+        return failure
+
+def _check_requires_grad(prop, where, observations):
+    for rank, obs in enumerate(observations):
+        seen = obs.get('requires_grad')
+        before, after = (seen['before'], seen['after'])
+        changed = sorted((n for n in before.keys() & after.keys() if before[n] != after[n]))
+    return None
+
+def _judge_dcp(case, outcome):
+    body = case.body
+    assert isinstance(body, DcpBody)
+    prop, observations = ('dcp', outcome.observations)
+    where = 'async_save' + _shard1(body.source, body.target)
+    for rank, obs in enumerate(observations):
+        pass
+    failure = _check_dcp_options(prop, where, body, observations) or _check_requires_grad(prop, where, observations)
+    loaded_entries = [e for e in body.entries if e not in ()]
+    model_loaded = DcpItem.MODEL in loaded_entries or DcpItem.APP in loaded_entries
+    optim_loaded = DcpItem.OPTIMIZER in loaded_entries or DcpItem.APP in loaded_entries
+    first = observations[0]
+    saved, loaded, fresh, dropped = (first['saved'], first['loaded'], first.get('fresh'), first['dropped'])
+    if model_loaded:
+        failure = _check_model(prop, where, saved, loaded, fresh, dropped)
+    if failure is None and optim_loaded:
+        failure = _check_optimizer(prop, where, body.source, body.target, observations, 'saved')
+    for rank, obs in enumerate(observations):
+        want_groups = obs['saved']['groups'] if optim_loaded else obs['fresh']['groups']
+        failure = _exact(prop, 'groups', where, f"rank {rank}'s param groups", obs['loaded']['groups'], want_groups)
+        for key in ('scalars', 'counter', 'extra'):
+            if failure is None and key in obs['loaded']:
+                got, want = (obs['loaded'][key], obs['saved'][key])
+                if key == 'counter':
+                    got = {k: v for k, v in got.items() if k != 'agreed'}
+                    want = {k: v for k, v in want.items() if k != 'agreed'}
+                failure = _exact(prop, key, where, f"rank {rank}'s {key} entry", got, want)
+    if failure is None and model_loaded and (not dropped):
+        failure = _exact(prop, 'probe', where, 'the forward output on the fixed input', loaded['probe'], saved['probe'])
+    if failure is None:
+        failure = _check_resume(prop, where, case, _same_operations(body.source, body.target), observations)
+    return failure
+
+def _check_dcp_options(prop, where, body, observations):
+    return None
+
+def features_dcp(case):
+    pass
+DCP = register(Property(name='dcp', description='DCP save/async_save/load with Stateful objects and per-rank key orders round-trip exactly', cases=strategy('dcp_cases'), judge=judge_dcp, features=features_dcp, stall=ALONE_IN_BROADCAST_STALL, body=DcpBody, repro='fuzz.repro.script:render'))
+
+def main():
+    import os
+    import torch
+    import torch.distributed as dist
+    case = Case(property='dcp', world_size=4, seed=0, body=DcpBody(tree=ModuleTree(width=12, root=Block(children=(Block(children=(Leaf(kind=LeafKind.RELU), Block(children=(Leaf(kind=LeafKind.RELU), Leaf(kind=LeafKind.CONV1D, frozen=True)), scale=True)), buffer=True), Leaf(kind=LeafKind.CONV1D, bias=False, frozen=True), Block(children=(Leaf(kind=LeafKind.RELU),), residual=True, buffer=True)))), source=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), target=Composition(mesh=(2, 2), wrapper=Wrapper.FSDP1_HYBRID_SHARD), entries=(DcpItem.MODEL, DcpItem.OPTIMIZER, DcpItem.COUNTER, DcpItem.SCALARS, DcpItem.EXTRA), training=Training(lr=0.01, momentum=0.9, eps=0.0001, steps=1, set_to_none=False), orders=((0, 3, 1, 4, 2), (0, 4, 2, 3, 1), (0, 4, 2, 1, 3), (0, 2, 1, 3, 4)), save_cpu_offload=True, load_cpu_offload=True, async_save=True, storage_objects=True, overwrite=Overwrite.TRUE))
+    dist.init_process_group('gloo')
+    rank, world_size = (dist.get_rank(), dist.get_world_size())
+    ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
+    import json
+    obs = json.loads(json.dumps(run_dcp(case, case.body, ctx)))
+    outs = [None] * ctx.world_size
+    dist.all_gather_object(outs, obs)
+    if ctx.rank == 0:
+        reports = tuple((RankReport(rank=r, observation=o) for r, o in enumerate(outs)))
+        failure = judge_dcp(case, Outcome(kind=OutcomeKind.OK, ranks=reports, seconds=0.0))
+        if failure is not None and failure.signature in ['mismatch:dcp@async_save:fsdp1-hsdp-load_sharded_optimizer_state_dict']:
+            print(f'REPRODUCED {failure.signature}: {failure.summary}', flush=True)
+            os._exit(1)
+        print(f'PASS or another failure: {failure and failure.signature}', flush=True)
+if __name__ == '__main__':
+    main()

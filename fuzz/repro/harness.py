@@ -1,0 +1,221 @@
+"""The entry point of a reduced reproducer: the case on every rank, and the failure's own check.
+
+An unreduced script runs the case under the pool's machinery (:mod:`fuzz.repro.runtime`: a judge
+process, rank watchers, the property's judge over every rank's outcome). A reduced script keeps
+only what its failure needs to be seen, in the script's ``main``:
+
+- the case as a constructor expression of the model's dataclasses (:func:`case_expression`),
+  fields left at their defaults left out;
+- every rank builds its :class:`~fuzz._rank.context.RankContext` from torchrun's environment
+  and calls the body's rank program directly;
+- then the check of the failure's kind (:data:`CHECKS`): an exception is matched by type and
+  innermost torch frame, as :func:`fuzz.signature.location` reads a traceback; a mismatch by
+  the property's judge over every rank's observation (gathered to rank 0); a hang by the stuck
+  main thread's stack after :data:`HANG_AFTER_S`; a crash by the signal and faulthandler's
+  stack of the rank, run as a child process.
+
+The check prints ``REPRODUCED <signature>`` and exits 1 only when the failure is there;
+otherwise the script exits 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any
+
+from fuzz.corpus import Entry
+from fuzz.properties import get_property
+from fuzz.signature import Signature
+
+#: Seconds after which a rank still in a hang case is looked at.
+HANG_AFTER_S = 20
+
+
+def _literal(value: Any, classes: dict[str, str], keep: set[str] | None = None) -> str:
+    """``value`` (a model object) as a constructor expression; ``classes`` collects the classes
+    it names (name -> module). Fields with a default are left out where they hold it, or where
+    ``keep`` is given and does not name them."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        cls = type(value)
+        classes[cls.__qualname__] = cls.__module__
+        args = []
+        for f in dataclasses.fields(value):
+            if not f.init:
+                continue
+            v = getattr(value, f.name)
+            optional = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+            if f.default is not dataclasses.MISSING and _same(v, f.default):
+                continue
+            if f.default_factory is not dataclasses.MISSING and _same(v, f.default_factory()):
+                continue
+            if optional and keep is not None and f.name not in keep:
+                continue
+            args.append(f"{f.name}={_literal(v, classes, keep)}")
+        return f"{cls.__qualname__}({', '.join(args)})"
+    if isinstance(value, enum.Enum):
+        kind = type(value)
+        classes[kind.__qualname__] = kind.__module__
+        return f"{kind.__qualname__}.{value.name}"
+    if isinstance(value, tuple):
+        items = [_literal(v, classes, keep) for v in value]
+        return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
+    if isinstance(value, frozenset):
+        return (
+            f"frozenset({{{', '.join(_literal(v, classes) for v in sorted(value, key=repr))}}})"
+            if value
+            else "frozenset()"
+        )
+    return repr(value)
+
+
+def _same(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and a == b
+
+
+def case_expression(case: Any, keep: set[str] | None = None) -> tuple[str, dict[str, str]]:
+    """(the case as an expression, the classes it names: name -> module); with ``keep``, only
+    the fields it names (and those without a default)."""
+    classes: dict[str, str] = {}
+    return _literal(case, classes, keep), classes
+
+
+def _expected_exceptions(signatures: list[str]) -> list[str]:
+    """``type@where`` of every exception signature in ``signatures``."""
+    out = []
+    for text in signatures:
+        sig = Signature.parse(text)
+        if sig is not None and sig.kind in ("exception", "crash", "hang"):
+            out.append(f"{sig.check}@{sig.where}" if sig.check else sig.where)
+    return sorted(set(out))
+
+
+_PRELUDE = """\
+    import os
+    import torch
+    import torch.distributed as dist
+{imports}
+    case = {case}
+    dist.init_process_group("gloo")
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    ctx = RankContext(rank=rank, world_size=world_size, device=torch.device("cpu"), backend="gloo")
+"""
+
+_EXCEPTION = """\
+    import re
+    import traceback
+    try:
+        {program}(case, case.body, ctx)
+    except BaseException as e:  # torch's CheckpointException is a BaseException
+        frames = re.findall(r'File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
+        path, fn = [(p, f) for p, f in frames if "/torch/" in p and not f.endswith("comp>")][-1]
+        found = f"{{type(e).__module__}}.{{type(e).__qualname__}}@torch/{{path.rpartition('/torch/')[2]}}:{{fn}}"
+        if found in {expected!r}:
+            print(f"REPRODUCED {signature}: rank {{ctx.rank}} raised {{found}}: {{e}}", flush=True)
+            os._exit(1)
+        print(f"FAIL (not the entry's failure): rank {{ctx.rank}} raised {{found}}: {{e}}", flush=True)
+        os._exit(0)
+    print("PASS: no rank raised")
+"""
+
+_MISMATCH = """\
+    import json
+    obs = json.loads(json.dumps({program}(case, case.body, ctx)))
+    outs = [None] * ctx.world_size
+    dist.all_gather_object(outs, obs)
+    if ctx.rank == 0:
+        reports = tuple(RankReport(rank=r, observation=o) for r, o in enumerate(outs))
+        failure = {judge}(case, Outcome(kind=OutcomeKind.OK, ranks=reports, seconds=0.0))
+        if failure is not None and failure.signature in {expected!r}:
+            print(f"REPRODUCED {{failure.signature}}: {{failure.summary}}", flush=True)
+            os._exit(1)
+        print(f"PASS or another failure: {{failure and failure.signature}}", flush=True)
+"""
+
+_HANG = """\
+    import sys
+    import threading
+    import time
+    import traceback
+
+    def watch():
+        time.sleep({after})
+        frames = traceback.extract_stack(sys._current_frames()[threading.main_thread().ident])
+        if any(f"torch/{{f.filename.rpartition('/torch/')[2]}}:{{f.name}}" in {expected!r} for f in frames):
+            print(f"REPRODUCED {signature}: rank {{ctx.rank}} is stuck", flush=True)
+            os._exit(1)
+        os._exit(0)
+
+    threading.Thread(target=watch, daemon=True).start()
+    {program}(case, case.body, ctx)
+    time.sleep({after} + 5)
+    print("PASS: every rank finished")
+    os._exit(0)
+"""
+
+_CRASH_HEAD = """\
+    import os
+    import re
+    import subprocess
+    import sys
+    if not os.environ.get("REPRO_CHILD"):
+        env = {{**os.environ, "REPRO_CHILD": "1"}}
+        child = subprocess.run([sys.executable, __file__], env=env, stderr=subprocess.PIPE, text=True)
+        frames = re.findall(r'File "[^"]+/torch/([^"]+)", line \\d+ in (\\S+)', child.stderr)
+        found = f"signal {{child.returncode}}@torch/{{frames[0][0]}}:{{frames[0][1]}}" if frames else ""
+        if found in {expected!r}:
+            print(f"REPRODUCED {signature}: rank {{os.environ['RANK']}} died: {{found}}", flush=True)
+            sys.exit(1)
+        print(f"PASS or another failure: exit {{child.returncode}}", flush=True)
+        sys.exit(0)
+    import faulthandler
+    faulthandler.enable()
+"""
+
+_CRASH = """\
+    {program}(case, case.body, ctx)
+"""
+
+
+def _signal_names(expected: list[str]) -> list[str]:
+    """``signal SIGSEGV@where`` as the child's status reads: ``signal -11@where``."""
+    import signal
+
+    out = []
+    for text in expected:
+        cause, at, where = text.partition("@")
+        name = cause.removeprefix("signal ")
+        if name.startswith("SIG") and hasattr(signal, name):
+            out.append(f"signal {-int(getattr(signal, name))}{at}{where}")
+    return out
+
+
+def main_source(entry: Entry, signature: str) -> tuple[str, list[str]]:
+    """(the reduced script's ``main``, the carried modules it imports). ``signature`` is what
+    the unreduced script printed for the entry."""
+    case = entry.case
+    program_module, program = case.body.PROGRAM.split(":")
+    judge = get_property(case.property).judge
+    signatures = sorted({signature, entry.signature, *entry.signatures})
+    expression, classes = case_expression(case)
+    imports = {"fuzz._rank.context": ["RankContext"], program_module: [program]}
+    for name, module in classes.items():
+        imports.setdefault(module, []).append(name)
+    kind = entry.kind
+    fields: dict[str, Any] = {"program": program, "signature": signature, "after": HANG_AFTER_S}
+    if kind == "mismatch":
+        imports.setdefault(judge.__module__, []).append(judge.__name__)
+        imports.setdefault("fuzz.verdict", []).extend(["Outcome", "OutcomeKind", "RankReport"])
+        body = _MISMATCH.format(judge=judge.__name__, expected=signatures, **fields)
+    elif kind == "hang":
+        frames = sorted({":".join(e.split(":")[:2]) for e in _expected_exceptions(signatures)})
+        body = _HANG.format(expected=frames, **fields)
+    elif kind == "crash":
+        body = _CRASH.format(**fields)
+    else:
+        body = _EXCEPTION.format(expected=_expected_exceptions(signatures), **fields)
+    lines = [f"    from {module} import {', '.join(sorted(set(names)))}" for module, names in sorted(imports.items())]
+    head = _PRELUDE.format(imports="\n".join(lines), case=expression)
+    if kind == "crash":
+        head = _CRASH_HEAD.format(expected=_signal_names(_expected_exceptions(signatures)), **fields) + head
+    return "def main():\n" + head + body, sorted(imports)

@@ -1,0 +1,146 @@
+"""The specialization stage of reduced reproducers (fuzz/repro/flatten.py, fold.py, harness.py):
+modules merged into one with their names kept apart, expressions folded to what an instrumented
+run saw, and the case written as constructor calls. Fast: no torch in the processes they start."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fuzz.corpus import load_entry
+from fuzz.repro.flatten import flatten
+from fuzz.repro.fold import fold, instrument, read_records
+from fuzz.repro.harness import case_expression
+from tests.conftest import ROOT
+
+ENTRIES = sorted((ROOT / "corpus").glob("*.json"))
+
+A = """
+from fuzz.b import helper as imported
+from fuzz import b
+
+LIMIT = 3
+
+
+def helper(x):
+    return x + LIMIT
+
+
+def run():
+    from fuzz.b import LIMIT as other
+    return helper(1), imported(1), b.helper(2), other
+"""
+
+B = """
+LIMIT = 10
+
+
+def helper(x):
+    return x * LIMIT
+"""
+
+MAIN = """
+def main():
+    from fuzz.a import run
+    print(run())
+"""
+
+
+def test_flatten_keeps_names_of_different_modules_apart() -> None:
+    tree, origins = flatten({"fuzz": "", "fuzz.a": A, "fuzz.b": B}, MAIN)
+    code = ast.unparse(tree)
+    assert "import" not in code.replace("from __future__ import annotations", "")
+    namespace: dict[str, object] = {}
+    exec(compile(code + "\nresult = run()\n", "flat", "exec"), namespace)
+    assert namespace["result"] == (4, 10, 20, 10)
+    assert {origins[name] for name in ("helper", "helper_b")} == {("fuzz.a", "helper"), ("fuzz.b", "helper")}
+
+
+FOLDED = """
+class Config:
+    def __init__(self, steps, name):
+        self.steps = steps
+        self.name = name
+
+
+def run(config, xs):
+    total = 0
+    if config.steps > 1:
+        total += 100
+    for x in xs:
+        if x > 1:
+            total += x
+    return total, config.name
+
+
+def main():
+    print(run(Config(1, "a"), [1, 2, 3]))
+
+
+main()
+"""
+
+
+def test_fold_replaces_what_the_run_saw_once_and_keeps_what_varied(tmp_path: Path) -> None:
+    instrumented = instrument(FOLDED, {"Config"}, {"run", "Config"}, str(tmp_path))
+    script = tmp_path / "s.py"
+    script.write_text(instrumented)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "(5, 'a')", done.stderr
+    code, count = fold(FOLDED, read_records(tmp_path), {"run", "Config"})
+    namespace: dict[str, object] = {}
+    exec(compile(code.replace("\nmain()\n", "\n"), "folded", "exec"), namespace)
+    assert count >= 2
+    assert "config.steps" not in code and "100" not in code  # the branch never taken is gone
+    assert "'a'" in code  # config.name read once: its value
+    assert "if x > 1" in code  # varied: kept
+
+
+@pytest.mark.parametrize("path", ENTRIES, ids=[p.stem for p in ENTRIES])
+def test_case_expression_builds_the_entrys_case(path: Path) -> None:
+    entry = load_entry(path)
+    expression, classes = case_expression(entry.case)
+    namespace: dict[str, object] = {}
+    for name, module in classes.items():
+        exec(f"from {module} import {name}", namespace)
+    assert eval(expression, namespace) == entry.case
+
+
+CLEANED = """
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Failure:
+    kind: str
+    summary: str = ""
+    details: dict = field(default_factory=dict)
+    unread: int = 0
+
+    def never_called(self):
+        return 1
+
+
+def run():
+    step = 3
+    None
+    for name in ("a", "b"):
+        continue
+    return Failure("mismatch", "summary", {"check": "param"}).kind
+"""
+
+
+def test_clean_drops_what_nothing_reads_and_keeps_positional_fields() -> None:
+    from fuzz.repro.fold import clean
+
+    code = clean(CLEANED)
+    namespace: dict[str, object] = {}
+    exec(compile(code, "cleaned", "exec"), namespace)
+    assert namespace["run"]() == "mismatch"  # type: ignore[operator]
+    assert "details" in code and "summary" in code  # passed by position
+    assert "unread" not in code and "never_called" not in code
+    assert "step" not in code and "for name" not in code and "None" not in code
