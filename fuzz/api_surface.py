@@ -310,8 +310,16 @@ def _deprecated(note: str) -> Use:
 
 _V = "(?:variant:)?"
 _NO_COLLECTIVES = (
-    "documented as experimental: False 'will change the format of the saved checkpoint', and nothing documents "
-    "how such a checkpoint is loaded"
+    "False: each rank writes its own __<rank>.metadata and dcp.load, finding no global .metadata, reads each "
+    "rank's own; drawn where every rank loads what it saved (a plain or full state dict, or the same layout): "
+    "across layouts dcp.load silently leaves the parts other ranks saved unloaded (a torch bug, "
+    "docs/state_dict.md); no FSDP1, overwrite, absent, convert or dedup (they read the global metadata)"
+)
+_TORCH_SAVE_READER = (
+    "rank 0 torch.save's the full model state dict (and the extra tensor), every rank loads it with "
+    "dcp.load(storage_reader=BroadcastingTorchSaveReader(), planner=DynamicMetaLoadPlanner()); tensors only, "
+    "into plain tensors (a full state dict, or DDP / replicate / plain models): into DTensors the reader's "
+    "broadcasts hang (a torch bug, docs/state_dict.md)"
 )
 _NO_FLATTEN = (
     "False keeps a nested dict as one pickled object (no resharding, loaded by replacement instead of in "
@@ -326,9 +334,9 @@ _NEWER_DDP = (
     "2.11 does not)"
 )
 _DELAY_BUG = (
-    "torch bug: replicate hands DDP an nn.ParameterList, whose parameters are all the root's own, and DDP "
-    "names those '.<name>' when it leaves the delayed ones out of its reducer, so they stay in it and are "
-    "reduced twice (racing; wrong with static_graph or batched_grad_copy); see strategies/_options.py"
+    "reachable but too rare to count: strategies draw it only where a replicate call manages two trainable "
+    "modules (one to hook, one to delay) and, a torch bug (fuzz.known.DELAY_ALL_REDUCE_ROOT), at the known-bug "
+    "odds; none in 3,000 sampled parity cases. The corpus entry parity-mismatch-28f92215865a exercises it"
 )
 
 #: Item name -> how the suite exercises it. Items torch has and this does not name are unknown.
@@ -344,7 +352,10 @@ USES: dict[str, Use] = {
         pattern=rf"{_V}knob:explicit_unshard",
         note="unshard(async_op=True) and wait() before forward, the unsharded state checked (fuzz.model.Knobs)",
     ),
-    "FSDPModule.reset_iter_state": _not_drawn("recovery after an exception aborted forward or backward"),
+    "FSDPModule.reset_iter_state": _drawn(
+        pattern=rf"{_V}knob:abort_and_reset",
+        note="after a forward aborted by an exception (the documented recovery); must reshard every unit",
+    ),
     "FSDPModule.set_is_last_backward": _drawn(
         pattern=rf"{_V}knob:reshard_after_backward_last", note="with set_reshard_after_backward, per microbatch"
     ),
@@ -388,7 +399,10 @@ USES: dict[str, Use] = {
     "fully_shard(shard_placement_fn)": _drawn("fsdp2.shard_placement"),
     "fully_shard(mp_policy)": _drawn(pattern=rf"{_V}mp:\w+(?::\w+)?"),
     "fully_shard(offload_policy)": _accelerator("CPUOffloadPolicy moves parameters off an accelerator"),
-    "fully_shard(ignored_params)": _not_drawn(),
+    "fully_shard(ignored_params)": _drawn(
+        pattern=r"fully_shard:ignored_params",
+        note="parity only: a module's own parameters stay plain and local (their gradients are not averaged)",
+    ),
     "fully_shard(dp_mesh_dims)": _not_drawn(),
     # replicate, and DistributedDataParallel's parameters, which receive its **kwargs
     "replicate(module)": _drawn("replicate.root", "replicate.sub"),
@@ -456,9 +470,9 @@ USES: dict[str, Use] = {
         "function or the list of ops)",
     ),
     "checkpoint(determinism_check)": _drawn(pattern=rf"{_V}checkpoint_opt:determinism_check:(?:default|none)"),
-    "checkpoint(debug)": _not_drawn(
-        "torch bug: composable checkpoint always hands torch.utils.checkpoint a context_fn of its own, so "
-        "debug=True raises 'debug=True is incompatible with non-default context_fn' at the first forward"
+    "checkpoint(debug)": _drawn(
+        pattern=rf"{_V}checkpoint_opt:debug",
+        note="a torch bug (fuzz.known.CHECKPOINT_DEBUG: composable checkpoint always refuses it), so drawn rarely",
     ),
     "checkpoint(early_stop)": _drawn(pattern=rf"{_V}checkpoint_opt:early_stop:(?:True|False)"),
     # distributed checkpoint
@@ -468,7 +482,7 @@ USES: dict[str, Use] = {
     "dcp.save(planner)": _drawn(pattern="save_planner", note=_WITH_ASYNC, bound="<="),
     "dcp.save(process_group)": _drawn(pattern="process_group:own", note=_WITH_ASYNC, bound="<="),
     "dcp.save(no_dist)": _drawn("dcp.no_dist"),
-    "dcp.save(use_collectives)": _not_drawn(_NO_COLLECTIVES),
+    "dcp.save(use_collectives)": _drawn(pattern="use_collectives:false:save", note=_NO_COLLECTIVES),
     "dcp.async_save(state_dict)": _drawn("dcp.async_save"),
     "dcp.async_save(checkpoint_id)": _drawn(pattern="storage:checkpoint_id", note=_WITH_ASYNC, bound="<="),
     "dcp.async_save(storage_writer)": _drawn("dcp.storage_objects", "dcp.async_cached", note=_WITH_ASYNC, bound="<="),
@@ -480,17 +494,20 @@ USES: dict[str, Use] = {
         "save and async_save alike",
         bound="<=",
     ),
-    "dcp.async_save(async_checkpointer_type)": _not_drawn(
-        "the default (a thread) only; the process-based one starts a checkpointing process with a process "
-        "group of its own per rank, more than a 2-core campaign host carries per case"
+    "dcp.async_save(async_checkpointer_type)": _drawn(
+        pattern="async_checkpointer:process",
+        note="the count is of cases with PROCESS, one async save in 50: its checkpointing process per rank (spawned, "
+        "with a gloo group of its own) costs about 8 s a case on a 2-core CPU; ended after each case",
     ),
-    "dcp.async_save(async_stager)": _not_drawn(
-        "the stager a FileSystemWriter is (cache_staged_state_dict) or DCP's DefaultStager; no other stager is passed"
+    "dcp.async_save(async_stager)": _drawn(
+        pattern="async_stager",
+        note="an explicit DefaultStager(StagingOptions(...)) one async save in four, closed after the case's last "
+        "save; pinned memory and non-blocking copies only with an accelerator",
     ),
     "dcp.async_save(no_dist)": _drawn(
         pattern=r"no_dist:async_save", note="half the no_dist round trips, where this torch's async_save takes it"
     ),
-    "dcp.async_save(use_collectives)": _not_drawn(_NO_COLLECTIVES),
+    "dcp.async_save(use_collectives)": _drawn(pattern="use_collectives:false:async_save", note=_NO_COLLECTIVES),
     "dcp.load(state_dict)": _drawn(pattern=r"load:(?:full|sharded)", note="every dcp case loads"),
     "dcp.load(checkpoint_id)": _drawn(pattern="storage:checkpoint_id"),
     "dcp.load(storage_reader)": _drawn("dcp.storage_objects"),
@@ -510,8 +527,11 @@ USES: dict[str, Use] = {
     "FileSystemWriter(cache_staged_state_dict)": _drawn("dcp.async_cached"),
     "FileSystemWriter(overwrite)": _drawn("dcp.overwrite"),
     "FileSystemWriter(serialization_format)": _not_drawn(
-        "SAFETENSORS writes through the safetensors package, which is not among the project's requirements "
-        "(the Hugging Face storage format); the default (torch.save) only"
+        "SAFETENSORS (with the safetensors package installed) writes a checkpoint that no documented reader loads: "
+        "FileSystemReader, dcp.load's reader for it, reads tensors with torch.load (UnpicklingError 'Weights only "
+        "load failed ... Unsupported operand'), and HuggingFaceStorageReader reads *.safetensors files, not "
+        "FileSystemWriter's __<rank>_<n>.distcp; the parameter is not in FileSystemWriter's docstring (it is "
+        "HuggingFaceStorageWriter's hook); the default (torch.save) only"
     ),
     "FileSystemReader(path)": _drawn(
         "dcp.storage_objects",
@@ -567,11 +587,12 @@ USES: dict[str, Use] = {
     # format utilities
     "format_utils.dcp_to_torch_save": _drawn(pattern="format_utils:convert"),
     "format_utils.torch_save_to_dcp": _drawn(pattern="format_utils:convert"),
-    "format_utils.BroadcastingTorchSaveReader": _not_drawn(
-        "documented as loading tensors only ('Current implementation only supports loading Tensors'): the "
-        "checkpoints here hold Python scalars and param groups; a tensor-only variant is not drawn yet"
+    "format_utils.BroadcastingTorchSaveReader": _drawn(
+        pattern="format_utils:broadcasting_torch_save_reader", note=_TORCH_SAVE_READER
     ),
-    "format_utils.DynamicMetaLoadPlanner": _not_drawn("goes with BroadcastingTorchSaveReader (its N.B.)"),
+    "format_utils.DynamicMetaLoadPlanner": _drawn(
+        pattern="format_utils:broadcasting_torch_save_reader", note="with BroadcastingTorchSaveReader (its N.B.)"
+    ),
 }
 
 

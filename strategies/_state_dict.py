@@ -31,6 +31,7 @@ from typing import TypeVar
 from hypothesis import strategies as st
 
 from fuzz import known
+from fuzz.errors import CaseError
 from fuzz.model import (
     Api,
     Case,
@@ -57,6 +58,7 @@ from fuzz.model import (
     takes_schedule,
     tensor_kind,
 )
+from fuzz.model.state import StagerOptions
 from strategies._cases import _rare_foreach_on_mixed_params, trainings
 from strategies._compositions import _disjoint_subset, compositions, meshes
 from strategies._odds import keep_known, one_in
@@ -598,5 +600,83 @@ def dcp_cases(
     if known.fsdp1_full_offload(body, world_size) and not keep_known(draw, known.FSDP1_FULL_OFFLOAD):
         # known FSDP1 offload_to_cpu bugs on CPU, met through get_*_state_dict: rarely
         body = replace(body, save_cpu_offload=False, load_cpu_offload=False)
+    if plain_apis and one_in(draw, 12):
+        body = _torch_save_variant(draw, body, world_size)
+    body = _async_options(draw, body, accelerator)
+    body = _rank_local(draw, body)
     body = _requires_grad_schedule(draw, body)
     return Case(property="dcp", world_size=world_size, seed=draw(st.integers(0, 2**32 - 1)), body=body)
+
+
+def _valid(body: DcpBody, **changes: object) -> DcpBody | None:
+    """``replace(body, **changes)``, or None where the rules refuse it."""
+    try:
+        return replace(body, **changes)  # type: ignore[arg-type]
+    except CaseError:
+        return None
+
+
+def _async_options(draw: st.DrawFn, body: DcpBody, accelerator: bool) -> DcpBody:
+    """For async saves, where this torch takes them: an explicit DefaultStager one async save
+    in four (pinned memory and non-blocking copies only with an accelerator: on the CPU torch
+    ignores the first and refuses the second), and the process-based checkpointer one in 50
+    (it starts a checkpointing process per rank: about 8 s a case on a 2-core CPU, against
+    about 0.5 s for a dcp case without it, so one in 50 async saves adds about a tenth). Not
+    the stager with a sharded save of an FSDP1 source: DefaultStager meets the known bug of
+    async_save's default stager with ShardedTensors (known.FSDP1_ASYNC_DEFAULT_STAGER)."""
+    if not body.async_save or body.cache_staged:
+        return body
+    stager: StagerOptions | None = None
+    sharded = known.default_stager_copies_sharded(True, False, body.source, body.save_full_state_dict)
+    if torch_has(_DCP, "async_save", "async_stager") and not sharded and one_in(draw, 4):
+        stager = StagerOptions(
+            use_pinned_memory=accelerator and draw(st.booleans()),
+            use_shared_memory=draw(st.booleans()),
+            use_async_staging=draw(st.booleans()),
+            use_non_blocking_copy=accelerator and draw(st.booleans()),
+        )
+    process = torch_has(_DCP, "async_save", "async_checkpointer_type") and one_in(draw, 50)
+    return _valid(body, stager=stager, process_checkpointer=process) or _valid(body, stager=stager) or body
+
+
+def _rank_local(draw: st.DrawFn, body: DcpBody) -> DcpBody:
+    """use_collectives=False one case in three among those that take it (DcpBody's rules: each
+    rank loads what it saved itself), where this torch's save (async_save) takes it."""
+    call = "async_save" if body.async_save else "save"
+    if not torch_has(_DCP, call, "use_collectives") or not one_in(draw, 3):
+        return body
+    return _valid(body, use_collectives=False) or body
+
+
+def _torch_save_variant(draw: st.DrawFn, body: DcpBody, world_size: int) -> DcpBody:
+    """The model (and the extra tensor) torch.save'd by rank 0 in full, loaded with
+    BroadcastingTorchSaveReader and DynamicMetaLoadPlanner into plain tensors on every rank:
+    a full state dict where the target's own tensors are not plain (DTensors meet a torch
+    bug there, DcpBody.torch_save_reader), not offloaded to rank 0. No DCP save options."""
+    entries: tuple[DcpItem, ...] = (DcpItem.MODEL, DcpItem.EXTRA) if draw(st.booleans()) else (DcpItem.MODEL,)
+    entries = tuple(draw(st.permutations(entries)))
+    plain_target = tensor_kind(body.target) == "plain"
+    load_full = body.load_full_state_dict or not plain_target
+    variant = _valid(
+        body,
+        entries=entries,
+        orders=draw(rank_orders(len(entries), world_size=world_size)),
+        skip=(),
+        save_full_state_dict=True,
+        load_full_state_dict=load_full,
+        load_cpu_offload=body.load_cpu_offload and not load_full,
+        module_stateful=False,
+        async_save=False,
+        storage_objects=False,
+        overwrite=Overwrite.NONE,
+        async_saves=0,
+        cache_staged=False,
+        writer=WriterOptions(),
+        save_planner=None,
+        load_planner=None,
+        absent=False,
+        convert=False,
+        own_group=False,
+        torch_save_reader=True,
+    )
+    return variant or body

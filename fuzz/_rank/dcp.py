@@ -328,7 +328,11 @@ def _save_planner(body: DcpBody) -> dict[str, Any]:
         )
         if v != (k == "flatten_sharded_tensors")
     }
-    planner = _recording_planner_class()(**torch_kwargs(DefaultSavePlanner.__init__, options))
+    # The process-based checkpointer pickles the planner to its checkpointing process, which
+    # cannot import a class made in a function: there DefaultSavePlanner itself (dedup, which
+    # needs the recording, is not drawn with it).
+    cls = DefaultSavePlanner if body.process_checkpointer else _recording_planner_class()
+    planner = cls(**torch_kwargs(DefaultSavePlanner.__init__, options))
     _LAST_PLANNER[0] = planner
     return {"planner": planner}
 
@@ -394,15 +398,120 @@ def _save(body: DcpBody, state: dict[str, Any], path: str, overwrite: bool | Non
     import torch.distributed.checkpoint as dcp
 
     kwargs = _writer_kwargs(body, path, overwrite)
+    kwargs.update(_collectives(body))
     if body.async_save:
-        _wait(dcp.async_save(state, **kwargs))
+        stager = _stager(body)
+        try:
+            _wait(dcp.async_save(state, **kwargs, **_async_kwargs(body, stager)))
+        finally:
+            _close(stager)
     else:
         dcp.save(state, **kwargs)
+
+
+def _collectives(body: DcpBody) -> dict[str, Any]:
+    """``{"use_collectives": False}`` for a rank-local save, else {} (torch's default)."""
+    return {} if body.use_collectives else {"use_collectives": False}
+
+
+def _stager(body: DcpBody) -> Any:
+    """The case's ``DefaultStager(StagingOptions(...))`` (body.stager), or None."""
+    if body.stager is None:
+        return None
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    o = body.stager
+    return DefaultStager(
+        StagingOptions(
+            use_pinned_memory=o.use_pinned_memory,
+            use_shared_memory=o.use_shared_memory,
+            use_async_staging=o.use_async_staging,
+            use_non_blocking_copy=o.use_non_blocking_copy,
+        )
+    )
+
+
+def _close(stager: Any) -> None:
+    """async_save documents: "If you provide an async_stager, call close() after the last
+    checkpoint is saved"."""
+    if stager is not None:
+        stager.close()
+
+
+def _async_kwargs(body: DcpBody, stager: Any) -> dict[str, Any]:
+    """async_save's own options: the explicit stager, the process-based checkpointer."""
+    kwargs: dict[str, Any] = {}
+    if stager is not None:
+        kwargs["async_stager"] = stager
+    if body.process_checkpointer:
+        from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+        kwargs["async_checkpointer_type"] = AsyncCheckpointerType.PROCESS
+    return kwargs
+
+
+def _staged(result: Any) -> None:
+    """Wait until async_save's local copy of the state is complete, where it says when
+    (AsyncSaveResponse.staging_completion: "indicates when local copy of state_dict is
+    complete"; an asynchronous stager): only then may the state change."""
+    staging = getattr(result, "staging_completion", None)
+    if staging is not None:
+        staging.result()
+
+
+def _end_checkpoint_process() -> dict[str, Any]:
+    """End this rank's checkpointing process (AsyncCheckpointerType.PROCESS), which torch
+    keeps for the life of the rank (a daemon process, started by the first such save): a case
+    leaves no process behind, and the next one starts its own, as a fresh training job would.
+    torch has no public call for it; this does what the process object's own __del__ does
+    (a TERMINATE request, a join, SIGTERM if it is still alive) and forgets it."""
+    from torch.distributed.checkpoint import _async_process_executor as executor
+
+    process = getattr(executor, "_CHECKPOINT_PROCESS", None)
+    if process is None:
+        return {"started": False, "alive_after": False}
+    executor._CHECKPOINT_PROCESS = None
+    child = process._save_process
+    try:
+        if child.is_alive():
+            process._send(executor._CheckpointSaveProcessControlOpts.TERMINATE)
+            child.join(timeout=10)
+    finally:
+        if child.is_alive():
+            child.terminate()
+            child.join(timeout=10)
+    return {"started": True, "alive_after": child.is_alive(), "exitcode": child.exitcode}
+
+
+#: The file rank 0 torch.save's for DcpBody.torch_save_reader, inside the case's directory.
+TORCH_SAVE_FILE = "torch_save.pt"
+
+
+def _torch_save(state: dict[str, Any], path: str, ctx: RankContext) -> None:
+    """Rank 0 torch.save's the state (the full model state dict, the extra tensor) to a file
+    in ``path``, which every rank then loads (torch_save_reader)."""
+    # A Stateful (the patched model) is saved as its state dict, as dcp.save would take it
+    # (its state_dict may gather: every rank calls it).
+    plain = {k: v if isinstance(v, (dict, torch.Tensor)) else v.state_dict() for k, v in state.items()}
+    if ctx.rank == 0:
+        os.makedirs(path, exist_ok=True)
+        torch.save(plain, os.path.join(path, TORCH_SAVE_FILE))
+    dist.barrier()
 
 
 def _load(body: DcpBody, state: dict[str, Any], path: str) -> None:
     import torch.distributed.checkpoint as dcp
 
+    if body.torch_save_reader:
+        from torch.distributed.checkpoint.format_utils import BroadcastingTorchSaveReader, DynamicMetaLoadPlanner
+
+        dcp.load(
+            state,
+            storage_reader=BroadcastingTorchSaveReader(),
+            planner=DynamicMetaLoadPlanner(),
+            checkpoint_id=os.path.join(path, TORCH_SAVE_FILE),
+        )
+        return
     kwargs: dict[str, Any] = {"no_dist": True} if body.no_dist else {}
     kwargs.update(_load_planner(body))
     kwargs.update(_group(body))
@@ -530,14 +639,40 @@ def _save_in_flight(
     ``steps_after`` steps of resuming after the last (into ``path``). The checkpoint must hold
     the state at its async_save call, whatever the training changed while it was written.
     With ``cache_staged`` one FileSystemWriter(cache_staged_state_dict=True) stages them all,
-    its cache reused from the second save on."""
-    import torch.distributed.checkpoint as dcp
-
+    its cache reused from the second save on; with ``stager`` one explicit DefaultStager
+    stages them all and is closed after the last."""
     t, n = body.training, body.async_saves
     first = t.steps - (n - 1)
     obs: dict[str, Any] = {"losses_before": train_steps(src, data[:first], ctx)}
     writer = _writer(body, path, cache_staged_state_dict=True) if body.cache_staged else None
     group = _async_group(ctx)
+    stager = _stager(body)  # one stager for all the saves, closed after the last
+    try:
+        _saves_in_flight(body, case, src, ctx, data, get, put, path, obs, writer, group, stager)
+    finally:
+        _close(stager)
+    return obs
+
+
+def _saves_in_flight(
+    body: DcpBody,
+    case: Case,
+    src: Side,
+    ctx: RankContext,
+    data: list[Any],
+    get: Options,
+    put: Options,
+    path: str,
+    obs: dict[str, Any],
+    writer: Any,
+    group: Any,
+    stager: Any,
+) -> None:
+    """The saves of :func:`_save_in_flight`, their observations added to ``obs``."""
+    import torch.distributed.checkpoint as dcp
+
+    t, n = body.training, body.async_saves
+    first = t.steps - (n - 1)
     for k in range(n):
         last = k == n - 1
         where = path if last else os.path.join(path, f"early-{k}")
@@ -548,14 +683,15 @@ def _save_in_flight(
         else:
             kwargs = _writer_kwargs(body, where)
         kwargs["process_group"] = group  # the same group own_group passes
-        result = dcp.async_save(state, **kwargs)
+        kwargs.update(_collectives(body))
+        result = dcp.async_save(state, **kwargs, **_async_kwargs(body, stager))
+        _staged(result)  # the source trains on only once its state is copied
         if not last:
             obs["losses_before"] += train_steps(src, data[first + k : first + k + 1], ctx)
         else:
             obs["saved"] = _observe_saved(body, case, src, ctx, values)
             obs["source_done"] = resume_source(case, src, data[t.steps :], ctx)
         _wait(result)
-    return obs
 
 
 def _observe_entries(values: dict[DcpItem, Any]) -> dict[str, Any]:
@@ -571,6 +707,18 @@ def _observe_entries(values: dict[DcpItem, Any]) -> dict[str, Any]:
 
 
 def run_dcp(case: Case, body: DcpBody, ctx: RankContext) -> dict[str, Any]:
+    if not body.process_checkpointer:
+        return _run_dcp(case, body, ctx)
+    obs: dict[str, Any] = {}
+    try:
+        obs = _run_dcp(case, body, ctx)
+    finally:
+        ended = _end_checkpoint_process()
+    obs["checkpoint_process"] = ended
+    return obs
+
+
+def _run_dcp(case: Case, body: DcpBody, ctx: RankContext) -> dict[str, Any]:
     t = body.training
     get_save = _options(body.save_full_state_dict, body.save_cpu_offload, load=False)
     get_load = _options(body.load_full_state_dict, body.load_cpu_offload, load=False)
@@ -606,6 +754,8 @@ def run_dcp(case: Case, body: DcpBody, ctx: RankContext) -> dict[str, Any]:
             state = _arrange(body, values, ctx)
             if body.overwrite is not Overwrite.NONE:
                 obs["overwrite"] = _save_over(body, state, path, ctx)
+            elif body.torch_save_reader:
+                _torch_save(state, own, ctx)
             else:
                 if body.no_dist:
                     dist.barrier()  # rank 0 has cleared the case's directory before anyone writes

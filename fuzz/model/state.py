@@ -507,6 +507,26 @@ class LoadPlannerOptions:
     allow_partial_load: bool = False
 
 
+@dataclass(frozen=True)
+class StagerOptions:
+    """``DefaultStager(StagingOptions(...))`` passed to ``dcp.async_save`` as ``async_stager``
+    (closed after the case's last save, as async_save documents for a stager the caller
+    provides). The defaults here are what async_save's own stager uses (all off), not
+    StagingOptions' (all on): ``use_pinned_memory`` and ``use_non_blocking_copy`` need an
+    accelerator (without one torch ignores the first with a warning and refuses the second),
+    so the strategies draw them only for one."""
+
+    use_pinned_memory: bool = False
+    use_shared_memory: bool = False
+    use_async_staging: bool = False
+    use_non_blocking_copy: bool = False
+
+    def features(self) -> list[str]:
+        """``async_stager`` and ``async_stager:<option>`` for each option that is on."""
+        names = ("pinned_memory", "shared_memory", "async_staging", "non_blocking_copy")
+        return ["async_stager"] + [f"async_stager:{n}" for n in names if getattr(self, f"use_{n}")]
+
+
 class DcpMode(str, enum.Enum):
     ROUND_TRIP = "round_trip"  # save, load into a fresh model, compare, train both on
     SAVE_ONLY = "save_only"  # train, save into checkpoint_dir, report what was saved
@@ -601,6 +621,23 @@ class DcpBody(Body):
     own_group: bool = False
     #: Leaves frozen and unfrozen between steps (:class:`RequiresGrad`).
     requires_grad: tuple[RequiresGrad, ...] = ()
+    #: An explicit ``DefaultStager(StagingOptions(...))`` as async_save's ``async_stager`` (None:
+    #: the writer's staging with storage_objects, else async_save's own DefaultStager).
+    stager: StagerOptions | None = None
+    #: ``async_checkpointer_type=AsyncCheckpointerType.PROCESS``: the saves run in a
+    #: checkpointing process of each rank's own (with a gloo group of those processes), ended
+    #: after the case.
+    process_checkpointer: bool = False
+    #: False: dcp.save / async_save(use_collectives=False): each rank plans and writes alone
+    #: and keeps its own metadata (``__<rank>.metadata``); dcp.load, finding no global
+    #: ``.metadata``, falls back to each rank's own and loads without collectives.
+    use_collectives: bool = True
+    #: Instead of a DCP save, rank 0 torch.save's the model's full state dict (and the extra
+    #: tensor) to a file, which every rank loads with dcp.load(storage_reader=
+    #: format_utils.BroadcastingTorchSaveReader(), planner=DynamicMetaLoadPlanner(),
+    #: checkpoint_id=file): "read the entire checkpoint on the coordinator rank, and then
+    #: broadcast and shard each tensor to all ranks" (tensors only).
+    torch_save_reader: bool = False
 
     def __post_init__(self) -> None:
         _check_common(self.tree, self.source, self.target, self.training, self.steps_after, self.target_meta_init)
@@ -608,6 +645,11 @@ class DcpBody(Body):
         _check_frozen_in_optimizer(self.tree, self.frozen_in_optimizer)
         _check_schedule(self)
         self._check_options()
+        self._check_async_options()
+        if not self.use_collectives:
+            self._check_rank_local()
+        if self.torch_save_reader:
+            self._check_torch_save_reader()
         entries = self.entries
         if not entries or len(set(entries)) != len(entries):
             raise CaseError("entries", f"{[e.value for e in entries]} must be non-empty and name each entry once")
@@ -727,6 +769,93 @@ class DcpBody(Body):
                 # down the re-flattening path of a known FSDP1 bug (fsdp1_dcp_empty_shard);
                 # convert: FSDP1's own optimizer state is not observed in full.
                 raise CaseError(name, "is drawn for fully_shard / replicate / DDP / plain models, no FSDP1 side")
+
+    def _check_async_options(self) -> None:
+        """stager, process_checkpointer."""
+        for name in ("stager", "process_checkpointer"):
+            if getattr(self, name) in (None, False):
+                continue
+            if not self.async_save:
+                raise CaseError(name, "is an async_save option: needs async_save")
+            if self.cache_staged:
+                # the writer's staging cache is the writer's own stager; an explicit stager replaces it
+                raise CaseError(name, "not with cache_staged (the writer's own staging)")
+        if self.process_checkpointer and (self.no_dist or self.deadlock):
+            # The checkpointing processes form a process group of their own over every rank.
+            raise CaseError("process_checkpointer", "runs the saves of every rank in a group of processes: not no_dist")
+        if self.process_checkpointer and self.save_planner is not None and self.save_planner.dedup_save_to_lowest_rank:
+            # the save's local plan, which the dedup check records, is made in the checkpointing process
+            raise CaseError("process_checkpointer", "the dedup check records the plan in the rank: not with dedup")
+
+    def _check_rank_local(self) -> None:
+        """use_collectives=False: each rank writes its own metadata, and dcp.load then reads on
+        each rank only what that rank saved. So every rank's own checkpoint must hold what
+        that rank loads: every tensor in full (a plain source's state dict, or a full one not
+        offloaded to rank 0), or, sharded, the same layout on both sides. Across layouts
+        dcp.load loads the overlap with the rank's own shards and leaves the rest of each
+        tensor as it was, without an error (a torch bug, docs/state_dict.md,
+        "use_collectives=False"): not drawn."""
+        if self.mode is not DcpMode.ROUND_TRIP or self.no_dist or self.deadlock:
+            raise CaseError("use_collectives", "False is drawn for collective round trips")
+        if is_fsdp1(self.source) or is_fsdp1(self.target):
+            # the classic recipe's load_sharded_optimizer_state_dict reads the global .metadata
+            raise CaseError("use_collectives", "False is drawn for fully_shard / replicate / DDP / plain models")
+        for name in ("overwrite", "absent", "convert"):
+            if getattr(self, name) not in (False, Overwrite.NONE):
+                # overwrite: checked against rank 0's metadata; absent: the planner's refusal is
+                # raised without collectives (no CheckpointException); convert and dedup read
+                # the global metadata.
+                raise CaseError(name, "reads or refuses through the global metadata: not with use_collectives=False")
+        if self.save_planner is not None and self.save_planner.dedup_save_to_lowest_rank:
+            raise CaseError("save_planner.dedup_save_to_lowest_rank", "dedups across ranks: needs use_collectives")
+        if self.save_full_state_dict and self.save_cpu_offload:
+            raise CaseError(
+                "save_cpu_offload", "a full state dict offloaded is on rank 0 only: other ranks save nothing"
+            )
+        full_everywhere = self.save_full_state_dict or tensor_kind(self.source) == "plain"
+        if not full_everywhere and (self.source != self.target or self.load_full_state_dict):
+            raise CaseError(
+                "target",
+                "a sharded save without collectives loads into the same layout only (each rank reads its own)",
+            )
+
+    def _check_torch_save_reader(self) -> None:
+        """torch_save_reader: "Current implementation only supports loading Tensors", so the
+        checkpoint is the model (and the extra tensor); the file holds the full state dict,
+        saved by rank 0. The dict loaded holds plain tensors on every rank (a full state dict
+        not offloaded, or a model whose own tensors are plain): into DTensors (fully_shard) the
+        reader's broadcasts hang (a torch bug, docs/state_dict.md), and a rank that loads
+        nothing (full, offloaded) skips the broadcasts the others issue."""
+        if set(self.entries) - {DcpItem.MODEL, DcpItem.EXTRA} or DcpItem.MODEL not in self.entries:
+            raise CaseError("entries", "BroadcastingTorchSaveReader loads tensors only: the model and extra")
+        if not self.save_full_state_dict:
+            raise CaseError("save_full_state_dict", "the torch.save file holds the full state dict")
+        if is_fsdp1(self.source) or is_fsdp1(self.target):
+            raise CaseError("torch_save_reader", "is drawn for fully_shard / replicate / DDP / plain models")
+        plain = (self.load_full_state_dict and not self.load_cpu_offload) or (
+            not self.load_full_state_dict and tensor_kind(self.target) == "plain"
+        )
+        if not plain:
+            raise CaseError("load_full_state_dict", "the reader broadcasts into plain tensors on every rank")
+        changed = [
+            name
+            for name, on in (
+                ("async_save", self.async_save),
+                ("storage_objects", self.storage_objects),
+                ("no_dist", self.no_dist),
+                ("convert", self.convert),
+                ("absent", self.absent),
+                ("own_group", self.own_group),
+                ("deadlock", self.deadlock),
+                ("save_planner", self.save_planner is not None),
+                ("load_planner", self.load_planner is not None),
+                ("use_collectives", not self.use_collectives),
+                ("mode", self.mode is not DcpMode.ROUND_TRIP),
+            )
+            if on
+        ]
+        if changed:
+            raise CaseError(changed[0], "the torch.save round trip takes no DCP save or load option")
 
     def _check_no_dist(self) -> None:
         if not (is_plain(self.source) and is_plain(self.target)):

@@ -487,7 +487,12 @@ MISSING_KEY = "Missing key in checkpoint state_dict: absent"
 
 def _check_dcp_options(prop: str, where: str, body: DcpBody, observations: list[dict[str, Any]]) -> Failure | None:
     """The oracles of the options that have one beyond the exact round trip: absent (with and
-    without allow_partial_load), dedup_save_to_lowest_rank, and the format_utils conversion."""
+    without allow_partial_load), dedup_save_to_lowest_rank, the format_utils conversion, and
+    the checkpointing process of AsyncCheckpointerType.PROCESS ended after the case."""
+    if body.process_checkpointer:
+        failure = _check_checkpoint_process(prop, where, observations)
+        if failure is not None:
+            return failure
     if body.absent:
         failure = _check_absent(prop, where, body, observations)
         if failure is not None:
@@ -498,6 +503,24 @@ def _check_dcp_options(prop: str, where: str, body: DcpBody, observations: list[
             return failure
     if body.convert:
         return _check_converted(prop, where, body, observations[0])
+    return None
+
+
+def _check_checkpoint_process(prop: str, where: str, observations: list[dict[str, Any]]) -> Failure | None:
+    """async_save(async_checkpointer_type=PROCESS) started a checkpointing process on every
+    rank, and it ended when asked to (TERMINATE, as the process object's own cleanup does):
+    the pool's ranks run case after case, so none may be left behind."""
+    for rank, obs in enumerate(observations):
+        ended = obs.get("checkpoint_process", {})
+        if not ended.get("started") or ended.get("alive_after"):
+            return _mismatch(
+                prop,
+                "checkpoint_process",
+                where,
+                f"rank {rank}: the checkpointing process of AsyncCheckpointerType.PROCESS "
+                + ("was never started" if not ended.get("started") else "was still alive after TERMINATE and SIGTERM"),
+                observed=ended,
+            )
     return None
 
 
@@ -783,6 +806,14 @@ def _dcp_option_features(body: DcpBody) -> list[str]:
         out.append("format_utils:convert")
     if body.own_group:
         out.append("process_group:own")
+    if body.stager is not None:
+        out += body.stager.features()
+    if body.process_checkpointer:
+        out.append("async_checkpointer:process")
+    if not body.use_collectives:
+        out.append("use_collectives:false:" + ("async_save" if body.async_save else "save"))
+    if body.torch_save_reader:
+        out.append("format_utils:broadcasting_torch_save_reader")
     return out
 
 
