@@ -382,12 +382,19 @@ USES: dict[str, Use] = {
     "FSDPModule.set_reduce_scatter_divide_factor": _deprecated("its docstring: use set_gradient_divide_factor"),
     "FSDPModule.set_gradient_divide_factor": _drawn(pattern="knob:gradient_divide_factor"),
     "FSDPModule.set_force_sum_reduction_for_comms": _drawn(pattern=rf"{_V}knob:force_sum_reduction"),
-    "FSDPModule.set_reduce_scatter_unused_params": _not_drawn(),
-    "FSDPModule.set_reduce_scatter_max_input_buffers": _not_drawn("experimental"),
+    "FSDPModule.set_reduce_scatter_unused_params": _drawn(
+        pattern=rf"{_V}knob:reduce_scatter_unused",
+        note="only without skipped modules, where every trainable parameter gets a gradient and the zeros it adds "
+        "must change nothing; ranks that use different parameters are not drawn yet",
+    ),
+    "FSDPModule.set_reduce_scatter_max_input_buffers": _drawn(
+        pattern=rf"{_V}knob:rs_max_buffers", note="experimental; 1 to 3 buffers in flight must not change numerics"
+    ),
     "FSDPModule.set_separate_reduce_scatter_group": _not_drawn("experimental"),
     "FSDPModule.set_unshard_in_backward": _not_drawn(),
-    "FSDPModule.set_allocate_memory_from_process_group_for_comm": _not_drawn(
-        "staging buffers from the process group's allocator (falls back to torch.empty without one)"
+    "FSDPModule.set_allocate_memory_from_process_group_for_comm": _drawn(
+        pattern=rf"{_V}knob:pg_allocator",
+        note="staging buffers from the process group's allocator (gloo has none: torch.empty); numerics unchanged",
     ),
     "FSDPModule.set_symm_mem_for_comm": _accelerator("NCCL symmetric memory"),
     # fully_shard

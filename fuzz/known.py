@@ -385,6 +385,18 @@ DELAY_BUFFER_FLOAT32 = KnownBug(
     state="present in torch 2.13.0",
     see_also=("pytorch/pytorch#95669",),
 )
+STAGER_REUSED_AFTER_CLOSE = KnownBug(
+    "default-stager-reused-after-close",
+    "dcp.async_save(async_stager=DefaultStager(...)) reused for a second save: DefaultStager._stage closes "
+    "its StateDictStager after every stage, which empties its copy dispatch table, and the next stage "
+    "raises KeyError: <class 'type'> in deepcopy_with_tensor_offload",
+    upstream="pytorch/pytorch#183413",
+    relation="same bug (a regression of the pull request in see_also, which added the close)",
+    state="present in torch 2.11; torch 2.13.0 stages again after a close",
+    see_also=("pytorch/pytorch#170431", "pytorch/torchtitan#3476"),
+    fixed_in="2.13",
+    docs="docs/state_dict.md",
+)
 COMPILED_UNFREEZE_PLAIN = KnownBug(
     "compile-unfrozen-plain-param-no-recompile",
     "torch.compile (aot_eager) of a module whose plain (non-DTensor) parameter was frozen when it was "
@@ -432,6 +444,7 @@ BUGS: dict[str, KnownBug] = {
         DELAY_ALL_REDUCE_ROOT,
         COMPILED_UNFREEZE_PLAIN,
         DELAY_BUFFER_FLOAT32,
+        STAGER_REUSED_AFTER_CLOSE,
     )
 }
 
@@ -643,6 +656,11 @@ def selective_over_unit(comp: Composition) -> bool:
 def delayed_all_reduce(comp: Composition) -> bool:
     """replicate with delay_all_reduce_named_params (:data:`DELAY_ALL_REDUCE_ROOT`)."""
     return bool(comp.replicates) and comp.replicate_options.delay_all_reduce
+
+
+def stager_reused(body: Body) -> bool:
+    """An explicit DefaultStager given to more than one async_save (:data:`STAGER_REUSED_AFTER_CLOSE`)."""
+    return isinstance(body, DcpBody) and body.stager is not None and body.async_saves >= 2
 
 
 def delayed_not_float32(comp: Composition, training: Training) -> bool:
@@ -992,6 +1010,7 @@ CONDITIONS: tuple[tuple[KnownBug, Callable[[Case], bool]], ...] = (
     (DELAY_ALL_REDUCE_ROOT, lambda case: any(delayed_all_reduce(c) for c in _comps(case))),
     (COMPILED_UNFREEZE_PLAIN, _with_training(lambda c, training, _: compiled_unfreeze_ignored(c, training))),
     (DELAY_BUFFER_FLOAT32, _with_training(lambda c, training, _: delayed_not_float32(c, training))),
+    (STAGER_REUSED_AFTER_CLOSE, _saving(lambda case: stager_reused(case.body))),
 )
 
 

@@ -347,6 +347,13 @@ def fsdp_knobs(
         and _fsdp_has("reset_iter_state")
     ):
         fields["abort_and_reset"] = draw(st.sampled_from([False, False, True]))
+    if _fsdp_has("set_allocate_memory_from_process_group_for_comm"):
+        fields["pg_allocator"] = draw(st.sampled_from([False, False, True]))
+    if _fsdp_has("set_reduce_scatter_max_input_buffers"):
+        fields["rs_max_buffers"] = draw(st.sampled_from([0, 0, 1, 2, 3]))
+    if _fsdp_has("set_reduce_scatter_unused_params"):
+        # dropped again where the training skips modules (fuzz.model.rules.check_training)
+        fields["reduce_scatter_unused"] = draw(st.sampled_from([False, False, True]))
     if scaling:
         fields["all_reduce_hook_scale"] = draw(st.sampled_from([None, 2.0, None, 0.5]))
         shard_size = comp.mesh[1] if comp.mesh else world_size

@@ -635,6 +635,13 @@ def _async_options(draw: st.DrawFn, body: DcpBody, accelerator: bool) -> DcpBody
             use_async_staging=draw(st.booleans()),
             use_non_blocking_copy=accelerator and draw(st.booleans()),
         )
+    if (
+        stager is not None
+        and known.stager_reused(replace(body, stager=stager))
+        and _present(known.STAGER_REUSED_AFTER_CLOSE)
+    ):
+        # torch 2.11 closes the stager after each stage and cannot reuse it (a known bug): rarely
+        stager = stager if keep_known(draw, known.STAGER_REUSED_AFTER_CLOSE) else None
     process = torch_has(_DCP, "async_save", "async_checkpointer_type") and one_in(draw, 50)
     return _valid(body, stager=stager, process_checkpointer=process) or _valid(body, stager=stager) or body
 

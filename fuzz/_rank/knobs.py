@@ -62,9 +62,16 @@ class KnobState:
                 module.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]
             if k.gradient_divide_factor is not None:
                 module.set_gradient_divide_factor(k.gradient_divide_factor)  # type: ignore[operator]
+            if k.pg_allocator:
+                module.set_allocate_memory_from_process_group_for_comm(True)  # type: ignore[operator]
         if k.late_reshard_after_forward is not None:
             for root in roots:
                 root.set_reshard_after_forward(k.late_reshard_after_forward)  # type: ignore[operator]
+        for root in roots:
+            if k.rs_max_buffers:
+                root.set_reduce_scatter_max_input_buffers(k.rs_max_buffers)  # type: ignore[operator]
+            if k.reduce_scatter_unused:
+                root.set_reduce_scatter_unused_params(True)  # type: ignore[operator]
 
     def _prefetch(self, units: list[ShardSpec]) -> None:
         """Prefetch among the units of one FSDP root (``units`` in forward order, the root

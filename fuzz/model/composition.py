@@ -105,6 +105,14 @@ class Knobs:
       "reshards every parameter group", which the rank checks). The aborted forward's RNG draws
       are undone, so training must match the reference. Only with fully_shard on the root, no
       replicate and no explicit unshard.
+    - ``pg_allocator``: ``set_allocate_memory_from_process_group_for_comm(True)`` on every unit
+      (staging buffers from the process group's allocator, or ``torch.empty`` without one).
+    - ``rs_max_buffers``: ``set_reduce_scatter_max_input_buffers(k)`` (recursive) on every root
+      unit, ``k`` reduce-scatter input buffers in flight ("the memory<->overlap dial").
+    - ``reduce_scatter_unused``: ``set_reduce_scatter_unused_params(True)`` (recursive) on
+      every root unit: zero gradients for parameters that got none, so only where every
+      trainable parameter gets one on every microbatch (no skipped modules,
+      ``fuzz.model.rules.check_training``), where it must change nothing.
 
     Gradients scaled as documented (``parity`` only; the reference scales its gradients the
     same way, :meth:`fuzz.model.Layout.gradient_scale`):
@@ -127,8 +135,13 @@ class Knobs:
     gradient_divide_factor: float | None = None
     force_sum_reduction: bool = False
     abort_and_reset: bool = False
+    pg_allocator: bool = False
+    rs_max_buffers: int = 0
+    reduce_scatter_unused: bool = False
 
     def __post_init__(self) -> None:
+        if not 0 <= self.rs_max_buffers <= 4:
+            raise CaseError("rs_max_buffers", f"rs_max_buffers={self.rs_max_buffers} is outside 0..4 (0: not set)")
         if self.abort_and_reset and self.explicit_unshard:
             raise CaseError("abort_and_reset", "not drawn with explicit_unshard")
         for name in ("forward_prefetch", "backward_prefetch"):

@@ -260,6 +260,11 @@ def check_training(tree: ModuleTree, comps: tuple[Composition, ...], t: Training
                 raise CaseError(f"{where}.unfreeze[{i}].path", "FSDP1 no_sync() with a leaf unfrozen later")
     for comp in comps:
         k = comp.knobs
+        if k.reduce_scatter_unused and t.skips:
+            # zero gradients for the skipped modules' parameters would move them under momentum or
+            # Adam; the reference leaves them untouched. Without skips every trainable parameter
+            # gets a gradient, and the knob must change nothing.
+            raise CaseError(f"{where}.skips", "set_reduce_scatter_unused_params is drawn without skipped modules")
         if k.is_set and t.compile is not Compile.NONE:
             raise CaseError(f"{where}.compile", "FSDPModule knobs are not drawn with torch.compile")
         if (
