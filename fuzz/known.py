@@ -971,6 +971,11 @@ def _unfrozen_unresharded(case: Case) -> bool:
     return _per_comp(unfrozen_unresharded_unit)(case)
 
 
+def _fsdp1_frozen_source(case: Case) -> bool:
+    body = case.body
+    return isinstance(body, (StateDictBody, DcpBody)) and fsdp1_frozen_unit(body.source, body.tree)
+
+
 def _fsdp1_unfrozen_frozen_unit(case: Case) -> bool:
     return _per_comp(lambda t, c, tr: fsdp1_unfrozen_in_frozen_unit(t, c, tr, case.world_size))(case)
 
@@ -983,7 +988,7 @@ def _fsdp1_unfrozen_frozen_unit(case: Case) -> bool:
 CONDITIONS: tuple[tuple[KnownBug, Callable[[Case], bool]], ...] = (
     (INT_RESHARD_DIM1, lambda case: any(int_reshard_dim1(c) for c in _comps(case))),
     (FSDP1_HSDP_SHARD1, lambda case: any(fsdp1_shard1(c) for c in _comps(case))),
-    (FSDP1_FROZEN_UNIT, _saving(lambda case: fsdp1_frozen_unit(case.body.source, case.body.tree))),
+    (FSDP1_FROZEN_UNIT, _fsdp1_frozen_source),
     (FSDP1_FULL_OFFLOAD, _saving(lambda case: fsdp1_full_offload(case.body, case.world_size))),
     (FSDP1_DCP_STATELESS, _saving(lambda case: fsdp1_dcp_stateless(case.body))),
     (FSDP1_DCP_EMPTY_SHARD, _saving(lambda case: fsdp1_dcp_empty_shard(case.body, case.world_size))),
