@@ -27,8 +27,9 @@ settings.register_profile(
     derandomize=True,
     deadline=None,
     database=None,
-    # 30 keeps a 2-core CI run of the whole suite near 15 minutes; campaigns go deeper.
-    max_examples=30,
+    # 25 keeps a 2-core CI run of the whole suite under 20 minutes as the suite grows (30 took
+    # 18 minutes before the latest properties); campaigns go deeper.
+    max_examples=25,
     print_blob=True,
     suppress_health_check=[HealthCheck.too_slow],
 )
