@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=bebc956140003722 sources=f39ac8dd53b677ff seconds=86.3
+# shardfuzz reduced reproducer: entry=7db4623c371e95e0 sources=055acc69e02fb753 seconds=26.5
 """Reproduces shardfuzz corpus entry dcp-exception-11c7f72baa01.json: exception:dcp:torch.distributed.checkpoint.api.CheckpointException@torch/distributed/checkpoint/default_planner.py:create_default_local_load_plan
 
 Observed: dcp.load of an FSDP1 sharded state dict where a rank holds no chunk of a parameter,
@@ -147,6 +147,10 @@ class Knobs:
     all_reduce_hook_scale: object = None
     gradient_divide_factor: object = None
     force_sum_reduction: object = False
+    abort_and_reset: object = False
+    pg_allocator: object = False
+    rs_max_buffers: object = 0
+    reduce_scatter_unused: object = False
 
     def __post_init__(self):
         for name in ('forward_prefetch', 'backward_prefetch'):

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=953a1920574bab43 sources=f39ac8dd53b677ff seconds=80.0
+# shardfuzz reduced reproducer: entry=8228996f6fd4be5a sources=055acc69e02fb753 seconds=73.7
 """Reproduces shardfuzz corpus entry dcp-hang-96de59c34a50.json: hang:dcp@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone
 
 Observed: set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0 pass an
@@ -177,6 +177,10 @@ class Knobs:
     all_reduce_hook_scale: object = None
     gradient_divide_factor: object = None
     force_sum_reduction: object = False
+    abort_and_reset: object = False
+    pg_allocator: object = False
+    rs_max_buffers: object = 0
+    reduce_scatter_unused: object = False
 
     def __post_init__(self):
         for name in ('forward_prefetch', 'backward_prefetch'):

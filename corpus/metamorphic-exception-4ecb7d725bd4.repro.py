@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=e71df599a7472099 sources=17bd3c4fe9bc0a76 seconds=53.3
+# shardfuzz reduced reproducer: entry=b70c2e5a97a91067 sources=e14b2777dea90300 seconds=34.1
 """Reproduces shardfuzz corpus entry metamorphic-exception-4ecb7d725bd4.json: exception:metamorphic:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out
 
 Observed: FSDP2's backward all-gather raises IndexError in foreach_all_gather_copy_out for a

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=da647cc24c7bc888 sources=17bd3c4fe9bc0a76 seconds=36.0
+# shardfuzz reduced reproducer: entry=7cab03442e860cb4 sources=e14b2777dea90300 seconds=23.2
 """Reproduces shardfuzz corpus entry metamorphic-exception-7ac48053331b.json: exception:metamorphic:builtins.RuntimeError@torch/optim/sgd.py:_multi_tensor_sgd
 
 Observed: rank 0 raised builtins.RuntimeError: aten._foreach_add_.List got mixed torch.Tensor

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=c28803b1c8253da4 sources=17bd3c4fe9bc0a76 seconds=105.9
+# shardfuzz reduced reproducer: entry=3f8de5dcf0f7988f sources=e14b2777dea90300 seconds=59.7
 """Reproduces shardfuzz corpus entry metamorphic-exception-f2b0e694e1b5.json: exception:metamorphic:torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/conv.py:_conv_forward
 
 Observed: torch.compile over FSDP1 (use_orig_params=True, sharded): Dynamo recompiles the
@@ -358,6 +358,21 @@ class Knobs:
       that the root's own parameters are registered unsharded (full size, the values of the
       sharded ones), ``reshard()``, a check that they are sharded again, then
       ``unshard(async_op=True)`` once more, whose wait forward does (its documented note).
+    - ``abort_and_reset``: before the first step, a forward that an exception aborts midway (a
+      forward hook of the last module holding parameters that runs), then ``reset_iter_state()``
+      on the root unit, the documented recovery ("Catch the exception ... Call
+      reset_iter_state() on the root FSDP module ... Run the next iteration normally"; it
+      "reshards every parameter group", which the rank checks). The aborted forward's RNG draws
+      are undone, so training must match the reference. Only with fully_shard on the root, no
+      replicate and no explicit unshard.
+    - ``pg_allocator``: ``set_allocate_memory_from_process_group_for_comm(True)`` on every unit
+      (staging buffers from the process group's allocator, or ``torch.empty`` without one).
+    - ``rs_max_buffers``: ``set_reduce_scatter_max_input_buffers(k)`` (recursive) on every root
+      unit, ``k`` reduce-scatter input buffers in flight ("the memory<->overlap dial").
+    - ``reduce_scatter_unused``: ``set_reduce_scatter_unused_params(True)`` (recursive) on
+      every root unit: zero gradients for parameters that got none, so only where every
+      trainable parameter gets one on every microbatch (no skipped modules,
+      ``fuzz.model.rules.check_training``), where it must change nothing.
 
     Gradients scaled as documented (``parity`` only; the reference scales its gradients the
     same way, :meth:`fuzz.model.Layout.gradient_scale`):
@@ -378,8 +393,16 @@ class Knobs:
     all_reduce_hook_scale: object = None
     gradient_divide_factor: object = None
     force_sum_reduction: object = False
+    abort_and_reset: object = False
+    pg_allocator: object = False
+    rs_max_buffers: object = 0
+    reduce_scatter_unused: object = False
 
     def __post_init__(self) -> None:
+        if not 0 <= self.rs_max_buffers <= 4:
+            raise CaseError('rs_max_buffers', f'rs_max_buffers={self.rs_max_buffers} is outside 0..4 (0: not set)')
+        if self.abort_and_reset and self.explicit_unshard:
+            raise CaseError('abort_and_reset', 'not drawn with explicit_unshard')
         for name in ('forward_prefetch', 'backward_prefetch'):
             if not 0 <= getattr(self, name) <= 3:
                 raise CaseError(name, f'{name}={getattr(self, name)} is outside 0..3')
@@ -577,6 +600,8 @@ class Composition:
             raise CaseError('knobs.late_reshard_after_forward', 'not drawn with replicate')
         if self.knobs.late_reshard_after_forward is not None and any((not isinstance(s.reshard_after_forward, bool) for s in self.shards)):
             raise CaseError('knobs.late_reshard_after_forward', 'not drawn with an int reshard_after_forward')
+        if self.knobs.abort_and_reset and ('' not in self.sharded_paths or self.replicates):
+            raise CaseError('knobs.abort_and_reset', 'needs fully_shard on the root and no replicate')
         if self.knobs.is_set and self.tp:
             raise CaseError('knobs', 'not drawn with tensor parallelism')
         if self.replicate_options.is_set and (not self.replicates):
@@ -1070,6 +1095,8 @@ def check_training(tree: ModuleTree, comps: tuple[Composition, ...], t: Training
                 raise CaseError(f'{where}.unfreeze[{i}].path', 'FSDP1 no_sync() with a leaf unfrozen later')
     for comp in comps:
         k = comp.knobs
+        if k.reduce_scatter_unused and t.skips:
+            raise CaseError(f'{where}.skips', 'set_reduce_scatter_unused_params is drawn without skipped modules')
         if k.is_set and t.compile is not Compile.NONE:
             raise CaseError(f'{where}.compile', 'FSDPModule knobs are not drawn with torch.compile')
         if (k.forward_prefetch or k.backward_prefetch or k.reshard_after_backward_last or k.explicit_unshard) and t.skips:
@@ -2010,9 +2037,16 @@ class KnobState:
                 module.set_force_sum_reduction_for_comms(True)
             if k.gradient_divide_factor is not None:
                 module.set_gradient_divide_factor(k.gradient_divide_factor)
+            if k.pg_allocator:
+                module.set_allocate_memory_from_process_group_for_comm(True)
         if k.late_reshard_after_forward is not None:
             for root in roots:
                 root.set_reshard_after_forward(k.late_reshard_after_forward)
+        for root in roots:
+            if k.rs_max_buffers:
+                root.set_reduce_scatter_max_input_buffers(k.rs_max_buffers)
+            if k.reduce_scatter_unused:
+                root.set_reduce_scatter_unused_params(True)
 
     def _prefetch(self, units: list[ShardSpec]) -> None:
         """Prefetch among the units of one FSDP root (``units`` in forward order, the root
@@ -2035,6 +2069,48 @@ class KnobState:
                 self.problems.append(f'set_all_reduce_hook on {spec.path!r}: the hook got a {reduce_output.ndim}-D {reduce_output.dtype} tensor, not the flat reduce output')
             reduce_output.mul_(scale)
         return hook
+
+    def abort_and_reset(self, forward: Any, x: torch.Tensor, skipped: list[str]) -> None:
+        """A forward aborted by an exception in the forward hook of the last module holding
+        parameters that runs (not left out by ``skipped``), caught; then ``reset_iter_state()``
+        on every root unit, the documented recovery, and a check that it resharded every unit.
+        The aborted forward's RNG draws (dropout) are undone, so later ones match the reference."""
+        order = [p for p in forward_order(self.tree.root) if not any((contains(s, p) for s in skipped))]
+        inner = [p for p in order if p] or ['']
+        target = self.model.get_submodule(inner[-1])
+
+        def abort(*_: Any) -> None:
+            raise _Aborted(f'abort in forward of {inner[-1]!r}')
+        handle = target.register_forward_hook(abort)
+        devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+        try:
+            with torch.random.fork_rng(devices=devices):
+                forward(x)
+            self.problems.append(f'the forward meant to abort at {inner[-1]!r} did not raise')
+        except _Aborted:
+            pass
+        finally:
+            handle.remove()
+        for root in self.roots:
+            root.reset_iter_state()
+        for root in self.roots:
+            for sub, module, name in self._units_params(root):
+                if not fsdp_sharded(getattr(module, name)):
+                    where = f'{sub}.{name}' if sub else name
+                    self.problems.append(f'after reset_iter_state(), {where} is not registered sharded')
+
+    def _units_params(self, root: nn.Module) -> list[tuple[str, nn.Module, str]]:
+        """(module path, module, attribute) of every parameter a fully_shard unit at or under
+        ``root`` manages."""
+        layout = Layout(self.tree, self.comp)
+        top = next((p for p, m in self.model.named_modules() if m is root))
+        out = []
+        for unit in layout.units:
+            if unit.api == 'fully_shard' and any((contains(top, m) for m in unit.members)):
+                for sub in layout.owned_by(unit):
+                    module = self.model.get_submodule(sub)
+                    out += [(sub, module, name) for name, _ in module.named_parameters(recurse=False)]
+        return out
 
     def before_microbatch(self, first: bool, last: bool) -> None:
         """Called before each microbatch's forward."""
@@ -2094,6 +2170,9 @@ class KnobState:
                 if full[sub, name] is not None and (not fsdp_sharded(getattr(module, name))):
                     where = f'{sub}.{name}' if sub else name
                     self.problems.append(f'after reshard(), {where} is not registered sharded')
+
+class _Aborted(RuntimeError):
+    """The exception that aborts a forward for ``abort_and_reset``."""
 'Build a plain ``nn.Module`` from a :class:`fuzz.model.ModuleTree`.\n\nSubmodules get the names of their tree paths (``model.get_submodule("1.0")``), so compositions\naddress modules the way the case does. Construction draws from torch\'s global RNG, which the\ncaller seeds from the case: every rank builds identical weights.\n'
 
 class TreeBlock(nn.Module):
@@ -2219,6 +2298,22 @@ def replicate_kwargs(model: nn.Module, tree: ModuleTree | None, comp: Compositio
         kwargs['param_to_hook_all_reduce'] = model.get_submodule(hook).get_parameter(next((name for p, name in order if p == hook)))
         kwargs['delay_all_reduce_named_params'] = [(str(i), model.get_submodule(p).get_parameter(name)) for i, (p, name) in enumerate(order) if p in delayed]
     return kwargs
+
+def delay_problems(model: nn.Module, comp: Composition) -> list[str]:
+    """What is wrong with the delayed all-reduce, after a forward: documented, the parameters of
+    ``delay_all_reduce_named_params`` are all-reduced when ``param_to_hook_all_reduce``'s
+    gradient is ready, so DDP's reducer (its buckets) must not hold them as well."""
+    from torch.distributed._composable import replicate
+    problems = []
+    for member in comp.replicates:
+        ddp = getattr(replicate.state(model.get_submodule(member)), '_ddp', None)
+        if ddp is None:
+            continue
+        reduced = {id(p) for p in ddp._build_params_for_reducer()[0]}
+        held = [i for i, p in enumerate(ddp._delay_all_reduce_params) if id(p) in reduced]
+        if held:
+            problems.append(f"replicate({member!r}): {len(held)} of {len(ddp._delay_all_reduce_params)} delayed parameters are also in DDP's reducer (all-reduced twice)")
+    return problems
 
 def ignored_problems(model: nn.Module, tree: ModuleTree, comp: Composition) -> list[str]:
     """What is wrong with the parameters replicate or fully_shard was told to ignore, after a
@@ -2616,6 +2711,8 @@ def train(case: Case, tree: ModuleTree, training: Training, comp: Composition | 
             sync = AccumSync.ALWAYS if last else training.accum_sync
             composed.set_sync(requires_gradient_sync=sync is not AccumSync.NO_GRAD_SYNC, requires_all_reduce=sync is AccumSync.ALWAYS)
             ctx_mgr = composed.no_sync() if sync is AccumSync.NO_GRAD_SYNC else _null()
+            if composed.knobs is not None and composed.knobs.knobs.abort_and_reset and (s == 0) and (i == 0):
+                composed.knobs.abort_and_reset(forward, x, skipped)
             if composed.knobs is not None:
                 composed.knobs.before_microbatch(first=s == 0 and i == 0, last=last)
             if precision is not None:
@@ -2630,6 +2727,8 @@ def train(case: Case, tree: ModuleTree, training: Training, comp: Composition | 
                     obs['contracts']['replicate_params'] = replicate_contract(model, comp, skipped)
                     if Layout(tree, comp).local():
                         obs['contracts']['ignored'] = ignored_problems(model, tree, comp)
+                    if comp.replicate_options.delay_all_reduce:
+                        obs['contracts']['delayed'] = delay_problems(model, comp)
                     contracts = None
                 loss = F.mse_loss(out.to(y.dtype), y)
                 loss.backward()

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=9a55f96d3da03baf sources=22c795f27cad4c5e seconds=54.7
+# shardfuzz reduced reproducer: entry=1a232d26c8e41f05 sources=e14b2777dea90300 seconds=22.6
 """Reproduces shardfuzz corpus entry mixed_precision-exception-0e5c9d1aa3c7.json: exception:mixed_precision:builtins.AssertionError@torch/distributed/fsdp/_fully_shard/_fsdp_common.py:_raise_assert_with_print
 
 Observed: FSDP2 MixedPrecisionPolicy(reduce_dtype=...) with set_requires_gradient_sync(False): a

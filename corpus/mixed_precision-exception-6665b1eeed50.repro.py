@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=7d92877447221eb5 sources=22c795f27cad4c5e seconds=47.0
+# shardfuzz reduced reproducer: entry=6a2abefef4dd5b31 sources=e14b2777dea90300 seconds=22.9
 """Reproduces shardfuzz corpus entry mixed_precision-exception-6665b1eeed50.json: exception:mixed_precision:builtins.RuntimeError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_reduce
 
 Observed: FSDP2 MixedPrecisionPolicy: a unit whose parameters were all frozen at lazy init gets

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=dc22361eb0960f78 sources=8363182534af4341 seconds=44.4
+# shardfuzz reduced reproducer: entry=0a37722fda277391 sources=e14b2777dea90300 seconds=40.1
 """Reproduces shardfuzz corpus entry mixed_precision-exception-f98d204028cc.json: exception:mixed_precision:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out
 
 Observed: FSDP2's backward all-gather raises IndexError in foreach_all_gather_copy_out for a

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=0eddda1c8807f4b7 sources=8363182534af4341 seconds=61.7
+# shardfuzz reduced reproducer: entry=eebf69c395746912 sources=e14b2777dea90300 seconds=51.3
 """Reproduces shardfuzz corpus entry parity-exception-0c5058dcf8f5.json: exception:parity:torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/conv.py:_conv_forward
 
 Observed: torch.compile over FSDP1 (use_orig_params=True, sharded): Dynamo recompiles the
@@ -365,6 +365,14 @@ class Knobs:
       "reshards every parameter group", which the rank checks). The aborted forward's RNG draws
       are undone, so training must match the reference. Only with fully_shard on the root, no
       replicate and no explicit unshard.
+    - ``pg_allocator``: ``set_allocate_memory_from_process_group_for_comm(True)`` on every unit
+      (staging buffers from the process group's allocator, or ``torch.empty`` without one).
+    - ``rs_max_buffers``: ``set_reduce_scatter_max_input_buffers(k)`` (recursive) on every root
+      unit, ``k`` reduce-scatter input buffers in flight ("the memory<->overlap dial").
+    - ``reduce_scatter_unused``: ``set_reduce_scatter_unused_params(True)`` (recursive) on
+      every root unit: zero gradients for parameters that got none, so only where every
+      trainable parameter gets one on every microbatch (no skipped modules,
+      ``fuzz.model.rules.check_training``), where it must change nothing.
 
     Gradients scaled as documented (``parity`` only; the reference scales its gradients the
     same way, :meth:`fuzz.model.Layout.gradient_scale`):
@@ -386,8 +394,13 @@ class Knobs:
     gradient_divide_factor: object = None
     force_sum_reduction: object = False
     abort_and_reset: object = False
+    pg_allocator: object = False
+    rs_max_buffers: object = 0
+    reduce_scatter_unused: object = False
 
     def __post_init__(self) -> None:
+        if not 0 <= self.rs_max_buffers <= 4:
+            raise CaseError('rs_max_buffers', f'rs_max_buffers={self.rs_max_buffers} is outside 0..4 (0: not set)')
         if self.abort_and_reset and self.explicit_unshard:
             raise CaseError('abort_and_reset', 'not drawn with explicit_unshard')
         for name in ('forward_prefetch', 'backward_prefetch'):
@@ -1082,6 +1095,8 @@ def check_training(tree: ModuleTree, comps: tuple[Composition, ...], t: Training
                 raise CaseError(f'{where}.unfreeze[{i}].path', 'FSDP1 no_sync() with a leaf unfrozen later')
     for comp in comps:
         k = comp.knobs
+        if k.reduce_scatter_unused and t.skips:
+            raise CaseError(f'{where}.skips', 'set_reduce_scatter_unused_params is drawn without skipped modules')
         if k.is_set and t.compile is not Compile.NONE:
             raise CaseError(f'{where}.compile', 'FSDPModule knobs are not drawn with torch.compile')
         if (k.forward_prefetch or k.backward_prefetch or k.reshard_after_backward_last or k.explicit_unshard) and t.skips:
@@ -2022,9 +2037,16 @@ class KnobState:
                 module.set_force_sum_reduction_for_comms(True)
             if k.gradient_divide_factor is not None:
                 module.set_gradient_divide_factor(k.gradient_divide_factor)
+            if k.pg_allocator:
+                module.set_allocate_memory_from_process_group_for_comm(True)
         if k.late_reshard_after_forward is not None:
             for root in roots:
                 root.set_reshard_after_forward(k.late_reshard_after_forward)
+        for root in roots:
+            if k.rs_max_buffers:
+                root.set_reduce_scatter_max_input_buffers(k.rs_max_buffers)
+            if k.reduce_scatter_unused:
+                root.set_reduce_scatter_unused_params(True)
 
     def _prefetch(self, units: list[ShardSpec]) -> None:
         """Prefetch among the units of one FSDP root (``units`` in forward order, the root
@@ -2276,6 +2298,22 @@ def replicate_kwargs(model: nn.Module, tree: ModuleTree | None, comp: Compositio
         kwargs['param_to_hook_all_reduce'] = model.get_submodule(hook).get_parameter(next((name for p, name in order if p == hook)))
         kwargs['delay_all_reduce_named_params'] = [(str(i), model.get_submodule(p).get_parameter(name)) for i, (p, name) in enumerate(order) if p in delayed]
     return kwargs
+
+def delay_problems(model: nn.Module, comp: Composition) -> list[str]:
+    """What is wrong with the delayed all-reduce, after a forward: documented, the parameters of
+    ``delay_all_reduce_named_params`` are all-reduced when ``param_to_hook_all_reduce``'s
+    gradient is ready, so DDP's reducer (its buckets) must not hold them as well."""
+    from torch.distributed._composable import replicate
+    problems = []
+    for member in comp.replicates:
+        ddp = getattr(replicate.state(model.get_submodule(member)), '_ddp', None)
+        if ddp is None:
+            continue
+        reduced = {id(p) for p in ddp._build_params_for_reducer()[0]}
+        held = [i for i, p in enumerate(ddp._delay_all_reduce_params) if id(p) in reduced]
+        if held:
+            problems.append(f"replicate({member!r}): {len(held)} of {len(ddp._delay_all_reduce_params)} delayed parameters are also in DDP's reducer (all-reduced twice)")
+    return problems
 
 def ignored_problems(model: nn.Module, tree: ModuleTree, comp: Composition) -> list[str]:
     """What is wrong with the parameters replicate or fully_shard was told to ignore, after a
@@ -2689,6 +2727,8 @@ def train(case: Case, tree: ModuleTree, training: Training, comp: Composition | 
                     obs['contracts']['replicate_params'] = replicate_contract(model, comp, skipped)
                     if Layout(tree, comp).local():
                         obs['contracts']['ignored'] = ignored_problems(model, tree, comp)
+                    if comp.replicate_options.delay_all_reduce:
+                        obs['contracts']['delayed'] = delay_problems(model, comp)
                     contracts = None
                 loss = F.mse_loss(out.to(y.dtype), y)
                 loss.backward()

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=c1b2cc1e716b9744 sources=8363182534af4341 seconds=45.6
+# shardfuzz reduced reproducer: entry=68bdf338ca95ed25 sources=e14b2777dea90300 seconds=21.4
 """Reproduces shardfuzz corpus entry parity-exception-3e0a93b8ec65.json: exception:parity:builtins.RuntimeError@torch/utils/checkpoint.py:__torch_dispatch__
 
 Observed: selective activation checkpointing over a region holding a fully_shard unit kept

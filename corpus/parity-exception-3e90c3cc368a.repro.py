@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=b576001aac8a45d4 sources=8363182534af4341 seconds=46.8
+# shardfuzz reduced reproducer: entry=4d9e9c37ecaddd6c sources=e14b2777dea90300 seconds=24.2
 """Reproduces shardfuzz corpus entry parity-exception-3e90c3cc368a.json: exception:parity:builtins.ValueError@torch/utils/checkpoint.py:_checkpoint_without_reentrant_generator
 
 Observed: composable checkpoint(debug=True) always raises ValueError 'debug=True is incompatible

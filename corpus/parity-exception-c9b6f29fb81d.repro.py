@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=13fdd12c79145191 sources=8363182534af4341 seconds=50.4
+# shardfuzz reduced reproducer: entry=e0d493e9f9cd8cee sources=e14b2777dea90300 seconds=38.6
 """Reproduces shardfuzz corpus entry parity-exception-c9b6f29fb81d.json: exception:parity:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out
 
 Observed: rank 0 raised builtins.IndexError: list index out of range

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=9881206b09ab183e sources=8363182534af4341 seconds=39.6
+# shardfuzz reduced reproducer: entry=0c68acf3fa5c0cb8 sources=e14b2777dea90300 seconds=26.8
 """Reproduces shardfuzz corpus entry parity-exception-f2ce67efc316.json: exception:parity:builtins.RuntimeError@torch/optim/sgd.py:_multi_tensor_sgd
 
 Observed: rank 0 raised builtins.RuntimeError: aten._foreach_add_.List got mixed torch.Tensor

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=0d962f0248fb9722 sources=878032677c47d630 seconds=31.5
+# shardfuzz reduced reproducer: entry=0ce9f00b2156e5d5 sources=e14b2777dea90300 seconds=28.8
 """Reproduces shardfuzz corpus entry parity-mismatch-5f3ad2a543cd.json: mismatch:parity@fsdp2:unfrozen-unresharded
 
 Observed: FSDP2: a frozen fully_shard unit with reshard_after_forward=False under a replicate'd
@@ -755,6 +755,7 @@ CHECKPOINT_DEBUG = KnownBug('checkpoint-debug-always-refused', "composable check
 SAC_OVER_FSDP_UNIT = KnownBug('selective-checkpoint-over-fully_shard-unit', "selective activation checkpointing (context_fn=create_selective_checkpoint_contexts) over a region holding a fully_shard unit whose state differs between forward and recomputation (kept unsharded by set_reshard_after_backward(False), prefetched, frozen): the replay counts FSDP2's record_function markers and raises 'profiler._record_function_enter_new.default invocation index N encountered during backward but not found in storage'", upstream='pytorch/pytorch#196862', relation='same bug (pull request: exclude all-gather internals and profiler ops from selective checkpointing)', state='not in torch 2.13.0', see_also=('pytorch/pytorch#185178', 'pytorch/torchtitan#3427'), conditional=True)
 DELAY_ALL_REDUCE_ROOT = KnownBug('ddp-delay-all-reduce-root-params-reduced-twice', "DistributedDataParallel(delay_all_reduce_named_params=..., param_to_hook_all_reduce=...): a delayed parameter of the root module itself stays in the reducer too (the reducer leaves out f'{module_name}.{name}', which is '.<name>' for the root's own parameters), so it is all-reduced twice, racing, and its gradient is wrong now and then; every parameter replicate() hands DDP is one (an nn.ParameterList's)", symptoms=frozenset({'mismatch'}), relation='none found after five phrasings; the option came with the pull request in see_also', state='present in torch 2.13.0', see_also=('pytorch/pytorch#95669',), ends_ranks=False, tag=':delay-all-reduce', odds=4)
 DELAY_BUFFER_FLOAT32 = KnownBug('ddp-delay-all-reduce-float32-buffer', "DistributedDataParallel(delay_all_reduce_named_params=..., param_to_hook_all_reduce=...) over parameters that are not float32: the delayed gradients' buffer is made with torch.zeros and no dtype, and _clear_grad_buffer raises 'attempting to assign a gradient with dtype 'float' to a tensor with grad_dtype 'Double''", relation='none found after three phrasings (the error text, the buffer, the option); the option came with the pull request in see_also', state='present in torch 2.13.0', see_also=('pytorch/pytorch#95669',))
+STAGER_REUSED_AFTER_CLOSE = KnownBug('default-stager-reused-after-close', "dcp.async_save(async_stager=DefaultStager(...)) reused for a second save: DefaultStager._stage closes its StateDictStager after every stage, which empties its copy dispatch table, and the next stage raises KeyError: <class 'type'> in deepcopy_with_tensor_offload", upstream='pytorch/pytorch#183413', relation='same bug (a regression of the pull request in see_also, which added the close)', state='present in torch 2.11; torch 2.13.0 stages again after a close', see_also=('pytorch/pytorch#170431', 'pytorch/torchtitan#3476'), fixed_in='2.13', docs='docs/state_dict.md')
 COMPILED_UNFREEZE_PLAIN = KnownBug('compile-unfrozen-plain-param-no-recompile', "torch.compile (aot_eager) of a module whose plain (non-DTensor) parameter was frozen when it was compiled: after requires_grad_(True) the compiled forward is reused without a recompile and the parameter gets no gradient (met through fully_shard's ignored_params, which stay plain tensors)", symptoms=frozenset({'mismatch'}), upstream='pytorch/pytorch#139476', relation='same bug (Dynamo reuses a compiled frame when the requires_grad of module parameters changes)', state='present in torch 2.11; torch 2.13.0 recompiles (the torch-only reproducer passes there)', fixed_in='2.13', ends_ranks=False, tag=':compiled-unfreeze')
 
 def present(bug, torch_version):
@@ -814,6 +815,9 @@ def selective_over_unit(comp):
 def delayed_all_reduce(comp):
     return bool(comp.replicates) and comp.replicate_options.delay_all_reduce
 
+def stager_reused(body):
+    pass
+
 def delayed_not_float32(comp, training):
     pass
 
@@ -838,9 +842,6 @@ def fsdp1_dcp_empty_shard(body, world_size):
     pass
 
 def fsdp1_async_default_stager(body):
-    pass
-
-def fsdp1_frozen_unit(comp, tree):
     pass
 
 def hsdp_optimizer_load(body):
@@ -888,9 +889,12 @@ def _foreach_mixed(case):
 def _unfrozen_unresharded(case):
     pass
 
+def _fsdp1_frozen_source(case):
+    pass
+
 def _fsdp1_unfrozen_frozen_unit(case):
     pass
-CONDITIONS = ((INT_RESHARD_DIM1, lambda case: any((int_reshard_dim1(c) for c in _comps(case)))), (FSDP1_HSDP_SHARD1, lambda case: any((fsdp1_shard1(c) for c in _comps(case)))), (FSDP1_FROZEN_UNIT, _saving(lambda case: fsdp1_frozen_unit(case.body.source, case.body.tree))), (FSDP1_FULL_OFFLOAD, _saving(lambda case: fsdp1_full_offload(case.body, case.world_size))), (FSDP1_DCP_STATELESS, _saving(lambda case: fsdp1_dcp_stateless(case.body))), (FSDP1_DCP_EMPTY_SHARD, _saving(lambda case: fsdp1_dcp_empty_shard(case.body, case.world_size))), (FSDP1_ASYNC_DEFAULT_STAGER, _saving(lambda case: fsdp1_async_default_stager(case.body))), (CACHED_STAGING_NEEDS_ACCELERATOR, lambda case: isinstance(case.body, DcpBody) and case.body.cache_staged), (BROADCAST_EMPTY, _saving(lambda case: broadcast_empty(case.body))), (STATELESS_FULL, _saving(lambda case: stateless_full(case.body))), (FLAT_FULL_OPTIM, _saving(lambda case: flat_full_optimizer(case.body))), (PLAN_CACHE_FAILED_SAVE, _saving(lambda case: plan_cache_failed_save(case.body))), (FSDP1_HSDP_OPTIMIZER_LOAD, _saving(lambda case: hsdp_optimizer_load(case.body))), (FROZEN_OPTIM_STATE_DROPPED, _saving(lambda case: frozen_state_dropped(case.body))), (FROZEN_INT_RESHARD, _frozen_int_reshard), (UNFROZEN_UNRESHARDED, _unfrozen_unresharded), (UNUSED_NO_ALL_REDUCE, _per_comp(unused_no_all_reduce)), (MP_NEVER_RUN_NO_SYNC, _per_comp(never_run_under_no_sync)), (MP_UNIFORM_GRAD_DTYPE, _per_comp(never_run_under_no_sync)), (MP_FROZEN_AT_LAZY_INIT, _per_comp(unfrozen_in_frozen_mp_unit)), (FSDP1_UNFROZEN_FROZEN_UNIT, _fsdp1_unfrozen_frozen_unit), (FOREACH_MIXED, _foreach_mixed), (FSDP1_COMPILE_SHARDED_GRAD, _with_training(fsdp1_compiled_with_sharded_grads)), (DIVIDE_FACTOR_TWICE, _with_training(divide_factor_twice)), (CHECKPOINT_DEBUG, lambda case: any((checkpoint_debug(c) for c in _comps(case)))), (SAC_OVER_FSDP_UNIT, lambda case: any((selective_over_unit(c) for c in _comps(case)))), (DELAY_ALL_REDUCE_ROOT, lambda case: any((delayed_all_reduce(c) for c in _comps(case)))), (COMPILED_UNFREEZE_PLAIN, _with_training(lambda c, training, _: compiled_unfreeze_ignored(c, training))), (DELAY_BUFFER_FLOAT32, _with_training(lambda c, training, _: delayed_not_float32(c, training))))
+CONDITIONS = ((INT_RESHARD_DIM1, lambda case: any((int_reshard_dim1(c) for c in _comps(case)))), (FSDP1_HSDP_SHARD1, lambda case: any((fsdp1_shard1(c) for c in _comps(case)))), (FSDP1_FROZEN_UNIT, _fsdp1_frozen_source), (FSDP1_FULL_OFFLOAD, _saving(lambda case: fsdp1_full_offload(case.body, case.world_size))), (FSDP1_DCP_STATELESS, _saving(lambda case: fsdp1_dcp_stateless(case.body))), (FSDP1_DCP_EMPTY_SHARD, _saving(lambda case: fsdp1_dcp_empty_shard(case.body, case.world_size))), (FSDP1_ASYNC_DEFAULT_STAGER, _saving(lambda case: fsdp1_async_default_stager(case.body))), (CACHED_STAGING_NEEDS_ACCELERATOR, lambda case: isinstance(case.body, DcpBody) and case.body.cache_staged), (BROADCAST_EMPTY, _saving(lambda case: broadcast_empty(case.body))), (STATELESS_FULL, _saving(lambda case: stateless_full(case.body))), (FLAT_FULL_OPTIM, _saving(lambda case: flat_full_optimizer(case.body))), (PLAN_CACHE_FAILED_SAVE, _saving(lambda case: plan_cache_failed_save(case.body))), (FSDP1_HSDP_OPTIMIZER_LOAD, _saving(lambda case: hsdp_optimizer_load(case.body))), (FROZEN_OPTIM_STATE_DROPPED, _saving(lambda case: frozen_state_dropped(case.body))), (FROZEN_INT_RESHARD, _frozen_int_reshard), (UNFROZEN_UNRESHARDED, _unfrozen_unresharded), (UNUSED_NO_ALL_REDUCE, _per_comp(unused_no_all_reduce)), (MP_NEVER_RUN_NO_SYNC, _per_comp(never_run_under_no_sync)), (MP_UNIFORM_GRAD_DTYPE, _per_comp(never_run_under_no_sync)), (MP_FROZEN_AT_LAZY_INIT, _per_comp(unfrozen_in_frozen_mp_unit)), (FSDP1_UNFROZEN_FROZEN_UNIT, _fsdp1_unfrozen_frozen_unit), (FOREACH_MIXED, _foreach_mixed), (FSDP1_COMPILE_SHARDED_GRAD, _with_training(fsdp1_compiled_with_sharded_grads)), (DIVIDE_FACTOR_TWICE, _with_training(divide_factor_twice)), (CHECKPOINT_DEBUG, lambda case: any((checkpoint_debug(c) for c in _comps(case)))), (SAC_OVER_FSDP_UNIT, lambda case: any((selective_over_unit(c) for c in _comps(case)))), (DELAY_ALL_REDUCE_ROOT, lambda case: any((delayed_all_reduce(c) for c in _comps(case)))), (COMPILED_UNFREEZE_PLAIN, _with_training(lambda c, training, _: compiled_unfreeze_ignored(c, training))), (DELAY_BUFFER_FLOAT32, _with_training(lambda c, training, _: delayed_not_float32(c, training))), (STAGER_REUSED_AFTER_CLOSE, _saving(lambda case: stager_reused(case.body))))
 
 def ends_ranks(case):
     pass

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=2926a9b3d4e784ff sources=1d900126854a6106 seconds=52.3
+# shardfuzz reduced reproducer: entry=6e7911c031dba1c2 sources=a75dcc528b2e5f17 seconds=37.5
 """Reproduces shardfuzz corpus entry state_dict-crash-81ffab405f7f.json: crash:state_dict:signal
 
 Observed: FSDP1 FULL_STATE_DICT with offload_to_cpu on CPU: model.state_dict() clones an already
@@ -246,8 +246,13 @@ class Knobs:
     gradient_divide_factor: object = None
     force_sum_reduction: object = False
     abort_and_reset: object = False
+    pg_allocator: object = False
+    rs_max_buffers: object = 0
+    reduce_scatter_unused: object = False
 
     def __post_init__(self) -> None:
+        if not 0 <= self.rs_max_buffers <= 4:
+            raise CaseError('rs_max_buffers', f'rs_max_buffers={self.rs_max_buffers} is outside 0..4 (0: not set)')
         if self.abort_and_reset and self.explicit_unshard:
             raise CaseError('abort_and_reset', 'not drawn with explicit_unshard')
         for name in ('forward_prefetch', 'backward_prefetch'):
@@ -786,6 +791,8 @@ def check_training(tree: ModuleTree, comps: tuple[Composition, ...], t: Training
                 raise CaseError(f'{where}.unfreeze[{i}].path', 'FSDP1 no_sync() with a leaf unfrozen later')
     for comp in comps:
         k = comp.knobs
+        if k.reduce_scatter_unused and t.skips:
+            raise CaseError(f'{where}.skips', 'set_reduce_scatter_unused_params is drawn without skipped modules')
         if k.is_set and t.compile is not Compile.NONE:
             raise CaseError(f'{where}.compile', 'FSDPModule knobs are not drawn with torch.compile')
         if (k.forward_prefetch or k.backward_prefetch or k.reshard_after_backward_last or k.explicit_unshard) and t.skips:
@@ -1547,9 +1554,16 @@ class KnobState:
                 module.set_force_sum_reduction_for_comms(True)
             if k.gradient_divide_factor is not None:
                 module.set_gradient_divide_factor(k.gradient_divide_factor)
+            if k.pg_allocator:
+                module.set_allocate_memory_from_process_group_for_comm(True)
         if k.late_reshard_after_forward is not None:
             for root in roots:
                 root.set_reshard_after_forward(k.late_reshard_after_forward)
+        for root in roots:
+            if k.rs_max_buffers:
+                root.set_reduce_scatter_max_input_buffers(k.rs_max_buffers)
+            if k.reduce_scatter_unused:
+                root.set_reduce_scatter_unused_params(True)
 
     def _prefetch(self, units: list[ShardSpec]) -> None:
         k = self.knobs

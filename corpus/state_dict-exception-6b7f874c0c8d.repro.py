@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=b5f3b38192d6da8d sources=1d900126854a6106 seconds=30.9
+# shardfuzz reduced reproducer: entry=507b53a288cee9c9 sources=a75dcc528b2e5f17 seconds=30.7
 """Reproduces shardfuzz corpus entry state_dict-exception-6b7f874c0c8d.json: exception:state_dict:builtins.ValueError@torch/distributed/distributed_c10d.py:get_group_rank
 
 Observed: set_optimizer_state_dict(full_state_dict=True, cpu_offload=True) into FSDP1

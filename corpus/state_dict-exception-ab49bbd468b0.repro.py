@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=c11db375f7be6f4c sources=1d900126854a6106 seconds=39.2
+# shardfuzz reduced reproducer: entry=8017b5f35ca482a2 sources=a75dcc528b2e5f17 seconds=27.4
 """Reproduces shardfuzz corpus entry state_dict-exception-ab49bbd468b0.json: exception:state_dict:builtins.AssertionError@torch/distributed/fsdp/_state_dict_utils.py:_common_unshard_post_state_dict_hook
 
 Observed: FSDP1 NO_SHARD (use_orig_params) with an auto-wrapped unit whose parameters are all

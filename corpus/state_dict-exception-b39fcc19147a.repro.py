@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=6ba15606bff0ab41 sources=1d900126854a6106 seconds=27.8
+# shardfuzz reduced reproducer: entry=88007dd7d6fc16e9 sources=a75dcc528b2e5f17 seconds=23.7
 """Reproduces shardfuzz corpus entry state_dict-exception-b39fcc19147a.json: exception:state_dict:builtins.KeyError@torch/distributed/_state_dict_utils.py:_unflatten_state_dict
 
 Observed: rank 0 raised builtins.KeyError: 'param_groups.0.params.0'

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=7e3bfa33e075cc53 sources=1d900126854a6106 seconds=33.5
+# shardfuzz reduced reproducer: entry=612c19dfe449ee2d sources=a75dcc528b2e5f17 seconds=22.7
 """Reproduces shardfuzz corpus entry state_dict-exception-d75bbc271571.json: exception:state_dict:builtins.AssertionError@torch/distributed/checkpoint/state_dict.py:_load_optim_state_dict
 
 Observed: set_optimizer_state_dict(full_state_dict=True) raises AssertionError('Expected device
