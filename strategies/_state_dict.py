@@ -201,12 +201,20 @@ def _requires_grad_schedule(draw: st.DrawFn, body: _Body) -> _Body:
     flags = {p: not n.frozen for p, n in leaves.items()}
     total = body.training.steps + body.steps_after
     changes = []
-    for step in sorted(draw(st.lists(st.integers(0, total - 1), min_size=1, max_size=2, unique=True))):
+    steps = draw(st.lists(st.integers(0, total - 1), min_size=1, max_size=2, unique=True))
+    # Half the time where it can be, the first change freezes a leaf that trained before the
+    # state is taken (its optimizer state then exists while it is frozen).
+    freeze_trained = body.training.steps >= 2 and body.training.set_to_none and draw(st.booleans())
+    if freeze_trained:
+        steps = [draw(st.integers(1, body.training.steps - 1)), *[s for s in steps if s >= body.training.steps][:1]]
+    for step in sorted(steps):
         can = [
             p
             for p, on in sorted(flags.items())
             if (on and body.training.set_to_none) or (not on and (not leaves[p].frozen or body.frozen_in_optimizer))
         ]
+        if freeze_trained and not changes:
+            can = [p for p in can if flags[p]]
         if not can:
             break
         path = draw(st.sampled_from(can))
@@ -224,12 +232,29 @@ def _requires_grad_schedule(draw: st.DrawFn, body: _Body) -> _Body:
         draw, known.FROZEN_OPTIM_STATE_DROPPED
     ):
         # set_optimizer_state_dict drops the state of a parameter frozen at the load that
-        # trained before (known.FROZEN_OPTIM_STATE_DROPPED): rarely; else the freezes before
+        # trained before (known.FROZEN_OPTIM_STATE_DROPPED): rarely; else a DCP case that can
+        # saves that state but leaves the optimizer out of the load (what is saved is
+        # still judged: fuzz.properties.state_dict's taken_optimizer), or the freezes before
         # the save go.
+        partial = _without_optimizer_load(body, schedule)
+        if partial is not None:
+            return partial
         schedule = tuple(c for c in schedule if c.trainable or c.step >= body.training.steps)
         if not valid(schedule):
             return body
     return replace(body, requires_grad=schedule)
+
+
+def _without_optimizer_load(body: _Body, schedule: tuple[RequiresGrad, ...]) -> _Body | None:
+    """A DCP body that saves its optimizer entry but skips it on the load, with ``schedule``;
+    None where the body cannot be one (not DCP, the optimizer inside the app entry, a rule)."""
+    if not isinstance(body, DcpBody) or DcpItem.OPTIMIZER not in body.entries or DcpItem.APP in body.entries:
+        return None
+    skip = tuple(e for e in body.entries if e in body.skip or e is DcpItem.OPTIMIZER)
+    partial = _valid(body, skip=skip, requires_grad=schedule)
+    if partial is None or known.frozen_state_dropped(partial):
+        return None
+    return partial  # type: ignore[return-value]
 
 
 @st.composite

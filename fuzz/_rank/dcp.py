@@ -33,8 +33,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from fuzz._rank.compose import clean_name
+from fuzz._rank.compose import TORCH_DTYPES, clean_name
 from fuzz._rank.context import RankContext
+from fuzz._rank.models import build_model
 from fuzz._rank.state_dict import (
     FRESH_SEED,
     Side,
@@ -58,7 +59,18 @@ from fuzz._rank.state_dict import (
     torch_kwargs,
     train_steps,
 )
-from fuzz.model import Case, DcpBody, DcpItem, DcpMode, Options, Overwrite, case_to_text, dcp_root, is_fsdp1
+from fuzz.model import (
+    Case,
+    DcpBody,
+    DcpItem,
+    DcpMode,
+    Layout,
+    Options,
+    Overwrite,
+    case_to_text,
+    dcp_root,
+    is_fsdp1,
+)
 
 
 def case_dir(case: Case, ctx: RankContext) -> str:
@@ -233,6 +245,13 @@ def _observe_saved(
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     saved = {**observe(src, case, body.tree, ctx), **_observe_entries(values)}
+    taken = values.get(DcpItem.OPTIMIZER)
+    if not src.fsdp1 and isinstance(taken, dict) and "state" in taken:
+        # What get_optimizer_state_dict returned for the save, judged against the optimizer's
+        # own state whether or not the case loads it (see fuzz._rank.state_dict).
+        state = observe_state_dict_optimizer(taken)
+        if ctx.rank == 0:
+            saved["taken_optimizer"] = state
     moves = any(e in body.entries and e not in body.skip for e in (DcpItem.OPTIMIZER, DcpItem.APP))
     if src.fsdp1 and not body.classic_fsdp1 and not is_fsdp1(body.target) and moves:
         assert src.opt is not None
@@ -763,6 +782,10 @@ def _run_dcp(case: Case, body: DcpBody, ctx: RankContext) -> dict[str, Any]:
             obs["saved"] = _observe_saved(body, case, src, ctx, values)
         if body.save_planner is not None and body.save_planner.dedup_save_to_lowest_rank:
             obs["dedup"] = _observe_dedup(ctx, path)
+        if body.mode is DcpMode.ROUND_TRIP and reloads_on_one_rank(body):
+            reloaded = _reload_on_one_rank(body, case, ctx, path)
+            if ctx.rank == 0:
+                obs["reloaded"] = reloaded
         if body.convert:
             obs["convert"] = _convert(body, ctx, path)
             own = os.path.join(path, "converted")
@@ -812,6 +835,40 @@ def _run_dcp(case: Case, body: DcpBody, ctx: RankContext) -> dict[str, Any]:
         if ctx.rank == 0:
             shutil.rmtree(path, ignore_errors=True)
     return obs
+
+
+def reloads_on_one_rank(body: DcpBody) -> bool:
+    """Whether the case's checkpoint is also loaded into a plain model on one process: its
+    model entry comes from get_model_state_dict (plain FQNs), every rank wrote one
+    checkpoint together (not no_dist, use_collectives, not a torch.save file), and no
+    parameter is rank-local (``Layout.local``: each rank's own value, of which the
+    checkpoint keeps one)."""
+    return (
+        DcpItem.MODEL in body.entries
+        and not (body.module_stateful or body.patched or body.classic_fsdp1)
+        and not (body.no_dist or body.torch_save_reader or not body.use_collectives)
+        and not Layout(body.tree, body.source).local()
+    )
+
+
+def _reload_on_one_rank(body: DcpBody, case: Case, ctx: RankContext, path: str) -> dict[str, list[float]] | None:
+    """DCP reshards at load time: "a checkpoint saved by one world size and sharding can be
+    loaded into another". Rank 0 alone loads the model entry into a freshly built plain model
+    (``no_dist=True``: a world of one, no collective), as a single-process tool reads a
+    checkpoint; returns (rank 0) its state dict as full values by name, which must equal the
+    model as saved. The other ranks wait."""
+    import torch.distributed.checkpoint as dcp
+
+    dist.barrier()  # every rank's files are written
+    out = None
+    if ctx.rank == 0:
+        torch.manual_seed(case.seed + 3 * FRESH_SEED)
+        model = build_model(body.tree, torch.device("cpu")).to(TORCH_DTYPES[body.training.dtype])
+        state = model.state_dict()
+        dcp.load({DcpItem.MODEL.value: state}, checkpoint_id=path, no_dist=True)
+        out = {clean_name(k): _jsonable(v) for k, v in state.items()}
+    dist.barrier()
+    return out
 
 
 def _observe_dedup(ctx: RankContext, path: str) -> dict[str, Any]:

@@ -528,6 +528,12 @@ def run_state_dict(case: Case, body: StateDictBody, ctx: RankContext) -> dict[st
         flat_obs, nested_osd = observe_flat_optimizer(body, src, osd)
         if ctx.rank == 0:
             obs["flat_optimizer"] = flat_obs
+    if not src.fsdp1:
+        # What get_optimizer_state_dict returned, before anything loads it: the documented
+        # contract is the optimizer's whole state by FQN (judged against ``saved``).
+        taken = observe_state_dict_optimizer(nested_osd)
+        if ctx.rank == 0:
+            obs["taken_optimizer"] = taken
     msd, osd = copy.deepcopy((msd, osd))  # see the module docstring
     obs["saved"] = observe(src, case, body.tree, ctx)
     if src.fsdp1 and not is_fsdp1(body.target):

@@ -10,9 +10,14 @@ and judge:
   get_optimizer_state_dict took from it; into an FSDP1 target: each rank's local shards,
   between one layout),
   every param group's hyperparameters on every rank, and the output of a forward on a fixed
-  input. Keys left out of a load keep their fresh values; entries left out of a partial DCP
-  load leave their objects untouched; Stateful objects and plain tensors come back exactly,
-  and what was passed to ``dcp.load`` was loaded in place.
+  input. What get_optimizer_state_dict returned is judged on its own too, before any load:
+  the optimizer's whole state by FQN, each parameter's entries as ``optimizer.state`` holds
+  them (frozen parameters' state included: the API documents no exception), so a state the
+  getter loses is not blamed on the setter. Keys left out of a load keep their fresh
+  values; entries left out of a partial DCP load leave their objects untouched; Stateful
+  objects and plain tensors come back exactly, and what was passed to ``dcp.load`` was
+  loaded in place. A DCP checkpoint's model entry loads into a plain model on one process
+  (``no_dist``, another world size and layout) with the values saved, exactly.
 - resume equivalence: both models train on, on the same data. With the same composition on
   both sides the same operations run in the same order, so losses and final parameters must
   be equal exactly. Across compositions the gradient reductions are grouped differently
@@ -324,6 +329,8 @@ def _judge_state_dict(case: Case, outcome: Outcome) -> Failure | None:
         failure = _check_ignored_frozen(prop, where, first.get("ignore_frozen"))
     if failure is None and "flat_optimizer" in first:
         failure = _check_flat_optimizer(prop, where, first["flat_optimizer"])
+    if failure is None and "taken_optimizer" in first:
+        failure = _check_taken_optimizer(prop, where, first["taken_optimizer"], saved["optimizer"])
     if failure is None:
         failure = _check_model(prop, where, saved, loaded, first.get("fresh"), dropped)
     if failure is None:
@@ -365,6 +372,40 @@ def _check_requires_grad(prop: str, where: str, observations: list[dict[str, Any
                 rank=rank,
             )
     return None
+
+
+def _check_taken_optimizer(prop: str, where: str, taken: Any, state: Any) -> Failure | None:
+    """get_optimizer_state_dict returns the optimizer's state keyed by FQN: every parameter
+    that has state in ``optimizer.state``, with the same entries and values, frozen
+    parameters included (StateDictOptions documents no option that leaves them out of the
+    optimizer state dict)."""
+    diff = _first_difference(taken, state)
+    if not diff:
+        return None
+    return _mismatch(
+        prop,
+        "taken_optimizer",
+        where,
+        f"get_optimizer_state_dict returned a state that differs from the optimizer's own: {diff}",
+        observed=taken,
+        expected=state,
+    )
+
+
+def _check_reloaded(prop: str, where: str, reloaded: dict[str, Any], model: dict[str, Any]) -> Failure | None:
+    """The checkpoint's model entry, loaded on one process into a plain model (``no_dist``):
+    DCP reshards at load time, so every key of the plain model's state dict comes back with
+    the value saved (the source's parameters and persistent buffers, gathered in full)."""
+    want = {k: model.get(k) for k in reloaded}
+    diff = _first_difference(reloaded, want)
+    if not diff:
+        return None
+    return _mismatch(
+        prop,
+        "reload_one_rank",
+        where,
+        f"the checkpoint loaded on one process into a plain model differs from the model saved: {diff}",
+    )
 
 
 def _check_ignored_frozen(prop: str, where: str, observed: dict[str, Any] | None) -> Failure | None:
@@ -439,6 +480,12 @@ def _judge_dcp(case: Case, outcome: Outcome) -> Failure | None:
     optim_loaded = DcpItem.OPTIMIZER in loaded_entries or DcpItem.APP in loaded_entries
     first = observations[0]
     saved, loaded, fresh, dropped = first["saved"], first["loaded"], first.get("fresh"), first["dropped"]
+    if "taken_optimizer" in saved:
+        failure = _check_taken_optimizer(prop, where, saved["taken_optimizer"], saved["optimizer"])
+    if failure is None and "reloaded" in first:
+        failure = _check_reloaded(prop, where, first["reloaded"], saved["model"])
+    if failure is not None:
+        return failure
     if model_loaded:
         failure = _check_model(prop, where, saved, loaded, fresh, dropped)
     else:
