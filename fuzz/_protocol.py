@@ -53,8 +53,63 @@ class CaseDone:
     type: str = "done"
 
 
-Message = Union[RunCase, Stop, Ready, CaseDone]
-_TYPES: dict[str, type] = {"run": RunCase, "stop": Stop, "ready": Ready, "done": CaseDone}
+@dataclass(frozen=True)
+class RunScript:
+    """Driver -> rank: run ``code`` (a script's source) as a fresh module, not as ``__main__``,
+    and call its ``function(rank, world_size)``, which returns a verdict line (the reducer's
+    attempts: :func:`fuzz.repro.harness.main_source`)."""
+
+    case_id: int
+    code: str
+    function: str = "attempt"
+    type: str = "script"
+
+
+@dataclass(frozen=True)
+class ScriptDone:
+    """Rank -> driver: the script's function returned ``verdict``, or raised (``exc_type``...)."""
+
+    case_id: int
+    rank: int
+    seconds: float
+    verdict: str | None = None
+    exc_type: str | None = None
+    message: str | None = None
+    traceback: str | None = None
+    type: str = "script_done"
+
+
+@dataclass(frozen=True)
+class Settle:
+    """Driver -> rank, once every rank sent :class:`ScriptDone`: check that the ranks are still in
+    step on the default group, free what the script left (its process groups, dynamo's caches)."""
+
+    case_id: int
+    type: str = "settle"
+
+
+@dataclass(frozen=True)
+class Settled:
+    """Rank -> driver: the answer to :class:`Settle`; ``error`` says why the rank is not fit for
+    another script (the driver then spawns fresh ranks)."""
+
+    case_id: int
+    rank: int
+    error: str | None = None
+    type: str = "settled"
+
+
+Message = Union[RunCase, Stop, Ready, CaseDone, RunScript, ScriptDone, Settle, Settled]
+_TYPES: dict[str, type] = {
+    "run": RunCase,
+    "stop": Stop,
+    "ready": Ready,
+    "done": CaseDone,
+    "script": RunScript,
+    "script_done": ScriptDone,
+    "settle": Settle,
+    "settled": Settled,
+}
 
 
 def encode(msg: Message) -> bytes:

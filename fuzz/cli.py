@@ -164,7 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         metavar="SECONDS",
-        help="with --reduce: seconds of delta debugging per entry, after the trace passes (default 300)",
+        help="with --reduce: seconds of delta debugging per entry, after the trace passes and folding (default 240; "
+        "an exception's or a mismatch's attempts run in a warm rank pool, a fraction of a second each)",
     )
 
     sub.add_parser("properties", help="list the property names")

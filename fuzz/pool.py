@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import IO, Any
 
-from fuzz._protocol import CaseDone, Ready, RunCase, Stop, decode, encode
+from fuzz._protocol import CaseDone, Ready, RunCase, RunScript, ScriptDone, Settle, Settled, Stop, decode, encode
 from fuzz.errors import InvalidArgument, PoolError
 from fuzz.model import Case, case_to_json
 from fuzz.verdict import WAITING_HANG, HangWatch, Outcome, OutcomeKind, RankReport, Stall
@@ -71,6 +71,24 @@ RANK_ENV_DEFAULTS = {
     "NVSHMEM_DISABLE_NVLS": "1",
     "PYTHONUNBUFFERED": "1",
 }
+
+
+#: Seconds the ranks may take to check that they are in step after a script (:meth:`RankPool.run_script`).
+SETTLE_TIMEOUT_S = 20.0
+
+
+@dataclass
+class ScriptOutcome:
+    """What :meth:`RankPool.run_script` saw: per rank, the verdict line the script's function
+    returned, or the exception it raised (``type: message`` and the traceback's last line), or
+    why it has neither (``missing``: it died or missed the deadline)."""
+
+    verdicts: dict[int, str]
+    errors: dict[int, str]
+    missing: dict[int, str]
+    seconds: float
+    #: Whether the ranks were ended and fresh ones spawned after it.
+    respawned: bool
 
 
 @dataclass
@@ -250,6 +268,80 @@ class RankPool:
         if not outcome.ok:
             self._respawn()
         return outcome
+
+    def run_script(self, code: str, *, function: str = "attempt", deadline: float | None = None) -> ScriptOutcome:
+        """Run a script's ``function(rank, world_size)`` on every rank (the reducer's attempts,
+        :mod:`fuzz.repro.reduce`); never raises for anything the script does.
+
+        ``code`` is executed on each rank as a module of its own, in the pool's process group.
+        Once one rank has answered with a verdict or an exception, the others get
+        :data:`FAILURE_GRACE_S` to answer too (under torchrun, a rank that exits ends the
+        others' collectives; here it would wait in the next one). If every rank answered, they
+        check that they are still in step and free the script's process groups (``Settle``);
+        otherwise, or if that check fails, the ranks are ended and fresh ones spawned.
+        """
+        self.start()
+        self._await_ready()
+        limit = self.deadline if deadline is None else deadline
+        self._case_id += 1
+        case_id = self._case_id
+        start = time.monotonic()
+        self._busy = True
+        for r in self._ranks:
+            r.stack_offset = _size(r.stack_path)
+            self._send(r, RunScript(case_id=case_id, code=code, function=function))
+        done = self._gather(ScriptDone, case_id, start + limit, grace=True)
+        seconds = time.monotonic() - start
+        healthy = len(done) == self.world_size
+        if healthy:
+            for r in self._ranks:
+                self._send(r, Settle(case_id=case_id))
+            settled = self._gather(Settled, case_id, time.monotonic() + SETTLE_TIMEOUT_S, grace=False)
+            healthy = len(settled) == self.world_size and not any(m.error for m in settled.values())
+        self._busy = False
+        verdicts = {rank: m.verdict for rank, m in done.items() if m.verdict is not None}
+        errors = {}
+        for rank, m in done.items():
+            if m.exc_type is not None:
+                last = (m.traceback or "").strip().splitlines()[-1:] or [""]
+                errors[rank] = f"{m.exc_type}: {m.message} ({last[0][:300]})"
+        missing = {}
+        for r in self._ranks:
+            if r.rank not in done:
+                status = r.proc.poll()
+                missing[r.rank] = f"died with status {status}" if status is not None else "missed the deadline"
+        if not healthy:
+            self._respawn()
+        self.cases_run += 1
+        return ScriptOutcome(verdicts, errors, missing, seconds, respawned=not healthy)
+
+    def _gather(self, kind: type, case_id: int, deadline: float, *, grace: bool) -> dict[int, Any]:
+        """The messages of type ``kind`` for ``case_id`` from the ranks, by rank, until every rank
+        sent one, died, or ``deadline`` passed (with ``grace``: or :data:`FAILURE_GRACE_S` after
+        the first answer that is a verdict line or an exception)."""
+        got: dict[int, Any] = {}
+        until = deadline
+        sel = selectors.DefaultSelector()
+        for r in self._ranks:
+            if not r.eof:
+                sel.register(r.res_fd, selectors.EVENT_READ, r)
+        try:
+            while len(got) < self.world_size and sel.get_map():
+                now = time.monotonic()
+                if now >= until:
+                    break
+                for key, _ in sel.select(until - now):
+                    r = key.data
+                    for m in self._read(r):
+                        if isinstance(m, kind) and getattr(m, "case_id", None) == case_id:
+                            got[r.rank] = m
+                            if grace and (getattr(m, "verdict", None) or getattr(m, "exc_type", None)):
+                                until = min(until, time.monotonic() + FAILURE_GRACE_S)
+                    if r.eof:
+                        sel.unregister(r.res_fd)
+        finally:
+            sel.close()
+        return got
 
     def _collect(
         self, case_id: int, start: float, deadline: float, stall: Stall | None, watch: HangWatch | None = None

@@ -200,14 +200,14 @@ def _requires_grad_schedule(draw: st.DrawFn, body: _Body) -> _Body:
     leaves = {p: n for p, n in body.tree.paths().items() if isinstance(n, Leaf) and has_params(n)}
     flags = {p: not n.frozen for p, n in leaves.items()}
     total = body.training.steps + body.steps_after
-    changes = []
-    steps = draw(st.lists(st.integers(0, total - 1), min_size=1, max_size=2, unique=True))
+    changes: list[RequiresGrad] = []
+    when: list[int] = draw(st.lists(st.integers(0, total - 1), min_size=1, max_size=2, unique=True))
     # Half the time where it can be, the first change freezes a leaf that trained before the
     # state is taken (its optimizer state then exists while it is frozen).
     freeze_trained = body.training.steps >= 2 and body.training.set_to_none and draw(st.booleans())
     if freeze_trained:
-        steps = [draw(st.integers(1, body.training.steps - 1)), *[s for s in steps if s >= body.training.steps][:1]]
-    for step in sorted(steps):
+        when = [draw(st.integers(1, body.training.steps - 1)), *[s for s in when if s >= body.training.steps][:1]]
+    for step in sorted(when):
         can = [
             p
             for p, on in sorted(flags.items())

@@ -18,6 +18,8 @@ from tests.conftest import ROOT, run_cli, torchrun
 
 #: A small known entry (2 ranks, about 10 s a run on CPU).
 SMALL = "parity-mismatch-da0c9d4e06cd"
+#: A small known exception entry (composable checkpoint with debug=True raises on every rank).
+EXCEPTION = "parity-exception-3e90c3cc368a"
 STORED = sorted((ROOT / "corpus").glob("*.repro.py"))
 
 
@@ -37,6 +39,25 @@ def test_a_reduced_script_reproduces_its_entry_and_is_smaller(tmp_path: Path) ->
     assert is_current(text, entry) and stored_script(path, entry) == text
     assert code_lines(text) < code_lines(render_entry(entry)) // 2
     assert reduce_and_store(path, entry, budget_s=0) == (text, None)  # kept: returned as it is
+    done = torchrun(stored_path(path), nproc=entry.case.world_size)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"REPRODUCED {entry.signature}" in done.stdout
+
+
+@pytest.mark.slow  # about a minute: a traced run, three torchruns, the pool's start, the budget
+def test_delta_debugging_in_the_pool_shortens_a_script_that_still_reproduces_under_torchrun(tmp_path: Path) -> None:
+    """An exception entry: its attempts after flattening run in the pool, the folded and the
+    final scripts are confirmed under torchrun."""
+    path = tmp_path / f"{EXCEPTION}.json"
+    shutil.copy(ROOT / "corpus" / path.name, path)
+    entry = load_entry(path)
+    said: list[str] = []
+    text, result = reduce_and_store(path, entry, budget_s=15, say=said.append)
+    assert result is not None
+    assert result.pool_attempts > 10 and result.torchrun_attempts == 3, said  # flattened, folded, final
+    assert result.attempts == result.pool_attempts + result.torchrun_attempts
+    assert any("statements cut" in line for line in said), said
+    assert code_lines(text) < 250, text  # folded, before delta debugging: over 300
     done = torchrun(stored_path(path), nproc=entry.case.world_size)
     assert done.returncode == 1, done.stdout + done.stderr
     assert f"REPRODUCED {entry.signature}" in done.stdout

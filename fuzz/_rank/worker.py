@@ -3,6 +3,12 @@
 Started by :class:`fuzz.pool.RankPool` as ``python -m fuzz._rank.worker`` with its settings in
 ``SHARDFUZZ_*`` environment variables and two inherited pipe descriptors (commands in, results
 out). The rank never decides whether a case passed: it sends back plain observations.
+
+Besides cases, a rank runs scripts for the reducer (:class:`~fuzz._protocol.RunScript`): the
+script's code is executed as a fresh module and its ``attempt(rank, world_size)`` called in
+this rank's process group; the verdict line it returns goes back as is. Then, once every rank
+has answered, :class:`~fuzz._protocol.Settle` checks that the ranks are still in step and
+frees what the script left behind (:func:`_settle`).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import traceback
 from datetime import timedelta
 from typing import IO, Any
 
-from fuzz._protocol import CaseDone, Ready, RunCase, Stop, decode, encode
+from fuzz._protocol import CaseDone, Ready, RunCase, RunScript, ScriptDone, Settle, Settled, Stop, decode, encode
 
 PR_SET_PDEATHSIG = 1
 #: Collectives give up after this long; the driver's per-case deadline is far shorter, so a
@@ -138,11 +144,17 @@ def main() -> int:
 
     sampler = _Sampler(env["SHARDFUZZ_SAMPLE_FILE"])
     sampler.start()
+    groups: set[Any] = set()  # the process groups there were before the latest script
     for line in commands:
         msg = decode(line)
         if isinstance(msg, Stop):
             break
-        if isinstance(msg, RunCase):
+        if isinstance(msg, RunScript):
+            groups = _process_groups()
+            _send(results, _run_script(msg, ctx))
+        elif isinstance(msg, Settle):
+            _send(results, Settled(case_id=msg.case_id, rank=ctx.rank, error=_settle(ctx, groups)))
+        elif isinstance(msg, RunCase):
             sampler.case = (msg.case_id, time.monotonic())
             done = _run_one(msg, ctx, run_case)
             sampler.case = None
@@ -181,6 +193,59 @@ def _run_one(msg: RunCase, ctx: Any, run_case: Any) -> CaseDone:
         observation=observation,
         stats=_process_stats(),
     )
+
+
+def _run_script(msg: RunScript, ctx: Any) -> ScriptDone:
+    """Run ``msg.code`` as a module of its own (registered in ``sys.modules`` while it runs, so
+    that dataclasses and pickle find it; not ``__main__``, so its ``main`` does not run) and
+    call its ``msg.function(rank, world_size)``."""
+    import types
+
+    name = f"_shardfuzz_script_{msg.case_id}"
+    module = types.ModuleType(name)
+    module.__file__ = f"<{name}>"
+    sys.modules[name] = module
+    start = time.perf_counter()
+    try:
+        exec(compile(msg.code, module.__file__, "exec"), module.__dict__)
+        verdict = module.__dict__[msg.function](ctx.rank, ctx.world_size)
+    except BaseException as e:
+        return ScriptDone(
+            case_id=msg.case_id,
+            rank=ctx.rank,
+            seconds=time.perf_counter() - start,
+            exc_type=f"{type(e).__module__}.{type(e).__qualname__}",
+            message=str(e)[:4000],
+            traceback=traceback.format_exc()[-20000:],
+        )
+    finally:
+        sys.modules.pop(name, None)
+    return ScriptDone(case_id=msg.case_id, rank=ctx.rank, seconds=time.perf_counter() - start, verdict=str(verdict))
+
+
+def _process_groups() -> set[Any]:
+    from torch.distributed import distributed_c10d
+
+    return set(distributed_c10d._world.pg_map)
+
+
+def _settle(ctx: Any, before: set[Any]) -> str | None:
+    """After a script on every rank: None if this rank can run another, else why not. The ranks
+    must have issued as many collectives on the default group (gloo pairs them by order: see
+    :meth:`~fuzz._rank.context.RankContext.end_case`); the process groups the script made
+    (its meshes) are destroyed, none of them is used again; dynamo's caches are reset."""
+    import torch.distributed as dist
+
+    try:
+        ctx.end_case()
+        for group in _process_groups() - before:
+            dist.destroy_process_group(group)
+        dynamo = sys.modules.get("torch._dynamo")
+        if dynamo is not None:
+            dynamo.reset()
+    except BaseException as e:
+        return f"{type(e).__module__}.{type(e).__qualname__}: {str(e)[:2000]}"
+    return None
 
 
 def _send(out: IO[bytes], msg: Any) -> None:

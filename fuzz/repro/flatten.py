@@ -102,7 +102,7 @@ class _Flattener:
                 if binding[0] not in ("def", "import") or binding in self.flat:
                     continue
                 flat = name
-                if (flat in taken and taken[flat] != binding) or flat == "main":
+                if (flat in taken and taken[flat] != binding) or flat in ("main", "attempt"):
                     short = mod.name.split(".")[-1].lstrip("_")
                     flat = f"{name}_{short}"
                     while flat in taken:

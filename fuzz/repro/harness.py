@@ -8,7 +8,7 @@ only what its failure needs to be seen, in the script's ``main``:
   fields left at their defaults left out;
 - every rank builds its :class:`~fuzz._rank.context.RankContext` from torchrun's environment
   and calls the body's rank program directly;
-- then the check of the failure's kind (:data:`CHECKS`): an exception is matched by type and
+- then the check of the failure's kind: an exception is matched by type and
   innermost torch frame, as :func:`fuzz.signature.location` reads a traceback; a mismatch by
   the property's judge over every rank's observation (gathered to rank 0); a hang by the stuck
   main thread's stack after :data:`HANG_AFTER_S`; a crash by the signal and faulthandler's
@@ -16,6 +16,13 @@ only what its failure needs to be seen, in the script's ``main``:
 
 The check prints ``REPRODUCED <signature>`` and exits 1 only when the failure is there;
 otherwise the script exits 0.
+
+For an exception or a mismatch (:data:`POOLED_KINDS`) the case and its check are a function of
+their own, ``attempt(rank, world_size)``, which returns the verdict line instead of printing it
+and exiting; ``main`` brings up torchrun's process group, calls it, prints the verdict and exits
+1 if it says ``REPRODUCED``. The reducer runs ``attempt`` in the ranks of a warm
+:class:`fuzz.pool.RankPool` (:meth:`~fuzz.pool.RankPool.run_script`) rather than a torchrun
+per candidate.
 """
 
 from __future__ import annotations
@@ -101,6 +108,22 @@ _PRELUDE = """\
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device("cpu"), backend="gloo")
 """
 
+#: The kinds whose check is a function of the rank, ``attempt(rank, world_size)``, returning
+#: the verdict line: a rank of :class:`fuzz.pool.RankPool` can run it in its process group
+#: (:meth:`fuzz.pool.RankPool.run_script`), so that the reducer's attempts need no torchrun.
+POOLED_KINDS = ("exception", "mismatch")
+#: The function of a pooled script that runs the case and checks it on one rank.
+ATTEMPT = "attempt"
+
+_ATTEMPT_PRELUDE = """\
+def attempt(rank, world_size):
+    import torch
+    import torch.distributed as dist
+{imports}
+    case = {case}
+    ctx = RankContext(rank=rank, world_size=world_size, device=torch.device("cpu"), backend="gloo")
+"""
+
 _EXCEPTION = """\
     import re
     import traceback
@@ -111,25 +134,37 @@ _EXCEPTION = """\
         path, fn = [(p, f) for p, f in frames if "/torch/" in p and not f.endswith("comp>")][-1]
         found = f"{{type(e).__module__}}.{{type(e).__qualname__}}@torch/{{path.rpartition('/torch/')[2]}}:{{fn}}"
         if found in {expected!r}:
-            print(f"REPRODUCED {signature}: rank {{ctx.rank}} raised {{found}}: {{e}}", flush=True)
-            os._exit(1)
-        print(f"FAIL (not the entry's failure): rank {{ctx.rank}} raised {{found}}: {{e}}", flush=True)
-        os._exit(0)
-    print("PASS: no rank raised")
+            return f"REPRODUCED {signature}: rank {{rank}} raised {{found}}: {{e}}"
+        return f"FAIL (not the entry's failure): rank {{rank}} raised {{found}}: {{e}}"
+    return "PASS: no rank raised"
 """
 
 _MISMATCH = """\
     import json
     obs = json.loads(json.dumps({program}(case, case.body, ctx)))
-    outs = [None] * ctx.world_size
+    outs = [None] * world_size
     dist.all_gather_object(outs, obs)
-    if ctx.rank == 0:
-        reports = tuple(RankReport(rank=r, observation=o) for r, o in enumerate(outs))
-        failure = {judge}(case, Outcome(kind=OutcomeKind.OK, ranks=reports, seconds=0.0))
-        if failure is not None and failure.signature in {expected!r}:
-            print(f"REPRODUCED {{failure.signature}}: {{failure.summary}}", flush=True)
-            os._exit(1)
-        print(f"PASS or another failure: {{failure and failure.signature}}", flush=True)
+    if rank != 0:
+        return ""
+    reports = tuple(RankReport(rank=r, observation=o) for r, o in enumerate(outs))
+    failure = {judge}(case, Outcome(kind=OutcomeKind.OK, ranks=reports, seconds=0.0))
+    if failure is not None and failure.signature in {expected!r}:
+        return f"REPRODUCED {{failure.signature}}: {{failure.summary}}"
+    return f"PASS or another failure: {{failure and failure.signature}}"
+"""
+
+#: ``main`` of a pooled script: torchrun's process group, the attempt, its verdict as the exit
+#: status (1: reproduced). ``os._exit``: a rank must not wait for the others at exit.
+_ATTEMPT_MAIN = """\
+
+def main():
+    import os
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    verdict = attempt(dist.get_rank(), dist.get_world_size())
+    if verdict:
+        print(verdict, flush=True)
+    os._exit(1 if verdict.startswith("REPRODUCED") else 0)
 """
 
 _HANG = """\
@@ -192,7 +227,10 @@ def _signal_names(expected: list[str]) -> list[str]:
 
 def main_source(entry: Entry, signature: str) -> tuple[str, list[str]]:
     """(the reduced script's ``main``, the carried modules it imports). ``signature`` is what
-    the unreduced script printed for the entry."""
+    the unreduced script printed for the entry. For the :data:`POOLED_KINDS` the source holds
+    two functions: ``attempt(rank, world_size)``, the case and its check on one rank in a
+    process group already up, returning the verdict line, and ``main``, which brings up
+    torchrun's process group, prints the verdict and exits with it."""
     case = entry.case
     program_module, program = case.body.PROGRAM.split(":")
     judge = get_property(case.property).judge
@@ -215,6 +253,9 @@ def main_source(entry: Entry, signature: str) -> tuple[str, list[str]]:
     else:
         body = _EXCEPTION.format(expected=_expected_exceptions(signatures), **fields)
     lines = [f"    from {module} import {', '.join(sorted(set(names)))}" for module, names in sorted(imports.items())]
+    if kind in POOLED_KINDS:
+        head = _ATTEMPT_PRELUDE.format(imports="\n".join(lines), case=expression)
+        return head + body + _ATTEMPT_MAIN, sorted(imports)
     head = _PRELUDE.format(imports="\n".join(lines), case=expression)
     if kind == "crash":
         head = _CRASH_HEAD.format(expected=_signal_names(_expected_exceptions(signatures)), **fields) + head

@@ -1,9 +1,10 @@
 """Reduction: shrink a corpus entry's reproducer script while its failure still reproduces.
 
 The unreduced script (:mod:`fuzz.repro.script`) runs once, traced; every later candidate is a
-flat script run under ``torchrun --standalone --nproc-per-node N``, and is kept only if it exits
-1 printing ``REPRODUCED`` with the signature the unreduced script printed (a candidate that
-passes, fails otherwise or times out is rejected). The passes, cheapest first:
+flat script, run under ``torchrun --standalone --nproc-per-node N`` or in a rank pool (below),
+and is kept only if it reproduces: ``REPRODUCED`` with the signature the unreduced script
+printed (a candidate that passes, fails otherwise or times out is rejected). The passes,
+cheapest first:
 
 1. **Trace.** The unreduced script runs once with ``REPRO_TRACE=DIR`` (honoured by
    :mod:`fuzz.repro.runtime`): every process (launcher, ranks, judge) writes the lines of the
@@ -23,8 +24,17 @@ passes, fails otherwise or times out is rejected). The passes, cheapest first:
 4. **Folding** (:mod:`fuzz.repro.fold`): what an instrumented run saw once becomes a literal
    (the case's fields, the model's functions, the rank code's tests), the branches not taken,
    the case's unread fields, the model's unread fields and uncalled methods go.
-5. **Delta debugging** over the statements left (top-level and in function bodies, in chunks,
-   ddmin), each attempt a run of the candidate script, for as long as ``budget_s`` allows.
+5. **Delta debugging** (:mod:`fuzz.repro.delta`): whole definitions with what names them, then
+   function bodies, then chunks of statements, each candidate tidied statically, for as long as
+   ``budget_s`` allows.
+
+Where the failure is an exception or a mismatch, the attempts of passes 4 and 5 run in a warm
+:class:`~fuzz.pool.RankPool` (gloo, CPU, the case's world size) whose ranks execute the
+candidate's ``attempt`` function (:mod:`fuzz.repro.harness`), once the pool has reproduced the
+flattened script as torchrun did; the folded and the final scripts are verified under torchrun,
+and one that does not reproduce there is replaced by the last one that did. A hang or a crash
+is checked in ways a pool's rank cannot host (a watchdog that exits the process, a child
+process), so its attempts stay under torchrun.
 
 The reduced script is kept beside its entry (``NAME.repro.py`` for ``NAME.json``); its second
 line holds a hash of the entry and of the carried sources it was reduced from
@@ -50,23 +60,30 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fuzz.corpus import Entry
-from fuzz.errors import InvalidArgument
+from fuzz.errors import InvalidArgument, PoolError
+from fuzz.pool import RankPool
 from fuzz.properties import get_property
 from fuzz.repro import render_entry
-from fuzz.repro.harness import main_source
+from fuzz.repro.delta import ddmin, frozen_for
+from fuzz.repro.harness import ATTEMPT, POOLED_KINDS, main_source
 from fuzz.repro.script import carried_modules, code_lines, imported_modules, relative, roots_for
-from fuzz.repro.specialize import FLAT, Origins, initial, render_flat, specialize
+from fuzz.repro.specialize import Origins, initial, render_flat, specialize, tidy
 
 #: Modules whose paths depend on timing (the judge polls, the samplers sample): the trace
 #: pass drops their functions that did not run, never a statement inside one that ran.
 WHOLE_FUNCTIONS = {"fuzz.repro.runtime", "fuzz._rank.worker"}
 #: The second line of a stored reduced script.
 HEADER = "# shardfuzz reduced reproducer:"
-#: Seconds of delta debugging (pass 3) by default, after the trace passes.
-DEFAULT_BUDGET_S = 300.0
+#: Seconds of delta debugging (pass 5) by default, after the trace passes and folding. Most
+#: attempts run in the pool (an exception or a mismatch), about as long as the case itself.
+DEFAULT_BUDGET_S = 240.0
 #: A candidate may take this many times as long as the unreduced script, plus the slack.
 TIMEOUT_FACTOR = 2.0
 TIMEOUT_SLACK_S = 30.0
+#: In the pool, a candidate may take this many times as long as the slowest that reproduced
+#: there, and at least POOL_DEADLINE_MIN_S (a candidate that hangs costs no more than that).
+POOL_DEADLINE_FACTOR = 3.0
+POOL_DEADLINE_MIN_S = 15.0
 _REPRODUCED = re.compile(r"^REPRODUCED (\S+)", re.MULTILINE)
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -79,6 +96,11 @@ class Reduction:
     seconds: float
     attempts: int
     signature: str
+    #: Of the attempts, those run in the rank pool and under torchrun, with their seconds.
+    pool_attempts: int = 0
+    pool_seconds: float = 0.0
+    torchrun_attempts: int = 0
+    torchrun_seconds: float = 0.0
 
 
 # -- the oracle ----------------------------------------------------------------------------------
@@ -490,73 +512,90 @@ def read_trace(directory: Path, modules: dict[str, str]) -> dict[str, set[int]]:
     return ran
 
 
-# -- pass 3: delta debugging ---------------------------------------------------------------------
-
-
-def _units(trees: dict[str, ast.Module]) -> list[tuple[str, ast.stmt, list[ast.stmt]]]:
-    """Every statement that could go (module, statement, the list it is in), outermost first."""
-    out: list[tuple[str, ast.stmt, list[ast.stmt]]] = []
-
-    def visit(name: str, stmts: list[ast.stmt]) -> None:
-        for node in stmts:
-            if isinstance(node, ast.ImportFrom) and node.module == "__future__":
-                continue
-            out.append((name, node, stmts))
-        for node in stmts:
-            for field in ("body", "orelse", "finalbody"):
-                inner = getattr(node, field, None)
-                if isinstance(inner, list) and inner and isinstance(inner[0], ast.stmt):
-                    visit(name, inner)
-            for handler in getattr(node, "handlers", []) or []:
-                visit(name, handler.body)
-
-    for name, tree in trees.items():
-        visit(name, tree.body)
-    return out
-
-
-def _without(modules: dict[str, str], drop: list[tuple[str, int]], roots: list[str]) -> dict[str, str]:
-    """``modules`` without the statements numbered ``drop`` ((module, index in :func:`_units`))."""
-    trees = {name: ast.parse(text) for name, text in modules.items()}
-    units = _units(trees)
-    gone = {id(units[i][1]) for _, i in drop}
-    for stmts in {id(lst): lst for _, _, lst in units}.values():
-        stmts[:] = [n for n in stmts if id(n) not in gone] or [ast.Pass()]
-    return closure({name: _unparse(tree) for name, tree in trees.items()}, roots)
-
-
-def _size(modules: dict[str, str]) -> int:
-    return sum(code_lines(text) for text in modules.values())
-
-
-def ddmin(
-    modules: dict[str, str], test: Callable[[dict[str, str]], bool], roots: list[str], until: float
-) -> dict[str, str]:
-    """Pass 3: drop chunks of statements while ``test`` holds, outermost statements first,
-    halving the chunks (ddmin's complement steps are left out: each test is a torchrun)."""
-    current = modules
-    size = max(1, len(_units({n: ast.parse(t) for n, t in current.items()})) // 4)
-    while size >= 1 and time.monotonic() < until:
-        units = _units({n: ast.parse(t) for n, t in current.items()})
-        indices = list(range(len(units)))
-        start = 0
-        progressed = False
-        while start < len(indices) and time.monotonic() < until:
-            chunk = [(units[i][0], i) for i in indices[start : start + size]]
-            candidate = _without(current, chunk, roots)
-            if _size(candidate) < _size(current) and test(candidate):
-                current = candidate
-                progressed = True
-                units = _units({n: ast.parse(t) for n, t in current.items()})
-                indices = list(range(len(units)))
-                continue  # the same position now holds the next statements
-            start += size
-        if not progressed:
-            size //= 2
-    return current
-
-
 # -- the reducer ---------------------------------------------------------------------------------
+
+
+class _Oracle:
+    """Runs candidates of one entry and says whether they reproduce its signature: under
+    torchrun (:func:`run_script`), or, once :meth:`open_pool` found that the pool agrees with
+    torchrun on a candidate, in a warm :class:`~fuzz.pool.RankPool` (gloo, CPU, the case's world
+    size), where an attempt costs the case and not a torchrun. Counts the attempts and their
+    seconds, in the pool and under torchrun."""
+
+    def __init__(self, entry: Entry, source: str, signature: str, timeout: float, say: Callable[[str], None]) -> None:
+        self.entry, self.source, self.signature, self.timeout, self.say = entry, source, signature, timeout, say
+        self.pool: RankPool | None = None
+        self.deadline = timeout
+        self.slowest = 0.0
+        self.pool_attempts = self.torchrun_attempts = 0
+        self.pool_seconds = self.torchrun_seconds = 0.0
+
+    @property
+    def attempts(self) -> int:
+        return self.pool_attempts + self.torchrun_attempts
+
+    def torchrun(self, code: str) -> bool:
+        """Whether the flat script ``code`` reproduces under torchrun."""
+        self.torchrun_attempts += 1
+        script = render_flat(self.entry, self.source, self.signature, code)
+        status, output, seconds = run_script(script, timeout=self.timeout, nproc=self.entry.case.world_size)
+        self.torchrun_seconds += seconds
+        ok = reproduced(status, output) == self.signature
+        self._said("torchrun", code, ok, seconds, output)
+        return ok
+
+    def in_pool(self, code: str) -> bool:
+        """Whether ``code`` reproduces in the pool (whose ranks call its ``attempt``)."""
+        assert self.pool is not None
+        try:
+            outcome = self.pool.run_script(code, function=ATTEMPT, deadline=self.deadline)
+        except PoolError as e:  # fresh ranks did not start: torchrun still can
+            self.say(f"  the pool failed ({e}): the attempts left run under torchrun")
+            self.close()
+            return self.torchrun(code)
+        self.pool_attempts += 1
+        self.pool_seconds += outcome.seconds
+        ok = any(reproduced(1, verdict) == self.signature for verdict in outcome.verdicts.values())
+        if ok:  # a candidate may take POOL_DEADLINE_FACTOR times the slowest that reproduced
+            self.slowest = max(self.slowest, outcome.seconds)
+            self.deadline = min(self.timeout, max(POOL_DEADLINE_MIN_S, POOL_DEADLINE_FACTOR * self.slowest))
+        said = [*outcome.verdicts.values(), *outcome.errors.values()]
+        said += [f"rank {rank} {why}" for rank, why in outcome.missing.items()]
+        self._said("pool", code, ok, outcome.seconds, "\n".join(s for s in said if s))
+        return ok
+
+    def __call__(self, code: str) -> bool:
+        return self.in_pool(code) if self.pool is not None else self.torchrun(code)
+
+    def _said(self, where: str, code: str, ok: bool, seconds: float, output: str) -> None:
+        self.say(
+            f"  attempt {self.attempts} ({where}, {seconds:.1f} s): {code_lines(code)} code lines, "
+            f"{'kept' if ok else 'rejected'}"
+        )
+        if not ok:
+            self.say("    " + " | ".join(output.strip().splitlines()[-3:])[:600])
+
+    def open_pool(self, code: str) -> None:
+        """Start the pool and run ``code`` (which reproduced under torchrun) in it; the pool is
+        used from now on only if it reproduces there too."""
+        if self.entry.kind not in POOLED_KINDS:
+            return
+        pool = RankPool(world_size=self.entry.case.world_size, backend="gloo", deadline=self.timeout)
+        try:
+            pool.start()
+            self.pool = pool
+            if self.in_pool(code):
+                return
+            self.say("  the pool does not reproduce what torchrun does: every attempt runs under torchrun")
+        except PoolError as e:
+            self.say(f"  no pool ({e}): every attempt runs under torchrun")
+        self.pool = None
+        pool.close()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
 
 
 def reduce_entry(
@@ -566,7 +605,12 @@ def reduce_entry(
     budget_s: float = DEFAULT_BUDGET_S,
     say: Callable[[str], None] = lambda _: None,
 ) -> Reduction:
-    """The reduced script of ``entry``; InvalidArgument if its script does not reproduce here."""
+    """The reduced script of ``entry``; InvalidArgument if its script does not reproduce here.
+
+    Candidates run in a warm rank pool where the failure's kind allows it
+    (:data:`~fuzz.repro.harness.POOLED_KINDS`); what the pool kept is then verified under
+    torchrun, once after folding and once at the end, and a script that torchrun does not
+    confirm is replaced by the last one it did."""
     began = time.monotonic()
     full = render_entry(entry, source=source)
     modules = unreduced_modules(entry)
@@ -580,47 +624,77 @@ def reduce_entry(
             raise InvalidArgument(f"{name}: its script does not reproduce the failure here ({said}: {last[:300]})")
         ran = read_trace(Path(tmp), modules)
     say(f"{name}: reproduced {signature} in {seconds:.1f} s (traced)")
-    timeout = seconds * TIMEOUT_FACTOR + TIMEOUT_SLACK_S
-    attempts = 0
-    nproc = entry.case.world_size
-
-    def test_code(code: str) -> bool:
-        nonlocal attempts
-        attempts += 1
-        status, output, _ = run_script(render_flat(entry, source, signature, code), timeout=timeout, nproc=nproc)
-        ok = reproduced(status, output) == signature
-        say(f"  attempt {attempts}: {code_lines(code)} code lines, {'kept' if ok else 'rejected'}")
-        if not ok:
-            say("    " + " | ".join(output.strip().splitlines()[-3:])[:600])
-        return ok
-
-    main, roots = main_source(entry, signature)
-    extra = Counter(_WORD.findall(main))
-    code = None
-    origins: Origins = {}
-    tries: tuple[set[str] | None, ...] = (None, set())
-    for only in tries:  # the trace passes, else none
-        try:
-            candidate, origins = initial(entry, prune(modules, ran, roots, extra, only), signature)
-        except (KeyError, SyntaxError, ValueError) as e:  # a module the flattening cannot merge
-            say(f"  not flattened: {type(e).__name__}: {e}")
-            continue
-        if test_code(candidate):
-            code = candidate
-            break
-    if code is None:
-        raise InvalidArgument(f"{name}: its reduced script does not reproduce the failure here")
-    code = specialize(code, entry, signature, origins, test_code, timeout=timeout, say=say)
-    flat = ddmin({FLAT: code}, lambda m: test_code(m[FLAT]), [FLAT], time.monotonic() + budget_s)
-    script = render_flat(entry, source, signature, flat[FLAT])
+    oracle = _Oracle(entry, source, signature, seconds * TIMEOUT_FACTOR + TIMEOUT_SLACK_S, say)
+    try:
+        main, roots = main_source(entry, signature)
+        extra = Counter(_WORD.findall(main))
+        code = None
+        origins: Origins = {}
+        tries: tuple[set[str] | None, ...] = (None, set())
+        for only in tries:  # the trace passes, else none
+            try:
+                candidate, origins = initial(entry, prune(modules, ran, roots, extra, only), signature)
+            except (KeyError, SyntaxError, ValueError) as e:  # a module the flattening cannot merge
+                say(f"  not flattened: {type(e).__name__}: {e}")
+                continue
+            if oracle.torchrun(candidate):
+                code = candidate
+                break
+        if code is None:
+            raise InvalidArgument(f"{name}: its reduced script does not reproduce the failure here")
+        if budget_s > 0:  # else one attempt is left (the folded script's): torchrun, no pool
+            oracle.open_pool(code)
+        verified = code  # the last script that reproduced under torchrun
+        code = specialize(code, entry, signature, origins, oracle, timeout=oracle.timeout, say=say)
+        code = _confirmed(code, verified, oracle, "folded")
+        verified = code
+        tidied = lambda text: tidy(text, entry, origins)  # noqa: E731
+        frozen = _judge_side(code, entry, origins)
+        code = ddmin(code, oracle, time.monotonic() + budget_s, tidy=tidied, frozen=frozen, say=say)
+        code = _confirmed(code, verified, oracle, "delta-debugged")
+    finally:
+        oracle.close()
+    script = render_flat(entry, source, signature, code)
+    say(
+        f"{name}: {code_lines(full)} -> {code_lines(script)} code lines, {oracle.attempts} attempts "
+        f"({oracle.pool_attempts} in the pool, {oracle.pool_seconds:.1f} s; {oracle.torchrun_attempts} under "
+        f"torchrun, {oracle.torchrun_seconds:.1f} s), {time.monotonic() - began:.1f} s"
+    )
     return Reduction(
         script=script,
         lines_before=code_lines(full),
         lines_after=code_lines(script),
         seconds=time.monotonic() - began,
-        attempts=attempts,
+        attempts=oracle.attempts,
         signature=signature,
+        pool_attempts=oracle.pool_attempts,
+        pool_seconds=oracle.pool_seconds,
+        torchrun_attempts=oracle.torchrun_attempts,
+        torchrun_seconds=oracle.torchrun_seconds,
     )
+
+
+def _judge_side(code: str, entry: Entry, origins: Origins) -> frozenset[str]:
+    """For a mismatch, the definitions of the flat script that the property's judge uses (what
+    came from neither ``fuzz._rank`` nor ``fuzz.model``, and what that names): delta debugging
+    leaves them as they are."""
+    if entry.kind != "mismatch":
+        return frozenset()
+    judge = get_property(entry.case.property).judge
+    flat_of = {origin: flat for flat, origin in origins.items()}
+    roots = {flat for flat, (module, _) in origins.items() if not module.startswith(("fuzz._rank", "fuzz.model"))}
+    roots.add(flat_of.get((judge.__module__, judge.__name__), judge.__name__))
+    return frozen_for(code, roots)
+
+
+def _confirmed(code: str, verified: str, oracle: _Oracle, what: str) -> str:
+    """``code`` if it is ``verified`` or reproduces under torchrun, else ``verified`` (a script
+    that reproduced there). Needed only where the pool ran the attempts."""
+    if code == verified or oracle.pool is None or oracle.torchrun(code):
+        return code
+    lines = code_lines(verified)
+    oracle.say(f"  the {what} script does not reproduce under torchrun: kept the one before ({lines} code lines)")
+    return verified
 
 
 def reduce_and_store(

@@ -29,7 +29,7 @@ from fuzz.corpus import Entry
 from fuzz.repro import script as _script
 from fuzz.repro.flatten import flatten
 from fuzz.repro.fold import clean, fold, instrument, read_records
-from fuzz.repro.harness import case_expression, main_source
+from fuzz.repro.harness import ATTEMPT, case_expression, main_source
 
 #: The module name a flat script's code is kept under by the reducer's passes.
 FLAT = "__main__"
@@ -145,7 +145,7 @@ def initial(entry: Entry, modules: dict[str, str], signature: str) -> tuple[str,
 
 def _case_assignment(tree: ast.Module) -> ast.Assign | None:
     for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and node.name == "main":
+        if isinstance(node, ast.FunctionDef) and node.name in ("main", ATTEMPT):
             for stmt in node.body:
                 if isinstance(stmt, ast.Assign) and ast.unparse(stmt.targets[0]) == "case":
                     return stmt
@@ -184,6 +184,17 @@ def _folded(code: str, records: dict[int, set[str]], rank: set[str], entry: Entr
     for _ in range(2):
         folded = shrink_case(ast.unparse(_drop_unused(ast.parse(clean(folded)))) + "\n", entry, origins)
     return folded, count
+
+
+def tidy(code: str, entry: Entry, origins: Origins) -> str:
+    """``code`` without what a cut left idle: statements that only call a function without a
+    body (:func:`fuzz.repro.delta.drop_idle_calls`), locals that only name another value
+    (:func:`fuzz.repro.delta.propagate_aliases`), what folding's clean-up drops
+    (:func:`fuzz.repro.fold.clean`), the definitions and the case's fields nothing refers to."""
+    from fuzz.repro.delta import drop_idle_calls, propagate_aliases
+
+    code = clean(ast.unparse(propagate_aliases(drop_idle_calls(ast.parse(code)))) + "\n")
+    return shrink_case(ast.unparse(_drop_unused(ast.parse(code))) + "\n", entry, origins)
 
 
 def specialize(

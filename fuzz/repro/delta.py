@@ -1,0 +1,881 @@
+"""Delta debugging of a flat reduced script: the last pass of :mod:`fuzz.repro.reduce`.
+
+Every candidate is the current script with something cut, then tidied (``tidy``: the static
+clean-up of :func:`fuzz.repro.specialize.tidy`, what nothing refers to any more and calls of
+functions left without a body); it is kept if it is smaller and ``test`` says it still
+reproduces. The cuts, coarsest first, in rounds until a round keeps nothing or the time is up:
+
+0. **Objects**: the fields read off the dataclass objects the script builds by keywords (the
+   case) become the expressions they were built with (:func:`propagate_objects`), kept if it
+   reproduces even where it is not smaller;
+1. **Definitions**: a top-level function, class or assignment, with every innermost statement
+   that names it (its calls, the loops over what it returns);
+2. **Bodies**: a function's or method's body becomes ``pass`` (a function that only had an
+   effect loses it; its calls as statements then go, by the tidying);
+3. **Inlining**: a top-level function called once, with at most a final ``return``, is replaced
+   by its body (its parameters bound by assignments, its locals renamed where the caller uses
+   their names), before the statement that calls it where the call is not the statement
+   itself; kept if it reproduces even where it is not smaller (it leaves fewer functions);
+4. **Unwrapping**: a ``with``, ``if`` or ``try`` becomes its body, a ``for`` its first
+   iteration; kept if it reproduces (it leaves fewer compound statements);
+5. **Statements**: chunks of statements, top-level and in bodies, outermost first, the chunks
+   halved down to single statements (ddmin without its complement steps);
+6. **Elements**: a keyword argument of a call, an entry of a dict, an element of a list, tuple
+   or set display, one at a time (what is left to cut once the statements are 1-minimal: the
+   case's fields, a table's entries and the enum members only they name).
+
+The harness's ``main`` (torchrun's set-up) and the ``if __name__ == "__main__"`` guard are
+never cut; the harness's ``attempt`` is never cut whole, only statements of it, never those that
+hold its ``return`` statements (the verdicts: a script must still say PASS once the failure is
+gone) nor its ``except`` clauses (the check of the exception). For a mismatch, the judge and what
+it uses are left as they are (``frozen``): a judge cut down could find its mismatch in anything.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import time
+from collections.abc import Callable, Iterator
+
+from fuzz.repro.harness import ATTEMPT
+from fuzz.repro.script import code_lines
+
+#: A script as the reducer tests it: True if it still reproduces.
+Test = Callable[[str], bool]
+_COMPOUND_BODIES = ("body", "orelse", "finalbody")
+
+
+def _size(code: str) -> tuple[int, int]:
+    return code_lines(code), len(code)
+
+
+def _guard(node: ast.stmt) -> bool:
+    return isinstance(node, ast.If) and "__name__" in ast.unparse(node.test)
+
+
+#: Names of top-level definitions that are left as they are (they may only go whole, once nothing
+#: refers to them): for a mismatch, the judge and what it uses (:func:`frozen_for`).
+Frozen = frozenset[str]
+
+
+def _fixed(node: ast.stmt, frozen: Frozen = frozenset()) -> bool:
+    """A top-level statement that is never cut whole."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return node.name in ("main", ATTEMPT) or node.name in frozen
+    if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id in frozen for t in node.targets):
+        return True
+    if isinstance(node, ast.ImportFrom) and node.module == "__future__":
+        return True
+    return _guard(node)
+
+
+def _untouched(node: ast.stmt, frozen: Frozen = frozenset()) -> bool:
+    """A top-level statement whose inside is never cut either."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return node.name == "main" or node.name in frozen
+    return _guard(node)
+
+
+def _returns(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.Return) for n in ast.walk(node))
+
+
+def _blocks(node: ast.AST, handlers: bool = True) -> Iterator[list[ast.stmt]]:
+    """The statement lists directly inside ``node`` (but the ``except`` clauses' unless
+    ``handlers``)."""
+    for field in _COMPOUND_BODIES:
+        inner = getattr(node, field, None)
+        if isinstance(inner, list) and inner and isinstance(inner[0], ast.stmt):
+            yield inner
+    if handlers:
+        for handler in getattr(node, "handlers", []) or []:
+            yield handler.body
+
+
+def _harness(node: ast.stmt) -> bool:
+    return isinstance(node, ast.FunctionDef) and node.name == ATTEMPT
+
+
+def units(tree: ast.Module, frozen: Frozen = frozenset()) -> list[tuple[ast.stmt, list[ast.stmt]]]:
+    """Every statement that may be cut (the statement, the list it is in), outermost first. In
+    ``attempt``, the statements that hold a ``return`` (the verdicts) and the ``except`` clauses
+    (the check of the exception) are the harness's: they stay."""
+    out: list[tuple[ast.stmt, list[ast.stmt]]] = []
+    read = _harness_reads(tree)
+
+    def visit(stmts: list[ast.stmt], top: bool, harness: bool) -> None:
+        for node in stmts:
+            if top and _fixed(node, frozen):
+                continue
+            if harness and (_returns(node) or _binds(node) & read):
+                continue
+            out.append((node, stmts))
+        for node in stmts:
+            if not (top and _untouched(node, frozen)):
+                inner = harness or (top and _harness(node))
+                for block in _blocks(node, handlers=not inner):
+                    visit(block, False, inner)
+
+    visit(tree.body, True, False)
+    return out
+
+
+def _binds(node: ast.stmt) -> set[str]:
+    out = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    out.update(
+        a.asname or a.name.split(".")[0]
+        for n in ast.walk(node)
+        if isinstance(n, (ast.Import, ast.ImportFrom))
+        for a in n.names
+    )
+    return out
+
+
+def _harness_reads(tree: ast.Module) -> set[str]:
+    """The names that ``attempt``'s own statements read (its ``except`` clauses, its verdicts
+    and the tests that choose them): the statements that bind them stay, so that every verdict
+    can still be returned."""
+    read: set[str] = set()
+    for fn in tree.body:
+        if not _harness(fn):
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, ast.ExceptHandler):
+                parts: list[ast.AST] = [node]
+            elif isinstance(node, ast.Return) and node.value is not None:
+                parts = [node.value]
+            elif isinstance(node, ast.If) and _returns(node):
+                parts = [node.test]
+            else:
+                continue
+            for part in parts:
+                read.update(n.id for n in ast.walk(part) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load))
+    return read
+
+
+def _unparse(tree: ast.Module) -> str:
+    return ast.unparse(ast.fix_missing_locations(tree)) + "\n"
+
+
+def without(code: str, drop: list[int], frozen: Frozen = frozenset()) -> str:
+    """``code`` without the statements numbered ``drop`` in :func:`units`' order."""
+    tree = ast.parse(code)
+    found = units(tree, frozen)
+    gone = {id(found[i][0]) for i in drop}
+    for stmts in {id(lst): lst for _, lst in found}.values():
+        stmts[:] = [n for n in stmts if id(n) not in gone] or [ast.Pass()]
+    return _unparse(tree)
+
+
+def frozen_for(code: str, roots: set[str]) -> Frozen:
+    """The top-level definitions of ``code`` among ``roots``, those they name, and so on (by
+    name: an attribute's name is a method of a class that is named already, or is not theirs)."""
+    defs: dict[str, ast.stmt] = {}
+    for node in ast.parse(code).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defs[node.name] = node
+        elif isinstance(node, ast.Assign):
+            defs.update({t.id: node for t in node.targets if isinstance(t, ast.Name)})
+    out: set[str] = set()
+    todo = [r for r in roots if r in defs]
+    while todo:
+        name = todo.pop()
+        if name in out:
+            continue
+        out.add(name)
+        named = {n.id for n in ast.walk(defs[name]) if isinstance(n, ast.Name)}
+        todo.extend(n for n in named if n in defs and n not in out)
+    return frozenset(out)
+
+
+# -- cut 1: a definition and what names it -------------------------------------------------------
+
+
+def _names(node: ast.AST, name: str) -> bool:
+    return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(node))
+
+
+def _header(node: ast.stmt) -> list[ast.AST]:
+    """The parts of a compound statement outside its bodies (all of a simple one)."""
+    if isinstance(node, (ast.If, ast.While)):
+        return [node.test]
+    if isinstance(node, (ast.For, ast.AsyncFor)):
+        return [node.target, node.iter]
+    if isinstance(node, (ast.With, ast.AsyncWith)):
+        return list(node.items)
+    if isinstance(node, ast.Try):
+        return [h.type for h in node.handlers if h.type is not None]
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return [*node.decorator_list, node.args, *([node.returns] if node.returns else [])]
+    if isinstance(node, ast.ClassDef):
+        return [*node.decorator_list, *node.bases, *node.keywords]
+    return [node]
+
+
+def definitions(code: str, frozen: Frozen = frozenset()) -> list[str]:
+    """Names of the top-level definitions that may be cut, largest first."""
+    sized = []
+    for node in ast.parse(code).body:
+        if _fixed(node, frozen):
+            continue
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            name = node.name
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            name = node.targets[0].id
+        else:
+            continue
+        sized.append(((node.end_lineno or node.lineno) - node.lineno, name))
+    return [name for _, name in sorted(sized, key=lambda s: -s[0])]
+
+
+class _Refused(Exception):
+    """A cut would change what stays as it is (the harness, a frozen definition)."""
+
+
+def cut_definition(code: str, name: str, frozen: Frozen = frozenset()) -> str | None:
+    """``code`` without the top-level definition of ``name`` and every innermost statement that
+    names it (None if there is no such definition, or if one of those statements is the
+    harness's or a frozen definition's)."""
+    tree = ast.parse(code)
+
+    def defines(node: ast.stmt) -> bool:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            return node.name == name
+        return isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
+
+    if not any(defines(n) and not _fixed(n, frozen) for n in tree.body):
+        return None
+
+    def prune(stmts: list[ast.stmt], top: bool, harness: bool) -> list[ast.stmt]:
+        out: list[ast.stmt] = []
+        for node in stmts:
+            if top and defines(node) and not _fixed(node, frozen):
+                continue
+            if not _names(node, name):
+                out.append(node)
+            elif top and _untouched(node, frozen):
+                raise _Refused
+            elif any(True for _ in _blocks(node)) and not any(_names(h, name) for h in _header(node)):
+                inner = harness or (top and _harness(node))
+                for field in _COMPOUND_BODIES:
+                    block = getattr(node, field, None)
+                    if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
+                        kept = prune(block, False, inner)
+                        setattr(node, field, kept or ([ast.Pass()] if field == "body" else []))
+                for handler in getattr(node, "handlers", []) or []:
+                    if inner and _names(handler, name):
+                        raise _Refused
+                    handler.body = prune(handler.body, False, inner) or [ast.Pass()]
+                out.append(node)
+            elif (harness and _returns(node)) or (top and _fixed(node, frozen)):
+                raise _Refused
+        return out
+
+    try:
+        tree.body = prune(tree.body, True, False)
+    except _Refused:
+        return None
+    return _unparse(tree)
+
+
+# -- cut 2: a function's body --------------------------------------------------------------------
+
+
+def _inert(body: list[ast.stmt]) -> bool:
+    return all(isinstance(s, ast.Pass) or (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)) for s in body)
+
+
+_Function = ast.FunctionDef | ast.AsyncFunctionDef
+
+
+def _functions(tree: ast.Module, frozen: Frozen = frozenset()) -> Iterator[tuple[str, _Function]]:
+    """(qualified name, function) of every function that may lose its body, outermost first."""
+
+    def visit(stmts: list[ast.stmt], prefix: str, top: bool) -> Iterator[tuple[str, _Function]]:
+        for node in stmts:
+            if top and (_untouched(node, frozen) or _harness(node)):
+                continue
+            inner = prefix
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                inner = f"{prefix}{node.name}."
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not (top and _fixed(node, frozen)):
+                    yield f"{prefix}{node.name}", node
+            for block in _blocks(node):
+                yield from visit(block, inner, False)
+
+    yield from visit(tree.body, "", True)
+
+
+def bodies(code: str, frozen: Frozen = frozenset()) -> list[str]:
+    """Qualified names of the functions whose body may become ``pass``, largest first."""
+    found = [
+        ((fn.end_lineno or fn.lineno) - fn.lineno, qual)
+        for qual, fn in _functions(ast.parse(code), frozen)
+        if not _inert(fn.body)
+    ]
+    return [qual for _, qual in sorted(found, key=lambda f: -f[0])]
+
+
+def cut_body(code: str, qualname: str, frozen: Frozen = frozenset()) -> str | None:
+    """``code`` with the body of function ``qualname`` replaced by ``pass`` (None if none is)."""
+    tree = ast.parse(code)
+    for qual, fn in _functions(tree, frozen):
+        if qual == qualname and not _inert(fn.body):
+            fn.body = [ast.Pass()]
+            return _unparse(tree)
+    return None
+
+
+def drop_idle_calls(tree: ast.Module) -> ast.Module:
+    """Statements that only call a top-level function whose body does nothing (``pass``, a
+    constant): they go, and the function with them once nothing else names it (left to the
+    unused-names pass)."""
+    idle = {
+        n.name
+        for n in tree.body
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and not _fixed(n) and _inert(n.body)
+    }
+    if not idle:
+        return tree
+
+    def idle_call(node: ast.stmt) -> bool:
+        if not isinstance(node, ast.Expr):
+            return False
+        value = node.value.value if isinstance(node.value, ast.Await) else node.value
+        return isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in idle
+
+    for node in ast.walk(tree):
+        for field in _COMPOUND_BODIES:
+            stmts = getattr(node, field, None)
+            if isinstance(stmts, list) and stmts and isinstance(stmts[0], ast.stmt):
+                kept = [n for n in stmts if not idle_call(n)]
+                setattr(node, field, kept or ([ast.Pass()] if field == "body" and node is not tree else []))
+    return tree
+
+
+# -- the driver ----------------------------------------------------------------------------------
+
+
+def ddmin(
+    code: str,
+    test: Test,
+    until: float,
+    *,
+    tidy: Callable[[str], str] = lambda c: c,
+    frozen: Frozen = frozenset(),
+    say: Callable[[str], None] = lambda _: None,
+) -> str:
+    """``code`` cut down while ``test`` holds, until ``time.monotonic()`` passes ``until``;
+    the definitions named in ``frozen`` are left as they are."""
+    current = code
+    try:
+        tidied = tidy(code)
+    except (SyntaxError, ValueError, TypeError, KeyError, RecursionError):
+        tidied = code
+    if tidied != code:
+        if _size(tidied) < _size(code) and test(tidied):
+            current = tidied
+        else:
+            say("  delta: the tidied script does not reproduce; candidates are not tidied")
+            tidy = lambda c: c  # noqa: E731
+
+    def keep(candidate: str | None, grow: bool = False) -> bool:
+        """Whether ``candidate`` (tidied) is kept; it becomes the current script if so. Unless
+        ``grow`` (an inlining: it has fewer functions), it must be smaller."""
+        nonlocal current
+        if candidate is None or time.monotonic() >= until:
+            return False
+        try:
+            candidate = tidy(candidate)
+        except (SyntaxError, ValueError, TypeError, KeyError, RecursionError):
+            return False
+        if candidate == current or (not grow and _size(candidate) >= _size(current)) or not test(candidate):
+            return False
+        current = candidate
+        return True
+
+    def each(
+        names: Callable[[str, Frozen], list[str]], cut: Callable[[str, str, Frozen], str | None], grow: bool = False
+    ) -> None:
+        tried: set[str] = set()
+        while time.monotonic() < until:
+            todo = [n for n in names(current, frozen) if n not in tried]
+            if not todo:
+                return
+            tried.add(todo[0])
+            keep(cut(current, todo[0], frozen), grow)
+
+    round_ = 0
+    while time.monotonic() < until:
+        before = current
+        keep(propagate_objects(current, frozen), grow=True)
+        each(definitions, cut_definition)
+        say(f"  delta {round_}: definitions cut, {code_lines(current)} code lines")
+        each(bodies, cut_body)
+        say(f"  delta {round_}: bodies cut, {code_lines(current)} code lines")
+        each(inlinable, inline, grow=True)
+        say(f"  delta {round_}: functions inlined, {code_lines(current)} code lines")
+        each(compounds, unwrap, grow=True)
+        say(f"  delta {round_}: statements unwrapped, {code_lines(current)} code lines")
+        _chunks(lambda: current, keep, until, frozen)
+        say(f"  delta {round_}: statements cut, {code_lines(current)} code lines")
+        _each_element(lambda: current, keep, until, frozen)
+        say(f"  delta {round_}: elements cut, {code_lines(current)} code lines")
+        if current == before:
+            break
+        round_ += 1
+    return current
+
+
+def _chunks(current: Callable[[], str], keep: Callable[[str | None], bool], until: float, frozen: Frozen) -> None:
+    """Cut chunks of statements, outermost first, halving the chunks down to one statement."""
+    size = max(1, len(units(ast.parse(current()), frozen)) // 8)
+    while size >= 1 and time.monotonic() < until:
+        start = 0
+        while time.monotonic() < until:
+            count = len(units(ast.parse(current()), frozen))
+            if start >= count:
+                break
+            if not keep(without(current(), list(range(start, min(count, start + size))), frozen)):
+                start += size  # else the same position now holds the next statements
+        size //= 2
+
+
+# -- cut 3: a function called once, inlined -------------------------------------------------------
+
+
+def _stored(fn: _Function) -> set[str]:
+    """The names ``fn`` binds in its own scope (parameters, assignments, imports, definitions)."""
+    args = fn.args
+    out = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]}
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            out.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node is not fn:
+            out.add(node.name)
+        elif isinstance(node, ast.alias):
+            out.add(node.asname or node.name.split(".")[0])
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            out.add(node.name)
+    return out
+
+
+def _inlinable(fn: ast.stmt, frozen: Frozen) -> bool:
+    """A plain function: no decorator, ``*args``, ``yield``, ``global``, and at most one
+    ``return``, its last statement."""
+    if not isinstance(fn, ast.FunctionDef) or fn.decorator_list or fn.args.vararg or fn.args.kwarg:
+        return False
+    if _fixed(fn, frozen):
+        return False
+    for node in ast.walk(fn):
+        if isinstance(node, (ast.Yield, ast.YieldFrom, ast.Await, ast.Global, ast.Nonlocal)):
+            return False
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) and node is not fn:
+            return False  # a closure over a renamed local is beyond this pass
+    returns = [n for n in ast.walk(fn) if isinstance(n, ast.Return)]
+    return not returns or (len(returns) == 1 and fn.body[-1] is returns[0])
+
+
+def _call_site(stmt: ast.stmt, name: str) -> ast.Call | None:
+    """The call of ``name`` in ``stmt``, where its value can be computed before the statement:
+    anywhere in a simple statement, the iterable of a ``for``, the context of a ``with`` or the
+    test of an ``if``, but not in a lambda, a comprehension or an operand evaluated only maybe."""
+    if isinstance(stmt, (ast.Expr, ast.Return, ast.Assign, ast.AugAssign, ast.AnnAssign)):
+        where: list[ast.AST] = [stmt]
+    elif isinstance(stmt, (ast.For, ast.AsyncFor)):
+        where = [stmt.iter]
+    elif isinstance(stmt, (ast.With, ast.AsyncWith)):
+        where = [item.context_expr for item in stmt.items]
+    elif isinstance(stmt, ast.If):
+        where = [stmt.test]
+    else:
+        return None
+    maybe = (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp, ast.BoolOp, ast.IfExp, ast.Await)
+
+    def find(node: ast.AST) -> ast.Call | None:
+        if isinstance(node, maybe):
+            return None
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == name:
+            plain = not any(isinstance(a, ast.Starred) for a in node.args) and all(k.arg for k in node.keywords)
+            return node if plain else None
+        for child in ast.iter_child_nodes(node):
+            found = find(child)
+            if found is not None:
+                return found
+        return None
+
+    for part in where:
+        found = find(part)
+        if found is not None:
+            return found
+    return None
+
+
+def inlinable(code: str, frozen: Frozen = frozenset()) -> list[str]:
+    """Top-level functions named once outside their definition, by a call that is a statement."""
+    tree = ast.parse(code)
+    counts: dict[str, int] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            counts[node.id] = counts.get(node.id, 0) + 1
+    return [
+        n.name
+        for n in tree.body
+        if isinstance(n, ast.FunctionDef) and _inlinable(n, frozen) and counts.get(n.name) == 1
+    ]
+
+
+def inline(code: str, name: str, frozen: Frozen = frozenset()) -> str | None:
+    """``code`` with the one call of function ``name`` replaced by its body (None if it cannot)."""
+    tree = ast.parse(code)
+    fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+    if fn is None or not _inlinable(fn, frozen):
+        return None
+    cuttable = {id(stmt) for stmt, _ in units(tree, frozen)}
+    for caller in ast.walk(tree):
+        if not isinstance(caller, (ast.FunctionDef, ast.AsyncFunctionDef)) or caller is fn:
+            continue
+        for block in [b for node in ast.walk(caller) for b in _blocks(node)]:
+            for i, stmt in enumerate(block):
+                call = _call_site(stmt, name)
+                if call is not None:
+                    if id(stmt) not in cuttable:
+                        return None
+                    body = _inlined(fn, call, stmt, caller)
+                    if body is None:
+                        return None
+                    block[i : i + 1] = body
+                    tree.body.remove(fn)
+                    return _unparse(tree)
+    return None
+
+
+def _inlined(fn: ast.FunctionDef, call: ast.Call, stmt: ast.stmt, caller: _Function) -> list[ast.stmt] | None:
+    fn = copy.deepcopy(fn)
+    caller_names = {n.id for n in ast.walk(caller) if isinstance(n, ast.Name)} | _stored(caller)
+    local = _stored(fn)
+    free = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and n.id not in local}
+    if free & _stored(caller):
+        return None  # a global the callee reads is a local of the caller
+    taken = caller_names | local | free
+    rename: dict[str, str] = {}
+    for old in sorted(local & caller_names):
+        new = old + "_"
+        while new in taken:
+            new += "_"
+        taken.add(new)
+        rename[old] = new
+    args = fn.args
+    params = [*args.posonlyargs, *args.args]
+    if len(call.args) > len(params):
+        return None
+    bound: dict[str, ast.expr] = {p.arg: a for p, a in zip(params, call.args)}
+    given = {k.arg: k.value for k in call.keywords if k.arg}
+    defaults = dict(zip([p.arg for p in params][len(params) - len(args.defaults) :], args.defaults))
+    defaults.update({a.arg: d for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None})
+    for p in [*params, *args.kwonlyargs]:
+        value = bound.get(p.arg, given.pop(p.arg, None) if p.arg not in bound else None)
+        if value is None:
+            value = defaults.get(p.arg)
+        if value is None:
+            return None
+        bound[p.arg] = value
+    if given:
+        return None
+    assigned = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+    substitute = {p: v for p, v in bound.items() if p not in assigned and isinstance(v, (ast.Name, ast.Constant))}
+
+    class _Rewrite(ast.NodeTransformer):
+        def visit_Name(self, node: ast.Name) -> ast.AST:
+            if isinstance(node.ctx, ast.Load) and node.id in substitute:
+                return ast.copy_location(copy.deepcopy(substitute[node.id]), node)
+            if node.id in rename:
+                node.id = rename[node.id]
+            return node
+
+        def visit_alias(self, node: ast.alias) -> ast.AST:
+            bound_as = node.asname or node.name.split(".")[0]
+            if bound_as in rename:
+                node.asname = rename[bound_as]
+            return node
+
+    body: list[ast.stmt] = [
+        ast.Assign([ast.Name(rename.get(p, p), ast.Store())], v) for p, v in bound.items() if p not in substitute
+    ]
+    body += [_Rewrite().visit(s) for s in fn.body]
+    result: ast.expr = ast.Constant(None)
+    if body and isinstance(body[-1], ast.Return):
+        returned = body.pop()
+        assert isinstance(returned, ast.Return)
+        result = returned.value or ast.Constant(None)
+    direct = getattr(stmt, "value", None) is call and isinstance(stmt, (ast.Expr, ast.Return, ast.Assign))
+    if direct and isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+        body.append(ast.Assign(stmt.targets, result))
+    elif direct and isinstance(stmt, ast.Return):
+        body.append(ast.Return(result))
+    elif direct and isinstance(stmt, ast.Expr):
+        if not isinstance(result, ast.Constant):
+            body.append(ast.Expr(result))
+    else:  # the call's value, computed before the statement, under a name of its own
+        out = f"{fn.name.strip('_')}_out"
+        while out in taken:
+            out += "_"
+        body.append(ast.Assign([ast.Name(out, ast.Store())], result))
+        replaced = _Replace(call, ast.Name(out, ast.Load())).visit(stmt)
+        assert isinstance(replaced, ast.stmt)
+        body.append(replaced)
+    return body or [ast.Pass()]
+
+
+class _Replace(ast.NodeTransformer):
+    def __init__(self, old: ast.AST, new: ast.AST) -> None:
+        self.old, self.new = old, new
+
+    def visit(self, node: ast.AST) -> ast.AST:
+        return self.new if node is self.old else super().visit(node)
+
+
+def propagate_aliases(tree: ast.Module) -> ast.Module:
+    """In each function, a local bound once (not in a loop) to a constant or to a name bound at
+    most once (``tp = 1``, ``forward = model``) is replaced by what it is bound to, and the
+    binding goes."""
+    for fn in [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
+        if any(isinstance(n, (ast.Global, ast.Nonlocal, ast.ClassDef)) for n in ast.walk(fn)):
+            continue
+        stores: dict[str, int] = {}
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+                stores[node.id] = stores.get(node.id, 0) + 1
+            elif isinstance(node, ast.arg):
+                stores[node.arg] = stores.get(node.arg, 0) + 1
+        for loop in [n for n in ast.walk(fn) if isinstance(n, (ast.For, ast.AsyncFor, ast.While))]:
+            for node in ast.walk(loop):  # bound once in the text, but once per iteration
+                if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+                    stores[node.id] = stores.get(node.id, 0) + 2
+        alias: dict[str, ast.expr] = {}
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                target, value = node.targets[0].id, node.value
+                if stores.get(target) != 1:
+                    continue
+                if isinstance(value, ast.Constant) or (isinstance(value, ast.Name) and stores.get(value.id, 0) <= 1):
+                    alias[target] = value
+        for name in list(alias):  # a chain ends at what its last alias is bound to
+            seen = {name}
+            value = alias[name]
+            while isinstance(value, ast.Name) and value.id in alias and value.id not in seen:
+                seen.add(value.id)
+                value = alias[value.id]
+            alias[name] = value
+        if alias:
+            _Substitute(alias).visit(fn)
+    return tree
+
+
+class _Substitute(ast.NodeTransformer):
+    def __init__(self, alias: dict[str, ast.expr]) -> None:
+        self.alias = alias
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        if isinstance(node.ctx, ast.Load) and node.id in self.alias:
+            return ast.copy_location(copy.deepcopy(self.alias[node.id]), node)
+        return node
+
+    def generic_visit(self, node: ast.AST) -> ast.AST:
+        super().generic_visit(node)
+        for field in _COMPOUND_BODIES:
+            stmts = getattr(node, field, None)
+            if isinstance(stmts, list) and stmts and isinstance(stmts[0], ast.stmt):
+                kept = [s for s in stmts if not self._binding(s)]
+                setattr(node, field, kept or ([ast.Pass()] if field == "body" else []))
+        return node
+
+    def _binding(self, stmt: ast.stmt) -> bool:
+        return (
+            isinstance(stmt, ast.Assign)
+            and len(stmt.targets) == 1
+            and isinstance(stmt.targets[0], ast.Name)
+            and stmt.targets[0].id in self.alias
+        )
+
+
+# -- cut 4: a compound statement unwrapped -------------------------------------------------------
+
+
+def _head(node: ast.stmt) -> str | None:
+    """The first line of a compound statement that may be unwrapped, else None."""
+    if isinstance(node, (ast.With, ast.If, ast.Try)) or (
+        isinstance(node, ast.For)
+        and not node.orelse
+        and not any(isinstance(n, (ast.Break, ast.Continue)) for n in ast.walk(node))
+    ):
+        return ast.unparse(node).splitlines()[0]
+    return None
+
+
+def _compounds(tree: ast.Module, frozen: Frozen) -> list[tuple[str, ast.stmt, list[ast.stmt]]]:
+    out: list[tuple[str, ast.stmt, list[ast.stmt]]] = []
+    seen: dict[str, int] = {}
+    for node, stmts in units(tree, frozen):
+        head = _head(node)
+        if head is not None:
+            seen[head] = seen.get(head, 0) + 1
+            out.append((f"{head}#{seen[head]}", node, stmts))
+    return out
+
+
+def compounds(code: str, frozen: Frozen = frozenset()) -> list[str]:
+    """Keys of the compound statements that may be unwrapped, outermost first."""
+    return [key for key, _, _ in _compounds(ast.parse(code), frozen)]
+
+
+def unwrap(code: str, key: str, frozen: Frozen = frozenset()) -> str | None:
+    """``code`` with the compound statement ``key`` replaced by its body: a ``with`` without its
+    context managers (their ``as`` names bound to them), an ``if`` or a ``try`` without its test
+    or handlers, a ``for`` by its first iteration (``target = next(iter(iterable))``)."""
+    tree = ast.parse(code)
+    for found, node, stmts in _compounds(tree, frozen):
+        if found != key:
+            continue
+        body: list[ast.stmt]
+        if isinstance(node, ast.With):
+            body = [ast.Assign([item.optional_vars], item.context_expr) for item in node.items if item.optional_vars]
+            body += node.body
+        elif isinstance(node, ast.For):
+            first = ast.parse("next(iter(x))", mode="eval").body
+            assert isinstance(first, ast.Call) and isinstance(first.args[0], ast.Call)
+            first.args[0].args = [node.iter]
+            body = [ast.Assign([node.target], first), *node.body]
+        elif isinstance(node, ast.Try):
+            body = [*node.body, *node.orelse, *node.finalbody]
+        else:
+            assert isinstance(node, ast.If)
+            body = list(node.body)
+        index = next(i for i, s in enumerate(stmts) if s is node)
+        stmts[index : index + 1] = body
+        return _unparse(tree)
+    return None
+
+
+# -- cut 5: an element of a literal, a keyword argument ------------------------------------------
+
+
+def _elements(tree: ast.Module, frozen: Frozen) -> list[tuple[ast.AST, str, int]]:
+    """(node, field, index) of every keyword argument of a call and every element of a dict,
+    list, tuple or set display in the statements that may be cut, in order."""
+    seen: dict[int, tuple[ast.AST, str, int]] = {}
+    for stmt, _ in units(tree, frozen):
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Call):
+                fields = [("keywords", i) for i, k in enumerate(node.keywords) if k.arg]
+            elif isinstance(node, ast.Dict):
+                fields = [("keys", i) for i, k in enumerate(node.keys) if k is not None]
+            elif isinstance(node, (ast.List, ast.Tuple, ast.Set)) and not isinstance(
+                getattr(node, "ctx", None), (ast.Store, ast.Del)
+            ):
+                fields = [("elts", i) for i, e in enumerate(node.elts) if not isinstance(e, ast.Starred)]
+            else:
+                continue
+            for field, i in fields:
+                seen.setdefault(hash((id(node), field, i)), (node, field, i))
+    return list(seen.values())
+
+
+def cut_element(code: str, index: int, frozen: Frozen = frozenset()) -> str | None:
+    """``code`` without the element numbered ``index`` in :func:`_elements`' order."""
+    tree = ast.parse(code)
+    found = _elements(tree, frozen)
+    if index >= len(found):
+        return None
+    node, field, i = found[index]
+    if field == "keys":
+        assert isinstance(node, ast.Dict)
+        del node.keys[i], node.values[i]
+    else:
+        del getattr(node, field)[i]
+    return _unparse(tree)
+
+
+def _each_element(current: Callable[[], str], keep: Callable[[str | None], bool], until: float, frozen: Frozen) -> None:
+    index = 0
+    while time.monotonic() < until:
+        count = len(_elements(ast.parse(current()), frozen))
+        if index >= count:
+            return
+        if not keep(cut_element(current(), index, frozen)):
+            index += 1  # else the same position now holds the next element
+
+
+# -- cut 0: the case's objects by their fields ---------------------------------------------------
+
+
+def propagate_objects(code: str, frozen: Frozen = frozenset()) -> str | None:
+    """``code`` with every field read off a dataclass object built by keywords in the script
+    (``case.body.tree``, where ``case = Case(body=ParityBody(tree=...))``, or a local bound once
+    to such an object) replaced by the expression it was built with (None if there is none).
+    The objects are built several times over, then: the case's classes often go once nothing
+    passes the case whole any more."""
+    tree = ast.parse(code)
+    classes = {
+        n.name
+        for n in tree.body
+        if isinstance(n, ast.ClassDef)
+        and any("dataclass" in ast.unparse(d) for d in n.decorator_list)
+        and not any(
+            isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)) and s.name == "__post_init__" for s in n.body
+        )
+    }
+    changed = False
+    for top in tree.body:
+        if not isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef)) or _untouched(top, frozen):
+            continue
+        for fn in [n for n in ast.walk(top) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
+            for _ in range(8):  # a field of a field: one level a time
+                fields = _Fields(classes, _objects(fn, classes))
+                for stmt in fn.body:
+                    fields.visit(stmt)
+                if not fields.changed:
+                    break
+                changed = True
+    return _unparse(tree) if changed else None
+
+
+def _built(node: ast.expr, classes: set[str]) -> ast.Call | None:
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in classes:
+        return node
+    return None
+
+
+def _objects(fn: _Function, classes: set[str]) -> dict[str, ast.Call]:
+    """The locals of ``fn`` bound once, to an object of one of ``classes`` built in place."""
+    stores: dict[str, int] = {}
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            stores[node.id] = stores.get(node.id, 0) + 1
+        elif isinstance(node, ast.arg):
+            stores[node.arg] = stores.get(node.arg, 0) + 1
+    objects: dict[str, ast.Call] = {}
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            call = _built(node.value, classes)
+            if call is not None and stores.get(node.targets[0].id) == 1:
+                objects[node.targets[0].id] = call
+    return objects
+
+
+class _Fields(ast.NodeTransformer):
+    def __init__(self, classes: set[str], objects: dict[str, ast.Call]) -> None:
+        self.classes, self.objects, self.changed = classes, objects, False
+
+    def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+        self.generic_visit(node)
+        if not isinstance(node.ctx, ast.Load):
+            return node
+        base = node.value
+        call = self.objects.get(base.id) if isinstance(base, ast.Name) else _built(base, self.classes)
+        for kw in call.keywords if call is not None else []:
+            if kw.arg == node.attr:
+                self.changed = True
+                return ast.copy_location(copy.deepcopy(kw.value), node)
+        return node

@@ -1,0 +1,185 @@
+"""Delta debugging of flat reduced scripts (fuzz/repro/delta.py): each cut on its own, the harness
+left alone (``main``, the guard, ``attempt``'s verdicts and exception check), frozen definitions
+left as they are, and a whole run that cuts a script down while it reproduces. Fast: the oracle
+executes the script in this process."""
+
+from __future__ import annotations
+
+import ast
+import sys
+import time
+import types
+
+from fuzz.repro import delta
+from fuzz.repro.script import code_lines
+
+SCRIPT = """
+from __future__ import annotations
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Body:
+    width: object
+    depth: object = 1
+
+
+@dataclass(frozen=True)
+class Case:
+    body: object
+
+
+TABLE = {"a": 1, "b": 2}
+
+
+def unused_helper(x):
+    return x * TABLE["a"]
+
+
+def side_effect(log):
+    log.append("side")
+    log.append("more")
+
+
+def build(width):
+    size = width * 2
+    if size == 6:
+        raise ValueError("boom")
+    return size
+
+
+def run(case, log):
+    side_effect(log)
+    for i in range(3):
+        log.append(i)
+    with nullcontext() as unused:
+        value = build(case.body.width) + 1
+    return value
+
+
+def attempt(rank, world_size):
+    case = Case(body=Body(width=3))
+    log = []
+    try:
+        run(case, log)
+    except BaseException as e:
+        if "boom" in str(e):
+            return "REPRODUCED x: boom"
+        return f"FAIL {e}"
+    return "PASS " + repr(log)
+
+
+def main():
+    print(attempt(0, 1))
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def verdict(code: str) -> str:
+    """What the script's ``attempt`` returns, run as the pool's ranks run it: a module of its own."""
+    module = types.ModuleType("_candidate")
+    sys.modules[module.__name__] = module
+    try:
+        exec(compile(code, "candidate", "exec"), module.__dict__)
+        return str(module.attempt(0, 1))
+    finally:
+        del sys.modules[module.__name__]
+
+
+def reproduces(code: str) -> bool:
+    try:
+        return verdict(code).startswith("REPRODUCED")
+    except Exception:
+        return False
+
+
+def test_the_script_reproduces_as_written() -> None:
+    assert reproduces(SCRIPT)
+
+
+def test_the_harness_is_never_a_unit() -> None:
+    tree = ast.parse(SCRIPT)
+    cut = {ast.unparse(stmt) for stmt, _ in delta.units(tree)}
+    assert not any("REPRODUCED" in text or "FAIL" in text or "PASS" in text for text in cut)
+    assert not any(text.startswith(("def main", "def attempt", "if __name__", "print(")) for text in cut)
+    assert "case = Case(body=Body(width=3))" in cut  # attempt's other statements may go
+    assert "run(case, log)" in cut
+
+
+def test_a_definition_goes_with_the_statements_that_name_it() -> None:
+    out = delta.cut_definition(SCRIPT, "side_effect")
+    assert out is not None and "side_effect" not in out and reproduces(out)
+    assert delta.cut_definition(SCRIPT, "attempt") is None
+    assert delta.cut_definition(SCRIPT, "nothing") is None
+
+
+def test_a_body_becomes_pass_and_its_calls_go() -> None:
+    out = delta.cut_body(SCRIPT, "side_effect")
+    assert out is not None
+    tidied = ast.unparse(delta.drop_idle_calls(ast.parse(out)))
+    assert tidied.count("side_effect(") == 1 and reproduces(tidied)  # the definition alone
+    assert "attempt" not in delta.bodies(SCRIPT) and "main" not in delta.bodies(SCRIPT)
+
+
+def test_inlining_binds_the_parameters_and_hoists_a_nested_call() -> None:
+    assert "build" in delta.inlinable(SCRIPT) and "run" in delta.inlinable(SCRIPT)
+    out = delta.inline(SCRIPT, "build")
+    assert out is not None and "def build" not in out and "build_out" in out and reproduces(out)
+    out = delta.inline(out, "run")
+    assert out is not None and "def run" not in out and reproduces(out)
+
+
+def test_unwrapping_keeps_the_body() -> None:
+    keys = delta.compounds(SCRIPT)
+    assert any(k.startswith("for i in range(3)") for k in keys)
+    assert not any(k.startswith("try") for k in keys)  # attempt's try holds its verdicts
+    for key in keys:
+        out = delta.unwrap(SCRIPT, key)
+        assert out is not None
+        ast.parse(out)
+    loop = next(k for k in keys if k.startswith("for"))
+    out = delta.unwrap(SCRIPT, loop)
+    assert out is not None and "i = next(iter(range(3)))" in out and reproduces(out)
+
+
+def test_an_element_goes_one_at_a_time() -> None:
+    found = delta._elements(ast.parse(SCRIPT), frozenset())
+    index = next(i for i, (node, field, _) in enumerate(found) if isinstance(node, ast.Dict))
+    out = delta.cut_element(SCRIPT, index)
+    assert out is not None and "TABLE = {'b': 2}" in out
+
+
+def test_fields_of_the_case_become_what_they_were_built_with() -> None:
+    out = delta.propagate_objects(SCRIPT)
+    assert out is None  # `case` is passed whole: nothing reads a field in the same function
+    inlined = delta.inline(SCRIPT, "run")
+    assert inlined is not None
+    out = delta.propagate_objects(inlined)
+    assert out is not None and "build(3)" in out and reproduces(out)
+
+
+def test_aliases_are_replaced_by_what_they_name() -> None:
+    tree = ast.parse("def f(a):\n    b = a\n    c = 2\n    return b + c\n")
+    assert ast.unparse(delta.propagate_aliases(tree)) == "def f(a):\n    return a + 2"
+
+
+def test_ddmin_cuts_the_script_down_and_leaves_the_harness() -> None:
+    out = delta.ddmin(SCRIPT, reproduces, time.monotonic() + 60)
+    assert reproduces(out)
+    assert code_lines(out) < code_lines(SCRIPT) // 2, out
+    for kept in ('return "REPRODUCED x: boom"', 'if "boom" in str(e):', "def main():", 'if __name__ == "__main__":'):
+        assert kept.replace('"', "'") in out, out
+    assert "side_effect" not in out and "TABLE" not in out and "unused_helper" not in out
+    assert "log = []" in out  # a verdict reads it
+
+
+def test_frozen_definitions_are_left_as_they_are() -> None:
+    out = delta.ddmin(SCRIPT, reproduces, time.monotonic() + 60, frozen=frozenset({"build"}))
+    assert reproduces(out)
+    original = next(n for n in ast.parse(SCRIPT).body if isinstance(n, ast.FunctionDef) and n.name == "build")
+    assert ast.unparse(original) in out
+    assert delta.frozen_for(SCRIPT, {"unused_helper"}) == {"unused_helper", "TABLE"}

@@ -1,0 +1,79 @@
+"""Scripts run in a warm rank pool, as the reducer's attempts are (fuzz.pool.RankPool.run_script,
+fuzz._rank.worker): each rank executes the script as a module of its own and returns what its
+``attempt`` returns; a rank that raises reports it; ranks that miss the others' answers by more
+than the grace period, or that leave the process group out of step, are replaced."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from fuzz.pool import RankPool
+
+VERDICT = """
+from __future__ import annotations
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Shape:
+    width: object
+
+
+def attempt(rank, world_size):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (1, world_size), mesh_dim_names=("a", "b"))
+    t = torch.ones(Shape(width=2).width) * rank
+    dist.all_reduce(t, group=mesh.get_group("b"))
+    if RAISE and rank == 1:
+        raise ValueError("boom")
+    return f"REPRODUCED sum={t.tolist()}"
+
+
+if __name__ == "__main__":
+    raise SystemExit("not run in the pool")
+"""
+
+STUCK = """
+import torch.distributed as dist
+
+
+def attempt(rank, world_size):
+    if rank == 1:
+        dist.barrier()  # rank 0 never joins: under torchrun its exit would end this wait
+    return "PASS"
+"""
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[RankPool]:
+    with RankPool(world_size=2, deadline=30.0) as p:
+        yield p
+
+
+def test_every_rank_returns_the_verdict_of_the_script(pool: RankPool) -> None:
+    for _ in range(2):  # the script's process groups are freed after each run
+        outcome = pool.run_script(VERDICT.replace("RAISE", "False"))
+        assert outcome.verdicts == {0: "REPRODUCED sum=[1.0, 1.0]", 1: "REPRODUCED sum=[1.0, 1.0]"}, outcome
+        assert not outcome.errors and not outcome.missing and not outcome.respawned
+
+
+def test_an_exception_is_reported_with_the_others_verdicts(pool: RankPool) -> None:
+    outcome = pool.run_script(VERDICT.replace("RAISE", "True"))
+    assert outcome.verdicts == {0: "REPRODUCED sum=[1.0, 1.0]"}, outcome
+    assert "builtins.ValueError: boom" in outcome.errors[1]
+    assert not outcome.respawned  # the ranks are in step: the pool is kept
+
+
+def test_a_rank_left_waiting_is_replaced(pool: RankPool) -> None:
+    restarts = pool.restarts
+    outcome = pool.run_script(STUCK, deadline=20.0)
+    assert outcome.verdicts == {0: "PASS"} and 1 in outcome.missing and outcome.respawned
+    assert outcome.seconds < 10.0  # the grace after rank 0's answer, not the deadline
+    assert pool.restarts == restarts + 1
+    assert pool.run_script(VERDICT.replace("RAISE", "False")).verdicts[1] == "REPRODUCED sum=[1.0, 1.0]"
