@@ -671,8 +671,7 @@ def delayed_not_float32(comp: Composition, training: Training) -> bool:
 def compiled_unfreeze_ignored(comp: Composition, training: Training) -> bool:
     """torch.compile with aot_eager over a composition whose fully_shard ignored_params include a
     module unfrozen later (:data:`COMPILED_UNFREEZE_PLAIN`)."""
-    ignored = {p for spec in comp.shards for p in spec.ignored}
-    return training.compile is Compile.AOT_EAGER and any(u.path in ignored for u in training.unfreeze)
+    return training.compile is Compile.AOT_EAGER and any(u.path in comp.shard_ignored for u in training.unfreeze)
 
 
 def mismatch_tags(

@@ -309,9 +309,10 @@ def parity_cases(
         comp = replace(comp, knobs=replace(comp.knobs, gradient_divide_factor=None))
     comp = _rare_delay_not_float32(draw, training, comp)
     if known.compiled_unfreeze_ignored(comp, training) and not keep_known(draw, known.COMPILED_UNFREEZE_PLAIN):
-        ignored = {p for spec in comp.shards for p in spec.ignored}
         training = _checked(
-            tree, replace(training, unfreeze=tuple(u for u in training.unfreeze if u.path not in ignored)), comp
+            tree,
+            replace(training, unfreeze=tuple(u for u in training.unfreeze if u.path not in comp.shard_ignored)),
+            comp,
         )
     body = ParityBody(tree=tree, composition=comp, training=training)
     return Case(property="parity", world_size=world_size, seed=draw(st.integers(0, 2**32 - 1)), body=body)

@@ -414,6 +414,12 @@ class Composition:
     def sharded_paths(self) -> list[str]:
         return [p for spec in self.shards for p in spec.paths]
 
+    @property
+    def shard_ignored(self) -> frozenset[str]:
+        """Paths of the modules whose own parameters a fully_shard call ignores
+        (``ShardSpec.ignored``); :meth:`fuzz.model.Layout.local` says what that implies."""
+        return frozenset(p for spec in self.shards for p in spec.ignored)
+
     def steps(self) -> list[tuple[str, str]]:
         """``(api, path)`` in the order they are applied: deepest module first; per module
         checkpoint (if first), fully_shard, replicate, checkpoint (if not first). A grouped

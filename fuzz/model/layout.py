@@ -131,7 +131,7 @@ class Layout:
         parameters a fully_shard call ignores (``ShardSpec.ignored``): their parameters stay
         plain, local tensors, their gradients are not averaged."""
         ignored = self.comp.replicate_options.ignored_modules
-        by_shards = {i for spec in self.comp.shards for i in spec.ignored}
+        by_shards = self.comp.shard_ignored
         return [
             p
             for p, n in self.paths.items()
