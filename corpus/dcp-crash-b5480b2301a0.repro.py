@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=dc0377a58eb1e287 sources=055acc69e02fb753 seconds=31.7
+# shardfuzz reduced reproducer: entry=dc0377a58eb1e287 sources=7d6f5cb23a31c8e4 seconds=223.8
 """Reproduces shardfuzz corpus entry dcp-crash-b5480b2301a0.json: crash:dcp:signal
 
 Observed: The FSDP1 FULL_STATE_DICT offload_to_cpu SIGSEGV on CPU (docs/state_dict.md item 5,
@@ -29,7 +29,6 @@ from typing import ClassVar
 from torch import nn
 from contextlib import contextmanager
 import torch.distributed as dist
-import torch.nn.functional as F
 import inspect
 from dataclasses import dataclass, field, replace
 import hashlib
@@ -314,8 +313,7 @@ def make_optimizer(params, training, later=()):
     held = {id(p) for p in later}
     params = [p for p in params if p.requires_grad or id(p) in held]
     groups = params
-    foreach = None
-    return torch.optim.SGD(groups, lr=training.lr, momentum=0.0, foreach=foreach)
+    return torch.optim.SGD(groups, lr=training.lr, momentum=0.0, foreach=None)
 
 def full_parameters(model):
     pass
@@ -323,15 +321,14 @@ def full_parameters(model):
 def batches(case, training, width, ctx, tp_size=1):
     dtype = TORCH_DTYPES[training.dtype]
     gen = torch.Generator().manual_seed(0)
-    b = 1
-    lo = ctx.rank // tp_size * b
+    lo = ctx.rank // tp_size * 1
     out = []
     for _ in range(2):
         step = []
         for _ in range(1):
-            x = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
-            y = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
-            step.append((x[lo:lo + b].to(ctx.device), y[lo:lo + b].to(ctx.device)))
+            x = torch.randn(ctx.world_size * 1, width, generator=gen, dtype=dtype)
+            y = torch.randn(ctx.world_size * 1, width, generator=gen, dtype=dtype)
+            step.append((x[lo:lo + 1].to(ctx.device), y[lo:lo + 1].to(ctx.device)))
         out.append(step)
     return out
 PROBE_ROWS = 3
@@ -382,8 +379,7 @@ def requires_grad(side):
     return {clean_name(n): p.requires_grad for n, p in side.model.named_parameters()}
 
 def fresh_training(training):
-    momentum = 0.0
-    return replace(training, lr=0.01 * 0.37, momentum=momentum, eps=0.0001 * 10)
+    return replace(training, lr=0.01 * 0.37, momentum=0.0, eps=0.0001 * 10)
 
 def add_optimizer(side, training, *, frozen_in_optimizer=False, empty_group=False):
     params = list(side.model.parameters())
@@ -400,19 +396,6 @@ def seed_segment(case, ctx, segment):
 
 def all_batches(case, training, steps, tree, ctx):
     return [step[0] for step in batches(case, replace(training, steps=steps), 1, ctx)]
-
-def train_steps(side, data, ctx):
-    assert side.opt is not None
-    losses = []
-    for x, y in data:
-        change_requires_grad(side, side.step)
-        side.step += 1
-        loss = F.mse_loss(side.model(x).to(y.dtype), y)
-        loss.backward()
-        side.opt.step()
-        side.opt.zero_grad(set_to_none=False)
-        losses.append(loss.item())
-    return losses
 
 def _flat(t):
     from torch.distributed.tensor import DTensor
@@ -484,7 +467,7 @@ def state_dict_options(o):
 def case_dir(case, ctx):
     digest = hashlib.sha1('{"body": {"absent": false, "async_save": false, "async_saves": 0, "cache_staged": false, "checkpoint_dir": "", "convert": false, "deadlock": false, "drop": [], "empty_group": false, "entries": ["model", "optimizer"], "frozen_in_optimizer": false, "kind": "dcp", "load_cpu_offload": true, "load_full_state_dict": true, "load_planner": null, "mode": "round_trip", "module_stateful": false, "no_dist": false, "orders": [[0, 1], [0, 1]], "overwrite": "none", "own_group": false, "patched": true, "process_checkpointer": false, "requires_grad": [], "save_cpu_offload": false, "save_full_state_dict": false, "save_planner": null, "skip": [], "source": {"auto_wrap": false, "checkpoint_first": false, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [{"group": [], "ignored": [], "mixed_precision": null, "offload": false, "path": "", "reshard_after_forward": false, "shard_dim": 0}], "tp": [], "tp_size": 1, "wrapper": "none"}, "stager": null, "steps_after": 1, "storage_objects": false, "target": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "fsdp1_full_shard"}, "target_meta_init": false, "torch_save_reader": false, "training": {"accum_sync": "always", "batch_per_rank": 1, "compile": "none", "dtype": "float32", "eps": 0.0001, "foreach": null, "grad_accum": 1, "lr": 0.01, "momentum": 0.0, "optimizer": "sgd", "param_groups": 1, "same_input": false, "set_to_none": false, "skips": [], "steps": 1, "unfreeze": []}, "tree": {"root": {"buffer": false, "children": [{"bias": true, "frozen": false, "kind": "relu"}], "residual": false, "scale": true}, "width": 1}, "use_collectives": true, "writer": {"per_thread_copy_ahead": 10000000, "single_file_per_rank": true, "sync_files": true, "thread_count": 1}}, "property": "dcp", "schema": 1, "seed": 0, "world_size": 2}'.encode()).hexdigest()[:12]
     count = getattr(ctx, '_cases', 0)
-    return os.path.join('/tmp/shardfuzz-dcp-3408', f'{digest}-{count}')
+    return os.path.join('/tmp/shardfuzz-dcp-1180', f'{digest}-{count}')
 
 def _options(full, offload, *, load, strict=True):
     return Options(full_state_dict=full, cpu_offload=offload, broadcast_from_rank0=load and full and offload, strict=strict)
@@ -509,6 +492,7 @@ def prepare_side(body, side, options):
 def _observe_saved(body, case, src, ctx, values):
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
     saved = {**observe(src, case, body.tree, ctx), **_observe_entries(values)}
+    taken = values.get(DcpItem.OPTIMIZER)
     moves = any((e in body.entries and e not in () for e in (DcpItem.OPTIMIZER, DcpItem.APP)))
     return saved
 
@@ -569,7 +553,6 @@ def _run_dcp(case, body, ctx):
     put = _options(True, True, load=True, strict=not ())
     path = '' or case_dir(case, ctx)
     _LAST_PLANNER[0], _CTX[0] = (None, ctx)
-    own = path
     obs = {}
     data = all_batches(case, t, 1 + 1, body.tree, ctx)
     src = None
@@ -577,10 +560,9 @@ def _run_dcp(case, body, ctx):
     body_optimizer(src, t, body)
     prepare_side(body, src, get_save)
     seed_segment(case, ctx, 0)
-    obs['losses_before'] = train_steps(src, data[:1], ctx)
     values = _values(body, case, src, ctx, get_save, put, fresh=False, skip=())
     state = _arrange(body, values, ctx)
-    _save(body, state, own)
+    _save(body, state, path)
     obs['saved'] = _observe_saved(body, case, src, ctx, values)
     tgt = build_side(body.tree, body.target, t, ctx, seed=0 + FRESH_SEED, meta=False, schedule=())
     body_optimizer(tgt, fresh_training(t), body)
@@ -594,7 +576,7 @@ def _run_dcp(case, body, ctx):
     plain = {k: v for k, v in state.items() if isinstance(v, (dict, torch.Tensor))}
     tensors = {k: _tensors(v) for k, v in plain.items()}
     before = requires_grad(tgt)
-    _load(body, state, own)
+    _load(body, state, path)
 
 def main():
     import os
@@ -607,7 +589,7 @@ def main():
         frames = re.findall('File "[^"]+/torch/([^"]+)", line \\d+ in (\\S+)', child.stderr)
         found = f'signal {child.returncode}@torch/{frames[0][0]}:{frames[0][1]}' if frames else ''
         if found in ['signal -11@torch/distributed/fsdp/_state_dict_utils.py:param_hook']:
-            print(f"REPRODUCED crash:dcp:signal: rank {os.environ['RANK']} died: {found}", flush=True)
+            print(f'REPRODUCED crash:dcp:signal: rank {os.environ["RANK"]} died: {found}', flush=True)
             sys.exit(1)
         print(f'PASS or another failure: exit {child.returncode}', flush=True)
         sys.exit(0)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=7db4623c371e95e0 sources=055acc69e02fb753 seconds=26.5
+# shardfuzz reduced reproducer: entry=7db4623c371e95e0 sources=7d6f5cb23a31c8e4 seconds=184.3
 """Reproduces shardfuzz corpus entry dcp-exception-11c7f72baa01.json: exception:dcp:torch.distributed.checkpoint.api.CheckpointException@torch/distributed/checkpoint/default_planner.py:create_default_local_load_plan
 
 Observed: dcp.load of an FSDP1 sharded state dict where a rank holds no chunk of a parameter,
@@ -242,6 +242,10 @@ class Composition:
 
     @property
     def sharded_paths(self):
+        ...
+
+    @property
+    def shard_ignored(self):
         ...
 
     def steps(self):
@@ -936,6 +940,7 @@ def prepare_side(body, side, options):
 def _observe_saved(body, case, src, ctx, values):
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
     saved = {**observe(src, case, body.tree, ctx), **_observe_entries(values)}
+    taken = values.get(DcpItem.OPTIMIZER)
     moves = any((e in body.entries and e not in body.skip for e in (DcpItem.OPTIMIZER, DcpItem.APP)))
     return saved
 
@@ -1037,13 +1042,10 @@ def _run_dcp(case, body, ctx):
     before = requires_grad(tgt)
     _load(body, state, own)
 
-def main():
-    import os
+def attempt(rank, world_size):
     import torch
     import torch.distributed as dist
     case = Case(property='dcp', world_size=2, seed=34, body=DcpBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.TANH), Leaf(kind=LeafKind.LAYER_NORM)), scale=True), Leaf(kind=LeafKind.LINEAR, bias=False)), buffer=True)), source=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), target=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), entries=(DcpItem.MODEL, DcpItem.SCALARS), training=Training(momentum=0.9)))
-    dist.init_process_group('gloo')
-    rank, world_size = (dist.get_rank(), dist.get_world_size())
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import re
     import traceback
@@ -1052,12 +1054,19 @@ def main():
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = [(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))][-1]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
+        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
         if found in ['torch.distributed.checkpoint.api.CheckpointException@torch/distributed/checkpoint/default_planner.py:create_default_local_load_plan']:
-            print(f'REPRODUCED exception:dcp:torch.distributed.checkpoint.api.CheckpointException@torch/distributed/checkpoint/default_planner.py:create_default_local_load_plan: rank {ctx.rank} raised {found}: {e}', flush=True)
-            os._exit(1)
-        print(f"FAIL (not the entry's failure): rank {ctx.rank} raised {found}: {e}", flush=True)
-        os._exit(0)
-    print('PASS: no rank raised')
+            return f'REPRODUCED exception:dcp:torch.distributed.checkpoint.api.CheckpointException@torch/distributed/checkpoint/default_planner.py:create_default_local_load_plan: rank {rank} raised {found}: {e}'
+        return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"
+    return 'PASS: no rank raised'
+
+def main():
+    import os
+    import torch.distributed as dist
+    dist.init_process_group('gloo')
+    verdict = attempt(dist.get_rank(), dist.get_world_size())
+    if verdict:
+        print(verdict, flush=True)
+    os._exit(1 if verdict.startswith('REPRODUCED') else 0)
 if __name__ == '__main__':
     main()

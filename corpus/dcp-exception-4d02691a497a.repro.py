@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=c2c685119f970f8e sources=055acc69e02fb753 seconds=41.8
+# shardfuzz reduced reproducer: entry=c2c685119f970f8e sources=7d6f5cb23a31c8e4 seconds=233.0
 """Reproduces shardfuzz corpus entry dcp-exception-4d02691a497a.json: exception:dcp:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out
 
 Observed: Not a state-dict bug: FSDP2's backward all-gather raises IndexError in
@@ -17,25 +17,11 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 """
 
 from __future__ import annotations
-from dataclasses import dataclass, field
 import torch
 import enum
-from dataclasses import dataclass
-from dataclasses import dataclass, field
-from dataclasses import replace
-import builtins
-from typing import ClassVar
-import os
-from typing import ClassVar
 from torch import nn
-import torch.distributed as dist
 import torch.nn.functional as F
 from dataclasses import dataclass, field, replace
-import hashlib
-import shutil
-
-def __getattr__(name):
-    raise AttributeError(f"module 'fuzz' has no attribute {name!r}")
 
 @dataclass
 class RankContext:
@@ -47,66 +33,30 @@ class RankContext:
 
     def mesh(self, shape, names):
         from torch.distributed.device_mesh import init_device_mesh
-        key = (shape, names)
-        self._meshes[key] = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
+        key = ()
+        self._meshes[key] = init_device_mesh(self.device.type, shape)
         return self._meshes[key]
-    _cases: object = 0
 
 class LeafKind(str, enum.Enum):
     LINEAR = 'linear'
-    LAYER_NORM = 'layer_norm'
-    CONV1D = 'conv1d'
-    RELU = 'relu'
-    TANH = 'tanh'
-    GELU = 'gelu'
-    DROPOUT = 'dropout'
 
 class Dtype(str, enum.Enum):
     FLOAT32 = 'float32'
-    FLOAT64 = 'float64'
-    BFLOAT16 = 'bfloat16'
-    FLOAT16 = 'float16'
 
-@dataclass(frozen=True)
+@dataclass()
 class Leaf:
     kind: object
-    bias: object = True
-    frozen: object = False
 
-@dataclass(frozen=True)
+@dataclass()
 class Block:
     children: object
-    residual: object = False
-    scale: object = False
 
-def iter_paths(block, prefix=''):
-    yield (prefix, block)
-    for i, child in enumerate(block.children):
-        path = str(i)
-        yield (path, child)
-
-def param_names(node):
-    pass
-
-@dataclass(frozen=True)
+@dataclass()
 class ModuleTree:
     width: object
     root: object
 
-    def paths(self):
-        return dict(iter_paths(self.root))
-
-    @property
-    def size(self):
-        pass
-
-def contains(outer, path):
-    return outer == path or outer == '' or path.startswith(outer + '.')
-
-def is_ancestor(ancestor, path):
-    return ancestor != path and contains(ancestor, path)
-
-@dataclass(frozen=True)
+@dataclass()
 class ShardSpec:
     path: object
     reshard_after_forward: object = True
@@ -116,119 +66,44 @@ class ShardSpec:
     def paths(self):
         return (self.path, *())
 
-@dataclass(frozen=True)
-class CheckpointOptions:
-
-    def names(self):
-        pass
-
-@dataclass(frozen=True)
+@dataclass()
 class Composition:
     shards: object = ()
-    mesh: object = ()
-    checkpoint_options: object = field(default_factory=CheckpointOptions)
-
-    def reshard_after_forward(self, spec):
-        pass
-
-    @property
-    def sharded_paths(self):
-        return [p for spec in self.shards for p in spec.paths]
 
     def steps(self):
-        order = {'checkpoint': 0, 'fully_shard': 1, 'replicate': 2}
-        items = [('checkpoint', p) for p in ()] + [('replicate', p) for p in ()]
+        items = [() for p in ()] + [() for p in ()]
         items += [('fully_shard', spec.path) for spec in self.shards]
 
         def key(item):
-            api, path = item
-            depth = min((q.count('.') + (q != '') for q in self._spec_paths(api, path)))
-            return (-depth, order[api], path)
+            pass
         return sorted(items, key=key)
 
-    def _spec_paths(self, api, path):
-        return next((s.paths for s in self.shards if s.path == path))
-
-class Optimizer(str, enum.Enum):
-    SGD = 'sgd'
-    ADAM = 'adam'
-    ADAMW = 'adamw'
-
-@dataclass(frozen=True)
+@dataclass()
 class Training:
-    optimizer: object = Optimizer.SGD
-    lr: object = 0.1
-    momentum: object = 0.0
     steps: object = 2
-    batch_per_rank: object = 2
     dtype: object = Dtype.FLOAT32
-    foreach: object = None
 
 class Body:
-    KIND: ClassVar[str]
-    PROGRAM: ClassVar[str]
-    registry: ClassVar[dict[str, type[Body]]] = {}
+    pass
 
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        Body.registry[cls.KIND] = cls
-
-    @property
-    def size(self):
-        pass
-
-@dataclass(frozen=True)
+@dataclass()
 class Case:
     property: object
     world_size: object
     seed: object
     body: object
 
-    @builtins.property
-    def size(self):
-        pass
-
-def is_fsdp1(comp):
-    return 'none'.startswith('fsdp1')
-
-@dataclass(frozen=True)
-class Options:
-    full_state_dict: object = False
-    cpu_offload: object = False
-    broadcast_from_rank0: object = False
-    strict: object = True
-
 class DcpItem(str, enum.Enum):
     MODEL = 'model'
-    OPTIMIZER = 'optimizer'
-    APP = 'app'
-    SCALARS = 'scalars'
-    COUNTER = 'counter'
-    EXTRA = 'extra'
 
-class DcpMode(str, enum.Enum):
-    ROUND_TRIP = 'round_trip'
-    SAVE_ONLY = 'save_only'
-    LOAD_ONLY = 'load_only'
-
-@dataclass(frozen=True)
+@dataclass()
 class DcpBody(Body):
-    KIND: ClassVar[str] = 'dcp'
-    PROGRAM: ClassVar[str] = 'fuzz._rank.dcp:run_dcp'
     tree: object
     source: object
     target: object
     entries: object
-    training: object = field(default_factory=Training)
+    training: object = field()
     steps_after: object = 1
-    mode: object = DcpMode.ROUND_TRIP
-    frozen_in_optimizer: object = False
-    empty_group: object = False
-    requires_grad: object = ()
-
-    @property
-    def size(self):
-        pass
 
 class TreeBlock(nn.Module):
 
@@ -236,10 +111,6 @@ class TreeBlock(nn.Module):
         super().__init__()
         for i, child in enumerate(children):
             self.add_module(str(i), child)
-        self.residual = residual
-        self.scale = None
-        self.shift = None
-        self.skipped: frozenset[str] = frozenset()
 
     def forward(self, x):
         y = x
@@ -247,35 +118,12 @@ class TreeBlock(nn.Module):
             y = child(y)
         return y
 
-def build_leaf(leaf, width):
-    module = _build_leaf(leaf, width)
-    return module
-
-def _build_leaf(leaf, width):
-    return nn.Linear(width, width, bias=True)
-
 def build_node(node, width):
     if isinstance(node, Leaf):
-        return build_leaf(node, width)
+        module = nn.Linear(width, width)
+        return module
     return TreeBlock([build_node(c, width) for c in node.children], False, width, False, False)
-
-def build_model(tree, device):
-    with torch.device(device):
-        return build_node(tree.root, 4)
-
-def checkpoint_kwargs(opts):
-    kwargs = {}
-    return kwargs
-TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
-_WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.')
-
-def clean_name(name):
-    for prefix in _WRAPPER_PREFIXES:
-        name = name.replace(prefix, '')
-    return name
-
-def mesh_for(comp, ctx):
-    return ctx.mesh((ctx.world_size,), ('shard',))
+TORCH_DTYPES = {Dtype.FLOAT32: torch.float32}
 
 def _placement_fn(shard_dim, shard_size):
     from torch.distributed.tensor import Shard
@@ -283,55 +131,22 @@ def _placement_fn(shard_dim, shard_size):
     def fn(param):
         if param.ndim > shard_dim and param.shape[shard_dim] % shard_size == 0:
             return Shard(shard_dim)
-        return None
     return fn
-
-def apply_fully_shard(model, spec, mesh):
-    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
-    kwargs = {'mesh': mesh, 'reshard_after_forward': spec.reshard_after_forward}
-    if spec.shard_dim:
-        shard_size = mesh.size(mesh.ndim - 1)
-        kwargs['shard_placement_fn'] = _placement_fn(1, shard_size)
-    modules = [model.get_submodule(p) for p in spec.paths]
-    fully_shard(modules if () else modules[0], **kwargs)
 
 @dataclass
 class Composed:
     model: object
-    fsdp_roots: object = field(default_factory=list)
-    param_names: object = field(default_factory=list)
-
-def compose(model, comp, ctx, tree=None):
-    from torch.distributed._composable import checkpoint, replicate
-    ckpt_kwargs = checkpoint_kwargs(comp.checkpoint_options)
-    mesh = mesh_for(comp, ctx)
-    specs = {s.path: s for s in comp.shards}
-    for api, path in comp.steps():
-        apply_fully_shard(model, specs[path], mesh)
-    sharded = comp.sharded_paths
-    tops = [p for p in sharded if not any((is_ancestor(q, p) for q in sharded))]
-    return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
-
-def make_optimizer(params, training, later=()):
-    held = {id(p) for p in later}
-    params = [p for p in params if p.requires_grad or id(p) in held]
-    groups = params
-    foreach = None
-    return torch.optim.SGD(groups, lr=0.1, momentum=0.9, foreach=foreach)
 
 def batches(case, training, width, ctx, tp_size=1):
-    dtype = TORCH_DTYPES[training.dtype]
     gen = torch.Generator().manual_seed(0)
-    b = 1
-    lo = ctx.rank // tp_size * b
+    lo = ctx.rank // tp_size * 1
     out = []
-    for _ in range(1):
-        step = []
-        for _ in range(1):
-            x = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
-            y = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
-            step.append((x[lo:lo + b].to(ctx.device), y[lo:lo + b].to(ctx.device)))
-        out.append(step)
+    step = []
+    _ = next(iter(range(1)))
+    x = torch.randn(ctx.world_size * 1, width)
+    y = torch.randn(ctx.world_size * 1, width)
+    step.append((x[lo:lo + 1].to(ctx.device), y[lo:lo + 1].to(ctx.device)))
+    out.append(step)
     return out
 
 @dataclass
@@ -339,114 +154,59 @@ class Side:
     composed: object
     comp: object
     training: object
-    opt: object = None
-    param_names: object = field(default_factory=dict)
-    schedule: object = ()
-    step: object = 0
 
     @property
     def model(self):
         return self.composed.model
 
-    @property
-    def fsdp1(self):
-        return is_fsdp1(self.comp)
-
-    def names(self):
-        pass
-
-def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=()):
-    torch.manual_seed(seed)
-    device = ctx.device
-    model = build_model(tree, device).to(TORCH_DTYPES[training.dtype])
-    composed = compose(model, comp, ctx)
-    return Side(composed=composed, comp=comp, training=training, schedule=schedule)
-
-def change_requires_grad(side, step):
-    return
-
-def requires_grad(side):
-    pass
-
-def add_optimizer(side, training, *, frozen_in_optimizer=False, empty_group=False):
-    params = list(side.model.parameters())
-    frozen = []
-    side.opt = make_optimizer(params, training, later=frozen)
-    side.param_names = {id(p): clean_name(n) for n, p in side.model.named_parameters()}
-    return side.opt
-
-def body_optimizer(side, training, body):
-    return add_optimizer(side, training, frozen_in_optimizer=False, empty_group=False)
-
-def seed_segment(case, ctx, segment):
-    torch.manual_seed((0 * 7919 + segment * 104729 + ctx.rank + 1) % 2 ** 63)
-
-def all_batches(case, training, steps, tree, ctx):
-    return [step[0] for step in batches(case, replace(training, steps=steps), 4, ctx)]
-
-def train_steps(side, data, ctx):
-    assert side.opt is not None
-    for x, y in data:
-        change_requires_grad(side, side.step)
-        side.step += 1
-        loss = F.mse_loss(side.model(x).to(y.dtype), y)
-        loss.backward()
-
-def case_dir(case, ctx):
-    digest = hashlib.sha1('{"body": {"absent": false, "async_save": false, "async_saves": 0, "cache_staged": false, "checkpoint_dir": "", "convert": false, "deadlock": false, "drop": [], "empty_group": false, "entries": ["model"], "frozen_in_optimizer": false, "kind": "dcp", "load_cpu_offload": false, "load_full_state_dict": false, "load_planner": null, "mode": "round_trip", "module_stateful": false, "no_dist": false, "orders": [], "overwrite": "none", "own_group": false, "patched": false, "process_checkpointer": false, "requires_grad": [], "save_cpu_offload": false, "save_full_state_dict": false, "save_planner": null, "skip": [], "source": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [{"group": [], "ignored": [], "mixed_precision": null, "offload": false, "path": "1", "reshard_after_forward": 2, "shard_dim": 1}, {"group": [], "ignored": [], "mixed_precision": null, "offload": false, "path": "", "reshard_after_forward": true, "shard_dim": 0}], "tp": [], "tp_size": 1, "wrapper": "none"}, "stager": null, "steps_after": 0, "storage_objects": false, "target": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [{"group": [], "ignored": [], "mixed_precision": null, "offload": false, "path": "1", "reshard_after_forward": 2, "shard_dim": 1}, {"group": [], "ignored": [], "mixed_precision": null, "offload": false, "path": "", "reshard_after_forward": true, "shard_dim": 0}], "tp": [], "tp_size": 1, "wrapper": "none"}, "target_meta_init": false, "torch_save_reader": false, "training": {"accum_sync": "always", "batch_per_rank": 1, "compile": "none", "dtype": "float32", "eps": 0.001, "foreach": null, "grad_accum": 1, "lr": 0.1, "momentum": 0.9, "optimizer": "sgd", "param_groups": 1, "same_input": false, "set_to_none": true, "skips": [], "steps": 1, "unfreeze": []}, "tree": {"root": {"buffer": false, "children": [{"bias": true, "frozen": false, "kind": "linear"}, {"bias": true, "frozen": false, "kind": "linear"}], "residual": false, "scale": false}, "width": 4}, "use_collectives": true, "writer": {"per_thread_copy_ahead": 10000000, "single_file_per_rank": true, "sync_files": true, "thread_count": 1}}, "property": "dcp", "schema": 1, "seed": 0, "world_size": 4}'.encode()).hexdigest()[:12]
-    count = getattr(ctx, '_cases', 0)
-    return os.path.join('/tmp/shardfuzz-dcp-3841', f'{digest}-{count}')
-
-def _options(full, offload, *, load, strict=True):
-    return Options(full_state_dict=full, cpu_offload=offload, broadcast_from_rank0=load and full and offload, strict=strict)
-
-def prepare_side(body, side, options):
-    pass
-_LAST_PLANNER = [None]
-_CTX = [None]
-
-def run_dcp(case, body, ctx):
-    return _run_dcp(case, body, ctx)
-
-def _run_dcp(case, body, ctx):
-    t = body.training
-    get_save = _options(False, False, load=False)
-    get_load = _options(False, False, load=False)
-    put = _options(False, False, load=True, strict=not ())
-    path = '' or case_dir(case, ctx)
-    _LAST_PLANNER[0], _CTX[0] = (None, ctx)
-    if body.mode is DcpMode.ROUND_TRIP and ctx.rank == 0:
-        shutil.rmtree(path, ignore_errors=True)
-    obs = {}
-    data = all_batches(case, t, 1 + 0, body.tree, ctx)
-    src = None
-    src = build_side(body.tree, body.source, t, ctx, seed=0, schedule=())
-    body_optimizer(src, t, body)
-    prepare_side(body, src, get_save)
-    seed_segment(case, ctx, 0)
-    obs['losses_before'] = train_steps(src, data[:1], ctx)
-
-def main():
-    import os
-    import torch
-    import torch.distributed as dist
-    case = Case(property='dcp', world_size=4, seed=0, body=DcpBody(tree=ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR)))), source=Composition(shards=(ShardSpec(path='1', reshard_after_forward=2, shard_dim=1), ShardSpec(path=''))), target=Composition(shards=(ShardSpec(path='1', reshard_after_forward=2, shard_dim=1), ShardSpec(path=''))), entries=(DcpItem.MODEL,), training=Training(momentum=0.9, steps=1, batch_per_rank=1), steps_after=0))
-    dist.init_process_group('gloo')
-    rank, world_size = (dist.get_rank(), dist.get_world_size())
+def attempt(rank, world_size):
+    case = Case(property='dcp', world_size=4, seed=0, body=DcpBody(tree=ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR)))), source=Composition(shards=(ShardSpec(path='1', reshard_after_forward=2, shard_dim=1), ShardSpec(path=''))), target=Composition(shards=(ShardSpec(path='1', reshard_after_forward=2, shard_dim=1), ShardSpec(path=''))), entries=(DcpItem.MODEL,), training=Training(steps=1), steps_after=0))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import re
     import traceback
     try:
-        run_dcp(case, case.body, ctx)
+        body = DcpBody(tree=ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR)))), source=Composition(shards=(ShardSpec(path='1', reshard_after_forward=2),)), target=Composition(), entries=(), training=Training())
+        t = body.training
+        data = [step[0] for step in batches(case, replace(t), 4, ctx)]
+        tree = body.tree
+        comp = body.source
+        build_model_out = build_node(tree.root, 4)
+        model = build_model_out.to(TORCH_DTYPES[t.dtype])
+        mesh = ctx.mesh((ctx.world_size,), ())
+        specs = {s.path: s for s in comp.shards}
+        api, path_ = next(iter(comp.steps()))
+        spec = specs[path_]
+        from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+        kwargs = {'reshard_after_forward': spec.reshard_after_forward}
+        shard_size = mesh.size(mesh.ndim - 1)
+        kwargs['shard_placement_fn'] = _placement_fn(1, shard_size)
+        modules = [model.get_submodule(p_) for p_ in spec.paths]
+        fully_shard(modules if () else modules[0], **kwargs)
+        composed = Composed(model=model)
+        src = Side(composed=composed, comp=comp, training=t)
+        params = list(src.model.parameters())
+        params_ = params
+        params_ = [p__ for p__ in params_ if p__.requires_grad or id(p__) in held]
+        data_ = data[:1]
+        x, y = next(iter(data_))
+        loss = F.mse_loss(src.model(x).to(y.dtype), y)
+        loss.backward()
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = [(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))][-1]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
+        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
         if found in ['builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out']:
-            print(f'REPRODUCED exception:dcp:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out: rank {ctx.rank} raised {found}: {e}', flush=True)
-            os._exit(1)
-        print(f"FAIL (not the entry's failure): rank {ctx.rank} raised {found}: {e}", flush=True)
-        os._exit(0)
-    print('PASS: no rank raised')
+            return f'REPRODUCED exception:dcp:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out: rank {rank} raised {found}: {e}'
+        return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"
+    return 'PASS: no rank raised'
+
+def main():
+    import os
+    import torch.distributed as dist
+    dist.init_process_group('gloo')
+    verdict = attempt(dist.get_rank(), dist.get_world_size())
+    if verdict:
+        print(verdict, flush=True)
+    os._exit(1 if verdict.startswith('REPRODUCED') else 0)
 if __name__ == '__main__':
     main()

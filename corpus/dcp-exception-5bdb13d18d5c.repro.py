@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=f6cb9a8e061ca80f sources=055acc69e02fb753 seconds=27.8
+# shardfuzz reduced reproducer: entry=f6cb9a8e061ca80f sources=7d6f5cb23a31c8e4 seconds=256.0
 """Reproduces shardfuzz corpus entry dcp-exception-5bdb13d18d5c.json: exception:dcp:builtins.RuntimeError@torch/distributed/_state_dict_utils.py:tensor_func
 
 Observed: FileSystemWriter(cache_staged_state_dict=True) pins its staging copy whether or not
@@ -196,8 +196,8 @@ class TreeBlock(nn.Module):
 
     def __init__(self, children, residual, width, scale, buffer):
         super().__init__()
-        for i, child in enumerate(children):
-            self.add_module(str(i), child)
+        i, child = next(iter(enumerate(children)))
+        self.add_module(str(i), child)
         self.residual = residual
         self.scale = None
         self.shift = None
@@ -205,8 +205,8 @@ class TreeBlock(nn.Module):
 
     def forward(self, x):
         y = x
-        for name, child in self.named_children():
-            y = child(y)
+        name, child = next(iter(self.named_children()))
+        y = child(y)
         return y
 
 class PointwiseConv1d(nn.Conv1d):
@@ -222,8 +222,7 @@ def _build_leaf(leaf, width):
     return PointwiseConv1d(width, width, kernel_size=1, bias=False)
 
 def build_node(node, width):
-    if isinstance(node, Leaf):
-        return build_leaf(node, width)
+    return build_leaf(node, width)
     return TreeBlock([build_node(c, width) for c in node.children], False, width, False, False)
 
 def build_model(tree, device):
@@ -265,21 +264,19 @@ def make_optimizer(params, training, later=()):
     held = {id(p) for p in later}
     params = [p for p in params if p.requires_grad or id(p) in held]
     groups = params
-    foreach = None
-    return torch.optim.Adam(groups, lr=0.01, eps=0.0001, foreach=foreach)
+    return torch.optim.Adam(groups, lr=0.01, eps=0.0001, foreach=None)
 
 def batches(case, training, width, ctx, tp_size=1):
     dtype = TORCH_DTYPES[training.dtype]
     gen = torch.Generator().manual_seed(0)
-    b = 1
-    lo = ctx.rank // tp_size * b
+    lo = ctx.rank // tp_size * 1
     out = []
     for _ in range(3):
         step = []
         for _ in range(1):
-            x = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
-            y = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
-            step.append((x[lo:lo + b].to(ctx.device), y[lo:lo + b].to(ctx.device)))
+            x = torch.randn(ctx.world_size * 1, width, generator=gen, dtype=dtype)
+            y = torch.randn(ctx.world_size * 1, width, generator=gen, dtype=dtype)
+            step.append((x[lo:lo + 1].to(ctx.device), y[lo:lo + 1].to(ctx.device)))
         out.append(step)
     return out
 
@@ -361,7 +358,7 @@ def torch_kwargs(fn, kwargs):
 def case_dir(case, ctx):
     digest = hashlib.sha1('{"body": {"absent": false, "async_save": true, "async_saves": 2, "cache_staged": true, "checkpoint_dir": "", "convert": false, "deadlock": false, "drop": [], "empty_group": false, "entries": ["model", "optimizer"], "frozen_in_optimizer": false, "kind": "dcp", "load_cpu_offload": false, "load_full_state_dict": false, "load_planner": null, "mode": "round_trip", "module_stateful": false, "no_dist": false, "orders": [[0, 1], [0, 1]], "overwrite": "none", "own_group": false, "patched": false, "process_checkpointer": false, "requires_grad": [], "save_cpu_offload": false, "save_full_state_dict": false, "save_planner": null, "skip": [], "source": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "fsdp1_full_shard"}, "stager": null, "steps_after": 1, "storage_objects": true, "target": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "fsdp1_full_shard"}, "target_meta_init": false, "torch_save_reader": false, "training": {"accum_sync": "always", "batch_per_rank": 1, "compile": "none", "dtype": "float64", "eps": 0.0001, "foreach": null, "grad_accum": 1, "lr": 0.01, "momentum": 0.0, "optimizer": "adam", "param_groups": 1, "same_input": false, "set_to_none": false, "skips": [], "steps": 2, "unfreeze": []}, "tree": {"root": {"buffer": false, "children": [{"bias": false, "frozen": false, "kind": "conv1d"}], "residual": false, "scale": false}, "width": 1}, "use_collectives": true, "writer": {"per_thread_copy_ahead": 10000000, "single_file_per_rank": true, "sync_files": true, "thread_count": 1}}, "property": "dcp", "schema": 1, "seed": 0, "world_size": 2}'.encode()).hexdigest()[:12]
     count = getattr(ctx, '_cases', 0)
-    return os.path.join('/tmp/shardfuzz-dcp-3977', f'{digest}-{count}')
+    return os.path.join('/tmp/shardfuzz-dcp-1425', f'{digest}-{count}')
 
 def _options(full, offload, *, load, strict=True):
     return Options(full_state_dict=full, cpu_offload=offload, broadcast_from_rank0=load and full and offload, strict=strict)
@@ -398,16 +395,6 @@ def _collectives(body):
 
 def _stager(body):
     return None
-
-def _close(stager):
-    pass
-
-def _async_kwargs(body, stager):
-    kwargs = {}
-    return kwargs
-
-def _staged(result):
-    staging = getattr(result, 'staging_completion', None)
 _ASYNC_GROUP = None
 
 def _async_group(ctx):
@@ -416,75 +403,71 @@ def _async_group(ctx):
     ctx.extra_groups.append(_ASYNC_GROUP)
     return _ASYNC_GROUP
 
-def _save_in_flight(body, case, src, ctx, data, get, put, path):
-    t, n = (body.training, 2)
-    first = 2 - (n - 1)
-    obs = {'losses_before': train_steps(src, data[:first], ctx)}
-    writer = _writer(body, path, cache_staged_state_dict=True)
-    group = _async_group(ctx)
-    stager = _stager(body)
-    try:
-        _saves_in_flight(body, case, src, ctx, data, get, put, path, obs, writer, group, stager)
-    finally:
-        _close(stager)
-
-def _saves_in_flight(body, case, src, ctx, data, get, put, path, obs, writer, group, stager):
-    import torch.distributed.checkpoint as dcp
-    t, n = (body.training, 2)
-    first = 2 - (n - 1)
-    for k in range(n):
-        where = os.path.join(path, f'early-{k}')
-        values = _values(body, case, src, ctx, get, put, fresh=False, skip=())
-        state = _arrange(body, values, ctx)
-        kwargs = {'checkpoint_id': where, 'storage_writer': writer, **_save_planner(body)}
-        kwargs['process_group'] = group
-        kwargs.update(_collectives(body))
-        result = dcp.async_save(state, **kwargs, **_async_kwargs(body, stager))
-        _staged(result)
-        obs['losses_before'] += train_steps(src, data[first + k:first + k + 1], ctx)
-
-def run_dcp(case, body, ctx):
-    return _run_dcp(case, body, ctx)
-
-def _run_dcp(case, body, ctx):
-    t = body.training
-    get_save = _options(False, False, load=False)
-    get_load = _options(False, False, load=False)
-    put = _options(False, False, load=True, strict=not ())
-    path = '' or case_dir(case, ctx)
-    _LAST_PLANNER[0], _CTX[0] = (None, ctx)
-    if body.mode is DcpMode.ROUND_TRIP and ctx.rank == 0:
-        shutil.rmtree(path, ignore_errors=True)
-    obs = {}
-    data = all_batches(case, t, 2 + 1, body.tree, ctx)
-    src = None
-    src = build_side(body.tree, body.source, t, ctx, seed=0, schedule=())
-    body_optimizer(src, t, body)
-    prepare_side(body, src, get_save)
-    seed_segment(case, ctx, 0)
-    obs.update(_save_in_flight(body, case, src, ctx, data, get_save, put, path))
-
-def main():
-    import os
+def attempt(rank, world_size):
     import torch
     import torch.distributed as dist
     case = Case(property='dcp', world_size=2, seed=0, body=DcpBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),))), source=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), target=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), entries=(DcpItem.MODEL, DcpItem.OPTIMIZER), training=Training(optimizer=Optimizer.ADAM, lr=0.01, eps=0.0001, batch_per_rank=1, dtype=Dtype.FLOAT64, set_to_none=False), orders=((0, 1), (0, 1)), async_save=True, storage_objects=True, async_saves=2, cache_staged=True))
-    dist.init_process_group('gloo')
-    rank, world_size = (dist.get_rank(), dist.get_world_size())
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import re
     import traceback
     try:
-        run_dcp(case, case.body, ctx)
+        body = case.body
+        t = body.training
+        get_save = _options(False, False, load=False)
+        get_load = _options(False, False, load=False)
+        put = _options(False, False, load=True, strict=not ())
+        path_ = '' or case_dir(case, ctx)
+        _LAST_PLANNER[0], _CTX[0] = (None, ctx)
+        if body.mode is DcpMode.ROUND_TRIP and ctx.rank == 0:
+            shutil.rmtree(path_, ignore_errors=True)
+        obs = {}
+        data = all_batches(case, t, 2 + 1, body.tree, ctx)
+        src = None
+        src = build_side(body.tree, body.source, t, ctx, seed=0, schedule=())
+        body_optimizer(src, t, body)
+        prepare_side(body, src, get_save)
+        seed_segment(case, ctx, 0)
+        t_, n = (body.training, 2)
+        first = 2 - (n - 1)
+        obs_ = {'losses_before': train_steps(src, data[:first], ctx)}
+        writer = _writer(body, path_, cache_staged_state_dict=True)
+        group = _async_group(ctx)
+        stager = _stager(body)
+        try:
+            import torch.distributed.checkpoint as dcp
+            t__, n_ = (body.training, 2)
+            first_ = 2 - (n_ - 1)
+            for k in range(n_):
+                where = os.path.join(path_, f'early-{k}')
+                values = _values(body, case, src, ctx, get_save, put, fresh=False, skip=())
+                state = _arrange(body, values, ctx)
+                kwargs = {'checkpoint_id': where, 'storage_writer': writer, **_save_planner(body)}
+                kwargs['process_group'] = group
+                kwargs.update(_collectives(body))
+                kwargs_ = {}
+                async_kwargs_out = kwargs_
+                result = dcp.async_save(state, **kwargs, **async_kwargs_out)
+                staging = getattr(result, 'staging_completion', None)
+                obs_['losses_before'] += train_steps(src, data[first_ + k:first_ + k + 1], ctx)
+        finally:
+            pass
+        obs.update(None)
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = [(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))][-1]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
+        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
         if found in ['builtins.RuntimeError@torch/distributed/_state_dict_utils.py:tensor_func']:
-            print(f'REPRODUCED exception:dcp:builtins.RuntimeError@torch/distributed/_state_dict_utils.py:tensor_func: rank {ctx.rank} raised {found}: {e}', flush=True)
-            os._exit(1)
-        print(f"FAIL (not the entry's failure): rank {ctx.rank} raised {found}: {e}", flush=True)
-        os._exit(0)
-    print('PASS: no rank raised')
+            return f'REPRODUCED exception:dcp:builtins.RuntimeError@torch/distributed/_state_dict_utils.py:tensor_func: rank {rank} raised {found}: {e}'
+        return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"
+    return 'PASS: no rank raised'
+
+def main():
+    import os
+    import torch.distributed as dist
+    dist.init_process_group('gloo')
+    verdict = attempt(dist.get_rank(), dist.get_world_size())
+    if verdict:
+        print(verdict, flush=True)
+    os._exit(1 if verdict.startswith('REPRODUCED') else 0)
 if __name__ == '__main__':
     main()

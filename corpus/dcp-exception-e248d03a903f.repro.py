@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=162586248377ab4f sources=055acc69e02fb753 seconds=19.9
+# shardfuzz reduced reproducer: entry=162586248377ab4f sources=7d6f5cb23a31c8e4 seconds=175.4
 """Reproduces shardfuzz corpus entry dcp-exception-e248d03a903f.json: exception:dcp:builtins.AssertionError@torch/distributed/checkpoint/state_dict.py:_load_optim_state_dict
 
 Observed: set_optimizer_state_dict(full_state_dict=True) raises AssertionError('Expected device
@@ -26,13 +26,10 @@ from typing import ClassVar
 import os
 from typing import ClassVar
 from torch import nn
-from contextlib import contextmanager
 import torch.distributed as dist
-import torch.nn.functional as F
 import inspect
 from dataclasses import dataclass, field, replace
 import hashlib
-import shutil
 
 def __getattr__(name):
     raise AttributeError(f"module 'fuzz' has no attribute {name!r}")
@@ -89,21 +86,14 @@ class Composition:
     def steps(self):
         pass
 
-class Optimizer(str, enum.Enum):
-    SGD = 'sgd'
-    ADAM = 'adam'
-    ADAMW = 'adamw'
-
 @dataclass(frozen=True)
 class Training:
-    optimizer: object = Optimizer.SGD
     lr: object = 0.1
     momentum: object = 0.0
     eps: object = 0.001
     steps: object = 2
     batch_per_rank: object = 2
     dtype: object = Dtype.FLOAT32
-    set_to_none: object = True
     param_groups: object = 1
     foreach: object = None
 
@@ -140,11 +130,6 @@ class DcpItem(str, enum.Enum):
     COUNTER = 'counter'
     EXTRA = 'extra'
 
-class DcpMode(str, enum.Enum):
-    ROUND_TRIP = 'round_trip'
-    SAVE_ONLY = 'save_only'
-    LOAD_ONLY = 'load_only'
-
 @dataclass(frozen=True)
 class DcpBody(Body):
     KIND: ClassVar[str] = 'dcp'
@@ -158,7 +143,7 @@ class DcpBody(Body):
     orders: object = ()
     skip: object = ()
     load_full_state_dict: object = False
-    mode: object = DcpMode.ROUND_TRIP
+    no_dist: object = False
     frozen_in_optimizer: object = False
     empty_group: object = False
     requires_grad: object = ()
@@ -208,38 +193,11 @@ class Composed:
     model: object
     param_names: object = field(default_factory=list)
 
-    @contextmanager
-    def full_parameters(self):
-        from torch.distributed.tensor import DTensor
-        out = {}
-        for n, p in self.model.named_parameters():
-            out[clean_name(n)] = p.detach()
-        yield out
-
 def make_optimizer(params, training, later=()):
     held = {id(p) for p in later}
     params = [p for p in params if p.requires_grad or id(p) in held]
     groups = params
-    foreach = None
-    return torch.optim.SGD(groups, lr=training.lr, momentum=0.0, foreach=foreach)
-
-def full_parameters(model):
-    pass
-
-def batches(case, training, width, ctx, tp_size=1):
-    dtype = TORCH_DTYPES[training.dtype]
-    gen = torch.Generator().manual_seed(0)
-    b = 1
-    lo = ctx.rank // tp_size * b
-    out = []
-    for _ in range(1):
-        step = []
-        for _ in range(1):
-            x = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
-            y = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
-            step.append((x[lo:lo + b].to(ctx.device), y[lo:lo + b].to(ctx.device)))
-        out.append(step)
-    return out
+    return torch.optim.SGD(groups, lr=training.lr, momentum=0.0, foreach=None)
 PROBE_ROWS = 3
 FRESH_SEED = 24301
 
@@ -251,7 +209,6 @@ class Side:
     opt: object = None
     param_names: object = field(default_factory=dict)
     schedule: object = ()
-    step: object = 0
 
     @property
     def model(self):
@@ -272,20 +229,11 @@ def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=()):
     composed = Composed(model)
     return Side(composed=composed, comp=comp, training=training, schedule=schedule)
 
-def change_requires_grad(side, step):
-    return
-
-def catch_up(side, steps):
-    for step in range(side.step, steps):
-        change_requires_grad(side, step)
-    side.step = max(side.step, steps)
-
 def requires_grad(side):
     return {clean_name(n): p.requires_grad for n, p in side.model.named_parameters()}
 
 def fresh_training(training):
-    momentum = 0.0
-    return replace(training, lr=0.1 * 0.37, momentum=momentum, eps=0.001 * 10)
+    return replace(training, lr=0.1 * 0.37, momentum=0.0, eps=0.001 * 10)
 
 def add_optimizer(side, training, *, frozen_in_optimizer=False, empty_group=False):
     params = list(side.model.parameters())
@@ -301,34 +249,15 @@ def seed_segment(case, ctx, segment):
     torch.manual_seed((0 * 7919 + segment * 104729 + ctx.rank + 1) % 2 ** 63)
 
 def all_batches(case, training, steps, tree, ctx):
-    return [step[0] for step in batches(case, replace(training, steps=steps), 2, ctx)]
-
-def train_steps(side, data, ctx):
-    assert side.opt is not None
-    losses = []
-    for x, y in data:
-        change_requires_grad(side, side.step)
-        side.step += 1
-        loss = F.mse_loss(side.model(x).to(y.dtype), y)
-        loss.backward()
-        for p in side.model.parameters():
-            dist.all_reduce(p.grad)
-            p.grad /= ctx.world_size
-        side.opt.step()
-        side.opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-    return losses
+    pass
 
 def _flat(t):
     from torch.distributed.tensor import DTensor
     return [float(v) for v in t.detach().double().cpu().flatten().tolist()]
 
-def observe_model(side):
-    with side.composed.full_parameters() as params:
-        out = {n: [float(v) for v in t.double().cpu().flatten().tolist()] for n, t in params.items()}
-    return out
-
 def _jsonable(value):
+    if isinstance(value, torch.Tensor):
+        return _flat(value)
     return value
 
 def observe_groups(side):
@@ -355,17 +284,10 @@ def probe(side, case, tree, ctx):
     seed_segment(case, ctx, 99)
     with torch.no_grad():
         out = _flat(side.model(x))
-    reshard(side.model)
     return out
-
-def reshard(model):
-    from torch.distributed.fsdp import FSDPModule
-    for module in model.modules():
-        pass
 
 def observe(side, case, tree, ctx, *, model=True):
     obs = {'groups': observe_groups(side)}
-    params = observe_model(side)
     optim = observe_optimizer(side)
     out = probe(side, case, tree, ctx)
     if ctx.rank == 0:
@@ -389,7 +311,7 @@ def state_dict_options(o):
 def case_dir(case, ctx):
     digest = hashlib.sha1('{"body": {"absent": false, "async_save": false, "async_saves": 0, "cache_staged": false, "checkpoint_dir": "", "convert": false, "deadlock": false, "drop": [], "empty_group": false, "entries": ["model", "optimizer"], "frozen_in_optimizer": false, "kind": "dcp", "load_cpu_offload": false, "load_full_state_dict": true, "load_planner": null, "mode": "round_trip", "module_stateful": false, "no_dist": false, "orders": [], "overwrite": "none", "own_group": false, "patched": false, "process_checkpointer": false, "requires_grad": [], "save_cpu_offload": false, "save_full_state_dict": false, "save_planner": null, "skip": [], "source": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "none"}, "stager": null, "steps_after": 0, "storage_objects": false, "target": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "none"}, "target_meta_init": false, "torch_save_reader": false, "training": {"accum_sync": "always", "batch_per_rank": 1, "compile": "none", "dtype": "float32", "eps": 0.001, "foreach": null, "grad_accum": 1, "lr": 0.1, "momentum": 0.0, "optimizer": "sgd", "param_groups": 1, "same_input": false, "set_to_none": true, "skips": [], "steps": 1, "unfreeze": []}, "tree": {"root": {"buffer": false, "children": [{"bias": true, "frozen": false, "kind": "linear"}], "residual": false, "scale": false}, "width": 2}, "use_collectives": true, "writer": {"per_thread_copy_ahead": 10000000, "single_file_per_rank": true, "sync_files": true, "thread_count": 1}}, "property": "dcp", "schema": 1, "seed": 0, "world_size": 2}'.encode()).hexdigest()[:12]
     count = getattr(ctx, '_cases', 0)
-    return os.path.join('/tmp/shardfuzz-dcp-4138', f'{digest}-{count}')
+    return os.path.join('/tmp/shardfuzz-dcp-28768', f'{digest}-{count}')
 
 def _options(full, offload, *, load, strict=True):
     return Options(full_state_dict=full, cpu_offload=offload, broadcast_from_rank0=load and full and offload, strict=strict)
@@ -405,15 +327,6 @@ def _values(body, case, side, ctx, get, put, fresh, skip):
             out[entry] = get_optimizer_state_dict(side.model, side.opt, options=state_dict_options(get))
     return out
 
-def prepare_side(body, side, options):
-    pass
-
-def _observe_saved(body, case, src, ctx, values):
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-    saved = {**observe(src, case, body.tree, ctx), **_observe_entries(values)}
-    moves = any((e in body.entries and e not in () for e in (DcpItem.OPTIMIZER, DcpItem.APP)))
-    return saved
-
 def _arrange(body, values, ctx):
     order = body.orders[ctx.rank] if () else range(len(body.entries))
     return {body.entries[i].value: values[body.entries[i]] for i in order if body.entries[i] in values}
@@ -426,17 +339,9 @@ def _tensors(value, path=''):
     if isinstance(value, (list, tuple)):
         return [t for i, v in enumerate(value) for t in _tensors(v, f'{path}[{i}]')]
     return []
-
-def _in_place_problem(state, before, tensors):
-    for key, value in before.items():
-        now = dict(_tensors(value))
-    return ''
 _LAST_PLANNER = [None]
 
 def _save_planner(body):
-    return {}
-
-def _load_planner(body):
     return {}
 
 def _group(body):
@@ -459,19 +364,6 @@ def _save(body, state, path, overwrite=None):
 def _collectives(body):
     return {}
 
-def _load(body, state, path):
-    import torch.distributed.checkpoint as dcp
-    kwargs = {}
-    kwargs.update(_load_planner(body))
-    kwargs.update(_group(body))
-    dcp.load(state, checkpoint_id=path, **kwargs)
-
-def _observe_entries(values):
-    out = {}
-    for entry, value in values.items():
-        pass
-    return out
-
 def run_dcp(case, body, ctx):
     return _run_dcp(case, body, ctx)
 
@@ -482,25 +374,20 @@ def _run_dcp(case, body, ctx):
     put = _options(True, False, load=True, strict=not ())
     path = '' or case_dir(case, ctx)
     _LAST_PLANNER[0], _CTX[0] = (None, ctx)
-    if body.mode is DcpMode.ROUND_TRIP and ctx.rank == 0:
-        shutil.rmtree(path, ignore_errors=True)
-    own = path
     obs = {}
     data = all_batches(case, t, 1 + 0, body.tree, ctx)
     src = None
     src = build_side(body.tree, body.source, t, ctx, seed=0, schedule=())
     body_optimizer(src, t, body)
-    prepare_side(body, src, get_save)
     seed_segment(case, ctx, 0)
-    obs['losses_before'] = train_steps(src, data[:1], ctx)
     values = _values(body, case, src, ctx, get_save, put, fresh=False, skip=())
     state = _arrange(body, values, ctx)
-    _save(body, state, own)
-    obs['saved'] = _observe_saved(body, case, src, ctx, values)
+    _save(body, state, path)
+    reloaded = _reload_on_one_rank(body, case, ctx, path)
+    if ctx.rank == 0:
+        obs['reloaded'] = reloaded
     tgt = build_side(body.tree, body.target, t, ctx, seed=0 + FRESH_SEED, meta=False, schedule=())
     body_optimizer(tgt, fresh_training(t), body)
-    catch_up(tgt, 1)
-    prepare_side(body, tgt, put)
     dropped = dropped_keys(tgt, ())
     obs['dropped'] = dropped
     obs['fresh'] = observe(tgt, case, body.tree, ctx, model=not False)
@@ -509,9 +396,20 @@ def _run_dcp(case, body, ctx):
     plain = {k: v for k, v in state.items() if isinstance(v, (dict, torch.Tensor))}
     tensors = {k: _tensors(v) for k, v in plain.items()}
     before = requires_grad(tgt)
-    _load(body, state, own)
-    obs['in_place'] = _in_place_problem(state, plain, tensors)
-    _finish_load(body, tgt, values, put, own)
+    _finish_load(body, tgt, values, put, path)
+
+def _reload_on_one_rank(body, case, ctx, path):
+    import torch.distributed.checkpoint as dcp
+    dist.barrier()
+    out = None
+    if ctx.rank == 0:
+        torch.manual_seed(0 + 3 * FRESH_SEED)
+        model = build_model(body.tree, torch.device('cpu')).to(TORCH_DTYPES[body.training.dtype])
+        state = model.state_dict()
+        dcp.load({'model': state}, checkpoint_id=path, no_dist=True)
+        out = {clean_name(k): _jsonable(v) for k, v in state.items()}
+    dist.barrier()
+    return out
 
 def _finish_load(body, side, values, put, path):
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
@@ -521,27 +419,31 @@ def _finish_load(body, side, values, put, path):
     assert side.opt is not None
     set_optimizer_state_dict(side.model, side.opt, values[DcpItem.OPTIMIZER], options=options)
 
-def main():
-    import os
+def attempt(rank, world_size):
     import torch
     import torch.distributed as dist
     case = Case(property='dcp', world_size=2, seed=0, body=DcpBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR),))), source=Composition(), target=Composition(), entries=(DcpItem.MODEL, DcpItem.OPTIMIZER), training=Training(steps=1, batch_per_rank=1), steps_after=0, load_full_state_dict=True))
-    dist.init_process_group('gloo')
-    rank, world_size = (dist.get_rank(), dist.get_world_size())
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import re
     import traceback
     try:
-        run_dcp(case, case.body, ctx)
+        run_dcp(case, DcpBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR),))), source=Composition(), target=Composition(), entries=(DcpItem.MODEL, DcpItem.OPTIMIZER), training=Training(steps=1, batch_per_rank=1), steps_after=0, load_full_state_dict=True), ctx)
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = [(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))][-1]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
+        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
         if found in ['builtins.AssertionError@torch/distributed/checkpoint/state_dict.py:_load_optim_state_dict']:
-            print(f'REPRODUCED exception:dcp:builtins.AssertionError@torch/distributed/checkpoint/state_dict.py:_load_optim_state_dict: rank {ctx.rank} raised {found}: {e}', flush=True)
-            os._exit(1)
-        print(f"FAIL (not the entry's failure): rank {ctx.rank} raised {found}: {e}", flush=True)
-        os._exit(0)
-    print('PASS: no rank raised')
+            return f'REPRODUCED exception:dcp:builtins.AssertionError@torch/distributed/checkpoint/state_dict.py:_load_optim_state_dict: rank {rank} raised {found}: {e}'
+        return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"
+    return 'PASS: no rank raised'
+
+def main():
+    import os
+    import torch.distributed as dist
+    dist.init_process_group('gloo')
+    verdict = attempt(dist.get_rank(), dist.get_world_size())
+    if verdict:
+        print(verdict, flush=True)
+    os._exit(1 if verdict.startswith('REPRODUCED') else 0)
 if __name__ == '__main__':
     main()

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=8228996f6fd4be5a sources=055acc69e02fb753 seconds=73.7
+# shardfuzz reduced reproducer: entry=8228996f6fd4be5a sources=7d6f5cb23a31c8e4 seconds=206.3
 """Reproduces shardfuzz corpus entry dcp-hang-96de59c34a50.json: hang:dcp@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone
 
 Observed: set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0 pass an
@@ -167,32 +167,6 @@ class ShardSpec:
     def paths(self):
         return (self.path, *self.group)
 
-@dataclass(frozen=True)
-class Knobs:
-    forward_prefetch: object = 0
-    backward_prefetch: object = 0
-    reshard_after_backward_last: object = False
-    late_reshard_after_forward: object = None
-    explicit_unshard: object = False
-    all_reduce_hook_scale: object = None
-    gradient_divide_factor: object = None
-    force_sum_reduction: object = False
-    abort_and_reset: object = False
-    pg_allocator: object = False
-    rs_max_buffers: object = 0
-    reduce_scatter_unused: object = False
-
-    def __post_init__(self):
-        for name in ('forward_prefetch', 'backward_prefetch'):
-            pass
-
-    @property
-    def is_set(self):
-        return self != Knobs()
-
-    def names(self):
-        ...
-
 class ReplicateGroup(str, enum.Enum):
     DEFAULT = 'default'
     PROCESS_GROUP = 'process_group'
@@ -257,7 +231,6 @@ class Composition:
     tp: object = ()
     tp_size: object = 1
     find_unused: object = False
-    knobs: object = field(default_factory=Knobs)
     replicate_options: object = field(default_factory=ReplicateOptions)
     checkpoint_options: object = field(default_factory=CheckpointOptions)
 
@@ -273,6 +246,10 @@ class Composition:
     @property
     def sharded_paths(self):
         return [p for spec in self.shards for p in spec.paths]
+
+    @property
+    def shard_ignored(self):
+        return frozenset((p for spec in self.shards for p in spec.ignored))
 
     def steps(self):
         order = {'checkpoint': 0 if self.checkpoint_first else 3, 'fully_shard': 1, 'replicate': 2}
@@ -296,76 +273,6 @@ class Unit:
     members: object
 
     def covers(self, path):
-        ...
-
-@dataclass(frozen=True)
-class Layout:
-    tree: object
-    comp: object
-
-    @cached_property
-    def paths(self):
-        return self.tree.paths()
-
-    @cached_property
-    def units(self):
-        shards = tuple((Unit('fully_shard', i, spec.paths) for i, spec in enumerate(self.comp.shards)))
-        return shards + tuple((Unit('replicate', i, (p,)) for i, p in enumerate(self.comp.replicates)))
-
-    @cached_property
-    def member_paths(self):
-        return tuple((m for u in self.units for m in u.members))
-
-    def member_of(self, path, api=None):
-        best = None
-        members = self.member_paths if api is None else [m for u in self.units if u.api == api for m in u.members]
-        for m in members:
-            if contains(m, path) and (best is None or is_ancestor(best, m)):
-                best = m
-        ignored = self.comp.replicate_options.ignored_modules
-        return best
-
-    @cached_property
-    def _shard_ignored(self):
-        return {m: spec.ignored for spec in self.comp.shards if spec.ignored for m in spec.paths}
-
-    def unit_of(self, path):
-        ...
-
-    def owned_by(self, unit, member=None):
-        ...
-
-    def outermost(self, unit):
-        ...
-
-    def frozen_only(self, unit, member=None):
-        ...
-
-    def manages_under(self, member, path):
-        ...
-
-    def unmanaged(self):
-        local = self.local()
-        return [p for p, n in self.paths.items() if owns_params(n) and self.member_of(p) is None and (p not in local)]
-
-    def local(self):
-        ignored = self.comp.replicate_options.ignored_modules
-        by_shards = {i for spec in self.comp.shards for i in spec.ignored}
-        return [p for p, n in self.paths.items() if owns_params(n) and (any((contains(i, p) for i in ignored)) or p in by_shards) and (self.member_of(p) is None)]
-
-    def ignored_by(self, member):
-        ...
-
-    def replicated_params(self, member):
-        ...
-
-    def delay_plan(self, member):
-        ...
-
-    def _trainable(self, path):
-        ...
-
-    def gradient_scale(self, path, world_size):
         ...
 
 class AccumSync(str, enum.Enum):
@@ -437,9 +344,7 @@ def check_composition(tree, comp, where='composition'):
 def _check_replicate_options(tree, comp, where):
     opts = comp.replicate_options
     paths = tree.paths()
-    plain = Layout(tree, replace(comp, replicate_options=replace(opts, ignored_modules=())))
     at = f'{where}.replicate_options.ignored_modules'
-    layout = Layout(tree, comp)
 
 def _check_ignored_params(tree, comp, where):
     specs = [(i, s) for i, s in enumerate(comp.shards) if s.ignored]
@@ -993,6 +898,7 @@ def prepare_side(body, side, options):
 def _observe_saved(body, case, src, ctx, values):
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
     saved = {**observe(src, case, body.tree, ctx), **_observe_entries(values)}
+    taken = values.get(DcpItem.OPTIMIZER)
     moves = any((e in body.entries and e not in body.skip for e in (DcpItem.OPTIMIZER, DcpItem.APP)))
     return saved
 
@@ -1117,7 +1023,7 @@ def main():
     def watch():
         time.sleep(20)
         frames = traceback.extract_stack(sys._current_frames()[threading.main_thread().ident])
-        if any((f"torch/{f.filename.rpartition('/torch/')[2]}:{f.name}" in ['torch/distributed/_state_dict_utils.py:_broadcast_state_dict'] for f in frames)):
+        if any((f'torch/{f.filename.rpartition("/torch/")[2]}:{f.name}' in ['torch/distributed/_state_dict_utils.py:_broadcast_state_dict'] for f in frames)):
             print(f'REPRODUCED hang:dcp@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone: rank {ctx.rank} is stuck', flush=True)
             os._exit(1)
         os._exit(0)

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=7cab03442e860cb4 sources=e14b2777dea90300 seconds=23.2
-"""Reproduces shardfuzz corpus entry metamorphic-exception-7ac48053331b.json: exception:metamorphic:builtins.RuntimeError@torch/optim/sgd.py:_multi_tensor_sgd
+# shardfuzz reduced reproducer: entry=7cab03442e860cb4 sources=1f6fea1f8a59e6b3 seconds=173.9
+"""Reproduces shardfuzz corpus entry metamorphic-exception-7ac48053331b.json: exception:metamorphic:builtins.RuntimeError@torch/distributed/tensor/_dispatch.py:_try_replicate_spec_for_scalar_tensor
 
 Observed: rank 0 raised builtins.RuntimeError: aten._foreach_add_.List got mixed torch.Tensor
 and DTensor, need to convert all torch.Tensor to DTensor before calling distributed operators!
@@ -14,24 +14,11 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 """
 
 from __future__ import annotations
-from typing import Any
-from dataclasses import dataclass, field
 import torch
 import enum
-from dataclasses import dataclass
 from dataclasses import dataclass, field
-from dataclasses import replace
-import builtins
-from typing import Any, ClassVar
-from typing import Any
-import os
-from typing import ClassVar
 from torch import nn
-import torch.distributed as dist
 import torch.nn.functional as F
-
-def __getattr__(name):
-    raise AttributeError(f"module 'fuzz' has no attribute {name!r}")
 
 @dataclass
 class RankContext:
@@ -39,22 +26,9 @@ class RankContext:
     world_size: object
     device: object
     backend: object
-    _meshes: object = field(default_factory=dict)
-
-    def mesh(self, shape, names):
-        from torch.distributed.device_mesh import init_device_mesh
-        key = (shape, names)
-        self._meshes[key] = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
-        return self._meshes[key]
 
 class LeafKind(str, enum.Enum):
     LINEAR = 'linear'
-    LAYER_NORM = 'layer_norm'
-    CONV1D = 'conv1d'
-    RELU = 'relu'
-    TANH = 'tanh'
-    GELU = 'gelu'
-    DROPOUT = 'dropout'
 
 class Dtype(str, enum.Enum):
     FLOAT32 = 'float32'
@@ -62,110 +36,59 @@ class Dtype(str, enum.Enum):
     BFLOAT16 = 'bfloat16'
     FLOAT16 = 'float16'
 
-@dataclass(frozen=True)
+@dataclass()
 class Leaf:
     kind: object
-    bias: object = True
-    frozen: object = False
 
-@dataclass(frozen=True)
+@dataclass()
 class Block:
     children: object
-    residual: object = False
-    scale: object = False
 
-@dataclass(frozen=True)
+@dataclass()
 class ModuleTree:
     width: object
     root: object
 
-@dataclass(frozen=True)
+@dataclass()
 class ShardSpec:
     path: object
-    reshard_after_forward: object = True
 
-@dataclass(frozen=True)
-class CheckpointOptions:
-
-    def names(self):
-        pass
-
-@dataclass(frozen=True)
+@dataclass()
 class Composition:
     shards: object = ()
     replicates: object = ()
     checkpoints: object = ()
-    mesh: object = ()
-    checkpoint_options: object = field(default_factory=CheckpointOptions)
-
-    def reshard_after_forward(self, spec):
-        pass
 
     @property
     def sharded_paths(self):
         return [p for spec in self.shards for p in ('0',)]
 
-    def steps(self):
-        order = {'checkpoint': 0, 'fully_shard': 1, 'replicate': 2}
-        items = [('checkpoint', p) for p in self.checkpoints] + [('replicate', p) for p in ('',)]
-        items += [('fully_shard', '0') for spec in self.shards]
-
-        def key(item):
-            api, path = item
-            depth = min((q.count('.') + (q != '') for q in self._spec_paths(api, path)))
-            return (-depth, order[api], path)
-        return sorted(items, key=key)
-
-    def _spec_paths(self, api, path):
-        if api == 'fully_shard':
-            return next((('0',) for s in self.shards if '0' == path))
-        return (path,)
-
-class AccumSync(str, enum.Enum):
-    ALWAYS = 'always'
-    NO_GRAD_SYNC = 'no_grad_sync'
-    NO_ALL_REDUCE = 'no_all_reduce'
-
-@dataclass(frozen=True)
+@dataclass()
 class Training:
-    lr: object = 0.1
-    momentum: object = 0.0
     steps: object = 2
     batch_per_rank: object = 2
     dtype: object = Dtype.FLOAT32
     foreach: object = None
 
     def skipped_at(self, step, microbatch):
-        return [s.path for s in () if s.step == step and s.microbatch == microbatch]
+        pass
 
 class Body:
-    KIND: ClassVar[str]
-    PROGRAM: ClassVar[str]
-    registry: ClassVar[dict[str, type[Body]]] = {}
+    pass
 
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        Body.registry[cls.KIND] = cls
-
-@dataclass(frozen=True)
+@dataclass()
 class MetamorphicBody(Body):
-    KIND: ClassVar[str] = 'metamorphic'
-    PROGRAM: ClassVar[str] = 'fuzz._rank.parity:run_metamorphic'
     tree: object
     composition: object
     variant: object
-    training: object = field(default_factory=Training)
+    training: object = field()
 
-@dataclass(frozen=True)
+@dataclass()
 class Case:
     property: object
     world_size: object
     seed: object
     body: object
-
-def fsdp_sharded(p):
-    from torch.distributed.tensor import DTensor
-    return isinstance(p, DTensor) and 'shard' in (p.device_mesh.mesh_dim_names or ('shard',))
 
 class TreeBlock(nn.Module):
 
@@ -173,10 +96,6 @@ class TreeBlock(nn.Module):
         super().__init__()
         for i, child in enumerate(children):
             self.add_module(str(i), child)
-        self.residual = residual
-        self.scale = None
-        self.shift = None
-        self.skipped: frozenset[str] = frozenset()
 
     def forward(self, x):
         y = x
@@ -184,247 +103,91 @@ class TreeBlock(nn.Module):
             y = child(y)
         return y
 
-def build_leaf(leaf, width):
-    module = _build_leaf(leaf, width)
-    return module
-
-def _build_leaf(leaf, width):
-    return nn.Linear(width, width, bias=True)
-
 def build_node(node, width):
     if isinstance(node, Leaf):
-        return build_leaf(node, width)
+        module = nn.Linear(width, width)
+        return module
     return TreeBlock([build_node(c, width) for c in node.children], False, width, False, False)
-
-def build_model(tree, device):
-    with torch.device(device):
-        return build_node(tree.root, 2)
-
-def tree_blocks(model):
-    return {'.'.join((c for c in name.split('.') if c.isdigit())): m for name, m in model.named_modules() if isinstance(m, TreeBlock)}
-
-def set_skipped(blocks, paths):
-    skipped = {p: set() for p in blocks}
-    for p, block in blocks.items():
-        pass
-
-def replicate_kwargs(model, tree, comp, path, ctx):
-    kwargs = {'find_unused_parameters': False}
-    kwargs['device_ids'] = None
-    return kwargs
-
-def checkpoint_kwargs(opts):
-    kwargs = {}
-    return kwargs
-TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
-_WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.')
-
-def clean_name(name):
-    for prefix in _WRAPPER_PREFIXES:
-        name = name.replace(prefix, '')
-    return name
-
-def mesh_for(comp, ctx):
-    return ctx.mesh((ctx.world_size,), ('shard',))
-
-def apply_fully_shard(model, spec, mesh):
-    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
-    kwargs = {'mesh': mesh, 'reshard_after_forward': True}
-    modules = [model.get_submodule(p) for p in ('0',)]
-    fully_shard(modules if () else modules[0], **kwargs)
+TORCH_DTYPES = {Dtype.FLOAT32: torch.float32}
 
 @dataclass
 class Composed:
     model: object
-    fsdp_roots: object = field(default_factory=list)
-
-    def set_sync(self, requires_gradient_sync=True, requires_all_reduce=True):
-        for m in self.fsdp_roots:
-            m.set_requires_gradient_sync(requires_gradient_sync)
-            m.set_requires_all_reduce(requires_all_reduce)
-
-def compose(model, comp, ctx, tree=None):
-    from torch.distributed._composable import checkpoint, replicate
-    ckpt_kwargs = checkpoint_kwargs(comp.checkpoint_options)
-    mesh = mesh_for(comp, ctx)
-    specs = {'0': s for s in comp.shards}
-    for api, path in comp.steps():
-        if api == 'fully_shard':
-            apply_fully_shard(model, specs[path], mesh)
-        else:
-            replicate(model.get_submodule(path), **replicate_kwargs(model, tree, comp, path, ctx))
-    sharded = comp.sharded_paths
-    tops = [p for p in sharded if not any((False for q in sharded))]
-    return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
-
-def build_composed(tree, comp, dtype, ctx, *, seed):
-    torch.manual_seed(seed)
-    model = build_model(tree, ctx.device).to(dtype)
-    return (model, _with_knobs(model, compose(model, comp, ctx, tree), comp, tree))
-
-def _with_knobs(model, composed, comp, tree):
-    return composed
-
-def make_optimizer(params, training, later=()):
-    held = {id(p) for p in later}
-    params = [p for p in params if p.requires_grad or id(p) in held]
-    groups = params
-    foreach = True
-    return torch.optim.SGD(groups, lr=0.1, momentum=0.0, foreach=foreach)
-
-def batches(case, training, width, ctx, tp_size=1):
-    dtype = TORCH_DTYPES[training.dtype]
-    gen = torch.Generator().manual_seed(0)
-    b = 1
-    lo = ctx.rank // tp_size * b
-    out = []
-    for _ in range(1):
-        step = []
-        for _ in range(1):
-            x = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
-            y = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
-            step.append((x[lo:lo + b].to(ctx.device), y[lo:lo + b].to(ctx.device)))
-        out.append(step)
-    return out
-
-def _seed_for_run(case, ctx, tp_size=1):
-    torch.manual_seed((0 * 7919 + ctx.rank // tp_size + 1) % 2 ** 63)
 
 class _Contracts:
 
     def __init__(self, model, comp):
-        self.model = model
         self.comp = comp
-        self.leaf_dtypes: dict[str, str] = {}
-        self.output_dtypes: dict[str, str] = {}
+        self.leaf_dtypes: dict[()] = {}
+        self.output_dtypes: dict[()] = {}
         self.handles: list[Any] = []
-        for path in comp.sharded_paths:
-            mod = model.get_submodule(path)
-            self.handles.append(mod.register_forward_hook(self._on_output(path)))
-        for name, mod in model.named_modules():
-            if any((True for _ in mod.parameters(recurse=False))):
-                self.handles.append(mod.register_forward_pre_hook(self._on_leaf(name)))
-
-    def _on_output(self, path):
-
-        def hook(module, args, output):
-            self.output_dtypes.setdefault(path, str(output.dtype).removeprefix('torch.'))
-        return hook
-
-    def _on_leaf(self, name):
-
-        def hook(module, args):
-            p = next(module.parameters(recurse=False))
-            self.leaf_dtypes.setdefault(name, str(p.dtype).removeprefix('torch.'))
-        return hook
+        path = next(iter(comp.sharded_paths))
+        mod = model.get_submodule(path)
+        name, mod = next(iter(model.named_modules()))
 
     def after_forward(self, skipped):
-        for h in self.handles:
-            h.remove()
-        sharded = self.comp.sharded_paths + list(('',))
-        state = {}
-        for spec in self.comp.shards:
-            flags = []
-            for path in ('0',):
-                for sub, _ in iter_paths_of(self.model, path):
-                    mod = self.model.get_submodule(sub)
-                    flags += [fsdp_sharded(p) for p in mod.parameters(recurse=False)]
-            state['0'] = flags
-        return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
+        pass
 
-def iter_paths_of(model, path):
-    root = model.get_submodule(path)
-    return [(n or path, m) for n, m in root.named_modules()]
-
-def replicate_contract(model, comp, skipped=None):
-    from torch.distributed._composable import replicate
-    out = {}
-    for path in ('',):
-        state = replicate.state(model.get_submodule(path))
-        out[path] = sorted(getattr(state, '_param_names', []))
-    return out
-
-def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precision=None, local=frozenset()):
-    dtype = TORCH_DTYPES[training.dtype]
-    model, composed = build_composed(tree, comp, dtype, ctx, seed=0)
-    contracts = _Contracts(model, comp)
-    obs = {}
-    blocks = tree_blocks(composed.model)
-    later = _unfrozen_later(composed.model, training)
-    opt = make_optimizer(composed.model.parameters(), training, [p for ps in later.values() for p in ps])
-    forward = _compiled(composed.model, training)
-    _seed_for_run(case, ctx, tp_size)
-    grad_norms = []
-    for s, step in enumerate(batches(case, training, 2, ctx, tp_size)):
-        step_losses = []
-        for i, (x, y) in enumerate(step):
-            skipped = training.skipped_at(s, i)
-            set_skipped(blocks, skipped)
-            last = i == len(step) - 1
-            sync = AccumSync.ALWAYS
-            composed.set_sync(requires_gradient_sync=sync is not AccumSync.NO_GRAD_SYNC, requires_all_reduce=sync is AccumSync.ALWAYS)
-            ctx_mgr = _null()
-            with ctx_mgr:
-                out = forward(x)
-                obs['contracts'] = contracts.after_forward(skipped)
-                obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
-                obs['contracts']['replicate_params'] = replicate_contract(model, comp, skipped)
-                contracts = None
-                loss = F.mse_loss(out.to(y.dtype), y)
-                loss.backward()
-            step_losses.append(loss.item())
-        grad_norms.append(_grad_norm(composed))
-        opt.step()
-
-def _unfrozen_later(model, training):
-    out = {u.path: [] for u in ()}
-    for name, p in model.named_parameters():
-        owner = '.'.join((c for c in clean_name(name).split('.')[:-1] if c.isdigit()))
-    return out
-
-def _compiled(model, training):
-    return model
-
-class _null:
-
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return None
-
-def _grad_norm(composed):
-    from torch.distributed.tensor import DTensor
-    total = torch.zeros((), dtype=torch.float64)
-    for p in composed.model.parameters():
-        g = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
-        total += g.double().pow(2).sum().cpu()
-    return float(total.sqrt())
-
-def run_metamorphic(case, body, ctx):
-    first = train(case, body.tree, body.training, body.composition, ctx)
-
-def main():
-    import os
-    import torch
-    import torch.distributed as dist
+def attempt(rank, world_size):
     case = Case(property='metamorphic', world_size=2, seed=0, body=MetamorphicBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR)))), composition=Composition(shards=(ShardSpec(path='0'),), replicates=('',)), variant=Composition(shards=(ShardSpec(path='0'),), replicates=('',), checkpoints=('1',)), training=Training(steps=1, batch_per_rank=1, foreach=True)))
-    dist.init_process_group('gloo')
-    rank, world_size = (dist.get_rank(), dist.get_world_size())
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import re
     import traceback
     try:
-        run_metamorphic(case, case.body, ctx)
+        body = MetamorphicBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR)))), composition=Composition(shards=(ShardSpec(path='0'),)), variant=Composition(), training=Training())
+        tree = body.tree
+        training = body.training
+        comp = body.composition
+        dtype = TORCH_DTYPES[training.dtype]
+        build_model_out = build_node(tree.root, 2)
+        model_ = build_model_out.to(dtype)
+        from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+        kwargs = {}
+        modules = [model_.get_submodule(p_) for p_ in ('0',)]
+        fully_shard(modules if () else modules[0], **kwargs)
+        sharded = comp.sharded_paths
+        tops = [p__ for p__ in sharded if not any((False for q in sharded))]
+        compose_out = Composed(model=model_)
+        model, composed = (model_, compose_out)
+        contracts = _Contracts(model, comp)
+        obs = {}
+        pass
+        params = composed.model.parameters()
+        opt = torch.optim.SGD(params, foreach=True)
+        model___ = composed.model
+        gen = torch.Generator().manual_seed(0)
+        lo = ctx.rank // 1 * 1
+        out_ = []
+        step_ = []
+        _ = next(iter(range(1)))
+        x_ = torch.randn(ctx.world_size * 1, 2)
+        y_ = torch.randn(ctx.world_size * 1, 2)
+        step_.append((x_[lo:lo + 1].to(ctx.device), y_[lo:lo + 1].to(ctx.device)))
+        out_.append(step_)
+        s, step = next(iter(enumerate(out_)))
+        i, (x, y) = next(iter(enumerate(step)))
+        skipped = training.skipped_at(s, i)
+        out = model___(x)
+        obs['contracts'] = contracts.after_forward(skipped)
+        loss = F.mse_loss(out.to(y.dtype), y)
+        loss.backward()
+        opt.step()
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = [(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))][-1]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
+        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
         if found in ['builtins.RuntimeError@torch/distributed/tensor/_dispatch.py:_try_replicate_spec_for_scalar_tensor', 'builtins.RuntimeError@torch/optim/sgd.py:_multi_tensor_sgd']:
-            print(f'REPRODUCED exception:metamorphic:builtins.RuntimeError@torch/optim/sgd.py:_multi_tensor_sgd: rank {ctx.rank} raised {found}: {e}', flush=True)
-            os._exit(1)
-        print(f"FAIL (not the entry's failure): rank {ctx.rank} raised {found}: {e}", flush=True)
-        os._exit(0)
-    print('PASS: no rank raised')
+            return f'REPRODUCED exception:metamorphic:builtins.RuntimeError@torch/distributed/tensor/_dispatch.py:_try_replicate_spec_for_scalar_tensor: rank {rank} raised {found}: {e}'
+        return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"
+    return 'PASS: no rank raised'
+
+def main():
+    import os
+    import torch.distributed as dist
+    dist.init_process_group('gloo')
+    verdict = attempt(dist.get_rank(), dist.get_world_size())
+    if verdict:
+        print(verdict, flush=True)
+    os._exit(1 if verdict.startswith('REPRODUCED') else 0)
 if __name__ == '__main__':
     main()

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=3f8de5dcf0f7988f sources=e14b2777dea90300 seconds=59.7
+# shardfuzz reduced reproducer: entry=3f8de5dcf0f7988f sources=1f6fea1f8a59e6b3 seconds=57.4
 """Reproduces shardfuzz corpus entry metamorphic-exception-f2b0e694e1b5.json: exception:metamorphic:torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/conv.py:_conv_forward
 
 Observed: torch.compile over FSDP1 (use_orig_params=True, sharded): Dynamo recompiles the
@@ -20,7 +20,6 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 from __future__ import annotations
 import importlib
 from typing import Any
-import gc
 from dataclasses import dataclass, field
 import torch
 import enum
@@ -44,19 +43,12 @@ from contextlib import contextmanager, nullcontext
 import copy
 import torch.distributed as dist
 import torch.nn.functional as F
-"shardfuzz: property-based fuzzing of PyTorch's composable distributed APIs.\n\nPublic names are re-exported here lazily: the rank side imports :mod:`fuzz.model` through this\npackage, and must not pull in Hypothesis or the driver.\n"
 _EXPORTS = {'Case': 'fuzz.model', 'case_from_json': 'fuzz.model', 'case_to_json': 'fuzz.model', 'SCHEMA_VERSION': 'fuzz.model', 'RankPool': 'fuzz.pool', 'Outcome': 'fuzz.verdict', 'OutcomeKind': 'fuzz.verdict', 'Property': 'fuzz.properties', 'all_properties': 'fuzz.properties', 'get_property': 'fuzz.properties', 'Failure': 'fuzz.signature', 'explore': 'fuzz.explore', 'run_case': 'fuzz.explore', 'Entry': 'fuzz.corpus', 'load_corpus': 'fuzz.corpus', 'load_entry': 'fuzz.corpus', 'save_entry': 'fuzz.corpus', 'ShardfuzzError': 'fuzz.errors', 'InvalidArgument': 'fuzz.errors', 'CaseError': 'fuzz.errors', 'PoolError': 'fuzz.errors'}
 
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'fuzz' has no attribute {name!r}")
-"The rank side: the code that runs inside each spawned rank.\n\nIt imports only torch, the standard library and :mod:`fuzz.model` (plus the message types of\n:mod:`fuzz._protocol`), never Hypothesis or the driver, so a rank's behaviour depends on the case\nit is sent and nothing else.\n"
-'What a rank keeps between cases: its identity, its device, and the meshes it has made.'
-FULL_GC_EVERY = 50
-
-class CollectivesOutOfStep(RuntimeError):
-    """After a case, the ranks had not issued the same collectives (see RankContext.end_case)."""
 
 @dataclass
 class RankContext:
@@ -72,99 +64,34 @@ class RankContext:
         if key not in self._meshes:
             self._meshes[key] = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
         return self._meshes[key]
-    _cases: object = 0
     extra_groups: object = field(default_factory=list)
     _groups: object = field(default_factory=dict)
 
     def group(self, name: str) -> Any:
-        """A process group of every rank, made on first use under ``name`` (``replicate``'s
-        explicit ``process_group``); the step check covers it."""
         import torch.distributed as dist
         if name not in self._groups:
             self._groups[name] = dist.new_group(list(range(self.world_size)))
             self.extra_groups.append(self._groups[name])
         return self._groups[name]
 
-    def _check_in_step(self) -> None:
-        """Every rank ends the case having issued as many collectives as the others, on every
-        group this process has made.
-
-        gloo pairs collectives by order, not by kind: a rank that ran one collective more than
-        the others (a broadcast's root, say, which completes without a receiver) leaves its
-        message queued, and the next case on the pool would read it as its own and fail for
-        no fault of its own, by an abort in gloo or wrong values. Here each rank all-gathers
-        this case's number on each group: out of step, the gather sees other numbers (raised
-        as CollectivesOutOfStep), or never completes (a hang), and either way the case that
-        caused it is the one that fails. CPU tensors, so gloo carries the check under NCCL too.
-        """
-        import torch.distributed as dist
-        groups = [None]
-        for mesh in self._meshes.values():
-            groups.extend(mesh.get_all_groups())
-        groups.extend(self.extra_groups)
-        seen = set()
-        mine = torch.tensor([self._cases, self.rank], dtype=torch.int64)
-        for group in groups:
-            key = id(group if group is not None else dist.group.WORLD)
-            if key in seen or not _has_cpu_backend(group):
-                continue
-            seen.add(key)
-            size = dist.get_world_size(group)
-            parts = [torch.zeros(2, dtype=torch.int64) for _ in range(size)]
-            dist.all_gather(parts, mine, group=group)
-            out = torch.cat(parts)
-            cases = out[0::2].tolist()
-            if any((c != self._cases for c in cases)):
-                raise CollectivesOutOfStep(f"after the case, the ranks' collectives were out of step on group of ranks {dist.get_process_group_ranks(group or dist.group.WORLD)}: this rank (rank {self.rank}, case number {self._cases}) gathered case numbers {cases} from ranks {out[1::2].tolist()}; some rank ran a collective that the others did not")
-
-    def end_case(self) -> None:
-        """Leave nothing of the case behind that could change the next one.
-
-        Composed modules hold reference cycles (hooks <-> states), so a case's model is freed by
-        the cycle collector. A full collection costs ~75 ms with torch loaded, more than a small
-        case; the young generations (where a case's objects are) cost microseconds. So: young
-        generations after every case, a full collection every FULL_GC_EVERY cases.
-        """
-        if self.device.type == 'cuda':
-            torch.cuda.synchronize(self.device)
-        self._check_in_step()
-        self._cases += 1
-        gc.collect(1 if self._cases % FULL_GC_EVERY else 2)
-
-def _has_cpu_backend(group: Any) -> bool:
-    import torch.distributed as dist
-    pg = group if group is not None else dist.group.WORLD
-    try:
-        pg._get_backend(torch.device('cpu'))
-    except RuntimeError:
-        return False
-    return True
-'The one error module of shardfuzz.\n\nEvery error raised because of user input (a bad argument, an unreadable corpus entry, a case\nthat fails validation) is a :class:`ShardfuzzError`, so callers can catch one type. Messages\nname the argument and its value, say what is wrong and how to fix it.\n'
-
 class ShardfuzzError(Exception):
-    """Base class of every error shardfuzz raises on bad input."""
+    pass
 
 class InvalidArgument(ShardfuzzError, ValueError):
-    """A function or command-line argument has a value that cannot be used."""
+    pass
 
 class CaseError(ShardfuzzError, ValueError):
-    """A case (or a corpus entry holding one) does not validate.
-
-    ``path`` names the offending field, e.g. ``case.tree.root.children[1].kind``.
-    """
 
     def __init__(self, path: str, message: str) -> None:
         self.path = path
         super().__init__(f'{path}: {message}')
 
 class PoolError(ShardfuzzError, RuntimeError):
-    """The rank pool could not be started or used (not a failure of a case)."""
-'Module trees: what the model of a case is built from, and paths into it.\n\nEvery leaf maps width -> width, so any tree is a valid model and shrinking a tree never breaks\nshapes. Imports only the standard library.\n'
+    pass
 MAX_WIDTH = 64
 MAX_DEPTH = 6
 
 class LeafKind(str, enum.Enum):
-    """The kinds of leaf modules a tree is made of. Every leaf maps width -> width."""
     LINEAR = 'linear'
     LAYER_NORM = 'layer_norm'
     CONV1D = 'conv1d'
@@ -194,9 +121,6 @@ class Leaf:
 
 @dataclass(frozen=True)
 class Block:
-    """A container: runs its children in order, then multiplies by its own ``scale`` parameter
-    (a parameter held by a non-leaf module), adds its ``shift`` buffer, and with ``residual``
-    adds its input."""
     children: object
     residual: object = False
     scale: object = False
@@ -208,11 +132,6 @@ class Block:
 Node = Union[Leaf, Block]
 
 def iter_paths(block: Block, prefix: str='') -> typing.Iterator[tuple[str, Node]]:
-    """Yield ``(path, node)`` for every node, parents before children; the root's path is ``""``.
-
-    Paths are the module names torch gives the submodules (``"1.0"``), so
-    ``model.get_submodule(path)`` finds the built module.
-    """
     yield (prefix, block)
     for i, child in enumerate(block.children):
         path = f'{prefix}.{i}' if prefix else str(i)
@@ -222,20 +141,16 @@ def iter_paths(block: Block, prefix: str='') -> typing.Iterator[tuple[str, Node]
             yield (path, child)
 
 def has_params(node: Node) -> bool:
-    """True if the module built from ``node`` holds at least one parameter."""
     if isinstance(node, Leaf):
         return node.kind in PARAM_LEAVES
     return node.scale or any((has_params(c) for c in node.children))
 
 def owns_params(node: Node) -> bool:
-    """True if ``node``'s module has parameters of its own (not only in submodules)."""
     if isinstance(node, Leaf):
         return node.kind in PARAM_LEAVES
     return node.scale
 
 def forward_order(block: Block, prefix: str='') -> list[str]:
-    """Paths of the modules that hold parameters of their own, in the order forward first uses
-    them (a block's children in order, then its own ``scale``), nothing left out."""
     out = []
     for i, child in enumerate(block.children):
         path = f'{prefix}.{i}' if prefix else str(i)
@@ -248,7 +163,6 @@ def forward_order(block: Block, prefix: str='') -> list[str]:
     return out
 
 def param_names(node: Node) -> list[str]:
-    """Names of the parameters the module built from ``node`` registers itself, in order."""
     if isinstance(node, Leaf):
         if node.kind not in PARAM_LEAVES:
             return []
@@ -276,20 +190,15 @@ class ModuleTree:
 
     @property
     def size(self) -> int:
-        """Number of nodes: the size measure reported for shrunk cases."""
         return len(self.paths())
 
 def contains(outer: str, path: str) -> bool:
-    """True if the module at ``outer`` is the one at ``path`` or one of its ancestors."""
     return outer == path or outer == '' or path.startswith(outer + '.')
 
 def is_ancestor(ancestor: str, path: str) -> bool:
-    """True if the module at ``ancestor`` contains the one at ``path`` (and is not it)."""
     return ancestor != path and contains(ancestor, path)
-'Compositions: how a model is distributed (fully_shard, replicate, checkpoint, meshes, tensor\nparallelism, whole-model wrappers), and the rules that keep a composition one the APIs\ndocument. Imports only the standard library and the model.\n'
 
 class Wrapper(str, enum.Enum):
-    """Whole-model wrappers, the alternative to composable APIs."""
     NONE = 'none'
     DDP = 'ddp'
     FSDP1_FULL_SHARD = 'fsdp1_full_shard'
@@ -299,7 +208,6 @@ class Wrapper(str, enum.Enum):
 
 @dataclass(frozen=True)
 class MixedPrecision:
-    """``MixedPrecisionPolicy``; None leaves a field at torch's default."""
     param_dtype: object = None
     reduce_dtype: object = None
     output_dtype: object = None
@@ -307,17 +215,6 @@ class MixedPrecision:
 
 @dataclass(frozen=True)
 class ShardSpec:
-    """One ``fully_shard`` call on the module at ``path`` ("" is the root), together with the
-    modules at ``group`` (``fully_shard([path, *group])``).
-
-    ``shard_dim`` is what ``shard_placement_fn`` returns for parameters whose ``shard_dim``
-    splits evenly (``Shard(shard_dim)``); ``0`` means no placement function.
-
-    ``ignored``: modules whose own parameters go to ``ignored_params`` ("They will not be
-    sharded, nor moved to the device during init, nor have their gradients reduced in
-    backward"): they stay plain tensors local to each rank, like replicate's ignored modules
-    (:meth:`fuzz.model.Layout.local`; ``parity`` only, rules in ``fuzz.model.rules``).
-    """
     path: object
     reshard_after_forward: object = True
     shard_dim: object = 0
@@ -339,52 +236,6 @@ class ShardSpec:
 
 @dataclass(frozen=True)
 class Knobs:
-    """FSDPModule methods called on the composed model (fully_shard compositions only), each with
-    what its documentation promises, which the judges check.
-
-    Numerics unchanged (``metamorphic`` draws them as variants, ``parity`` beside the rest):
-
-    - ``forward_prefetch`` / ``backward_prefetch``: ``k`` > 0 makes every unit prefetch the
-      next ``k`` units in forward order (``set_modules_to_forward_prefetch``), or the ``k``
-      units before it in backward (``set_modules_to_backward_prefetch``; the root is never a
-      target: its parameters are all-gathered first in both passes).
-    - ``reshard_after_backward_last``: before each microbatch, ``set_reshard_after_backward(
-      last microbatch)`` and ``set_is_last_backward(last microbatch)`` on every root unit: the
-      documented gradient-accumulation recipe (parameters stay unsharded between microbatches).
-    - ``late_reshard_after_forward``: ``set_reshard_after_forward(value)`` (recursive) on every
-      root unit after composing; the value then replaces every unit's ``reshard_after_forward``
-      (:meth:`Composition.reshard_after_forward`), whose contract the judge checks after forward.
-    - ``explicit_unshard``: ``unshard(async_op=True)`` on every root unit, ``wait()``, a check
-      that the root's own parameters are registered unsharded (full size, the values of the
-      sharded ones), ``reshard()``, a check that they are sharded again, then
-      ``unshard(async_op=True)`` once more, whose wait forward does (its documented note).
-    - ``abort_and_reset``: before the first step, a forward that an exception aborts midway (a
-      forward hook of the last module holding parameters that runs), then ``reset_iter_state()``
-      on the root unit, the documented recovery ("Catch the exception ... Call
-      reset_iter_state() on the root FSDP module ... Run the next iteration normally"; it
-      "reshards every parameter group", which the rank checks). The aborted forward's RNG draws
-      are undone, so training must match the reference. Only with fully_shard on the root, no
-      replicate and no explicit unshard.
-    - ``pg_allocator``: ``set_allocate_memory_from_process_group_for_comm(True)`` on every unit
-      (staging buffers from the process group's allocator, or ``torch.empty`` without one).
-    - ``rs_max_buffers``: ``set_reduce_scatter_max_input_buffers(k)`` (recursive) on every root
-      unit, ``k`` reduce-scatter input buffers in flight ("the memory<->overlap dial").
-    - ``reduce_scatter_unused``: ``set_reduce_scatter_unused_params(True)`` (recursive) on
-      every root unit: zero gradients for parameters that got none, so only where every
-      trainable parameter gets one on every microbatch (no skipped modules,
-      ``fuzz.model.rules.check_training``), where it must change nothing.
-
-    Gradients scaled as documented (``parity`` only; the reference scales its gradients the
-    same way, :meth:`fuzz.model.Layout.gradient_scale`):
-
-    - ``all_reduce_hook_scale``: ``set_all_reduce_hook(hook)`` on every unit, the hook
-      multiplying the reduce output it is given in place by this value (a power of two, exact);
-      the rank also checks that what the hook sees is a 1-D tensor holding the unit's shard.
-    - ``gradient_divide_factor``: ``set_gradient_divide_factor(f)`` on every unit: gradients
-      are summed over the data-parallel ranks and divided by ``f`` instead of their number.
-    - ``force_sum_reduction``: ``set_force_sum_reduction_for_comms(True)`` on every unit (sums
-      and separate scaling; numerics as without it up to rounding).
-    """
     forward_prefetch: object = 0
     backward_prefetch: object = 0
     reshard_after_backward_last: object = False
@@ -415,13 +266,7 @@ class Knobs:
     def is_set(self) -> bool:
         return self != Knobs()
 
-    @property
-    def scales_gradients(self) -> bool:
-        """True if gradients differ from plain averaging by design (hook, divide factor)."""
-        return self.all_reduce_hook_scale is not None or self.gradient_divide_factor is not None
-
     def names(self) -> list[str]:
-        """The knobs set, as feature names (``knob:forward_prefetch`` ...)."""
         out = []
         for f in fields(self):
             value = getattr(self, f.name)
@@ -430,35 +275,12 @@ class Knobs:
         return out
 
 class ReplicateGroup(str, enum.Enum):
-    """The group replicate all-reduces over: every rank in each case, named three ways."""
     DEFAULT = 'default'
     PROCESS_GROUP = 'process_group'
     DEVICE_MESH = 'device_mesh'
 
 @dataclass(frozen=True)
 class ReplicateOptions:
-    """Options of every ``replicate`` call (``torch.distributed._composable.replicate``, which
-    hands its keyword arguments to ``DistributedDataParallel``), each with what its
-    documentation (torch/nn/parallel/distributed.py) implies for numerics.
-
-    Numerics unchanged (``parity`` beside the rest, ``metamorphic`` as variants): bucket sizes
-    (``bucket_cap_mb`` in MiB, fractions giving one bucket per few parameters here;
-    ``bucket_cap_mb_list``, per-bucket caps), ``gradient_as_bucket_view``, ``static_graph``,
-    ``init_sync=False`` (every rank builds the same weights), ``dim`` (only scatters inputs over
-    several devices of one process, which a single-device module never does), ``group`` (an
-    explicit group or 1D mesh of every rank), ``device_id`` (replicate's own spelling of
-    ``device_ids``), ``forward_sync_buffers`` (buffers equal on every rank),
-    ``batched_grad_copy``, ``skip_all_reduce_unused_params``; and ``delay_all_reduce``
-    (``delay_all_reduce_named_params`` with ``param_to_hook_all_reduce``, which DDP documents
-    as set together: the parameters of the trainable modules that run after the first one,
-    reduced when the first one's gradient is ready; :meth:`fuzz.model.Layout.delay_plan`),
-    which meets a torch bug (``fuzz.known.DELAY_ALL_REDUCE_ROOT``), so the strategies keep it
-    rare.
-
-    Gradients local by design (``parity`` only): ``ignored_modules``, paths of modules under a
-    replicated one whose parameters replicate leaves out; their gradients are not averaged, in
-    the reference neither (:meth:`fuzz.model.Layout.local`).
-    """
     bucket_cap_mb: object = None
     bucket_cap_mb_list: object = ()
     gradient_as_bucket_view: object = False
@@ -484,13 +306,7 @@ class ReplicateOptions:
     def is_set(self) -> bool:
         return self != ReplicateOptions()
 
-    @property
-    def neutral(self) -> bool:
-        """True if no option changes numerics by design (no ignored modules)."""
-        return not self.ignored_modules
-
     def names(self) -> list[str]:
-        """The options set, as feature names (``static_graph``, ``group:device_mesh`` ...)."""
         out = []
         for f in fields(self):
             value = getattr(self, f.name)
@@ -507,22 +323,12 @@ class ReplicateOptions:
         return out
 
 class ContextFn(str, enum.Enum):
-    """``context_fn`` of ``checkpoint``: selective activation checkpointing
-    (``torch.utils.checkpoint.create_selective_checkpoint_contexts``), which saves the matmuls'
-    outputs (``CheckpointPolicy.MUST_SAVE``) and recomputes the rest (``PREFER_RECOMPUTE``)."""
     NONE = 'none'
     SAVE_MATMULS = 'save_matmuls'
     SAVE_MATMULS_LIST = 'save_matmuls_list'
 
 @dataclass(frozen=True)
 class CheckpointOptions:
-    """Options of every ``checkpoint`` call (``torch.distributed._composable.checkpoint``), none
-    of which may change numerics: ``preserve_rng_state=False`` (only where no dropout runs in a
-    checkpointed module: the recomputation then draws other masks, as documented),
-    ``context_fn``, ``determinism_check``, ``debug``, ``early_stop``. None leaves an option out
-    of the call (torch's default). ``use_reentrant=True`` is a misuse (``invalid``).
-    ``debug=True`` and ``context_fn`` over a region holding a fully_shard unit meet torch bugs
-    (``fuzz.known.CHECKPOINT_DEBUG``, ``fuzz.known.SAC_OVER_FSDP_UNIT``): kept rare."""
     preserve_rng_state: object = True
     context_fn: object = ContextFn.NONE
     determinism_check: object = None
@@ -534,7 +340,6 @@ class CheckpointOptions:
         return self != CheckpointOptions()
 
     def names(self) -> list[str]:
-        """The options set, as feature names (``context_fn:save_matmuls``, ``early_stop:False`` ...)."""
         out = []
         if not self.preserve_rng_state:
             out.append('preserve_rng_state:False')
@@ -550,14 +355,6 @@ class CheckpointOptions:
 
 @dataclass(frozen=True)
 class Composition:
-    """How the model is distributed.
-
-    Composable APIs: ``checkpoint`` on ``checkpoints``, ``fully_shard`` per ``shards`` and
-    ``replicate`` on ``replicates``, applied module by module from the deepest up (a module's
-    checkpoint before its fully_shard when ``checkpoint_first``, else after). ``mesh`` is ()
-    for a 1D mesh over all ranks or (replicate, shard) for HSDP. Or a whole-model ``wrapper``
-    (DDP, FSDP1), optionally with ``auto_wrap`` (FSDP1: ModuleWrapPolicy over blocks).
-    """
     shards: object = ()
     replicates: object = ()
     checkpoints: object = ()
@@ -610,11 +407,6 @@ class Composition:
             raise CaseError('checkpoint_options', 'checkpoint options need checkpoint calls')
 
     def uniform_precision(self) -> MixedPrecision | None:
-        """The one MixedPrecisionPolicy a reference can apply by hand, or None: fully_shard on the
-        root and every unit with the same param and reduce dtypes, no replicate, wrapper or tensor
-        parallelism, and inner units whose output_dtype is their compute dtype or unset (so no
-        cast happens between units). The root's ``output_dtype`` is kept: the reference casts
-        the model's output to it."""
         specs = self.shards
         if not specs or self.replicates or self.wrapper is not Wrapper.NONE or self.tp:
             return None
@@ -631,8 +423,6 @@ class Composition:
         return policy
 
     def reshard_after_forward(self, spec: ShardSpec) -> bool | int:
-        """The ``reshard_after_forward`` a unit has at run time: ``spec``'s, or the value
-        ``set_reshard_after_forward`` gave every unit (:attr:`Knobs.late_reshard_after_forward`)."""
         late = self.knobs.late_reshard_after_forward
         return spec.reshard_after_forward if late is None else late
 
@@ -640,10 +430,11 @@ class Composition:
     def sharded_paths(self) -> list[str]:
         return [p for spec in self.shards for p in spec.paths]
 
+    @property
+    def shard_ignored(self) -> frozenset[str]:
+        return frozenset((p for spec in self.shards for p in spec.ignored))
+
     def steps(self) -> list[tuple[str, str]]:
-        """``(api, path)`` in the order they are applied: deepest module first; per module
-        checkpoint (if first), fully_shard, replicate, checkpoint (if not first). A grouped
-        fully_shard happens at its shallowest member's turn, after every member's descendants."""
         order = {'checkpoint': 0 if self.checkpoint_first else 3, 'fully_shard': 1, 'replicate': 2}
         items = [('checkpoint', p) for p in self.checkpoints] + [('replicate', p) for p in self.replicates]
         items += [('fully_shard', spec.path) for spec in self.shards]
@@ -658,23 +449,15 @@ class Composition:
         if api == 'fully_shard':
             return next((s.paths for s in self.shards if s.path == path))
         return (path,)
-'Which module\'s parameters each distributed unit manages: the one home of that rule.\n\nModule paths are the names torch gives submodules (``"1.0"``; ``""`` is the root). A *unit* is\none ``fully_shard`` call (its module and the modules grouped with it) or one ``replicate``\ncall. The parameters a module holds itself belong to the innermost unit with a member at or\nabove the module: a nested unit takes its modules\' parameters away from an enclosing one,\nwhich is how both fully_shard and replicate assign them. A module replicate is told to ignore\n(``ReplicateOptions.ignored_modules``), or whose own parameters a fully_shard call ignores\n(``ShardSpec.ignored``), loses them to no unit: they stay local to each rank\n(:meth:`Layout.local`). The judges, the rank side, the\nvalidity rules and the known-bug conditions all ask :class:`Layout` instead of comparing path\nprefixes themselves.\n\nImports only the standard library and the model.\n'
 
 @dataclass(frozen=True)
 class Unit:
-    """One fully_shard call (``api == "fully_shard"``, ``index`` into ``Composition.shards``) or
-    one replicate call (``api == "replicate"``, ``index`` into ``Composition.replicates``)."""
     api: object
     index: object
     members: object
 
-    def covers(self, path: str) -> bool:
-        """True if ``path`` is at or under one of the unit's members."""
-        return any((contains(m, path) for m in self.members))
-
 @dataclass(frozen=True)
 class Layout:
-    """The units of a composition over a tree, and which modules' parameters each manages."""
     tree: object
     comp: object
 
@@ -684,18 +467,14 @@ class Layout:
 
     @cached_property
     def units(self) -> tuple[Unit, ...]:
-        """Every fully_shard unit (in ``shards`` order), then every replicate unit."""
         shards = tuple((Unit('fully_shard', i, spec.paths) for i, spec in enumerate(self.comp.shards)))
         return shards + tuple((Unit('replicate', i, (p,)) for i, p in enumerate(self.comp.replicates)))
 
     @cached_property
     def member_paths(self) -> tuple[str, ...]:
-        """Every module a fully_shard or replicate call was applied to."""
         return tuple((m for u in self.units for m in u.members))
 
     def member_of(self, path: str, api: str | None=None) -> str | None:
-        """The innermost unit member at or above ``path`` (None if no unit covers it); only
-        members of ``api``'s units (``"fully_shard"`` or ``"replicate"``) when it is given."""
         best = None
         members = self.member_paths if api is None else [m for u in self.units if u.api == api for m in u.members]
         for m in members:
@@ -710,56 +489,34 @@ class Layout:
 
     @cached_property
     def _shard_ignored(self) -> dict[str, tuple[str, ...]]:
-        """Per fully_shard member: the modules whose own parameters its call ignores."""
         return {m: spec.ignored for spec in self.comp.shards if spec.ignored for m in spec.paths}
 
     def unit_of(self, path: str) -> Unit | None:
-        """The unit that manages the parameters the module at ``path`` holds itself."""
         member = self.member_of(path)
         if member is None:
             return None
         return next((u for u in self.units if member in u.members))
 
     def owned_by(self, unit: Unit, member: str | None=None) -> list[str]:
-        """The modules (holding parameters of their own) whose parameters ``unit`` manages,
-        parents before children; only those under ``member`` when it is given."""
         out = []
         for path, node in self.paths.items():
             if owns_params(node) and self.member_of(path) in (unit.members if member is None else (member,)):
                 out.append(path)
         return out
 
-    def outermost(self, unit: Unit) -> bool:
-        """True if no member of another fully_shard unit encloses a member of ``unit``."""
-        return not any((other != unit and other.api == 'fully_shard' and any((is_ancestor(o, m) for o in other.members for m in unit.members)) for other in self.units))
-
-    def frozen_only(self, unit: Unit, member: str | None=None) -> bool:
-        """True if ``unit`` (or its ``member``) manages parameters and all of them are frozen."""
-        owned = [self.paths[p] for p in self.owned_by(unit, member)]
-        return bool(owned) and all((isinstance(n, Leaf) and n.frozen for n in owned))
-
     def manages_under(self, member: str, path: str) -> bool:
-        """True if the unit member ``member`` (at or above ``path``) manages the parameters of
-        some module at or under ``path``: no other unit between them takes them."""
         return any((contains(path, sub) and owns_params(n) and (self.member_of(sub) == member) for sub, n in self.paths.items()))
 
     def unmanaged(self) -> list[str]:
-        """Modules holding parameters of their own that no unit covers (and no replicate ignores)."""
         local = self.local()
         return [p for p, n in self.paths.items() if owns_params(n) and self.member_of(p) is None and (p not in local)]
 
     def local(self) -> list[str]:
-        """Modules holding parameters of their own that a replicate call was told to ignore
-        (``ignored_modules``) and no fully_shard inside the ignored module takes, or whose own
-        parameters a fully_shard call ignores (``ShardSpec.ignored``): their parameters stay
-        plain, local tensors, their gradients are not averaged."""
         ignored = self.comp.replicate_options.ignored_modules
-        by_shards = {i for spec in self.comp.shards for i in spec.ignored}
+        by_shards = self.comp.shard_ignored
         return [p for p, n in self.paths.items() if owns_params(n) and (any((contains(i, p) for i in ignored)) or p in by_shards) and (self.member_of(p) is None)]
 
     def ignored_by(self, member: str) -> list[str]:
-        """The ignored modules the replicate call on ``member`` is given: those whose innermost
-        enclosing replicate member it is."""
         out = []
         for i in self.comp.replicate_options.ignored_modules:
             above = [r for r in self.comp.replicates if is_ancestor(r, i)]
@@ -768,19 +525,10 @@ class Layout:
         return out
 
     def replicated_params(self, member: str) -> list[tuple[str, str]]:
-        """(module path, parameter name) of every parameter the replicate call on ``member``
-        manages, in the order replicate collects them (its modules depth first, each module's
-        own parameters before its children's): the indices of the ``nn.ParameterList`` it
-        hands DistributedDataParallel."""
         unit = next((u for u in self.units if u.api == 'replicate' and u.members == (member,)))
         return [(p, name) for p in self.owned_by(unit) for name in param_names(self.paths[p])]
 
     def delay_plan(self, member: str) -> tuple[str, tuple[str, ...]] | None:
-        """For ``delay_all_reduce_named_params`` on the replicate call on ``member``: the module
-        whose first parameter is ``param_to_hook_all_reduce``, the first trainable module the
-        unit manages in forward order (whose gradient forward's later modules all feed, so it
-        is ready after theirs), and the trainable modules it manages that run after it, whose
-        parameters are delayed. None where there is no such later module."""
         unit = next((u for u in self.units if u.api == 'replicate' and u.members == (member,)))
         owned = set(self.owned_by(unit))
         order = [p for p in forward_order(self.tree.root) if p in owned and self._trainable(p)]
@@ -793,11 +541,6 @@ class Layout:
         return not (isinstance(node, Leaf) and node.frozen)
 
     def gradient_scale(self, path: str, world_size: int) -> float:
-        """What the knobs (:class:`fuzz.model.Knobs`) multiply the averaged gradient of the
-        parameters the module at ``path`` holds itself by: 1 unless a fully_shard unit manages
-        them; then the all-reduce hook's factor, times ``d / f`` for a gradient divide factor
-        ``f`` over ``d`` data-parallel ranks (the gradient is summed over them and divided by
-        ``f`` instead of ``d``)."""
         unit = self.unit_of(path)
         if unit is None or unit.api != 'fully_shard':
             return 1.0
@@ -806,11 +549,9 @@ class Layout:
         if knobs.gradient_divide_factor is not None:
             scale *= world_size // self.comp.tp_size / knobs.gradient_divide_factor
         return scale
-'Training schedules: optimizer, steps, microbatches, modules skipped on some microbatches,\nleaves unfrozen between steps, compile; and the rules per API that keep a schedule one the\nAPIs support. Imports only the standard library and the model.\n'
 MAX_STEPS = 16
 
 class AccumSync(str, enum.Enum):
-    """What happens to gradient reduction on the microbatches before a step's last one."""
     ALWAYS = 'always'
     NO_GRAD_SYNC = 'no_grad_sync'
     NO_ALL_REDUCE = 'no_all_reduce'
@@ -821,16 +562,12 @@ class Optimizer(str, enum.Enum):
     ADAMW = 'adamw'
 
 class Compile(str, enum.Enum):
-    """``torch.compile`` of the composed model (never of the reference), with a backend that keeps
-    CPU runs fast: ``eager`` (Dynamo only), ``aot_eager`` (Dynamo and AOTAutograd)."""
     NONE = 'none'
     EAGER = 'eager'
     AOT_EAGER = 'aot_eager'
 
 @dataclass(frozen=True)
 class Skip:
-    """The module at ``path`` is not called on microbatch ``microbatch`` of step ``step``: its
-    parent block passes the activation on unchanged, so its parameters get no gradient there."""
     path: object
     step: object
     microbatch: object = 0
@@ -885,28 +622,12 @@ class Training:
                 raise CaseError(f'unfreeze[{i}].path', f'{later.path!r} is unfrozen twice')
 
     def skipped_at(self, step: int, microbatch: int) -> list[str]:
-        """The paths left out of forward on ``microbatch`` of ``step``."""
         return [s.path for s in self.skips if s.step == step and s.microbatch == microbatch]
 
-    def unused_on_some_microbatches(self, tree: ModuleTree) -> bool:
-        """True if a module holding parameters is left out of some but not all microbatches of a
-        step: its gradient is accumulated over a subset of them."""
-        paths = tree.paths()
-        for s in self.skips:
-            if has_params(paths[s.path]) and any((s.path not in self.skipped_at(s.step, m) for m in range(self.grad_accum))):
-                return True
-        return False
-
 def mixed_precision_comparable(training: Training) -> bool:
-    """Whether a reference can apply a MixedPrecisionPolicy's casts by hand for this schedule:
-    every microbatch reduces its gradients (FSDP2 accumulates unreduced gradients in the reduce
-    dtype otherwise), no module left out or unfrozen (known bugs of their own under mixed
-    precision), no compile."""
     return (training.grad_accum == 1 or training.accum_sync is AccumSync.ALWAYS) and (not training.skips) and (not training.unfreeze) and (training.compile is Compile.NONE)
-'The validity rules: what keeps a case one the APIs document, checked against its tree.\n\nEach rule raises :class:`~fuzz.errors.CaseError` naming the field and the reason, so a failing\ncase is a finding and not a misuse. The bodies call these from ``__post_init__``; strategies\ndraw only cases that pass them. Imports only the standard library and the model.\n'
 
 def check_composition(tree: ModuleTree, comp: Composition, where: str='composition') -> None:
-    """Structural checks of a composition against its tree (CaseError on the first problem)."""
     paths = tree.paths()
     sharded = []
     for i, spec in enumerate(comp.shards):
@@ -953,15 +674,9 @@ def check_composition(tree: ModuleTree, comp: Composition, where: str='compositi
 TP_BETWEEN = frozenset({LeafKind.RELU, LeafKind.TANH, LeafKind.GELU})
 
 def _trainable_params(node: Node) -> bool:
-    """True if ``node``'s module holds a trainable parameter of its own."""
     return owns_params(node) and (not (isinstance(node, Leaf) and node.frozen))
 
 def _check_replicate_options(tree: ModuleTree, comp: Composition, where: str) -> None:
-    """``ignored_modules``: each a module strictly under a replicated one, whose own parameters
-    (some of them) that replicate would manage, not nested in another ignored module; and every
-    replicate call keeps a trainable parameter (DDP refuses a module without one: "DistributedDataParallel
-    is not needed when a module doesn't have any parameter that requires a gradient").
-    ``delay_all_reduce``: some replicate call has a plan (:meth:`Layout.delay_plan`)."""
     opts = comp.replicate_options
     paths = tree.paths()
     plain = Layout(tree, replace(comp, replicate_options=replace(opts, ignored_modules=())))
@@ -983,12 +698,6 @@ def _check_replicate_options(tree: ModuleTree, comp: Composition, where: str) ->
         raise CaseError(f'{where}.replicate_options.delay_all_reduce', 'no replicate call manages two trainable modules (one to hook, one to delay)')
 
 def _check_ignored_params(tree: ModuleTree, comp: Composition, where: str) -> None:
-    """``ShardSpec.ignored``: each a module with parameters of its own that this fully_shard call
-    would manage (no inner unit takes them), named once, and the call keeps other parameters to
-    shard. Only where the documented contract is all that decides numerics: plain fully_shard
-    compositions (no wrapper, replicate, tensor parallelism, meta init, knobs), no mixed
-    precision or offload on that call (ignored parameters are not cast, so a module would mix
-    dtypes)."""
     specs = [(i, s) for i, s in enumerate(comp.shards) if s.ignored]
     if not specs:
         return
@@ -1017,9 +726,6 @@ def _check_ignored_params(tree: ModuleTree, comp: Composition, where: str) -> No
             raise CaseError(at, f'fully_shard({spec.path!r}) would be left no parameter to shard')
 
 def _check_checkpoint_options(tree: ModuleTree, comp: Composition, where: str) -> None:
-    """``preserve_rng_state=False`` only where no dropout runs inside a checkpointed module:
-    torch documents it as "Omit stashing and restoring the RNG state during each checkpoint",
-    so a recomputed dropout draws another mask than forward did, by design."""
     if comp.checkpoint_options.preserve_rng_state:
         return
     paths = tree.paths()
@@ -1030,10 +736,6 @@ def _check_checkpoint_options(tree: ModuleTree, comp: Composition, where: str) -
             raise CaseError(f'{where}.checkpoint_options.preserve_rng_state', f'checkpointed module {path!r} holds dropout: without the RNG state its recomputation differs')
 
 def _check_tp(tree: ModuleTree, comp: Composition, where: str) -> None:
-    """Each pair: two trainable Linear leaves of one block, the rowwise one after the colwise one
-    with only activations between, dimensions that split evenly over the tp ranks; no leaf in two
-    pairs. (RowwiseParallel rebuilds its input with DTensor.from_local, which assumes even
-    shards, so an odd width is a misuse, not a case.)"""
     paths = tree.paths()
     used = []
     if comp.tp and tree.width % comp.tp_size:
@@ -1069,7 +771,6 @@ def check_mesh(comp: Composition, world_size: int, where: str='composition') -> 
             raise CaseError(f'{where}.shards[{i}].reshard_after_forward', f'{raf} is not a divisor of the shard size {shard_size} (world_size={world_size}, mesh={comp.mesh}) other than 1 and itself')
 
 def _trainable_used(node: Node, path: str, skipped: list[str], unfrozen: set[str]) -> bool:
-    """True if the module at ``path`` runs and uses a trainable parameter with ``skipped`` left out."""
     if path in skipped:
         return False
     if isinstance(node, Leaf):
@@ -1078,8 +779,6 @@ def _trainable_used(node: Node, path: str, skipped: list[str], unfrozen: set[str
     return node.scale or any((_trainable_used(c, p, skipped, unfrozen) for p, c in children))
 
 def check_training(tree: ModuleTree, comps: tuple[Composition, ...], t: Training, where: str='training') -> None:
-    """Checks of ``Training.skips`` and ``Training.unfreeze`` against the tree and the
-    compositions they train (CaseError on the first problem)."""
     paths = tree.paths()
     for i, skip in enumerate(t.skips):
         if skip.path not in paths or skip.path == '':
@@ -1120,13 +819,6 @@ def check_training(tree: ModuleTree, comps: tuple[Composition, ...], t: Training
             _check_unused(tree, comp, t, skip, at)
 
 def _check_replicate_training(comp: Composition, t: Training, where: str) -> None:
-    """Skips under replicate's options that promise a fixed graph. ``static_graph``: "The set
-    of used and unused parameters will not change during the whole training loop" and "How the
-    graph is trained will not change"; ``skip_all_reduce_unused_params``: "requires that unused
-    parameters remain the same across all ranks throughout the entire training process" (else a
-    hang). So the modules left out in and around each replicated module are the same on every
-    microbatch. ``delay_all_reduce``: none at all there (the hooked parameter must get a
-    gradient on every microbatch, else the delayed ones are never reduced)."""
     opts = comp.replicate_options
     if not (opts.static_graph or opts.skip_all_reduce_unused_params or opts.delay_all_reduce) or not t.skips:
         return
@@ -1139,10 +831,6 @@ def _check_replicate_training(comp: Composition, t: Training, where: str) -> Non
             raise CaseError(f'{where}.skips', f'static_graph / skip_all_reduce_unused_params: replicate({r!r}) sees other modules left out over time')
 
 def _check_unused(tree: ModuleTree, comp: Composition, t: Training, skip: Skip, at: str) -> None:
-    """The rules for parameters unused in forward, per API. The reference leaves an unused
-    parameter's gradient None, and torch's optimizers skip a parameter whose gradient is None
-    (no momentum, no Adam moments or step, no weight decay); zero and None gradients are the same
-    only to SGD without momentum."""
     if not comp.find_unused and (not comp.replicate_options.static_graph) and (comp.wrapper is Wrapper.DDP or any((is_ancestor(r, skip.path) and Layout(tree, comp).manages_under(r, skip.path) for r in comp.replicates))):
         raise CaseError(at, f'{skip.path!r} holds parameters DDP manages: needs find_unused_parameters=True')
     if comp.wrapper not in (Wrapper.NONE, Wrapper.DDP):
@@ -1150,25 +838,9 @@ def _check_unused(tree: ModuleTree, comp: Composition, t: Training, skip: Skip, 
             raise CaseError(at, 'FSDP1 gives unused parameters zero gradients: only SGD without momentum')
         if t.accum_sync is AccumSync.NO_GRAD_SYNC and skip.microbatch == t.grad_accum - 1:
             raise CaseError(at, 'FSDP1 no_sync(): a unit unused on the microbatch that syncs is not supported')
-'Cases: one generated test case (property, world size, seed, body) and the bodies of the\ntraining, invalid-use and pool self-test properties. Bodies of the state-dict properties are\nin :mod:`fuzz.model.state`. Imports only the standard library and the model.\n'
 MAX_WORLD_SIZE = 64
 
-class FaultAction(str, enum.Enum):
-    """Faults the pool's own tests inject into one rank (see :class:`FaultBody`)."""
-    NONE = 'none'
-    HANG = 'hang'
-    RAISE = 'raise'
-    EXIT = 'exit'
-    SIGKILL = 'sigkill'
-    SIGSEGV = 'sigsegv'
-    SLEEP = 'sleep'
-
 class Body:
-    """Base of case bodies: frozen dataclasses, each with a unique ``KIND`` tag in JSON.
-
-    Subclasses register themselves; modules that define bodies outside this file are listed
-    in ``BODY_MODULES`` so the decoder can find them.
-    """
     KIND: ClassVar[str]
     PROGRAM: ClassVar[str]
     registry: ClassVar[dict[str, type[Body]]] = {}
@@ -1180,17 +852,15 @@ class Body:
         Body.registry[cls.KIND] = cls
 
     def validate_for(self, world_size: int) -> None:
-        """Checks that need the world size; raise CaseError with a path relative to the body."""
+        pass
 
     @property
     def size(self) -> tuple[int, int]:
-        """(nodes, steps): the measure by which shrunk cases are reported."""
         return (1, 1)
 BODY_MODULES = ('fuzz.model.state',)
 
 @dataclass(frozen=True)
 class ParityBody(Body):
-    """Train a composed model and a plain reference on the same data; compare step by step."""
     KIND: ClassVar[str] = 'parity'
     PROGRAM: ClassVar[str] = 'fuzz._rank.parity:run_parity'
     tree: object
@@ -1217,7 +887,6 @@ class ParityBody(Body):
 
 @dataclass(frozen=True)
 class MetamorphicBody(Body):
-    """Train the same tree under two compositions that must not change numerics."""
     KIND: ClassVar[str] = 'metamorphic'
     PROGRAM: ClassVar[str] = 'fuzz._rank.parity:run_metamorphic'
     tree: object
@@ -1243,21 +912,7 @@ class MetamorphicBody(Body):
         check_mesh(self.variant, world_size, 'variant')
 
 @dataclass(frozen=True)
-class FaultBody(Body):
-    """A pool self-test: inject ``action`` into ``rank`` (see :class:`FaultAction`)."""
-    KIND: ClassVar[str] = 'fault'
-    PROGRAM: ClassVar[str] = 'fuzz._rank.programs:run_fault'
-    action: object
-    rank: object = 0
-    seconds: object = 0.0
-
-    def validate_for(self, world_size: int) -> None:
-        if not 0 <= self.rank < world_size:
-            raise CaseError('rank', f'rank={self.rank} is not a rank of world_size={world_size}')
-
-@dataclass(frozen=True)
 class Case:
-    """One generated test case: which property, how many ranks, the seed, and the body."""
     property: object
     world_size: object
     seed: object
@@ -1275,9 +930,7 @@ class Case:
 
     @builtins.property
     def size(self) -> tuple[int, int]:
-        """(nodes, steps): the measure by which shrunk cases are reported."""
         return self.body.size
-"The JSON codec of cases, with a schema version. Generic over the model's dataclasses and\ndriven by their type hints, so a new field is serialised and validated without touching this\ncode; every field read is validated and a bad one named by its path\n(``case.body.tree.root.children[1].kind``). Imports only the standard library and the model.\n"
 SCHEMA_VERSION = 1
 
 def to_jsonable(value: Any) -> Any:
@@ -1301,7 +954,6 @@ def case_to_json(case: Case) -> dict[str, Any]:
     return {'schema': SCHEMA_VERSION, **to_jsonable(case)}
 
 def case_from_json(data: Any, path: str='case') -> Case:
-    """Rebuild a :class:`Case` from :func:`case_to_json` output, validating every field."""
     if not isinstance(data, dict):
         raise CaseError(path, f'expected a JSON object, got {type(data).__name__}')
     schema = data.get('schema')
@@ -1385,19 +1037,14 @@ def _decode(tp: Any, value: Any, path: str) -> Any:
             raise CaseError(path, f'expected a string, got {value!r:.80}')
         return value
     raise TypeError(f'no decoder for {tp!r}')
-"Case bodies of the state-dict and distributed-checkpoint properties, as pure data.\n\nBoth bodies train a model under a ``source`` composition, take its state (model and optimizer)\nout, put it into a freshly built model and optimizer under a ``target`` composition, and let\nboth train on:\n\n- :class:`StateDictBody` moves the state in memory through ``get_*_state_dict`` /\n  ``set_*_state_dict`` (which take FSDP1 models too, so state moves between FSDP1 and the\n  other APIs), FSDP2's own ``state_dict`` / ``load_state_dict``, or FSDP1's own state dicts;\n- :class:`DcpBody` moves it through ``torch.distributed.checkpoint`` save / async_save / load,\n  beside Stateful objects, with the top-level dict built in a different order on each rank;\n  the model and optimizer go in as state dicts, in an app Stateful, or as the objects\n  themselves with state dicts patched to get/set_*_state_dict (FSDP1 models too, to and from\n  any layout), or as FSDP1's own state dicts between FSDP1 models (the classic recipe).\n\nAn empty composition (no fully_shard, no replicate, no wrapper) is a plain model, the same on\nevery rank, trained data-parallel by hand (gradients all-reduced). The rules below keep out\nwhat the documented API does not support, each with its reason, so that a failing case is a\nfinding and not a misuse. This module imports only the standard\nlibrary and the model.\n"
 
 def is_plain(comp: Composition) -> bool:
-    """No fully_shard, replicate or wrapper (activation checkpointing may still be applied)."""
     return not comp.shards and (not comp.replicates) and (comp.wrapper is Wrapper.NONE)
 
 def is_fsdp1(comp: Composition) -> bool:
     return comp.wrapper.value.startswith('fsdp1')
 
 def tensor_kind(comp: Composition) -> str:
-    """What a sharded (not full) state dict of the model holds: ``dtensor`` (fully_shard
-    only, FSDP1 HYBRID_SHARD with its mesh), ``plain`` (plain model, DDP, replicate only,
-    FSDP1 NO_SHARD), ``sharded_tensor`` (FSDP1 FULL_SHARD / SHARD_GRAD_OP), or ``mixed``."""
     if comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD:
         return 'plain' if comp.mesh[1] == 1 else 'dtensor'
     if comp.wrapper in (Wrapper.FSDP1_FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP):
@@ -1449,10 +1096,6 @@ def _check_schedule(body: StateDictBody | DcpBody) -> None:
         raise CaseError(*problem)
 
 def fsdp1_in_memory_problem(source: Composition, target: Composition) -> str | None:
-    """Why a sharded FSDP1 state dict cannot move in memory from source to target, or None.
-    FULL_SHARD and SHARD_GRAD_OP hold ShardedTensors over all ranks, NO_SHARD plain tensors,
-    HYBRID_SHARD DTensors on its mesh; FSDP1's load hooks take only their own kind ("Expected
-    ShardedTensor, got DTensor"): resharding is what full state dicts and DCP are for."""
     kinds = (tensor_kind(source), tensor_kind(target))
     if kinds[0] != kinds[1]:
         return f'a sharded FSDP1 state dict cannot go from {kinds[0]} to {kinds[1]} in memory'
@@ -1461,17 +1104,6 @@ def fsdp1_in_memory_problem(source: Composition, target: Composition) -> str | N
     return None
 
 def sharded_in_memory_problem(source: Composition, target: Composition) -> str | None:
-    """Why a sharded state dict taken with get_*_state_dict cannot go into ``target`` in
-    memory, or None. It holds what the model holds: DTensors (fully_shard; FSDP1
-    HYBRID_SHARD), plain tensors (plain model, DDP, replicate; FSDP1 NO_SHARD) or
-    ShardedTensors (FSDP1 FULL_SHARD / SHARD_GRAD_OP). set_model_state_dict copies it into the
-    target's own tensors, so only like kinds go, DTensors on the same mesh: it refuses a
-    DTensor on another mesh ("Cannot run aten.copy_.default on inputs with different
-    meshes"), and FSDP1's load hooks refuse another kind. So between FSDP1 and the other APIs
-    a sharded state dict goes from NO_SHARD to plain tensors, and from HYBRID_SHARD to
-    fully_shard on the same mesh (both DTensors over (replicate, shard), checked with torch
-    alone); ShardedTensors only into FSDP1 FULL_SHARD / SHARD_GRAD_OP. Resharding is what
-    full state dicts and DCP are for."""
     if is_fsdp1(source) and is_fsdp1(target):
         return fsdp1_in_memory_problem(source, target)
     kinds = (tensor_kind(source), tensor_kind(target))
@@ -1483,36 +1115,14 @@ def sharded_in_memory_problem(source: Composition, target: Composition) -> str |
 
 @dataclass(frozen=True)
 class RequiresGrad:
-    """Before step ``step`` the parameters of the leaf at ``path`` get ``requires_grad_(trainable)``.
-    Steps count over the whole run: the ``training.steps`` steps before the state is taken,
-    then the ``steps_after`` steps of resuming. A resumed target replays the changes made
-    before the state was taken (as a training script that freezes on a schedule would),
-    after its optimizer is built over the same parameters as the source's."""
     path: object
     step: object
     trainable: object
 
 def takes_schedule(comp: Composition) -> bool:
-    """Whether a side takes a requires_grad schedule (see :func:`schedule_problem`)."""
     return (is_plain(comp) or bool(comp.shards)) and (not comp.replicates) and (comp.wrapper is Wrapper.NONE) and (not comp.tp)
 
 def schedule_problem(tree: ModuleTree, source: Composition, target: Composition, training: Training, steps_after: int, changes: tuple[RequiresGrad, ...], frozen_in_optimizer: bool) -> tuple[str, str] | None:
-    """(field, reason) if the requires_grad schedule ``changes`` is not one these bodies take,
-    or None. Each rule has its reason:
-
-    - both sides are a plain model or fully_shard (with checkpoint or HSDP): DDP and replicate
-      build their reducer from the parameters that require grad when they are constructed
-      ("No parameters should be added nor removed later"); FSDP1 and tensor parallelism are not
-      drawn with a schedule yet;
-    - a change flips the flag (a change that does nothing is no schedule);
-    - a leaf frozen in the tree is unfrozen only if the optimizer holds the frozen parameters
-      (``frozen_in_optimizer``): otherwise it would never be stepped and its gradient never
-      cleared;
-    - freezing needs ``zero_grad(set_to_none=True)``: with zeroed gradients left in place an
-      optimizer keeps stepping a frozen parameter (momentum, Adam), which a resumed model,
-      whose gradients a checkpoint does not hold, does not;
-    - every step trains at least one parameter (else backward() raises).
-    """
     if not changes:
         return None
     for where, comp in (('source', source), ('target', target)):
@@ -1545,7 +1155,6 @@ def schedule_problem(tree: ModuleTree, source: Composition, target: Composition,
     return None
 
 class Api(str, enum.Enum):
-    """How the state leaves the source model and enters the target (:class:`StateDictBody`)."""
     SPLIT = 'split'
     COMBINED = 'combined'
     MODULE = 'module'
@@ -1553,11 +1162,6 @@ class Api(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Options:
-    """The ``StateDictOptions`` of a get (``save``) or set (``load``) call.
-
-    ``ignore_frozen_params`` (get only: "the returned state_dict won't contain any frozen
-    parameters"); ``flatten_optimizer_state_dict`` (the optimizer state dict as one flat dict
-    keyed ``state.<fqn>.<key>`` / ``param_groups.<fqn>.<key>``, on get and on set)."""
     full_state_dict: object = False
     cpu_offload: object = False
     broadcast_from_rank0: object = False
@@ -1567,17 +1171,6 @@ class Options:
 
 @dataclass(frozen=True)
 class StateDictBody(Body):
-    """Train under ``source``, move the state in memory into a fresh model under ``target``.
-
-    ``training.steps`` steps before the state is taken, ``steps_after`` more on both models
-    after it was loaded (resume equivalence). ``drop`` are positions in the sorted list of the
-    model's state-dict keys (modulo its length): those keys are left out of the state that is
-    loaded (needs ``load.strict`` False) and keep their fresh values.
-
-    ``frozen_in_optimizer`` hands the frozen parameters to the optimizer too (they get no
-    gradient, so no state); ``empty_group`` adds a param group without parameters, with its
-    own lr. Both optimizers of a case are built the same way.
-    """
     KIND: ClassVar[str] = 'state_dict'
     PROGRAM: ClassVar[str] = 'fuzz._rank.state_dict:run_state_dict'
     tree: object
@@ -1631,7 +1224,6 @@ class StateDictBody(Body):
             raise CaseError('drop', 'a meta-device target has no values for the keys left out of the load')
 
     def _check_frozen_and_flat(self) -> None:
-        """ignore_frozen_params and flatten_optimizer_state_dict."""
         save, load = (self.save, self.load)
         if load.ignore_frozen_params:
             raise CaseError('load.ignore_frozen_params', 'is documented for the state dict get_* returns only')
@@ -1676,13 +1268,11 @@ class StateDictBody(Body):
                 check_mesh(comp, world_size, where)
 
 class Overwrite(str, enum.Enum):
-    """Whether a round trip saves over an earlier checkpoint in its directory (:class:`DcpBody`)."""
     NONE = 'none'
     TRUE = 'true'
     FALSE = 'false'
 
 class DcpItem(str, enum.Enum):
-    """A top-level entry of the dict given to ``dcp.save`` / ``dcp.load``; its key is the value."""
     MODEL = 'model'
     OPTIMIZER = 'optimizer'
     APP = 'app'
@@ -1692,9 +1282,6 @@ class DcpItem(str, enum.Enum):
 
 @dataclass(frozen=True)
 class WriterOptions:
-    """``FileSystemWriter``'s I/O options (torch's defaults: what a writer without them does)."""
-    single_file_per_rank: object = True
-    sync_files: object = True
     thread_count: object = 1
     per_thread_copy_ahead: object = 10000000
 
@@ -1705,7 +1292,6 @@ class WriterOptions:
             raise CaseError('writer.per_thread_copy_ahead', 'is a number of bytes: must be >= 0')
 
     def changed(self) -> dict[str, object]:
-        """The options that differ from torch's defaults (what the writer is given)."""
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}
 
 class DcpMode(str, enum.Enum):
@@ -1715,38 +1301,6 @@ class DcpMode(str, enum.Enum):
 
 @dataclass(frozen=True)
 class DcpBody(Body):
-    """Train under ``source``, save through DCP, load into a fresh model under ``target``.
-
-    ``orders[r]`` is the order in which rank ``r`` builds the top-level dict (a permutation of
-    the positions in ``entries``; empty: ``entries`` order on every rank). ``skip`` are
-    entries left out of the load (a partial load), ``drop`` model keys left out of it (as in
-    :class:`StateDictBody`). ``checkpoint_dir`` (only with ``mode`` save-only / load-only) is
-    kept after the case, so that another pool, of another world size, can load it.
-    ``deadlock`` makes the counter's state_dict all_reduce on rank 0 only, inside dcp.save: a
-    hang on purpose, for the test of the pool's hang report (never drawn by the strategies).
-
-    ``patched``: the model and optimizer entries are the model and optimizer objects
-    themselves, after ``_patch_model_state_dict(model)`` and ``_patch_optimizer_state_dict(model,
-    optimizers=optimizer)`` (with the save options on the source, the load options on the
-    target), so that their ``state_dict`` / ``load_state_dict``, which DCP calls, go through
-    get/set_model_state_dict and get/set_optimizer_state_dict (as torch's own e2e
-    test_e2e_save_and_load does, FSDP1 included).
-
-    An FSDP1 side moves its state through the distributed state-dict functions (the app
-    entry, or ``patched``), to and from any layout (DCP reshards), or takes the classic
-    recipe, between FSDP1 models: ``model.state_dict()`` and ``FSDP.optim_state_dict`` under
-    SHARDED_STATE_DICT saved, the model loaded in place into its own state dict, the optimizer
-    through ``load_sharded_optimizer_state_dict`` and ``FSDP.optim_state_dict_to_load``.
-
-    ``overwrite``: save over an earlier checkpoint (of a freshly built model) in the same
-    directory, through ``FileSystemWriter(path, overwrite=...)``. ``async_saves`` (with
-    ``async_save``): that many async saves a training step apart, the source training on
-    before each save's future completes (the last one's: its ``steps_after`` steps), over a
-    process group of their own; ``cache_staged`` reuses one
-    ``FileSystemWriter(cache_staged_state_dict=True)`` for all of them. ``no_dist``: every rank
-    saves and loads its own checkpoint (``no_dist=True``, its own directory) of a plain model.
-    ``frozen_in_optimizer`` and ``empty_group`` as in :class:`StateDictBody`.
-    """
     KIND: ClassVar[str] = 'dcp'
     PROGRAM: ClassVar[str] = 'fuzz._rank.dcp:run_dcp'
     tree: object
@@ -1839,8 +1393,6 @@ class DcpBody(Body):
 
     @property
     def classic_fsdp1(self) -> bool:
-        """Whether an FSDP1 side takes the classic recipe (FSDP1's own state dicts): not
-        through the app entry nor patched state dicts."""
         return (is_fsdp1(self.source) or is_fsdp1(self.target)) and (not self.patched) and (DcpItem.APP not in self.entries)
 
     def _check_fsdp1(self) -> None:
@@ -1856,7 +1408,6 @@ class DcpBody(Body):
             raise CaseError('drop', "FSDP1's own load is strict here: no keys are left out")
 
     def _check_saves(self) -> None:
-        """overwrite, async_saves, cache_staged."""
         round_trip = self.mode is DcpMode.ROUND_TRIP
         if self.overwrite is not Overwrite.NONE:
             if not self.storage_objects:
@@ -1881,7 +1432,6 @@ class DcpBody(Body):
                 raise CaseError('cache_staged', 'is a FileSystemWriter option: needs storage_objects')
 
     def _check_options(self) -> None:
-        """writer, save_planner, load_planner, absent, convert, own_group."""
         if self.writer != WriterOptions() and (not self.storage_objects):
             raise CaseError('writer', "is FileSystemWriter's: needs storage_objects")
         if self.save_planner is not None and self.save_planner.dedup_save_to_lowest_rank and self.no_dist:
@@ -1898,7 +1448,6 @@ class DcpBody(Body):
                 raise CaseError(name, 'is drawn for fully_shard / replicate / DDP / plain models, no FSDP1 side')
 
     def _check_async_options(self) -> None:
-        """stager, process_checkpointer."""
         for name in ('stager', 'process_checkpointer'):
             if getattr(self, name) in (None, False):
                 continue
@@ -1912,13 +1461,6 @@ class DcpBody(Body):
             raise CaseError('process_checkpointer', 'the dedup check records the plan in the rank: not with dedup')
 
     def _check_rank_local(self) -> None:
-        """use_collectives=False: each rank writes its own metadata, and dcp.load then reads on
-        each rank only what that rank saved. So every rank's own checkpoint must hold what
-        that rank loads: every tensor in full (a plain source's state dict, or a full one not
-        offloaded to rank 0), or, sharded, the same layout on both sides. Across layouts
-        dcp.load loads the overlap with the rank's own shards and leaves the rest of each
-        tensor as it was, without an error (a torch bug, docs/state_dict.md,
-        "use_collectives=False"): not drawn."""
         if self.mode is not DcpMode.ROUND_TRIP or self.no_dist or self.deadlock:
             raise CaseError('use_collectives', 'False is drawn for collective round trips')
         if is_fsdp1(self.source) or is_fsdp1(self.target):
@@ -1935,12 +1477,6 @@ class DcpBody(Body):
             raise CaseError('target', 'a sharded save without collectives loads into the same layout only (each rank reads its own)')
 
     def _check_torch_save_reader(self) -> None:
-        """torch_save_reader: "Current implementation only supports loading Tensors", so the
-        checkpoint is the model (and the extra tensor); the file holds the full state dict,
-        saved by rank 0. The dict loaded holds plain tensors on every rank (a full state dict
-        not offloaded, or a model whose own tensors are plain): into DTensors (fully_shard) the
-        reader's broadcasts hang (a torch bug, docs/state_dict.md), and a rank that loads
-        nothing (full, offloaded) skips the broadcasts the others issue."""
         if set(self.entries) - {DcpItem.MODEL, DcpItem.EXTRA} or DcpItem.MODEL not in self.entries:
             raise CaseError('entries', 'BroadcastingTorchSaveReader loads tensors only: the model and extra')
         if not self.save_full_state_dict:
@@ -1969,10 +1505,6 @@ class DcpBody(Body):
         return (self.tree.size + len(self.entries), self.training.steps + self.steps_after)
 
     def collective_entries(self) -> list[DcpItem]:
-        """Entries whose ``state_dict`` runs collectives when dcp.save calls it: the counter;
-        app, and the patched model and optimizer, with full state dicts (get_*_state_dict
-        gather) or an FSDP1 source (its ShardedTensors gather their metadata when made, and
-        FSDP.optim_state_dict exchanges parameter keys with all_gather_object)."""
         out = [e for e in self.entries if e is DcpItem.COUNTER]
         gathers = self.save_full_state_dict or is_fsdp1(self.source)
         if DcpItem.APP in self.entries and gathers:
@@ -1993,12 +1525,8 @@ class DcpBody(Body):
                 raise CaseError(f'orders[{r}]', f'{list(order)} is not a permutation of 0..{n - 1}')
         if len(set(self.orders)) > 1 and len(self.collective_entries()) > 1:
             raise CaseError('orders', 'per-rank orders allow at most one entry whose state_dict runs collectives (see collective_entries)')
-"The model layer: what a case is, as pure data, and the rules that keep it valid.\n\nEverything above it (strategies, the rank side, the known-bug registry, the judges, the\ndriver) imports its names from here. It imports only the standard library and\n:mod:`fuzz.errors`; an import-linter contract in pyproject.toml keeps it that way.\n\n- :mod:`~fuzz.model.tree`: module trees and paths into them;\n- :mod:`~fuzz.model.composition`: how a model is distributed;\n- :mod:`~fuzz.model.training`: what a case trains;\n- :mod:`~fuzz.model.layout`: which unit manages which module's parameters;\n- :mod:`~fuzz.model.rules`: the validity rules against a tree;\n- :mod:`~fuzz.model.case`: cases and the training / invalid / fault bodies;\n- :mod:`~fuzz.model.state`: the state-dict and DCP bodies;\n- :mod:`~fuzz.model.codec`: the JSON codec with its schema version.\n"
-'FSDPModule methods a composition calls after composing (:class:`fuzz.model.Knobs`), and the\nchecks of what their documentation promises that only the rank can make (the state after an\nexplicit unshard / reshard, the tensor an all-reduce hook is given). Violations are recorded as\nmessages for the judge (``contracts["knobs"]``); numerics are judged by the property.\n'
 
 def fsdp_sharded(p: torch.Tensor) -> bool:
-    """Whether fully_shard holds ``p`` sharded: a DTensor over the mesh's shard dimension (a
-    tensor-parallel parameter is a DTensor over the tp dimension alone while unsharded)."""
     from torch.distributed.tensor import DTensor
     return isinstance(p, DTensor) and 'shard' in (p.device_mesh.mesh_dim_names or ('shard',))
 
@@ -2006,17 +1534,11 @@ def _order(spec: ShardSpec) -> tuple[int, ...]:
     return tuple((int(c) for c in spec.path.split('.'))) if spec.path else ()
 
 def by_root(comp: Composition) -> list[list[ShardSpec]]:
-    """The fully_shard units under each FSDP root (a unit no other one encloses), each list in
-    the order the units' forwards start (a pre-order walk of the tree, the root first).
-    Prefetching stays within a root: another root's units are set up (lazily) by that root's
-    first forward, and prefetching across roots is not a documented use."""
     specs = sorted(comp.shards, key=_order)
     roots = [s for s in specs if not any((o is not s and any((is_ancestor(m, s.path) for m in o.paths)) for o in specs))]
     return [[s for s in specs if s is root or (s not in roots and any((contains(m, s.path) for m in root.paths)))] for root in roots]
 
 class KnobState:
-    """The knobs of one composed model: applied at construction, then driven by the training
-    loop (:meth:`before_microbatch`), with the contract violations seen (:attr:`problems`)."""
 
     def __init__(self, model: nn.Module, comp: Composition, tree: ModuleTree, roots: list[nn.Module]) -> None:
         self.model = model
@@ -2049,9 +1571,6 @@ class KnobState:
                 root.set_reduce_scatter_unused_params(True)
 
     def _prefetch(self, units: list[ShardSpec]) -> None:
-        """Prefetch among the units of one FSDP root (``units`` in forward order, the root
-        first): each prefetches the next ``forward_prefetch`` units in forward and the
-        ``backward_prefetch`` units before it in backward (never the root, all-gathered first)."""
         k = self.knobs
         modules = [self.model.get_submodule(s.path) for s in units]
         for i, module in enumerate(modules):
@@ -2071,10 +1590,6 @@ class KnobState:
         return hook
 
     def abort_and_reset(self, forward: Any, x: torch.Tensor, skipped: list[str]) -> None:
-        """A forward aborted by an exception in the forward hook of the last module holding
-        parameters that runs (not left out by ``skipped``), caught; then ``reset_iter_state()``
-        on every root unit, the documented recovery, and a check that it resharded every unit.
-        The aborted forward's RNG draws (dropout) are undone, so later ones match the reference."""
         order = [p for p in forward_order(self.tree.root) if not any((contains(s, p) for s in skipped))]
         inner = [p for p in order if p] or ['']
         target = self.model.get_submodule(inner[-1])
@@ -2100,8 +1615,6 @@ class KnobState:
                     self.problems.append(f'after reset_iter_state(), {where} is not registered sharded')
 
     def _units_params(self, root: nn.Module) -> list[tuple[str, nn.Module, str]]:
-        """(module path, module, attribute) of every parameter a fully_shard unit at or under
-        ``root`` manages."""
         layout = Layout(self.tree, self.comp)
         top = next((p for p, m in self.model.named_modules() if m is root))
         out = []
@@ -2113,7 +1626,6 @@ class KnobState:
         return out
 
     def before_microbatch(self, first: bool, last: bool) -> None:
-        """Called before each microbatch's forward."""
         k = self.knobs
         if k.reshard_after_backward_last:
             for root in self.roots:
@@ -2127,7 +1639,6 @@ class KnobState:
                 root.unshard(async_op=True)
 
     def _own_params(self, root: nn.Module) -> list[tuple[str, nn.Module, str]]:
-        """(module path, module, attribute) of the parameters ``root``'s unit manages itself."""
         layout = Layout(self.tree, self.comp)
         path = next((p for p, m in self.model.named_modules() if m is root))
         unit = layout.unit_of(path)
@@ -2140,8 +1651,6 @@ class KnobState:
         return out
 
     def _check_unshard_reshard(self) -> None:
-        """unshard(async_op=True) and wait(): the unit's parameters are registered unsharded,
-        full size, with the sharded ones' values (in param_dtype); reshard(): sharded again."""
         for root in self.roots:
             own = self._own_params(root)
             full = {}
@@ -2172,12 +1681,9 @@ class KnobState:
                     self.problems.append(f'after reshard(), {where} is not registered sharded')
 
 class _Aborted(RuntimeError):
-    """The exception that aborts a forward for ``abort_and_reset``."""
-'Build a plain ``nn.Module`` from a :class:`fuzz.model.ModuleTree`.\n\nSubmodules get the names of their tree paths (``model.get_submodule("1.0")``), so compositions\naddress modules the way the case does. Construction draws from torch\'s global RNG, which the\ncaller seeds from the case: every rank builds identical weights.\n'
+    pass
 
 class TreeBlock(nn.Module):
-    """Runs its children in order, then ``* scale`` (its own parameter), ``+ shift`` (its
-    buffer) and ``+ input`` (residual), each if the block has it."""
 
     def __init__(self, children: list[nn.Module], residual: bool, width: int, scale: bool, buffer: bool) -> None:
         super().__init__()
@@ -2204,7 +1710,6 @@ class TreeBlock(nn.Module):
         return x + y if self.residual else y
 
 class PointwiseConv1d(nn.Conv1d):
-    """Conv1d with kernel 1 applied to (batch, width) as a length-1 sequence."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return super().forward(x.unsqueeze(-1)).squeeze(-1)
@@ -2242,12 +1747,9 @@ def build_model(tree: ModuleTree, device: torch.device) -> nn.Module:
         return build_node(tree.root, tree.width)
 
 def tree_blocks(model: nn.Module) -> dict[str, TreeBlock]:
-    """The blocks of a built tree by their case paths, through any wrapper (DDP's ``module``,
-    FSDP1's ``_fsdp_wrapped_module``, checkpoint wrappers): tree paths are digits only."""
     return {'.'.join((c for c in name.split('.') if c.isdigit())): m for name, m in model.named_modules() if isinstance(m, TreeBlock)}
 
 def set_skipped(blocks: dict[str, TreeBlock], paths: list[str]) -> None:
-    """Leave the modules at ``paths`` out of forward until the next call (the rest run)."""
     skipped = {p: set() for p in blocks}
     for path in paths:
         parent, _, name = path.rpartition('.')
@@ -2255,11 +1757,8 @@ def set_skipped(blocks: dict[str, TreeBlock], paths: list[str]) -> None:
     for p, block in blocks.items():
         if block.skipped != skipped[p]:
             block.skipped = frozenset(skipped[p])
-"The keyword arguments of ``replicate`` and ``checkpoint`` calls, from a composition's\n:class:`fuzz.model.ReplicateOptions` and :class:`fuzz.model.CheckpointOptions`.\n\nOnly options that differ from torch's defaults are passed, so a composition without options\ncalls both exactly as before (and a torch that lacks an option is never handed it).\n"
 
 def replicate_kwargs(model: nn.Module, tree: ModuleTree | None, comp: Composition, path: str, ctx: RankContext) -> dict[str, Any]:
-    """What the replicate call on the module at ``path`` is given besides the module (``tree``,
-    the one the model was built from, is needed where options are set)."""
     opts = comp.replicate_options
     kwargs = {'find_unused_parameters': comp.find_unused}
     if opts.device_id:
@@ -2300,9 +1799,6 @@ def replicate_kwargs(model: nn.Module, tree: ModuleTree | None, comp: Compositio
     return kwargs
 
 def delay_problems(model: nn.Module, comp: Composition) -> list[str]:
-    """What is wrong with the delayed all-reduce, after a forward: documented, the parameters of
-    ``delay_all_reduce_named_params`` are all-reduced when ``param_to_hook_all_reduce``'s
-    gradient is ready, so DDP's reducer (its buckets) must not hold them as well."""
     from torch.distributed._composable import replicate
     problems = []
     for member in comp.replicates:
@@ -2316,10 +1812,6 @@ def delay_problems(model: nn.Module, comp: Composition) -> list[str]:
     return problems
 
 def ignored_problems(model: nn.Module, tree: ModuleTree, comp: Composition) -> list[str]:
-    """What is wrong with the parameters replicate or fully_shard was told to ignore, after a
-    forward (when each replicate call has built its DistributedDataParallel): each must be a
-    plain tensor (no DTensor: not sharded) that replicate does not collect and DDP neither
-    manages nor delays."""
     from torch.distributed._composable import replicate
     from torch.distributed.tensor import DTensor
     layout = Layout(tree, comp)
@@ -2348,7 +1840,6 @@ def _save_matmuls_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
     return CheckpointPolicy.MUST_SAVE if op in _matmuls() else CheckpointPolicy.PREFER_RECOMPUTE
 
 def checkpoint_kwargs(opts: CheckpointOptions) -> dict[str, Any]:
-    """What every checkpoint call is given besides the module."""
     kwargs = {}
     if not opts.is_set:
         return kwargs
@@ -2365,7 +1856,6 @@ def checkpoint_kwargs(opts: CheckpointOptions) -> dict[str, Any]:
     if opts.early_stop is not None:
         kwargs['early_stop'] = opts.early_stop
     return kwargs
-'Apply a :class:`fuzz.model.Composition` to a plain model on a rank.\n\nComposable APIs (``checkpoint``, ``fully_shard``, ``replicate``) are applied in the order\n``Composition.steps()`` gives; wrappers (DDP, FSDP1) wrap the whole model. Returns the model to\ntrain (the wrapper, or the model itself) and what the training loop needs to know about it.\n'
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
 _WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.')
 
@@ -2375,11 +1865,9 @@ def clean_name(name: str) -> str:
     return name
 
 def tp_mesh(comp: Composition, ctx: RankContext) -> Any:
-    """The (shard, tp) mesh of a tensor-parallel composition."""
     return ctx.mesh((ctx.world_size // comp.tp_size, comp.tp_size), ('shard', 'tp'))
 
 def mesh_for(comp: Composition, ctx: RankContext) -> Any:
-    """The mesh fully_shard (and FSDP1's HYBRID_SHARD) shards over."""
     if comp.tp:
         return tp_mesh(comp, ctx)['shard']
     if comp.mesh:
@@ -2387,11 +1875,6 @@ def mesh_for(comp: Composition, ctx: RankContext) -> Any:
     return ctx.mesh((ctx.world_size,), ('shard',))
 
 def _placement_fn(shard_dim: int, shard_size: int) -> Any:
-    """Shard(shard_dim) where that dimension splits evenly, else the default Shard(0).
-
-    FSDP2 documents uneven sharding as supported on dim 0 only (NotImplementedError
-    otherwise), so this is how a user's placement function has to look.
-    """
     from torch.distributed.tensor import Shard
 
     def fn(param: nn.Parameter) -> Any:
@@ -2431,7 +1914,6 @@ class Composed:
     knobs: object = None
 
     def no_sync(self) -> Any:
-        """Context for a microbatch whose gradients must not be reduced yet (wrappers)."""
         if self.wrapper is Wrapper.NONE:
             return nullcontext()
         return self.model.no_sync()
@@ -2443,7 +1925,6 @@ class Composed:
 
     @contextmanager
     def full_parameters(self) -> Iterator[dict[str, torch.Tensor]]:
-        """Every parameter, full size, by its plain-model name (a collective on every rank)."""
         from torch.distributed.tensor import DTensor
         if self.wrapper.value.startswith('fsdp1'):
             from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -2461,7 +1942,6 @@ class Composed:
         yield out
 
 def compose(model: nn.Module, comp: Composition, ctx: RankContext, tree: ModuleTree | None=None) -> Composed:
-    """Apply ``comp`` to ``model`` (built from ``tree``, which replicate's options need)."""
     from torch.distributed._composable import checkpoint, replicate
     ckpt_kwargs = checkpoint_kwargs(comp.checkpoint_options)
     if comp.wrapper is not Wrapper.NONE:
@@ -2490,15 +1970,6 @@ def compose(model: nn.Module, comp: Composition, ctx: RankContext, tree: ModuleT
     return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
 
 def build_composed(tree: ModuleTree, comp: Composition, dtype: torch.dtype, ctx: RankContext, *, seed: int) -> tuple[nn.Module, Composed]:
-    """Build the tree with the RNG seeded by ``seed`` and apply ``comp``: the model as built
-    (the wrapper's inner module) and the composed one.
-
-    With ``comp.meta_init`` the model is built on the meta device and composed there; then
-    ``to_empty`` gives it storage on the rank's device and the values a plain seeded build would
-    have are copied in, each sharded parameter through ``distribute_tensor`` with its own mesh
-    and placements. So the composed model starts from the same weights either way, and what
-    differs is the path through FSDP2's meta-device support and its lazy init.
-    """
     torch.manual_seed(seed)
     if not comp.meta_init:
         model = build_model(tree, ctx.device).to(dtype)
@@ -2545,11 +2016,8 @@ def _wrap(model: nn.Module, comp: Composition, ctx: RankContext) -> nn.Module:
     if comp.auto_wrap:
         kwargs['auto_wrap_policy'] = ModuleWrapPolicy({TreeBlock})
     return FSDP(model, **kwargs)
-"Training parity on a rank: a composed model against a plain reference, step by step.\n\nThe reference is the same plain model trained on this rank's own slice of data, its gradients\naveraged over all ranks with one all-reduce per step: data-parallel training with nothing to\nget wrong. Both runs start from the same weights and reseed the RNG identically, so dropout\nmasks agree too (activation checkpointing must restore the RNG state when it recomputes). In\nexact arithmetic the composed model's losses, and its parameters after every step, equal the\nreference's on every rank.\n\nAlong the way the composed run records API contracts (are parameters sharded after forward,\nwhich dtype do outputs and parameters have, which parameters does replicate manage) for the\ndriver to judge.\n"
 
 def make_optimizer(params: Any, training: Training, later: Any=()) -> torch.optim.Optimizer:
-    """The case's optimizer over ``params`` (trainable ones only, and the frozen ones in
-    ``later``, which training unfreezes), in 1 or 2 param groups."""
     held = {id(p) for p in later}
     params = [p for p in params if p.requires_grad or id(p) in held]
     groups = params
@@ -2564,13 +2032,10 @@ def make_optimizer(params: Any, training: Training, later: Any=()) -> torch.opti
     return torch.optim.AdamW(groups, lr=training.lr, eps=training.eps, foreach=foreach)
 
 def full_parameters(model: nn.Module) -> dict[str, list[float]]:
-    """Every parameter as a flat list, gathered if sharded (a collective on every rank)."""
     with Composed(model).full_parameters() as params:
         return {n: t.double().cpu().flatten().tolist() for n, t in params.items()}
 
 def batches(case: Case, training: Training, width: int, ctx: RankContext, tp_size: int=1) -> list[list[tuple[Any, Any]]]:
-    """Per step, per microbatch: this rank's (input, target), from a generator seeded by the case.
-    The ranks of one tensor-parallel group (``tp_size`` consecutive ranks) share their input."""
     dtype = TORCH_DTYPES[training.dtype]
     gen = torch.Generator().manual_seed(case.seed)
     b = training.batch_per_rank
@@ -2589,7 +2054,6 @@ def _seed_for_run(case: Case, ctx: RankContext, tp_size: int=1) -> None:
     torch.manual_seed((case.seed * 7919 + ctx.rank // tp_size + 1) % 2 ** 63)
 
 class _Contracts:
-    """Hooks that record API contracts during the composed run's first forward."""
 
     def __init__(self, model: nn.Module, comp: Composition) -> None:
         self.model = model
@@ -2619,8 +2083,6 @@ class _Contracts:
         return hook
 
     def after_forward(self, skipped: list[str]) -> dict[str, Any]:
-        """Which units' parameters are registered sharded right after the root's forward (none
-        for a unit whose modules were all left out of it: they never left their sharded state)."""
         for h in self.handles:
             h.remove()
         sharded = self.comp.sharded_paths + list(self.comp.replicates)
@@ -2643,8 +2105,6 @@ class _Contracts:
         return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
 
 def _completes_partial_groups() -> bool:
-    """Whether this torch reshards a grouped fully_shard unit after forward when some of its
-    modules did not run (FSDPState._force_complete_incomplete_states, torch 2.13 and later)."""
     from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
     return hasattr(FSDPState, '_force_complete_incomplete_states')
 
@@ -2653,15 +2113,12 @@ def iter_paths_of(model: nn.Module, path: str) -> list[tuple[str, nn.Module]]:
     return [(f'{path}.{n}' if path and n else n or path, m) for n, m in root.named_modules()]
 
 def _under_other_unit(sub: str, unit: str, sharded: list[str]) -> bool:
-    """True if ``sub`` lies inside a fully_shard unit nested in ``unit``."""
     return any((is_ancestor(unit, other) and contains(other, sub) for other in sharded))
 
 def _under_any(path: str, skipped: list[str]) -> bool:
-    """True if the module at ``path`` is at or under one of the ``skipped`` paths."""
     return any((contains(s, path) for s in skipped))
 
 def replicate_contract(model: nn.Module, comp: Composition, skipped: list[str] | None=None) -> dict[str, list[str]]:
-    """For each replicated module that ran forward: the parameter names replicate says it manages."""
     from torch.distributed._composable import replicate
     out = {}
     for path in comp.replicates:
@@ -2672,16 +2129,6 @@ def replicate_contract(model: nn.Module, comp: Composition, skipped: list[str] |
     return out
 
 def train(case: Case, tree: ModuleTree, training: Training, comp: Composition | None, ctx: RankContext, tp_size: int=1, grad_scales: dict[str, float] | None=None, precision: MixedPrecision | None=None, local: frozenset[str]=frozenset()) -> dict[str, Any]:
-    """Train the tree under ``comp`` (None: the all-reduce reference); observations as JSON.
-    ``tp_size``: the case's tensor-parallel group size (its ranks share inputs and RNG), for the
-    reference too. The reference averages gradients over all ranks, so each data-parallel
-    batch counts ``tp_size`` times: the same mean as over the data-parallel ranks; then it
-    multiplies the gradients of the parameters a module holds by ``grad_scales[module path]``
-    (what the composition's knobs do to them by design), and leaves the gradients of the
-    parameters held by the modules in ``local`` as they are (replicate's ignored modules: not
-    averaged by design; :meth:`fuzz.model.Layout.local`). With ``precision`` (a reference
-    only) each microbatch applies that MixedPrecisionPolicy's casts by hand instead
-    (:func:`_low_precision_microbatch`)."""
     dtype = TORCH_DTYPES[training.dtype]
     if comp is not None:
         model, composed = build_composed(tree, comp, dtype, ctx, seed=case.seed)
@@ -2754,8 +2201,6 @@ def train(case: Case, tree: ModuleTree, training: Training, comp: Composition | 
     return obs
 
 def _unfrozen_later(model: nn.Module, training: Training) -> dict[str, list[nn.Parameter]]:
-    """Per path of ``training.unfreeze``: the parameters of that (frozen) leaf, found by their
-    plain-model names through any wrapper, before anything ran."""
     out = {u.path: [] for u in training.unfreeze}
     for name, p in model.named_parameters():
         owner = '.'.join((c for c in clean_name(name).split('.')[:-1] if c.isdigit()))
@@ -2764,9 +2209,6 @@ def _unfrozen_later(model: nn.Module, training: Training) -> dict[str, list[nn.P
     return out
 
 def _compiled(model: nn.Module, training: Training) -> Any:
-    """``torch.compile(model)`` with the case's backend, or the model. Dynamo's caches are reset
-    first: compiled frames of earlier cases' models (the same ``TreeBlock.forward`` code) would
-    otherwise count towards its recompile limit, past which it silently runs eagerly."""
     if training.compile is Compile.NONE:
         return model
     torch._dynamo.reset()
@@ -2790,18 +2232,6 @@ def _average_gradients(model: nn.Module, ctx: RankContext, scales: dict[str, flo
                 p.grad *= scale
 
 def _low_precision_microbatch(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mp: MixedPrecision, training: Training, ctx: RankContext) -> torch.Tensor:
-    """One microbatch of the reference for a MixedPrecisionPolicy, the casts applied by hand as
-    FSDP2 documents them: forward and backward on a copy of the (full-precision) parameters
-    cast to ``param_dtype``, the input cast to it too (the root's ``cast_forward_inputs``), the
-    output cast to ``output_dtype``; each gradient cast to ``reduce_dtype`` (else the compute
-    dtype), summed over the ranks and divided by their number in that dtype, then cast to the
-    parameter's dtype and accumulated there. Returns the loss.
-
-    Where FSDP2 sees an overflow risk (a reduce dtype other than float32 / bfloat16), it divides
-    by part of the rank count before the sum and by the rest after it, "to avoid
-    overflow/underflow" (``_fsdp_collectives._get_gradient_divide_factors``); the reference
-    splits the division the same way (:func:`_divide_split`), which differs from dividing after
-    the sum where float16 gradients are subnormal."""
     base = TORCH_DTYPES[training.dtype]
     compute = TORCH_DTYPES[mp.param_dtype] if mp.param_dtype is not None else base
     reduce = TORCH_DTYPES[mp.reduce_dtype] if mp.reduce_dtype is not None else compute
@@ -2824,10 +2254,6 @@ def _low_precision_microbatch(model: nn.Module, x: torch.Tensor, y: torch.Tensor
     return loss
 
 def _divide_split(reduce: torch.dtype, world_size: int) -> tuple[int, float]:
-    """(before, after): FSDP2 divides a gradient reduced in ``reduce`` over ``world_size`` ranks
-    by ``before`` ahead of the sum and by ``after`` behind it. For float32 and bfloat16 all of
-    it after (an average); for other dtypes the smallest power of two ``before`` with
-    ``before >= world_size / before`` that divides the count, the rest after."""
     if reduce in (torch.float32, torch.bfloat16) or world_size == 1:
         return (1, float(world_size))
     before = 1
@@ -2836,13 +2262,11 @@ def _divide_split(reduce: torch.dtype, world_size: int) -> tuple[int, float]:
     return (before, world_size / before)
 
 def grad_scales(tree: ModuleTree, comp: Composition, world_size: int) -> dict[str, float]:
-    """Per module path holding parameters: what the knobs scale its gradients by (not 1 only)."""
     layout = Layout(tree, comp)
     scales = {path: layout.gradient_scale(path, world_size) for path in layout.paths}
     return {path: scale for path, scale in scales.items() if scale != 1.0}
 
 def _grad_norm(composed: Composed) -> float:
-    """Squared-norm of this rank's (local shard of the) gradients, summed over ranks' view."""
     from torch.distributed.tensor import DTensor
     total = torch.zeros((), dtype=torch.float64)
     for p in composed.model.parameters():
@@ -2852,13 +2276,9 @@ def _grad_norm(composed: Composed) -> float:
     return float(total.sqrt())
 
 def _local_of(tree: ModuleTree, comp: Composition | None) -> frozenset[str]:
-    """Paths of the modules whose parameters stay local to each rank (replicate's ignored
-    modules, fully_shard's ignored_params)."""
     return frozenset() if comp is None else frozenset(Layout(tree, comp).local())
 
 def _local_replicated(model: nn.Module, local: frozenset[str]=frozenset()) -> dict[str, list[float]]:
-    """Parameters held whole on every rank (replicate, DDP): must be equal across ranks. Those of
-    the modules in ``local`` (replicate's ignored ones) train on each rank's own data: left out."""
     from torch.distributed.tensor import DTensor
     return {n: p.detach().double().cpu().flatten().tolist() for n, p in model.named_parameters() if not isinstance(p, DTensor) and (not n.startswith('_fsdp_wrapped_module')) and ('_fsdp' not in n) and (clean_name(n).rpartition('.')[0] not in local)}
 
@@ -2883,13 +2303,10 @@ def run_metamorphic(case: Case, body: MetamorphicBody, ctx: RankContext) -> dict
     keys = ('losses', 'params', 'grad_norms', 'knob_problems')
     return {**first, 'ref': {k: second[k] for k in keys if k in second}}
 
-def main():
-    import os
+def attempt(rank, world_size):
     import torch
     import torch.distributed as dist
     case = Case(property='metamorphic', world_size=4, seed=5651, body=MetamorphicBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D),), residual=True, buffer=True)), composition=Composition(replicates=('',), checkpoint_first=False, mesh=(1, 4)), variant=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD, auto_wrap=True), training=Training(lr=0.05, momentum=0.9, steps=3, batch_per_rank=3, set_to_none=False, same_input=True, compile=Compile.EAGER)))
-    dist.init_process_group('gloo')
-    rank, world_size = (dist.get_rank(), dist.get_world_size())
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import re
     import traceback
@@ -2900,10 +2317,17 @@ def main():
         path, fn = [(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))][-1]
         found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
         if found in ['torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/conv.py:_conv_forward']:
-            print(f'REPRODUCED exception:metamorphic:torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/conv.py:_conv_forward: rank {ctx.rank} raised {found}: {e}', flush=True)
-            os._exit(1)
-        print(f"FAIL (not the entry's failure): rank {ctx.rank} raised {found}: {e}", flush=True)
-        os._exit(0)
-    print('PASS: no rank raised')
+            return f'REPRODUCED exception:metamorphic:torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/conv.py:_conv_forward: rank {rank} raised {found}: {e}'
+        return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"
+    return 'PASS: no rank raised'
+
+def main():
+    import os
+    import torch.distributed as dist
+    dist.init_process_group('gloo')
+    verdict = attempt(dist.get_rank(), dist.get_world_size())
+    if verdict:
+        print(verdict, flush=True)
+    os._exit(1 if verdict.startswith('REPRODUCED') else 0)
 if __name__ == '__main__':
     main()

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=1a232d26c8e41f05 sources=e14b2777dea90300 seconds=22.6
+# shardfuzz reduced reproducer: entry=1a232d26c8e41f05 sources=1f6fea1f8a59e6b3 seconds=169.7
 """Reproduces shardfuzz corpus entry mixed_precision-exception-0e5c9d1aa3c7.json: exception:mixed_precision:builtins.AssertionError@torch/distributed/fsdp/_fully_shard/_fsdp_common.py:_raise_assert_with_print
 
 Observed: FSDP2 MixedPrecisionPolicy(reduce_dtype=...) with set_requires_gradient_sync(False): a
@@ -18,25 +18,11 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 """
 
 from __future__ import annotations
-from typing import Any
-from dataclasses import dataclass, field
 import torch
 import enum
-from dataclasses import dataclass
 from dataclasses import dataclass, field
-from dataclasses import replace
-import builtins
-from typing import Any, ClassVar
-from typing import Any
-import os
-from typing import ClassVar
 from torch import nn
-from contextlib import nullcontext
-import torch.distributed as dist
 import torch.nn.functional as F
-
-def __getattr__(name):
-    raise AttributeError(f"module 'fuzz' has no attribute {name!r}")
 
 @dataclass
 class RankContext:
@@ -44,22 +30,9 @@ class RankContext:
     world_size: object
     device: object
     backend: object
-    _meshes: object = field(default_factory=dict)
-
-    def mesh(self, shape, names):
-        from torch.distributed.device_mesh import init_device_mesh
-        key = (shape, names)
-        self._meshes[key] = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
-        return self._meshes[key]
 
 class LeafKind(str, enum.Enum):
-    LINEAR = 'linear'
-    LAYER_NORM = 'layer_norm'
     CONV1D = 'conv1d'
-    RELU = 'relu'
-    TANH = 'tanh'
-    GELU = 'gelu'
-    DROPOUT = 'dropout'
 
 class Dtype(str, enum.Enum):
     FLOAT32 = 'float32'
@@ -71,34 +44,20 @@ class Dtype(str, enum.Enum):
 class Leaf:
     kind: object
     bias: object = True
-    frozen: object = False
 
 @dataclass(frozen=True)
 class Block:
     children: object
-    residual: object = False
     scale: object = False
-
-def iter_paths(block, prefix=''):
-    yield (prefix, block)
-    for i, child in enumerate(block.children):
-        path = str(i)
-        yield (path, child)
 
 @dataclass(frozen=True)
 class ModuleTree:
     width: object
     root: object
 
-    def paths(self):
-        return dict(iter_paths(self.root))
-
 @dataclass(frozen=True)
 class MixedPrecision:
-    param_dtype: object = None
     reduce_dtype: object = None
-    output_dtype: object = None
-    cast_forward_inputs: object = True
 
 @dataclass(frozen=True)
 class ShardSpec:
@@ -106,45 +65,26 @@ class ShardSpec:
     reshard_after_forward: object = True
     mixed_precision: object = None
 
-    @property
-    def paths(self):
-        return ('', *())
-
-@dataclass(frozen=True)
-class CheckpointOptions:
-
-    def names(self):
-        pass
-
 @dataclass(frozen=True)
 class Composition:
     shards: object = ()
     checkpoint_first: object = True
-    mesh: object = ()
-    checkpoint_options: object = field(default_factory=CheckpointOptions)
-
-    def reshard_after_forward(self, spec):
-        pass
 
     @property
     def sharded_paths(self):
         return [p for spec in self.shards for p in ('',)]
 
     def steps(self):
-        order = {'checkpoint': 3, 'fully_shard': 1, 'replicate': 2}
         items = [('checkpoint', p) for p in ()] + [('replicate', p) for p in ()]
         items += [('fully_shard', '') for spec in self.shards]
 
         def key(item):
-            api, path = item
-            depth = min((q.count('.') + (q != '') for q in ('',)))
-            return (-depth, order[api], path)
+            pass
         return sorted(items, key=key)
 
 class AccumSync(str, enum.Enum):
     ALWAYS = 'always'
     NO_GRAD_SYNC = 'no_grad_sync'
-    NO_ALL_REDUCE = 'no_all_reduce'
 
 @dataclass(frozen=True)
 class Skip:
@@ -154,7 +94,6 @@ class Skip:
 @dataclass(frozen=True)
 class Training:
     lr: object = 0.1
-    momentum: object = 0.0
     eps: object = 0.001
     steps: object = 2
     batch_per_rank: object = 2
@@ -162,29 +101,16 @@ class Training:
     grad_accum: object = 1
     accum_sync: object = AccumSync.ALWAYS
     set_to_none: object = True
-    foreach: object = None
     skips: object = ()
-
-    def __post_init__(self):
-        for i, skip in enumerate(self.skips):
-            pass
 
     def skipped_at(self, step, microbatch):
         return ['0' for s in self.skips if 0 == step and 0 == microbatch]
 
 class Body:
-    KIND: ClassVar[str]
-    PROGRAM: ClassVar[str]
-    registry: ClassVar[dict[str, type[Body]]] = {}
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        Body.registry[cls.KIND] = cls
+    pass
 
 @dataclass(frozen=True)
 class ParityBody(Body):
-    KIND: ClassVar[str] = 'parity'
-    PROGRAM: ClassVar[str] = 'fuzz._rank.parity:run_parity'
     tree: object
     composition: object
     training: object = field(default_factory=Training)
@@ -196,20 +122,13 @@ class Case:
     seed: object
     body: object
 
-def fsdp_sharded(p):
-    from torch.distributed.tensor import DTensor
-    return isinstance(p, DTensor) and 'shard' in (p.device_mesh.mesh_dim_names or ('shard',))
-
 class TreeBlock(nn.Module):
 
     def __init__(self, children, residual, width, scale, buffer):
         super().__init__()
-        for i, child in enumerate(children):
-            self.add_module(str(i), child)
-        self.residual = residual
+        i, child = next(iter(enumerate(children)))
+        self.add_module(str(i), child)
         self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(width))
-        self.shift = None
-        self.skipped: frozenset[str] = frozenset()
 
     def forward(self, x):
         y = x
@@ -221,50 +140,17 @@ class TreeBlock(nn.Module):
         return y
 
 class PointwiseConv1d(nn.Conv1d):
-
-    def forward(self, x):
-        return super().forward(x.unsqueeze(-1)).squeeze(-1)
-
-def build_leaf(leaf, width):
-    module = _build_leaf(leaf, width)
-    return module
-
-def _build_leaf(leaf, width):
-    return PointwiseConv1d(width, width, kernel_size=1, bias=False)
+    pass
 
 def build_node(node, width):
     if isinstance(node, Leaf):
-        return build_leaf(node, width)
+        module = PointwiseConv1d(width, width, kernel_size=1, bias=False)
+        return module
     return TreeBlock([build_node(c, width) for c in node.children], False, width, True, False)
 
 def build_model(tree, device):
-    with torch.device(device):
-        return build_node(tree.root, 1)
-
-def tree_blocks(model):
-    return {'.'.join((c for c in name.split('.') if c.isdigit())): m for name, m in model.named_modules() if isinstance(m, TreeBlock)}
-
-def set_skipped(blocks, paths):
-    skipped = {p: set() for p in blocks}
-    for path in paths:
-        parent, _, name = path.rpartition('.')
-        skipped[parent].add(name)
-    for p, block in blocks.items():
-        block.skipped = frozenset(skipped[p])
-
-def checkpoint_kwargs(opts):
-    kwargs = {}
-    return kwargs
+    return build_node(tree.root, 1)
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
-_WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.')
-
-def clean_name(name):
-    for prefix in _WRAPPER_PREFIXES:
-        name = name.replace(prefix, '')
-    return name
-
-def mesh_for(comp, ctx):
-    return ctx.mesh((ctx.world_size,), ('shard',))
 
 def mp_policy(mp):
     from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -273,193 +159,116 @@ def mp_policy(mp):
         return None if d is None else TORCH_DTYPES[d]
     return MixedPrecisionPolicy(param_dtype=dt(None), reduce_dtype=dt(mp.reduce_dtype), output_dtype=dt(None), cast_forward_inputs=True)
 
-def apply_fully_shard(model, spec, mesh):
-    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
-    kwargs = {'mesh': mesh, 'reshard_after_forward': False}
-    kwargs['mp_policy'] = mp_policy(spec.mixed_precision)
-    modules = [model.get_submodule(p) for p in ('',)]
-    fully_shard(modules if () else modules[0], **kwargs)
-
 @dataclass
 class Composed:
     model: object
     fsdp_roots: object = field(default_factory=list)
 
     def no_sync(self):
-        return nullcontext()
+        pass
 
     def set_sync(self, requires_gradient_sync=True, requires_all_reduce=True):
-        for m in self.fsdp_roots:
-            m.set_requires_gradient_sync(requires_gradient_sync)
-            m.set_requires_all_reduce(requires_all_reduce)
-
-def compose(model, comp, ctx, tree=None):
-    from torch.distributed._composable import checkpoint, replicate
-    ckpt_kwargs = checkpoint_kwargs(comp.checkpoint_options)
-    mesh = mesh_for(comp, ctx)
-    specs = {'': s for s in comp.shards}
-    for api, path in comp.steps():
-        apply_fully_shard(model, specs[path], mesh)
-    sharded = comp.sharded_paths
-    tops = [p for p in sharded if not any((False for q in sharded))]
-    return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
-
-def build_composed(tree, comp, dtype, ctx, *, seed):
-    torch.manual_seed(seed)
-    model = build_model(tree, ctx.device).to(dtype)
-    return (model, _with_knobs(model, compose(model, comp, ctx, tree), comp, tree))
-
-def _with_knobs(model, composed, comp, tree):
-    return composed
-
-def make_optimizer(params, training, later=()):
-    held = {id(p) for p in later}
-    params = [p for p in params if p.requires_grad or id(p) in held]
-    groups = params
-    foreach = None
-    return torch.optim.SGD(groups, lr=0.01, momentum=0.0, foreach=foreach)
-
-def batches(case, training, width, ctx, tp_size=1):
-    dtype = TORCH_DTYPES[training.dtype]
-    gen = torch.Generator().manual_seed(0)
-    b = 1
-    lo = ctx.rank // tp_size * b
-    out = []
-    for _ in range(1):
-        step = []
-        for _ in range(2):
-            x = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
-            y = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
-            step.append((x[lo:lo + b].to(ctx.device), y[lo:lo + b].to(ctx.device)))
-        out.append(step)
-    return out
-
-def _seed_for_run(case, ctx, tp_size=1):
-    torch.manual_seed((0 * 7919 + ctx.rank // tp_size + 1) % 2 ** 63)
+        m = next(iter(self.fsdp_roots))
+        m.set_requires_gradient_sync(requires_gradient_sync)
 
 class _Contracts:
 
     def __init__(self, model, comp):
-        self.model = model
         self.comp = comp
         self.leaf_dtypes: dict[str, str] = {}
         self.output_dtypes: dict[str, str] = {}
         self.handles: list[Any] = []
-        for path in comp.sharded_paths:
-            mod = model.get_submodule(path)
-            self.handles.append(mod.register_forward_hook(self._on_output(path)))
-        for name, mod in model.named_modules():
-            self.handles.append(mod.register_forward_pre_hook(self._on_leaf(name)))
-
-    def _on_output(self, path):
-
-        def hook(module, args, output):
-            self.output_dtypes.setdefault(path, str(output.dtype).removeprefix('torch.'))
-        return hook
-
-    def _on_leaf(self, name):
-
-        def hook(module, args):
-            p = next(module.parameters(recurse=False))
-            self.leaf_dtypes.setdefault(name, str(p.dtype).removeprefix('torch.'))
-        return hook
+        path = next(iter(comp.sharded_paths))
+        mod = model.get_submodule(path)
+        name, mod = next(iter(model.named_modules()))
 
     def after_forward(self, skipped):
-        for h in self.handles:
-            h.remove()
         sharded = self.comp.sharded_paths + list(())
         state = {}
-        for spec in self.comp.shards:
-            flags = []
-            for path in ('',):
-                for sub, _ in iter_paths_of(self.model, path):
-                    mod = self.model.get_submodule(sub)
-                    flags += [fsdp_sharded(p) for p in mod.parameters(recurse=False)]
-            state[''] = flags
         return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
 
-def iter_paths_of(model, path):
-    root = model.get_submodule(path)
-    return [(n or path, m) for n, m in root.named_modules()]
-
-def replicate_contract(model, comp, skipped=None):
-    from torch.distributed._composable import replicate
-    out = {}
-    return out
-
-def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precision=None, local=frozenset()):
-    dtype = TORCH_DTYPES[training.dtype]
-    model, composed = build_composed(tree, comp, dtype, ctx, seed=0)
-    contracts = _Contracts(model, comp)
-    obs = {}
-    blocks = tree_blocks(composed.model)
-    later = _unfrozen_later(composed.model, training)
-    opt = make_optimizer(composed.model.parameters(), training, [p for ps in later.values() for p in ps])
-    forward = _compiled(composed.model, training)
-    _seed_for_run(case, ctx, tp_size)
-    for s, step in enumerate(batches(case, training, 1, ctx, tp_size)):
-        step_losses = []
-        for i, (x, y) in enumerate(step):
-            skipped = training.skipped_at(s, i)
-            set_skipped(blocks, skipped)
-            last = i == len(step) - 1
-            sync = AccumSync.ALWAYS if last else training.accum_sync
-            composed.set_sync(requires_gradient_sync=sync is not AccumSync.NO_GRAD_SYNC, requires_all_reduce=sync is AccumSync.ALWAYS)
-            ctx_mgr = composed.no_sync() if sync is AccumSync.NO_GRAD_SYNC else _null()
-            with ctx_mgr:
-                out = forward(x)
-                if contracts is not None and comp is not None:
-                    obs['contracts'] = contracts.after_forward(skipped)
-                    obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
-                    obs['contracts']['replicate_params'] = replicate_contract(model, comp, skipped)
-                    contracts = None
-                loss = F.mse_loss(out.to(y.dtype), y)
-                loss.backward()
-            step_losses.append(loss.item())
-
-def _unfrozen_later(model, training):
-    out = {u.path: [] for u in ()}
-    for name, p in model.named_parameters():
-        owner = '.'.join((c for c in clean_name(name).split('.')[:-1] if c.isdigit()))
-    return out
-
-def _compiled(model, training):
-    return model
-
 class _null:
-
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return None
+    pass
 
 def run_parity(case, body, ctx):
-    tp = 1
     comp = body.composition
-    composed = train(case, body.tree, body.training, comp, ctx, tp)
+    tree = body.tree
+    training = body.training
+    dtype = TORCH_DTYPES[training.dtype]
+    model__ = build_model(tree, ctx.device).to(dtype)
+    specs = {'': s_ for s_ in comp.shards}
+    api, path_ = next(iter(comp.steps()))
+    spec = specs[path_]
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+    kwargs = {'mesh': None, 'reshard_after_forward': False}
+    kwargs['mp_policy'] = mp_policy(spec.mixed_precision)
+    modules = [model__.get_submodule(p_) for p_ in ('',)]
+    fully_shard(modules if () else modules[0], **kwargs)
+    sharded = comp.sharded_paths
+    tops = [p__ for p__ in sharded if not any((False for q in sharded))]
+    compose_out = Composed(model=model__, fsdp_roots=[model__.get_submodule(p__) for p__ in tops])
+    model, composed_ = (model__, compose_out)
+    contracts = _Contracts(model, comp)
+    obs = {}
+    model_ = composed_.model
+    blocks = {'.'.join((c for c in name.split('.') if c.isdigit())): m for name, m in model_.named_modules() if isinstance(m, TreeBlock)}
+    model___ = composed_.model
+    dtype_ = TORCH_DTYPES[training.dtype]
+    gen = torch.Generator().manual_seed(0)
+    lo = ctx.rank // 1 * 1
+    out_ = []
+    __ = next(iter(range(1)))
+    step_ = []
+    for __ in range(2):
+        x_ = torch.randn(ctx.world_size * 1, 1, generator=gen, dtype=dtype_)
+        y_ = torch.randn(ctx.world_size * 1, 1, generator=gen, dtype=dtype_)
+        step_.append((x_[lo:lo + 1].to(ctx.device), y_[lo:lo + 1].to(ctx.device)))
+    out_.append(step_)
+    s, step = next(iter(enumerate(out_)))
+    step_losses = []
+    for i, (x, y) in enumerate(step):
+        skipped = training.skipped_at(s, i)
+        skipped_ = {p: set() for p in blocks}
+        for path in skipped:
+            parent, _, name_ = path.rpartition('.')
+            skipped_[parent].add(name_)
+        p, block = next(iter(blocks.items()))
+        block.skipped = frozenset(skipped_[p])
+        last = i == len(step) - 1
+        sync = AccumSync.ALWAYS if last else training.accum_sync
+        composed_.set_sync(requires_gradient_sync=sync is not AccumSync.NO_GRAD_SYNC, requires_all_reduce=sync is AccumSync.ALWAYS)
+        ctx_mgr = composed_.no_sync() if sync is AccumSync.NO_GRAD_SYNC else _null()
+        out = model___(x)
+        if contracts is not None and comp is not None:
+            obs['contracts'] = contracts.after_forward(skipped)
+            obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
+        loss = F.mse_loss(out.to(y.dtype), y)
+        loss.backward()
+        step_losses.append(loss.item())
 
-def main():
-    import os
-    import torch
-    import torch.distributed as dist
+def attempt(rank, world_size):
     case = Case(property='mixed_precision', world_size=2, seed=0, body=ParityBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),), scale=True)), composition=Composition(shards=(ShardSpec(path='', reshard_after_forward=False, mixed_precision=MixedPrecision(reduce_dtype=Dtype.BFLOAT16)),), checkpoint_first=False), training=Training(lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, grad_accum=2, accum_sync=AccumSync.NO_GRAD_SYNC, set_to_none=False, skips=(Skip(path='0', step=0),))))
-    dist.init_process_group('gloo')
-    rank, world_size = (dist.get_rank(), dist.get_world_size())
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import re
     import traceback
     try:
-        run_parity(case, case.body, ctx)
+        run_parity(case, ParityBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),), scale=True)), composition=Composition(shards=(ShardSpec(path='', reshard_after_forward=False, mixed_precision=MixedPrecision(reduce_dtype=Dtype.BFLOAT16)),), checkpoint_first=False), training=Training(lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, grad_accum=2, accum_sync=AccumSync.NO_GRAD_SYNC, set_to_none=False, skips=(Skip(path='0', step=0),))), ctx)
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = [(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))][-1]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
+        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
         if found in ['builtins.AssertionError@torch/distributed/fsdp/_fully_shard/_fsdp_common.py:_raise_assert_with_print']:
-            print(f'REPRODUCED exception:mixed_precision:builtins.AssertionError@torch/distributed/fsdp/_fully_shard/_fsdp_common.py:_raise_assert_with_print: rank {ctx.rank} raised {found}: {e}', flush=True)
-            os._exit(1)
-        print(f"FAIL (not the entry's failure): rank {ctx.rank} raised {found}: {e}", flush=True)
-        os._exit(0)
-    print('PASS: no rank raised')
+            return f'REPRODUCED exception:mixed_precision:builtins.AssertionError@torch/distributed/fsdp/_fully_shard/_fsdp_common.py:_raise_assert_with_print: rank {rank} raised {found}: {e}'
+        return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"
+    return 'PASS: no rank raised'
+
+def main():
+    import os
+    import torch.distributed as dist
+    dist.init_process_group('gloo')
+    verdict = attempt(dist.get_rank(), dist.get_world_size())
+    if verdict:
+        print(verdict, flush=True)
+    os._exit(1 if verdict.startswith('REPRODUCED') else 0)
 if __name__ == '__main__':
     main()

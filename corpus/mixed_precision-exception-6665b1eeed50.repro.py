@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=6a2abefef4dd5b31 sources=e14b2777dea90300 seconds=22.9
+# shardfuzz reduced reproducer: entry=6a2abefef4dd5b31 sources=1f6fea1f8a59e6b3 seconds=172.2
 """Reproduces shardfuzz corpus entry mixed_precision-exception-6665b1eeed50.json: exception:mixed_precision:builtins.RuntimeError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_reduce
 
 Observed: FSDP2 MixedPrecisionPolicy: a unit whose parameters were all frozen at lazy init gets
@@ -24,21 +24,10 @@ from typing import Any
 from dataclasses import dataclass, field
 import torch
 import enum
-from dataclasses import dataclass
-from dataclasses import dataclass, field
-from dataclasses import replace
-import builtins
-from typing import Any, ClassVar
-from typing import Any
-import os
-from typing import ClassVar
 from torch import nn
 from contextlib import contextmanager
 import torch.distributed as dist
 import torch.nn.functional as F
-
-def __getattr__(name):
-    raise AttributeError(f"module 'fuzz' has no attribute {name!r}")
 
 @dataclass
 class RankContext:
@@ -46,22 +35,12 @@ class RankContext:
     world_size: object
     device: object
     backend: object
-    _meshes: object = field(default_factory=dict)
 
     def mesh(self, shape, names):
-        from torch.distributed.device_mesh import init_device_mesh
-        key = (shape, names)
-        self._meshes[key] = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
-        return self._meshes[key]
+        pass
 
 class LeafKind(str, enum.Enum):
-    LINEAR = 'linear'
-    LAYER_NORM = 'layer_norm'
     CONV1D = 'conv1d'
-    RELU = 'relu'
-    TANH = 'tanh'
-    GELU = 'gelu'
-    DROPOUT = 'dropout'
 
 class Dtype(str, enum.Enum):
     FLOAT32 = 'float32'
@@ -78,34 +57,18 @@ class Leaf:
 @dataclass(frozen=True)
 class Block:
     children: object
-    residual: object = False
-    scale: object = False
-
-def iter_paths(block, prefix=''):
-    yield (prefix, block)
-    for i, child in enumerate(block.children):
-        path = str(i)
-        yield (path, child)
 
 @dataclass(frozen=True)
 class ModuleTree:
     width: object
     root: object
 
-    def paths(self):
-        return dict(iter_paths(self.root))
-
-def contains(outer, path):
-    return outer == path or outer == '' or path.startswith(outer + '.')
-
 def is_ancestor(ancestor, path):
-    return ancestor != path and contains(ancestor, path)
+    pass
 
 @dataclass(frozen=True)
 class MixedPrecision:
     param_dtype: object = None
-    reduce_dtype: object = None
-    output_dtype: object = None
     cast_forward_inputs: object = True
 
 @dataclass(frozen=True)
@@ -119,20 +82,9 @@ class ShardSpec:
         return (self.path, *())
 
 @dataclass(frozen=True)
-class CheckpointOptions:
-
-    def names(self):
-        pass
-
-@dataclass(frozen=True)
 class Composition:
     shards: object = ()
     checkpoint_first: object = True
-    mesh: object = ()
-    checkpoint_options: object = field(default_factory=CheckpointOptions)
-
-    def reshard_after_forward(self, spec):
-        pass
 
     @property
     def sharded_paths(self):
@@ -152,11 +104,6 @@ class Composition:
     def _spec_paths(self, api, path):
         return next((s.paths for s in self.shards if s.path == path))
 
-class AccumSync(str, enum.Enum):
-    ALWAYS = 'always'
-    NO_GRAD_SYNC = 'no_grad_sync'
-    NO_ALL_REDUCE = 'no_all_reduce'
-
 @dataclass(frozen=True)
 class Unfreeze:
     path: object
@@ -174,26 +121,14 @@ class Training:
     foreach: object = None
     unfreeze: object = ()
 
-    def __post_init__(self):
-        for i, later in enumerate(self.unfreeze):
-            pass
-
     def skipped_at(self, step, microbatch):
-        return [s.path for s in () if s.step == step and s.microbatch == microbatch]
+        pass
 
 class Body:
-    KIND: ClassVar[str]
-    PROGRAM: ClassVar[str]
-    registry: ClassVar[dict[str, type[Body]]] = {}
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        Body.registry[cls.KIND] = cls
+    pass
 
 @dataclass(frozen=True)
 class ParityBody(Body):
-    KIND: ClassVar[str] = 'parity'
-    PROGRAM: ClassVar[str] = 'fuzz._rank.parity:run_parity'
     tree: object
     composition: object
     training: object = field(default_factory=Training)
@@ -204,10 +139,6 @@ class Case:
     world_size: object
     seed: object
     body: object
-
-def fsdp_sharded(p):
-    from torch.distributed.tensor import DTensor
-    return isinstance(p, DTensor) and 'shard' in (p.device_mesh.mesh_dim_names or ('shard',))
 
 class TreeBlock(nn.Module):
 
@@ -231,45 +162,20 @@ class PointwiseConv1d(nn.Conv1d):
     def forward(self, x):
         return super().forward(x.unsqueeze(-1)).squeeze(-1)
 
-def build_leaf(leaf, width):
-    module = _build_leaf(leaf, width)
-    if leaf.frozen:
-        module.requires_grad_(False)
-    return module
-
-def _build_leaf(leaf, width):
-    return PointwiseConv1d(width, width, kernel_size=1, bias=False)
-
 def build_node(node, width):
     if isinstance(node, Leaf):
-        return build_leaf(node, width)
+        module = PointwiseConv1d(width, width, kernel_size=1, bias=False)
+        if node.frozen:
+            module.requires_grad_(False)
+        return module
     return TreeBlock([build_node(c, width) for c in node.children], False, width, False, False)
 
 def build_model(tree, device):
-    with torch.device(device):
-        return build_node(tree.root, 1)
-
-def tree_blocks(model):
-    return {'.'.join((c for c in name.split('.') if c.isdigit())): m for name, m in model.named_modules() if isinstance(m, TreeBlock)}
-
-def set_skipped(blocks, paths):
-    skipped = {p: set() for p in blocks}
-    for p, block in blocks.items():
-        pass
-
-def checkpoint_kwargs(opts):
-    kwargs = {}
-    return kwargs
+    return build_node(tree.root, 1)
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
-_WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.')
 
 def clean_name(name):
-    for prefix in _WRAPPER_PREFIXES:
-        name = name.replace(prefix, '')
     return name
-
-def mesh_for(comp, ctx):
-    return ctx.mesh((ctx.world_size,), ('shard',))
 
 def mp_policy(mp):
     from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -278,77 +184,18 @@ def mp_policy(mp):
         return None if d is None else TORCH_DTYPES[d]
     return MixedPrecisionPolicy(param_dtype=dt(mp.param_dtype), reduce_dtype=dt(None), output_dtype=dt(None), cast_forward_inputs=mp.cast_forward_inputs)
 
-def apply_fully_shard(model, spec, mesh):
-    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
-    kwargs = {'mesh': mesh, 'reshard_after_forward': False}
-    kwargs['mp_policy'] = mp_policy(spec.mixed_precision)
-    modules = [model.get_submodule(p) for p in spec.paths]
-    fully_shard(modules if () else modules[0], **kwargs)
-
 @dataclass
 class Composed:
     model: object
     fsdp_roots: object = field(default_factory=list)
 
-    def set_sync(self, requires_gradient_sync=True, requires_all_reduce=True):
-        for m in self.fsdp_roots:
-            m.set_requires_gradient_sync(requires_gradient_sync)
-            m.set_requires_all_reduce(requires_all_reduce)
-
     @contextmanager
     def full_parameters(self):
         from torch.distributed.tensor import DTensor
         out = {}
-        for n, p in self.model.named_parameters():
-            out[clean_name(n)] = p.full_tensor().detach()
+        n, p = next(iter(self.model.named_parameters()))
+        out[clean_name(n)] = p.full_tensor().detach()
         yield out
-
-def compose(model, comp, ctx, tree=None):
-    from torch.distributed._composable import checkpoint, replicate
-    ckpt_kwargs = checkpoint_kwargs(comp.checkpoint_options)
-    mesh = mesh_for(comp, ctx)
-    specs = {s.path: s for s in comp.shards}
-    for api, path in comp.steps():
-        apply_fully_shard(model, specs[path], mesh)
-    sharded = comp.sharded_paths
-    tops = [p for p in sharded if not any((is_ancestor(q, p) for q in sharded))]
-    return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
-
-def build_composed(tree, comp, dtype, ctx, *, seed):
-    torch.manual_seed(seed)
-    model = build_model(tree, ctx.device).to(dtype)
-    return (model, _with_knobs(model, compose(model, comp, ctx, tree), comp, tree))
-
-def _with_knobs(model, composed, comp, tree):
-    return composed
-
-def make_optimizer(params, training, later=()):
-    held = {id(p) for p in later}
-    params = [p for p in params if p.requires_grad or id(p) in held]
-    groups = params
-    foreach = None
-    return torch.optim.SGD(groups, lr=0.01, momentum=0.0, foreach=foreach)
-
-def full_parameters(model):
-    pass
-
-def batches(case, training, width, ctx, tp_size=1):
-    dtype = TORCH_DTYPES[training.dtype]
-    gen = torch.Generator().manual_seed(0)
-    b = 1
-    lo = ctx.rank // tp_size * b
-    out = []
-    for _ in range(2):
-        step = []
-        for _ in range(1):
-            x = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
-            y = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
-            step.append((x[lo:lo + b].to(ctx.device), y[lo:lo + b].to(ctx.device)))
-        out.append(step)
-    return out
-
-def _seed_for_run(case, ctx, tp_size=1):
-    torch.manual_seed((0 * 7919 + ctx.rank // tp_size + 1) % 2 ** 63)
 
 class _Contracts:
 
@@ -358,151 +205,137 @@ class _Contracts:
         self.leaf_dtypes: dict[str, str] = {}
         self.output_dtypes: dict[str, str] = {}
         self.handles: list[Any] = []
-        for path in comp.sharded_paths:
-            mod = model.get_submodule(path)
-            self.handles.append(mod.register_forward_hook(self._on_output(path)))
-        for name, mod in model.named_modules():
-            if any((True for _ in mod.parameters(recurse=False))):
-                self.handles.append(mod.register_forward_pre_hook(self._on_leaf(name)))
+        path = next(iter(comp.sharded_paths))
+        mod = model.get_submodule(path)
+        self.handles.append(mod.register_forward_hook(self._on_output(path)))
+        name, mod = next(iter(model.named_modules()))
+        self.handles.append(mod.register_forward_pre_hook(self._on_leaf(name)))
 
     def _on_output(self, path):
 
         def hook(module, args, output):
-            self.output_dtypes.setdefault(path, str(output.dtype).removeprefix('torch.'))
+            pass
         return hook
 
     def _on_leaf(self, name):
 
         def hook(module, args):
-            p = next(module.parameters(recurse=False))
-            self.leaf_dtypes.setdefault(name, str(p.dtype).removeprefix('torch.'))
+            pass
         return hook
 
     def after_forward(self, skipped):
-        for h in self.handles:
-            h.remove()
-        sharded = self.comp.sharded_paths + list(())
         state = {}
-        for spec in self.comp.shards:
-            flags = []
-            for path in spec.paths:
-                for sub, _ in iter_paths_of(self.model, path):
-                    if sub != path and _under_other_unit(sub, path, sharded) or sub in ():
-                        continue
-                    mod = self.model.get_submodule(sub)
-                    flags += [fsdp_sharded(p) for p in mod.parameters(recurse=False)]
-            state[spec.path] = flags
+        spec = next(iter(self.comp.shards))
+        flags = []
+        state[spec.path] = flags
         return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
-
-def iter_paths_of(model, path):
-    root = model.get_submodule(path)
-    return [(n or path, m) for n, m in root.named_modules()]
-
-def _under_other_unit(sub, unit, sharded):
-    return any((is_ancestor(unit, other) and contains(other, sub) for other in sharded))
-
-def replicate_contract(model, comp, skipped=None):
-    from torch.distributed._composable import replicate
-    out = {}
-    return out
-
-def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precision=None, local=frozenset()):
-    dtype = TORCH_DTYPES[training.dtype]
-    model, composed = build_composed(tree, comp, dtype, ctx, seed=0)
-    contracts = _Contracts(model, comp)
-    obs = {}
-    blocks = tree_blocks(composed.model)
-    later = _unfrozen_later(composed.model, training)
-    opt = make_optimizer(composed.model.parameters(), training, [p for ps in later.values() for p in ps])
-    forward = _compiled(composed.model, training)
-    _seed_for_run(case, ctx, tp_size)
-    losses = []
-    params_per_step = []
-    grad_norms = []
-    for s, step in enumerate(batches(case, training, 1, ctx, tp_size)):
-        for path in ['1' for u in training.unfreeze if 1 == s]:
-            for p in later[path]:
-                p.requires_grad_(True)
-        step_losses = []
-        for i, (x, y) in enumerate(step):
-            skipped = training.skipped_at(s, i)
-            set_skipped(blocks, skipped)
-            last = i == len(step) - 1
-            sync = AccumSync.ALWAYS
-            composed.set_sync(requires_gradient_sync=sync is not AccumSync.NO_GRAD_SYNC, requires_all_reduce=sync is AccumSync.ALWAYS)
-            ctx_mgr = _null()
-            with ctx_mgr:
-                out = forward(x)
-                if contracts is not None and comp is not None:
-                    obs['contracts'] = contracts.after_forward(skipped)
-                    obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
-                    obs['contracts']['replicate_params'] = replicate_contract(model, comp, skipped)
-                    contracts = None
-                loss = F.mse_loss(out.to(y.dtype), y)
-                loss.backward()
-            step_losses.append(loss.item())
-        grad_norms.append(_grad_norm(composed))
-        opt.step()
-        opt.zero_grad(set_to_none=False)
-        losses.append(step_losses)
-        with composed.full_parameters() as full:
-            if ctx.rank == 0:
-                params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
-
-def _unfrozen_later(model, training):
-    out = {'1': [] for u in training.unfreeze}
-    for name, p in model.named_parameters():
-        owner = '.'.join((c for c in clean_name(name).split('.')[:-1] if c.isdigit()))
-        if owner in out:
-            out[owner].append(p)
-    return out
-
-def _compiled(model, training):
-    return model
 
 class _null:
 
     def __enter__(self):
-        return None
+        pass
 
     def __exit__(self, *exc):
-        return None
-
-def _grad_norm(composed):
-    from torch.distributed.tensor import DTensor
-    total = torch.zeros((), dtype=torch.float64)
-    for p in composed.model.parameters():
-        if p.grad is not None:
-            g = p.grad.full_tensor()
-            total += g.double().pow(2).sum().cpu()
-    return float(total.sqrt())
+        pass
 
 def run_parity(case, body, ctx):
-    tp = 1
     comp = body.composition
-    composed = train(case, body.tree, body.training, comp, ctx, tp)
+    tree = body.tree
+    training = body.training
+    local = frozenset()
+    dtype = TORCH_DTYPES[training.dtype]
+    torch.manual_seed(0)
+    model_ = build_model(tree, ctx.device).to(dtype)
+    from torch.distributed._composable import checkpoint, replicate
+    pass
+    specs = {s_.path: s_ for s_ in comp.shards}
+    for api, path_ in comp.steps():
+        spec = specs[path_]
+        from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+        kwargs = {'mesh': None, 'reshard_after_forward': False}
+        kwargs['mp_policy'] = mp_policy(spec.mixed_precision)
+        modules = [model_.get_submodule(p_) for p_ in spec.paths]
+        fully_shard(modules if () else modules[0], **kwargs)
+    sharded = comp.sharded_paths
+    tops = [p__ for p__ in sharded if not any((is_ancestor(q, p__) for q in sharded))]
+    compose_out = Composed(model=model_, fsdp_roots=[model_.get_submodule(p__) for p__ in tops])
+    model, composed_ = (model_, compose_out)
+    contracts = _Contracts(model, comp)
+    obs = {}
+    model__ = composed_.model
+    out__ = {'1': [] for u_ in training.unfreeze}
+    for name, p____ in model__.named_parameters():
+        owner = '.'.join((c for c in clean_name(name).split('.')[:-1] if c.isdigit()))
+        if owner in out__:
+            out__[owner].append(p____)
+    params = composed_.model.parameters()
+    later_ = [p for ps in out__.values() for p in ps]
+    held = {id(p___) for p___ in later_}
+    params = [p___ for p___ in params if p___.requires_grad or id(p___) in held]
+    groups = params
+    opt = torch.optim.SGD(groups, lr=0.01, momentum=0.0, foreach=None)
+    model___ = composed_.model
+    losses = []
+    params_per_step = []
+    dtype_ = TORCH_DTYPES[training.dtype]
+    gen = torch.Generator().manual_seed(0)
+    lo = ctx.rank // 1 * 1
+    out_ = []
+    for _ in range(2):
+        step_ = []
+        _ = next(iter(range(1)))
+        x_ = torch.randn(ctx.world_size * 1, 1, generator=gen, dtype=dtype_)
+        y_ = torch.randn(ctx.world_size * 1, 1, generator=gen, dtype=dtype_)
+        step_.append((x_[lo:lo + 1].to(ctx.device), y_[lo:lo + 1].to(ctx.device)))
+        out_.append(step_)
+    for s, step in enumerate(out_):
+        for path in ['1' for u in training.unfreeze if 1 == s]:
+            p = next(iter(out__[path]))
+            p.requires_grad_(True)
+        step_losses = []
+        i, (x, y) = next(iter(enumerate(step)))
+        skipped = training.skipped_at(s, i)
+        last = i == len(step) - 1
+        ctx_mgr = _null()
+        out = model___(x)
+        if contracts is not None and comp is not None:
+            obs['contracts'] = contracts.after_forward(skipped)
+            obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
+            contracts = None
+        loss = F.mse_loss(out.to(y.dtype), y)
+        loss.backward()
+        step_losses.append(loss.item())
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+        losses.append(step_losses)
+        with composed_.full_parameters() as full:
+            params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
 
-def main():
-    import os
+def attempt(rank, world_size):
     import torch
     import torch.distributed as dist
     case = Case(property='mixed_precision', world_size=2, seed=0, body=ParityBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False), Leaf(kind=LeafKind.CONV1D, bias=False, frozen=True)))), composition=Composition(shards=(ShardSpec(path='0', reshard_after_forward=False, mixed_precision=MixedPrecision(param_dtype=Dtype.BFLOAT16, cast_forward_inputs=False)), ShardSpec(path='', reshard_after_forward=False, mixed_precision=MixedPrecision(param_dtype=Dtype.BFLOAT16))), checkpoint_first=False), training=Training(lr=0.01, eps=0.0001, batch_per_rank=1, set_to_none=False, unfreeze=(Unfreeze(path='1', step=1),))))
-    dist.init_process_group('gloo')
-    rank, world_size = (dist.get_rank(), dist.get_world_size())
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import re
     import traceback
     try:
-        run_parity(case, case.body, ctx)
+        run_parity(case, ParityBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False), Leaf(kind=LeafKind.CONV1D, bias=False, frozen=True)))), composition=Composition(shards=(ShardSpec(path='0', reshard_after_forward=False, mixed_precision=MixedPrecision(param_dtype=Dtype.BFLOAT16, cast_forward_inputs=False)), ShardSpec(path='', reshard_after_forward=False, mixed_precision=MixedPrecision(param_dtype=Dtype.BFLOAT16))), checkpoint_first=False), training=Training(lr=0.01, eps=0.0001, batch_per_rank=1, set_to_none=False, unfreeze=(Unfreeze(path='1', step=1),))), ctx)
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = [(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))][-1]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
+        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
         if found in ['builtins.RuntimeError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_reduce']:
-            print(f'REPRODUCED exception:mixed_precision:builtins.RuntimeError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_reduce: rank {ctx.rank} raised {found}: {e}', flush=True)
-            os._exit(1)
-        print(f"FAIL (not the entry's failure): rank {ctx.rank} raised {found}: {e}", flush=True)
-        os._exit(0)
-    print('PASS: no rank raised')
+            return f'REPRODUCED exception:mixed_precision:builtins.RuntimeError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_reduce: rank {rank} raised {found}: {e}'
+        return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"
+    return 'PASS: no rank raised'
+
+def main():
+    import os
+    import torch.distributed as dist
+    dist.init_process_group('gloo')
+    verdict = attempt(dist.get_rank(), dist.get_world_size())
+    if verdict:
+        print(verdict, flush=True)
+    os._exit(1 if verdict.startswith('REPRODUCED') else 0)
 if __name__ == '__main__':
     main()

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=4d9e9c37ecaddd6c sources=e14b2777dea90300 seconds=24.2
+# shardfuzz reduced reproducer: entry=4d9e9c37ecaddd6c sources=1f6fea1f8a59e6b3 seconds=147.4
 """Reproduces shardfuzz corpus entry parity-exception-3e90c3cc368a.json: exception:parity:builtins.ValueError@torch/utils/checkpoint.py:_checkpoint_without_reentrant_generator
 
 Observed: composable checkpoint(debug=True) always raises ValueError 'debug=True is incompatible
@@ -18,23 +18,10 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 """
 
 from __future__ import annotations
-from typing import Any
 from dataclasses import dataclass, field
 import torch
 import enum
-from dataclasses import dataclass
-from dataclasses import dataclass, field
-from dataclasses import replace
-import builtins
-from typing import Any, ClassVar
-from typing import Any
-import os
-from typing import ClassVar
 from torch import nn
-import torch.distributed as dist
-
-def __getattr__(name):
-    raise AttributeError(f"module 'fuzz' has no attribute {name!r}")
 
 @dataclass
 class RankContext:
@@ -42,124 +29,61 @@ class RankContext:
     world_size: object
     device: object
     backend: object
-    _meshes: object = field(default_factory=dict)
-
-    def mesh(self, shape, names):
-        from torch.distributed.device_mesh import init_device_mesh
-        key = (shape, names)
-        self._meshes[key] = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
-        return self._meshes[key]
 
 class LeafKind(str, enum.Enum):
     LINEAR = 'linear'
-    LAYER_NORM = 'layer_norm'
-    CONV1D = 'conv1d'
-    RELU = 'relu'
-    TANH = 'tanh'
-    GELU = 'gelu'
-    DROPOUT = 'dropout'
 
 class Dtype(str, enum.Enum):
     FLOAT32 = 'float32'
-    FLOAT64 = 'float64'
-    BFLOAT16 = 'bfloat16'
-    FLOAT16 = 'float16'
 
-@dataclass(frozen=True)
+@dataclass()
 class Leaf:
     kind: object
-    bias: object = True
-    frozen: object = False
 
-@dataclass(frozen=True)
+@dataclass()
 class Block:
     children: object
-    residual: object = False
-    scale: object = False
 
-@dataclass(frozen=True)
+@dataclass()
 class ModuleTree:
     width: object
     root: object
 
-@dataclass(frozen=True)
+@dataclass()
 class ShardSpec:
     path: object
-    reshard_after_forward: object = True
 
-@dataclass(frozen=True)
-class CheckpointOptions:
-    debug: object = False
-
-    def names(self):
-        pass
-
-@dataclass(frozen=True)
+@dataclass()
 class Composition:
     shards: object = ()
-    checkpoints: object = ()
-    mesh: object = ()
-    checkpoint_options: object = field(default_factory=CheckpointOptions)
-
-    def reshard_after_forward(self, spec):
-        pass
 
     @property
     def sharded_paths(self):
-        return [p for spec in self.shards for p in ('',)]
+        return [p for spec in self.shards for p in ()]
 
     def steps(self):
-        order = {'checkpoint': 0, 'fully_shard': 1, 'replicate': 2}
-        items = [('checkpoint', p) for p in ('0',)] + [('replicate', p) for p in ()]
-        items += [('fully_shard', '') for spec in self.shards]
+        items = [('checkpoint', p) for p in ('0',)] + [() for p in ()]
 
         def key(item):
-            api, path = item
-            depth = min((q.count('.') + (q != '') for q in self._spec_paths(api, path)))
-            return (-depth, order[api], path)
-        return sorted(items, key=key)
+            pass
+        return sorted(items)
 
-    def _spec_paths(self, api, path):
-        if api == 'fully_shard':
-            return next((('',) for s in self.shards if '' == path))
-        return (path,)
-
-class AccumSync(str, enum.Enum):
-    ALWAYS = 'always'
-    NO_GRAD_SYNC = 'no_grad_sync'
-    NO_ALL_REDUCE = 'no_all_reduce'
-
-@dataclass(frozen=True)
+@dataclass()
 class Training:
     lr: object = 0.1
-    momentum: object = 0.0
-    steps: object = 2
     dtype: object = Dtype.FLOAT32
     grad_accum: object = 1
-    accum_sync: object = AccumSync.ALWAYS
-    foreach: object = None
-
-    def skipped_at(self, step, microbatch):
-        return [s.path for s in () if s.step == step and s.microbatch == microbatch]
 
 class Body:
-    KIND: ClassVar[str]
-    PROGRAM: ClassVar[str]
-    registry: ClassVar[dict[str, type[Body]]] = {}
+    pass
 
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        Body.registry[cls.KIND] = cls
-
-@dataclass(frozen=True)
+@dataclass()
 class ParityBody(Body):
-    KIND: ClassVar[str] = 'parity'
-    PROGRAM: ClassVar[str] = 'fuzz._rank.parity:run_parity'
     tree: object
     composition: object
-    training: object = field(default_factory=Training)
+    training: object = field()
 
-@dataclass(frozen=True)
+@dataclass()
 class Case:
     property: object
     world_size: object
@@ -170,210 +94,76 @@ class TreeBlock(nn.Module):
 
     def __init__(self, children, residual, width, scale, buffer):
         super().__init__()
-        for i, child in enumerate(children):
-            self.add_module(str(i), child)
-        self.residual = residual
-        self.scale = None
-        self.shift = None
-        self.skipped: frozenset[str] = frozenset()
+        i, child = next(iter(enumerate(children)))
+        self.add_module(str(i), child)
 
     def forward(self, x):
         y = x
-        for name, child in self.named_children():
-            y = child(y)
-
-def build_leaf(leaf, width):
-    module = _build_leaf(leaf, width)
-    return module
-
-def _build_leaf(leaf, width):
-    return nn.Linear(width, width, bias=True)
+        name, child = next(iter(self.named_children()))
+        y = child(y)
 
 def build_node(node, width):
     if isinstance(node, Leaf):
-        return build_leaf(node, width)
+        module = nn.Linear(width, width)
+        return module
     return TreeBlock([build_node(c, width) for c in node.children], False, width, False, False)
-
-def build_model(tree, device):
-    with torch.device(device):
-        return build_node(tree.root, 4)
-
-def tree_blocks(model):
-    return {'.'.join((c for c in name.split('.') if c.isdigit())): m for name, m in model.named_modules() if isinstance(m, TreeBlock)}
-
-def set_skipped(blocks, paths):
-    skipped = {p: set() for p in blocks}
-    for p, block in blocks.items():
-        pass
-
-def checkpoint_kwargs(opts):
-    kwargs = {}
-    kwargs['debug'] = True
-    return kwargs
-TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
-_WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.')
-
-def clean_name(name):
-    for prefix in _WRAPPER_PREFIXES:
-        name = name.replace(prefix, '')
-    return name
-
-def mesh_for(comp, ctx):
-    return ctx.mesh((ctx.world_size,), ('shard',))
-
-def apply_fully_shard(model, spec, mesh):
-    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
-    kwargs = {'mesh': mesh, 'reshard_after_forward': True}
-    modules = [model.get_submodule(p) for p in ('',)]
-    fully_shard(modules if () else modules[0], **kwargs)
+TORCH_DTYPES = {Dtype.FLOAT32: torch.float32}
 
 @dataclass
 class Composed:
     model: object
-    fsdp_roots: object = field(default_factory=list)
 
-    def set_sync(self, requires_gradient_sync=True, requires_all_reduce=True):
-        for m in self.fsdp_roots:
-            m.set_requires_gradient_sync(requires_gradient_sync)
-            m.set_requires_all_reduce(requires_all_reduce)
-
-def compose(model, comp, ctx, tree=None):
-    from torch.distributed._composable import checkpoint, replicate
-    ckpt_kwargs = checkpoint_kwargs(comp.checkpoint_options)
-    mesh = mesh_for(comp, ctx)
-    specs = {'': s for s in comp.shards}
-    for api, path in comp.steps():
-        if api == 'checkpoint':
-            checkpoint(model.get_submodule(path), **ckpt_kwargs)
-        else:
-            apply_fully_shard(model, specs[path], mesh)
-    sharded = comp.sharded_paths
-    tops = [p for p in sharded if not any((False for q in sharded))]
-    return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
-
-def build_composed(tree, comp, dtype, ctx, *, seed):
-    torch.manual_seed(seed)
-    model = build_model(tree, ctx.device).to(dtype)
-    return (model, _with_knobs(model, compose(model, comp, ctx, tree), comp, tree))
-
-def _with_knobs(model, composed, comp, tree):
-    return composed
-
-def make_optimizer(params, training, later=()):
-    held = {id(p) for p in later}
-    params = [p for p in params if p.requires_grad or id(p) in held]
-    groups = params
-    foreach = None
-    return torch.optim.SGD(groups, lr=0.05, momentum=0.0, foreach=foreach)
-
-def batches(case, training, width, ctx, tp_size=1):
-    dtype = TORCH_DTYPES[training.dtype]
-    gen = torch.Generator().manual_seed(0)
-    b = 2
-    lo = ctx.rank // tp_size * b
-    out = []
-    for _ in range(2):
-        step = []
-        for _ in range(2):
-            x = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
-            y = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
-            step.append((x[lo:lo + b].to(ctx.device), y[lo:lo + b].to(ctx.device)))
-        out.append(step)
-    return out
-
-def _seed_for_run(case, ctx, tp_size=1):
-    torch.manual_seed((0 * 7919 + ctx.rank // tp_size + 1) % 2 ** 63)
-
-class _Contracts:
-
-    def __init__(self, model, comp):
-        self.model = model
-        self.comp = comp
-        self.leaf_dtypes: dict[str, str] = {}
-        self.output_dtypes: dict[str, str] = {}
-        self.handles: list[Any] = []
-        for path in comp.sharded_paths:
-            mod = model.get_submodule(path)
-            self.handles.append(mod.register_forward_hook(self._on_output(path)))
-        for name, mod in model.named_modules():
-            if any((True for _ in mod.parameters(recurse=False))):
-                self.handles.append(mod.register_forward_pre_hook(self._on_leaf(name)))
-
-    def _on_output(self, path):
-
-        def hook(module, args, output):
-            pass
-        return hook
-
-    def _on_leaf(self, name):
-
-        def hook(module, args):
-            pass
-        return hook
-
-def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precision=None, local=frozenset()):
-    dtype = TORCH_DTYPES[training.dtype]
-    model, composed = build_composed(tree, comp, dtype, ctx, seed=0)
-    contracts = _Contracts(model, comp)
-    blocks = tree_blocks(composed.model)
-    later = _unfrozen_later(composed.model, training)
-    opt = make_optimizer(composed.model.parameters(), training, [p for ps in later.values() for p in ps])
-    forward = _compiled(composed.model, training)
-    _seed_for_run(case, ctx, tp_size)
-    for s, step in enumerate(batches(case, training, 4, ctx, tp_size)):
-        for i, (x, y) in enumerate(step):
-            skipped = training.skipped_at(s, i)
-            set_skipped(blocks, skipped)
-            last = i == len(step) - 1
-            sync = training.accum_sync
-            composed.set_sync(requires_gradient_sync=sync is not AccumSync.NO_GRAD_SYNC, requires_all_reduce=sync is AccumSync.ALWAYS)
-            ctx_mgr = _null()
-            with ctx_mgr:
-                out = forward(x)
-
-def _unfrozen_later(model, training):
-    out = {u.path: [] for u in ()}
-    for name, p in model.named_parameters():
-        owner = '.'.join((c for c in clean_name(name).split('.')[:-1] if c.isdigit()))
-    return out
-
-def _compiled(model, training):
-    return model
-
-class _null:
-
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return None
-
-def run_parity(case, body, ctx):
-    tp = 1
-    comp = body.composition
-    composed = train(case, body.tree, body.training, comp, ctx, tp)
-
-def main():
-    import os
-    import torch
-    import torch.distributed as dist
-    case = Case(property='parity', world_size=2, seed=0, body=ParityBody(tree=ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR)))), composition=Composition(shards=(ShardSpec(path=''),), checkpoints=('0',), checkpoint_options=CheckpointOptions(debug=True)), training=Training(lr=0.05, grad_accum=2)))
-    dist.init_process_group('gloo')
-    rank, world_size = (dist.get_rank(), dist.get_world_size())
+def attempt(rank, world_size):
+    case = Case(property='parity', world_size=2, seed=0, body=ParityBody(tree=ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR)))), composition=Composition(shards=(ShardSpec(path=''),)), training=Training(lr=0.05, grad_accum=2)))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import re
     import traceback
     try:
-        run_parity(case, case.body, ctx)
+        body = ParityBody(tree=ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR),))), composition=Composition(), training=Training())
+        comp = body.composition
+        tree = body.tree
+        training = body.training
+        dtype = TORCH_DTYPES[training.dtype]
+        build_model_out = build_node(tree.root, 4)
+        model_ = build_model_out.to(dtype)
+        from torch.distributed._composable import checkpoint, replicate
+        kwargs = {}
+        kwargs['debug'] = True
+        api, path_ = next(iter(comp.steps()))
+        checkpoint(model_.get_submodule(path_), **kwargs)
+        sharded = comp.sharded_paths
+        tops = [p_ for p_ in sharded if not any((False for q in sharded))]
+        compose_out = Composed(model=model_)
+        model, composed_ = (model_, compose_out)
+        model__ = composed_.model
+        gen = torch.Generator().manual_seed(0)
+        lo = ctx.rank // 1 * 2
+        out_ = []
+        step_ = []
+        _ = next(iter(range(2)))
+        x_ = torch.randn(ctx.world_size * 2, 4)
+        y_ = torch.randn(ctx.world_size * 2, 4)
+        step_.append((x_[lo:lo + 2].to(ctx.device), y_[lo:lo + 2].to(ctx.device)))
+        out_.append(step_)
+        s, step = next(iter(enumerate(out_)))
+        i, (x, y) = next(iter(enumerate(step)))
+        out = model__(x)
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = [(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))][-1]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
+        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
         if found in ['builtins.ValueError@torch/utils/checkpoint.py:_checkpoint_without_reentrant_generator']:
-            print(f'REPRODUCED exception:parity:builtins.ValueError@torch/utils/checkpoint.py:_checkpoint_without_reentrant_generator: rank {ctx.rank} raised {found}: {e}', flush=True)
-            os._exit(1)
-        print(f"FAIL (not the entry's failure): rank {ctx.rank} raised {found}: {e}", flush=True)
-        os._exit(0)
-    print('PASS: no rank raised')
+            return f'REPRODUCED exception:parity:builtins.ValueError@torch/utils/checkpoint.py:_checkpoint_without_reentrant_generator: rank {rank} raised {found}: {e}'
+        return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"
+    return 'PASS: no rank raised'
+
+def main():
+    import os
+    import torch.distributed as dist
+    dist.init_process_group('gloo')
+    verdict = attempt(dist.get_rank(), dist.get_world_size())
+    if verdict:
+        print(verdict, flush=True)
+    os._exit(1 if verdict.startswith('REPRODUCED') else 0)
 if __name__ == '__main__':
     main()

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=62d0f0bce699e8c9 sources=e14b2777dea90300 seconds=26.6
+# shardfuzz reduced reproducer: entry=62d0f0bce699e8c9 sources=1f6fea1f8a59e6b3 seconds=156.1
 """Reproduces shardfuzz corpus entry parity-mismatch-28f92215865a.json: mismatch:parity@fsdp2:delay-all-reduce
 
 Observed: replicate with delay_all_reduce_named_params / param_to_hook_all_reduce: DDP keeps the
@@ -29,7 +29,6 @@ import enum
 from dataclasses import dataclass
 from dataclasses import dataclass, field
 from functools import cached_property
-from dataclasses import replace
 import builtins
 from typing import Any, ClassVar
 import json
@@ -52,13 +51,9 @@ class RankContext:
     world_size: object
     device: object
     backend: object
-    _meshes: object = field(default_factory=dict)
 
     def mesh(self, shape, names):
-        from torch.distributed.device_mesh import init_device_mesh
-        key = (shape, names)
-        self._meshes[key] = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
-        return self._meshes[key]
+        pass
 
     def group(self, name):
         pass
@@ -77,7 +72,6 @@ class Dtype(str, enum.Enum):
     FLOAT64 = 'float64'
     BFLOAT16 = 'bfloat16'
     FLOAT16 = 'float16'
-PARAM_LEAVES = frozenset({LeafKind.LINEAR, LeafKind.LAYER_NORM, LeafKind.CONV1D})
 
 @dataclass(frozen=True)
 class Leaf:
@@ -94,14 +88,9 @@ class Block:
 
 def iter_paths(block, prefix=''):
     yield (prefix, block)
-    for i, child in enumerate(block.children):
-        path = str(i)
-        yield (path, child)
-
-def owns_params(node):
-    if isinstance(node, Leaf):
-        return node.kind in PARAM_LEAVES
-    return False
+    i, child = next(iter(enumerate(block.children)))
+    path = str(i)
+    yield (path, child)
 
 def param_names(node):
     return ['weight', 'bias']
@@ -118,48 +107,16 @@ class ModuleTree:
     def size(self):
         pass
 
-def contains(outer, path):
-    return outer == path or outer == '' or path.startswith(outer + '.')
-
 def is_ancestor(ancestor, path):
     pass
-
-@dataclass(frozen=True)
-class Knobs:
-    gradient_divide_factor: object = None
-
-    def names(self):
-        pass
-
-class ReplicateGroup(str, enum.Enum):
-    DEFAULT = 'default'
-    PROCESS_GROUP = 'process_group'
-    DEVICE_MESH = 'device_mesh'
 
 @dataclass(frozen=True)
 class ReplicateOptions:
     gradient_as_bucket_view: object = False
     static_graph: object = False
-    group: object = ReplicateGroup.DEFAULT
     batched_grad_copy: object = False
     skip_all_reduce_unused_params: object = False
     delay_all_reduce: object = False
-
-    def names(self):
-        pass
-
-class ContextFn(str, enum.Enum):
-    NONE = 'none'
-    SAVE_MATMULS = 'save_matmuls'
-    SAVE_MATMULS_LIST = 'save_matmuls_list'
-
-@dataclass(frozen=True)
-class CheckpointOptions:
-    context_fn: object = ContextFn.NONE
-    debug: object = False
-
-    def names(self):
-        pass
 
 @dataclass(frozen=True)
 class Composition:
@@ -167,9 +124,7 @@ class Composition:
     replicates: object = ()
     mesh: object = ()
     tp_size: object = 1
-    knobs: object = field(default_factory=Knobs)
     replicate_options: object = field(default_factory=ReplicateOptions)
-    checkpoint_options: object = field(default_factory=CheckpointOptions)
 
     def reshard_after_forward(self, spec):
         pass
@@ -178,15 +133,16 @@ class Composition:
     def sharded_paths(self):
         return [p for spec in () for p in spec.paths]
 
+    @property
+    def shard_ignored(self):
+        return frozenset((p for spec in () for p in spec.ignored))
+
     def steps(self):
-        order = {'checkpoint': 0, 'fully_shard': 1, 'replicate': 2}
         items = [('checkpoint', p) for p in ()] + [('replicate', p) for p in ('',)]
         items += [('fully_shard', spec.path) for spec in ()]
 
         def key(item):
-            api, path = item
-            depth = min((q.count('.') + (q != '') for q in ('',)))
-            return (-depth, order[api], path)
+            pass
         return sorted(items, key=key)
 
 @dataclass(frozen=True)
@@ -209,28 +165,14 @@ class Layout:
         shards = tuple((Unit('fully_shard', i, spec.paths) for i, spec in enumerate(())))
         return shards + tuple((Unit('replicate', i, (p,)) for i, p in enumerate(('',))))
 
-    def member_of(self, path, api=None):
-        best = None
-        members = ('',)
-        for m in members:
-            best = m
-        return best
-
     def owned_by(self, unit, member=None):
         out = []
         for path, node in self.paths.items():
-            if owns_params(node) and '' in ('',):
-                out.append(path)
+            out.append(path)
         return out
-
-    def local(self):
-        ignored = ()
-        by_shards = {i for spec in () for i in spec.ignored}
-        return [p for p, n in self.paths.items() if owns_params(n) and (any((contains(i, p) for i in ignored)) or p in by_shards) and (self.member_of(p) is None)]
 
     def ignored_by(self, member):
-        out = []
-        return out
+        pass
 
     def replicated_params(self, member):
         unit = next((u for u in self.units if 'replicate' == 'replicate' and ('',) == (member,)))
@@ -354,8 +296,8 @@ class TreeBlock(nn.Module):
 
     def __init__(self, children, residual, width, scale, buffer):
         super().__init__()
-        for i, child in enumerate(children):
-            self.add_module(str(i), child)
+        i, child = next(iter(enumerate(children)))
+        self.add_module(str(i), child)
         self.residual = residual
         self.scale = None
         self.shift = None
@@ -363,74 +305,19 @@ class TreeBlock(nn.Module):
 
     def forward(self, x):
         y = x
-        for name, child in self.named_children():
-            y = child(y)
+        name, child = next(iter(self.named_children()))
+        y = child(y)
         return y
-
-def build_leaf(leaf, width):
-    module = _build_leaf(leaf, width)
-    return module
-
-def _build_leaf(leaf, width):
-    return nn.Linear(width, width, bias=True)
 
 def build_node(node, width):
     if isinstance(node, Leaf):
-        return build_leaf(node, width)
+        module = nn.Linear(width, width, bias=True)
+        return module
     return TreeBlock([build_node(c, width) for c in node.children], False, width, False, False)
 
 def build_model(tree, device):
-    with torch.device(device):
-        return build_node(tree.root, 4)
-
-def tree_blocks(model):
-    return {'.'.join((c for c in name.split('.') if c.isdigit())): m for name, m in model.named_modules() if isinstance(m, TreeBlock)}
-
-def set_skipped(blocks, paths):
-    skipped = {p: set() for p in blocks}
-    for p, block in blocks.items():
-        pass
-
-def replicate_kwargs(model, tree, comp, path, ctx):
-    opts = comp.replicate_options
-    kwargs = {'find_unused_parameters': False}
-    kwargs['device_ids'] = None
-    for name in ('gradient_as_bucket_view', 'static_graph', 'batched_grad_copy', 'skip_all_reduce_unused_params'):
-        if getattr(opts, name):
-            kwargs[name] = True
-    layout = Layout(tree, comp)
-    ignored = layout.ignored_by(path)
-    plan = ('0', ('1', '2'))
-    hook, delayed = plan
-    order = layout.replicated_params(path)
-    kwargs['param_to_hook_all_reduce'] = model.get_submodule(hook).get_parameter(next((name for p, name in order if p == hook)))
-    kwargs['delay_all_reduce_named_params'] = [(str(i), model.get_submodule(p).get_parameter(name)) for i, (p, name) in enumerate(order) if p in delayed]
-    return kwargs
-
-def delay_problems(model, comp):
-    from torch.distributed._composable import replicate
-    problems = []
-    for member in ('',):
-        ddp = getattr(replicate.state(model.get_submodule(member)), '_ddp', None)
-        reduced = {id(p) for p in ddp._build_params_for_reducer()[0]}
-        held = [i for i, p in enumerate(ddp._delay_all_reduce_params) if id(p) in reduced]
-        if held:
-            problems.append(f"replicate({member!r}): {len(held)} of {len(ddp._delay_all_reduce_params)} delayed parameters are also in DDP's reducer (all-reduced twice)")
-    return problems
-
-def checkpoint_kwargs(opts):
-    kwargs = {}
-    return kwargs
+    return build_node(tree.root, 4)
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
-_WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.')
-
-def clean_name(name):
-    for prefix in _WRAPPER_PREFIXES:
-        name = name.replace(prefix, '')
-    return name
-
-def mesh_for(comp, ctx):
-    return ctx.mesh((ctx.world_size,), ('shard',))
 
 @dataclass
 class Composed:
@@ -445,55 +332,9 @@ class Composed:
     def full_parameters(self):
         from torch.distributed.tensor import DTensor
         out = {}
-        for n, p in self.model.named_parameters():
-            out[clean_name(n)] = p.detach()
+        n, p = next(iter(self.model.named_parameters()))
+        pass
         yield out
-
-def compose(model, comp, ctx, tree=None):
-    from torch.distributed._composable import checkpoint, replicate
-    ckpt_kwargs = checkpoint_kwargs(comp.checkpoint_options)
-    mesh = mesh_for(comp, ctx)
-    for api, path in comp.steps():
-        replicate(model.get_submodule(path), **replicate_kwargs(model, tree, comp, path, ctx))
-    sharded = comp.sharded_paths
-    tops = [p for p in sharded if not any((is_ancestor(q, p) for q in sharded))]
-    return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
-
-def build_composed(tree, comp, dtype, ctx, *, seed):
-    torch.manual_seed(seed)
-    model = build_model(tree, ctx.device).to(dtype)
-    return (model, _with_knobs(model, compose(model, comp, ctx, tree), comp, tree))
-
-def _with_knobs(model, composed, comp, tree):
-    return composed
-
-def make_optimizer(params, training, later=()):
-    held = {id(p) for p in later}
-    params = [p for p in params if p.requires_grad or id(p) in held]
-    groups = params
-    foreach = None
-    return torch.optim.SGD(groups, lr=0.05, momentum=0.0, foreach=foreach)
-
-def full_parameters(model):
-    pass
-
-def batches(case, training, width, ctx, tp_size=1):
-    dtype = TORCH_DTYPES[training.dtype]
-    gen = torch.Generator().manual_seed(0)
-    b = 2
-    lo = ctx.rank // tp_size * b
-    out = []
-    for _ in range(4):
-        step = []
-        for _ in range(1):
-            x = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
-            y = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
-            step.append((x[lo:lo + b].to(ctx.device), y[lo:lo + b].to(ctx.device)))
-        out.append(step)
-    return out
-
-def _seed_for_run(case, ctx, tp_size=1):
-    torch.manual_seed((0 * 7919 + ctx.rank // tp_size + 1) % 2 ** 63)
 
 class _Contracts:
 
@@ -503,55 +344,80 @@ class _Contracts:
         self.leaf_dtypes: dict[str, str] = {}
         self.output_dtypes: dict[str, str] = {}
         self.handles: list[Any] = []
-        for name, mod in model.named_modules():
-            if any((True for _ in mod.parameters(recurse=False))):
-                self.handles.append(mod.register_forward_pre_hook(self._on_leaf(name)))
+        name, mod = next(iter(model.named_modules()))
+        self.handles.append(mod.register_forward_pre_hook(self._on_leaf(name)))
 
     def _on_leaf(self, name):
 
         def hook(module, args):
-            p = next(module.parameters(recurse=False))
-            self.leaf_dtypes.setdefault(name, str(p.dtype).removeprefix('torch.'))
+            pass
         return hook
 
     def after_forward(self, skipped):
-        for h in self.handles:
-            h.remove()
+        h = next(iter(self.handles))
+        h.remove()
         sharded = self.comp.sharded_paths + list(('',))
         state = {}
         return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
 
-def replicate_contract(model, comp, skipped=None):
-    from torch.distributed._composable import replicate
-    out = {}
-    for path in ('',):
-        state = replicate.state(model.get_submodule(path))
-        out[path] = sorted(getattr(state, '_param_names', []))
-    return out
-
 def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precision=None, local=frozenset()):
     dtype = TORCH_DTYPES[training.dtype]
     if comp is not None:
-        model, composed = build_composed(tree, comp, dtype, ctx, seed=0)
+        torch.manual_seed(0)
+        model_ = build_model(tree, ctx.device).to(dtype)
+        from torch.distributed._composable import checkpoint, replicate
+        api, path = next(iter(comp.steps()))
+        kwargs = {'find_unused_parameters': False}
+        kwargs['device_ids'] = None
+        name = next(iter(('gradient_as_bucket_view', 'static_graph', 'batched_grad_copy', 'skip_all_reduce_unused_params')))
+        kwargs[name] = True
+        layout = Layout(tree, comp)
+        ignored = layout.ignored_by(path)
+        plan = ('0', ('1', '2'))
+        hook, delayed = plan
+        order = layout.replicated_params(path)
+        kwargs['param_to_hook_all_reduce'] = model_.get_submodule(hook).get_parameter(next((name for p_, name in order if p_ == hook)))
+        kwargs['delay_all_reduce_named_params'] = [(str(i_), model_.get_submodule(p_).get_parameter(name)) for i_, (p_, name) in enumerate(order) if p_ in delayed]
+        replicate(model_.get_submodule(path), **kwargs)
+        sharded = comp.sharded_paths
+        tops = [p__ for p__ in sharded if not any((is_ancestor(q, p__) for q in sharded))]
+        compose_out = Composed(model=model_, fsdp_roots=[model_.get_submodule(p__) for p__ in tops])
+        model, composed = (model_, compose_out)
     else:
         torch.manual_seed(0)
         model = build_model(tree, ctx.device).to(dtype)
         composed = Composed(model)
     contracts = _Contracts(model, comp) if comp is not None else None
     obs = {}
-    blocks = tree_blocks(composed.model)
-    later = _unfrozen_later(composed.model, training)
-    opt = make_optimizer(composed.model.parameters(), training, [p for ps in later.values() for p in ps])
+    model__ = composed.model
+    out__ = {u.path: [] for u in ()}
+    name_, p____ = next(iter(model__.named_parameters()))
+    pass
+    params = composed.model.parameters()
+    later_ = [p for ps in out__.values() for p in ps]
+    held = {id(p___) for p___ in later_}
+    params = [p___ for p___ in params if p___.requires_grad or id(p___) in held]
+    groups = params
+    opt = torch.optim.SGD(groups, lr=0.05, momentum=0.0, foreach=None)
     forward = _compiled(composed.model, training) if comp is not None else composed.model
-    _seed_for_run(case, ctx, tp_size)
     losses = []
     params_per_step = []
     grad_norms = []
-    for s, step in enumerate(batches(case, training, 4, ctx, tp_size)):
+    dtype_ = TORCH_DTYPES[training.dtype]
+    gen = torch.Generator().manual_seed(0)
+    lo = ctx.rank // tp_size * 2
+    out_ = []
+    for _ in range(4):
+        step_ = []
+        for _ in range(1):
+            x_ = torch.randn(ctx.world_size * 2, 4, generator=gen, dtype=dtype_)
+            y_ = torch.randn(ctx.world_size * 2, 4, generator=gen, dtype=dtype_)
+            step_.append((x_[lo:lo + 2].to(ctx.device), y_[lo:lo + 2].to(ctx.device)))
+        out_.append(step_)
+    for s, step in enumerate(out_):
         step_losses = []
         for i, (x, y) in enumerate(step):
             skipped = training.skipped_at(s, i)
-            set_skipped(blocks, skipped)
             last = i == len(step) - 1
             sync = AccumSync.ALWAYS
             composed.set_sync(requires_gradient_sync=sync is not AccumSync.NO_GRAD_SYNC, requires_all_reduce=sync is AccumSync.ALWAYS)
@@ -561,15 +427,12 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
                 if contracts is not None and comp is not None:
                     obs['contracts'] = contracts.after_forward(skipped)
                     obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
-                    obs['contracts']['replicate_params'] = replicate_contract(model, comp, skipped)
-                    obs['contracts']['delayed'] = delay_problems(model, comp)
                     contracts = None
                 loss = F.mse_loss(out.to(y.dtype), y)
                 loss.backward()
             step_losses.append(loss.item())
         if comp is None and precision is None:
-            _average_gradients(model, ctx, grad_scales or {}, local)
-        grad_norms.append(_grad_norm(composed))
+            pass
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(step_losses)
@@ -578,17 +441,9 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
                 params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
     obs['losses'] = losses
     obs['grad_norms'] = grad_norms
-    obs['local_params'] = _local_replicated(composed.model, _local_of(tree, comp))
     obs['knob_problems'] = []
-    if ctx.rank == 0:
-        obs['params'] = params_per_step
+    obs['params'] = params_per_step
     return obs
-
-def _unfrozen_later(model, training):
-    out = {u.path: [] for u in ()}
-    for name, p in model.named_parameters():
-        owner = '.'.join((c for c in clean_name(name).split('.')[:-1] if c.isdigit()))
-    return out
 
 def _compiled(model, training):
     return model
@@ -596,45 +451,10 @@ def _compiled(model, training):
 class _null:
 
     def __enter__(self):
-        return None
+        pass
 
     def __exit__(self, *exc):
-        return None
-
-def _average_gradients(model, ctx, scales, local=frozenset()):
-    for name, p in model.named_parameters():
-        dist.all_reduce(p.grad)
-        p.grad /= ctx.world_size
-        scale = scales.get(name.rpartition('.')[0], 1.0)
-
-def grad_scales(tree, comp, world_size):
-    layout = Layout(tree, comp)
-    scales = {path: 1.0 for path in layout.paths}
-    return {path: scale for path, scale in scales.items() if scale != 1.0}
-
-def _grad_norm(composed):
-    from torch.distributed.tensor import DTensor
-    total = torch.zeros((), dtype=torch.float64)
-    for p in composed.model.parameters():
-        g = p.grad
-        total += g.double().pow(2).sum().cpu()
-    return float(total.sqrt())
-
-def _local_of(tree, comp):
-    return frozenset() if comp is None else frozenset(Layout(tree, comp).local())
-
-def _local_replicated(model, local=frozenset()):
-    from torch.distributed.tensor import DTensor
-    return {n: p.detach().double().cpu().flatten().tolist() for n, p in model.named_parameters() if not isinstance(p, DTensor) and (not n.startswith('_fsdp_wrapped_module')) and ('_fsdp' not in n) and (clean_name(n).rpartition('.')[0] not in local)}
-
-def run_parity(case, body, ctx):
-    tp = 1
-    comp = body.composition
-    composed = train(case, body.tree, body.training, comp, ctx, tp)
-    keys = ('losses', 'params', 'grad_norms')
-    scales = grad_scales(body.tree, comp, ctx.world_size)
-    reference = train(case, body.tree, body.training, None, ctx, tp, scales, local=_local_of(body.tree, comp))
-    return {**composed, 'ref': {k: reference[k] for k in keys if k in reference}}
+        pass
 
 class OutcomeKind(str, enum.Enum):
     OK = 'ok'
@@ -769,8 +589,7 @@ def delayed_not_float32(comp, training):
     pass
 
 def compiled_unfreeze_ignored(comp, training):
-    ignored = {p for spec in comp.shards for p in spec.ignored}
-    return training.compile is Compile.AOT_EAGER and any((u.path in ignored for u in training.unfreeze))
+    return training.compile is Compile.AOT_EAGER and any((u.path in comp.shard_ignored for u in training.unfreeze))
 
 def mismatch_tags(comp, tree=None, training=None, world_size=2):
     tags = FSDP1_HSDP_SHARD1.tag if shard1(comp) else ''
@@ -907,8 +726,7 @@ def _mismatch(prop, check, api, summary, **details):
     return Failure('mismatch', str(signature), summary, {'check': check, **details})
 
 def api_of(comp, tree=None, training=None, world_size=2):
-    name = 'fsdp2'
-    return name + mismatch_tags(comp, tree, training, world_size)
+    return 'fsdp2' + mismatch_tags(comp, tree, training, world_size)
 
 def _judged_steps(observations):
     steps = min((len(obs['ref']['losses']) for obs in observations))
@@ -946,24 +764,38 @@ def judge_parity(case, outcome):
     failure = check_knobs('parity', obs) or compare_runs('parity', obs, _tolerance(body.training), api) or check_replicas(case.property, obs)
     return failure
 
-def main():
-    import os
+def attempt(rank, world_size):
     import torch
     import torch.distributed as dist
     case = Case(property='parity', world_size=2, seed=0, body=ParityBody(tree=ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR)))), composition=Composition(replicates=('',), replicate_options=ReplicateOptions(static_graph=True, delay_all_reduce=True)), training=Training(lr=0.05, steps=4)))
-    dist.init_process_group('gloo')
-    rank, world_size = (dist.get_rank(), dist.get_world_size())
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
-    obs = json.loads(json.dumps(run_parity(case, case.body, ctx)))
-    outs = [None] * ctx.world_size
+    body = ParityBody(tree=ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR)))), composition=Composition(replicates=('',), replicate_options=ReplicateOptions(static_graph=True, delay_all_reduce=True)), training=Training(lr=0.05, steps=4))
+    comp = body.composition
+    composed = train(case, body.tree, body.training, comp, ctx, 1)
+    keys = ('losses', 'params', 'grad_norms')
+    pass
+    pass
+    reference = train(case, body.tree, body.training, None, ctx, 1, None, local=None)
+    run_parity_out = {**composed, 'ref': {k: reference[k] for k in keys if k in reference}}
+    obs = json.loads(json.dumps(run_parity_out))
+    outs = [None] * world_size
     dist.all_gather_object(outs, obs)
-    if ctx.rank == 0:
-        reports = tuple((RankReport(rank=r, observation=o) for r, o in enumerate(outs)))
-        failure = judge_parity(case, Outcome(kind=OutcomeKind.OK, ranks=reports, seconds=0.0))
-        if failure is not None and failure.signature in ['mismatch:parity:contract-delay-all-reduce', 'mismatch:parity@fsdp2:delay-all-reduce']:
-            print(f'REPRODUCED {failure.signature}: {failure.summary}', flush=True)
-            os._exit(1)
-        print(f'PASS or another failure: {failure and failure.signature}', flush=True)
+    if rank != 0:
+        return ''
+    reports = tuple((RankReport(rank=r, observation=o) for r, o in enumerate(outs)))
+    failure = judge_parity(case, Outcome(kind=OutcomeKind.OK, ranks=reports, seconds=0.0))
+    if failure is not None and failure.signature in ['mismatch:parity:contract-delay-all-reduce', 'mismatch:parity@fsdp2:delay-all-reduce']:
+        return f'REPRODUCED {failure.signature}: {failure.summary}'
+    return f'PASS or another failure: {failure and failure.signature}'
+
+def main():
+    import os
+    import torch.distributed as dist
+    dist.init_process_group('gloo')
+    verdict = attempt(dist.get_rank(), dist.get_world_size())
+    if verdict:
+        print(verdict, flush=True)
+    os._exit(1 if verdict.startswith('REPRODUCED') else 0)
 if __name__ == '__main__':
     main()

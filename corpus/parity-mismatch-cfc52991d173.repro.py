@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=ebae1dd9b185a093 sources=e14b2777dea90300 seconds=24.6
+# shardfuzz reduced reproducer: entry=ebae1dd9b185a093 sources=1f6fea1f8a59e6b3 seconds=161.1
 """Reproduces shardfuzz corpus entry parity-mismatch-cfc52991d173.json: mismatch:parity@fsdp2:unused-no-all-reduce
 
 Observed: FSDP2 HSDP with set_requires_all_reduce(False): a unit unused on the last microbatch
@@ -24,8 +24,6 @@ import torch
 import enum
 from dataclasses import dataclass
 from dataclasses import dataclass, field
-from functools import cached_property
-from dataclasses import replace
 import builtins
 from typing import Any, ClassVar
 import json
@@ -48,13 +46,9 @@ class RankContext:
     world_size: object
     device: object
     backend: object
-    _meshes: object = field(default_factory=dict)
 
     def mesh(self, shape, names):
-        from torch.distributed.device_mesh import init_device_mesh
-        key = (shape, names)
-        self._meshes[key] = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
-        return self._meshes[key]
+        pass
 
     def group(self, name):
         pass
@@ -73,7 +67,6 @@ class Dtype(str, enum.Enum):
     FLOAT64 = 'float64'
     BFLOAT16 = 'bfloat16'
     FLOAT16 = 'float16'
-PARAM_LEAVES = frozenset({LeafKind.LINEAR, LeafKind.LAYER_NORM, LeafKind.CONV1D})
 
 @dataclass(frozen=True)
 class Leaf:
@@ -90,14 +83,9 @@ class Block:
 
 def iter_paths(block, prefix=''):
     yield (prefix, block)
-    for i, child in enumerate(block.children):
-        path = str(i)
-        yield (path, child)
-
-def owns_params(node):
-    if isinstance(node, Leaf):
-        return node.kind in PARAM_LEAVES
-    return False
+    i, child = next(iter(enumerate(block.children)))
+    path = str(i)
+    yield (path, child)
 
 @dataclass(frozen=True)
 class ModuleTree:
@@ -111,55 +99,18 @@ class ModuleTree:
     def size(self):
         pass
 
-def contains(outer, path):
-    return outer == path or outer == '' or path.startswith(outer + '.')
-
 def is_ancestor(ancestor, path):
-    return ancestor != path and contains(ancestor, path)
+    pass
 
 @dataclass(frozen=True)
 class ShardSpec:
     path: object
     reshard_after_forward: object = True
     group: object = ()
-    ignored: object = ()
 
     @property
     def paths(self):
         return (self.path, *())
-
-@dataclass(frozen=True)
-class Knobs:
-    gradient_divide_factor: object = None
-
-    def names(self):
-        pass
-
-class ReplicateGroup(str, enum.Enum):
-    DEFAULT = 'default'
-    PROCESS_GROUP = 'process_group'
-    DEVICE_MESH = 'device_mesh'
-
-@dataclass(frozen=True)
-class ReplicateOptions:
-    group: object = ReplicateGroup.DEFAULT
-    delay_all_reduce: object = False
-
-    def names(self):
-        pass
-
-class ContextFn(str, enum.Enum):
-    NONE = 'none'
-    SAVE_MATMULS = 'save_matmuls'
-    SAVE_MATMULS_LIST = 'save_matmuls_list'
-
-@dataclass(frozen=True)
-class CheckpointOptions:
-    context_fn: object = ContextFn.NONE
-    debug: object = False
-
-    def names(self):
-        pass
 
 @dataclass(frozen=True)
 class Composition:
@@ -167,9 +118,6 @@ class Composition:
     replicates: object = ()
     mesh: object = ()
     tp_size: object = 1
-    knobs: object = field(default_factory=Knobs)
-    replicate_options: object = field(default_factory=ReplicateOptions)
-    checkpoint_options: object = field(default_factory=CheckpointOptions)
 
     def reshard_after_forward(self, spec):
         pass
@@ -177,6 +125,10 @@ class Composition:
     @property
     def sharded_paths(self):
         return [p for spec in self.shards for p in spec.paths]
+
+    @property
+    def shard_ignored(self):
+        pass
 
     def steps(self):
         order = {'checkpoint': 0, 'fully_shard': 1, 'replicate': 2}
@@ -191,28 +143,6 @@ class Composition:
 
     def _spec_paths(self, api, path):
         return next((s.paths for s in self.shards if s.path == path))
-
-@dataclass(frozen=True)
-class Layout:
-    tree: object
-    comp: object
-
-    @cached_property
-    def paths(self):
-        return self.tree.paths()
-
-    def member_of(self, path, api=None):
-        best = None
-        members = ('0', '')
-        for m in members:
-            if contains(m, path) and (best is None or False):
-                best = m
-        return best
-
-    def local(self):
-        ignored = ()
-        by_shards = {i for spec in self.comp.shards for i in ()}
-        return [p for p, n in self.paths.items() if owns_params(n) and (any((contains(i, p) for i in ignored)) or p in by_shards) and (self.member_of(p) is None)]
 
 class AccumSync(str, enum.Enum):
     ALWAYS = 'always'
@@ -337,16 +267,12 @@ class DcpBody(Body):
     def size(self):
         pass
 
-def fsdp_sharded(p):
-    from torch.distributed.tensor import DTensor
-    return isinstance(p, DTensor) and 'shard' in (p.device_mesh.mesh_dim_names or ('shard',))
-
 class TreeBlock(nn.Module):
 
     def __init__(self, children, residual, width, scale, buffer):
         super().__init__()
-        for i, child in enumerate(children):
-            self.add_module(str(i), child)
+        i, child = next(iter(enumerate(children)))
+        self.add_module(str(i), child)
         self.residual = residual
         self.scale = None
         self.shift = None
@@ -360,54 +286,15 @@ class TreeBlock(nn.Module):
             y = child(y)
         return y
 
-def build_leaf(leaf, width):
-    module = _build_leaf(leaf, width)
-    return module
-
-def _build_leaf(leaf, width):
-    return nn.Linear(width, width, bias=True)
-
 def build_node(node, width):
     if isinstance(node, Leaf):
-        return build_leaf(node, width)
+        module = nn.Linear(width, width, bias=True)
+        return module
     return TreeBlock([build_node(c, width) for c in node.children], False, width, False, False)
 
 def build_model(tree, device):
-    with torch.device(device):
-        return build_node(tree.root, 4)
-
-def tree_blocks(model):
-    return {'.'.join((c for c in name.split('.') if c.isdigit())): m for name, m in model.named_modules() if isinstance(m, TreeBlock)}
-
-def set_skipped(blocks, paths):
-    skipped = {p: set() for p in blocks}
-    for path in paths:
-        parent, _, name = path.rpartition('.')
-        skipped[parent].add(name)
-    for p, block in blocks.items():
-        if block.skipped != skipped[p]:
-            block.skipped = frozenset(skipped[p])
-
-def checkpoint_kwargs(opts):
-    kwargs = {}
-    return kwargs
+    return build_node(tree.root, 4)
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
-_WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.')
-
-def clean_name(name):
-    for prefix in _WRAPPER_PREFIXES:
-        name = name.replace(prefix, '')
-    return name
-
-def mesh_for(comp, ctx):
-    if (1, 2):
-        return ctx.mesh(tuple((1, 2)), ('replicate', 'shard'))
-
-def apply_fully_shard(model, spec, mesh):
-    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
-    kwargs = {'mesh': mesh, 'reshard_after_forward': True}
-    modules = [model.get_submodule(p) for p in spec.paths]
-    fully_shard(modules if () else modules[0], **kwargs)
 
 @dataclass
 class Composed:
@@ -416,64 +303,15 @@ class Composed:
     knobs: object = None
 
     def set_sync(self, requires_gradient_sync=True, requires_all_reduce=True):
-        for m in self.fsdp_roots:
-            m.set_requires_gradient_sync(requires_gradient_sync)
-            m.set_requires_all_reduce(requires_all_reduce)
+        pass
 
     @contextmanager
     def full_parameters(self):
         from torch.distributed.tensor import DTensor
         out = {}
-        for n, p in self.model.named_parameters():
-            out[clean_name(n)] = (p.full_tensor() if isinstance(p, DTensor) else p).detach()
+        n, p = next(iter(self.model.named_parameters()))
+        pass
         yield out
-
-def compose(model, comp, ctx, tree=None):
-    from torch.distributed._composable import checkpoint, replicate
-    ckpt_kwargs = checkpoint_kwargs(comp.checkpoint_options)
-    mesh = mesh_for(comp, ctx)
-    specs = {s.path: s for s in comp.shards}
-    for api, path in comp.steps():
-        apply_fully_shard(model, specs[path], mesh)
-    sharded = comp.sharded_paths
-    tops = [p for p in sharded if not any((is_ancestor(q, p) for q in sharded))]
-    return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
-
-def build_composed(tree, comp, dtype, ctx, *, seed):
-    torch.manual_seed(seed)
-    model = build_model(tree, ctx.device).to(dtype)
-    return (model, _with_knobs(model, compose(model, comp, ctx, tree), comp, tree))
-
-def _with_knobs(model, composed, comp, tree):
-    return composed
-
-def make_optimizer(params, training, later=()):
-    held = {id(p) for p in later}
-    params = [p for p in params if p.requires_grad or id(p) in held]
-    groups = params
-    foreach = None
-    return torch.optim.SGD(groups, lr=0.1, momentum=0.0, foreach=foreach)
-
-def full_parameters(model):
-    pass
-
-def batches(case, training, width, ctx, tp_size=1):
-    dtype = TORCH_DTYPES[training.dtype]
-    gen = torch.Generator().manual_seed(0)
-    b = 2
-    lo = ctx.rank // tp_size * b
-    out = []
-    for _ in range(2):
-        step = []
-        for _ in range(2):
-            x = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
-            y = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
-            step.append((x[lo:lo + b].to(ctx.device), y[lo:lo + b].to(ctx.device)))
-        out.append(step)
-    return out
-
-def _seed_for_run(case, ctx, tp_size=1):
-    torch.manual_seed((0 * 7919 + ctx.rank // tp_size + 1) % 2 ** 63)
 
 class _Contracts:
 
@@ -483,9 +321,9 @@ class _Contracts:
         self.leaf_dtypes: dict[str, str] = {}
         self.output_dtypes: dict[str, str] = {}
         self.handles: list[Any] = []
-        for path in comp.sharded_paths:
-            mod = model.get_submodule(path)
-            self.handles.append(mod.register_forward_hook(self._on_output(path)))
+        path = next(iter(comp.sharded_paths))
+        mod = model.get_submodule(path)
+        self.handles.append(mod.register_forward_hook(self._on_output(path)))
         for name, mod in model.named_modules():
             if any((True for _ in mod.parameters(recurse=False))):
                 self.handles.append(mod.register_forward_pre_hook(self._on_leaf(name)))
@@ -493,14 +331,13 @@ class _Contracts:
     def _on_output(self, path):
 
         def hook(module, args, output):
-            self.output_dtypes.setdefault(path, str(output.dtype).removeprefix('torch.'))
+            pass
         return hook
 
     def _on_leaf(self, name):
 
         def hook(module, args):
-            p = next(module.parameters(recurse=False))
-            self.leaf_dtypes.setdefault(name, str(p.dtype).removeprefix('torch.'))
+            pass
         return hook
 
     def after_forward(self, skipped):
@@ -510,50 +347,63 @@ class _Contracts:
         state = {}
         for spec in self.comp.shards:
             flags = []
-            for path in spec.paths:
-                for sub, _ in iter_paths_of(self.model, path):
-                    if sub != path and _under_other_unit(sub, path, sharded) or sub in ():
-                        continue
-                    mod = self.model.get_submodule(sub)
-                    flags += [fsdp_sharded(p) for p in mod.parameters(recurse=False)]
             state[spec.path] = flags
         return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
-
-def iter_paths_of(model, path):
-    root = model.get_submodule(path)
-    return [(n or path, m) for n, m in root.named_modules()]
-
-def _under_other_unit(sub, unit, sharded):
-    return any((is_ancestor(unit, other) and contains(other, sub) for other in sharded))
-
-def replicate_contract(model, comp, skipped=None):
-    from torch.distributed._composable import replicate
-    out = {}
-    return out
 
 def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precision=None, local=frozenset()):
     dtype = TORCH_DTYPES[training.dtype]
     if comp is not None:
-        model, composed = build_composed(tree, comp, dtype, ctx, seed=0)
+        torch.manual_seed(0)
+        model_ = build_model(tree, ctx.device).to(dtype)
+        from torch.distributed._composable import checkpoint, replicate
+        pass
+        specs = {s_.path: s_ for s_ in comp.shards}
+        for api, path in comp.steps():
+            spec = specs[path]
+            from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+            kwargs = {'mesh': None, 'reshard_after_forward': True}
+            modules = [model_.get_submodule(p_) for p_ in spec.paths]
+            fully_shard(modules if () else modules[0], **kwargs)
+        sharded = comp.sharded_paths
+        tops = [p__ for p__ in sharded if not any((is_ancestor(q, p__) for q in sharded))]
+        compose_out = Composed(model=model_, fsdp_roots=[model_.get_submodule(p__) for p__ in tops])
+        model, composed = (model_, compose_out)
     else:
         torch.manual_seed(0)
         model = build_model(tree, ctx.device).to(dtype)
         composed = Composed(model)
     contracts = _Contracts(model, comp) if comp is not None else None
     obs = {}
-    blocks = tree_blocks(composed.model)
-    later = _unfrozen_later(composed.model, training)
-    opt = make_optimizer(composed.model.parameters(), training, [p for ps in later.values() for p in ps])
+    pass
+    model__ = composed.model
+    out__ = {u.path: [] for u in ()}
+    for name, p____ in model__.named_parameters():
+        pass
+    params = composed.model.parameters()
+    later_ = [p for ps in out__.values() for p in ps]
+    held = {id(p___) for p___ in later_}
+    params = [p___ for p___ in params if p___.requires_grad or id(p___) in held]
+    groups = params
+    opt = torch.optim.SGD(groups, lr=0.1, momentum=0.0, foreach=None)
     forward = _compiled(composed.model, training) if comp is not None else composed.model
-    _seed_for_run(case, ctx, tp_size)
     losses = []
     params_per_step = []
     grad_norms = []
-    for s, step in enumerate(batches(case, training, 4, ctx, tp_size)):
+    dtype_ = TORCH_DTYPES[training.dtype]
+    gen = torch.Generator().manual_seed(0)
+    lo = ctx.rank // tp_size * 2
+    out_ = []
+    for _ in range(2):
+        step_ = []
+        for _ in range(2):
+            x_ = torch.randn(ctx.world_size * 2, 4, generator=gen, dtype=dtype_)
+            y_ = torch.randn(ctx.world_size * 2, 4, generator=gen, dtype=dtype_)
+            step_.append((x_[lo:lo + 2].to(ctx.device), y_[lo:lo + 2].to(ctx.device)))
+        out_.append(step_)
+    for s, step in enumerate(out_):
         step_losses = []
         for i, (x, y) in enumerate(step):
             skipped = training.skipped_at(s, i)
-            set_skipped(blocks, skipped)
             last = i == len(step) - 1
             sync = AccumSync.ALWAYS if last else training.accum_sync
             composed.set_sync(requires_gradient_sync=sync is not AccumSync.NO_GRAD_SYNC, requires_all_reduce=sync is AccumSync.ALWAYS)
@@ -563,14 +413,12 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
                 if contracts is not None and comp is not None:
                     obs['contracts'] = contracts.after_forward(skipped)
                     obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
-                    obs['contracts']['replicate_params'] = replicate_contract(model, comp, skipped)
                     contracts = None
                 loss = F.mse_loss(out.to(y.dtype), y)
                 loss.backward()
             step_losses.append(loss.item())
         if comp is None and precision is None:
-            _average_gradients(model, ctx, grad_scales or {}, local)
-        grad_norms.append(_grad_norm(composed))
+            pass
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(step_losses)
@@ -579,17 +427,10 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
                 params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
     obs['losses'] = losses
     obs['grad_norms'] = grad_norms
-    obs['local_params'] = _local_replicated(composed.model, _local_of(tree, comp))
     obs['knob_problems'] = []
     if ctx.rank == 0:
         obs['params'] = params_per_step
     return obs
-
-def _unfrozen_later(model, training):
-    out = {u.path: [] for u in ()}
-    for name, p in model.named_parameters():
-        owner = '.'.join((c for c in clean_name(name).split('.')[:-1] if c.isdigit()))
-    return out
 
 def _compiled(model, training):
     return model
@@ -597,46 +438,10 @@ def _compiled(model, training):
 class _null:
 
     def __enter__(self):
-        return None
+        pass
 
     def __exit__(self, *exc):
-        return None
-
-def _average_gradients(model, ctx, scales, local=frozenset()):
-    for name, p in model.named_parameters():
-        dist.all_reduce(p.grad)
-        p.grad /= ctx.world_size
-        scale = scales.get(name.rpartition('.')[0], 1.0)
-
-def grad_scales(tree, comp, world_size):
-    layout = Layout(tree, comp)
-    scales = {path: 1.0 for path in layout.paths}
-    return {path: scale for path, scale in scales.items() if scale != 1.0}
-
-def _grad_norm(composed):
-    from torch.distributed.tensor import DTensor
-    total = torch.zeros((), dtype=torch.float64)
-    for p in composed.model.parameters():
-        if p.grad is not None:
-            g = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
-            total += g.double().pow(2).sum().cpu()
-    return float(total.sqrt())
-
-def _local_of(tree, comp):
-    return frozenset() if comp is None else frozenset(Layout(tree, comp).local())
-
-def _local_replicated(model, local=frozenset()):
-    from torch.distributed.tensor import DTensor
-    return {n: p.detach().double().cpu().flatten().tolist() for n, p in model.named_parameters() if not isinstance(p, DTensor) and (not n.startswith('_fsdp_wrapped_module')) and ('_fsdp' not in n) and (clean_name(n).rpartition('.')[0] not in local)}
-
-def run_parity(case, body, ctx):
-    tp = 1
-    comp = body.composition
-    composed = train(case, body.tree, body.training, comp, ctx, tp)
-    keys = ('losses', 'params', 'grad_norms')
-    scales = grad_scales(body.tree, comp, ctx.world_size)
-    reference = train(case, body.tree, body.training, None, ctx, tp, scales, local=_local_of(body.tree, comp))
-    return {**composed, 'ref': {k: reference[k] for k in keys if k in reference}}
+        pass
 
 class OutcomeKind(str, enum.Enum):
     OK = 'ok'
@@ -771,8 +576,7 @@ def delayed_not_float32(comp, training):
     pass
 
 def compiled_unfreeze_ignored(comp, training):
-    ignored = {p for spec in comp.shards for p in spec.ignored}
-    return training.compile is Compile.AOT_EAGER and any((u.path in ignored for u in training.unfreeze))
+    return training.compile is Compile.AOT_EAGER and any((u.path in comp.shard_ignored for u in training.unfreeze))
 
 def mismatch_tags(comp, tree=None, training=None, world_size=2):
     tags = FSDP1_HSDP_SHARD1.tag if shard1(comp) else ''
@@ -908,8 +712,7 @@ def _mismatch(prop, check, api, summary, **details):
     return Failure('mismatch', str(signature), summary, {'check': check, **details})
 
 def api_of(comp, tree=None, training=None, world_size=2):
-    name = 'fsdp2'
-    return name + mismatch_tags(comp, tree, training, world_size)
+    return 'fsdp2' + mismatch_tags(comp, tree, training, world_size)
 
 def _judged_steps(observations):
     steps = min((len(obs['ref']['losses']) for obs in observations))
@@ -947,24 +750,38 @@ def judge_parity(case, outcome):
     failure = check_knobs('parity', obs) or compare_runs('parity', obs, _tolerance(body.training), api) or check_replicas(case.property, obs)
     return failure
 
-def main():
-    import os
+def attempt(rank, world_size):
     import torch
     import torch.distributed as dist
     case = Case(property='parity', world_size=2, seed=0, body=ParityBody(tree=ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR)))), composition=Composition(shards=(ShardSpec(path='0'), ShardSpec(path='')), mesh=(1, 2)), training=Training(grad_accum=2, accum_sync=AccumSync.NO_ALL_REDUCE, skips=(Skip(path='0', step=0, microbatch=1),))))
-    dist.init_process_group('gloo')
-    rank, world_size = (dist.get_rank(), dist.get_world_size())
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
-    obs = json.loads(json.dumps(run_parity(case, case.body, ctx)))
-    outs = [None] * ctx.world_size
+    body = ParityBody(tree=ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR)))), composition=Composition(shards=(ShardSpec(path='0'), ShardSpec(path='')), mesh=(1, 2)), training=Training(grad_accum=2, accum_sync=AccumSync.NO_ALL_REDUCE, skips=(Skip(path='0', step=0, microbatch=1),)))
+    comp = body.composition
+    composed = train(case, body.tree, body.training, comp, ctx, 1)
+    keys = ('losses', 'params', 'grad_norms')
+    pass
+    pass
+    reference = train(case, body.tree, body.training, None, ctx, 1, None, local=None)
+    run_parity_out = {**composed, 'ref': {k: reference[k] for k in keys if k in reference}}
+    obs = json.loads(json.dumps(run_parity_out))
+    outs = [None] * world_size
     dist.all_gather_object(outs, obs)
-    if ctx.rank == 0:
-        reports = tuple((RankReport(rank=r, observation=o) for r, o in enumerate(outs)))
-        failure = judge_parity(case, Outcome(kind=OutcomeKind.OK, ranks=reports, seconds=0.0))
-        if failure is not None and failure.signature in ['mismatch:parity@fsdp2:unused-no-all-reduce']:
-            print(f'REPRODUCED {failure.signature}: {failure.summary}', flush=True)
-            os._exit(1)
-        print(f'PASS or another failure: {failure and failure.signature}', flush=True)
+    if rank != 0:
+        return ''
+    reports = tuple((RankReport(rank=r, observation=o) for r, o in enumerate(outs)))
+    failure = judge_parity(case, Outcome(kind=OutcomeKind.OK, ranks=reports, seconds=0.0))
+    if failure is not None and failure.signature in ['mismatch:parity@fsdp2:unused-no-all-reduce']:
+        return f'REPRODUCED {failure.signature}: {failure.summary}'
+    return f'PASS or another failure: {failure and failure.signature}'
+
+def main():
+    import os
+    import torch.distributed as dist
+    dist.init_process_group('gloo')
+    verdict = attempt(dist.get_rank(), dist.get_world_size())
+    if verdict:
+        print(verdict, flush=True)
+    os._exit(1 if verdict.startswith('REPRODUCED') else 0)
 if __name__ == '__main__':
     main()

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=6e7911c031dba1c2 sources=a75dcc528b2e5f17 seconds=37.5
+# shardfuzz reduced reproducer: entry=6e7911c031dba1c2 sources=c2f9d3144d82dce8 seconds=183.9
 """Reproduces shardfuzz corpus entry state_dict-crash-81ffab405f7f.json: crash:state_dict:signal
 
 Observed: FSDP1 FULL_STATE_DICT with offload_to_cpu on CPU: model.state_dict() clones an already
@@ -26,12 +26,10 @@ import typing
 from dataclasses import dataclass
 from typing import Union
 from dataclasses import dataclass, field, fields
-from functools import cached_property
 from dataclasses import replace
 import builtins
 from typing import Any, ClassVar
 import dataclasses
-import types
 from typing import Any, Union
 import os
 from typing import ClassVar
@@ -151,18 +149,6 @@ def owns_params(node: Node) -> bool:
         return node.kind in PARAM_LEAVES
     return node.scale
 
-def forward_order(block: Block, prefix: str='') -> list[str]:
-    out = []
-    for i, child in enumerate(block.children):
-        path = f'{prefix}.{i}' if prefix else str(i)
-        if isinstance(child, Block):
-            out += forward_order(child, path)
-        elif owns_params(child):
-            out.append(path)
-    if block.scale:
-        out.append(prefix)
-    return out
-
 def param_names(node: Node) -> list[str]:
     if isinstance(node, Leaf):
         if node.kind not in PARAM_LEAVES:
@@ -244,9 +230,7 @@ class Knobs:
     explicit_unshard: object = False
     all_reduce_hook_scale: object = None
     gradient_divide_factor: object = None
-    force_sum_reduction: object = False
     abort_and_reset: object = False
-    pg_allocator: object = False
     rs_max_buffers: object = 0
     reduce_scatter_unused: object = False
 
@@ -446,106 +430,6 @@ class Composition:
         if api == 'fully_shard':
             return next((s.paths for s in self.shards if s.path == path))
         return (path,)
-
-@dataclass(frozen=True)
-class Unit:
-    api: object
-    index: object
-    members: object
-
-@dataclass(frozen=True)
-class Layout:
-    tree: object
-    comp: object
-
-    @cached_property
-    def paths(self) -> dict[str, Node]:
-        return self.tree.paths()
-
-    @cached_property
-    def units(self) -> tuple[Unit, ...]:
-        shards = tuple((Unit('fully_shard', i, spec.paths) for i, spec in enumerate(self.comp.shards)))
-        return shards + tuple((Unit('replicate', i, (p,)) for i, p in enumerate(self.comp.replicates)))
-
-    @cached_property
-    def member_paths(self) -> tuple[str, ...]:
-        return tuple((m for u in self.units for m in u.members))
-
-    def member_of(self, path: str, api: str | None=None) -> str | None:
-        best = None
-        members = self.member_paths if api is None else [m for u in self.units if u.api == api for m in u.members]
-        for m in members:
-            if contains(m, path) and (best is None or is_ancestor(best, m)):
-                best = m
-        ignored = self.comp.replicate_options.ignored_modules
-        if best in self.comp.replicates and api != 'fully_shard' and any((is_ancestor(best, i) and contains(i, path) for i in ignored)):
-            return None
-        if best is not None and path in self._shard_ignored.get(best, ()):
-            return None
-        return best
-
-    @cached_property
-    def _shard_ignored(self) -> dict[str, tuple[str, ...]]:
-        return {m: spec.ignored for spec in self.comp.shards if spec.ignored for m in spec.paths}
-
-    def unit_of(self, path: str) -> Unit | None:
-        member = self.member_of(path)
-        if member is None:
-            return None
-        return next((u for u in self.units if member in u.members))
-
-    def owned_by(self, unit: Unit, member: str | None=None) -> list[str]:
-        out = []
-        for path, node in self.paths.items():
-            if owns_params(node) and self.member_of(path) in (unit.members if member is None else (member,)):
-                out.append(path)
-        return out
-
-    def manages_under(self, member: str, path: str) -> bool:
-        return any((contains(path, sub) and owns_params(n) and (self.member_of(sub) == member) for sub, n in self.paths.items()))
-
-    def unmanaged(self) -> list[str]:
-        local = self.local()
-        return [p for p, n in self.paths.items() if owns_params(n) and self.member_of(p) is None and (p not in local)]
-
-    def local(self) -> list[str]:
-        ignored = self.comp.replicate_options.ignored_modules
-        by_shards = {i for spec in self.comp.shards for i in spec.ignored}
-        return [p for p, n in self.paths.items() if owns_params(n) and (any((contains(i, p) for i in ignored)) or p in by_shards) and (self.member_of(p) is None)]
-
-    def ignored_by(self, member: str) -> list[str]:
-        out = []
-        for i in self.comp.replicate_options.ignored_modules:
-            above = [r for r in self.comp.replicates if is_ancestor(r, i)]
-            if above and max(above, key=lambda r: r.count('.') + (r != '')) == member:
-                out.append(i)
-        return out
-
-    def replicated_params(self, member: str) -> list[tuple[str, str]]:
-        unit = next((u for u in self.units if u.api == 'replicate' and u.members == (member,)))
-        return [(p, name) for p in self.owned_by(unit) for name in param_names(self.paths[p])]
-
-    def delay_plan(self, member: str) -> tuple[str, tuple[str, ...]] | None:
-        unit = next((u for u in self.units if u.api == 'replicate' and u.members == (member,)))
-        owned = set(self.owned_by(unit))
-        order = [p for p in forward_order(self.tree.root) if p in owned and self._trainable(p)]
-        if len(order) < 2:
-            return None
-        return (order[0], tuple(order[1:]))
-
-    def _trainable(self, path: str) -> bool:
-        node = self.paths[path]
-        return not (isinstance(node, Leaf) and node.frozen)
-
-    def gradient_scale(self, path: str, world_size: int) -> float:
-        unit = self.unit_of(path)
-        if unit is None or unit.api != 'fully_shard':
-            return 1.0
-        knobs = self.comp.knobs
-        scale = 1.0 if knobs.all_reduce_hook_scale is None else knobs.all_reduce_hook_scale
-        if knobs.gradient_divide_factor is not None:
-            scale *= world_size // self.comp.tp_size / knobs.gradient_divide_factor
-        return scale
 MAX_STEPS = 16
 
 class AccumSync(str, enum.Enum):
@@ -666,8 +550,7 @@ def check_composition(tree: ModuleTree, comp: Composition, where: str='compositi
     _check_checkpoint_options(tree, comp, where)
     _check_ignored_params(tree, comp, where)
     if comp.wrapper is Wrapper.NONE:
-        for owner in Layout(tree, comp).unmanaged()[:1]:
-            raise CaseError(f'{where}.shards', f'the parameters of {owner!r} are under no fully_shard or replicate')
+        pass
 TP_BETWEEN = frozenset({LeafKind.RELU, LeafKind.TANH, LeafKind.GELU})
 
 def _trainable_params(node: Node) -> bool:
@@ -676,7 +559,6 @@ def _trainable_params(node: Node) -> bool:
 def _check_replicate_options(tree: ModuleTree, comp: Composition, where: str) -> None:
     opts = comp.replicate_options
     paths = tree.paths()
-    plain = Layout(tree, replace(comp, replicate_options=replace(opts, ignored_modules=())))
     at = f'{where}.replicate_options.ignored_modules'
     for i, path in enumerate(opts.ignored_modules):
         if path not in paths:
@@ -686,7 +568,6 @@ def _check_replicate_options(tree: ModuleTree, comp: Composition, where: str) ->
             raise CaseError(f'{at}[{i}]', f'{path!r} holds no parameters a replicate call above it manages')
         if any((contains(o, path) or contains(path, o) for o in opts.ignored_modules[:i])):
             raise CaseError(f'{at}[{i}]', f'{path!r} is nested with another ignored module')
-    layout = Layout(tree, comp)
     for member in comp.replicates:
         unit = next((u for u in layout.units if u.api == 'replicate' and u.members == (member,)))
         if opts.ignored_modules and (not any((_trainable_params(paths[p]) for p in layout.owned_by(unit)))):
@@ -704,7 +585,6 @@ def _check_ignored_params(tree: ModuleTree, comp: Composition, where: str) -> No
         if present:
             raise CaseError(at, f'ignored_params are not drawn with {what}')
     paths = tree.paths()
-    plain = Layout(tree, replace(comp, shards=tuple((replace(s, ignored=()) for s in comp.shards))))
     seen = []
     for i, spec in specs:
         at = f'{where}.shards[{i}].ignored'
@@ -785,8 +665,6 @@ def check_training(tree: ModuleTree, comps: tuple[Composition, ...], t: Training
         if not (isinstance(node, Leaf) and node.frozen):
             raise CaseError(f'{where}.unfreeze[{i}].path', f'{later.path!r} names no frozen leaf')
         for comp in comps:
-            if comp.wrapper is Wrapper.DDP or any((contains(r, later.path) and Layout(tree, comp).manages_under(r, later.path) for r in comp.replicates)):
-                raise CaseError(f'{where}.unfreeze[{i}].path', f'{later.path!r} is managed by DDP / replicate')
             if comp.wrapper is not Wrapper.NONE and t.accum_sync is AccumSync.NO_GRAD_SYNC:
                 raise CaseError(f'{where}.unfreeze[{i}].path', 'FSDP1 no_sync() with a leaf unfrozen later')
     for comp in comps:
@@ -828,8 +706,6 @@ def _check_replicate_training(comp: Composition, t: Training, where: str) -> Non
             raise CaseError(f'{where}.skips', f'static_graph / skip_all_reduce_unused_params: replicate({r!r}) sees other modules left out over time')
 
 def _check_unused(tree: ModuleTree, comp: Composition, t: Training, skip: Skip, at: str) -> None:
-    if not comp.find_unused and (not comp.replicate_options.static_graph) and (comp.wrapper is Wrapper.DDP or any((is_ancestor(r, skip.path) and Layout(tree, comp).manages_under(r, skip.path) for r in comp.replicates))):
-        raise CaseError(at, f'{skip.path!r} holds parameters DDP manages: needs find_unused_parameters=True')
     if comp.wrapper not in (Wrapper.NONE, Wrapper.DDP):
         if t.optimizer is not Optimizer.SGD or t.momentum:
             raise CaseError(at, 'FSDP1 gives unused parameters zero gradients: only SGD without momentum')
@@ -852,7 +728,6 @@ class Body:
     @property
     def size(self) -> tuple[int, int]:
         return (1, 1)
-BODY_MODULES = ('fuzz.model.state',)
 
 @dataclass(frozen=True)
 class ParityBody(Body):
@@ -957,81 +832,8 @@ def case_from_json(data: Any, path: str='case') -> Case:
             raise CaseError(f'{path}.schema', f'schema {schema} is newer than this shardfuzz ({SCHEMA_VERSION}); upgrade shardfuzz')
         raise CaseError(f'{path}.schema', f'unsupported schema {schema!r}; expected {SCHEMA_VERSION}')
     body = {k: v for k, v in data.items() if k != 'schema'}
-    result = _decode(Case, body, path)
     assert isinstance(result, Case)
     return result
-
-def _decode(tp: Any, value: Any, path: str) -> Any:
-    if tp is Body:
-        for module in BODY_MODULES:
-            importlib.import_module(module)
-        kinds = Body.registry
-        if not isinstance(value, dict) or value.get('kind') not in kinds:
-            got = value.get('kind') if isinstance(value, dict) else value
-            raise CaseError(f'{path}.kind', f'{got!r:.80} is not one of {sorted(kinds)}')
-        return _decode(kinds[value['kind']], value, path)
-    origin = typing.get_origin(tp)
-    if origin in (Union, types.UnionType):
-        options = typing.get_args(tp)
-        if all((dataclasses.is_dataclass(o) for o in options)):
-            if isinstance(value, dict) and 'children' in value:
-                return _decode(Block, value, path)
-            return _decode(Leaf, value, path)
-        if bool in options and int in options:
-            if isinstance(value, int):
-                return value
-            raise CaseError(path, f'expected a bool or an int, got {value!r:.80}')
-        for option in options:
-            if option is type(None) and value is None:
-                return None
-        non_none = [o for o in options if o is not type(None)]
-        return _decode(non_none[0], value, path)
-    if origin is tuple:
-        if not isinstance(value, list):
-            raise CaseError(path, f'expected a list, got {value!r:.80}')
-        item_tp, _ellipsis = typing.get_args(tp)
-        return tuple((_decode(item_tp, v, f'{path}[{i}]') for i, v in enumerate(value)))
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        try:
-            return tp(value)
-        except ValueError:
-            raise CaseError(path, f'{value!r:.80} is not one of {[m.value for m in tp]}') from None
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise CaseError(path, f'expected a JSON object, got {value!r:.80}')
-        hints = typing.get_type_hints(tp)
-        fields = {f.name: f for f in dataclasses.fields(tp)}
-        tag = {'kind'} if getattr(tp, 'KIND', None) else set()
-        unknown = set(value) - set(fields) - tag
-        if unknown:
-            raise CaseError(path, f'unknown field(s) {sorted(unknown)}')
-        kwargs = {}
-        for name, f in fields.items():
-            if name in value:
-                kwargs[name] = _decode(hints[name], value[name], f'{path}.{name}')
-            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise CaseError(f'{path}.{name}', 'missing')
-        try:
-            return typing.cast(Any, tp)(**kwargs)
-        except CaseError as e:
-            raise CaseError(f'{path}.{e.path}', str(e).split(': ', 1)[1]) from None
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise CaseError(path, f'expected a number, got {value!r:.80}')
-        return float(value)
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise CaseError(path, f'expected an integer, got {value!r:.80}')
-        return value
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise CaseError(path, f'expected true or false, got {value!r:.80}')
-        return value
-    if tp is str:
-        if not isinstance(value, str):
-            raise CaseError(path, f'expected a string, got {value!r:.80}')
-        return value
-    raise TypeError(f'no decoder for {tp!r}')
 
 def is_plain(comp: Composition) -> bool:
     return not comp.shards and (not comp.replicates) and (comp.wrapper is Wrapper.NONE)
@@ -1525,159 +1327,6 @@ def fsdp_sharded(p: torch.Tensor) -> bool:
     from torch.distributed.tensor import DTensor
     return isinstance(p, DTensor) and 'shard' in (p.device_mesh.mesh_dim_names or ('shard',))
 
-def _order(spec: ShardSpec) -> tuple[int, ...]:
-    return tuple((int(c) for c in spec.path.split('.'))) if spec.path else ()
-
-def by_root(comp: Composition) -> list[list[ShardSpec]]:
-    specs = sorted(comp.shards, key=_order)
-    roots = [s for s in specs if not any((o is not s and any((is_ancestor(m, s.path) for m in o.paths)) for o in specs))]
-    return [[s for s in specs if s is root or (s not in roots and any((contains(m, s.path) for m in root.paths)))] for root in roots]
-
-class KnobState:
-
-    def __init__(self, model: nn.Module, comp: Composition, tree: ModuleTree, roots: list[nn.Module]) -> None:
-        self.model = model
-        self.comp = comp
-        self.tree = tree
-        self.knobs: Knobs = comp.knobs
-        self.roots = roots
-        self.problems: list[str] = []
-        self._checked_unshard = False
-        k = self.knobs
-        for units in by_root(comp):
-            self._prefetch(units)
-        for spec in comp.shards:
-            module = model.get_submodule(spec.path)
-            if k.all_reduce_hook_scale is not None:
-                module.set_all_reduce_hook(self._hook(spec, k.all_reduce_hook_scale))
-            if k.force_sum_reduction:
-                module.set_force_sum_reduction_for_comms(True)
-            if k.gradient_divide_factor is not None:
-                module.set_gradient_divide_factor(k.gradient_divide_factor)
-            if k.pg_allocator:
-                module.set_allocate_memory_from_process_group_for_comm(True)
-        if k.late_reshard_after_forward is not None:
-            for root in roots:
-                root.set_reshard_after_forward(k.late_reshard_after_forward)
-        for root in roots:
-            if k.rs_max_buffers:
-                root.set_reduce_scatter_max_input_buffers(k.rs_max_buffers)
-            if k.reduce_scatter_unused:
-                root.set_reduce_scatter_unused_params(True)
-
-    def _prefetch(self, units: list[ShardSpec]) -> None:
-        k = self.knobs
-        modules = [self.model.get_submodule(s.path) for s in units]
-        for i, module in enumerate(modules):
-            ahead = modules[i + 1:i + 1 + k.forward_prefetch]
-            if k.forward_prefetch and ahead:
-                module.set_modules_to_forward_prefetch(ahead)
-            behind = list(reversed(modules[max(1, i - k.backward_prefetch):i]))
-            if k.backward_prefetch and behind:
-                module.set_modules_to_backward_prefetch(behind)
-
-    def _hook(self, spec: ShardSpec, scale: float) -> Any:
-
-        def hook(reduce_output: torch.Tensor) -> None:
-            if reduce_output.ndim != 1 or not reduce_output.is_floating_point():
-                self.problems.append(f'set_all_reduce_hook on {spec.path!r}: the hook got a {reduce_output.ndim}-D {reduce_output.dtype} tensor, not the flat reduce output')
-            reduce_output.mul_(scale)
-        return hook
-
-    def abort_and_reset(self, forward: Any, x: torch.Tensor, skipped: list[str]) -> None:
-        order = [p for p in forward_order(self.tree.root) if not any((contains(s, p) for s in skipped))]
-        inner = [p for p in order if p] or ['']
-        target = self.model.get_submodule(inner[-1])
-
-        def abort(*_: Any) -> None:
-            raise _Aborted(f'abort in forward of {inner[-1]!r}')
-        handle = target.register_forward_hook(abort)
-        devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-        try:
-            with torch.random.fork_rng(devices=devices):
-                forward(x)
-            self.problems.append(f'the forward meant to abort at {inner[-1]!r} did not raise')
-        except _Aborted:
-            pass
-        finally:
-            handle.remove()
-        for root in self.roots:
-            root.reset_iter_state()
-        for root in self.roots:
-            for sub, module, name in self._units_params(root):
-                if not fsdp_sharded(getattr(module, name)):
-                    where = f'{sub}.{name}' if sub else name
-                    self.problems.append(f'after reset_iter_state(), {where} is not registered sharded')
-
-    def _units_params(self, root: nn.Module) -> list[tuple[str, nn.Module, str]]:
-        layout = Layout(self.tree, self.comp)
-        top = next((p for p, m in self.model.named_modules() if m is root))
-        out = []
-        for unit in layout.units:
-            if unit.api == 'fully_shard' and any((contains(top, m) for m in unit.members)):
-                for sub in layout.owned_by(unit):
-                    module = self.model.get_submodule(sub)
-                    out += [(sub, module, name) for name, _ in module.named_parameters(recurse=False)]
-        return out
-
-    def before_microbatch(self, first: bool, last: bool) -> None:
-        k = self.knobs
-        if k.reshard_after_backward_last:
-            for root in self.roots:
-                root.set_reshard_after_backward(last)
-                root.set_is_last_backward(last)
-        if k.explicit_unshard:
-            if first and (not self._checked_unshard):
-                self._checked_unshard = True
-                self._check_unshard_reshard()
-            for root in self.roots:
-                root.unshard(async_op=True)
-
-    def _own_params(self, root: nn.Module) -> list[tuple[str, nn.Module, str]]:
-        layout = Layout(self.tree, self.comp)
-        path = next((p for p, m in self.model.named_modules() if m is root))
-        unit = layout.unit_of(path)
-        out = []
-        if unit is None:
-            return out
-        for sub in layout.owned_by(unit):
-            module = self.model.get_submodule(sub)
-            out += [(sub, module, name) for name, _ in module.named_parameters(recurse=False)]
-        return out
-
-    def _check_unshard_reshard(self) -> None:
-        for root in self.roots:
-            own = self._own_params(root)
-            full = {}
-            for sub, module, name in own:
-                p = getattr(module, name)
-                full[sub, name] = p.full_tensor().detach().clone() if fsdp_sharded(p) else None
-            handle = root.unshard(async_op=True)
-            if handle is None:
-                self.problems.append('unshard(async_op=True) returned None, not a handle')
-            else:
-                handle.wait()
-            for sub, module, name in own:
-                p = getattr(module, name)
-                where = f'{sub}.{name}' if sub else name
-                expected = full[sub, name]
-                if expected is None:
-                    continue
-                if fsdp_sharded(p):
-                    self.problems.append(f'after unshard() and wait(), {where} is still registered sharded')
-                elif tuple(p.shape) != tuple(expected.shape):
-                    self.problems.append(f'after unshard(), {where} has shape {tuple(p.shape)}, not {tuple(expected.shape)}')
-                elif not torch.equal(p.detach().cpu(), expected.to(p.dtype).cpu()):
-                    self.problems.append(f'after unshard(), {where} differs from its sharded values')
-            root.reshard()
-            for sub, module, name in own:
-                if full[sub, name] is not None and (not fsdp_sharded(getattr(module, name))):
-                    where = f'{sub}.{name}' if sub else name
-                    self.problems.append(f'after reshard(), {where} is not registered sharded')
-
-class _Aborted(RuntimeError):
-    pass
-
 class TreeBlock(nn.Module):
 
     def __init__(self, children: list[nn.Module], residual: bool, width: int, scale: bool, buffer: bool) -> None:
@@ -1789,7 +1438,6 @@ def replicate_kwargs(model: nn.Module, tree: ModuleTree | None, comp: Compositio
         kwargs['process_group'] = ctx.group('replicate')
     elif opts.group is ReplicateGroup.DEVICE_MESH:
         kwargs['device_mesh'] = ctx.mesh((ctx.world_size,), ('replicate',))
-    layout = Layout(tree, comp)
     ignored = layout.ignored_by(path)
     if ignored:
         kwargs['ignored_modules'] = [model.get_submodule(p) for p in ignored]
@@ -1813,26 +1461,6 @@ def delay_problems(model: nn.Module, comp: Composition) -> list[str]:
         if held:
             problems.append(f"replicate({member!r}): {len(held)} of {len(ddp._delay_all_reduce_params)} delayed parameters are also in DDP's reducer (all-reduced twice)")
     return problems
-
-def ignored_problems(model: nn.Module, tree: ModuleTree, comp: Composition) -> list[str]:
-    from torch.distributed._composable import replicate
-    from torch.distributed.tensor import DTensor
-    layout = Layout(tree, comp)
-    local = {id(p): f'{path}.{name}' if path else name for path in layout.local() for name, p in model.get_submodule(path).named_parameters(recurse=False)}
-    problems = []
-    for _, p in model.named_parameters():
-        if id(p) in local and isinstance(p, DTensor):
-            problems.append(f'ignored parameter {local[id(p)]} is a DTensor')
-    for member in comp.replicates:
-        state = replicate.state(model.get_submodule(member))
-        ddp = getattr(state, '_ddp', None)
-        held = [*getattr(state, '_param_list', [])]
-        if ddp is not None:
-            held += [*ddp._module_parameters, *ddp._delay_all_reduce_params]
-        for p in held:
-            if id(p) in local:
-                problems.append(f'replicate({member!r}) manages ignored parameter {local[id(p)]}')
-    return sorted(set(problems))
 
 def _matmuls() -> list[Any]:
     aten = torch.ops.aten
@@ -2001,7 +1629,7 @@ def build_composed(tree: ModuleTree, comp: Composition, dtype: torch.dtype, ctx:
 
 def _with_knobs(model: nn.Module, composed: Composed, comp: Composition, tree: ModuleTree) -> Composed:
     if comp.knobs.is_set:
-        composed.knobs = KnobState(model, comp, tree, composed.fsdp_roots)
+        pass
     return composed
 
 def _wrap(model: nn.Module, comp: Composition, ctx: RankContext) -> nn.Module:
@@ -2175,8 +1803,6 @@ def train(case: Case, tree: ModuleTree, training: Training, comp: Composition | 
                     obs['contracts'] = contracts.after_forward(skipped)
                     obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
                     obs['contracts']['replicate_params'] = replicate_contract(model, comp, skipped)
-                    if Layout(tree, comp).local():
-                        obs['contracts']['ignored'] = ignored_problems(model, tree, comp)
                     if comp.replicate_options.delay_all_reduce:
                         obs['contracts']['delayed'] = delay_problems(model, comp)
                     contracts = None
@@ -2265,7 +1891,6 @@ def _divide_split(reduce: torch.dtype, world_size: int) -> tuple[int, float]:
     return (before, world_size / before)
 
 def grad_scales(tree: ModuleTree, comp: Composition, world_size: int) -> dict[str, float]:
-    layout = Layout(tree, comp)
     scales = {path: layout.gradient_scale(path, world_size) for path in layout.paths}
     return {path: scale for path, scale in scales.items() if scale != 1.0}
 
@@ -2279,7 +1904,7 @@ def _grad_norm(composed: Composed) -> float:
     return float(total.sqrt())
 
 def _local_of(tree: ModuleTree, comp: Composition | None) -> frozenset[str]:
-    return frozenset() if comp is None else frozenset(Layout(tree, comp).local())
+    pass
 
 def _local_replicated(model: nn.Module, local: frozenset[str]=frozenset()) -> dict[str, list[float]]:
     from torch.distributed.tensor import DTensor
@@ -2606,6 +2231,10 @@ def run_state_dict(case: Case, body: StateDictBody, ctx: RankContext) -> dict[st
         flat_obs, nested_osd = observe_flat_optimizer(body, src, osd)
         if ctx.rank == 0:
             obs['flat_optimizer'] = flat_obs
+    if not src.fsdp1:
+        taken = observe_state_dict_optimizer(nested_osd)
+        if ctx.rank == 0:
+            obs['taken_optimizer'] = taken
     msd, osd = copy.deepcopy((msd, osd))
     obs['saved'] = observe(src, case, body.tree, ctx)
     if src.fsdp1 and (not is_fsdp1(body.target)):
@@ -2661,7 +2290,7 @@ def main():
         frames = re.findall('File "[^"]+/torch/([^"]+)", line \\d+ in (\\S+)', child.stderr)
         found = f'signal {child.returncode}@torch/{frames[0][0]}:{frames[0][1]}' if frames else ''
         if found in ['signal -11@torch/distributed/fsdp/_state_dict_utils.py:param_hook']:
-            print(f"REPRODUCED crash:state_dict:signal: rank {os.environ['RANK']} died: {found}", flush=True)
+            print(f'REPRODUCED crash:state_dict:signal: rank {os.environ["RANK"]} died: {found}', flush=True)
             sys.exit(1)
         print(f'PASS or another failure: exit {child.returncode}', flush=True)
         sys.exit(0)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=9d2e195942e629c3 sources=a75dcc528b2e5f17 seconds=90.4
+# shardfuzz reduced reproducer: entry=9d2e195942e629c3 sources=c2f9d3144d82dce8 seconds=168.4
 """Reproduces shardfuzz corpus entry state_dict-hang-dff6a54ad235.json: hang:state_dict@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone
 
 Observed: set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0 pass an
@@ -92,14 +92,6 @@ class ModuleTree:
     width: object
     root: object
 
-class Wrapper(str, enum.Enum):
-    NONE = 'none'
-    DDP = 'ddp'
-    FSDP1_FULL_SHARD = 'fsdp1_full_shard'
-    FSDP1_SHARD_GRAD_OP = 'fsdp1_shard_grad_op'
-    FSDP1_NO_SHARD = 'fsdp1_no_shard'
-    FSDP1_HYBRID_SHARD = 'fsdp1_hybrid_shard'
-
 @dataclass(frozen=True)
 class ShardSpec:
     path: object
@@ -114,9 +106,7 @@ class CheckpointOptions:
 @dataclass(frozen=True)
 class Composition:
     shards: object = ()
-    replicates: object = ()
     mesh: object = ()
-    wrapper: object = Wrapper.NONE
     checkpoint_options: object = field(default_factory=CheckpointOptions)
 
     def reshard_after_forward(self, spec):
@@ -137,14 +127,8 @@ class Composition:
             return (-depth, order[api], path)
         return sorted(items, key=key)
 
-class Optimizer(str, enum.Enum):
-    SGD = 'sgd'
-    ADAM = 'adam'
-    ADAMW = 'adamw'
-
 @dataclass(frozen=True)
 class Training:
-    optimizer: object = Optimizer.SGD
     lr: object = 0.1
     momentum: object = 0.0
     eps: object = 0.001
@@ -262,7 +246,6 @@ def apply_fully_shard(model, spec, mesh):
 class Composed:
     model: object
     fsdp_roots: object = field(default_factory=list)
-    wrapper: object = Wrapper.NONE
     param_names: object = field(default_factory=list)
 
     @contextmanager
@@ -288,27 +271,21 @@ def make_optimizer(params, training, later=()):
     held = {id(p) for p in later}
     params = [p for p in params if p.requires_grad or id(p) in held]
     groups = params
-    foreach = None
-    return torch.optim.SGD(groups, lr=training.lr, momentum=training.momentum, foreach=foreach)
-
-def full_parameters(model):
-    pass
+    return torch.optim.SGD(groups, lr=training.lr, momentum=training.momentum, foreach=None)
 
 def batches(case, training, width, ctx, tp_size=1):
     dtype = TORCH_DTYPES[training.dtype]
     gen = torch.Generator().manual_seed(0)
-    b = 1
-    lo = ctx.rank // tp_size * b
+    lo = ctx.rank // tp_size * 1
     out = []
     for _ in range(1):
         step = []
         for _ in range(1):
-            x = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
-            y = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
-            step.append((x[lo:lo + b].to(ctx.device), y[lo:lo + b].to(ctx.device)))
+            x = torch.randn(ctx.world_size * 1, width, generator=gen, dtype=dtype)
+            y = torch.randn(ctx.world_size * 1, width, generator=gen, dtype=dtype)
+            step.append((x[lo:lo + 1].to(ctx.device), y[lo:lo + 1].to(ctx.device)))
         out.append(step)
     return out
-PROBE_ROWS = 3
 FRESH_SEED = 24301
 
 @dataclass
@@ -348,8 +325,7 @@ def requires_grad(side):
     return {clean_name(n): p.requires_grad for n, p in side.model.named_parameters()}
 
 def fresh_training(training):
-    momentum = 0.5
-    return replace(training, lr=0.1 * 0.37, momentum=momentum, eps=0.001 * 10)
+    return replace(training, lr=0.1 * 0.37, momentum=0.5, eps=0.001 * 10)
 
 def add_optimizer(side, training, *, frozen_in_optimizer=False, empty_group=False):
     params = list(side.model.parameters())
@@ -386,60 +362,18 @@ def _flat(t):
         t = t.full_tensor()
     return [float(v) for v in t.detach().double().cpu().flatten().tolist()]
 
-def observe_model(side):
-    with side.composed.full_parameters() as params:
-        out = {n: [float(v) for v in t.double().cpu().flatten().tolist()] for n, t in params.items()}
-    return out
-
 def _jsonable(value):
     if isinstance(value, torch.Tensor):
         return _flat(value)
     return value
 
-def observe_groups(side):
-    names = side.names()
-    out = []
-    for group in side.opt.param_groups:
-        item = {k: _jsonable(v) for k, v in sorted(group.items()) if k != 'params'}
-        item['params'] = [names.get(id(p), '?') for p in group['params']]
-        out.append(item)
-    return out
-
-def observe_optimizer(side):
-    names = side.names()
+def observe_state_dict_optimizer(osd):
     out = {}
-    for group in side.opt.param_groups:
-        for p in group['params']:
-            state = side.opt.state.get(p, {})
-            entry = {key: _jsonable(state[key]) for key in sorted(state)}
-            if entry:
-                out[names.get(id(p), '?')] = entry
+    for fqn, state in sorted(osd.get('state', {}).items()):
+        entry = {key: _jsonable(state[key]) for key in sorted(state)}
+        if entry:
+            out[clean_name(fqn)] = entry
     return out
-
-def probe(side, case, tree, ctx):
-    gen = torch.Generator().manual_seed(0 + 1)
-    x = torch.randn(PROBE_ROWS, 2, generator=gen, dtype=TORCH_DTYPES[side.training.dtype]).to(ctx.device)
-    seed_segment(case, ctx, 99)
-    with torch.no_grad():
-        out = _flat(side.model(x))
-    reshard(side.model)
-    return out
-
-def reshard(model):
-    from torch.distributed.fsdp import FSDPModule
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            module.reshard()
-
-def observe(side, case, tree, ctx, *, model=True):
-    obs = {'groups': observe_groups(side)}
-    params = observe_model(side)
-    optim = observe_optimizer(side)
-    out = probe(side, case, tree, ctx)
-    if ctx.rank == 0:
-        obs.update(model=params, probe=out)
-        obs['optimizer'] = optim
-    return obs
 
 def dropped_keys(side, drop):
     return []
@@ -484,9 +418,12 @@ def run_state_dict(case, body, ctx):
     seed_segment(case, ctx, 0)
     obs = {'losses_before': train_steps(src, data[:1], ctx)}
     msd, osd = _take(body, src)
+    nested_osd = osd
     ignored = []
+    taken = observe_state_dict_optimizer(nested_osd)
+    if ctx.rank == 0:
+        obs['taken_optimizer'] = taken
     msd, osd = copy.deepcopy((msd, osd))
-    obs['saved'] = observe(src, case, body.tree, ctx)
     tgt = build_side(body.tree, body.target, t, ctx, seed=0 + FRESH_SEED, meta=False, schedule=())
     body_optimizer(tgt, fresh_training(t), body)
     catch_up(tgt, 1)
@@ -498,7 +435,6 @@ def run_state_dict(case, body, ctx):
     result, after = _put(body, tgt, msd, osd, ctx)
     obs['load_result'] = incompatible(result)
     obs['requires_grad'] = {'before': before, 'after': after}
-    obs['loaded'] = observe(tgt, case, body.tree, ctx)
 
 def main():
     import os

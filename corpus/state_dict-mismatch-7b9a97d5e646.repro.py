@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=ee409d9d33420ecf sources=a75dcc528b2e5f17 seconds=26.6
+# shardfuzz reduced reproducer: entry=ee409d9d33420ecf sources=c2f9d3144d82dce8 seconds=157.1
 """Reproduces shardfuzz corpus entry state_dict-mismatch-7b9a97d5e646.json: mismatch:state_dict@fsdp1_optim_state_dict:shard1
 
 Observed: FSDP1 HYBRID_SHARD with a shard dimension of size 1 never averages gradients across
@@ -27,18 +27,14 @@ from typing import ClassVar
 import dataclasses
 import json
 import os
-import tempfile
 from typing import ClassVar
 from torch import nn
 from contextlib import contextmanager
 import copy
 import torch.distributed as dist
 import torch.nn.functional as F
-import inspect
 from dataclasses import dataclass, field, replace
 import math
-import atexit
-import shutil
 
 def __getattr__(name):
     raise AttributeError(f"module 'fuzz' has no attribute {name!r}")
@@ -108,19 +104,6 @@ class Wrapper(str, enum.Enum):
     FSDP1_NO_SHARD = 'fsdp1_no_shard'
     FSDP1_HYBRID_SHARD = 'fsdp1_hybrid_shard'
 
-class ContextFn(str, enum.Enum):
-    NONE = 'none'
-    SAVE_MATMULS = 'save_matmuls'
-    SAVE_MATMULS_LIST = 'save_matmuls_list'
-
-@dataclass(frozen=True)
-class CheckpointOptions:
-    context_fn: object = ContextFn.NONE
-    debug: object = False
-
-    def names(self):
-        pass
-
 @dataclass(frozen=True)
 class Composition:
     shards: object = ()
@@ -128,7 +111,6 @@ class Composition:
     checkpoints: object = ()
     mesh: object = ()
     wrapper: object = Wrapper.NONE
-    checkpoint_options: object = field(default_factory=CheckpointOptions)
 
     def reshard_after_forward(self, spec):
         pass
@@ -182,12 +164,6 @@ class Case:
     def size(self):
         pass
 
-def dcp_root(driver_pid):
-    return os.path.join(tempfile.gettempdir(), f'shardfuzz-dcp-{driver_pid}')
-
-def is_plain(comp):
-    return not () and (not ()) and (comp.wrapper is Wrapper.NONE)
-
 def trained_then_frozen(body):
     pass
 
@@ -200,11 +176,6 @@ class Api(str, enum.Enum):
 @dataclass(frozen=True)
 class Options:
     full_state_dict: object = False
-    cpu_offload: object = False
-    broadcast_from_rank0: object = False
-    strict: object = True
-    ignore_frozen_params: object = False
-    flatten_optimizer_state_dict: object = False
 
 @dataclass(frozen=True)
 class StateDictBody(Body):
@@ -299,10 +270,6 @@ def build_node(node, width):
 def build_model(tree, device):
     with torch.device(device):
         return build_node(tree.root, 4)
-
-def checkpoint_kwargs(opts):
-    kwargs = {}
-    return kwargs
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
 _WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.')
 
@@ -336,7 +303,6 @@ class Composed:
 
 def compose(model, comp, ctx, tree=None):
     from torch.distributed._composable import checkpoint, replicate
-    ckpt_kwargs = checkpoint_kwargs(comp.checkpoint_options)
     names = [n for n, _ in model.named_parameters()]
     return Composed(model=_wrap(model, comp, ctx), wrapper=comp.wrapper, param_names=names)
 
@@ -354,24 +320,19 @@ def make_optimizer(params, training, later=()):
     held = {id(p) for p in later}
     params = [p for p in params if p.requires_grad or id(p) in held]
     groups = params
-    foreach = None
-    return torch.optim.SGD(groups, lr=training.lr, momentum=training.momentum, foreach=foreach)
-
-def full_parameters(model):
-    pass
+    return torch.optim.SGD(groups, lr=training.lr, momentum=training.momentum, foreach=None)
 
 def batches(case, training, width, ctx, tp_size=1):
     dtype = TORCH_DTYPES[training.dtype]
     gen = torch.Generator().manual_seed(32)
-    b = 2
-    lo = ctx.rank // tp_size * b
+    lo = ctx.rank // tp_size * 2
     out = []
     for _ in range(3):
         step = []
         for _ in range(1):
-            x = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
-            y = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
-            step.append((x[lo:lo + b].to(ctx.device), y[lo:lo + b].to(ctx.device)))
+            x = torch.randn(ctx.world_size * 2, width, generator=gen, dtype=dtype)
+            y = torch.randn(ctx.world_size * 2, width, generator=gen, dtype=dtype)
+            step.append((x[lo:lo + 2].to(ctx.device), y[lo:lo + 2].to(ctx.device)))
         out.append(step)
     return out
 PROBE_ROWS = 3
@@ -393,7 +354,7 @@ class Side:
 
     @property
     def plain(self):
-        return is_plain(self.comp)
+        pass
 
     def names(self):
         current = {id(p): clean_name(n) for n, p in self.model.named_parameters()}
@@ -406,20 +367,11 @@ def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=()):
     composed = compose(model, comp, ctx)
     return Side(composed=composed, comp=comp, training=training, schedule=schedule)
 
-def change_requires_grad(side, step):
-    return
-
-def catch_up(side, steps):
-    for step in range(side.step, steps):
-        change_requires_grad(side, step)
-    side.step = max(side.step, steps)
-
 def requires_grad(side):
     return {clean_name(n): p.requires_grad for n, p in side.model.named_parameters()}
 
 def fresh_training(training):
-    momentum = 0.5
-    return replace(training, lr=0.1 * 0.37, momentum=momentum, eps=0.001 * 10)
+    return replace(training, lr=0.1 * 0.37, momentum=0.5, eps=0.001 * 10)
 
 def add_optimizer(side, training, *, frozen_in_optimizer=False, empty_group=False):
     params = list(side.model.parameters())
@@ -431,9 +383,6 @@ def add_optimizer(side, training, *, frozen_in_optimizer=False, empty_group=Fals
 def body_optimizer(side, training, body):
     return add_optimizer(side, training, frozen_in_optimizer=False, empty_group=False)
 
-def seed_segment(case, ctx, segment):
-    torch.manual_seed((32 * 7919 + segment * 104729 + ctx.rank + 1) % 2 ** 63)
-
 def all_batches(case, training, steps, tree, ctx):
     return [step[0] for step in batches(case, replace(training, steps=steps), 4, ctx)]
 
@@ -441,7 +390,6 @@ def train_steps(side, data, ctx):
     assert side.opt is not None
     losses = []
     for x, y in data:
-        change_requires_grad(side, side.step)
         side.step += 1
         loss = F.mse_loss(side.model(x).to(y.dtype), y)
         loss.backward()
@@ -489,16 +437,9 @@ def observe_optimizer(side):
 def probe(side, case, tree, ctx):
     gen = torch.Generator().manual_seed(32 + 1)
     x = torch.randn(PROBE_ROWS, 4, generator=gen, dtype=TORCH_DTYPES[side.training.dtype]).to(ctx.device)
-    seed_segment(case, ctx, 99)
     with torch.no_grad():
         out = _flat(side.model(x))
-    reshard(side.model)
     return out
-
-def reshard(model):
-    from torch.distributed.fsdp import FSDPModule
-    for module in model.modules():
-        pass
 
 def observe(side, case, tree, ctx, *, model=True):
     obs = {'groups': observe_groups(side)}
@@ -513,62 +454,29 @@ def observe(side, case, tree, ctx, *, model=True):
 def dropped_keys(side, drop):
     return []
 
-def fsdp1_state_dict_type(side, *, full, offload, rank0_only=False):
-    from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig, ShardedOptimStateDictConfig, ShardedStateDictConfig, StateDictType
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    FSDP.set_state_dict_type(side.model, StateDictType.FULL_STATE_DICT, FullStateDictConfig(offload_to_cpu=offload, rank0_only=rank0_only), FullOptimStateDictConfig(offload_to_cpu=offload, rank0_only=rank0_only))
-
 def fsdp1_optim_state_dict(side):
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     assert side.opt is not None
     osd = FSDP.optim_state_dict(side.model, side.opt)
     return osd
 
-def fsdp1_load_optimizer(side, osd):
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    assert side.opt is not None
-    side.opt.load_state_dict(FSDP.optim_state_dict_to_load(side.model, side.opt, osd))
-
-def torch_kwargs(fn, kwargs):
-    params = inspect.signature(fn).parameters
-    missing = sorted((k for k in kwargs if k not in params))
-    return kwargs
-
-def state_dict_options(o):
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-    extra = {n: True for n in ('ignore_frozen_params', 'flatten_optimizer_state_dict') if getattr(o, n)}
-    return StateDictOptions(full_state_dict=True, cpu_offload=False, broadcast_from_rank0=False, strict=True, **torch_kwargs(StateDictOptions, extra))
-
 def _take(body, side):
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict, get_state_dict
-    options = state_dict_options(body.save)
     assert side.opt is not None
-    only0 = False
-    fsdp1_state_dict_type(side, full=True, offload=False, rank0_only=only0)
     return (side.model.state_dict(), fsdp1_optim_state_dict(side))
 
 def _put(body, side, msd, osd, ctx):
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict, set_state_dict
-    options = state_dict_options(body.load)
     fresh = fresh_training(body.training)
-    only0 = False
-    fsdp1_state_dict_type(side, full=True, offload=False, rank0_only=only0)
     result = side.model.load_state_dict(msd)
     flags = requires_grad(side)
-    fsdp1_load_optimizer(side, osd)
     return (result, flags)
-
-def incompatible(result):
-    missing = getattr(result, 'missing_keys', []) or []
-    unexpected = getattr(result, 'unexpected_keys', []) or []
-    return {'missing': sorted((clean_name(k) for k in missing)), 'unexpected': sorted((clean_name(k) for k in unexpected))}
 
 def run_state_dict(case, body, ctx):
     t = body.training
     data = all_batches(case, t, 2 + 1, body.tree, ctx)
     src = build_side(body.tree, body.source, t, ctx, seed=32, schedule=())
     body_optimizer(src, t, body)
-    seed_segment(case, ctx, 0)
     obs = {'losses_before': train_steps(src, data[:2], ctx)}
     msd, osd = _take(body, src)
     ignored = []
@@ -576,19 +484,16 @@ def run_state_dict(case, body, ctx):
     obs['saved'] = observe(src, case, body.tree, ctx)
     tgt = build_side(body.tree, body.target, t, ctx, seed=32 + FRESH_SEED, meta=False, schedule=())
     body_optimizer(tgt, fresh_training(t), body)
-    catch_up(tgt, 2)
     dropped = sorted(set(dropped_keys(src, ())) | set(ignored))
     obs['dropped'] = dropped
     before = requires_grad(tgt)
     result, after = _put(body, tgt, msd, osd, ctx)
-    obs['load_result'] = incompatible(result)
     obs['requires_grad'] = {'before': before, 'after': after}
     obs['loaded'] = observe(tgt, case, body.tree, ctx)
     obs.update(resume_both(case, src, tgt, data[2:], ctx))
     return obs
 
 def resume_source(case, src, data, ctx):
-    seed_segment(case, ctx, 1)
     losses = train_steps(src, data, ctx)
     return (losses, observe_model(src))
 
@@ -596,7 +501,6 @@ def resume_both(case, src, tgt, data, ctx, source_done=None):
     obs = {}
     losses_src, final_src = resume_source(case, src, data, ctx)
     obs['losses_source'] = losses_src
-    seed_segment(case, ctx, 1)
     obs['losses_target'] = train_steps(tgt, data, ctx)
     final_tgt = observe_model(tgt)
     if ctx.rank == 0:
@@ -887,7 +791,6 @@ def first_mismatch(actual, expected, tol):
             if worst is None or excess > worst.error - worst.allowed:
                 worst = Mismatch(index=i, actual=a, expected=e, error=err, allowed=allowed)
     return worst
-atexit.register(shutil.rmtree, dcp_root(os.getpid()), ignore_errors=True)
 
 def _mismatch(prop, check, where, summary, **details):
     return Failure('mismatch', str(Signature('mismatch', prop, check, where)), summary, {'check': check, **details})
@@ -993,24 +896,30 @@ def features_dcp(case):
     pass
 DCP = register(Property(name='dcp', description='DCP save/async_save/load with Stateful objects and per-rank key orders round-trip exactly', cases=strategy('dcp_cases'), judge=judge_dcp, features=features_dcp, stall=ALONE_IN_BROADCAST_STALL, body=DcpBody, repro='fuzz.repro.script:render'))
 
-def main():
-    import os
+def attempt(rank, world_size):
     import torch
     import torch.distributed as dist
     case = Case(property='state_dict', world_size=2, seed=32, body=StateDictBody(tree=ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.TANH), Leaf(kind=LeafKind.LAYER_NORM)), scale=True), Leaf(kind=LeafKind.LINEAR, bias=False)), buffer=True)), source=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), target=Composition(mesh=(2, 1), wrapper=Wrapper.FSDP1_HYBRID_SHARD), training=Training(momentum=0.9), api=Api.FSDP1, save=Options(full_state_dict=True), load=Options(full_state_dict=True)))
-    dist.init_process_group('gloo')
-    rank, world_size = (dist.get_rank(), dist.get_world_size())
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
-    obs = json.loads(json.dumps(run_state_dict(case, case.body, ctx)))
-    outs = [None] * ctx.world_size
+    obs = json.loads(json.dumps(run_state_dict(case, StateDictBody(tree=ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.TANH), Leaf(kind=LeafKind.LAYER_NORM)), scale=True), Leaf(kind=LeafKind.LINEAR, bias=False)), buffer=True)), source=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), target=Composition(mesh=(2, 1), wrapper=Wrapper.FSDP1_HYBRID_SHARD), training=Training(momentum=0.9), api=Api.FSDP1, save=Options(full_state_dict=True), load=Options(full_state_dict=True)), ctx)))
+    outs = [None] * world_size
     dist.all_gather_object(outs, obs)
-    if ctx.rank == 0:
-        reports = tuple((RankReport(rank=r, observation=o) for r, o in enumerate(outs)))
-        failure = judge_state_dict(case, Outcome(kind=OutcomeKind.OK, ranks=reports, seconds=0.0))
-        if failure is not None and failure.signature in ['mismatch:dcp@async_save:shard1', 'mismatch:dcp@save:shard1', 'mismatch:state_dict@combined:shard1', 'mismatch:state_dict@fsdp1_optim_state_dict:shard1', 'mismatch:state_dict@split:shard1']:
-            print(f'REPRODUCED {failure.signature}: {failure.summary}', flush=True)
-            os._exit(1)
-        print(f'PASS or another failure: {failure and failure.signature}', flush=True)
+    if rank != 0:
+        return ''
+    reports = tuple((RankReport(rank=r, observation=o) for r, o in enumerate(outs)))
+    failure = judge_state_dict(case, Outcome(kind=OutcomeKind.OK, ranks=reports, seconds=0.0))
+    if failure is not None and failure.signature in ['mismatch:dcp@async_save:shard1', 'mismatch:dcp@save:shard1', 'mismatch:state_dict@combined:shard1', 'mismatch:state_dict@fsdp1_optim_state_dict:shard1', 'mismatch:state_dict@split:shard1']:
+        return f'REPRODUCED {failure.signature}: {failure.summary}'
+    return f'PASS or another failure: {failure and failure.signature}'
+
+def main():
+    import os
+    import torch.distributed as dist
+    dist.init_process_group('gloo')
+    verdict = attempt(dist.get_rank(), dist.get_world_size())
+    if verdict:
+        print(verdict, flush=True)
+    os._exit(1 if verdict.startswith('REPRODUCED') else 0)
 if __name__ == '__main__':
     main()

@@ -12,6 +12,7 @@ import pytest
 
 from fuzz.corpus import load_entry
 from fuzz.repro import render_entry
+from fuzz.repro.portable import portable
 from fuzz.repro.reduce import HEADER, is_current, reduce_and_store, stored_path, stored_script
 from fuzz.repro.script import code_lines
 from tests.conftest import ROOT, run_cli, torchrun
@@ -103,3 +104,17 @@ def test_every_stored_reduced_script_is_current(path: Path) -> None:
     assert entry_path.exists(), f"{path.name} has no entry"
     entry = load_entry(entry_path)
     assert is_current(path.read_text(), entry), f"{path.name} is stale: run repro {entry_path.name} --reduce"
+
+
+@pytest.mark.parametrize("path", STORED, ids=[p.name.removesuffix(".repro.py") for p in STORED])
+def test_every_stored_reduced_script_parses_on_this_python(path: Path) -> None:
+    """A script reduced under a newer Python (whose f-strings may reuse their quotes) must still
+    run on the oldest one the suite supports (fuzz.repro.portable)."""
+    compile(path.read_text(), str(path), "exec")
+
+
+def test_portable_requotes_f_strings_only_where_the_code_is_unchanged() -> None:
+    reused = "x = f'{p.rpartition(" + "'/t/'" + ")[2]}:{n}'\ny = 'f{a}'\n"
+    fixed = portable(reused)
+    assert fixed.splitlines()[0] == "x = f'{p.rpartition(\"/t/\")[2]}:{n}'"
+    assert fixed.splitlines()[1] == "y = 'f{a}'"

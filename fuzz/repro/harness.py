@@ -149,7 +149,9 @@ _MISMATCH = """\
     reports = tuple(RankReport(rank=r, observation=o) for r, o in enumerate(outs))
     failure = {judge}(case, Outcome(kind=OutcomeKind.OK, ranks=reports, seconds=0.0))
     if failure is not None and failure.signature in {expected!r}:
-        return f"REPRODUCED {{failure.signature}}: {{failure.summary}}"
+        import hashlib
+        observed = hashlib.sha256(json.dumps(outs, sort_keys=True).encode()).hexdigest()[:16]
+        return f"REPRODUCED {{failure.signature}}: observations {{observed}}: {{failure.summary}}"
     return f"PASS or another failure: {{failure and failure.signature}}"
 """
 

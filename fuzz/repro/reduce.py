@@ -49,6 +49,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -66,6 +67,7 @@ from fuzz.properties import get_property
 from fuzz.repro import render_entry
 from fuzz.repro.delta import ddmin, frozen_for
 from fuzz.repro.harness import ATTEMPT, POOLED_KINDS, main_source
+from fuzz.repro.portable import portable
 from fuzz.repro.script import carried_modules, code_lines, imported_modules, relative, roots_for
 from fuzz.repro.specialize import Origins, initial, render_flat, specialize, tidy
 
@@ -85,6 +87,8 @@ TIMEOUT_SLACK_S = 30.0
 POOL_DEADLINE_FACTOR = 3.0
 POOL_DEADLINE_MIN_S = 15.0
 _REPRODUCED = re.compile(r"^REPRODUCED (\S+)", re.MULTILINE)
+#: A mismatch script's digest of every rank's observation, beside REPRODUCED (fuzz.repro.harness).
+_OBSERVED = re.compile(r"^REPRODUCED \S+ observations ([0-9a-f]+)", re.MULTILINE)
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -515,6 +519,15 @@ def read_trace(directory: Path, modules: dict[str, str]) -> dict[str, set[int]]:
 # -- the reducer ---------------------------------------------------------------------------------
 
 
+def clear_checkpoints(code: str) -> None:
+    """Remove the DCP checkpoint directories whose paths ``code`` holds as literals (folded from
+    an earlier run, :func:`fuzz.model.dcp_root`) before it runs: what an earlier attempt or the
+    instrumented run left there must not let a candidate that no longer saves load anyway."""
+    root = re.escape(tempfile.gettempdir())
+    for found in set(re.findall(root + r"/shardfuzz-dcp-\d+", code)):
+        shutil.rmtree(found, ignore_errors=True)
+
+
 class _Oracle:
     """Runs candidates of one entry and says whether they reproduce its signature: under
     torchrun (:func:`run_script`), or, once :meth:`open_pool` found that the pool agrees with
@@ -529,6 +542,19 @@ class _Oracle:
         self.slowest = 0.0
         self.pool_attempts = self.torchrun_attempts = 0
         self.pool_seconds = self.torchrun_seconds = 0.0
+        #: A mismatch's observations as the first candidate that reproduced saw them: every
+        #: later candidate must observe exactly the same, so that a cut can never make the
+        #: mismatch by changing what either side computes (the reference, the judge's input).
+        self.observed: str | None = None
+
+    def _same_observations(self, output: str) -> bool:
+        if self.entry.kind != "mismatch":
+            return True
+        found = _OBSERVED.search(output)
+        digest = found.group(1) if found else None
+        if self.observed is None:
+            self.observed = digest
+        return digest is not None and digest == self.observed
 
     @property
     def attempts(self) -> int:
@@ -536,17 +562,19 @@ class _Oracle:
 
     def torchrun(self, code: str) -> bool:
         """Whether the flat script ``code`` reproduces under torchrun."""
+        clear_checkpoints(code)
         self.torchrun_attempts += 1
         script = render_flat(self.entry, self.source, self.signature, code)
         status, output, seconds = run_script(script, timeout=self.timeout, nproc=self.entry.case.world_size)
         self.torchrun_seconds += seconds
-        ok = reproduced(status, output) == self.signature
+        ok = reproduced(status, output) == self.signature and self._same_observations(output)
         self._said("torchrun", code, ok, seconds, output)
         return ok
 
     def in_pool(self, code: str) -> bool:
         """Whether ``code`` reproduces in the pool (whose ranks call its ``attempt``)."""
         assert self.pool is not None
+        clear_checkpoints(code)
         try:
             outcome = self.pool.run_script(code, function=ATTEMPT, deadline=self.deadline)
         except PoolError as e:  # fresh ranks did not start: torchrun still can
@@ -555,7 +583,10 @@ class _Oracle:
             return self.torchrun(code)
         self.pool_attempts += 1
         self.pool_seconds += outcome.seconds
-        ok = any(reproduced(1, verdict) == self.signature for verdict in outcome.verdicts.values())
+        ok = any(
+            reproduced(1, verdict) == self.signature and self._same_observations(verdict)
+            for verdict in outcome.verdicts.values()
+        )
         if ok:  # a candidate may take POOL_DEADLINE_FACTOR times the slowest that reproduced
             self.slowest = max(self.slowest, outcome.seconds)
             self.deadline = min(self.timeout, max(POOL_DEADLINE_MIN_S, POOL_DEADLINE_FACTOR * self.slowest))
@@ -660,6 +691,7 @@ def reduce_entry(
         f"({oracle.pool_attempts} in the pool, {oracle.pool_seconds:.1f} s; {oracle.torchrun_attempts} under "
         f"torchrun, {oracle.torchrun_seconds:.1f} s), {time.monotonic() - began:.1f} s"
     )
+    script = portable(script)
     return Reduction(
         script=script,
         lines_before=code_lines(full),
