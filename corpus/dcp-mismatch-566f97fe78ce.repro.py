@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=00e158dc66e4194e sources=7d6f5cb23a31c8e4 seconds=182.9
+# shardfuzz reduced reproducer: entry=00e158dc66e4194e sources=7d6f5cb23a31c8e4 seconds=25.5
 """Reproduces shardfuzz corpus entry dcp-mismatch-566f97fe78ce.json: mismatch:dcp@set_optimizer_state_dict:frozen-optimizer-state-dropped
 
 Observed: the optimizer state differs after the load: ['0.weight'] is missing
@@ -84,6 +84,12 @@ class Block:
     scale: object = False
     buffer: object = False
 
+def iter_paths(block, prefix=''):
+    yield (prefix, block)
+    for i, child in enumerate(block.children):
+        path = str(i)
+        yield (path, child)
+
 def has_params(node):
     return node.kind in PARAM_LEAVES
     return node.scale or any((has_params(c) for c in node.children))
@@ -97,7 +103,7 @@ class ModuleTree:
     root: object
 
     def paths(self):
-        pass
+        return dict(iter_paths(self.root))
 
     @property
     def size(self):
@@ -506,10 +512,26 @@ def state_dict_options(o):
 def run_state_dict(case, body, ctx):
     pass
 
+def resume_source(case, src, data, ctx):
+    seed_segment(case, ctx, 1)
+    losses = train_steps(src, data, ctx)
+    return (losses, observe_model(src))
+
+def resume_both(case, src, tgt, data, ctx, source_done=None):
+    obs = {}
+    losses_src, final_src = resume_source(case, src, data, ctx)
+    obs['losses_source'] = losses_src
+    seed_segment(case, ctx, 1)
+    obs['losses_target'] = train_steps(tgt, data, ctx)
+    final_tgt = observe_model(tgt)
+    if ctx.rank == 0:
+        obs['final_source'], obs['final_target'] = (final_src, final_tgt)
+    return obs
+
 def case_dir(case, ctx):
     digest = hashlib.sha1('{"body": {"absent": false, "async_save": false, "async_saves": 0, "cache_staged": false, "checkpoint_dir": "", "convert": false, "deadlock": false, "drop": [], "empty_group": false, "entries": ["model", "optimizer"], "frozen_in_optimizer": false, "kind": "dcp", "load_cpu_offload": false, "load_full_state_dict": false, "load_planner": null, "mode": "round_trip", "module_stateful": false, "no_dist": false, "orders": [], "overwrite": "none", "own_group": false, "patched": false, "process_checkpointer": false, "requires_grad": [{"path": "0", "step": 1, "trainable": false}], "save_cpu_offload": false, "save_full_state_dict": false, "save_planner": null, "skip": [], "source": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "none"}, "stager": null, "steps_after": 1, "storage_objects": false, "target": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "none"}, "target_meta_init": false, "torch_save_reader": false, "training": {"accum_sync": "always", "batch_per_rank": 1, "compile": "none", "dtype": "float32", "eps": 0.001, "foreach": null, "grad_accum": 1, "lr": 0.1, "momentum": 0.9, "optimizer": "sgd", "param_groups": 1, "same_input": false, "set_to_none": true, "skips": [], "steps": 2, "unfreeze": []}, "tree": {"root": {"buffer": false, "children": [{"bias": false, "frozen": false, "kind": "linear"}, {"bias": false, "frozen": false, "kind": "linear"}], "residual": false, "scale": false}, "width": 2}, "use_collectives": true, "writer": {"per_thread_copy_ahead": 10000000, "single_file_per_rank": true, "sync_files": true, "thread_count": 1}}, "property": "dcp", "schema": 1, "seed": 0, "world_size": 2}'.encode()).hexdigest()[:12]
     count = getattr(ctx, '_cases', 0)
-    return os.path.join('/tmp/shardfuzz-dcp-28790', f'{digest}-{count}')
+    return os.path.join('/tmp/shardfuzz-dcp-28410', f'{digest}-{count}')
 
 def _options(full, offload, *, load, strict=True):
     return Options(full_state_dict=full, cpu_offload=offload, broadcast_from_rank0=load and full and offload, strict=strict)
@@ -557,6 +579,9 @@ _LAST_PLANNER = [None]
 def _save_planner(body):
     return {}
 
+def _load_planner(body):
+    return {}
+
 def _group(body):
     return {}
 _CTX = [None]
@@ -576,6 +601,13 @@ def _save(body, state, path, overwrite=None):
 
 def _collectives(body):
     return {}
+
+def _load(body, state, path):
+    import torch.distributed.checkpoint as dcp
+    kwargs = {}
+    kwargs.update(_load_planner(body))
+    kwargs.update(_group(body))
+    dcp.load(state, checkpoint_id=path, **kwargs)
 
 def _observe_entries(values):
     out = {}
@@ -620,9 +652,12 @@ def _run_dcp(case, body, ctx):
     plain = {k: v for k, v in state.items() if isinstance(v, (dict, torch.Tensor))}
     tensors = {k: _tensors(v) for k, v in plain.items()}
     before = requires_grad(tgt)
+    _load(body, state, path)
     obs['in_place'] = _in_place_problem(state, plain, tensors)
+    _finish_load(body, tgt, values, put, path)
     obs['requires_grad'] = {'before': before, 'after': requires_grad(tgt)}
     obs['loaded'] = {**observe(tgt, case, body.tree, ctx), **_observe_entries(values)}
+    obs.update(resume_both(case, src, tgt, data[2:], ctx, None))
     dist.barrier()
     if ctx.rank == 0:
         shutil.rmtree(path, ignore_errors=True)
@@ -640,6 +675,14 @@ def _reload_on_one_rank(body, case, ctx, path):
         out = {clean_name(k): _jsonable(v) for k, v in state.items()}
     dist.barrier()
     return out
+
+def _finish_load(body, side, values, put, path):
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+    options = state_dict_options(put)
+    msd = values[DcpItem.MODEL]
+    set_model_state_dict(side.model, msd, options=options)
+    assert side.opt is not None
+    set_optimizer_state_dict(side.model, side.opt, values[DcpItem.OPTIMIZER], options=options)
 
 class OutcomeKind(str, enum.Enum):
     OK = 'ok'
@@ -1003,7 +1046,7 @@ def attempt(rank, world_size):
     case = Case(property='dcp', world_size=2, seed=0, body=DcpBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR, bias=False), Leaf(kind=LeafKind.LINEAR, bias=False)))), source=Composition(), target=Composition(), entries=(DcpItem.MODEL, DcpItem.OPTIMIZER), training=Training(momentum=0.9, batch_per_rank=1), requires_grad=(RequiresGrad(path='0', step=1, trainable=False),)))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
-    obs = json.loads(json.dumps(run_dcp(case, DcpBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR, bias=False), Leaf(kind=LeafKind.LINEAR, bias=False)))), source=Composition(), target=Composition(), entries=(DcpItem.MODEL, DcpItem.OPTIMIZER), training=Training(momentum=0.9, batch_per_rank=1), requires_grad=(RequiresGrad(path='0', step=1, trainable=False),)), ctx)))
+    obs = json.loads(json.dumps(run_dcp(case, case.body, ctx)))
     outs = [None] * world_size
     dist.all_gather_object(outs, obs)
     if rank != 0:
@@ -1011,7 +1054,9 @@ def attempt(rank, world_size):
     reports = tuple((RankReport(rank=r, observation=o) for r, o in enumerate(outs)))
     failure = judge_dcp(case, Outcome(kind=OutcomeKind.OK, ranks=reports, seconds=0.0))
     if failure is not None and failure.signature in ['mismatch:dcp@set_optimizer_state_dict:frozen-optimizer-state-dropped', 'mismatch:state_dict@set_optimizer_state_dict:frozen-optimizer-state-dropped']:
-        return f'REPRODUCED {failure.signature}: {failure.summary}'
+        import hashlib
+        observed = hashlib.sha256(json.dumps(outs, sort_keys=True).encode()).hexdigest()[:16]
+        return f'REPRODUCED {failure.signature}: observations {observed}: {failure.summary}'
     return f'PASS or another failure: {failure and failure.signature}'
 
 def main():

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=a635595e21e9824a sources=7d6f5cb23a31c8e4 seconds=184.4
+# shardfuzz reduced reproducer: entry=a635595e21e9824a sources=7d6f5cb23a31c8e4 seconds=43.5
 """Reproduces shardfuzz corpus entry dcp-mismatch-ada81405774d.json: mismatch:dcp@save:fsdp1-hsdp-load_sharded_optimizer_state_dict
 
 Observed: Into FSDP1 HYBRID_SHARD over a 2-D mesh, load_sharded_optimizer_state_dict lays the
@@ -28,6 +28,7 @@ from typing import ClassVar
 import dataclasses
 import json
 import os
+import tempfile
 from typing import ClassVar
 from torch import nn
 from contextlib import contextmanager
@@ -37,6 +38,7 @@ import torch.nn.functional as F
 from dataclasses import dataclass, field, replace
 import hashlib
 import shutil
+import atexit
 
 def __getattr__(name):
     raise AttributeError(f"module 'fuzz' has no attribute {name!r}")
@@ -108,6 +110,19 @@ class Wrapper(str, enum.Enum):
     FSDP1_NO_SHARD = 'fsdp1_no_shard'
     FSDP1_HYBRID_SHARD = 'fsdp1_hybrid_shard'
 
+class ContextFn(str, enum.Enum):
+    NONE = 'none'
+    SAVE_MATMULS = 'save_matmuls'
+    SAVE_MATMULS_LIST = 'save_matmuls_list'
+
+@dataclass(frozen=True)
+class CheckpointOptions:
+    context_fn: object = ContextFn.NONE
+    debug: object = False
+
+    def names(self):
+        pass
+
 @dataclass(frozen=True)
 class Composition:
     shards: object = ()
@@ -115,6 +130,7 @@ class Composition:
     checkpoints: object = ()
     mesh: object = ()
     wrapper: object = Wrapper.NONE
+    checkpoint_options: object = field(default_factory=CheckpointOptions)
 
     def reshard_after_forward(self, spec):
         pass
@@ -168,6 +184,12 @@ class Case:
     @builtins.property
     def size(self):
         pass
+
+def dcp_root(driver_pid):
+    return os.path.join(tempfile.gettempdir(), f'shardfuzz-dcp-{driver_pid}')
+
+def is_plain(comp):
+    return not () and (not ()) and (comp.wrapper is Wrapper.NONE)
 
 def is_fsdp1(comp):
     return 'fsdp1_hybrid_shard'.startswith('fsdp1')
@@ -277,6 +299,10 @@ def build_node(node, width):
 def build_model(tree, device):
     with torch.device(device):
         return build_node(tree.root, 2)
+
+def checkpoint_kwargs(opts):
+    kwargs = {}
+    return kwargs
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
 _WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.')
 
@@ -310,6 +336,7 @@ class Composed:
 
 def compose(model, comp, ctx, tree=None):
     from torch.distributed._composable import checkpoint, replicate
+    ckpt_kwargs = checkpoint_kwargs(comp.checkpoint_options)
     names = [n for n, _ in model.named_parameters()]
     return Composed(model=_wrap(model, comp, ctx), wrapper=comp.wrapper, param_names=names)
 
@@ -327,6 +354,9 @@ def make_optimizer(params, training, later=()):
     params = [p for p in params if p.requires_grad or id(p) in held]
     groups = params
     return torch.optim.Adam(groups, lr=training.lr, eps=training.eps, foreach=None)
+
+def full_parameters(model):
+    pass
 
 def batches(case, training, width, ctx, tp_size=1):
     dtype = TORCH_DTYPES[training.dtype]
@@ -360,7 +390,7 @@ class Side:
 
     @property
     def plain(self):
-        pass
+        return is_plain(self.comp)
 
     @property
     def fsdp1(self):
@@ -376,6 +406,14 @@ def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=()):
     model = build_model(tree, device).to(TORCH_DTYPES[training.dtype])
     composed = compose(model, comp, ctx)
     return Side(composed=composed, comp=comp, training=training, schedule=schedule)
+
+def change_requires_grad(side, step):
+    return
+
+def catch_up(side, steps):
+    for step in range(side.step, steps):
+        change_requires_grad(side, step)
+    side.step = max(side.step, steps)
 
 def requires_grad(side):
     return {clean_name(n): p.requires_grad for n, p in side.model.named_parameters()}
@@ -403,6 +441,7 @@ def train_steps(side, data, ctx):
     assert side.opt is not None
     losses = []
     for x, y in data:
+        change_requires_grad(side, side.step)
         side.step += 1
         loss = F.mse_loss(side.model(x).to(y.dtype), y)
         loss.backward()
@@ -453,7 +492,13 @@ def probe(side, case, tree, ctx):
     seed_segment(case, ctx, 99)
     with torch.no_grad():
         out = _flat(side.model(x))
+    reshard(side.model)
     return out
+
+def reshard(model):
+    from torch.distributed.fsdp import FSDPModule
+    for module in model.modules():
+        pass
 
 def observe(side, case, tree, ctx, *, model=True):
     obs = {'groups': observe_groups(side)}
@@ -468,13 +513,45 @@ def observe(side, case, tree, ctx, *, model=True):
 def dropped_keys(side, drop):
     return []
 
+def fsdp1_state_dict_type(side, *, full, offload, rank0_only=False):
+    from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig, ShardedOptimStateDictConfig, ShardedStateDictConfig, StateDictType
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    FSDP.set_state_dict_type(side.model, StateDictType.SHARDED_STATE_DICT, ShardedStateDictConfig(offload_to_cpu=offload), ShardedOptimStateDictConfig(offload_to_cpu=offload))
+
+def fsdp1_optim_state_dict(side):
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    assert side.opt is not None
+    osd = FSDP.optim_state_dict(side.model, side.opt)
+    return osd
+
+def fsdp1_load_optimizer(side, osd):
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    assert side.opt is not None
+    side.opt.load_state_dict(FSDP.optim_state_dict_to_load(side.model, side.opt, osd))
+
 def run_state_dict(case, body, ctx):
     pass
+
+def resume_source(case, src, data, ctx):
+    seed_segment(case, ctx, 1)
+    losses = train_steps(src, data, ctx)
+    return (losses, observe_model(src))
+
+def resume_both(case, src, tgt, data, ctx, source_done=None):
+    obs = {}
+    losses_src, final_src = resume_source(case, src, data, ctx)
+    obs['losses_source'] = losses_src
+    seed_segment(case, ctx, 1)
+    obs['losses_target'] = train_steps(tgt, data, ctx)
+    final_tgt = observe_model(tgt)
+    if ctx.rank == 0:
+        obs['final_source'], obs['final_target'] = (final_src, final_tgt)
+    return obs
 
 def case_dir(case, ctx):
     digest = hashlib.sha1('{"body": {"absent": false, "async_save": false, "async_saves": 0, "cache_staged": false, "checkpoint_dir": "", "convert": false, "deadlock": false, "drop": [], "empty_group": false, "entries": ["model", "optimizer"], "frozen_in_optimizer": false, "kind": "dcp", "load_cpu_offload": false, "load_full_state_dict": false, "load_planner": null, "mode": "round_trip", "module_stateful": false, "no_dist": false, "orders": [[0, 1], [0, 1], [0, 1], [0, 1]], "overwrite": "none", "own_group": false, "patched": false, "process_checkpointer": false, "requires_grad": [], "save_cpu_offload": false, "save_full_state_dict": false, "save_planner": null, "skip": [], "source": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0}, "mesh": [2, 2], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "fsdp1_hybrid_shard"}, "stager": null, "steps_after": 1, "storage_objects": false, "target": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0}, "mesh": [2, 2], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "fsdp1_hybrid_shard"}, "target_meta_init": false, "torch_save_reader": false, "training": {"accum_sync": "always", "batch_per_rank": 1, "compile": "none", "dtype": "float64", "eps": 0.0001, "foreach": null, "grad_accum": 1, "lr": 0.01, "momentum": 0.0, "optimizer": "adam", "param_groups": 1, "same_input": false, "set_to_none": false, "skips": [], "steps": 1, "unfreeze": []}, "tree": {"root": {"buffer": false, "children": [{"bias": false, "frozen": false, "kind": "conv1d"}], "residual": false, "scale": false}, "width": 2}, "use_collectives": true, "writer": {"per_thread_copy_ahead": 10000000, "single_file_per_rank": true, "sync_files": true, "thread_count": 1}}, "property": "dcp", "schema": 1, "seed": 0, "world_size": 4}'.encode()).hexdigest()[:12]
     count = getattr(ctx, '_cases', 0)
-    return os.path.join('/tmp/shardfuzz-dcp-28885', f'{digest}-{count}')
+    return os.path.join('/tmp/shardfuzz-dcp-28591', f'{digest}-{count}')
 
 def _options(full, offload, *, load, strict=True):
     return Options(full_state_dict=full, cpu_offload=offload, broadcast_from_rank0=load and full and offload, strict=strict)
@@ -488,8 +565,11 @@ def _values(body, case, side, ctx, get, put, fresh, skip):
         else:
             assert side.opt is not None
             if not fresh:
-                pass
+                out[entry] = fsdp1_optim_state_dict(side)
     return out
+
+def prepare_side(body, side, options):
+    fsdp1_state_dict_type(side, full=False, offload=False)
 
 def _observe_saved(body, case, src, ctx, values):
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
@@ -506,8 +586,45 @@ def _tensors(value, path=''):
     if isinstance(value, torch.Tensor):
         return [(path, id(value))]
     return [t for k, v in value.items() for t in _tensors(v, f'{path}.{k}')]
+
+def _in_place_problem(state, before, tensors):
+    for key, value in before.items():
+        now = dict(_tensors(value))
+    return ''
 _LAST_PLANNER = [None]
+
+def _save_planner(body):
+    return {}
+
+def _load_planner(body):
+    return {}
+
+def _group(body):
+    return {}
 _CTX = [None]
+
+def _writer_kwargs(body, path, overwrite=None):
+    kwargs = {}
+    kwargs.update(_group(body))
+    kwargs['checkpoint_id'] = path
+    kwargs.update(_save_planner(body))
+    return kwargs
+
+def _save(body, state, path, overwrite=None):
+    import torch.distributed.checkpoint as dcp
+    kwargs = _writer_kwargs(body, path, overwrite)
+    kwargs.update(_collectives(body))
+    dcp.save(state, **kwargs)
+
+def _collectives(body):
+    return {}
+
+def _load(body, state, path):
+    import torch.distributed.checkpoint as dcp
+    kwargs = {}
+    kwargs.update(_load_planner(body))
+    kwargs.update(_group(body))
+    dcp.load(state, checkpoint_id=path, **kwargs)
 
 def _observe_entries(values):
     out = {}
@@ -532,13 +649,17 @@ def _run_dcp(case, body, ctx):
     src = None
     src = build_side(body.tree, body.source, t, ctx, seed=0, schedule=())
     body_optimizer(src, t, body)
+    prepare_side(body, src, get_save)
     seed_segment(case, ctx, 0)
     obs['losses_before'] = train_steps(src, data[:1], ctx)
     values = _values(body, case, src, ctx, get_save, put, fresh=False, skip=())
     state = _arrange(body, values, ctx)
+    _save(body, state, path)
     obs['saved'] = _observe_saved(body, case, src, ctx, values)
     tgt = build_side(body.tree, body.target, t, ctx, seed=0 + FRESH_SEED, meta=False, schedule=())
     body_optimizer(tgt, fresh_training(t), body)
+    catch_up(tgt, 1)
+    prepare_side(body, tgt, put)
     dropped = dropped_keys(tgt, ())
     obs['dropped'] = dropped
     obs['fresh'] = observe(tgt, case, body.tree, ctx, model=not False)
@@ -547,12 +668,28 @@ def _run_dcp(case, body, ctx):
     plain = {k: v for k, v in state.items() if isinstance(v, (dict, torch.Tensor))}
     tensors = {k: _tensors(v) for k, v in plain.items()}
     before = requires_grad(tgt)
+    _load(body, state, path)
+    obs['in_place'] = _in_place_problem(state, plain, tensors)
+    _finish_load(body, tgt, values, put, path)
     obs['requires_grad'] = {'before': before, 'after': requires_grad(tgt)}
     obs['loaded'] = {**observe(tgt, case, body.tree, ctx), **_observe_entries(values)}
+    obs.update(resume_both(case, src, tgt, data[1:], ctx, None))
     dist.barrier()
     if ctx.rank == 0:
         shutil.rmtree(path, ignore_errors=True)
     return obs
+
+def _finish_load(body, side, values, put, path):
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+    _finish_fsdp1_load(body, side, values, path)
+    return
+
+def _finish_fsdp1_load(body, side, values, path):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.optimizer import load_sharded_optimizer_state_dict
+    side.model.load_state_dict(values[DcpItem.MODEL])
+    loaded = load_sharded_optimizer_state_dict(model_state_dict=side.model.state_dict(), optimizer_key='optimizer', storage_reader=dcp.FileSystemReader(path))
+    fsdp1_load_optimizer(side, loaded['optimizer'])
 
 class OutcomeKind(str, enum.Enum):
     OK = 'ok'
@@ -805,6 +942,7 @@ _REGISTRY = {}
 def register(prop):
     _REGISTRY[prop.name] = prop
     return prop
+atexit.register(shutil.rmtree, dcp_root(os.getpid()), ignore_errors=True)
 
 def _mismatch(prop, check, where, summary, **details):
     return Failure('mismatch', str(Signature('mismatch', prop, check, where)), summary, {'check': check, **details})
@@ -905,7 +1043,7 @@ def attempt(rank, world_size):
     case = Case(property='dcp', world_size=4, seed=0, body=DcpBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),))), source=Composition(mesh=(2, 2), wrapper=Wrapper.FSDP1_HYBRID_SHARD), target=Composition(mesh=(2, 2), wrapper=Wrapper.FSDP1_HYBRID_SHARD), entries=(DcpItem.MODEL, DcpItem.OPTIMIZER), training=Training(optimizer=Optimizer.ADAM, lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, dtype=Dtype.FLOAT64, set_to_none=False), orders=((0, 1), (0, 1), (0, 1), (0, 1))))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
-    obs = json.loads(json.dumps(run_dcp(case, DcpBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),))), source=Composition(mesh=(2, 2), wrapper=Wrapper.FSDP1_HYBRID_SHARD), target=Composition(mesh=(2, 2), wrapper=Wrapper.FSDP1_HYBRID_SHARD), entries=(DcpItem.MODEL, DcpItem.OPTIMIZER), training=Training(optimizer=Optimizer.ADAM, lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, dtype=Dtype.FLOAT64, set_to_none=False), orders=((0, 1), (0, 1), (0, 1), (0, 1))), ctx)))
+    obs = json.loads(json.dumps(run_dcp(case, case.body, ctx)))
     outs = [None] * world_size
     dist.all_gather_object(outs, obs)
     if rank != 0:
@@ -913,7 +1051,9 @@ def attempt(rank, world_size):
     reports = tuple((RankReport(rank=r, observation=o) for r, o in enumerate(outs)))
     failure = judge_dcp(case, Outcome(kind=OutcomeKind.OK, ranks=reports, seconds=0.0))
     if failure is not None and failure.signature in ['mismatch:dcp@save:fsdp1-hsdp-load_sharded_optimizer_state_dict']:
-        return f'REPRODUCED {failure.signature}: {failure.summary}'
+        import hashlib
+        observed = hashlib.sha256(json.dumps(outs, sort_keys=True).encode()).hexdigest()[:16]
+        return f'REPRODUCED {failure.signature}: observations {observed}: {failure.summary}'
     return f'PASS or another failure: {failure and failure.signature}'
 
 def main():

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=4b3df5ef65b9255f sources=1f6fea1f8a59e6b3 seconds=179.6
+# shardfuzz reduced reproducer: entry=4b3df5ef65b9255f sources=1f6fea1f8a59e6b3 seconds=27.7
 """Reproduces shardfuzz corpus entry metamorphic-mismatch-fc5f66f774ab.json: mismatch:metamorphic@fsdp1:unfrozen-frozen-unit
 
 Observed: FSDP1 NO_SHARD auto-wrapping a block whose parameters are all frozen, one of them
@@ -48,9 +48,13 @@ class RankContext:
     world_size: object
     device: object
     backend: object
+    _meshes: object = field(default_factory=dict)
 
     def mesh(self, shape, names):
-        pass
+        from torch.distributed.device_mesh import init_device_mesh
+        key = (shape, names)
+        self._meshes[key] = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
+        return self._meshes[key]
 
     def group(self, name):
         pass
@@ -86,12 +90,12 @@ class Block:
 
 def iter_paths(block, prefix=''):
     yield (prefix, block)
-    i, child = next(iter(enumerate(block.children)))
-    path = f'{prefix}.{i}' if prefix else str(i)
-    if isinstance(child, Block):
-        yield from iter_paths(child, path)
-    else:
-        yield (path, child)
+    for i, child in enumerate(block.children):
+        path = f'{prefix}.{i}' if prefix else str(i)
+        if isinstance(child, Block):
+            yield from iter_paths(child, path)
+        else:
+            yield (path, child)
 
 def owns_params(node):
     if isinstance(node, Leaf):
@@ -113,6 +117,12 @@ class ModuleTree:
     def size(self):
         pass
 
+def contains(outer, path):
+    return outer == path or outer == '' or path.startswith(outer + '.')
+
+def is_ancestor(ancestor, path):
+    return ancestor != path and contains(ancestor, path)
+
 class Wrapper(str, enum.Enum):
     NONE = 'none'
     DDP = 'ddp'
@@ -129,6 +139,40 @@ class ShardSpec:
 
     @property
     def paths(self):
+        return ('', *())
+
+@dataclass(frozen=True)
+class Knobs:
+    gradient_divide_factor: object = None
+
+    def names(self):
+        pass
+
+class ReplicateGroup(str, enum.Enum):
+    DEFAULT = 'default'
+    PROCESS_GROUP = 'process_group'
+    DEVICE_MESH = 'device_mesh'
+
+@dataclass(frozen=True)
+class ReplicateOptions:
+    group: object = ReplicateGroup.DEFAULT
+    device_id: object = False
+    delay_all_reduce: object = False
+
+    def names(self):
+        pass
+
+class ContextFn(str, enum.Enum):
+    NONE = 'none'
+    SAVE_MATMULS = 'save_matmuls'
+    SAVE_MATMULS_LIST = 'save_matmuls_list'
+
+@dataclass(frozen=True)
+class CheckpointOptions:
+    context_fn: object = ContextFn.NONE
+    debug: object = False
+
+    def names(self):
         pass
 
 @dataclass(frozen=True)
@@ -140,6 +184,9 @@ class Composition:
     wrapper: object = Wrapper.NONE
     auto_wrap: object = False
     tp_size: object = 1
+    knobs: object = field(default_factory=Knobs)
+    replicate_options: object = field(default_factory=ReplicateOptions)
+    checkpoint_options: object = field(default_factory=CheckpointOptions)
 
     def reshard_after_forward(self, spec):
         pass
@@ -150,14 +197,17 @@ class Composition:
 
     @property
     def shard_ignored(self):
-        pass
+        return frozenset((p for spec in self.shards for p in ()))
 
     def steps(self):
+        order = {'checkpoint': 0 if self.checkpoint_first else 3, 'fully_shard': 1, 'replicate': 2}
         items = [('checkpoint', p) for p in ()] + [('replicate', p) for p in ()]
         items += [('fully_shard', '') for spec in self.shards]
 
         def key(item):
-            pass
+            api, path = item
+            depth = min((q.count('.') + (q != '') for q in ('',)))
+            return (-depth, order[api], path)
         return sorted(items, key=key)
 
 @dataclass(frozen=True)
@@ -180,8 +230,25 @@ class Layout:
         shards = tuple((Unit('fully_shard', i, ('',)) for i, spec in enumerate(self.comp.shards)))
         return shards + tuple((Unit('replicate', i, (p,)) for i, p in enumerate(())))
 
+    @cached_property
+    def member_paths(self):
+        return tuple((m for u in self.units for m in u.members))
+
+    def member_of(self, path, api=None):
+        best = None
+        members = self.member_paths if api is None else [m for u in self.units if u.api == api for m in u.members]
+        for m in members:
+            if contains(m, path) and (best is None or is_ancestor(best, m)):
+                best = m
+        return best
+
     def frozen_only(self, unit, member=None):
         pass
+
+    def local(self):
+        ignored = ()
+        by_shards = self.comp.shard_ignored
+        return [p for p, n in self.paths.items() if owns_params(n) and (any((contains(i, p) for i in ignored)) or p in by_shards) and (self.member_of(p) is None)]
 
 class AccumSync(str, enum.Enum):
     ALWAYS = 'always'
@@ -265,6 +332,12 @@ class Case:
     def size(self):
         pass
 
+class Api(str, enum.Enum):
+    SPLIT = 'split'
+    COMBINED = 'combined'
+    MODULE = 'module'
+    FSDP1 = 'fsdp1_optim_state_dict'
+
 @dataclass(frozen=True)
 class Options:
     pass
@@ -277,6 +350,7 @@ class StateDictBody(Body):
     source: object
     target: object
     training: object = field(default_factory=Training)
+    api: object = Api.SPLIT
     save: object = field(default_factory=Options)
     load: object = field(default_factory=Options)
     requires_grad: object = ()
@@ -309,6 +383,10 @@ class DcpBody(Body):
     def size(self):
         pass
 
+def fsdp_sharded(p):
+    from torch.distributed.tensor import DTensor
+    return isinstance(p, DTensor) and 'shard' in (p.device_mesh.mesh_dim_names or ('shard',))
+
 class TreeBlock(nn.Module):
 
     def __init__(self, children, residual, width, scale, buffer):
@@ -331,23 +409,51 @@ class PointwiseConv1d(nn.Conv1d):
     def forward(self, x):
         return super().forward(x.unsqueeze(-1)).squeeze(-1)
 
+def build_leaf(leaf, width):
+    module = _build_leaf(leaf, width)
+    if leaf.frozen:
+        module.requires_grad_(False)
+    return module
+
+def _build_leaf(leaf, width):
+    return PointwiseConv1d(width, width, kernel_size=1, bias=False)
+
 def build_node(node, width):
     if isinstance(node, Leaf):
-        module = PointwiseConv1d(width, width, kernel_size=1, bias=False)
-        if node.frozen:
-            module.requires_grad_(False)
-        return module
+        return build_leaf(node, width)
     return TreeBlock([build_node(c, width) for c in node.children], False, width, False, False)
 
 def build_model(tree, device):
-    return build_node(tree.root, 1)
+    with torch.device(device):
+        return build_node(tree.root, 1)
+
+def tree_blocks(model):
+    return {'.'.join((c for c in name.split('.') if c.isdigit())): m for name, m in model.named_modules() if isinstance(m, TreeBlock)}
+
+def set_skipped(blocks, paths):
+    skipped = {p: set() for p in blocks}
+    for p, block in blocks.items():
+        pass
+
+def checkpoint_kwargs(opts):
+    kwargs = {}
+    return kwargs
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
 _WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.')
 
 def clean_name(name):
-    prefix = next(iter(_WRAPPER_PREFIXES))
-    name = name.replace(prefix, '')
+    for prefix in _WRAPPER_PREFIXES:
+        name = name.replace(prefix, '')
     return name
+
+def mesh_for(comp, ctx):
+    return ctx.mesh((ctx.world_size,), ('shard',))
+
+def apply_fully_shard(model, spec, mesh):
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+    kwargs = {'mesh': mesh, 'reshard_after_forward': False}
+    modules = [model.get_submodule(p) for p in ('',)]
+    fully_shard(modules if () else modules[0], **kwargs)
 
 @dataclass
 class Composed:
@@ -358,45 +464,84 @@ class Composed:
     knobs: object = None
 
     def set_sync(self, requires_gradient_sync=True, requires_all_reduce=True):
-        pass
+        for m in self.fsdp_roots:
+            m.set_requires_gradient_sync(requires_gradient_sync)
+            m.set_requires_all_reduce(requires_all_reduce)
 
     @contextmanager
     def full_parameters(self):
         from torch.distributed.tensor import DTensor
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-        modules = {clean_name(n): m for n, m in self.model.named_modules()}
+        if self.wrapper.value.startswith('fsdp1'):
+            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+            modules = {clean_name(n): m for n, m in self.model.named_modules()}
+            with FSDP.summon_full_params(self.model):
+                out = {}
+                for name in self.param_names:
+                    owner, _, attr = name.rpartition('.')
+                    out[name] = getattr(modules[owner], attr).detach().clone()
+                yield out
+            return
         out = {}
-        for name in self.param_names:
-            owner, _, attr = name.rpartition('.')
-            out[name] = getattr(modules[owner], attr).detach().clone()
-        yield out
-        return
-        out = {}
-        n, p = next(iter(self.model.named_parameters()))
-        out[clean_name(n)] = p.full_tensor().detach()
+        for n, p in self.model.named_parameters():
+            out[clean_name(n)] = p.full_tensor().detach()
         yield out
 
 def compose(model, comp, ctx, tree=None):
     from torch.distributed._composable import checkpoint, replicate
+    ckpt_kwargs = checkpoint_kwargs(comp.checkpoint_options)
     if comp.wrapper is not Wrapper.NONE:
         names = [n for n, _ in model.named_parameters()]
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-        from torch.distributed.fsdp import ShardingStrategy
-        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-        strategy = {Wrapper.FSDP1_FULL_SHARD: ShardingStrategy.FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP: ShardingStrategy.SHARD_GRAD_OP, Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD, Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[comp.wrapper]
-        kwargs_ = {'sharding_strategy': strategy, 'device_id': ctx.device, 'use_orig_params': True}
-        kwargs_['auto_wrap_policy'] = ModuleWrapPolicy({TreeBlock})
-        wrap_out = FSDP(model, **kwargs_)
-        return Composed(model=wrap_out, wrapper=comp.wrapper, param_names=names)
-    pass
-    api, path = next(iter(comp.steps()))
-    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
-    kwargs = {'mesh': None, 'reshard_after_forward': False}
-    modules = [model.get_submodule(p_) for p_ in ('',)]
-    fully_shard(modules if () else modules[0], **kwargs)
+        return Composed(model=_wrap(model, comp, ctx), wrapper=comp.wrapper, param_names=names)
+    mesh = mesh_for(comp, ctx)
+    specs = {'': s for s in comp.shards}
+    for api, path in comp.steps():
+        apply_fully_shard(model, specs[path], mesh)
     sharded = comp.sharded_paths
     tops = [p for p in sharded if not any((False for q in sharded))]
     return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
+
+def build_composed(tree, comp, dtype, ctx, *, seed):
+    torch.manual_seed(seed)
+    model = build_model(tree, ctx.device).to(dtype)
+    return (model, _with_knobs(model, compose(model, comp, ctx, tree), comp, tree))
+
+def _with_knobs(model, composed, comp, tree):
+    return composed
+
+def _wrap(model, comp, ctx):
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+    strategy = {Wrapper.FSDP1_FULL_SHARD: ShardingStrategy.FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP: ShardingStrategy.SHARD_GRAD_OP, Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD, Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[comp.wrapper]
+    kwargs = {'sharding_strategy': strategy, 'device_id': ctx.device, 'use_orig_params': True}
+    kwargs['auto_wrap_policy'] = ModuleWrapPolicy({TreeBlock})
+    return FSDP(model, **kwargs)
+
+def make_optimizer(params, training, later=()):
+    held = {id(p) for p in later}
+    params = [p for p in params if p.requires_grad or id(p) in held]
+    groups = params
+    return torch.optim.SGD(groups, lr=0.01, momentum=0.0, foreach=None)
+
+def full_parameters(model):
+    pass
+
+def batches(case, training, width, ctx, tp_size=1):
+    dtype = TORCH_DTYPES[training.dtype]
+    gen = torch.Generator().manual_seed(0)
+    lo = ctx.rank // tp_size * 1
+    out = []
+    for _ in range(2):
+        step = []
+        for _ in range(1):
+            x = torch.randn(ctx.world_size * 1, width, generator=gen, dtype=dtype)
+            y = torch.randn(ctx.world_size * 1, width, generator=gen, dtype=dtype)
+            step.append((x[lo:lo + 1].to(ctx.device), y[lo:lo + 1].to(ctx.device)))
+        out.append(step)
+    return out
+
+def _seed_for_run(case, ctx, tp_size=1):
+    torch.manual_seed((0 * 7919 + ctx.rank // tp_size + 1) % 2 ** 63)
 
 class _Contracts:
 
@@ -409,92 +554,82 @@ class _Contracts:
         for path in comp.sharded_paths:
             mod = model.get_submodule(path)
             self.handles.append(mod.register_forward_hook(self._on_output(path)))
-        name, mod = next(iter(model.named_modules()))
-        self.handles.append(mod.register_forward_pre_hook(self._on_leaf(name)))
+        for name, mod in model.named_modules():
+            if any((True for _ in mod.parameters(recurse=False))):
+                self.handles.append(mod.register_forward_pre_hook(self._on_leaf(name)))
 
     def _on_output(self, path):
 
         def hook(module, args, output):
-            pass
+            self.output_dtypes.setdefault(path, str(output.dtype).removeprefix('torch.'))
         return hook
 
     def _on_leaf(self, name):
 
         def hook(module, args):
-            pass
+            p = next(module.parameters(recurse=False))
+            self.leaf_dtypes.setdefault(name, str(p.dtype).removeprefix('torch.'))
         return hook
 
     def after_forward(self, skipped):
-        h = next(iter(self.handles))
-        h.remove()
+        for h in self.handles:
+            h.remove()
         sharded = self.comp.sharded_paths + list(())
         state = {}
         for spec in self.comp.shards:
             flags = []
+            for path in ('',):
+                for sub, _ in iter_paths_of(self.model, path):
+                    mod = self.model.get_submodule(sub)
+                    flags += [fsdp_sharded(p) for p in mod.parameters(recurse=False)]
             state[''] = flags
         return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
 
+def iter_paths_of(model, path):
+    root = model.get_submodule(path)
+    return [(n or path, m) for n, m in root.named_modules()]
+
+def replicate_contract(model, comp, skipped=None):
+    from torch.distributed._composable import replicate
+    out = {}
+    return out
+
 def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precision=None, local=frozenset()):
     dtype = TORCH_DTYPES[training.dtype]
-    torch.manual_seed(0)
-    model_ = build_model(tree, ctx.device).to(dtype)
-    composed_ = compose(model_, comp, ctx, tree)
-    model, composed = (model_, composed_)
+    model, composed = build_composed(tree, comp, dtype, ctx, seed=0)
     contracts = _Contracts(model, comp)
     obs = {}
-    model__ = composed.model
-    out__ = {'0': [] for u_ in training.unfreeze}
-    name, p__ = next(iter(model__.named_parameters()))
-    owner = '.'.join((c for c in clean_name(name).split('.')[:-1] if c.isdigit()))
-    out__[owner].append(p__)
-    params = composed.model.parameters()
-    later_ = [p for ps in out__.values() for p in ps]
-    held = {id(p_) for p_ in later_}
-    params = [p_ for p_ in params if p_.requires_grad or id(p_) in held]
-    groups = params
-    opt = torch.optim.SGD(groups, lr=0.01, momentum=0.0, foreach=None)
-    model___ = composed.model
+    blocks = tree_blocks(composed.model)
+    later = _unfrozen_later(composed.model, training)
+    opt = make_optimizer(composed.model.parameters(), training, [p for ps in later.values() for p in ps])
+    forward = _compiled(composed.model, training)
+    _seed_for_run(case, ctx, tp_size)
     losses = []
     params_per_step = []
     grad_norms = []
-    dtype_ = TORCH_DTYPES[training.dtype]
-    gen = torch.Generator().manual_seed(0)
-    lo = ctx.rank // tp_size * 1
-    out_ = []
-    for _ in range(2):
-        step_ = []
-        _ = next(iter(range(1)))
-        x_ = torch.randn(ctx.world_size * 1, 1, generator=gen, dtype=dtype_)
-        y_ = torch.randn(ctx.world_size * 1, 1, generator=gen, dtype=dtype_)
-        step_.append((x_[lo:lo + 1].to(ctx.device), y_[lo:lo + 1].to(ctx.device)))
-        out_.append(step_)
-    for s, step in enumerate(out_):
+    for s, step in enumerate(batches(case, training, 1, ctx, tp_size)):
         for path in ['0' for u in training.unfreeze if 1 == s]:
-            p = next(iter(out__[path]))
-            p.requires_grad_(True)
+            for p in later[path]:
+                p.requires_grad_(True)
         step_losses = []
-        i, (x, y) = next(iter(enumerate(step)))
-        skipped = training.skipped_at(s, i)
-        last = i == len(step) - 1
-        sync = AccumSync.ALWAYS
-        composed.set_sync(requires_gradient_sync=sync is not AccumSync.NO_GRAD_SYNC, requires_all_reduce=sync is AccumSync.ALWAYS)
-        ctx_mgr = _null()
-        out = model___(x)
-        if contracts is not None and comp is not None:
-            obs['contracts'] = contracts.after_forward(skipped)
-            obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
-            contracts = None
-        loss = F.mse_loss(out.to(y.dtype), y)
-        loss.backward()
-        step_losses.append(loss.item())
-        from torch.distributed.tensor import DTensor
-        total = torch.zeros((), dtype=torch.float64)
-        p___ = next(iter(composed.model.parameters()))
-        if p___.grad is not None:
-            g = p___.grad.full_tensor() if isinstance(p___.grad, DTensor) else p___.grad
-            total += g.double().pow(2).sum().cpu()
-        grad_norm_out = float(total.sqrt())
-        grad_norms.append(grad_norm_out)
+        for i, (x, y) in enumerate(step):
+            skipped = training.skipped_at(s, i)
+            set_skipped(blocks, skipped)
+            last = i == len(step) - 1
+            sync = AccumSync.ALWAYS
+            composed.set_sync(requires_gradient_sync=sync is not AccumSync.NO_GRAD_SYNC, requires_all_reduce=sync is AccumSync.ALWAYS)
+            ctx_mgr = _null()
+            with ctx_mgr:
+                out = forward(x)
+                if contracts is not None and comp is not None:
+                    obs['contracts'] = contracts.after_forward(skipped)
+                    obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
+                    obs['contracts']['replicate_params'] = replicate_contract(model, comp, skipped)
+                    contracts = None
+                loss = F.mse_loss(out.to(y.dtype), y)
+                loss.backward()
+            step_losses.append(loss.item())
+        grad_norms.append(_grad_norm(composed))
         opt.step()
         opt.zero_grad(set_to_none=False)
         losses.append(step_losses)
@@ -503,17 +638,52 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
                 params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
     obs['losses'] = losses
     obs['grad_norms'] = grad_norms
+    obs['local_params'] = _local_replicated(composed.model, _local_of(tree, comp))
     obs['knob_problems'] = []
-    obs['params'] = params_per_step
+    if ctx.rank == 0:
+        obs['params'] = params_per_step
     return obs
+
+def _unfrozen_later(model, training):
+    out = {'0': [] for u in training.unfreeze}
+    for name, p in model.named_parameters():
+        owner = '.'.join((c for c in clean_name(name).split('.')[:-1] if c.isdigit()))
+        if owner in out:
+            out[owner].append(p)
+    return out
+
+def _compiled(model, training):
+    return model
 
 class _null:
 
     def __enter__(self):
-        pass
+        return None
 
     def __exit__(self, *exc):
-        pass
+        return None
+
+def _grad_norm(composed):
+    from torch.distributed.tensor import DTensor
+    total = torch.zeros((), dtype=torch.float64)
+    for p in composed.model.parameters():
+        if p.grad is not None:
+            g = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+            total += g.double().pow(2).sum().cpu()
+    return float(total.sqrt())
+
+def _local_of(tree, comp):
+    return frozenset(Layout(tree, comp).local())
+
+def _local_replicated(model, local=frozenset()):
+    from torch.distributed.tensor import DTensor
+    return {n: p.detach().double().cpu().flatten().tolist() for n, p in model.named_parameters() if not isinstance(p, DTensor) and (not n.startswith('_fsdp_wrapped_module')) and ('_fsdp' not in n) and (clean_name(n).rpartition('.')[0] not in local)}
+
+def run_metamorphic(case, body, ctx):
+    first = train(case, body.tree, body.training, body.composition, ctx)
+    second = train(case, body.tree, body.training, body.variant, ctx)
+    keys = ('losses', 'params', 'grad_norms', 'knob_problems')
+    return {**first, 'ref': {k: second[k] for k in keys if k in second}}
 
 class OutcomeKind(str, enum.Enum):
     OK = 'ok'
@@ -865,12 +1035,7 @@ def attempt(rank, world_size):
     case = Case(property='metamorphic', world_size=2, seed=0, body=MetamorphicBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False, frozen=True), Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),))))), composition=Composition(shards=(ShardSpec(path='', reshard_after_forward=False),), checkpoint_first=False), variant=Composition(wrapper=Wrapper.FSDP1_NO_SHARD, auto_wrap=True), training=Training(lr=0.01, eps=0.0001, batch_per_rank=1, set_to_none=False, unfreeze=(Unfreeze(path='0', step=1),))))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
-    body = MetamorphicBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False, frozen=True), Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),))))), composition=Composition(shards=(ShardSpec(path='', reshard_after_forward=False),), checkpoint_first=False), variant=Composition(wrapper=Wrapper.FSDP1_NO_SHARD, auto_wrap=True), training=Training(lr=0.01, eps=0.0001, batch_per_rank=1, set_to_none=False, unfreeze=(Unfreeze(path='0', step=1),)))
-    first = train(case, body.tree, body.training, body.composition, ctx)
-    second = train(case, body.tree, body.training, body.variant, ctx)
-    keys = ('losses', 'params', 'grad_norms', 'knob_problems')
-    run_metamorphic_out = {**first, 'ref': {k: second[k] for k in keys if k in second}}
-    obs = json.loads(json.dumps(run_metamorphic_out))
+    obs = json.loads(json.dumps(run_metamorphic(case, case.body, ctx)))
     outs = [None] * world_size
     dist.all_gather_object(outs, obs)
     if rank != 0:
@@ -878,7 +1043,9 @@ def attempt(rank, world_size):
     reports = tuple((RankReport(rank=r, observation=o) for r, o in enumerate(outs)))
     failure = judge_metamorphic(case, Outcome(kind=OutcomeKind.OK, ranks=reports, seconds=0.0))
     if failure is not None and failure.signature in ['mismatch:metamorphic@fsdp1:unfrozen-frozen-unit']:
-        return f'REPRODUCED {failure.signature}: {failure.summary}'
+        import hashlib
+        observed = hashlib.sha256(json.dumps(outs, sort_keys=True).encode()).hexdigest()[:16]
+        return f'REPRODUCED {failure.signature}: observations {observed}: {failure.summary}'
     return f'PASS or another failure: {failure and failure.signature}'
 
 def main():

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=62d0f0bce699e8c9 sources=1f6fea1f8a59e6b3 seconds=156.1
+# shardfuzz reduced reproducer: entry=62d0f0bce699e8c9 sources=1f6fea1f8a59e6b3 seconds=260.1
 """Reproduces shardfuzz corpus entry parity-mismatch-28f92215865a.json: mismatch:parity@fsdp2:delay-all-reduce
 
 Observed: replicate with delay_all_reduce_named_params / param_to_hook_all_reduce: DDP keeps the
@@ -29,6 +29,7 @@ import enum
 from dataclasses import dataclass
 from dataclasses import dataclass, field
 from functools import cached_property
+from dataclasses import replace
 import builtins
 from typing import Any, ClassVar
 import json
@@ -51,9 +52,14 @@ class RankContext:
     world_size: object
     device: object
     backend: object
+    _meshes: object = field(default_factory=dict)
 
     def mesh(self, shape, names):
-        pass
+        from torch.distributed.device_mesh import init_device_mesh
+        key = (shape, names)
+        if key not in self._meshes:
+            self._meshes[key] = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
+        return self._meshes[key]
 
     def group(self, name):
         pass
@@ -72,6 +78,7 @@ class Dtype(str, enum.Enum):
     FLOAT64 = 'float64'
     BFLOAT16 = 'bfloat16'
     FLOAT16 = 'float16'
+PARAM_LEAVES = frozenset({LeafKind.LINEAR, LeafKind.LAYER_NORM, LeafKind.CONV1D})
 
 @dataclass(frozen=True)
 class Leaf:
@@ -88,12 +95,26 @@ class Block:
 
 def iter_paths(block, prefix=''):
     yield (prefix, block)
-    i, child = next(iter(enumerate(block.children)))
-    path = str(i)
-    yield (path, child)
+    for i, child in enumerate(block.children):
+        path = f'{prefix}.{i}' if prefix else str(i)
+        yield (path, child)
+
+def owns_params(node):
+    if isinstance(node, Leaf):
+        return node.kind in PARAM_LEAVES
+    return node.scale
+
+def forward_order(block, prefix=''):
+    out = []
+    for i, child in enumerate(block.children):
+        path = f'{prefix}.{i}' if prefix else str(i)
+        if owns_params(child):
+            out.append(path)
+    return out
 
 def param_names(node):
-    return ['weight', 'bias']
+    if isinstance(node, Leaf):
+        return ['weight', 'bias'] if node.bias else ['weight']
 
 @dataclass(frozen=True)
 class ModuleTree:
@@ -107,43 +128,110 @@ class ModuleTree:
     def size(self):
         pass
 
+def contains(outer, path):
+    return outer == path or outer == '' or path.startswith(outer + '.')
+
 def is_ancestor(ancestor, path):
     pass
+
+class Wrapper(str, enum.Enum):
+    NONE = 'none'
+    DDP = 'ddp'
+    FSDP1_FULL_SHARD = 'fsdp1_full_shard'
+    FSDP1_SHARD_GRAD_OP = 'fsdp1_shard_grad_op'
+    FSDP1_NO_SHARD = 'fsdp1_no_shard'
+    FSDP1_HYBRID_SHARD = 'fsdp1_hybrid_shard'
+
+@dataclass(frozen=True)
+class Knobs:
+    gradient_divide_factor: object = None
+
+    @property
+    def is_set(self):
+        return self != Knobs()
+
+    def names(self):
+        pass
+
+class ReplicateGroup(str, enum.Enum):
+    DEFAULT = 'default'
+    PROCESS_GROUP = 'process_group'
+    DEVICE_MESH = 'device_mesh'
 
 @dataclass(frozen=True)
 class ReplicateOptions:
     gradient_as_bucket_view: object = False
     static_graph: object = False
+    group: object = ReplicateGroup.DEFAULT
+    ignored_modules: object = ()
     batched_grad_copy: object = False
     skip_all_reduce_unused_params: object = False
     delay_all_reduce: object = False
+
+    @property
+    def is_set(self):
+        return self != ReplicateOptions()
+
+    def names(self):
+        pass
+
+class ContextFn(str, enum.Enum):
+    NONE = 'none'
+    SAVE_MATMULS = 'save_matmuls'
+    SAVE_MATMULS_LIST = 'save_matmuls_list'
+
+@dataclass(frozen=True)
+class CheckpointOptions:
+    preserve_rng_state: object = True
+    context_fn: object = ContextFn.NONE
+    debug: object = False
+
+    @property
+    def is_set(self):
+        return self != CheckpointOptions()
+
+    def names(self):
+        pass
 
 @dataclass(frozen=True)
 class Composition:
     shards: object = ()
     replicates: object = ()
+    checkpoints: object = ()
+    checkpoint_first: object = True
     mesh: object = ()
+    wrapper: object = Wrapper.NONE
+    meta_init: object = False
     tp_size: object = 1
+    find_unused: object = False
+    knobs: object = field(default_factory=Knobs)
     replicate_options: object = field(default_factory=ReplicateOptions)
+    checkpoint_options: object = field(default_factory=CheckpointOptions)
 
     def reshard_after_forward(self, spec):
         pass
 
     @property
     def sharded_paths(self):
-        return [p for spec in () for p in spec.paths]
+        return [p for spec in self.shards for p in spec.paths]
 
     @property
     def shard_ignored(self):
-        return frozenset((p for spec in () for p in spec.ignored))
+        return frozenset((p for spec in self.shards for p in spec.ignored))
 
     def steps(self):
-        items = [('checkpoint', p) for p in ()] + [('replicate', p) for p in ('',)]
-        items += [('fully_shard', spec.path) for spec in ()]
+        order = {'checkpoint': 0 if self.checkpoint_first else 3, 'fully_shard': 1, 'replicate': 2}
+        items = [('checkpoint', p) for p in self.checkpoints] + [('replicate', p) for p in self.replicates]
+        items += [('fully_shard', spec.path) for spec in self.shards]
 
         def key(item):
-            pass
+            api, path = item
+            depth = min((q.count('.') + (q != '') for q in self._spec_paths(api, path)))
+            return (-depth, order[api], path)
         return sorted(items, key=key)
+
+    def _spec_paths(self, api, path):
+        return (path,)
 
 @dataclass(frozen=True)
 class Unit:
@@ -162,21 +250,59 @@ class Layout:
 
     @cached_property
     def units(self):
-        shards = tuple((Unit('fully_shard', i, spec.paths) for i, spec in enumerate(())))
-        return shards + tuple((Unit('replicate', i, (p,)) for i, p in enumerate(('',))))
+        shards = tuple((Unit('fully_shard', i, spec.paths) for i, spec in enumerate(self.comp.shards)))
+        return shards + tuple((Unit('replicate', i, (p,)) for i, p in enumerate(self.comp.replicates)))
+
+    @cached_property
+    def member_paths(self):
+        return tuple((m for u in self.units for m in u.members))
+
+    def member_of(self, path, api=None):
+        best = None
+        members = self.member_paths if api is None else [m for u in self.units if u.api == api for m in u.members]
+        for m in members:
+            if contains(m, path) and (best is None or is_ancestor(best, m)):
+                best = m
+        return best
+
+    def unit_of(self, path):
+        member = self.member_of(path)
+        return next((u for u in self.units if member in u.members))
 
     def owned_by(self, unit, member=None):
         out = []
         for path, node in self.paths.items():
-            out.append(path)
+            if owns_params(node) and self.member_of(path) in (unit.members if member is None else (member,)):
+                out.append(path)
         return out
 
+    def local(self):
+        ignored = self.comp.replicate_options.ignored_modules
+        by_shards = self.comp.shard_ignored
+        return [p for p, n in self.paths.items() if owns_params(n) and (any((contains(i, p) for i in ignored)) or p in by_shards) and (self.member_of(p) is None)]
+
     def ignored_by(self, member):
-        pass
+        out = []
+        return out
 
     def replicated_params(self, member):
-        unit = next((u for u in self.units if 'replicate' == 'replicate' and ('',) == (member,)))
+        unit = next((u for u in self.units if u.api == 'replicate' and u.members == (member,)))
         return [(p, name) for p in self.owned_by(unit) for name in param_names(self.paths[p])]
+
+    def delay_plan(self, member):
+        unit = next((u for u in self.units if u.api == 'replicate' and u.members == (member,)))
+        owned = set(self.owned_by(unit))
+        order = [p for p in forward_order(self.tree.root) if p in owned and self._trainable(p)]
+        return (order[0], tuple(order[1:]))
+
+    def _trainable(self, path):
+        node = self.paths[path]
+        return not (isinstance(node, Leaf) and node.frozen)
+
+    def gradient_scale(self, path, world_size):
+        unit = self.unit_of(path)
+        if unit is None or unit.api != 'fully_shard':
+            return 1.0
 
 class AccumSync(str, enum.Enum):
     ALWAYS = 'always'
@@ -199,18 +325,72 @@ class Training:
     lr: object = 0.1
     momentum: object = 0.0
     steps: object = 2
+    batch_per_rank: object = 2
     dtype: object = Dtype.FLOAT32
+    grad_accum: object = 1
     accum_sync: object = AccumSync.ALWAYS
     set_to_none: object = True
+    same_input: object = False
     foreach: object = None
+    skips: object = ()
     unfreeze: object = ()
     compile: object = Compile.NONE
 
     def skipped_at(self, step, microbatch):
-        return [s.path for s in () if s.step == step and s.microbatch == microbatch]
+        return [s.path for s in self.skips if s.step == step and s.microbatch == microbatch]
 
     def unused_on_some_microbatches(self, tree):
         pass
+
+def check_composition(tree, comp, where='composition'):
+    paths = tree.paths()
+    for name, group in (('replicates', comp.replicates), ('checkpoints', comp.checkpoints)):
+        for i, path in enumerate(group):
+            pass
+    for i, path in enumerate(comp.replicates):
+        pass
+    for api, path in comp.steps():
+        if api != 'fully_shard':
+            continue
+    _check_tp(tree, comp, where)
+    _check_replicate_options(tree, comp, where)
+    _check_checkpoint_options(tree, comp, where)
+    _check_ignored_params(tree, comp, where)
+    if comp.wrapper is Wrapper.NONE:
+        pass
+
+def _check_replicate_options(tree, comp, where):
+    opts = comp.replicate_options
+    paths = tree.paths()
+    plain = Layout(tree, replace(comp, replicate_options=replace(opts, ignored_modules=())))
+    layout = Layout(tree, comp)
+    for member in comp.replicates:
+        unit = next((u for u in layout.units if u.api == 'replicate' and u.members == (member,)))
+
+def _check_ignored_params(tree, comp, where):
+    specs = [(i, s) for i, s in enumerate(comp.shards) if s.ignored]
+    if not specs:
+        return
+
+def _check_checkpoint_options(tree, comp, where):
+    if comp.checkpoint_options.preserve_rng_state:
+        return
+
+def _check_tp(tree, comp, where):
+    paths = tree.paths()
+
+def check_mesh(comp, world_size, where='composition'):
+    pass
+
+def check_training(tree, comps, t, where='training'):
+    paths = tree.paths()
+    for comp in comps:
+        _check_replicate_training(comp, t, where)
+
+def _check_replicate_training(comp, t, where):
+    opts = comp.replicate_options
+    if not (opts.static_graph or opts.skip_all_reduce_unused_params or opts.delay_all_reduce) or not t.skips:
+        return
 
 class Body:
     KIND: ClassVar[str]
@@ -220,6 +400,9 @@ class Body:
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         Body.registry[cls.KIND] = cls
+
+    def validate_for(self, world_size):
+        pass
 
     @property
     def size(self):
@@ -233,9 +416,17 @@ class ParityBody(Body):
     composition: object
     training: object = field(default_factory=Training)
 
+    def __post_init__(self):
+        check_composition(self.tree, self.composition)
+        t = self.training
+        check_training(self.tree, (self.composition,), t)
+
     @property
     def size(self):
         pass
+
+    def validate_for(self, world_size):
+        check_mesh(self.composition, world_size)
 
 @dataclass(frozen=True)
 class Case:
@@ -244,9 +435,18 @@ class Case:
     seed: object
     body: object
 
+    def __post_init__(self):
+        self.body.validate_for(self.world_size)
+
     @builtins.property
     def size(self):
         pass
+
+class Api(str, enum.Enum):
+    SPLIT = 'split'
+    COMBINED = 'combined'
+    MODULE = 'module'
+    FSDP1 = 'fsdp1_optim_state_dict'
 
 @dataclass(frozen=True)
 class Options:
@@ -260,12 +460,16 @@ class StateDictBody(Body):
     source: object
     target: object
     training: object = field(default_factory=Training)
+    api: object = Api.SPLIT
     save: object = field(default_factory=Options)
     load: object = field(default_factory=Options)
     requires_grad: object = ()
 
     @property
     def size(self):
+        pass
+
+    def validate_for(self, world_size):
         pass
 
 class DcpMode(str, enum.Enum):
@@ -292,38 +496,103 @@ class DcpBody(Body):
     def size(self):
         pass
 
+    def validate_for(self, world_size):
+        pass
+
 class TreeBlock(nn.Module):
 
     def __init__(self, children, residual, width, scale, buffer):
         super().__init__()
-        i, child = next(iter(enumerate(children)))
-        self.add_module(str(i), child)
+        for i, child in enumerate(children):
+            self.add_module(str(i), child)
         self.residual = residual
-        self.scale = None
+        self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(width)) if scale else None
         self.shift = None
         self.skipped: frozenset[str] = frozenset()
 
     def forward(self, x):
         y = x
-        name, child = next(iter(self.named_children()))
-        y = child(y)
-        return y
+        for name, child in self.named_children():
+            y = child(y)
+        return x + y if self.residual else y
+
+def build_leaf(leaf, width):
+    module = _build_leaf(leaf, width)
+    return module
+
+def _build_leaf(leaf, width):
+    if leaf.kind is LeafKind.LINEAR:
+        return nn.Linear(width, width, bias=leaf.bias)
 
 def build_node(node, width):
     if isinstance(node, Leaf):
-        module = nn.Linear(width, width, bias=True)
-        return module
-    return TreeBlock([build_node(c, width) for c in node.children], False, width, False, False)
+        return build_leaf(node, width)
+    return TreeBlock([build_node(c, width) for c in node.children], node.residual, width, node.scale, node.buffer)
 
 def build_model(tree, device):
-    return build_node(tree.root, 4)
+    with torch.device(device):
+        return build_node(tree.root, tree.width)
+
+def tree_blocks(model):
+    return {'.'.join((c for c in name.split('.') if c.isdigit())): m for name, m in model.named_modules() if isinstance(m, TreeBlock)}
+
+def set_skipped(blocks, paths):
+    skipped = {p: set() for p in blocks}
+    for p, block in blocks.items():
+        pass
+
+def replicate_kwargs(model, tree, comp, path, ctx):
+    opts = comp.replicate_options
+    kwargs = {'find_unused_parameters': comp.find_unused}
+    kwargs['device_ids'] = None if ctx.device.type == 'cpu' else [ctx.device]
+    for name in ('gradient_as_bucket_view', 'static_graph', 'batched_grad_copy', 'skip_all_reduce_unused_params'):
+        if getattr(opts, name):
+            kwargs[name] = True
+    layout = Layout(tree, comp)
+    ignored = layout.ignored_by(path)
+    plan = layout.delay_plan(path) if opts.delay_all_reduce else None
+    if plan is not None:
+        hook, delayed = plan
+        order = layout.replicated_params(path)
+        kwargs['param_to_hook_all_reduce'] = model.get_submodule(hook).get_parameter(next((name for p, name in order if p == hook)))
+        kwargs['delay_all_reduce_named_params'] = [(str(i), model.get_submodule(p).get_parameter(name)) for i, (p, name) in enumerate(order) if p in delayed]
+    return kwargs
+
+def delay_problems(model, comp):
+    from torch.distributed._composable import replicate
+    problems = []
+    for member in comp.replicates:
+        ddp = getattr(replicate.state(model.get_submodule(member)), '_ddp', None)
+        reduced = {id(p) for p in ddp._build_params_for_reducer()[0]}
+        held = [i for i, p in enumerate(ddp._delay_all_reduce_params) if id(p) in reduced]
+        if held:
+            problems.append(f"replicate({member!r}): {len(held)} of {len(ddp._delay_all_reduce_params)} delayed parameters are also in DDP's reducer (all-reduced twice)")
+    return problems
+
+def checkpoint_kwargs(opts):
+    kwargs = {}
+    if not opts.is_set:
+        return kwargs
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
+_WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.')
+
+def clean_name(name):
+    for prefix in _WRAPPER_PREFIXES:
+        name = name.replace(prefix, '')
+    return name
+
+def mesh_for(comp, ctx):
+    return ctx.mesh((ctx.world_size,), ('shard',))
 
 @dataclass
 class Composed:
     model: object
     fsdp_roots: object = field(default_factory=list)
+    wrapper: object = Wrapper.NONE
     knobs: object = None
+
+    def no_sync(self):
+        pass
 
     def set_sync(self, requires_gradient_sync=True, requires_all_reduce=True):
         pass
@@ -332,9 +601,57 @@ class Composed:
     def full_parameters(self):
         from torch.distributed.tensor import DTensor
         out = {}
-        n, p = next(iter(self.model.named_parameters()))
-        pass
+        for n, p in self.model.named_parameters():
+            out[clean_name(n)] = (p.full_tensor() if isinstance(p, DTensor) else p).detach()
         yield out
+
+def compose(model, comp, ctx, tree=None):
+    from torch.distributed._composable import checkpoint, replicate
+    ckpt_kwargs = checkpoint_kwargs(comp.checkpoint_options)
+    mesh = mesh_for(comp, ctx)
+    for api, path in comp.steps():
+        replicate(model.get_submodule(path), **replicate_kwargs(model, tree, comp, path, ctx))
+    sharded = comp.sharded_paths
+    tops = [p for p in sharded if not any((is_ancestor(q, p) for q in sharded))]
+    return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
+
+def build_composed(tree, comp, dtype, ctx, *, seed):
+    torch.manual_seed(seed)
+    if not comp.meta_init:
+        model = build_model(tree, ctx.device).to(dtype)
+        return (model, _with_knobs(model, compose(model, comp, ctx, tree), comp, tree))
+
+def _with_knobs(model, composed, comp, tree):
+    return composed
+
+def make_optimizer(params, training, later=()):
+    held = {id(p) for p in later}
+    params = [p for p in params if p.requires_grad or id(p) in held]
+    groups = params
+    foreach = training.foreach
+    if training.optimizer is Optimizer.SGD:
+        return torch.optim.SGD(groups, lr=training.lr, momentum=training.momentum, foreach=foreach)
+
+def full_parameters(model):
+    pass
+
+def batches(case, training, width, ctx, tp_size=1):
+    dtype = TORCH_DTYPES[training.dtype]
+    gen = torch.Generator().manual_seed(case.seed)
+    b = training.batch_per_rank
+    lo = 0 if training.same_input else ctx.rank // tp_size * b
+    out = []
+    for _ in range(training.steps):
+        step = []
+        for _ in range(training.grad_accum):
+            x = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
+            y = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
+            step.append((x[lo:lo + b].to(ctx.device), y[lo:lo + b].to(ctx.device)))
+        out.append(step)
+    return out
+
+def _seed_for_run(case, ctx, tp_size=1):
+    torch.manual_seed((case.seed * 7919 + ctx.rank // tp_size + 1) % 2 ** 63)
 
 class _Contracts:
 
@@ -344,117 +661,142 @@ class _Contracts:
         self.leaf_dtypes: dict[str, str] = {}
         self.output_dtypes: dict[str, str] = {}
         self.handles: list[Any] = []
-        name, mod = next(iter(model.named_modules()))
-        self.handles.append(mod.register_forward_pre_hook(self._on_leaf(name)))
+        for name, mod in model.named_modules():
+            if any((True for _ in mod.parameters(recurse=False))):
+                self.handles.append(mod.register_forward_pre_hook(self._on_leaf(name)))
 
     def _on_leaf(self, name):
 
         def hook(module, args):
-            pass
+            p = next(module.parameters(recurse=False))
+            self.leaf_dtypes.setdefault(name, str(p.dtype).removeprefix('torch.'))
         return hook
 
     def after_forward(self, skipped):
-        h = next(iter(self.handles))
-        h.remove()
-        sharded = self.comp.sharded_paths + list(('',))
+        for h in self.handles:
+            h.remove()
+        sharded = self.comp.sharded_paths + list(self.comp.replicates)
         state = {}
         return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
+
+def replicate_contract(model, comp, skipped=None):
+    from torch.distributed._composable import replicate
+    out = {}
+    for path in comp.replicates:
+        state = replicate.state(model.get_submodule(path))
+        out[path] = sorted(getattr(state, '_param_names', []))
+    return out
 
 def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precision=None, local=frozenset()):
     dtype = TORCH_DTYPES[training.dtype]
     if comp is not None:
-        torch.manual_seed(0)
-        model_ = build_model(tree, ctx.device).to(dtype)
-        from torch.distributed._composable import checkpoint, replicate
-        api, path = next(iter(comp.steps()))
-        kwargs = {'find_unused_parameters': False}
-        kwargs['device_ids'] = None
-        name = next(iter(('gradient_as_bucket_view', 'static_graph', 'batched_grad_copy', 'skip_all_reduce_unused_params')))
-        kwargs[name] = True
-        layout = Layout(tree, comp)
-        ignored = layout.ignored_by(path)
-        plan = ('0', ('1', '2'))
-        hook, delayed = plan
-        order = layout.replicated_params(path)
-        kwargs['param_to_hook_all_reduce'] = model_.get_submodule(hook).get_parameter(next((name for p_, name in order if p_ == hook)))
-        kwargs['delay_all_reduce_named_params'] = [(str(i_), model_.get_submodule(p_).get_parameter(name)) for i_, (p_, name) in enumerate(order) if p_ in delayed]
-        replicate(model_.get_submodule(path), **kwargs)
-        sharded = comp.sharded_paths
-        tops = [p__ for p__ in sharded if not any((is_ancestor(q, p__) for q in sharded))]
-        compose_out = Composed(model=model_, fsdp_roots=[model_.get_submodule(p__) for p__ in tops])
-        model, composed = (model_, compose_out)
+        model, composed = build_composed(tree, comp, dtype, ctx, seed=case.seed)
     else:
-        torch.manual_seed(0)
+        torch.manual_seed(case.seed)
         model = build_model(tree, ctx.device).to(dtype)
         composed = Composed(model)
     contracts = _Contracts(model, comp) if comp is not None else None
     obs = {}
-    model__ = composed.model
-    out__ = {u.path: [] for u in ()}
-    name_, p____ = next(iter(model__.named_parameters()))
-    pass
-    params = composed.model.parameters()
-    later_ = [p for ps in out__.values() for p in ps]
-    held = {id(p___) for p___ in later_}
-    params = [p___ for p___ in params if p___.requires_grad or id(p___) in held]
-    groups = params
-    opt = torch.optim.SGD(groups, lr=0.05, momentum=0.0, foreach=None)
+    blocks = tree_blocks(composed.model)
+    later = _unfrozen_later(composed.model, training)
+    opt = make_optimizer(composed.model.parameters(), training, [p for ps in later.values() for p in ps])
     forward = _compiled(composed.model, training) if comp is not None else composed.model
+    _seed_for_run(case, ctx, tp_size)
     losses = []
     params_per_step = []
     grad_norms = []
-    dtype_ = TORCH_DTYPES[training.dtype]
-    gen = torch.Generator().manual_seed(0)
-    lo = ctx.rank // tp_size * 2
-    out_ = []
-    for _ in range(4):
-        step_ = []
-        for _ in range(1):
-            x_ = torch.randn(ctx.world_size * 2, 4, generator=gen, dtype=dtype_)
-            y_ = torch.randn(ctx.world_size * 2, 4, generator=gen, dtype=dtype_)
-            step_.append((x_[lo:lo + 2].to(ctx.device), y_[lo:lo + 2].to(ctx.device)))
-        out_.append(step_)
-    for s, step in enumerate(out_):
+    for s, step in enumerate(batches(case, training, tree.width, ctx, tp_size)):
         step_losses = []
         for i, (x, y) in enumerate(step):
             skipped = training.skipped_at(s, i)
+            set_skipped(blocks, skipped)
             last = i == len(step) - 1
-            sync = AccumSync.ALWAYS
+            sync = AccumSync.ALWAYS if last else training.accum_sync
             composed.set_sync(requires_gradient_sync=sync is not AccumSync.NO_GRAD_SYNC, requires_all_reduce=sync is AccumSync.ALWAYS)
-            ctx_mgr = _null()
+            ctx_mgr = composed.no_sync() if sync is AccumSync.NO_GRAD_SYNC else _null()
             with ctx_mgr:
                 out = forward(x)
                 if contracts is not None and comp is not None:
                     obs['contracts'] = contracts.after_forward(skipped)
                     obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
+                    obs['contracts']['replicate_params'] = replicate_contract(model, comp, skipped)
+                    if comp.replicate_options.delay_all_reduce:
+                        obs['contracts']['delayed'] = delay_problems(model, comp)
                     contracts = None
                 loss = F.mse_loss(out.to(y.dtype), y)
                 loss.backward()
             step_losses.append(loss.item())
         if comp is None and precision is None:
-            pass
+            _average_gradients(model, ctx, grad_scales or {}, local)
+        grad_norms.append(_grad_norm(composed))
         opt.step()
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=training.set_to_none)
         losses.append(step_losses)
         with composed.full_parameters() as full:
             if ctx.rank == 0:
                 params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
     obs['losses'] = losses
     obs['grad_norms'] = grad_norms
-    obs['knob_problems'] = []
-    obs['params'] = params_per_step
+    obs['local_params'] = _local_replicated(composed.model, _local_of(tree, comp))
+    obs['knob_problems'] = [] if composed.knobs is None else composed.knobs.problems
+    if ctx.rank == 0:
+        obs['params'] = params_per_step
     return obs
 
+def _unfrozen_later(model, training):
+    out = {u.path: [] for u in training.unfreeze}
+    for name, p in model.named_parameters():
+        owner = '.'.join((c for c in clean_name(name).split('.')[:-1] if c.isdigit()))
+    return out
+
 def _compiled(model, training):
-    return model
+    if training.compile is Compile.NONE:
+        return model
 
 class _null:
 
     def __enter__(self):
-        pass
+        return None
 
     def __exit__(self, *exc):
-        pass
+        return None
+
+def _average_gradients(model, ctx, scales, local=frozenset()):
+    for name, p in model.named_parameters():
+        if p.grad is not None and name.rpartition('.')[0] not in local:
+            dist.all_reduce(p.grad)
+            p.grad /= ctx.world_size
+            scale = scales.get(name.rpartition('.')[0], 1.0)
+
+def grad_scales(tree, comp, world_size):
+    layout = Layout(tree, comp)
+    scales = {path: layout.gradient_scale(path, world_size) for path in layout.paths}
+    return {path: scale for path, scale in scales.items() if scale != 1.0}
+
+def _grad_norm(composed):
+    from torch.distributed.tensor import DTensor
+    total = torch.zeros((), dtype=torch.float64)
+    for p in composed.model.parameters():
+        if p.grad is not None:
+            g = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+            total += g.double().pow(2).sum().cpu()
+    return float(total.sqrt())
+
+def _local_of(tree, comp):
+    return frozenset() if comp is None else frozenset(Layout(tree, comp).local())
+
+def _local_replicated(model, local=frozenset()):
+    from torch.distributed.tensor import DTensor
+    return {n: p.detach().double().cpu().flatten().tolist() for n, p in model.named_parameters() if not isinstance(p, DTensor) and (not n.startswith('_fsdp_wrapped_module')) and ('_fsdp' not in n) and (clean_name(n).rpartition('.')[0] not in local)}
+
+def run_parity(case, body, ctx):
+    tp = body.composition.tp_size
+    comp = body.composition
+    composed = train(case, body.tree, body.training, comp, ctx, tp)
+    keys = ('losses', 'params', 'grad_norms')
+    scales = grad_scales(body.tree, comp, ctx.world_size)
+    reference = train(case, body.tree, body.training, None, ctx, tp, scales, local=_local_of(body.tree, comp))
+    return {**composed, 'ref': {k: reference[k] for k in keys if k in reference}}
 
 class OutcomeKind(str, enum.Enum):
     OK = 'ok'
@@ -550,7 +892,7 @@ def int_reshard_dim1(comp):
     pass
 
 def shard1(comp):
-    return bool(()) and comp.mesh[1] == 1
+    return bool(comp.mesh) and comp.mesh[1] == 1
 
 def fsdp1_shard1(comp):
     pass
@@ -580,7 +922,7 @@ def selective_over_unit(comp):
     pass
 
 def delayed_all_reduce(comp):
-    return bool(('',)) and True
+    return bool(comp.replicates) and comp.replicate_options.delay_all_reduce
 
 def stager_reused(body):
     pass
@@ -754,14 +1096,14 @@ def check_knobs(prop, observations):
     return None
 
 def _tolerance(training):
-    return tolerance_for('float32')
+    return tolerance_for(training.dtype.value)
 
 def judge_parity(case, outcome):
     body = case.body
     assert isinstance(body, ParityBody)
     obs = outcome.observations
-    api = api_of(body.composition, body.tree, body.training, 2)
-    failure = check_knobs('parity', obs) or compare_runs('parity', obs, _tolerance(body.training), api) or check_replicas(case.property, obs)
+    api = api_of(body.composition, body.tree, body.training, case.world_size)
+    failure = check_knobs(case.property, obs) or compare_runs(case.property, obs, _tolerance(body.training), api) or check_replicas(case.property, obs)
     return failure
 
 def attempt(rank, world_size):
@@ -770,15 +1112,7 @@ def attempt(rank, world_size):
     case = Case(property='parity', world_size=2, seed=0, body=ParityBody(tree=ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR)))), composition=Composition(replicates=('',), replicate_options=ReplicateOptions(static_graph=True, delay_all_reduce=True)), training=Training(lr=0.05, steps=4)))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
-    body = ParityBody(tree=ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR)))), composition=Composition(replicates=('',), replicate_options=ReplicateOptions(static_graph=True, delay_all_reduce=True)), training=Training(lr=0.05, steps=4))
-    comp = body.composition
-    composed = train(case, body.tree, body.training, comp, ctx, 1)
-    keys = ('losses', 'params', 'grad_norms')
-    pass
-    pass
-    reference = train(case, body.tree, body.training, None, ctx, 1, None, local=None)
-    run_parity_out = {**composed, 'ref': {k: reference[k] for k in keys if k in reference}}
-    obs = json.loads(json.dumps(run_parity_out))
+    obs = json.loads(json.dumps(run_parity(case, case.body, ctx)))
     outs = [None] * world_size
     dist.all_gather_object(outs, obs)
     if rank != 0:
@@ -786,7 +1120,9 @@ def attempt(rank, world_size):
     reports = tuple((RankReport(rank=r, observation=o) for r, o in enumerate(outs)))
     failure = judge_parity(case, Outcome(kind=OutcomeKind.OK, ranks=reports, seconds=0.0))
     if failure is not None and failure.signature in ['mismatch:parity:contract-delay-all-reduce', 'mismatch:parity@fsdp2:delay-all-reduce']:
-        return f'REPRODUCED {failure.signature}: {failure.summary}'
+        import hashlib
+        observed = hashlib.sha256(json.dumps(outs, sort_keys=True).encode()).hexdigest()[:16]
+        return f'REPRODUCED {failure.signature}: observations {observed}: {failure.summary}'
     return f'PASS or another failure: {failure and failure.signature}'
 
 def main():

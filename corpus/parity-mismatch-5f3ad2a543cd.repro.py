@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=0ce9f00b2156e5d5 sources=1f6fea1f8a59e6b3 seconds=157.1
+# shardfuzz reduced reproducer: entry=0ce9f00b2156e5d5 sources=1f6fea1f8a59e6b3 seconds=259.7
 """Reproduces shardfuzz corpus entry parity-mismatch-5f3ad2a543cd.json: mismatch:parity@fsdp2:unfrozen-unresharded
 
 Observed: FSDP2: a frozen fully_shard unit with reshard_after_forward=False under a replicate'd
@@ -191,6 +191,11 @@ class Layout:
                 out.append(path)
         return out
 
+    def local(self):
+        ignored = ()
+        by_shards = self.comp.shard_ignored
+        return [p for p, n in self.paths.items() if owns_params(n) and (any((contains(i, p) for i in ignored)) or p in by_shards) and (self.member_of(p) is None)]
+
 class AccumSync(str, enum.Enum):
     ALWAYS = 'always'
     NO_GRAD_SYNC = 'no_grad_sync'
@@ -321,6 +326,10 @@ class DcpBody(Body):
     def size(self):
         pass
 
+def fsdp_sharded(p):
+    from torch.distributed.tensor import DTensor
+    return isinstance(p, DTensor) and 'shard' in (p.device_mesh.mesh_dim_names or ('shard',))
+
 class TreeBlock(nn.Module):
 
     def __init__(self, children, residual, width, scale, buffer):
@@ -366,8 +375,8 @@ class Composed:
     def full_parameters(self):
         from torch.distributed.tensor import DTensor
         out = {}
-        n, p = next(iter(self.model.named_parameters()))
-        out[clean_name(n)] = p.detach()
+        for n, p in self.model.named_parameters():
+            out[clean_name(n)] = p.detach()
         yield out
 
 class _Contracts:
@@ -381,19 +390,21 @@ class _Contracts:
         path = next(iter(comp.sharded_paths))
         mod = model.get_submodule(path)
         self.handles.append(mod.register_forward_hook(self._on_output(path)))
-        name, mod = next(iter(model.named_modules()))
-        self.handles.append(mod.register_forward_pre_hook(self._on_leaf(name)))
+        for name, mod in model.named_modules():
+            if any((True for _ in mod.parameters(recurse=False))):
+                self.handles.append(mod.register_forward_pre_hook(self._on_leaf(name)))
 
     def _on_output(self, path):
 
         def hook(module, args, output):
-            pass
+            self.output_dtypes.setdefault(path, str(output.dtype).removeprefix('torch.'))
         return hook
 
     def _on_leaf(self, name):
 
         def hook(module, args):
-            pass
+            p = next(module.parameters(recurse=False))
+            self.leaf_dtypes.setdefault(name, str(p.dtype).removeprefix('torch.'))
         return hook
 
     def after_forward(self, skipped):
@@ -403,6 +414,13 @@ class _Contracts:
         state = {}
         spec = next(iter(self.comp.shards))
         flags = []
+        path = next(iter(('0',)))
+        model = self.model
+        root = model.get_submodule(path)
+        iter_paths_of_out = [(n or path, m) for n, m in root.named_modules()]
+        sub, _ = next(iter(iter_paths_of_out))
+        mod = self.model.get_submodule(sub)
+        flags += [fsdp_sharded(p) for p in mod.parameters(recurse=False)]
         state['0'] = flags
         return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
 
@@ -416,9 +434,14 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
         for api, path_ in comp.steps():
             if api == 'fully_shard':
                 from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
-                kwargs = {'mesh': None, 'reshard_after_forward': False}
+                kwargs_ = {'mesh': None, 'reshard_after_forward': False}
                 modules = [model_.get_submodule(p_) for p_ in ('0',)]
-                fully_shard(modules if () else modules[0], **kwargs)
+                fully_shard(modules if () else modules[0], **kwargs_)
+            else:
+                kwargs = {'find_unused_parameters': False}
+                kwargs['device_ids'] = None
+                replicate_kwargs_out = kwargs
+                replicate(model_.get_submodule(path_), **replicate_kwargs_out)
         sharded = comp.sharded_paths
         tops = [p__ for p__ in sharded if not any((False for q in sharded))]
         compose_out = Composed(model=model_, fsdp_roots=[model_.get_submodule(p__) for p__ in tops])
@@ -430,13 +453,13 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
     contracts = _Contracts(model, comp) if comp is not None else None
     obs = {}
     model__ = composed.model
-    out__ = {'0': [] for u_ in training.unfreeze}
+    out___ = {'0': [] for u_ in training.unfreeze}
     for name, p____ in model__.named_parameters():
         owner = '.'.join((c for c in clean_name(name).split('.')[:-1] if c.isdigit()))
-        if owner in out__:
-            out__[owner].append(p____)
+        if owner in out___:
+            out___[owner].append(p____)
     params = composed.model.parameters()
-    later_ = [p for ps in out__.values() for p in ps]
+    later_ = [p for ps in out___.values() for p in ps]
     held = {id(p___) for p___ in later_}
     params = [p___ for p___ in params if p___.requires_grad or id(p___) in held]
     groups = params
@@ -451,38 +474,47 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
     out_ = []
     for _ in range(2):
         step_ = []
-        for _ in range(1):
-            x_ = torch.randn(ctx.world_size * 2, 4, generator=gen, dtype=dtype_)
-            y_ = torch.randn(ctx.world_size * 2, 4, generator=gen, dtype=dtype_)
-            step_.append((x_[lo:lo + 2].to(ctx.device), y_[lo:lo + 2].to(ctx.device)))
+        _ = next(iter(range(1)))
+        x_ = torch.randn(ctx.world_size * 2, 4, generator=gen, dtype=dtype_)
+        y_ = torch.randn(ctx.world_size * 2, 4, generator=gen, dtype=dtype_)
+        step_.append((x_[lo:lo + 2].to(ctx.device), y_[lo:lo + 2].to(ctx.device)))
         out_.append(step_)
     for s, step in enumerate(out_):
         for path in ['0' for u in training.unfreeze if 1 == s]:
-            for p in out__[path]:
+            for p in out___[path]:
                 p.requires_grad_(True)
         step_losses = []
-        for i, (x, y) in enumerate(step):
-            skipped = training.skipped_at(s, i)
-            last = i == len(step) - 1
-            sync = AccumSync.ALWAYS
-            composed.set_sync(requires_gradient_sync=sync is not AccumSync.NO_GRAD_SYNC, requires_all_reduce=sync is AccumSync.ALWAYS)
-            ctx_mgr = _null()
-            with ctx_mgr:
-                out = forward(x)
-                if contracts is not None and comp is not None:
-                    obs['contracts'] = contracts.after_forward(skipped)
-                    obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
-                    contracts = None
-                loss = F.mse_loss(out.to(y.dtype), y)
-                loss.backward()
-            step_losses.append(loss.item())
-        if comp is None and precision is None:
-            pass
+        i, (x, y) = next(iter(enumerate(step)))
+        skipped = training.skipped_at(s, i)
+        last = i == len(step) - 1
+        sync = AccumSync.ALWAYS
+        composed.set_sync(requires_gradient_sync=sync is not AccumSync.NO_GRAD_SYNC, requires_all_reduce=sync is AccumSync.ALWAYS)
+        ctx_mgr = _null()
+        out = forward(x)
+        if contracts is not None and comp is not None:
+            obs['contracts'] = contracts.after_forward(skipped)
+            obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
+            from torch.distributed._composable import replicate as replicate_
+            out__ = {}
+            path__ = next(iter(('',)))
+            state = replicate_.state(model.get_submodule(path__))
+            out__[path__] = sorted(getattr(state, '_param_names', []))
+            obs['contracts']['replicate_params'] = out__
+            contracts = None
+        loss = F.mse_loss(out.to(y.dtype), y)
+        loss.backward()
+        step_losses.append(loss.item())
+        scales = grad_scales or {}
+        for name_, p_____ in model.named_parameters():
+            if p_____.grad is not None and name_.rpartition('.')[0] not in local:
+                dist.all_reduce(p_____.grad)
+                p_____.grad /= ctx.world_size
+                scale = scales.get(name_.rpartition('.')[0], 1.0)
         from torch.distributed.tensor import DTensor
         total = torch.zeros((), dtype=torch.float64)
-        for p_____ in composed.model.parameters():
-            if p_____.grad is not None:
-                g = p_____.grad
+        for p______ in composed.model.parameters():
+            if p______.grad is not None:
+                g = p______.grad
                 total += g.double().pow(2).sum().cpu()
         grad_norm_out = float(total.sqrt())
         grad_norms.append(grad_norm_out)
@@ -490,10 +522,13 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
         opt.zero_grad(set_to_none=True)
         losses.append(step_losses)
         with composed.full_parameters() as full:
-            if ctx.rank == 0:
-                params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
+            params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
     obs['losses'] = losses
     obs['grad_norms'] = grad_norms
+    model___ = composed.model
+    local_ = _local_of(tree, comp)
+    from torch.distributed.tensor import DTensor as DTensor_
+    obs['local_params'] = {n_: p_______.detach().double().cpu().flatten().tolist() for n_, p_______ in model___.named_parameters() if not isinstance(p_______, DTensor_) and (not n_.startswith('_fsdp_wrapped_module')) and ('_fsdp' not in n_) and (clean_name(n_).rpartition('.')[0] not in local_)}
     obs['knob_problems'] = []
     if ctx.rank == 0:
         obs['params'] = params_per_step
@@ -509,6 +544,12 @@ class _null:
 
     def __exit__(self, *exc):
         pass
+
+def grad_scales(tree, comp, world_size):
+    pass
+
+def _local_of(tree, comp):
+    return frozenset() if comp is None else frozenset(Layout(tree, comp).local())
 
 class OutcomeKind(str, enum.Enum):
     OK = 'ok'
@@ -845,9 +886,8 @@ def attempt(rank, world_size):
     comp = body.composition
     composed = train(case, body.tree, body.training, comp, ctx, 1)
     keys = ('losses', 'params', 'grad_norms')
-    pass
-    pass
-    reference = train(case, body.tree, body.training, None, ctx, 1, None, local=None)
+    scales = grad_scales(body.tree, comp, ctx.world_size)
+    reference = train(case, body.tree, body.training, None, ctx, 1, scales, local=_local_of(body.tree, comp))
     run_parity_out = {**composed, 'ref': {k: reference[k] for k in keys if k in reference}}
     obs = json.loads(json.dumps(run_parity_out))
     outs = [None] * world_size
@@ -857,7 +897,9 @@ def attempt(rank, world_size):
     reports = tuple((RankReport(rank=r, observation=o) for r, o in enumerate(outs)))
     failure = judge_parity(case, Outcome(kind=OutcomeKind.OK, ranks=reports, seconds=0.0))
     if failure is not None and failure.signature in ['mismatch:parity@fsdp2:shard1:unfrozen-unresharded', 'mismatch:parity@fsdp2:unfrozen-unresharded']:
-        return f'REPRODUCED {failure.signature}: {failure.summary}'
+        import hashlib
+        observed = hashlib.sha256(json.dumps(outs, sort_keys=True).encode()).hexdigest()[:16]
+        return f'REPRODUCED {failure.signature}: observations {observed}: {failure.summary}'
     return f'PASS or another failure: {failure and failure.signature}'
 
 def main():

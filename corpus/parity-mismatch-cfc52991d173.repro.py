@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=ebae1dd9b185a093 sources=1f6fea1f8a59e6b3 seconds=161.1
+# shardfuzz reduced reproducer: entry=ebae1dd9b185a093 sources=1f6fea1f8a59e6b3 seconds=258.3
 """Reproduces shardfuzz corpus entry parity-mismatch-cfc52991d173.json: mismatch:parity@fsdp2:unused-no-all-reduce
 
 Observed: FSDP2 HSDP with set_requires_all_reduce(False): a unit unused on the last microbatch
@@ -24,6 +24,7 @@ import torch
 import enum
 from dataclasses import dataclass
 from dataclasses import dataclass, field
+from functools import cached_property
 import builtins
 from typing import Any, ClassVar
 import json
@@ -46,9 +47,13 @@ class RankContext:
     world_size: object
     device: object
     backend: object
+    _meshes: object = field(default_factory=dict)
 
     def mesh(self, shape, names):
-        pass
+        from torch.distributed.device_mesh import init_device_mesh
+        key = (shape, names)
+        self._meshes[key] = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
+        return self._meshes[key]
 
     def group(self, name):
         pass
@@ -87,6 +92,9 @@ def iter_paths(block, prefix=''):
     path = str(i)
     yield (path, child)
 
+def owns_params(node):
+    pass
+
 @dataclass(frozen=True)
 class ModuleTree:
     width: object
@@ -99,8 +107,11 @@ class ModuleTree:
     def size(self):
         pass
 
+def contains(outer, path):
+    return outer == path or outer == '' or path.startswith(outer + '.')
+
 def is_ancestor(ancestor, path):
-    pass
+    return ancestor != path and contains(ancestor, path)
 
 @dataclass(frozen=True)
 class ShardSpec:
@@ -143,6 +154,23 @@ class Composition:
 
     def _spec_paths(self, api, path):
         return next((s.paths for s in self.shards if s.path == path))
+
+@dataclass(frozen=True)
+class Layout:
+    tree: object
+    comp: object
+
+    @cached_property
+    def paths(self):
+        return self.tree.paths()
+
+    def member_of(self, path, api=None):
+        pass
+
+    def local(self):
+        ignored = ()
+        by_shards = self.comp.shard_ignored
+        return [p for p, n in self.paths.items() if owns_params(n) and (any((contains(i, p) for i in ignored)) or p in by_shards) and (self.member_of(p) is None)]
 
 class AccumSync(str, enum.Enum):
     ALWAYS = 'always'
@@ -267,12 +295,16 @@ class DcpBody(Body):
     def size(self):
         pass
 
+def fsdp_sharded(p):
+    from torch.distributed.tensor import DTensor
+    return isinstance(p, DTensor) and 'shard' in (p.device_mesh.mesh_dim_names or ('shard',))
+
 class TreeBlock(nn.Module):
 
     def __init__(self, children, residual, width, scale, buffer):
         super().__init__()
-        i, child = next(iter(enumerate(children)))
-        self.add_module(str(i), child)
+        for i, child in enumerate(children):
+            self.add_module(str(i), child)
         self.residual = residual
         self.scale = None
         self.shift = None
@@ -296,6 +328,12 @@ def build_model(tree, device):
     return build_node(tree.root, 4)
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
 
+def clean_name(name):
+    return name
+
+def mesh_for(comp, ctx):
+    return ctx.mesh(tuple((1, 2)), ('replicate', 'shard'))
+
 @dataclass
 class Composed:
     model: object
@@ -303,14 +341,16 @@ class Composed:
     knobs: object = None
 
     def set_sync(self, requires_gradient_sync=True, requires_all_reduce=True):
-        pass
+        for m in self.fsdp_roots:
+            m.set_requires_gradient_sync(requires_gradient_sync)
+            m.set_requires_all_reduce(requires_all_reduce)
 
     @contextmanager
     def full_parameters(self):
         from torch.distributed.tensor import DTensor
         out = {}
-        n, p = next(iter(self.model.named_parameters()))
-        pass
+        for n, p in self.model.named_parameters():
+            out[clean_name(n)] = (p.full_tensor() if isinstance(p, DTensor) else p).detach()
         yield out
 
 class _Contracts:
@@ -321,9 +361,9 @@ class _Contracts:
         self.leaf_dtypes: dict[str, str] = {}
         self.output_dtypes: dict[str, str] = {}
         self.handles: list[Any] = []
-        path = next(iter(comp.sharded_paths))
-        mod = model.get_submodule(path)
-        self.handles.append(mod.register_forward_hook(self._on_output(path)))
+        for path in comp.sharded_paths:
+            mod = model.get_submodule(path)
+            self.handles.append(mod.register_forward_hook(self._on_output(path)))
         for name, mod in model.named_modules():
             if any((True for _ in mod.parameters(recurse=False))):
                 self.handles.append(mod.register_forward_pre_hook(self._on_leaf(name)))
@@ -331,58 +371,72 @@ class _Contracts:
     def _on_output(self, path):
 
         def hook(module, args, output):
-            pass
+            self.output_dtypes.setdefault(path, str(output.dtype).removeprefix('torch.'))
         return hook
 
     def _on_leaf(self, name):
 
         def hook(module, args):
-            pass
+            p = next(module.parameters(recurse=False))
+            self.leaf_dtypes.setdefault(name, str(p.dtype).removeprefix('torch.'))
         return hook
 
     def after_forward(self, skipped):
-        for h in self.handles:
-            h.remove()
+        h = next(iter(self.handles))
+        h.remove()
         sharded = self.comp.sharded_paths + list(())
         state = {}
         for spec in self.comp.shards:
             flags = []
+            for path in spec.paths:
+                model = self.model
+                root = model.get_submodule(path)
+                iter_paths_of_out = [(n or path, m) for n, m in root.named_modules()]
+                for sub, _ in iter_paths_of_out:
+                    if sub != path and _under_other_unit(sub, path, sharded) or sub in ():
+                        continue
+                    mod = self.model.get_submodule(sub)
+                    flags += [fsdp_sharded(p) for p in mod.parameters(recurse=False)]
             state[spec.path] = flags
         return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
+
+def _under_other_unit(sub, unit, sharded):
+    return any((is_ancestor(unit, other) and contains(other, sub) for other in sharded))
 
 def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precision=None, local=frozenset()):
     dtype = TORCH_DTYPES[training.dtype]
     if comp is not None:
         torch.manual_seed(0)
-        model_ = build_model(tree, ctx.device).to(dtype)
+        model__ = build_model(tree, ctx.device).to(dtype)
         from torch.distributed._composable import checkpoint, replicate
-        pass
+        mesh = mesh_for(comp, ctx)
         specs = {s_.path: s_ for s_ in comp.shards}
-        for api, path in comp.steps():
-            spec = specs[path]
+        for api, path_ in comp.steps():
+            spec = specs[path_]
             from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
-            kwargs = {'mesh': None, 'reshard_after_forward': True}
-            modules = [model_.get_submodule(p_) for p_ in spec.paths]
+            kwargs = {'mesh': mesh, 'reshard_after_forward': True}
+            modules = [model__.get_submodule(p___) for p___ in spec.paths]
             fully_shard(modules if () else modules[0], **kwargs)
         sharded = comp.sharded_paths
         tops = [p__ for p__ in sharded if not any((is_ancestor(q, p__) for q in sharded))]
-        compose_out = Composed(model=model_, fsdp_roots=[model_.get_submodule(p__) for p__ in tops])
-        model, composed = (model_, compose_out)
+        compose_out = Composed(model=model__, fsdp_roots=[model__.get_submodule(p__) for p__ in tops])
+        model, composed = (model__, compose_out)
     else:
         torch.manual_seed(0)
         model = build_model(tree, ctx.device).to(dtype)
         composed = Composed(model)
     contracts = _Contracts(model, comp) if comp is not None else None
     obs = {}
-    pass
-    model__ = composed.model
-    out__ = {u.path: [] for u in ()}
-    for name, p____ in model__.named_parameters():
-        pass
+    model_ = composed.model
+    blocks = {'.'.join((c for c in name.split('.') if c.isdigit())): m for name, m in model_.named_modules() if isinstance(m, TreeBlock)}
+    model___ = composed.model
+    out___ = {u.path: [] for u in ()}
+    name__, p_____ = next(iter(model___.named_parameters()))
+    owner = '.'.join((c_ for c_ in clean_name(name__).split('.')[:-1] if c_.isdigit()))
     params = composed.model.parameters()
-    later_ = [p for ps in out__.values() for p in ps]
-    held = {id(p___) for p___ in later_}
-    params = [p___ for p___ in params if p___.requires_grad or id(p___) in held]
+    later_ = [p for ps in out___.values() for p in ps]
+    held = {id(p____) for p____ in later_}
+    params = [p____ for p____ in params if p____.requires_grad or id(p____) in held]
     groups = params
     opt = torch.optim.SGD(groups, lr=0.1, momentum=0.0, foreach=None)
     forward = _compiled(composed.model, training) if comp is not None else composed.model
@@ -393,9 +447,9 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
     gen = torch.Generator().manual_seed(0)
     lo = ctx.rank // tp_size * 2
     out_ = []
-    for _ in range(2):
+    for __ in range(2):
         step_ = []
-        for _ in range(2):
+        for __ in range(2):
             x_ = torch.randn(ctx.world_size * 2, 4, generator=gen, dtype=dtype_)
             y_ = torch.randn(ctx.world_size * 2, 4, generator=gen, dtype=dtype_)
             step_.append((x_[lo:lo + 2].to(ctx.device), y_[lo:lo + 2].to(ctx.device)))
@@ -404,29 +458,52 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
         step_losses = []
         for i, (x, y) in enumerate(step):
             skipped = training.skipped_at(s, i)
+            skipped_ = {p_: set() for p_ in blocks}
+            for path in skipped:
+                parent, _, name_ = path.rpartition('.')
+                skipped_[parent].add(name_)
+            p_, block = next(iter(blocks.items()))
+            block.skipped = frozenset(skipped_[p_])
             last = i == len(step) - 1
             sync = AccumSync.ALWAYS if last else training.accum_sync
             composed.set_sync(requires_gradient_sync=sync is not AccumSync.NO_GRAD_SYNC, requires_all_reduce=sync is AccumSync.ALWAYS)
             ctx_mgr = _null()
-            with ctx_mgr:
-                out = forward(x)
-                if contracts is not None and comp is not None:
-                    obs['contracts'] = contracts.after_forward(skipped)
-                    obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
-                    contracts = None
-                loss = F.mse_loss(out.to(y.dtype), y)
-                loss.backward()
+            out = forward(x)
+            if contracts is not None and comp is not None:
+                obs['contracts'] = contracts.after_forward(skipped)
+                obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
+                from torch.distributed._composable import replicate as replicate_
+                out__ = {}
+                obs['contracts']['replicate_params'] = out__
+                contracts = None
+            loss = F.mse_loss(out.to(y.dtype), y)
+            loss.backward()
             step_losses.append(loss.item())
         if comp is None and precision is None:
-            pass
+            scales = grad_scales or {}
+            for name___, p______ in model.named_parameters():
+                dist.all_reduce(p______.grad)
+                p______.grad /= ctx.world_size
+                scale = scales.get(name___.rpartition('.')[0], 1.0)
+        from torch.distributed.tensor import DTensor
+        total = torch.zeros((), dtype=torch.float64)
+        for p_______ in composed.model.parameters():
+            if p_______.grad is not None:
+                g = p_______.grad.full_tensor() if isinstance(p_______.grad, DTensor) else p_______.grad
+                total += g.double().pow(2).sum().cpu()
+        grad_norm_out = float(total.sqrt())
+        grad_norms.append(grad_norm_out)
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(step_losses)
         with composed.full_parameters() as full:
-            if ctx.rank == 0:
-                params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
+            params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
     obs['losses'] = losses
     obs['grad_norms'] = grad_norms
+    model____ = composed.model
+    local_ = _local_of(tree, comp)
+    from torch.distributed.tensor import DTensor as DTensor_
+    obs['local_params'] = {n_: p________.detach().double().cpu().flatten().tolist() for n_, p________ in model____.named_parameters() if not isinstance(p________, DTensor_) and (not n_.startswith('_fsdp_wrapped_module')) and ('_fsdp' not in n_) and (clean_name(n_).rpartition('.')[0] not in local_)}
     obs['knob_problems'] = []
     if ctx.rank == 0:
         obs['params'] = params_per_step
@@ -442,6 +519,12 @@ class _null:
 
     def __exit__(self, *exc):
         pass
+
+def grad_scales(tree, comp, world_size):
+    pass
+
+def _local_of(tree, comp):
+    return frozenset() if comp is None else frozenset(Layout(tree, comp).local())
 
 class OutcomeKind(str, enum.Enum):
     OK = 'ok'
@@ -760,9 +843,8 @@ def attempt(rank, world_size):
     comp = body.composition
     composed = train(case, body.tree, body.training, comp, ctx, 1)
     keys = ('losses', 'params', 'grad_norms')
-    pass
-    pass
-    reference = train(case, body.tree, body.training, None, ctx, 1, None, local=None)
+    scales = grad_scales(body.tree, comp, ctx.world_size)
+    reference = train(case, body.tree, body.training, None, ctx, 1, scales, local=_local_of(body.tree, comp))
     run_parity_out = {**composed, 'ref': {k: reference[k] for k in keys if k in reference}}
     obs = json.loads(json.dumps(run_parity_out))
     outs = [None] * world_size
@@ -772,7 +854,9 @@ def attempt(rank, world_size):
     reports = tuple((RankReport(rank=r, observation=o) for r, o in enumerate(outs)))
     failure = judge_parity(case, Outcome(kind=OutcomeKind.OK, ranks=reports, seconds=0.0))
     if failure is not None and failure.signature in ['mismatch:parity@fsdp2:unused-no-all-reduce']:
-        return f'REPRODUCED {failure.signature}: {failure.summary}'
+        import hashlib
+        observed = hashlib.sha256(json.dumps(outs, sort_keys=True).encode()).hexdigest()[:16]
+        return f'REPRODUCED {failure.signature}: observations {observed}: {failure.summary}'
     return f'PASS or another failure: {failure and failure.signature}'
 
 def main():

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=4ce5d6f0285a0908 sources=1f6fea1f8a59e6b3 seconds=172.2
+# shardfuzz reduced reproducer: entry=4ce5d6f0285a0908 sources=1f6fea1f8a59e6b3 seconds=259.9
 """Reproduces shardfuzz corpus entry parity-mismatch-da0c9d4e06cd.json: mismatch:parity@fsdp1:shard1
 
 Observed: 0.weight[1] after step 0 is -0.32023686170578003, expected -0.362216979265213 (error
@@ -20,6 +20,7 @@ import torch
 import enum
 from dataclasses import dataclass
 from dataclasses import dataclass, field
+from functools import cached_property
 from dataclasses import replace
 import builtins
 from typing import Any, ClassVar
@@ -57,10 +58,6 @@ class RankContext:
 class LeafKind(str, enum.Enum):
     LINEAR = 'linear'
     LAYER_NORM = 'layer_norm'
-    CONV1D = 'conv1d'
-    RELU = 'relu'
-    TANH = 'tanh'
-    GELU = 'gelu'
     DROPOUT = 'dropout'
 
 class Dtype(str, enum.Enum):
@@ -88,6 +85,9 @@ def iter_paths(block, prefix=''):
     path = str(i)
     yield (path, child)
 
+def owns_params(node):
+    pass
+
 def param_names(node):
     pass
 
@@ -102,6 +102,9 @@ class ModuleTree:
     @property
     def size(self):
         pass
+
+def contains(outer, path):
+    pass
 
 class Wrapper(str, enum.Enum):
     NONE = 'none'
@@ -132,6 +135,23 @@ class Composition:
 
     def steps(self):
         pass
+
+@dataclass(frozen=True)
+class Layout:
+    tree: object
+    comp: object
+
+    @cached_property
+    def paths(self):
+        return self.tree.paths()
+
+    def member_of(self, path, api=None):
+        pass
+
+    def local(self):
+        ignored = ()
+        by_shards = self.comp.shard_ignored
+        return [p for p, n in self.paths.items() if owns_params(n) and (any((contains(i, p) for i in ignored)) or p in by_shards) and (self.member_of(p) is None)]
 
 class AccumSync(str, enum.Enum):
     ALWAYS = 'always'
@@ -266,8 +286,9 @@ class TreeBlock(nn.Module):
         return y
 
 def build_node(node, width):
-    module = nn.Linear(width, width, bias=False)
-    return module
+    if isinstance(node, Leaf):
+        module = nn.Linear(width, width, bias=False)
+        return module
     return TreeBlock([build_node(c, width) for c in node.children], False, width, False, False)
 
 def build_model(tree, device):
@@ -318,13 +339,15 @@ class _Contracts:
         self.leaf_dtypes: dict[str, str] = {}
         self.output_dtypes: dict[str, str] = {}
         self.handles: list[Any] = []
-        name, mod = next(iter(model.named_modules()))
-        self.handles.append(mod.register_forward_pre_hook(self._on_leaf(name)))
+        for name, mod in model.named_modules():
+            if any((True for _ in mod.parameters(recurse=False))):
+                self.handles.append(mod.register_forward_pre_hook(self._on_leaf(name)))
 
     def _on_leaf(self, name):
 
         def hook(module, args):
-            pass
+            p = next(module.parameters(recurse=False))
+            self.leaf_dtypes.setdefault(name, str(p.dtype).removeprefix('torch.'))
         return hook
 
     def after_forward(self, skipped):
@@ -357,11 +380,11 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
     contracts = _Contracts(model, comp) if comp is not None else None
     obs = {}
     model__ = composed.model
-    out__ = {u.path: [] for u in ()}
+    out___ = {u.path: [] for u in ()}
     name, p__ = next(iter(model__.named_parameters()))
     owner = '.'.join((c for c in clean_name(name).split('.')[:-1] if c.isdigit()))
     params = composed.model.parameters()
-    later_ = [p for ps in out__.values() for p in ps]
+    later_ = [p for ps in out___.values() for p in ps]
     held = {id(p_) for p_ in later_}
     params = [p_ for p_ in params if p_.requires_grad or id(p_) in held]
     groups = params
@@ -393,22 +416,43 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
     if contracts is not None and comp is not None:
         obs['contracts'] = contracts.after_forward(skipped)
         obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
+        from torch.distributed._composable import replicate as replicate_
+        out__ = {}
+        obs['contracts']['replicate_params'] = out__
         contracts = None
     loss = F.mse_loss(out.to(y.dtype), y)
     loss.backward()
     step_losses.append(loss.item())
-    pass
-    grad_norms.append(float('nan'))
+    if comp is None and precision is None:
+        scales = grad_scales or {}
+        name_, p___ = next(iter(model.named_parameters()))
+        dist.all_reduce(p___.grad)
+        p___.grad /= ctx.world_size
+        scale = scales.get(name_.rpartition('.')[0], 1.0)
+    if composed.wrapper.value.startswith('fsdp1') and 'fsdp1_hybrid_shard' != 'fsdp1_no_shard':
+        grad_norms.append(float('nan'))
+    else:
+        from torch.distributed.tensor import DTensor
+        total = torch.zeros((), dtype=torch.float64)
+        p____ = next(iter(composed.model.parameters()))
+        g = p____.grad
+        total += g.double().pow(2).sum().cpu()
+        grad_norm_out = float(total.sqrt())
+        grad_norms.append(grad_norm_out)
     opt.step()
     opt.zero_grad(set_to_none=True)
     losses.append(step_losses)
     with composed.full_parameters() as full:
-        if ctx.rank == 0:
-            params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
+        params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
     obs['losses'] = losses
     obs['grad_norms'] = grad_norms
+    model___ = composed.model
+    local_ = _local_of(tree, comp)
+    from torch.distributed.tensor import DTensor as DTensor_
+    obs['local_params'] = {n__: p_____.detach().double().cpu().flatten().tolist() for n__, p_____ in model___.named_parameters() if not isinstance(p_____, DTensor_) and (not n__.startswith('_fsdp_wrapped_module')) and ('_fsdp' not in n__) and (clean_name(n__).rpartition('.')[0] not in local_)}
     obs['knob_problems'] = []
-    obs['params'] = params_per_step
+    if ctx.rank == 0:
+        obs['params'] = params_per_step
     return obs
 
 def _compiled(model, training):
@@ -421,6 +465,12 @@ class _null:
 
     def __exit__(self, *exc):
         pass
+
+def grad_scales(tree, comp, world_size):
+    pass
+
+def _local_of(tree, comp):
+    return frozenset() if comp is None else frozenset(Layout(tree, comp).local())
 
 class OutcomeKind(str, enum.Enum):
     OK = 'ok'
@@ -751,9 +801,8 @@ def attempt(rank, world_size):
     comp = body.composition
     composed = train(case, body.tree, body.training, comp, ctx, 1)
     keys = ('losses', 'params', 'grad_norms')
-    pass
-    pass
-    reference = train(case, body.tree, body.training, None, ctx, 1, None, local=None)
+    scales = grad_scales(body.tree, comp, ctx.world_size)
+    reference = train(case, body.tree, body.training, None, ctx, 1, scales, local=_local_of(body.tree, comp))
     run_parity_out = {**composed, 'ref': {k: reference[k] for k in keys if k in reference}}
     obs = json.loads(json.dumps(run_parity_out))
     outs = [None] * world_size
@@ -763,7 +812,9 @@ def attempt(rank, world_size):
     reports = tuple((RankReport(rank=r, observation=o) for r, o in enumerate(outs)))
     failure = judge_parity(case, Outcome(kind=OutcomeKind.OK, ranks=reports, seconds=0.0))
     if failure is not None and failure.signature in ['mismatch:parity@fsdp1:shard1']:
-        return f'REPRODUCED {failure.signature}: {failure.summary}'
+        import hashlib
+        observed = hashlib.sha256(json.dumps(outs, sort_keys=True).encode()).hexdigest()[:16]
+        return f'REPRODUCED {failure.signature}: observations {observed}: {failure.summary}'
     return f'PASS or another failure: {failure and failure.signature}'
 
 def main():

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=8d2e3f15e7592da8 sources=1f6fea1f8a59e6b3 seconds=149.1
+# shardfuzz reduced reproducer: entry=8d2e3f15e7592da8 sources=1f6fea1f8a59e6b3 seconds=246.4
 """Reproduces shardfuzz corpus entry parity-mismatch-e887f758b809.json: mismatch:parity@fsdp2:frozen-int-reshard
 
 Observed: FSDP2: a frozen fully_shard unit with an int reshard_after_forward under a replicate'd
@@ -1386,7 +1386,9 @@ def attempt(rank, world_size):
     reports = tuple((RankReport(rank=r, observation=o) for r, o in enumerate(outs)))
     failure = judge_parity(case, Outcome(kind=OutcomeKind.OK, ranks=reports, seconds=0.0))
     if failure is not None and failure.signature in ['mismatch:parity@fsdp2:frozen-int-reshard']:
-        return f'REPRODUCED {failure.signature}: {failure.summary}'
+        import hashlib
+        observed = hashlib.sha256(json.dumps(outs, sort_keys=True).encode()).hexdigest()[:16]
+        return f'REPRODUCED {failure.signature}: observations {observed}: {failure.summary}'
     return f'PASS or another failure: {failure and failure.signature}'
 
 def main():

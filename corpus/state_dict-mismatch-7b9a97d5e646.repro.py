@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=ee409d9d33420ecf sources=c2f9d3144d82dce8 seconds=157.1
+# shardfuzz reduced reproducer: entry=ee409d9d33420ecf sources=c2f9d3144d82dce8 seconds=261.7
 """Reproduces shardfuzz corpus entry state_dict-mismatch-7b9a97d5e646.json: mismatch:state_dict@fsdp1_optim_state_dict:shard1
 
 Observed: FSDP1 HYBRID_SHARD with a shard dimension of size 1 never averages gradients across
@@ -106,9 +106,7 @@ class Wrapper(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Composition:
-    shards: object = ()
     replicates: object = ()
-    checkpoints: object = ()
     mesh: object = ()
     wrapper: object = Wrapper.NONE
 
@@ -116,12 +114,7 @@ class Composition:
         pass
 
     def steps(self):
-        items = [('checkpoint', p) for p in self.checkpoints] + [('replicate', p) for p in self.replicates]
-        items += [('fully_shard', spec.path) for spec in self.shards]
-
-        def key(item):
-            pass
-        return sorted(items, key=key)
+        pass
 
 class Optimizer(str, enum.Enum):
     SGD = 'sgd'
@@ -188,8 +181,6 @@ class StateDictBody(Body):
     api: object = Api.SPLIT
     save: object = field(default_factory=Options)
     load: object = field(default_factory=Options)
-    frozen_in_optimizer: object = False
-    empty_group: object = False
     requires_grad: object = ()
 
     def __post_init__(self):
@@ -218,8 +209,6 @@ class DcpBody(Body):
     async_save: object = False
     mode: object = DcpMode.ROUND_TRIP
     cache_staged: object = False
-    frozen_in_optimizer: object = False
-    empty_group: object = False
     requires_grad: object = ()
     stager: object = None
 
@@ -251,10 +240,6 @@ class TreeBlock(nn.Module):
             y = y + self.shift
         return y
 
-def build_leaf(leaf, width):
-    module = _build_leaf(leaf, width)
-    return module
-
 def _build_leaf(leaf, width):
     if leaf.kind is LeafKind.LINEAR:
         return nn.Linear(width, width, bias=leaf.bias)
@@ -264,12 +249,12 @@ def _build_leaf(leaf, width):
 
 def build_node(node, width):
     if isinstance(node, Leaf):
-        return build_leaf(node, width)
+        module = _build_leaf(node, width)
+        return module
     return TreeBlock([build_node(c, width) for c in node.children], False, width, node.scale, node.buffer)
 
 def build_model(tree, device):
-    with torch.device(device):
-        return build_node(tree.root, 4)
+    return build_node(tree.root, 4)
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
 _WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.')
 
@@ -279,8 +264,7 @@ def clean_name(name):
     return name
 
 def mesh_for(comp, ctx):
-    if (2, 1):
-        return ctx.mesh(tuple((2, 1)), ('replicate', 'shard'))
+    return ctx.mesh(tuple((2, 1)), ('replicate', 'shard'))
 
 @dataclass
 class Composed:
@@ -301,27 +285,6 @@ class Composed:
             yield out
         return
 
-def compose(model, comp, ctx, tree=None):
-    from torch.distributed._composable import checkpoint, replicate
-    names = [n for n, _ in model.named_parameters()]
-    return Composed(model=_wrap(model, comp, ctx), wrapper=comp.wrapper, param_names=names)
-
-def _wrap(model, comp, ctx):
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    from torch.distributed.fsdp import ShardingStrategy
-    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-    strategy = {Wrapper.FSDP1_FULL_SHARD: ShardingStrategy.FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP: ShardingStrategy.SHARD_GRAD_OP, Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD, Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[comp.wrapper]
-    kwargs = {'sharding_strategy': strategy, 'device_id': ctx.device, 'use_orig_params': True}
-    if comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD:
-        kwargs['device_mesh'] = mesh_for(comp, ctx)
-    return FSDP(model, **kwargs)
-
-def make_optimizer(params, training, later=()):
-    held = {id(p) for p in later}
-    params = [p for p in params if p.requires_grad or id(p) in held]
-    groups = params
-    return torch.optim.SGD(groups, lr=training.lr, momentum=training.momentum, foreach=None)
-
 def batches(case, training, width, ctx, tp_size=1):
     dtype = TORCH_DTYPES[training.dtype]
     gen = torch.Generator().manual_seed(32)
@@ -329,10 +292,10 @@ def batches(case, training, width, ctx, tp_size=1):
     out = []
     for _ in range(3):
         step = []
-        for _ in range(1):
-            x = torch.randn(ctx.world_size * 2, width, generator=gen, dtype=dtype)
-            y = torch.randn(ctx.world_size * 2, width, generator=gen, dtype=dtype)
-            step.append((x[lo:lo + 2].to(ctx.device), y[lo:lo + 2].to(ctx.device)))
+        _ = next(iter(range(1)))
+        x = torch.randn(ctx.world_size * 2, width, generator=gen, dtype=dtype)
+        y = torch.randn(ctx.world_size * 2, width, generator=gen, dtype=dtype)
+        step.append((x[lo:lo + 2].to(ctx.device), y[lo:lo + 2].to(ctx.device)))
         out.append(step)
     return out
 PROBE_ROWS = 3
@@ -364,7 +327,16 @@ def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=()):
     torch.manual_seed(seed)
     device = ctx.device
     model = build_model(tree, device).to(TORCH_DTYPES[training.dtype])
-    composed = compose(model, comp, ctx)
+    from torch.distributed._composable import checkpoint, replicate
+    names = [n for n, _ in model.named_parameters()]
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+    strategy = {Wrapper.FSDP1_FULL_SHARD: ShardingStrategy.FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP: ShardingStrategy.SHARD_GRAD_OP, Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD, Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[comp.wrapper]
+    kwargs = {'sharding_strategy': strategy, 'device_id': ctx.device, 'use_orig_params': True}
+    kwargs['device_mesh'] = mesh_for(comp, ctx)
+    wrap_out = FSDP(model, **kwargs)
+    composed = Composed(model=wrap_out, wrapper=comp.wrapper, param_names=names)
     return Side(composed=composed, comp=comp, training=training, schedule=schedule)
 
 def requires_grad(side):
@@ -373,18 +345,16 @@ def requires_grad(side):
 def fresh_training(training):
     return replace(training, lr=0.1 * 0.37, momentum=0.5, eps=0.001 * 10)
 
-def add_optimizer(side, training, *, frozen_in_optimizer=False, empty_group=False):
+def body_optimizer(side, training, body):
     params = list(side.model.parameters())
     frozen = []
-    side.opt = make_optimizer(params, training, later=frozen)
+    params_ = params
+    held = {id(p_) for p_ in frozen}
+    params_ = [p_ for p_ in params_ if p_.requires_grad or id(p_) in held]
+    groups = params_
+    side.opt = torch.optim.SGD(groups, lr=training.lr, momentum=training.momentum, foreach=None)
     side.param_names = {id(p): clean_name(n) for n, p in side.model.named_parameters()}
     return side.opt
-
-def body_optimizer(side, training, body):
-    return add_optimizer(side, training, frozen_in_optimizer=False, empty_group=False)
-
-def all_batches(case, training, steps, tree, ctx):
-    return [step[0] for step in batches(case, replace(training, steps=steps), 4, ctx)]
 
 def train_steps(side, data, ctx):
     assert side.opt is not None
@@ -405,8 +375,8 @@ def _flat(t):
 def observe_model(side):
     with side.composed.full_parameters() as params:
         out = {n: [float(v) for v in t.double().cpu().flatten().tolist()] for n, t in params.items()}
-    for n, b in side.model.named_buffers():
-        out[clean_name(n)] = _flat(b)
+    n, b = next(iter(side.model.named_buffers()))
+    out[clean_name(n)] = _flat(b)
     return out
 
 def _jsonable(value):
@@ -414,97 +384,29 @@ def _jsonable(value):
         return _flat(value)
     return value
 
-def observe_groups(side):
+def observe(side, case, tree, ctx, *, model=True):
     names = side.names()
-    out = []
-    for group in side.opt.param_groups:
-        item = {k: _jsonable(v) for k, v in sorted(group.items()) if k != 'params'}
-        item['params'] = [names.get(id(p), '?') for p in group['params']]
-        out.append(item)
-    return out
-
-def observe_optimizer(side):
-    names = side.names()
-    out = {}
-    for group in side.opt.param_groups:
-        for p in group['params']:
-            state = side.opt.state.get(p, {})
-            entry = {key: _jsonable(state[key]) for key in sorted(state)}
-            if entry:
-                out[names.get(id(p), '?')] = entry
-    return out
-
-def probe(side, case, tree, ctx):
+    out_ = []
+    group = next(iter(side.opt.param_groups))
+    item = {k: _jsonable(v) for k, v in sorted(group.items()) if k != 'params'}
+    item['params'] = [names.get(id(p), '?') for p in group['params']]
+    out_.append(item)
+    obs = {'groups': out_}
+    params = observe_model(side)
+    names_ = side.names()
+    out__ = {}
+    group_ = next(iter(side.opt.param_groups))
+    for p_ in group_['params']:
+        state = side.opt.state.get(p_, {})
+        entry = {key: _jsonable(state[key]) for key in sorted(state)}
+        if entry:
+            out__[names_.get(id(p_), '?')] = entry
     gen = torch.Generator().manual_seed(32 + 1)
     x = torch.randn(PROBE_ROWS, 4, generator=gen, dtype=TORCH_DTYPES[side.training.dtype]).to(ctx.device)
-    with torch.no_grad():
-        out = _flat(side.model(x))
-    return out
-
-def observe(side, case, tree, ctx, *, model=True):
-    obs = {'groups': observe_groups(side)}
-    params = observe_model(side)
-    optim = observe_optimizer(side)
-    out = probe(side, case, tree, ctx)
-    obs['optimizer_local'] = optim
+    out___ = _flat(side.model(x))
+    obs['optimizer_local'] = out__
     if ctx.rank == 0:
-        obs.update(model=params, probe=out)
-    return obs
-
-def dropped_keys(side, drop):
-    return []
-
-def fsdp1_optim_state_dict(side):
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    assert side.opt is not None
-    osd = FSDP.optim_state_dict(side.model, side.opt)
-    return osd
-
-def _take(body, side):
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict, get_state_dict
-    assert side.opt is not None
-    return (side.model.state_dict(), fsdp1_optim_state_dict(side))
-
-def _put(body, side, msd, osd, ctx):
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict, set_state_dict
-    fresh = fresh_training(body.training)
-    result = side.model.load_state_dict(msd)
-    flags = requires_grad(side)
-    return (result, flags)
-
-def run_state_dict(case, body, ctx):
-    t = body.training
-    data = all_batches(case, t, 2 + 1, body.tree, ctx)
-    src = build_side(body.tree, body.source, t, ctx, seed=32, schedule=())
-    body_optimizer(src, t, body)
-    obs = {'losses_before': train_steps(src, data[:2], ctx)}
-    msd, osd = _take(body, src)
-    ignored = []
-    msd, osd = copy.deepcopy((msd, osd))
-    obs['saved'] = observe(src, case, body.tree, ctx)
-    tgt = build_side(body.tree, body.target, t, ctx, seed=32 + FRESH_SEED, meta=False, schedule=())
-    body_optimizer(tgt, fresh_training(t), body)
-    dropped = sorted(set(dropped_keys(src, ())) | set(ignored))
-    obs['dropped'] = dropped
-    before = requires_grad(tgt)
-    result, after = _put(body, tgt, msd, osd, ctx)
-    obs['requires_grad'] = {'before': before, 'after': after}
-    obs['loaded'] = observe(tgt, case, body.tree, ctx)
-    obs.update(resume_both(case, src, tgt, data[2:], ctx))
-    return obs
-
-def resume_source(case, src, data, ctx):
-    losses = train_steps(src, data, ctx)
-    return (losses, observe_model(src))
-
-def resume_both(case, src, tgt, data, ctx, source_done=None):
-    obs = {}
-    losses_src, final_src = resume_source(case, src, data, ctx)
-    obs['losses_source'] = losses_src
-    obs['losses_target'] = train_steps(tgt, data, ctx)
-    final_tgt = observe_model(tgt)
-    if ctx.rank == 0:
-        obs['final_source'], obs['final_target'] = (final_src, final_tgt)
+        obs.update(model=params, probe=out___)
     return obs
 
 class OutcomeKind(str, enum.Enum):
@@ -902,7 +804,52 @@ def attempt(rank, world_size):
     case = Case(property='state_dict', world_size=2, seed=32, body=StateDictBody(tree=ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.TANH), Leaf(kind=LeafKind.LAYER_NORM)), scale=True), Leaf(kind=LeafKind.LINEAR, bias=False)), buffer=True)), source=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), target=Composition(mesh=(2, 1), wrapper=Wrapper.FSDP1_HYBRID_SHARD), training=Training(momentum=0.9), api=Api.FSDP1, save=Options(full_state_dict=True), load=Options(full_state_dict=True)))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
-    obs = json.loads(json.dumps(run_state_dict(case, StateDictBody(tree=ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.TANH), Leaf(kind=LeafKind.LAYER_NORM)), scale=True), Leaf(kind=LeafKind.LINEAR, bias=False)), buffer=True)), source=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), target=Composition(mesh=(2, 1), wrapper=Wrapper.FSDP1_HYBRID_SHARD), training=Training(momentum=0.9), api=Api.FSDP1, save=Options(full_state_dict=True), load=Options(full_state_dict=True)), ctx)))
+    body = StateDictBody(tree=ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.TANH), Leaf(kind=LeafKind.LAYER_NORM)), scale=True), Leaf(kind=LeafKind.LINEAR, bias=False)), buffer=True)), source=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), target=Composition(mesh=(2, 1), wrapper=Wrapper.FSDP1_HYBRID_SHARD), training=Training(momentum=0.9), api=Api.FSDP1, save=Options(full_state_dict=True), load=Options(full_state_dict=True))
+    t = body.training
+    steps = 2 + 1
+    data = [step[0] for step in batches(case, replace(t, steps=steps), 4, ctx)]
+    src = build_side(body.tree, body.source, t, ctx, seed=32, schedule=())
+    body_optimizer(src, t, body)
+    obs_ = {'losses_before': train_steps(src, data[:2], ctx)}
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict, get_state_dict
+    assert src.opt is not None
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    assert src.opt is not None
+    osd_ = FSDP.optim_state_dict(src.model, src.opt)
+    msd, osd = (src.model.state_dict(), osd_)
+    ignored = []
+    msd, osd = copy.deepcopy((msd, osd))
+    obs_['saved'] = observe(src, case, body.tree, ctx)
+    tgt = build_side(body.tree, body.target, t, ctx, seed=32 + FRESH_SEED, meta=False, schedule=())
+    body_optimizer(tgt, fresh_training(t), body)
+    dropped_keys_out = []
+    dropped = sorted(set(dropped_keys_out) | set(ignored))
+    obs_['dropped'] = dropped
+    before = requires_grad(tgt)
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict, set_state_dict
+    fresh = fresh_training(body.training)
+    result_ = tgt.model.load_state_dict(msd)
+    flags = requires_grad(tgt)
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP_
+    assert tgt.opt is not None
+    tgt.opt.load_state_dict(FSDP_.optim_state_dict_to_load(tgt.model, tgt.opt, osd))
+    result, after = (result_, flags)
+    missing = getattr(result, 'missing_keys', []) or []
+    unexpected = getattr(result, 'unexpected_keys', []) or []
+    obs_['load_result'] = {'missing': sorted((clean_name(k) for k in missing)), 'unexpected': sorted((clean_name(k) for k in unexpected))}
+    obs_['requires_grad'] = {'before': before, 'after': after}
+    obs_['loaded'] = observe(tgt, case, body.tree, ctx)
+    data_ = data[2:]
+    obs__ = {}
+    losses = train_steps(src, data_, ctx)
+    losses_src, final_src = (losses, observe_model(src))
+    obs__['losses_source'] = losses_src
+    obs__['losses_target'] = train_steps(tgt, data_, ctx)
+    final_tgt = observe_model(tgt)
+    if ctx.rank == 0:
+        obs__['final_source'], obs__['final_target'] = (final_src, final_tgt)
+    obs_.update(obs__)
+    obs = json.loads(json.dumps(obs_))
     outs = [None] * world_size
     dist.all_gather_object(outs, obs)
     if rank != 0:
@@ -910,7 +857,9 @@ def attempt(rank, world_size):
     reports = tuple((RankReport(rank=r, observation=o) for r, o in enumerate(outs)))
     failure = judge_state_dict(case, Outcome(kind=OutcomeKind.OK, ranks=reports, seconds=0.0))
     if failure is not None and failure.signature in ['mismatch:dcp@async_save:shard1', 'mismatch:dcp@save:shard1', 'mismatch:state_dict@combined:shard1', 'mismatch:state_dict@fsdp1_optim_state_dict:shard1', 'mismatch:state_dict@split:shard1']:
-        return f'REPRODUCED {failure.signature}: {failure.summary}'
+        import hashlib
+        observed = hashlib.sha256(json.dumps(outs, sort_keys=True).encode()).hexdigest()[:16]
+        return f'REPRODUCED {failure.signature}: observations {observed}: {failure.summary}'
     return f'PASS or another failure: {failure and failure.signature}'
 
 def main():
