@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=2e58ac002fea8c7c sources=7d6f5cb23a31c8e4 seconds=35.5
+# shardfuzz reduced reproducer: entry=2e58ac002fea8c7c sources=7d6f5cb23a31c8e4 seconds=116.9
 """Reproduces shardfuzz corpus entry dcp-mismatch-175e579ba153.json: mismatch:dcp@async_save:fsdp1-hsdp-load_sharded_optimizer_state_dict
 
 Observed: Into FSDP1 HYBRID_SHARD over a 2-D mesh, load_sharded_optimizer_state_dict lays the
@@ -310,8 +310,7 @@ class PointwiseConv1d(nn.Conv1d):
 
 def build_leaf(leaf, width):
     module = _build_leaf(leaf, width)
-    if leaf.frozen:
-        module.requires_grad_(False)
+    module.requires_grad_(False)
     return module
 
 def _build_leaf(leaf, width):
@@ -325,8 +324,7 @@ def build_node(node, width):
     return TreeBlock([build_node(c, width) for c in node.children], node.residual, width, node.scale, node.buffer)
 
 def build_model(tree, device):
-    with torch.device(device):
-        return build_node(tree.root, 12)
+    return build_node(tree.root, 12)
 
 def checkpoint_kwargs(opts):
     kwargs = {}
@@ -340,8 +338,7 @@ def clean_name(name):
     return name
 
 def mesh_for(comp, ctx):
-    if (2, 2):
-        return ctx.mesh(tuple((2, 2)), ('replicate', 'shard'))
+    return ctx.mesh(tuple((2, 2)), ('replicate', 'shard'))
 
 @dataclass
 class Composed:
@@ -382,8 +379,7 @@ def make_optimizer(params, training, later=()):
     held = {id(p) for p in later}
     params = [p for p in params if p.requires_grad or id(p) in held]
     groups = params
-    foreach = None
-    return torch.optim.SGD(groups, lr=training.lr, momentum=training.momentum, foreach=foreach)
+    return torch.optim.SGD(groups, lr=training.lr, momentum=training.momentum, foreach=None)
 
 def full_parameters(model):
     pass
@@ -391,15 +387,14 @@ def full_parameters(model):
 def batches(case, training, width, ctx, tp_size=1):
     dtype = TORCH_DTYPES[training.dtype]
     gen = torch.Generator().manual_seed(0)
-    b = 2
-    lo = ctx.rank // tp_size * b
+    lo = ctx.rank // tp_size * 2
     out = []
     for _ in range(2):
         step = []
         for _ in range(1):
-            x = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
-            y = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
-            step.append((x[lo:lo + b].to(ctx.device), y[lo:lo + b].to(ctx.device)))
+            x = torch.randn(ctx.world_size * 2, width, generator=gen, dtype=dtype)
+            y = torch.randn(ctx.world_size * 2, width, generator=gen, dtype=dtype)
+            step.append((x[lo:lo + 2].to(ctx.device), y[lo:lo + 2].to(ctx.device)))
         out.append(step)
     return out
 PROBE_ROWS = 3
@@ -450,8 +445,7 @@ def requires_grad(side):
     return {clean_name(n): p.requires_grad for n, p in side.model.named_parameters()}
 
 def fresh_training(training):
-    momentum = 0.5
-    return replace(training, lr=0.01 * 0.37, momentum=momentum, eps=0.0001 * 10)
+    return replace(training, lr=0.01 * 0.37, momentum=0.5, eps=0.0001 * 10)
 
 def add_optimizer(side, training, *, frozen_in_optimizer=False, empty_group=False):
     params = list(side.model.parameters())
@@ -588,7 +582,7 @@ def resume_both(case, src, tgt, data, ctx, source_done=None):
 def case_dir(case, ctx):
     digest = hashlib.sha1('{"body": {"absent": false, "async_save": true, "async_saves": 0, "cache_staged": false, "checkpoint_dir": "", "convert": false, "deadlock": false, "drop": [], "empty_group": false, "entries": ["model", "optimizer", "counter", "scalars", "extra"], "frozen_in_optimizer": false, "kind": "dcp", "load_cpu_offload": true, "load_full_state_dict": false, "load_planner": null, "mode": "round_trip", "module_stateful": false, "no_dist": false, "orders": [[0, 3, 1, 4, 2], [0, 4, 2, 3, 1], [0, 4, 2, 1, 3], [0, 2, 1, 3, 4]], "overwrite": "true", "own_group": false, "patched": false, "process_checkpointer": false, "requires_grad": [], "save_cpu_offload": true, "save_full_state_dict": false, "save_planner": null, "skip": [], "source": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "fsdp1_full_shard"}, "stager": null, "steps_after": 1, "storage_objects": true, "target": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0}, "mesh": [2, 2], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "fsdp1_hybrid_shard"}, "target_meta_init": false, "torch_save_reader": false, "training": {"accum_sync": "always", "batch_per_rank": 2, "compile": "none", "dtype": "float32", "eps": 0.0001, "foreach": null, "grad_accum": 1, "lr": 0.01, "momentum": 0.9, "optimizer": "sgd", "param_groups": 1, "same_input": false, "set_to_none": false, "skips": [], "steps": 1, "unfreeze": []}, "tree": {"root": {"buffer": false, "children": [{"buffer": true, "children": [{"bias": true, "frozen": false, "kind": "relu"}, {"buffer": false, "children": [{"bias": true, "frozen": false, "kind": "relu"}, {"bias": true, "frozen": true, "kind": "conv1d"}], "residual": false, "scale": true}], "residual": false, "scale": false}, {"bias": false, "frozen": true, "kind": "conv1d"}, {"buffer": true, "children": [{"bias": true, "frozen": false, "kind": "relu"}], "residual": true, "scale": false}], "residual": false, "scale": false}, "width": 12}, "use_collectives": true, "writer": {"per_thread_copy_ahead": 10000000, "single_file_per_rank": true, "sync_files": true, "thread_count": 1}}, "property": "dcp", "schema": 1, "seed": 0, "world_size": 4}'.encode()).hexdigest()[:12]
     count = getattr(ctx, '_cases', 0)
-    return os.path.join('/tmp/shardfuzz-dcp-28238', f'{digest}-{count}')
+    return os.path.join('/tmp/shardfuzz-dcp-5306', f'{digest}-{count}')
 
 def scalar_values(case, body, rank=0):
     s = (0 + 0) % 100003
@@ -639,7 +633,6 @@ def extra_value(case, rank=0):
 def _values(body, case, side, ctx, get, put, fresh, skip):
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
     out = {}
-    salt = 0
     for entry in body.entries:
         if entry is DcpItem.MODEL:
             out[entry] = side.model.state_dict()
@@ -648,12 +641,12 @@ def _values(body, case, side, ctx, get, put, fresh, skip):
             if not fresh:
                 out[entry] = fsdp1_optim_state_dict(side)
         elif entry is DcpItem.SCALARS:
-            values = scalar_values(case, body, salt)
+            values = scalar_values(case, body, 0)
             out[entry] = Scalars({k: type(v)() if fresh else v for k, v in values.items()})
         elif entry is DcpItem.COUNTER:
             out[entry] = Counter(0.0 if fresh else float(0 % 1009) + 0.5, ctx, deadlock=False)
         else:
-            out[entry] = torch.zeros(5, dtype=torch.float64) if fresh else extra_value(case, salt)
+            out[entry] = torch.zeros(5, dtype=torch.float64) if fresh else extra_value(case, 0)
     return out
 
 def prepare_side(body, side, options):
@@ -713,42 +706,16 @@ def _save(body, state, path, overwrite=None):
     kwargs.update(_collectives(body))
     stager = _stager(body)
     try:
-        _wait(dcp.async_save(state, **kwargs, **_async_kwargs(body, stager)))
+        kwargs_ = {}
+        _wait(dcp.async_save(state, **kwargs, **kwargs_))
     finally:
-        _close(stager)
+        pass
 
 def _collectives(body):
     return {}
 
 def _stager(body):
     return None
-
-def _close(stager):
-    pass
-
-def _async_kwargs(body, stager):
-    kwargs = {}
-    return kwargs
-
-def _load(body, state, path):
-    import torch.distributed.checkpoint as dcp
-    kwargs = {}
-    kwargs.update(_load_planner(body))
-    kwargs.update(_group(body))
-    dcp.load(state, storage_reader=dcp.FileSystemReader(path), **kwargs)
-
-def _earlier_checkpoint(body, case, ctx, path, get, put):
-    t = body.training
-    decoy = build_side(body.tree, body.source, t, ctx, seed=0 + 2 * FRESH_SEED)
-    body_optimizer(decoy, fresh_training(t), body)
-    prepare_side(body, decoy, get)
-    values = _values(body, case, decoy, ctx, get, put, fresh=True, skip=())
-    import torch.distributed.checkpoint as dcp
-    dcp.save(_arrange(body, values, ctx), checkpoint_id=path)
-
-def _save_over(body, state, path, ctx):
-    _save(body, state, path, overwrite=True)
-    return {}
 
 def _observe_entries(values):
     out = {}
@@ -761,9 +728,6 @@ def _observe_entries(values):
             out['extra'] = [float(v) for v in value.tolist()]
     return out
 
-def run_dcp(case, body, ctx):
-    return _run_dcp(case, body, ctx)
-
 def _run_dcp(case, body, ctx):
     t = body.training
     get_save = _options(False, True, load=False)
@@ -773,20 +737,25 @@ def _run_dcp(case, body, ctx):
     _LAST_PLANNER[0], _CTX[0] = (None, ctx)
     if body.mode is DcpMode.ROUND_TRIP and ctx.rank == 0:
         shutil.rmtree(path, ignore_errors=True)
-    own = path
     obs = {}
     data = all_batches(case, t, 1 + 1, body.tree, ctx)
     src = None
-    source_done = None
     src = build_side(body.tree, body.source, t, ctx, seed=0, schedule=())
     body_optimizer(src, t, body)
     prepare_side(body, src, get_save)
-    _earlier_checkpoint(body, case, ctx, path, get_save, put)
+    t_ = body.training
+    decoy = build_side(body.tree, body.source, t_, ctx, seed=0 + 2 * FRESH_SEED)
+    body_optimizer(decoy, fresh_training(t_), body)
+    prepare_side(body, decoy, get_save)
+    values_ = _values(body, case, decoy, ctx, get_save, put, fresh=True, skip=())
+    import torch.distributed.checkpoint as dcp_
+    dcp_.save(_arrange(body, values_, ctx), checkpoint_id=path)
     seed_segment(case, ctx, 0)
     obs['losses_before'] = train_steps(src, data[:1], ctx)
     values = _values(body, case, src, ctx, get_save, put, fresh=False, skip=())
     state = _arrange(body, values, ctx)
-    obs['overwrite'] = _save_over(body, state, path, ctx)
+    _save(body, state, path, overwrite=True)
+    obs['overwrite'] = {}
     obs['saved'] = _observe_saved(body, case, src, ctx, values)
     tgt = build_side(body.tree, body.target, t, ctx, seed=0 + FRESH_SEED, meta=False, schedule=())
     body_optimizer(tgt, fresh_training(t), body)
@@ -800,28 +769,25 @@ def _run_dcp(case, body, ctx):
     plain = {k: v for k, v in state.items() if isinstance(v, (dict, torch.Tensor))}
     tensors = {k: _tensors(v) for k, v in plain.items()}
     before = requires_grad(tgt)
-    _load(body, state, own)
+    import torch.distributed.checkpoint as dcp
+    kwargs = {}
+    kwargs.update(_load_planner(body))
+    kwargs.update(_group(body))
+    dcp.load(state, storage_reader=dcp.FileSystemReader(path), **kwargs)
     obs['in_place'] = _in_place_problem(state, plain, tensors)
-    _finish_load(body, tgt, values, put, own)
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+    import torch.distributed.checkpoint as dcp__
+    from torch.distributed.checkpoint.optimizer import load_sharded_optimizer_state_dict
+    tgt.model.load_state_dict(values[DcpItem.MODEL])
+    loaded = load_sharded_optimizer_state_dict(model_state_dict=tgt.model.state_dict(), optimizer_key='optimizer', storage_reader=dcp__.FileSystemReader(path))
+    fsdp1_load_optimizer(tgt, loaded['optimizer'])
     obs['requires_grad'] = {'before': before, 'after': requires_grad(tgt)}
     obs['loaded'] = {**observe(tgt, case, body.tree, ctx), **_observe_entries(values)}
-    obs.update(resume_both(case, src, tgt, data[1:], ctx, source_done))
+    obs.update(resume_both(case, src, tgt, data[1:], ctx, None))
     dist.barrier()
     if ctx.rank == 0:
         shutil.rmtree(path, ignore_errors=True)
     return obs
-
-def _finish_load(body, side, values, put, path):
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
-    _finish_fsdp1_load(body, side, values, path)
-    return
-
-def _finish_fsdp1_load(body, side, values, path):
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.optimizer import load_sharded_optimizer_state_dict
-    side.model.load_state_dict(values[DcpItem.MODEL])
-    loaded = load_sharded_optimizer_state_dict(model_state_dict=side.model.state_dict(), optimizer_key='optimizer', storage_reader=dcp.FileSystemReader(path))
-    fsdp1_load_optimizer(side, loaded['optimizer'])
 
 class OutcomeKind(str, enum.Enum):
     OK = 'ok'
@@ -1160,9 +1126,8 @@ def judge_dcp(case, outcome):
 OPTIMIZER_CHECKS = ('optimizer', 'resume_loss', 'resume_params')
 
 def _hsdp_optimizer_load(case, failure):
-    where = 'async_save'
     tag = FSDP1_HSDP_OPTIMIZER_LOAD.tag.lstrip(':')
-    return dataclasses.replace(failure, signature=str(Signature('mismatch', 'dcp', where=where, tags=(tag,))))
+    return dataclasses.replace(failure, signature=str(Signature('mismatch', 'dcp', where='async_save', tags=(tag,))))
 
 def _frozen_state_dropped(case, failure):
     body = case.body
@@ -1222,7 +1187,9 @@ def attempt(rank, world_size):
     case = Case(property='dcp', world_size=4, seed=0, body=DcpBody(tree=ModuleTree(width=12, root=Block(children=(Block(children=(Leaf(kind=LeafKind.RELU), Block(children=(Leaf(kind=LeafKind.RELU), Leaf(kind=LeafKind.CONV1D, frozen=True)), scale=True)), buffer=True), Leaf(kind=LeafKind.CONV1D, bias=False, frozen=True), Block(children=(Leaf(kind=LeafKind.RELU),), residual=True, buffer=True)))), source=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), target=Composition(mesh=(2, 2), wrapper=Wrapper.FSDP1_HYBRID_SHARD), entries=(DcpItem.MODEL, DcpItem.OPTIMIZER, DcpItem.COUNTER, DcpItem.SCALARS, DcpItem.EXTRA), training=Training(lr=0.01, momentum=0.9, eps=0.0001, steps=1, set_to_none=False), orders=((0, 3, 1, 4, 2), (0, 4, 2, 3, 1), (0, 4, 2, 1, 3), (0, 2, 1, 3, 4)), save_cpu_offload=True, load_cpu_offload=True, async_save=True, storage_objects=True, overwrite=Overwrite.TRUE))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
-    obs = json.loads(json.dumps(run_dcp(case, case.body, ctx)))
+    body = case.body
+    run_dcp_out = _run_dcp(case, body, ctx)
+    obs = json.loads(json.dumps(run_dcp_out))
     outs = [None] * world_size
     dist.all_gather_object(outs, obs)
     if rank != 0:

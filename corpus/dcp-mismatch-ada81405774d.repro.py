@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=a635595e21e9824a sources=7d6f5cb23a31c8e4 seconds=43.5
+# shardfuzz reduced reproducer: entry=a635595e21e9824a sources=7d6f5cb23a31c8e4 seconds=122.8
 """Reproduces shardfuzz corpus entry dcp-mismatch-ada81405774d.json: mismatch:dcp@save:fsdp1-hsdp-load_sharded_optimizer_state_dict
 
 Observed: Into FSDP1 HYBRID_SHARD over a 2-D mesh, load_sharded_optimizer_state_dict lays the
@@ -110,14 +110,8 @@ class Wrapper(str, enum.Enum):
     FSDP1_NO_SHARD = 'fsdp1_no_shard'
     FSDP1_HYBRID_SHARD = 'fsdp1_hybrid_shard'
 
-class ContextFn(str, enum.Enum):
-    NONE = 'none'
-    SAVE_MATMULS = 'save_matmuls'
-    SAVE_MATMULS_LIST = 'save_matmuls_list'
-
 @dataclass(frozen=True)
 class CheckpointOptions:
-    context_fn: object = ContextFn.NONE
     debug: object = False
 
     def names(self):
@@ -410,11 +404,6 @@ def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=()):
 def change_requires_grad(side, step):
     return
 
-def catch_up(side, steps):
-    for step in range(side.step, steps):
-        change_requires_grad(side, step)
-    side.step = max(side.step, steps)
-
 def requires_grad(side):
     return {clean_name(n): p.requires_grad for n, p in side.model.named_parameters()}
 
@@ -492,13 +481,7 @@ def probe(side, case, tree, ctx):
     seed_segment(case, ctx, 99)
     with torch.no_grad():
         out = _flat(side.model(x))
-    reshard(side.model)
     return out
-
-def reshard(model):
-    from torch.distributed.fsdp import FSDPModule
-    for module in model.modules():
-        pass
 
 def observe(side, case, tree, ctx, *, model=True):
     obs = {'groups': observe_groups(side)}
@@ -551,7 +534,7 @@ def resume_both(case, src, tgt, data, ctx, source_done=None):
 def case_dir(case, ctx):
     digest = hashlib.sha1('{"body": {"absent": false, "async_save": false, "async_saves": 0, "cache_staged": false, "checkpoint_dir": "", "convert": false, "deadlock": false, "drop": [], "empty_group": false, "entries": ["model", "optimizer"], "frozen_in_optimizer": false, "kind": "dcp", "load_cpu_offload": false, "load_full_state_dict": false, "load_planner": null, "mode": "round_trip", "module_stateful": false, "no_dist": false, "orders": [[0, 1], [0, 1], [0, 1], [0, 1]], "overwrite": "none", "own_group": false, "patched": false, "process_checkpointer": false, "requires_grad": [], "save_cpu_offload": false, "save_full_state_dict": false, "save_planner": null, "skip": [], "source": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0}, "mesh": [2, 2], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "fsdp1_hybrid_shard"}, "stager": null, "steps_after": 1, "storage_objects": false, "target": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0}, "mesh": [2, 2], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "fsdp1_hybrid_shard"}, "target_meta_init": false, "torch_save_reader": false, "training": {"accum_sync": "always", "batch_per_rank": 1, "compile": "none", "dtype": "float64", "eps": 0.0001, "foreach": null, "grad_accum": 1, "lr": 0.01, "momentum": 0.0, "optimizer": "adam", "param_groups": 1, "same_input": false, "set_to_none": false, "skips": [], "steps": 1, "unfreeze": []}, "tree": {"root": {"buffer": false, "children": [{"bias": false, "frozen": false, "kind": "conv1d"}], "residual": false, "scale": false}, "width": 2}, "use_collectives": true, "writer": {"per_thread_copy_ahead": 10000000, "single_file_per_rank": true, "sync_files": true, "thread_count": 1}}, "property": "dcp", "schema": 1, "seed": 0, "world_size": 4}'.encode()).hexdigest()[:12]
     count = getattr(ctx, '_cases', 0)
-    return os.path.join('/tmp/shardfuzz-dcp-28591', f'{digest}-{count}')
+    return os.path.join('/tmp/shardfuzz-dcp-6139', f'{digest}-{count}')
 
 def _options(full, offload, *, load, strict=True):
     return Options(full_state_dict=full, cpu_offload=offload, broadcast_from_rank0=load and full and offload, strict=strict)
@@ -658,7 +641,6 @@ def _run_dcp(case, body, ctx):
     obs['saved'] = _observe_saved(body, case, src, ctx, values)
     tgt = build_side(body.tree, body.target, t, ctx, seed=0 + FRESH_SEED, meta=False, schedule=())
     body_optimizer(tgt, fresh_training(t), body)
-    catch_up(tgt, 1)
     prepare_side(body, tgt, put)
     dropped = dropped_keys(tgt, ())
     obs['dropped'] = dropped
@@ -1043,7 +1025,7 @@ def attempt(rank, world_size):
     case = Case(property='dcp', world_size=4, seed=0, body=DcpBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),))), source=Composition(mesh=(2, 2), wrapper=Wrapper.FSDP1_HYBRID_SHARD), target=Composition(mesh=(2, 2), wrapper=Wrapper.FSDP1_HYBRID_SHARD), entries=(DcpItem.MODEL, DcpItem.OPTIMIZER), training=Training(optimizer=Optimizer.ADAM, lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, dtype=Dtype.FLOAT64, set_to_none=False), orders=((0, 1), (0, 1), (0, 1), (0, 1))))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
-    obs = json.loads(json.dumps(run_dcp(case, case.body, ctx)))
+    obs = json.loads(json.dumps(run_dcp(case, DcpBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),))), source=Composition(mesh=(2, 2), wrapper=Wrapper.FSDP1_HYBRID_SHARD), target=Composition(mesh=(2, 2), wrapper=Wrapper.FSDP1_HYBRID_SHARD), entries=(DcpItem.MODEL, DcpItem.OPTIMIZER), training=Training(optimizer=Optimizer.ADAM, lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, dtype=Dtype.FLOAT64, set_to_none=False), orders=((0, 1), (0, 1), (0, 1), (0, 1))), ctx)))
     outs = [None] * world_size
     dist.all_gather_object(outs, obs)
     if rank != 0:
