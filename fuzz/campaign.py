@@ -151,6 +151,8 @@ def _child_argv(
     argv += ["--budget", str(args.budget), "--backend", args.backend, "--world-size", str(args.world_size)]
     argv += ["--deadline", str(args.deadline), "--corpus", str(args.corpus), "--report", str(report)]
     argv += ["--report-every", str(POOL_REPORT_EVERY_S)]
+    if args.reruns is not None:
+        argv += ["--reruns", str(args.reruns)]
     if args.max_examples is not None:
         argv += ["--max-examples", str(max(1, args.max_examples // args.pools))]
     for name in properties:

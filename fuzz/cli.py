@@ -46,14 +46,22 @@ def duration(text: str) -> float:
     return seconds
 
 
-def positive_int(text: str) -> int:
+def _int_at_least(text: str, floor: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    if value < floor:
+        raise argparse.ArgumentTypeError(f"{value} must be at least {floor}")
     return value
+
+
+def positive_int(text: str) -> int:
+    return _int_at_least(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    return _int_at_least(text, 0)
 
 
 def _pool_args(p: argparse.ArgumentParser, *, world_size: bool = True) -> None:
@@ -103,6 +111,15 @@ def build_parser() -> argparse.ArgumentParser:
         "sharing the corpus and database; seeds are SEED, SEED+1, ... (default 1)",
     )
     ex.add_argument("--seed", type=int, default=None, help="campaign seed (default: random)")
+    ex.add_argument(
+        "--reruns",
+        type=non_negative_int,
+        default=None,
+        metavar="N",
+        # the default is fuzz.explore.RERUNS (not imported here: --help stays fast; a test checks it)
+        help="re-run each new failure N times before it is saved, to tell a reproducible failure from a "
+        "flaky one (default 3; 0 saves it unconfirmed)",
+    )
     db = ex.add_mutually_exclusive_group()
     db.add_argument(
         "--database",
@@ -382,6 +399,7 @@ def _explore_one(args: argparse.Namespace, seed: int, props: list[Any]) -> int:
             started=started,
             torch_lines=torch_lines,
             line_signal=not args.no_coverage_signal,
+            **({} if args.reruns is None else {"reruns": args.reruns}),
         )
     finally:
         # Ending the ranks gets what the budget leaves of its teardown time (at least 2 s).

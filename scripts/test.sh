@@ -27,4 +27,6 @@ python3 -m ruff format --check fuzz strategies tests
 python3 -m mypy
 # imports point down (pyproject.toml [tool.importlinter], docs/design.md); the script pip installed
 "$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/lint-imports" --no-cache
-python3 -m pytest -n 2 "$@"
+# Tests marked slow (minutes each, each path also covered by a faster test) are left to the slow
+# tier: `bash scripts/test.sh -m slow` (or tox -e slow); a later -m replaces this one.
+python3 -m pytest -n 2 -m "not slow" "$@"

@@ -132,11 +132,17 @@ def replicate_options(draw: st.DrawFn, tree: ModuleTree, comp: Composition, *, l
     # delay_all_reduce (delay_all_reduce_named_params + param_to_hook_all_reduce) meets a torch
     # bug under replicate (known.DELAY_ALL_REDUCE_ROOT: the delayed parameters are reduced
     # twice, racing): rarely, where some replicate call has a plan.
-    # Only with whole MiB bucket caps: DDP documents them as int, and torch 2.11 hands the delayed
-    # parameters' broadcast the raw cap (a TypeError for a fraction; 2.13 rounds it down).
+    # Only with the default bucket caps: torch 2.11 hands the delayed parameters' broadcast
+    # (_broadcast_coalesced, whose buffer_size is an int) the raw cap, a TypeError for a float
+    # (DDP types bucket_cap_mb_list as list[int]; 2.13 rounds it down), and a case's caps are
+    # floats (ReplicateOptions).
     caps = [fields.get("bucket_cap_mb"), *fields.get("bucket_cap_mb_list", ())]
-    whole = all(c is None or float(c).is_integer() for c in caps)
-    if replicate_takes("delay_all_reduce_named_params") and whole and keep_known(draw, known.DELAY_ALL_REDUCE_ROOT):
+    default_caps = all(c is None for c in caps)
+    if (
+        replicate_takes("delay_all_reduce_named_params")
+        and default_caps
+        and keep_known(draw, known.DELAY_ALL_REDUCE_ROOT)
+    ):
         trial = replace(comp, replicate_options=ReplicateOptions(**fields, delay_all_reduce=True))
         if _valid(tree, trial):
             fields["delay_all_reduce"] = True

@@ -229,7 +229,8 @@ def _start(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[bytes], Path, 
         "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
     }
     argv = [sys.executable, "-m", "fuzz", "explore", "--property", "_fault", "--budget", "300", "--seed", "1"]
-    argv += ["--corpus", str(corpus), "--report", str(report), "--report-every", "1", "--no-database", *extra]
+    argv += ["--corpus", str(corpus), "--report", str(report), "--report-every", "1", "--no-database"]
+    argv += ["--reruns", "1", *extra]  # one re-run confirms: the entry is saved sooner
     log = open(tmp_path / "explore.log", "wb")  # noqa: SIM115 - the child holds it
     out = {"stdin": subprocess.DEVNULL, "stdout": log, "stderr": subprocess.STDOUT}
     proc = subprocess.Popen(  # type: ignore[call-overload]
@@ -245,7 +246,12 @@ def _start(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[bytes], Path, 
     return proc, corpus, report
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name)
+@pytest.mark.parametrize(
+    "sig",
+    # SIGTERM takes SIGINT's path through the driver (fuzz.stop): the slow tier runs it
+    [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow), signal.SIGKILL],
+    ids=lambda s: s.name,
+)
 def test_signalling_the_driver_keeps_saved_failures_and_leaves_no_process(tmp_path: Path, sig: signal.Signals) -> None:
     proc, corpus, report = _start(tmp_path)
     family: list[int] = []
@@ -379,7 +385,12 @@ def _hang_campaign(tmp_path: Path, budget: float, *extra: str) -> tuple[float, s
     return time.monotonic() - start, result
 
 
-@pytest.mark.parametrize("extra", [(), ("--pools", "2")], ids=["one-pool", "two-pools"])
+@pytest.mark.parametrize(
+    "extra",
+    # several pools stopping on a signal: test_signalling_several_pools_stops_each_and_keeps_their_failures
+    [(), pytest.param(("--pools", "2"), marks=pytest.mark.slow)],
+    ids=["one-pool", "two-pools"],
+)
 def test_a_campaign_where_every_case_hangs_ends_within_its_budget(tmp_path: Path, extra: tuple[str, ...]) -> None:
     """The promise, under a fault that makes every case hang: the wall time stays within
     budget + max(30 s, 5% of the budget), start-up, shrinking, re-runs and teardown included,

@@ -29,6 +29,7 @@ def test_properties_lists_parity_and_hides_the_self_test():
     [
         (("explore", "--budget", "soon"), "soon"),
         (("explore", "--world-size", "0"), "--world-size"),
+        (("explore", "--reruns", "-1"), "--reruns"),
         (("explore", "--property", "no-such-property", "--budget", "1"), "no-such-property"),
         (("replay", "does/not/exist.json"), "does/not/exist.json"),
         (("frobnicate",), "frobnicate"),
@@ -69,19 +70,28 @@ def test_short_campaign_on_unmutated_torch_exits_0_and_reports(tmp_path):
     assert {p.name for p in corpus.glob("*.json")} == before
 
 
+def test_the_reruns_default_in_the_help_is_the_campaigns():
+    from fuzz.explore import RERUNS
+
+    result = run_cli("explore", "--help")
+    assert result.returncode == 0, result.stderr
+    assert f"(default {RERUNS};" in " ".join(result.stdout.split())
+
+
 def test_a_known_bug_met_through_another_property_is_not_new(tmp_path):
     """A known entry's exception met through another property is that known bug: reported as
     such (naming the entry), not saved again, exit 0. The pool self-test's raising rank stands
     in for the bug."""
     env = {"SHARDFUZZ_FAULT_ACTIONS": "raise"}
     corpus, report = tmp_path / "corpus", tmp_path / "r"
-    args = ("explore", "--property", "_fault", "--max-examples", "2", "--seed", "1", "--no-database")
+    args = ("explore", "--property", "_fault", "--max-examples", "2", "--seed", "1", "--no-database", "--reruns", "1")
     first = run_cli(*args, "--corpus", str(corpus), env=env)
     assert first.returncode == 1, first.stderr
     (path,) = corpus.glob("*.json")
     data = json.loads(path.read_text())
     kind, prop, detail = data["signature"].split(":", 2)
     assert (kind, prop) == ("exception", "_fault"), data["signature"]
+    assert data["reruns"] == data["reproduced"] == 1  # --reruns 1
     elsewhere = f"exception:parity:{detail}"
     data.update(signature=elsewhere, status="known", upstream="pytorch/pytorch#1")
     path.write_text(json.dumps(data))
@@ -95,6 +105,7 @@ def test_a_known_bug_met_through_another_property_is_not_new(tmp_path):
     assert list(corpus.glob("*.json")) == [path]
 
 
+@pytest.mark.slow  # in CI, test_corpus_cli's campaign under the same fault covers this path and more
 def test_campaign_under_a_fault_saves_an_entry_that_replays(tmp_path):
     env = mutant_env("P01_shard_dim_chunk")
     corpus, before = _corpus_with_known_bugs(tmp_path)

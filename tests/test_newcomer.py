@@ -159,7 +159,7 @@ def test_add_hits_leaves_another_signature_alone(tmp_path: Path) -> None:
 def test_replay_of_a_known_entry_says_so(tmp_path: Path) -> None:
     env = {"SHARDFUZZ_FAULT_ACTIONS": "raise"}
     corpus = tmp_path / "corpus"
-    args = ("explore", "--property", "_fault", "--max-examples", "2", "--seed", "1", "--no-database")
+    args = ("explore", "--property", "_fault", "--max-examples", "2", "--seed", "1", "--no-database", "--reruns", "1")
     assert run_cli(*args, "--corpus", str(corpus), env=env).returncode == 1
     (path,) = corpus.glob("*.json")
     data = json.loads(path.read_text())
