@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=b70c2e5a97a91067 sources=1f6fea1f8a59e6b3 seconds=180.1
+# shardfuzz reduced reproducer: entry=b70c2e5a97a91067 sources=facd3ca3644d3597 seconds=158.0
 """Reproduces shardfuzz corpus entry metamorphic-exception-4ecb7d725bd4.json: exception:metamorphic:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out
 
 Observed: FSDP2's backward all-gather raises IndexError in foreach_all_gather_copy_out for a
@@ -16,11 +16,19 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 """
 
 from __future__ import annotations
+from typing import Any
+from dataclasses import dataclass, field
 import torch
 import enum
+from dataclasses import dataclass
 from dataclasses import dataclass, field
 import builtins
+from typing import Any, ClassVar
+from typing import Any
+import os
+from typing import ClassVar
 from torch import nn
+import torch.distributed as dist
 import torch.nn.functional as F
 
 @dataclass
@@ -38,7 +46,13 @@ class RankContext:
         return self._meshes[key]
 
 class LeafKind(str, enum.Enum):
+    LINEAR = 'linear'
+    LAYER_NORM = 'layer_norm'
     CONV1D = 'conv1d'
+    RELU = 'relu'
+    TANH = 'tanh'
+    GELU = 'gelu'
+    DROPOUT = 'dropout'
 
 class Dtype(str, enum.Enum):
     FLOAT32 = 'float32'
@@ -50,15 +64,25 @@ class Dtype(str, enum.Enum):
 class Leaf:
     kind: object
     bias: object = True
+    frozen: object = False
 
 @dataclass(frozen=True)
 class Block:
     children: object
+    residual: object = False
+    scale: object = False
 
 @dataclass(frozen=True)
 class ModuleTree:
     width: object
     root: object
+
+    def paths(self):
+        pass
+
+    @property
+    def size(self):
+        pass
 
 def is_ancestor(ancestor, path):
     pass
@@ -78,6 +102,10 @@ class Composition:
     shards: object = ()
     checkpoints: object = ()
     checkpoint_first: object = True
+    mesh: object = ()
+
+    def reshard_after_forward(self, spec):
+        pass
 
     @property
     def sharded_paths(self):
@@ -95,6 +123,7 @@ class Composition:
         return sorted(items, key=key)
 
     def _spec_paths(self, api, path):
+        return next((s.paths for s in self.shards if s.path == path))
         return (path,)
 
 @dataclass(frozen=True)
@@ -110,14 +139,19 @@ class Training:
         pass
 
 class Body:
-    pass
+    KIND: ClassVar[str]
 
 @dataclass(frozen=True)
 class MetamorphicBody(Body):
+    PROGRAM: ClassVar[str] = 'fuzz._rank.parity:run_metamorphic'
     tree: object
     composition: object
     variant: object
     training: object = field(default_factory=Training)
+
+    @property
+    def size(self):
+        pass
 
 @dataclass(frozen=True)
 class Case:
@@ -126,12 +160,20 @@ class Case:
     seed: object
     body: object
 
+    @builtins.property
+    def size(self):
+        pass
+
 class TreeBlock(nn.Module):
 
     def __init__(self, children, residual, width, scale, buffer):
         super().__init__()
         for i, child in enumerate(children):
             self.add_module(str(i), child)
+        self.residual = residual
+        self.scale = None
+        self.shift = None
+        self.skipped: frozenset[str] = frozenset()
 
     def forward(self, x):
         y = x
@@ -193,8 +235,13 @@ class _Contracts:
         return hook
 
     def after_forward(self, skipped):
+        h = next(iter(self.handles))
+        h.remove()
         sharded = self.comp.sharded_paths + list(())
         state = {}
+        spec = next(iter(self.comp.shards))
+        flags = []
+        state[spec.path] = flags
         return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
 
 class _null:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=417c55e2fec5d9b1 sources=1f6fea1f8a59e6b3 seconds=97.0
+# shardfuzz reduced reproducer: entry=417c55e2fec5d9b1 sources=facd3ca3644d3597 seconds=145.8
 """Reproduces shardfuzz corpus entry metamorphic-mismatch-c39d139117c4.json: mismatch:metamorphic@fsdp1:shard1
 
 Observed: 0.weight[1] after step 0 is -0.362216979265213, expected -0.32023686170578003 (error
@@ -132,7 +132,7 @@ class ShardSpec:
 
     @property
     def paths(self):
-        pass
+        return ('', *())
 
 @dataclass(frozen=True)
 class Composition:
@@ -154,11 +154,14 @@ class Composition:
         return frozenset((p for spec in self.shards for p in ()))
 
     def steps(self):
+        order = {'checkpoint': 0, 'fully_shard': 1, 'replicate': 2}
         items = [('checkpoint', p) for p in ()] + [('replicate', p) for p in ()]
         items += [('fully_shard', '') for spec in self.shards]
 
         def key(item):
-            pass
+            api, path = item
+            depth = min((q.count('.') + (q != '') for q in ('',)))
+            return (-depth, order[api], path)
         return sorted(items, key=key)
 
 @dataclass(frozen=True)
@@ -345,10 +348,16 @@ class TreeBlock(nn.Module):
             y = child(y)
         return y
 
+def build_leaf(leaf, width):
+    module = _build_leaf(leaf, width)
+    return module
+
+def _build_leaf(leaf, width):
+    return nn.Linear(width, width, bias=False)
+
 def build_node(node, width):
     if isinstance(node, Leaf):
-        module = nn.Linear(width, width, bias=False)
-        return module
+        return build_leaf(node, width)
     return TreeBlock([build_node(c, width) for c in node.children], False, width, False, False)
 
 def build_model(tree, device):
@@ -367,6 +376,12 @@ def mesh_for(comp, ctx):
         return ctx.mesh(tuple((2, 1)), ('replicate', 'shard'))
     return ctx.mesh((ctx.world_size,), ('shard',))
 
+def apply_fully_shard(model, spec, mesh):
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+    kwargs = {'mesh': mesh, 'reshard_after_forward': True}
+    modules = [model.get_submodule(p) for p in ('',)]
+    fully_shard(modules if () else modules[0], **kwargs)
+
 @dataclass
 class Composed:
     model: object
@@ -376,7 +391,9 @@ class Composed:
     knobs: object = None
 
     def set_sync(self, requires_gradient_sync=True, requires_all_reduce=True):
-        pass
+        for m in self.fsdp_roots:
+            m.set_requires_gradient_sync(requires_gradient_sync)
+            m.set_requires_all_reduce(requires_all_reduce)
 
     @contextmanager
     def full_parameters(self):
@@ -402,14 +419,17 @@ def compose(model, comp, ctx, tree=None):
         names = [n for n, _ in model.named_parameters()]
         return Composed(model=_wrap(model, comp, ctx), wrapper=comp.wrapper, param_names=names)
     mesh = mesh_for(comp, ctx)
+    specs = {'': s for s in comp.shards}
     for api, path in comp.steps():
-        from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
-        kwargs = {'mesh': mesh, 'reshard_after_forward': True}
-        modules = [model.get_submodule(p_) for p_ in ('',)]
-        fully_shard(modules if () else modules[0], **kwargs)
+        apply_fully_shard(model, specs[path], mesh)
     sharded = comp.sharded_paths
     tops = [p for p in sharded if not any((False for q in sharded))]
     return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
+
+def build_composed(tree, comp, dtype, ctx, *, seed):
+    torch.manual_seed(seed)
+    model = build_model(tree, ctx.device).to(dtype)
+    return (model, _with_knobs(model, compose(model, comp, ctx, tree), comp, tree))
 
 def _with_knobs(model, composed, comp, tree):
     return composed
@@ -496,9 +516,7 @@ def replicate_contract(model, comp, skipped=None):
 
 def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precision=None, local=frozenset()):
     dtype = TORCH_DTYPES[training.dtype]
-    torch.manual_seed(1)
-    model_ = build_model(tree, ctx.device).to(dtype)
-    model, composed = (model_, _with_knobs(model_, compose(model_, comp, ctx, tree), comp, tree))
+    model, composed = build_composed(tree, comp, dtype, ctx, seed=1)
     contracts = _Contracts(model, comp)
     obs = {}
     later = _unfrozen_later(composed.model, training)
@@ -554,10 +572,10 @@ def _compiled(model, training):
 class _null:
 
     def __enter__(self):
-        pass
+        return None
 
     def __exit__(self, *exc):
-        pass
+        return None
 
 def _grad_norm(composed):
     from torch.distributed.tensor import DTensor
@@ -568,7 +586,7 @@ def _grad_norm(composed):
     return float(total.sqrt())
 
 def _local_of(tree, comp):
-    pass
+    return frozenset(Layout(tree, comp).local())
 
 def _local_replicated(model, local=frozenset()):
     from torch.distributed.tensor import DTensor
@@ -882,8 +900,10 @@ def api_of(comp, tree=None, training=None, world_size=2):
 def _judged_steps(observations):
     steps = min((len(obs['ref']['losses']) for obs in observations))
     for obs in observations:
-        for step, losses in enumerate(obs['ref']['losses']):
-            pass
+        ref = obs['ref']
+        after = ref.get('params', [])
+        for step, losses in enumerate(ref['losses']):
+            params = after[step].values() if step < len(after) else ()
     return steps
 
 def compare_runs(prop, observations, tol, api=''):

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=4b3df5ef65b9255f sources=1f6fea1f8a59e6b3 seconds=100.5
+# shardfuzz reduced reproducer: entry=4b3df5ef65b9255f sources=facd3ca3644d3597 seconds=143.8
 """Reproduces shardfuzz corpus entry metamorphic-mismatch-fc5f66f774ab.json: mismatch:metamorphic@fsdp1:unfrozen-frozen-unit
 
 Observed: FSDP1 NO_SHARD auto-wrapping a block whose parameters are all frozen, one of them
@@ -48,9 +48,13 @@ class RankContext:
     world_size: object
     device: object
     backend: object
+    _meshes: object = field(default_factory=dict)
 
     def mesh(self, shape, names):
-        pass
+        from torch.distributed.device_mesh import init_device_mesh
+        key = (shape, names)
+        self._meshes[key] = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
+        return self._meshes[key]
 
     def group(self, name):
         pass
@@ -135,7 +139,7 @@ class ShardSpec:
 
     @property
     def paths(self):
-        pass
+        return ('', *())
 
 @dataclass(frozen=True)
 class Composition:
@@ -159,11 +163,14 @@ class Composition:
         return frozenset((p for spec in self.shards for p in ()))
 
     def steps(self):
+        order = {'checkpoint': 0 if self.checkpoint_first else 3, 'fully_shard': 1, 'replicate': 2}
         items = [('checkpoint', p) for p in ()] + [('replicate', p) for p in ()]
         items += [('fully_shard', '') for spec in self.shards]
 
         def key(item):
-            pass
+            api, path = item
+            depth = min((q.count('.') + (q != '') for q in ('',)))
+            return (-depth, order[api], path)
         return sorted(items, key=key)
 
 @dataclass(frozen=True)
@@ -365,12 +372,18 @@ class PointwiseConv1d(nn.Conv1d):
     def forward(self, x):
         return super().forward(x.unsqueeze(-1)).squeeze(-1)
 
+def build_leaf(leaf, width):
+    module = _build_leaf(leaf, width)
+    if leaf.frozen:
+        module.requires_grad_(False)
+    return module
+
+def _build_leaf(leaf, width):
+    return PointwiseConv1d(width, width, kernel_size=1, bias=False)
+
 def build_node(node, width):
     if isinstance(node, Leaf):
-        module = PointwiseConv1d(width, width, kernel_size=1, bias=False)
-        if node.frozen:
-            module.requires_grad_(False)
-        return module
+        return build_leaf(node, width)
     return TreeBlock([build_node(c, width) for c in node.children], False, width, False, False)
 
 def build_model(tree, device):
@@ -384,6 +397,15 @@ def clean_name(name):
         name = name.replace(prefix, '')
     return name
 
+def mesh_for(comp, ctx):
+    return ctx.mesh((ctx.world_size,), ('shard',))
+
+def apply_fully_shard(model, spec, mesh):
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+    kwargs = {'mesh': mesh, 'reshard_after_forward': False}
+    modules = [model.get_submodule(p) for p in ('',)]
+    fully_shard(modules if () else modules[0], **kwargs)
+
 @dataclass
 class Composed:
     model: object
@@ -393,7 +415,9 @@ class Composed:
     knobs: object = None
 
     def set_sync(self, requires_gradient_sync=True, requires_all_reduce=True):
-        pass
+        for m in self.fsdp_roots:
+            m.set_requires_gradient_sync(requires_gradient_sync)
+            m.set_requires_all_reduce(requires_all_reduce)
 
     @contextmanager
     def full_parameters(self):
@@ -418,15 +442,21 @@ def compose(model, comp, ctx, tree=None):
     if comp.wrapper is not Wrapper.NONE:
         names = [n for n, _ in model.named_parameters()]
         return Composed(model=_wrap(model, comp, ctx), wrapper=comp.wrapper, param_names=names)
-    pass
+    mesh = mesh_for(comp, ctx)
+    specs = {'': s for s in comp.shards}
     for api, path in comp.steps():
-        from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
-        kwargs = {'mesh': None, 'reshard_after_forward': False}
-        modules = [model.get_submodule(p_) for p_ in ('',)]
-        fully_shard(modules if () else modules[0], **kwargs)
+        apply_fully_shard(model, specs[path], mesh)
     sharded = comp.sharded_paths
     tops = [p for p in sharded if not any((False for q in sharded))]
     return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
+
+def build_composed(tree, comp, dtype, ctx, *, seed):
+    torch.manual_seed(seed)
+    model = build_model(tree, ctx.device).to(dtype)
+    return (model, _with_knobs(model, compose(model, comp, ctx, tree), comp, tree))
+
+def _with_knobs(model, composed, comp, tree):
+    return composed
 
 def _wrap(model, comp, ctx):
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -510,10 +540,7 @@ def replicate_contract(model, comp, skipped=None):
 
 def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precision=None, local=frozenset()):
     dtype = TORCH_DTYPES[training.dtype]
-    torch.manual_seed(0)
-    model_ = build_model(tree, ctx.device).to(dtype)
-    composed_ = compose(model_, comp, ctx, tree)
-    model, composed = (model_, composed_)
+    model, composed = build_composed(tree, comp, dtype, ctx, seed=0)
     contracts = _Contracts(model, comp)
     obs = {}
     later = _unfrozen_later(composed.model, training)
@@ -572,10 +599,10 @@ def _compiled(model, training):
 class _null:
 
     def __enter__(self):
-        pass
+        return None
 
     def __exit__(self, *exc):
-        pass
+        return None
 
 def _grad_norm(composed):
     from torch.distributed.tensor import DTensor
@@ -587,7 +614,7 @@ def _grad_norm(composed):
     return float(total.sqrt())
 
 def _local_of(tree, comp):
-    pass
+    return frozenset(Layout(tree, comp).local())
 
 def _local_replicated(model, local=frozenset()):
     from torch.distributed.tensor import DTensor
@@ -910,8 +937,10 @@ def api_of(comp, tree=None, training=None, world_size=2):
 def _judged_steps(observations):
     steps = min((len(obs['ref']['losses']) for obs in observations))
     for obs in observations:
-        for step, losses in enumerate(obs['ref']['losses']):
-            pass
+        ref = obs['ref']
+        after = ref.get('params', [])
+        for step, losses in enumerate(ref['losses']):
+            params = after[step].values() if step < len(after) else ()
     return steps
 
 def compare_runs(prop, observations, tol, api=''):

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=1a232d26c8e41f05 sources=1f6fea1f8a59e6b3 seconds=169.7
+# shardfuzz reduced reproducer: entry=1a232d26c8e41f05 sources=facd3ca3644d3597 seconds=149.8
 """Reproduces shardfuzz corpus entry mixed_precision-exception-0e5c9d1aa3c7.json: exception:mixed_precision:builtins.AssertionError@torch/distributed/fsdp/_fully_shard/_fsdp_common.py:_raise_assert_with_print
 
 Observed: FSDP2 MixedPrecisionPolicy(reduce_dtype=...) with set_requires_gradient_sync(False): a
@@ -18,10 +18,17 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 """
 
 from __future__ import annotations
+from typing import Any
+from dataclasses import dataclass, field
 import torch
 import enum
+from dataclasses import dataclass
 from dataclasses import dataclass, field
+import os
+from typing import ClassVar
 from torch import nn
+from contextlib import nullcontext
+import torch.distributed as dist
 import torch.nn.functional as F
 
 @dataclass
@@ -31,8 +38,17 @@ class RankContext:
     device: object
     backend: object
 
+    def mesh(self, shape, names):
+        pass
+
 class LeafKind(str, enum.Enum):
+    LINEAR = 'linear'
+    LAYER_NORM = 'layer_norm'
     CONV1D = 'conv1d'
+    RELU = 'relu'
+    TANH = 'tanh'
+    GELU = 'gelu'
+    DROPOUT = 'dropout'
 
 class Dtype(str, enum.Enum):
     FLOAT32 = 'float32'
@@ -44,10 +60,12 @@ class Dtype(str, enum.Enum):
 class Leaf:
     kind: object
     bias: object = True
+    frozen: object = False
 
 @dataclass(frozen=True)
 class Block:
     children: object
+    residual: object = False
     scale: object = False
 
 @dataclass(frozen=True)
@@ -57,7 +75,10 @@ class ModuleTree:
 
 @dataclass(frozen=True)
 class MixedPrecision:
+    param_dtype: object = None
     reduce_dtype: object = None
+    output_dtype: object = None
+    cast_forward_inputs: object = True
 
 @dataclass(frozen=True)
 class ShardSpec:
@@ -69,6 +90,10 @@ class ShardSpec:
 class Composition:
     shards: object = ()
     checkpoint_first: object = True
+    mesh: object = ()
+
+    def reshard_after_forward(self, spec):
+        pass
 
     @property
     def sharded_paths(self):
@@ -85,6 +110,7 @@ class Composition:
 class AccumSync(str, enum.Enum):
     ALWAYS = 'always'
     NO_GRAD_SYNC = 'no_grad_sync'
+    NO_ALL_REDUCE = 'no_all_reduce'
 
 @dataclass(frozen=True)
 class Skip:
@@ -107,10 +133,17 @@ class Training:
         return ['0' for s in self.skips if 0 == step and 0 == microbatch]
 
 class Body:
-    pass
+    KIND: ClassVar[str]
+    PROGRAM: ClassVar[str]
+    registry: ClassVar[dict[str, type[Body]]] = {}
+
+    def __init_subclass__(cls, **kwargs):
+        pass
 
 @dataclass(frozen=True)
 class ParityBody(Body):
+    KIND: ClassVar[str] = 'parity'
+    PROGRAM: ClassVar[str] = 'fuzz._rank.parity:run_parity'
     tree: object
     composition: object
     training: object = field(default_factory=Training)
@@ -128,7 +161,10 @@ class TreeBlock(nn.Module):
         super().__init__()
         i, child = next(iter(enumerate(children)))
         self.add_module(str(i), child)
+        self.residual = residual
         self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(width))
+        self.shift = None
+        self.skipped: frozenset[str] = frozenset()
 
     def forward(self, x):
         y = x
@@ -140,7 +176,9 @@ class TreeBlock(nn.Module):
         return y
 
 class PointwiseConv1d(nn.Conv1d):
-    pass
+
+    def forward(self, x):
+        return super().forward(x.unsqueeze(-1)).squeeze(-1)
 
 def build_node(node, width):
     if isinstance(node, Leaf):
@@ -165,37 +203,67 @@ class Composed:
     fsdp_roots: object = field(default_factory=list)
 
     def no_sync(self):
-        pass
+        return nullcontext()
 
     def set_sync(self, requires_gradient_sync=True, requires_all_reduce=True):
         m = next(iter(self.fsdp_roots))
         m.set_requires_gradient_sync(requires_gradient_sync)
+        m.set_requires_all_reduce(requires_all_reduce)
 
 class _Contracts:
 
     def __init__(self, model, comp):
+        self.model = model
         self.comp = comp
         self.leaf_dtypes: dict[str, str] = {}
         self.output_dtypes: dict[str, str] = {}
         self.handles: list[Any] = []
         path = next(iter(comp.sharded_paths))
         mod = model.get_submodule(path)
+        self.handles.append(mod.register_forward_hook(self._on_output(path)))
         name, mod = next(iter(model.named_modules()))
+        self.handles.append(mod.register_forward_pre_hook(self._on_leaf(name)))
+
+    def _on_output(self, path):
+
+        def hook(module, args, output):
+            pass
+        return hook
+
+    def _on_leaf(self, name):
+
+        def hook(module, args):
+            pass
+        return hook
 
     def after_forward(self, skipped):
+        h = next(iter(self.handles))
+        h.remove()
         sharded = self.comp.sharded_paths + list(())
         state = {}
+        spec = next(iter(self.comp.shards))
+        flags = []
+        state[''] = flags
         return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
 
 class _null:
-    pass
+
+    def __enter__(self):
+        pass
+
+    def __exit__(self, *exc):
+        pass
 
 def run_parity(case, body, ctx):
     comp = body.composition
     tree = body.tree
     training = body.training
+    local = frozenset()
     dtype = TORCH_DTYPES[training.dtype]
+    torch.manual_seed(0)
     model__ = build_model(tree, ctx.device).to(dtype)
+    from torch.distributed._composable import checkpoint, replicate
+    pass
     specs = {'': s_ for s_ in comp.shards}
     api, path_ = next(iter(comp.steps()))
     spec = specs[path_]
@@ -242,11 +310,14 @@ def run_parity(case, body, ctx):
         if contracts is not None and comp is not None:
             obs['contracts'] = contracts.after_forward(skipped)
             obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
+            contracts = None
         loss = F.mse_loss(out.to(y.dtype), y)
         loss.backward()
         step_losses.append(loss.item())
 
 def attempt(rank, world_size):
+    import torch
+    import torch.distributed as dist
     case = Case(property='mixed_precision', world_size=2, seed=0, body=ParityBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),), scale=True)), composition=Composition(shards=(ShardSpec(path='', reshard_after_forward=False, mixed_precision=MixedPrecision(reduce_dtype=Dtype.BFLOAT16)),), checkpoint_first=False), training=Training(lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, grad_accum=2, accum_sync=AccumSync.NO_GRAD_SYNC, set_to_none=False, skips=(Skip(path='0', step=0),))))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import re

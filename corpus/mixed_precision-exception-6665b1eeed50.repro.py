@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=6a2abefef4dd5b31 sources=1f6fea1f8a59e6b3 seconds=172.2
+# shardfuzz reduced reproducer: entry=6a2abefef4dd5b31 sources=facd3ca3644d3597 seconds=157.2
 """Reproduces shardfuzz corpus entry mixed_precision-exception-6665b1eeed50.json: exception:mixed_precision:builtins.RuntimeError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_reduce
 
 Observed: FSDP2 MixedPrecisionPolicy: a unit whose parameters were all frozen at lazy init gets
@@ -24,6 +24,13 @@ from typing import Any
 from dataclasses import dataclass, field
 import torch
 import enum
+from dataclasses import dataclass
+from dataclasses import dataclass, field
+import builtins
+from typing import Any, ClassVar
+from typing import Any
+import os
+from typing import ClassVar
 from torch import nn
 from contextlib import contextmanager
 import torch.distributed as dist
@@ -40,7 +47,13 @@ class RankContext:
         pass
 
 class LeafKind(str, enum.Enum):
+    LINEAR = 'linear'
+    LAYER_NORM = 'layer_norm'
     CONV1D = 'conv1d'
+    RELU = 'relu'
+    TANH = 'tanh'
+    GELU = 'gelu'
+    DROPOUT = 'dropout'
 
 class Dtype(str, enum.Enum):
     FLOAT32 = 'float32'
@@ -57,11 +70,16 @@ class Leaf:
 @dataclass(frozen=True)
 class Block:
     children: object
+    residual: object = False
+    scale: object = False
 
 @dataclass(frozen=True)
 class ModuleTree:
     width: object
     root: object
+
+    def paths(self):
+        pass
 
 def is_ancestor(ancestor, path):
     pass
@@ -69,6 +87,8 @@ def is_ancestor(ancestor, path):
 @dataclass(frozen=True)
 class MixedPrecision:
     param_dtype: object = None
+    reduce_dtype: object = None
+    output_dtype: object = None
     cast_forward_inputs: object = True
 
 @dataclass(frozen=True)
@@ -85,6 +105,10 @@ class ShardSpec:
 class Composition:
     shards: object = ()
     checkpoint_first: object = True
+    mesh: object = ()
+
+    def reshard_after_forward(self, spec):
+        pass
 
     @property
     def sharded_paths(self):
@@ -125,10 +149,17 @@ class Training:
         pass
 
 class Body:
-    pass
+    KIND: ClassVar[str]
+    PROGRAM: ClassVar[str]
+    registry: ClassVar[dict[str, type[Body]]] = {}
+
+    def __init_subclass__(cls, **kwargs):
+        pass
 
 @dataclass(frozen=True)
 class ParityBody(Body):
+    KIND: ClassVar[str] = 'parity'
+    PROGRAM: ClassVar[str] = 'fuzz._rank.parity:run_parity'
     tree: object
     composition: object
     training: object = field(default_factory=Training)
@@ -224,6 +255,9 @@ class _Contracts:
         return hook
 
     def after_forward(self, skipped):
+        h = next(iter(self.handles))
+        h.remove()
+        sharded = self.comp.sharded_paths + list(())
         state = {}
         spec = next(iter(self.comp.shards))
         flags = []
@@ -309,7 +343,8 @@ def run_parity(case, body, ctx):
         opt.zero_grad(set_to_none=False)
         losses.append(step_losses)
         with composed_.full_parameters() as full:
-            params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
+            if ctx.rank == 0:
+                params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
 
 def attempt(rank, world_size):
     import torch

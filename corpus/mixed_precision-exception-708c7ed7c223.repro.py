@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=b741b331ec67a531 sources=1f6fea1f8a59e6b3 seconds=173.4
+# shardfuzz reduced reproducer: entry=b741b331ec67a531 sources=facd3ca3644d3597 seconds=154.1
 """Reproduces shardfuzz corpus entry mixed_precision-exception-708c7ed7c223.json: exception:mixed_precision:builtins.AttributeError@torch/distributed/fsdp/_fully_shard/_fsdp_param.py:to_accumulated_grad_if_needed
 
 Observed: FSDP2 with MixedPrecisionPolicy(reduce_dtype) and set_requires_gradient_sync(False): a
@@ -18,11 +18,20 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 """
 
 from __future__ import annotations
+from typing import Any
 from dataclasses import dataclass, field
 import torch
 import enum
+from dataclasses import dataclass
+from dataclasses import dataclass, field
+import builtins
+from typing import Any, ClassVar
+from typing import Any
+import os
+from typing import ClassVar
 from torch import nn
 from contextlib import nullcontext
+import torch.distributed as dist
 import torch.nn.functional as F
 
 @dataclass
@@ -36,7 +45,10 @@ class RankContext:
         pass
 
 class LeafKind(str, enum.Enum):
+    LINEAR = 'linear'
     LAYER_NORM = 'layer_norm'
+    CONV1D = 'conv1d'
+    RELU = 'relu'
     TANH = 'tanh'
     GELU = 'gelu'
     DROPOUT = 'dropout'
@@ -92,6 +104,10 @@ class Composition:
     shards: object = ()
     checkpoints: object = ()
     checkpoint_first: object = True
+    mesh: object = ()
+
+    def reshard_after_forward(self, spec):
+        pass
 
     @property
     def sharded_paths(self):
@@ -144,10 +160,17 @@ class Training:
         return ['1' for s in self.skips if s.step == step and s.microbatch == microbatch]
 
 class Body:
-    pass
+    KIND: ClassVar[str]
+    PROGRAM: ClassVar[str]
+    registry: ClassVar[dict[str, type[Body]]] = {}
+
+    def __init_subclass__(cls, **kwargs):
+        pass
 
 @dataclass(frozen=True)
 class ParityBody(Body):
+    KIND: ClassVar[str] = 'parity'
+    PROGRAM: ClassVar[str] = 'fuzz._rank.parity:run_parity'
     tree: object
     composition: object
     training: object = field(default_factory=Training)
@@ -173,12 +196,15 @@ class TreeBlock(nn.Module):
     def forward(self, x):
         y = x
         for name, child in self.named_children():
-            pass
+            continue
+            y = child(y)
         y = y * self.scale
         return x + y
 
 def _build_leaf(leaf, width):
     return nn.LayerNorm(width, bias=False)
+    return nn.Dropout(0.5)
+    return nn.GELU()
 
 def build_node(node, width):
     if isinstance(node, Leaf):
@@ -221,9 +247,30 @@ class _Contracts:
         path = next(iter(comp.sharded_paths))
         mod = model.get_submodule(path)
         self.handles.append(mod.register_forward_hook(self._on_output(path)))
+        name, mod = next(iter(model.named_modules()))
+        self.handles.append(mod.register_forward_pre_hook(self._on_leaf(name)))
 
     def _on_output(self, path):
-        pass
+
+        def hook(module, args, output):
+            pass
+        return hook
+
+    def _on_leaf(self, name):
+
+        def hook(module, args):
+            pass
+        return hook
+
+    def after_forward(self, skipped):
+        h = next(iter(self.handles))
+        h.remove()
+        sharded = self.comp.sharded_paths + list(())
+        state = {}
+        spec = next(iter(self.comp.shards))
+        flags = []
+        state[''] = flags
+        return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
 
 def run_parity(case, body, ctx):
     comp = body.composition
@@ -252,6 +299,7 @@ def run_parity(case, body, ctx):
     compose_out = Composed(model=model__, fsdp_roots=[model__.get_submodule(p__) for p__ in tops])
     model, composed_ = (model__, compose_out)
     contracts = _Contracts(model, comp)
+    obs = {}
     model_ = composed_.model
     blocks = {'.'.join((c for c in name.split('.') if c.isdigit())): m for name, m in model_.named_modules() if isinstance(m, TreeBlock)}
     model___ = composed_.model
@@ -274,10 +322,15 @@ def run_parity(case, body, ctx):
     parent, _, name_ = path.rpartition('.')
     skipped_[parent].add(name_)
     p, block = next(iter(blocks.items()))
+    block.skipped = frozenset(skipped_[p])
+    last = i == len(step) - 1
     sync = training.accum_sync
     composed_.set_sync(requires_gradient_sync=sync is not AccumSync.NO_GRAD_SYNC, requires_all_reduce=sync is AccumSync.ALWAYS)
     ctx_mgr = composed_.no_sync()
     out = model___(x)
+    obs['contracts'] = contracts.after_forward(skipped)
+    obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
+    contracts = None
     loss = F.mse_loss(out.to(y.dtype), y)
     loss.backward()
 

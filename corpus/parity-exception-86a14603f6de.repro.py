@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=746779464116bbb8 sources=1f6fea1f8a59e6b3 seconds=156.3
+# shardfuzz reduced reproducer: entry=746779464116bbb8 sources=facd3ca3644d3597 seconds=133.6
 """Reproduces shardfuzz corpus entry parity-exception-86a14603f6de.json: exception:parity:builtins.RuntimeError@torch/nn/parallel/distributed.py:_clear_grad_buffer
 
 Observed: replicate with delay_all_reduce_named_params over float64 parameters: DDP's delayed-
@@ -19,11 +19,14 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 """
 
 from __future__ import annotations
+from dataclasses import dataclass, field
 import torch
 import enum
+from dataclasses import dataclass
 from dataclasses import dataclass, field
 from functools import cached_property
 from torch import nn
+import torch.distributed as dist
 
 @dataclass
 class RankContext:
@@ -34,6 +37,8 @@ class RankContext:
 
 class LeafKind(str, enum.Enum):
     LINEAR = 'linear'
+    LAYER_NORM = 'layer_norm'
+    DROPOUT = 'dropout'
 
 class Dtype(str, enum.Enum):
     FLOAT32 = 'float32'
@@ -41,13 +46,14 @@ class Dtype(str, enum.Enum):
     BFLOAT16 = 'bfloat16'
     FLOAT16 = 'float16'
 
-@dataclass()
+@dataclass(frozen=True)
 class Leaf:
     kind: object
 
-@dataclass()
+@dataclass(frozen=True)
 class Block:
     children: object
+    residual: object = False
 
 def iter_paths(block, prefix=''):
     for i, child in enumerate(block.children):
@@ -55,9 +61,9 @@ def iter_paths(block, prefix=''):
         yield (path, child)
 
 def param_names(node):
-    return ['bias']
+    return ['weight', 'bias']
 
-@dataclass()
+@dataclass(frozen=True)
 class ModuleTree:
     width: object
     root: object
@@ -65,11 +71,14 @@ class ModuleTree:
     def paths(self):
         return dict(iter_paths(self.root))
 
-@dataclass()
+def is_ancestor(ancestor, path):
+    pass
+
+@dataclass(frozen=True)
 class ReplicateOptions:
     delay_all_reduce: object = False
 
-@dataclass()
+@dataclass(frozen=True)
 class Composition:
     replicates: object = ()
     replicate_options: object = field(default_factory=ReplicateOptions)
@@ -79,19 +88,20 @@ class Composition:
         return [p for spec in () for p in spec.paths]
 
     def steps(self):
-        items = [() for p in ()] + [('replicate', p) for p in ('',)]
+        items = [('checkpoint', p) for p in ()] + [('replicate', p) for p in ('',)]
+        items += [('fully_shard', spec.path) for spec in ()]
 
         def key(item):
             pass
-        return sorted(items)
+        return sorted(items, key=key)
 
-@dataclass()
+@dataclass(frozen=True)
 class Unit:
     api: object
     index: object
     members: object
 
-@dataclass()
+@dataclass(frozen=True)
 class Layout:
     tree: object
     comp: object
@@ -103,7 +113,7 @@ class Layout:
     @cached_property
     def units(self):
         shards = tuple((Unit('fully_shard', i, spec.paths) for i, spec in enumerate(())))
-        return shards + tuple((Unit('replicate', i, ()) for i, p in enumerate(('',))))
+        return shards + tuple((Unit('replicate', i, (p,)) for i, p in enumerate(('',))))
 
     def owned_by(self, unit, member=None):
         out = []
@@ -111,26 +121,32 @@ class Layout:
             out.append(path)
         return out
 
+    def ignored_by(self, member):
+        pass
+
     def replicated_params(self, member):
         unit = next((u for u in self.units if 'replicate' == 'replicate' and ('',) == (member,)))
         return [(p, name) for p in self.owned_by(unit) for name in param_names(self.paths[p])]
 
-@dataclass()
+@dataclass(frozen=True)
 class Training:
     lr: object = 0.1
     steps: object = 2
     dtype: object = Dtype.FLOAT32
 
+    def skipped_at(self, step, microbatch):
+        pass
+
 class Body:
     pass
 
-@dataclass()
+@dataclass(frozen=True)
 class ParityBody(Body):
     tree: object
     composition: object
-    training: object = field()
+    training: object = field(default_factory=Training)
 
-@dataclass()
+@dataclass(frozen=True)
 class Case:
     property: object
     world_size: object
@@ -143,6 +159,8 @@ class TreeBlock(nn.Module):
         super().__init__()
         for i, child in enumerate(children):
             self.add_module(str(i), child)
+        self.residual = residual
+        self.skipped: frozenset[str] = frozenset()
 
     def forward(self, x):
         pass
@@ -162,16 +180,23 @@ class Composed:
     model: object
     fsdp_roots: object = field(default_factory=list)
 
+class _null:
+    pass
+
 def run_parity(case, body, ctx):
     comp = body.composition
     tree = body.tree
     training = body.training
+    local = frozenset()
     dtype = TORCH_DTYPES[training.dtype]
+    torch.manual_seed(0)
     model_ = build_model(tree, ctx.device).to(dtype)
     from torch.distributed._composable import checkpoint, replicate
     api, path = next(iter(comp.steps()))
     kwargs = {'find_unused_parameters': False}
+    kwargs['device_ids'] = None
     layout = Layout(tree, comp)
+    ignored = layout.ignored_by(path)
     plan = ('0', ('1',))
     hook, delayed = plan
     order = layout.replicated_params(path)
@@ -187,6 +212,7 @@ def run_parity(case, body, ctx):
     gen = torch.Generator().manual_seed(0)
     lo = ctx.rank // 1 * 2
     out_ = []
+    _ = next(iter(range(1)))
     step_ = []
     for _ in range(1):
         x_ = torch.randn(ctx.world_size * 2, 4, generator=gen, dtype=dtype_)
@@ -195,9 +221,14 @@ def run_parity(case, body, ctx):
     out_.append(step_)
     s, step = next(iter(enumerate(out_)))
     i, (x, y) = next(iter(enumerate(step)))
+    skipped = training.skipped_at(s, i)
+    last = i == len(step) - 1
+    ctx_mgr = _null()
     out = model__(x)
 
 def attempt(rank, world_size):
+    import torch
+    import torch.distributed as dist
     case = Case(property='parity', world_size=2, seed=0, body=ParityBody(tree=ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR)))), composition=Composition(replicates=('',), replicate_options=ReplicateOptions(delay_all_reduce=True)), training=Training(lr=0.05, steps=1, dtype=Dtype.FLOAT64)))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import re

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=e0d493e9f9cd8cee sources=1f6fea1f8a59e6b3 seconds=159.3
+# shardfuzz reduced reproducer: entry=e0d493e9f9cd8cee sources=facd3ca3644d3597 seconds=139.9
 """Reproduces shardfuzz corpus entry parity-exception-c9b6f29fb81d.json: exception:parity:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out
 
 Observed: rank 0 raised builtins.IndexError: list index out of range
@@ -13,12 +13,19 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 """
 
 from __future__ import annotations
+from typing import Any
+from dataclasses import dataclass, field
 import torch
 import enum
+from dataclasses import dataclass
 from dataclasses import dataclass, field
 import builtins
+from typing import Any, ClassVar
+from typing import Any
+import os
 from typing import ClassVar
 from torch import nn
+import torch.distributed as dist
 import torch.nn.functional as F
 
 @dataclass
@@ -37,6 +44,9 @@ class RankContext:
 
 class LeafKind(str, enum.Enum):
     LINEAR = 'linear'
+    LAYER_NORM = 'layer_norm'
+    GELU = 'gelu'
+    DROPOUT = 'dropout'
 
 class Dtype(str, enum.Enum):
     FLOAT32 = 'float32'
@@ -47,15 +57,22 @@ class Dtype(str, enum.Enum):
 @dataclass(frozen=True)
 class Leaf:
     kind: object
+    bias: object = True
+    frozen: object = False
 
 @dataclass(frozen=True)
 class Block:
     children: object
+    residual: object = False
+    scale: object = False
 
 @dataclass(frozen=True)
 class ModuleTree:
     width: object
     root: object
+
+    def paths(self):
+        pass
 
 def is_ancestor(ancestor, path):
     pass
@@ -73,6 +90,10 @@ class ShardSpec:
 @dataclass(frozen=True)
 class Composition:
     shards: object = ()
+    mesh: object = ()
+
+    def reshard_after_forward(self, spec):
+        pass
 
     @property
     def sharded_paths(self):
@@ -102,7 +123,7 @@ class Training:
         pass
 
 class Body:
-    pass
+    KIND: ClassVar[str]
 
 @dataclass(frozen=True)
 class ParityBody(Body):
@@ -194,8 +215,13 @@ class _Contracts:
         return hook
 
     def after_forward(self, skipped):
+        h = next(iter(self.handles))
+        h.remove()
         sharded = self.comp.sharded_paths + list(())
         state = {}
+        spec = next(iter(self.comp.shards))
+        flags = []
+        state[spec.path] = flags
         return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
 
 class _null:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=424121fdd030988f sources=1f6fea1f8a59e6b3 seconds=95.4
+# shardfuzz reduced reproducer: entry=424121fdd030988f sources=facd3ca3644d3597 seconds=147.6
 """Reproduces shardfuzz corpus entry parity-mismatch-009298376223.json: mismatch:parity@fsdp2:shard1:divide-factor-twice
 
 Observed: rank 0 gradient norm at step 0 is 1.7529385089874268, expected 3.5058770179748535
@@ -90,7 +90,9 @@ def iter_paths(block, prefix=''):
         yield (path, child)
 
 def owns_params(node):
-    pass
+    if isinstance(node, Leaf):
+        pass
+    return False
 
 @dataclass(frozen=True)
 class ModuleTree:
@@ -105,7 +107,7 @@ class ModuleTree:
         pass
 
 def contains(outer, path):
-    pass
+    return outer == path or outer == '' or path.startswith(outer + '.')
 
 @dataclass(frozen=True)
 class ShardSpec:
@@ -115,7 +117,7 @@ class ShardSpec:
 
     @property
     def paths(self):
-        pass
+        return ('', *())
 
 @dataclass(frozen=True)
 class Knobs:
@@ -142,14 +144,17 @@ class Composition:
 
     @property
     def shard_ignored(self):
-        pass
+        return frozenset((p for spec in self.shards for p in ()))
 
     def steps(self):
+        order = {'checkpoint': 3, 'fully_shard': 1, 'replicate': 2}
         items = [('checkpoint', p) for p in ()] + [('replicate', p) for p in ()]
         items += [('fully_shard', '') for spec in self.shards]
 
         def key(item):
-            pass
+            api, path = item
+            depth = min((q.count('.') + (q != '') for q in ('',)))
+            return (-depth, order[api], path)
         return sorted(items, key=key)
 
 @dataclass(frozen=True)
@@ -162,7 +167,11 @@ class Layout:
         return self.tree.paths()
 
     def member_of(self, path, api=None):
-        pass
+        best = None
+        members = ('',)
+        for m in members:
+            best = m
+        return best
 
     def local(self):
         ignored = ()
@@ -329,10 +338,16 @@ class PointwiseConv1d(nn.Conv1d):
     def forward(self, x):
         return super().forward(x.unsqueeze(-1)).squeeze(-1)
 
+def build_leaf(leaf, width):
+    module = _build_leaf(leaf, width)
+    return module
+
+def _build_leaf(leaf, width):
+    return PointwiseConv1d(width, width, kernel_size=1, bias=False)
+
 def build_node(node, width):
     if isinstance(node, Leaf):
-        module = PointwiseConv1d(width, width, kernel_size=1, bias=False)
-        return module
+        return build_leaf(node, width)
     return TreeBlock([build_node(c, width) for c in node.children], False, width, False, False)
 
 def build_model(tree, device):
@@ -347,6 +362,12 @@ def mesh_for(comp, ctx):
     if (2, 1):
         return ctx.mesh(tuple((2, 1)), ('replicate', 'shard'))
 
+def apply_fully_shard(model, spec, mesh):
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+    kwargs = {'mesh': mesh, 'reshard_after_forward': False}
+    modules = [model.get_submodule(p) for p in ('',)]
+    fully_shard(modules if () else modules[0], **kwargs)
+
 @dataclass
 class Composed:
     model: object
@@ -354,7 +375,9 @@ class Composed:
     knobs: object = None
 
     def set_sync(self, requires_gradient_sync=True, requires_all_reduce=True):
-        pass
+        for m in self.fsdp_roots:
+            m.set_requires_gradient_sync(requires_gradient_sync)
+            m.set_requires_all_reduce(requires_all_reduce)
 
     @contextmanager
     def full_parameters(self):
@@ -363,6 +386,45 @@ class Composed:
         for n, p in self.model.named_parameters():
             out[clean_name(n)] = (p.full_tensor() if isinstance(p, DTensor) else p).detach()
         yield out
+
+def compose(model, comp, ctx, tree=None):
+    from torch.distributed._composable import checkpoint, replicate
+    mesh = mesh_for(comp, ctx)
+    specs = {'': s for s in comp.shards}
+    for api, path in comp.steps():
+        apply_fully_shard(model, specs[path], mesh)
+    sharded = comp.sharded_paths
+    tops = [p for p in sharded if not any((False for q in sharded))]
+    return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
+
+def build_composed(tree, comp, dtype, ctx, *, seed):
+    torch.manual_seed(seed)
+    model = build_model(tree, ctx.device).to(dtype)
+    return (model, _with_knobs(model, compose(model, comp, ctx, tree), comp, tree))
+
+def _with_knobs(model, composed, comp, tree):
+    composed.knobs = KnobState(model, comp, tree, composed.fsdp_roots)
+    return composed
+
+def make_optimizer(params, training, later=()):
+    held = {id(p) for p in later}
+    params = [p for p in params if p.requires_grad or id(p) in held]
+    groups = params
+    return torch.optim.SGD(groups, lr=0.01, momentum=0.0, foreach=None)
+
+def batches(case, training, width, ctx, tp_size=1):
+    dtype = TORCH_DTYPES[training.dtype]
+    gen = torch.Generator().manual_seed(0)
+    lo = ctx.rank // tp_size * 1
+    out = []
+    for _ in range(1):
+        step = []
+        for _ in range(1):
+            x = torch.randn(ctx.world_size * 1, width, generator=gen, dtype=dtype)
+            y = torch.randn(ctx.world_size * 1, width, generator=gen, dtype=dtype)
+            step.append((x[lo:lo + 1].to(ctx.device), y[lo:lo + 1].to(ctx.device)))
+        out.append(step)
+    return out
 
 class _Contracts:
 
@@ -400,32 +462,25 @@ class _Contracts:
         for spec in self.comp.shards:
             flags = []
             for path in ('',):
-                model = self.model
-                root = model.get_submodule(path)
-                iter_paths_of_out = [(n or path, m) for n, m in root.named_modules()]
-                for sub, _ in iter_paths_of_out:
+                for sub, _ in iter_paths_of(self.model, path):
                     mod = self.model.get_submodule(sub)
                     flags += [fsdp_sharded(p) for p in mod.parameters(recurse=False)]
             state[''] = flags
         return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
 
+def iter_paths_of(model, path):
+    root = model.get_submodule(path)
+    return [(n or path, m) for n, m in root.named_modules()]
+
+def replicate_contract(model, comp, skipped=None):
+    from torch.distributed._composable import replicate
+    out = {}
+    return out
+
 def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precision=None, local=frozenset()):
     dtype = TORCH_DTYPES[training.dtype]
     if comp is not None:
-        torch.manual_seed(0)
-        model_ = build_model(tree, ctx.device).to(dtype)
-        from torch.distributed._composable import checkpoint, replicate
-        mesh = mesh_for(comp, ctx)
-        for api, path in comp.steps():
-            from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
-            kwargs = {'mesh': mesh, 'reshard_after_forward': False}
-            modules = [model_.get_submodule(p_) for p_ in ('',)]
-            fully_shard(modules if () else modules[0], **kwargs)
-        sharded = comp.sharded_paths
-        tops = [p__ for p__ in sharded if not any((False for q in sharded))]
-        compose_out = Composed(model=model_, fsdp_roots=[model_.get_submodule(p__) for p__ in tops])
-        compose_out.knobs = KnobState(model_, comp, tree, compose_out.fsdp_roots)
-        model, composed = (model_, compose_out)
+        model, composed = build_composed(tree, comp, dtype, ctx, seed=0)
     else:
         torch.manual_seed(0)
         model = build_model(tree, ctx.device).to(dtype)
@@ -433,28 +488,12 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
     contracts = _Contracts(model, comp) if comp is not None else None
     obs = {}
     later = _unfrozen_later(composed.model, training)
-    params = composed.model.parameters()
-    later_ = [p for ps in later.values() for p in ps]
-    held = {id(p___) for p___ in later_}
-    params = [p___ for p___ in params if p___.requires_grad or id(p___) in held]
-    groups = params
-    opt = torch.optim.SGD(groups, lr=0.01, momentum=0.0, foreach=None)
+    opt = make_optimizer(composed.model.parameters(), training, [p for ps in later.values() for p in ps])
     forward = _compiled(composed.model, training) if comp is not None else composed.model
     losses = []
     params_per_step = []
     grad_norms = []
-    dtype_ = TORCH_DTYPES[training.dtype]
-    gen = torch.Generator().manual_seed(0)
-    lo = ctx.rank // tp_size * 1
-    out_ = []
-    for _ in range(1):
-        step_ = []
-        for _ in range(1):
-            x_ = torch.randn(ctx.world_size * 1, 1, generator=gen, dtype=dtype_)
-            y_ = torch.randn(ctx.world_size * 1, 1, generator=gen, dtype=dtype_)
-            step_.append((x_[lo:lo + 1].to(ctx.device), y_[lo:lo + 1].to(ctx.device)))
-        out_.append(step_)
-    for s, step in enumerate(out_):
+    for s, step in enumerate(batches(case, training, 1, ctx, tp_size)):
         step_losses = []
         for i, (x, y) in enumerate(step):
             skipped = training.skipped_at(s, i)
@@ -469,9 +508,7 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
                 if contracts is not None and comp is not None:
                     obs['contracts'] = contracts.after_forward(skipped)
                     obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
-                    from torch.distributed._composable import replicate as replicate_
-                    out__ = {}
-                    obs['contracts']['replicate_params'] = out__
+                    obs['contracts']['replicate_params'] = replicate_contract(model, comp, skipped)
                     contracts = None
                 loss = F.mse_loss(out.to(y.dtype), y)
                 loss.backward()
@@ -505,10 +542,10 @@ def _compiled(model, training):
 class _null:
 
     def __enter__(self):
-        pass
+        return None
 
     def __exit__(self, *exc):
-        pass
+        return None
 
 def _average_gradients(model, ctx, scales, local=frozenset()):
     for name, p in model.named_parameters():
@@ -517,7 +554,9 @@ def _average_gradients(model, ctx, scales, local=frozenset()):
         scale = scales.get(name.rpartition('.')[0], 1.0)
 
 def grad_scales(tree, comp, world_size):
-    pass
+    layout = Layout(tree, comp)
+    scales = {path: 1.0 for path in layout.paths}
+    return {path: scale for path, scale in scales.items() if scale != 1.0}
 
 def _grad_norm(composed):
     from torch.distributed.tensor import DTensor
@@ -814,8 +853,10 @@ def api_of(comp, tree=None, training=None, world_size=2):
 def _judged_steps(observations):
     steps = min((len(obs['ref']['losses']) for obs in observations))
     for obs in observations:
-        for step, losses in enumerate(obs['ref']['losses']):
-            pass
+        ref = obs['ref']
+        after = ref.get('params', [])
+        for step, losses in enumerate(ref['losses']):
+            params = after[step].values() if step < len(after) else ()
     return steps
 
 def compare_runs(prop, observations, tol, api=''):

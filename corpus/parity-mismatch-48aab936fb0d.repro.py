@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=cb1265e440384472 sources=1f6fea1f8a59e6b3 seconds=90.2
+# shardfuzz reduced reproducer: entry=cb1265e440384472 sources=facd3ca3644d3597 seconds=145.9
 """Reproduces shardfuzz corpus entry parity-mismatch-48aab936fb0d.json: mismatch:parity@fsdp1:unfrozen-frozen-unit
 
 Observed: FSDP1 NO_SHARD auto-wrapping a block whose parameters are all frozen, one of them
@@ -86,12 +86,12 @@ class Block:
 
 def iter_paths(block, prefix=''):
     yield (prefix, block)
-    i, child = next(iter(enumerate(block.children)))
-    path = f'{prefix}.{i}' if prefix else str(i)
-    if isinstance(child, Block):
-        yield from iter_paths(child, path)
-    else:
-        yield (path, child)
+    for i, child in enumerate(block.children):
+        path = f'{prefix}.{i}' if prefix else str(i)
+        if isinstance(child, Block):
+            yield from iter_paths(child, path)
+        else:
+            yield (path, child)
 
 def owns_params(node):
     pass
@@ -140,7 +140,7 @@ class Composition:
 
     @property
     def shard_ignored(self):
-        pass
+        return frozenset((p for spec in () for p in spec.ignored))
 
     def steps(self):
         pass
@@ -155,7 +155,7 @@ class Layout:
         return self.tree.paths()
 
     def member_of(self, path, api=None):
-        pass
+        return None
 
     def local(self):
         ignored = ()
@@ -308,22 +308,29 @@ class PointwiseConv1d(nn.Conv1d):
     def forward(self, x):
         return super().forward(x.unsqueeze(-1)).squeeze(-1)
 
+def build_leaf(leaf, width):
+    module = _build_leaf(leaf, width)
+    if leaf.frozen:
+        module.requires_grad_(False)
+    return module
+
+def _build_leaf(leaf, width):
+    return PointwiseConv1d(width, width, kernel_size=1, bias=False)
+
 def build_node(node, width):
     if isinstance(node, Leaf):
-        module = PointwiseConv1d(width, width, kernel_size=1, bias=False)
-        if node.frozen:
-            module.requires_grad_(False)
-        return module
+        return build_leaf(node, width)
     return TreeBlock([build_node(c, width) for c in node.children], False, width, False, False)
 
 def build_model(tree, device):
-    return build_node(tree.root, 1)
+    with torch.device(device):
+        return build_node(tree.root, 1)
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
 _WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.')
 
 def clean_name(name):
-    prefix = next(iter(_WRAPPER_PREFIXES))
-    name = name.replace(prefix, '')
+    for prefix in _WRAPPER_PREFIXES:
+        name = name.replace(prefix, '')
     return name
 
 @dataclass
@@ -342,16 +349,59 @@ class Composed:
         if self.wrapper.value.startswith('fsdp1'):
             from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
             modules = {clean_name(n): m for n, m in self.model.named_modules()}
-            out = {}
-            for name in self.param_names:
-                owner, _, attr = name.rpartition('.')
-                out[name] = getattr(modules[owner], attr).detach().clone()
-            yield out
+            with FSDP.summon_full_params(self.model):
+                out = {}
+                for name in self.param_names:
+                    owner, _, attr = name.rpartition('.')
+                    out[name] = getattr(modules[owner], attr).detach().clone()
+                yield out
             return
         out = {}
         for n, p in self.model.named_parameters():
             out[clean_name(n)] = p.detach()
         yield out
+
+def compose(model, comp, ctx, tree=None):
+    from torch.distributed._composable import checkpoint, replicate
+    names = [n for n, _ in model.named_parameters()]
+    return Composed(model=_wrap(model, comp, ctx), wrapper=comp.wrapper, param_names=names)
+
+def build_composed(tree, comp, dtype, ctx, *, seed):
+    torch.manual_seed(seed)
+    model = build_model(tree, ctx.device).to(dtype)
+    return (model, _with_knobs(model, compose(model, comp, ctx, tree), comp, tree))
+
+def _with_knobs(model, composed, comp, tree):
+    return composed
+
+def _wrap(model, comp, ctx):
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+    strategy = {Wrapper.FSDP1_FULL_SHARD: ShardingStrategy.FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP: ShardingStrategy.SHARD_GRAD_OP, Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD, Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[comp.wrapper]
+    kwargs = {'sharding_strategy': strategy, 'device_id': ctx.device, 'use_orig_params': True}
+    kwargs['auto_wrap_policy'] = ModuleWrapPolicy({TreeBlock})
+    return FSDP(model, **kwargs)
+
+def make_optimizer(params, training, later=()):
+    held = {id(p) for p in later}
+    params = [p for p in params if p.requires_grad or id(p) in held]
+    groups = params
+    return torch.optim.SGD(groups, lr=0.01, momentum=0.0, foreach=None)
+
+def batches(case, training, width, ctx, tp_size=1):
+    dtype = TORCH_DTYPES[training.dtype]
+    gen = torch.Generator().manual_seed(0)
+    lo = ctx.rank // tp_size * 1
+    out = []
+    for _ in range(2):
+        step = []
+        for _ in range(1):
+            x = torch.randn(ctx.world_size * 1, width, generator=gen, dtype=dtype)
+            y = torch.randn(ctx.world_size * 1, width, generator=gen, dtype=dtype)
+            step.append((x[lo:lo + 1].to(ctx.device), y[lo:lo + 1].to(ctx.device)))
+        out.append(step)
+    return out
 
 class _Contracts:
 
@@ -373,97 +423,57 @@ class _Contracts:
         return hook
 
     def after_forward(self, skipped):
-        h = next(iter(self.handles))
-        h.remove()
+        for h in self.handles:
+            h.remove()
         sharded = self.comp.sharded_paths + list(())
         state = {}
         return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
 
+def replicate_contract(model, comp, skipped=None):
+    from torch.distributed._composable import replicate
+    out = {}
+    return out
+
 def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precision=None, local=frozenset()):
     dtype = TORCH_DTYPES[training.dtype]
     if comp is not None:
-        torch.manual_seed(0)
-        model_ = build_model(tree, ctx.device).to(dtype)
-        from torch.distributed._composable import checkpoint, replicate
-        names = [n_ for n_, _ in model_.named_parameters()]
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-        from torch.distributed.fsdp import ShardingStrategy
-        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-        strategy = {Wrapper.FSDP1_FULL_SHARD: ShardingStrategy.FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP: ShardingStrategy.SHARD_GRAD_OP, Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD, Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[comp.wrapper]
-        kwargs = {'sharding_strategy': strategy, 'device_id': ctx.device, 'use_orig_params': True}
-        kwargs['auto_wrap_policy'] = ModuleWrapPolicy({TreeBlock})
-        wrap_out = FSDP(model_, **kwargs)
-        compose_out = Composed(model=wrap_out, wrapper=comp.wrapper, param_names=names)
-        model, composed = (model_, compose_out)
+        model, composed = build_composed(tree, comp, dtype, ctx, seed=0)
     else:
         torch.manual_seed(0)
         model = build_model(tree, ctx.device).to(dtype)
         composed = Composed(model)
     contracts = _Contracts(model, comp) if comp is not None else None
     obs = {}
-    model__ = composed.model
-    out___ = {'0': [] for u_ in training.unfreeze}
-    name, p__ = next(iter(model__.named_parameters()))
-    owner = '.'.join((c for c in clean_name(name).split('.')[:-1] if c.isdigit()))
-    out___[owner].append(p__)
-    params = composed.model.parameters()
-    later_ = [p for ps in out___.values() for p in ps]
-    held = {id(p_) for p_ in later_}
-    params = [p_ for p_ in params if p_.requires_grad or id(p_) in held]
-    groups = params
-    opt = torch.optim.SGD(groups, lr=0.01, momentum=0.0, foreach=None)
+    later = _unfrozen_later(composed.model, training)
+    opt = make_optimizer(composed.model.parameters(), training, [p for ps in later.values() for p in ps])
     forward = _compiled(composed.model, training) if comp is not None else composed.model
     losses = []
     params_per_step = []
     grad_norms = []
-    dtype_ = TORCH_DTYPES[training.dtype]
-    gen = torch.Generator().manual_seed(0)
-    lo = ctx.rank // tp_size * 1
-    out_ = []
-    for __ in range(2):
-        step_ = []
-        __ = next(iter(range(1)))
-        x_ = torch.randn(ctx.world_size * 1, 1, generator=gen, dtype=dtype_)
-        y_ = torch.randn(ctx.world_size * 1, 1, generator=gen, dtype=dtype_)
-        step_.append((x_[lo:lo + 1].to(ctx.device), y_[lo:lo + 1].to(ctx.device)))
-        out_.append(step_)
-    for s, step in enumerate(out_):
+    for s, step in enumerate(batches(case, training, 1, ctx, tp_size)):
         for path in ['0' for u in training.unfreeze if 1 == s]:
-            for p in out___[path]:
+            for p in later[path]:
                 p.requires_grad_(True)
         step_losses = []
-        i, (x, y) = next(iter(enumerate(step)))
-        skipped = training.skipped_at(s, i)
-        last = i == len(step) - 1
-        sync = AccumSync.ALWAYS
-        composed.set_sync(requires_gradient_sync=sync is not AccumSync.NO_GRAD_SYNC, requires_all_reduce=sync is AccumSync.ALWAYS)
-        ctx_mgr = _null()
-        out = forward(x)
-        if contracts is not None and comp is not None:
-            obs['contracts'] = contracts.after_forward(skipped)
-            obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
-            from torch.distributed._composable import replicate as replicate_
-            out__ = {}
-            obs['contracts']['replicate_params'] = out__
-            contracts = None
-        loss = F.mse_loss(out.to(y.dtype), y)
-        loss.backward()
-        step_losses.append(loss.item())
+        for i, (x, y) in enumerate(step):
+            skipped = training.skipped_at(s, i)
+            last = i == len(step) - 1
+            sync = AccumSync.ALWAYS
+            composed.set_sync(requires_gradient_sync=sync is not AccumSync.NO_GRAD_SYNC, requires_all_reduce=sync is AccumSync.ALWAYS)
+            ctx_mgr = _null()
+            with ctx_mgr:
+                out = forward(x)
+                if contracts is not None and comp is not None:
+                    obs['contracts'] = contracts.after_forward(skipped)
+                    obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
+                    obs['contracts']['replicate_params'] = replicate_contract(model, comp, skipped)
+                    contracts = None
+                loss = F.mse_loss(out.to(y.dtype), y)
+                loss.backward()
+            step_losses.append(loss.item())
         if comp is None and precision is None:
-            scales = grad_scales or {}
-            for name_, p___ in model.named_parameters():
-                if p___.grad is not None and name_.rpartition('.')[0] not in local:
-                    dist.all_reduce(p___.grad)
-                    p___.grad /= ctx.world_size
-                    scale = scales.get(name_.rpartition('.')[0], 1.0)
-        from torch.distributed.tensor import DTensor
-        total = torch.zeros((), dtype=torch.float64)
-        for p____ in composed.model.parameters():
-            if p____.grad is not None:
-                g = p____.grad
-                total += g.double().pow(2).sum().cpu()
-        grad_norm_out = float(total.sqrt())
-        grad_norms.append(grad_norm_out)
+            _average_gradients(model, ctx, grad_scales or {}, local)
+        grad_norms.append(_grad_norm(composed))
         opt.step()
         opt.zero_grad(set_to_none=False)
         losses.append(step_losses)
@@ -472,14 +482,19 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
                 params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
     obs['losses'] = losses
     obs['grad_norms'] = grad_norms
-    model___ = composed.model
-    local_ = _local_of(tree, comp)
-    from torch.distributed.tensor import DTensor as DTensor_
-    obs['local_params'] = {n__: p_____.detach().double().cpu().flatten().tolist() for n__, p_____ in model___.named_parameters() if not isinstance(p_____, DTensor_) and (not n__.startswith('_fsdp_wrapped_module')) and ('_fsdp' not in n__) and (clean_name(n__).rpartition('.')[0] not in local_)}
+    obs['local_params'] = _local_replicated(composed.model, _local_of(tree, comp))
     obs['knob_problems'] = []
     if ctx.rank == 0:
         obs['params'] = params_per_step
     return obs
+
+def _unfrozen_later(model, training):
+    out = {'0': [] for u in training.unfreeze}
+    for name, p in model.named_parameters():
+        owner = '.'.join((c for c in clean_name(name).split('.')[:-1] if c.isdigit()))
+        if owner in out:
+            out[owner].append(p)
+    return out
 
 def _compiled(model, training):
     return model
@@ -487,16 +502,46 @@ def _compiled(model, training):
 class _null:
 
     def __enter__(self):
-        pass
+        return None
 
     def __exit__(self, *exc):
-        pass
+        return None
+
+def _average_gradients(model, ctx, scales, local=frozenset()):
+    for name, p in model.named_parameters():
+        if p.grad is not None and name.rpartition('.')[0] not in local:
+            dist.all_reduce(p.grad)
+            p.grad /= ctx.world_size
+            scale = scales.get(name.rpartition('.')[0], 1.0)
 
 def grad_scales(tree, comp, world_size):
-    pass
+    layout = Layout(tree, comp)
+    scales = {path: 1.0 for path in layout.paths}
+    return {path: scale for path, scale in scales.items() if scale != 1.0}
+
+def _grad_norm(composed):
+    from torch.distributed.tensor import DTensor
+    total = torch.zeros((), dtype=torch.float64)
+    for p in composed.model.parameters():
+        if p.grad is not None:
+            g = p.grad
+            total += g.double().pow(2).sum().cpu()
+    return float(total.sqrt())
 
 def _local_of(tree, comp):
     return frozenset() if comp is None else frozenset(Layout(tree, comp).local())
+
+def _local_replicated(model, local=frozenset()):
+    from torch.distributed.tensor import DTensor
+    return {n: p.detach().double().cpu().flatten().tolist() for n, p in model.named_parameters() if not isinstance(p, DTensor) and (not n.startswith('_fsdp_wrapped_module')) and ('_fsdp' not in n) and (clean_name(n).rpartition('.')[0] not in local)}
+
+def run_parity(case, body, ctx):
+    comp = body.composition
+    composed = train(case, body.tree, body.training, comp, ctx, 1)
+    keys = ('losses', 'params', 'grad_norms')
+    scales = grad_scales(body.tree, comp, ctx.world_size)
+    reference = train(case, body.tree, body.training, None, ctx, 1, scales, local=_local_of(body.tree, comp))
+    return {**composed, 'ref': {k: reference[k] for k in keys if k in reference}}
 
 class OutcomeKind(str, enum.Enum):
     OK = 'ok'
@@ -788,8 +833,10 @@ def api_of(comp, tree=None, training=None, world_size=2):
 def _judged_steps(observations):
     steps = min((len(obs['ref']['losses']) for obs in observations))
     for obs in observations:
-        for step, losses in enumerate(obs['ref']['losses']):
-            pass
+        ref = obs['ref']
+        after = ref.get('params', [])
+        for step, losses in enumerate(ref['losses']):
+            params = after[step].values() if step < len(after) else ()
     return steps
 
 def compare_runs(prop, observations, tol, api=''):
@@ -830,14 +877,7 @@ def attempt(rank, world_size):
     case = Case(property='parity', world_size=2, seed=0, body=ParityBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False, frozen=True), Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),))))), composition=Composition(wrapper=Wrapper.FSDP1_NO_SHARD, auto_wrap=True), training=Training(lr=0.01, eps=0.0001, batch_per_rank=1, set_to_none=False, unfreeze=(Unfreeze(path='0', step=1),))))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
-    body = ParityBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False, frozen=True), Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),))))), composition=Composition(wrapper=Wrapper.FSDP1_NO_SHARD, auto_wrap=True), training=Training(lr=0.01, eps=0.0001, batch_per_rank=1, set_to_none=False, unfreeze=(Unfreeze(path='0', step=1),)))
-    comp = body.composition
-    composed = train(case, body.tree, body.training, comp, ctx, 1)
-    keys = ('losses', 'params', 'grad_norms')
-    scales = grad_scales(body.tree, comp, ctx.world_size)
-    reference = train(case, body.tree, body.training, None, ctx, 1, scales, local=_local_of(body.tree, comp))
-    run_parity_out = {**composed, 'ref': {k: reference[k] for k in keys if k in reference}}
-    obs = json.loads(json.dumps(run_parity_out))
+    obs = json.loads(json.dumps(run_parity(case, ParityBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False, frozen=True), Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),))))), composition=Composition(wrapper=Wrapper.FSDP1_NO_SHARD, auto_wrap=True), training=Training(lr=0.01, eps=0.0001, batch_per_rank=1, set_to_none=False, unfreeze=(Unfreeze(path='0', step=1),))), ctx)))
     outs = [None] * world_size
     dist.all_gather_object(outs, obs)
     if rank != 0:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=8d2e3f15e7592da8 sources=1f6fea1f8a59e6b3 seconds=246.4
+# shardfuzz reduced reproducer: entry=8d2e3f15e7592da8 sources=facd3ca3644d3597 seconds=126.0
 """Reproduces shardfuzz corpus entry parity-mismatch-e887f758b809.json: mismatch:parity@fsdp2:frozen-int-reshard
 
 Observed: FSDP2: a frozen fully_shard unit with an int reshard_after_forward under a replicate'd
@@ -952,14 +952,15 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
             sync = AccumSync.ALWAYS if last else training.accum_sync
             composed.set_sync(requires_gradient_sync=sync is not AccumSync.NO_GRAD_SYNC, requires_all_reduce=sync is AccumSync.ALWAYS)
             ctx_mgr = composed.no_sync() if sync is AccumSync.NO_GRAD_SYNC else _null()
-            out = forward(x)
-            if contracts is not None and comp is not None:
-                obs['contracts'] = contracts.after_forward(skipped)
-                obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
-                obs['contracts']['replicate_params'] = replicate_contract(model, comp, skipped)
-                contracts = None
-            loss = F.mse_loss(out.to(y.dtype), y)
-            loss.backward()
+            with ctx_mgr:
+                out = forward(x)
+                if contracts is not None and comp is not None:
+                    obs['contracts'] = contracts.after_forward(skipped)
+                    obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
+                    obs['contracts']['replicate_params'] = replicate_contract(model, comp, skipped)
+                    contracts = None
+                loss = F.mse_loss(out.to(y.dtype), y)
+                loss.backward()
             step_losses.append(loss.item())
         if comp is None and precision is None:
             _average_gradients(model, ctx, grad_scales or {}, local)
@@ -1332,8 +1333,10 @@ def api_of(comp, tree=None, training=None, world_size=2):
 def _judged_steps(observations):
     steps = min((len(obs['ref']['losses']) for obs in observations))
     for obs in observations:
-        for step, losses in enumerate(obs['ref']['losses']):
-            pass
+        ref = obs['ref']
+        after = ref.get('params', [])
+        for step, losses in enumerate(ref['losses']):
+            params = after[step].values() if step < len(after) else ()
     return steps
 
 def compare_runs(prop, observations, tol, api=''):

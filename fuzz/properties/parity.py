@@ -68,13 +68,17 @@ def api_of(
 
 
 def _judged_steps(observations: list[dict[str, Any]]) -> int:
-    """The steps before the first one where the reference's loss overflows on some rank: the
-    plain model diverged there (a large learning rate over a chain of scale parameters, say),
-    and what follows says nothing of the distributed API. Before it, values must agree."""
+    """The steps before the first one where the reference overflows on some rank, in its loss
+    or in its parameters after the step (a float16 update that overflows): the plain model
+    diverged there (a large learning rate over a chain of scale parameters, say), and what
+    follows says nothing of the distributed API. Before it, values must agree."""
     steps = min(len(obs["ref"]["losses"]) for obs in observations)
     for obs in observations:
-        for step, losses in enumerate(obs["ref"]["losses"]):
-            if not all(math.isfinite(v) for v in losses):
+        ref = obs["ref"]
+        after = ref.get("params", [])
+        for step, losses in enumerate(ref["losses"]):
+            params = after[step].values() if step < len(after) else ()
+            if not all(math.isfinite(v) for v in losses) or not all(math.isfinite(v) for p in params for v in p):
                 steps = min(steps, step)
                 break
     return steps
@@ -275,7 +279,15 @@ def judge_mixed_precision(case: Case, outcome: Outcome) -> Failure | None:
     # Numerics against the reference that applies the policy's casts by hand
     # (fuzz/_rank/parity.py:_low_precision_microbatch), under fuzz.tolerance's written policy.
     low = [d.value for d in (policy.param_dtype, policy.reduce_dtype, policy.output_dtype) if d is not None]
-    tol = mixed_precision_tolerance(body.training.dtype.value, low, case.world_size // body.composition.tp_size)
+    # fuzz.tolerance holds the reduction over at most two ranks exact: one sum of two values,
+    # rounded as the reference's is. A (replicate, shard) mesh reduces in two stages (a
+    # reduce-scatter over the shard dimension, an all-reduce over the replicas, each with its
+    # own division), which round apart from the reference's one sum: judged as a reduction over
+    # more ranks, whatever its size.
+    ranks = case.world_size // body.composition.tp_size
+    tol = mixed_precision_tolerance(
+        body.training.dtype.value, low, ranks if not body.composition.mesh else max(ranks, 3)
+    )
     api = api_of(body.composition, body.tree, body.training, case.world_size)
     return compare_runs(case.property, outcome.observations, tol, api)
 
