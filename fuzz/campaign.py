@@ -153,6 +153,8 @@ def _child_argv(
     argv += ["--report-every", str(POOL_REPORT_EVERY_S)]
     if args.reruns is not None:
         argv += ["--reruns", str(args.reruns)]
+    for prefix in args.features:
+        argv += ["--feature", prefix]
     if args.max_examples is not None:
         argv += ["--max-examples", str(max(1, args.max_examples // args.pools))]
     for name in properties:

@@ -112,6 +112,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ex.add_argument("--seed", type=int, default=None, help="campaign seed (default: random)")
     ex.add_argument(
+        "--feature",
+        action="append",
+        dest="features",
+        default=[],
+        metavar="PREFIX",
+        help="run only cases with a feature (as the report's feature table names them) that starts with PREFIX, "
+        "e.g. knob: or writer:thread_count (repeatable: any of them); a soak of one path, best with --property",
+    )
+    ex.add_argument(
         "--reruns",
         type=non_negative_int,
         default=None,
@@ -378,7 +387,8 @@ def _explore_one(args: argparse.Namespace, seed: int, props: list[Any]) -> int:
 
     print(
         f"explore: {[p.name for p in props]} for {args.budget:.0f}s on {args.world_size} ranks ({args.backend}), "
-        f"seed {seed}, corpus {args.corpus}, database {db_dir if db_dir is not None else 'none'}",
+        f"seed {seed}, corpus {args.corpus}, database {db_dir if db_dir is not None else 'none'}"
+        + (f", only cases with a feature starting with {' or '.join(args.features)}" if args.features else ""),
         file=sys.stderr,
     )
     pool = RankPool(world_size=args.world_size, backend=args.backend, deadline=args.deadline, env=env)
@@ -400,6 +410,7 @@ def _explore_one(args: argparse.Namespace, seed: int, props: list[Any]) -> int:
             torch_lines=torch_lines,
             line_signal=not args.no_coverage_signal,
             **({} if args.reruns is None else {"reruns": args.reruns}),
+            only=args.features,
         )
     finally:
         # Ending the ranks gets what the budget leaves of its teardown time (at least 2 s).

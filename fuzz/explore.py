@@ -60,7 +60,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, Phase, Verbosity, event, given, settings
+from hypothesis import HealthCheck, Phase, Verbosity, event, given, reject, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.database import ExampleDatabase
 from hypothesis.errors import Flaky, HypothesisException
@@ -528,6 +528,7 @@ def explore(
     started: float | None = None,
     torch_lines: ReachedLines | None = None,
     line_signal: bool = True,
+    only: Sequence[str] = (),
 ) -> Progress:
     """Explore ``properties`` on ``pool`` for ``budget`` seconds; returns what was seen.
 
@@ -548,6 +549,10 @@ def explore(
     was made with :func:`fuzz.torch_coverage.rank_env`); read after every chunk, credited to the
     chunk's property, and, with ``line_signal``, followed by the scheduler (:class:`Scheduler`,
     ``line_share`` :data:`LINE_SHARE`).
+
+    ``only``: feature prefixes (``knob:``, ``writer:thread_count``); where given, only cases with
+    a feature (:attr:`Property.features`) that starts with one of them run, the others are
+    rejected as they are drawn (a soak of one path; shrinking keeps to such cases too).
 
     Ctrl-C (KeyboardInterrupt) ends the campaign early; what was found is kept and saved.
     """
@@ -600,6 +605,7 @@ def explore(
                 database=database,
                 reuse=reuse,
                 discoveries=discoveries,
+                only=only,
             )
             for found in pending:
                 _confirm_and_save(pool, prop, found, corpus, reruns, save, progress, clock.work_end)
@@ -652,11 +658,13 @@ def _run_chunk(
     database: ExampleDatabase | None = None,
     reuse: bool = False,
     discoveries: Discoveries | None = None,
+    only: Sequence[str] = (),
 ) -> list[Found]:
     """Run up to ``n`` examples of ``prop``; returns the failures new to this campaign and corpus.
 
     With ``reuse``, the failures saved in ``database`` for this property run first.
-    ``discoveries`` records each case's features. No example starts after the budget; once a
+    ``discoveries`` records each case's features; ``only`` rejects the cases without a feature
+    that starts with one of its prefixes (:func:`explore`). No example starts after the budget; once a
     failure is being shrunk, none starts after its shrink allowance (:meth:`Clock.shrink_allowance`)
     or once only the time its re-runs need is left; a shrink cut short leaves its failures
     marked as not fully shrunk (:attr:`Found.shrunk`).
@@ -683,6 +691,8 @@ def _run_chunk(
         if progress.elapsed >= (shrink_until if shrinking else clock.budget):
             raise _BudgetSpent
         features = prop.features(case)
+        if only and not any(f.startswith(prefix) for f in features for prefix in only):
+            reject()
         per_property = progress.features_per_property.setdefault(prop.name, Counter())
         for feature in features:
             event(feature)

@@ -367,6 +367,32 @@ def test_a_stop_whose_keyboard_interrupt_is_lost_still_ends_the_campaign(
     assert not again.interrupted and again.cases == 2
 
 
+class _Records:
+    """A pool that records the cases it runs."""
+
+    def __init__(self, pool: RankPool) -> None:
+        self.pool, self.cases = pool, []
+
+    def run(self, case: Case, **kwargs: Any) -> Outcome:
+        self.cases.append(case)
+        return self.pool.run(case, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.pool, name)
+
+
+def test_only_cases_of_the_asked_features_run(tmp_path: Path) -> None:
+    """explore --feature: a soak of one path runs only cases that have one of the features."""
+    prop = get_property("parity")
+    with RankPool(world_size=2, deadline=60) as real:
+        pool = _Records(real)
+        progress = explore(pool, [prop], budget=300, max_examples=3, seed=5, corpus=tmp_path, only=("knob:",))  # type: ignore[arg-type]
+    assert progress.cases == len(pool.cases) == 3
+    for case in pool.cases:
+        assert any(f.startswith("knob:") for f in prop.features(case)), prop.features(case)
+    assert sum(n for f, n in progress.features.items() if f.startswith("knob:")) >= 3
+
+
 # --------------------------------------------------------------------------------------------
 # Budgets: a campaign ends within budget + max(30 s, 5% of the budget) of wall time
 

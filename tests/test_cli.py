@@ -78,6 +78,15 @@ def test_the_reruns_default_in_the_help_is_the_campaigns():
     assert f"(default {RERUNS};" in " ".join(result.stdout.split())
 
 
+def test_a_feature_filter_goes_to_every_pool():
+    from fuzz.campaign import _child_argv
+    from fuzz.cli import build_parser
+
+    args = build_parser().parse_args(["explore", "--pools", "2", "--feature", "knob:", "--feature", "writer:"])
+    argv = _child_argv(args, 7, ["parity"], Path("r"))
+    assert argv[argv.index("--feature") :][:4] == ["--feature", "knob:", "--feature", "writer:"]
+
+
 def test_a_known_bug_met_through_another_property_is_not_new(tmp_path):
     """A known entry's exception met through another property is that known bug: reported as
     such (naming the entry), not saved again, exit 0. The pool self-test's raising rank stands
