@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=b70c2e5a97a91067 sources=facd3ca3644d3597 seconds=158.0
+# shardfuzz reduced reproducer: entry=b70c2e5a97a91067 sources=845e968d7c09e2fe seconds=178.7
 """Reproduces shardfuzz corpus entry metamorphic-exception-4ecb7d725bd4.json: exception:metamorphic:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out
 
 Observed: FSDP2's backward all-gather raises IndexError in foreach_all_gather_copy_out for a
@@ -140,9 +140,19 @@ class Training:
 
 class Body:
     KIND: ClassVar[str]
+    PROGRAM: ClassVar[str]
+    registry: ClassVar[dict[str, type[Body]]] = {}
+
+    def __init_subclass__(cls, **kwargs):
+        pass
+
+    @property
+    def size(self):
+        pass
 
 @dataclass(frozen=True)
 class MetamorphicBody(Body):
+    KIND: ClassVar[str] = 'metamorphic'
     PROGRAM: ClassVar[str] = 'fuzz._rank.parity:run_metamorphic'
     tree: object
     composition: object

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=7cab03442e860cb4 sources=facd3ca3644d3597 seconds=156.7
+# shardfuzz reduced reproducer: entry=7cab03442e860cb4 sources=845e968d7c09e2fe seconds=172.8
 """Reproduces shardfuzz corpus entry metamorphic-exception-7ac48053331b.json: exception:metamorphic:builtins.RuntimeError@torch/distributed/tensor/_dispatch.py:_try_replicate_spec_for_scalar_tensor
 
 Observed: rank 0 raised builtins.RuntimeError: aten._foreach_add_.List got mixed torch.Tensor
@@ -20,7 +20,11 @@ import torch
 import enum
 from dataclasses import dataclass
 from dataclasses import dataclass, field
+import builtins
+from typing import Any, ClassVar
+from typing import Any
 import os
+from typing import ClassVar
 from torch import nn
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -38,6 +42,9 @@ class RankContext:
 class LeafKind(str, enum.Enum):
     LINEAR = 'linear'
     LAYER_NORM = 'layer_norm'
+    CONV1D = 'conv1d'
+    RELU = 'relu'
+    TANH = 'tanh'
     GELU = 'gelu'
     DROPOUT = 'dropout'
 
@@ -96,11 +103,13 @@ class Composition:
 
     def _spec_paths(self, api, path):
         if api == 'fully_shard':
-            pass
+            return next((('0',) for s in self.shards if '0' == path))
         return (path,)
 
 @dataclass(frozen=True)
 class Training:
+    lr: object = 0.1
+    momentum: object = 0.0
     steps: object = 2
     batch_per_rank: object = 2
     dtype: object = Dtype.FLOAT32
@@ -114,6 +123,7 @@ class Body:
 
 @dataclass(frozen=True)
 class MetamorphicBody(Body):
+    PROGRAM: ClassVar[str] = 'fuzz._rank.parity:run_metamorphic'
     tree: object
     composition: object
     variant: object
@@ -185,8 +195,13 @@ class _Contracts:
         return hook
 
     def after_forward(self, skipped):
+        h = next(iter(self.handles))
+        h.remove()
         sharded = self.comp.sharded_paths + list(('',))
         state = {}
+        spec = next(iter(self.comp.shards))
+        flags = []
+        state['0'] = flags
         return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
 
 class _null:

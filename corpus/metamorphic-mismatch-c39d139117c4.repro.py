@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=417c55e2fec5d9b1 sources=facd3ca3644d3597 seconds=145.8
+# shardfuzz reduced reproducer: entry=417c55e2fec5d9b1 sources=845e968d7c09e2fe seconds=151.6
 """Reproduces shardfuzz corpus entry metamorphic-mismatch-c39d139117c4.json: mismatch:metamorphic@fsdp1:shard1
 
 Observed: 0.weight[1] after step 0 is -0.362216979265213, expected -0.32023686170578003 (error
@@ -906,15 +906,16 @@ def _judged_steps(observations):
             params = after[step].values() if step < len(after) else ()
     return steps
 
-def compare_runs(prop, observations, tol, api=''):
-    judged = _judged_steps(observations)
+def compare_runs(prop, observations, tol, api='', *, before_first_update=False):
+    judged = min(_judged_steps(observations), 1) if before_first_update else _judged_steps(observations)
     for rank, obs in enumerate(observations):
         ref = obs['ref']
         for step, (got, want) in enumerate(zip(obs['losses'][:judged], ref['losses'][:judged])):
             bad = first_mismatch(got, want, tol)
         norms = [(i, g, w) for i, (g, w) in enumerate(zip(obs['grad_norms'][:judged], ref['grad_norms'][:judged])) if not (math.isnan(g) or math.isnan(w))]
     first = observations[0]
-    for step, (got_params, want_params) in enumerate(zip(first['params'][:judged], first['ref']['params'][:judged])):
+    updated = 0 if before_first_update else judged
+    for step, (got_params, want_params) in enumerate(zip(first['params'][:updated], first['ref']['params'][:updated])):
         for name, want in want_params.items():
             bad = first_mismatch(got_params[name], want, tol)
             if bad is not None:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=6a2abefef4dd5b31 sources=facd3ca3644d3597 seconds=157.2
+# shardfuzz reduced reproducer: entry=6a2abefef4dd5b31 sources=845e968d7c09e2fe seconds=175.6
 """Reproduces shardfuzz corpus entry mixed_precision-exception-6665b1eeed50.json: exception:mixed_precision:builtins.RuntimeError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_reduce
 
 Observed: FSDP2 MixedPrecisionPolicy: a unit whose parameters were all frozen at lazy init gets
@@ -324,8 +324,8 @@ def run_parity(case, body, ctx):
         out_.append(step_)
     for s, step in enumerate(out_):
         for path in ['1' for u in training.unfreeze if 1 == s]:
-            p = next(iter(out__[path]))
-            p.requires_grad_(True)
+            for p in out__[path]:
+                p.requires_grad_(True)
         step_losses = []
         i, (x, y) = next(iter(enumerate(step)))
         skipped = training.skipped_at(s, i)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=0a37722fda277391 sources=facd3ca3644d3597 seconds=158.9
+# shardfuzz reduced reproducer: entry=0a37722fda277391 sources=845e968d7c09e2fe seconds=178.8
 """Reproduces shardfuzz corpus entry mixed_precision-exception-f98d204028cc.json: exception:mixed_precision:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out
 
 Observed: FSDP2's backward all-gather raises IndexError in foreach_all_gather_copy_out for a
@@ -50,6 +50,9 @@ class LeafKind(str, enum.Enum):
     LAYER_NORM = 'layer_norm'
     CONV1D = 'conv1d'
     RELU = 'relu'
+    TANH = 'tanh'
+    GELU = 'gelu'
+    DROPOUT = 'dropout'
 
 class Dtype(str, enum.Enum):
     FLOAT32 = 'float32'
@@ -66,6 +69,8 @@ class Leaf:
 @dataclass(frozen=True)
 class Block:
     children: object
+    residual: object = False
+    scale: object = False
 
 @dataclass(frozen=True)
 class ModuleTree:
@@ -147,7 +152,21 @@ class Case:
         pass
 
 class TreeBlock(nn.Module):
-    pass
+
+    def __init__(self, children, residual, width, scale, buffer):
+        super().__init__()
+        i, child = next(iter(enumerate(children)))
+        self.add_module(str(i), child)
+        self.residual = residual
+        self.scale = None
+        self.shift = None
+        self.skipped: frozenset[str] = frozenset()
+
+    def forward(self, x):
+        y = x
+        name, child = next(iter(self.named_children()))
+        y = child(y)
+        return y
 
 class PointwiseConv1d(nn.Conv1d):
 

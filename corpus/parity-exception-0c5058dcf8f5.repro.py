@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=eebf69c395746912 sources=facd3ca3644d3597 seconds=165.1
+# shardfuzz reduced reproducer: entry=eebf69c395746912 sources=845e968d7c09e2fe seconds=179.6
 """Reproduces shardfuzz corpus entry parity-exception-0c5058dcf8f5.json: exception:parity:torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/conv.py:_conv_forward
 
 Observed: torch.compile over FSDP1 (use_orig_params=True, sharded): Dynamo recompiles the
@@ -23,6 +23,7 @@ from typing import Any
 from dataclasses import dataclass, field
 import torch
 import enum
+import typing
 from dataclasses import dataclass
 from typing import Union
 from dataclasses import dataclass, field, fields
@@ -125,6 +126,15 @@ class Block:
             raise CaseError('children', 'a block needs at least one child')
 Node = Union[Leaf, Block]
 
+def iter_paths(block: Block, prefix: str='') -> typing.Iterator[tuple[str, Node]]:
+    yield (prefix, block)
+    for i, child in enumerate(block.children):
+        path = f'{prefix}.{i}' if prefix else str(i)
+        if isinstance(child, Block):
+            yield from iter_paths(child, path)
+        else:
+            yield (path, child)
+
 def has_params(node: Node) -> bool:
     if isinstance(node, Leaf):
         return node.kind in PARAM_LEAVES
@@ -154,7 +164,7 @@ class ModuleTree:
             raise CaseError('root', f'tree depth {tree_depth(self.root)} exceeds {MAX_DEPTH}')
 
     def paths(self) -> dict[str, Node]:
-        pass
+        return dict(iter_paths(self.root))
 
     @property
     def size(self) -> int:
@@ -449,6 +459,18 @@ class Training:
 
 def mixed_precision_comparable(training: Training) -> bool:
     return (training.grad_accum == 1 or training.accum_sync is AccumSync.ALWAYS) and (not training.skips) and (not training.unfreeze) and (training.compile is Compile.NONE)
+
+def check_mesh(comp: Composition, world_size: int, where: str='composition') -> None:
+    if comp.mesh and comp.mesh[0] * comp.mesh[1] != world_size:
+        r, sh = comp.mesh
+        raise CaseError(f'{where}.mesh', f'mesh=({r}, {sh}) needs world_size={r * sh}, not {world_size}')
+    if world_size % comp.tp_size:
+        raise CaseError(f'{where}.tp_size', f'tp_size={comp.tp_size} does not divide world_size={world_size}')
+    shard_size = comp.mesh[1] if comp.mesh else world_size // comp.tp_size
+    for i, spec in enumerate(comp.shards):
+        raf = spec.reshard_after_forward
+        if not isinstance(raf, bool) and (raf >= shard_size or shard_size % raf):
+            raise CaseError(f'{where}.shards[{i}].reshard_after_forward', f'{raf} is not a divisor of the shard size {shard_size} (world_size={world_size}, mesh={comp.mesh}) other than 1 and itself')
 MAX_WORLD_SIZE = 64
 
 class Body:
@@ -491,7 +513,7 @@ class ParityBody(Body):
         return (self.tree.size, self.training.steps)
 
     def validate_for(self, world_size: int) -> None:
-        pass
+        check_mesh(self.composition, world_size)
 
 @dataclass(frozen=True)
 class Case:
@@ -517,6 +539,18 @@ SCHEMA_VERSION = 1
 
 def case_to_json(case: Case) -> dict[str, Any]:
     pass
+
+def case_from_json(data: Any, path: str='case') -> Case:
+    if not isinstance(data, dict):
+        raise CaseError(path, f'expected a JSON object, got {type(data).__name__}')
+    schema = data.get('schema')
+    if isinstance(schema, bool) or not isinstance(schema, int) or schema != SCHEMA_VERSION:
+        if isinstance(schema, int) and schema > SCHEMA_VERSION:
+            raise CaseError(f'{path}.schema', f'schema {schema} is newer than this shardfuzz ({SCHEMA_VERSION}); upgrade shardfuzz')
+        raise CaseError(f'{path}.schema', f'unsupported schema {schema!r}; expected {SCHEMA_VERSION}')
+    body = {k: v for k, v in data.items() if k != 'schema'}
+    assert isinstance(result, Case)
+    return result
 
 def fsdp_sharded(p: torch.Tensor) -> bool:
     from torch.distributed.tensor import DTensor
@@ -810,6 +844,16 @@ def _under_other_unit(sub: str, unit: str, sharded: list[str]) -> bool:
 def _under_any(path: str, skipped: list[str]) -> bool:
     return any((contains(s, path) for s in skipped))
 
+def replicate_contract(model: nn.Module, comp: Composition, skipped: list[str] | None=None) -> dict[str, list[str]]:
+    from torch.distributed._composable import replicate
+    out = {}
+    for path in comp.replicates:
+        if _under_any(path, skipped or []):
+            continue
+        state = replicate.state(model.get_submodule(path))
+        out[path] = sorted(getattr(state, '_param_names', []))
+    return out
+
 def train(case: Case, tree: ModuleTree, training: Training, comp: Composition | None, ctx: RankContext, tp_size: int=1, grad_scales: dict[str, float] | None=None, precision: MixedPrecision | None=None, local: frozenset[str]=frozenset()) -> dict[str, Any]:
     dtype = TORCH_DTYPES[training.dtype]
     if comp is not None:
@@ -851,6 +895,7 @@ def train(case: Case, tree: ModuleTree, training: Training, comp: Composition | 
                 if contracts is not None and comp is not None:
                     obs['contracts'] = contracts.after_forward(skipped)
                     obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
+                    obs['contracts']['replicate_params'] = replicate_contract(model, comp, skipped)
                     if comp.replicate_options.delay_all_reduce:
                         pass
                     contracts = None

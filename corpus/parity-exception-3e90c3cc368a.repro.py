@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=4d9e9c37ecaddd6c sources=facd3ca3644d3597 seconds=126.8
+# shardfuzz reduced reproducer: entry=4d9e9c37ecaddd6c sources=845e968d7c09e2fe seconds=143.8
 """Reproduces shardfuzz corpus entry parity-exception-3e90c3cc368a.json: exception:parity:builtins.ValueError@torch/utils/checkpoint.py:_checkpoint_without_reentrant_generator
 
 Observed: composable checkpoint(debug=True) always raises ValueError 'debug=True is incompatible
@@ -42,6 +42,8 @@ class Dtype(str, enum.Enum):
 @dataclass(frozen=True)
 class Leaf:
     kind: object
+    bias: object = True
+    frozen: object = False
 
 @dataclass(frozen=True)
 class Block:
@@ -71,21 +73,25 @@ class Composition:
         return [p for spec in self.shards for p in ('',)]
 
     def steps(self):
+        order = {'checkpoint': 0, 'fully_shard': 1, 'replicate': 2}
         items = [('checkpoint', p) for p in ('0',)] + [('replicate', p) for p in ()]
+        items += [('fully_shard', '') for spec in self.shards]
 
         def key(item):
             api, path = item
             depth = min((q.count('.') + (q != '') for q in self._spec_paths(api, path)))
+            return (-depth, order[api], path)
         return sorted(items, key=key)
 
     def _spec_paths(self, api, path):
         if api == 'fully_shard':
-            pass
+            return next((('',) for s in self.shards if '' == path))
         return (path,)
 
 @dataclass(frozen=True)
 class Training:
     lr: object = 0.1
+    steps: object = 2
     dtype: object = Dtype.FLOAT32
     grad_accum: object = 1
 

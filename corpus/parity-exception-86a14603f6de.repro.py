@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=746779464116bbb8 sources=facd3ca3644d3597 seconds=133.6
+# shardfuzz reduced reproducer: entry=746779464116bbb8 sources=845e968d7c09e2fe seconds=148.9
 """Reproduces shardfuzz corpus entry parity-exception-86a14603f6de.json: exception:parity:builtins.RuntimeError@torch/nn/parallel/distributed.py:_clear_grad_buffer
 
 Observed: replicate with delay_all_reduce_named_params over float64 parameters: DDP's delayed-
@@ -138,7 +138,8 @@ class Training:
         pass
 
 class Body:
-    pass
+    KIND: ClassVar[str]
+    PROGRAM: ClassVar[str]
 
 @dataclass(frozen=True)
 class ParityBody(Body):
@@ -160,6 +161,8 @@ class TreeBlock(nn.Module):
         for i, child in enumerate(children):
             self.add_module(str(i), child)
         self.residual = residual
+        self.scale = None
+        self.shift = None
         self.skipped: frozenset[str] = frozenset()
 
     def forward(self, x):
@@ -181,7 +184,12 @@ class Composed:
     fsdp_roots: object = field(default_factory=list)
 
 class _null:
-    pass
+
+    def __enter__(self):
+        pass
+
+    def __exit__(self, *exc):
+        pass
 
 def run_parity(case, body, ctx):
     comp = body.composition

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=e0d493e9f9cd8cee sources=facd3ca3644d3597 seconds=139.9
+# shardfuzz reduced reproducer: entry=e0d493e9f9cd8cee sources=845e968d7c09e2fe seconds=155.0
 """Reproduces shardfuzz corpus entry parity-exception-c9b6f29fb81d.json: exception:parity:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out
 
 Observed: rank 0 raised builtins.IndexError: list index out of range
@@ -45,6 +45,9 @@ class RankContext:
 class LeafKind(str, enum.Enum):
     LINEAR = 'linear'
     LAYER_NORM = 'layer_norm'
+    CONV1D = 'conv1d'
+    RELU = 'relu'
+    TANH = 'tanh'
     GELU = 'gelu'
     DROPOUT = 'dropout'
 
@@ -72,6 +75,10 @@ class ModuleTree:
     root: object
 
     def paths(self):
+        pass
+
+    @property
+    def size(self):
         pass
 
 def is_ancestor(ancestor, path):

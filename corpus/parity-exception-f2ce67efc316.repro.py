@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=0c68acf3fa5c0cb8 sources=facd3ca3644d3597 seconds=137.8
+# shardfuzz reduced reproducer: entry=0c68acf3fa5c0cb8 sources=845e968d7c09e2fe seconds=150.7
 """Reproduces shardfuzz corpus entry parity-exception-f2ce67efc316.json: exception:parity:builtins.RuntimeError@torch/distributed/tensor/_dispatch.py:_try_replicate_spec_for_scalar_tensor
 
 Observed: rank 0 raised builtins.RuntimeError: aten._foreach_add_.List got mixed torch.Tensor
@@ -58,6 +58,7 @@ class Leaf:
 class Block:
     children: object
     residual: object = False
+    scale: object = False
 
 @dataclass(frozen=True)
 class ModuleTree:
@@ -133,6 +134,9 @@ class TreeBlock(nn.Module):
         for i, child in enumerate(children):
             self.add_module(str(i), child)
         self.residual = residual
+        self.scale = None
+        self.shift = None
+        self.skipped: frozenset[str] = frozenset()
 
     def forward(self, x):
         y = x
@@ -182,6 +186,8 @@ class _Contracts:
         return hook
 
     def after_forward(self, skipped):
+        h = next(iter(self.handles))
+        h.remove()
         sharded = self.comp.sharded_paths + list(('',))
         state = {}
         spec = next(iter(self.comp.shards))

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=8d2e3f15e7592da8 sources=facd3ca3644d3597 seconds=126.0
+# shardfuzz reduced reproducer: entry=8d2e3f15e7592da8 sources=845e968d7c09e2fe seconds=140.0
 """Reproduces shardfuzz corpus entry parity-mismatch-e887f758b809.json: mismatch:parity@fsdp2:frozen-int-reshard
 
 Observed: FSDP2: a frozen fully_shard unit with an int reshard_after_forward under a replicate'd
@@ -1339,8 +1339,8 @@ def _judged_steps(observations):
             params = after[step].values() if step < len(after) else ()
     return steps
 
-def compare_runs(prop, observations, tol, api=''):
-    judged = _judged_steps(observations)
+def compare_runs(prop, observations, tol, api='', *, before_first_update=False):
+    judged = min(_judged_steps(observations), 1) if before_first_update else _judged_steps(observations)
     for rank, obs in enumerate(observations):
         ref = obs['ref']
         for step, (got, want) in enumerate(zip(obs['losses'][:judged], ref['losses'][:judged])):
@@ -1349,7 +1349,8 @@ def compare_runs(prop, observations, tol, api=''):
         for step, got_norm, want_norm in norms:
             bad = first_mismatch([got_norm], [want_norm], tol)
     first = observations[0]
-    for step, (got_params, want_params) in enumerate(zip(first['params'][:judged], first['ref']['params'][:judged])):
+    updated = 0 if before_first_update else judged
+    for step, (got_params, want_params) in enumerate(zip(first['params'][:updated], first['ref']['params'][:updated])):
         for name, want in want_params.items():
             bad = first_mismatch(got_params[name], want, tol)
             if bad is not None:

@@ -26,6 +26,7 @@ from fuzz.model import (
     Leaf,
     MetamorphicBody,
     ModuleTree,
+    Optimizer,
     ParityBody,
     Training,
     Unit,
@@ -84,10 +85,18 @@ def _judged_steps(observations: list[dict[str, Any]]) -> int:
     return steps
 
 
-def compare_runs(prop: str, observations: list[dict[str, Any]], tol: Tolerance, api: str = "") -> Failure | None:
+def compare_runs(
+    prop: str,
+    observations: list[dict[str, Any]],
+    tol: Tolerance,
+    api: str = "",
+    *,
+    before_first_update: bool = False,
+) -> Failure | None:
     """Composed run (top level of each observation) against ``obs["ref"]``, step by step, up to
-    the step where the reference overflows (:func:`_judged_steps`)."""
-    judged = _judged_steps(observations)
+    the step where the reference overflows (:func:`_judged_steps`); with ``before_first_update``
+    only the first step's losses and gradient norms (no optimizer step has acted on them)."""
+    judged = min(_judged_steps(observations), 1) if before_first_update else _judged_steps(observations)
     for rank, obs in enumerate(observations):
         ref = obs["ref"]
         for step, (got, want) in enumerate(zip(obs["losses"][:judged], ref["losses"][:judged])):
@@ -121,7 +130,8 @@ def compare_runs(prop: str, observations: list[dict[str, Any]], tol: Tolerance, 
                     step=step,
                 )
     first = observations[0]
-    for step, (got_params, want_params) in enumerate(zip(first["params"][:judged], first["ref"]["params"][:judged])):
+    updated = 0 if before_first_update else judged
+    for step, (got_params, want_params) in enumerate(zip(first["params"][:updated], first["ref"]["params"][:updated])):
         if set(got_params) != set(want_params):
             return _mismatch(
                 prop,
@@ -285,11 +295,15 @@ def judge_mixed_precision(case: Case, outcome: Outcome) -> Failure | None:
     # own division), which round apart from the reference's one sum: judged as a reduction over
     # more ranks, whatever its size.
     ranks = case.world_size // body.composition.tp_size
-    tol = mixed_precision_tolerance(
-        body.training.dtype.value, low, ranks if not body.composition.mesh else max(ranks, 3)
-    )
+    exact = ranks <= 2 and not body.composition.mesh
+    tol = mixed_precision_tolerance(body.training.dtype.value, low, ranks if exact else max(ranks, 3))
     api = api_of(body.composition, body.tree, body.training, case.world_size)
-    return compare_runs(case.property, outcome.observations, tol, api)
+    # Adam and AdamW divide each gradient by its running magnitude: a gradient near zero that
+    # an inexact low-precision reduction rounds apart can change sign and move its parameter by
+    # twice the learning rate (4 ranks, bfloat16: 0.0189 where 0.0082 was allowed). There only
+    # what comes before the first update is compared.
+    adaptive = body.training.optimizer is not Optimizer.SGD
+    return compare_runs(case.property, outcome.observations, tol, api, before_first_update=adaptive and not exact)
 
 
 def judge_metamorphic(case: Case, outcome: Outcome) -> Failure | None:
