@@ -355,7 +355,7 @@ def _torchrun_rank() -> tuple[int, int] | None:
 
 def _explore_one(args: argparse.Namespace, seed: int, props: list[Any]) -> int:
     from fuzz.database import default_directory, example_database
-    from fuzz.explore import StatusLine, explore, grace, process_started
+    from fuzz.explore import RERUNS, StatusLine, explore, grace, process_started
     from fuzz.pool import RankPool
     from fuzz.report import save_report
 
@@ -409,7 +409,7 @@ def _explore_one(args: argparse.Namespace, seed: int, props: list[Any]) -> int:
             started=started,
             torch_lines=torch_lines,
             line_signal=not args.no_coverage_signal,
-            **({} if args.reruns is None else {"reruns": args.reruns}),
+            reruns=RERUNS if args.reruns is None else args.reruns,
             only=args.features,
         )
     finally:
