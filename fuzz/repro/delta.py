@@ -7,7 +7,9 @@ reproduces. The cuts, coarsest first, in rounds until a round keeps nothing or t
 
 0. **Objects**: the fields read off the dataclass objects the script builds by keywords (the
    case) become the expressions they were built with (:func:`propagate_objects`), kept if it
-   reproduces even where it is not smaller;
+   reproduces even where it is not smaller; then the rewrites of :mod:`fuzz.repro.simplify`
+   (objects to their fields and to scalars, table lookups, enum tests, constant branches), which
+   run again after inlining;
 1. **Definitions**: a top-level function, class or assignment, with every innermost statement
    that names it (its calls, the loops over what it returns);
 2. **Bodies**: a function's or method's body becomes ``pass`` (a function that only had an
@@ -364,10 +366,12 @@ def ddmin(
     *,
     tidy: Callable[[str], str] = lambda c: c,
     frozen: Frozen = frozenset(),
+    pretest: bool = False,
     say: Callable[[str], None] = lambda _: None,
 ) -> str:
     """``code`` cut down while ``test`` holds, until ``time.monotonic()`` passes ``until``;
-    the definitions named in ``frozen`` are left as they are."""
+    the definitions named in ``frozen`` are left as they are. ``pretest``: an attempt is cheap
+    next to tidying (the pool runs them), so each cut is tested before it is tidied."""
     current = code
     try:
         tidied = tidy(code)
@@ -382,15 +386,31 @@ def ddmin(
 
     def keep(candidate: str | None, grow: bool = False) -> bool:
         """Whether ``candidate`` (tidied) is kept; it becomes the current script if so. Unless
-        ``grow`` (an inlining: it has fewer functions), it must be smaller."""
+        ``grow`` (an inlining: it has fewer functions), it must be smaller. With ``pretest``,
+        the candidate is tested as cut first, and tidied only if that reproduces (most cuts do
+        not, and tidying costs several times a pooled attempt); where the tidied one does not
+        reproduce, the cut one is kept."""
         nonlocal current
         if candidate is None or time.monotonic() >= until:
             return False
+
+        def smaller(c: str) -> bool:
+            return c != current and (grow or _size(c) < _size(current))
+
+        if pretest:
+            if not smaller(candidate) or not test(candidate):
+                return False
+            try:
+                tidied = tidy(candidate)
+            except (SyntaxError, ValueError, TypeError, KeyError, RecursionError):
+                tidied = candidate
+            current = tidied if tidied != candidate and smaller(tidied) and test(tidied) else candidate
+            return True
         try:
             candidate = tidy(candidate)
         except (SyntaxError, ValueError, TypeError, KeyError, RecursionError):
             return False
-        if candidate == current or (not grow and _size(candidate) >= _size(current)) or not test(candidate):
+        if not smaller(candidate) or not test(candidate):
             return False
         current = candidate
         return True
@@ -406,16 +426,20 @@ def ddmin(
             tried.add(todo[0])
             keep(cut(current, todo[0], frozen), grow)
 
+    from fuzz.repro.simplify import simplify
+
     round_ = 0
     while time.monotonic() < until:
         before = current
         keep(propagate_objects(current, frozen), grow=True)
+        keep(simplify(current, frozen), grow=True)
         each(definitions, cut_definition)
         say(f"  delta {round_}: definitions cut, {code_lines(current)} code lines")
         each(bodies, cut_body)
         say(f"  delta {round_}: bodies cut, {code_lines(current)} code lines")
         each(inlinable, inline, grow=True)
-        say(f"  delta {round_}: functions inlined, {code_lines(current)} code lines")
+        keep(simplify(current, frozen), grow=True)
+        say(f"  delta {round_}: functions inlined and simplified, {code_lines(current)} code lines")
         each(compounds, unwrap, grow=True)
         say(f"  delta {round_}: statements unwrapped, {code_lines(current)} code lines")
         _chunks(lambda: current, keep, until, frozen)

@@ -260,6 +260,7 @@ class _Clean(ast.NodeTransformer):
 
     def __init__(self) -> None:
         self.reads: list[set[str]] = []
+        self.changed = False
 
     def _function(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> ast.AST:
         self.reads.append(_read_names(node))
@@ -270,11 +271,15 @@ class _Clean(ast.NodeTransformer):
     visit_FunctionDef = visit_AsyncFunctionDef = _function
 
     def visit_Expr(self, node: ast.Expr) -> ast.AST | None:
-        return None if isinstance(node.value, ast.Constant) else node
+        if isinstance(node.value, ast.Constant):
+            self.changed = True
+            return None
+        return node
 
     def visit_For(self, node: ast.For) -> ast.AST | None:
         self.generic_visit(node)
         if all(_inert(s) for s in node.body) and not node.orelse and not _has_call(node.iter):
+            self.changed = True
             return None
         return node
 
@@ -283,6 +288,7 @@ class _Clean(ast.NodeTransformer):
             return node
         names = [t for t in node.targets if isinstance(t, ast.Name)]
         if len(names) == len(node.targets) and all(t.id not in self.reads[-1] for t in names):
+            self.changed = True
             return None
         return node
 
@@ -298,7 +304,7 @@ def _positional(tree: ast.Module) -> dict[str, int]:
     return out
 
 
-def _dataclass_fields(tree: ast.Module) -> None:
+def _dataclass_fields(tree: ast.Module) -> bool:
     """Fields with a default of the script's own dataclasses that nothing reads by name and no
     call passes by position (the case's expression passes only the fields something reads)."""
     refs: dict[str, int] = {}
@@ -311,6 +317,7 @@ def _dataclass_fields(tree: ast.Module) -> None:
             for word in node.value.replace(".", " ").split():
                 refs[word] = refs.get(word, 0) + 1
     positional = _positional(tree)
+    changed = False
     for node in ast.walk(tree):
         if not (isinstance(node, ast.ClassDef) and any("dataclass" in ast.unparse(d) for d in node.decorator_list)):
             continue
@@ -329,10 +336,12 @@ def _dataclass_fields(tree: ast.Module) -> None:
                 continue
             index += field
             body.append(s)
+        changed |= len(body) != len(node.body)
         node.body = body or [ast.Pass()]
+    return changed
 
 
-def _methods(tree: ast.Module, local: set[str]) -> None:
+def _methods(tree: ast.Module, local: set[str]) -> bool:
     """Methods nothing calls by name, in classes whose bases are the script's own (torch calls
     no method of those by a name the script does not write)."""
     words: dict[str, int] = {}
@@ -344,12 +353,14 @@ def _methods(tree: ast.Module, local: set[str]) -> None:
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and len(node.value) < 200:
             for word in node.value.replace(".", " ").split():
                 words[word] = words.get(word, 0) + 1
+    changed = False
     for node in tree.body:
         if not isinstance(node, ast.ClassDef):
             continue
         bases = [ast.unparse(b) for b in node.bases]
         if not all(b in local or b in ("object", "enum.Enum", "Enum", "str") for b in bases):
             continue
+        before = len(node.body)
         node.body = [
             s
             for s in node.body
@@ -361,6 +372,8 @@ def _methods(tree: ast.Module, local: set[str]) -> None:
                 )
             )
         ] or [ast.Pass()]
+        changed |= len(node.body) != before
+    return changed
 
 
 def clean(code: str) -> str:
@@ -369,8 +382,11 @@ def clean(code: str) -> str:
     tree = ast.parse(code)
     local = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
     for _ in range(3):
-        tree = _Clean().visit(tree)
+        cleaner = _Clean()
+        tree = cleaner.visit(tree)
         _fill_bodies(tree)
-        _dataclass_fields(tree)
-        _methods(tree, local)
+        fields = _dataclass_fields(tree)
+        methods = _methods(tree, local)
+        if not (cleaner.changed or fields or methods):
+            break
     return ast.unparse(ast.fix_missing_locations(tree)) + "\n"

@@ -681,7 +681,15 @@ def reduce_entry(
         verified = code
         tidied = lambda text: tidy(text, entry, origins)  # noqa: E731
         frozen = _judge_side(code, entry, origins)
-        code = ddmin(code, oracle, time.monotonic() + budget_s, tidy=tidied, frozen=frozen, say=say)
+        code = ddmin(
+            code,
+            oracle,
+            time.monotonic() + budget_s,
+            tidy=tidied,
+            frozen=frozen,
+            pretest=oracle.pool is not None,
+            say=say,
+        )
         code = _confirmed(code, verified, oracle, "delta-debugged")
     finally:
         oracle.close()

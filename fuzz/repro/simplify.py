@@ -1,0 +1,822 @@
+"""Rewrites of a flat script that leave what it does as it was and what a reader must follow
+shorter: cut 0 of :func:`fuzz.repro.delta.ddmin`, kept only if the script still reproduces.
+
+Each rewrite works inside the functions that may be cut (``main`` and frozen definitions are
+left alone), repeated until none applies:
+
+- **Objects**: ``obj.f``, where ``obj`` is a local bound once to a dataclass built in place
+  (``side = Side(composed=c, training=t)``) and nothing assigns ``obj.f``, becomes what the
+  field was built with, or the field's default where the call does not give it; ``obj.p``,
+  where ``p`` is a property that returns one expression, becomes that expression;
+- **Scalars**: such a local that is only ever used as ``obj.attr`` (read or assigned) becomes
+  one local per attribute (``side_opt``), its constructor's arguments assigned to them in order;
+- **Tables**: ``TABLE[key]``, where ``TABLE`` is a module-level dict display that nothing
+  changes and ``key`` is written as one of its keys, becomes that key's value;
+- **Enum aliases and tests**: a local bound once to an enum member (``item = Item.MODEL``)
+  becomes the member; a comparison of two members of one enum (``is``, ``==``, ``in`` a tuple
+  of members) becomes its constant, and an ``if`` on a constant the branch it takes;
+- **Bags**: a local bound to ``{}`` and only subscripted by constant keys becomes one local
+  per key;
+- **Imports**: in functions, imported names nothing reads go, and neighbouring imports from one
+  module become one;
+- **Firsts and empties**: ``next(iter((a, b)))`` becomes ``a``; a comprehension over an empty
+  display becomes an empty display, and ``**{}`` goes from a call, with a local bound only to
+  ``{}`` and only unpacked so.
+
+What is not pure (a call whose value is used twice) is never duplicated, but for calls of the
+script's own dataclasses, which only build an object.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+from dataclasses import dataclass, field
+
+from fuzz.repro.delta import Frozen, _unparse, _untouched, propagate_aliases
+from fuzz.repro.fold import clean
+
+_Function = ast.FunctionDef | ast.AsyncFunctionDef
+_ROUNDS = 8
+
+
+@dataclass
+class _Class:
+    fields: list[str] = field(default_factory=list)
+    defaults: dict[str, ast.expr] = field(default_factory=dict)
+    properties: dict[str, ast.expr] = field(default_factory=dict)
+    plain: bool = True  # no methods but properties: its objects may become scalars
+    frozen: bool = False  # ``@dataclass(frozen=True)``: nothing assigns its fields
+
+
+def _is_dataclass(node: ast.ClassDef) -> bool:
+    return any("dataclass" in ast.unparse(d) for d in node.decorator_list)
+
+
+def _classes(tree: ast.Module) -> dict[str, _Class]:
+    """The module's dataclasses without ``__post_init__`` (nothing runs when one is built)."""
+    out: dict[str, _Class] = {}
+    for node in tree.body:
+        if not isinstance(node, ast.ClassDef) or not _is_dataclass(node):
+            continue
+        info = _Class()
+        bases = [b.id for b in node.bases if isinstance(b, ast.Name)]
+        inherited = [out[b] for b in bases if b in out]
+        for base in inherited:
+            info.fields += base.fields
+            info.defaults.update(base.defaults)
+        plain = all(b in out or b == "object" for b in bases) and len(bases) == len(node.bases)
+        post_init = False
+        for stmt in node.body:
+            if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+                if "ClassVar" in ast.unparse(stmt.annotation):
+                    continue
+                name = stmt.target.id
+                if name not in info.fields:
+                    info.fields.append(name)
+                default = _default(stmt.value)
+                if default is not None:
+                    info.defaults[name] = default
+                elif stmt.value is not None:
+                    info.defaults.pop(name, None)
+            elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                returned = _property(stmt)
+                if returned is not None:
+                    info.properties[stmt.name] = returned
+                else:
+                    plain = False
+                    post_init |= stmt.name == "__post_init__"
+            elif not (
+                isinstance(stmt, ast.Pass) or (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant))
+            ):
+                plain = False
+        if post_init:
+            continue
+        info.plain = plain
+        info.frozen = any("frozen=True" in ast.unparse(d) for d in node.decorator_list)
+        out[node.name] = info
+    return out
+
+
+def _default(value: ast.expr | None) -> ast.expr | None:
+    """The expression a field's default builds (``field(default_factory=F)``: ``F()``)."""
+    if value is None:
+        return None
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "field":
+        for kw in value.keywords:
+            if kw.arg == "default":
+                return kw.value if _pure(kw.value) else None
+            if kw.arg == "default_factory" and isinstance(kw.value, ast.Name):
+                return ast.Call(ast.Name(kw.value.id, ast.Load()), [], [])
+        return None
+    return value if _pure(value) else None
+
+
+def _property(fn: ast.stmt) -> ast.expr | None:
+    """What a ``@property`` that is one ``return`` of an expression returns."""
+    if not isinstance(fn, ast.FunctionDef) or [ast.unparse(d) for d in fn.decorator_list] != ["property"]:
+        return None
+    body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    if len(body) != 1 or not isinstance(body[0], ast.Return) or body[0].value is None:
+        return None
+    args = fn.args
+    if len(args.args) != 1 or args.args[0].arg != "self" or args.vararg or args.kwarg or args.kwonlyargs:
+        return None
+    return body[0].value
+
+
+def _chain_root(node: ast.expr) -> ast.Name | None:
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node if isinstance(node, ast.Name) else None
+
+
+def _pure(node: ast.expr | None) -> bool:
+    """Constants, names and attributes of names, and displays of them."""
+    if node is None:
+        return False
+    if isinstance(node, ast.Constant):
+        return True
+    if isinstance(node, (ast.Name, ast.Attribute)):
+        return _chain_root(node) is not None
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return all(_pure(e) for e in node.elts)
+    if isinstance(node, ast.Dict):
+        return all(k is not None and _pure(k) for k in node.keys) and all(_pure(v) for v in node.values)
+    if isinstance(node, ast.UnaryOp):
+        return _pure(node.operand)
+    return False
+
+
+def _functions(tree: ast.Module, frozen: Frozen) -> list[_Function]:
+    out: list[_Function] = []
+    for top in tree.body:
+        if _untouched(top, frozen):
+            continue
+        out += [n for n in ast.walk(top) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    return out
+
+
+def _stores(fn: _Function) -> dict[str, int]:
+    """How often each name is bound in ``fn`` (a binding in a loop counts twice)."""
+    stores: dict[str, int] = {}
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            stores[node.id] = stores.get(node.id, 0) + 1
+        elif isinstance(node, ast.arg):
+            stores[node.arg] = stores.get(node.arg, 0) + 1
+        elif isinstance(node, ast.alias):
+            name = node.asname or node.name.split(".")[0]
+            stores[name] = stores.get(name, 0) + 1
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node is not fn:
+            stores[node.name] = stores.get(node.name, 0) + 1
+    for loop in [n for n in ast.walk(fn) if isinstance(n, (ast.For, ast.AsyncFor, ast.While))]:
+        for node in ast.walk(loop):
+            if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+                stores[node.id] = stores.get(node.id, 0) + 2
+    return stores
+
+
+def _nested(fn: _Function) -> bool:
+    return any(
+        isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef, ast.Global, ast.Nonlocal))
+        and n is not fn
+        for n in ast.walk(fn)
+    )
+
+
+def _stable(node: ast.expr, stores: dict[str, int]) -> bool:
+    """A pure expression whose names are bound at most once in the function (so it means the
+    same wherever the function reads it after the binding)."""
+    return _pure(node) and all(stores.get(n.id, 0) <= 1 for n in ast.walk(node) if isinstance(n, ast.Name))
+
+
+# -- objects: fields and properties ---------------------------------------------------------------
+
+
+def _escaped(fn: _Function) -> set[str]:
+    """The names ``fn`` reads other than as the object of an attribute (``f(side)``)."""
+    inside: set[int] = {
+        id(n.value) for n in ast.walk(fn) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+    }
+    return {
+        n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and id(n) not in inside
+    }
+
+
+def _objects(fn: _Function, classes: dict[str, _Class], stores: dict[str, int]) -> dict[str, ast.Call]:
+    out: dict[str, ast.Call] = {}
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            value = node.value
+            name = node.targets[0].id
+            if (
+                isinstance(value, ast.Call)
+                and isinstance(value.func, ast.Name)
+                and value.func.id in classes
+                and stores.get(name) == 1
+            ):
+                out[name] = value
+    return out
+
+
+def _given(call: ast.Call, info: _Class, attr: str) -> ast.expr | None:
+    """What ``call`` builds field ``attr`` with, or its default (None if neither is known)."""
+    if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+        return None
+    for kw in call.keywords:
+        if kw.arg == attr:
+            return kw.value
+    if attr in info.fields and info.fields.index(attr) < len(call.args):
+        return call.args[info.fields.index(attr)]
+    if attr in info.fields:
+        return info.defaults.get(attr)
+    return None
+
+
+class _Fields(ast.NodeTransformer):
+    def __init__(self, fn: _Function, classes: dict[str, _Class]) -> None:
+        self.classes = classes
+        self.stores = _stores(fn)
+        self.objects = _objects(fn, classes, self.stores)
+        self.assigned = {
+            (n.value.id, n.attr)
+            for n in ast.walk(fn)
+            if isinstance(n, ast.Attribute) and not isinstance(n.ctx, ast.Load) and isinstance(n.value, ast.Name)
+        }
+        self.escaped = _escaped(fn)
+        self.changed = False
+
+    def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+        self.generic_visit(node)
+        if not isinstance(node.ctx, ast.Load) or not isinstance(node.value, ast.Name):
+            return node
+        base = node.value.id
+        call = self.objects.get(base)
+        if call is None or (base, node.attr) in self.assigned:
+            return node
+        assert isinstance(call.func, ast.Name)
+        info = self.classes[call.func.id]
+        if node.attr in info.properties:
+            prop = copy.deepcopy(info.properties[node.attr])
+            for n in ast.walk(prop):
+                if isinstance(n, ast.Name) and n.id == "self":
+                    n.id = base
+            self.changed = True
+            return ast.copy_location(prop, node)
+        value = _given(call, info, node.attr)
+        if value is None or (base in self.escaped and not info.frozen):
+            return node  # what the object was handed to may have changed the field
+        empty_build = (
+            isinstance(value, ast.Call)
+            and isinstance(value.func, ast.Name)
+            and value.func.id in self.classes
+            and not value.args
+            and not value.keywords
+        )
+        if not (_stable(value, self.stores) or empty_build):
+            return node
+        self.changed = True
+        return ast.copy_location(copy.deepcopy(value), node)
+
+
+def _object_fields(tree: ast.Module, frozen: Frozen) -> bool:
+    classes = _classes(tree)
+    changed = False
+    for fn in _functions(tree, frozen):
+        visitor = _Fields(fn, classes)
+        if not visitor.objects:
+            continue
+        for stmt in fn.body:
+            visitor.visit(stmt)
+        changed |= visitor.changed
+    return changed
+
+
+# -- scalars: an object only used by its attributes -----------------------------------------------
+
+
+def _scalars(tree: ast.Module, frozen: Frozen) -> bool:
+    classes = _classes(tree)
+    changed = False
+    for fn in _functions(tree, frozen):
+        if _nested(fn):
+            continue
+        stores = _stores(fn)
+        for base, call in _objects(fn, classes, stores).items():
+            assert isinstance(call.func, ast.Name)
+            info = classes[call.func.id]
+            if (
+                not info.plain
+                or any(isinstance(a, ast.Starred) for a in call.args)
+                or any(k.arg is None for k in call.keywords)
+            ):
+                continue
+            if _scalarized(fn, base, call, info, stores):
+                changed = True
+                stores = _stores(fn)
+    return changed
+
+
+def _scalarized(fn: _Function, base: str, call: ast.Call, info: _Class, stores: dict[str, int]) -> bool:
+    parents: dict[int, ast.AST] = {}
+    for node in ast.walk(fn):
+        for child in ast.iter_child_nodes(node):
+            parents[id(child)] = node
+    uses = [n for n in ast.walk(fn) if isinstance(n, ast.Name) and n.id == base]
+    binding = None
+    attrs: list[str] = []
+    for use in uses:
+        parent = parents.get(id(use))
+        if isinstance(use.ctx, ast.Store):
+            if not (isinstance(parent, ast.Assign) and parent.value is call and parent.targets == [use]):
+                return False
+            binding = parent
+        elif isinstance(parent, ast.Attribute) and parent.value is use:
+            if parent.attr in info.properties:
+                return False
+            attrs.append(parent.attr)
+        else:
+            return False
+    if binding is None or len(call.args) > len(info.fields):
+        return False
+    given: dict[str, ast.expr] = dict(zip(info.fields, call.args))
+    given.update({k.arg: k.value for k in call.keywords if k.arg})
+    if any(k not in info.fields for k in given):
+        return False
+    read = {
+        p.attr for use in uses if isinstance(p := parents.get(id(use)), ast.Attribute) and isinstance(p.ctx, ast.Load)
+    }
+    for attr in read:
+        if attr not in given and attr not in info.defaults and attr in info.fields:
+            return False  # read before any value is known
+    taken = set(stores)
+    names: dict[str, str] = {}
+    for attr in dict.fromkeys([*given, *attrs]):
+        name = f"{base}_{attr}"
+        while name in taken:
+            name += "_"
+        taken.add(name)
+        names[attr] = name
+    assigns: list[ast.stmt] = [ast.Assign([ast.Name(names[attr], ast.Store())], value) for attr, value in given.items()]
+    assigns += [
+        ast.Assign([ast.Name(names[attr], ast.Store())], copy.deepcopy(info.defaults[attr]))
+        for attr in dict.fromkeys(attrs)
+        if attr not in given and attr in info.defaults and attr in read
+    ]
+
+    class Replace(ast.NodeTransformer):
+        def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+            self.generic_visit(node)
+            if isinstance(node.value, ast.Name) and node.value.id == base:
+                return ast.copy_location(ast.Name(names[node.attr], node.ctx), node)
+            return node
+
+    for holder in ast.walk(fn):
+        for name in ("body", "orelse", "finalbody"):
+            stmts = getattr(holder, name, None)
+            if isinstance(stmts, list) and binding in stmts:
+                i = stmts.index(binding)
+                stmts[i : i + 1] = assigns or [ast.Pass()]
+        for handler in getattr(holder, "handlers", []) or []:
+            if binding in handler.body:
+                i = handler.body.index(binding)
+                handler.body[i : i + 1] = assigns or [ast.Pass()]
+    Replace().visit(fn)
+    return True
+
+
+# -- tables --------------------------------------------------------------------------------------
+
+
+def _tables(tree: ast.Module, frozen: Frozen) -> bool:
+    tables: dict[str, ast.Dict] = {}
+    bound: dict[str, int] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            bound[node.id] = bound.get(node.id, 0) + 1
+    for node in tree.body:
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and isinstance(node.value, ast.Dict)
+            and _pure(node.value)
+            and bound.get(node.targets[0].id) == 1
+        ):
+            tables[node.targets[0].id] = node.value
+    for node in ast.walk(tree):  # a table that something changes or hands on is not folded
+        if isinstance(node, ast.Subscript) and not isinstance(node.ctx, ast.Load) and isinstance(node.value, ast.Name):
+            tables.pop(node.value.id, None)
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.attr
+            in (
+                "update",
+                "pop",
+                "setdefault",
+                "clear",
+                "popitem",
+            )
+        ):
+            tables.pop(node.value.id, None)
+    if not tables:
+        return False
+    changed = False
+    for fn in _functions(tree, frozen):
+        visitor = _Lookup(tables, _stores(fn))
+        for stmt in fn.body:
+            visitor.visit(stmt)
+        changed |= visitor.changed
+    return changed
+
+
+class _Lookup(ast.NodeTransformer):
+    def __init__(self, tables: dict[str, ast.Dict], stores: dict[str, int]) -> None:
+        self.tables, self.stores, self.changed = tables, stores, False
+
+    def visit_Subscript(self, node: ast.Subscript) -> ast.AST:
+        self.generic_visit(node)
+        if not (isinstance(node.ctx, ast.Load) and isinstance(node.value, ast.Name)):
+            return node
+        table = self.tables.get(node.value.id)
+        if table is None or self.stores.get(node.value.id):
+            return node  # a local of the same name
+        key = ast.dump(node.slice)
+        for k, v in zip(table.keys, table.values):
+            if k is not None and ast.dump(k) == key:
+                self.changed = True
+                return ast.copy_location(copy.deepcopy(v), node)
+        return node
+
+
+# -- enums ---------------------------------------------------------------------------------------
+
+
+def _enums(tree: ast.Module) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and any("Enum" in ast.unparse(b) for b in node.bases):
+            out[node.name] = {
+                t.id
+                for s in node.body
+                if isinstance(s, ast.Assign)
+                for t in s.targets
+                if isinstance(t, ast.Name) and not t.id.startswith("_")
+            }
+    return out
+
+
+def _member(node: ast.expr, enums: dict[str, set[str]], stores: dict[str, int]) -> tuple[str, str] | None:
+    if (
+        isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id in enums
+        and node.attr in enums[node.value.id]
+        and not stores.get(node.value.id)
+    ):
+        return node.value.id, node.attr
+    return None
+
+
+def _enum_tests(tree: ast.Module, frozen: Frozen) -> bool:
+    enums = _enums(tree)
+    if not enums:
+        return False
+    changed = False
+    for fn in _functions(tree, frozen):
+        stores = _stores(fn)
+        aliases: dict[str, ast.expr] = {}
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                name = node.targets[0].id
+                if stores.get(name) == 1 and _member(node.value, enums, stores):
+                    aliases[name] = node.value
+        visitor = _EnumTests(enums, stores, aliases)
+        for stmt in fn.body:
+            visitor.visit(stmt)
+        changed |= visitor.changed
+        if aliases:
+            _drop_bindings(fn, set(aliases))
+    return changed
+
+
+class _EnumTests(ast.NodeTransformer):
+    def __init__(self, enums: dict[str, set[str]], stores: dict[str, int], aliases: dict[str, ast.expr]) -> None:
+        self.enums, self.stores, self.aliases, self.changed = enums, stores, aliases, False
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        if isinstance(node.ctx, ast.Load) and node.id in self.aliases:
+            self.changed = True
+            return ast.copy_location(copy.deepcopy(self.aliases[node.id]), node)
+        return node
+
+    def visit_Compare(self, node: ast.Compare) -> ast.AST:
+        self.generic_visit(node)
+        if len(node.ops) != 1:
+            return node
+        left, op, right = node.left, node.ops[0], node.comparators[0]
+        a = _member(left, self.enums, self.stores)
+        if a is None:
+            return node
+        if isinstance(op, (ast.Is, ast.IsNot, ast.Eq, ast.NotEq)):
+            b = _member(right, self.enums, self.stores)
+            if b is None or b[0] != a[0]:
+                return node
+            value = (a == b) == isinstance(op, (ast.Is, ast.Eq))
+        elif isinstance(op, (ast.In, ast.NotIn)) and isinstance(right, (ast.Tuple, ast.List, ast.Set)):
+            members = [_member(e, self.enums, self.stores) for e in right.elts]
+            if any(m is None or m[0] != a[0] for m in members):
+                return node
+            value = (a in members) == isinstance(op, ast.In)
+        else:
+            return node
+        self.changed = True
+        return ast.copy_location(ast.Constant(value), node)
+
+
+def _drop_bindings(fn: _Function, names: set[str]) -> None:
+    for holder in ast.walk(fn):
+        for name in ("body", "orelse", "finalbody"):
+            stmts = getattr(holder, name, None)
+            if isinstance(stmts, list) and stmts and isinstance(stmts[0], ast.stmt):
+                kept = [
+                    s
+                    for s in stmts
+                    if not (
+                        isinstance(s, ast.Assign)
+                        and len(s.targets) == 1
+                        and isinstance(s.targets[0], ast.Name)
+                        and s.targets[0].id in names
+                    )
+                ]
+                if len(kept) != len(stmts):
+                    setattr(holder, name, kept or ([ast.Pass()] if name == "body" else []))
+
+
+class _Constants(ast.NodeTransformer):
+    """An ``if`` on a constant becomes the branch it takes."""
+
+    def __init__(self) -> None:
+        self.changed = False
+
+    def visit_IfExp(self, node: ast.IfExp) -> ast.AST:
+        self.generic_visit(node)
+        if isinstance(node.test, ast.Constant):
+            self.changed = True
+            return node.body if node.test.value else node.orelse
+        return node
+
+    def generic_visit(self, node: ast.AST) -> ast.AST:
+        super().generic_visit(node)
+        for name in ("body", "orelse", "finalbody"):
+            stmts = getattr(node, name, None)
+            if not (isinstance(stmts, list) and stmts and isinstance(stmts[0], ast.stmt)):
+                continue
+            out: list[ast.stmt] = []
+            for s in stmts:
+                if isinstance(s, ast.If) and isinstance(s.test, ast.Constant):
+                    self.changed = True
+                    out += s.body if s.test.value else s.orelse
+                else:
+                    out.append(s)
+            if out != stmts:
+                setattr(node, name, out or ([ast.Pass()] if name == "body" else []))
+        return node
+
+
+def _constant_tests(tree: ast.Module, frozen: Frozen) -> bool:
+    changed = False
+    for top in tree.body:
+        if isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef)) and not _untouched(top, frozen):
+            visitor = _Constants()
+            visitor.visit(top)
+            changed |= visitor.changed
+    return changed
+
+
+# -- firsts and empties --------------------------------------------------------------------------
+
+
+class _Firsts(ast.NodeTransformer):
+    def __init__(self) -> None:
+        self.changed = False
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        self.generic_visit(node)
+        inner = node.args[0] if len(node.args) == 1 and not node.keywords else None
+        if (
+            isinstance(node.func, ast.Name)
+            and node.func.id == "next"
+            and isinstance(inner, ast.Call)
+            and isinstance(inner.func, ast.Name)
+            and inner.func.id == "iter"
+            and len(inner.args) == 1
+            and not inner.keywords
+            and isinstance(inner.args[0], (ast.Tuple, ast.List))
+            and inner.args[0].elts
+            and not isinstance(inner.args[0].elts[0], ast.Starred)
+            and all(_pure(e) for e in inner.args[0].elts)
+        ):
+            self.changed = True
+            return inner.args[0].elts[0]
+        kept = [k for k in node.keywords if not (k.arg is None and isinstance(k.value, ast.Dict) and not k.value.keys)]
+        if len(kept) != len(node.keywords):
+            node.keywords = kept
+            self.changed = True
+        return node
+
+    def _comprehension(self, node: ast.ListComp | ast.SetComp | ast.DictComp | ast.GeneratorExp) -> ast.AST:
+        self.generic_visit(node)
+        first = node.generators[0].iter
+        if not (isinstance(first, (ast.Tuple, ast.List)) and not first.elts):
+            return node
+        self.changed = True
+        if isinstance(node, ast.DictComp):
+            return ast.copy_location(ast.Dict([], []), node)
+        if isinstance(node, ast.ListComp):
+            return ast.copy_location(ast.List([], ast.Load()), node)
+        if isinstance(node, ast.GeneratorExp):
+            return ast.copy_location(ast.Tuple([], ast.Load()), node)
+        return ast.copy_location(ast.Call(ast.Name("set", ast.Load()), [], []), node)
+
+    visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = _comprehension
+
+
+def _empties(tree: ast.Module, frozen: Frozen) -> bool:
+    changed = False
+    for fn in _functions(tree, frozen):
+        visitor = _Firsts()
+        for stmt in fn.body:
+            visitor.visit(stmt)
+        changed |= visitor.changed
+        stores = _stores(fn)
+        empty = {
+            n.targets[0].id
+            for n in ast.walk(fn)
+            if isinstance(n, ast.Assign)
+            and len(n.targets) == 1
+            and isinstance(n.targets[0], ast.Name)
+            and isinstance(n.value, ast.Dict)
+            and not n.value.keys
+            and stores.get(n.targets[0].id) == 1
+        }
+        unpacked = {
+            id(k.value)
+            for n in ast.walk(fn)
+            if isinstance(n, ast.Call)
+            for k in n.keywords
+            if k.arg is None and isinstance(k.value, ast.Name)
+        }
+        for n in ast.walk(fn):
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id in empty and id(n) not in unpacked:
+                empty.discard(n.id)
+        if not empty:
+            continue
+        for n in ast.walk(fn):
+            if isinstance(n, ast.Call):
+                kept = [
+                    k
+                    for k in n.keywords
+                    if not (k.arg is None and isinstance(k.value, ast.Name) and k.value.id in empty)
+                ]
+                if len(kept) != len(n.keywords):
+                    n.keywords = kept
+                    changed = True
+        _drop_bindings(fn, empty)
+    return changed
+
+
+# -- bags and imports ----------------------------------------------------------------------------
+
+
+def _key_name(key: ast.expr) -> str | None:
+    """A local's name for a constant key (``'model'``, ``Item.MODEL``), None for another key."""
+    if isinstance(key, ast.Constant) and isinstance(key.value, str) and key.value.isidentifier():
+        return key.value
+    if isinstance(key, ast.Attribute) and isinstance(key.value, ast.Name):
+        return key.attr.lower()
+    return None
+
+
+def _bags(tree: ast.Module, frozen: Frozen) -> bool:
+    """A local bound once to ``{}`` and only ever subscripted by constant keys becomes one local
+    per key (``out['model'] = x`` ... ``out['model']``: ``out_model``)."""
+    changed = False
+    for fn in _functions(tree, frozen):
+        if _nested(fn):
+            continue
+        stores = _stores(fn)
+        parents = {id(c): n for n in ast.walk(fn) for c in ast.iter_child_nodes(n)}
+        for node in list(ast.walk(fn)):
+            if not (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)
+                and isinstance(node.value, ast.Dict)
+                and not node.value.keys
+                and stores.get(node.targets[0].id) == 1
+            ):
+                continue
+            bag = node.targets[0].id
+            keys: dict[str, str] = {}
+            ok = True
+            for use in ast.walk(fn):
+                if not (isinstance(use, ast.Name) and use.id == bag and isinstance(use.ctx, ast.Load)):
+                    continue
+                parent = parents.get(id(use))
+                name = _key_name(parent.slice) if isinstance(parent, ast.Subscript) and parent.value is use else None
+                if name is None or isinstance(parent.ctx, ast.Del):  # type: ignore[union-attr]
+                    ok = False
+                    break
+                keys.setdefault(ast.dump(parent.slice), name)  # type: ignore[union-attr]
+            if not ok:
+                continue
+            taken = set(stores)
+            names: dict[str, str] = {}
+            for dumped, name in keys.items():
+                local = f"{bag}_{name}"
+                while local in taken:
+                    local += "_"
+                taken.add(local)
+                names[dumped] = local
+            _BagItems(bag, names).visit(fn)
+            _drop_bindings(fn, {bag})
+            changed = True
+            break  # the parents are stale: the next bag in the next round
+    return changed
+
+
+class _BagItems(ast.NodeTransformer):
+    def __init__(self, bag: str, names: dict[str, str]) -> None:
+        self.bag, self.names = bag, names
+
+    def visit_Subscript(self, node: ast.Subscript) -> ast.AST:
+        self.generic_visit(node)
+        if isinstance(node.value, ast.Name) and node.value.id == self.bag:
+            return ast.copy_location(ast.Name(self.names[ast.dump(node.slice)], node.ctx), node)
+        return node
+
+
+def _imports(tree: ast.Module, frozen: Frozen) -> bool:
+    """In functions: names a ``from ... import`` binds that the function does not read go, and
+    imports from one module next to each other become one."""
+    changed = False
+    for fn in _functions(tree, frozen):
+        read = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        for holder in ast.walk(fn):
+            for field_name in ("body", "orelse", "finalbody"):
+                stmts = getattr(holder, field_name, None)
+                if not (isinstance(stmts, list) and stmts and isinstance(stmts[0], ast.stmt)):
+                    continue
+                out: list[ast.stmt] = []
+                for stmt in stmts:
+                    if isinstance(stmt, ast.ImportFrom) and stmt.module != "__future__":
+                        names = [a for a in stmt.names if a.name == "*" or (a.asname or a.name) in read]
+                        if len(names) != len(stmt.names):
+                            changed = True
+                            if not names:
+                                continue
+                            stmt.names = names
+                        last = out[-1] if out else None
+                        if isinstance(last, ast.ImportFrom) and (last.module, last.level) == (stmt.module, stmt.level):
+                            last.names += stmt.names
+                            changed = True
+                            continue
+                    out.append(stmt)
+                if len(out) != len(stmts):
+                    setattr(holder, field_name, out or ([ast.Pass()] if field_name == "body" else []))
+    return changed
+
+
+def _drop_passes(tree: ast.Module) -> None:
+    """``pass`` where its block holds something else."""
+    for node in ast.walk(tree):
+        for name in ("body", "orelse", "finalbody"):
+            stmts = getattr(node, name, None)
+            if isinstance(stmts, list) and len(stmts) > 1 and any(isinstance(s, ast.Pass) for s in stmts):
+                kept = [s for s in stmts if not isinstance(s, ast.Pass)]
+                setattr(node, name, kept or stmts[:1])
+
+
+_REWRITES = (_object_fields, _scalars, _tables, _enum_tests, _constant_tests, _empties, _bags, _imports)
+
+
+def simplify(code: str, frozen: Frozen = frozenset()) -> str | None:
+    """``code`` rewritten (see the module's docstring), or None if no rewrite applies."""
+    tree = ast.parse(code)
+    changed = False
+    for _ in range(_ROUNDS):
+        step = False
+        for rewrite in _REWRITES:
+            step |= rewrite(tree, frozen)
+        if not step:
+            break
+        changed = True
+        tree = ast.parse(clean(_unparse(propagate_aliases(tree))))  # the locals a rewrite left idle
+    if not changed:
+        return None
+    _drop_passes(tree)
+    out = _unparse(tree)
+    return out if out != code else None

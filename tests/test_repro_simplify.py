@@ -1,0 +1,164 @@
+"""The meaning-keeping rewrites of reduced scripts (fuzz/repro/simplify.py): each one on its own,
+the script's result unchanged, and what must not be rewritten left alone. Fast: pure AST work,
+the scripts executed in this process."""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Any
+
+from fuzz.repro.simplify import simplify
+
+HEAD = """
+import enum
+from dataclasses import dataclass, field
+
+
+class Kind(str, enum.Enum):
+    A = 'a'
+    B = 'b'
+
+
+@dataclass
+class Composed:
+    model: object
+
+
+@dataclass
+class Side:
+    composed: object
+    training: object = 3
+    opt: object = None
+
+    @property
+    def model(self):
+        return self.composed.model
+"""
+
+
+def _run(code: str) -> Any:
+    space: dict[str, Any] = {}
+    exec(compile(code, "<script>", "exec"), space)
+    return space["attempt"]()
+
+
+def _script(body: str) -> str:
+    return HEAD + "\n\ndef attempt():\n" + textwrap.indent(textwrap.dedent(body), "    ")
+
+
+def _simplified(body: str) -> str:
+    code = _script(body)
+    out = simplify(code)
+    assert out is not None, "no rewrite applied"
+    assert _run(out) == _run(code)
+    return out[out.index("def attempt") :]
+
+
+def test_an_object_used_by_its_attributes_becomes_locals() -> None:
+    out = _simplified(
+        """
+        model = [1, 2]
+        composed = Composed(model)
+        side = Side(composed=composed)
+        side.opt = len(side.model)
+        return side.opt + side.training
+        """
+    )
+    assert "Side(" not in out and "Composed(" not in out
+    assert "side_opt = len(model)" in out and "side_opt + 3" in out
+
+
+def test_a_field_handed_away_with_its_object_is_not_replaced() -> None:
+    code = _script(
+        """
+        def fill(s):
+            s.opt = 7
+        side = Side(composed=Composed(1))
+        fill(side)
+        return side.opt
+        """
+    )
+    out = simplify(code)
+    assert _run(out or code) == 7
+    assert out is None or "return side.opt" in out
+
+
+def test_a_table_lookup_becomes_its_value_and_an_enum_test_its_branch() -> None:
+    code = HEAD + textwrap.dedent(
+        """
+        TABLE = {Kind.A: 'x', Kind.B: 'y'}
+
+
+        def attempt():
+            kind = Kind.B
+            if kind is Kind.A:
+                return 'wrong'
+            first = next(iter((Kind.A, Kind.B)))
+            extra = {n: 1 for n in ()}
+            return TABLE[first] + str(dict(**extra)) + str(kind in (Kind.A,))
+        """
+    )
+    out = simplify(code)
+    assert out is not None and _run(out) == _run(code) == "x{}False"
+    body = out[out.index("def attempt") :]
+    assert "if " not in body and "TABLE[" not in body and "next(" not in body and "extra" not in body
+
+
+def test_a_table_something_changes_is_left() -> None:
+    code = HEAD + textwrap.dedent(
+        """
+        TABLE = {'a': 1}
+
+
+        def attempt():
+            TABLE['a'] = 2
+            return TABLE['a']
+        """
+    )
+    out = simplify(code)
+    assert out is None or "return TABLE['a']" in out
+    assert _run(out or code) == 2
+
+
+def test_main_and_frozen_definitions_are_not_rewritten() -> None:
+    code = HEAD + textwrap.dedent(
+        """
+        def judge():
+            kind = Kind.A
+            return kind is Kind.A
+
+
+        def main():
+            kind = Kind.A
+            return kind is Kind.B
+        """
+    )
+    assert simplify(code, frozenset({"judge"})) is None
+
+
+def test_a_dict_of_constant_keys_becomes_locals_and_unread_imports_go() -> None:
+    out = _simplified(
+        """
+        from math import pi, tau
+        from math import e
+        out = {}
+        out[Kind.A] = 2
+        out['total'] = out[Kind.A] + 1
+        return out['total'] * e
+        """
+    )
+    assert "out = {}" not in out and "out_total = 2 + 1" in out  # out_a, bound to a constant, went too
+    assert "from math import e\n" in out and "pi" not in out
+
+
+def test_a_dict_handed_on_whole_stays_a_dict() -> None:
+    code = _script(
+        """
+        out = {}
+        out['a'] = 1
+        return sorted(out)
+        """
+    )
+    out = simplify(code)
+    assert out is None or "out = {}" in out
+    assert _run(out or code) == ["a"]
