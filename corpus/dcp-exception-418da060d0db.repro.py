@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=83769381c29cc681 sources=7d6f5cb23a31c8e4 seconds=233.7
+# shardfuzz reduced reproducer: entry=83769381c29cc681 sources=7d6f5cb23a31c8e4 seconds=287.0
 """Reproduces shardfuzz corpus entry dcp-exception-418da060d0db.json: exception:dcp:builtins.KeyError@torch/distributed/checkpoint/state_dict.py:_get_optim_state_dict
 
 Observed: The FSDP2 bug of corpus/parity-mismatch-5f3ad2a543cd (a frozen unit with
@@ -51,16 +51,8 @@ class ModuleTree:
     root: object
 
 @dataclass()
-class ShardSpec:
-    path: object
-
-@dataclass()
 class Composition:
-    shards: object = ()
-
-    @property
-    def sharded_paths(self):
-        return [p for spec in self.shards for p in ()]
+    pass
 
 @dataclass()
 class Training:
@@ -75,12 +67,6 @@ class Case:
     world_size: object
     seed: object
     body: object
-
-class DcpItem(str, enum.Enum):
-    MODEL = 'model'
-    OPTIMIZER = 'optimizer'
-    SCALARS = 'scalars'
-    COUNTER = 'counter'
 
 @dataclass()
 class DcpBody(Body):
@@ -113,10 +99,6 @@ def build_node(node, width):
     return TreeBlock([build_node(c, width) for c in node.children], False, width, False, False)
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32}
 
-@dataclass
-class Composed:
-    model: object
-
 def batches(case, training, width, ctx, tp_size=1):
     lo = ctx.rank // tp_size * 1
     out = []
@@ -127,52 +109,28 @@ def batches(case, training, width, ctx, tp_size=1):
     out.append(step)
     return out
 
-@dataclass
-class Side:
-    composed: object
-    comp: object
-    training: object
-
-    @property
-    def model(self):
-        return self.composed.model
-
 def attempt(rank, world_size):
-    case = Case(property='dcp', world_size=4, seed=0, body=DcpBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D), Leaf(kind=LeafKind.CONV1D)))), source=Composition(shards=(ShardSpec(path='0'),)), target=Composition(shards=(ShardSpec(path=''),)), entries=(DcpItem.MODEL, DcpItem.OPTIMIZER, DcpItem.SCALARS, DcpItem.COUNTER), training=Training()))
+    case = Case(property='dcp', world_size=4, seed=0, body=DcpBody(tree=ModuleTree(width=1, root=Block(children=())), source=Composition(), target=Composition(), entries=(), training=Training()))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import re
     import traceback
     try:
-        body = DcpBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D),))), source=Composition(), target=Composition(), entries=(DcpItem.COUNTER,), training=Training())
-        t = body.training
+        t = Training()
         data = [step[0] for step in batches(case, replace(t), 1, ctx)]
-        tree = body.tree
-        comp = body.source
-        build_model_out = build_node(tree.root, 1)
+        comp_shards = ()
+        build_model_out = build_node(Block(children=(Leaf(kind=LeafKind.CONV1D),)), 1)
         model = build_model_out.to(TORCH_DTYPES[t.dtype])
-        from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
-        kwargs = {}
+        from torch.distributed.fsdp import fully_shard
         modules = [model.get_submodule(p_) for p_ in ('0',)]
-        fully_shard(modules if () else modules[0], **kwargs)
-        sharded = comp.sharded_paths
-        tops = [p__ for p__ in sharded if not any((False for q in sharded))]
-        composed = Composed(model=model)
-        src = Side(composed=composed, comp=comp, training=t)
-        params = list(src.model.parameters())
-        params_ = params
-        params_ = [p___ for p___ in params_ if p___.requires_grad or id(p___) in held]
-        groups = params_
-        src.opt = torch.optim.SGD(groups)
+        fully_shard(modules if () else modules[0])
+        sharded = [p for spec in comp_shards for p in ()]
+        params = list(model.parameters())
+        src_opt = torch.optim.SGD(params)
         data_ = data[:1]
         x, y = next(iter(data_))
-        loss = F.mse_loss(src.model(x).to(y.dtype), y)
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-        out = {}
-        entry = next(iter(body.entries))
-        if entry is DcpItem.MODEL:
-            pass
-        else:
-            out[entry] = get_optimizer_state_dict(src.model, src.opt)
+        loss = F.mse_loss(model(x).to(y.dtype), y)
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+        out[DcpItem.COUNTER] = get_optimizer_state_dict(model, src_opt)
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = [(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))][-1]

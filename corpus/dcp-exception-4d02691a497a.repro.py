@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=c2c685119f970f8e sources=7d6f5cb23a31c8e4 seconds=233.0
+# shardfuzz reduced reproducer: entry=c2c685119f970f8e sources=7d6f5cb23a31c8e4 seconds=307.6
 """Reproduces shardfuzz corpus entry dcp-exception-4d02691a497a.json: exception:dcp:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out
 
 Observed: Not a state-dict bug: FSDP2's backward all-gather raises IndexError in
@@ -60,7 +60,6 @@ class ModuleTree:
 class ShardSpec:
     path: object
     reshard_after_forward: object = True
-    shard_dim: object = 0
 
     @property
     def paths(self):
@@ -71,16 +70,12 @@ class Composition:
     shards: object = ()
 
     def steps(self):
-        items = [() for p in ()] + [() for p in ()]
+        items = [] + []
         items += [('fully_shard', spec.path) for spec in self.shards]
-
-        def key(item):
-            pass
-        return sorted(items, key=key)
+        return sorted(items)
 
 @dataclass()
 class Training:
-    steps: object = 2
     dtype: object = Dtype.FLOAT32
 
 class Body:
@@ -93,9 +88,6 @@ class Case:
     seed: object
     body: object
 
-class DcpItem(str, enum.Enum):
-    MODEL = 'model'
-
 @dataclass()
 class DcpBody(Body):
     tree: object
@@ -103,7 +95,6 @@ class DcpBody(Body):
     target: object
     entries: object
     training: object = field()
-    steps_after: object = 1
 
 class TreeBlock(nn.Module):
 
@@ -133,63 +124,40 @@ def _placement_fn(shard_dim, shard_size):
             return Shard(shard_dim)
     return fn
 
-@dataclass
-class Composed:
-    model: object
-
 def batches(case, training, width, ctx, tp_size=1):
-    gen = torch.Generator().manual_seed(0)
     lo = ctx.rank // tp_size * 1
     out = []
     step = []
-    _ = next(iter(range(1)))
     x = torch.randn(ctx.world_size * 1, width)
     y = torch.randn(ctx.world_size * 1, width)
     step.append((x[lo:lo + 1].to(ctx.device), y[lo:lo + 1].to(ctx.device)))
     out.append(step)
     return out
 
-@dataclass
-class Side:
-    composed: object
-    comp: object
-    training: object
-
-    @property
-    def model(self):
-        return self.composed.model
-
 def attempt(rank, world_size):
-    case = Case(property='dcp', world_size=4, seed=0, body=DcpBody(tree=ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR)))), source=Composition(shards=(ShardSpec(path='1', reshard_after_forward=2, shard_dim=1), ShardSpec(path=''))), target=Composition(shards=(ShardSpec(path='1', reshard_after_forward=2, shard_dim=1), ShardSpec(path=''))), entries=(DcpItem.MODEL,), training=Training(steps=1), steps_after=0))
+    case = Case(property='dcp', world_size=4, seed=0, body=DcpBody(tree=ModuleTree(width=4, root=Block(children=())), source=Composition(), target=Composition(), entries=(), training=Training()))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import re
     import traceback
     try:
-        body = DcpBody(tree=ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR)))), source=Composition(shards=(ShardSpec(path='1', reshard_after_forward=2),)), target=Composition(), entries=(), training=Training())
-        t = body.training
+        t = Training()
         data = [step[0] for step in batches(case, replace(t), 4, ctx)]
-        tree = body.tree
-        comp = body.source
-        build_model_out = build_node(tree.root, 4)
+        comp = Composition(shards=(ShardSpec(path='1'),))
+        build_model_out = build_node(Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR))), 4)
         model = build_model_out.to(TORCH_DTYPES[t.dtype])
-        mesh = ctx.mesh((ctx.world_size,), ())
-        specs = {s.path: s for s in comp.shards}
+        mesh = ctx.mesh((world_size,), ())
+        specs = {s.path: s for s in (ShardSpec(path='1', reshard_after_forward=2),)}
         api, path_ = next(iter(comp.steps()))
         spec = specs[path_]
-        from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+        from torch.distributed.fsdp import fully_shard
         kwargs = {'reshard_after_forward': spec.reshard_after_forward}
         shard_size = mesh.size(mesh.ndim - 1)
         kwargs['shard_placement_fn'] = _placement_fn(1, shard_size)
         modules = [model.get_submodule(p_) for p_ in spec.paths]
         fully_shard(modules if () else modules[0], **kwargs)
-        composed = Composed(model=model)
-        src = Side(composed=composed, comp=comp, training=t)
-        params = list(src.model.parameters())
-        params_ = params
-        params_ = [p__ for p__ in params_ if p__.requires_grad or id(p__) in held]
         data_ = data[:1]
         x, y = next(iter(data_))
-        loss = F.mse_loss(src.model(x).to(y.dtype), y)
+        loss = F.mse_loss(model(x).to(y.dtype), y)
         loss.backward()
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=f6cb9a8e061ca80f sources=7d6f5cb23a31c8e4 seconds=256.0
+# shardfuzz reduced reproducer: entry=f6cb9a8e061ca80f sources=7d6f5cb23a31c8e4 seconds=363.6
 """Reproduces shardfuzz corpus entry dcp-exception-5bdb13d18d5c.json: exception:dcp:builtins.RuntimeError@torch/distributed/_state_dict_utils.py:tensor_func
 
 Observed: FileSystemWriter(cache_staged_state_dict=True) pins its staging copy whether or not
@@ -15,26 +15,12 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 """
 
 from __future__ import annotations
-from dataclasses import dataclass, field
 import torch
 import enum
-from dataclasses import dataclass
 from dataclasses import dataclass, field, fields
-from dataclasses import replace
-import builtins
-from typing import ClassVar
 import os
-from typing import ClassVar
 from torch import nn
-import torch.distributed as dist
-import torch.nn.functional as F
-import inspect
-from dataclasses import dataclass, field, replace
 import hashlib
-import shutil
-
-def __getattr__(name):
-    raise AttributeError(f"module 'fuzz' has no attribute {name!r}")
 
 @dataclass
 class RankContext:
@@ -42,416 +28,119 @@ class RankContext:
     world_size: object
     device: object
     backend: object
-    _cases: object = 0
-    extra_groups: object = field(default_factory=list)
-
-    def group(self, name):
-        pass
 
 class LeafKind(str, enum.Enum):
-    LINEAR = 'linear'
-    LAYER_NORM = 'layer_norm'
     CONV1D = 'conv1d'
-    RELU = 'relu'
-    TANH = 'tanh'
-    GELU = 'gelu'
-    DROPOUT = 'dropout'
 
 class Dtype(str, enum.Enum):
     FLOAT32 = 'float32'
     FLOAT64 = 'float64'
-    BFLOAT16 = 'bfloat16'
-    FLOAT16 = 'float16'
 
-@dataclass(frozen=True)
+@dataclass()
 class Leaf:
     kind: object
     bias: object = True
-    frozen: object = False
 
-@dataclass(frozen=True)
+@dataclass()
 class Block:
     children: object
-    residual: object = False
-    scale: object = False
 
-def param_names(node):
-    pass
-
-@dataclass(frozen=True)
+@dataclass()
 class ModuleTree:
     width: object
     root: object
 
 class Wrapper(str, enum.Enum):
     NONE = 'none'
-    DDP = 'ddp'
     FSDP1_FULL_SHARD = 'fsdp1_full_shard'
-    FSDP1_SHARD_GRAD_OP = 'fsdp1_shard_grad_op'
-    FSDP1_NO_SHARD = 'fsdp1_no_shard'
-    FSDP1_HYBRID_SHARD = 'fsdp1_hybrid_shard'
 
-@dataclass(frozen=True)
-class CheckpointOptions:
-
-    def names(self):
-        pass
-
-@dataclass(frozen=True)
+@dataclass()
 class Composition:
-    shards: object = ()
-    replicates: object = ()
-    checkpoints: object = ()
     wrapper: object = Wrapper.NONE
-    checkpoint_options: object = field(default_factory=CheckpointOptions)
-
-    def steps(self):
-        items = [('checkpoint', p) for p in self.checkpoints] + [('replicate', p) for p in self.replicates]
-        items += [('fully_shard', spec.path) for spec in self.shards]
-
-        def key(item):
-            pass
-        return sorted(items, key=key)
 
 class Optimizer(str, enum.Enum):
     SGD = 'sgd'
     ADAM = 'adam'
-    ADAMW = 'adamw'
 
-@dataclass(frozen=True)
+@dataclass()
 class Training:
     optimizer: object = Optimizer.SGD
     lr: object = 0.1
-    eps: object = 0.001
-    steps: object = 2
     batch_per_rank: object = 2
     dtype: object = Dtype.FLOAT32
     set_to_none: object = True
-    foreach: object = None
 
 class Body:
-    KIND: ClassVar[str]
-    PROGRAM: ClassVar[str]
-    registry: ClassVar[dict[str, type[Body]]] = {}
+    pass
 
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        Body.registry[cls.KIND] = cls
-
-@dataclass(frozen=True)
+@dataclass()
 class Case:
     property: object
     world_size: object
     seed: object
     body: object
 
-@dataclass(frozen=True)
-class Options:
-    full_state_dict: object = False
-    cpu_offload: object = False
-    broadcast_from_rank0: object = False
-    strict: object = True
-
 class DcpItem(str, enum.Enum):
     MODEL = 'model'
     OPTIMIZER = 'optimizer'
-    APP = 'app'
-    SCALARS = 'scalars'
-    COUNTER = 'counter'
-    EXTRA = 'extra'
 
-@dataclass(frozen=True)
+@dataclass()
 class WriterOptions:
 
     def changed(self):
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}
 
-class DcpMode(str, enum.Enum):
-    ROUND_TRIP = 'round_trip'
-    SAVE_ONLY = 'save_only'
-    LOAD_ONLY = 'load_only'
-
-@dataclass(frozen=True)
+@dataclass()
 class DcpBody(Body):
-    KIND: ClassVar[str] = 'dcp'
-    PROGRAM: ClassVar[str] = 'fuzz._rank.dcp:run_dcp'
     tree: object
     source: object
     target: object
     entries: object
-    training: object = field(default_factory=Training)
-    orders: object = ()
-    skip: object = ()
+    training: object = field()
     async_save: object = False
-    storage_objects: object = False
-    mode: object = DcpMode.ROUND_TRIP
-    async_saves: object = 0
     cache_staged: object = False
-    frozen_in_optimizer: object = False
-    empty_group: object = False
     writer: object = field(default_factory=WriterOptions)
-    requires_grad: object = ()
-
-class TreeBlock(nn.Module):
-
-    def __init__(self, children, residual, width, scale, buffer):
-        super().__init__()
-        i, child = next(iter(enumerate(children)))
-        self.add_module(str(i), child)
-        self.residual = residual
-        self.scale = None
-        self.shift = None
-        self.skipped: frozenset[str] = frozenset()
-
-    def forward(self, x):
-        y = x
-        name, child = next(iter(self.named_children()))
-        y = child(y)
-        return y
 
 class PointwiseConv1d(nn.Conv1d):
-
-    def forward(self, x):
-        return super().forward(x.unsqueeze(-1)).squeeze(-1)
-
-def build_leaf(leaf, width):
-    module = _build_leaf(leaf, width)
-    return module
-
-def _build_leaf(leaf, width):
-    return PointwiseConv1d(width, width, kernel_size=1, bias=False)
-
-def build_node(node, width):
-    return build_leaf(node, width)
-    return TreeBlock([build_node(c, width) for c in node.children], False, width, False, False)
-
-def build_model(tree, device):
-    with torch.device(device):
-        return build_node(tree.root, 1)
-
-def checkpoint_kwargs(opts):
-    kwargs = {}
-    return kwargs
-TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
-_WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.')
-
-def clean_name(name):
-    for prefix in _WRAPPER_PREFIXES:
-        name = name.replace(prefix, '')
-    return name
-
-@dataclass
-class Composed:
-    model: object
-    wrapper: object = Wrapper.NONE
-    param_names: object = field(default_factory=list)
-
-def compose(model, comp, ctx, tree=None):
-    from torch.distributed._composable import checkpoint, replicate
-    ckpt_kwargs = checkpoint_kwargs(comp.checkpoint_options)
-    names = [n for n, _ in model.named_parameters()]
-    return Composed(model=_wrap(model, comp, ctx), wrapper=comp.wrapper, param_names=names)
-
-def _wrap(model, comp, ctx):
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    from torch.distributed.fsdp import ShardingStrategy
-    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-    strategy = {Wrapper.FSDP1_FULL_SHARD: ShardingStrategy.FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP: ShardingStrategy.SHARD_GRAD_OP, Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD, Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[comp.wrapper]
-    kwargs = {'sharding_strategy': strategy, 'device_id': ctx.device, 'use_orig_params': True}
-    return FSDP(model, **kwargs)
-
-def make_optimizer(params, training, later=()):
-    held = {id(p) for p in later}
-    params = [p for p in params if p.requires_grad or id(p) in held]
-    groups = params
-    return torch.optim.Adam(groups, lr=0.01, eps=0.0001, foreach=None)
-
-def batches(case, training, width, ctx, tp_size=1):
-    dtype = TORCH_DTYPES[training.dtype]
-    gen = torch.Generator().manual_seed(0)
-    lo = ctx.rank // tp_size * 1
-    out = []
-    for _ in range(3):
-        step = []
-        for _ in range(1):
-            x = torch.randn(ctx.world_size * 1, width, generator=gen, dtype=dtype)
-            y = torch.randn(ctx.world_size * 1, width, generator=gen, dtype=dtype)
-            step.append((x[lo:lo + 1].to(ctx.device), y[lo:lo + 1].to(ctx.device)))
-        out.append(step)
-    return out
-
-@dataclass
-class Side:
-    composed: object
-    comp: object
-    training: object
-    opt: object = None
-    param_names: object = field(default_factory=dict)
-    schedule: object = ()
-    step: object = 0
-
-    @property
-    def model(self):
-        return self.composed.model
-
-    def names(self):
-        pass
-
-def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=()):
-    torch.manual_seed(seed)
-    device = ctx.device
-    model = build_model(tree, device).to(TORCH_DTYPES[training.dtype])
-    composed = compose(model, comp, ctx)
-    return Side(composed=composed, comp=comp, training=training, schedule=schedule)
-
-def change_requires_grad(side, step):
-    return
-
-def requires_grad(side):
     pass
-
-def add_optimizer(side, training, *, frozen_in_optimizer=False, empty_group=False):
-    params = list(side.model.parameters())
-    frozen = []
-    side.opt = make_optimizer(params, training, later=frozen)
-    side.param_names = {id(p): clean_name(n) for n, p in side.model.named_parameters()}
-    return side.opt
-
-def body_optimizer(side, training, body):
-    return add_optimizer(side, training, frozen_in_optimizer=False, empty_group=False)
-
-def seed_segment(case, ctx, segment):
-    torch.manual_seed((0 * 7919 + segment * 104729 + ctx.rank + 1) % 2 ** 63)
-
-def all_batches(case, training, steps, tree, ctx):
-    return [step[0] for step in batches(case, replace(training, steps=steps), 1, ctx)]
-
-def train_steps(side, data, ctx):
-    assert side.opt is not None
-    losses = []
-    for x, y in data:
-        change_requires_grad(side, side.step)
-        side.step += 1
-        loss = F.mse_loss(side.model(x).to(y.dtype), y)
-        loss.backward()
-        side.opt.step()
-        side.opt.zero_grad(set_to_none=False)
-        losses.append(loss.item())
-    return losses
-
-def fsdp1_state_dict_type(side, *, full, offload, rank0_only=False):
-    from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig, ShardedOptimStateDictConfig, ShardedStateDictConfig, StateDictType
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    FSDP.set_state_dict_type(side.model, StateDictType.SHARDED_STATE_DICT, ShardedStateDictConfig(offload_to_cpu=offload), ShardedOptimStateDictConfig(offload_to_cpu=offload))
-
-def fsdp1_optim_state_dict(side):
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    assert side.opt is not None
-    osd = FSDP.optim_state_dict(side.model, side.opt)
-    return osd
-
-def torch_kwargs(fn, kwargs):
-    params = inspect.signature(fn).parameters
-    missing = sorted((k for k in kwargs if k not in params))
-    return kwargs
+TORCH_DTYPES = {Dtype.FLOAT64: torch.float64}
 
 def case_dir(case, ctx):
     digest = hashlib.sha1('{"body": {"absent": false, "async_save": true, "async_saves": 2, "cache_staged": true, "checkpoint_dir": "", "convert": false, "deadlock": false, "drop": [], "empty_group": false, "entries": ["model", "optimizer"], "frozen_in_optimizer": false, "kind": "dcp", "load_cpu_offload": false, "load_full_state_dict": false, "load_planner": null, "mode": "round_trip", "module_stateful": false, "no_dist": false, "orders": [[0, 1], [0, 1]], "overwrite": "none", "own_group": false, "patched": false, "process_checkpointer": false, "requires_grad": [], "save_cpu_offload": false, "save_full_state_dict": false, "save_planner": null, "skip": [], "source": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "fsdp1_full_shard"}, "stager": null, "steps_after": 1, "storage_objects": true, "target": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "fsdp1_full_shard"}, "target_meta_init": false, "torch_save_reader": false, "training": {"accum_sync": "always", "batch_per_rank": 1, "compile": "none", "dtype": "float64", "eps": 0.0001, "foreach": null, "grad_accum": 1, "lr": 0.01, "momentum": 0.0, "optimizer": "adam", "param_groups": 1, "same_input": false, "set_to_none": false, "skips": [], "steps": 2, "unfreeze": []}, "tree": {"root": {"buffer": false, "children": [{"bias": false, "frozen": false, "kind": "conv1d"}], "residual": false, "scale": false}, "width": 1}, "use_collectives": true, "writer": {"per_thread_copy_ahead": 10000000, "single_file_per_rank": true, "sync_files": true, "thread_count": 1}}, "property": "dcp", "schema": 1, "seed": 0, "world_size": 2}'.encode()).hexdigest()[:12]
     count = getattr(ctx, '_cases', 0)
-    return os.path.join('/tmp/shardfuzz-dcp-1425', f'{digest}-{count}')
-
-def _options(full, offload, *, load, strict=True):
-    return Options(full_state_dict=full, cpu_offload=offload, broadcast_from_rank0=load and full and offload, strict=strict)
-
-def _values(body, case, side, ctx, get, put, fresh, skip):
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-    out = {}
-    for entry in body.entries:
-        if entry is DcpItem.MODEL:
-            out[entry] = side.model.state_dict()
-        else:
-            assert side.opt is not None
-            out[entry] = fsdp1_optim_state_dict(side)
-    return out
-
-def prepare_side(body, side, options):
-    fsdp1_state_dict_type(side, full=False, offload=False)
-
-def _arrange(body, values, ctx):
-    order = ((0, 1), (0, 1))[ctx.rank] if ((0, 1), (0, 1)) else range(len(body.entries))
-    return {body.entries[i].value: values[body.entries[i]] for i in order if body.entries[i] in values}
+    return os.path.join('/tmp/shardfuzz-dcp-1819', f'{digest}-{count}')
 
 def _writer(body, path, **options):
     import torch.distributed.checkpoint as dcp
-    return dcp.FileSystemWriter(path, **options, **torch_kwargs(dcp.FileSystemWriter, body.writer.changed()))
-_LAST_PLANNER = [None]
-
-def _save_planner(body):
-    return {}
-_CTX = [None]
-
-def _collectives(body):
-    return {}
-
-def _stager(body):
-    return None
-_ASYNC_GROUP = None
-
-def _async_group(ctx):
-    global _ASYNC_GROUP
-    _ASYNC_GROUP = dist.new_group(backend='gloo')
-    ctx.extra_groups.append(_ASYNC_GROUP)
-    return _ASYNC_GROUP
+    kwargs = body.writer.changed()
+    return dcp.FileSystemWriter(path, **options, **kwargs)
 
 def attempt(rank, world_size):
-    import torch
-    import torch.distributed as dist
-    case = Case(property='dcp', world_size=2, seed=0, body=DcpBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),))), source=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), target=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), entries=(DcpItem.MODEL, DcpItem.OPTIMIZER), training=Training(optimizer=Optimizer.ADAM, lr=0.01, eps=0.0001, batch_per_rank=1, dtype=Dtype.FLOAT64, set_to_none=False), orders=((0, 1), (0, 1)), async_save=True, storage_objects=True, async_saves=2, cache_staged=True))
+    case = Case(property='dcp', world_size=2, seed=0, body=DcpBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),))), source=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), target=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), entries=(DcpItem.MODEL, DcpItem.OPTIMIZER), training=Training(optimizer=Optimizer.ADAM, lr=0.01, batch_per_rank=1, dtype=Dtype.FLOAT64, set_to_none=False), cache_staged=True))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import re
     import traceback
     try:
-        body = case.body
+        body = DcpBody(tree=ModuleTree(width=1, root=Block(children=())), source=Composition(), target=Composition(), entries=(DcpItem.OPTIMIZER,), training=Training(dtype=Dtype.FLOAT64))
         t = body.training
-        get_save = _options(False, False, load=False)
-        get_load = _options(False, False, load=False)
-        put = _options(False, False, load=True, strict=not ())
         path_ = '' or case_dir(case, ctx)
-        _LAST_PLANNER[0], _CTX[0] = (None, ctx)
-        if body.mode is DcpMode.ROUND_TRIP and ctx.rank == 0:
-            shutil.rmtree(path_, ignore_errors=True)
-        obs = {}
-        data = all_batches(case, t, 2 + 1, body.tree, ctx)
-        src = None
-        src = build_side(body.tree, body.source, t, ctx, seed=0, schedule=())
-        body_optimizer(src, t, body)
-        prepare_side(body, src, get_save)
-        seed_segment(case, ctx, 0)
-        t_, n = (body.training, 2)
-        first = 2 - (n - 1)
-        obs_ = {'losses_before': train_steps(src, data[:first], ctx)}
+        module = PointwiseConv1d(1, 1, kernel_size=1)
+        model = module.to(TORCH_DTYPES[t.dtype])
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        kwargs = {'device_id': ctx.device}
+        wrap_out = FSDP(model, **kwargs)
         writer = _writer(body, path_, cache_staged_state_dict=True)
-        group = _async_group(ctx)
-        stager = _stager(body)
-        try:
-            import torch.distributed.checkpoint as dcp
-            t__, n_ = (body.training, 2)
-            first_ = 2 - (n_ - 1)
-            for k in range(n_):
-                where = os.path.join(path_, f'early-{k}')
-                values = _values(body, case, src, ctx, get_save, put, fresh=False, skip=())
-                state = _arrange(body, values, ctx)
-                kwargs = {'checkpoint_id': where, 'storage_writer': writer, **_save_planner(body)}
-                kwargs['process_group'] = group
-                kwargs.update(_collectives(body))
-                kwargs_ = {}
-                async_kwargs_out = kwargs_
-                result = dcp.async_save(state, **kwargs, **async_kwargs_out)
-                staging = getattr(result, 'staging_completion', None)
-                obs_['losses_before'] += train_steps(src, data[first_ + k:first_ + k + 1], ctx)
-        finally:
-            pass
-        obs.update(None)
+        import torch.distributed.checkpoint as dcp
+        t__, n__ = (body.training, 2)
+        k = next(iter(range(n__)))
+        out = {}
+        entry = next(iter(body.entries))
+        out[entry] = wrap_out.state_dict()
+        order = ()[ctx.rank] if () else range(len(body.entries))
+        state = {body.entries[i].value: out[body.entries[i]] for i in order if body.entries[i] in out}
+        save_planner_out = {}
+        kwargs__ = {'storage_writer': writer, **save_planner_out}
+        result = dcp.async_save(state, **kwargs__)
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = [(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))][-1]

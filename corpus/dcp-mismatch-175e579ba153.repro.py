@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=2e58ac002fea8c7c sources=7d6f5cb23a31c8e4 seconds=116.9
+# shardfuzz reduced reproducer: entry=2e58ac002fea8c7c sources=7d6f5cb23a31c8e4 seconds=357.7
 """Reproduces shardfuzz corpus entry dcp-mismatch-175e579ba153.json: mismatch:dcp@async_save:fsdp1-hsdp-load_sharded_optimizer_state_dict
 
 Observed: Into FSDP1 HYBRID_SHARD over a 2-D mesh, load_sharded_optimizer_state_dict lays the
@@ -28,7 +28,6 @@ from typing import ClassVar
 import dataclasses
 import json
 import os
-import tempfile
 from typing import ClassVar
 from torch import nn
 from contextlib import contextmanager
@@ -40,7 +39,6 @@ from dataclasses import dataclass, field, replace
 import hashlib
 import shutil
 import math
-import atexit
 
 def __getattr__(name):
     raise AttributeError(f"module 'fuzz' has no attribute {name!r}")
@@ -111,38 +109,17 @@ class Wrapper(str, enum.Enum):
     FSDP1_NO_SHARD = 'fsdp1_no_shard'
     FSDP1_HYBRID_SHARD = 'fsdp1_hybrid_shard'
 
-class ContextFn(str, enum.Enum):
-    NONE = 'none'
-    SAVE_MATMULS = 'save_matmuls'
-    SAVE_MATMULS_LIST = 'save_matmuls_list'
-
-@dataclass(frozen=True)
-class CheckpointOptions:
-    context_fn: object = ContextFn.NONE
-    debug: object = False
-
-    def names(self):
-        pass
-
 @dataclass(frozen=True)
 class Composition:
-    shards: object = ()
     replicates: object = ()
-    checkpoints: object = ()
     mesh: object = ()
     wrapper: object = Wrapper.NONE
-    checkpoint_options: object = field(default_factory=CheckpointOptions)
 
     def reshard_after_forward(self, spec):
         pass
 
     def steps(self):
-        items = [('checkpoint', p) for p in self.checkpoints] + [('replicate', p) for p in self.replicates]
-        items += [('fully_shard', spec.path) for spec in self.shards]
-
-        def key(item):
-            pass
-        return sorted(items, key=key)
+        pass
 
 class Optimizer(str, enum.Enum):
     SGD = 'sgd'
@@ -185,12 +162,6 @@ class Case:
     def size(self):
         pass
 
-def dcp_root(driver_pid):
-    return os.path.join(tempfile.gettempdir(), f'shardfuzz-dcp-{driver_pid}')
-
-def is_plain(comp):
-    return not () and (not ()) and (comp.wrapper is Wrapper.NONE)
-
 def is_fsdp1(comp):
     return comp.wrapper.value.startswith('fsdp1')
 
@@ -199,9 +170,6 @@ def trained_then_frozen(body):
 
 @dataclass(frozen=True)
 class Options:
-    full_state_dict: object = False
-    cpu_offload: object = False
-    broadcast_from_rank0: object = False
     strict: object = True
 
 @dataclass(frozen=True)
@@ -214,8 +182,6 @@ class StateDictBody(Body):
     training: object = field(default_factory=Training)
     save: object = field(default_factory=Options)
     load: object = field(default_factory=Options)
-    frozen_in_optimizer: object = False
-    empty_group: object = False
     requires_grad: object = ()
 
     @property
@@ -265,8 +231,6 @@ class DcpBody(Body):
     deadlock: object = False
     overwrite: object = Overwrite.NONE
     cache_staged: object = False
-    frozen_in_optimizer: object = False
-    empty_group: object = False
     writer: object = field(default_factory=WriterOptions)
     requires_grad: object = ()
     stager: object = None
@@ -308,11 +272,6 @@ class PointwiseConv1d(nn.Conv1d):
     def forward(self, x):
         return super().forward(x.unsqueeze(-1)).squeeze(-1)
 
-def build_leaf(leaf, width):
-    module = _build_leaf(leaf, width)
-    module.requires_grad_(False)
-    return module
-
 def _build_leaf(leaf, width):
     if leaf.kind is LeafKind.CONV1D:
         return PointwiseConv1d(width, width, kernel_size=1, bias=leaf.bias)
@@ -320,15 +279,13 @@ def _build_leaf(leaf, width):
 
 def build_node(node, width):
     if isinstance(node, Leaf):
-        return build_leaf(node, width)
+        module = _build_leaf(node, width)
+        module.requires_grad_(False)
+        return module
     return TreeBlock([build_node(c, width) for c in node.children], node.residual, width, node.scale, node.buffer)
 
 def build_model(tree, device):
     return build_node(tree.root, 12)
-
-def checkpoint_kwargs(opts):
-    kwargs = {}
-    return kwargs
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
 _WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.')
 
@@ -348,7 +305,6 @@ class Composed:
 
     @contextmanager
     def full_parameters(self):
-        from torch.distributed.tensor import DTensor
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
         modules = {clean_name(n): m for n, m in self.model.named_modules()}
         with FSDP.summon_full_params(self.model):
@@ -359,31 +315,6 @@ class Composed:
             yield out
         return
 
-def compose(model, comp, ctx, tree=None):
-    from torch.distributed._composable import checkpoint, replicate
-    ckpt_kwargs = checkpoint_kwargs(comp.checkpoint_options)
-    names = [n for n, _ in model.named_parameters()]
-    return Composed(model=_wrap(model, comp, ctx), wrapper=comp.wrapper, param_names=names)
-
-def _wrap(model, comp, ctx):
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    from torch.distributed.fsdp import ShardingStrategy
-    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-    strategy = {Wrapper.FSDP1_FULL_SHARD: ShardingStrategy.FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP: ShardingStrategy.SHARD_GRAD_OP, Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD, Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[comp.wrapper]
-    kwargs = {'sharding_strategy': strategy, 'device_id': ctx.device, 'use_orig_params': True}
-    if comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD:
-        kwargs['device_mesh'] = mesh_for(comp, ctx)
-    return FSDP(model, **kwargs)
-
-def make_optimizer(params, training, later=()):
-    held = {id(p) for p in later}
-    params = [p for p in params if p.requires_grad or id(p) in held]
-    groups = params
-    return torch.optim.SGD(groups, lr=training.lr, momentum=training.momentum, foreach=None)
-
-def full_parameters(model):
-    pass
-
 def batches(case, training, width, ctx, tp_size=1):
     dtype = TORCH_DTYPES[training.dtype]
     gen = torch.Generator().manual_seed(0)
@@ -391,10 +322,10 @@ def batches(case, training, width, ctx, tp_size=1):
     out = []
     for _ in range(2):
         step = []
-        for _ in range(1):
-            x = torch.randn(ctx.world_size * 2, width, generator=gen, dtype=dtype)
-            y = torch.randn(ctx.world_size * 2, width, generator=gen, dtype=dtype)
-            step.append((x[lo:lo + 2].to(ctx.device), y[lo:lo + 2].to(ctx.device)))
+        _ = next(iter(range(1)))
+        x = torch.randn(ctx.world_size * 2, width, generator=gen, dtype=dtype)
+        y = torch.randn(ctx.world_size * 2, width, generator=gen, dtype=dtype)
+        step.append((x[lo:lo + 2].to(ctx.device), y[lo:lo + 2].to(ctx.device)))
         out.append(step)
     return out
 PROBE_ROWS = 3
@@ -416,11 +347,11 @@ class Side:
 
     @property
     def plain(self):
-        return is_plain(self.comp)
+        pass
 
     @property
     def fsdp1(self):
-        return True
+        pass
 
     def names(self):
         current = {id(p): clean_name(n) for n, p in self.model.named_parameters()}
@@ -430,54 +361,43 @@ def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=()):
     torch.manual_seed(seed)
     device = ctx.device
     model = build_model(tree, device).to(TORCH_DTYPES[training.dtype])
-    composed = compose(model, comp, ctx)
+    names = [n for n, _ in model.named_parameters()]
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
+    strategy = {Wrapper.FSDP1_FULL_SHARD: ShardingStrategy.FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP: ShardingStrategy.SHARD_GRAD_OP, Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD, Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[comp.wrapper]
+    kwargs = {'sharding_strategy': strategy, 'device_id': ctx.device, 'use_orig_params': True}
+    if comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD:
+        kwargs['device_mesh'] = mesh_for(comp, ctx)
+    wrap_out = FSDP(model, **kwargs)
+    composed = Composed(model=wrap_out, wrapper=comp.wrapper, param_names=names)
     return Side(composed=composed, comp=comp, training=training, schedule=schedule)
-
-def change_requires_grad(side, step):
-    return
-
-def catch_up(side, steps):
-    for step in range(side.step, steps):
-        change_requires_grad(side, step)
-    side.step = max(side.step, steps)
 
 def requires_grad(side):
     return {clean_name(n): p.requires_grad for n, p in side.model.named_parameters()}
 
-def fresh_training(training):
-    return replace(training, lr=0.01 * 0.37, momentum=0.5, eps=0.0001 * 10)
-
-def add_optimizer(side, training, *, frozen_in_optimizer=False, empty_group=False):
+def body_optimizer(side, training, body):
     params = list(side.model.parameters())
     frozen = []
-    side.opt = make_optimizer(params, training, later=frozen)
+    params_ = params
+    held = {id(p_) for p_ in frozen}
+    params_ = [p_ for p_ in params_ if p_.requires_grad or id(p_) in held]
+    groups = params_
+    side.opt = torch.optim.SGD(groups, lr=training.lr, momentum=training.momentum, foreach=None)
     side.param_names = {id(p): clean_name(n) for n, p in side.model.named_parameters()}
     return side.opt
-
-def body_optimizer(side, training, body):
-    return add_optimizer(side, training, frozen_in_optimizer=False, empty_group=False)
-
-def seed_segment(case, ctx, segment):
-    torch.manual_seed((0 * 7919 + segment * 104729 + ctx.rank + 1) % 2 ** 63)
-
-def all_batches(case, training, steps, tree, ctx):
-    return [step[0] for step in batches(case, replace(training, steps=steps), 12, ctx)]
 
 def train_steps(side, data, ctx):
     assert side.opt is not None
     losses = []
-    for x, y in data:
-        change_requires_grad(side, side.step)
-        side.step += 1
-        loss = F.mse_loss(side.model(x).to(y.dtype), y)
-        loss.backward()
-        side.opt.step()
-        side.opt.zero_grad(set_to_none=False)
-        losses.append(loss.item())
+    x, y = next(iter(data))
+    side.step += 1
+    loss = F.mse_loss(side.model(x).to(y.dtype), y)
+    loss.backward()
+    side.opt.step()
+    side.opt.zero_grad(set_to_none=False)
+    losses.append(loss.item())
     return losses
 
 def _flat(t):
-    from torch.distributed.tensor import DTensor
     return [float(v) for v in t.detach().double().cpu().flatten().tolist()]
 
 def observe_model(side):
@@ -492,101 +412,35 @@ def _jsonable(value):
         return _flat(value)
     return value
 
-def observe_groups(side):
+def observe(side, case, tree, ctx, *, model=True):
     names = side.names()
-    out = []
-    for group in side.opt.param_groups:
-        item = {k: _jsonable(v) for k, v in sorted(group.items()) if k != 'params'}
-        item['params'] = [names.get(id(p), '?') for p in group['params']]
-        out.append(item)
-    return out
-
-def observe_optimizer(side):
-    names = side.names()
-    out = {}
-    for group in side.opt.param_groups:
-        for p in group['params']:
-            state = side.opt.state.get(p, {})
-            entry = {key: _jsonable(state[key]) for key in sorted(state)}
-            if entry:
-                out[names.get(id(p), '?')] = entry
-    return out
-
-def probe(side, case, tree, ctx):
+    out_ = []
+    group = next(iter(side.opt.param_groups))
+    item = {k: _jsonable(v) for k, v in sorted(group.items()) if k != 'params'}
+    item['params'] = [names.get(id(p), '?') for p in group['params']]
+    out_.append(item)
+    obs = {'groups': out_}
+    params = observe_model(side)
+    names_ = side.names()
+    out__ = {}
+    group_ = next(iter(side.opt.param_groups))
+    p_ = next(iter(group_['params']))
+    state = side.opt.state.get(p_, {})
+    entry = {key: _jsonable(state[key]) for key in sorted(state)}
+    if entry:
+        out__[names_.get(id(p_), '?')] = entry
     gen = torch.Generator().manual_seed(0 + 1)
     x = torch.randn(PROBE_ROWS, 12, generator=gen, dtype=TORCH_DTYPES[side.training.dtype]).to(ctx.device)
-    seed_segment(case, ctx, 99)
-    with torch.no_grad():
-        out = _flat(side.model(x))
-    reshard(side.model)
-    return out
-
-def reshard(model):
-    from torch.distributed.fsdp import FSDPModule
-    for module in model.modules():
-        pass
-
-def observe(side, case, tree, ctx, *, model=True):
-    obs = {'groups': observe_groups(side)}
-    params = observe_model(side)
-    optim = observe_optimizer(side)
-    out = probe(side, case, tree, ctx)
-    obs['optimizer_local'] = optim
+    out___ = _flat(side.model(x))
+    obs['optimizer_local'] = out__
     if ctx.rank == 0:
-        obs.update(model=params, probe=out)
-    return obs
-
-def dropped_keys(side, drop):
-    return []
-
-def fsdp1_state_dict_type(side, *, full, offload, rank0_only=False):
-    from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig, ShardedOptimStateDictConfig, ShardedStateDictConfig, StateDictType
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    FSDP.set_state_dict_type(side.model, StateDictType.SHARDED_STATE_DICT, ShardedStateDictConfig(offload_to_cpu=offload), ShardedOptimStateDictConfig(offload_to_cpu=offload))
-
-def fsdp1_optim_state_dict(side):
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    assert side.opt is not None
-    osd = FSDP.optim_state_dict(side.model, side.opt)
-    return osd
-
-def fsdp1_load_optimizer(side, osd):
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    assert side.opt is not None
-    side.opt.load_state_dict(FSDP.optim_state_dict_to_load(side.model, side.opt, osd))
-
-def torch_kwargs(fn, kwargs):
-    params = inspect.signature(fn).parameters
-    missing = sorted((k for k in kwargs if k not in params))
-    return kwargs
-
-def run_state_dict(case, body, ctx):
-    pass
-
-def resume_source(case, src, data, ctx):
-    seed_segment(case, ctx, 1)
-    losses = train_steps(src, data, ctx)
-    return (losses, observe_model(src))
-
-def resume_both(case, src, tgt, data, ctx, source_done=None):
-    obs = {}
-    losses_src, final_src = resume_source(case, src, data, ctx)
-    obs['losses_source'] = losses_src
-    seed_segment(case, ctx, 1)
-    obs['losses_target'] = train_steps(tgt, data, ctx)
-    final_tgt = observe_model(tgt)
-    if ctx.rank == 0:
-        obs['final_source'], obs['final_target'] = (final_src, final_tgt)
+        obs.update(model=params, probe=out___)
     return obs
 
 def case_dir(case, ctx):
     digest = hashlib.sha1('{"body": {"absent": false, "async_save": true, "async_saves": 0, "cache_staged": false, "checkpoint_dir": "", "convert": false, "deadlock": false, "drop": [], "empty_group": false, "entries": ["model", "optimizer", "counter", "scalars", "extra"], "frozen_in_optimizer": false, "kind": "dcp", "load_cpu_offload": true, "load_full_state_dict": false, "load_planner": null, "mode": "round_trip", "module_stateful": false, "no_dist": false, "orders": [[0, 3, 1, 4, 2], [0, 4, 2, 3, 1], [0, 4, 2, 1, 3], [0, 2, 1, 3, 4]], "overwrite": "true", "own_group": false, "patched": false, "process_checkpointer": false, "requires_grad": [], "save_cpu_offload": true, "save_full_state_dict": false, "save_planner": null, "skip": [], "source": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "fsdp1_full_shard"}, "stager": null, "steps_after": 1, "storage_objects": true, "target": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0}, "mesh": [2, 2], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "fsdp1_hybrid_shard"}, "target_meta_init": false, "torch_save_reader": false, "training": {"accum_sync": "always", "batch_per_rank": 2, "compile": "none", "dtype": "float32", "eps": 0.0001, "foreach": null, "grad_accum": 1, "lr": 0.01, "momentum": 0.9, "optimizer": "sgd", "param_groups": 1, "same_input": false, "set_to_none": false, "skips": [], "steps": 1, "unfreeze": []}, "tree": {"root": {"buffer": false, "children": [{"buffer": true, "children": [{"bias": true, "frozen": false, "kind": "relu"}, {"buffer": false, "children": [{"bias": true, "frozen": false, "kind": "relu"}, {"bias": true, "frozen": true, "kind": "conv1d"}], "residual": false, "scale": true}], "residual": false, "scale": false}, {"bias": false, "frozen": true, "kind": "conv1d"}, {"buffer": true, "children": [{"bias": true, "frozen": false, "kind": "relu"}], "residual": true, "scale": false}], "residual": false, "scale": false}, "width": 12}, "use_collectives": true, "writer": {"per_thread_copy_ahead": 10000000, "single_file_per_rank": true, "sync_files": true, "thread_count": 1}}, "property": "dcp", "schema": 1, "seed": 0, "world_size": 4}'.encode()).hexdigest()[:12]
     count = getattr(ctx, '_cases', 0)
-    return os.path.join('/tmp/shardfuzz-dcp-5306', f'{digest}-{count}')
-
-def scalar_values(case, body, rank=0):
-    s = (0 + 0) % 100003
-    return {'step': 1, 'loss': s / 7.0, 'tag': f'case-{s}', 'done': bool(s % 2), 'history': [s / 3.0, -1.5, 1e-300]}
+    return os.path.join('/tmp/shardfuzz-dcp-6456', f'{digest}-{count}')
 
 class Scalars:
 
@@ -625,13 +479,12 @@ class Counter:
         return {'value': float(self.value.item()), 'total': float(self.total.item()), 'agreed': self.agreed}
 
 def _options(full, offload, *, load, strict=True):
-    return Options(full_state_dict=full, cpu_offload=offload, broadcast_from_rank0=load and full and offload, strict=strict)
+    pass
 
 def extra_value(case, rank=0):
     return torch.arange(5, dtype=torch.float64) * (0 % 97 + 0.25) + rank
 
 def _values(body, case, side, ctx, get, put, fresh, skip):
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
     out = {}
     for entry in body.entries:
         if entry is DcpItem.MODEL:
@@ -639,9 +492,13 @@ def _values(body, case, side, ctx, get, put, fresh, skip):
         elif entry is DcpItem.OPTIMIZER:
             assert side.opt is not None
             if not fresh:
-                out[entry] = fsdp1_optim_state_dict(side)
+                from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+                assert side.opt is not None
+                osd = FSDP.optim_state_dict(side.model, side.opt)
+                out[entry] = osd
         elif entry is DcpItem.SCALARS:
-            values = scalar_values(case, body, 0)
+            s = (0 + 0) % 100003
+            values = {'step': 1, 'loss': s / 7.0, 'tag': f'case-{s}', 'done': bool(s % 2), 'history': [s / 3.0, -1.5, 1e-300]}
             out[entry] = Scalars({k: type(v)() if fresh else v for k, v in values.items()})
         elif entry is DcpItem.COUNTER:
             out[entry] = Counter(0.0 if fresh else float(0 % 1009) + 0.5, ctx, deadlock=False)
@@ -649,73 +506,21 @@ def _values(body, case, side, ctx, get, put, fresh, skip):
             out[entry] = torch.zeros(5, dtype=torch.float64) if fresh else extra_value(case, 0)
     return out
 
-def prepare_side(body, side, options):
-    fsdp1_state_dict_type(side, full=False, offload=True)
-
-def _observe_saved(body, case, src, ctx, values):
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-    saved = {**observe(src, case, body.tree, ctx), **_observe_entries(values)}
-    taken = values.get(DcpItem.OPTIMIZER)
-    moves = any((e in body.entries and e not in () for e in (DcpItem.OPTIMIZER, DcpItem.APP)))
-    return saved
-
 def _arrange(body, values, ctx):
     order = ((0, 3, 1, 4, 2), (0, 4, 2, 3, 1), (0, 4, 2, 1, 3), (0, 2, 1, 3, 4))[ctx.rank] if ((0, 3, 1, 4, 2), (0, 4, 2, 3, 1), (0, 4, 2, 1, 3), (0, 2, 1, 3, 4)) else range(len(body.entries))
     return {body.entries[i].value: values[body.entries[i]] for i in order if body.entries[i] in values}
 
 def _tensors(value, path=''):
-    if isinstance(value, torch.Tensor):
-        return [(path, id(value))]
+    return [(path, id(value))]
     return [t for k, v in value.items() for t in _tensors(v, f'{path}.{k}')]
-
-def _in_place_problem(state, before, tensors):
-    for key, value in before.items():
-        now = dict(_tensors(value))
-    return ''
 
 def _writer(body, path, **options):
     import torch.distributed.checkpoint as dcp
-    return dcp.FileSystemWriter(path, **options, **torch_kwargs(dcp.FileSystemWriter, body.writer.changed()))
-_LAST_PLANNER = [None]
-
-def _save_planner(body):
-    return {}
-
-def _load_planner(body):
-    return {}
-
-def _group(body):
-    return {}
-_CTX = [None]
-
-def _writer_kwargs(body, path, overwrite=None):
-    kwargs = {}
-    kwargs.update(_group(body))
-    options = {'overwrite': overwrite}
-    kwargs['storage_writer'] = _writer(body, path, **options)
-    kwargs.update(_save_planner(body))
-    return kwargs
-
-def _wait(result):
-    future = getattr(result, 'upload_completion', result)
-    future.result()
-
-def _save(body, state, path, overwrite=None):
-    import torch.distributed.checkpoint as dcp
-    kwargs = _writer_kwargs(body, path, overwrite)
-    kwargs.update(_collectives(body))
-    stager = _stager(body)
-    try:
-        kwargs_ = {}
-        _wait(dcp.async_save(state, **kwargs, **kwargs_))
-    finally:
-        pass
-
-def _collectives(body):
-    return {}
-
-def _stager(body):
-    return None
+    fn = dcp.FileSystemWriter
+    kwargs = body.writer.changed()
+    params = inspect.signature(fn).parameters
+    missing = sorted((k for k in kwargs if k not in params))
+    return dcp.FileSystemWriter(path, **options, **kwargs)
 
 def _observe_entries(values):
     out = {}
@@ -734,34 +539,33 @@ def _run_dcp(case, body, ctx):
     get_load = _options(False, True, load=False)
     put = _options(False, True, load=True, strict=not ())
     path = '' or case_dir(case, ctx)
-    _LAST_PLANNER[0], _CTX[0] = (None, ctx)
-    if body.mode is DcpMode.ROUND_TRIP and ctx.rank == 0:
-        shutil.rmtree(path, ignore_errors=True)
+    shutil.rmtree(path, ignore_errors=True)
     obs = {}
-    data = all_batches(case, t, 1 + 1, body.tree, ctx)
+    steps = 1 + 1
+    data = [step[0] for step in batches(case, replace(t, steps=steps), 12, ctx)]
     src = None
     src = build_side(body.tree, body.source, t, ctx, seed=0, schedule=())
     body_optimizer(src, t, body)
-    prepare_side(body, src, get_save)
-    t_ = body.training
-    decoy = build_side(body.tree, body.source, t_, ctx, seed=0 + 2 * FRESH_SEED)
-    body_optimizer(decoy, fresh_training(t_), body)
-    prepare_side(body, decoy, get_save)
-    values_ = _values(body, case, decoy, ctx, get_save, put, fresh=True, skip=())
-    import torch.distributed.checkpoint as dcp_
-    dcp_.save(_arrange(body, values_, ctx), checkpoint_id=path)
-    seed_segment(case, ctx, 0)
     obs['losses_before'] = train_steps(src, data[:1], ctx)
     values = _values(body, case, src, ctx, get_save, put, fresh=False, skip=())
     state = _arrange(body, values, ctx)
-    _save(body, state, path, overwrite=True)
+    import torch.distributed.checkpoint as dcp_
+    kwargs_ = {}
+    options = {'overwrite': True}
+    kwargs_['storage_writer'] = _writer(body, path, **options)
+    result = dcp_.async_save(state, **kwargs_)
+    future = getattr(result, 'upload_completion', result)
+    future.result()
+    pass
     obs['overwrite'] = {}
-    obs['saved'] = _observe_saved(body, case, src, ctx, values)
+    saved = {**observe(src, case, body.tree, ctx), **_observe_entries(values)}
+    taken = values.get(DcpItem.OPTIMIZER)
+    moves = any((e in body.entries and e not in () for e in (DcpItem.OPTIMIZER, DcpItem.APP)))
+    obs['saved'] = saved
     tgt = build_side(body.tree, body.target, t, ctx, seed=0 + FRESH_SEED, meta=False, schedule=())
-    body_optimizer(tgt, fresh_training(t), body)
-    catch_up(tgt, 1)
-    prepare_side(body, tgt, put)
-    dropped = dropped_keys(tgt, ())
+    fresh_training_out = replace(t, lr=0.01 * 0.37, momentum=0.5, eps=0.0001 * 10)
+    body_optimizer(tgt, fresh_training_out, body)
+    dropped = []
     obs['dropped'] = dropped
     obs['fresh'] = observe(tgt, case, body.tree, ctx, model=not False)
     values = _values(body, case, tgt, ctx, get_load, put, fresh=True, skip=())
@@ -770,20 +574,30 @@ def _run_dcp(case, body, ctx):
     tensors = {k: _tensors(v) for k, v in plain.items()}
     before = requires_grad(tgt)
     import torch.distributed.checkpoint as dcp
-    kwargs = {}
-    kwargs.update(_load_planner(body))
-    kwargs.update(_group(body))
-    dcp.load(state, storage_reader=dcp.FileSystemReader(path), **kwargs)
-    obs['in_place'] = _in_place_problem(state, plain, tensors)
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+    dcp.load(state, storage_reader=dcp.FileSystemReader(path))
+    key, value = next(iter(plain.items()))
+    now = dict(_tensors(value))
+    obs['in_place'] = ''
     import torch.distributed.checkpoint as dcp__
     from torch.distributed.checkpoint.optimizer import load_sharded_optimizer_state_dict
     tgt.model.load_state_dict(values[DcpItem.MODEL])
     loaded = load_sharded_optimizer_state_dict(model_state_dict=tgt.model.state_dict(), optimizer_key='optimizer', storage_reader=dcp__.FileSystemReader(path))
-    fsdp1_load_optimizer(tgt, loaded['optimizer'])
+    osd = loaded['optimizer']
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    assert tgt.opt is not None
+    tgt.opt.load_state_dict(FSDP.optim_state_dict_to_load(tgt.model, tgt.opt, osd))
     obs['requires_grad'] = {'before': before, 'after': requires_grad(tgt)}
     obs['loaded'] = {**observe(tgt, case, body.tree, ctx), **_observe_entries(values)}
-    obs.update(resume_both(case, src, tgt, data[1:], ctx, None))
+    data_ = data[1:]
+    obs_ = {}
+    losses = train_steps(src, data_, ctx)
+    losses_src, final_src = (losses, observe_model(src))
+    obs_['losses_source'] = losses_src
+    obs_['losses_target'] = train_steps(tgt, data_, ctx)
+    final_tgt = observe_model(tgt)
+    if ctx.rank == 0:
+        obs_['final_source'], obs_['final_target'] = (final_src, final_tgt)
+    obs.update(obs_)
     dist.barrier()
     if ctx.rank == 0:
         shutil.rmtree(path, ignore_errors=True)
@@ -993,7 +807,8 @@ def ends_ranks(case):
     pass
 
 def rank0_alone_in_broadcast(stacks):
-    pass
+    inside = ['_broadcast_state_dict' in s for s in stacks]
+    return bool(inside) and inside[0] and (not all(inside))
 ALONE_IN_BROADCAST_STALL = Stall(name='rank 0 alone in _broadcast_state_dict', deadlocked=rank0_alone_in_broadcast, after=10.0, hold=3.0)
 
 @dataclass(frozen=True)
@@ -1068,7 +883,6 @@ def first_mismatch(actual, expected, tol):
             if worst is None or excess > worst.error - worst.allowed:
                 worst = Mismatch(index=i, actual=a, expected=e, error=err, allowed=allowed)
     return worst
-atexit.register(shutil.rmtree, dcp_root(os.getpid()), ignore_errors=True)
 
 def _mismatch(prop, check, where, summary, **details):
     return Failure('mismatch', str(Signature('mismatch', prop, check, where)), summary, {'check': check, **details})
@@ -1187,7 +1001,7 @@ def attempt(rank, world_size):
     case = Case(property='dcp', world_size=4, seed=0, body=DcpBody(tree=ModuleTree(width=12, root=Block(children=(Block(children=(Leaf(kind=LeafKind.RELU), Block(children=(Leaf(kind=LeafKind.RELU), Leaf(kind=LeafKind.CONV1D, frozen=True)), scale=True)), buffer=True), Leaf(kind=LeafKind.CONV1D, bias=False, frozen=True), Block(children=(Leaf(kind=LeafKind.RELU),), residual=True, buffer=True)))), source=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), target=Composition(mesh=(2, 2), wrapper=Wrapper.FSDP1_HYBRID_SHARD), entries=(DcpItem.MODEL, DcpItem.OPTIMIZER, DcpItem.COUNTER, DcpItem.SCALARS, DcpItem.EXTRA), training=Training(lr=0.01, momentum=0.9, eps=0.0001, steps=1, set_to_none=False), orders=((0, 3, 1, 4, 2), (0, 4, 2, 3, 1), (0, 4, 2, 1, 3), (0, 2, 1, 3, 4)), save_cpu_offload=True, load_cpu_offload=True, async_save=True, storage_objects=True, overwrite=Overwrite.TRUE))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
-    body = case.body
+    body = DcpBody(tree=ModuleTree(width=12, root=Block(children=(Block(children=(Leaf(kind=LeafKind.RELU), Block(children=(Leaf(kind=LeafKind.RELU), Leaf(kind=LeafKind.CONV1D, frozen=True)), scale=True)), buffer=True), Leaf(kind=LeafKind.CONV1D, bias=False, frozen=True), Block(children=(Leaf(kind=LeafKind.RELU),), residual=True, buffer=True)))), source=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), target=Composition(mesh=(2, 2), wrapper=Wrapper.FSDP1_HYBRID_SHARD), entries=(DcpItem.MODEL, DcpItem.OPTIMIZER, DcpItem.COUNTER, DcpItem.SCALARS, DcpItem.EXTRA), training=Training(lr=0.01, momentum=0.9, eps=0.0001, steps=1, set_to_none=False), orders=((0, 3, 1, 4, 2), (0, 4, 2, 3, 1), (0, 4, 2, 1, 3), (0, 2, 1, 3, 4)), save_cpu_offload=True, load_cpu_offload=True, async_save=True, storage_objects=True, overwrite=Overwrite.TRUE)
     run_dcp_out = _run_dcp(case, body, ctx)
     obs = json.loads(json.dumps(run_dcp_out))
     outs = [None] * world_size

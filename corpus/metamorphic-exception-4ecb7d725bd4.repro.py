@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=b70c2e5a97a91067 sources=845e968d7c09e2fe seconds=178.7
+# shardfuzz reduced reproducer: entry=b70c2e5a97a91067 sources=845e968d7c09e2fe seconds=319.5
 """Reproduces shardfuzz corpus entry metamorphic-exception-4ecb7d725bd4.json: exception:metamorphic:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out
 
 Observed: FSDP2's backward all-gather raises IndexError in foreach_all_gather_copy_out for a
@@ -16,19 +16,9 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 """
 
 from __future__ import annotations
-from typing import Any
-from dataclasses import dataclass, field
 import torch
-import enum
-from dataclasses import dataclass
 from dataclasses import dataclass, field
-import builtins
-from typing import Any, ClassVar
-from typing import Any
-import os
-from typing import ClassVar
 from torch import nn
-import torch.distributed as dist
 import torch.nn.functional as F
 
 @dataclass
@@ -41,170 +31,36 @@ class RankContext:
 
     def mesh(self, shape, names):
         from torch.distributed.device_mesh import init_device_mesh
-        key = (shape, names)
-        self._meshes[key] = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
+        key = ()
+        self._meshes[key] = init_device_mesh(self.device.type, shape)
         return self._meshes[key]
-
-class LeafKind(str, enum.Enum):
-    LINEAR = 'linear'
-    LAYER_NORM = 'layer_norm'
-    CONV1D = 'conv1d'
-    RELU = 'relu'
-    TANH = 'tanh'
-    GELU = 'gelu'
-    DROPOUT = 'dropout'
-
-class Dtype(str, enum.Enum):
-    FLOAT32 = 'float32'
-    FLOAT64 = 'float64'
-    BFLOAT16 = 'bfloat16'
-    FLOAT16 = 'float16'
-
-@dataclass(frozen=True)
-class Leaf:
-    kind: object
-    bias: object = True
-    frozen: object = False
-
-@dataclass(frozen=True)
-class Block:
-    children: object
-    residual: object = False
-    scale: object = False
-
-@dataclass(frozen=True)
-class ModuleTree:
-    width: object
-    root: object
-
-    def paths(self):
-        pass
-
-    @property
-    def size(self):
-        pass
 
 def is_ancestor(ancestor, path):
     pass
 
-@dataclass(frozen=True)
+@dataclass()
 class ShardSpec:
     path: object
     reshard_after_forward: object = True
-    shard_dim: object = 0
 
     @property
     def paths(self):
         return (self.path, *())
 
-@dataclass(frozen=True)
+@dataclass()
 class Composition:
     shards: object = ()
     checkpoints: object = ()
-    checkpoint_first: object = True
-    mesh: object = ()
-
-    def reshard_after_forward(self, spec):
-        pass
-
-    @property
-    def sharded_paths(self):
-        return [p for spec in self.shards for p in spec.paths]
 
     def steps(self):
-        order = {'checkpoint': 3, 'fully_shard': 1, 'replicate': 2}
-        items = [('checkpoint', p) for p in self.checkpoints] + [('replicate', p) for p in ()]
+        items = [() for p in self.checkpoints] + []
         items += [('fully_shard', spec.path) for spec in self.shards]
-
-        def key(item):
-            api, path = item
-            depth = min((q.count('.') + (q != '') for q in self._spec_paths(api, path)))
-            return (-depth, order[api], path)
-        return sorted(items, key=key)
-
-    def _spec_paths(self, api, path):
-        return next((s.paths for s in self.shards if s.path == path))
-        return (path,)
-
-@dataclass(frozen=True)
-class Training:
-    lr: object = 0.1
-    eps: object = 0.001
-    steps: object = 2
-    batch_per_rank: object = 2
-    dtype: object = Dtype.FLOAT32
-    set_to_none: object = True
-
-    def skipped_at(self, step, microbatch):
-        pass
-
-class Body:
-    KIND: ClassVar[str]
-    PROGRAM: ClassVar[str]
-    registry: ClassVar[dict[str, type[Body]]] = {}
-
-    def __init_subclass__(cls, **kwargs):
-        pass
-
-    @property
-    def size(self):
-        pass
-
-@dataclass(frozen=True)
-class MetamorphicBody(Body):
-    KIND: ClassVar[str] = 'metamorphic'
-    PROGRAM: ClassVar[str] = 'fuzz._rank.parity:run_metamorphic'
-    tree: object
-    composition: object
-    variant: object
-    training: object = field(default_factory=Training)
-
-    @property
-    def size(self):
-        pass
-
-@dataclass(frozen=True)
-class Case:
-    property: object
-    world_size: object
-    seed: object
-    body: object
-
-    @builtins.property
-    def size(self):
-        pass
-
-class TreeBlock(nn.Module):
-
-    def __init__(self, children, residual, width, scale, buffer):
-        super().__init__()
-        for i, child in enumerate(children):
-            self.add_module(str(i), child)
-        self.residual = residual
-        self.scale = None
-        self.shift = None
-        self.skipped: frozenset[str] = frozenset()
-
-    def forward(self, x):
-        y = x
-        name, child = next(iter(self.named_children()))
-        y = child(y)
-        return y
+        return sorted(items)
 
 class PointwiseConv1d(nn.Conv1d):
 
     def forward(self, x):
         return super().forward(x.unsqueeze(-1)).squeeze(-1)
-
-def build_node(node, width):
-    if isinstance(node, Leaf):
-        module = PointwiseConv1d(width, width, kernel_size=1, bias=False)
-        return module
-    return TreeBlock([build_node(c, width) for c in node.children], False, width, False, False)
-
-def build_model(tree, device):
-    return build_node(tree.root, 4)
-TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
 
 def _placement_fn(shard_dim, shard_size):
     from torch.distributed.tensor import Shard
@@ -216,110 +72,44 @@ def _placement_fn(shard_dim, shard_size):
 @dataclass
 class Composed:
     model: object
-    fsdp_roots: object = field(default_factory=list)
-
-class _Contracts:
-
-    def __init__(self, model, comp):
-        self.model = model
-        self.comp = comp
-        self.leaf_dtypes: dict[str, str] = {}
-        self.output_dtypes: dict[str, str] = {}
-        self.handles: list[Any] = []
-        path = next(iter(comp.sharded_paths))
-        mod = model.get_submodule(path)
-        self.handles.append(mod.register_forward_hook(self._on_output(path)))
-        name, mod = next(iter(model.named_modules()))
-        self.handles.append(mod.register_forward_pre_hook(self._on_leaf(name)))
-
-    def _on_output(self, path):
-
-        def hook(module, args, output):
-            pass
-        return hook
-
-    def _on_leaf(self, name):
-
-        def hook(module, args):
-            pass
-        return hook
-
-    def after_forward(self, skipped):
-        h = next(iter(self.handles))
-        h.remove()
-        sharded = self.comp.sharded_paths + list(())
-        state = {}
-        spec = next(iter(self.comp.shards))
-        flags = []
-        state[spec.path] = flags
-        return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
-
-class _null:
-
-    def __enter__(self):
-        pass
-
-    def __exit__(self, *exc):
-        pass
-
-def run_metamorphic(case, body, ctx):
-    tree = body.tree
-    training = body.training
-    comp = body.composition
-    local = frozenset()
-    dtype = TORCH_DTYPES[training.dtype]
-    torch.manual_seed(0)
-    model_ = build_model(tree, ctx.device).to(dtype)
-    from torch.distributed._composable import checkpoint, replicate
-    mesh = ctx.mesh((ctx.world_size,), ('shard',))
-    specs = {s_.path: s_ for s_ in comp.shards}
-    for api, path in comp.steps():
-        spec = specs[path]
-        from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
-        kwargs = {'mesh': mesh, 'reshard_after_forward': spec.reshard_after_forward}
-        shard_size = mesh.size(mesh.ndim - 1)
-        kwargs['shard_placement_fn'] = _placement_fn(1, shard_size)
-        modules = [model_.get_submodule(p_) for p_ in spec.paths]
-        fully_shard(modules if () else modules[0], **kwargs)
-    sharded = comp.sharded_paths
-    tops = [p for p in sharded if not any((is_ancestor(q, p) for q in sharded))]
-    compose_out = Composed(model=model_, fsdp_roots=[model_.get_submodule(p) for p in tops])
-    model, composed = (model_, compose_out)
-    contracts = _Contracts(model, comp)
-    obs = {}
-    model__ = composed.model
-    dtype_ = TORCH_DTYPES[training.dtype]
-    gen = torch.Generator().manual_seed(0)
-    lo = ctx.rank // 1 * 1
-    out_ = []
-    _ = next(iter(range(1)))
-    step_ = []
-    for _ in range(1):
-        x_ = torch.randn(ctx.world_size * 1, 4, generator=gen, dtype=dtype_)
-        y_ = torch.randn(ctx.world_size * 1, 4, generator=gen, dtype=dtype_)
-        step_.append((x_[lo:lo + 1].to(ctx.device), y_[lo:lo + 1].to(ctx.device)))
-    out_.append(step_)
-    s, step = next(iter(enumerate(out_)))
-    i, (x, y) = next(iter(enumerate(step)))
-    skipped = training.skipped_at(s, i)
-    last = i == len(step) - 1
-    ctx_mgr = _null()
-    out = model__(x)
-    obs['contracts'] = contracts.after_forward(skipped)
-    obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
-    contracts = None
-    loss = F.mse_loss(out.to(y.dtype), y)
-    loss.backward()
+    fsdp_roots: object = field()
 
 def attempt(rank, world_size):
-    import torch
-    import torch.distributed as dist
-    case = Case(property='metamorphic', world_size=4, seed=0, body=MetamorphicBody(tree=ModuleTree(width=4, root=Block(children=(Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False), Leaf(kind=LeafKind.CONV1D, bias=False))), Leaf(kind=LeafKind.CONV1D, bias=False)))), composition=Composition(shards=(ShardSpec(path='0', reshard_after_forward=False), ShardSpec(path='0.0', reshard_after_forward=False), ShardSpec(path='0.1', reshard_after_forward=False), ShardSpec(path='', reshard_after_forward=2, shard_dim=1)), checkpoint_first=False), variant=Composition(shards=(ShardSpec(path='0', reshard_after_forward=False), ShardSpec(path='0.0', reshard_after_forward=False), ShardSpec(path='0.1', reshard_after_forward=False), ShardSpec(path='', reshard_after_forward=2, shard_dim=1)), checkpoints=('',), checkpoint_first=False), training=Training(lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, set_to_none=False)))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import re
     import traceback
     try:
-        run_metamorphic(case, MetamorphicBody(tree=ModuleTree(width=4, root=Block(children=(Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False), Leaf(kind=LeafKind.CONV1D, bias=False))), Leaf(kind=LeafKind.CONV1D, bias=False)))), composition=Composition(shards=(ShardSpec(path='0', reshard_after_forward=False), ShardSpec(path='0.0', reshard_after_forward=False), ShardSpec(path='0.1', reshard_after_forward=False), ShardSpec(path='', reshard_after_forward=2, shard_dim=1)), checkpoint_first=False), variant=Composition(shards=(ShardSpec(path='0', reshard_after_forward=False), ShardSpec(path='0.0', reshard_after_forward=False), ShardSpec(path='0.1', reshard_after_forward=False), ShardSpec(path='', reshard_after_forward=2, shard_dim=1)), checkpoints=('',), checkpoint_first=False), training=Training(lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, set_to_none=False)), ctx)
+        comp = Composition(shards=(ShardSpec(path=''),))
+        dtype = torch.float32
+        module = PointwiseConv1d(4, 4, kernel_size=1, bias=False)
+        model_ = module.to(dtype)
+        mesh = ctx.mesh((world_size,), ())
+        specs = {s_.path: s_ for s_ in (ShardSpec(path='', reshard_after_forward=2),)}
+        api, path_ = next(iter(comp.steps()))
+        spec = specs[path_]
+        from torch.distributed.fsdp import fully_shard
+        kwargs = {'reshard_after_forward': spec.reshard_after_forward}
+        shard_size = mesh.size(mesh.ndim - 1)
+        kwargs['shard_placement_fn'] = _placement_fn(1, shard_size)
+        modules = [model_.get_submodule(p_) for p_ in spec.paths]
+        fully_shard(modules if () else modules[0], **kwargs)
+        sharded = [p for spec in (ShardSpec(path=''),) for p in spec.paths]
+        tops = [p__ for p__ in sharded if not any((is_ancestor(q, p__) for q in sharded))]
+        compose_out = Composed(model=model_, fsdp_roots=[model_.get_submodule(p__) for p__ in tops])
+        model, composed = (model_, compose_out)
+        model__ = composed.model
+        lo = rank // 1 * 1
+        out_ = []
+        step_ = []
+        x_ = torch.randn(world_size * 1, 4)
+        y_ = torch.randn(world_size * 1, 4)
+        step_.append((x_[lo:lo + 1].to(torch.device('cpu')), y_[lo:lo + 1].to(torch.device('cpu'))))
+        out_.append(step_)
+        s, step = next(iter(enumerate(out_)))
+        i, (x, y) = next(iter(enumerate(step)))
+        out = model__(x)
+        loss = F.mse_loss(out.to(y.dtype), y)
+        loss.backward()
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = [(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))][-1]

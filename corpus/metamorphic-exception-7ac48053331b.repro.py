@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=7cab03442e860cb4 sources=845e968d7c09e2fe seconds=172.8
+# shardfuzz reduced reproducer: entry=7cab03442e860cb4 sources=845e968d7c09e2fe seconds=240.7
 """Reproduces shardfuzz corpus entry metamorphic-exception-7ac48053331b.json: exception:metamorphic:builtins.RuntimeError@torch/distributed/tensor/_dispatch.py:_try_replicate_spec_for_scalar_tensor
 
 Observed: rank 0 raised builtins.RuntimeError: aten._foreach_add_.List got mixed torch.Tensor
@@ -14,127 +14,22 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 """
 
 from __future__ import annotations
-from typing import Any
-from dataclasses import dataclass, field
 import torch
 import enum
-from dataclasses import dataclass
 from dataclasses import dataclass, field
-import builtins
-from typing import Any, ClassVar
-from typing import Any
-import os
-from typing import ClassVar
 from torch import nn
-import torch.distributed as dist
 import torch.nn.functional as F
-
-@dataclass
-class RankContext:
-    rank: object
-    world_size: object
-    device: object
-    backend: object
-
-    def mesh(self, shape, names):
-        pass
 
 class LeafKind(str, enum.Enum):
     LINEAR = 'linear'
-    LAYER_NORM = 'layer_norm'
-    CONV1D = 'conv1d'
-    RELU = 'relu'
-    TANH = 'tanh'
-    GELU = 'gelu'
-    DROPOUT = 'dropout'
 
-class Dtype(str, enum.Enum):
-    FLOAT32 = 'float32'
-    FLOAT64 = 'float64'
-    BFLOAT16 = 'bfloat16'
-    FLOAT16 = 'float16'
-
-@dataclass(frozen=True)
+@dataclass()
 class Leaf:
     kind: object
-    bias: object = True
-    frozen: object = False
 
-@dataclass(frozen=True)
+@dataclass()
 class Block:
     children: object
-    residual: object = False
-    scale: object = False
-
-@dataclass(frozen=True)
-class ModuleTree:
-    width: object
-    root: object
-
-@dataclass(frozen=True)
-class ShardSpec:
-    path: object
-    reshard_after_forward: object = True
-
-@dataclass(frozen=True)
-class Composition:
-    shards: object = ()
-    replicates: object = ()
-    checkpoints: object = ()
-    mesh: object = ()
-
-    def reshard_after_forward(self, spec):
-        pass
-
-    @property
-    def sharded_paths(self):
-        return [p for spec in self.shards for p in ('0',)]
-
-    def steps(self):
-        order = {'checkpoint': 0, 'fully_shard': 1, 'replicate': 2}
-        items = [('checkpoint', p) for p in self.checkpoints] + [('replicate', p) for p in ('',)]
-        items += [('fully_shard', '0') for spec in self.shards]
-
-        def key(item):
-            api, path = item
-            depth = min((q.count('.') + (q != '') for q in self._spec_paths(api, path)))
-            return (-depth, order[api], path)
-        return sorted(items, key=key)
-
-    def _spec_paths(self, api, path):
-        if api == 'fully_shard':
-            return next((('0',) for s in self.shards if '0' == path))
-        return (path,)
-
-@dataclass(frozen=True)
-class Training:
-    lr: object = 0.1
-    momentum: object = 0.0
-    steps: object = 2
-    batch_per_rank: object = 2
-    dtype: object = Dtype.FLOAT32
-    foreach: object = None
-
-    def skipped_at(self, step, microbatch):
-        pass
-
-class Body:
-    pass
-
-@dataclass(frozen=True)
-class MetamorphicBody(Body):
-    PROGRAM: ClassVar[str] = 'fuzz._rank.parity:run_metamorphic'
-    tree: object
-    composition: object
-    variant: object
-    training: object = field(default_factory=Training)
-
-@dataclass(frozen=True)
-class Case:
-    property: object
-    world_size: object
-    seed: object
-    body: object
 
 class TreeBlock(nn.Module):
 
@@ -142,10 +37,6 @@ class TreeBlock(nn.Module):
         super().__init__()
         for i, child in enumerate(children):
             self.add_module(str(i), child)
-        self.residual = residual
-        self.scale = None
-        self.shift = None
-        self.skipped: frozenset[str] = frozenset()
 
     def forward(self, x):
         y = x
@@ -155,130 +46,46 @@ class TreeBlock(nn.Module):
 
 def build_node(node, width):
     if isinstance(node, Leaf):
-        module = nn.Linear(width, width, bias=True)
+        module = nn.Linear(width, width)
         return module
     return TreeBlock([build_node(c, width) for c in node.children], False, width, False, False)
-
-def build_model(tree, device):
-    return build_node(tree.root, 2)
-TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
 
 @dataclass
 class Composed:
     model: object
-    fsdp_roots: object = field(default_factory=list)
-
-class _Contracts:
-
-    def __init__(self, model, comp):
-        self.model = model
-        self.comp = comp
-        self.leaf_dtypes: dict[str, str] = {}
-        self.output_dtypes: dict[str, str] = {}
-        self.handles: list[Any] = []
-        path = next(iter(comp.sharded_paths))
-        mod = model.get_submodule(path)
-        self.handles.append(mod.register_forward_hook(self._on_output(path)))
-        name, mod = next(iter(model.named_modules()))
-        self.handles.append(mod.register_forward_pre_hook(self._on_leaf(name)))
-
-    def _on_output(self, path):
-
-        def hook(module, args, output):
-            pass
-        return hook
-
-    def _on_leaf(self, name):
-
-        def hook(module, args):
-            pass
-        return hook
-
-    def after_forward(self, skipped):
-        h = next(iter(self.handles))
-        h.remove()
-        sharded = self.comp.sharded_paths + list(('',))
-        state = {}
-        spec = next(iter(self.comp.shards))
-        flags = []
-        state['0'] = flags
-        return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
-
-class _null:
-
-    def __enter__(self):
-        pass
-
-    def __exit__(self, *exc):
-        pass
-
-def run_metamorphic(case, body, ctx):
-    tree = body.tree
-    training = body.training
-    comp = body.composition
-    local = frozenset()
-    dtype = TORCH_DTYPES[training.dtype]
-    torch.manual_seed(0)
-    model_ = build_model(tree, ctx.device).to(dtype)
-    from torch.distributed._composable import checkpoint, replicate
-    pass
-    api, path = next(iter(comp.steps()))
-    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
-    kwargs = {'mesh': None, 'reshard_after_forward': True}
-    modules = [model_.get_submodule(p_) for p_ in ('0',)]
-    fully_shard(modules if () else modules[0], **kwargs)
-    sharded = comp.sharded_paths
-    tops = [p__ for p__ in sharded if not any((False for q in sharded))]
-    compose_out = Composed(model=model_, fsdp_roots=[model_.get_submodule(p__) for p__ in tops])
-    model, composed = (model_, compose_out)
-    contracts = _Contracts(model, comp)
-    obs = {}
-    model__ = composed.model
-    out__ = {u.path: [] for u in ()}
-    name, p____ = next(iter(model__.named_parameters()))
-    pass
-    params = composed.model.parameters()
-    later_ = [p for ps in out__.values() for p in ps]
-    held = {id(p___) for p___ in later_}
-    params = [p___ for p___ in params if p___.requires_grad or id(p___) in held]
-    groups = params
-    opt = torch.optim.SGD(groups, lr=0.1, momentum=0.0, foreach=True)
-    model___ = composed.model
-    dtype_ = TORCH_DTYPES[training.dtype]
-    gen = torch.Generator().manual_seed(0)
-    lo = ctx.rank // 1 * 1
-    out_ = []
-    _ = next(iter(range(1)))
-    step_ = []
-    for _ in range(1):
-        x_ = torch.randn(ctx.world_size * 1, 2, generator=gen, dtype=dtype_)
-        y_ = torch.randn(ctx.world_size * 1, 2, generator=gen, dtype=dtype_)
-        step_.append((x_[lo:lo + 1].to(ctx.device), y_[lo:lo + 1].to(ctx.device)))
-    out_.append(step_)
-    s, step = next(iter(enumerate(out_)))
-    step_losses = []
-    i, (x, y) = next(iter(enumerate(step)))
-    skipped = training.skipped_at(s, i)
-    last = i == len(step) - 1
-    ctx_mgr = _null()
-    out = model___(x)
-    obs['contracts'] = contracts.after_forward(skipped)
-    obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
-    contracts = None
-    loss = F.mse_loss(out.to(y.dtype), y)
-    loss.backward()
-    step_losses.append(loss.item())
-    opt.step()
+    fsdp_roots: object = field()
 
 def attempt(rank, world_size):
-    import torch
-    import torch.distributed as dist
-    case = Case(property='metamorphic', world_size=2, seed=0, body=MetamorphicBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR)))), composition=Composition(shards=(ShardSpec(path='0'),), replicates=('',)), variant=Composition(shards=(ShardSpec(path='0'),), replicates=('',), checkpoints=('1',)), training=Training(steps=1, batch_per_rank=1, foreach=True)))
-    ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
+    ctx_device = torch.device('cpu')
     import re
     import traceback
     try:
-        run_metamorphic(case, MetamorphicBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR)))), composition=Composition(shards=(ShardSpec(path='0'),), replicates=('',)), variant=Composition(shards=(ShardSpec(path='0'),), replicates=('',), checkpoints=('1',)), training=Training(steps=1, batch_per_rank=1, foreach=True)), ctx)
+        dtype = torch.float32
+        build_model_out = build_node(Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR))), 2)
+        model_ = build_model_out.to(dtype)
+        from torch.distributed.fsdp import fully_shard
+        modules = [model_.get_submodule(p_) for p_ in ('0',)]
+        fully_shard(modules if () else modules[0])
+        sharded = []
+        tops = [p__ for p__ in sharded if not any((False for q in sharded))]
+        compose_out = Composed(model=model_, fsdp_roots=[model_.get_submodule(p__) for p__ in tops])
+        model, composed = (model_, compose_out)
+        params = composed.model.parameters()
+        opt = torch.optim.SGD(params, foreach=True)
+        model___ = composed.model
+        lo = rank // 1 * 1
+        out_ = []
+        step_ = []
+        x_ = torch.randn(world_size * 1, 2)
+        y_ = torch.randn(world_size * 1, 2)
+        step_.append((x_[lo:lo + 1].to(ctx_device), y_[lo:lo + 1].to(ctx_device)))
+        out_.append(step_)
+        s, step = next(iter(enumerate(out_)))
+        i, (x, y) = next(iter(enumerate(step)))
+        out = model___(x)
+        loss = F.mse_loss(out.to(y.dtype), y)
+        loss.backward()
+        opt.step()
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = [(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))][-1]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=3f8de5dcf0f7988f sources=845e968d7c09e2fe seconds=223.3
+# shardfuzz reduced reproducer: entry=3f8de5dcf0f7988f sources=845e968d7c09e2fe seconds=403.7
 """Reproduces shardfuzz corpus entry metamorphic-exception-f2b0e694e1b5.json: exception:metamorphic:torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/conv.py:_conv_forward
 
 Observed: torch.compile over FSDP1 (use_orig_params=True, sharded): Dynamo recompiles the
@@ -32,7 +32,6 @@ from dataclasses import replace
 import builtins
 from typing import Any, ClassVar
 import dataclasses
-import types
 from typing import Any, Union
 import os
 from typing import ClassVar
@@ -505,10 +504,6 @@ class Layout:
     def manages_under(self, member: str, path: str) -> bool:
         return any((contains(path, sub) and owns_params(n) and (self.member_of(sub) == member) for sub, n in self.paths.items()))
 
-    def unmanaged(self) -> list[str]:
-        local = self.local()
-        return [p for p, n in self.paths.items() if owns_params(n) and self.member_of(p) is None and (p not in local)]
-
     def local(self) -> list[str]:
         ignored = self.comp.replicate_options.ignored_modules
         by_shards = self.comp.shard_ignored
@@ -625,137 +620,6 @@ class Training:
 def mixed_precision_comparable(training: Training) -> bool:
     return (training.grad_accum == 1 or training.accum_sync is AccumSync.ALWAYS) and (not training.skips) and (not training.unfreeze) and (training.compile is Compile.NONE)
 
-def check_composition(tree: ModuleTree, comp: Composition, where: str='composition') -> None:
-    paths = tree.paths()
-    sharded = []
-    for i, spec in enumerate(comp.shards):
-        for j, path in enumerate(spec.paths):
-            at = f'{where}.shards[{i}].' + ('path' if j == 0 else f'group[{j - 1}]')
-            if path not in paths:
-                raise CaseError(at, f'{path!r} names no module of the tree (paths: {sorted(paths)})')
-            node = paths[path]
-            if not has_params(node):
-                what = f'a parameter-free {node.kind.value} leaf' if isinstance(node, Leaf) else 'holds no parameters'
-                raise CaseError(at, f'{path!r} is {what}' if isinstance(node, Leaf) else f'{path!r} {what}')
-            if path in sharded:
-                raise CaseError(at, f'{path!r} is sharded twice')
-            for other in spec.paths[:j]:
-                if is_ancestor(other, path) or is_ancestor(path, other):
-                    raise CaseError(at, f'{path!r} and {other!r} are nested; a group takes disjoint modules')
-            sharded.append(path)
-    for name, group in (('replicates', comp.replicates), ('checkpoints', comp.checkpoints)):
-        for i, path in enumerate(group):
-            if path not in paths:
-                raise CaseError(f'{where}.{name}[{i}]', f'{path!r} names no module of the tree')
-            if group.count(path) > 1:
-                raise CaseError(f'{where}.{name}[{i}]', f'{path!r} appears twice')
-    for i, path in enumerate(comp.replicates):
-        if path in sharded:
-            raise CaseError(f'{where}.replicates[{i}]', f"{path!r} is also fully_shard'ed")
-    done = []
-    for api, path in comp.steps():
-        if api != 'fully_shard':
-            continue
-        members = comp._spec_paths(api, path)
-        for member in members:
-            late = [d for d in done if is_ancestor(d, member)]
-            if late:
-                raise CaseError(f'{where}.shards', f'{member!r} would be sharded after its ancestor {late[0]!r}; put grouped modules at one depth')
-        done += members
-    _check_tp(tree, comp, where)
-    _check_replicate_options(tree, comp, where)
-    _check_checkpoint_options(tree, comp, where)
-    _check_ignored_params(tree, comp, where)
-    if comp.wrapper is Wrapper.NONE:
-        for owner in Layout(tree, comp).unmanaged()[:1]:
-            raise CaseError(f'{where}.shards', f'the parameters of {owner!r} are under no fully_shard or replicate')
-TP_BETWEEN = frozenset({LeafKind.RELU, LeafKind.TANH, LeafKind.GELU})
-
-def _trainable_params(node: Node) -> bool:
-    return owns_params(node) and (not (isinstance(node, Leaf) and node.frozen))
-
-def _check_replicate_options(tree: ModuleTree, comp: Composition, where: str) -> None:
-    opts = comp.replicate_options
-    paths = tree.paths()
-    plain = Layout(tree, replace(comp, replicate_options=replace(opts, ignored_modules=())))
-    at = f'{where}.replicate_options.ignored_modules'
-    for i, path in enumerate(opts.ignored_modules):
-        if path not in paths:
-            raise CaseError(f'{at}[{i}]', f'{path!r} names no module of the tree')
-        owners = [r for r in comp.replicates if is_ancestor(r, path)]
-        if not owners or not any((plain.manages_under(r, path) for r in owners)):
-            raise CaseError(f'{at}[{i}]', f'{path!r} holds no parameters a replicate call above it manages')
-        if any((contains(o, path) or contains(path, o) for o in opts.ignored_modules[:i])):
-            raise CaseError(f'{at}[{i}]', f'{path!r} is nested with another ignored module')
-    layout = Layout(tree, comp)
-    for member in comp.replicates:
-        unit = next((u for u in layout.units if u.api == 'replicate' and u.members == (member,)))
-        if opts.ignored_modules and (not any((_trainable_params(paths[p]) for p in layout.owned_by(unit)))):
-            raise CaseError(at, f'replicate({member!r}) is left no trainable parameter of its own to manage')
-    if opts.delay_all_reduce and (not any((layout.delay_plan(r) for r in comp.replicates))):
-        raise CaseError(f'{where}.replicate_options.delay_all_reduce', 'no replicate call manages two trainable modules (one to hook, one to delay)')
-
-def _check_ignored_params(tree: ModuleTree, comp: Composition, where: str) -> None:
-    specs = [(i, s) for i, s in enumerate(comp.shards) if s.ignored]
-    if not specs:
-        return
-    at = f'{where}.shards[{specs[0][0]}].ignored'
-    others = (('a wrapper', comp.wrapper is not Wrapper.NONE), ('replicate', bool(comp.replicates)), ('tensor parallelism', bool(comp.tp)), ('meta_init', comp.meta_init), ('knobs', comp.knobs.is_set))
-    for what, present in others:
-        if present:
-            raise CaseError(at, f'ignored_params are not drawn with {what}')
-    paths = tree.paths()
-    plain = Layout(tree, replace(comp, shards=tuple((replace(s, ignored=()) for s in comp.shards))))
-    seen = []
-    for i, spec in specs:
-        at = f'{where}.shards[{i}].ignored'
-        if spec.mixed_precision is not None or spec.offload:
-            raise CaseError(at, 'ignored_params are not drawn with mixed precision or offload on that call')
-        for path in spec.ignored:
-            if path not in paths or not owns_params(paths[path]):
-                raise CaseError(at, f'{path!r} names no module of the tree with parameters of its own')
-            if plain.member_of(path) not in spec.paths:
-                raise CaseError(at, f"{path!r}: its parameters are not this fully_shard call's to ignore")
-            if path in seen:
-                raise CaseError(at, f'{path!r} is ignored twice')
-            seen.append(path)
-        unit = next((u for u in plain.units if u.api == 'fully_shard' and u.index == i))
-        if all((p in spec.ignored for p in plain.owned_by(unit))):
-            raise CaseError(at, f'fully_shard({spec.path!r}) would be left no parameter to shard')
-
-def _check_checkpoint_options(tree: ModuleTree, comp: Composition, where: str) -> None:
-    if comp.checkpoint_options.preserve_rng_state:
-        return
-    paths = tree.paths()
-    for path in comp.checkpoints:
-        node = paths[path]
-        nodes = [n for _, n in iter_paths(node)] if isinstance(node, Block) else [node]
-        if any((isinstance(n, Leaf) and n.kind is LeafKind.DROPOUT for n in nodes)):
-            raise CaseError(f'{where}.checkpoint_options.preserve_rng_state', f'checkpointed module {path!r} holds dropout: without the RNG state its recomputation differs')
-
-def _check_tp(tree: ModuleTree, comp: Composition, where: str) -> None:
-    paths = tree.paths()
-    used = []
-    if comp.tp and tree.width % comp.tp_size:
-        raise CaseError(f'{where}.tp', f'width={tree.width} does not split evenly over tp_size={comp.tp_size}')
-    for i, pair in enumerate(comp.tp):
-        at = f'{where}.tp[{i}]'
-        for field_name, path in (('colwise', pair.colwise), ('rowwise', pair.rowwise)):
-            node = paths.get(path)
-            if not (isinstance(node, Leaf) and node.kind is LeafKind.LINEAR and (not node.frozen)):
-                raise CaseError(f'{at}.{field_name}', f'{path!r} names no trainable linear leaf')
-            if path in used:
-                raise CaseError(f'{at}.{field_name}', f'{path!r} is in two pairs')
-            used.append(path)
-        parent, _, a = pair.colwise.rpartition('.')
-        parent_b, _, b = pair.rowwise.rpartition('.')
-        block = paths[parent]
-        if parent != parent_b or not isinstance(block, Block) or (not int(a) < int(b)):
-            raise CaseError(f'{at}.rowwise', f'{pair.rowwise!r} is not a later sibling of {pair.colwise!r}')
-        between = block.children[int(a) + 1:int(b)]
-        if not all((isinstance(c, Leaf) and c.kind in TP_BETWEEN for c in between)):
-            raise CaseError(f'{at}.rowwise', "only activations may sit between the pair's linear leaves")
-
 def check_mesh(comp: Composition, world_size: int, where: str='composition') -> None:
     if comp.mesh and comp.mesh[0] * comp.mesh[1] != world_size:
         r, sh = comp.mesh
@@ -855,7 +719,6 @@ class Body:
     @property
     def size(self) -> tuple[int, int]:
         return (1, 1)
-BODY_MODULES = ('fuzz.model.state',)
 
 @dataclass(frozen=True)
 class ParityBody(Body):
@@ -868,7 +731,6 @@ class ParityBody(Body):
     def __post_init__(self) -> None:
         if not has_params(self.tree.root):
             raise CaseError('tree', 'the tree has no parameters')
-        check_composition(self.tree, self.composition)
         t = self.training
         if t.accum_sync is AccumSync.NO_ALL_REDUCE and (not self.composition.mesh):
             raise CaseError('training.accum_sync', 'no_all_reduce needs an HSDP (replicate, shard) mesh')
@@ -895,8 +757,6 @@ class MetamorphicBody(Body):
     def __post_init__(self) -> None:
         if not has_params(self.tree.root):
             raise CaseError('tree', 'the tree has no parameters')
-        check_composition(self.tree, self.composition)
-        check_composition(self.tree, self.variant, 'variant')
         if self.training.accum_sync is not AccumSync.ALWAYS:
             raise CaseError('training.accum_sync', 'metamorphic cases use always')
         check_training(self.tree, (self.composition, self.variant), self.training)
@@ -960,81 +820,8 @@ def case_from_json(data: Any, path: str='case') -> Case:
             raise CaseError(f'{path}.schema', f'schema {schema} is newer than this shardfuzz ({SCHEMA_VERSION}); upgrade shardfuzz')
         raise CaseError(f'{path}.schema', f'unsupported schema {schema!r}; expected {SCHEMA_VERSION}')
     body = {k: v for k, v in data.items() if k != 'schema'}
-    result = _decode(Case, body, path)
     assert isinstance(result, Case)
     return result
-
-def _decode(tp: Any, value: Any, path: str) -> Any:
-    if tp is Body:
-        for module in BODY_MODULES:
-            importlib.import_module(module)
-        kinds = Body.registry
-        if not isinstance(value, dict) or value.get('kind') not in kinds:
-            got = value.get('kind') if isinstance(value, dict) else value
-            raise CaseError(f'{path}.kind', f'{got!r:.80} is not one of {sorted(kinds)}')
-        return _decode(kinds[value['kind']], value, path)
-    origin = typing.get_origin(tp)
-    if origin in (Union, types.UnionType):
-        options = typing.get_args(tp)
-        if all((dataclasses.is_dataclass(o) for o in options)):
-            if isinstance(value, dict) and 'children' in value:
-                return _decode(Block, value, path)
-            return _decode(Leaf, value, path)
-        if bool in options and int in options:
-            if isinstance(value, int):
-                return value
-            raise CaseError(path, f'expected a bool or an int, got {value!r:.80}')
-        for option in options:
-            if option is type(None) and value is None:
-                return None
-        non_none = [o for o in options if o is not type(None)]
-        return _decode(non_none[0], value, path)
-    if origin is tuple:
-        if not isinstance(value, list):
-            raise CaseError(path, f'expected a list, got {value!r:.80}')
-        item_tp, _ellipsis = typing.get_args(tp)
-        return tuple((_decode(item_tp, v, f'{path}[{i}]') for i, v in enumerate(value)))
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        try:
-            return tp(value)
-        except ValueError:
-            raise CaseError(path, f'{value!r:.80} is not one of {[m.value for m in tp]}') from None
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise CaseError(path, f'expected a JSON object, got {value!r:.80}')
-        hints = typing.get_type_hints(tp)
-        fields = {f.name: f for f in dataclasses.fields(tp)}
-        tag = {'kind'} if getattr(tp, 'KIND', None) else set()
-        unknown = set(value) - set(fields) - tag
-        if unknown:
-            raise CaseError(path, f'unknown field(s) {sorted(unknown)}')
-        kwargs = {}
-        for name, f in fields.items():
-            if name in value:
-                kwargs[name] = _decode(hints[name], value[name], f'{path}.{name}')
-            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise CaseError(f'{path}.{name}', 'missing')
-        try:
-            return typing.cast(Any, tp)(**kwargs)
-        except CaseError as e:
-            raise CaseError(f'{path}.{e.path}', str(e).split(': ', 1)[1]) from None
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise CaseError(path, f'expected a number, got {value!r:.80}')
-        return float(value)
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise CaseError(path, f'expected an integer, got {value!r:.80}')
-        return value
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise CaseError(path, f'expected true or false, got {value!r:.80}')
-        return value
-    if tp is str:
-        if not isinstance(value, str):
-            raise CaseError(path, f'expected a string, got {value!r:.80}')
-        return value
-    raise TypeError(f'no decoder for {tp!r}')
 
 def fsdp_sharded(p: torch.Tensor) -> bool:
     from torch.distributed.tensor import DTensor
@@ -1363,8 +1150,7 @@ def _wrap(model: nn.Module, comp: Composition, ctx: RankContext) -> nn.Module:
         from torch.nn.parallel import DistributedDataParallel as DDP
         device_ids = None if ctx.device.type == 'cpu' else [ctx.device]
         return DDP(model, device_ids=device_ids, find_unused_parameters=comp.find_unused)
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    from torch.distributed.fsdp import ShardingStrategy
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
     strategy = {Wrapper.FSDP1_FULL_SHARD: ShardingStrategy.FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP: ShardingStrategy.SHARD_GRAD_OP, Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD, Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[comp.wrapper]
     kwargs = {'sharding_strategy': strategy, 'device_id': ctx.device, 'use_orig_params': True}

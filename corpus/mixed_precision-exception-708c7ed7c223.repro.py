@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=b741b331ec67a531 sources=845e968d7c09e2fe seconds=175.0
+# shardfuzz reduced reproducer: entry=b741b331ec67a531 sources=845e968d7c09e2fe seconds=310.7
 """Reproduces shardfuzz corpus entry mixed_precision-exception-708c7ed7c223.json: exception:mixed_precision:builtins.AttributeError@torch/distributed/fsdp/_fully_shard/_fsdp_param.py:to_accumulated_grad_if_needed
 
 Observed: FSDP2 with MixedPrecisionPolicy(reduce_dtype) and set_requires_gradient_sync(False): a
@@ -18,169 +18,54 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 """
 
 from __future__ import annotations
-from typing import Any
 from dataclasses import dataclass, field
 import torch
 import enum
-from dataclasses import dataclass
-from dataclasses import dataclass, field
-import builtins
-from typing import Any, ClassVar
-from typing import Any
-import os
-from typing import ClassVar
 from torch import nn
-from contextlib import nullcontext
-import torch.distributed as dist
 import torch.nn.functional as F
 
-@dataclass
-class RankContext:
-    rank: object
-    world_size: object
-    device: object
-    backend: object
-
-    def mesh(self, shape, names):
-        pass
-
 class LeafKind(str, enum.Enum):
-    LINEAR = 'linear'
     LAYER_NORM = 'layer_norm'
-    CONV1D = 'conv1d'
-    RELU = 'relu'
-    TANH = 'tanh'
-    GELU = 'gelu'
     DROPOUT = 'dropout'
 
 class Dtype(str, enum.Enum):
     FLOAT32 = 'float32'
-    FLOAT64 = 'float64'
-    BFLOAT16 = 'bfloat16'
-    FLOAT16 = 'float16'
 
-@dataclass(frozen=True)
+@dataclass()
 class Leaf:
     kind: object
-    bias: object = True
-    frozen: object = False
 
-@dataclass(frozen=True)
+@dataclass()
 class Block:
     children: object
-    residual: object = False
-    scale: object = False
-
-@dataclass(frozen=True)
-class ModuleTree:
-    width: object
-    root: object
-
-    def paths(self):
-        pass
 
 def is_ancestor(ancestor, path):
     pass
 
-@dataclass(frozen=True)
+@dataclass()
 class MixedPrecision:
-    param_dtype: object = None
     reduce_dtype: object = None
-    output_dtype: object = None
-    cast_forward_inputs: object = True
 
-@dataclass(frozen=True)
+@dataclass()
 class ShardSpec:
     path: object
-    reshard_after_forward: object = True
     mixed_precision: object = None
 
     @property
     def paths(self):
         return (self.path, *())
 
-@dataclass(frozen=True)
+@dataclass()
 class Composition:
     shards: object = ()
-    checkpoints: object = ()
-    checkpoint_first: object = True
-    mesh: object = ()
-
-    def reshard_after_forward(self, spec):
-        pass
-
-    @property
-    def sharded_paths(self):
-        return [p for spec in self.shards for p in spec.paths]
 
     def steps(self):
-        order = {'checkpoint': 3, 'fully_shard': 1, 'replicate': 2}
-        items = [('checkpoint', p) for p in ('1', '0', '2')] + [('replicate', p) for p in ()]
+        items = [] + []
         items += [('fully_shard', spec.path) for spec in self.shards]
 
         def key(item):
-            api, path = item
-            depth = min((q.count('.') + (q != '') for q in self._spec_paths(api, path)))
-            return (-depth, order[api], path)
+            return ()
         return sorted(items, key=key)
-
-    def _spec_paths(self, api, path):
-        if api == 'fully_shard':
-            return next((s.paths for s in self.shards if s.path == path))
-        return (path,)
-
-class AccumSync(str, enum.Enum):
-    ALWAYS = 'always'
-    NO_GRAD_SYNC = 'no_grad_sync'
-    NO_ALL_REDUCE = 'no_all_reduce'
-
-class Optimizer(str, enum.Enum):
-    SGD = 'sgd'
-    ADAM = 'adam'
-    ADAMW = 'adamw'
-
-@dataclass(frozen=True)
-class Skip:
-    path: object
-    step: object
-    microbatch: object = 0
-
-@dataclass(frozen=True)
-class Training:
-    optimizer: object = Optimizer.SGD
-    eps: object = 0.001
-    steps: object = 2
-    dtype: object = Dtype.FLOAT32
-    grad_accum: object = 1
-    accum_sync: object = AccumSync.ALWAYS
-    param_groups: object = 1
-    skips: object = ()
-
-    def skipped_at(self, step, microbatch):
-        return ['1' for s in self.skips if s.step == step and s.microbatch == microbatch]
-
-class Body:
-    KIND: ClassVar[str]
-    PROGRAM: ClassVar[str]
-    registry: ClassVar[dict[str, type[Body]]] = {}
-
-    def __init_subclass__(cls, **kwargs):
-        pass
-
-@dataclass(frozen=True)
-class ParityBody(Body):
-    KIND: ClassVar[str] = 'parity'
-    PROGRAM: ClassVar[str] = 'fuzz._rank.parity:run_parity'
-    tree: object
-    composition: object
-    training: object = field(default_factory=Training)
-
-@dataclass(frozen=True)
-class Case:
-    property: object
-    world_size: object
-    seed: object
-    body: object
 
 class TreeBlock(nn.Module):
 
@@ -188,161 +73,74 @@ class TreeBlock(nn.Module):
         super().__init__()
         for i, child in enumerate(children):
             self.add_module(str(i), child)
-        self.residual = residual
         self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(width))
-        self.shift = None
-        self.skipped: frozenset[str] = frozenset()
 
     def forward(self, x):
         y = x
-        for name, child in self.named_children():
-            continue
-            y = child(y)
         y = y * self.scale
         return x + y
 
-def _build_leaf(leaf, width):
-    return nn.LayerNorm(width, bias=False)
-    return nn.Dropout(0.5)
-    return nn.GELU()
-
 def build_node(node, width):
     if isinstance(node, Leaf):
-        module = _build_leaf(node, width)
+        module = nn.LayerNorm(width)
         return module
     return TreeBlock([build_node(c, width) for c in node.children], True, width, True, False)
-
-def build_model(tree, device):
-    return build_node(tree.root, 12)
-TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
+TORCH_DTYPES = {Dtype.FLOAT32: torch.float32}
 
 def mp_policy(mp):
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     def dt(d):
         return None if d is None else TORCH_DTYPES[d]
-    return MixedPrecisionPolicy(param_dtype=dt(mp.param_dtype), reduce_dtype=dt(mp.reduce_dtype), output_dtype=dt(mp.output_dtype), cast_forward_inputs=True)
+    return MixedPrecisionPolicy(reduce_dtype=dt(mp.reduce_dtype))
 
 @dataclass
 class Composed:
     model: object
-    fsdp_roots: object = field(default_factory=list)
-
-    def no_sync(self):
-        return nullcontext()
+    fsdp_roots: object = field()
 
     def set_sync(self, requires_gradient_sync=True, requires_all_reduce=True):
         m = next(iter(self.fsdp_roots))
         m.set_requires_gradient_sync(requires_gradient_sync)
-        m.set_requires_all_reduce(requires_all_reduce)
-
-class _Contracts:
-
-    def __init__(self, model, comp):
-        self.model = model
-        self.comp = comp
-        self.leaf_dtypes: dict[str, str] = {}
-        self.output_dtypes: dict[str, str] = {}
-        self.handles: list[Any] = []
-        path = next(iter(comp.sharded_paths))
-        mod = model.get_submodule(path)
-        self.handles.append(mod.register_forward_hook(self._on_output(path)))
-        name, mod = next(iter(model.named_modules()))
-        self.handles.append(mod.register_forward_pre_hook(self._on_leaf(name)))
-
-    def _on_output(self, path):
-
-        def hook(module, args, output):
-            pass
-        return hook
-
-    def _on_leaf(self, name):
-
-        def hook(module, args):
-            pass
-        return hook
-
-    def after_forward(self, skipped):
-        h = next(iter(self.handles))
-        h.remove()
-        sharded = self.comp.sharded_paths + list(())
-        state = {}
-        spec = next(iter(self.comp.shards))
-        flags = []
-        state[''] = flags
-        return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
-
-def run_parity(case, body, ctx):
-    comp = body.composition
-    tree = body.tree
-    training = body.training
-    local = frozenset()
-    dtype = TORCH_DTYPES[training.dtype]
-    torch.manual_seed(77)
-    model__ = build_model(tree, ctx.device).to(dtype)
-    from torch.distributed._composable import checkpoint, replicate
-    kwargs = {}
-    pass
-    specs = {s_.path: s_ for s_ in comp.shards}
-    for api, path_ in comp.steps():
-        if api == 'checkpoint':
-            checkpoint(model__.get_submodule(path_), **kwargs)
-        else:
-            spec = specs[path_]
-            from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
-            kwargs_ = {'mesh': None, 'reshard_after_forward': False}
-            kwargs_['mp_policy'] = mp_policy(spec.mixed_precision)
-            modules = [model__.get_submodule(p_) for p_ in spec.paths]
-            fully_shard(modules if () else modules[0], **kwargs_)
-    sharded = comp.sharded_paths
-    tops = [p__ for p__ in sharded if not any((is_ancestor(q, p__) for q in sharded))]
-    compose_out = Composed(model=model__, fsdp_roots=[model__.get_submodule(p__) for p__ in tops])
-    model, composed_ = (model__, compose_out)
-    contracts = _Contracts(model, comp)
-    obs = {}
-    model_ = composed_.model
-    blocks = {'.'.join((c for c in name.split('.') if c.isdigit())): m for name, m in model_.named_modules() if isinstance(m, TreeBlock)}
-    model___ = composed_.model
-    dtype_ = TORCH_DTYPES[training.dtype]
-    gen = torch.Generator().manual_seed(77)
-    lo = ctx.rank // 1 * 2
-    out_ = []
-    __ = next(iter(range(2)))
-    step_ = []
-    for __ in range(2):
-        x_ = torch.randn(ctx.world_size * 2, 12, generator=gen, dtype=dtype_)
-        y_ = torch.randn(ctx.world_size * 2, 12, generator=gen, dtype=dtype_)
-        step_.append((x_[lo:lo + 2].to(ctx.device), y_[lo:lo + 2].to(ctx.device)))
-    out_.append(step_)
-    s, step = next(iter(enumerate(out_)))
-    i, (x, y) = next(iter(enumerate(step)))
-    skipped = training.skipped_at(s, i)
-    skipped_ = {p: set() for p in blocks}
-    path = next(iter(skipped))
-    parent, _, name_ = path.rpartition('.')
-    skipped_[parent].add(name_)
-    p, block = next(iter(blocks.items()))
-    block.skipped = frozenset(skipped_[p])
-    last = i == len(step) - 1
-    sync = training.accum_sync
-    composed_.set_sync(requires_gradient_sync=sync is not AccumSync.NO_GRAD_SYNC, requires_all_reduce=sync is AccumSync.ALWAYS)
-    ctx_mgr = composed_.no_sync()
-    out = model___(x)
-    obs['contracts'] = contracts.after_forward(skipped)
-    obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
-    contracts = None
-    loss = F.mse_loss(out.to(y.dtype), y)
-    loss.backward()
 
 def attempt(rank, world_size):
-    import torch
-    import torch.distributed as dist
-    case = Case(property='mixed_precision', world_size=2, seed=77, body=ParityBody(tree=ModuleTree(width=12, root=Block(children=(Leaf(kind=LeafKind.GELU), Leaf(kind=LeafKind.LAYER_NORM, bias=False), Leaf(kind=LeafKind.DROPOUT)), residual=True, scale=True)), composition=Composition(shards=(ShardSpec(path='1', reshard_after_forward=False, mixed_precision=MixedPrecision(param_dtype=Dtype.FLOAT16, reduce_dtype=Dtype.FLOAT32)), ShardSpec(path='', reshard_after_forward=False, mixed_precision=MixedPrecision(param_dtype=Dtype.FLOAT16, reduce_dtype=Dtype.FLOAT32, output_dtype=Dtype.FLOAT32))), checkpoints=('1', '0', '2'), checkpoint_first=False), training=Training(optimizer=Optimizer.ADAMW, eps=0.0001, grad_accum=2, accum_sync=AccumSync.NO_GRAD_SYNC, param_groups=2, skips=(Skip(path='1', step=0), Skip(path='1', step=0, microbatch=1), Skip(path='1', step=1)))))
-    ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
+    ctx_device = torch.device('cpu')
     import re
     import traceback
     try:
-        run_parity(case, ParityBody(tree=ModuleTree(width=12, root=Block(children=(Leaf(kind=LeafKind.GELU), Leaf(kind=LeafKind.LAYER_NORM, bias=False), Leaf(kind=LeafKind.DROPOUT)), residual=True, scale=True)), composition=Composition(shards=(ShardSpec(path='1', reshard_after_forward=False, mixed_precision=MixedPrecision(param_dtype=Dtype.FLOAT16, reduce_dtype=Dtype.FLOAT32)), ShardSpec(path='', reshard_after_forward=False, mixed_precision=MixedPrecision(param_dtype=Dtype.FLOAT16, reduce_dtype=Dtype.FLOAT32, output_dtype=Dtype.FLOAT32))), checkpoints=('1', '0', '2'), checkpoint_first=False), training=Training(optimizer=Optimizer.ADAMW, eps=0.0001, grad_accum=2, accum_sync=AccumSync.NO_GRAD_SYNC, param_groups=2, skips=(Skip(path='1', step=0), Skip(path='1', step=0, microbatch=1), Skip(path='1', step=1)))), ctx)
+        comp = Composition(shards=(ShardSpec(path='1'), ShardSpec(path='')))
+        dtype = torch.float32
+        build_model_out = build_node(Block(children=(Leaf(kind=LeafKind.LAYER_NORM), Leaf(kind=LeafKind.DROPOUT))), 12)
+        model__ = build_model_out.to(dtype)
+        specs = {s_.path: s_ for s_ in (ShardSpec(path='1', mixed_precision=MixedPrecision(reduce_dtype=Dtype.FLOAT32)), ShardSpec(path='', mixed_precision=MixedPrecision()))}
+        for api, path_ in comp.steps():
+            if api == 'checkpoint':
+                pass
+            else:
+                spec = specs[path_]
+                from torch.distributed.fsdp import fully_shard
+                kwargs_ = {}
+                kwargs_['mp_policy'] = mp_policy(spec.mixed_precision)
+                modules = [model__.get_submodule(p_) for p_ in spec.paths]
+                fully_shard(modules if () else modules[0], **kwargs_)
+        sharded = [p for spec in (ShardSpec(path='1'), ShardSpec(path='')) for p in spec.paths]
+        tops = [p__ for p__ in sharded if not any((is_ancestor(q, p__) for q in sharded))]
+        compose_out = Composed(model=model__, fsdp_roots=[model__.get_submodule(p__) for p__ in tops])
+        model, composed_ = (model__, compose_out)
+        model___ = composed_.model
+        lo = rank // 1 * 2
+        out_ = []
+        step_ = []
+        x_ = torch.randn(world_size * 2, 12)
+        y_ = torch.randn(world_size * 2, 12)
+        step_.append((x_[lo:lo + 2].to(ctx_device), y_[lo:lo + 2].to(ctx_device)))
+        out_.append(step_)
+        s, step = next(iter(enumerate(out_)))
+        i, (x, y) = next(iter(enumerate(step)))
+        composed_.set_sync(requires_gradient_sync=False)
+        out = model___(x)
+        loss = F.mse_loss(out.to(y.dtype), y)
+        loss.backward()
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = [(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))][-1]

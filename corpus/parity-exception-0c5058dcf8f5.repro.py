@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=eebf69c395746912 sources=845e968d7c09e2fe seconds=179.6
+# shardfuzz reduced reproducer: entry=eebf69c395746912 sources=845e968d7c09e2fe seconds=381.8
 """Reproduces shardfuzz corpus entry parity-exception-0c5058dcf8f5.json: exception:parity:torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/conv.py:_conv_forward
 
 Observed: torch.compile over FSDP1 (use_orig_params=True, sharded): Dynamo recompiles the
@@ -18,32 +18,16 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 """
 
 from __future__ import annotations
-import importlib
-from typing import Any
-from dataclasses import dataclass, field
 import torch
 import enum
-import typing
-from dataclasses import dataclass
-from typing import Union
-from dataclasses import dataclass, field, fields
-from dataclasses import replace
-import builtins
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 from typing import Any, Union
 import os
 from typing import ClassVar
 from torch import nn
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
 import torch.distributed as dist
 import torch.nn.functional as F
-_EXPORTS = {'Case': 'fuzz.model', 'case_from_json': 'fuzz.model', 'case_to_json': 'fuzz.model', 'SCHEMA_VERSION': 'fuzz.model', 'RankPool': 'fuzz.pool', 'Outcome': 'fuzz.verdict', 'OutcomeKind': 'fuzz.verdict', 'Property': 'fuzz.properties', 'all_properties': 'fuzz.properties', 'get_property': 'fuzz.properties', 'Failure': 'fuzz.signature', 'explore': 'fuzz.explore', 'run_case': 'fuzz.explore', 'Entry': 'fuzz.corpus', 'load_corpus': 'fuzz.corpus', 'load_entry': 'fuzz.corpus', 'save_entry': 'fuzz.corpus', 'ShardfuzzError': 'fuzz.errors', 'InvalidArgument': 'fuzz.errors', 'CaseError': 'fuzz.errors', 'PoolError': 'fuzz.errors'}
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'fuzz' has no attribute {name!r}")
 
 @dataclass
 class RankContext:
@@ -51,40 +35,6 @@ class RankContext:
     world_size: object
     device: object
     backend: object
-    _meshes: object = field(default_factory=dict)
-
-    def mesh(self, shape: tuple[int, ...], names: tuple[str, ...]) -> Any:
-        from torch.distributed.device_mesh import init_device_mesh
-        key = (shape, names)
-        if key not in self._meshes:
-            self._meshes[key] = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
-        return self._meshes[key]
-    extra_groups: object = field(default_factory=list)
-    _groups: object = field(default_factory=dict)
-
-    def group(self, name: str) -> Any:
-        import torch.distributed as dist
-        if name not in self._groups:
-            self._groups[name] = dist.new_group(list(range(self.world_size)))
-            self.extra_groups.append(self._groups[name])
-        return self._groups[name]
-
-class ShardfuzzError(Exception):
-    pass
-
-class InvalidArgument(ShardfuzzError, ValueError):
-    pass
-
-class CaseError(ShardfuzzError, ValueError):
-
-    def __init__(self, path: str, message: str) -> None:
-        self.path = path
-        super().__init__(f'{path}: {message}')
-
-class PoolError(ShardfuzzError, RuntimeError):
-    pass
-MAX_WIDTH = 64
-MAX_DEPTH = 6
 
 class LeafKind(str, enum.Enum):
     LINEAR = 'linear'
@@ -100,7 +50,6 @@ class Dtype(str, enum.Enum):
     FLOAT64 = 'float64'
     BFLOAT16 = 'bfloat16'
     FLOAT16 = 'float16'
-PARAM_LEAVES = frozenset({LeafKind.LINEAR, LeafKind.LAYER_NORM, LeafKind.CONV1D})
 
 @dataclass(frozen=True)
 class Leaf:
@@ -108,73 +57,24 @@ class Leaf:
     bias: object = True
     frozen: object = False
 
-    def __post_init__(self) -> None:
-        if not self.bias and self.kind not in PARAM_LEAVES:
-            raise CaseError('bias', f'bias=False only applies to parameter leaves, not {self.kind.value}')
-        if self.frozen and self.kind not in PARAM_LEAVES:
-            raise CaseError('frozen', f'frozen=True only applies to parameter leaves, not {self.kind.value}')
-
 @dataclass(frozen=True)
 class Block:
     children: object
     residual: object = False
     scale: object = False
     buffer: object = False
-
-    def __post_init__(self) -> None:
-        if not self.children:
-            raise CaseError('children', 'a block needs at least one child')
 Node = Union[Leaf, Block]
 
-def iter_paths(block: Block, prefix: str='') -> typing.Iterator[tuple[str, Node]]:
-    yield (prefix, block)
-    for i, child in enumerate(block.children):
-        path = f'{prefix}.{i}' if prefix else str(i)
-        if isinstance(child, Block):
-            yield from iter_paths(child, path)
-        else:
-            yield (path, child)
-
-def has_params(node: Node) -> bool:
-    if isinstance(node, Leaf):
-        return node.kind in PARAM_LEAVES
-    return node.scale or any((has_params(c) for c in node.children))
-
 def param_names(node: Node) -> list[str]:
-    if isinstance(node, Leaf):
-        if node.kind not in PARAM_LEAVES:
-            return []
-        return ['weight', 'bias'] if node.bias else ['weight']
-    return ['scale'] if node.scale else []
-
-def tree_depth(node: Node) -> int:
-    if isinstance(node, Leaf):
-        return 0
-    return 1 + max((tree_depth(c) for c in node.children))
+    pass
 
 @dataclass(frozen=True)
 class ModuleTree:
     width: object
     root: object
 
-    def __post_init__(self) -> None:
-        if not 1 <= self.width <= MAX_WIDTH:
-            raise CaseError('width', f'width={self.width} is outside 1..{MAX_WIDTH}')
-        if tree_depth(self.root) > MAX_DEPTH:
-            raise CaseError('root', f'tree depth {tree_depth(self.root)} exceeds {MAX_DEPTH}')
-
     def paths(self) -> dict[str, Node]:
-        return dict(iter_paths(self.root))
-
-    @property
-    def size(self) -> int:
-        return len(self.paths())
-
-def contains(outer: str, path: str) -> bool:
-    return outer == path or outer == '' or path.startswith(outer + '.')
-
-def is_ancestor(ancestor: str, path: str) -> bool:
-    return ancestor != path and contains(ancestor, path)
+        pass
 
 class Wrapper(str, enum.Enum):
     NONE = 'none'
@@ -186,210 +86,31 @@ class Wrapper(str, enum.Enum):
 
 @dataclass(frozen=True)
 class MixedPrecision:
-    param_dtype: object = None
-    reduce_dtype: object = None
     output_dtype: object = None
-    cast_forward_inputs: object = True
 
 @dataclass(frozen=True)
 class Knobs:
-    forward_prefetch: object = 0
-    backward_prefetch: object = 0
-    late_reshard_after_forward: object = None
-    explicit_unshard: object = False
-    all_reduce_hook_scale: object = None
-    gradient_divide_factor: object = None
     abort_and_reset: object = False
-    rs_max_buffers: object = 0
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.rs_max_buffers <= 4:
-            raise CaseError('rs_max_buffers', f'rs_max_buffers={self.rs_max_buffers} is outside 0..4 (0: not set)')
-        if self.abort_and_reset and self.explicit_unshard:
-            raise CaseError('abort_and_reset', 'not drawn with explicit_unshard')
-        for name in ('forward_prefetch', 'backward_prefetch'):
-            if not 0 <= getattr(self, name) <= 3:
-                raise CaseError(name, f'{name}={getattr(self, name)} is outside 0..3')
-        if self.all_reduce_hook_scale is not None and self.all_reduce_hook_scale not in (0.5, 2.0):
-            raise CaseError('all_reduce_hook_scale', f'{self.all_reduce_hook_scale} must be 0.5 or 2.0 (exact)')
-        if self.gradient_divide_factor is not None and (not 0.5 <= self.gradient_divide_factor <= 64):
-            raise CaseError('gradient_divide_factor', f'{self.gradient_divide_factor} is outside [0.5, 64]')
-
-    @property
-    def is_set(self) -> bool:
-        return self != Knobs()
 
     def names(self) -> list[str]:
-        out = []
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if value != f.default:
-                out.append(f.name + (f':{value}' if f.name == 'late_reshard_after_forward' else ''))
-        return out
-
-class ReplicateGroup(str, enum.Enum):
-    DEFAULT = 'default'
-    PROCESS_GROUP = 'process_group'
-    DEVICE_MESH = 'device_mesh'
-
-@dataclass(frozen=True)
-class ReplicateOptions:
-    bucket_cap_mb: object = None
-    bucket_cap_mb_list: object = ()
-    init_sync: object = True
-    dim: object = 0
-    group: object = ReplicateGroup.DEFAULT
-    device_id: object = False
-    forward_sync_buffers: object = None
-    delay_all_reduce: object = False
-
-    def __post_init__(self) -> None:
-        caps = (*(() if self.bucket_cap_mb is None else (self.bucket_cap_mb,)), *self.bucket_cap_mb_list)
-        if any((not 0 <= c <= 1024 for c in caps)):
-            raise CaseError('bucket_cap_mb', f'bucket capacities {caps} must lie in [0, 1024] MiB')
-        if self.dim not in (0, 1):
-            raise CaseError('dim', f'dim={self.dim} must be 0 or 1')
-
-    @property
-    def is_set(self) -> bool:
-        return self != ReplicateOptions()
-
-    def names(self) -> list[str]:
-        out = []
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if value == f.default:
-                continue
-            if f.name == 'group':
-                out.append(f'group:{value.value}')
-            elif f.name == 'forward_sync_buffers':
-                out.append(f'forward_sync_buffers:{value}')
-            elif f.name == 'init_sync':
-                out.append('init_sync:False')
-            else:
-                out.append(f.name)
-        return out
-
-class ContextFn(str, enum.Enum):
-    NONE = 'none'
-    SAVE_MATMULS = 'save_matmuls'
-    SAVE_MATMULS_LIST = 'save_matmuls_list'
-
-@dataclass(frozen=True)
-class CheckpointOptions:
-    preserve_rng_state: object = True
-    context_fn: object = ContextFn.NONE
-    determinism_check: object = None
-    debug: object = False
-    early_stop: object = None
-
-    @property
-    def is_set(self) -> bool:
-        return self != CheckpointOptions()
-
-    def names(self) -> list[str]:
-        out = []
-        if not self.preserve_rng_state:
-            out.append('preserve_rng_state:False')
-        if self.context_fn is not ContextFn.NONE:
-            out.append(f'context_fn:{self.context_fn.value}')
-        if self.determinism_check is not None:
-            out.append(f'determinism_check:{self.determinism_check.value}')
-        if self.debug:
-            out.append('debug')
-        if self.early_stop is not None:
-            out.append(f'early_stop:{self.early_stop}')
-        return out
+        pass
 
 @dataclass(frozen=True)
 class Composition:
     shards: object = ()
     replicates: object = ()
     checkpoints: object = ()
-    checkpoint_first: object = True
-    mesh: object = ()
     wrapper: object = Wrapper.NONE
-    auto_wrap: object = False
-    meta_init: object = False
-    tp: object = ()
     tp_size: object = 1
     find_unused: object = False
     knobs: object = field(default_factory=Knobs)
-    replicate_options: object = field(default_factory=ReplicateOptions)
-    checkpoint_options: object = field(default_factory=CheckpointOptions)
-
-    def __post_init__(self) -> None:
-        if self.find_unused and self.wrapper is not Wrapper.DDP and (not self.replicates):
-            raise CaseError('find_unused', 'find_unused_parameters applies to DDP and replicate only')
-        if self.tp_size < 1:
-            raise CaseError('tp_size', f'tp_size={self.tp_size} must be at least 1')
-        if bool(self.tp) != (self.tp_size > 1):
-            raise CaseError('tp', f'tp pairs ({len(self.tp)}) and tp_size={self.tp_size} go together: both or neither')
-        if self.tp and (self.mesh or self.wrapper is not Wrapper.NONE or self.replicates or self.meta_init):
-            raise CaseError('tp', 'tensor parallelism combines with fully_shard (1D) and checkpoint only')
-        if self.tp and '' not in self.sharded_paths:
-            raise CaseError('tp', 'tensor parallelism needs fully_shard on the root (it reduces the gradients)')
-        if self.mesh and len(self.mesh) != 2:
-            raise CaseError('mesh', f'mesh={self.mesh} must be () or (replicate, shard)')
-        if self.wrapper is not Wrapper.NONE and (self.shards or self.replicates):
-            raise CaseError('wrapper', f'wrapper={self.wrapper.value} does not combine with fully_shard / replicate')
-        if self.auto_wrap and (not self.wrapper.value.startswith('fsdp1')):
-            raise CaseError('auto_wrap', 'auto_wrap applies to FSDP1 wrappers only')
-        if self.wrapper is Wrapper.FSDP1_HYBRID_SHARD and (not self.mesh):
-            raise CaseError('mesh', 'fsdp1_hybrid_shard needs a (replicate, shard) mesh')
-        if self.meta_init and (self.wrapper is not Wrapper.NONE or self.replicates):
-            raise CaseError('meta_init', 'meta_init applies to fully_shard / checkpoint compositions only')
-        if self.knobs.is_set and (not self.shards):
-            raise CaseError('knobs', 'FSDPModule methods need fully_shard units')
-        if self.knobs.late_reshard_after_forward is not None and self.replicates:
-            raise CaseError('knobs.late_reshard_after_forward', 'not drawn with replicate')
-        if self.knobs.late_reshard_after_forward is not None and any((not isinstance(s.reshard_after_forward, bool) for s in self.shards)):
-            raise CaseError('knobs.late_reshard_after_forward', 'not drawn with an int reshard_after_forward')
-        if self.knobs.abort_and_reset and ('' not in self.sharded_paths or self.replicates):
-            raise CaseError('knobs.abort_and_reset', 'needs fully_shard on the root and no replicate')
-        if self.knobs.is_set and self.tp:
-            raise CaseError('knobs', 'not drawn with tensor parallelism')
-        if self.replicate_options.is_set and (not self.replicates):
-            raise CaseError('replicate_options', 'replicate options need replicate calls')
-        if self.checkpoint_options.is_set and (not self.checkpoints):
-            raise CaseError('checkpoint_options', 'checkpoint options need checkpoint calls')
-
-    def uniform_precision(self) -> MixedPrecision | None:
-        specs = self.shards
-        if not specs or self.replicates or self.wrapper is not Wrapper.NONE or self.tp:
-            return None
-        root = next((s for s in specs if s.path == ''), None)
-        if root is None or root.mixed_precision is None or (not root.mixed_precision.cast_forward_inputs):
-            return None
-        policy = root.mixed_precision
-        for spec in specs:
-            mp = spec.mixed_precision
-            if mp is None or (mp.param_dtype, mp.reduce_dtype) != (policy.param_dtype, policy.reduce_dtype):
-                return None
-            if spec is not root and mp.output_dtype not in (None, mp.param_dtype):
-                return None
-        return policy
 
     @property
     def sharded_paths(self) -> list[str]:
         return [p for spec in self.shards for p in spec.paths]
 
     def steps(self) -> list[tuple[str, str]]:
-        order = {'checkpoint': 0 if self.checkpoint_first else 3, 'fully_shard': 1, 'replicate': 2}
-        items = [('checkpoint', p) for p in self.checkpoints] + [('replicate', p) for p in self.replicates]
-        items += [('fully_shard', spec.path) for spec in self.shards]
-
-        def key(item: tuple[str, str]) -> tuple[int, int, str]:
-            api, path = item
-            depth = min((q.count('.') + (q != '') for q in self._spec_paths(api, path)))
-            return (-depth, order[api], path)
-        return sorted(items, key=key)
-
-    def _spec_paths(self, api: str, path: str) -> tuple[str, ...]:
-        if api == 'fully_shard':
-            return next((s.paths for s in self.shards if s.path == path))
-        return (path,)
-MAX_STEPS = 16
+        pass
 
 class AccumSync(str, enum.Enum):
     ALWAYS = 'always'
@@ -410,8 +131,6 @@ class Compile(str, enum.Enum):
 class Training:
     optimizer: object = Optimizer.SGD
     lr: object = 0.1
-    momentum: object = 0.0
-    eps: object = 0.001
     steps: object = 2
     batch_per_rank: object = 2
     dtype: object = Dtype.FLOAT32
@@ -419,101 +138,20 @@ class Training:
     accum_sync: object = AccumSync.ALWAYS
     set_to_none: object = True
     same_input: object = False
-    param_groups: object = 1
-    skips: object = ()
-    unfreeze: object = ()
     compile: object = Compile.NONE
 
-    def __post_init__(self) -> None:
-        if not 1 <= self.steps <= MAX_STEPS:
-            raise CaseError('steps', f'steps={self.steps} is outside 1..{MAX_STEPS}')
-        if not 1 <= self.batch_per_rank <= 64:
-            raise CaseError('batch_per_rank', f'batch_per_rank={self.batch_per_rank} is outside 1..64')
-        if not 0.0 < self.lr <= 1.0:
-            raise CaseError('lr', f'lr={self.lr} is outside (0, 1]')
-        if not 0.0 <= self.momentum < 1.0:
-            raise CaseError('momentum', f'momentum={self.momentum} is outside [0, 1)')
-        if self.eps <= 0.0:
-            raise CaseError('eps', f'eps={self.eps} must be positive')
-        if self.dtype not in (Dtype.FLOAT32, Dtype.FLOAT64):
-            raise CaseError('dtype', f'dtype={self.dtype.value}: low precision comes from a MixedPrecision policy')
-        if not 1 <= self.grad_accum <= 4:
-            raise CaseError('grad_accum', f'grad_accum={self.grad_accum} is outside 1..4')
-        if self.param_groups not in (1, 2):
-            raise CaseError('param_groups', f'param_groups={self.param_groups} must be 1 or 2')
-        for i, skip in enumerate(self.skips):
-            if not 0 <= skip.step < self.steps:
-                raise CaseError(f'skips[{i}].step', f'step={skip.step} is outside 0..{self.steps - 1} (steps={self.steps})')
-            if not 0 <= skip.microbatch < self.grad_accum:
-                raise CaseError(f'skips[{i}].microbatch', f'microbatch={skip.microbatch} is outside 0..{self.grad_accum - 1} (grad_accum={self.grad_accum})')
-            if skip in self.skips[:i]:
-                raise CaseError(f'skips[{i}]', f'{skip.path!r} at step {skip.step}, microbatch {skip.microbatch} twice')
-        for i, later in enumerate(self.unfreeze):
-            if not 1 <= later.step < self.steps:
-                raise CaseError(f'unfreeze[{i}].step', f'step={later.step} is outside 1..{self.steps - 1}: a leaf is unfrozen after a first step')
-            if any((u.path == later.path for u in self.unfreeze[:i])):
-                raise CaseError(f'unfreeze[{i}].path', f'{later.path!r} is unfrozen twice')
-
     def skipped_at(self, step: int, microbatch: int) -> list[str]:
-        return [s.path for s in self.skips if s.step == step and s.microbatch == microbatch]
-
-def mixed_precision_comparable(training: Training) -> bool:
-    return (training.grad_accum == 1 or training.accum_sync is AccumSync.ALWAYS) and (not training.skips) and (not training.unfreeze) and (training.compile is Compile.NONE)
-
-def check_mesh(comp: Composition, world_size: int, where: str='composition') -> None:
-    if comp.mesh and comp.mesh[0] * comp.mesh[1] != world_size:
-        r, sh = comp.mesh
-        raise CaseError(f'{where}.mesh', f'mesh=({r}, {sh}) needs world_size={r * sh}, not {world_size}')
-    if world_size % comp.tp_size:
-        raise CaseError(f'{where}.tp_size', f'tp_size={comp.tp_size} does not divide world_size={world_size}')
-    shard_size = comp.mesh[1] if comp.mesh else world_size // comp.tp_size
-    for i, spec in enumerate(comp.shards):
-        raf = spec.reshard_after_forward
-        if not isinstance(raf, bool) and (raf >= shard_size or shard_size % raf):
-            raise CaseError(f'{where}.shards[{i}].reshard_after_forward', f'{raf} is not a divisor of the shard size {shard_size} (world_size={world_size}, mesh={comp.mesh}) other than 1 and itself')
-MAX_WORLD_SIZE = 64
+        pass
 
 class Body:
     KIND: ClassVar[str]
-    PROGRAM: ClassVar[str]
-    registry: ClassVar[dict[str, type[Body]]] = {}
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if cls.KIND in Body.registry:
-            raise TypeError(f'two case bodies share KIND {cls.KIND!r}')
-        Body.registry[cls.KIND] = cls
-
-    def validate_for(self, world_size: int) -> None:
-        pass
-
-    @property
-    def size(self) -> tuple[int, int]:
-        return (1, 1)
 
 @dataclass(frozen=True)
 class ParityBody(Body):
-    KIND: ClassVar[str] = 'parity'
     PROGRAM: ClassVar[str] = 'fuzz._rank.parity:run_parity'
     tree: object
     composition: object
     training: object = field(default_factory=Training)
-
-    def __post_init__(self) -> None:
-        if not has_params(self.tree.root):
-            raise CaseError('tree', 'the tree has no parameters')
-        t = self.training
-        if t.accum_sync is AccumSync.NO_ALL_REDUCE and (not self.composition.mesh):
-            raise CaseError('training.accum_sync', 'no_all_reduce needs an HSDP (replicate, shard) mesh')
-        if t.accum_sync is not AccumSync.ALWAYS and self.composition.replicates:
-            raise CaseError('training.accum_sync', 'replicate() has no gradient-sync switch; use always')
-
-    @property
-    def size(self) -> tuple[int, int]:
-        return (self.tree.size, self.training.steps)
-
-    def validate_for(self, world_size: int) -> None:
-        check_mesh(self.composition, world_size)
 
 @dataclass(frozen=True)
 class Case:
@@ -522,52 +160,15 @@ class Case:
     seed: object
     body: object
 
-    def __post_init__(self) -> None:
-        if not 1 <= self.world_size <= MAX_WORLD_SIZE:
-            raise CaseError('world_size', f'world_size={self.world_size} is outside 1..{MAX_WORLD_SIZE}')
-        if not 0 <= self.seed < 2 ** 63:
-            raise CaseError('seed', f'seed={self.seed} is outside 0..2**63-1')
-        try:
-            self.body.validate_for(self.world_size)
-        except CaseError as e:
-            raise CaseError(f'body.{e.path}', str(e).split(': ', 1)[1]) from None
-
-    @builtins.property
-    def size(self) -> tuple[int, int]:
-        return self.body.size
-SCHEMA_VERSION = 1
-
-def case_to_json(case: Case) -> dict[str, Any]:
-    pass
-
-def case_from_json(data: Any, path: str='case') -> Case:
-    if not isinstance(data, dict):
-        raise CaseError(path, f'expected a JSON object, got {type(data).__name__}')
-    schema = data.get('schema')
-    if isinstance(schema, bool) or not isinstance(schema, int) or schema != SCHEMA_VERSION:
-        if isinstance(schema, int) and schema > SCHEMA_VERSION:
-            raise CaseError(f'{path}.schema', f'schema {schema} is newer than this shardfuzz ({SCHEMA_VERSION}); upgrade shardfuzz')
-        raise CaseError(f'{path}.schema', f'unsupported schema {schema!r}; expected {SCHEMA_VERSION}')
-    body = {k: v for k, v in data.items() if k != 'schema'}
-    assert isinstance(result, Case)
-    return result
-
-def fsdp_sharded(p: torch.Tensor) -> bool:
-    from torch.distributed.tensor import DTensor
-    return isinstance(p, DTensor) and 'shard' in (p.device_mesh.mesh_dim_names or ('shard',))
-
 class TreeBlock(nn.Module):
 
     def __init__(self, children: list[nn.Module], residual: bool, width: int, scale: bool, buffer: bool) -> None:
         super().__init__()
-        for i, child in enumerate(children):
-            self.add_module(str(i), child)
+        i, child = next(iter(enumerate(children)))
+        self.add_module(str(i), child)
         self.residual = residual
         self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(width)) if scale else None
-        if buffer:
-            self.register_buffer('shift', 0.1 * torch.randn(width))
-        else:
-            self.shift = None
+        self.register_buffer('shift', 0.1 * torch.randn(width))
         self.skipped: frozenset[str] = frozenset()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -578,75 +179,25 @@ class TreeBlock(nn.Module):
             y = child(y)
         if self.scale is not None:
             y = y * self.scale
-        if self.shift is not None:
-            y = y + self.shift
+        y = y + self.shift
         return x + y if self.residual else y
 
-class PointwiseConv1d(nn.Conv1d):
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(x.unsqueeze(-1)).squeeze(-1)
-
-def build_leaf(leaf: Leaf, width: int) -> nn.Module:
-    module = _build_leaf(leaf, width)
-    if leaf.frozen:
-        module.requires_grad_(False)
-    return module
-
 def _build_leaf(leaf: Leaf, width: int) -> nn.Module:
-    if leaf.kind is LeafKind.LINEAR:
-        return nn.Linear(width, width, bias=leaf.bias)
-    if leaf.kind is LeafKind.LAYER_NORM:
-        return nn.LayerNorm(width, bias=leaf.bias)
-    if leaf.kind is LeafKind.CONV1D:
-        return PointwiseConv1d(width, width, kernel_size=1, bias=leaf.bias)
-    if leaf.kind is LeafKind.DROPOUT:
-        return nn.Dropout(0.5)
-    if leaf.kind is LeafKind.RELU:
-        return nn.ReLU()
-    if leaf.kind is LeafKind.TANH:
-        return nn.Tanh()
-    if leaf.kind is LeafKind.GELU:
-        return nn.GELU()
+    return nn.Linear(width, width, bias=leaf.bias)
+    return nn.LayerNorm(width, bias=leaf.bias)
     raise AssertionError(f'unhandled leaf kind {leaf.kind}')
 
 def build_node(node: Node, width: int) -> nn.Module:
     if isinstance(node, Leaf):
-        return build_leaf(node, width)
+        module = _build_leaf(node, width)
+        if node.frozen:
+            module.requires_grad_(False)
+        return module
     return TreeBlock([build_node(c, width) for c in node.children], node.residual, width, node.scale, node.buffer)
 
 def build_model(tree: ModuleTree, device: torch.device) -> nn.Module:
-    with torch.device(device):
-        return build_node(tree.root, tree.width)
-
-def tree_blocks(model: nn.Module) -> dict[str, TreeBlock]:
-    return {'.'.join((c for c in name.split('.') if c.isdigit())): m for name, m in model.named_modules() if isinstance(m, TreeBlock)}
-
-def set_skipped(blocks: dict[str, TreeBlock], paths: list[str]) -> None:
-    skipped = {p: set() for p in blocks}
-    for path in paths:
-        parent, _, name = path.rpartition('.')
-        skipped[parent].add(name)
-    for p, block in blocks.items():
-        if block.skipped != skipped[p]:
-            block.skipped = frozenset(skipped[p])
+    return build_node(tree.root, tree.width)
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
-_WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.')
-
-def clean_name(name: str) -> str:
-    for prefix in _WRAPPER_PREFIXES:
-        name = name.replace(prefix, '')
-    return name
-
-def tp_mesh(comp: Composition, ctx: RankContext) -> Any:
-    return ctx.mesh((ctx.world_size // comp.tp_size, comp.tp_size), ('shard', 'tp'))
-
-def mesh_for(comp: Composition, ctx: RankContext) -> Any:
-    if comp.tp:
-        return tp_mesh(comp, ctx)['shard']
-    if comp.mesh:
-        return ctx.mesh(tuple(comp.mesh), ('replicate', 'shard'))
-    return ctx.mesh((ctx.world_size,), ('shard',))
 
 @dataclass
 class Composed:
@@ -657,88 +208,29 @@ class Composed:
     knobs: object = None
 
     def no_sync(self) -> Any:
-        if self.wrapper is Wrapper.NONE:
-            return nullcontext()
-        return self.model.no_sync()
+        pass
 
     def set_sync(self, requires_gradient_sync: bool=True, requires_all_reduce: bool=True) -> None:
-        for m in self.fsdp_roots:
-            m.set_requires_gradient_sync(requires_gradient_sync)
-            m.set_requires_all_reduce(requires_all_reduce)
-
-    @contextmanager
-    def full_parameters(self) -> Iterator[dict[str, torch.Tensor]]:
-        from torch.distributed.tensor import DTensor
-        if self.wrapper.value.startswith('fsdp1'):
-            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-            modules = {clean_name(n): m for n, m in self.model.named_modules()}
-            with FSDP.summon_full_params(self.model):
-                out = {}
-                for name in self.param_names:
-                    owner, _, attr = name.rpartition('.')
-                    out[name] = getattr(modules[owner], attr).detach().clone()
-                yield out
-            return
-        out = {}
-        for n, p in self.model.named_parameters():
-            out[clean_name(n)] = (p.full_tensor() if isinstance(p, DTensor) else p).detach()
-        yield out
+        pass
 
 def compose(model: nn.Module, comp: Composition, ctx: RankContext, tree: ModuleTree | None=None) -> Composed:
-    from torch.distributed._composable import checkpoint, replicate
-    if comp.wrapper is not Wrapper.NONE:
-        names = [n for n, _ in model.named_parameters()]
-        for path in comp.checkpoints:
-            checkpoint(model.get_submodule(path), **ckpt_kwargs)
-        return Composed(model=_wrap(model, comp, ctx), wrapper=comp.wrapper, param_names=names)
-    if comp.tp:
-        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-        plan = {}
-        for pair in comp.tp:
-            plan[pair.colwise] = ColwiseParallel()
-            plan[pair.rowwise] = RowwiseParallel()
-        parallelize_module(model, tp_mesh(comp, ctx)['tp'], plan)
-    mesh = mesh_for(comp, ctx)
-    specs = {s.path: s for s in comp.shards}
-    for api, path in comp.steps():
-        if api == 'checkpoint':
-            checkpoint(model.get_submodule(path), **ckpt_kwargs)
-        elif api == 'fully_shard':
-            apply_fully_shard(model, specs[path], mesh)
-    sharded = comp.sharded_paths
-    tops = [p for p in sharded if not any((is_ancestor(q, p) for q in sharded))]
+    from torch.distributed._composable import checkpoint
+    names = [n for n, _ in model.named_parameters()]
+    for path in comp.checkpoints:
+        checkpoint(model.get_submodule(path), **ckpt_kwargs)
+    return Composed(model=_wrap(model, comp, ctx), wrapper=comp.wrapper, param_names=names)
+    checkpoint(model.get_submodule(path), **ckpt_kwargs)
     return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
 
 def build_composed(tree: ModuleTree, comp: Composition, dtype: torch.dtype, ctx: RankContext, *, seed: int) -> tuple[nn.Module, Composed]:
     torch.manual_seed(seed)
-    if not comp.meta_init:
-        model = build_model(tree, ctx.device).to(dtype)
-        return (model, _with_knobs(model, compose(model, comp, ctx, tree), comp, tree))
+    model = build_model(tree, ctx.device).to(dtype)
+    return (model, _with_knobs(model, compose(model, comp, ctx, tree), comp, tree))
     from torch.distributed.tensor import DTensor, distribute_tensor
-    values = build_model(tree, ctx.device).to(dtype).state_dict()
-    model = build_model(tree, torch.device('meta')).to(dtype)
-    composed = compose(model, comp, ctx, tree)
-    offload = any((s.offload for s in comp.shards))
-    model.to_empty(device='cpu' if offload else ctx.device)
-    with torch.no_grad():
-        for name, t in [*model.named_parameters(), *model.named_buffers()]:
-            src = values[clean_name(name)]
-            if isinstance(t, DTensor) and offload:
-                t.to_local().copy_(distribute_tensor(src, t.device_mesh, t.placements).to_local())
-            elif isinstance(t, DTensor):
-                t.copy_(distribute_tensor(src, t.device_mesh, t.placements))
-            else:
-                t.copy_(src)
-        if offload:
-            for module in model.modules():
-                for key, buf in module._buffers.items():
-                    if buf is not None:
-                        module._buffers[key] = buf.to(ctx.device)
     return (model, _with_knobs(model, composed, comp, tree))
 
 def _with_knobs(model: nn.Module, composed: Composed, comp: Composition, tree: ModuleTree) -> Composed:
-    if comp.knobs.is_set:
-        pass
+    pass
     return composed
 
 def _wrap(model: nn.Module, comp: Composition, ctx: RankContext) -> nn.Module:
@@ -746,38 +238,13 @@ def _wrap(model: nn.Module, comp: Composition, ctx: RankContext) -> nn.Module:
         from torch.nn.parallel import DistributedDataParallel as DDP
         device_ids = None if ctx.device.type == 'cpu' else [ctx.device]
         return DDP(model, device_ids=device_ids, find_unused_parameters=comp.find_unused)
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    from torch.distributed.fsdp import ShardingStrategy
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
     strategy = {Wrapper.FSDP1_FULL_SHARD: ShardingStrategy.FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP: ShardingStrategy.SHARD_GRAD_OP, Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD, Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[comp.wrapper]
     kwargs = {'sharding_strategy': strategy, 'device_id': ctx.device, 'use_orig_params': True}
-    if comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD:
-        kwargs['device_mesh'] = mesh_for(comp, ctx)
-    if comp.auto_wrap:
-        kwargs['auto_wrap_policy'] = ModuleWrapPolicy({TreeBlock})
+    pass
+    kwargs['auto_wrap_policy'] = ModuleWrapPolicy({TreeBlock})
     return FSDP(model, **kwargs)
-
-def full_parameters(model: nn.Module) -> dict[str, list[float]]:
-    with Composed(model).full_parameters() as params:
-        return {n: t.double().cpu().flatten().tolist() for n, t in params.items()}
-
-def batches(case: Case, training: Training, width: int, ctx: RankContext, tp_size: int=1) -> list[list[tuple[Any, Any]]]:
-    dtype = TORCH_DTYPES[training.dtype]
-    gen = torch.Generator().manual_seed(case.seed)
-    b = training.batch_per_rank
-    lo = 0 if training.same_input else ctx.rank // tp_size * b
-    out = []
-    for _ in range(training.steps):
-        step = []
-        for _ in range(training.grad_accum):
-            x = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
-            y = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
-            step.append((x[lo:lo + b].to(ctx.device), y[lo:lo + b].to(ctx.device)))
-        out.append(step)
-    return out
-
-def _seed_for_run(case: Case, ctx: RankContext, tp_size: int=1) -> None:
-    torch.manual_seed((case.seed * 7919 + ctx.rank // tp_size + 1) % 2 ** 63)
 
 class _Contracts:
 
@@ -791,21 +258,15 @@ class _Contracts:
             mod = model.get_submodule(path)
             self.handles.append(mod.register_forward_hook(self._on_output(path)))
         for name, mod in model.named_modules():
-            if any((True for _ in mod.parameters(recurse=False))):
-                self.handles.append(mod.register_forward_pre_hook(self._on_leaf(name)))
+            self.handles.append(mod.register_forward_pre_hook(self._on_leaf(name)))
 
     def _on_output(self, path: str) -> Any:
-
-        def hook(module: nn.Module, args: Any, output: Any) -> None:
-            if isinstance(output, torch.Tensor):
-                self.output_dtypes.setdefault(path, str(output.dtype).removeprefix('torch.'))
-        return hook
+        pass
 
     def _on_leaf(self, name: str) -> Any:
 
         def hook(module: nn.Module, args: Any) -> None:
-            p = next(module.parameters(recurse=False))
-            self.leaf_dtypes.setdefault(name, str(p.dtype).removeprefix('torch.'))
+            pass
         return hook
 
     def after_forward(self, skipped: list[str]) -> dict[str, Any]:
@@ -815,70 +276,33 @@ class _Contracts:
         state = {}
         for spec in self.comp.shards:
             flags = []
-            if all((_under_any(path, skipped) for path in spec.paths)):
-                state[spec.path] = flags
-                continue
-            if any((_under_any(path, skipped) for path in spec.paths)) and (not _completes_partial_groups()):
-                state[spec.path] = flags
-                continue
-            for path in spec.paths:
-                for sub, _ in iter_paths_of(self.model, path):
-                    if sub != path and _under_other_unit(sub, path, sharded) or sub in spec.ignored:
-                        continue
-                    mod = self.model.get_submodule(sub)
-                    flags += [fsdp_sharded(p) for p in mod.parameters(recurse=False)]
             state[spec.path] = flags
         return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
 
-def _completes_partial_groups() -> bool:
-    from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
-    return hasattr(FSDPState, '_force_complete_incomplete_states')
-
-def iter_paths_of(model: nn.Module, path: str) -> list[tuple[str, nn.Module]]:
-    root = model.get_submodule(path)
-    return [(f'{path}.{n}' if path and n else n or path, m) for n, m in root.named_modules()]
-
-def _under_other_unit(sub: str, unit: str, sharded: list[str]) -> bool:
-    return any((is_ancestor(unit, other) and contains(other, sub) for other in sharded))
-
-def _under_any(path: str, skipped: list[str]) -> bool:
-    return any((contains(s, path) for s in skipped))
-
-def replicate_contract(model: nn.Module, comp: Composition, skipped: list[str] | None=None) -> dict[str, list[str]]:
-    from torch.distributed._composable import replicate
-    out = {}
-    for path in comp.replicates:
-        if _under_any(path, skipped or []):
-            continue
-        state = replicate.state(model.get_submodule(path))
-        out[path] = sorted(getattr(state, '_param_names', []))
-    return out
-
 def train(case: Case, tree: ModuleTree, training: Training, comp: Composition | None, ctx: RankContext, tp_size: int=1, grad_scales: dict[str, float] | None=None, precision: MixedPrecision | None=None, local: frozenset[str]=frozenset()) -> dict[str, Any]:
     dtype = TORCH_DTYPES[training.dtype]
-    if comp is not None:
-        model, composed = build_composed(tree, comp, dtype, ctx, seed=case.seed)
-    else:
-        torch.manual_seed(case.seed)
-        model = build_model(tree, ctx.device).to(dtype)
-        composed = Composed(model)
+    model, composed = build_composed(tree, comp, dtype, ctx, seed=case.seed)
     contracts = _Contracts(model, comp) if comp is not None else None
     obs = {}
-    blocks = tree_blocks(composed.model)
-    later = _unfrozen_later(composed.model, training)
     forward = _compiled(composed.model, training) if comp is not None else composed.model
-    _seed_for_run(case, ctx, tp_size)
-    losses = []
-    params_per_step = []
     grad_norms = []
-    for s, step in enumerate(batches(case, training, tree.width, ctx, tp_size)):
-        for path in [u.path for u in training.unfreeze if u.step == s]:
-            for p in later[path]:
-                p.requires_grad_(True)
+    width = tree.width
+    dtype_ = TORCH_DTYPES[training.dtype]
+    gen = torch.Generator().manual_seed(case.seed)
+    b = training.batch_per_rank
+    lo = 0 if training.same_input else ctx.rank // tp_size * b
+    out_ = []
+    _ = next(iter(range(training.steps)))
+    step_ = []
+    for _ in range(training.grad_accum):
+        x_ = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype_)
+        y_ = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype_)
+        step_.append((x_[lo:lo + b].to(ctx.device), y_[lo:lo + b].to(ctx.device)))
+    out_.append(step_)
+    for s, step in enumerate(out_):
         step_losses = []
         for i, (x, y) in enumerate(step):
             skipped = training.skipped_at(s, i)
-            set_skipped(blocks, skipped)
             last = i == len(step) - 1
             sync = AccumSync.ALWAYS if last else training.accum_sync
             composed.set_sync(requires_gradient_sync=sync is not AccumSync.NO_GRAD_SYNC, requires_all_reduce=sync is AccumSync.ALWAYS)
@@ -890,103 +314,32 @@ def train(case: Case, tree: ModuleTree, training: Training, comp: Composition | 
             if precision is not None:
                 step_losses.append(loss.item())
                 continue
-            with ctx_mgr:
-                out = forward(x)
-                if contracts is not None and comp is not None:
-                    obs['contracts'] = contracts.after_forward(skipped)
-                    obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
-                    obs['contracts']['replicate_params'] = replicate_contract(model, comp, skipped)
-                    if comp.replicate_options.delay_all_reduce:
-                        pass
-                    contracts = None
-                loss = F.mse_loss(out.to(y.dtype), y)
-                loss.backward()
+            out = forward(x)
+            obs['contracts'] = contracts.after_forward(skipped)
+            obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
+            pass
+            contracts = None
+            loss = F.mse_loss(out.to(y.dtype), y)
+            loss.backward()
             step_losses.append(loss.item())
-        if comp is None and precision is None:
-            _average_gradients(model, ctx, grad_scales or {}, local)
-        if composed.wrapper.value.startswith('fsdp1') and composed.wrapper.value != 'fsdp1_no_shard':
-            grad_norms.append(float('nan'))
-        else:
-            grad_norms.append(_grad_norm(composed))
+        pass
+        grad_norms.append(float('nan'))
         opt.step()
         opt.zero_grad(set_to_none=training.set_to_none)
-        losses.append(step_losses)
-        with composed.full_parameters() as full:
-            if ctx.rank == 0:
-                params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
-    obs['losses'] = losses
-    obs['grad_norms'] = grad_norms
-    obs['local_params'] = _local_replicated(composed.model, _local_of(tree, comp))
-    obs['knob_problems'] = [] if composed.knobs is None else composed.knobs.problems
-    if ctx.rank == 0:
-        obs['params'] = params_per_step
-    return obs
-
-def _unfrozen_later(model: nn.Module, training: Training) -> dict[str, list[nn.Parameter]]:
-    out = {u.path: [] for u in training.unfreeze}
-    for name, p in model.named_parameters():
-        owner = '.'.join((c for c in clean_name(name).split('.')[:-1] if c.isdigit()))
-        if owner in out:
-            out[owner].append(p)
-    return out
 
 def _compiled(model: nn.Module, training: Training) -> Any:
     if training.compile is Compile.NONE:
-        return model
+        pass
     torch._dynamo.reset()
     return torch.compile(model, backend=training.compile.value)
 
 class _null:
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-def _average_gradients(model: nn.Module, ctx: RankContext, scales: dict[str, float], local: frozenset[str]=frozenset()) -> None:
-    for name, p in model.named_parameters():
-        if p.grad is not None and name.rpartition('.')[0] not in local:
-            dist.all_reduce(p.grad)
-            p.grad /= ctx.world_size
-            scale = scales.get(name.rpartition('.')[0], 1.0)
-            if scale != 1.0:
-                p.grad *= scale
-
-def grad_scales(tree: ModuleTree, comp: Composition, world_size: int) -> dict[str, float]:
-    scales = {path: layout.gradient_scale(path, world_size) for path in layout.paths}
-    return {path: scale for path, scale in scales.items() if scale != 1.0}
-
-def _grad_norm(composed: Composed) -> float:
-    from torch.distributed.tensor import DTensor
-    total = torch.zeros((), dtype=torch.float64)
-    for p in composed.model.parameters():
-        if p.grad is not None:
-            g = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
-            total += g.double().pow(2).sum().cpu()
-    return float(total.sqrt())
-
-def _local_of(tree: ModuleTree, comp: Composition | None) -> frozenset[str]:
     pass
-
-def _local_replicated(model: nn.Module, local: frozenset[str]=frozenset()) -> dict[str, list[float]]:
-    from torch.distributed.tensor import DTensor
-    return {n: p.detach().double().cpu().flatten().tolist() for n, p in model.named_parameters() if not isinstance(p, DTensor) and (not n.startswith('_fsdp_wrapped_module')) and ('_fsdp' not in n) and (clean_name(n).rpartition('.')[0] not in local)}
 
 def run_parity(case: Case, body: ParityBody, ctx: RankContext) -> dict[str, Any]:
     tp = body.composition.tp_size
     comp = body.composition
     composed = train(case, body.tree, body.training, comp, ctx, tp)
-    keys = ('losses', 'params', 'grad_norms')
-    if any((s.mixed_precision is not None for s in comp.shards)):
-        precision = comp.uniform_precision()
-        if precision is None or not mixed_precision_comparable(body.training):
-            return composed
-        reference = train(case, body.tree, body.training, None, ctx, tp, precision=precision)
-        return {**composed, 'ref': {k: reference[k] for k in keys if k in reference}}
-    scales = grad_scales(body.tree, comp, ctx.world_size)
-    reference = train(case, body.tree, body.training, None, ctx, tp, scales, local=_local_of(body.tree, comp))
-    return {**composed, 'ref': {k: reference[k] for k in keys if k in reference}}
 
 def attempt(rank, world_size):
     import torch

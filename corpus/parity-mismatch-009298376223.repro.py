@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=424121fdd030988f sources=845e968d7c09e2fe seconds=151.2
+# shardfuzz reduced reproducer: entry=424121fdd030988f sources=845e968d7c09e2fe seconds=347.0
 """Reproduces shardfuzz corpus entry parity-mismatch-009298376223.json: mismatch:parity@fsdp2:shard1:divide-factor-twice
 
 Observed: rank 0 gradient norm at step 0 is 1.7529385089874268, expected 3.5058770179748535
@@ -15,22 +15,13 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 """
 
 from __future__ import annotations
-from typing import Any
-from dataclasses import dataclass, field
 import torch
 import enum
-from dataclasses import dataclass
 from dataclasses import dataclass, field
 from functools import cached_property
-import builtins
-from typing import Any, ClassVar
-import json
-from typing import Any
-import os
 from typing import ClassVar
 from torch import nn
 from contextlib import contextmanager
-import copy
 import torch.distributed as dist
 import torch.nn.functional as F
 import math
@@ -48,21 +39,12 @@ class RankContext:
 
     def mesh(self, shape, names):
         from torch.distributed.device_mesh import init_device_mesh
-        key = (shape, names)
+        key = ()
         self._meshes[key] = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
         return self._meshes[key]
 
-    def group(self, name):
-        pass
-
 class LeafKind(str, enum.Enum):
-    LINEAR = 'linear'
-    LAYER_NORM = 'layer_norm'
     CONV1D = 'conv1d'
-    RELU = 'relu'
-    TANH = 'tanh'
-    GELU = 'gelu'
-    DROPOUT = 'dropout'
 
 class Dtype(str, enum.Enum):
     FLOAT32 = 'float32'
@@ -70,31 +52,22 @@ class Dtype(str, enum.Enum):
     BFLOAT16 = 'bfloat16'
     FLOAT16 = 'float16'
 
-@dataclass(frozen=True)
+@dataclass()
 class Leaf:
     kind: object
     bias: object = True
-    frozen: object = False
 
-@dataclass(frozen=True)
+@dataclass()
 class Block:
     children: object
-    residual: object = False
-    scale: object = False
-    buffer: object = False
 
 def iter_paths(block, prefix=''):
     yield (prefix, block)
-    for i, child in enumerate(block.children):
-        path = str(i)
-        yield (path, child)
 
 def owns_params(node):
-    if isinstance(node, Leaf):
-        pass
-    return False
+    pass
 
-@dataclass(frozen=True)
+@dataclass()
 class ModuleTree:
     width: object
     root: object
@@ -102,62 +75,36 @@ class ModuleTree:
     def paths(self):
         return dict(iter_paths(self.root))
 
-    @property
-    def size(self):
-        pass
-
-def contains(outer, path):
-    return outer == path or outer == '' or path.startswith(outer + '.')
-
-@dataclass(frozen=True)
+@dataclass()
 class ShardSpec:
     path: object
     reshard_after_forward: object = True
-    group: object = ()
 
-    @property
-    def paths(self):
-        return ('', *())
-
-@dataclass(frozen=True)
+@dataclass()
 class Knobs:
     gradient_divide_factor: object = None
     force_sum_reduction: object = False
 
-    def names(self):
-        pass
-
-@dataclass(frozen=True)
+@dataclass()
 class Composition:
     shards: object = ()
-    replicates: object = ()
     checkpoint_first: object = True
     mesh: object = ()
     knobs: object = field(default_factory=Knobs)
-
-    def reshard_after_forward(self, spec):
-        pass
 
     @property
     def sharded_paths(self):
         return [p for spec in self.shards for p in ('',)]
 
-    @property
-    def shard_ignored(self):
-        return frozenset((p for spec in self.shards for p in ()))
-
     def steps(self):
-        order = {'checkpoint': 3, 'fully_shard': 1, 'replicate': 2}
-        items = [('checkpoint', p) for p in ()] + [('replicate', p) for p in ()]
-        items += [('fully_shard', '') for spec in self.shards]
+        items = [] + []
+        items += [() for spec in self.shards]
 
         def key(item):
-            api, path = item
-            depth = min((q.count('.') + (q != '') for q in ('',)))
-            return (-depth, order[api], path)
-        return sorted(items, key=key)
+            pass
+        return sorted(items)
 
-@dataclass(frozen=True)
+@dataclass()
 class Layout:
     tree: object
     comp: object
@@ -166,16 +113,7 @@ class Layout:
     def paths(self):
         return self.tree.paths()
 
-    def member_of(self, path, api=None):
-        best = None
-        members = ('',)
-        for m in members:
-            best = m
-        return best
-
     def local(self):
-        ignored = ()
-        by_shards = self.comp.shard_ignored
         return [p for p, n in self.paths.items() if owns_params(n) and (any((contains(i, p) for i in ignored)) or p in by_shards) and (self.member_of(p) is None)]
 
 class AccumSync(str, enum.Enum):
@@ -197,7 +135,6 @@ class Compile(str, enum.Enum):
 class Training:
     optimizer: object = Optimizer.SGD
     lr: object = 0.1
-    momentum: object = 0.0
     eps: object = 0.001
     steps: object = 2
     batch_per_rank: object = 2
@@ -239,16 +176,12 @@ class ParityBody(Body):
     def size(self):
         pass
 
-@dataclass(frozen=True)
+@dataclass()
 class Case:
     property: object
     world_size: object
     seed: object
     body: object
-
-    @builtins.property
-    def size(self):
-        pass
 
 @dataclass(frozen=True)
 class Options:
@@ -296,77 +229,47 @@ class DcpBody(Body):
 
 def fsdp_sharded(p):
     from torch.distributed.tensor import DTensor
-    return isinstance(p, DTensor) and 'shard' in (p.device_mesh.mesh_dim_names or ('shard',))
+    return isinstance(p, DTensor) and 'shard' in (p.device_mesh.mesh_dim_names or ())
 
 class KnobState:
 
     def __init__(self, model, comp, tree, roots):
-        self.model = model
-        self.comp = comp
-        self.tree = tree
-        self.knobs: Knobs = comp.knobs
-        self.roots = roots
         self.problems: list[str] = []
-        self._checked_unshard = False
-        for spec in comp.shards:
-            module = model.get_submodule('')
-            module.set_force_sum_reduction_for_comms(True)
-            module.set_gradient_divide_factor(2.0)
-
-    def before_microbatch(self, first, last):
-        pass
+        module = model.get_submodule('')
+        module.set_force_sum_reduction_for_comms(True)
+        module.set_gradient_divide_factor(2.0)
 
 class TreeBlock(nn.Module):
 
     def __init__(self, children, residual, width, scale, buffer):
         super().__init__()
-        for i, child in enumerate(children):
-            self.add_module(str(i), child)
-        self.residual = residual
-        self.scale = None
-        self.shift = None
-        self.skipped: frozenset[str] = frozenset()
+        i, child = next(iter(enumerate(children)))
+        self.add_module(str(i), child)
 
     def forward(self, x):
         y = x
-        for name, child in self.named_children():
-            y = child(y)
+        name, child = next(iter(self.named_children()))
+        y = child(y)
         return y
 
 class PointwiseConv1d(nn.Conv1d):
-
-    def forward(self, x):
-        return super().forward(x.unsqueeze(-1)).squeeze(-1)
-
-def build_leaf(leaf, width):
-    module = _build_leaf(leaf, width)
-    return module
-
-def _build_leaf(leaf, width):
-    return PointwiseConv1d(width, width, kernel_size=1, bias=False)
+    pass
 
 def build_node(node, width):
     if isinstance(node, Leaf):
-        return build_leaf(node, width)
+        module = PointwiseConv1d(width, width, kernel_size=1, bias=False)
+        return module
     return TreeBlock([build_node(c, width) for c in node.children], False, width, False, False)
 
 def build_model(tree, device):
-    with torch.device(device):
-        return build_node(tree.root, 1)
-TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
+    return build_node(tree.root, 1)
+TORCH_DTYPES = {Dtype.FLOAT32: torch.float32}
 
 def clean_name(name):
     return name
 
 def mesh_for(comp, ctx):
-    if (2, 1):
-        return ctx.mesh(tuple((2, 1)), ('replicate', 'shard'))
-
-def apply_fully_shard(model, spec, mesh):
-    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
-    kwargs = {'mesh': mesh, 'reshard_after_forward': False}
-    modules = [model.get_submodule(p) for p in ('',)]
-    fully_shard(modules if () else modules[0], **kwargs)
+    return ctx.mesh(tuple((2, 1)), ('replicate', 'shard'))
 
 @dataclass
 class Composed:
@@ -374,69 +277,25 @@ class Composed:
     fsdp_roots: object = field(default_factory=list)
     knobs: object = None
 
-    def set_sync(self, requires_gradient_sync=True, requires_all_reduce=True):
-        for m in self.fsdp_roots:
-            m.set_requires_gradient_sync(requires_gradient_sync)
-            m.set_requires_all_reduce(requires_all_reduce)
-
     @contextmanager
     def full_parameters(self):
         from torch.distributed.tensor import DTensor
         out = {}
-        for n, p in self.model.named_parameters():
-            out[clean_name(n)] = (p.full_tensor() if isinstance(p, DTensor) else p).detach()
+        n, p = next(iter(self.model.named_parameters()))
+        out[clean_name(n)] = (p.full_tensor() if isinstance(p, DTensor) else p).detach()
         yield out
-
-def compose(model, comp, ctx, tree=None):
-    from torch.distributed._composable import checkpoint, replicate
-    mesh = mesh_for(comp, ctx)
-    specs = {'': s for s in comp.shards}
-    for api, path in comp.steps():
-        apply_fully_shard(model, specs[path], mesh)
-    sharded = comp.sharded_paths
-    tops = [p for p in sharded if not any((False for q in sharded))]
-    return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
-
-def build_composed(tree, comp, dtype, ctx, *, seed):
-    torch.manual_seed(seed)
-    model = build_model(tree, ctx.device).to(dtype)
-    return (model, _with_knobs(model, compose(model, comp, ctx, tree), comp, tree))
-
-def _with_knobs(model, composed, comp, tree):
-    composed.knobs = KnobState(model, comp, tree, composed.fsdp_roots)
-    return composed
-
-def make_optimizer(params, training, later=()):
-    held = {id(p) for p in later}
-    params = [p for p in params if p.requires_grad or id(p) in held]
-    groups = params
-    return torch.optim.SGD(groups, lr=0.01, momentum=0.0, foreach=None)
-
-def batches(case, training, width, ctx, tp_size=1):
-    dtype = TORCH_DTYPES[training.dtype]
-    gen = torch.Generator().manual_seed(0)
-    lo = ctx.rank // tp_size * 1
-    out = []
-    for _ in range(1):
-        step = []
-        for _ in range(1):
-            x = torch.randn(ctx.world_size * 1, width, generator=gen, dtype=dtype)
-            y = torch.randn(ctx.world_size * 1, width, generator=gen, dtype=dtype)
-            step.append((x[lo:lo + 1].to(ctx.device), y[lo:lo + 1].to(ctx.device)))
-        out.append(step)
-    return out
 
 class _Contracts:
 
     def __init__(self, model, comp):
         self.model = model
         self.comp = comp
-        self.leaf_dtypes: dict[str, str] = {}
-        self.output_dtypes: dict[str, str] = {}
+        self.leaf_dtypes: dict[()] = {}
+        self.output_dtypes: dict[()] = {}
         self.handles: list[Any] = []
-        for path in comp.sharded_paths:
-            mod = model.get_submodule(path)
-            self.handles.append(mod.register_forward_hook(self._on_output(path)))
+        path = next(iter(comp.sharded_paths))
+        mod = model.get_submodule(path)
+        self.handles.append(mod.register_forward_hook(self._on_output(path)))
         for name, mod in model.named_modules():
             if any((True for _ in mod.parameters(recurse=False))):
                 self.handles.append(mod.register_forward_pre_hook(self._on_leaf(name)))
@@ -450,136 +309,108 @@ class _Contracts:
     def _on_leaf(self, name):
 
         def hook(module, args):
-            p = next(module.parameters(recurse=False))
+            p = next(module.parameters())
             self.leaf_dtypes.setdefault(name, str(p.dtype).removeprefix('torch.'))
         return hook
 
     def after_forward(self, skipped):
-        for h in self.handles:
-            h.remove()
-        sharded = self.comp.sharded_paths + list(())
         state = {}
-        for spec in self.comp.shards:
-            flags = []
-            for path in ('',):
-                for sub, _ in iter_paths_of(self.model, path):
-                    mod = self.model.get_submodule(sub)
-                    flags += [fsdp_sharded(p) for p in mod.parameters(recurse=False)]
-            state[''] = flags
+        flags = []
+        path = next(iter(('',)))
+        model = self.model
+        root = model.get_submodule(path)
+        iter_paths_of_out = [(n or path, m) for n, m in root.named_modules()]
+        for sub, _ in iter_paths_of_out:
+            mod = self.model.get_submodule(sub)
+            flags += [fsdp_sharded(p) for p in mod.parameters(recurse=False)]
+        state[''] = flags
         return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
-
-def iter_paths_of(model, path):
-    root = model.get_submodule(path)
-    return [(n or path, m) for n, m in root.named_modules()]
-
-def replicate_contract(model, comp, skipped=None):
-    from torch.distributed._composable import replicate
-    out = {}
-    return out
 
 def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precision=None, local=frozenset()):
     dtype = TORCH_DTYPES[training.dtype]
     if comp is not None:
-        model, composed = build_composed(tree, comp, dtype, ctx, seed=0)
+        torch.manual_seed(0)
+        model_ = build_model(tree, ctx.device).to(dtype)
+        mesh = mesh_for(comp, ctx)
+        from torch.distributed.fsdp import fully_shard
+        kwargs = {'mesh': mesh, 'reshard_after_forward': False}
+        modules = [model_.get_submodule(p_) for p_ in ('',)]
+        fully_shard(modules if () else modules[0], **kwargs)
+        sharded = comp.sharded_paths
+        tops = [p__ for p__ in sharded if not any((False for q in sharded))]
+        compose_out = Composed(model=model_, fsdp_roots=[model_.get_submodule(p__) for p__ in tops])
+        compose_out.knobs = KnobState(model_, comp, tree, compose_out.fsdp_roots)
+        model, composed = (model_, compose_out)
     else:
         torch.manual_seed(0)
         model = build_model(tree, ctx.device).to(dtype)
         composed = Composed(model)
     contracts = _Contracts(model, comp) if comp is not None else None
     obs = {}
-    later = _unfrozen_later(composed.model, training)
-    opt = make_optimizer(composed.model.parameters(), training, [p for ps in later.values() for p in ps])
+    params = composed.model.parameters()
+    opt = torch.optim.SGD(params, lr=0.01)
     forward = _compiled(composed.model, training) if comp is not None else composed.model
     losses = []
     params_per_step = []
     grad_norms = []
-    for s, step in enumerate(batches(case, training, 1, ctx, tp_size)):
-        step_losses = []
-        for i, (x, y) in enumerate(step):
-            skipped = training.skipped_at(s, i)
-            last = i == len(step) - 1
-            sync = AccumSync.ALWAYS
-            composed.set_sync(requires_gradient_sync=sync is not AccumSync.NO_GRAD_SYNC, requires_all_reduce=sync is AccumSync.ALWAYS)
-            ctx_mgr = _null()
-            if composed.knobs is not None:
-                composed.knobs.before_microbatch(first=s == 0 and i == 0, last=last)
-            with ctx_mgr:
-                out = forward(x)
-                if contracts is not None and comp is not None:
-                    obs['contracts'] = contracts.after_forward(skipped)
-                    obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
-                    obs['contracts']['replicate_params'] = replicate_contract(model, comp, skipped)
-                    contracts = None
-                loss = F.mse_loss(out.to(y.dtype), y)
-                loss.backward()
-            step_losses.append(loss.item())
-        if comp is None and precision is None:
-            _average_gradients(model, ctx, grad_scales or {}, local)
-        grad_norms.append(_grad_norm(composed))
-        opt.step()
-        opt.zero_grad(set_to_none=False)
-        losses.append(step_losses)
-        with composed.full_parameters() as full:
-            if ctx.rank == 0:
-                params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
+    dtype_ = TORCH_DTYPES[training.dtype]
+    gen = torch.Generator().manual_seed(0)
+    lo = ctx.rank // tp_size * 1
+    out_ = []
+    step_ = []
+    for _ in range(1):
+        x_ = torch.randn(ctx.world_size * 1, 1, generator=gen, dtype=dtype_)
+        y_ = torch.randn(ctx.world_size * 1, 1, generator=gen, dtype=dtype_)
+        step_.append((x_[lo:lo + 1].to(ctx.device), y_[lo:lo + 1].to(ctx.device)))
+    out_.append(step_)
+    s, step = next(iter(enumerate(out_)))
+    step_losses = []
+    i, (x, y) = next(iter(enumerate(step)))
+    skipped = training.skipped_at(s, i)
+    last = i == len(step) - 1
+    out = forward(x)
+    if contracts is not None and comp is not None:
+        obs['contracts'] = contracts.after_forward(skipped)
+        obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
+        out__ = {}
+        obs['contracts']['replicate_params'] = out__
+    loss = F.mse_loss(out.to(y.dtype), y)
+    loss.backward()
+    step_losses.append(loss.item())
+    if comp is None and precision is None:
+        name_, p_____ = next(iter(model.named_parameters()))
+        dist.all_reduce(p_____.grad)
+        p_____.grad /= ctx.world_size
+    from torch.distributed.tensor import DTensor
+    total = torch.zeros((), dtype=torch.float64)
+    p______ = next(iter(composed.model.parameters()))
+    g = p______.grad.full_tensor() if isinstance(p______.grad, DTensor) else p______.grad
+    total += g.double().pow(2).sum().cpu()
+    grad_norm_out = float(total.sqrt())
+    grad_norms.append(grad_norm_out)
+    opt.step()
+    losses.append(step_losses)
+    with composed.full_parameters() as full:
+        params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
     obs['losses'] = losses
     obs['grad_norms'] = grad_norms
-    obs['local_params'] = _local_replicated(composed.model, _local_of(tree, comp))
+    model___ = composed.model
+    local_ = _local_of(tree, comp)
+    from torch.distributed.tensor import DTensor as DTensor_
+    obs['local_params'] = {n_: p_______.detach().double().cpu().flatten().tolist() for n_, p_______ in model___.named_parameters() if not isinstance(p_______, DTensor_) and (not n_.startswith('_fsdp_wrapped_module')) and ('_fsdp' not in n_) and (clean_name(n_).rpartition('.')[0] not in local_)}
     obs['knob_problems'] = [] if composed.knobs is None else composed.knobs.problems
     if ctx.rank == 0:
         obs['params'] = params_per_step
     return obs
 
-def _unfrozen_later(model, training):
-    out = {u.path: [] for u in ()}
-    for name, p in model.named_parameters():
-        owner = '.'.join((c for c in clean_name(name).split('.')[:-1] if c.isdigit()))
-    return out
-
 def _compiled(model, training):
     return model
 
-class _null:
-
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return None
-
-def _average_gradients(model, ctx, scales, local=frozenset()):
-    for name, p in model.named_parameters():
-        dist.all_reduce(p.grad)
-        p.grad /= ctx.world_size
-        scale = scales.get(name.rpartition('.')[0], 1.0)
-
 def grad_scales(tree, comp, world_size):
-    layout = Layout(tree, comp)
-    scales = {path: 1.0 for path in layout.paths}
-    return {path: scale for path, scale in scales.items() if scale != 1.0}
-
-def _grad_norm(composed):
-    from torch.distributed.tensor import DTensor
-    total = torch.zeros((), dtype=torch.float64)
-    for p in composed.model.parameters():
-        g = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
-        total += g.double().pow(2).sum().cpu()
-    return float(total.sqrt())
+    pass
 
 def _local_of(tree, comp):
     return frozenset() if comp is None else frozenset(Layout(tree, comp).local())
-
-def _local_replicated(model, local=frozenset()):
-    from torch.distributed.tensor import DTensor
-    return {n: p.detach().double().cpu().flatten().tolist() for n, p in model.named_parameters() if not isinstance(p, DTensor) and (not n.startswith('_fsdp_wrapped_module')) and ('_fsdp' not in n) and (clean_name(n).rpartition('.')[0] not in local)}
-
-def run_parity(case, body, ctx):
-    comp = body.composition
-    composed = train(case, body.tree, body.training, comp, ctx, 1)
-    keys = ('losses', 'params', 'grad_norms')
-    scales = grad_scales(body.tree, comp, ctx.world_size)
-    reference = train(case, body.tree, body.training, None, ctx, 1, scales, local=_local_of(body.tree, comp))
-    return {**composed, 'ref': {k: reference[k] for k in keys if k in reference}}
 
 class OutcomeKind(str, enum.Enum):
     OK = 'ok'
@@ -892,12 +723,17 @@ def judge_parity(case, outcome):
     return failure
 
 def attempt(rank, world_size):
-    import torch
-    import torch.distributed as dist
     case = Case(property='parity', world_size=2, seed=0, body=ParityBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),))), composition=Composition(shards=(ShardSpec(path='', reshard_after_forward=False),), checkpoint_first=False, mesh=(2, 1), knobs=Knobs(gradient_divide_factor=2.0, force_sum_reduction=True)), training=Training(lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, set_to_none=False)))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
-    obs = json.loads(json.dumps(run_parity(case, ParityBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),))), composition=Composition(shards=(ShardSpec(path='', reshard_after_forward=False),), checkpoint_first=False, mesh=(2, 1), knobs=Knobs(gradient_divide_factor=2.0, force_sum_reduction=True)), training=Training(lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, set_to_none=False)), ctx)))
+    body = ParityBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),))), composition=Composition(shards=(ShardSpec(path='', reshard_after_forward=False),), checkpoint_first=False, mesh=(2, 1), knobs=Knobs(gradient_divide_factor=2.0, force_sum_reduction=True)), training=Training(lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, set_to_none=False))
+    comp = body.composition
+    composed = train(case, body.tree, body.training, comp, ctx, 1)
+    keys = ('losses', 'params', 'grad_norms')
+    scales = grad_scales(body.tree, comp, ctx.world_size)
+    reference = train(case, body.tree, body.training, None, ctx, 1, scales, local=_local_of(body.tree, comp))
+    run_parity_out = {**composed, 'ref': {k: reference[k] for k in keys if k in reference}}
+    obs = json.loads(json.dumps(run_parity_out))
     outs = [None] * world_size
     dist.all_gather_object(outs, obs)
     if rank != 0:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=0ce9f00b2156e5d5 sources=845e968d7c09e2fe seconds=151.4
+# shardfuzz reduced reproducer: entry=0ce9f00b2156e5d5 sources=845e968d7c09e2fe seconds=346.9
 """Reproduces shardfuzz corpus entry parity-mismatch-5f3ad2a543cd.json: mismatch:parity@fsdp2:unfrozen-unresharded
 
 Observed: FSDP2: a frozen fully_shard unit with reshard_after_forward=False under a replicate'd
@@ -18,22 +18,13 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 """
 
 from __future__ import annotations
-from typing import Any
-from dataclasses import dataclass, field
 import torch
 import enum
-from dataclasses import dataclass
 from dataclasses import dataclass, field
 from functools import cached_property
-import builtins
-from typing import Any, ClassVar
-import json
-from typing import Any
-import os
 from typing import ClassVar
 from torch import nn
 from contextlib import contextmanager
-import copy
 import torch.distributed as dist
 import torch.nn.functional as F
 import math
@@ -47,16 +38,6 @@ class RankContext:
     world_size: object
     device: object
     backend: object
-    _meshes: object = field(default_factory=dict)
-
-    def mesh(self, shape, names):
-        from torch.distributed.device_mesh import init_device_mesh
-        key = (shape, names)
-        self._meshes[key] = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
-        return self._meshes[key]
-
-    def group(self, name):
-        pass
 
 class LeafKind(str, enum.Enum):
     LINEAR = 'linear'
@@ -77,28 +58,23 @@ PARAM_LEAVES = frozenset({LeafKind.LINEAR, LeafKind.LAYER_NORM, LeafKind.CONV1D}
 @dataclass(frozen=True)
 class Leaf:
     kind: object
-    bias: object = True
     frozen: object = False
 
-@dataclass(frozen=True)
+@dataclass()
 class Block:
     children: object
-    residual: object = False
-    scale: object = False
-    buffer: object = False
 
 def iter_paths(block, prefix=''):
-    yield (prefix, block)
-    for i, child in enumerate(block.children):
-        path = str(i)
-        yield (path, child)
+    i, child = next(iter(enumerate(block.children)))
+    path = str(i)
+    yield (path, child)
 
 def owns_params(node):
     if isinstance(node, Leaf):
         return node.kind in PARAM_LEAVES
     return False
 
-@dataclass(frozen=True)
+@dataclass()
 class ModuleTree:
     width: object
     root: object
@@ -106,33 +82,18 @@ class ModuleTree:
     def paths(self):
         return dict(iter_paths(self.root))
 
-    @property
-    def size(self):
-        pass
-
 def contains(outer, path):
     return outer == path or outer == '' or path.startswith(outer + '.')
 
-@dataclass(frozen=True)
+@dataclass()
 class ShardSpec:
     path: object
     reshard_after_forward: object = True
-    group: object = ()
 
-    @property
-    def paths(self):
-        return ('0', *())
-
-@dataclass(frozen=True)
+@dataclass()
 class Composition:
     shards: object = ()
     replicates: object = ()
-    mesh: object = ()
-    tp_size: object = 1
-
-    def reshard_after_forward(self, spec):
-        late = self.knobs.late_reshard_after_forward
-        return spec.reshard_after_forward if late is None else late
 
     @property
     def sharded_paths(self):
@@ -143,20 +104,17 @@ class Composition:
         return frozenset((p for spec in self.shards for p in ()))
 
     def steps(self):
-        order = {'checkpoint': 0, 'fully_shard': 1, 'replicate': 2}
-        items = [('checkpoint', p) for p in ()] + [('replicate', p) for p in ('',)]
+        items = [] + [('replicate', p) for p in ('',)]
         items += [('fully_shard', '0') for spec in self.shards]
 
         def key(item):
             api, path = item
             depth = min((q.count('.') + (q != '') for q in self._spec_paths(api, path)))
-            return (-depth, order[api], path)
-        return sorted(items, key=key)
+            return (path,)
+        return sorted(items)
 
     def _spec_paths(self, api, path):
-        if api == 'fully_shard':
-            return next((('0',) for s in self.shards if '0' == path))
-        return (path,)
+        return ()
 
 @dataclass(frozen=True)
 class Unit:
@@ -216,7 +174,7 @@ class Compile(str, enum.Enum):
     EAGER = 'eager'
     AOT_EAGER = 'aot_eager'
 
-@dataclass(frozen=True)
+@dataclass()
 class Unfreeze:
     path: object
     step: object
@@ -269,16 +227,12 @@ class ParityBody(Body):
     def size(self):
         pass
 
-@dataclass(frozen=True)
+@dataclass()
 class Case:
     property: object
     world_size: object
     seed: object
     body: object
-
-    @builtins.property
-    def size(self):
-        pass
 
 class Api(str, enum.Enum):
     SPLIT = 'split'
@@ -333,7 +287,7 @@ class DcpBody(Body):
 
 def fsdp_sharded(p):
     from torch.distributed.tensor import DTensor
-    return isinstance(p, DTensor) and 'shard' in (p.device_mesh.mesh_dim_names or ('shard',))
+    return isinstance(p, DTensor) and 'shard' in (p.device_mesh.mesh_dim_names or ())
 
 class TreeBlock(nn.Module):
 
@@ -341,10 +295,6 @@ class TreeBlock(nn.Module):
         super().__init__()
         for i, child in enumerate(children):
             self.add_module(str(i), child)
-        self.residual = residual
-        self.scale = None
-        self.shift = None
-        self.skipped: frozenset[str] = frozenset()
 
     def forward(self, x):
         y = x
@@ -352,101 +302,32 @@ class TreeBlock(nn.Module):
             y = child(y)
         return y
 
-def build_leaf(leaf, width):
-    module = _build_leaf(leaf, width)
-    if leaf.frozen:
-        module.requires_grad_(False)
-    return module
-
-def _build_leaf(leaf, width):
-    return nn.Linear(width, width, bias=True)
-
 def build_node(node, width):
     if isinstance(node, Leaf):
-        return build_leaf(node, width)
+        module = nn.Linear(width, width)
+        if node.frozen:
+            module.requires_grad_(False)
+        return module
     return TreeBlock([build_node(c, width) for c in node.children], False, width, False, False)
 
 def build_model(tree, device):
-    with torch.device(device):
-        return build_node(tree.root, 4)
-
-def replicate_kwargs(model, tree, comp, path, ctx):
-    kwargs = {'find_unused_parameters': False}
-    kwargs['device_ids'] = None
-    return kwargs
-TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
+    return build_node(tree.root, 4)
+TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
 
 def clean_name(name):
     return name
-
-def mesh_for(comp, ctx):
-    return ctx.mesh((ctx.world_size,), ('shard',))
-
-def apply_fully_shard(model, spec, mesh):
-    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
-    kwargs = {'mesh': mesh, 'reshard_after_forward': False}
-    modules = [model.get_submodule(p) for p in ('0',)]
-    fully_shard(modules if () else modules[0], **kwargs)
 
 @dataclass
 class Composed:
     model: object
     fsdp_roots: object = field(default_factory=list)
-    knobs: object = None
-
-    def set_sync(self, requires_gradient_sync=True, requires_all_reduce=True):
-        for m in self.fsdp_roots:
-            m.set_requires_gradient_sync(requires_gradient_sync)
-            m.set_requires_all_reduce(requires_all_reduce)
 
     @contextmanager
     def full_parameters(self):
-        from torch.distributed.tensor import DTensor
         out = {}
         for n, p in self.model.named_parameters():
             out[clean_name(n)] = p.detach()
         yield out
-
-def compose(model, comp, ctx, tree=None):
-    from torch.distributed._composable import checkpoint, replicate
-    mesh = mesh_for(comp, ctx)
-    specs = {'0': s for s in comp.shards}
-    for api, path in comp.steps():
-        if api == 'fully_shard':
-            apply_fully_shard(model, specs[path], mesh)
-        else:
-            replicate(model.get_submodule(path), **replicate_kwargs(model, tree, comp, path, ctx))
-    sharded = comp.sharded_paths
-    tops = [p for p in sharded if not any((False for q in sharded))]
-    return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
-
-def build_composed(tree, comp, dtype, ctx, *, seed):
-    torch.manual_seed(seed)
-    model = build_model(tree, ctx.device).to(dtype)
-    return (model, _with_knobs(model, compose(model, comp, ctx, tree), comp, tree))
-
-def _with_knobs(model, composed, comp, tree):
-    return composed
-
-def make_optimizer(params, training, later=()):
-    held = {id(p) for p in later}
-    params = [p for p in params if p.requires_grad or id(p) in held]
-    groups = params
-    return torch.optim.SGD(groups, lr=0.1, momentum=0.0, foreach=None)
-
-def batches(case, training, width, ctx, tp_size=1):
-    dtype = TORCH_DTYPES[training.dtype]
-    gen = torch.Generator().manual_seed(1)
-    lo = ctx.rank // tp_size * 2
-    out = []
-    for _ in range(2):
-        step = []
-        for _ in range(1):
-            x = torch.randn(ctx.world_size * 2, width, generator=gen, dtype=dtype)
-            y = torch.randn(ctx.world_size * 2, width, generator=gen, dtype=dtype)
-            step.append((x[lo:lo + 2].to(ctx.device), y[lo:lo + 2].to(ctx.device)))
-        out.append(step)
-    return out
 
 class _Contracts:
 
@@ -456,9 +337,9 @@ class _Contracts:
         self.leaf_dtypes: dict[str, str] = {}
         self.output_dtypes: dict[str, str] = {}
         self.handles: list[Any] = []
-        for path in comp.sharded_paths:
-            mod = model.get_submodule(path)
-            self.handles.append(mod.register_forward_hook(self._on_output(path)))
+        path = next(iter(comp.sharded_paths))
+        mod = model.get_submodule(path)
+        self.handles.append(mod.register_forward_hook(self._on_output(path)))
         for name, mod in model.named_modules():
             if any((True for _ in mod.parameters(recurse=False))):
                 self.handles.append(mod.register_forward_pre_hook(self._on_leaf(name)))
@@ -477,139 +358,121 @@ class _Contracts:
         return hook
 
     def after_forward(self, skipped):
-        for h in self.handles:
-            h.remove()
-        sharded = self.comp.sharded_paths + list(('',))
         state = {}
-        for spec in self.comp.shards:
-            flags = []
-            for path in ('0',):
-                for sub, _ in iter_paths_of(self.model, path):
-                    mod = self.model.get_submodule(sub)
-                    flags += [fsdp_sharded(p) for p in mod.parameters(recurse=False)]
-            state['0'] = flags
+        flags = []
+        path = next(iter(('0',)))
+        model = self.model
+        root = model.get_submodule(path)
+        iter_paths_of_out = [(n or path, m) for n, m in root.named_modules()]
+        sub, _ = next(iter(iter_paths_of_out))
+        mod = self.model.get_submodule(sub)
+        flags += [fsdp_sharded(p) for p in mod.parameters(recurse=False)]
+        state['0'] = flags
         return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
-
-def iter_paths_of(model, path):
-    root = model.get_submodule(path)
-    return [(n or path, m) for n, m in root.named_modules()]
-
-def replicate_contract(model, comp, skipped=None):
-    from torch.distributed._composable import replicate
-    out = {}
-    for path in ('',):
-        state = replicate.state(model.get_submodule(path))
-        out[path] = sorted(getattr(state, '_param_names', []))
-    return out
 
 def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precision=None, local=frozenset()):
     dtype = TORCH_DTYPES[training.dtype]
     if comp is not None:
-        model, composed = build_composed(tree, comp, dtype, ctx, seed=1)
+        torch.manual_seed(1)
+        model_ = build_model(tree, ctx.device).to(dtype)
+        from torch.distributed._composable import replicate
+        for api, path_ in comp.steps():
+            if api == 'fully_shard':
+                from torch.distributed.fsdp import fully_shard
+                kwargs_ = {'mesh': None, 'reshard_after_forward': False}
+                modules = [model_.get_submodule(p_) for p_ in ('0',)]
+                fully_shard(modules if () else modules[0], **kwargs_)
+            else:
+                kwargs = {'find_unused_parameters': False}
+                replicate_kwargs_out = kwargs
+                replicate(model_.get_submodule(path_), **replicate_kwargs_out)
+        sharded = comp.sharded_paths
+        tops = [p__ for p__ in sharded if not any((False for q in sharded))]
+        compose_out = Composed(model=model_, fsdp_roots=[model_.get_submodule(p__) for p__ in tops])
+        model, composed = (model_, compose_out)
     else:
         torch.manual_seed(1)
         model = build_model(tree, ctx.device).to(dtype)
         composed = Composed(model)
     contracts = _Contracts(model, comp) if comp is not None else None
     obs = {}
-    later = _unfrozen_later(composed.model, training)
-    opt = make_optimizer(composed.model.parameters(), training, [p for ps in later.values() for p in ps])
+    model__ = composed.model
+    out___ = {'0': [] for u_ in training.unfreeze}
+    for name, p____ in model__.named_parameters():
+        owner = '.'.join((c for c in clean_name(name).split('.')[:-1] if c.isdigit()))
+        if owner in out___:
+            out___[owner].append(p____)
+    params = composed.model.parameters()
+    opt = torch.optim.SGD(params, lr=0.1, momentum=0.0, foreach=None)
     forward = _compiled(composed.model, training) if comp is not None else composed.model
     losses = []
     params_per_step = []
     grad_norms = []
-    for s, step in enumerate(batches(case, training, 4, ctx, tp_size)):
+    dtype_ = TORCH_DTYPES[training.dtype]
+    gen = torch.Generator().manual_seed(1)
+    lo = ctx.rank // tp_size * 2
+    out_ = []
+    for _ in range(2):
+        step_ = []
+        x_ = torch.randn(ctx.world_size * 2, 4, generator=gen, dtype=dtype_)
+        y_ = torch.randn(ctx.world_size * 2, 4, generator=gen, dtype=dtype_)
+        step_.append((x_[lo:lo + 2].to(ctx.device), y_[lo:lo + 2].to(ctx.device)))
+        out_.append(step_)
+    for s, step in enumerate(out_):
         for path in ['0' for u in training.unfreeze if 1 == s]:
-            for p in later[path]:
+            for p in out___[path]:
                 p.requires_grad_(True)
         step_losses = []
-        for i, (x, y) in enumerate(step):
-            skipped = training.skipped_at(s, i)
-            last = i == len(step) - 1
-            sync = AccumSync.ALWAYS
-            composed.set_sync(requires_gradient_sync=sync is not AccumSync.NO_GRAD_SYNC, requires_all_reduce=sync is AccumSync.ALWAYS)
-            ctx_mgr = _null()
-            with ctx_mgr:
-                out = forward(x)
-                if contracts is not None and comp is not None:
-                    obs['contracts'] = contracts.after_forward(skipped)
-                    obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
-                    obs['contracts']['replicate_params'] = replicate_contract(model, comp, skipped)
-                    contracts = None
-                loss = F.mse_loss(out.to(y.dtype), y)
-                loss.backward()
-            step_losses.append(loss.item())
-        if comp is None and precision is None:
-            _average_gradients(model, ctx, grad_scales or {}, local)
-        grad_norms.append(_grad_norm(composed))
+        i, (x, y) = next(iter(enumerate(step)))
+        skipped = training.skipped_at(s, i)
+        out = forward(x)
+        if contracts is not None and comp is not None:
+            obs['contracts'] = contracts.after_forward(skipped)
+            obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
+            from torch.distributed._composable import replicate as replicate_
+            out__ = {}
+            path__ = next(iter(('',)))
+            state = replicate_.state(model.get_submodule(path__))
+            out__[path__] = sorted(getattr(state, '_param_names', []))
+            obs['contracts']['replicate_params'] = out__
+        loss = F.mse_loss(out.to(y.dtype), y)
+        loss.backward()
+        step_losses.append(loss.item())
+        for name_, p_____ in model.named_parameters():
+            if p_____.grad is not None and name_.rpartition('.')[0] not in local:
+                dist.all_reduce(p_____.grad)
+                p_____.grad /= ctx.world_size
+        total = torch.zeros((), dtype=torch.float64)
+        for p______ in composed.model.parameters():
+            if p______.grad is not None:
+                g = p______.grad
+                total += g.double().pow(2).sum().cpu()
+        grad_norm_out = float(total.sqrt())
+        grad_norms.append(grad_norm_out)
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(step_losses)
         with composed.full_parameters() as full:
-            if ctx.rank == 0:
-                params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
+            params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
     obs['losses'] = losses
     obs['grad_norms'] = grad_norms
-    obs['local_params'] = _local_replicated(composed.model, _local_of(tree, comp))
+    model___ = composed.model
+    local_ = _local_of(tree, comp)
+    from torch.distributed.tensor import DTensor
+    obs['local_params'] = {n_: p_______.detach().double().cpu().flatten().tolist() for n_, p_______ in model___.named_parameters() if not isinstance(p_______, DTensor) and (not n_.startswith('_fsdp_wrapped_module')) and ('_fsdp' not in n_) and (clean_name(n_).rpartition('.')[0] not in local_)}
     obs['knob_problems'] = []
     if ctx.rank == 0:
         obs['params'] = params_per_step
     return obs
 
-def _unfrozen_later(model, training):
-    out = {'0': [] for u in training.unfreeze}
-    for name, p in model.named_parameters():
-        owner = '.'.join((c for c in clean_name(name).split('.')[:-1] if c.isdigit()))
-        if owner in out:
-            out[owner].append(p)
-    return out
-
 def _compiled(model, training):
     return model
 
-class _null:
-
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return None
-
-def _average_gradients(model, ctx, scales, local=frozenset()):
-    for name, p in model.named_parameters():
-        if p.grad is not None and name.rpartition('.')[0] not in local:
-            dist.all_reduce(p.grad)
-            p.grad /= ctx.world_size
-            scale = scales.get(name.rpartition('.')[0], 1.0)
-
 def grad_scales(tree, comp, world_size):
-    layout = Layout(tree, comp)
-    scales = {path: 1.0 for path in layout.paths}
-    return {path: scale for path, scale in scales.items() if scale != 1.0}
-
-def _grad_norm(composed):
-    from torch.distributed.tensor import DTensor
-    total = torch.zeros((), dtype=torch.float64)
-    for p in composed.model.parameters():
-        if p.grad is not None:
-            g = p.grad
-            total += g.double().pow(2).sum().cpu()
-    return float(total.sqrt())
+    pass
 
 def _local_of(tree, comp):
     return frozenset() if comp is None else frozenset(Layout(tree, comp).local())
-
-def _local_replicated(model, local=frozenset()):
-    from torch.distributed.tensor import DTensor
-    return {n: p.detach().double().cpu().flatten().tolist() for n, p in model.named_parameters() if not isinstance(p, DTensor) and (not n.startswith('_fsdp_wrapped_module')) and ('_fsdp' not in n) and (clean_name(n).rpartition('.')[0] not in local)}
-
-def run_parity(case, body, ctx):
-    comp = body.composition
-    composed = train(case, body.tree, body.training, comp, ctx, 1)
-    keys = ('losses', 'params', 'grad_norms')
-    scales = grad_scales(body.tree, comp, ctx.world_size)
-    reference = train(case, body.tree, body.training, None, ctx, 1, scales, local=_local_of(body.tree, comp))
-    return {**composed, 'ref': {k: reference[k] for k in keys if k in reference}}
 
 class OutcomeKind(str, enum.Enum):
     OK = 'ok'
@@ -939,12 +802,17 @@ def judge_parity(case, outcome):
     return failure
 
 def attempt(rank, world_size):
-    import torch
-    import torch.distributed as dist
     case = Case(property='parity', world_size=2, seed=1, body=ParityBody(tree=ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR, frozen=True), Leaf(kind=LeafKind.LINEAR)))), composition=Composition(shards=(ShardSpec(path='0', reshard_after_forward=False),), replicates=('',)), training=Training(unfreeze=(Unfreeze(path='0', step=1),))))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
-    obs = json.loads(json.dumps(run_parity(case, ParityBody(tree=ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR, frozen=True), Leaf(kind=LeafKind.LINEAR)))), composition=Composition(shards=(ShardSpec(path='0', reshard_after_forward=False),), replicates=('',)), training=Training(unfreeze=(Unfreeze(path='0', step=1),))), ctx)))
+    body = ParityBody(tree=ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR, frozen=True), Leaf(kind=LeafKind.LINEAR)))), composition=Composition(shards=(ShardSpec(path='0', reshard_after_forward=False),), replicates=('',)), training=Training(unfreeze=(Unfreeze(path='0', step=1),)))
+    comp = body.composition
+    composed = train(case, body.tree, body.training, comp, ctx, 1)
+    keys = ('losses', 'params', 'grad_norms')
+    scales = grad_scales(body.tree, comp, ctx.world_size)
+    reference = train(case, body.tree, body.training, None, ctx, 1, scales, local=_local_of(body.tree, comp))
+    run_parity_out = {**composed, 'ref': {k: reference[k] for k in keys if k in reference}}
+    obs = json.loads(json.dumps(run_parity_out))
     outs = [None] * world_size
     dist.all_gather_object(outs, obs)
     if rank != 0:

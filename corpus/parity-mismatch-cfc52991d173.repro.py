@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=ebae1dd9b185a093 sources=845e968d7c09e2fe seconds=151.5
+# shardfuzz reduced reproducer: entry=ebae1dd9b185a093 sources=845e968d7c09e2fe seconds=348.7
 """Reproduces shardfuzz corpus entry parity-mismatch-cfc52991d173.json: mismatch:parity@fsdp2:unused-no-all-reduce
 
 Observed: FSDP2 HSDP with set_requires_all_reduce(False): a unit unused on the last microbatch
@@ -18,22 +18,13 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 """
 
 from __future__ import annotations
-from typing import Any
-from dataclasses import dataclass, field
 import torch
 import enum
-from dataclasses import dataclass
 from dataclasses import dataclass, field
 from functools import cached_property
-import builtins
-from typing import Any, ClassVar
-import json
-from typing import Any
-import os
 from typing import ClassVar
 from torch import nn
 from contextlib import contextmanager
-import copy
 import torch.distributed as dist
 import torch.nn.functional as F
 import math
@@ -55,17 +46,8 @@ class RankContext:
         self._meshes[key] = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
         return self._meshes[key]
 
-    def group(self, name):
-        pass
-
 class LeafKind(str, enum.Enum):
     LINEAR = 'linear'
-    LAYER_NORM = 'layer_norm'
-    CONV1D = 'conv1d'
-    RELU = 'relu'
-    TANH = 'tanh'
-    GELU = 'gelu'
-    DROPOUT = 'dropout'
 
 class Dtype(str, enum.Enum):
     FLOAT32 = 'float32'
@@ -76,26 +58,16 @@ class Dtype(str, enum.Enum):
 @dataclass(frozen=True)
 class Leaf:
     kind: object
-    bias: object = True
-    frozen: object = False
 
 @dataclass(frozen=True)
 class Block:
     children: object
-    residual: object = False
-    scale: object = False
-    buffer: object = False
 
 def iter_paths(block, prefix=''):
     yield (prefix, block)
-    for i, child in enumerate(block.children):
-        path = str(i)
-        yield (path, child)
 
 def owns_params(node):
-    if isinstance(node, Leaf):
-        pass
-    return False
+    pass
 
 @dataclass(frozen=True)
 class ModuleTree:
@@ -104,10 +76,6 @@ class ModuleTree:
 
     def paths(self):
         return dict(iter_paths(self.root))
-
-    @property
-    def size(self):
-        pass
 
 def contains(outer, path):
     return outer == path or outer == '' or path.startswith(outer + '.')
@@ -118,8 +86,6 @@ def is_ancestor(ancestor, path):
 @dataclass(frozen=True)
 class ShardSpec:
     path: object
-    reshard_after_forward: object = True
-    group: object = ()
 
     @property
     def paths(self):
@@ -128,24 +94,15 @@ class ShardSpec:
 @dataclass(frozen=True)
 class Composition:
     shards: object = ()
-    replicates: object = ()
     mesh: object = ()
-    tp_size: object = 1
-
-    def reshard_after_forward(self, spec):
-        pass
 
     @property
     def sharded_paths(self):
         return [p for spec in self.shards for p in spec.paths]
 
-    @property
-    def shard_ignored(self):
-        return frozenset((p for spec in self.shards for p in ()))
-
     def steps(self):
         order = {'checkpoint': 0, 'fully_shard': 1, 'replicate': 2}
-        items = [('checkpoint', p) for p in ()] + [('replicate', p) for p in ()]
+        items = [] + []
         items += [('fully_shard', spec.path) for spec in self.shards]
 
         def key(item):
@@ -166,17 +123,7 @@ class Layout:
     def paths(self):
         return self.tree.paths()
 
-    def member_of(self, path, api=None):
-        best = None
-        members = ('0', '')
-        for m in members:
-            if contains(m, path) and (best is None or False):
-                best = m
-        return best
-
     def local(self):
-        ignored = ()
-        by_shards = self.comp.shard_ignored
         return [p for p, n in self.paths.items() if owns_params(n) and (any((contains(i, p) for i in ignored)) or p in by_shards) and (self.member_of(p) is None)]
 
 class AccumSync(str, enum.Enum):
@@ -254,10 +201,6 @@ class Case:
     seed: object
     body: object
 
-    @builtins.property
-    def size(self):
-        pass
-
 @dataclass(frozen=True)
 class Options:
     pass
@@ -312,10 +255,6 @@ class TreeBlock(nn.Module):
         super().__init__()
         for i, child in enumerate(children):
             self.add_module(str(i), child)
-        self.residual = residual
-        self.scale = None
-        self.shift = None
-        self.skipped: frozenset[str] = frozenset()
 
     def forward(self, x):
         y = x
@@ -325,57 +264,29 @@ class TreeBlock(nn.Module):
             y = child(y)
         return y
 
-def build_leaf(leaf, width):
-    module = _build_leaf(leaf, width)
-    return module
-
-def _build_leaf(leaf, width):
-    return nn.Linear(width, width, bias=True)
-
 def build_node(node, width):
     if isinstance(node, Leaf):
-        return build_leaf(node, width)
+        module = nn.Linear(width, width, bias=True)
+        return module
     return TreeBlock([build_node(c, width) for c in node.children], False, width, False, False)
 
 def build_model(tree, device):
-    with torch.device(device):
-        return build_node(tree.root, 4)
-
-def tree_blocks(model):
-    return {'.'.join((c for c in name.split('.') if c.isdigit())): m for name, m in model.named_modules() if isinstance(m, TreeBlock)}
-
-def set_skipped(blocks, paths):
-    skipped = {p: set() for p in blocks}
-    for path in paths:
-        parent, _, name = path.rpartition('.')
-        skipped[parent].add(name)
-    for p, block in blocks.items():
-        if block.skipped != skipped[p]:
-            block.skipped = frozenset(skipped[p])
+    return build_node(tree.root, 4)
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
 
 def clean_name(name):
     return name
 
 def mesh_for(comp, ctx):
-    if (1, 2):
-        return ctx.mesh(tuple((1, 2)), ('replicate', 'shard'))
-
-def apply_fully_shard(model, spec, mesh):
-    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
-    kwargs = {'mesh': mesh, 'reshard_after_forward': True}
-    modules = [model.get_submodule(p) for p in spec.paths]
-    fully_shard(modules if () else modules[0], **kwargs)
+    return ctx.mesh(tuple((1, 2)), ('replicate', 'shard'))
 
 @dataclass
 class Composed:
     model: object
     fsdp_roots: object = field(default_factory=list)
-    knobs: object = None
 
     def set_sync(self, requires_gradient_sync=True, requires_all_reduce=True):
         for m in self.fsdp_roots:
-            m.set_requires_gradient_sync(requires_gradient_sync)
             m.set_requires_all_reduce(requires_all_reduce)
 
     @contextmanager
@@ -385,44 +296,6 @@ class Composed:
         for n, p in self.model.named_parameters():
             out[clean_name(n)] = (p.full_tensor() if isinstance(p, DTensor) else p).detach()
         yield out
-
-def compose(model, comp, ctx, tree=None):
-    from torch.distributed._composable import checkpoint, replicate
-    mesh = mesh_for(comp, ctx)
-    specs = {s.path: s for s in comp.shards}
-    for api, path in comp.steps():
-        apply_fully_shard(model, specs[path], mesh)
-    sharded = comp.sharded_paths
-    tops = [p for p in sharded if not any((is_ancestor(q, p) for q in sharded))]
-    return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
-
-def build_composed(tree, comp, dtype, ctx, *, seed):
-    torch.manual_seed(seed)
-    model = build_model(tree, ctx.device).to(dtype)
-    return (model, _with_knobs(model, compose(model, comp, ctx, tree), comp, tree))
-
-def _with_knobs(model, composed, comp, tree):
-    return composed
-
-def make_optimizer(params, training, later=()):
-    held = {id(p) for p in later}
-    params = [p for p in params if p.requires_grad or id(p) in held]
-    groups = params
-    return torch.optim.SGD(groups, lr=0.1, momentum=0.0, foreach=None)
-
-def batches(case, training, width, ctx, tp_size=1):
-    dtype = TORCH_DTYPES[training.dtype]
-    gen = torch.Generator().manual_seed(0)
-    lo = ctx.rank // tp_size * 2
-    out = []
-    for _ in range(2):
-        step = []
-        for _ in range(2):
-            x = torch.randn(ctx.world_size * 2, width, generator=gen, dtype=dtype)
-            y = torch.randn(ctx.world_size * 2, width, generator=gen, dtype=dtype)
-            step.append((x[lo:lo + 2].to(ctx.device), y[lo:lo + 2].to(ctx.device)))
-        out.append(step)
-    return out
 
 class _Contracts:
 
@@ -453,14 +326,15 @@ class _Contracts:
         return hook
 
     def after_forward(self, skipped):
-        for h in self.handles:
-            h.remove()
         sharded = self.comp.sharded_paths + list(())
         state = {}
         for spec in self.comp.shards:
             flags = []
             for path in spec.paths:
-                for sub, _ in iter_paths_of(self.model, path):
+                model = self.model
+                root = model.get_submodule(path)
+                iter_paths_of_out = [(n or path, m) for n, m in root.named_modules()]
+                for sub, _ in iter_paths_of_out:
                     if sub != path and _under_other_unit(sub, path, sharded) or sub in ():
                         continue
                     mod = self.model.get_submodule(sub)
@@ -468,122 +342,116 @@ class _Contracts:
             state[spec.path] = flags
         return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
 
-def iter_paths_of(model, path):
-    root = model.get_submodule(path)
-    return [(n or path, m) for n, m in root.named_modules()]
-
 def _under_other_unit(sub, unit, sharded):
     return any((is_ancestor(unit, other) and contains(other, sub) for other in sharded))
-
-def replicate_contract(model, comp, skipped=None):
-    from torch.distributed._composable import replicate
-    out = {}
-    return out
 
 def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precision=None, local=frozenset()):
     dtype = TORCH_DTYPES[training.dtype]
     if comp is not None:
-        model, composed = build_composed(tree, comp, dtype, ctx, seed=0)
+        torch.manual_seed(0)
+        model__ = build_model(tree, ctx.device).to(dtype)
+        mesh = mesh_for(comp, ctx)
+        specs = {s_.path: s_ for s_ in comp.shards}
+        for api, path_ in comp.steps():
+            spec = specs[path_]
+            from torch.distributed.fsdp import fully_shard
+            kwargs = {'mesh': mesh, 'reshard_after_forward': True}
+            modules = [model__.get_submodule(p___) for p___ in spec.paths]
+            fully_shard(modules if () else modules[0], **kwargs)
+        sharded = comp.sharded_paths
+        tops = [p__ for p__ in sharded if not any((is_ancestor(q, p__) for q in sharded))]
+        compose_out = Composed(model=model__, fsdp_roots=[model__.get_submodule(p__) for p__ in tops])
+        model, composed = (model__, compose_out)
     else:
         torch.manual_seed(0)
         model = build_model(tree, ctx.device).to(dtype)
         composed = Composed(model)
     contracts = _Contracts(model, comp) if comp is not None else None
     obs = {}
-    blocks = tree_blocks(composed.model)
-    later = _unfrozen_later(composed.model, training)
-    opt = make_optimizer(composed.model.parameters(), training, [p for ps in later.values() for p in ps])
+    model_ = composed.model
+    blocks = {'.'.join((c for c in name.split('.') if c.isdigit())): m for name, m in model_.named_modules() if isinstance(m, TreeBlock)}
+    params = composed.model.parameters()
+    opt = torch.optim.SGD(params, lr=0.1, momentum=0.0, foreach=None)
     forward = _compiled(composed.model, training) if comp is not None else composed.model
     losses = []
     params_per_step = []
     grad_norms = []
-    for s, step in enumerate(batches(case, training, 4, ctx, tp_size)):
+    dtype_ = TORCH_DTYPES[training.dtype]
+    gen = torch.Generator().manual_seed(0)
+    lo = ctx.rank // tp_size * 2
+    out_ = []
+    for __ in range(2):
+        step_ = []
+        for __ in range(2):
+            x_ = torch.randn(ctx.world_size * 2, 4, generator=gen, dtype=dtype_)
+            y_ = torch.randn(ctx.world_size * 2, 4, generator=gen, dtype=dtype_)
+            step_.append((x_[lo:lo + 2].to(ctx.device), y_[lo:lo + 2].to(ctx.device)))
+        out_.append(step_)
+    for s, step in enumerate(out_):
         step_losses = []
         for i, (x, y) in enumerate(step):
             skipped = training.skipped_at(s, i)
-            set_skipped(blocks, skipped)
+            skipped_ = {p_: set() for p_ in blocks}
+            for path in skipped:
+                parent, _, name_ = path.rpartition('.')
+                skipped_[parent].add(name_)
+            p_, block = next(iter(blocks.items()))
+            block.skipped = frozenset(skipped_[p_])
             last = i == len(step) - 1
             sync = AccumSync.ALWAYS if last else training.accum_sync
             composed.set_sync(requires_gradient_sync=sync is not AccumSync.NO_GRAD_SYNC, requires_all_reduce=sync is AccumSync.ALWAYS)
             ctx_mgr = _null()
-            with ctx_mgr:
-                out = forward(x)
-                if contracts is not None and comp is not None:
-                    obs['contracts'] = contracts.after_forward(skipped)
-                    obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
-                    obs['contracts']['replicate_params'] = replicate_contract(model, comp, skipped)
-                    contracts = None
-                loss = F.mse_loss(out.to(y.dtype), y)
-                loss.backward()
+            out = forward(x)
+            if contracts is not None and comp is not None:
+                obs['contracts'] = contracts.after_forward(skipped)
+                obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
+                out__ = {}
+                obs['contracts']['replicate_params'] = out__
+                contracts = None
+            loss = F.mse_loss(out.to(y.dtype), y)
+            loss.backward()
             step_losses.append(loss.item())
         if comp is None and precision is None:
-            _average_gradients(model, ctx, grad_scales or {}, local)
-        grad_norms.append(_grad_norm(composed))
+            scales = grad_scales or {}
+            for name___, p______ in model.named_parameters():
+                dist.all_reduce(p______.grad)
+                p______.grad /= ctx.world_size
+                scale = scales.get(name___.rpartition('.')[0], 1.0)
+        from torch.distributed.tensor import DTensor
+        total = torch.zeros((), dtype=torch.float64)
+        for p_______ in composed.model.parameters():
+            if p_______.grad is not None:
+                g = p_______.grad.full_tensor() if isinstance(p_______.grad, DTensor) else p_______.grad
+                total += g.double().pow(2).sum().cpu()
+        grad_norm_out = float(total.sqrt())
+        grad_norms.append(grad_norm_out)
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(step_losses)
         with composed.full_parameters() as full:
-            if ctx.rank == 0:
-                params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
+            params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
     obs['losses'] = losses
     obs['grad_norms'] = grad_norms
-    obs['local_params'] = _local_replicated(composed.model, _local_of(tree, comp))
+    model____ = composed.model
+    local_ = _local_of(tree, comp)
+    from torch.distributed.tensor import DTensor as DTensor_
+    obs['local_params'] = {n_: p________.detach().double().cpu().flatten().tolist() for n_, p________ in model____.named_parameters() if not isinstance(p________, DTensor_) and (not n_.startswith('_fsdp_wrapped_module')) and ('_fsdp' not in n_) and (clean_name(n_).rpartition('.')[0] not in local_)}
     obs['knob_problems'] = []
     if ctx.rank == 0:
         obs['params'] = params_per_step
     return obs
 
-def _unfrozen_later(model, training):
-    out = {u.path: [] for u in ()}
-    for name, p in model.named_parameters():
-        owner = '.'.join((c for c in clean_name(name).split('.')[:-1] if c.isdigit()))
-    return out
-
 def _compiled(model, training):
     return model
 
 class _null:
-
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return None
-
-def _average_gradients(model, ctx, scales, local=frozenset()):
-    for name, p in model.named_parameters():
-        dist.all_reduce(p.grad)
-        p.grad /= ctx.world_size
-        scale = scales.get(name.rpartition('.')[0], 1.0)
+    pass
 
 def grad_scales(tree, comp, world_size):
-    layout = Layout(tree, comp)
-    scales = {path: 1.0 for path in layout.paths}
-    return {path: scale for path, scale in scales.items() if scale != 1.0}
-
-def _grad_norm(composed):
-    from torch.distributed.tensor import DTensor
-    total = torch.zeros((), dtype=torch.float64)
-    for p in composed.model.parameters():
-        if p.grad is not None:
-            g = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
-            total += g.double().pow(2).sum().cpu()
-    return float(total.sqrt())
+    pass
 
 def _local_of(tree, comp):
     return frozenset() if comp is None else frozenset(Layout(tree, comp).local())
-
-def _local_replicated(model, local=frozenset()):
-    from torch.distributed.tensor import DTensor
-    return {n: p.detach().double().cpu().flatten().tolist() for n, p in model.named_parameters() if not isinstance(p, DTensor) and (not n.startswith('_fsdp_wrapped_module')) and ('_fsdp' not in n) and (clean_name(n).rpartition('.')[0] not in local)}
-
-def run_parity(case, body, ctx):
-    comp = body.composition
-    composed = train(case, body.tree, body.training, comp, ctx, 1)
-    keys = ('losses', 'params', 'grad_norms')
-    scales = grad_scales(body.tree, comp, ctx.world_size)
-    reference = train(case, body.tree, body.training, None, ctx, 1, scales, local=_local_of(body.tree, comp))
-    return {**composed, 'ref': {k: reference[k] for k in keys if k in reference}}
 
 class OutcomeKind(str, enum.Enum):
     OK = 'ok'
@@ -900,7 +768,14 @@ def attempt(rank, world_size):
     case = Case(property='parity', world_size=2, seed=0, body=ParityBody(tree=ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR)))), composition=Composition(shards=(ShardSpec(path='0'), ShardSpec(path='')), mesh=(1, 2)), training=Training(grad_accum=2, accum_sync=AccumSync.NO_ALL_REDUCE, skips=(Skip(path='0', step=0, microbatch=1),))))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
-    obs = json.loads(json.dumps(run_parity(case, ParityBody(tree=ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR)))), composition=Composition(shards=(ShardSpec(path='0'), ShardSpec(path='')), mesh=(1, 2)), training=Training(grad_accum=2, accum_sync=AccumSync.NO_ALL_REDUCE, skips=(Skip(path='0', step=0, microbatch=1),))), ctx)))
+    body = ParityBody(tree=ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR)))), composition=Composition(shards=(ShardSpec(path='0'), ShardSpec(path='')), mesh=(1, 2)), training=Training(grad_accum=2, accum_sync=AccumSync.NO_ALL_REDUCE, skips=(Skip(path='0', step=0, microbatch=1),)))
+    comp = body.composition
+    composed = train(case, body.tree, body.training, comp, ctx, 1)
+    keys = ('losses', 'params', 'grad_norms')
+    scales = grad_scales(body.tree, comp, ctx.world_size)
+    reference = train(case, body.tree, body.training, None, ctx, 1, scales, local=_local_of(body.tree, comp))
+    run_parity_out = {**composed, 'ref': {k: reference[k] for k in keys if k in reference}}
+    obs = json.loads(json.dumps(run_parity_out))
     outs = [None] * world_size
     dist.all_gather_object(outs, obs)
     if rank != 0:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=8d2e3f15e7592da8 sources=845e968d7c09e2fe seconds=140.0
+# shardfuzz reduced reproducer: entry=8d2e3f15e7592da8 sources=845e968d7c09e2fe seconds=335.1
 """Reproduces shardfuzz corpus entry parity-mismatch-e887f758b809.json: mismatch:parity@fsdp2:frozen-int-reshard
 
 Observed: FSDP2: a frozen fully_shard unit with an int reshard_after_forward under a replicate'd
@@ -952,15 +952,14 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
             sync = AccumSync.ALWAYS if last else training.accum_sync
             composed.set_sync(requires_gradient_sync=sync is not AccumSync.NO_GRAD_SYNC, requires_all_reduce=sync is AccumSync.ALWAYS)
             ctx_mgr = composed.no_sync() if sync is AccumSync.NO_GRAD_SYNC else _null()
-            with ctx_mgr:
-                out = forward(x)
-                if contracts is not None and comp is not None:
-                    obs['contracts'] = contracts.after_forward(skipped)
-                    obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
-                    obs['contracts']['replicate_params'] = replicate_contract(model, comp, skipped)
-                    contracts = None
-                loss = F.mse_loss(out.to(y.dtype), y)
-                loss.backward()
+            out = forward(x)
+            if contracts is not None and comp is not None:
+                obs['contracts'] = contracts.after_forward(skipped)
+                obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
+                obs['contracts']['replicate_params'] = replicate_contract(model, comp, skipped)
+                contracts = None
+            loss = F.mse_loss(out.to(y.dtype), y)
+            loss.backward()
             step_losses.append(loss.item())
         if comp is None and precision is None:
             _average_gradients(model, ctx, grad_scales or {}, local)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=6e7911c031dba1c2 sources=c2f9d3144d82dce8 seconds=183.9
+# shardfuzz reduced reproducer: entry=6e7911c031dba1c2 sources=c2f9d3144d82dce8 seconds=361.7
 """Reproduces shardfuzz corpus entry state_dict-crash-81ffab405f7f.json: crash:state_dict:signal
 
 Observed: FSDP1 FULL_STATE_DICT with offload_to_cpu on CPU: model.state_dict() clones an already
@@ -143,11 +143,6 @@ def has_params(node: Node) -> bool:
     if isinstance(node, Leaf):
         return node.kind in PARAM_LEAVES
     return node.scale or any((has_params(c) for c in node.children))
-
-def owns_params(node: Node) -> bool:
-    if isinstance(node, Leaf):
-        return node.kind in PARAM_LEAVES
-    return node.scale
 
 def param_names(node: Node) -> list[str]:
     if isinstance(node, Leaf):
@@ -508,133 +503,6 @@ class Training:
 def mixed_precision_comparable(training: Training) -> bool:
     return (training.grad_accum == 1 or training.accum_sync is AccumSync.ALWAYS) and (not training.skips) and (not training.unfreeze) and (training.compile is Compile.NONE)
 
-def check_composition(tree: ModuleTree, comp: Composition, where: str='composition') -> None:
-    paths = tree.paths()
-    sharded = []
-    for i, spec in enumerate(comp.shards):
-        for j, path in enumerate(spec.paths):
-            at = f'{where}.shards[{i}].' + ('path' if j == 0 else f'group[{j - 1}]')
-            if path not in paths:
-                raise CaseError(at, f'{path!r} names no module of the tree (paths: {sorted(paths)})')
-            node = paths[path]
-            if not has_params(node):
-                what = f'a parameter-free {node.kind.value} leaf' if isinstance(node, Leaf) else 'holds no parameters'
-                raise CaseError(at, f'{path!r} is {what}' if isinstance(node, Leaf) else f'{path!r} {what}')
-            if path in sharded:
-                raise CaseError(at, f'{path!r} is sharded twice')
-            for other in spec.paths[:j]:
-                if is_ancestor(other, path) or is_ancestor(path, other):
-                    raise CaseError(at, f'{path!r} and {other!r} are nested; a group takes disjoint modules')
-            sharded.append(path)
-    for name, group in (('replicates', comp.replicates), ('checkpoints', comp.checkpoints)):
-        for i, path in enumerate(group):
-            if path not in paths:
-                raise CaseError(f'{where}.{name}[{i}]', f'{path!r} names no module of the tree')
-            if group.count(path) > 1:
-                raise CaseError(f'{where}.{name}[{i}]', f'{path!r} appears twice')
-    for i, path in enumerate(comp.replicates):
-        if path in sharded:
-            raise CaseError(f'{where}.replicates[{i}]', f"{path!r} is also fully_shard'ed")
-    done = []
-    for api, path in comp.steps():
-        if api != 'fully_shard':
-            continue
-        members = comp._spec_paths(api, path)
-        for member in members:
-            late = [d for d in done if is_ancestor(d, member)]
-            if late:
-                raise CaseError(f'{where}.shards', f'{member!r} would be sharded after its ancestor {late[0]!r}; put grouped modules at one depth')
-        done += members
-    _check_tp(tree, comp, where)
-    _check_replicate_options(tree, comp, where)
-    _check_checkpoint_options(tree, comp, where)
-    _check_ignored_params(tree, comp, where)
-    if comp.wrapper is Wrapper.NONE:
-        pass
-TP_BETWEEN = frozenset({LeafKind.RELU, LeafKind.TANH, LeafKind.GELU})
-
-def _trainable_params(node: Node) -> bool:
-    return owns_params(node) and (not (isinstance(node, Leaf) and node.frozen))
-
-def _check_replicate_options(tree: ModuleTree, comp: Composition, where: str) -> None:
-    opts = comp.replicate_options
-    paths = tree.paths()
-    at = f'{where}.replicate_options.ignored_modules'
-    for i, path in enumerate(opts.ignored_modules):
-        if path not in paths:
-            raise CaseError(f'{at}[{i}]', f'{path!r} names no module of the tree')
-        owners = [r for r in comp.replicates if is_ancestor(r, path)]
-        if not owners or not any((plain.manages_under(r, path) for r in owners)):
-            raise CaseError(f'{at}[{i}]', f'{path!r} holds no parameters a replicate call above it manages')
-        if any((contains(o, path) or contains(path, o) for o in opts.ignored_modules[:i])):
-            raise CaseError(f'{at}[{i}]', f'{path!r} is nested with another ignored module')
-    for member in comp.replicates:
-        unit = next((u for u in layout.units if u.api == 'replicate' and u.members == (member,)))
-        if opts.ignored_modules and (not any((_trainable_params(paths[p]) for p in layout.owned_by(unit)))):
-            raise CaseError(at, f'replicate({member!r}) is left no trainable parameter of its own to manage')
-    if opts.delay_all_reduce and (not any((layout.delay_plan(r) for r in comp.replicates))):
-        raise CaseError(f'{where}.replicate_options.delay_all_reduce', 'no replicate call manages two trainable modules (one to hook, one to delay)')
-
-def _check_ignored_params(tree: ModuleTree, comp: Composition, where: str) -> None:
-    specs = [(i, s) for i, s in enumerate(comp.shards) if s.ignored]
-    if not specs:
-        return
-    at = f'{where}.shards[{specs[0][0]}].ignored'
-    others = (('a wrapper', comp.wrapper is not Wrapper.NONE), ('replicate', bool(comp.replicates)), ('tensor parallelism', bool(comp.tp)), ('meta_init', comp.meta_init), ('knobs', comp.knobs.is_set))
-    for what, present in others:
-        if present:
-            raise CaseError(at, f'ignored_params are not drawn with {what}')
-    paths = tree.paths()
-    seen = []
-    for i, spec in specs:
-        at = f'{where}.shards[{i}].ignored'
-        if spec.mixed_precision is not None or spec.offload:
-            raise CaseError(at, 'ignored_params are not drawn with mixed precision or offload on that call')
-        for path in spec.ignored:
-            if path not in paths or not owns_params(paths[path]):
-                raise CaseError(at, f'{path!r} names no module of the tree with parameters of its own')
-            if plain.member_of(path) not in spec.paths:
-                raise CaseError(at, f"{path!r}: its parameters are not this fully_shard call's to ignore")
-            if path in seen:
-                raise CaseError(at, f'{path!r} is ignored twice')
-            seen.append(path)
-        unit = next((u for u in plain.units if u.api == 'fully_shard' and u.index == i))
-        if all((p in spec.ignored for p in plain.owned_by(unit))):
-            raise CaseError(at, f'fully_shard({spec.path!r}) would be left no parameter to shard')
-
-def _check_checkpoint_options(tree: ModuleTree, comp: Composition, where: str) -> None:
-    if comp.checkpoint_options.preserve_rng_state:
-        return
-    paths = tree.paths()
-    for path in comp.checkpoints:
-        node = paths[path]
-        nodes = [n for _, n in iter_paths(node)] if isinstance(node, Block) else [node]
-        if any((isinstance(n, Leaf) and n.kind is LeafKind.DROPOUT for n in nodes)):
-            raise CaseError(f'{where}.checkpoint_options.preserve_rng_state', f'checkpointed module {path!r} holds dropout: without the RNG state its recomputation differs')
-
-def _check_tp(tree: ModuleTree, comp: Composition, where: str) -> None:
-    paths = tree.paths()
-    used = []
-    if comp.tp and tree.width % comp.tp_size:
-        raise CaseError(f'{where}.tp', f'width={tree.width} does not split evenly over tp_size={comp.tp_size}')
-    for i, pair in enumerate(comp.tp):
-        at = f'{where}.tp[{i}]'
-        for field_name, path in (('colwise', pair.colwise), ('rowwise', pair.rowwise)):
-            node = paths.get(path)
-            if not (isinstance(node, Leaf) and node.kind is LeafKind.LINEAR and (not node.frozen)):
-                raise CaseError(f'{at}.{field_name}', f'{path!r} names no trainable linear leaf')
-            if path in used:
-                raise CaseError(f'{at}.{field_name}', f'{path!r} is in two pairs')
-            used.append(path)
-        parent, _, a = pair.colwise.rpartition('.')
-        parent_b, _, b = pair.rowwise.rpartition('.')
-        block = paths[parent]
-        if parent != parent_b or not isinstance(block, Block) or (not int(a) < int(b)):
-            raise CaseError(f'{at}.rowwise', f'{pair.rowwise!r} is not a later sibling of {pair.colwise!r}')
-        between = block.children[int(a) + 1:int(b)]
-        if not all((isinstance(c, Leaf) and c.kind in TP_BETWEEN for c in between)):
-            raise CaseError(f'{at}.rowwise', "only activations may sit between the pair's linear leaves")
-
 def check_mesh(comp: Composition, world_size: int, where: str='composition') -> None:
     if comp.mesh and comp.mesh[0] * comp.mesh[1] != world_size:
         r, sh = comp.mesh
@@ -740,7 +608,6 @@ class ParityBody(Body):
     def __post_init__(self) -> None:
         if not has_params(self.tree.root):
             raise CaseError('tree', 'the tree has no parameters')
-        check_composition(self.tree, self.composition)
         t = self.training
         if t.accum_sync is AccumSync.NO_ALL_REDUCE and (not self.composition.mesh):
             raise CaseError('training.accum_sync', 'no_all_reduce needs an HSDP (replicate, shard) mesh')
@@ -767,8 +634,6 @@ class MetamorphicBody(Body):
     def __post_init__(self) -> None:
         if not has_params(self.tree.root):
             raise CaseError('tree', 'the tree has no parameters')
-        check_composition(self.tree, self.composition)
-        check_composition(self.tree, self.variant, 'variant')
         if self.training.accum_sync is not AccumSync.ALWAYS:
             raise CaseError('training.accum_sync', 'metamorphic cases use always')
         check_training(self.tree, (self.composition, self.variant), self.training)
@@ -860,7 +725,6 @@ def _check_side(comp: Composition, tree: ModuleTree, where: str) -> None:
             if path not in tree.paths():
                 raise CaseError(f'{where}.checkpoints[{i}]', f'{path!r} names no module of the tree')
         return
-    check_composition(tree, comp, where)
 
 def _check_common(tree: ModuleTree, source: Composition, target: Composition, training: Training, steps_after: int, meta: bool) -> None:
     if not has_params(tree.root):
@@ -1323,10 +1187,6 @@ class DcpBody(Body):
         if len(set(self.orders)) > 1 and len(self.collective_entries()) > 1:
             raise CaseError('orders', 'per-rank orders allow at most one entry whose state_dict runs collectives (see collective_entries)')
 
-def fsdp_sharded(p: torch.Tensor) -> bool:
-    from torch.distributed.tensor import DTensor
-    return isinstance(p, DTensor) and 'shard' in (p.device_mesh.mesh_dim_names or ('shard',))
-
 class TreeBlock(nn.Module):
 
     def __init__(self, children: list[nn.Module], residual: bool, width: int, scale: bool, buffer: bool) -> None:
@@ -1390,18 +1250,6 @@ def build_model(tree: ModuleTree, device: torch.device) -> nn.Module:
     with torch.device(device):
         return build_node(tree.root, tree.width)
 
-def tree_blocks(model: nn.Module) -> dict[str, TreeBlock]:
-    return {'.'.join((c for c in name.split('.') if c.isdigit())): m for name, m in model.named_modules() if isinstance(m, TreeBlock)}
-
-def set_skipped(blocks: dict[str, TreeBlock], paths: list[str]) -> None:
-    skipped = {p: set() for p in blocks}
-    for path in paths:
-        parent, _, name = path.rpartition('.')
-        skipped[parent].add(name)
-    for p, block in blocks.items():
-        if block.skipped != skipped[p]:
-            block.skipped = frozenset(skipped[p])
-
 def leaf_parameters(model: nn.Module, paths: list[str]) -> dict[str, list[nn.Parameter]]:
     out = {path: [] for path in paths}
     for name, p in model.named_parameters():
@@ -1448,19 +1296,6 @@ def replicate_kwargs(model: nn.Module, tree: ModuleTree | None, comp: Compositio
         kwargs['param_to_hook_all_reduce'] = model.get_submodule(hook).get_parameter(next((name for p, name in order if p == hook)))
         kwargs['delay_all_reduce_named_params'] = [(str(i), model.get_submodule(p).get_parameter(name)) for i, (p, name) in enumerate(order) if p in delayed]
     return kwargs
-
-def delay_problems(model: nn.Module, comp: Composition) -> list[str]:
-    from torch.distributed._composable import replicate
-    problems = []
-    for member in comp.replicates:
-        ddp = getattr(replicate.state(model.get_submodule(member)), '_ddp', None)
-        if ddp is None:
-            continue
-        reduced = {id(p) for p in ddp._build_params_for_reducer()[0]}
-        held = [i for i, p in enumerate(ddp._delay_all_reduce_params) if id(p) in reduced]
-        if held:
-            problems.append(f"replicate({member!r}): {len(held)} of {len(ddp._delay_all_reduce_params)} delayed parameters are also in DDP's reducer (all-reduced twice)")
-    return problems
 
 def _matmuls() -> list[Any]:
     aten = torch.ops.aten
@@ -1549,11 +1384,6 @@ class Composed:
             return nullcontext()
         return self.model.no_sync()
 
-    def set_sync(self, requires_gradient_sync: bool=True, requires_all_reduce: bool=True) -> None:
-        for m in self.fsdp_roots:
-            m.set_requires_gradient_sync(requires_gradient_sync)
-            m.set_requires_all_reduce(requires_all_reduce)
-
     @contextmanager
     def full_parameters(self) -> Iterator[dict[str, torch.Tensor]]:
         from torch.distributed.tensor import DTensor
@@ -1600,45 +1430,12 @@ def compose(model: nn.Module, comp: Composition, ctx: RankContext, tree: ModuleT
     tops = [p for p in sharded if not any((is_ancestor(q, p) for q in sharded))]
     return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
 
-def build_composed(tree: ModuleTree, comp: Composition, dtype: torch.dtype, ctx: RankContext, *, seed: int) -> tuple[nn.Module, Composed]:
-    torch.manual_seed(seed)
-    if not comp.meta_init:
-        model = build_model(tree, ctx.device).to(dtype)
-        return (model, _with_knobs(model, compose(model, comp, ctx, tree), comp, tree))
-    from torch.distributed.tensor import DTensor, distribute_tensor
-    values = build_model(tree, ctx.device).to(dtype).state_dict()
-    model = build_model(tree, torch.device('meta')).to(dtype)
-    composed = compose(model, comp, ctx, tree)
-    offload = any((s.offload for s in comp.shards))
-    model.to_empty(device='cpu' if offload else ctx.device)
-    with torch.no_grad():
-        for name, t in [*model.named_parameters(), *model.named_buffers()]:
-            src = values[clean_name(name)]
-            if isinstance(t, DTensor) and offload:
-                t.to_local().copy_(distribute_tensor(src, t.device_mesh, t.placements).to_local())
-            elif isinstance(t, DTensor):
-                t.copy_(distribute_tensor(src, t.device_mesh, t.placements))
-            else:
-                t.copy_(src)
-        if offload:
-            for module in model.modules():
-                for key, buf in module._buffers.items():
-                    if buf is not None:
-                        module._buffers[key] = buf.to(ctx.device)
-    return (model, _with_knobs(model, composed, comp, tree))
-
-def _with_knobs(model: nn.Module, composed: Composed, comp: Composition, tree: ModuleTree) -> Composed:
-    if comp.knobs.is_set:
-        pass
-    return composed
-
 def _wrap(model: nn.Module, comp: Composition, ctx: RankContext) -> nn.Module:
     if comp.wrapper is Wrapper.DDP:
         from torch.nn.parallel import DistributedDataParallel as DDP
         device_ids = None if ctx.device.type == 'cpu' else [ctx.device]
         return DDP(model, device_ids=device_ids, find_unused_parameters=comp.find_unused)
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    from torch.distributed.fsdp import ShardingStrategy
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
     strategy = {Wrapper.FSDP1_FULL_SHARD: ShardingStrategy.FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP: ShardingStrategy.SHARD_GRAD_OP, Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD, Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[comp.wrapper]
     kwargs = {'sharding_strategy': strategy, 'device_id': ctx.device, 'use_orig_params': True}
@@ -1681,253 +1478,22 @@ def batches(case: Case, training: Training, width: int, ctx: RankContext, tp_siz
         out.append(step)
     return out
 
-def _seed_for_run(case: Case, ctx: RankContext, tp_size: int=1) -> None:
-    torch.manual_seed((case.seed * 7919 + ctx.rank // tp_size + 1) % 2 ** 63)
-
-class _Contracts:
-
-    def __init__(self, model: nn.Module, comp: Composition) -> None:
-        self.model = model
-        self.comp = comp
-        self.leaf_dtypes: dict[str, str] = {}
-        self.output_dtypes: dict[str, str] = {}
-        self.handles: list[Any] = []
-        for path in comp.sharded_paths:
-            mod = model.get_submodule(path)
-            self.handles.append(mod.register_forward_hook(self._on_output(path)))
-        for name, mod in model.named_modules():
-            if any((True for _ in mod.parameters(recurse=False))):
-                self.handles.append(mod.register_forward_pre_hook(self._on_leaf(name)))
-
-    def _on_output(self, path: str) -> Any:
-
-        def hook(module: nn.Module, args: Any, output: Any) -> None:
-            if isinstance(output, torch.Tensor):
-                self.output_dtypes.setdefault(path, str(output.dtype).removeprefix('torch.'))
-        return hook
-
-    def _on_leaf(self, name: str) -> Any:
-
-        def hook(module: nn.Module, args: Any) -> None:
-            p = next(module.parameters(recurse=False))
-            self.leaf_dtypes.setdefault(name, str(p.dtype).removeprefix('torch.'))
-        return hook
-
-    def after_forward(self, skipped: list[str]) -> dict[str, Any]:
-        for h in self.handles:
-            h.remove()
-        sharded = self.comp.sharded_paths + list(self.comp.replicates)
-        state = {}
-        for spec in self.comp.shards:
-            flags = []
-            if all((_under_any(path, skipped) for path in spec.paths)):
-                state[spec.path] = flags
-                continue
-            if any((_under_any(path, skipped) for path in spec.paths)) and (not _completes_partial_groups()):
-                state[spec.path] = flags
-                continue
-            for path in spec.paths:
-                for sub, _ in iter_paths_of(self.model, path):
-                    if sub != path and _under_other_unit(sub, path, sharded) or sub in spec.ignored:
-                        continue
-                    mod = self.model.get_submodule(sub)
-                    flags += [fsdp_sharded(p) for p in mod.parameters(recurse=False)]
-            state[spec.path] = flags
-        return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
-
-def _completes_partial_groups() -> bool:
-    from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
-    return hasattr(FSDPState, '_force_complete_incomplete_states')
-
-def iter_paths_of(model: nn.Module, path: str) -> list[tuple[str, nn.Module]]:
-    root = model.get_submodule(path)
-    return [(f'{path}.{n}' if path and n else n or path, m) for n, m in root.named_modules()]
-
-def _under_other_unit(sub: str, unit: str, sharded: list[str]) -> bool:
-    return any((is_ancestor(unit, other) and contains(other, sub) for other in sharded))
-
-def _under_any(path: str, skipped: list[str]) -> bool:
-    return any((contains(s, path) for s in skipped))
-
-def replicate_contract(model: nn.Module, comp: Composition, skipped: list[str] | None=None) -> dict[str, list[str]]:
-    from torch.distributed._composable import replicate
-    out = {}
-    for path in comp.replicates:
-        if _under_any(path, skipped or []):
-            continue
-        state = replicate.state(model.get_submodule(path))
-        out[path] = sorted(getattr(state, '_param_names', []))
-    return out
-
-def train(case: Case, tree: ModuleTree, training: Training, comp: Composition | None, ctx: RankContext, tp_size: int=1, grad_scales: dict[str, float] | None=None, precision: MixedPrecision | None=None, local: frozenset[str]=frozenset()) -> dict[str, Any]:
-    dtype = TORCH_DTYPES[training.dtype]
-    if comp is not None:
-        model, composed = build_composed(tree, comp, dtype, ctx, seed=case.seed)
-    else:
-        torch.manual_seed(case.seed)
-        model = build_model(tree, ctx.device).to(dtype)
-        composed = Composed(model)
-    contracts = _Contracts(model, comp) if comp is not None else None
-    obs = {}
-    blocks = tree_blocks(composed.model)
-    later = _unfrozen_later(composed.model, training)
-    opt = make_optimizer(composed.model.parameters(), training, [p for ps in later.values() for p in ps])
-    forward = _compiled(composed.model, training) if comp is not None else composed.model
-    _seed_for_run(case, ctx, tp_size)
-    losses = []
-    params_per_step = []
-    grad_norms = []
-    for s, step in enumerate(batches(case, training, tree.width, ctx, tp_size)):
-        for path in [u.path for u in training.unfreeze if u.step == s]:
-            for p in later[path]:
-                p.requires_grad_(True)
-        step_losses = []
-        for i, (x, y) in enumerate(step):
-            skipped = training.skipped_at(s, i)
-            set_skipped(blocks, skipped)
-            last = i == len(step) - 1
-            sync = AccumSync.ALWAYS if last else training.accum_sync
-            composed.set_sync(requires_gradient_sync=sync is not AccumSync.NO_GRAD_SYNC, requires_all_reduce=sync is AccumSync.ALWAYS)
-            ctx_mgr = composed.no_sync() if sync is AccumSync.NO_GRAD_SYNC else _null()
-            if composed.knobs is not None and composed.knobs.knobs.abort_and_reset and (s == 0) and (i == 0):
-                composed.knobs.abort_and_reset(forward, x, skipped)
-            if composed.knobs is not None:
-                composed.knobs.before_microbatch(first=s == 0 and i == 0, last=last)
-            if precision is not None:
-                loss = _low_precision_microbatch(model, x, y, precision, training, ctx)
-                step_losses.append(loss.item())
-                continue
-            with ctx_mgr:
-                out = forward(x)
-                if contracts is not None and comp is not None:
-                    obs['contracts'] = contracts.after_forward(skipped)
-                    obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
-                    obs['contracts']['replicate_params'] = replicate_contract(model, comp, skipped)
-                    if comp.replicate_options.delay_all_reduce:
-                        obs['contracts']['delayed'] = delay_problems(model, comp)
-                    contracts = None
-                loss = F.mse_loss(out.to(y.dtype), y)
-                loss.backward()
-            step_losses.append(loss.item())
-        if comp is None and precision is None:
-            _average_gradients(model, ctx, grad_scales or {}, local)
-        if composed.wrapper.value.startswith('fsdp1') and composed.wrapper.value != 'fsdp1_no_shard':
-            grad_norms.append(float('nan'))
-        else:
-            grad_norms.append(_grad_norm(composed))
-        opt.step()
-        opt.zero_grad(set_to_none=training.set_to_none)
-        losses.append(step_losses)
-        with composed.full_parameters() as full:
-            if ctx.rank == 0:
-                params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
-    obs['losses'] = losses
-    obs['grad_norms'] = grad_norms
-    obs['local_params'] = _local_replicated(composed.model, _local_of(tree, comp))
-    obs['knob_problems'] = [] if composed.knobs is None else composed.knobs.problems
-    if ctx.rank == 0:
-        obs['params'] = params_per_step
-    return obs
-
-def _unfrozen_later(model: nn.Module, training: Training) -> dict[str, list[nn.Parameter]]:
-    out = {u.path: [] for u in training.unfreeze}
-    for name, p in model.named_parameters():
-        owner = '.'.join((c for c in clean_name(name).split('.')[:-1] if c.isdigit()))
-        if owner in out:
-            out[owner].append(p)
-    return out
-
-def _compiled(model: nn.Module, training: Training) -> Any:
-    if training.compile is Compile.NONE:
-        return model
-    torch._dynamo.reset()
-    return torch.compile(model, backend=training.compile.value)
-
-class _null:
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-def _average_gradients(model: nn.Module, ctx: RankContext, scales: dict[str, float], local: frozenset[str]=frozenset()) -> None:
-    for name, p in model.named_parameters():
-        if p.grad is not None and name.rpartition('.')[0] not in local:
-            dist.all_reduce(p.grad)
-            p.grad /= ctx.world_size
-            scale = scales.get(name.rpartition('.')[0], 1.0)
-            if scale != 1.0:
-                p.grad *= scale
-
-def _low_precision_microbatch(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mp: MixedPrecision, training: Training, ctx: RankContext) -> torch.Tensor:
-    base = TORCH_DTYPES[training.dtype]
-    compute = TORCH_DTYPES[mp.param_dtype] if mp.param_dtype is not None else base
-    reduce = TORCH_DTYPES[mp.reduce_dtype] if mp.reduce_dtype is not None else compute
-    shadow = copy.deepcopy(model).to(compute)
-    out = shadow(x.to(compute))
-    if mp.output_dtype is not None:
-        out = out.to(TORCH_DTYPES[mp.output_dtype])
-    loss = F.mse_loss(out.to(y.dtype), y)
-    loss.backward()
-    for p, q in zip(model.parameters(), shadow.parameters()):
-        if q.grad is None:
-            continue
-        g = q.grad.to(reduce)
-        before, after = _divide_split(reduce, ctx.world_size)
-        if before != 1:
-            g = g / before
-        dist.all_reduce(g)
-        g = (g / after).to(p.dtype)
-        p.grad = g if p.grad is None else p.grad + g
-    return loss
-
-def _divide_split(reduce: torch.dtype, world_size: int) -> tuple[int, float]:
-    if reduce in (torch.float32, torch.bfloat16) or world_size == 1:
-        return (1, float(world_size))
-    before = 1
-    while world_size % before == 0 and world_size / before > before:
-        before *= 2
-    return (before, world_size / before)
-
 def grad_scales(tree: ModuleTree, comp: Composition, world_size: int) -> dict[str, float]:
     scales = {path: layout.gradient_scale(path, world_size) for path in layout.paths}
     return {path: scale for path, scale in scales.items() if scale != 1.0}
 
-def _grad_norm(composed: Composed) -> float:
-    from torch.distributed.tensor import DTensor
-    total = torch.zeros((), dtype=torch.float64)
-    for p in composed.model.parameters():
-        if p.grad is not None:
-            g = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
-            total += g.double().pow(2).sum().cpu()
-    return float(total.sqrt())
-
-def _local_of(tree: ModuleTree, comp: Composition | None) -> frozenset[str]:
-    pass
-
-def _local_replicated(model: nn.Module, local: frozenset[str]=frozenset()) -> dict[str, list[float]]:
-    from torch.distributed.tensor import DTensor
-    return {n: p.detach().double().cpu().flatten().tolist() for n, p in model.named_parameters() if not isinstance(p, DTensor) and (not n.startswith('_fsdp_wrapped_module')) and ('_fsdp' not in n) and (clean_name(n).rpartition('.')[0] not in local)}
-
 def run_parity(case: Case, body: ParityBody, ctx: RankContext) -> dict[str, Any]:
-    tp = body.composition.tp_size
     comp = body.composition
-    composed = train(case, body.tree, body.training, comp, ctx, tp)
     keys = ('losses', 'params', 'grad_norms')
     if any((s.mixed_precision is not None for s in comp.shards)):
         precision = comp.uniform_precision()
         if precision is None or not mixed_precision_comparable(body.training):
             return composed
-        reference = train(case, body.tree, body.training, None, ctx, tp, precision=precision)
         return {**composed, 'ref': {k: reference[k] for k in keys if k in reference}}
     scales = grad_scales(body.tree, comp, ctx.world_size)
-    reference = train(case, body.tree, body.training, None, ctx, tp, scales, local=_local_of(body.tree, comp))
     return {**composed, 'ref': {k: reference[k] for k in keys if k in reference}}
 
 def run_metamorphic(case: Case, body: MetamorphicBody, ctx: RankContext) -> dict[str, Any]:
-    first = train(case, body.tree, body.training, body.composition, ctx)
-    second = train(case, body.tree, body.training, body.variant, ctx)
     keys = ('losses', 'params', 'grad_norms', 'knob_problems')
     return {**first, 'ref': {k: second[k] for k in keys if k in second}}
 PROBE_ROWS = 3
@@ -2116,8 +1682,7 @@ def dropped_keys(side: Side, drop: tuple[int, ...]) -> list[str]:
     return sorted({keys[i % len(keys)] for i in drop}) if keys else []
 
 def fsdp1_state_dict_type(side: Side, *, full: bool, offload: bool, rank0_only: bool=False) -> None:
-    from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig, ShardedOptimStateDictConfig, ShardedStateDictConfig, StateDictType
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig, ShardedOptimStateDictConfig, ShardedStateDictConfig, StateDictType, FullyShardedDataParallel as FSDP
     if full:
         FSDP.set_state_dict_type(side.model, StateDictType.FULL_STATE_DICT, FullStateDictConfig(offload_to_cpu=offload, rank0_only=rank0_only), FullOptimStateDictConfig(offload_to_cpu=offload, rank0_only=rank0_only))
     else:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=8017b5f35ca482a2 sources=c2f9d3144d82dce8 seconds=158.6
+# shardfuzz reduced reproducer: entry=8017b5f35ca482a2 sources=c2f9d3144d82dce8 seconds=184.8
 """Reproduces shardfuzz corpus entry state_dict-exception-ab49bbd468b0.json: exception:state_dict:builtins.AssertionError@torch/distributed/fsdp/_state_dict_utils.py:_common_unshard_post_state_dict_hook
 
 Observed: FSDP1 NO_SHARD (use_orig_params) with an auto-wrapped unit whose parameters are all
@@ -36,9 +36,6 @@ class LeafKind(str, enum.Enum):
 
 class Dtype(str, enum.Enum):
     FLOAT32 = 'float32'
-    FLOAT64 = 'float64'
-    BFLOAT16 = 'bfloat16'
-    FLOAT16 = 'float16'
 
 @dataclass()
 class Leaf:
@@ -55,20 +52,14 @@ class ModuleTree:
     root: object
 
 class Wrapper(str, enum.Enum):
-    NONE = 'none'
-    FSDP1_FULL_SHARD = 'fsdp1_full_shard'
-    FSDP1_SHARD_GRAD_OP = 'fsdp1_shard_grad_op'
     FSDP1_NO_SHARD = 'fsdp1_no_shard'
-    FSDP1_HYBRID_SHARD = 'fsdp1_hybrid_shard'
 
 @dataclass()
 class Composition:
-    wrapper: object = Wrapper.NONE
-    auto_wrap: object = False
+    pass
 
 @dataclass()
 class Training:
-    momentum: object = 0.0
     dtype: object = Dtype.FLOAT32
 
 class Body:
@@ -81,13 +72,9 @@ class Case:
     seed: object
     body: object
 
-class Api(str, enum.Enum):
-    SPLIT = 'split'
-    FSDP1 = 'fsdp1_optim_state_dict'
-
 @dataclass()
 class Options:
-    full_state_dict: object = False
+    pass
 
 @dataclass()
 class StateDictBody(Body):
@@ -95,9 +82,7 @@ class StateDictBody(Body):
     source: object
     target: object
     training: object = field()
-    api: object = Api.SPLIT
-    save: object = field(default_factory=Options)
-    load: object = field(default_factory=Options)
+    load: object = field()
 
 class TreeBlock(nn.Module):
 
@@ -119,18 +104,9 @@ def build_node(node, width):
             module.requires_grad_(False)
         return module
     return TreeBlock([build_node(c, width) for c in node.children], False, width, False, False)
-
-def build_model(tree, device):
-    return build_node(tree.root, 2)
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32}
 
-@dataclass
-class Composed:
-    model: object
-    wrapper: object = Wrapper.NONE
-
 def batches(case, training, width, ctx, tp_size=1):
-    gen = torch.Generator().manual_seed(37)
     lo = ctx.rank // tp_size * 2
     out = []
     step = []
@@ -140,50 +116,27 @@ def batches(case, training, width, ctx, tp_size=1):
     out.append(step)
     return out
 
-@dataclass
-class Side:
-    composed: object
-    comp: object
-    training: object
-
-    @property
-    def model(self):
-        return self.composed.model
-
-def run_state_dict(case, body, ctx):
-    t = body.training
-    data = [step[0] for step in batches(case, replace(t), 2, ctx)]
-    tree = body.tree
-    comp = body.source
-    device = ctx.device
-    model = build_model(tree, device).to(TORCH_DTYPES[t.dtype])
-    names = [n for n, _ in model.named_parameters()]
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    from torch.distributed.fsdp import ShardingStrategy
-    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-    strategy = {Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD}[comp.wrapper]
-    kwargs = {'sharding_strategy': strategy, 'device_id': ctx.device, 'use_orig_params': True}
-    kwargs['auto_wrap_policy'] = ModuleWrapPolicy({TreeBlock})
-    wrap_out = FSDP(model, **kwargs)
-    composed = Composed(model=wrap_out)
-    src = Side(composed=composed, comp=comp, training=t)
-    params = list(src.model.parameters())
-    frozen = []
-    held = {id(p) for p in frozen}
-    src.opt = torch.optim.SGD(params)
-    data_ = data[:2]
-    x, y = next(iter(data_))
-    loss = F.mse_loss(src.model(x).to(y.dtype), y)
-    loss.backward()
-    msd, osd = (src.model.state_dict(),)
-
 def attempt(rank, world_size):
-    case = Case(property='state_dict', world_size=2, seed=37, body=StateDictBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR, frozen=True), Block(children=(Leaf(kind=LeafKind.LINEAR),))))), source=Composition(wrapper=Wrapper.FSDP1_NO_SHARD, auto_wrap=True), target=Composition(wrapper=Wrapper.FSDP1_NO_SHARD), training=Training(momentum=0.9), api=Api.FSDP1, save=Options(full_state_dict=True), load=Options(full_state_dict=True)))
+    case = Case(property='state_dict', world_size=2, seed=37, body=StateDictBody(tree=ModuleTree(width=2, root=Block(children=())), source=Composition(), target=Composition(), training=Training(), load=Options()))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import re
     import traceback
     try:
-        run_state_dict(case, StateDictBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR, frozen=True), Block(children=(Leaf(kind=LeafKind.LINEAR),))))), source=Composition(wrapper=Wrapper.FSDP1_NO_SHARD, auto_wrap=True), target=Composition(wrapper=Wrapper.FSDP1_NO_SHARD), training=Training(momentum=0.9), load=Options(full_state_dict=True)), ctx)
+        t = Training()
+        data = [step[0] for step in batches(case, replace(t), 2, ctx)]
+        build_model_out = build_node(Block(children=(Leaf(kind=LeafKind.LINEAR, frozen=True), Block(children=(Leaf(kind=LeafKind.LINEAR),)))), 2)
+        model = build_model_out.to(TORCH_DTYPES[t.dtype])
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+        strategy = {Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD}[Wrapper.FSDP1_NO_SHARD]
+        kwargs = {'sharding_strategy': strategy, 'device_id': torch.device('cpu'), 'use_orig_params': True}
+        kwargs['auto_wrap_policy'] = ModuleWrapPolicy({TreeBlock})
+        wrap_out = FSDP(model, **kwargs)
+        data_ = data[:2]
+        x, y = next(iter(data_))
+        loss = F.mse_loss(wrap_out(x).to(y.dtype), y)
+        loss.backward()
+        msd, osd = (wrap_out.state_dict(),)
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = [(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))][-1]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=88007dd7d6fc16e9 sources=c2f9d3144d82dce8 seconds=158.6
+# shardfuzz reduced reproducer: entry=88007dd7d6fc16e9 sources=c2f9d3144d82dce8 seconds=174.8
 """Reproduces shardfuzz corpus entry state_dict-exception-b39fcc19147a.json: exception:state_dict:builtins.KeyError@torch/distributed/_state_dict_utils.py:_unflatten_state_dict
 
 Observed: rank 0 raised builtins.KeyError: 'param_groups.0.params.0'
@@ -18,8 +18,7 @@ from __future__ import annotations
 import torch
 import enum
 from torch import nn
-import inspect
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 @dataclass
 class RankContext:
@@ -31,12 +30,6 @@ class RankContext:
 class Dtype(str, enum.Enum):
     FLOAT32 = 'float32'
     FLOAT64 = 'float64'
-    BFLOAT16 = 'bfloat16'
-    FLOAT16 = 'float16'
-
-@dataclass()
-class Leaf:
-    kind: object
 
 @dataclass()
 class Block:
@@ -62,7 +55,6 @@ class Body:
 
 @dataclass()
 class Options:
-    full_state_dict: object = False
     flatten_optimizer_state_dict: object = False
 
 @dataclass()
@@ -83,12 +75,7 @@ class TreeBlock(nn.Module):
         self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(width)) if scale else None
 
 def build_node(node, width):
-    if isinstance(node, Leaf):
-        return None
     return TreeBlock([build_node(c, width) for c in node.children], False, width, node.scale, node.buffer)
-
-def build_model(tree, device):
-    return build_node(tree.root, 4)
 TORCH_DTYPES = {Dtype.FLOAT64: torch.float64}
 
 @dataclass
@@ -107,43 +94,35 @@ class Side:
         return self.composed.model
 
 def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=()):
-    device = ctx.device
-    model = build_model(tree, device).to(TORCH_DTYPES[training.dtype])
+    build_model_out = build_node(tree.root, 4)
+    model = build_model_out.to(TORCH_DTYPES[training.dtype])
     composed = Composed(model)
     return Side(composed=composed, comp=comp, training=training)
-
-def fresh_training(training):
-    return replace(training)
 
 def body_optimizer(side, training, body):
     params = list(side.model.parameters())
     groups = [{'params': params[0::2]}]
-    groups = [g for g in groups if g['params']]
     side.opt = torch.optim.Adam(groups)
-
-def state_dict_options(o):
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-    extra = {n: True for n in ('flatten_optimizer_state_dict',) if getattr(o, n)}
-    params = inspect.signature(StateDictOptions).parameters
-    return StateDictOptions(full_state_dict=True, **extra)
 
 def attempt(rank, world_size):
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import re
     import traceback
     try:
-        body = StateDictBody(tree=ModuleTree(width=4, root=Block(children=(Block(children=(), scale=True),))), source=Composition(), target=Composition(), training=Training(dtype=Dtype.FLOAT64), save=Options(), load=Options(flatten_optimizer_state_dict=True))
-        t = body.training
-        src = build_side(body.tree, body.source, t, ctx, seed=57)
+        body = StateDictBody(tree=ModuleTree(width=4, root=Block(children=())), source=Composition(), target=Composition(), training=Training(), save=Options(), load=Options())
+        t = Training(dtype=Dtype.FLOAT64)
+        src = build_side(ModuleTree(width=4, root=Block(children=(Block(children=(), scale=True),))), Composition(), t, ctx, seed=57)
         body_optimizer(src, t, body)
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict, get_state_dict
-        options = state_dict_options(body.save)
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
         msd_ = get_model_state_dict(src.model)
         msd, osd = (msd_, get_optimizer_state_dict(src.model, src.opt))
-        tgt = build_side(body.tree, body.target, t, ctx, seed=57 + FRESH_SEED)
-        body_optimizer(tgt, fresh_training(t), body)
-        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict, set_state_dict
-        options_ = state_dict_options(body.load)
+        tgt = build_side(ModuleTree(width=4, root=Block(children=(Block(children=(), scale=True),))), Composition(), t, ctx, seed=57 + FRESH_SEED)
+        body_optimizer(tgt, None, body)
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+        o = Options(flatten_optimizer_state_dict=True)
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+        extra = {n: True for n in ('flatten_optimizer_state_dict',) if getattr(o, n)}
+        options_ = StateDictOptions(full_state_dict=True, **extra)
         opt = tgt.opt
         set_optimizer_state_dict(tgt.model, opt, osd, options=options_)
     except BaseException as e:

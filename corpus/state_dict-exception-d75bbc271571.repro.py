@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=612c19dfe449ee2d sources=c2f9d3144d82dce8 seconds=153.7
+# shardfuzz reduced reproducer: entry=612c19dfe449ee2d sources=c2f9d3144d82dce8 seconds=159.5
 """Reproduces shardfuzz corpus entry state_dict-exception-d75bbc271571.json: exception:state_dict:builtins.AssertionError@torch/distributed/checkpoint/state_dict.py:_load_optim_state_dict
 
 Observed: set_optimizer_state_dict(full_state_dict=True) raises AssertionError('Expected device
@@ -52,16 +52,11 @@ class Body:
     pass
 
 @dataclass()
-class Options:
-    pass
-
-@dataclass()
 class StateDictBody(Body):
     tree: object
     source: object
     target: object
     training: object = field()
-    load: object = field(default_factory=Options)
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32}
 
 @dataclass
@@ -89,11 +84,6 @@ def body_optimizer(side, training, body):
     params = list(side.model.parameters())
     side.opt = torch.optim.SGD(params)
 
-def state_dict_options(o):
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-    extra = {n: True for n in () if getattr(o, n)}
-    return StateDictOptions(full_state_dict=True, **extra)
-
 def attempt(rank, world_size):
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import re
@@ -103,13 +93,13 @@ def attempt(rank, world_size):
         t = Training()
         src = build_side(ModuleTree(width=2, root=Block(children=())), Composition(), t, ctx, seed=0)
         body_optimizer(src, t, body)
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict, get_state_dict
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
         msd_ = get_model_state_dict(src.model)
         msd, osd = (msd_, get_optimizer_state_dict(src.model, src.opt))
         tgt = build_side(ModuleTree(width=2, root=Block(children=())), Composition(), t, ctx, seed=0 + FRESH_SEED)
         body_optimizer(tgt, None, body)
-        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict, set_state_dict
-        options_ = state_dict_options(body.load)
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict, StateDictOptions
+        options_ = StateDictOptions(full_state_dict=True)
         opt = tgt.opt
         set_optimizer_state_dict(tgt.model, opt, osd, options=options_)
     except BaseException as e:

@@ -162,3 +162,14 @@ def test_a_dict_handed_on_whole_stays_a_dict() -> None:
     out = simplify(code)
     assert out is None or "out = {}" in out
     assert _run(out or code) == ["a"]
+
+
+def test_a_comprehension_over_one_element_becomes_its_item() -> None:
+    out = _simplified(
+        """
+        specs = {'': s for s in (Composed(model=2),)}
+        paths = [p + '.' for p in ('a',)]
+        return specs[''].model, paths
+        """
+    )
+    assert " for " not in out and "['a' + '.']" in out

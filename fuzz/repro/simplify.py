@@ -20,8 +20,8 @@ left alone), repeated until none applies:
 - **Imports**: in functions, imported names nothing reads go, and neighbouring imports from one
   module become one;
 - **Firsts and empties**: ``next(iter((a, b)))`` becomes ``a``; a comprehension over an empty
-  display becomes an empty display, and ``**{}`` goes from a call, with a local bound only to
-  ``{}`` and only unpacked so.
+  display becomes an empty display, one over a display of one element the display of its
+  item, and ``**{}`` goes from a call, with a local bound only to ``{}`` and only unpacked so.
 
 What is not pure (a call whose value is used twice) is never duplicated, but for calls of the
 script's own dataclasses, which only build an object.
@@ -630,6 +630,10 @@ class _Firsts(ast.NodeTransformer):
     def _comprehension(self, node: ast.ListComp | ast.SetComp | ast.DictComp | ast.GeneratorExp) -> ast.AST:
         self.generic_visit(node)
         first = node.generators[0].iter
+        one = _one_item(node)
+        if one is not None:
+            self.changed = True
+            return ast.copy_location(one, node)
         if not (isinstance(first, (ast.Tuple, ast.List)) and not first.elts):
             return node
         self.changed = True
@@ -642,6 +646,41 @@ class _Firsts(ast.NodeTransformer):
         return ast.copy_location(ast.Call(ast.Name("set", ast.Load()), [], []), node)
 
     visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = _comprehension
+
+
+def _one_item(node: ast.ListComp | ast.SetComp | ast.DictComp | ast.GeneratorExp) -> ast.expr | None:
+    """A list, set or dict comprehension over a display of one element, without a condition,
+    as the display of its one item (``[f(p) for p in ('',)]``: ``[f('')]``), where the
+    element is pure or named once."""
+    if isinstance(node, ast.GeneratorExp) or len(node.generators) != 1:
+        return None
+    gen = node.generators[0]
+    items = gen.iter.elts if isinstance(gen.iter, (ast.Tuple, ast.List)) else []
+    if gen.ifs or gen.is_async or not isinstance(gen.target, ast.Name) or len(items) != 1:
+        return None
+    item, name = items[0], gen.target.id
+    if isinstance(item, ast.Starred):
+        return None
+    parts: list[ast.expr] = [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
+    uses = sum(1 for part in parts for n in ast.walk(part) if isinstance(n, ast.Name) and n.id == name)
+    inner = any(
+        isinstance(n, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp))
+        for p in parts
+        for n in ast.walk(p)
+    )
+    if inner or (uses > 1 and not _pure(item)):
+        return None
+
+    class Bind(ast.NodeTransformer):
+        def visit_Name(self, n: ast.Name) -> ast.AST:
+            return ast.copy_location(copy.deepcopy(item), n) if n.id == name else n
+
+    bound = [Bind().visit(copy.deepcopy(part)) for part in parts]
+    if isinstance(node, ast.DictComp):
+        return ast.Dict([bound[0]], [bound[1]])
+    if isinstance(node, ast.ListComp):
+        return ast.List(bound, ast.Load())
+    return ast.Set(bound)
 
 
 def _empties(tree: ast.Module, frozen: Frozen) -> bool:
