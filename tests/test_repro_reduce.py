@@ -118,3 +118,28 @@ def test_portable_requotes_f_strings_only_where_the_code_is_unchanged() -> None:
     fixed = portable(reused)
     assert fixed.splitlines()[0] == "x = f'{p.rpartition(\"/t/\")[2]}:{n}'"
     assert fixed.splitlines()[1] == "y = 'f{a}'"
+
+
+class _TorchrunStub:
+    """An oracle whose pool kept scripts that torchrun confirms only up to ``last_good``."""
+
+    def __init__(self, last_good: int) -> None:
+        self.pool, self.last_good, self.runs, self.said = object(), last_good, 0, ""
+
+    def torchrun(self, code: str) -> bool:
+        self.runs += 1
+        return int(code) <= self.last_good
+
+    def say(self, text: str) -> None:
+        self.said = text
+
+
+@pytest.mark.parametrize("last_good", [-1, 0, 17, 98])
+def test_a_final_script_torchrun_refuses_falls_back_to_the_last_kept_one_it_confirms(last_good: int) -> None:
+    from fuzz.repro.reduce import BISECTIONS, _confirmed
+
+    kept = [str(i) for i in range(100)]  # script i reproduces under torchrun while i <= last_good
+    stub = _TorchrunStub(last_good)
+    out = _confirmed("99", "folded", stub, "delta-debugged", kept)  # type: ignore[arg-type]
+    assert out == (str(last_good) if last_good >= 0 else "folded")
+    assert stub.runs <= 1 + BISECTIONS

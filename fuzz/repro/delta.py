@@ -367,11 +367,13 @@ def ddmin(
     tidy: Callable[[str], str] = lambda c: c,
     frozen: Frozen = frozenset(),
     pretest: bool = False,
+    kept: list[str] | None = None,
     say: Callable[[str], None] = lambda _: None,
 ) -> str:
     """``code`` cut down while ``test`` holds, until ``time.monotonic()`` passes ``until``;
     the definitions named in ``frozen`` are left as they are. ``pretest``: an attempt is cheap
-    next to tidying (the pool runs them), so each cut is tested before it is tidied."""
+    next to tidying (the pool runs them), so each cut is tested before it is tidied. ``kept``
+    gets every script that became the current one, in order."""
     current = code
     try:
         tidied = tidy(code)
@@ -405,6 +407,8 @@ def ddmin(
             except (SyntaxError, ValueError, TypeError, KeyError, RecursionError):
                 tidied = candidate
             current = tidied if tidied != candidate and smaller(tidied) and test(tidied) else candidate
+            if kept is not None:
+                kept.append(current)
             return True
         try:
             candidate = tidy(candidate)
@@ -413,6 +417,8 @@ def ddmin(
         if not smaller(candidate) or not test(candidate):
             return False
         current = candidate
+        if kept is not None:
+            kept.append(current)
         return True
 
     def each(

@@ -81,6 +81,8 @@ HEADER = "# shardfuzz reduced reproducer:"
 DEFAULT_BUDGET_S = 240.0
 #: A candidate may take this many times as long as the unreduced script, plus the slack.
 TIMEOUT_FACTOR = 2.0
+#: Torchrun attempts at most to find the last pooled script that torchrun confirms.
+BISECTIONS = 8
 TIMEOUT_SLACK_S = 30.0
 #: In the pool, a candidate may take this many times as long as the slowest that reproduced
 #: there, and at least POOL_DEADLINE_MIN_S (a candidate that hangs costs no more than that).
@@ -681,6 +683,7 @@ def reduce_entry(
         verified = code
         tidied = lambda text: tidy(text, entry, origins)  # noqa: E731
         frozen = _judge_side(code, entry, origins)
+        kept: list[str] = []
         code = ddmin(
             code,
             oracle,
@@ -688,9 +691,10 @@ def reduce_entry(
             tidy=tidied,
             frozen=frozen,
             pretest=oracle.pool is not None,
+            kept=kept,
             say=say,
         )
-        code = _confirmed(code, verified, oracle, "delta-debugged")
+        code = _confirmed(code, verified, oracle, "delta-debugged", kept)
     finally:
         oracle.close()
     script = render_flat(entry, source, signature, code)
@@ -727,12 +731,30 @@ def _judge_side(code: str, entry: Entry, origins: Origins) -> frozenset[str]:
     return frozen_for(code, roots)
 
 
-def _confirmed(code: str, verified: str, oracle: _Oracle, what: str) -> str:
+def _confirmed(code: str, verified: str, oracle: _Oracle, what: str, kept: list[str] | None = None) -> str:
     """``code`` if it is ``verified`` or reproduces under torchrun, else ``verified`` (a script
-    that reproduced there). Needed only where the pool ran the attempts."""
+    that reproduced there). Needed only where the pool ran the attempts. Where the pool kept
+    scripts on the way (``kept``, in order) that torchrun does not confirm at the end (a rank
+    that carried state from one attempt to the next), the last of them that torchrun confirms
+    is found by bisection (at most :data:`BISECTIONS` torchruns) before falling back."""
     if code == verified or oracle.pool is None or oracle.torchrun(code):
         return code
     lines = code_lines(verified)
+    candidates = [c for c in (kept or []) if c != code]
+    good, bad, tries = -1, len(candidates), 0
+    while bad - good > 1 and tries < BISECTIONS:  # kept[good] reproduces (or is ``verified``)
+        middle = (good + bad) // 2
+        tries += 1
+        if oracle.torchrun(candidates[middle]):
+            good = middle
+        else:
+            bad = middle
+    if good >= 0:
+        oracle.say(
+            f"  the {what} script does not reproduce under torchrun: kept an earlier one that does "
+            f"({code_lines(candidates[good])} code lines)"
+        )
+        return candidates[good]
     oracle.say(f"  the {what} script does not reproduce under torchrun: kept the one before ({lines} code lines)")
     return verified
 
