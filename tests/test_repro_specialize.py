@@ -144,3 +144,45 @@ def test_clean_drops_what_nothing_reads_and_keeps_positional_fields() -> None:
     assert "details" in code and "summary" in code  # passed by position
     assert "unread" not in code and "never_called" not in code
     assert "step" not in code and "for name" not in code and "None" not in code
+
+
+def test_a_judges_case_functions_become_their_value_for_the_case() -> None:
+    from fuzz.properties.parity import api_of
+    from fuzz.repro.specialize import fold_case_functions
+
+    entry = load_entry(ROOT / "corpus" / "parity-mismatch-da0c9d4e06cd.json")
+    body = entry.case.body
+    code = (
+        "def judge_parity(case):\n"
+        "    body = case.body\n"
+        "    api = api_of(body.composition, body.tree, body.training, 2)\n"
+        "    other = api_of(local_only)\n"
+        "    return api\n"
+    )
+    out = fold_case_functions(code, entry, {"api_of": ("fuzz.properties.parity", "api_of")})
+    assert out is not None
+    want = api_of(body.composition, body.tree, body.training, 2)  # type: ignore[attr-defined]
+    assert f"api = {want!r}" in out
+    assert "api_of(local_only)" in out  # an argument the case does not give: left as it is
+    assert fold_case_functions(code, entry, {}) is None
+
+
+def test_a_mismatch_freezes_its_judge_and_what_it_names_not_the_tags_it_is_charged() -> None:
+    from collections import Counter
+
+    from fuzz.repro.harness import main_source
+    from fuzz.repro.reduce import _WORD, _judge_side, prune, unreduced_modules
+    from fuzz.repro.specialize import fold_case_functions, initial
+
+    entry = load_entry(ROOT / "corpus" / "parity-mismatch-da0c9d4e06cd.json")
+    signature = "mismatch:parity@fsdp1:shard1"
+    main, roots = main_source(entry, signature)
+    pruned = prune(unreduced_modules(entry), {}, roots, Counter(_WORD.findall(main)), set())
+    code, origins = initial(entry, pruned, signature)
+    folded = fold_case_functions(code, entry, origins)
+    assert folded is not None
+    frozen = _judge_side(folded, entry, origins)
+    assert {"judge_parity", "compare_runs", "first_mismatch"} <= frozen
+    assert not {"mismatch_tags", "api_of"} & frozen
+    rank_side = {flat for flat, (module, _) in origins.items() if module.startswith(("fuzz._rank", "fuzz.model"))}
+    assert not {"train", "build_model"} & frozen and {"train", "build_model"} <= rank_side

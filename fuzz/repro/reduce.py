@@ -69,7 +69,7 @@ from fuzz.repro.delta import ddmin, frozen_for
 from fuzz.repro.harness import ATTEMPT, POOLED_KINDS, main_source
 from fuzz.repro.portable import portable
 from fuzz.repro.script import carried_modules, code_lines, imported_modules, relative, roots_for
-from fuzz.repro.specialize import Origins, initial, render_flat, specialize, tidy
+from fuzz.repro.specialize import Origins, fold_case_functions, initial, render_flat, specialize, tidy
 
 #: Modules whose paths depend on timing (the judge polls, the samplers sample): the trace
 #: pass drops their functions that did not run, never a statement inside one that ran.
@@ -681,6 +681,11 @@ def reduce_entry(
         code = specialize(code, entry, signature, origins, oracle, timeout=oracle.timeout, say=say)
         code = _confirmed(code, verified, oracle, "folded")
         verified = code
+        if entry.kind == "mismatch":
+            case_folded = fold_case_functions(code, entry, origins)
+            if case_folded is not None and oracle(case_folded):
+                say("  the judge's case functions folded to their values")
+                code = case_folded
         tidied = lambda text: tidy(text, entry, origins)  # noqa: E731
         frozen = _judge_side(code, entry, origins)
         kept: list[str] = []
@@ -719,16 +724,15 @@ def reduce_entry(
 
 
 def _judge_side(code: str, entry: Entry, origins: Origins) -> frozenset[str]:
-    """For a mismatch, the definitions of the flat script that the property's judge uses (what
-    came from neither ``fuzz._rank`` nor ``fuzz.model``, and what that names): delta debugging
-    leaves them as they are."""
+    """For a mismatch, the definitions of the flat script that the property's judge uses (the
+    judge and what it names, transitively): delta debugging leaves them as they are. What the
+    judge does not name (the known-bug registry once the judge's case functions are folded, see
+    :func:`fuzz.repro.specialize.fold_case_functions`) may be cut like the rank code."""
     if entry.kind != "mismatch":
         return frozenset()
     judge = get_property(entry.case.property).judge
     flat_of = {origin: flat for flat, origin in origins.items()}
-    roots = {flat for flat, (module, _) in origins.items() if not module.startswith(("fuzz._rank", "fuzz.model"))}
-    roots.add(flat_of.get((judge.__module__, judge.__name__), judge.__name__))
-    return frozen_for(code, roots)
+    return frozen_for(code, {flat_of.get((judge.__module__, judge.__name__), judge.__name__)})
 
 
 def _confirmed(code: str, verified: str, oracle: _Oracle, what: str, kept: list[str] | None = None) -> str:

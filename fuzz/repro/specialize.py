@@ -24,6 +24,7 @@ import tempfile
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from fuzz.corpus import Entry
 from fuzz.repro import script as _script
@@ -141,6 +142,52 @@ def initial(entry: Entry, modules: dict[str, str], signature: str) -> tuple[str,
     main, _ = main_source(entry, signature)
     tree, origins = flat_tree(modules, main)
     return ast.unparse(tree) + "\n", origins
+
+
+def _case_functions() -> list[Callable[..., Any]]:
+    """Judge-side functions whose value is a function of the case alone: a mismatch's script
+    gets their value for its case as a literal (the API family and tags a mismatch is charged
+    to come from the known-bug registry's conditions, which the script need not carry)."""
+    from fuzz.properties.parity import api_of
+
+    return [api_of]
+
+
+class _CaseCalls(ast.NodeTransformer):
+    def __init__(self, functions: dict[str, Callable[..., Any]], scope: dict[str, Any]) -> None:
+        self.functions, self.scope, self.folded = functions, scope, 0
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        self.generic_visit(node)
+        fn = self.functions.get(node.func.id) if isinstance(node.func, ast.Name) else None
+        if fn is None:
+            return node
+        try:  # the arguments, as the judge writes them, over the entry's own case
+            args = [eval(ast.unparse(a), {}, dict(self.scope)) for a in node.args]
+            kwargs = {k.arg: eval(ast.unparse(k.value), {}, dict(self.scope)) for k in node.keywords if k.arg}
+            value = fn(*args, **kwargs)
+        except Exception:  # an argument the case alone does not give
+            return node
+        if not isinstance(value, (str, int, float, bool, type(None))):
+            return node
+        self.folded += 1
+        return ast.copy_location(ast.Constant(value), node)
+
+
+def fold_case_functions(code: str, entry: Entry, origins: Origins) -> str | None:
+    """``code`` with the calls of :func:`_case_functions` whose arguments are the case's (``body.
+    composition``, ``case.world_size``, literals) replaced by their value for ``entry``'s case
+    (None if there is none)."""
+    flat_of = {origin: flat for flat, origin in origins.items()}
+    functions = {
+        flat_of[(fn.__module__, fn.__name__)]: fn for fn in _case_functions() if (fn.__module__, fn.__name__) in flat_of
+    }
+    if not functions:
+        return None
+    tree = ast.parse(code)
+    calls = _CaseCalls(functions, {"case": entry.case, "body": entry.case.body})
+    tree = calls.visit(tree)
+    return ast.unparse(ast.fix_missing_locations(tree)) + "\n" if calls.folded else None
 
 
 def _case_assignment(tree: ast.Module) -> ast.Assign | None:
