@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=a635595e21e9824a sources=7d6f5cb23a31c8e4 seconds=359.3
+# shardfuzz reduced reproducer: entry=a635595e21e9824a sources=7d6f5cb23a31c8e4 seconds=242.5
 """Reproduces shardfuzz corpus entry dcp-mismatch-ada81405774d.json: mismatch:dcp@save:fsdp1-hsdp-load_sharded_optimizer_state_dict
 
 Observed: Into FSDP1 HYBRID_SHARD over a 2-D mesh, load_sharded_optimizer_state_dict lays the
@@ -38,9 +38,6 @@ from dataclasses import dataclass, field, replace
 import hashlib
 import shutil
 
-def __getattr__(name):
-    raise AttributeError(f"module 'fuzz' has no attribute {name!r}")
-
 @dataclass
 class RankContext:
     rank: object
@@ -52,7 +49,8 @@ class RankContext:
     def mesh(self, shape, names):
         from torch.distributed.device_mesh import init_device_mesh
         key = (shape, names)
-        self._meshes[key] = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
+        if key not in self._meshes:
+            self._meshes[key] = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
         return self._meshes[key]
     _cases: object = 0
 
@@ -109,6 +107,9 @@ class Wrapper(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Composition:
+    shards: object = ()
+    replicates: object = ()
+    checkpoints: object = ()
     mesh: object = ()
     wrapper: object = Wrapper.NONE
 
@@ -116,7 +117,12 @@ class Composition:
         pass
 
     def steps(self):
-        pass
+        items = [('checkpoint', p) for p in self.checkpoints] + [('replicate', p) for p in self.replicates]
+        items += [('fully_shard', spec.path) for spec in self.shards]
+
+        def key(item):
+            pass
+        return sorted(items, key=key)
 
 class Optimizer(str, enum.Enum):
     SGD = 'sgd'
@@ -160,14 +166,14 @@ class Case:
     def size(self):
         pass
 
-def is_fsdp1(comp):
-    return 'fsdp1_hybrid_shard'.startswith('fsdp1')
-
 def trained_then_frozen(body):
     pass
 
 @dataclass(frozen=True)
 class Options:
+    full_state_dict: object = False
+    cpu_offload: object = False
+    broadcast_from_rank0: object = False
     strict: object = True
 
 @dataclass(frozen=True)
@@ -180,6 +186,8 @@ class StateDictBody(Body):
     training: object = field(default_factory=Training)
     save: object = field(default_factory=Options)
     load: object = field(default_factory=Options)
+    frozen_in_optimizer: object = False
+    empty_group: object = False
     requires_grad: object = ()
 
     @property
@@ -212,13 +220,10 @@ class DcpBody(Body):
     skip: object = ()
     async_save: object = False
     mode: object = DcpMode.ROUND_TRIP
-    cache_staged: object = False
+    frozen_in_optimizer: object = False
+    empty_group: object = False
     requires_grad: object = ()
     stager: object = None
-
-    @property
-    def classic_fsdp1(self):
-        return (True or is_fsdp1(self.target)) and (not False) and (DcpItem.APP not in self.entries)
 
     @property
     def size(self):
@@ -228,8 +233,8 @@ class TreeBlock(nn.Module):
 
     def __init__(self, children, residual, width, scale, buffer):
         super().__init__()
-        i, child = next(iter(enumerate(children)))
-        self.add_module(str(i), child)
+        for i, child in enumerate(children):
+            self.add_module(str(i), child)
         self.residual = residual
         self.scale = None
         self.shift = None
@@ -237,8 +242,8 @@ class TreeBlock(nn.Module):
 
     def forward(self, x):
         y = x
-        name, child = next(iter(self.named_children()))
-        y = child(y)
+        for name, child in self.named_children():
+            y = child(y)
         return y
 
 class PointwiseConv1d(nn.Conv1d):
@@ -246,14 +251,21 @@ class PointwiseConv1d(nn.Conv1d):
     def forward(self, x):
         return super().forward(x.unsqueeze(-1)).squeeze(-1)
 
+def build_leaf(leaf, width):
+    module = _build_leaf(leaf, width)
+    return module
+
+def _build_leaf(leaf, width):
+    return PointwiseConv1d(width, width, kernel_size=1, bias=False)
+
 def build_node(node, width):
     if isinstance(node, Leaf):
-        module = PointwiseConv1d(width, width, kernel_size=1, bias=False)
-        return module
+        return build_leaf(node, width)
     return TreeBlock([build_node(c, width) for c in node.children], False, width, False, False)
 
 def build_model(tree, device):
-    return build_node(tree.root, 2)
+    with torch.device(device):
+        return build_node(tree.root, 2)
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
 _WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.')
 
@@ -263,7 +275,8 @@ def clean_name(name):
     return name
 
 def mesh_for(comp, ctx):
-    return ctx.mesh(tuple((2, 2)), ('replicate', 'shard'))
+    if (2, 2):
+        return ctx.mesh(tuple((2, 2)), ('replicate', 'shard'))
 
 @dataclass
 class Composed:
@@ -277,11 +290,28 @@ class Composed:
         modules = {clean_name(n): m for n, m in self.model.named_modules()}
         with FSDP.summon_full_params(self.model):
             out = {}
-            name = next(iter(self.param_names))
-            owner, _, attr = name.rpartition('.')
-            out[name] = getattr(modules[owner], attr).detach().clone()
+            for name in self.param_names:
+                owner, _, attr = name.rpartition('.')
+                out[name] = getattr(modules[owner], attr).detach().clone()
             yield out
         return
+
+def compose(model, comp, ctx, tree=None):
+    names = [n for n, _ in model.named_parameters()]
+    return Composed(model=_wrap(model, comp, ctx), wrapper=comp.wrapper, param_names=names)
+
+def _wrap(model, comp, ctx):
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
+    strategy = {Wrapper.FSDP1_FULL_SHARD: ShardingStrategy.FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP: ShardingStrategy.SHARD_GRAD_OP, Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD, Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[comp.wrapper]
+    kwargs = {'sharding_strategy': strategy, 'device_id': ctx.device, 'use_orig_params': True}
+    kwargs['device_mesh'] = mesh_for(comp, ctx)
+    return FSDP(model, **kwargs)
+
+def make_optimizer(params, training, later=()):
+    held = {id(p) for p in later}
+    params = [p for p in params if p.requires_grad or id(p) in held]
+    groups = params
+    return torch.optim.Adam(groups, lr=training.lr, eps=training.eps, foreach=None)
 
 def batches(case, training, width, ctx, tp_size=1):
     dtype = TORCH_DTYPES[training.dtype]
@@ -290,10 +320,10 @@ def batches(case, training, width, ctx, tp_size=1):
     out = []
     for _ in range(2):
         step = []
-        _ = next(iter(range(1)))
-        x = torch.randn(ctx.world_size * 1, width, generator=gen, dtype=dtype)
-        y = torch.randn(ctx.world_size * 1, width, generator=gen, dtype=dtype)
-        step.append((x[lo:lo + 1].to(ctx.device), y[lo:lo + 1].to(ctx.device)))
+        for _ in range(1):
+            x = torch.randn(ctx.world_size * 1, width, generator=gen, dtype=dtype)
+            y = torch.randn(ctx.world_size * 1, width, generator=gen, dtype=dtype)
+            step.append((x[lo:lo + 1].to(ctx.device), y[lo:lo + 1].to(ctx.device)))
         out.append(step)
     return out
 PROBE_ROWS = 3
@@ -317,10 +347,6 @@ class Side:
     def plain(self):
         pass
 
-    @property
-    def fsdp1(self):
-        pass
-
     def names(self):
         current = {id(p): clean_name(n) for n, p in self.model.named_parameters()}
         return {**self.param_names, **current}
@@ -329,39 +355,41 @@ def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=()):
     torch.manual_seed(seed)
     device = ctx.device
     model = build_model(tree, device).to(TORCH_DTYPES[training.dtype])
-    names = [n for n, _ in model.named_parameters()]
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
-    strategy = {Wrapper.FSDP1_FULL_SHARD: ShardingStrategy.FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP: ShardingStrategy.SHARD_GRAD_OP, Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD, Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[comp.wrapper]
-    kwargs = {'sharding_strategy': strategy, 'device_id': ctx.device, 'use_orig_params': True}
-    kwargs['device_mesh'] = mesh_for(comp, ctx)
-    wrap_out = FSDP(model, **kwargs)
-    composed = Composed(model=wrap_out, wrapper=comp.wrapper, param_names=names)
+    composed = compose(model, comp, ctx)
     return Side(composed=composed, comp=comp, training=training, schedule=schedule)
 
 def requires_grad(side):
     return {clean_name(n): p.requires_grad for n, p in side.model.named_parameters()}
 
-def body_optimizer(side, training, body):
+def fresh_training(training):
+    return replace(training, lr=0.01 * 0.37, momentum=0.0, eps=0.0001 * 10)
+
+def add_optimizer(side, training, *, frozen_in_optimizer=False, empty_group=False):
     params = list(side.model.parameters())
     frozen = []
-    params_ = params
-    held = {id(p_) for p_ in frozen}
-    params_ = [p_ for p_ in params_ if p_.requires_grad or id(p_) in held]
-    groups = params_
-    side.opt = torch.optim.Adam(groups, lr=training.lr, eps=training.eps, foreach=None)
+    side.opt = make_optimizer(params, training, later=frozen)
     side.param_names = {id(p): clean_name(n) for n, p in side.model.named_parameters()}
     return side.opt
+
+def body_optimizer(side, training, body):
+    return add_optimizer(side, training, frozen_in_optimizer=False, empty_group=False)
+
+def seed_segment(case, ctx, segment):
+    torch.manual_seed((0 * 7919 + segment * 104729 + ctx.rank + 1) % 2 ** 63)
+
+def all_batches(case, training, steps, tree, ctx):
+    return [step[0] for step in batches(case, replace(training, steps=steps), 2, ctx)]
 
 def train_steps(side, data, ctx):
     assert side.opt is not None
     losses = []
-    x, y = next(iter(data))
-    side.step += 1
-    loss = F.mse_loss(side.model(x).to(y.dtype), y)
-    loss.backward()
-    side.opt.step()
-    side.opt.zero_grad(set_to_none=False)
-    losses.append(loss.item())
+    for x, y in data:
+        side.step += 1
+        loss = F.mse_loss(side.model(x).to(y.dtype), y)
+        loss.backward()
+        side.opt.step()
+        side.opt.zero_grad(set_to_none=False)
+        losses.append(loss.item())
     return losses
 
 def _flat(t):
@@ -379,38 +407,88 @@ def _jsonable(value):
         return [_jsonable(v) for v in value]
     return value
 
-def observe(side, case, tree, ctx, *, model=True):
+def observe_groups(side):
     names = side.names()
-    out_ = []
-    group = next(iter(side.opt.param_groups))
-    item = {k: _jsonable(v) for k, v in sorted(group.items()) if k != 'params'}
-    item['params'] = [names.get(id(p), '?') for p in group['params']]
-    out_.append(item)
-    obs = {'groups': out_}
-    params = observe_model(side)
-    names_ = side.names()
-    out__ = {}
-    group_ = next(iter(side.opt.param_groups))
-    p_ = next(iter(group_['params']))
-    state = side.opt.state.get(p_, {})
-    entry = {key: _jsonable(state[key]) for key in sorted(state)}
-    if entry:
-        out__[names_.get(id(p_), '?')] = entry
+    out = []
+    for group in side.opt.param_groups:
+        item = {k: _jsonable(v) for k, v in sorted(group.items()) if k != 'params'}
+        item['params'] = [names.get(id(p), '?') for p in group['params']]
+        out.append(item)
+    return out
+
+def observe_optimizer(side):
+    names = side.names()
+    out = {}
+    for group in side.opt.param_groups:
+        for p in group['params']:
+            state = side.opt.state.get(p, {})
+            entry = {key: _jsonable(state[key]) for key in sorted(state)}
+            if entry:
+                out[names.get(id(p), '?')] = entry
+    return out
+
+def probe(side, case, tree, ctx):
     gen = torch.Generator().manual_seed(0 + 1)
     x = torch.randn(PROBE_ROWS, 2, generator=gen, dtype=TORCH_DTYPES[side.training.dtype]).to(ctx.device)
-    out___ = _flat(side.model(x))
-    obs['optimizer_local'] = out__
+    seed_segment(case, ctx, 99)
+    with torch.no_grad():
+        out = _flat(side.model(x))
+    return out
+
+def observe(side, case, tree, ctx, *, model=True):
+    obs = {'groups': observe_groups(side)}
+    params = observe_model(side)
+    optim = observe_optimizer(side)
+    out = probe(side, case, tree, ctx)
+    obs['optimizer_local'] = optim
     if ctx.rank == 0:
-        obs.update(model=params, probe=out___)
+        obs.update(model=params, probe=out)
+    return obs
+
+def dropped_keys(side, drop):
+    return []
+
+def fsdp1_state_dict_type(side, *, full, offload, rank0_only=False):
+    from torch.distributed.fsdp import ShardedOptimStateDictConfig, ShardedStateDictConfig, StateDictType, FullyShardedDataParallel as FSDP
+    FSDP.set_state_dict_type(side.model, StateDictType.SHARDED_STATE_DICT, ShardedStateDictConfig(offload_to_cpu=offload), ShardedOptimStateDictConfig(offload_to_cpu=offload))
+
+def fsdp1_optim_state_dict(side):
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    assert side.opt is not None
+    osd = FSDP.optim_state_dict(side.model, side.opt)
+    return osd
+
+def fsdp1_load_optimizer(side, osd):
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    assert side.opt is not None
+    side.opt.load_state_dict(FSDP.optim_state_dict_to_load(side.model, side.opt, osd))
+
+def run_state_dict(case, body, ctx):
+    pass
+
+def resume_source(case, src, data, ctx):
+    seed_segment(case, ctx, 1)
+    losses = train_steps(src, data, ctx)
+    return (losses, observe_model(src))
+
+def resume_both(case, src, tgt, data, ctx, source_done=None):
+    obs = {}
+    losses_src, final_src = resume_source(case, src, data, ctx)
+    obs['losses_source'] = losses_src
+    seed_segment(case, ctx, 1)
+    obs['losses_target'] = train_steps(tgt, data, ctx)
+    final_tgt = observe_model(tgt)
+    if ctx.rank == 0:
+        obs['final_source'], obs['final_target'] = (final_src, final_tgt)
     return obs
 
 def case_dir(case, ctx):
     digest = hashlib.sha1('{"body": {"absent": false, "async_save": false, "async_saves": 0, "cache_staged": false, "checkpoint_dir": "", "convert": false, "deadlock": false, "drop": [], "empty_group": false, "entries": ["model", "optimizer"], "frozen_in_optimizer": false, "kind": "dcp", "load_cpu_offload": false, "load_full_state_dict": false, "load_planner": null, "mode": "round_trip", "module_stateful": false, "no_dist": false, "orders": [[0, 1], [0, 1], [0, 1], [0, 1]], "overwrite": "none", "own_group": false, "patched": false, "process_checkpointer": false, "requires_grad": [], "save_cpu_offload": false, "save_full_state_dict": false, "save_planner": null, "skip": [], "source": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0}, "mesh": [2, 2], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "fsdp1_hybrid_shard"}, "stager": null, "steps_after": 1, "storage_objects": false, "target": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0}, "mesh": [2, 2], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "fsdp1_hybrid_shard"}, "target_meta_init": false, "torch_save_reader": false, "training": {"accum_sync": "always", "batch_per_rank": 1, "compile": "none", "dtype": "float64", "eps": 0.0001, "foreach": null, "grad_accum": 1, "lr": 0.01, "momentum": 0.0, "optimizer": "adam", "param_groups": 1, "same_input": false, "set_to_none": false, "skips": [], "steps": 1, "unfreeze": []}, "tree": {"root": {"buffer": false, "children": [{"bias": false, "frozen": false, "kind": "conv1d"}], "residual": false, "scale": false}, "width": 2}, "use_collectives": true, "writer": {"per_thread_copy_ahead": 10000000, "single_file_per_rank": true, "sync_files": true, "thread_count": 1}}, "property": "dcp", "schema": 1, "seed": 0, "world_size": 4}'.encode()).hexdigest()[:12]
     count = getattr(ctx, '_cases', 0)
-    return os.path.join('/tmp/shardfuzz-dcp-6400', f'{digest}-{count}')
+    return os.path.join('/tmp/shardfuzz-dcp-2718', f'{digest}-{count}')
 
 def _options(full, offload, *, load, strict=True):
-    pass
+    return Options(full_state_dict=full, cpu_offload=offload, broadcast_from_rank0=load and full and offload, strict=strict)
 
 def _values(body, case, side, ctx, get, put, fresh, skip):
     out = {}
@@ -420,29 +498,74 @@ def _values(body, case, side, ctx, get, put, fresh, skip):
         else:
             assert side.opt is not None
             if not fresh:
-                from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-                assert side.opt is not None
-                osd = FSDP.optim_state_dict(side.model, side.opt)
-                out[entry] = osd
+                out[entry] = fsdp1_optim_state_dict(side)
     return out
 
 def prepare_side(body, side, options):
-    from torch.distributed.fsdp import ShardedOptimStateDictConfig, ShardedStateDictConfig, StateDictType, FullyShardedDataParallel as FSDP
-    FSDP.set_state_dict_type(side.model, StateDictType.SHARDED_STATE_DICT, ShardedStateDictConfig(offload_to_cpu=False), ShardedOptimStateDictConfig(offload_to_cpu=False))
+    fsdp1_state_dict_type(side, full=False, offload=False)
+
+def _observe_saved(body, case, src, ctx, values):
+    saved = {**observe(src, case, body.tree, ctx), **_observe_entries(values)}
+    taken = values.get(DcpItem.OPTIMIZER)
+    moves = any((e in body.entries and e not in () for e in (DcpItem.OPTIMIZER, DcpItem.APP)))
+    return saved
 
 def _arrange(body, values, ctx):
     order = ((0, 1), (0, 1), (0, 1), (0, 1))[ctx.rank] if ((0, 1), (0, 1), (0, 1), (0, 1)) else range(len(body.entries))
     return {body.entries[i].value: values[body.entries[i]] for i in order if body.entries[i] in values}
 
 def _tensors(value, path=''):
-    return [(path, id(value))]
+    if isinstance(value, torch.Tensor):
+        return [(path, id(value))]
     return [t for k, v in value.items() for t in _tensors(v, f'{path}.{k}')]
+
+def _in_place_problem(state, before, tensors):
+    for key, value in before.items():
+        now = dict(_tensors(value))
+    return ''
+_LAST_PLANNER = [None]
+
+def _save_planner(body):
+    return {}
+
+def _load_planner(body):
+    return {}
+
+def _group(body):
+    return {}
+_CTX = [None]
+
+def _writer_kwargs(body, path, overwrite=None):
+    kwargs = {}
+    kwargs.update(_group(body))
+    kwargs['checkpoint_id'] = path
+    kwargs.update(_save_planner(body))
+    return kwargs
+
+def _save(body, state, path, overwrite=None):
+    import torch.distributed.checkpoint as dcp
+    kwargs = _writer_kwargs(body, path, overwrite)
+    kwargs.update(_collectives(body))
+    dcp.save(state, **kwargs)
+
+def _collectives(body):
+    return {}
+
+def _load(body, state, path):
+    import torch.distributed.checkpoint as dcp
+    kwargs = {}
+    kwargs.update(_load_planner(body))
+    kwargs.update(_group(body))
+    dcp.load(state, checkpoint_id=path, **kwargs)
 
 def _observe_entries(values):
     out = {}
-    entry, value = next(iter(values.items()))
-    pass
+    for entry, value in values.items():
+        pass
     return out
+
+def run_dcp(case, body, ctx):
+    return _run_dcp(case, body, ctx)
 
 def _run_dcp(case, body, ctx):
     t = body.training
@@ -450,30 +573,25 @@ def _run_dcp(case, body, ctx):
     get_load = _options(False, False, load=False)
     put = _options(False, False, load=True, strict=not ())
     path = '' or case_dir(case, ctx)
-    shutil.rmtree(path, ignore_errors=True)
+    _LAST_PLANNER[0], _CTX[0] = (None, ctx)
+    if body.mode is DcpMode.ROUND_TRIP and ctx.rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
     obs = {}
-    steps = 1 + 1
-    data = [step[0] for step in batches(case, replace(t, steps=steps), 2, ctx)]
+    data = all_batches(case, t, 1 + 1, body.tree, ctx)
     src = None
     src = build_side(body.tree, body.source, t, ctx, seed=0, schedule=())
     body_optimizer(src, t, body)
     prepare_side(body, src, get_save)
+    seed_segment(case, ctx, 0)
     obs['losses_before'] = train_steps(src, data[:1], ctx)
     values = _values(body, case, src, ctx, get_save, put, fresh=False, skip=())
     state = _arrange(body, values, ctx)
-    import torch.distributed.checkpoint as dcp
-    kwargs_ = {}
-    kwargs_['checkpoint_id'] = path
-    dcp.save(state, **kwargs_)
-    saved = {**observe(src, case, body.tree, ctx), **_observe_entries(values)}
-    taken = values.get(DcpItem.OPTIMIZER)
-    moves = any((e in body.entries and e not in () for e in (DcpItem.OPTIMIZER, DcpItem.APP)))
-    obs['saved'] = saved
+    _save(body, state, path)
+    obs['saved'] = _observe_saved(body, case, src, ctx, values)
     tgt = build_side(body.tree, body.target, t, ctx, seed=0 + FRESH_SEED, meta=False, schedule=())
-    fresh_training_out = replace(t, lr=0.01 * 0.37, momentum=0.0, eps=0.0001 * 10)
-    body_optimizer(tgt, fresh_training_out, body)
+    body_optimizer(tgt, fresh_training(t), body)
     prepare_side(body, tgt, put)
-    dropped = []
+    dropped = dropped_keys(tgt, ())
     obs['dropped'] = dropped
     obs['fresh'] = observe(tgt, case, body.tree, ctx, model=not False)
     values = _values(body, case, tgt, ctx, get_load, put, fresh=True, skip=())
@@ -481,34 +599,27 @@ def _run_dcp(case, body, ctx):
     plain = {k: v for k, v in state.items() if isinstance(v, (dict, torch.Tensor))}
     tensors = {k: _tensors(v) for k, v in plain.items()}
     before = requires_grad(tgt)
-    import torch.distributed.checkpoint as dcp_
-    dcp_.load(state, checkpoint_id=path)
-    key, value = next(iter(plain.items()))
-    now = dict(_tensors(value))
-    obs['in_place'] = ''
-    import torch.distributed.checkpoint as dcp__
-    from torch.distributed.checkpoint.optimizer import load_sharded_optimizer_state_dict
-    tgt.model.load_state_dict(values[DcpItem.MODEL])
-    loaded = load_sharded_optimizer_state_dict(model_state_dict=tgt.model.state_dict(), optimizer_key='optimizer', storage_reader=dcp__.FileSystemReader(path))
-    osd = loaded['optimizer']
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    assert tgt.opt is not None
-    tgt.opt.load_state_dict(FSDP.optim_state_dict_to_load(tgt.model, tgt.opt, osd))
+    _load(body, state, path)
+    obs['in_place'] = _in_place_problem(state, plain, tensors)
+    _finish_load(body, tgt, values, put, path)
     obs['requires_grad'] = {'before': before, 'after': requires_grad(tgt)}
     obs['loaded'] = {**observe(tgt, case, body.tree, ctx), **_observe_entries(values)}
-    data_ = data[1:]
-    obs_ = {}
-    losses = train_steps(src, data_, ctx)
-    losses_src, final_src = (losses, observe_model(src))
-    obs_['losses_source'] = losses_src
-    obs_['losses_target'] = train_steps(tgt, data_, ctx)
-    final_tgt = observe_model(tgt)
-    if ctx.rank == 0:
-        obs_['final_source'], obs_['final_target'] = (final_src, final_tgt)
-    obs.update(obs_)
+    obs.update(resume_both(case, src, tgt, data[1:], ctx, None))
     dist.barrier()
-    shutil.rmtree(path, ignore_errors=True)
+    if ctx.rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
     return obs
+
+def _finish_load(body, side, values, put, path):
+    _finish_fsdp1_load(body, side, values, path)
+    return
+
+def _finish_fsdp1_load(body, side, values, path):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.optimizer import load_sharded_optimizer_state_dict
+    side.model.load_state_dict(values[DcpItem.MODEL])
+    loaded = load_sharded_optimizer_state_dict(model_state_dict=side.model.state_dict(), optimizer_key='optimizer', storage_reader=dcp.FileSystemReader(path))
+    fsdp1_load_optimizer(side, loaded['optimizer'])
 
 class OutcomeKind(str, enum.Enum):
     OK = 'ok'
@@ -521,13 +632,6 @@ class RankReport:
     rank: object
     observation: object = None
     seconds: object = None
-
-@dataclass(frozen=True)
-class Stall:
-    name: object
-    deadlocked: object
-    after: object = 10.0
-    hold: object = 3.0
 
 @dataclass(frozen=True)
 class Outcome:
@@ -600,123 +704,18 @@ def present(bug, torch_version):
 def get(bug_id):
     pass
 
-def int_reshard_dim1(comp):
-    pass
-
 def shard1(comp):
     pass
 
 def fsdp1_shard1(comp):
     return comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD and (2, 2)[1] == 1 and (comp.mesh[0] > 1)
 
-def unused_no_all_reduce(tree, comp, training):
-    pass
-
-def fsdp1_compiled_with_sharded_grads(comp, training, world_size):
-    pass
-
-def divide_factor_twice(comp, training, world_size):
-    pass
-
-def never_run_under_no_sync(tree, comp, training):
-    pass
-
-def unfrozen_in_frozen_mp_unit(tree, comp, training):
-    pass
-
-def checkpoint_debug(comp):
-    pass
-
-def selective_over_unit(comp):
-    pass
-
-def delayed_all_reduce(comp):
-    pass
-
-def stager_reused(body):
-    pass
-
-def delayed_not_float32(comp, training):
-    pass
-
-def compiled_unfreeze_ignored(comp, training):
-    pass
-
-def fsdp1_hsdp_2d(comp):
-    return comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD and comp.mesh[0] > 1 and (comp.mesh[1] > 1)
-
-def fsdp1_full_offload(body, world_size):
-    pass
-
-def fsdp1_dcp_stateless(body):
-    pass
-
-def fsdp1_dcp_empty_shard(body, world_size):
-    pass
-
-def fsdp1_async_default_stager(body):
-    pass
-
-def hsdp_optimizer_load(body):
-    return isinstance(body, DcpBody) and fsdp1_hsdp_2d(body.target) and body.classic_fsdp1 and (DcpItem.OPTIMIZER in body.entries) and (DcpItem.OPTIMIZER not in body.skip)
-
-def broadcast_empty(body):
-    pass
-
 def frozen_state_dropped(body):
     loaded = any((e in body.entries and e not in () for e in (DcpItem.OPTIMIZER, DcpItem.APP))) and (not True)
     return loaded and bool(trained_then_frozen(body))
 
-def plan_cache_failed_save(body):
-    pass
-
-def stateless_full(body):
-    pass
-
-def flat_full_optimizer(body):
-    pass
-
-def _comps(case):
-    pass
-
-def _per_comp(condition):
-
-    def met(case):
-        pass
-    return met
-
-def _with_training(condition):
-
-    def met(case):
-        pass
-    return met
-
-def _saving(condition):
-    return lambda case: isinstance(case.body, (StateDictBody, DcpBody)) and condition(case)
-
-def _frozen_int_reshard(case):
-    pass
-
-def _foreach_mixed(case):
-    pass
-
-def _unfrozen_unresharded(case):
-    pass
-
-def _fsdp1_frozen_source(case):
-    pass
-
-def _fsdp1_unfrozen_frozen_unit(case):
-    pass
-CONDITIONS = ((INT_RESHARD_DIM1, lambda case: any((int_reshard_dim1(c) for c in _comps(case)))), (FSDP1_HSDP_SHARD1, lambda case: any((fsdp1_shard1(c) for c in _comps(case)))), (FSDP1_FROZEN_UNIT, _fsdp1_frozen_source), (FSDP1_FULL_OFFLOAD, _saving(lambda case: fsdp1_full_offload(case.body, case.world_size))), (FSDP1_DCP_STATELESS, _saving(lambda case: fsdp1_dcp_stateless(case.body))), (FSDP1_DCP_EMPTY_SHARD, _saving(lambda case: fsdp1_dcp_empty_shard(case.body, case.world_size))), (FSDP1_ASYNC_DEFAULT_STAGER, _saving(lambda case: fsdp1_async_default_stager(case.body))), (CACHED_STAGING_NEEDS_ACCELERATOR, lambda case: isinstance(case.body, DcpBody) and case.body.cache_staged), (BROADCAST_EMPTY, _saving(lambda case: broadcast_empty(case.body))), (STATELESS_FULL, _saving(lambda case: stateless_full(case.body))), (FLAT_FULL_OPTIM, _saving(lambda case: flat_full_optimizer(case.body))), (PLAN_CACHE_FAILED_SAVE, _saving(lambda case: plan_cache_failed_save(case.body))), (FSDP1_HSDP_OPTIMIZER_LOAD, _saving(lambda case: hsdp_optimizer_load(case.body))), (FROZEN_OPTIM_STATE_DROPPED, _saving(lambda case: frozen_state_dropped(case.body))), (FROZEN_INT_RESHARD, _frozen_int_reshard), (UNFROZEN_UNRESHARDED, _unfrozen_unresharded), (UNUSED_NO_ALL_REDUCE, _per_comp(unused_no_all_reduce)), (MP_NEVER_RUN_NO_SYNC, _per_comp(never_run_under_no_sync)), (MP_UNIFORM_GRAD_DTYPE, _per_comp(never_run_under_no_sync)), (MP_FROZEN_AT_LAZY_INIT, _per_comp(unfrozen_in_frozen_mp_unit)), (FSDP1_UNFROZEN_FROZEN_UNIT, _fsdp1_unfrozen_frozen_unit), (FOREACH_MIXED, _foreach_mixed), (FSDP1_COMPILE_SHARDED_GRAD, _with_training(fsdp1_compiled_with_sharded_grads)), (DIVIDE_FACTOR_TWICE, _with_training(divide_factor_twice)), (CHECKPOINT_DEBUG, lambda case: any((checkpoint_debug(c) for c in _comps(case)))), (SAC_OVER_FSDP_UNIT, lambda case: any((selective_over_unit(c) for c in _comps(case)))), (DELAY_ALL_REDUCE_ROOT, lambda case: any((delayed_all_reduce(c) for c in _comps(case)))), (COMPILED_UNFREEZE_PLAIN, _with_training(lambda c, training, _: compiled_unfreeze_ignored(c, training))), (DELAY_BUFFER_FLOAT32, _with_training(lambda c, training, _: delayed_not_float32(c, training))), (STAGER_REUSED_AFTER_CLOSE, _saving(lambda case: stager_reused(case.body))))
-
 def ends_ranks(case):
     pass
-
-def rank0_alone_in_broadcast(stacks):
-    inside = ['_broadcast_state_dict' in s for s in stacks]
-    return bool(inside) and inside[0] and (not all(inside))
-ALONE_IN_BROADCAST_STALL = Stall(name='rank 0 alone in _broadcast_state_dict', deadlocked=rank0_alone_in_broadcast, after=10.0, hold=3.0)
 
 @dataclass(frozen=True)
 class Signature:
@@ -741,27 +740,11 @@ class Failure:
     summary: object
     details: object = field(default_factory=dict)
 
-@dataclass(frozen=True)
-class Property:
-    name: object
-    description: object
-    cases: object
-    judge: object
-    features: object
-    stall: object = None
-    body: object = None
-    repro: object = None
-
 def strategy(name):
 
     def cases(*, world_size, **kwargs):
         pass
     return cases
-_REGISTRY = {}
-
-def register(prop):
-    _REGISTRY[prop.name] = prop
-    return prop
 
 def _mismatch(prop, check, where, summary, **details):
     return Failure('mismatch', str(Signature('mismatch', prop, check, where)), summary, {'check': check, **details})
@@ -852,19 +835,13 @@ def _judge_dcp(case, outcome):
 def _check_dcp_options(prop, where, body, observations):
     return None
 
-def features_dcp(case):
-    pass
-DCP = register(Property(name='dcp', description='DCP save/async_save/load with Stateful objects and per-rank key orders round-trip exactly', cases=strategy('dcp_cases'), judge=judge_dcp, features=features_dcp, stall=ALONE_IN_BROADCAST_STALL, body=DcpBody, repro='fuzz.repro.script:render'))
-
 def attempt(rank, world_size):
     import torch
     import torch.distributed as dist
     case = Case(property='dcp', world_size=4, seed=0, body=DcpBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),))), source=Composition(mesh=(2, 2), wrapper=Wrapper.FSDP1_HYBRID_SHARD), target=Composition(mesh=(2, 2), wrapper=Wrapper.FSDP1_HYBRID_SHARD), entries=(DcpItem.MODEL, DcpItem.OPTIMIZER), training=Training(optimizer=Optimizer.ADAM, lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, dtype=Dtype.FLOAT64, set_to_none=False), orders=((0, 1), (0, 1), (0, 1), (0, 1))))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
-    body = DcpBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),))), source=Composition(mesh=(2, 2), wrapper=Wrapper.FSDP1_HYBRID_SHARD), target=Composition(mesh=(2, 2), wrapper=Wrapper.FSDP1_HYBRID_SHARD), entries=(DcpItem.MODEL, DcpItem.OPTIMIZER), training=Training(optimizer=Optimizer.ADAM, lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, dtype=Dtype.FLOAT64, set_to_none=False), orders=((0, 1), (0, 1), (0, 1), (0, 1)))
-    run_dcp_out = _run_dcp(case, body, ctx)
-    obs = json.loads(json.dumps(run_dcp_out))
+    obs = json.loads(json.dumps(run_dcp(case, DcpBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),))), source=Composition(mesh=(2, 2), wrapper=Wrapper.FSDP1_HYBRID_SHARD), target=Composition(mesh=(2, 2), wrapper=Wrapper.FSDP1_HYBRID_SHARD), entries=(DcpItem.MODEL, DcpItem.OPTIMIZER), training=Training(optimizer=Optimizer.ADAM, lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, dtype=Dtype.FLOAT64, set_to_none=False), orders=((0, 1), (0, 1), (0, 1), (0, 1))), ctx)))
     outs = [None] * world_size
     dist.all_gather_object(outs, obs)
     if rank != 0:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=4b3df5ef65b9255f sources=845e968d7c09e2fe seconds=348.4
+# shardfuzz reduced reproducer: entry=4b3df5ef65b9255f sources=845e968d7c09e2fe seconds=239.9
 """Reproduces shardfuzz corpus entry metamorphic-mismatch-fc5f66f774ab.json: mismatch:metamorphic@fsdp1:unfrozen-frozen-unit
 
 Observed: FSDP1 NO_SHARD auto-wrapping a block whose parameters are all frozen, one of them
@@ -18,18 +18,24 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 """
 
 from __future__ import annotations
+from typing import Any
+from dataclasses import dataclass, field
 import torch
 import enum
+from dataclasses import dataclass
 from dataclasses import dataclass, field
 from functools import cached_property
+from dataclasses import replace
 from typing import Any, ClassVar
+import json
+from typing import Any
+import os
+from typing import ClassVar
 from torch import nn
 from contextlib import contextmanager
+import torch.distributed as dist
 import torch.nn.functional as F
 import math
-
-def __getattr__(name):
-    raise AttributeError(f"module 'fuzz' has no attribute {name!r}")
 
 @dataclass
 class RankContext:
@@ -37,6 +43,9 @@ class RankContext:
     world_size: object
     device: object
     backend: object
+
+    def mesh(self, shape, names):
+        pass
 
 class LeafKind(str, enum.Enum):
     LINEAR = 'linear'
@@ -60,19 +69,30 @@ class Leaf:
     bias: object = True
     frozen: object = False
 
-@dataclass()
+@dataclass(frozen=True)
 class Block:
     children: object
+    residual: object = False
+    scale: object = False
 
 def iter_paths(block, prefix=''):
     yield (prefix, block)
+    i, child = next(iter(enumerate(block.children)))
+    path = f'{prefix}.{i}' if prefix else str(i)
+    if isinstance(child, Block):
+        yield from iter_paths(child, path)
+    else:
+        yield (path, child)
 
 def owns_params(node):
     if isinstance(node, Leaf):
         return node.kind in PARAM_LEAVES
     return False
 
-@dataclass()
+def param_names(node):
+    pass
+
+@dataclass(frozen=True)
 class ModuleTree:
     width: object
     root: object
@@ -88,17 +108,25 @@ class Wrapper(str, enum.Enum):
     FSDP1_NO_SHARD = 'fsdp1_no_shard'
     FSDP1_HYBRID_SHARD = 'fsdp1_hybrid_shard'
 
-@dataclass()
+@dataclass(frozen=True)
 class ShardSpec:
     path: object
     reshard_after_forward: object = True
 
-@dataclass()
+    @property
+    def paths(self):
+        pass
+
+@dataclass(frozen=True)
 class Composition:
     shards: object = ()
     checkpoint_first: object = True
+    mesh: object = ()
     wrapper: object = Wrapper.NONE
     auto_wrap: object = False
+
+    def reshard_after_forward(self, spec):
+        pass
 
     @property
     def sharded_paths(self):
@@ -106,11 +134,11 @@ class Composition:
 
     def steps(self):
         items = [] + []
-        items += [() for spec in self.shards]
+        items += [('fully_shard', '') for spec in self.shards]
 
         def key(item):
             pass
-        return sorted(items)
+        return sorted(items, key=key)
 
 @dataclass(frozen=True)
 class Unit:
@@ -140,34 +168,22 @@ class AccumSync(str, enum.Enum):
     NO_GRAD_SYNC = 'no_grad_sync'
     NO_ALL_REDUCE = 'no_all_reduce'
 
-class Optimizer(str, enum.Enum):
-    SGD = 'sgd'
-    ADAM = 'adam'
-    ADAMW = 'adamw'
-
-class Compile(str, enum.Enum):
-    NONE = 'none'
-    EAGER = 'eager'
-    AOT_EAGER = 'aot_eager'
-
-@dataclass()
+@dataclass(frozen=True)
 class Unfreeze:
     path: object
     step: object
 
 @dataclass(frozen=True)
 class Training:
-    optimizer: object = Optimizer.SGD
     lr: object = 0.1
     momentum: object = 0.0
     eps: object = 0.001
+    steps: object = 2
     batch_per_rank: object = 2
     dtype: object = Dtype.FLOAT32
-    accum_sync: object = AccumSync.ALWAYS
     set_to_none: object = True
     foreach: object = None
     unfreeze: object = ()
-    compile: object = Compile.NONE
 
     def __post_init__(self):
         for i, later in enumerate(self.unfreeze):
@@ -175,9 +191,6 @@ class Training:
 
     def skipped_at(self, step, microbatch):
         return [s.path for s in () if s.step == step and s.microbatch == microbatch]
-
-    def unused_on_some_microbatches(self, tree):
-        pass
 
 class Body:
     KIND: ClassVar[str]
@@ -188,10 +201,6 @@ class Body:
         super().__init_subclass__(**kwargs)
         Body.registry[cls.KIND] = cls
 
-    @property
-    def size(self):
-        pass
-
 @dataclass(frozen=True)
 class MetamorphicBody(Body):
     KIND: ClassVar[str] = 'metamorphic'
@@ -201,64 +210,16 @@ class MetamorphicBody(Body):
     variant: object
     training: object = field(default_factory=Training)
 
-    @property
-    def size(self):
-        pass
-
-@dataclass()
+@dataclass(frozen=True)
 class Case:
     property: object
     world_size: object
     seed: object
     body: object
 
-@dataclass(frozen=True)
-class Options:
-    pass
-
-@dataclass(frozen=True)
-class StateDictBody(Body):
-    KIND: ClassVar[str] = 'state_dict'
-    PROGRAM: ClassVar[str] = 'fuzz._rank.state_dict:run_state_dict'
-    tree: object
-    source: object
-    target: object
-    training: object = field(default_factory=Training)
-    save: object = field(default_factory=Options)
-    load: object = field(default_factory=Options)
-    requires_grad: object = ()
-
-    @property
-    def size(self):
-        pass
-
-class DcpMode(str, enum.Enum):
-    ROUND_TRIP = 'round_trip'
-    SAVE_ONLY = 'save_only'
-    LOAD_ONLY = 'load_only'
-
-@dataclass(frozen=True)
-class DcpBody(Body):
-    KIND: ClassVar[str] = 'dcp'
-    PROGRAM: ClassVar[str] = 'fuzz._rank.dcp:run_dcp'
-    tree: object
-    source: object
-    target: object
-    entries: object
-    training: object = field(default_factory=Training)
-    async_save: object = False
-    mode: object = DcpMode.ROUND_TRIP
-    cache_staged: object = False
-    requires_grad: object = ()
-    stager: object = None
-
-    @property
-    def size(self):
-        pass
-
 def fsdp_sharded(p):
     from torch.distributed.tensor import DTensor
-    return isinstance(p, DTensor) and 'shard' in (p.device_mesh.mesh_dim_names or ())
+    return isinstance(p, DTensor) and 'shard' in (p.device_mesh.mesh_dim_names or ('shard',))
 
 class TreeBlock(nn.Module):
 
@@ -266,6 +227,10 @@ class TreeBlock(nn.Module):
         super().__init__()
         for i, child in enumerate(children):
             self.add_module(str(i), child)
+        self.residual = residual
+        self.scale = None
+        self.shift = None
+        self.skipped: frozenset[str] = frozenset()
 
     def forward(self, x):
         y = x
@@ -274,7 +239,9 @@ class TreeBlock(nn.Module):
         return y
 
 class PointwiseConv1d(nn.Conv1d):
-    pass
+
+    def forward(self, x):
+        return super().forward(x.unsqueeze(-1)).squeeze(-1)
 
 def build_node(node, width):
     if isinstance(node, Leaf):
@@ -286,8 +253,8 @@ def build_node(node, width):
 
 def build_model(tree, device):
     return build_node(tree.root, 1)
-TORCH_DTYPES = {Dtype.FLOAT32: torch.float32}
-_WRAPPER_PREFIXES = ('_fsdp_wrapped_module.',)
+TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
+_WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.')
 
 def clean_name(name):
     prefix = next(iter(_WRAPPER_PREFIXES))
@@ -297,12 +264,17 @@ def clean_name(name):
 @dataclass
 class Composed:
     model: object
+    fsdp_roots: object = field(default_factory=list)
     wrapper: object = Wrapper.NONE
     param_names: object = field(default_factory=list)
+
+    def set_sync(self, requires_gradient_sync=True, requires_all_reduce=True):
+        pass
 
     @contextmanager
     def full_parameters(self):
         if self.wrapper.value.startswith('fsdp1'):
+            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
             modules = {clean_name(n): m for n, m in self.model.named_modules()}
             out = {}
             for name in self.param_names:
@@ -325,13 +297,15 @@ def compose(model, comp, ctx, tree=None):
         kwargs_['auto_wrap_policy'] = ModuleWrapPolicy({TreeBlock})
         wrap_out = FSDP(model, **kwargs_)
         return Composed(model=wrap_out, wrapper=comp.wrapper, param_names=names)
+    pass
+    api, path = next(iter(comp.steps()))
     from torch.distributed.fsdp import fully_shard
-    kwargs = {}
-    modules = [model.get_submodule(p_) for p_ in ('',)]
+    kwargs = {'mesh': None, 'reshard_after_forward': False}
+    modules = [model.get_submodule('')]
     fully_shard(modules if () else modules[0], **kwargs)
     sharded = comp.sharded_paths
     tops = [p for p in sharded if not any((False for q in sharded))]
-    return Composed(model=model)
+    return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
 
 class _Contracts:
 
@@ -362,6 +336,9 @@ class _Contracts:
         return hook
 
     def after_forward(self, skipped):
+        h = next(iter(self.handles))
+        h.remove()
+        sharded = self.comp.sharded_paths + list(())
         state = {}
         for spec in self.comp.shards:
             flags = []
@@ -391,7 +368,9 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
     params = composed.model.parameters()
     later_ = [p for ps in out___.values() for p in ps]
     held = {id(p_) for p_ in later_}
-    opt = torch.optim.SGD(params, lr=0.01, momentum=0.0, foreach=None)
+    params = [p_ for p_ in params if p_.requires_grad or id(p_) in held]
+    groups = params
+    opt = torch.optim.SGD(groups, lr=0.01, momentum=0.0, foreach=None)
     model___ = composed.model
     losses = []
     params_per_step = []
@@ -402,6 +381,7 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
     out_ = []
     for _ in range(2):
         step_ = []
+        _ = next(iter(range(1)))
         x_ = torch.randn(ctx.world_size * 1, 1, generator=gen, dtype=dtype_)
         y_ = torch.randn(ctx.world_size * 1, 1, generator=gen, dtype=dtype_)
         step_.append((x_[lo:lo + 1].to(ctx.device), y_[lo:lo + 1].to(ctx.device)))
@@ -413,12 +393,17 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
         step_losses = []
         i, (x, y) = next(iter(enumerate(step)))
         skipped = training.skipped_at(s, i)
+        last = i == len(step) - 1
+        sync = AccumSync.ALWAYS
+        composed.set_sync(requires_gradient_sync=sync is not AccumSync.NO_GRAD_SYNC, requires_all_reduce=sync is AccumSync.ALWAYS)
+        ctx_mgr = _null()
         out = model___(x)
         if contracts is not None and comp is not None:
             obs['contracts'] = contracts.after_forward(skipped)
             obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
             out__ = {}
             obs['contracts']['replicate_params'] = out__
+            contracts = None
         loss = F.mse_loss(out.to(y.dtype), y)
         loss.backward()
         step_losses.append(loss.item())
@@ -437,6 +422,7 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
             params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
     obs['losses'] = losses
     obs['grad_norms'] = grad_norms
+    pass
     model____ = composed.model
     from torch.distributed.tensor import DTensor as DTensor_
     obs['local_params'] = {n_: p____.detach().double().cpu().flatten().tolist() for n_, p____ in model____.named_parameters() if not isinstance(p____, DTensor_) and (not n_.startswith('_fsdp_wrapped_module')) and ('_fsdp' not in n_) and (clean_name(n_).rpartition('.')[0] not in None)}
@@ -444,6 +430,14 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
     if ctx.rank == 0:
         obs['params'] = params_per_step
     return obs
+
+class _null:
+
+    def __enter__(self):
+        pass
+
+    def __exit__(self, *exc):
+        pass
 
 class OutcomeKind(str, enum.Enum):
     OK = 'ok'
@@ -458,13 +452,6 @@ class RankReport:
     seconds: object = None
 
 @dataclass(frozen=True)
-class Stall:
-    name: object
-    deadlocked: object
-    after: object = 10.0
-    hold: object = 3.0
-
-@dataclass(frozen=True)
 class Outcome:
     kind: object
     ranks: object
@@ -472,77 +459,22 @@ class Outcome:
 
     @property
     def ok(self):
-        return self.kind is OutcomeKind.OK
+        pass
 
     @property
     def observations(self):
         return [r.observation or {} for r in self.ranks]
-KNOWN_BUG_ODDS = 16
-KNOWN_HANG_ODDS = 64
-NONE_FOUND = 'none found'
 
 @dataclass(frozen=True)
 class KnownBug:
     id: object
     title: object
     symptoms: object = frozenset({'exception'})
-    upstream: object = NONE_FOUND
-    relation: object = ''
     state: object = ''
     ends_ranks: object = True
-    odds: object = KNOWN_BUG_ODDS
     tag: object = ''
-    see_also: object = ()
-    docs: object = 'docs/known_bugs.md'
-    fixed_in: object = ''
-    conditional: object = False
-FSDP1_HSDP_SHARD1 = KnownBug('fsdp1-hybrid-shard-dim-1', 'FSDP1 HYBRID_SHARD with a shard dimension of size 1 never averages gradients across replicas', symptoms=frozenset({'mismatch'}), upstream='pytorch/pytorch#154888', relation='same bug', ends_ranks=False, tag=':shard1')
-FOREACH_MIXED = KnownBug('foreach-mixed-dtensor-tensor', 'foreach optimizers over a mix of DTensor (fully_shard) and plain (replicate) parameters raise', upstream='pytorch/pytorch#183207', relation='same symptom (reached there through ignored_params)')
-INT_RESHARD_DIM1 = KnownBug('fully_shard-int-reshard-shard-dim-1', 'fully_shard with an int reshard_after_forward and Shard(1) placements: IndexError in foreach_all_gather_copy_out')
 FROZEN_INT_RESHARD = KnownBug('fully_shard-frozen-int-reshard', "a frozen fully_shard unit with an int reshard_after_forward under a replicate'd root stays in its post-forward state", symptoms=frozenset({'mismatch'}), ends_ranks=False, tag=':frozen-int-reshard')
 UNFROZEN_UNRESHARDED = KnownBug('fully_shard-unfrozen-unresharded', "a frozen fully_shard unit without resharding under a replicate'd root is never resharded: a leaf unfrozen later never trains (KeyError in get_optimizer_state_dict)", symptoms=frozenset({'mismatch', 'exception'}), ends_ranks=False, tag=':unfrozen-unresharded')
-UNUSED_NO_ALL_REDUCE = KnownBug('fully_shard-unused-no-all-reduce', 'HSDP with set_requires_all_reduce(False): a unit unused on the last microbatch loses its accumulated gradient', symptoms=frozenset({'mismatch', 'exception'}), ends_ranks=False, tag=':unused-no-all-reduce')
-FSDP1_UNFROZEN_FROZEN_UNIT = KnownBug('fsdp1-no-shard-unfrozen-in-frozen-unit', 'FSDP1 NO_SHARD, a unit all frozen at wrapping: a leaf unfrozen later never trains', symptoms=frozenset({'mismatch'}), upstream='pytorch/pytorch#85831', relation='related', see_also=('pytorch/pytorch#104148', 'pytorch/pytorch#105371'), ends_ranks=False, tag=':unfrozen-frozen-unit')
-MP_UNIFORM_GRAD_DTYPE = KnownBug('fully_shard-reduce-dtype-no-sync-uniform-grad-dtype', "MixedPrecisionPolicy(reduce_dtype) with set_requires_gradient_sync(False) and a parameter unused on a no-sync microbatch: 'FSDP reduce-scatter expects uniform gradient dtype'", upstream='pytorch/pytorch#196996', relation='same bug', state='open; an earlier fix (pull request #160279) is not in torch 2.13', see_also=('pytorch/pytorch#160279', 'pytorch/pytorch#190627'))
-MP_NEVER_RUN_NO_SYNC = KnownBug('fully_shard-reduce-dtype-no-sync-never-run', "MixedPrecisionPolicy(reduce_dtype) with set_requires_gradient_sync(False): a unit that never ran forward has no '_unsharded_param' in the root's post-backward", upstream='pytorch/pytorch#194058', relation='same bug (pull request)', state='closed; the fix is not in torch 2.13')
-MP_FROZEN_AT_LAZY_INIT = KnownBug('fully_shard-mp-frozen-at-lazy-init', 'MixedPrecisionPolicy: a unit all frozen at lazy init gets no orig/reduce dtype; unfrozen later, its low-precision gradient is never cast back', upstream='pytorch/pytorch#186998', relation='same bug', state='closed, yet still present in torch 2.13.0 (fix pull request #187376 not in 2.13)', see_also=('pytorch/pytorch#187376',))
-BROADCAST_EMPTY = KnownBug('set_state_dict-broadcast-empty', 'set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0 pass an empty model state dict', symptoms=frozenset({'hang', 'crash', 'exception'}), upstream='pytorch/pytorch#157781', relation='same symptom', state='open', see_also=('pytorch/pytorch#158836',), odds=KNOWN_HANG_ODDS, docs='docs/state_dict.md')
-STATELESS_FULL = KnownBug('set_optimizer_state_dict-full-stateless', "set_optimizer_state_dict(full_state_dict=True) for an optimizer without tensor state: 'Expected device to be set'", docs='docs/state_dict.md')
-FLAT_FULL_OPTIM = KnownBug('set_optimizer_state_dict-flat-full-keyerror', "set_optimizer_state_dict(full_state_dict=True, flatten_optimizer_state_dict=True) raises KeyError 'param_groups.0.params.0' for any model: the full-state branch takes the optimizer's local state dict with the flatten option still on, so the loaded and the local dicts have different keys", relation='none found after three phrasings; two other flatten bugs are in see_also', state='present in torch 2.13.0', see_also=('pytorch/pytorch#192224', 'pytorch/pytorch#192225'), docs='docs/state_dict.md')
-FSDP1_FULL_OFFLOAD = KnownBug('fsdp1-full-state-dict-offload-to-cpu', 'FSDP1 FULL_STATE_DICT with offload_to_cpu on CPU: state_dict() clones a freed buffer (SIGSEGV), optim_state_dict aliases the gathered states', symptoms=frozenset({'crash', 'mismatch'}), upstream='pytorch/pytorch#188989', relation="same root cause for the model state dict (to_cpu frees a CPU buffer); none found for the optimizer's aliasing", state='closed; its fix (pull request #188990) is not in torch 2.13', see_also=('pytorch/pytorch#188990', 'Lightning-AI/pytorch-lightning#21804'), docs='docs/state_dict.md')
-FSDP1_FROZEN_UNIT = KnownBug('fsdp1-no-shard-frozen-unit-state-dict', "FSDP1 NO_SHARD with an auto-wrapped unit of frozen parameters: state_dict() after training raises 'FSDP assumes ... is in the state_dict'", upstream='pytorch/pytorch#85831', relation='related', docs='docs/state_dict.md')
-FSDP1_DCP_STATELESS = KnownBug('fsdp1-dcp-stateless-optimizer', "the classic FSDP1 DCP recipe with an optimizer without state: optim_state_dict_to_load refuses the dict without 'state'", docs='docs/state_dict.md')
-FSDP1_DCP_EMPTY_SHARD = KnownBug('dcp-load-empty-sharded-tensor-pre-2.4-guess', "dcp.load of an FSDP1 sharded state dict where a rank holds no chunk of a parameter: the planner guesses a pre-2.4 checkpoint, 'Missing key in checkpoint state_dict'", see_also=('pytorch/pytorch#137327',), docs='docs/state_dict.md')
-FSDP1_ASYNC_DEFAULT_STAGER = KnownBug('async_save-default-stager-sharded-tensor', "dcp.async_save's default stager calls data_ptr() on ShardedTensors", docs='docs/state_dict.md')
-CACHED_STAGING_NEEDS_ACCELERATOR = KnownBug('filesystemwriter-cache-staged-pin-memory', 'FileSystemWriter(cache_staged_state_dict=True) pins its staging copy: async_save fails on a host without an accelerator', see_also=('pytorch/pytorch#189991',), docs='docs/state_dict.md')
-CACHED_STAGING_PINNED_METADATA = KnownBug('filesystemwriter-cache-staged-pinned-metadata', 'a checkpoint staged by FileSystemWriter(cache_staged_state_dict=True) records pin_memory=True; the classic FSDP1 load_sharded_optimizer_state_dict then refuses its unpinned ShardedTensors', docs='docs/state_dict.md')
-FSDP1_HSDP_OPTIMIZER_LOAD = KnownBug('fsdp1-hsdp-load_sharded_optimizer_state_dict', 'load_sharded_optimizer_state_dict chunks optimizer state over the whole world: wrong Adam state in FSDP1 HYBRID_SHARD over a 2-D mesh', symptoms=frozenset({'mismatch'}), see_also=('pytorch/pytorch#111096',), ends_ranks=False, tag=':fsdp1-hsdp-load_sharded_optimizer_state_dict')
-FSDP1_HSDP_RANK0_BROADCAST = KnownBug('fsdp1-hsdp-shard1-rank0-broadcast', 'set_optimizer_state_dict(full, cpu_offload) into FSDP1 HYBRID_SHARD with a shard dimension of 1 broadcasts from global rank 0 in a one-rank group', upstream='pytorch/pytorch#155680', relation='same line', state='open; #128444 (same path) was fixed only in part by pull request #128446', see_also=('pytorch/pytorch#128444',))
-FSDP1_COMPILE_SHARDED_GRAD = KnownBug('fsdp1-compile-recompile-sharded-grad', "torch.compile over FSDP1 (use_orig_params=True, sharded): recompiling the wrapped module's forward while its parameters hold sharded gradients raises InternalTorchDynamoError 'attempting to assign a gradient of size ...'", upstream='pytorch/pytorch#111317', relation='same symptom (a comment there: SHARD_GRAD_OP, use_orig_params=True, float32)', state='open', see_also=('pytorch/pytorch#93288',))
-DIVIDE_FACTOR_TWICE = KnownBug('fully_shard-divide-factor-single-shard-twice', 'set_gradient_divide_factor(f) on a fully_shard unit whose shard group is one rank, with set_force_sum_reduction_for_comms(True) or a float16 / float64 reduce dtype: gradients are divided by f twice (once where the single-rank branch copies the input, once more as the post-divide)', symptoms=frozenset({'mismatch'}), relation='none found after three phrasings; the single-rank division came with the pull request in see_also, and a later one reworks that branch without the post-divide', state='present in torch 2.13.0', see_also=('pytorch/pytorch#167178', 'pytorch/pytorch#196348'), ends_ranks=False, tag=':divide-factor-twice')
-FROZEN_OPTIM_STATE_DROPPED = KnownBug('set_optimizer_state_dict-frozen-state-dropped', 'set_optimizer_state_dict drops the saved optimizer state of a parameter frozen (requires_grad=False) when it is loaded: a parameter trained, then frozen, checkpointed and unfrozen after resuming restarts with fresh optimizer state (get_optimizer_state_dict saved it)', symptoms=frozenset({'mismatch'}), upstream='pytorch/pytorch#192202', relation='same bug', state='open; fix pull request #192307 open, not in torch 2.13.0', see_also=('pytorch/pytorch#192307',), ends_ranks=False, tag=':frozen-optimizer-state-dropped', docs='docs/state_dict.md', odds=4)
-PLAN_CACHE_FAILED_SAVE = KnownBug('dcp-plan-cache-after-failed-save', "DefaultSavePlanner(enable_plan_caching=True): a save that fails (FileSystemWriter(overwrite=False) refusing an existing checkpoint) leaves its plans cached; the next save with that planner class raises TypeError 'NoneType' object is not iterable in _create_global_plan", upstream='pytorch/pytorch#176289', relation='same bug (pull request: save plan caching during validation failures)', state='fixed in torch 2.13 (plans are cached only after a successful save); present in torch 2.11', fixed_in='2.13', docs='docs/state_dict.md')
-CHECKPOINT_DEBUG = KnownBug('checkpoint-debug-always-refused', "composable checkpoint(module, debug=True) raises ValueError 'debug=True is incompatible with non-default context_fn' on the first forward whatever the caller passes: it always hands torch.utils.checkpoint a context_fn of its own", upstream='pytorch/pytorch#185285', relation='same bug (pull request: allow debug mode with context_fn in checkpoint(); an earlier attempt in see_also)', state='not in torch 2.13.0', see_also=('pytorch/pytorch#175338',), conditional=True)
-SAC_OVER_FSDP_UNIT = KnownBug('selective-checkpoint-over-fully_shard-unit', "selective activation checkpointing (context_fn=create_selective_checkpoint_contexts) over a region holding a fully_shard unit whose state differs between forward and recomputation (kept unsharded by set_reshard_after_backward(False), prefetched, frozen): the replay counts FSDP2's record_function markers and raises 'profiler._record_function_enter_new.default invocation index N encountered during backward but not found in storage'", upstream='pytorch/pytorch#196862', relation='same bug (pull request: exclude all-gather internals and profiler ops from selective checkpointing)', state='not in torch 2.13.0', see_also=('pytorch/pytorch#185178', 'pytorch/torchtitan#3427'), conditional=True)
-DELAY_ALL_REDUCE_ROOT = KnownBug('ddp-delay-all-reduce-root-params-reduced-twice', "DistributedDataParallel(delay_all_reduce_named_params=..., param_to_hook_all_reduce=...): a delayed parameter of the root module itself stays in the reducer too (the reducer leaves out f'{module_name}.{name}', which is '.<name>' for the root's own parameters), so it is all-reduced twice, racing, and its gradient is wrong now and then; every parameter replicate() hands DDP is one (an nn.ParameterList's)", symptoms=frozenset({'mismatch'}), relation='none found after five phrasings; the option came with the pull request in see_also', state='present in torch 2.13.0', see_also=('pytorch/pytorch#95669',), ends_ranks=False, tag=':delay-all-reduce', odds=4)
-DELAY_BUFFER_FLOAT32 = KnownBug('ddp-delay-all-reduce-float32-buffer', "DistributedDataParallel(delay_all_reduce_named_params=..., param_to_hook_all_reduce=...) over parameters that are not float32: the delayed gradients' buffer is made with torch.zeros and no dtype, and _clear_grad_buffer raises 'attempting to assign a gradient with dtype 'float' to a tensor with grad_dtype 'Double''", relation='none found after three phrasings (the error text, the buffer, the option); the option came with the pull request in see_also', state='present in torch 2.13.0', see_also=('pytorch/pytorch#95669',))
-STAGER_REUSED_AFTER_CLOSE = KnownBug('default-stager-reused-after-close', "dcp.async_save(async_stager=DefaultStager(...)) reused for a second save: DefaultStager._stage closes its StateDictStager after every stage, which empties its copy dispatch table, and the next stage raises KeyError: <class 'type'> in deepcopy_with_tensor_offload", upstream='pytorch/pytorch#183413', relation='same bug (a regression of the pull request in see_also, which added the close)', state='present in torch 2.11; torch 2.13.0 stages again after a close', see_also=('pytorch/pytorch#170431', 'pytorch/torchtitan#3476'), fixed_in='2.13', docs='docs/state_dict.md')
-COMPILED_UNFREEZE_PLAIN = KnownBug('compile-unfrozen-plain-param-no-recompile', "torch.compile (aot_eager) of a module whose plain (non-DTensor) parameter was frozen when it was compiled: after requires_grad_(True) the compiled forward is reused without a recompile and the parameter gets no gradient (met through fully_shard's ignored_params, which stay plain tensors)", symptoms=frozenset({'mismatch'}), upstream='pytorch/pytorch#139476', relation='same bug (Dynamo reuses a compiled frame when the requires_grad of module parameters changes)', state='present in torch 2.11; torch 2.13.0 recompiles (the torch-only reproducer passes there)', fixed_in='2.13', ends_ranks=False, tag=':compiled-unfreeze')
-
-def present(bug, torch_version):
-    pass
-
-def get(bug_id):
-    pass
-
-def int_reshard_dim1(comp):
-    pass
-
-def shard1(comp):
-    return bool(()) and comp.mesh[1] == 1
-
-def fsdp1_shard1(comp):
-    pass
 
 def frozen_int_reshard_unit(tree, comp):
     layout = Layout(tree, comp)
@@ -562,130 +494,11 @@ def unresharded_frozen(tree, comp):
             continue
     return out
 
-def unused_no_all_reduce(tree, comp, training):
-    return bool(comp.shards) and training.accum_sync is AccumSync.NO_ALL_REDUCE and training.unused_on_some_microbatches(tree)
-
-def fsdp1_unfrozen_in_frozen_unit(tree, comp, training, world_size=2):
-    paths = tree.paths()
-    return any((_frozen_fsdp1_unit(paths['0'.rpartition('.')[0]]) for later in training.unfreeze))
-
-def fsdp1_compiled_with_sharded_grads(comp, training, world_size):
-    pass
-
-def divide_factor_twice(comp, training, world_size):
-    factor = comp.knobs.gradient_divide_factor
-    shard_size = comp.mesh[1] if comp.mesh else world_size // comp.tp_size
-    if factor is None or factor == 1.0 or shard_size != 1 or (not comp.shards):
-        return False
-
-def never_run_under_no_sync(tree, comp, training):
-    pass
-
-def unfrozen_in_frozen_mp_unit(tree, comp, training):
-    pass
-
-def checkpoint_debug(comp):
-    pass
-
-def selective_over_unit(comp):
-    pass
-
-def delayed_all_reduce(comp):
-    return bool(comp.replicates) and comp.replicate_options.delay_all_reduce
-
-def stager_reused(body):
-    pass
-
-def delayed_not_float32(comp, training):
-    pass
-
-def compiled_unfreeze_ignored(comp, training):
-    return training.compile is Compile.AOT_EAGER and any((u.path in comp.shard_ignored for u in training.unfreeze))
-
-def mismatch_tags(comp, tree=None, training=None, world_size=2):
-    tags = FSDP1_HSDP_SHARD1.tag if shard1(comp) else ''
-    if tree is not None and training is not None:
-        if fsdp1_unfrozen_in_frozen_unit(tree, comp, training, world_size):
-            tags += FSDP1_UNFROZEN_FROZEN_UNIT.tag
-    return tags
-
 def _frozen_leaf(node):
     return isinstance(node, Leaf) and node.frozen
 
-def _frozen_fsdp1_unit(node):
-    leaves = [c for c in node.children if isinstance(c, Leaf) and c.kind in PARAM_LEAVES]
-    return bool(leaves) and all((True for c in leaves))
-
-def fsdp1_full_offload(body, world_size):
-    pass
-
-def fsdp1_dcp_stateless(body):
-    pass
-
-def fsdp1_dcp_empty_shard(body, world_size):
-    pass
-
-def fsdp1_async_default_stager(body):
-    pass
-
-def hsdp_optimizer_load(body):
-    pass
-
-def broadcast_empty(body):
-    pass
-
-def frozen_state_dropped(body):
-    pass
-
-def plan_cache_failed_save(body):
-    pass
-
-def stateless_full(body):
-    pass
-
-def flat_full_optimizer(body):
-    pass
-
-def _comps(case):
-    pass
-
-def _per_comp(condition):
-
-    def met(case):
-        pass
-    return met
-
-def _with_training(condition):
-
-    def met(case):
-        pass
-    return met
-
-def _saving(condition):
-    return lambda case: isinstance(case.body, (StateDictBody, DcpBody)) and condition(case)
-
-def _frozen_int_reshard(case):
-    pass
-
-def _foreach_mixed(case):
-    pass
-
-def _unfrozen_unresharded(case):
-    pass
-
-def _fsdp1_frozen_source(case):
-    pass
-
-def _fsdp1_unfrozen_frozen_unit(case):
-    pass
-CONDITIONS = ((INT_RESHARD_DIM1, lambda case: any((int_reshard_dim1(c) for c in _comps(case)))), (FSDP1_HSDP_SHARD1, lambda case: any((fsdp1_shard1(c) for c in _comps(case)))), (FSDP1_FROZEN_UNIT, _fsdp1_frozen_source), (FSDP1_FULL_OFFLOAD, _saving(lambda case: fsdp1_full_offload(case.body, case.world_size))), (FSDP1_DCP_STATELESS, _saving(lambda case: fsdp1_dcp_stateless(case.body))), (FSDP1_DCP_EMPTY_SHARD, _saving(lambda case: fsdp1_dcp_empty_shard(case.body, case.world_size))), (FSDP1_ASYNC_DEFAULT_STAGER, _saving(lambda case: fsdp1_async_default_stager(case.body))), (CACHED_STAGING_NEEDS_ACCELERATOR, lambda case: isinstance(case.body, DcpBody) and case.body.cache_staged), (BROADCAST_EMPTY, _saving(lambda case: broadcast_empty(case.body))), (STATELESS_FULL, _saving(lambda case: stateless_full(case.body))), (FLAT_FULL_OPTIM, _saving(lambda case: flat_full_optimizer(case.body))), (PLAN_CACHE_FAILED_SAVE, _saving(lambda case: plan_cache_failed_save(case.body))), (FSDP1_HSDP_OPTIMIZER_LOAD, _saving(lambda case: hsdp_optimizer_load(case.body))), (FROZEN_OPTIM_STATE_DROPPED, _saving(lambda case: frozen_state_dropped(case.body))), (FROZEN_INT_RESHARD, _frozen_int_reshard), (UNFROZEN_UNRESHARDED, _unfrozen_unresharded), (UNUSED_NO_ALL_REDUCE, _per_comp(unused_no_all_reduce)), (MP_NEVER_RUN_NO_SYNC, _per_comp(never_run_under_no_sync)), (MP_UNIFORM_GRAD_DTYPE, _per_comp(never_run_under_no_sync)), (MP_FROZEN_AT_LAZY_INIT, _per_comp(unfrozen_in_frozen_mp_unit)), (FSDP1_UNFROZEN_FROZEN_UNIT, _fsdp1_unfrozen_frozen_unit), (FOREACH_MIXED, _foreach_mixed), (FSDP1_COMPILE_SHARDED_GRAD, _with_training(fsdp1_compiled_with_sharded_grads)), (DIVIDE_FACTOR_TWICE, _with_training(divide_factor_twice)), (CHECKPOINT_DEBUG, lambda case: any((checkpoint_debug(c) for c in _comps(case)))), (SAC_OVER_FSDP_UNIT, lambda case: any((selective_over_unit(c) for c in _comps(case)))), (DELAY_ALL_REDUCE_ROOT, lambda case: any((delayed_all_reduce(c) for c in _comps(case)))), (COMPILED_UNFREEZE_PLAIN, _with_training(lambda c, training, _: compiled_unfreeze_ignored(c, training))), (DELAY_BUFFER_FLOAT32, _with_training(lambda c, training, _: delayed_not_float32(c, training))), (STAGER_REUSED_AFTER_CLOSE, _saving(lambda case: stager_reused(case.body))))
-
 def ends_ranks(case):
     pass
-
-def rank0_alone_in_broadcast(stacks):
-    pass
-ALONE_IN_BROADCAST_STALL = Stall(name='rank 0 alone in _broadcast_state_dict', deadlocked=rank0_alone_in_broadcast, after=10.0, hold=3.0)
 
 @dataclass(frozen=True)
 class Signature:
@@ -709,10 +522,7 @@ class Failure:
     details: object = field(default_factory=dict)
 
 def strategy(name):
-
-    def cases(*, world_size, **kwargs):
-        pass
-    return cases
+    pass
 
 @dataclass(frozen=True)
 class Tolerance:
@@ -748,11 +558,6 @@ def _mismatch(prop, check, api, summary, **details):
         signature = Signature('mismatch', prop, where=family, tags=tuple(tags))
     return Failure('mismatch', str(signature), summary, {'check': check, **details})
 
-def api_of(comp, tree=None, training=None, world_size=2):
-    if comp.wrapper is not Wrapper.NONE:
-        pass
-    return 'fsdp1' + mismatch_tags(comp, tree, training, world_size)
-
 def _judged_steps(observations):
     steps = min((len(obs['ref']['losses']) for obs in observations))
     for obs in observations:
@@ -786,12 +591,12 @@ def _tolerance(training):
 def judge_metamorphic(case, outcome):
     body = case.body
     assert isinstance(body, MetamorphicBody)
-    api = api_of(body.variant, body.tree, body.training, 2)
     for bug, met in ((FROZEN_INT_RESHARD, frozen_int_reshard_unit(body.tree, body.composition)), (UNFROZEN_UNRESHARDED, unfrozen_unresharded_unit(body.tree, body.composition, body.training))):
         pass
-    return check_knobs('metamorphic', outcome.observations) or compare_runs('metamorphic', outcome.observations, _tolerance(body.training), api)
+    return check_knobs('metamorphic', outcome.observations) or compare_runs('metamorphic', outcome.observations, _tolerance(body.training), 'fsdp1:unfrozen-frozen-unit')
 
 def attempt(rank, world_size):
+    import torch
     import torch.distributed as dist
     case = Case(property='metamorphic', world_size=2, seed=0, body=MetamorphicBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False, frozen=True), Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),))))), composition=Composition(shards=(ShardSpec(path='', reshard_after_forward=False),), checkpoint_first=False), variant=Composition(wrapper=Wrapper.FSDP1_NO_SHARD, auto_wrap=True), training=Training(lr=0.01, eps=0.0001, batch_per_rank=1, set_to_none=False, unfreeze=(Unfreeze(path='0', step=1),))))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=ee409d9d33420ecf sources=c2f9d3144d82dce8 seconds=261.7
+# shardfuzz reduced reproducer: entry=ee409d9d33420ecf sources=c2f9d3144d82dce8 seconds=234.9
 """Reproduces shardfuzz corpus entry state_dict-mismatch-7b9a97d5e646.json: mismatch:state_dict@fsdp1_optim_state_dict:shard1
 
 Observed: FSDP1 HYBRID_SHARD with a shard dimension of size 1 never averages gradients across
@@ -35,9 +35,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from dataclasses import dataclass, field, replace
 import math
-
-def __getattr__(name):
-    raise AttributeError(f"module 'fuzz' has no attribute {name!r}")
 
 @dataclass
 class RankContext:
@@ -110,9 +107,6 @@ class Composition:
     mesh: object = ()
     wrapper: object = Wrapper.NONE
 
-    def reshard_after_forward(self, spec):
-        pass
-
     def steps(self):
         pass
 
@@ -181,6 +175,8 @@ class StateDictBody(Body):
     api: object = Api.SPLIT
     save: object = field(default_factory=Options)
     load: object = field(default_factory=Options)
+    frozen_in_optimizer: object = False
+    empty_group: object = False
     requires_grad: object = ()
 
     def __post_init__(self):
@@ -191,11 +187,6 @@ class StateDictBody(Body):
     def size(self):
         pass
 
-class DcpMode(str, enum.Enum):
-    ROUND_TRIP = 'round_trip'
-    SAVE_ONLY = 'save_only'
-    LOAD_ONLY = 'load_only'
-
 @dataclass(frozen=True)
 class DcpBody(Body):
     KIND: ClassVar[str] = 'dcp'
@@ -205,12 +196,9 @@ class DcpBody(Body):
     target: object
     entries: object
     training: object = field(default_factory=Training)
-    orders: object = ()
-    async_save: object = False
-    mode: object = DcpMode.ROUND_TRIP
-    cache_staged: object = False
+    frozen_in_optimizer: object = False
+    empty_group: object = False
     requires_grad: object = ()
-    stager: object = None
 
     @property
     def size(self):
@@ -240,6 +228,10 @@ class TreeBlock(nn.Module):
             y = y + self.shift
         return y
 
+def build_leaf(leaf, width):
+    module = _build_leaf(leaf, width)
+    return module
+
 def _build_leaf(leaf, width):
     if leaf.kind is LeafKind.LINEAR:
         return nn.Linear(width, width, bias=leaf.bias)
@@ -249,12 +241,12 @@ def _build_leaf(leaf, width):
 
 def build_node(node, width):
     if isinstance(node, Leaf):
-        module = _build_leaf(node, width)
-        return module
+        return build_leaf(node, width)
     return TreeBlock([build_node(c, width) for c in node.children], False, width, node.scale, node.buffer)
 
 def build_model(tree, device):
-    return build_node(tree.root, 4)
+    with torch.device(device):
+        return build_node(tree.root, 4)
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
 _WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.')
 
@@ -264,7 +256,8 @@ def clean_name(name):
     return name
 
 def mesh_for(comp, ctx):
-    return ctx.mesh(tuple((2, 1)), ('replicate', 'shard'))
+    if (2, 1):
+        return ctx.mesh(tuple((2, 1)), ('replicate', 'shard'))
 
 @dataclass
 class Composed:
@@ -274,7 +267,6 @@ class Composed:
 
     @contextmanager
     def full_parameters(self):
-        from torch.distributed.tensor import DTensor
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
         modules = {clean_name(n): m for n, m in self.model.named_modules()}
         with FSDP.summon_full_params(self.model):
@@ -285,6 +277,24 @@ class Composed:
             yield out
         return
 
+def compose(model, comp, ctx, tree=None):
+    names = [n for n, _ in model.named_parameters()]
+    return Composed(model=_wrap(model, comp, ctx), wrapper=comp.wrapper, param_names=names)
+
+def _wrap(model, comp, ctx):
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
+    strategy = {Wrapper.FSDP1_FULL_SHARD: ShardingStrategy.FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP: ShardingStrategy.SHARD_GRAD_OP, Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD, Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[comp.wrapper]
+    kwargs = {'sharding_strategy': strategy, 'device_id': ctx.device, 'use_orig_params': True}
+    if comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD:
+        kwargs['device_mesh'] = mesh_for(comp, ctx)
+    return FSDP(model, **kwargs)
+
+def make_optimizer(params, training, later=()):
+    held = {id(p) for p in later}
+    params = [p for p in params if p.requires_grad or id(p) in held]
+    groups = params
+    return torch.optim.SGD(groups, lr=training.lr, momentum=training.momentum, foreach=None)
+
 def batches(case, training, width, ctx, tp_size=1):
     dtype = TORCH_DTYPES[training.dtype]
     gen = torch.Generator().manual_seed(32)
@@ -292,10 +302,10 @@ def batches(case, training, width, ctx, tp_size=1):
     out = []
     for _ in range(3):
         step = []
-        _ = next(iter(range(1)))
-        x = torch.randn(ctx.world_size * 2, width, generator=gen, dtype=dtype)
-        y = torch.randn(ctx.world_size * 2, width, generator=gen, dtype=dtype)
-        step.append((x[lo:lo + 2].to(ctx.device), y[lo:lo + 2].to(ctx.device)))
+        for _ in range(1):
+            x = torch.randn(ctx.world_size * 2, width, generator=gen, dtype=dtype)
+            y = torch.randn(ctx.world_size * 2, width, generator=gen, dtype=dtype)
+            step.append((x[lo:lo + 2].to(ctx.device), y[lo:lo + 2].to(ctx.device)))
         out.append(step)
     return out
 PROBE_ROWS = 3
@@ -315,10 +325,6 @@ class Side:
     def model(self):
         return self.composed.model
 
-    @property
-    def plain(self):
-        pass
-
     def names(self):
         current = {id(p): clean_name(n) for n, p in self.model.named_parameters()}
         return {**self.param_names, **current}
@@ -327,16 +333,7 @@ def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=()):
     torch.manual_seed(seed)
     device = ctx.device
     model = build_model(tree, device).to(TORCH_DTYPES[training.dtype])
-    from torch.distributed._composable import checkpoint, replicate
-    names = [n for n, _ in model.named_parameters()]
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    from torch.distributed.fsdp import ShardingStrategy
-    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-    strategy = {Wrapper.FSDP1_FULL_SHARD: ShardingStrategy.FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP: ShardingStrategy.SHARD_GRAD_OP, Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD, Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[comp.wrapper]
-    kwargs = {'sharding_strategy': strategy, 'device_id': ctx.device, 'use_orig_params': True}
-    kwargs['device_mesh'] = mesh_for(comp, ctx)
-    wrap_out = FSDP(model, **kwargs)
-    composed = Composed(model=wrap_out, wrapper=comp.wrapper, param_names=names)
+    composed = compose(model, comp, ctx)
     return Side(composed=composed, comp=comp, training=training, schedule=schedule)
 
 def requires_grad(side):
@@ -345,16 +342,18 @@ def requires_grad(side):
 def fresh_training(training):
     return replace(training, lr=0.1 * 0.37, momentum=0.5, eps=0.001 * 10)
 
-def body_optimizer(side, training, body):
+def add_optimizer(side, training, *, frozen_in_optimizer=False, empty_group=False):
     params = list(side.model.parameters())
     frozen = []
-    params_ = params
-    held = {id(p_) for p_ in frozen}
-    params_ = [p_ for p_ in params_ if p_.requires_grad or id(p_) in held]
-    groups = params_
-    side.opt = torch.optim.SGD(groups, lr=training.lr, momentum=training.momentum, foreach=None)
+    side.opt = make_optimizer(params, training, later=frozen)
     side.param_names = {id(p): clean_name(n) for n, p in side.model.named_parameters()}
     return side.opt
+
+def body_optimizer(side, training, body):
+    return add_optimizer(side, training, frozen_in_optimizer=False, empty_group=False)
+
+def all_batches(case, training, steps, tree, ctx):
+    return [step[0] for step in batches(case, replace(training, steps=steps), 4, ctx)]
 
 def train_steps(side, data, ctx):
     assert side.opt is not None
@@ -369,14 +368,13 @@ def train_steps(side, data, ctx):
     return losses
 
 def _flat(t):
-    from torch.distributed.tensor import DTensor
     return [float(v) for v in t.detach().double().cpu().flatten().tolist()]
 
 def observe_model(side):
     with side.composed.full_parameters() as params:
         out = {n: [float(v) for v in t.double().cpu().flatten().tolist()] for n, t in params.items()}
-    n, b = next(iter(side.model.named_buffers()))
-    out[clean_name(n)] = _flat(b)
+    for n, b in side.model.named_buffers():
+        out[clean_name(n)] = _flat(b)
     return out
 
 def _jsonable(value):
@@ -384,29 +382,107 @@ def _jsonable(value):
         return _flat(value)
     return value
 
-def observe(side, case, tree, ctx, *, model=True):
+def observe_groups(side):
     names = side.names()
-    out_ = []
-    group = next(iter(side.opt.param_groups))
-    item = {k: _jsonable(v) for k, v in sorted(group.items()) if k != 'params'}
-    item['params'] = [names.get(id(p), '?') for p in group['params']]
-    out_.append(item)
-    obs = {'groups': out_}
-    params = observe_model(side)
-    names_ = side.names()
-    out__ = {}
-    group_ = next(iter(side.opt.param_groups))
-    for p_ in group_['params']:
-        state = side.opt.state.get(p_, {})
-        entry = {key: _jsonable(state[key]) for key in sorted(state)}
-        if entry:
-            out__[names_.get(id(p_), '?')] = entry
+    out = []
+    for group in side.opt.param_groups:
+        item = {k: _jsonable(v) for k, v in sorted(group.items()) if k != 'params'}
+        item['params'] = [names.get(id(p), '?') for p in group['params']]
+        out.append(item)
+    return out
+
+def observe_optimizer(side):
+    names = side.names()
+    out = {}
+    for group in side.opt.param_groups:
+        for p in group['params']:
+            state = side.opt.state.get(p, {})
+            entry = {key: _jsonable(state[key]) for key in sorted(state)}
+            if entry:
+                out[names.get(id(p), '?')] = entry
+    return out
+
+def probe(side, case, tree, ctx):
     gen = torch.Generator().manual_seed(32 + 1)
     x = torch.randn(PROBE_ROWS, 4, generator=gen, dtype=TORCH_DTYPES[side.training.dtype]).to(ctx.device)
-    out___ = _flat(side.model(x))
-    obs['optimizer_local'] = out__
+    with torch.no_grad():
+        out = _flat(side.model(x))
+    return out
+
+def observe(side, case, tree, ctx, *, model=True):
+    obs = {'groups': observe_groups(side)}
+    params = observe_model(side)
+    optim = observe_optimizer(side)
+    out = probe(side, case, tree, ctx)
+    obs['optimizer_local'] = optim
     if ctx.rank == 0:
-        obs.update(model=params, probe=out___)
+        obs.update(model=params, probe=out)
+    return obs
+
+def dropped_keys(side, drop):
+    return []
+
+def fsdp1_optim_state_dict(side):
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    assert side.opt is not None
+    osd = FSDP.optim_state_dict(side.model, side.opt)
+    return osd
+
+def fsdp1_load_optimizer(side, osd):
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    assert side.opt is not None
+    side.opt.load_state_dict(FSDP.optim_state_dict_to_load(side.model, side.opt, osd))
+
+def _take(body, side):
+    assert side.opt is not None
+    return (side.model.state_dict(), fsdp1_optim_state_dict(side))
+
+def _put(body, side, msd, osd, ctx):
+    fresh = fresh_training(body.training)
+    result = side.model.load_state_dict(msd)
+    flags = requires_grad(side)
+    fsdp1_load_optimizer(side, osd)
+    return (result, flags)
+
+def incompatible(result):
+    missing = getattr(result, 'missing_keys', []) or []
+    unexpected = getattr(result, 'unexpected_keys', []) or []
+    return {'missing': sorted((clean_name(k) for k in missing)), 'unexpected': sorted((clean_name(k) for k in unexpected))}
+
+def run_state_dict(case, body, ctx):
+    t = body.training
+    data = all_batches(case, t, 2 + 1, body.tree, ctx)
+    src = build_side(body.tree, body.source, t, ctx, seed=32, schedule=())
+    body_optimizer(src, t, body)
+    obs = {'losses_before': train_steps(src, data[:2], ctx)}
+    msd, osd = _take(body, src)
+    ignored = []
+    msd, osd = copy.deepcopy((msd, osd))
+    obs['saved'] = observe(src, case, body.tree, ctx)
+    tgt = build_side(body.tree, body.target, t, ctx, seed=32 + FRESH_SEED, meta=False, schedule=())
+    body_optimizer(tgt, fresh_training(t), body)
+    dropped = sorted(set(dropped_keys(src, ())) | set(ignored))
+    obs['dropped'] = dropped
+    before = requires_grad(tgt)
+    result, after = _put(body, tgt, msd, osd, ctx)
+    obs['load_result'] = incompatible(result)
+    obs['requires_grad'] = {'before': before, 'after': after}
+    obs['loaded'] = observe(tgt, case, body.tree, ctx)
+    obs.update(resume_both(case, src, tgt, data[2:], ctx))
+    return obs
+
+def resume_source(case, src, data, ctx):
+    losses = train_steps(src, data, ctx)
+    return (losses, observe_model(src))
+
+def resume_both(case, src, tgt, data, ctx, source_done=None):
+    obs = {}
+    losses_src, final_src = resume_source(case, src, data, ctx)
+    obs['losses_source'] = losses_src
+    obs['losses_target'] = train_steps(tgt, data, ctx)
+    final_tgt = observe_model(tgt)
+    if ctx.rank == 0:
+        obs['final_source'], obs['final_target'] = (final_src, final_tgt)
     return obs
 
 class OutcomeKind(str, enum.Enum):
@@ -422,13 +498,6 @@ class RankReport:
     seconds: object = None
 
 @dataclass(frozen=True)
-class Stall:
-    name: object
-    deadlocked: object
-    after: object = 10.0
-    hold: object = 3.0
-
-@dataclass(frozen=True)
 class Outcome:
     kind: object
     ranks: object
@@ -441,8 +510,6 @@ class Outcome:
     @property
     def observations(self):
         return [r.observation or {} for r in self.ranks]
-KNOWN_BUG_ODDS = 16
-KNOWN_HANG_ODDS = 64
 NONE_FOUND = 'none found'
 
 @dataclass(frozen=True)
@@ -454,165 +521,19 @@ class KnownBug:
     relation: object = ''
     state: object = ''
     ends_ranks: object = True
-    odds: object = KNOWN_BUG_ODDS
     tag: object = ''
-    see_also: object = ()
-    docs: object = 'docs/known_bugs.md'
-    fixed_in: object = ''
-    conditional: object = False
 FSDP1_HSDP_SHARD1 = KnownBug('fsdp1-hybrid-shard-dim-1', 'FSDP1 HYBRID_SHARD with a shard dimension of size 1 never averages gradients across replicas', symptoms=frozenset({'mismatch'}), upstream='pytorch/pytorch#154888', relation='same bug', ends_ranks=False, tag=':shard1')
-FOREACH_MIXED = KnownBug('foreach-mixed-dtensor-tensor', 'foreach optimizers over a mix of DTensor (fully_shard) and plain (replicate) parameters raise', upstream='pytorch/pytorch#183207', relation='same symptom (reached there through ignored_params)')
-INT_RESHARD_DIM1 = KnownBug('fully_shard-int-reshard-shard-dim-1', 'fully_shard with an int reshard_after_forward and Shard(1) placements: IndexError in foreach_all_gather_copy_out')
-FROZEN_INT_RESHARD = KnownBug('fully_shard-frozen-int-reshard', "a frozen fully_shard unit with an int reshard_after_forward under a replicate'd root stays in its post-forward state", symptoms=frozenset({'mismatch'}), ends_ranks=False, tag=':frozen-int-reshard')
-UNFROZEN_UNRESHARDED = KnownBug('fully_shard-unfrozen-unresharded', "a frozen fully_shard unit without resharding under a replicate'd root is never resharded: a leaf unfrozen later never trains (KeyError in get_optimizer_state_dict)", symptoms=frozenset({'mismatch', 'exception'}), ends_ranks=False, tag=':unfrozen-unresharded')
-UNUSED_NO_ALL_REDUCE = KnownBug('fully_shard-unused-no-all-reduce', 'HSDP with set_requires_all_reduce(False): a unit unused on the last microbatch loses its accumulated gradient', symptoms=frozenset({'mismatch', 'exception'}), ends_ranks=False, tag=':unused-no-all-reduce')
-FSDP1_UNFROZEN_FROZEN_UNIT = KnownBug('fsdp1-no-shard-unfrozen-in-frozen-unit', 'FSDP1 NO_SHARD, a unit all frozen at wrapping: a leaf unfrozen later never trains', symptoms=frozenset({'mismatch'}), upstream='pytorch/pytorch#85831', relation='related', see_also=('pytorch/pytorch#104148', 'pytorch/pytorch#105371'), ends_ranks=False, tag=':unfrozen-frozen-unit')
-MP_UNIFORM_GRAD_DTYPE = KnownBug('fully_shard-reduce-dtype-no-sync-uniform-grad-dtype', "MixedPrecisionPolicy(reduce_dtype) with set_requires_gradient_sync(False) and a parameter unused on a no-sync microbatch: 'FSDP reduce-scatter expects uniform gradient dtype'", upstream='pytorch/pytorch#196996', relation='same bug', state='open; an earlier fix (pull request #160279) is not in torch 2.13', see_also=('pytorch/pytorch#160279', 'pytorch/pytorch#190627'))
-MP_NEVER_RUN_NO_SYNC = KnownBug('fully_shard-reduce-dtype-no-sync-never-run', "MixedPrecisionPolicy(reduce_dtype) with set_requires_gradient_sync(False): a unit that never ran forward has no '_unsharded_param' in the root's post-backward", upstream='pytorch/pytorch#194058', relation='same bug (pull request)', state='closed; the fix is not in torch 2.13')
-MP_FROZEN_AT_LAZY_INIT = KnownBug('fully_shard-mp-frozen-at-lazy-init', 'MixedPrecisionPolicy: a unit all frozen at lazy init gets no orig/reduce dtype; unfrozen later, its low-precision gradient is never cast back', upstream='pytorch/pytorch#186998', relation='same bug', state='closed, yet still present in torch 2.13.0 (fix pull request #187376 not in 2.13)', see_also=('pytorch/pytorch#187376',))
-BROADCAST_EMPTY = KnownBug('set_state_dict-broadcast-empty', 'set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0 pass an empty model state dict', symptoms=frozenset({'hang', 'crash', 'exception'}), upstream='pytorch/pytorch#157781', relation='same symptom', state='open', see_also=('pytorch/pytorch#158836',), odds=KNOWN_HANG_ODDS, docs='docs/state_dict.md')
-STATELESS_FULL = KnownBug('set_optimizer_state_dict-full-stateless', "set_optimizer_state_dict(full_state_dict=True) for an optimizer without tensor state: 'Expected device to be set'", docs='docs/state_dict.md')
-FLAT_FULL_OPTIM = KnownBug('set_optimizer_state_dict-flat-full-keyerror', "set_optimizer_state_dict(full_state_dict=True, flatten_optimizer_state_dict=True) raises KeyError 'param_groups.0.params.0' for any model: the full-state branch takes the optimizer's local state dict with the flatten option still on, so the loaded and the local dicts have different keys", relation='none found after three phrasings; two other flatten bugs are in see_also', state='present in torch 2.13.0', see_also=('pytorch/pytorch#192224', 'pytorch/pytorch#192225'), docs='docs/state_dict.md')
-FSDP1_FULL_OFFLOAD = KnownBug('fsdp1-full-state-dict-offload-to-cpu', 'FSDP1 FULL_STATE_DICT with offload_to_cpu on CPU: state_dict() clones a freed buffer (SIGSEGV), optim_state_dict aliases the gathered states', symptoms=frozenset({'crash', 'mismatch'}), upstream='pytorch/pytorch#188989', relation="same root cause for the model state dict (to_cpu frees a CPU buffer); none found for the optimizer's aliasing", state='closed; its fix (pull request #188990) is not in torch 2.13', see_also=('pytorch/pytorch#188990', 'Lightning-AI/pytorch-lightning#21804'), docs='docs/state_dict.md')
-FSDP1_FROZEN_UNIT = KnownBug('fsdp1-no-shard-frozen-unit-state-dict', "FSDP1 NO_SHARD with an auto-wrapped unit of frozen parameters: state_dict() after training raises 'FSDP assumes ... is in the state_dict'", upstream='pytorch/pytorch#85831', relation='related', docs='docs/state_dict.md')
-FSDP1_DCP_STATELESS = KnownBug('fsdp1-dcp-stateless-optimizer', "the classic FSDP1 DCP recipe with an optimizer without state: optim_state_dict_to_load refuses the dict without 'state'", docs='docs/state_dict.md')
-FSDP1_DCP_EMPTY_SHARD = KnownBug('dcp-load-empty-sharded-tensor-pre-2.4-guess', "dcp.load of an FSDP1 sharded state dict where a rank holds no chunk of a parameter: the planner guesses a pre-2.4 checkpoint, 'Missing key in checkpoint state_dict'", see_also=('pytorch/pytorch#137327',), docs='docs/state_dict.md')
-FSDP1_ASYNC_DEFAULT_STAGER = KnownBug('async_save-default-stager-sharded-tensor', "dcp.async_save's default stager calls data_ptr() on ShardedTensors", docs='docs/state_dict.md')
-CACHED_STAGING_NEEDS_ACCELERATOR = KnownBug('filesystemwriter-cache-staged-pin-memory', 'FileSystemWriter(cache_staged_state_dict=True) pins its staging copy: async_save fails on a host without an accelerator', see_also=('pytorch/pytorch#189991',), docs='docs/state_dict.md')
-CACHED_STAGING_PINNED_METADATA = KnownBug('filesystemwriter-cache-staged-pinned-metadata', 'a checkpoint staged by FileSystemWriter(cache_staged_state_dict=True) records pin_memory=True; the classic FSDP1 load_sharded_optimizer_state_dict then refuses its unpinned ShardedTensors', docs='docs/state_dict.md')
-FSDP1_HSDP_OPTIMIZER_LOAD = KnownBug('fsdp1-hsdp-load_sharded_optimizer_state_dict', 'load_sharded_optimizer_state_dict chunks optimizer state over the whole world: wrong Adam state in FSDP1 HYBRID_SHARD over a 2-D mesh', symptoms=frozenset({'mismatch'}), see_also=('pytorch/pytorch#111096',), ends_ranks=False, tag=':fsdp1-hsdp-load_sharded_optimizer_state_dict')
-FSDP1_HSDP_RANK0_BROADCAST = KnownBug('fsdp1-hsdp-shard1-rank0-broadcast', 'set_optimizer_state_dict(full, cpu_offload) into FSDP1 HYBRID_SHARD with a shard dimension of 1 broadcasts from global rank 0 in a one-rank group', upstream='pytorch/pytorch#155680', relation='same line', state='open; #128444 (same path) was fixed only in part by pull request #128446', see_also=('pytorch/pytorch#128444',))
-FSDP1_COMPILE_SHARDED_GRAD = KnownBug('fsdp1-compile-recompile-sharded-grad', "torch.compile over FSDP1 (use_orig_params=True, sharded): recompiling the wrapped module's forward while its parameters hold sharded gradients raises InternalTorchDynamoError 'attempting to assign a gradient of size ...'", upstream='pytorch/pytorch#111317', relation='same symptom (a comment there: SHARD_GRAD_OP, use_orig_params=True, float32)', state='open', see_also=('pytorch/pytorch#93288',))
-DIVIDE_FACTOR_TWICE = KnownBug('fully_shard-divide-factor-single-shard-twice', 'set_gradient_divide_factor(f) on a fully_shard unit whose shard group is one rank, with set_force_sum_reduction_for_comms(True) or a float16 / float64 reduce dtype: gradients are divided by f twice (once where the single-rank branch copies the input, once more as the post-divide)', symptoms=frozenset({'mismatch'}), relation='none found after three phrasings; the single-rank division came with the pull request in see_also, and a later one reworks that branch without the post-divide', state='present in torch 2.13.0', see_also=('pytorch/pytorch#167178', 'pytorch/pytorch#196348'), ends_ranks=False, tag=':divide-factor-twice')
-FROZEN_OPTIM_STATE_DROPPED = KnownBug('set_optimizer_state_dict-frozen-state-dropped', 'set_optimizer_state_dict drops the saved optimizer state of a parameter frozen (requires_grad=False) when it is loaded: a parameter trained, then frozen, checkpointed and unfrozen after resuming restarts with fresh optimizer state (get_optimizer_state_dict saved it)', symptoms=frozenset({'mismatch'}), upstream='pytorch/pytorch#192202', relation='same bug', state='open; fix pull request #192307 open, not in torch 2.13.0', see_also=('pytorch/pytorch#192307',), ends_ranks=False, tag=':frozen-optimizer-state-dropped', docs='docs/state_dict.md', odds=4)
-PLAN_CACHE_FAILED_SAVE = KnownBug('dcp-plan-cache-after-failed-save', "DefaultSavePlanner(enable_plan_caching=True): a save that fails (FileSystemWriter(overwrite=False) refusing an existing checkpoint) leaves its plans cached; the next save with that planner class raises TypeError 'NoneType' object is not iterable in _create_global_plan", upstream='pytorch/pytorch#176289', relation='same bug (pull request: save plan caching during validation failures)', state='fixed in torch 2.13 (plans are cached only after a successful save); present in torch 2.11', fixed_in='2.13', docs='docs/state_dict.md')
-CHECKPOINT_DEBUG = KnownBug('checkpoint-debug-always-refused', "composable checkpoint(module, debug=True) raises ValueError 'debug=True is incompatible with non-default context_fn' on the first forward whatever the caller passes: it always hands torch.utils.checkpoint a context_fn of its own", upstream='pytorch/pytorch#185285', relation='same bug (pull request: allow debug mode with context_fn in checkpoint(); an earlier attempt in see_also)', state='not in torch 2.13.0', see_also=('pytorch/pytorch#175338',), conditional=True)
-SAC_OVER_FSDP_UNIT = KnownBug('selective-checkpoint-over-fully_shard-unit', "selective activation checkpointing (context_fn=create_selective_checkpoint_contexts) over a region holding a fully_shard unit whose state differs between forward and recomputation (kept unsharded by set_reshard_after_backward(False), prefetched, frozen): the replay counts FSDP2's record_function markers and raises 'profiler._record_function_enter_new.default invocation index N encountered during backward but not found in storage'", upstream='pytorch/pytorch#196862', relation='same bug (pull request: exclude all-gather internals and profiler ops from selective checkpointing)', state='not in torch 2.13.0', see_also=('pytorch/pytorch#185178', 'pytorch/torchtitan#3427'), conditional=True)
-DELAY_ALL_REDUCE_ROOT = KnownBug('ddp-delay-all-reduce-root-params-reduced-twice', "DistributedDataParallel(delay_all_reduce_named_params=..., param_to_hook_all_reduce=...): a delayed parameter of the root module itself stays in the reducer too (the reducer leaves out f'{module_name}.{name}', which is '.<name>' for the root's own parameters), so it is all-reduced twice, racing, and its gradient is wrong now and then; every parameter replicate() hands DDP is one (an nn.ParameterList's)", symptoms=frozenset({'mismatch'}), relation='none found after five phrasings; the option came with the pull request in see_also', state='present in torch 2.13.0', see_also=('pytorch/pytorch#95669',), ends_ranks=False, tag=':delay-all-reduce', odds=4)
-DELAY_BUFFER_FLOAT32 = KnownBug('ddp-delay-all-reduce-float32-buffer', "DistributedDataParallel(delay_all_reduce_named_params=..., param_to_hook_all_reduce=...) over parameters that are not float32: the delayed gradients' buffer is made with torch.zeros and no dtype, and _clear_grad_buffer raises 'attempting to assign a gradient with dtype 'float' to a tensor with grad_dtype 'Double''", relation='none found after three phrasings (the error text, the buffer, the option); the option came with the pull request in see_also', state='present in torch 2.13.0', see_also=('pytorch/pytorch#95669',))
-STAGER_REUSED_AFTER_CLOSE = KnownBug('default-stager-reused-after-close', "dcp.async_save(async_stager=DefaultStager(...)) reused for a second save: DefaultStager._stage closes its StateDictStager after every stage, which empties its copy dispatch table, and the next stage raises KeyError: <class 'type'> in deepcopy_with_tensor_offload", upstream='pytorch/pytorch#183413', relation='same bug (a regression of the pull request in see_also, which added the close)', state='present in torch 2.11; torch 2.13.0 stages again after a close', see_also=('pytorch/pytorch#170431', 'pytorch/torchtitan#3476'), fixed_in='2.13', docs='docs/state_dict.md')
-COMPILED_UNFREEZE_PLAIN = KnownBug('compile-unfrozen-plain-param-no-recompile', "torch.compile (aot_eager) of a module whose plain (non-DTensor) parameter was frozen when it was compiled: after requires_grad_(True) the compiled forward is reused without a recompile and the parameter gets no gradient (met through fully_shard's ignored_params, which stay plain tensors)", symptoms=frozenset({'mismatch'}), upstream='pytorch/pytorch#139476', relation='same bug (Dynamo reuses a compiled frame when the requires_grad of module parameters changes)', state='present in torch 2.11; torch 2.13.0 recompiles (the torch-only reproducer passes there)', fixed_in='2.13', ends_ranks=False, tag=':compiled-unfreeze')
-
-def present(bug, torch_version):
-    pass
-
-def get(bug_id):
-    pass
-
-def int_reshard_dim1(comp):
-    pass
-
-def shard1(comp):
-    pass
 
 def fsdp1_shard1(comp):
     return comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD and (2, 1)[1] == 1 and ((2, 1)[0] > 1)
-
-def unused_no_all_reduce(tree, comp, training):
-    pass
-
-def fsdp1_compiled_with_sharded_grads(comp, training, world_size):
-    pass
-
-def divide_factor_twice(comp, training, world_size):
-    pass
-
-def never_run_under_no_sync(tree, comp, training):
-    pass
-
-def unfrozen_in_frozen_mp_unit(tree, comp, training):
-    pass
-
-def checkpoint_debug(comp):
-    pass
-
-def selective_over_unit(comp):
-    pass
-
-def delayed_all_reduce(comp):
-    pass
-
-def stager_reused(body):
-    pass
-
-def delayed_not_float32(comp, training):
-    pass
-
-def compiled_unfreeze_ignored(comp, training):
-    pass
-
-def fsdp1_full_offload(body, world_size):
-    pass
-
-def fsdp1_dcp_stateless(body):
-    pass
-
-def fsdp1_dcp_empty_shard(body, world_size):
-    pass
-
-def fsdp1_async_default_stager(body):
-    pass
-
-def hsdp_optimizer_load(body):
-    pass
-
-def broadcast_empty(body):
-    pass
 
 def frozen_state_dropped(body):
     if isinstance(body, StateDictBody):
         loaded = body.api is not Api.FSDP1
     return loaded and bool(trained_then_frozen(body))
 
-def plan_cache_failed_save(body):
-    pass
-
-def stateless_full(body):
-    pass
-
-def flat_full_optimizer(body):
-    pass
-
-def _comps(case):
-    pass
-
-def _per_comp(condition):
-
-    def met(case):
-        pass
-    return met
-
-def _with_training(condition):
-
-    def met(case):
-        pass
-    return met
-
-def _saving(condition):
-    return lambda case: isinstance(case.body, (StateDictBody, DcpBody)) and condition(case)
-
-def _frozen_int_reshard(case):
-    pass
-
-def _foreach_mixed(case):
-    pass
-
-def _unfrozen_unresharded(case):
-    pass
-
-def _fsdp1_frozen_source(case):
-    pass
-
-def _fsdp1_unfrozen_frozen_unit(case):
-    pass
-CONDITIONS = ((INT_RESHARD_DIM1, lambda case: any((int_reshard_dim1(c) for c in _comps(case)))), (FSDP1_HSDP_SHARD1, lambda case: any((fsdp1_shard1(c) for c in _comps(case)))), (FSDP1_FROZEN_UNIT, _fsdp1_frozen_source), (FSDP1_FULL_OFFLOAD, _saving(lambda case: fsdp1_full_offload(case.body, case.world_size))), (FSDP1_DCP_STATELESS, _saving(lambda case: fsdp1_dcp_stateless(case.body))), (FSDP1_DCP_EMPTY_SHARD, _saving(lambda case: fsdp1_dcp_empty_shard(case.body, case.world_size))), (FSDP1_ASYNC_DEFAULT_STAGER, _saving(lambda case: fsdp1_async_default_stager(case.body))), (CACHED_STAGING_NEEDS_ACCELERATOR, lambda case: isinstance(case.body, DcpBody) and case.body.cache_staged), (BROADCAST_EMPTY, _saving(lambda case: broadcast_empty(case.body))), (STATELESS_FULL, _saving(lambda case: stateless_full(case.body))), (FLAT_FULL_OPTIM, _saving(lambda case: flat_full_optimizer(case.body))), (PLAN_CACHE_FAILED_SAVE, _saving(lambda case: plan_cache_failed_save(case.body))), (FSDP1_HSDP_OPTIMIZER_LOAD, _saving(lambda case: hsdp_optimizer_load(case.body))), (FROZEN_OPTIM_STATE_DROPPED, _saving(lambda case: frozen_state_dropped(case.body))), (FROZEN_INT_RESHARD, _frozen_int_reshard), (UNFROZEN_UNRESHARDED, _unfrozen_unresharded), (UNUSED_NO_ALL_REDUCE, _per_comp(unused_no_all_reduce)), (MP_NEVER_RUN_NO_SYNC, _per_comp(never_run_under_no_sync)), (MP_UNIFORM_GRAD_DTYPE, _per_comp(never_run_under_no_sync)), (MP_FROZEN_AT_LAZY_INIT, _per_comp(unfrozen_in_frozen_mp_unit)), (FSDP1_UNFROZEN_FROZEN_UNIT, _fsdp1_unfrozen_frozen_unit), (FOREACH_MIXED, _foreach_mixed), (FSDP1_COMPILE_SHARDED_GRAD, _with_training(fsdp1_compiled_with_sharded_grads)), (DIVIDE_FACTOR_TWICE, _with_training(divide_factor_twice)), (CHECKPOINT_DEBUG, lambda case: any((checkpoint_debug(c) for c in _comps(case)))), (SAC_OVER_FSDP_UNIT, lambda case: any((selective_over_unit(c) for c in _comps(case)))), (DELAY_ALL_REDUCE_ROOT, lambda case: any((delayed_all_reduce(c) for c in _comps(case)))), (COMPILED_UNFREEZE_PLAIN, _with_training(lambda c, training, _: compiled_unfreeze_ignored(c, training))), (DELAY_BUFFER_FLOAT32, _with_training(lambda c, training, _: delayed_not_float32(c, training))), (STAGER_REUSED_AFTER_CLOSE, _saving(lambda case: stager_reused(case.body))))
-
 def ends_ranks(case):
     pass
-
-def rank0_alone_in_broadcast(stacks):
-    pass
-ALONE_IN_BROADCAST_STALL = Stall(name='rank 0 alone in _broadcast_state_dict', deadlocked=rank0_alone_in_broadcast, after=10.0, hold=3.0)
 
 @dataclass(frozen=True)
 class Signature:
@@ -644,27 +565,8 @@ class Failure:
     summary: object
     details: object = field(default_factory=dict)
 
-@dataclass(frozen=True)
-class Property:
-    name: object
-    description: object
-    cases: object
-    judge: object
-    features: object
-    stall: object = None
-    body: object = None
-    repro: object = None
-
 def strategy(name):
-
-    def cases(*, world_size, **kwargs):
-        pass
-    return cases
-_REGISTRY = {}
-
-def register(prop):
-    _REGISTRY[prop.name] = prop
-    return prop
+    pass
 
 @dataclass(frozen=True)
 class Tolerance:
@@ -750,9 +652,6 @@ def _one_bug(case, failure):
 
 def judge_state_dict(case, outcome):
     return _one_bug(case, _frozen_state_dropped(case, _judge_state_dict(case, outcome)))
-
-def judge_dcp(case, outcome):
-    pass
 OPTIMIZER_CHECKS = ('optimizer', 'resume_loss', 'resume_params')
 
 def _frozen_state_dropped(case, failure):
@@ -794,62 +693,13 @@ def _check_ignored_frozen(prop, where, observed):
     if observed is None:
         return None
 
-def features_dcp(case):
-    pass
-DCP = register(Property(name='dcp', description='DCP save/async_save/load with Stateful objects and per-rank key orders round-trip exactly', cases=strategy('dcp_cases'), judge=judge_dcp, features=features_dcp, stall=ALONE_IN_BROADCAST_STALL, body=DcpBody, repro='fuzz.repro.script:render'))
-
 def attempt(rank, world_size):
     import torch
     import torch.distributed as dist
     case = Case(property='state_dict', world_size=2, seed=32, body=StateDictBody(tree=ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.TANH), Leaf(kind=LeafKind.LAYER_NORM)), scale=True), Leaf(kind=LeafKind.LINEAR, bias=False)), buffer=True)), source=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), target=Composition(mesh=(2, 1), wrapper=Wrapper.FSDP1_HYBRID_SHARD), training=Training(momentum=0.9), api=Api.FSDP1, save=Options(full_state_dict=True), load=Options(full_state_dict=True)))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
-    body = StateDictBody(tree=ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.TANH), Leaf(kind=LeafKind.LAYER_NORM)), scale=True), Leaf(kind=LeafKind.LINEAR, bias=False)), buffer=True)), source=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), target=Composition(mesh=(2, 1), wrapper=Wrapper.FSDP1_HYBRID_SHARD), training=Training(momentum=0.9), api=Api.FSDP1, save=Options(full_state_dict=True), load=Options(full_state_dict=True))
-    t = body.training
-    steps = 2 + 1
-    data = [step[0] for step in batches(case, replace(t, steps=steps), 4, ctx)]
-    src = build_side(body.tree, body.source, t, ctx, seed=32, schedule=())
-    body_optimizer(src, t, body)
-    obs_ = {'losses_before': train_steps(src, data[:2], ctx)}
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict, get_state_dict
-    assert src.opt is not None
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    assert src.opt is not None
-    osd_ = FSDP.optim_state_dict(src.model, src.opt)
-    msd, osd = (src.model.state_dict(), osd_)
-    ignored = []
-    msd, osd = copy.deepcopy((msd, osd))
-    obs_['saved'] = observe(src, case, body.tree, ctx)
-    tgt = build_side(body.tree, body.target, t, ctx, seed=32 + FRESH_SEED, meta=False, schedule=())
-    body_optimizer(tgt, fresh_training(t), body)
-    dropped_keys_out = []
-    dropped = sorted(set(dropped_keys_out) | set(ignored))
-    obs_['dropped'] = dropped
-    before = requires_grad(tgt)
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict, set_state_dict
-    fresh = fresh_training(body.training)
-    result_ = tgt.model.load_state_dict(msd)
-    flags = requires_grad(tgt)
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP_
-    assert tgt.opt is not None
-    tgt.opt.load_state_dict(FSDP_.optim_state_dict_to_load(tgt.model, tgt.opt, osd))
-    result, after = (result_, flags)
-    missing = getattr(result, 'missing_keys', []) or []
-    unexpected = getattr(result, 'unexpected_keys', []) or []
-    obs_['load_result'] = {'missing': sorted((clean_name(k) for k in missing)), 'unexpected': sorted((clean_name(k) for k in unexpected))}
-    obs_['requires_grad'] = {'before': before, 'after': after}
-    obs_['loaded'] = observe(tgt, case, body.tree, ctx)
-    data_ = data[2:]
-    obs__ = {}
-    losses = train_steps(src, data_, ctx)
-    losses_src, final_src = (losses, observe_model(src))
-    obs__['losses_source'] = losses_src
-    obs__['losses_target'] = train_steps(tgt, data_, ctx)
-    final_tgt = observe_model(tgt)
-    if ctx.rank == 0:
-        obs__['final_source'], obs__['final_target'] = (final_src, final_tgt)
-    obs_.update(obs__)
-    obs = json.loads(json.dumps(obs_))
+    obs = json.loads(json.dumps(run_state_dict(case, StateDictBody(tree=ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.TANH), Leaf(kind=LeafKind.LAYER_NORM)), scale=True), Leaf(kind=LeafKind.LINEAR, bias=False)), buffer=True)), source=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), target=Composition(mesh=(2, 1), wrapper=Wrapper.FSDP1_HYBRID_SHARD), training=Training(momentum=0.9), api=Api.FSDP1, save=Options(full_state_dict=True), load=Options(full_state_dict=True)), ctx)))
     outs = [None] * world_size
     dist.all_gather_object(outs, obs)
     if rank != 0:
