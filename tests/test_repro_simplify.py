@@ -173,3 +173,15 @@ def test_a_comprehension_over_one_element_becomes_its_item() -> None:
         """
     )
     assert " for " not in out and "['a' + '.']" in out
+
+
+def test_a_test_on_a_display_takes_its_branch_and_a_tuple_assignment_splits() -> None:
+    out = _simplified(
+        """
+        modules = [1, 2]
+        first = modules if () else modules[0]
+        a, b = (first, 3)
+        return a + b
+        """
+    )
+    assert " if " not in out and "a, b" not in out

@@ -14,7 +14,9 @@ left alone), repeated until none applies:
   changes and ``key`` is written as one of its keys, becomes that key's value;
 - **Enum aliases and tests**: a local bound once to an enum member (``item = Item.MODEL``)
   becomes the member; a comparison of two members of one enum (``is``, ``==``, ``in`` a tuple
-  of members) becomes its constant, and an ``if`` on a constant the branch it takes;
+  of members) becomes its constant, and an ``if`` on a constant (or on a display of pure
+  elements, ``()`` being false) the branch it takes; ``a, b = (x, y)`` of names and constants
+  becomes two assignments;
 - **Bags**: a local bound to ``{}`` and only subscripted by constant keys becomes one local
   per key;
 - **Imports**: in functions, imported names nothing reads go, and neighbouring imports from one
@@ -555,18 +557,44 @@ def _drop_bindings(fn: _Function, names: set[str]) -> None:
                     setattr(holder, name, kept or ([ast.Pass()] if name == "body" else []))
 
 
+def _truth(test: ast.expr) -> bool | None:
+    """The truth of a constant or of a display of pure elements (``()`` is false), else None."""
+    if isinstance(test, ast.Constant):
+        return bool(test.value)
+    if isinstance(test, (ast.Tuple, ast.List, ast.Set, ast.Dict)) and _pure(test):
+        return bool(test.keys if isinstance(test, ast.Dict) else test.elts)
+    return None
+
+
 class _Constants(ast.NodeTransformer):
-    """An ``if`` on a constant becomes the branch it takes."""
+    """An ``if`` on a constant becomes the branch it takes; ``a, b = (x, y)`` of names and
+    constants becomes ``a = x`` and ``b = y``."""
 
     def __init__(self) -> None:
         self.changed = False
 
     def visit_IfExp(self, node: ast.IfExp) -> ast.AST:
         self.generic_visit(node)
-        if isinstance(node.test, ast.Constant):
+        truth = _truth(node.test)
+        if truth is not None:
             self.changed = True
-            return node.body if node.test.value else node.orelse
+            return node.body if truth else node.orelse
         return node
+
+    @staticmethod
+    def _split(stmt: ast.stmt) -> list[ast.stmt] | None:
+        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1):
+            return None
+        target, value = stmt.targets[0], stmt.value
+        if not (isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple)) or len(target.elts) != len(value.elts):
+            return None
+        names = [t.id for t in target.elts if isinstance(t, ast.Name)]
+        read = {n.id for v in value.elts for n in ast.walk(v) if isinstance(n, ast.Name)}
+        if len(names) != len(target.elts) or len(set(names)) != len(names) or read & set(names):
+            return None
+        if not all(isinstance(v, (ast.Name, ast.Constant)) for v in value.elts):
+            return None
+        return [ast.Assign([t], v) for t, v in zip(target.elts, value.elts)]
 
     def generic_visit(self, node: ast.AST) -> ast.AST:
         super().generic_visit(node)
@@ -576,9 +604,14 @@ class _Constants(ast.NodeTransformer):
                 continue
             out: list[ast.stmt] = []
             for s in stmts:
-                if isinstance(s, ast.If) and isinstance(s.test, ast.Constant):
+                truth = _truth(s.test) if isinstance(s, ast.If) else None
+                split = self._split(s)
+                if isinstance(s, ast.If) and truth is not None:
                     self.changed = True
-                    out += s.body if s.test.value else s.orelse
+                    out += s.body if truth else s.orelse
+                elif split is not None:
+                    self.changed = True
+                    out += split
                 else:
                     out.append(s)
             if out != stmts:
