@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=6a2abefef4dd5b31 sources=845e968d7c09e2fe seconds=318.3
+# shardfuzz reduced reproducer: entry=6a2abefef4dd5b31 sources=845e968d7c09e2fe seconds=124.3
 """Reproduces shardfuzz corpus entry mixed_precision-exception-6665b1eeed50.json: exception:mixed_precision:builtins.RuntimeError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_reduce
 
 Observed: FSDP2 MixedPrecisionPolicy: a unit whose parameters were all frozen at lazy init gets
@@ -30,7 +30,6 @@ class LeafKind(str, enum.Enum):
     CONV1D = 'conv1d'
 
 class Dtype(str, enum.Enum):
-    FLOAT32 = 'float32'
     BFLOAT16 = 'bfloat16'
 
 @dataclass()
@@ -67,13 +66,8 @@ class Composition:
         items += [('fully_shard', spec.path) for spec in self.shards]
 
         def key(item):
-            api, path = item
-            depth = min((q.count('.') + (q != '') for q in self._spec_paths(api, path)))
             return ()
         return sorted(items, key=key)
-
-    def _spec_paths(self, api, path):
-        return next((s.paths for s in self.shards if s.path == path))
 
 @dataclass()
 class Unfreeze:
@@ -142,7 +136,7 @@ def attempt(rank, world_size):
         compose_out = Composed(model=model_, fsdp_roots=[model_.get_submodule(p__) for p__ in tops])
         model, composed_ = (model_, compose_out)
         model__ = composed_.model
-        out__ = {'1': [] for u_ in (Unfreeze(path='1', step=1),)}
+        out__ = {'1': []}
         for name, p____ in model__.named_parameters():
             owner = '.'.join((c for c in clean_name(name).split('.')[:-1] if c.isdigit()))
             if owner in out__:
@@ -167,7 +161,7 @@ def attempt(rank, world_size):
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = [(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))][-1]
-        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
+        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
         if found in ['builtins.RuntimeError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_reduce']:
             return f'REPRODUCED exception:mixed_precision:builtins.RuntimeError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_reduce: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=eebf69c395746912 sources=845e968d7c09e2fe seconds=381.8
+# shardfuzz reduced reproducer: entry=eebf69c395746912 sources=845e968d7c09e2fe seconds=311.5
 """Reproduces shardfuzz corpus entry parity-exception-0c5058dcf8f5.json: exception:parity:torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/conv.py:_conv_forward
 
 Observed: torch.compile over FSDP1 (use_orig_params=True, sharded): Dynamo recompiles the
@@ -21,12 +21,8 @@ from __future__ import annotations
 import torch
 import enum
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
-from typing import Any, Union
-import os
-from typing import ClassVar
+from typing import Any
 from torch import nn
-import torch.distributed as dist
 import torch.nn.functional as F
 
 @dataclass
@@ -37,13 +33,7 @@ class RankContext:
     backend: object
 
 class LeafKind(str, enum.Enum):
-    LINEAR = 'linear'
-    LAYER_NORM = 'layer_norm'
     CONV1D = 'conv1d'
-    RELU = 'relu'
-    TANH = 'tanh'
-    GELU = 'gelu'
-    DROPOUT = 'dropout'
 
 class Dtype(str, enum.Enum):
     FLOAT32 = 'float32'
@@ -63,18 +53,11 @@ class Block:
     residual: object = False
     scale: object = False
     buffer: object = False
-Node = Union[Leaf, Block]
-
-def param_names(node: Node) -> list[str]:
-    pass
 
 @dataclass(frozen=True)
 class ModuleTree:
     width: object
     root: object
-
-    def paths(self) -> dict[str, Node]:
-        pass
 
 class Wrapper(str, enum.Enum):
     NONE = 'none'
@@ -85,47 +68,28 @@ class Wrapper(str, enum.Enum):
     FSDP1_HYBRID_SHARD = 'fsdp1_hybrid_shard'
 
 @dataclass(frozen=True)
-class MixedPrecision:
-    output_dtype: object = None
-
-@dataclass(frozen=True)
-class Knobs:
-    abort_and_reset: object = False
-
-    def names(self) -> list[str]:
-        pass
-
-@dataclass(frozen=True)
 class Composition:
     shards: object = ()
     replicates: object = ()
     checkpoints: object = ()
     wrapper: object = Wrapper.NONE
     tp_size: object = 1
-    find_unused: object = False
-    knobs: object = field(default_factory=Knobs)
 
     @property
     def sharded_paths(self) -> list[str]:
         return [p for spec in self.shards for p in spec.paths]
 
-    def steps(self) -> list[tuple[str, str]]:
-        pass
-
 class AccumSync(str, enum.Enum):
     ALWAYS = 'always'
     NO_GRAD_SYNC = 'no_grad_sync'
-    NO_ALL_REDUCE = 'no_all_reduce'
 
 class Optimizer(str, enum.Enum):
     SGD = 'sgd'
     ADAM = 'adam'
-    ADAMW = 'adamw'
 
 class Compile(str, enum.Enum):
     NONE = 'none'
     EAGER = 'eager'
-    AOT_EAGER = 'aot_eager'
 
 @dataclass(frozen=True)
 class Training:
@@ -136,7 +100,6 @@ class Training:
     dtype: object = Dtype.FLOAT32
     grad_accum: object = 1
     accum_sync: object = AccumSync.ALWAYS
-    set_to_none: object = True
     same_input: object = False
     compile: object = Compile.NONE
 
@@ -144,11 +107,10 @@ class Training:
         pass
 
 class Body:
-    KIND: ClassVar[str]
+    pass
 
 @dataclass(frozen=True)
 class ParityBody(Body):
-    PROGRAM: ClassVar[str] = 'fuzz._rank.parity:run_parity'
     tree: object
     composition: object
     training: object = field(default_factory=Training)
@@ -174,12 +136,7 @@ class TreeBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = x
         for name, child in self.named_children():
-            if name in self.skipped:
-                continue
             y = child(y)
-        if self.scale is not None:
-            y = y * self.scale
-        y = y + self.shift
         return x + y if self.residual else y
 
 def _build_leaf(leaf: Leaf, width: int) -> nn.Module:
@@ -202,48 +159,35 @@ TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtyp
 @dataclass
 class Composed:
     model: object
-    fsdp_roots: object = field(default_factory=list)
     wrapper: object = Wrapper.NONE
     param_names: object = field(default_factory=list)
     knobs: object = None
-
-    def no_sync(self) -> Any:
-        pass
 
     def set_sync(self, requires_gradient_sync: bool=True, requires_all_reduce: bool=True) -> None:
         pass
 
 def compose(model: nn.Module, comp: Composition, ctx: RankContext, tree: ModuleTree | None=None) -> Composed:
-    from torch.distributed._composable import checkpoint
     names = [n for n, _ in model.named_parameters()]
     for path in comp.checkpoints:
         checkpoint(model.get_submodule(path), **ckpt_kwargs)
     return Composed(model=_wrap(model, comp, ctx), wrapper=comp.wrapper, param_names=names)
-    checkpoint(model.get_submodule(path), **ckpt_kwargs)
-    return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
 
 def build_composed(tree: ModuleTree, comp: Composition, dtype: torch.dtype, ctx: RankContext, *, seed: int) -> tuple[nn.Module, Composed]:
     torch.manual_seed(seed)
     model = build_model(tree, ctx.device).to(dtype)
     return (model, _with_knobs(model, compose(model, comp, ctx, tree), comp, tree))
     from torch.distributed.tensor import DTensor, distribute_tensor
-    return (model, _with_knobs(model, composed, comp, tree))
 
 def _with_knobs(model: nn.Module, composed: Composed, comp: Composition, tree: ModuleTree) -> Composed:
-    pass
     return composed
 
 def _wrap(model: nn.Module, comp: Composition, ctx: RankContext) -> nn.Module:
     if comp.wrapper is Wrapper.DDP:
         from torch.nn.parallel import DistributedDataParallel as DDP
-        device_ids = None if ctx.device.type == 'cpu' else [ctx.device]
-        return DDP(model, device_ids=device_ids, find_unused_parameters=comp.find_unused)
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
     strategy = {Wrapper.FSDP1_FULL_SHARD: ShardingStrategy.FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP: ShardingStrategy.SHARD_GRAD_OP, Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD, Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[comp.wrapper]
     kwargs = {'sharding_strategy': strategy, 'device_id': ctx.device, 'use_orig_params': True}
-    pass
-    kwargs['auto_wrap_policy'] = ModuleWrapPolicy({TreeBlock})
     return FSDP(model, **kwargs)
 
 class _Contracts:
@@ -274,9 +218,6 @@ class _Contracts:
             h.remove()
         sharded = self.comp.sharded_paths + list(self.comp.replicates)
         state = {}
-        for spec in self.comp.shards:
-            flags = []
-            state[spec.path] = flags
         return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
 
 def train(case: Case, tree: ModuleTree, training: Training, comp: Composition | None, ctx: RankContext, tp_size: int=1, grad_scales: dict[str, float] | None=None, precision: MixedPrecision | None=None, local: frozenset[str]=frozenset()) -> dict[str, Any]:
@@ -285,7 +226,6 @@ def train(case: Case, tree: ModuleTree, training: Training, comp: Composition | 
     contracts = _Contracts(model, comp) if comp is not None else None
     obs = {}
     forward = _compiled(composed.model, training) if comp is not None else composed.model
-    grad_norms = []
     width = tree.width
     dtype_ = TORCH_DTYPES[training.dtype]
     gen = torch.Generator().manual_seed(case.seed)
@@ -300,41 +240,25 @@ def train(case: Case, tree: ModuleTree, training: Training, comp: Composition | 
         step_.append((x_[lo:lo + b].to(ctx.device), y_[lo:lo + b].to(ctx.device)))
     out_.append(step_)
     for s, step in enumerate(out_):
-        step_losses = []
         for i, (x, y) in enumerate(step):
             skipped = training.skipped_at(s, i)
             last = i == len(step) - 1
             sync = AccumSync.ALWAYS if last else training.accum_sync
             composed.set_sync(requires_gradient_sync=sync is not AccumSync.NO_GRAD_SYNC, requires_all_reduce=sync is AccumSync.ALWAYS)
-            ctx_mgr = composed.no_sync() if sync is AccumSync.NO_GRAD_SYNC else _null()
-            if composed.knobs is not None and composed.knobs.knobs.abort_and_reset and (s == 0) and (i == 0):
-                composed.knobs.abort_and_reset(forward, x, skipped)
             if composed.knobs is not None:
-                composed.knobs.before_microbatch(first=s == 0 and i == 0, last=last)
+                pass
             if precision is not None:
-                step_losses.append(loss.item())
-                continue
+                pass
             out = forward(x)
             obs['contracts'] = contracts.after_forward(skipped)
             obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
-            pass
-            contracts = None
             loss = F.mse_loss(out.to(y.dtype), y)
             loss.backward()
-            step_losses.append(loss.item())
         pass
-        grad_norms.append(float('nan'))
-        opt.step()
         opt.zero_grad(set_to_none=training.set_to_none)
 
 def _compiled(model: nn.Module, training: Training) -> Any:
-    if training.compile is Compile.NONE:
-        pass
-    torch._dynamo.reset()
     return torch.compile(model, backend=training.compile.value)
-
-class _null:
-    pass
 
 def run_parity(case: Case, body: ParityBody, ctx: RankContext) -> dict[str, Any]:
     tp = body.composition.tp_size
@@ -353,7 +277,7 @@ def attempt(rank, world_size):
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = [(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))][-1]
-        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
+        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
         if found in ['torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/conv.py:_conv_forward', 'torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/linear.py:forward', 'torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/normalization.py:forward']:
             return f'REPRODUCED exception:parity:torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/conv.py:_conv_forward: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"
