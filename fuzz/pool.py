@@ -599,6 +599,10 @@ class RankPool:
         for r in self._ranks:
             r.proc.wait()
 
+    def respawn(self) -> None:
+        """End the ranks and spawn fresh ones (what a script left behind in torch goes with them)."""
+        self._respawn()
+
     def _respawn(self) -> None:
         self._teardown_ranks(kill=True, timeout=0)
         self.restarts += 1

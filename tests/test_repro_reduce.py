@@ -143,3 +143,35 @@ def test_a_final_script_torchrun_refuses_falls_back_to_the_last_kept_one_it_conf
     out = _confirmed("99", "folded", stub, "delta-debugged", kept)  # type: ignore[arg-type]
     assert out == (str(last_good) if last_good >= 0 else "folded")
     assert stub.runs <= 1 + BISECTIONS
+
+
+class _StalePool:
+    """A pool whose ranks hold a destroyed process group until they are respawned."""
+
+    def __init__(self) -> None:
+        self.stale, self.respawned, self.runs = True, 0, 0
+
+    def run_script(self, code: str, *, function: str, deadline: float) -> object:
+        from fuzz.pool import ScriptOutcome
+        from fuzz.repro.reduce import STALE_GROUP
+
+        self.runs += 1
+        if self.stale:
+            return ScriptOutcome({}, {0: f"builtins.RuntimeError: {STALE_GROUP} 3"}, {}, 0.1, False)
+        return ScriptOutcome({0: "REPRODUCED exception:parity:x.Y@torch/a.py:f: boom"}, {}, {}, 0.1, False)
+
+    def respawn(self) -> None:
+        self.stale = False
+        self.respawned += 1
+
+
+def test_an_attempt_that_meets_a_destroyed_process_group_runs_again_on_fresh_ranks() -> None:
+    from fuzz.repro.reduce import _Oracle
+
+    entry = load_entry(ROOT / "corpus" / f"{EXCEPTION}.json")
+    oracle = _Oracle(entry, "", "exception:parity:x.Y@torch/a.py:f", 60.0, lambda _: None)
+    pool = _StalePool()
+    oracle.pool = pool  # type: ignore[assignment]
+    assert oracle.in_pool("def attempt(rank, world_size):\n    pass\n")
+    assert (pool.respawned, pool.runs, oracle.respawns) == (1, 2, 1)
+    assert oracle.in_pool("def attempt(rank, world_size):\n    pass\n") and pool.respawned == 1

@@ -81,6 +81,10 @@ HEADER = "# shardfuzz reduced reproducer:"
 DEFAULT_BUDGET_S = 240.0
 #: A candidate may take this many times as long as the unreduced script, plus the slack.
 TIMEOUT_FACTOR = 2.0
+#: What a pooled attempt raises where an earlier attempt's device mesh left torch holding one of
+#: the process groups the pool destroyed after it (DeviceMesh finds groups of the same ranks
+#: again, and the name no longer resolves): the attempt runs again on fresh ranks.
+STALE_GROUP = "Could not resolve the process group registered under the name"
 #: Torchrun attempts at most to find the last pooled script that torchrun confirms.
 BISECTIONS = 8
 TIMEOUT_SLACK_S = 30.0
@@ -543,6 +547,7 @@ class _Oracle:
         self.deadline = timeout
         self.slowest = 0.0
         self.pool_attempts = self.torchrun_attempts = 0
+        self.respawns = 0  # fresh ranks for an attempt that met a destroyed process group
         self.pool_seconds = self.torchrun_seconds = 0.0
         #: A mismatch's observations as the first candidate that reproduced saw them: every
         #: later candidate must observe exactly the same, so that a cut can never make the
@@ -579,6 +584,10 @@ class _Oracle:
         clear_checkpoints(code)
         try:
             outcome = self.pool.run_script(code, function=ATTEMPT, deadline=self.deadline)
+            if any(STALE_GROUP in error for error in outcome.errors.values()):
+                self.pool.respawn()  # an earlier attempt's mesh left torch a destroyed group
+                self.respawns += 1
+                outcome = self.pool.run_script(code, function=ATTEMPT, deadline=self.deadline)
         except PoolError as e:  # fresh ranks did not start: torchrun still can
             self.say(f"  the pool failed ({e}): the attempts left run under torchrun")
             self.close()
@@ -705,7 +714,8 @@ def reduce_entry(
     script = render_flat(entry, source, signature, code)
     say(
         f"{name}: {code_lines(full)} -> {code_lines(script)} code lines, {oracle.attempts} attempts "
-        f"({oracle.pool_attempts} in the pool, {oracle.pool_seconds:.1f} s; {oracle.torchrun_attempts} under "
+        f"({oracle.pool_attempts} in the pool, {oracle.pool_seconds:.1f} s, {oracle.respawns} on fresh ranks; "
+        f"{oracle.torchrun_attempts} under "
         f"torchrun, {oracle.torchrun_seconds:.1f} s), {time.monotonic() - began:.1f} s"
     )
     script = portable(script)
