@@ -666,6 +666,26 @@ class _Replace(ast.NodeTransformer):
         return self.new if node is self.old else super().visit(node)
 
 
+def _stores(fn: _Function) -> dict[str, int]:
+    """How often each name is bound in ``fn`` (a binding in a loop counts twice)."""
+    stores: dict[str, int] = {}
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            stores[node.id] = stores.get(node.id, 0) + 1
+        elif isinstance(node, ast.arg):
+            stores[node.arg] = stores.get(node.arg, 0) + 1
+        elif isinstance(node, ast.alias):
+            name = node.asname or node.name.split(".")[0]
+            stores[name] = stores.get(name, 0) + 1
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node is not fn:
+            stores[node.name] = stores.get(node.name, 0) + 1
+    for loop in [n for n in ast.walk(fn) if isinstance(n, (ast.For, ast.AsyncFor, ast.While))]:
+        for node in ast.walk(loop):
+            if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+                stores[node.id] = stores.get(node.id, 0) + 2
+    return stores
+
+
 def propagate_aliases(tree: ast.Module) -> ast.Module:
     """In each function, a local bound once (not in a loop) to a constant or to a name bound at
     most once (``tp = 1``, ``forward = model``) is replaced by what it is bound to, and the
@@ -673,16 +693,7 @@ def propagate_aliases(tree: ast.Module) -> ast.Module:
     for fn in [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
         if any(isinstance(n, (ast.Global, ast.Nonlocal, ast.ClassDef)) for n in ast.walk(fn)):
             continue
-        stores: dict[str, int] = {}
-        for node in ast.walk(fn):
-            if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
-                stores[node.id] = stores.get(node.id, 0) + 1
-            elif isinstance(node, ast.arg):
-                stores[node.arg] = stores.get(node.arg, 0) + 1
-        for loop in [n for n in ast.walk(fn) if isinstance(n, (ast.For, ast.AsyncFor, ast.While))]:
-            for node in ast.walk(loop):  # bound once in the text, but once per iteration
-                if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
-                    stores[node.id] = stores.get(node.id, 0) + 2
+        stores = _stores(fn)
         alias: dict[str, ast.expr] = {}
         for node in ast.walk(fn):
             if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
@@ -879,12 +890,7 @@ def _built(node: ast.expr, classes: set[str]) -> ast.Call | None:
 
 def _objects(fn: _Function, classes: set[str]) -> dict[str, ast.Call]:
     """The locals of ``fn`` bound once, to an object of one of ``classes`` built in place."""
-    stores: dict[str, int] = {}
-    for node in ast.walk(fn):
-        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
-            stores[node.id] = stores.get(node.id, 0) + 1
-        elif isinstance(node, ast.arg):
-            stores[node.arg] = stores.get(node.arg, 0) + 1
+    stores = _stores(fn)
     objects: dict[str, ast.Call] = {}
     for node in ast.walk(fn):
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):

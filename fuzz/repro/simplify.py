@@ -33,9 +33,10 @@ from __future__ import annotations
 
 import ast
 import copy
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from fuzz.repro.delta import Frozen, _unparse, _untouched, propagate_aliases
+from fuzz.repro.delta import Frozen, _stores, _unparse, _untouched, propagate_aliases
 from fuzz.repro.fold import clean
 
 _Function = ast.FunctionDef | ast.AsyncFunctionDef
@@ -159,24 +160,18 @@ def _functions(tree: ast.Module, frozen: Frozen) -> list[_Function]:
     return out
 
 
-def _stores(fn: _Function) -> dict[str, int]:
-    """How often each name is bound in ``fn`` (a binding in a loop counts twice)."""
-    stores: dict[str, int] = {}
-    for node in ast.walk(fn):
-        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
-            stores[node.id] = stores.get(node.id, 0) + 1
-        elif isinstance(node, ast.arg):
-            stores[node.arg] = stores.get(node.arg, 0) + 1
-        elif isinstance(node, ast.alias):
-            name = node.asname or node.name.split(".")[0]
-            stores[name] = stores.get(name, 0) + 1
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node is not fn:
-            stores[node.name] = stores.get(node.name, 0) + 1
-    for loop in [n for n in ast.walk(fn) if isinstance(n, (ast.For, ast.AsyncFor, ast.While))]:
-        for node in ast.walk(loop):
-            if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
-                stores[node.id] = stores.get(node.id, 0) + 2
-    return stores
+def _statement_lists(node: ast.AST) -> Iterator[tuple[ast.AST, str, list[ast.stmt]]]:
+    """Every ``(holder, field, statements)`` under ``node``: bodies, ``else`` and ``finally``
+    blocks, the bodies of ``except`` clauses."""
+    for holder in ast.walk(node):
+        for name in ("body", "orelse", "finalbody"):
+            stmts = getattr(holder, name, None)
+            if isinstance(stmts, list) and stmts and isinstance(stmts[0], ast.stmt):
+                yield holder, name, stmts
+
+
+def _set_list(holder: ast.AST, name: str, stmts: list[ast.stmt]) -> None:
+    setattr(holder, name, stmts or ([ast.Pass()] if name == "body" else []))
 
 
 def _nested(fn: _Function) -> bool:
@@ -374,16 +369,10 @@ def _scalarized(fn: _Function, base: str, call: ast.Call, info: _Class, stores: 
                 return ast.copy_location(ast.Name(names[node.attr], node.ctx), node)
             return node
 
-    for holder in ast.walk(fn):
-        for name in ("body", "orelse", "finalbody"):
-            stmts = getattr(holder, name, None)
-            if isinstance(stmts, list) and binding in stmts:
-                i = stmts.index(binding)
-                stmts[i : i + 1] = assigns or [ast.Pass()]
-        for handler in getattr(holder, "handlers", []) or []:
-            if binding in handler.body:
-                i = handler.body.index(binding)
-                handler.body[i : i + 1] = assigns or [ast.Pass()]
+    for _, _, stmts in list(_statement_lists(fn)):
+        if binding in stmts:
+            i = stmts.index(binding)
+            stmts[i : i + 1] = assigns or [ast.Pass()]
     Replace().visit(fn)
     return True
 
@@ -539,22 +528,19 @@ class _EnumTests(ast.NodeTransformer):
 
 
 def _drop_bindings(fn: _Function, names: set[str]) -> None:
-    for holder in ast.walk(fn):
-        for name in ("body", "orelse", "finalbody"):
-            stmts = getattr(holder, name, None)
-            if isinstance(stmts, list) and stmts and isinstance(stmts[0], ast.stmt):
-                kept = [
-                    s
-                    for s in stmts
-                    if not (
-                        isinstance(s, ast.Assign)
-                        and len(s.targets) == 1
-                        and isinstance(s.targets[0], ast.Name)
-                        and s.targets[0].id in names
-                    )
-                ]
-                if len(kept) != len(stmts):
-                    setattr(holder, name, kept or ([ast.Pass()] if name == "body" else []))
+    for holder, name, stmts in list(_statement_lists(fn)):
+        kept = [
+            s
+            for s in stmts
+            if not (
+                isinstance(s, ast.Assign)
+                and len(s.targets) == 1
+                and isinstance(s.targets[0], ast.Name)
+                and s.targets[0].id in names
+            )
+        ]
+        if len(kept) != len(stmts):
+            _set_list(holder, name, kept)
 
 
 def _truth(test: ast.expr) -> bool | None:
@@ -837,39 +823,32 @@ def _imports(tree: ast.Module, frozen: Frozen) -> bool:
     changed = False
     for fn in _functions(tree, frozen):
         read = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-        for holder in ast.walk(fn):
-            for field_name in ("body", "orelse", "finalbody"):
-                stmts = getattr(holder, field_name, None)
-                if not (isinstance(stmts, list) and stmts and isinstance(stmts[0], ast.stmt)):
-                    continue
-                out: list[ast.stmt] = []
-                for stmt in stmts:
-                    if isinstance(stmt, ast.ImportFrom) and stmt.module != "__future__":
-                        names = [a for a in stmt.names if a.name == "*" or (a.asname or a.name) in read]
-                        if len(names) != len(stmt.names):
-                            changed = True
-                            if not names:
-                                continue
-                            stmt.names = names
-                        last = out[-1] if out else None
-                        if isinstance(last, ast.ImportFrom) and (last.module, last.level) == (stmt.module, stmt.level):
-                            last.names += stmt.names
-                            changed = True
+        for holder, name, stmts in list(_statement_lists(fn)):
+            out: list[ast.stmt] = []
+            for stmt in stmts:
+                if isinstance(stmt, ast.ImportFrom) and stmt.module != "__future__":
+                    names = [a for a in stmt.names if a.name == "*" or (a.asname or a.name) in read]
+                    if len(names) != len(stmt.names):
+                        changed = True
+                        if not names:
                             continue
-                    out.append(stmt)
-                if len(out) != len(stmts):
-                    setattr(holder, field_name, out or ([ast.Pass()] if field_name == "body" else []))
+                        stmt.names = names
+                    last = out[-1] if out else None
+                    if isinstance(last, ast.ImportFrom) and (last.module, last.level) == (stmt.module, stmt.level):
+                        last.names += stmt.names
+                        changed = True
+                        continue
+                out.append(stmt)
+            if len(out) != len(stmts):
+                _set_list(holder, name, out)
     return changed
 
 
 def _drop_passes(tree: ast.Module) -> None:
     """``pass`` where its block holds something else."""
-    for node in ast.walk(tree):
-        for name in ("body", "orelse", "finalbody"):
-            stmts = getattr(node, name, None)
-            if isinstance(stmts, list) and len(stmts) > 1 and any(isinstance(s, ast.Pass) for s in stmts):
-                kept = [s for s in stmts if not isinstance(s, ast.Pass)]
-                setattr(node, name, kept or stmts[:1])
+    for holder, name, stmts in list(_statement_lists(tree)):
+        if len(stmts) > 1 and any(isinstance(s, ast.Pass) for s in stmts):
+            _set_list(holder, name, [s for s in stmts if not isinstance(s, ast.Pass)] or stmts[:1])
 
 
 _REWRITES = (_object_fields, _scalars, _tables, _enum_tests, _constant_tests, _empties, _bags, _imports)
