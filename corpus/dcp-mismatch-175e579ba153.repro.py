@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=2e58ac002fea8c7c sources=7d6f5cb23a31c8e4 seconds=357.7
+# shardfuzz reduced reproducer: entry=2e58ac002fea8c7c sources=7d6f5cb23a31c8e4 seconds=288.8
 """Reproduces shardfuzz corpus entry dcp-mismatch-175e579ba153.json: mismatch:dcp@async_save:fsdp1-hsdp-load_sharded_optimizer_state_dict
 
 Observed: Into FSDP1 HYBRID_SHARD over a 2-D mesh, load_sharded_optimizer_state_dict lays the
@@ -17,21 +17,15 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 """
 
 from __future__ import annotations
-from dataclasses import dataclass, field
 import torch
 import enum
-from dataclasses import dataclass
 from dataclasses import dataclass, field, fields
-from dataclasses import replace
 import builtins
-from typing import ClassVar
 import dataclasses
-import json
 import os
 from typing import ClassVar
 from torch import nn
 from contextlib import contextmanager
-import copy
 import torch.distributed as dist
 import torch.nn.functional as F
 import inspect
@@ -39,9 +33,6 @@ from dataclasses import dataclass, field, replace
 import hashlib
 import shutil
 import math
-
-def __getattr__(name):
-    raise AttributeError(f"module 'fuzz' has no attribute {name!r}")
 
 @dataclass
 class RankContext:
@@ -115,9 +106,6 @@ class Composition:
     mesh: object = ()
     wrapper: object = Wrapper.NONE
 
-    def reshard_after_forward(self, spec):
-        pass
-
     def steps(self):
         pass
 
@@ -162,9 +150,6 @@ class Case:
     def size(self):
         pass
 
-def is_fsdp1(comp):
-    return comp.wrapper.value.startswith('fsdp1')
-
 def trained_then_frozen(body):
     pass
 
@@ -180,7 +165,6 @@ class StateDictBody(Body):
     source: object
     target: object
     training: object = field(default_factory=Training)
-    save: object = field(default_factory=Options)
     load: object = field(default_factory=Options)
     requires_grad: object = ()
 
@@ -207,11 +191,6 @@ class WriterOptions:
     def changed(self):
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}
 
-class DcpMode(str, enum.Enum):
-    ROUND_TRIP = 'round_trip'
-    SAVE_ONLY = 'save_only'
-    LOAD_ONLY = 'load_only'
-
 @dataclass(frozen=True)
 class DcpBody(Body):
     KIND: ClassVar[str] = 'dcp'
@@ -227,17 +206,10 @@ class DcpBody(Body):
     load_cpu_offload: object = False
     async_save: object = False
     storage_objects: object = False
-    mode: object = DcpMode.ROUND_TRIP
     deadlock: object = False
     overwrite: object = Overwrite.NONE
-    cache_staged: object = False
     writer: object = field(default_factory=WriterOptions)
     requires_grad: object = ()
-    stager: object = None
-
-    @property
-    def classic_fsdp1(self):
-        return (True or is_fsdp1(self.target)) and (not False) and (DcpItem.APP not in self.entries)
 
     @property
     def size(self):
@@ -294,9 +266,6 @@ def clean_name(name):
         name = name.replace(prefix, '')
     return name
 
-def mesh_for(comp, ctx):
-    return ctx.mesh(tuple((2, 2)), ('replicate', 'shard'))
-
 @dataclass
 class Composed:
     model: object
@@ -349,10 +318,6 @@ class Side:
     def plain(self):
         pass
 
-    @property
-    def fsdp1(self):
-        pass
-
     def names(self):
         current = {id(p): clean_name(n) for n, p in self.model.named_parameters()}
         return {**self.param_names, **current}
@@ -366,7 +331,7 @@ def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=()):
     strategy = {Wrapper.FSDP1_FULL_SHARD: ShardingStrategy.FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP: ShardingStrategy.SHARD_GRAD_OP, Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD, Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[comp.wrapper]
     kwargs = {'sharding_strategy': strategy, 'device_id': ctx.device, 'use_orig_params': True}
     if comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD:
-        kwargs['device_mesh'] = mesh_for(comp, ctx)
+        kwargs['device_mesh'] = ctx.mesh(tuple((2, 2)), ('replicate', 'shard'))
     wrap_out = FSDP(model, **kwargs)
     composed = Composed(model=wrap_out, wrapper=comp.wrapper, param_names=names)
     return Side(composed=composed, comp=comp, training=training, schedule=schedule)
@@ -440,7 +405,7 @@ def observe(side, case, tree, ctx, *, model=True):
 def case_dir(case, ctx):
     digest = hashlib.sha1('{"body": {"absent": false, "async_save": true, "async_saves": 0, "cache_staged": false, "checkpoint_dir": "", "convert": false, "deadlock": false, "drop": [], "empty_group": false, "entries": ["model", "optimizer", "counter", "scalars", "extra"], "frozen_in_optimizer": false, "kind": "dcp", "load_cpu_offload": true, "load_full_state_dict": false, "load_planner": null, "mode": "round_trip", "module_stateful": false, "no_dist": false, "orders": [[0, 3, 1, 4, 2], [0, 4, 2, 3, 1], [0, 4, 2, 1, 3], [0, 2, 1, 3, 4]], "overwrite": "true", "own_group": false, "patched": false, "process_checkpointer": false, "requires_grad": [], "save_cpu_offload": true, "save_full_state_dict": false, "save_planner": null, "skip": [], "source": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "fsdp1_full_shard"}, "stager": null, "steps_after": 1, "storage_objects": true, "target": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0}, "mesh": [2, 2], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "fsdp1_hybrid_shard"}, "target_meta_init": false, "torch_save_reader": false, "training": {"accum_sync": "always", "batch_per_rank": 2, "compile": "none", "dtype": "float32", "eps": 0.0001, "foreach": null, "grad_accum": 1, "lr": 0.01, "momentum": 0.9, "optimizer": "sgd", "param_groups": 1, "same_input": false, "set_to_none": false, "skips": [], "steps": 1, "unfreeze": []}, "tree": {"root": {"buffer": false, "children": [{"buffer": true, "children": [{"bias": true, "frozen": false, "kind": "relu"}, {"buffer": false, "children": [{"bias": true, "frozen": false, "kind": "relu"}, {"bias": true, "frozen": true, "kind": "conv1d"}], "residual": false, "scale": true}], "residual": false, "scale": false}, {"bias": false, "frozen": true, "kind": "conv1d"}, {"buffer": true, "children": [{"bias": true, "frozen": false, "kind": "relu"}], "residual": true, "scale": false}], "residual": false, "scale": false}, "width": 12}, "use_collectives": true, "writer": {"per_thread_copy_ahead": 10000000, "single_file_per_rank": true, "sync_files": true, "thread_count": 1}}, "property": "dcp", "schema": 1, "seed": 0, "world_size": 4}'.encode()).hexdigest()[:12]
     count = getattr(ctx, '_cases', 0)
-    return os.path.join('/tmp/shardfuzz-dcp-6456', f'{digest}-{count}')
+    return os.path.join('/tmp/shardfuzz-dcp-9943', f'{digest}-{count}')
 
 class Scalars:
 
@@ -507,7 +472,7 @@ def _values(body, case, side, ctx, get, put, fresh, skip):
     return out
 
 def _arrange(body, values, ctx):
-    order = ((0, 3, 1, 4, 2), (0, 4, 2, 3, 1), (0, 4, 2, 1, 3), (0, 2, 1, 3, 4))[ctx.rank] if ((0, 3, 1, 4, 2), (0, 4, 2, 3, 1), (0, 4, 2, 1, 3), (0, 2, 1, 3, 4)) else range(len(body.entries))
+    order = ((0, 3, 1, 4, 2), (0, 4, 2, 3, 1), (0, 4, 2, 1, 3), (0, 2, 1, 3, 4))[ctx.rank]
     return {body.entries[i].value: values[body.entries[i]] for i in order if body.entries[i] in values}
 
 def _tensors(value, path=''):
@@ -599,8 +564,7 @@ def _run_dcp(case, body, ctx):
         obs_['final_source'], obs_['final_target'] = (final_src, final_tgt)
     obs.update(obs_)
     dist.barrier()
-    if ctx.rank == 0:
-        shutil.rmtree(path, ignore_errors=True)
+    shutil.rmtree(path, ignore_errors=True)
     return obs
 
 class OutcomeKind(str, enum.Enum):
@@ -616,13 +580,6 @@ class RankReport:
     seconds: object = None
 
 @dataclass(frozen=True)
-class Stall:
-    name: object
-    deadlocked: object
-    after: object = 10.0
-    hold: object = 3.0
-
-@dataclass(frozen=True)
 class Outcome:
     kind: object
     ranks: object
@@ -630,13 +587,11 @@ class Outcome:
 
     @property
     def ok(self):
-        return self.kind is OutcomeKind.OK
+        pass
 
     @property
     def observations(self):
         return [r.observation or {} for r in self.ranks]
-KNOWN_BUG_ODDS = 16
-KNOWN_HANG_ODDS = 64
 NONE_FOUND = 'none found'
 
 @dataclass(frozen=True)
@@ -648,168 +603,20 @@ class KnownBug:
     relation: object = ''
     state: object = ''
     ends_ranks: object = True
-    odds: object = KNOWN_BUG_ODDS
     tag: object = ''
     see_also: object = ()
-    docs: object = 'docs/known_bugs.md'
-    fixed_in: object = ''
-    conditional: object = False
 FSDP1_HSDP_SHARD1 = KnownBug('fsdp1-hybrid-shard-dim-1', 'FSDP1 HYBRID_SHARD with a shard dimension of size 1 never averages gradients across replicas', symptoms=frozenset({'mismatch'}), upstream='pytorch/pytorch#154888', relation='same bug', ends_ranks=False, tag=':shard1')
-FOREACH_MIXED = KnownBug('foreach-mixed-dtensor-tensor', 'foreach optimizers over a mix of DTensor (fully_shard) and plain (replicate) parameters raise', upstream='pytorch/pytorch#183207', relation='same symptom (reached there through ignored_params)')
-INT_RESHARD_DIM1 = KnownBug('fully_shard-int-reshard-shard-dim-1', 'fully_shard with an int reshard_after_forward and Shard(1) placements: IndexError in foreach_all_gather_copy_out')
-FROZEN_INT_RESHARD = KnownBug('fully_shard-frozen-int-reshard', "a frozen fully_shard unit with an int reshard_after_forward under a replicate'd root stays in its post-forward state", symptoms=frozenset({'mismatch'}), ends_ranks=False, tag=':frozen-int-reshard')
-UNFROZEN_UNRESHARDED = KnownBug('fully_shard-unfrozen-unresharded', "a frozen fully_shard unit without resharding under a replicate'd root is never resharded: a leaf unfrozen later never trains (KeyError in get_optimizer_state_dict)", symptoms=frozenset({'mismatch', 'exception'}), ends_ranks=False, tag=':unfrozen-unresharded')
-UNUSED_NO_ALL_REDUCE = KnownBug('fully_shard-unused-no-all-reduce', 'HSDP with set_requires_all_reduce(False): a unit unused on the last microbatch loses its accumulated gradient', symptoms=frozenset({'mismatch', 'exception'}), ends_ranks=False, tag=':unused-no-all-reduce')
-FSDP1_UNFROZEN_FROZEN_UNIT = KnownBug('fsdp1-no-shard-unfrozen-in-frozen-unit', 'FSDP1 NO_SHARD, a unit all frozen at wrapping: a leaf unfrozen later never trains', symptoms=frozenset({'mismatch'}), upstream='pytorch/pytorch#85831', relation='related', see_also=('pytorch/pytorch#104148', 'pytorch/pytorch#105371'), ends_ranks=False, tag=':unfrozen-frozen-unit')
-MP_UNIFORM_GRAD_DTYPE = KnownBug('fully_shard-reduce-dtype-no-sync-uniform-grad-dtype', "MixedPrecisionPolicy(reduce_dtype) with set_requires_gradient_sync(False) and a parameter unused on a no-sync microbatch: 'FSDP reduce-scatter expects uniform gradient dtype'", upstream='pytorch/pytorch#196996', relation='same bug', state='open; an earlier fix (pull request #160279) is not in torch 2.13', see_also=('pytorch/pytorch#160279', 'pytorch/pytorch#190627'))
-MP_NEVER_RUN_NO_SYNC = KnownBug('fully_shard-reduce-dtype-no-sync-never-run', "MixedPrecisionPolicy(reduce_dtype) with set_requires_gradient_sync(False): a unit that never ran forward has no '_unsharded_param' in the root's post-backward", upstream='pytorch/pytorch#194058', relation='same bug (pull request)', state='closed; the fix is not in torch 2.13')
-MP_FROZEN_AT_LAZY_INIT = KnownBug('fully_shard-mp-frozen-at-lazy-init', 'MixedPrecisionPolicy: a unit all frozen at lazy init gets no orig/reduce dtype; unfrozen later, its low-precision gradient is never cast back', upstream='pytorch/pytorch#186998', relation='same bug', state='closed, yet still present in torch 2.13.0 (fix pull request #187376 not in 2.13)', see_also=('pytorch/pytorch#187376',))
-BROADCAST_EMPTY = KnownBug('set_state_dict-broadcast-empty', 'set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0 pass an empty model state dict', symptoms=frozenset({'hang', 'crash', 'exception'}), upstream='pytorch/pytorch#157781', relation='same symptom', state='open', see_also=('pytorch/pytorch#158836',), odds=KNOWN_HANG_ODDS, docs='docs/state_dict.md')
-STATELESS_FULL = KnownBug('set_optimizer_state_dict-full-stateless', "set_optimizer_state_dict(full_state_dict=True) for an optimizer without tensor state: 'Expected device to be set'", docs='docs/state_dict.md')
-FLAT_FULL_OPTIM = KnownBug('set_optimizer_state_dict-flat-full-keyerror', "set_optimizer_state_dict(full_state_dict=True, flatten_optimizer_state_dict=True) raises KeyError 'param_groups.0.params.0' for any model: the full-state branch takes the optimizer's local state dict with the flatten option still on, so the loaded and the local dicts have different keys", relation='none found after three phrasings; two other flatten bugs are in see_also', state='present in torch 2.13.0', see_also=('pytorch/pytorch#192224', 'pytorch/pytorch#192225'), docs='docs/state_dict.md')
-FSDP1_FULL_OFFLOAD = KnownBug('fsdp1-full-state-dict-offload-to-cpu', 'FSDP1 FULL_STATE_DICT with offload_to_cpu on CPU: state_dict() clones a freed buffer (SIGSEGV), optim_state_dict aliases the gathered states', symptoms=frozenset({'crash', 'mismatch'}), upstream='pytorch/pytorch#188989', relation="same root cause for the model state dict (to_cpu frees a CPU buffer); none found for the optimizer's aliasing", state='closed; its fix (pull request #188990) is not in torch 2.13', see_also=('pytorch/pytorch#188990', 'Lightning-AI/pytorch-lightning#21804'), docs='docs/state_dict.md')
-FSDP1_FROZEN_UNIT = KnownBug('fsdp1-no-shard-frozen-unit-state-dict', "FSDP1 NO_SHARD with an auto-wrapped unit of frozen parameters: state_dict() after training raises 'FSDP assumes ... is in the state_dict'", upstream='pytorch/pytorch#85831', relation='related', docs='docs/state_dict.md')
-FSDP1_DCP_STATELESS = KnownBug('fsdp1-dcp-stateless-optimizer', "the classic FSDP1 DCP recipe with an optimizer without state: optim_state_dict_to_load refuses the dict without 'state'", docs='docs/state_dict.md')
-FSDP1_DCP_EMPTY_SHARD = KnownBug('dcp-load-empty-sharded-tensor-pre-2.4-guess', "dcp.load of an FSDP1 sharded state dict where a rank holds no chunk of a parameter: the planner guesses a pre-2.4 checkpoint, 'Missing key in checkpoint state_dict'", see_also=('pytorch/pytorch#137327',), docs='docs/state_dict.md')
-FSDP1_ASYNC_DEFAULT_STAGER = KnownBug('async_save-default-stager-sharded-tensor', "dcp.async_save's default stager calls data_ptr() on ShardedTensors", docs='docs/state_dict.md')
-CACHED_STAGING_NEEDS_ACCELERATOR = KnownBug('filesystemwriter-cache-staged-pin-memory', 'FileSystemWriter(cache_staged_state_dict=True) pins its staging copy: async_save fails on a host without an accelerator', see_also=('pytorch/pytorch#189991',), docs='docs/state_dict.md')
-CACHED_STAGING_PINNED_METADATA = KnownBug('filesystemwriter-cache-staged-pinned-metadata', 'a checkpoint staged by FileSystemWriter(cache_staged_state_dict=True) records pin_memory=True; the classic FSDP1 load_sharded_optimizer_state_dict then refuses its unpinned ShardedTensors', docs='docs/state_dict.md')
 FSDP1_HSDP_OPTIMIZER_LOAD = KnownBug('fsdp1-hsdp-load_sharded_optimizer_state_dict', 'load_sharded_optimizer_state_dict chunks optimizer state over the whole world: wrong Adam state in FSDP1 HYBRID_SHARD over a 2-D mesh', symptoms=frozenset({'mismatch'}), see_also=('pytorch/pytorch#111096',), ends_ranks=False, tag=':fsdp1-hsdp-load_sharded_optimizer_state_dict')
-FSDP1_HSDP_RANK0_BROADCAST = KnownBug('fsdp1-hsdp-shard1-rank0-broadcast', 'set_optimizer_state_dict(full, cpu_offload) into FSDP1 HYBRID_SHARD with a shard dimension of 1 broadcasts from global rank 0 in a one-rank group', upstream='pytorch/pytorch#155680', relation='same line', state='open; #128444 (same path) was fixed only in part by pull request #128446', see_also=('pytorch/pytorch#128444',))
-FSDP1_COMPILE_SHARDED_GRAD = KnownBug('fsdp1-compile-recompile-sharded-grad', "torch.compile over FSDP1 (use_orig_params=True, sharded): recompiling the wrapped module's forward while its parameters hold sharded gradients raises InternalTorchDynamoError 'attempting to assign a gradient of size ...'", upstream='pytorch/pytorch#111317', relation='same symptom (a comment there: SHARD_GRAD_OP, use_orig_params=True, float32)', state='open', see_also=('pytorch/pytorch#93288',))
-DIVIDE_FACTOR_TWICE = KnownBug('fully_shard-divide-factor-single-shard-twice', 'set_gradient_divide_factor(f) on a fully_shard unit whose shard group is one rank, with set_force_sum_reduction_for_comms(True) or a float16 / float64 reduce dtype: gradients are divided by f twice (once where the single-rank branch copies the input, once more as the post-divide)', symptoms=frozenset({'mismatch'}), relation='none found after three phrasings; the single-rank division came with the pull request in see_also, and a later one reworks that branch without the post-divide', state='present in torch 2.13.0', see_also=('pytorch/pytorch#167178', 'pytorch/pytorch#196348'), ends_ranks=False, tag=':divide-factor-twice')
-FROZEN_OPTIM_STATE_DROPPED = KnownBug('set_optimizer_state_dict-frozen-state-dropped', 'set_optimizer_state_dict drops the saved optimizer state of a parameter frozen (requires_grad=False) when it is loaded: a parameter trained, then frozen, checkpointed and unfrozen after resuming restarts with fresh optimizer state (get_optimizer_state_dict saved it)', symptoms=frozenset({'mismatch'}), upstream='pytorch/pytorch#192202', relation='same bug', state='open; fix pull request #192307 open, not in torch 2.13.0', see_also=('pytorch/pytorch#192307',), ends_ranks=False, tag=':frozen-optimizer-state-dropped', docs='docs/state_dict.md', odds=4)
-PLAN_CACHE_FAILED_SAVE = KnownBug('dcp-plan-cache-after-failed-save', "DefaultSavePlanner(enable_plan_caching=True): a save that fails (FileSystemWriter(overwrite=False) refusing an existing checkpoint) leaves its plans cached; the next save with that planner class raises TypeError 'NoneType' object is not iterable in _create_global_plan", upstream='pytorch/pytorch#176289', relation='same bug (pull request: save plan caching during validation failures)', state='fixed in torch 2.13 (plans are cached only after a successful save); present in torch 2.11', fixed_in='2.13', docs='docs/state_dict.md')
-CHECKPOINT_DEBUG = KnownBug('checkpoint-debug-always-refused', "composable checkpoint(module, debug=True) raises ValueError 'debug=True is incompatible with non-default context_fn' on the first forward whatever the caller passes: it always hands torch.utils.checkpoint a context_fn of its own", upstream='pytorch/pytorch#185285', relation='same bug (pull request: allow debug mode with context_fn in checkpoint(); an earlier attempt in see_also)', state='not in torch 2.13.0', see_also=('pytorch/pytorch#175338',), conditional=True)
-SAC_OVER_FSDP_UNIT = KnownBug('selective-checkpoint-over-fully_shard-unit', "selective activation checkpointing (context_fn=create_selective_checkpoint_contexts) over a region holding a fully_shard unit whose state differs between forward and recomputation (kept unsharded by set_reshard_after_backward(False), prefetched, frozen): the replay counts FSDP2's record_function markers and raises 'profiler._record_function_enter_new.default invocation index N encountered during backward but not found in storage'", upstream='pytorch/pytorch#196862', relation='same bug (pull request: exclude all-gather internals and profiler ops from selective checkpointing)', state='not in torch 2.13.0', see_also=('pytorch/pytorch#185178', 'pytorch/torchtitan#3427'), conditional=True)
-DELAY_ALL_REDUCE_ROOT = KnownBug('ddp-delay-all-reduce-root-params-reduced-twice', "DistributedDataParallel(delay_all_reduce_named_params=..., param_to_hook_all_reduce=...): a delayed parameter of the root module itself stays in the reducer too (the reducer leaves out f'{module_name}.{name}', which is '.<name>' for the root's own parameters), so it is all-reduced twice, racing, and its gradient is wrong now and then; every parameter replicate() hands DDP is one (an nn.ParameterList's)", symptoms=frozenset({'mismatch'}), relation='none found after five phrasings; the option came with the pull request in see_also', state='present in torch 2.13.0', see_also=('pytorch/pytorch#95669',), ends_ranks=False, tag=':delay-all-reduce', odds=4)
-DELAY_BUFFER_FLOAT32 = KnownBug('ddp-delay-all-reduce-float32-buffer', "DistributedDataParallel(delay_all_reduce_named_params=..., param_to_hook_all_reduce=...) over parameters that are not float32: the delayed gradients' buffer is made with torch.zeros and no dtype, and _clear_grad_buffer raises 'attempting to assign a gradient with dtype 'float' to a tensor with grad_dtype 'Double''", relation='none found after three phrasings (the error text, the buffer, the option); the option came with the pull request in see_also', state='present in torch 2.13.0', see_also=('pytorch/pytorch#95669',))
-STAGER_REUSED_AFTER_CLOSE = KnownBug('default-stager-reused-after-close', "dcp.async_save(async_stager=DefaultStager(...)) reused for a second save: DefaultStager._stage closes its StateDictStager after every stage, which empties its copy dispatch table, and the next stage raises KeyError: <class 'type'> in deepcopy_with_tensor_offload", upstream='pytorch/pytorch#183413', relation='same bug (a regression of the pull request in see_also, which added the close)', state='present in torch 2.11; torch 2.13.0 stages again after a close', see_also=('pytorch/pytorch#170431', 'pytorch/torchtitan#3476'), fixed_in='2.13', docs='docs/state_dict.md')
-COMPILED_UNFREEZE_PLAIN = KnownBug('compile-unfrozen-plain-param-no-recompile', "torch.compile (aot_eager) of a module whose plain (non-DTensor) parameter was frozen when it was compiled: after requires_grad_(True) the compiled forward is reused without a recompile and the parameter gets no gradient (met through fully_shard's ignored_params, which stay plain tensors)", symptoms=frozenset({'mismatch'}), upstream='pytorch/pytorch#139476', relation='same bug (Dynamo reuses a compiled frame when the requires_grad of module parameters changes)', state='present in torch 2.11; torch 2.13.0 recompiles (the torch-only reproducer passes there)', fixed_in='2.13', ends_ranks=False, tag=':compiled-unfreeze')
-
-def present(bug, torch_version):
-    pass
-
-def get(bug_id):
-    pass
-
-def int_reshard_dim1(comp):
-    pass
-
-def shard1(comp):
-    pass
 
 def fsdp1_shard1(comp):
     return comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD and (2, 2)[1] == 1 and (comp.mesh[0] > 1)
-
-def unused_no_all_reduce(tree, comp, training):
-    pass
-
-def fsdp1_compiled_with_sharded_grads(comp, training, world_size):
-    pass
-
-def divide_factor_twice(comp, training, world_size):
-    pass
-
-def never_run_under_no_sync(tree, comp, training):
-    pass
-
-def unfrozen_in_frozen_mp_unit(tree, comp, training):
-    pass
-
-def checkpoint_debug(comp):
-    pass
-
-def selective_over_unit(comp):
-    pass
-
-def delayed_all_reduce(comp):
-    pass
-
-def stager_reused(body):
-    pass
-
-def delayed_not_float32(comp, training):
-    pass
-
-def compiled_unfreeze_ignored(comp, training):
-    pass
-
-def fsdp1_hsdp_2d(comp):
-    return comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD and comp.mesh[0] > 1 and (comp.mesh[1] > 1)
-
-def fsdp1_full_offload(body, world_size):
-    pass
-
-def fsdp1_dcp_stateless(body):
-    pass
-
-def fsdp1_dcp_empty_shard(body, world_size):
-    pass
-
-def fsdp1_async_default_stager(body):
-    pass
-
-def hsdp_optimizer_load(body):
-    return isinstance(body, DcpBody) and fsdp1_hsdp_2d(body.target) and body.classic_fsdp1 and (DcpItem.OPTIMIZER in body.entries) and (DcpItem.OPTIMIZER not in body.skip)
-
-def broadcast_empty(body):
-    pass
 
 def frozen_state_dropped(body):
     loaded = any((e in body.entries and e not in () for e in (DcpItem.OPTIMIZER, DcpItem.APP))) and (not True)
     return loaded and bool(trained_then_frozen(body))
 
-def plan_cache_failed_save(body):
-    pass
-
-def stateless_full(body):
-    pass
-
-def flat_full_optimizer(body):
-    pass
-
-def _comps(case):
-    pass
-
-def _per_comp(condition):
-
-    def met(case):
-        pass
-    return met
-
-def _with_training(condition):
-
-    def met(case):
-        pass
-    return met
-
-def _saving(condition):
-    return lambda case: isinstance(case.body, (StateDictBody, DcpBody)) and condition(case)
-
-def _frozen_int_reshard(case):
-    pass
-
-def _foreach_mixed(case):
-    pass
-
-def _unfrozen_unresharded(case):
-    pass
-
-def _fsdp1_frozen_source(case):
-    pass
-
-def _fsdp1_unfrozen_frozen_unit(case):
-    pass
-CONDITIONS = ((INT_RESHARD_DIM1, lambda case: any((int_reshard_dim1(c) for c in _comps(case)))), (FSDP1_HSDP_SHARD1, lambda case: any((fsdp1_shard1(c) for c in _comps(case)))), (FSDP1_FROZEN_UNIT, _fsdp1_frozen_source), (FSDP1_FULL_OFFLOAD, _saving(lambda case: fsdp1_full_offload(case.body, case.world_size))), (FSDP1_DCP_STATELESS, _saving(lambda case: fsdp1_dcp_stateless(case.body))), (FSDP1_DCP_EMPTY_SHARD, _saving(lambda case: fsdp1_dcp_empty_shard(case.body, case.world_size))), (FSDP1_ASYNC_DEFAULT_STAGER, _saving(lambda case: fsdp1_async_default_stager(case.body))), (CACHED_STAGING_NEEDS_ACCELERATOR, lambda case: isinstance(case.body, DcpBody) and case.body.cache_staged), (BROADCAST_EMPTY, _saving(lambda case: broadcast_empty(case.body))), (STATELESS_FULL, _saving(lambda case: stateless_full(case.body))), (FLAT_FULL_OPTIM, _saving(lambda case: flat_full_optimizer(case.body))), (PLAN_CACHE_FAILED_SAVE, _saving(lambda case: plan_cache_failed_save(case.body))), (FSDP1_HSDP_OPTIMIZER_LOAD, _saving(lambda case: hsdp_optimizer_load(case.body))), (FROZEN_OPTIM_STATE_DROPPED, _saving(lambda case: frozen_state_dropped(case.body))), (FROZEN_INT_RESHARD, _frozen_int_reshard), (UNFROZEN_UNRESHARDED, _unfrozen_unresharded), (UNUSED_NO_ALL_REDUCE, _per_comp(unused_no_all_reduce)), (MP_NEVER_RUN_NO_SYNC, _per_comp(never_run_under_no_sync)), (MP_UNIFORM_GRAD_DTYPE, _per_comp(never_run_under_no_sync)), (MP_FROZEN_AT_LAZY_INIT, _per_comp(unfrozen_in_frozen_mp_unit)), (FSDP1_UNFROZEN_FROZEN_UNIT, _fsdp1_unfrozen_frozen_unit), (FOREACH_MIXED, _foreach_mixed), (FSDP1_COMPILE_SHARDED_GRAD, _with_training(fsdp1_compiled_with_sharded_grads)), (DIVIDE_FACTOR_TWICE, _with_training(divide_factor_twice)), (CHECKPOINT_DEBUG, lambda case: any((checkpoint_debug(c) for c in _comps(case)))), (SAC_OVER_FSDP_UNIT, lambda case: any((selective_over_unit(c) for c in _comps(case)))), (DELAY_ALL_REDUCE_ROOT, lambda case: any((delayed_all_reduce(c) for c in _comps(case)))), (COMPILED_UNFREEZE_PLAIN, _with_training(lambda c, training, _: compiled_unfreeze_ignored(c, training))), (DELAY_BUFFER_FLOAT32, _with_training(lambda c, training, _: delayed_not_float32(c, training))), (STAGER_REUSED_AFTER_CLOSE, _saving(lambda case: stager_reused(case.body))))
-
 def ends_ranks(case):
     pass
-
-def rank0_alone_in_broadcast(stacks):
-    inside = ['_broadcast_state_dict' in s for s in stacks]
-    return bool(inside) and inside[0] and (not all(inside))
-ALONE_IN_BROADCAST_STALL = Stall(name='rank 0 alone in _broadcast_state_dict', deadlocked=rank0_alone_in_broadcast, after=10.0, hold=3.0)
 
 @dataclass(frozen=True)
 class Signature:
@@ -834,27 +641,8 @@ class Failure:
     summary: object
     details: object = field(default_factory=dict)
 
-@dataclass(frozen=True)
-class Property:
-    name: object
-    description: object
-    cases: object
-    judge: object
-    features: object
-    stall: object = None
-    body: object = None
-    repro: object = None
-
 def strategy(name):
-
-    def cases(*, world_size, **kwargs):
-        pass
-    return cases
-_REGISTRY = {}
-
-def register(prop):
-    _REGISTRY[prop.name] = prop
-    return prop
+    pass
 
 @dataclass(frozen=True)
 class Tolerance:
@@ -990,10 +778,6 @@ def _judge_dcp(case, outcome):
 
 def _check_dcp_options(prop, where, body, observations):
     return None
-
-def features_dcp(case):
-    pass
-DCP = register(Property(name='dcp', description='DCP save/async_save/load with Stateful objects and per-rank key orders round-trip exactly', cases=strategy('dcp_cases'), judge=judge_dcp, features=features_dcp, stall=ALONE_IN_BROADCAST_STALL, body=DcpBody, repro='fuzz.repro.script:render'))
 
 def attempt(rank, world_size):
     import torch

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=62d0f0bce699e8c9 sources=845e968d7c09e2fe seconds=150.8
+# shardfuzz reduced reproducer: entry=62d0f0bce699e8c9 sources=845e968d7c09e2fe seconds=266.8
 """Reproduces shardfuzz corpus entry parity-mismatch-28f92215865a.json: mismatch:parity@fsdp2:delay-all-reduce
 
 Observed: replicate with delay_all_reduce_named_params / param_to_hook_all_reduce: DDP keeps the
@@ -22,18 +22,11 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 """
 
 from __future__ import annotations
-from typing import Any
-from dataclasses import dataclass, field
 import torch
 import enum
-from dataclasses import dataclass
 from dataclasses import dataclass, field
 from functools import cached_property
-import builtins
-from typing import Any, ClassVar
-import json
-from typing import Any
-import os
+from dataclasses import replace
 from typing import ClassVar
 from torch import nn
 from contextlib import contextmanager
@@ -42,25 +35,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 import math
 
-def __getattr__(name):
-    raise AttributeError(f"module 'fuzz' has no attribute {name!r}")
-
 @dataclass
 class RankContext:
     rank: object
     world_size: object
     device: object
     backend: object
-    _meshes: object = field(default_factory=dict)
-
-    def mesh(self, shape, names):
-        from torch.distributed.device_mesh import init_device_mesh
-        key = (shape, names)
-        self._meshes[key] = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
-        return self._meshes[key]
-
-    def group(self, name):
-        pass
 
 class LeafKind(str, enum.Enum):
     LINEAR = 'linear'
@@ -84,7 +64,7 @@ class Leaf:
     bias: object = True
     frozen: object = False
 
-@dataclass(frozen=True)
+@dataclass()
 class Block:
     children: object
     residual: object = False
@@ -92,20 +72,28 @@ class Block:
     buffer: object = False
 
 def iter_paths(block, prefix=''):
-    yield (prefix, block)
     for i, child in enumerate(block.children):
-        path = str(i)
+        path = f'{prefix}.{i}' if prefix else str(i)
         yield (path, child)
 
 def owns_params(node):
     if isinstance(node, Leaf):
         return node.kind in PARAM_LEAVES
-    return False
+    return node.scale
+
+def forward_order(block, prefix=''):
+    out = []
+    for i, child in enumerate(block.children):
+        path = f'{prefix}.{i}' if prefix else str(i)
+        if owns_params(child):
+            out.append(path)
+    return out
 
 def param_names(node):
-    return ['weight', 'bias']
+    if isinstance(node, Leaf):
+        return ['weight', 'bias'] if node.bias else ['weight']
 
-@dataclass(frozen=True)
+@dataclass()
 class ModuleTree:
     width: object
     root: object
@@ -113,56 +101,51 @@ class ModuleTree:
     def paths(self):
         return dict(iter_paths(self.root))
 
-    @property
-    def size(self):
-        pass
-
 def contains(outer, path):
     return outer == path or outer == '' or path.startswith(outer + '.')
 
 def is_ancestor(ancestor, path):
     pass
 
-@dataclass(frozen=True)
+class Wrapper(str, enum.Enum):
+    NONE = 'none'
+    DDP = 'ddp'
+    FSDP1_FULL_SHARD = 'fsdp1_full_shard'
+    FSDP1_SHARD_GRAD_OP = 'fsdp1_shard_grad_op'
+    FSDP1_NO_SHARD = 'fsdp1_no_shard'
+    FSDP1_HYBRID_SHARD = 'fsdp1_hybrid_shard'
+
+@dataclass()
 class ReplicateOptions:
-    gradient_as_bucket_view: object = False
     static_graph: object = False
-    batched_grad_copy: object = False
-    skip_all_reduce_unused_params: object = False
+    ignored_modules: object = ()
     delay_all_reduce: object = False
 
-    def names(self):
-        pass
+@dataclass()
+class CheckpointOptions:
+    preserve_rng_state: object = True
 
-@dataclass(frozen=True)
+@dataclass()
 class Composition:
     shards: object = ()
     replicates: object = ()
-    mesh: object = ()
+    checkpoints: object = ()
+    wrapper: object = Wrapper.NONE
     tp_size: object = 1
     replicate_options: object = field(default_factory=ReplicateOptions)
-
-    def reshard_after_forward(self, spec):
-        pass
+    checkpoint_options: object = field(default_factory=CheckpointOptions)
 
     @property
     def sharded_paths(self):
-        return [p for spec in () for p in spec.paths]
+        return [p for spec in self.shards for p in spec.paths]
 
     @property
     def shard_ignored(self):
-        return frozenset((p for spec in () for p in spec.ignored))
+        return frozenset((p for spec in self.shards for p in spec.ignored))
 
     def steps(self):
-        order = {'checkpoint': 0, 'fully_shard': 1, 'replicate': 2}
-        items = [('checkpoint', p) for p in ()] + [('replicate', p) for p in ('',)]
-        items += [('fully_shard', spec.path) for spec in ()]
-
-        def key(item):
-            api, path = item
-            depth = min((q.count('.') + (q != '') for q in ('',)))
-            return (-depth, order[api], path)
-        return sorted(items, key=key)
+        items = [() for p in self.checkpoints] + [('replicate', p) for p in self.replicates]
+        return sorted(items)
 
 @dataclass(frozen=True)
 class Unit:
@@ -181,35 +164,46 @@ class Layout:
 
     @cached_property
     def units(self):
-        shards = tuple((Unit('fully_shard', i, spec.paths) for i, spec in enumerate(())))
-        return shards + tuple((Unit('replicate', i, (p,)) for i, p in enumerate(('',))))
+        shards = tuple((Unit('fully_shard', i, spec.paths) for i, spec in enumerate(self.comp.shards)))
+        return shards + tuple((Unit('replicate', i, (p,)) for i, p in enumerate(self.comp.replicates)))
+
+    @cached_property
+    def member_paths(self):
+        return tuple((m for u in self.units for m in u.members))
 
     def member_of(self, path, api=None):
         best = None
-        members = ('',)
+        members = self.member_paths if api is None else [m for u in self.units if u.api == api for m in u.members]
         for m in members:
-            best = m
+            if contains(m, path) and (best is None or is_ancestor(best, m)):
+                best = m
         return best
 
     def owned_by(self, unit, member=None):
         out = []
         for path, node in self.paths.items():
-            if owns_params(node) and '' in ('',):
+            if owns_params(node) and self.member_of(path) in (unit.members if member is None else (member,)):
                 out.append(path)
         return out
 
     def local(self):
-        ignored = ()
+        ignored = self.comp.replicate_options.ignored_modules
         by_shards = self.comp.shard_ignored
         return [p for p, n in self.paths.items() if owns_params(n) and (any((contains(i, p) for i in ignored)) or p in by_shards) and (self.member_of(p) is None)]
 
-    def ignored_by(self, member):
-        out = []
-        return out
-
     def replicated_params(self, member):
-        unit = next((u for u in self.units if 'replicate' == 'replicate' and ('',) == (member,)))
+        unit = next((u for u in self.units if u.api == 'replicate' and u.members == (member,)))
         return [(p, name) for p in self.owned_by(unit) for name in param_names(self.paths[p])]
+
+    def delay_plan(self, member):
+        unit = next((u for u in self.units if u.api == 'replicate' and u.members == (member,)))
+        owned = set(self.owned_by(unit))
+        order = [p for p in forward_order(self.tree.root) if p in owned and self._trainable(p)]
+        return (order[0], tuple(order[1:]))
+
+    def _trainable(self, path):
+        node = self.paths[path]
+        return not (isinstance(node, Leaf) and node.frozen)
 
 class AccumSync(str, enum.Enum):
     ALWAYS = 'always'
@@ -228,22 +222,70 @@ class Compile(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Training:
-    optimizer: object = Optimizer.SGD
     lr: object = 0.1
     momentum: object = 0.0
     steps: object = 2
+    batch_per_rank: object = 2
     dtype: object = Dtype.FLOAT32
-    accum_sync: object = AccumSync.ALWAYS
+    grad_accum: object = 1
     set_to_none: object = True
+    same_input: object = False
     foreach: object = None
+    skips: object = ()
     unfreeze: object = ()
-    compile: object = Compile.NONE
 
     def skipped_at(self, step, microbatch):
-        return [s.path for s in () if s.step == step and s.microbatch == microbatch]
+        return [s.path for s in self.skips if s.step == step and s.microbatch == microbatch]
 
-    def unused_on_some_microbatches(self, tree):
+def check_composition(tree, comp, where='composition'):
+    paths = tree.paths()
+    for name, group in (('replicates', comp.replicates), ('checkpoints', comp.checkpoints)):
+        for i, path in enumerate(group):
+            pass
+    for i, path in enumerate(comp.replicates):
         pass
+    for api, path in comp.steps():
+        if api != 'fully_shard':
+            continue
+    _check_tp(tree, comp, where)
+    _check_replicate_options(tree, comp, where)
+    _check_checkpoint_options(tree, comp, where)
+    _check_ignored_params(tree, comp, where)
+    if comp.wrapper is Wrapper.NONE:
+        pass
+
+def _check_replicate_options(tree, comp, where):
+    opts = comp.replicate_options
+    paths = tree.paths()
+    plain = Layout(tree, replace(comp, replicate_options=replace(opts, ignored_modules=())))
+    layout = Layout(tree, comp)
+    for member in comp.replicates:
+        unit = next((u for u in layout.units if u.api == 'replicate' and u.members == (member,)))
+
+def _check_ignored_params(tree, comp, where):
+    specs = [(i, s) for i, s in enumerate(comp.shards) if s.ignored]
+    if not specs:
+        return
+
+def _check_checkpoint_options(tree, comp, where):
+    if comp.checkpoint_options.preserve_rng_state:
+        return
+
+def _check_tp(tree, comp, where):
+    paths = tree.paths()
+
+def check_mesh(comp, world_size, where='composition'):
+    pass
+
+def check_training(tree, comps, t, where='training'):
+    paths = tree.paths()
+    for comp in comps:
+        _check_replicate_training(comp, t, where)
+
+def _check_replicate_training(comp, t, where):
+    opts = comp.replicate_options
+    if not (opts.static_graph or opts.skip_all_reduce_unused_params or opts.delay_all_reduce) or not t.skips:
+        return
 
 class Body:
     KIND: ClassVar[str]
@@ -254,10 +296,6 @@ class Body:
         super().__init_subclass__(**kwargs)
         Body.registry[cls.KIND] = cls
 
-    @property
-    def size(self):
-        pass
-
 @dataclass(frozen=True)
 class ParityBody(Body):
     KIND: ClassVar[str] = 'parity'
@@ -266,64 +304,17 @@ class ParityBody(Body):
     composition: object
     training: object = field(default_factory=Training)
 
-    @property
-    def size(self):
-        pass
+    def __post_init__(self):
+        check_composition(self.tree, self.composition)
+        t = self.training
+        check_training(self.tree, (self.composition,), t)
 
-@dataclass(frozen=True)
+@dataclass()
 class Case:
     property: object
     world_size: object
     seed: object
     body: object
-
-    @builtins.property
-    def size(self):
-        pass
-
-@dataclass(frozen=True)
-class Options:
-    pass
-
-@dataclass(frozen=True)
-class StateDictBody(Body):
-    KIND: ClassVar[str] = 'state_dict'
-    PROGRAM: ClassVar[str] = 'fuzz._rank.state_dict:run_state_dict'
-    tree: object
-    source: object
-    target: object
-    training: object = field(default_factory=Training)
-    save: object = field(default_factory=Options)
-    load: object = field(default_factory=Options)
-    requires_grad: object = ()
-
-    @property
-    def size(self):
-        pass
-
-class DcpMode(str, enum.Enum):
-    ROUND_TRIP = 'round_trip'
-    SAVE_ONLY = 'save_only'
-    LOAD_ONLY = 'load_only'
-
-@dataclass(frozen=True)
-class DcpBody(Body):
-    KIND: ClassVar[str] = 'dcp'
-    PROGRAM: ClassVar[str] = 'fuzz._rank.dcp:run_dcp'
-    tree: object
-    source: object
-    target: object
-    entries: object
-    training: object = field(default_factory=Training)
-    async_save: object = False
-    mode: object = DcpMode.ROUND_TRIP
-    cache_staged: object = False
-    requires_grad: object = ()
-    stager: object = None
-
-    @property
-    def size(self):
-        pass
 
 class TreeBlock(nn.Module):
 
@@ -332,59 +323,22 @@ class TreeBlock(nn.Module):
         for i, child in enumerate(children):
             self.add_module(str(i), child)
         self.residual = residual
-        self.scale = None
-        self.shift = None
-        self.skipped: frozenset[str] = frozenset()
 
     def forward(self, x):
         y = x
         for name, child in self.named_children():
             y = child(y)
-        return y
-
-def build_leaf(leaf, width):
-    module = _build_leaf(leaf, width)
-    return module
-
-def _build_leaf(leaf, width):
-    return nn.Linear(width, width, bias=True)
+        return x + y if self.residual else y
 
 def build_node(node, width):
     if isinstance(node, Leaf):
-        return build_leaf(node, width)
-    return TreeBlock([build_node(c, width) for c in node.children], False, width, False, False)
+        module = nn.Linear(width, width)
+        return module
+    return TreeBlock([build_node(c, width) for c in node.children], node.residual, width, node.scale, node.buffer)
 
 def build_model(tree, device):
-    with torch.device(device):
-        return build_node(tree.root, 4)
-
-def replicate_kwargs(model, tree, comp, path, ctx):
-    opts = comp.replicate_options
-    kwargs = {'find_unused_parameters': False}
-    kwargs['device_ids'] = None
-    for name in ('gradient_as_bucket_view', 'static_graph', 'batched_grad_copy', 'skip_all_reduce_unused_params'):
-        if getattr(opts, name):
-            kwargs[name] = True
-    layout = Layout(tree, comp)
-    ignored = layout.ignored_by(path)
-    plan = ('0', ('1', '2'))
-    hook, delayed = plan
-    order = layout.replicated_params(path)
-    kwargs['param_to_hook_all_reduce'] = model.get_submodule(hook).get_parameter(next((name for p, name in order if p == hook)))
-    kwargs['delay_all_reduce_named_params'] = [(str(i), model.get_submodule(p).get_parameter(name)) for i, (p, name) in enumerate(order) if p in delayed]
-    return kwargs
-
-def delay_problems(model, comp):
-    from torch.distributed._composable import replicate
-    problems = []
-    for member in ('',):
-        ddp = getattr(replicate.state(model.get_submodule(member)), '_ddp', None)
-        reduced = {id(p) for p in ddp._build_params_for_reducer()[0]}
-        held = [i for i, p in enumerate(ddp._delay_all_reduce_params) if id(p) in reduced]
-        if held:
-            problems.append(f"replicate({member!r}): {len(held)} of {len(ddp._delay_all_reduce_params)} delayed parameters are also in DDP's reducer (all-reduced twice)")
-    return problems
-TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
+    return build_node(tree.root, tree.width)
+TORCH_DTYPES = {Dtype.FLOAT32: torch.float32}
 
 def clean_name(name):
     return name
@@ -392,63 +346,50 @@ def clean_name(name):
 @dataclass
 class Composed:
     model: object
-    fsdp_roots: object = field(default_factory=list)
     knobs: object = None
-
-    def set_sync(self, requires_gradient_sync=True, requires_all_reduce=True):
-        pass
 
     @contextmanager
     def full_parameters(self):
         from torch.distributed.tensor import DTensor
         out = {}
         for n, p in self.model.named_parameters():
-            out[clean_name(n)] = p.detach()
+            out[clean_name(n)] = (p.full_tensor() if isinstance(p, DTensor) else p).detach()
         yield out
 
 def compose(model, comp, ctx, tree=None):
-    from torch.distributed._composable import checkpoint, replicate
-    for api, path in comp.steps():
-        replicate(model.get_submodule(path), **replicate_kwargs(model, tree, comp, path, ctx))
-    sharded = comp.sharded_paths
-    tops = [p for p in sharded if not any((is_ancestor(q, p) for q in sharded))]
-    return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
+    from torch.distributed._composable import replicate
+    api, path = next(iter(comp.steps()))
+    opts = comp.replicate_options
+    kwargs = {}
+    name = 'static_graph'
+    kwargs[name] = True
+    layout = Layout(tree, comp)
+    plan = layout.delay_plan(path) if opts.delay_all_reduce else None
+    if plan is not None:
+        hook, delayed = plan
+        order = layout.replicated_params(path)
+        kwargs['param_to_hook_all_reduce'] = model.get_submodule(hook).get_parameter(next((name for p_, name in order if p_ == hook)))
+        kwargs['delay_all_reduce_named_params'] = [(str(i), model.get_submodule(p_).get_parameter(name)) for i, (p_, name) in enumerate(order) if p_ in delayed]
+    replicate_kwargs_out = kwargs
+    replicate(model.get_submodule(path), **replicate_kwargs_out)
+    return Composed(model=model)
 
 def build_composed(tree, comp, dtype, ctx, *, seed):
     torch.manual_seed(seed)
     model = build_model(tree, ctx.device).to(dtype)
-    return (model, _with_knobs(model, compose(model, comp, ctx, tree), comp, tree))
-
-def _with_knobs(model, composed, comp, tree):
-    return composed
+    composed = compose(model, comp, ctx, tree)
+    return (model, composed)
 
 def make_optimizer(params, training, later=()):
-    held = {id(p) for p in later}
-    params = [p for p in params if p.requires_grad or id(p) in held]
-    groups = params
-    return torch.optim.SGD(groups, lr=0.05, momentum=0.0, foreach=None)
-
-def batches(case, training, width, ctx, tp_size=1):
-    dtype = TORCH_DTYPES[training.dtype]
-    gen = torch.Generator().manual_seed(0)
-    lo = ctx.rank // tp_size * 2
-    out = []
-    for _ in range(4):
-        step = []
-        for _ in range(1):
-            x = torch.randn(ctx.world_size * 2, width, generator=gen, dtype=dtype)
-            y = torch.randn(ctx.world_size * 2, width, generator=gen, dtype=dtype)
-            step.append((x[lo:lo + 2].to(ctx.device), y[lo:lo + 2].to(ctx.device)))
-        out.append(step)
-    return out
+    foreach = training.foreach
+    return torch.optim.SGD(params, lr=training.lr, momentum=training.momentum, foreach=foreach)
 
 class _Contracts:
 
     def __init__(self, model, comp):
-        self.model = model
         self.comp = comp
-        self.leaf_dtypes: dict[str, str] = {}
-        self.output_dtypes: dict[str, str] = {}
+        self.leaf_dtypes: dict[()] = {}
+        self.output_dtypes: dict[()] = {}
         self.handles: list[Any] = []
         for name, mod in model.named_modules():
             if any((True for _ in mod.parameters(recurse=False))):
@@ -462,336 +403,110 @@ class _Contracts:
         return hook
 
     def after_forward(self, skipped):
-        for h in self.handles:
-            h.remove()
-        sharded = self.comp.sharded_paths + list(('',))
+        h = next(iter(self.handles))
+        sharded = self.comp.sharded_paths + list(self.comp.replicates)
         state = {}
         return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
-
-def replicate_contract(model, comp, skipped=None):
-    from torch.distributed._composable import replicate
-    out = {}
-    for path in ('',):
-        state = replicate.state(model.get_submodule(path))
-        out[path] = sorted(getattr(state, '_param_names', []))
-    return out
 
 def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precision=None, local=frozenset()):
     dtype = TORCH_DTYPES[training.dtype]
     if comp is not None:
-        model, composed = build_composed(tree, comp, dtype, ctx, seed=0)
+        model, composed = build_composed(tree, comp, dtype, ctx, seed=case.seed)
     else:
-        torch.manual_seed(0)
+        torch.manual_seed(case.seed)
         model = build_model(tree, ctx.device).to(dtype)
         composed = Composed(model)
     contracts = _Contracts(model, comp) if comp is not None else None
     obs = {}
-    later = _unfrozen_later(composed.model, training)
-    opt = make_optimizer(composed.model.parameters(), training, [p for ps in later.values() for p in ps])
+    out__ = {u.path: [] for u in training.unfreeze}
+    opt = make_optimizer(composed.model.parameters(), training, [p for ps in out__.values() for p in ps])
     forward = _compiled(composed.model, training) if comp is not None else composed.model
     losses = []
     params_per_step = []
     grad_norms = []
-    for s, step in enumerate(batches(case, training, 4, ctx, tp_size)):
+    width = tree.width
+    gen = torch.Generator().manual_seed(case.seed)
+    b = training.batch_per_rank
+    lo = 0 if training.same_input else ctx.rank // tp_size * b
+    out_ = []
+    for _ in range(training.steps):
+        step_ = []
+        for _ in range(training.grad_accum):
+            x_ = torch.randn(ctx.world_size * b, width, generator=gen)
+            y_ = torch.randn(ctx.world_size * b, width, generator=gen)
+            step_.append((x_[lo:lo + b].to(ctx.device), y_[lo:lo + b].to(ctx.device)))
+        out_.append(step_)
+    for s, step in enumerate(out_):
         step_losses = []
-        for i, (x, y) in enumerate(step):
-            skipped = training.skipped_at(s, i)
-            last = i == len(step) - 1
-            sync = AccumSync.ALWAYS
-            composed.set_sync(requires_gradient_sync=sync is not AccumSync.NO_GRAD_SYNC, requires_all_reduce=sync is AccumSync.ALWAYS)
-            ctx_mgr = _null()
-            with ctx_mgr:
-                out = forward(x)
-                if contracts is not None and comp is not None:
-                    obs['contracts'] = contracts.after_forward(skipped)
-                    obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
-                    obs['contracts']['replicate_params'] = replicate_contract(model, comp, skipped)
-                    obs['contracts']['delayed'] = delay_problems(model, comp)
-                    contracts = None
-                loss = F.mse_loss(out.to(y.dtype), y)
-                loss.backward()
-            step_losses.append(loss.item())
-        if comp is None and precision is None:
-            _average_gradients(model, ctx, grad_scales or {}, local)
-        grad_norms.append(_grad_norm(composed))
+        i, (x, y) = next(iter(enumerate(step)))
+        skipped = training.skipped_at(s, i)
+        out = forward(x)
+        if contracts is not None and comp is not None:
+            obs['contracts'] = contracts.after_forward(skipped)
+            obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
+            from torch.distributed._composable import replicate as replicate_
+            out___ = {}
+            path = next(iter(comp.replicates))
+            state = replicate_.state(model.get_submodule(path))
+            out___[path] = sorted(getattr(state, '_param_names', []))
+            obs['contracts']['replicate_params'] = out___
+            from torch.distributed._composable import replicate
+            problems = []
+            member = next(iter(comp.replicates))
+            ddp = getattr(replicate.state(model.get_submodule(member)), '_ddp', None)
+            reduced = {id(p_) for p_ in ddp._build_params_for_reducer()[0]}
+            held = [i_ for i_, p_ in enumerate(ddp._delay_all_reduce_params) if id(p_) in reduced]
+            problems.append(f"replicate({member!r}): {len(held)} of {len(ddp._delay_all_reduce_params)} delayed parameters are also in DDP's reducer (all-reduced twice)")
+            obs['contracts']['delayed'] = problems
+        loss = F.mse_loss(out.to(y.dtype), y)
+        loss.backward()
+        step_losses.append(loss.item())
+        for name_, p___ in model.named_parameters():
+            dist.all_reduce(p___.grad)
+            p___.grad /= ctx.world_size
+        from torch.distributed.tensor import DTensor
+        total = torch.zeros((), dtype=torch.float64)
+        for p____ in composed.model.parameters():
+            g = p____.grad.full_tensor() if isinstance(p____.grad, DTensor) else p____.grad
+            total += g.double().pow(2).sum().cpu()
+        grad_norm_out = float(total.sqrt())
+        grad_norms.append(grad_norm_out)
         opt.step()
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=training.set_to_none)
         losses.append(step_losses)
         with composed.full_parameters() as full:
-            if ctx.rank == 0:
-                params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
+            params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
     obs['losses'] = losses
     obs['grad_norms'] = grad_norms
-    obs['local_params'] = _local_replicated(composed.model, _local_of(tree, comp))
-    obs['knob_problems'] = []
+    model__ = composed.model
+    local_ = frozenset() if comp is None else frozenset(Layout(tree, comp).local())
+    from torch.distributed.tensor import DTensor as DTensor_
+    obs['local_params'] = {n_: p_____.detach().double().cpu().flatten().tolist() for n_, p_____ in model__.named_parameters() if not isinstance(p_____, DTensor_) and (not n_.startswith('_fsdp_wrapped_module')) and ('_fsdp' not in n_) and (clean_name(n_).rpartition('.')[0] not in local_)}
+    obs['knob_problems'] = [] if composed.knobs is None else composed.knobs.problems
     if ctx.rank == 0:
         obs['params'] = params_per_step
     return obs
 
-def _unfrozen_later(model, training):
-    out = {u.path: [] for u in ()}
-    for name, p in model.named_parameters():
-        owner = '.'.join((c for c in clean_name(name).split('.')[:-1] if c.isdigit()))
-    return out
-
 def _compiled(model, training):
     return model
 
-class _null:
-
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return None
-
-def _average_gradients(model, ctx, scales, local=frozenset()):
-    for name, p in model.named_parameters():
-        dist.all_reduce(p.grad)
-        p.grad /= ctx.world_size
-        scale = scales.get(name.rpartition('.')[0], 1.0)
-
-def grad_scales(tree, comp, world_size):
-    layout = Layout(tree, comp)
-    scales = {path: 1.0 for path in layout.paths}
-    return {path: scale for path, scale in scales.items() if scale != 1.0}
-
-def _grad_norm(composed):
-    from torch.distributed.tensor import DTensor
-    total = torch.zeros((), dtype=torch.float64)
-    for p in composed.model.parameters():
-        g = p.grad
-        total += g.double().pow(2).sum().cpu()
-    return float(total.sqrt())
-
-def _local_of(tree, comp):
-    return frozenset() if comp is None else frozenset(Layout(tree, comp).local())
-
-def _local_replicated(model, local=frozenset()):
-    from torch.distributed.tensor import DTensor
-    return {n: p.detach().double().cpu().flatten().tolist() for n, p in model.named_parameters() if not isinstance(p, DTensor) and (not n.startswith('_fsdp_wrapped_module')) and ('_fsdp' not in n) and (clean_name(n).rpartition('.')[0] not in local)}
-
-def run_parity(case, body, ctx):
-    comp = body.composition
-    composed = train(case, body.tree, body.training, comp, ctx, 1)
-    keys = ('losses', 'params', 'grad_norms')
-    scales = grad_scales(body.tree, comp, ctx.world_size)
-    reference = train(case, body.tree, body.training, None, ctx, 1, scales, local=_local_of(body.tree, comp))
-    return {**composed, 'ref': {k: reference[k] for k in keys if k in reference}}
-
 class OutcomeKind(str, enum.Enum):
     OK = 'ok'
-    EXCEPTION = 'exception'
-    HANG = 'hang'
-    CRASH = 'crash'
 
-@dataclass(frozen=True)
+@dataclass()
 class RankReport:
     rank: object
     observation: object = None
-    seconds: object = None
 
-@dataclass(frozen=True)
-class Stall:
-    name: object
-    deadlocked: object
-    after: object = 10.0
-    hold: object = 3.0
-
-@dataclass(frozen=True)
+@dataclass()
 class Outcome:
     kind: object
     ranks: object
     seconds: object
 
     @property
-    def ok(self):
-        return self.kind is OutcomeKind.OK
-
-    @property
     def observations(self):
         return [r.observation or {} for r in self.ranks]
-KNOWN_BUG_ODDS = 16
-KNOWN_HANG_ODDS = 64
-NONE_FOUND = 'none found'
-
-@dataclass(frozen=True)
-class KnownBug:
-    id: object
-    title: object
-    symptoms: object = frozenset({'exception'})
-    upstream: object = NONE_FOUND
-    relation: object = ''
-    state: object = ''
-    ends_ranks: object = True
-    odds: object = KNOWN_BUG_ODDS
-    tag: object = ''
-    see_also: object = ()
-    docs: object = 'docs/known_bugs.md'
-    fixed_in: object = ''
-    conditional: object = False
-FSDP1_HSDP_SHARD1 = KnownBug('fsdp1-hybrid-shard-dim-1', 'FSDP1 HYBRID_SHARD with a shard dimension of size 1 never averages gradients across replicas', symptoms=frozenset({'mismatch'}), upstream='pytorch/pytorch#154888', relation='same bug', ends_ranks=False, tag=':shard1')
-FOREACH_MIXED = KnownBug('foreach-mixed-dtensor-tensor', 'foreach optimizers over a mix of DTensor (fully_shard) and plain (replicate) parameters raise', upstream='pytorch/pytorch#183207', relation='same symptom (reached there through ignored_params)')
-INT_RESHARD_DIM1 = KnownBug('fully_shard-int-reshard-shard-dim-1', 'fully_shard with an int reshard_after_forward and Shard(1) placements: IndexError in foreach_all_gather_copy_out')
-FROZEN_INT_RESHARD = KnownBug('fully_shard-frozen-int-reshard', "a frozen fully_shard unit with an int reshard_after_forward under a replicate'd root stays in its post-forward state", symptoms=frozenset({'mismatch'}), ends_ranks=False, tag=':frozen-int-reshard')
-UNFROZEN_UNRESHARDED = KnownBug('fully_shard-unfrozen-unresharded', "a frozen fully_shard unit without resharding under a replicate'd root is never resharded: a leaf unfrozen later never trains (KeyError in get_optimizer_state_dict)", symptoms=frozenset({'mismatch', 'exception'}), ends_ranks=False, tag=':unfrozen-unresharded')
-UNUSED_NO_ALL_REDUCE = KnownBug('fully_shard-unused-no-all-reduce', 'HSDP with set_requires_all_reduce(False): a unit unused on the last microbatch loses its accumulated gradient', symptoms=frozenset({'mismatch', 'exception'}), ends_ranks=False, tag=':unused-no-all-reduce')
-FSDP1_UNFROZEN_FROZEN_UNIT = KnownBug('fsdp1-no-shard-unfrozen-in-frozen-unit', 'FSDP1 NO_SHARD, a unit all frozen at wrapping: a leaf unfrozen later never trains', symptoms=frozenset({'mismatch'}), upstream='pytorch/pytorch#85831', relation='related', see_also=('pytorch/pytorch#104148', 'pytorch/pytorch#105371'), ends_ranks=False, tag=':unfrozen-frozen-unit')
-MP_UNIFORM_GRAD_DTYPE = KnownBug('fully_shard-reduce-dtype-no-sync-uniform-grad-dtype', "MixedPrecisionPolicy(reduce_dtype) with set_requires_gradient_sync(False) and a parameter unused on a no-sync microbatch: 'FSDP reduce-scatter expects uniform gradient dtype'", upstream='pytorch/pytorch#196996', relation='same bug', state='open; an earlier fix (pull request #160279) is not in torch 2.13', see_also=('pytorch/pytorch#160279', 'pytorch/pytorch#190627'))
-MP_NEVER_RUN_NO_SYNC = KnownBug('fully_shard-reduce-dtype-no-sync-never-run', "MixedPrecisionPolicy(reduce_dtype) with set_requires_gradient_sync(False): a unit that never ran forward has no '_unsharded_param' in the root's post-backward", upstream='pytorch/pytorch#194058', relation='same bug (pull request)', state='closed; the fix is not in torch 2.13')
-MP_FROZEN_AT_LAZY_INIT = KnownBug('fully_shard-mp-frozen-at-lazy-init', 'MixedPrecisionPolicy: a unit all frozen at lazy init gets no orig/reduce dtype; unfrozen later, its low-precision gradient is never cast back', upstream='pytorch/pytorch#186998', relation='same bug', state='closed, yet still present in torch 2.13.0 (fix pull request #187376 not in 2.13)', see_also=('pytorch/pytorch#187376',))
-BROADCAST_EMPTY = KnownBug('set_state_dict-broadcast-empty', 'set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0 pass an empty model state dict', symptoms=frozenset({'hang', 'crash', 'exception'}), upstream='pytorch/pytorch#157781', relation='same symptom', state='open', see_also=('pytorch/pytorch#158836',), odds=KNOWN_HANG_ODDS, docs='docs/state_dict.md')
-STATELESS_FULL = KnownBug('set_optimizer_state_dict-full-stateless', "set_optimizer_state_dict(full_state_dict=True) for an optimizer without tensor state: 'Expected device to be set'", docs='docs/state_dict.md')
-FLAT_FULL_OPTIM = KnownBug('set_optimizer_state_dict-flat-full-keyerror', "set_optimizer_state_dict(full_state_dict=True, flatten_optimizer_state_dict=True) raises KeyError 'param_groups.0.params.0' for any model: the full-state branch takes the optimizer's local state dict with the flatten option still on, so the loaded and the local dicts have different keys", relation='none found after three phrasings; two other flatten bugs are in see_also', state='present in torch 2.13.0', see_also=('pytorch/pytorch#192224', 'pytorch/pytorch#192225'), docs='docs/state_dict.md')
-FSDP1_FULL_OFFLOAD = KnownBug('fsdp1-full-state-dict-offload-to-cpu', 'FSDP1 FULL_STATE_DICT with offload_to_cpu on CPU: state_dict() clones a freed buffer (SIGSEGV), optim_state_dict aliases the gathered states', symptoms=frozenset({'crash', 'mismatch'}), upstream='pytorch/pytorch#188989', relation="same root cause for the model state dict (to_cpu frees a CPU buffer); none found for the optimizer's aliasing", state='closed; its fix (pull request #188990) is not in torch 2.13', see_also=('pytorch/pytorch#188990', 'Lightning-AI/pytorch-lightning#21804'), docs='docs/state_dict.md')
-FSDP1_FROZEN_UNIT = KnownBug('fsdp1-no-shard-frozen-unit-state-dict', "FSDP1 NO_SHARD with an auto-wrapped unit of frozen parameters: state_dict() after training raises 'FSDP assumes ... is in the state_dict'", upstream='pytorch/pytorch#85831', relation='related', docs='docs/state_dict.md')
-FSDP1_DCP_STATELESS = KnownBug('fsdp1-dcp-stateless-optimizer', "the classic FSDP1 DCP recipe with an optimizer without state: optim_state_dict_to_load refuses the dict without 'state'", docs='docs/state_dict.md')
-FSDP1_DCP_EMPTY_SHARD = KnownBug('dcp-load-empty-sharded-tensor-pre-2.4-guess', "dcp.load of an FSDP1 sharded state dict where a rank holds no chunk of a parameter: the planner guesses a pre-2.4 checkpoint, 'Missing key in checkpoint state_dict'", see_also=('pytorch/pytorch#137327',), docs='docs/state_dict.md')
-FSDP1_ASYNC_DEFAULT_STAGER = KnownBug('async_save-default-stager-sharded-tensor', "dcp.async_save's default stager calls data_ptr() on ShardedTensors", docs='docs/state_dict.md')
-CACHED_STAGING_NEEDS_ACCELERATOR = KnownBug('filesystemwriter-cache-staged-pin-memory', 'FileSystemWriter(cache_staged_state_dict=True) pins its staging copy: async_save fails on a host without an accelerator', see_also=('pytorch/pytorch#189991',), docs='docs/state_dict.md')
-CACHED_STAGING_PINNED_METADATA = KnownBug('filesystemwriter-cache-staged-pinned-metadata', 'a checkpoint staged by FileSystemWriter(cache_staged_state_dict=True) records pin_memory=True; the classic FSDP1 load_sharded_optimizer_state_dict then refuses its unpinned ShardedTensors', docs='docs/state_dict.md')
-FSDP1_HSDP_OPTIMIZER_LOAD = KnownBug('fsdp1-hsdp-load_sharded_optimizer_state_dict', 'load_sharded_optimizer_state_dict chunks optimizer state over the whole world: wrong Adam state in FSDP1 HYBRID_SHARD over a 2-D mesh', symptoms=frozenset({'mismatch'}), see_also=('pytorch/pytorch#111096',), ends_ranks=False, tag=':fsdp1-hsdp-load_sharded_optimizer_state_dict')
-FSDP1_HSDP_RANK0_BROADCAST = KnownBug('fsdp1-hsdp-shard1-rank0-broadcast', 'set_optimizer_state_dict(full, cpu_offload) into FSDP1 HYBRID_SHARD with a shard dimension of 1 broadcasts from global rank 0 in a one-rank group', upstream='pytorch/pytorch#155680', relation='same line', state='open; #128444 (same path) was fixed only in part by pull request #128446', see_also=('pytorch/pytorch#128444',))
-FSDP1_COMPILE_SHARDED_GRAD = KnownBug('fsdp1-compile-recompile-sharded-grad', "torch.compile over FSDP1 (use_orig_params=True, sharded): recompiling the wrapped module's forward while its parameters hold sharded gradients raises InternalTorchDynamoError 'attempting to assign a gradient of size ...'", upstream='pytorch/pytorch#111317', relation='same symptom (a comment there: SHARD_GRAD_OP, use_orig_params=True, float32)', state='open', see_also=('pytorch/pytorch#93288',))
-DIVIDE_FACTOR_TWICE = KnownBug('fully_shard-divide-factor-single-shard-twice', 'set_gradient_divide_factor(f) on a fully_shard unit whose shard group is one rank, with set_force_sum_reduction_for_comms(True) or a float16 / float64 reduce dtype: gradients are divided by f twice (once where the single-rank branch copies the input, once more as the post-divide)', symptoms=frozenset({'mismatch'}), relation='none found after three phrasings; the single-rank division came with the pull request in see_also, and a later one reworks that branch without the post-divide', state='present in torch 2.13.0', see_also=('pytorch/pytorch#167178', 'pytorch/pytorch#196348'), ends_ranks=False, tag=':divide-factor-twice')
-FROZEN_OPTIM_STATE_DROPPED = KnownBug('set_optimizer_state_dict-frozen-state-dropped', 'set_optimizer_state_dict drops the saved optimizer state of a parameter frozen (requires_grad=False) when it is loaded: a parameter trained, then frozen, checkpointed and unfrozen after resuming restarts with fresh optimizer state (get_optimizer_state_dict saved it)', symptoms=frozenset({'mismatch'}), upstream='pytorch/pytorch#192202', relation='same bug', state='open; fix pull request #192307 open, not in torch 2.13.0', see_also=('pytorch/pytorch#192307',), ends_ranks=False, tag=':frozen-optimizer-state-dropped', docs='docs/state_dict.md', odds=4)
-PLAN_CACHE_FAILED_SAVE = KnownBug('dcp-plan-cache-after-failed-save', "DefaultSavePlanner(enable_plan_caching=True): a save that fails (FileSystemWriter(overwrite=False) refusing an existing checkpoint) leaves its plans cached; the next save with that planner class raises TypeError 'NoneType' object is not iterable in _create_global_plan", upstream='pytorch/pytorch#176289', relation='same bug (pull request: save plan caching during validation failures)', state='fixed in torch 2.13 (plans are cached only after a successful save); present in torch 2.11', fixed_in='2.13', docs='docs/state_dict.md')
-CHECKPOINT_DEBUG = KnownBug('checkpoint-debug-always-refused', "composable checkpoint(module, debug=True) raises ValueError 'debug=True is incompatible with non-default context_fn' on the first forward whatever the caller passes: it always hands torch.utils.checkpoint a context_fn of its own", upstream='pytorch/pytorch#185285', relation='same bug (pull request: allow debug mode with context_fn in checkpoint(); an earlier attempt in see_also)', state='not in torch 2.13.0', see_also=('pytorch/pytorch#175338',), conditional=True)
-SAC_OVER_FSDP_UNIT = KnownBug('selective-checkpoint-over-fully_shard-unit', "selective activation checkpointing (context_fn=create_selective_checkpoint_contexts) over a region holding a fully_shard unit whose state differs between forward and recomputation (kept unsharded by set_reshard_after_backward(False), prefetched, frozen): the replay counts FSDP2's record_function markers and raises 'profiler._record_function_enter_new.default invocation index N encountered during backward but not found in storage'", upstream='pytorch/pytorch#196862', relation='same bug (pull request: exclude all-gather internals and profiler ops from selective checkpointing)', state='not in torch 2.13.0', see_also=('pytorch/pytorch#185178', 'pytorch/torchtitan#3427'), conditional=True)
-DELAY_ALL_REDUCE_ROOT = KnownBug('ddp-delay-all-reduce-root-params-reduced-twice', "DistributedDataParallel(delay_all_reduce_named_params=..., param_to_hook_all_reduce=...): a delayed parameter of the root module itself stays in the reducer too (the reducer leaves out f'{module_name}.{name}', which is '.<name>' for the root's own parameters), so it is all-reduced twice, racing, and its gradient is wrong now and then; every parameter replicate() hands DDP is one (an nn.ParameterList's)", symptoms=frozenset({'mismatch'}), relation='none found after five phrasings; the option came with the pull request in see_also', state='present in torch 2.13.0', see_also=('pytorch/pytorch#95669',), ends_ranks=False, tag=':delay-all-reduce', odds=4)
-DELAY_BUFFER_FLOAT32 = KnownBug('ddp-delay-all-reduce-float32-buffer', "DistributedDataParallel(delay_all_reduce_named_params=..., param_to_hook_all_reduce=...) over parameters that are not float32: the delayed gradients' buffer is made with torch.zeros and no dtype, and _clear_grad_buffer raises 'attempting to assign a gradient with dtype 'float' to a tensor with grad_dtype 'Double''", relation='none found after three phrasings (the error text, the buffer, the option); the option came with the pull request in see_also', state='present in torch 2.13.0', see_also=('pytorch/pytorch#95669',))
-STAGER_REUSED_AFTER_CLOSE = KnownBug('default-stager-reused-after-close', "dcp.async_save(async_stager=DefaultStager(...)) reused for a second save: DefaultStager._stage closes its StateDictStager after every stage, which empties its copy dispatch table, and the next stage raises KeyError: <class 'type'> in deepcopy_with_tensor_offload", upstream='pytorch/pytorch#183413', relation='same bug (a regression of the pull request in see_also, which added the close)', state='present in torch 2.11; torch 2.13.0 stages again after a close', see_also=('pytorch/pytorch#170431', 'pytorch/torchtitan#3476'), fixed_in='2.13', docs='docs/state_dict.md')
-COMPILED_UNFREEZE_PLAIN = KnownBug('compile-unfrozen-plain-param-no-recompile', "torch.compile (aot_eager) of a module whose plain (non-DTensor) parameter was frozen when it was compiled: after requires_grad_(True) the compiled forward is reused without a recompile and the parameter gets no gradient (met through fully_shard's ignored_params, which stay plain tensors)", symptoms=frozenset({'mismatch'}), upstream='pytorch/pytorch#139476', relation='same bug (Dynamo reuses a compiled frame when the requires_grad of module parameters changes)', state='present in torch 2.11; torch 2.13.0 recompiles (the torch-only reproducer passes there)', fixed_in='2.13', ends_ranks=False, tag=':compiled-unfreeze')
-
-def present(bug, torch_version):
-    pass
-
-def get(bug_id):
-    pass
-
-def int_reshard_dim1(comp):
-    pass
-
-def shard1(comp):
-    return bool(()) and comp.mesh[1] == 1
-
-def fsdp1_shard1(comp):
-    pass
-
-def unused_no_all_reduce(tree, comp, training):
-    return bool(comp.shards) and training.accum_sync is AccumSync.NO_ALL_REDUCE and training.unused_on_some_microbatches(tree)
-
-def fsdp1_compiled_with_sharded_grads(comp, training, world_size):
-    pass
-
-def divide_factor_twice(comp, training, world_size):
-    factor = comp.knobs.gradient_divide_factor
-    shard_size = comp.mesh[1] if comp.mesh else world_size // comp.tp_size
-    if factor is None or factor == 1.0 or shard_size != 1 or (not comp.shards):
-        return False
-
-def never_run_under_no_sync(tree, comp, training):
-    pass
-
-def unfrozen_in_frozen_mp_unit(tree, comp, training):
-    pass
-
-def checkpoint_debug(comp):
-    pass
-
-def selective_over_unit(comp):
-    pass
-
-def delayed_all_reduce(comp):
-    return bool(('',)) and True
-
-def stager_reused(body):
-    pass
-
-def delayed_not_float32(comp, training):
-    pass
-
-def compiled_unfreeze_ignored(comp, training):
-    return training.compile is Compile.AOT_EAGER and any((u.path in comp.shard_ignored for u in training.unfreeze))
-
-def mismatch_tags(comp, tree=None, training=None, world_size=2):
-    tags = FSDP1_HSDP_SHARD1.tag if shard1(comp) else ''
-    if tree is not None and training is not None:
-        pass
-    if delayed_all_reduce(comp):
-        tags += DELAY_ALL_REDUCE_ROOT.tag
-    return tags
-
-def fsdp1_full_offload(body, world_size):
-    pass
-
-def fsdp1_dcp_stateless(body):
-    pass
-
-def fsdp1_dcp_empty_shard(body, world_size):
-    pass
-
-def fsdp1_async_default_stager(body):
-    pass
-
-def hsdp_optimizer_load(body):
-    pass
-
-def broadcast_empty(body):
-    pass
-
-def frozen_state_dropped(body):
-    pass
-
-def plan_cache_failed_save(body):
-    pass
-
-def stateless_full(body):
-    pass
-
-def flat_full_optimizer(body):
-    pass
-
-def _comps(case):
-    pass
-
-def _per_comp(condition):
-
-    def met(case):
-        pass
-    return met
-
-def _with_training(condition):
-
-    def met(case):
-        pass
-    return met
-
-def _saving(condition):
-    return lambda case: isinstance(case.body, (StateDictBody, DcpBody)) and condition(case)
-
-def _frozen_int_reshard(case):
-    pass
-
-def _foreach_mixed(case):
-    pass
-
-def _unfrozen_unresharded(case):
-    pass
-
-def _fsdp1_frozen_source(case):
-    pass
-
-def _fsdp1_unfrozen_frozen_unit(case):
-    pass
-CONDITIONS = ((INT_RESHARD_DIM1, lambda case: any((int_reshard_dim1(c) for c in _comps(case)))), (FSDP1_HSDP_SHARD1, lambda case: any((fsdp1_shard1(c) for c in _comps(case)))), (FSDP1_FROZEN_UNIT, _fsdp1_frozen_source), (FSDP1_FULL_OFFLOAD, _saving(lambda case: fsdp1_full_offload(case.body, case.world_size))), (FSDP1_DCP_STATELESS, _saving(lambda case: fsdp1_dcp_stateless(case.body))), (FSDP1_DCP_EMPTY_SHARD, _saving(lambda case: fsdp1_dcp_empty_shard(case.body, case.world_size))), (FSDP1_ASYNC_DEFAULT_STAGER, _saving(lambda case: fsdp1_async_default_stager(case.body))), (CACHED_STAGING_NEEDS_ACCELERATOR, lambda case: isinstance(case.body, DcpBody) and case.body.cache_staged), (BROADCAST_EMPTY, _saving(lambda case: broadcast_empty(case.body))), (STATELESS_FULL, _saving(lambda case: stateless_full(case.body))), (FLAT_FULL_OPTIM, _saving(lambda case: flat_full_optimizer(case.body))), (PLAN_CACHE_FAILED_SAVE, _saving(lambda case: plan_cache_failed_save(case.body))), (FSDP1_HSDP_OPTIMIZER_LOAD, _saving(lambda case: hsdp_optimizer_load(case.body))), (FROZEN_OPTIM_STATE_DROPPED, _saving(lambda case: frozen_state_dropped(case.body))), (FROZEN_INT_RESHARD, _frozen_int_reshard), (UNFROZEN_UNRESHARDED, _unfrozen_unresharded), (UNUSED_NO_ALL_REDUCE, _per_comp(unused_no_all_reduce)), (MP_NEVER_RUN_NO_SYNC, _per_comp(never_run_under_no_sync)), (MP_UNIFORM_GRAD_DTYPE, _per_comp(never_run_under_no_sync)), (MP_FROZEN_AT_LAZY_INIT, _per_comp(unfrozen_in_frozen_mp_unit)), (FSDP1_UNFROZEN_FROZEN_UNIT, _fsdp1_unfrozen_frozen_unit), (FOREACH_MIXED, _foreach_mixed), (FSDP1_COMPILE_SHARDED_GRAD, _with_training(fsdp1_compiled_with_sharded_grads)), (DIVIDE_FACTOR_TWICE, _with_training(divide_factor_twice)), (CHECKPOINT_DEBUG, lambda case: any((checkpoint_debug(c) for c in _comps(case)))), (SAC_OVER_FSDP_UNIT, lambda case: any((selective_over_unit(c) for c in _comps(case)))), (DELAY_ALL_REDUCE_ROOT, lambda case: any((delayed_all_reduce(c) for c in _comps(case)))), (COMPILED_UNFREEZE_PLAIN, _with_training(lambda c, training, _: compiled_unfreeze_ignored(c, training))), (DELAY_BUFFER_FLOAT32, _with_training(lambda c, training, _: delayed_not_float32(c, training))), (STAGER_REUSED_AFTER_CLOSE, _saving(lambda case: stager_reused(case.body))))
-
-def ends_ranks(case):
-    pass
-
-def rank0_alone_in_broadcast(stacks):
-    pass
-ALONE_IN_BROADCAST_STALL = Stall(name='rank 0 alone in _broadcast_state_dict', deadlocked=rank0_alone_in_broadcast, after=10.0, hold=3.0)
 
 @dataclass(frozen=True)
 class Signature:
@@ -848,9 +563,6 @@ def _mismatch(prop, check, api, summary, **details):
         signature = Signature('mismatch', prop, where=family, tags=tuple(tags))
     return Failure('mismatch', str(signature), summary, {'check': check, **details})
 
-def api_of(comp, tree=None, training=None, world_size=2):
-    return 'fsdp2' + mismatch_tags(comp, tree, training, world_size)
-
 def _judged_steps(observations):
     steps = min((len(obs['ref']['losses']) for obs in observations))
     for obs in observations:
@@ -879,23 +591,30 @@ def check_knobs(prop, observations):
     return None
 
 def _tolerance(training):
-    return tolerance_for('float32')
+    return tolerance_for(training.dtype.value)
 
 def judge_parity(case, outcome):
     body = case.body
     assert isinstance(body, ParityBody)
     obs = outcome.observations
-    api = api_of(body.composition, body.tree, body.training, 2)
-    failure = check_knobs('parity', obs) or compare_runs('parity', obs, _tolerance(body.training), api) or check_replicas(case.property, obs)
+    failure = check_knobs(case.property, obs) or compare_runs(case.property, obs, _tolerance(body.training), 'fsdp2:delay-all-reduce') or check_replicas(case.property, obs)
     return failure
 
 def attempt(rank, world_size):
-    import torch
-    import torch.distributed as dist
-    case = Case(property='parity', world_size=2, seed=0, body=ParityBody(tree=ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR)))), composition=Composition(replicates=('',), replicate_options=ReplicateOptions(static_graph=True, delay_all_reduce=True)), training=Training(lr=0.05, steps=4)))
+    case = Case(property='parity', world_size=2, seed=0, body=ParityBody(tree=ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR),))), composition=Composition(replicate_options=ReplicateOptions(static_graph=True))))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
-    obs = json.loads(json.dumps(run_parity(case, case.body, ctx)))
+    body = ParityBody(tree=ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR)))), composition=Composition(replicates=('',), replicate_options=ReplicateOptions(static_graph=True, delay_all_reduce=True)), training=Training(lr=0.05, steps=4))
+    tp = body.composition.tp_size
+    comp = body.composition
+    composed = train(case, body.tree, body.training, comp, ctx, tp)
+    keys = ('losses', 'params', 'grad_norms')
+    tree = body.tree
+    pass
+    scales = None
+    reference = train(case, body.tree, body.training, None, ctx, tp, scales)
+    run_parity_out = {**composed, 'ref': {k: reference[k] for k in keys if k in reference}}
+    obs = json.loads(json.dumps(run_parity_out))
     outs = [None] * world_size
     dist.all_gather_object(outs, obs)
     if rank != 0:
