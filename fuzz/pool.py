@@ -266,7 +266,7 @@ class RankPool:
         if outcome.ok:
             self.slowest[case.property] = max(self.slowest.get(case.property, 0.0), outcome.seconds)
         if not outcome.ok:
-            self._respawn()
+            self.respawn()
         return outcome
 
     def run_script(self, code: str, *, function: str = "attempt", deadline: float | None = None) -> ScriptOutcome:
@@ -311,7 +311,7 @@ class RankPool:
                 status = r.proc.poll()
                 missing[r.rank] = f"died with status {status}" if status is not None else "missed the deadline"
         if not healthy:
-            self._respawn()
+            self.respawn()
         self.cases_run += 1
         return ScriptOutcome(verdicts, errors, missing, seconds, respawned=not healthy)
 
@@ -601,9 +601,6 @@ class RankPool:
 
     def respawn(self) -> None:
         """End the ranks and spawn fresh ones (what a script left behind in torch goes with them)."""
-        self._respawn()
-
-    def _respawn(self) -> None:
         self._teardown_ranks(kill=True, timeout=0)
         self.restarts += 1
         self._spawn()

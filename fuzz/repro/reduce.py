@@ -81,13 +81,13 @@ HEADER = "# shardfuzz reduced reproducer:"
 DEFAULT_BUDGET_S = 240.0
 #: A candidate may take this many times as long as the unreduced script, plus the slack.
 TIMEOUT_FACTOR = 2.0
+TIMEOUT_SLACK_S = 30.0
 #: What a pooled attempt raises where an earlier attempt's device mesh left torch holding one of
 #: the process groups the pool destroyed after it (DeviceMesh finds groups of the same ranks
 #: again, and the name no longer resolves): the attempt runs again on fresh ranks.
 STALE_GROUP = "Could not resolve the process group registered under the name"
 #: Torchrun attempts at most to find the last pooled script that torchrun confirms.
 BISECTIONS = 8
-TIMEOUT_SLACK_S = 30.0
 #: In the pool, a candidate may take this many times as long as the slowest that reproduced
 #: there, and at least POOL_DEADLINE_MIN_S (a candidate that hangs costs no more than that).
 POOL_DEADLINE_FACTOR = 3.0
@@ -715,8 +715,8 @@ def reduce_entry(
     say(
         f"{name}: {code_lines(full)} -> {code_lines(script)} code lines, {oracle.attempts} attempts "
         f"({oracle.pool_attempts} in the pool, {oracle.pool_seconds:.1f} s, {oracle.respawns} on fresh ranks; "
-        f"{oracle.torchrun_attempts} under "
-        f"torchrun, {oracle.torchrun_seconds:.1f} s), {time.monotonic() - began:.1f} s"
+        f"{oracle.torchrun_attempts} under torchrun, {oracle.torchrun_seconds:.1f} s), "
+        f"{time.monotonic() - began:.1f} s"
     )
     script = portable(script)
     return Reduction(

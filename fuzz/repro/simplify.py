@@ -36,10 +36,9 @@ import copy
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from fuzz.repro.delta import Frozen, _stores, _unparse, _untouched, propagate_aliases
+from fuzz.repro.delta import Frozen, _Function, _objects, _stores, _unparse, _untouched, propagate_aliases
 from fuzz.repro.fold import clean
 
-_Function = ast.FunctionDef | ast.AsyncFunctionDef
 _ROUNDS = 8
 
 
@@ -201,22 +200,6 @@ def _escaped(fn: _Function) -> set[str]:
     }
 
 
-def _objects(fn: _Function, classes: dict[str, _Class], stores: dict[str, int]) -> dict[str, ast.Call]:
-    out: dict[str, ast.Call] = {}
-    for node in ast.walk(fn):
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            value = node.value
-            name = node.targets[0].id
-            if (
-                isinstance(value, ast.Call)
-                and isinstance(value.func, ast.Name)
-                and value.func.id in classes
-                and stores.get(name) == 1
-            ):
-                out[name] = value
-    return out
-
-
 def _given(call: ast.Call, info: _Class, attr: str) -> ast.expr | None:
     """What ``call`` builds field ``attr`` with, or its default (None if neither is known)."""
     if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
@@ -235,7 +218,7 @@ class _Fields(ast.NodeTransformer):
     def __init__(self, fn: _Function, classes: dict[str, _Class]) -> None:
         self.classes = classes
         self.stores = _stores(fn)
-        self.objects = _objects(fn, classes, self.stores)
+        self.objects = _objects(fn, set(classes))
         self.assigned = {
             (n.value.id, n.attr)
             for n in ast.walk(fn)
@@ -300,7 +283,7 @@ def _scalars(tree: ast.Module, frozen: Frozen) -> bool:
         if _nested(fn):
             continue
         stores = _stores(fn)
-        for base, call in _objects(fn, classes, stores).items():
+        for base, call in _objects(fn, set(classes)).items():
             assert isinstance(call.func, ast.Name)
             info = classes[call.func.id]
             if (
