@@ -183,7 +183,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--reduce",
         action="store_true",
         help="write the reduced script, kept beside the entry as NAME.repro.py and reduced again when the entry "
-        "or the carried sources change (each attempt runs the script); with --all: reduce every entry not yet reduced",
+        "changes (each attempt runs the script); with --all: reduce every entry not yet reduced",
+    )
+    rr.add_argument(
+        "--refresh",
+        action="store_true",
+        help="with --reduce: also reduce again a kept script that was reduced from older carried sources",
     )
     rr.add_argument(
         "--budget",
@@ -552,12 +557,14 @@ def _repro(args: argparse.Namespace) -> int:
     from fuzz.corpus import load_entry
     from fuzz.repro import render_entry
 
+    if args.refresh and not args.reduce:
+        raise ShardfuzzError("--refresh goes with --reduce")
     if args.all is not None:
         if args.entry is not None or args.output is not None or args.issue:
             raise ShardfuzzError("--all DIR takes no ENTRY, -o or --issue")
         from fuzz.repro.bench import bench_all
 
-        bench_all(args.all, run=args.run, reduce=args.reduce, budget_s=args.budget)
+        bench_all(args.all, run=args.run, reduce=args.reduce, refresh=args.refresh, budget_s=args.budget)
         return EXIT_OK
     if args.entry is None:
         raise ShardfuzzError("name a corpus entry (ENTRY.json), or a corpus directory with --all DIR")
@@ -573,7 +580,7 @@ def _repro(args: argparse.Namespace) -> int:
 
         budget = DEFAULT_BUDGET_S if args.budget is None else args.budget
         say = (lambda line: print(line, file=sys.stderr)) if args.output is not None else (lambda _: None)
-        script, _ = reduce_and_store(args.entry, entry, budget_s=budget, say=say)
+        script, _ = reduce_and_store(args.entry, entry, budget_s=budget, refresh=args.refresh, say=say)
     else:
         script = render_entry(entry, source=str(args.entry))
     if args.issue:

@@ -46,13 +46,22 @@ def bench_all(
     *,
     run: bool = False,
     reduce: bool = False,
+    refresh: bool = False,
     budget_s: float | None = None,
     say: Callable[[str], None] = print,
 ) -> dict[str, object]:
     """Render (and run) every entry under ``corpus``; print and return the figures. The reduced
     scripts kept beside the entries (``NAME.repro.py``) that are current are counted too; with
-    ``reduce``, every entry without one is reduced first (:mod:`fuzz.repro.reduce`)."""
-    from fuzz.repro.reduce import DEFAULT_BUDGET_S, header_fields, reduce_and_store, stored_path, stored_script
+    ``reduce``, every entry without one is reduced first (:mod:`fuzz.repro.reduce`), and with
+    ``refresh`` also every entry whose script was reduced from older carried sources."""
+    from fuzz.repro.reduce import (
+        DEFAULT_BUDGET_S,
+        from_current_sources,
+        header_fields,
+        reduce_and_store,
+        stored_path,
+        stored_script,
+    )
 
     if not corpus.is_dir():
         raise ShardfuzzError(f"--all {corpus}: {'is not a directory' if corpus.exists() else 'does not exist'}")
@@ -67,6 +76,7 @@ def bench_all(
     reduce_seconds: list[float] = []
     stale_lines: list[int] = []
     stale_seconds: list[float] = []
+    older_sources = 0
     with tempfile.TemporaryDirectory(prefix="shardfuzz-repro-all-") as tmp:
         for path, entry in entries:
             try:
@@ -86,11 +96,11 @@ def bench_all(
                     f"exit {status}" if status is not None else "timed out"
                 )
                 row += f" in {seconds:.1f} s ({entry.status})"
-            reduced = stored_script(path, entry)
+            reduced = stored_script(path, entry, refresh=refresh)
             if reduced is None and reduce:
                 try:
                     reduced, _ = reduce_and_store(
-                        path, entry, budget_s=DEFAULT_BUDGET_S if budget_s is None else budget_s
+                        path, entry, budget_s=DEFAULT_BUDGET_S if budget_s is None else budget_s, refresh=refresh
                     )
                 except ShardfuzzError as e:
                     row += f"; not reduced: {e}"
@@ -102,7 +112,12 @@ def bench_all(
                 if took is not None:
                     stale_seconds.append(float(took))
                 row += f"; kept reduced script is stale: {stale_lines[-1]} code lines"
+            if reduced is None and refresh:
+                reduced = stored_script(path, entry)  # a failed refresh leaves the current one
             if reduced is not None:
+                if not from_current_sources(reduced, entry):
+                    older_sources += 1
+                    row += "; reduced from older carried sources"
                 reduced_lines.append(code_lines(reduced))
                 took = header_fields(reduced).get("seconds")
                 if took is not None:
@@ -121,10 +136,18 @@ def bench_all(
         )
     say(f"reduced (a current NAME.repro.py): {len(reduced_lines)}/{total}")
     if reduced_lines:
-        figures.update(median_reduced_lines=statistics.median(reduced_lines), max_reduced_lines=max(reduced_lines))
+        figures.update(
+            median_reduced_lines=statistics.median(reduced_lines),
+            max_reduced_lines=max(reduced_lines),
+            older_sources=older_sources,
+        )
         say(
             f"reduced scripts' code lines: median {statistics.median(reduced_lines):g}, max {max(reduced_lines)}, "
             f"min {min(reduced_lines)}"
+        )
+        say(
+            f"reduced from older carried sources (still standalone; --reduce --refresh reduces them again): "
+            f"{older_sources}/{len(reduced_lines)}"
         )
     if reduce_seconds:
         figures.update(median_reduce_s=statistics.median(reduce_seconds), max_reduce_s=max(reduce_seconds))
@@ -135,7 +158,7 @@ def bench_all(
     if stale_lines:
         figures.update(stale=len(stale_lines), median_stale_lines=statistics.median(stale_lines))
         say(
-            f"kept but stale (the entry or a carried module changed since): {len(stale_lines)}, code lines: "
+            f"kept but stale (the entry changed since): {len(stale_lines)}, code lines: "
             f"median {statistics.median(stale_lines):g}, max {max(stale_lines)}"
             + (
                 f"; time to reduce: median {statistics.median(stale_seconds):.1f} s, max {max(stale_seconds):.1f} s"

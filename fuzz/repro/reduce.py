@@ -38,7 +38,9 @@ process), so its attempts stay under torchrun.
 
 The reduced script is kept beside its entry (``NAME.repro.py`` for ``NAME.json``); its second
 line holds a hash of the entry and of the carried sources it was reduced from
-(:func:`stored_header`), so :func:`stored_script` can tell whether it is current.
+(:func:`stored_header`). It is current while the entry is unchanged (:func:`is_current`), and
+it is reduced again when the entry changes; one reduced from older carried sources is still a
+standalone reproducer, reduced again on request (``--refresh``).
 """
 
 from __future__ import annotations
@@ -92,7 +94,10 @@ BISECTIONS = 8
 #: there, and at least POOL_DEADLINE_MIN_S (a candidate that hangs costs no more than that).
 POOL_DEADLINE_FACTOR = 3.0
 POOL_DEADLINE_MIN_S = 15.0
-_REPRODUCED = re.compile(r"^REPRODUCED (\S+)", re.MULTILINE)
+#: Scripts print ``REPRODUCED <signature>: <what>`` (the unreduced mismatch script
+#: ``REPRODUCED <signature> (<check>): <what>``); a signature holds neither ": " nor " (" but may
+#: hold a space (a crash's ``crash:dcp:signal SIGSEGV@...``).
+_REPRODUCED = re.compile(r"^REPRODUCED (.+?)(?:: | \(|:?$)", re.MULTILINE)
 #: A mismatch script's digest of every rank's observation, beside REPRODUCED (fuzz.repro.harness).
 _OBSERVED = re.compile(r"^REPRODUCED \S+ observations ([0-9a-f]+)", re.MULTILINE)
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -206,19 +211,31 @@ def header_fields(script: str) -> dict[str, str]:
 
 
 def is_current(script: str, entry: Entry) -> bool:
-    """Whether ``script`` was reduced from this entry and the sources as they are now."""
-    fields = header_fields(script)
-    return fields.get("entry") == entry_hash(entry) and fields.get("sources") == sources_hash(unreduced_modules(entry))
+    """Whether ``script`` was reduced from this entry as it is now. A script is a standalone
+    program that needs only torch, so a later change to the carried sources does not make it
+    stale: it still reproduces what it reproduced (the tests run a sample of the stored scripts
+    under torchrun, and the slow tier all of them); :func:`from_current_sources` tells whether
+    it was reduced from the sources as they are now, and ``--reduce --refresh`` reduces again
+    the ones that were not."""
+    return header_fields(script).get("entry") == entry_hash(entry)
 
 
-def stored_script(entry_path: Path, entry: Entry) -> str | None:
-    """The stored reduced script of the entry if it is current, else None."""
+def from_current_sources(script: str, entry: Entry) -> bool:
+    """Whether ``script`` was reduced from the carried sources as they are now."""
+    return header_fields(script).get("sources") == sources_hash(unreduced_modules(entry))
+
+
+def stored_script(entry_path: Path, entry: Entry, *, refresh: bool = False) -> str | None:
+    """The stored reduced script of the entry if it is current (with ``refresh``, also reduced
+    from the carried sources as they are now), else None."""
     path = stored_path(entry_path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError:
         return None
-    return text if is_current(text, entry) else None
+    if not is_current(text, entry) or (refresh and not from_current_sources(text, entry)):
+        return None
+    return text
 
 
 # -- pass 1: what no process ran -----------------------------------------------------------------
@@ -774,11 +791,17 @@ def _confirmed(code: str, verified: str, oracle: _Oracle, what: str, kept: list[
 
 
 def reduce_and_store(
-    entry_path: Path, entry: Entry, *, budget_s: float = DEFAULT_BUDGET_S, say: Callable[[str], None] = lambda _: None
+    entry_path: Path,
+    entry: Entry,
+    *,
+    budget_s: float = DEFAULT_BUDGET_S,
+    refresh: bool = False,
+    say: Callable[[str], None] = lambda _: None,
 ) -> tuple[str, Reduction | None]:
-    """The entry's reduced script: the stored one if current, else a new reduction, stored
-    beside the entry (written whole, and only once it reproduced)."""
-    stored = stored_script(entry_path, entry)
+    """The entry's reduced script: the stored one if current (with ``refresh``, also reduced from
+    the carried sources as they are now), else a new reduction, stored beside the entry (written
+    whole, and only once it reproduced)."""
+    stored = stored_script(entry_path, entry, refresh=refresh)
     if stored is not None:
         return stored, None
     result = reduce_entry(entry, str(entry_path), budget_s=budget_s, say=say)
