@@ -1,6 +1,9 @@
 """mixed_precision's numerics: training under a MixedPrecisionPolicy matches a reference that
-applies the policy's casts by hand (fuzz/_rank/parity.py:_low_precision_microbatch), and the
-comparison notices a fault that reduces in the wrong dtype (tests/faults/K07)."""
+applies the policy's casts by hand (fuzz/_rank/parity.py:_low_precision_microbatch), with every
+microbatch reduced or with the ones before a step's last accumulated unreduced
+(``set_requires_gradient_sync(False)``), and the comparison notices a fault that reduces in the
+wrong dtype (tests/faults/K07) and one that accumulates unreduced gradients in the compute
+dtype (tests/faults/K17)."""
 
 from __future__ import annotations
 
@@ -41,11 +44,20 @@ TREE = ModuleTree(
 )
 
 
-def _case(param: Dtype | None, reduce: Dtype | None, output: Dtype | None = None, world_size: int = 2) -> Case:
+def _case(
+    param: Dtype | None,
+    reduce: Dtype | None,
+    output: Dtype | None = None,
+    world_size: int = 2,
+    sync: AccumSync = AccumSync.ALWAYS,
+) -> Case:
     inner = MixedPrecision(param_dtype=param, reduce_dtype=reduce)
     root = MixedPrecision(param_dtype=param, reduce_dtype=reduce, output_dtype=output, cast_forward_inputs=True)
     comp = Composition(shards=(ShardSpec(path="1", mixed_precision=inner), ShardSpec(path="", mixed_precision=root)))
-    training = Training(optimizer=Optimizer.SGD, lr=0.1, steps=2, batch_per_rank=3, grad_accum=2)
+    grad_accum = 2 if sync is AccumSync.ALWAYS else 3
+    training = Training(
+        optimizer=Optimizer.SGD, lr=0.1, steps=2, batch_per_rank=3, grad_accum=grad_accum, accum_sync=sync
+    )
     body = ParityBody(tree=TREE, composition=comp, training=training)
     return Case(property="mixed_precision", world_size=world_size, seed=21, body=body)
 
@@ -63,6 +75,21 @@ def test_mixed_precision_matches_the_hand_cast_reference(check_case: Any, policy
     check_case(_case(*policy))
 
 
+@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: "-".join(d.value if d else "none" for d in p))
+def test_unreduced_accumulation_matches_the_hand_cast_reference(check_case: Any, policy: Any) -> None:
+    check_case(_case(*policy, sync=AccumSync.NO_GRAD_SYNC))
+
+
+def test_the_unreduced_accumulation_fault_is_noticed() -> None:
+    """bf16 compute, fp32 reduce, two microbatches of three accumulated without reduction:
+    FSDP2 documents the sum in the reduce dtype; summing in bf16 instead rounds it."""
+    case = _case(Dtype.BFLOAT16, Dtype.FLOAT32, sync=AccumSync.NO_GRAD_SYNC)
+    env = fault_env("K17_unsynced_accumulation_not_upcast")
+    with RankPool(world_size=2, env=env, deadline=60) as pool:
+        failure = run_case(pool, get_property(case.property), case)
+    assert failure is not None and failure.kind == "mismatch", failure and failure.summary
+
+
 def test_the_reduce_dtype_fault_is_noticed() -> None:
     """bf16 compute, fp32 reduce: reducing in bf16 instead rounds a two-term sum, which the
     float32 policy at two ranks notices."""
@@ -78,7 +105,8 @@ def test_which_cases_are_compared() -> None:
     assert comp.uniform_precision() is not None
     no_root = Composition(shards=(ShardSpec(path="1", mixed_precision=MixedPrecision(param_dtype=Dtype.BFLOAT16)),))
     assert no_root.uniform_precision() is None  # the input is not cast by a root unit
-    assert not mixed_precision_comparable(Training(grad_accum=2, accum_sync=AccumSync.NO_GRAD_SYNC))
+    assert mixed_precision_comparable(Training(grad_accum=2, accum_sync=AccumSync.NO_GRAD_SYNC))
+    assert not mixed_precision_comparable(Training(grad_accum=2, accum_sync=AccumSync.NO_ALL_REDUCE))
     assert not mixed_precision_comparable(Training(steps=2, skips=(Skip(path="1", step=0),)))
 
 

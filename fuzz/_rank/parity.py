@@ -230,6 +230,7 @@ def train(
     losses: list[list[float]] = []
     params_per_step: list[dict[str, list[float]]] = []
     grad_norms: list[float] = []
+    unreduced: dict[int, torch.Tensor] = {}  # the reference's unreduced gradient sums under `precision`
     for s, step in enumerate(batches(case, training, tree.width, ctx, tp_size)):
         for path in [u.path for u in training.unfreeze if u.step == s]:
             for p in later[path]:
@@ -250,7 +251,8 @@ def train(
             if composed.knobs is not None:
                 composed.knobs.before_microbatch(first=s == 0 and i == 0, last=last)
             if precision is not None:
-                loss = _low_precision_microbatch(model, x, y, precision, training, ctx)
+                reduce_now = sync is not AccumSync.NO_GRAD_SYNC
+                loss = _low_precision_microbatch(model, x, y, precision, training, ctx, unreduced, reduce_now)
                 step_losses.append(loss.item())
                 continue
             with ctx_mgr:
@@ -331,7 +333,14 @@ def _average_gradients(
 
 
 def _low_precision_microbatch(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, mp: MixedPrecision, training: Training, ctx: RankContext
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    mp: MixedPrecision,
+    training: Training,
+    ctx: RankContext,
+    unreduced: dict[int, torch.Tensor],
+    reduce_now: bool = True,
 ) -> torch.Tensor:
     """One microbatch of the reference for a MixedPrecisionPolicy, the casts applied by hand as
     FSDP2 documents them: forward and backward on a copy of the (full-precision) parameters
@@ -339,6 +348,12 @@ def _low_precision_microbatch(
     output cast to ``output_dtype``; each gradient cast to ``reduce_dtype`` (else the compute
     dtype), summed over the ranks and divided by their number in that dtype, then cast to the
     parameter's dtype and accumulated there. Returns the loss.
+
+    A microbatch that does not reduce (``reduce_now`` False: ``set_requires_gradient_sync(False)``)
+    keeps its gradients unreduced in ``unreduced`` (by parameter index): the first one cast to
+    ``reduce_dtype`` where it is set and differs from the gradient's dtype (FSDP2 upcasts
+    "to accumulate in the reduce dtype"), else left in the compute dtype; later ones are added
+    in the dtype the sum has. The microbatch that reduces adds its gradients to that sum first.
 
     Where FSDP2 sees an overflow risk (a reduce dtype other than float32 / bfloat16), it divides
     by part of the rank count before the sum and by the rest after it, "to avoid
@@ -354,10 +369,18 @@ def _low_precision_microbatch(
         out = out.to(TORCH_DTYPES[mp.output_dtype])
     loss = F.mse_loss(out.to(y.dtype), y)
     loss.backward()
-    for p, q in zip(model.parameters(), shadow.parameters()):
+    for i, (p, q) in enumerate(zip(model.parameters(), shadow.parameters())):
         if q.grad is None:
             continue
-        g = q.grad.to(reduce)
+        g = q.grad
+        held = unreduced.pop(i, None)
+        if held is not None:
+            g = (held + g).to(held.dtype)
+        if not reduce_now:
+            first = held is None and mp.reduce_dtype is not None and g.dtype != reduce
+            unreduced[i] = g.to(reduce) if first else g
+            continue
+        g = g.to(reduce)
         before, after = _divide_split(reduce, ctx.world_size)
         if before != 1:
             g = g / before
@@ -428,7 +451,8 @@ def run_parity(case: Case, body: ParityBody, ctx: RankContext) -> dict[str, Any]
     if any(s.mixed_precision is not None for s in comp.shards):
         # Under a MixedPrecisionPolicy the reference applies the policy's casts by hand, where
         # one policy covers the model (fuzz.model.Composition.uniform_precision) and the
-        # schedule reduces every microbatch; otherwise only the contracts are judged.
+        # schedule allows it (fuzz.model.mixed_precision_comparable); otherwise only the
+        # contracts are judged.
         precision = comp.uniform_precision()
         if precision is None or not mixed_precision_comparable(body.training):
             return composed

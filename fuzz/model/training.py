@@ -144,11 +144,13 @@ class Training:
 
 def mixed_precision_comparable(training: Training) -> bool:
     """Whether a reference can apply a MixedPrecisionPolicy's casts by hand for this schedule:
-    every microbatch reduces its gradients (FSDP2 accumulates unreduced gradients in the reduce
-    dtype otherwise), no module left out or unfrozen (known bugs of their own under mixed
-    precision), no compile."""
+    every microbatch reduces its gradients, or the ones before a step's last do not reduce at
+    all (``set_requires_gradient_sync(False)``: FSDP2 accumulates those gradients unreduced, in
+    the reduce dtype where one is set, and reduces the sum with the last microbatch's); not an
+    HSDP schedule that skips only the all-reduce; no module left out or unfrozen (known bugs of
+    their own under mixed precision), no compile."""
     return (
-        (training.grad_accum == 1 or training.accum_sync is AccumSync.ALWAYS)
+        (training.grad_accum == 1 or training.accum_sync is not AccumSync.NO_ALL_REDUCE)
         and not training.skips
         and not training.unfreeze
         and training.compile is Compile.NONE

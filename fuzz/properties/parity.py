@@ -18,6 +18,7 @@ from typing import Any
 
 from fuzz import known
 from fuzz.model import (
+    AccumSync,
     Block,
     Case,
     Compile,
@@ -428,6 +429,8 @@ def features(case: Case) -> list[str]:
         training = training_features(body.training) + schedule_features(body.tree, body.training)
         if body.composition.uniform_precision() is not None and mixed_precision_comparable(body.training):
             training.append("mp:numerics")  # compared with the hand-cast reference
+            if body.training.grad_accum > 1 and body.training.accum_sync is AccumSync.NO_GRAD_SYNC:
+                training.append("mp:numerics:unreduced_accumulation")
         return sorted(set(tree_features(body.tree, case.world_size) + comp + training))
     assert isinstance(body, MetamorphicBody)
     return sorted(
