@@ -36,15 +36,18 @@ from fuzz.model import (
     ShardSpec,
     Skip,
     Training,
+    Wrapper,
     case_from_json,
     case_to_json,
     check_training,
 )
+from fuzz.pool import RankPool
 from fuzz.properties import get_property
 from fuzz.properties.invalid import features as invalid_features
 from fuzz.properties.parity import features
 from strategies import invalid_cases, metamorphic_cases, parity_cases
 from strategies._options import checkpoint_takes, replicate_takes
+from tests.conftest import fault_env
 
 #: Root block: a Linear, a block of two Linears (and dropout-free activations), a Linear.
 TREE = ModuleTree(
@@ -172,6 +175,39 @@ def test_ignored_modules_train_locally(rank_pool: Any, check_case: Any) -> None:
     )
     failure = run_case(rank_pool, get_property("metamorphic"), Case("metamorphic", 2, 5, body))
     assert failure is not None and failure.kind == "mismatch", failure
+
+
+def test_the_modules_synced_at_init_are_those_ddp_manages() -> None:
+    replicated = Composition(replicates=("", "1"), shards=(ShardSpec("1.0"),))
+    assert sorted(Layout(TREE, replicated).synced_at_init(TRAINING)[0]) == ["", "0", "1.2", "2"]  # "1.0": fully_shard
+    assert not Layout(TREE, replicated).synced_at_init(TRAINING)[1]  # replicate hands DDP parameters only
+    ignoring = replace(replicated, replicate_options=ReplicateOptions(ignored_modules=("1",)))
+    assert sorted(Layout(TREE, ignoring).synced_at_init(TRAINING)[0]) == ["", "0", "2"]
+    unsynced = replace(replicated, replicate_options=ReplicateOptions(init_sync=False))
+    assert Layout(TREE, unsynced).synced_at_init(TRAINING) == ([], False)
+    # a replicated member left out of every microbatch never builds its DDP
+    never = replace(TRAINING, skips=tuple(Skip("1", step=s, microbatch=m) for s in range(2) for m in range(2)))
+    assert sorted(Layout(TREE, replicated).synced_at_init(never)[0]) == ["", "0", "2"]
+    ddp = Composition(wrapper=Wrapper.DDP)
+    assert sorted(Layout(TREE, ddp).synced_at_init(TRAINING)[0]) == ["", "0", "1.0", "1.2", "2"]
+    assert Layout(TREE, ddp).synced_at_init(TRAINING)[1]
+    assert Layout(TREE, Composition(wrapper=Wrapper.FSDP1_FULL_SHARD)).synced_at_init(TRAINING) == ([], False)
+
+
+def test_init_sync_broadcasts_what_rank_0_built(check_case: Any) -> None:
+    """DistributedDataParallel documents ``init_sync``: the parameters and buffers are broadcast
+    from rank 0 so that every replica starts from the same values. The other ranks shift what
+    replicate manages before the call (fuzz._rank.compose.desynchronize), so parity with the
+    reference holds only where that broadcast happened: under K12 (the broadcast skipped with
+    ``forward_sync_buffers=False``) the same case is a mismatch."""
+    _needs("forward_sync_buffers")
+    comp = Composition(replicates=("",), replicate_options=ReplicateOptions(forward_sync_buffers=False))
+    case = _parity(comp)
+    check_case(case)
+    check_case(_parity(Composition(wrapper=Wrapper.DDP)))
+    with RankPool(world_size=2, env=fault_env("K12_init_sync_gated_on_buffers"), deadline=60) as pool:
+        failure = run_case(pool, get_property("parity"), case)
+    assert failure is not None and failure.kind == "mismatch", failure and failure.summary
 
 
 def test_static_graph_with_gradient_as_bucket_view(check_case: Any) -> None:

@@ -19,7 +19,7 @@ from fuzz._rank.context import RankContext
 from fuzz._rank.knobs import KnobState
 from fuzz._rank.models import build_model
 from fuzz._rank.options import checkpoint_kwargs, replicate_kwargs
-from fuzz.model import Composition, Dtype, MixedPrecision, ModuleTree, ShardSpec, Wrapper, is_ancestor
+from fuzz.model import Composition, Dtype, Layout, MixedPrecision, ModuleTree, ShardSpec, Training, Wrapper, is_ancestor
 
 TORCH_DTYPES = {
     Dtype.FLOAT32: torch.float32,
@@ -181,11 +181,36 @@ def compose(model: nn.Module, comp: Composition, ctx: RankContext, tree: ModuleT
     return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
 
 
+def desynchronize(model: nn.Module, paths: list[str], rank: int, buffers: bool) -> None:
+    """On every rank but 0, shift the parameters (and with ``buffers`` the floating-point
+    buffers) of the modules at ``paths`` by half the rank: values that a broadcast from rank 0
+    must overwrite (:meth:`fuzz.model.Layout.synced_at_init`). A run whose broadcast went
+    missing then trains from other weights than the reference, which every rank builds from the
+    same seed."""
+    if rank == 0:
+        return
+    with torch.no_grad():
+        for path in paths:
+            module = model.get_submodule(path)
+            tensors = [*module.parameters(recurse=False), *(module.buffers(recurse=False) if buffers else ())]
+            for t in tensors:
+                if t.is_floating_point():
+                    t.add_(0.5 * rank)
+
+
 def build_composed(
-    tree: ModuleTree, comp: Composition, dtype: torch.dtype, ctx: RankContext, *, seed: int
+    tree: ModuleTree,
+    comp: Composition,
+    dtype: torch.dtype,
+    ctx: RankContext,
+    *,
+    seed: int,
+    desync: Training | None = None,
 ) -> tuple[nn.Module, Composed]:
     """Build the tree with the RNG seeded by ``seed`` and apply ``comp``: the model as built
-    (the wrapper's inner module) and the composed one.
+    (the wrapper's inner module) and the composed one. With ``desync`` (the training the model
+    is built for), the values that DDP must broadcast from rank 0 differ on the other ranks
+    before it does (:func:`desynchronize`).
 
     With ``comp.meta_init`` the model is built on the meta device and composed there; then
     ``to_empty`` gives it storage on the rank's device and the values a plain seeded build would
@@ -196,6 +221,9 @@ def build_composed(
     torch.manual_seed(seed)
     if not comp.meta_init:
         model = build_model(tree, ctx.device).to(dtype)
+        if desync is not None:
+            paths, buffers = Layout(tree, comp).synced_at_init(desync)
+            desynchronize(model, paths, ctx.rank, buffers)
         return model, _with_knobs(model, compose(model, comp, ctx, tree), comp, tree)
     from torch.distributed.tensor import DTensor, distribute_tensor
 

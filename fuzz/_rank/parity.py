@@ -215,7 +215,7 @@ def train(
     (:func:`_low_precision_microbatch`)."""
     dtype = TORCH_DTYPES[training.dtype]
     if comp is not None:
-        model, composed = build_composed(tree, comp, dtype, ctx, seed=case.seed)
+        model, composed = build_composed(tree, comp, dtype, ctx, seed=case.seed, desync=training)
     else:
         torch.manual_seed(case.seed)
         model = build_model(tree, ctx.device).to(dtype)

@@ -188,7 +188,9 @@ class ReplicateOptions:
     Numerics unchanged (``parity`` beside the rest, ``metamorphic`` as variants): bucket sizes
     (``bucket_cap_mb`` in MiB, fractions giving one bucket per few parameters here;
     ``bucket_cap_mb_list``, per-bucket caps), ``gradient_as_bucket_view``, ``static_graph``,
-    ``init_sync=False`` (every rank builds the same weights), ``dim`` (only scatters inputs over
+    ``init_sync=False`` (every rank builds the same weights; with ``init_sync``, the default, the
+    other ranks start from shifted weights that DDP's broadcast from rank 0 must overwrite:
+    :meth:`fuzz.model.Layout.synced_at_init`), ``dim`` (only scatters inputs over
     several devices of one process, which a single-device module never does), ``group`` (an
     explicit group or 1D mesh of every rank), ``device_id`` (replicate's own spelling of
     ``device_ids``), ``forward_sync_buffers`` (buffers equal on every rank),

@@ -19,7 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from fuzz.model.composition import Composition
+from fuzz.model.composition import Composition, Wrapper
+from fuzz.model.training import Training
 from fuzz.model.tree import Leaf, ModuleTree, Node, contains, forward_order, is_ancestor, owns_params, param_names
 
 
@@ -137,6 +138,36 @@ class Layout:
             for p, n in self.paths.items()
             if owns_params(n) and (any(contains(i, p) for i in ignored) or p in by_shards) and self.member_of(p) is None
         ]
+
+    def synced_at_init(self, training: Training) -> tuple[list[str], bool]:
+        """The modules (holding parameters of their own) whose parameters DistributedDataParallel
+        broadcasts from rank 0 when it is built with ``init_sync`` (the default; "Ensures all
+        DDP models start off at the same value"), and whether it broadcasts their buffers too.
+
+        The DDP wrapper is built at the call, over the whole model: parameters and buffers. A
+        replicate call builds DDP at its member's first forward, over a list of the parameters
+        it manages (not the modules a replicate call ignores nor those of fully_shard units
+        inside it), so buffers are not DDP's, and a member that ``training`` leaves out of every
+        microbatch never builds it. None with tensor parallelism or meta-device init (whose
+        values are copied in after wrapping)."""
+        comp = self.comp
+        if comp.tp or comp.meta_init:
+            return [], False
+        if comp.wrapper is Wrapper.DDP:
+            return [p for p, node in self.paths.items() if owns_params(node)], True
+        if comp.wrapper is not Wrapper.NONE or not comp.replicate_options.init_sync:
+            return [], False
+        microbatches = [(s, i) for s in range(training.steps) for i in range(training.grad_accum)]
+        ignored = comp.replicate_options.ignored_modules
+        out = []
+        for unit in self.units:
+            member = unit.members[0]
+            if unit.api != "replicate" or not any(
+                not any(contains(skip, member) for skip in training.skipped_at(s, i)) for s, i in microbatches
+            ):
+                continue
+            out += [p for p in self.owned_by(unit) if not any(contains(i, p) for i in ignored)]
+        return out, False
 
     def ignored_by(self, member: str) -> list[str]:
         """The ignored modules the replicate call on ``member`` is given: those whose innermost
