@@ -624,15 +624,17 @@ def _save_over(body: DcpBody, state: dict[str, Any], path: str, ctx: RankContext
     if body.overwrite is Overwrite.TRUE:
         _save(body, state, path, overwrite=True)
         return {}
+    from torch.distributed.checkpoint.api import CheckpointException
+
     dist.barrier()
     before = _directory_digest(path) if ctx.rank == 0 else ""
     refusal: dict[str, str] | None = None
     try:
         _save(body, state, path, overwrite=False)
-    except BaseException as e:  # CheckpointException derives from BaseException
-        if isinstance(e, (KeyboardInterrupt, SystemExit)):
-            raise
+    except CheckpointException as e:  # derives from BaseException
         refusal = {"type": f"{type(e).__module__}.{type(e).__qualname__}", "message": str(e)[:2000]}
+    # Any other error is the case's failure, not a refusal: it escaped before DCP's planning
+    # (a state_dict() of the model or optimizer), so the save had not reached the writer.
     dist.barrier()
     out: dict[str, Any] = {"refusal": refusal}
     if ctx.rank == 0:
