@@ -22,7 +22,12 @@ Values are compared elementwise as ``|actual - expected| <= atol + rtol * |expec
   them, and the policy is that of the full-precision dtype the parameters and the optimizer
   keep (float32: measured, 0.0 difference in losses over 40 cases of 13 dtype combinations).
   Over more ranks a low-precision sum of three or more terms depends on its order, and the
-  policy of the least precise dtype the run computes, reduces or outputs in applies.
+  policy of the least precise dtype the run computes, reduces or outputs in applies. So it
+  does where the backward itself adds three or more terms in another order: a fully_shard unit
+  that splits the uses of an activation across its boundary (a residual inside it and one
+  around it), whose terms FSDP2's backward hook adds first (bfloat16: a difference of one ulp
+  in the first layer's gradient, measured; :meth:`fuzz.model.Layout.regroups_input_gradients`),
+  and a two-stage (replicate, shard) reduction (``fuzz.properties.parity.judge_mixed_precision``).
 """
 
 from __future__ import annotations

@@ -21,7 +21,18 @@ from functools import cached_property
 
 from fuzz.model.composition import Composition, Wrapper
 from fuzz.model.training import Training
-from fuzz.model.tree import Leaf, ModuleTree, Node, contains, forward_order, is_ancestor, owns_params, param_names
+from fuzz.model.tree import (
+    Block,
+    Leaf,
+    LeafKind,
+    ModuleTree,
+    Node,
+    contains,
+    forward_order,
+    is_ancestor,
+    owns_params,
+    param_names,
+)
 
 
 @dataclass(frozen=True)
@@ -168,6 +179,55 @@ class Layout:
                 continue
             out += [p for p in self.owned_by(unit) if not any(contains(i, p) for i in ignored)]
         return out, False
+
+    def unneeded_in_backward(self) -> list[str]:
+        """The fully_shard units (their paths) whose parameters backward does not need, for
+        ``set_unshard_in_backward(False)`` ("in expert cases when the user knows that all
+        parameters in this FSDP module's parameter group are not needed for backward
+        computation"): a unit of one module, the trainable Linear leaf that forward uses first.
+        No module with parameters runs before it, so its input needs no gradient, and backward
+        computes only its weight's and bias's gradients, from the saved input and the output's
+        gradient. Not in a checkpoint region (its recomputation in backward runs the forward
+        again), and none with tensor parallelism."""
+        comp = self.comp
+        order = forward_order(self.tree.root)
+        if comp.tp or not order:
+            return []
+        first = order[0]
+        node = self.paths[first]
+        if not (isinstance(node, Leaf) and node.kind is LeafKind.LINEAR and not node.frozen):
+            return []
+        if any(contains(c, first) for c in comp.checkpoints):
+            return []
+        return [s.path for s in comp.shards if s.paths == (first,)]
+
+    def regroups_input_gradients(self) -> bool:
+        """Whether a fully_shard unit other than the root splits the uses of one activation:
+        its input is used twice or more inside it (its module, or the first child of a block
+        down from it, adds a residual) and again outside it (it begins the children of a
+        residual block above it, whose skip adds the same tensor). That activation's gradient
+        is then a sum of three or more terms, and FSDP2's per-unit backward hook adds the
+        unit's own terms first, where plain autograd adds them in another order: in a low
+        precision the sums round apart (bfloat16, a (2, 1)-ulp difference in the first
+        layers' gradients), with nothing wrong on either side."""
+        for member in (m for spec in self.comp.shards for m in spec.paths if m):
+            inside = False
+            node: Node = self.paths[member]
+            while isinstance(node, Block):
+                inside = inside or node.residual
+                if not node.children:
+                    break
+                node = node.children[0]
+            parts = member.split(".")
+            outside = any(
+                isinstance(self.paths[".".join(parts[:i])], Block)
+                and self.paths[".".join(parts[:i])].residual  # type: ignore[union-attr]
+                and all(p == "0" for p in parts[i:])
+                for i in range(len(parts))
+            )
+            if inside and outside:
+                return True
+        return False
 
     def ignored_by(self, member: str) -> list[str]:
         """The ignored modules the replicate call on ``member`` is given: those whose innermost
