@@ -391,7 +391,11 @@ USES: dict[str, Use] = {
         pattern=rf"{_V}knob:rs_max_buffers", note="experimental; 1 to 3 buffers in flight must not change numerics"
     ),
     "FSDPModule.set_separate_reduce_scatter_group": _not_drawn("experimental"),
-    "FSDPModule.set_unshard_in_backward": _not_drawn(),
+    "FSDPModule.set_unshard_in_backward": _drawn(
+        pattern=rf"{_V}knob:no_unshard_in_backward",
+        note="False on a unit of the first Linear in forward, whose parameters backward does not need "
+        "(fuzz.model.Layout.unneeded_in_backward); numerics unchanged, and the rank checks that they stay sharded",
+    ),
     "FSDPModule.set_allocate_memory_from_process_group_for_comm": _drawn(
         pattern=rf"{_V}knob:pg_allocator",
         note="staging buffers from the process group's allocator (gloo has none: torch.empty); numerics unchanged",

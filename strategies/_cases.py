@@ -292,7 +292,7 @@ def parity_cases(
     else:
         comp = _maybe_meta_init(draw, draw(compositions(tree, world_size=world_size, offload=accelerator)))
         if comp.shards and one_in(draw, KNOB_ODDS):
-            knobs = draw(fsdp_knobs(comp, world_size=world_size, scaling=True, accelerator=accelerator))
+            knobs = draw(fsdp_knobs(comp, world_size=world_size, scaling=True, accelerator=accelerator, tree=tree))
             comp = replace(comp, knobs=knobs)
     comp = _maybe_ignored_params(draw, tree, _maybe_api_options(draw, tree, comp))
     training = _fit_training(draw(trainings(max_steps=max_steps, hsdp=bool(comp.mesh))), comp)
@@ -379,7 +379,7 @@ def metamorphic_variants(
             return replace(comp, checkpoint_options=ckpt)
         change = "checkpoint_order"
     if change == "knobs":
-        knobs = draw(fsdp_knobs(comp, world_size=world_size, scaling=False, accelerator=accelerator))
+        knobs = draw(fsdp_knobs(comp, world_size=world_size, scaling=False, accelerator=accelerator, tree=tree))
         if knobs.is_set:
             return replace(comp, knobs=knobs)
         change = "reshard"

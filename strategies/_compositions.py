@@ -16,6 +16,7 @@ from fuzz.model import (
     Composition,
     Dtype,
     Knobs,
+    Layout,
     Leaf,
     LeafKind,
     MixedPrecision,
@@ -322,11 +323,19 @@ def _fsdp_has(method: str) -> bool:
 
 @st.composite
 def fsdp_knobs(
-    draw: st.DrawFn, comp: Composition, *, world_size: int, scaling: bool, accelerator: bool = False
+    draw: st.DrawFn,
+    comp: Composition,
+    *,
+    world_size: int,
+    scaling: bool,
+    accelerator: bool = False,
+    tree: ModuleTree | None = None,
 ) -> Knobs:
     """FSDPModule knobs for ``comp`` (:class:`fuzz.model.Knobs`); none where it has no
-    fully_shard unit. ``scaling``: also the all-reduce hook and the gradient divide factor,
-    which change gradients by design (the parity reference scales its own the same way).
+    fully_shard unit. ``tree`` (the one ``comp`` composes): also ``set_unshard_in_backward``
+    where a unit's parameters are not needed in backward. ``scaling``: also the all-reduce
+    hook and the gradient divide factor, which change gradients by design (the parity
+    reference scales its own the same way).
 
     Gloo has no ReduceOp.PREMUL_SUM, which a divide factor other than the shard size is
     reduced with unless ``set_force_sum_reduction_for_comms(True)`` turns it into sums and a
@@ -354,6 +363,8 @@ def fsdp_knobs(
     if _fsdp_has("set_reduce_scatter_unused_params"):
         # dropped again where the training skips modules (fuzz.model.rules.check_training)
         fields["reduce_scatter_unused"] = draw(st.sampled_from([False, False, True]))
+    if tree is not None and _fsdp_has("set_unshard_in_backward") and Layout(tree, comp).unneeded_in_backward():
+        fields["no_unshard_in_backward"] = draw(st.booleans())
     if scaling:
         fields["all_reduce_hook_scale"] = draw(st.sampled_from([None, 2.0, None, 0.5]))
         shard_size = comp.mesh[1] if comp.mesh else world_size

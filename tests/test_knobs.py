@@ -30,6 +30,7 @@ from fuzz.model import (
     ShardSpec,
     Skip,
     Training,
+    check_composition,
     check_training,
 )
 from fuzz.pool import RankPool
@@ -61,6 +62,15 @@ def _metamorphic(knobs: Knobs) -> Case:
     return Case(property="metamorphic", world_size=2, seed=12, body=body)
 
 
+def _unneeded_in_backward(knobs: Knobs) -> Case:
+    """A unit of its own for the first Linear in forward, resharded after forward."""
+    shards = (*SHARDS, ShardSpec(path="0", reshard_after_forward=True))
+    comp = Composition(shards=shards, knobs=knobs)
+    return Case(
+        property="parity", world_size=2, seed=13, body=ParityBody(tree=TREE, composition=comp, training=TRAINING)
+    )
+
+
 #: fault file -> a case whose knob's oracle must notice it.
 CASES: dict[str, Case] = {
     "K01_divide_factor_ignored": _parity(Knobs(gradient_divide_factor=1.0, force_sum_reduction=True)),
@@ -70,6 +80,7 @@ CASES: dict[str, Case] = {
     "K05_late_reshard_not_recursive": _parity(Knobs(late_reshard_after_forward=True)),
     "K06_unshard_wait_noop": _metamorphic(Knobs(explicit_unshard=True)),
     "K31_reset_iter_state_no_reshard": _parity(Knobs(abort_and_reset=True)),
+    "K32_unshard_in_backward_ignored": _unneeded_in_backward(Knobs(no_unshard_in_backward=True, backward_prefetch=1)),
 }
 
 #: Knobs that change no numbers, as metamorphic variants.
@@ -89,6 +100,8 @@ def _skip_without_reset(knobs: Knobs) -> None:
 
     if knobs.abort_and_reset and not hasattr(FSDPModule, "reset_iter_state"):
         pytest.skip("this torch's FSDPModule has no reset_iter_state")
+    if knobs.no_unshard_in_backward and not hasattr(FSDPModule, "set_unshard_in_backward"):
+        pytest.skip("this torch's FSDPModule has no set_unshard_in_backward")
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -134,6 +147,15 @@ def test_gradient_scale_follows_the_layout() -> None:
 def test_prefetch_stays_within_each_root() -> None:
     comp = Composition(shards=(ShardSpec("1"), ShardSpec("0"), ShardSpec("1.0")), replicates=("",))
     assert [[s.path for s in g] for g in by_root(comp)] == [["0"], ["1", "1.0"]]
+
+
+def test_units_whose_parameters_backward_does_not_need() -> None:
+    comp = _unneeded_in_backward(Knobs()).body.composition  # type: ignore[attr-defined]
+    assert Layout(TREE, comp).unneeded_in_backward() == ["0"]
+    assert Layout(TREE, replace(comp, checkpoints=("0",))).unneeded_in_backward() == []  # recomputed in backward
+    assert Layout(TREE, Composition(shards=SHARDS)).unneeded_in_backward() == []  # "0" is in the root's unit
+    with pytest.raises(CaseError, match="no_unshard_in_backward"):
+        check_composition(TREE, Composition(shards=SHARDS, knobs=Knobs(no_unshard_in_backward=True)))
 
 
 def test_knob_rules() -> None:

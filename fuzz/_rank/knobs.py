@@ -72,6 +72,33 @@ class KnobState:
                 root.set_reduce_scatter_max_input_buffers(k.rs_max_buffers)  # type: ignore[operator]
             if k.reduce_scatter_unused:
                 root.set_reduce_scatter_unused_params(True)  # type: ignore[operator]
+        if k.no_unshard_in_backward:
+            for path in Layout(tree, comp).unneeded_in_backward():
+                module = model.get_submodule(path)
+                module.set_unshard_in_backward(False)  # type: ignore[operator]
+                spec = next(s for s in comp.shards if s.path == path)
+                if comp.reshard_after_forward(spec) is True and path not in comp.shard_ignored:
+                    module.register_forward_hook(self._sharded_in_backward(path))
+
+    def _sharded_in_backward(self, path: str) -> Any:
+        """A forward hook of the unit at ``path`` (resharded after forward, unshard in backward
+        off): when its output's gradient arrives, its parameters must still be sharded, since
+        nothing in backward may unshard them (its own pre-backward nor a prefetch)."""
+
+        def check(module: nn.Module, args: Any, output: Any) -> None:
+            if not (isinstance(output, torch.Tensor) and output.requires_grad):
+                return
+
+            def on_grad(grad: torch.Tensor) -> None:
+                unsharded = [n for n, p in module.named_parameters() if not fsdp_sharded(p)]
+                if unsharded:
+                    self.problems.append(
+                        f"set_unshard_in_backward(False) on {path!r}: {unsharded} unsharded in backward"
+                    )
+
+            output.register_hook(on_grad)
+
+        return check
 
     def _prefetch(self, units: list[ShardSpec]) -> None:
         """Prefetch among the units of one FSDP root (``units`` in forward order, the root

@@ -113,6 +113,11 @@ class Knobs:
       every root unit: zero gradients for parameters that got none, so only where every
       trainable parameter gets one on every microbatch (no skipped modules,
       ``fuzz.model.rules.check_training``), where it must change nothing.
+    - ``no_unshard_in_backward``: ``set_unshard_in_backward(False)`` on the units whose
+      parameters backward does not need (:meth:`fuzz.model.Layout.unneeded_in_backward`);
+      where such a unit was resharded after forward, the rank checks that its parameters are
+      still sharded when its output's gradient arrives (no unshard in backward, prefetching
+      included).
 
     Gradients scaled as documented (``parity`` only; the reference scales its gradients the
     same way, :meth:`fuzz.model.Layout.gradient_scale`):
@@ -138,6 +143,7 @@ class Knobs:
     pg_allocator: bool = False
     rs_max_buffers: int = 0
     reduce_scatter_unused: bool = False
+    no_unshard_in_backward: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.rs_max_buffers <= 4:

@@ -73,6 +73,11 @@ def check_composition(tree: ModuleTree, comp: Composition, where: str = "composi
     _check_replicate_options(tree, comp, where)
     _check_checkpoint_options(tree, comp, where)
     _check_ignored_params(tree, comp, where)
+    if comp.knobs.no_unshard_in_backward and not Layout(tree, comp).unneeded_in_backward():
+        raise CaseError(
+            f"{where}.knobs.no_unshard_in_backward",
+            "no fully_shard unit whose parameters backward does not need (Layout.unneeded_in_backward)",
+        )
     if comp.wrapper is Wrapper.NONE:
         # A parameter under no fully_shard / replicate gets no gradient reduction, so its
         # ranks would diverge by design: not a case the properties can judge.
