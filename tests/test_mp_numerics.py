@@ -143,11 +143,35 @@ REGRESSIONS = Path(__file__).parent / "regressions"
         # children: FSDP2 adds the unit's input-gradient terms first, the reference in
         # another order (a bfloat16 ulp in the first layer's gradient); judged as inexact
         "mp-residual-unit-regrouped-bf16.json",
+        # the same in float16 with SGD: a parameter after an update differs by lr times an ulp
+        # of its gradient, more than its own tolerance; judged before the first update
+        "mp-residual-unit-regrouped-fp16-sgd.json",
     ],
 )
 def test_cases_torch_gets_right_are_not_failures(check_case: Any, name: str) -> None:
     """Cases a soak once reported as mismatches where torch was right (false alarms)."""
     check_case(case_from_json(json.loads((REGRESSIONS / name).read_text())))
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        # SGD over 4 ranks in bfloat16, gradients near 12 (an ulp of 0.0625) and a parameter
+        # near -0.018: the update rounds apart by lr x 0.0625, far over the parameter's tolerance
+        "mp-sgd-four-ranks-bf16-large-gradient.json",
+        # a (2, 2) mesh reducing in bfloat16, a LayerNorm over one feature (which divides
+        # rounding noise by sqrt(eps)): the second step's gradient norm 4% apart
+        "mp-hsdp-layer-norm-one-feature-bf16-reduce.json",
+    ],
+)
+def test_inexact_four_rank_cases_are_judged_before_the_first_update(name: str) -> None:
+    """False alarms of a 4-rank soak: an inexact low-precision reduction rounds the gradients
+    apart by their own ulps, which an update carries into the parameters."""
+    case = case_from_json(json.loads((REGRESSIONS / name).read_text()))
+    assert case.world_size == 4
+    with RankPool(world_size=4, deadline=60) as pool:
+        failure = run_case(pool, get_property(case.property), case)
+    assert failure is None, failure.summary
 
 
 def test_adam_over_an_inexact_reduction_is_judged_before_its_first_update() -> None:
