@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=dc0377a58eb1e287 sources=7d6f5cb23a31c8e4 seconds=223.8
+# shardfuzz reduced reproducer: entry=4da2f48d2fa30bb5 sources=7d6f5cb23a31c8e4 seconds=223.8
 """Reproduces shardfuzz corpus entry dcp-crash-b5480b2301a0.json: crash:dcp:signal
 
 Observed: The FSDP1 FULL_STATE_DICT offload_to_cpu SIGSEGV on CPU (docs/state_dict.md item 5,

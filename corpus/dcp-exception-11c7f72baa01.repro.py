@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=7db4623c371e95e0 sources=7d6f5cb23a31c8e4 seconds=272.5
+# shardfuzz reduced reproducer: entry=0845a1e0c476c07f sources=7d6f5cb23a31c8e4 seconds=272.5
 """Reproduces shardfuzz corpus entry dcp-exception-11c7f72baa01.json: exception:dcp:torch.distributed.checkpoint.api.CheckpointException@torch/distributed/checkpoint/default_planner.py:create_default_local_load_plan
 
 Observed: dcp.load of an FSDP1 sharded state dict where a rank holds no chunk of a parameter,

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=afe7b9e41a20b0db sources=7d6f5cb23a31c8e4 seconds=321.0
+# shardfuzz reduced reproducer: entry=24cba4b5d3ca2075 sources=7d6f5cb23a31c8e4 seconds=321.0
 """Reproduces shardfuzz corpus entry dcp-exception-3a6a51f922d1.json: exception:dcp:builtins.ValueError@torch/distributed/fsdp/_optim_utils.py:_flatten_optim_state_dict
 
 Observed: The classic FSDP1 DCP recipe with an optimizer without state (SGD without momentum):

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=83769381c29cc681 sources=7d6f5cb23a31c8e4 seconds=287.0
+# shardfuzz reduced reproducer: entry=ddc9107588b830c3 sources=7d6f5cb23a31c8e4 seconds=287.0
 """Reproduces shardfuzz corpus entry dcp-exception-418da060d0db.json: exception:dcp:builtins.KeyError@torch/distributed/checkpoint/state_dict.py:_get_optim_state_dict
 
 Observed: The FSDP2 bug of corpus/parity-mismatch-5f3ad2a543cd (a frozen unit with

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=c2c685119f970f8e sources=7d6f5cb23a31c8e4 seconds=307.6
+# shardfuzz reduced reproducer: entry=32bab302165bedb8 sources=7d6f5cb23a31c8e4 seconds=307.6
 """Reproduces shardfuzz corpus entry dcp-exception-4d02691a497a.json: exception:dcp:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out
 
 Observed: Not a state-dict bug: FSDP2's backward all-gather raises IndexError in

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=f6cb9a8e061ca80f sources=7d6f5cb23a31c8e4 seconds=363.6
+# shardfuzz reduced reproducer: entry=93f443fd28251a3e sources=7d6f5cb23a31c8e4 seconds=363.6
 """Reproduces shardfuzz corpus entry dcp-exception-5bdb13d18d5c.json: exception:dcp:builtins.RuntimeError@torch/distributed/_state_dict_utils.py:tensor_func
 
 Observed: FileSystemWriter(cache_staged_state_dict=True) pins its staging copy whether or not

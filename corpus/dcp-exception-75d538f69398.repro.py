@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=785685a7381f9718 sources=7d6f5cb23a31c8e4 seconds=242.0
+# shardfuzz reduced reproducer: entry=e7955ea402b7e752 sources=7d6f5cb23a31c8e4 seconds=242.0
 """Reproduces shardfuzz corpus entry dcp-exception-75d538f69398.json: exception:dcp:builtins.KeyError@torch/distributed/checkpoint/_state_dict_stager.py:deepcopy_with_tensor_offload
 
 Observed: async_save with an explicit DefaultStager reused for a later save: DefaultStager

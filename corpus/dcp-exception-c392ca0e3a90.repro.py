@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=92f9d61ed6056c09 sources=7d6f5cb23a31c8e4 seconds=309.8
+# shardfuzz reduced reproducer: entry=4b45c2168641062c sources=7d6f5cb23a31c8e4 seconds=309.8
 """Reproduces shardfuzz corpus entry dcp-exception-c392ca0e3a90.json: exception:dcp:builtins.KeyError@torch/distributed/fsdp/_optim_utils.py:_unflatten_param_groups
 
 Observed: FSDP1 NO_SHARD with an auto-wrapped unit whose parameters are all frozen, those

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=508ed2e9fd925342 sources=7d6f5cb23a31c8e4 seconds=268.0
+# shardfuzz reduced reproducer: entry=bc8ec400c405abdb sources=7d6f5cb23a31c8e4 seconds=268.0
 """Reproduces shardfuzz corpus entry dcp-exception-d6daf354182c.json: exception:dcp:builtins.RuntimeError@torch/distributed/_shard/sharded_tensor/api.py:dispatch
 
 Observed: dcp.async_save(checkpoint_id=...) of FSDP1 ShardedTensors: the default stager calls

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=162586248377ab4f sources=7d6f5cb23a31c8e4 seconds=275.3
+# shardfuzz reduced reproducer: entry=891107a19cd069f6 sources=7d6f5cb23a31c8e4 seconds=275.3
 """Reproduces shardfuzz corpus entry dcp-exception-e248d03a903f.json: exception:dcp:builtins.AssertionError@torch/distributed/checkpoint/state_dict.py:_load_optim_state_dict
 
 Observed: set_optimizer_state_dict(full_state_dict=True) raises AssertionError('Expected device

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=8228996f6fd4be5a sources=7d6f5cb23a31c8e4 seconds=355.4
+# shardfuzz reduced reproducer: entry=87e3671b7d30ca95 sources=7d6f5cb23a31c8e4 seconds=355.4
 """Reproduces shardfuzz corpus entry dcp-hang-96de59c34a50.json: hang:dcp@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone
 
 Observed: set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0 pass an

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=2e58ac002fea8c7c sources=7d6f5cb23a31c8e4 seconds=288.8
+# shardfuzz reduced reproducer: entry=8fe6d7b1f8b8192a sources=7d6f5cb23a31c8e4 seconds=288.8
 """Reproduces shardfuzz corpus entry dcp-mismatch-175e579ba153.json: mismatch:dcp@async_save:fsdp1-hsdp-load_sharded_optimizer_state_dict
 
 Observed: Into FSDP1 HYBRID_SHARD over a 2-D mesh, load_sharded_optimizer_state_dict lays the

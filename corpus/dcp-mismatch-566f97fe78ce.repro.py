@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=00e158dc66e4194e sources=7d6f5cb23a31c8e4 seconds=270.4
+# shardfuzz reduced reproducer: entry=f8717496fe4a5c07 sources=7d6f5cb23a31c8e4 seconds=270.4
 """Reproduces shardfuzz corpus entry dcp-mismatch-566f97fe78ce.json: mismatch:dcp@set_optimizer_state_dict:frozen-optimizer-state-dropped
 
 Observed: the optimizer state differs after the load: ['0.weight'] is missing

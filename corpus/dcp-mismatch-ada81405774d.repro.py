@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=a635595e21e9824a sources=7d6f5cb23a31c8e4 seconds=242.5
+# shardfuzz reduced reproducer: entry=63e5b277ec033028 sources=7d6f5cb23a31c8e4 seconds=242.5
 """Reproduces shardfuzz corpus entry dcp-mismatch-ada81405774d.json: mismatch:dcp@save:fsdp1-hsdp-load_sharded_optimizer_state_dict
 
 Observed: Into FSDP1 HYBRID_SHARD over a 2-D mesh, load_sharded_optimizer_state_dict lays the

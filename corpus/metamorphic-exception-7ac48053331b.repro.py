@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=7cab03442e860cb4 sources=845e968d7c09e2fe seconds=240.7
+# shardfuzz reduced reproducer: entry=aa96ea87f1dc4963 sources=845e968d7c09e2fe seconds=240.7
 """Reproduces shardfuzz corpus entry metamorphic-exception-7ac48053331b.json: exception:metamorphic:builtins.RuntimeError@torch/distributed/tensor/_dispatch.py:_try_replicate_spec_for_scalar_tensor
 
 Observed: rank 0 raised builtins.RuntimeError: aten._foreach_add_.List got mixed torch.Tensor

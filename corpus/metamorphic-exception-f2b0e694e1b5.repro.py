@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=3f8de5dcf0f7988f sources=845e968d7c09e2fe seconds=403.7
+# shardfuzz reduced reproducer: entry=14b13112cdb7665b sources=845e968d7c09e2fe seconds=403.7
 """Reproduces shardfuzz corpus entry metamorphic-exception-f2b0e694e1b5.json: exception:metamorphic:torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/conv.py:_conv_forward
 
 Observed: torch.compile over FSDP1 (use_orig_params=True, sharded): Dynamo recompiles the

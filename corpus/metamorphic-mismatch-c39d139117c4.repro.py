@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=417c55e2fec5d9b1 sources=845e968d7c09e2fe seconds=225.2
+# shardfuzz reduced reproducer: entry=c33cc422d730720c sources=845e968d7c09e2fe seconds=225.2
 """Reproduces shardfuzz corpus entry metamorphic-mismatch-c39d139117c4.json: mismatch:metamorphic@fsdp1:shard1
 
 Observed: 0.weight[1] after step 0 is -0.362216979265213, expected -0.32023686170578003 (error

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=4b3df5ef65b9255f sources=845e968d7c09e2fe seconds=239.9
+# shardfuzz reduced reproducer: entry=67f5178c0d26f153 sources=845e968d7c09e2fe seconds=239.9
 """Reproduces shardfuzz corpus entry metamorphic-mismatch-fc5f66f774ab.json: mismatch:metamorphic@fsdp1:unfrozen-frozen-unit
 
 Observed: FSDP1 NO_SHARD auto-wrapping a block whose parameters are all frozen, one of them

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=6a2abefef4dd5b31 sources=845e968d7c09e2fe seconds=124.3
+# shardfuzz reduced reproducer: entry=49e98a7a0cd611b2 sources=845e968d7c09e2fe seconds=124.3
 """Reproduces shardfuzz corpus entry mixed_precision-exception-6665b1eeed50.json: exception:mixed_precision:builtins.RuntimeError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_reduce
 
 Observed: FSDP2 MixedPrecisionPolicy: a unit whose parameters were all frozen at lazy init gets

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=eebf69c395746912 sources=845e968d7c09e2fe seconds=311.5
+# shardfuzz reduced reproducer: entry=29068ea80b7f75eb sources=845e968d7c09e2fe seconds=311.5
 """Reproduces shardfuzz corpus entry parity-exception-0c5058dcf8f5.json: exception:parity:torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/conv.py:_conv_forward
 
 Observed: torch.compile over FSDP1 (use_orig_params=True, sharded): Dynamo recompiles the

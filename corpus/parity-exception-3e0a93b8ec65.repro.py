@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=68bdf338ca95ed25 sources=845e968d7c09e2fe seconds=145.9
+# shardfuzz reduced reproducer: entry=1c96dbc1c2137b8d sources=845e968d7c09e2fe seconds=145.9
 """Reproduces shardfuzz corpus entry parity-exception-3e0a93b8ec65.json: exception:parity:builtins.RuntimeError@torch/utils/checkpoint.py:__torch_dispatch__
 
 Observed: selective activation checkpointing over a region holding a fully_shard unit kept

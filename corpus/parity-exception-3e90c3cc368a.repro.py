@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=4d9e9c37ecaddd6c sources=845e968d7c09e2fe seconds=152.5
+# shardfuzz reduced reproducer: entry=71d9601af2884473 sources=845e968d7c09e2fe seconds=152.5
 """Reproduces shardfuzz corpus entry parity-exception-3e90c3cc368a.json: exception:parity:builtins.ValueError@torch/utils/checkpoint.py:_checkpoint_without_reentrant_generator
 
 Observed: composable checkpoint(debug=True) always raises ValueError 'debug=True is incompatible

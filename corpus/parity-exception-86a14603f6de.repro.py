@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=746779464116bbb8 sources=845e968d7c09e2fe seconds=179.5
+# shardfuzz reduced reproducer: entry=6d0f1782b1a74e14 sources=845e968d7c09e2fe seconds=179.5
 """Reproduces shardfuzz corpus entry parity-exception-86a14603f6de.json: exception:parity:builtins.RuntimeError@torch/nn/parallel/distributed.py:_clear_grad_buffer
 
 Observed: replicate with delay_all_reduce_named_params over float64 parameters: DDP's delayed-

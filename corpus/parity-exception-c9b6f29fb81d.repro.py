@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=e0d493e9f9cd8cee sources=845e968d7c09e2fe seconds=221.9
+# shardfuzz reduced reproducer: entry=8b7ebc3b68aad9f0 sources=845e968d7c09e2fe seconds=221.9
 """Reproduces shardfuzz corpus entry parity-exception-c9b6f29fb81d.json: exception:parity:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out
 
 Observed: rank 0 raised builtins.IndexError: list index out of range

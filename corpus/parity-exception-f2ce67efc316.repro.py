@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=0c68acf3fa5c0cb8 sources=845e968d7c09e2fe seconds=179.3
+# shardfuzz reduced reproducer: entry=3951471a63742290 sources=845e968d7c09e2fe seconds=179.3
 """Reproduces shardfuzz corpus entry parity-exception-f2ce67efc316.json: exception:parity:builtins.RuntimeError@torch/distributed/tensor/_dispatch.py:_try_replicate_spec_for_scalar_tensor
 
 Observed: rank 0 raised builtins.RuntimeError: aten._foreach_add_.List got mixed torch.Tensor

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=424121fdd030988f sources=845e968d7c09e2fe seconds=228.5
+# shardfuzz reduced reproducer: entry=d9f2fe49f54e84bd sources=845e968d7c09e2fe seconds=228.5
 """Reproduces shardfuzz corpus entry parity-mismatch-009298376223.json: mismatch:parity@fsdp2:shard1:divide-factor-twice
 
 Observed: rank 0 gradient norm at step 0 is 1.7529385089874268, expected 3.5058770179748535

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=62d0f0bce699e8c9 sources=845e968d7c09e2fe seconds=266.8
+# shardfuzz reduced reproducer: entry=075f93630193a507 sources=845e968d7c09e2fe seconds=266.8
 """Reproduces shardfuzz corpus entry parity-mismatch-28f92215865a.json: mismatch:parity@fsdp2:delay-all-reduce
 
 Observed: replicate with delay_all_reduce_named_params / param_to_hook_all_reduce: DDP keeps the

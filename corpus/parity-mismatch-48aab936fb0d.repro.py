@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=cb1265e440384472 sources=845e968d7c09e2fe seconds=235.6
+# shardfuzz reduced reproducer: entry=fa2d3ff0502bcfd3 sources=845e968d7c09e2fe seconds=235.6
 """Reproduces shardfuzz corpus entry parity-mismatch-48aab936fb0d.json: mismatch:parity@fsdp1:unfrozen-frozen-unit
 
 Observed: FSDP1 NO_SHARD auto-wrapping a block whose parameters are all frozen, one of them

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=0ce9f00b2156e5d5 sources=845e968d7c09e2fe seconds=229.3
+# shardfuzz reduced reproducer: entry=f1aad34c9feef555 sources=845e968d7c09e2fe seconds=229.3
 """Reproduces shardfuzz corpus entry parity-mismatch-5f3ad2a543cd.json: mismatch:parity@fsdp2:unfrozen-unresharded
 
 Observed: FSDP2: a frozen fully_shard unit with reshard_after_forward=False under a replicate'd

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=35fa36b4695dcb97 sources=845e968d7c09e2fe seconds=242.5
+# shardfuzz reduced reproducer: entry=5c3349c879fbaf65 sources=845e968d7c09e2fe seconds=242.5
 """Reproduces shardfuzz corpus entry parity-mismatch-6176f16b4070.json: mismatch:parity@fsdp2:compiled-unfreeze
 
 Observed: torch.compile(backend='aot_eager') over fully_shard whose ignored_params (plain

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=ebae1dd9b185a093 sources=845e968d7c09e2fe seconds=238.4
+# shardfuzz reduced reproducer: entry=a161a48d10d56ad0 sources=845e968d7c09e2fe seconds=238.4
 """Reproduces shardfuzz corpus entry parity-mismatch-cfc52991d173.json: mismatch:parity@fsdp2:unused-no-all-reduce
 
 Observed: FSDP2 HSDP with set_requires_all_reduce(False): a unit unused on the last microbatch

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=4ce5d6f0285a0908 sources=845e968d7c09e2fe seconds=238.8
+# shardfuzz reduced reproducer: entry=b7358e722268b335 sources=845e968d7c09e2fe seconds=238.8
 """Reproduces shardfuzz corpus entry parity-mismatch-da0c9d4e06cd.json: mismatch:parity@fsdp1:shard1
 
 Observed: 0.weight[1] after step 0 is -0.32023686170578003, expected -0.362216979265213 (error

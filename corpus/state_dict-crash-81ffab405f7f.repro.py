@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=6e7911c031dba1c2 sources=c2f9d3144d82dce8 seconds=512.9
+# shardfuzz reduced reproducer: entry=627b92f9c75a2fc3 sources=c2f9d3144d82dce8 seconds=512.9
 """Reproduces shardfuzz corpus entry state_dict-crash-81ffab405f7f.json: crash:state_dict:signal
 
 Observed: FSDP1 FULL_STATE_DICT with offload_to_cpu on CPU: model.state_dict() clones an already

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=507b53a288cee9c9 sources=c2f9d3144d82dce8 seconds=181.8
+# shardfuzz reduced reproducer: entry=a7670fbac300d246 sources=c2f9d3144d82dce8 seconds=181.8
 """Reproduces shardfuzz corpus entry state_dict-exception-6b7f874c0c8d.json: exception:state_dict:builtins.ValueError@torch/distributed/distributed_c10d.py:get_group_rank
 
 Observed: set_optimizer_state_dict(full_state_dict=True, cpu_offload=True) into FSDP1

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=8017b5f35ca482a2 sources=c2f9d3144d82dce8 seconds=184.8
+# shardfuzz reduced reproducer: entry=8a961ec26fda3260 sources=c2f9d3144d82dce8 seconds=184.8
 """Reproduces shardfuzz corpus entry state_dict-exception-ab49bbd468b0.json: exception:state_dict:builtins.AssertionError@torch/distributed/fsdp/_state_dict_utils.py:_common_unshard_post_state_dict_hook
 
 Observed: FSDP1 NO_SHARD (use_orig_params) with an auto-wrapped unit whose parameters are all

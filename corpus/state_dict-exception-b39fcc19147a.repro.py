@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=88007dd7d6fc16e9 sources=c2f9d3144d82dce8 seconds=174.8
+# shardfuzz reduced reproducer: entry=f79d1e3b59a0cdd2 sources=c2f9d3144d82dce8 seconds=174.8
 """Reproduces shardfuzz corpus entry state_dict-exception-b39fcc19147a.json: exception:state_dict:builtins.KeyError@torch/distributed/_state_dict_utils.py:_unflatten_state_dict
 
 Observed: rank 0 raised builtins.KeyError: 'param_groups.0.params.0'

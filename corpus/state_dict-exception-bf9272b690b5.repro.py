@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=e4228a5d4278b1d8 sources=c2f9d3144d82dce8 seconds=219.3
+# shardfuzz reduced reproducer: entry=e5539532b13e61d5 sources=c2f9d3144d82dce8 seconds=219.3
 """Reproduces shardfuzz corpus entry state_dict-exception-bf9272b690b5.json: exception:state_dict:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out
 
 Observed: Not a state-dict bug: FSDP2's backward all-gather raises IndexError in

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=612c19dfe449ee2d sources=c2f9d3144d82dce8 seconds=159.5
+# shardfuzz reduced reproducer: entry=af1b565e41fad220 sources=c2f9d3144d82dce8 seconds=159.5
 """Reproduces shardfuzz corpus entry state_dict-exception-d75bbc271571.json: exception:state_dict:builtins.AssertionError@torch/distributed/checkpoint/state_dict.py:_load_optim_state_dict
 
 Observed: set_optimizer_state_dict(full_state_dict=True) raises AssertionError('Expected device

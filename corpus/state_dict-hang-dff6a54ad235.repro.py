@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=9d2e195942e629c3 sources=c2f9d3144d82dce8 seconds=168.4
+# shardfuzz reduced reproducer: entry=905c6279a12f4664 sources=c2f9d3144d82dce8 seconds=168.4
 """Reproduces shardfuzz corpus entry state_dict-hang-dff6a54ad235.json: hang:state_dict@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone
 
 Observed: set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0 pass an

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=ee409d9d33420ecf sources=c2f9d3144d82dce8 seconds=234.9
+# shardfuzz reduced reproducer: entry=e9797d40ebc65ba7 sources=c2f9d3144d82dce8 seconds=234.9
 """Reproduces shardfuzz corpus entry state_dict-mismatch-7b9a97d5e646.json: mismatch:state_dict@fsdp1_optim_state_dict:shard1
 
 Observed: FSDP1 HYBRID_SHARD with a shard dimension of size 1 never averages gradients across

@@ -250,3 +250,19 @@ def test_the_reproduced_signature_is_read_whole_where_it_holds_a_space() -> None
     assert reproduced(0, f"REPRODUCED {crash}: rank 0 died") is None
     unreduced = "REPRODUCED mismatch:parity@fsdp1:shard1 (param): 0.weight[1] after step 0"
     assert reproduced(1, unreduced) == "mismatch:parity@fsdp1:shard1"
+
+
+def test_the_entry_hash_ignores_counters_and_fields_at_their_defaults() -> None:
+    """A campaign that meets the entry again (its count), or a field the model gains later with
+    a default, leaves the stored script current; a change to the case does not."""
+    from dataclasses import replace
+
+    from fuzz.model import to_jsonable
+    from fuzz.repro.reduce import entry_hash
+
+    entry = load_entry(ROOT / "corpus" / f"{SMALL}.json")
+    assert entry_hash(replace(entry, count=entry.count + 7, reproduced=0)) == entry_hash(entry)
+    sparse = to_jsonable(entry.case, sparse=True)
+    assert "knobs" not in sparse["body"]["composition"]  # every knob at its default
+    other = replace(entry, case=replace(entry.case, seed=entry.case.seed + 1))
+    assert entry_hash(other) != entry_hash(entry)

@@ -21,19 +21,33 @@ from fuzz.model.tree import Block, Leaf
 SCHEMA_VERSION = 1
 
 
-def to_jsonable(value: Any) -> Any:
+def _default(f: dataclasses.Field[Any]) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
+
+
+def to_jsonable(value: Any, *, sparse: bool = False) -> Any:
+    """``value`` as JSON; with ``sparse``, dataclass fields equal to their defaults are left out
+    (so a field the model adds later, with a default, leaves the encoding of older values as it
+    was: :func:`fuzz.repro.reduce.entry_hash`)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         out: dict[str, Any] = {}
         kind = getattr(type(value), "KIND", None)
         if kind is not None:
             out["kind"] = kind
         for f in dataclasses.fields(value):
-            out[f.name] = to_jsonable(getattr(value, f.name))
+            field_value = getattr(value, f.name)
+            if sparse and field_value == _default(f):
+                continue
+            out[f.name] = to_jsonable(field_value, sparse=sparse)
         return out
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, tuple):
-        return [to_jsonable(v) for v in value]
+        return [to_jsonable(v, sparse=sparse) for v in value]
     if isinstance(value, (bool, int, float, str)) or value is None:
         return value
     raise TypeError(f"cannot serialise {type(value).__name__}")

@@ -64,6 +64,7 @@ from pathlib import Path
 
 from fuzz.corpus import Entry
 from fuzz.errors import InvalidArgument, PoolError
+from fuzz.model import to_jsonable
 from fuzz.pool import RankPool
 from fuzz.properties import get_property
 from fuzz.repro import render_entry
@@ -180,8 +181,17 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+#: Entry fields a campaign updates when it meets the entry again; a script does not depend on them.
+_COUNTERS = ("count", "reruns", "reproduced")
+
+
 def entry_hash(entry: Entry) -> str:
-    return _digest(json.dumps(entry.to_json(), sort_keys=True))
+    """A hash of what a reduced script depends on: the entry but for its counters, with the case
+    encoded sparsely (fields at their defaults left out), so that a field the model gains later
+    does not make every stored script stale."""
+    data = {k: v for k, v in entry.to_json().items() if k not in _COUNTERS}
+    data["case"] = to_jsonable(entry.case, sparse=True)
+    return _digest(json.dumps(data, sort_keys=True))
 
 
 def sources_hash(modules: dict[str, str]) -> str:
