@@ -104,6 +104,8 @@ def bench_all(
                     )
                 except ShardfuzzError as e:
                     row += f"; not reduced: {e}"
+            if reduced is None and refresh:
+                reduced = stored_script(path, entry)  # a failed refresh leaves the current one
             kept = stored_path(path)
             if reduced is None and kept.exists():
                 text = kept.read_text(encoding="utf-8", errors="replace")
@@ -112,8 +114,6 @@ def bench_all(
                 if took is not None:
                     stale_seconds.append(float(took))
                 row += f"; kept reduced script is stale: {stale_lines[-1]} code lines"
-            if reduced is None and refresh:
-                reduced = stored_script(path, entry)  # a failed refresh leaves the current one
             if reduced is not None:
                 if not from_current_sources(reduced, entry):
                     older_sources += 1
