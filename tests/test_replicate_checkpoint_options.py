@@ -181,7 +181,7 @@ def test_the_modules_synced_at_init_are_those_ddp_manages() -> None:
     replicated = Composition(replicates=("", "1"), shards=(ShardSpec("1.0"),))
     assert sorted(Layout(TREE, replicated).synced_at_init(TRAINING)[0]) == ["", "0", "1.2", "2"]  # "1.0": fully_shard
     assert not Layout(TREE, replicated).synced_at_init(TRAINING)[1]  # replicate hands DDP parameters only
-    ignoring = replace(replicated, replicate_options=ReplicateOptions(ignored_modules=("1",)))
+    ignoring = Composition(replicates=("",), replicate_options=ReplicateOptions(ignored_modules=("1",)))
     assert sorted(Layout(TREE, ignoring).synced_at_init(TRAINING)[0]) == ["", "0", "2"]
     unsynced = replace(replicated, replicate_options=ReplicateOptions(init_sync=False))
     assert Layout(TREE, unsynced).synced_at_init(TRAINING) == ([], False)

@@ -169,15 +169,11 @@ class Layout:
         if comp.wrapper is not Wrapper.NONE or not comp.replicate_options.init_sync:
             return [], False
         microbatches = [(s, i) for s in range(training.steps) for i in range(training.grad_accum)]
-        ignored = comp.replicate_options.ignored_modules
         out = []
-        for unit in self.units:
+        for unit in (u for u in self.units if u.api == "replicate"):
             member = unit.members[0]
-            if unit.api != "replicate" or not any(
-                not any(contains(skip, member) for skip in training.skipped_at(s, i)) for s, i in microbatches
-            ):
-                continue
-            out += [p for p in self.owned_by(unit) if not any(contains(i, p) for i in ignored)]
+            if any(not any(contains(skip, member) for skip in training.skipped_at(s, i)) for s, i in microbatches):
+                out += self.owned_by(unit)  # without its ignored modules (member_of)
         return out, False
 
     def unneeded_in_backward(self) -> list[str]:
