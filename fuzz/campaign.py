@@ -243,6 +243,7 @@ def merge(summaries: list[dict[str, Any]], *, seconds: float) -> dict[str, Any]:
         "cases": sum(s.get("cases", 0) for s in summaries),
         "interrupted": any(s.get("interrupted", False) for s in summaries),
         "restarts": sum(s.get("restarts", 0) for s in summaries),
+        "recycled": sum(s.get("recycled", 0) for s in summaries),
         "backend": first.get("backend"),
         "world_size": first.get("world_size"),
         "pools": len(summaries),

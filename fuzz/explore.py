@@ -275,6 +275,8 @@ class Progress:
     features_per_property: dict[str, Counter[str]] = field(default_factory=dict)
     found: dict[str, Found] = field(default_factory=dict)
     restarts: int = 0
+    #: Times the ranks were replaced between cases for their thread count (RankPool.recycled).
+    recycled: int = 0
     interrupted: bool = False
     started_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     timeline: list[dict[str, Any]] = field(default_factory=list)
@@ -337,6 +339,7 @@ class Progress:
             "cases": self.cases,
             "interrupted": self.interrupted,
             "restarts": self.restarts,
+            "recycled": self.recycled,
             "backend": backend,
             "world_size": world_size,
             "pools": pools,
@@ -639,6 +642,7 @@ def explore(
     progress.interrupted = progress.interrupted or stop_requested()
     clear_stop()
     progress.restarts = pool.restarts
+    progress.recycled = pool.recycled
     progress.weights = scheduler.weights()
     progress.sample(force=True)
     return progress
@@ -709,6 +713,7 @@ def _run_chunk(
         progress.per_property[prop.name] += 1
         progress.seconds_per_property[prop.name] = progress.seconds_per_property.get(prop.name, 0.0) + seconds
         progress.restarts = pool.restarts
+        progress.recycled = pool.recycled
         progress.sample()
         if on_case is not None:
             on_case(progress)

@@ -39,7 +39,7 @@ from fuzz.cli import positive_int
 from fuzz.corpus import KnownBugs, load_corpus
 from fuzz.errors import InvalidArgument, ShardfuzzError
 from fuzz.model import Case
-from fuzz.pool import RankPool
+from fuzz.pool import RankPool, sample_process
 from fuzz.properties import Property, all_properties, get_property
 
 #: Largest allowed change of a metric between the first and the last mark (fraction).
@@ -52,31 +52,6 @@ EXIT_OK, EXIT_DRIFT, EXIT_USAGE = 0, 1, 2
 
 
 # --------------------------------------------------------------------------------- sampling
-
-
-def parse_status(text: str) -> dict[str, float]:
-    """``rss_mib`` and ``threads`` from the text of ``/proc/<pid>/status``."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        parts = value.split()
-        if key == "VmRSS" and parts:
-            # The kernel always writes kB here.
-            out["rss_mib"] = int(parts[0]) / 1024
-        elif key == "Threads" and parts:
-            out["threads"] = int(parts[0])
-    return out
-
-
-def sample_process(pid: int, *, proc: str = "/proc") -> dict[str, float]:
-    """``rss_mib``, ``threads`` and ``fds`` of one live process; {} if it has gone."""
-    try:
-        with open(os.path.join(proc, str(pid), "status")) as f:
-            out = parse_status(f.read())
-        out["fds"] = len(os.listdir(os.path.join(proc, str(pid), "fd")))
-    except (FileNotFoundError, ProcessLookupError):
-        return {}
-    return out
 
 
 def parse_nvidia_smi(text: str) -> dict[int, float]:
@@ -289,7 +264,7 @@ def health_bench(
     per_property: Counter[str] = Counter()
     sampled: list[dict[str, Any]] = []
     started = time.perf_counter()
-    with RankPool(world_size=world_size, backend=backend, deadline=deadline) as pool:
+    with RankPool(world_size=world_size, backend=backend, deadline=deadline, max_rank_threads=None) as pool:
         out(
             f"health: {backend}, {world_size} ranks on {pool.devices}, {cases} cases round robin over "
             f"{', '.join(p.name for p in props)} (seed {seed}); marks {', '.join(map(str, marks))}; limit {limit:.0%}"

@@ -77,6 +77,40 @@ RANK_ENV_DEFAULTS = {
 SETTLE_TIMEOUT_S = 20.0
 
 
+#: A rank is ended and a fresh one spawned, between cases, once it has this many OS threads.
+#: Threads accumulate in a long-lived rank: a gloo process group starts threads that outlive
+#: ``destroy_process_group`` (3 a group with torch 2.13; measured), and an integer
+#: ``reshard_after_forward`` makes fully_shard create a group per call (pytorch/pytorch#153302).
+#: Thousands of cases in one rank then end in ``RuntimeError: Resource temporarily unavailable``
+#: (EAGAIN) when a group is created: the host's thread limit, not a torch failure.
+MAX_RANK_THREADS = 512
+
+
+def parse_status(text: str) -> dict[str, float]:
+    """``rss_mib`` and ``threads`` from the text of ``/proc/<pid>/status``."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        parts = value.split()
+        if key == "VmRSS" and parts:
+            # The kernel always writes kB here.
+            out["rss_mib"] = int(parts[0]) / 1024
+        elif key == "Threads" and parts:
+            out["threads"] = int(parts[0])
+    return out
+
+
+def sample_process(pid: int, *, proc: str = "/proc") -> dict[str, float]:
+    """``rss_mib``, ``threads`` and ``fds`` of one live process; {} if it has gone."""
+    try:
+        with open(os.path.join(proc, str(pid), "status")) as f:
+            out = parse_status(f.read())
+        out["fds"] = len(os.listdir(os.path.join(proc, str(pid), "fd")))
+    except (FileNotFoundError, ProcessLookupError):
+        return {}
+    return out
+
+
 @dataclass
 class ScriptOutcome:
     """What :meth:`RankPool.run_script` saw: per rank, the verdict line the script's function
@@ -124,7 +158,9 @@ class RankPool:
     ``backend`` is ``"gloo"`` (CPU) or ``"nccl"`` (one GPU per rank, plus gloo for CPU tensors).
     ``gpus`` picks the GPUs for NCCL; by default the pool takes free ones, locking each so that
     other pools, in this process or any other, get disjoint GPUs. ``deadline`` is the default
-    number of seconds a case may take.
+    number of seconds a case may take. ``max_rank_threads``: after a case that ended ok, ranks
+    are replaced by fresh ones once one of them has this many OS threads
+    (:data:`MAX_RANK_THREADS`; ``None``: never, for the health check that measures the growth).
     """
 
     def __init__(
@@ -136,6 +172,7 @@ class RankPool:
         deadline: float = 60.0,
         start_timeout: float = 180.0,
         env: dict[str, str] | None = None,
+        max_rank_threads: int | None = MAX_RANK_THREADS,
     ) -> None:
         if backend not in BACKENDS:
             raise InvalidArgument(f"backend={backend!r} is not one of {BACKENDS}")
@@ -147,7 +184,12 @@ class RankPool:
         self.backend = backend
         self.deadline = deadline
         self.start_timeout = start_timeout
+        self.max_rank_threads = max_rank_threads
+        #: Fresh ranks spawned after a failure (``restarts``) and after ranks grew too many
+        #: threads (``recycled``); ``_generation`` counts both.
         self.restarts = 0
+        self.recycled = 0
+        self._generation = 0
         self.cases_run = 0
         self.versions: dict[str, str] = {}
         self._extra_env = dict(env or {})
@@ -265,7 +307,8 @@ class RankPool:
         self.cases_run += 1
         if outcome.ok:
             self.slowest[case.property] = max(self.slowest.get(case.property, 0.0), outcome.seconds)
-        if not outcome.ok:
+            self._recycle_if_grown()
+        else:
             self.respawn()
         return outcome
 
@@ -312,6 +355,8 @@ class RankPool:
                 missing[r.rank] = f"died with status {status}" if status is not None else "missed the deadline"
         if not healthy:
             self.respawn()
+        else:
+            self._recycle_if_grown()
         self.cases_run += 1
         return ScriptOutcome(verdicts, errors, missing, seconds, respawned=not healthy)
 
@@ -492,7 +537,7 @@ class RankPool:
         # The rank must import this very checkout of fuzz, also when it is not installed.
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-        generation = self.restarts
+        generation = self._generation
         for rank in range(self.world_size):
             cmd_r, cmd_w = os.pipe()
             res_r, res_w = os.pipe()
@@ -603,6 +648,23 @@ class RankPool:
         """End the ranks and spawn fresh ones (what a script left behind in torch goes with them)."""
         self._teardown_ranks(kill=True, timeout=0)
         self.restarts += 1
+        self._generation += 1
+        self._spawn()
+
+    def rank_threads(self) -> list[int | None]:
+        """OS threads of each rank now (``/proc``), None where that cannot be read."""
+        return [(sample_process(r.proc.pid).get("threads") if r.proc.poll() is None else None) for r in self._ranks]
+
+    def _recycle_if_grown(self) -> None:
+        """Between cases: stop the ranks and spawn fresh ones if one has
+        :attr:`max_rank_threads` threads or more (:data:`MAX_RANK_THREADS` says why)."""
+        if self.max_rank_threads is None:
+            return
+        if not any(n is not None and n >= self.max_rank_threads for n in self.rank_threads()):
+            return
+        self._teardown_ranks(kill=False, timeout=10.0)
+        self.recycled += 1
+        self._generation += 1
         self._spawn()
 
     def _shutdown(self, timeout: float) -> None:

@@ -19,11 +19,10 @@ from fuzz.health import (
     health_bench,
     main,
     parse_nvidia_smi,
-    parse_status,
-    sample_process,
     verdict,
     within,
 )
+from fuzz.pool import parse_status, sample_process
 
 ROOT = Path(__file__).resolve().parents[1]
 

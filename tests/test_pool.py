@@ -89,6 +89,21 @@ def test_clean_case_is_ok_and_all_reduces(pool: RankPool) -> None:
     assert len(pool.pids) == WORLD_SIZE
 
 
+def test_ranks_with_too_many_threads_are_replaced_between_cases() -> None:
+    """A rank at max_rank_threads after an ok case is stopped and a fresh one spawned, before
+    the next case; the replaced ranks are gone and the count says so (not as a restart)."""
+    with RankPool(world_size=WORLD_SIZE, backend="gloo", deadline=DEADLINE, max_rank_threads=1) as p:
+        first = p.pids
+        assert_clean_case_ok(p)
+        assert p.recycled == 1 and p.restarts == 0
+        assert_all_gone(first)
+        assert_clean_case_ok(p)
+        assert p.recycled == 2 and not set(p.pids) & set(first)
+    with RankPool(world_size=WORLD_SIZE, backend="gloo", deadline=DEADLINE, max_rank_threads=None) as p:
+        assert_clean_case_ok(p)
+        assert p.recycled == 0 and all(n is not None and n > 1 for n in p.rank_threads())
+
+
 @pytest.mark.slow  # waits out the whole 8 s deadline
 def test_the_deadline_ends_a_case_whose_ranks_wait_in_no_blocking_call(pool: RankPool) -> None:
     """Every rank sleeps past the deadline: no rank waits in a collective, so only the deadline,

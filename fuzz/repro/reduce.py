@@ -717,6 +717,7 @@ def reduce_entry(
         code = specialize(code, entry, signature, origins, oracle, timeout=oracle.timeout, say=say)
         code = _confirmed(code, verified, oracle, "folded")
         verified = code
+        say(f"  folded: {code_lines(render_flat(entry, source, signature, code))} code lines")
         if entry.kind == "mismatch":
             case_folded = fold_case_functions(code, entry, origins)
             if case_folded is not None and oracle(case_folded):
