@@ -79,7 +79,8 @@ SETTLE_TIMEOUT_S = 20.0
 
 #: A rank is ended and a fresh one spawned, between cases, once it has this many OS threads.
 #: Threads accumulate in a long-lived rank: a gloo process group starts threads that outlive
-#: ``destroy_process_group`` (3 a group with torch 2.13; measured), and an integer
+#: ``destroy_process_group`` (3 a group with torch 2.13, measured; known upstream as
+#: pytorch/pytorch#107298 and #40400), and an integer
 #: ``reshard_after_forward`` makes fully_shard create a group per call (pytorch/pytorch#153302).
 #: Thousands of cases in one rank then end in ``RuntimeError: Resource temporarily unavailable``
 #: (EAGAIN) when a group is created: the host's thread limit, not a torch failure.
