@@ -1,9 +1,10 @@
 """mixed_precision's numerics: training under a MixedPrecisionPolicy matches a reference that
 applies the policy's casts by hand (fuzz/_rank/parity.py:_low_precision_microbatch), with every
-microbatch reduced or with the ones before a step's last accumulated unreduced
-(``set_requires_gradient_sync(False)``), and the comparison notices a fault that reduces in the
-wrong dtype (tests/faults/K07) and one that accumulates unreduced gradients in the compute
-dtype (tests/faults/K17)."""
+microbatch reduced, with the ones before a step's last accumulated unreduced
+(``set_requires_gradient_sync(False)``) or, on an HSDP mesh, reduce-scattered without the
+all-reduce (``set_requires_all_reduce(False)``); the comparison notices a fault that reduces in
+the wrong dtype (tests/faults/K07), one that accumulates unreduced gradients in the compute
+dtype (tests/faults/K17) and one that keeps the partial reduction in it (tests/faults/K33)."""
 
 from __future__ import annotations
 
@@ -52,10 +53,13 @@ def _case(
     output: Dtype | None = None,
     world_size: int = 2,
     sync: AccumSync = AccumSync.ALWAYS,
+    mesh: tuple[int, ...] = (),
 ) -> Case:
     inner = MixedPrecision(param_dtype=param, reduce_dtype=reduce)
     root = MixedPrecision(param_dtype=param, reduce_dtype=reduce, output_dtype=output, cast_forward_inputs=True)
-    comp = Composition(shards=(ShardSpec(path="1", mixed_precision=inner), ShardSpec(path="", mixed_precision=root)))
+    comp = Composition(
+        shards=(ShardSpec(path="1", mixed_precision=inner), ShardSpec(path="", mixed_precision=root)), mesh=mesh
+    )
     grad_accum = 2 if sync is AccumSync.ALWAYS else 3
     training = Training(
         optimizer=Optimizer.SGD, lr=0.1, steps=2, batch_per_rank=3, grad_accum=grad_accum, accum_sync=sync
@@ -80,6 +84,35 @@ def test_mixed_precision_matches_the_hand_cast_reference(check_case: Any, policy
 @pytest.mark.parametrize("policy", POLICIES, ids=lambda p: "-".join(d.value if d else "none" for d in p))
 def test_unreduced_accumulation_matches_the_hand_cast_reference(check_case: Any, policy: Any) -> None:
     check_case(_case(*policy, sync=AccumSync.NO_GRAD_SYNC))
+
+
+@pytest.mark.parametrize("mesh", [(2, 1), (1, 2)])
+@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: "-".join(d.value if d else "none" for d in p))
+def test_partial_reduction_on_an_hsdp_mesh_matches_the_hand_cast_reference(
+    check_case: Any, policy: Any, mesh: tuple[int, int]
+) -> None:
+    """set_requires_all_reduce(False): two microbatches of three reduce-scatter and keep the sum
+    in the reduce dtype, the last all-reduces it. Over two ranks one stage is a single rank's,
+    so the comparison is exact."""
+    check_case(_case(*policy, sync=AccumSync.NO_ALL_REDUCE, mesh=mesh))
+
+
+def test_partial_reduction_over_four_ranks_matches_the_hand_cast_reference() -> None:
+    case = _case(Dtype.BFLOAT16, Dtype.FLOAT32, world_size=4, sync=AccumSync.NO_ALL_REDUCE, mesh=(2, 2))
+    with RankPool(world_size=4, deadline=60) as pool:
+        failure = run_case(pool, get_property(case.property), case)
+    assert failure is None, failure.summary
+
+
+@pytest.mark.parametrize("mesh", [(2, 1), (1, 2)])
+def test_the_partial_reduction_fault_is_noticed(mesh: tuple[int, int]) -> None:
+    """bf16 compute, fp32 reduce on a 2-rank HSDP mesh: the partial sum kept in bf16 rounds
+    (over (2, 1) the sum of two microbatches, over (1, 2) also the reduce-scatter)."""
+    case = _case(Dtype.BFLOAT16, Dtype.FLOAT32, sync=AccumSync.NO_ALL_REDUCE, mesh=mesh)
+    env = fault_env("K33_partial_reduction_in_compute_dtype")
+    with RankPool(world_size=2, env=env, deadline=60) as pool:
+        failure = run_case(pool, get_property(case.property), case)
+    assert failure is not None and failure.kind == "mismatch", failure and failure.summary
 
 
 def test_the_unreduced_accumulation_fault_is_noticed() -> None:
@@ -108,7 +141,7 @@ def test_which_cases_are_compared() -> None:
     no_root = Composition(shards=(ShardSpec(path="1", mixed_precision=MixedPrecision(param_dtype=Dtype.BFLOAT16)),))
     assert no_root.uniform_precision() is None  # the input is not cast by a root unit
     assert mixed_precision_comparable(Training(grad_accum=2, accum_sync=AccumSync.NO_GRAD_SYNC))
-    assert not mixed_precision_comparable(Training(grad_accum=2, accum_sync=AccumSync.NO_ALL_REDUCE))
+    assert mixed_precision_comparable(Training(grad_accum=2, accum_sync=AccumSync.NO_ALL_REDUCE))
     assert not mixed_precision_comparable(Training(steps=2, skips=(Skip(path="1", step=0),)))
 
 

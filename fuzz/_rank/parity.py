@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from fuzz._rank.compose import TORCH_DTYPES, Composed, build_composed, clean_name
+from fuzz._rank.compose import TORCH_DTYPES, Composed, build_composed, clean_name, mesh_for
 from fuzz._rank.compose import apply_fully_shard as apply_fully_shard  # re-exported for other programs
 from fuzz._rank.context import RankContext
 from fuzz._rank.knobs import fsdp_sharded
@@ -201,6 +201,7 @@ def train(
     tp_size: int = 1,
     grad_scales: dict[str, float] | None = None,
     precision: MixedPrecision | None = None,
+    hsdp: tuple[Any, Any] | None = None,
     local: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
     """Train the tree under ``comp`` (None: the all-reduce reference); observations as JSON.
@@ -212,7 +213,8 @@ def train(
     parameters held by the modules in ``local`` as they are (replicate's ignored modules: not
     averaged by design; :meth:`fuzz.model.Layout.local`). With ``precision`` (a reference
     only) each microbatch applies that MixedPrecisionPolicy's casts by hand instead
-    (:func:`_low_precision_microbatch`)."""
+    (:func:`_low_precision_microbatch`); ``hsdp``: the (shard, replicate) groups of the HSDP
+    mesh, where the schedule skips the all-reduce (no_all_reduce)."""
     dtype = TORCH_DTYPES[training.dtype]
     if comp is not None:
         model, composed = build_composed(tree, comp, dtype, ctx, seed=case.seed, desync=training)
@@ -251,8 +253,7 @@ def train(
             if composed.knobs is not None:
                 composed.knobs.before_microbatch(first=s == 0 and i == 0, last=last)
             if precision is not None:
-                reduce_now = sync is not AccumSync.NO_GRAD_SYNC
-                loss = _low_precision_microbatch(model, x, y, precision, training, ctx, unreduced, reduce_now)
+                loss = _low_precision_microbatch(model, x, y, precision, training, ctx, unreduced, sync, hsdp)
                 step_losses.append(loss.item())
                 continue
             with ctx_mgr:
@@ -340,7 +341,8 @@ def _low_precision_microbatch(
     training: Training,
     ctx: RankContext,
     unreduced: dict[int, torch.Tensor],
-    reduce_now: bool = True,
+    sync: AccumSync = AccumSync.ALWAYS,
+    hsdp: tuple[Any, Any] | None = None,
 ) -> torch.Tensor:
     """One microbatch of the reference for a MixedPrecisionPolicy, the casts applied by hand as
     FSDP2 documents them: forward and backward on a copy of the (full-precision) parameters
@@ -349,11 +351,18 @@ def _low_precision_microbatch(
     dtype), summed over the ranks and divided by their number in that dtype, then cast to the
     parameter's dtype and accumulated there. Returns the loss.
 
-    A microbatch that does not reduce (``reduce_now`` False: ``set_requires_gradient_sync(False)``)
+    A microbatch that does not reduce (``sync`` NO_GRAD_SYNC: ``set_requires_gradient_sync(False)``)
     keeps its gradients unreduced in ``unreduced`` (by parameter index): the first one cast to
     ``reduce_dtype`` where it is set and differs from the gradient's dtype (FSDP2 upcasts
     "to accumulate in the reduce dtype"), else left in the compute dtype; later ones are added
     in the dtype the sum has. The microbatch that reduces adds its gradients to that sum first.
+
+    With ``hsdp`` (the shard and replicate groups; a schedule whose microbatches but the last
+    skip the all-reduce, ``set_requires_all_reduce(False)``) every microbatch reduces in two
+    stages as FSDP2 does on a (replicate, shard) mesh: the reduce-scatter's average over the
+    shard group, in ``reduce_dtype``; a microbatch that skips the all-reduce adds that to a
+    partial sum kept in ``reduce_dtype`` (``unreduced``); the last adds the partial sum to its
+    own and averages over the replicas.
 
     Where FSDP2 sees an overflow risk (a reduce dtype other than float32 / bfloat16), it divides
     by part of the rank count before the sum and by the rest after it, "to avoid
@@ -373,21 +382,56 @@ def _low_precision_microbatch(
         if q.grad is None:
             continue
         g = q.grad
+        before, after = _divide_split(reduce, ctx.world_size)
+        if hsdp is not None:
+            p.grad = _two_stage(g.to(reduce), p, i, unreduced, sync, hsdp, before, after)
+            continue
         held = unreduced.pop(i, None)
         if held is not None:
             g = (held + g).to(held.dtype)
-        if not reduce_now:
+        if sync is AccumSync.NO_GRAD_SYNC:
             first = held is None and mp.reduce_dtype is not None and g.dtype != reduce
             unreduced[i] = g.to(reduce) if first else g
             continue
         g = g.to(reduce)
-        before, after = _divide_split(reduce, ctx.world_size)
         if before != 1:
             g = g / before
         dist.all_reduce(g)
         g = (g / after).to(p.dtype)
         p.grad = g if p.grad is None else p.grad + g
     return loss
+
+
+def _two_stage(
+    g: torch.Tensor,
+    p: torch.Tensor,
+    i: int,
+    partial: dict[int, torch.Tensor],
+    sync: AccumSync,
+    hsdp: tuple[Any, Any],
+    before: int,
+    after: float,
+) -> torch.Tensor | None:
+    """One gradient ``g`` (in the reduce dtype) of parameter ``p`` (index ``i``) through HSDP's
+    two reductions (:func:`_low_precision_microbatch`); ``p``'s new gradient. Where FSDP2 sees
+    no overflow risk it averages in each stage (ReduceOp.AVG), else it divides by ``before``
+    ahead of the first sum and by ``after`` behind the second."""
+    shard, replicate = hsdp
+    averages = before == 1
+    if not averages:
+        g = g / before
+    dist.all_reduce(g, group=shard)  # the reduce-scatter's sum, on every shard whole
+    if averages:
+        g = g / shard.size()
+    held = partial.pop(i, None)
+    if sync is AccumSync.NO_ALL_REDUCE:
+        partial[i] = g if held is None else held + g
+        return p.grad
+    if held is not None:
+        g = g + held
+    dist.all_reduce(g, group=replicate)
+    g = (g / (replicate.size() if averages else after)).to(p.dtype)
+    return g if p.grad is None else p.grad + g
 
 
 def _divide_split(reduce: torch.dtype, world_size: int) -> tuple[int, float]:
@@ -456,7 +500,11 @@ def run_parity(case: Case, body: ParityBody, ctx: RankContext) -> dict[str, Any]
         precision = comp.uniform_precision()
         if precision is None or not mixed_precision_comparable(body.training):
             return composed
-        reference = train(case, body.tree, body.training, None, ctx, tp, precision=precision)
+        hsdp = None
+        if body.training.accum_sync is AccumSync.NO_ALL_REDUCE and body.training.grad_accum > 1:
+            mesh = mesh_for(comp, ctx)
+            hsdp = (mesh["shard"].get_group(), mesh["replicate"].get_group())
+        reference = train(case, body.tree, body.training, None, ctx, tp, precision=precision, hsdp=hsdp)
         return {**composed, "ref": {k: reference[k] for k in keys if k in reference}}
     scales = grad_scales(body.tree, comp, ctx.world_size)
     reference = train(case, body.tree, body.training, None, ctx, tp, scales, local=_local_of(body.tree, comp))

@@ -144,14 +144,10 @@ class Training:
 
 def mixed_precision_comparable(training: Training) -> bool:
     """Whether a reference can apply a MixedPrecisionPolicy's casts by hand for this schedule:
-    every microbatch reduces its gradients, or the ones before a step's last do not reduce at
-    all (``set_requires_gradient_sync(False)``: FSDP2 accumulates those gradients unreduced, in
-    the reduce dtype where one is set, and reduces the sum with the last microbatch's); not an
-    HSDP schedule that skips only the all-reduce; no module left out or unfrozen (known bugs of
-    their own under mixed precision), no compile."""
-    return (
-        (training.grad_accum == 1 or training.accum_sync is not AccumSync.NO_ALL_REDUCE)
-        and not training.skips
-        and not training.unfreeze
-        and training.compile is Compile.NONE
-    )
+    any gradient sync schedule (every microbatch reduces; or the ones before a step's last do
+    not reduce at all, ``set_requires_gradient_sync(False)``, and FSDP2 accumulates those
+    gradients unreduced, in the reduce dtype where one is set; or on an HSDP mesh they skip
+    only the all-reduce, ``set_requires_all_reduce(False)``, and FSDP2 keeps the sum of their
+    reduce-scattered gradients in the reduce dtype); no module left out or unfrozen (known
+    bugs of their own under mixed precision), no compile."""
+    return not training.skips and not training.unfreeze and training.compile is Compile.NONE

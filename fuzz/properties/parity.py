@@ -292,14 +292,16 @@ def judge_mixed_precision(case: Case, outcome: Outcome) -> Failure | None:
     # fuzz.tolerance holds the reduction over at most two ranks exact: one sum of two values,
     # rounded as the reference's is. A (replicate, shard) mesh reduces in two stages (a
     # reduce-scatter over the shard dimension, an all-reduce over the replicas, each with its
-    # own division), which round apart from the reference's one sum: judged as a reduction over
-    # more ranks, whatever its size.
+    # own division), which over more ranks round apart from the reference's one sum: judged as
+    # a reduction over more ranks. Over two ranks one stage is a single rank's, so the other is
+    # the one sum of two values; with set_requires_all_reduce(False) the reference keeps the
+    # partial sums as FSDP2 does (fuzz/_rank/parity.py:_two_stage).
     # So does a unit that splits the uses of an activation across its boundary: FSDP2's
     # backward adds that activation's gradient terms in another order than the reference
     # (fuzz.model.Layout.regroups_input_gradients).
     ranks = case.world_size // body.composition.tp_size
     regrouped = Layout(body.tree, body.composition).regroups_input_gradients()
-    exact = ranks <= 2 and not body.composition.mesh and not regrouped
+    exact = ranks <= 2 and not regrouped
     tol = mixed_precision_tolerance(body.training.dtype.value, low, ranks if exact else max(ranks, 3))
     api = api_of(body.composition, body.tree, body.training, case.world_size)
     # Where the low-precision sums are inexact, an update moves a parameter by the learning rate
@@ -437,6 +439,8 @@ def features(case: Case) -> list[str]:
             training.append("mp:numerics")  # compared with the hand-cast reference
             if body.training.grad_accum > 1 and body.training.accum_sync is AccumSync.NO_GRAD_SYNC:
                 training.append("mp:numerics:unreduced_accumulation")
+            if body.training.grad_accum > 1 and body.training.accum_sync is AccumSync.NO_ALL_REDUCE:
+                training.append("mp:numerics:partial_reduction")
         return sorted(set(tree_features(body.tree, case.world_size) + comp + training))
     assert isinstance(body, MetamorphicBody)
     return sorted(
