@@ -654,7 +654,11 @@ class RankPool:
 
     def rank_threads(self) -> list[int | None]:
         """OS threads of each rank now (``/proc``), None where that cannot be read."""
-        return [(sample_process(r.proc.pid).get("threads") if r.proc.poll() is None else None) for r in self._ranks]
+        out: list[int | None] = []
+        for r in self._ranks:
+            threads = sample_process(r.proc.pid).get("threads") if r.proc.poll() is None else None
+            out.append(None if threads is None else int(threads))
+        return out
 
     def _recycle_if_grown(self) -> None:
         """Between cases: stop the ranks and spawn fresh ones if one has

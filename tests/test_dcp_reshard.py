@@ -3,18 +3,23 @@
 - get_optimizer_state_dict returns the optimizer's whole state by FQN, frozen parameters'
   state included (``taken_optimizer``), judged before anything loads it;
 - a DCP checkpoint's model entry, loaded on one process into a plain model (``no_dist``: a
-  world of one, no shards), holds the values saved (``reload_one_rank``).
+  world of one, no shards), holds the values saved (``reload_one_rank``);
+- at four ranks, so it does loaded by each half of the ranks into a model fully_shard shards
+  over them (``process_group``: another world size, ``reload_half_world``).
 
 Each is shown to pass on this torch, to fail on a deliberately wrong observation, and to
 notice a planted fault that the round trip between equal layouts cannot see
-(tests/faults/K10, K21).
+(tests/faults/K10, K21, K34).
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Iterator
 from typing import Any
+
+import pytest
 
 from fuzz.explore import run_case
 from fuzz.model import (
@@ -82,6 +87,39 @@ def test_a_checkpoint_reloads_on_one_process(rank_pool: RankPool) -> None:
     assert failure is not None and failure.signature == "mismatch:dcp:reload_one_rank@save", failure
 
 
+@pytest.fixture(scope="module")
+def pool4() -> Iterator[RankPool]:
+    with RankPool(world_size=4, deadline=60) as pool:
+        yield pool
+
+
+def _reload_case4() -> Case:
+    """Sharded over four ranks, model only: each half of the ranks loads it sharded over two."""
+    return dataclasses.replace(_reload_case(), world_size=4)
+
+
+def test_a_checkpoint_of_four_ranks_reloads_into_two(pool4: RankPool) -> None:
+    case = _reload_case4()
+    outcome = pool4.run(case)
+    assert outcome.ok, outcome.describe()
+    observations = outcome.observations
+    halves = [rank for rank, obs in enumerate(observations) if "reloaded_half" in obs]
+    assert halves == [0, 2], halves
+    saved = observations[0]["saved"]["model"]
+    for rank in halves:
+        got = observations[rank]["reloaded_half"]
+        assert got["ranks"] == 2 and got["values"] and set(got["values"]) <= set(saved), got
+    assert "reload:half_world" in get_property("dcp").features(case)
+    assert judge_dcp(case, outcome) is None
+
+    def wrong(observations: list[dict[str, Any]]) -> None:
+        values = observations[2]["reloaded_half"]["values"]
+        values[sorted(values)[0]][0] += 1.0
+
+    failure = judge_dcp(case, _tampered(outcome, wrong))
+    assert failure is not None and failure.signature == "mismatch:dcp:reload_half_world@save", failure
+
+
 def test_taken_optimizer_state_holds_a_frozen_parameters_state(rank_pool: RankPool) -> None:
     case = _taken_case()
     outcome = rank_pool.run(case)
@@ -122,6 +160,18 @@ def test_one_rank_reload_notices_a_load_that_reads_one_chunk_of_several() -> Non
     with RankPool(world_size=2, env=env, deadline=30) as pool:
         failure = run_case(pool, get_property("dcp"), _reload_case())
     assert failure is not None and failure.signature == "mismatch:dcp:reload_one_rank@save", failure
+
+
+def test_half_world_reload_notices_a_group_rank_taken_for_a_global_one() -> None:
+    """tests/faults/K34: DCP takes the coordinator's rank in the process group for its global
+    rank. Saves and loads over every rank cannot tell them apart; the half of the ranks that
+    does not hold global rank 0 can."""
+    env = fault_env("K34_dcp_group_rank_as_global")
+    with RankPool(world_size=4, env=env, deadline=30) as pool:
+        failure = run_case(pool, get_property("dcp"), _reload_case4())
+    assert failure is not None, "K34 not noticed"
+    with RankPool(world_size=2, env=env, deadline=30) as pool:
+        assert run_case(pool, get_property("dcp"), _reload_case()) is None  # one group: no difference
 
 
 def test_taken_optimizer_notices_a_getter_that_drops_frozen_state() -> None:

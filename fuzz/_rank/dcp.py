@@ -64,7 +64,6 @@ from fuzz.model import (
     DcpBody,
     DcpItem,
     DcpMode,
-    Layout,
     Options,
     Overwrite,
     case_to_text,
@@ -784,10 +783,14 @@ def _run_dcp(case: Case, body: DcpBody, ctx: RankContext) -> dict[str, Any]:
             obs["saved"] = _observe_saved(body, case, src, ctx, values)
         if body.save_planner is not None and body.save_planner.dedup_save_to_lowest_rank:
             obs["dedup"] = _observe_dedup(ctx, path)
-        if body.mode is DcpMode.ROUND_TRIP and reloads_on_one_rank(body):
+        if body.reloads_elsewhere():
             reloaded = _reload_on_one_rank(body, case, ctx, path)
             if ctx.rank == 0:
                 obs["reloaded"] = reloaded
+            if ctx.world_size >= 4 and ctx.world_size % 2 == 0:
+                halved = _reload_in_half_world(body, case, ctx, path)
+                if halved is not None:
+                    obs["reloaded_half"] = halved
         if body.convert:
             obs["convert"] = _convert(body, ctx, path)
             own = os.path.join(path, "converted")
@@ -839,20 +842,6 @@ def _run_dcp(case: Case, body: DcpBody, ctx: RankContext) -> dict[str, Any]:
     return obs
 
 
-def reloads_on_one_rank(body: DcpBody) -> bool:
-    """Whether the case's checkpoint is also loaded into a plain model on one process: its
-    model entry comes from get_model_state_dict (plain FQNs), every rank wrote one
-    checkpoint together (not no_dist, use_collectives, not a torch.save file), and no
-    parameter is rank-local (``Layout.local``: each rank's own value, of which the
-    checkpoint keeps one)."""
-    return (
-        DcpItem.MODEL in body.entries
-        and not (body.module_stateful or body.patched or body.classic_fsdp1)
-        and not (body.no_dist or body.torch_save_reader or not body.use_collectives)
-        and not Layout(body.tree, body.source).local()
-    )
-
-
 def _reload_on_one_rank(body: DcpBody, case: Case, ctx: RankContext, path: str) -> dict[str, list[float]] | None:
     """DCP reshards at load time: "a checkpoint saved by one world size and sharding can be
     loaded into another". Rank 0 alone loads the model entry into a freshly built plain model
@@ -871,6 +860,34 @@ def _reload_on_one_rank(body: DcpBody, case: Case, ctx: RankContext, path: str) 
         out = {clean_name(k): _jsonable(v) for k, v in state.items()}
     dist.barrier()
     return out
+
+
+def _reload_in_half_world(body: DcpBody, case: Case, ctx: RankContext, path: str) -> dict[str, Any] | None:
+    """DCP reshards at load time into another world size too: each half of the ranks (a row
+    of a (2, W/2) mesh) builds the plain model afresh, applies fully_shard to every leaf
+    holding parameters and to the root over its own W/2 ranks, and loads the checkpoint's model
+    entry through ``dcp.load(..., process_group=<the half's group>)`` into its state dict
+    (DTensors sharded over W/2 ranks where W ranks wrote them). Returns, on the first rank of
+    each half, the loaded state dict as full values by name: it must equal the model as saved."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    half = ctx.mesh((2, ctx.world_size // 2), ("replicate", "shard"))["shard"]
+    dist.barrier()  # every rank's files are written
+    torch.manual_seed(case.seed + 5 * FRESH_SEED)
+    model = build_model(body.tree, ctx.device).to(TORCH_DTYPES[body.training.dtype])
+    for name, module in model.named_modules():
+        if name and next(module.parameters(recurse=False), None) is not None and not list(module.children()):
+            fully_shard(module, mesh=half)
+    fully_shard(model, mesh=half)
+    state = model.state_dict()
+    dcp.load({DcpItem.MODEL.value: state}, checkpoint_id=path, process_group=half.get_group())
+    full = {k: (v.full_tensor() if isinstance(v, DTensor) else v) for k, v in state.items()}
+    dist.barrier()
+    if half.get_local_rank() != 0:
+        return None
+    return {"ranks": half.size(), "values": {clean_name(k): _jsonable(v) for k, v in full.items()}}
 
 
 def _observe_dedup(ctx: RankContext, path: str) -> dict[str, Any]:

@@ -639,6 +639,23 @@ class DcpBody(Body):
     #: broadcast and shard each tensor to all ranks" (tensors only).
     torch_save_reader: bool = False
 
+    def reloads_elsewhere(self) -> bool:
+        """Whether the case's checkpoint is also loaded where it was not saved (DCP reshards at
+        load time): into a plain model on one process, and at four ranks or more into a
+        fully_shard model on half of them. Its model entry comes from get_model_state_dict
+        (plain FQNs), every rank wrote one checkpoint together (not no_dist, use_collectives,
+        not a torch.save file), and no parameter is rank-local (``Layout.local``: each rank's
+        own value, of which the checkpoint keeps one)."""
+        from fuzz.model.layout import Layout
+
+        return (
+            self.mode is DcpMode.ROUND_TRIP
+            and DcpItem.MODEL in self.entries
+            and not (self.module_stateful or self.patched or self.classic_fsdp1)
+            and not (self.no_dist or self.torch_save_reader or not self.use_collectives)
+            and not Layout(self.tree, self.source).local()
+        )
+
     def __post_init__(self) -> None:
         _check_common(self.tree, self.source, self.target, self.training, self.steps_after, self.target_meta_init)
         _check_drop(self.drop)

@@ -408,6 +408,23 @@ def _check_reloaded(prop: str, where: str, reloaded: dict[str, Any], model: dict
     )
 
 
+def _check_reloaded_half(prop: str, where: str, reloaded: dict[str, Any], model: dict[str, Any]) -> Failure | None:
+    """The checkpoint's model entry, loaded by half of the ranks into a model fully_shard
+    shards over them (``dcp.load(..., process_group=...)``): as on one process, every key comes
+    back with the value saved, now resharded over another world size."""
+    want = {k: model.get(k) for k in reloaded["values"]}
+    diff = _first_difference(reloaded["values"], want)
+    if not diff:
+        return None
+    return _mismatch(
+        prop,
+        "reload_half_world",
+        where,
+        f"the checkpoint loaded by {reloaded['ranks']} of the ranks into a model sharded over them "
+        f"differs from the model saved: {diff}",
+    )
+
+
 def _check_ignored_frozen(prop: str, where: str, observed: dict[str, Any] | None) -> Failure | None:
     """StateDictOptions(ignore_frozen_params=True): "the returned state_dict won't contain any
     frozen parameters": get_model_state_dict's keys are the model's state-dict keys less
@@ -484,6 +501,9 @@ def _judge_dcp(case: Case, outcome: Outcome) -> Failure | None:
         failure = _check_taken_optimizer(prop, where, saved["taken_optimizer"], saved["optimizer"])
     if failure is None and "reloaded" in first:
         failure = _check_reloaded(prop, where, first["reloaded"], saved["model"])
+    for obs in observations:
+        if failure is None and "reloaded_half" in obs:
+            failure = _check_reloaded_half(prop, where, obs["reloaded_half"], saved["model"])
     if failure is not None:
         return failure
     if model_loaded:
@@ -820,6 +840,10 @@ def features_dcp(case: Case) -> list[str]:
         out.append(f"api:{Api.FSDP1.value}")
     if body.overwrite is not Overwrite.NONE:
         out.append(f"overwrite:{body.overwrite.value}")
+    if body.reloads_elsewhere():
+        out.append("reload:one_rank")
+        if case.world_size >= 4 and case.world_size % 2 == 0:
+            out.append("reload:half_world")
     if body.async_saves:
         out.append("async:in_flight")
         out.append(f"async:saves:{body.async_saves}")
