@@ -280,6 +280,8 @@ FSDP1_HSDP_RANK0_BROADCAST = KnownBug(
     relation="same line",
     state="open; #128444 (same path) was fixed only in part by pull request #128446",
     see_also=("pytorch/pytorch#128444",),
+    # get_group_rank's ValueError is what any rank taken for the wrong group's raises
+    conditional=True,
 )
 FSDP1_COMPILE_SHARDED_GRAD = KnownBug(
     "fsdp1-compile-recompile-sharded-grad",
@@ -725,6 +727,17 @@ def fsdp1_hsdp_2d(comp: Composition) -> bool:
     return comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD and comp.mesh[0] > 1 and comp.mesh[1] > 1
 
 
+def fsdp1_shard1_full_offload_load(body: Body) -> bool:
+    """:data:`FSDP1_HSDP_RANK0_BROADCAST`: a full state dict with cpu_offload is loaded into an
+    FSDP1 HYBRID_SHARD model whose shard dimension has size 1 (torch passes FSDP1
+    rank0_only=True, which broadcasts from global rank 0 in a group of the rank alone)."""
+    if isinstance(body, DcpBody):
+        return body.load_full_state_dict and body.load_cpu_offload and fsdp1_shard1(body.target)
+    if isinstance(body, StateDictBody):
+        return body.load.full_state_dict and body.load.cpu_offload and fsdp1_shard1(body.target)
+    return False
+
+
 def fsdp1_full_offload(body: Body, world_size: int) -> bool:
     """:data:`FSDP1_FULL_OFFLOAD`: whether a case meets two torch bugs of FSDP1's FULL_STATE_DICT with offload_to_cpu on
     CPU, where the "offload" copies nothing: ``model.state_dict()`` clones the parameters
@@ -988,6 +1001,7 @@ CONDITIONS: tuple[tuple[KnownBug, Callable[[Case], bool]], ...] = (
     (INT_RESHARD_DIM1, lambda case: any(int_reshard_dim1(c) for c in _comps(case))),
     (FSDP1_HSDP_SHARD1, lambda case: any(fsdp1_shard1(c) for c in _comps(case))),
     (FSDP1_FROZEN_UNIT, _fsdp1_frozen_source),
+    (FSDP1_HSDP_RANK0_BROADCAST, _saving(lambda case: fsdp1_shard1_full_offload_load(case.body))),
     (FSDP1_FULL_OFFLOAD, _saving(lambda case: fsdp1_full_offload(case.body, case.world_size))),
     (FSDP1_DCP_STATELESS, _saving(lambda case: fsdp1_dcp_stateless(case.body))),
     (FSDP1_DCP_EMPTY_SHARD, _saving(lambda case: fsdp1_dcp_empty_shard(case.body, case.world_size))),
