@@ -373,8 +373,16 @@ USES: dict[str, Use] = {
     "FSDPModule.set_reshard_after_backward": _drawn(pattern=rf"{_V}knob:reshard_after_backward_last"),
     "FSDPModule.set_modules_to_forward_prefetch": _drawn(pattern=rf"{_V}knob:forward_prefetch"),
     "FSDPModule.set_modules_to_backward_prefetch": _drawn(pattern=rf"{_V}knob:backward_prefetch"),
-    "FSDPModule.set_custom_all_gather": _not_drawn(),
-    "FSDPModule.set_custom_reduce_scatter": _not_drawn(),
+    "FSDPModule.set_custom_all_gather": _drawn(
+        pattern=rf"{_V}knob:custom_all_gather",
+        note="a comm that performs the default all-gather; numerics unchanged, and the rank checks that it is called "
+        "for every unit that ran, with the unit's shard group, into a buffer its allocate returned",
+    ),
+    "FSDPModule.set_custom_reduce_scatter": _drawn(
+        pattern=rf"{_V}knob:custom_reduce_scatter",
+        note="a comm that performs the default reduce-scatter; numerics unchanged, and the rank checks the group and "
+        "that input and output are buffers its allocate returned",
+    ),
     "FSDPModule.set_all_reduce_hook": _drawn(pattern="knob:all_reduce_hook_scale"),
     "FSDPModule.set_post_optim_event": _accelerator(
         "an event the all-gather streams wait on; on the CPU there are no streams to order"

@@ -27,7 +27,8 @@ Values are compared elementwise as ``|actual - expected| <= atol + rtol * |expec
   that splits the uses of an activation across its boundary (a residual inside it and one
   around it), whose terms FSDP2's backward hook adds first (bfloat16: a difference of one ulp
   in the first layer's gradient, measured; :meth:`fuzz.model.Layout.regroups_input_gradients`),
-  and a two-stage (replicate, shard) reduction (``fuzz.properties.parity.judge_mixed_precision``).
+  and a two-stage (replicate, shard) reduction over more than two ranks (over two, one stage
+  is a single rank's; ``fuzz.properties.parity.judge_mixed_precision``).
   Where the sums are inexact, only what comes before the first update is compared (the first
   step's losses and gradient norms): an update moves a parameter by the learning rate times a
   gradient rounded apart by an ulp of the gradient, which no tolerance relative to the

@@ -356,7 +356,11 @@ def fsdp_knobs(
         and _fsdp_has("reset_iter_state")
     ):
         fields["abort_and_reset"] = draw(st.sampled_from([False, False, True]))
-    if _fsdp_has("set_allocate_memory_from_process_group_for_comm"):
+    if _fsdp_has("set_custom_all_gather"):
+        fields["custom_all_gather"] = draw(st.sampled_from([False, False, True]))
+        fields["custom_reduce_scatter"] = draw(st.sampled_from([False, False, True]))
+    custom = fields.get("custom_all_gather") or fields.get("custom_reduce_scatter")
+    if _fsdp_has("set_allocate_memory_from_process_group_for_comm") and not custom:
         fields["pg_allocator"] = draw(st.sampled_from([False, False, True]))
     if _fsdp_has("set_reduce_scatter_max_input_buffers"):
         fields["rs_max_buffers"] = draw(st.sampled_from([0, 0, 1, 2, 3]))

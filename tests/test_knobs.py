@@ -81,6 +81,8 @@ CASES: dict[str, Case] = {
     "K06_unshard_wait_noop": _metamorphic(Knobs(explicit_unshard=True)),
     "K31_reset_iter_state_no_reshard": _parity(Knobs(abort_and_reset=True)),
     "K32_unshard_in_backward_ignored": _unneeded_in_backward(Knobs(no_unshard_in_backward=True, backward_prefetch=1)),
+    "K35_custom_all_gather_ignored": _parity(Knobs(custom_all_gather=True, forward_prefetch=1)),
+    "K36_reduce_output_not_from_comm": _parity(Knobs(custom_reduce_scatter=True)),
 }
 
 #: Knobs that change no numbers, as metamorphic variants.
@@ -91,6 +93,7 @@ NEUTRAL = [
     Knobs(late_reshard_after_forward=False),
     Knobs(explicit_unshard=True, force_sum_reduction=True),
     Knobs(abort_and_reset=True, forward_prefetch=1),
+    Knobs(custom_all_gather=True, custom_reduce_scatter=True, backward_prefetch=1),
 ]
 
 
@@ -102,6 +105,8 @@ def _skip_without_reset(knobs: Knobs) -> None:
         pytest.skip("this torch's FSDPModule has no reset_iter_state")
     if knobs.no_unshard_in_backward and not hasattr(FSDPModule, "set_unshard_in_backward"):
         pytest.skip("this torch's FSDPModule has no set_unshard_in_backward")
+    if (knobs.custom_all_gather or knobs.custom_reduce_scatter) and not hasattr(FSDPModule, "set_custom_all_gather"):
+        pytest.skip("this torch's FSDPModule has no set_custom_all_gather")
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -158,6 +163,13 @@ def test_units_whose_parameters_backward_does_not_need() -> None:
         check_composition(TREE, Composition(shards=SHARDS, knobs=Knobs(no_unshard_in_backward=True)))
 
 
+def test_custom_comms_on_hsdp(check_case: Any) -> None:
+    """On a (2, 1) mesh the shard group is one rank's (nothing to all-gather or reduce-scatter);
+    on (1, 2) the comms get the shard group of two."""
+    for mesh in ((2, 1), (1, 2)):
+        check_case(_parity(Knobs(custom_all_gather=True, custom_reduce_scatter=True), mesh))
+
+
 def test_knob_rules() -> None:
     with pytest.raises(CaseError, match="knobs"):
         Composition(knobs=Knobs(forward_prefetch=1))  # no fully_shard unit
@@ -165,6 +177,8 @@ def test_knob_rules() -> None:
         Composition(shards=(ShardSpec("", reshard_after_forward=2),), knobs=Knobs(late_reshard_after_forward=True))
     with pytest.raises(CaseError, match=r"0\.5 or 2\.0"):
         Knobs(all_reduce_hook_scale=3.0)
+    with pytest.raises(CaseError, match="pg_allocator"):
+        Knobs(pg_allocator=True, custom_reduce_scatter=True)  # documented: not together
     comp = Composition(shards=SHARDS, knobs=Knobs(forward_prefetch=1))
     with pytest.raises(CaseError, match="skips"):
         check_training(TREE, (comp,), replace(TRAINING, skips=(Skip(path="1", step=0),)))

@@ -51,6 +51,8 @@ class KnobState:
         self.roots = roots
         self.problems: list[str] = []
         self._checked_unshard = False
+        self._gathers: list[tuple[_CheckedComm, nn.Module]] = []
+        self._ran: set[str] = set()
         k = self.knobs
         for units in by_root(comp):
             self._prefetch(units)
@@ -64,6 +66,8 @@ class KnobState:
                 module.set_gradient_divide_factor(k.gradient_divide_factor)  # type: ignore[operator]
             if k.pg_allocator:
                 module.set_allocate_memory_from_process_group_for_comm(True)  # type: ignore[operator]
+            if k.custom_all_gather or k.custom_reduce_scatter:
+                self._custom_comms(spec, module)
         if k.late_reshard_after_forward is not None:
             for root in roots:
                 root.set_reshard_after_forward(k.late_reshard_after_forward)  # type: ignore[operator]
@@ -79,6 +83,30 @@ class KnobState:
                 spec = next(s for s in comp.shards if s.path == path)
                 if comp.reshard_after_forward(spec) is True and path not in comp.shard_ignored:
                     module.register_forward_hook(self._sharded_in_backward(path))
+
+    def _custom_comms(self, spec: ShardSpec, module: nn.Module) -> None:
+        """``set_custom_all_gather`` / ``set_custom_reduce_scatter`` on the unit at
+        ``spec.path``, with comms that check each call (:class:`_CheckedComm`); a forward
+        pre-hook notes that the unit ran, for :meth:`final_problems`."""
+        shard_size = self.comp.mesh[1] if self.comp.mesh else None
+        if self.knobs.custom_all_gather:
+            gather = _CheckedComm("all_gather", spec.path, shard_size, self.problems)
+            module.set_custom_all_gather(gather)  # type: ignore[operator]
+            self._gathers.append((gather, module))
+            module.register_forward_pre_hook(lambda *_: self._ran.add(spec.path))
+        if self.knobs.custom_reduce_scatter:
+            scatter = _CheckedComm("reduce_scatter", spec.path, shard_size, self.problems)
+            module.set_custom_reduce_scatter(scatter)  # type: ignore[operator]
+
+    def final_problems(self) -> list[str]:
+        """:attr:`problems`, and after training what only the whole run shows: every unit with
+        a custom all-gather that ran forward, manages parameters and shards them over more
+        than one rank had its comm called (FSDP2 all-gathers such a unit's parameters before
+        its forward, through the comm ``set_custom_all_gather`` set)."""
+        for gather, module in self._gathers:
+            if gather.calls == 0 and gather.path in self._ran and gather.world() > 1 and _manages_params(module):
+                self.problems.append(f"set_custom_all_gather on {gather.path!r}: the comm was never called")
+        return self.problems
 
     def _sharded_in_backward(self, path: str) -> Any:
         """A forward hook of the unit at ``path`` (resharded after forward, unshard in backward
@@ -230,6 +258,71 @@ class KnobState:
                 if full[(sub, name)] is not None and not fsdp_sharded(getattr(module, name)):
                     where = f"{sub}.{name}" if sub else name
                     self.problems.append(f"after reshard(), {where} is not registered sharded")
+
+
+class _CheckedComm:
+    """A comm of FSDP2's interface (``torch.distributed.fsdp._fully_shard._fsdp_api.Comm``:
+    ``allocate``, and ``__call__`` as ``AllGather`` or ``ReduceScatter``) that performs the
+    default collective and records what the interface promises it: the tensors it communicates
+    come from its own ``allocate`` (the all-gather's output; the reduce-scatter's input and
+    output), and ``group`` is the unit's shard group (``shard_size`` ranks, None: every rank)."""
+
+    def __init__(self, kind: str, path: str, shard_size: int | None, problems: list[str]) -> None:
+        self.kind, self.path, self.shard_size, self.problems = kind, path, shard_size, problems
+        self.calls = 0
+        self._allocated: set[int] = set()
+
+    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        out = torch.empty(size, dtype=dtype, device=device)
+        self._allocated.add(out.untyped_storage().data_ptr())
+        return out
+
+    def world(self) -> int:
+        import torch.distributed as dist
+
+        return self.shard_size if self.shard_size is not None else dist.get_world_size()
+
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: Any,
+        op: Any = None,
+        async_op: bool = False,
+    ) -> Any:
+        import torch.distributed as dist
+
+        self.calls += 1
+        where = f"set_custom_{self.kind} on {self.path!r}"
+        ours = (
+            {"output": output_tensor} if self.kind == "all_gather" else {"input": input_tensor, "output": output_tensor}
+        )
+        for name, t in ours.items():
+            if t.untyped_storage().data_ptr() not in self._allocated:
+                self.problems.append(f"{where}: the {name} tensor is not one the comm's allocate returned")
+        want = self.world()
+        if group.size() != want:
+            self.problems.append(f"{where}: called with a group of {group.size()} ranks, not the shard group of {want}")
+        if self.kind == "all_gather":
+            gather = getattr(dist, "all_gather_single", None)
+            if gather is not None:
+                return gather(output_tensor, input_tensor, group=group, async_op=async_op)
+            return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
+        scatter = getattr(dist, "reduce_scatter_single", None)
+        if scatter is not None:
+            return scatter(output=output_tensor, input=input_tensor, group=group, op=op, async_op=async_op)
+        return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
+
+
+def _manages_params(module: nn.Module) -> bool:
+    """Whether the fully_shard unit ``module`` manages parameters of its own (has an FSDP
+    parameter group: not every one is in a nested unit or ignored)."""
+    state = module._get_fsdp_state()  # type: ignore[operator]
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is None:  # torch before per-parameter meshes: one group or None
+        group = getattr(state, "_fsdp_param_group", None)
+        groups = [] if group is None else [group]
+    return any(g.fsdp_params for g in groups)
 
 
 class _Aborted(RuntimeError):

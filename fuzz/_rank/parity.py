@@ -286,7 +286,7 @@ def train(
     obs["losses"] = losses
     obs["grad_norms"] = grad_norms
     obs["local_params"] = _local_replicated(composed.model, _local_of(tree, comp))
-    obs["knob_problems"] = [] if composed.knobs is None else composed.knobs.problems
+    obs["knob_problems"] = [] if composed.knobs is None else composed.knobs.final_problems()
     if ctx.rank == 0:
         obs["params"] = params_per_step
     return obs

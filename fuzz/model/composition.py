@@ -107,6 +107,14 @@ class Knobs:
       replicate and no explicit unshard.
     - ``pg_allocator``: ``set_allocate_memory_from_process_group_for_comm(True)`` on every unit
       (staging buffers from the process group's allocator, or ``torch.empty`` without one).
+    - ``custom_all_gather`` / ``custom_reduce_scatter``: ``set_custom_all_gather(comm)`` /
+      ``set_custom_reduce_scatter(comm)`` on every unit, a comm of the documented interface
+      (``allocate`` and ``__call__``) that performs the default collective. Numerics unchanged,
+      and the rank checks what the interface promises: FSDP2 calls the comm of each unit that
+      ran forward (all-gather, over more than one rank), passes it the unit's shard group, and
+      the buffers it communicates into are ones the comm's ``allocate`` returned (its
+      ``Comm`` docstring: "How to allocate memory for communication"). Not with
+      ``pg_allocator``, which "cannot be used together with" them (its docstring).
     - ``rs_max_buffers``: ``set_reduce_scatter_max_input_buffers(k)`` (recursive) on every root
       unit, ``k`` reduce-scatter input buffers in flight ("the memory<->overlap dial").
     - ``reduce_scatter_unused``: ``set_reduce_scatter_unused_params(True)`` (recursive) on
@@ -144,8 +152,14 @@ class Knobs:
     rs_max_buffers: int = 0
     reduce_scatter_unused: bool = False
     no_unshard_in_backward: bool = False
+    custom_all_gather: bool = False
+    custom_reduce_scatter: bool = False
 
     def __post_init__(self) -> None:
+        if self.pg_allocator and (self.custom_all_gather or self.custom_reduce_scatter):
+            raise CaseError(
+                "pg_allocator", "set_allocate_memory_from_process_group_for_comm cannot be used with custom comms"
+            )
         if not 0 <= self.rs_max_buffers <= 4:
             raise CaseError("rs_max_buffers", f"rs_max_buffers={self.rs_max_buffers} is outside 0..4 (0: not set)")
         if self.abort_and_reset and self.explicit_unshard:
