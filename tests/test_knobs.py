@@ -3,6 +3,7 @@ knob's oracle notices an injected fault of the code behind it (tests/faults)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from fuzz.model import (
     ShardSpec,
     Skip,
     Training,
+    case_from_json,
     check_composition,
     check_training,
 )
@@ -168,6 +170,20 @@ def test_custom_comms_on_hsdp(check_case: Any) -> None:
     on (1, 2) the comms get the shard group of two."""
     for mesh in ((2, 1), (1, 2)):
         check_case(_parity(Knobs(custom_all_gather=True, custom_reduce_scatter=True), mesh))
+
+
+REGRESSIONS = Path(__file__).parent / "regressions"
+
+
+@pytest.mark.parametrize("name", ["parity", "metamorphic"])
+def test_custom_all_gather_after_an_integer_reshard_is_no_failure(name: str) -> None:
+    """A soak at 4 ranks once reported these (false alarms): with reshard_after_forward=2 the
+    backward all-gathers over the 2 ranks it resharded to, not the shard group of 4."""
+    case = case_from_json(json.loads((REGRESSIONS / f"knobs-custom-all-gather-int-reshard-{name}.json").read_text()))
+    _skip_without_reset(case.body.composition.knobs if name == "parity" else case.body.variant.knobs)  # type: ignore[union-attr]
+    with RankPool(world_size=4, deadline=60) as pool:
+        failure = run_case(pool, get_property(case.property), case)
+    assert failure is None, failure.summary
 
 
 def test_knob_rules() -> None:

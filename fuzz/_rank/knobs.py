@@ -90,7 +90,11 @@ class KnobState:
         pre-hook notes that the unit ran, for :meth:`final_problems`."""
         shard_size = self.comp.mesh[1] if self.comp.mesh else None
         if self.knobs.custom_all_gather:
-            gather = _CheckedComm("all_gather", spec.path, shard_size, self.problems)
+            raf = self.comp.reshard_after_forward(spec)
+            # An integer reshard_after_forward reshards to that many ranks after forward, and
+            # backward all-gathers from there: over a group of that size.
+            post_forward = raf if not isinstance(raf, bool) else None
+            gather = _CheckedComm("all_gather", spec.path, shard_size, self.problems, post_forward)
             module.set_custom_all_gather(gather)  # type: ignore[operator]
             self._gathers.append((gather, module))
             module.register_forward_pre_hook(lambda *_: self._ran.add(spec.path))
@@ -265,10 +269,15 @@ class _CheckedComm:
     ``allocate``, and ``__call__`` as ``AllGather`` or ``ReduceScatter``) that performs the
     default collective and records what the interface promises it: the tensors it communicates
     come from its own ``allocate`` (the all-gather's output; the reduce-scatter's input and
-    output), and ``group`` is the unit's shard group (``shard_size`` ranks, None: every rank)."""
+    output), and ``group`` is the unit's shard group (``shard_size`` ranks, None: every rank), or
+    for an all-gather after forward with an integer ``reshard_after_forward``, a group of
+    ``post_forward`` ranks."""
 
-    def __init__(self, kind: str, path: str, shard_size: int | None, problems: list[str]) -> None:
+    def __init__(
+        self, kind: str, path: str, shard_size: int | None, problems: list[str], post_forward: int | None = None
+    ) -> None:
         self.kind, self.path, self.shard_size, self.problems = kind, path, shard_size, problems
+        self.post_forward = post_forward
         self.calls = 0
         self._allocated: set[int] = set()
 
@@ -301,8 +310,11 @@ class _CheckedComm:
             if t.untyped_storage().data_ptr() not in self._allocated:
                 self.problems.append(f"{where}: the {name} tensor is not one the comm's allocate returned")
         want = self.world()
-        if group.size() != want:
-            self.problems.append(f"{where}: called with a group of {group.size()} ranks, not the shard group of {want}")
+        if group.size() != want and group.size() != self.post_forward:
+            also = f" nor the {self.post_forward} ranks of reshard_after_forward" if self.post_forward else ""
+            self.problems.append(
+                f"{where}: called with a group of {group.size()} ranks, not the shard group of {want}{also}"
+            )
         if self.kind == "all_gather":
             gather = getattr(dist, "all_gather_single", None)
             if gather is not None:
