@@ -398,7 +398,11 @@ USES: dict[str, Use] = {
     "FSDPModule.set_reduce_scatter_max_input_buffers": _drawn(
         pattern=rf"{_V}knob:rs_max_buffers", note="experimental; 1 to 3 buffers in flight must not change numerics"
     ),
-    "FSDPModule.set_separate_reduce_scatter_group": _not_drawn("experimental"),
+    "FSDPModule.set_separate_reduce_scatter_group": _drawn(
+        pattern=rf"{_V}knob:separate_rs_group",
+        note="experimental; numerics unchanged, and with custom comms the reduce-scatter must run on a group of "
+        "its own over the shard ranks",
+    ),
     "FSDPModule.set_unshard_in_backward": _drawn(
         pattern=rf"{_V}knob:no_unshard_in_backward",
         note="False on a unit of the first Linear in forward, whose parameters backward does not need "

@@ -359,6 +359,9 @@ def fsdp_knobs(
     if _fsdp_has("set_custom_all_gather"):
         fields["custom_all_gather"] = draw(st.sampled_from([False, False, True]))
         fields["custom_reduce_scatter"] = draw(st.sampled_from([False, False, True]))
+    if _fsdp_has("set_separate_reduce_scatter_group"):
+        # rare: each call makes a process group
+        fields["separate_rs_group"] = draw(st.sampled_from([False, False, False, True]))
     custom = fields.get("custom_all_gather") or fields.get("custom_reduce_scatter")
     if _fsdp_has("set_allocate_memory_from_process_group_for_comm") and not custom:
         fields["pg_allocator"] = draw(st.sampled_from([False, False, True]))

@@ -85,6 +85,9 @@ CASES: dict[str, Case] = {
     "K32_unshard_in_backward_ignored": _unneeded_in_backward(Knobs(no_unshard_in_backward=True, backward_prefetch=1)),
     "K35_custom_all_gather_ignored": _parity(Knobs(custom_all_gather=True, forward_prefetch=1)),
     "K36_reduce_output_not_from_comm": _parity(Knobs(custom_reduce_scatter=True)),
+    "K37_separate_reduce_scatter_group_ignored": _parity(
+        Knobs(custom_all_gather=True, custom_reduce_scatter=True, separate_rs_group=True)
+    ),
 }
 
 #: Knobs that change no numbers, as metamorphic variants.
@@ -96,6 +99,7 @@ NEUTRAL = [
     Knobs(explicit_unshard=True, force_sum_reduction=True),
     Knobs(abort_and_reset=True, forward_prefetch=1),
     Knobs(custom_all_gather=True, custom_reduce_scatter=True, backward_prefetch=1),
+    Knobs(separate_rs_group=True, forward_prefetch=1),
 ]
 
 
@@ -109,6 +113,8 @@ def _skip_without_reset(knobs: Knobs) -> None:
         pytest.skip("this torch's FSDPModule has no set_unshard_in_backward")
     if (knobs.custom_all_gather or knobs.custom_reduce_scatter) and not hasattr(FSDPModule, "set_custom_all_gather"):
         pytest.skip("this torch's FSDPModule has no set_custom_all_gather")
+    if knobs.separate_rs_group and not hasattr(FSDPModule, "set_separate_reduce_scatter_group"):
+        pytest.skip("this torch's FSDPModule has no set_separate_reduce_scatter_group")
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -169,7 +175,9 @@ def test_custom_comms_on_hsdp(check_case: Any) -> None:
     """On a (2, 1) mesh the shard group is one rank's (nothing to all-gather or reduce-scatter);
     on (1, 2) the comms get the shard group of two."""
     for mesh in ((2, 1), (1, 2)):
-        check_case(_parity(Knobs(custom_all_gather=True, custom_reduce_scatter=True), mesh))
+        knobs = Knobs(custom_all_gather=True, custom_reduce_scatter=True, separate_rs_group=True)
+        _skip_without_reset(knobs)
+        check_case(_parity(knobs, mesh))
 
 
 REGRESSIONS = Path(__file__).parent / "regressions"

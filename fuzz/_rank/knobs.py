@@ -52,6 +52,7 @@ class KnobState:
         self.problems: list[str] = []
         self._checked_unshard = False
         self._gathers: list[tuple[_CheckedComm, nn.Module]] = []
+        self._scatters: list[_CheckedComm] = []
         self._ran: set[str] = set()
         k = self.knobs
         for units in by_root(comp):
@@ -76,6 +77,8 @@ class KnobState:
                 root.set_reduce_scatter_max_input_buffers(k.rs_max_buffers)  # type: ignore[operator]
             if k.reduce_scatter_unused:
                 root.set_reduce_scatter_unused_params(True)  # type: ignore[operator]
+            if k.separate_rs_group:
+                root.set_separate_reduce_scatter_group(True)  # type: ignore[operator]
         if k.no_unshard_in_backward:
             for path in Layout(tree, comp).unneeded_in_backward():
                 module = model.get_submodule(path)
@@ -101,6 +104,7 @@ class KnobState:
         if self.knobs.custom_reduce_scatter:
             scatter = _CheckedComm("reduce_scatter", spec.path, shard_size, self.problems)
             module.set_custom_reduce_scatter(scatter)  # type: ignore[operator]
+            self._scatters.append(scatter)
 
     def final_problems(self) -> list[str]:
         """:attr:`problems`, and after training what only the whole run shows: every unit with
@@ -110,6 +114,15 @@ class KnobState:
         for gather, module in self._gathers:
             if gather.calls == 0 and gather.path in self._ran and gather.world() > 1 and _manages_params(module):
                 self.problems.append(f"set_custom_all_gather on {gather.path!r}: the comm was never called")
+        if self.knobs.separate_rs_group:
+            gathered = {id(g) for gather, _ in self._gathers for g in gather.groups}
+            for scatter in self._scatters:
+                shared = [g for g in scatter.groups if id(g) in gathered]
+                if shared:
+                    self.problems.append(
+                        f"set_separate_reduce_scatter_group on {scatter.path!r}: the reduce-scatter ran on the "
+                        "all-gather's process group"
+                    )
         return self.problems
 
     def _sharded_in_backward(self, path: str) -> Any:
@@ -279,6 +292,8 @@ class _CheckedComm:
         self.kind, self.path, self.shard_size, self.problems = kind, path, shard_size, problems
         self.post_forward = post_forward
         self.calls = 0
+        #: The process groups it was called with (kept alive with the comm).
+        self.groups: list[Any] = []
         self._allocated: set[int] = set()
 
     def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -302,6 +317,8 @@ class _CheckedComm:
         import torch.distributed as dist
 
         self.calls += 1
+        if not any(g is group for g in self.groups):
+            self.groups.append(group)
         where = f"set_custom_{self.kind} on {self.path!r}"
         ours = (
             {"output": output_tensor} if self.kind == "all_gather" else {"input": input_tensor, "output": output_tensor}

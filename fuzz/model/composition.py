@@ -115,6 +115,10 @@ class Knobs:
       the buffers it communicates into are ones the comm's ``allocate`` returned (its
       ``Comm`` docstring: "How to allocate memory for communication"). Not with
       ``pg_allocator``, which "cannot be used together with" them (its docstring).
+    - ``separate_rs_group``: ``set_separate_reduce_scatter_group(True)`` (recursive) on every
+      root unit (experimental): reduce-scatter "on its own process group" over the shard ranks.
+      Numerics unchanged; with both custom comms the rank also checks that the reduce-scatter
+      ran on another group than the all-gather, of the shard group's size.
     - ``rs_max_buffers``: ``set_reduce_scatter_max_input_buffers(k)`` (recursive) on every root
       unit, ``k`` reduce-scatter input buffers in flight ("the memory<->overlap dial").
     - ``reduce_scatter_unused``: ``set_reduce_scatter_unused_params(True)`` (recursive) on
@@ -154,6 +158,7 @@ class Knobs:
     no_unshard_in_backward: bool = False
     custom_all_gather: bool = False
     custom_reduce_scatter: bool = False
+    separate_rs_group: bool = False
 
     def __post_init__(self) -> None:
         if self.pg_allocator and (self.custom_all_gather or self.custom_reduce_scatter):
