@@ -311,6 +311,7 @@ def _header(s: Mapping[str, Any], title: str) -> str:
         ("cases", cases),
         ("cases / s", rate),
         ("restarts", int(_num(s.get("restarts")))),
+        ("ranks recycled", int(_num(s.get("recycled")))),
         ("interrupted", "yes" if s.get("interrupted") else "no"),
         ("properties", len(_property_names(s))),
         ("schema", s.get("schema", "-")),
