@@ -426,7 +426,10 @@ USES: dict[str, Use] = {
         pattern=r"fully_shard:ignored_params",
         note="parity only: a module's own parameters stay plain and local (their gradients are not averaged)",
     ),
-    "fully_shard(dp_mesh_dims)": _not_drawn(),
+    "fully_shard(dp_mesh_dims)": _not_drawn(
+        "for parameters that are already DTensors on a full SPMD mesh (DataParallelMeshDims names its data-parallel "
+        "dimensions); the suite's fully_shard takes plain parameters or tensor parallelism's, not drawn yet"
+    ),
     # replicate, and DistributedDataParallel's parameters, which receive its **kwargs
     "replicate(module)": _drawn("replicate.root", "replicate.sub"),
     "replicate(ignored_modules)": _drawn(
@@ -591,7 +594,10 @@ USES: dict[str, Use] = {
     ),
     "StateDictOptions.broadcast_from_rank0": _drawn("sd.broadcast"),
     "StateDictOptions.flatten_optimizer_state_dict": _drawn(pattern="flatten_optimizer_state_dict"),
-    "StateDictOptions.dsd_fqn_modifiers": _not_drawn(),
+    "StateDictOptions.dsd_fqn_modifiers": _not_drawn(
+        "not in StateDictOptions' docstring: the name of a module method mapping state-dict key atoms to children "
+        "that state-dict hooks hide (state_dict._get_fqns); a tree whose modules rename keys is not drawn yet"
+    ),
     # torch.distributed.checkpoint.state_dict
     "state_dict.get_model_state_dict": _drawn(
         pattern="api:split|patched", note=_DCP_ENTRIES.format("model"), bound=">="
