@@ -25,7 +25,7 @@ from typing import Any
 from fuzz import known
 from fuzz.errors import CaseError, ShardfuzzError
 from fuzz.model import Case, case_from_json, case_to_json
-from fuzz.signature import Failure, same_bug
+from fuzz.signature import Failure, Signature, same_bug
 
 ENTRY_SCHEMA = 1
 STATUSES = ("new", "flaky", "known")
@@ -214,16 +214,19 @@ class CorpusIndex:
 
     def match(self, signature: str, case: Case | None = None, kind: str = "") -> tuple[Path, Entry] | None:
         """The entry a failure signed ``signature`` (of ``kind``, met in ``case``) is counted
-        against, or None. Beyond signatures, a mismatch in a case that meets the condition of a
-        known bug that shows as a mismatch (:func:`fuzz.known.explains`) is counted against
-        that bug's entry, preferring one of the same property."""
+        against, or None. Beyond signatures, a mismatch of values in a case that meets the
+        condition of a known bug that shows as a mismatch (:func:`fuzz.known.explains`) is
+        counted against that bug's entry, preferring one of the same property. A violated
+        contract (``mismatch:PROP:contract-*``: the state or dtype an API documents, checked on
+        the rank) is not a wrong value: it matches by signature only, so that it is not taken
+        for a numerics bug the case also meets."""
         hit = self._exact.get(signature)
         if hit is not None:
             return hit
         for sig, path, entry in self._known:
             if same_bug(sig, signature) and self._condition_holds(entry, case):
                 return path, entry
-        if case is not None:
+        if case is not None and not _contract_check(signature):
             bugs = {b.id for b in known.explains(case, kind)}
             candidates = [(p, e) for _, p, e in self._known if e.bug in bugs]
             candidates.sort(key=lambda pe: pe[1].case.property != case.property)
@@ -242,6 +245,12 @@ class CorpusIndex:
         """The ``known`` entry whose bug a failure signed ``signature`` is, or None."""
         hit = self.match(signature, case, kind)
         return hit[1] if hit is not None and hit[1].status == "known" else None
+
+
+def _contract_check(signature: str) -> bool:
+    """Whether ``signature`` is a mismatch charged to a contract check (``contract-*``)."""
+    parsed = Signature.parse(signature)
+    return parsed is not None and parsed.kind == "mismatch" and parsed.check.startswith("contract-")
 
 
 class KnownBugs(Mapping[str, str]):
