@@ -101,12 +101,13 @@ def parse_status(text: str) -> dict[str, float]:
     return out
 
 
-def sample_process(pid: int, *, proc: str = "/proc") -> dict[str, float]:
-    """``rss_mib``, ``threads`` and ``fds`` of one live process; {} if it has gone."""
+def sample_process(pid: int, *, proc: str = "/proc", fds: bool = True) -> dict[str, float]:
+    """``rss_mib``, ``threads`` and (with ``fds``) ``fds`` of one live process; {} if it has gone."""
     try:
         with open(os.path.join(proc, str(pid), "status")) as f:
             out = parse_status(f.read())
-        out["fds"] = len(os.listdir(os.path.join(proc, str(pid), "fd")))
+        if fds:
+            out["fds"] = len(os.listdir(os.path.join(proc, str(pid), "fd")))
     except (FileNotFoundError, ProcessLookupError):
         return {}
     return out
@@ -647,16 +648,14 @@ class RankPool:
 
     def respawn(self) -> None:
         """End the ranks and spawn fresh ones (what a script left behind in torch goes with them)."""
-        self._teardown_ranks(kill=True, timeout=0)
         self.restarts += 1
-        self._generation += 1
-        self._spawn()
+        self._replace_ranks(kill=True, timeout=0)
 
     def rank_threads(self) -> list[int | None]:
         """OS threads of each rank now (``/proc``), None where that cannot be read."""
         out: list[int | None] = []
         for r in self._ranks:
-            threads = sample_process(r.proc.pid).get("threads") if r.proc.poll() is None else None
+            threads = sample_process(r.proc.pid, fds=False).get("threads") if r.proc.poll() is None else None
             out.append(None if threads is None else int(threads))
         return out
 
@@ -667,8 +666,12 @@ class RankPool:
             return
         if not any(n is not None and n >= self.max_rank_threads for n in self.rank_threads()):
             return
-        self._teardown_ranks(kill=False, timeout=10.0)
         self.recycled += 1
+        self._replace_ranks(kill=False, timeout=10.0)
+
+    def _replace_ranks(self, *, kill: bool, timeout: float) -> None:
+        """End the ranks (:meth:`_teardown_ranks`) and spawn a new generation of them."""
+        self._teardown_ranks(kill=kill, timeout=timeout)
         self._generation += 1
         self._spawn()
 

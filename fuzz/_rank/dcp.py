@@ -787,7 +787,7 @@ def _run_dcp(case: Case, body: DcpBody, ctx: RankContext) -> dict[str, Any]:
             reloaded = _reload_on_one_rank(body, case, ctx, path)
             if ctx.rank == 0:
                 obs["reloaded"] = reloaded
-            if ctx.world_size >= 4 and ctx.world_size % 2 == 0:
+            if body.reloads_in_half_world(ctx.world_size):
                 halved = _reload_in_half_world(body, case, ctx, path)
                 if halved is not None:
                     obs["reloaded_half"] = halved

@@ -656,6 +656,11 @@ class DcpBody(Body):
             and not Layout(self.tree, self.source).local()
         )
 
+    def reloads_in_half_world(self, world_size: int) -> bool:
+        """Whether each half of ``world_size`` ranks also loads the checkpoint, sharded over
+        its own ranks (:meth:`reloads_elsewhere`; an even world of four ranks or more)."""
+        return self.reloads_elsewhere() and world_size >= 4 and world_size % 2 == 0
+
     def __post_init__(self) -> None:
         _check_common(self.tree, self.source, self.target, self.training, self.steps_after, self.target_meta_init)
         _check_drop(self.drop)

@@ -392,37 +392,20 @@ def _check_taken_optimizer(prop: str, where: str, taken: Any, state: Any) -> Fai
     )
 
 
-def _check_reloaded(prop: str, where: str, reloaded: dict[str, Any], model: dict[str, Any]) -> Failure | None:
-    """The checkpoint's model entry, loaded on one process into a plain model (``no_dist``):
-    DCP reshards at load time, so every key of the plain model's state dict comes back with
-    the value saved (the source's parameters and persistent buffers, gathered in full)."""
+def _check_reloaded(
+    prop: str, where: str, reloaded: dict[str, Any], model: dict[str, Any], check: str, into: str
+) -> Failure | None:
+    """The checkpoint's model entry, loaded where it was not saved (``into``): on one process
+    into a plain model (``no_dist``, check ``reload_one_rank``), or by half of the ranks into a
+    model fully_shard shards over them (``dcp.load(..., process_group=...)``, check
+    ``reload_half_world``). DCP reshards at load time, so every key of the loading model's
+    state dict comes back with the value saved (the source's parameters and persistent
+    buffers, gathered in full)."""
     want = {k: model.get(k) for k in reloaded}
     diff = _first_difference(reloaded, want)
     if not diff:
         return None
-    return _mismatch(
-        prop,
-        "reload_one_rank",
-        where,
-        f"the checkpoint loaded on one process into a plain model differs from the model saved: {diff}",
-    )
-
-
-def _check_reloaded_half(prop: str, where: str, reloaded: dict[str, Any], model: dict[str, Any]) -> Failure | None:
-    """The checkpoint's model entry, loaded by half of the ranks into a model fully_shard
-    shards over them (``dcp.load(..., process_group=...)``): as on one process, every key comes
-    back with the value saved, now resharded over another world size."""
-    want = {k: model.get(k) for k in reloaded["values"]}
-    diff = _first_difference(reloaded["values"], want)
-    if not diff:
-        return None
-    return _mismatch(
-        prop,
-        "reload_half_world",
-        where,
-        f"the checkpoint loaded by {reloaded['ranks']} of the ranks into a model sharded over them "
-        f"differs from the model saved: {diff}",
-    )
+    return _mismatch(prop, check, where, f"the checkpoint loaded {into} differs from the model saved: {diff}")
 
 
 def _check_ignored_frozen(prop: str, where: str, observed: dict[str, Any] | None) -> Failure | None:
@@ -500,10 +483,13 @@ def _judge_dcp(case: Case, outcome: Outcome) -> Failure | None:
     if "taken_optimizer" in saved:
         failure = _check_taken_optimizer(prop, where, saved["taken_optimizer"], saved["optimizer"])
     if failure is None and "reloaded" in first:
-        failure = _check_reloaded(prop, where, first["reloaded"], saved["model"])
+        into = "on one process into a plain model"
+        failure = _check_reloaded(prop, where, first["reloaded"], saved["model"], "reload_one_rank", into)
     for obs in observations:
         if failure is None and "reloaded_half" in obs:
-            failure = _check_reloaded_half(prop, where, obs["reloaded_half"], saved["model"])
+            half = obs["reloaded_half"]
+            into = f"by {half['ranks']} of the ranks into a model sharded over them"
+            failure = _check_reloaded(prop, where, half["values"], saved["model"], "reload_half_world", into)
     if failure is not None:
         return failure
     if model_loaded:
@@ -842,7 +828,7 @@ def features_dcp(case: Case) -> list[str]:
         out.append(f"overwrite:{body.overwrite.value}")
     if body.reloads_elsewhere():
         out.append("reload:one_rank")
-        if case.world_size >= 4 and case.world_size % 2 == 0:
+        if body.reloads_in_half_world(case.world_size):
             out.append("reload:half_world")
     if body.async_saves:
         out.append("async:in_flight")
