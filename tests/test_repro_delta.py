@@ -183,3 +183,42 @@ def test_frozen_definitions_are_left_as_they_are() -> None:
     original = next(n for n in ast.parse(SCRIPT).body if isinstance(n, ast.FunctionDef) and n.name == "build")
     assert ast.unparse(original) in out
     assert delta.frozen_for(SCRIPT, {"unused_helper"}) == {"unused_helper", "TABLE"}
+
+
+def test_a_parameter_nothing_reads_or_every_call_passes_alike_goes() -> None:
+    code = (
+        "class T:\n"
+        "    def __init__(self, a, b, c=3):\n"
+        "        self.a = a + c\n"
+        "def f(case, x, tp=1, *, k=2):\n"
+        "    return x // tp + k\n"
+        "def g(n):\n"
+        "    return n\n"
+        "def attempt(rank, world_size):\n"
+        "    t = T(1, 2)\n"
+        "    y = [v for v in range(f(None, 4, k=2))]\n"
+        "    h = g\n"
+        "    return str((t.a, y, f(0, 5), h(g(1)), g(2)))\n"
+    )
+    keys = delta.parameters(code)
+    # `case` (never read), `tp` and `k` (every call passes the same constant), `T.b`
+    # (never read) and `T.a`, `T.c` (constants alike); `f.x` differs between calls, and `g` is
+    # passed as a value: its calls cannot all be seen.
+    assert set(keys) == {"T.a", "T.b", "T.c", "f.case", "f.tp", "f.k"}
+    before = verdict(code)
+    out = code
+    for key in keys:
+        out = delta.drop_parameter(out, key) or out
+    assert "def f(x):" in out and "return x // 1 + 2" in out and "f(4)" in out and "T()" in out
+    assert verdict(out) == before
+    assert delta.drop_parameter(code, "f.x") is None and delta.drop_parameter(code, "g.n") is None
+
+
+def test_a_call_that_is_a_comprehension_s_first_iterable_is_inlined() -> None:
+    code = (
+        "def f(n):\n    return range(n)\n"
+        "def g():\n    y = [i for i in f(3)]\n    return y\n"
+        "def attempt(rank, world_size):\n    return str(g())\n"
+    )
+    out = delta.inline(code, "f")
+    assert out is not None and "def f" not in out and verdict(out) == verdict(code)

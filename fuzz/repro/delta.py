@@ -14,10 +14,15 @@ reproduces. The cuts, coarsest first, in rounds until a round keeps nothing or t
    that names it (its calls, the loops over what it returns);
 2. **Bodies**: a function's or method's body becomes ``pass`` (a function that only had an
    effect loses it; its calls as statements then go, by the tidying);
-3. **Inlining**: a top-level function called once, with at most a final ``return``, is replaced
-   by its body (its parameters bound by assignments, its locals renamed where the caller uses
-   their names), before the statement that calls it where the call is not the statement
-   itself; kept if it reproduces even where it is not smaller (it leaves fewer functions);
+3. **Parameters, then inlining**: a parameter that the function (or a class's ``__init__``)
+   never reads, or for which every call passes the same constant (or leaves the same constant
+   default), goes from the definition and from every call, the constant taking its place in the
+   body (:func:`drop_parameter`; only where every reference to the function is a plain call, so
+   that all its calls are seen). Then a top-level function called once, with at most a final
+   ``return``, is replaced by its body (its parameters bound by assignments, its locals renamed
+   where the caller uses their names), before the statement that calls it where the call is not
+   the statement itself (or a comprehension's first iterable, evaluated once before it runs);
+   kept if it reproduces even where it is not smaller (it leaves fewer functions);
 4. **Unwrapping**: a ``with``, ``if`` or ``try`` becomes its body, a ``for`` its first
    iteration; kept if it reproduces (it leaves fewer compound statements);
 5. **Statements**: chunks of statements, top-level and in bodies, outermost first, the chunks
@@ -443,6 +448,8 @@ def ddmin(
         say(f"  delta {round_}: definitions cut, {code_lines(current)} code lines")
         each(bodies, cut_body)
         say(f"  delta {round_}: bodies cut, {code_lines(current)} code lines")
+        each(parameters, drop_parameter, grow=True)
+        say(f"  delta {round_}: parameters dropped, {code_lines(current)} code lines")
         each(inlinable, inline, grow=True)
         keep(simplify(current, frozen), grow=True)
         say(f"  delta {round_}: functions inlined and simplified, {code_lines(current)} code lines")
@@ -524,6 +531,8 @@ def _call_site(stmt: ast.stmt, name: str) -> ast.Call | None:
     maybe = (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp, ast.BoolOp, ast.IfExp, ast.Await)
 
     def find(node: ast.AST) -> ast.Call | None:
+        if isinstance(node, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            return find(node.generators[0].iter)  # evaluated once, before the comprehension runs
         if isinstance(node, maybe):
             return None
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == name:
@@ -656,6 +665,138 @@ def _inlined(fn: ast.FunctionDef, call: ast.Call, stmt: ast.stmt, caller: _Funct
         assert isinstance(replaced, ast.stmt)
         body.append(replaced)
     return body or [ast.Pass()]
+
+
+# -- cut 3b: a parameter that every call passes alike, or that nothing reads ---------------------
+
+
+def _callee(tree: ast.Module, name: str, frozen: Frozen) -> tuple[_Function, bool] | None:
+    """The function that a call of ``name`` runs (a top-level function, or the ``__init__`` of a
+    top-level class; True for a method) where every call of ``name`` is plain (no ``*``/``**``)
+    and, for a function, nothing names it but its calls; else None."""
+    node = next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == name), None)
+    if node is None or _fixed(node, frozen) or _untouched(node, frozen) or getattr(node, "decorator_list", None):
+        return None
+    if isinstance(node, ast.ClassDef):
+        init = next((s for s in node.body if isinstance(s, ast.FunctionDef) and s.name == "__init__"), None)
+        subclassed = any(isinstance(n, ast.ClassDef) and any(_names(b, name) for b in n.bases) for n in ast.walk(tree))
+        if init is None or init.decorator_list or subclassed:
+            return None
+        fn, method = init, True
+    else:
+        fn, method = node, False
+    if fn.args.vararg or fn.args.kwarg or fn.args.posonlyargs:
+        return None
+    calls = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name) and n.id == name and not method and id(n) not in calls:
+            return None  # passed as a value: called with arguments this pass cannot see
+    for call in _calls_of(tree, name):
+        if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+            return None
+    return fn, method
+
+
+def _calls_of(tree: ast.Module, name: str) -> list[ast.Call]:
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == name]
+
+
+def _argument(call: ast.Call, index: int, param: str, default: ast.expr | None) -> ast.expr | None:
+    """What ``call`` passes for the parameter (``index`` among the positional ones, -1 for one
+    that is keyword-only), else its default."""
+    if 0 <= index < len(call.args):
+        return call.args[index]
+    return next((k.value for k in call.keywords if k.arg == param), default)
+
+
+def _parameters(fn: _Function, method: bool) -> list[tuple[str, int, ast.expr | None]]:
+    """(name, index among the call's positional arguments or -1, default) of each parameter a
+    caller may pass (not ``self``)."""
+    args = fn.args
+    positional = args.args[1:] if method else args.args
+    defaults: list[ast.expr | None] = [None] * (len(args.args) - len(args.defaults)) + list(args.defaults)
+    out = [(a.arg, i, d) for i, (a, d) in enumerate(zip(positional, defaults[1:] if method else defaults))]
+    out += [(a.arg, -1, d) for a, d in zip(args.kwonlyargs, args.kw_defaults)]
+    return out
+
+
+def _reads(fn: _Function, name: str) -> tuple[bool, bool]:
+    """Whether ``fn``'s body reads ``name``, and whether it binds it again."""
+    read = stored = False
+    for stmt in fn.body:
+        for n in ast.walk(stmt):
+            if isinstance(n, ast.Name) and n.id == name:
+                read |= isinstance(n.ctx, ast.Load)
+                stored |= not isinstance(n.ctx, ast.Load)
+            elif (isinstance(n, ast.arg) and n.arg == name) or isinstance(n, (ast.Global, ast.Nonlocal)):
+                stored = True  # a nested scope's own name, or one it shares: left alone
+    return read, stored
+
+
+def _alike(values: list[ast.expr | None]) -> ast.expr | None:
+    """The one constant every call passes, else None."""
+    first = values[0] if values else None
+    if not isinstance(first, ast.Constant):
+        return None
+    return first if all(isinstance(v, ast.Constant) and ast.dump(v) == ast.dump(first) for v in values) else None
+
+
+def parameters(code: str, frozen: Frozen = frozenset()) -> list[str]:
+    """Keys ``function.parameter`` of the parameters that may go: those the function never reads,
+    and those every call passes the same constant for (the constant takes the parameter's place)."""
+    tree = ast.parse(code)
+    out: list[str] = []
+    for node in tree.body:
+        if not isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            continue
+        found = _callee(tree, node.name, frozen)
+        if found is None:
+            continue
+        fn, method = found
+        calls = _calls_of(tree, node.name)
+        for param, index, default in _parameters(fn, method):
+            read, stored = _reads(fn, param)
+            if stored:
+                continue
+            values = [_argument(c, index, param, default) for c in calls]
+            if any(v is None for v in values):
+                continue  # a call that passes nothing for it fails as it is: leave it
+            if not read or _alike(values) is not None:
+                out.append(f"{node.name}.{param}")
+    return out
+
+
+def drop_parameter(code: str, key: str, frozen: Frozen = frozenset()) -> str | None:
+    """``code`` without the parameter ``key`` (``function.parameter``) of :func:`parameters`:
+    gone from the definition and from every call, its reads replaced by the constant the calls
+    passed (None if it may not go)."""
+    if key not in parameters(code, frozen):
+        return None
+    name, _, param = key.partition(".")
+    tree = ast.parse(code)
+    found = _callee(tree, name, frozen)
+    assert found is not None
+    fn, method = found
+    calls = _calls_of(tree, name)
+    index, default = next((i, d) for p, i, d in _parameters(fn, method) if p == param)
+    constant = _alike([_argument(c, index, param, default) for c in calls])
+    if constant is not None:
+        fn.body = [_Substitute({param: constant}).visit(s) for s in fn.body]
+    for call in calls:
+        if 0 <= index < len(call.args):
+            del call.args[index]
+        call.keywords = [k for k in call.keywords if k.arg != param]
+    args = fn.args
+    if index >= 0:
+        position = index + (1 if method else 0)
+        first_default = len(args.args) - len(args.defaults)
+        if position >= first_default:
+            del args.defaults[position - first_default]
+        del args.args[position]
+    else:
+        at = next(i for i, a in enumerate(args.kwonlyargs) if a.arg == param)
+        del args.kwonlyargs[at], args.kw_defaults[at]
+    return _unparse(tree)
 
 
 class _Replace(ast.NodeTransformer):
