@@ -222,3 +222,28 @@ def test_a_call_that_is_a_comprehension_s_first_iterable_is_inlined() -> None:
     )
     out = delta.inline(code, "f")
     assert out is not None and "def f" not in out and verdict(out) == verdict(code)
+
+
+def test_a_method_called_on_an_object_built_in_place_becomes_a_function() -> None:
+    code = (
+        "from dataclasses import dataclass\n"
+        "@dataclass\n"
+        "class C:\n"
+        "    shards: object = ()\n"
+        "    def steps(self, extra):\n"
+        "        return sorted(self.shards) + extra\n"
+        "    @property\n"
+        "    def first(self):\n"
+        "        return self.shards[0]\n"
+        "def run(c):\n"
+        "    return c.steps([])\n"
+        "def attempt(rank, world_size):\n"
+        "    comp = C(shards=('b', 'a'))\n"
+        "    y = comp.steps([1])\n"
+        "    return str((y, comp.first, run(comp)))\n"
+    )
+    assert delta.methods(code) == ["C.steps", "C.first"]
+    out = delta.hoist_method(delta.hoist_method(code, "C.steps") or "", "C.first")
+    assert out is not None and "C_steps(comp, [1])" in out and "C_first(comp)" in out
+    assert "return c.steps([])" in out  # a receiver the function did not build stays a method call
+    assert verdict(out) == verdict(code)

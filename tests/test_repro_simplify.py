@@ -185,3 +185,15 @@ def test_a_test_on_a_display_takes_its_branch_and_a_tuple_assignment_splits() ->
         """
     )
     assert " if " not in out and "a, b" not in out
+
+
+def test_identities_go() -> None:
+    code = (
+        "def f(rank, world_size, x):\n"
+        "    lo = rank // 1 * 1\n"
+        "    return (lo, [] + [], (x, *()), world_size * 1 + 0, x - 0)\n"
+        "def attempt(rank, world_size):\n"
+        "    return str(f(rank, world_size, 3))\n"
+    )
+    out = simplify(code)
+    assert out is not None and "return (rank, [], (x,), world_size, x)" in out

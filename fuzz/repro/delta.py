@@ -14,7 +14,10 @@ reproduces. The cuts, coarsest first, in rounds until a round keeps nothing or t
    that names it (its calls, the loops over what it returns);
 2. **Bodies**: a function's or method's body becomes ``pass`` (a function that only had an
    effect loses it; its calls as statements then go, by the tidying);
-3. **Parameters, then inlining**: a parameter that the function (or a class's ``__init__``)
+3. **Methods, parameters, then inlining**: a method called on an object that the calling
+   function builds in place (``comp = Composition(...)``; ``comp.steps()``, or ``comp.paths`` for
+   a property) is copied to a top-level function ``Composition_steps(self)`` which those uses
+   call (:func:`hoist_method`). A parameter that the function (or a class's ``__init__``)
    never reads, or for which every call passes the same constant (or leaves the same constant
    default), goes from the definition and from every call, the constant taking its place in the
    body (:func:`drop_parameter`; only where every reference to the function is a plain call, so
@@ -44,6 +47,7 @@ import ast
 import copy
 import time
 from collections.abc import Callable, Iterator
+from typing import TypeGuard
 
 from fuzz.repro.harness import ATTEMPT
 from fuzz.repro.script import code_lines
@@ -448,6 +452,7 @@ def ddmin(
         say(f"  delta {round_}: definitions cut, {code_lines(current)} code lines")
         each(bodies, cut_body)
         say(f"  delta {round_}: bodies cut, {code_lines(current)} code lines")
+        each(methods, hoist_method, grow=True)
         each(parameters, drop_parameter, grow=True)
         say(f"  delta {round_}: parameters dropped, {code_lines(current)} code lines")
         each(inlinable, inline, grow=True)
@@ -665,6 +670,86 @@ def _inlined(fn: ast.FunctionDef, call: ast.Call, stmt: ast.stmt, caller: _Funct
         assert isinstance(replaced, ast.stmt)
         body.append(replaced)
     return body or [ast.Pass()]
+
+
+# -- cut 3a: a method called on an object built in place, made a function -----------------------
+
+
+def _hoistable(method: ast.stmt) -> TypeGuard[ast.FunctionDef]:
+    """A plain method (or a ``@property``) that names neither ``super`` nor ``__class__``."""
+    if not isinstance(method, ast.FunctionDef) or method.name.startswith("__") or not method.args.args:
+        return False
+    if [ast.unparse(d) for d in method.decorator_list] not in ([], ["property"]):
+        return False
+    return not any(isinstance(n, ast.Name) and n.id in ("super", "__class__") for n in ast.walk(method))
+
+
+def _method_uses(tree: ast.Module, cls: str, name: str) -> list[tuple[ast.AST, ast.Attribute, ast.Name]]:
+    """(node to replace, the attribute, the receiver) of every use of method ``name`` on a local
+    that its function binds once to a ``cls(...)`` it builds: the call ``x.name(...)``, or the
+    attribute ``x.name`` of a property."""
+    out: list[tuple[ast.AST, ast.Attribute, ast.Name]] = []
+    for fn in [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
+        objects = _objects(fn, {cls})
+        if not objects:
+            continue
+        calls = {id(n.func): n for n in ast.walk(fn) if isinstance(n, ast.Call)}
+        for node in ast.walk(fn):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr == name
+                and isinstance(node.ctx, ast.Load)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in objects
+            ):
+                out.append((calls.get(id(node), node), node, node.value))
+    return out
+
+
+def methods(code: str, frozen: Frozen = frozenset()) -> list[str]:
+    """Keys ``Class.method`` of the methods that :func:`hoist_method` may make functions."""
+    tree = ast.parse(code)
+    out: list[str] = []
+    for node in tree.body:
+        if not isinstance(node, ast.ClassDef) or _untouched(node, frozen):
+            continue
+        for method in node.body:
+            if _hoistable(method) and _method_uses(tree, node.name, method.name):
+                out.append(f"{node.name}.{method.name}")
+    return out
+
+
+def hoist_method(code: str, key: str, frozen: Frozen = frozenset()) -> str | None:
+    """``code`` with method ``key`` (``Class.method``) copied to a top-level function
+    ``Class_method(self, ...)`` after its class, and its uses on objects the script builds in
+    place (``comp = Class(...)``; ``comp.method(a)``, or ``comp.method`` for a property) calling
+    that function; then inlining, the objects step and the parameters cut can reach inside it.
+    The method stays in the class while anything else names it (the tidying drops it after)."""
+    cls, _, name = key.partition(".")
+    if key not in methods(code, frozen):
+        return None
+    tree = ast.parse(code)
+    at, node = next((i, n) for i, n in enumerate(tree.body) if isinstance(n, ast.ClassDef) and n.name == cls)
+    method = next(m for m in node.body if isinstance(m, ast.FunctionDef) and m.name == name)
+    taken = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | {
+        n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))
+    }
+    function = f"{cls}_{name}".replace("__", "_")
+    while function in taken:
+        function += "_"
+    hoisted = copy.deepcopy(method)
+    hoisted.name, hoisted.decorator_list = function, []
+    prop = bool(method.decorator_list)
+    for use, attribute, receiver in _method_uses(tree, cls, name):
+        replacement = ast.Call(ast.Name(function, ast.Load()), [ast.Name(receiver.id, ast.Load())], [])
+        if isinstance(use, ast.Call) and not prop:
+            replacement.args += use.args
+            replacement.keywords = use.keywords
+        else:
+            use = attribute
+        _Replace(use, ast.copy_location(replacement, use)).visit(tree)
+    tree.body.insert(at + 1, hoisted)
+    return _unparse(tree)
 
 
 # -- cut 3b: a parameter that every call passes alike, or that nothing reads ---------------------

@@ -23,7 +23,9 @@ left alone), repeated until none applies:
   module become one;
 - **Firsts and empties**: ``next(iter((a, b)))`` becomes ``a``; a comprehension over an empty
   display becomes an empty display, one over a display of one element the display of its
-  item, and ``**{}`` goes from a call, with a local bound only to ``{}`` and only unpacked so.
+  item, and ``**{}`` goes from a call, with a local bound only to ``{}`` and only unpacked so;
+- **Identities**: ``x * 1``, ``x // 1``, ``x + 0``, ``x - 0``, ``[] + x`` and the like become
+  ``x``, and ``*()`` goes from a display or a call.
 
 What is not pure (a call whose value is used twice) is never duplicated, but for calls of the
 script's own dataclasses, which only build an object.
@@ -827,6 +829,73 @@ def _imports(tree: ast.Module, frozen: Frozen) -> bool:
     return changed
 
 
+def _neutral(node: ast.expr) -> str | None:
+    """What neutral element ``node`` is: ``1``, ``0``, or an empty list or tuple display."""
+    if isinstance(node, ast.Constant) and type(node.value) is int and node.value in (0, 1):
+        return str(node.value)
+    if isinstance(node, (ast.List, ast.Tuple)) and not node.elts:
+        return type(node).__name__
+    return None
+
+
+class _Identities(ast.NodeTransformer):
+    """``x * 1``, ``1 * x``, ``x // 1``, ``x + 0``, ``0 + x``, ``x - 0``, ``[] + x``, ``x + []``
+    (and of ``()``) become ``x``; ``*()`` and ``*[]`` go from a display or a call."""
+
+    def __init__(self) -> None:
+        self.changed = False
+
+    def visit_BinOp(self, node: ast.BinOp) -> ast.AST:
+        self.generic_visit(node)
+        left, right = _neutral(node.left), _neutral(node.right)
+        kept: ast.expr | None = None
+        if isinstance(node.op, ast.Mult):
+            kept = node.left if right == "1" else node.right if left == "1" else None
+        elif isinstance(node.op, ast.FloorDiv):
+            kept = node.left if right == "1" else None
+        elif isinstance(node.op, ast.Sub):
+            kept = node.left if right == "0" else None
+        elif isinstance(node.op, ast.Add):
+            if right in ("0", "List", "Tuple"):
+                kept = node.left
+            elif left in ("0", "List", "Tuple"):
+                kept = node.right
+        if kept is None:
+            return node
+        self.changed = True
+        return kept
+
+    def _starred(self, elts: list[ast.expr]) -> list[ast.expr]:
+        kept = [e for e in elts if not (isinstance(e, ast.Starred) and _neutral(e.value) in ("List", "Tuple"))]
+        self.changed |= len(kept) != len(elts)
+        return kept
+
+    def visit_Tuple(self, node: ast.Tuple) -> ast.AST:
+        self.generic_visit(node)
+        node.elts = self._starred(node.elts)
+        return node
+
+    def visit_List(self, node: ast.List) -> ast.AST:
+        self.generic_visit(node)
+        node.elts = self._starred(node.elts)
+        return node
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        self.generic_visit(node)
+        node.args = self._starred(node.args)
+        return node
+
+
+def _identities(tree: ast.Module, frozen: Frozen) -> bool:
+    changed = False
+    for fn in _functions(tree, frozen):
+        rewrite = _Identities()
+        for stmt in fn.body:
+            rewrite.visit(stmt)
+        changed |= rewrite.changed
+    return changed
+
+
 def _drop_passes(tree: ast.Module) -> None:
     """``pass`` where its block holds something else."""
     for holder, name, stmts in list(_statement_lists(tree)):
@@ -834,7 +903,17 @@ def _drop_passes(tree: ast.Module) -> None:
             _set_list(holder, name, [s for s in stmts if not isinstance(s, ast.Pass)] or stmts[:1])
 
 
-_REWRITES = (_object_fields, _scalars, _tables, _enum_tests, _constant_tests, _empties, _bags, _imports)
+_REWRITES = (
+    _object_fields,
+    _scalars,
+    _tables,
+    _enum_tests,
+    _constant_tests,
+    _empties,
+    _bags,
+    _imports,
+    _identities,
+)
 
 
 def simplify(code: str, frozen: Frozen = frozenset()) -> str | None:
