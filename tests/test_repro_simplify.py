@@ -197,3 +197,25 @@ def test_identities_go() -> None:
     )
     out = simplify(code)
     assert out is not None and "return (rank, [], (x,), world_size, x)" in out
+
+
+def test_appends_to_an_empty_list_become_its_display() -> None:
+    code = (
+        "def f(a, b, xs):\n"
+        "    out = []\n"
+        "    out.append(a)\n"
+        "    out += [b]\n"
+        "    more = []\n"
+        "    more += [x * 2 for x in xs]\n"
+        "    mine = dict()\n"
+        "    mine['k'] = out\n"
+        "    return mine, more\n"
+        "def attempt(rank, world_size):\n"
+        "    return str(f(1, 2, [3]))\n"
+    )
+    out = simplify(code)
+    assert out is not None and "out = [a, b]" in out and "more = [x * 2 for x in xs]" in out, out
+    assert "append" not in out and "dict()" not in out
+    scope: dict[str, Any] = {}
+    exec(out, scope)
+    assert scope["attempt"](0, 1) == "({'k': [1, 2]}, [6])"

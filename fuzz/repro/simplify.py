@@ -25,7 +25,9 @@ left alone), repeated until none applies:
   display becomes an empty display, one over a display of one element the display of its
   item, and ``**{}`` goes from a call, with a local bound only to ``{}`` and only unpacked so;
 - **Identities**: ``x * 1``, ``x // 1``, ``x + 0``, ``x - 0``, ``[] + x`` and the like become
-  ``x``, and ``*()`` goes from a display or a call.
+  ``x``, ``*()`` goes from a display or a call, and ``dict()``, ``list()``, ``tuple()`` become
+  displays;
+- **Appends**: ``v = []`` followed by ``v.append(a)`` and ``v += [b]`` becomes ``v = [a, b]``.
 
 What is not pure (a call whose value is used twice) is never duplicated, but for calls of the
 script's own dataclasses, which only build an object.
@@ -883,6 +885,10 @@ class _Identities(ast.NodeTransformer):
     def visit_Call(self, node: ast.Call) -> ast.AST:
         self.generic_visit(node)
         node.args = self._starred(node.args)
+        empty = {"dict": ast.Dict([], []), "list": ast.List([], ast.Load()), "tuple": ast.Tuple([], ast.Load())}
+        if isinstance(node.func, ast.Name) and node.func.id in empty and not node.args and not node.keywords:
+            self.changed = True
+            return empty[node.func.id]
         return node
 
 
@@ -893,6 +899,73 @@ def _identities(tree: ast.Module, frozen: Frozen) -> bool:
         for stmt in fn.body:
             rewrite.visit(stmt)
         changed |= rewrite.changed
+    return changed
+
+
+def _appended(stmt: ast.stmt, name: str) -> ast.expr | None:
+    """``e`` of ``name.append(e)``, where ``e`` does not name ``name``."""
+    if not (
+        isinstance(stmt, ast.Expr)
+        and isinstance(stmt.value, ast.Call)
+        and isinstance(stmt.value.func, ast.Attribute)
+        and stmt.value.func.attr == "append"
+        and isinstance(stmt.value.func.value, ast.Name)
+        and stmt.value.func.value.id == name
+        and len(stmt.value.args) == 1
+        and not stmt.value.keywords
+    ):
+        return None
+    item = stmt.value.args[0]
+    return None if any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(item)) else item
+
+
+def _extended(stmt: ast.stmt, name: str) -> ast.expr | None:
+    """``d`` of ``name += d``, where ``d`` is a list display or comprehension not naming ``name``."""
+    if not (
+        isinstance(stmt, ast.AugAssign)
+        and isinstance(stmt.op, ast.Add)
+        and isinstance(stmt.target, ast.Name)
+        and stmt.target.id == name
+        and isinstance(stmt.value, (ast.List, ast.ListComp))
+    ):
+        return None
+    return None if any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(stmt.value)) else stmt.value
+
+
+def _appends(tree: ast.Module, frozen: Frozen) -> bool:
+    """``v = []`` followed by ``v.append(a)`` and ``v += [b]`` statements becomes ``v = [a, b]``
+    (or ``v = [x for ...]`` for a comprehension added to nothing)."""
+    changed = False
+    for fn in _functions(tree, frozen):
+        for holder, field_name, stmts in list(_statement_lists(fn)):
+            out: list[ast.stmt] = []
+            i = 0
+            while i < len(stmts):
+                stmt = stmts[i]
+                out.append(stmt)
+                i += 1
+                if not (
+                    isinstance(stmt, ast.Assign)
+                    and len(stmt.targets) == 1
+                    and isinstance(stmt.targets[0], ast.Name)
+                    and isinstance(stmt.value, ast.List)
+                ):
+                    continue
+                name = stmt.targets[0].id
+                while i < len(stmts) and isinstance(stmt.value, ast.List):
+                    item, more = _appended(stmts[i], name), _extended(stmts[i], name)
+                    if item is not None:
+                        stmt.value.elts.append(item)
+                    elif isinstance(more, ast.List):
+                        stmt.value.elts += more.elts
+                    elif isinstance(more, ast.ListComp) and not stmt.value.elts:
+                        stmt.value = more
+                    else:
+                        break
+                    i += 1
+                    changed = True
+            if len(out) != len(stmts):
+                _set_list(holder, field_name, out)
     return changed
 
 
@@ -913,6 +986,7 @@ _REWRITES = (
     _bags,
     _imports,
     _identities,
+    _appends,
 )
 
 
