@@ -14,7 +14,10 @@ reproduces. The cuts, coarsest first, in rounds until a round keeps nothing or t
    that names it (its calls, the loops over what it returns);
 2. **Bodies**: a function's or method's body becomes ``pass`` (a function that only had an
    effect loses it; its calls as statements then go, by the tidying);
-3. **Methods, parameters, then inlining**: a method called on an object that the calling
+3. **Builders, methods, parameters, then inlining**: every call of a function on literals (the
+   model's builder on the case's tree) is evaluated as far as the literal decides it, down the
+   recursion, and kept if that is shorter (:mod:`fuzz.repro.unroll`); a method called on an
+   object that the calling
    function builds in place (``comp = Composition(...)``; ``comp.steps()``, or ``comp.paths`` for
    a property) is copied to a top-level function ``Composition_steps(self)`` which those uses
    call (:func:`hoist_method`). A parameter that the function (or a class's ``__init__``)
@@ -442,6 +445,16 @@ def ddmin(
             keep(cut(current, todo[0], frozen), grow)
 
     from fuzz.repro.simplify import simplify
+    from fuzz.repro.unroll import unroll, unrollable
+
+    def unrolled(code: str, name: str, frozen: Frozen) -> str | None:
+        """The calls of ``name`` on literals evaluated, tidied, if that is shorter."""
+        out = unroll(code, name, frozen)
+        try:
+            out = tidy(out) if out is not None else None
+        except (SyntaxError, ValueError, TypeError, KeyError, RecursionError):
+            return None
+        return out if out is not None and _size(out) < _size(code) else None
 
     round_ = 0
     while time.monotonic() < until:
@@ -452,6 +465,7 @@ def ddmin(
         say(f"  delta {round_}: definitions cut, {code_lines(current)} code lines")
         each(bodies, cut_body)
         say(f"  delta {round_}: bodies cut, {code_lines(current)} code lines")
+        each(unrollable, unrolled, grow=True)
         each(methods, hoist_method, grow=True)
         each(parameters, drop_parameter, grow=True)
         say(f"  delta {round_}: parameters dropped, {code_lines(current)} code lines")
