@@ -87,3 +87,30 @@ def test_a_call_on_what_is_not_a_literal_is_left() -> None:
     )
     assert "build(tree, 4)" in code
     assert unroll.unrollable(code) == [] and unroll.unroll(code, "build") is None
+
+
+def test_a_module_class_that_runs_its_children_in_order_may_become_sequential() -> None:
+    code = (
+        "import torch\n"
+        "from torch import nn\n"
+        "class Tree(nn.Module):\n"
+        "    def __init__(self, children, width):\n"
+        "        super().__init__()\n"
+        "        for i, child in enumerate(children):\n"
+        "            self.add_module(str(i), child)\n"
+        "    def forward(self, x):\n"
+        "        for child in self.children():\n"
+        "            x = child(x)\n"
+        "        return x\n"
+        "def attempt(rank, world_size):\n"
+        "    torch.manual_seed(0)\n"
+        "    kids = [nn.Linear(2, 2)]\n"
+        "    model = Tree([nn.Linear(2, 2), Tree(kids, 2)], 2)\n"
+        "    names = [n for n, _ in model.named_parameters()]\n"
+        "    return repr((names, isinstance(model, Tree), model(torch.ones(1, 2)).tolist()))\n"
+    )
+    assert unroll.containers(code) == ["Tree"]
+    out = unroll.as_sequential(code, "Tree")
+    assert out is not None and "class Tree" not in out
+    assert "nn.Sequential(nn.Linear(2, 2), nn.Sequential(*kids))" in out and "isinstance(model, nn.Sequential)" in out
+    assert run(out) == run(code)

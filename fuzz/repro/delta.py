@@ -16,7 +16,9 @@ reproduces. The cuts, coarsest first, in rounds until a round keeps nothing or t
    effect loses it; its calls as statements then go, by the tidying);
 3. **Builders, methods, parameters, then inlining**: every call of a function on literals (the
    model's builder on the case's tree) is evaluated as far as the literal decides it, down the
-   recursion, and kept if that is shorter (:mod:`fuzz.repro.unroll`); a method called on an
+   recursion, and kept if that is shorter (:mod:`fuzz.repro.unroll`), and a module class of
+   the script is tried as ``nn.Sequential`` of its children (:func:`fuzz.repro.unroll.as_sequential`);
+   a method called on an
    object that the calling
    function builds in place (``comp = Composition(...)``; ``comp.steps()``, or ``comp.paths`` for
    a property) is copied to a top-level function ``Composition_steps(self)`` which those uses
@@ -445,16 +447,21 @@ def ddmin(
             keep(cut(current, todo[0], frozen), grow)
 
     from fuzz.repro.simplify import simplify
-    from fuzz.repro.unroll import unroll, unrollable
+    from fuzz.repro.unroll import as_sequential, containers, unroll, unrollable
 
-    def unrolled(code: str, name: str, frozen: Frozen) -> str | None:
-        """The calls of ``name`` on literals evaluated, tidied, if that is shorter."""
-        out = unroll(code, name, frozen)
-        try:
-            out = tidy(out) if out is not None else None
-        except (SyntaxError, ValueError, TypeError, KeyError, RecursionError):
-            return None
-        return out if out is not None and _size(out) < _size(code) else None
+    def shorter(cut: Callable[[str, str, Frozen], str | None]) -> Callable[[str, str, Frozen], str | None]:
+        """``cut``, its candidate tidied, and only if that is shorter (a rewrite that leaves
+        what it replaced for the tidying to drop)."""
+
+        def tidied(code: str, name: str, frozen: Frozen) -> str | None:
+            out = cut(code, name, frozen)
+            try:
+                out = tidy(out) if out is not None else None
+            except (SyntaxError, ValueError, TypeError, KeyError, RecursionError):
+                return None
+            return out if out is not None and _size(out) < _size(code) else None
+
+        return tidied
 
     round_ = 0
     while time.monotonic() < until:
@@ -465,7 +472,8 @@ def ddmin(
         say(f"  delta {round_}: definitions cut, {code_lines(current)} code lines")
         each(bodies, cut_body)
         say(f"  delta {round_}: bodies cut, {code_lines(current)} code lines")
-        each(unrollable, unrolled, grow=True)
+        each(unrollable, shorter(unroll), grow=True)
+        each(containers, shorter(as_sequential), grow=True)
         each(methods, hoist_method, grow=True)
         each(parameters, drop_parameter, grow=True)
         say(f"  delta {round_}: parameters dropped, {code_lines(current)} code lines")

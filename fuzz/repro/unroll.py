@@ -279,3 +279,63 @@ class _Replace(ast.NodeTransformer):
 
     def visit(self, node: ast.AST) -> ast.AST:
         return copy.deepcopy(self.new) if node is self.old else super().visit(node)
+
+
+# -- a module class that holds its children in order, as nn.Sequential ----------------------------
+
+
+def _module_classes(tree: ast.Module, frozen: Frozen) -> list[ast.ClassDef]:
+    """Top-level subclasses of ``nn.Module`` with an ``__init__`` that takes the children first."""
+    out: list[ast.ClassDef] = []
+    for node in tree.body:
+        if not isinstance(node, ast.ClassDef) or _fixed(node, frozen):
+            continue
+        if [ast.unparse(b) for b in node.bases] not in (["nn.Module"], ["torch.nn.Module"]):
+            continue
+        init = next((s for s in node.body if isinstance(s, ast.FunctionDef) and s.name == "__init__"), None)
+        if init is not None and len(init.args.args) >= 2 and not init.args.vararg:
+            out.append(node)
+    return out
+
+
+def containers(code: str, frozen: Frozen = frozenset()) -> list[str]:
+    """Module classes of the script that :func:`as_sequential` may replace."""
+    tree = ast.parse(code)
+    return [c.name for c in _module_classes(tree, frozen)]
+
+
+def as_sequential(code: str, name: str, frozen: Frozen = frozenset()) -> str | None:
+    """``code`` with module class ``name`` replaced by ``nn.Sequential``: ``name(children, ...)``
+    becomes ``nn.Sequential(*children)`` and every other mention of the class ``nn.Sequential``
+    (a wrap policy's classes, ``isinstance``). A guess that the class only runs its children in
+    order, as its registration under ``0``, ``1``, ... suggests: kept only if the script still
+    reproduces."""
+    tree = ast.parse(code)
+    if name not in [c.name for c in _module_classes(tree, frozen)]:
+        return None
+    imported_nn = any(
+        isinstance(n, ast.ImportFrom) and n.module == "torch" and any(a.name == "nn" and not a.asname for a in n.names)
+        for n in tree.body
+    )
+    sequential = ast.parse("nn.Sequential" if imported_nn else "torch.nn.Sequential", mode="eval").body
+
+    class _Rewrite(ast.NodeTransformer):
+        def visit_Call(self, node: ast.Call) -> ast.AST:
+            self.generic_visit(node)
+            if not getattr(node, "_sequential", False) or not node.args or node.keywords:
+                return node
+            children = node.args[0]
+            elts: list[ast.expr] = (
+                children.elts if isinstance(children, (ast.List, ast.Tuple)) else [ast.Starred(children, ast.Load())]
+            )
+            return ast.Call(copy.deepcopy(sequential), elts, [])
+
+        def visit_Name(self, node: ast.Name) -> ast.AST:
+            return copy.deepcopy(sequential) if node.id == name and isinstance(node.ctx, ast.Load) else node
+
+    for node in ast.walk(tree):  # mark the calls of the class before its name is replaced
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == name:
+            node._sequential = True  # type: ignore[attr-defined]
+    tree = _Rewrite().visit(tree)
+    tree.body = [n for n in tree.body if not (isinstance(n, ast.ClassDef) and n.name == name)]
+    return _unparse(tree)
