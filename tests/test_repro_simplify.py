@@ -219,3 +219,23 @@ def test_appends_to_an_empty_list_become_its_display() -> None:
     scope: dict[str, Any] = {}
     exec(out, scope)
     assert scope["attempt"](0, 1) == "({'k': [1, 2]}, [6])"
+
+
+def test_appends_after_statements_that_do_not_name_the_list_move_its_binding_down() -> None:
+    code = (
+        "def f(a, b):\n"
+        "    out = []\n"
+        "    step = []\n"
+        "    x = a + 1\n"
+        "    step.append((x, b))\n"
+        "    out.append(step)\n"
+        "    return out\n"
+        "def attempt(rank, world_size):\n"
+        "    return str(f(1, 2))\n"
+    )
+    out = simplify(code)
+    assert out is not None and "step = [(x, b)]" in out and "out = [step]" in out, out
+    assert out.index("x = a + 1") < out.index("step = [(x, b)]")
+    scope: dict[str, Any] = {}
+    exec(out, scope)
+    assert scope["attempt"](0, 1) == "[[(2, 2)]]"

@@ -932,17 +932,21 @@ def _extended(stmt: ast.stmt, name: str) -> ast.expr | None:
     return None if any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(stmt.value)) else stmt.value
 
 
+def _mentions(stmt: ast.stmt, name: str) -> bool:
+    return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(stmt))
+
+
 def _appends(tree: ast.Module, frozen: Frozen) -> bool:
     """``v = []`` followed by ``v.append(a)`` and ``v += [b]`` statements becomes ``v = [a, b]``
-    (or ``v = [x for ...]`` for a comprehension added to nothing)."""
+    (or ``v = [x for ...]`` for a comprehension added to nothing), bound where the last of them
+    was: the statements between, which do not name ``v``, run before it as they did."""
     changed = False
     for fn in _functions(tree, frozen):
         for holder, field_name, stmts in list(_statement_lists(fn)):
-            out: list[ast.stmt] = []
+            out = list(stmts)
             i = 0
-            while i < len(stmts):
-                stmt = stmts[i]
-                out.append(stmt)
+            while i < len(out):
+                stmt = out[i]
                 i += 1
                 if not (
                     isinstance(stmt, ast.Assign)
@@ -951,20 +955,28 @@ def _appends(tree: ast.Module, frozen: Frozen) -> bool:
                     and isinstance(stmt.value, ast.List)
                 ):
                     continue
-                name = stmt.targets[0].id
-                while i < len(stmts) and isinstance(stmt.value, ast.List):
-                    item, more = _appended(stmts[i], name), _extended(stmts[i], name)
+                name, at = stmt.targets[0].id, i - 1
+                j = i
+                while j < len(out) and isinstance(stmt.value, ast.List):
+                    item, more = _appended(out[j], name), _extended(out[j], name)
                     if item is not None:
                         stmt.value.elts.append(item)
                     elif isinstance(more, ast.List):
                         stmt.value.elts += more.elts
                     elif isinstance(more, ast.ListComp) and not stmt.value.elts:
                         stmt.value = more
-                    else:
+                    elif _mentions(out[j], name):
                         break
-                    i += 1
+                    else:
+                        j += 1
+                        continue
+                    del out[j]  # the binding moves down to where this statement was
+                    out.insert(j, stmt)
+                    del out[at]
+                    at = j - 1
                     changed = True
-            if len(out) != len(stmts):
+                i = at + 1
+            if out != stmts:
                 _set_list(holder, field_name, out)
     return changed
 
