@@ -8,11 +8,12 @@ import json
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from fuzz import known
-from fuzz.corpus import load_entry
+from fuzz.corpus import Entry, load_entry
 from fuzz.repro import render_entry
 from fuzz.repro.portable import portable
 from fuzz.repro.reduce import (
@@ -269,3 +270,31 @@ def test_the_entry_hash_ignores_counters_and_fields_at_their_defaults() -> None:
     assert "knobs" not in sparse["body"]["composition"]  # every knob at its default
     other = replace(entry, case=replace(entry.case, seed=entry.case.seed + 1))
     assert entry_hash(other) != entry_hash(entry)
+
+
+def test_a_refresh_that_is_no_shorter_keeps_the_stored_script(tmp_path: Path, monkeypatch: Any) -> None:
+    from fuzz.repro import reduce as reduce_module
+
+    path = tmp_path / f"{SMALL}.json"
+    shutil.copy(ROOT / "corpus" / path.name, path)
+    entry = load_entry(path)
+    text = stored_path(ROOT / "corpus" / path.name).read_text()
+    older = text.replace(f"sources={header_fields(text)['sources']}", "sources=0000000000000000", 1)
+    stored_path(path).write_text(older)
+    longer = text + "\n".join(f"x{i} = {i}" for i in range(5)) + "\n"
+    shorter = "\n".join(line for line in text.splitlines() if "REPRODUCED" not in line) + "\n"
+
+    def fake(script: str) -> Any:
+        def reduce_entry(entry: Entry, source: str = "", **_: Any) -> reduce_module.Reduction:
+            lines = code_lines(script)
+            return reduce_module.Reduction(script, lines, lines, 1.0, 1, "s")
+
+        return reduce_entry
+
+    said: list[str] = []
+    monkeypatch.setattr(reduce_module, "reduce_entry", fake(longer))
+    kept, _ = reduce_module.reduce_and_store(path, entry, refresh=True, say=said.append)
+    assert kept == older and stored_path(path).read_text() == older and "kept the stored script" in said[-1]
+    monkeypatch.setattr(reduce_module, "reduce_entry", fake(shorter))
+    new, _ = reduce_module.reduce_and_store(path, entry, refresh=True)
+    assert new != older and stored_path(path).read_text() == new and code_lines(new) < code_lines(older)

@@ -810,12 +810,19 @@ def reduce_and_store(
     say: Callable[[str], None] = lambda _: None,
 ) -> tuple[str, Reduction | None]:
     """The entry's reduced script: the stored one if current (with ``refresh``, also reduced from
-    the carried sources as they are now), else a new reduction, stored beside the entry (written
-    whole, and only once it reproduced)."""
+    the carried sources as they are now, and kept only if that is shorter than the stored one),
+    else a new reduction, stored beside the entry (written whole, and only once it reproduced)."""
     stored = stored_script(entry_path, entry, refresh=refresh)
     if stored is not None:
         return stored, None
     result = reduce_entry(entry, str(entry_path), budget_s=budget_s, say=say)
+    previous = stored_script(entry_path, entry)  # one reduced from older sources, with refresh
+    if previous is not None and code_lines(previous) <= result.lines_after:
+        say(
+            f"{entry_path}: kept the stored script ({code_lines(previous)} code lines, reduced from older "
+            f"sources): the new reduction is no shorter ({result.lines_after})"
+        )
+        return previous, result
     lines = result.script.splitlines(keepends=True)
     text = "".join([lines[0], stored_header(entry, result.seconds) + "\n", *lines[1:]])
     path = stored_path(entry_path)
