@@ -125,12 +125,20 @@ FOREACH_MIXED = KnownBug(
 INT_RESHARD_DIM1 = KnownBug(
     "fully_shard-int-reshard-shard-dim-1",
     "fully_shard with an int reshard_after_forward and Shard(1) placements: IndexError in foreach_all_gather_copy_out",
+    relation="none found after five phrasings (the error text and frame, the two options, the symptom); "
+    "see_also: the pull requests that added shard_placement_fn and the int reshard_after_forward",
+    state="present in torch 2.13.0",
+    see_also=("pytorch/pytorch#137496", "pytorch/pytorch#118017"),
 )
 FROZEN_INT_RESHARD = KnownBug(
     "fully_shard-frozen-int-reshard",
     "a frozen fully_shard unit with an int reshard_after_forward under a replicate'd root stays in its "
     "post-forward state",
     symptoms=frozenset({"mismatch"}),
+    relation="none found after five phrasings (frozen unit, replicate root, int reshard, post-backward "
+    "callback); see_also: FSDP1's resharding of frozen parameters and the FSDP-based replicate",
+    state="present in torch 2.13.0",
+    see_also=("pytorch/pytorch#101982", "pytorch/pytorch#158207"),
     ends_ranks=False,
     tag=":frozen-int-reshard",
 )
@@ -139,6 +147,10 @@ UNFROZEN_UNRESHARDED = KnownBug(
     "a frozen fully_shard unit without resharding under a replicate'd root is never resharded: a leaf "
     "unfrozen later never trains (KeyError in get_optimizer_state_dict)",
     symptoms=frozenset({"mismatch", "exception"}),
+    relation="none found after four phrasings (the KeyError, unfreezing, reshard_after_forward=False, the "
+    "final callback); see_also: frozen parameters' optimizer state dropped by DCP (another mechanism)",
+    state="present in torch 2.13.0",
+    see_also=("pytorch/pytorch#192202", "pytorch/pytorch#149029"),
     ends_ranks=False,
     tag=":unfrozen-unresharded",
 )
@@ -146,6 +158,10 @@ UNUSED_NO_ALL_REDUCE = KnownBug(
     "fully_shard-unused-no-all-reduce",
     "HSDP with set_requires_all_reduce(False): a unit unused on the last microbatch loses its accumulated gradient",
     symptoms=frozenset({"mismatch", "exception"}),
+    relation="none found after five phrasings; related: the option's pull request and the gradient "
+    "accumulation finalization work on the same deferred-reduction path (see_also)",
+    state="present in torch 2.13.0",
+    see_also=("pytorch/pytorch#126166", "pytorch/pytorch#196640", "pytorch/pytorch#197620"),
     ends_ranks=False,
     tag=":unused-no-all-reduce",
 )
@@ -199,6 +215,11 @@ BROADCAST_EMPTY = KnownBug(
 STATELESS_FULL = KnownBug(
     "set_optimizer_state_dict-full-stateless",
     "set_optimizer_state_dict(full_state_dict=True) for an optimizer without tensor state: 'Expected device to be set'",
+    upstream="pytorch/pytorch#133415",
+    relation="same symptom: a stateless optimizer through the distributed state dict, closed by the pull "
+    "request in see_also, yet the full_state_dict path still raises in torch 2.13.0",
+    state="present in torch 2.13.0",
+    see_also=("pytorch/pytorch#135535", "pytorch/pytorch#192225"),
     docs="docs/state_dict.md",
 )
 FLAT_FULL_OPTIM = KnownBug(
@@ -206,7 +227,7 @@ FLAT_FULL_OPTIM = KnownBug(
     "set_optimizer_state_dict(full_state_dict=True, flatten_optimizer_state_dict=True) raises "
     "KeyError 'param_groups.0.params.0' for any model: the full-state branch takes the optimizer's local "
     "state dict with the flatten option still on, so the loaded and the local dicts have different keys",
-    relation="none found after three phrasings; two other flatten bugs are in see_also",
+    relation="none found after four phrasings; two other flatten bugs are in see_also",
     state="present in torch 2.13.0",
     see_also=("pytorch/pytorch#192224", "pytorch/pytorch#192225"),
     docs="docs/state_dict.md",
@@ -235,25 +256,38 @@ FSDP1_DCP_STATELESS = KnownBug(
     "fsdp1-dcp-stateless-optimizer",
     "the classic FSDP1 DCP recipe with an optimizer without state: optim_state_dict_to_load refuses the "
     "dict without 'state'",
+    relation="none found after four phrasings (the KeyError, optim_state_dict_to_load, stateless SGD, the "
+    "function); see_also: FSDP1 leaving empty state out of its flattened optimizer state dict",
+    state="present in torch 2.13.0",
+    see_also=("pytorch/pytorch#88353",),
     docs="docs/state_dict.md",
 )
 FSDP1_DCP_EMPTY_SHARD = KnownBug(
     "dcp-load-empty-sharded-tensor-pre-2.4-guess",
     "dcp.load of an FSDP1 sharded state dict where a rank holds no chunk of a parameter: the planner "
     "guesses a pre-2.4 checkpoint, 'Missing key in checkpoint state_dict'",
-    see_also=("pytorch/pytorch#137327",),
+    relation="none found after five phrasings; related: the same condition (a rank with an empty chunk) "
+    "through another path, and the pre-2.4 fallback's pull request (see_also)",
+    state="present in torch 2.13.0",
+    see_also=("pytorch/pytorch#137327", "pytorch/pytorch#108869", "pytorch/pytorch#134158"),
     docs="docs/state_dict.md",
 )
 FSDP1_ASYNC_DEFAULT_STAGER = KnownBug(
     "async_save-default-stager-sharded-tensor",
     "dcp.async_save's default stager calls data_ptr() on ShardedTensors",
+    relation="none found after five phrasings; related: async_save of FSDP state with 0-d tensors, and the "
+    "stager's pull request (see_also)",
+    state="present in torch 2.13.0",
+    see_also=("pytorch/pytorch#131976", "pytorch/pytorch#155192"),
     docs="docs/state_dict.md",
 )
 CACHED_STAGING_NEEDS_ACCELERATOR = KnownBug(
     "filesystemwriter-cache-staged-pin-memory",
     "FileSystemWriter(cache_staged_state_dict=True) pins its staging copy: async_save fails on a host "
     "without an accelerator",
-    see_also=("pytorch/pytorch#189991",),
+    relation="none found after four phrasings (the option, pinning, CPU-only hosts, the error text)",
+    state="present in torch 2.13.0",
+    see_also=("pytorch/pytorch#189991", "pytorch/pytorch#159994"),
     docs="docs/state_dict.md",
 )
 #: Met with an accelerator only (without one, the bug above comes first): no case condition.
@@ -261,6 +295,9 @@ CACHED_STAGING_PINNED_METADATA = KnownBug(
     "filesystemwriter-cache-staged-pinned-metadata",
     "a checkpoint staged by FileSystemWriter(cache_staged_state_dict=True) records pin_memory=True; the "
     "classic FSDP1 load_sharded_optimizer_state_dict then refuses its unpinned ShardedTensors",
+    relation="none found after four phrasings (pin_memory in the metadata, the option, the load function, "
+    "init_from_local_shards)",
+    state="present in torch 2.13.0",
     docs="docs/state_dict.md",
 )
 FSDP1_HSDP_OPTIMIZER_LOAD = KnownBug(
@@ -268,7 +305,10 @@ FSDP1_HSDP_OPTIMIZER_LOAD = KnownBug(
     "load_sharded_optimizer_state_dict chunks optimizer state over the whole world: wrong Adam state in "
     "FSDP1 HYBRID_SHARD over a 2-D mesh",
     symptoms=frozenset({"mismatch"}),
-    see_also=("pytorch/pytorch#111096",),
+    relation="none found after four phrasings; related: a review there notes that this function does not "
+    "know the right rank and world size (see_also)",
+    state="present in torch 2.13.0",
+    see_also=("pytorch/pytorch#111096", "pytorch/pytorch#145978"),
     ends_ranks=False,
     tag=":fsdp1-hsdp-load_sharded_optimizer_state_dict",
 )
@@ -300,10 +340,10 @@ DIVIDE_FACTOR_TWICE = KnownBug(
     "set_force_sum_reduction_for_comms(True) or a float16 / float64 reduce dtype: gradients are divided "
     "by f twice (once where the single-rank branch copies the input, once more as the post-divide)",
     symptoms=frozenset({"mismatch"}),
-    relation="none found after three phrasings; the single-rank division came with the pull request in "
+    relation="none found after five phrasings; the single-rank division came with the first pull request in "
     "see_also, and a later one reworks that branch without the post-divide",
     state="present in torch 2.13.0",
-    see_also=("pytorch/pytorch#167178", "pytorch/pytorch#196348"),
+    see_also=("pytorch/pytorch#167178", "pytorch/pytorch#196348", "pytorch/pytorch#195732"),
     ends_ranks=False,
     tag=":divide-factor-twice",
 )
