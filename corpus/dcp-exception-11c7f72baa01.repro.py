@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=0845a1e0c476c07f sources=7d6f5cb23a31c8e4 seconds=272.5
+# shardfuzz reduced reproducer: entry=0845a1e0c476c07f sources=3ebb4d52c9cda72d seconds=431.4
 """Reproduces shardfuzz corpus entry dcp-exception-11c7f72baa01.json: exception:dcp:torch.distributed.checkpoint.api.CheckpointException@torch/distributed/checkpoint/default_planner.py:create_default_local_load_plan
 
 Observed: dcp.load of an FSDP1 sharded state dict where a rank holds no chunk of a parameter,
@@ -41,6 +41,9 @@ import torch.nn.functional as F
 from dataclasses import dataclass, field, replace
 import hashlib
 import shutil
+
+def __getattr__(name):
+    raise AttributeError(f"module 'fuzz' has no attribute {name!r}")
 
 @dataclass
 class RankContext:
@@ -99,15 +102,6 @@ class Block:
     def __post_init__(self):
         pass
 
-def iter_paths(block, prefix=''):
-    yield (prefix, block)
-    for i, child in enumerate(block.children):
-        path = f'{prefix}.{i}' if prefix else str(i)
-        if isinstance(child, Block):
-            yield from iter_paths(child, path)
-        else:
-            yield (path, child)
-
 def param_names(node):
     ...
 
@@ -120,7 +114,7 @@ class ModuleTree:
         pass
 
     def paths(self):
-        return dict(iter_paths(self.root))
+        pass
 
     @property
     def size(self):
@@ -135,37 +129,6 @@ class Wrapper(str, enum.Enum):
     FSDP1_HYBRID_SHARD = 'fsdp1_hybrid_shard'
 
 @dataclass(frozen=True)
-class Knobs:
-    forward_prefetch: object = 0
-    backward_prefetch: object = 0
-    reshard_after_backward_last: object = False
-    late_reshard_after_forward: object = None
-    explicit_unshard: object = False
-    all_reduce_hook_scale: object = None
-    gradient_divide_factor: object = None
-    force_sum_reduction: object = False
-    abort_and_reset: object = False
-    pg_allocator: object = False
-    rs_max_buffers: object = 0
-    reduce_scatter_unused: object = False
-
-    def __post_init__(self):
-        for name in ('forward_prefetch', 'backward_prefetch'):
-            pass
-
-    @property
-    def is_set(self):
-        return self != Knobs()
-
-    def names(self):
-        ...
-
-class ReplicateGroup(str, enum.Enum):
-    DEFAULT = 'default'
-    PROCESS_GROUP = 'process_group'
-    DEVICE_MESH = 'device_mesh'
-
-@dataclass(frozen=True)
 class ReplicateOptions:
     bucket_cap_mb: object = None
     bucket_cap_mb_list: object = ()
@@ -173,7 +136,6 @@ class ReplicateOptions:
     static_graph: object = False
     init_sync: object = True
     dim: object = 0
-    group: object = ReplicateGroup.DEFAULT
     device_id: object = False
     ignored_modules: object = ()
     forward_sync_buffers: object = None
@@ -191,15 +153,9 @@ class ReplicateOptions:
     def names(self):
         ...
 
-class ContextFn(str, enum.Enum):
-    NONE = 'none'
-    SAVE_MATMULS = 'save_matmuls'
-    SAVE_MATMULS_LIST = 'save_matmuls_list'
-
 @dataclass(frozen=True)
 class CheckpointOptions:
     preserve_rng_state: object = True
-    context_fn: object = ContextFn.NONE
     determinism_check: object = None
     debug: object = False
     early_stop: object = None
@@ -224,7 +180,6 @@ class Composition:
     tp: object = ()
     tp_size: object = 1
     find_unused: object = False
-    knobs: object = field(default_factory=Knobs)
     replicate_options: object = field(default_factory=ReplicateOptions)
     checkpoint_options: object = field(default_factory=CheckpointOptions)
 
@@ -257,80 +212,10 @@ class Composition:
     def _spec_paths(self, api, path):
         ...
 
-@dataclass(frozen=True)
-class Layout:
-    tree: object
-    comp: object
-
-    @cached_property
-    def paths(self):
-        ...
-
-    @cached_property
-    def units(self):
-        ...
-
-    @cached_property
-    def member_paths(self):
-        ...
-
-    def member_of(self, path, api=None):
-        ...
-
-    @cached_property
-    def _shard_ignored(self):
-        ...
-
-    def unit_of(self, path):
-        ...
-
-    def owned_by(self, unit, member=None):
-        ...
-
-    def outermost(self, unit):
-        ...
-
-    def frozen_only(self, unit, member=None):
-        ...
-
-    def manages_under(self, member, path):
-        ...
-
-    def unmanaged(self):
-        ...
-
-    def local(self):
-        ...
-
-    def ignored_by(self, member):
-        ...
-
-    def replicated_params(self, member):
-        ...
-
-    def delay_plan(self, member):
-        ...
-
-    def _trainable(self, path):
-        ...
-
-    def gradient_scale(self, path, world_size):
-        ...
-
-class AccumSync(str, enum.Enum):
-    ALWAYS = 'always'
-    NO_GRAD_SYNC = 'no_grad_sync'
-    NO_ALL_REDUCE = 'no_all_reduce'
-
 class Optimizer(str, enum.Enum):
     SGD = 'sgd'
     ADAM = 'adam'
     ADAMW = 'adamw'
-
-class Compile(str, enum.Enum):
-    NONE = 'none'
-    EAGER = 'eager'
-    AOT_EAGER = 'aot_eager'
 
 @dataclass(frozen=True)
 class Training:
@@ -342,14 +227,12 @@ class Training:
     batch_per_rank: object = 2
     dtype: object = Dtype.FLOAT32
     grad_accum: object = 1
-    accum_sync: object = AccumSync.ALWAYS
     set_to_none: object = True
     same_input: object = False
     param_groups: object = 1
     foreach: object = None
     skips: object = ()
     unfreeze: object = ()
-    compile: object = Compile.NONE
 
     def __post_init__(self):
         pass
@@ -359,29 +242,6 @@ class Training:
 
     def unused_on_some_microbatches(self, tree):
         ...
-
-def check_composition(tree, comp, where='composition'):
-    paths = tree.paths()
-    sharded = []
-    for name, group in (('replicates', comp.replicates), ('checkpoints', comp.checkpoints)):
-        pass
-    done = []
-    _check_tp(tree, comp, where)
-    _check_replicate_options(tree, comp, where)
-    _check_checkpoint_options(tree, comp, where)
-    _check_ignored_params(tree, comp, where)
-
-def _check_replicate_options(tree, comp, where):
-    opts = comp.replicate_options
-    paths = tree.paths()
-    plain = Layout(tree, replace(comp, replicate_options=replace(opts, ignored_modules=())))
-    at = f'{where}.replicate_options.ignored_modules'
-    layout = Layout(tree, comp)
-
-def _check_ignored_params(tree, comp, where):
-    specs = [(i, s) for i, s in enumerate(comp.shards) if s.ignored]
-    if not specs:
-        return
 
 def _check_checkpoint_options(tree, comp, where):
     if comp.checkpoint_options.preserve_rng_state:
@@ -425,24 +285,8 @@ class Case:
         ...
 SCHEMA_VERSION = 1
 
-def to_jsonable(value):
-    if dataclasses.is_dataclass(value) and (not isinstance(value, type)):
-        out = {}
-        kind = getattr(type(value), 'KIND', None)
-        if kind is not None:
-            out['kind'] = kind
-        for f in dataclasses.fields(value):
-            out[f.name] = to_jsonable(getattr(value, f.name))
-        return out
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, tuple):
-        return [to_jsonable(v) for v in value]
-    if isinstance(value, (bool, int, float, str)) or value is None:
-        return value
-
 def case_to_json(case):
-    return {'schema': SCHEMA_VERSION, **to_jsonable(case)}
+    pass
 
 def case_to_text(case):
     return json.dumps(case_to_json(case), sort_keys=True)
@@ -457,7 +301,7 @@ def is_fsdp1(comp):
     return comp.wrapper.value.startswith('fsdp1')
 
 def _check_side(comp, tree, where):
-    check_composition(tree, comp, where)
+    pass
 
 def _check_common(tree, source, target, training, steps_after, meta):
     _check_side(source, tree, 'source')
@@ -498,19 +342,6 @@ class DcpItem(str, enum.Enum):
     COUNTER = 'counter'
     EXTRA = 'extra'
 
-@dataclass(frozen=True)
-class WriterOptions:
-    single_file_per_rank: object = True
-    sync_files: object = True
-    thread_count: object = 1
-    per_thread_copy_ahead: object = 10000000
-
-    def __post_init__(self):
-        pass
-
-    def changed(self):
-        ...
-
 class DcpMode(str, enum.Enum):
     ROUND_TRIP = 'round_trip'
     SAVE_ONLY = 'save_only'
@@ -547,7 +378,6 @@ class DcpBody(Body):
     no_dist: object = False
     frozen_in_optimizer: object = False
     empty_group: object = False
-    writer: object = field(default_factory=WriterOptions)
     save_planner: object = None
     load_planner: object = None
     absent: object = False
@@ -558,6 +388,12 @@ class DcpBody(Body):
     process_checkpointer: object = False
     use_collectives: object = True
     torch_save_reader: object = False
+
+    def reloads_elsewhere(self):
+        pass
+
+    def reloads_in_half_world(self, world_size):
+        ...
 
     def __post_init__(self):
         _check_common(self.tree, self.source, self.target, self.training, self.steps_after, self.target_meta_init)
@@ -808,19 +644,6 @@ def seed_segment(case, ctx, segment):
 def all_batches(case, training, steps, tree, ctx):
     return [step[0] for step in batches(case, replace(training, steps=steps), tree.width, ctx)]
 
-def train_steps(side, data, ctx):
-    assert side.opt is not None
-    losses = []
-    for x, y in data:
-        change_requires_grad(side, side.step)
-        side.step += 1
-        loss = F.mse_loss(side.model(x).to(y.dtype), y)
-        loss.backward()
-        side.opt.step()
-        side.opt.zero_grad(set_to_none=side.training.set_to_none)
-        losses.append(loss.item())
-    return losses
-
 def _flat(t):
     from torch.distributed.tensor import DTensor
     return [float(v) for v in t.detach().double().cpu().flatten().tolist()]
@@ -934,22 +757,9 @@ def prepare_side(body, side, options):
     if side.fsdp1 and body.classic_fsdp1:
         fsdp1_state_dict_type(side, full=False, offload=options.cpu_offload)
 
-def _observe_saved(body, case, src, ctx, values):
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-    saved = {**observe(src, case, body.tree, ctx), **_observe_entries(values)}
-    taken = values.get(DcpItem.OPTIMIZER)
-    moves = any((e in body.entries and e not in body.skip for e in (DcpItem.OPTIMIZER, DcpItem.APP)))
-    return saved
-
 def _arrange(body, values, ctx):
     order = body.orders[ctx.rank] if body.orders else range(len(body.entries))
     return {body.entries[i].value: values[body.entries[i]] for i in order if body.entries[i] in values}
-
-def _tensors(value, path=''):
-    if isinstance(value, torch.Tensor):
-        return [(path, id(value))]
-    if isinstance(value, dict):
-        return [t for k, v in value.items() for t in _tensors(v, f'{path}.{k}')]
 _LAST_PLANNER = [None]
 
 def _save_planner(body):
@@ -990,13 +800,6 @@ def _load(body, state, path):
 def _async_group(ctx):
     ...
 
-def _observe_entries(values):
-    out = {}
-    for entry, value in values.items():
-        if entry is DcpItem.SCALARS:
-            out['scalars'] = value.values
-    return out
-
 def run_dcp(case, body, ctx):
     if not body.process_checkpointer:
         return _run_dcp(case, body, ctx)
@@ -1020,11 +823,9 @@ def _run_dcp(case, body, ctx):
         body_optimizer(src, t, body)
         prepare_side(body, src, get_save)
         seed_segment(case, ctx, 0)
-        obs['losses_before'] = train_steps(src, data[:t.steps], ctx)
         values = _values(body, case, src, ctx, get_save, put, fresh=False, skip=())
         state = _arrange(body, values, ctx)
         _save(body, state, own)
-        obs['saved'] = _observe_saved(body, case, src, ctx, values)
     tgt = build_side(body.tree, body.target, t, ctx, seed=case.seed + FRESH_SEED, meta=body.target_meta_init, schedule=body.requires_grad)
     body_optimizer(tgt, fresh_training(t), body)
     catch_up(tgt, t.steps)
@@ -1035,7 +836,6 @@ def _run_dcp(case, body, ctx):
     values = _values(body, case, tgt, ctx, get_load, put, fresh=True, skip=body.skip)
     state = _arrange(body, values, ctx)
     plain = {k: v for k, v in state.items() if isinstance(v, (dict, torch.Tensor))}
-    tensors = {k: _tensors(v) for k, v in plain.items()}
     before = requires_grad(tgt)
     _load(body, state, own)
 

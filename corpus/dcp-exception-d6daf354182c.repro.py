@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=bc8ec400c405abdb sources=7d6f5cb23a31c8e4 seconds=268.0
+# shardfuzz reduced reproducer: entry=bc8ec400c405abdb sources=3ebb4d52c9cda72d seconds=50.0
 """Reproduces shardfuzz corpus entry dcp-exception-d6daf354182c.json: exception:dcp:builtins.RuntimeError@torch/distributed/_shard/sharded_tensor/api.py:dispatch
 
 Observed: dcp.async_save(checkpoint_id=...) of FSDP1 ShardedTensors: the default stager calls
@@ -27,21 +27,20 @@ from torch import nn
 class Block:
     children: object
     scale: object = False
-    buffer: object = False
 
 class DcpItem(str, enum.Enum):
     MODEL = 'model'
 
 class TreeBlock(nn.Module):
 
-    def __init__(self, children, residual, width, scale, buffer):
+    def __init__(self, children, width, scale):
         super().__init__()
         for i, child in enumerate(children):
             self.add_module(str(i), child)
         self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(width)) if scale else None
 
 def build_node(node, width):
-    return TreeBlock([build_node(c, width) for c in node.children], False, width, node.scale, node.buffer)
+    return TreeBlock([build_node(c, width) for c in node.children], width, node.scale)
 
 def attempt(rank, world_size):
     ctx_device = torch.device('cpu')
@@ -57,14 +56,14 @@ def attempt(rank, world_size):
         FSDP_.set_state_dict_type(wrap_out, StateDictType.SHARDED_STATE_DICT, ShardedStateDictConfig(), ShardedOptimStateDictConfig())
         out = {}
         out[DcpItem.MODEL] = wrap_out.state_dict()
-        order = body.orders[rank] if () else range(len((DcpItem.MODEL,)))
+        order = range(len((DcpItem.MODEL,)))
         state = {'model': out[(DcpItem.MODEL,)[i]] for i in order if (DcpItem.MODEL,)[i] in out}
         import torch.distributed.checkpoint as dcp
         result = dcp.async_save(state)
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = [(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))][-1]
-        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
+        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
         if found in ['builtins.RuntimeError@torch/distributed/_shard/sharded_tensor/api.py:dispatch']:
             return f'REPRODUCED exception:dcp:builtins.RuntimeError@torch/distributed/_shard/sharded_tensor/api.py:dispatch: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=891107a19cd069f6 sources=7d6f5cb23a31c8e4 seconds=275.3
+# shardfuzz reduced reproducer: entry=891107a19cd069f6 sources=3ebb4d52c9cda72d seconds=65.0
 """Reproduces shardfuzz corpus entry dcp-exception-e248d03a903f.json: exception:dcp:builtins.AssertionError@torch/distributed/checkpoint/state_dict.py:_load_optim_state_dict
 
 Observed: set_optimizer_state_dict(full_state_dict=True) raises AssertionError('Expected device
@@ -17,95 +17,25 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 
 from __future__ import annotations
 import torch
-import enum
 from torch import nn
-from dataclasses import dataclass, field, replace
-
-@dataclass
-class RankContext:
-    rank: object
-    world_size: object
-    device: object
-    backend: object
-
-class Dtype(str, enum.Enum):
-    FLOAT32 = 'float32'
-
-@dataclass()
-class Block:
-    children: object
-
-@dataclass()
-class ModuleTree:
-    width: object
-    root: object
-
-@dataclass()
-class Composition:
-    pass
-
-@dataclass()
-class Training:
-    dtype: object = Dtype.FLOAT32
-
-class Body:
-    pass
-
-@dataclass()
-class DcpBody(Body):
-    tree: object
-    source: object
-    target: object
-    entries: object
-    training: object = field()
-TORCH_DTYPES = {Dtype.FLOAT32: torch.float32}
-
-@dataclass
-class Composed:
-    model: object
-FRESH_SEED = 24301
-
-@dataclass
-class Side:
-    composed: object
-    comp: object
-    training: object
-
-    @property
-    def model(self):
-        return self.composed.model
-
-def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=()):
-    module = nn.Linear(2, 2)
-    model = module.to(TORCH_DTYPES[training.dtype])
-    composed = Composed(model)
-    return Side(composed=composed, comp=comp, training=training)
-
-def body_optimizer(side, training, body):
-    params = list(side.model.parameters())
-    side.opt = torch.optim.SGD(params)
 
 def attempt(rank, world_size):
-    ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import re
     import traceback
     try:
-        body = DcpBody(tree=ModuleTree(width=2, root=Block(children=())), source=Composition(), target=Composition(), entries=(), training=Training())
-        t = Training()
-        src = build_side(ModuleTree(width=2, root=Block(children=())), Composition(), t, ctx, seed=0)
-        body_optimizer(src, t, body)
+        module = nn.Linear(2, 2)
+        model = module.to(torch.float32)
+        params = list(model.parameters())
+        tgt_opt = torch.optim.SGD(params)
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-        out_optimizer = get_optimizer_state_dict(src.model, src.opt)
-        tgt = build_side(ModuleTree(width=2, root=Block(children=())), Composition(), t, ctx, seed=0 + FRESH_SEED)
-        fresh_training_out = replace(t)
-        body_optimizer(tgt, fresh_training_out, body)
+        out_optimizer = get_optimizer_state_dict(model, tgt_opt)
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict, StateDictOptions
         options = StateDictOptions(full_state_dict=True)
-        set_optimizer_state_dict(tgt.model, tgt.opt, out_optimizer, options=options)
+        set_optimizer_state_dict(model, tgt_opt, out_optimizer, options=options)
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = [(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))][-1]
-        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
+        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
         if found in ['builtins.AssertionError@torch/distributed/checkpoint/state_dict.py:_load_optim_state_dict']:
             return f'REPRODUCED exception:dcp:builtins.AssertionError@torch/distributed/checkpoint/state_dict.py:_load_optim_state_dict: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

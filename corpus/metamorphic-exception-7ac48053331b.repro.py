@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=aa96ea87f1dc4963 sources=845e968d7c09e2fe seconds=240.7
-"""Reproduces shardfuzz corpus entry metamorphic-exception-7ac48053331b.json: exception:metamorphic:builtins.RuntimeError@torch/distributed/tensor/_dispatch.py:_try_replicate_spec_for_scalar_tensor
+# shardfuzz reduced reproducer: entry=aa96ea87f1dc4963 sources=ce057bc0da65e4dc seconds=56.1
+"""Reproduces shardfuzz corpus entry metamorphic-exception-7ac48053331b.json: exception:metamorphic:builtins.RuntimeError@torch/optim/sgd.py:_multi_tensor_sgd
 
 Observed: rank 0 raised builtins.RuntimeError: aten._foreach_add_.List got mixed torch.Tensor
 and DTensor, need to convert all torch.Tensor to DTensor before calling distributed operators!
@@ -16,7 +16,7 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 from __future__ import annotations
 import torch
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from torch import nn
 import torch.nn.functional as F
 
@@ -33,7 +33,7 @@ class Block:
 
 class TreeBlock(nn.Module):
 
-    def __init__(self, children, residual, width, scale, buffer):
+    def __init__(self, children):
         super().__init__()
         for i, child in enumerate(children):
             self.add_module(str(i), child)
@@ -48,12 +48,7 @@ def build_node(node, width):
     if isinstance(node, Leaf):
         module = nn.Linear(width, width)
         return module
-    return TreeBlock([build_node(c, width) for c in node.children], False, width, False, False)
-
-@dataclass
-class Composed:
-    model: object
-    fsdp_roots: object = field()
+    return TreeBlock([build_node(c, width) for c in node.children])
 
 def attempt(rank, world_size):
     ctx_device = torch.device('cpu')
@@ -64,34 +59,28 @@ def attempt(rank, world_size):
         build_model_out = build_node(Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR))), 2)
         model_ = build_model_out.to(dtype)
         from torch.distributed.fsdp import fully_shard
-        modules = [model_.get_submodule(p_) for p_ in ('0',)]
-        fully_shard(modules if () else modules[0])
-        sharded = []
-        tops = [p__ for p__ in sharded if not any((False for q in sharded))]
-        compose_out = Composed(model=model_, fsdp_roots=[model_.get_submodule(p__) for p__ in tops])
-        model, composed = (model_, compose_out)
-        params = composed.model.parameters()
+        modules = [model_.get_submodule('0')]
+        fully_shard(modules[0])
+        params = model_.parameters()
         opt = torch.optim.SGD(params, foreach=True)
-        model___ = composed.model
-        lo = rank // 1 * 1
         out_ = []
         step_ = []
-        x_ = torch.randn(world_size * 1, 2)
-        y_ = torch.randn(world_size * 1, 2)
-        step_.append((x_[lo:lo + 1].to(ctx_device), y_[lo:lo + 1].to(ctx_device)))
+        x_ = torch.randn(world_size, 2)
+        y_ = torch.randn(world_size, 2)
+        step_.append((x_[rank:rank + 1].to(ctx_device), y_[rank:rank + 1].to(ctx_device)))
         out_.append(step_)
         s, step = next(iter(enumerate(out_)))
         i, (x, y) = next(iter(enumerate(step)))
-        out = model___(x)
+        out = model_(x)
         loss = F.mse_loss(out.to(y.dtype), y)
         loss.backward()
         opt.step()
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = [(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))][-1]
-        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
+        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
         if found in ['builtins.RuntimeError@torch/distributed/tensor/_dispatch.py:_try_replicate_spec_for_scalar_tensor', 'builtins.RuntimeError@torch/optim/sgd.py:_multi_tensor_sgd']:
-            return f'REPRODUCED exception:metamorphic:builtins.RuntimeError@torch/distributed/tensor/_dispatch.py:_try_replicate_spec_for_scalar_tensor: rank {rank} raised {found}: {e}'
+            return f'REPRODUCED exception:metamorphic:builtins.RuntimeError@torch/optim/sgd.py:_multi_tensor_sgd: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"
     return 'PASS: no rank raised'
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=c33cc422d730720c sources=845e968d7c09e2fe seconds=225.2
+# shardfuzz reduced reproducer: entry=c33cc422d730720c sources=ce057bc0da65e4dc seconds=407.7
 """Reproduces shardfuzz corpus entry metamorphic-mismatch-c39d139117c4.json: mismatch:metamorphic@fsdp1:shard1
 
 Observed: 0.weight[1] after step 0 is -0.362216979265213, expected -0.32023686170578003 (error
@@ -14,18 +14,10 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 """
 
 from __future__ import annotations
-from typing import Any
-from dataclasses import dataclass, field
 import torch
 import enum
-from dataclasses import dataclass
 from dataclasses import dataclass, field
 from functools import cached_property
-from dataclasses import replace
-from typing import Any, ClassVar
-import json
-from typing import Any
-import os
 from typing import ClassVar
 from torch import nn
 from contextlib import contextmanager
@@ -43,7 +35,7 @@ class RankContext:
 
     def mesh(self, shape, names):
         from torch.distributed.device_mesh import init_device_mesh
-        key = (shape, names)
+        key = ()
         self._meshes[key] = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
         return self._meshes[key]
 
@@ -69,33 +61,19 @@ class Leaf:
     bias: object = True
     frozen: object = False
 
-@dataclass(frozen=True)
+@dataclass()
 class Block:
     children: object
-    residual: object = False
-    scale: object = False
-
-def iter_paths(block, prefix=''):
-    yield (prefix, block)
-    i, child = next(iter(enumerate(block.children)))
-    path = str(i)
-    yield (path, child)
 
 def owns_params(node):
     if isinstance(node, Leaf):
         return node.kind in PARAM_LEAVES
     return False
 
-def param_names(node):
-    pass
-
-@dataclass(frozen=True)
+@dataclass()
 class ModuleTree:
     width: object
     root: object
-
-    def paths(self):
-        return dict(iter_paths(self.root))
 
 class Wrapper(str, enum.Enum):
     NONE = 'none'
@@ -105,35 +83,26 @@ class Wrapper(str, enum.Enum):
     FSDP1_NO_SHARD = 'fsdp1_no_shard'
     FSDP1_HYBRID_SHARD = 'fsdp1_hybrid_shard'
 
-@dataclass(frozen=True)
+@dataclass()
 class ShardSpec:
     path: object
-    reshard_after_forward: object = True
 
-    @property
-    def paths(self):
-        pass
-
-@dataclass(frozen=True)
+@dataclass()
 class Composition:
     shards: object = ()
-    mesh: object = ()
     wrapper: object = Wrapper.NONE
-
-    def reshard_after_forward(self, spec):
-        pass
 
     @property
     def sharded_paths(self):
         return [p for spec in self.shards for p in ('',)]
 
-    def steps(self):
-        items = [] + []
-        items += [('fully_shard', '') for spec in self.shards]
+@dataclass(frozen=True)
+class Training:
+    lr: object = 0.1
+    dtype: object = Dtype.FLOAT32
 
-        def key(item):
-            pass
-        return sorted(items, key=key)
+    def skipped_at(self, step, microbatch):
+        return [s.path for s in () if s.step == step and s.microbatch == microbatch]
 
 @dataclass(frozen=True)
 class Unit:
@@ -158,24 +127,6 @@ class Layout:
     def frozen_only(self, unit, member=None):
         pass
 
-class AccumSync(str, enum.Enum):
-    ALWAYS = 'always'
-    NO_GRAD_SYNC = 'no_grad_sync'
-    NO_ALL_REDUCE = 'no_all_reduce'
-
-@dataclass(frozen=True)
-class Training:
-    lr: object = 0.1
-    momentum: object = 0.0
-    steps: object = 2
-    batch_per_rank: object = 2
-    dtype: object = Dtype.FLOAT32
-    set_to_none: object = True
-    foreach: object = None
-
-    def skipped_at(self, step, microbatch):
-        return [s.path for s in () if s.step == step and s.microbatch == microbatch]
-
 class Body:
     KIND: ClassVar[str]
     PROGRAM: ClassVar[str]
@@ -194,7 +145,7 @@ class MetamorphicBody(Body):
     variant: object
     training: object = field(default_factory=Training)
 
-@dataclass(frozen=True)
+@dataclass()
 class Case:
     property: object
     world_size: object
@@ -203,59 +154,33 @@ class Case:
 
 def fsdp_sharded(p):
     from torch.distributed.tensor import DTensor
-    return isinstance(p, DTensor) and 'shard' in (p.device_mesh.mesh_dim_names or ('shard',))
-
-class TreeBlock(nn.Module):
-
-    def __init__(self, children, residual, width, scale, buffer):
-        super().__init__()
-        i, child = next(iter(enumerate(children)))
-        self.add_module(str(i), child)
-        self.residual = residual
-        self.scale = None
-        self.shift = None
-        self.skipped: frozenset[str] = frozenset()
-
-    def forward(self, x):
-        y = x
-        name, child = next(iter(self.named_children()))
-        y = child(y)
-        return y
+    return isinstance(p, DTensor) and 'shard' in (p.device_mesh.mesh_dim_names or ())
 
 def build_node(node, width):
     if isinstance(node, Leaf):
         module = nn.Linear(width, width, bias=False)
         return module
-    return TreeBlock([build_node(c, width) for c in node.children], False, width, False, False)
-
-def build_model(tree, device):
-    return build_node(tree.root, 2)
-TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
-_WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.')
+    return nn.Sequential(*[build_node(c, width) for c in node.children])
+TORCH_DTYPES = {Dtype.FLOAT32: torch.float32}
+_WRAPPER_PREFIXES = ('_fsdp_wrapped_module.',)
 
 def clean_name(name):
     prefix = next(iter(_WRAPPER_PREFIXES))
     name = name.replace(prefix, '')
     return name
 
-def mesh_for(comp, ctx):
+def mesh_for(ctx):
     return ctx.mesh(tuple((2, 1)), ('replicate', 'shard'))
-    return ctx.mesh((ctx.world_size,), ('shard',))
 
 @dataclass
 class Composed:
     model: object
-    fsdp_roots: object = field(default_factory=list)
     wrapper: object = Wrapper.NONE
     param_names: object = field(default_factory=list)
-
-    def set_sync(self, requires_gradient_sync=True, requires_all_reduce=True):
-        pass
 
     @contextmanager
     def full_parameters(self):
         if self.wrapper.value.startswith('fsdp1'):
-            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
             modules = {clean_name(n): m for n, m in self.model.named_modules()}
             out = {}
             name = next(iter(self.param_names))
@@ -268,32 +193,30 @@ class Composed:
         out[clean_name(n)] = p.full_tensor().detach()
         yield out
 
-def compose(model, comp, ctx, tree=None):
+def compose(model, comp, ctx):
     if comp.wrapper is not Wrapper.NONE:
         names = [n for n, _ in model.named_parameters()]
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
-        strategy = {Wrapper.FSDP1_FULL_SHARD: ShardingStrategy.FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP: ShardingStrategy.SHARD_GRAD_OP, Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD, Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[comp.wrapper]
-        kwargs_ = {'sharding_strategy': strategy, 'device_id': ctx.device, 'use_orig_params': True}
-        kwargs_['device_mesh'] = mesh_for(comp, ctx)
+        strategy = {Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[comp.wrapper]
+        kwargs_ = {'sharding_strategy': strategy, 'device_id': ctx.device}
+        kwargs_['device_mesh'] = mesh_for(ctx)
         wrap_out = FSDP(model, **kwargs_)
         return Composed(model=wrap_out, wrapper=comp.wrapper, param_names=names)
-    mesh = mesh_for(comp, ctx)
-    api, path = next(iter(comp.steps()))
+    mesh = mesh_for(ctx)
     from torch.distributed.fsdp import fully_shard
     kwargs = {'mesh': mesh, 'reshard_after_forward': True}
     modules = [model.get_submodule('')]
-    fully_shard(modules if () else modules[0], **kwargs)
+    fully_shard(modules[0], **kwargs)
     sharded = comp.sharded_paths
-    tops = [p for p in sharded if not any((False for q in sharded))]
-    return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
+    return Composed(model=model)
 
 class _Contracts:
 
     def __init__(self, model, comp):
         self.model = model
         self.comp = comp
-        self.leaf_dtypes: dict[str, str] = {}
-        self.output_dtypes: dict[str, str] = {}
+        self.leaf_dtypes: dict[()] = {}
+        self.output_dtypes: dict[()] = {}
         self.handles: list[Any] = []
         for path in comp.sharded_paths:
             mod = model.get_submodule(path)
@@ -311,95 +234,71 @@ class _Contracts:
     def _on_leaf(self, name):
 
         def hook(module, args):
-            p = next(module.parameters(recurse=False))
+            p = next(module.parameters())
             self.leaf_dtypes.setdefault(name, str(p.dtype).removeprefix('torch.'))
         return hook
 
-    def after_forward(self, skipped):
-        h = next(iter(self.handles))
-        h.remove()
-        sharded = self.comp.sharded_paths + list(())
-        state = {}
-        for spec in self.comp.shards:
-            flags = []
-            path = next(iter(('',)))
-            model = self.model
-            root = model.get_submodule(path)
-            iter_paths_of_out = [(n or path, m) for n, m in root.named_modules()]
-            for sub, _ in iter_paths_of_out:
-                mod = self.model.get_submodule(sub)
-                flags += [fsdp_sharded(p) for p in mod.parameters(recurse=False)]
-            state[''] = flags
-        return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
-
-def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precision=None, local=frozenset()):
+def train(tree, training, comp, ctx):
     dtype = TORCH_DTYPES[training.dtype]
     torch.manual_seed(1)
-    model_ = build_model(tree, ctx.device).to(dtype)
-    composed_ = compose(model_, comp, ctx, tree)
-    model, composed = (model_, composed_)
-    contracts = _Contracts(model, comp)
+    build_model_out = build_node(tree.root, 2)
+    model_ = build_model_out.to(dtype)
+    composed_ = compose(model_, comp, ctx)
+    contracts = _Contracts(model_, comp)
     obs = {}
-    model__ = composed.model
-    out___ = {}
-    name, p__ = next(iter(model__.named_parameters()))
-    owner = '.'.join((c for c in clean_name(name).split('.')[:-1] if c.isdigit()))
-    params = composed.model.parameters()
-    later_ = [p for ps in out___.values() for p in ps]
-    held = {id(p_) for p_ in later_}
-    params = [p_ for p_ in params if p_.requires_grad or id(p_) in held]
-    groups = params
-    opt = torch.optim.SGD(groups, lr=0.1, momentum=0.0, foreach=None)
-    model___ = composed.model
+    model__ = composed_.model
+    params = composed_.model.parameters()
+    opt = torch.optim.SGD(params, lr=0.1)
+    model___ = composed_.model
     losses = []
     params_per_step = []
     grad_norms = []
-    dtype_ = TORCH_DTYPES[training.dtype]
     gen = torch.Generator().manual_seed(1)
-    lo = ctx.rank // tp_size * 1
+    lo = ctx.rank
     out_ = []
-    _ = next(iter(range(1)))
     step_ = []
-    for _ in range(1):
-        x_ = torch.randn(ctx.world_size * 1, 2, generator=gen, dtype=dtype_)
-        y_ = torch.randn(ctx.world_size * 1, 2, generator=gen, dtype=dtype_)
-        step_.append((x_[lo:lo + 1].to(ctx.device), y_[lo:lo + 1].to(ctx.device)))
+    x_ = torch.randn(ctx.world_size, 2, generator=gen)
+    y_ = torch.randn(ctx.world_size, 2, generator=gen)
+    step_.append((x_[lo:lo + 1].to(ctx.device), y_[lo:lo + 1].to(ctx.device)))
     out_.append(step_)
     s, step = next(iter(enumerate(out_)))
     step_losses = []
     i, (x, y) = next(iter(enumerate(step)))
-    skipped = training.skipped_at(s, i)
-    last = i == len(step) - 1
-    sync = AccumSync.ALWAYS
-    composed.set_sync(requires_gradient_sync=sync is not AccumSync.NO_GRAD_SYNC, requires_all_reduce=sync is AccumSync.ALWAYS)
-    ctx_mgr = _null()
     out = model___(x)
-    obs['contracts'] = contracts.after_forward(skipped)
+    state = {}
+    for spec in contracts.comp.shards:
+        flags = []
+        path = ''
+        model = contracts.model
+        root = model.get_submodule(path)
+        iter_paths_of_out = [(n__ or path, m) for n__, m in root.named_modules()]
+        for sub, __ in iter_paths_of_out:
+            mod = contracts.model.get_submodule(sub)
+            flags += [fsdp_sharded(p) for p in mod.parameters(recurse=False)]
+        state[''] = flags
+    obs['contracts'] = {'sharded_after_forward': state, 'leaf_dtypes': contracts.leaf_dtypes, 'output_dtypes': contracts.output_dtypes}
     obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
     out__ = {}
     obs['contracts']['replicate_params'] = out__
-    contracts = None
     loss = F.mse_loss(out.to(y.dtype), y)
     loss.backward()
     step_losses.append(loss.item())
-    if composed.wrapper.value.startswith('fsdp1') and 'fsdp1_hybrid_shard' != 'fsdp1_no_shard':
+    if composed_.wrapper.value.startswith('fsdp1') and 'fsdp1_hybrid_shard' != 'fsdp1_no_shard':
         grad_norms.append(float('nan'))
     else:
         total = torch.zeros((), dtype=torch.float64)
-        p___ = next(iter(composed.model.parameters()))
+        p___ = next(iter(composed_.model.parameters()))
         g = p___.grad.full_tensor()
         total += g.double().pow(2).sum().cpu()
         grad_norm_out = float(total.sqrt())
         grad_norms.append(grad_norm_out)
     opt.step()
-    opt.zero_grad(set_to_none=True)
     losses.append(step_losses)
-    with composed.full_parameters() as full:
+    with composed_.full_parameters() as full:
         params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
     obs['losses'] = losses
     obs['grad_norms'] = grad_norms
-    pass
-    model____ = composed.model
+    model____ = composed_.model
     from torch.distributed.tensor import DTensor
     obs['local_params'] = {n_: p____.detach().double().cpu().flatten().tolist() for n_, p____ in model____.named_parameters() if not isinstance(p____, DTensor) and (not n_.startswith('_fsdp_wrapped_module')) and ('_fsdp' not in n_) and (clean_name(n_).rpartition('.')[0] not in None)}
     obs['knob_problems'] = []
@@ -407,35 +306,19 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
         obs['params'] = params_per_step
     return obs
 
-class _null:
-
-    def __enter__(self):
-        pass
-
-    def __exit__(self, *exc):
-        pass
-
 class OutcomeKind(str, enum.Enum):
     OK = 'ok'
-    EXCEPTION = 'exception'
-    HANG = 'hang'
-    CRASH = 'crash'
 
-@dataclass(frozen=True)
+@dataclass()
 class RankReport:
     rank: object
     observation: object = None
-    seconds: object = None
 
-@dataclass(frozen=True)
+@dataclass()
 class Outcome:
     kind: object
     ranks: object
     seconds: object
-
-    @property
-    def ok(self):
-        pass
 
     @property
     def observations(self):
@@ -496,9 +379,6 @@ class Failure:
     signature: object
     summary: object
     details: object = field(default_factory=dict)
-
-def strategy(name):
-    pass
 
 @dataclass(frozen=True)
 class Tolerance:
@@ -575,14 +455,11 @@ def judge_metamorphic(case, outcome):
     return check_knobs('metamorphic', outcome.observations) or compare_runs('metamorphic', outcome.observations, _tolerance(body.training), 'fsdp1:shard1')
 
 def attempt(rank, world_size):
-    import torch
-    import torch.distributed as dist
-    case = Case(property='metamorphic', world_size=2, seed=1, body=MetamorphicBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR, bias=False),))), composition=Composition(shards=(ShardSpec(path=''),)), variant=Composition(mesh=(2, 1), wrapper=Wrapper.FSDP1_HYBRID_SHARD), training=Training(steps=1, batch_per_rank=1)))
+    case = Case(property='metamorphic', world_size=2, seed=1, body=MetamorphicBody(tree=ModuleTree(width=2, root=Block(children=())), composition=Composition(), variant=Composition()))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
-    body = MetamorphicBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR, bias=False),))), composition=Composition(shards=(ShardSpec(path=''),)), variant=Composition(mesh=(2, 1), wrapper=Wrapper.FSDP1_HYBRID_SHARD), training=Training(steps=1, batch_per_rank=1))
-    first = train(case, body.tree, body.training, body.composition, ctx)
-    second = train(case, body.tree, body.training, body.variant, ctx)
+    first = train(ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR),))), Training(), Composition(shards=(ShardSpec(path=''),)), ctx)
+    second = train(ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR),))), Training(), Composition(wrapper=Wrapper.FSDP1_HYBRID_SHARD), ctx)
     keys = ('losses', 'params', 'grad_norms', 'knob_problems')
     run_metamorphic_out = {**first, 'ref': {k: second[k] for k in keys if k in second}}
     obs = json.loads(json.dumps(run_metamorphic_out))

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=d27b23cefa09317c sources=845e968d7c09e2fe seconds=202.5
+# shardfuzz reduced reproducer: entry=d27b23cefa09317c sources=ce057bc0da65e4dc seconds=97.3
 """Reproduces shardfuzz corpus entry mixed_precision-exception-f98d204028cc.json: exception:mixed_precision:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out
 
 Observed: FSDP2's backward all-gather raises IndexError in foreach_all_gather_copy_out for a
@@ -17,77 +17,48 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 
 from __future__ import annotations
 import torch
-from dataclasses import dataclass, field
 from torch import nn
 import torch.nn.functional as F
-
-@dataclass
-class RankContext:
-    rank: object
-    world_size: object
-    device: object
-    backend: object
-    _meshes: object = field(default_factory=dict)
-
-    def mesh(self, shape, names):
-        from torch.distributed.device_mesh import init_device_mesh
-        key = ()
-        self._meshes[key] = init_device_mesh(self.device.type, shape)
-        return self._meshes[key]
 
 class PointwiseConv1d(nn.Conv1d):
 
     def forward(self, x):
         return super().forward(x.unsqueeze(-1)).squeeze(-1)
 
-def _placement_fn(shard_dim, shard_size):
+def _placement_fn():
     from torch.distributed.tensor import Shard
 
     def fn(param):
-        return Shard(shard_dim)
+        return Shard(1)
     return fn
 
-@dataclass
-class Composed:
-    model: object
-    fsdp_roots: object = field()
-
 def attempt(rank, world_size):
-    ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import re
     import traceback
     try:
         dtype = torch.float32
         module = PointwiseConv1d(4, 4, kernel_size=1, bias=False)
         model_ = module.to(dtype)
-        mesh = ctx.mesh((world_size,), ())
         from torch.distributed.fsdp import fully_shard
         kwargs = {'reshard_after_forward': 2}
-        shard_size = mesh.size(mesh.ndim - 1)
-        kwargs['shard_placement_fn'] = _placement_fn(1, shard_size)
-        modules = [model_.get_submodule(p_) for p_ in ('',)]
-        fully_shard(modules if () else modules[0], **kwargs)
-        sharded = []
-        tops = [p__ for p__ in sharded if not any((False for q in sharded))]
-        compose_out = Composed(model=model_, fsdp_roots=[model_.get_submodule(p__) for p__ in tops])
-        model, composed_ = (model_, compose_out)
-        model__ = composed_.model
-        lo = rank // 1 * 1
+        kwargs['shard_placement_fn'] = _placement_fn()
+        modules = [model_.get_submodule('')]
+        fully_shard(modules[0], **kwargs)
         out_ = []
         step_ = []
-        x_ = torch.randn(world_size * 1, 4)
-        y_ = torch.randn(world_size * 1, 4)
-        step_.append((x_[lo:lo + 1].to(torch.device('cpu')), y_[lo:lo + 1].to(torch.device('cpu'))))
+        x_ = torch.randn(world_size, 4)
+        y_ = torch.randn(world_size, 4)
+        step_.append((x_[rank:rank + 1].to(torch.device('cpu')), y_[rank:rank + 1].to(torch.device('cpu'))))
         out_.append(step_)
         s, step = next(iter(enumerate(out_)))
         i, (x, y) = next(iter(enumerate(step)))
-        out = model__(x)
+        out = model_(x)
         loss = F.mse_loss(out.to(y.dtype), y)
         loss.backward()
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = [(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))][-1]
-        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
+        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
         if found in ['builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out']:
             return f'REPRODUCED exception:mixed_precision:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

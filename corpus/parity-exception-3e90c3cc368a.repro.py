@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=71d9601af2884473 sources=845e968d7c09e2fe seconds=152.5
+# shardfuzz reduced reproducer: entry=71d9601af2884473 sources=ce057bc0da65e4dc seconds=70.5
 """Reproduces shardfuzz corpus entry parity-exception-3e90c3cc368a.json: exception:parity:builtins.ValueError@torch/utils/checkpoint.py:_checkpoint_without_reentrant_generator
 
 Observed: composable checkpoint(debug=True) always raises ValueError 'debug=True is incompatible
@@ -18,72 +18,25 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 """
 
 from __future__ import annotations
-from dataclasses import dataclass, field
 import torch
-import enum
 from torch import nn
-
-class LeafKind(str, enum.Enum):
-    LINEAR = 'linear'
-
-@dataclass()
-class Leaf:
-    kind: object
-
-@dataclass()
-class Block:
-    children: object
-
-@dataclass()
-class Composition:
-
-    def steps(self):
-        items = [('checkpoint', p) for p in ('0',)] + []
-        return sorted(items)
-
-class TreeBlock(nn.Module):
-
-    def __init__(self, children, residual, width, scale, buffer):
-        super().__init__()
-        i, child = next(iter(enumerate(children)))
-        self.add_module(str(i), child)
-
-    def forward(self, x):
-        y = x
-        name, child = next(iter(self.named_children()))
-        y = child(y)
-
-def build_node(node, width):
-    if isinstance(node, Leaf):
-        module = nn.Linear(width, width)
-        return module
-    return TreeBlock([build_node(c, width) for c in node.children], False, width, False, False)
-
-@dataclass
-class Composed:
-    model: object
-    fsdp_roots: object = field()
 
 def attempt(rank, world_size):
     ctx_device = torch.device('cpu')
     import re
     import traceback
     try:
-        comp = Composition()
         dtype = torch.float32
-        build_model_out = build_node(Block(children=(Leaf(kind=LeafKind.LINEAR),)), 4)
+        build_model_out = nn.Sequential(*[nn.Linear(4, 4)])
         model_ = build_model_out.to(dtype)
         from torch.distributed._composable import checkpoint
         kwargs = {}
         kwargs['debug'] = True
-        api, path_ = next(iter(comp.steps()))
+        items = [('checkpoint', '0')]
+        Composition_steps_out = sorted(items)
+        api, path_ = next(iter(Composition_steps_out))
         checkpoint(model_.get_submodule(path_), **kwargs)
-        sharded = []
-        tops = [p_ for p_ in sharded if not any((False for q in sharded))]
-        compose_out = Composed(model=model_, fsdp_roots=[model_.get_submodule(p_) for p_ in tops])
-        model, composed_ = (model_, compose_out)
-        model__ = composed_.model
-        lo = rank // 1 * 2
+        lo = rank * 2
         out_ = []
         step_ = []
         x_ = torch.randn(world_size * 2, 4)
@@ -92,11 +45,11 @@ def attempt(rank, world_size):
         out_.append(step_)
         s, step = next(iter(enumerate(out_)))
         i, (x, y) = next(iter(enumerate(step)))
-        out = model__(x)
+        out = model_(x)
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = [(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))][-1]
-        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
+        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
         if found in ['builtins.ValueError@torch/utils/checkpoint.py:_checkpoint_without_reentrant_generator']:
             return f'REPRODUCED exception:parity:builtins.ValueError@torch/utils/checkpoint.py:_checkpoint_without_reentrant_generator: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=fa2d3ff0502bcfd3 sources=845e968d7c09e2fe seconds=235.6
+# shardfuzz reduced reproducer: entry=fa2d3ff0502bcfd3 sources=ce057bc0da65e4dc seconds=407.1
 """Reproduces shardfuzz corpus entry parity-mismatch-48aab936fb0d.json: mismatch:parity@fsdp1:unfrozen-frozen-unit
 
 Observed: FSDP1 NO_SHARD auto-wrapping a block whose parameters are all frozen, one of them
@@ -20,10 +20,8 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 from __future__ import annotations
 import torch
 import enum
-from dataclasses import dataclass
 from dataclasses import dataclass, field
 from functools import cached_property
-from dataclasses import replace
 from typing import ClassVar
 from torch import nn
 from contextlib import contextmanager
@@ -40,8 +38,6 @@ class RankContext:
 
 class LeafKind(str, enum.Enum):
     CONV1D = 'conv1d'
-    RELU = 'relu'
-    DROPOUT = 'dropout'
 
 class Dtype(str, enum.Enum):
     FLOAT32 = 'float32'
@@ -49,27 +45,23 @@ class Dtype(str, enum.Enum):
     BFLOAT16 = 'bfloat16'
     FLOAT16 = 'float16'
 
-@dataclass(frozen=True)
+@dataclass()
 class Leaf:
     kind: object
     bias: object = True
     frozen: object = False
 
-@dataclass(frozen=True)
+@dataclass()
 class Block:
     children: object
-    residual: object = False
 
-def iter_paths(block, prefix=''):
-    yield (prefix, block)
+def iter_paths(block):
+    yield ('', block)
 
-def owns_params(node):
+def owns_params():
     pass
 
-def param_names(node):
-    pass
-
-@dataclass(frozen=True)
+@dataclass()
 class ModuleTree:
     width: object
     root: object
@@ -77,41 +69,15 @@ class ModuleTree:
     def paths(self):
         return dict(iter_paths(self.root))
 
-def contains(outer, path):
-    pass
-
 class Wrapper(str, enum.Enum):
     NONE = 'none'
-    DDP = 'ddp'
-    FSDP1_FULL_SHARD = 'fsdp1_full_shard'
-    FSDP1_SHARD_GRAD_OP = 'fsdp1_shard_grad_op'
     FSDP1_NO_SHARD = 'fsdp1_no_shard'
-    FSDP1_HYBRID_SHARD = 'fsdp1_hybrid_shard'
 
-@dataclass(frozen=True)
+@dataclass()
 class Composition:
     wrapper: object = Wrapper.NONE
-    auto_wrap: object = False
 
-    def steps(self):
-        pass
-
-@dataclass(frozen=True)
-class Layout:
-    tree: object
-    comp: object
-
-    @cached_property
-    def paths(self):
-        return self.tree.paths()
-
-    def member_of(self, path, api=None):
-        pass
-
-    def local(self):
-        return [p for p, n in self.paths.items() if owns_params(n) and (any((contains(i, p) for i in ignored)) or p in by_shards) and (self.member_of(p) is None)]
-
-@dataclass(frozen=True)
+@dataclass()
 class Unfreeze:
     path: object
     step: object
@@ -119,12 +85,7 @@ class Unfreeze:
 @dataclass(frozen=True)
 class Training:
     lr: object = 0.1
-    momentum: object = 0.0
-    eps: object = 0.001
-    batch_per_rank: object = 2
     dtype: object = Dtype.FLOAT32
-    set_to_none: object = True
-    foreach: object = None
     unfreeze: object = ()
 
     def __post_init__(self):
@@ -133,6 +94,18 @@ class Training:
 
     def skipped_at(self, step, microbatch):
         return [s.path for s in () if s.step == step and s.microbatch == microbatch]
+
+@dataclass()
+class Layout:
+    tree: object
+    comp: object
+
+    @cached_property
+    def paths(self):
+        return self.tree.paths()
+
+    def local(self):
+        return [p for p, n in self.paths.items() if owns_params() and (any((contains() for i in ignored)) or p in by_shards) and (self.member_of(p) is None)]
 
 class Body:
     KIND: ClassVar[str]
@@ -151,32 +124,15 @@ class ParityBody(Body):
     composition: object
     training: object = field(default_factory=Training)
 
-@dataclass(frozen=True)
+@dataclass()
 class Case:
     property: object
     world_size: object
     seed: object
     body: object
 
-class TreeBlock(nn.Module):
-
-    def __init__(self, children, residual, width, scale, buffer):
-        super().__init__()
-        for i, child in enumerate(children):
-            self.add_module(str(i), child)
-        self.residual = residual
-        self.skipped: frozenset[str] = frozenset()
-
-    def forward(self, x):
-        y = x
-        for name, child in self.named_children():
-            y = child(y)
-        return y
-
 class PointwiseConv1d(nn.Conv1d):
-
-    def forward(self, x):
-        return super().forward(x.unsqueeze(-1)).squeeze(-1)
+    pass
 
 def build_node(node, width):
     if isinstance(node, Leaf):
@@ -184,12 +140,12 @@ def build_node(node, width):
         if node.frozen:
             module.requires_grad_(False)
         return module
-    return TreeBlock([build_node(c, width) for c in node.children], False, width, False, False)
+    return nn.Sequential(*[build_node(c, width) for c in node.children])
 
-def build_model(tree, device):
+def build_model(tree):
     return build_node(tree.root, 1)
-TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
-_WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.')
+TORCH_DTYPES = {Dtype.FLOAT32: torch.float32}
+_WRAPPER_PREFIXES = ('_fsdp_wrapped_module.',)
 
 def clean_name(name):
     prefix = next(iter(_WRAPPER_PREFIXES))
@@ -205,7 +161,6 @@ class Composed:
     @contextmanager
     def full_parameters(self):
         if self.wrapper.value.startswith('fsdp1'):
-            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
             modules = {clean_name(n): m for n, m in self.model.named_modules()}
             out = {}
             for name in self.param_names:
@@ -220,11 +175,9 @@ class Composed:
 
 class _Contracts:
 
-    def __init__(self, model, comp):
-        self.model = model
-        self.comp = comp
-        self.leaf_dtypes: dict[str, str] = {}
-        self.output_dtypes: dict[str, str] = {}
+    def __init__(self, model):
+        self.leaf_dtypes: dict[()] = {}
+        self.output_dtypes: dict[()] = {}
         self.handles: list[Any] = []
         for name, mod in model.named_modules():
             if any((True for _ in mod.parameters(recurse=False))):
@@ -233,34 +186,34 @@ class _Contracts:
     def _on_leaf(self, name):
 
         def hook(module, args):
-            p = next(module.parameters(recurse=False))
+            p = next(module.parameters())
             self.leaf_dtypes.setdefault(name, str(p.dtype).removeprefix('torch.'))
         return hook
 
     def after_forward(self, skipped):
-        h = next(iter(self.handles))
         state = {}
         return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
 
-def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precision=None, local=frozenset()):
+def train(tree, training, comp, ctx, local=frozenset()):
     dtype = TORCH_DTYPES[training.dtype]
     if comp is not None:
         torch.manual_seed(0)
-        model_ = build_model(tree, ctx.device).to(dtype)
+        model_ = build_model(tree).to(dtype)
         names = [n_ for n_, _ in model_.named_parameters()]
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-        strategy = {Wrapper.FSDP1_FULL_SHARD: ShardingStrategy.FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP: ShardingStrategy.SHARD_GRAD_OP, Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD, Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[comp.wrapper]
+        strategy = {Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD}[comp.wrapper]
         kwargs = {'sharding_strategy': strategy, 'device_id': ctx.device, 'use_orig_params': True}
-        kwargs['auto_wrap_policy'] = ModuleWrapPolicy({TreeBlock})
+        kwargs['auto_wrap_policy'] = ModuleWrapPolicy({nn.Sequential})
         wrap_out = FSDP(model_, **kwargs)
         compose_out = Composed(model=wrap_out, wrapper=comp.wrapper, param_names=names)
-        model, composed = (model_, compose_out)
+        model = model_
+        composed = compose_out
     else:
         torch.manual_seed(0)
-        model = build_model(tree, ctx.device).to(dtype)
+        model = build_model(tree).to(dtype)
         composed = Composed(model)
-    contracts = _Contracts(model, comp) if comp is not None else None
+    contracts = _Contracts(model) if comp is not None else None
     obs = {}
     model__ = composed.model
     out___ = {'0': [] for u_ in training.unfreeze}
@@ -269,23 +222,18 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
     out___[owner].append(p__)
     params = composed.model.parameters()
     later_ = [p for ps in out___.values() for p in ps]
-    held = {id(p_) for p_ in later_}
-    params = [p_ for p_ in params if p_.requires_grad or id(p_) in held]
-    groups = params
-    opt = torch.optim.SGD(groups, lr=0.01, momentum=0.0, foreach=None)
-    forward = _compiled(composed.model, training) if comp is not None else composed.model
+    opt = torch.optim.SGD(params, lr=0.01)
+    forward = _compiled(composed.model) if comp is not None else composed.model
     losses = []
     params_per_step = []
     grad_norms = []
-    dtype_ = TORCH_DTYPES[training.dtype]
     gen = torch.Generator().manual_seed(0)
-    lo = ctx.rank // tp_size * 1
+    lo = ctx.rank
     out_ = []
     for __ in range(2):
         step_ = []
-        __ = next(iter(range(1)))
-        x_ = torch.randn(ctx.world_size * 1, 1, generator=gen, dtype=dtype_)
-        y_ = torch.randn(ctx.world_size * 1, 1, generator=gen, dtype=dtype_)
+        x_ = torch.randn(ctx.world_size, 1, generator=gen)
+        y_ = torch.randn(ctx.world_size, 1, generator=gen)
         step_.append((x_[lo:lo + 1].to(ctx.device), y_[lo:lo + 1].to(ctx.device)))
         out_.append(step_)
     for s, step in enumerate(out_):
@@ -295,23 +243,19 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
         step_losses = []
         i, (x, y) = next(iter(enumerate(step)))
         skipped = training.skipped_at(s, i)
-        last = i == len(step) - 1
         out = forward(x)
         if contracts is not None and comp is not None:
             obs['contracts'] = contracts.after_forward(skipped)
             obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
             out__ = {}
             obs['contracts']['replicate_params'] = out__
-            contracts = None
         loss = F.mse_loss(out.to(y.dtype), y)
         loss.backward()
         step_losses.append(loss.item())
-        scales = grad_scales or {}
         for name_, p___ in model.named_parameters():
             if p___.grad is not None and name_.rpartition('.')[0] not in local:
                 dist.all_reduce(p___.grad)
                 p___.grad /= ctx.world_size
-                scale = scales.get(name_.rpartition('.')[0], 1.0)
         total = torch.zeros((), dtype=torch.float64)
         for p____ in composed.model.parameters():
             if p____.grad is not None:
@@ -320,14 +264,14 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
         grad_norm_out = float(total.sqrt())
         grad_norms.append(grad_norm_out)
         opt.step()
-        opt.zero_grad(set_to_none=False)
+        opt.zero_grad()
         losses.append(step_losses)
         with composed.full_parameters() as full:
             params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
     obs['losses'] = losses
     obs['grad_norms'] = grad_norms
     model___ = composed.model
-    local_ = _local_of(tree, comp)
+    local_ = frozenset() if comp is None else frozenset(Layout(tree, comp).local())
     from torch.distributed.tensor import DTensor
     obs['local_params'] = {n__: p_____.detach().double().cpu().flatten().tolist() for n__, p_____ in model___.named_parameters() if not isinstance(p_____, DTensor) and (not n__.startswith('_fsdp_wrapped_module')) and ('_fsdp' not in n__) and (clean_name(n__).rpartition('.')[0] not in local_)}
     obs['knob_problems'] = []
@@ -335,36 +279,22 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
         obs['params'] = params_per_step
     return obs
 
-def _compiled(model, training):
+def _compiled(model):
     return model
-
-def grad_scales(tree, comp, world_size):
-    pass
-
-def _local_of(tree, comp):
-    return frozenset() if comp is None else frozenset(Layout(tree, comp).local())
 
 class OutcomeKind(str, enum.Enum):
     OK = 'ok'
-    EXCEPTION = 'exception'
-    HANG = 'hang'
-    CRASH = 'crash'
 
-@dataclass(frozen=True)
+@dataclass()
 class RankReport:
     rank: object
     observation: object = None
-    seconds: object = None
 
-@dataclass(frozen=True)
+@dataclass()
 class Outcome:
     kind: object
     ranks: object
     seconds: object
-
-    @property
-    def ok(self):
-        pass
 
     @property
     def observations(self):
@@ -390,9 +320,6 @@ class Failure:
     signature: object
     summary: object
     details: object = field(default_factory=dict)
-
-def strategy(name):
-    pass
 
 @dataclass(frozen=True)
 class Tolerance:
@@ -469,17 +396,13 @@ def judge_parity(case, outcome):
     return failure
 
 def attempt(rank, world_size):
-    import torch
-    import torch.distributed as dist
-    case = Case(property='parity', world_size=2, seed=0, body=ParityBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False, frozen=True), Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),))))), composition=Composition(wrapper=Wrapper.FSDP1_NO_SHARD, auto_wrap=True), training=Training(lr=0.01, eps=0.0001, batch_per_rank=1, set_to_none=False, unfreeze=(Unfreeze(path='0', step=1),))))
+    case = Case(property='parity', world_size=2, seed=0, body=ParityBody(tree=ModuleTree(width=1, root=Block(children=())), composition=Composition()))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
-    body = ParityBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False, frozen=True), Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),))))), composition=Composition(wrapper=Wrapper.FSDP1_NO_SHARD, auto_wrap=True), training=Training(lr=0.01, eps=0.0001, batch_per_rank=1, set_to_none=False, unfreeze=(Unfreeze(path='0', step=1),)))
-    comp = body.composition
-    composed = train(case, body.tree, body.training, comp, ctx, 1)
+    comp = Composition(wrapper=Wrapper.FSDP1_NO_SHARD)
+    composed = train(ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, frozen=True), Block(children=(Leaf(kind=LeafKind.CONV1D),))))), Training(unfreeze=(Unfreeze(path='0', step=1),)), comp, ctx)
     keys = ('losses', 'params', 'grad_norms')
-    scales = grad_scales(body.tree, comp, ctx.world_size)
-    reference = train(case, body.tree, body.training, None, ctx, 1, scales, local=_local_of(body.tree, comp))
+    reference = train(ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, frozen=True), Block(children=(Leaf(kind=LeafKind.CONV1D),))))), Training(unfreeze=(Unfreeze(path='0', step=1),)), None, ctx)
     run_parity_out = {**composed, 'ref': {k: reference[k] for k in keys if k in reference}}
     obs = json.loads(json.dumps(run_parity_out))
     outs = [None] * world_size

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=f1aad34c9feef555 sources=845e968d7c09e2fe seconds=229.3
+# shardfuzz reduced reproducer: entry=f1aad34c9feef555 sources=ce057bc0da65e4dc seconds=410.7
 """Reproduces shardfuzz corpus entry parity-mismatch-5f3ad2a543cd.json: mismatch:parity@fsdp2:unfrozen-unresharded
 
 Observed: FSDP2: a frozen fully_shard unit with reshard_after_forward=False under a replicate'd
@@ -20,7 +20,6 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 from __future__ import annotations
 import torch
 import enum
-from dataclasses import dataclass
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, ClassVar
@@ -39,8 +38,6 @@ class RankContext:
 
 class LeafKind(str, enum.Enum):
     LINEAR = 'linear'
-    LAYER_NORM = 'layer_norm'
-    DROPOUT = 'dropout'
 
 class Dtype(str, enum.Enum):
     FLOAT32 = 'float32'
@@ -48,26 +45,22 @@ class Dtype(str, enum.Enum):
     BFLOAT16 = 'bfloat16'
     FLOAT16 = 'float16'
 
-@dataclass(frozen=True)
+@dataclass()
 class Leaf:
     kind: object
-    bias: object = True
     frozen: object = False
 
-@dataclass(frozen=True)
+@dataclass()
 class Block:
     children: object
-    residual: object = False
 
-def iter_paths(block, prefix=''):
-    i, child = next(iter(enumerate(block.children)))
-    path = str(i)
-    yield (path, child)
+def iter_paths(block):
+    yield ('', block)
 
-def owns_params(node):
+def owns_params():
     pass
 
-@dataclass(frozen=True)
+@dataclass()
 class ModuleTree:
     width: object
     root: object
@@ -75,68 +68,24 @@ class ModuleTree:
     def paths(self):
         return dict(iter_paths(self.root))
 
-def contains(outer, path):
-    pass
-
-@dataclass(frozen=True)
+@dataclass()
 class ShardSpec:
     path: object
-    reshard_after_forward: object = True
 
-    @property
-    def paths(self):
-        pass
-
-@dataclass(frozen=True)
+@dataclass()
 class Composition:
     shards: object = ()
-    replicates: object = ()
-    mesh: object = ()
-
-    def reshard_after_forward(self, spec):
-        pass
 
     @property
     def sharded_paths(self):
         return [p for spec in self.shards for p in ('0',)]
 
     def steps(self):
-        order = {'checkpoint': 0, 'fully_shard': 1, 'replicate': 2}
-        items = [] + [('replicate', '')]
+        items = [('replicate', '')]
         items += [('fully_shard', '0') for spec in self.shards]
+        return sorted(items)
 
-        def key(item):
-            api, path = item
-            depth = min((q.count('.') + (q != '') for q in self._spec_paths(api, path)))
-            return (-depth, order[api], path)
-        return sorted(items, key=key)
-
-    def _spec_paths(self, api, path):
-        if api == 'fully_shard':
-            return next((('0',) for s in self.shards if '0' == path))
-        return (path,)
-
-@dataclass(frozen=True)
-class Layout:
-    tree: object
-    comp: object
-
-    @cached_property
-    def paths(self):
-        return self.tree.paths()
-
-    def member_of(self, path, api=None):
-        pass
-
-    def local(self):
-        return [p for p, n in self.paths.items() if owns_params(n) and (any((contains(i, p) for i in ignored)) or p in by_shards) and (self.member_of(p) is None)]
-
-class AccumSync(str, enum.Enum):
-    ALWAYS = 'always'
-    NO_GRAD_SYNC = 'no_grad_sync'
-    NO_ALL_REDUCE = 'no_all_reduce'
-
-@dataclass(frozen=True)
+@dataclass()
 class Unfreeze:
     path: object
     step: object
@@ -144,11 +93,8 @@ class Unfreeze:
 @dataclass(frozen=True)
 class Training:
     lr: object = 0.1
-    momentum: object = 0.0
     steps: object = 2
     dtype: object = Dtype.FLOAT32
-    set_to_none: object = True
-    foreach: object = None
     unfreeze: object = ()
 
     def __post_init__(self):
@@ -157,6 +103,18 @@ class Training:
 
     def skipped_at(self, step, microbatch):
         return [s.path for s in () if s.step == step and s.microbatch == microbatch]
+
+@dataclass()
+class Layout:
+    tree: object
+    comp: object
+
+    @cached_property
+    def paths(self):
+        return self.tree.paths()
+
+    def local(self):
+        return [p for p, n in self.paths.items() if owns_params() and (any((contains() for i in ignored)) or p in by_shards) and (self.member_of(p) is None)]
 
 class Body:
     KIND: ClassVar[str]
@@ -175,7 +133,7 @@ class ParityBody(Body):
     composition: object
     training: object = field(default_factory=Training)
 
-@dataclass(frozen=True)
+@dataclass()
 class Case:
     property: object
     world_size: object
@@ -184,36 +142,19 @@ class Case:
 
 def fsdp_sharded(p):
     from torch.distributed.tensor import DTensor
-    return isinstance(p, DTensor) and 'shard' in (p.device_mesh.mesh_dim_names or ('shard',))
-
-class TreeBlock(nn.Module):
-
-    def __init__(self, children, residual, width, scale, buffer):
-        super().__init__()
-        for i, child in enumerate(children):
-            self.add_module(str(i), child)
-        self.residual = residual
-        self.scale = None
-        self.shift = None
-        self.skipped: frozenset[str] = frozenset()
-
-    def forward(self, x):
-        y = x
-        for name, child in self.named_children():
-            y = child(y)
-        return y
+    return isinstance(p, DTensor) and 'shard' in (p.device_mesh.mesh_dim_names or ())
 
 def build_node(node, width):
     if isinstance(node, Leaf):
-        module = nn.Linear(width, width, bias=True)
+        module = nn.Linear(width, width)
         if node.frozen:
             module.requires_grad_(False)
         return module
-    return TreeBlock([build_node(c, width) for c in node.children], False, width, False, False)
+    return nn.Sequential(*[build_node(c, width) for c in node.children])
 
-def build_model(tree, device):
+def build_model(tree):
     return build_node(tree.root, 4)
-TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
+TORCH_DTYPES = {Dtype.FLOAT32: torch.float32}
 
 def clean_name(name):
     return name
@@ -221,10 +162,6 @@ def clean_name(name):
 @dataclass
 class Composed:
     model: object
-    fsdp_roots: object = field(default_factory=list)
-
-    def set_sync(self, requires_gradient_sync=True, requires_all_reduce=True):
-        pass
 
     @contextmanager
     def full_parameters(self):
@@ -237,9 +174,8 @@ class _Contracts:
 
     def __init__(self, model, comp):
         self.model = model
-        self.comp = comp
-        self.leaf_dtypes: dict[str, str] = {}
-        self.output_dtypes: dict[str, str] = {}
+        self.leaf_dtypes: dict[()] = {}
+        self.output_dtypes: dict[()] = {}
         self.handles: list[Any] = []
         path = next(iter(comp.sharded_paths))
         mod = model.get_submodule(path)
@@ -257,52 +193,44 @@ class _Contracts:
     def _on_leaf(self, name):
 
         def hook(module, args):
-            p = next(module.parameters(recurse=False))
+            p = next(module.parameters())
             self.leaf_dtypes.setdefault(name, str(p.dtype).removeprefix('torch.'))
         return hook
 
     def after_forward(self, skipped):
-        h = next(iter(self.handles))
-        h.remove()
-        sharded = self.comp.sharded_paths + list(('',))
         state = {}
-        spec = next(iter(self.comp.shards))
         flags = []
-        path = next(iter(('0',)))
         model = self.model
-        root = model.get_submodule(path)
-        iter_paths_of_out = [(n or path, m) for n, m in root.named_modules()]
+        root = model.get_submodule('0')
+        iter_paths_of_out = [(n or '0', m) for n, m in root.named_modules()]
         sub, _ = next(iter(iter_paths_of_out))
         mod = self.model.get_submodule(sub)
-        flags += [fsdp_sharded(p) for p in mod.parameters(recurse=False)]
+        flags += [fsdp_sharded(p) for p in mod.parameters()]
         state['0'] = flags
         return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
 
-def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precision=None, local=frozenset()):
+def train(tree, training, comp, ctx, local=frozenset()):
     dtype = TORCH_DTYPES[training.dtype]
     if comp is not None:
         torch.manual_seed(1)
-        model_ = build_model(tree, ctx.device).to(dtype)
+        model_ = build_model(tree).to(dtype)
         from torch.distributed._composable import replicate
-        pass
         for api, path_ in comp.steps():
             if api == 'fully_shard':
                 from torch.distributed.fsdp import fully_shard
-                kwargs_ = {'mesh': None, 'reshard_after_forward': False}
+                kwargs_ = {}
                 modules = [model_.get_submodule('0')]
-                fully_shard(modules if () else modules[0], **kwargs_)
+                fully_shard(modules[0], **kwargs_)
             else:
-                kwargs = {'find_unused_parameters': False}
-                kwargs['device_ids'] = None
+                kwargs = {}
                 replicate_kwargs_out = kwargs
                 replicate(model_.get_submodule(path_), **replicate_kwargs_out)
-        sharded = comp.sharded_paths
-        tops = [p_ for p_ in sharded if not any((False for q in sharded))]
-        compose_out = Composed(model=model_, fsdp_roots=[model_.get_submodule(p_) for p_ in tops])
-        model, composed = (model_, compose_out)
+        compose_out = Composed(model=model_)
+        model = model_
+        composed = compose_out
     else:
         torch.manual_seed(1)
-        model = build_model(tree, ctx.device).to(dtype)
+        model = build_model(tree).to(dtype)
         composed = Composed(model)
     contracts = _Contracts(model, comp) if comp is not None else None
     obs = {}
@@ -314,23 +242,18 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
             out___[owner].append(p___)
     params = composed.model.parameters()
     later_ = [p for ps in out___.values() for p in ps]
-    held = {id(p__) for p__ in later_}
-    params = [p__ for p__ in params if p__.requires_grad or id(p__) in held]
-    groups = params
-    opt = torch.optim.SGD(groups, lr=0.1, momentum=0.0, foreach=None)
-    forward = _compiled(composed.model, training) if comp is not None else composed.model
+    opt = torch.optim.SGD(params, lr=0.1)
+    forward = _compiled(composed.model) if comp is not None else composed.model
     losses = []
     params_per_step = []
     grad_norms = []
-    dtype_ = TORCH_DTYPES[training.dtype]
     gen = torch.Generator().manual_seed(1)
-    lo = ctx.rank // tp_size * 2
+    lo = ctx.rank * 2
     out_ = []
     for _ in range(2):
         step_ = []
-        _ = next(iter(range(1)))
-        x_ = torch.randn(ctx.world_size * 2, 4, generator=gen, dtype=dtype_)
-        y_ = torch.randn(ctx.world_size * 2, 4, generator=gen, dtype=dtype_)
+        x_ = torch.randn(ctx.world_size * 2, 4, generator=gen)
+        y_ = torch.randn(ctx.world_size * 2, 4, generator=gen)
         step_.append((x_[lo:lo + 2].to(ctx.device), y_[lo:lo + 2].to(ctx.device)))
         out_.append(step_)
     for s, step in enumerate(out_):
@@ -340,30 +263,23 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
         step_losses = []
         i, (x, y) = next(iter(enumerate(step)))
         skipped = training.skipped_at(s, i)
-        last = i == len(step) - 1
-        sync = AccumSync.ALWAYS
-        composed.set_sync(requires_gradient_sync=sync is not AccumSync.NO_GRAD_SYNC, requires_all_reduce=sync is AccumSync.ALWAYS)
-        ctx_mgr = _null()
         out = forward(x)
         if contracts is not None and comp is not None:
             obs['contracts'] = contracts.after_forward(skipped)
             obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
             from torch.distributed._composable import replicate as replicate_
             out__ = {}
-            path__ = next(iter(('',)))
+            path__ = ''
             state = replicate_.state(model.get_submodule(path__))
             out__[path__] = sorted(getattr(state, '_param_names', []))
             obs['contracts']['replicate_params'] = out__
-            contracts = None
         loss = F.mse_loss(out.to(y.dtype), y)
         loss.backward()
         step_losses.append(loss.item())
-        scales = grad_scales or {}
         for name_, p____ in model.named_parameters():
             if p____.grad is not None and name_.rpartition('.')[0] not in local:
                 dist.all_reduce(p____.grad)
                 p____.grad /= ctx.world_size
-                scale = scales.get(name_.rpartition('.')[0], 1.0)
         total = torch.zeros((), dtype=torch.float64)
         for p_____ in composed.model.parameters():
             if p_____.grad is not None:
@@ -372,14 +288,14 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
         grad_norm_out = float(total.sqrt())
         grad_norms.append(grad_norm_out)
         opt.step()
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad()
         losses.append(step_losses)
         with composed.full_parameters() as full:
             params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
     obs['losses'] = losses
     obs['grad_norms'] = grad_norms
     model___ = composed.model
-    local_ = _local_of(tree, comp)
+    local_ = frozenset() if comp is None else frozenset(Layout(tree, comp).local())
     from torch.distributed.tensor import DTensor
     obs['local_params'] = {n_: p______.detach().double().cpu().flatten().tolist() for n_, p______ in model___.named_parameters() if not isinstance(p______, DTensor) and (not n_.startswith('_fsdp_wrapped_module')) and ('_fsdp' not in n_) and (clean_name(n_).rpartition('.')[0] not in local_)}
     obs['knob_problems'] = []
@@ -387,44 +303,22 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
         obs['params'] = params_per_step
     return obs
 
-def _compiled(model, training):
+def _compiled(model):
     return model
-
-class _null:
-
-    def __enter__(self):
-        pass
-
-    def __exit__(self, *exc):
-        pass
-
-def grad_scales(tree, comp, world_size):
-    pass
-
-def _local_of(tree, comp):
-    return frozenset() if comp is None else frozenset(Layout(tree, comp).local())
 
 class OutcomeKind(str, enum.Enum):
     OK = 'ok'
-    EXCEPTION = 'exception'
-    HANG = 'hang'
-    CRASH = 'crash'
 
-@dataclass(frozen=True)
+@dataclass()
 class RankReport:
     rank: object
     observation: object = None
-    seconds: object = None
 
-@dataclass(frozen=True)
+@dataclass()
 class Outcome:
     kind: object
     ranks: object
     seconds: object
-
-    @property
-    def ok(self):
-        pass
 
     @property
     def observations(self):
@@ -526,17 +420,13 @@ def judge_parity(case, outcome):
     return failure
 
 def attempt(rank, world_size):
-    import torch
-    import torch.distributed as dist
-    case = Case(property='parity', world_size=2, seed=1, body=ParityBody(tree=ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR, frozen=True), Leaf(kind=LeafKind.LINEAR)))), composition=Composition(shards=(ShardSpec(path='0', reshard_after_forward=False),), replicates=('',)), training=Training(unfreeze=(Unfreeze(path='0', step=1),))))
+    case = Case(property='parity', world_size=2, seed=1, body=ParityBody(tree=ModuleTree(width=4, root=Block(children=())), composition=Composition(), training=Training()))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
-    body = ParityBody(tree=ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR, frozen=True), Leaf(kind=LeafKind.LINEAR)))), composition=Composition(shards=(ShardSpec(path='0', reshard_after_forward=False),), replicates=('',)), training=Training(unfreeze=(Unfreeze(path='0', step=1),)))
-    comp = body.composition
-    composed = train(case, body.tree, body.training, comp, ctx, 1)
+    comp = Composition(shards=(ShardSpec(path='0'),))
+    composed = train(ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR, frozen=True), Leaf(kind=LeafKind.LINEAR)))), Training(), comp, ctx)
     keys = ('losses', 'params', 'grad_norms')
-    scales = grad_scales(body.tree, comp, ctx.world_size)
-    reference = train(case, body.tree, body.training, None, ctx, 1, scales, local=_local_of(body.tree, comp))
+    reference = train(ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR, frozen=True), Leaf(kind=LeafKind.LINEAR)))), Training(unfreeze=(Unfreeze(path='0', step=1),)), None, ctx)
     run_parity_out = {**composed, 'ref': {k: reference[k] for k in keys if k in reference}}
     obs = json.loads(json.dumps(run_parity_out))
     outs = [None] * world_size

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=5c3349c879fbaf65 sources=845e968d7c09e2fe seconds=242.5
+# shardfuzz reduced reproducer: entry=5c3349c879fbaf65 sources=ce057bc0da65e4dc seconds=436.0
 """Reproduces shardfuzz corpus entry parity-mismatch-6176f16b4070.json: mismatch:parity@fsdp2:compiled-unfreeze
 
 Observed: torch.compile(backend='aot_eager') over fully_shard whose ignored_params (plain
@@ -19,18 +19,11 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 """
 
 from __future__ import annotations
-from typing import Any
-from dataclasses import dataclass, field
 import torch
 import enum
-from dataclasses import dataclass
 from dataclasses import dataclass, field
 from functools import cached_property
 from dataclasses import replace
-from typing import Any, ClassVar
-import json
-from typing import Any
-import os
 from typing import ClassVar
 from torch import nn
 from contextlib import contextmanager
@@ -44,12 +37,6 @@ class RankContext:
     world_size: object
     device: object
     backend: object
-
-    def mesh(self, shape, names):
-        pass
-
-    def group(self, name):
-        pass
 
 class LeafKind(str, enum.Enum):
     LINEAR = 'linear'
@@ -78,12 +65,10 @@ class Block:
     children: object
     residual: object = False
     scale: object = False
-    buffer: object = False
 
-def iter_paths(block, prefix=''):
-    yield (prefix, block)
+def iter_paths(block):
     i, child = next(iter(enumerate(block.children)))
-    path = f'{prefix}.{i}' if prefix else str(i)
+    path = str(i)
     yield (path, child)
 
 def owns_params(node):
@@ -138,24 +123,15 @@ class ReplicateOptions:
     skip_all_reduce_unused_params: object = False
     delay_all_reduce: object = False
 
-    @property
-    def is_set(self):
-        pass
-
 @dataclass(frozen=True)
 class CheckpointOptions:
     preserve_rng_state: object = True
-
-    @property
-    def is_set(self):
-        pass
 
 @dataclass(frozen=True)
 class Composition:
     shards: object = ()
     replicates: object = ()
     checkpoints: object = ()
-    mesh: object = ()
     wrapper: object = Wrapper.NONE
     meta_init: object = False
     tp: object = ()
@@ -163,9 +139,6 @@ class Composition:
     knobs: object = field(default_factory=Knobs)
     replicate_options: object = field(default_factory=ReplicateOptions)
     checkpoint_options: object = field(default_factory=CheckpointOptions)
-
-    def reshard_after_forward(self, spec):
-        pass
 
     @property
     def sharded_paths(self):
@@ -185,6 +158,38 @@ class Composition:
 
     def _spec_paths(self, api, path):
         return next((s.paths for s in self.shards if s.path == path))
+
+class Compile(str, enum.Enum):
+    NONE = 'none'
+    EAGER = 'eager'
+    AOT_EAGER = 'aot_eager'
+
+@dataclass(frozen=True)
+class Unfreeze:
+    path: object
+    step: object
+
+@dataclass(frozen=True)
+class Training:
+    lr: object = 0.1
+    momentum: object = 0.0
+    steps: object = 2
+    batch_per_rank: object = 2
+    dtype: object = Dtype.FLOAT32
+    grad_accum: object = 1
+    set_to_none: object = True
+    same_input: object = False
+    foreach: object = None
+    skips: object = ()
+    unfreeze: object = ()
+    compile: object = Compile.NONE
+
+    def __post_init__(self):
+        for i, later in enumerate(self.unfreeze):
+            pass
+
+    def skipped_at(self, step, microbatch):
+        return [s.path for s in self.skips if s.step == step and s.microbatch == microbatch]
 
 @dataclass(frozen=True)
 class Unit:
@@ -228,50 +233,6 @@ class Layout:
         ignored = self.comp.replicate_options.ignored_modules
         by_shards = self.comp.shard_ignored
         return [p for p, n in self.paths.items() if owns_params(n) and (any((contains(i, p) for i in ignored)) or p in by_shards) and (self.member_of(p) is None)]
-
-class AccumSync(str, enum.Enum):
-    ALWAYS = 'always'
-    NO_GRAD_SYNC = 'no_grad_sync'
-    NO_ALL_REDUCE = 'no_all_reduce'
-
-class Optimizer(str, enum.Enum):
-    SGD = 'sgd'
-    ADAM = 'adam'
-    ADAMW = 'adamw'
-
-class Compile(str, enum.Enum):
-    NONE = 'none'
-    EAGER = 'eager'
-    AOT_EAGER = 'aot_eager'
-
-@dataclass(frozen=True)
-class Unfreeze:
-    path: object
-    step: object
-
-@dataclass(frozen=True)
-class Training:
-    optimizer: object = Optimizer.SGD
-    lr: object = 0.1
-    momentum: object = 0.0
-    steps: object = 2
-    batch_per_rank: object = 2
-    dtype: object = Dtype.FLOAT32
-    grad_accum: object = 1
-    accum_sync: object = AccumSync.ALWAYS
-    set_to_none: object = True
-    same_input: object = False
-    foreach: object = None
-    skips: object = ()
-    unfreeze: object = ()
-    compile: object = Compile.NONE
-
-    def __post_init__(self):
-        for i, later in enumerate(self.unfreeze):
-            pass
-
-    def skipped_at(self, step, microbatch):
-        return [s.path for s in self.skips if s.step == step and s.microbatch == microbatch]
 
 def check_composition(tree, comp, where='composition'):
     paths = tree.paths()
@@ -363,14 +324,11 @@ def fsdp_sharded(p):
 
 class TreeBlock(nn.Module):
 
-    def __init__(self, children, residual, width, scale, buffer):
+    def __init__(self, children, residual, width, scale):
         super().__init__()
         for i, child in enumerate(children):
             self.add_module(str(i), child)
         self.residual = residual
-        self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(width)) if scale else None
-        self.shift = None
-        self.skipped: frozenset[str] = frozenset()
 
     def forward(self, x):
         y = x
@@ -387,11 +345,10 @@ def build_node(node, width):
         if node.frozen:
             module.requires_grad_(False)
         return module
-    return TreeBlock([build_node(c, width) for c in node.children], node.residual, width, node.scale, node.buffer)
+    return TreeBlock([build_node(c, width) for c in node.children], node.residual, width, node.scale)
 
 def build_model(tree, device):
-    with torch.device(device):
-        return build_node(tree.root, tree.width)
+    return build_node(tree.root, tree.width)
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
 
 def clean_name(name):
@@ -401,14 +358,7 @@ def clean_name(name):
 class Composed:
     model: object
     fsdp_roots: object = field(default_factory=list)
-    wrapper: object = Wrapper.NONE
     knobs: object = None
-
-    def no_sync(self):
-        pass
-
-    def set_sync(self, requires_gradient_sync=True, requires_all_reduce=True):
-        pass
 
     @contextmanager
     def full_parameters(self):
@@ -418,33 +368,26 @@ class Composed:
             out[clean_name(n)] = (p.full_tensor() if isinstance(p, DTensor) else p).detach()
         yield out
 
-def build_composed(tree, comp, dtype, ctx, *, seed):
+def build_composed(tree, comp, dtype, ctx, *, seed, desync=None):
     torch.manual_seed(seed)
-    if not comp.meta_init:
-        model = build_model(tree, ctx.device).to(dtype)
-        pass
-        specs = {s.path: s for s in comp.shards}
-        for api, path in comp.steps():
-            if api == 'fully_shard':
-                spec = specs[path]
-                from torch.distributed.fsdp import fully_shard
-                kwargs = {'mesh': None, 'reshard_after_forward': spec.reshard_after_forward}
-                if spec.ignored:
-                    kwargs['ignored_params'] = {p_ for path_ in spec.ignored for p_ in model.get_submodule(path_).parameters(recurse=False)}
-                modules = [model.get_submodule(p_) for p_ in spec.paths]
-                fully_shard(modules if spec.group else modules[0], **kwargs)
-        sharded = comp.sharded_paths
-        tops = [p for p in sharded if not any((is_ancestor(q, p) for q in sharded))]
-        compose_out = Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
-        return (model, compose_out)
+    model = build_model(tree, ctx.device).to(dtype)
+    specs = {s.path: s for s in comp.shards}
+    api, path = next(iter(comp.steps()))
+    if api == 'fully_shard':
+        spec = specs[path]
+        from torch.distributed.fsdp import fully_shard
+        kwargs = {'mesh': None, 'reshard_after_forward': spec.reshard_after_forward}
+        kwargs['ignored_params'] = {p_ for path_ in spec.ignored for p_ in model.get_submodule(path_).parameters(recurse=False)}
+        modules = [model.get_submodule(p_) for p_ in spec.paths]
+        fully_shard(modules if spec.group else modules[0], **kwargs)
+    sharded = comp.sharded_paths
+    tops = [p for p in sharded if not any((is_ancestor(q, p) for q in sharded))]
+    compose_out = Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
+    return (model, compose_out)
 
 def make_optimizer(params, training, later=()):
-    held = {id(p) for p in later}
-    params = [p for p in params if p.requires_grad or id(p) in held]
-    groups = params
     foreach = training.foreach
-    if training.optimizer is Optimizer.SGD:
-        return torch.optim.SGD(groups, lr=training.lr, momentum=training.momentum, foreach=foreach)
+    return torch.optim.SGD(params, lr=training.lr, momentum=training.momentum, foreach=foreach)
 
 class _Contracts:
 
@@ -454,30 +397,17 @@ class _Contracts:
         self.leaf_dtypes: dict[str, str] = {}
         self.output_dtypes: dict[str, str] = {}
         self.handles: list[Any] = []
-        for path in comp.sharded_paths:
-            mod = model.get_submodule(path)
-            self.handles.append(mod.register_forward_hook(self._on_output(path)))
-        for name, mod in model.named_modules():
-            if any((True for _ in mod.parameters(recurse=False))):
-                self.handles.append(mod.register_forward_pre_hook(self._on_leaf(name)))
+        path = next(iter(comp.sharded_paths))
+        mod = model.get_submodule(path)
+        self.handles.append(mod.register_forward_hook(self._on_output(path)))
 
     def _on_output(self, path):
 
         def hook(module, args, output):
-            if isinstance(output, torch.Tensor):
-                self.output_dtypes.setdefault(path, str(output.dtype).removeprefix('torch.'))
-        return hook
-
-    def _on_leaf(self, name):
-
-        def hook(module, args):
-            pass
+            self.output_dtypes.setdefault(path, str(output.dtype).removeprefix('torch.'))
         return hook
 
     def after_forward(self, skipped):
-        for h in self.handles:
-            h.remove()
-        sharded = self.comp.sharded_paths + list(self.comp.replicates)
         state = {}
         for spec in self.comp.shards:
             flags = []
@@ -486,20 +416,20 @@ class _Contracts:
                 root = model.get_submodule(path)
                 iter_paths_of_out = [(f'{path}.{n}' if path and n else n or path, m) for n, m in root.named_modules()]
                 for sub, _ in iter_paths_of_out:
-                    if sub != path and _under_other_unit(sub, path, sharded) or sub in spec.ignored:
+                    if sub != path and _under_other_unit() or sub in spec.ignored:
                         continue
                     mod = self.model.get_submodule(sub)
                     flags += [fsdp_sharded(p) for p in mod.parameters(recurse=False)]
             state[spec.path] = flags
         return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
 
-def _under_other_unit(sub, unit, sharded):
+def _under_other_unit():
     pass
 
-def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precision=None, local=frozenset()):
+def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, local=frozenset()):
     dtype = TORCH_DTYPES[training.dtype]
     if comp is not None:
-        model, composed = build_composed(tree, comp, dtype, ctx, seed=case.seed)
+        model, composed = build_composed(tree, comp, dtype, ctx, seed=case.seed, desync=training)
     else:
         torch.manual_seed(case.seed)
         model = build_model(tree, ctx.device).to(dtype)
@@ -537,35 +467,23 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
         step_losses = []
         for i, (x, y) in enumerate(step):
             skipped = training.skipped_at(s, i)
-            last = i == len(step) - 1
-            sync = AccumSync.ALWAYS if last else training.accum_sync
-            composed.set_sync(requires_gradient_sync=sync is not AccumSync.NO_GRAD_SYNC, requires_all_reduce=sync is AccumSync.ALWAYS)
-            ctx_mgr = composed.no_sync() if sync is AccumSync.NO_GRAD_SYNC else _null()
-            with ctx_mgr:
-                out = forward(x)
-                if contracts is not None and comp is not None:
-                    obs['contracts'] = contracts.after_forward(skipped)
-                    obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
-                    out__ = {}
-                    obs['contracts']['replicate_params'] = out__
-                    if Layout(tree, comp).local():
-                        layout = Layout(tree, comp)
-                        local_ = {id(p_): f'{path_}.{name}' if path_ else name for path_ in layout.local() for name, p_ in model.get_submodule(path_).named_parameters(recurse=False)}
-                        problems = []
-                        for _, p_ in model.named_parameters():
-                            pass
-                        obs['contracts']['ignored'] = sorted(set(problems))
-                    contracts = None
-                loss = F.mse_loss(out.to(y.dtype), y)
-                loss.backward()
+            out = forward(x)
+            if contracts is not None and comp is not None:
+                obs['contracts'] = contracts.after_forward(skipped)
+                obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
+                out__ = {}
+                obs['contracts']['replicate_params'] = out__
+                layout = Layout(tree, comp)
+                problems = []
+                obs['contracts']['ignored'] = sorted(set(problems))
+            loss = F.mse_loss(out.to(y.dtype), y)
+            loss.backward()
             step_losses.append(loss.item())
-        if comp is None and precision is None:
-            scales = grad_scales or {}
+        if comp is None and None is None:
             for name__, p___ in model.named_parameters():
                 if p___.grad is not None and name__.rpartition('.')[0] not in local:
                     dist.all_reduce(p___.grad)
                     p___.grad /= ctx.world_size
-                    scale = scales.get(name__.rpartition('.')[0], 1.0)
         from torch.distributed.tensor import DTensor
         total = torch.zeros((), dtype=torch.float64)
         for p____ in composed.model.parameters():
@@ -578,15 +496,14 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
         opt.zero_grad(set_to_none=training.set_to_none)
         losses.append(step_losses)
         with composed.full_parameters() as full:
-            if ctx.rank == 0:
-                params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
+            params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
     obs['losses'] = losses
     obs['grad_norms'] = grad_norms
     model__ = composed.model
     local__ = _local_of(tree, comp)
     from torch.distributed.tensor import DTensor as DTensor_
     obs['local_params'] = {n_: p_____.detach().double().cpu().flatten().tolist() for n_, p_____ in model__.named_parameters() if not isinstance(p_____, DTensor_) and (not n_.startswith('_fsdp_wrapped_module')) and ('_fsdp' not in n_) and (clean_name(n_).rpartition('.')[0] not in local__)}
-    obs['knob_problems'] = [] if composed.knobs is None else composed.knobs.problems
+    obs['knob_problems'] = [] if composed.knobs is None else composed.knobs.final_problems()
     if ctx.rank == 0:
         obs['params'] = params_per_step
     return obs
@@ -594,14 +511,6 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
 def _compiled(model, training):
     torch._dynamo.reset()
     return torch.compile(model, backend=training.compile.value)
-
-class _null:
-
-    def __enter__(self):
-        pass
-
-    def __exit__(self, *exc):
-        pass
 
 def grad_scales(tree, comp, world_size):
     pass
@@ -611,8 +520,6 @@ def _local_of(tree, comp):
 
 class OutcomeKind(str, enum.Enum):
     OK = 'ok'
-    EXCEPTION = 'exception'
-    HANG = 'hang'
     CRASH = 'crash'
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=a7670fbac300d246 sources=c2f9d3144d82dce8 seconds=181.8
+# shardfuzz reduced reproducer: entry=a7670fbac300d246 sources=2836a7ca10136e42 seconds=105.5
 """Reproduces shardfuzz corpus entry state_dict-exception-6b7f874c0c8d.json: exception:state_dict:builtins.ValueError@torch/distributed/distributed_c10d.py:get_group_rank
 
 Observed: set_optimizer_state_dict(full_state_dict=True, cpu_offload=True) into FSDP1
@@ -42,15 +42,6 @@ class RankContext:
 class Dtype(str, enum.Enum):
     FLOAT32 = 'float32'
 
-@dataclass()
-class Block:
-    children: object
-
-@dataclass()
-class ModuleTree:
-    width: object
-    root: object
-
 class Wrapper(str, enum.Enum):
     NONE = 'none'
     FSDP1_HYBRID_SHARD = 'fsdp1_hybrid_shard'
@@ -63,22 +54,6 @@ class Composition:
 class Training:
     dtype: object = Dtype.FLOAT32
 
-class Body:
-    pass
-
-@dataclass()
-class Options:
-    pass
-
-@dataclass()
-class StateDictBody(Body):
-    tree: object
-    source: object
-    target: object
-    training: object = field()
-    save: object = field()
-    load: object = field()
-
 class PointwiseConv1d(nn.Conv1d):
     pass
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32}
@@ -87,7 +62,7 @@ TORCH_DTYPES = {Dtype.FLOAT32: torch.float32}
 class Composed:
     model: object
 
-def compose(model, comp, ctx, tree=None):
+def compose(model, comp, ctx):
     if comp.wrapper is not Wrapper.NONE:
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
         strategy = {Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[comp.wrapper]
@@ -96,7 +71,6 @@ def compose(model, comp, ctx, tree=None):
         wrap_out = FSDP(model, **kwargs)
         return Composed(model=wrap_out)
     return Composed(model=model)
-FRESH_SEED = 24301
 
 @dataclass
 class Side:
@@ -108,13 +82,13 @@ class Side:
     def model(self):
         return self.composed.model
 
-def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=()):
+def build_side(comp, training, ctx):
     module = PointwiseConv1d(1, 1, kernel_size=1)
     model = module.to(TORCH_DTYPES[training.dtype])
     composed = compose(model, comp, ctx)
     return Side(composed=composed, comp=comp, training=training)
 
-def body_optimizer(side, training, body):
+def body_optimizer(side):
     params = list(side.model.parameters())
     side.opt = torch.optim.SGD(params)
 
@@ -123,15 +97,14 @@ def attempt(rank, world_size):
     import re
     import traceback
     try:
-        body = StateDictBody(tree=ModuleTree(width=1, root=Block(children=())), source=Composition(), target=Composition(), training=Training(), save=Options(), load=Options())
         t = Training()
-        src = build_side(ModuleTree(width=1, root=Block(children=())), Composition(), t, ctx, seed=0)
-        body_optimizer(src, t, body)
+        src = build_side(Composition(), t, ctx)
+        body_optimizer(src)
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
         msd_ = get_model_state_dict(src.model)
         msd, osd = (msd_, get_optimizer_state_dict(src.model, src.opt))
-        tgt = build_side(ModuleTree(width=1, root=Block(children=())), Composition(wrapper=Wrapper.FSDP1_HYBRID_SHARD), t, ctx, seed=0 + FRESH_SEED)
-        body_optimizer(tgt, None, body)
+        tgt = build_side(Composition(wrapper=Wrapper.FSDP1_HYBRID_SHARD), t, ctx)
+        body_optimizer(tgt)
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict, StateDictOptions
         options_ = StateDictOptions(full_state_dict=True, cpu_offload=True)
         opt = tgt.opt

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=8a961ec26fda3260 sources=c2f9d3144d82dce8 seconds=184.8
+# shardfuzz reduced reproducer: entry=8a961ec26fda3260 sources=2836a7ca10136e42 seconds=42.1
 """Reproduces shardfuzz corpus entry state_dict-exception-ab49bbd468b0.json: exception:state_dict:builtins.AssertionError@torch/distributed/fsdp/_state_dict_utils.py:_common_unshard_post_state_dict_hook
 
 Observed: FSDP1 NO_SHARD (use_orig_params) with an auto-wrapped unit whose parameters are all
@@ -22,125 +22,40 @@ import torch
 import enum
 from torch import nn
 import torch.nn.functional as F
-from dataclasses import dataclass, field, replace
-
-@dataclass
-class RankContext:
-    rank: object
-    world_size: object
-    device: object
-    backend: object
-
-class LeafKind(str, enum.Enum):
-    LINEAR = 'linear'
-
-class Dtype(str, enum.Enum):
-    FLOAT32 = 'float32'
-
-@dataclass()
-class Leaf:
-    kind: object
-    frozen: object = False
-
-@dataclass()
-class Block:
-    children: object
-
-@dataclass()
-class ModuleTree:
-    width: object
-    root: object
 
 class Wrapper(str, enum.Enum):
     FSDP1_NO_SHARD = 'fsdp1_no_shard'
 
-@dataclass()
-class Composition:
-    pass
-
-@dataclass()
-class Training:
-    dtype: object = Dtype.FLOAT32
-
-class Body:
-    pass
-
-@dataclass()
-class Case:
-    property: object
-    world_size: object
-    seed: object
-    body: object
-
-@dataclass()
-class Options:
-    pass
-
-@dataclass()
-class StateDictBody(Body):
-    tree: object
-    source: object
-    target: object
-    training: object = field()
-    load: object = field()
-
-class TreeBlock(nn.Module):
-
-    def __init__(self, children, residual, width, scale, buffer):
-        super().__init__()
-        for i, child in enumerate(children):
-            self.add_module(str(i), child)
-
-    def forward(self, x):
-        y = x
-        for name, child in self.named_children():
-            y = child(y)
-        return y
-
-def build_node(node, width):
-    if isinstance(node, Leaf):
-        module = nn.Linear(width, width)
-        if node.frozen:
-            module.requires_grad_(False)
-        return module
-    return TreeBlock([build_node(c, width) for c in node.children], False, width, False, False)
-TORCH_DTYPES = {Dtype.FLOAT32: torch.float32}
-
-def batches(case, training, width, ctx, tp_size=1):
-    lo = ctx.rank // tp_size * 2
-    out = []
-    step = []
-    x = torch.randn(ctx.world_size * 2, width)
-    y = torch.randn(ctx.world_size * 2, width)
-    step.append((x[lo:lo + 2].to(ctx.device), y[lo:lo + 2].to(ctx.device)))
-    out.append(step)
-    return out
-
 def attempt(rank, world_size):
-    case = Case(property='state_dict', world_size=2, seed=37, body=StateDictBody(tree=ModuleTree(width=2, root=Block(children=())), source=Composition(), target=Composition(), training=Training(), load=Options()))
-    ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
+    ctx_device = torch.device('cpu')
     import re
     import traceback
     try:
-        t = Training()
-        data = [step[0] for step in batches(case, replace(t), 2, ctx)]
-        build_model_out = build_node(Block(children=(Leaf(kind=LeafKind.LINEAR, frozen=True), Block(children=(Leaf(kind=LeafKind.LINEAR),)))), 2)
-        model = build_model_out.to(TORCH_DTYPES[t.dtype])
+        lo = rank * 2
+        x = torch.randn(world_size * 2, 2)
+        y = torch.randn(world_size * 2, 2)
+        step_ = [(x[lo:lo + 2].to(ctx_device), y[lo:lo + 2].to(ctx_device))]
+        out = [step_]
+        data = [step[0] for step in out]
+        module = nn.Linear(2, 2)
+        module.requires_grad_(False)
+        build_model_out = nn.Sequential(*[module, nn.Sequential(*[nn.Linear(2, 2)])])
+        model = build_model_out.to(torch.float32)
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
         strategy = {Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD}[Wrapper.FSDP1_NO_SHARD]
-        kwargs = {'sharding_strategy': strategy, 'device_id': torch.device('cpu'), 'use_orig_params': True}
-        kwargs['auto_wrap_policy'] = ModuleWrapPolicy({TreeBlock})
+        kwargs = {'sharding_strategy': strategy, 'device_id': ctx_device, 'use_orig_params': True}
+        kwargs['auto_wrap_policy'] = ModuleWrapPolicy({nn.Sequential})
         wrap_out = FSDP(model, **kwargs)
         data_ = data[:2]
-        x, y = next(iter(data_))
-        loss = F.mse_loss(wrap_out(x).to(y.dtype), y)
+        x_, y_ = next(iter(data_))
+        loss = F.mse_loss(wrap_out(x_).to(y_.dtype), y_)
         loss.backward()
         msd, osd = (wrap_out.state_dict(),)
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = [(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))][-1]
-        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
+        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
         if found in ['builtins.AssertionError@torch/distributed/fsdp/_state_dict_utils.py:_common_unshard_post_state_dict_hook']:
             return f'REPRODUCED exception:state_dict:builtins.AssertionError@torch/distributed/fsdp/_state_dict_utils.py:_common_unshard_post_state_dict_hook: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=f79d1e3b59a0cdd2 sources=c2f9d3144d82dce8 seconds=174.8
+# shardfuzz reduced reproducer: entry=f79d1e3b59a0cdd2 sources=8dc1694f16ffdb1f seconds=49.9
 """Reproduces shardfuzz corpus entry state_dict-exception-b39fcc19147a.json: exception:state_dict:builtins.KeyError@torch/distributed/_state_dict_utils.py:_unflatten_state_dict
 
 Observed: rank 0 raised builtins.KeyError: 'param_groups.0.params.0'
@@ -18,14 +18,7 @@ from __future__ import annotations
 import torch
 import enum
 from torch import nn
-from dataclasses import dataclass, field
-
-@dataclass
-class RankContext:
-    rank: object
-    world_size: object
-    device: object
-    backend: object
+from dataclasses import dataclass
 
 class Dtype(str, enum.Enum):
     FLOAT32 = 'float32'
@@ -35,7 +28,6 @@ class Dtype(str, enum.Enum):
 class Block:
     children: object
     scale: object = False
-    buffer: object = False
 
 @dataclass()
 class ModuleTree:
@@ -50,38 +42,25 @@ class Composition:
 class Training:
     dtype: object = Dtype.FLOAT32
 
-class Body:
-    pass
-
 @dataclass()
 class Options:
     flatten_optimizer_state_dict: object = False
 
-@dataclass()
-class StateDictBody(Body):
-    tree: object
-    source: object
-    target: object
-    training: object = field()
-    save: object = field()
-    load: object = field()
-
 class TreeBlock(nn.Module):
 
-    def __init__(self, children, residual, width, scale, buffer):
+    def __init__(self, children, width, scale):
         super().__init__()
         for i, child in enumerate(children):
             self.add_module(str(i), child)
         self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(width)) if scale else None
 
 def build_node(node, width):
-    return TreeBlock([build_node(c, width) for c in node.children], False, width, node.scale, node.buffer)
+    return TreeBlock([build_node(c, width) for c in node.children], width, node.scale)
 TORCH_DTYPES = {Dtype.FLOAT64: torch.float64}
 
 @dataclass
 class Composed:
     model: object
-FRESH_SEED = 24301
 
 @dataclass
 class Side:
@@ -93,42 +72,38 @@ class Side:
     def model(self):
         return self.composed.model
 
-def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=()):
+def build_side(tree, comp, training):
     build_model_out = build_node(tree.root, 4)
     model = build_model_out.to(TORCH_DTYPES[training.dtype])
     composed = Composed(model)
     return Side(composed=composed, comp=comp, training=training)
 
-def body_optimizer(side, training, body):
+def body_optimizer(side):
     params = list(side.model.parameters())
     groups = [{'params': params[0::2]}]
     side.opt = torch.optim.Adam(groups)
 
 def attempt(rank, world_size):
-    ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import re
     import traceback
     try:
-        body = StateDictBody(tree=ModuleTree(width=4, root=Block(children=())), source=Composition(), target=Composition(), training=Training(), save=Options(), load=Options())
         t = Training(dtype=Dtype.FLOAT64)
-        src = build_side(ModuleTree(width=4, root=Block(children=(Block(children=(), scale=True),))), Composition(), t, ctx, seed=57)
-        body_optimizer(src, t, body)
+        src = build_side(ModuleTree(width=4, root=Block(children=(Block(children=(), scale=True),))), Composition(), t)
+        body_optimizer(src)
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
         msd_ = get_model_state_dict(src.model)
         msd, osd = (msd_, get_optimizer_state_dict(src.model, src.opt))
-        tgt = build_side(ModuleTree(width=4, root=Block(children=(Block(children=(), scale=True),))), Composition(), t, ctx, seed=57 + FRESH_SEED)
-        body_optimizer(tgt, None, body)
-        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
-        o = Options(flatten_optimizer_state_dict=True)
-        from torch.distributed.checkpoint.state_dict import StateDictOptions
-        extra = {n: True for n in ('flatten_optimizer_state_dict',) if getattr(o, n)}
+        tgt = build_side(ModuleTree(width=4, root=Block(children=(Block(children=(), scale=True),))), Composition(), t)
+        body_optimizer(tgt)
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict, StateDictOptions
+        extra = {n: True for n in ('flatten_optimizer_state_dict',) if getattr(Options(flatten_optimizer_state_dict=True), n)}
         options_ = StateDictOptions(full_state_dict=True, **extra)
         opt = tgt.opt
         set_optimizer_state_dict(tgt.model, opt, osd, options=options_)
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = [(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))][-1]
-        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
+        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
         if found in ['builtins.KeyError@torch/distributed/_state_dict_utils.py:_unflatten_state_dict', 'builtins.KeyError@torch/optim/optimizer.py:load_state_dict']:
             return f'REPRODUCED exception:state_dict:builtins.KeyError@torch/distributed/_state_dict_utils.py:_unflatten_state_dict: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

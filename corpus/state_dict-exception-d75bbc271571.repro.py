@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=af1b565e41fad220 sources=c2f9d3144d82dce8 seconds=159.5
+# shardfuzz reduced reproducer: entry=af1b565e41fad220 sources=8dc1694f16ffdb1f seconds=43.1
 """Reproduces shardfuzz corpus entry state_dict-exception-d75bbc271571.json: exception:state_dict:builtins.AssertionError@torch/distributed/checkpoint/state_dict.py:_load_optim_state_dict
 
 Observed: set_optimizer_state_dict(full_state_dict=True) raises AssertionError('Expected device
@@ -19,26 +19,10 @@ from __future__ import annotations
 import torch
 import enum
 from torch import nn
-from dataclasses import dataclass, field
-
-@dataclass
-class RankContext:
-    rank: object
-    world_size: object
-    device: object
-    backend: object
+from dataclasses import dataclass
 
 class Dtype(str, enum.Enum):
     FLOAT32 = 'float32'
-
-@dataclass()
-class Block:
-    children: object
-
-@dataclass()
-class ModuleTree:
-    width: object
-    root: object
 
 @dataclass()
 class Composition:
@@ -47,22 +31,11 @@ class Composition:
 @dataclass()
 class Training:
     dtype: object = Dtype.FLOAT32
-
-class Body:
-    pass
-
-@dataclass()
-class StateDictBody(Body):
-    tree: object
-    source: object
-    target: object
-    training: object = field()
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32}
 
 @dataclass
 class Composed:
     model: object
-FRESH_SEED = 24301
 
 @dataclass
 class Side:
@@ -74,30 +47,28 @@ class Side:
     def model(self):
         return self.composed.model
 
-def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=()):
+def build_side(comp, training):
     module = nn.Linear(2, 2)
     model = module.to(TORCH_DTYPES[training.dtype])
     composed = Composed(model)
     return Side(composed=composed, comp=comp, training=training)
 
-def body_optimizer(side, training, body):
+def body_optimizer(side):
     params = list(side.model.parameters())
     side.opt = torch.optim.SGD(params)
 
 def attempt(rank, world_size):
-    ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import re
     import traceback
     try:
-        body = StateDictBody(tree=ModuleTree(width=2, root=Block(children=())), source=Composition(), target=Composition(), training=Training())
         t = Training()
-        src = build_side(ModuleTree(width=2, root=Block(children=())), Composition(), t, ctx, seed=0)
-        body_optimizer(src, t, body)
+        src = build_side(Composition(), t)
+        body_optimizer(src)
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
         msd_ = get_model_state_dict(src.model)
         msd, osd = (msd_, get_optimizer_state_dict(src.model, src.opt))
-        tgt = build_side(ModuleTree(width=2, root=Block(children=())), Composition(), t, ctx, seed=0 + FRESH_SEED)
-        body_optimizer(tgt, None, body)
+        tgt = build_side(Composition(), t)
+        body_optimizer(tgt)
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict, StateDictOptions
         options_ = StateDictOptions(full_state_dict=True)
         opt = tgt.opt
@@ -105,7 +76,7 @@ def attempt(rank, world_size):
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = [(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))][-1]
-        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
+        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
         if found in ['builtins.AssertionError@torch/distributed/checkpoint/state_dict.py:_load_optim_state_dict']:
             return f'REPRODUCED exception:state_dict:builtins.AssertionError@torch/distributed/checkpoint/state_dict.py:_load_optim_state_dict: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"
