@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=4da2f48d2fa30bb5 sources=7d6f5cb23a31c8e4 seconds=223.8
-"""Reproduces shardfuzz corpus entry dcp-crash-b5480b2301a0.json: crash:dcp:signal
+# shardfuzz reduced reproducer: entry=4da2f48d2fa30bb5 sources=3ebb4d52c9cda72d seconds=427.2
+"""Reproduces shardfuzz corpus entry dcp-crash-b5480b2301a0.json: crash:dcp:signal SIGSEGV@torch/distributed/fsdp/_state_dict_utils.py:param_hook
 
 Observed: The FSDP1 FULL_STATE_DICT offload_to_cpu SIGSEGV on CPU (docs/state_dict.md item 5,
 state_dict-crash-81ffab405f7f) met through DCP: a full, offloaded state dict taken by the
@@ -124,8 +124,7 @@ class Composition:
 
     def steps(self):
         order = {'checkpoint': 0 if self.checkpoint_first else 3, 'fully_shard': 1, 'replicate': 2}
-        items = [('checkpoint', p) for p in ()] + [('replicate', p) for p in ()]
-        items += [('fully_shard', '') for spec in self.shards]
+        items = [('fully_shard', '') for spec in self.shards]
 
         def key(item):
             api, path = item
@@ -257,10 +256,10 @@ def mesh_for(comp, ctx):
     return ctx.mesh((ctx.world_size,), ('shard',))
 
 def apply_fully_shard(model, spec, mesh):
-    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+    from torch.distributed.fsdp import fully_shard
     kwargs = {'mesh': mesh, 'reshard_after_forward': False}
-    modules = [model.get_submodule(p) for p in ('',)]
-    fully_shard(modules if () else modules[0], **kwargs)
+    modules = [model.get_submodule('')]
+    fully_shard(modules[0], **kwargs)
 
 @dataclass
 class Composed:
@@ -271,7 +270,6 @@ class Composed:
 
     @contextmanager
     def full_parameters(self):
-        from torch.distributed.tensor import DTensor
         if self.wrapper.value.startswith('fsdp1'):
             from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
             modules = {clean_name(n): m for n, m in self.model.named_modules()}
@@ -288,7 +286,6 @@ class Composed:
         yield out
 
 def compose(model, comp, ctx, tree=None):
-    from torch.distributed._composable import checkpoint, replicate
     ckpt_kwargs = checkpoint_kwargs(comp.checkpoint_options)
     if comp.wrapper is not Wrapper.NONE:
         names = [n for n, _ in model.named_parameters()]
@@ -302,9 +299,7 @@ def compose(model, comp, ctx, tree=None):
     return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
 
 def _wrap(model, comp, ctx):
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    from torch.distributed.fsdp import ShardingStrategy
-    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
     strategy = {Wrapper.FSDP1_FULL_SHARD: ShardingStrategy.FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP: ShardingStrategy.SHARD_GRAD_OP, Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD, Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[comp.wrapper]
     kwargs = {'sharding_strategy': strategy, 'device_id': ctx.device, 'use_orig_params': True}
     return FSDP(model, **kwargs)
@@ -321,17 +316,16 @@ def full_parameters(model):
 def batches(case, training, width, ctx, tp_size=1):
     dtype = TORCH_DTYPES[training.dtype]
     gen = torch.Generator().manual_seed(0)
-    lo = ctx.rank // tp_size * 1
+    lo = ctx.rank // tp_size
     out = []
     for _ in range(2):
         step = []
         for _ in range(1):
-            x = torch.randn(ctx.world_size * 1, width, generator=gen, dtype=dtype)
-            y = torch.randn(ctx.world_size * 1, width, generator=gen, dtype=dtype)
+            x = torch.randn(ctx.world_size, width, generator=gen, dtype=dtype)
+            y = torch.randn(ctx.world_size, width, generator=gen, dtype=dtype)
             step.append((x[lo:lo + 1].to(ctx.device), y[lo:lo + 1].to(ctx.device)))
         out.append(step)
     return out
-PROBE_ROWS = 3
 FRESH_SEED = 24301
 
 @dataclass
@@ -397,10 +391,6 @@ def seed_segment(case, ctx, segment):
 def all_batches(case, training, steps, tree, ctx):
     return [step[0] for step in batches(case, replace(training, steps=steps), 1, ctx)]
 
-def _flat(t):
-    from torch.distributed.tensor import DTensor
-    return [float(v) for v in t.detach().double().cpu().flatten().tolist()]
-
 def observe_model(side):
     with side.composed.full_parameters() as params:
         out = {n: [float(v) for v in t.double().cpu().flatten().tolist()] for n, t in params.items()}
@@ -427,26 +417,10 @@ def observe_optimizer(side):
             entry = {key: _jsonable(state[key]) for key in sorted(state)}
     return out
 
-def probe(side, case, tree, ctx):
-    gen = torch.Generator().manual_seed(0 + 1)
-    x = torch.randn(PROBE_ROWS, 1, generator=gen, dtype=TORCH_DTYPES[side.training.dtype]).to(ctx.device)
-    seed_segment(case, ctx, 99)
-    with torch.no_grad():
-        out = _flat(side.model(x))
-    reshard(side.model)
-    return out
-
-def reshard(model):
-    from torch.distributed.fsdp import FSDPModule
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            module.reshard()
-
 def observe(side, case, tree, ctx, *, model=True):
     obs = {'groups': observe_groups(side)}
     params = observe_model(side)
     optim = observe_optimizer(side)
-    out = probe(side, case, tree, ctx)
     if side.fsdp1:
         obs['optimizer_local'] = optim
     return obs
@@ -465,15 +439,14 @@ def state_dict_options(o):
     return StateDictOptions(full_state_dict=o.full_state_dict, cpu_offload=o.cpu_offload, broadcast_from_rank0=o.broadcast_from_rank0, strict=True, **torch_kwargs(StateDictOptions, extra))
 
 def case_dir(case, ctx):
-    digest = hashlib.sha1('{"body": {"absent": false, "async_save": false, "async_saves": 0, "cache_staged": false, "checkpoint_dir": "", "convert": false, "deadlock": false, "drop": [], "empty_group": false, "entries": ["model", "optimizer"], "frozen_in_optimizer": false, "kind": "dcp", "load_cpu_offload": true, "load_full_state_dict": true, "load_planner": null, "mode": "round_trip", "module_stateful": false, "no_dist": false, "orders": [[0, 1], [0, 1]], "overwrite": "none", "own_group": false, "patched": true, "process_checkpointer": false, "requires_grad": [], "save_cpu_offload": false, "save_full_state_dict": false, "save_planner": null, "skip": [], "source": {"auto_wrap": false, "checkpoint_first": false, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [{"group": [], "ignored": [], "mixed_precision": null, "offload": false, "path": "", "reshard_after_forward": false, "shard_dim": 0}], "tp": [], "tp_size": 1, "wrapper": "none"}, "stager": null, "steps_after": 1, "storage_objects": false, "target": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "fsdp1_full_shard"}, "target_meta_init": false, "torch_save_reader": false, "training": {"accum_sync": "always", "batch_per_rank": 1, "compile": "none", "dtype": "float32", "eps": 0.0001, "foreach": null, "grad_accum": 1, "lr": 0.01, "momentum": 0.0, "optimizer": "sgd", "param_groups": 1, "same_input": false, "set_to_none": false, "skips": [], "steps": 1, "unfreeze": []}, "tree": {"root": {"buffer": false, "children": [{"bias": true, "frozen": false, "kind": "relu"}], "residual": false, "scale": true}, "width": 1}, "use_collectives": true, "writer": {"per_thread_copy_ahead": 10000000, "single_file_per_rank": true, "sync_files": true, "thread_count": 1}}, "property": "dcp", "schema": 1, "seed": 0, "world_size": 2}'.encode()).hexdigest()[:12]
+    digest = hashlib.sha1('{"body": {"absent": false, "async_save": false, "async_saves": 0, "cache_staged": false, "checkpoint_dir": "", "convert": false, "deadlock": false, "drop": [], "empty_group": false, "entries": ["model", "optimizer"], "frozen_in_optimizer": false, "kind": "dcp", "load_cpu_offload": true, "load_full_state_dict": true, "load_planner": null, "mode": "round_trip", "module_stateful": false, "no_dist": false, "orders": [[0, 1], [0, 1]], "overwrite": "none", "own_group": false, "patched": true, "process_checkpointer": false, "requires_grad": [], "save_cpu_offload": false, "save_full_state_dict": false, "save_planner": null, "skip": [], "source": {"auto_wrap": false, "checkpoint_first": false, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "custom_all_gather": false, "custom_reduce_scatter": false, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "no_unshard_in_backward": false, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0, "separate_rs_group": false}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [{"group": [], "ignored": [], "mixed_precision": null, "offload": false, "path": "", "reshard_after_forward": false, "shard_dim": 0}], "tp": [], "tp_size": 1, "wrapper": "none"}, "stager": null, "steps_after": 1, "storage_objects": false, "target": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "custom_all_gather": false, "custom_reduce_scatter": false, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "no_unshard_in_backward": false, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0, "separate_rs_group": false}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "fsdp1_full_shard"}, "target_meta_init": false, "torch_save_reader": false, "training": {"accum_sync": "always", "batch_per_rank": 1, "compile": "none", "dtype": "float32", "eps": 0.0001, "foreach": null, "grad_accum": 1, "lr": 0.01, "momentum": 0.0, "optimizer": "sgd", "param_groups": 1, "same_input": false, "set_to_none": false, "skips": [], "steps": 1, "unfreeze": []}, "tree": {"root": {"buffer": false, "children": [{"bias": true, "frozen": false, "kind": "relu"}], "residual": false, "scale": true}, "width": 1}, "use_collectives": true, "writer": {"per_thread_copy_ahead": 10000000, "single_file_per_rank": true, "sync_files": true, "thread_count": 1}}, "property": "dcp", "schema": 1, "seed": 0, "world_size": 2}'.encode()).hexdigest()[:12]
     count = getattr(ctx, '_cases', 0)
-    return os.path.join('/tmp/shardfuzz-dcp-1180', f'{digest}-{count}')
+    return os.path.join('/tmp/shardfuzz-dcp-7050', f'{digest}-{count}')
 
 def _options(full, offload, *, load, strict=True):
     return Options(full_state_dict=full, cpu_offload=offload, broadcast_from_rank0=load and full and offload, strict=strict)
 
 def _values(body, case, side, ctx, get, put, fresh, skip):
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
     out = {}
     for entry in body.entries:
         if entry is DcpItem.MODEL:
@@ -490,14 +463,13 @@ def prepare_side(body, side, options):
     _patch_optimizer_state_dict(side.model, optimizers=(side.opt,), options=state_dict_options(options))
 
 def _observe_saved(body, case, src, ctx, values):
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
     saved = {**observe(src, case, body.tree, ctx), **_observe_entries(values)}
     taken = values.get(DcpItem.OPTIMIZER)
     moves = any((e in body.entries and e not in () for e in (DcpItem.OPTIMIZER, DcpItem.APP)))
     return saved
 
 def _arrange(body, values, ctx):
-    order = ((0, 1), (0, 1))[ctx.rank] if ((0, 1), (0, 1)) else range(len(body.entries))
+    order = ((0, 1), (0, 1))[ctx.rank]
     return {body.entries[i].value: values[body.entries[i]] for i in order if body.entries[i] in values}
 
 def _tensors(value, path=''):
@@ -553,7 +525,6 @@ def _run_dcp(case, body, ctx):
     put = _options(True, True, load=True, strict=not ())
     path = '' or case_dir(case, ctx)
     _LAST_PLANNER[0], _CTX[0] = (None, ctx)
-    obs = {}
     data = all_batches(case, t, 1 + 1, body.tree, ctx)
     src = None
     src = build_side(body.tree, body.source, t, ctx, seed=0, schedule=())
@@ -563,14 +534,13 @@ def _run_dcp(case, body, ctx):
     values = _values(body, case, src, ctx, get_save, put, fresh=False, skip=())
     state = _arrange(body, values, ctx)
     _save(body, state, path)
-    obs['saved'] = _observe_saved(body, case, src, ctx, values)
-    tgt = build_side(body.tree, body.target, t, ctx, seed=0 + FRESH_SEED, meta=False, schedule=())
+    obs_saved = _observe_saved(body, case, src, ctx, values)
+    tgt = build_side(body.tree, body.target, t, ctx, seed=FRESH_SEED, meta=False, schedule=())
     body_optimizer(tgt, fresh_training(t), body)
     catch_up(tgt, 1)
     prepare_side(body, tgt, put)
     dropped = dropped_keys(tgt, ())
-    obs['dropped'] = dropped
-    obs['fresh'] = observe(tgt, case, body.tree, ctx, model=not False)
+    obs_fresh = observe(tgt, case, body.tree, ctx, model=not False)
     values = _values(body, case, tgt, ctx, get_load, put, fresh=True, skip=())
     state = _arrange(body, values, ctx)
     plain = {k: v for k, v in state.items() if isinstance(v, (dict, torch.Tensor))}

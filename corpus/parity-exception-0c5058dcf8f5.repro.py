@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=29068ea80b7f75eb sources=845e968d7c09e2fe seconds=311.5
+# shardfuzz reduced reproducer: entry=29068ea80b7f75eb sources=ce057bc0da65e4dc seconds=457.0
 """Reproduces shardfuzz corpus entry parity-exception-0c5058dcf8f5.json: exception:parity:torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/conv.py:_conv_forward
 
 Observed: torch.compile over FSDP1 (use_orig_params=True, sharded): Dynamo recompiles the
@@ -21,7 +21,6 @@ from __future__ import annotations
 import torch
 import enum
 from dataclasses import dataclass, field
-from typing import Any
 from torch import nn
 import torch.nn.functional as F
 
@@ -41,20 +40,19 @@ class Dtype(str, enum.Enum):
     BFLOAT16 = 'bfloat16'
     FLOAT16 = 'float16'
 
-@dataclass(frozen=True)
+@dataclass()
 class Leaf:
     kind: object
     bias: object = True
-    frozen: object = False
 
-@dataclass(frozen=True)
+@dataclass()
 class Block:
     children: object
     residual: object = False
     scale: object = False
     buffer: object = False
 
-@dataclass(frozen=True)
+@dataclass()
 class ModuleTree:
     width: object
     root: object
@@ -67,21 +65,10 @@ class Wrapper(str, enum.Enum):
     FSDP1_NO_SHARD = 'fsdp1_no_shard'
     FSDP1_HYBRID_SHARD = 'fsdp1_hybrid_shard'
 
-@dataclass(frozen=True)
+@dataclass()
 class Composition:
-    shards: object = ()
-    replicates: object = ()
-    checkpoints: object = ()
     wrapper: object = Wrapper.NONE
     tp_size: object = 1
-
-    @property
-    def sharded_paths(self) -> list[str]:
-        return [p for spec in self.shards for p in spec.paths]
-
-class AccumSync(str, enum.Enum):
-    ALWAYS = 'always'
-    NO_GRAD_SYNC = 'no_grad_sync'
 
 class Optimizer(str, enum.Enum):
     SGD = 'sgd'
@@ -91,15 +78,13 @@ class Compile(str, enum.Enum):
     NONE = 'none'
     EAGER = 'eager'
 
-@dataclass(frozen=True)
+@dataclass()
 class Training:
     optimizer: object = Optimizer.SGD
     lr: object = 0.1
-    steps: object = 2
     batch_per_rank: object = 2
     dtype: object = Dtype.FLOAT32
     grad_accum: object = 1
-    accum_sync: object = AccumSync.ALWAYS
     same_input: object = False
     compile: object = Compile.NONE
 
@@ -109,13 +94,13 @@ class Training:
 class Body:
     pass
 
-@dataclass(frozen=True)
+@dataclass()
 class ParityBody(Body):
     tree: object
     composition: object
-    training: object = field(default_factory=Training)
+    training: object = field()
 
-@dataclass(frozen=True)
+@dataclass()
 class Case:
     property: object
     world_size: object
@@ -140,72 +125,54 @@ class TreeBlock(nn.Module):
         return x + y if self.residual else y
 
 def _build_leaf(leaf: Leaf, width: int) -> nn.Module:
-    return nn.Linear(width, width, bias=leaf.bias)
-    return nn.LayerNorm(width, bias=leaf.bias)
-    raise AssertionError(f'unhandled leaf kind {leaf.kind}')
+    return nn.LayerNorm(width)
 
 def build_node(node: Node, width: int) -> nn.Module:
     if isinstance(node, Leaf):
         module = _build_leaf(node, width)
-        if node.frozen:
-            module.requires_grad_(False)
         return module
     return TreeBlock([build_node(c, width) for c in node.children], node.residual, width, node.scale, node.buffer)
 
 def build_model(tree: ModuleTree, device: torch.device) -> nn.Module:
     return build_node(tree.root, tree.width)
-TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
+TORCH_DTYPES = {Dtype.FLOAT64: torch.float64}
 
 @dataclass
 class Composed:
     model: object
     wrapper: object = Wrapper.NONE
-    param_names: object = field(default_factory=list)
     knobs: object = None
 
-    def set_sync(self, requires_gradient_sync: bool=True, requires_all_reduce: bool=True) -> None:
-        pass
-
-def compose(model: nn.Module, comp: Composition, ctx: RankContext, tree: ModuleTree | None=None) -> Composed:
+def compose(model: nn.Module, comp: Composition, ctx: RankContext) -> Composed:
     names = [n for n, _ in model.named_parameters()]
-    for path in comp.checkpoints:
-        checkpoint(model.get_submodule(path), **ckpt_kwargs)
-    return Composed(model=_wrap(model, comp, ctx), wrapper=comp.wrapper, param_names=names)
+    return Composed(model=_wrap(model, comp, ctx))
 
-def build_composed(tree: ModuleTree, comp: Composition, dtype: torch.dtype, ctx: RankContext, *, seed: int) -> tuple[nn.Module, Composed]:
-    torch.manual_seed(seed)
+def build_composed(tree: ModuleTree, comp: Composition, dtype: torch.dtype, ctx: RankContext, *, seed: int, desync: Training | None=None) -> tuple[()]:
     model = build_model(tree, ctx.device).to(dtype)
-    return (model, _with_knobs(model, compose(model, comp, ctx, tree), comp, tree))
+    return (model, _with_knobs(compose(model, comp, ctx), comp))
     from torch.distributed.tensor import DTensor, distribute_tensor
 
-def _with_knobs(model: nn.Module, composed: Composed, comp: Composition, tree: ModuleTree) -> Composed:
+def _with_knobs(composed: Composed, comp: Composition) -> Composed:
+    pass
     return composed
 
 def _wrap(model: nn.Module, comp: Composition, ctx: RankContext) -> nn.Module:
     if comp.wrapper is Wrapper.DDP:
-        from torch.nn.parallel import DistributedDataParallel as DDP
+        pass
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-    strategy = {Wrapper.FSDP1_FULL_SHARD: ShardingStrategy.FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP: ShardingStrategy.SHARD_GRAD_OP, Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD, Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[comp.wrapper]
-    kwargs = {'sharding_strategy': strategy, 'device_id': ctx.device, 'use_orig_params': True}
+    kwargs = {'device_id': ctx.device, 'use_orig_params': True}
     return FSDP(model, **kwargs)
 
 class _Contracts:
 
     def __init__(self, model: nn.Module, comp: Composition) -> None:
-        self.model = model
         self.comp = comp
-        self.leaf_dtypes: dict[str, str] = {}
-        self.output_dtypes: dict[str, str] = {}
+        self.leaf_dtypes: dict[()] = {}
+        self.output_dtypes: dict[()] = {}
         self.handles: list[Any] = []
-        for path in comp.sharded_paths:
-            mod = model.get_submodule(path)
-            self.handles.append(mod.register_forward_hook(self._on_output(path)))
         for name, mod in model.named_modules():
             self.handles.append(mod.register_forward_pre_hook(self._on_leaf(name)))
-
-    def _on_output(self, path: str) -> Any:
-        pass
 
     def _on_leaf(self, name: str) -> Any:
 
@@ -213,14 +180,12 @@ class _Contracts:
             pass
         return hook
 
-    def after_forward(self, skipped: list[str]) -> dict[str, Any]:
+    def after_forward(self, skipped: list[str]) -> dict[()]:
         for h in self.handles:
             h.remove()
-        sharded = self.comp.sharded_paths + list(self.comp.replicates)
-        state = {}
-        return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
+        return {}
 
-def train(case: Case, tree: ModuleTree, training: Training, comp: Composition | None, ctx: RankContext, tp_size: int=1, grad_scales: dict[str, float] | None=None, precision: MixedPrecision | None=None, local: frozenset[str]=frozenset()) -> dict[str, Any]:
+def train(case: Case, tree: ModuleTree, training: Training, comp: Composition | None, ctx: RankContext, tp_size: int=1, precision: MixedPrecision | None=None) -> dict[()]:
     dtype = TORCH_DTYPES[training.dtype]
     model, composed = build_composed(tree, comp, dtype, ctx, seed=case.seed)
     contracts = _Contracts(model, comp) if comp is not None else None
@@ -232,19 +197,16 @@ def train(case: Case, tree: ModuleTree, training: Training, comp: Composition | 
     b = training.batch_per_rank
     lo = 0 if training.same_input else ctx.rank // tp_size * b
     out_ = []
-    _ = next(iter(range(training.steps)))
     step_ = []
     for _ in range(training.grad_accum):
-        x_ = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype_)
-        y_ = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype_)
+        x_ = torch.randn(ctx.world_size * b, width, dtype=dtype_)
+        y_ = torch.randn(ctx.world_size * b, width)
         step_.append((x_[lo:lo + b].to(ctx.device), y_[lo:lo + b].to(ctx.device)))
     out_.append(step_)
     for s, step in enumerate(out_):
         for i, (x, y) in enumerate(step):
             skipped = training.skipped_at(s, i)
             last = i == len(step) - 1
-            sync = AccumSync.ALWAYS if last else training.accum_sync
-            composed.set_sync(requires_gradient_sync=sync is not AccumSync.NO_GRAD_SYNC, requires_all_reduce=sync is AccumSync.ALWAYS)
             if composed.knobs is not None:
                 pass
             if precision is not None:
@@ -252,10 +214,9 @@ def train(case: Case, tree: ModuleTree, training: Training, comp: Composition | 
             out = forward(x)
             obs['contracts'] = contracts.after_forward(skipped)
             obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
+            contracts = None
             loss = F.mse_loss(out.to(y.dtype), y)
             loss.backward()
-        pass
-        opt.zero_grad(set_to_none=training.set_to_none)
 
 def _compiled(model: nn.Module, training: Training) -> Any:
     return torch.compile(model, backend=training.compile.value)
@@ -266,8 +227,6 @@ def run_parity(case: Case, body: ParityBody, ctx: RankContext) -> dict[str, Any]
     composed = train(case, body.tree, body.training, comp, ctx, tp)
 
 def attempt(rank, world_size):
-    import torch
-    import torch.distributed as dist
     case = Case(property='parity', world_size=4, seed=3539, body=ParityBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),), residual=True, buffer=True)), composition=Composition(wrapper=Wrapper.FSDP1_SHARD_GRAD_OP), training=Training(optimizer=Optimizer.ADAM, lr=0.05, batch_per_rank=1, dtype=Dtype.FLOAT64, grad_accum=2, compile=Compile.EAGER)))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import re
@@ -277,7 +236,7 @@ def attempt(rank, world_size):
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = [(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))][-1]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
+        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
         if found in ['torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/conv.py:_conv_forward', 'torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/linear.py:forward', 'torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/normalization.py:forward']:
             return f'REPRODUCED exception:parity:torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/conv.py:_conv_forward: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=b7358e722268b335 sources=845e968d7c09e2fe seconds=238.8
+# shardfuzz reduced reproducer: entry=b7358e722268b335 sources=ce057bc0da65e4dc seconds=422.0
 """Reproduces shardfuzz corpus entry parity-mismatch-da0c9d4e06cd.json: mismatch:parity@fsdp1:shard1
 
 Observed: 0.weight[1] after step 0 is -0.32023686170578003, expected -0.362216979265213 (error
@@ -56,10 +56,10 @@ class Leaf:
 class Block:
     children: object
 
-def iter_paths(block, prefix=''):
-    yield (prefix, block)
+def iter_paths(block):
+    yield ('', block)
 
-def owns_params(node):
+def owns_params():
     pass
 
 @dataclass()
@@ -78,6 +78,14 @@ class Wrapper(str, enum.Enum):
 class Composition:
     wrapper: object = Wrapper.NONE
 
+@dataclass(frozen=True)
+class Training:
+    lr: object = 0.1
+    dtype: object = Dtype.FLOAT32
+
+    def skipped_at(self, step, microbatch):
+        return [s.path for s in () if s.step == step and s.microbatch == microbatch]
+
 @dataclass()
 class Layout:
     tree: object
@@ -88,15 +96,7 @@ class Layout:
         return self.tree.paths()
 
     def local(self):
-        return [p for p, n in self.paths.items() if owns_params(n) and (any((contains(i, p) for i in ignored)) or p in by_shards) and (self.member_of(p) is None)]
-
-@dataclass(frozen=True)
-class Training:
-    lr: object = 0.1
-    dtype: object = Dtype.FLOAT32
-
-    def skipped_at(self, step, microbatch):
-        return [s.path for s in () if s.step == step and s.microbatch == microbatch]
+        return [p for p, n in self.paths.items() if owns_params() and (any((contains() for i in ignored)) or p in by_shards) and (self.member_of(p) is None)]
 
 class Body:
     KIND: ClassVar[str]
@@ -122,26 +122,13 @@ class Case:
     seed: object
     body: object
 
-class TreeBlock(nn.Module):
-
-    def __init__(self, children, residual, width, scale, buffer):
-        super().__init__()
-        i, child = next(iter(enumerate(children)))
-        self.add_module(str(i), child)
-
-    def forward(self, x):
-        y = x
-        name, child = next(iter(self.named_children()))
-        y = child(y)
-        return y
-
 def build_node(node, width):
     if isinstance(node, Leaf):
         module = nn.Linear(width, width, bias=False)
         return module
-    return TreeBlock([build_node(c, width) for c in node.children], False, width, False, False)
+    return nn.Sequential(*[build_node(c, width) for c in node.children])
 
-def build_model(tree, device):
+def build_model(tree):
     return build_node(tree.root, 2)
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32}
 _WRAPPER_PREFIXES = ('_fsdp_wrapped_module.',)
@@ -165,7 +152,7 @@ class Composed:
 
 class _Contracts:
 
-    def __init__(self, model, comp):
+    def __init__(self, model):
         self.leaf_dtypes: dict[()] = {}
         self.output_dtypes: dict[()] = {}
         self.handles: list[Any] = []
@@ -184,40 +171,37 @@ class _Contracts:
         state = {}
         return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
 
-def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precision=None, local=frozenset()):
+def train(tree, training, comp, ctx):
     dtype = TORCH_DTYPES[training.dtype]
     if comp is not None:
         torch.manual_seed(1)
-        model_ = build_model(tree, ctx.device).to(dtype)
+        model_ = build_model(tree).to(dtype)
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
         strategy = {Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[comp.wrapper]
         kwargs = {'sharding_strategy': strategy, 'device_id': ctx.device, 'use_orig_params': True}
         kwargs['device_mesh'] = ctx.mesh(tuple((2, 1)), ())
         wrap_out = FSDP(model_, **kwargs)
         compose_out = Composed(model=wrap_out, wrapper=comp.wrapper)
-        model, composed = (model_, compose_out)
+        model = model_
+        composed = compose_out
     else:
         torch.manual_seed(1)
-        model = build_model(tree, ctx.device).to(dtype)
+        model = build_model(tree).to(dtype)
         composed = Composed(model)
-    contracts = _Contracts(model, comp) if comp is not None else None
+    contracts = _Contracts(model) if comp is not None else None
     obs = {}
     params = composed.model.parameters()
     opt = torch.optim.SGD(params, lr=0.1)
-    forward = _compiled(composed.model, training) if comp is not None else composed.model
-    losses = []
+    forward = _compiled(composed.model) if comp is not None else composed.model
     params_per_step = []
     grad_norms = []
     gen = torch.Generator().manual_seed(1)
-    lo = ctx.rank // tp_size * 1
-    out_ = []
-    step_ = []
-    x_ = torch.randn(ctx.world_size * 1, 2, generator=gen)
-    y_ = torch.randn(ctx.world_size * 1, 2, generator=gen)
-    step_.append((x_[lo:lo + 1].to(ctx.device), y_[lo:lo + 1].to(ctx.device)))
-    out_.append(step_)
+    lo = ctx.rank
+    x_ = torch.randn(ctx.world_size, 2, generator=gen)
+    y_ = torch.randn(ctx.world_size, 2, generator=gen)
+    step_ = [(x_[lo:lo + 1].to(ctx.device), y_[lo:lo + 1].to(ctx.device))]
+    out_ = [step_]
     s, step = next(iter(enumerate(out_)))
-    step_losses = []
     i, (x, y) = next(iter(enumerate(step)))
     skipped = training.skipped_at(s, i)
     out = forward(x)
@@ -228,8 +212,8 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
         obs['contracts']['replicate_params'] = out__
     loss = F.mse_loss(out.to(y.dtype), y)
     loss.backward()
-    step_losses.append(loss.item())
-    if comp is None and precision is None:
+    step_losses = [loss.item()]
+    if comp is None and None is None:
         name_, p___ = next(iter(model.named_parameters()))
         dist.all_reduce(p___.grad)
         p___.grad /= ctx.world_size
@@ -243,21 +227,21 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
         grad_norm_out = float(total.sqrt())
         grad_norms.append(grad_norm_out)
     opt.step()
-    losses.append(step_losses)
+    losses = [step_losses]
     with composed.full_parameters() as full:
         params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
     obs['losses'] = losses
     obs['grad_norms'] = grad_norms
+    local_of_out = frozenset() if comp is None else frozenset(Layout(tree, comp).local())
     model___ = composed.model
-    local_ = frozenset() if comp is None else frozenset(Layout(tree, comp).local())
     from torch.distributed.tensor import DTensor
-    obs['local_params'] = {n__: p_____.detach().double().cpu().flatten().tolist() for n__, p_____ in model___.named_parameters() if not isinstance(p_____, DTensor) and (not n__.startswith('_fsdp_wrapped_module')) and ('_fsdp' not in n__) and (clean_name(n__).rpartition('.')[0] not in local_)}
+    obs['local_params'] = {n__: p_____.detach().double().cpu().flatten().tolist() for n__, p_____ in model___.named_parameters() if not isinstance(p_____, DTensor) and (not n__.startswith('_fsdp_wrapped_module')) and ('_fsdp' not in n__) and (clean_name(n__).rpartition('.')[0] not in local_of_out)}
     obs['knob_problems'] = []
     if ctx.rank == 0:
         obs['params'] = params_per_step
     return obs
 
-def _compiled(model, training):
+def _compiled(model):
     return model
 
 class OutcomeKind(str, enum.Enum):
@@ -381,10 +365,9 @@ def attempt(rank, world_size):
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
     comp = Composition(wrapper=Wrapper.FSDP1_HYBRID_SHARD)
-    composed = train(case, ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR),))), Training(), comp, ctx, 1)
+    composed = train(ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR),))), Training(), comp, ctx)
     keys = ('losses', 'params', 'grad_norms')
-    scales = None
-    reference = train(case, ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR),))), Training(), None, ctx, 1, scales)
+    reference = train(ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR),))), Training(), None, ctx)
     run_parity_out = {**composed, 'ref': {k: reference[k] for k in keys if k in reference}}
     obs = json.loads(json.dumps(run_parity_out))
     outs = [None] * world_size

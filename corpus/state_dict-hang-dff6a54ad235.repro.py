@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=905c6279a12f4664 sources=c2f9d3144d82dce8 seconds=168.4
+# shardfuzz reduced reproducer: entry=905c6279a12f4664 sources=8dc1694f16ffdb1f seconds=435.3
 """Reproduces shardfuzz corpus entry state_dict-hang-dff6a54ad235.json: hang:state_dict@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone
 
 Observed: set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0 pass an
@@ -35,9 +35,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 import inspect
 from dataclasses import dataclass, field, replace
-
-def __getattr__(name):
-    raise AttributeError(f"module 'fuzz' has no attribute {name!r}")
 
 @dataclass
 class RankContext:
@@ -118,8 +115,7 @@ class Composition:
 
     def steps(self):
         order = {'checkpoint': 0, 'fully_shard': 1, 'replicate': 2}
-        items = [('checkpoint', p) for p in ()] + [('replicate', p) for p in ()]
-        items += [('fully_shard', '') for spec in self.shards]
+        items = [('fully_shard', '') for spec in self.shards]
 
         def key(item):
             api, path = item
@@ -237,10 +233,10 @@ def mesh_for(comp, ctx):
     return ctx.mesh((ctx.world_size,), ('shard',))
 
 def apply_fully_shard(model, spec, mesh):
-    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+    from torch.distributed.fsdp import fully_shard
     kwargs = {'mesh': mesh, 'reshard_after_forward': True}
-    modules = [model.get_submodule(p) for p in ('',)]
-    fully_shard(modules if () else modules[0], **kwargs)
+    modules = [model.get_submodule('')]
+    fully_shard(modules[0], **kwargs)
 
 @dataclass
 class Composed:
@@ -250,14 +246,12 @@ class Composed:
 
     @contextmanager
     def full_parameters(self):
-        from torch.distributed.tensor import DTensor
         out = {}
         for n, p in self.model.named_parameters():
             out[clean_name(n)] = p.full_tensor().detach()
         yield out
 
 def compose(model, comp, ctx, tree=None):
-    from torch.distributed._composable import checkpoint, replicate
     ckpt_kwargs = checkpoint_kwargs(comp.checkpoint_options)
     mesh = mesh_for(comp, ctx)
     specs = {'': s for s in comp.shards}
@@ -276,13 +270,13 @@ def make_optimizer(params, training, later=()):
 def batches(case, training, width, ctx, tp_size=1):
     dtype = TORCH_DTYPES[training.dtype]
     gen = torch.Generator().manual_seed(0)
-    lo = ctx.rank // tp_size * 1
+    lo = ctx.rank // tp_size
     out = []
     for _ in range(1):
         step = []
         for _ in range(1):
-            x = torch.randn(ctx.world_size * 1, width, generator=gen, dtype=dtype)
-            y = torch.randn(ctx.world_size * 1, width, generator=gen, dtype=dtype)
+            x = torch.randn(ctx.world_size, width, generator=gen, dtype=dtype)
+            y = torch.randn(ctx.world_size, width, generator=gen, dtype=dtype)
             step.append((x[lo:lo + 1].to(ctx.device), y[lo:lo + 1].to(ctx.device)))
         out.append(step)
     return out
@@ -392,13 +386,13 @@ def state_dict_options(o):
     return StateDictOptions(full_state_dict=True, cpu_offload=False, broadcast_from_rank0=o.broadcast_from_rank0, strict=True, **torch_kwargs(StateDictOptions, extra))
 
 def _take(body, side):
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict, get_state_dict
+    from torch.distributed.checkpoint.state_dict import get_state_dict
     options = state_dict_options(body.save)
     assert side.opt is not None
     return get_state_dict(side.model, side.opt, options=options)
 
 def _put(body, side, msd, osd, ctx):
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import set_state_dict
     options = state_dict_options(body.load)
     fresh = fresh_training(body.training)
     assert side.opt is not None
@@ -412,7 +406,7 @@ def incompatible(result):
 
 def run_state_dict(case, body, ctx):
     t = body.training
-    data = all_batches(case, t, 1 + 0, body.tree, ctx)
+    data = all_batches(case, t, 1, body.tree, ctx)
     src = build_side(body.tree, body.source, t, ctx, seed=0, schedule=())
     body_optimizer(src, t, body)
     seed_segment(case, ctx, 0)
@@ -424,7 +418,7 @@ def run_state_dict(case, body, ctx):
     if ctx.rank == 0:
         obs['taken_optimizer'] = taken
     msd, osd = copy.deepcopy((msd, osd))
-    tgt = build_side(body.tree, body.target, t, ctx, seed=0 + FRESH_SEED, meta=False, schedule=())
+    tgt = build_side(body.tree, body.target, t, ctx, seed=FRESH_SEED, meta=False, schedule=())
     body_optimizer(tgt, fresh_training(t), body)
     catch_up(tgt, 1)
     dropped = sorted(set(dropped_keys(src, ())) | set(ignored))
@@ -452,7 +446,7 @@ def main():
     def watch():
         time.sleep(20)
         frames = traceback.extract_stack(sys._current_frames()[threading.main_thread().ident])
-        if any((f"torch/{f.filename.rpartition('/torch/')[2]}:{f.name}" in ['torch/distributed/_state_dict_utils.py:_broadcast_state_dict'] for f in frames)):
+        if any((f'torch/{f.filename.rpartition("/torch/")[2]}:{f.name}' in ['torch/distributed/_state_dict_utils.py:_broadcast_state_dict'] for f in frames)):
             print(f'REPRODUCED hang:state_dict@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone: rank {ctx.rank} is stuck', flush=True)
             os._exit(1)
         os._exit(0)
