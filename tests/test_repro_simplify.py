@@ -239,3 +239,11 @@ def test_appends_after_statements_that_do_not_name_the_list_move_its_binding_dow
     scope: dict[str, Any] = {}
     exec(out, scope)
     assert scope["attempt"](0, 1) == "[[(2, 2)]]"
+
+
+def test_a_starred_display_is_spliced() -> None:
+    code = (
+        "def f(a, b):\n    return (max(*[a, b]), [*(a,), b])\ndef attempt(rank, world_size):\n    return str(f(1, 2))\n"
+    )
+    out = simplify(code)
+    assert out is not None and "return (max(a, b), [a, b])" in out, out

@@ -25,8 +25,8 @@ left alone), repeated until none applies:
   display becomes an empty display, one over a display of one element the display of its
   item, and ``**{}`` goes from a call, with a local bound only to ``{}`` and only unpacked so;
 - **Identities**: ``x * 1``, ``x // 1``, ``x + 0``, ``x - 0``, ``[] + x`` and the like become
-  ``x``, ``*()`` goes from a display or a call, and ``dict()``, ``list()``, ``tuple()`` become
-  displays;
+  ``x``, ``*()`` goes from a display or a call and ``*[a, b]`` becomes ``a, b``, and
+  ``dict()``, ``list()``, ``tuple()`` become displays;
 - **Appends**: ``v = []`` followed by ``v.append(a)`` and ``v += [b]`` becomes ``v = [a, b]``.
 
 What is not pure (a call whose value is used twice) is never duplicated, but for calls of the
@@ -868,9 +868,15 @@ class _Identities(ast.NodeTransformer):
         return kept
 
     def _starred(self, elts: list[ast.expr]) -> list[ast.expr]:
-        kept = [e for e in elts if not (isinstance(e, ast.Starred) and _neutral(e.value) in ("List", "Tuple"))]
-        self.changed |= len(kept) != len(elts)
-        return kept
+        """``*()`` goes and ``*[a, b]`` becomes ``a, b``."""
+        out: list[ast.expr] = []
+        for e in elts:
+            if isinstance(e, ast.Starred) and isinstance(e.value, (ast.List, ast.Tuple)):
+                out += e.value.elts
+                self.changed = True
+            else:
+                out.append(e)
+        return out
 
     def visit_Tuple(self, node: ast.Tuple) -> ast.AST:
         self.generic_visit(node)
