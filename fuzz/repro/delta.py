@@ -16,14 +16,13 @@ reproduces. The cuts, coarsest first, in rounds until a round keeps nothing or t
    effect loses it; its calls as statements then go, by the tidying);
 3. **Builders, methods, parameters, then inlining**: every call of a function on literals (the
    model's builder on the case's tree) is evaluated as far as the literal decides it, down the
-   recursion, and kept if that is shorter (:mod:`fuzz.repro.unroll`), and a module class of
-   the script is tried as ``nn.Sequential`` of its children (:func:`fuzz.repro.unroll.as_sequential`);
-   a method called on an
-   object that the calling
-   function builds in place (``comp = Composition(...)``; ``comp.steps()``, or ``comp.paths`` for
-   a property) is copied to a top-level function ``Composition_steps(self)`` which those uses
-   call (:func:`hoist_method`). A parameter that the function (or a class's ``__init__``)
-   never reads, or for which every call passes the same constant (or leaves the same constant
+   recursion, and kept if that is shorter (:mod:`fuzz.repro.unroll`); a module class of the
+   script is tried as ``nn.Sequential`` of its children (:func:`fuzz.repro.unroll.as_sequential`).
+   A method called on an object that the calling function builds in place
+   (``comp = Composition(...)``; ``comp.steps()``, or ``comp.paths`` for a property) is copied
+   to a top-level function ``Composition_steps(self)`` which those uses call
+   (:func:`hoist_method`). A parameter that the function (or a class's ``__init__``) never
+   reads, or for which every call passes the same constant (or leaves the same constant
    default), goes from the definition and from every call, the constant taking its place in the
    body (:func:`drop_parameter`; only where every reference to the function is a plain call, so
    that all its calls are seen). Then a top-level function called once, with at most a final
