@@ -247,3 +247,31 @@ def test_a_method_called_on_an_object_built_in_place_becomes_a_function() -> Non
     assert out is not None and "C_steps(comp, [1])" in out and "C_first(comp)" in out
     assert "return c.steps([])" in out  # a receiver the function did not build stays a method call
     assert verdict(out) == verdict(code)
+
+
+def test_a_cut_may_not_leave_a_name_unbound() -> None:
+    """The failure comes before ``table`` is read, so a script without ``table = {}`` still
+    reproduces; but on a build without the failure it would stop at a NameError instead of
+    saying PASS. No cut may leave a name that the script did bind unbound."""
+    code = (
+        "def boom(n):\n"
+        "    if n > 0:\n"
+        "        raise ValueError('boom')\n"
+        "    return n\n"
+        "def attempt(rank, world_size):\n"
+        "    table = {}\n"
+        "    key = 'k'\n"
+        "    try:\n"
+        "        table[key] = boom(1)\n"
+        "    except BaseException as e:\n"
+        "        if 'boom' in str(e):\n"
+        "            return 'REPRODUCED x: boom'\n"
+        "        return f'FAIL {e}'\n"
+        "    return 'PASS'\n"
+        "def main():\n"
+        "    print(attempt(0, 1), boom(0))\n"
+    )
+    assert delta.undefined(code) == frozenset()
+    assert delta.undefined(code.replace("    table = {}\n", "")) == {"table"}
+    out = delta.ddmin(code, reproduces, time.monotonic() + 60)
+    assert reproduces(out) and delta.undefined(out) == frozenset(), out

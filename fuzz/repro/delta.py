@@ -48,6 +48,7 @@ it uses are left as they are (``frozen``): a judge cut down could find its misma
 from __future__ import annotations
 
 import ast
+import builtins
 import copy
 import time
 from collections.abc import Callable, Iterator
@@ -63,6 +64,34 @@ _COMPOUND_BODIES = ("body", "orelse", "finalbody")
 
 def _size(code: str) -> tuple[int, int]:
     return code_lines(code), len(code)
+
+
+#: Names a module has without binding them.
+_GIVEN = frozenset(dir(builtins)) | {"__file__", "__name__", "__builtins__", "__spec__", "__doc__"}
+
+
+def undefined(code: str) -> frozenset[str]:
+    """Names that ``code`` reads and binds nowhere (no assignment, parameter, definition, import
+    or ``except ... as`` of that name anywhere in it): a cut that leaves one may still reproduce
+    where the failure comes before the name is read, and then the script breaks on a build
+    without the bug instead of saying PASS."""
+    tree = ast.parse(code)
+    bound = set(_GIVEN)
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
+            bound.add(n.id)
+        elif isinstance(n, ast.arg):
+            bound.add(n.arg)
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(n.name)
+        elif isinstance(n, ast.alias):
+            bound.add(n.asname or n.name.split(".")[0])
+        elif isinstance(n, ast.ExceptHandler) and n.name:
+            bound.add(n.name)
+        elif isinstance(n, (ast.Global, ast.Nonlocal)):
+            bound.update(n.names)
+    read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    return frozenset(read - bound)
 
 
 def _guard(node: ast.stmt) -> bool:
@@ -388,6 +417,7 @@ def ddmin(
     next to tidying (the pool runs them), so each cut is tested before it is tidied. ``kept``
     gets every script that became the current one, in order."""
     current = code
+    dangling = undefined(code)  # what the script read without binding before any cut
     try:
         tidied = tidy(code)
     except (SyntaxError, ValueError, TypeError, KeyError, RecursionError):
@@ -410,7 +440,12 @@ def ddmin(
             return False
 
         def smaller(c: str) -> bool:
-            return c != current and (grow or _size(c) < _size(current))
+            if c == current or not (grow or _size(c) < _size(current)):
+                return False
+            try:
+                return not undefined(c) - dangling  # a cut may not leave a name unbound
+            except SyntaxError:
+                return False
 
         if pretest:
             if not smaller(candidate) or not test(candidate):

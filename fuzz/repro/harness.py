@@ -131,7 +131,7 @@ _EXCEPTION = """\
         {program}(case, case.body, ctx)
     except BaseException as e:  # torch's CheckpointException is a BaseException
         frames = re.findall(r'File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
-        path, fn = [(p, f) for p, f in frames if "/torch/" in p and not f.endswith("comp>")][-1]
+        path, fn = ([(p, f) for p, f in frames if "/torch/" in p and not f.endswith("comp>")] or [("?", "?")])[-1]
         found = f"{{type(e).__module__}}.{{type(e).__qualname__}}@torch/{{path.rpartition('/torch/')[2]}}:{{fn}}"
         if found in {expected!r}:
             return f"REPRODUCED {signature}: rank {{rank}} raised {{found}}: {{e}}"
