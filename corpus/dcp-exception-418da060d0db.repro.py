@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=ddc9107588b830c3 sources=3ebb4d52c9cda72d seconds=78.7
+# shardfuzz reduced reproducer: entry=ddc9107588b830c3 sources=9d7be58e4208c9df seconds=78.5
 """Reproduces shardfuzz corpus entry dcp-exception-418da060d0db.json: exception:dcp:builtins.KeyError@torch/distributed/checkpoint/state_dict.py:_get_optim_state_dict
 
 Observed: The FSDP2 bug of corpus/parity-mismatch-5f3ad2a543cd (a frozen unit with
@@ -35,7 +35,7 @@ def attempt(rank, world_size):
         step_ = [(x[rank:rank + 1].to(ctx_device), y[rank:rank + 1].to(ctx_device))]
         out = [step_]
         data = [step[0] for step in out]
-        build_model_out = nn.Sequential(*[PointwiseConv1d(1, 1, kernel_size=1)])
+        build_model_out = nn.Sequential(PointwiseConv1d(1, 1, kernel_size=1))
         model = build_model_out.to(torch.float32)
         from torch.distributed.fsdp import fully_shard
         modules = [model.get_submodule('0')]
@@ -46,10 +46,10 @@ def attempt(rank, world_size):
         x_, y_ = next(iter(data_))
         loss = F.mse_loss(model(x_).to(y_.dtype), y_)
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-        out_[DcpItem.COUNTER] = get_optimizer_state_dict(model, src_opt)
+        out__counter = get_optimizer_state_dict(model, src_opt)
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
-        path, fn = [(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))][-1]
+        path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
         found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
         if found in ['builtins.KeyError@torch/distributed/checkpoint/state_dict.py:_get_optim_state_dict']:
             return f'REPRODUCED exception:dcp:builtins.KeyError@torch/distributed/checkpoint/state_dict.py:_get_optim_state_dict: rank {rank} raised {found}: {e}'

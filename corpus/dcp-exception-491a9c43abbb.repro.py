@@ -360,7 +360,7 @@ def attempt(rank, world_size):
         run_dcp(case, DcpBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR, bias=False),))), source=Composition(), target=Composition(), entries=(DcpItem.MODEL,), training=Training(optimizer=Optimizer.ADAM, steps=1, batch_per_rank=1), storage_objects=True, overwrite=Overwrite.FALSE, save_planner=SavePlannerOptions(enable_plan_caching=True)), ctx)
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
-        path, fn = [(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))][-1]
+        path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
         found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
         if found in ['torch.distributed.checkpoint.api.CheckpointException@torch/distributed/checkpoint/default_planner.py:_create_global_plan']:
             return f'REPRODUCED exception:dcp:torch.distributed.checkpoint.api.CheckpointException@torch/distributed/checkpoint/default_planner.py:_create_global_plan: rank {rank} raised {found}: {e}'

@@ -143,7 +143,7 @@ def attempt(rank, world_size):
         result = dcp.async_save(state, **kwargs__)
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
-        path, fn = [(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))][-1]
+        path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
         found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
         if found in ['builtins.RuntimeError@torch/distributed/_state_dict_utils.py:tensor_func']:
             return f'REPRODUCED exception:dcp:builtins.RuntimeError@torch/distributed/_state_dict_utils.py:tensor_func: rank {rank} raised {found}: {e}'

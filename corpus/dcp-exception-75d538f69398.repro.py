@@ -355,7 +355,7 @@ def attempt(rank, world_size):
         run_dcp(case, DcpBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, frozen=True),), scale=True, buffer=True)), source=Composition(), target=Composition(), entries=(DcpItem.SCALARS, DcpItem.APP), training=Training(lr=0.01, momentum=0.9, steps=3, batch_per_rank=1, dtype=Dtype.FLOAT64), steps_after=2, save_full_state_dict=True, save_cpu_offload=True, load_full_state_dict=True, async_save=True, async_saves=3, frozen_in_optimizer=True, empty_group=True, save_planner=SavePlannerOptions(dedup_save_to_lowest_rank=True), load_planner=LoadPlannerOptions(allow_partial_load=True), requires_grad=(RequiresGrad(path='0', step=1, trainable=True),), stager=StagerOptions()), ctx)
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
-        path, fn = [(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))][-1]
+        path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
         found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
         if found in ['builtins.KeyError@torch/distributed/checkpoint/_state_dict_stager.py:deepcopy_with_tensor_offload']:
             return f'REPRODUCED exception:dcp:builtins.KeyError@torch/distributed/checkpoint/_state_dict_stager.py:deepcopy_with_tensor_offload: rank {rank} raised {found}: {e}'

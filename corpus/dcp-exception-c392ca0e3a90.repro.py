@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=4b45c2168641062c sources=7d6f5cb23a31c8e4 seconds=309.8
+# shardfuzz reduced reproducer: entry=4b45c2168641062c sources=9d7be58e4208c9df seconds=66.3
 """Reproduces shardfuzz corpus entry dcp-exception-c392ca0e3a90.json: exception:dcp:builtins.KeyError@torch/distributed/fsdp/_optim_utils.py:_unflatten_param_groups
 
 Observed: FSDP1 NO_SHARD with an auto-wrapped unit whose parameters are all frozen, those
@@ -24,116 +24,42 @@ import torch
 import enum
 from torch import nn
 import torch.nn.functional as F
-from dataclasses import dataclass, field, replace
-
-@dataclass
-class RankContext:
-    rank: object
-    world_size: object
-    device: object
-    backend: object
-
-class LeafKind(str, enum.Enum):
-    LAYER_NORM = 'layer_norm'
-    CONV1D = 'conv1d'
+from dataclasses import dataclass, replace
 
 class Dtype(str, enum.Enum):
     FLOAT32 = 'float32'
     FLOAT64 = 'float64'
 
-@dataclass()
-class Leaf:
-    kind: object
-    frozen: object = False
-
-@dataclass()
-class Block:
-    children: object
-    residual: object = False
-    buffer: object = False
-
-@dataclass()
-class ModuleTree:
-    width: object
-    root: object
-
 class Wrapper(str, enum.Enum):
     FSDP1_NO_SHARD = 'fsdp1_no_shard'
 
 @dataclass()
-class Composition:
-    pass
-
-@dataclass()
 class Training:
     dtype: object = Dtype.FLOAT32
-
-class Body:
-    pass
-
-@dataclass()
-class Case:
-    property: object
-    world_size: object
-    seed: object
-    body: object
-
-@dataclass()
-class DcpBody(Body):
-    tree: object
-    source: object
-    target: object
-    entries: object
-    training: object = field()
-
-class TreeBlock(nn.Module):
-
-    def __init__(self, children, residual, width, scale, buffer):
-        super().__init__()
-        for i, child in enumerate(children):
-            self.add_module(str(i), child)
-        self.residual = residual
-
-    def forward(self, x):
-        y = x
-        for name, child in self.named_children():
-            y = child(y)
-        return x + y if self.residual else y
-
-def build_node(node, width):
-    if isinstance(node, Leaf):
-        module = nn.LayerNorm(width)
-        if node.frozen:
-            module.requires_grad_(False)
-        return module
-    return TreeBlock([build_node(c, width) for c in node.children], node.residual, width, False, node.buffer)
 TORCH_DTYPES = {Dtype.FLOAT64: torch.float64}
 
-def batches(case, training, width, ctx, tp_size=1):
-    dtype = TORCH_DTYPES[training.dtype]
-    out = []
-    step = []
-    x = torch.randn(ctx.world_size * 1, width, dtype=dtype)
-    y = torch.randn(ctx.world_size * 1, width)
-    step.append((x[0:0 + 1].to(ctx.device), y[0:0 + 1].to(ctx.device)))
-    out.append(step)
-    return out
-
 def attempt(rank, world_size):
-    case = Case(property='dcp', world_size=2, seed=501, body=DcpBody(tree=ModuleTree(width=4, root=Block(children=())), source=Composition(), target=Composition(), entries=(), training=Training()))
-    ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
+    ctx_device = torch.device('cpu')
     import re
     import traceback
     try:
         t = Training(dtype=Dtype.FLOAT64)
-        data = [step[0] for step in batches(case, replace(t), 4, ctx)]
-        build_model_out = build_node(Block(children=(Leaf(kind=LeafKind.CONV1D, frozen=True), Block(children=(Block(children=(Leaf(kind=LeafKind.LAYER_NORM),)),)))), 4)
+        training_ = replace(t)
+        dtype = TORCH_DTYPES[training_.dtype]
+        x = torch.randn(world_size, 4, dtype=dtype)
+        y = torch.randn(world_size, 4)
+        step_ = [(x[0:1].to(ctx_device), y[0:1].to(ctx_device))]
+        out = [step_]
+        data = [step[0] for step in out]
+        module = nn.LayerNorm(4)
+        module.requires_grad_(False)
+        build_model_out = nn.Sequential(*[module, nn.Sequential(*[nn.Sequential(*[nn.LayerNorm(4)])])])
         model = build_model_out.to(torch.float64)
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
         strategy = {Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD}[Wrapper.FSDP1_NO_SHARD]
-        kwargs = {'sharding_strategy': strategy, 'device_id': torch.device('cpu'), 'use_orig_params': True}
-        kwargs['auto_wrap_policy'] = ModuleWrapPolicy({TreeBlock})
+        kwargs = {'sharding_strategy': strategy, 'device_id': ctx_device, 'use_orig_params': True}
+        kwargs['auto_wrap_policy'] = ModuleWrapPolicy({nn.Sequential})
         wrap_out = FSDP(model, **kwargs)
         params = list(wrap_out.parameters())
         groups = [{'params': params[1::2]}]
@@ -141,15 +67,15 @@ def attempt(rank, world_size):
         t_, n_ = (Training(), 3)
         first = 3 - (n_ - 1)
         data_ = data[:first]
-        x, y = next(iter(data_))
-        loss = F.mse_loss(wrap_out(x).to(y.dtype), y)
+        x_, y_ = next(iter(data_))
+        loss = F.mse_loss(wrap_out(x_).to(y_.dtype), y_)
         loss.backward()
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP_
         osd = FSDP_.optim_state_dict(wrap_out, src_opt)
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
-        path, fn = [(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))][-1]
-        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
+        path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
+        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
         if found in ['builtins.KeyError@torch/distributed/fsdp/_optim_utils.py:_unflatten_param_groups']:
             return f'REPRODUCED exception:dcp:builtins.KeyError@torch/distributed/fsdp/_optim_utils.py:_unflatten_param_groups: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

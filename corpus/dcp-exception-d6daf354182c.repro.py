@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=bc8ec400c405abdb sources=3ebb4d52c9cda72d seconds=50.0
+# shardfuzz reduced reproducer: entry=bc8ec400c405abdb sources=9d7be58e4208c9df seconds=81.5
 """Reproduces shardfuzz corpus entry dcp-exception-d6daf354182c.json: exception:dcp:builtins.RuntimeError@torch/distributed/_shard/sharded_tensor/api.py:dispatch
 
 Observed: dcp.async_save(checkpoint_id=...) of FSDP1 ShardedTensors: the default stager calls
@@ -18,36 +18,27 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 """
 
 from __future__ import annotations
-from dataclasses import dataclass
 import torch
 import enum
 from torch import nn
-
-@dataclass()
-class Block:
-    children: object
-    scale: object = False
 
 class DcpItem(str, enum.Enum):
     MODEL = 'model'
 
 class TreeBlock(nn.Module):
 
-    def __init__(self, children, width, scale):
+    def __init__(self, children, scale):
         super().__init__()
         for i, child in enumerate(children):
             self.add_module(str(i), child)
-        self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(width)) if scale else None
-
-def build_node(node, width):
-    return TreeBlock([build_node(c, width) for c in node.children], width, node.scale)
+        self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(4)) if scale else None
 
 def attempt(rank, world_size):
     ctx_device = torch.device('cpu')
     import re
     import traceback
     try:
-        build_model_out = build_node(Block(children=(Block(children=(), scale=True),)), 4)
+        build_model_out = TreeBlock([TreeBlock([], True)], False)
         model = build_model_out.to(torch.float32)
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
         kwargs = {'device_id': ctx_device}
@@ -62,7 +53,7 @@ def attempt(rank, world_size):
         result = dcp.async_save(state)
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
-        path, fn = [(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))][-1]
+        path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
         found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
         if found in ['builtins.RuntimeError@torch/distributed/_shard/sharded_tensor/api.py:dispatch']:
             return f'REPRODUCED exception:dcp:builtins.RuntimeError@torch/distributed/_shard/sharded_tensor/api.py:dispatch: rank {rank} raised {found}: {e}'

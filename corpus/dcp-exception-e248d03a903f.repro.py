@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=891107a19cd069f6 sources=3ebb4d52c9cda72d seconds=65.0
+# shardfuzz reduced reproducer: entry=891107a19cd069f6 sources=9d7be58e4208c9df seconds=55.3
 """Reproduces shardfuzz corpus entry dcp-exception-e248d03a903f.json: exception:dcp:builtins.AssertionError@torch/distributed/checkpoint/state_dict.py:_load_optim_state_dict
 
 Observed: set_optimizer_state_dict(full_state_dict=True) raises AssertionError('Expected device
@@ -7,7 +7,7 @@ to be set') for an optimizer without tensor state (SGD without momentum): _load_
 takes the device from the local state's tensors of dim > 0 and finds none. Any model, sharded or
 not. (rank 0 raised builtins.AssertionError: Expected device to be set)
 Known torch bug: set_optimizer_state_dict(full_state_dict=True) for an optimizer without tensor
-state: 'Expected device to be set'; upstream: none found.
+state: 'Expected device to be set'; upstream: https://github.com/pytorch/pytorch/issues/133415.
 Expected: no rank raises.
 
     torchrun --nproc-per-node 2 THIS_FILE.py
@@ -34,7 +34,7 @@ def attempt(rank, world_size):
         set_optimizer_state_dict(model, tgt_opt, out_optimizer, options=options)
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
-        path, fn = [(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))][-1]
+        path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
         found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
         if found in ['builtins.AssertionError@torch/distributed/checkpoint/state_dict.py:_load_optim_state_dict']:
             return f'REPRODUCED exception:dcp:builtins.AssertionError@torch/distributed/checkpoint/state_dict.py:_load_optim_state_dict: rank {rank} raised {found}: {e}'

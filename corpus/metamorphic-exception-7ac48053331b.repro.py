@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=aa96ea87f1dc4963 sources=ce057bc0da65e4dc seconds=56.1
+# shardfuzz reduced reproducer: entry=aa96ea87f1dc4963 sources=c819ef517160c7c9 seconds=49.2
 """Reproduces shardfuzz corpus entry metamorphic-exception-7ac48053331b.json: exception:metamorphic:builtins.RuntimeError@torch/optim/sgd.py:_multi_tensor_sgd
 
 Observed: rank 0 raised builtins.RuntimeError: aten._foreach_add_.List got mixed torch.Tensor
@@ -15,40 +15,8 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 
 from __future__ import annotations
 import torch
-import enum
-from dataclasses import dataclass
 from torch import nn
 import torch.nn.functional as F
-
-class LeafKind(str, enum.Enum):
-    LINEAR = 'linear'
-
-@dataclass()
-class Leaf:
-    kind: object
-
-@dataclass()
-class Block:
-    children: object
-
-class TreeBlock(nn.Module):
-
-    def __init__(self, children):
-        super().__init__()
-        for i, child in enumerate(children):
-            self.add_module(str(i), child)
-
-    def forward(self, x):
-        y = x
-        for name, child in self.named_children():
-            y = child(y)
-        return y
-
-def build_node(node, width):
-    if isinstance(node, Leaf):
-        module = nn.Linear(width, width)
-        return module
-    return TreeBlock([build_node(c, width) for c in node.children])
 
 def attempt(rank, world_size):
     ctx_device = torch.device('cpu')
@@ -56,19 +24,17 @@ def attempt(rank, world_size):
     import traceback
     try:
         dtype = torch.float32
-        build_model_out = build_node(Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR))), 2)
+        build_model_out = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
         model_ = build_model_out.to(dtype)
         from torch.distributed.fsdp import fully_shard
         modules = [model_.get_submodule('0')]
         fully_shard(modules[0])
         params = model_.parameters()
         opt = torch.optim.SGD(params, foreach=True)
-        out_ = []
-        step_ = []
         x_ = torch.randn(world_size, 2)
         y_ = torch.randn(world_size, 2)
-        step_.append((x_[rank:rank + 1].to(ctx_device), y_[rank:rank + 1].to(ctx_device)))
-        out_.append(step_)
+        step_ = [(x_[rank:rank + 1].to(ctx_device), y_[rank:rank + 1].to(ctx_device))]
+        out_ = [step_]
         s, step = next(iter(enumerate(out_)))
         i, (x, y) = next(iter(enumerate(step)))
         out = model_(x)
@@ -77,7 +43,7 @@ def attempt(rank, world_size):
         opt.step()
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
-        path, fn = [(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))][-1]
+        path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
         found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
         if found in ['builtins.RuntimeError@torch/distributed/tensor/_dispatch.py:_try_replicate_spec_for_scalar_tensor', 'builtins.RuntimeError@torch/optim/sgd.py:_multi_tensor_sgd']:
             return f'REPRODUCED exception:metamorphic:builtins.RuntimeError@torch/optim/sgd.py:_multi_tensor_sgd: rank {rank} raised {found}: {e}'

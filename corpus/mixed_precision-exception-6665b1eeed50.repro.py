@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=49e98a7a0cd611b2 sources=845e968d7c09e2fe seconds=124.3
+# shardfuzz reduced reproducer: entry=49e98a7a0cd611b2 sources=c819ef517160c7c9 seconds=81.2
 """Reproduces shardfuzz corpus entry mixed_precision-exception-6665b1eeed50.json: exception:mixed_precision:builtins.RuntimeError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_reduce
 
 Observed: FSDP2 MixedPrecisionPolicy: a unit whose parameters were all frozen at lazy init gets
@@ -20,29 +20,14 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 """
 
 from __future__ import annotations
-from dataclasses import dataclass, field
 import torch
 import enum
+from dataclasses import dataclass
 from torch import nn
 import torch.nn.functional as F
 
-class LeafKind(str, enum.Enum):
-    CONV1D = 'conv1d'
-
 class Dtype(str, enum.Enum):
     BFLOAT16 = 'bfloat16'
-
-@dataclass()
-class Leaf:
-    kind: object
-    frozen: object = False
-
-@dataclass()
-class Block:
-    children: object
-
-def is_ancestor(ancestor, path):
-    pass
 
 @dataclass()
 class MixedPrecision:
@@ -55,52 +40,27 @@ class ShardSpec:
 
     @property
     def paths(self):
-        return (self.path, *())
+        return (self.path,)
 
 @dataclass()
 class Composition:
     shards: object = ()
 
-    def steps(self):
-        items = [] + []
-        items += [('fully_shard', spec.path) for spec in self.shards]
+def Composition_steps(self):
+    items = [('fully_shard', spec.path) for spec in self.shards]
 
-        def key(item):
-            return ()
-        return sorted(items, key=key)
+    def key(item):
+        return ()
+    return sorted(items, key=key)
 
 @dataclass()
 class Unfreeze:
     path: object
     step: object
 
-class TreeBlock(nn.Module):
-
-    def __init__(self, children, residual, width, scale, buffer):
-        super().__init__()
-        for i, child in enumerate(children):
-            self.add_module(str(i), child)
-
-    def forward(self, x):
-        y = x
-        for name, child in self.named_children():
-            y = child(y)
-        return y
-
 class PointwiseConv1d(nn.Conv1d):
     pass
-
-def build_node(node, width):
-    if isinstance(node, Leaf):
-        module = PointwiseConv1d(width, width, kernel_size=1)
-        if node.frozen:
-            module.requires_grad_(False)
-        return module
-    return TreeBlock([build_node(c, width) for c in node.children], False, width, False, False)
 TORCH_DTYPES = {Dtype.BFLOAT16: torch.bfloat16}
-
-def clean_name(name):
-    return name
 
 def mp_policy(mp):
     from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -109,11 +69,6 @@ def mp_policy(mp):
         return None if d is None else TORCH_DTYPES[d]
     return MixedPrecisionPolicy(param_dtype=dt(mp.param_dtype))
 
-@dataclass
-class Composed:
-    model: object
-    fsdp_roots: object = field()
-
 def attempt(rank, world_size):
     ctx_device = torch.device('cpu')
     import re
@@ -121,46 +76,41 @@ def attempt(rank, world_size):
     try:
         comp = Composition(shards=(ShardSpec(path='0'), ShardSpec(path='')))
         dtype = torch.float32
-        build_model_out = build_node(Block(children=(Leaf(kind=LeafKind.CONV1D), Leaf(kind=LeafKind.CONV1D, frozen=True))), 1)
+        module = PointwiseConv1d(1, 1, kernel_size=1)
+        module.requires_grad_(False)
+        build_model_out = nn.Sequential(*[PointwiseConv1d(1, 1, kernel_size=1), module])
         model_ = build_model_out.to(dtype)
         specs = {s_.path: s_ for s_ in (ShardSpec(path='0', mixed_precision=MixedPrecision(param_dtype=Dtype.BFLOAT16)), ShardSpec(path='', mixed_precision=MixedPrecision(param_dtype=Dtype.BFLOAT16)))}
-        for api, path_ in comp.steps():
+        for api, path_ in Composition_steps(comp):
             spec = specs[path_]
             from torch.distributed.fsdp import fully_shard
             kwargs = {}
             kwargs['mp_policy'] = mp_policy(spec.mixed_precision)
             modules = [model_.get_submodule(p_) for p_ in spec.paths]
-            fully_shard(modules if () else modules[0], **kwargs)
-        sharded = [p for spec in (ShardSpec(path='0'), ShardSpec(path='')) for p in spec.paths]
-        tops = [p__ for p__ in sharded if not any((is_ancestor(q, p__) for q in sharded))]
-        compose_out = Composed(model=model_, fsdp_roots=[model_.get_submodule(p__) for p__ in tops])
-        model, composed_ = (model_, compose_out)
-        model__ = composed_.model
+            fully_shard(modules[0], **kwargs)
         out__ = {'1': []}
-        for name, p____ in model__.named_parameters():
-            owner = '.'.join((c for c in clean_name(name).split('.')[:-1] if c.isdigit()))
+        for name, p____ in model_.named_parameters():
+            clean_name_out = name
+            owner = '.'.join((c for c in clean_name_out.split('.')[:-1] if c.isdigit()))
             if owner in out__:
                 out__[owner].append(p____)
-        model___ = composed_.model
-        lo = rank // 1 * 1
         out_ = []
         for _ in range(2):
-            step_ = []
-            x_ = torch.randn(world_size * 1, 1)
-            y_ = torch.randn(world_size * 1, 1)
-            step_.append((x_[lo:lo + 1].to(ctx_device), y_[lo:lo + 1].to(ctx_device)))
+            x_ = torch.randn(world_size, 1)
+            y_ = torch.randn(world_size, 1)
+            step_ = [(x_[rank:rank + 1].to(ctx_device), y_[rank:rank + 1].to(ctx_device))]
             out_.append(step_)
         for s, step in enumerate(out_):
             for path__ in ['1' for u in (Unfreeze(path='1', step=1),) if 1 == s]:
                 p___ = next(iter(out__[path__]))
                 p___.requires_grad_(True)
             i, (x, y) = next(iter(enumerate(step)))
-            out = model___(x)
+            out = model_(x)
             loss = F.mse_loss(out.to(y.dtype), y)
             loss.backward()
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
-        path, fn = [(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))][-1]
+        path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
         found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
         if found in ['builtins.RuntimeError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_reduce']:
             return f'REPRODUCED exception:mixed_precision:builtins.RuntimeError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_reduce: rank {rank} raised {found}: {e}'

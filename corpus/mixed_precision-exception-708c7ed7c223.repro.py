@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=b29b69107395f153 sources=845e968d7c09e2fe seconds=310.7
+# shardfuzz reduced reproducer: entry=b29b69107395f153 sources=c819ef517160c7c9 seconds=75.5
 """Reproduces shardfuzz corpus entry mixed_precision-exception-708c7ed7c223.json: exception:mixed_precision:builtins.AttributeError@torch/distributed/fsdp/_fully_shard/_fsdp_param.py:to_accumulated_grad_if_needed
 
 Observed: FSDP2 with MixedPrecisionPolicy(reduce_dtype) and set_requires_gradient_sync(False): a
@@ -18,28 +18,16 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 """
 
 from __future__ import annotations
-from dataclasses import dataclass, field
 import torch
 import enum
+from dataclasses import dataclass
 from torch import nn
 import torch.nn.functional as F
-
-class LeafKind(str, enum.Enum):
-    LAYER_NORM = 'layer_norm'
-    DROPOUT = 'dropout'
 
 class Dtype(str, enum.Enum):
     FLOAT32 = 'float32'
 
-@dataclass()
-class Leaf:
-    kind: object
-
-@dataclass()
-class Block:
-    children: object
-
-def is_ancestor(ancestor, path):
+def is_ancestor():
     pass
 
 @dataclass()
@@ -53,38 +41,31 @@ class ShardSpec:
 
     @property
     def paths(self):
-        return (self.path, *())
+        return (self.path,)
 
 @dataclass()
 class Composition:
     shards: object = ()
 
-    def steps(self):
-        items = [] + []
-        items += [('fully_shard', spec.path) for spec in self.shards]
+def Composition_steps(self):
+    items = [('fully_shard', spec.path) for spec in self.shards]
 
-        def key(item):
-            return ()
-        return sorted(items, key=key)
+    def key(item):
+        return ()
+    return sorted(items, key=key)
 
 class TreeBlock(nn.Module):
 
-    def __init__(self, children, residual, width, scale, buffer):
+    def __init__(self, children):
         super().__init__()
         for i, child in enumerate(children):
             self.add_module(str(i), child)
-        self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(width))
+        self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(12))
 
     def forward(self, x):
         y = x
         y = y * self.scale
         return x + y
-
-def build_node(node, width):
-    if isinstance(node, Leaf):
-        module = nn.LayerNorm(width)
-        return module
-    return TreeBlock([build_node(c, width) for c in node.children], True, width, True, False)
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32}
 
 def mp_policy(mp):
@@ -94,15 +75,6 @@ def mp_policy(mp):
         return None if d is None else TORCH_DTYPES[d]
     return MixedPrecisionPolicy(reduce_dtype=dt(mp.reduce_dtype))
 
-@dataclass
-class Composed:
-    model: object
-    fsdp_roots: object = field()
-
-    def set_sync(self, requires_gradient_sync=True, requires_all_reduce=True):
-        m = next(iter(self.fsdp_roots))
-        m.set_requires_gradient_sync(requires_gradient_sync)
-
 def attempt(rank, world_size):
     ctx_device = torch.device('cpu')
     import re
@@ -110,10 +82,10 @@ def attempt(rank, world_size):
     try:
         comp = Composition(shards=(ShardSpec(path='1'), ShardSpec(path='')))
         dtype = torch.float32
-        build_model_out = build_node(Block(children=(Leaf(kind=LeafKind.LAYER_NORM), Leaf(kind=LeafKind.DROPOUT))), 12)
+        build_model_out = TreeBlock([nn.LayerNorm(12), nn.LayerNorm(12)])
         model__ = build_model_out.to(dtype)
         specs = {s_.path: s_ for s_ in (ShardSpec(path='1', mixed_precision=MixedPrecision(reduce_dtype=Dtype.FLOAT32)), ShardSpec(path='', mixed_precision=MixedPrecision()))}
-        for api, path_ in comp.steps():
+        for api, path_ in Composition_steps(comp):
             if api == 'checkpoint':
                 pass
             else:
@@ -122,29 +94,26 @@ def attempt(rank, world_size):
                 kwargs_ = {}
                 kwargs_['mp_policy'] = mp_policy(spec.mixed_precision)
                 modules = [model__.get_submodule(p_) for p_ in spec.paths]
-                fully_shard(modules if () else modules[0], **kwargs_)
+                fully_shard(modules[0], **kwargs_)
         sharded = [p for spec in (ShardSpec(path='1'), ShardSpec(path='')) for p in spec.paths]
-        tops = [p__ for p__ in sharded if not any((is_ancestor(q, p__) for q in sharded))]
-        compose_out = Composed(model=model__, fsdp_roots=[model__.get_submodule(p__) for p__ in tops])
-        model, composed_ = (model__, compose_out)
-        model___ = composed_.model
-        lo = rank // 1 * 2
-        out_ = []
-        step_ = []
+        tops = [p__ for p__ in sharded if not any((is_ancestor() for q in sharded))]
+        compose_out_fsdp_roots = [model__.get_submodule(p__) for p__ in tops]
+        lo = rank * 2
         x_ = torch.randn(world_size * 2, 12)
         y_ = torch.randn(world_size * 2, 12)
-        step_.append((x_[lo:lo + 2].to(ctx_device), y_[lo:lo + 2].to(ctx_device)))
-        out_.append(step_)
+        step_ = [(x_[lo:lo + 2].to(ctx_device), y_[lo:lo + 2].to(ctx_device))]
+        out_ = [step_]
         s, step = next(iter(enumerate(out_)))
         i, (x, y) = next(iter(enumerate(step)))
-        composed_.set_sync(requires_gradient_sync=False)
-        out = model___(x)
+        m_ = next(iter(compose_out_fsdp_roots))
+        m_.set_requires_gradient_sync(False)
+        out = model__(x)
         loss = F.mse_loss(out.to(y.dtype), y)
         loss.backward()
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
-        path, fn = [(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))][-1]
-        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
+        path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
+        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
         if found in ['builtins.AttributeError@torch/distributed/fsdp/_fully_shard/_fsdp_param.py:to_accumulated_grad_if_needed']:
             return f'REPRODUCED exception:mixed_precision:builtins.AttributeError@torch/distributed/fsdp/_fully_shard/_fsdp_param.py:to_accumulated_grad_if_needed: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

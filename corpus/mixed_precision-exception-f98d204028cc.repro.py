@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=d27b23cefa09317c sources=ce057bc0da65e4dc seconds=97.3
+# shardfuzz reduced reproducer: entry=d27b23cefa09317c sources=c819ef517160c7c9 seconds=83.7
 """Reproduces shardfuzz corpus entry mixed_precision-exception-f98d204028cc.json: exception:mixed_precision:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out
 
 Observed: FSDP2's backward all-gather raises IndexError in foreach_all_gather_copy_out for a
@@ -44,12 +44,10 @@ def attempt(rank, world_size):
         kwargs['shard_placement_fn'] = _placement_fn()
         modules = [model_.get_submodule('')]
         fully_shard(modules[0], **kwargs)
-        out_ = []
-        step_ = []
         x_ = torch.randn(world_size, 4)
         y_ = torch.randn(world_size, 4)
-        step_.append((x_[rank:rank + 1].to(torch.device('cpu')), y_[rank:rank + 1].to(torch.device('cpu'))))
-        out_.append(step_)
+        step_ = [(x_[rank:rank + 1].to(torch.device('cpu')), y_[rank:rank + 1].to(torch.device('cpu')))]
+        out_ = [step_]
         s, step = next(iter(enumerate(out_)))
         i, (x, y) = next(iter(enumerate(step)))
         out = model_(x)
@@ -57,7 +55,7 @@ def attempt(rank, world_size):
         loss.backward()
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
-        path, fn = [(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))][-1]
+        path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
         found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
         if found in ['builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out']:
             return f'REPRODUCED exception:mixed_precision:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out: rank {rank} raised {found}: {e}'

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=71d9601af2884473 sources=ce057bc0da65e4dc seconds=70.5
+# shardfuzz reduced reproducer: entry=71d9601af2884473 sources=c819ef517160c7c9 seconds=38.3
 """Reproduces shardfuzz corpus entry parity-exception-3e90c3cc368a.json: exception:parity:builtins.ValueError@torch/utils/checkpoint.py:_checkpoint_without_reentrant_generator
 
 Observed: composable checkpoint(debug=True) always raises ValueError 'debug=True is incompatible
@@ -27,7 +27,7 @@ def attempt(rank, world_size):
     import traceback
     try:
         dtype = torch.float32
-        build_model_out = nn.Sequential(*[nn.Linear(4, 4)])
+        build_model_out = nn.Sequential(nn.Linear(4, 4))
         model_ = build_model_out.to(dtype)
         from torch.distributed._composable import checkpoint
         kwargs = {}
@@ -37,18 +37,16 @@ def attempt(rank, world_size):
         api, path_ = next(iter(Composition_steps_out))
         checkpoint(model_.get_submodule(path_), **kwargs)
         lo = rank * 2
-        out_ = []
-        step_ = []
         x_ = torch.randn(world_size * 2, 4)
         y_ = torch.randn(world_size * 2, 4)
-        step_.append((x_[lo:lo + 2].to(ctx_device), y_[lo:lo + 2].to(ctx_device)))
-        out_.append(step_)
+        step_ = [(x_[lo:lo + 2].to(ctx_device), y_[lo:lo + 2].to(ctx_device))]
+        out_ = [step_]
         s, step = next(iter(enumerate(out_)))
         i, (x, y) = next(iter(enumerate(step)))
         out = model_(x)
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
-        path, fn = [(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))][-1]
+        path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
         found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
         if found in ['builtins.ValueError@torch/utils/checkpoint.py:_checkpoint_without_reentrant_generator']:
             return f'REPRODUCED exception:parity:builtins.ValueError@torch/utils/checkpoint.py:_checkpoint_without_reentrant_generator: rank {rank} raised {found}: {e}'

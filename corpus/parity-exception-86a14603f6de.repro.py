@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=6d0f1782b1a74e14 sources=845e968d7c09e2fe seconds=179.5
+# shardfuzz reduced reproducer: entry=6d0f1782b1a74e14 sources=c819ef517160c7c9 seconds=56.7
 """Reproduces shardfuzz corpus entry parity-exception-86a14603f6de.json: exception:parity:builtins.RuntimeError@torch/nn/parallel/distributed.py:_clear_grad_buffer
 
 Observed: replicate with delay_all_reduce_named_params over float64 parameters: DDP's delayed-
@@ -21,7 +21,7 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 from __future__ import annotations
 import torch
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from torch import nn
 
@@ -36,12 +36,12 @@ class Leaf:
 class Block:
     children: object
 
-def iter_paths(block, prefix=''):
+def iter_paths(block):
     for i, child in enumerate(block.children):
         path = str(i)
         yield (path, child)
 
-def param_names(node):
+def param_names():
     return ['bias']
 
 @dataclass()
@@ -54,16 +54,7 @@ class ModuleTree:
 
 @dataclass()
 class Composition:
-
-    def steps(self):
-        items = [] + [('replicate', p) for p in ('',)]
-        return sorted(items)
-
-@dataclass()
-class Unit:
-    api: object
-    index: object
-    members: object
+    pass
 
 @dataclass()
 class Layout:
@@ -74,42 +65,6 @@ class Layout:
     def paths(self):
         return self.tree.paths()
 
-    @cached_property
-    def units(self):
-        shards = tuple((Unit('fully_shard', i, spec.paths) for i, spec in enumerate(())))
-        return shards + tuple((Unit('replicate', i, ()) for i, p in enumerate(('',))))
-
-    def owned_by(self, unit, member=None):
-        out = []
-        for path, node in self.paths.items():
-            out.append(path)
-        return out
-
-    def replicated_params(self, member):
-        unit = next((u for u in self.units if 'replicate' == 'replicate' and ('',) == (member,)))
-        return [(p, name) for p in self.owned_by(unit) for name in param_names(self.paths[p])]
-
-class TreeBlock(nn.Module):
-
-    def __init__(self, children, residual, width, scale, buffer):
-        super().__init__()
-        for i, child in enumerate(children):
-            self.add_module(str(i), child)
-
-    def forward(self, x):
-        pass
-
-def build_node(node, width):
-    if isinstance(node, Leaf):
-        module = nn.Linear(width, width)
-        return module
-    return TreeBlock([build_node(c, width) for c in node.children], False, width, False, False)
-
-@dataclass
-class Composed:
-    model: object
-    fsdp_roots: object = field()
-
 def attempt(rank, world_size):
     ctx_device = torch.device('cpu')
     import re
@@ -118,37 +73,36 @@ def attempt(rank, world_size):
         comp = Composition()
         tree = ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR))))
         dtype = torch.float64
-        build_model_out = build_node(Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR))), 4)
+        build_model_out = nn.Sequential(*[nn.Linear(4, 4), nn.Linear(4, 4)])
         model_ = build_model_out.to(dtype)
         from torch.distributed._composable import replicate
-        api, path_ = next(iter(comp.steps()))
+        items = [('replicate', '')]
+        Composition_steps_out = sorted(items)
+        api, path__ = next(iter(Composition_steps_out))
         kwargs = {}
         layout = Layout(tree, comp)
         plan = ('0', ('1',))
         hook, delayed = plan
-        order = layout.replicated_params(path_)
-        kwargs['param_to_hook_all_reduce'] = model_.get_submodule(hook).get_parameter(next((name for p_, name in order if p_ == hook)))
-        kwargs['delay_all_reduce_named_params'] = [(str(i_), model_.get_submodule(p_).get_parameter(name)) for i_, (p_, name) in enumerate(order) if p_ in delayed]
-        replicate(model_.get_submodule(path_), **kwargs)
-        sharded = []
-        tops = [p__ for p__ in sharded if not any((is_ancestor(q, p__) for q in sharded))]
-        compose_out = Composed(model=model_, fsdp_roots=[model_.get_submodule(p__) for p__ in tops])
-        model, composed_ = (model_, compose_out)
-        model__ = composed_.model
-        lo = rank // 1 * 2
-        out_ = []
-        step_ = []
-        x_ = torch.randn(world_size * 2, 4)
+        out__ = []
+        for path_, node in layout.paths.items():
+            out__.append(path_)
+        order = [(p_, name_) for p_ in out__ for name_ in param_names()]
+        kwargs['param_to_hook_all_reduce'] = model_.get_submodule(hook).get_parameter(next((name for p__, name in order if p__ == hook)))
+        kwargs['delay_all_reduce_named_params'] = [(str(i_), model_.get_submodule(p__).get_parameter(name)) for i_, (p__, name) in enumerate(order) if p__ in delayed]
+        replicate(model_.get_submodule(path__), **kwargs)
+        dtype_ = torch.float64
+        lo = rank * 2
+        x_ = torch.randn(world_size * 2, 4, dtype=dtype_)
         y_ = torch.randn(world_size * 2, 4)
-        step_.append((x_[lo:lo + 2].to(ctx_device), y_[lo:lo + 2].to(ctx_device)))
-        out_.append(step_)
+        step_ = [(x_[lo:lo + 2].to(ctx_device), y_[lo:lo + 2].to(ctx_device))]
+        out_ = [step_]
         s, step = next(iter(enumerate(out_)))
         i, (x, y) = next(iter(enumerate(step)))
-        out = model__(x)
+        out = model_(x)
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
-        path, fn = [(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))][-1]
-        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
+        path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
+        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
         if found in ['builtins.RuntimeError@torch/nn/parallel/distributed.py:_clear_grad_buffer']:
             return f'REPRODUCED exception:parity:builtins.RuntimeError@torch/nn/parallel/distributed.py:_clear_grad_buffer: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=d9f2fe49f54e84bd sources=845e968d7c09e2fe seconds=228.5
+# shardfuzz reduced reproducer: entry=d9f2fe49f54e84bd sources=c819ef517160c7c9 seconds=214.4
 """Reproduces shardfuzz corpus entry parity-mismatch-009298376223.json: mismatch:parity@fsdp2:shard1:divide-factor-twice
 
 Observed: rank 0 gradient norm at step 0 is 1.7529385089874268, expected 3.5058770179748535
@@ -17,7 +17,6 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 from __future__ import annotations
 import torch
 import enum
-from dataclasses import dataclass
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, ClassVar
@@ -37,16 +36,12 @@ class RankContext:
 
     def mesh(self, shape, names):
         from torch.distributed.device_mesh import init_device_mesh
-        key = (shape, names)
+        key = ()
         self._meshes[key] = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
         return self._meshes[key]
 
 class LeafKind(str, enum.Enum):
-    LINEAR = 'linear'
-    LAYER_NORM = 'layer_norm'
     CONV1D = 'conv1d'
-    GELU = 'gelu'
-    DROPOUT = 'dropout'
 
 class Dtype(str, enum.Enum):
     FLOAT32 = 'float32'
@@ -54,28 +49,21 @@ class Dtype(str, enum.Enum):
     BFLOAT16 = 'bfloat16'
     FLOAT16 = 'float16'
 
-@dataclass(frozen=True)
+@dataclass()
 class Leaf:
     kind: object
-    bias: object = True
-    frozen: object = False
 
-@dataclass(frozen=True)
+@dataclass()
 class Block:
     children: object
-    residual: object = False
-    scale: object = False
 
-def iter_paths(block, prefix=''):
-    yield (prefix, block)
-    i, child = next(iter(enumerate(block.children)))
-    path = str(i)
-    yield (path, child)
+def iter_paths(block):
+    yield ('', block)
 
-def owns_params(node):
+def owns_params():
     pass
 
-@dataclass(frozen=True)
+@dataclass()
 class ModuleTree:
     width: object
     root: object
@@ -83,35 +71,16 @@ class ModuleTree:
     def paths(self):
         return dict(iter_paths(self.root))
 
-def contains(outer, path):
+def contains():
     pass
 
-@dataclass(frozen=True)
+@dataclass()
 class ShardSpec:
     path: object
-    reshard_after_forward: object = True
 
-    @property
-    def paths(self):
-        pass
-
-@dataclass(frozen=True)
-class Knobs:
-    gradient_divide_factor: object = None
-    force_sum_reduction: object = False
-
-    def names(self):
-        pass
-
-@dataclass(frozen=True)
+@dataclass()
 class Composition:
     shards: object = ()
-    checkpoint_first: object = True
-    mesh: object = ()
-    knobs: object = field(default_factory=Knobs)
-
-    def reshard_after_forward(self, spec):
-        pass
 
     @property
     def sharded_paths(self):
@@ -121,15 +90,15 @@ class Composition:
     def shard_ignored(self):
         pass
 
-    def steps(self):
-        items = [] + []
-        items += [('fully_shard', '') for spec in self.shards]
-
-        def key(item):
-            pass
-        return sorted(items, key=key)
-
 @dataclass(frozen=True)
+class Training:
+    lr: object = 0.1
+    dtype: object = Dtype.FLOAT32
+
+    def skipped_at(self, step, microbatch):
+        return [s.path for s in () if s.step == step and s.microbatch == microbatch]
+
+@dataclass()
 class Layout:
     tree: object
     comp: object
@@ -138,32 +107,10 @@ class Layout:
     def paths(self):
         return self.tree.paths()
 
-    def member_of(self, path, api=None):
-        pass
-
     def local(self):
         ignored = ()
         by_shards = self.comp.shard_ignored
-        return [p for p, n in self.paths.items() if owns_params(n) and (any((contains(i, p) for i in ignored)) or p in by_shards) and (self.member_of(p) is None)]
-
-class AccumSync(str, enum.Enum):
-    ALWAYS = 'always'
-    NO_GRAD_SYNC = 'no_grad_sync'
-    NO_ALL_REDUCE = 'no_all_reduce'
-
-@dataclass(frozen=True)
-class Training:
-    lr: object = 0.1
-    momentum: object = 0.0
-    eps: object = 0.001
-    steps: object = 2
-    batch_per_rank: object = 2
-    dtype: object = Dtype.FLOAT32
-    set_to_none: object = True
-    foreach: object = None
-
-    def skipped_at(self, step, microbatch):
-        return [s.path for s in () if s.step == step and s.microbatch == microbatch]
+        return [p for p, n in self.paths.items() if owns_params() and (any((contains() for i in ignored)) or p in by_shards) and (self.member_of(p) is None)]
 
 class Body:
     KIND: ClassVar[str]
@@ -182,7 +129,7 @@ class ParityBody(Body):
     composition: object
     training: object = field(default_factory=Training)
 
-@dataclass(frozen=True)
+@dataclass()
 class Case:
     property: object
     world_size: object
@@ -191,72 +138,39 @@ class Case:
 
 def fsdp_sharded(p):
     from torch.distributed.tensor import DTensor
-    return isinstance(p, DTensor) and 'shard' in (p.device_mesh.mesh_dim_names or ('shard',))
+    return isinstance(p, DTensor) and 'shard' in (p.device_mesh.mesh_dim_names or ())
 
 class KnobState:
 
-    def __init__(self, model, comp, tree, roots):
-        self.model = model
-        self.comp = comp
-        self.tree = tree
-        self.knobs: Knobs = comp.knobs
-        self.roots = roots
+    def __init__(self, model):
         self.problems: list[str] = []
-        self._checked_unshard = False
-        spec = next(iter(comp.shards))
         module = model.get_submodule('')
         module.set_force_sum_reduction_for_comms(True)
         module.set_gradient_divide_factor(2.0)
 
-    def before_microbatch(self, first, last):
-        pass
-
-class TreeBlock(nn.Module):
-
-    def __init__(self, children, residual, width, scale, buffer):
-        super().__init__()
-        i, child = next(iter(enumerate(children)))
-        self.add_module(str(i), child)
-        self.residual = residual
-        self.scale = None
-        self.shift = None
-        self.skipped: frozenset[str] = frozenset()
-
-    def forward(self, x):
-        y = x
-        name, child = next(iter(self.named_children()))
-        y = child(y)
-        return y
+    def final_problems(self):
+        return self.problems
 
 class PointwiseConv1d(nn.Conv1d):
-
-    def forward(self, x):
-        return super().forward(x.unsqueeze(-1)).squeeze(-1)
+    pass
 
 def build_node(node, width):
     if isinstance(node, Leaf):
         module = PointwiseConv1d(width, width, kernel_size=1, bias=False)
         return module
-    return TreeBlock([build_node(c, width) for c in node.children], False, width, False, False)
+    return nn.Sequential(*[build_node(c, width) for c in node.children])
 
-def build_model(tree, device):
+def build_model(tree):
     return build_node(tree.root, 1)
-TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
+TORCH_DTYPES = {Dtype.FLOAT32: torch.float32}
 
 def clean_name(name):
     return name
 
-def mesh_for(comp, ctx):
-    return ctx.mesh(tuple((2, 1)), ('replicate', 'shard'))
-
 @dataclass
 class Composed:
     model: object
-    fsdp_roots: object = field(default_factory=list)
     knobs: object = None
-
-    def set_sync(self, requires_gradient_sync=True, requires_all_reduce=True):
-        pass
 
     @contextmanager
     def full_parameters(self):
@@ -270,9 +184,8 @@ class _Contracts:
 
     def __init__(self, model, comp):
         self.model = model
-        self.comp = comp
-        self.leaf_dtypes: dict[str, str] = {}
-        self.output_dtypes: dict[str, str] = {}
+        self.leaf_dtypes: dict[()] = {}
+        self.output_dtypes: dict[()] = {}
         self.handles: list[Any] = []
         path = next(iter(comp.sharded_paths))
         mod = model.get_submodule(path)
@@ -290,156 +203,106 @@ class _Contracts:
     def _on_leaf(self, name):
 
         def hook(module, args):
-            p = next(module.parameters(recurse=False))
+            p = next(module.parameters())
             self.leaf_dtypes.setdefault(name, str(p.dtype).removeprefix('torch.'))
         return hook
 
     def after_forward(self, skipped):
-        h = next(iter(self.handles))
-        h.remove()
-        sharded = self.comp.sharded_paths + list(())
         state = {}
-        spec = next(iter(self.comp.shards))
         flags = []
-        path = next(iter(('',)))
         model = self.model
-        root = model.get_submodule(path)
-        iter_paths_of_out = [(n or path, m) for n, m in root.named_modules()]
+        root = model.get_submodule('')
+        iter_paths_of_out = [(n or '', m) for n, m in root.named_modules()]
         for sub, _ in iter_paths_of_out:
             mod = self.model.get_submodule(sub)
             flags += [fsdp_sharded(p) for p in mod.parameters(recurse=False)]
         state[''] = flags
         return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
 
-def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precision=None, local=frozenset()):
+def train(tree, training, comp, ctx):
     dtype = TORCH_DTYPES[training.dtype]
     if comp is not None:
         torch.manual_seed(0)
-        model_ = build_model(tree, ctx.device).to(dtype)
-        mesh = mesh_for(comp, ctx)
-        api, path = next(iter(comp.steps()))
+        model_ = build_model(tree).to(dtype)
+        mesh = ctx.mesh(tuple((2, 1)), ('replicate', 'shard'))
         from torch.distributed.fsdp import fully_shard
-        kwargs = {'mesh': mesh, 'reshard_after_forward': False}
+        kwargs = {'mesh': mesh}
         modules = [model_.get_submodule('')]
-        fully_shard(modules if () else modules[0], **kwargs)
-        sharded = comp.sharded_paths
-        tops = [p_ for p_ in sharded if not any((False for q in sharded))]
-        compose_out = Composed(model=model_, fsdp_roots=[model_.get_submodule(p_) for p_ in tops])
-        compose_out.knobs = KnobState(model_, comp, tree, compose_out.fsdp_roots)
-        model, composed = (model_, compose_out)
+        fully_shard(modules[0], **kwargs)
+        compose_out = Composed(model=model_)
+        compose_out.knobs = KnobState(model_)
+        model = model_
+        composed = compose_out
     else:
         torch.manual_seed(0)
-        model = build_model(tree, ctx.device).to(dtype)
+        model = build_model(tree).to(dtype)
         composed = Composed(model)
     contracts = _Contracts(model, comp) if comp is not None else None
     obs = {}
-    model__ = composed.model
-    out___ = {}
-    name, p___ = next(iter(model__.named_parameters()))
-    owner = '.'.join((c for c in clean_name(name).split('.')[:-1] if c.isdigit()))
     params = composed.model.parameters()
-    later_ = [p for ps in out___.values() for p in ps]
-    held = {id(p__) for p__ in later_}
-    params = [p__ for p__ in params if p__.requires_grad or id(p__) in held]
-    groups = params
-    opt = torch.optim.SGD(groups, lr=0.01, momentum=0.0, foreach=None)
-    forward = _compiled(composed.model, training) if comp is not None else composed.model
-    losses = []
+    opt = torch.optim.SGD(params, lr=0.01)
+    forward = _compiled(composed.model) if comp is not None else composed.model
     params_per_step = []
-    grad_norms = []
-    dtype_ = TORCH_DTYPES[training.dtype]
     gen = torch.Generator().manual_seed(0)
-    lo = ctx.rank // tp_size * 1
-    out_ = []
-    _ = next(iter(range(1)))
-    step_ = []
-    for _ in range(1):
-        x_ = torch.randn(ctx.world_size * 1, 1, generator=gen, dtype=dtype_)
-        y_ = torch.randn(ctx.world_size * 1, 1, generator=gen, dtype=dtype_)
-        step_.append((x_[lo:lo + 1].to(ctx.device), y_[lo:lo + 1].to(ctx.device)))
-    out_.append(step_)
+    lo = ctx.rank
+    x_ = torch.randn(ctx.world_size, 1, generator=gen)
+    y_ = torch.randn(ctx.world_size, 1, generator=gen)
+    step_ = [(x_[lo:lo + 1].to(ctx.device), y_[lo:lo + 1].to(ctx.device))]
+    out_ = [step_]
     s, step = next(iter(enumerate(out_)))
-    step_losses = []
     i, (x, y) = next(iter(enumerate(step)))
     skipped = training.skipped_at(s, i)
-    last = i == len(step) - 1
-    sync = AccumSync.ALWAYS
-    composed.set_sync(requires_gradient_sync=sync is not AccumSync.NO_GRAD_SYNC, requires_all_reduce=sync is AccumSync.ALWAYS)
-    ctx_mgr = _null()
-    if composed.knobs is not None:
-        composed.knobs.before_microbatch(first=s == 0 and i == 0, last=last)
     out = forward(x)
     if contracts is not None and comp is not None:
         obs['contracts'] = contracts.after_forward(skipped)
         obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
         out__ = {}
         obs['contracts']['replicate_params'] = out__
-        contracts = None
     loss = F.mse_loss(out.to(y.dtype), y)
     loss.backward()
-    step_losses.append(loss.item())
-    if comp is None and precision is None:
-        scales = grad_scales or {}
+    step_losses = [loss.item()]
+    if comp is None and None is None:
         name_, p____ = next(iter(model.named_parameters()))
         dist.all_reduce(p____.grad)
         p____.grad /= ctx.world_size
-        scale = scales.get(name_.rpartition('.')[0], 1.0)
     from torch.distributed.tensor import DTensor
-    total = torch.zeros((), dtype=torch.float64)
+    total = torch.zeros(())
     p_____ = next(iter(composed.model.parameters()))
     g = p_____.grad.full_tensor() if isinstance(p_____.grad, DTensor) else p_____.grad
     total += g.double().pow(2).sum().cpu()
     grad_norm_out = float(total.sqrt())
-    grad_norms.append(grad_norm_out)
+    grad_norms = [grad_norm_out]
     opt.step()
-    opt.zero_grad(set_to_none=False)
-    losses.append(step_losses)
+    losses = [step_losses]
     with composed.full_parameters() as full:
         params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
     obs['losses'] = losses
     obs['grad_norms'] = grad_norms
+    local_of_out = frozenset() if comp is None else frozenset(Layout(tree, comp).local())
     model___ = composed.model
-    local_ = _local_of(tree, comp)
     from torch.distributed.tensor import DTensor as DTensor_
-    obs['local_params'] = {n_: p______.detach().double().cpu().flatten().tolist() for n_, p______ in model___.named_parameters() if not isinstance(p______, DTensor_) and (not n_.startswith('_fsdp_wrapped_module')) and ('_fsdp' not in n_) and (clean_name(n_).rpartition('.')[0] not in local_)}
-    obs['knob_problems'] = [] if composed.knobs is None else composed.knobs.problems
+    obs['local_params'] = {n_: p______.detach().double().cpu().flatten().tolist() for n_, p______ in model___.named_parameters() if not isinstance(p______, DTensor_) and (not n_.startswith('_fsdp_wrapped_module')) and ('_fsdp' not in n_) and (clean_name(n_).rpartition('.')[0] not in local_of_out)}
+    obs['knob_problems'] = [] if composed.knobs is None else composed.knobs.final_problems()
     if ctx.rank == 0:
         obs['params'] = params_per_step
     return obs
 
-def _compiled(model, training):
+def _compiled(model):
     return model
-
-class _null:
-    pass
-
-def grad_scales(tree, comp, world_size):
-    pass
-
-def _local_of(tree, comp):
-    return frozenset() if comp is None else frozenset(Layout(tree, comp).local())
 
 class OutcomeKind(str, enum.Enum):
     OK = 'ok'
-    EXCEPTION = 'exception'
-    HANG = 'hang'
-    CRASH = 'crash'
 
-@dataclass(frozen=True)
+@dataclass()
 class RankReport:
     rank: object
     observation: object = None
-    seconds: object = None
 
-@dataclass(frozen=True)
+@dataclass()
 class Outcome:
     kind: object
     ranks: object
     seconds: object
-
-    @property
-    def ok(self):
-        pass
 
     @property
     def observations(self):
@@ -541,17 +404,13 @@ def judge_parity(case, outcome):
     return failure
 
 def attempt(rank, world_size):
-    import torch
-    import torch.distributed as dist
-    case = Case(property='parity', world_size=2, seed=0, body=ParityBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),))), composition=Composition(shards=(ShardSpec(path='', reshard_after_forward=False),), checkpoint_first=False, mesh=(2, 1), knobs=Knobs(gradient_divide_factor=2.0, force_sum_reduction=True)), training=Training(lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, set_to_none=False)))
+    case = Case(property='parity', world_size=2, seed=0, body=ParityBody(tree=ModuleTree(width=1, root=Block(children=())), composition=Composition()))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
-    body = ParityBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),))), composition=Composition(shards=(ShardSpec(path='', reshard_after_forward=False),), checkpoint_first=False, mesh=(2, 1), knobs=Knobs(gradient_divide_factor=2.0, force_sum_reduction=True)), training=Training(lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, set_to_none=False))
-    comp = body.composition
-    composed = train(case, body.tree, body.training, comp, ctx, 1)
+    comp = Composition(shards=(ShardSpec(path=''),))
+    composed = train(ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D),))), Training(), comp, ctx)
     keys = ('losses', 'params', 'grad_norms')
-    scales = grad_scales(body.tree, comp, ctx.world_size)
-    reference = train(case, body.tree, body.training, None, ctx, 1, scales, local=_local_of(body.tree, comp))
+    reference = train(ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D),))), Training(), None, ctx)
     run_parity_out = {**composed, 'ref': {k: reference[k] for k in keys if k in reference}}
     obs = json.loads(json.dumps(run_parity_out))
     outs = [None] * world_size

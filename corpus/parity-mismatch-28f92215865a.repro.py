@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=075f93630193a507 sources=845e968d7c09e2fe seconds=266.8
+# shardfuzz reduced reproducer: entry=075f93630193a507 sources=c819ef517160c7c9 seconds=257.2
 """Reproduces shardfuzz corpus entry parity-mismatch-28f92215865a.json: mismatch:parity@fsdp2:delay-all-reduce
 
 Observed: replicate with delay_all_reduce_named_params / param_to_hook_all_reduce: DDP keeps the
@@ -27,10 +27,9 @@ import enum
 from dataclasses import dataclass, field
 from functools import cached_property
 from dataclasses import replace
-from typing import ClassVar
+from typing import Any, ClassVar
 from torch import nn
 from contextlib import contextmanager
-import copy
 import torch.distributed as dist
 import torch.nn.functional as F
 import math
@@ -67,13 +66,10 @@ class Leaf:
 @dataclass()
 class Block:
     children: object
-    residual: object = False
-    scale: object = False
-    buffer: object = False
 
-def iter_paths(block, prefix=''):
+def iter_paths(block):
     for i, child in enumerate(block.children):
-        path = f'{prefix}.{i}' if prefix else str(i)
+        path = str(i)
         yield (path, child)
 
 def owns_params(node):
@@ -93,7 +89,7 @@ def param_names(node):
     if isinstance(node, Leaf):
         return ['weight', 'bias'] if node.bias else ['weight']
 
-@dataclass()
+@dataclass(frozen=True)
 class ModuleTree:
     width: object
     root: object
@@ -117,8 +113,11 @@ class Wrapper(str, enum.Enum):
 
 @dataclass()
 class ReplicateOptions:
+    gradient_as_bucket_view: object = False
     static_graph: object = False
     ignored_modules: object = ()
+    batched_grad_copy: object = False
+    skip_all_reduce_unused_params: object = False
     delay_all_reduce: object = False
 
 @dataclass()
@@ -131,6 +130,7 @@ class Composition:
     replicates: object = ()
     checkpoints: object = ()
     wrapper: object = Wrapper.NONE
+    meta_init: object = False
     tp_size: object = 1
     replicate_options: object = field(default_factory=ReplicateOptions)
     checkpoint_options: object = field(default_factory=CheckpointOptions)
@@ -146,6 +146,37 @@ class Composition:
     def steps(self):
         items = [() for p in self.checkpoints] + [('replicate', p) for p in self.replicates]
         return sorted(items)
+
+class AccumSync(str, enum.Enum):
+    ALWAYS = 'always'
+    NO_GRAD_SYNC = 'no_grad_sync'
+    NO_ALL_REDUCE = 'no_all_reduce'
+
+class Optimizer(str, enum.Enum):
+    SGD = 'sgd'
+    ADAM = 'adam'
+    ADAMW = 'adamw'
+
+class Compile(str, enum.Enum):
+    NONE = 'none'
+    EAGER = 'eager'
+    AOT_EAGER = 'aot_eager'
+
+@dataclass(frozen=True)
+class Training:
+    lr: object = 0.1
+    steps: object = 2
+    batch_per_rank: object = 2
+    dtype: object = Dtype.FLOAT32
+    grad_accum: object = 1
+    accum_sync: object = AccumSync.ALWAYS
+    set_to_none: object = True
+    same_input: object = False
+    skips: object = ()
+    unfreeze: object = ()
+
+    def skipped_at(self, step, microbatch):
+        return [s.path for s in self.skips if s.step == step and s.microbatch == microbatch]
 
 @dataclass(frozen=True)
 class Unit:
@@ -191,6 +222,10 @@ class Layout:
         by_shards = self.comp.shard_ignored
         return [p for p, n in self.paths.items() if owns_params(n) and (any((contains(i, p) for i in ignored)) or p in by_shards) and (self.member_of(p) is None)]
 
+    def ignored_by(self, member):
+        out = []
+        return out
+
     def replicated_params(self, member):
         unit = next((u for u in self.units if u.api == 'replicate' and u.members == (member,)))
         return [(p, name) for p in self.owned_by(unit) for name in param_names(self.paths[p])]
@@ -204,38 +239,6 @@ class Layout:
     def _trainable(self, path):
         node = self.paths[path]
         return not (isinstance(node, Leaf) and node.frozen)
-
-class AccumSync(str, enum.Enum):
-    ALWAYS = 'always'
-    NO_GRAD_SYNC = 'no_grad_sync'
-    NO_ALL_REDUCE = 'no_all_reduce'
-
-class Optimizer(str, enum.Enum):
-    SGD = 'sgd'
-    ADAM = 'adam'
-    ADAMW = 'adamw'
-
-class Compile(str, enum.Enum):
-    NONE = 'none'
-    EAGER = 'eager'
-    AOT_EAGER = 'aot_eager'
-
-@dataclass(frozen=True)
-class Training:
-    lr: object = 0.1
-    momentum: object = 0.0
-    steps: object = 2
-    batch_per_rank: object = 2
-    dtype: object = Dtype.FLOAT32
-    grad_accum: object = 1
-    set_to_none: object = True
-    same_input: object = False
-    foreach: object = None
-    skips: object = ()
-    unfreeze: object = ()
-
-    def skipped_at(self, step, microbatch):
-        return [s.path for s in self.skips if s.step == step and s.microbatch == microbatch]
 
 def check_composition(tree, comp, where='composition'):
     paths = tree.paths()
@@ -316,25 +319,14 @@ class Case:
     seed: object
     body: object
 
-class TreeBlock(nn.Module):
-
-    def __init__(self, children, residual, width, scale, buffer):
-        super().__init__()
-        for i, child in enumerate(children):
-            self.add_module(str(i), child)
-        self.residual = residual
-
-    def forward(self, x):
-        y = x
-        for name, child in self.named_children():
-            y = child(y)
-        return x + y if self.residual else y
+def _build_leaf(width):
+    return nn.Linear(width, width)
 
 def build_node(node, width):
     if isinstance(node, Leaf):
-        module = nn.Linear(width, width)
+        module = _build_leaf(width)
         return module
-    return TreeBlock([build_node(c, width) for c in node.children], node.residual, width, node.scale, node.buffer)
+    return nn.Sequential(*[build_node(c, width) for c in node.children])
 
 def build_model(tree, device):
     return build_node(tree.root, tree.width)
@@ -348,6 +340,9 @@ class Composed:
     model: object
     knobs: object = None
 
+    def set_sync(self, requires_gradient_sync=True, requires_all_reduce=True):
+        pass
+
     @contextmanager
     def full_parameters(self):
         from torch.distributed.tensor import DTensor
@@ -356,39 +351,32 @@ class Composed:
             out[clean_name(n)] = (p.full_tensor() if isinstance(p, DTensor) else p).detach()
         yield out
 
-def compose(model, comp, ctx, tree=None):
+def build_composed(tree, comp, dtype, ctx, *, seed):
+    torch.manual_seed(seed)
+    model = build_model(tree, ctx.device).to(dtype)
     from torch.distributed._composable import replicate
     api, path = next(iter(comp.steps()))
     opts = comp.replicate_options
     kwargs = {}
-    name = 'static_graph'
-    kwargs[name] = True
+    for name in ('gradient_as_bucket_view', 'static_graph'):
+        kwargs[name] = True
     layout = Layout(tree, comp)
+    ignored = layout.ignored_by(path)
     plan = layout.delay_plan(path) if opts.delay_all_reduce else None
-    if plan is not None:
-        hook, delayed = plan
-        order = layout.replicated_params(path)
-        kwargs['param_to_hook_all_reduce'] = model.get_submodule(hook).get_parameter(next((name for p_, name in order if p_ == hook)))
-        kwargs['delay_all_reduce_named_params'] = [(str(i), model.get_submodule(p_).get_parameter(name)) for i, (p_, name) in enumerate(order) if p_ in delayed]
-    replicate_kwargs_out = kwargs
-    replicate(model.get_submodule(path), **replicate_kwargs_out)
-    return Composed(model=model)
-
-def build_composed(tree, comp, dtype, ctx, *, seed):
-    torch.manual_seed(seed)
-    model = build_model(tree, ctx.device).to(dtype)
-    composed = compose(model, comp, ctx, tree)
-    return (model, composed)
-
-def make_optimizer(params, training, later=()):
-    foreach = training.foreach
-    return torch.optim.SGD(params, lr=training.lr, momentum=training.momentum, foreach=foreach)
+    hook, delayed = plan
+    order = layout.replicated_params(path)
+    kwargs['param_to_hook_all_reduce'] = model.get_submodule(hook).get_parameter(next((name for p_, name in order if p_ == hook)))
+    kwargs['delay_all_reduce_named_params'] = [(str(i), model.get_submodule(p_).get_parameter(name)) for i, (p_, name) in enumerate(order) if p_ in delayed]
+    replicate(model.get_submodule(path), **kwargs)
+    sharded = comp.sharded_paths
+    compose_out = Composed(model=model)
+    with_knobs_out = compose_out
+    return (model, with_knobs_out)
 
 class _Contracts:
 
     def __init__(self, model, comp):
-        self.comp = comp
-        self.leaf_dtypes: dict[()] = {}
+        self.leaf_dtypes: dict[str,] = {}
         self.output_dtypes: dict[()] = {}
         self.handles: list[Any] = []
         for name, mod in model.named_modules():
@@ -403,12 +391,10 @@ class _Contracts:
         return hook
 
     def after_forward(self, skipped):
-        h = next(iter(self.handles))
-        sharded = self.comp.sharded_paths + list(self.comp.replicates)
         state = {}
         return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
 
-def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precision=None, local=frozenset()):
+def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None):
     dtype = TORCH_DTYPES[training.dtype]
     if comp is not None:
         model, composed = build_composed(tree, comp, dtype, ctx, seed=case.seed)
@@ -418,38 +404,41 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
         composed = Composed(model)
     contracts = _Contracts(model, comp) if comp is not None else None
     obs = {}
-    out__ = {u.path: [] for u in training.unfreeze}
-    opt = make_optimizer(composed.model.parameters(), training, [p for ps in out__.values() for p in ps])
-    forward = _compiled(composed.model, training) if comp is not None else composed.model
+    out___ = {u.path: [] for u in training.unfreeze}
+    params = composed.model.parameters()
+    later_ = [p for ps in out___.values() for p in ps]
+    opt = torch.optim.SGD(params, lr=training.lr)
+    forward = _compiled(composed.model) if comp is not None else composed.model
     losses = []
     params_per_step = []
     grad_norms = []
     width = tree.width
+    dtype_ = TORCH_DTYPES[training.dtype]
     gen = torch.Generator().manual_seed(case.seed)
     b = training.batch_per_rank
     lo = 0 if training.same_input else ctx.rank // tp_size * b
     out_ = []
     for _ in range(training.steps):
         step_ = []
-        for _ in range(training.grad_accum):
-            x_ = torch.randn(ctx.world_size * b, width, generator=gen)
-            y_ = torch.randn(ctx.world_size * b, width, generator=gen)
-            step_.append((x_[lo:lo + b].to(ctx.device), y_[lo:lo + b].to(ctx.device)))
+        x_ = torch.randn(ctx.world_size * b, width, generator=gen)
+        y_ = torch.randn(ctx.world_size * b, width, generator=gen)
+        step_.append((x_[lo:lo + b].to(ctx.device), y_[lo:lo + b].to(ctx.device)))
         out_.append(step_)
     for s, step in enumerate(out_):
-        step_losses = []
         i, (x, y) = next(iter(enumerate(step)))
         skipped = training.skipped_at(s, i)
+        last = i == len(step) - 1
+        sync = AccumSync.ALWAYS if last else training.accum_sync
         out = forward(x)
         if contracts is not None and comp is not None:
             obs['contracts'] = contracts.after_forward(skipped)
             obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
             from torch.distributed._composable import replicate as replicate_
-            out___ = {}
+            out__ = {}
             path = next(iter(comp.replicates))
             state = replicate_.state(model.get_submodule(path))
-            out___[path] = sorted(getattr(state, '_param_names', []))
-            obs['contracts']['replicate_params'] = out___
+            out__[path] = sorted(getattr(state, '_param_names', []))
+            obs['contracts']['replicate_params'] = out__
             from torch.distributed._composable import replicate
             problems = []
             member = next(iter(comp.replicates))
@@ -460,35 +449,38 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
             obs['contracts']['delayed'] = problems
         loss = F.mse_loss(out.to(y.dtype), y)
         loss.backward()
-        step_losses.append(loss.item())
-        for name_, p___ in model.named_parameters():
-            dist.all_reduce(p___.grad)
-            p___.grad /= ctx.world_size
+        step_losses = [loss.item()]
+        for name, p__ in model.named_parameters():
+            dist.all_reduce(p__.grad)
+            p__.grad /= ctx.world_size
         from torch.distributed.tensor import DTensor
         total = torch.zeros((), dtype=torch.float64)
-        for p____ in composed.model.parameters():
-            g = p____.grad.full_tensor() if isinstance(p____.grad, DTensor) else p____.grad
+        for p___ in composed.model.parameters():
+            g = p___.grad.full_tensor() if isinstance(p___.grad, DTensor) else p___.grad
             total += g.double().pow(2).sum().cpu()
         grad_norm_out = float(total.sqrt())
         grad_norms.append(grad_norm_out)
         opt.step()
-        opt.zero_grad(set_to_none=training.set_to_none)
+        opt.zero_grad()
         losses.append(step_losses)
         with composed.full_parameters() as full:
             params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
     obs['losses'] = losses
     obs['grad_norms'] = grad_norms
-    model__ = composed.model
-    local_ = frozenset() if comp is None else frozenset(Layout(tree, comp).local())
+    model_ = composed.model
+    local_ = _local_of(tree, comp)
     from torch.distributed.tensor import DTensor as DTensor_
-    obs['local_params'] = {n_: p_____.detach().double().cpu().flatten().tolist() for n_, p_____ in model__.named_parameters() if not isinstance(p_____, DTensor_) and (not n_.startswith('_fsdp_wrapped_module')) and ('_fsdp' not in n_) and (clean_name(n_).rpartition('.')[0] not in local_)}
-    obs['knob_problems'] = [] if composed.knobs is None else composed.knobs.problems
+    obs['local_params'] = {n_: p____.detach().double().cpu().flatten().tolist() for n_, p____ in model_.named_parameters() if not isinstance(p____, DTensor_) and (not n_.startswith('_fsdp_wrapped_module')) and ('_fsdp' not in n_) and (clean_name(n_).rpartition('.')[0] not in local_)}
+    obs['knob_problems'] = [] if composed.knobs is None else composed.knobs.final_problems()
     if ctx.rank == 0:
         obs['params'] = params_per_step
     return obs
 
-def _compiled(model, training):
+def _compiled(model):
     return model
+
+def _local_of(tree, comp):
+    return frozenset() if comp is None else frozenset(Layout(tree, comp).local())
 
 class OutcomeKind(str, enum.Enum):
     OK = 'ok'
@@ -601,7 +593,7 @@ def judge_parity(case, outcome):
     return failure
 
 def attempt(rank, world_size):
-    case = Case(property='parity', world_size=2, seed=0, body=ParityBody(tree=ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR),))), composition=Composition(replicate_options=ReplicateOptions(static_graph=True))))
+    case = Case(property='parity', world_size=2, seed=0, body=ParityBody(tree=ModuleTree(width=4, root=Block(children=())), composition=Composition(replicates=('',)), training=Training(lr=0.05)))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
     body = ParityBody(tree=ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR)))), composition=Composition(replicates=('',), replicate_options=ReplicateOptions(static_graph=True, delay_all_reduce=True)), training=Training(lr=0.05, steps=4))
@@ -609,7 +601,6 @@ def attempt(rank, world_size):
     comp = body.composition
     composed = train(case, body.tree, body.training, comp, ctx, tp)
     keys = ('losses', 'params', 'grad_norms')
-    tree = body.tree
     pass
     scales = None
     reference = train(case, body.tree, body.training, None, ctx, tp, scales)

@@ -102,7 +102,7 @@ def attempt(rank, world_size):
         set_optimizer_state_dict(tgt.model, opt, osd, options=options_)
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
-        path, fn = [(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))][-1]
+        path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
         found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
         if found in ['builtins.KeyError@torch/distributed/_state_dict_utils.py:_unflatten_state_dict', 'builtins.KeyError@torch/optim/optimizer.py:load_state_dict']:
             return f'REPRODUCED exception:state_dict:builtins.KeyError@torch/distributed/_state_dict_utils.py:_unflatten_state_dict: rank {rank} raised {found}: {e}'

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=af1b565e41fad220 sources=8dc1694f16ffdb1f seconds=43.1
+# shardfuzz reduced reproducer: entry=af1b565e41fad220 sources=2836a7ca10136e42 seconds=39.3
 """Reproduces shardfuzz corpus entry state_dict-exception-d75bbc271571.json: exception:state_dict:builtins.AssertionError@torch/distributed/checkpoint/state_dict.py:_load_optim_state_dict
 
 Observed: set_optimizer_state_dict(full_state_dict=True) raises AssertionError('Expected device
@@ -7,7 +7,7 @@ to be set') for an optimizer without tensor state (SGD without momentum): _load_
 takes the device from the local state's tensors of dim > 0 and finds none. Any model, sharded or
 not. (rank 0 raised builtins.AssertionError: Expected device to be set)
 Known torch bug: set_optimizer_state_dict(full_state_dict=True) for an optimizer without tensor
-state: 'Expected device to be set'; upstream: none found.
+state: 'Expected device to be set'; upstream: https://github.com/pytorch/pytorch/issues/133415.
 Expected: no rank raises.
 
     torchrun --nproc-per-node 2 THIS_FILE.py
@@ -75,7 +75,7 @@ def attempt(rank, world_size):
         set_optimizer_state_dict(tgt.model, opt, osd, options=options_)
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
-        path, fn = [(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))][-1]
+        path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
         found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
         if found in ['builtins.AssertionError@torch/distributed/checkpoint/state_dict.py:_load_optim_state_dict']:
             return f'REPRODUCED exception:state_dict:builtins.AssertionError@torch/distributed/checkpoint/state_dict.py:_load_optim_state_dict: rank {rank} raised {found}: {e}'
