@@ -28,6 +28,7 @@ from fuzz.repro.delta import (
     _fixed,
     _inlined,
     _reads,
+    _Replace,
     _Substitute,
     _unparse,
     propagate_aliases,
@@ -271,14 +272,6 @@ def _inline_at(tree: ast.Module, fn: ast.FunctionDef, call: ast.Call, body: ast.
                     block[i : i + 1] = stmts
                     return True
     return False
-
-
-class _Replace(ast.NodeTransformer):
-    def __init__(self, old: ast.AST, new: ast.AST) -> None:
-        self.old, self.new = old, new
-
-    def visit(self, node: ast.AST) -> ast.AST:
-        return copy.deepcopy(self.new) if node is self.old else super().visit(node)
 
 
 # -- a module class that holds its children in order, as nn.Sequential ----------------------------
