@@ -651,21 +651,9 @@ def inline(code: str, name: str, frozen: Frozen = frozenset()) -> str | None:
     return None
 
 
-def _inlined(fn: ast.FunctionDef, call: ast.Call, stmt: ast.stmt, caller: _Function) -> list[ast.stmt] | None:
-    fn = copy.deepcopy(fn)
-    caller_names = {n.id for n in ast.walk(caller) if isinstance(n, ast.Name)} | _stored(caller)
-    local = _stored(fn)
-    free = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and n.id not in local}
-    if free & _stored(caller):
-        return None  # a global the callee reads is a local of the caller
-    taken = caller_names | local | free
-    rename: dict[str, str] = {}
-    for old in sorted(local & caller_names):
-        new = old + "_"
-        while new in taken:
-            new += "_"
-        taken.add(new)
-        rename[old] = new
+def bind(fn: ast.FunctionDef, call: ast.Call) -> dict[str, ast.expr] | None:
+    """What ``call`` binds each parameter of ``fn`` to (its argument, else its default); None
+    where a parameter gets nothing or the call passes what ``fn`` does not take."""
     args = fn.args
     params = [*args.posonlyargs, *args.args]
     if len(call.args) > len(params):
@@ -681,7 +669,26 @@ def _inlined(fn: ast.FunctionDef, call: ast.Call, stmt: ast.stmt, caller: _Funct
         if value is None:
             return None
         bound[p.arg] = value
-    if given:
+    return None if given else bound
+
+
+def _inlined(fn: ast.FunctionDef, call: ast.Call, stmt: ast.stmt, caller: _Function) -> list[ast.stmt] | None:
+    fn = copy.deepcopy(fn)
+    caller_names = {n.id for n in ast.walk(caller) if isinstance(n, ast.Name)} | _stored(caller)
+    local = _stored(fn)
+    free = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and n.id not in local}
+    if free & _stored(caller):
+        return None  # a global the callee reads is a local of the caller
+    taken = caller_names | local | free
+    rename: dict[str, str] = {}
+    for old in sorted(local & caller_names):
+        new = old + "_"
+        while new in taken:
+            new += "_"
+        taken.add(new)
+        rename[old] = new
+    bound = bind(fn, call)
+    if bound is None:
         return None
     assigned = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
     substitute = {p: v for p, v in bound.items() if p not in assigned and isinstance(v, (ast.Name, ast.Constant))}

@@ -840,6 +840,10 @@ def _neutral(node: ast.expr) -> str | None:
     return None
 
 
+#: Calls that build an empty container, and the display that builds it.
+_EMPTY = {"dict": "{}", "list": "[]", "tuple": "()"}
+
+
 class _Identities(ast.NodeTransformer):
     """``x * 1``, ``1 * x``, ``x // 1``, ``x + 0``, ``0 + x``, ``x - 0``, ``[] + x``, ``x + []``
     (and of ``()``) become ``x``; ``*()`` and ``*[]`` go from a display or a call."""
@@ -891,10 +895,9 @@ class _Identities(ast.NodeTransformer):
     def visit_Call(self, node: ast.Call) -> ast.AST:
         self.generic_visit(node)
         node.args = self._starred(node.args)
-        empty = {"dict": ast.Dict([], []), "list": ast.List([], ast.Load()), "tuple": ast.Tuple([], ast.Load())}
-        if isinstance(node.func, ast.Name) and node.func.id in empty and not node.args and not node.keywords:
+        if isinstance(node.func, ast.Name) and node.func.id in _EMPTY and not node.args and not node.keywords:
             self.changed = True
-            return empty[node.func.id]
+            return ast.parse(_EMPTY[node.func.id], mode="eval").body
         return node
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import copy
+from typing import TypeGuard
 
 from fuzz.repro.delta import (
     Frozen,
@@ -31,9 +32,10 @@ from fuzz.repro.delta import (
     _Replace,
     _Substitute,
     _unparse,
+    bind,
     propagate_aliases,
 )
-from fuzz.repro.simplify import _Class, _classes, _Constants, _given
+from fuzz.repro.simplify import _Class, _classes, _Constants, _given, _statement_lists
 
 #: Calls evaluated at most in one :func:`unroll` (a tree's nodes, with room to spare).
 MAX_CALLS = 256
@@ -137,17 +139,11 @@ def _evaluated(fn: ast.FunctionDef, call: ast.Call, tree: ast.Module) -> ast.Fun
     """A copy of ``fn`` with no parameters, what ``call`` passes in their place, evaluated as far
     as it decides; None if a parameter is rebound or not given."""
     args = fn.args
-    if args.vararg or args.kwarg or args.posonlyargs or args.kwonlyargs or len(call.args) > len(args.args):
+    if args.vararg or args.kwarg or args.posonlyargs or args.kwonlyargs:
         return None
-    given = {p.arg: a for p, a in zip(args.args, call.args)}
-    given.update({k.arg: k.value for k in call.keywords if k.arg})
-    defaults = dict(zip([p.arg for p in args.args][len(args.args) - len(args.defaults) :], args.defaults))
-    bound: dict[str, ast.expr] = {}
-    for p in args.args:
-        value = given.get(p.arg, defaults.get(p.arg))
-        if value is None or _reads(fn, p.arg)[1]:
-            return None
-        bound[p.arg] = value
+    bound = bind(fn, call)
+    if bound is None or any(_reads(fn, p)[1] for p in bound):
+        return None
     out = copy.deepcopy(fn)
     out.args = ast.arguments([], [], None, [], [], None, [])
     out.body = [_Substitute(bound).visit(s) for s in out.body]
@@ -190,21 +186,15 @@ def unrollable(code: str, frozen: Frozen = frozenset()) -> list[str]:
             continue
         if any(isinstance(n, (ast.Yield, ast.YieldFrom, ast.Global, ast.Nonlocal)) for n in ast.walk(node)):
             continue
-        for call in ast.walk(tree):
-            if (
-                isinstance(call, ast.Call)
-                and isinstance(call.func, ast.Name)
-                and call.func.id == node.name
-                and (call.args or call.keywords)
-                and all(_literal(a, classes, enums) for a in call.args)
-                and all(k.arg is not None and _literal(k.value, classes, enums) for k in call.keywords)
-            ):
-                out.append(node.name)
-                break
+        if any(
+            _literal_call(call, node.name, classes, enums) and bool(call.args or call.keywords)
+            for call in ast.walk(tree)
+        ):
+            out.append(node.name)
     return out
 
 
-def _literal_call(node: ast.AST, name: str, classes: dict[str, _Class], enums: set[str]) -> bool:
+def _literal_call(node: ast.AST, name: str, classes: dict[str, _Class], enums: set[str]) -> TypeGuard[ast.Call]:
     return (
         isinstance(node, ast.Call)
         and isinstance(node.func, ast.Name)
@@ -229,7 +219,6 @@ def unroll(code: str, name: str, frozen: Frozen = frozenset()) -> str | None:
         for node in ast.walk(tree):
             if id(node) in own or not _literal_call(node, name, classes, enums):
                 continue
-            assert isinstance(node, ast.Call)
             body = _evaluated(fn, node, tree)
             if body is None:
                 return None
@@ -257,20 +246,16 @@ def _inline_at(tree: ast.Module, fn: ast.FunctionDef, call: ast.Call, body: ast.
     for caller in ast.walk(tree):
         if not isinstance(caller, (ast.FunctionDef, ast.AsyncFunctionDef)) or caller is fn:
             continue
-        for holder in ast.walk(caller):
-            for field in ("body", "orelse", "finalbody"):
-                block = getattr(holder, field, None)
-                if not (isinstance(block, list) and block and isinstance(block[0], ast.stmt)):
+        for _, _, block in _statement_lists(caller):
+            for i, stmt in enumerate(block):
+                if _call_site(stmt, fn.name) is not call:
                     continue
-                for i, stmt in enumerate(block):
-                    if stmt is caller or _call_site(stmt, fn.name) is not call:
-                        continue
-                    call.args, call.keywords = [], []  # bound in ``body`` already
-                    stmts = _inlined(body, call, stmt, caller)
-                    if stmts is None:
-                        return False
-                    block[i : i + 1] = stmts
-                    return True
+                call.args, call.keywords = [], []  # bound in ``body`` already
+                stmts = _inlined(body, call, stmt, caller)
+                if stmts is None:
+                    return False
+                block[i : i + 1] = stmts
+                return True
     return False
 
 
