@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fuzz.model import (
+    DEFAULT_FQN_MODIFIERS,
     PARAM_LEAVES,
     AccumSync,
     Api,
@@ -364,6 +365,55 @@ FROZEN_OPTIM_STATE_DROPPED = KnownBug(
     # a mismatch: no respawn, no deadline spent
     odds=4,
 )
+FUSED_OPTIM_KEYS = KnownBug(
+    "dsd-fqn-modifiers-optimizer-keys",
+    "a module whose state-dict hooks hide a child, declared through its fqn modifiers method "
+    "(StateDictOptions.dsd_fqn_modifiers): get_optimizer_state_dict keys that child's parameters by "
+    "named_parameters' names ('0.fused.weight'), set_optimizer_state_dict looks them up by the model state "
+    "dict's ('0.weight'), so a get/set round trip of the optimizer fails: strict raises RuntimeError "
+    "'Missing optimizer state for parameter', non-strict drops that state, flattened raises KeyError "
+    "'param_groups.<fqn>.lr'. Any model, sharded or not",
+    symptoms=frozenset({"exception", "mismatch"}),
+    relation="none found after five phrasings (the RuntimeError's text, dsd_fqn_modifiers / _fqn_modifiers "
+    "with the optimizer, a state-dict hook renaming keys, the round trip of get/set_optimizer_state_dict, "
+    "FusionEmbedding); see_also: the pull request that added the modifiers to the model state dict only",
+    state="present in torch 2.13.0",
+    see_also=("pytorch/pytorch#146557",),
+    ends_ranks=False,
+    tag=":fused-optimizer-keys",
+    docs="docs/state_dict.md",
+    # what a load with the keys missing leads to shows up in the optimizer's own code too
+    conditional=True,
+)
+FUSED_CUSTOM_NAME = KnownBug(
+    "dsd-fqn-modifiers-name-ignored-on-get",
+    "get_model_state_dict / get_state_dict ignore StateDictOptions(dsd_fqn_modifiers=...): they map the "
+    "model's state-dict keys to FQNs through a method of the default name (_fqn_modifiers), so for a module "
+    "whose state-dict hooks hide a child and whose method has the name the option gives, _get_fqns raises "
+    "AttributeError ('<module> object has no attribute <key atom>'). Only set_model_state_dict reads the "
+    "option. Any model, sharded or not",
+    relation="none found after four phrasings (dsd_fqn_modifiers with get_model_state_dict, the "
+    "AttributeError in _get_fqns, a custom fqn modifiers name, the option ignored); see_also: the pull "
+    "request that added the option",
+    state="present in torch 2.13.0",
+    see_also=("pytorch/pytorch#146557",),
+    docs="docs/state_dict.md",
+    # nn.Module.__getattr__'s AttributeError is any missing attribute's
+    conditional=True,
+)
+FUSED_IGNORE_FROZEN = KnownBug(
+    "dsd-fqn-modifiers-ignore-frozen-keyerror",
+    "get_model_state_dict(ignore_frozen_params=True) raises KeyError for a frozen parameter of a module "
+    "whose state-dict hooks hide a child (declared through its fqn modifiers method): it pops the "
+    "parameter's named_parameters name ('0.fused.weight'), which the state dict, keyed '0.weight', lacks",
+    relation="none found after four phrasings (the KeyError in _get_model_state_dict, ignore_frozen_params "
+    "with a state-dict hook, with fqn modifiers, frozen parameters of a wrapped module); see_also: the pull "
+    "request that added the modifiers",
+    state="present in torch 2.13.0",
+    see_also=("pytorch/pytorch#146557",),
+    docs="docs/state_dict.md",
+    conditional=True,
+)
 PLAN_CACHE_FAILED_SAVE = KnownBug(
     "dcp-plan-cache-after-failed-save",
     "DefaultSavePlanner(enable_plan_caching=True): a save that fails (FileSystemWriter(overwrite=False) "
@@ -480,6 +530,9 @@ BUGS: dict[str, KnownBug] = {
         DIVIDE_FACTOR_TWICE,
         FLAT_FULL_OPTIM,
         FROZEN_OPTIM_STATE_DROPPED,
+        FUSED_OPTIM_KEYS,
+        FUSED_CUSTOM_NAME,
+        FUSED_IGNORE_FROZEN,
         PLAN_CACHE_FAILED_SAVE,
         CHECKPOINT_DEBUG,
         SAC_OVER_FSDP_UNIT,
@@ -927,6 +980,35 @@ def frozen_state_dropped(body: Body) -> bool:
     return loaded and bool(trained_then_frozen(body))
 
 
+def fused_in_optimizer(body: Body) -> bool:
+    """:data:`FUSED_OPTIM_KEYS`: a state-dict case whose fused leaves have parameters the
+    optimizer holds (trainable in the tree, or frozen ones handed to it too)."""
+    if not isinstance(body, StateDictBody) or not body.fused:
+        return False
+    paths = body.tree.paths()
+    return body.frozen_in_optimizer or any(not getattr(paths[p], "frozen", False) for p in body.fused)
+
+
+def fused_custom_name(body: Body) -> bool:
+    """:data:`FUSED_CUSTOM_NAME`: fused leaves whose method has another name than the default,
+    with the model state taken by get_model_state_dict or get_state_dict."""
+    return (
+        isinstance(body, StateDictBody)
+        and bool(body.fused)
+        and body.fqn_modifiers != DEFAULT_FQN_MODIFIERS
+        and body.api in (Api.SPLIT, Api.COMBINED)
+    )
+
+
+def fused_ignore_frozen(body: Body) -> bool:
+    """:data:`FUSED_IGNORE_FROZEN`: get_model_state_dict(ignore_frozen_params=True) over a fused
+    leaf frozen in the tree (a requires_grad schedule is not drawn with ignore_frozen_params)."""
+    if not isinstance(body, StateDictBody) or not body.save.ignore_frozen_params:
+        return False
+    paths = body.tree.paths()
+    return any(getattr(paths[p], "frozen", False) for p in body.fused)
+
+
 def plan_cache_failed_save(body: Body) -> bool:
     """:data:`PLAN_CACHE_FAILED_SAVE`: a save with plan caching refused by overwrite=False (the
     case then saves again with the same planner class)."""
@@ -1050,6 +1132,9 @@ CONDITIONS: tuple[tuple[KnownBug, Callable[[Case], bool]], ...] = (
     (BROADCAST_EMPTY, _saving(lambda case: broadcast_empty(case.body))),
     (STATELESS_FULL, _saving(lambda case: stateless_full(case.body))),
     (FLAT_FULL_OPTIM, _saving(lambda case: flat_full_optimizer(case.body))),
+    (FUSED_CUSTOM_NAME, _saving(lambda case: fused_custom_name(case.body))),
+    (FUSED_IGNORE_FROZEN, _saving(lambda case: fused_ignore_frozen(case.body))),
+    (FUSED_OPTIM_KEYS, _saving(lambda case: fused_in_optimizer(case.body))),
     (PLAN_CACHE_FAILED_SAVE, _saving(lambda case: plan_cache_failed_save(case.body))),
     (FSDP1_HSDP_OPTIMIZER_LOAD, _saving(lambda case: hsdp_optimizer_load(case.body))),
     (FROZEN_OPTIM_STATE_DROPPED, _saving(lambda case: frozen_state_dropped(case.body))),

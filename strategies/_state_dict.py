@@ -33,6 +33,8 @@ from hypothesis import strategies as st
 from fuzz import known
 from fuzz.errors import CaseError
 from fuzz.model import (
+    CUSTOM_FQN_MODIFIERS,
+    DEFAULT_FQN_MODIFIERS,
     Api,
     Case,
     Composition,
@@ -50,6 +52,7 @@ from fuzz.model import (
     Wrapper,
     WriterOptions,
     fsdp1_in_memory_problem,
+    fused_problem,
     has_params,
     is_fsdp1,
     is_plain,
@@ -378,8 +381,41 @@ def state_dict_cases(
         frozen_in_optimizer=frozen_in_optimizer,
         empty_group=empty_group,
     )
-    body = _requires_grad_schedule(draw, body)
+    body = _requires_grad_schedule(draw, _fused_leaves(draw, body))
     return Case(property="state_dict", world_size=world_size, seed=draw(st.integers(0, 2**32 - 1)), body=body)
+
+
+def _fused_leaves(draw: st.DrawFn, body: StateDictBody) -> StateDictBody:
+    """A third of the bodies that can take them get one or two fused leaves (a leaf held
+    under a child its state dict hides, fuzz.model.StateDictBody.fused), whose method has
+    torch's default name or another one passed as StateDictOptions(dsd_fqn_modifiers=...),
+    half the time each. Three known bugs keep to rare cases: the optimizer's state of their
+    parameters (known.FUSED_OPTIM_KEYS; else only leaves whose parameters the optimizer does
+    not hold, frozen ones, are fused, so the model's side is still judged), the other name
+    with get_model_state_dict (known.FUSED_CUSTOM_NAME) and frozen fused leaves under
+    ignore_frozen_params (known.FUSED_IGNORE_FROZEN)."""
+    if not torch_has(f"{_DCP}.state_dict", "StateDictOptions", "dsd_fqn_modifiers") or not one_in(draw, 3):
+        return body
+    frozen = {p for p, n in body.tree.paths().items() if getattr(n, "frozen", False)}
+    leaves = [p for p, n in body.tree.paths().items() if isinstance(n, Leaf) and has_params(n)]
+    if not keep_known(draw, known.FUSED_OPTIM_KEYS):
+        # rarely the leaves the optimizer holds; else frozen leaves it does not hold
+        leaves = [p for p in leaves if p in frozen and not body.frozen_in_optimizer]
+    if not leaves or body.api is Api.FSDP1:
+        return body
+    chosen = sorted(draw(st.lists(st.sampled_from(leaves), min_size=1, max_size=2, unique=True)))
+    name = draw(st.sampled_from([DEFAULT_FQN_MODIFIERS, CUSTOM_FQN_MODIFIERS]))
+    if fused_problem(body.tree, tuple(chosen), (body.source, body.target)):
+        return body
+
+    def fuse(paths: list[str], method: str) -> StateDictBody:
+        return replace(body, fused=tuple(paths), fqn_modifiers=method)
+
+    if known.fused_custom_name(fuse(chosen, name)) and not keep_known(draw, known.FUSED_CUSTOM_NAME):
+        name = DEFAULT_FQN_MODIFIERS
+    if known.fused_ignore_frozen(fuse(chosen, name)) and not keep_known(draw, known.FUSED_IGNORE_FROZEN):
+        chosen = [p for p in chosen if p not in frozen]
+    return fuse(chosen, name) if chosen else body
 
 
 def _fsdp1_state_dict_case(draw: st.DrawFn, tree: ModuleTree, world_size: int, max_steps: int) -> Case:

@@ -302,11 +302,11 @@ def test_ignore_frozen_params_and_a_flat_optimizer_state_dict(rank_pool: RankPoo
     check_case(case)
     outcome = _run(rank_pool, case)
     first = outcome.observations[0]
-    assert first["ignore_frozen"]["keys"] == ["2.bias", "2.weight"]  # the frozen linear's weight and bias left out
+    assert first["model_keys"]["keys"] == ["2.bias", "2.weight"]  # the frozen linear's weight and bias left out
     assert first["dropped"] == ["0.bias", "0.weight"]
     assert any(k.startswith("state.") for k in first["flat_optimizer"]["flat"])
     # Oracles: a frozen key in the state dict, a flat value that is not the nested one.
-    bad = _tampered(outcome, lambda obs: obs[0]["ignore_frozen"]["keys"].append("0.weight"))
+    bad = _tampered(outcome, lambda obs: obs[0]["model_keys"]["keys"].append("0.weight"))
     failure = judge_state_dict(case, bad)
     assert failure is not None and failure.signature == "mismatch:state_dict:ignore_frozen_params@split", failure
 

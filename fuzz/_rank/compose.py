@@ -17,7 +17,7 @@ from torch import nn
 
 from fuzz._rank.context import RankContext
 from fuzz._rank.knobs import KnobState
-from fuzz._rank.models import build_model
+from fuzz._rank.models import FUSED_CHILD, build_model
 from fuzz._rank.options import checkpoint_kwargs, replicate_kwargs
 from fuzz.model import Composition, Dtype, Layout, MixedPrecision, ModuleTree, ShardSpec, Training, Wrapper, is_ancestor
 
@@ -28,8 +28,9 @@ TORCH_DTYPES = {
     Dtype.FLOAT16: torch.float16,
 }
 
-#: Prefixes wrappers add to parameter names.
-_WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "module.", "_checkpoint_wrapped_module.")
+#: Prefixes wrappers add to parameter names; and a fused leaf's hidden child
+#: (:class:`fuzz._rank.models.FusedLeaf`), which its state-dict keys leave out.
+_WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "module.", "_checkpoint_wrapped_module.", f"{FUSED_CHILD}.")
 
 
 def clean_name(name: str) -> str:

@@ -7,10 +7,12 @@ caller seeds from the case: every rank builds identical weights.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
-from fuzz.model import Leaf, LeafKind, ModuleTree, Node
+from fuzz.model import DEFAULT_FQN_MODIFIERS, Leaf, LeafKind, ModuleTree, Node
 
 
 class TreeBlock(nn.Module):
@@ -79,6 +81,57 @@ def build_node(node: Node, width: int) -> nn.Module:
     if isinstance(node, Leaf):
         return build_leaf(node, width)
     return TreeBlock([build_node(c, width) for c in node.children], node.residual, width, node.scale, node.buffer)
+
+
+#: The name of the child a :class:`FusedLeaf` holds its leaf under: its state dict hides it.
+FUSED_CHILD = "fused"
+
+
+class FusedLeaf(nn.Module):
+    """A leaf held under a child it hides from its state dict, as fused modules do to keep the
+    keys of the module they replaced (torchtune's FusionEmbedding keeps ``weight`` for its
+    ``embedding.weight``): a state-dict hook renames ``<prefix>fused.<name>`` to
+    ``<prefix><name>``, a load pre-hook renames it back, and the method named ``method``
+    returns ``{name: "fused"}`` for each such key atom, which is how the distributed
+    state-dict API is told (pytorch/pytorch#146557). Forward is the leaf's."""
+
+    def __init__(self, leaf: nn.Module, method: str = DEFAULT_FQN_MODIFIERS) -> None:
+        super().__init__()
+        self.add_module(FUSED_CHILD, leaf)
+        self._atoms = [n for n, _ in leaf.named_parameters(recurse=False)]
+        self._atoms += [n for n, _ in leaf.named_buffers(recurse=False) if n not in leaf._non_persistent_buffers_set]
+        object.__setattr__(self, method, self.key_modifiers)
+        self.register_state_dict_post_hook(FusedLeaf._hide)
+        self.register_load_state_dict_pre_hook(FusedLeaf._unhide)
+
+    def key_modifiers(self) -> dict[str, str]:
+        return {atom: FUSED_CHILD for atom in self._atoms}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return getattr(self, FUSED_CHILD)(x)
+
+    @staticmethod
+    def _hide(module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any) -> None:
+        for atom in module.key_modifiers():  # type: ignore[operator]
+            key = f"{prefix}{FUSED_CHILD}.{atom}"
+            if key in state_dict:
+                state_dict[f"{prefix}{atom}"] = state_dict.pop(key)
+
+    @staticmethod
+    def _unhide(module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        for atom in module.key_modifiers():  # type: ignore[operator]
+            key = f"{prefix}{atom}"
+            if key in state_dict:
+                state_dict[f"{prefix}{FUSED_CHILD}.{atom}"] = state_dict.pop(key)
+
+
+def fuse(model: nn.Module, paths: tuple[str, ...], method: str = DEFAULT_FQN_MODIFIERS) -> None:
+    """Put the leaves at ``paths`` of a built tree under :class:`FusedLeaf` (same weights: the
+    leaf is moved, not rebuilt)."""
+    for path in paths:
+        parent, _, name = path.rpartition(".")
+        owner = model.get_submodule(parent)
+        owner.add_module(name, FusedLeaf(owner.get_submodule(name), method))
 
 
 def build_model(tree: ModuleTree, device: torch.device) -> nn.Module:

@@ -33,9 +33,10 @@ from torch import nn
 
 from fuzz._rank.compose import TORCH_DTYPES, Composed, clean_name, compose
 from fuzz._rank.context import RankContext
-from fuzz._rank.models import build_model, leaf_parameters
+from fuzz._rank.models import build_model, fuse, leaf_parameters
 from fuzz._rank.parity import batches, make_optimizer
 from fuzz.model import (
+    DEFAULT_FQN_MODIFIERS,
     Api,
     Case,
     Composition,
@@ -100,11 +101,15 @@ def build_side(
     seed: int,
     meta: bool = False,
     schedule: tuple[RequiresGrad, ...] = (),
+    fused: tuple[str, ...] = (),
+    fqn_modifiers: str = DEFAULT_FQN_MODIFIERS,
 ) -> Side:
-    """Build the tree (on the meta device if ``meta``) and apply ``comp``; no optimizer yet."""
+    """Build the tree (on the meta device if ``meta``), with the leaves at ``fused`` as fused
+    modules (:func:`fuzz._rank.models.fuse`), and apply ``comp``; no optimizer yet."""
     torch.manual_seed(seed)
     device = torch.device("meta") if meta else ctx.device
     model = build_model(tree, device).to(TORCH_DTYPES[training.dtype])
+    fuse(model, fused, fqn_modifiers)
     composed = Composed(model) if is_plain(comp) else compose(model, comp, ctx)
     return Side(composed=composed, comp=comp, training=training, schedule=schedule)
 
@@ -385,12 +390,16 @@ def torch_kwargs(fn: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
-def state_dict_options(o: Options) -> Any:
+def state_dict_options(o: Options, fqn_modifiers: str = DEFAULT_FQN_MODIFIERS) -> Any:
+    """``o`` as StateDictOptions; ``fqn_modifiers`` is the name of the method fused modules
+    say which children their state dicts hide with (:class:`fuzz._rank.models.FusedLeaf`)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    extra = {
+    extra: dict[str, Any] = {
         n: True for n in ("ignore_frozen_params", "flatten_optimizer_state_dict") if getattr(o, n)
     }  # passed only when set: older torch may lack them (torch_kwargs)
+    if fqn_modifiers != DEFAULT_FQN_MODIFIERS:
+        extra["dsd_fqn_modifiers"] = fqn_modifiers
     return StateDictOptions(
         full_state_dict=o.full_state_dict,
         cpu_offload=o.cpu_offload,
@@ -413,7 +422,9 @@ def observe_flat_optimizer(body: StateDictBody, side: Side, flat: dict[str, Any]
 
     assert side.opt is not None
     nested: dict[str, Any] = get_optimizer_state_dict(
-        side.model, side.opt, options=state_dict_options(replace(body.save, flatten_optimizer_state_dict=False))
+        side.model,
+        side.opt,
+        options=state_dict_options(replace(body.save, flatten_optimizer_state_dict=False), body.fqn_modifiers),
     )
     obs = {
         "flat": {k: _jsonable(flat[k]) for k in sorted(flat)},
@@ -431,7 +442,7 @@ def observe_flat_optimizer(body: StateDictBody, side: Side, flat: dict[str, Any]
 def _take(body: StateDictBody, side: Side) -> tuple[dict[str, Any], dict[str, Any]]:
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict, get_state_dict
 
-    options = state_dict_options(body.save)
+    options = state_dict_options(body.save, body.fqn_modifiers)
     assert side.opt is not None
     if body.api is Api.FSDP1:
         only0 = body.load.broadcast_from_rank0
@@ -455,7 +466,7 @@ def _put(
     parameter's requires_grad right after the model load."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict, set_state_dict
 
-    options = state_dict_options(body.load)
+    options = state_dict_options(body.load, body.fqn_modifiers)
     fresh = fresh_training(body.training)
     if body.api is Api.FSDP1:
         only0 = body.load.broadcast_from_rank0
@@ -506,7 +517,8 @@ def from_rank0(state: dict[str, Any], ctx: RankContext) -> dict[str, Any]:
 def run_state_dict(case: Case, body: StateDictBody, ctx: RankContext) -> dict[str, Any]:
     t = body.training
     data = all_batches(case, t, t.steps + body.steps_after, body.tree, ctx)
-    src = build_side(body.tree, body.source, t, ctx, seed=case.seed, schedule=body.requires_grad)
+    fused: dict[str, Any] = {"fused": body.fused, "fqn_modifiers": body.fqn_modifiers}
+    src = build_side(body.tree, body.source, t, ctx, seed=case.seed, schedule=body.requires_grad, **fused)
     body_optimizer(src, t, body)
     seed_segment(case, ctx, 0)
     obs: dict[str, Any] = {"losses_before": train_steps(src, data[: t.steps], ctx)}
@@ -518,9 +530,12 @@ def run_state_dict(case: Case, body: StateDictBody, ctx: RankContext) -> dict[st
         # get_model_state_dict must leave out exactly the frozen parameters; they are left
         # out of the load too, so they keep their fresh values (as dropped keys do).
         ignored = frozen_names(src)
+    if body.save.ignore_frozen_params or body.fused:
+        # The keys taken are the model's own state-dict keys (those its hooks make, for fused
+        # leaves), less the frozen parameters with ignore_frozen_params.
         every = model_keys(src)  # on every rank: an FSDP1 model's state_dict gathers
         if ctx.rank == 0:
-            obs["ignore_frozen"] = {
+            obs["model_keys"] = {
                 "keys": sorted(clean_name(k) for k in msd),
                 "expected": sorted(set(every) - set(ignored)),
             }
@@ -550,6 +565,7 @@ def run_state_dict(case: Case, body: StateDictBody, ctx: RankContext) -> dict[st
         seed=case.seed + FRESH_SEED,
         meta=body.target_meta_init,
         schedule=body.requires_grad,
+        **fused,
     )
     if not body.target_meta_init:
         body_optimizer(tgt, fresh_training(t), body)

@@ -42,6 +42,8 @@ from fuzz.model.composition import (
 from fuzz.model.layout import Layout, Unit
 from fuzz.model.rules import TP_BETWEEN, check_composition, check_mesh, check_training
 from fuzz.model.state import (
+    CUSTOM_FQN_MODIFIERS,
+    DEFAULT_FQN_MODIFIERS,
     Api,
     DcpBody,
     DcpItem,
@@ -56,6 +58,7 @@ from fuzz.model.state import (
     dcp_root,
     fsdp1_gathers,
     fsdp1_in_memory_problem,
+    fused_problem,
     is_fsdp1,
     is_plain,
     schedule_problem,
@@ -96,6 +99,8 @@ from fuzz.model.tree import (
 )
 
 __all__ = [
+    "CUSTOM_FQN_MODIFIERS",
+    "DEFAULT_FQN_MODIFIERS",
     "MAX_DEPTH",
     "MAX_STEPS",
     "MAX_WIDTH",
@@ -158,6 +163,7 @@ __all__ = [
     "forward_order",
     "fsdp1_gathers",
     "fsdp1_in_memory_problem",
+    "fused_problem",
     "has_params",
     "is_ancestor",
     "is_fsdp1",

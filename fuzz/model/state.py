@@ -59,6 +59,37 @@ def fsdp1_gathers(comp: Composition, world_size: int) -> bool:
     return comp.wrapper in (Wrapper.FSDP1_FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP) and world_size > 1
 
 
+#: The method name torch's distributed state-dict API looks for on a module to learn which
+#: state-dict key atoms stand for a child the module's state-dict hooks hide
+#: (``StateDictOptions.dsd_fqn_modifiers``' default).
+DEFAULT_FQN_MODIFIERS = "_fqn_modifiers"
+#: The other name the cases give that method, passed as ``StateDictOptions(dsd_fqn_modifiers=...)``.
+CUSTOM_FQN_MODIFIERS = "hidden_children"
+
+
+def fused_problem(tree: ModuleTree, fused: tuple[str, ...], comps: tuple[Composition, ...]) -> tuple[str, str] | None:
+    """What is wrong with building the leaves at ``fused`` as fused modules (a leaf held under a
+    child that the module's state dict hides, ``fuzz._rank.models.FusedLeaf``) for models
+    composed as ``comps``, as (field, problem), or None."""
+    paths = tree.paths()
+    if list(fused) != sorted(set(fused)):
+        return "fused", f"paths {list(fused)} must be distinct and sorted"
+    for path in fused:
+        node = paths.get(path)
+        if not isinstance(node, Leaf) or not has_params(node):
+            return "fused", f"{path!r} is not a parameter leaf of the tree"
+    for comp in comps:
+        if is_fsdp1(comp):
+            # FSDP1 names its flat parameters' members itself (FlatParameter._fqns): not drawn yet.
+            return "fused", "not drawn with FSDP1"
+        if comp.tp:
+            return "fused", "tensor parallelism's plans name the leaves' own parameters"
+        if comp.shard_ignored & set(fused) or (comp.replicate_options.delay_all_reduce and fused):
+            # ignored_params and the delayed all-reduce take a leaf's own parameters
+            return "fused", "ignored_params and the delayed all-reduce take a leaf's own parameters"
+    return None
+
+
 def tensor_kind(comp: Composition) -> str:
     """What a sharded (not full) state dict of the model holds: ``dtensor`` (fully_shard
     only, FSDP1 HYBRID_SHARD with its mesh), ``plain`` (plain model, DDP, replicate only,
@@ -331,9 +362,16 @@ class StateDictBody(Body):
     empty_group: bool = False
     #: Leaves frozen and unfrozen between steps (:class:`RequiresGrad`).
     requires_grad: tuple[RequiresGrad, ...] = ()
+    #: Parameter leaves built as fused modules on both sides: each held under a child that
+    #: its state dict hides (``0.weight`` for the parameter ``0.fused.weight``), with a
+    #: method named ``fqn_modifiers`` that says so; get/set_*_state_dict are told that name
+    #: (``StateDictOptions.dsd_fqn_modifiers``) where it is not torch's default.
+    fused: tuple[str, ...] = ()
+    fqn_modifiers: str = DEFAULT_FQN_MODIFIERS
 
     def __post_init__(self) -> None:
         _check_common(self.tree, self.source, self.target, self.training, self.steps_after, self.target_meta_init)
+        self._check_fused()
         _check_drop(self.drop)
         _check_frozen_in_optimizer(self.tree, self.frozen_in_optimizer)
         _check_schedule(self)
@@ -389,6 +427,20 @@ class StateDictBody(Body):
             raise CaseError("drop", "leaving keys out of a load needs load.strict=False")
         if self.drop and self.target_meta_init:
             raise CaseError("drop", "a meta-device target has no values for the keys left out of the load")
+
+    def _check_fused(self) -> None:
+        if self.fqn_modifiers not in (DEFAULT_FQN_MODIFIERS, CUSTOM_FQN_MODIFIERS):
+            names = [DEFAULT_FQN_MODIFIERS, CUSTOM_FQN_MODIFIERS]
+            raise CaseError("fqn_modifiers", f"{self.fqn_modifiers!r} is not one of {names}")
+        if not self.fused:
+            if self.fqn_modifiers != DEFAULT_FQN_MODIFIERS:
+                raise CaseError("fqn_modifiers", "names the fused leaves' method: needs fused leaves")
+            return
+        if self.api is Api.FSDP1:
+            raise CaseError("fused", "FSDP1's own state dict API takes no StateDictOptions")
+        problem = fused_problem(self.tree, self.fused, (self.source, self.target))
+        if problem:
+            raise CaseError(*problem)
 
     def _check_frozen_and_flat(self) -> None:
         """ignore_frozen_params and flatten_optimizer_state_dict."""

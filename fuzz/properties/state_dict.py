@@ -40,6 +40,7 @@ from typing import Any
 
 from fuzz import known
 from fuzz.model import (
+    DEFAULT_FQN_MODIFIERS,
     Api,
     Case,
     Composition,
@@ -264,11 +265,11 @@ def _one_bug(case: Case, failure: Failure | None) -> Failure | None:
 
 
 def judge_state_dict(case: Case, outcome: Outcome) -> Failure | None:
-    return _one_bug(case, _frozen_state_dropped(case, _judge_state_dict(case, outcome)))
+    return _one_bug(case, _optimizer_load_bug(case, _judge_state_dict(case, outcome)))
 
 
 def judge_dcp(case: Case, outcome: Outcome) -> Failure | None:
-    return _one_bug(case, _frozen_state_dropped(case, _hsdp_optimizer_load(case, _judge_dcp(case, outcome))))
+    return _one_bug(case, _optimizer_load_bug(case, _hsdp_optimizer_load(case, _judge_dcp(case, outcome))))
 
 
 #: Checks that read the optimizer state a load restored, directly or through training on it.
@@ -297,22 +298,34 @@ def _hsdp_optimizer_load(case: Case, failure: Failure | None) -> Failure | None:
     return dataclasses.replace(failure, signature=str(Signature("mismatch", case.property, where=where, tags=(tag,))))
 
 
-def _frozen_state_dropped(case: Case, failure: Failure | None) -> Failure | None:
-    """set_optimizer_state_dict leaves out the saved state of parameters frozen at the load
-    (a torch bug, docs/state_dict.md): whichever check meets the missing state first (the
-    optimizer state after the load, resuming) it is one bug, named by the mechanism."""
+#: Bugs of set_optimizer_state_dict that show through whichever check reads the optimizer state
+#: a load restored first (the state after the load, resuming), with their conditions: each is
+#: one bug there, named by the mechanism. ``FROZEN_OPTIM_STATE_DROPPED``: the saved state of a
+#: parameter frozen at the load is left out; ``FUSED_OPTIM_KEYS``: a fused module's parameters
+#: are saved under other keys than the load looks for (a non-strict load leaves them out).
+_OPTIMIZER_LOAD_BUGS = (
+    (known.FROZEN_OPTIM_STATE_DROPPED, known.frozen_state_dropped),
+    (known.FUSED_OPTIM_KEYS, known.fused_in_optimizer),
+)
+
+
+def _optimizer_load_bug(case: Case, failure: Failure | None) -> Failure | None:
+    """A mismatch downstream of the optimizer load in a case that meets one of
+    :data:`_OPTIMIZER_LOAD_BUGS`, named by that bug (known bugs, docs/state_dict.md)."""
     body = case.body
     if (
         failure is None
         or failure.kind != "mismatch"
         or not isinstance(body, (StateDictBody, DcpBody))
-        or not known.frozen_state_dropped(body)
         or failure.details.get("check") not in OPTIMIZER_CHECKS
     ):
         return failure
-    tag = known.FROZEN_OPTIM_STATE_DROPPED.tag.lstrip(":")
-    signature = Signature("mismatch", case.property, where="set_optimizer_state_dict", tags=(tag,))
-    return dataclasses.replace(failure, signature=str(signature))
+    for bug, condition in _OPTIMIZER_LOAD_BUGS:
+        if condition(body):
+            tag = bug.tag.lstrip(":")
+            signature = Signature("mismatch", case.property, where="set_optimizer_state_dict", tags=(tag,))
+            return dataclasses.replace(failure, signature=str(signature))
+    return failure
 
 
 def _judge_state_dict(case: Case, outcome: Outcome) -> Failure | None:
@@ -326,7 +339,7 @@ def _judge_state_dict(case: Case, outcome: Outcome) -> Failure | None:
     saved, loaded, dropped = first["saved"], first["loaded"], first["dropped"]
     failure = _check_requires_grad(prop, where, observations)
     if failure is None:
-        failure = _check_ignored_frozen(prop, where, first.get("ignore_frozen"))
+        failure = _check_model_keys(prop, where, body, first.get("model_keys"))
     if failure is None and "flat_optimizer" in first:
         failure = _check_flat_optimizer(prop, where, first["flat_optimizer"])
     if failure is None and "taken_optimizer" in first:
@@ -408,25 +421,25 @@ def _check_reloaded(
     return _mismatch(prop, check, where, f"the checkpoint loaded {into} differs from the model saved: {diff}")
 
 
-def _check_ignored_frozen(prop: str, where: str, observed: dict[str, Any] | None) -> Failure | None:
-    """StateDictOptions(ignore_frozen_params=True): "the returned state_dict won't contain any
-    frozen parameters": get_model_state_dict's keys are the model's state-dict keys less
-    exactly the frozen parameters (buffers and trainable parameters all kept)."""
+def _check_model_keys(prop: str, where: str, body: StateDictBody, observed: dict[str, Any] | None) -> Failure | None:
+    """The keys get_model_state_dict returned are the model's own state-dict keys: the keys
+    fused modules' hooks make, which the method ``StateDictOptions.dsd_fqn_modifiers`` names
+    tells the API about (pytorch/pytorch#146557); with ``ignore_frozen_params``, "the returned
+    state_dict won't contain any frozen parameters": less exactly the frozen parameters
+    (buffers and trainable parameters all kept)."""
     if observed is None:
         return None
     keys, want = observed["keys"], observed["expected"]
     if keys == want:
         return None
     extra, missing = sorted(set(keys) - set(want)), sorted(set(want) - set(keys))
-    return _mismatch(
-        prop,
-        "ignore_frozen_params",
-        where,
-        f"get_model_state_dict(ignore_frozen_params=True) returned keys {extra} it should leave out "
-        f"and lacks {missing}",
-        observed=keys,
-        expected=want,
-    )
+    if body.save.ignore_frozen_params:
+        check, what = "ignore_frozen_params", "get_model_state_dict(ignore_frozen_params=True) returned keys"
+        summary = f"{what} {extra} it should leave out and lacks {missing}"
+    else:
+        check, what = "dsd_fqn_modifiers", "get_model_state_dict of a model with fused modules returned keys"
+        summary = f"{what} {extra} its state dict does not have and lacks {missing}"
+    return _mismatch(prop, check, where, summary, observed=keys, expected=want)
 
 
 def _check_flat_optimizer(prop: str, where: str, observed: dict[str, Any]) -> Failure | None:
@@ -784,6 +797,9 @@ def features_state_dict(case: Case) -> list[str]:
         out.append("save:ignore_frozen_params")
     if s.flatten_optimizer_state_dict:
         out.append("flatten_optimizer_state_dict")
+    if body.fused:
+        # dsd_fqn_modifiers: the option passed (a method of another name than torch's default)
+        out.append("fused" if body.fqn_modifiers == DEFAULT_FQN_MODIFIERS else "fused:dsd_fqn_modifiers")
     if body.api is Api.FSDP1 and ld.broadcast_from_rank0:
         out.append("fsdp1:rank0_only")
     if body.target_meta_init:
