@@ -108,6 +108,17 @@ def location(text: str | None) -> str:
     return f"{path.rsplit('/', 1)[-1]}:{fn}"
 
 
+def entry_point(text: str | None) -> str | None:
+    """The outermost frame inside torch of a Python traceback (``torch/x/y.py:function``): the
+    torch API the failing call entered by; None where the traceback has no torch frame."""
+    for path, fn in _FRAME.findall(text or ""):
+        at = path.rfind("/torch/")
+        inner = path[at + 1 :]
+        if at >= 0 and "/fuzz/" not in path and "-packages/" not in inner and fn not in _INLINED:
+            return f"{inner}:{fn}"
+    return None
+
+
 def _current_thread(text: str) -> str:
     """faulthandler's block of the thread that faulted or was signalled ("Current thread ..."),
     where it has frames: the other threads it lists (a tqdm monitor, a compile worker) say

@@ -298,3 +298,40 @@ def test_a_refresh_that_is_no_shorter_keeps_the_stored_script(tmp_path: Path, mo
     monkeypatch.setattr(reduce_module, "reduce_entry", fake(shorter))
     new, _ = reduce_module.reduce_and_store(path, entry, refresh=True)
     assert new != older and stored_path(path).read_text() == new and code_lines(new) < code_lines(older)
+
+
+def test_an_exception_check_wants_the_entry_point_and_message_of_the_entry() -> None:
+    """A reduced script whose exception has the entry's type and innermost frame but is another
+    failure is not the entry's: nn.Module.__getattr__'s AttributeError, the entry's, is also what
+    a module built without ``super().__init__()`` raises, outside the API the entry entered
+    torch by or inside it with another message (two cuts the reducer once kept). The entry's own
+    failure, met the same way as in the entry, reproduces."""
+    from fuzz.repro.harness import main_source
+    from fuzz.signature import entry_point
+
+    entry = load_entry(ROOT / "corpus" / "state_dict-exception-d4322b68deab.json")
+    tracebacks = [r.get("traceback") for r in entry.details["ranks"]]
+    assert entry_point(tracebacks[0]) == "torch/distributed/checkpoint/state_dict.py:get_model_state_dict"
+    source, _ = main_source(entry, entry.signature)
+    call = "run_state_dict(case, case.body, ctx)"
+    assert call in source
+    prelude = (
+        "from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict\n"
+        "        from fuzz._rank.models import fuse\n"
+        "        class Broken(torch.nn.Module):\n"
+        "            def __init__(self): pass\n        "
+    )
+    verdicts = {}
+    for name, body in {
+        "outside": "Broken().to('cpu')",
+        "inside": "get_model_state_dict(Broken())",
+        "genuine": "m = torch.nn.Sequential(torch.nn.Linear(2, 2))\n        fuse(m, ('0',), 'hidden_children')\n"
+        "        get_model_state_dict(m, options=StateDictOptions(dsd_fqn_modifiers='hidden_children'))",
+    }.items():
+        namespace: dict[str, Any] = {}
+        exec(source.replace(call, prelude + body), namespace)
+        verdicts[name] = namespace["attempt"](0, 2)
+    for name in ("outside", "inside"):
+        assert verdicts[name].startswith("FAIL (not the entry's failure)"), verdicts
+        assert "module.py:__getattr__" in verdicts[name], verdicts
+    assert verdicts["genuine"].startswith("REPRODUCED"), verdicts

@@ -8,8 +8,10 @@ only what its failure needs to be seen, in the script's ``main``:
   fields left at their defaults left out;
 - every rank builds its :class:`~fuzz._rank.context.RankContext` from torchrun's environment
   and calls the body's rank program directly;
-- then the check of the failure's kind: an exception is matched by type and
-  innermost torch frame, as :func:`fuzz.signature.location` reads a traceback; a mismatch by
+- then the check of the failure's kind: an exception is matched by type and innermost torch
+  frame, as :func:`fuzz.signature.location` reads a traceback, by the torch API it entered by
+  (:func:`fuzz.signature.entry_point`) and by its message but for numbers, where the entry
+  tells; a mismatch by
   the property's judge over every rank's observation (gathered to rank 0); a hang by the stuck
   main thread's stack after :data:`HANG_AFTER_S`; a crash by the signal and faulthandler's
   stack of the rank, run as a child process.
@@ -29,11 +31,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import re
 from typing import Any
 
 from fuzz.corpus import Entry
 from fuzz.properties import get_property
-from fuzz.signature import Signature
+from fuzz.signature import Signature, entry_point
 
 #: Seconds after which a rank still in a hang case is looked at.
 HANG_AFTER_S = 20
@@ -131,9 +134,9 @@ _EXCEPTION = """\
         {program}(case, case.body, ctx)
     except BaseException as e:  # torch's CheckpointException is a BaseException
         frames = re.findall(r'File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
-        path, fn = ([(p, f) for p, f in frames if "/torch/" in p and not f.endswith("comp>")] or [("?", "?")])[-1]
-        found = f"{{type(e).__module__}}.{{type(e).__qualname__}}@torch/{{path.rpartition('/torch/')[2]}}:{{fn}}"
-        if found in {expected!r}:
+        at = [f"torch/{{p.rpartition('/torch/')[2]}}:{{f}}" for p, f in frames if "/torch/" in p and "comp>" not in f]
+        found = f"{{type(e).__module__}}.{{type(e).__qualname__}}@{{(at or ['torch/?:?'])[-1]}}"
+        if {match}:
             return f"REPRODUCED {signature}: rank {{rank}} raised {{found}}: {{e}}"
         return f"FAIL (not the entry's failure): rank {{rank}} raised {{found}}: {{e}}"
     return "PASS: no rank raised"
@@ -227,6 +230,26 @@ def _signal_names(expected: list[str]) -> list[str]:
     return out
 
 
+#: What a message's first line keeps when compared: numbers (paths into the tree, values,
+#: sizes) change as a reduction drops modules and steps, so each run of digits and dots is one
+#: ``#`` (the script computes the same with the pattern written out).
+_NUMBERS = re.compile(r"\d+(?:\.\d+)*")
+_SHAPE_IN_SCRIPT = r"""re.sub(r'\d+(?:\.\d+)*', '#', str(e).partition('\n')[0])"""
+
+
+def _raised(entry: Entry) -> tuple[str | None, str | None]:
+    """(the torch API the entry's exception entered by, :func:`fuzz.signature.entry_point`; the
+    shape of its message's first line) from the first rank's traceback that has one; None for
+    what the entry does not tell."""
+    ranks = entry.details.get("ranks") if isinstance(entry.details, dict) else None
+    for rank in ranks or []:
+        point = entry_point(rank.get("traceback")) if isinstance(rank, dict) else None
+        if point:
+            message = rank.get("message")
+            return point, _NUMBERS.sub("#", message.partition("\n")[0]) if isinstance(message, str) else None
+    return None, None
+
+
 def main_source(entry: Entry, signature: str) -> tuple[str, list[str]]:
     """(the reduced script's ``main``, the carried modules it imports). ``signature`` is what
     the unreduced script printed for the entry. For the :data:`POOLED_KINDS` the source holds
@@ -253,7 +276,14 @@ def main_source(entry: Entry, signature: str) -> tuple[str, list[str]]:
     elif kind == "crash":
         body = _CRASH.format(**fields)
     else:
-        body = _EXCEPTION.format(expected=_expected_exceptions(signatures), **fields)
+        # The same failure entered torch by the same API, with the same message but for its
+        # numbers: a generic innermost frame (nn.Module.__getattr__'s AttributeError) is met by
+        # many a broken script, through the same API too.
+        expected = _expected_exceptions(signatures)
+        entered, shape = _raised(entry)
+        match = f"found in {expected!r}" + (f" and at[0] == {entered!r}" if entered else "")
+        match += f" and {_SHAPE_IN_SCRIPT} == {shape!r}" if shape else ""
+        body = _EXCEPTION.format(match=match, **fields)
     lines = [f"    from {module} import {', '.join(sorted(set(names)))}" for module, names in sorted(imports.items())]
     if kind in POOLED_KINDS:
         head = _ATTEMPT_PRELUDE.format(imports="\n".join(lines), case=expression)
