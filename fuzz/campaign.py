@@ -244,6 +244,7 @@ def merge(summaries: list[dict[str, Any]], *, seconds: float) -> dict[str, Any]:
         "interrupted": any(s.get("interrupted", False) for s in summaries),
         "restarts": sum(s.get("restarts", 0) for s in summaries),
         "recycled": sum(s.get("recycled", 0) for s in summaries),
+        "environment_reruns": add("environment_reruns"),
         "backend": first.get("backend"),
         "world_size": first.get("world_size"),
         "pools": len(summaries),
@@ -296,7 +297,8 @@ def _line(summary: dict[str, Any], pools: int, width: int | None = None) -> str:
     rate = summary["cases"] / seconds if seconds > 0 else 0.0
     return fit_line(
         f"[{_clock(seconds)} / {_clock(summary.get('budget') or 0.0)}] {pools} pools, cases {summary['cases']}",
-        [f"({rate:.1f}/s)", f"restarts {summary['restarts']}"],
+        [f"({rate:.1f}/s)", f"restarts {summary['restarts']}"]
+        + ([f"re-run for the machine {sum(reruns.values())}"] if (reruns := summary.get("environment_reruns")) else []),
         [f"{f['signature']} x{f['hits']}" for f in summary["failures"]],
         width,
     )

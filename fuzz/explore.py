@@ -74,10 +74,13 @@ from fuzz.report import first_check, next_commands, upstream_url
 from fuzz.signature import Failure
 from fuzz.stop import clear_stop, raise_if_stopped, stop_requested
 from fuzz.torch_coverage import ReachedLines, module_figures, torch_summary
-from fuzz.verdict import OutcomeKind
+from fuzz.verdict import OutcomeKind, environment_fault
 
 CHUNK_EXAMPLES = 25
 RERUNS = 3
+#: Times a case is run again after a rank met an error of the machine (fuzz.verdict.ENVIRONMENT_ERRORS);
+#: after that the case is judged as it ran.
+ENVIRONMENT_RETRIES = 2
 #: A campaign ends within budget + max(GRACE_MIN_S, GRACE_SHARE x budget) seconds of wall time.
 GRACE_MIN_S = 30.0
 GRACE_SHARE = 0.05
@@ -277,6 +280,9 @@ class Progress:
     restarts: int = 0
     #: Times the ranks were replaced between cases for their thread count (RankPool.recycled).
     recycled: int = 0
+    #: Cases run again because a rank met an error of the machine, by its name
+    #: (fuzz.verdict.ENVIRONMENT_ERRORS).
+    environment: Counter[str] = field(default_factory=Counter)
     interrupted: bool = False
     started_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     timeline: list[dict[str, Any]] = field(default_factory=list)
@@ -322,7 +328,8 @@ class Progress:
         rate = self.cases / self.elapsed if self.elapsed > 0 else 0.0
         return fit_line(
             f"[{_clock(self.elapsed)} / {_clock(self.budget)}] cases {self.cases}",
-            [f"({rate:.1f}/s)", f"restarts {self.restarts}"],
+            [f"({rate:.1f}/s)", f"restarts {self.restarts}"]
+            + ([f"re-run for the machine {sum(self.environment.values())}"] if self.environment else []),
             [f"{f.failure.signature} x{f.hits}" for f in self.found.values()],
             width,
         )
@@ -340,6 +347,7 @@ class Progress:
             "interrupted": self.interrupted,
             "restarts": self.restarts,
             "recycled": self.recycled,
+            "environment_reruns": dict(sorted(self.environment.items())),
             "backend": backend,
             "world_size": world_size,
             "pools": pools,
@@ -510,6 +518,14 @@ def _run_in_time(pool: RankPool, prop: Property, case: Case, progress: Progress,
         return CUT
     limit = min(pool.deadline, left)
     outcome = pool.run(case, deadline=limit, stall=prop.stall)
+    for _ in range(ENVIRONMENT_RETRIES):
+        fault = environment_fault(outcome)
+        if fault is None or until - progress.elapsed <= 0:
+            break
+        # The machine's fault, not torch's (fuzz.verdict.ENVIRONMENT_ERRORS): run it again.
+        progress.environment[fault] += 1
+        limit = min(pool.deadline, until - progress.elapsed)
+        outcome = pool.run(case, deadline=limit, stall=prop.stall)
     if outcome.kind is OutcomeKind.HANG and outcome.stalled is None and limit < pool.deadline:
         return CUT
     return prop.judge(case, outcome)

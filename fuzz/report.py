@@ -252,6 +252,13 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def _environment(value: Any) -> str:
+    """``environment_reruns`` of a summary: how many cases were run again, and why."""
+    if not isinstance(value, Mapping) or not value:
+        return "0"
+    return ", ".join(f"{int(_num(n))} ({k})" for k, n in sorted(value.items()))
+
+
 def _property_names(s: Mapping[str, Any]) -> list[str]:
     names = [str(n) for n in _seq(s.get("properties"))]
     for key in ("cases_per_property", "seconds_per_property", "weights"):
@@ -312,6 +319,7 @@ def _header(s: Mapping[str, Any], title: str) -> str:
         ("cases / s", rate),
         ("restarts", int(_num(s.get("restarts")))),
         ("ranks recycled", int(_num(s.get("recycled")))),
+        ("cases re-run for the machine", _environment(s.get("environment_reruns"))),
         ("interrupted", "yes" if s.get("interrupted") else "no"),
         ("properties", len(_property_names(s))),
         ("schema", s.get("schema", "-")),

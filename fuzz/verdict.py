@@ -176,3 +176,24 @@ class Outcome:
             if r.exit_status is not None and r.output_tail:
                 parts.append("last output:\n" + r.output_tail)
         return "\n".join(parts)
+
+
+#: Errors a rank meets from the machine, not from the code under test, with the name a campaign
+#: counts them under. ``EADDRINUSE``: a port picked as free was taken by another process before
+#: the listener bound it (the process-based checkpointer's daemon, on a host busy with other
+#: pools: docs/campaigns.md); the case is run again instead of judged.
+ENVIRONMENT_ERRORS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("port taken (EADDRINUSE)", re.compile(r"\bEADDRINUSE\b|address already in use", re.IGNORECASE)),
+)
+
+
+def environment_fault(outcome: Outcome) -> str | None:
+    """The name of the :data:`ENVIRONMENT_ERRORS` entry a rank of ``outcome`` raised, if any."""
+    for report in outcome.ranks:
+        if report.status != "error":
+            continue
+        text = f"{report.exc_type}: {report.message}"
+        for name, pattern in ENVIRONMENT_ERRORS:
+            if pattern.search(text):
+                return name
+    return None
