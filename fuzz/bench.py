@@ -28,6 +28,7 @@ from fuzz._spawn_baseline import run_spawned
 from fuzz.corpus import builtin_corpus
 from fuzz.errors import ShardfuzzError
 from fuzz.model import Case, FaultAction, FaultBody
+from fuzz.patching import fault_applies
 from fuzz.pool import RankPool
 from fuzz.properties import get_property
 from fuzz.signature import location
@@ -307,21 +308,6 @@ def load_fault(path: str) -> dict[str, object]:
     if not isinstance(data, dict) or not all(isinstance(data.get(k), str) for k in ("module", "old", "new")):
         raise ShardfuzzError(f"{path}: a fault file needs the strings 'module', 'old' and 'new'")
     return data
-
-
-def fault_applies(fault: dict[str, object]) -> bool:
-    """Whether the fault's ``old`` text occurs exactly once in this torch's module (a fault is
-    written against one version's code)."""
-    import importlib.util
-
-    try:
-        spec = importlib.util.find_spec(str(fault["module"]))
-    except (ImportError, ValueError):
-        return False
-    if spec is None or spec.origin is None:
-        return False
-    with open(spec.origin) as f:
-        return f.read().count(str(fault["old"])) == 1
 
 
 def bench_faults(

@@ -67,6 +67,17 @@ NONE_FOUND = "none found"
 
 
 @dataclass(frozen=True)
+class Patch:
+    """A change to the source of one torch module (``old``, which must occur in it once, becomes
+    ``new``), applied as the module is imported, in every process started with the patch
+    harness (tests/faults/harness, :func:`fuzz.bench.patch_env`); nothing installed changes."""
+
+    module: str
+    old: str
+    new: str
+
+
+@dataclass(frozen=True)
 class KnownBug:
     """One torch bug. ``upstream`` is ``owner/repo#N`` (an issue or a pull request) or
     :data:`NONE_FOUND`; ``relation`` says how it relates (``same bug``, ``same symptom``,
@@ -97,6 +108,9 @@ class KnownBug:
     #: (:func:`meets`): for bugs whose exception type and innermost frame other bugs share
     #: (selective checkpointing's replay raises the same error for any mismatch it sees).
     conditional: bool = False
+    #: A fix of the bug as a :class:`Patch` to torch, where one is written: a build without the
+    #: bug, on which a reduced script must not reproduce (docs/repro.md).
+    fix: Patch | None = None
 
     @property
     def url(self) -> str | None:
@@ -384,6 +398,13 @@ FUSED_OPTIM_KEYS = KnownBug(
     docs="docs/state_dict.md",
     # what a load with the keys missing leads to shows up in the optimizer's own code too
     conditional=True,
+    # get_optimizer_state_dict keys parameters by the FQNs set_optimizer_state_dict looks for
+    fix=Patch(
+        "torch.distributed.checkpoint.state_dict",
+        "            for key, param in model.named_parameters():\n                fqns = _get_fqns(model, key)\n",
+        "            for key, param in model.named_parameters():\n"
+        "                fqns = info.fqn_param_mapping.get(param) or _get_fqns(model, key)\n",
+    ),
 )
 FUSED_CUSTOM_NAME = KnownBug(
     "dsd-fqn-modifiers-name-ignored-on-get",
@@ -400,6 +421,12 @@ FUSED_CUSTOM_NAME = KnownBug(
     docs="docs/state_dict.md",
     # nn.Module.__getattr__'s AttributeError is any missing attribute's
     conditional=True,
+    # the model state dict's keys mapped through the method the option names
+    fix=Patch(
+        "torch.distributed.checkpoint.state_dict",
+        "    for key in list(state_dict.keys()):\n        fqns = _get_fqns(model, key)\n",
+        "    for key in list(state_dict.keys()):\n        fqns = _get_fqns(model, key, info.dsd_fqn_modifiers)\n",
+    ),
 )
 FUSED_IGNORE_FROZEN = KnownBug(
     "dsd-fqn-modifiers-ignore-frozen-keyerror",
@@ -413,6 +440,13 @@ FUSED_IGNORE_FROZEN = KnownBug(
     see_also=("pytorch/pytorch#146557",),
     docs="docs/state_dict.md",
     conditional=True,
+    # the frozen parameter's key as the state dict has it
+    fix=Patch(
+        "torch.distributed.checkpoint.state_dict",
+        "            fqns = _get_fqns(model, key)\n            for fqn in fqns:\n                state_dict.pop(fqn)\n",
+        "            fqns = info.fqn_param_mapping.get(param) or _get_fqns(model, key)\n"
+        "            for fqn in fqns:\n                state_dict.pop(fqn)\n",
+    ),
 )
 PLAN_CACHE_FAILED_SAVE = KnownBug(
     "dcp-plan-cache-after-failed-save",

@@ -34,7 +34,8 @@ def fault_env(name: str) -> dict[str, str]:
     """Environment that makes every rank import torch with the fault ``tests/faults/NAME.json``
     applied (by tests/faults/harness); skips where this torch's source lacks the fault's text
     (a fault is written against one torch version's code)."""
-    from fuzz.bench import fault_applies, load_fault
+    from fuzz.bench import load_fault
+    from fuzz.patching import fault_applies
 
     path = FAULTS / f"{name}.json"
     fault = load_fault(str(path))

@@ -247,6 +247,54 @@ def test_every_stored_script_reproduces_under_torchrun_where_its_bug_is_present(
     _reproduces_under_torchrun(path)
 
 
+def _passes_with_the_fix(path: Path, tmp: Path) -> None:
+    """The stored script exits 0 on torch with its known bug's fix (fuzz.known.KnownBug.fix)."""
+    from fuzz.patching import patch_env
+
+    entry = load_entry(path.with_name(path.name.removesuffix(".repro.py") + ".json"))
+    bug = known.get(entry.bug or "")
+    assert bug.fix is not None
+    env = patch_env(bug.fix, str(tmp))
+    if env is None:
+        pytest.skip(f"the fix of {bug.id} does not apply to this torch")
+    done = torchrun(path, env=env, nproc=entry.case.world_size)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "PASS" in done.stdout, done.stdout[-2000:]
+
+
+#: The stored scripts of known bugs that have a fix written (fuzz.known.KnownBug.fix).
+FIXED = [
+    p
+    for p in STORED
+    if (bug := load_entry(p.with_name(p.name.removesuffix(".repro.py") + ".json")).bug) and known.get(bug).fix
+]
+
+
+def test_a_stored_script_passes_on_torch_with_its_bug_fixed(tmp_path: Path) -> None:
+    """The second oracle, on one script in every CI run: the bug's fix turns its failure off."""
+    path = ROOT / "corpus" / "state_dict-exception-d4322b68deab.repro.py"
+    assert path in FIXED
+    _passes_with_the_fix(path, tmp_path)
+
+
+@pytest.mark.slow  # a torchrun each
+@pytest.mark.parametrize("path", FIXED, ids=[p.name.removesuffix(".repro.py") for p in FIXED])
+def test_every_stored_script_passes_on_torch_with_its_bug_fixed(path: Path, tmp_path: Path) -> None:
+    _passes_with_the_fix(path, tmp_path)
+
+
+def test_every_written_fix_applies_to_this_torch_where_its_bug_is_present(tmp_path: Path) -> None:
+    """A fix is written against one torch's code: where the bug is present here, its text must
+    be there to replace (else the second oracle would go unchecked without a word)."""
+    import torch
+
+    from fuzz.patching import patch_env
+
+    fixes = [b for b in known.BUGS.values() if b.fix is not None and known.present(b, torch.__version__)]
+    assert len(fixes) >= 3
+    assert all(patch_env(b.fix, str(tmp_path)) is not None for b in fixes if b.fix is not None)
+
+
 def test_the_reproduced_signature_is_read_whole_where_it_holds_a_space() -> None:
     crash = "crash:dcp:signal SIGSEGV@torch/distributed/fsdp/_state_dict_utils.py:param_hook"
     assert reproduced(1, f"REPRODUCED {crash}: rank 0 died: signal -11@torch/x.py:f\n") == crash

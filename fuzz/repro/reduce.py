@@ -62,9 +62,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from fuzz import known
 from fuzz.corpus import Entry
 from fuzz.errors import InvalidArgument, PoolError
 from fuzz.model import to_jsonable
+from fuzz.patching import patch_env
 from fuzz.pool import RankPool
 from fuzz.properties import get_property
 from fuzz.repro import render_entry
@@ -580,6 +582,14 @@ class _Oracle:
         #: later candidate must observe exactly the same, so that a cut can never make the
         #: mismatch by changing what either side computes (the reference, the judge's input).
         self.observed: str | None = None
+        #: Where the entry's known bug has a fix (fuzz.known.KnownBug.fix): the environment of
+        #: torch with it, and ranks that import that torch. A candidate must not reproduce
+        #: there: a cut that keeps the symptom but drops its cause (a failure of the script's
+        #: own making) reproduces with the fix as well.
+        self.fix_env: dict[str, str] | None = None
+        self.fixed: RankPool | None = None
+        self.fixed_attempts = 0
+        self._fix_dir: tempfile.TemporaryDirectory[str] | None = None
 
     def _same_observations(self, output: str) -> bool:
         if self.entry.kind != "mismatch":
@@ -602,6 +612,13 @@ class _Oracle:
         status, output, seconds = run_script(script, timeout=self.timeout, nproc=self.entry.case.world_size)
         self.torchrun_seconds += seconds
         ok = reproduced(status, output) == self.signature and self._same_observations(output)
+        if ok and self.fix_env is not None:
+            self.fixed_attempts += 1
+            status, fixed, _ = run_script(
+                script, timeout=self.timeout, nproc=self.entry.case.world_size, env=self.fix_env
+            )
+            if reproduced(status, fixed) is not None:
+                ok, output = False, "reproduces with the bug's fix too: " + fixed
         self._said("torchrun", code, ok, seconds, output)
         return ok
 
@@ -629,9 +646,56 @@ class _Oracle:
             self.slowest = max(self.slowest, outcome.seconds)
             self.deadline = min(self.timeout, max(POOL_DEADLINE_MIN_S, POOL_DEADLINE_FACTOR * self.slowest))
         said = [*outcome.verdicts.values(), *outcome.errors.values()]
+        if ok and self.fixed is not None:
+            try:
+                if self._reproduces_fixed(code):
+                    ok, said = False, ["reproduces with the bug's fix too"]
+            except PoolError as e:  # as above: torchrun checks the fix too
+                self.say(f"  the pool with the fix failed ({e}): the attempts left run under torchrun")
+                self.close()
+                return self.torchrun(code)
         said += [f"rank {rank} {why}" for rank, why in outcome.missing.items()]
         self._said("pool", code, ok, outcome.seconds, "\n".join(s for s in said if s))
         return ok
+
+    def _reproduces_fixed(self, code: str) -> bool:
+        """Whether ``code`` reproduces in the ranks of torch with the bug's fix."""
+        assert self.fixed is not None
+        self.fixed_attempts += 1
+        outcome = self.fixed.run_script(code, function=ATTEMPT, deadline=self.deadline)
+        if any(STALE_GROUP in error for error in outcome.errors.values()):
+            self.fixed.respawn()  # as in_pool: an earlier attempt's mesh left torch a destroyed group
+            outcome = self.fixed.run_script(code, function=ATTEMPT, deadline=self.deadline)
+        return any(verdict.startswith("REPRODUCED") for verdict in outcome.verdicts.values())
+
+    def open_fix(self, code: str) -> None:
+        """Check candidates against torch with the entry's bug fixed from now on, where the bug
+        has a fix that applies to this torch and ``code`` (which reproduces) does not reproduce
+        with it."""
+        bug = known.BUGS.get(self.entry.bug or "")
+        if bug is None or bug.fix is None:
+            return
+        self._fix_dir = tempfile.TemporaryDirectory(prefix="shardfuzz-fix-")
+        env = patch_env(bug.fix, self._fix_dir.name)
+        if env is None:
+            self.say(f"  the fix of {bug.id} does not apply to this torch (or no patch harness): not checked")
+            return
+        script = render_flat(self.entry, self.source, self.signature, code)
+        status, output, _ = run_script(script, timeout=self.timeout, nproc=self.entry.case.world_size, env=env)
+        if reproduced(status, output) is not None:
+            self.say(f"  the script reproduces with the fix of {bug.id} too: the fix is not checked")
+            return
+        self.say(f"  every candidate must pass with the fix of {bug.id}")
+        self.fix_env = env
+        if self.pool is not None:
+            fixed = RankPool(world_size=self.entry.case.world_size, backend="gloo", deadline=self.timeout, env=env)
+            try:
+                fixed.start()
+                self.fixed = fixed
+            except PoolError as e:
+                self.say(f"  no pool with the fix ({e}): every attempt runs under torchrun")
+                fixed.close()
+                self.close()
 
     def __call__(self, code: str) -> bool:
         return self.in_pool(code) if self.pool is not None else self.torchrun(code)
@@ -662,9 +726,17 @@ class _Oracle:
         pool.close()
 
     def close(self) -> None:
-        if self.pool is not None:
-            self.pool.close()
-            self.pool = None
+        """End the pools; the fix, where it is checked, stays checked under torchrun."""
+        for pool in (self.pool, self.fixed):
+            if pool is not None:
+                pool.close()
+        self.pool = self.fixed = None
+
+    def end(self) -> None:
+        self.close()
+        if self._fix_dir is not None:
+            self._fix_dir.cleanup()
+            self._fix_dir = None
 
 
 def reduce_entry(
@@ -713,6 +785,7 @@ def reduce_entry(
             raise InvalidArgument(f"{name}: its reduced script does not reproduce the failure here")
         if budget_s > 0:  # else one attempt is left (the folded script's): torchrun, no pool
             oracle.open_pool(code)
+        oracle.open_fix(code)
         verified = code  # the last script that reproduced under torchrun
         code = specialize(code, entry, signature, origins, oracle, timeout=oracle.timeout, say=say)
         code = _confirmed(code, verified, oracle, "folded")
@@ -738,7 +811,7 @@ def reduce_entry(
         )
         code = _confirmed(code, verified, oracle, "delta-debugged", kept)
     finally:
-        oracle.close()
+        oracle.end()
     script = render_flat(entry, source, signature, code)
     say(
         f"{name}: {code_lines(full)} -> {code_lines(script)} code lines, {oracle.attempts} attempts "

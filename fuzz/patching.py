@@ -1,0 +1,44 @@
+"""Torch with one change to its source: the faults of tests/faults and ../shared/mutants, and the
+fixes of known torch bugs (:class:`fuzz.known.Patch`). The change is made as the module is
+imported, in every process started with the patch harness (``tests/faults/harness``) on its
+``PYTHONPATH``; nothing installed changes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from fuzz import known
+
+
+def fault_applies(fault: dict[str, object]) -> bool:
+    """Whether the fault's ``old`` text occurs exactly once in this torch's module (a fault is
+    written against one version's code)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(str(fault["module"]))
+    except (ImportError, ValueError):
+        return False
+    if spec is None or spec.origin is None:
+        return False
+    with open(spec.origin) as f:
+        return f.read().count(str(fault["old"])) == 1
+
+
+def patch_env(patch: known.Patch, directory: str) -> dict[str, str] | None:
+    """The environment variables under which a process imports torch with ``patch`` applied
+    (the patch written as a fault file into ``directory``, applied by tests/faults/harness of
+    the checkout this package runs from); None where that harness is not there or the patch's
+    text is not in this torch."""
+    import json
+
+    harness = Path(__file__).resolve().parent.parent / "tests" / "faults" / "harness"
+    fault: dict[str, object] = {"module": patch.module, "old": patch.old, "new": patch.new}
+    if not (harness / "sitecustomize.py").is_file() or not fault_applies(fault):
+        return None
+    path = os.path.join(directory, "fix.json")
+    with open(path, "w") as f:
+        json.dump(fault, f)
+    python_path = os.pathsep.join(p for p in (str(harness), os.environ.get("PYTHONPATH")) if p)
+    return {"SHARDFUZZ_FAULT": path, "PYTHONPATH": python_path}
