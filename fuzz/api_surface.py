@@ -428,7 +428,10 @@ USES: dict[str, Use] = {
     ),
     "fully_shard(dp_mesh_dims)": _not_drawn(
         "for parameters that are already DTensors on a full SPMD mesh (DataParallelMeshDims names its data-parallel "
-        "dimensions); the suite's fully_shard takes plain parameters or tensor parallelism's, not drawn yet"
+        "dimensions); the suite's fully_shard takes plain parameters or tensor parallelism's, not drawn yet. The "
+        "unsharded parameters stay DTensors (Replicate on the data-parallel dimensions), so forward needs DTensor "
+        "inputs too (a plain batch meets 'mixed torch.Tensor and DTensor' in the first Linear, torch 2.13 CPU): "
+        "a reference for it must define the global batch and loss the SPMD program computes"
     ),
     # replicate, and DistributedDataParallel's parameters, which receive its **kwargs
     "replicate(module)": _drawn("replicate.root", "replicate.sub"),

@@ -21,6 +21,7 @@ from fuzz.repro.reduce import (
     from_current_sources,
     header_fields,
     is_current,
+    passed,
     reduce_and_store,
     reproduced,
     stored_path,
@@ -259,7 +260,7 @@ def _passes_with_the_fix(path: Path, tmp: Path) -> None:
         pytest.skip(f"the fix of {bug.id} does not apply to this torch")
     done = torchrun(path, env=env, nproc=entry.case.world_size)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "PASS" in done.stdout, done.stdout[-2000:]
+    assert passed(done.stdout), done.stdout[-2000:]  # PASS, not another failure
 
 
 #: The stored scripts of known bugs that have a fix written (fuzz.known.KnownBug.fix).
@@ -383,3 +384,12 @@ def test_an_exception_check_wants_the_entry_point_and_message_of_the_entry() -> 
         assert verdicts[name].startswith("FAIL (not the entry's failure)"), verdicts
         assert "module.py:__getattr__" in verdicts[name], verdicts
     assert verdicts["genuine"].startswith("REPRODUCED"), verdicts
+
+
+def test_a_script_passes_only_when_every_verdict_says_so() -> None:
+    assert passed("PASS: no rank raised\nPASS: no rank raised\n")
+    assert passed("noise\nPASS or another failure: None\n")
+    assert not passed("PASS: no rank raised\nFAIL (not the entry's failure): rank 1 raised KeyError@torch/x.py:f\n")
+    assert not passed("PASS or another failure: mismatch:parity@fsdp2\n")
+    assert not passed("REPRODUCED exception:x: rank 0 raised ...\n")
+    assert not passed("")  # a script that said nothing did not pass

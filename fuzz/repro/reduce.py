@@ -179,6 +179,25 @@ def reproduced(status: int | None, output: str) -> str | None:
 # -- hashes and the stored script ----------------------------------------------------------------
 
 
+#: The verdict lines of a script that found nothing wrong, one per kind of check
+#: (fuzz/repro/harness.py): an exception, a mismatch, a hang, a crash.
+PASSING = frozenset(
+    {
+        "PASS: no rank raised",
+        "PASS or another failure: None",
+        "PASS: every rank finished",
+        "PASS or another failure: exit 0",
+    }
+)
+
+
+def passed(output: str) -> bool:
+    """Whether a script's output says it passed: verdicts, each of them one of :data:`PASSING`
+    (no ``REPRODUCED``, no ``FAIL``, no other failure)."""
+    verdicts = [line.strip() for line in output.splitlines() if line.startswith(("PASS", "FAIL", "REPRODUCED"))]
+    return bool(verdicts) and all(v in PASSING for v in verdicts)
+
+
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -617,8 +636,8 @@ class _Oracle:
             status, fixed, _ = run_script(
                 script, timeout=self.timeout, nproc=self.entry.case.world_size, env=self.fix_env
             )
-            if reproduced(status, fixed) is not None:
-                ok, output = False, "reproduces with the bug's fix too: " + fixed
+            if status != 0 or not passed(fixed):
+                ok, output = False, "does not pass with the bug's fix: " + fixed
         self._said("torchrun", code, ok, seconds, output)
         return ok
 
@@ -648,8 +667,8 @@ class _Oracle:
         said = [*outcome.verdicts.values(), *outcome.errors.values()]
         if ok and self.fixed is not None:
             try:
-                if self._reproduces_fixed(code):
-                    ok, said = False, ["reproduces with the bug's fix too"]
+                if not self._passes_fixed(code):
+                    ok, said = False, ["does not pass with the bug's fix"]
             except PoolError as e:  # as above: torchrun checks the fix too
                 self.say(f"  the pool with the fix failed ({e}): the attempts left run under torchrun")
                 self.close()
@@ -658,15 +677,15 @@ class _Oracle:
         self._said("pool", code, ok, outcome.seconds, "\n".join(s for s in said if s))
         return ok
 
-    def _reproduces_fixed(self, code: str) -> bool:
-        """Whether ``code`` reproduces in the ranks of torch with the bug's fix."""
+    def _passes_fixed(self, code: str) -> bool:
+        """Whether ``code`` passes in the ranks of torch with the bug's fix (:func:`passed`)."""
         assert self.fixed is not None
         self.fixed_attempts += 1
         outcome = self.fixed.run_script(code, function=ATTEMPT, deadline=self.deadline)
         if any(STALE_GROUP in error for error in outcome.errors.values()):
             self.fixed.respawn()  # as in_pool: an earlier attempt's mesh left torch a destroyed group
             outcome = self.fixed.run_script(code, function=ATTEMPT, deadline=self.deadline)
-        return any(verdict.startswith("REPRODUCED") for verdict in outcome.verdicts.values())
+        return not outcome.errors and not outcome.missing and passed("\n".join(outcome.verdicts.values()))
 
     def open_fix(self, code: str) -> None:
         """Check candidates against torch with the entry's bug fixed from now on, where the bug
@@ -682,8 +701,8 @@ class _Oracle:
             return
         script = render_flat(self.entry, self.source, self.signature, code)
         status, output, _ = run_script(script, timeout=self.timeout, nproc=self.entry.case.world_size, env=env)
-        if reproduced(status, output) is not None:
-            self.say(f"  the script reproduces with the fix of {bug.id} too: the fix is not checked")
+        if status != 0 or not passed(output):
+            self.say(f"  the script does not pass with the fix of {bug.id}: the fix is not checked")
             return
         self.say(f"  every candidate must pass with the fix of {bug.id}")
         self.fix_env = env
