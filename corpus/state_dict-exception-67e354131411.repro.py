@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+# shardfuzz reduced reproducer: entry=3602c42a89141394 sources=5f5e88fa2ae7132f seconds=68.4
+"""Reproduces shardfuzz corpus entry state_dict-exception-67e354131411.json: exception:state_dict:builtins.KeyError@torch/distributed/checkpoint/state_dict.py:_get_model_state_dict
+
+Observed: get_model_state_dict(ignore_frozen_params=True) pops a frozen fused parameter by its
+named_parameters name, which the state dict (keyed by the hooks' names) lacks: KeyError. (rank 0
+raised builtins.KeyError: '0.1.0.fused.weight')
+Known torch bug: get_model_state_dict(ignore_frozen_params=True) raises KeyError for a frozen
+parameter of a module whose state-dict hooks hide a child (declared through its fqn modifiers
+method): it pops the parameter's named_parameters name ('0.fused.weight'), which the state dict,
+keyed '0.weight', lacks; upstream: none found.
+Expected: no rank raises.
+
+    torchrun --nproc-per-node 2 THIS_FILE.py
+
+prints REPRODUCED and exits 1 while the failure is there, else exits 0.
+"""
+
+from __future__ import annotations
+import torch
+import enum
+from torch import nn
+from dataclasses import dataclass, field
+
+@dataclass
+class RankContext:
+    rank: object
+    world_size: object
+    device: object
+    backend: object
+
+class LeafKind(str, enum.Enum):
+    CONV1D = 'conv1d'
+    RELU = 'relu'
+
+class Dtype(str, enum.Enum):
+    FLOAT32 = 'float32'
+    FLOAT64 = 'float64'
+
+@dataclass()
+class Leaf:
+    kind: object
+    bias: object = True
+
+@dataclass()
+class Block:
+    children: object
+
+@dataclass()
+class ModuleTree:
+    width: object
+    root: object
+
+@dataclass()
+class Composition:
+    shards: object = ()
+
+    @property
+    def sharded_paths(self):
+        return [p for spec in self.shards for p in ()]
+
+@dataclass()
+class Training:
+    dtype: object = Dtype.FLOAT32
+DEFAULT_FQN_MODIFIERS = '_fqn_modifiers'
+
+@dataclass()
+class Options:
+    ignore_frozen_params: object = False
+
+class PointwiseConv1d(nn.Conv1d):
+    pass
+
+def build_node(node, width):
+    if isinstance(node, Leaf):
+        module = PointwiseConv1d(width, width, kernel_size=1, bias=node.bias)
+        module.requires_grad_(False)
+        return module
+    return nn.Sequential(*[build_node(c, width) for c in node.children])
+FUSED_CHILD = 'fused'
+
+class FusedLeaf(nn.Module):
+
+    def __init__(self, leaf, method=DEFAULT_FQN_MODIFIERS):
+        super().__init__()
+        self.add_module(FUSED_CHILD, leaf)
+        self._atoms = [n for n, _ in leaf.named_parameters()]
+        object.__setattr__(self, method, self.key_modifiers)
+        self.register_state_dict_post_hook(FusedLeaf._hide)
+
+    def key_modifiers(self):
+        return {atom: FUSED_CHILD for atom in self._atoms}
+
+    @staticmethod
+    def _hide(module, state_dict, prefix, local_metadata):
+        atom = next(iter(module.key_modifiers()))
+        key = f'{prefix}{FUSED_CHILD}.{atom}'
+        state_dict[f'{prefix}{atom}'] = state_dict.pop(key)
+TORCH_DTYPES = {Dtype.FLOAT64: torch.float64}
+
+@dataclass
+class Composed:
+    model: object
+    fsdp_roots: object = field()
+
+@dataclass
+class Side:
+    composed: object
+    comp: object
+    training: object
+
+    @property
+    def model(self):
+        return self.composed.model
+
+def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=(), fused=(), fqn_modifiers=DEFAULT_FQN_MODIFIERS):
+    build_model_out = build_node(tree.root, 1)
+    model = build_model_out.to(TORCH_DTYPES[training.dtype])
+    path = next(iter(fused))
+    parent, _, name = path.rpartition('.')
+    owner = model.get_submodule(parent)
+    owner.add_module(name, FusedLeaf(owner.get_submodule(name), fqn_modifiers))
+    sharded = comp.sharded_paths
+    tops = [p for p in sharded if not any((False for q in sharded))]
+    composed = Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
+    return Side(composed=composed, comp=comp, training=training)
+
+def attempt(rank, world_size):
+    ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
+    import re
+    import traceback
+    try:
+        t = Training(dtype=Dtype.FLOAT64)
+        fused = {'fused': ('0.1.0',)}
+        src = build_side(ModuleTree(width=1, root=Block(children=(Block(children=(Leaf(kind=LeafKind.RELU), Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),)))),))), Composition(), t, ctx, seed=0, **fused)
+        params = list(src.model.parameters())
+        src.opt = torch.optim.AdamW(params)
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+        o = Options(ignore_frozen_params=True)
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+        extra = {n: True for n in ('ignore_frozen_params',) if getattr(o, n)}
+        options = StateDictOptions(**extra)
+        msd, osd = get_state_dict(src.model, src.opt, options=options)
+    except BaseException as e:
+        frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
+        at = [f"torch/{p.rpartition('/torch/')[2]}:{f}" for p, f in frames if '/torch/' in p and 'comp>' not in f]
+        found = f"{type(e).__module__}.{type(e).__qualname__}@{(at or ['torch/?:?'])[-1]}"
+        if found in ['builtins.KeyError@torch/distributed/checkpoint/state_dict.py:_get_model_state_dict'] and at[0] == 'torch/distributed/checkpoint/state_dict.py:get_state_dict' and (re.sub('\\d+(?:\\.\\d+)*', '#', str(e).partition('\n')[0]) == "'#.fused.weight'"):
+            return f'REPRODUCED exception:state_dict:builtins.KeyError@torch/distributed/checkpoint/state_dict.py:_get_model_state_dict: rank {rank} raised {found}: {e}'
+        return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"
+    return 'PASS: no rank raised'
+
+def main():
+    import os
+    import torch.distributed as dist
+    dist.init_process_group('gloo')
+    verdict = attempt(dist.get_rank(), dist.get_world_size())
+    if verdict:
+        print(verdict, flush=True)
+    os._exit(1 if verdict.startswith('REPRODUCED') else 0)
+if __name__ == '__main__':
+    main()
