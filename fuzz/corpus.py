@@ -209,7 +209,12 @@ class CorpusIndex:
     """
 
     def __init__(self, entries: list[tuple[Path, Entry]]) -> None:
-        self._exact = {sig: (p, e) for p, e in entries for sig in e.signatures}
+        #: Entries by each of their signatures; more than one where a conditional bug's entry
+        #: shares its signature with another failure's (:func:`save_entry`).
+        self._exact: dict[str, list[tuple[Path, Entry]]] = {}
+        for p, e in sorted(entries, key=lambda pe: pe[1].status != "known"):  # a known bug's first
+            for sig in e.signatures:
+                self._exact.setdefault(sig, []).append((p, e))
         self._known = [(sig, p, e) for p, e in entries if e.status == "known" for sig in sorted(e.signatures)]
 
     def match(self, signature: str, case: Case | None = None, kind: str = "") -> tuple[Path, Entry] | None:
@@ -220,9 +225,9 @@ class CorpusIndex:
         contract (``mismatch:PROP:contract-*``: the state or dtype an API documents, checked on
         the rank) is not a wrong value: it matches by signature only, so that it is not taken
         for a numerics bug the case also meets."""
-        hit = self._exact.get(signature)
-        if hit is not None:
-            return hit
+        for hit in self._exact.get(signature, []):
+            if self._condition_holds(hit[1], case):
+                return hit
         for sig, path, entry in self._known:
             if same_bug(sig, signature) and self._condition_holds(entry, case):
                 return path, entry
@@ -283,6 +288,16 @@ class KnownBugs(Mapping[str, str]):
         return None if entry is None else entry.upstream or "no upstream issue"
 
 
+def _readable(path: Path) -> Entry | None:
+    """The entry at ``path``, or None where there is none or it cannot be read."""
+    if not path.exists():
+        return None
+    try:
+        return load_entry(path)
+    except ShardfuzzError:
+        return None
+
+
 def save_entry(directory: str | os.PathLike[str], entry: Entry) -> tuple[Path, Entry]:
     """Write ``entry``, merging with an existing entry of the same signature.
 
@@ -293,23 +308,24 @@ def save_entry(directory: str | os.PathLike[str], entry: Entry) -> tuple[Path, E
     d.mkdir(parents=True, exist_ok=True)
     path = d / entry.file_name
     with _locked(d):
-        if path.exists():
-            try:
-                old = load_entry(path)
-            except ShardfuzzError:
-                old = None
-            if old is not None and old.signature == entry.signature:
-                keep = entry if entry.case.size < old.case.size else old
-                entry = Entry(
-                    **{
-                        **keep.__dict__,
-                        "count": old.count + entry.count,
-                        "status": old.status if old.status == "known" else keep.status,
-                        "upstream": old.upstream or entry.upstream,
-                        "bug": old.bug or entry.bug,
-                        "aliases": old.aliases or entry.aliases,
-                    }
-                )
+        old = _readable(path)
+        if old is not None and old.signature == entry.signature and not CorpusIndex._condition_holds(old, entry.case):
+            # The entry there is of a conditional bug whose condition this case does not meet:
+            # another failure with the same signature, kept beside it (one file for all of them).
+            path = path.with_name(f"{path.stem}-not-{hashlib.sha1((old.bug or '').encode()).hexdigest()[:6]}.json")
+            old = _readable(path)
+        if old is not None and old.signature == entry.signature:
+            keep = entry if entry.case.size < old.case.size else old
+            entry = Entry(
+                **{
+                    **keep.__dict__,
+                    "count": old.count + entry.count,
+                    "status": old.status if old.status == "known" else keep.status,
+                    "upstream": old.upstream or entry.upstream,
+                    "bug": old.bug or entry.bug,
+                    "aliases": old.aliases or entry.aliases,
+                }
+            )
         _atomic_write(path, json.dumps(entry.to_json(), indent=1, sort_keys=True) + "\n")
     return path, entry
 

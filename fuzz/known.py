@@ -855,13 +855,15 @@ def fsdp1_hsdp_2d(comp: Composition) -> bool:
 
 
 def fsdp1_shard1_full_offload_load(body: Body) -> bool:
-    """:data:`FSDP1_HSDP_RANK0_BROADCAST`: a full state dict with cpu_offload is loaded into an
-    FSDP1 HYBRID_SHARD model whose shard dimension has size 1 (torch passes FSDP1
-    rank0_only=True, which broadcasts from global rank 0 in a group of the rank alone)."""
+    """:data:`FSDP1_HSDP_RANK0_BROADCAST`: a full state dict with cpu_offload or
+    broadcast_from_rank0 is loaded into an FSDP1 HYBRID_SHARD model whose shard dimension has
+    size 1 (for either option torch passes FSDP1's optimizer config rank0_only=True, which
+    broadcasts from global rank 0 in a group of the rank alone)."""
     if isinstance(body, DcpBody):
         return body.load_full_state_dict and body.load_cpu_offload and fsdp1_shard1(body.target)
     if isinstance(body, StateDictBody):
-        return body.load.full_state_dict and body.load.cpu_offload and fsdp1_shard1(body.target)
+        rank0_only = body.load.cpu_offload or body.load.broadcast_from_rank0
+        return body.load.full_state_dict and rank0_only and fsdp1_shard1(body.target)
     return False
 
 

@@ -115,6 +115,57 @@ def test_a_mismatch_through_another_layout_is_the_known_bug_its_case_meets() -> 
     assert hit[1].case.property == "parity"
 
 
+def test_a_conditional_bugs_exact_signature_elsewhere_is_another_bug() -> None:
+    """nn.Module.__getattr__'s AttributeError is the signature of the entry of
+    dsd-fqn-modifiers-name-ignored-on-get, a conditional bug: in a case that does not meet its
+    condition (the method under torch's default name) the same signature is another failure,
+    even though it is the entry's own, exact signature (the fault K38 once passed for known)."""
+    from dataclasses import replace
+
+    from fuzz.model import DEFAULT_FQN_MODIFIERS
+
+    entry = _entry("state_dict-exception-d4322b68deab.json")
+    assert known.FUSED_CUSTOM_NAME.conditional
+    hit = _index().match(entry.signature, entry.case, "exception")
+    assert hit is not None and hit[1].bug == known.FUSED_CUSTOM_NAME.id
+    default = replace(entry.case, body=replace(entry.case.body, fqn_modifiers=DEFAULT_FQN_MODIFIERS))
+    assert not known.meets(default, known.FUSED_CUSTOM_NAME)
+    assert _index().match(entry.signature, default, "exception") is None
+
+
+def test_another_failure_with_a_conditional_bugs_signature_is_saved_beside_its_entry(tmp_path: Path) -> None:
+    """Saved, such a failure goes to a file of its own, and the known entry stays as it was."""
+    import shutil
+    from dataclasses import replace
+
+    from fuzz.corpus import save_entry
+    from fuzz.model import DEFAULT_FQN_MODIFIERS
+
+    name = "state_dict-exception-d4322b68deab.json"
+    shutil.copy(CORPUS / name, tmp_path / name)
+    before = (tmp_path / name).read_text()
+    entry = _entry(name)
+    other = replace(
+        entry,
+        case=replace(entry.case, body=replace(entry.case.body, fqn_modifiers=DEFAULT_FQN_MODIFIERS)),
+        status="new",
+        bug=None,
+        aliases=(),
+    )
+    path, saved = save_entry(tmp_path, other)
+    assert path.name != name and path.name.startswith(name.removesuffix(".json")) and saved.status == "new"
+    assert (tmp_path / name).read_text() == before
+    again, _ = save_entry(tmp_path, other)  # the next one merges with it
+    assert again == path
+    counts = {p.name: e.count for p, e in load_corpus(tmp_path)[0]}
+    assert counts[path.name] == 2 * other.count and counts[name] == entry.count
+    index = CorpusIndex(load_corpus(tmp_path)[0])
+    hit = index.match(entry.signature, other.case, "exception")
+    assert hit is not None and hit[0] == path
+    hit = index.match(entry.signature, entry.case, "exception")
+    assert hit is not None and hit[0].name == name
+
+
 def test_a_violated_contract_is_not_a_numerics_bug_the_case_meets() -> None:
     """A contract check (here the custom all-gather's) in a case that meets frozen-int-reshard
     is not that bug: a 4-rank soak once reported a false alarm of the suite as "known (as
