@@ -199,6 +199,13 @@ def load_corpus(directory: str | os.PathLike[str]) -> tuple[list[tuple[Path, Ent
     return entries, problems
 
 
+def _condition_holds(entry: Entry, case: Case | None) -> bool:
+    """False where the entry's bug is ``conditional`` and ``case`` (when given) does not meet
+    its condition: the same exception elsewhere is another bug."""
+    record = known.BUGS.get(entry.bug or "")
+    return record is None or not record.conditional or case is None or known.meets(case, record)
+
+
 class CorpusIndex:
     """Which corpus entry a failure signature belongs to.
 
@@ -226,10 +233,10 @@ class CorpusIndex:
         the rank) is not a wrong value: it matches by signature only, so that it is not taken
         for a numerics bug the case also meets."""
         for hit in self._exact.get(signature, []):
-            if self._condition_holds(hit[1], case):
+            if _condition_holds(hit[1], case):
                 return hit
         for sig, path, entry in self._known:
-            if same_bug(sig, signature) and self._condition_holds(entry, case):
+            if same_bug(sig, signature) and _condition_holds(entry, case):
                 return path, entry
         if case is not None and not _contract_check(signature):
             bugs = {b.id for b in known.explains(case, kind)}
@@ -238,13 +245,6 @@ class CorpusIndex:
             if candidates:
                 return candidates[0]
         return None
-
-    @staticmethod
-    def _condition_holds(entry: Entry, case: Case | None) -> bool:
-        """False where the entry's bug is ``conditional`` and ``case`` (when given) does not
-        meet its condition: the same exception elsewhere is another bug."""
-        record = known.BUGS.get(entry.bug or "")
-        return record is None or not record.conditional or case is None or known.meets(case, record)
 
     def known(self, signature: str, case: Case | None = None, kind: str = "") -> Entry | None:
         """The ``known`` entry whose bug a failure signed ``signature`` is, or None."""
@@ -309,7 +309,7 @@ def save_entry(directory: str | os.PathLike[str], entry: Entry) -> tuple[Path, E
     path = d / entry.file_name
     with _locked(d):
         old = _readable(path)
-        if old is not None and old.signature == entry.signature and not CorpusIndex._condition_holds(old, entry.case):
+        if old is not None and old.signature == entry.signature and not _condition_holds(old, entry.case):
             # The entry there is of a conditional bug whose condition this case does not meet:
             # another failure with the same signature, kept beside it (one file for all of them).
             path = path.with_name(f"{path.stem}-not-{hashlib.sha1((old.bug or '').encode()).hexdigest()[:6]}.json")

@@ -97,25 +97,32 @@ def location(text: str | None) -> str:
     else:
         ordered = list(reversed(frames))
     for path, fn in ordered:
-        # The last "/torch/" is the package itself, wherever it is installed
-        # (".../torch/.venv/lib/.../site-packages/torch/distributed/x.py"), unless another
-        # package lies below it (".../torch/.venv/lib/.../site-packages/tqdm/_monitor.py").
-        at = path.rfind("/torch/")
-        inner = path[at + 1 :]
-        if at >= 0 and "/fuzz/" not in path and "-packages/" not in inner:
-            return f"{inner}:{fn}"
+        inside = _in_torch(path, fn)
+        if inside is not None:
+            return inside
     path, fn = ordered[0]
     return f"{path.rsplit('/', 1)[-1]}:{fn}"
+
+
+def _in_torch(path: str, fn: str) -> str | None:
+    """``torch/x/y.py:fn`` for a frame inside torch, else None. The last "/torch/" is the
+    package itself, wherever it is installed (".../torch/.venv/lib/.../site-packages/torch/
+    distributed/x.py"), unless another package lies below it (".../torch/.venv/lib/.../
+    site-packages/tqdm/_monitor.py")."""
+    at = path.rfind("/torch/")
+    inner = path[at + 1 :]
+    if at >= 0 and "/fuzz/" not in path and "-packages/" not in inner:
+        return f"{inner}:{fn}"
+    return None
 
 
 def entry_point(text: str | None) -> str | None:
     """The outermost frame inside torch of a Python traceback (``torch/x/y.py:function``): the
     torch API the failing call entered by; None where the traceback has no torch frame."""
     for path, fn in _FRAME.findall(text or ""):
-        at = path.rfind("/torch/")
-        inner = path[at + 1 :]
-        if at >= 0 and "/fuzz/" not in path and "-packages/" not in inner and fn not in _INLINED:
-            return f"{inner}:{fn}"
+        inside = _in_torch(path, fn) if fn not in _INLINED else None
+        if inside is not None:
+            return inside
     return None
 
 

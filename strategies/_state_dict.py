@@ -401,7 +401,7 @@ def _fused_leaves(draw: st.DrawFn, body: StateDictBody) -> StateDictBody:
     if not keep_known(draw, known.FUSED_OPTIM_KEYS):
         # rarely the leaves the optimizer holds; else frozen leaves it does not hold
         leaves = [p for p in leaves if p in frozen and not body.frozen_in_optimizer]
-    if not leaves or body.api is Api.FSDP1:
+    if not leaves:
         return body
     chosen = sorted(draw(st.lists(st.sampled_from(leaves), min_size=1, max_size=2, unique=True)))
     name = draw(st.sampled_from([DEFAULT_FQN_MODIFIERS, CUSTOM_FQN_MODIFIERS]))

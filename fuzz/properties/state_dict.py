@@ -299,14 +299,12 @@ def _hsdp_optimizer_load(case: Case, failure: Failure | None) -> Failure | None:
 
 
 #: Bugs of set_optimizer_state_dict that show through whichever check reads the optimizer state
-#: a load restored first (the state after the load, resuming), with their conditions: each is
-#: one bug there, named by the mechanism. ``FROZEN_OPTIM_STATE_DROPPED``: the saved state of a
-#: parameter frozen at the load is left out; ``FUSED_OPTIM_KEYS``: a fused module's parameters
-#: are saved under other keys than the load looks for (a non-strict load leaves them out).
-_OPTIMIZER_LOAD_BUGS = (
-    (known.FROZEN_OPTIM_STATE_DROPPED, known.frozen_state_dropped),
-    (known.FUSED_OPTIM_KEYS, known.fused_in_optimizer),
-)
+#: a load restored first (the state after the load, resuming), in a case that meets their
+#: conditions (known.CONDITIONS): each is one bug there, named by the mechanism.
+#: ``FROZEN_OPTIM_STATE_DROPPED``: the saved state of a parameter frozen at the load is left out;
+#: ``FUSED_OPTIM_KEYS``: a fused module's parameters are saved under other keys than the load
+#: looks for (a non-strict load leaves them out).
+_OPTIMIZER_LOAD_BUGS = (known.FROZEN_OPTIM_STATE_DROPPED, known.FUSED_OPTIM_KEYS)
 
 
 def _optimizer_load_bug(case: Case, failure: Failure | None) -> Failure | None:
@@ -320,8 +318,8 @@ def _optimizer_load_bug(case: Case, failure: Failure | None) -> Failure | None:
         or failure.details.get("check") not in OPTIMIZER_CHECKS
     ):
         return failure
-    for bug, condition in _OPTIMIZER_LOAD_BUGS:
-        if condition(body):
+    for bug in _OPTIMIZER_LOAD_BUGS:
+        if known.meets(case, bug):
             tag = bug.tag.lstrip(":")
             signature = Signature("mismatch", case.property, where="set_optimizer_state_dict", tags=(tag,))
             return dataclasses.replace(failure, signature=str(signature))

@@ -111,6 +111,17 @@ _PRELUDE = """\
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device("cpu"), backend="gloo")
 """
 
+#: The verdict lines of a script that found nothing wrong, one per kind of check below: an
+#: exception, a mismatch, a hang, a crash.
+PASSING = frozenset(
+    {
+        "PASS: no rank raised",
+        "PASS or another failure: None",
+        "PASS: every rank finished",
+        "PASS or another failure: exit 0",
+    }
+)
+
 #: The kinds whose check is a function of the rank, ``attempt(rank, world_size)``, returning
 #: the verdict line: a rank of :class:`fuzz.pool.RankPool` can run it in its process group
 #: (:meth:`fuzz.pool.RankPool.run_script`), so that the reducer's attempts need no torchrun.

@@ -67,11 +67,11 @@ from fuzz.corpus import Entry
 from fuzz.errors import InvalidArgument, PoolError
 from fuzz.model import to_jsonable
 from fuzz.patching import patch_env
-from fuzz.pool import RankPool
+from fuzz.pool import RankPool, ScriptOutcome
 from fuzz.properties import get_property
 from fuzz.repro import render_entry
 from fuzz.repro.delta import ddmin, frozen_for
-from fuzz.repro.harness import ATTEMPT, POOLED_KINDS, main_source
+from fuzz.repro.harness import ATTEMPT, PASSING, POOLED_KINDS, main_source
 from fuzz.repro.portable import portable
 from fuzz.repro.script import carried_modules, code_lines, imported_modules, relative, roots_for
 from fuzz.repro.specialize import Origins, fold_case_functions, initial, render_flat, specialize, tidy
@@ -177,18 +177,6 @@ def reproduced(status: int | None, output: str) -> str | None:
 
 
 # -- hashes and the stored script ----------------------------------------------------------------
-
-
-#: The verdict lines of a script that found nothing wrong, one per kind of check
-#: (fuzz/repro/harness.py): an exception, a mismatch, a hang, a crash.
-PASSING = frozenset(
-    {
-        "PASS: no rank raised",
-        "PASS or another failure: None",
-        "PASS: every rank finished",
-        "PASS or another failure: exit 0",
-    }
-)
 
 
 def passed(output: str) -> bool:
@@ -602,9 +590,9 @@ class _Oracle:
         #: mismatch by changing what either side computes (the reference, the judge's input).
         self.observed: str | None = None
         #: Where the entry's known bug has a fix (fuzz.known.KnownBug.fix): the environment of
-        #: torch with it, and ranks that import that torch. A candidate must not reproduce
-        #: there: a cut that keeps the symptom but drops its cause (a failure of the script's
-        #: own making) reproduces with the fix as well.
+        #: torch with it, and ranks that import that torch. A candidate must pass there: a cut
+        #: that keeps the symptom but drops its cause (a failure of the script's own making)
+        #: fails with the fix as well.
         self.fix_env: dict[str, str] | None = None
         self.fixed: RankPool | None = None
         self.fixed_attempts = 0
@@ -646,11 +634,7 @@ class _Oracle:
         assert self.pool is not None
         clear_checkpoints(code)
         try:
-            outcome = self.pool.run_script(code, function=ATTEMPT, deadline=self.deadline)
-            if any(STALE_GROUP in error for error in outcome.errors.values()):
-                self.pool.respawn()  # an earlier attempt's mesh left torch a destroyed group
-                self.respawns += 1
-                outcome = self.pool.run_script(code, function=ATTEMPT, deadline=self.deadline)
+            outcome = self._attempt(self.pool, code)
         except PoolError as e:  # fresh ranks did not start: torchrun still can
             self.say(f"  the pool failed ({e}): the attempts left run under torchrun")
             self.close()
@@ -677,20 +661,26 @@ class _Oracle:
         self._said("pool", code, ok, outcome.seconds, "\n".join(s for s in said if s))
         return ok
 
+    def _attempt(self, pool: RankPool, code: str) -> ScriptOutcome:
+        """``code``'s ``attempt`` in the ranks of ``pool``, on fresh ranks once more where an
+        earlier attempt's mesh left torch a destroyed group."""
+        outcome = pool.run_script(code, function=ATTEMPT, deadline=self.deadline)
+        if any(STALE_GROUP in error for error in outcome.errors.values()):
+            pool.respawn()
+            self.respawns += 1
+            outcome = pool.run_script(code, function=ATTEMPT, deadline=self.deadline)
+        return outcome
+
     def _passes_fixed(self, code: str) -> bool:
         """Whether ``code`` passes in the ranks of torch with the bug's fix (:func:`passed`)."""
         assert self.fixed is not None
         self.fixed_attempts += 1
-        outcome = self.fixed.run_script(code, function=ATTEMPT, deadline=self.deadline)
-        if any(STALE_GROUP in error for error in outcome.errors.values()):
-            self.fixed.respawn()  # as in_pool: an earlier attempt's mesh left torch a destroyed group
-            outcome = self.fixed.run_script(code, function=ATTEMPT, deadline=self.deadline)
+        outcome = self._attempt(self.fixed, code)
         return not outcome.errors and not outcome.missing and passed("\n".join(outcome.verdicts.values()))
 
     def open_fix(self, code: str) -> None:
         """Check candidates against torch with the entry's bug fixed from now on, where the bug
-        has a fix that applies to this torch and ``code`` (which reproduces) does not reproduce
-        with it."""
+        has a fix that applies to this torch and ``code`` (which reproduces) passes with it."""
         bug = known.BUGS.get(self.entry.bug or "")
         if bug is None or bug.fix is None:
             return
@@ -835,8 +825,8 @@ def reduce_entry(
     say(
         f"{name}: {code_lines(full)} -> {code_lines(script)} code lines, {oracle.attempts} attempts "
         f"({oracle.pool_attempts} in the pool, {oracle.pool_seconds:.1f} s, {oracle.respawns} on fresh ranks; "
-        f"{oracle.torchrun_attempts} under torchrun, {oracle.torchrun_seconds:.1f} s), "
-        f"{time.monotonic() - began:.1f} s"
+        f"{oracle.torchrun_attempts} under torchrun, {oracle.torchrun_seconds:.1f} s; "
+        f"{oracle.fixed_attempts} of them also with the bug's fix), {time.monotonic() - began:.1f} s"
     )
     script = portable(script)
     return Reduction(
