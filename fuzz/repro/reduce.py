@@ -597,6 +597,7 @@ class _Oracle:
         self.fixed: RankPool | None = None
         self.fixed_attempts = 0
         self._fix_dir: tempfile.TemporaryDirectory[str] | None = None
+        self._fix_ready: dict[str, str] | None = None  # the fix's environment, before it is checked
 
     def _same_observations(self, output: str) -> bool:
         if self.entry.kind != "mismatch":
@@ -678,23 +679,37 @@ class _Oracle:
         outcome = self._attempt(self.fixed, code)
         return not outcome.errors and not outcome.missing and passed("\n".join(outcome.verdicts.values()))
 
-    def open_fix(self, code: str) -> None:
-        """Check candidates against torch with the entry's bug fixed from now on, where the bug
-        has a fix that applies to this torch and ``code`` (which reproduces) passes with it."""
+    def trace_fix(self, full: str, modules: dict[str, str]) -> dict[str, set[int]]:
+        """Where the entry's bug has a fix that applies to this torch: the lines of ``modules``
+        that the unreduced script ``full`` runs on torch with it. With the bug the case stops
+        where it fails, so a script flattened from that run alone lacks what runs after, and
+        could never pass with the fix; the reduction keeps the lines of both runs."""
         bug = known.BUGS.get(self.entry.bug or "")
         if bug is None or bug.fix is None:
-            return
+            return {}
         self._fix_dir = tempfile.TemporaryDirectory(prefix="shardfuzz-fix-")
         env = patch_env(bug.fix, self._fix_dir.name)
         if env is None:
             self.say(f"  the fix of {bug.id} does not apply to this torch (or no patch harness): not checked")
+            return {}
+        self._fix_ready = env
+        with tempfile.TemporaryDirectory(prefix="shardfuzz-trace-") as tmp:
+            run_script(full, timeout=600.0, env={**env, "REPRO_TRACE": tmp})
+            return read_trace(Path(tmp), modules)
+
+    def open_fix(self, code: str) -> None:
+        """Check candidates against torch with the entry's bug fixed from now on (where
+        :meth:`trace_fix` found a fix that applies), if ``code`` (which reproduces) passes with
+        it."""
+        env, bug = self._fix_ready, self.entry.bug
+        if env is None:
             return
         script = render_flat(self.entry, self.source, self.signature, code)
         status, output, _ = run_script(script, timeout=self.timeout, nproc=self.entry.case.world_size, env=env)
         if status != 0 or not passed(output):
-            self.say(f"  the script does not pass with the fix of {bug.id}: the fix is not checked")
+            self.say(f"  the script does not pass with the fix of {bug}: the fix is not checked")
             return
-        self.say(f"  every candidate must pass with the fix of {bug.id}")
+        self.say(f"  every candidate must pass with the fix of {bug}")
         self.fix_env = env
         if self.pool is not None:
             fixed = RankPool(world_size=self.entry.case.world_size, backend="gloo", deadline=self.timeout, env=env)
@@ -776,6 +791,8 @@ def reduce_entry(
     say(f"{name}: reproduced {signature} in {seconds:.1f} s (traced)")
     oracle = _Oracle(entry, source, signature, seconds * TIMEOUT_FACTOR + TIMEOUT_SLACK_S, say)
     try:
+        for module, lines in oracle.trace_fix(full, modules).items():
+            ran.setdefault(module, set()).update(lines)
         main, roots = main_source(entry, signature)
         extra = Counter(_WORD.findall(main))
         code = None
