@@ -108,9 +108,9 @@ class KnownBug:
     #: (:func:`meets`): for bugs whose exception type and innermost frame other bugs share
     #: (selective checkpointing's replay raises the same error for any mismatch it sees).
     conditional: bool = False
-    #: A fix of the bug as a :class:`Patch` to torch, where one is written: a build without the
-    #: bug, on which a reduced script must not reproduce (docs/repro.md).
-    fix: Patch | None = None
+    #: A fix of the bug as changes to torch's source (:class:`Patch`, one or more), where one is
+    #: written: a build without the bug, on which a reduced script must pass (docs/repro.md).
+    fix: tuple[Patch, ...] = ()
 
     @property
     def url(self) -> str | None:
@@ -399,11 +399,13 @@ FUSED_OPTIM_KEYS = KnownBug(
     # what a load with the keys missing leads to shows up in the optimizer's own code too
     conditional=True,
     # get_optimizer_state_dict keys parameters by the FQNs set_optimizer_state_dict looks for
-    fix=Patch(
-        "torch.distributed.checkpoint.state_dict",
-        "            for key, param in model.named_parameters():\n                fqns = _get_fqns(model, key)\n",
-        "            for key, param in model.named_parameters():\n"
-        "                fqns = info.fqn_param_mapping.get(param) or _get_fqns(model, key)\n",
+    fix=(
+        Patch(
+            "torch.distributed.checkpoint.state_dict",
+            "            for key, param in model.named_parameters():\n                fqns = _get_fqns(model, key)\n",
+            "            for key, param in model.named_parameters():\n"
+            "                fqns = info.fqn_param_mapping.get(param) or _get_fqns(model, key)\n",
+        ),
     ),
 )
 FUSED_CUSTOM_NAME = KnownBug(
@@ -422,10 +424,12 @@ FUSED_CUSTOM_NAME = KnownBug(
     # nn.Module.__getattr__'s AttributeError is any missing attribute's
     conditional=True,
     # the model state dict's keys mapped through the method the option names
-    fix=Patch(
-        "torch.distributed.checkpoint.state_dict",
-        "    for key in list(state_dict.keys()):\n        fqns = _get_fqns(model, key)\n",
-        "    for key in list(state_dict.keys()):\n        fqns = _get_fqns(model, key, info.dsd_fqn_modifiers)\n",
+    fix=(
+        Patch(
+            "torch.distributed.checkpoint.state_dict",
+            "    for key in list(state_dict.keys()):\n        fqns = _get_fqns(model, key)\n",
+            "    for key in list(state_dict.keys()):\n        fqns = _get_fqns(model, key, info.dsd_fqn_modifiers)\n",
+        ),
     ),
 )
 FUSED_IGNORE_FROZEN = KnownBug(
@@ -441,11 +445,14 @@ FUSED_IGNORE_FROZEN = KnownBug(
     docs="docs/state_dict.md",
     conditional=True,
     # the frozen parameter's key as the state dict has it
-    fix=Patch(
-        "torch.distributed.checkpoint.state_dict",
-        "            fqns = _get_fqns(model, key)\n            for fqn in fqns:\n                state_dict.pop(fqn)\n",
-        "            fqns = info.fqn_param_mapping.get(param) or _get_fqns(model, key)\n"
-        "            for fqn in fqns:\n                state_dict.pop(fqn)\n",
+    fix=(
+        Patch(
+            "torch.distributed.checkpoint.state_dict",
+            "            fqns = _get_fqns(model, key)\n"
+            "            for fqn in fqns:\n                state_dict.pop(fqn)\n",
+            "            fqns = info.fqn_param_mapping.get(param) or _get_fqns(model, key)\n"
+            "            for fqn in fqns:\n                state_dict.pop(fqn)\n",
+        ),
     ),
 )
 PLAN_CACHE_FAILED_SAVE = KnownBug(

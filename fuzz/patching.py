@@ -6,36 +6,41 @@ imported, in every process started with the patch harness (``tests/faults/harnes
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from fuzz import known
 
 
-def fault_applies(fault: dict[str, object]) -> bool:
-    """Whether the fault's ``old`` text occurs exactly once in this torch's module (a fault is
-    written against one version's code)."""
+def fault_applies(fault: dict[str, Any]) -> bool:
+    """Whether each ``old`` text of the fault (its own, or each of its ``changes``) occurs
+    exactly once in this torch's module (a fault is written against one version's code)."""
     import importlib.util
 
-    try:
-        spec = importlib.util.find_spec(str(fault["module"]))
-    except (ImportError, ValueError):
-        return False
-    if spec is None or spec.origin is None:
-        return False
-    with open(spec.origin) as f:
-        return f.read().count(str(fault["old"])) == 1
+    for change in fault.get("changes", [fault]):
+        try:
+            spec = importlib.util.find_spec(str(change["module"]))
+        except (ImportError, ValueError):
+            return False
+        if spec is None or spec.origin is None:
+            return False
+        with open(spec.origin) as f:
+            if f.read().count(str(change["old"])) != 1:
+                return False
+    return True
 
 
-def patch_env(patch: known.Patch, directory: str) -> dict[str, str] | None:
-    """The environment variables under which a process imports torch with ``patch`` applied
-    (the patch written as a fault file into ``directory``, applied by tests/faults/harness of
-    the checkout this package runs from); None where that harness is not there or the patch's
-    text is not in this torch."""
+def patch_env(patches: Sequence[known.Patch], directory: str) -> dict[str, str] | None:
+    """The environment variables under which a process imports torch with ``patches`` applied
+    (written as one fault file into ``directory``, applied by tests/faults/harness of the
+    checkout this package runs from); None where that harness is not there or a patch's text
+    is not in this torch."""
     import json
 
     harness = Path(__file__).resolve().parent.parent / "tests" / "faults" / "harness"
-    fault: dict[str, object] = {"module": patch.module, "old": patch.old, "new": patch.new}
-    if not (harness / "sitecustomize.py").is_file() or not fault_applies(fault):
+    fault = {"changes": [{"module": p.module, "old": p.old, "new": p.new} for p in patches]}
+    if not patches or not (harness / "sitecustomize.py").is_file() or not fault_applies(fault):
         return None
     path = os.path.join(directory, "fix.json")
     with open(path, "w") as f:

@@ -185,6 +185,32 @@ def test_frozen_definitions_are_left_as_they_are() -> None:
     assert delta.frozen_for(SCRIPT, {"unused_helper"}) == {"unused_helper", "TABLE"}
 
 
+def test_a_frozen_class_loses_its_case_checks_and_what_only_they_name() -> None:
+    code = (
+        "from dataclasses import dataclass\n"
+        "def rules(x):\n"
+        "    if x < 0:\n"
+        "        raise ValueError(x)\n"
+        "@dataclass(frozen=True)\n"
+        "class Body:\n"
+        "    x: int\n"
+        "    def __post_init__(self):\n"
+        "        rules(self.x)\n"
+        "    def double(self):\n"
+        "        return 2 * self.x\n"
+        "def judge(body):\n"
+        "    assert isinstance(body, Body)\n"
+        "    return body.double() > 2\n"
+    )
+    frozen = delta.frozen_for(code, {"judge"})
+    assert frozen == {"judge", "Body", "rules"}
+    out = delta.drop_validation(code, frozen)
+    assert out is not None and "__post_init__" not in out and "def double" in out
+    assert delta.frozen_for(out, {"judge"}) == {"judge", "Body"}
+    assert delta.drop_validation(out, frozen) is None
+    assert delta.drop_validation(code, frozenset({"judge"})) is None  # only the judge's classes
+
+
 def test_a_parameter_nothing_reads_or_every_call_passes_alike_goes() -> None:
     code = (
         "class T:\n"

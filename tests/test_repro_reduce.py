@@ -5,6 +5,7 @@ and the corpus is left as it was; the reduced scripts kept in the corpus are cur
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -254,7 +255,7 @@ def _passes_with_the_fix(path: Path, tmp: Path) -> None:
 
     entry = load_entry(path.with_name(path.name.removesuffix(".repro.py") + ".json"))
     bug = known.get(entry.bug or "")
-    assert bug.fix is not None
+    assert bug.fix
     env = patch_env(bug.fix, str(tmp))
     if env is None:
         pytest.skip(f"the fix of {bug.id} does not apply to this torch")
@@ -291,9 +292,9 @@ def test_every_written_fix_applies_to_this_torch_where_its_bug_is_present(tmp_pa
 
     from fuzz.patching import patch_env
 
-    fixes = [b for b in known.BUGS.values() if b.fix is not None and known.present(b, torch.__version__)]
+    fixes = [b for b in known.BUGS.values() if b.fix and known.present(b, torch.__version__)]
     assert len(fixes) >= 3
-    assert all(patch_env(b.fix, str(tmp_path)) is not None for b in fixes if b.fix is not None)
+    assert all(patch_env(b.fix, str(tmp_path)) is not None for b in fixes)
 
 
 def test_the_reproduced_signature_is_read_whole_where_it_holds_a_space() -> None:
@@ -393,3 +394,34 @@ def test_a_script_passes_only_when_every_verdict_says_so() -> None:
     assert not passed("PASS or another failure: mismatch:parity@fsdp2\n")
     assert not passed("REPRODUCED exception:x: rank 0 raised ...\n")
     assert not passed("")  # a script that said nothing did not pass
+
+
+def test_a_fix_of_several_changes_is_applied_whole_at_import(tmp_path: Path) -> None:
+    """A known bug's fix may change several places (fuzz.known.KnownBug.fix): the patch harness
+    applies every change, in each module it names, and refuses a change whose text is not there
+    exactly once."""
+    import subprocess
+    import sys
+
+    from fuzz.patching import patch_env
+
+    probe = (
+        "import torch.distributed.checkpoint.state_dict as sd, torch.optim.sgd as sgd;"
+        "print(sd.FIX_A, sd.FIX_B, sgd.FIX_C)"
+    )
+    patches = (
+        known.Patch(
+            "torch.distributed.checkpoint.state_dict", "\nimport contextlib\n", "\nimport contextlib\nFIX_A = 1\n"
+        ),
+        known.Patch(
+            "torch.distributed.checkpoint.state_dict", "\nimport functools\n", "\nimport functools\nFIX_B = 2\n"
+        ),
+        known.Patch("torch.optim.sgd", "\nimport torch\n", "\nimport torch\nFIX_C = 3\n"),
+    )
+    env = patch_env(patches, str(tmp_path))
+    assert env is not None
+    done = subprocess.run([sys.executable, "-c", probe], env={**os.environ, **env}, capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.split() == ["1", "2", "3"], done.stderr[-2000:]
+    absent = known.Patch("torch.optim.sgd", "no such text in sgd.py", "x")
+    assert patch_env((*patches, absent), str(tmp_path)) is None
+    assert patch_env((), str(tmp_path)) is None

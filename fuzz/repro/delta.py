@@ -43,6 +43,9 @@ never cut; the harness's ``attempt`` is never cut whole, only statements of it, 
 hold its ``return`` statements (the verdicts: a script must still say PASS once the failure is
 gone) nor its ``except`` clauses (the check of the exception). For a mismatch, the judge and what
 it uses are left as they are (``frozen``): a judge cut down could find its mismatch in anything.
+What its classes check when they are built (``__post_init__``) is not the judge's: it goes
+first, in one attempt (:func:`drop_validation`), and what only it named is then cut like the
+rank code.
 """
 
 from __future__ import annotations
@@ -231,6 +234,21 @@ def frozen_for(code: str, roots: set[str]) -> Frozen:
         named = {n.id for n in ast.walk(defs[name]) if isinstance(n, ast.Name)}
         todo.extend(n for n in named if n in defs and n not in out)
     return frozenset(out)
+
+
+def drop_validation(code: str, frozen: Frozen) -> str | None:
+    """``code`` without the ``__post_init__`` methods of the frozen classes (None if they have
+    none). A dataclass's ``__post_init__`` checks the case it is built from: it raises or does
+    nothing, so what it names (the case model's rules) is no part of the judge's verdict, and
+    freezing it with the judge would keep the whole case model in every mismatch script."""
+    tree = ast.parse(code)
+    found = False
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name in frozen:
+            kept = [s for s in node.body if not (isinstance(s, ast.FunctionDef) and s.name == "__post_init__")]
+            found |= len(kept) < len(node.body)
+            node.body = kept or [ast.Pass()]
+    return _unparse(tree) if found else None
 
 
 # -- cut 1: a definition and what names it -------------------------------------------------------

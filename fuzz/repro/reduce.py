@@ -70,7 +70,7 @@ from fuzz.patching import patch_env
 from fuzz.pool import RankPool, ScriptOutcome
 from fuzz.properties import get_property
 from fuzz.repro import render_entry
-from fuzz.repro.delta import ddmin, frozen_for
+from fuzz.repro.delta import ddmin, drop_validation, frozen_for
 from fuzz.repro.harness import ATTEMPT, PASSING, POOLED_KINDS, main_source
 from fuzz.repro.portable import portable
 from fuzz.repro.script import carried_modules, code_lines, imported_modules, relative, roots_for
@@ -685,7 +685,7 @@ class _Oracle:
         where it fails, so a script flattened from that run alone lacks what runs after, and
         could never pass with the fix; the reduction keeps the lines of both runs."""
         bug = known.BUGS.get(self.entry.bug or "")
-        if bug is None or bug.fix is None:
+        if bug is None or not bug.fix:
             return {}
         self._fix_dir = tempfile.TemporaryDirectory(prefix="shardfuzz-fix-")
         env = patch_env(bug.fix, self._fix_dir.name)
@@ -824,6 +824,11 @@ def reduce_entry(
                 code = case_folded
         tidied = lambda text: tidy(text, entry, origins)  # noqa: E731
         frozen = _judge_side(code, entry, origins)
+        unchecked = drop_validation(code, frozen)
+        if unchecked is not None and oracle(unchecked):
+            say("  the judge's classes left without their case checks (__post_init__)")
+            code = unchecked
+            frozen = _judge_side(code, entry, origins)
         kept: list[str] = []
         code = ddmin(
             code,
