@@ -180,6 +180,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--run", action="store_true", help="with --all: run each script under torchrun, print exit statuses"
     )
     rr.add_argument(
+        "--fixed",
+        action="store_true",
+        help="with --all: run each reduced script whose known bug has a fix written on torch with that fix "
+        "(it must exit 0 and say PASS), print how many do",
+    )
+    rr.add_argument(
         "--reduce",
         action="store_true",
         help="write the reduced script, kept beside the entry as NAME.repro.py and reduced again when the entry "
@@ -564,12 +570,14 @@ def _repro(args: argparse.Namespace) -> int:
             raise ShardfuzzError("--all DIR takes no ENTRY, -o or --issue")
         from fuzz.repro.bench import bench_all
 
-        bench_all(args.all, run=args.run, reduce=args.reduce, refresh=args.refresh, budget_s=args.budget)
+        bench_all(
+            args.all, run=args.run, reduce=args.reduce, refresh=args.refresh, budget_s=args.budget, fixed=args.fixed
+        )
         return EXIT_OK
     if args.entry is None:
         raise ShardfuzzError("name a corpus entry (ENTRY.json), or a corpus directory with --all DIR")
-    if args.run:
-        raise ShardfuzzError("--run goes with --all DIR")
+    if args.run or args.fixed:
+        raise ShardfuzzError(f"{'--run' if args.run else '--fixed'} goes with --all DIR")
     if args.budget is not None and not args.reduce:
         raise ShardfuzzError("--budget goes with --reduce")
     entry = load_entry(args.entry)

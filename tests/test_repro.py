@@ -370,3 +370,24 @@ def test_all_prints_the_figures(tmp_path: Path) -> None:
     result = run_cli("repro", "--all", str(corpus))
     assert result.returncode == 0, result.stderr
     assert "rendered: 2/3" in result.stdout
+
+
+def test_all_fixed_runs_each_reduced_script_on_torch_with_its_bugs_fix(tmp_path: Path) -> None:
+    """``--fixed``: a reduced script whose bug has a fix written passes on torch with it; one
+    that fails there anyway (here made to exit 1 whatever it finds) is counted as not passing."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name in ("state_dict-exception-d4322b68deab", "state_dict-exception-67e354131411"):
+        for suffix in (".json", ".repro.py"):
+            (corpus / f"{name}{suffix}").write_text((ROOT / "corpus" / f"{name}{suffix}").read_text())
+    spoilt = corpus / "state_dict-exception-67e354131411.repro.py"
+    text = spoilt.read_text()
+    exit_line = "os._exit(1 if verdict.startswith('REPRODUCED') else 0)"
+    assert exit_line in text
+    spoilt.write_text(text.replace(exit_line, "os._exit(1)"))
+    lines: list[str] = []
+    figures = bench_all(corpus, fixed=True, say=lines.append)
+    assert figures["fixed_run"] == 2 and figures["fixed_passed"] == 1, lines
+    assert figures["bugs_with_fix"] == figures["bugs"] == 2
+    assert any("d4322b68deab" in line and "with its bug's fix: passed" in line for line in lines), lines
+    assert any("67e354131411" in line and "with its bug's fix: exit 1" in line for line in lines), lines

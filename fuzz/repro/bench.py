@@ -5,12 +5,16 @@ comments); with ``--run``, each script's exit status under ``torchrun --standalo
 --nproc-per-node N`` and how long it took. Then the figures: entries rendered / total, code
 lines median and max (also of the part written for the entry, without the carried modules),
 with ``--run`` the exit statuses (1: reproduced), and the reduced scripts' code lines and
-times to reduce (``--reduce`` reduces the entries that have no current reduced script). A
-benchmark, not a test: it prints and returns normally unless the directory cannot be read.
+times to reduce (``--reduce`` reduces the entries that have no current reduced script). With
+``--fixed``, each reduced script whose known bug has a fix written (:attr:`fuzz.known.KnownBug.fix`)
+runs on torch with that fix, and passes if it exits 0 saying PASS: how many do, of how many
+scripts and of how many known bugs. A benchmark, not a test: it prints and returns normally
+unless the directory cannot be read.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import subprocess
 import sys
@@ -19,7 +23,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from fuzz.corpus import load_corpus
+from fuzz import known
+from fuzz.corpus import Entry, load_corpus
 from fuzz.errors import ShardfuzzError
 from fuzz.repro import render_entry
 from fuzz.repro.script import code_lines, generated_lines
@@ -28,17 +33,45 @@ from fuzz.repro.script import code_lines, generated_lines
 RUN_TIMEOUT_S = 300
 
 
-def run_script(script: Path, world_size: int, timeout: float = RUN_TIMEOUT_S) -> tuple[int | None, float]:
-    """(torchrun's exit status or None on a timeout, seconds) of ``script``."""
+def run_script(
+    script: Path, world_size: int, timeout: float = RUN_TIMEOUT_S, env: dict[str, str] | None = None
+) -> tuple[int | None, float, str]:
+    """(torchrun's exit status or None on a timeout, seconds, its standard output) of ``script``,
+    with ``env`` added to the environment."""
     start = time.monotonic()
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world_size)]
     try:
         done = subprocess.run(
-            [*command, str(script)], cwd=script.parent, capture_output=True, text=True, timeout=timeout
+            [*command, str(script)],
+            cwd=script.parent,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, **(env or {})},
         )
     except subprocess.TimeoutExpired:
-        return None, time.monotonic() - start
-    return done.returncode, time.monotonic() - start
+        return None, time.monotonic() - start, ""
+    return done.returncode, time.monotonic() - start, done.stdout
+
+
+def run_fixed(script: str, entry: Entry, directory: Path) -> str | None:
+    """How the reduced ``script`` of ``entry`` ran on torch with its known bug's fix (``passed``
+    or what it did instead), or None where the bug has no fix written or it does not apply to
+    this torch."""
+    from fuzz.patching import patch_env
+    from fuzz.repro.reduce import passed
+
+    bug = known.BUGS.get(entry.bug or "")
+    env = patch_env(bug.fix, str(directory)) if bug is not None and bug.fix else None
+    if env is None:
+        return None
+    file = directory / "fixed.py"
+    file.write_text(script)
+    status, seconds, output = run_script(file, entry.case.world_size, env=env)
+    if status == 0 and passed(output):
+        return "passed"
+    last = output.strip().splitlines()[-1][:200] if output.strip() else "no output"
+    return f"{'timed out' if status is None else f'exit {status}'} in {seconds:.1f} s: {last}"
 
 
 def bench_all(
@@ -48,6 +81,7 @@ def bench_all(
     reduce: bool = False,
     refresh: bool = False,
     budget_s: float | None = None,
+    fixed: bool = False,
     say: Callable[[str], None] = print,
 ) -> dict[str, object]:
     """Render (and run) every entry under ``corpus``; print and return the figures. The reduced
@@ -77,6 +111,7 @@ def bench_all(
     stale_lines: list[int] = []
     stale_seconds: list[float] = []
     older_sources = 0
+    with_fix: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="shardfuzz-repro-all-") as tmp:
         for path, entry in entries:
             try:
@@ -90,7 +125,7 @@ def bench_all(
             if run:
                 file = Path(tmp) / f"{path.stem.replace('-', '_')}.py"
                 file.write_text(script)
-                status, seconds = run_script(file, entry.case.world_size)
+                status, seconds, _ = run_script(file, entry.case.world_size)
                 statuses[path.name] = status
                 row += f", torchrun --nproc-per-node {entry.case.world_size}: " + (
                     f"exit {status}" if status is not None else "timed out"
@@ -123,6 +158,12 @@ def bench_all(
                 if took is not None:
                     reduce_seconds.append(float(took))
                 row += f"; reduced: {reduced_lines[-1]} code lines" + (f" (reduced in {took} s)" if took else "")
+                if fixed:
+                    with tempfile.TemporaryDirectory(dir=tmp) as fix_dir:
+                        ran = run_fixed(reduced, entry, Path(fix_dir))
+                    if ran is not None:
+                        with_fix[path.name] = ran
+                        row += f"; with its bug's fix: {ran}"
             say(row)
     figures: dict[str, object] = {"rendered": len(lines), "total": total, "reduced": len(reduced_lines)}
     say(f"rendered: {len(lines)}/{total}")
@@ -165,6 +206,15 @@ def bench_all(
                 if stale_seconds
                 else ""
             )
+        )
+    if fixed:
+        bugs = {e.bug for _, e in entries if e.bug in known.BUGS}
+        written = sorted(b for b in bugs if known.BUGS[b].fix)
+        good = sum(ran == "passed" for ran in with_fix.values())
+        figures.update(fixed_passed=good, fixed_run=len(with_fix), bugs_with_fix=len(written), bugs=len(bugs))
+        say(
+            f"with their bug's fix: {good}/{len(with_fix)} reduced scripts pass (exit 0, PASS); "
+            f"fixes written for {len(written)} of the {len(bugs)} known bugs with entries here"
         )
     if run:
         exits: dict[str, int] = {}
