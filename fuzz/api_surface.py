@@ -426,12 +426,12 @@ USES: dict[str, Use] = {
         pattern=r"fully_shard:ignored_params",
         note="parity only: a module's own parameters stay plain and local (their gradients are not averaged)",
     ),
-    "fully_shard(dp_mesh_dims)": _not_drawn(
-        "for parameters that are already DTensors on a full SPMD mesh (DataParallelMeshDims names its data-parallel "
-        "dimensions); the suite's fully_shard takes plain parameters or tensor parallelism's, not drawn yet. The "
-        "unsharded parameters stay DTensors (Replicate on the data-parallel dimensions), so forward needs DTensor "
-        "inputs too (a plain batch meets 'mixed torch.Tensor and DTensor' in the first Linear, torch 2.13 CPU): "
-        "a reference for it must define the global batch and loss the SPMD program computes"
+    "fully_shard(dp_mesh_dims)": _drawn(
+        pattern=rf"{_V}fully_shard:dp_mesh_dims",
+        note="parity and metamorphic, 1D mesh: parameters and buffers replicated DTensors on the mesh first, each "
+        "rank's batch its part of a global batch (Shard(0)); the reference is the plain model's average over "
+        "ranks, the gradient of the global mean loss (HSDP's [Shard(0), Shard(0)] batch is what DTensor's "
+        "operators refuse yet)",
     ),
     # replicate, and DistributedDataParallel's parameters, which receive its **kwargs
     "replicate(module)": _drawn("replicate.root", "replicate.sub"),

@@ -46,8 +46,15 @@ from strategies._compositions import (
     with_tp_blocks,
     wrappers,
 )
-from strategies._odds import CHECKPOINT_OPTION_ODDS, IGNORED_PARAMS_ODDS, REPLICATE_OPTION_ODDS, keep_known, one_in
-from strategies._options import checkpoint_options, checkpoint_takes, replicate_options
+from strategies._odds import (
+    CHECKPOINT_OPTION_ODDS,
+    IGNORED_PARAMS_ODDS,
+    REPLICATE_OPTION_ODDS,
+    SPMD_ODDS,
+    keep_known,
+    one_in,
+)
+from strategies._options import checkpoint_options, checkpoint_takes, replicate_options, torch_has
 from strategies._trees import WIDTHS, module_trees
 from strategies._validation import check_bounds, check_world_size
 
@@ -100,12 +107,15 @@ def trainings(
 def _fit_training(training: Training, comp: Composition) -> Training:
     """Drop gradient-sync modes the composition has no switch for: replicate has none (every
     microbatch reduces); no_all_reduce needs fully_shard on an HSDP mesh, elsewhere it becomes
-    no_grad_sync (set_requires_gradient_sync(False), or FSDP1's and DDP's no_sync())."""
+    no_grad_sync (set_requires_gradient_sync(False), or FSDP1's and DDP's no_sync()). An SPMD
+    composition trains without torch.compile."""
     sync = training.accum_sync
     if comp.replicates and sync is not AccumSync.ALWAYS:
         sync = AccumSync.ALWAYS
     elif sync is AccumSync.NO_ALL_REDUCE and (not comp.mesh or comp.wrapper is not Wrapper.NONE):
         sync = AccumSync.NO_GRAD_SYNC
+    if comp.spmd and training.compile is not Compile.NONE:
+        training = replace(training, compile=Compile.NONE)  # not drawn together yet
     return training if sync is training.accum_sync else replace(training, accum_sync=sync)
 
 
@@ -261,6 +271,33 @@ def _maybe_ignored_params(draw: st.DrawFn, tree: ModuleTree, comp: Composition) 
     return candidate
 
 
+def spmd_of(tree: ModuleTree, comp: Composition) -> Composition | None:
+    """``comp`` as an SPMD program (:attr:`fuzz.model.Composition.spmd`), its int
+    reshard_after_forward values made True and meta_init dropped (torch does not take the one,
+    the suite does not draw the other yet), or None where it cannot be one: torch without
+    fully_shard's dp_mesh_dims, a tree with dropout, or a composition the rules refuse."""
+    if not torch_has("torch.distributed.fsdp", "fully_shard", "dp_mesh_dims"):
+        return None
+    if any(isinstance(n, _Leaf) and n.kind is LeafKind.DROPOUT for n in tree.paths().values()):
+        return None
+    shards = tuple(
+        s if isinstance(s.reshard_after_forward, bool) else replace(s, reshard_after_forward=True, shard_dim=0)
+        for s in comp.shards
+    )
+    try:
+        candidate = replace(comp, shards=shards, meta_init=False, spmd=True)
+        check_composition(tree, candidate)
+    except CaseError:
+        return None
+    return candidate
+
+
+def _maybe_spmd(draw: st.DrawFn, tree: ModuleTree, comp: Composition) -> Composition:
+    """About one in SPMD_ODDS compositions that can be one become an SPMD program."""
+    candidate = spmd_of(tree, comp)
+    return candidate if candidate is not None and one_in(draw, SPMD_ODDS) else comp
+
+
 def _rare_delay_not_float32(draw: st.DrawFn, training: Training, comp: Composition) -> Composition:
     """Delayed all-reduce over parameters that are not float32 meets a known DDP bug
     (known.DELAY_BUFFER_FLOAT32, an exception): keep it rare, else leave the delay out."""
@@ -294,7 +331,7 @@ def parity_cases(
         if comp.shards and one_in(draw, KNOB_ODDS):
             knobs = draw(fsdp_knobs(comp, world_size=world_size, scaling=True, accelerator=accelerator, tree=tree))
             comp = replace(comp, knobs=knobs)
-    comp = _maybe_ignored_params(draw, tree, _maybe_api_options(draw, tree, comp))
+    comp = _maybe_spmd(draw, tree, _maybe_ignored_params(draw, tree, _maybe_api_options(draw, tree, comp)))
     training = _fit_training(draw(trainings(max_steps=max_steps, hsdp=bool(comp.mesh))), comp)
     training = _rare_foreach_on_mixed_params(draw, training, comp)
     training = _rare_unused_after_partial_reduce(draw, tree, draw(training_schedules(tree, training, comp)), comp)
@@ -355,8 +392,9 @@ def metamorphic_variants(
     draw: st.DrawFn, tree: ModuleTree, comp: Composition, *, world_size: int, accelerator: bool = False
 ) -> Composition:
     """``comp`` with one change that must not change numerics (among them replicate's options
-    but ``ignored_modules``, and checkpoint's options); with an ``accelerator``, also
-    CPUOffloadPolicy on or off for every fully_shard call."""
+    but ``ignored_modules``, and checkpoint's options, and the same composition as an SPMD
+    program, :func:`spmd_of`); with an ``accelerator``, also CPUOffloadPolicy on or off for
+    every fully_shard call."""
     changes = ["checkpoint", "meta_init", "wrapper", "checkpoint_order", "reshard", "mesh", "find_unused"]
     if accelerator and comp.shards:
         changes.append("offload")
@@ -366,7 +404,13 @@ def metamorphic_variants(
         changes.append("replicate_options")
     if comp.checkpoints:
         changes.append("checkpoint_options")
+    spmd = spmd_of(tree, comp)
+    if spmd is not None:
+        changes.append("spmd")
     change = draw(st.sampled_from(changes))
+    if change == "spmd" and spmd is not None:
+        # the same training as an SPMD program: the reshard values it cannot take are True in both
+        return spmd
     if change == "replicate_options":
         # Only the options that change no numbers: ignored_modules keeps gradients local.
         opts = draw(replicate_options(tree, comp, local=False))
@@ -427,6 +471,8 @@ def metamorphic_cases(
     comp = draw(compositions(tree, world_size=world_size, offload=accelerator))
     variant = draw(metamorphic_variants(tree, comp, world_size=world_size, accelerator=accelerator))
     training = draw(trainings(max_steps=max_steps, accumulation=False))
+    if variant.spmd:
+        training = replace(training, compile=Compile.NONE)  # not drawn together yet
     training = _rare_foreach_on_mixed_params(draw, training, comp, variant)
     training = draw(training_schedules(tree, training, comp, variant))
     training = _rare_unfrozen_unresharded(draw, tree, training, comp, variant, world_size=world_size)

@@ -19,6 +19,9 @@ REPLICATE_OPTION_ODDS = 3
 CHECKPOINT_OPTION_ODDS = 4
 #: About one parity composition in this many that can take them gets fully_shard ignored_params.
 IGNORED_PARAMS_ODDS = 4
+#: About one parity composition in this many that can take it becomes an SPMD program
+#: (fully_shard's dp_mesh_dims; :attr:`fuzz.model.Composition.spmd`), where torch has it.
+SPMD_ODDS = 5
 
 
 def one_in(draw: st.DrawFn, n: int) -> bool:

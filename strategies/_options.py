@@ -184,3 +184,15 @@ def checkpoint_options(draw: st.DrawFn, tree: ModuleTree, comp: Composition) -> 
     if checkpoint_takes("early_stop"):
         fields["early_stop"] = draw(st.sampled_from([None, True, False]))
     return CheckpointOptions(**fields)
+
+
+@cache
+def torch_has(module: str, attr: str, parameter: str) -> bool:
+    """Whether the installed torch's ``module.attr`` takes ``parameter`` (a dataclass field
+    counts): options a torch lacks are not drawn (the GPU hosts run an older torch than the CPU
+    hosts). False where torch cannot be imported."""
+    try:
+        obj = getattr(importlib.import_module(module), attr)
+        return parameter in inspect.signature(obj).parameters
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return False

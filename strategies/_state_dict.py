@@ -22,8 +22,6 @@ and ``FileSystemWriter(cache_staged_state_dict=True)`` without an accelerator.
 
 from __future__ import annotations
 
-import importlib
-import inspect
 from dataclasses import replace
 from functools import cache
 from typing import TypeVar
@@ -65,6 +63,7 @@ from fuzz.model.state import StagerOptions
 from strategies._cases import _rare_foreach_on_mixed_params, trainings
 from strategies._compositions import _disjoint_subset, compositions, meshes
 from strategies._odds import keep_known, one_in
+from strategies._options import torch_has
 from strategies._trees import module_trees
 from strategies._validation import check_bounds, check_world_size
 
@@ -118,18 +117,6 @@ def fsdp1_layouts(draw: st.DrawFn, tree: ModuleTree, *, world_size: int) -> Comp
     if known.fsdp1_frozen_unit(comp, tree) and not keep_known(draw, known.FSDP1_FROZEN_UNIT):
         comp = replace(comp, auto_wrap=False)  # a known FSDP1 bug with a unit of frozen parameters: rarely
     return comp
-
-
-@cache
-def torch_has(module: str, attr: str, parameter: str) -> bool:
-    """Whether the installed torch's ``module.attr`` takes ``parameter`` (a dataclass field
-    counts): options a torch lacks are not drawn (the GPU hosts run an older torch than the CPU
-    hosts). False where torch cannot be imported."""
-    try:
-        obj = getattr(importlib.import_module(module), attr)
-        return parameter in inspect.signature(obj).parameters
-    except (ImportError, AttributeError, TypeError, ValueError):
-        return False
 
 
 _DCP = "torch.distributed.checkpoint"

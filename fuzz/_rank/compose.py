@@ -83,10 +83,43 @@ def mp_policy(mp: MixedPrecision) -> Any:
     )
 
 
-def apply_fully_shard(model: nn.Module, spec: ShardSpec, mesh: Any) -> None:
+def as_spmd(model: nn.Module, mesh: Any) -> None:
+    """Every parameter and buffer of ``model`` made a DTensor replicated on the whole ``mesh``
+    (:attr:`fuzz.model.Composition.spmd`), in place."""
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    placements = [Replicate()] * mesh.ndim
+    for module in model.modules():
+        for name, p in list(module.named_parameters(recurse=False)):
+            dt = distribute_tensor(p.detach(), mesh, placements)
+            setattr(module, name, nn.Parameter(dt, requires_grad=p.requires_grad))
+        for name, b in list(module.named_buffers(recurse=False)):
+            module.register_buffer(
+                name, distribute_tensor(b, mesh, placements), persistent=name not in module._non_persistent_buffers_set
+            )
+
+
+def spmd_part(t: torch.Tensor, mesh: Any) -> Any:
+    """This rank's rows ``t`` as its part of the global batch: a DTensor sharded on dim 0 over
+    the (1D) mesh (rank r's rows are the r-th block, as the reference's batches are)."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    return DTensor.from_local(t, mesh, [Shard(0)])
+
+
+def dp_mesh_dims(mesh: Any) -> Any:
+    """fully_shard's ``dp_mesh_dims`` for the suite's 1D mesh."""
+    from torch.distributed.fsdp import DataParallelMeshDims
+
+    return DataParallelMeshDims(shard="shard")
+
+
+def apply_fully_shard(model: nn.Module, spec: ShardSpec, mesh: Any, spmd: bool = False) -> None:
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
     kwargs: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": spec.reshard_after_forward}
+    if spmd:
+        kwargs["dp_mesh_dims"] = dp_mesh_dims(mesh)
     if spec.shard_dim:
         shard_size = mesh.size(mesh.ndim - 1)
         kwargs["shard_placement_fn"] = _placement_fn(spec.shard_dim, shard_size)
@@ -169,12 +202,14 @@ def compose(model: nn.Module, comp: Composition, ctx: RankContext, tree: ModuleT
             plan[pair.rowwise] = RowwiseParallel()
         parallelize_module(model, tp_mesh(comp, ctx)["tp"], plan)
     mesh = mesh_for(comp, ctx)
+    if comp.spmd:
+        as_spmd(model, mesh)
     specs = {s.path: s for s in comp.shards}
     for api, path in comp.steps():
         if api == "checkpoint":
             checkpoint(model.get_submodule(path), **ckpt_kwargs)
         elif api == "fully_shard":
-            apply_fully_shard(model, specs[path], mesh)
+            apply_fully_shard(model, specs[path], mesh, comp.spmd)
         else:
             replicate(model.get_submodule(path), **replicate_kwargs(model, tree, comp, path, ctx))
     sharded = comp.sharded_paths

@@ -15,11 +15,23 @@ from fuzz.model import Composition, Knobs, Layout, ModuleTree, ShardSpec, contai
 
 
 def fsdp_sharded(p: torch.Tensor) -> bool:
-    """Whether fully_shard holds ``p`` sharded: a DTensor over the mesh's shard dimension (a
-    tensor-parallel parameter is a DTensor over the tp dimension alone while unsharded)."""
+    """Whether fully_shard holds ``p`` sharded: a DTensor sharded over the mesh's shard
+    dimension (a tensor-parallel parameter is a DTensor over the tp dimension alone while
+    unsharded; under dp_mesh_dims an unsharded parameter is a DTensor replicated over it)."""
     from torch.distributed.tensor import DTensor
 
-    return isinstance(p, DTensor) and "shard" in (p.device_mesh.mesh_dim_names or ("shard",))
+    if not isinstance(p, DTensor):
+        return False
+    names = p.device_mesh.mesh_dim_names or ("shard",)
+    return "shard" in names and p.placements[names.index("shard")].is_shard()
+
+
+def _whole(p: torch.Tensor) -> torch.Tensor:
+    """``p``'s values as one plain tensor (an unsharded parameter under dp_mesh_dims is a
+    DTensor replicated on the mesh)."""
+    from torch.distributed.tensor import DTensor
+
+    return p.full_tensor() if isinstance(p, DTensor) else p
 
 
 def _order(spec: ShardSpec) -> tuple[int, ...]:
@@ -268,7 +280,7 @@ class KnobState:
                     self.problems.append(
                         f"after unshard(), {where} has shape {tuple(p.shape)}, not {tuple(expected.shape)}"
                     )
-                elif not torch.equal(p.detach().cpu(), expected.to(p.dtype).cpu()):
+                elif not torch.equal(_whole(p).detach().cpu(), expected.to(p.dtype).cpu()):
                     self.problems.append(f"after unshard(), {where} differs from its sharded values")
             root.reshard()  # type: ignore[operator]
             for sub, module, name in own:

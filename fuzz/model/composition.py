@@ -369,6 +369,13 @@ class Composition:
     replicate_options: ReplicateOptions = field(default_factory=ReplicateOptions)
     #: Options of every checkpoint call (:class:`CheckpointOptions`).
     checkpoint_options: CheckpointOptions = field(default_factory=CheckpointOptions)
+    #: An SPMD program: every parameter and buffer is first a DTensor replicated on the whole
+    #: mesh, fully_shard is told which mesh dimensions are data parallel
+    #: (``dp_mesh_dims=DataParallelMeshDims(shard="shard", replicate="replicate" for HSDP)``),
+    #: and each rank's batch goes in as its part of a global batch (a DTensor sharded on dim 0
+    #: over the mesh) whose mean loss is the one backward runs from: the gradient of the mean
+    #: over ranks of the ranks' losses, which is the reference's average.
+    spmd: bool = False
 
     def __post_init__(self) -> None:
         if self.find_unused and self.wrapper is not Wrapper.DDP and not self.replicates:
@@ -409,6 +416,27 @@ class Composition:
             raise CaseError("replicate_options", "replicate options need replicate calls")
         if self.checkpoint_options.is_set and not self.checkpoints:
             raise CaseError("checkpoint_options", "checkpoint options need checkpoint calls")
+        if self.spmd:
+            self._check_spmd()
+
+    def _check_spmd(self) -> None:
+        if "" not in self.sharded_paths or self.replicates or self.wrapper is not Wrapper.NONE or self.tp:
+            # a parameter outside every fully_shard unit would be a replicated DTensor nothing
+            # reduces (its gradient stays partial)
+            raise CaseError("spmd", "needs fully_shard on the root, no replicate, wrapper or tensor parallelism")
+        if self.mesh:
+            # the batch sharded on dim 0 over both dimensions ([Shard(0), Shard(0)]) is what
+            # DTensor's operators do not take yet ("does not support things like hybrid sharding
+            # strategies yet", conv1d, torch 2.13)
+            raise CaseError("spmd", "drawn on a 1D mesh only")
+        if any(not isinstance(self.reshard_after_forward(s), bool) for s in self.shards):
+            # torch: NotImplementedError "reshard_after_forward as int is not yet supported with
+            # SPMD mesh (dp_mesh_dims)"
+            raise CaseError("spmd", "an int reshard_after_forward is not supported with dp_mesh_dims")
+        if self.meta_init or self.shard_ignored:
+            raise CaseError("spmd", "not drawn with meta_init or ignored_params yet")
+        if any(s.mixed_precision is not None or s.offload for s in self.shards):
+            raise CaseError("spmd", "not drawn with mixed precision or offload yet")
 
     def uniform_precision(self) -> MixedPrecision | None:
         """The one MixedPrecisionPolicy a reference can apply by hand, or None: fully_shard on the

@@ -282,6 +282,12 @@ def check_training(tree: ModuleTree, comps: tuple[Composition, ...], t: Training
                 f"{where}.skips", "prefetch, explicit unshard and reshard_after_backward are drawn without skips"
             )
         _check_replicate_training(comp, t, where)
+        if comp.spmd and t.compile is not Compile.NONE:
+            raise CaseError(f"{where}.compile", "an SPMD composition is not drawn with torch.compile yet")
+        if comp.spmd and any(isinstance(n, Leaf) and n.kind is LeafKind.DROPOUT for n in paths.values()):
+            # Random ops on DTensors draw from DTensor's own RNG tracker (an offset into one
+            # seed per mesh), not from each rank's generator the reference seeds: another mask.
+            raise CaseError(f"{where}", "an SPMD composition trains trees without dropout")
         if (comp.replicate_options.is_set or comp.checkpoint_options.is_set) and t.compile is not Compile.NONE:
             # Not drawn yet: under torch.compile Dynamo traces replicate's hooks (its DDPOptimizer
             # splits graphs at DDP's bucket boundaries) and checkpoint's context_fn as a

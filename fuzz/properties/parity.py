@@ -55,8 +55,9 @@ def api_of(
     comp: Composition, tree: ModuleTree | None = None, training: Training | None = None, world_size: int = 2
 ) -> str:
     """The API family a mismatch is charged to: fsdp2 (fully_shard and replicate; ``fsdp2+tp``
-    with tensor parallelism), fsdp1 or ddp, with the tags of the degenerate setups the case
-    meets, since known bugs live there (:func:`fuzz.known.mismatch_tags`)."""
+    with tensor parallelism, ``fsdp2+spmd`` with dp_mesh_dims), fsdp1 or ddp, with the tags of
+    the degenerate setups the case meets, since known bugs live there
+    (:func:`fuzz.known.mismatch_tags`)."""
     if comp.wrapper is Wrapper.DDP:
         name = "ddp"
     elif comp.wrapper is not Wrapper.NONE:
@@ -65,6 +66,8 @@ def api_of(
         name = "fsdp2"
     if comp.tp:
         name += "+tp"
+    if comp.spmd:
+        name += "+spmd"
     return name + known.mismatch_tags(comp, tree, training, world_size)
 
 
@@ -371,6 +374,8 @@ def composition_features(comp: Composition, world_size: int, prefix: str = "") -
         out.append(f"{prefix}checkpoint:" + ("before" if comp.checkpoint_first else "after") + "_fully_shard")
     if comp.meta_init:
         out.append(f"{prefix}init:meta")
+    if comp.spmd:
+        out.append(f"{prefix}fully_shard:dp_mesh_dims")
     out += [f"{prefix}knob:{name}" for name in comp.knobs.names()]
     out.append(f"{prefix}fully_shard:count:{min(len(comp.shards), 4)}")
     return out

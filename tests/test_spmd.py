@@ -1,0 +1,117 @@
+"""fully_shard(dp_mesh_dims): a composition as an SPMD program (:attr:`fuzz.model.Composition.spmd`).
+
+Parameters and buffers are replicated DTensors on the mesh before fully_shard, which is told the
+mesh's data-parallel dimension; each rank's batch is its part of a global batch, and backward
+runs from the global mean loss, whose gradient is the reference's average over ranks. The rules
+are checked without ranks; a hand-built case on the pool passes, the same case fails with a
+fault in torch's SPMD gradient path, and the strategies draw the path where torch has it.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, find, settings
+
+from fuzz.errors import CaseError
+from fuzz.model import (
+    Block,
+    Case,
+    Composition,
+    Leaf,
+    LeafKind,
+    MetamorphicBody,
+    ModuleTree,
+    ParityBody,
+    ShardSpec,
+    Training,
+)
+from fuzz.model.training import Compile
+from fuzz.pool import RankPool
+from fuzz.properties.parity import composition_features, judge_parity
+from strategies import metamorphic_cases, parity_cases
+from strategies._cases import spmd_of
+from strategies._options import torch_has
+from tests.conftest import fault_env
+
+HAS_DP_MESH_DIMS = torch_has("torch.distributed.fsdp", "fully_shard", "dp_mesh_dims")
+needs_dp_mesh_dims = pytest.mark.skipif(not HAS_DP_MESH_DIMS, reason="this torch's fully_shard has no dp_mesh_dims")
+
+TREE = ModuleTree(
+    width=4,
+    root=Block(
+        children=(
+            Leaf(LeafKind.LINEAR),
+            Leaf(LeafKind.RELU),
+            Block(children=(Leaf(LeafKind.LAYER_NORM), Leaf(LeafKind.CONV1D)), residual=True, scale=True, buffer=True),
+            Leaf(LeafKind.LINEAR),
+        )
+    ),
+)
+SPMD = Composition(shards=(ShardSpec(path="2"), ShardSpec(path="")), checkpoints=("2",), spmd=True)
+
+
+def _case(comp: Composition = SPMD, training: Training | None = None) -> Case:
+    body = ParityBody(tree=TREE, composition=comp, training=training or Training(steps=2, grad_accum=2))
+    return Case(property="parity", world_size=2, seed=3, body=body)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"shards": (ShardSpec(path="2"),)}, "needs fully_shard on the root"),
+        ({"replicates": ("0",), "shards": (ShardSpec(path=""),)}, "no replicate"),
+        ({"mesh": (1, 2)}, "1D mesh"),
+        ({"shards": (ShardSpec(path="2", reshard_after_forward=2), ShardSpec(path=""))}, "int reshard_after_forward"),
+        ({"meta_init": True}, "meta_init"),
+    ],
+)
+def test_the_rules_refuse_what_dp_mesh_dims_or_the_suite_does_not_take(change: dict[str, object], message: str) -> None:
+    from dataclasses import replace
+
+    with pytest.raises(CaseError, match=message):
+        replace(SPMD, **change)
+
+
+def test_the_training_rules_refuse_compile_and_dropout() -> None:
+    with pytest.raises(CaseError, match=r"torch\.compile"):
+        _case(training=Training(compile=Compile.EAGER))
+    dropout = ModuleTree(width=4, root=Block(children=(Leaf(LeafKind.LINEAR), Leaf(LeafKind.DROPOUT))))
+    with pytest.raises(CaseError, match="without dropout"):
+        ParityBody(tree=dropout, composition=Composition(shards=(ShardSpec(path=""),), spmd=True))
+    assert spmd_of(dropout, Composition(shards=(ShardSpec(path=""),))) is None
+
+
+def test_spmd_of_makes_int_reshards_true_and_leaves_meta_init_out() -> None:
+    comp = Composition(shards=(ShardSpec(path="2", reshard_after_forward=2), ShardSpec(path="")), meta_init=True)
+    out = spmd_of(TREE, comp)
+    if not HAS_DP_MESH_DIMS:
+        assert out is None
+        return
+    assert out is not None and out.spmd and not out.meta_init
+    assert [s.reshard_after_forward for s in out.shards] == [True, True]
+    assert "fully_shard:dp_mesh_dims" in composition_features(out, 2)
+
+
+@needs_dp_mesh_dims
+def test_an_spmd_case_passes_and_a_fault_in_its_gradient_path_is_caught() -> None:
+    """The same case on torch, then with the data-parallel dimensions' partial gradients
+    all-reduced before FSDP's reduce-scatter (tests/faults/K39): the judge must say so."""
+    case = _case()
+    with RankPool(world_size=2, deadline=60) as pool:
+        outcome = pool.run(case)
+        assert outcome.ok, outcome.describe()
+        assert judge_parity(case, outcome) is None
+    with RankPool(world_size=2, env=fault_env("K39_spmd_grad_reduced_twice"), deadline=60) as pool:
+        failure = judge_parity(case, pool.run(case))
+    assert failure is not None and failure.signature.startswith("mismatch:parity@fsdp2+spmd"), failure
+
+
+@needs_dp_mesh_dims
+def test_the_strategies_draw_spmd_compositions_and_variants() -> None:
+    """Where torch has dp_mesh_dims, parity cases (one SPMD composition in SPMD_ODDS of those
+    that can be one) and metamorphic variants (one change of several) draw the path."""
+    quick = settings(max_examples=600, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+    parity = find(parity_cases(world_size=2), lambda c: c.body.composition.spmd, settings=quick)
+    assert isinstance(parity.body, ParityBody) and "" in parity.body.composition.sharded_paths
+    variant = find(metamorphic_cases(world_size=2), lambda c: c.body.variant.spmd, settings=quick)
+    assert isinstance(variant.body, MetamorphicBody) and not variant.body.composition.spmd
