@@ -19,8 +19,11 @@ Imports only the standard library, the model and the verdict types.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 
 from fuzz.model import (
     DEFAULT_FQN_MODIFIERS,
@@ -77,6 +80,21 @@ class Patch:
     new: str
 
 
+#: One file per known bug whose fix is written: ``{"why": ..., "changes": [{"module", "old",
+#: "new"}, ...]}``, each ``old`` text once in its module of the torch the bug is present in.
+FIXES = Path(__file__).resolve().parent / "fixes"
+
+
+@cache
+def fix_of(bug_id: str) -> tuple[Patch, ...]:
+    """The changes of ``FIXES/<bug_id>.json``, () where there is no such file."""
+    path = FIXES / f"{bug_id}.json"
+    if not path.is_file():
+        return ()
+    data = json.loads(path.read_text())
+    return tuple(Patch(c["module"], c["old"], c["new"]) for c in data["changes"])
+
+
 @dataclass(frozen=True)
 class KnownBug:
     """One torch bug. ``upstream`` is ``owner/repo#N`` (an issue or a pull request) or
@@ -108,9 +126,13 @@ class KnownBug:
     #: (:func:`meets`): for bugs whose exception type and innermost frame other bugs share
     #: (selective checkpointing's replay raises the same error for any mismatch it sees).
     conditional: bool = False
-    #: A fix of the bug as changes to torch's source (:class:`Patch`, one or more), where one is
-    #: written: a build without the bug, on which a reduced script must pass (docs/repro.md).
-    fix: tuple[Patch, ...] = ()
+
+    @property
+    def fix(self) -> tuple[Patch, ...]:
+        """The bug's fix as changes to torch's source (:class:`Patch`, one or more), where one
+        is written (``fuzz/fixes/<id>.json``): a build without the bug, on which a reduced
+        script must pass (docs/repro.md); () where none is."""
+        return fix_of(self.id)
 
     @property
     def url(self) -> str | None:
@@ -398,15 +420,6 @@ FUSED_OPTIM_KEYS = KnownBug(
     docs="docs/state_dict.md",
     # what a load with the keys missing leads to shows up in the optimizer's own code too
     conditional=True,
-    # get_optimizer_state_dict keys parameters by the FQNs set_optimizer_state_dict looks for
-    fix=(
-        Patch(
-            "torch.distributed.checkpoint.state_dict",
-            "            for key, param in model.named_parameters():\n                fqns = _get_fqns(model, key)\n",
-            "            for key, param in model.named_parameters():\n"
-            "                fqns = info.fqn_param_mapping.get(param) or _get_fqns(model, key)\n",
-        ),
-    ),
 )
 FUSED_CUSTOM_NAME = KnownBug(
     "dsd-fqn-modifiers-name-ignored-on-get",
@@ -423,14 +436,6 @@ FUSED_CUSTOM_NAME = KnownBug(
     docs="docs/state_dict.md",
     # nn.Module.__getattr__'s AttributeError is any missing attribute's
     conditional=True,
-    # the model state dict's keys mapped through the method the option names
-    fix=(
-        Patch(
-            "torch.distributed.checkpoint.state_dict",
-            "    for key in list(state_dict.keys()):\n        fqns = _get_fqns(model, key)\n",
-            "    for key in list(state_dict.keys()):\n        fqns = _get_fqns(model, key, info.dsd_fqn_modifiers)\n",
-        ),
-    ),
 )
 FUSED_IGNORE_FROZEN = KnownBug(
     "dsd-fqn-modifiers-ignore-frozen-keyerror",
@@ -444,16 +449,6 @@ FUSED_IGNORE_FROZEN = KnownBug(
     see_also=("pytorch/pytorch#146557",),
     docs="docs/state_dict.md",
     conditional=True,
-    # the frozen parameter's key as the state dict has it
-    fix=(
-        Patch(
-            "torch.distributed.checkpoint.state_dict",
-            "            fqns = _get_fqns(model, key)\n"
-            "            for fqn in fqns:\n                state_dict.pop(fqn)\n",
-            "            fqns = info.fqn_param_mapping.get(param) or _get_fqns(model, key)\n"
-            "            for fqn in fqns:\n                state_dict.pop(fqn)\n",
-        ),
-    ),
 )
 PLAN_CACHE_FAILED_SAVE = KnownBug(
     "dcp-plan-cache-after-failed-save",

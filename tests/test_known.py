@@ -208,3 +208,16 @@ def test_present_reads_the_release_a_bug_was_fixed_in() -> None:
     for fixed in ("2.13.0+cpu", "2.14.0a0+git1234", "3.0"):
         assert not known.present(bug, fixed)
     assert known.present(known.FLAT_FULL_OPTIM, "2.13.0")  # no fixed_in: present everywhere
+
+
+def test_every_written_fix_is_a_known_bugs_and_says_why() -> None:
+    """``fuzz/fixes/<id>.json``: one file per known bug whose fix is written, none for another
+    id, each with its reason and at least one change."""
+    import json
+
+    for path in sorted(known.FIXES.glob("*.json")):
+        bug_id = path.name.removesuffix(".json")
+        assert bug_id in known.BUGS, f"{path.name} names no known bug"
+        data = json.loads(path.read_text())
+        assert data["why"].strip() and data["changes"], path.name
+        assert known.BUGS[bug_id].fix and all(p.old != p.new for p in known.BUGS[bug_id].fix)

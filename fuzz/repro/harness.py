@@ -175,11 +175,13 @@ _ATTEMPT_MAIN = """\
 
 def main():
     import os
+    import sys
     import torch.distributed as dist
     dist.init_process_group("gloo")
     verdict = attempt(dist.get_rank(), dist.get_world_size())
     if verdict:
-        print(verdict, flush=True)
+        sys.stdout.write(verdict + "\n")  # one write: the ranks share torchrun's output
+        sys.stdout.flush()
     os._exit(1 if verdict.startswith("REPRODUCED") else 0)
 """
 
@@ -189,18 +191,25 @@ _HANG = """\
     import time
     import traceback
 
+    finished = threading.Event()
+
     def watch():
         time.sleep({after})
         frames = traceback.extract_stack(sys._current_frames()[threading.main_thread().ident])
         if any(f"torch/{{f.filename.rpartition('/torch/')[2]}}:{{f.name}}" in {expected!r} for f in frames):
             print(f"REPRODUCED {signature}: rank {{ctx.rank}} is stuck", flush=True)
             os._exit(1)
+        if finished.is_set():
+            print("PASS: every rank finished", flush=True)
+        else:
+            where = f"{{frames[-1].filename}}:{{frames[-1].name}}" if frames else "?"
+            print(f"FAIL (not the entry's failure): rank {{ctx.rank}} is still running, in {{where}}", flush=True)
         os._exit(0)
 
     threading.Thread(target=watch, daemon=True).start()
     {program}(case, case.body, ctx)
-    time.sleep({after} + 5)
-    print("PASS: every rank finished")
+    finished.set()
+    time.sleep({after} + 5)  # the watcher decides; the group stays up for ranks still running
     os._exit(0)
 """
 

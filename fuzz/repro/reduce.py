@@ -179,10 +179,23 @@ def reproduced(status: int | None, output: str) -> str | None:
 # -- hashes and the stored script ----------------------------------------------------------------
 
 
+#: The words a verdict line starts with (:mod:`fuzz.repro.harness`).
+VERDICT_WORDS = ("PASS", "FAIL", "REPRODUCED")
+_VERDICT_START = re.compile(r"(?=PASS|FAIL \(|REPRODUCED )")
+
+
 def passed(output: str) -> bool:
     """Whether a script's output says it passed: verdicts, each of them one of :data:`PASSING`
     (no ``REPRODUCED``, no ``FAIL``, no other failure)."""
-    verdicts = [line.strip() for line in output.splitlines() if line.startswith(("PASS", "FAIL", "REPRODUCED"))]
+    # the ranks share torchrun's standard output, and a print's text and its newline are two
+    # writes: two ranks' verdicts can meet on one line ("PASS: no rank raisedPASS: ...")
+    verdicts = [
+        v.strip()
+        for line in output.splitlines()
+        if line.startswith(VERDICT_WORDS)
+        for v in _VERDICT_START.split(line)
+        if v.strip()
+    ]
     return bool(verdicts) and all(v in PASSING for v in verdicts)
 
 
