@@ -122,6 +122,9 @@ class KnownBug:
     #: The first torch release (``major.minor``) without the bug; empty while the newest torch
     #: the suite runs has it. See :func:`present`.
     fixed_in: str = ""
+    #: The first torch release (``major.minor``) the bug is in, where an older torch the suite
+    #: runs lacks it (its case passes there); empty if every torch the suite runs has it.
+    introduced_in: str = ""
     #: An exception matches this bug's entries only in cases that meet its condition
     #: (:func:`meets`): for bugs whose exception type and innermost frame other bugs share
     #: (selective checkpointing's replay raises the same error for any mismatch it sees).
@@ -482,9 +485,10 @@ SAC_OVER_FSDP_UNIT = KnownBug(
     "N encountered during backward but not found in storage'",
     upstream="pytorch/pytorch#196862",
     relation="same bug (pull request: exclude all-gather internals and profiler ops from selective checkpointing)",
-    state="not in torch 2.13.0",
+    state="the fix pull request is not in torch 2.13.0; torch 2.11 passes its case (device run, CPU)",
     see_also=("pytorch/pytorch#185178", "pytorch/torchtitan#3427"),
     conditional=True,
+    introduced_in="2.13",
 )
 DELAY_ALL_REDUCE_ROOT = KnownBug(
     "ddp-delay-all-reduce-root-params-reduced-twice",
@@ -587,9 +591,13 @@ def _release(version: str) -> tuple[int, int]:
 
 
 def present(bug: KnownBug, torch_version: str) -> bool:
-    """Whether ``bug`` is in the torch of version ``torch_version`` (per ``fixed_in``): where it
-    is not, its corpus entry cannot fail and the strategies need not keep it rare."""
-    return not bug.fixed_in or _release(torch_version) < _release(bug.fixed_in)
+    """Whether ``bug`` is in the torch of version ``torch_version`` (per ``introduced_in`` and
+    ``fixed_in``): where it is not, its corpus entry cannot fail and the strategies need not
+    keep it rare."""
+    release = _release(torch_version)
+    if bug.introduced_in and release < _release(bug.introduced_in):
+        return False
+    return not bug.fixed_in or release < _release(bug.fixed_in)
 
 
 def get(bug_id: str) -> KnownBug:

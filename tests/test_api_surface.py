@@ -137,8 +137,8 @@ def test_counts_come_from_the_campaign_features() -> None:
     sync = rows["FSDPModule.set_requires_gradient_sync"]
     assert (sync["count"], sync["bound"]) == (3, "<=")
     assert rows["FSDPModule.set_modules_to_forward_prefetch"]["count"] == 5
-    assert rows["fully_shard(dp_mesh_dims)"]["status"] == NOT_DRAWN
-    assert "count" not in rows["fully_shard(dp_mesh_dims)"]
+    assert rows["DefaultSavePlanner(flatten_state_dict)"]["status"] == NOT_DRAWN
+    assert "count" not in rows["DefaultSavePlanner(flatten_state_dict)"]
     assert rows["FSDPModule.set_custom_all_gather"]["status"] == DRAWN
     assert rows["FSDPModule.set_custom_all_gather"]["count"] == 0  # no knob:custom_all_gather above
     assert rows["fully_shard(offload_policy)"]["status"] == ACCELERATOR

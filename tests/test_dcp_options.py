@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from hypothesis import HealthCheck, Phase, given, settings
 
+from fuzz import known
 from fuzz.errors import CaseError
 from fuzz.explore import run_case
 from fuzz.model import (
@@ -374,6 +376,8 @@ def test_new_dcp_options_are_drawn() -> None:
         "format_utils:convert",
         "process_group:own",
     ]
+    if known.present(known.PLAN_CACHE_FAILED_SAVE, torch.__version__):
+        wanted.remove("save_planner:enable_plan_caching")  # kept rare where its known bug is present
     missing = [f for f in wanted if counts[f] == 0]
     assert not missing, (missing, n)
     assert counts["save_planner"] > 0.1 * n and counts["load_planner"] > 0.1 * n, dict(counts)

@@ -221,3 +221,10 @@ def test_every_written_fix_is_a_known_bugs_and_says_why() -> None:
         data = json.loads(path.read_text())
         assert data["why"].strip() and data["changes"], path.name
         assert known.BUGS[bug_id].fix and all(p.old != p.new for p in known.BUGS[bug_id].fix)
+
+
+def test_present_reads_the_release_a_bug_came_in() -> None:
+    bug = known.SAC_OVER_FSDP_UNIT
+    assert bug.introduced_in == "2.13" and not bug.fixed_in
+    assert not known.present(bug, "2.11.0+cu130")
+    assert known.present(bug, "2.13.0+cpu") and known.present(bug, "2.14.0")

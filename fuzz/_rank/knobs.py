@@ -17,12 +17,15 @@ from fuzz.model import Composition, Knobs, Layout, ModuleTree, ShardSpec, contai
 def fsdp_sharded(p: torch.Tensor) -> bool:
     """Whether fully_shard holds ``p`` sharded: a DTensor sharded over the mesh's shard
     dimension (a tensor-parallel parameter is a DTensor over the tp dimension alone while
-    unsharded; under dp_mesh_dims an unsharded parameter is a DTensor replicated over it)."""
+    unsharded; under dp_mesh_dims an unsharded parameter is a DTensor replicated over it), or
+    sharded at all on a mesh without names (an int reshard_after_forward's smaller mesh)."""
     from torch.distributed.tensor import DTensor
 
     if not isinstance(p, DTensor):
         return False
-    names = p.device_mesh.mesh_dim_names or ("shard",)
+    names = p.device_mesh.mesh_dim_names
+    if names is None:
+        return any(placement.is_shard() for placement in p.placements)
     return "shard" in names and p.placements[names.index("shard")].is_shard()
 
 

@@ -180,7 +180,7 @@ def main():
     dist.init_process_group("gloo")
     verdict = attempt(dist.get_rank(), dist.get_world_size())
     if verdict:
-        sys.stdout.write(verdict + "\n")  # one write: the ranks share torchrun's output
+        sys.stdout.write(verdict + "\\n")  # one write: the ranks share torchrun's output
         sys.stdout.flush()
     os._exit(1 if verdict.startswith("REPRODUCED") else 0)
 """
