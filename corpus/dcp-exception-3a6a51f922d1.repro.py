@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=24cba4b5d3ca2075 sources=9d7be58e4208c9df seconds=85.9
+# shardfuzz reduced reproducer: entry=24cba4b5d3ca2075 sources=4cc18416ea30ea14 seconds=130.5
 """Reproduces shardfuzz corpus entry dcp-exception-3a6a51f922d1.json: exception:dcp:builtins.ValueError@torch/distributed/fsdp/_optim_utils.py:_flatten_optim_state_dict
 
 Observed: The classic FSDP1 DCP recipe with an optimizer without state (SGD without momentum):
@@ -90,10 +90,14 @@ def build_side(tree, comp, training, ctx):
     composed = Composed(model=wrap_out)
     return Side(composed=composed, comp=comp, training=training)
 
+def body_optimizer(side):
+    params = list(side.model.parameters())
+    side.opt = torch.optim.SGD(params)
+
 def case_dir(ctx):
-    digest = hashlib.sha1('{"body": {"absent": false, "async_save": false, "async_saves": 0, "cache_staged": false, "checkpoint_dir": "", "convert": false, "deadlock": false, "drop": [], "empty_group": false, "entries": ["model", "optimizer"], "frozen_in_optimizer": false, "kind": "dcp", "load_cpu_offload": false, "load_full_state_dict": false, "load_planner": null, "mode": "round_trip", "module_stateful": false, "no_dist": false, "orders": [], "overwrite": "none", "own_group": false, "patched": false, "process_checkpointer": false, "requires_grad": [], "save_cpu_offload": false, "save_full_state_dict": false, "save_planner": null, "skip": [], "source": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "custom_all_gather": false, "custom_reduce_scatter": false, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "no_unshard_in_backward": false, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0, "separate_rs_group": false}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "fsdp1_full_shard"}, "stager": null, "steps_after": 1, "storage_objects": false, "target": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "custom_all_gather": false, "custom_reduce_scatter": false, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "no_unshard_in_backward": false, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0, "separate_rs_group": false}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "fsdp1_full_shard"}, "target_meta_init": false, "torch_save_reader": false, "training": {"accum_sync": "always", "batch_per_rank": 2, "compile": "none", "dtype": "float32", "eps": 0.001, "foreach": null, "grad_accum": 1, "lr": 0.1, "momentum": 0.0, "optimizer": "sgd", "param_groups": 1, "same_input": false, "set_to_none": true, "skips": [], "steps": 1, "unfreeze": []}, "tree": {"root": {"buffer": true, "children": [{"bias": true, "frozen": false, "kind": "linear"}, {"buffer": false, "children": [{"bias": true, "frozen": false, "kind": "linear"}, {"bias": true, "frozen": false, "kind": "tanh"}, {"bias": true, "frozen": false, "kind": "layer_norm"}], "residual": false, "scale": true}, {"bias": false, "frozen": false, "kind": "linear"}], "residual": false, "scale": false}, "width": 4}, "use_collectives": true, "writer": {"per_thread_copy_ahead": 10000000, "single_file_per_rank": true, "sync_files": true, "thread_count": 1}}, "property": "dcp", "schema": 1, "seed": 33, "world_size": 2}'.encode()).hexdigest()[:12]
+    digest = hashlib.sha1('{"body": {"absent": false, "async_save": false, "async_saves": 0, "cache_staged": false, "checkpoint_dir": "", "convert": false, "deadlock": false, "drop": [], "empty_group": false, "entries": ["model", "optimizer"], "frozen_in_optimizer": false, "kind": "dcp", "load_cpu_offload": false, "load_full_state_dict": false, "load_planner": null, "mode": "round_trip", "module_stateful": false, "no_dist": false, "orders": [], "overwrite": "none", "own_group": false, "patched": false, "process_checkpointer": false, "requires_grad": [], "save_cpu_offload": false, "save_full_state_dict": false, "save_planner": null, "skip": [], "source": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "custom_all_gather": false, "custom_reduce_scatter": false, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "no_unshard_in_backward": false, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0, "separate_rs_group": false}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "spmd": false, "tp": [], "tp_size": 1, "wrapper": "fsdp1_full_shard"}, "stager": null, "steps_after": 1, "storage_objects": false, "target": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "custom_all_gather": false, "custom_reduce_scatter": false, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "no_unshard_in_backward": false, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0, "separate_rs_group": false}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "spmd": false, "tp": [], "tp_size": 1, "wrapper": "fsdp1_full_shard"}, "target_meta_init": false, "torch_save_reader": false, "training": {"accum_sync": "always", "batch_per_rank": 2, "compile": "none", "dtype": "float32", "eps": 0.001, "foreach": null, "grad_accum": 1, "lr": 0.1, "momentum": 0.0, "optimizer": "sgd", "param_groups": 1, "same_input": false, "set_to_none": true, "skips": [], "steps": 1, "unfreeze": []}, "tree": {"root": {"buffer": true, "children": [{"bias": true, "frozen": false, "kind": "linear"}, {"buffer": false, "children": [{"bias": true, "frozen": false, "kind": "linear"}, {"bias": true, "frozen": false, "kind": "tanh"}, {"bias": true, "frozen": false, "kind": "layer_norm"}], "residual": false, "scale": true}, {"bias": false, "frozen": false, "kind": "linear"}], "residual": false, "scale": false}, "width": 4}, "use_collectives": true, "writer": {"per_thread_copy_ahead": 10000000, "single_file_per_rank": true, "sync_files": true, "thread_count": 1}}, "property": "dcp", "schema": 1, "seed": 33, "world_size": 2}'.encode()).hexdigest()[:12]
     count = getattr(ctx, '_cases', 0)
-    return os.path.join('/tmp/shardfuzz-dcp-19756', f'{digest}-{count}')
+    return os.path.join('/tmp/shardfuzz-dcp-5990', f'{digest}-{count}')
 
 def attempt(rank, world_size):
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
@@ -101,41 +105,45 @@ def attempt(rank, world_size):
     import traceback
     try:
         t = Training()
-        path_ = '' or case_dir(ctx)
+        path = '' or case_dir(ctx)
         src = build_side(ModuleTree(width=4, root=Block(children=(Block(children=(), scale=True),))), Composition(), t, ctx)
+        body_optimizer(src)
         out = {}
-        out[DcpItem.OPTIMIZER] = src.model.state_dict()
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP_
+        osd_ = FSDP_.optim_state_dict(src.model, src.opt)
+        out[DcpItem.OPTIMIZER] = osd_
         order = range(len((DcpItem.OPTIMIZER,)))
         state = {(DcpItem.OPTIMIZER,)[i].value: out[(DcpItem.OPTIMIZER,)[i]] for i in order if (DcpItem.OPTIMIZER,)[i] in out}
         import torch.distributed.checkpoint as dcp
         kwargs_ = {}
-        kwargs_['checkpoint_id'] = path_
+        kwargs_['checkpoint_id'] = path
         dcp.save(state, **kwargs_)
         tgt = build_side(ModuleTree(width=4, root=Block(children=(Block(children=(), scale=True),))), Composition(), t, ctx)
-        params = list(tgt.model.parameters())
-        tgt.opt = torch.optim.SGD(params)
+        body_optimizer(tgt)
         import torch.distributed.checkpoint as dcp_
         from torch.distributed.checkpoint.optimizer import load_sharded_optimizer_state_dict
-        loaded = load_sharded_optimizer_state_dict(model_state_dict=tgt.model.state_dict(), optimizer_key='optimizer', storage_reader=dcp_.FileSystemReader(path_))
+        loaded = load_sharded_optimizer_state_dict(model_state_dict=tgt.model.state_dict(), optimizer_key='optimizer', storage_reader=dcp_.FileSystemReader(path))
         osd = loaded['optimizer']
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
         tgt.opt.load_state_dict(FSDP.optim_state_dict_to_load(tgt.model, tgt.opt, osd))
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
-        path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
-        if found in ['builtins.ValueError@torch/distributed/fsdp/_optim_utils.py:_flatten_optim_state_dict']:
+        at = [f"torch/{p.rpartition('/torch/')[2]}:{f}" for p, f in frames if '/torch/' in p and 'comp>' not in f]
+        found = f"{type(e).__module__}.{type(e).__qualname__}@{(at or ['torch/?:?'])[-1]}"
+        if found in ['builtins.ValueError@torch/distributed/fsdp/_optim_utils.py:_flatten_optim_state_dict'] and at[0] == 'torch/distributed/fsdp/fully_sharded_data_parallel.py:optim_state_dict_to_load' and (re.sub('\\d+(?:\\.\\d+)*', '#', str(e).partition('\n')[0]) == '`optim_state_dict` must have the keys "state"to be a valid optimizer state dict'):
             return f'REPRODUCED exception:dcp:builtins.ValueError@torch/distributed/fsdp/_optim_utils.py:_flatten_optim_state_dict: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"
     return 'PASS: no rank raised'
 
 def main():
     import os
+    import sys
     import torch.distributed as dist
     dist.init_process_group('gloo')
     verdict = attempt(dist.get_rank(), dist.get_world_size())
     if verdict:
-        print(verdict, flush=True)
+        sys.stdout.write(verdict + '\n')
+        sys.stdout.flush()
     os._exit(1 if verdict.startswith('REPRODUCED') else 0)
 if __name__ == '__main__':
     main()

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=c33cc422d730720c sources=ce057bc0da65e4dc seconds=407.7
+# shardfuzz reduced reproducer: entry=c33cc422d730720c sources=9b23fb50ee8d6024 seconds=270.3
 """Reproduces shardfuzz corpus entry metamorphic-mismatch-c39d139117c4.json: mismatch:metamorphic@fsdp1:shard1
 
 Observed: 0.weight[1] after step 0 is -0.362216979265213, expected -0.32023686170578003 (error
@@ -14,9 +14,10 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 """
 
 from __future__ import annotations
+from typing import Any
+from dataclasses import dataclass, field
 import torch
 import enum
-from dataclasses import dataclass, field
 from functools import cached_property
 from typing import ClassVar
 from torch import nn
@@ -96,13 +97,16 @@ class Composition:
     def sharded_paths(self):
         return [p for spec in self.shards for p in ('',)]
 
+class Optimizer(str, enum.Enum):
+    SGD = 'sgd'
+    ADAM = 'adam'
+    ADAMW = 'adamw'
+
 @dataclass(frozen=True)
 class Training:
+    optimizer: object = Optimizer.SGD
     lr: object = 0.1
     dtype: object = Dtype.FLOAT32
-
-    def skipped_at(self, step, microbatch):
-        return [s.path for s in () if s.step == step and s.microbatch == microbatch]
 
 @dataclass(frozen=True)
 class Unit:
@@ -153,8 +157,8 @@ class Case:
     body: object
 
 def fsdp_sharded(p):
-    from torch.distributed.tensor import DTensor
-    return isinstance(p, DTensor) and 'shard' in (p.device_mesh.mesh_dim_names or ())
+    names = p.device_mesh.mesh_dim_names
+    return 'shard' in names and p.placements[names.index('shard')].is_shard()
 
 def build_node(node, width):
     if isinstance(node, Leaf):
@@ -198,7 +202,7 @@ def compose(model, comp, ctx):
         names = [n for n, _ in model.named_parameters()]
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
         strategy = {Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[comp.wrapper]
-        kwargs_ = {'sharding_strategy': strategy, 'device_id': ctx.device}
+        kwargs_ = {'sharding_strategy': strategy, 'device_id': ctx.device, 'use_orig_params': True}
         kwargs_['device_mesh'] = mesh_for(ctx)
         wrap_out = FSDP(model, **kwargs_)
         return Composed(model=wrap_out, wrapper=comp.wrapper, param_names=names)
@@ -207,7 +211,6 @@ def compose(model, comp, ctx):
     kwargs = {'mesh': mesh, 'reshard_after_forward': True}
     modules = [model.get_submodule('')]
     fully_shard(modules[0], **kwargs)
-    sharded = comp.sharded_paths
     return Composed(model=model)
 
 class _Contracts:
@@ -246,23 +249,18 @@ def train(tree, training, comp, ctx):
     composed_ = compose(model_, comp, ctx)
     contracts = _Contracts(model_, comp)
     obs = {}
-    model__ = composed_.model
     params = composed_.model.parameters()
     opt = torch.optim.SGD(params, lr=0.1)
     model___ = composed_.model
-    losses = []
     params_per_step = []
     grad_norms = []
     gen = torch.Generator().manual_seed(1)
     lo = ctx.rank
-    out_ = []
-    step_ = []
     x_ = torch.randn(ctx.world_size, 2, generator=gen)
     y_ = torch.randn(ctx.world_size, 2, generator=gen)
-    step_.append((x_[lo:lo + 1].to(ctx.device), y_[lo:lo + 1].to(ctx.device)))
-    out_.append(step_)
+    step_ = [(x_[lo:lo + 1].to(ctx.device), y_[lo:lo + 1].to(ctx.device))]
+    out_ = [step_]
     s, step = next(iter(enumerate(out_)))
-    step_losses = []
     i, (x, y) = next(iter(enumerate(step)))
     out = model___(x)
     state = {}
@@ -274,7 +272,7 @@ def train(tree, training, comp, ctx):
         iter_paths_of_out = [(n__ or path, m) for n__, m in root.named_modules()]
         for sub, __ in iter_paths_of_out:
             mod = contracts.model.get_submodule(sub)
-            flags += [fsdp_sharded(p) for p in mod.parameters(recurse=False)]
+            flags += [fsdp_sharded(p_____) for p_____ in mod.parameters(recurse=False)]
         state[''] = flags
     obs['contracts'] = {'sharded_after_forward': state, 'leaf_dtypes': contracts.leaf_dtypes, 'output_dtypes': contracts.output_dtypes}
     obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
@@ -282,7 +280,7 @@ def train(tree, training, comp, ctx):
     obs['contracts']['replicate_params'] = out__
     loss = F.mse_loss(out.to(y.dtype), y)
     loss.backward()
-    step_losses.append(loss.item())
+    step_losses = [loss.item()]
     if composed_.wrapper.value.startswith('fsdp1') and 'fsdp1_hybrid_shard' != 'fsdp1_no_shard':
         grad_norms.append(float('nan'))
     else:
@@ -293,7 +291,7 @@ def train(tree, training, comp, ctx):
         grad_norm_out = float(total.sqrt())
         grad_norms.append(grad_norm_out)
     opt.step()
-    losses.append(step_losses)
+    losses = [step_losses]
     with composed_.full_parameters() as full:
         params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
     obs['losses'] = losses
@@ -329,11 +327,13 @@ class KnownBug:
     id: object
     title: object
     symptoms: object = frozenset({'exception'})
+    relation: object = ''
     state: object = ''
     ends_ranks: object = True
     tag: object = ''
-FROZEN_INT_RESHARD = KnownBug('fully_shard-frozen-int-reshard', "a frozen fully_shard unit with an int reshard_after_forward under a replicate'd root stays in its post-forward state", symptoms=frozenset({'mismatch'}), ends_ranks=False, tag=':frozen-int-reshard')
-UNFROZEN_UNRESHARDED = KnownBug('fully_shard-unfrozen-unresharded', "a frozen fully_shard unit without resharding under a replicate'd root is never resharded: a leaf unfrozen later never trains (KeyError in get_optimizer_state_dict)", symptoms=frozenset({'mismatch', 'exception'}), ends_ranks=False, tag=':unfrozen-unresharded')
+    see_also: object = ()
+FROZEN_INT_RESHARD = KnownBug('fully_shard-frozen-int-reshard', "a frozen fully_shard unit with an int reshard_after_forward under a replicate'd root stays in its post-forward state", symptoms=frozenset({'mismatch'}), relation="none found after five phrasings (frozen unit, replicate root, int reshard, post-backward callback); see_also: FSDP1's resharding of frozen parameters and the FSDP-based replicate", state='present in torch 2.13.0', see_also=('pytorch/pytorch#101982', 'pytorch/pytorch#158207'), ends_ranks=False, tag=':frozen-int-reshard')
+UNFROZEN_UNRESHARDED = KnownBug('fully_shard-unfrozen-unresharded', "a frozen fully_shard unit without resharding under a replicate'd root is never resharded: a leaf unfrozen later never trains (KeyError in get_optimizer_state_dict)", symptoms=frozenset({'mismatch', 'exception'}), relation="none found after four phrasings (the KeyError, unfreezing, reshard_after_forward=False, the final callback); see_also: frozen parameters' optimizer state dropped by DCP (another mechanism)", state='present in torch 2.13.0', see_also=('pytorch/pytorch#192202', 'pytorch/pytorch#149029'), ends_ranks=False, tag=':unfrozen-unresharded')
 
 def frozen_int_reshard_unit(tree, comp):
     layout = Layout(tree, comp)
@@ -437,6 +437,7 @@ def compare_runs(prop, observations, tol, api='', *, before_first_update=False):
             bad = first_mismatch(got_params[name], want, tol)
             if bad is not None:
                 return _mismatch(prop, 'param', api, f'{name}[{bad.index}] after step {step} is {bad.actual!r}, expected {bad.expected!r} (error {bad.error:.3g} > allowed {bad.allowed:.3g})', param=name, step=step, observed=got_params[name], expected=want)
+    return None
 
 def check_knobs(prop, observations):
     for rank, obs in enumerate(observations):
@@ -477,11 +478,13 @@ def attempt(rank, world_size):
 
 def main():
     import os
+    import sys
     import torch.distributed as dist
     dist.init_process_group('gloo')
     verdict = attempt(dist.get_rank(), dist.get_world_size())
     if verdict:
-        print(verdict, flush=True)
+        sys.stdout.write(verdict + '\n')
+        sys.stdout.flush()
     os._exit(1 if verdict.startswith('REPRODUCED') else 0)
 if __name__ == '__main__':
     main()

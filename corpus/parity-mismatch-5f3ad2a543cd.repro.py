@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=f1aad34c9feef555 sources=ce057bc0da65e4dc seconds=410.7
+# shardfuzz reduced reproducer: entry=f1aad34c9feef555 sources=9b23fb50ee8d6024 seconds=268.4
 """Reproduces shardfuzz corpus entry parity-mismatch-5f3ad2a543cd.json: mismatch:parity@fsdp2:unfrozen-unresharded
 
 Observed: FSDP2: a frozen fully_shard unit with reshard_after_forward=False under a replicate'd
@@ -38,16 +38,24 @@ class RankContext:
 
 class LeafKind(str, enum.Enum):
     LINEAR = 'linear'
+    LAYER_NORM = 'layer_norm'
+    CONV1D = 'conv1d'
+    RELU = 'relu'
+    TANH = 'tanh'
+    GELU = 'gelu'
+    DROPOUT = 'dropout'
 
 class Dtype(str, enum.Enum):
     FLOAT32 = 'float32'
     FLOAT64 = 'float64'
     BFLOAT16 = 'bfloat16'
     FLOAT16 = 'float16'
+PARAM_LEAVES = frozenset({LeafKind.LINEAR, LeafKind.LAYER_NORM, LeafKind.CONV1D})
 
-@dataclass()
+@dataclass(frozen=True)
 class Leaf:
     kind: object
+    bias: object = True
     frozen: object = False
 
 @dataclass()
@@ -55,10 +63,14 @@ class Block:
     children: object
 
 def iter_paths(block):
-    yield ('', block)
+    i, child = next(iter(enumerate(block.children)))
+    path = str(i)
+    yield (path, child)
 
-def owns_params():
-    pass
+def owns_params(node):
+    if isinstance(node, Leaf):
+        return node.kind in PARAM_LEAVES
+    return node.scale
 
 @dataclass()
 class ModuleTree:
@@ -68,21 +80,45 @@ class ModuleTree:
     def paths(self):
         return dict(iter_paths(self.root))
 
+def contains(outer, path):
+    return outer == path or outer == '' or path.startswith(outer + '.')
+
+def is_ancestor(ancestor, path):
+    return ancestor != path and contains(ancestor, path)
+
 @dataclass()
 class ShardSpec:
     path: object
+    group: object = ()
+    ignored: object = ()
+
+    @property
+    def paths(self):
+        return (self.path, *self.group)
+
+@dataclass()
+class ReplicateOptions:
+    ignored_modules: object = ()
 
 @dataclass()
 class Composition:
     shards: object = ()
+    replicates: object = ()
+    checkpoints: object = ()
+    tp_size: object = 1
+    replicate_options: object = field(default_factory=ReplicateOptions)
 
     @property
     def sharded_paths(self):
-        return [p for spec in self.shards for p in ('0',)]
+        return [p for spec in self.shards for p in spec.paths]
+
+    @property
+    def shard_ignored(self):
+        return frozenset((p for spec in self.shards for p in spec.ignored))
 
     def steps(self):
-        items = [('replicate', '')]
-        items += [('fully_shard', '0') for spec in self.shards]
+        items = [() for p in self.checkpoints] + [('replicate', p) for p in self.replicates]
+        items += [('fully_shard', spec.path) for spec in self.shards]
         return sorted(items)
 
 @dataclass()
@@ -94,17 +130,22 @@ class Unfreeze:
 class Training:
     lr: object = 0.1
     steps: object = 2
+    batch_per_rank: object = 2
     dtype: object = Dtype.FLOAT32
+    same_input: object = False
+    skips: object = ()
     unfreeze: object = ()
 
-    def __post_init__(self):
-        for i, later in enumerate(self.unfreeze):
-            pass
-
     def skipped_at(self, step, microbatch):
-        return [s.path for s in () if s.step == step and s.microbatch == microbatch]
+        return [s.path for s in self.skips if s.step == step and s.microbatch == microbatch]
 
-@dataclass()
+@dataclass(frozen=True)
+class Unit:
+    api: object
+    index: object
+    members: object
+
+@dataclass(frozen=True)
 class Layout:
     tree: object
     comp: object
@@ -113,8 +154,38 @@ class Layout:
     def paths(self):
         return self.tree.paths()
 
+    @cached_property
+    def units(self):
+        shards = tuple((Unit('fully_shard', i, spec.paths) for i, spec in enumerate(self.comp.shards)))
+        return shards + tuple((Unit('replicate', i, (p,)) for i, p in enumerate(self.comp.replicates)))
+
+    @cached_property
+    def member_paths(self):
+        return tuple((m for u in self.units for m in u.members))
+
+    def member_of(self, path, api=None):
+        best = None
+        members = self.member_paths if api is None else [m for u in self.units if u.api == api for m in u.members]
+        for m in members:
+            if contains(m, path) and (best is None or is_ancestor(best, m)):
+                best = m
+        return best
+
+    def unit_of(self, path):
+        member = self.member_of(path)
+        return next((u for u in self.units if member in u.members))
+
+    def owned_by(self, unit, member=None):
+        out = []
+        for path, node in self.paths.items():
+            if owns_params(node) and self.member_of(path) in (unit.members if member is None else (member,)):
+                out.append(path)
+        return out
+
     def local(self):
-        return [p for p, n in self.paths.items() if owns_params() and (any((contains() for i in ignored)) or p in by_shards) and (self.member_of(p) is None)]
+        ignored = self.comp.replicate_options.ignored_modules
+        by_shards = self.comp.shard_ignored
+        return [p for p, n in self.paths.items() if owns_params(n) and (any((contains(i, p) for i in ignored)) or p in by_shards) and (self.member_of(p) is None)]
 
 class Body:
     KIND: ClassVar[str]
@@ -140,9 +211,8 @@ class Case:
     seed: object
     body: object
 
-def fsdp_sharded(p):
-    from torch.distributed.tensor import DTensor
-    return isinstance(p, DTensor) and 'shard' in (p.device_mesh.mesh_dim_names or ())
+def fsdp_sharded():
+    return False
 
 def build_node(node, width):
     if isinstance(node, Leaf):
@@ -153,7 +223,7 @@ def build_node(node, width):
     return nn.Sequential(*[build_node(c, width) for c in node.children])
 
 def build_model(tree):
-    return build_node(tree.root, 4)
+    return build_node(tree.root, tree.width)
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32}
 
 def clean_name(name):
@@ -162,18 +232,21 @@ def clean_name(name):
 @dataclass
 class Composed:
     model: object
+    knobs: object = None
 
     @contextmanager
     def full_parameters(self):
+        from torch.distributed.tensor import DTensor
         out = {}
         for n, p in self.model.named_parameters():
-            out[clean_name(n)] = p.detach()
+            out[clean_name(n)] = (p.full_tensor() if isinstance(p, DTensor) else p).detach()
         yield out
 
 class _Contracts:
 
     def __init__(self, model, comp):
         self.model = model
+        self.comp = comp
         self.leaf_dtypes: dict[()] = {}
         self.output_dtypes: dict[()] = {}
         self.handles: list[Any] = []
@@ -199,91 +272,96 @@ class _Contracts:
 
     def after_forward(self, skipped):
         state = {}
-        flags = []
+        spec = next(iter(self.comp.shards))
+        path = next(iter(spec.paths))
         model = self.model
-        root = model.get_submodule('0')
-        iter_paths_of_out = [(n or '0', m) for n, m in root.named_modules()]
+        root = model.get_submodule(path)
+        iter_paths_of_out = [(f'{path}.{n}' if path and n else n or path, m) for n, m in root.named_modules()]
         sub, _ = next(iter(iter_paths_of_out))
         mod = self.model.get_submodule(sub)
-        flags += [fsdp_sharded(p) for p in mod.parameters()]
-        state['0'] = flags
+        flags = [fsdp_sharded() for p in mod.parameters()]
+        state[spec.path] = flags
         return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
 
-def train(tree, training, comp, ctx, local=frozenset()):
+def train(case, tree, training, comp, ctx, tp_size=1, local=frozenset()):
     dtype = TORCH_DTYPES[training.dtype]
     if comp is not None:
-        torch.manual_seed(1)
-        model_ = build_model(tree).to(dtype)
-        from torch.distributed._composable import replicate
-        for api, path_ in comp.steps():
+        seed = case.seed
+        torch.manual_seed(seed)
+        model___ = build_model(tree).to(dtype)
+        from torch.distributed._composable import replicate as replicate_
+        specs = {s_.path: s_ for s_ in comp.shards}
+        for api, path__ in comp.steps():
             if api == 'fully_shard':
+                spec = specs[path__]
                 from torch.distributed.fsdp import fully_shard
-                kwargs_ = {}
-                modules = [model_.get_submodule('0')]
-                fully_shard(modules[0], **kwargs_)
-            else:
                 kwargs = {}
-                replicate_kwargs_out = kwargs
-                replicate(model_.get_submodule(path_), **replicate_kwargs_out)
-        compose_out = Composed(model=model_)
-        model = model_
+                modules = [model___.get_submodule(p______) for p______ in spec.paths]
+                fully_shard(modules if spec.group else modules[0], **kwargs)
+            else:
+                kwargs_ = {}
+                replicate_kwargs_out = kwargs_
+                replicate_(model___.get_submodule(path__), **replicate_kwargs_out)
+        compose_out = Composed(model=model___)
+        model = model___
         composed = compose_out
     else:
-        torch.manual_seed(1)
+        torch.manual_seed(case.seed)
         model = build_model(tree).to(dtype)
         composed = Composed(model)
     contracts = _Contracts(model, comp) if comp is not None else None
     obs = {}
-    model__ = composed.model
-    out___ = {'0': [] for u_ in training.unfreeze}
-    for name, p___ in model__.named_parameters():
+    model_ = composed.model
+    out___ = {u_.path: [] for u_ in training.unfreeze}
+    for name, p_ in model_.named_parameters():
         owner = '.'.join((c for c in clean_name(name).split('.')[:-1] if c.isdigit()))
         if owner in out___:
-            out___[owner].append(p___)
+            out___[owner].append(p_)
     params = composed.model.parameters()
-    later_ = [p for ps in out___.values() for p in ps]
-    opt = torch.optim.SGD(params, lr=0.1)
+    opt = torch.optim.SGD(params, lr=training.lr)
     forward = _compiled(composed.model) if comp is not None else composed.model
     losses = []
     params_per_step = []
     grad_norms = []
-    gen = torch.Generator().manual_seed(1)
-    lo = ctx.rank * 2
+    width = tree.width
+    gen = torch.Generator().manual_seed(case.seed)
+    b = training.batch_per_rank
+    lo = 0 if training.same_input else ctx.rank // tp_size * b
     out_ = []
-    for _ in range(2):
-        step_ = []
-        x_ = torch.randn(ctx.world_size * 2, 4, generator=gen)
-        y_ = torch.randn(ctx.world_size * 2, 4, generator=gen)
-        step_.append((x_[lo:lo + 2].to(ctx.device), y_[lo:lo + 2].to(ctx.device)))
+    for _ in range(training.steps):
+        x_ = torch.randn(ctx.world_size * b, width, generator=gen)
+        y_ = torch.randn(ctx.world_size * b, width, generator=gen)
+        step_ = [(x_[lo:lo + b].to(ctx.device), y_[lo:lo + b].to(ctx.device))]
         out_.append(step_)
     for s, step in enumerate(out_):
-        for path in ['0' for u in training.unfreeze if 1 == s]:
+        for path in [u.path for u in training.unfreeze if u.step == s]:
             for p in out___[path]:
                 p.requires_grad_(True)
-        step_losses = []
         i, (x, y) = next(iter(enumerate(step)))
         skipped = training.skipped_at(s, i)
         out = forward(x)
         if contracts is not None and comp is not None:
             obs['contracts'] = contracts.after_forward(skipped)
             obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
-            from torch.distributed._composable import replicate as replicate_
+            from torch.distributed._composable import replicate
             out__ = {}
-            path__ = ''
-            state = replicate_.state(model.get_submodule(path__))
-            out__[path__] = sorted(getattr(state, '_param_names', []))
+            path_ = next(iter(comp.replicates))
+            state = replicate.state(model.get_submodule(path_))
+            out__[path_] = sorted(getattr(state, '_param_names', []))
             obs['contracts']['replicate_params'] = out__
         loss = F.mse_loss(out.to(y.dtype), y)
         loss.backward()
-        step_losses.append(loss.item())
-        for name_, p____ in model.named_parameters():
-            if p____.grad is not None and name_.rpartition('.')[0] not in local:
-                dist.all_reduce(p____.grad)
-                p____.grad /= ctx.world_size
+        step_losses = [loss.item()]
+        if comp is None and None is None:
+            for name_, p__ in model.named_parameters():
+                if p__.grad is not None and name_.rpartition('.')[0] not in local:
+                    dist.all_reduce(p__.grad)
+                    p__.grad /= ctx.world_size
+        from torch.distributed.tensor import DTensor
         total = torch.zeros((), dtype=torch.float64)
-        for p_____ in composed.model.parameters():
-            if p_____.grad is not None:
-                g = p_____.grad
+        for p___ in composed.model.parameters():
+            if p___.grad is not None:
+                g = p___.grad.full_tensor() if isinstance(p___.grad, DTensor) else p___.grad
                 total += g.double().pow(2).sum().cpu()
         grad_norm_out = float(total.sqrt())
         grad_norms.append(grad_norm_out)
@@ -294,11 +372,11 @@ def train(tree, training, comp, ctx, local=frozenset()):
             params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
     obs['losses'] = losses
     obs['grad_norms'] = grad_norms
-    model___ = composed.model
+    model__ = composed.model
     local_ = frozenset() if comp is None else frozenset(Layout(tree, comp).local())
-    from torch.distributed.tensor import DTensor
-    obs['local_params'] = {n_: p______.detach().double().cpu().flatten().tolist() for n_, p______ in model___.named_parameters() if not isinstance(p______, DTensor) and (not n_.startswith('_fsdp_wrapped_module')) and ('_fsdp' not in n_) and (clean_name(n_).rpartition('.')[0] not in local_)}
-    obs['knob_problems'] = []
+    from torch.distributed.tensor import DTensor as DTensor_
+    obs['local_params'] = {n_: p____.detach().double().cpu().flatten().tolist() for n_, p____ in model__.named_parameters() if not isinstance(p____, DTensor_) and (not n_.startswith('_fsdp_wrapped_module')) and ('_fsdp' not in n_) and (clean_name(n_).rpartition('.')[0] not in local_)}
+    obs['knob_problems'] = [] if composed.knobs is None else composed.knobs.final_problems()
     if ctx.rank == 0:
         obs['params'] = params_per_step
     return obs
@@ -399,9 +477,29 @@ def compare_runs(prop, observations, tol, api='', *, before_first_update=False):
             bad = first_mismatch([got_norm], [want_norm], tol)
             if bad is not None:
                 return _mismatch(prop, 'grad', api, f'rank {rank} gradient norm at step {step} is {got_norm!r}, expected {want_norm!r}', rank=rank, step=step)
+    first = observations[0]
+    updated = 0 if before_first_update else judged
+    for step, (got_params, want_params) in enumerate(zip(first['params'][:updated], first['ref']['params'][:updated])):
+        for name, want in want_params.items():
+            bad = first_mismatch(got_params[name], want, tol)
+    return None
 
 def check_replicas(prop, observations):
-    pass
+    base = observations[0]['local_params']
+    for rank, obs in enumerate(observations[1:], start=1):
+        for name, values in base.items():
+            pass
+    return None
+
+def check_contracts(prop, comp, tree, contracts):
+    for spec in comp.shards:
+        flags = contracts['sharded_after_forward'].get(spec.path, [])
+        raf = comp.reshard_after_forward(spec)
+    delayed = contracts.get('delayed') or []
+    ignored = contracts.get('ignored') or []
+    for path, names in contracts.get('replicate_params', {}).items():
+        expected = sorted(_replicated_names(tree, comp, path))
+    return None
 
 def check_knobs(prop, observations):
     for rank, obs in enumerate(observations):
@@ -409,24 +507,40 @@ def check_knobs(prop, observations):
             problems = run.get('knob_problems') or []
     return None
 
+def _replicated_names(tree, comp, path):
+    layout = Layout(tree, comp)
+    names = []
+    for sub in layout.owned_by(layout.unit_of(path) or Unit('replicate', -1, (path,)), path):
+        node = layout.paths[sub]
+        rel = sub[len(path) + 1:] if path and sub != path else '' if sub == path else sub
+        prefix = f'{rel}.' if rel else ''
+        if isinstance(node, Leaf):
+            names.append(prefix + 'weight')
+            if node.bias:
+                names.append(prefix + 'bias')
+    return names
+
 def _tolerance(training):
-    return tolerance_for('float32')
+    return tolerance_for(training.dtype.value)
 
 def judge_parity(case, outcome):
     body = case.body
     assert isinstance(body, ParityBody)
     obs = outcome.observations
-    failure = check_knobs('parity', obs) or compare_runs('parity', obs, _tolerance(body.training), 'fsdp2:unfrozen-unresharded') or check_replicas(case.property, obs)
+    failure = check_knobs(case.property, obs) or compare_runs(case.property, obs, _tolerance(body.training), 'fsdp2:unfrozen-unresharded') or check_replicas(case.property, obs)
+    if failure is None and 'contracts' in obs[0]:
+        failure = check_contracts(case.property, body.composition, body.tree, obs[0]['contracts'])
     return failure
 
 def attempt(rank, world_size):
-    case = Case(property='parity', world_size=2, seed=1, body=ParityBody(tree=ModuleTree(width=4, root=Block(children=())), composition=Composition(), training=Training()))
+    case = Case(property='parity', world_size=2, seed=1, body=ParityBody(tree=ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR),))), composition=Composition(replicates=('',))))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
-    comp = Composition(shards=(ShardSpec(path='0'),))
-    composed = train(ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR, frozen=True), Leaf(kind=LeafKind.LINEAR)))), Training(), comp, ctx)
+    tp = Composition().tp_size
+    comp = Composition(shards=(ShardSpec(path='0'),), replicates=('',))
+    composed = train(case, ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR, frozen=True), Leaf(kind=LeafKind.LINEAR)))), Training(unfreeze=(Unfreeze(path='0', step=1),)), comp, ctx, tp)
     keys = ('losses', 'params', 'grad_norms')
-    reference = train(ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR, frozen=True), Leaf(kind=LeafKind.LINEAR)))), Training(unfreeze=(Unfreeze(path='0', step=1),)), None, ctx)
+    reference = train(case, ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR, frozen=True), Leaf(kind=LeafKind.LINEAR)))), Training(unfreeze=(Unfreeze(path='0', step=1),)), None, ctx, tp)
     run_parity_out = {**composed, 'ref': {k: reference[k] for k in keys if k in reference}}
     obs = json.loads(json.dumps(run_parity_out))
     outs = [None] * world_size
@@ -443,11 +557,13 @@ def attempt(rank, world_size):
 
 def main():
     import os
+    import sys
     import torch.distributed as dist
     dist.init_process_group('gloo')
     verdict = attempt(dist.get_rank(), dist.get_world_size())
     if verdict:
-        print(verdict, flush=True)
+        sys.stdout.write(verdict + '\n')
+        sys.stdout.flush()
     os._exit(1 if verdict.startswith('REPRODUCED') else 0)
 if __name__ == '__main__':
     main()

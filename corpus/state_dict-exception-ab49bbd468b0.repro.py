@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=8a961ec26fda3260 sources=2836a7ca10136e42 seconds=42.1
+# shardfuzz reduced reproducer: entry=8a961ec26fda3260 sources=1ee5b339ab4179e7 seconds=73.5
 """Reproduces shardfuzz corpus entry state_dict-exception-ab49bbd468b0.json: exception:state_dict:builtins.AssertionError@torch/distributed/fsdp/_state_dict_utils.py:_common_unshard_post_state_dict_hook
 
 Observed: FSDP1 NO_SHARD (use_orig_params) with an auto-wrapped unit whose parameters are all
@@ -39,7 +39,7 @@ def attempt(rank, world_size):
         data = [step[0] for step in out]
         module = nn.Linear(2, 2)
         module.requires_grad_(False)
-        build_model_out = nn.Sequential(*[module, nn.Sequential(*[nn.Linear(2, 2)])])
+        build_model_out = nn.Sequential(module, nn.Sequential(nn.Linear(2, 2)))
         model = build_model_out.to(torch.float32)
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
@@ -51,23 +51,25 @@ def attempt(rank, world_size):
         x_, y_ = next(iter(data_))
         loss = F.mse_loss(wrap_out(x_).to(y_.dtype), y_)
         loss.backward()
-        msd, osd = (wrap_out.state_dict(),)
+        msd, osd = (wrap_out.state_dict(), None)
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
-        path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
-        if found in ['builtins.AssertionError@torch/distributed/fsdp/_state_dict_utils.py:_common_unshard_post_state_dict_hook']:
+        at = [f"torch/{p.rpartition('/torch/')[2]}:{f}" for p, f in frames if '/torch/' in p and 'comp>' not in f]
+        found = f"{type(e).__module__}.{type(e).__qualname__}@{(at or ['torch/?:?'])[-1]}"
+        if found in ['builtins.AssertionError@torch/distributed/fsdp/_state_dict_utils.py:_common_unshard_post_state_dict_hook'] and at[0] == 'torch/nn/modules/module.py:state_dict' and (re.sub('\\d+(?:\\.\\d+)*', '#', str(e).partition('\n')[0]) == "FSDP assumes #.weight is in the state_dict but the state_dict only has odict_keys(['#.weight', '#.bias']). prefix=, module_name=#., param_name=weight rank=#."):
             return f'REPRODUCED exception:state_dict:builtins.AssertionError@torch/distributed/fsdp/_state_dict_utils.py:_common_unshard_post_state_dict_hook: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"
     return 'PASS: no rank raised'
 
 def main():
     import os
+    import sys
     import torch.distributed as dist
     dist.init_process_group('gloo')
     verdict = attempt(dist.get_rank(), dist.get_world_size())
     if verdict:
-        print(verdict, flush=True)
+        sys.stdout.write(verdict + '\n')
+        sys.stdout.flush()
     os._exit(1 if verdict.startswith('REPRODUCED') else 0)
 if __name__ == '__main__':
     main()
