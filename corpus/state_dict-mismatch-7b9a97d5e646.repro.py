@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=e9797d40ebc65ba7 sources=8dc1694f16ffdb1f seconds=434.7
+# shardfuzz reduced reproducer: entry=e9797d40ebc65ba7 sources=73c958e26ffedc4f seconds=275.4
 """Reproduces shardfuzz corpus entry state_dict-mismatch-7b9a97d5e646.json: mismatch:state_dict@fsdp1_optim_state_dict:shard1
 
 Observed: FSDP1 HYBRID_SHARD with a shard dimension of size 1 never averages gradients across
@@ -22,7 +22,6 @@ from typing import ClassVar
 import dataclasses
 from torch import nn
 from contextlib import contextmanager
-import copy
 import torch.distributed as dist
 import torch.nn.functional as F
 from dataclasses import dataclass, field, replace
@@ -38,8 +37,8 @@ class RankContext:
 
     def mesh(self, shape, names):
         from torch.distributed.device_mesh import init_device_mesh
-        key = (shape, names)
-        self._meshes[key] = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
+        key = ()
+        self._meshes[key] = init_device_mesh(self.device.type, shape)
         return self._meshes[key]
 
 class LeafKind(str, enum.Enum):
@@ -53,18 +52,18 @@ class Dtype(str, enum.Enum):
     BFLOAT16 = 'bfloat16'
     FLOAT16 = 'float16'
 
-@dataclass(frozen=True)
+@dataclass()
 class Leaf:
     kind: object
     bias: object = True
 
-@dataclass(frozen=True)
+@dataclass()
 class Block:
     children: object
     scale: object = False
     buffer: object = False
 
-@dataclass(frozen=True)
+@dataclass()
 class ModuleTree:
     width: object
     root: object
@@ -77,7 +76,7 @@ class Wrapper(str, enum.Enum):
     FSDP1_NO_SHARD = 'fsdp1_no_shard'
     FSDP1_HYBRID_SHARD = 'fsdp1_hybrid_shard'
 
-@dataclass(frozen=True)
+@dataclass()
 class Composition:
     mesh: object = ()
     wrapper: object = Wrapper.NONE
@@ -92,12 +91,8 @@ class Training:
     optimizer: object = Optimizer.SGD
     lr: object = 0.1
     momentum: object = 0.0
-    eps: object = 0.001
-    steps: object = 2
     dtype: object = Dtype.FLOAT32
-    set_to_none: object = True
     param_groups: object = 1
-    foreach: object = None
 
 class Body:
     KIND: ClassVar[str]
@@ -112,21 +107,12 @@ class Body:
     def size(self):
         pass
 
-@dataclass(frozen=True)
+@dataclass()
 class Case:
     property: object
     world_size: object
     seed: object
     body: object
-
-def trained_then_frozen(body):
-    pass
-
-class Api(str, enum.Enum):
-    SPLIT = 'split'
-    COMBINED = 'combined'
-    MODULE = 'module'
-    FSDP1 = 'fsdp1_optim_state_dict'
 
 @dataclass(frozen=True)
 class Options:
@@ -140,14 +126,10 @@ class StateDictBody(Body):
     source: object
     target: object
     training: object = field(default_factory=Training)
-    api: object = Api.SPLIT
     save: object = field(default_factory=Options)
     load: object = field(default_factory=Options)
     requires_grad: object = ()
-
-    def __post_init__(self):
-        save, load = (self.save, self.load)
-        return
+    fused: object = ()
 
     @property
     def size(self):
@@ -194,7 +176,7 @@ def _build_leaf(leaf, width):
     if leaf.kind is LeafKind.LINEAR:
         return nn.Linear(width, width, bias=leaf.bias)
     if leaf.kind is LeafKind.LAYER_NORM:
-        return nn.LayerNorm(width, bias=True)
+        return nn.LayerNorm(width)
     return nn.Tanh()
 
 def build_node(node, width):
@@ -202,11 +184,9 @@ def build_node(node, width):
         module = _build_leaf(node, width)
         return module
     return TreeBlock([build_node(c, width) for c in node.children], width, node.scale, node.buffer)
-
-def build_model(tree, device):
-    return build_node(tree.root, 4)
-TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
-_WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.')
+FUSED_CHILD = 'fused'
+TORCH_DTYPES = {Dtype.FLOAT32: torch.float32}
+_WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.', f'{FUSED_CHILD}.')
 
 def clean_name(name):
     for prefix in _WRAPPER_PREFIXES:
@@ -216,8 +196,7 @@ def clean_name(name):
 @dataclass
 class Composed:
     model: object
-    wrapper: object = Wrapper.NONE
-    param_names: object = field(default_factory=list)
+    param_names: object = field()
 
     @contextmanager
     def full_parameters(self):
@@ -237,8 +216,6 @@ class Side:
     composed: object
     comp: object
     training: object
-    schedule: object = ()
-    step: object = 0
 
     @property
     def model(self):
@@ -248,28 +225,25 @@ class Side:
         current = {id(p): clean_name(n) for n, p in self.model.named_parameters()}
         return {**self.param_names, **current}
 
-def build_side(tree, comp, training, ctx, *, seed, schedule=()):
+def build_side(tree, comp, training, ctx, *, seed):
     torch.manual_seed(seed)
-    device = ctx.device
-    model = build_model(tree, device).to(TORCH_DTYPES[training.dtype])
+    build_model_out = build_node(tree.root, 4)
+    model = build_model_out.to(TORCH_DTYPES[training.dtype])
     names = [n for n, _ in model.named_parameters()]
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
-    strategy = {Wrapper.FSDP1_FULL_SHARD: ShardingStrategy.FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP: ShardingStrategy.SHARD_GRAD_OP, Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD, Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[comp.wrapper]
+    strategy = {Wrapper.FSDP1_FULL_SHARD: ShardingStrategy.FULL_SHARD, Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[comp.wrapper]
     kwargs = {'sharding_strategy': strategy, 'device_id': ctx.device, 'use_orig_params': True}
-    kwargs['device_mesh'] = ctx.mesh(tuple((2, 1)), ('replicate', 'shard'))
+    kwargs['device_mesh'] = ctx.mesh(tuple((2, 1)), ())
     wrap_out = FSDP(model, **kwargs)
-    composed = Composed(model=wrap_out, wrapper=comp.wrapper, param_names=names)
-    return Side(composed=composed, comp=comp, training=training, schedule=schedule)
+    composed = Composed(model=wrap_out, param_names=names)
+    return Side(composed=composed, comp=comp, training=training)
 
 def requires_grad(side):
     return {clean_name(n): p.requires_grad for n, p in side.model.named_parameters()}
 
-def fresh_training(training):
-    return replace(training, lr=0.1 * 0.37, momentum=0.5, eps=0.001 * 10)
-
 def body_optimizer(side, training):
     params = list(side.model.parameters())
-    side.opt = torch.optim.SGD(params, lr=training.lr, momentum=training.momentum, foreach=None)
+    side.opt = torch.optim.SGD(params, lr=training.lr, momentum=training.momentum)
     side.param_names = {id(p): clean_name(n) for n, p in side.model.named_parameters()}
 
 def train_steps(side, data):
@@ -278,7 +252,7 @@ def train_steps(side, data):
         loss = F.mse_loss(side.model(x).to(y.dtype), y)
         loss.backward()
         side.opt.step()
-        side.opt.zero_grad(set_to_none=True)
+        side.opt.zero_grad()
         losses.append(loss.item())
     return losses
 
@@ -299,11 +273,10 @@ def _jsonable(value):
 
 def observe(side, ctx):
     names = side.names()
-    out_ = []
     group = next(iter(side.opt.param_groups))
     item = {k: _jsonable(v) for k, v in sorted(group.items()) if k != 'params'}
     item['params'] = [names.get(id(p), '?') for p in group['params']]
-    out_.append(item)
+    out_ = [item]
     obs = {'groups': out_}
     params = observe_model(side)
     names_ = side.names()
@@ -315,88 +288,26 @@ def observe(side, ctx):
         if entry:
             out__[names_.get(id(p_), '?')] = entry
     gen = torch.Generator().manual_seed(32 + 1)
-    x = torch.randn(PROBE_ROWS, 4, generator=gen, dtype=TORCH_DTYPES[side.training.dtype]).to(ctx.device)
+    x = torch.randn(PROBE_ROWS, 4, generator=gen).to(ctx.device)
     out___ = _flat(side.model(x))
     obs['optimizer_local'] = out__
     if ctx.rank == 0:
         obs.update(model=params, probe=out___)
     return obs
 
-def run_state_dict(body, ctx):
-    t = body.training
-    steps = 2 + 1
-    training_ = replace(t, steps=steps)
-    dtype = TORCH_DTYPES[training_.dtype]
-    gen = torch.Generator().manual_seed(32)
-    lo = ctx.rank // 1 * 2
-    out = []
-    for _ in range(3):
-        step_ = []
-        _ = next(iter(range(1)))
-        x = torch.randn(ctx.world_size * 2, 4, generator=gen, dtype=dtype)
-        y = torch.randn(ctx.world_size * 2, 4, generator=gen, dtype=dtype)
-        step_.append((x[lo:lo + 2].to(ctx.device), y[lo:lo + 2].to(ctx.device)))
-        out.append(step_)
-    data = [step[0] for step in out]
-    src = build_side(body.tree, body.source, t, ctx, seed=32, schedule=())
-    body_optimizer(src, t)
-    obs = {'losses_before': train_steps(src, data[:2])}
-    assert src.opt is not None
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    assert src.opt is not None
-    osd_ = FSDP.optim_state_dict(src.model, src.opt)
-    msd, osd = (src.model.state_dict(), osd_)
-    ignored = []
-    msd, osd = copy.deepcopy((msd, osd))
-    obs['saved'] = observe(src, ctx)
-    tgt = build_side(body.tree, body.target, t, ctx, seed=32 + FRESH_SEED, schedule=())
-    body_optimizer(tgt, fresh_training(t))
-    dropped_keys_out = []
-    dropped = sorted(set(dropped_keys_out) | set(ignored))
-    obs['dropped'] = dropped
-    before = requires_grad(tgt)
-    fresh = fresh_training(body.training)
-    result_ = tgt.model.load_state_dict(msd)
-    flags = requires_grad(tgt)
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP_
-    assert tgt.opt is not None
-    tgt.opt.load_state_dict(FSDP_.optim_state_dict_to_load(tgt.model, tgt.opt, osd))
-    missing = getattr(result_, 'missing_keys', []) or []
-    unexpected = getattr(result_, 'unexpected_keys', []) or []
-    obs['load_result'] = {'missing': sorted((clean_name(k) for k in missing)), 'unexpected': sorted((clean_name(k) for k in unexpected))}
-    obs['requires_grad'] = {'before': before, 'after': flags}
-    obs['loaded'] = observe(tgt, ctx)
-    data_ = data[2:]
-    obs_ = {}
-    losses = train_steps(src, data_)
-    losses_src, final_src = (losses, observe_model(src))
-    obs_['losses_source'] = losses_src
-    obs_['losses_target'] = train_steps(tgt, data_)
-    final_tgt = observe_model(tgt)
-    if ctx.rank == 0:
-        obs_['final_source'], obs_['final_target'] = (final_src, final_tgt)
-    obs.update(obs_)
-    return obs
-
 class OutcomeKind(str, enum.Enum):
     OK = 'ok'
-    CRASH = 'crash'
 
-@dataclass(frozen=True)
+@dataclass()
 class RankReport:
     rank: object
     observation: object = None
-    seconds: object = None
 
-@dataclass(frozen=True)
+@dataclass()
 class Outcome:
     kind: object
     ranks: object
     seconds: object
-
-    @property
-    def ok(self):
-        pass
 
     @property
     def observations(self):
@@ -417,11 +328,6 @@ FSDP1_HSDP_SHARD1 = KnownBug('fsdp1-hybrid-shard-dim-1', 'FSDP1 HYBRID_SHARD wit
 
 def fsdp1_shard1(comp):
     return comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD and (2, 1)[1] == 1 and ((2, 1)[0] > 1)
-
-def frozen_state_dropped(body):
-    if isinstance(body, StateDictBody):
-        loaded = body.api is not Api.FSDP1
-    return loaded and bool(trained_then_frozen(body))
 
 def ends_ranks(case):
     pass
@@ -530,8 +436,11 @@ def _check_resume(prop, where, case, same, observations):
         bad_p = first_mismatch(got_p.get(name, []), want_v, tol)
         if bad_p is not None:
             return _mismatch(prop, 'resume_params', where, f'{name}[{bad_p.index}] is {bad_p.actual!r} after resuming, uninterrupted {bad_p.expected!r} (error {bad_p.error:.3g} > allowed {bad_p.allowed:.3g})', param=name)
+    return None
 
 def _one_bug(case, failure):
+    if failure is None or failure.kind != 'mismatch' or (not failure.signature.endswith(FSDP1_HSDP_SHARD1.tag)):
+        return failure
     signature = Signature.parse(failure.signature)
     assert signature is not None and signature.where
     family, *tags = signature.where.split(':')
@@ -539,13 +448,14 @@ def _one_bug(case, failure):
     return dataclasses.replace(failure, signature=str(renamed))
 
 def judge_state_dict(case, outcome):
-    return _one_bug(case, _frozen_state_dropped(case, _judge_state_dict(case, outcome)))
+    return _one_bug(case, _optimizer_load_bug(case, _judge_state_dict(case, outcome)))
 OPTIMIZER_CHECKS = ('optimizer', 'resume_loss', 'resume_params')
 
-def _frozen_state_dropped(case, failure):
+def _optimizer_load_bug(case, failure):
     body = case.body
-    if failure is None or failure.kind != 'mismatch' or (not isinstance(body, (StateDictBody, DcpBody))) or (not frozen_state_dropped(body)) or (failure.details.get('check') not in OPTIMIZER_CHECKS):
+    if failure is None or failure.kind != 'mismatch' or (not isinstance(body, (StateDictBody, DcpBody))) or (failure.details.get('check') not in OPTIMIZER_CHECKS):
         return failure
+    return failure
 
 def _judge_state_dict(case, outcome):
     body = case.body
@@ -556,7 +466,7 @@ def _judge_state_dict(case, outcome):
     saved, loaded, dropped = (first['saved'], first['loaded'], first['dropped'])
     failure = _check_requires_grad(prop, where, observations)
     if failure is None:
-        failure = _check_ignored_frozen(prop, where, first.get('ignore_frozen'))
+        failure = _check_model_keys(prop, where, body, first.get('model_keys'))
     if failure is None:
         failure = _check_model(prop, where, saved, loaded, first.get('fresh'), dropped)
     if failure is None:
@@ -577,15 +487,60 @@ def _check_requires_grad(prop, where, observations):
         changed = sorted((n for n in before.keys() & after.keys() if before[n] != after[n]))
     return None
 
-def _check_ignored_frozen(prop, where, observed):
+def _check_model_keys(prop, where, body, observed):
     if observed is None:
         return None
 
 def attempt(rank, world_size):
-    case = Case(property='state_dict', world_size=2, seed=32, body=StateDictBody(tree=ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.TANH), Leaf(kind=LeafKind.LAYER_NORM)), scale=True), Leaf(kind=LeafKind.LINEAR, bias=False)), buffer=True)), source=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), target=Composition(mesh=(2, 1), wrapper=Wrapper.FSDP1_HYBRID_SHARD), training=Training(momentum=0.9), api=Api.FSDP1, save=Options(full_state_dict=True), load=Options(full_state_dict=True)))
+    case = Case(property='state_dict', world_size=2, seed=32, body=StateDictBody(tree=ModuleTree(width=4, root=Block(children=())), source=Composition(), target=Composition(wrapper=Wrapper.FSDP1_HYBRID_SHARD)))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
-    obs = json.loads(json.dumps(run_state_dict(StateDictBody(tree=ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.TANH), Leaf(kind=LeafKind.LAYER_NORM)), scale=True), Leaf(kind=LeafKind.LINEAR, bias=False)), buffer=True)), source=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), target=Composition(mesh=(2, 1), wrapper=Wrapper.FSDP1_HYBRID_SHARD), training=Training(momentum=0.9), api=Api.FSDP1, save=Options(full_state_dict=True), load=Options(full_state_dict=True)), ctx)))
+    body = StateDictBody(tree=ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.TANH), Leaf(kind=LeafKind.LAYER_NORM)), scale=True), Leaf(kind=LeafKind.LINEAR, bias=False)), buffer=True)), source=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), target=Composition(wrapper=Wrapper.FSDP1_HYBRID_SHARD), training=Training(momentum=0.9))
+    t = body.training
+    gen = torch.Generator().manual_seed(32)
+    lo = ctx.rank * 2
+    out = []
+    for _ in range(3):
+        x = torch.randn(ctx.world_size * 2, 4, generator=gen)
+        y = torch.randn(ctx.world_size * 2, 4, generator=gen)
+        step_ = [(x[lo:lo + 2].to(ctx.device), y[lo:lo + 2].to(ctx.device))]
+        out.append(step_)
+    data = [step[0] for step in out]
+    src = build_side(body.tree, body.source, t, ctx, seed=32)
+    body_optimizer(src, t)
+    obs__ = {'losses_before': train_steps(src, data[:2])}
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    osd_ = FSDP.optim_state_dict(src.model, src.opt)
+    msd, osd = (src.model.state_dict(), osd_)
+    ignored = []
+    obs__['saved'] = observe(src, ctx)
+    tgt = build_side(body.tree, body.target, t, ctx, seed=32 + FRESH_SEED)
+    fresh_training_out = replace(t)
+    body_optimizer(tgt, fresh_training_out)
+    dropped_keys_out = []
+    dropped = sorted(set(dropped_keys_out) | set(ignored))
+    obs__['dropped'] = dropped
+    before = requires_grad(tgt)
+    result_ = tgt.model.load_state_dict(msd)
+    flags = requires_grad(tgt)
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP_
+    tgt.opt.load_state_dict(FSDP_.optim_state_dict_to_load(tgt.model, tgt.opt, osd))
+    missing = getattr(result_, 'missing_keys', []) or []
+    unexpected = getattr(result_, 'unexpected_keys', []) or []
+    obs__['load_result'] = {'missing': sorted((clean_name(k) for k in missing)), 'unexpected': sorted((clean_name(k) for k in unexpected))}
+    obs__['requires_grad'] = {'before': before, 'after': flags}
+    obs__['loaded'] = observe(tgt, ctx)
+    data_ = data[2:]
+    obs_ = {}
+    losses = train_steps(src, data_)
+    losses_src, final_src = (losses, observe_model(src))
+    obs_['losses_source'] = losses_src
+    obs_['losses_target'] = train_steps(tgt, data_)
+    final_tgt = observe_model(tgt)
+    if ctx.rank == 0:
+        obs_['final_source'], obs_['final_target'] = (final_src, final_tgt)
+    obs__.update(obs_)
+    obs = json.loads(json.dumps(obs__))
     outs = [None] * world_size
     dist.all_gather_object(outs, obs)
     if rank != 0:
@@ -600,11 +555,13 @@ def attempt(rank, world_size):
 
 def main():
     import os
+    import sys
     import torch.distributed as dist
     dist.init_process_group('gloo')
     verdict = attempt(dist.get_rank(), dist.get_world_size())
     if verdict:
-        print(verdict, flush=True)
+        sys.stdout.write(verdict + '\n')
+        sys.stdout.flush()
     os._exit(1 if verdict.startswith('REPRODUCED') else 0)
 if __name__ == '__main__':
     main()
