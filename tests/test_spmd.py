@@ -115,3 +115,16 @@ def test_the_strategies_draw_spmd_compositions_and_variants() -> None:
     assert isinstance(parity.body, ParityBody) and "" in parity.body.composition.sharded_paths
     variant = find(metamorphic_cases(world_size=2), lambda c: c.body.variant.spmd, settings=quick)
     assert isinstance(variant.body, MetamorphicBody) and not variant.body.composition.spmd
+
+
+def test_a_placement_that_splits_the_tensor_is_sharded_strided_too() -> None:
+    """The contracts' test of a sharded parameter reads the shard dimension's placement: a
+    replicated DTensor (an SPMD unsharded parameter) is not sharded; FSDP's _StridedShard over
+    tensor parallelism's shard of the same dimension is, though its is_shard() is False."""
+    from torch.distributed.tensor import Partial, Replicate, Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    from fuzz._rank.knobs import _splits
+
+    assert _splits(Shard(0)) and _splits(Shard(1)) and _splits(_StridedShard(0, split_factor=2))
+    assert not _splits(Replicate()) and not _splits(Partial())

@@ -25,8 +25,14 @@ def fsdp_sharded(p: torch.Tensor) -> bool:
         return False
     names = p.device_mesh.mesh_dim_names
     if names is None:
-        return any(placement.is_shard() for placement in p.placements)
-    return "shard" in names and p.placements[names.index("shard")].is_shard()
+        return any(_splits(placement) for placement in p.placements)
+    return "shard" in names and _splits(p.placements[names.index("shard")])
+
+
+def _splits(placement: Any) -> bool:
+    """A placement that splits the tensor: Shard, or _StridedShard (FSDP over TP's shard of the
+    same dimension), which is no Shard subclass in every torch (2.11: ``is_shard()`` False)."""
+    return not (placement.is_replicate() or placement.is_partial())
 
 
 def _whole(p: torch.Tensor) -> torch.Tensor:
