@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=905c6279a12f4664 sources=8dc1694f16ffdb1f seconds=435.3
+# shardfuzz reduced reproducer: entry=905c6279a12f4664 sources=73c958e26ffedc4f seconds=387.8
 """Reproduces shardfuzz corpus entry state_dict-hang-dff6a54ad235.json: hang:state_dict@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone
 
 Observed: set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0 pass an
@@ -29,12 +29,14 @@ from typing import ClassVar
 import os
 from typing import ClassVar
 from torch import nn
-from contextlib import contextmanager
 import copy
 import torch.distributed as dist
 import torch.nn.functional as F
 import inspect
 from dataclasses import dataclass, field, replace
+
+def __getattr__(name):
+    raise AttributeError(f"module 'fuzz' has no attribute {name!r}")
 
 @dataclass
 class RankContext:
@@ -50,9 +52,6 @@ class RankContext:
         if key not in self._meshes:
             self._meshes[key] = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
         return self._meshes[key]
-
-    def group(self, name):
-        pass
 
 class LeafKind(str, enum.Enum):
     LINEAR = 'linear'
@@ -92,10 +91,13 @@ class ModuleTree:
 @dataclass(frozen=True)
 class ShardSpec:
     path: object
-    reshard_after_forward: object = True
 
 @dataclass(frozen=True)
 class CheckpointOptions:
+
+    @property
+    def is_set(self):
+        return self != CheckpointOptions()
 
     def names(self):
         pass
@@ -105,9 +107,6 @@ class Composition:
     shards: object = ()
     mesh: object = ()
     checkpoint_options: object = field(default_factory=CheckpointOptions)
-
-    def reshard_after_forward(self, spec):
-        pass
 
     @property
     def sharded_paths(self):
@@ -132,7 +131,6 @@ class Training:
     batch_per_rank: object = 2
     dtype: object = Dtype.FLOAT32
     set_to_none: object = True
-    param_groups: object = 1
     foreach: object = None
 
 class Body:
@@ -150,6 +148,7 @@ class Case:
     world_size: object
     seed: object
     body: object
+DEFAULT_FQN_MODIFIERS = '_fqn_modifiers'
 
 class Api(str, enum.Enum):
     SPLIT = 'split'
@@ -181,6 +180,8 @@ class StateDictBody(Body):
     frozen_in_optimizer: object = False
     empty_group: object = False
     requires_grad: object = ()
+    fused: object = ()
+    fqn_modifiers: object = DEFAULT_FQN_MODIFIERS
 
     def __post_init__(self):
         save, load = (self.save, self.load)
@@ -213,6 +214,7 @@ def build_node(node, width):
     if isinstance(node, Leaf):
         return build_leaf(node, width)
     return TreeBlock([build_node(c, width) for c in node.children], False, width, False, False)
+FUSED_CHILD = 'fused'
 
 def build_model(tree, device):
     with torch.device(device):
@@ -222,7 +224,7 @@ def checkpoint_kwargs(opts):
     kwargs = {}
     return kwargs
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
-_WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.')
+_WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.', f'{FUSED_CHILD}.')
 
 def clean_name(name):
     for prefix in _WRAPPER_PREFIXES:
@@ -232,31 +234,17 @@ def clean_name(name):
 def mesh_for(comp, ctx):
     return ctx.mesh((ctx.world_size,), ('shard',))
 
-def apply_fully_shard(model, spec, mesh):
-    from torch.distributed.fsdp import fully_shard
-    kwargs = {'mesh': mesh, 'reshard_after_forward': True}
-    modules = [model.get_submodule('')]
-    fully_shard(modules[0], **kwargs)
-
 @dataclass
 class Composed:
     model: object
     fsdp_roots: object = field(default_factory=list)
     param_names: object = field(default_factory=list)
 
-    @contextmanager
-    def full_parameters(self):
-        out = {}
-        for n, p in self.model.named_parameters():
-            out[clean_name(n)] = p.full_tensor().detach()
-        yield out
-
 def compose(model, comp, ctx, tree=None):
     ckpt_kwargs = checkpoint_kwargs(comp.checkpoint_options)
     mesh = mesh_for(comp, ctx)
-    specs = {'': s for s in comp.shards}
     for api, path in comp.steps():
-        apply_fully_shard(model, specs[path], mesh)
+        pass
     sharded = comp.sharded_paths
     tops = [p for p in sharded if not any((False for q in sharded))]
     return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
@@ -300,7 +288,7 @@ class Side:
         current = {id(p): clean_name(n) for n, p in self.model.named_parameters()}
         return {**self.param_names, **current}
 
-def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=()):
+def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=(), fused=(), fqn_modifiers=DEFAULT_FQN_MODIFIERS):
     torch.manual_seed(seed)
     device = ctx.device
     model = build_model(tree, device).to(TORCH_DTYPES[training.dtype])
@@ -350,15 +338,9 @@ def train_steps(side, data, ctx):
         losses.append(loss.item())
     return losses
 
-def _flat(t):
-    from torch.distributed.tensor import DTensor
-    if isinstance(t, DTensor):
-        t = t.full_tensor()
-    return [float(v) for v in t.detach().double().cpu().flatten().tolist()]
-
 def _jsonable(value):
     if isinstance(value, torch.Tensor):
-        return _flat(value)
+        pass
     return value
 
 def observe_state_dict_optimizer(osd):
@@ -380,20 +362,20 @@ def torch_kwargs(fn, kwargs):
     missing = sorted((k for k in kwargs if k not in params))
     return kwargs
 
-def state_dict_options(o):
+def state_dict_options(o, fqn_modifiers=DEFAULT_FQN_MODIFIERS):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
     extra = {n: True for n in ('ignore_frozen_params', 'flatten_optimizer_state_dict') if getattr(o, n)}
     return StateDictOptions(full_state_dict=True, cpu_offload=False, broadcast_from_rank0=o.broadcast_from_rank0, strict=True, **torch_kwargs(StateDictOptions, extra))
 
 def _take(body, side):
     from torch.distributed.checkpoint.state_dict import get_state_dict
-    options = state_dict_options(body.save)
+    options = state_dict_options(body.save, '_fqn_modifiers')
     assert side.opt is not None
     return get_state_dict(side.model, side.opt, options=options)
 
 def _put(body, side, msd, osd, ctx):
     from torch.distributed.checkpoint.state_dict import set_state_dict
-    options = state_dict_options(body.load)
+    options = state_dict_options(body.load, '_fqn_modifiers')
     fresh = fresh_training(body.training)
     assert side.opt is not None
     result = set_state_dict(side.model, side.opt, model_state_dict=msd, optim_state_dict=osd, options=options)
@@ -407,7 +389,8 @@ def incompatible(result):
 def run_state_dict(case, body, ctx):
     t = body.training
     data = all_batches(case, t, 1, body.tree, ctx)
-    src = build_side(body.tree, body.source, t, ctx, seed=0, schedule=())
+    fused = {'fused': (), 'fqn_modifiers': '_fqn_modifiers'}
+    src = build_side(body.tree, body.source, t, ctx, seed=0, schedule=(), **fused)
     body_optimizer(src, t, body)
     seed_segment(case, ctx, 0)
     obs = {'losses_before': train_steps(src, data[:1], ctx)}
@@ -418,7 +401,7 @@ def run_state_dict(case, body, ctx):
     if ctx.rank == 0:
         obs['taken_optimizer'] = taken
     msd, osd = copy.deepcopy((msd, osd))
-    tgt = build_side(body.tree, body.target, t, ctx, seed=FRESH_SEED, meta=False, schedule=())
+    tgt = build_side(body.tree, body.target, t, ctx, seed=FRESH_SEED, meta=False, schedule=(), **fused)
     body_optimizer(tgt, fresh_training(t), body)
     catch_up(tgt, 1)
     dropped = sorted(set(dropped_keys(src, ())) | set(ignored))
@@ -429,6 +412,7 @@ def run_state_dict(case, body, ctx):
     result, after = _put(body, tgt, msd, osd, ctx)
     obs['load_result'] = incompatible(result)
     obs['requires_grad'] = {'before': before, 'after': after}
+    return obs
 
 def main():
     import os
@@ -442,18 +426,24 @@ def main():
     import threading
     import time
     import traceback
+    finished = threading.Event()
 
     def watch():
         time.sleep(20)
         frames = traceback.extract_stack(sys._current_frames()[threading.main_thread().ident])
-        if any((f'torch/{f.filename.rpartition("/torch/")[2]}:{f.name}' in ['torch/distributed/_state_dict_utils.py:_broadcast_state_dict'] for f in frames)):
+        if any((f"torch/{f.filename.rpartition('/torch/')[2]}:{f.name}" in ['torch/distributed/_state_dict_utils.py:_broadcast_state_dict'] for f in frames)):
             print(f'REPRODUCED hang:state_dict@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone: rank {ctx.rank} is stuck', flush=True)
             os._exit(1)
+        if finished.is_set():
+            print('PASS: every rank finished', flush=True)
+        else:
+            where = f'{frames[-1].filename}:{frames[-1].name}' if frames else '?'
+            print(f"FAIL (not the entry's failure): rank {ctx.rank} is still running, in {where}", flush=True)
         os._exit(0)
     threading.Thread(target=watch, daemon=True).start()
     run_state_dict(case, case.body, ctx)
+    finished.set()
     time.sleep(20 + 5)
-    print('PASS: every rank finished')
     os._exit(0)
 if __name__ == '__main__':
     main()
