@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=87e3671b7d30ca95 sources=3ebb4d52c9cda72d seconds=434.5
+# shardfuzz reduced reproducer: entry=87e3671b7d30ca95 sources=001b716bb8af1bc0 seconds=337.2
 """Reproduces shardfuzz corpus entry dcp-hang-96de59c34a50.json: hang:dcp@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone
 
 Observed: set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0 pass an
@@ -19,6 +19,7 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 """
 
 from __future__ import annotations
+import gc
 from dataclasses import dataclass, field
 import torch
 import enum
@@ -42,6 +43,10 @@ from dataclasses import dataclass, field, replace
 import hashlib
 import shutil
 
+def __getattr__(name):
+    raise AttributeError(f"module 'fuzz' has no attribute {name!r}")
+FULL_GC_EVERY = 50
+
 @dataclass
 class RankContext:
     rank: object
@@ -64,10 +69,34 @@ class RankContext:
         ...
 
     def _check_in_step(self):
-        ...
+        import torch.distributed as dist
+        groups = [None]
+        for mesh in self._meshes.values():
+            groups.extend(mesh.get_all_groups())
+        groups.extend(self.extra_groups)
+        seen = set()
+        mine = torch.tensor([self._cases, self.rank], dtype=torch.int64)
+        for group in groups:
+            key = id(group if group is not None else dist.group.WORLD)
+            if key in seen or not _has_cpu_backend(group):
+                continue
+            seen.add(key)
+            size = dist.get_world_size(group)
+            parts = [torch.zeros(2, dtype=torch.int64) for _ in range(size)]
+            dist.all_gather(parts, mine, group=group)
+            out = torch.cat(parts)
+            cases = out[0::2].tolist()
 
     def end_case(self):
-        ...
+        self._check_in_step()
+        self._cases += 1
+        gc.collect(1 if self._cases % FULL_GC_EVERY else 2)
+
+def _has_cpu_backend(group):
+    import torch.distributed as dist
+    pg = group if group is not None else dist.group.WORLD
+    pg._get_backend(torch.device('cpu'))
+    return True
 
 class LeafKind(str, enum.Enum):
     LINEAR = 'linear'
@@ -230,9 +259,13 @@ class Composition:
     find_unused: object = False
     replicate_options: object = field(default_factory=ReplicateOptions)
     checkpoint_options: object = field(default_factory=CheckpointOptions)
+    spmd: object = False
 
     def __post_init__(self):
         pass
+
+    def _check_spmd(self):
+        ...
 
     def uniform_precision(self):
         ...
@@ -383,6 +416,7 @@ def is_plain(comp):
 
 def is_fsdp1(comp):
     return comp.wrapper.value.startswith('fsdp1')
+DEFAULT_FQN_MODIFIERS = '_fqn_modifiers'
 
 def _check_side(comp, tree, where):
     pass
@@ -577,6 +611,10 @@ def build_node(node, width):
     if isinstance(node, Leaf):
         return build_leaf(node, width)
     return TreeBlock([build_node(c, width) for c in node.children], node.residual, width, node.scale, node.buffer)
+FUSED_CHILD = 'fused'
+
+def fuse(model, paths, method=DEFAULT_FQN_MODIFIERS):
+    pass
 
 def build_model(tree, device):
     with torch.device(device):
@@ -587,7 +625,7 @@ def checkpoint_kwargs(opts):
     if not opts.is_set:
         return kwargs
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
-_WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.')
+_WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.', f'{FUSED_CHILD}.')
 
 def clean_name(name):
     for prefix in _WRAPPER_PREFIXES:
@@ -597,7 +635,7 @@ def clean_name(name):
 def mesh_for(comp, ctx):
     return ctx.mesh((ctx.world_size,), ('shard',))
 
-def apply_fully_shard(model, spec, mesh):
+def apply_fully_shard(model, spec, mesh, spmd=False):
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
     kwargs = {'mesh': mesh, 'reshard_after_forward': spec.reshard_after_forward}
     modules = [model.get_submodule(p) for p in spec.paths]
@@ -632,7 +670,7 @@ def compose(model, comp, ctx, tree=None):
     specs = {s.path: s for s in comp.shards}
     for api, path in comp.steps():
         if api == 'fully_shard':
-            apply_fully_shard(model, specs[path], mesh)
+            apply_fully_shard(model, specs[path], mesh, comp.spmd)
     sharded = comp.sharded_paths
     tops = [p for p in sharded if not any((is_ancestor(q, p) for q in sharded))]
     return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
@@ -691,10 +729,11 @@ class Side:
         current = {id(p): clean_name(n) for n, p in self.model.named_parameters()}
         return {**self.param_names, **current}
 
-def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=()):
+def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=(), fused=(), fqn_modifiers=DEFAULT_FQN_MODIFIERS):
     torch.manual_seed(seed)
     device = torch.device('meta') if meta else ctx.device
     model = build_model(tree, device).to(TORCH_DTYPES[training.dtype])
+    fuse(model, fused, fqn_modifiers)
     composed = Composed(model) if is_plain(comp) else compose(model, comp, ctx)
     return Side(composed=composed, comp=comp, training=training, schedule=schedule)
 
@@ -817,7 +856,7 @@ def torch_kwargs(fn, kwargs):
     missing = sorted((k for k in kwargs if k not in params))
     return kwargs
 
-def state_dict_options(o):
+def state_dict_options(o, fqn_modifiers=DEFAULT_FQN_MODIFIERS):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
     extra = {n: True for n in ('ignore_frozen_params', 'flatten_optimizer_state_dict') if getattr(o, n)}
     return StateDictOptions(full_state_dict=o.full_state_dict, cpu_offload=o.cpu_offload, broadcast_from_rank0=o.broadcast_from_rank0, strict=o.strict, **torch_kwargs(StateDictOptions, extra))
@@ -966,6 +1005,11 @@ def _run_dcp(case, body, ctx):
     _finish_load(body, tgt, values, put, own)
     obs['requires_grad'] = {'before': before, 'after': requires_grad(tgt)}
     obs['loaded'] = {**observe(tgt, case, body.tree, ctx), **_observe_entries(values)}
+    if body.mode is DcpMode.ROUND_TRIP:
+        dist.barrier()
+        if ctx.rank == 0:
+            shutil.rmtree(path, ignore_errors=True)
+    return obs
 
 def _finish_load(body, side, values, put, path):
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
@@ -983,18 +1027,24 @@ def main():
     import threading
     import time
     import traceback
+    finished = threading.Event()
 
     def watch():
         time.sleep(20)
         frames = traceback.extract_stack(sys._current_frames()[threading.main_thread().ident])
-        if any((f'torch/{f.filename.rpartition("/torch/")[2]}:{f.name}' in ['torch/distributed/_state_dict_utils.py:_broadcast_state_dict'] for f in frames)):
+        if any((f"torch/{f.filename.rpartition('/torch/')[2]}:{f.name}" in ['torch/distributed/_state_dict_utils.py:_broadcast_state_dict'] for f in frames)):
             print(f'REPRODUCED hang:dcp@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone: rank {ctx.rank} is stuck', flush=True)
             os._exit(1)
+        if finished.is_set():
+            print('PASS: every rank finished', flush=True)
+        else:
+            where = f'{frames[-1].filename}:{frames[-1].name}' if frames else '?'
+            print(f"FAIL (not the entry's failure): rank {ctx.rank} is still running, in {where}", flush=True)
         os._exit(0)
     threading.Thread(target=watch, daemon=True).start()
     run_dcp(case, case.body, ctx)
+    finished.set()
     time.sleep(20 + 5)
-    print('PASS: every rank finished')
     os._exit(0)
 if __name__ == '__main__':
     main()
