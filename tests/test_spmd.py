@@ -28,7 +28,7 @@ from fuzz.model import (
 from fuzz.model.training import Compile
 from fuzz.pool import RankPool
 from fuzz.properties.parity import composition_features, judge_parity
-from strategies import metamorphic_cases, parity_cases
+from strategies import metamorphic_cases, metamorphic_variants, parity_cases
 from strategies._cases import spmd_of
 from strategies._options import torch_has
 from tests.conftest import fault_env
@@ -110,11 +110,16 @@ def test_an_spmd_case_passes_and_a_fault_in_its_gradient_path_is_caught() -> Non
 def test_the_strategies_draw_spmd_compositions_and_variants() -> None:
     """Where torch has dp_mesh_dims, parity cases (one SPMD composition in SPMD_ODDS of those
     that can be one) and metamorphic variants (one change of several) draw the path."""
-    quick = settings(max_examples=600, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+    quick = settings(
+        max_examples=2000, database=None, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
+    )
     parity = find(parity_cases(world_size=2), lambda c: c.body.composition.spmd, settings=quick)
     assert isinstance(parity.body, ParityBody) and "" in parity.body.composition.sharded_paths
-    variant = find(metamorphic_cases(world_size=2), lambda c: c.body.variant.spmd, settings=quick)
-    assert isinstance(variant.body, MetamorphicBody) and not variant.body.composition.spmd
+    base = Composition(shards=(ShardSpec(path="2", reshard_after_forward=2), ShardSpec(path="")))
+    variant = find(metamorphic_variants(TREE, base, world_size=2), lambda v: v.spmd, settings=quick)
+    assert variant == spmd_of(TREE, base)
+    case = find(metamorphic_cases(world_size=2), lambda c: c.body.variant.spmd, settings=quick)
+    assert isinstance(case.body, MetamorphicBody) and not case.body.composition.spmd
 
 
 def test_a_placement_that_splits_the_tensor_is_sharded_strided_too() -> None:
