@@ -227,7 +227,7 @@ def _reproduces_under_torchrun(path: Path) -> None:
     entry_path = path.with_name(path.name.removesuffix(".repro.py") + ".json")
     entry = load_entry(entry_path)
     if not _present_here(entry_path):
-        pytest.skip(f"{entry.bug} is not in this torch (fixed_in)")
+        pytest.skip(f"{entry.bug} is not in this torch (its record's introduced_in, fixed_in)")
     done = torchrun(path, nproc=entry.case.world_size)
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     assert reproduced(done.returncode, done.stdout) in (entry.signature, *entry.aliases), done.stdout[-2000:]
