@@ -30,6 +30,7 @@ from fuzz.model import (
     check_composition,
     check_training,
     contains,
+    has_dropout,
     has_params,
     iter_paths,
 )
@@ -278,7 +279,7 @@ def spmd_of(tree: ModuleTree, comp: Composition) -> Composition | None:
     fully_shard's dp_mesh_dims, a tree with dropout, or a composition the rules refuse."""
     if not torch_has("torch.distributed.fsdp", "fully_shard", "dp_mesh_dims"):
         return None
-    if any(isinstance(n, _Leaf) and n.kind is LeafKind.DROPOUT for n in tree.paths().values()):
+    if has_dropout(tree.root):
         return None
     shards = tuple(
         s if isinstance(s.reshard_after_forward, bool) else replace(s, reshard_after_forward=True, shard_dim=0)

@@ -20,20 +20,17 @@ from hypothesis import strategies as st
 from fuzz import known
 from fuzz.errors import CaseError
 from fuzz.model import (
-    Block,
     CheckpointOptions,
     Composition,
     ContextFn,
     DeterminismCheck,
     Layout,
-    Leaf,
-    LeafKind,
     ModuleTree,
     ReplicateGroup,
     ReplicateOptions,
     check_composition,
+    has_dropout,
     is_ancestor,
-    iter_paths,
 )
 from strategies._odds import keep_known
 
@@ -151,12 +148,7 @@ def replicate_options(draw: st.DrawFn, tree: ModuleTree, comp: Composition, *, l
 
 def _dropout_checkpointed(tree: ModuleTree, comp: Composition) -> bool:
     paths = tree.paths()
-    for path in comp.checkpoints:
-        node = paths[path]
-        nodes = [n for _, n in iter_paths(node)] if isinstance(node, Block) else [node]
-        if any(isinstance(n, Leaf) and n.kind is LeafKind.DROPOUT for n in nodes):
-            return True
-    return False
+    return any(has_dropout(paths[path]) for path in comp.checkpoints)
 
 
 @st.composite

@@ -21,9 +21,9 @@ from fuzz.model.tree import (
     ModuleTree,
     Node,
     contains,
+    has_dropout,
     has_params,
     is_ancestor,
-    iter_paths,
     owns_params,
 )
 
@@ -172,9 +172,7 @@ def _check_checkpoint_options(tree: ModuleTree, comp: Composition, where: str) -
         return
     paths = tree.paths()
     for path in comp.checkpoints:
-        node = paths[path]
-        nodes = [n for _, n in iter_paths(node)] if isinstance(node, Block) else [node]
-        if any(isinstance(n, Leaf) and n.kind is LeafKind.DROPOUT for n in nodes):
+        if has_dropout(paths[path]):
             raise CaseError(
                 f"{where}.checkpoint_options.preserve_rng_state",
                 f"checkpointed module {path!r} holds dropout: without the RNG state its recomputation differs",
@@ -284,7 +282,7 @@ def check_training(tree: ModuleTree, comps: tuple[Composition, ...], t: Training
         _check_replicate_training(comp, t, where)
         if comp.spmd and t.compile is not Compile.NONE:
             raise CaseError(f"{where}.compile", "an SPMD composition is not drawn with torch.compile yet")
-        if comp.spmd and any(isinstance(n, Leaf) and n.kind is LeafKind.DROPOUT for n in paths.values()):
+        if comp.spmd and has_dropout(tree.root):
             # Random ops on DTensors draw from DTensor's own RNG tracker (an offset into one
             # seed per mesh), not from each rank's generator the reference seeds: another mask.
             raise CaseError(f"{where}", "an SPMD composition trains trees without dropout")

@@ -95,6 +95,13 @@ def has_params(node: Node) -> bool:
     return node.scale or any(has_params(c) for c in node.children)
 
 
+def has_dropout(node: Node) -> bool:
+    """True if the module built from ``node`` is or holds a dropout leaf."""
+    if isinstance(node, Leaf):
+        return node.kind is LeafKind.DROPOUT
+    return any(has_dropout(c) for c in node.children)
+
+
 def owns_params(node: Node) -> bool:
     """True if ``node``'s module has parameters of its own (not only in submodules)."""
     if isinstance(node, Leaf):
