@@ -18,16 +18,20 @@ def fault_applies(fault: dict[str, Any]) -> bool:
     exactly once in this torch's module (a fault is written against one version's code)."""
     import importlib.util
 
+    olds: dict[str, list[str]] = {}
     for change in fault.get("changes", [fault]):
+        olds.setdefault(str(change["module"]), []).append(str(change["old"]))
+    for module, texts in olds.items():
         try:
-            spec = importlib.util.find_spec(str(change["module"]))
+            spec = importlib.util.find_spec(module)
         except (ImportError, ValueError):
             return False
         if spec is None or spec.origin is None:
             return False
         with open(spec.origin) as f:
-            if f.read().count(str(change["old"])) != 1:
-                return False
+            source = f.read()
+        if any(source.count(old) != 1 for old in texts):
+            return False
     return True
 
 

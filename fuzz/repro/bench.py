@@ -14,7 +14,6 @@ unless the directory cannot be read.
 
 from __future__ import annotations
 
-import os
 import statistics
 import subprocess
 import sys
@@ -33,25 +32,17 @@ from fuzz.repro.script import code_lines, generated_lines
 RUN_TIMEOUT_S = 300
 
 
-def run_script(
-    script: Path, world_size: int, timeout: float = RUN_TIMEOUT_S, env: dict[str, str] | None = None
-) -> tuple[int | None, float, str]:
-    """(torchrun's exit status or None on a timeout, seconds, its standard output) of ``script``,
-    with ``env`` added to the environment."""
+def run_script(script: Path, world_size: int, timeout: float = RUN_TIMEOUT_S) -> tuple[int | None, float]:
+    """(torchrun's exit status or None on a timeout, seconds) of ``script``."""
     start = time.monotonic()
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world_size)]
     try:
         done = subprocess.run(
-            [*command, str(script)],
-            cwd=script.parent,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env={**os.environ, **(env or {})},
+            [*command, str(script)], cwd=script.parent, capture_output=True, text=True, timeout=timeout
         )
     except subprocess.TimeoutExpired:
-        return None, time.monotonic() - start, ""
-    return done.returncode, time.monotonic() - start, done.stdout
+        return None, time.monotonic() - start
+    return done.returncode, time.monotonic() - start
 
 
 def run_fixed(script: str, entry: Entry, directory: Path) -> str | None:
@@ -59,18 +50,17 @@ def run_fixed(script: str, entry: Entry, directory: Path) -> str | None:
     or what it did instead), or None where the bug has no fix written or it does not apply to
     this torch."""
     from fuzz.patching import patch_env
-    from fuzz.repro.reduce import passed
+    from fuzz.repro import reduce
 
     bug = known.BUGS.get(entry.bug or "")
     env = patch_env(bug.fix, str(directory)) if bug is not None and bug.fix else None
     if env is None:
         return None
-    file = directory / "fixed.py"
-    file.write_text(script)
-    status, seconds, output = run_script(file, entry.case.world_size, env=env)
-    if status == 0 and passed(output):
+    status, output, seconds = reduce.run_script(script, timeout=RUN_TIMEOUT_S, env=env, nproc=entry.case.world_size)
+    if status == 0 and reduce.passed(output):
         return "passed"
-    last = output.strip().splitlines()[-1][:200] if output.strip() else "no output"
+    said = [line for line in output.splitlines() if line.startswith(reduce.VERDICT_WORDS)] or output.splitlines()
+    last = said[-1].strip()[:200] if said else "no output"
     return f"{'timed out' if status is None else f'exit {status}'} in {seconds:.1f} s: {last}"
 
 
@@ -125,7 +115,7 @@ def bench_all(
             if run:
                 file = Path(tmp) / f"{path.stem.replace('-', '_')}.py"
                 file.write_text(script)
-                status, seconds, _ = run_script(file, entry.case.world_size)
+                status, seconds = run_script(file, entry.case.world_size)
                 statuses[path.name] = status
                 row += f", torchrun --nproc-per-node {entry.case.world_size}: " + (
                     f"exit {status}" if status is not None else "timed out"
