@@ -107,19 +107,14 @@ def spmd_part(t: torch.Tensor, mesh: Any) -> Any:
     return DTensor.from_local(t, mesh, [Shard(0)])
 
 
-def dp_mesh_dims(mesh: Any) -> Any:
-    """fully_shard's ``dp_mesh_dims`` for the suite's 1D mesh."""
-    from torch.distributed.fsdp import DataParallelMeshDims
-
-    return DataParallelMeshDims(shard="shard")
-
-
 def apply_fully_shard(model: nn.Module, spec: ShardSpec, mesh: Any, spmd: bool = False) -> None:
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
     kwargs: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": spec.reshard_after_forward}
     if spmd:
-        kwargs["dp_mesh_dims"] = dp_mesh_dims(mesh)
+        from torch.distributed.fsdp import DataParallelMeshDims  # torch 2.13 and later
+
+        kwargs["dp_mesh_dims"] = DataParallelMeshDims(shard="shard")  # the (1D) mesh's one dimension
     if spec.shard_dim:
         shard_size = mesh.size(mesh.ndim - 1)
         kwargs["shard_placement_fn"] = _placement_fn(spec.shard_dim, shard_size)

@@ -369,12 +369,12 @@ class Composition:
     replicate_options: ReplicateOptions = field(default_factory=ReplicateOptions)
     #: Options of every checkpoint call (:class:`CheckpointOptions`).
     checkpoint_options: CheckpointOptions = field(default_factory=CheckpointOptions)
-    #: An SPMD program: every parameter and buffer is first a DTensor replicated on the whole
-    #: mesh, fully_shard is told which mesh dimensions are data parallel
-    #: (``dp_mesh_dims=DataParallelMeshDims(shard="shard", replicate="replicate" for HSDP)``),
-    #: and each rank's batch goes in as its part of a global batch (a DTensor sharded on dim 0
-    #: over the mesh) whose mean loss is the one backward runs from: the gradient of the mean
-    #: over ranks of the ranks' losses, which is the reference's average.
+    #: An SPMD program: every parameter and buffer is first a DTensor replicated on the (1D)
+    #: mesh, fully_shard is told its data-parallel dimension
+    #: (``dp_mesh_dims=DataParallelMeshDims(shard="shard")``), and each rank's batch goes in as
+    #: its part of a global batch (a DTensor sharded on dim 0 over the mesh) whose mean loss is
+    #: the one backward runs from: the gradient of the mean over ranks of the ranks' losses,
+    #: which is the reference's average.
     spmd: bool = False
 
     def __post_init__(self) -> None:
