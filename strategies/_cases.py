@@ -472,8 +472,7 @@ def metamorphic_cases(
     comp = draw(compositions(tree, world_size=world_size, offload=accelerator))
     variant = draw(metamorphic_variants(tree, comp, world_size=world_size, accelerator=accelerator))
     training = draw(trainings(max_steps=max_steps, accumulation=False))
-    if variant.spmd:
-        training = replace(training, compile=Compile.NONE)  # not drawn together yet
+    training = _fit_training(training, variant)  # no accumulation here: only an SPMD variant's compile goes
     training = _rare_foreach_on_mixed_params(draw, training, comp, variant)
     training = draw(training_schedules(tree, training, comp, variant))
     training = _rare_unfrozen_unresharded(draw, tree, training, comp, variant, world_size=world_size)
