@@ -30,7 +30,6 @@ from fuzz.model import (
     check_composition,
     check_training,
     contains,
-    has_dropout,
     has_params,
     iter_paths,
 )
@@ -276,10 +275,8 @@ def spmd_of(tree: ModuleTree, comp: Composition) -> Composition | None:
     """``comp`` as an SPMD program (:attr:`fuzz.model.Composition.spmd`), its int
     reshard_after_forward values made True and meta_init dropped (torch does not take the one,
     the suite does not draw the other yet), or None where it cannot be one: torch without
-    fully_shard's dp_mesh_dims, a tree with dropout, or a composition the rules refuse."""
+    fully_shard's dp_mesh_dims, or a composition the rules refuse (a tree with dropout among them)."""
     if not torch_has("torch.distributed.fsdp", "fully_shard", "dp_mesh_dims"):
-        return None
-    if has_dropout(tree.root):
         return None
     shards = tuple(
         s if isinstance(s.reshard_after_forward, bool) else replace(s, reshard_after_forward=True, shard_dim=0)

@@ -60,7 +60,7 @@ from fuzz.model import (
     tensor_kind,
 )
 from fuzz.model.state import StagerOptions
-from strategies._cases import _rare_foreach_on_mixed_params, trainings
+from strategies._cases import _maybe_spmd, _rare_foreach_on_mixed_params, trainings
 from strategies._compositions import _disjoint_subset, compositions, meshes
 from strategies._odds import keep_known, one_in
 from strategies._options import torch_has
@@ -70,8 +70,9 @@ from strategies._validation import check_bounds, check_world_size
 
 @st.composite
 def layouts(draw: st.DrawFn, tree: ModuleTree, *, world_size: int, fsdp1: bool = False) -> Composition:
-    """How a model sits on the ranks: fully_shard (1D or HSDP, with checkpoint), any
-    composition of the composable APIs, DDP, or a plain model (empty composition); with
+    """How a model sits on the ranks: fully_shard (1D or HSDP, with checkpoint; about one in
+    SPMD_ODDS that can be one as an SPMD program, where torch has it), any composition of the
+    composable APIs, DDP, or a plain model (empty composition); with
     ``fsdp1``, one time in six an FSDP1 layout (fsdp1_layouts), for the APIs that take FSDP1
     models beside the others (get/set_*_state_dict)."""
     check_world_size(world_size)
@@ -86,7 +87,7 @@ def layouts(draw: st.DrawFn, tree: ModuleTree, *, world_size: int, fsdp1: bool =
         return Composition(wrapper=Wrapper.DDP)
     # compositions() keeps the known int-reshard / Shard(1) FSDP2 bug rare.
     comp: Composition = draw(compositions(tree, world_size=world_size, replicate=kind == "composable"))
-    return comp
+    return _maybe_spmd(draw, tree, comp)
 
 
 FSDP1_WRAPPERS = (
@@ -280,7 +281,7 @@ def _stateful_optimizer(draw: st.DrawFn, training: Training, full_load: bool) ->
 
 
 def _meta_ok(target: Composition) -> bool:
-    return not target.replicates and target.wrapper is Wrapper.NONE
+    return not target.replicates and target.wrapper is Wrapper.NONE and not target.spmd
 
 
 @st.composite

@@ -4,10 +4,14 @@ Parameters and buffers are replicated DTensors on the mesh before fully_shard, w
 mesh's data-parallel dimension; each rank's batch is its part of a global batch, and backward
 runs from the global mean loss, whose gradient is the reference's average over ranks. The rules
 are checked without ranks; a hand-built case on the pool passes, the same case fails with a
-fault in torch's SPMD gradient path, and the strategies draw the path where torch has it.
+fault in torch's SPMD gradient path, and the strategies draw the path where torch has it. State
+moves between an SPMD program and other layouts through get/set_*_state_dict and DCP (its
+buffers are DTensors too, so a sharded state dict in memory goes to another SPMD program only).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, find, settings
@@ -17,18 +21,25 @@ from fuzz.model import (
     Block,
     Case,
     Composition,
+    DcpBody,
+    DcpItem,
     Leaf,
     LeafKind,
     MetamorphicBody,
     ModuleTree,
+    Optimizer,
+    Options,
     ParityBody,
     ShardSpec,
+    StateDictBody,
     Training,
 )
+from fuzz.model.state import sharded_in_memory_problem, tensor_kind
 from fuzz.model.training import Compile
 from fuzz.pool import RankPool
 from fuzz.properties.parity import composition_features, judge_parity
-from strategies import metamorphic_cases, metamorphic_variants, parity_cases
+from fuzz.properties.state_dict import judge_state_dict
+from strategies import dcp_cases, metamorphic_cases, metamorphic_variants, parity_cases, state_dict_cases
 from strategies._cases import spmd_of
 from strategies._options import torch_has
 from tests.conftest import fault_env
@@ -133,3 +144,63 @@ def test_a_placement_that_splits_the_tensor_is_sharded_strided_too() -> None:
 
     assert _splits(Shard(0)) and _splits(Shard(1)) and _splits(_StridedShard(0, split_factor=2))
     assert not _splits(Replicate()) and not _splits(Partial())
+
+
+PLAIN_FSDP = Composition(shards=(ShardSpec(path="2"), ShardSpec(path="")), checkpoints=("2",))
+ADAM = Training(steps=2, optimizer=Optimizer.ADAM)
+FULL = Options(full_state_dict=True)
+MOVES = {
+    "sharded-spmd-to-spmd": StateDictBody(tree=TREE, source=SPMD, target=SPMD, training=ADAM),
+    "full-spmd-to-plain": StateDictBody(
+        tree=TREE, source=SPMD, target=Composition(), training=ADAM, save=FULL, load=FULL
+    ),
+    "broadcast-fully-shard-to-spmd": StateDictBody(
+        tree=TREE,
+        source=PLAIN_FSDP,
+        target=SPMD,
+        training=ADAM,
+        save=FULL,
+        load=Options(full_state_dict=True, broadcast_from_rank0=True),
+    ),
+    "dcp-spmd-to-fully-shard": DcpBody(
+        tree=TREE, source=SPMD, target=PLAIN_FSDP, training=ADAM, entries=(DcpItem.MODEL, DcpItem.OPTIMIZER)
+    ),
+    "dcp-plain-to-spmd": DcpBody(tree=TREE, source=Composition(), target=SPMD, training=ADAM, entries=(DcpItem.APP,)),
+}
+
+
+def test_an_spmd_state_dict_holds_dtensor_buffers_so_sharded_moves_stay_between_spmd_programs() -> None:
+    assert tensor_kind(SPMD) == "spmd" and tensor_kind(PLAIN_FSDP) == "dtensor"
+    assert sharded_in_memory_problem(SPMD, SPMD) is None
+    assert sharded_in_memory_problem(SPMD, PLAIN_FSDP) and sharded_in_memory_problem(PLAIN_FSDP, SPMD)
+    with pytest.raises(CaseError, match="meta device"):
+        StateDictBody(
+            tree=TREE, source=PLAIN_FSDP, target=SPMD, training=ADAM, save=FULL, load=FULL, target_meta_init=True
+        )
+
+
+@needs_dp_mesh_dims
+@pytest.mark.parametrize("name", sorted(MOVES))
+def test_state_moves_between_spmd_programs_and_other_layouts(check_case: Any, name: str) -> None:
+    body = MOVES[name]
+    check_case(Case(body.KIND, 2, 5, body))
+
+
+@needs_dp_mesh_dims
+def test_a_fault_in_the_spmd_gradient_path_shows_when_a_state_dict_case_resumes() -> None:
+    """K39 on the SPMD source: its training on after the load differs from the plain target's."""
+    body = MOVES["full-spmd-to-plain"]
+    case = Case(body.KIND, 2, 5, body)
+    with RankPool(world_size=2, env=fault_env("K39_spmd_grad_reduced_twice"), deadline=60) as pool:
+        failure = judge_state_dict(case, pool.run(case))
+    assert failure is not None and failure.signature.startswith("mismatch:state_dict:resume"), failure
+
+
+@needs_dp_mesh_dims
+def test_state_dict_and_dcp_cases_draw_spmd_sides() -> None:
+    quick = settings(
+        max_examples=3000, database=None, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
+    )
+    for strategy in (state_dict_cases, dcp_cases):
+        found = find(strategy(world_size=2), lambda c: c.body.source.spmd and not c.body.target.spmd, settings=quick)
+        assert found.body.source.spmd

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from fuzz._rank.context import RankContext
@@ -107,6 +108,22 @@ def spmd_part(t: torch.Tensor, mesh: Any) -> Any:
     return DTensor.from_local(t, mesh, [Shard(0)])
 
 
+def spmd_replicated(t: torch.Tensor, mesh: Any) -> Any:
+    """``t``, the same on every rank, as an SPMD program's input replicated on the mesh (a
+    probe every rank runs on the same rows)."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    return DTensor.from_local(t, mesh, [Replicate()] * mesh.ndim)
+
+
+def spmd_backward(out: Any, y: torch.Tensor, mesh: Any) -> torch.Tensor:
+    """Backward from the global batch's mean loss, ``out`` being an SPMD program's output on
+    this rank's part of the batch (:func:`spmd_part`) and ``y`` this rank's targets; returns
+    this rank's part's loss (detached): the loss a rank of the reference observes."""
+    F.mse_loss(out.to(y.dtype), spmd_part(y, mesh)).backward()
+    return F.mse_loss(out.to_local().detach().to(y.dtype), y)
+
+
 def apply_fully_shard(model: nn.Module, spec: ShardSpec, mesh: Any, spmd: bool = False) -> None:
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
@@ -140,6 +157,9 @@ class Composed:
     param_names: list[str] = field(default_factory=list)
     #: The composition's FSDPModule knobs, applied (None without any).
     knobs: KnobState | None = None
+    #: The mesh of an SPMD composition (:attr:`fuzz.model.Composition.spmd`), whose inputs
+    #: are DTensors on it; None otherwise.
+    spmd_mesh: Any = None
 
     def no_sync(self) -> Any:
         """Context for a microbatch whose gradients must not be reduced yet (wrappers)."""
@@ -209,7 +229,9 @@ def compose(model: nn.Module, comp: Composition, ctx: RankContext, tree: ModuleT
             replicate(model.get_submodule(path), **replicate_kwargs(model, tree, comp, path, ctx))
     sharded = comp.sharded_paths
     tops = [p for p in sharded if not any(is_ancestor(q, p) for q in sharded)]
-    return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
+    return Composed(
+        model=model, fsdp_roots=[model.get_submodule(p) for p in tops], spmd_mesh=mesh if comp.spmd else None
+    )
 
 
 def desynchronize(model: nn.Module, paths: list[str], rank: int, buffers: bool) -> None:

@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from fuzz._rank.compose import TORCH_DTYPES, Composed, build_composed, clean_name, mesh_for, spmd_part
+from fuzz._rank.compose import TORCH_DTYPES, Composed, build_composed, clean_name, mesh_for, spmd_backward, spmd_part
 from fuzz._rank.compose import apply_fully_shard as apply_fully_shard  # re-exported for other programs
 from fuzz._rank.context import RankContext
 from fuzz._rank.knobs import fsdp_sharded
@@ -228,7 +228,7 @@ def train(
     later = _unfrozen_later(composed.model, training)
     opt = make_optimizer(composed.model.parameters(), training, [p for ps in later.values() for p in ps])
     forward = _compiled(composed.model, training) if comp is not None else composed.model
-    spmd = mesh_for(comp, ctx) if comp is not None and comp.spmd else None
+    spmd = composed.spmd_mesh
     _seed_for_run(case, ctx, tp_size)
     losses: list[list[float]] = []
     params_per_step: list[dict[str, list[float]]] = []
@@ -272,9 +272,7 @@ def train(
                         obs["contracts"]["delayed"] = delay_problems(model, comp)
                     contracts = None
                 if spmd is not None:
-                    # backward from the global batch's mean loss; observed: this rank's part's
-                    F.mse_loss(out.to(y.dtype), spmd_part(y, spmd)).backward()
-                    loss = F.mse_loss(out.to_local().detach().to(y.dtype), y)
+                    loss = spmd_backward(out, y, spmd)
                 else:
                     loss = F.mse_loss(out.to(y.dtype), y)
                     loss.backward()

@@ -31,7 +31,15 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from fuzz._rank.compose import TORCH_DTYPES, Composed, clean_name, compose
+from fuzz._rank.compose import (
+    TORCH_DTYPES,
+    Composed,
+    clean_name,
+    compose,
+    spmd_backward,
+    spmd_part,
+    spmd_replicated,
+)
 from fuzz._rank.context import RankContext
 from fuzz._rank.models import build_model, fuse, leaf_parameters
 from fuzz._rank.parity import batches, make_optimizer
@@ -193,8 +201,12 @@ def train_steps(side: Side, data: list[Any], ctx: RankContext) -> list[float]:
     for x, y in data:
         change_requires_grad(side, side.step)
         side.step += 1
-        loss = F.mse_loss(side.model(x).to(y.dtype), y)
-        loss.backward()
+        mesh = side.composed.spmd_mesh
+        if mesh is not None:
+            loss = spmd_backward(side.model(spmd_part(x, mesh)), y, mesh)
+        else:
+            loss = F.mse_loss(side.model(x).to(y.dtype), y)
+            loss.backward()
         if side.plain:
             for p in side.model.parameters():
                 if p.grad is not None:
@@ -285,6 +297,8 @@ def probe(side: Side, case: Case, tree: ModuleTree, ctx: RankContext) -> list[fl
     gen = torch.Generator().manual_seed(case.seed + 1)
     x = torch.randn(PROBE_ROWS, tree.width, generator=gen, dtype=TORCH_DTYPES[side.training.dtype]).to(ctx.device)
     seed_segment(case, ctx, 99)
+    if side.composed.spmd_mesh is not None:
+        x = spmd_replicated(x, side.composed.spmd_mesh)
     with torch.no_grad():
         out = _flat(side.model(x))
     reshard(side.model)

@@ -69,6 +69,11 @@ def check_composition(tree: ModuleTree, comp: Composition, where: str = "composi
                     f"{member!r} would be sharded after its ancestor {late[0]!r}; put grouped modules at one depth",
                 )
         done += members
+    if comp.spmd and has_dropout(tree.root):
+        # Random ops on DTensors draw from DTensor's own RNG tracker (an offset into one seed
+        # per mesh), not from each rank's generator that a reference (or a plain model a state
+        # is moved to) seeds: another mask.
+        raise CaseError(f"{where}.spmd", "an SPMD composition is drawn for trees without dropout")
     _check_tp(tree, comp, where)
     _check_replicate_options(tree, comp, where)
     _check_checkpoint_options(tree, comp, where)
@@ -282,10 +287,6 @@ def check_training(tree: ModuleTree, comps: tuple[Composition, ...], t: Training
         _check_replicate_training(comp, t, where)
         if comp.spmd and t.compile is not Compile.NONE:
             raise CaseError(f"{where}.compile", "an SPMD composition is not drawn with torch.compile yet")
-        if comp.spmd and has_dropout(tree.root):
-            # Random ops on DTensors draw from DTensor's own RNG tracker (an offset into one
-            # seed per mesh), not from each rank's generator the reference seeds: another mask.
-            raise CaseError(f"{where}", "an SPMD composition trains trees without dropout")
         if (comp.replicate_options.is_set or comp.checkpoint_options.is_set) and t.compile is not Compile.NONE:
             # Not drawn yet: under torch.compile Dynamo traces replicate's hooks (its DDPOptimizer
             # splits graphs at DDP's bucket boundaries) and checkpoint's context_fn as a

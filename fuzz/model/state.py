@@ -92,8 +92,11 @@ def fused_problem(tree: ModuleTree, fused: tuple[str, ...], comps: tuple[Composi
 
 def tensor_kind(comp: Composition) -> str:
     """What a sharded (not full) state dict of the model holds: ``dtensor`` (fully_shard
-    only, FSDP1 HYBRID_SHARD with its mesh), ``plain`` (plain model, DDP, replicate only,
-    FSDP1 NO_SHARD), ``sharded_tensor`` (FSDP1 FULL_SHARD / SHARD_GRAD_OP), or ``mixed``."""
+    only, FSDP1 HYBRID_SHARD with its mesh), ``spmd`` (fully_shard of an SPMD program: its
+    buffers are DTensors too, replicated on the mesh), ``plain`` (plain model, DDP, replicate
+    only, FSDP1 NO_SHARD), ``sharded_tensor`` (FSDP1 FULL_SHARD / SHARD_GRAD_OP), or ``mixed``."""
+    if comp.spmd:
+        return "spmd"
     if comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD:
         # A shard dimension of size 1 falls back to NO_SHARD (pytorch/pytorch#154888).
         return "plain" if comp.mesh[1] == 1 else "dtensor"
@@ -133,6 +136,8 @@ def _check_common(
         raise CaseError("steps_after", f"steps_after={steps_after} is outside 0..{MAX_STEPS}")
     if training.grad_accum != 1:
         raise CaseError("training.grad_accum", "state-dict cases train one microbatch per step")
+    if meta and target.spmd:
+        raise CaseError("target_meta_init", "an SPMD composition is not built on the meta device yet")
     if meta and (target.replicates or target.wrapper is not Wrapper.NONE):
         # DDP (and replicate) broadcast parameter values when applied: there are none on meta.
         # FSDP1 materializes a meta module when it wraps it (reset_parameters or its
@@ -197,9 +202,9 @@ def sharded_in_memory_problem(source: Composition, target: Composition) -> str |
     if is_fsdp1(source) and is_fsdp1(target):
         return fsdp1_in_memory_problem(source, target)
     kinds = (tensor_kind(source), tensor_kind(target))
-    if kinds[0] != kinds[1] or kinds[0] not in ("dtensor", "plain"):
+    if kinds[0] != kinds[1] or kinds[0] not in ("dtensor", "spmd", "plain"):
         return f"a sharded state dict cannot go from {kinds[0]} to {kinds[1]}"
-    if kinds[0] == "dtensor" and source.mesh != target.mesh:
+    if kinds[0] in ("dtensor", "spmd") and source.mesh != target.mesh:
         return "a sharded state dict in memory needs the same mesh on both sides"
     return None
 

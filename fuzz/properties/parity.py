@@ -337,6 +337,10 @@ def judge_metamorphic(case: Case, outcome: Outcome) -> Failure | None:
     )
 
 
+#: The feature of an SPMD composition (fully_shard's dp_mesh_dims), in any property's cases.
+SPMD_FEATURE = "fully_shard:dp_mesh_dims"
+
+
 def composition_features(comp: Composition, world_size: int, prefix: str = "") -> list[str]:
     out = []
     if comp.wrapper is not Wrapper.NONE:
@@ -375,7 +379,7 @@ def composition_features(comp: Composition, world_size: int, prefix: str = "") -
     if comp.meta_init:
         out.append(f"{prefix}init:meta")
     if comp.spmd:
-        out.append(f"{prefix}fully_shard:dp_mesh_dims")
+        out.append(prefix + SPMD_FEATURE)
     out += [f"{prefix}knob:{name}" for name in comp.knobs.names()]
     out.append(f"{prefix}fully_shard:count:{min(len(comp.shards), 4)}")
     return out

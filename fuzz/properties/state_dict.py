@@ -57,6 +57,7 @@ from fuzz.model import (
     tensor_kind,
 )
 from fuzz.properties import Property, register, strategy
+from fuzz.properties.parity import SPMD_FEATURE
 from fuzz.signature import Failure, Signature, failure_from_outcome
 from fuzz.tolerance import first_mismatch, tolerance_for
 from fuzz.verdict import Outcome
@@ -132,7 +133,7 @@ def _where(comp: Composition) -> str:
     if is_plain(comp):
         return "plain"
     name = "+".join(api for api, used in (("fully_shard", comp.shards), ("replicate", comp.replicates)) if used)
-    return name + (":hsdp" if comp.mesh else "")
+    return name + (":hsdp" if comp.mesh else "") + (":spmd" if comp.spmd else "")
 
 
 def _shard1(source: Composition, target: Composition) -> str:
@@ -750,6 +751,8 @@ def _layout_features(source: Composition, target: Composition) -> list[str]:
             out.append("shard_placement_fn")
         if comp.checkpoints:
             out.append("activation_checkpoint")
+        if comp.spmd:
+            out.append(SPMD_FEATURE)
         if comp.auto_wrap:
             out.append("fsdp1:auto_wrap")
         if known.fsdp1_shard1(comp):
