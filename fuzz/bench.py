@@ -297,7 +297,8 @@ class FaultRun:
 
 
 def load_fault(path: str) -> dict[str, object]:
-    """A fault file (``module``, ``old``, ``new``; optional ``models``, ``properties``), checked."""
+    """A fault file (``module``, ``old``, ``new``; optional ``models``, ``properties``,
+    ``features``), checked."""
     import json
 
     try:
@@ -316,7 +317,9 @@ def bench_faults(
     """Run a campaign of ``budget`` seconds under each fault of ``directory`` (its
     ``harness/sitecustomize.py`` applies the file named by ``SHARDFUZZ_FAULT`` or ``MUTANT``,
     so ``tests/faults`` and ``../shared/mutants`` both work), over the fault's ``properties``
-    (all when it names none), and print the seconds to its first new failure. A fault counts as
+    (all when it names none; with its ``features``, only cases with one of them, as a campaign
+    aimed at that path runs: ``explore --feature``), and print the seconds to its first new
+    failure. A fault counts as
     caught when the campaign saves a failure that is not a known torch bug (the campaign's
     corpus starts as a copy of the suite's own)."""
     import json
@@ -342,6 +345,8 @@ def bench_faults(
             continue
         listed = fault.get("properties")
         props = [str(p) for p in listed] if isinstance(listed, list) else []
+        aimed = fault.get("features")
+        features = [str(f) for f in aimed] if isinstance(aimed, list) else []
         with tempfile.TemporaryDirectory(prefix="shardfuzz-fault-") as tmp:
             # The suite's own corpus, so that a known torch bug met on the way is not taken
             # for the fault.
@@ -357,6 +362,7 @@ def bench_faults(
             cmd = [sys.executable, "-m", "fuzz", "explore", "--budget", str(budget), "--seed", str(seed)]
             cmd += ["--world-size", str(world_size), "--corpus", f"{tmp}/corpus", "--report", f"{tmp}/report"]
             cmd += ["--no-database"] + [a for p in props for a in ("--property", p)]
+            cmd += [a for f in features for a in ("--feature", f)]
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
             try:
                 with open(f"{tmp}/report/summary.json") as f:
@@ -375,7 +381,8 @@ def bench_faults(
         )
         runs.append(run)
         when = f"caught in {run.seconds:.1f} s" if run.caught else "not caught"
-        print(f"  {run.name:36} {when:18} {run.cases:6} cases  {run.signature}", flush=True)
+        aim = f"  (only cases with {' or '.join(features)})" if features else ""
+        print(f"  {run.name:36} {when:18} {run.cases:6} cases  {run.signature}{aim}", flush=True)
     caught = [r for r in runs if r.caught]
     times = [r.seconds for r in caught if r.seconds is not None]
     median = f", median {statistics.median(times):.1f} s, max {max(times):.1f} s" if times else ""

@@ -197,6 +197,18 @@ def test_a_fault_in_the_spmd_gradient_path_shows_when_a_state_dict_case_resumes(
 
 
 @needs_dp_mesh_dims
+def test_a_full_load_that_skips_replicated_dtensors_is_caught_on_an_spmd_target() -> None:
+    """K40: set_model_state_dict's full load leaves an all-Replicate DTensor (an SPMD program's
+    buffer) as the fresh target held it; the model check compares every buffer after the load."""
+    body = StateDictBody(tree=TREE, source=PLAIN_FSDP, target=SPMD, training=ADAM, save=FULL, load=FULL)
+    case = Case(body.KIND, 2, 5, body)
+    with RankPool(world_size=2, env=fault_env("K40_full_load_skips_replicated_dtensors"), deadline=60) as pool:
+        failure = judge_state_dict(case, pool.run(case))
+    assert failure is not None and failure.signature == "mismatch:state_dict:model@split", failure
+    assert "2.shift" in failure.summary, failure.summary
+
+
+@needs_dp_mesh_dims
 def test_state_dict_and_dcp_cases_draw_spmd_sides() -> None:
     quick = settings(
         max_examples=3000, database=None, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
