@@ -11,6 +11,7 @@ buffers are DTensors too, so a sharded state dict in memory goes to another SPMD
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -71,16 +72,43 @@ def _case(comp: Composition = SPMD, training: Training | None = None) -> Case:
     [
         ({"shards": (ShardSpec(path="2"),)}, "needs fully_shard on the root"),
         ({"replicates": ("0",), "shards": (ShardSpec(path=""),)}, "no replicate"),
-        ({"mesh": (1, 2)}, "1D mesh"),
         ({"shards": (ShardSpec(path="2", reshard_after_forward=2), ShardSpec(path=""))}, "int reshard_after_forward"),
         ({"meta_init": True}, "meta_init"),
     ],
 )
 def test_the_rules_refuse_what_dp_mesh_dims_or_the_suite_does_not_take(change: dict[str, object], message: str) -> None:
-    from dataclasses import replace
-
     with pytest.raises(CaseError, match=message):
         replace(SPMD, **change)
+
+
+LINEAR_TREE = ModuleTree(
+    width=4,
+    root=Block(
+        children=(
+            Leaf(LeafKind.LINEAR),
+            Leaf(LeafKind.RELU),
+            Block(children=(Leaf(LeafKind.LAYER_NORM), Leaf(LeafKind.LINEAR)), residual=True, scale=True, buffer=True),
+            Leaf(LeafKind.LINEAR),
+        )
+    ),
+)
+
+
+def test_an_hsdp_spmd_composition_takes_trees_without_conv1d() -> None:
+    """On an HSDP mesh the batch is [Shard(0), Shard(0)], which DTensor's convolution refuses."""
+    hsdp = Composition(shards=(ShardSpec(path="2"), ShardSpec(path="")), spmd=True, mesh=(1, 2))
+    with pytest.raises(CaseError, match="without conv1d"):
+        ParityBody(tree=TREE, composition=hsdp)
+    ParityBody(tree=LINEAR_TREE, composition=hsdp)
+    ParityBody(tree=TREE, composition=replace(hsdp, mesh=()))
+
+
+@needs_dp_mesh_dims
+@pytest.mark.parametrize("mesh", [(1, 2), (2, 1)])
+def test_an_hsdp_spmd_case_trains_like_the_reference(check_case: Any, mesh: tuple[int, int]) -> None:
+    comp = Composition(shards=(ShardSpec(path="2"), ShardSpec(path="")), checkpoints=("2",), spmd=True, mesh=mesh)
+    body = ParityBody(tree=LINEAR_TREE, composition=comp, training=Training(steps=2, grad_accum=2))
+    check_case(Case("parity", 2, 3, body))
 
 
 def test_the_training_rules_refuse_compile_and_dropout() -> None:

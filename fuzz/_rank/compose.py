@@ -102,10 +102,11 @@ def as_spmd(model: nn.Module, mesh: Any) -> None:
 
 def spmd_part(t: torch.Tensor, mesh: Any) -> Any:
     """This rank's rows ``t`` as its part of the global batch: a DTensor sharded on dim 0 over
-    the (1D) mesh (rank r's rows are the r-th block, as the reference's batches are)."""
+    every dimension of the mesh (rank r's rows are the r-th block, as the reference's batches
+    are: on an HSDP mesh rank r is replicate index r // shard size, shard index r % shard size)."""
     from torch.distributed.tensor import DTensor, Shard
 
-    return DTensor.from_local(t, mesh, [Shard(0)])
+    return DTensor.from_local(t, mesh, [Shard(0)] * mesh.ndim)
 
 
 def spmd_replicated(t: torch.Tensor, mesh: Any) -> Any:
@@ -131,7 +132,9 @@ def apply_fully_shard(model: nn.Module, spec: ShardSpec, mesh: Any, spmd: bool =
     if spmd:
         from torch.distributed.fsdp import DataParallelMeshDims  # torch 2.13 and later
 
-        kwargs["dp_mesh_dims"] = DataParallelMeshDims(shard="shard")  # the (1D) mesh's one dimension
+        # the mesh's dimensions are all data-parallel: (shard,) or HSDP's (replicate, shard)
+        replicate = "replicate" if mesh.ndim == 2 else None
+        kwargs["dp_mesh_dims"] = DataParallelMeshDims(shard="shard", replicate=replicate)
     if spec.shard_dim:
         shard_size = mesh.size(mesh.ndim - 1)
         kwargs["shard_placement_fn"] = _placement_fn(spec.shard_dim, shard_size)

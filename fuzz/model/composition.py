@@ -369,12 +369,12 @@ class Composition:
     replicate_options: ReplicateOptions = field(default_factory=ReplicateOptions)
     #: Options of every checkpoint call (:class:`CheckpointOptions`).
     checkpoint_options: CheckpointOptions = field(default_factory=CheckpointOptions)
-    #: An SPMD program: every parameter and buffer is first a DTensor replicated on the (1D)
-    #: mesh, fully_shard is told its data-parallel dimension
-    #: (``dp_mesh_dims=DataParallelMeshDims(shard="shard")``), and each rank's batch goes in as
-    #: its part of a global batch (a DTensor sharded on dim 0 over the mesh) whose mean loss is
-    #: the one backward runs from: the gradient of the mean over ranks of the ranks' losses,
-    #: which is the reference's average.
+    #: An SPMD program: every parameter and buffer is first a DTensor replicated on the mesh
+    #: (1D or HSDP), fully_shard is told its data-parallel dimensions
+    #: (``dp_mesh_dims=DataParallelMeshDims(shard="shard")``, with ``replicate="replicate"`` on
+    #: an HSDP mesh), and each rank's batch goes in as its part of a global batch (a DTensor
+    #: sharded on dim 0 over every mesh dimension) whose mean loss is the one backward runs
+    #: from: the gradient of the mean over ranks of the ranks' losses, the reference's average.
     spmd: bool = False
 
     def __post_init__(self) -> None:
@@ -424,11 +424,6 @@ class Composition:
             # a parameter outside every fully_shard unit would be a replicated DTensor nothing
             # reduces (its gradient stays partial)
             raise CaseError("spmd", "needs fully_shard on the root, no replicate, wrapper or tensor parallelism")
-        if self.mesh:
-            # the batch sharded on dim 0 over both dimensions ([Shard(0), Shard(0)]) is what
-            # DTensor's operators do not take yet ("does not support things like hybrid sharding
-            # strategies yet", conv1d, torch 2.13)
-            raise CaseError("spmd", "drawn on a 1D mesh only")
         if any(not isinstance(self.reshard_after_forward(s), bool) for s in self.shards):
             # torch: NotImplementedError "reshard_after_forward as int is not yet supported with
             # SPMD mesh (dp_mesh_dims)"

@@ -74,6 +74,11 @@ def check_composition(tree: ModuleTree, comp: Composition, where: str = "composi
         # per mesh), not from each rank's generator that a reference (or a plain model a state
         # is moved to) seeds: another mask.
         raise CaseError(f"{where}.spmd", "an SPMD composition is drawn for trees without dropout")
+    if comp.spmd and comp.mesh and any(isinstance(n, Leaf) and n.kind is LeafKind.CONV1D for n in paths.values()):
+        # On an HSDP mesh the batch is sharded on dim 0 over both dimensions ([Shard(0),
+        # Shard(0)]), which DTensor's convolution handler refuses: "DTensor operator
+        # implementation does not support things like hybrid sharding strategies yet" (torch 2.13).
+        raise CaseError(f"{where}.spmd", "an SPMD composition on an HSDP mesh is drawn for trees without conv1d")
     _check_tp(tree, comp, where)
     _check_replicate_options(tree, comp, where)
     _check_checkpoint_options(tree, comp, where)
