@@ -356,10 +356,11 @@ def parity_cases(
 @st.composite
 def _tensor_parallel_parity_case(draw: st.DrawFn, world_size: int, max_depth: int, max_steps: int) -> Case:
     """A parity case of FSDP + TP: a tree of a width the tp ranks split evenly, with MLP-like
-    blocks inserted so that it has Linear pairs; trained without skips, unfreeze or compile."""
+    blocks inserted so that it has Linear pairs; trained without skips, unfreeze or compile;
+    about one in SPMD_ODDS as an SPMD program on the (shard, tp) mesh, where torch has it."""
     widths = st.sampled_from([w for w in WIDTHS if w % TP_SIZE == 0])
     tree = draw(with_tp_blocks(draw(module_trees(max_depth=max_depth, widths=widths))))
-    comp = draw(tensor_parallel(tree, world_size=world_size))
+    comp = _maybe_spmd(draw, tree, draw(tensor_parallel(tree, world_size=world_size)))
     training = _fit_training(draw(trainings(max_steps=max_steps, hsdp=False)), comp)
     body = ParityBody(tree=tree, composition=comp, training=training)
     return Case(property="parity", world_size=world_size, seed=draw(st.integers(0, 2**32 - 1)), body=body)

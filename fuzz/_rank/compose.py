@@ -84,29 +84,57 @@ def mp_policy(mp: MixedPrecision) -> Any:
     )
 
 
-def as_spmd(model: nn.Module, mesh: Any) -> None:
-    """Every parameter and buffer of ``model`` made a DTensor replicated on the whole ``mesh``
-    (:attr:`fuzz.model.Composition.spmd`), in place."""
-    from torch.distributed.tensor import Replicate, distribute_tensor
+def as_spmd(model: nn.Module, mesh: Any, comp: Composition) -> None:
+    """Every parameter and buffer of ``model`` made a DTensor on the whole ``mesh``
+    (:attr:`fuzz.model.Composition.spmd`), in place: replicated on every data-parallel
+    dimension; on a (shard, tp) mesh the tensor-parallel pairs' parameters are split on the
+    ``tp`` dimension as ColwiseParallel / RowwiseParallel split them (a colwise weight and bias
+    on dim 0, a rowwise weight on dim 1, a rowwise bias replicated), and DTensor's operators
+    carry the activations' layouts between them."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
-    placements = [Replicate()] * mesh.ndim
-    for module in model.modules():
+    names = list(mesh.mesh_dim_names)
+    split: dict[str, Any] = {}
+    for pair in comp.tp:
+        split.update({f"{pair.colwise}.weight": Shard(0), f"{pair.colwise}.bias": Shard(0)})
+        split[f"{pair.rowwise}.weight"] = Shard(1)
+    for path, module in model.named_modules():
         for name, p in list(module.named_parameters(recurse=False)):
+            placements = [Replicate()] * mesh.ndim
+            if f"{path}.{name}".lstrip(".") in split:
+                placements[names.index("tp")] = split[f"{path}.{name}".lstrip(".")]
             dt = distribute_tensor(p.detach(), mesh, placements)
             setattr(module, name, nn.Parameter(dt, requires_grad=p.requires_grad))
         for name, b in list(module.named_buffers(recurse=False)):
             module.register_buffer(
-                name, distribute_tensor(b, mesh, placements), persistent=name not in module._non_persistent_buffers_set
+                name,
+                distribute_tensor(b, mesh, [Replicate()] * mesh.ndim),
+                persistent=name not in module._non_persistent_buffers_set,
             )
+
+
+def spmd_mesh(comp: Composition, ctx: RankContext) -> Any:
+    """The whole mesh of an SPMD composition: fully_shard's mesh, with the ``tp`` dimension
+    too under tensor parallelism."""
+    return tp_mesh(comp, ctx) if comp.tp else mesh_for(comp, ctx)
+
+
+def _batch_placements(mesh: Any) -> list[Any]:
+    """A global batch's placements on an SPMD mesh: split on dim 0 over every data-parallel
+    dimension, whole on the ``tp`` dimension (a tensor-parallel group shares its input)."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    return [Replicate() if name == "tp" else Shard(0) for name in mesh.mesh_dim_names]
 
 
 def spmd_part(t: torch.Tensor, mesh: Any) -> Any:
     """This rank's rows ``t`` as its part of the global batch: a DTensor sharded on dim 0 over
-    every dimension of the mesh (rank r's rows are the r-th block, as the reference's batches
-    are: on an HSDP mesh rank r is replicate index r // shard size, shard index r % shard size)."""
-    from torch.distributed.tensor import DTensor, Shard
+    every data-parallel dimension of the mesh (rank r's rows are the r-th block, as the
+    reference's batches are: on an HSDP mesh rank r is replicate index r // shard size, shard
+    index r % shard size; a tensor-parallel group's ranks share theirs)."""
+    from torch.distributed.tensor import DTensor
 
-    return DTensor.from_local(t, mesh, [Shard(0)] * mesh.ndim)
+    return DTensor.from_local(t, mesh, _batch_placements(mesh))
 
 
 def spmd_replicated(t: torch.Tensor, mesh: Any) -> Any:
@@ -118,11 +146,24 @@ def spmd_replicated(t: torch.Tensor, mesh: Any) -> Any:
 
 
 def spmd_backward(out: Any, y: torch.Tensor, mesh: Any) -> torch.Tensor:
-    """Backward from the global batch's mean loss, ``out`` being an SPMD program's output on
-    this rank's part of the batch (:func:`spmd_part`) and ``y`` this rank's targets; returns
-    this rank's part's loss (detached): the loss a rank of the reference observes."""
-    F.mse_loss(out.to(y.dtype), spmd_part(y, mesh)).backward()
-    return F.mse_loss(out.to_local().detach().to(y.dtype), y)
+    """Backward from the sum over data-parallel ranks of each rank's mean loss, ``out`` being an
+    SPMD program's output on this rank's part of the batch (:func:`spmd_part`) and ``y`` this
+    rank's targets; returns this rank's part's loss (detached): the loss a rank of the
+    reference observes.
+
+    fully_shard averages gradients over the data-parallel ranks (its gradient divide factor),
+    so the loss whose gradient it averages is the sum of the ranks' mean losses: the squared
+    error summed over the global batch (a DTensor reduction to a partial sum) over one rank's
+    element count. Its average over ranks is the reference's. The loss is written out
+    pointwise: ``F.mse_loss`` on a batch-sharded DTensor returns the global mean, but its
+    backward on torch 2.13 scales the gradient by the number of shards (docs/known_bugs.md,
+    "DTensor mse_loss backward"), which would only cancel fully_shard's averaging by accident."""
+    err = out.to(y.dtype) - spmd_part(y, mesh)
+    (err * err).sum().div(y.numel()).backward()
+    mine = out.detach()
+    if tuple(mine.placements) != tuple(_batch_placements(mesh)):
+        mine = mine.redistribute(mesh, _batch_placements(mesh))  # e.g. a rowwise output's partial sum
+    return F.mse_loss(mine.to_local().to(y.dtype), y)
 
 
 def apply_fully_shard(model: nn.Module, spec: ShardSpec, mesh: Any, spmd: bool = False) -> None:
@@ -132,11 +173,11 @@ def apply_fully_shard(model: nn.Module, spec: ShardSpec, mesh: Any, spmd: bool =
     if spmd:
         from torch.distributed.fsdp import DataParallelMeshDims  # torch 2.13 and later
 
-        # the mesh's dimensions are all data-parallel: (shard,) or HSDP's (replicate, shard)
-        replicate = "replicate" if mesh.ndim == 2 else None
+        # the mesh's data-parallel dimensions: shard, and HSDP's replicate (not tp)
+        replicate = "replicate" if "replicate" in mesh.mesh_dim_names else None
         kwargs["dp_mesh_dims"] = DataParallelMeshDims(shard="shard", replicate=replicate)
     if spec.shard_dim:
-        shard_size = mesh.size(mesh.ndim - 1)
+        shard_size = mesh.size(mesh.mesh_dim_names.index("shard"))
         kwargs["shard_placement_fn"] = _placement_fn(spec.shard_dim, shard_size)
     if spec.mixed_precision is not None:
         kwargs["mp_policy"] = mp_policy(spec.mixed_precision)
@@ -211,7 +252,7 @@ def compose(model: nn.Module, comp: Composition, ctx: RankContext, tree: ModuleT
         for path in comp.checkpoints:
             checkpoint(model.get_submodule(path), **ckpt_kwargs)
         return Composed(model=_wrap(model, comp, ctx), wrapper=comp.wrapper, param_names=names)
-    if comp.tp:
+    if comp.tp and not comp.spmd:
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
         plan: dict[str, Any] = {}
@@ -219,9 +260,9 @@ def compose(model: nn.Module, comp: Composition, ctx: RankContext, tree: ModuleT
             plan[pair.colwise] = ColwiseParallel()
             plan[pair.rowwise] = RowwiseParallel()
         parallelize_module(model, tp_mesh(comp, ctx)["tp"], plan)
-    mesh = mesh_for(comp, ctx)
+    mesh = spmd_mesh(comp, ctx) if comp.spmd else mesh_for(comp, ctx)
     if comp.spmd:
-        as_spmd(model, mesh)
+        as_spmd(model, mesh, comp)
     specs = {s.path: s for s in comp.shards}
     for api, path in comp.steps():
         if api == "checkpoint":

@@ -373,8 +373,10 @@ class Composition:
     #: (1D or HSDP), fully_shard is told its data-parallel dimensions
     #: (``dp_mesh_dims=DataParallelMeshDims(shard="shard")``, with ``replicate="replicate"`` on
     #: an HSDP mesh), and each rank's batch goes in as its part of a global batch (a DTensor
-    #: sharded on dim 0 over every mesh dimension) whose mean loss is the one backward runs
-    #: from: the gradient of the mean over ranks of the ranks' losses, the reference's average.
+    #: sharded on dim 0 over every data-parallel mesh dimension) whose mean loss is the one
+    #: backward runs from: the gradient of the mean over ranks of the ranks' losses, the
+    #: reference's average. With tensor parallelism the mesh is (shard, tp) and the pairs'
+    #: parameters are split on ``tp`` as DTensors from the start (no parallelize_module).
     spmd: bool = False
 
     def __post_init__(self) -> None:
@@ -420,10 +422,10 @@ class Composition:
             self._check_spmd()
 
     def _check_spmd(self) -> None:
-        if "" not in self.sharded_paths or self.replicates or self.wrapper is not Wrapper.NONE or self.tp:
+        if "" not in self.sharded_paths or self.replicates or self.wrapper is not Wrapper.NONE:
             # a parameter outside every fully_shard unit would be a replicated DTensor nothing
             # reduces (its gradient stays partial)
-            raise CaseError("spmd", "needs fully_shard on the root, no replicate, wrapper or tensor parallelism")
+            raise CaseError("spmd", "needs fully_shard on the root, no replicate or wrapper")
         if any(not isinstance(self.reshard_after_forward(s), bool) for s in self.shards):
             # torch: NotImplementedError "reshard_after_forward as int is not yet supported with
             # SPMD mesh (dp_mesh_dims)"
