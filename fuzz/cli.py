@@ -170,6 +170,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="write Markdown for an upstream issue: title, versions, observed and expected, command, script, upstream",
     )
     rr.add_argument(
+        "--full",
+        action="store_true",
+        help="the unreduced script (every carried module), even where a reduced one is kept beside the entry",
+    )
+    rr.add_argument(
         "--all",
         type=Path,
         default=None,
@@ -566,8 +571,8 @@ def _repro(args: argparse.Namespace) -> int:
     if args.refresh and not args.reduce:
         raise ShardfuzzError("--refresh goes with --reduce")
     if args.all is not None:
-        if args.entry is not None or args.output is not None or args.issue:
-            raise ShardfuzzError("--all DIR takes no ENTRY, -o or --issue")
+        if args.entry is not None or args.output is not None or args.issue or args.full:
+            raise ShardfuzzError("--all DIR takes no ENTRY, -o, --issue or --full")
         from fuzz.repro.bench import bench_all
 
         bench_all(
@@ -580,21 +585,29 @@ def _repro(args: argparse.Namespace) -> int:
         raise ShardfuzzError(f"{'--run' if args.run else '--fixed'} goes with --all DIR")
     if args.budget is not None and not args.reduce:
         raise ShardfuzzError("--budget goes with --reduce")
+    if args.full and args.reduce:
+        raise ShardfuzzError("--full and --reduce exclude each other: --full writes the unreduced script")
     entry = load_entry(args.entry)
     if args.output is not None:
         check_output_file("-o", args.output)
-    if args.reduce:
-        from fuzz.repro.reduce import DEFAULT_BUDGET_S, reduce_and_store
+    from fuzz.repro.reduce import DEFAULT_BUDGET_S, header_fields, reduce_and_store, stored_script
+    from fuzz.repro.script import code_lines
 
+    if args.reduce:
         budget = DEFAULT_BUDGET_S if args.budget is None else args.budget
         say = (lambda line: print(line, file=sys.stderr)) if args.output is not None else (lambda _: None)
         script, _ = reduce_and_store(args.entry, entry, budget_s=budget, refresh=args.refresh, say=say)
     else:
-        script = render_entry(entry, source=str(args.entry))
+        # The reduced script kept beside the entry is what a reader wants; the unreduced one
+        # (every carried module) only where none is kept, or with --full.
+        kept = None if args.full else stored_script(args.entry, entry)
+        script = kept if kept is not None else render_entry(entry, source=str(args.entry))
+    which = f"{'reduced, kept beside the entry' if header_fields(script) else 'unreduced'}; {code_lines(script)} code lines"
     if args.issue:
         from fuzz.repro.issue import render_issue
 
         script = render_issue(entry, script, source=str(args.entry))
+        which = f"its script {which}"
     if args.output is None:
         sys.stdout.write(script)
         return EXIT_OK
@@ -606,8 +619,8 @@ def _repro(args: argparse.Namespace) -> int:
         ) from None
     run = f"torchrun --nproc-per-node {entry.case.world_size} {'repro.py' if args.issue else args.output}"
     print(
-        f"repro: wrote {args.output}; run {'its script' if args.issue else 'it'} with {run} "
-        "(exit 1 if the failure reproduces)",
+        f"repro: wrote {args.output} ({which}); run "
+        f"{'its script' if args.issue else 'it'} with {run} (exit 1 if the failure reproduces)",
         file=sys.stderr,
     )
     return EXIT_OK

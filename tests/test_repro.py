@@ -41,6 +41,7 @@ from fuzz.properties import all_properties, get_property
 from fuzz.repro import render_entry
 from fuzz.repro.bench import bench_all
 from fuzz.repro.issue import render_issue
+from fuzz.repro.reduce import stored_path
 from fuzz.repro.script import ROOT as SOURCE_ROOT
 from fuzz.repro.script import STUBS, carried_modules, code_lines, relative
 from tests.conftest import ROOT, mutant_env, run_cli, torchrun
@@ -345,8 +346,30 @@ def test_issue_markdown_has_what_a_maintainer_needs(tmp_path: Path) -> None:
     assert "| 2.13.0+cpu | 3.11.7 | gloo | 2 |" in text
     assert "torchrun --nproc-per-node 2 repro.py" in text
     assert "https://github.com/pytorch/pytorch/issues/157781" in text
-    assert render_entry(entry, source=str(path)) in text
-    assert text == render_issue(entry, render_entry(entry, source=str(path)), source=str(path))
+    # The script is the reduced one kept beside the entry, not the unreduced rendering.
+    kept = stored_path(path).read_text()
+    assert kept in text and render_entry(entry, source=str(path)) not in text
+    assert f"({code_lines(kept)} code lines, reduced;" in text
+    assert text == render_issue(entry, kept, source=str(path))
+    assert "its script reduced, kept beside the entry" in result.stderr
+
+
+def test_repro_writes_the_kept_reduced_script_and_full_the_unreduced_one(tmp_path: Path) -> None:
+    path = ROOT / "corpus" / "parity-mismatch-009298376223.json"
+    entry = load_entry(path)
+    out = tmp_path / "r.py"
+    result = run_cli("repro", str(path), "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    assert out.read_text() == stored_path(path).read_text()
+    assert "(reduced, kept beside the entry;" in result.stderr
+    result = run_cli("repro", str(path), "--full", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    assert out.read_text() == render_entry(entry, source=str(path))
+    assert "(unreduced;" in result.stderr
+    issue = render_issue(entry, out.read_text(), source=str(path))
+    assert "code lines, unreduced;" in issue and "the case (JSON) and the code" in issue
+    refused = run_cli("repro", str(path), "--full", "--reduce")
+    assert refused.returncode == 2 and "--full and --reduce" in refused.stderr
 
 
 def test_issue_of_an_exception_quotes_its_traceback() -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from fuzz import known
 from fuzz.corpus import Entry
 from fuzz.properties import get_property
+from fuzz.repro.reduce import header_fields
 from fuzz.repro.script import code_lines, run_command, upstream_of
 
 #: Lines of a traceback quoted under "Observed".
@@ -53,12 +54,14 @@ def _fence(text: str, lang: str = "") -> str:
 
 
 def render_issue(entry: Entry, script: str, source: str = "") -> str:
-    """The Markdown for ``entry``; ``script`` is its rendered script (fuzz.repro.render_entry)."""
+    """The Markdown for ``entry``; ``script`` is its reduced script (kept beside the entry) or its
+    unreduced one (fuzz.repro.render_entry)."""
     case = entry.case
     prop = get_property(case.property)
     name = Path(source).name if source else entry.file_name
     versions = entry.versions
     gpu = entry.backend == "nccl"
+    reduced = bool(header_fields(script))
     lines = [f"# {title_of(entry)}", ""]
     lines += [
         "| torch | Python | backend | world size | device |",
@@ -89,10 +92,15 @@ def render_issue(entry: Entry, script: str, source: str = "") -> str:
         _fence(run_command(entry), "sh"),
         "",
         "It exits 1 and its last line reads `REPRODUCED <signature>: ...` while the bug is present, and exits 0",
-        "with `PASS` once it is fixed. It needs only torch: the case (JSON) and the code that builds,",
-        "composes, trains and checks it are in the file.",
+        "with `PASS` once it is fixed. It needs only torch: "
+        + (
+            "it was cut down from the fuzzer's case while the same failure still reproduced."
+            if reduced
+            else "the case (JSON) and the code that builds, composes, trains and checks it are in the file."
+        ),
         "",
-        f"<details><summary>repro.py ({code_lines(script)} code lines; corpus entry {name})</summary>",
+        f"<details><summary>repro.py ({code_lines(script)} code lines, {'reduced' if reduced else 'unreduced'}; "
+        f"corpus entry {name})</summary>",
         "",
         _fence(script, "python"),
         "",
