@@ -11,7 +11,7 @@ Traceback (most recent call last): (RANK 1) File
 packages/torch/distributed/checkpoint/utils.py", line 193, in reduce_scatter local_dat)
 Known torch bug: dcp.load of an FSDP1 sharded state dict where a rank holds no chunk of a
 parameter: the planner guesses a pre-2.4 checkpoint, 'Missing key in checkpoint state_dict';
-upstream: none found.
+upstream: pytorch/pytorch#163480 (same bug; closed unmerged).
 Expected: no rank raises.
 
     torchrun --nproc-per-node 2 THIS_FILE.py

@@ -176,9 +176,10 @@ FROZEN_INT_RESHARD = KnownBug(
     "post-forward state",
     symptoms=frozenset({"mismatch"}),
     relation="none found after five phrasings (frozen unit, replicate root, int reshard, post-backward "
-    "callback); see_also: FSDP1's resharding of frozen parameters and the FSDP-based replicate",
+    "callback), and eight more; see_also: FSDP1's resharding of frozen parameters, the FSDP-based replicate, "
+    "and parameters left post-forward after backward under set_unshard_in_backward(False)",
     state="present in torch 2.13.0",
-    see_also=("pytorch/pytorch#101982", "pytorch/pytorch#158207"),
+    see_also=("pytorch/pytorch#101982", "pytorch/pytorch#158207", "pytorch/pytorch#144800"),
     ends_ranks=False,
     tag=":frozen-int-reshard",
 )
@@ -188,9 +189,10 @@ UNFROZEN_UNRESHARDED = KnownBug(
     "unfrozen later never trains (KeyError in get_optimizer_state_dict)",
     symptoms=frozenset({"mismatch", "exception"}),
     relation="none found after four phrasings (the KeyError, unfreezing, reshard_after_forward=False, the "
-    "final callback); see_also: frozen parameters' optimizer state dropped by DCP (another mechanism)",
+    "final callback), and seven more; see_also: frozen parameters' optimizer state dropped by DCP (another "
+    "mechanism), and an optimizer holding other parameter objects than the module (another trigger)",
     state="present in torch 2.13.0",
-    see_also=("pytorch/pytorch#192202", "pytorch/pytorch#149029"),
+    see_also=("pytorch/pytorch#192202", "pytorch/pytorch#149029", "pytorch/pytorch#149205"),
     ends_ranks=False,
     tag=":unfrozen-unresharded",
 )
@@ -306,9 +308,11 @@ FSDP1_DCP_EMPTY_SHARD = KnownBug(
     "dcp-load-empty-sharded-tensor-pre-2.4-guess",
     "dcp.load of an FSDP1 sharded state dict where a rank holds no chunk of a parameter: the planner "
     "guesses a pre-2.4 checkpoint, 'Missing key in checkpoint state_dict'",
-    relation="none found after five phrasings; related: the same condition (a rank with an empty chunk) "
-    "through another path, and the pre-2.4 fallback's pull request (see_also)",
-    state="present in torch 2.13.0",
+    upstream="pytorch/pytorch#163480",
+    relation="same bug (pull request: _flatten_sharded_tensors drops the empty ShardedTensor, the load "
+    "planner takes its key for missing and falls back to the pre-2.4 key format); related: the same "
+    "condition through another path, and the pre-2.4 fallback's pull request (see_also)",
+    state="closed unmerged (a test was asked for); present in torch 2.13.0",
     see_also=("pytorch/pytorch#137327", "pytorch/pytorch#108869", "pytorch/pytorch#134158"),
     docs="docs/state_dict.md",
 )
@@ -316,9 +320,9 @@ FSDP1_ASYNC_DEFAULT_STAGER = KnownBug(
     "async_save-default-stager-sharded-tensor",
     "dcp.async_save's default stager calls data_ptr() on ShardedTensors",
     relation="none found after five phrasings; related: async_save of FSDP state with 0-d tensors, and the "
-    "stager's pull request (see_also)",
+    "stager's pull request, and ShardedTensor staging added to the path FileSystemWriter takes only (see_also)",
     state="present in torch 2.13.0",
-    see_also=("pytorch/pytorch#131976", "pytorch/pytorch#155192"),
+    see_also=("pytorch/pytorch#131976", "pytorch/pytorch#155192", "pytorch/pytorch#156092"),
     docs="docs/state_dict.md",
 )
 CACHED_STAGING_NEEDS_ACCELERATOR = KnownBug(
@@ -381,9 +385,10 @@ DIVIDE_FACTOR_TWICE = KnownBug(
     "by f twice (once where the single-rank branch copies the input, once more as the post-divide)",
     symptoms=frozenset({"mismatch"}),
     relation="none found after five phrasings; the single-rank division came with the first pull request in "
-    "see_also, and a later one reworks that branch without the post-divide",
+    "see_also, and a later one reworks that branch without the post-divide; an older wrong scale with a "
+    "divide factor under HSDP had another cause, fixed before this branch existed",
     state="present in torch 2.13.0",
-    see_also=("pytorch/pytorch#167178", "pytorch/pytorch#196348", "pytorch/pytorch#195732"),
+    see_also=("pytorch/pytorch#167178", "pytorch/pytorch#196348", "pytorch/pytorch#195732", "pytorch/pytorch#155903"),
     ends_ranks=False,
     tag=":divide-factor-twice",
 )
