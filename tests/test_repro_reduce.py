@@ -193,6 +193,26 @@ def test_an_attempt_that_meets_a_destroyed_process_group_runs_again_on_fresh_ran
     assert oracle.in_pool("def attempt(rank, world_size):\n    pass\n") and pool.respawned == 1
 
 
+def test_a_mismatch_judge_is_cut_only_where_the_bugs_fix_is_checked() -> None:
+    """Without the fix, a mismatch candidate must observe exactly what the first one did (a cut
+    judge or reference could make the mismatch); with the fix checked, passing there is what
+    keeps the judge honest, and the observations may change."""
+    from fuzz.repro.reduce import _Oracle
+
+    entry = load_entry(ROOT / "corpus" / f"{SMALL}.json")
+    assert entry.kind == "mismatch" and known.get(entry.bug or "").fix
+    oracle = _Oracle(entry, "", entry.signature, 60.0, lambda _: None)
+    first, other = (f"REPRODUCED {entry.signature}: observations {d}: x" for d in ("0123abcd", "ffff0000"))
+    assert not oracle.judge_free
+    assert oracle._same_observations(first) and not oracle._same_observations(other)
+    oracle.fix_env = {"SHARDFUZZ_FAULT": "x"}
+    assert oracle.judge_free and oracle._same_observations(other)
+    exception = load_entry(ROOT / "corpus" / f"{EXCEPTION}.json")
+    checked = _Oracle(exception, "", exception.signature, 60.0, lambda _: None)
+    checked.fix_env = {"SHARDFUZZ_FAULT": "x"}
+    assert not checked.judge_free
+
+
 def test_a_script_reduced_from_older_sources_stays_current_until_refreshed(tmp_path: Path) -> None:
     """A change to the carried sources leaves a stored script current (it needs only torch);
     ``--refresh`` asks for it to be reduced again."""

@@ -612,8 +612,17 @@ class _Oracle:
         self._fix_dir: tempfile.TemporaryDirectory[str] | None = None
         self._fix_ready: dict[str, str] | None = None  # the fix's environment, before it is checked
 
+    @property
+    def judge_free(self) -> bool:
+        """Whether a mismatch's judge and observations are cut like the rest of the script: where
+        the bug's fix is checked, a candidate must both find the entry's mismatch with the bug and
+        pass with the fix, so whatever the judge keeps still compares the composed run with the
+        reference on something only the bug makes differ. Without the fix, the judge stays whole
+        and the observations stay exactly as first observed."""
+        return self.entry.kind == "mismatch" and self.fix_env is not None
+
     def _same_observations(self, output: str) -> bool:
-        if self.entry.kind != "mismatch":
+        if self.entry.kind != "mismatch" or self.judge_free:
             return True
         found = _OBSERVED.search(output)
         digest = found.group(1) if found else None
@@ -836,12 +845,16 @@ def reduce_entry(
                 say("  the judge's case functions folded to their values")
                 code = case_folded
         tidied = lambda text: tidy(text, entry, origins)  # noqa: E731
-        frozen = _judge_side(code, entry, origins)
-        unchecked = drop_validation(code, frozen)
-        if unchecked is not None and oracle(unchecked):
-            say("  the judge's classes left without their case checks (__post_init__)")
-            code = unchecked
+        if oracle.judge_free:
+            say("  the bug's fix is checked: the judge and the observations are cut like the rest")
+            frozen: frozenset[str] = frozenset()
+        else:
             frozen = _judge_side(code, entry, origins)
+            unchecked = drop_validation(code, frozen)
+            if unchecked is not None and oracle(unchecked):
+                say("  the judge's classes left without their case checks (__post_init__)")
+                code = unchecked
+                frozen = _judge_side(code, entry, origins)
         kept: list[str] = []
         code = ddmin(
             code,
