@@ -29,4 +29,4 @@ python3 -m mypy
 "$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/lint-imports" --no-cache
 # Tests marked slow (minutes each, each path also covered by a faster test) are left to the slow
 # tier: `bash scripts/test.sh -m slow` (or tox -e slow); a later -m replaces this one.
-python3 -m pytest -n 2 -m "not slow" "$@"
+python3 -m pytest -n 2 -m "not slow" --durations=20 "$@"
