@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=a161a48d10d56ad0 sources=83fa50b93cab1e70 seconds=347.0
+# shardfuzz reduced reproducer: entry=c531a05db6eeabd5 sources=079f5bfb551ab12a seconds=346.9
 """Reproduces shardfuzz corpus entry parity-mismatch-cfc52991d173.json: mismatch:parity@fsdp2:unused-no-all-reduce
 
 Observed: FSDP2 HSDP with set_requires_all_reduce(False): a unit unused on the last microbatch
@@ -304,7 +304,7 @@ def attempt(rank, world_size):
         return ''
     reports = tuple((RankReport(rank=r, observation=o) for r, o in enumerate(outs)))
     failure = judge_parity(Outcome(kind=OutcomeKind.OK, ranks=reports, seconds=0.0))
-    if failure is not None and failure.signature in ['mismatch:parity@fsdp2:unused-no-all-reduce']:
+    if failure is not None and failure.signature in ['exception:parity:builtins.RuntimeError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_reduce', 'mismatch:parity@fsdp2:unused-no-all-reduce']:
         import hashlib
         observed = hashlib.sha256(json.dumps(outs, sort_keys=True).encode()).hexdigest()[:16]
         return f'REPRODUCED {failure.signature}: observations {observed}: {failure.summary}'

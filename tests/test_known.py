@@ -133,6 +133,27 @@ def test_a_conditional_bugs_exact_signature_elsewhere_is_another_bug() -> None:
     assert _index().match(entry.signature, default, "exception") is None
 
 
+def test_foreach_reduces_runtime_error_is_the_bug_whose_condition_the_case_meets() -> None:
+    """foreach_reduce raises RuntimeError for two known bugs (a unit all frozen at lazy init under
+    mixed precision; a changing set of used parameters under set_requires_all_reduce(False)):
+    the signature alone once charged an SPMD case without mixed precision, which raised the size
+    mismatch of the second, to the first. Each is charged only where its case meets it."""
+    signature = (
+        "exception:parity:builtins.RuntimeError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_reduce"
+    )
+    mp = _entry("mixed_precision-exception-6665b1eeed50.json")
+    unused = _entry("parity-mismatch-cfc52991d173.json")
+    assert known.MP_FROZEN_AT_LAZY_INIT.conditional and known.UNUSED_NO_ALL_REDUCE.conditional
+    assert known.meets(unused.case, known.UNUSED_NO_ALL_REDUCE)
+    assert not known.meets(unused.case, known.MP_FROZEN_AT_LAZY_INIT)
+    hit = _index().match(signature, unused.case, "exception")
+    assert hit is not None and hit[1].bug == known.UNUSED_NO_ALL_REDUCE.id
+    hit = _index().match(mp.signature, mp.case, "exception")
+    assert hit is not None and hit[1].bug == known.MP_FROZEN_AT_LAZY_INIT.id
+    neither = _entry("parity-exception-3e90c3cc368a.json").case
+    assert _index().match(signature, neither, "exception") is None
+
+
 def test_another_failure_with_a_conditional_bugs_signature_is_saved_beside_its_entry(tmp_path: Path) -> None:
     """Saved, such a failure goes to a file of its own, and the known entry stays as it was."""
     import shutil
