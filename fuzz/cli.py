@@ -602,7 +602,8 @@ def _repro(args: argparse.Namespace) -> int:
         # (every carried module) only where none is kept, or with --full.
         kept = None if args.full else stored_script(args.entry, entry)
         script = kept if kept is not None else render_entry(entry, source=str(args.entry))
-    which = f"{'reduced, kept beside the entry' if header_fields(script) else 'unreduced'}; {code_lines(script)} code lines"
+    which = "reduced, kept beside the entry" if header_fields(script) else "unreduced"
+    which = f"{which}; {code_lines(script)} code lines"
     if args.issue:
         from fuzz.repro.issue import render_issue
 
