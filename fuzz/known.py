@@ -41,6 +41,7 @@ from fuzz.model import (
     Dtype,
     Layout,
     Leaf,
+    LeafKind,
     ModuleTree,
     Optimizer,
     Overwrite,
@@ -554,6 +555,19 @@ COMPILED_UNFREEZE_PLAIN = KnownBug(
     ends_ranks=False,
     tag=":compiled-unfreeze",
 )
+DTENSOR_CONV_PARTIAL = KnownBug(
+    "dtensor-conv-partial-input-backward",
+    "DTensor convolution whose input is Partial (a rowwise-parallel output): forward runs, backward raises "
+    "'Can not redistribute from R to P(sum)' (convolution_backward_handler redistributes the gradient to "
+    "the input's placements)",
+    relation="none found after three phrasings (the error text with convolution_backward, DTensor conv1d "
+    "with a partial input, the handler's redistribute); related: the same handler's wrong grad_input "
+    "placement for a spatially sharded input, a conv1d placement fix, and a grad_input of None (see_also)",
+    state="present in torch 2.13.0",
+    see_also=("pytorch/pytorch#191926", "pytorch/pytorch#186129", "pytorch/pytorch#142278"),
+    # the frame is DTensor.redistribute's, which any misuse of redistribute raises in
+    conditional=True,
+)
 BUGS: dict[str, KnownBug] = {
     b.id: b
     for b in (
@@ -592,6 +606,7 @@ BUGS: dict[str, KnownBug] = {
         COMPILED_UNFREEZE_PLAIN,
         DELAY_BUFFER_FLOAT32,
         STAGER_REUSED_AFTER_CLOSE,
+        DTENSOR_CONV_PARTIAL,
     )
 }
 
@@ -736,6 +751,16 @@ def fsdp1_compiled_with_sharded_grads(comp: Composition, training: Training, wor
 
 #: Reduce dtypes FSDP2 treats as overflow risks (pre- and post-divides instead of one division).
 _OVERFLOW_RISK_DTYPES = (Dtype.FLOAT16, Dtype.FLOAT64)
+
+
+def spmd_tp_conv(tree: ModuleTree, comp: Composition) -> bool:
+    """:data:`DTENSOR_CONV_PARTIAL`: an SPMD program with tensor parallelism over a tree with a
+    conv1d leaf, which may take a rowwise pair's Partial output (or an activation of it) as input."""
+    return (
+        comp.spmd
+        and bool(comp.tp)
+        and any(isinstance(n, Leaf) and n.kind is LeafKind.CONV1D for n in tree.paths().values())
+    )
 
 
 def divide_factor_twice(comp: Composition, training: Training, world_size: int) -> bool:
@@ -1212,6 +1237,7 @@ CONDITIONS: tuple[tuple[KnownBug, Callable[[Case], bool]], ...] = (
     (COMPILED_UNFREEZE_PLAIN, _with_training(lambda c, training, _: compiled_unfreeze_ignored(c, training))),
     (DELAY_BUFFER_FLOAT32, _with_training(lambda c, training, _: delayed_not_float32(c, training))),
     (STAGER_REUSED_AFTER_CLOSE, _saving(lambda case: stager_reused(case.body))),
+    (DTENSOR_CONV_PARTIAL, _per_comp(lambda tree, comp, _: spmd_tp_conv(tree, comp))),
 )
 
 
