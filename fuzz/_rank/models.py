@@ -46,10 +46,35 @@ class TreeBlock(nn.Module):
 
 
 class PointwiseConv1d(nn.Conv1d):
-    """Conv1d with kernel 1 applied to (batch, width) as a length-1 sequence."""
+    """Conv1d with kernel 1 applied to (batch, width) as a length-1 sequence.
+
+    In an SPMD program with tensor parallelism, an activation after a rowwise pair's output
+    (a LayerNorm, a residual add) may have its batch dimension sharded on two mesh dimensions
+    ([Shard(0), Shard(0)]), which DTensor's convolution refuses by design ("does not support
+    things like hybrid sharding strategies yet", torch 2.13): as a user must, the input is then
+    redistributed so that each tensor dimension is sharded on one mesh dimension at most (the
+    later ones become Replicate; the values are the same). Any other input, a Partial one
+    included, goes to the convolution as it is."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(x.unsqueeze(-1)).squeeze(-1)
+        return super().forward(_one_shard_per_dim(x).unsqueeze(-1)).squeeze(-1)
+
+
+def _one_shard_per_dim(x: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    if not isinstance(x, DTensor):
+        return x
+    seen: set[int] = set()
+    placements = []
+    for p in x.placements:
+        if isinstance(p, Shard) and p.dim in seen:
+            placements.append(Replicate())
+            continue
+        if isinstance(p, Shard):
+            seen.add(p.dim)
+        placements.append(p)
+    return x if tuple(placements) == tuple(x.placements) else x.redistribute(x.device_mesh, placements)
 
 
 def build_leaf(leaf: Leaf, width: int) -> nn.Module:
