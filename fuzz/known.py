@@ -557,9 +557,11 @@ COMPILED_UNFREEZE_PLAIN = KnownBug(
 )
 DTENSOR_CONV_PARTIAL = KnownBug(
     "dtensor-conv-partial-input-backward",
-    "DTensor convolution whose input is Partial (a rowwise-parallel output): forward runs, backward raises "
-    "'Can not redistribute from R to P(sum)' (convolution_backward_handler redistributes the gradient to "
-    "the input's placements)",
+    "DTensor convolution whose input is Partial (a rowwise-parallel output): forward labels the local partial "
+    "result Replicate (wrong values, no error), and backward raises 'Can not redistribute from R to P(sum)' "
+    "(convolution_backward_handler redistributes the gradient to the input's placements)",
+    symptoms=frozenset({"exception", "mismatch"}),
+    tag=":conv-partial",
     relation="none found after three phrasings (the error text with convolution_backward, DTensor conv1d "
     "with a partial input, the handler's redistribute); related: the same handler's wrong grad_input "
     "placement for a spatially sharded input, a conv1d placement fix, and a grad_input of None (see_also)",
@@ -873,6 +875,8 @@ def mismatch_tags(
         tags += DELAY_ALL_REDUCE_ROOT.tag
     if training is not None and compiled_unfreeze_ignored(comp, training):
         tags += COMPILED_UNFREEZE_PLAIN.tag
+    if tree is not None and spmd_tp_conv(tree, comp):
+        tags += DTENSOR_CONV_PARTIAL.tag
     return tags
 
 

@@ -66,7 +66,7 @@ def _one_shard_per_dim(x: torch.Tensor) -> torch.Tensor:
     if not isinstance(x, DTensor):
         return x
     seen: set[int] = set()
-    placements = []
+    placements: list[Any] = []
     for p in x.placements:
         if isinstance(p, Shard) and p.dim in seen:
             placements.append(Replicate())
