@@ -50,6 +50,7 @@ from fuzz.model import (
     Wrapper,
     contains,
     fsdp1_gathers,
+    has_leaf,
     has_params,
     is_fsdp1,
     owns_params,
@@ -757,11 +758,7 @@ _OVERFLOW_RISK_DTYPES = (Dtype.FLOAT16, Dtype.FLOAT64)
 def spmd_tp_conv(tree: ModuleTree, comp: Composition) -> bool:
     """:data:`DTENSOR_CONV_PARTIAL`: an SPMD program with tensor parallelism over a tree with a
     conv1d leaf, which may take a rowwise pair's Partial output (or an activation of it) as input."""
-    return (
-        comp.spmd
-        and bool(comp.tp)
-        and any(isinstance(n, Leaf) and n.kind is LeafKind.CONV1D for n in tree.paths().values())
-    )
+    return comp.spmd and bool(comp.tp) and has_leaf(tree.root, LeafKind.CONV1D)
 
 
 def divide_factor_twice(comp: Composition, training: Training, world_size: int) -> bool:

@@ -292,7 +292,8 @@ def spmd_of(tree: ModuleTree, comp: Composition) -> Composition | None:
 
 def _spmd_keeping_known(draw: st.DrawFn, tree: ModuleTree, comp: Composition) -> Composition | None:
     """:func:`spmd_of`, but None in most draws where the SPMD program would meet DTensor's
-    convolution bug (known.DTENSOR_CONV_PARTIAL, an exception in backward): kept rare."""
+    convolution bug (known.DTENSOR_CONV_PARTIAL: wrong values forward, an exception in
+    backward): kept rare."""
     candidate = spmd_of(tree, comp)
     if (
         candidate is not None

@@ -22,6 +22,7 @@ from fuzz.model.tree import (
     Node,
     contains,
     has_dropout,
+    has_leaf,
     has_params,
     is_ancestor,
     owns_params,
@@ -74,7 +75,7 @@ def check_composition(tree: ModuleTree, comp: Composition, where: str = "composi
         # per mesh), not from each rank's generator that a reference (or a plain model a state
         # is moved to) seeds: another mask.
         raise CaseError(f"{where}.spmd", "an SPMD composition is drawn for trees without dropout")
-    if comp.spmd and comp.mesh and any(isinstance(n, Leaf) and n.kind is LeafKind.CONV1D for n in paths.values()):
+    if comp.spmd and comp.mesh and has_leaf(tree.root, LeafKind.CONV1D):
         # On an HSDP mesh the batch is sharded on dim 0 over both dimensions ([Shard(0),
         # Shard(0)]), which DTensor's convolution handler refuses: "DTensor operator
         # implementation does not support things like hybrid sharding strategies yet" (torch 2.13).

@@ -95,11 +95,16 @@ def has_params(node: Node) -> bool:
     return node.scale or any(has_params(c) for c in node.children)
 
 
+def has_leaf(node: Node, kind: LeafKind) -> bool:
+    """True if the module built from ``node`` is or holds a leaf of ``kind``."""
+    if isinstance(node, Leaf):
+        return node.kind is kind
+    return any(has_leaf(c, kind) for c in node.children)
+
+
 def has_dropout(node: Node) -> bool:
     """True if the module built from ``node`` is or holds a dropout leaf."""
-    if isinstance(node, Leaf):
-        return node.kind is LeafKind.DROPOUT
-    return any(has_dropout(c) for c in node.children)
+    return has_leaf(node, LeafKind.DROPOUT)
 
 
 def owns_params(node: Node) -> bool:
