@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=6d0f1782b1a74e14 sources=c819ef517160c7c9 seconds=56.7
+# shardfuzz reduced reproducer: entry=6d0f1782b1a74e14 sources=c819ef517160c7c9 seconds=137.9
 """Reproduces shardfuzz corpus entry parity-exception-86a14603f6de.json: exception:parity:builtins.RuntimeError@torch/nn/parallel/distributed.py:_clear_grad_buffer
 
 Observed: replicate with delay_all_reduce_named_params over float64 parameters: DDP's delayed-
@@ -20,80 +20,28 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 
 from __future__ import annotations
 import torch
-import enum
-from dataclasses import dataclass
-from functools import cached_property
 from torch import nn
-
-class LeafKind(str, enum.Enum):
-    LINEAR = 'linear'
-
-@dataclass()
-class Leaf:
-    kind: object
-
-@dataclass()
-class Block:
-    children: object
-
-def iter_paths(block):
-    for i, child in enumerate(block.children):
-        path = str(i)
-        yield (path, child)
-
-def param_names():
-    return ['bias']
-
-@dataclass()
-class ModuleTree:
-    width: object
-    root: object
-
-    def paths(self):
-        return dict(iter_paths(self.root))
-
-@dataclass()
-class Composition:
-    pass
-
-@dataclass()
-class Layout:
-    tree: object
-    comp: object
-
-    @cached_property
-    def paths(self):
-        return self.tree.paths()
 
 def attempt(rank, world_size):
     ctx_device = torch.device('cpu')
     import re
     import traceback
     try:
-        comp = Composition()
-        tree = ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR))))
         dtype = torch.float64
-        build_model_out = nn.Sequential(*[nn.Linear(4, 4), nn.Linear(4, 4)])
+        build_model_out = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
         model_ = build_model_out.to(dtype)
         from torch.distributed._composable import replicate
-        items = [('replicate', '')]
-        Composition_steps_out = sorted(items)
-        api, path__ = next(iter(Composition_steps_out))
         kwargs = {}
-        layout = Layout(tree, comp)
         plan = ('0', ('1',))
         hook, delayed = plan
-        out__ = []
-        for path_, node in layout.paths.items():
-            out__.append(path_)
-        order = [(p_, name_) for p_ in out__ for name_ in param_names()]
-        kwargs['param_to_hook_all_reduce'] = model_.get_submodule(hook).get_parameter(next((name for p__, name in order if p__ == hook)))
+        order = [('1', 'bias')]
+        kwargs['param_to_hook_all_reduce'] = model_.get_submodule(hook).get_parameter('bias')
         kwargs['delay_all_reduce_named_params'] = [(str(i_), model_.get_submodule(p__).get_parameter(name)) for i_, (p__, name) in enumerate(order) if p__ in delayed]
-        replicate(model_.get_submodule(path__), **kwargs)
+        replicate(model_.get_submodule(''), **kwargs)
         dtype_ = torch.float64
         lo = rank * 2
-        x_ = torch.randn(world_size * 2, 4, dtype=dtype_)
-        y_ = torch.randn(world_size * 2, 4)
+        x_ = torch.randn(4, 4, dtype=dtype_)
+        y_ = torch.randn(4, 4)
         step_ = [(x_[lo:lo + 2].to(ctx_device), y_[lo:lo + 2].to(ctx_device))]
         out_ = [step_]
         s, step = next(iter(enumerate(out_)))

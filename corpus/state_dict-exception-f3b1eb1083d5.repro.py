@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=05f2a60d585ed364 sources=5f5e88fa2ae7132f seconds=151.8
+# shardfuzz reduced reproducer: entry=05f2a60d585ed364 sources=5f5e88fa2ae7132f seconds=266.5
 """Reproduces shardfuzz corpus entry state_dict-exception-f3b1eb1083d5.json: exception:state_dict:builtins.RuntimeError@torch/distributed/checkpoint/state_dict.py:_split_optim_state_dict
 
 Observed: get_optimizer_state_dict keys a fused module's parameters (a child its state-dict
@@ -24,59 +24,11 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 
 from __future__ import annotations
 import torch
-import enum
 from torch import nn
-from dataclasses import dataclass, field, replace
-
-@dataclass
-class RankContext:
-    rank: object
-    world_size: object
-    device: object
-    backend: object
-
-class LeafKind(str, enum.Enum):
-    CONV1D = 'conv1d'
-    RELU = 'relu'
-
-class Dtype(str, enum.Enum):
-    FLOAT32 = 'float32'
-
-@dataclass()
-class Leaf:
-    kind: object
-
-@dataclass()
-class Block:
-    children: object
-
-@dataclass()
-class ModuleTree:
-    width: object
-    root: object
-
-@dataclass()
-class Composition:
-    shards: object = ()
-
-    @property
-    def sharded_paths(self):
-        return [p for spec in self.shards for p in ()]
-
-@dataclass()
-class Training:
-    momentum: object = 0.0
-    dtype: object = Dtype.FLOAT32
 DEFAULT_FQN_MODIFIERS = '_fqn_modifiers'
 
 class PointwiseConv1d(nn.Conv1d):
     pass
-
-def build_node(node, width):
-    if isinstance(node, Leaf):
-        module = PointwiseConv1d(width, width, kernel_size=1)
-        return module
-    return nn.Sequential(*[build_node(c, width) for c in node.children])
 FUSED_CHILD = 'fused'
 
 class FusedLeaf(nn.Module):
@@ -89,58 +41,26 @@ class FusedLeaf(nn.Module):
 
     def key_modifiers(self):
         return {atom: FUSED_CHILD for atom in self._atoms}
-TORCH_DTYPES = {Dtype.FLOAT32: torch.float32}
-
-@dataclass
-class Composed:
-    model: object
-    fsdp_roots: object = field()
-FRESH_SEED = 24301
-
-@dataclass
-class Side:
-    composed: object
-    comp: object
-    training: object
-
-    @property
-    def model(self):
-        return self.composed.model
-
-def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=(), fused=(), fqn_modifiers=DEFAULT_FQN_MODIFIERS):
-    build_model_out = build_node(tree.root, 1)
-    model = build_model_out.to(TORCH_DTYPES[training.dtype])
-    path = next(iter(fused))
-    parent, _, name = path.rpartition('.')
-    owner = model.get_submodule(parent)
-    owner.add_module(name, FusedLeaf(owner.get_submodule(name), fqn_modifiers))
-    sharded = comp.sharded_paths
-    tops = [p for p in sharded if not any((False for q in sharded))]
-    composed = Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
-    return Side(composed=composed, comp=comp, training=training)
-
-def body_optimizer(side, training):
-    params = list(side.model.parameters())
-    side.opt = torch.optim.SGD(params, momentum=training.momentum)
 
 def attempt(rank, world_size):
-    ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import re
     import traceback
     try:
-        t = Training(momentum=0.9)
-        fused = {'fused': ('0.2',)}
-        src = build_side(ModuleTree(width=1, root=Block(children=(Block(children=(Leaf(kind=LeafKind.RELU), Leaf(kind=LeafKind.CONV1D), Leaf(kind=LeafKind.CONV1D))),))), Composition(), t, ctx, seed=6424, **fused)
-        body_optimizer(src, t)
+        build_model_out = nn.Sequential(nn.Sequential(PointwiseConv1d(1, 1, kernel_size=1), PointwiseConv1d(1, 1, kernel_size=1), PointwiseConv1d(1, 1, kernel_size=1)))
+        model = build_model_out.to(torch.float32)
+        owner = model.get_submodule('0')
+        owner.add_module('2', FusedLeaf(owner.get_submodule('2'), DEFAULT_FQN_MODIFIERS))
+        params = list(model.parameters())
+        src_opt = torch.optim.SGD(params, momentum=0.9)
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-        msd_ = get_model_state_dict(src.model)
-        msd, osd = (msd_, get_optimizer_state_dict(src.model, src.opt))
-        tgt = build_side(ModuleTree(width=1, root=Block(children=(Block(children=(Leaf(kind=LeafKind.RELU), Leaf(kind=LeafKind.CONV1D), Leaf(kind=LeafKind.CONV1D))),))), Composition(), t, ctx, seed=6424 + FRESH_SEED, **fused)
-        fresh_training_out = replace(t)
-        body_optimizer(tgt, fresh_training_out)
+        msd_ = get_model_state_dict(model)
+        msd, osd = (msd_, get_optimizer_state_dict(model, src_opt))
+        build_model_out_ = nn.Sequential(nn.Sequential(PointwiseConv1d(1, 1, kernel_size=1), PointwiseConv1d(1, 1, kernel_size=1), PointwiseConv1d(1, 1, kernel_size=1)))
+        model_ = build_model_out_.to(torch.float32)
+        params_ = list(model_.parameters())
+        tgt_opt = torch.optim.SGD(params_)
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
-        opt = tgt.opt
-        set_optimizer_state_dict(tgt.model, opt, osd)
+        set_optimizer_state_dict(model_, tgt_opt, osd)
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         at = [f"torch/{p.rpartition('/torch/')[2]}:{f}" for p, f in frames if '/torch/' in p and 'comp>' not in f]

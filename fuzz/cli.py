@@ -202,6 +202,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --reduce: also reduce again a kept script that was reduced from older carried sources",
     )
     rr.add_argument(
+        "--again",
+        action="store_true",
+        help="with --reduce: reduce the kept reduced script further (delta debugging and the folding of plain "
+        "values, from it rather than from the unreduced script); it is replaced only if the result is shorter. "
+        "With --all: every entry that has one",
+    )
+    rr.add_argument(
         "--budget",
         type=float,
         default=None,
@@ -570,13 +577,23 @@ def _repro(args: argparse.Namespace) -> int:
 
     if args.refresh and not args.reduce:
         raise ShardfuzzError("--refresh goes with --reduce")
+    if args.again and not args.reduce:
+        raise ShardfuzzError("--again goes with --reduce")
+    if args.again and args.refresh:
+        raise ShardfuzzError("--again and --refresh exclude each other: --again starts from the kept script")
     if args.all is not None:
         if args.entry is not None or args.output is not None or args.issue or args.full:
             raise ShardfuzzError("--all DIR takes no ENTRY, -o, --issue or --full")
         from fuzz.repro.bench import bench_all
 
         bench_all(
-            args.all, run=args.run, reduce=args.reduce, refresh=args.refresh, budget_s=args.budget, fixed=args.fixed
+            args.all,
+            run=args.run,
+            reduce=args.reduce,
+            refresh=args.refresh,
+            again=args.again,
+            budget_s=args.budget,
+            fixed=args.fixed,
         )
         return EXIT_OK
     if args.entry is None:
@@ -590,13 +607,22 @@ def _repro(args: argparse.Namespace) -> int:
     entry = load_entry(args.entry)
     if args.output is not None:
         check_output_file("-o", args.output)
-    from fuzz.repro.reduce import DEFAULT_BUDGET_S, header_fields, reduce_and_store, stored_script
+    from fuzz.repro.reduce import (
+        DEFAULT_BUDGET_S,
+        header_fields,
+        reduce_and_store,
+        reduce_kept_again,
+        stored_script,
+    )
     from fuzz.repro.script import code_lines
 
     if args.reduce:
         budget = DEFAULT_BUDGET_S if args.budget is None else args.budget
         say = (lambda line: print(line, file=sys.stderr)) if args.output is not None else (lambda _: None)
-        script, _ = reduce_and_store(args.entry, entry, budget_s=budget, refresh=args.refresh, say=say)
+        if args.again:
+            script, _ = reduce_kept_again(args.entry, entry, budget_s=budget, say=say)
+        else:
+            script, _ = reduce_and_store(args.entry, entry, budget_s=budget, refresh=args.refresh, say=say)
     else:
         # The reduced script kept beside the entry is what a reader wants; the unreduced one
         # (every carried module) only where none is kept, or with --full.

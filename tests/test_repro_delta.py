@@ -301,3 +301,13 @@ def test_a_cut_may_not_leave_a_name_unbound() -> None:
     assert delta.undefined(code.replace("    table = {}\n", "")) == {"table"}
     out = delta.ddmin(code, reproduces, time.monotonic() + 60)
     assert reproduces(out) and delta.undefined(out) == frozenset(), out
+
+
+def test_a_function_called_twice_is_inlined_at_both_calls() -> None:
+    code = SCRIPT.replace("        run(case, log)\n", "        build(1)\n        run(case, log)\n")
+    assert reproduces(code)
+    assert "build" in delta.called_often(code) and "build" not in delta.inlinable(code)
+    out = delta.inline_everywhere(code, "build")
+    assert out is not None and "def build" not in out and "build(" not in out
+    assert reproduces(out)
+    assert out.count("size") >= 4  # each copy binds its own local

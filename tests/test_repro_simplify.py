@@ -247,3 +247,40 @@ def test_a_starred_display_is_spliced() -> None:
     )
     out = simplify(code)
     assert out is not None and "return (max(a, b), [a, b])" in out, out
+
+
+def test_keywords_unpacked_from_a_local_display_become_keywords() -> None:
+    code = HEAD + textwrap.dedent(
+        """
+
+        def f(a, *, b=0, c=0):
+            return a + b * c
+
+
+        def attempt():
+            kw = {'b': 2, 'c': 3}
+            return [f(1, **kw), f(2, **kw)]
+        """
+    )
+    out = simplify(code)
+    assert out is not None and _run(out) == _run(code) == [7, 8]
+    assert "**kw" not in out and "kw = " not in out and "f(2, b=2, c=3)" in out
+
+
+def test_keywords_of_a_display_used_otherwise_stay_unpacked() -> None:
+    code = HEAD + textwrap.dedent(
+        """
+
+        def f(**k):
+            return sorted(k)
+
+
+        def attempt():
+            kw = {'b': 2}
+            kw['c'] = 3
+            return f(**kw)
+        """
+    )
+    out = simplify(code)
+    assert out is None or "**kw" in out
+    assert _run(out or code) == ["b", "c"]

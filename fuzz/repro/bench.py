@@ -70,6 +70,7 @@ def bench_all(
     run: bool = False,
     reduce: bool = False,
     refresh: bool = False,
+    again: bool = False,
     budget_s: float | None = None,
     fixed: bool = False,
     say: Callable[[str], None] = print,
@@ -77,12 +78,14 @@ def bench_all(
     """Render (and run) every entry under ``corpus``; print and return the figures. The reduced
     scripts kept beside the entries (``NAME.repro.py``) that are current are counted too; with
     ``reduce``, every entry without one is reduced first (:mod:`fuzz.repro.reduce`), and with
-    ``refresh`` also every entry whose script was reduced from older carried sources."""
+    ``refresh`` also every entry whose script was reduced from older carried sources, and with
+    ``again`` every kept script is reduced further (:func:`fuzz.repro.reduce.reduce_kept_again`)."""
     from fuzz.repro.reduce import (
         DEFAULT_BUDGET_S,
         from_current_sources,
         header_fields,
         reduce_and_store,
+        reduce_kept_again,
         stored_path,
         stored_script,
     )
@@ -122,6 +125,14 @@ def bench_all(
                 )
                 row += f" in {seconds:.1f} s ({entry.status})"
             reduced = stored_script(path, entry, refresh=refresh)
+            if reduced is not None and reduce and again:
+                try:
+                    reduced, result = reduce_kept_again(
+                        path, entry, budget_s=DEFAULT_BUDGET_S if budget_s is None else budget_s
+                    )
+                    row += f"; reduced again: {result.lines_before} -> {code_lines(reduced)} code lines"
+                except ShardfuzzError as e:
+                    row += f"; not reduced again: {e}"
             if reduced is None and reduce:
                 try:
                     reduced, _ = reduce_and_store(

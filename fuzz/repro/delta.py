@@ -428,12 +428,15 @@ def ddmin(
     frozen: Frozen = frozenset(),
     pretest: bool = False,
     kept: list[str] | None = None,
+    fold_values: Callable[[str], str | None] | None = None,
     say: Callable[[str], None] = lambda _: None,
 ) -> str:
     """``code`` cut down while ``test`` holds, until ``time.monotonic()`` passes ``until``;
     the definitions named in ``frozen`` are left as they are. ``pretest``: an attempt is cheap
     next to tidying (the pool runs them), so each cut is tested before it is tidied. ``kept``
-    gets every script that became the current one, in order."""
+    gets every script that became the current one, in order. ``fold_values``: the script with
+    what plain Python computes in it folded to the values an instrumented run saw
+    (:mod:`fuzz.repro.values`), or None; tried once a round, after inlining."""
     current = code
     dangling = undefined(code)  # what the script read without binding before any cut
     try:
@@ -515,6 +518,25 @@ def ddmin(
 
         return tidied
 
+    def expanded(code: str, name: str, frozen: Frozen) -> str | None:
+        """Every call of ``name`` inlined, then each copy specialized to its arguments (objects,
+        simplifications, builders), until nothing changes: kept by :func:`shorter` only if the
+        copies together came out shorter than the function and its calls."""
+        out = inline_everywhere(code, name, frozen)
+        for _ in range(4):
+            if out is None:
+                return None
+            before = out
+            for rewrite in (propagate_objects, simplify):
+                out = rewrite(out, frozen) or out
+            for key in unrollable(out, frozen):
+                out = unroll(out, key, frozen) or out
+            for key in parameters(out, frozen):
+                out = drop_parameter(out, key, frozen) or out
+            if out == before:
+                break
+        return out
+
     round_ = 0
     while time.monotonic() < until:
         before = current
@@ -530,8 +552,18 @@ def ddmin(
         each(parameters, drop_parameter, grow=True)
         say(f"  delta {round_}: parameters dropped, {code_lines(current)} code lines")
         each(inlinable, inline, grow=True)
+        each(called_often, shorter(expanded), grow=True)
         keep(simplify(current, frozen), grow=True)
         say(f"  delta {round_}: functions inlined and simplified, {code_lines(current)} code lines")
+        if fold_values is not None and time.monotonic() < until:
+            folded = fold_values(current)
+            try:
+                folded = tidy(folded) if folded is not None else None
+            except (SyntaxError, ValueError, TypeError, KeyError, RecursionError):
+                folded = None
+            if folded is not None and code_lines(folded) <= code_lines(current) and keep(folded, grow=True):
+                keep(simplify(current, frozen), grow=True)
+                say(f"  delta {round_}: plain values folded, {code_lines(current)} code lines")
         each(compounds, unwrap, grow=True)
         say(f"  delta {round_}: statements unwrapped, {code_lines(current)} code lines")
         _chunks(lambda: current, keep, until, frozen)
@@ -666,6 +698,61 @@ def inline(code: str, name: str, frozen: Frozen = frozenset()) -> str | None:
                     block[i : i + 1] = body
                     tree.body.remove(fn)
                     return _unparse(tree)
+    return None
+
+
+def called_often(code: str, frozen: Frozen = frozenset()) -> list[str]:
+    """Top-level functions named at least twice outside their definition, each time by a call."""
+    tree = ast.parse(code)
+    counts: dict[str, int] = {}
+    calls: dict[str, int] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            counts[node.id] = counts.get(node.id, 0) + 1
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            calls[node.func.id] = calls.get(node.func.id, 0) + 1
+    return [
+        n.name
+        for n in tree.body
+        if isinstance(n, ast.FunctionDef)
+        and _inlinable(n, frozen)
+        and counts.get(n.name, 0) >= 2
+        and counts.get(n.name) == calls.get(n.name)
+    ]
+
+
+def inline_everywhere(code: str, name: str, frozen: Frozen = frozenset()) -> str | None:
+    """``code`` with every call of function ``name`` replaced by its body, one after the other
+    (None if one cannot be): the step before each copy is specialized to its call's arguments."""
+    for _ in range(16):
+        tree = ast.parse(code)
+        fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+        if fn is None or not _inlinable(fn, frozen):
+            return None
+        if not any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(tree) if n is not fn):
+            tree.body.remove(fn)
+            return _unparse(tree)
+        cuttable = {id(stmt) for stmt, _ in units(tree, frozen)}
+        done = False
+        for caller in ast.walk(tree):
+            if done or not isinstance(caller, (ast.FunctionDef, ast.AsyncFunctionDef)) or caller is fn:
+                continue
+            for block in [b for node in ast.walk(caller) for b in _blocks(node)]:
+                for i, stmt in enumerate(block):
+                    call = _call_site(stmt, name)
+                    if call is None:
+                        continue
+                    body = _inlined(fn, call, stmt, caller) if id(stmt) in cuttable else None
+                    if body is None:
+                        return None
+                    block[i : i + 1] = body
+                    done = True
+                    break
+                if done:
+                    break
+        if not done:
+            return None
+        code = _unparse(tree)
     return None
 
 

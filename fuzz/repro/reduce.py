@@ -69,7 +69,7 @@ from fuzz.model import to_jsonable
 from fuzz.patching import patch_env
 from fuzz.pool import RankPool, ScriptOutcome
 from fuzz.properties import get_property
-from fuzz.repro import render_entry
+from fuzz.repro import render_entry, values
 from fuzz.repro.delta import ddmin, drop_validation, frozen_for
 from fuzz.repro.harness import ATTEMPT, PASSING, POOLED_KINDS, main_source
 from fuzz.repro.portable import portable
@@ -706,18 +706,26 @@ class _Oracle:
         that the unreduced script ``full`` runs on torch with it. With the bug the case stops
         where it fails, so a script flattened from that run alone lacks what runs after, and
         could never pass with the fix; the reduction keeps the lines of both runs."""
+        self.prepare_fix()
+        env = self._fix_ready
+        if env is None:
+            return {}
+        with tempfile.TemporaryDirectory(prefix="shardfuzz-trace-") as tmp:
+            run_script(full, timeout=600.0, env={**env, "REPRO_TRACE": tmp})
+            return read_trace(Path(tmp), modules)
+
+    def prepare_fix(self) -> None:
+        """Make the fix of the entry's bug ready to be checked (:meth:`open_fix`), where there is
+        one that applies to this torch."""
         bug = known.BUGS.get(self.entry.bug or "")
         if bug is None or not bug.fix:
-            return {}
+            return
         self._fix_dir = tempfile.TemporaryDirectory(prefix="shardfuzz-fix-")
         env = patch_env(bug.fix, self._fix_dir.name)
         if env is None:
             self.say(f"  the fix of {bug.id} does not apply to this torch (or no patch harness): not checked")
-            return {}
+            return
         self._fix_ready = env
-        with tempfile.TemporaryDirectory(prefix="shardfuzz-trace-") as tmp:
-            run_script(full, timeout=600.0, env={**env, "REPRO_TRACE": tmp})
-            return read_trace(Path(tmp), modules)
 
     def open_fix(self, code: str) -> None:
         """Check candidates against torch with the entry's bug fixed from now on (where
@@ -745,6 +753,28 @@ class _Oracle:
 
     def __call__(self, code: str) -> bool:
         return self.in_pool(code) if self.pool is not None else self.torchrun(code)
+
+    def fold_values(self, code: str, frozen: frozenset[str]) -> str | None:
+        """``code`` with the plain values an instrumented torchrun of it saw folded in
+        (:mod:`fuzz.repro.values`; the definitions in ``frozen`` are left as they are), or None
+        where the instrumented script does not reproduce or nothing folds."""
+        with tempfile.TemporaryDirectory(prefix="shardfuzz-values-") as tmp:
+            script = render_flat(self.entry, self.source, self.signature, values.instrument(code, frozen, tmp))
+            clear_checkpoints(code)
+            status, output, seconds = run_script(script, timeout=self.timeout, nproc=self.entry.case.world_size)
+            self.torchrun_attempts += 1
+            self.torchrun_seconds += seconds
+            if reproduced(status, output) != self.signature:
+                self.say("  values: the instrumented script does not reproduce; nothing folded")
+                return None
+            records = values.read_records(Path(tmp))
+        try:
+            folded, count = values.fold(code, records, frozen)
+        except (SyntaxError, ValueError, TypeError, KeyError, RecursionError) as e:
+            self.say(f"  values: not folded ({type(e).__name__}: {e})")
+            return None
+        self.say(f"  values: {count} sites folded")
+        return folded if count else None
 
     def _said(self, where: str, code: str, ok: bool, seconds: float, output: str) -> None:
         self.say(
@@ -864,6 +894,7 @@ def reduce_entry(
             frozen=frozen,
             pretest=oracle.pool is not None,
             kept=kept,
+            fold_values=lambda text: oracle.fold_values(text, frozen),
             say=say,
         )
         code = _confirmed(code, verified, oracle, "delta-debugged", kept)
@@ -889,6 +920,111 @@ def reduce_entry(
         torchrun_attempts=oracle.torchrun_attempts,
         torchrun_seconds=oracle.torchrun_seconds,
     )
+
+
+def reduce_again(
+    entry: Entry,
+    kept: str,
+    source: str = "",
+    *,
+    budget_s: float = DEFAULT_BUDGET_S,
+    say: Callable[[str], None] = lambda _: None,
+) -> Reduction:
+    """``kept`` (a reduced script of ``entry``) reduced further: the passes after folding
+    (delta debugging, with plain values folded) start from it instead of from the unreduced
+    script, under the same oracles (the pool, torchrun, the bug's fix where it applies, a
+    mismatch's judge and observations). InvalidArgument if ``kept`` does not reproduce here, or
+    is a mismatch script whose judge it no longer names while the fix cannot be checked."""
+    began = time.monotonic()
+    name = source or entry.file_name
+    tree = ast.parse(kept)
+    if tree.body and isinstance(tree.body[0], ast.Expr) and isinstance(tree.body[0].value, ast.Constant):
+        tree.body = tree.body[1:]  # the docstring: rendered again
+    code = ast.unparse(tree) + "\n"
+    status, output, seconds = run_script(kept, timeout=600.0, nproc=entry.case.world_size)
+    signature = reproduced(status, output)
+    if signature is None:
+        last = output.strip().splitlines()[-1] if output.strip() else "no output"
+        raise InvalidArgument(f"{name}: its kept script does not reproduce the failure here ({last[:300]})")
+    say(f"{name}: the kept script reproduced {signature} in {seconds:.1f} s")
+    oracle = _Oracle(entry, source, signature, seconds * TIMEOUT_FACTOR + TIMEOUT_SLACK_S, say)
+    try:
+        oracle.prepare_fix()
+        if budget_s > 0:
+            oracle.open_pool(code)
+        oracle.open_fix(code)
+        frozen: frozenset[str] = frozenset()
+        if entry.kind == "mismatch" and not oracle.judge_free:
+            frozen = _judge_side(code, entry, {})
+            if not frozen:
+                raise InvalidArgument(
+                    f"{name}: the kept script no longer names its judge and the bug's fix is not checked here: "
+                    "reduce it from the unreduced script (--reduce --refresh)"
+                )
+        kept_on_way: list[str] = []
+        reduced = ddmin(
+            code,
+            oracle,
+            time.monotonic() + budget_s,
+            tidy=lambda text: tidy(text, entry, {}),
+            frozen=frozen,
+            pretest=oracle.pool is not None,
+            kept=kept_on_way,
+            fold_values=lambda text: oracle.fold_values(text, frozen),
+            say=say,
+        )
+        reduced = _confirmed(reduced, code, oracle, "delta-debugged", kept_on_way)
+    finally:
+        oracle.end()
+    script = portable(render_flat(entry, source, signature, reduced))
+    say(
+        f"{name}: {code_lines(kept)} -> {code_lines(script)} code lines, {oracle.attempts} attempts "
+        f"({oracle.pool_attempts} in the pool; {oracle.torchrun_attempts} under torchrun; "
+        f"{oracle.fixed_attempts} of them also with the bug's fix), {time.monotonic() - began:.1f} s"
+    )
+    return Reduction(
+        script=script,
+        lines_before=code_lines(kept),
+        lines_after=code_lines(script),
+        seconds=time.monotonic() - began,
+        attempts=oracle.attempts,
+        signature=signature,
+        pool_attempts=oracle.pool_attempts,
+        pool_seconds=oracle.pool_seconds,
+        torchrun_attempts=oracle.torchrun_attempts,
+        torchrun_seconds=oracle.torchrun_seconds,
+    )
+
+
+def reduce_kept_again(
+    entry_path: Path,
+    entry: Entry,
+    *,
+    budget_s: float = DEFAULT_BUDGET_S,
+    say: Callable[[str], None] = lambda _: None,
+) -> tuple[str, Reduction]:
+    """The kept reduced script of the entry reduced further (:func:`reduce_again`), stored in its
+    place if shorter. Its header keeps the carried sources it was first reduced from, and counts
+    the seconds of both reductions."""
+    path = stored_path(entry_path)
+    kept = stored_script(entry_path, entry)
+    if kept is None:
+        raise InvalidArgument(f"{entry_path}: no current reduced script is kept beside it (reduce it first: --reduce)")
+    result = reduce_again(entry, kept, str(entry_path), budget_s=budget_s, say=say)
+    if result.lines_after >= code_lines(kept):
+        say(f"{entry_path}: kept the stored script: the new reduction is no shorter ({result.lines_after})")
+        result.script = kept
+        return kept, result
+    fields = header_fields(kept)
+    seconds = float(fields.get("seconds", "0")) + result.seconds
+    header = f"{HEADER} entry={entry_hash(entry)} sources={fields.get('sources', '?')} seconds={seconds:.1f}"
+    lines = result.script.splitlines(keepends=True)
+    text = "".join([lines[0], header + "\n", *lines[1:]])
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    result.script = text
+    return text, result
 
 
 def _judge_side(code: str, entry: Entry, origins: Origins) -> frozenset[str]:

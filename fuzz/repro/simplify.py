@@ -27,7 +27,9 @@ left alone), repeated until none applies:
 - **Identities**: ``x * 1``, ``x // 1``, ``x + 0``, ``x - 0``, ``[] + x`` and the like become
   ``x``, ``*()`` goes from a display or a call and ``*[a, b]`` becomes ``a, b``, and
   ``dict()``, ``list()``, ``tuple()`` become displays;
-- **Appends**: ``v = []`` followed by ``v.append(a)`` and ``v += [b]`` becomes ``v = [a, b]``.
+- **Appends**: ``v = []`` followed by ``v.append(a)`` and ``v += [b]`` becomes ``v = [a, b]``;
+- **Keywords**: ``f(**kw)``, where ``kw`` is a local bound once to a dict display of string
+  keys and pure values and only unpacked so, becomes ``f(k=v, ...)``.
 
 What is not pure (a call whose value is used twice) is never duplicated, but for calls of the
 script's own dataclasses, which only build an object.
@@ -997,7 +999,50 @@ def _drop_passes(tree: ast.Module) -> None:
             _set_list(holder, name, [s for s in stmts if not isinstance(s, ast.Pass)] or stmts[:1])
 
 
+def _spread_keywords(tree: ast.Module, frozen: Frozen) -> bool:
+    """``f(a, **kw)``, where ``kw`` is a local bound once to a dict display of string keys and
+    pure values and only ever unpacked so, becomes ``f(a, k=v, ...)``: the call's parameters
+    are then plain keywords, which the parameter and inlining cuts can follow."""
+    changed = False
+    for fn in _functions(tree, frozen):
+        if _nested(fn):
+            continue
+        stores = _stores(fn)
+        unpacked = {id(k.value) for n in ast.walk(fn) if isinstance(n, ast.Call) for k in n.keywords if k.arg is None}
+        for node in ast.walk(fn):
+            if not (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)
+                and isinstance(node.value, ast.Dict)
+                and stores.get(node.targets[0].id) == 1
+                and all(isinstance(k, ast.Constant) and isinstance(k.value, str) for k in node.value.keys)
+                and all(_stable(v, stores) for v in node.value.values)
+            ):
+                continue
+            name, display = node.targets[0].id, node.value
+            uses = [n for n in ast.walk(fn) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)]
+            if not uses or any(id(u) not in unpacked for u in uses):
+                continue
+            for call in [n for n in ast.walk(fn) if isinstance(n, ast.Call)]:
+                spread: list[ast.keyword] = []
+                for k in call.keywords:
+                    if k.arg is None and isinstance(k.value, ast.Name) and k.value.id == name:
+                        spread += [
+                            ast.keyword(key.value, copy.deepcopy(v))  # type: ignore[union-attr]
+                            for key, v in zip(display.keys, display.values, strict=True)
+                        ]
+                    else:
+                        spread.append(k)
+                call.keywords = spread
+            _drop_bindings(fn, {name})
+            changed = True
+            break
+    return changed
+
+
 _REWRITES = (
+    _spread_keywords,
     _object_fields,
     _scalars,
     _tables,
