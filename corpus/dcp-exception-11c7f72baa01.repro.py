@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=0845a1e0c476c07f sources=9d7be58e4208c9df seconds=113.1
+# shardfuzz reduced reproducer: entry=0845a1e0c476c07f sources=9d7be58e4208c9df seconds=534.5
 """Reproduces shardfuzz corpus entry dcp-exception-11c7f72baa01.json: exception:dcp:torch.distributed.checkpoint.api.CheckpointException@torch/distributed/checkpoint/default_planner.py:create_default_local_load_plan
 
 Observed: dcp.load of an FSDP1 sharded state dict where a rank holds no chunk of a parameter,
@@ -11,7 +11,7 @@ Traceback (most recent call last): (RANK 1) File
 packages/torch/distributed/checkpoint/utils.py", line 193, in reduce_scatter local_dat)
 Known torch bug: dcp.load of an FSDP1 sharded state dict where a rank holds no chunk of a
 parameter: the planner guesses a pre-2.4 checkpoint, 'Missing key in checkpoint state_dict';
-upstream: pytorch/pytorch#163480 (same bug; closed unmerged).
+upstream: https://github.com/pytorch/pytorch/issues/163480.
 Expected: no rank raises.
 
     torchrun --nproc-per-node 2 THIS_FILE.py
@@ -129,31 +129,6 @@ class Wrapper(str, enum.Enum):
     FSDP1_HYBRID_SHARD = 'fsdp1_hybrid_shard'
 
 @dataclass(frozen=True)
-class ReplicateOptions:
-    bucket_cap_mb: object = None
-    bucket_cap_mb_list: object = ()
-    gradient_as_bucket_view: object = False
-    static_graph: object = False
-    init_sync: object = True
-    dim: object = 0
-    device_id: object = False
-    ignored_modules: object = ()
-    forward_sync_buffers: object = None
-    batched_grad_copy: object = False
-    skip_all_reduce_unused_params: object = False
-    delay_all_reduce: object = False
-
-    def __post_init__(self):
-        caps = (*(() if self.bucket_cap_mb is None else (self.bucket_cap_mb,)), *self.bucket_cap_mb_list)
-
-    @property
-    def is_set(self):
-        return self != ReplicateOptions()
-
-    def names(self):
-        ...
-
-@dataclass(frozen=True)
 class CheckpointOptions:
     preserve_rng_state: object = True
     determinism_check: object = None
@@ -180,7 +155,6 @@ class Composition:
     tp: object = ()
     tp_size: object = 1
     find_unused: object = False
-    replicate_options: object = field(default_factory=ReplicateOptions)
     checkpoint_options: object = field(default_factory=CheckpointOptions)
 
     def __post_init__(self):
@@ -329,11 +303,6 @@ class Options:
     ignore_frozen_params: object = False
     flatten_optimizer_state_dict: object = False
 
-class Overwrite(str, enum.Enum):
-    NONE = 'none'
-    TRUE = 'true'
-    FALSE = 'false'
-
 class DcpItem(str, enum.Enum):
     MODEL = 'model'
     OPTIMIZER = 'optimizer'
@@ -372,7 +341,6 @@ class DcpBody(Body):
     mode: object = DcpMode.ROUND_TRIP
     checkpoint_dir: object = ''
     deadlock: object = False
-    overwrite: object = Overwrite.NONE
     async_saves: object = 0
     cache_staged: object = False
     no_dist: object = False
@@ -550,31 +518,8 @@ def _wrap(model, comp, ctx):
     kwargs = {'sharding_strategy': strategy, 'device_id': ctx.device, 'use_orig_params': True}
     return FSDP(model, **kwargs)
 
-def make_optimizer(params, training, later=()):
-    held = {id(p) for p in later}
-    params = [p for p in params if p.requires_grad or id(p) in held]
-    groups = params
-    foreach = training.foreach
-    if training.optimizer is Optimizer.SGD:
-        return torch.optim.SGD(groups, lr=training.lr, momentum=training.momentum, foreach=foreach)
-
 def full_parameters(model):
     ...
-
-def batches(case, training, width, ctx, tp_size=1):
-    dtype = TORCH_DTYPES[training.dtype]
-    gen = torch.Generator().manual_seed(case.seed)
-    b = training.batch_per_rank
-    lo = 0 if training.same_input else ctx.rank // tp_size * b
-    out = []
-    for _ in range(training.steps):
-        step = []
-        for _ in range(training.grad_accum):
-            x = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
-            y = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
-            step.append((x[lo:lo + b].to(ctx.device), y[lo:lo + b].to(ctx.device)))
-        out.append(step)
-    return out
 PROBE_ROWS = 3
 FRESH_SEED = 24301
 
@@ -628,84 +573,23 @@ def fresh_training(training):
     momentum = 0.5 if training.optimizer is Optimizer.SGD and training.momentum else 0.0
     return replace(training, lr=training.lr * 0.37, momentum=momentum, eps=training.eps * 10)
 
-def add_optimizer(side, training, *, frozen_in_optimizer=False, empty_group=False):
-    params = list(side.model.parameters())
-    frozen = [p for p in params if not p.requires_grad] if frozen_in_optimizer else []
-    side.opt = make_optimizer(params, training, later=frozen)
-    side.param_names = {id(p): clean_name(n) for n, p in side.model.named_parameters()}
-    return side.opt
-
 def body_optimizer(side, training, body):
-    return add_optimizer(side, training, frozen_in_optimizer=body.frozen_in_optimizer, empty_group=body.empty_group)
+    pass
 
 def seed_segment(case, ctx, segment):
     torch.manual_seed((case.seed * 7919 + segment * 104729 + ctx.rank + 1) % 2 ** 63)
 
 def all_batches(case, training, steps, tree, ctx):
-    return [step[0] for step in batches(case, replace(training, steps=steps), tree.width, ctx)]
+    pass
 
 def _flat(t):
     from torch.distributed.tensor import DTensor
     return [float(v) for v in t.detach().double().cpu().flatten().tolist()]
 
-def observe_model(side):
-    with side.composed.full_parameters() as params:
-        out = {n: [float(v) for v in t.double().cpu().flatten().tolist()] for n, t in params.items()}
-    for n, b in side.model.named_buffers():
-        out[clean_name(n)] = _flat(b)
-    return out
-
-def _jsonable(value):
-    if isinstance(value, torch.Tensor):
-        return _flat(value)
-    if isinstance(value, (bool, int, float, str)) or value is None:
-        return value
-
-def observe_groups(side):
-    names = side.names()
-    out = []
-    for group in side.opt.param_groups:
-        item = {k: _jsonable(v) for k, v in sorted(group.items()) if k != 'params'}
-        item['params'] = [names.get(id(p), '?') for p in group['params']]
-        out.append(item)
-    return out
-
-def observe_optimizer(side):
-    names = side.names()
-    out = {}
-    for group in side.opt.param_groups:
-        for p in group['params']:
-            state = side.opt.state.get(p, {})
-            entry = {key: _jsonable(state[key]) for key in sorted(state)}
-            if entry:
-                out[names.get(id(p), '?')] = entry
-    return out
-
-def probe(side, case, tree, ctx):
-    gen = torch.Generator().manual_seed(case.seed + 1)
-    x = torch.randn(PROBE_ROWS, tree.width, generator=gen, dtype=TORCH_DTYPES[side.training.dtype]).to(ctx.device)
-    seed_segment(case, ctx, 99)
-    with torch.no_grad():
-        out = _flat(side.model(x))
-    reshard(side.model)
-    return out
-
 def reshard(model):
     from torch.distributed.fsdp import FSDPModule
     for module in model.modules():
         pass
-
-def observe(side, case, tree, ctx, *, model=True):
-    obs = {'groups': observe_groups(side)}
-    if model:
-        params = observe_model(side)
-        optim = observe_optimizer(side)
-        out = probe(side, case, tree, ctx)
-        if side.fsdp1:
-            obs['optimizer_local'] = optim
-        if ctx.rank == 0:
-            obs.update(model=params, probe=out)
-    return obs
 
 def dropped_keys(side, drop):
     if not drop:
@@ -832,7 +716,6 @@ def _run_dcp(case, body, ctx):
     prepare_side(body, tgt, put)
     dropped = dropped_keys(tgt, body.drop)
     obs['dropped'] = dropped
-    obs['fresh'] = observe(tgt, case, body.tree, ctx, model=not body.target_meta_init)
     values = _values(body, case, tgt, ctx, get_load, put, fresh=True, skip=body.skip)
     state = _arrange(body, values, ctx)
     plain = {k: v for k, v in state.items() if isinstance(v, (dict, torch.Tensor))}
@@ -851,7 +734,7 @@ def attempt(rank, world_size):
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
+        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
         if found in ['torch.distributed.checkpoint.api.CheckpointException@torch/distributed/checkpoint/default_planner.py:create_default_local_load_plan']:
             return f'REPRODUCED exception:dcp:torch.distributed.checkpoint.api.CheckpointException@torch/distributed/checkpoint/default_planner.py:create_default_local_load_plan: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

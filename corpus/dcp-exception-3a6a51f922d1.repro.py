@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=24cba4b5d3ca2075 sources=4cc18416ea30ea14 seconds=130.5
+# shardfuzz reduced reproducer: entry=24cba4b5d3ca2075 sources=4cc18416ea30ea14 seconds=300.5
 """Reproduces shardfuzz corpus entry dcp-exception-3a6a51f922d1.json: exception:dcp:builtins.ValueError@torch/distributed/fsdp/_optim_utils.py:_flatten_optim_state_dict
 
 Observed: The classic FSDP1 DCP recipe with an optimizer without state (SGD without momentum):
@@ -31,68 +31,16 @@ class RankContext:
     device: object
     backend: object
 
-class Dtype(str, enum.Enum):
-    FLOAT32 = 'float32'
-
-@dataclass()
-class Block:
-    children: object
-    scale: object = False
-
-@dataclass()
-class ModuleTree:
-    width: object
-    root: object
-
-@dataclass()
-class Composition:
-    pass
-
-@dataclass()
-class Training:
-    dtype: object = Dtype.FLOAT32
-
 class DcpItem(str, enum.Enum):
     OPTIMIZER = 'optimizer'
 
 class TreeBlock(nn.Module):
 
-    def __init__(self, children, width, scale):
+    def __init__(self, children, scale):
         super().__init__()
         for i, child in enumerate(children):
             self.add_module(str(i), child)
-        self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(width)) if scale else None
-
-def build_node(node, width):
-    return TreeBlock([build_node(c, width) for c in node.children], width, node.scale)
-TORCH_DTYPES = {Dtype.FLOAT32: torch.float32}
-
-@dataclass
-class Composed:
-    model: object
-
-@dataclass
-class Side:
-    composed: object
-    comp: object
-    training: object
-
-    @property
-    def model(self):
-        return self.composed.model
-
-def build_side(tree, comp, training, ctx):
-    build_model_out = build_node(tree.root, 4)
-    model = build_model_out.to(TORCH_DTYPES[training.dtype])
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    kwargs = {'device_id': ctx.device}
-    wrap_out = FSDP(model, **kwargs)
-    composed = Composed(model=wrap_out)
-    return Side(composed=composed, comp=comp, training=training)
-
-def body_optimizer(side):
-    params = list(side.model.parameters())
-    side.opt = torch.optim.SGD(params)
+        self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(4)) if scale else None
 
 def case_dir(ctx):
     digest = hashlib.sha1('{"body": {"absent": false, "async_save": false, "async_saves": 0, "cache_staged": false, "checkpoint_dir": "", "convert": false, "deadlock": false, "drop": [], "empty_group": false, "entries": ["model", "optimizer"], "frozen_in_optimizer": false, "kind": "dcp", "load_cpu_offload": false, "load_full_state_dict": false, "load_planner": null, "mode": "round_trip", "module_stateful": false, "no_dist": false, "orders": [], "overwrite": "none", "own_group": false, "patched": false, "process_checkpointer": false, "requires_grad": [], "save_cpu_offload": false, "save_full_state_dict": false, "save_planner": null, "skip": [], "source": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "custom_all_gather": false, "custom_reduce_scatter": false, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "no_unshard_in_backward": false, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0, "separate_rs_group": false}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "spmd": false, "tp": [], "tp_size": 1, "wrapper": "fsdp1_full_shard"}, "stager": null, "steps_after": 1, "storage_objects": false, "target": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "custom_all_gather": false, "custom_reduce_scatter": false, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "no_unshard_in_backward": false, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0, "separate_rs_group": false}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "spmd": false, "tp": [], "tp_size": 1, "wrapper": "fsdp1_full_shard"}, "target_meta_init": false, "torch_save_reader": false, "training": {"accum_sync": "always", "batch_per_rank": 2, "compile": "none", "dtype": "float32", "eps": 0.001, "foreach": null, "grad_accum": 1, "lr": 0.1, "momentum": 0.0, "optimizer": "sgd", "param_groups": 1, "same_input": false, "set_to_none": true, "skips": [], "steps": 1, "unfreeze": []}, "tree": {"root": {"buffer": true, "children": [{"bias": true, "frozen": false, "kind": "linear"}, {"buffer": false, "children": [{"bias": true, "frozen": false, "kind": "linear"}, {"bias": true, "frozen": false, "kind": "tanh"}, {"bias": true, "frozen": false, "kind": "layer_norm"}], "residual": false, "scale": true}, {"bias": false, "frozen": false, "kind": "linear"}], "residual": false, "scale": false}, "width": 4}, "use_collectives": true, "writer": {"per_thread_copy_ahead": 10000000, "single_file_per_rank": true, "sync_files": true, "thread_count": 1}}, "property": "dcp", "schema": 1, "seed": 33, "world_size": 2}'.encode()).hexdigest()[:12]
@@ -104,32 +52,39 @@ def attempt(rank, world_size):
     import re
     import traceback
     try:
-        t = Training()
         path = '' or case_dir(ctx)
-        src = build_side(ModuleTree(width=4, root=Block(children=(Block(children=(), scale=True),))), Composition(), t, ctx)
-        body_optimizer(src)
+        build_model_out = TreeBlock([TreeBlock([], True)], False)
+        model = build_model_out.to(torch.float32)
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP__
+        wrap_out = FSDP__(model, device_id=torch.device('cpu'))
+        params = list(wrap_out.parameters())
+        src_opt = torch.optim.SGD(params)
         out = {}
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP_
-        osd_ = FSDP_.optim_state_dict(src.model, src.opt)
+        osd_ = FSDP_.optim_state_dict(wrap_out, src_opt)
         out[DcpItem.OPTIMIZER] = osd_
-        order = range(len((DcpItem.OPTIMIZER,)))
-        state = {(DcpItem.OPTIMIZER,)[i].value: out[(DcpItem.OPTIMIZER,)[i]] for i in order if (DcpItem.OPTIMIZER,)[i] in out}
+        order = range(1)
+        state = {(DcpItem.OPTIMIZER,)[i].value: out[DcpItem.OPTIMIZER] for i in order if (DcpItem.OPTIMIZER,)[i] in out}
         import torch.distributed.checkpoint as dcp
         kwargs_ = {}
         kwargs_['checkpoint_id'] = path
         dcp.save(state, **kwargs_)
-        tgt = build_side(ModuleTree(width=4, root=Block(children=(Block(children=(), scale=True),))), Composition(), t, ctx)
-        body_optimizer(tgt)
+        build_model_out_ = TreeBlock([TreeBlock([], True)], False)
+        model_ = build_model_out_.to(torch.float32)
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP___
+        wrap_out_ = FSDP___(model_, device_id=torch.device('cpu'))
+        params_ = list(wrap_out_.parameters())
+        tgt_opt = torch.optim.SGD(params_)
         import torch.distributed.checkpoint as dcp_
         from torch.distributed.checkpoint.optimizer import load_sharded_optimizer_state_dict
-        loaded = load_sharded_optimizer_state_dict(model_state_dict=tgt.model.state_dict(), optimizer_key='optimizer', storage_reader=dcp_.FileSystemReader(path))
+        loaded = load_sharded_optimizer_state_dict(model_state_dict=wrap_out_.state_dict(), optimizer_key='optimizer', storage_reader=dcp_.FileSystemReader(path))
         osd = loaded['optimizer']
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-        tgt.opt.load_state_dict(FSDP.optim_state_dict_to_load(tgt.model, tgt.opt, osd))
+        tgt_opt.load_state_dict(FSDP.optim_state_dict_to_load(wrap_out_, tgt_opt, osd))
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
-        at = [f"torch/{p.rpartition('/torch/')[2]}:{f}" for p, f in frames if '/torch/' in p and 'comp>' not in f]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@{(at or ['torch/?:?'])[-1]}"
+        at = [f'torch/{p.rpartition("/torch/")[2]}:{f}' for p, f in frames if '/torch/' in p and 'comp>' not in f]
+        found = f'{type(e).__module__}.{type(e).__qualname__}@{(at or ["torch/?:?"])[-1]}'
         if found in ['builtins.ValueError@torch/distributed/fsdp/_optim_utils.py:_flatten_optim_state_dict'] and at[0] == 'torch/distributed/fsdp/fully_sharded_data_parallel.py:optim_state_dict_to_load' and (re.sub('\\d+(?:\\.\\d+)*', '#', str(e).partition('\n')[0]) == '`optim_state_dict` must have the keys "state"to be a valid optimizer state dict'):
             return f'REPRODUCED exception:dcp:builtins.ValueError@torch/distributed/fsdp/_optim_utils.py:_flatten_optim_state_dict: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

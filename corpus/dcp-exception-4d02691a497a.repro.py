@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=32bab302165bedb8 sources=9d7be58e4208c9df seconds=102.4
+# shardfuzz reduced reproducer: entry=32bab302165bedb8 sources=9d7be58e4208c9df seconds=193.8
 """Reproduces shardfuzz corpus entry dcp-exception-4d02691a497a.json: exception:dcp:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out
 
 Observed: Not a state-dict bug: FSDP2's backward all-gather raises IndexError in
@@ -20,16 +20,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 import torch.nn.functional as F
-from dataclasses import dataclass
-
-@dataclass()
-class ShardSpec:
-    path: object
-    reshard_after_forward: object = True
-
-    @property
-    def paths(self):
-        return (self.path,)
 
 def _placement_fn(shard_size):
     from torch.distributed.tensor import Shard
@@ -49,24 +39,18 @@ def attempt(rank, world_size):
         step_ = [(x[rank:rank + 1].to(torch.device('cpu')), y[rank:rank + 1].to(torch.device('cpu')))]
         out = [step_]
         data = [step[0] for step in out]
-        comp_shards = (ShardSpec(path='1'),)
-        build_model_out = nn.Sequential(*[nn.Linear(4, 4), nn.Linear(4, 4)])
+        build_model_out = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
         model = build_model_out.to(torch.float32)
-        shape = (world_size,)
+        shape = (4,)
         from torch.distributed.device_mesh import init_device_mesh
         key = ()
         ctx__meshes[key] = init_device_mesh(torch.device('cpu').type, shape)
         mesh = ctx__meshes[key]
-        specs = {s.path: s for s in (ShardSpec(path='1', reshard_after_forward=2),)}
-        items = [('fully_shard', spec_.path) for spec_ in comp_shards]
-        Composition_steps_out = sorted(items)
-        api, path_ = next(iter(Composition_steps_out))
-        spec = specs[path_]
         from torch.distributed.fsdp import fully_shard
-        kwargs = {'reshard_after_forward': spec.reshard_after_forward}
+        kwargs = {'reshard_after_forward': 2}
         shard_size = mesh.size(mesh.ndim - 1)
         kwargs['shard_placement_fn'] = _placement_fn(shard_size)
-        modules = [model.get_submodule(p_) for p_ in spec.paths]
+        modules = [model.get_submodule('1')]
         fully_shard(modules[0], **kwargs)
         data_ = data[:1]
         x_, y_ = next(iter(data_))
@@ -75,7 +59,7 @@ def attempt(rank, world_size):
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
+        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
         if found in ['builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out']:
             return f'REPRODUCED exception:dcp:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=e7955ea402b7e752 sources=7d6f5cb23a31c8e4 seconds=242.0
+# shardfuzz reduced reproducer: entry=e7955ea402b7e752 sources=7d6f5cb23a31c8e4 seconds=507.6
 """Reproduces shardfuzz corpus entry dcp-exception-75d538f69398.json: exception:dcp:builtins.KeyError@torch/distributed/checkpoint/_state_dict_stager.py:deepcopy_with_tensor_offload
 
 Observed: async_save with an explicit DefaultStager reused for a later save: DefaultStager
@@ -146,7 +146,6 @@ class DcpBody(Body):
     entries: object
     training: object = field(default_factory=Training)
     steps_after: object = 1
-    orders: object = ()
     skip: object = ()
     save_full_state_dict: object = False
     save_cpu_offload: object = False
@@ -162,11 +161,11 @@ class DcpBody(Body):
 
 class TreeBlock(nn.Module):
 
-    def __init__(self, children, residual, width, scale, buffer):
+    def __init__(self, children, width):
         super().__init__()
         for i, child in enumerate(children):
             self.add_module(str(i), child)
-        self.residual = residual
+        self.residual = False
         self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(width))
         self.register_buffer('shift', 0.1 * torch.randn(width))
         self.skipped: frozenset[str] = frozenset()
@@ -181,9 +180,8 @@ class TreeBlock(nn.Module):
 
 def build_node(node, width):
     if isinstance(node, Leaf):
-        pass
         return None
-    return TreeBlock([build_node(c, width) for c in node.children], False, width, True, True)
+    return TreeBlock([build_node(c, width) for c in node.children], width)
 
 def build_model(tree, device):
     with torch.device(device):
@@ -194,16 +192,16 @@ TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtyp
 class Composed:
     model: object
 
-def batches(case, training, width, ctx, tp_size=1):
+def batches(training, ctx):
     dtype = TORCH_DTYPES[training.dtype]
     gen = torch.Generator().manual_seed(406121)
-    lo = ctx.rank // tp_size * 1
+    lo = ctx.rank // 1
     out = []
     for _ in range(5):
         step = []
         for _ in range(1):
-            x = torch.randn(ctx.world_size * 1, width, generator=gen, dtype=dtype)
-            y = torch.randn(ctx.world_size * 1, width, generator=gen, dtype=dtype)
+            x = torch.randn(ctx.world_size, 1, generator=gen, dtype=dtype)
+            y = torch.randn(ctx.world_size, 1, generator=gen, dtype=dtype)
             step.append((x[lo:lo + 1].to(ctx.device), y[lo:lo + 1].to(ctx.device)))
         out.append(step)
     return out
@@ -221,8 +219,8 @@ class Side:
     def model(self):
         return self.composed.model
 
-def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=()):
-    torch.manual_seed(seed)
+def build_side(tree, comp, training, ctx, *, schedule=()):
+    torch.manual_seed(406121)
     device = ctx.device
     model = build_model(tree, device).to(TORCH_DTYPES[training.dtype])
     composed = Composed(model)
@@ -231,7 +229,7 @@ def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=()):
 def requires_grad(side):
     pass
 
-def add_optimizer(side, training, *, frozen_in_optimizer=False, empty_group=False):
+def add_optimizer(side, *, empty_group=False):
     params = list(side.model.parameters())
     frozen = [p for p in params if not p.requires_grad]
     params_ = params
@@ -243,10 +241,10 @@ def add_optimizer(side, training, *, frozen_in_optimizer=False, empty_group=Fals
     return side.opt
 
 def body_optimizer(side, training, body):
-    return add_optimizer(side, training, frozen_in_optimizer=True, empty_group=True)
+    return add_optimizer(side, empty_group=True)
 
 def all_batches(case, training, steps, tree, ctx):
-    return [step[0] for step in batches(case, replace(training, steps=steps), 1, ctx)]
+    return [step[0] for step in batches(replace(training, steps=steps), ctx)]
 
 def train_steps(side, data, ctx):
     assert side.opt is not None
@@ -273,7 +271,6 @@ def _options(full, offload, *, load, strict=True):
     pass
 
 def _values(body, case, side, ctx, get, put, fresh, skip):
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
     out = {}
     for entry in body.entries:
         if entry is DcpItem.APP:
@@ -281,7 +278,7 @@ def _values(body, case, side, ctx, get, put, fresh, skip):
     return out
 
 def _arrange(body, values, ctx):
-    order = body.orders[ctx.rank] if () else range(len(body.entries))
+    order = range(len(body.entries))
     return {body.entries[i].value: values[body.entries[i]] for i in order if body.entries[i] in values}
 
 def _writer_kwargs(body, path, overwrite=None):
@@ -294,7 +291,7 @@ def _stager(body):
     return DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False, use_async_staging=False, use_non_blocking_copy=False))
 
 def _close(stager):
-    stager.close()
+    pass
 
 def _async_kwargs(body, stager):
     kwargs = {}
@@ -340,7 +337,7 @@ def _run_dcp(case, body, ctx):
     obs = {}
     data = all_batches(case, t, 3 + 2, body.tree, ctx)
     src = None
-    src = build_side(body.tree, body.source, t, ctx, seed=406121, schedule=body.requires_grad)
+    src = build_side(body.tree, body.source, t, ctx, schedule=body.requires_grad)
     body_optimizer(src, t, body)
     obs.update(_save_in_flight(body, case, src, ctx, data, get_save, put, path))
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=4b45c2168641062c sources=9d7be58e4208c9df seconds=66.3
+# shardfuzz reduced reproducer: entry=4b45c2168641062c sources=9d7be58e4208c9df seconds=211.3
 """Reproduces shardfuzz corpus entry dcp-exception-c392ca0e3a90.json: exception:dcp:builtins.KeyError@torch/distributed/fsdp/_optim_utils.py:_unflatten_param_groups
 
 Observed: FSDP1 NO_SHARD with an auto-wrapped unit whose parameters are all frozen, those
@@ -24,28 +24,16 @@ import torch
 import enum
 from torch import nn
 import torch.nn.functional as F
-from dataclasses import dataclass, replace
-
-class Dtype(str, enum.Enum):
-    FLOAT32 = 'float32'
-    FLOAT64 = 'float64'
 
 class Wrapper(str, enum.Enum):
     FSDP1_NO_SHARD = 'fsdp1_no_shard'
-
-@dataclass()
-class Training:
-    dtype: object = Dtype.FLOAT32
-TORCH_DTYPES = {Dtype.FLOAT64: torch.float64}
 
 def attempt(rank, world_size):
     ctx_device = torch.device('cpu')
     import re
     import traceback
     try:
-        t = Training(dtype=Dtype.FLOAT64)
-        training_ = replace(t)
-        dtype = TORCH_DTYPES[training_.dtype]
+        dtype = torch.float64
         x = torch.randn(world_size, 4, dtype=dtype)
         y = torch.randn(world_size, 4)
         step_ = [(x[0:1].to(ctx_device), y[0:1].to(ctx_device))]
@@ -53,7 +41,7 @@ def attempt(rank, world_size):
         data = [step[0] for step in out]
         module = nn.LayerNorm(4)
         module.requires_grad_(False)
-        build_model_out = nn.Sequential(*[module, nn.Sequential(*[nn.Sequential(*[nn.LayerNorm(4)])])])
+        build_model_out = nn.Sequential(module, nn.Sequential(nn.Sequential(nn.LayerNorm(4))))
         model = build_model_out.to(torch.float64)
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
@@ -64,9 +52,7 @@ def attempt(rank, world_size):
         params = list(wrap_out.parameters())
         groups = [{'params': params[1::2]}]
         src_opt = torch.optim.SGD(groups)
-        t_, n_ = (Training(), 3)
-        first = 3 - (n_ - 1)
-        data_ = data[:first]
+        data_ = data[:1]
         x_, y_ = next(iter(data_))
         loss = F.mse_loss(wrap_out(x_).to(y_.dtype), y_)
         loss.backward()
@@ -75,7 +61,7 @@ def attempt(rank, world_size):
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
+        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
         if found in ['builtins.KeyError@torch/distributed/fsdp/_optim_utils.py:_unflatten_param_groups']:
             return f'REPRODUCED exception:dcp:builtins.KeyError@torch/distributed/fsdp/_optim_utils.py:_unflatten_param_groups: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

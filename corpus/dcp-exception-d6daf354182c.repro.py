@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=bc8ec400c405abdb sources=9d7be58e4208c9df seconds=81.5
+# shardfuzz reduced reproducer: entry=bc8ec400c405abdb sources=9d7be58e4208c9df seconds=193.5
 """Reproduces shardfuzz corpus entry dcp-exception-d6daf354182c.json: exception:dcp:builtins.RuntimeError@torch/distributed/_shard/sharded_tensor/api.py:dispatch
 
 Observed: dcp.async_save(checkpoint_id=...) of FSDP1 ShardedTensors: the default stager calls
@@ -41,20 +41,19 @@ def attempt(rank, world_size):
         build_model_out = TreeBlock([TreeBlock([], True)], False)
         model = build_model_out.to(torch.float32)
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-        kwargs = {'device_id': ctx_device}
-        wrap_out = FSDP(model, **kwargs)
+        wrap_out = FSDP(model, device_id=ctx_device)
         from torch.distributed.fsdp import ShardedOptimStateDictConfig, ShardedStateDictConfig, StateDictType, FullyShardedDataParallel as FSDP_
         FSDP_.set_state_dict_type(wrap_out, StateDictType.SHARDED_STATE_DICT, ShardedStateDictConfig(), ShardedOptimStateDictConfig())
         out = {}
         out[DcpItem.MODEL] = wrap_out.state_dict()
-        order = range(len((DcpItem.MODEL,)))
-        state = {'model': out[(DcpItem.MODEL,)[i]] for i in order if (DcpItem.MODEL,)[i] in out}
+        order = range(1)
+        state = {'model': out[DcpItem.MODEL] for i in order if (DcpItem.MODEL,)[i] in out}
         import torch.distributed.checkpoint as dcp
         result = dcp.async_save(state)
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
+        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
         if found in ['builtins.RuntimeError@torch/distributed/_shard/sharded_tensor/api.py:dispatch']:
             return f'REPRODUCED exception:dcp:builtins.RuntimeError@torch/distributed/_shard/sharded_tensor/api.py:dispatch: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

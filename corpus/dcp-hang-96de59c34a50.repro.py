@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=87e3671b7d30ca95 sources=001b716bb8af1bc0 seconds=337.2
+# shardfuzz reduced reproducer: entry=87e3671b7d30ca95 sources=001b716bb8af1bc0 seconds=618.9
 """Reproduces shardfuzz corpus entry dcp-hang-96de59c34a50.json: hang:dcp@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone
 
 Observed: set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0 pass an
@@ -198,32 +198,6 @@ class ReplicateGroup(str, enum.Enum):
     PROCESS_GROUP = 'process_group'
     DEVICE_MESH = 'device_mesh'
 
-@dataclass(frozen=True)
-class ReplicateOptions:
-    bucket_cap_mb: object = None
-    bucket_cap_mb_list: object = ()
-    gradient_as_bucket_view: object = False
-    static_graph: object = False
-    init_sync: object = True
-    dim: object = 0
-    group: object = ReplicateGroup.DEFAULT
-    device_id: object = False
-    ignored_modules: object = ()
-    forward_sync_buffers: object = None
-    batched_grad_copy: object = False
-    skip_all_reduce_unused_params: object = False
-    delay_all_reduce: object = False
-
-    def __post_init__(self):
-        caps = (*(() if self.bucket_cap_mb is None else (self.bucket_cap_mb,)), *self.bucket_cap_mb_list)
-
-    @property
-    def is_set(self):
-        return self != ReplicateOptions()
-
-    def names(self):
-        ...
-
 class ContextFn(str, enum.Enum):
     NONE = 'none'
     SAVE_MATMULS = 'save_matmuls'
@@ -257,7 +231,6 @@ class Composition:
     tp: object = ()
     tp_size: object = 1
     find_unused: object = False
-    replicate_options: object = field(default_factory=ReplicateOptions)
     checkpoint_options: object = field(default_factory=CheckpointOptions)
     spmd: object = False
 
@@ -1032,7 +1005,7 @@ def main():
     def watch():
         time.sleep(20)
         frames = traceback.extract_stack(sys._current_frames()[threading.main_thread().ident])
-        if any((f"torch/{f.filename.rpartition('/torch/')[2]}:{f.name}" in ['torch/distributed/_state_dict_utils.py:_broadcast_state_dict'] for f in frames)):
+        if any((f'torch/{f.filename.rpartition("/torch/")[2]}:{f.name}' in ['torch/distributed/_state_dict_utils.py:_broadcast_state_dict'] for f in frames)):
             print(f'REPRODUCED hang:dcp@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone: rank {ctx.rank} is stuck', flush=True)
             os._exit(1)
         if finished.is_set():

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=8fe6d7b1f8b8192a sources=7d6f5cb23a31c8e4 seconds=288.8
+# shardfuzz reduced reproducer: entry=8fe6d7b1f8b8192a sources=7d6f5cb23a31c8e4 seconds=561.7
 """Reproduces shardfuzz corpus entry dcp-mismatch-175e579ba153.json: mismatch:dcp@async_save:fsdp1-hsdp-load_sharded_optimizer_state_dict
 
 Observed: Into FSDP1 HYBRID_SHARD over a 2-D mesh, load_sharded_optimizer_state_dict lays the
@@ -53,12 +53,8 @@ class RankContext:
         pass
 
 class LeafKind(str, enum.Enum):
-    LINEAR = 'linear'
-    LAYER_NORM = 'layer_norm'
     CONV1D = 'conv1d'
     RELU = 'relu'
-    TANH = 'tanh'
-    GELU = 'gelu'
     DROPOUT = 'dropout'
 
 class Dtype(str, enum.Enum):
@@ -102,7 +98,6 @@ class Wrapper(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Composition:
-    replicates: object = ()
     mesh: object = ()
     wrapper: object = Wrapper.NONE
 
@@ -155,7 +150,7 @@ def trained_then_frozen(body):
 
 @dataclass(frozen=True)
 class Options:
-    strict: object = True
+    pass
 
 @dataclass(frozen=True)
 class StateDictBody(Body):
@@ -201,7 +196,6 @@ class DcpBody(Body):
     entries: object
     training: object = field(default_factory=Training)
     orders: object = ()
-    skip: object = ()
     save_cpu_offload: object = False
     load_cpu_offload: object = False
     async_save: object = False
@@ -255,9 +249,6 @@ def build_node(node, width):
         module.requires_grad_(False)
         return module
     return TreeBlock([build_node(c, width) for c in node.children], node.residual, width, node.scale, node.buffer)
-
-def build_model(tree, device):
-    return build_node(tree.root, 12)
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
 _WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.')
 
@@ -283,20 +274,6 @@ class Composed:
                 out[name] = getattr(modules[owner], attr).detach().clone()
             yield out
         return
-
-def batches(case, training, width, ctx, tp_size=1):
-    dtype = TORCH_DTYPES[training.dtype]
-    gen = torch.Generator().manual_seed(0)
-    lo = ctx.rank // tp_size * 2
-    out = []
-    for _ in range(2):
-        step = []
-        _ = next(iter(range(1)))
-        x = torch.randn(ctx.world_size * 2, width, generator=gen, dtype=dtype)
-        y = torch.randn(ctx.world_size * 2, width, generator=gen, dtype=dtype)
-        step.append((x[lo:lo + 2].to(ctx.device), y[lo:lo + 2].to(ctx.device)))
-        out.append(step)
-    return out
 PROBE_ROWS = 3
 FRESH_SEED = 24301
 
@@ -305,8 +282,6 @@ class Side:
     composed: object
     comp: object
     training: object
-    opt: object = None
-    param_names: object = field(default_factory=dict)
     schedule: object = ()
     step: object = 0
 
@@ -322,16 +297,16 @@ class Side:
         current = {id(p): clean_name(n) for n, p in self.model.named_parameters()}
         return {**self.param_names, **current}
 
-def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=()):
+def build_side(tree, comp, training, ctx, *, seed, schedule=()):
     torch.manual_seed(seed)
-    device = ctx.device
-    model = build_model(tree, device).to(TORCH_DTYPES[training.dtype])
+    build_model_out = build_node(tree.root, 12)
+    model = build_model_out.to(torch.float32)
     names = [n for n, _ in model.named_parameters()]
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
     strategy = {Wrapper.FSDP1_FULL_SHARD: ShardingStrategy.FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP: ShardingStrategy.SHARD_GRAD_OP, Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD, Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[comp.wrapper]
     kwargs = {'sharding_strategy': strategy, 'device_id': ctx.device, 'use_orig_params': True}
     if comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD:
-        kwargs['device_mesh'] = ctx.mesh(tuple((2, 2)), ('replicate', 'shard'))
+        kwargs['device_mesh'] = ctx.mesh((2, 2), ('replicate', 'shard'))
     wrap_out = FSDP(model, **kwargs)
     composed = Composed(model=wrap_out, wrapper=comp.wrapper, param_names=names)
     return Side(composed=composed, comp=comp, training=training, schedule=schedule)
@@ -339,7 +314,7 @@ def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=()):
 def requires_grad(side):
     return {clean_name(n): p.requires_grad for n, p in side.model.named_parameters()}
 
-def body_optimizer(side, training, body):
+def body_optimizer(side, training):
     params = list(side.model.parameters())
     frozen = []
     params_ = params
@@ -350,40 +325,35 @@ def body_optimizer(side, training, body):
     side.param_names = {id(p): clean_name(n) for n, p in side.model.named_parameters()}
     return side.opt
 
-def train_steps(side, data, ctx):
+def train_steps(side, data):
     assert side.opt is not None
-    losses = []
     x, y = next(iter(data))
     side.step += 1
     loss = F.mse_loss(side.model(x).to(y.dtype), y)
     loss.backward()
     side.opt.step()
     side.opt.zero_grad(set_to_none=False)
-    losses.append(loss.item())
+    losses = [loss.item()]
     return losses
-
-def _flat(t):
-    return [float(v) for v in t.detach().double().cpu().flatten().tolist()]
 
 def observe_model(side):
     with side.composed.full_parameters() as params:
         out = {n: [float(v) for v in t.double().cpu().flatten().tolist()] for n, t in params.items()}
     for n, b in side.model.named_buffers():
-        out[clean_name(n)] = _flat(b)
+        out[clean_name(n)] = [float(v_) for v_ in b.detach().double().cpu().flatten().tolist()]
     return out
 
 def _jsonable(value):
     if isinstance(value, torch.Tensor):
-        return _flat(value)
+        return [float(v) for v in value.detach().double().cpu().flatten().tolist()]
     return value
 
-def observe(side, case, tree, ctx, *, model=True):
+def observe(side, ctx):
     names = side.names()
-    out_ = []
     group = next(iter(side.opt.param_groups))
     item = {k: _jsonable(v) for k, v in sorted(group.items()) if k != 'params'}
     item['params'] = [names.get(id(p), '?') for p in group['params']]
-    out_.append(item)
+    out_ = [item]
     obs = {'groups': out_}
     params = observe_model(side)
     names_ = side.names()
@@ -394,15 +364,16 @@ def observe(side, case, tree, ctx, *, model=True):
     entry = {key: _jsonable(state[key]) for key in sorted(state)}
     if entry:
         out__[names_.get(id(p_), '?')] = entry
-    gen = torch.Generator().manual_seed(0 + 1)
+    gen = torch.Generator().manual_seed(1)
     x = torch.randn(PROBE_ROWS, 12, generator=gen, dtype=TORCH_DTYPES[side.training.dtype]).to(ctx.device)
-    out___ = _flat(side.model(x))
+    t = side.model(x)
+    out___ = [float(v_) for v_ in t.detach().double().cpu().flatten().tolist()]
     obs['optimizer_local'] = out__
     if ctx.rank == 0:
         obs.update(model=params, probe=out___)
     return obs
 
-def case_dir(case, ctx):
+def case_dir(ctx):
     digest = hashlib.sha1('{"body": {"absent": false, "async_save": true, "async_saves": 0, "cache_staged": false, "checkpoint_dir": "", "convert": false, "deadlock": false, "drop": [], "empty_group": false, "entries": ["model", "optimizer", "counter", "scalars", "extra"], "frozen_in_optimizer": false, "kind": "dcp", "load_cpu_offload": true, "load_full_state_dict": false, "load_planner": null, "mode": "round_trip", "module_stateful": false, "no_dist": false, "orders": [[0, 3, 1, 4, 2], [0, 4, 2, 3, 1], [0, 4, 2, 1, 3], [0, 2, 1, 3, 4]], "overwrite": "true", "own_group": false, "patched": false, "process_checkpointer": false, "requires_grad": [], "save_cpu_offload": true, "save_full_state_dict": false, "save_planner": null, "skip": [], "source": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "fsdp1_full_shard"}, "stager": null, "steps_after": 1, "storage_objects": true, "target": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0}, "mesh": [2, 2], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "fsdp1_hybrid_shard"}, "target_meta_init": false, "torch_save_reader": false, "training": {"accum_sync": "always", "batch_per_rank": 2, "compile": "none", "dtype": "float32", "eps": 0.0001, "foreach": null, "grad_accum": 1, "lr": 0.01, "momentum": 0.9, "optimizer": "sgd", "param_groups": 1, "same_input": false, "set_to_none": false, "skips": [], "steps": 1, "unfreeze": []}, "tree": {"root": {"buffer": false, "children": [{"buffer": true, "children": [{"bias": true, "frozen": false, "kind": "relu"}, {"buffer": false, "children": [{"bias": true, "frozen": false, "kind": "relu"}, {"bias": true, "frozen": true, "kind": "conv1d"}], "residual": false, "scale": true}], "residual": false, "scale": false}, {"bias": false, "frozen": true, "kind": "conv1d"}, {"buffer": true, "children": [{"bias": true, "frozen": false, "kind": "relu"}], "residual": true, "scale": false}], "residual": false, "scale": false}, "width": 12}, "use_collectives": true, "writer": {"per_thread_copy_ahead": 10000000, "single_file_per_rank": true, "sync_files": true, "thread_count": 1}}, "property": "dcp", "schema": 1, "seed": 0, "world_size": 4}'.encode()).hexdigest()[:12]
     count = getattr(ctx, '_cases', 0)
     return os.path.join('/tmp/shardfuzz-dcp-9943', f'{digest}-{count}')
@@ -420,12 +391,12 @@ class Scalars:
 
 class Counter:
 
-    def __init__(self, value, ctx, deadlock=False):
+    def __init__(self, value, ctx):
         self.value = torch.tensor([value], dtype=torch.float64)
         self.total = torch.zeros(1, dtype=torch.float64)
         self.agreed = float('nan')
         self.ctx = ctx
-        self.deadlock = deadlock
+        self.deadlock = False
 
     def state_dict(self):
         total = self.value.clone()
@@ -434,8 +405,6 @@ class Counter:
         return {'value': self.value, 'total': total}
 
     def load_state_dict(self, state_dict):
-        self.value = state_dict['value']
-        self.total = state_dict['total']
         check = self.value.clone()
         dist.all_reduce(check)
         self.agreed = float(check.item()) / self.ctx.world_size
@@ -443,41 +412,28 @@ class Counter:
     def observe(self):
         return {'value': float(self.value.item()), 'total': float(self.total.item()), 'agreed': self.agreed}
 
-def _options(full, offload, *, load, strict=True):
-    pass
+def extra_value():
+    return torch.arange(5, dtype=torch.float64) * (0 % 97 + 0.25)
 
-def extra_value(case, rank=0):
-    return torch.arange(5, dtype=torch.float64) * (0 % 97 + 0.25) + rank
-
-def _values(body, case, side, ctx, get, put, fresh, skip):
+def _values(body, side, ctx, fresh):
     out = {}
     for entry in body.entries:
         if entry is DcpItem.MODEL:
             out[entry] = side.model.state_dict()
         elif entry is DcpItem.OPTIMIZER:
             assert side.opt is not None
-            if not fresh:
-                from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-                assert side.opt is not None
-                osd = FSDP.optim_state_dict(side.model, side.opt)
-                out[entry] = osd
+            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+            assert side.opt is not None
+            osd = FSDP.optim_state_dict(side.model, side.opt)
+            out[entry] = osd
         elif entry is DcpItem.SCALARS:
-            s = (0 + 0) % 100003
-            values = {'step': 1, 'loss': s / 7.0, 'tag': f'case-{s}', 'done': bool(s % 2), 'history': [s / 3.0, -1.5, 1e-300]}
+            values = {'step': 1, 'loss': 0.0, 'tag': 'case-0', 'done': False, 'history': [0.0, -1.5, 1e-300]}
             out[entry] = Scalars({k: type(v)() if fresh else v for k, v in values.items()})
         elif entry is DcpItem.COUNTER:
-            out[entry] = Counter(0.0 if fresh else float(0 % 1009) + 0.5, ctx, deadlock=False)
+            out[entry] = Counter(0.0 if fresh else float(0) + 0.5, ctx)
         else:
-            out[entry] = torch.zeros(5, dtype=torch.float64) if fresh else extra_value(case, 0)
+            out[entry] = torch.zeros(5, dtype=torch.float64) if fresh else extra_value()
     return out
-
-def _arrange(body, values, ctx):
-    order = ((0, 3, 1, 4, 2), (0, 4, 2, 3, 1), (0, 4, 2, 1, 3), (0, 2, 1, 3, 4))[ctx.rank]
-    return {body.entries[i].value: values[body.entries[i]] for i in order if body.entries[i] in values}
-
-def _tensors(value, path=''):
-    return [(path, id(value))]
-    return [t for k, v in value.items() for t in _tensors(v, f'{path}.{k}')]
 
 def _writer(body, path, **options):
     import torch.distributed.checkpoint as dcp
@@ -498,50 +454,54 @@ def _observe_entries(values):
             out['extra'] = [float(v) for v in value.tolist()]
     return out
 
-def _run_dcp(case, body, ctx):
+def _run_dcp(body, ctx):
     t = body.training
-    get_save = _options(False, True, load=False)
-    get_load = _options(False, True, load=False)
-    put = _options(False, True, load=True, strict=not ())
-    path = '' or case_dir(case, ctx)
+    path = '' or case_dir(ctx)
     shutil.rmtree(path, ignore_errors=True)
     obs = {}
-    steps = 1 + 1
-    data = [step[0] for step in batches(case, replace(t, steps=steps), 12, ctx)]
+    training = replace(t, steps=2)
+    dtype = torch.float32
+    gen = torch.Generator().manual_seed(0)
+    lo = ctx.rank * 2
+    out = []
+    for _ in range(2):
+        x = torch.randn(ctx.world_size * 2, 12, generator=gen, dtype=dtype)
+        y = torch.randn(ctx.world_size * 2, 12, generator=gen, dtype=dtype)
+        step_ = [(x[lo:lo + 2].to(ctx.device), y[lo:lo + 2].to(ctx.device))]
+        out.append(step_)
+    data = [step[0] for step in out]
     src = None
     src = build_side(body.tree, body.source, t, ctx, seed=0, schedule=())
-    body_optimizer(src, t, body)
-    obs['losses_before'] = train_steps(src, data[:1], ctx)
-    values = _values(body, case, src, ctx, get_save, put, fresh=False, skip=())
-    state = _arrange(body, values, ctx)
+    body_optimizer(src, t)
+    obs['losses_before'] = train_steps(src, data[:1])
+    values = _values(body, src, ctx, fresh=False)
+    order = ((0, 3, 1, 4, 2), (0, 4, 2, 3, 1), (0, 4, 2, 1, 3), (0, 2, 1, 3, 4))[ctx.rank]
+    state = {body.entries[i].value: values[body.entries[i]] for i in order if body.entries[i] in values}
     import torch.distributed.checkpoint as dcp_
     kwargs_ = {}
-    options = {'overwrite': True}
-    kwargs_['storage_writer'] = _writer(body, path, **options)
+    kwargs_['storage_writer'] = _writer(body, path, overwrite=True)
     result = dcp_.async_save(state, **kwargs_)
     future = getattr(result, 'upload_completion', result)
     future.result()
-    pass
     obs['overwrite'] = {}
-    saved = {**observe(src, case, body.tree, ctx), **_observe_entries(values)}
+    saved = {**observe(src, ctx), **_observe_entries(values)}
     taken = values.get(DcpItem.OPTIMIZER)
     moves = any((e in body.entries and e not in () for e in (DcpItem.OPTIMIZER, DcpItem.APP)))
     obs['saved'] = saved
-    tgt = build_side(body.tree, body.target, t, ctx, seed=0 + FRESH_SEED, meta=False, schedule=())
-    fresh_training_out = replace(t, lr=0.01 * 0.37, momentum=0.5, eps=0.0001 * 10)
-    body_optimizer(tgt, fresh_training_out, body)
+    tgt = build_side(body.tree, body.target, t, ctx, seed=FRESH_SEED, schedule=())
+    fresh_training_out = replace(t, lr=0.0037, momentum=0.5, eps=0.001)
+    body_optimizer(tgt, fresh_training_out)
     dropped = []
     obs['dropped'] = dropped
-    obs['fresh'] = observe(tgt, case, body.tree, ctx, model=not False)
-    values = _values(body, case, tgt, ctx, get_load, put, fresh=True, skip=())
-    state = _arrange(body, values, ctx)
+    obs['fresh'] = observe(tgt, ctx)
+    values = _values(body, tgt, ctx, fresh=True)
+    order_ = ((0, 3, 1, 4, 2), (0, 4, 2, 3, 1), (0, 4, 2, 1, 3), (0, 2, 1, 3, 4))[ctx.rank]
+    state = {body.entries[i_].value: values[body.entries[i_]] for i_ in order_ if body.entries[i_] in values}
     plain = {k: v for k, v in state.items() if isinstance(v, (dict, torch.Tensor))}
-    tensors = {k: _tensors(v) for k, v in plain.items()}
     before = requires_grad(tgt)
     import torch.distributed.checkpoint as dcp
     dcp.load(state, storage_reader=dcp.FileSystemReader(path))
     key, value = next(iter(plain.items()))
-    now = dict(_tensors(value))
     obs['in_place'] = ''
     import torch.distributed.checkpoint as dcp__
     from torch.distributed.checkpoint.optimizer import load_sharded_optimizer_state_dict
@@ -552,13 +512,13 @@ def _run_dcp(case, body, ctx):
     assert tgt.opt is not None
     tgt.opt.load_state_dict(FSDP.optim_state_dict_to_load(tgt.model, tgt.opt, osd))
     obs['requires_grad'] = {'before': before, 'after': requires_grad(tgt)}
-    obs['loaded'] = {**observe(tgt, case, body.tree, ctx), **_observe_entries(values)}
+    obs['loaded'] = {**observe(tgt, ctx), **_observe_entries(values)}
     data_ = data[1:]
     obs_ = {}
-    losses = train_steps(src, data_, ctx)
+    losses = train_steps(src, data_)
     losses_src, final_src = (losses, observe_model(src))
     obs_['losses_source'] = losses_src
-    obs_['losses_target'] = train_steps(tgt, data_, ctx)
+    obs_['losses_target'] = train_steps(tgt, data_)
     final_tgt = observe_model(tgt)
     if ctx.rank == 0:
         obs_['final_source'], obs_['final_target'] = (final_src, final_tgt)
@@ -786,9 +746,9 @@ def attempt(rank, world_size):
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
     body = DcpBody(tree=ModuleTree(width=12, root=Block(children=(Block(children=(Leaf(kind=LeafKind.RELU), Block(children=(Leaf(kind=LeafKind.RELU), Leaf(kind=LeafKind.CONV1D, frozen=True)), scale=True)), buffer=True), Leaf(kind=LeafKind.CONV1D, bias=False, frozen=True), Block(children=(Leaf(kind=LeafKind.RELU),), residual=True, buffer=True)))), source=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), target=Composition(mesh=(2, 2), wrapper=Wrapper.FSDP1_HYBRID_SHARD), entries=(DcpItem.MODEL, DcpItem.OPTIMIZER, DcpItem.COUNTER, DcpItem.SCALARS, DcpItem.EXTRA), training=Training(lr=0.01, momentum=0.9, eps=0.0001, steps=1, set_to_none=False), orders=((0, 3, 1, 4, 2), (0, 4, 2, 3, 1), (0, 4, 2, 1, 3), (0, 2, 1, 3, 4)), save_cpu_offload=True, load_cpu_offload=True, async_save=True, storage_objects=True, overwrite=Overwrite.TRUE)
-    run_dcp_out = _run_dcp(case, body, ctx)
+    run_dcp_out = _run_dcp(body, ctx)
     obs = json.loads(json.dumps(run_dcp_out))
-    outs = [None] * world_size
+    outs = [None, None, None, None]
     dist.all_gather_object(outs, obs)
     if rank != 0:
         return ''

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=f8717496fe4a5c07 sources=7d6f5cb23a31c8e4 seconds=270.4
+# shardfuzz reduced reproducer: entry=f8717496fe4a5c07 sources=7d6f5cb23a31c8e4 seconds=532.0
 """Reproduces shardfuzz corpus entry dcp-mismatch-566f97fe78ce.json: mismatch:dcp@set_optimizer_state_dict:frozen-optimizer-state-dropped
 
 Observed: the optimizer state differs after the load: ['0.weight'] is missing
@@ -138,28 +138,14 @@ class DcpBody(Body):
     def size(self):
         pass
 
-class TreeBlock(nn.Module):
-
-    def __init__(self, children, residual, width, scale, buffer):
-        super().__init__()
-        for i, child in enumerate(children):
-            self.add_module(str(i), child)
-
-    def forward(self, x):
-        y = x
-        for name, child in self.named_children():
-            y = child(y)
-        return y
-
 def build_node(node, width):
     if isinstance(node, Leaf):
         module = nn.Linear(width, width, bias=False)
         return module
-    return TreeBlock([build_node(c, width) for c in node.children], False, width, False, False)
+    return nn.Sequential(*[build_node(c, width) for c in node.children])
 
-def build_model(tree, device):
+def build_model(tree):
     return build_node(tree.root, 2)
-TORCH_DTYPES = {Dtype.FLOAT32: torch.float32}
 _WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.')
 
 def clean_name(name):
@@ -177,18 +163,6 @@ class Composed:
         for n, p in self.model.named_parameters():
             out[clean_name(n)] = p.detach()
         yield out
-
-def batches(case, training, width, ctx, tp_size=1):
-    gen = torch.Generator().manual_seed(0)
-    lo = ctx.rank // tp_size * 1
-    out = []
-    for _ in range(3):
-        step = []
-        x = torch.randn(ctx.world_size * 1, width, generator=gen)
-        y = torch.randn(ctx.world_size * 1, width, generator=gen)
-        step.append((x[lo:lo + 1].to(ctx.device), y[lo:lo + 1].to(ctx.device)))
-        out.append(step)
-    return out
 PROBE_ROWS = 3
 FRESH_SEED = 24301
 
@@ -208,10 +182,9 @@ class Side:
         current = {id(p): clean_name(n) for n, p in self.model.named_parameters()}
         return {**self.param_names, **current}
 
-def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=()):
+def build_side(tree, comp, training, *, seed, schedule=()):
     torch.manual_seed(seed)
-    device = ctx.device
-    model = build_model(tree, device).to(TORCH_DTYPES[training.dtype])
+    model = build_model(tree).to(torch.float32)
     composed = Composed(model)
     return Side(composed=composed, comp=comp, training=training, schedule=schedule)
 
@@ -231,11 +204,6 @@ def change_requires_grad(side, step):
 def requires_grad(side):
     return {clean_name(n): p.requires_grad for n, p in side.model.named_parameters()}
 
-def body_optimizer(side, training, body):
-    params = list(side.model.parameters())
-    side.opt = torch.optim.SGD(params, lr=training.lr, momentum=training.momentum)
-    side.param_names = {id(p): clean_name(n) for n, p in side.model.named_parameters()}
-
 def train_steps(side, data, ctx):
     losses = []
     for x, y in data:
@@ -252,28 +220,20 @@ def train_steps(side, data, ctx):
         losses.append(loss.item())
     return losses
 
-def _flat(t):
-    return [float(v) for v in t.detach().double().cpu().flatten().tolist()]
-
-def observe_model(side):
-    with side.composed.full_parameters() as params:
-        out = {n: [float(v) for v in t.double().cpu().flatten().tolist()] for n, t in params.items()}
-    return out
-
 def _jsonable(value):
     if isinstance(value, torch.Tensor):
-        return _flat(value)
+        return [float(v) for v in value.detach().double().cpu().flatten().tolist()]
     return value
 
-def observe(side, case, tree, ctx, *, model=True):
+def observe(side, ctx):
     names = side.names()
-    out_ = []
     group = next(iter(side.opt.param_groups))
     item = {k: _jsonable(v) for k, v in sorted(group.items()) if k != 'params'}
     item['params'] = [names.get(id(p), '?') for p in group['params']]
-    out_.append(item)
+    out_ = [item]
     obs = {'groups': out_}
-    params = observe_model(side)
+    with side.composed.full_parameters() as params_:
+        out = {n: [float(v__) for v__ in t_.double().cpu().flatten().tolist()] for n, t_ in params_.items()}
     names_ = side.names()
     out__ = {}
     group_ = next(iter(side.opt.param_groups))
@@ -282,107 +242,29 @@ def observe(side, case, tree, ctx, *, model=True):
         entry = {key: _jsonable(state[key]) for key in sorted(state)}
         if entry:
             out__[names_.get(id(p_), '?')] = entry
-    gen = torch.Generator().manual_seed(0 + 1)
+    gen = torch.Generator().manual_seed(1)
     x = torch.randn(PROBE_ROWS, 2, generator=gen).to(ctx.device)
-    out___ = _flat(side.model(x))
+    t = side.model(x)
+    out___ = [float(v_) for v_ in t.detach().double().cpu().flatten().tolist()]
     if ctx.rank == 0:
-        obs.update(model=params, probe=out___)
+        obs.update(model=out, probe=out___)
         obs['optimizer'] = out__
     return obs
 
-def state_dict_options(o):
-    pass
-
-def case_dir(case, ctx):
+def case_dir(ctx):
     digest = hashlib.sha1('{"body": {"absent": false, "async_save": false, "async_saves": 0, "cache_staged": false, "checkpoint_dir": "", "convert": false, "deadlock": false, "drop": [], "empty_group": false, "entries": ["model", "optimizer"], "frozen_in_optimizer": false, "kind": "dcp", "load_cpu_offload": false, "load_full_state_dict": false, "load_planner": null, "mode": "round_trip", "module_stateful": false, "no_dist": false, "orders": [], "overwrite": "none", "own_group": false, "patched": false, "process_checkpointer": false, "requires_grad": [{"path": "0", "step": 1, "trainable": false}], "save_cpu_offload": false, "save_full_state_dict": false, "save_planner": null, "skip": [], "source": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "none"}, "stager": null, "steps_after": 1, "storage_objects": false, "target": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "none"}, "target_meta_init": false, "torch_save_reader": false, "training": {"accum_sync": "always", "batch_per_rank": 1, "compile": "none", "dtype": "float32", "eps": 0.001, "foreach": null, "grad_accum": 1, "lr": 0.1, "momentum": 0.9, "optimizer": "sgd", "param_groups": 1, "same_input": false, "set_to_none": true, "skips": [], "steps": 2, "unfreeze": []}, "tree": {"root": {"buffer": false, "children": [{"bias": false, "frozen": false, "kind": "linear"}, {"bias": false, "frozen": false, "kind": "linear"}], "residual": false, "scale": false}, "width": 2}, "use_collectives": true, "writer": {"per_thread_copy_ahead": 10000000, "single_file_per_rank": true, "sync_files": true, "thread_count": 1}}, "property": "dcp", "schema": 1, "seed": 0, "world_size": 2}'.encode()).hexdigest()[:12]
     count = getattr(ctx, '_cases', 0)
     return os.path.join('/tmp/shardfuzz-dcp-18178', f'{digest}-{count}')
 
-def _options(full, offload, *, load, strict=True):
-    pass
-
-def _values(body, case, side, ctx, get, put, fresh, skip):
+def _values(body, side):
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
     out = {}
-    for entry in body.entries:
+    for entry in (DcpItem.MODEL, DcpItem.OPTIMIZER):
         if entry is DcpItem.MODEL:
             out[entry] = get_model_state_dict(side.model)
         else:
             out[entry] = get_optimizer_state_dict(side.model, side.opt)
     return out
-
-def _arrange(body, values, ctx):
-    order = range(len(body.entries))
-    return {body.entries[i].value: values[body.entries[i]] for i in order if body.entries[i] in values}
-
-def _observe_entries(values):
-    out = {}
-    return out
-
-def _run_dcp(case, body, ctx):
-    t = body.training
-    get_save = _options(False, False, load=False)
-    get_load = _options(False, False, load=False)
-    put = _options(False, False, load=True)
-    path = '' or case_dir(case, ctx)
-    obs = {}
-    data = [step_[0] for step_ in batches(case, replace(t), 2, ctx)]
-    src = build_side(body.tree, body.source, t, ctx, seed=0, schedule=body.requires_grad)
-    body_optimizer(src, t, body)
-    obs['losses_before'] = train_steps(src, data[:2], ctx)
-    values = _values(body, case, src, ctx, get_save, put, fresh=False, skip=())
-    state = _arrange(body, values, ctx)
-    import torch.distributed.checkpoint as dcp
-    kwargs_ = {}
-    kwargs_['checkpoint_id'] = path
-    dcp.save(state, **kwargs_)
-    saved = {**observe(src, case, body.tree, ctx), **_observe_entries(values)}
-    taken = values.get(DcpItem.OPTIMIZER)
-    out = {}
-    for fqn, state_ in sorted(taken.get('state', {}).items()):
-        entry = {key: _jsonable(state_[key]) for key in sorted(state_)}
-        out[clean_name(fqn)] = entry
-    if ctx.rank == 0:
-        saved['taken_optimizer'] = out
-    obs['saved'] = saved
-    import torch.distributed.checkpoint as dcp__
-    model = build_model(body.tree, torch.device('cpu')).to(TORCH_DTYPES[body.training.dtype])
-    state__ = model.state_dict()
-    dcp__.load({'model': state__}, checkpoint_id=path)
-    out_ = {clean_name(k_): _jsonable(v_) for k_, v_ in state__.items()}
-    if ctx.rank == 0:
-        obs['reloaded'] = out_
-    tgt = build_side(body.tree, body.target, t, ctx, seed=0 + FRESH_SEED, schedule=body.requires_grad)
-    fresh_training_out = replace(t, lr=0.1 * 0.37, momentum=0.5)
-    body_optimizer(tgt, fresh_training_out, body)
-    for step in range(tgt.step, 2):
-        change_requires_grad(tgt, step)
-    dropped = []
-    obs['dropped'] = dropped
-    obs['fresh'] = observe(tgt, case, body.tree, ctx)
-    values = _values(body, case, tgt, ctx, get_load, put, fresh=True, skip=())
-    state = _arrange(body, values, ctx)
-    plain = {k: v for k, v in state.items() if isinstance(v, (dict, torch.Tensor))}
-    before = requires_grad(tgt)
-    import torch.distributed.checkpoint as dcp_
-    dcp_.load(state, checkpoint_id=path)
-    obs['in_place'] = ''
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
-    options = state_dict_options(put)
-    set_optimizer_state_dict(tgt.model, tgt.opt, values[DcpItem.OPTIMIZER])
-    obs['requires_grad'] = {'before': before, 'after': requires_grad(tgt)}
-    obs['loaded'] = {**observe(tgt, case, body.tree, ctx), **_observe_entries(values)}
-    data_ = data[2:]
-    obs_ = {}
-    losses = train_steps(src, data_, ctx)
-    losses_src, final_src = (losses, observe_model(src))
-    obs_['losses_source'] = losses_src
-    obs_['losses_target'] = train_steps(tgt, data_, ctx)
-    final_tgt = observe_model(tgt)
-    if ctx.rank == 0:
-        obs_['final_source'], obs_['final_target'] = (final_src, final_tgt)
-    obs.update(obs_)
-    return obs
 
 class OutcomeKind(str, enum.Enum):
     OK = 'ok'
@@ -559,9 +441,83 @@ def attempt(rank, world_size):
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
     body = DcpBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR, bias=False), Leaf(kind=LeafKind.LINEAR, bias=False)))), source=Composition(), target=Composition(), entries=(DcpItem.MODEL, DcpItem.OPTIMIZER), training=Training(momentum=0.9, batch_per_rank=1), requires_grad=(RequiresGrad(path='0', step=1, trainable=False),))
-    run_dcp_out = _run_dcp(case, body, ctx)
-    obs = json.loads(json.dumps(run_dcp_out))
-    outs = [None] * world_size
+    t = Training(momentum=0.9, batch_per_rank=1)
+    path = '' or case_dir(ctx)
+    obs__ = {}
+    gen = torch.Generator().manual_seed(0)
+    out__ = []
+    for _ in range(3):
+        x = torch.randn(world_size, 2, generator=gen)
+        y = torch.randn(world_size, 2, generator=gen)
+        step__ = [(x[rank:rank + 1].to(torch.device('cpu')), y[rank:rank + 1].to(torch.device('cpu')))]
+        out__.append(step__)
+    data = [step_[0] for step_ in out__]
+    src = build_side(ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR, bias=False), Leaf(kind=LeafKind.LINEAR, bias=False)))), Composition(), t, seed=0, schedule=(RequiresGrad(path='0', step=1, trainable=False),))
+    params = list(src.model.parameters())
+    src.opt = torch.optim.SGD(params, lr=0.1, momentum=0.9)
+    src.param_names = {id(p): clean_name(n) for n, p in src.model.named_parameters()}
+    obs__['losses_before'] = train_steps(src, data[:2], ctx)
+    values = _values(body, src)
+    order = range(2)
+    state = {(DcpItem.MODEL, DcpItem.OPTIMIZER)[i].value: values[(DcpItem.MODEL, DcpItem.OPTIMIZER)[i]] for i in order if (DcpItem.MODEL, DcpItem.OPTIMIZER)[i] in values}
+    import torch.distributed.checkpoint as dcp
+    kwargs_ = {}
+    kwargs_['checkpoint_id'] = path
+    dcp.save(state, **kwargs_)
+    out_____ = {}
+    saved = {**observe(src, ctx), **out_____}
+    taken = values.get(DcpItem.OPTIMIZER)
+    out = {}
+    for fqn, state_ in sorted(taken.get('state', {}).items()):
+        entry = {key: _jsonable(state_[key]) for key in sorted(state_)}
+        out[clean_name(fqn)] = entry
+    if rank == 0:
+        saved['taken_optimizer'] = out
+    obs__['saved'] = saved
+    import torch.distributed.checkpoint as dcp__
+    model = nn.Sequential(nn.Linear(2, 2, bias=False), nn.Linear(2, 2, bias=False)).to(torch.float32)
+    state__ = model.state_dict()
+    dcp__.load({'model': state__}, checkpoint_id=path)
+    out_ = {clean_name(k_): _jsonable(v_) for k_, v_ in state__.items()}
+    if rank == 0:
+        obs__['reloaded'] = out_
+    tgt = build_side(ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR, bias=False), Leaf(kind=LeafKind.LINEAR, bias=False)))), Composition(), t, seed=FRESH_SEED, schedule=(RequiresGrad(path='0', step=1, trainable=False),))
+    fresh_training_out = replace(t, lr=0.037, momentum=0.5)
+    params_ = list(tgt.model.parameters())
+    tgt.opt = torch.optim.SGD(params_, lr=0.037, momentum=0.5)
+    tgt.param_names = {id(p_): clean_name(n_) for n_, p_ in tgt.model.named_parameters()}
+    for step in range(tgt.step, 2):
+        change_requires_grad(tgt, step)
+    dropped = []
+    obs__['dropped'] = dropped
+    obs__['fresh'] = observe(tgt, ctx)
+    values = _values(body, tgt)
+    order_ = range(2)
+    state = {(DcpItem.MODEL, DcpItem.OPTIMIZER)[i_].value: values[(DcpItem.MODEL, DcpItem.OPTIMIZER)[i_]] for i_ in order_ if (DcpItem.MODEL, DcpItem.OPTIMIZER)[i_] in values}
+    plain = {k: v for k, v in state.items() if isinstance(v, (dict, torch.Tensor))}
+    before = requires_grad(tgt)
+    import torch.distributed.checkpoint as dcp_
+    dcp_.load(state, checkpoint_id=path)
+    obs__['in_place'] = ''
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+    set_optimizer_state_dict(tgt.model, tgt.opt, values[DcpItem.OPTIMIZER])
+    obs__['requires_grad'] = {'before': before, 'after': requires_grad(tgt)}
+    out______ = {}
+    obs__['loaded'] = {**observe(tgt, ctx), **out______}
+    data_ = data[2:]
+    obs_ = {}
+    losses = train_steps(src, data_, ctx)
+    with src.composed.full_parameters() as params__:
+        out___ = {n__: [float(v__) for v__ in t_.double().cpu().flatten().tolist()] for n__, t_ in params__.items()}
+    obs_['losses_source'] = losses
+    obs_['losses_target'] = train_steps(tgt, data_, ctx)
+    with tgt.composed.full_parameters() as params___:
+        out____ = {n___: [float(v___) for v___ in t__.double().cpu().flatten().tolist()] for n___, t__ in params___.items()}
+    if rank == 0:
+        obs_['final_source'], obs_['final_target'] = (out___, out____)
+    obs__.update(obs_)
+    obs = json.loads(json.dumps(obs__))
+    outs = [None, None]
     dist.all_gather_object(outs, obs)
     if rank != 0:
         return ''

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=63e5b277ec033028 sources=3ebb4d52c9cda72d seconds=434.7
+# shardfuzz reduced reproducer: entry=63e5b277ec033028 sources=3ebb4d52c9cda72d seconds=698.8
 """Reproduces shardfuzz corpus entry dcp-mismatch-ada81405774d.json: mismatch:dcp@save:fsdp1-hsdp-load_sharded_optimizer_state_dict
 
 Observed: Into FSDP1 HYBRID_SHARD over a 2-D mesh, load_sharded_optimizer_state_dict lays the
@@ -17,16 +17,9 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 """
 
 from __future__ import annotations
-from dataclasses import dataclass, field
 import torch
 import enum
-from dataclasses import dataclass
-from dataclasses import dataclass, field
-from dataclasses import replace
-import builtins
-from typing import ClassVar
 import dataclasses
-import json
 import os
 from typing import ClassVar
 from torch import nn
@@ -48,22 +41,11 @@ class RankContext:
     def mesh(self, shape, names):
         from torch.distributed.device_mesh import init_device_mesh
         key = (shape, names)
-        if key not in self._meshes:
-            self._meshes[key] = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
+        self._meshes[key] = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
         return self._meshes[key]
-    _cases: object = 0
-
-    def group(self, name):
-        pass
 
 class LeafKind(str, enum.Enum):
-    LINEAR = 'linear'
-    LAYER_NORM = 'layer_norm'
     CONV1D = 'conv1d'
-    RELU = 'relu'
-    TANH = 'tanh'
-    GELU = 'gelu'
-    DROPOUT = 'dropout'
 
 class Dtype(str, enum.Enum):
     FLOAT32 = 'float32'
@@ -75,25 +57,15 @@ class Dtype(str, enum.Enum):
 class Leaf:
     kind: object
     bias: object = True
-    frozen: object = False
 
 @dataclass(frozen=True)
 class Block:
     children: object
-    residual: object = False
-    scale: object = False
-
-def param_names(node):
-    pass
 
 @dataclass(frozen=True)
 class ModuleTree:
     width: object
     root: object
-
-    @property
-    def size(self):
-        pass
 
 class Wrapper(str, enum.Enum):
     NONE = 'none'
@@ -107,9 +79,6 @@ class Wrapper(str, enum.Enum):
 class Composition:
     mesh: object = ()
     wrapper: object = Wrapper.NONE
-
-    def steps(self):
-        pass
 
 class Optimizer(str, enum.Enum):
     SGD = 'sgd'
@@ -149,10 +118,6 @@ class Case:
     seed: object
     body: object
 
-    @builtins.property
-    def size(self):
-        pass
-
 def trained_then_frozen(body):
     pass
 
@@ -184,11 +149,6 @@ class DcpItem(str, enum.Enum):
     COUNTER = 'counter'
     EXTRA = 'extra'
 
-class DcpMode(str, enum.Enum):
-    ROUND_TRIP = 'round_trip'
-    SAVE_ONLY = 'save_only'
-    LOAD_ONLY = 'load_only'
-
 @dataclass(frozen=True)
 class DcpBody(Body):
     KIND: ClassVar[str] = 'dcp'
@@ -199,50 +159,25 @@ class DcpBody(Body):
     entries: object
     training: object = field(default_factory=Training)
     orders: object = ()
-    mode: object = DcpMode.ROUND_TRIP
     requires_grad: object = ()
 
     @property
     def size(self):
         pass
 
-class TreeBlock(nn.Module):
-
-    def __init__(self, children):
-        super().__init__()
-        for i, child in enumerate(children):
-            self.add_module(str(i), child)
-        self.residual = False
-        self.scale = None
-        self.shift = None
-        self.skipped: frozenset[str] = frozenset()
-
-    def forward(self, x):
-        y = x
-        for name, child in self.named_children():
-            y = child(y)
-        return y
-
 class PointwiseConv1d(nn.Conv1d):
 
     def forward(self, x):
         return super().forward(x.unsqueeze(-1)).squeeze(-1)
 
-def build_leaf(width):
-    module = _build_leaf(width)
-    return module
-
-def _build_leaf(width):
-    return PointwiseConv1d(width, width, kernel_size=1, bias=False)
-
 def build_node(node, width):
     if isinstance(node, Leaf):
-        return build_leaf(width)
-    return TreeBlock([build_node(c, width) for c in node.children])
+        module = PointwiseConv1d(width, width, kernel_size=1, bias=False)
+        return module
+    return nn.Sequential(*[build_node(c, width) for c in node.children])
 
 def build_model(tree, device):
-    with torch.device(device):
-        return build_node(tree.root, 2)
+    return build_node(tree.root, 2)
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
 _WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.')
 
@@ -250,9 +185,6 @@ def clean_name(name):
     for prefix in _WRAPPER_PREFIXES:
         name = name.replace(prefix, '')
     return name
-
-def mesh_for(ctx):
-    return ctx.mesh(tuple((2, 2)), ('replicate', 'shard'))
 
 @dataclass
 class Composed:
@@ -266,42 +198,11 @@ class Composed:
         modules = {clean_name(n): m for n, m in self.model.named_modules()}
         with FSDP.summon_full_params(self.model):
             out = {}
-            for name in self.param_names:
-                owner, _, attr = name.rpartition('.')
-                out[name] = getattr(modules[owner], attr).detach().clone()
+            name = next(iter(self.param_names))
+            owner, _, attr = name.rpartition('.')
+            out[name] = getattr(modules[owner], attr).detach().clone()
             yield out
         return
-
-def compose(model, comp, ctx):
-    names = [n for n, _ in model.named_parameters()]
-    return Composed(model=_wrap(model, comp, ctx), wrapper=comp.wrapper, param_names=names)
-
-def _wrap(model, comp, ctx):
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
-    strategy = {Wrapper.FSDP1_FULL_SHARD: ShardingStrategy.FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP: ShardingStrategy.SHARD_GRAD_OP, Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD, Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[comp.wrapper]
-    kwargs = {'sharding_strategy': strategy, 'device_id': ctx.device, 'use_orig_params': True}
-    kwargs['device_mesh'] = mesh_for(ctx)
-    return FSDP(model, **kwargs)
-
-def make_optimizer(params, training, later=()):
-    held = {id(p) for p in later}
-    params = [p for p in params if p.requires_grad or id(p) in held]
-    groups = params
-    return torch.optim.Adam(groups, lr=training.lr, eps=training.eps, foreach=None)
-
-def batches(training, ctx):
-    dtype = TORCH_DTYPES[training.dtype]
-    gen = torch.Generator().manual_seed(0)
-    lo = ctx.rank // 1 * 1
-    out = []
-    for _ in range(2):
-        step = []
-        for _ in range(1):
-            x = torch.randn(ctx.world_size * 1, 2, generator=gen, dtype=dtype)
-            y = torch.randn(ctx.world_size * 1, 2, generator=gen, dtype=dtype)
-            step.append((x[lo:lo + 1].to(ctx.device), y[lo:lo + 1].to(ctx.device)))
-        out.append(step)
-    return out
 PROBE_ROWS = 3
 FRESH_SEED = 24301
 
@@ -310,8 +211,6 @@ class Side:
     composed: object
     comp: object
     training: object
-    opt: object = None
-    param_names: object = field(default_factory=dict)
     schedule: object = ()
     step: object = 0
 
@@ -330,123 +229,72 @@ class Side:
 def build_side(tree, comp, training, ctx, *, seed, schedule=()):
     torch.manual_seed(seed)
     device = ctx.device
-    model = build_model(tree, device).to(TORCH_DTYPES[training.dtype])
-    composed = compose(model, comp, ctx)
+    model = build_model(tree, device).to(torch.float64)
+    names = [n for n, _ in model.named_parameters()]
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
+    strategy = {Wrapper.FSDP1_FULL_SHARD: ShardingStrategy.FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP: ShardingStrategy.SHARD_GRAD_OP, Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD, Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[Wrapper.FSDP1_HYBRID_SHARD]
+    kwargs = {'sharding_strategy': strategy, 'device_id': ctx.device, 'use_orig_params': True}
+    kwargs['device_mesh'] = ctx.mesh((2, 2), ('replicate', 'shard'))
+    wrap_out = FSDP(model, **kwargs)
+    composed = Composed(model=wrap_out, wrapper=Wrapper.FSDP1_HYBRID_SHARD, param_names=names)
     return Side(composed=composed, comp=comp, training=training, schedule=schedule)
 
 def requires_grad(side):
     return {clean_name(n): p.requires_grad for n, p in side.model.named_parameters()}
 
-def fresh_training(training):
-    return replace(training, lr=0.01 * 0.37, momentum=0.0, eps=0.0001 * 10)
-
-def add_optimizer(side, training):
+def body_optimizer(side, training):
     params = list(side.model.parameters())
     frozen = []
-    side.opt = make_optimizer(params, training, later=frozen)
+    params_ = params
+    held = {id(p_) for p_ in frozen}
+    params_ = [p_ for p_ in params_ if p_.requires_grad or id(p_) in held]
+    groups = params_
+    side.opt = torch.optim.Adam(groups, lr=training.lr, eps=training.eps, foreach=None)
     side.param_names = {id(p): clean_name(n) for n, p in side.model.named_parameters()}
-    return side.opt
-
-def body_optimizer(side, training):
-    return add_optimizer(side, training)
-
-def all_batches(training, steps, ctx):
-    return [step[0] for step in batches(replace(training, steps=steps), ctx)]
 
 def train_steps(side, data):
-    assert side.opt is not None
     losses = []
-    for x, y in data:
-        side.step += 1
-        loss = F.mse_loss(side.model(x).to(y.dtype), y)
-        loss.backward()
-        side.opt.step()
-        side.opt.zero_grad(set_to_none=False)
-        losses.append(loss.item())
+    x, y = next(iter(data))
+    side.step += 1
+    loss = F.mse_loss(side.model(x).to(y.dtype), y)
+    loss.backward()
+    side.opt.step()
+    side.opt.zero_grad(set_to_none=False)
+    losses.append(loss.item())
     return losses
-
-def _flat(t):
-    return [float(v) for v in t.detach().double().cpu().flatten().tolist()]
-
-def observe_model(side):
-    with side.composed.full_parameters() as params:
-        out = {n: [float(v) for v in t.double().cpu().flatten().tolist()] for n, t in params.items()}
-    return out
 
 def _jsonable(value):
     if isinstance(value, torch.Tensor):
-        return _flat(value)
+        return [float(v_) for v_ in value.detach().double().cpu().flatten().tolist()]
     if isinstance(value, (tuple, list)):
         return [_jsonable(v) for v in value]
     return value
 
-def observe_groups(side):
-    names = side.names()
-    out = []
-    for group in side.opt.param_groups:
-        item = {k: _jsonable(v) for k, v in sorted(group.items()) if k != 'params'}
-        item['params'] = [names.get(id(p), '?') for p in group['params']]
-        out.append(item)
-    return out
-
-def observe_optimizer(side):
-    names = side.names()
-    out = {}
-    for group in side.opt.param_groups:
-        for p in group['params']:
-            state = side.opt.state.get(p, {})
-            entry = {key: _jsonable(state[key]) for key in sorted(state)}
-            if entry:
-                out[names.get(id(p), '?')] = entry
-    return out
-
-def probe(side, ctx):
-    gen = torch.Generator().manual_seed(0 + 1)
-    x = torch.randn(PROBE_ROWS, 2, generator=gen, dtype=TORCH_DTYPES[side.training.dtype]).to(ctx.device)
-    with torch.no_grad():
-        out = _flat(side.model(x))
-    return out
-
 def observe(side, ctx):
-    obs = {'groups': observe_groups(side)}
-    params = observe_model(side)
-    optim = observe_optimizer(side)
-    out = probe(side, ctx)
-    obs['optimizer_local'] = optim
+    names = side.names()
+    out_ = []
+    group = next(iter(side.opt.param_groups))
+    item = {k: _jsonable(v) for k, v in sorted(group.items()) if k != 'params'}
+    item['params'] = [names.get(id(p), '?') for p in group['params']]
+    out_.append(item)
+    obs = {'groups': out_}
+    with side.composed.full_parameters() as params_:
+        out = {n: [float(v__) for v__ in t_.double().cpu().flatten().tolist()] for n, t_ in params_.items()}
+    names_ = side.names()
+    out__ = {}
+    group_ = next(iter(side.opt.param_groups))
+    p_ = next(iter(group_['params']))
+    state = side.opt.state.get(p_, {})
+    entry = {key: _jsonable(state[key]) for key in sorted(state)}
+    if entry:
+        out__[names_.get(id(p_), '?')] = entry
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(PROBE_ROWS, 2, generator=gen, dtype=TORCH_DTYPES[side.training.dtype]).to(ctx.device)
+    t = side.model(x)
+    out___ = [float(v_) for v_ in t.detach().double().cpu().flatten().tolist()]
+    obs['optimizer_local'] = out__
     if ctx.rank == 0:
-        obs.update(model=params, probe=out)
-    return obs
-
-def dropped_keys():
-    return []
-
-def fsdp1_state_dict_type(side):
-    from torch.distributed.fsdp import ShardedOptimStateDictConfig, ShardedStateDictConfig, StateDictType, FullyShardedDataParallel as FSDP
-    FSDP.set_state_dict_type(side.model, StateDictType.SHARDED_STATE_DICT, ShardedStateDictConfig(offload_to_cpu=False), ShardedOptimStateDictConfig(offload_to_cpu=False))
-
-def fsdp1_optim_state_dict(side):
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    assert side.opt is not None
-    osd = FSDP.optim_state_dict(side.model, side.opt)
-    return osd
-
-def fsdp1_load_optimizer(side, osd):
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    assert side.opt is not None
-    side.opt.load_state_dict(FSDP.optim_state_dict_to_load(side.model, side.opt, osd))
-
-def resume_source(src, data):
-    losses = train_steps(src, data)
-    return (losses, observe_model(src))
-
-def resume_both(src, tgt, data, ctx):
-    obs = {}
-    losses_src, final_src = resume_source(src, data)
-    obs['losses_source'] = losses_src
-    obs['losses_target'] = train_steps(tgt, data)
-    final_tgt = observe_model(tgt)
-    if ctx.rank == 0:
-        obs['final_source'], obs['final_target'] = (final_src, final_tgt)
+        obs.update(model=out, probe=out___)
     return obs
 
 def case_dir(ctx):
@@ -454,123 +302,104 @@ def case_dir(ctx):
     count = getattr(ctx, '_cases', 0)
     return os.path.join('/tmp/shardfuzz-dcp-1645', f'{digest}-{count}')
 
-def _options():
-    pass
-
 def _values(body, side, fresh):
     out = {}
-    for entry in body.entries:
+    for entry in (DcpItem.MODEL, DcpItem.OPTIMIZER):
         if entry is DcpItem.MODEL:
             out[entry] = side.model.state_dict()
         else:
             assert side.opt is not None
             if not fresh:
-                out[entry] = fsdp1_optim_state_dict(side)
+                from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+                assert side.opt is not None
+                osd = FSDP.optim_state_dict(side.model, side.opt)
+                out[entry] = osd
     return out
-
-def prepare_side(side):
-    fsdp1_state_dict_type(side)
-
-def _observe_saved(body, src, ctx, values):
-    saved = {**observe(src, ctx), **_observe_entries(values)}
-    taken = values.get(DcpItem.OPTIMIZER)
-    moves = any((e in body.entries and e not in () for e in (DcpItem.OPTIMIZER, DcpItem.APP)))
-    return saved
-
-def _arrange(body, values, ctx):
-    order = ((0, 1), (0, 1), (0, 1), (0, 1))[ctx.rank]
-    return {body.entries[i].value: values[body.entries[i]] for i in order if body.entries[i] in values}
-
-def _tensors(value, path=''):
-    if isinstance(value, torch.Tensor):
-        return [(path, id(value))]
-    return [t for k, v in value.items() for t in _tensors(v, f'{path}.{k}')]
-
-def _in_place_problem(before):
-    for key, value in before.items():
-        now = dict(_tensors(value))
-    return ''
-
-def _writer_kwargs(path):
-    kwargs = {}
-    kwargs['checkpoint_id'] = path
-    return kwargs
-
-def _save(state, path):
-    import torch.distributed.checkpoint as dcp
-    kwargs = _writer_kwargs(path)
-    dcp.save(state, **kwargs)
-
-def _load(state, path):
-    import torch.distributed.checkpoint as dcp
-    kwargs = {}
-    dcp.load(state, checkpoint_id=path, **kwargs)
 
 def _observe_entries(values):
     out = {}
-    for entry, value in values.items():
-        pass
     return out
-
-def run_dcp(body, ctx):
-    return _run_dcp(body, ctx)
 
 def _run_dcp(body, ctx):
     t = body.training
-    get_save = _options()
-    get_load = _options()
-    put = _options()
     path = '' or case_dir(ctx)
-    if body.mode is DcpMode.ROUND_TRIP and ctx.rank == 0:
-        shutil.rmtree(path, ignore_errors=True)
+    shutil.rmtree(path, ignore_errors=True)
     obs = {}
-    data = all_batches(t, 1 + 1, ctx)
+    training_ = replace(t, steps=2)
+    dtype = torch.float64
+    gen = torch.Generator().manual_seed(0)
+    lo = ctx.rank
+    out = []
+    for _ in range(2):
+        step_ = []
+        _ = next(iter(range(1)))
+        x = torch.randn(ctx.world_size, 2, generator=gen, dtype=dtype)
+        y = torch.randn(ctx.world_size, 2, generator=gen, dtype=dtype)
+        step_.append((x[lo:lo + 1].to(ctx.device), y[lo:lo + 1].to(ctx.device)))
+        out.append(step_)
+    data = [step[0] for step in out]
     src = None
     src = build_side(body.tree, body.source, t, ctx, seed=0, schedule=())
     body_optimizer(src, t)
-    prepare_side(src)
+    from torch.distributed.fsdp import ShardedOptimStateDictConfig, ShardedStateDictConfig, StateDictType, FullyShardedDataParallel as FSDP_
+    FSDP_.set_state_dict_type(src.model, StateDictType.SHARDED_STATE_DICT, ShardedStateDictConfig(offload_to_cpu=False), ShardedOptimStateDictConfig(offload_to_cpu=False))
     obs['losses_before'] = train_steps(src, data[:1])
     values = _values(body, src, fresh=False)
-    state = _arrange(body, values, ctx)
-    _save(state, path)
-    obs['saved'] = _observe_saved(body, src, ctx, values)
-    tgt = build_side(body.tree, body.target, t, ctx, seed=0 + FRESH_SEED, schedule=())
-    body_optimizer(tgt, fresh_training(t))
-    prepare_side(tgt)
-    dropped = dropped_keys()
+    order = ((0, 1), (0, 1), (0, 1), (0, 1))[ctx.rank]
+    state = {body.entries[i].value: values[body.entries[i]] for i in order if body.entries[i] in values}
+    import torch.distributed.checkpoint as dcp
+    kwargs_ = {}
+    kwargs_['checkpoint_id'] = path
+    dcp.save(state, **kwargs_)
+    saved = {**observe(src, ctx), **_observe_entries(values)}
+    taken = values.get(DcpItem.OPTIMIZER)
+    obs['saved'] = saved
+    tgt = build_side(body.tree, body.target, t, ctx, seed=FRESH_SEED, schedule=())
+    fresh_training_out = replace(t, lr=0.0037, momentum=0.0, eps=0.001)
+    body_optimizer(tgt, fresh_training_out)
+    from torch.distributed.fsdp import ShardedOptimStateDictConfig as ShardedOptimStateDictConfig_, ShardedStateDictConfig as ShardedStateDictConfig_, StateDictType as StateDictType_, FullyShardedDataParallel as FSDP__
+    FSDP__.set_state_dict_type(tgt.model, StateDictType_.SHARDED_STATE_DICT, ShardedStateDictConfig_(offload_to_cpu=False), ShardedOptimStateDictConfig_(offload_to_cpu=False))
+    dropped = []
     obs['dropped'] = dropped
     obs['fresh'] = observe(tgt, ctx)
     values = _values(body, tgt, fresh=True)
-    state = _arrange(body, values, ctx)
+    order_ = ((0, 1), (0, 1), (0, 1), (0, 1))[ctx.rank]
+    state = {body.entries[i_].value: values[DcpItem.MODEL] for i_ in order_ if body.entries[i_] in values}
     plain = {k: v for k, v in state.items() if isinstance(v, (dict, torch.Tensor))}
-    tensors = {k: _tensors(v) for k, v in plain.items()}
     before = requires_grad(tgt)
-    _load(state, path)
-    obs['in_place'] = _in_place_problem(plain)
-    _finish_load(body, tgt, values, put, path)
+    import torch.distributed.checkpoint as dcp_
+    dcp_.load(state, checkpoint_id=path)
+    key, value = next(iter(plain.items()))
+    pass
+    obs['in_place'] = ''
+    import torch.distributed.checkpoint as dcp__
+    from torch.distributed.checkpoint.optimizer import load_sharded_optimizer_state_dict
+    tgt.model.load_state_dict(values[DcpItem.MODEL])
+    loaded = load_sharded_optimizer_state_dict(model_state_dict=tgt.model.state_dict(), optimizer_key='optimizer', storage_reader=dcp__.FileSystemReader(path))
+    osd = loaded['optimizer']
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    assert tgt.opt is not None
+    tgt.opt.load_state_dict(FSDP.optim_state_dict_to_load(tgt.model, tgt.opt, osd))
     obs['requires_grad'] = {'before': before, 'after': requires_grad(tgt)}
     obs['loaded'] = {**observe(tgt, ctx), **_observe_entries(values)}
-    obs.update(resume_both(src, tgt, data[1:], ctx))
-    dist.barrier()
+    data_ = data[1:]
+    obs_ = {}
+    losses = train_steps(src, data_)
+    with src.composed.full_parameters() as params:
+        out_ = {n: [float(v_) for v_ in t_.double().cpu().flatten().tolist()] for n, t_ in params.items()}
+    obs_['losses_source'] = losses
+    obs_['losses_target'] = train_steps(tgt, data_)
+    with tgt.composed.full_parameters() as params_:
+        out__ = {n_: [float(v__) for v__ in t__.double().cpu().flatten().tolist()] for n_, t__ in params_.items()}
     if ctx.rank == 0:
-        shutil.rmtree(path, ignore_errors=True)
+        obs_['final_source'], obs_['final_target'] = (out_, out__)
+    obs.update(obs_)
+    dist.barrier()
+    shutil.rmtree(path, ignore_errors=True)
     return obs
-
-def _finish_load(body, side, values, put, path):
-    _finish_fsdp1_load(body, side, values, path)
-    return
-
-def _finish_fsdp1_load(body, side, values, path):
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.optimizer import load_sharded_optimizer_state_dict
-    side.model.load_state_dict(values[DcpItem.MODEL])
-    loaded = load_sharded_optimizer_state_dict(model_state_dict=side.model.state_dict(), optimizer_key='optimizer', storage_reader=dcp.FileSystemReader(path))
-    fsdp1_load_optimizer(side, loaded['optimizer'])
 
 class OutcomeKind(str, enum.Enum):
     OK = 'ok'
-    EXCEPTION = 'exception'
-    HANG = 'hang'
     CRASH = 'crash'
 
 @dataclass(frozen=True)
@@ -640,9 +469,6 @@ class Failure:
     signature: object
     summary: object
     details: object = field(default_factory=dict)
-
-def strategy(name):
-    pass
 
 def _mismatch(prop, check, where, summary, **details):
     return Failure('mismatch', str(Signature('mismatch', prop, check, where)), summary, {'check': check, **details})
@@ -734,13 +560,13 @@ def _check_dcp_options(prop, where, body, observations):
     return None
 
 def attempt(rank, world_size):
-    import torch
-    import torch.distributed as dist
     case = Case(property='dcp', world_size=4, seed=0, body=DcpBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),))), source=Composition(mesh=(2, 2), wrapper=Wrapper.FSDP1_HYBRID_SHARD), target=Composition(mesh=(2, 2), wrapper=Wrapper.FSDP1_HYBRID_SHARD), entries=(DcpItem.MODEL, DcpItem.OPTIMIZER), training=Training(optimizer=Optimizer.ADAM, lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, dtype=Dtype.FLOAT64, set_to_none=False), orders=((0, 1), (0, 1), (0, 1), (0, 1))))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
-    obs = json.loads(json.dumps(run_dcp(DcpBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),))), source=Composition(mesh=(2, 2), wrapper=Wrapper.FSDP1_HYBRID_SHARD), target=Composition(mesh=(2, 2), wrapper=Wrapper.FSDP1_HYBRID_SHARD), entries=(DcpItem.MODEL, DcpItem.OPTIMIZER), training=Training(optimizer=Optimizer.ADAM, lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, dtype=Dtype.FLOAT64, set_to_none=False), orders=((0, 1), (0, 1), (0, 1), (0, 1))), ctx)))
-    outs = [None] * world_size
+    body = DcpBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),))), source=Composition(mesh=(2, 2), wrapper=Wrapper.FSDP1_HYBRID_SHARD), target=Composition(mesh=(2, 2), wrapper=Wrapper.FSDP1_HYBRID_SHARD), entries=(DcpItem.MODEL, DcpItem.OPTIMIZER), training=Training(optimizer=Optimizer.ADAM, lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, dtype=Dtype.FLOAT64, set_to_none=False), orders=((0, 1), (0, 1), (0, 1), (0, 1)))
+    run_dcp_out = _run_dcp(body, ctx)
+    obs = json.loads(json.dumps(run_dcp_out))
+    outs = [None, None, None, None]
     dist.all_gather_object(outs, obs)
     if rank != 0:
         return ''

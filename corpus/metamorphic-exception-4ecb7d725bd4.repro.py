@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=046d6314125fae89 sources=ce057bc0da65e4dc seconds=124.7
+# shardfuzz reduced reproducer: entry=046d6314125fae89 sources=ce057bc0da65e4dc seconds=214.5
 """Reproduces shardfuzz corpus entry metamorphic-exception-4ecb7d725bd4.json: exception:metamorphic:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out
 
 Observed: FSDP2's backward all-gather raises IndexError in foreach_all_gather_copy_out for a
@@ -17,18 +17,8 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 
 from __future__ import annotations
 import torch
-from dataclasses import dataclass
 from torch import nn
 import torch.nn.functional as F
-
-@dataclass()
-class ShardSpec:
-    path: object
-    reshard_after_forward: object = True
-
-    @property
-    def paths(self):
-        return (self.path,)
 
 class PointwiseConv1d(nn.Conv1d):
 
@@ -46,19 +36,13 @@ def attempt(rank, world_size):
     import re
     import traceback
     try:
-        comp_shards = (ShardSpec(path=''),)
         dtype = torch.float32
         build_model_out = PointwiseConv1d(4, 4, kernel_size=1, bias=False)
         model_ = build_model_out.to(dtype)
-        specs = {s_.path: s_ for s_ in (ShardSpec(path='', reshard_after_forward=2),)}
-        items = [('fully_shard', spec_.path) for spec_ in comp_shards]
-        Composition_steps_out = sorted(items)
-        api, path_ = next(iter(Composition_steps_out))
-        spec = specs[path_]
         from torch.distributed.fsdp import fully_shard
-        kwargs = {'reshard_after_forward': spec.reshard_after_forward}
+        kwargs = {'reshard_after_forward': 2}
         kwargs['shard_placement_fn'] = _placement_fn()
-        modules = [model_.get_submodule(p_) for p_ in spec.paths]
+        modules = [model_.get_submodule('')]
         fully_shard(modules[0], **kwargs)
         x_ = torch.randn(world_size, 4)
         y_ = torch.randn(world_size, 4)
@@ -72,7 +56,7 @@ def attempt(rank, world_size):
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
+        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
         if found in ['builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out']:
             return f'REPRODUCED exception:metamorphic:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

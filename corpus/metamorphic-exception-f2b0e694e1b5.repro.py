@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=14b13112cdb7665b sources=ca590eb54ff975c7 seconds=655.0
+# shardfuzz reduced reproducer: entry=14b13112cdb7665b sources=ca590eb54ff975c7 seconds=931.6
 """Reproduces shardfuzz corpus entry metamorphic-exception-f2b0e694e1b5.json: exception:metamorphic:torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/conv.py:_conv_forward
 
 Observed: torch.compile over FSDP1 (use_orig_params=True, sharded): Dynamo recompiles the
@@ -22,11 +22,9 @@ from typing import Any
 from dataclasses import dataclass, field
 import torch
 import enum
-import typing
 from dataclasses import dataclass
 from typing import Union
-from dataclasses import dataclass, field, fields
-from functools import cached_property
+from dataclasses import dataclass, field
 from dataclasses import replace
 import builtins
 from typing import Any, ClassVar
@@ -45,14 +43,9 @@ class RankContext:
     world_size: object
     device: object
     backend: object
-    _meshes: object = field(default_factory=dict)
 
     def mesh(self, shape: tuple[int, ...], names: tuple[str, ...]) -> Any:
-        from torch.distributed.device_mesh import init_device_mesh
-        key = (shape, names)
-        if key not in self._meshes:
-            self._meshes[key] = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
-        return self._meshes[key]
+        pass
 
 class LeafKind(str, enum.Enum):
     LINEAR = 'linear'
@@ -87,20 +80,6 @@ class Block:
             pass
 Node = Union[Leaf, Block]
 
-def iter_paths(block: Block, prefix: str='') -> typing.Iterator[tuple[str, Node]]:
-    yield (prefix, block)
-    for i, child in enumerate(block.children):
-        path = f'{prefix}.{i}' if prefix else str(i)
-        if isinstance(child, Block):
-            yield from iter_paths(child, path)
-        else:
-            yield (path, child)
-
-def owns_params(node: Node) -> bool:
-    if isinstance(node, Leaf):
-        pass
-    return node.scale
-
 def param_names(node: Node) -> list[str]:
     if isinstance(node, Leaf):
         return ['weight', 'bias'] if node.bias else ['weight']
@@ -112,7 +91,7 @@ class ModuleTree:
     root: object
 
     def paths(self) -> dict[str, Node]:
-        return dict(iter_paths(self.root))
+        pass
 
     @property
     def size(self) -> int:
@@ -135,7 +114,6 @@ class MixedPrecision:
 
 @dataclass(frozen=True)
 class Knobs:
-    late_reshard_after_forward: object = None
     abort_and_reset: object = False
 
     @property
@@ -143,28 +121,12 @@ class Knobs:
         return self != Knobs()
 
     def names(self) -> list[str]:
-        out = []
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if value != f.default:
-                out.append(f.name + (f':{value}' if f.name == 'late_reshard_after_forward' else ''))
-        return out
+        pass
 
 @dataclass(frozen=True)
 class ReplicateOptions:
-    bucket_cap_mb: object = None
-    bucket_cap_mb_list: object = ()
-    init_sync: object = True
-    dim: object = 0
     device_id: object = False
     delay_all_reduce: object = False
-
-    def __post_init__(self) -> None:
-        caps = (*(() if self.bucket_cap_mb is None else (self.bucket_cap_mb,)), *self.bucket_cap_mb_list)
-        if any((not 0 <= c <= 1024 for c in caps)):
-            pass
-        if self.dim not in (0, 1):
-            pass
 
     @property
     def is_set(self) -> bool:
@@ -238,30 +200,6 @@ class Training:
 
     def skipped_at(self, step: int, microbatch: int) -> list[str]:
         return [s.path for s in self.skips if s.step == step and s.microbatch == microbatch]
-
-@dataclass(frozen=True)
-class Layout:
-    tree: object
-    comp: object
-
-    @cached_property
-    def paths(self) -> dict[str, Node]:
-        return self.tree.paths()
-
-    def local(self) -> list[str]:
-        pass
-
-    def synced_at_init(self, training: Training) -> tuple[list[str], bool]:
-        comp = self.comp
-        if comp.tp or comp.meta_init:
-            return ([], False)
-        if comp.wrapper is Wrapper.DDP:
-            return ([p for p, node in self.paths.items() if owns_params(node)], True)
-        if comp.wrapper is not Wrapper.NONE or not comp.replicate_options.init_sync:
-            return ([], False)
-        microbatches = [(s, i) for s in range(training.steps) for i in range(training.grad_accum)]
-        out = []
-        return (out, False)
 
 class Body:
     KIND: ClassVar[str]
@@ -417,18 +355,17 @@ class Composed:
         yield out
 
 def compose(model: nn.Module, comp: Composition, ctx: RankContext, tree: ModuleTree | None=None) -> Composed:
-    from torch.distributed._composable import checkpoint, replicate
+    from torch.distributed._composable import checkpoint
     if comp.wrapper is not Wrapper.NONE:
         names = [n for n, _ in model.named_parameters()]
         for path in comp.checkpoints:
             checkpoint(model.get_submodule(path), **ckpt_kwargs)
         return Composed(model=_wrap(model, comp, ctx), wrapper=comp.wrapper, param_names=names)
     if comp.tp:
-        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-        plan = {}
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
         for pair in comp.tp:
-            plan[pair.colwise] = ColwiseParallel()
-            plan[pair.rowwise] = RowwiseParallel()
+            plan_colwise = ColwiseParallel()
+            plan_rowwise = RowwiseParallel()
     specs = {s.path: s for s in comp.shards}
     for api, path in comp.steps():
         if api == 'checkpoint':
@@ -444,7 +381,7 @@ def build_composed(tree: ModuleTree, comp: Composition, dtype: torch.dtype, ctx:
     if not comp.meta_init:
         model = build_model(tree, ctx.device).to(dtype)
         if desync is not None:
-            paths, buffers = Layout(tree, comp).synced_at_init(desync)
+            pass
         return (model, _with_knobs(model, compose(model, comp, ctx, tree), comp, tree))
     from torch.distributed.tensor import DTensor, distribute_tensor
     values = build_model(tree, ctx.device).to(dtype).state_dict()
@@ -529,11 +466,7 @@ class _Contracts:
                 self.handles.append(mod.register_forward_pre_hook(self._on_leaf(name)))
 
     def _on_output(self, path: str) -> Any:
-
-        def hook(module: nn.Module, args: Any, output: Any) -> None:
-            if isinstance(output, torch.Tensor):
-                self.output_dtypes.setdefault(path, str(output.dtype).removeprefix('torch.'))
-        return hook
+        pass
 
     def _on_leaf(self, name: str) -> Any:
 
@@ -591,8 +524,6 @@ def train(case: Case, tree: ModuleTree, training: Training, comp: Composition | 
                 if contracts is not None and comp is not None:
                     obs['contracts'] = contracts.after_forward(skipped)
                     obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
-                    if Layout(tree, comp).local():
-                        pass
                     if comp.replicate_options.delay_all_reduce:
                         pass
                     contracts = None
@@ -656,7 +587,7 @@ def attempt(rank, world_size):
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
+        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
         if found in ['torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/conv.py:_conv_forward']:
             return f'REPRODUCED exception:metamorphic:torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/conv.py:_conv_forward: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

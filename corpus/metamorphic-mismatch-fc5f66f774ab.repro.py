@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=67f5178c0d26f153 sources=ce057bc0da65e4dc seconds=421.0
+# shardfuzz reduced reproducer: entry=67f5178c0d26f153 sources=ce057bc0da65e4dc seconds=679.0
 """Reproduces shardfuzz corpus entry metamorphic-mismatch-fc5f66f774ab.json: mismatch:metamorphic@fsdp1:unfrozen-frozen-unit
 
 Observed: FSDP1 NO_SHARD auto-wrapping a block whose parameters are all frozen, one of them
@@ -62,9 +62,6 @@ class Leaf:
 class Block:
     children: object
 
-def iter_paths(block):
-    yield ('', block)
-
 def owns_params(node):
     if isinstance(node, Leaf):
         return node.kind in PARAM_LEAVES
@@ -75,27 +72,13 @@ class ModuleTree:
     width: object
     root: object
 
-    def paths(self):
-        return dict(iter_paths(self.root))
-
-class Wrapper(str, enum.Enum):
-    NONE = 'none'
-    DDP = 'ddp'
-    FSDP1_FULL_SHARD = 'fsdp1_full_shard'
-    FSDP1_SHARD_GRAD_OP = 'fsdp1_shard_grad_op'
-    FSDP1_NO_SHARD = 'fsdp1_no_shard'
-    FSDP1_HYBRID_SHARD = 'fsdp1_hybrid_shard'
-
 @dataclass()
 class ShardSpec:
     path: object
-    reshard_after_forward: object = True
 
 @dataclass()
 class Composition:
     shards: object = ()
-    wrapper: object = Wrapper.NONE
-    auto_wrap: object = False
 
     @property
     def sharded_paths(self):
@@ -109,18 +92,12 @@ class Unfreeze:
 @dataclass(frozen=True)
 class Training:
     lr: object = 0.1
-    eps: object = 0.001
-    batch_per_rank: object = 2
     dtype: object = Dtype.FLOAT32
-    set_to_none: object = True
     unfreeze: object = ()
 
     def __post_init__(self):
         for i, later in enumerate(self.unfreeze):
             pass
-
-    def skipped_at(self, step, microbatch):
-        return [s.path for s in () if s.step == step and s.microbatch == microbatch]
 
 @dataclass(frozen=True)
 class Unit:
@@ -174,19 +151,6 @@ def fsdp_sharded(p):
     from torch.distributed.tensor import DTensor
     return isinstance(p, DTensor) and 'shard' in (p.device_mesh.mesh_dim_names or ())
 
-class TreeBlock(nn.Module):
-
-    def __init__(self, children):
-        super().__init__()
-        for i, child in enumerate(children):
-            self.add_module(str(i), child)
-
-    def forward(self, x):
-        y = x
-        for name, child in self.named_children():
-            y = child(y)
-        return y
-
 class PointwiseConv1d(nn.Conv1d):
     pass
 
@@ -196,50 +160,21 @@ def build_node(node, width):
         if node.frozen:
             module.requires_grad_(False)
         return module
-    return TreeBlock([build_node(c, width) for c in node.children])
-TORCH_DTYPES = {Dtype.FLOAT32: torch.float32}
-_WRAPPER_PREFIXES = ('_fsdp_wrapped_module.',)
+    return nn.Sequential(*[build_node(c, width) for c in node.children])
 
 def clean_name(name):
-    prefix = next(iter(_WRAPPER_PREFIXES))
-    name = name.replace(prefix, '')
     return name
 
 @dataclass
 class Composed:
     model: object
-    wrapper: object = Wrapper.NONE
-    param_names: object = field(default_factory=list)
 
     @contextmanager
     def full_parameters(self):
-        if self.wrapper.value.startswith('fsdp1'):
-            modules = {clean_name(n): m for n, m in self.model.named_modules()}
-            out = {}
-            for name in self.param_names:
-                owner, _, attr = name.rpartition('.')
-                out[name] = getattr(modules[owner], attr).detach().clone()
-            yield out
-            return
         out = {}
         for n, p in self.model.named_parameters():
             out[clean_name(n)] = p.full_tensor().detach()
         yield out
-
-def compose(model, comp, ctx):
-    if comp.wrapper is not Wrapper.NONE:
-        names = [n for n, _ in model.named_parameters()]
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
-        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-        strategy = {Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD}[comp.wrapper]
-        kwargs_ = {'sharding_strategy': strategy, 'device_id': ctx.device, 'use_orig_params': True}
-        kwargs_['auto_wrap_policy'] = ModuleWrapPolicy({TreeBlock})
-        wrap_out = FSDP(model, **kwargs_)
-        return Composed(model=wrap_out, wrapper=comp.wrapper, param_names=names)
-    from torch.distributed.fsdp import fully_shard
-    modules = [model.get_submodule('')]
-    fully_shard(modules[0])
-    return Composed(model=model)
 
 class _Contracts:
 
@@ -269,67 +204,61 @@ class _Contracts:
             self.leaf_dtypes.setdefault(name, str(p.dtype).removeprefix('torch.'))
         return hook
 
-    def after_forward(self, skipped):
-        state = {}
-        for spec in self.comp.shards:
-            flags = []
-            path = ''
-            model = self.model
-            root = model.get_submodule(path)
-            iter_paths_of_out = [(n or path, m) for n, m in root.named_modules()]
-            for sub, _ in iter_paths_of_out:
-                mod = self.model.get_submodule(sub)
-                flags += [fsdp_sharded(p) for p in mod.parameters(recurse=False)]
-            state[''] = flags
-        return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
-
 def train(tree, training, comp, ctx):
-    dtype = TORCH_DTYPES[training.dtype]
+    dtype = torch.float32
     torch.manual_seed(0)
     build_model_out = build_node(tree.root, 1)
     model_ = build_model_out.to(dtype)
-    composed_ = compose(model_, comp, ctx)
+    from torch.distributed.fsdp import fully_shard
+    modules = [model_.get_submodule('')]
+    fully_shard(modules[0])
+    composed_ = Composed(model=model_)
     contracts = _Contracts(model_, comp)
     obs = {}
-    model__ = composed_.model
-    out___ = {'0': [] for u_ in training.unfreeze}
-    name, p__ = next(iter(model__.named_parameters()))
+    out___ = {'0': []}
+    name, p__ = next(iter(model_.named_parameters()))
     owner = '.'.join((c for c in clean_name(name).split('.')[:-1] if c.isdigit()))
     out___[owner].append(p__)
-    params = composed_.model.parameters()
-    later_ = [p for ps in out___.values() for p in ps]
+    params = model_.parameters()
     opt = torch.optim.SGD(params, lr=0.01)
-    model___ = composed_.model
     losses = []
     params_per_step = []
     grad_norms = []
     gen = torch.Generator().manual_seed(0)
-    lo = ctx.rank // 1 * 1
+    lo = ctx.rank
     out_ = []
     for _ in range(2):
-        step_ = []
-        x_ = torch.randn(ctx.world_size * 1, 1, generator=gen)
-        y_ = torch.randn(ctx.world_size * 1, 1, generator=gen)
-        step_.append((x_[lo:lo + 1].to(ctx.device), y_[lo:lo + 1].to(ctx.device)))
+        x_ = torch.randn(ctx.world_size, 1, generator=gen)
+        y_ = torch.randn(ctx.world_size, 1, generator=gen)
+        step_ = [(x_[lo:lo + 1].to(ctx.device), y_[lo:lo + 1].to(ctx.device))]
         out_.append(step_)
     for s, step in enumerate(out_):
         for path in ['0' for u in training.unfreeze if 1 == s]:
             p = next(iter(out___[path]))
             p.requires_grad_(True)
-        step_losses = []
         i, (x, y) = next(iter(enumerate(step)))
-        skipped = training.skipped_at(s, i)
-        out = model___(x)
-        obs['contracts'] = contracts.after_forward(skipped)
+        out = model_(x)
+        state = {}
+        for spec in contracts.comp.shards:
+            flags = []
+            path_ = ''
+            model = contracts.model
+            root = model.get_submodule(path_)
+            iter_paths_of_out = [(n__ or path_, m) for n__, m in root.named_modules()]
+            for sub, __ in iter_paths_of_out:
+                mod = contracts.model.get_submodule(sub)
+                flags += [fsdp_sharded(p_) for p_ in mod.parameters(recurse=False)]
+            state[''] = flags
+        obs['contracts'] = {'sharded_after_forward': state, 'leaf_dtypes': contracts.leaf_dtypes, 'output_dtypes': contracts.output_dtypes}
         obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
         out__ = {}
         obs['contracts']['replicate_params'] = out__
         loss = F.mse_loss(out.to(y.dtype), y)
         loss.backward()
-        step_losses.append(loss.item())
+        step_losses = [loss.item()]
         from torch.distributed.tensor import DTensor
         total = torch.zeros((), dtype=torch.float64)
-        for p___ in composed_.model.parameters():
+        for p___ in model_.parameters():
             if p___.grad is not None:
                 g = p___.grad.full_tensor() if isinstance(p___.grad, DTensor) else p___.grad
                 total += g.double().pow(2).sum().cpu()
@@ -342,9 +271,8 @@ def train(tree, training, comp, ctx):
             params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
     obs['losses'] = losses
     obs['grad_norms'] = grad_norms
-    model____ = composed_.model
     from torch.distributed.tensor import DTensor as DTensor_
-    obs['local_params'] = {n_: p____.detach().double().cpu().flatten().tolist() for n_, p____ in model____.named_parameters() if not isinstance(p____, DTensor_) and (not n_.startswith('_fsdp_wrapped_module')) and ('_fsdp' not in n_) and (clean_name(n_).rpartition('.')[0] not in None)}
+    obs['local_params'] = {n_: p____.detach().double().cpu().flatten().tolist() for n_, p____ in model_.named_parameters() if not isinstance(p____, DTensor_) and (not n_.startswith('_fsdp_wrapped_module')) and ('_fsdp' not in n_) and (clean_name(n_).rpartition('.')[0] not in None)}
     obs['knob_problems'] = []
     if ctx.rank == 0:
         obs['params'] = params_per_step
@@ -496,15 +424,15 @@ def judge_metamorphic(case, outcome):
     return check_knobs('metamorphic', outcome.observations) or compare_runs('metamorphic', outcome.observations, _tolerance(body.training), 'fsdp1:unfrozen-frozen-unit')
 
 def attempt(rank, world_size):
-    case = Case(property='metamorphic', world_size=2, seed=0, body=MetamorphicBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False, frozen=True), Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),))))), composition=Composition(shards=(ShardSpec(path='', reshard_after_forward=False),)), variant=Composition(wrapper=Wrapper.FSDP1_NO_SHARD, auto_wrap=True), training=Training(lr=0.01, eps=0.0001, batch_per_rank=1, set_to_none=False, unfreeze=(Unfreeze(path='0', step=1),))))
+    case = Case(property='metamorphic', world_size=2, seed=0, body=MetamorphicBody(tree=ModuleTree(width=1, root=Block(children=())), composition=Composition(), variant=Composition()))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
     first = train(ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, frozen=True), Block(children=(Leaf(kind=LeafKind.CONV1D),))))), Training(unfreeze=(Unfreeze(path='0', step=1),)), Composition(shards=(ShardSpec(path=''),)), ctx)
-    second = train(ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, frozen=True), Block(children=(Leaf(kind=LeafKind.CONV1D),))))), Training(unfreeze=(Unfreeze(path='0', step=1),)), Composition(wrapper=Wrapper.FSDP1_NO_SHARD), ctx)
+    second = train(ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, frozen=True), Block(children=(Leaf(kind=LeafKind.CONV1D),))))), Training(), Composition(), ctx)
     keys = ('losses', 'params', 'grad_norms', 'knob_problems')
     run_metamorphic_out = {**first, 'ref': {k: second[k] for k in keys if k in second}}
     obs = json.loads(json.dumps(run_metamorphic_out))
-    outs = [None] * world_size
+    outs = [None, None]
     dist.all_gather_object(outs, obs)
     if rank != 0:
         return ''

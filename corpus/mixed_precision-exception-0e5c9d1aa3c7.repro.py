@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=fcf8cd4586083371 sources=c819ef517160c7c9 seconds=74.1
+# shardfuzz reduced reproducer: entry=fcf8cd4586083371 sources=c819ef517160c7c9 seconds=182.3
 """Reproduces shardfuzz corpus entry mixed_precision-exception-0e5c9d1aa3c7.json: exception:mixed_precision:builtins.AssertionError@torch/distributed/fsdp/_fully_shard/_fsdp_common.py:_raise_assert_with_print
 
 Observed: FSDP2 MixedPrecisionPolicy(reduce_dtype=...) with set_requires_gradient_sync(False): a
@@ -26,15 +26,6 @@ import torch.nn.functional as F
 
 class Dtype(str, enum.Enum):
     BFLOAT16 = 'bfloat16'
-
-@dataclass()
-class MixedPrecision:
-    reduce_dtype: object = None
-
-@dataclass()
-class ShardSpec:
-    path: object
-    mixed_precision: object = None
 
 class AccumSync(str, enum.Enum):
     ALWAYS = 'always'
@@ -66,37 +57,30 @@ class PointwiseConv1d(nn.Conv1d):
     pass
 TORCH_DTYPES = {Dtype.BFLOAT16: torch.bfloat16}
 
-def mp_policy(mp):
+def mp_policy():
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     def dt(d):
         return None if d is None else TORCH_DTYPES[d]
-    return MixedPrecisionPolicy(reduce_dtype=dt(mp.reduce_dtype))
+    return MixedPrecisionPolicy(reduce_dtype=dt(Dtype.BFLOAT16))
 
 def attempt(rank, world_size):
     ctx_device = torch.device('cpu')
     import re
     import traceback
     try:
-        comp_shards = (ShardSpec(path=''),)
         training_skips = (Skip(path='0', step=0),)
         dtype = torch.float32
         build_model_out = TreeBlock([PointwiseConv1d(1, 1, kernel_size=1)])
         model__ = build_model_out.to(dtype)
-        specs = {'': ShardSpec(path='', mixed_precision=MixedPrecision(reduce_dtype=Dtype.BFLOAT16))}
-        items = [('fully_shard', '') for spec_ in comp_shards]
-        Composition_steps_out = sorted(items)
-        api, path_ = next(iter(Composition_steps_out))
-        spec = specs[path_]
         from torch.distributed.fsdp import fully_shard
         kwargs = {}
-        kwargs['mp_policy'] = mp_policy(spec.mixed_precision)
+        kwargs['mp_policy'] = mp_policy()
         modules = [model__.get_submodule('')]
         fully_shard(modules[0], **kwargs)
-        sharded = [p for spec in comp_shards for p in ('',)]
-        tops = [p_ for p_ in sharded if not any((False for q in sharded))]
+        tops = ['']
         compose_out_fsdp_roots = [model__.get_submodule(p_) for p_ in tops]
-        blocks = {'.'.join((c for c in name.split('.') if c.isdigit())): m for name, m in model__.named_modules() if isinstance(m, TreeBlock)}
+        blocks = {'.'.join(()): m for name, m in model__.named_modules() if isinstance(m, TreeBlock)}
         step_ = []
         for __ in range(2):
             x_ = torch.randn(world_size, 1)
@@ -123,7 +107,7 @@ def attempt(rank, world_size):
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
+        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
         if found in ['builtins.AssertionError@torch/distributed/fsdp/_fully_shard/_fsdp_common.py:_raise_assert_with_print']:
             return f'REPRODUCED exception:mixed_precision:builtins.AssertionError@torch/distributed/fsdp/_fully_shard/_fsdp_common.py:_raise_assert_with_print: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

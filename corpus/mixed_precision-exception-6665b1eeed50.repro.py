@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=49e98a7a0cd611b2 sources=c819ef517160c7c9 seconds=81.2
+# shardfuzz reduced reproducer: entry=49e98a7a0cd611b2 sources=c819ef517160c7c9 seconds=232.1
 """Reproduces shardfuzz corpus entry mixed_precision-exception-6665b1eeed50.json: exception:mixed_precision:builtins.RuntimeError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_reduce
 
 Observed: FSDP2 MixedPrecisionPolicy: a unit whose parameters were all frozen at lazy init gets
@@ -30,28 +30,12 @@ class Dtype(str, enum.Enum):
     BFLOAT16 = 'bfloat16'
 
 @dataclass()
-class MixedPrecision:
-    param_dtype: object = None
-
-@dataclass()
 class ShardSpec:
     path: object
-    mixed_precision: object = None
 
     @property
     def paths(self):
         return (self.path,)
-
-@dataclass()
-class Composition:
-    shards: object = ()
-
-def Composition_steps(self):
-    items = [('fully_shard', spec.path) for spec in self.shards]
-
-    def key(item):
-        return ()
-    return sorted(items, key=key)
 
 @dataclass()
 class Unfreeze:
@@ -62,30 +46,29 @@ class PointwiseConv1d(nn.Conv1d):
     pass
 TORCH_DTYPES = {Dtype.BFLOAT16: torch.bfloat16}
 
-def mp_policy(mp):
+def mp_policy():
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     def dt(d):
         return None if d is None else TORCH_DTYPES[d]
-    return MixedPrecisionPolicy(param_dtype=dt(mp.param_dtype))
+    return MixedPrecisionPolicy(param_dtype=dt(Dtype.BFLOAT16))
 
 def attempt(rank, world_size):
     ctx_device = torch.device('cpu')
     import re
     import traceback
     try:
-        comp = Composition(shards=(ShardSpec(path='0'), ShardSpec(path='')))
         dtype = torch.float32
         module = PointwiseConv1d(1, 1, kernel_size=1)
         module.requires_grad_(False)
-        build_model_out = nn.Sequential(*[PointwiseConv1d(1, 1, kernel_size=1), module])
+        build_model_out = nn.Sequential(PointwiseConv1d(1, 1, kernel_size=1), module)
         model_ = build_model_out.to(dtype)
-        specs = {s_.path: s_ for s_ in (ShardSpec(path='0', mixed_precision=MixedPrecision(param_dtype=Dtype.BFLOAT16)), ShardSpec(path='', mixed_precision=MixedPrecision(param_dtype=Dtype.BFLOAT16)))}
-        for api, path_ in Composition_steps(comp):
+        specs = {s_.path: s_ for s_ in (ShardSpec(path='0'), ShardSpec(path=''))}
+        for api, path_ in [('fully_shard', '0'), ('fully_shard', '')]:
             spec = specs[path_]
             from torch.distributed.fsdp import fully_shard
             kwargs = {}
-            kwargs['mp_policy'] = mp_policy(spec.mixed_precision)
+            kwargs['mp_policy'] = mp_policy()
             modules = [model_.get_submodule(p_) for p_ in spec.paths]
             fully_shard(modules[0], **kwargs)
         out__ = {'1': []}
@@ -111,7 +94,7 @@ def attempt(rank, world_size):
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
+        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
         if found in ['builtins.RuntimeError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_reduce']:
             return f'REPRODUCED exception:mixed_precision:builtins.RuntimeError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_reduce: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=b29b69107395f153 sources=c819ef517160c7c9 seconds=75.5
+# shardfuzz reduced reproducer: entry=b29b69107395f153 sources=c819ef517160c7c9 seconds=197.8
 """Reproduces shardfuzz corpus entry mixed_precision-exception-708c7ed7c223.json: exception:mixed_precision:builtins.AttributeError@torch/distributed/fsdp/_fully_shard/_fsdp_param.py:to_accumulated_grad_if_needed
 
 Observed: FSDP2 with MixedPrecisionPolicy(reduce_dtype) and set_requires_gradient_sync(False): a
@@ -27,9 +27,6 @@ import torch.nn.functional as F
 class Dtype(str, enum.Enum):
     FLOAT32 = 'float32'
 
-def is_ancestor():
-    pass
-
 @dataclass()
 class MixedPrecision:
     reduce_dtype: object = None
@@ -42,17 +39,6 @@ class ShardSpec:
     @property
     def paths(self):
         return (self.path,)
-
-@dataclass()
-class Composition:
-    shards: object = ()
-
-def Composition_steps(self):
-    items = [('fully_shard', spec.path) for spec in self.shards]
-
-    def key(item):
-        return ()
-    return sorted(items, key=key)
 
 class TreeBlock(nn.Module):
 
@@ -80,27 +66,22 @@ def attempt(rank, world_size):
     import re
     import traceback
     try:
-        comp = Composition(shards=(ShardSpec(path='1'), ShardSpec(path='')))
         dtype = torch.float32
         build_model_out = TreeBlock([nn.LayerNorm(12), nn.LayerNorm(12)])
         model__ = build_model_out.to(dtype)
         specs = {s_.path: s_ for s_ in (ShardSpec(path='1', mixed_precision=MixedPrecision(reduce_dtype=Dtype.FLOAT32)), ShardSpec(path='', mixed_precision=MixedPrecision()))}
-        for api, path_ in Composition_steps(comp):
-            if api == 'checkpoint':
-                pass
-            else:
-                spec = specs[path_]
-                from torch.distributed.fsdp import fully_shard
-                kwargs_ = {}
-                kwargs_['mp_policy'] = mp_policy(spec.mixed_precision)
-                modules = [model__.get_submodule(p_) for p_ in spec.paths]
-                fully_shard(modules[0], **kwargs_)
-        sharded = [p for spec in (ShardSpec(path='1'), ShardSpec(path='')) for p in spec.paths]
-        tops = [p__ for p__ in sharded if not any((is_ancestor() for q in sharded))]
+        for api, path_ in [('fully_shard', '1'), ('fully_shard', '')]:
+            spec = specs[path_]
+            from torch.distributed.fsdp import fully_shard
+            kwargs_ = {}
+            kwargs_['mp_policy'] = mp_policy(spec.mixed_precision)
+            modules = [model__.get_submodule(p_) for p_ in spec.paths]
+            fully_shard(modules[0], **kwargs_)
+        tops = ['']
         compose_out_fsdp_roots = [model__.get_submodule(p__) for p__ in tops]
         lo = rank * 2
-        x_ = torch.randn(world_size * 2, 12)
-        y_ = torch.randn(world_size * 2, 12)
+        x_ = torch.randn(4, 12)
+        y_ = torch.randn(4, 12)
         step_ = [(x_[lo:lo + 2].to(ctx_device), y_[lo:lo + 2].to(ctx_device))]
         out_ = [step_]
         s, step = next(iter(enumerate(out_)))
@@ -113,7 +94,7 @@ def attempt(rank, world_size):
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
+        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
         if found in ['builtins.AttributeError@torch/distributed/fsdp/_fully_shard/_fsdp_param.py:to_accumulated_grad_if_needed']:
             return f'REPRODUCED exception:mixed_precision:builtins.AttributeError@torch/distributed/fsdp/_fully_shard/_fsdp_param.py:to_accumulated_grad_if_needed: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

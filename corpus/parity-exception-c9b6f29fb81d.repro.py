@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=8b7ebc3b68aad9f0 sources=c819ef517160c7c9 seconds=95.0
+# shardfuzz reduced reproducer: entry=8b7ebc3b68aad9f0 sources=c819ef517160c7c9 seconds=185.7
 """Reproduces shardfuzz corpus entry parity-exception-c9b6f29fb81d.json: exception:parity:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out
 
 Observed: rank 0 raised builtins.IndexError: list index out of range
@@ -14,18 +14,8 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 
 from __future__ import annotations
 import torch
-from dataclasses import dataclass
 from torch import nn
 import torch.nn.functional as F
-
-@dataclass()
-class ShardSpec:
-    path: object
-    reshard_after_forward: object = True
-
-    @property
-    def paths(self):
-        return (self.path,)
 
 def _placement_fn(shard_size):
     from torch.distributed.tensor import Shard
@@ -40,25 +30,19 @@ def attempt(rank, world_size):
     import re
     import traceback
     try:
-        comp_shards = (ShardSpec(path='1'),)
         dtype = torch.float32
-        build_model_out = nn.Sequential(*[nn.Linear(4, 4), nn.Linear(4, 4)])
+        build_model_out = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
         model_ = build_model_out.to(dtype)
-        shape = (world_size,)
+        shape = (4,)
         from torch.distributed.device_mesh import init_device_mesh
         key = ()
         ctx__meshes[key] = init_device_mesh(torch.device('cpu').type, shape)
         mesh = ctx__meshes[key]
-        specs = {s_.path: s_ for s_ in (ShardSpec(path='1', reshard_after_forward=2),)}
-        items = [('fully_shard', spec_.path) for spec_ in comp_shards]
-        Composition_steps_out = sorted(items)
-        api, path_ = next(iter(Composition_steps_out))
-        spec = specs[path_]
         from torch.distributed.fsdp import fully_shard
-        kwargs = {'reshard_after_forward': spec.reshard_after_forward}
+        kwargs = {'reshard_after_forward': 2}
         shard_size = mesh.size(mesh.ndim - 1)
         kwargs['shard_placement_fn'] = _placement_fn(shard_size)
-        modules = [model_.get_submodule(p_) for p_ in spec.paths]
+        modules = [model_.get_submodule('1')]
         fully_shard(modules[0], **kwargs)
         x_ = torch.randn(world_size, 4)
         y_ = torch.randn(world_size, 4)
@@ -72,7 +56,7 @@ def attempt(rank, world_size):
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
+        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
         if found in ['builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out']:
             return f'REPRODUCED exception:parity:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=d9f2fe49f54e84bd sources=83fa50b93cab1e70 seconds=236.3
+# shardfuzz reduced reproducer: entry=d9f2fe49f54e84bd sources=83fa50b93cab1e70 seconds=395.4
 """Reproduces shardfuzz corpus entry parity-mismatch-009298376223.json: mismatch:parity@fsdp2:shard1:divide-factor-twice
 
 Observed: rank 0 gradient norm at step 0 is 1.7529385089874268, expected 3.5058770179748535
@@ -57,10 +57,6 @@ class KnobState:
 
 class PointwiseConv1d(nn.Conv1d):
     pass
-
-def build_model():
-    module = PointwiseConv1d(1, 1, kernel_size=1)
-    return module
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32}
 
 @dataclass
@@ -71,18 +67,19 @@ def train(training, comp, ctx):
     dtype = TORCH_DTYPES[training.dtype]
     if comp is not None:
         torch.manual_seed(0)
-        model_ = build_model().to(dtype)
+        module = PointwiseConv1d(1, 1, kernel_size=1)
+        model_ = module.to(dtype)
         mesh = ctx.mesh(tuple((2, 1)), ('replicate', 'shard'))
         from torch.distributed.fsdp import fully_shard
-        kwargs = {'mesh': mesh}
         modules = [model_.get_submodule('')]
-        fully_shard(modules[0], **kwargs)
+        fully_shard(modules[0], mesh=mesh)
         compose_out = Composed(model=model_)
         compose_out.knobs = KnobState(model_)
         composed = compose_out
     else:
         torch.manual_seed(0)
-        model = build_model().to(dtype)
+        module_ = PointwiseConv1d(1, 1, kernel_size=1)
+        model = module_.to(dtype)
         composed = Composed(model)
     obs = {}
     forward = _compiled(composed.model) if comp is not None else composed.model

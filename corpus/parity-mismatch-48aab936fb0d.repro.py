@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=fa2d3ff0502bcfd3 sources=ce057bc0da65e4dc seconds=407.1
+# shardfuzz reduced reproducer: entry=fa2d3ff0502bcfd3 sources=ce057bc0da65e4dc seconds=676.8
 """Reproduces shardfuzz corpus entry parity-mismatch-48aab936fb0d.json: mismatch:parity@fsdp1:unfrozen-frozen-unit
 
 Observed: FSDP1 NO_SHARD auto-wrapping a block whose parameters are all frozen, one of them
@@ -21,7 +21,6 @@ from __future__ import annotations
 import torch
 import enum
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import ClassVar
 from torch import nn
 from contextlib import contextmanager
@@ -48,26 +47,16 @@ class Dtype(str, enum.Enum):
 @dataclass()
 class Leaf:
     kind: object
-    bias: object = True
     frozen: object = False
 
 @dataclass()
 class Block:
     children: object
 
-def iter_paths(block):
-    yield ('', block)
-
-def owns_params():
-    pass
-
 @dataclass()
 class ModuleTree:
     width: object
     root: object
-
-    def paths(self):
-        return dict(iter_paths(self.root))
 
 class Wrapper(str, enum.Enum):
     NONE = 'none'
@@ -75,7 +64,7 @@ class Wrapper(str, enum.Enum):
 
 @dataclass()
 class Composition:
-    wrapper: object = Wrapper.NONE
+    pass
 
 @dataclass()
 class Unfreeze:
@@ -94,18 +83,6 @@ class Training:
 
     def skipped_at(self, step, microbatch):
         return [s.path for s in () if s.step == step and s.microbatch == microbatch]
-
-@dataclass()
-class Layout:
-    tree: object
-    comp: object
-
-    @cached_property
-    def paths(self):
-        return self.tree.paths()
-
-    def local(self):
-        return [p for p, n in self.paths.items() if owns_params() and (any((contains() for i in ignored)) or p in by_shards) and (self.member_of(p) is None)]
 
 class Body:
     KIND: ClassVar[str]
@@ -144,12 +121,9 @@ def build_node(node, width):
 
 def build_model(tree):
     return build_node(tree.root, 1)
-TORCH_DTYPES = {Dtype.FLOAT32: torch.float32}
-_WRAPPER_PREFIXES = ('_fsdp_wrapped_module.',)
 
 def clean_name(name):
-    prefix = next(iter(_WRAPPER_PREFIXES))
-    name = name.replace(prefix, '')
+    name = name.replace('_fsdp_wrapped_module.', '')
     return name
 
 @dataclass
@@ -195,18 +169,18 @@ class _Contracts:
         return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
 
 def train(tree, training, comp, ctx, local=frozenset()):
-    dtype = TORCH_DTYPES[training.dtype]
+    dtype = torch.float32
     if comp is not None:
         torch.manual_seed(0)
         model_ = build_model(tree).to(dtype)
         names = [n_ for n_, _ in model_.named_parameters()]
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-        strategy = {Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD}[comp.wrapper]
+        strategy = {Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD}[Wrapper.FSDP1_NO_SHARD]
         kwargs = {'sharding_strategy': strategy, 'device_id': ctx.device, 'use_orig_params': True}
         kwargs['auto_wrap_policy'] = ModuleWrapPolicy({nn.Sequential})
         wrap_out = FSDP(model_, **kwargs)
-        compose_out = Composed(model=wrap_out, wrapper=comp.wrapper, param_names=names)
+        compose_out = Composed(model=wrap_out, wrapper=Wrapper.FSDP1_NO_SHARD, param_names=names)
         model = model_
         composed = compose_out
     else:
@@ -216,12 +190,11 @@ def train(tree, training, comp, ctx, local=frozenset()):
     contracts = _Contracts(model) if comp is not None else None
     obs = {}
     model__ = composed.model
-    out___ = {'0': [] for u_ in training.unfreeze}
+    out___ = {'0': []}
     name, p__ = next(iter(model__.named_parameters()))
     owner = '.'.join((c for c in clean_name(name).split('.')[:-1] if c.isdigit()))
     out___[owner].append(p__)
     params = composed.model.parameters()
-    later_ = [p for ps in out___.values() for p in ps]
     opt = torch.optim.SGD(params, lr=0.01)
     forward = _compiled(composed.model) if comp is not None else composed.model
     losses = []
@@ -231,16 +204,14 @@ def train(tree, training, comp, ctx, local=frozenset()):
     lo = ctx.rank
     out_ = []
     for __ in range(2):
-        step_ = []
         x_ = torch.randn(ctx.world_size, 1, generator=gen)
         y_ = torch.randn(ctx.world_size, 1, generator=gen)
-        step_.append((x_[lo:lo + 1].to(ctx.device), y_[lo:lo + 1].to(ctx.device)))
+        step_ = [(x_[lo:lo + 1].to(ctx.device), y_[lo:lo + 1].to(ctx.device))]
         out_.append(step_)
     for s, step in enumerate(out_):
         for path in ['0' for u in training.unfreeze if 1 == s]:
             p = next(iter(out___[path]))
             p.requires_grad_(True)
-        step_losses = []
         i, (x, y) = next(iter(enumerate(step)))
         skipped = training.skipped_at(s, i)
         out = forward(x)
@@ -251,7 +222,7 @@ def train(tree, training, comp, ctx, local=frozenset()):
             obs['contracts']['replicate_params'] = out__
         loss = F.mse_loss(out.to(y.dtype), y)
         loss.backward()
-        step_losses.append(loss.item())
+        step_losses = [loss.item()]
         for name_, p___ in model.named_parameters():
             if p___.grad is not None and name_.rpartition('.')[0] not in local:
                 dist.all_reduce(p___.grad)
@@ -271,7 +242,7 @@ def train(tree, training, comp, ctx, local=frozenset()):
     obs['losses'] = losses
     obs['grad_norms'] = grad_norms
     model___ = composed.model
-    local_ = frozenset() if comp is None else frozenset(Layout(tree, comp).local())
+    local_ = frozenset() if comp is None else frozenset([])
     from torch.distributed.tensor import DTensor
     obs['local_params'] = {n__: p_____.detach().double().cpu().flatten().tolist() for n__, p_____ in model___.named_parameters() if not isinstance(p_____, DTensor) and (not n__.startswith('_fsdp_wrapped_module')) and ('_fsdp' not in n__) and (clean_name(n__).rpartition('.')[0] not in local_)}
     obs['knob_problems'] = []
@@ -399,13 +370,13 @@ def attempt(rank, world_size):
     case = Case(property='parity', world_size=2, seed=0, body=ParityBody(tree=ModuleTree(width=1, root=Block(children=())), composition=Composition()))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
-    comp = Composition(wrapper=Wrapper.FSDP1_NO_SHARD)
-    composed = train(ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, frozen=True), Block(children=(Leaf(kind=LeafKind.CONV1D),))))), Training(unfreeze=(Unfreeze(path='0', step=1),)), comp, ctx)
+    comp = Composition()
+    composed = train(ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, frozen=True), Block(children=(Leaf(kind=LeafKind.CONV1D),))))), Training(), comp, ctx)
     keys = ('losses', 'params', 'grad_norms')
     reference = train(ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, frozen=True), Block(children=(Leaf(kind=LeafKind.CONV1D),))))), Training(unfreeze=(Unfreeze(path='0', step=1),)), None, ctx)
     run_parity_out = {**composed, 'ref': {k: reference[k] for k in keys if k in reference}}
     obs = json.loads(json.dumps(run_parity_out))
-    outs = [None] * world_size
+    outs = [None, None]
     dist.all_gather_object(outs, obs)
     if rank != 0:
         return ''

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=627b92f9c75a2fc3 sources=14c7281674c70e1f seconds=272.8
+# shardfuzz reduced reproducer: entry=627b92f9c75a2fc3 sources=14c7281674c70e1f seconds=511.6
 """Reproduces shardfuzz corpus entry state_dict-crash-81ffab405f7f.json: crash:state_dict:signal SIGSEGV@torch/distributed/fsdp/_state_dict_utils.py:param_hook
 
 Observed: FSDP1 FULL_STATE_DICT with offload_to_cpu on CPU: model.state_dict() clones an already
@@ -232,8 +232,7 @@ def compose(model, comp, ctx, tree=None):
 def _wrap(model, comp, ctx):
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
     strategy = {Wrapper.FSDP1_FULL_SHARD: ShardingStrategy.FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP: ShardingStrategy.SHARD_GRAD_OP, Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD, Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[comp.wrapper]
-    kwargs = {'sharding_strategy': strategy, 'device_id': ctx.device, 'use_orig_params': True}
-    return FSDP(model, **kwargs)
+    return FSDP(model, sharding_strategy=strategy, device_id=ctx.device, use_orig_params=True)
 
 def make_optimizer(params, training, later=()):
     held = {id(p) for p in later}
@@ -330,14 +329,13 @@ def _put(body, side, msd, osd, ctx):
 def run_state_dict(case, body, ctx):
     t = body.training
     data = all_batches(case, t, t.steps + body.steps_after, body.tree, ctx)
-    fused = {'fused': body.fused, 'fqn_modifiers': body.fqn_modifiers}
-    src = build_side(body.tree, body.source, t, ctx, seed=case.seed, schedule=body.requires_grad, **fused)
+    src = build_side(body.tree, body.source, t, ctx, seed=case.seed, schedule=body.requires_grad, fused=body.fused, fqn_modifiers=body.fqn_modifiers)
     body_optimizer(src, t, body)
     obs = {'losses_before': train_steps(src, data[:t.steps], ctx)}
     msd, osd = _take(body, src)
     ignored = []
     msd, osd = copy.deepcopy((msd, osd))
-    tgt = build_side(body.tree, body.target, t, ctx, seed=case.seed + FRESH_SEED, meta=body.target_meta_init, schedule=body.requires_grad, **fused)
+    tgt = build_side(body.tree, body.target, t, ctx, seed=case.seed + FRESH_SEED, meta=body.target_meta_init, schedule=body.requires_grad, fused=body.fused, fqn_modifiers=body.fqn_modifiers)
     if not body.target_meta_init:
         pass
     dropped = sorted(set(dropped_keys(src, body.drop)) | set(ignored))
@@ -360,7 +358,7 @@ def main():
         frames = re.findall('File "[^"]+/torch/([^"]+)", line \\d+ in (\\S+)', child.stderr)
         found = f'signal {child.returncode}@torch/{frames[0][0]}:{frames[0][1]}' if frames else ''
         if found in ['signal -11@torch/distributed/fsdp/_state_dict_utils.py:param_hook']:
-            print(f"REPRODUCED crash:state_dict:signal SIGSEGV@torch/distributed/fsdp/_state_dict_utils.py:param_hook: rank {os.environ['RANK']} died: {found}", flush=True)
+            print(f'REPRODUCED crash:state_dict:signal SIGSEGV@torch/distributed/fsdp/_state_dict_utils.py:param_hook: rank {os.environ["RANK"]} died: {found}', flush=True)
             sys.exit(1)
         print(f'PASS or another failure: exit {child.returncode}', flush=True)
         sys.exit(0)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=3602c42a89141394 sources=5c3a8b0f263890d1 seconds=114.8
+# shardfuzz reduced reproducer: entry=3602c42a89141394 sources=5c3a8b0f263890d1 seconds=242.0
 """Reproduces shardfuzz corpus entry state_dict-exception-67e354131411.json: exception:state_dict:builtins.KeyError@torch/distributed/checkpoint/state_dict.py:_get_model_state_dict
 
 Observed: get_model_state_dict(ignore_frozen_params=True) pops a frozen fused parameter by its
@@ -20,22 +20,11 @@ from __future__ import annotations
 import torch
 import enum
 from torch import nn
-from dataclasses import dataclass, field
-
-@dataclass
-class RankContext:
-    rank: object
-    world_size: object
-    device: object
-    backend: object
+from dataclasses import dataclass
 
 class LeafKind(str, enum.Enum):
     CONV1D = 'conv1d'
     RELU = 'relu'
-
-class Dtype(str, enum.Enum):
-    FLOAT32 = 'float32'
-    FLOAT64 = 'float64'
 
 @dataclass()
 class Leaf:
@@ -45,28 +34,7 @@ class Leaf:
 @dataclass()
 class Block:
     children: object
-
-@dataclass()
-class ModuleTree:
-    width: object
-    root: object
-
-@dataclass()
-class Composition:
-    shards: object = ()
-
-    @property
-    def sharded_paths(self):
-        return [p for spec in self.shards for p in ()]
-
-@dataclass()
-class Training:
-    dtype: object = Dtype.FLOAT32
 DEFAULT_FQN_MODIFIERS = '_fqn_modifiers'
-
-@dataclass()
-class Options:
-    ignore_frozen_params: object = False
 
 class PointwiseConv1d(nn.Conv1d):
     pass
@@ -96,55 +64,25 @@ class FusedLeaf(nn.Module):
         atom = next(iter(module.key_modifiers()))
         key = f'{prefix}{FUSED_CHILD}.{atom}'
         state_dict[f'{prefix}{atom}'] = state_dict.pop(key)
-TORCH_DTYPES = {Dtype.FLOAT64: torch.float64}
-
-@dataclass
-class Composed:
-    model: object
-    fsdp_roots: object = field()
-
-@dataclass
-class Side:
-    composed: object
-    comp: object
-    training: object
-
-    @property
-    def model(self):
-        return self.composed.model
-
-def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=(), fused=(), fqn_modifiers=DEFAULT_FQN_MODIFIERS):
-    build_model_out = build_node(tree.root, 1)
-    model = build_model_out.to(TORCH_DTYPES[training.dtype])
-    path = next(iter(fused))
-    parent, _, name = path.rpartition('.')
-    owner = model.get_submodule(parent)
-    owner.add_module(name, FusedLeaf(owner.get_submodule(name), fqn_modifiers))
-    sharded = comp.sharded_paths
-    tops = [p for p in sharded if not any((False for q in sharded))]
-    composed = Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
-    return Side(composed=composed, comp=comp, training=training)
 
 def attempt(rank, world_size):
-    ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import re
     import traceback
     try:
-        t = Training(dtype=Dtype.FLOAT64)
-        fused = {'fused': ('0.1.0',)}
-        src = build_side(ModuleTree(width=1, root=Block(children=(Block(children=(Leaf(kind=LeafKind.RELU), Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),)))),))), Composition(), t, ctx, seed=0, **fused)
-        params = list(src.model.parameters())
-        src.opt = torch.optim.AdamW(params)
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-        o = Options(ignore_frozen_params=True)
-        from torch.distributed.checkpoint.state_dict import StateDictOptions
-        extra = {n: True for n in ('ignore_frozen_params',) if getattr(o, n)}
-        options = StateDictOptions(**extra)
-        msd, osd = get_state_dict(src.model, src.opt, options=options)
+        tree_root = Block(children=(Block(children=(Leaf(kind=LeafKind.RELU), Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),)))),))
+        build_model_out = build_node(tree_root, 1)
+        model = build_model_out.to(torch.float64)
+        owner = model.get_submodule('0.1')
+        owner.add_module('0', FusedLeaf(owner.get_submodule('0'), DEFAULT_FQN_MODIFIERS))
+        params = list(model.parameters())
+        src_opt = torch.optim.AdamW(params)
+        from torch.distributed.checkpoint.state_dict import get_state_dict, StateDictOptions
+        options = StateDictOptions(ignore_frozen_params=True)
+        msd, osd = get_state_dict(model, src_opt, options=options)
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
-        at = [f"torch/{p.rpartition('/torch/')[2]}:{f}" for p, f in frames if '/torch/' in p and 'comp>' not in f]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@{(at or ['torch/?:?'])[-1]}"
+        at = [f'torch/{p.rpartition("/torch/")[2]}:{f}' for p, f in frames if '/torch/' in p and 'comp>' not in f]
+        found = f'{type(e).__module__}.{type(e).__qualname__}@{(at or ["torch/?:?"])[-1]}'
         if found in ['builtins.KeyError@torch/distributed/checkpoint/state_dict.py:_get_model_state_dict'] and at[0] == 'torch/distributed/checkpoint/state_dict.py:get_state_dict' and (re.sub('\\d+(?:\\.\\d+)*', '#', str(e).partition('\n')[0]) == "'#.fused.weight'"):
             return f'REPRODUCED exception:state_dict:builtins.KeyError@torch/distributed/checkpoint/state_dict.py:_get_model_state_dict: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=f79d1e3b59a0cdd2 sources=8dc1694f16ffdb1f seconds=49.9
+# shardfuzz reduced reproducer: entry=f79d1e3b59a0cdd2 sources=8dc1694f16ffdb1f seconds=170.8
 """Reproduces shardfuzz corpus entry state_dict-exception-b39fcc19147a.json: exception:state_dict:builtins.KeyError@torch/distributed/_state_dict_utils.py:_unflatten_state_dict
 
 Observed: rank 0 raised builtins.KeyError: 'param_groups.0.params.0'
@@ -16,94 +16,40 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 
 from __future__ import annotations
 import torch
-import enum
 from torch import nn
-from dataclasses import dataclass
-
-class Dtype(str, enum.Enum):
-    FLOAT32 = 'float32'
-    FLOAT64 = 'float64'
-
-@dataclass()
-class Block:
-    children: object
-    scale: object = False
-
-@dataclass()
-class ModuleTree:
-    width: object
-    root: object
-
-@dataclass()
-class Composition:
-    pass
-
-@dataclass()
-class Training:
-    dtype: object = Dtype.FLOAT32
-
-@dataclass()
-class Options:
-    flatten_optimizer_state_dict: object = False
 
 class TreeBlock(nn.Module):
 
-    def __init__(self, children, width, scale):
+    def __init__(self, children, scale):
         super().__init__()
         for i, child in enumerate(children):
             self.add_module(str(i), child)
-        self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(width)) if scale else None
-
-def build_node(node, width):
-    return TreeBlock([build_node(c, width) for c in node.children], width, node.scale)
-TORCH_DTYPES = {Dtype.FLOAT64: torch.float64}
-
-@dataclass
-class Composed:
-    model: object
-
-@dataclass
-class Side:
-    composed: object
-    comp: object
-    training: object
-
-    @property
-    def model(self):
-        return self.composed.model
-
-def build_side(tree, comp, training):
-    build_model_out = build_node(tree.root, 4)
-    model = build_model_out.to(TORCH_DTYPES[training.dtype])
-    composed = Composed(model)
-    return Side(composed=composed, comp=comp, training=training)
-
-def body_optimizer(side):
-    params = list(side.model.parameters())
-    groups = [{'params': params[0::2]}]
-    side.opt = torch.optim.Adam(groups)
+        self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(4)) if scale else None
 
 def attempt(rank, world_size):
     import re
     import traceback
     try:
-        t = Training(dtype=Dtype.FLOAT64)
-        src = build_side(ModuleTree(width=4, root=Block(children=(Block(children=(), scale=True),))), Composition(), t)
-        body_optimizer(src)
+        build_model_out = TreeBlock([TreeBlock([], True)], False)
+        model = build_model_out.to(torch.float64)
+        params = list(model.parameters())
+        groups = [{'params': params[0::2]}]
+        src_opt = torch.optim.Adam(groups)
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-        msd_ = get_model_state_dict(src.model)
-        msd, osd = (msd_, get_optimizer_state_dict(src.model, src.opt))
-        tgt = build_side(ModuleTree(width=4, root=Block(children=(Block(children=(), scale=True),))), Composition(), t)
-        body_optimizer(tgt)
+        msd_ = get_model_state_dict(model)
+        msd, osd = (msd_, get_optimizer_state_dict(model, src_opt))
+        build_model_out_ = TreeBlock([TreeBlock([], True)], False)
+        model_ = build_model_out_.to(torch.float64)
+        params_ = list(model_.parameters())
+        groups_ = [{'params': params_[0::2]}]
+        tgt_opt = torch.optim.Adam(groups_)
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict, StateDictOptions
-        extra = {n: True for n in ('flatten_optimizer_state_dict',) if getattr(Options(flatten_optimizer_state_dict=True), n)}
-        options_ = StateDictOptions(full_state_dict=True, **extra)
-        opt = tgt.opt
-        set_optimizer_state_dict(tgt.model, opt, osd, options=options_)
+        options_ = StateDictOptions(full_state_dict=True, flatten_optimizer_state_dict=True)
+        set_optimizer_state_dict(model_, tgt_opt, osd, options=options_)
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
+        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
         if found in ['builtins.KeyError@torch/distributed/_state_dict_utils.py:_unflatten_state_dict', 'builtins.KeyError@torch/optim/optimizer.py:load_state_dict']:
             return f'REPRODUCED exception:state_dict:builtins.KeyError@torch/distributed/_state_dict_utils.py:_unflatten_state_dict: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

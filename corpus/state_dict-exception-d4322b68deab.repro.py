@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=c572371c336f35cd sources=5c3a8b0f263890d1 seconds=131.8
+# shardfuzz reduced reproducer: entry=c572371c336f35cd sources=5c3a8b0f263890d1 seconds=258.4
 """Reproduces shardfuzz corpus entry state_dict-exception-d4322b68deab.json: exception:state_dict:builtins.AttributeError@torch/nn/modules/module.py:__getattr__
 
 Observed: get_model_state_dict ignores StateDictOptions(dsd_fqn_modifiers=...): a fused module
@@ -22,20 +22,10 @@ from __future__ import annotations
 import torch
 import enum
 from torch import nn
-from dataclasses import dataclass, field
-
-@dataclass
-class RankContext:
-    rank: object
-    world_size: object
-    device: object
-    backend: object
+from dataclasses import dataclass
 
 class LeafKind(str, enum.Enum):
     CONV1D = 'conv1d'
-
-class Dtype(str, enum.Enum):
-    FLOAT32 = 'float32'
 
 @dataclass()
 class Leaf:
@@ -44,24 +34,6 @@ class Leaf:
 @dataclass()
 class Block:
     children: object
-
-@dataclass()
-class ModuleTree:
-    width: object
-    root: object
-
-@dataclass()
-class Composition:
-    shards: object = ()
-
-    @property
-    def sharded_paths(self):
-        return [p for spec in self.shards for p in ()]
-
-@dataclass()
-class Training:
-    dtype: object = Dtype.FLOAT32
-DEFAULT_FQN_MODIFIERS = '_fqn_modifiers'
 
 class PointwiseConv1d(nn.Conv1d):
     pass
@@ -75,11 +47,11 @@ FUSED_CHILD = 'fused'
 
 class FusedLeaf(nn.Module):
 
-    def __init__(self, leaf, method=DEFAULT_FQN_MODIFIERS):
+    def __init__(self, leaf):
         super().__init__()
         self.add_module(FUSED_CHILD, leaf)
         self._atoms = [n for n, _ in leaf.named_parameters()]
-        object.__setattr__(self, method, self.key_modifiers)
+        object.__setattr__(self, 'hidden_children', self.key_modifiers)
         self.register_state_dict_post_hook(FusedLeaf._hide)
 
     def key_modifiers(self):
@@ -90,52 +62,25 @@ class FusedLeaf(nn.Module):
         atom = next(iter(module.key_modifiers()))
         key = f'{prefix}{FUSED_CHILD}.{atom}'
         state_dict[f'{prefix}{atom}'] = state_dict.pop(key)
-TORCH_DTYPES = {Dtype.FLOAT32: torch.float32}
-
-@dataclass
-class Composed:
-    model: object
-    fsdp_roots: object = field()
-
-@dataclass
-class Side:
-    composed: object
-    comp: object
-    training: object
-
-    @property
-    def model(self):
-        return self.composed.model
-
-def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=(), fused=(), fqn_modifiers=DEFAULT_FQN_MODIFIERS):
-    build_model_out = build_node(tree.root, 1)
-    model = build_model_out.to(TORCH_DTYPES[training.dtype])
-    path = next(iter(fused))
-    parent, _, name = path.rpartition('.')
-    owner = model.get_submodule(parent)
-    owner.add_module(name, FusedLeaf(owner.get_submodule(name), fqn_modifiers))
-    sharded = comp.sharded_paths
-    tops = [p for p in sharded if not any((False for q in sharded))]
-    composed = Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
-    return Side(composed=composed, comp=comp, training=training)
 
 def attempt(rank, world_size):
-    ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import re
     import traceback
     try:
-        t = Training()
-        fused = {'fused': ('0',), 'fqn_modifiers': 'hidden_children'}
-        src = build_side(ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D),))), Composition(), t, ctx, seed=0, **fused)
+        tree_root = Block(children=(Leaf(kind=LeafKind.CONV1D),))
+        build_model_out = build_node(tree_root, 1)
+        model = build_model_out.to(torch.float32)
+        owner = model.get_submodule('')
+        owner.add_module('0', FusedLeaf(owner.get_submodule('0')))
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, StateDictOptions
         extra = {}
         extra['dsd_fqn_modifiers'] = 'hidden_children'
         options = StateDictOptions(**extra)
-        msd_ = get_model_state_dict(src.model, options=options)
+        msd_ = get_model_state_dict(model, options=options)
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
-        at = [f"torch/{p.rpartition('/torch/')[2]}:{f}" for p, f in frames if '/torch/' in p and 'comp>' not in f]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@{(at or ['torch/?:?'])[-1]}"
+        at = [f'torch/{p.rpartition("/torch/")[2]}:{f}' for p, f in frames if '/torch/' in p and 'comp>' not in f]
+        found = f'{type(e).__module__}.{type(e).__qualname__}@{(at or ["torch/?:?"])[-1]}'
         if found in ['builtins.AttributeError@torch/nn/modules/module.py:__getattr__'] and at[0] == 'torch/distributed/checkpoint/state_dict.py:get_model_state_dict' and (re.sub('\\d+(?:\\.\\d+)*', '#', str(e).partition('\n')[0]) == "'FusedLeaf' object has no attribute 'weight'"):
             return f'REPRODUCED exception:state_dict:builtins.AttributeError@torch/nn/modules/module.py:__getattr__: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

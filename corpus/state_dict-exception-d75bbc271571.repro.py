@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=af1b565e41fad220 sources=2836a7ca10136e42 seconds=39.3
+# shardfuzz reduced reproducer: entry=af1b565e41fad220 sources=2836a7ca10136e42 seconds=172.1
 """Reproduces shardfuzz corpus entry state_dict-exception-d75bbc271571.json: exception:state_dict:builtins.AssertionError@torch/distributed/checkpoint/state_dict.py:_load_optim_state_dict
 
 Observed: set_optimizer_state_dict(full_state_dict=True) raises AssertionError('Expected device
@@ -17,66 +17,30 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 
 from __future__ import annotations
 import torch
-import enum
 from torch import nn
-from dataclasses import dataclass
-
-class Dtype(str, enum.Enum):
-    FLOAT32 = 'float32'
-
-@dataclass()
-class Composition:
-    pass
-
-@dataclass()
-class Training:
-    dtype: object = Dtype.FLOAT32
-TORCH_DTYPES = {Dtype.FLOAT32: torch.float32}
-
-@dataclass
-class Composed:
-    model: object
-
-@dataclass
-class Side:
-    composed: object
-    comp: object
-    training: object
-
-    @property
-    def model(self):
-        return self.composed.model
-
-def build_side(comp, training):
-    module = nn.Linear(2, 2)
-    model = module.to(TORCH_DTYPES[training.dtype])
-    composed = Composed(model)
-    return Side(composed=composed, comp=comp, training=training)
-
-def body_optimizer(side):
-    params = list(side.model.parameters())
-    side.opt = torch.optim.SGD(params)
 
 def attempt(rank, world_size):
     import re
     import traceback
     try:
-        t = Training()
-        src = build_side(Composition(), t)
-        body_optimizer(src)
+        module = nn.Linear(2, 2)
+        model = module.to(torch.float32)
+        params = list(model.parameters())
+        src_opt = torch.optim.SGD(params)
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-        msd_ = get_model_state_dict(src.model)
-        msd, osd = (msd_, get_optimizer_state_dict(src.model, src.opt))
-        tgt = build_side(Composition(), t)
-        body_optimizer(tgt)
+        msd_ = get_model_state_dict(model)
+        msd, osd = (msd_, get_optimizer_state_dict(model, src_opt))
+        module_ = nn.Linear(2, 2)
+        model_ = module_.to(torch.float32)
+        params_ = list(model_.parameters())
+        tgt_opt = torch.optim.SGD(params_)
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict, StateDictOptions
         options_ = StateDictOptions(full_state_dict=True)
-        opt = tgt.opt
-        set_optimizer_state_dict(tgt.model, opt, osd, options=options_)
+        set_optimizer_state_dict(model_, tgt_opt, osd, options=options_)
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
+        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
         if found in ['builtins.AssertionError@torch/distributed/checkpoint/state_dict.py:_load_optim_state_dict']:
             return f'REPRODUCED exception:state_dict:builtins.AssertionError@torch/distributed/checkpoint/state_dict.py:_load_optim_state_dict: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"
