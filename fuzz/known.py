@@ -559,7 +559,10 @@ DTENSOR_CONV_PARTIAL = KnownBug(
     "dtensor-conv-partial-input-backward",
     "DTensor convolution whose input is Partial (a rowwise-parallel output): forward labels the local partial "
     "result Replicate (wrong values, no error), and backward raises 'Can not redistribute from R to P(sum)' "
-    "(convolution_backward_handler redistributes the gradient to the input's placements)",
+    "(convolution_backward_handler redistributes the gradient to the input's placements); where the input is "
+    "also sharded on another mesh dimension ([Shard(0), Partial]), forward raises ValueError 'Tensor dim 0 is "
+    "already sharded on mesh dim 0' (the convolution's strategy makes the Partial a second Shard(0), which the "
+    "handler's dim_map refuses)",
     symptoms=frozenset({"exception", "mismatch"}),
     tag=":conv-partial",
     relation="none found after three phrasings (the error text with convolution_backward, DTensor conv1d "
@@ -567,7 +570,8 @@ DTENSOR_CONV_PARTIAL = KnownBug(
     "placement for a spatially sharded input, a conv1d placement fix, and a grad_input of None (see_also)",
     state="present in torch 2.13.0",
     see_also=("pytorch/pytorch#191926", "pytorch/pytorch#186129", "pytorch/pytorch#142278"),
-    # the frame is DTensor.redistribute's, which any misuse of redistribute raises in
+    # the frames are DTensor.redistribute's and DTensorSpec.dim_map's, which any misuse of
+    # redistribute, and any op given a dimension sharded twice, raise in
     conditional=True,
 )
 BUGS: dict[str, KnownBug] = {

@@ -13,6 +13,15 @@ Values are compared elementwise as ``|actual - expected| <= atol + rtol * |expec
   1/eps near a zero gradient (see :class:`fuzz.model.Training`), and a LayerNorm over one
   feature divides by sqrt(eps). Noise at 1e-16 stays far under 1e-9 after such gains, where at
   1e-7 (float32) it does not; the strategies pair those optimizers with float64.
+- Tensor parallelism moves forward values by ulps, not only the gradients' reduction: a rowwise
+  pair adds its ranks' partial products where the reference's matmul sums the whole inner
+  dimension in one kernel. A LayerNorm amplifies a difference of its inputs by up to
+  1/sqrt(eps) (316 at torch's default eps 1e-5, when its width's values lie close), forward
+  and backward: a 4-rank SPMD campaign with tensor parallelism over a width-2 LayerNorm found
+  float32 gradient norms 2.4e-5 apart, and the same case in float64 within its policy. Cases
+  with tensor parallelism and a LayerNorm leaf therefore train in float64 (the strategies'
+  ``_tp_layer_norm_in_float64``); data parallelism alone leaves each sample's forward as the
+  reference computes it, and float32 keeps them.
 - bfloat16 and float16 are compared against a reference that applies the same casts, so only
   rounding of the low-precision operands differs: a few units of their 8- and 11-bit mantissas.
 - Mixed precision (:func:`mixed_precision_tolerance`): the reference applies the policy's casts

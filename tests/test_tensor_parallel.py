@@ -30,6 +30,7 @@ from fuzz.model import (
     TpPair,
     Training,
     check_mesh,
+    has_leaf,
 )
 from fuzz.pool import RankPool
 from fuzz.properties import get_property
@@ -87,6 +88,9 @@ def test_tp_is_drawn_on_four_ranks_at_a_useful_rate_and_never_on_two() -> None:
             counts["nested"] += len(comp.shards) > 1
             assert any(f.startswith("tp:") for f in features(case))
             assert api_of(comp).startswith("fsdp2+tp")
+            if has_leaf(case.body.tree.root, LeafKind.LAYER_NORM):  # fuzz.tolerance: TP moves values by ulps
+                counts["layer_norm"] += 1
+                assert case.body.training.dtype is Dtype.FLOAT64
 
     @_DRAWS
     @given(parity_cases(world_size=2))
@@ -96,8 +100,11 @@ def test_tp_is_drawn_on_four_ranks_at_a_useful_rate_and_never_on_two() -> None:
     four()
     two()
     assert counts["tp"] >= 0.1 * counts["cases"], counts
+    # Two pairs come in about 17% of TP cases (1,500 random draws), checkpoint and nesting in
+    # more: at least 5% of some 80 TP draws leaves room for a sample's spread (two pairs was
+    # 8 of 84 once, under a bound of 10% that random draws missed now and then).
     for feature in ("pairs:2", "checkpoint", "nested"):
-        assert counts[feature] >= 0.1 * counts["tp"], (feature, counts)
+        assert counts[feature] >= 0.05 * counts["tp"], (feature, counts)
 
 
 def test_tensor_parallel_refuses_a_world_without_a_shard_dimension() -> None:
