@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=4da2f48d2fa30bb5 sources=3ebb4d52c9cda72d seconds=674.7
+# shardfuzz reduced reproducer: entry=4da2f48d2fa30bb5 sources=3ebb4d52c9cda72d seconds=1147.9
 """Reproduces shardfuzz corpus entry dcp-crash-b5480b2301a0.json: crash:dcp:signal SIGSEGV@torch/distributed/fsdp/_state_dict_utils.py:param_hook
 
 Observed: The FSDP1 FULL_STATE_DICT offload_to_cpu SIGSEGV on CPU (docs/state_dict.md item 5,
@@ -27,7 +27,6 @@ from typing import ClassVar
 import os
 from typing import ClassVar
 from torch import nn
-from contextlib import contextmanager
 import torch.distributed as dist
 import inspect
 from dataclasses import dataclass, field, replace
@@ -132,14 +131,8 @@ class Composition:
             return (-depth, order[api], path)
         return sorted(items, key=key)
 
-class Optimizer(str, enum.Enum):
-    SGD = 'sgd'
-    ADAM = 'adam'
-    ADAMW = 'adamw'
-
 @dataclass(frozen=True)
 class Training:
-    optimizer: object = Optimizer.SGD
     lr: object = 0.1
     momentum: object = 0.0
     eps: object = 0.001
@@ -255,11 +248,6 @@ def clean_name(name):
 def mesh_for(comp, ctx):
     return ctx.mesh((ctx.world_size,), ('shard',))
 
-def apply_fully_shard(model, spec, mesh):
-    from torch.distributed.fsdp import fully_shard
-    modules = [model.get_submodule('')]
-    fully_shard(modules[0], mesh=mesh, reshard_after_forward=False)
-
 @dataclass
 class Composed:
     model: object
@@ -267,32 +255,14 @@ class Composed:
     wrapper: object = Wrapper.NONE
     param_names: object = field(default_factory=list)
 
-    @contextmanager
-    def full_parameters(self):
-        if self.wrapper.value.startswith('fsdp1'):
-            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-            modules = {clean_name(n): m for n, m in self.model.named_modules()}
-            with FSDP.summon_full_params(self.model):
-                out = {}
-                for name in self.param_names:
-                    owner, _, attr = name.rpartition('.')
-                    out[name] = getattr(modules[owner], attr).detach().clone()
-                yield out
-            return
-        out = {}
-        for n, p in self.model.named_parameters():
-            out[clean_name(n)] = p.full_tensor().detach()
-        yield out
-
 def compose(model, comp, ctx, tree=None):
     ckpt_kwargs = checkpoint_kwargs(comp.checkpoint_options)
     if comp.wrapper is not Wrapper.NONE:
         names = [n for n, _ in model.named_parameters()]
         return Composed(model=_wrap(model, comp, ctx), wrapper=comp.wrapper, param_names=names)
     mesh = mesh_for(comp, ctx)
-    specs = {'': s for s in comp.shards}
     for api, path in comp.steps():
-        apply_fully_shard(model, specs[path], mesh)
+        pass
     sharded = comp.sharded_paths
     tops = [p for p in sharded if not any((False for q in sharded))]
     return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
@@ -307,9 +277,6 @@ def make_optimizer(params, training, later=()):
     params = [p for p in params if p.requires_grad or id(p) in held]
     groups = params
     return torch.optim.SGD(groups, lr=training.lr, momentum=0.0, foreach=None)
-
-def full_parameters(model):
-    pass
 FRESH_SEED = 24301
 
 @dataclass
@@ -320,7 +287,6 @@ class Side:
     opt: object = None
     param_names: object = field(default_factory=dict)
     schedule: object = ()
-    step: object = 0
 
     @property
     def model(self):
@@ -345,14 +311,6 @@ def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=()):
     composed = compose(model, comp, ctx)
     return Side(composed=composed, comp=comp, training=training, schedule=schedule)
 
-def change_requires_grad(side, step):
-    return
-
-def catch_up(side, steps):
-    for step in range(side.step, steps):
-        change_requires_grad(side, step)
-    side.step = max(side.step, steps)
-
 def requires_grad(side):
     return {clean_name(n): p.requires_grad for n, p in side.model.named_parameters()}
 
@@ -374,11 +332,6 @@ def seed_segment(case, ctx, segment):
 
 def all_batches(case, training, steps, tree, ctx):
     pass
-
-def observe_model(side):
-    with side.composed.full_parameters() as params:
-        out = {n: [float(v) for v in t.double().cpu().flatten().tolist()] for n, t in params.items()}
-    return out
 
 def _jsonable(value):
     return value
@@ -403,7 +356,6 @@ def observe_optimizer(side):
 
 def observe(side, case, tree, ctx, *, model=True):
     obs = {'groups': observe_groups(side)}
-    params = observe_model(side)
     optim = observe_optimizer(side)
     if side.fsdp1:
         obs['optimizer_local'] = optim
@@ -446,12 +398,6 @@ def prepare_side(body, side, options):
     _patch_model_state_dict(side.model, options=state_dict_options(options))
     _patch_optimizer_state_dict(side.model, optimizers=(side.opt,), options=state_dict_options(options))
 
-def _observe_saved(body, case, src, ctx, values):
-    saved = {**observe(src, case, body.tree, ctx), **_observe_entries(values)}
-    taken = values.get(DcpItem.OPTIMIZER)
-    moves = any((e in body.entries and e not in () for e in (DcpItem.OPTIMIZER, DcpItem.APP)))
-    return saved
-
 def _arrange(body, values, ctx):
     order = ((0, 1), (0, 1))[ctx.rank]
     return {body.entries[i].value: values[body.entries[i]] for i in order if body.entries[i] in values}
@@ -460,9 +406,6 @@ def _tensors(value, path=''):
     pass
 _LAST_PLANNER = [None]
 
-def _save_planner(body):
-    return {}
-
 def _load_planner(body):
     return {}
 
@@ -470,34 +413,12 @@ def _group(body):
     return {}
 _CTX = [None]
 
-def _writer_kwargs(body, path, overwrite=None):
-    kwargs = {}
-    kwargs.update(_group(body))
-    kwargs['checkpoint_id'] = path
-    kwargs.update(_save_planner(body))
-    return kwargs
-
-def _save(body, state, path, overwrite=None):
-    import torch.distributed.checkpoint as dcp
-    kwargs = _writer_kwargs(body, path, overwrite)
-    kwargs.update(_collectives(body))
-    dcp.save(state, **kwargs)
-
-def _collectives(body):
-    return {}
-
 def _load(body, state, path):
     import torch.distributed.checkpoint as dcp
     kwargs = {}
     kwargs.update(_load_planner(body))
     kwargs.update(_group(body))
     dcp.load(state, checkpoint_id=path, **kwargs)
-
-def _observe_entries(values):
-    out = {}
-    for entry, value in values.items():
-        pass
-    return out
 
 def run_dcp(case, body, ctx):
     return _run_dcp(case, body, ctx)
@@ -517,11 +438,8 @@ def _run_dcp(case, body, ctx):
     seed_segment(case, ctx, 0)
     values = _values(body, case, src, ctx, get_save, put, fresh=False, skip=())
     state = _arrange(body, values, ctx)
-    _save(body, state, path)
-    obs_saved = _observe_saved(body, case, src, ctx, values)
     tgt = build_side(body.tree, body.target, t, ctx, seed=FRESH_SEED, meta=False, schedule=())
     body_optimizer(tgt, fresh_training(t), body)
-    catch_up(tgt, 1)
     prepare_side(body, tgt, put)
     dropped = dropped_keys(tgt, ())
     obs_fresh = observe(tgt, case, body.tree, ctx, model=not False)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=87e3671b7d30ca95 sources=001b716bb8af1bc0 seconds=618.9
+# shardfuzz reduced reproducer: entry=87e3671b7d30ca95 sources=001b716bb8af1bc0 seconds=1146.3
 """Reproduces shardfuzz corpus entry dcp-hang-96de59c34a50.json: hang:dcp@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone
 
 Observed: set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0 pass an
@@ -435,19 +435,6 @@ class DcpItem(str, enum.Enum):
     COUNTER = 'counter'
     EXTRA = 'extra'
 
-@dataclass(frozen=True)
-class WriterOptions:
-    single_file_per_rank: object = True
-    sync_files: object = True
-    thread_count: object = 1
-    per_thread_copy_ahead: object = 10000000
-
-    def __post_init__(self):
-        pass
-
-    def changed(self):
-        ...
-
 class DcpMode(str, enum.Enum):
     ROUND_TRIP = 'round_trip'
     SAVE_ONLY = 'save_only'
@@ -484,7 +471,6 @@ class DcpBody(Body):
     no_dist: object = False
     frozen_in_optimizer: object = False
     empty_group: object = False
-    writer: object = field(default_factory=WriterOptions)
     save_planner: object = None
     load_planner: object = None
     absent: object = False
@@ -743,19 +729,6 @@ def seed_segment(case, ctx, segment):
 def all_batches(case, training, steps, tree, ctx):
     return [step[0] for step in batches(case, replace(training, steps=steps), tree.width, ctx)]
 
-def train_steps(side, data, ctx):
-    assert side.opt is not None
-    losses = []
-    for x, y in data:
-        change_requires_grad(side, side.step)
-        side.step += 1
-        loss = F.mse_loss(side.model(x).to(y.dtype), y)
-        loss.backward()
-        side.opt.step()
-        side.opt.zero_grad(set_to_none=side.training.set_to_none)
-        losses.append(loss.item())
-    return losses
-
 def _flat(t):
     from torch.distributed.tensor import DTensor
     if isinstance(t, DTensor):
@@ -871,13 +844,6 @@ def _values(body, case, side, ctx, get, put, fresh, skip):
 def prepare_side(body, side, options):
     pass
 
-def _observe_saved(body, case, src, ctx, values):
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-    saved = {**observe(src, case, body.tree, ctx), **_observe_entries(values)}
-    taken = values.get(DcpItem.OPTIMIZER)
-    moves = any((e in body.entries and e not in body.skip for e in (DcpItem.OPTIMIZER, DcpItem.APP)))
-    return saved
-
 def _arrange(body, values, ctx):
     order = body.orders[ctx.rank] if body.orders else range(len(body.entries))
     return {body.entries[i].value: values[body.entries[i]] for i in order if body.entries[i] in values}
@@ -956,11 +922,9 @@ def _run_dcp(case, body, ctx):
         body_optimizer(src, t, body)
         prepare_side(body, src, get_save)
         seed_segment(case, ctx, 0)
-        obs['losses_before'] = train_steps(src, data[:t.steps], ctx)
         values = _values(body, case, src, ctx, get_save, put, fresh=False, skip=())
         state = _arrange(body, values, ctx)
         _save(body, state, own)
-        obs['saved'] = _observe_saved(body, case, src, ctx, values)
     tgt = build_side(body.tree, body.target, t, ctx, seed=case.seed + FRESH_SEED, meta=body.target_meta_init, schedule=body.requires_grad)
     body_optimizer(tgt, fresh_training(t), body)
     catch_up(tgt, t.steps)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=8fe6d7b1f8b8192a sources=7d6f5cb23a31c8e4 seconds=561.7
+# shardfuzz reduced reproducer: entry=8fe6d7b1f8b8192a sources=7d6f5cb23a31c8e4 seconds=1068.1
 """Reproduces shardfuzz corpus entry dcp-mismatch-175e579ba153.json: mismatch:dcp@async_save:fsdp1-hsdp-load_sharded_optimizer_state_dict
 
 Observed: Into FSDP1 HYBRID_SHARD over a 2-D mesh, load_sharded_optimizer_state_dict lays the
@@ -20,7 +20,6 @@ from __future__ import annotations
 import torch
 import enum
 from dataclasses import dataclass, field, fields
-import builtins
 import dataclasses
 import os
 from typing import ClassVar
@@ -28,10 +27,8 @@ from torch import nn
 from contextlib import contextmanager
 import torch.distributed as dist
 import torch.nn.functional as F
-import inspect
 from dataclasses import dataclass, field, replace
 import hashlib
-import shutil
 import math
 
 @dataclass
@@ -44,18 +41,13 @@ class RankContext:
 
     def mesh(self, shape, names):
         from torch.distributed.device_mesh import init_device_mesh
-        key = (shape, names)
-        self._meshes[key] = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
+        key = ()
+        self._meshes[key] = init_device_mesh(self.device.type, shape)
         return self._meshes[key]
-    _cases: object = 0
-
-    def group(self, name):
-        pass
 
 class LeafKind(str, enum.Enum):
     CONV1D = 'conv1d'
     RELU = 'relu'
-    DROPOUT = 'dropout'
 
 class Dtype(str, enum.Enum):
     FLOAT32 = 'float32'
@@ -63,30 +55,23 @@ class Dtype(str, enum.Enum):
     BFLOAT16 = 'bfloat16'
     FLOAT16 = 'float16'
 
-@dataclass(frozen=True)
+@dataclass()
 class Leaf:
     kind: object
     bias: object = True
     frozen: object = False
 
-@dataclass(frozen=True)
+@dataclass()
 class Block:
     children: object
     residual: object = False
     scale: object = False
     buffer: object = False
 
-def param_names(node):
-    pass
-
-@dataclass(frozen=True)
+@dataclass()
 class ModuleTree:
     width: object
     root: object
-
-    @property
-    def size(self):
-        pass
 
 class Wrapper(str, enum.Enum):
     NONE = 'none'
@@ -96,13 +81,10 @@ class Wrapper(str, enum.Enum):
     FSDP1_NO_SHARD = 'fsdp1_no_shard'
     FSDP1_HYBRID_SHARD = 'fsdp1_hybrid_shard'
 
-@dataclass(frozen=True)
+@dataclass()
 class Composition:
     mesh: object = ()
     wrapper: object = Wrapper.NONE
-
-    def steps(self):
-        pass
 
 class Optimizer(str, enum.Enum):
     SGD = 'sgd'
@@ -119,7 +101,6 @@ class Training:
     dtype: object = Dtype.FLOAT32
     set_to_none: object = True
     param_groups: object = 1
-    foreach: object = None
 
 class Body:
     KIND: ClassVar[str]
@@ -134,16 +115,12 @@ class Body:
     def size(self):
         pass
 
-@dataclass(frozen=True)
+@dataclass()
 class Case:
     property: object
     world_size: object
     seed: object
     body: object
-
-    @builtins.property
-    def size(self):
-        pass
 
 def trained_then_frozen(body):
     pass
@@ -200,7 +177,6 @@ class DcpBody(Body):
     load_cpu_offload: object = False
     async_save: object = False
     storage_objects: object = False
-    deadlock: object = False
     overwrite: object = Overwrite.NONE
     writer: object = field(default_factory=WriterOptions)
     requires_grad: object = ()
@@ -221,7 +197,6 @@ class TreeBlock(nn.Module):
             self.register_buffer('shift', 0.1 * torch.randn(width))
         else:
             self.shift = None
-        self.skipped: frozenset[str] = frozenset()
 
     def forward(self, x):
         y = x
@@ -249,7 +224,6 @@ def build_node(node, width):
         module.requires_grad_(False)
         return module
     return TreeBlock([build_node(c, width) for c in node.children], node.residual, width, node.scale, node.buffer)
-TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
 _WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.')
 
 def clean_name(name):
@@ -273,7 +247,6 @@ class Composed:
                 owner, _, attr = name.rpartition('.')
                 out[name] = getattr(modules[owner], attr).detach().clone()
             yield out
-        return
 PROBE_ROWS = 3
 FRESH_SEED = 24301
 
@@ -282,16 +255,11 @@ class Side:
     composed: object
     comp: object
     training: object
-    schedule: object = ()
     step: object = 0
 
     @property
     def model(self):
         return self.composed.model
-
-    @property
-    def plain(self):
-        pass
 
     def names(self):
         current = {id(p): clean_name(n) for n, p in self.model.named_parameters()}
@@ -303,13 +271,13 @@ def build_side(tree, comp, training, ctx, *, seed, schedule=()):
     model = build_model_out.to(torch.float32)
     names = [n for n, _ in model.named_parameters()]
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
-    strategy = {Wrapper.FSDP1_FULL_SHARD: ShardingStrategy.FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP: ShardingStrategy.SHARD_GRAD_OP, Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD, Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[comp.wrapper]
+    strategy = {Wrapper.FSDP1_FULL_SHARD: ShardingStrategy.FULL_SHARD, Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[comp.wrapper]
     kwargs = {'sharding_strategy': strategy, 'device_id': ctx.device, 'use_orig_params': True}
     if comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD:
-        kwargs['device_mesh'] = ctx.mesh((2, 2), ('replicate', 'shard'))
+        kwargs['device_mesh'] = ctx.mesh((2, 2), ())
     wrap_out = FSDP(model, **kwargs)
-    composed = Composed(model=wrap_out, wrapper=comp.wrapper, param_names=names)
-    return Side(composed=composed, comp=comp, training=training, schedule=schedule)
+    composed = Composed(model=wrap_out, param_names=names)
+    return Side(composed=composed, comp=comp, training=training)
 
 def requires_grad(side):
     return {clean_name(n): p.requires_grad for n, p in side.model.named_parameters()}
@@ -321,18 +289,15 @@ def body_optimizer(side, training):
     held = {id(p_) for p_ in frozen}
     params_ = [p_ for p_ in params_ if p_.requires_grad or id(p_) in held]
     groups = params_
-    side.opt = torch.optim.SGD(groups, lr=training.lr, momentum=training.momentum, foreach=None)
+    side.opt = torch.optim.SGD(groups, lr=training.lr, momentum=training.momentum)
     side.param_names = {id(p): clean_name(n) for n, p in side.model.named_parameters()}
-    return side.opt
 
 def train_steps(side, data):
-    assert side.opt is not None
     x, y = next(iter(data))
-    side.step += 1
     loss = F.mse_loss(side.model(x).to(y.dtype), y)
     loss.backward()
     side.opt.step()
-    side.opt.zero_grad(set_to_none=False)
+    side.opt.zero_grad()
     losses = [loss.item()]
     return losses
 
@@ -365,7 +330,7 @@ def observe(side, ctx):
     if entry:
         out__[names_.get(id(p_), '?')] = entry
     gen = torch.Generator().manual_seed(1)
-    x = torch.randn(PROBE_ROWS, 12, generator=gen, dtype=TORCH_DTYPES[side.training.dtype]).to(ctx.device)
+    x = torch.randn(PROBE_ROWS, 12, generator=gen).to(ctx.device)
     t = side.model(x)
     out___ = [float(v_) for v_ in t.detach().double().cpu().flatten().tolist()]
     obs['optimizer_local'] = out__
@@ -393,16 +358,14 @@ class Counter:
 
     def __init__(self, value, ctx):
         self.value = torch.tensor([value], dtype=torch.float64)
-        self.total = torch.zeros(1, dtype=torch.float64)
         self.agreed = float('nan')
         self.ctx = ctx
-        self.deadlock = False
 
     def state_dict(self):
         total = self.value.clone()
         dist.all_reduce(total)
         self.total = total
-        return {'value': self.value, 'total': total}
+        return {}
 
     def load_state_dict(self, state_dict):
         check = self.value.clone()
@@ -413,7 +376,7 @@ class Counter:
         return {'value': float(self.value.item()), 'total': float(self.total.item()), 'agreed': self.agreed}
 
 def extra_value():
-    return torch.arange(5, dtype=torch.float64) * (0 % 97 + 0.25)
+    return torch.arange(5) * (0 % 97 + 0.25)
 
 def _values(body, side, ctx, fresh):
     out = {}
@@ -421,9 +384,7 @@ def _values(body, side, ctx, fresh):
         if entry is DcpItem.MODEL:
             out[entry] = side.model.state_dict()
         elif entry is DcpItem.OPTIMIZER:
-            assert side.opt is not None
             from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-            assert side.opt is not None
             osd = FSDP.optim_state_dict(side.model, side.opt)
             out[entry] = osd
         elif entry is DcpItem.SCALARS:
@@ -432,14 +393,12 @@ def _values(body, side, ctx, fresh):
         elif entry is DcpItem.COUNTER:
             out[entry] = Counter(0.0 if fresh else float(0) + 0.5, ctx)
         else:
-            out[entry] = torch.zeros(5, dtype=torch.float64) if fresh else extra_value()
+            out[entry] = torch.zeros(5) if fresh else extra_value()
     return out
 
 def _writer(body, path, **options):
     import torch.distributed.checkpoint as dcp
-    fn = dcp.FileSystemWriter
     kwargs = body.writer.changed()
-    params = inspect.signature(fn).parameters
     missing = sorted((k for k in kwargs if k not in params))
     return dcp.FileSystemWriter(path, **options, **kwargs)
 
@@ -457,51 +416,41 @@ def _observe_entries(values):
 def _run_dcp(body, ctx):
     t = body.training
     path = '' or case_dir(ctx)
-    shutil.rmtree(path, ignore_errors=True)
     obs = {}
-    training = replace(t, steps=2)
-    dtype = torch.float32
     gen = torch.Generator().manual_seed(0)
     lo = ctx.rank * 2
     out = []
     for _ in range(2):
-        x = torch.randn(ctx.world_size * 2, 12, generator=gen, dtype=dtype)
-        y = torch.randn(ctx.world_size * 2, 12, generator=gen, dtype=dtype)
+        x = torch.randn(ctx.world_size * 2, 12, generator=gen)
+        y = torch.randn(ctx.world_size * 2, 12, generator=gen)
         step_ = [(x[lo:lo + 2].to(ctx.device), y[lo:lo + 2].to(ctx.device))]
         out.append(step_)
     data = [step[0] for step in out]
-    src = None
-    src = build_side(body.tree, body.source, t, ctx, seed=0, schedule=())
+    src = build_side(body.tree, body.source, t, ctx, seed=0)
     body_optimizer(src, t)
     obs['losses_before'] = train_steps(src, data[:1])
     values = _values(body, src, ctx, fresh=False)
-    order = ((0, 3, 1, 4, 2), (0, 4, 2, 3, 1), (0, 4, 2, 1, 3), (0, 2, 1, 3, 4))[ctx.rank]
+    order = ((2,), (2, 3, 1), (0, 4, 2, 1, 3), (0, 2, 1, 3, 4))[ctx.rank]
     state = {body.entries[i].value: values[body.entries[i]] for i in order if body.entries[i] in values}
     import torch.distributed.checkpoint as dcp_
     kwargs_ = {}
-    kwargs_['storage_writer'] = _writer(body, path, overwrite=True)
+    kwargs_['storage_writer'] = _writer(body, path)
     result = dcp_.async_save(state, **kwargs_)
     future = getattr(result, 'upload_completion', result)
     future.result()
     obs['overwrite'] = {}
     saved = {**observe(src, ctx), **_observe_entries(values)}
-    taken = values.get(DcpItem.OPTIMIZER)
-    moves = any((e in body.entries and e not in () for e in (DcpItem.OPTIMIZER, DcpItem.APP)))
     obs['saved'] = saved
-    tgt = build_side(body.tree, body.target, t, ctx, seed=FRESH_SEED, schedule=())
-    fresh_training_out = replace(t, lr=0.0037, momentum=0.5, eps=0.001)
+    tgt = build_side(body.tree, body.target, t, ctx, seed=FRESH_SEED)
+    fresh_training_out = replace(t, lr=0.0037, momentum=0.5)
     body_optimizer(tgt, fresh_training_out)
     dropped = []
     obs['dropped'] = dropped
     obs['fresh'] = observe(tgt, ctx)
-    values = _values(body, tgt, ctx, fresh=True)
-    order_ = ((0, 3, 1, 4, 2), (0, 4, 2, 3, 1), (0, 4, 2, 1, 3), (0, 2, 1, 3, 4))[ctx.rank]
-    state = {body.entries[i_].value: values[body.entries[i_]] for i_ in order_ if body.entries[i_] in values}
     plain = {k: v for k, v in state.items() if isinstance(v, (dict, torch.Tensor))}
     before = requires_grad(tgt)
     import torch.distributed.checkpoint as dcp
     dcp.load(state, storage_reader=dcp.FileSystemReader(path))
-    key, value = next(iter(plain.items()))
     obs['in_place'] = ''
     import torch.distributed.checkpoint as dcp__
     from torch.distributed.checkpoint.optimizer import load_sharded_optimizer_state_dict
@@ -509,7 +458,6 @@ def _run_dcp(body, ctx):
     loaded = load_sharded_optimizer_state_dict(model_state_dict=tgt.model.state_dict(), optimizer_key='optimizer', storage_reader=dcp__.FileSystemReader(path))
     osd = loaded['optimizer']
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    assert tgt.opt is not None
     tgt.opt.load_state_dict(FSDP.optim_state_dict_to_load(tgt.model, tgt.opt, osd))
     obs['requires_grad'] = {'before': before, 'after': requires_grad(tgt)}
     obs['loaded'] = {**observe(tgt, ctx), **_observe_entries(values)}
@@ -523,31 +471,21 @@ def _run_dcp(body, ctx):
     if ctx.rank == 0:
         obs_['final_source'], obs_['final_target'] = (final_src, final_tgt)
     obs.update(obs_)
-    dist.barrier()
-    shutil.rmtree(path, ignore_errors=True)
     return obs
 
 class OutcomeKind(str, enum.Enum):
     OK = 'ok'
-    EXCEPTION = 'exception'
-    HANG = 'hang'
-    CRASH = 'crash'
 
 @dataclass(frozen=True)
 class RankReport:
     rank: object
     observation: object = None
-    seconds: object = None
 
 @dataclass(frozen=True)
 class Outcome:
     kind: object
     ranks: object
     seconds: object
-
-    @property
-    def ok(self):
-        pass
 
     @property
     def observations(self):
@@ -600,9 +538,6 @@ class Failure:
     signature: object
     summary: object
     details: object = field(default_factory=dict)
-
-def strategy(name):
-    pass
 
 @dataclass(frozen=True)
 class Tolerance:
@@ -740,8 +675,6 @@ def _check_dcp_options(prop, where, body, observations):
     return None
 
 def attempt(rank, world_size):
-    import torch
-    import torch.distributed as dist
     case = Case(property='dcp', world_size=4, seed=0, body=DcpBody(tree=ModuleTree(width=12, root=Block(children=(Block(children=(Leaf(kind=LeafKind.RELU), Block(children=(Leaf(kind=LeafKind.RELU), Leaf(kind=LeafKind.CONV1D, frozen=True)), scale=True)), buffer=True), Leaf(kind=LeafKind.CONV1D, bias=False, frozen=True), Block(children=(Leaf(kind=LeafKind.RELU),), residual=True, buffer=True)))), source=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), target=Composition(mesh=(2, 2), wrapper=Wrapper.FSDP1_HYBRID_SHARD), entries=(DcpItem.MODEL, DcpItem.OPTIMIZER, DcpItem.COUNTER, DcpItem.SCALARS, DcpItem.EXTRA), training=Training(lr=0.01, momentum=0.9, eps=0.0001, steps=1, set_to_none=False), orders=((0, 3, 1, 4, 2), (0, 4, 2, 3, 1), (0, 4, 2, 1, 3), (0, 2, 1, 3, 4)), save_cpu_offload=True, load_cpu_offload=True, async_save=True, storage_objects=True, overwrite=Overwrite.TRUE))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
@@ -755,7 +688,6 @@ def attempt(rank, world_size):
     reports = tuple((RankReport(rank=r, observation=o) for r, o in enumerate(outs)))
     failure = judge_dcp(case, Outcome(kind=OutcomeKind.OK, ranks=reports, seconds=0.0))
     if failure is not None and failure.signature in ['mismatch:dcp@async_save:fsdp1-hsdp-load_sharded_optimizer_state_dict']:
-        import hashlib
         observed = hashlib.sha256(json.dumps(outs, sort_keys=True).encode()).hexdigest()[:16]
         return f'REPRODUCED {failure.signature}: observations {observed}: {failure.summary}'
     return f'PASS or another failure: {failure and failure.signature}'

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=f8717496fe4a5c07 sources=7d6f5cb23a31c8e4 seconds=532.0
+# shardfuzz reduced reproducer: entry=f8717496fe4a5c07 sources=7d6f5cb23a31c8e4 seconds=1016.9
 """Reproduces shardfuzz corpus entry dcp-mismatch-566f97fe78ce.json: mismatch:dcp@set_optimizer_state_dict:frozen-optimizer-state-dropped
 
 Observed: the optimizer state differs after the load: ['0.weight'] is missing
@@ -79,7 +79,6 @@ class Training:
     optimizer: object = Optimizer.SGD
     lr: object = 0.1
     momentum: object = 0.0
-    batch_per_rank: object = 2
     dtype: object = Dtype.FLOAT32
     param_groups: object = 1
 
@@ -143,9 +142,6 @@ def build_node(node, width):
         module = nn.Linear(width, width, bias=False)
         return module
     return nn.Sequential(*[build_node(c, width) for c in node.children])
-
-def build_model(tree):
-    return build_node(tree.root, 2)
 _WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.')
 
 def clean_name(name):
@@ -184,7 +180,8 @@ class Side:
 
 def build_side(tree, comp, training, *, seed, schedule=()):
     torch.manual_seed(seed)
-    model = build_model(tree).to(torch.float32)
+    build_model_out = build_node(tree.root, 2)
+    model = build_model_out.to(torch.float32)
     composed = Composed(model)
     return Side(composed=composed, comp=comp, training=training, schedule=schedule)
 
@@ -256,7 +253,7 @@ def case_dir(ctx):
     count = getattr(ctx, '_cases', 0)
     return os.path.join('/tmp/shardfuzz-dcp-18178', f'{digest}-{count}')
 
-def _values(body, side):
+def _values(side):
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
     out = {}
     for entry in (DcpItem.MODEL, DcpItem.OPTIMIZER):
@@ -269,12 +266,12 @@ def _values(body, side):
 class OutcomeKind(str, enum.Enum):
     OK = 'ok'
 
-@dataclass(frozen=True)
+@dataclass()
 class RankReport:
     rank: object
     observation: object = None
 
-@dataclass(frozen=True)
+@dataclass()
 class Outcome:
     kind: object
     ranks: object
@@ -437,11 +434,10 @@ def _check_dcp_options(prop, where, body, observations):
     return None
 
 def attempt(rank, world_size):
-    case = Case(property='dcp', world_size=2, seed=0, body=DcpBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR, bias=False), Leaf(kind=LeafKind.LINEAR, bias=False)))), source=Composition(), target=Composition(), entries=(DcpItem.MODEL, DcpItem.OPTIMIZER), training=Training(momentum=0.9, batch_per_rank=1), requires_grad=(RequiresGrad(path='0', step=1, trainable=False),)))
+    case = Case(property='dcp', world_size=2, seed=0, body=DcpBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR, bias=False), Leaf(kind=LeafKind.LINEAR, bias=False)))), source=Composition(), target=Composition(), entries=(DcpItem.MODEL, DcpItem.OPTIMIZER), training=Training(momentum=0.9), requires_grad=(RequiresGrad(path='0', step=1, trainable=False),)))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
-    body = DcpBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR, bias=False), Leaf(kind=LeafKind.LINEAR, bias=False)))), source=Composition(), target=Composition(), entries=(DcpItem.MODEL, DcpItem.OPTIMIZER), training=Training(momentum=0.9, batch_per_rank=1), requires_grad=(RequiresGrad(path='0', step=1, trainable=False),))
-    t = Training(momentum=0.9, batch_per_rank=1)
+    t = Training()
     path = '' or case_dir(ctx)
     obs__ = {}
     gen = torch.Generator().manual_seed(0)
@@ -452,12 +448,12 @@ def attempt(rank, world_size):
         step__ = [(x[rank:rank + 1].to(torch.device('cpu')), y[rank:rank + 1].to(torch.device('cpu')))]
         out__.append(step__)
     data = [step_[0] for step_ in out__]
-    src = build_side(ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR, bias=False), Leaf(kind=LeafKind.LINEAR, bias=False)))), Composition(), t, seed=0, schedule=(RequiresGrad(path='0', step=1, trainable=False),))
+    src = build_side(ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR)))), Composition(), t, seed=0, schedule=(RequiresGrad(path='0', step=1, trainable=False),))
     params = list(src.model.parameters())
     src.opt = torch.optim.SGD(params, lr=0.1, momentum=0.9)
     src.param_names = {id(p): clean_name(n) for n, p in src.model.named_parameters()}
     obs__['losses_before'] = train_steps(src, data[:2], ctx)
-    values = _values(body, src)
+    values = _values(src)
     order = range(2)
     state = {(DcpItem.MODEL, DcpItem.OPTIMIZER)[i].value: values[(DcpItem.MODEL, DcpItem.OPTIMIZER)[i]] for i in order if (DcpItem.MODEL, DcpItem.OPTIMIZER)[i] in values}
     import torch.distributed.checkpoint as dcp
@@ -481,8 +477,7 @@ def attempt(rank, world_size):
     out_ = {clean_name(k_): _jsonable(v_) for k_, v_ in state__.items()}
     if rank == 0:
         obs__['reloaded'] = out_
-    tgt = build_side(ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR, bias=False), Leaf(kind=LeafKind.LINEAR, bias=False)))), Composition(), t, seed=FRESH_SEED, schedule=(RequiresGrad(path='0', step=1, trainable=False),))
-    fresh_training_out = replace(t, lr=0.037, momentum=0.5)
+    tgt = build_side(ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR)))), Composition(), t, seed=FRESH_SEED, schedule=(RequiresGrad(path='0', step=1, trainable=False),))
     params_ = list(tgt.model.parameters())
     tgt.opt = torch.optim.SGD(params_, lr=0.037, momentum=0.5)
     tgt.param_names = {id(p_): clean_name(n_) for n_, p_ in tgt.model.named_parameters()}
@@ -491,10 +486,9 @@ def attempt(rank, world_size):
     dropped = []
     obs__['dropped'] = dropped
     obs__['fresh'] = observe(tgt, ctx)
-    values = _values(body, tgt)
+    values = _values(tgt)
     order_ = range(2)
     state = {(DcpItem.MODEL, DcpItem.OPTIMIZER)[i_].value: values[(DcpItem.MODEL, DcpItem.OPTIMIZER)[i_]] for i_ in order_ if (DcpItem.MODEL, DcpItem.OPTIMIZER)[i_] in values}
-    plain = {k: v for k, v in state.items() if isinstance(v, (dict, torch.Tensor))}
     before = requires_grad(tgt)
     import torch.distributed.checkpoint as dcp_
     dcp_.load(state, checkpoint_id=path)

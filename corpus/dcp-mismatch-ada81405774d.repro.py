@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=63e5b277ec033028 sources=3ebb4d52c9cda72d seconds=698.8
+# shardfuzz reduced reproducer: entry=63e5b277ec033028 sources=3ebb4d52c9cda72d seconds=1202.8
 """Reproduces shardfuzz corpus entry dcp-mismatch-ada81405774d.json: mismatch:dcp@save:fsdp1-hsdp-load_sharded_optimizer_state_dict
 
 Observed: Into FSDP1 HYBRID_SHARD over a 2-D mesh, load_sharded_optimizer_state_dict lays the
@@ -28,7 +28,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from dataclasses import dataclass, field, replace
 import hashlib
-import shutil
 
 @dataclass
 class RankContext:
@@ -40,8 +39,8 @@ class RankContext:
 
     def mesh(self, shape, names):
         from torch.distributed.device_mesh import init_device_mesh
-        key = (shape, names)
-        self._meshes[key] = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
+        key = ()
+        self._meshes[key] = init_device_mesh(self.device.type, shape)
         return self._meshes[key]
 
 class LeafKind(str, enum.Enum):
@@ -53,16 +52,16 @@ class Dtype(str, enum.Enum):
     BFLOAT16 = 'bfloat16'
     FLOAT16 = 'float16'
 
-@dataclass(frozen=True)
+@dataclass()
 class Leaf:
     kind: object
     bias: object = True
 
-@dataclass(frozen=True)
+@dataclass()
 class Block:
     children: object
 
-@dataclass(frozen=True)
+@dataclass()
 class ModuleTree:
     width: object
     root: object
@@ -75,7 +74,7 @@ class Wrapper(str, enum.Enum):
     FSDP1_NO_SHARD = 'fsdp1_no_shard'
     FSDP1_HYBRID_SHARD = 'fsdp1_hybrid_shard'
 
-@dataclass(frozen=True)
+@dataclass()
 class Composition:
     mesh: object = ()
     wrapper: object = Wrapper.NONE
@@ -89,14 +88,10 @@ class Optimizer(str, enum.Enum):
 class Training:
     optimizer: object = Optimizer.SGD
     lr: object = 0.1
-    momentum: object = 0.0
     eps: object = 0.001
-    steps: object = 2
-    batch_per_rank: object = 2
     dtype: object = Dtype.FLOAT32
     set_to_none: object = True
     param_groups: object = 1
-    foreach: object = None
 
 class Body:
     KIND: ClassVar[str]
@@ -111,7 +106,7 @@ class Body:
     def size(self):
         pass
 
-@dataclass(frozen=True)
+@dataclass()
 class Case:
     property: object
     world_size: object
@@ -134,7 +129,6 @@ class StateDictBody(Body):
     target: object
     training: object = field(default_factory=Training)
     save: object = field(default_factory=Options)
-    load: object = field(default_factory=Options)
     requires_grad: object = ()
 
     @property
@@ -158,7 +152,6 @@ class DcpBody(Body):
     target: object
     entries: object
     training: object = field(default_factory=Training)
-    orders: object = ()
     requires_grad: object = ()
 
     @property
@@ -175,10 +168,7 @@ def build_node(node, width):
         module = PointwiseConv1d(width, width, kernel_size=1, bias=False)
         return module
     return nn.Sequential(*[build_node(c, width) for c in node.children])
-
-def build_model(tree, device):
-    return build_node(tree.root, 2)
-TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
+TORCH_DTYPES = {Dtype.FLOAT64: torch.float64}
 _WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.')
 
 def clean_name(name):
@@ -189,7 +179,6 @@ def clean_name(name):
 @dataclass
 class Composed:
     model: object
-    wrapper: object = Wrapper.NONE
     param_names: object = field(default_factory=list)
 
     @contextmanager
@@ -202,7 +191,6 @@ class Composed:
             owner, _, attr = name.rpartition('.')
             out[name] = getattr(modules[owner], attr).detach().clone()
             yield out
-        return
 PROBE_ROWS = 3
 FRESH_SEED = 24301
 
@@ -211,72 +199,56 @@ class Side:
     composed: object
     comp: object
     training: object
-    schedule: object = ()
-    step: object = 0
 
     @property
     def model(self):
         return self.composed.model
 
-    @property
-    def plain(self):
-        pass
-
     def names(self):
         current = {id(p): clean_name(n) for n, p in self.model.named_parameters()}
         return {**self.param_names, **current}
 
-def build_side(tree, comp, training, ctx, *, seed, schedule=()):
+def build_side(tree, comp, training, ctx, *, seed):
     torch.manual_seed(seed)
-    device = ctx.device
-    model = build_model(tree, device).to(torch.float64)
+    build_model_out = build_node(tree.root, 2)
+    model = build_model_out.to(torch.float64)
     names = [n for n, _ in model.named_parameters()]
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
-    strategy = {Wrapper.FSDP1_FULL_SHARD: ShardingStrategy.FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP: ShardingStrategy.SHARD_GRAD_OP, Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD, Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[Wrapper.FSDP1_HYBRID_SHARD]
+    strategy = {Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[Wrapper.FSDP1_HYBRID_SHARD]
     kwargs = {'sharding_strategy': strategy, 'device_id': ctx.device, 'use_orig_params': True}
-    kwargs['device_mesh'] = ctx.mesh((2, 2), ('replicate', 'shard'))
+    kwargs['device_mesh'] = ctx.mesh((2, 2), ())
     wrap_out = FSDP(model, **kwargs)
-    composed = Composed(model=wrap_out, wrapper=Wrapper.FSDP1_HYBRID_SHARD, param_names=names)
-    return Side(composed=composed, comp=comp, training=training, schedule=schedule)
+    composed = Composed(model=wrap_out, param_names=names)
+    return Side(composed=composed, comp=comp, training=training)
 
 def requires_grad(side):
     return {clean_name(n): p.requires_grad for n, p in side.model.named_parameters()}
 
 def body_optimizer(side, training):
     params = list(side.model.parameters())
-    frozen = []
-    params_ = params
-    held = {id(p_) for p_ in frozen}
-    params_ = [p_ for p_ in params_ if p_.requires_grad or id(p_) in held]
-    groups = params_
-    side.opt = torch.optim.Adam(groups, lr=training.lr, eps=training.eps, foreach=None)
+    side.opt = torch.optim.Adam(params, lr=training.lr, eps=training.eps)
     side.param_names = {id(p): clean_name(n) for n, p in side.model.named_parameters()}
 
 def train_steps(side, data):
-    losses = []
     x, y = next(iter(data))
-    side.step += 1
     loss = F.mse_loss(side.model(x).to(y.dtype), y)
     loss.backward()
     side.opt.step()
-    side.opt.zero_grad(set_to_none=False)
-    losses.append(loss.item())
+    side.opt.zero_grad()
+    losses = [loss.item()]
     return losses
 
 def _jsonable(value):
     if isinstance(value, torch.Tensor):
         return [float(v_) for v_ in value.detach().double().cpu().flatten().tolist()]
-    if isinstance(value, (tuple, list)):
-        return [_jsonable(v) for v in value]
     return value
 
 def observe(side, ctx):
     names = side.names()
-    out_ = []
     group = next(iter(side.opt.param_groups))
     item = {k: _jsonable(v) for k, v in sorted(group.items()) if k != 'params'}
     item['params'] = [names.get(id(p), '?') for p in group['params']]
-    out_.append(item)
+    out_ = [item]
     obs = {'groups': out_}
     with side.composed.full_parameters() as params_:
         out = {n: [float(v__) for v__ in t_.double().cpu().flatten().tolist()] for n, t_ in params_.items()}
@@ -302,121 +274,19 @@ def case_dir(ctx):
     count = getattr(ctx, '_cases', 0)
     return os.path.join('/tmp/shardfuzz-dcp-1645', f'{digest}-{count}')
 
-def _values(body, side, fresh):
-    out = {}
-    for entry in (DcpItem.MODEL, DcpItem.OPTIMIZER):
-        if entry is DcpItem.MODEL:
-            out[entry] = side.model.state_dict()
-        else:
-            assert side.opt is not None
-            if not fresh:
-                from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-                assert side.opt is not None
-                osd = FSDP.optim_state_dict(side.model, side.opt)
-                out[entry] = osd
-    return out
-
-def _observe_entries(values):
-    out = {}
-    return out
-
-def _run_dcp(body, ctx):
-    t = body.training
-    path = '' or case_dir(ctx)
-    shutil.rmtree(path, ignore_errors=True)
-    obs = {}
-    training_ = replace(t, steps=2)
-    dtype = torch.float64
-    gen = torch.Generator().manual_seed(0)
-    lo = ctx.rank
-    out = []
-    for _ in range(2):
-        step_ = []
-        _ = next(iter(range(1)))
-        x = torch.randn(ctx.world_size, 2, generator=gen, dtype=dtype)
-        y = torch.randn(ctx.world_size, 2, generator=gen, dtype=dtype)
-        step_.append((x[lo:lo + 1].to(ctx.device), y[lo:lo + 1].to(ctx.device)))
-        out.append(step_)
-    data = [step[0] for step in out]
-    src = None
-    src = build_side(body.tree, body.source, t, ctx, seed=0, schedule=())
-    body_optimizer(src, t)
-    from torch.distributed.fsdp import ShardedOptimStateDictConfig, ShardedStateDictConfig, StateDictType, FullyShardedDataParallel as FSDP_
-    FSDP_.set_state_dict_type(src.model, StateDictType.SHARDED_STATE_DICT, ShardedStateDictConfig(offload_to_cpu=False), ShardedOptimStateDictConfig(offload_to_cpu=False))
-    obs['losses_before'] = train_steps(src, data[:1])
-    values = _values(body, src, fresh=False)
-    order = ((0, 1), (0, 1), (0, 1), (0, 1))[ctx.rank]
-    state = {body.entries[i].value: values[body.entries[i]] for i in order if body.entries[i] in values}
-    import torch.distributed.checkpoint as dcp
-    kwargs_ = {}
-    kwargs_['checkpoint_id'] = path
-    dcp.save(state, **kwargs_)
-    saved = {**observe(src, ctx), **_observe_entries(values)}
-    taken = values.get(DcpItem.OPTIMIZER)
-    obs['saved'] = saved
-    tgt = build_side(body.tree, body.target, t, ctx, seed=FRESH_SEED, schedule=())
-    fresh_training_out = replace(t, lr=0.0037, momentum=0.0, eps=0.001)
-    body_optimizer(tgt, fresh_training_out)
-    from torch.distributed.fsdp import ShardedOptimStateDictConfig as ShardedOptimStateDictConfig_, ShardedStateDictConfig as ShardedStateDictConfig_, StateDictType as StateDictType_, FullyShardedDataParallel as FSDP__
-    FSDP__.set_state_dict_type(tgt.model, StateDictType_.SHARDED_STATE_DICT, ShardedStateDictConfig_(offload_to_cpu=False), ShardedOptimStateDictConfig_(offload_to_cpu=False))
-    dropped = []
-    obs['dropped'] = dropped
-    obs['fresh'] = observe(tgt, ctx)
-    values = _values(body, tgt, fresh=True)
-    order_ = ((0, 1), (0, 1), (0, 1), (0, 1))[ctx.rank]
-    state = {body.entries[i_].value: values[DcpItem.MODEL] for i_ in order_ if body.entries[i_] in values}
-    plain = {k: v for k, v in state.items() if isinstance(v, (dict, torch.Tensor))}
-    before = requires_grad(tgt)
-    import torch.distributed.checkpoint as dcp_
-    dcp_.load(state, checkpoint_id=path)
-    key, value = next(iter(plain.items()))
-    pass
-    obs['in_place'] = ''
-    import torch.distributed.checkpoint as dcp__
-    from torch.distributed.checkpoint.optimizer import load_sharded_optimizer_state_dict
-    tgt.model.load_state_dict(values[DcpItem.MODEL])
-    loaded = load_sharded_optimizer_state_dict(model_state_dict=tgt.model.state_dict(), optimizer_key='optimizer', storage_reader=dcp__.FileSystemReader(path))
-    osd = loaded['optimizer']
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    assert tgt.opt is not None
-    tgt.opt.load_state_dict(FSDP.optim_state_dict_to_load(tgt.model, tgt.opt, osd))
-    obs['requires_grad'] = {'before': before, 'after': requires_grad(tgt)}
-    obs['loaded'] = {**observe(tgt, ctx), **_observe_entries(values)}
-    data_ = data[1:]
-    obs_ = {}
-    losses = train_steps(src, data_)
-    with src.composed.full_parameters() as params:
-        out_ = {n: [float(v_) for v_ in t_.double().cpu().flatten().tolist()] for n, t_ in params.items()}
-    obs_['losses_source'] = losses
-    obs_['losses_target'] = train_steps(tgt, data_)
-    with tgt.composed.full_parameters() as params_:
-        out__ = {n_: [float(v__) for v__ in t__.double().cpu().flatten().tolist()] for n_, t__ in params_.items()}
-    if ctx.rank == 0:
-        obs_['final_source'], obs_['final_target'] = (out_, out__)
-    obs.update(obs_)
-    dist.barrier()
-    shutil.rmtree(path, ignore_errors=True)
-    return obs
-
 class OutcomeKind(str, enum.Enum):
     OK = 'ok'
-    CRASH = 'crash'
 
-@dataclass(frozen=True)
+@dataclass()
 class RankReport:
     rank: object
     observation: object = None
-    seconds: object = None
 
-@dataclass(frozen=True)
+@dataclass()
 class Outcome:
     kind: object
     ranks: object
     seconds: object
-
-    @property
-    def ok(self):
-        pass
 
     @property
     def observations(self):
@@ -560,12 +430,76 @@ def _check_dcp_options(prop, where, body, observations):
     return None
 
 def attempt(rank, world_size):
-    case = Case(property='dcp', world_size=4, seed=0, body=DcpBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),))), source=Composition(mesh=(2, 2), wrapper=Wrapper.FSDP1_HYBRID_SHARD), target=Composition(mesh=(2, 2), wrapper=Wrapper.FSDP1_HYBRID_SHARD), entries=(DcpItem.MODEL, DcpItem.OPTIMIZER), training=Training(optimizer=Optimizer.ADAM, lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, dtype=Dtype.FLOAT64, set_to_none=False), orders=((0, 1), (0, 1), (0, 1), (0, 1))))
+    case = Case(property='dcp', world_size=4, seed=0, body=DcpBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),))), source=Composition(mesh=(2, 2), wrapper=Wrapper.FSDP1_HYBRID_SHARD), target=Composition(mesh=(2, 2), wrapper=Wrapper.FSDP1_HYBRID_SHARD), entries=(DcpItem.MODEL, DcpItem.OPTIMIZER), training=Training(optimizer=Optimizer.ADAM, lr=0.01, eps=0.0001, dtype=Dtype.FLOAT64, set_to_none=False)))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
-    body = DcpBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),))), source=Composition(mesh=(2, 2), wrapper=Wrapper.FSDP1_HYBRID_SHARD), target=Composition(mesh=(2, 2), wrapper=Wrapper.FSDP1_HYBRID_SHARD), entries=(DcpItem.MODEL, DcpItem.OPTIMIZER), training=Training(optimizer=Optimizer.ADAM, lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, dtype=Dtype.FLOAT64, set_to_none=False), orders=((0, 1), (0, 1), (0, 1), (0, 1)))
-    run_dcp_out = _run_dcp(body, ctx)
-    obs = json.loads(json.dumps(run_dcp_out))
+    t = Training(lr=0.01, eps=0.0001, dtype=Dtype.FLOAT64)
+    path = '' or case_dir(ctx)
+    obs__ = {}
+    dtype = torch.float64
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for _ in range(2):
+        x = torch.randn(world_size, 2, generator=gen, dtype=dtype)
+        y = torch.randn(world_size, 2, generator=gen, dtype=dtype)
+        step_ = [(x[rank:rank + 1].to(torch.device('cpu')), y[rank:rank + 1].to(torch.device('cpu')))]
+        out.append(step_)
+    data = [step[0] for step in out]
+    src = build_side(ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.CONV1D),))), Composition(), t, ctx, seed=0)
+    body_optimizer(src, t)
+    from torch.distributed.fsdp import ShardedOptimStateDictConfig, ShardedStateDictConfig, StateDictType, FullyShardedDataParallel as FSDP_
+    FSDP_.set_state_dict_type(src.model, StateDictType.SHARDED_STATE_DICT, ShardedStateDictConfig(), ShardedOptimStateDictConfig())
+    obs__['losses_before'] = train_steps(src, data[:1])
+    out_____ = {}
+    for entry in (DcpItem.MODEL, DcpItem.OPTIMIZER):
+        if entry is DcpItem.MODEL:
+            out_____[entry] = src.model.state_dict()
+        else:
+            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP___
+            osd_ = FSDP___.optim_state_dict(src.model, src.opt)
+            out_____[entry] = osd_
+    order = (1,)
+    state = {(DcpItem.MODEL, DcpItem.OPTIMIZER)[i].value: out_____[DcpItem.OPTIMIZER] for i in order if (DcpItem.MODEL, DcpItem.OPTIMIZER)[i] in out_____}
+    import torch.distributed.checkpoint as dcp
+    kwargs_ = {}
+    kwargs_['checkpoint_id'] = path
+    dcp.save(state, **kwargs_)
+    out___ = {}
+    saved = {**observe(src, ctx), **out___}
+    obs__['saved'] = saved
+    tgt = build_side(ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.CONV1D),))), Composition(), t, ctx, seed=FRESH_SEED)
+    fresh_training_out = replace(t, lr=0.0037, eps=0.001)
+    body_optimizer(tgt, fresh_training_out)
+    from torch.distributed.fsdp import ShardedOptimStateDictConfig as ShardedOptimStateDictConfig_, ShardedStateDictConfig as ShardedStateDictConfig_, StateDictType as StateDictType_, FullyShardedDataParallel as FSDP__
+    FSDP__.set_state_dict_type(tgt.model, StateDictType_.SHARDED_STATE_DICT, ShardedStateDictConfig_(), ShardedOptimStateDictConfig_())
+    dropped = []
+    obs__['dropped'] = dropped
+    obs__['fresh'] = observe(tgt, ctx)
+    before = requires_grad(tgt)
+    obs__['in_place'] = ''
+    import torch.distributed.checkpoint as dcp__
+    from torch.distributed.checkpoint.optimizer import load_sharded_optimizer_state_dict
+    tgt.model.load_state_dict(out_____[DcpItem.MODEL])
+    loaded = load_sharded_optimizer_state_dict(model_state_dict=tgt.model.state_dict(), optimizer_key='optimizer', storage_reader=dcp__.FileSystemReader(path))
+    osd = loaded['optimizer']
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    tgt.opt.load_state_dict(FSDP.optim_state_dict_to_load(tgt.model, tgt.opt, osd))
+    obs__['requires_grad'] = {'before': before, 'after': requires_grad(tgt)}
+    out____ = {}
+    obs__['loaded'] = {**observe(tgt, ctx), **out____}
+    data_ = data[1:]
+    obs_ = {}
+    losses = train_steps(src, data_)
+    with src.composed.full_parameters() as params:
+        out_ = {n: [float(v_) for v_ in t_.double().cpu().flatten().tolist()] for n, t_ in params.items()}
+    obs_['losses_source'] = losses
+    obs_['losses_target'] = train_steps(tgt, data_)
+    with tgt.composed.full_parameters() as params_:
+        out__ = {n_: [float(v__) for v__ in t__.double().cpu().flatten().tolist()] for n_, t__ in params_.items()}
+    if rank == 0:
+        obs_['final_source'], obs_['final_target'] = (out_, out__)
+    obs__.update(obs_)
+    obs = json.loads(json.dumps(obs__))
     outs = [None, None, None, None]
     dist.all_gather_object(outs, obs)
     if rank != 0:
@@ -573,7 +507,6 @@ def attempt(rank, world_size):
     reports = tuple((RankReport(rank=r, observation=o) for r, o in enumerate(outs)))
     failure = judge_dcp(case, Outcome(kind=OutcomeKind.OK, ranks=reports, seconds=0.0))
     if failure is not None and failure.signature in ['mismatch:dcp@save:fsdp1-hsdp-load_sharded_optimizer_state_dict']:
-        import hashlib
         observed = hashlib.sha256(json.dumps(outs, sort_keys=True).encode()).hexdigest()[:16]
         return f'REPRODUCED {failure.signature}: observations {observed}: {failure.summary}'
     return f'PASS or another failure: {failure and failure.signature}'

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=14b13112cdb7665b sources=ca590eb54ff975c7 seconds=931.6
+# shardfuzz reduced reproducer: entry=14b13112cdb7665b sources=ca590eb54ff975c7 seconds=1433.5
 """Reproduces shardfuzz corpus entry metamorphic-exception-f2b0e694e1b5.json: exception:metamorphic:torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/conv.py:_conv_forward
 
 Observed: torch.compile over FSDP1 (use_orig_params=True, sharded): Dynamo recompiles the
@@ -26,14 +26,13 @@ from dataclasses import dataclass
 from typing import Union
 from dataclasses import dataclass, field
 from dataclasses import replace
-import builtins
 from typing import Any, ClassVar
 from typing import Any, Union
 import os
 from typing import ClassVar
 from torch import nn
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 import torch.distributed as dist
 import torch.nn.functional as F
 
@@ -74,16 +73,10 @@ class Block:
     residual: object = False
     scale: object = False
     buffer: object = False
-
-    def __post_init__(self) -> None:
-        if not self.children:
-            pass
 Node = Union[Leaf, Block]
 
 def param_names(node: Node) -> list[str]:
-    if isinstance(node, Leaf):
-        return ['weight', 'bias'] if node.bias else ['weight']
-    return ['scale'] if node.scale else []
+    pass
 
 @dataclass(frozen=True)
 class ModuleTree:
@@ -93,11 +86,7 @@ class ModuleTree:
     def paths(self) -> dict[str, Node]:
         pass
 
-    @property
-    def size(self) -> int:
-        return len(self.paths())
-
-def is_ancestor(ancestor: str, path: str) -> bool:
+def is_ancestor() -> bool:
     pass
 
 class Wrapper(str, enum.Enum):
@@ -118,7 +107,7 @@ class Knobs:
 
     @property
     def is_set(self) -> bool:
-        return self != Knobs()
+        pass
 
     def names(self) -> list[str]:
         pass
@@ -130,7 +119,7 @@ class ReplicateOptions:
 
     @property
     def is_set(self) -> bool:
-        return self != ReplicateOptions()
+        pass
 
     def names(self) -> list[str]:
         pass
@@ -155,20 +144,12 @@ class Composition:
         return [p for spec in self.shards for p in spec.paths]
 
     def steps(self) -> list[tuple[str, str]]:
-        order = {'checkpoint': 0 if self.checkpoint_first else 3, 'fully_shard': 1, 'replicate': 2}
         items = [('checkpoint', p) for p in self.checkpoints] + [('replicate', p) for p in self.replicates]
         items += [('fully_shard', spec.path) for spec in self.shards]
 
         def key(item: tuple[str, str]) -> tuple[int, int, str]:
-            api, path = item
-            depth = min((q.count('.') + (q != '') for q in self._spec_paths(api, path)))
-            return (-depth, order[api], path)
+            pass
         return sorted(items, key=key)
-
-    def _spec_paths(self, api: str, path: str) -> tuple[str, ...]:
-        if api == 'fully_shard':
-            return next((s.paths for s in self.shards if s.path == path))
-        return (path,)
 
 class AccumSync(str, enum.Enum):
     ALWAYS = 'always'
@@ -194,12 +175,11 @@ class Training:
     same_input: object = False
     param_groups: object = 1
     foreach: object = None
-    skips: object = ()
     unfreeze: object = ()
     compile: object = Compile.NONE
 
     def skipped_at(self, step: int, microbatch: int) -> list[str]:
-        return [s.path for s in self.skips if s.step == step and s.microbatch == microbatch]
+        pass
 
 class Body:
     KIND: ClassVar[str]
@@ -207,14 +187,7 @@ class Body:
     registry: ClassVar[dict[str, type[Body]]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if cls.KIND in Body.registry:
-            raise TypeError(f'two case bodies share KIND {cls.KIND!r}')
-        Body.registry[cls.KIND] = cls
-
-    @property
-    def size(self) -> tuple[int, int]:
-        return (1, 1)
+        pass
 
 @dataclass(frozen=True)
 class MetamorphicBody(Body):
@@ -225,28 +198,12 @@ class MetamorphicBody(Body):
     variant: object
     training: object = field(default_factory=Training)
 
-    def __post_init__(self) -> None:
-        if self.training.accum_sync is not AccumSync.ALWAYS:
-            pass
-
-    @property
-    def size(self) -> tuple[int, int]:
-        return (self.tree.size, self.training.steps)
-
 @dataclass(frozen=True)
 class Case:
     property: object
     world_size: object
     seed: object
     body: object
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.seed < 2 ** 63:
-            pass
-
-    @builtins.property
-    def size(self) -> tuple[int, int]:
-        return self.body.size
 
 class TreeBlock(nn.Module):
 
@@ -327,14 +284,10 @@ class Composed:
     knobs: object = None
 
     def no_sync(self) -> Any:
-        if self.wrapper is Wrapper.NONE:
-            return nullcontext()
-        return self.model.no_sync()
+        pass
 
     def set_sync(self, requires_gradient_sync: bool=True, requires_all_reduce: bool=True) -> None:
-        for m in self.fsdp_roots:
-            m.set_requires_gradient_sync(requires_gradient_sync)
-            m.set_requires_all_reduce(requires_all_reduce)
+        pass
 
     @contextmanager
     def full_parameters(self) -> Iterator[dict[str, torch.Tensor]]:
@@ -354,7 +307,7 @@ class Composed:
             out[clean_name(n)] = (p.full_tensor() if isinstance(p, DTensor) else p).detach()
         yield out
 
-def compose(model: nn.Module, comp: Composition, ctx: RankContext, tree: ModuleTree | None=None) -> Composed:
+def compose(model: nn.Module, comp: Composition, ctx: RankContext) -> Composed:
     from torch.distributed._composable import checkpoint
     if comp.wrapper is not Wrapper.NONE:
         names = [n for n, _ in model.named_parameters()]
@@ -373,7 +326,7 @@ def compose(model: nn.Module, comp: Composition, ctx: RankContext, tree: ModuleT
         elif api == 'fully_shard':
             apply_fully_shard(model, specs[path], mesh)
     sharded = comp.sharded_paths
-    tops = [p for p in sharded if not any((is_ancestor(q, p) for q in sharded))]
+    tops = [p for p in sharded if not any((is_ancestor() for q in sharded))]
     return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
 
 def build_composed(tree: ModuleTree, comp: Composition, dtype: torch.dtype, ctx: RankContext, *, seed: int, desync: Training | None=None) -> tuple[nn.Module, Composed]:
@@ -382,11 +335,11 @@ def build_composed(tree: ModuleTree, comp: Composition, dtype: torch.dtype, ctx:
         model = build_model(tree, ctx.device).to(dtype)
         if desync is not None:
             pass
-        return (model, _with_knobs(model, compose(model, comp, ctx, tree), comp, tree))
+        return (model, _with_knobs(compose(model, comp, ctx), comp, tree))
     from torch.distributed.tensor import DTensor, distribute_tensor
     values = build_model(tree, ctx.device).to(dtype).state_dict()
     model = build_model(tree, torch.device('meta')).to(dtype)
-    composed = compose(model, comp, ctx, tree)
+    composed = compose(model, comp, ctx)
     offload = any((s.offload for s in comp.shards))
     model.to_empty(device='cpu' if offload else ctx.device)
     with torch.no_grad():
@@ -403,9 +356,9 @@ def build_composed(tree: ModuleTree, comp: Composition, dtype: torch.dtype, ctx:
                 for key, buf in module._buffers.items():
                     if buf is not None:
                         module._buffers[key] = buf.to(ctx.device)
-    return (model, _with_knobs(model, composed, comp, tree))
+    return (model, _with_knobs(composed, comp, tree))
 
-def _with_knobs(model: nn.Module, composed: Composed, comp: Composition, tree: ModuleTree) -> Composed:
+def _with_knobs(composed: Composed, comp: Composition, tree: ModuleTree) -> Composed:
     if comp.knobs.is_set:
         pass
     return composed
@@ -471,8 +424,7 @@ class _Contracts:
     def _on_leaf(self, name: str) -> Any:
 
         def hook(module: nn.Module, args: Any) -> None:
-            p = next(module.parameters(recurse=False))
-            self.leaf_dtypes.setdefault(name, str(p.dtype).removeprefix('torch.'))
+            pass
         return hook
 
     def after_forward(self, skipped: list[str]) -> dict[str, Any]:
@@ -564,10 +516,10 @@ def _compiled(model: nn.Module, training: Training) -> Any:
 class _null:
 
     def __enter__(self) -> None:
-        return None
+        pass
 
     def __exit__(self, *exc: object) -> None:
-        return None
+        pass
 
 def run_metamorphic(case: Case, body: MetamorphicBody, ctx: RankContext) -> dict[str, Any]:
     first = train(case, body.tree, body.training, body.composition, ctx)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=f0abe9d427fc1f83 sources=845e968d7c09e2fe seconds=313.5
+# shardfuzz reduced reproducer: entry=f0abe9d427fc1f83 sources=845e968d7c09e2fe seconds=806.1
 """Reproduces shardfuzz corpus entry parity-mismatch-e887f758b809.json: mismatch:parity@fsdp2:frozen-int-reshard
 
 Observed: FSDP2: a frozen fully_shard unit with an int reshard_after_forward under a replicate'd
@@ -42,13 +42,9 @@ class RankContext:
     world_size: object
     device: object
     backend: object
-    _meshes: object = field(default_factory=dict)
 
     def mesh(self, shape, names):
-        from torch.distributed.device_mesh import init_device_mesh
-        key = (shape, names)
-        self._meshes[key] = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
-        return self._meshes[key]
+        pass
 
 class LeafKind(str, enum.Enum):
     LINEAR = 'linear'
@@ -77,8 +73,8 @@ class Block:
     residual: object = False
     scale: object = False
 
-def iter_paths(block, prefix=''):
-    yield (prefix, block)
+def iter_paths(block):
+    yield ('', block)
     for i, child in enumerate(block.children):
         path = str(i)
         yield (path, child)
@@ -92,7 +88,7 @@ class ModuleTree:
         return dict(iter_paths(self.root))
 
 def contains(outer, path):
-    return outer == path or outer == '' or path.startswith(outer + '.')
+    pass
 
 @dataclass(frozen=True)
 class ShardSpec:
@@ -101,7 +97,7 @@ class ShardSpec:
 
     @property
     def paths(self):
-        return ('0', *())
+        pass
 
 @dataclass(frozen=True)
 class Composition:
@@ -111,8 +107,7 @@ class Composition:
     mesh: object = ()
 
     def reshard_after_forward(self, spec):
-        late = self.knobs.late_reshard_after_forward
-        return spec.reshard_after_forward if late is None else late
+        pass
 
     @property
     def sharded_paths(self):
@@ -124,7 +119,7 @@ class Composition:
 
     def steps(self):
         order = {'checkpoint': 3, 'fully_shard': 1, 'replicate': 2}
-        items = [] + [('replicate', '')]
+        items = [('replicate', '')]
         items += [('fully_shard', '0') for spec in self.shards]
 
         def key(item):
@@ -148,22 +143,12 @@ class Layout:
         return self.tree.paths()
 
     def member_of(self, path, api=None):
-        best = None
-        members = ('0', '')
-        for m in members:
-            if contains(m, path) and (best is None or False):
-                best = m
-        return best
+        pass
 
     def local(self):
         ignored = ()
         by_shards = self.comp.shard_ignored
         return [p for p, n in self.paths.items() if True and (any((contains(i, p) for i in ignored)) or p in by_shards) and (self.member_of(p) is None)]
-
-class AccumSync(str, enum.Enum):
-    ALWAYS = 'always'
-    NO_GRAD_SYNC = 'no_grad_sync'
-    NO_ALL_REDUCE = 'no_all_reduce'
 
 @dataclass(frozen=True)
 class Training:
@@ -257,24 +242,17 @@ def clean_name(name):
     return name
 
 def mesh_for(comp, ctx):
-    return ctx.mesh((ctx.world_size,), ('shard',))
+    pass
 
 def apply_fully_shard(model, spec, mesh):
     from torch.distributed.fsdp import fully_shard
-    kwargs = {'mesh': mesh, 'reshard_after_forward': 2}
     modules = [model.get_submodule('0')]
-    fully_shard(modules[0], **kwargs)
+    fully_shard(modules[0], mesh=mesh, reshard_after_forward=2)
 
 @dataclass
 class Composed:
     model: object
     fsdp_roots: object = field(default_factory=list)
-    knobs: object = None
-
-    def set_sync(self, requires_gradient_sync=True, requires_all_reduce=True):
-        for m in self.fsdp_roots:
-            m.set_requires_gradient_sync(requires_gradient_sync)
-            m.set_requires_all_reduce(requires_all_reduce)
 
     @contextmanager
     def full_parameters(self):
@@ -314,13 +292,13 @@ def make_optimizer(params, training, later=()):
 def batches(case, training, width, ctx, tp_size=1):
     dtype = TORCH_DTYPES[training.dtype]
     gen = torch.Generator().manual_seed(0)
-    lo = ctx.rank // tp_size * 1
+    lo = ctx.rank // tp_size
     out = []
     for _ in range(1):
         step = []
         for _ in range(1):
-            x = torch.randn(ctx.world_size * 1, width, generator=gen, dtype=dtype)
-            y = torch.randn(ctx.world_size * 1, width, generator=gen, dtype=dtype)
+            x = torch.randn(ctx.world_size, width, generator=gen, dtype=dtype)
+            y = torch.randn(ctx.world_size, width, generator=gen, dtype=dtype)
             step.append((x[lo:lo + 1].to(ctx.device), y[lo:lo + 1].to(ctx.device)))
         out.append(step)
     return out
@@ -399,8 +377,6 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
         for i, (x, y) in enumerate(step):
             skipped = training.skipped_at(s, i)
             last = i == len(step) - 1
-            sync = AccumSync.ALWAYS
-            composed.set_sync(requires_gradient_sync=sync is not AccumSync.NO_GRAD_SYNC, requires_all_reduce=sync is AccumSync.ALWAYS)
             ctx_mgr = _null()
             with ctx_mgr:
                 out = forward(x)
@@ -441,10 +417,10 @@ def _compiled(model, training):
 class _null:
 
     def __enter__(self):
-        return None
+        pass
 
     def __exit__(self, *exc):
-        return None
+        pass
 
 def _average_gradients(model, ctx, scales, local=frozenset()):
     for name, p in model.named_parameters():
@@ -454,9 +430,7 @@ def _average_gradients(model, ctx, scales, local=frozenset()):
             scale = scales.get(name.rpartition('.')[0], 1.0)
 
 def grad_scales(tree, comp, world_size):
-    layout = Layout(tree, comp)
-    scales = {path: 1.0 for path in layout.paths}
-    return {path: scale for path, scale in scales.items() if scale != 1.0}
+    pass
 
 def _grad_norm(composed):
     total = torch.zeros((), dtype=torch.float64)
@@ -501,7 +475,7 @@ class Outcome:
 
     @property
     def ok(self):
-        return self.kind is OutcomeKind.OK
+        pass
 
     @property
     def observations(self):

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=905c6279a12f4664 sources=73c958e26ffedc4f seconds=387.8
+# shardfuzz reduced reproducer: entry=905c6279a12f4664 sources=73c958e26ffedc4f seconds=939.6
 """Reproduces shardfuzz corpus entry state_dict-hang-dff6a54ad235.json: hang:state_dict@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone
 
 Observed: set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0 pass an
@@ -34,9 +34,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 import inspect
 from dataclasses import dataclass, field, replace
-
-def __getattr__(name):
-    raise AttributeError(f"module 'fuzz' has no attribute {name!r}")
 
 @dataclass
 class RankContext:
@@ -80,9 +77,6 @@ class Block:
     residual: object = False
     scale: object = False
 
-def param_names(node):
-    pass
-
 @dataclass(frozen=True)
 class ModuleTree:
     width: object
@@ -93,20 +87,9 @@ class ShardSpec:
     path: object
 
 @dataclass(frozen=True)
-class CheckpointOptions:
-
-    @property
-    def is_set(self):
-        return self != CheckpointOptions()
-
-    def names(self):
-        pass
-
-@dataclass(frozen=True)
 class Composition:
     shards: object = ()
     mesh: object = ()
-    checkpoint_options: object = field(default_factory=CheckpointOptions)
 
     @property
     def sharded_paths(self):
@@ -219,10 +202,6 @@ FUSED_CHILD = 'fused'
 def build_model(tree, device):
     with torch.device(device):
         return build_node(tree.root, 2)
-
-def checkpoint_kwargs(opts):
-    kwargs = {}
-    return kwargs
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
 _WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.', f'{FUSED_CHILD}.')
 
@@ -238,10 +217,8 @@ def mesh_for(comp, ctx):
 class Composed:
     model: object
     fsdp_roots: object = field(default_factory=list)
-    param_names: object = field(default_factory=list)
 
 def compose(model, comp, ctx, tree=None):
-    ckpt_kwargs = checkpoint_kwargs(comp.checkpoint_options)
     mesh = mesh_for(comp, ctx)
     for api, path in comp.steps():
         pass
@@ -276,7 +253,6 @@ class Side:
     comp: object
     training: object
     opt: object = None
-    param_names: object = field(default_factory=dict)
     schedule: object = ()
     step: object = 0
 
@@ -297,11 +273,6 @@ def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=(), fuse
 
 def change_requires_grad(side, step):
     return
-
-def catch_up(side, steps):
-    for step in range(side.step, steps):
-        change_requires_grad(side, step)
-    side.step = max(side.step, steps)
 
 def requires_grad(side):
     return {clean_name(n): p.requires_grad for n, p in side.model.named_parameters()}
@@ -381,16 +352,10 @@ def _put(body, side, msd, osd, ctx):
     result = set_state_dict(side.model, side.opt, model_state_dict=msd, optim_state_dict=osd, options=options)
     return (result, requires_grad(side))
 
-def incompatible(result):
-    missing = getattr(result, 'missing_keys', []) or []
-    unexpected = getattr(result, 'unexpected_keys', []) or []
-    return {'missing': sorted((clean_name(k) for k in missing)), 'unexpected': sorted((clean_name(k) for k in unexpected))}
-
 def run_state_dict(case, body, ctx):
     t = body.training
     data = all_batches(case, t, 1, body.tree, ctx)
-    fused = {'fused': (), 'fqn_modifiers': '_fqn_modifiers'}
-    src = build_side(body.tree, body.source, t, ctx, seed=0, schedule=(), **fused)
+    src = build_side(body.tree, body.source, t, ctx, seed=0, schedule=(), fused=(), fqn_modifiers='_fqn_modifiers')
     body_optimizer(src, t, body)
     seed_segment(case, ctx, 0)
     obs = {'losses_before': train_steps(src, data[:1], ctx)}
@@ -401,16 +366,14 @@ def run_state_dict(case, body, ctx):
     if ctx.rank == 0:
         obs['taken_optimizer'] = taken
     msd, osd = copy.deepcopy((msd, osd))
-    tgt = build_side(body.tree, body.target, t, ctx, seed=FRESH_SEED, meta=False, schedule=(), **fused)
+    tgt = build_side(body.tree, body.target, t, ctx, seed=FRESH_SEED, meta=False, schedule=(), fused=(), fqn_modifiers='_fqn_modifiers')
     body_optimizer(tgt, fresh_training(t), body)
-    catch_up(tgt, 1)
     dropped = sorted(set(dropped_keys(src, ())) | set(ignored))
     obs['dropped'] = dropped
     if True and ctx.rank != 0:
         msd, osd = ({}, {})
     before = requires_grad(tgt)
     result, after = _put(body, tgt, msd, osd, ctx)
-    obs['load_result'] = incompatible(result)
     obs['requires_grad'] = {'before': before, 'after': after}
     return obs
 
@@ -431,7 +394,7 @@ def main():
     def watch():
         time.sleep(20)
         frames = traceback.extract_stack(sys._current_frames()[threading.main_thread().ident])
-        if any((f"torch/{f.filename.rpartition('/torch/')[2]}:{f.name}" in ['torch/distributed/_state_dict_utils.py:_broadcast_state_dict'] for f in frames)):
+        if any((f'torch/{f.filename.rpartition("/torch/")[2]}:{f.name}' in ['torch/distributed/_state_dict_utils.py:_broadcast_state_dict'] for f in frames)):
             print(f'REPRODUCED hang:state_dict@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone: rank {ctx.rank} is stuck', flush=True)
             os._exit(1)
         if finished.is_set():

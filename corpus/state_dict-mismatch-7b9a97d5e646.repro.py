@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=e9797d40ebc65ba7 sources=23436965d888924f seconds=343.2
+# shardfuzz reduced reproducer: entry=e9797d40ebc65ba7 sources=23436965d888924f seconds=562.8
 """Reproduces shardfuzz corpus entry state_dict-mismatch-7b9a97d5e646.json: mismatch:state_dict@fsdp1_optim_state_dict:shard1
 
 Observed: FSDP1 HYBRID_SHARD with a shard dimension of size 1 never averages gradients across
@@ -143,20 +143,11 @@ def build_side(tree, comp, training, ctx):
     composed = Composed(model=wrap_out, param_names=names)
     return Side(composed=composed, comp=comp, training=training)
 
-def body_optimizer(side):
-    params = list(side.model.parameters())
-    side.opt = torch.optim.SGD(params)
-
 def train_steps(side, data):
     x, y = next(iter(data))
     loss = F.mse_loss(side.model(x).to(y.dtype), y)
     loss.backward()
     side.opt.step()
-
-def observe_model(side):
-    with side.composed.full_parameters() as params:
-        out = {n: [float(v) for v in t.double().cpu().flatten().tolist()] for n, t in params.items()}
-    return out
 
 class OutcomeKind(str, enum.Enum):
     OK = 'ok'
@@ -264,23 +255,25 @@ def attempt(rank, world_size):
         out.append(step_)
     data = [step[0] for step in out]
     src = build_side(ModuleTree(width=4, root=Block(children=(Block(children=(), scale=True),))), Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), t, ctx)
-    body_optimizer(src)
+    params = list(src.model.parameters())
+    src.opt = torch.optim.SGD(params)
     obs__ = {}
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     osd_ = FSDP.optim_state_dict(src.model, src.opt)
     msd, osd = (src.model.state_dict(), osd_)
-    ignored = []
     tgt = build_side(ModuleTree(width=4, root=Block(children=(Block(children=(), scale=True),))), Composition(wrapper=Wrapper.FSDP1_HYBRID_SHARD), t, ctx)
-    body_optimizer(tgt)
-    dropped_keys_out = []
+    params_ = list(tgt.model.parameters())
+    tgt.opt = torch.optim.SGD(params_)
     result_ = tgt.model.load_state_dict(msd)
     data_ = data[2:]
     obs_ = {}
     losses = train_steps(src, data_)
-    losses_src, final_src = (losses, observe_model(src))
+    with src.composed.full_parameters() as params__:
+        out_ = {n: [float(v) for v in t_.double().cpu().flatten().tolist()] for n, t_ in params__.items()}
     obs_['losses_target'] = train_steps(tgt, data_)
-    final_tgt = observe_model(tgt)
-    obs_['final_source'], obs_['final_target'] = (final_src, final_tgt)
+    with tgt.composed.full_parameters() as params___:
+        out__ = {n_: [float(v_) for v_ in t__.double().cpu().flatten().tolist()] for n_, t__ in params___.items()}
+    obs_['final_source'], obs_['final_target'] = (out_, out__)
     obs__.update(obs_)
     obs = json.loads(json.dumps(obs__))
     outs = [None] * world_size
