@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from fuzz.corpus import Entry, load_entry, save_entry
 from fuzz.errors import InvalidArgument
@@ -414,3 +415,30 @@ def test_all_fixed_runs_each_reduced_script_on_torch_with_its_bugs_fix(tmp_path:
     assert figures["bugs_with_fix"] == figures["bugs"] == 2
     assert any("d4322b68deab" in line and "with its bug's fix: passed" in line for line in lines), lines
     assert any("67e354131411" in line and "with its bug's fix: exit 1" in line for line in lines), lines
+
+
+def test_again_refuses_bad_input_with_exit_2_and_changes_nothing(tmp_path: Path) -> None:
+    """--again goes with --reduce, not with --refresh; it needs a kept script, and one that
+    reproduces here (the compile bug's is of torch 2.11 only: on a later torch it passes)."""
+    import shutil
+
+    name = "parity-mismatch-6176f16b4070"
+    shutil.copy(ROOT / "corpus" / f"{name}.json", tmp_path / f"{name}.json")
+    entry = tmp_path / f"{name}.json"
+    for args, said in (
+        (("--again",), "--again goes with --reduce"),
+        (("--reduce", "--again", "--refresh"), "exclude each other"),
+        (("--reduce", "--again"), "no current reduced script is kept beside it"),
+    ):
+        result = run_cli("repro", str(entry), *args)
+        assert result.returncode == 2 and said in result.stderr, (args, result.stderr)
+    kept = tmp_path / f"{name}.repro.py"
+    shutil.copy(ROOT / "corpus" / f"{name}.repro.py", kept)
+    before = kept.read_text()
+    from fuzz import known
+
+    if known.present(known.BUGS[load_entry(entry).bug or ""], torch.__version__):
+        pytest.skip("the compile bug is in this torch: its kept script reproduces")
+    result = run_cli("repro", str(entry), "--reduce", "--again", "--budget", "5")
+    assert result.returncode == 2 and "its kept script does not reproduce the failure here" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and kept.read_text() == before
