@@ -557,21 +557,31 @@ COMPILED_UNFREEZE_PLAIN = KnownBug(
 )
 DTENSOR_CONV_PARTIAL = KnownBug(
     "dtensor-conv-partial-input-backward",
-    "DTensor convolution whose input is Partial (a rowwise-parallel output): forward labels the local partial "
-    "result Replicate (wrong values, no error), and backward raises 'Can not redistribute from R to P(sum)' "
-    "(convolution_backward_handler redistributes the gradient to the input's placements); where the input is "
-    "also sharded on another mesh dimension ([Shard(0), Partial]), forward raises ValueError 'Tensor dim 0 is "
-    "already sharded on mesh dim 0' (the convolution's strategy makes the Partial a second Shard(0), which the "
-    "handler's dim_map refuses)",
+    "DTensor convolution runs the local op on its inputs as they are, not redistributed to the placements its "
+    "sharding propagation chose (convolution_handler ignores needs_redistribute): a Partial input (a "
+    "rowwise-parallel output) gives a local partial result labelled Replicate (wrong values, no error) and "
+    "backward raises 'Can not redistribute from R to P(sum)'; a [Shard(0), Partial] input raises ValueError "
+    "'Tensor dim 0 is already sharded on mesh dim 0' (dim_map of the chosen [Shard(0), Shard(0)]); a "
+    "channel-sharded input (Shard(1)) raises the local conv's RuntimeError 'expected input[...] to have 2 "
+    "channels, but got 1'",
     symptoms=frozenset({"exception", "mismatch"}),
     tag=":conv-partial",
-    relation="none found after three phrasings (the error text with convolution_backward, DTensor conv1d "
-    "with a partial input, the handler's redistribute); related: the same handler's wrong grad_input "
-    "placement for a spatially sharded input, a conv1d placement fix, and a grad_input of None (see_also)",
+    relation="none found after seven phrasings (the error texts with convolution_backward and with convolution, "
+    "DTensor conv1d with a partial input, the handler's redistribute, the convolution's single-dimension "
+    "strategy, convolution_handler's dim_map, a channel-sharded conv1d input); related (see_also): the same "
+    "handler's wrong grad_input placement for a spatially sharded input and its fix, whose strategies filter "
+    "out layouts the handler's dim_map cannot represent; an open pull request whose description names the "
+    "handler running on still-sharded local tensors, for depthwise convolutions; a grad_input of None",
     state="present in torch 2.13.0",
-    see_also=("pytorch/pytorch#191926", "pytorch/pytorch#186129", "pytorch/pytorch#142278"),
-    # the frames are DTensor.redistribute's and DTensorSpec.dim_map's, which any misuse of
-    # redistribute, and any op given a dimension sharded twice, raise in
+    see_also=(
+        "pytorch/pytorch#191926",
+        "pytorch/pytorch#192147",
+        "pytorch/pytorch#186129",
+        "pytorch/pytorch#142278",
+    ),
+    # the frames are DTensor.redistribute's, DTensorSpec.dim_map's and OpOverload.__call__'s, which
+    # any misuse of redistribute, any op given a dimension sharded twice and any op's own error
+    # raise in
     conditional=True,
 )
 BUGS: dict[str, KnownBug] = {
