@@ -126,3 +126,29 @@ def test_the_folded_script_does_what_it_did(folded: str, tmp_path: Path) -> None
         subprocess.run([sys.executable, str(p)], capture_output=True, text=True, timeout=120) for p in (before, script)
     ]
     assert runs[0].stdout == runs[1].stdout and "REPRODUCED" in runs[1].stdout
+
+
+def test_a_module_level_object_a_function_fills_from_torch_is_tainted() -> None:
+    """TABLE['k'] = sorted(model.state_dict()) in one function taints TABLE where another reads
+    it: a literal it holds came from torch."""
+    import ast
+
+    from fuzz.repro.values import _Taint
+
+    code = """
+import torch
+TABLE = {}
+NAMES = ['weight']
+def record(m):
+    TABLE['k'] = sorted(m.state_dict())
+def attempt(rank, world_size):
+    model = torch.nn.Linear(2, 2)
+    record(model)
+    keys = sorted(TABLE['k'])
+    names = sorted(NAMES)
+    return keys, names
+"""
+    taint = _Taint(ast.parse(code))
+    attempt = next(fn for fn, _ in taint.functions if fn.name == "attempt")
+    assert "TABLE" in taint.globals and "NAMES" not in taint.globals
+    assert "keys" in taint.tainted[id(attempt)] and "names" not in taint.tainted[id(attempt)]

@@ -91,6 +91,11 @@ TIMEOUT_SLACK_S = 30.0
 #: the process groups the pool destroyed after it (DeviceMesh finds groups of the same ranks
 #: again, and the name no longer resolves): the attempt runs again on fresh ranks.
 STALE_GROUP = "Could not resolve the process group registered under the name"
+#: What an SPMD attempt (fully_shard(dp_mesh_dims=...) over tensor parallelism) raises in a pool
+#: whose ranks ran an earlier one: the parameters' mesh and the one fully_shard is given are
+#: equal but no longer the same object (the first attempt reproduces, every later one fails so,
+#: under torchrun none does). Such an attempt runs again on fresh ranks too.
+STALE_MESH = "Expected param's DTensor mesh to be the same mesh passed to fully_shard, but got different mesh objects"
 #: Torchrun attempts at most to find the last pooled script that torchrun confirms.
 BISECTIONS = 8
 #: In the pool, a candidate may take this many times as long as the slowest that reproduced
@@ -686,9 +691,10 @@ class _Oracle:
 
     def _attempt(self, pool: RankPool, code: str) -> ScriptOutcome:
         """``code``'s ``attempt`` in the ranks of ``pool``, on fresh ranks once more where an
-        earlier attempt's mesh left torch a destroyed group."""
+        earlier attempt left torch a destroyed group or a stale mesh (STALE_GROUP, STALE_MESH)."""
         outcome = pool.run_script(code, function=ATTEMPT, deadline=self.deadline)
-        if any(STALE_GROUP in error for error in outcome.errors.values()):
+        said = [*outcome.errors.values(), *outcome.verdicts.values()]
+        if any(STALE_GROUP in text or STALE_MESH in text for text in said):
             pool.respawn()
             self.respawns += 1
             outcome = pool.run_script(code, function=ATTEMPT, deadline=self.deadline)

@@ -367,6 +367,7 @@ class _Taint:
     def _function(self, fn: _Scope, method: bool) -> bool:
         tainted = self.tainted[id(fn)]
         before = len(tainted)
+        grew = False
         tainted |= self._params(fn, method)
         for node in _own_nodes(fn):
             targets: list[ast.AST] = []
@@ -394,8 +395,14 @@ class _Taint:
                     targets = [func.value]
             if targets and (value is None or self.expr(value, fn)):
                 for target in targets:  # x = v, x[k] = v, x.a = v, (a, b) = v: every name in it
-                    tainted.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
-        return len(tainted) != before
+                    names = {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+                    tainted.update(names)
+                    # a module-level object changed here (TABLE[k] = v) is tainted wherever it is read
+                    outside = (names - self.locals[id(fn)] - self.globals) & (set(self.top) | self.plain)
+                    if outside:
+                        self.globals |= outside
+                        grew = True
+        return len(tainted) != before or grew
 
 
 class _Sites(ast.NodeTransformer):
