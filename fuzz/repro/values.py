@@ -156,7 +156,6 @@ _sv_signal.signal(_sv_signal.SIGTERM, lambda *_: _sv_end(143))
 """
 
 _HARNESS_FUNCTIONS = frozenset({"main"})
-_BINDERS = (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 #: Modules whose names compute plain data from plain data: what the script binds by importing
 #: any other (torch, os, random) is a source of values the fold must not freeze.
 _PLAIN_MODULES = frozenset(
@@ -182,25 +181,34 @@ def _foldable(node: ast.expr) -> bool:
 
 def _free_names(node: ast.AST) -> list[str]:
     """The names ``node`` reads that it does not bind itself (a comprehension's targets, a
-    lambda's parameters), in order of appearance."""
-    bound: set[str] = set()
-    for n in ast.walk(node):
-        if isinstance(n, _BINDERS):
-            if isinstance(n, ast.Lambda):
-                bound.update(a.arg for a in ast.walk(n.args) if isinstance(a, ast.arg))
-            else:
-                for gen in n.generators:
-                    bound.update(t.id for t in ast.walk(gen.target) if isinstance(t, ast.Name))
+    lambda's parameters, each in its own scope), in order of appearance."""
     out: list[str] = []
-    for n in ast.walk(node):
-        if (
-            isinstance(n, ast.Name)
-            and isinstance(n.ctx, ast.Load)
-            and n.id not in bound
-            and n.id not in out
-            and not n.id.startswith("_sv")
-        ):
-            out.append(n.id)
+
+    def visit(n: ast.AST, bound: frozenset[str]) -> None:
+        if isinstance(n, ast.Lambda):
+            inner = bound | {a.arg for a in ast.walk(n.args) if isinstance(a, ast.arg)}
+            for d in [*n.args.defaults, *(d for d in n.args.kw_defaults if d is not None)]:
+                visit(d, bound)
+            visit(n.body, inner)
+            return
+        if isinstance(n, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            inner = bound
+            for i, gen in enumerate(n.generators):
+                visit(gen.iter, bound if i == 0 else inner)  # the first iterable is the enclosing scope's
+                inner = inner | {t.id for t in ast.walk(gen.target) if isinstance(t, ast.Name)}
+                for test in gen.ifs:
+                    visit(test, inner)
+            for part in (n.key, n.value) if isinstance(n, ast.DictComp) else (n.elt,):
+                visit(part, inner)
+            return
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
+            if n.id not in bound and n.id not in out and not n.id.startswith("_sv"):
+                out.append(n.id)
+            return
+        for child in ast.iter_child_nodes(n):
+            visit(child, bound)
+
+    visit(node, frozenset())
     return out
 
 
