@@ -20,8 +20,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-#: The recorder the instrumented script starts with; ``@MODEL@`` names the model's classes,
-#: ``@DIRECTORY@`` where each process writes ``fold-PID.json``.
+#: The recorder the instrumented script starts with (then :data:`EXIT`); ``@MODEL@`` names the
+#: model's classes.
 RECORDER = """
 import atexit as _sf_atexit, json as _sf_json, os as _sf_os, signal as _sf_signal
 _SF_SEEN = {}
@@ -56,25 +56,49 @@ def _sf_c(i, f, *args, **kwargs):
         _sf_record(i, v)
     return v
 
-
-def _sf_dump():
-    path = _sf_os.path.join(@DIRECTORY@, f"fold-{_sf_os.getpid()}.json")
-    with open(path, "w") as f:
-        _sf_json.dump({k: sorted(v) for k, v in _SF_SEEN.items()}, f)
-
-
-_sf_exit = _sf_os._exit
-
-
-def _sf_end(code):
-    _sf_dump()
-    _sf_exit(code)
-
-
-_sf_os._exit = _sf_end
-_sf_atexit.register(_sf_dump)
-_sf_signal.signal(_sf_signal.SIGTERM, lambda *_: _sf_end(143))
 """
+
+#: How a recorder ends (``@P@`` its names' prefix, ``@SEEN@`` its table of values per site,
+#: ``@STEM@`` its files' stem): each process writes its table to ``@DIRECTORY@/@STEM@-PID.json``
+#: when it ends, whether by ``os._exit`` (torchrun's ranks, the harness), a normal exit or SIGTERM.
+EXIT = """
+def @P@_dump():
+    path = @P@_os.path.join(@DIRECTORY@, f"@STEM@-{@P@_os.getpid()}.json")
+    with open(path, "w") as f:
+        @P@_json.dump({k: sorted(v) for k, v in @SEEN@.items()}, f)
+
+
+@P@_exit = @P@_os._exit
+
+
+def @P@_end(code):
+    @P@_dump()
+    @P@_exit(code)
+
+
+@P@_os._exit = @P@_end
+@P@_atexit.register(@P@_dump)
+@P@_signal.signal(@P@_signal.SIGTERM, lambda *_: @P@_end(143))
+"""
+
+
+def recorder(body: str, prefix: str, seen: str, stem: str, directory: str) -> ast.Module:
+    """A recorder's prelude: ``body`` (its imports, table and functions) and :data:`EXIT`."""
+    ending = EXIT.replace("@P@", prefix).replace("@SEEN@", seen).replace("@STEM@", stem)
+    return ast.parse((body + ending).replace("@DIRECTORY@", repr(directory)))
+
+
+def read_tables(directory: Path, stem: str) -> dict[int, set[str]]:
+    """Per site, every value any process recorded in ``directory/STEM-*.json``."""
+    out: dict[int, set[str]] = {}
+    for path in directory.glob(f"{stem}-*.json"):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        for site, values in data.items():
+            out.setdefault(int(site), set()).update(values)
+    return out
 
 
 class _Instrument(ast.NodeTransformer):
@@ -130,22 +154,14 @@ def instrument(code: str, model: set[str], tests_in: set[str], directory: str) -
     _Instrument(tests_in).visit(tree)
     future = [n for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "__future__"]
     rest = [n for n in tree.body if n not in future]
-    prelude = ast.parse(RECORDER.replace("@MODEL@", repr(sorted(model))).replace("@DIRECTORY@", repr(directory)))
+    prelude = recorder(RECORDER.replace("@MODEL@", repr(sorted(model))), "_sf", "_SF_SEEN", "fold", directory)
     tree.body = [*future, *prelude.body, *rest]
     return ast.unparse(ast.fix_missing_locations(tree)) + "\n"
 
 
 def read_records(directory: Path) -> dict[int, set[str]]:
     """Per site, every value any process recorded."""
-    out: dict[int, set[str]] = {}
-    for path in directory.glob("fold-*.json"):
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        for site, values in data.items():
-            out.setdefault(int(site), set()).update(values)
-    return out
+    return read_tables(directory, "fold")
 
 
 class _Fold(ast.NodeTransformer):

@@ -906,9 +906,14 @@ def reduce_entry(
         code = _confirmed(code, verified, oracle, "delta-debugged", kept)
     finally:
         oracle.end()
-    script = render_flat(entry, source, signature, code)
-    say(
-        f"{name}: {code_lines(full)} -> {code_lines(script)} code lines, {oracle.attempts} attempts "
+    return _reduction(oracle, full, render_flat(entry, source, signature, code), began, name)
+
+
+def _reduction(oracle: _Oracle, before: str, script: str, began: float, name: str) -> Reduction:
+    """The :class:`Reduction` of ``before`` to ``script`` (made portable), said in one line with
+    the oracle's counts."""
+    oracle.say(
+        f"{name}: {code_lines(before)} -> {code_lines(script)} code lines, {oracle.attempts} attempts "
         f"({oracle.pool_attempts} in the pool, {oracle.pool_seconds:.1f} s, {oracle.respawns} on fresh ranks; "
         f"{oracle.torchrun_attempts} under torchrun, {oracle.torchrun_seconds:.1f} s; "
         f"{oracle.fixed_attempts} of them also with the bug's fix), {time.monotonic() - began:.1f} s"
@@ -916,11 +921,11 @@ def reduce_entry(
     script = portable(script)
     return Reduction(
         script=script,
-        lines_before=code_lines(full),
+        lines_before=code_lines(before),
         lines_after=code_lines(script),
         seconds=time.monotonic() - began,
         attempts=oracle.attempts,
-        signature=signature,
+        signature=oracle.signature,
         pool_attempts=oracle.pool_attempts,
         pool_seconds=oracle.pool_seconds,
         torchrun_attempts=oracle.torchrun_attempts,
@@ -982,24 +987,7 @@ def reduce_again(
         reduced = _confirmed(reduced, code, oracle, "delta-debugged", kept_on_way)
     finally:
         oracle.end()
-    script = portable(render_flat(entry, source, signature, reduced))
-    say(
-        f"{name}: {code_lines(kept)} -> {code_lines(script)} code lines, {oracle.attempts} attempts "
-        f"({oracle.pool_attempts} in the pool; {oracle.torchrun_attempts} under torchrun; "
-        f"{oracle.fixed_attempts} of them also with the bug's fix), {time.monotonic() - began:.1f} s"
-    )
-    return Reduction(
-        script=script,
-        lines_before=code_lines(kept),
-        lines_after=code_lines(script),
-        seconds=time.monotonic() - began,
-        attempts=oracle.attempts,
-        signature=signature,
-        pool_attempts=oracle.pool_attempts,
-        pool_seconds=oracle.pool_seconds,
-        torchrun_attempts=oracle.torchrun_attempts,
-        torchrun_seconds=oracle.torchrun_seconds,
-    )
+    return _reduction(oracle, kept, render_flat(entry, source, signature, reduced), began, name)
 
 
 def reduce_kept_again(

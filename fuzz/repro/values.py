@@ -28,14 +28,13 @@ from __future__ import annotations
 
 import ast
 import builtins
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from fuzz.repro.fold import _fill_bodies, _Prune
+from fuzz.repro.fold import _fill_bodies, _Prune, read_tables, recorder
 
-#: The recorder the instrumented script starts with; ``@DIRECTORY@`` is where each process
-#: writes ``values-PID.json``.
+#: The recorder the instrumented script starts with (then :data:`fuzz.repro.fold.EXIT`: each
+#: process writes ``values-PID.json``).
 RECORDER = """
 import atexit as _sv_atexit, builtins as _sv_builtins, dataclasses as _sv_dc, enum as _sv_enum
 import json as _sv_json, os as _sv_os, signal as _sv_signal, sys as _sv_sys, types as _sv_types
@@ -135,24 +134,6 @@ def _sv(i, deps, expr):
         seen.add(src if src is not None else "<object>")
     return v
 
-
-def _sv_dump():
-    path = _sv_os.path.join(@DIRECTORY@, f"values-{_sv_os.getpid()}.json")
-    with open(path, "w") as f:
-        _sv_json.dump({k: sorted(v) for k, v in _SV_SEEN.items()}, f)
-
-
-_sv_exit = _sv_os._exit
-
-
-def _sv_end(code):
-    _sv_dump()
-    _sv_exit(code)
-
-
-_sv_os._exit = _sv_end
-_sv_atexit.register(_sv_dump)
-_sv_signal.signal(_sv_signal.SIGTERM, lambda *_: _sv_end(143))
 """
 
 _HARNESS_FUNCTIONS = frozenset({"main"})
@@ -511,22 +492,14 @@ def instrument(code: str, skip: frozenset[str], directory: str) -> str:
     _Sites(tree, skip).visit(tree)
     future = [n for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "__future__"]
     rest = [n for n in tree.body if n not in future]
-    prelude = ast.parse(RECORDER.replace("@DIRECTORY@", repr(directory)))
+    prelude = recorder(RECORDER, "_sv", "_SV_SEEN", "values", directory)
     tree.body = [*future, *prelude.body, *rest]
     return ast.unparse(ast.fix_missing_locations(tree)) + "\n"
 
 
 def read_records(directory: Path) -> dict[int, set[str]]:
     """Per site, every value any process recorded."""
-    out: dict[int, set[str]] = {}
-    for path in directory.glob("values-*.json"):
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        for site, seen in data.items():
-            out.setdefault(int(site), set()).update(seen)
-    return out
+    return read_tables(directory, "values")
 
 
 def fold(code: str, records: dict[int, set[str]], skip: frozenset[str]) -> tuple[str, int]:
