@@ -238,7 +238,12 @@ def test_script_observes_what_the_pool_observes(rank_pool: Any, tmp_path: Path, 
     [
         "parity-mismatch-da0c9d4e06cd",  # FSDP1 HYBRID_SHARD with shard groups of one rank (pytorch/pytorch#154888)
         "state_dict-exception-d75bbc271571",  # set_optimizer_state_dict, full, no optimizer state
-        "dcp-exception-5bdb13d18d5c",  # FileSystemWriter(cache_staged_state_dict=True) without an accelerator
+        pytest.param(
+            "dcp-exception-5bdb13d18d5c",  # FileSystemWriter(cache_staged_state_dict=True) without an accelerator
+            marks=pytest.mark.skipif(
+                torch.cuda.is_available(), reason="the cached staging's bug needs a host without an accelerator"
+            ),
+        ),
     ],
 )
 def test_sample_scripts_reproduce_their_known_entries(tmp_path: Path, name: str) -> None:
