@@ -834,11 +834,16 @@ def checkpoint_debug(comp: Composition) -> bool:
 
 
 def selective_over_unit(comp: Composition) -> bool:
-    """A selective checkpoint over a region holding a fully_shard unit (:data:`SAC_OVER_FSDP_UNIT`:
-    it fails where the unit's state differs between forward and recomputation)."""
-    return comp.checkpoint_options.context_fn is not ContextFn.NONE and any(
-        contains(c, p) for c in comp.checkpoints for p in comp.sharded_paths
-    )
+    """A selective checkpoint over a region that may hold an FSDP unit (:data:`SAC_OVER_FSDP_UNIT`:
+    it fails where the unit's state differs between forward and recomputation): a fully_shard
+    unit inside it, or FSDP1 with auto_wrap, whose units (every block) emit the same
+    record_function markers (``FullyShardedDataParallel._post_forward`` in the recomputation;
+    the README's main job met it so, FSDP1 SHARD_GRAD_OP under no_sync)."""
+    if comp.checkpoint_options.context_fn is ContextFn.NONE or not comp.checkpoints:
+        return False
+    if comp.wrapper.value.startswith("fsdp1") and comp.auto_wrap:
+        return True
+    return any(contains(c, p) for c in comp.checkpoints for p in comp.sharded_paths)
 
 
 def delayed_all_reduce(comp: Composition) -> bool:

@@ -340,6 +340,14 @@ def test_torch_bugs_of_the_options_are_conditions_of_the_registry() -> None:
     delay = Composition(replicates=("",), replicate_options=ReplicateOptions(delay_all_reduce=True))
     plain = Composition(shards=(ShardSpec(""), ShardSpec("1.0")), checkpoints=("2",))
     assert known.selective_over_unit(sac) and not known.selective_over_unit(plain)
+    fsdp1 = Composition(
+        wrapper=Wrapper.FSDP1_SHARD_GRAD_OP,
+        auto_wrap=True,
+        checkpoints=("0",),
+        checkpoint_options=CheckpointOptions(context_fn=ContextFn.SAVE_MATMULS),
+    )
+    assert known.selective_over_unit(fsdp1)  # FSDP1's auto-wrapped blocks are units inside the region
+    assert not known.selective_over_unit(replace(fsdp1, auto_wrap=False))
     assert known.checkpoint_debug(debug) and not known.checkpoint_debug(plain)
     assert known.delayed_all_reduce(delay) and not known.delayed_all_reduce(plain)
     assert known.mismatch_tags(delay) == known.DELAY_ALL_REDUCE_ROOT.tag
