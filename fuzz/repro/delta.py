@@ -662,48 +662,8 @@ def _call_site(stmt: ast.stmt, name: str) -> ast.Call | None:
     return None
 
 
-def inlinable(code: str, frozen: Frozen = frozenset()) -> list[str]:
-    """Top-level functions named once outside their definition, by a call that is a statement."""
-    tree = ast.parse(code)
-    counts: dict[str, int] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name):
-            counts[node.id] = counts.get(node.id, 0) + 1
-    return [
-        n.name
-        for n in tree.body
-        if isinstance(n, ast.FunctionDef) and _inlinable(n, frozen) and counts.get(n.name) == 1
-    ]
-
-
-def inline(code: str, name: str, frozen: Frozen = frozenset()) -> str | None:
-    """``code`` with the one call of function ``name`` replaced by its body (None if it cannot)."""
-    tree = ast.parse(code)
-    fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
-    if fn is None or not _inlinable(fn, frozen):
-        return None
-    cuttable = {id(stmt) for stmt, _ in units(tree, frozen)}
-    for caller in ast.walk(tree):
-        if not isinstance(caller, (ast.FunctionDef, ast.AsyncFunctionDef)) or caller is fn:
-            continue
-        for block in [b for node in ast.walk(caller) for b in _blocks(node)]:
-            for i, stmt in enumerate(block):
-                call = _call_site(stmt, name)
-                if call is not None:
-                    if id(stmt) not in cuttable:
-                        return None
-                    body = _inlined(fn, call, stmt, caller)
-                    if body is None:
-                        return None
-                    block[i : i + 1] = body
-                    tree.body.remove(fn)
-                    return _unparse(tree)
-    return None
-
-
-def called_often(code: str, frozen: Frozen = frozenset()) -> list[str]:
-    """Top-level functions named at least twice outside their definition, each time by a call."""
-    tree = ast.parse(code)
+def _name_counts(tree: ast.Module) -> tuple[dict[str, int], dict[str, int]]:
+    """(how often each name is read or written, how often each is called by name)."""
     counts: dict[str, int] = {}
     calls: dict[str, int] = {}
     for node in ast.walk(tree):
@@ -711,6 +671,54 @@ def called_often(code: str, frozen: Frozen = frozenset()) -> list[str]:
             counts[node.id] = counts.get(node.id, 0) + 1
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
             calls[node.func.id] = calls.get(node.func.id, 0) + 1
+    return counts, calls
+
+
+def inlinable(code: str, frozen: Frozen = frozenset()) -> list[str]:
+    """Top-level functions named once outside their definition, by a call that is a statement."""
+    tree = ast.parse(code)
+    counts, _ = _name_counts(tree)
+    return [
+        n.name
+        for n in tree.body
+        if isinstance(n, ast.FunctionDef) and _inlinable(n, frozen) and counts.get(n.name) == 1
+    ]
+
+
+def _inline_next(tree: ast.Module, fn: ast.FunctionDef, frozen: Frozen) -> bool | None:
+    """Replace the first call of ``fn`` in ``tree`` by its body: True if done, False where no
+    call is left, None where the first one cannot be inlined (not a cuttable statement)."""
+    cuttable = {id(stmt) for stmt, _ in units(tree, frozen)}
+    for caller in ast.walk(tree):
+        if not isinstance(caller, (ast.FunctionDef, ast.AsyncFunctionDef)) or caller is fn:
+            continue
+        for block in [b for node in ast.walk(caller) for b in _blocks(node)]:
+            for i, stmt in enumerate(block):
+                call = _call_site(stmt, fn.name)
+                if call is None:
+                    continue
+                body = _inlined(fn, call, stmt, caller) if id(stmt) in cuttable else None
+                if body is None:
+                    return None
+                block[i : i + 1] = body
+                return True
+    return False
+
+
+def inline(code: str, name: str, frozen: Frozen = frozenset()) -> str | None:
+    """``code`` with the one call of function ``name`` replaced by its body (None if it cannot)."""
+    tree = ast.parse(code)
+    fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+    if fn is None or not _inlinable(fn, frozen) or not _inline_next(tree, fn, frozen):
+        return None
+    tree.body.remove(fn)
+    return _unparse(tree)
+
+
+def called_often(code: str, frozen: Frozen = frozenset()) -> list[str]:
+    """Top-level functions named at least twice outside their definition, each time by a call."""
+    tree = ast.parse(code)
+    counts, calls = _name_counts(tree)
     return [
         n.name
         for n in tree.body
@@ -732,25 +740,7 @@ def inline_everywhere(code: str, name: str, frozen: Frozen = frozenset()) -> str
         if not any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(tree) if n is not fn):
             tree.body.remove(fn)
             return _unparse(tree)
-        cuttable = {id(stmt) for stmt, _ in units(tree, frozen)}
-        done = False
-        for caller in ast.walk(tree):
-            if done or not isinstance(caller, (ast.FunctionDef, ast.AsyncFunctionDef)) or caller is fn:
-                continue
-            for block in [b for node in ast.walk(caller) for b in _blocks(node)]:
-                for i, stmt in enumerate(block):
-                    call = _call_site(stmt, name)
-                    if call is None:
-                        continue
-                    body = _inlined(fn, call, stmt, caller) if id(stmt) in cuttable else None
-                    if body is None:
-                        return None
-                    block[i : i + 1] = body
-                    done = True
-                    break
-                if done:
-                    break
-        if not done:
+        if not _inline_next(tree, fn, frozen):
             return None
         code = _unparse(tree)
     return None

@@ -230,9 +230,12 @@ def unreduced_modules(entry: Entry) -> dict[str, str]:
     return carried_modules(roots_for(prop, entry.case.body.PROGRAM))
 
 
-def stored_header(entry: Entry, seconds: float | None = None) -> str:
+def stored_header(entry: Entry, seconds: float | None = None, sources: str | None = None) -> str:
+    """The second line of a kept script: the entry's hash, the hash of the carried sources it was
+    reduced from (those as they are now unless ``sources`` is given), and the seconds it took."""
     took = f" seconds={seconds:.1f}" if seconds is not None else ""
-    return f"{HEADER} entry={entry_hash(entry)} sources={sources_hash(unreduced_modules(entry))}{took}"
+    sources = sources_hash(unreduced_modules(entry)) if sources is None else sources
+    return f"{HEADER} entry={entry_hash(entry)} sources={sources}{took}"
 
 
 def stored_path(entry_path: Path) -> Path:
@@ -1011,14 +1014,8 @@ def reduce_kept_again(
         return kept, result
     fields = header_fields(kept)
     seconds = float(fields.get("seconds", "0")) + result.seconds
-    header = f"{HEADER} entry={entry_hash(entry)} sources={fields.get('sources', '?')} seconds={seconds:.1f}"
-    lines = result.script.splitlines(keepends=True)
-    text = "".join([lines[0], header + "\n", *lines[1:]])
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-    result.script = text
-    return text, result
+    result.script = _store(path, result.script, stored_header(entry, seconds, fields.get("sources", "?")))
+    return result.script, result
 
 
 def _judge_side(code: str, entry: Entry, origins: Origins) -> frozenset[str]:
@@ -1083,11 +1080,16 @@ def reduce_and_store(
             f"sources): the new reduction is no shorter ({result.lines_after})"
         )
         return previous, result
-    lines = result.script.splitlines(keepends=True)
-    text = "".join([lines[0], stored_header(entry, result.seconds) + "\n", *lines[1:]])
-    path = stored_path(entry_path)
+    result.script = _store(stored_path(entry_path), result.script, stored_header(entry, result.seconds))
+    return result.script, result
+
+
+def _store(path: Path, script: str, header: str) -> str:
+    """``script`` with ``header`` as its second line, written whole to ``path`` (a temporary file
+    renamed into place); returns what was written."""
+    lines = script.splitlines(keepends=True)
+    text = "".join([lines[0], header + "\n", *lines[1:]])
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
-    result.script = text
-    return text, result
+    return text

@@ -31,6 +31,7 @@ import builtins
 from collections.abc import Iterator
 from pathlib import Path
 
+from fuzz.repro.delta import _harness_reads, _returns
 from fuzz.repro.fold import _fill_bodies, _Prune, read_tables, recorder
 
 #: The recorder the instrumented script starts with (then :data:`fuzz.repro.fold.EXIT`: each
@@ -191,10 +192,6 @@ def _free_names(node: ast.AST) -> list[str]:
 
     visit(node, frozenset())
     return out
-
-
-def _returns(node: ast.AST) -> bool:
-    return any(isinstance(n, ast.Return) for n in ast.walk(node))
 
 
 def _import_names(node: ast.Import | ast.ImportFrom) -> list[tuple[str, bool]]:
@@ -400,8 +397,6 @@ class _Sites(ast.NodeTransformer):
     recorder's ``_sv``."""
 
     def __init__(self, tree: ast.Module, skip: frozenset[str], values: dict[int, str] | None = None) -> None:
-        from fuzz.repro.delta import _harness_reads
-
         self.skip = skip
         self.guarded = _harness_reads(tree)  # names attempt's harness reads: their bindings stay
         self.taint = _Taint(tree)
