@@ -23,7 +23,7 @@ decodes to another case for 4 ranks, which would pass there and be deleted as fi
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -110,3 +110,35 @@ def campaign_examples(
         return decorated
 
     return decorate
+
+
+class FailuresOnly(ExampleDatabase):
+    """``database`` for a test that stops itself with an exception that is not a failure.
+
+    Hypothesis saves the choices of a test that raises any ``BaseException`` other than
+    ``KeyboardInterrupt`` (so that an unexpected error replays), and a campaign stops a case
+    that way when its budget is spent: that case never ran, and the next campaign would replay
+    it first as if it had failed. While :attr:`stopping` is set, saves are dropped; everything
+    else goes to ``database``.
+    """
+
+    def __init__(self, database: ExampleDatabase) -> None:
+        super().__init__()
+        self.database = database
+        self.stopping = False
+
+    def save(self, key: bytes, value: bytes) -> None:
+        if not self.stopping:
+            self.database.save(key, value)
+
+    def fetch(self, key: bytes) -> Iterable[bytes]:
+        return self.database.fetch(key)
+
+    def delete(self, key: bytes, value: bytes) -> None:
+        self.database.delete(key, value)
+
+    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
+        self.database.move(src, dest, value)
+
+    def __repr__(self) -> str:
+        return f"FailuresOnly({self.database!r})"

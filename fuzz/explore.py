@@ -66,7 +66,7 @@ from hypothesis.database import ExampleDatabase
 from hypothesis.errors import Flaky, HypothesisException
 
 from fuzz.corpus import CorpusIndex, Entry, add_hits, entry_from_failure, load_corpus, save_entry
-from fuzz.database import database_key, use_database_key
+from fuzz.database import FailuresOnly, database_key, use_database_key
 from fuzz.model import Case
 from fuzz.pool import RankPool
 from fuzz.properties import Property
@@ -693,11 +693,17 @@ def _run_chunk(
     shrinking = False
     shrink_until = math.inf
     phases = (Phase.reuse, Phase.generate, Phase.shrink) if reuse else (Phase.generate, Phase.shrink)
+    saves = None if database is None else FailuresOnly(database)
+
+    def budget_spent() -> _BudgetSpent:
+        if saves is not None:
+            saves.stopping = True  # the case it stops did not run: it is no failure to replay
+        return _BudgetSpent()
 
     @settings(
         max_examples=n,
         deadline=None,
-        database=database,
+        database=saves,
         phases=phases,
         suppress_health_check=list(HealthCheck),
         report_multiple_bugs=False,
@@ -709,7 +715,7 @@ def _run_chunk(
         nonlocal shrinking, shrink_until
         raise_if_stopped()
         if progress.elapsed >= (shrink_until if shrinking else clock.budget):
-            raise _BudgetSpent
+            raise budget_spent()
         features = prop.features(case)
         if only and not any(f.startswith(prefix) for f in features for prefix in only):
             reject()
@@ -723,7 +729,7 @@ def _run_chunk(
         start = time.monotonic()
         failure = _run_in_time(pool, prop, case, progress, clock.work_end)
         if isinstance(failure, _Cut):
-            raise _BudgetSpent
+            raise budget_spent()
         seconds = time.monotonic() - start
         progress.cases += 1
         progress.per_property[prop.name] += 1

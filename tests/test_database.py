@@ -4,6 +4,7 @@ and by pytest tests that share the property's key (fuzz/database.py)."""
 from __future__ import annotations
 
 import contextlib
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,12 +12,14 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from fuzz.corpus import CorpusIndex
 from fuzz.database import campaign_examples, database_key, example_database, use_database_key
 from fuzz.errors import InvalidArgument
-from fuzz.explore import explore
+from fuzz.explore import Clock, Progress, _run_chunk, explore
 from fuzz.model import Case
 from fuzz.pool import Outcome, RankPool
 from fuzz.properties import get_property
+from fuzz.verdict import OutcomeKind, RankReport
 from tests.conftest import mutant_env, run_cli
 
 
@@ -77,6 +80,52 @@ def test_a_failure_saved_by_one_campaign_is_the_first_case_of_the_next(tmp_path:
         explore(control, [prop], budget=60, max_examples=1, seed=2, database=None, reruns=0)
     assert second.cases[0] == saved
     assert control.cases[0] != saved, "without the database the same seed starts elsewhere"
+
+
+class _FailsFirst:
+    """A pool without ranks: the first case it runs fails (an exception on rank 0), any other passes."""
+
+    world_size, backend, deadline, restarts, recycled = 2, "gloo", 30.0, 0, 0
+
+    def __init__(self) -> None:
+        self.cases: list[Case] = []
+
+    def wait_ready(self, timeout: float) -> bool:
+        return True
+
+    def run(self, case: Case, **kwargs: Any) -> Outcome:
+        self.cases.append(case)
+        failing = len(self.cases) == 1
+        ranks = (
+            RankReport(rank=0, exc_type="builtins.RuntimeError", message="boom", traceback="...")
+            if failing
+            else RankReport(rank=0, observation={}),
+            RankReport(rank=1, observation={}),
+        )
+        return Outcome(kind=OutcomeKind.EXCEPTION if failing else OutcomeKind.OK, ranks=ranks, seconds=0.0)
+
+
+def test_a_case_the_budget_stops_is_not_saved(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hypothesis saves the choices of a test stopped by any exception but KeyboardInterrupt. A
+    case the campaign's clock stops before it runs (the budget spent, or a shrink's allowance) is
+    no failure: the next campaign must replay the failures, not a case that never ran."""
+    prop, db, key = get_property("parity"), example_database(tmp_path / "db"), database_key("parity", 2)
+
+    def chunk(pool: _FailsFirst, budget: float) -> list[Any]:
+        progress = Progress(started=time.monotonic(), budget=budget)
+        clock = Clock(started=progress.started, budget=budget)
+        return _run_chunk(pool, prop, 50, 3, progress, CorpusIndex([]), clock, 0, None, database=db)  # type: ignore[arg-type]
+
+    pool = _FailsFirst()
+    assert chunk(pool, budget=0.0) == [] and pool.cases == []
+    assert not list(db.fetch(key)), "a case that never ran was saved"
+
+    monkeypatch.setattr(Clock, "shrink_allowance", lambda self: 0.0)  # the shrink stops at its first step
+    found = chunk(pool, budget=60.0)
+    assert [f.unfinished for f in found] == [["not fully shrunk: the campaign's time for its shrink ran out"]]
+    assert len(pool.cases) == 1, "the shrink ran a case after its time was spent"
+    assert len(list(db.fetch(key))) == 1
+    assert _first_case_drawn(db, key) == pool.cases[0]
 
 
 def _save_a_failure(db: Any, key: bytes) -> Case:
