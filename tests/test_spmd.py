@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, find, settings
+from hypothesis import HealthCheck, Phase, find, settings
 
 from fuzz.errors import CaseError
 from fuzz.model import (
@@ -150,7 +150,12 @@ def test_an_spmd_program_with_tensor_parallelism_trains_like_the_reference() -> 
 @needs_dp_mesh_dims
 def test_tensor_parallel_parity_cases_draw_spmd_programs() -> None:
     quick = settings(
-        max_examples=3000, database=None, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
+        max_examples=3000,
+        database=None,
+        deadline=None,
+        derandomize=True,
+        phases=[Phase.generate],  # the first case found: these tests ask whether one is drawn
+        suppress_health_check=list(HealthCheck),
     )
     found = find(
         parity_cases(world_size=4), lambda c: c.body.composition.tp and c.body.composition.spmd, settings=quick
@@ -197,7 +202,12 @@ def test_the_strategies_draw_spmd_compositions_and_variants() -> None:
     """Where torch has dp_mesh_dims, parity cases (one SPMD composition in SPMD_ODDS of those
     that can be one) and metamorphic variants (one change of several) draw the path."""
     quick = settings(
-        max_examples=2000, database=None, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
+        max_examples=2000,
+        database=None,
+        deadline=None,
+        derandomize=True,
+        phases=[Phase.generate],  # the first case found: these tests ask whether one is drawn
+        suppress_health_check=list(HealthCheck),
     )
     parity = find(parity_cases(world_size=2), lambda c: c.body.composition.spmd, settings=quick)
     assert isinstance(parity.body, ParityBody) and "" in parity.body.composition.sharded_paths
@@ -286,7 +296,12 @@ def test_a_full_load_that_skips_replicated_dtensors_is_caught_on_an_spmd_target(
 @needs_dp_mesh_dims
 def test_state_dict_and_dcp_cases_draw_spmd_sides() -> None:
     quick = settings(
-        max_examples=3000, database=None, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
+        max_examples=3000,
+        database=None,
+        deadline=None,
+        derandomize=True,
+        phases=[Phase.generate],  # the first case found: these tests ask whether one is drawn
+        suppress_health_check=list(HealthCheck),
     )
     for strategy in (state_dict_cases, dcp_cases):
         found = find(strategy(world_size=2), lambda c: c.body.source.spmd and not c.body.target.spmd, settings=quick)
