@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=1c96dbc1c2137b8d sources=c819ef517160c7c9 seconds=68.0
+# shardfuzz reduced reproducer: entry=1c96dbc1c2137b8d sources=c819ef517160c7c9 seconds=99.9
 """Reproduces shardfuzz corpus entry parity-exception-3e0a93b8ec65.json: exception:parity:builtins.RuntimeError@torch/utils/checkpoint.py:__torch_dispatch__
 
 Observed: selective activation checkpointing over a region holding a fully_shard unit kept
@@ -28,9 +28,6 @@ from torch import nn
 import functools
 import torch.nn.functional as F
 
-def is_ancestor():
-    pass
-
 @dataclass()
 class ShardSpec:
     path: object
@@ -38,23 +35,6 @@ class ShardSpec:
     @property
     def paths(self):
         return (self.path,)
-
-@dataclass()
-class Composition:
-    shards: object = ()
-
-    def _spec_paths(self, api, path):
-        return (path,)
-
-def Composition_steps(self):
-    items = [('checkpoint', '')]
-    items += [('fully_shard', spec.path) for spec in self.shards]
-
-    def key(item):
-        api, path = item
-        depth = min((q.count('.') + (q != '') for q in self._spec_paths(api, path)))
-        return (-depth,)
-    return sorted(items, key=key)
 
 class KnobState:
 
@@ -69,16 +49,15 @@ def attempt(rank, world_size):
     import re
     import traceback
     try:
-        comp = Composition(shards=(ShardSpec(path=''), ShardSpec(path='0')))
         dtype = torch.float32
-        build_model_out = nn.Sequential(*[nn.Linear(4, 4), nn.Linear(4, 4)])
+        build_model_out = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
         model_ = build_model_out.to(dtype)
         from torch.distributed._composable import checkpoint
         kwargs = {}
         from torch.utils.checkpoint import create_selective_checkpoint_contexts
         kwargs['context_fn'] = functools.partial(create_selective_checkpoint_contexts, _save_matmuls_policy)
         specs = {s_.path: s_ for s_ in (ShardSpec(path=''), ShardSpec(path='0'))}
-        for api, path_ in Composition_steps(comp):
+        for api, path_ in [('fully_shard', '0'), ('checkpoint', ''), ('fully_shard', '')]:
             if api == 'checkpoint':
                 checkpoint(model_.get_submodule(path_), **kwargs)
             else:
@@ -87,15 +66,14 @@ def attempt(rank, world_size):
                 kwargs_ = {}
                 modules = [model_.get_submodule(p_) for p_ in spec.paths]
                 fully_shard(modules[0], **kwargs_)
-        sharded = [p for spec in (ShardSpec(path=''), ShardSpec(path='0')) for p in spec.paths]
-        tops = [p__ for p__ in sharded if not any((is_ancestor() for q in sharded))]
+        tops = ['0']
         compose_out_fsdp_roots = [model_.get_submodule(p__) for p__ in tops]
         compose_out_knobs = KnobState(compose_out_fsdp_roots)
         lo = rank * 2
         step_ = []
         for _ in range(2):
-            x_ = torch.randn(world_size * 2, 4)
-            y_ = torch.randn(world_size * 2, 4)
+            x_ = torch.randn(4, 4)
+            y_ = torch.randn(4, 4)
             step_.append((x_[lo:lo + 2].to(ctx_device), y_[lo:lo + 2].to(ctx_device)))
         out_ = [step_]
         s, step = next(iter(enumerate(out_)))
