@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=49e98a7a0cd611b2 sources=c819ef517160c7c9 seconds=232.1
+# shardfuzz reduced reproducer: entry=49e98a7a0cd611b2 sources=c819ef517160c7c9 seconds=273.0
 """Reproduces shardfuzz corpus entry mixed_precision-exception-6665b1eeed50.json: exception:mixed_precision:builtins.RuntimeError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_reduce
 
 Observed: FSDP2 MixedPrecisionPolicy: a unit whose parameters were all frozen at lazy init gets
@@ -30,14 +30,6 @@ class Dtype(str, enum.Enum):
     BFLOAT16 = 'bfloat16'
 
 @dataclass()
-class ShardSpec:
-    path: object
-
-    @property
-    def paths(self):
-        return (self.path,)
-
-@dataclass()
 class Unfreeze:
     path: object
     step: object
@@ -63,14 +55,13 @@ def attempt(rank, world_size):
         module.requires_grad_(False)
         build_model_out = nn.Sequential(PointwiseConv1d(1, 1, kernel_size=1), module)
         model_ = build_model_out.to(dtype)
-        specs = {s_.path: s_ for s_ in (ShardSpec(path='0'), ShardSpec(path=''))}
-        for api, path_ in [('fully_shard', '0'), ('fully_shard', '')]:
-            spec = specs[path_]
-            from torch.distributed.fsdp import fully_shard
-            kwargs = {}
-            kwargs['mp_policy'] = mp_policy()
-            modules = [model_.get_submodule(p_) for p_ in spec.paths]
-            fully_shard(modules[0], **kwargs)
+        from torch.distributed.fsdp import fully_shard
+        kwargs = {}
+        kwargs['mp_policy'] = mp_policy()
+        modules = [model_.get_submodule('0')]
+        fully_shard(modules[0], **kwargs)
+        modules = [model_.get_submodule('')]
+        fully_shard(modules[0], **kwargs)
         out__ = {'1': []}
         for name, p____ in model_.named_parameters():
             clean_name_out = name
@@ -94,7 +85,7 @@ def attempt(rank, world_size):
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
-        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
+        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
         if found in ['builtins.RuntimeError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_reduce']:
             return f'REPRODUCED exception:mixed_precision:builtins.RuntimeError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_reduce: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

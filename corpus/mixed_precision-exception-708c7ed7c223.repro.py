@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=b29b69107395f153 sources=c819ef517160c7c9 seconds=197.8
+# shardfuzz reduced reproducer: entry=b29b69107395f153 sources=c819ef517160c7c9 seconds=242.5
 """Reproduces shardfuzz corpus entry mixed_precision-exception-708c7ed7c223.json: exception:mixed_precision:builtins.AttributeError@torch/distributed/fsdp/_fully_shard/_fsdp_param.py:to_accumulated_grad_if_needed
 
 Observed: FSDP2 with MixedPrecisionPolicy(reduce_dtype) and set_requires_gradient_sync(False): a
@@ -20,25 +20,11 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 from __future__ import annotations
 import torch
 import enum
-from dataclasses import dataclass
 from torch import nn
 import torch.nn.functional as F
 
 class Dtype(str, enum.Enum):
     FLOAT32 = 'float32'
-
-@dataclass()
-class MixedPrecision:
-    reduce_dtype: object = None
-
-@dataclass()
-class ShardSpec:
-    path: object
-    mixed_precision: object = None
-
-    @property
-    def paths(self):
-        return (self.path,)
 
 class TreeBlock(nn.Module):
 
@@ -54,12 +40,12 @@ class TreeBlock(nn.Module):
         return x + y
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32}
 
-def mp_policy(mp):
+def mp_policy():
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     def dt(d):
         return None if d is None else TORCH_DTYPES[d]
-    return MixedPrecisionPolicy(reduce_dtype=dt(mp.reduce_dtype))
+    return MixedPrecisionPolicy(reduce_dtype=dt(Dtype.FLOAT32))
 
 def attempt(rank, world_size):
     ctx_device = torch.device('cpu')
@@ -69,14 +55,13 @@ def attempt(rank, world_size):
         dtype = torch.float32
         build_model_out = TreeBlock([nn.LayerNorm(12), nn.LayerNorm(12)])
         model__ = build_model_out.to(dtype)
-        specs = {s_.path: s_ for s_ in (ShardSpec(path='1', mixed_precision=MixedPrecision(reduce_dtype=Dtype.FLOAT32)), ShardSpec(path='', mixed_precision=MixedPrecision()))}
-        for api, path_ in [('fully_shard', '1'), ('fully_shard', '')]:
-            spec = specs[path_]
-            from torch.distributed.fsdp import fully_shard
-            kwargs_ = {}
-            kwargs_['mp_policy'] = mp_policy(spec.mixed_precision)
-            modules = [model__.get_submodule(p_) for p_ in spec.paths]
-            fully_shard(modules[0], **kwargs_)
+        from torch.distributed.fsdp import fully_shard
+        kwargs_ = {}
+        kwargs_['mp_policy'] = mp_policy()
+        modules = [model__.get_submodule('1')]
+        fully_shard(modules[0], **kwargs_)
+        modules = [model__.get_submodule('')]
+        fully_shard(modules[0], **kwargs_)
         tops = ['']
         compose_out_fsdp_roots = [model__.get_submodule(p__) for p__ in tops]
         lo = rank * 2
@@ -94,7 +79,7 @@ def attempt(rank, world_size):
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
-        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
+        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
         if found in ['builtins.AttributeError@torch/distributed/fsdp/_fully_shard/_fsdp_param.py:to_accumulated_grad_if_needed']:
             return f'REPRODUCED exception:mixed_precision:builtins.AttributeError@torch/distributed/fsdp/_fully_shard/_fsdp_param.py:to_accumulated_grad_if_needed: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=1c96dbc1c2137b8d sources=c819ef517160c7c9 seconds=99.9
+# shardfuzz reduced reproducer: entry=1c96dbc1c2137b8d sources=c819ef517160c7c9 seconds=137.9
 """Reproduces shardfuzz corpus entry parity-exception-3e0a93b8ec65.json: exception:parity:builtins.RuntimeError@torch/utils/checkpoint.py:__torch_dispatch__
 
 Observed: selective activation checkpointing over a region holding a fully_shard unit kept
@@ -23,18 +23,9 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 
 from __future__ import annotations
 import torch
-from dataclasses import dataclass
 from torch import nn
 import functools
 import torch.nn.functional as F
-
-@dataclass()
-class ShardSpec:
-    path: object
-
-    @property
-    def paths(self):
-        return (self.path,)
 
 class KnobState:
 
@@ -56,16 +47,12 @@ def attempt(rank, world_size):
         kwargs = {}
         from torch.utils.checkpoint import create_selective_checkpoint_contexts
         kwargs['context_fn'] = functools.partial(create_selective_checkpoint_contexts, _save_matmuls_policy)
-        specs = {s_.path: s_ for s_ in (ShardSpec(path=''), ShardSpec(path='0'))}
-        for api, path_ in [('fully_shard', '0'), ('checkpoint', ''), ('fully_shard', '')]:
-            if api == 'checkpoint':
-                checkpoint(model_.get_submodule(path_), **kwargs)
-            else:
-                spec = specs[path_]
-                from torch.distributed.fsdp import fully_shard
-                kwargs_ = {}
-                modules = [model_.get_submodule(p_) for p_ in spec.paths]
-                fully_shard(modules[0], **kwargs_)
+        from torch.distributed.fsdp import fully_shard
+        modules = [model_.get_submodule('0')]
+        fully_shard(modules[0])
+        checkpoint(model_.get_submodule(''), **kwargs)
+        modules = [model_.get_submodule('')]
+        fully_shard(modules[0])
         tops = ['0']
         compose_out_fsdp_roots = [model_.get_submodule(p__) for p__ in tops]
         compose_out_knobs = KnobState(compose_out_fsdp_roots)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=a7670fbac300d246 sources=2836a7ca10136e42 seconds=105.5
+# shardfuzz reduced reproducer: entry=a7670fbac300d246 sources=2836a7ca10136e42 seconds=150.9
 """Reproduces shardfuzz corpus entry state_dict-exception-6b7f874c0c8d.json: exception:state_dict:builtins.ValueError@torch/distributed/distributed_c10d.py:get_group_rank
 
 Observed: set_optimizer_state_dict(full_state_dict=True, cpu_offload=True) into FSDP1
@@ -23,92 +23,35 @@ from __future__ import annotations
 import torch
 import enum
 from torch import nn
-from dataclasses import dataclass, field
-
-@dataclass
-class RankContext:
-    rank: object
-    world_size: object
-    device: object
-    backend: object
-    _meshes: object = field(default_factory=dict)
-
-    def mesh(self, shape, names):
-        from torch.distributed.device_mesh import init_device_mesh
-        key = ()
-        self._meshes[key] = init_device_mesh(self.device.type, shape)
-        return self._meshes[key]
-
-class Dtype(str, enum.Enum):
-    FLOAT32 = 'float32'
 
 class Wrapper(str, enum.Enum):
-    NONE = 'none'
     FSDP1_HYBRID_SHARD = 'fsdp1_hybrid_shard'
-
-@dataclass()
-class Composition:
-    wrapper: object = Wrapper.NONE
-
-@dataclass()
-class Training:
-    dtype: object = Dtype.FLOAT32
 
 class PointwiseConv1d(nn.Conv1d):
     pass
-TORCH_DTYPES = {Dtype.FLOAT32: torch.float32}
-
-@dataclass
-class Composed:
-    model: object
-
-def compose(model, comp, ctx):
-    if comp.wrapper is not Wrapper.NONE:
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
-        strategy = {Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[comp.wrapper]
-        kwargs = {'sharding_strategy': strategy, 'device_id': ctx.device}
-        kwargs['device_mesh'] = ctx.mesh(tuple((2, 1)), ())
-        wrap_out = FSDP(model, **kwargs)
-        return Composed(model=wrap_out)
-    return Composed(model=model)
-
-@dataclass
-class Side:
-    composed: object
-    comp: object
-    training: object
-
-    @property
-    def model(self):
-        return self.composed.model
-
-def build_side(comp, training, ctx):
-    module = PointwiseConv1d(1, 1, kernel_size=1)
-    model = module.to(TORCH_DTYPES[training.dtype])
-    composed = compose(model, comp, ctx)
-    return Side(composed=composed, comp=comp, training=training)
-
-def body_optimizer(side):
-    params = list(side.model.parameters())
-    side.opt = torch.optim.SGD(params)
 
 def attempt(rank, world_size):
-    ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
+    ctx_device = torch.device('cpu')
+    ctx__meshes = {}
     import re
     import traceback
     try:
-        t = Training()
-        src = build_side(Composition(), t, ctx)
-        body_optimizer(src)
+        module = PointwiseConv1d(1, 1, kernel_size=1)
+        model = module.to(torch.float32)
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
+        strategy = {Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[Wrapper.FSDP1_HYBRID_SHARD]
+        kwargs = {'sharding_strategy': strategy, 'device_id': torch.device('cpu')}
+        shape = (2, 1)
+        from torch.distributed.device_mesh import init_device_mesh
+        key = ()
+        ctx__meshes[key] = init_device_mesh(ctx_device.type, shape)
+        kwargs['device_mesh'] = ctx__meshes[key]
+        wrap_out = FSDP(model, **kwargs)
+        params = list(wrap_out.parameters())
+        src_opt = torch.optim.SGD(params)
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-        msd_ = get_model_state_dict(src.model)
-        msd, osd = (msd_, get_optimizer_state_dict(src.model, src.opt))
-        tgt = build_side(Composition(wrapper=Wrapper.FSDP1_HYBRID_SHARD), t, ctx)
-        body_optimizer(tgt)
-        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict, StateDictOptions
-        options_ = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        opt = tgt.opt
-        set_optimizer_state_dict(tgt.model, opt, osd, options=options_)
+        msd_ = get_model_state_dict(wrap_out)
+        msd, osd = (msd_, get_optimizer_state_dict(wrap_out, src_opt))
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]

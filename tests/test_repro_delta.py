@@ -146,6 +146,38 @@ def test_unwrapping_keeps_the_body() -> None:
     assert out is not None and "i = next(iter(range(3)))" in out and reproduces(out)
 
 
+LOOP = """
+def attempt():
+    out = []
+    for api, path in [('fully_shard', '0'), ('checkpoint', ''), ('fully_shard', '')]:
+        if api == 'checkpoint':
+            out.append('checkpoint ' + path)
+        else:
+            out.append([p for p in (path,)])
+    for i in (1, 2):
+        i = i + 1
+    for f in [1, 2]:
+        out.append(lambda: f)
+    return out
+"""
+
+
+def test_a_loop_over_a_literal_is_written_out() -> None:
+    """One copy of the body per item, the targets replaced by the item's values; not where the
+    body binds a target or a function in it could read one later."""
+    keys = delta.literal_loops(LOOP)
+    assert len(keys) == 1 and keys[0].startswith("for api, path in"), keys
+    out = delta.unroll_loop(LOOP, keys[0])
+    assert out is not None and "for api" not in out
+    assert "if 'checkpoint' == 'checkpoint':" in out and "out.append([p for p in ('0',)])" in out, out
+    space: dict[str, object] = {}
+    exec(out, space)
+    before: dict[str, object] = {}
+    exec(LOOP, before)
+    got, want = space["attempt"](), before["attempt"]()  # type: ignore[operator]
+    assert got[:3] == want[:3] and len(got) == len(want)
+
+
 def test_an_element_goes_one_at_a_time() -> None:
     found = delta._elements(ast.parse(SCRIPT), frozenset())
     index = next(i for i, (node, field, _) in enumerate(found) if isinstance(node, ast.Dict))

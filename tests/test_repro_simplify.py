@@ -284,3 +284,23 @@ def test_keywords_of_a_display_used_otherwise_stay_unpacked() -> None:
     out = simplify(code)
     assert out is None or "**kw" in out
     assert _run(out or code) == ["b", "c"]
+
+
+def test_a_comparison_of_constants_takes_its_branch() -> None:
+    out = _simplified(
+        """
+        out = []
+        if 'fully_shard' == 'checkpoint':
+            out.append(1)
+        else:
+            out.append(2)
+        if '' in ('', '0'):
+            out.append(3)
+        if not 'a' != 'a':
+            out.append(4)
+        if 1 == 1.0:
+            out.append(5)
+        return out
+        """
+    )
+    assert " if " not in out and "if " not in out.split("\n", 1)[1], out

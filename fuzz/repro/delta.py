@@ -450,13 +450,15 @@ def ddmin(
             say("  delta: the tidied script does not reproduce; candidates are not tidied")
             tidy = lambda c: c  # noqa: E731
 
+    best = current  # the smallest script that reproduced: a growing rewrite may not pay off
+
     def keep(candidate: str | None, grow: bool = False) -> bool:
         """Whether ``candidate`` (tidied) is kept; it becomes the current script if so. Unless
         ``grow`` (an inlining: it has fewer functions), it must be smaller. With ``pretest``,
         the candidate is tested as cut first, and tidied only if that reproduces (most cuts do
         not, and tidying costs several times a pooled attempt); where the tidied one does not
         reproduce, the cut one is kept."""
-        nonlocal current
+        nonlocal current, best
         if candidate is None or time.monotonic() >= until:
             return False
 
@@ -478,6 +480,7 @@ def ddmin(
             current = tidied if tidied != candidate and smaller(tidied) and test(tidied) else candidate
             if kept is not None:
                 kept.append(current)
+            best = current if _size(current) < _size(best) else best
             return True
         try:
             candidate = tidy(candidate)
@@ -488,6 +491,7 @@ def ddmin(
         current = candidate
         if kept is not None:
             kept.append(current)
+        best = current if _size(current) < _size(best) else best
         return True
 
     def each(
@@ -537,6 +541,11 @@ def ddmin(
                 break
         return out
 
+    def written_out(code: str, key: str, frozen: Frozen) -> str | None:
+        """The loop ``key`` written out over its literal, its constant tests resolved."""
+        out = unroll_loop(code, key, frozen)
+        return (simplify(out, frozen) or out) if out is not None else None
+
     round_ = 0
     while time.monotonic() < until:
         before = current
@@ -564,6 +573,7 @@ def ddmin(
             if folded is not None and code_lines(folded) <= code_lines(current) and keep(folded, grow=True):
                 keep(simplify(current, frozen), grow=True)
                 say(f"  delta {round_}: plain values folded, {code_lines(current)} code lines")
+        each(literal_loops, written_out, grow=True)
         each(compounds, unwrap, grow=True)
         say(f"  delta {round_}: statements unwrapped, {code_lines(current)} code lines")
         _chunks(lambda: current, keep, until, frozen)
@@ -573,7 +583,7 @@ def ddmin(
         if current == before:
             break
         round_ += 1
-    return current
+    return current if _size(current) <= _size(best) else best
 
 
 def _chunks(current: Callable[[], str], keep: Callable[[str | None], bool], until: float, frozen: Frozen) -> None:
@@ -1177,6 +1187,78 @@ def unwrap(code: str, key: str, frozen: Frozen = frozenset()) -> str | None:
         else:
             assert isinstance(node, ast.If)
             body = list(node.body)
+        index = next(i for i, s in enumerate(stmts) if s is node)
+        stmts[index : index + 1] = body
+        return _unparse(tree)
+    return None
+
+
+#: A ``for`` loop over a literal is written out (:func:`unroll_loop`) if it has at most this
+#: many items, and a body of at most :data:`MAX_UNROLLED_BODY` statements.
+MAX_UNROLLED = 8
+MAX_UNROLLED_BODY = 12
+
+
+def _constants(node: ast.expr) -> bool:
+    if isinstance(node, ast.Constant):
+        return True
+    return isinstance(node, ast.Tuple) and all(_constants(e) for e in node.elts)
+
+
+def _loop_aliases(node: ast.For) -> list[dict[str, ast.expr]] | None:
+    """Per item of ``node``'s literal iterable, what each target name is bound to, if the loop
+    can be written out: constants (or tuples of them) unpacked into names the body never binds,
+    and no function or class in the body that could read a target name later."""
+    items = node.iter.elts if isinstance(node.iter, (ast.List, ast.Tuple)) else None
+    if not items or len(items) > MAX_UNROLLED or not all(_constants(e) for e in items):
+        return None
+    if len(node.body) > MAX_UNROLLED_BODY or node.orelse:
+        return None
+    if isinstance(node.target, ast.Name):
+        names = [node.target.id]
+        rows = [[item] for item in items]
+    elif isinstance(node.target, ast.Tuple) and all(isinstance(t, ast.Name) for t in node.target.elts):
+        names = [t.id for t in node.target.elts if isinstance(t, ast.Name)]
+        if not all(isinstance(e, ast.Tuple) and len(e.elts) == len(names) for e in items):
+            return None
+        rows = [list(e.elts) for e in items if isinstance(e, ast.Tuple)]
+    else:
+        return None
+    late = (ast.Lambda, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Global, ast.Nonlocal)
+    for stmt in node.body:
+        for n in ast.walk(stmt):
+            if isinstance(n, (*late, ast.Break, ast.Continue)):
+                return None
+            if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load) and n.id in names:
+                return None
+    return [dict(zip(names, row)) for row in rows]
+
+
+def literal_loops(code: str, frozen: Frozen = frozenset()) -> list[str]:
+    """Keys (as :func:`compounds`) of the ``for`` loops :func:`unroll_loop` can write out."""
+    return [
+        key
+        for key, node, _ in _compounds(ast.parse(code), frozen)
+        if isinstance(node, ast.For) and _loop_aliases(node) is not None
+    ]
+
+
+def unroll_loop(code: str, key: str, frozen: Frozen = frozenset()) -> str | None:
+    """``code`` with the ``for`` loop ``key`` over a literal written out: its body once per item,
+    the target names replaced by the item's values (``for api, path in [('checkpoint', ''),
+    ...]: if api == 'checkpoint': ...`` becomes one copy per step, whose tests are then
+    constants). Longer than the loop at first; the cuts and folds that follow shorten it."""
+    tree = ast.parse(code)
+    for found, node, stmts in _compounds(tree, frozen):
+        if found != key or not isinstance(node, ast.For):
+            continue
+        aliases = _loop_aliases(node)
+        if aliases is None:
+            return None
+        body: list[ast.stmt] = []
+        for alias in aliases:
+            copy_ = ast.Module(body=copy.deepcopy(node.body), type_ignores=[])
+            body += _Substitute(alias).visit(copy_).body
         index = next(i for i, s in enumerate(stmts) if s is node)
         stmts[index : index + 1] = body
         return _unparse(tree)

@@ -532,12 +532,45 @@ def _drop_bindings(fn: _Function, names: set[str]) -> None:
             _set_list(holder, name, kept)
 
 
+#: Comparisons :func:`_truth` evaluates between constants (those of a loop written out over a
+#: literal, ``if api == 'checkpoint'``).
+_COMPARE = {
+    ast.Eq: lambda a, b: a == b,
+    ast.NotEq: lambda a, b: a != b,
+    ast.In: lambda a, b: a in b,
+    ast.NotIn: lambda a, b: a not in b,
+}
+
+
+def _constant(node: ast.expr) -> tuple[bool, object]:
+    """(True, value) for a constant or a tuple of constants, else (False, None)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, (str, int, float, bool, type(None))):
+        return True, node.value
+    if isinstance(node, ast.Tuple):
+        items = [_constant(e) for e in node.elts]
+        if all(ok for ok, _ in items):
+            return True, tuple(v for _, v in items)
+    return False, None
+
+
 def _truth(test: ast.expr) -> bool | None:
-    """The truth of a constant or of a display of pure elements (``()`` is false), else None."""
+    """The truth of a constant, of a display of pure elements (``()`` is false), of ``not`` one,
+    or of a comparison (``==``, ``!=``, ``in``, ``not in``) between constants, else None."""
     if isinstance(test, ast.Constant):
         return bool(test.value)
     if isinstance(test, (ast.Tuple, ast.List, ast.Set, ast.Dict)) and _pure(test):
         return bool(test.keys if isinstance(test, ast.Dict) else test.elts)
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        inner = _truth(test.operand)
+        return None if inner is None else not inner
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and type(test.ops[0]) in _COMPARE:
+        (known_left, left), (known_right, right) = _constant(test.left), _constant(test.comparators[0])
+        membership = isinstance(test.ops[0], (ast.In, ast.NotIn))
+        if known_left and known_right and (not membership or isinstance(right, (str, tuple))):
+            try:
+                return bool(_COMPARE[type(test.ops[0])](left, right))
+            except TypeError:
+                return None
     return None
 
 
