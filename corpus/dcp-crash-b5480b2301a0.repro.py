@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=4da2f48d2fa30bb5 sources=3ebb4d52c9cda72d seconds=1147.9
+# shardfuzz reduced reproducer: entry=4da2f48d2fa30bb5 sources=3ebb4d52c9cda72d seconds=1514.7
 """Reproduces shardfuzz corpus entry dcp-crash-b5480b2301a0.json: crash:dcp:signal SIGSEGV@torch/distributed/fsdp/_state_dict_utils.py:param_hook
 
 Observed: The FSDP1 FULL_STATE_DICT offload_to_cpu SIGSEGV on CPU (docs/state_dict.md item 5,
@@ -333,34 +333,6 @@ def seed_segment(case, ctx, segment):
 def all_batches(case, training, steps, tree, ctx):
     pass
 
-def _jsonable(value):
-    return value
-
-def observe_groups(side):
-    names = side.names()
-    out = []
-    for group in side.opt.param_groups:
-        item = {k: _jsonable(v) for k, v in sorted(group.items()) if k != 'params'}
-        item['params'] = [names.get(id(p), '?') for p in group['params']]
-        out.append(item)
-    return out
-
-def observe_optimizer(side):
-    names = side.names()
-    out = {}
-    for group in side.opt.param_groups:
-        for p in group['params']:
-            state = side.opt.state.get(p, {})
-            entry = {key: _jsonable(state[key]) for key in sorted(state)}
-    return out
-
-def observe(side, case, tree, ctx, *, model=True):
-    obs = {'groups': observe_groups(side)}
-    optim = observe_optimizer(side)
-    if side.fsdp1:
-        obs['optimizer_local'] = optim
-    return obs
-
 def dropped_keys(side, drop):
     return []
 
@@ -442,7 +414,6 @@ def _run_dcp(case, body, ctx):
     body_optimizer(tgt, fresh_training(t), body)
     prepare_side(body, tgt, put)
     dropped = dropped_keys(tgt, ())
-    obs_fresh = observe(tgt, case, body.tree, ctx, model=not False)
     values = _values(body, case, tgt, ctx, get_load, put, fresh=True, skip=())
     state = _arrange(body, values, ctx)
     plain = {k: v for k, v in state.items() if isinstance(v, (dict, torch.Tensor))}

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=93f443fd28251a3e sources=7d6f5cb23a31c8e4 seconds=653.0
+# shardfuzz reduced reproducer: entry=93f443fd28251a3e sources=7d6f5cb23a31c8e4 seconds=963.9
 """Reproduces shardfuzz corpus entry dcp-exception-5bdb13d18d5c.json: exception:dcp:builtins.RuntimeError@torch/distributed/_state_dict_utils.py:tensor_func
 
 Observed: FileSystemWriter(cache_staged_state_dict=True) pins its staging copy whether or not
@@ -17,7 +17,7 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 from __future__ import annotations
 import torch
 import enum
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 import os
 from torch import nn
 import hashlib
@@ -29,18 +29,6 @@ class RankContext:
     device: object
     backend: object
 
-class LeafKind(str, enum.Enum):
-    CONV1D = 'conv1d'
-
-class Dtype(str, enum.Enum):
-    FLOAT32 = 'float32'
-    FLOAT64 = 'float64'
-
-@dataclass()
-class Leaf:
-    kind: object
-    bias: object = True
-
 @dataclass()
 class Block:
     children: object
@@ -50,31 +38,18 @@ class ModuleTree:
     width: object
     root: object
 
-class Wrapper(str, enum.Enum):
-    NONE = 'none'
-    FSDP1_FULL_SHARD = 'fsdp1_full_shard'
-
 @dataclass()
 class Composition:
-    wrapper: object = Wrapper.NONE
-
-class Optimizer(str, enum.Enum):
-    SGD = 'sgd'
-    ADAM = 'adam'
+    pass
 
 @dataclass()
 class Training:
-    optimizer: object = Optimizer.SGD
-    lr: object = 0.1
-    batch_per_rank: object = 2
-    dtype: object = Dtype.FLOAT32
-    set_to_none: object = True
+    pass
 
 class Body:
     pass
 
 class DcpItem(str, enum.Enum):
-    MODEL = 'model'
     OPTIMIZER = 'optimizer'
 
 @dataclass()
@@ -84,8 +59,6 @@ class DcpBody(Body):
     target: object
     entries: object
     training: object = field()
-    async_save: object = False
-    cache_staged: object = False
 
 class PointwiseConv1d(nn.Conv1d):
     pass
@@ -100,12 +73,11 @@ def _writer(body, path, **options):
     return dcp.FileSystemWriter(path, **options)
 
 def attempt(rank, world_size):
-    case_body = DcpBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),))), source=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), target=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), entries=(DcpItem.MODEL, DcpItem.OPTIMIZER), training=Training(optimizer=Optimizer.ADAM, lr=0.01, batch_per_rank=1, dtype=Dtype.FLOAT64, set_to_none=False), cache_staged=True)
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import re
     import traceback
     try:
-        body = DcpBody(tree=ModuleTree(width=1, root=Block(children=())), source=Composition(), target=Composition(), entries=(DcpItem.OPTIMIZER,), training=Training(dtype=Dtype.FLOAT64))
+        body = DcpBody(tree=ModuleTree(width=1, root=Block(children=())), source=Composition(), target=Composition(), entries=(), training=Training())
         path_ = '' or case_dir(ctx)
         module = PointwiseConv1d(1, 1, kernel_size=1)
         model = module.to(torch.float64)
@@ -114,7 +86,6 @@ def attempt(rank, world_size):
         wrap_out = FSDP(model, **kwargs)
         writer = _writer(body, path_, cache_staged_state_dict=True)
         import torch.distributed.checkpoint as dcp
-        t__, n__ = (Training(dtype=Dtype.FLOAT64), 2)
         out = {}
         out[DcpItem.OPTIMIZER] = wrap_out.state_dict()
         order = range(1)
