@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 
 from fuzz.errors import ShardfuzzError
 from fuzz.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from fuzz.stop import request_stop
+from fuzz.stop import request_stop, stop_signal
 
 # Imported where they are used, not here: fuzz.properties, fuzz.explore, fuzz.database, fuzz.bench
 # import Hypothesis (~0.3 s), fuzz.corpus and fuzz.repro the case model, fuzz.campaign and
@@ -319,6 +319,13 @@ def main(argv: list[str] | None = None) -> int:
     except ShardfuzzError as e:
         print(f"python -m fuzz {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:
+        # Ctrl-C or SIGTERM outside a campaign (which saves what it found and returns): the pools
+        # are closed on the way out, and a reduction keeps its script only once it is confirmed
+        # (written whole, as corpus entries are), so a stop loses only the work in progress.
+        signum = stop_signal() or signal.SIGINT
+        print(f"python -m fuzz {args.command}: stopped by {signal.Signals(signum).name}", file=sys.stderr)
+        return 128 + signum
     except BrokenPipeError:  # `python -m fuzz corpus | head`: the reader left, nothing is wrong
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK

@@ -25,6 +25,11 @@ def stop_requested() -> bool:
     return bool(_signum)
 
 
+def stop_signal() -> int | None:
+    """The signal of the recorded request, or None."""
+    return _signum[0] if _signum else None
+
+
 def raise_if_stopped() -> None:
     """Raise the recorded stop's KeyboardInterrupt again, if there is one."""
     if _signum:

@@ -9,8 +9,10 @@ import ast
 import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +47,7 @@ from fuzz.repro.issue import render_issue
 from fuzz.repro.reduce import stored_path
 from fuzz.repro.script import ROOT as SOURCE_ROOT
 from fuzz.repro.script import STUBS, carried_modules, code_lines, relative
-from tests.conftest import ROOT, mutant_env, run_cli, torchrun
+from tests.conftest import ROOT, mutant_env, run_cli, torchrun, wait_gone
 
 CORPUS = sorted((ROOT / "corpus").glob("*.json"))
 
@@ -447,3 +449,43 @@ def test_again_refuses_bad_input_with_exit_2_and_changes_nothing(tmp_path: Path)
     result = run_cli("repro", str(entry), "--reduce", "--again", "--budget", "5")
     assert result.returncode == 2 and "its kept script does not reproduce the failure here" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and kept.read_text() == before
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_reduction_stopped_by_a_signal_says_so_and_keeps_its_script(tmp_path: Path, signum: int) -> None:
+    """SIGTERM (a timeout, a scheduler) or Ctrl-C in the middle of ``--reduce --again``: one line,
+    no traceback, exit 128 + the signal, the kept script as it was, and no process left behind."""
+    import shutil
+
+    name = "parity-exception-3e90c3cc368a"
+    for suffix in (".json", ".repro.py"):
+        shutil.copy(ROOT / "corpus" / f"{name}{suffix}", tmp_path / f"{name}{suffix}")
+    kept = tmp_path / f"{name}.repro.py"
+    before = kept.read_text()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fuzz", "repro", str(tmp_path / f"{name}.json"), "--reduce", "--again"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        children: list[int] = []
+        while time.monotonic() < deadline and proc.poll() is None and not children:
+            time.sleep(0.5)  # until the reduction runs something (the traced script, the pool)
+            children = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+        assert proc.poll() is None and children, "the reduction ended before it could be stopped"
+        time.sleep(2)
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signum, err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].endswith(
+        f"stopped by {signal.Signals(signum).name}"
+    ), err
+    assert kept.read_text() == before
+    assert not wait_gone(children, timeout=30), "a process of the reduction outlived it"
