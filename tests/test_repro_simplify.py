@@ -304,3 +304,16 @@ def test_a_comparison_of_constants_takes_its_branch() -> None:
         """
     )
     assert " if " not in out and "if " not in out.split("\n", 1)[1], out
+
+
+def test_a_display_indexed_in_place_becomes_the_item() -> None:
+    out = _simplified(
+        """
+        a, b = [1], [2]
+        first = {Kind.A: a, Kind.B: b}[Kind.A]
+        second = [a, b][-1]
+        both = [a, b, a][:2]
+        return first, second, both, [a, b][1:]
+        """
+    )
+    assert "Kind.B" not in out and "][" not in out and "[:2]" not in out, out

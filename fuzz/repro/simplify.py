@@ -546,6 +546,11 @@ def _constant(node: ast.expr) -> tuple[bool, object]:
     """(True, value) for a constant or a tuple of constants, else (False, None)."""
     if isinstance(node, ast.Constant) and isinstance(node.value, (str, int, float, bool, type(None))):
         return True, node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        known, value = _constant(node.operand)
+        if known and type(value) in (int, float):
+            return True, -value  # type: ignore[operator]
+        return False, None
     if isinstance(node, ast.Tuple):
         items = [_constant(e) for e in node.elts]
         if all(ok for ok, _ in items):
@@ -666,6 +671,36 @@ class _Firsts(ast.NodeTransformer):
         if len(kept) != len(node.keywords):
             node.keywords = kept
             self.changed = True
+        return node
+
+    def visit_Subscript(self, node: ast.Subscript) -> ast.AST:
+        """A display of pure items indexed in place: ``{K.A: x, K.B: y}[K.A]`` is ``x``,
+        ``[a, b][0]`` is ``a``, ``[a, b, c][:2]`` is ``[a, b]``."""
+        self.generic_visit(node)
+        display, index = node.value, node.slice
+        if not isinstance(node.ctx, ast.Load) or not _pure(display):
+            return node
+        if isinstance(display, ast.Dict):
+            key = ast.dump(index)
+            for k, v in zip(display.keys, display.values):
+                if k is not None and ast.dump(k) == key:
+                    self.changed = True
+                    return ast.copy_location(copy.deepcopy(v), node)
+            return node
+        if not isinstance(display, (ast.List, ast.Tuple)) or any(isinstance(e, ast.Starred) for e in display.elts):
+            return node
+        if isinstance(index, ast.Slice):
+            bounds = [_constant(b) if b is not None else (True, None) for b in (index.lower, index.upper, index.step)]
+            values = [v for _, v in bounds]
+            if not all(ok and (v is None or type(v) is int) for ok, v in bounds) or values[2] == 0:
+                return node
+            self.changed = True
+            elts = display.elts[slice(*values)]  # type: ignore[arg-type]
+            return ast.copy_location(type(display)(elts=elts, ctx=ast.Load()), node)
+        known, at = _constant(index)
+        if known and type(at) is int and -len(display.elts) <= at < len(display.elts):
+            self.changed = True
+            return display.elts[at]
         return node
 
     def _comprehension(self, node: ast.ListComp | ast.SetComp | ast.DictComp | ast.GeneratorExp) -> ast.AST:
