@@ -317,3 +317,22 @@ def test_a_display_indexed_in_place_becomes_the_item() -> None:
         """
     )
     assert "Kind.B" not in out and "][" not in out and "[:2]" not in out, out
+
+
+def test_a_display_read_once_where_only_its_items_matter_is_written_in_place() -> None:
+    out = _simplified(
+        """
+        a, b = [1], [2]
+        pair = (a, b)
+        batches = [pair]
+        data = [step[0] for step in batches]
+        first = data[:1]
+        x = next(iter(first))
+        kept = [a]
+        n = len(kept)
+        kept.append(b)
+        return x, n, kept
+        """
+    )
+    assert "batches" not in out and "data" not in out and "first" not in out, out
+    assert "kept = [a]" in out, out  # read twice: written in place, the append would be lost

@@ -1096,6 +1096,7 @@ def propagate_aliases(tree: ast.Module) -> ast.Module:
                     continue
                 if isinstance(value, ast.Constant) or (isinstance(value, ast.Name) and stores.get(value.id, 0) <= 1):
                     alias[target] = value
+        alias.update(_displays_read_once(fn, stores, alias))
         for name in list(alias):  # a chain ends at what its last alias is bound to
             seen = {name}
             value = alias[name]
@@ -1106,6 +1107,61 @@ def propagate_aliases(tree: ast.Module) -> ast.Module:
         if alias:
             _Substitute(alias).visit(fn)
     return tree
+
+
+def _settled(node: ast.expr, stores: dict[str, int]) -> bool:
+    """An expression that evaluates to the same objects wherever it is read: constants, names
+    bound at most once, their attributes and constant subscripts, and displays of these."""
+    if isinstance(node, ast.Constant):
+        return True
+    if isinstance(node, ast.Name):
+        return stores.get(node.id, 0) <= 1
+    if isinstance(node, ast.Attribute):
+        return _settled(node.value, stores)
+    if isinstance(node, ast.Subscript):
+        return isinstance(node.slice, ast.Constant) and _settled(node.value, stores)
+    if isinstance(node, (ast.Tuple, ast.List)):
+        return all(not isinstance(e, ast.Starred) and _settled(e, stores) for e in node.elts)
+    return False
+
+
+def _displays_read_once(fn: _Function, stores: dict[str, int], taken: dict[str, ast.expr]) -> dict[str, ast.expr]:
+    """Locals bound once (not in a loop) to a list or tuple display of settled items and read
+    once, where only the items matter: indexed (``x[0]``), iterated (a ``for`` or a
+    comprehension over it, ``iter(x)``, ``enumerate(x)``). Written in place, the display meets
+    the folds of displays (``[a][0]`` is ``a``)."""
+    reads: dict[str, int] = {}
+    where: set[int] = set()
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+            reads[node.id] = reads.get(node.id, 0) + 1
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name):
+            where.add(id(node.value))
+        elif isinstance(node, (ast.For, ast.comprehension)) and isinstance(node.iter, ast.Name):
+            where.add(id(node.iter))
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("iter", "enumerate")
+            and len(node.args) == 1
+            and isinstance(node.args[0], ast.Name)
+        ):
+            where.add(id(node.args[0]))
+    out: dict[str, ast.expr] = {}
+    for node in ast.walk(fn):
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+            continue
+        name, value = node.targets[0].id, node.value
+        if name in taken or stores.get(name) != 1 or reads.get(name) != 1:
+            continue
+        if not isinstance(value, (ast.List, ast.Tuple)):
+            continue
+        if not _settled(value, stores) or name in {n.id for n in ast.walk(value) if isinstance(n, ast.Name)}:
+            continue
+        read = [n for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id == name]
+        if len(read) == 1 and id(read[0]) in where:
+            out[name] = value
+    return out
 
 
 class _Substitute(ast.NodeTransformer):

@@ -663,7 +663,7 @@ class _Firsts(ast.NodeTransformer):
             and isinstance(inner.args[0], (ast.Tuple, ast.List))
             and inner.args[0].elts
             and not isinstance(inner.args[0].elts[0], ast.Starred)
-            and all(_pure(e) for e in inner.args[0].elts)
+            and all(_pure(e) for e in inner.args[0].elts[1:])  # the first is evaluated either way
         ):
             self.changed = True
             return inner.args[0].elts[0]
@@ -1128,6 +1128,9 @@ def simplify(code: str, frozen: Frozen = frozenset()) -> str | None:
     """``code`` rewritten (see the module's docstring), or None if no rewrite applies."""
     tree = ast.parse(code)
     changed = False
+    aliased = _unparse(propagate_aliases(copy.deepcopy(tree)))
+    if aliased != _unparse(tree):  # aliases and displays read once, before any rewrite needs them
+        tree, changed = ast.parse(clean(aliased)), True
     for _ in range(_ROUNDS):
         step = False
         for rewrite in _REWRITES:
