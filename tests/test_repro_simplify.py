@@ -328,11 +328,13 @@ def test_a_display_read_once_where_only_its_items_matter_is_written_in_place() -
         data = [step[0] for step in batches]
         first = data[:1]
         x = next(iter(first))
+        steps = [x]
+        s, step = next(iter(enumerate(steps)))
         kept = [a]
         n = len(kept)
         kept.append(b)
-        return x, n, kept
+        return step, s, n, kept
         """
     )
-    assert "batches" not in out and "data" not in out and "first" not in out, out
+    assert "batches" not in out and "data" not in out and "first" not in out and "enumerate" not in out, out
     assert "kept = [a]" in out, out  # read twice: written in place, the append would be lost

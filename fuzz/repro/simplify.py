@@ -667,6 +667,26 @@ class _Firsts(ast.NodeTransformer):
         ):
             self.changed = True
             return inner.args[0].elts[0]
+        counted = inner.args[0] if isinstance(inner, ast.Call) and len(inner.args) == 1 else None
+        if (  # next(iter(enumerate([a, ...]))) is (0, a)
+            isinstance(node.func, ast.Name)
+            and node.func.id == "next"
+            and isinstance(inner, ast.Call)
+            and isinstance(inner.func, ast.Name)
+            and inner.func.id == "iter"
+            and not inner.keywords
+            and isinstance(counted, ast.Call)
+            and isinstance(counted.func, ast.Name)
+            and counted.func.id == "enumerate"
+            and len(counted.args) == 1
+            and not counted.keywords
+            and isinstance(counted.args[0], (ast.Tuple, ast.List))
+            and counted.args[0].elts
+            and not isinstance(counted.args[0].elts[0], ast.Starred)
+            and all(_pure(e) for e in counted.args[0].elts[1:])
+        ):
+            self.changed = True
+            return ast.copy_location(ast.Tuple([ast.Constant(0), counted.args[0].elts[0]], ast.Load()), node)
         kept = [k for k in node.keywords if not (k.arg is None and isinstance(k.value, ast.Dict) and not k.value.keys)]
         if len(kept) != len(node.keywords):
             node.keywords = kept
