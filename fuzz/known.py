@@ -584,6 +584,23 @@ DTENSOR_CONV_PARTIAL = KnownBug(
     # raise in
     conditional=True,
 )
+DTENSOR_MSE_LOSS = KnownBug(
+    "dtensor-mse-loss-backward-local-count",
+    "F.mse_loss (mean) of a DTensor sharded on the batch dimension: the value is the global mean, but "
+    "aten.mse_loss_backward has no sharding strategy, so DTensor takes one from its decomposition at the "
+    "global shape and runs the op on each rank's shard, which divides by the shard's element count: "
+    "every gradient is the true one times the number of shards of the batch",
+    symptoms=frozenset({"mismatch"}),
+    relation="none found after ten phrasings (DTensor mse_loss backward gradient, mse_loss_backward sharding "
+    "strategy, a DTensor loss's gradient multiplied by the world size over a sharded batch, decomposition "
+    "sharding propagation and numel of a local shard, among them); related, not the same: nll_loss with "
+    "weights over a sharded batch (a wrong forward value), DTensor.mean with uneven shards, loss parallel "
+    "refusing 'mean' on N-D meshes; the decomposition-based propagation came with the last pull request",
+    state="present in torch 2.13.0",
+    see_also=("pytorch/pytorch#185167", "pytorch/pytorch#162692", "pytorch/pytorch#180936", "pytorch/pytorch#171652"),
+    ends_ranks=False,
+    tag=":mse-loss",
+)
 BUGS: dict[str, KnownBug] = {
     b.id: b
     for b in (
@@ -623,6 +640,7 @@ BUGS: dict[str, KnownBug] = {
         DELAY_BUFFER_FLOAT32,
         STAGER_REUSED_AFTER_CLOSE,
         DTENSOR_CONV_PARTIAL,
+        DTENSOR_MSE_LOSS,
     )
 }
 
@@ -775,6 +793,11 @@ def spmd_tp_conv(tree: ModuleTree, comp: Composition) -> bool:
     return comp.spmd and bool(comp.tp) and has_leaf(tree.root, LeafKind.CONV1D)
 
 
+def spmd_mse_loss(comp: Composition) -> bool:
+    """:data:`DTENSOR_MSE_LOSS`: an SPMD program whose loss is F.mse_loss of the DTensors."""
+    return comp.spmd and comp.spmd_mse_loss
+
+
 def divide_factor_twice(comp: Composition, training: Training, world_size: int) -> bool:
     """:data:`DIVIDE_FACTOR_TWICE`: a gradient divide factor other than 1 on units whose shard
     group has a single rank (an HSDP mesh of shard size 1, or one data-parallel rank), where
@@ -892,6 +915,8 @@ def mismatch_tags(
         tags += COMPILED_UNFREEZE_PLAIN.tag
     if tree is not None and spmd_tp_conv(tree, comp):
         tags += DTENSOR_CONV_PARTIAL.tag
+    if spmd_mse_loss(comp):
+        tags += DTENSOR_MSE_LOSS.tag
     return tags
 
 
@@ -1257,6 +1282,7 @@ CONDITIONS: tuple[tuple[KnownBug, Callable[[Case], bool]], ...] = (
     (DELAY_BUFFER_FLOAT32, _with_training(lambda c, training, _: delayed_not_float32(c, training))),
     (STAGER_REUSED_AFTER_CLOSE, _saving(lambda case: stager_reused(case.body))),
     (DTENSOR_CONV_PARTIAL, _per_comp(lambda tree, comp, _: spmd_tp_conv(tree, comp))),
+    (DTENSOR_MSE_LOSS, _per_comp(lambda tree, comp, _: spmd_mse_loss(comp))),
 )
 
 

@@ -315,9 +315,14 @@ def _spmd_keeping_known(draw: st.DrawFn, tree: ModuleTree, comp: Composition) ->
 
 
 def _maybe_spmd(draw: st.DrawFn, tree: ModuleTree, comp: Composition) -> Composition:
-    """About one in SPMD_ODDS compositions that can be one become an SPMD program."""
+    """About one in SPMD_ODDS compositions that can be one become an SPMD program; rarely, one
+    whose loss is F.mse_loss of the DTensors (a known bug: known.DTENSOR_MSE_LOSS)."""
     candidate = _spmd_keeping_known(draw, tree, comp)
-    return candidate if candidate is not None and one_in(draw, SPMD_ODDS) else comp
+    if candidate is None or not one_in(draw, SPMD_ODDS):
+        return comp
+    if keep_known(draw, known.DTENSOR_MSE_LOSS):
+        candidate = replace(candidate, spmd_mse_loss=True)
+    return candidate
 
 
 def _rare_delay_not_float32(draw: st.DrawFn, training: Training, comp: Composition) -> Composition:

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, Phase, find, settings
+from hypothesis import strategies as st
 
 from fuzz.errors import CaseError
 from fuzz.model import (
@@ -42,7 +43,7 @@ from fuzz.pool import RankPool
 from fuzz.properties.parity import composition_features, judge_parity
 from fuzz.properties.state_dict import judge_state_dict
 from strategies import dcp_cases, metamorphic_cases, metamorphic_variants, parity_cases, state_dict_cases
-from strategies._cases import spmd_of
+from strategies._cases import _maybe_spmd, spmd_of
 from strategies._options import torch_has
 from tests.conftest import fault_env
 
@@ -306,3 +307,32 @@ def test_state_dict_and_dcp_cases_draw_spmd_sides() -> None:
     for strategy in (state_dict_cases, dcp_cases):
         found = find(strategy(world_size=2), lambda c: c.body.source.spmd and not c.body.target.spmd, settings=quick)
         assert found.body.source.spmd
+
+
+def test_f_mse_loss_of_dtensors_is_an_spmd_programs_loss_only() -> None:
+    with pytest.raises(CaseError, match="SPMD program only"):
+        Composition(shards=(ShardSpec(path=""),), spmd_mse_loss=True)
+    assert "loss:F.mse_loss(DTensor)" in composition_features(replace(SPMD, spmd_mse_loss=True), 2)
+    assert "loss:F.mse_loss(DTensor)" not in composition_features(SPMD, 2)
+
+
+@needs_dp_mesh_dims
+def test_the_strategies_draw_f_mse_loss_of_dtensors_rarely() -> None:
+    """F.mse_loss's backward on a batch-sharded DTensor is wrong (known.DTENSOR_MSE_LOSS): kept
+    rare, not excluded, so a campaign notices when torch fixes it."""
+    quick = settings(
+        max_examples=3000,
+        database=None,
+        deadline=None,
+        derandomize=True,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    base = replace(SPMD, spmd=False)
+
+    @st.composite
+    def compositions(draw: st.DrawFn) -> Composition:
+        return _maybe_spmd(draw, TREE, base)  # as parity, state_dict and dcp cases draw theirs
+
+    found = find(compositions(), lambda c: c.spmd_mse_loss, settings=quick)
+    assert found == replace(SPMD, spmd_mse_loss=True)

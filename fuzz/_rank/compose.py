@@ -145,7 +145,7 @@ def spmd_replicated(t: torch.Tensor, mesh: Any) -> Any:
     return DTensor.from_local(t, mesh, [Replicate()] * mesh.ndim)
 
 
-def spmd_backward(out: Any, y: torch.Tensor, mesh: Any) -> torch.Tensor:
+def spmd_backward(out: Any, y: torch.Tensor, mesh: Any, mse: bool = False) -> torch.Tensor:
     """Backward from the sum over data-parallel ranks of each rank's mean loss, ``out`` being an
     SPMD program's output on this rank's part of the batch (:func:`spmd_part`) and ``y`` this
     rank's targets; returns this rank's part's loss (detached): the loss a rank of the
@@ -157,9 +157,16 @@ def spmd_backward(out: Any, y: torch.Tensor, mesh: Any) -> torch.Tensor:
     element count. Its average over ranks is the reference's. The loss is written out
     pointwise: ``F.mse_loss`` on a batch-sharded DTensor returns the global mean, but its
     backward on torch 2.13 scales the gradient by the number of shards (docs/known_bugs.md,
-    "DTensor mse_loss backward"), which would only cancel fully_shard's averaging by accident."""
-    err = out.to(y.dtype) - spmd_part(y, mesh)
-    (err * err).sum().div(y.numel()).backward()
+    "DTensor mse_loss backward"), which would only cancel fully_shard's averaging by accident.
+    With ``mse`` (:attr:`fuzz.model.Composition.spmd_mse_loss`) the same loss is written as a
+    user of DTensor writes it: ``F.mse_loss`` of the DTensors (the global mean) times the number
+    of batch shards (global over local element count); its gradient must be the same."""
+    target = spmd_part(y, mesh)
+    if mse:
+        (F.mse_loss(out.to(y.dtype), target) * (target.numel() / y.numel())).backward()
+    else:
+        err = out.to(y.dtype) - target
+        (err * err).sum().div(y.numel()).backward()
     mine = out.detach()
     if tuple(mine.placements) != tuple(_batch_placements(mesh)):
         mine = mine.redistribute(mesh, _batch_placements(mesh))  # e.g. a rowwise output's partial sum
@@ -204,6 +211,8 @@ class Composed:
     #: The mesh of an SPMD composition (:attr:`fuzz.model.Composition.spmd`), whose inputs
     #: are DTensors on it; None otherwise.
     spmd_mesh: Any = None
+    #: The SPMD program's loss is F.mse_loss of the DTensors (:attr:`Composition.spmd_mse_loss`).
+    spmd_mse_loss: bool = False
 
     def no_sync(self) -> Any:
         """Context for a microbatch whose gradients must not be reduced yet (wrappers)."""
@@ -274,7 +283,10 @@ def compose(model: nn.Module, comp: Composition, ctx: RankContext, tree: ModuleT
     sharded = comp.sharded_paths
     tops = [p for p in sharded if not any(is_ancestor(q, p) for q in sharded)]
     return Composed(
-        model=model, fsdp_roots=[model.get_submodule(p) for p in tops], spmd_mesh=mesh if comp.spmd else None
+        model=model,
+        fsdp_roots=[model.get_submodule(p) for p in tops],
+        spmd_mesh=mesh if comp.spmd else None,
+        spmd_mse_loss=comp.spmd_mse_loss,
     )
 
 

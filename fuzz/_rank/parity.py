@@ -272,7 +272,7 @@ def train(
                         obs["contracts"]["delayed"] = delay_problems(model, comp)
                     contracts = None
                 if spmd is not None:
-                    loss = spmd_backward(out, y, spmd)
+                    loss = spmd_backward(out, y, spmd, composed.spmd_mse_loss)
                 else:
                     loss = F.mse_loss(out.to(y.dtype), y)
                     loss.backward()

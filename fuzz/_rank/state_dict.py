@@ -203,7 +203,7 @@ def train_steps(side: Side, data: list[Any], ctx: RankContext) -> list[float]:
         side.step += 1
         mesh = side.composed.spmd_mesh
         if mesh is not None:
-            loss = spmd_backward(side.model(spmd_part(x, mesh)), y, mesh)
+            loss = spmd_backward(side.model(spmd_part(x, mesh)), y, mesh, side.composed.spmd_mse_loss)
         else:
             loss = F.mse_loss(side.model(x).to(y.dtype), y)
             loss.backward()

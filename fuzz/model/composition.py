@@ -378,6 +378,10 @@ class Composition:
     #: reference's average. With tensor parallelism the mesh is (shard, tp) and the pairs'
     #: parameters are split on ``tp`` as DTensors from the start (no parallelize_module).
     spmd: bool = False
+    #: An SPMD program's loss is ``F.mse_loss`` of the DTensors (times the number of batch
+    #: shards, so that it is the same loss as the pointwise one): the loss a user of DTensor
+    #: writes. Else the squared error is written out pointwise (``_rank.compose.spmd_backward``).
+    spmd_mse_loss: bool = False
 
     def __post_init__(self) -> None:
         if self.find_unused and self.wrapper is not Wrapper.DDP and not self.replicates:
@@ -420,6 +424,8 @@ class Composition:
             raise CaseError("checkpoint_options", "checkpoint options need checkpoint calls")
         if self.spmd:
             self._check_spmd()
+        elif self.spmd_mse_loss:
+            raise CaseError("spmd_mse_loss", "F.mse_loss of DTensors is the loss of an SPMD program only")
 
     def _check_spmd(self) -> None:
         if "" not in self.sharded_paths or self.replicates or self.wrapper is not Wrapper.NONE:

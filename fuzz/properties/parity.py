@@ -380,6 +380,8 @@ def composition_features(comp: Composition, world_size: int, prefix: str = "") -
         out.append(f"{prefix}init:meta")
     if comp.spmd:
         out.append(prefix + SPMD_FEATURE)
+    if comp.spmd_mse_loss:
+        out.append(f"{prefix}loss:F.mse_loss(DTensor)")
     out += [f"{prefix}knob:{name}" for name in comp.knobs.names()]
     out.append(f"{prefix}fully_shard:count:{min(len(comp.shards), 4)}")
     return out
