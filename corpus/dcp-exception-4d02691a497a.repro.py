@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=32bab302165bedb8 sources=9d7be58e4208c9df seconds=193.8
+# shardfuzz reduced reproducer: entry=32bab302165bedb8 sources=9d7be58e4208c9df seconds=282.5
 """Reproduces shardfuzz corpus entry dcp-exception-4d02691a497a.json: exception:dcp:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out
 
 Observed: Not a state-dict bug: FSDP2's backward all-gather raises IndexError in
@@ -37,8 +37,6 @@ def attempt(rank, world_size):
         x = torch.randn(world_size, 4)
         y = torch.randn(world_size, 4)
         step_ = [(x[rank:rank + 1].to(torch.device('cpu')), y[rank:rank + 1].to(torch.device('cpu')))]
-        out = [step_]
-        data = [step[0] for step in out]
         build_model_out = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
         model = build_model_out.to(torch.float32)
         shape = (4,)
@@ -52,14 +50,14 @@ def attempt(rank, world_size):
         kwargs['shard_placement_fn'] = _placement_fn(shard_size)
         modules = [model.get_submodule('1')]
         fully_shard(modules[0], **kwargs)
-        data_ = data[:1]
+        data_ = [step_[0]][:1]
         x_, y_ = next(iter(data_))
         loss = F.mse_loss(model(x_).to(y_.dtype), y_)
         loss.backward()
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
-        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
+        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
         if found in ['builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out']:
             return f'REPRODUCED exception:dcp:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=4b45c2168641062c sources=9d7be58e4208c9df seconds=211.3
+# shardfuzz reduced reproducer: entry=4b45c2168641062c sources=9d7be58e4208c9df seconds=251.9
 """Reproduces shardfuzz corpus entry dcp-exception-c392ca0e3a90.json: exception:dcp:builtins.KeyError@torch/distributed/fsdp/_optim_utils.py:_unflatten_param_groups
 
 Observed: FSDP1 NO_SHARD with an auto-wrapped unit whose parameters are all frozen, those
@@ -21,12 +21,8 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 
 from __future__ import annotations
 import torch
-import enum
 from torch import nn
 import torch.nn.functional as F
-
-class Wrapper(str, enum.Enum):
-    FSDP1_NO_SHARD = 'fsdp1_no_shard'
 
 def attempt(rank, world_size):
     ctx_device = torch.device('cpu')
@@ -37,22 +33,20 @@ def attempt(rank, world_size):
         x = torch.randn(world_size, 4, dtype=dtype)
         y = torch.randn(world_size, 4)
         step_ = [(x[0:1].to(ctx_device), y[0:1].to(ctx_device))]
-        out = [step_]
-        data = [step[0] for step in out]
         module = nn.LayerNorm(4)
         module.requires_grad_(False)
         build_model_out = nn.Sequential(module, nn.Sequential(nn.Sequential(nn.LayerNorm(4))))
         model = build_model_out.to(torch.float64)
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-        strategy = {Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD}[Wrapper.FSDP1_NO_SHARD]
+        strategy = ShardingStrategy.NO_SHARD
         kwargs = {'sharding_strategy': strategy, 'device_id': ctx_device, 'use_orig_params': True}
         kwargs['auto_wrap_policy'] = ModuleWrapPolicy({nn.Sequential})
         wrap_out = FSDP(model, **kwargs)
         params = list(wrap_out.parameters())
         groups = [{'params': params[1::2]}]
         src_opt = torch.optim.SGD(groups)
-        data_ = data[:1]
+        data_ = [step_[0]][:1]
         x_, y_ = next(iter(data_))
         loss = F.mse_loss(wrap_out(x_).to(y_.dtype), y_)
         loss.backward()
@@ -61,7 +55,7 @@ def attempt(rank, world_size):
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
-        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
+        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
         if found in ['builtins.KeyError@torch/distributed/fsdp/_optim_utils.py:_unflatten_param_groups']:
             return f'REPRODUCED exception:dcp:builtins.KeyError@torch/distributed/fsdp/_optim_utils.py:_unflatten_param_groups: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

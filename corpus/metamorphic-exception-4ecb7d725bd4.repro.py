@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=046d6314125fae89 sources=ce057bc0da65e4dc seconds=214.5
+# shardfuzz reduced reproducer: entry=046d6314125fae89 sources=ce057bc0da65e4dc seconds=300.3
 """Reproduces shardfuzz corpus entry metamorphic-exception-4ecb7d725bd4.json: exception:metamorphic:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out
 
 Observed: FSDP2's backward all-gather raises IndexError in foreach_all_gather_copy_out for a
@@ -47,16 +47,14 @@ def attempt(rank, world_size):
         x_ = torch.randn(world_size, 4)
         y_ = torch.randn(world_size, 4)
         step_ = [(x_[rank:rank + 1].to(torch.device('cpu')), y_[rank:rank + 1].to(torch.device('cpu')))]
-        out_ = [step_]
-        s, step = next(iter(enumerate(out_)))
-        i, (x, y) = next(iter(enumerate(step)))
+        i, (x, y) = next(iter(enumerate(step_)))
         out = model_(x)
         loss = F.mse_loss(out.to(y.dtype), y)
         loss.backward()
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
-        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
+        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
         if found in ['builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out']:
             return f'REPRODUCED exception:metamorphic:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

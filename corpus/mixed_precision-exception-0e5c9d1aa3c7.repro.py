@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=fcf8cd4586083371 sources=c819ef517160c7c9 seconds=182.3
+# shardfuzz reduced reproducer: entry=fcf8cd4586083371 sources=c819ef517160c7c9 seconds=219.0
 """Reproduces shardfuzz corpus entry mixed_precision-exception-0e5c9d1aa3c7.json: exception:mixed_precision:builtins.AssertionError@torch/distributed/fsdp/_fully_shard/_fsdp_common.py:_raise_assert_with_print
 
 Observed: FSDP2 MixedPrecisionPolicy(reduce_dtype=...) with set_requires_gradient_sync(False): a
@@ -78,25 +78,22 @@ def attempt(rank, world_size):
         kwargs['mp_policy'] = mp_policy()
         modules = [model__.get_submodule('')]
         fully_shard(modules[0], **kwargs)
-        tops = ['']
-        compose_out_fsdp_roots = [model__.get_submodule(p_) for p_ in tops]
+        compose_out_fsdp_roots = [model__.get_submodule('')]
         blocks = {'.'.join(()): m for name, m in model__.named_modules() if isinstance(m, TreeBlock)}
         step_ = []
         for __ in range(2):
             x_ = torch.randn(world_size, 1)
             y_ = torch.randn(world_size, 1)
             step_.append((x_[rank:rank + 1].to(ctx_device), y_[rank:rank + 1].to(ctx_device)))
-        out_ = [step_]
-        s, step = next(iter(enumerate(out_)))
-        for i, (x, y) in enumerate(step):
-            skipped = ['0' for s_ in training_skips if 0 == s and 0 == i]
+        for i, (x, y) in enumerate(step_):
+            skipped = ['0' for s_ in training_skips if 0 == 0 and 0 == i]
             skipped_ = {p__: set() for p__ in blocks}
             for path__ in skipped:
                 parent, _, name_ = path__.rpartition('.')
                 skipped_[parent].add(name_)
             p__, block = next(iter(blocks.items()))
             block.skipped = frozenset(skipped_[p__])
-            last = i == len(step) - 1
+            last = i == len(step_) - 1
             sync = AccumSync.ALWAYS if last else AccumSync.NO_GRAD_SYNC
             requires_gradient_sync = sync is not AccumSync.NO_GRAD_SYNC
             m_ = next(iter(compose_out_fsdp_roots))
@@ -107,7 +104,7 @@ def attempt(rank, world_size):
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
-        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
+        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
         if found in ['builtins.AssertionError@torch/distributed/fsdp/_fully_shard/_fsdp_common.py:_raise_assert_with_print']:
             return f'REPRODUCED exception:mixed_precision:builtins.AssertionError@torch/distributed/fsdp/_fully_shard/_fsdp_common.py:_raise_assert_with_print: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=b29b69107395f153 sources=c819ef517160c7c9 seconds=242.5
+# shardfuzz reduced reproducer: entry=b29b69107395f153 sources=c819ef517160c7c9 seconds=297.7
 """Reproduces shardfuzz corpus entry mixed_precision-exception-708c7ed7c223.json: exception:mixed_precision:builtins.AttributeError@torch/distributed/fsdp/_fully_shard/_fsdp_param.py:to_accumulated_grad_if_needed
 
 Observed: FSDP2 with MixedPrecisionPolicy(reduce_dtype) and set_requires_gradient_sync(False): a
@@ -62,15 +62,12 @@ def attempt(rank, world_size):
         fully_shard(modules[0], **kwargs_)
         modules = [model__.get_submodule('')]
         fully_shard(modules[0], **kwargs_)
-        tops = ['']
-        compose_out_fsdp_roots = [model__.get_submodule(p__) for p__ in tops]
+        compose_out_fsdp_roots = [model__.get_submodule('')]
         lo = rank * 2
         x_ = torch.randn(4, 12)
         y_ = torch.randn(4, 12)
         step_ = [(x_[lo:lo + 2].to(ctx_device), y_[lo:lo + 2].to(ctx_device))]
-        out_ = [step_]
-        s, step = next(iter(enumerate(out_)))
-        i, (x, y) = next(iter(enumerate(step)))
+        i, (x, y) = next(iter(enumerate(step_)))
         m_ = next(iter(compose_out_fsdp_roots))
         m_.set_requires_gradient_sync(False)
         out = model__(x)

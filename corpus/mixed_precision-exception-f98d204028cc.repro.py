@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=d27b23cefa09317c sources=c819ef517160c7c9 seconds=83.7
+# shardfuzz reduced reproducer: entry=d27b23cefa09317c sources=c819ef517160c7c9 seconds=175.3
 """Reproduces shardfuzz corpus entry mixed_precision-exception-f98d204028cc.json: exception:mixed_precision:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out
 
 Observed: FSDP2's backward all-gather raises IndexError in foreach_all_gather_copy_out for a
@@ -47,9 +47,7 @@ def attempt(rank, world_size):
         x_ = torch.randn(world_size, 4)
         y_ = torch.randn(world_size, 4)
         step_ = [(x_[rank:rank + 1].to(torch.device('cpu')), y_[rank:rank + 1].to(torch.device('cpu')))]
-        out_ = [step_]
-        s, step = next(iter(enumerate(out_)))
-        i, (x, y) = next(iter(enumerate(step)))
+        i, (x, y) = next(iter(enumerate(step_)))
         out = model_(x)
         loss = F.mse_loss(out.to(y.dtype), y)
         loss.backward()

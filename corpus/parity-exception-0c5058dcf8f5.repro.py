@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=29068ea80b7f75eb sources=ce057bc0da65e4dc seconds=745.0
+# shardfuzz reduced reproducer: entry=29068ea80b7f75eb sources=ce057bc0da65e4dc seconds=857.1
 """Reproduces shardfuzz corpus entry parity-exception-0c5058dcf8f5.json: exception:parity:torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/conv.py:_conv_forward
 
 Observed: torch.compile over FSDP1 (use_orig_params=True, sharded): Dynamo recompiles the
@@ -59,7 +59,7 @@ class _Contracts:
             h.remove()
 
 def _compiled(model: nn.Module) -> Any:
-    return torch.compile(model, backend='eager')
+    return torch.compile(model)
 
 def attempt(rank, world_size):
     ctx_device = torch.device('cpu')
@@ -74,15 +74,12 @@ def attempt(rank, world_size):
         wrap_out = FSDP(model_, device_id=ctx_device, use_orig_params=True)
         contracts = _Contracts(model_) if comp is not None else None
         forward = _compiled(wrap_out) if comp is not None else wrap_out
-        dtype_ = torch.float64
         step_ = []
         for _ in range(2):
-            x_ = torch.randn(4, 2, dtype=dtype_)
+            x_ = torch.randn(4, 2)
             y_ = torch.randn(4, 2)
             step_.append((x_[rank:rank + 1].to(ctx_device), y_[rank:rank + 1].to(ctx_device)))
-        out_ = [step_]
-        s, step = next(iter(enumerate(out_)))
-        for i, (x, y) in enumerate(step):
+        for i, (x, y) in enumerate(step_):
             skipped = None
             out = forward(x)
             obs_contracts = contracts.after_forward(skipped)
@@ -91,7 +88,7 @@ def attempt(rank, world_size):
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
-        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
+        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
         if found in ['torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/conv.py:_conv_forward', 'torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/linear.py:forward', 'torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/normalization.py:forward']:
             return f'REPRODUCED exception:parity:torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/conv.py:_conv_forward: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=1c96dbc1c2137b8d sources=c819ef517160c7c9 seconds=137.9
+# shardfuzz reduced reproducer: entry=1c96dbc1c2137b8d sources=c819ef517160c7c9 seconds=198.2
 """Reproduces shardfuzz corpus entry parity-exception-3e0a93b8ec65.json: exception:parity:builtins.RuntimeError@torch/utils/checkpoint.py:__torch_dispatch__
 
 Observed: selective activation checkpointing over a region holding a fully_shard unit kept
@@ -53,8 +53,7 @@ def attempt(rank, world_size):
         checkpoint(model_.get_submodule(''), **kwargs)
         modules = [model_.get_submodule('')]
         fully_shard(modules[0])
-        tops = ['0']
-        compose_out_fsdp_roots = [model_.get_submodule(p__) for p__ in tops]
+        compose_out_fsdp_roots = [model_.get_submodule('0')]
         compose_out_knobs = KnobState(compose_out_fsdp_roots)
         lo = rank * 2
         step_ = []
@@ -62,10 +61,8 @@ def attempt(rank, world_size):
             x_ = torch.randn(4, 4)
             y_ = torch.randn(4, 4)
             step_.append((x_[lo:lo + 2].to(ctx_device), y_[lo:lo + 2].to(ctx_device)))
-        out_ = [step_]
-        s, step = next(iter(enumerate(out_)))
-        for i, (x, y) in enumerate(step):
-            last = i == len(step) - 1
+        for i, (x, y) in enumerate(step_):
+            last = i == len(step_) - 1
             root = next(iter(compose_out_knobs.roots))
             root.set_reshard_after_backward(last)
             out = model_(x)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=6d0f1782b1a74e14 sources=c819ef517160c7c9 seconds=137.9
+# shardfuzz reduced reproducer: entry=6d0f1782b1a74e14 sources=c819ef517160c7c9 seconds=168.4
 """Reproduces shardfuzz corpus entry parity-exception-86a14603f6de.json: exception:parity:builtins.RuntimeError@torch/nn/parallel/distributed.py:_clear_grad_buffer
 
 Observed: replicate with delay_all_reduce_named_params over float64 parameters: DDP's delayed-
@@ -34,18 +34,15 @@ def attempt(rank, world_size):
         kwargs = {}
         plan = ('0', ('1',))
         hook, delayed = plan
-        order = [('1', 'bias')]
         kwargs['param_to_hook_all_reduce'] = model_.get_submodule(hook).get_parameter('bias')
-        kwargs['delay_all_reduce_named_params'] = [(str(i_), model_.get_submodule(p__).get_parameter(name)) for i_, (p__, name) in enumerate(order) if p__ in delayed]
+        kwargs['delay_all_reduce_named_params'] = [(str(i_), model_.get_submodule(p__).get_parameter(name)) for i_, (p__, name) in enumerate([('1', 'bias')]) if p__ in delayed]
         replicate(model_.get_submodule(''), **kwargs)
         dtype_ = torch.float64
         lo = rank * 2
         x_ = torch.randn(4, 4, dtype=dtype_)
         y_ = torch.randn(4, 4)
         step_ = [(x_[lo:lo + 2].to(ctx_device), y_[lo:lo + 2].to(ctx_device))]
-        out_ = [step_]
-        s, step = next(iter(enumerate(out_)))
-        i, (x, y) = next(iter(enumerate(step)))
+        i, (x, y) = next(iter(enumerate(step_)))
         out = model_(x)
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())

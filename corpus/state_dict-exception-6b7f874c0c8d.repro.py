@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=a7670fbac300d246 sources=2836a7ca10136e42 seconds=150.9
+# shardfuzz reduced reproducer: entry=a7670fbac300d246 sources=2836a7ca10136e42 seconds=209.5
 """Reproduces shardfuzz corpus entry state_dict-exception-6b7f874c0c8d.json: exception:state_dict:builtins.ValueError@torch/distributed/distributed_c10d.py:get_group_rank
 
 Observed: set_optimizer_state_dict(full_state_dict=True, cpu_offload=True) into FSDP1
@@ -21,11 +21,7 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 
 from __future__ import annotations
 import torch
-import enum
 from torch import nn
-
-class Wrapper(str, enum.Enum):
-    FSDP1_HYBRID_SHARD = 'fsdp1_hybrid_shard'
 
 class PointwiseConv1d(nn.Conv1d):
     pass
@@ -39,7 +35,7 @@ def attempt(rank, world_size):
         module = PointwiseConv1d(1, 1, kernel_size=1)
         model = module.to(torch.float32)
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
-        strategy = {Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[Wrapper.FSDP1_HYBRID_SHARD]
+        strategy = ShardingStrategy.HYBRID_SHARD
         kwargs = {'sharding_strategy': strategy, 'device_id': torch.device('cpu')}
         shape = (2, 1)
         from torch.distributed.device_mesh import init_device_mesh

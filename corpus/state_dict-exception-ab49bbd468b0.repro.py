@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=8a961ec26fda3260 sources=1ee5b339ab4179e7 seconds=73.5
+# shardfuzz reduced reproducer: entry=8a961ec26fda3260 sources=1ee5b339ab4179e7 seconds=118.8
 """Reproduces shardfuzz corpus entry state_dict-exception-ab49bbd468b0.json: exception:state_dict:builtins.AssertionError@torch/distributed/fsdp/_state_dict_utils.py:_common_unshard_post_state_dict_hook
 
 Observed: FSDP1 NO_SHARD (use_orig_params) with an auto-wrapped unit whose parameters are all
@@ -19,12 +19,8 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 
 from __future__ import annotations
 import torch
-import enum
 from torch import nn
 import torch.nn.functional as F
-
-class Wrapper(str, enum.Enum):
-    FSDP1_NO_SHARD = 'fsdp1_no_shard'
 
 def attempt(rank, world_size):
     ctx_device = torch.device('cpu')
@@ -32,22 +28,20 @@ def attempt(rank, world_size):
     import traceback
     try:
         lo = rank * 2
-        x = torch.randn(world_size * 2, 2)
-        y = torch.randn(world_size * 2, 2)
+        x = torch.randn(4, 2)
+        y = torch.randn(4, 2)
         step_ = [(x[lo:lo + 2].to(ctx_device), y[lo:lo + 2].to(ctx_device))]
-        out = [step_]
-        data = [step[0] for step in out]
         module = nn.Linear(2, 2)
         module.requires_grad_(False)
         build_model_out = nn.Sequential(module, nn.Sequential(nn.Linear(2, 2)))
         model = build_model_out.to(torch.float32)
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-        strategy = {Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD}[Wrapper.FSDP1_NO_SHARD]
+        strategy = ShardingStrategy.NO_SHARD
         kwargs = {'sharding_strategy': strategy, 'device_id': ctx_device, 'use_orig_params': True}
         kwargs['auto_wrap_policy'] = ModuleWrapPolicy({nn.Sequential})
         wrap_out = FSDP(model, **kwargs)
-        data_ = data[:2]
+        data_ = [step_[0]][:2]
         x_, y_ = next(iter(data_))
         loss = F.mse_loss(wrap_out(x_).to(y_.dtype), y_)
         loss.backward()
