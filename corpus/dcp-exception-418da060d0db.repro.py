@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=ddc9107588b830c3 sources=9d7be58e4208c9df seconds=78.5
+# shardfuzz reduced reproducer: entry=ddc9107588b830c3 sources=9d7be58e4208c9df seconds=130.0
 """Reproduces shardfuzz corpus entry dcp-exception-418da060d0db.json: exception:dcp:builtins.KeyError@torch/distributed/checkpoint/state_dict.py:_get_optim_state_dict
 
 Observed: The FSDP2 bug of corpus/parity-mismatch-5f3ad2a543cd (a frozen unit with
@@ -33,8 +33,6 @@ def attempt(rank, world_size):
         x = torch.randn(world_size, 1)
         y = torch.randn(world_size, 1)
         step_ = [(x[rank:rank + 1].to(ctx_device), y[rank:rank + 1].to(ctx_device))]
-        out = [step_]
-        data = [step[0] for step in out]
         build_model_out = nn.Sequential(PointwiseConv1d(1, 1, kernel_size=1))
         model = build_model_out.to(torch.float32)
         from torch.distributed.fsdp import fully_shard
@@ -42,7 +40,7 @@ def attempt(rank, world_size):
         fully_shard(modules[0])
         params = list(model.parameters())
         src_opt = torch.optim.SGD(params)
-        data_ = data[:1]
+        data_ = [step_[0]][:1]
         x_, y_ = next(iter(data_))
         loss = F.mse_loss(model(x_).to(y_.dtype), y_)
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=71d9601af2884473 sources=c819ef517160c7c9 seconds=126.8
+# shardfuzz reduced reproducer: entry=71d9601af2884473 sources=c819ef517160c7c9 seconds=151.9
 """Reproduces shardfuzz corpus entry parity-exception-3e90c3cc368a.json: exception:parity:builtins.ValueError@torch/utils/checkpoint.py:_checkpoint_without_reentrant_generator
 
 Observed: composable checkpoint(debug=True) always raises ValueError 'debug=True is incompatible
@@ -37,14 +37,12 @@ def attempt(rank, world_size):
         x_ = torch.randn(4, 4)
         y_ = torch.randn(4, 4)
         step_ = [(x_[lo:lo + 2].to(ctx_device), y_[lo:lo + 2].to(ctx_device))]
-        out_ = [step_]
-        s, step = next(iter(enumerate(out_)))
-        i, (x, y) = next(iter(enumerate(step)))
+        i, (x, y) = next(iter(enumerate(step_)))
         out = model_(x)
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
-        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
+        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
         if found in ['builtins.ValueError@torch/utils/checkpoint.py:_checkpoint_without_reentrant_generator']:
             return f'REPRODUCED exception:parity:builtins.ValueError@torch/utils/checkpoint.py:_checkpoint_without_reentrant_generator: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

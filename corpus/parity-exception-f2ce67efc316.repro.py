@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=3951471a63742290 sources=c819ef517160c7c9 seconds=51.1
+# shardfuzz reduced reproducer: entry=3951471a63742290 sources=c819ef517160c7c9 seconds=79.5
 """Reproduces shardfuzz corpus entry parity-exception-f2ce67efc316.json: exception:parity:builtins.RuntimeError@torch/optim/sgd.py:_multi_tensor_sgd
 
 Observed: rank 0 raised builtins.RuntimeError: aten._foreach_add_.List got mixed torch.Tensor
@@ -34,9 +34,7 @@ def attempt(rank, world_size):
         x_ = torch.randn(world_size, 2)
         y_ = torch.randn(world_size, 2)
         step_ = [(x_[rank:rank + 1].to(ctx_device), y_[rank:rank + 1].to(ctx_device))]
-        out_ = [step_]
-        s, step = next(iter(enumerate(out_)))
-        i, (x, y) = next(iter(enumerate(step)))
+        i, (x, y) = next(iter(enumerate(step_)))
         out = model_(x)
         loss = F.mse_loss(out.to(y.dtype), y)
         loss.backward()
