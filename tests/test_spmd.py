@@ -62,6 +62,15 @@ TREE = ModuleTree(
     ),
 )
 SPMD = Composition(shards=(ShardSpec(path="2"), ShardSpec(path="")), checkpoints=("2",), spmd=True)
+#: Settings of the draw tests: the first case found (no shrinking), as they ask whether one is drawn.
+FIRST_FOUND = settings(
+    max_examples=3000,
+    database=None,
+    deadline=None,
+    derandomize=True,
+    phases=[Phase.generate],
+    suppress_health_check=list(HealthCheck),
+)
 
 
 def _case(comp: Composition = SPMD, training: Training | None = None) -> Case:
@@ -150,16 +159,8 @@ def test_an_spmd_program_with_tensor_parallelism_trains_like_the_reference() -> 
 
 @needs_dp_mesh_dims
 def test_tensor_parallel_parity_cases_draw_spmd_programs() -> None:
-    quick = settings(
-        max_examples=3000,
-        database=None,
-        deadline=None,
-        derandomize=True,
-        phases=[Phase.generate],  # the first case found: these tests ask whether one is drawn
-        suppress_health_check=list(HealthCheck),
-    )
     found = find(
-        parity_cases(world_size=4), lambda c: c.body.composition.tp and c.body.composition.spmd, settings=quick
+        parity_cases(world_size=4), lambda c: c.body.composition.tp and c.body.composition.spmd, settings=FIRST_FOUND
     )
     assert found.body.composition.tp_size == 2
 
@@ -202,20 +203,12 @@ def test_an_spmd_case_passes_and_a_fault_in_its_gradient_path_is_caught() -> Non
 def test_the_strategies_draw_spmd_compositions_and_variants() -> None:
     """Where torch has dp_mesh_dims, parity cases (one SPMD composition in SPMD_ODDS of those
     that can be one) and metamorphic variants (one change of several) draw the path."""
-    quick = settings(
-        max_examples=2000,
-        database=None,
-        deadline=None,
-        derandomize=True,
-        phases=[Phase.generate],  # the first case found: these tests ask whether one is drawn
-        suppress_health_check=list(HealthCheck),
-    )
-    parity = find(parity_cases(world_size=2), lambda c: c.body.composition.spmd, settings=quick)
+    parity = find(parity_cases(world_size=2), lambda c: c.body.composition.spmd, settings=FIRST_FOUND)
     assert isinstance(parity.body, ParityBody) and "" in parity.body.composition.sharded_paths
     base = Composition(shards=(ShardSpec(path="2", reshard_after_forward=2), ShardSpec(path="")))
-    variant = find(metamorphic_variants(TREE, base, world_size=2), lambda v: v.spmd, settings=quick)
+    variant = find(metamorphic_variants(TREE, base, world_size=2), lambda v: v.spmd, settings=FIRST_FOUND)
     assert variant == spmd_of(TREE, base)
-    case = find(metamorphic_cases(world_size=2), lambda c: c.body.variant.spmd, settings=quick)
+    case = find(metamorphic_cases(world_size=2), lambda c: c.body.variant.spmd, settings=FIRST_FOUND)
     assert isinstance(case.body, MetamorphicBody) and not case.body.composition.spmd
 
 
@@ -296,16 +289,10 @@ def test_a_full_load_that_skips_replicated_dtensors_is_caught_on_an_spmd_target(
 
 @needs_dp_mesh_dims
 def test_state_dict_and_dcp_cases_draw_spmd_sides() -> None:
-    quick = settings(
-        max_examples=3000,
-        database=None,
-        deadline=None,
-        derandomize=True,
-        phases=[Phase.generate],  # the first case found: these tests ask whether one is drawn
-        suppress_health_check=list(HealthCheck),
-    )
     for strategy in (state_dict_cases, dcp_cases):
-        found = find(strategy(world_size=2), lambda c: c.body.source.spmd and not c.body.target.spmd, settings=quick)
+        found = find(
+            strategy(world_size=2), lambda c: c.body.source.spmd and not c.body.target.spmd, settings=FIRST_FOUND
+        )
         assert found.body.source.spmd
 
 
@@ -320,19 +307,11 @@ def test_f_mse_loss_of_dtensors_is_an_spmd_programs_loss_only() -> None:
 def test_the_strategies_draw_f_mse_loss_of_dtensors_rarely() -> None:
     """F.mse_loss's backward on a batch-sharded DTensor is wrong (known.DTENSOR_MSE_LOSS): kept
     rare, not excluded, so a campaign notices when torch fixes it."""
-    quick = settings(
-        max_examples=3000,
-        database=None,
-        deadline=None,
-        derandomize=True,
-        phases=[Phase.generate],
-        suppress_health_check=list(HealthCheck),
-    )
     base = replace(SPMD, spmd=False)
 
     @st.composite
     def compositions(draw: st.DrawFn) -> Composition:
         return _maybe_spmd(draw, TREE, base)  # as parity, state_dict and dcp cases draw theirs
 
-    found = find(compositions(), lambda c: c.spmd_mse_loss, settings=quick)
+    found = find(compositions(), lambda c: c.spmd_mse_loss, settings=FIRST_FOUND)
     assert found == replace(SPMD, spmd_mse_loss=True)

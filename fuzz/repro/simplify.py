@@ -645,48 +645,43 @@ def _constant_tests(tree: ast.Module, frozen: Frozen) -> bool:
 # -- firsts and empties --------------------------------------------------------------------------
 
 
+def _sole_argument(node: ast.expr | None, function: str) -> ast.expr | None:
+    """The one positional argument of a call of the builtin ``function``, else None."""
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == function
+        and len(node.args) == 1
+        and not node.keywords
+    ):
+        return node.args[0]
+    return None
+
+
+def _first_item(node: ast.expr | None) -> ast.expr | None:
+    """The first item of a list or tuple display whose other items are pure (the first is
+    evaluated either way), else None."""
+    if not isinstance(node, (ast.Tuple, ast.List)) or not node.elts or isinstance(node.elts[0], ast.Starred):
+        return None
+    return node.elts[0] if all(_pure(e) for e in node.elts[1:]) else None
+
+
 class _Firsts(ast.NodeTransformer):
     def __init__(self) -> None:
         self.changed = False
 
     def visit_Call(self, node: ast.Call) -> ast.AST:
         self.generic_visit(node)
-        inner = node.args[0] if len(node.args) == 1 and not node.keywords else None
-        if (
-            isinstance(node.func, ast.Name)
-            and node.func.id == "next"
-            and isinstance(inner, ast.Call)
-            and isinstance(inner.func, ast.Name)
-            and inner.func.id == "iter"
-            and len(inner.args) == 1
-            and not inner.keywords
-            and isinstance(inner.args[0], (ast.Tuple, ast.List))
-            and inner.args[0].elts
-            and not isinstance(inner.args[0].elts[0], ast.Starred)
-            and all(_pure(e) for e in inner.args[0].elts[1:])  # the first is evaluated either way
-        ):
+        inner = _sole_argument(node, "next")
+        iterated = _sole_argument(inner, "iter")
+        first = _first_item(iterated)
+        if first is not None:  # next(iter([a, ...])) is a
             self.changed = True
-            return inner.args[0].elts[0]
-        counted = inner.args[0] if isinstance(inner, ast.Call) and len(inner.args) == 1 else None
-        if (  # next(iter(enumerate([a, ...]))) is (0, a)
-            isinstance(node.func, ast.Name)
-            and node.func.id == "next"
-            and isinstance(inner, ast.Call)
-            and isinstance(inner.func, ast.Name)
-            and inner.func.id == "iter"
-            and not inner.keywords
-            and isinstance(counted, ast.Call)
-            and isinstance(counted.func, ast.Name)
-            and counted.func.id == "enumerate"
-            and len(counted.args) == 1
-            and not counted.keywords
-            and isinstance(counted.args[0], (ast.Tuple, ast.List))
-            and counted.args[0].elts
-            and not isinstance(counted.args[0].elts[0], ast.Starred)
-            and all(_pure(e) for e in counted.args[0].elts[1:])
-        ):
+            return first
+        first = _first_item(_sole_argument(iterated, "enumerate"))
+        if first is not None:  # next(iter(enumerate([a, ...]))) is (0, a)
             self.changed = True
-            return ast.copy_location(ast.Tuple([ast.Constant(0), counted.args[0].elts[0]], ast.Load()), node)
+            return ast.copy_location(ast.Tuple([ast.Constant(0), first], ast.Load()), node)
         kept = [k for k in node.keywords if not (k.arg is None and isinstance(k.value, ast.Dict) and not k.value.keys)]
         if len(kept) != len(node.keywords):
             node.keywords = kept
