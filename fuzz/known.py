@@ -1180,7 +1180,7 @@ def stateless_full_path(full: bool, target: Composition) -> bool:
     return full and not is_fsdp1(target)
 
 
-def _comps(case: Case) -> list[Composition]:
+def compositions(case: Case) -> list[Composition]:
     """Every composition of the case: the base and the variant of a metamorphic case, the source
     and the target of a state-dict case."""
     return [v for v in vars(case.body).values() if isinstance(v, Composition)]
@@ -1193,7 +1193,7 @@ def _per_comp(condition: Callable[[ModuleTree, Composition, Training], bool]) ->
         tree, training = getattr(case.body, "tree", None), getattr(case.body, "training", None)
         if not isinstance(tree, ModuleTree) or not isinstance(training, Training):
             return False
-        return any(condition(tree, c, training) for c in _comps(case))
+        return any(condition(tree, c, training) for c in compositions(case))
 
     return met
 
@@ -1201,7 +1201,9 @@ def _per_comp(condition: Callable[[ModuleTree, Composition, Training], bool]) ->
 def _with_training(condition: Callable[[Composition, Training, int], bool]) -> Callable[[Case], bool]:
     def met(case: Case) -> bool:
         training = getattr(case.body, "training", None)
-        return isinstance(training, Training) and any(condition(c, training, case.world_size) for c in _comps(case))
+        if not isinstance(training, Training):
+            return False
+        return any(condition(c, training, case.world_size) for c in compositions(case))
 
     return met
 
@@ -1213,12 +1215,12 @@ def _saving(condition: Callable[[Case], bool]) -> Callable[[Case], bool]:
 
 def _frozen_int_reshard(case: Case) -> bool:
     tree = getattr(case.body, "tree", None)
-    return isinstance(tree, ModuleTree) and any(frozen_int_reshard_unit(tree, c) for c in _comps(case))
+    return isinstance(tree, ModuleTree) and any(frozen_int_reshard_unit(tree, c) for c in compositions(case))
 
 
 def _foreach_mixed(case: Case) -> bool:
     training = getattr(case.body, "training", None)
-    return isinstance(training, Training) and foreach_over_mixed(training, tuple(_comps(case)))
+    return isinstance(training, Training) and foreach_over_mixed(training, tuple(compositions(case)))
 
 
 def _unfrozen_unresharded(case: Case) -> bool:
@@ -1247,8 +1249,8 @@ def _fsdp1_unfrozen_frozen_unit(case: Case) -> bool:
 #: :func:`known_bug` names the first bug a state-dict case meets: the training bugs its sides
 #: meet first, then the state-dict and DCP bugs.
 CONDITIONS: tuple[tuple[KnownBug, Callable[[Case], bool]], ...] = (
-    (INT_RESHARD_DIM1, lambda case: any(int_reshard_dim1(c) for c in _comps(case))),
-    (FSDP1_HSDP_SHARD1, lambda case: any(fsdp1_shard1(c) for c in _comps(case))),
+    (INT_RESHARD_DIM1, lambda case: any(int_reshard_dim1(c) for c in compositions(case))),
+    (FSDP1_HSDP_SHARD1, lambda case: any(fsdp1_shard1(c) for c in compositions(case))),
     (FSDP1_FROZEN_UNIT, _fsdp1_frozen_source),
     (FSDP1_HSDP_RANK0_BROADCAST, _saving(lambda case: fsdp1_shard1_full_offload_load(case.body))),
     (FSDP1_FULL_OFFLOAD, _saving(lambda case: fsdp1_full_offload(case.body, case.world_size))),
@@ -1275,9 +1277,9 @@ CONDITIONS: tuple[tuple[KnownBug, Callable[[Case], bool]], ...] = (
     (FOREACH_MIXED, _foreach_mixed),
     (FSDP1_COMPILE_SHARDED_GRAD, _with_training(fsdp1_compiled_with_sharded_grads)),
     (DIVIDE_FACTOR_TWICE, _with_training(divide_factor_twice)),
-    (CHECKPOINT_DEBUG, lambda case: any(checkpoint_debug(c) for c in _comps(case))),
-    (SAC_OVER_FSDP_UNIT, lambda case: any(selective_over_unit(c) for c in _comps(case))),
-    (DELAY_ALL_REDUCE_ROOT, lambda case: any(delayed_all_reduce(c) for c in _comps(case))),
+    (CHECKPOINT_DEBUG, lambda case: any(checkpoint_debug(c) for c in compositions(case))),
+    (SAC_OVER_FSDP_UNIT, lambda case: any(selective_over_unit(c) for c in compositions(case))),
+    (DELAY_ALL_REDUCE_ROOT, lambda case: any(delayed_all_reduce(c) for c in compositions(case))),
     (COMPILED_UNFREEZE_PLAIN, _with_training(lambda c, training, _: compiled_unfreeze_ignored(c, training))),
     (DELAY_BUFFER_FLOAT32, _with_training(lambda c, training, _: delayed_not_float32(c, training))),
     (STAGER_REUSED_AFTER_CLOSE, _saving(lambda case: stager_reused(case.body))),

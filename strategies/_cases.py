@@ -55,7 +55,7 @@ from strategies._odds import (
     keep_known,
     one_in,
 )
-from strategies._options import checkpoint_options, checkpoint_takes, replicate_options, torch_has
+from strategies._options import checkpoint_options, checkpoint_takes, has_dp_mesh_dims, replicate_options
 from strategies._trees import WIDTHS, module_trees
 from strategies._validation import check_bounds, check_world_size
 
@@ -286,7 +286,7 @@ def spmd_of(tree: ModuleTree, comp: Composition) -> Composition | None:
     reshard_after_forward values made True and meta_init dropped (torch does not take the one,
     the suite does not draw the other yet), or None where it cannot be one: torch without
     fully_shard's dp_mesh_dims, or a composition the rules refuse (a tree with dropout among them)."""
-    if not torch_has("torch.distributed.fsdp", "fully_shard", "dp_mesh_dims"):
+    if not has_dp_mesh_dims():
         return None
     shards = tuple(
         s if isinstance(s.reshard_after_forward, bool) else replace(s, reshard_after_forward=True, shard_dim=0)

@@ -188,3 +188,9 @@ def torch_has(module: str, attr: str, parameter: str) -> bool:
         return parameter in inspect.signature(obj).parameters
     except (ImportError, AttributeError, TypeError, ValueError):
         return False
+
+
+def has_dp_mesh_dims() -> bool:
+    """Whether this torch's fully_shard takes ``dp_mesh_dims``: SPMD programs
+    (:attr:`fuzz.model.Composition.spmd`) run only where it does."""
+    return torch_has("torch.distributed.fsdp", "fully_shard", "dp_mesh_dims")

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -98,3 +99,14 @@ def kill_leftovers(proc: subprocess.Popen[bytes], pids: list[int]) -> None:
         if pid_alive(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def missing_api(case: Any) -> str | None:
+    """What ``case`` needs that this torch lacks (an SPMD program: fully_shard's dp_mesh_dims),
+    as a skip reason; None where it can run here."""
+    from fuzz import known
+    from strategies._options import has_dp_mesh_dims
+
+    if any(c.spmd for c in known.compositions(case)) and not has_dp_mesh_dims():
+        return "an SPMD program: this torch's fully_shard has no dp_mesh_dims"
+    return None

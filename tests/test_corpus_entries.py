@@ -27,6 +27,7 @@ import torch
 from fuzz import known
 from fuzz.corpus import load_entry
 from fuzz.errors import ShardfuzzError
+from tests.conftest import missing_api
 
 
 def _corpus_dir(config: pytest.Config) -> Path:
@@ -69,6 +70,9 @@ def test_corpus(corpus_item: Path | None, request: pytest.FixtureRequest) -> Non
     if entry.status == "known" and record is not None and not known.present(record, torch.__version__):
         when = f"fixed in torch {record.fixed_in}" if record.fixed_in else f"new in torch {record.introduced_in}"
         pytest.skip(f"{corpus_item.name}: {record.id} is {when} (this is {torch.__version__})")
+    missing = missing_api(entry.case)
+    if missing:
+        pytest.skip(f"{corpus_item.name} is {missing}")
     pool = request.getfixturevalue("rank_pool")
     options = []
     if entry.case.world_size != pool.world_size:

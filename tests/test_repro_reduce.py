@@ -29,7 +29,7 @@ from fuzz.repro.reduce import (
     stored_script,
 )
 from fuzz.repro.script import code_lines
-from tests.conftest import ROOT, run_cli, torchrun
+from tests.conftest import ROOT, missing_api, run_cli, torchrun
 
 #: A small known entry (2 ranks, about 10 s a run on CPU).
 SMALL = "parity-mismatch-da0c9d4e06cd"
@@ -248,6 +248,8 @@ def _reproduces_under_torchrun(path: Path) -> None:
     entry = load_entry(entry_path)
     if not _present_here(entry_path):
         pytest.skip(f"{entry.bug} is not in this torch (its record's introduced_in, fixed_in)")
+    if missing_api(entry.case):
+        pytest.skip(f"{entry_path.name} is {missing_api(entry.case)}")
     done = torchrun(path, nproc=entry.case.world_size)
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     assert reproduced(done.returncode, done.stdout) in (entry.signature, *entry.aliases), done.stdout[-2000:]
@@ -277,6 +279,8 @@ def _passes_with_the_fix(path: Path, tmp: Path) -> None:
     entry = load_entry(path.with_name(path.name.removesuffix(".repro.py") + ".json"))
     bug = known.get(entry.bug or "")
     assert bug.fix
+    if missing_api(entry.case):
+        pytest.skip(f"{path.name} is {missing_api(entry.case)}")
     env = patch_env(bug.fix, str(tmp))
     if env is None:
         pytest.skip(f"the fix of {bug.id} does not apply to this torch")

@@ -44,10 +44,10 @@ from fuzz.properties.parity import composition_features, judge_parity
 from fuzz.properties.state_dict import judge_state_dict
 from strategies import dcp_cases, metamorphic_cases, metamorphic_variants, parity_cases, state_dict_cases
 from strategies._cases import _maybe_spmd, spmd_of
-from strategies._options import torch_has
+from strategies._options import has_dp_mesh_dims
 from tests.conftest import fault_env
 
-HAS_DP_MESH_DIMS = torch_has("torch.distributed.fsdp", "fully_shard", "dp_mesh_dims")
+HAS_DP_MESH_DIMS = has_dp_mesh_dims()
 needs_dp_mesh_dims = pytest.mark.skipif(not HAS_DP_MESH_DIMS, reason="this torch's fully_shard has no dp_mesh_dims")
 
 TREE = ModuleTree(
