@@ -458,7 +458,6 @@ def ddmin(
         the candidate is tested as cut first, and tidied only if that reproduces (most cuts do
         not, and tidying costs several times a pooled attempt); where the tidied one does not
         reproduce, the cut one is kept."""
-        nonlocal current, best
         if candidate is None or time.monotonic() >= until:
             return False
 
@@ -470,6 +469,14 @@ def ddmin(
             except SyntaxError:
                 return False
 
+        def accept(script: str) -> bool:
+            nonlocal current, best
+            current = script
+            if kept is not None:
+                kept.append(current)
+            best = current if _size(current) < _size(best) else best
+            return True
+
         if pretest:
             if not smaller(candidate) or not test(candidate):
                 return False
@@ -477,22 +484,14 @@ def ddmin(
                 tidied = tidy(candidate)
             except (SyntaxError, ValueError, TypeError, KeyError, RecursionError):
                 tidied = candidate
-            current = tidied if tidied != candidate and smaller(tidied) and test(tidied) else candidate
-            if kept is not None:
-                kept.append(current)
-            best = current if _size(current) < _size(best) else best
-            return True
+            return accept(tidied if tidied != candidate and smaller(tidied) and test(tidied) else candidate)
         try:
             candidate = tidy(candidate)
         except (SyntaxError, ValueError, TypeError, KeyError, RecursionError):
             return False
         if not smaller(candidate) or not test(candidate):
             return False
-        current = candidate
-        if kept is not None:
-            kept.append(current)
-        best = current if _size(current) < _size(best) else best
-        return True
+        return accept(candidate)
 
     def each(
         names: Callable[[str, Frozen], list[str]], cut: Callable[[str, str, Frozen], str | None], grow: bool = False
@@ -1083,7 +1082,15 @@ def _stores(fn: _Function) -> dict[str, int]:
 def propagate_aliases(tree: ast.Module) -> ast.Module:
     """In each function, a local bound once (not in a loop) to a constant or to a name bound at
     most once (``tp = 1``, ``forward = model``) is replaced by what it is bound to, and the
-    binding goes."""
+    binding goes; so is a display read once where only its items matter
+    (:func:`_displays_read_once`)."""
+    aliases_replaced(tree)
+    return tree
+
+
+def aliases_replaced(tree: ast.Module) -> bool:
+    """:func:`propagate_aliases` on ``tree`` in place: whether it replaced any."""
+    replaced = False
     for fn in [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
         if any(isinstance(n, (ast.Global, ast.Nonlocal, ast.ClassDef)) for n in ast.walk(fn)):
             continue
@@ -1106,7 +1113,8 @@ def propagate_aliases(tree: ast.Module) -> ast.Module:
             alias[name] = value
         if alias:
             _Substitute(alias).visit(fn)
-    return tree
+            replaced = True
+    return replaced
 
 
 def _settled(node: ast.expr, stores: dict[str, int]) -> bool:
@@ -1130,11 +1138,11 @@ def _displays_read_once(fn: _Function, stores: dict[str, int], taken: dict[str, 
     once, where only the items matter: indexed (``x[0]``), iterated (a ``for`` or a
     comprehension over it, ``iter(x)``, ``enumerate(x)``). Written in place, the display meets
     the folds of displays (``[a][0]`` is ``a``)."""
-    reads: dict[str, int] = {}
+    reads: dict[str, list[ast.Name]] = {}
     where: set[int] = set()
     for node in ast.walk(fn):
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
-            reads[node.id] = reads.get(node.id, 0) + 1
+            reads.setdefault(node.id, []).append(node)
         if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name):
             where.add(id(node.value))
         elif isinstance(node, (ast.For, ast.comprehension)) and isinstance(node.iter, ast.Name):
@@ -1152,14 +1160,12 @@ def _displays_read_once(fn: _Function, stores: dict[str, int], taken: dict[str, 
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
             continue
         name, value = node.targets[0].id, node.value
-        if name in taken or stores.get(name) != 1 or reads.get(name) != 1:
+        read = reads.get(name, [])
+        if name in taken or stores.get(name) != 1 or len(read) != 1 or id(read[0]) not in where:
             continue
         if not isinstance(value, (ast.List, ast.Tuple)):
             continue
-        if not _settled(value, stores) or name in {n.id for n in ast.walk(value) if isinstance(n, ast.Name)}:
-            continue
-        read = [n for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id == name]
-        if len(read) == 1 and id(read[0]) in where:
+        if _settled(value, stores) and name not in {n.id for n in ast.walk(value) if isinstance(n, ast.Name)}:
             out[name] = value
     return out
 

@@ -42,7 +42,16 @@ import copy
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from fuzz.repro.delta import Frozen, _Function, _objects, _stores, _unparse, _untouched, propagate_aliases
+from fuzz.repro.delta import (
+    Frozen,
+    _Function,
+    _objects,
+    _stores,
+    _unparse,
+    _untouched,
+    aliases_replaced,
+    propagate_aliases,
+)
 from fuzz.repro.fold import clean
 
 _ROUNDS = 8
@@ -423,12 +432,20 @@ class _Lookup(ast.NodeTransformer):
         table = self.tables.get(node.value.id)
         if table is None or self.stores.get(node.value.id):
             return node  # a local of the same name
-        key = ast.dump(node.slice)
-        for k, v in zip(table.keys, table.values):
-            if k is not None and ast.dump(k) == key:
-                self.changed = True
-                return ast.copy_location(copy.deepcopy(v), node)
-        return node
+        value = _entry(table, node.slice)
+        if value is None:
+            return node
+        self.changed = True
+        return ast.copy_location(value, node)
+
+
+def _entry(display: ast.Dict, key: ast.expr) -> ast.expr | None:
+    """A copy of the value ``display`` holds under a key written as ``key``, else None."""
+    written = ast.dump(key)
+    for k, v in zip(display.keys, display.values):
+        if k is not None and ast.dump(k) == written:
+            return copy.deepcopy(v)
+    return None
 
 
 # -- enums ---------------------------------------------------------------------------------------
@@ -696,12 +713,11 @@ class _Firsts(ast.NodeTransformer):
         if not isinstance(node.ctx, ast.Load) or not _pure(display):
             return node
         if isinstance(display, ast.Dict):
-            key = ast.dump(index)
-            for k, v in zip(display.keys, display.values):
-                if k is not None and ast.dump(k) == key:
-                    self.changed = True
-                    return ast.copy_location(copy.deepcopy(v), node)
-            return node
+            value = _entry(display, index)
+            if value is None:
+                return node
+            self.changed = True
+            return ast.copy_location(value, node)
         if not isinstance(display, (ast.List, ast.Tuple)) or any(isinstance(e, ast.Starred) for e in display.elts):
             return node
         if isinstance(index, ast.Slice):
@@ -1143,9 +1159,8 @@ def simplify(code: str, frozen: Frozen = frozenset()) -> str | None:
     """``code`` rewritten (see the module's docstring), or None if no rewrite applies."""
     tree = ast.parse(code)
     changed = False
-    aliased = _unparse(propagate_aliases(copy.deepcopy(tree)))
-    if aliased != _unparse(tree):  # aliases and displays read once, before any rewrite needs them
-        tree, changed = ast.parse(clean(aliased)), True
+    if aliases_replaced(tree):  # aliases and displays read once, before any rewrite needs them
+        tree, changed = ast.parse(clean(_unparse(tree))), True
     for _ in range(_ROUNDS):
         step = False
         for rewrite in _REWRITES:
