@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=c572371c336f35cd sources=5c3a8b0f263890d1 seconds=258.4
+# shardfuzz reduced reproducer: entry=c572371c336f35cd sources=5c3a8b0f263890d1 seconds=289.2
 """Reproduces shardfuzz corpus entry state_dict-exception-d4322b68deab.json: exception:state_dict:builtins.AttributeError@torch/nn/modules/module.py:__getattr__
 
 Observed: get_model_state_dict ignores StateDictOptions(dsd_fqn_modifiers=...): a fused module
@@ -20,29 +20,10 @@ prints REPRODUCED and exits 1 while the failure is there, else exits 0.
 
 from __future__ import annotations
 import torch
-import enum
 from torch import nn
-from dataclasses import dataclass
-
-class LeafKind(str, enum.Enum):
-    CONV1D = 'conv1d'
-
-@dataclass()
-class Leaf:
-    kind: object
-
-@dataclass()
-class Block:
-    children: object
 
 class PointwiseConv1d(nn.Conv1d):
     pass
-
-def build_node(node, width):
-    if isinstance(node, Leaf):
-        module = PointwiseConv1d(width, width, kernel_size=1)
-        return module
-    return nn.Sequential(*[build_node(c, width) for c in node.children])
 FUSED_CHILD = 'fused'
 
 class FusedLeaf(nn.Module):
@@ -67,8 +48,7 @@ def attempt(rank, world_size):
     import re
     import traceback
     try:
-        tree_root = Block(children=(Leaf(kind=LeafKind.CONV1D),))
-        build_model_out = build_node(tree_root, 1)
+        build_model_out = nn.Sequential(PointwiseConv1d(1, 1, kernel_size=1))
         model = build_model_out.to(torch.float32)
         owner = model.get_submodule('')
         owner.add_module('0', FusedLeaf(owner.get_submodule('0')))
@@ -79,8 +59,8 @@ def attempt(rank, world_size):
         msd_ = get_model_state_dict(model, options=options)
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
-        at = [f'torch/{p.rpartition("/torch/")[2]}:{f}' for p, f in frames if '/torch/' in p and 'comp>' not in f]
-        found = f'{type(e).__module__}.{type(e).__qualname__}@{(at or ["torch/?:?"])[-1]}'
+        at = [f"torch/{p.rpartition('/torch/')[2]}:{f}" for p, f in frames if '/torch/' in p and 'comp>' not in f]
+        found = f"{type(e).__module__}.{type(e).__qualname__}@{(at or ['torch/?:?'])[-1]}"
         if found in ['builtins.AttributeError@torch/nn/modules/module.py:__getattr__'] and at[0] == 'torch/distributed/checkpoint/state_dict.py:get_model_state_dict' and (re.sub('\\d+(?:\\.\\d+)*', '#', str(e).partition('\n')[0]) == "'FusedLeaf' object has no attribute 'weight'"):
             return f'REPRODUCED exception:state_dict:builtins.AttributeError@torch/nn/modules/module.py:__getattr__: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

@@ -343,3 +343,74 @@ def test_a_function_called_twice_is_inlined_at_both_calls() -> None:
     assert out is not None and "def build" not in out and "build(" not in out
     assert reproduces(out)
     assert out.count("size") >= 4  # each copy binds its own local
+
+
+JUDGED = """
+def check_first(obs):
+    pass
+
+
+def compare(obs, tol):
+    if obs > tol:
+        return "too far"
+
+
+def tolerance():
+    return TABLE["tol"]
+
+
+def twice(x):
+    return x + x
+
+
+def double(x):
+    return 2 * x
+
+
+TABLE = {"tol": 1}
+
+
+def judge(obs):
+    seen = obs
+    failure = check_first(seen) or compare(seen, tolerance())
+    return failure
+
+
+def attempt(rank, world_size):
+    obs = double(3)
+    failure = judge(obs)
+    if failure is not None:
+        return "REPRODUCED " + failure
+    return "PASS"
+"""
+
+
+def test_the_judge_call_the_harness_binds_its_verdict_from_is_inlined() -> None:
+    # ``failure = judge(obs)`` is the harness's: never cut, but the call in it may be inlined.
+    assert "failure = judge(obs)" not in {ast.unparse(s) for s, _ in delta.units(ast.parse(JUDGED))}
+    out = delta.inline(JUDGED, "judge")
+    assert out is not None and "def judge" not in out and reproduces(out), out
+    assert "failure = failure_" in out or "failure = check_first" in out, out
+
+
+def test_an_idle_call_among_or_operands_goes_but_for_the_last() -> None:
+    tree = delta.drop_idle_calls(ast.parse(JUDGED))
+    assert "failure = compare(seen, tolerance())" in ast.unparse(tree)
+    kept = delta.drop_idle_calls(ast.parse("def f():\n    pass\n\ndef g(a):\n    return a or f()\n"))
+    assert "a or f()" in ast.unparse(kept)  # ``'' or f()`` is None, not ''
+    computed = delta.drop_idle_calls(ast.parse("def f(x):\n    pass\n\ndef g(a):\n    return f(h(a)) or a\n"))
+    assert "f(h(a)) or a" in ast.unparse(computed)  # its argument computes something
+
+
+def test_a_function_that_returns_an_expression_is_written_where_it_is_called() -> None:
+    names = delta.expression_functions(JUDGED)
+    assert "tolerance" in names and "double" in names
+    assert "twice" not in names  # its parameter is read twice: the argument would be computed twice
+    assert "compare" not in names and "judge" not in names
+    out = delta.inline_expression(JUDGED, "tolerance")
+    assert out is not None and "def tolerance" not in out and "compare(seen, TABLE['tol'])" in out
+    out = delta.inline_expression(out, "double")
+    assert out is not None and "obs = 2 * 3" in out and reproduces(out)
+    # A name the expression reads that the caller binds: the call is left.
+    shadowed = JUDGED.replace("    seen = obs\n", "    seen = obs\n    TABLE = {}\n")
+    assert delta.inline_expression(shadowed, "tolerance") is None

@@ -338,3 +338,11 @@ def test_a_display_read_once_where_only_its_items_matter_is_written_in_place() -
     )
     assert "batches" not in out and "data" not in out and "first" not in out and "enumerate" not in out, out
     assert "kept = [a]" in out, out  # read twice: written in place, the append would be lost
+
+
+def test_a_conditional_expression_with_the_same_branches_is_that_branch() -> None:
+    code = "def f(model, comp):\n    forward = model.m if comp is not None else model.m\n    return forward\n"
+    out = simplify(code)
+    assert out is not None and "if comp" not in out and "model.m" in out
+    impure = "def f(model, comp):\n    return model.m if g(comp) else model.m\n"
+    assert "if g(comp)" in (simplify(impure) or impure)

@@ -81,9 +81,23 @@ def test_a_builder_on_a_literal_is_written_out() -> None:
     assert run(out) == run(SCRIPT) == "Node([Thing('a', 4, False), Node([Thing('b', 4, True)], True)], False)"
 
 
-def test_a_call_on_what_is_not_a_literal_is_left() -> None:
+def test_a_local_bound_once_to_a_literal_and_passed_once_is_the_literal() -> None:
     code = SCRIPT.replace("model = build(Block(", "tree = Block(").replace(
         ", 4)\n    return", "\n    model = build(tree, 4)\n    return"
+    )
+    assert "build(tree, 4)" in code
+    assert unroll.unrollable(code) == ["build"]
+    out = unroll.unroll(code, "build")
+    assert out is not None
+    body = out[out.index("def attempt") :]
+    assert "build(" not in body and "tree" not in body, body
+    assert run(out) == run(code)
+
+
+def test_a_call_on_what_is_not_a_literal_is_left() -> None:
+    # ``tree`` is read twice: writing the literal in its place would build two trees.
+    code = SCRIPT.replace("model = build(Block(", "tree = Block(").replace(
+        ", 4)\n    return", "\n    model = build(tree, 4)\n    model.tree = tree\n    return"
     )
     assert "build(tree, 4)" in code
     assert unroll.unrollable(code) == [] and unroll.unroll(code, "build") is None

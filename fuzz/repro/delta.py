@@ -392,7 +392,9 @@ def cut_body(code: str, qualname: str, frozen: Frozen = frozenset()) -> str | No
 def drop_idle_calls(tree: ast.Module) -> ast.Module:
     """Statements that only call a top-level function whose body does nothing (``pass``, a
     constant): they go, and the function with them once nothing else names it (left to the
-    unused-names pass)."""
+    unused-names pass). So do such calls among the operands of an ``or`` (``check() or
+    compare(...)``: the call gives None, and ``None or x`` is ``x``), where their arguments are
+    names or constants (nothing to compute)."""
     idle = {
         n.name
         for n in tree.body
@@ -413,7 +415,35 @@ def drop_idle_calls(tree: ast.Module) -> ast.Module:
             if isinstance(stmts, list) and stmts and isinstance(stmts[0], ast.stmt):
                 kept = [n for n in stmts if not idle_call(n)]
                 setattr(node, field, kept or ([ast.Pass()] if field == "body" and node is not tree else []))
+    _IdleOperands(idle).visit(tree)
     return tree
+
+
+class _IdleOperands(ast.NodeTransformer):
+    """``f() or x`` is ``x`` where ``f`` is idle (returns None) and its arguments compute
+    nothing: see :func:`drop_idle_calls`."""
+
+    def __init__(self, idle: set[str]) -> None:
+        self.idle = idle
+
+    def _idle(self, node: ast.expr) -> bool:
+        return (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in self.idle
+            and all(isinstance(a, (ast.Name, ast.Constant)) for a in [*node.args, *(k.value for k in node.keywords)])
+        )
+
+    def visit_BoolOp(self, node: ast.BoolOp) -> ast.AST:
+        self.generic_visit(node)
+        if not isinstance(node.op, ast.Or):
+            return node
+        # The last operand is the value where all before it are false: an idle one there gives
+        # None, as an ``or`` of falsy values ending in None would not; it stays.
+        kept = [v for v in node.values[:-1] if not self._idle(v)] + node.values[-1:]
+        if len(kept) == len(node.values):
+            return node
+        return kept[0] if len(kept) == 1 else ast.BoolOp(ast.Or(), kept)
 
 
 # -- the driver ----------------------------------------------------------------------------------
@@ -560,6 +590,7 @@ def ddmin(
         each(parameters, drop_parameter, grow=True)
         say(f"  delta {round_}: parameters dropped, {code_lines(current)} code lines")
         each(inlinable, inline, grow=True)
+        each(expression_functions, inline_expression, grow=True)
         each(called_often, shorter(expanded), grow=True)
         keep(simplify(current, frozen), grow=True)
         say(f"  delta {round_}: functions inlined and simplified, {code_lines(current)} code lines")
@@ -706,7 +737,10 @@ def _inline_next(tree: ast.Module, fn: ast.FunctionDef, frozen: Frozen) -> bool 
                 call = _call_site(stmt, fn.name)
                 if call is None:
                     continue
-                body = _inlined(fn, call, stmt, caller) if id(stmt) in cuttable else None
+                # The harness's own assignments (``failure = judge(...)``) are not cut, but a
+                # call in them may be inlined: the assignment stays, of what the call returned.
+                harness = _harness(caller) and isinstance(stmt, ast.Assign) and caller in tree.body
+                body = _inlined(fn, call, stmt, caller) if id(stmt) in cuttable or harness else None
                 if body is None:
                     return None
                 block[i : i + 1] = body
@@ -753,6 +787,83 @@ def inline_everywhere(code: str, name: str, frozen: Frozen = frozenset()) -> str
             return None
         code = _unparse(tree)
     return None
+
+
+def _expression(fn: ast.stmt, frozen: Frozen) -> ast.expr | None:
+    """What a plain function is, where it is one ``return`` of an expression that reads each
+    parameter at most once (so an argument written in its place is computed as often as the call
+    computed it): else None."""
+    if not isinstance(fn, ast.FunctionDef) or not _inlinable(fn, frozen) or fn.args.kwonlyargs:
+        return None
+    body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    if len(body) != 1 or not isinstance(body[0], ast.Return) or body[0].value is None:
+        return None
+    value = body[0].value
+    reads = [n.id for n in ast.walk(value) if isinstance(n, ast.Name)]
+    params = [a.arg for a in [*fn.args.posonlyargs, *fn.args.args]]
+    if fn.name in reads or any(reads.count(p) > 1 for p in params):
+        return None  # recursive, or an argument computed twice
+    if any(isinstance(n, (ast.Lambda, ast.NamedExpr, *_COMPREHENSIONS)) for n in ast.walk(value)):
+        return None  # a scope of its own, or a binding: left to the statement inliner
+    return value
+
+
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+
+
+def expression_functions(code: str, frozen: Frozen = frozenset()) -> list[str]:
+    """Top-level functions that are one ``return`` of an expression (:func:`_expression`), named
+    outside their definition only by calls."""
+    tree = ast.parse(code)
+    counts, calls = _name_counts(tree)
+    return [
+        n.name
+        for n in tree.body
+        if isinstance(n, ast.FunctionDef)
+        and _expression(n, frozen) is not None
+        and counts.get(n.name, 0) >= 1
+        and counts.get(n.name) == calls.get(n.name)
+    ]
+
+
+def inline_expression(code: str, name: str, frozen: Frozen = frozenset()) -> str | None:
+    """``code`` with every call of ``name`` (a function that is one ``return`` of an
+    expression) replaced by that expression, its parameters by the call's arguments, and the
+    function gone; None where a call passes what it does not take, or a name the expression
+    reads freely is bound where the call is."""
+    tree = ast.parse(code)
+    fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+    value = _expression(fn, frozen) if fn is not None else None
+    if fn is None or value is None:
+        return None
+    params = {a.arg for a in [*fn.args.posonlyargs, *fn.args.args]}
+    free = {n.id for n in ast.walk(value) if isinstance(n, ast.Name)} - params
+    scopes = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))]
+    for scope in scopes:
+        if scope is fn:
+            continue
+        own = _stored(scope) if not isinstance(scope, ast.Lambda) else {a.arg for a in scope.args.args}
+        if free & own and any(
+            isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id == name for c in ast.walk(scope)
+        ):
+            return None
+    failed = False
+
+    class _Calls(ast.NodeTransformer):
+        def visit_Call(self, node: ast.Call) -> ast.AST:
+            nonlocal failed
+            self.generic_visit(node)
+            if not (isinstance(node.func, ast.Name) and node.func.id == name):
+                return node
+            bound = bind(fn, node) if not any(isinstance(a, ast.Starred) for a in node.args) else None
+            if bound is None or any(k.arg is None for k in node.keywords):
+                failed = True
+                return node
+            return ast.copy_location(_Substitute(bound).visit(copy.deepcopy(value)), node)
+
+    tree.body.remove(fn)
+    _Calls().visit(tree)
+    return None if failed else _unparse(tree)
 
 
 def bind(fn: ast.FunctionDef, call: ast.Call) -> dict[str, ast.expr] | None:

@@ -596,8 +596,20 @@ def _truth(test: ast.expr) -> bool | None:
     return None
 
 
+def _pure_test(test: ast.expr) -> bool:
+    """A test that only reads: pure operands (:func:`_pure`) compared, negated or joined."""
+    if isinstance(test, ast.Compare):
+        return _pure(test.left) and all(_pure(c) for c in test.comparators)
+    if isinstance(test, ast.BoolOp):
+        return all(_pure_test(v) for v in test.values)
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return _pure_test(test.operand)
+    return _pure(test)
+
+
 class _Constants(ast.NodeTransformer):
-    """An ``if`` on a constant becomes the branch it takes; ``a, b = (x, y)`` of names and
+    """An ``if`` on a constant becomes the branch it takes (so does a conditional expression
+    whose branches are the same); ``a, b = (x, y)`` of names and
     constants becomes ``a = x`` and ``b = y``."""
 
     def __init__(self) -> None:
@@ -606,6 +618,8 @@ class _Constants(ast.NodeTransformer):
     def visit_IfExp(self, node: ast.IfExp) -> ast.AST:
         self.generic_visit(node)
         truth = _truth(node.test)
+        if truth is None and _pure_test(node.test) and ast.dump(node.body) == ast.dump(node.orelse):
+            truth = True  # ``a if t else a``: ``a``, where ``t`` computes nothing
         if truth is not None:
             self.changed = True
             return node.body if truth else node.orelse

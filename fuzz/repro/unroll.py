@@ -14,7 +14,9 @@ torch modules it is built of, and the tree's classes and the builder go.
 
 Arguments count as literal where duplicating them cannot change what runs: constants, enum
 members, displays of literals, and the script's own dataclasses built from literals (which only
-build an object).
+build an object). A local bound once to a literal and read only as such an argument
+(``root = Block(...)``; ``build_node(root, 4)``) is the literal in its place
+(:func:`_literal_locals`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from fuzz.repro.delta import (
     _inlined,
     _reads,
     _Replace,
+    _stores,
     _Substitute,
     _unparse,
     bind,
@@ -176,10 +179,57 @@ def _single_return(fn: ast.FunctionDef) -> bool:
     return len(returns) == 1 and fn.body[-1] is returns[0]
 
 
+def _literal_locals(tree: ast.Module, name: str, classes: dict[str, _Class], enums: set[str]) -> bool:
+    """In each function, a local bound once (not in a loop) to a literal and read once, as an
+    argument of a call of ``name``, replaced there by the literal, its binding dropped: whether
+    any was."""
+    changed = False
+    for fn in [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
+        if any(isinstance(n, (ast.Global, ast.Nonlocal, ast.ClassDef)) for n in ast.walk(fn)):
+            continue
+        own = {
+            id(n)
+            for inner in ast.walk(fn)
+            if inner is not fn and isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            for n in ast.walk(inner)
+        }
+        stores = _stores(fn)
+        reads: dict[str, int] = {}
+        passed: set[str] = set()
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+                reads[node.id] = reads.get(node.id, 0) + 1
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == name
+                and id(node) not in own
+            ):
+                for arg in [*node.args, *(k.value for k in node.keywords)]:
+                    if isinstance(arg, ast.Name):
+                        passed.add(arg.id)
+        alias: dict[str, ast.expr] = {}
+        for node in ast.walk(fn):
+            if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+                continue
+            local = node.targets[0].id
+            if id(node) in own or local not in passed or stores.get(local) != 1 or reads.get(local) != 1:
+                continue
+            if _literal(node.value, classes, enums):
+                alias[local] = node.value
+        if alias:
+            _Substitute(alias).visit(fn)
+            changed = True
+    return changed
+
+
 def unrollable(code: str, frozen: Frozen = frozenset()) -> list[str]:
     """Top-level functions called on literals (every argument a literal) somewhere."""
     tree = ast.parse(code)
     classes, enums = _classes(tree), _enums(tree)
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            _literal_locals(tree, node.name, classes, enums)
     out: list[str] = []
     for node in tree.body:
         if not isinstance(node, ast.FunctionDef) or node.decorator_list or _fixed(node, frozen):
@@ -210,6 +260,7 @@ def unroll(code: str, name: str, frozen: Frozen = frozenset()) -> str | None:
     if name not in unrollable(code, frozen):
         return None
     tree = ast.parse(code)
+    _literal_locals(tree, name, _classes(tree), _enums(tree))
     fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
     for _ in range(MAX_CALLS):
         classes, enums = _classes(tree), _enums(tree)
