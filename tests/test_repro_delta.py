@@ -414,3 +414,26 @@ def test_a_function_that_returns_an_expression_is_written_where_it_is_called() -
     # A name the expression reads that the caller binds: the call is left.
     shadowed = JUDGED.replace("    seen = obs\n", "    seen = obs\n    TABLE = {}\n")
     assert delta.inline_expression(shadowed, "tolerance") is None
+
+
+def test_a_function_with_star_star_keywords_is_inlined_with_them_as_a_display() -> None:
+    code = (
+        "def failure(kind, **details):\n"
+        "    return (kind, details)\n"
+        "def attempt(rank, world_size):\n"
+        "    out = failure('x', step=2)\n"
+        "    return 'REPRODUCED ' + repr(out)\n"
+    )
+    assert "failure" in delta.inlinable(code)
+    out = delta.inline(code, "failure")
+    assert out is not None and "def failure" not in out and "{'step': 2}" in out
+    assert verdict(out) == verdict(code) == "REPRODUCED ('x', {'step': 2})"
+
+
+def test_an_operand_of_or_in_the_harness_s_own_assignment_may_be_cut() -> None:
+    tree = ast.parse(JUDGED)
+    operands = [
+        k for k, (node, field, _) in enumerate(delta._elements(tree, frozenset())) if field == "values"
+    ]
+    cuts = {delta.cut_element(JUDGED, k) for k in operands}
+    assert any(c is not None and "failure = compare(seen, tolerance())" in c for c in cuts)

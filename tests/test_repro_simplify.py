@@ -346,3 +346,14 @@ def test_a_conditional_expression_with_the_same_branches_is_that_branch() -> Non
     assert out is not None and "if comp" not in out and "model.m" in out
     impure = "def f(model, comp):\n    return model.m if g(comp) else model.m\n"
     assert "if g(comp)" in (simplify(impure) or impure)
+
+
+def test_a_function_that_ends_in_if_return_returns_a_conditional_expression() -> None:
+    code = "def f(bad):\n    x = 1\n    if bad is not None:\n        return x + bad\n"
+    out = simplify(code)
+    assert out is not None and "return 1 + bad if bad is not None else None" in out
+    namespace: dict[str, Any] = {}
+    exec(out, namespace)
+    assert namespace["f"](None) is None and namespace["f"](2) == 3
+    two = "def f(bad):\n    if bad:\n        return 1\n    if bad is None:\n        return 2\n"
+    assert "if bad is None:\n        return 2" in (simplify(two) or two)  # two returns: left

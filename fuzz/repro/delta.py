@@ -636,7 +636,7 @@ def _chunks(current: Callable[[], str], keep: Callable[[str | None], bool], unti
 def _stored(fn: _Function) -> set[str]:
     """The names ``fn`` binds in its own scope (parameters, assignments, imports, definitions)."""
     args = fn.args
-    out = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]}
+    out = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg] if a is not None}
     for node in ast.walk(fn):
         if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
             out.add(node.id)
@@ -650,9 +650,10 @@ def _stored(fn: _Function) -> set[str]:
 
 
 def _inlinable(fn: ast.stmt, frozen: Frozen) -> bool:
-    """A plain function: no decorator, ``*args``, ``yield``, ``global``, and at most one
-    ``return``, its last statement."""
-    if not isinstance(fn, ast.FunctionDef) or fn.decorator_list or fn.args.vararg or fn.args.kwarg:
+    """A plain function: no decorator, ``yield``, ``global``, and at most one ``return``, its
+    last statement (``*args`` and ``**kwargs`` are bound to displays of what a call passes
+    them, :func:`bind`)."""
+    if not isinstance(fn, ast.FunctionDef) or fn.decorator_list:
         return False
     if _fixed(fn, frozen):
         return False
@@ -793,7 +794,9 @@ def _expression(fn: ast.stmt, frozen: Frozen) -> ast.expr | None:
     """What a plain function is, where it is one ``return`` of an expression that reads each
     parameter at most once (so an argument written in its place is computed as often as the call
     computed it): else None."""
-    if not isinstance(fn, ast.FunctionDef) or not _inlinable(fn, frozen) or fn.args.kwonlyargs:
+    if not isinstance(fn, ast.FunctionDef) or not _inlinable(fn, frozen):
+        return None
+    if fn.args.kwonlyargs or fn.args.vararg or fn.args.kwarg:
         return None
     body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
     if len(body) != 1 or not isinstance(body[0], ast.Return) or body[0].value is None:
@@ -867,13 +870,19 @@ def inline_expression(code: str, name: str, frozen: Frozen = frozenset()) -> str
 
 
 def bind(fn: ast.FunctionDef, call: ast.Call) -> dict[str, ast.expr] | None:
-    """What ``call`` binds each parameter of ``fn`` to (its argument, else its default); None
-    where a parameter gets nothing or the call passes what ``fn`` does not take."""
+    """What ``call`` binds each parameter of ``fn`` to (its argument, else its default; for
+    ``*args`` a tuple display of the positional arguments left, for ``**kwargs`` a dict display
+    of the keywords left); None where a parameter gets nothing, the call passes what ``fn``
+    does not take, or unpacks (``*xs``, ``**kw``)."""
     args = fn.args
     params = [*args.posonlyargs, *args.args]
-    if len(call.args) > len(params):
+    if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+        return None
+    if len(call.args) > len(params) and args.vararg is None:
         return None
     bound: dict[str, ast.expr] = {p.arg: a for p, a in zip(params, call.args)}
+    if args.vararg is not None:
+        bound[args.vararg.arg] = ast.Tuple(list(call.args[len(params) :]), ast.Load())
     given = {k.arg: k.value for k in call.keywords if k.arg}
     defaults = dict(zip([p.arg for p in params][len(params) - len(args.defaults) :], args.defaults))
     defaults.update({a.arg: d for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None})
@@ -884,6 +893,9 @@ def bind(fn: ast.FunctionDef, call: ast.Call) -> dict[str, ast.expr] | None:
         if value is None:
             return None
         bound[p.arg] = value
+    if args.kwarg is not None:
+        bound[args.kwarg.arg] = ast.Dict([ast.Constant(k) for k in given], list(given.values()))
+        given = {}
     return None if given else bound
 
 
@@ -1442,12 +1454,20 @@ def unroll_loop(code: str, key: str, frozen: Frozen = frozenset()) -> str | None
 
 
 def _elements(tree: ast.Module, frozen: Frozen) -> list[tuple[ast.AST, str, int]]:
-    """(node, field, index) of every keyword argument of a call and every element of a dict,
-    list, tuple or set display in the statements that may be cut, in order."""
+    """(node, field, index) of every keyword argument of a call, every element of a dict,
+    list, tuple or set display and every operand of ``and`` / ``or`` in the statements that may
+    be cut, and in the harness's own assignments (``failure = judge(...) or check()``), in
+    order."""
     seen: dict[int, tuple[ast.AST, str, int]] = {}
-    for stmt, _ in units(tree, frozen):
+    statements = [stmt for stmt, _ in units(tree, frozen)]
+    for top in tree.body:
+        if _harness(top):
+            statements += [n for n in ast.walk(top) if isinstance(n, ast.Assign)]
+    for stmt in statements:
         for node in ast.walk(stmt):
-            if isinstance(node, ast.Call):
+            if isinstance(node, ast.BoolOp):
+                fields = [("values", i) for i in range(len(node.values))]
+            elif isinstance(node, ast.Call):
                 fields = [("keywords", i) for i, k in enumerate(node.keywords) if k.arg]
             elif isinstance(node, ast.Dict):
                 fields = [("keys", i) for i, k in enumerate(node.keys) if k is not None]
@@ -1474,6 +1494,8 @@ def cut_element(code: str, index: int, frozen: Frozen = frozenset()) -> str | No
         del node.keys[i], node.values[i]
     else:
         del getattr(node, field)[i]
+    if isinstance(node, ast.BoolOp) and len(node.values) == 1:
+        _Replace(node, node.values[0]).visit(tree)
     return _unparse(tree)
 
 

@@ -100,8 +100,15 @@ def _expected_exceptions(signatures: list[str]) -> list[str]:
     return sorted(set(out))
 
 
+#: The first statement of every ``main`` after ``import os``: the script is a CPU program (gloo,
+#: ``RankContext(device=cpu)``), and a reduced one may have lost what pinned a tensor or mesh to
+#: the CPU (``fully_shard`` without ``mesh=`` takes the accelerator's mesh where there is one).
+#: So a GPU host runs it as a CPU-only host does.
+HIDE_ACCELERATORS = "os.environ['CUDA_VISIBLE_DEVICES'] = ''"
+
 _PRELUDE = """\
     import os
+    {hide}
     import torch
     import torch.distributed as dist
 {imports}
@@ -175,6 +182,7 @@ _ATTEMPT_MAIN = """\
 
 def main():
     import os
+    {hide}
     import sys
     import torch.distributed as dist
     dist.init_process_group("gloo")
@@ -307,8 +315,8 @@ def main_source(entry: Entry, signature: str) -> tuple[str, list[str]]:
     lines = [f"    from {module} import {', '.join(sorted(set(names)))}" for module, names in sorted(imports.items())]
     if kind in POOLED_KINDS:
         head = _ATTEMPT_PRELUDE.format(imports="\n".join(lines), case=expression)
-        return head + body + _ATTEMPT_MAIN, sorted(imports)
-    head = _PRELUDE.format(imports="\n".join(lines), case=expression)
+        return head + body + _ATTEMPT_MAIN.format(hide=HIDE_ACCELERATORS), sorted(imports)
+    head = _PRELUDE.format(imports="\n".join(lines), case=expression, hide=HIDE_ACCELERATORS)
     if kind == "crash":
         head = _CRASH_HEAD.format(expected=_signal_names(_expected_exceptions(signatures)), **fields) + head
     return "def main():\n" + head + body, sorted(imports)

@@ -29,7 +29,10 @@ left alone), repeated until none applies:
   ``dict()``, ``list()``, ``tuple()`` become displays;
 - **Appends**: ``v = []`` followed by ``v.append(a)`` and ``v += [b]`` becomes ``v = [a, b]``;
 - **Keywords**: ``f(**kw)``, where ``kw`` is a local bound once to a dict display of string
-  keys and pure values and only unpacked so, becomes ``f(k=v, ...)``.
+  keys and pure values and only unpacked so, becomes ``f(k=v, ...)``;
+- **Last returns**: a function whose one ``return`` is in an ``if`` (no ``else``) that ends
+  it, ``if t: return x``, ends in ``return x if t else None`` instead (what falling off its end
+  returned), so that it has one ``return``, its last statement, and may be inlined.
 
 What is not pure (a call whose value is used twice) is never duplicated, but for calls of the
 script's own dataclasses, which only build an object.
@@ -1154,7 +1157,25 @@ def _spread_keywords(tree: ast.Module, frozen: Frozen) -> bool:
     return changed
 
 
+def _last_returns(tree: ast.Module, frozen: Frozen) -> bool:
+    changed = False
+    for fn in _functions(tree, frozen):
+        if not fn.body or isinstance(fn, ast.AsyncFunctionDef):
+            continue
+        last = fn.body[-1]
+        returns = [n for n in ast.walk(fn) if isinstance(n, ast.Return)]
+        nested = any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) for n in ast.walk(fn) if n is not fn)
+        if nested or len(returns) != 1 or not isinstance(last, ast.If) or last.orelse:
+            continue
+        if len(last.body) != 1 or last.body[0] is not returns[0] or returns[0].value is None:
+            continue
+        fn.body[-1] = ast.Return(ast.IfExp(last.test, returns[0].value, ast.Constant(None)))
+        changed = True
+    return changed
+
+
 _REWRITES = (
+    _last_returns,
     _spread_keywords,
     _object_fields,
     _scalars,
