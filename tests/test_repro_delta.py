@@ -432,8 +432,6 @@ def test_a_function_with_star_star_keywords_is_inlined_with_them_as_a_display() 
 
 def test_an_operand_of_or_in_the_harness_s_own_assignment_may_be_cut() -> None:
     tree = ast.parse(JUDGED)
-    operands = [
-        k for k, (node, field, _) in enumerate(delta._elements(tree, frozenset())) if field == "values"
-    ]
+    operands = [k for k, (node, field, _) in enumerate(delta._elements(tree, frozenset())) if field == "values"]
     cuts = {delta.cut_element(JUDGED, k) for k in operands}
     assert any(c is not None and "failure = compare(seen, tolerance())" in c for c in cuts)

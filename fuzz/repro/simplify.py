@@ -1164,7 +1164,9 @@ def _last_returns(tree: ast.Module, frozen: Frozen) -> bool:
             continue
         last = fn.body[-1]
         returns = [n for n in ast.walk(fn) if isinstance(n, ast.Return)]
-        nested = any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) for n in ast.walk(fn) if n is not fn)
+        nested = any(
+            isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) for n in ast.walk(fn) if n is not fn
+        )
         if nested or len(returns) != 1 or not isinstance(last, ast.If) or last.orelse:
             continue
         if len(last.body) != 1 or last.body[0] is not returns[0] or returns[0].value is None:
