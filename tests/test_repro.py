@@ -489,3 +489,13 @@ def test_a_reduction_stopped_by_a_signal_says_so_and_keeps_its_script(tmp_path: 
     ), err
     assert kept.read_text() == before
     assert not wait_gone(children, timeout=30), "a process of the reduction outlived it"
+
+
+@pytest.mark.parametrize("name", ["state_dict-exception-d4322b68deab", "state_dict-hang-dff6a54ad235"])
+def test_a_reduced_script_s_main_hides_the_accelerators_first(name: str) -> None:
+    from fuzz.repro.harness import HIDE_ACCELERATORS, main_source
+
+    entry = load_entry(ROOT / "corpus" / f"{name}.json")
+    source, _ = main_source(entry, entry.signature)
+    main = source[source.index("def main():") :].splitlines()
+    assert main[1:3] == ["    import os", f"    {HIDE_ACCELERATORS}"], main[:4]

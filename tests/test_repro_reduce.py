@@ -4,6 +4,7 @@ and the corpus is left as it was; the reduced scripts kept in the corpus are cur
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -16,6 +17,7 @@ import pytest
 from fuzz import known
 from fuzz.corpus import Entry, load_entry
 from fuzz.repro import render_entry
+from fuzz.repro.harness import HIDE_ACCELERATORS
 from fuzz.repro.portable import portable
 from fuzz.repro.reduce import (
     HEADER,
@@ -127,6 +129,18 @@ def test_every_stored_reduced_script_parses_on_this_python(path: Path) -> None:
     """A script reduced under a newer Python (whose f-strings may reuse their quotes) must still
     run on the oldest one the suite supports (fuzz.repro.portable)."""
     compile(path.read_text(), str(path), "exec")
+
+
+@pytest.mark.parametrize("path", STORED, ids=[p.name.removesuffix(".repro.py") for p in STORED])
+def test_every_stored_reduced_script_hides_the_accelerators_before_torch_starts(path: Path) -> None:
+    """A reduced script is a CPU program; a cut may have dropped what pinned a tensor or mesh to
+    the CPU (``fully_shard`` without ``mesh=`` takes the GPU mesh where there is one), so on a
+    GPU host its ``main`` hides the GPUs before anything else (fuzz.repro.harness)."""
+    tree = ast.parse(path.read_text())
+    main = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main")
+    statements = [ast.unparse(s) for s in main.body]
+    assert HIDE_ACCELERATORS in statements, statements[:4]
+    assert statements.index(HIDE_ACCELERATORS) <= 1 and statements[0] == "import os", statements[:4]
 
 
 def test_portable_requotes_f_strings_only_where_the_code_is_unchanged() -> None:
