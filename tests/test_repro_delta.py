@@ -435,3 +435,33 @@ def test_an_operand_of_or_in_the_harness_s_own_assignment_may_be_cut() -> None:
     operands = [k for k, (node, field, _) in enumerate(delta._elements(tree, frozenset())) if field == "values"]
     cuts = {delta.cut_element(JUDGED, k) for k in operands}
     assert any(c is not None and "failure = compare(seen, tolerance())" in c for c in cuts)
+
+
+def test_a_method_call_whose_value_is_used_may_become_its_object() -> None:
+    code = (
+        "import torch\n"
+        "def run():\n"
+        "    x = torch.ones(2)\n"
+        "    y = x.to(torch.float32)\n"
+        "    y.add_(1)\n"
+        "    return x\n"
+        "def attempt(rank, world_size):\n"
+        "    if run().sum().item() == 4.0:\n"
+        "        return 'REPRODUCED x'\n"
+        "    return 'PASS'\n"
+    )
+    tree = ast.parse(code)
+    calls = [ast.unparse(c) for c in delta._receivers(tree, frozenset())]
+    assert "x.to(torch.float32)" in calls
+    assert "torch.ones(2)" not in calls  # a module's function: no object to keep
+    assert "y.add_(1)" not in calls  # a statement of its own: cut as a statement
+    out = delta.cut_receiver(code, calls.index("x.to(torch.float32)"))
+    assert out is not None and "y = x\n" in out and verdict(out) == verdict(code) == "REPRODUCED x"
+
+
+def test_a_local_bound_once_to_an_attribute_of_an_imported_module_is_replaced_by_it() -> None:
+    code = "import torch\ndef f():\n    dtype = torch.float32\n    return torch.ones(1).to(dtype)\n"
+    tree = delta.propagate_aliases(ast.parse(code))
+    assert "dtype" not in ast.unparse(tree) and ".to(torch.float32)" in ast.unparse(tree)
+    rebound = "import torch\ndef f(torch):\n    dtype = torch.float32\n    return dtype\n"
+    assert "dtype = torch.float32" in ast.unparse(delta.propagate_aliases(ast.parse(rebound)))

@@ -610,6 +610,8 @@ def ddmin(
         say(f"  delta {round_}: statements cut, {code_lines(current)} code lines")
         _each_element(lambda: current, keep, until, frozen)
         say(f"  delta {round_}: elements cut, {code_lines(current)} code lines")
+        _each_receiver(lambda: current, keep, until, frozen)
+        say(f"  delta {round_}: method calls cut to their objects, {code_lines(current)} code lines")
         if current == before:
             break
         round_ += 1
@@ -1214,6 +1216,7 @@ def propagate_aliases(tree: ast.Module) -> ast.Module:
 def aliases_replaced(tree: ast.Module) -> bool:
     """:func:`propagate_aliases` on ``tree`` in place: whether it replaced any."""
     replaced = False
+    modules = {a.asname or a.name.split(".")[0] for n in tree.body if isinstance(n, ast.Import) for a in n.names}
     for fn in [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
         if any(isinstance(n, (ast.Global, ast.Nonlocal, ast.ClassDef)) for n in ast.walk(fn)):
             continue
@@ -1226,6 +1229,8 @@ def aliases_replaced(tree: ast.Module) -> bool:
                     continue
                 if isinstance(value, ast.Constant) or (isinstance(value, ast.Name) and stores.get(value.id, 0) <= 1):
                     alias[target] = value
+                elif _module_attribute(value, modules) and value_root(value) not in stores:
+                    alias[target] = value  # dtype = torch.float32
         alias.update(_displays_read_once(fn, stores, alias))
         for name in list(alias):  # a chain ends at what its last alias is bound to
             seen = {name}
@@ -1238,6 +1243,19 @@ def aliases_replaced(tree: ast.Module) -> bool:
             _Substitute(alias).visit(fn)
             replaced = True
     return replaced
+
+
+def value_root(node: ast.expr) -> str | None:
+    """The name an attribute chain starts at (``torch`` for ``torch.nn.Linear``), else None."""
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _module_attribute(node: ast.expr, modules: set[str]) -> bool:
+    """An attribute chain off a module the script imports at its top (``torch.float32``): the
+    same object wherever it is read."""
+    return isinstance(node, ast.Attribute) and value_root(node) in modules
 
 
 def _settled(node: ast.expr, stores: dict[str, int]) -> bool:
@@ -1499,14 +1517,71 @@ def cut_element(code: str, index: int, frozen: Frozen = frozenset()) -> str | No
     return _unparse(tree)
 
 
-def _each_element(current: Callable[[], str], keep: Callable[[str | None], bool], until: float, frozen: Frozen) -> None:
+def _receivers(tree: ast.Module, frozen: Frozen) -> list[ast.Call]:
+    """Every method call (``x.to(dtype)``, ``model.get_submodule('')``) in the statements that
+    may be cut whose value is used (not a statement of its own: cutting that statement is
+    tried already), outermost first."""
+    modules = {
+        a.asname or a.name.split(".")[0]
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.Import, ast.ImportFrom))
+        for a in n.names
+    }
+    seen: dict[int, ast.Call] = {}
+    for stmt, _ in units(tree, frozen):
+        statements = {id(n.value) for n in ast.walk(stmt) if isinstance(n, ast.Expr)}
+        for node in ast.walk(stmt):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)) or id(node) in statements:
+                continue
+            receiver = node.func.value
+            if isinstance(receiver, ast.Name) and receiver.id in modules:
+                continue  # a module's function (torch.randn): no object to keep
+            if isinstance(receiver, ast.Constant):
+                continue  # '.'.join(...), 'x'.format(...)
+            seen.setdefault(id(node), node)
+    return list(seen.values())
+
+
+def cut_receiver(code: str, index: int, frozen: Frozen = frozenset()) -> str | None:
+    """``code`` with the method call numbered ``index`` in :func:`_receivers`' order replaced by
+    the object it is called on (``x.to(dtype)`` by ``x``: a cast, copy or lookup the failure
+    does not need)."""
+    tree = ast.parse(code)
+    found = _receivers(tree, frozen)
+    if index >= len(found):
+        return None
+    call = found[index]
+    assert isinstance(call.func, ast.Attribute)
+    _Replace(call, call.func.value).visit(tree)
+    return _unparse(tree)
+
+
+def _each_position(
+    count: Callable[[ast.Module, Frozen], int],
+    cut: Callable[[str, int, Frozen], str | None],
+    current: Callable[[], str],
+    keep: Callable[[str | None], bool],
+    until: float,
+    frozen: Frozen,
+) -> None:
+    """``cut`` tried at each position (0 to ``count`` - 1) in turn; where one is kept, the same
+    position holds the next candidate."""
     index = 0
     while time.monotonic() < until:
-        count = len(_elements(ast.parse(current()), frozen))
-        if index >= count:
+        if index >= count(ast.parse(current()), frozen):
             return
-        if not keep(cut_element(current(), index, frozen)):
-            index += 1  # else the same position now holds the next element
+        if not keep(cut(current(), index, frozen)):
+            index += 1
+
+
+def _each_element(current: Callable[[], str], keep: Callable[[str | None], bool], until: float, frozen: Frozen) -> None:
+    _each_position(lambda t, f: len(_elements(t, f)), cut_element, current, keep, until, frozen)
+
+
+def _each_receiver(
+    current: Callable[[], str], keep: Callable[[str | None], bool], until: float, frozen: Frozen
+) -> None:
+    _each_position(lambda t, f: len(_receivers(t, f)), cut_receiver, current, keep, until, frozen)
 
 
 # -- cut 0: the case's objects by their fields ---------------------------------------------------

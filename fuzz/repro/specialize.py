@@ -40,19 +40,38 @@ ROUNDS = 1
 REGISTRATIONS = {"register"}
 
 
+#: Lines of 96 characters at most that a reduced script's docstring gives what was observed:
+#: the entry's summary may hold a whole traceback, which the issue Markdown (``--issue``) and the
+#: entry keep.
+OBSERVED_LINES = 2
+
+
+def observed(entry: Entry) -> str:
+    """What a rank saw, from the entry's summary: a known bug's summary ends in it, in
+    parentheses (``... (rank 0 raised KeyError: 'x')``), after the bug's own words; else the
+    summary's first line."""
+    flat = " ".join(entry.summary.split())
+    at = flat.rfind("(rank ")
+    if at > 0 and flat.endswith(")"):
+        return flat[at + 1 : -1]
+    return " ".join(entry.summary.strip().partition("\n")[0].split())
+
+
 def docstring(entry: Entry, source: str, signature: str) -> str:
-    """What the reduced script reproduces, how to run it, what it prints."""
-    name = Path(source).name if source else entry.file_name
-    lines = [f"Reproduces shardfuzz corpus entry {name}: {signature}", ""]
+    """What the reduced script reproduces (the entry, its signature, the known bug and its
+    upstream issue), what was observed (the summary's first line, at most
+    :data:`OBSERVED_LINES`), and how to run it: short, as the head of a script for an issue."""
     import textwrap
 
-    lines += textwrap.wrap("Observed: " + " ".join(entry.summary.split()), 96)
+    name = Path(source).name if source else entry.file_name
+    lines = [f"Reproduces shardfuzz corpus entry {name}: {signature}"]
     if entry.status == "known" and entry.bug:
         from fuzz import known
 
         upstream, url = _script.upstream_of(entry)
         said = f"Known torch bug: {known.get(entry.bug).title}; upstream: {url or upstream or 'not linked'}."
         lines += textwrap.wrap(said, 96)
+    lines += textwrap.wrap(f"Observed: {observed(entry)}", 96, max_lines=OBSERVED_LINES, placeholder=" ...")
     expected = {
         "exception": "no rank raises",
         "crash": "no rank dies",
@@ -60,11 +79,8 @@ def docstring(entry: Entry, source: str, signature: str) -> str:
         "mismatch": "the property's judge finds nothing",
     }[entry.kind]
     lines += [
-        f"Expected: {expected}.",
-        "",
-        f"    torchrun --nproc-per-node {entry.case.world_size} THIS_FILE.py",
-        "",
-        "prints REPRODUCED and exits 1 while the failure is there, else exits 0.",
+        f"Run: torchrun --nproc-per-node {entry.case.world_size} THIS_FILE.py: prints REPRODUCED and exits 1 while the",
+        f"failure is there, else exits 0 (expected: {expected}).",
     ]
     return "\n".join(lines)
 
