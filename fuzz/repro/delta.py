@@ -1474,13 +1474,13 @@ def unroll_loop(code: str, key: str, frozen: Frozen = frozenset()) -> str | None
 def _elements(tree: ast.Module, frozen: Frozen) -> list[tuple[ast.AST, str, int]]:
     """(node, field, index) of every keyword argument of a call, every element of a dict,
     list, tuple or set display and every operand of ``and`` / ``or`` in the statements that may
-    be cut, and in the harness's own assignments (``failure = judge(...) or check()``), in
-    order."""
+    be cut, and in the assignments of the harness's own body (``failure = judge(...) or
+    check()``; not those of its exception check), in order."""
     seen: dict[int, tuple[ast.AST, str, int]] = {}
     statements = [stmt for stmt, _ in units(tree, frozen)]
     for top in tree.body:
-        if _harness(top):
-            statements += [n for n in ast.walk(top) if isinstance(n, ast.Assign)]
+        if _harness(top):  # its own assignments, not those of its exception check
+            statements += [n for n in top.body if isinstance(n, ast.Assign)]
     for stmt in statements:
         for node in ast.walk(stmt):
             if isinstance(node, ast.BoolOp):
