@@ -1,20 +1,12 @@
 #!/usr/bin/env python3
 # shardfuzz reduced reproducer: entry=ddc9107588b830c3 sources=9d7be58e4208c9df seconds=130.0
 """Reproduces shardfuzz corpus entry dcp-exception-418da060d0db.json: exception:dcp:builtins.KeyError@torch/distributed/checkpoint/state_dict.py:_get_optim_state_dict
-
-Observed: The FSDP2 bug of corpus/parity-mismatch-5f3ad2a543cd (a frozen unit with
-reshard_after_forward=False under a replicate()d root is never resharded) met through
-get_optimizer_state_dict: the optimizer holds the sharded parameter, the module the unsharded
-one, so the optimizer's parameter has no name. Passes with reshard_after_forward=True or a
-fully_shard root. docs/known_bugs.md. (rank 0 raised builtins.KeyError: 0)
 Known torch bug: a frozen fully_shard unit without resharding under a replicate'd root is never
 resharded: a leaf unfrozen later never trains (KeyError in get_optimizer_state_dict); upstream:
 none found.
-Expected: no rank raises.
-
-    torchrun --nproc-per-node 4 THIS_FILE.py
-
-prints REPRODUCED and exits 1 while the failure is there, else exits 0.
+Observed: rank 0 raised builtins.KeyError: 0
+Run: torchrun --nproc-per-node 4 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+failure is there, else exits 0 (expected: no rank raises).
 """
 
 from __future__ import annotations
@@ -56,6 +48,7 @@ def attempt(rank, world_size):
 
 def main():
     import os
+    os.environ['CUDA_VISIBLE_DEVICES'] = ''
     import torch.distributed as dist
     dist.init_process_group('gloo')
     verdict = attempt(dist.get_rank(), dist.get_world_size())

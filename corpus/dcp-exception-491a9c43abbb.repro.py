@@ -1,20 +1,14 @@
 #!/usr/bin/env python3
 # shardfuzz reduced reproducer: entry=46830f01210eaf42 sources=7d6f5cb23a31c8e4 seconds=231.4
 """Reproduces shardfuzz corpus entry dcp-exception-491a9c43abbb.json: exception:dcp:torch.distributed.checkpoint.api.CheckpointException@torch/distributed/checkpoint/default_planner.py:_create_global_plan
-
-Observed: rank 0 raised torch.distributed.checkpoint.api.CheckpointException:
-CheckpointException ranks:dict_keys([0]) Traceback (most recent call last): (RANK 0) File
-"/opt/torch/.venv/lib/python3.12/site-packages/torch/distributed/checkpoint/utils.py", line 209,
-in reduce_scatter reduce_fun(cast(list[T], all_data)), ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^ File…
 Known torch bug: DefaultSavePlanner(enable_plan_caching=True): a save that fails
 (FileSystemWriter(overwrite=False) refusing an existing checkpoint) leaves its plans cached; the
 next save with that planner class raises TypeError 'NoneType' object is not iterable in
 _create_global_plan; upstream: https://github.com/pytorch/pytorch/issues/176289.
-Expected: no rank raises.
-
-    torchrun --nproc-per-node 2 THIS_FILE.py
-
-prints REPRODUCED and exits 1 while the failure is there, else exits 0.
+Observed: rank 0 raised torch.distributed.checkpoint.api.CheckpointException:
+CheckpointException ranks:dict_keys([0])
+Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+failure is there, else exits 0 (expected: no rank raises).
 """
 
 from __future__ import annotations
@@ -369,6 +363,7 @@ def attempt(rank, world_size):
 
 def main():
     import os
+    os.environ['CUDA_VISIBLE_DEVICES'] = ''
     import torch.distributed as dist
     dist.init_process_group('gloo')
     verdict = attempt(dist.get_rank(), dist.get_world_size())

@@ -1,17 +1,12 @@
 #!/usr/bin/env python3
 # shardfuzz reduced reproducer: entry=93f443fd28251a3e sources=7d6f5cb23a31c8e4 seconds=963.9
 """Reproduces shardfuzz corpus entry dcp-exception-5bdb13d18d5c.json: exception:dcp:builtins.RuntimeError@torch/distributed/_state_dict_utils.py:tensor_func
-
-Observed: FileSystemWriter(cache_staged_state_dict=True) pins its staging copy whether or not
-there is an accelerator: on a host without one, async_save fails. docs/state_dict.md. (rank 0
-raised builtins.RuntimeError: Cannot access accelerator device when none is available.)
 Known torch bug: FileSystemWriter(cache_staged_state_dict=True) pins its staging copy:
 async_save fails on a host without an accelerator; upstream: none found.
-Expected: no rank raises.
-
-    torchrun --nproc-per-node 2 THIS_FILE.py
-
-prints REPRODUCED and exits 1 while the failure is there, else exits 0.
+Observed: rank 0 raised builtins.RuntimeError: Cannot access accelerator device when none is
+available.
+Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+failure is there, else exits 0 (expected: no rank raises).
 """
 
 from __future__ import annotations
@@ -104,6 +99,7 @@ def attempt(rank, world_size):
 
 def main():
     import os
+    os.environ['CUDA_VISIBLE_DEVICES'] = ''
     import torch.distributed as dist
     dist.init_process_group('gloo')
     verdict = attempt(dist.get_rank(), dist.get_world_size())

@@ -1,20 +1,14 @@
 #!/usr/bin/env python3
 # shardfuzz reduced reproducer: entry=e7955ea402b7e752 sources=7d6f5cb23a31c8e4 seconds=507.6
 """Reproduces shardfuzz corpus entry dcp-exception-75d538f69398.json: exception:dcp:builtins.KeyError@torch/distributed/checkpoint/_state_dict_stager.py:deepcopy_with_tensor_offload
-
-Observed: async_save with an explicit DefaultStager reused for a later save: DefaultStager
-closes its StateDictStager after each stage and the next one raises KeyError: <class 'type'> in
-deepcopy_with_tensor_offload (torch 2.11 CPU, found by a dcp campaign; torch 2.13 stages again).
-Reproducer: docs/state_dict.md. rank 0 raised builtins.KeyError: <class 'type'>
 Known torch bug: dcp.async_save(async_stager=DefaultStager(...)) reused for a second save:
 DefaultStager._stage closes its StateDictStager after every stage, which empties its copy
 dispatch table, and the next stage raises KeyError: <class 'type'> in
 deepcopy_with_tensor_offload; upstream: https://github.com/pytorch/pytorch/issues/183413.
-Expected: no rank raises.
-
-    torchrun --nproc-per-node 2 THIS_FILE.py
-
-prints REPRODUCED and exits 1 while the failure is there, else exits 0.
+Observed: async_save with an explicit DefaultStager reused for a later save: DefaultStager
+closes its StateDictStager after each stage and the next one raises KeyError: <class 'type'> ...
+Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+failure is there, else exits 0 (expected: no rank raises).
 """
 
 from __future__ import annotations
@@ -361,6 +355,7 @@ def attempt(rank, world_size):
 
 def main():
     import os
+    os.environ['CUDA_VISIBLE_DEVICES'] = ''
     import torch.distributed as dist
     dist.init_process_group('gloo')
     verdict = attempt(dist.get_rank(), dist.get_world_size())

@@ -1,22 +1,13 @@
 #!/usr/bin/env python3
 # shardfuzz reduced reproducer: entry=4b45c2168641062c sources=9d7be58e4208c9df seconds=251.9
 """Reproduces shardfuzz corpus entry dcp-exception-c392ca0e3a90.json: exception:dcp:builtins.KeyError@torch/distributed/fsdp/_optim_utils.py:_unflatten_param_groups
-
-Observed: FSDP1 NO_SHARD with an auto-wrapped unit whose parameters are all frozen, those
-parameters in the optimizer, and the optimizer's state dict taken before the model's:
-FSDP.optim_state_dict raises KeyError in _unflatten_param_groups (the frozen unit's parameters
-are missing from FSDP1's parameter-to-FQN map); taken after the model's, or without the frozen
-parameters in the optimizer, the same case raises the AssertionError of state_dict-exception-
-ab49bbd468b0. docs/state_dict.md. (rank 0 raised builtins.KeyError: Parameter containing:
-tensor([[[-0.3736], ...]], dtype=torch.float64))
 Known torch bug: FSDP1 NO_SHARD with an auto-wrapped unit of frozen parameters: state_dict()
 after training raises 'FSDP assumes ... is in the state_dict'; upstream:
 https://github.com/pytorch/pytorch/issues/85831.
-Expected: no rank raises.
-
-    torchrun --nproc-per-node 2 THIS_FILE.py
-
-prints REPRODUCED and exits 1 while the failure is there, else exits 0.
+Observed: rank 0 raised builtins.KeyError: Parameter containing: tensor([[[-0.3736], ...]],
+dtype=torch.float64)
+Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+failure is there, else exits 0 (expected: no rank raises).
 """
 
 from __future__ import annotations
@@ -63,6 +54,7 @@ def attempt(rank, world_size):
 
 def main():
     import os
+    os.environ['CUDA_VISIBLE_DEVICES'] = ''
     import torch.distributed as dist
     dist.init_process_group('gloo')
     verdict = attempt(dist.get_rank(), dist.get_world_size())

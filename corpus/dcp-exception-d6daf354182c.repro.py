@@ -1,20 +1,12 @@
 #!/usr/bin/env python3
 # shardfuzz reduced reproducer: entry=bc8ec400c405abdb sources=9d7be58e4208c9df seconds=193.5
 """Reproduces shardfuzz corpus entry dcp-exception-d6daf354182c.json: exception:dcp:builtins.RuntimeError@torch/distributed/_shard/sharded_tensor/api.py:dispatch
-
-Observed: dcp.async_save(checkpoint_id=...) of FSDP1 ShardedTensors: the default stager calls
-data_ptr(), which ShardedTensor does not support (works with a FileSystemWriter).
-docs/state_dict.md. (rank 0 raised builtins.RuntimeError: torch function 'data_ptr', with args:
-(ShardedTensor(ShardedTensorMetadata(shards_metadata=[ShardMetadata(shard_offsets=[0, 0],
-shard_sizes=[2, 4], placement=rank:0/cpu), ShardMetadata(shard_offsets=[2, 0], shard_sizes=[2,
-4], placement=rank:1/cpu)], size=torch.S)
 Known torch bug: dcp.async_save's default stager calls data_ptr() on ShardedTensors; upstream:
 none found.
-Expected: no rank raises.
-
-    torchrun --nproc-per-node 2 THIS_FILE.py
-
-prints REPRODUCED and exits 1 while the failure is there, else exits 0.
+Observed: rank 0 raised builtins.RuntimeError: torch function 'data_ptr', with args:
+(ShardedTensor(ShardedTensorMetadata(shards_metadata=[ShardMetadata(shard_offsets=[0, 0], ...
+Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+failure is there, else exits 0 (expected: no rank raises).
 """
 
 from __future__ import annotations
@@ -61,6 +53,7 @@ def attempt(rank, world_size):
 
 def main():
     import os
+    os.environ['CUDA_VISIBLE_DEVICES'] = ''
     import torch.distributed as dist
     dist.init_process_group('gloo')
     verdict = attempt(dist.get_rank(), dist.get_world_size())

@@ -1,18 +1,11 @@
 #!/usr/bin/env python3
 # shardfuzz reduced reproducer: entry=891107a19cd069f6 sources=9d7be58e4208c9df seconds=55.3
 """Reproduces shardfuzz corpus entry dcp-exception-e248d03a903f.json: exception:dcp:builtins.AssertionError@torch/distributed/checkpoint/state_dict.py:_load_optim_state_dict
-
-Observed: set_optimizer_state_dict(full_state_dict=True) raises AssertionError('Expected device
-to be set') for an optimizer without tensor state (SGD without momentum): _load_optim_state_dict
-takes the device from the local state's tensors of dim > 0 and finds none. Any model, sharded or
-not. (rank 0 raised builtins.AssertionError: Expected device to be set)
 Known torch bug: set_optimizer_state_dict(full_state_dict=True) for an optimizer without tensor
 state: 'Expected device to be set'; upstream: https://github.com/pytorch/pytorch/issues/133415.
-Expected: no rank raises.
-
-    torchrun --nproc-per-node 2 THIS_FILE.py
-
-prints REPRODUCED and exits 1 while the failure is there, else exits 0.
+Observed: rank 0 raised builtins.AssertionError: Expected device to be set
+Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+failure is there, else exits 0 (expected: no rank raises).
 """
 
 from __future__ import annotations
@@ -43,6 +36,7 @@ def attempt(rank, world_size):
 
 def main():
     import os
+    os.environ['CUDA_VISIBLE_DEVICES'] = ''
     import torch.distributed as dist
     dist.init_process_group('gloo')
     verdict = attempt(dist.get_rank(), dist.get_world_size())

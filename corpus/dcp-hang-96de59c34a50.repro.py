@@ -1,21 +1,12 @@
 #!/usr/bin/env python3
 # shardfuzz reduced reproducer: entry=87e3671b7d30ca95 sources=001b716bb8af1bc0 seconds=1146.3
 """Reproduces shardfuzz corpus entry dcp-hang-96de59c34a50.json: hang:dcp@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone
-
-Observed: set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0 pass an
-empty model state dict (as get_state_dict(full_state_dict=True, cpu_offload=True) returns there,
-and as broadcast_from_rank0 documents): set_state_dict computes optim_only=not model_state_dict
-per rank, so those ranks skip the model broadcast that rank 0 enters. set_model_state_dict +
-set_optimizer_state_dict work. (rank 0 broadcasts state in _broadcast_state_dict that rank(s)
-[1] skipped (rank(s) 0, 1 missed the deadline in
-torch/distributed/distributed_c10d.py:broadcast))
 Known torch bug: set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0
 pass an empty model state dict; upstream: https://github.com/pytorch/pytorch/issues/157781.
-Expected: every rank finishes.
-
-    torchrun --nproc-per-node 2 THIS_FILE.py
-
-prints REPRODUCED and exits 1 while the failure is there, else exits 0.
+Observed: rank 0 broadcasts state in _broadcast_state_dict that rank(s) [1] skipped (rank(s) 0,
+1 missed the deadline in torch/distributed/distributed_c10d.py:broadcast)
+Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+failure is there, else exits 0 (expected: every rank finishes).
 """
 
 from __future__ import annotations
@@ -954,6 +945,7 @@ def _finish_load(body, side, values, put, path):
 
 def main():
     import os
+    os.environ['CUDA_VISIBLE_DEVICES'] = ''
     import torch
     import torch.distributed as dist
     case = Case(property='dcp', world_size=2, seed=0, body=DcpBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR),))), source=Composition(shards=(ShardSpec(path=''),)), target=Composition(shards=(ShardSpec(path=''),)), entries=(DcpItem.APP,), training=Training(momentum=0.9, steps=1, batch_per_rank=1), steps_after=0, load_full_state_dict=True, load_cpu_offload=True))

@@ -1,25 +1,17 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=8fe6d7b1f8b8192a sources=7d6f5cb23a31c8e4 seconds=1068.1
+# shardfuzz reduced reproducer: entry=8fe6d7b1f8b8192a sources=7d6f5cb23a31c8e4 seconds=1964.2
 """Reproduces shardfuzz corpus entry dcp-mismatch-175e579ba153.json: mismatch:dcp@async_save:fsdp1-hsdp-load_sharded_optimizer_state_dict
-
-Observed: Into FSDP1 HYBRID_SHARD over a 2-D mesh, load_sharded_optimizer_state_dict lays the
-optimizer state out as chunks over the whole world instead of the model's DTensors over the
-mesh, and FSDP.optim_state_dict_to_load takes those chunks for its own shards: wrong optimizer
-state, no error. docs/known_bugs.md. (0.1.scale[7] is 1.0700299739837646 after resuming,
-uninterrupted 1.0693825483322144 (error 0.000647 > allowed 1.17e-05))
 Known torch bug: load_sharded_optimizer_state_dict chunks optimizer state over the whole world:
 wrong Adam state in FSDP1 HYBRID_SHARD over a 2-D mesh; upstream: none found.
-Expected: the property's judge finds nothing.
-
-    torchrun --nproc-per-node 4 THIS_FILE.py
-
-prints REPRODUCED and exits 1 while the failure is there, else exits 0.
+Observed: Into FSDP1 HYBRID_SHARD over a 2-D mesh, load_sharded_optimizer_state_dict lays the
+optimizer state out as chunks over the whole world instead of the model's DTensors over the ...
+Run: torchrun --nproc-per-node 4 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+failure is there, else exits 0 (expected: the property's judge finds nothing).
 """
 
 from __future__ import annotations
 import torch
 import enum
-from dataclasses import dataclass, field, fields
 import dataclasses
 import os
 from typing import ClassVar
@@ -158,12 +150,6 @@ class DcpItem(str, enum.Enum):
     EXTRA = 'extra'
 
 @dataclass(frozen=True)
-class WriterOptions:
-
-    def changed(self):
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}
-
-@dataclass(frozen=True)
 class DcpBody(Body):
     KIND: ClassVar[str] = 'dcp'
     PROGRAM: ClassVar[str] = 'fuzz._rank.dcp:run_dcp'
@@ -178,7 +164,6 @@ class DcpBody(Body):
     async_save: object = False
     storage_objects: object = False
     overwrite: object = Overwrite.NONE
-    writer: object = field(default_factory=WriterOptions)
     requires_grad: object = ()
 
     @property
@@ -234,7 +219,6 @@ def clean_name(name):
 @dataclass
 class Composed:
     model: object
-    wrapper: object = Wrapper.NONE
     param_names: object = field(default_factory=list)
 
     @contextmanager
@@ -255,7 +239,6 @@ class Side:
     composed: object
     comp: object
     training: object
-    step: object = 0
 
     @property
     def model(self):
@@ -265,7 +248,7 @@ class Side:
         current = {id(p): clean_name(n) for n, p in self.model.named_parameters()}
         return {**self.param_names, **current}
 
-def build_side(tree, comp, training, ctx, *, seed, schedule=()):
+def build_side(tree, comp, training, ctx, *, seed):
     torch.manual_seed(seed)
     build_model_out = build_node(tree.root, 12)
     model = build_model_out.to(torch.float32)
@@ -284,9 +267,8 @@ def requires_grad(side):
 
 def body_optimizer(side, training):
     params = list(side.model.parameters())
-    frozen = []
     params_ = params
-    held = {id(p_) for p_ in frozen}
+    held = set()
     params_ = [p_ for p_ in params_ if p_.requires_grad or id(p_) in held]
     groups = params_
     side.opt = torch.optim.SGD(groups, lr=training.lr, momentum=training.momentum)
@@ -348,16 +330,10 @@ class Scalars:
     def __init__(self, values):
         self.values = dict(values)
 
-    def state_dict(self):
-        return dict(self.values)
-
-    def load_state_dict(self, state_dict):
-        self.values = dict(state_dict)
-
 class Counter:
 
-    def __init__(self, value, ctx):
-        self.value = torch.tensor([value], dtype=torch.float64)
+    def __init__(self, ctx):
+        self.value = torch.tensor([0.5], dtype=torch.float64)
         self.agreed = float('nan')
         self.ctx = ctx
 
@@ -375,33 +351,6 @@ class Counter:
     def observe(self):
         return {'value': float(self.value.item()), 'total': float(self.total.item()), 'agreed': self.agreed}
 
-def extra_value():
-    return torch.arange(5) * (0 % 97 + 0.25)
-
-def _values(body, side, ctx, fresh):
-    out = {}
-    for entry in body.entries:
-        if entry is DcpItem.MODEL:
-            out[entry] = side.model.state_dict()
-        elif entry is DcpItem.OPTIMIZER:
-            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-            osd = FSDP.optim_state_dict(side.model, side.opt)
-            out[entry] = osd
-        elif entry is DcpItem.SCALARS:
-            values = {'step': 1, 'loss': 0.0, 'tag': 'case-0', 'done': False, 'history': [0.0, -1.5, 1e-300]}
-            out[entry] = Scalars({k: type(v)() if fresh else v for k, v in values.items()})
-        elif entry is DcpItem.COUNTER:
-            out[entry] = Counter(0.0 if fresh else float(0) + 0.5, ctx)
-        else:
-            out[entry] = torch.zeros(5) if fresh else extra_value()
-    return out
-
-def _writer(body, path, **options):
-    import torch.distributed.checkpoint as dcp
-    kwargs = body.writer.changed()
-    missing = sorted((k for k in kwargs if k not in params))
-    return dcp.FileSystemWriter(path, **options, **kwargs)
-
 def _observe_entries(values):
     out = {}
     for entry, value in values.items():
@@ -412,66 +361,6 @@ def _observe_entries(values):
         elif entry is DcpItem.EXTRA:
             out['extra'] = [float(v) for v in value.tolist()]
     return out
-
-def _run_dcp(body, ctx):
-    t = body.training
-    path = '' or case_dir(ctx)
-    obs = {}
-    gen = torch.Generator().manual_seed(0)
-    lo = ctx.rank * 2
-    out = []
-    for _ in range(2):
-        x = torch.randn(ctx.world_size * 2, 12, generator=gen)
-        y = torch.randn(ctx.world_size * 2, 12, generator=gen)
-        step_ = [(x[lo:lo + 2].to(ctx.device), y[lo:lo + 2].to(ctx.device))]
-        out.append(step_)
-    data = [step[0] for step in out]
-    src = build_side(body.tree, body.source, t, ctx, seed=0)
-    body_optimizer(src, t)
-    obs['losses_before'] = train_steps(src, data[:1])
-    values = _values(body, src, ctx, fresh=False)
-    order = ((2,), (2, 3, 1), (0, 4, 2, 1, 3), (0, 2, 1, 3, 4))[ctx.rank]
-    state = {body.entries[i].value: values[body.entries[i]] for i in order if body.entries[i] in values}
-    import torch.distributed.checkpoint as dcp_
-    kwargs_ = {}
-    kwargs_['storage_writer'] = _writer(body, path)
-    result = dcp_.async_save(state, **kwargs_)
-    future = getattr(result, 'upload_completion', result)
-    future.result()
-    obs['overwrite'] = {}
-    saved = {**observe(src, ctx), **_observe_entries(values)}
-    obs['saved'] = saved
-    tgt = build_side(body.tree, body.target, t, ctx, seed=FRESH_SEED)
-    fresh_training_out = replace(t, lr=0.0037, momentum=0.5)
-    body_optimizer(tgt, fresh_training_out)
-    dropped = []
-    obs['dropped'] = dropped
-    obs['fresh'] = observe(tgt, ctx)
-    plain = {k: v for k, v in state.items() if isinstance(v, (dict, torch.Tensor))}
-    before = requires_grad(tgt)
-    import torch.distributed.checkpoint as dcp
-    dcp.load(state, storage_reader=dcp.FileSystemReader(path))
-    obs['in_place'] = ''
-    import torch.distributed.checkpoint as dcp__
-    from torch.distributed.checkpoint.optimizer import load_sharded_optimizer_state_dict
-    tgt.model.load_state_dict(values[DcpItem.MODEL])
-    loaded = load_sharded_optimizer_state_dict(model_state_dict=tgt.model.state_dict(), optimizer_key='optimizer', storage_reader=dcp__.FileSystemReader(path))
-    osd = loaded['optimizer']
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    tgt.opt.load_state_dict(FSDP.optim_state_dict_to_load(tgt.model, tgt.opt, osd))
-    obs['requires_grad'] = {'before': before, 'after': requires_grad(tgt)}
-    obs['loaded'] = {**observe(tgt, ctx), **_observe_entries(values)}
-    data_ = data[1:]
-    obs_ = {}
-    losses = train_steps(src, data_)
-    losses_src, final_src = (losses, observe_model(src))
-    obs_['losses_source'] = losses_src
-    obs_['losses_target'] = train_steps(tgt, data_)
-    final_tgt = observe_model(tgt)
-    if ctx.rank == 0:
-        obs_['final_source'], obs_['final_target'] = (final_src, final_tgt)
-    obs.update(obs_)
-    return obs
 
 class OutcomeKind(str, enum.Enum):
     OK = 'ok'
@@ -679,8 +568,80 @@ def attempt(rank, world_size):
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
     body = DcpBody(tree=ModuleTree(width=12, root=Block(children=(Block(children=(Leaf(kind=LeafKind.RELU), Block(children=(Leaf(kind=LeafKind.RELU), Leaf(kind=LeafKind.CONV1D, frozen=True)), scale=True)), buffer=True), Leaf(kind=LeafKind.CONV1D, bias=False, frozen=True), Block(children=(Leaf(kind=LeafKind.RELU),), residual=True, buffer=True)))), source=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), target=Composition(mesh=(2, 2), wrapper=Wrapper.FSDP1_HYBRID_SHARD), entries=(DcpItem.MODEL, DcpItem.OPTIMIZER, DcpItem.COUNTER, DcpItem.SCALARS, DcpItem.EXTRA), training=Training(lr=0.01, momentum=0.9, eps=0.0001, steps=1, set_to_none=False), orders=((0, 3, 1, 4, 2), (0, 4, 2, 3, 1), (0, 4, 2, 1, 3), (0, 2, 1, 3, 4)), save_cpu_offload=True, load_cpu_offload=True, async_save=True, storage_objects=True, overwrite=Overwrite.TRUE)
-    run_dcp_out = _run_dcp(body, ctx)
-    obs = json.loads(json.dumps(run_dcp_out))
+    t = Training(lr=0.01, momentum=0.9, eps=0.0001, steps=1, set_to_none=False)
+    path = '' or case_dir(ctx)
+    obs__ = {}
+    gen = torch.Generator().manual_seed(0)
+    lo = rank * 2
+    out = []
+    for _ in range(2):
+        x = torch.randn(8, 12, generator=gen)
+        y = torch.randn(8, 12, generator=gen)
+        step_ = [(x[lo:lo + 2].to(torch.device('cpu')), y[lo:lo + 2].to(torch.device('cpu')))]
+        out.append(step_)
+    data = [step[0] for step in out]
+    src = build_side(ModuleTree(width=12, root=Block(children=(Block(children=(Leaf(kind=LeafKind.RELU), Block(children=(Leaf(kind=LeafKind.RELU), Leaf(kind=LeafKind.CONV1D, frozen=True)), scale=True)), buffer=True), Leaf(kind=LeafKind.CONV1D, bias=False, frozen=True), Block(children=(Leaf(kind=LeafKind.RELU),), residual=True, buffer=True)))), Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), t, ctx, seed=0)
+    body_optimizer(src, t)
+    obs__['losses_before'] = train_steps(src, data[:1])
+    out_ = {}
+    for entry in (DcpItem.MODEL, DcpItem.OPTIMIZER, DcpItem.COUNTER, DcpItem.SCALARS, DcpItem.EXTRA):
+        if entry is DcpItem.MODEL:
+            out_[entry] = src.model.state_dict()
+        elif entry is DcpItem.OPTIMIZER:
+            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP_
+            osd_ = FSDP_.optim_state_dict(src.model, src.opt)
+            out_[entry] = osd_
+        elif entry is DcpItem.SCALARS:
+            out_[entry] = Scalars({'step': 1, 'loss': 0.0, 'tag': 'case-0', 'done': False, 'history': [0.0, -1.5, 1e-300]})
+        elif entry is DcpItem.COUNTER:
+            out_[entry] = Counter(ctx)
+        else:
+            out_[entry] = torch.arange(5) * (0 % 97 + 0.25)
+    order = ((2,), (2, 3, 1), (0, 4, 2, 1, 3), (0, 2, 1, 3, 4))[rank]
+    state = {(DcpItem.MODEL, DcpItem.OPTIMIZER, DcpItem.COUNTER, DcpItem.SCALARS, DcpItem.EXTRA)[i].value: out_[(DcpItem.MODEL, DcpItem.OPTIMIZER, DcpItem.COUNTER, DcpItem.SCALARS, DcpItem.EXTRA)[i]] for i in order if (DcpItem.MODEL, DcpItem.OPTIMIZER, DcpItem.COUNTER, DcpItem.SCALARS, DcpItem.EXTRA)[i] in out_}
+    import torch.distributed.checkpoint as dcp_
+    kwargs_ = {}
+    import torch.distributed.checkpoint as dcp___
+    kwargs = {}
+    missing = sorted((k_ for k_ in kwargs if k_ not in params))
+    kwargs_['storage_writer'] = dcp___.FileSystemWriter(path, **kwargs)
+    result = dcp_.async_save(state, **kwargs_)
+    future = getattr(result, 'upload_completion', result)
+    future.result()
+    obs__['overwrite'] = {}
+    saved = {**observe(src, ctx), **_observe_entries(out_)}
+    obs__['saved'] = saved
+    tgt = build_side(ModuleTree(width=12, root=Block(children=(Block(children=(Leaf(kind=LeafKind.RELU), Block(children=(Leaf(kind=LeafKind.RELU), Leaf(kind=LeafKind.CONV1D, frozen=True)), scale=True)), buffer=True), Leaf(kind=LeafKind.CONV1D, bias=False, frozen=True), Block(children=(Leaf(kind=LeafKind.RELU),), residual=True, buffer=True)))), Composition(mesh=(2, 2), wrapper=Wrapper.FSDP1_HYBRID_SHARD), t, ctx, seed=FRESH_SEED)
+    fresh_training_out = replace(t, lr=0.0037, momentum=0.5)
+    body_optimizer(tgt, fresh_training_out)
+    dropped = []
+    obs__['dropped'] = dropped
+    obs__['fresh'] = observe(tgt, ctx)
+    plain = {k: v for k, v in state.items() if isinstance(v, (dict, torch.Tensor))}
+    before = requires_grad(tgt)
+    import torch.distributed.checkpoint as dcp
+    dcp.load(state, storage_reader=dcp.FileSystemReader(path))
+    obs__['in_place'] = ''
+    import torch.distributed.checkpoint as dcp__
+    from torch.distributed.checkpoint.optimizer import load_sharded_optimizer_state_dict
+    tgt.model.load_state_dict(out_[DcpItem.MODEL])
+    loaded = load_sharded_optimizer_state_dict(model_state_dict=tgt.model.state_dict(), optimizer_key='optimizer', storage_reader=dcp__.FileSystemReader(path))
+    osd = loaded['optimizer']
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    tgt.opt.load_state_dict(FSDP.optim_state_dict_to_load(tgt.model, tgt.opt, osd))
+    obs__['requires_grad'] = {'before': before, 'after': requires_grad(tgt)}
+    obs__['loaded'] = {**observe(tgt, ctx), **_observe_entries(out_)}
+    data_ = data[1:]
+    obs_ = {}
+    losses = train_steps(src, data_)
+    losses_src, final_src = (losses, observe_model(src))
+    obs_['losses_source'] = losses_src
+    obs_['losses_target'] = train_steps(tgt, data_)
+    final_tgt = observe_model(tgt)
+    if rank == 0:
+        obs_['final_source'], obs_['final_target'] = (final_src, final_tgt)
+    obs__.update(obs_)
+    obs = json.loads(json.dumps(obs__))
     outs = [None, None, None, None]
     dist.all_gather_object(outs, obs)
     if rank != 0:
@@ -694,6 +655,7 @@ def attempt(rank, world_size):
 
 def main():
     import os
+    os.environ['CUDA_VISIBLE_DEVICES'] = ''
     import torch.distributed as dist
     dist.init_process_group('gloo')
     verdict = attempt(dist.get_rank(), dist.get_world_size())

@@ -1,17 +1,13 @@
 #!/usr/bin/env python3
 # shardfuzz reduced reproducer: entry=f8717496fe4a5c07 sources=7d6f5cb23a31c8e4 seconds=1016.9
 """Reproduces shardfuzz corpus entry dcp-mismatch-566f97fe78ce.json: mismatch:dcp@set_optimizer_state_dict:frozen-optimizer-state-dropped
-
-Observed: the optimizer state differs after the load: ['0.weight'] is missing
 Known torch bug: set_optimizer_state_dict drops the saved optimizer state of a parameter frozen
 (requires_grad=False) when it is loaded: a parameter trained, then frozen, checkpointed and
 unfrozen after resuming restarts with fresh optimizer state (get_optimizer_state_dict saved it);
 upstream: https://github.com/pytorch/pytorch/issues/192202.
-Expected: the property's judge finds nothing.
-
-    torchrun --nproc-per-node 2 THIS_FILE.py
-
-prints REPRODUCED and exits 1 while the failure is there, else exits 0.
+Observed: the optimizer state differs after the load: ['0.weight'] is missing
+Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+failure is there, else exits 0 (expected: the property's judge finds nothing).
 """
 
 from __future__ import annotations
@@ -524,6 +520,7 @@ def attempt(rank, world_size):
 
 def main():
     import os
+    os.environ['CUDA_VISIBLE_DEVICES'] = ''
     import torch.distributed as dist
     dist.init_process_group('gloo')
     verdict = attempt(dist.get_rank(), dist.get_world_size())

@@ -1,19 +1,12 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=63e5b277ec033028 sources=3ebb4d52c9cda72d seconds=1202.8
+# shardfuzz reduced reproducer: entry=63e5b277ec033028 sources=3ebb4d52c9cda72d seconds=1576.3
 """Reproduces shardfuzz corpus entry dcp-mismatch-ada81405774d.json: mismatch:dcp@save:fsdp1-hsdp-load_sharded_optimizer_state_dict
-
-Observed: Into FSDP1 HYBRID_SHARD over a 2-D mesh, load_sharded_optimizer_state_dict lays the
-optimizer state out as chunks over the whole world instead of the model's DTensors over the
-mesh, and FSDP.optim_state_dict_to_load takes those chunks for its own shards: wrong optimizer
-state, no error. docs/known_bugs.md. (rank 2's local optimizer state (FSDP1, one layout) differs
-after the load: ['0.weight']['exp_avg'][0]: 0.0 != -0.016777848531689548)
 Known torch bug: load_sharded_optimizer_state_dict chunks optimizer state over the whole world:
 wrong Adam state in FSDP1 HYBRID_SHARD over a 2-D mesh; upstream: none found.
-Expected: the property's judge finds nothing.
-
-    torchrun --nproc-per-node 4 THIS_FILE.py
-
-prints REPRODUCED and exits 1 while the failure is there, else exits 0.
+Observed: rank 2's local optimizer state (FSDP1, one layout) differs after the load:
+['0.weight']['exp_avg'][0]: 0.0 != -0.016777848531689548
+Run: torchrun --nproc-per-node 4 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+failure is there, else exits 0 (expected: the property's judge finds nothing).
 """
 
 from __future__ import annotations
@@ -90,7 +83,6 @@ class Training:
     lr: object = 0.1
     eps: object = 0.001
     dtype: object = Dtype.FLOAT32
-    set_to_none: object = True
     param_groups: object = 1
 
 class Body:
@@ -179,7 +171,7 @@ def clean_name(name):
 @dataclass
 class Composed:
     model: object
-    param_names: object = field(default_factory=list)
+    param_names: object = field()
 
     @contextmanager
     def full_parameters(self):
@@ -214,7 +206,7 @@ def build_side(tree, comp, training, ctx, *, seed):
     model = build_model_out.to(torch.float64)
     names = [n for n, _ in model.named_parameters()]
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
-    strategy = {Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[Wrapper.FSDP1_HYBRID_SHARD]
+    strategy = ShardingStrategy.HYBRID_SHARD
     kwargs = {'sharding_strategy': strategy, 'device_id': ctx.device, 'use_orig_params': True}
     kwargs['device_mesh'] = ctx.mesh((2, 2), ())
     wrap_out = FSDP(model, **kwargs)
@@ -290,7 +282,7 @@ class Outcome:
 
     @property
     def observations(self):
-        return [r.observation or {} for r in self.ranks]
+        return [r.observation for r in self.ranks]
 NONE_FOUND = 'none found'
 
 @dataclass(frozen=True)
@@ -430,11 +422,11 @@ def _check_dcp_options(prop, where, body, observations):
     return None
 
 def attempt(rank, world_size):
-    case = Case(property='dcp', world_size=4, seed=0, body=DcpBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),))), source=Composition(mesh=(2, 2), wrapper=Wrapper.FSDP1_HYBRID_SHARD), target=Composition(mesh=(2, 2), wrapper=Wrapper.FSDP1_HYBRID_SHARD), entries=(DcpItem.MODEL, DcpItem.OPTIMIZER), training=Training(optimizer=Optimizer.ADAM, lr=0.01, eps=0.0001, dtype=Dtype.FLOAT64, set_to_none=False)))
+    case = Case(property='dcp', world_size=4, seed=0, body=DcpBody(tree=ModuleTree(width=2, root=Block(children=())), source=Composition(), target=Composition(), entries=(DcpItem.OPTIMIZER,)))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
     t = Training(lr=0.01, eps=0.0001, dtype=Dtype.FLOAT64)
-    path = '' or case_dir(ctx)
+    path = case_dir(ctx)
     obs__ = {}
     dtype = torch.float64
     gen = torch.Generator().manual_seed(0)
@@ -458,8 +450,7 @@ def attempt(rank, world_size):
             from torch.distributed.fsdp import FullyShardedDataParallel as FSDP___
             osd_ = FSDP___.optim_state_dict(src.model, src.opt)
             out_____[entry] = osd_
-    order = (1,)
-    state = {(DcpItem.MODEL, DcpItem.OPTIMIZER)[i].value: out_____[DcpItem.OPTIMIZER] for i in order if (DcpItem.MODEL, DcpItem.OPTIMIZER)[i] in out_____}
+    state = {(DcpItem.MODEL, DcpItem.OPTIMIZER)[i].value: out_____[DcpItem.OPTIMIZER] for i in (1,) if (DcpItem.MODEL, DcpItem.OPTIMIZER)[i] in out_____}
     import torch.distributed.checkpoint as dcp
     kwargs_ = {}
     kwargs_['checkpoint_id'] = path
@@ -513,6 +504,7 @@ def attempt(rank, world_size):
 
 def main():
     import os
+    os.environ['CUDA_VISIBLE_DEVICES'] = ''
     import torch.distributed as dist
     dist.init_process_group('gloo')
     verdict = attempt(dist.get_rank(), dist.get_world_size())

@@ -1,20 +1,14 @@
 #!/usr/bin/env python3
 # shardfuzz reduced reproducer: entry=14b13112cdb7665b sources=ca590eb54ff975c7 seconds=1433.5
 """Reproduces shardfuzz corpus entry metamorphic-exception-f2b0e694e1b5.json: exception:metamorphic:torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/conv.py:_conv_forward
-
-Observed: torch.compile over FSDP1 (use_orig_params=True, sharded): Dynamo recompiles the
-wrapped module's forward while its parameters hold sharded gradients and fails
-(InternalTorchDynamoError 'attempting to assign a gradient of size ...'); found at 4 ranks on
-torch 2.11, reproduced at 2 and 4 ranks on torch 2.13 CPU. Reproducer: docs/known_bugs.md.
 Known torch bug: torch.compile over FSDP1 (use_orig_params=True, sharded): recompiling the
 wrapped module's forward while its parameters hold sharded gradients raises
 InternalTorchDynamoError 'attempting to assign a gradient of size ...'; upstream:
 https://github.com/pytorch/pytorch/issues/111317.
-Expected: no rank raises.
-
-    torchrun --nproc-per-node 4 THIS_FILE.py
-
-prints REPRODUCED and exits 1 while the failure is there, else exits 0.
+Observed: torch.compile over FSDP1 (use_orig_params=True, sharded): Dynamo recompiles the
+wrapped module's forward while its parameters hold sharded gradients and fails ...
+Run: torchrun --nproc-per-node 4 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+failure is there, else exits 0 (expected: no rank raises).
 """
 
 from __future__ import annotations
@@ -547,6 +541,7 @@ def attempt(rank, world_size):
 
 def main():
     import os
+    os.environ['CUDA_VISIBLE_DEVICES'] = ''
     import torch.distributed as dist
     dist.init_process_group('gloo')
     verdict = attempt(dist.get_rank(), dist.get_world_size())

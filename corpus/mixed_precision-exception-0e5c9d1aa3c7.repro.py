@@ -1,20 +1,13 @@
 #!/usr/bin/env python3
 # shardfuzz reduced reproducer: entry=fcf8cd4586083371 sources=c819ef517160c7c9 seconds=219.0
 """Reproduces shardfuzz corpus entry mixed_precision-exception-0e5c9d1aa3c7.json: exception:mixed_precision:builtins.AssertionError@torch/distributed/fsdp/_fully_shard/_fsdp_common.py:_raise_assert_with_print
-
-Observed: FSDP2 MixedPrecisionPolicy(reduce_dtype=...) with set_requires_gradient_sync(False): a
-parameter unused on a microbatch that skipped the sync has no accumulated gradient in the reduce
-dtype, so the syncing microbatch hands foreach_reduce gradients of two dtypes.
-docs/known_bugs.md. (rank 0 raised builtins.AssertionError: FSDP reduce-scatter expects uniform
-gradient dtype but got {torch.bfloat16, torch.float32})
 Known torch bug: MixedPrecisionPolicy(reduce_dtype) with set_requires_gradient_sync(False) and a
 parameter unused on a no-sync microbatch: 'FSDP reduce-scatter expects uniform gradient dtype';
 upstream: https://github.com/pytorch/pytorch/issues/196996.
-Expected: no rank raises.
-
-    torchrun --nproc-per-node 2 THIS_FILE.py
-
-prints REPRODUCED and exits 1 while the failure is there, else exits 0.
+Observed: rank 0 raised builtins.AssertionError: FSDP reduce-scatter expects uniform gradient
+dtype but got {torch.bfloat16, torch.float32}
+Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+failure is there, else exits 0 (expected: no rank raises).
 """
 
 from __future__ import annotations
@@ -112,6 +105,7 @@ def attempt(rank, world_size):
 
 def main():
     import os
+    os.environ['CUDA_VISIBLE_DEVICES'] = ''
     import torch.distributed as dist
     dist.init_process_group('gloo')
     verdict = attempt(dist.get_rank(), dist.get_world_size())

@@ -1,22 +1,13 @@
 #!/usr/bin/env python3
 # shardfuzz reduced reproducer: entry=49e98a7a0cd611b2 sources=c819ef517160c7c9 seconds=273.0
 """Reproduces shardfuzz corpus entry mixed_precision-exception-6665b1eeed50.json: exception:mixed_precision:builtins.RuntimeError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_reduce
-
-Observed: FSDP2 MixedPrecisionPolicy: a unit whose parameters were all frozen at lazy init gets
-no orig/reduce dtype (_init_mp_dtypes reads trainable parameters only); unfrozen later, its bf16
-gradient is never cast back: 'assign a gradient with dtype BFloat16 to a tensor with grad_dtype
-Float'. docs/known_bugs.md. (rank 0 raised builtins.RuntimeError: attempting to assign a
-gradient with dtype 'c10::BFloat16' to a tensor with grad_dtype 'Float'. The gradient must match
-the tensor's grad_dtype (defaults to the tensor's dtype). You can set the tensor's grad_dtype
-attribute with a specific dtype, or None to allow)
 Known torch bug: MixedPrecisionPolicy: a unit all frozen at lazy init gets no orig/reduce dtype;
 unfrozen later, its low-precision gradient is never cast back; upstream:
 https://github.com/pytorch/pytorch/issues/186998.
-Expected: no rank raises.
-
-    torchrun --nproc-per-node 2 THIS_FILE.py
-
-prints REPRODUCED and exits 1 while the failure is there, else exits 0.
+Observed: rank 0 raised builtins.RuntimeError: attempting to assign a gradient with dtype
+'c10::BFloat16' to a tensor with grad_dtype 'Float'. The gradient must match the tensor's ...
+Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+failure is there, else exits 0 (expected: no rank raises).
 """
 
 from __future__ import annotations
@@ -93,6 +84,7 @@ def attempt(rank, world_size):
 
 def main():
     import os
+    os.environ['CUDA_VISIBLE_DEVICES'] = ''
     import torch.distributed as dist
     dist.init_process_group('gloo')
     verdict = attempt(dist.get_rank(), dist.get_world_size())

@@ -1,20 +1,13 @@
 #!/usr/bin/env python3
 # shardfuzz reduced reproducer: entry=b29b69107395f153 sources=c819ef517160c7c9 seconds=297.7
 """Reproduces shardfuzz corpus entry mixed_precision-exception-708c7ed7c223.json: exception:mixed_precision:builtins.AttributeError@torch/distributed/fsdp/_fully_shard/_fsdp_param.py:to_accumulated_grad_if_needed
-
-Observed: FSDP2 with MixedPrecisionPolicy(reduce_dtype) and set_requires_gradient_sync(False): a
-unit that never ran forward crashes the root's post-backward ('FSDPParam' object has no
-attribute '_unsharded_param'); the no-reduce path lacks the hasattr guard of the reduce path.
-Torch-only reproducer: docs/known_bugs.md. (rank 0 raised builtins.AttributeError: 'FSDPParam'
-object has no attribute '_unsharded_param')
 Known torch bug: MixedPrecisionPolicy(reduce_dtype) with set_requires_gradient_sync(False): a
 unit that never ran forward has no '_unsharded_param' in the root's post-backward; upstream:
 https://github.com/pytorch/pytorch/issues/194058.
-Expected: no rank raises.
-
-    torchrun --nproc-per-node 2 THIS_FILE.py
-
-prints REPRODUCED and exits 1 while the failure is there, else exits 0.
+Observed: rank 0 raised builtins.AttributeError: 'FSDPParam' object has no attribute
+'_unsharded_param'
+Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+failure is there, else exits 0 (expected: no rank raises).
 """
 
 from __future__ import annotations
@@ -84,6 +77,7 @@ def attempt(rank, world_size):
 
 def main():
     import os
+    os.environ['CUDA_VISIBLE_DEVICES'] = ''
     import torch.distributed as dist
     dist.init_process_group('gloo')
     verdict = attempt(dist.get_rank(), dist.get_world_size())

@@ -1,12 +1,6 @@
 #!/usr/bin/env python3
 # shardfuzz reduced reproducer: entry=1c96dbc1c2137b8d sources=c819ef517160c7c9 seconds=198.2
 """Reproduces shardfuzz corpus entry parity-exception-3e0a93b8ec65.json: exception:parity:builtins.RuntimeError@torch/utils/checkpoint.py:__torch_dispatch__
-
-Observed: selective activation checkpointing over a region holding a fully_shard unit kept
-unsharded between microbatches (set_reshard_after_backward(False)): the replay counts FSDP2's
-record_function markers and raises 'profiler._record_function_enter_new.default invocation index
-2 encountered during backward but not found in storage'; met by checkpoint-option cases on torch
-2.13 CPU, this minimal case written from that condition. Reproducer: docs/known_bugs.md.
 Known torch bug: selective activation checkpointing
 (context_fn=create_selective_checkpoint_contexts) over a region holding a fully_shard unit whose
 state differs between forward and recomputation (kept unsharded by
@@ -14,11 +8,10 @@ set_reshard_after_backward(False), prefetched, frozen): the replay counts FSDP2'
 record_function markers and raises 'profiler._record_function_enter_new.default invocation index
 N encountered during backward but not found in storage'; upstream:
 https://github.com/pytorch/pytorch/issues/196862.
-Expected: no rank raises.
-
-    torchrun --nproc-per-node 2 THIS_FILE.py
-
-prints REPRODUCED and exits 1 while the failure is there, else exits 0.
+Observed: selective activation checkpointing over a region holding a fully_shard unit kept
+unsharded between microbatches (set_reshard_after_backward(False)): the replay counts ...
+Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+failure is there, else exits 0 (expected: no rank raises).
 """
 
 from __future__ import annotations
@@ -79,6 +72,7 @@ def attempt(rank, world_size):
 
 def main():
     import os
+    os.environ['CUDA_VISIBLE_DEVICES'] = ''
     import torch.distributed as dist
     dist.init_process_group('gloo')
     verdict = attempt(dist.get_rank(), dist.get_world_size())

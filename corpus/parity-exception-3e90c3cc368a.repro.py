@@ -1,20 +1,14 @@
 #!/usr/bin/env python3
 # shardfuzz reduced reproducer: entry=71d9601af2884473 sources=c819ef517160c7c9 seconds=151.9
 """Reproduces shardfuzz corpus entry parity-exception-3e90c3cc368a.json: exception:parity:builtins.ValueError@torch/utils/checkpoint.py:_checkpoint_without_reentrant_generator
-
-Observed: composable checkpoint(debug=True) always raises ValueError 'debug=True is incompatible
-with non-default context_fn' (it passes torch.utils.checkpoint a context_fn of its own); met by
-checkpoint-option cases on torch 2.13 CPU, this minimal case written from that condition.
-Reproducer: docs/known_bugs.md.
 Known torch bug: composable checkpoint(module, debug=True) raises ValueError 'debug=True is
 incompatible with non-default context_fn' on the first forward whatever the caller passes: it
 always hands torch.utils.checkpoint a context_fn of its own; upstream:
 https://github.com/pytorch/pytorch/issues/185285.
-Expected: no rank raises.
-
-    torchrun --nproc-per-node 2 THIS_FILE.py
-
-prints REPRODUCED and exits 1 while the failure is there, else exits 0.
+Observed: composable checkpoint(debug=True) always raises ValueError 'debug=True is incompatible
+with non-default context_fn' (it passes torch.utils.checkpoint a context_fn of its own); met ...
+Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+failure is there, else exits 0 (expected: no rank raises).
 """
 
 from __future__ import annotations
@@ -50,6 +44,7 @@ def attempt(rank, world_size):
 
 def main():
     import os
+    os.environ['CUDA_VISIBLE_DEVICES'] = ''
     import torch.distributed as dist
     dist.init_process_group('gloo')
     verdict = attempt(dist.get_rank(), dist.get_world_size())

@@ -1,12 +1,6 @@
 #!/usr/bin/env python3
 # shardfuzz reduced reproducer: entry=9ff801546b7cc4d4 sources=417b1273247da170 seconds=978.3
 """Reproduces shardfuzz corpus entry parity-exception-49c62d6cb7ad.json: exception:parity:builtins.RuntimeError@torch/distributed/tensor/_api.py:redistribute
-
-Observed: DTensor convolution of a Partial input (an SPMD program with tensor parallelism: a
-conv1d leaf after a rowwise pair): forward runs, backward raises 'Can not redistribute from R to
-P(sum), redistributing to Partial is for internal use only!' in convolution_backward_handler;
-found by a 4-rank SPMD campaign on torch 2.13 CPU (not fully shrunk: the campaign was stopped),
-re-run once here. Reproducer: docs/known_bugs.md.
 Known torch bug: DTensor convolution runs the local op on its inputs as they are, not
 redistributed to the placements its sharding propagation chose (convolution_handler ignores
 needs_redistribute): a Partial input (a rowwise-parallel output) gives a local partial result
@@ -15,11 +9,10 @@ P(sum)'; a [Shard(0), Partial] input raises ValueError 'Tensor dim 0 is already 
 dim 0' (dim_map of the chosen [Shard(0), Shard(0)]); a channel-sharded input (Shard(1)) raises
 the local conv's RuntimeError 'expected input[...] to have 2 channels, but got 1'; upstream:
 none found.
-Expected: no rank raises.
-
-    torchrun --nproc-per-node 4 THIS_FILE.py
-
-prints REPRODUCED and exits 1 while the failure is there, else exits 0.
+Observed: DTensor convolution of a Partial input (an SPMD program with tensor parallelism: a
+conv1d leaf after a rowwise pair): forward runs, backward raises 'Can not redistribute from ...
+Run: torchrun --nproc-per-node 4 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+failure is there, else exits 0 (expected: no rank raises).
 """
 
 from __future__ import annotations
@@ -600,6 +593,7 @@ def attempt(rank, world_size):
 
 def main():
     import os
+    os.environ['CUDA_VISIBLE_DEVICES'] = ''
     import sys
     import torch.distributed as dist
     dist.init_process_group('gloo')

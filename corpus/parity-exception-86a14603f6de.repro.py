@@ -1,21 +1,15 @@
 #!/usr/bin/env python3
 # shardfuzz reduced reproducer: entry=6d0f1782b1a74e14 sources=c819ef517160c7c9 seconds=168.4
 """Reproduces shardfuzz corpus entry parity-exception-86a14603f6de.json: exception:parity:builtins.RuntimeError@torch/nn/parallel/distributed.py:_clear_grad_buffer
-
-Observed: replicate with delay_all_reduce_named_params over float64 parameters: DDP's delayed-
-gradient buffer is float32 (torch.zeros without a dtype) and _clear_grad_buffer raises on
-assigning it as the gradient; found by a parity campaign, this minimal case written from it
-(torch 2.13 CPU). Reproducer: docs/known_bugs.md.
 Known torch bug: DistributedDataParallel(delay_all_reduce_named_params=...,
 param_to_hook_all_reduce=...) over parameters that are not float32: the delayed gradients'
 buffer is made with torch.zeros and no dtype, and _clear_grad_buffer raises 'attempting to
 assign a gradient with dtype 'float' to a tensor with grad_dtype 'Double''; upstream: none
 found.
-Expected: no rank raises.
-
-    torchrun --nproc-per-node 2 THIS_FILE.py
-
-prints REPRODUCED and exits 1 while the failure is there, else exits 0.
+Observed: replicate with delay_all_reduce_named_params over float64 parameters: DDP's delayed-
+gradient buffer is float32 (torch.zeros without a dtype) and _clear_grad_buffer raises on ...
+Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+failure is there, else exits 0 (expected: no rank raises).
 """
 
 from __future__ import annotations
@@ -55,6 +49,7 @@ def attempt(rank, world_size):
 
 def main():
     import os
+    os.environ['CUDA_VISIBLE_DEVICES'] = ''
     import torch.distributed as dist
     dist.init_process_group('gloo')
     verdict = attempt(dist.get_rank(), dist.get_world_size())

@@ -1,15 +1,11 @@
 #!/usr/bin/env python3
 # shardfuzz reduced reproducer: entry=8b7ebc3b68aad9f0 sources=c819ef517160c7c9 seconds=283.2
 """Reproduces shardfuzz corpus entry parity-exception-c9b6f29fb81d.json: exception:parity:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out
-
-Observed: rank 0 raised builtins.IndexError: list index out of range
 Known torch bug: fully_shard with an int reshard_after_forward and Shard(1) placements:
 IndexError in foreach_all_gather_copy_out; upstream: none found.
-Expected: no rank raises.
-
-    torchrun --nproc-per-node 4 THIS_FILE.py
-
-prints REPRODUCED and exits 1 while the failure is there, else exits 0.
+Observed: rank 0 raised builtins.IndexError: list index out of range
+Run: torchrun --nproc-per-node 4 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+failure is there, else exits 0 (expected: no rank raises).
 """
 
 from __future__ import annotations
@@ -62,6 +58,7 @@ def attempt(rank, world_size):
 
 def main():
     import os
+    os.environ['CUDA_VISIBLE_DEVICES'] = ''
     import torch.distributed as dist
     dist.init_process_group('gloo')
     verdict = attempt(dist.get_rank(), dist.get_world_size())

@@ -1,16 +1,12 @@
 #!/usr/bin/env python3
 # shardfuzz reduced reproducer: entry=3951471a63742290 sources=c819ef517160c7c9 seconds=79.5
 """Reproduces shardfuzz corpus entry parity-exception-f2ce67efc316.json: exception:parity:builtins.RuntimeError@torch/optim/sgd.py:_multi_tensor_sgd
-
-Observed: rank 0 raised builtins.RuntimeError: aten._foreach_add_.List got mixed torch.Tensor
-and DTensor, need to convert all torch.Tensor to DTensor before calling distributed operators!
 Known torch bug: foreach optimizers over a mix of DTensor (fully_shard) and plain (replicate)
 parameters raise; upstream: https://github.com/pytorch/pytorch/issues/183207.
-Expected: no rank raises.
-
-    torchrun --nproc-per-node 2 THIS_FILE.py
-
-prints REPRODUCED and exits 1 while the failure is there, else exits 0.
+Observed: rank 0 raised builtins.RuntimeError: aten._foreach_add_.List got mixed torch.Tensor
+and DTensor, need to convert all torch.Tensor to DTensor before calling distributed operators!
+Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+failure is there, else exits 0 (expected: no rank raises).
 """
 
 from __future__ import annotations
@@ -50,6 +46,7 @@ def attempt(rank, world_size):
 
 def main():
     import os
+    os.environ['CUDA_VISIBLE_DEVICES'] = ''
     import torch.distributed as dist
     dist.init_process_group('gloo')
     verdict = attempt(dist.get_rank(), dist.get_world_size())

@@ -1,24 +1,15 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=075f93630193a507 sources=c819ef517160c7c9 seconds=711.6
+# shardfuzz reduced reproducer: entry=075f93630193a507 sources=c819ef517160c7c9 seconds=1388.7
 """Reproduces shardfuzz corpus entry parity-mismatch-28f92215865a.json: mismatch:parity@fsdp2:delay-all-reduce
-
-Observed: replicate with delay_all_reduce_named_params / param_to_hook_all_reduce: DDP keeps the
-delayed parameters (all the root's own under replicate) in its reducer as well, which the
-delayed all-reduce's documentation rules out; they are reduced twice, racing, and with
-static_graph the gradients come out wrong (the alias, when the race shows first). Met by
-replicate-option cases, this minimal case written from that condition (torch 2.13 CPU).
-replicate(''): 4 of 4 delayed parameters are also in DDP's reducer (all-reduced twice)
-Reproducer: docs/known_bugs.md.
 Known torch bug: DistributedDataParallel(delay_all_reduce_named_params=...,
 param_to_hook_all_reduce=...): a delayed parameter of the root module itself stays in the
 reducer too (the reducer leaves out f'{module_name}.{name}', which is '.<name>' for the root's
 own parameters), so it is all-reduced twice, racing, and its gradient is wrong now and then;
 every parameter replicate() hands DDP is one (an nn.ParameterList's); upstream: none found.
-Expected: the property's judge finds nothing.
-
-    torchrun --nproc-per-node 2 THIS_FILE.py
-
-prints REPRODUCED and exits 1 while the failure is there, else exits 0.
+Observed: replicate with delay_all_reduce_named_params / param_to_hook_all_reduce: DDP keeps the
+delayed parameters (all the root's own under replicate) in its reducer as well, which the ...
+Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+failure is there, else exits 0 (expected: the property's judge finds nothing).
 """
 
 from __future__ import annotations
@@ -208,12 +199,6 @@ def build_node(node, width):
         return module
     return nn.Sequential(*[build_node(c, width) for c in node.children])
 
-def build_model(tree):
-    return build_node(tree.root, 4)
-
-def clean_name(name):
-    return name
-
 @dataclass
 class Composed:
     model: object
@@ -224,7 +209,7 @@ class Composed:
         from torch.distributed.tensor import DTensor
         out = {}
         for n, p in self.model.named_parameters():
-            out[clean_name(n)] = (p.full_tensor() if isinstance(p, DTensor) else p).detach()
+            out[n] = (p.full_tensor() if isinstance(p, DTensor) else p).detach()
         yield out
 
 class _Contracts:
@@ -252,29 +237,28 @@ def train(tree, training, comp, ctx):
     dtype = torch.float32
     if comp is not None:
         torch.manual_seed(0)
-        model__ = build_model(tree).to(dtype)
+        model__ = build_node(tree.root, 4).to(dtype)
         from torch.distributed._composable import replicate as replicate__
         kwargs = {}
         name_ = 'static_graph'
         kwargs[name_] = True
         plan = ('0', ('1', '2'))
         hook, delayed = plan
-        order = [('1', 'weight'), ('1', 'bias'), ('2', 'weight'), ('2', 'bias')]
         kwargs['param_to_hook_all_reduce'] = model__.get_submodule(hook).get_parameter('weight')
-        kwargs['delay_all_reduce_named_params'] = [(str(i__), model__.get_submodule(p_____).get_parameter(name_)) for i__, (p_____, name_) in enumerate(order) if p_____ in delayed]
+        kwargs['delay_all_reduce_named_params'] = [(str(i__), model__.get_submodule(p_____).get_parameter(name_)) for i__, (p_____, name_) in enumerate([('1', 'weight'), ('1', 'bias'), ('2', 'weight'), ('2', 'bias')]) if p_____ in delayed]
         replicate__(model__.get_submodule(''), **kwargs)
         compose_out = Composed(model=model__)
         model = model__
         composed = compose_out
     else:
         torch.manual_seed(0)
-        model = build_model(tree).to(dtype)
+        model = build_node(tree.root, 4).to(dtype)
         composed = Composed(model)
     contracts = _Contracts(model) if comp is not None else None
     obs = {}
     params = composed.model.parameters()
     opt = torch.optim.SGD(params, lr=0.05)
-    forward = _compiled(composed.model) if comp is not None else composed.model
+    forward = composed.model
     losses = []
     params_per_step = []
     grad_norms = []
@@ -290,7 +274,7 @@ def train(tree, training, comp, ctx):
         i, (x, y) = next(iter(enumerate(step)))
         skipped = training.skipped_at(s, i)
         out = forward(x)
-        if contracts is not None and comp is not None:
+        if comp is not None:
             obs['contracts'] = contracts.after_forward(skipped)
             obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
             from torch.distributed._composable import replicate as replicate_
@@ -327,16 +311,11 @@ def train(tree, training, comp, ctx):
     obs['losses'] = losses
     obs['grad_norms'] = grad_norms
     model_ = composed.model
-    local_ = frozenset() if comp is None else frozenset([])
-    from torch.distributed.tensor import DTensor as DTensor_
-    obs['local_params'] = {n_: p____.detach().double().cpu().flatten().tolist() for n_, p____ in model_.named_parameters() if not isinstance(p____, DTensor_) and (not n_.startswith('_fsdp_wrapped_module')) and ('_fsdp' not in n_) and (clean_name(n_).rpartition('.')[0] not in local_)}
+    obs['local_params'] = {n_: p____.detach().double().cpu().flatten().tolist() for n_, p____ in model_.named_parameters() if '_fsdp' not in n_}
     obs['knob_problems'] = [] if composed.knobs is None else composed.knobs.final_problems()
     if ctx.rank == 0:
         obs['params'] = params_per_step
     return obs
-
-def _compiled(model):
-    return model
 
 class OutcomeKind(str, enum.Enum):
     OK = 'ok'
@@ -354,7 +333,7 @@ class Outcome:
 
     @property
     def observations(self):
-        return [r.observation or {} for r in self.ranks]
+        return [r.observation for r in self.ranks]
 
 @dataclass(frozen=True)
 class Signature:
@@ -455,9 +434,8 @@ def attempt(rank, world_size):
     body = ParityBody(tree=ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR)))), composition=Composition(replicate_options=ReplicateOptions(static_graph=True)))
     comp = body.composition
     composed = train(body.tree, body.training, comp, ctx)
-    keys = ('losses', 'params', 'grad_norms')
     reference = train(body.tree, body.training, None, ctx)
-    run_parity_out = {**composed, 'ref': {k: reference[k] for k in keys if k in reference}}
+    run_parity_out = {**composed, 'ref': {k: reference[k] for k in ('losses', 'params', 'grad_norms') if k in reference}}
     obs = json.loads(json.dumps(run_parity_out))
     outs = [None, None]
     dist.all_gather_object(outs, obs)
@@ -473,6 +451,7 @@ def attempt(rank, world_size):
 
 def main():
     import os
+    os.environ['CUDA_VISIBLE_DEVICES'] = ''
     import torch.distributed as dist
     dist.init_process_group('gloo')
     verdict = attempt(dist.get_rank(), dist.get_world_size())

@@ -1,50 +1,22 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=3602c42a89141394 sources=5c3a8b0f263890d1 seconds=242.0
+# shardfuzz reduced reproducer: entry=3602c42a89141394 sources=5c3a8b0f263890d1 seconds=469.9
 """Reproduces shardfuzz corpus entry state_dict-exception-67e354131411.json: exception:state_dict:builtins.KeyError@torch/distributed/checkpoint/state_dict.py:_get_model_state_dict
-
-Observed: get_model_state_dict(ignore_frozen_params=True) pops a frozen fused parameter by its
-named_parameters name, which the state dict (keyed by the hooks' names) lacks: KeyError. (rank 0
-raised builtins.KeyError: '0.1.0.fused.weight')
 Known torch bug: get_model_state_dict(ignore_frozen_params=True) raises KeyError for a frozen
 parameter of a module whose state-dict hooks hide a child (declared through its fqn modifiers
 method): it pops the parameter's named_parameters name ('0.fused.weight'), which the state dict,
 keyed '0.weight', lacks; upstream: none found.
-Expected: no rank raises.
-
-    torchrun --nproc-per-node 2 THIS_FILE.py
-
-prints REPRODUCED and exits 1 while the failure is there, else exits 0.
+Observed: rank 0 raised builtins.KeyError: '0.1.0.fused.weight'
+Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+failure is there, else exits 0 (expected: no rank raises).
 """
 
 from __future__ import annotations
 import torch
-import enum
 from torch import nn
-from dataclasses import dataclass
-
-class LeafKind(str, enum.Enum):
-    CONV1D = 'conv1d'
-    RELU = 'relu'
-
-@dataclass()
-class Leaf:
-    kind: object
-    bias: object = True
-
-@dataclass()
-class Block:
-    children: object
 DEFAULT_FQN_MODIFIERS = '_fqn_modifiers'
 
 class PointwiseConv1d(nn.Conv1d):
     pass
-
-def build_node(node, width):
-    if isinstance(node, Leaf):
-        module = PointwiseConv1d(width, width, kernel_size=1, bias=node.bias)
-        module.requires_grad_(False)
-        return module
-    return nn.Sequential(*[build_node(c, width) for c in node.children])
 FUSED_CHILD = 'fused'
 
 class FusedLeaf(nn.Module):
@@ -69,8 +41,10 @@ def attempt(rank, world_size):
     import re
     import traceback
     try:
-        tree_root = Block(children=(Block(children=(Leaf(kind=LeafKind.RELU), Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),)))),))
-        build_model_out = build_node(tree_root, 1)
+        module = PointwiseConv1d(1, 1, kernel_size=1)
+        module_ = PointwiseConv1d(1, 1, kernel_size=1, bias=False)
+        module_.requires_grad_(False)
+        build_model_out = nn.Sequential(nn.Sequential(module, nn.Sequential(module_)))
         model = build_model_out.to(torch.float64)
         owner = model.get_submodule('0.1')
         owner.add_module('0', FusedLeaf(owner.get_submodule('0'), DEFAULT_FQN_MODIFIERS))
@@ -90,6 +64,7 @@ def attempt(rank, world_size):
 
 def main():
     import os
+    os.environ['CUDA_VISIBLE_DEVICES'] = ''
     import torch.distributed as dist
     dist.init_process_group('gloo')
     verdict = attempt(dist.get_rank(), dist.get_world_size())

@@ -1,22 +1,13 @@
 #!/usr/bin/env python3
 # shardfuzz reduced reproducer: entry=a7670fbac300d246 sources=2836a7ca10136e42 seconds=209.5
 """Reproduces shardfuzz corpus entry state_dict-exception-6b7f874c0c8d.json: exception:state_dict:builtins.ValueError@torch/distributed/distributed_c10d.py:get_group_rank
-
-Observed: set_optimizer_state_dict(full_state_dict=True, cpu_offload=True) into FSDP1
-HYBRID_SHARD with a shard dimension of size 1: torch passes FSDP1 rank0_only=True, and FSDP1's
-_broadcast_processed_state broadcasts from global rank 0 within a process group that holds only
-the rank itself, so every other rank raises (the (2, 2) mesh on 4 ranks passes; related to
-pytorch/pytorch#154888, shard size 1). docs/known_bugs.md. (rank 1 raised builtins.ValueError:
-Global rank 0 is not part of group <torch.distributed.distributed_c10d.ProcessGroup object at
-0x7f56a40e0bf0>)
 Known torch bug: set_optimizer_state_dict(full, cpu_offload) into FSDP1 HYBRID_SHARD with a
 shard dimension of 1 broadcasts from global rank 0 in a one-rank group; upstream:
 https://github.com/pytorch/pytorch/issues/155680.
-Expected: no rank raises.
-
-    torchrun --nproc-per-node 2 THIS_FILE.py
-
-prints REPRODUCED and exits 1 while the failure is there, else exits 0.
+Observed: rank 1 raised builtins.ValueError: Global rank 0 is not part of group
+<torch.distributed.distributed_c10d.ProcessGroup object at 0x7f56a40e0bf0>
+Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+failure is there, else exits 0 (expected: no rank raises).
 """
 
 from __future__ import annotations
@@ -59,6 +50,7 @@ def attempt(rank, world_size):
 
 def main():
     import os
+    os.environ['CUDA_VISIBLE_DEVICES'] = ''
     import torch.distributed as dist
     dist.init_process_group('gloo')
     verdict = attempt(dist.get_rank(), dist.get_world_size())

@@ -1,20 +1,13 @@
 #!/usr/bin/env python3
 # shardfuzz reduced reproducer: entry=8a961ec26fda3260 sources=1ee5b339ab4179e7 seconds=118.8
 """Reproduces shardfuzz corpus entry state_dict-exception-ab49bbd468b0.json: exception:state_dict:builtins.AssertionError@torch/distributed/fsdp/_state_dict_utils.py:_common_unshard_post_state_dict_hook
-
-Observed: FSDP1 NO_SHARD (use_orig_params) with an auto-wrapped unit whose parameters are all
-frozen: after a training step state_dict() raises 'FSDP assumes ... is in the state_dict'.
-docs/state_dict.md. (rank 0 raised builtins.AssertionError: FSDP assumes 0.weight is in the
-state_dict but the state_dict only has odict_keys(['1.0.weight', '1.0.bias']). prefix=,
-module_name=0., param_name=weight rank=0.)
 Known torch bug: FSDP1 NO_SHARD with an auto-wrapped unit of frozen parameters: state_dict()
 after training raises 'FSDP assumes ... is in the state_dict'; upstream:
 https://github.com/pytorch/pytorch/issues/85831.
-Expected: no rank raises.
-
-    torchrun --nproc-per-node 2 THIS_FILE.py
-
-prints REPRODUCED and exits 1 while the failure is there, else exits 0.
+Observed: rank 0 raised builtins.AssertionError: FSDP assumes 0.weight is in the state_dict but
+the state_dict only has odict_keys(['1.0.weight', '1.0.bias']). prefix=, module_name=0., ...
+Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+failure is there, else exits 0 (expected: no rank raises).
 """
 
 from __future__ import annotations
@@ -57,6 +50,7 @@ def attempt(rank, world_size):
 
 def main():
     import os
+    os.environ['CUDA_VISIBLE_DEVICES'] = ''
     import sys
     import torch.distributed as dist
     dist.init_process_group('gloo')

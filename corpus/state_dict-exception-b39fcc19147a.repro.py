@@ -1,17 +1,13 @@
 #!/usr/bin/env python3
 # shardfuzz reduced reproducer: entry=f79d1e3b59a0cdd2 sources=8dc1694f16ffdb1f seconds=170.8
 """Reproduces shardfuzz corpus entry state_dict-exception-b39fcc19147a.json: exception:state_dict:builtins.KeyError@torch/distributed/_state_dict_utils.py:_unflatten_state_dict
-
-Observed: rank 0 raised builtins.KeyError: 'param_groups.0.params.0'
 Known torch bug: set_optimizer_state_dict(full_state_dict=True,
 flatten_optimizer_state_dict=True) raises KeyError 'param_groups.0.params.0' for any model: the
 full-state branch takes the optimizer's local state dict with the flatten option still on, so
 the loaded and the local dicts have different keys; upstream: none found.
-Expected: no rank raises.
-
-    torchrun --nproc-per-node 2 THIS_FILE.py
-
-prints REPRODUCED and exits 1 while the failure is there, else exits 0.
+Observed: rank 0 raised builtins.KeyError: 'param_groups.0.params.0'
+Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+failure is there, else exits 0 (expected: no rank raises).
 """
 
 from __future__ import annotations
@@ -57,6 +53,7 @@ def attempt(rank, world_size):
 
 def main():
     import os
+    os.environ['CUDA_VISIBLE_DEVICES'] = ''
     import torch.distributed as dist
     dist.init_process_group('gloo')
     verdict = attempt(dist.get_rank(), dist.get_world_size())

@@ -1,19 +1,11 @@
 #!/usr/bin/env python3
 # shardfuzz reduced reproducer: entry=e5539532b13e61d5 sources=2836a7ca10136e42 seconds=313.8
 """Reproduces shardfuzz corpus entry state_dict-exception-bf9272b690b5.json: exception:state_dict:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out
-
-Observed: Not a state-dict bug: FSDP2's backward all-gather raises IndexError in
-foreach_all_gather_copy_out for a module with an int reshard_after_forward whose parameters are
-placed Shard(1); met while training the source model. The training properties' entry
-corpus/parity-exception-c9b6f29fb81d.json is the same bug. (rank 0 raised builtins.IndexError:
-list index out of range)
 Known torch bug: fully_shard with an int reshard_after_forward and Shard(1) placements:
 IndexError in foreach_all_gather_copy_out; upstream: none found.
-Expected: no rank raises.
-
-    torchrun --nproc-per-node 4 THIS_FILE.py
-
-prints REPRODUCED and exits 1 while the failure is there, else exits 0.
+Observed: rank 0 raised builtins.IndexError: list index out of range
+Run: torchrun --nproc-per-node 4 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+failure is there, else exits 0 (expected: no rank raises).
 """
 
 from __future__ import annotations
@@ -65,6 +57,7 @@ def attempt(rank, world_size):
 
 def main():
     import os
+    os.environ['CUDA_VISIBLE_DEVICES'] = ''
     import torch.distributed as dist
     dist.init_process_group('gloo')
     verdict = attempt(dist.get_rank(), dist.get_world_size())

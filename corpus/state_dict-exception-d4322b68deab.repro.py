@@ -1,21 +1,15 @@
 #!/usr/bin/env python3
 # shardfuzz reduced reproducer: entry=c572371c336f35cd sources=5c3a8b0f263890d1 seconds=289.2
 """Reproduces shardfuzz corpus entry state_dict-exception-d4322b68deab.json: exception:state_dict:builtins.AttributeError@torch/nn/modules/module.py:__getattr__
-
-Observed: get_model_state_dict ignores StateDictOptions(dsd_fqn_modifiers=...): a fused module
-whose method has the name the option gives makes _get_fqns raise AttributeError. (rank 0 raised
-builtins.AttributeError: 'FusedLeaf' object has no attribute 'weight')
 Known torch bug: get_model_state_dict / get_state_dict ignore
 StateDictOptions(dsd_fqn_modifiers=...): they map the model's state-dict keys to FQNs through a
 method of the default name (_fqn_modifiers), so for a module whose state-dict hooks hide a child
 and whose method has the name the option gives, _get_fqns raises AttributeError ('<module>
 object has no attribute <key atom>'). Only set_model_state_dict reads the option. Any model,
 sharded or not; upstream: none found.
-Expected: no rank raises.
-
-    torchrun --nproc-per-node 2 THIS_FILE.py
-
-prints REPRODUCED and exits 1 while the failure is there, else exits 0.
+Observed: rank 0 raised builtins.AttributeError: 'FusedLeaf' object has no attribute 'weight'
+Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+failure is there, else exits 0 (expected: no rank raises).
 """
 
 from __future__ import annotations
@@ -68,6 +62,7 @@ def attempt(rank, world_size):
 
 def main():
     import os
+    os.environ['CUDA_VISIBLE_DEVICES'] = ''
     import torch.distributed as dist
     dist.init_process_group('gloo')
     verdict = attempt(dist.get_rank(), dist.get_world_size())

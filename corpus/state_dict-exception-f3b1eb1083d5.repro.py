@@ -1,13 +1,6 @@
 #!/usr/bin/env python3
 # shardfuzz reduced reproducer: entry=05f2a60d585ed364 sources=5f5e88fa2ae7132f seconds=266.5
 """Reproduces shardfuzz corpus entry state_dict-exception-f3b1eb1083d5.json: exception:state_dict:builtins.RuntimeError@torch/distributed/checkpoint/state_dict.py:_split_optim_state_dict
-
-Observed: get_optimizer_state_dict keys a fused module's parameters (a child its state-dict
-hooks hide, declared by _fqn_modifiers) by named_parameters' names, set_optimizer_state_dict
-looks for the model state dict's: a strict load raises. Any model, sharded or not. (rank 0
-raised builtins.RuntimeError: Missing optimizer state for parameter '0.1.weight' in checkpoint.
-The parameter requires gradients but has no saved optimizer state. To load anyway, use
-StateDictOptions(strict=False).)
 Known torch bug: a module whose state-dict hooks hide a child, declared through its fqn
 modifiers method (StateDictOptions.dsd_fqn_modifiers): get_optimizer_state_dict keys that
 child's parameters by named_parameters' names ('0.fused.weight'), set_optimizer_state_dict looks
@@ -15,11 +8,10 @@ them up by the model state dict's ('0.weight'), so a get/set round trip of the o
 strict raises RuntimeError 'Missing optimizer state for parameter', non-strict drops that state,
 flattened raises KeyError 'param_groups.<fqn>.lr'. Any model, sharded or not; upstream: none
 found.
-Expected: no rank raises.
-
-    torchrun --nproc-per-node 2 THIS_FILE.py
-
-prints REPRODUCED and exits 1 while the failure is there, else exits 0.
+Observed: rank 0 raised builtins.RuntimeError: Missing optimizer state for parameter
+'0.1.weight' in checkpoint. The parameter requires gradients but has no saved optimizer ...
+Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+failure is there, else exits 0 (expected: no rank raises).
 """
 
 from __future__ import annotations
@@ -72,6 +64,7 @@ def attempt(rank, world_size):
 
 def main():
     import os
+    os.environ['CUDA_VISIBLE_DEVICES'] = ''
     import torch.distributed as dist
     dist.init_process_group('gloo')
     verdict = attempt(dist.get_rank(), dist.get_world_size())

@@ -1,21 +1,12 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=905c6279a12f4664 sources=73c958e26ffedc4f seconds=939.6
+# shardfuzz reduced reproducer: entry=905c6279a12f4664 sources=73c958e26ffedc4f seconds=1457.7
 """Reproduces shardfuzz corpus entry state_dict-hang-dff6a54ad235.json: hang:state_dict@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone
-
-Observed: set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0 pass an
-empty model state dict (as get_state_dict(full_state_dict=True, cpu_offload=True) returns there,
-and as broadcast_from_rank0 documents): set_state_dict computes optim_only=not model_state_dict
-per rank, so those ranks skip the model broadcast that rank 0 enters. set_model_state_dict +
-set_optimizer_state_dict work. (rank 0 broadcasts state in _broadcast_state_dict that rank(s)
-[1] skipped (rank(s) 0, 1 missed the deadline in
-torch/distributed/distributed_c10d.py:broadcast))
 Known torch bug: set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0
 pass an empty model state dict; upstream: https://github.com/pytorch/pytorch/issues/157781.
-Expected: every rank finishes.
-
-    torchrun --nproc-per-node 2 THIS_FILE.py
-
-prints REPRODUCED and exits 1 while the failure is there, else exits 0.
+Observed: rank 0 broadcasts state in _broadcast_state_dict that rank(s) [1] skipped (rank(s) 0,
+1 missed the deadline in torch/distributed/distributed_c10d.py:broadcast)
+Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+failure is there, else exits 0 (expected: every rank finishes).
 """
 
 from __future__ import annotations
@@ -41,14 +32,6 @@ class RankContext:
     world_size: object
     device: object
     backend: object
-    _meshes: object = field(default_factory=dict)
-
-    def mesh(self, shape, names):
-        from torch.distributed.device_mesh import init_device_mesh
-        key = (shape, names)
-        if key not in self._meshes:
-            self._meshes[key] = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
-        return self._meshes[key]
 
 class LeafKind(str, enum.Enum):
     LINEAR = 'linear'
@@ -89,7 +72,6 @@ class ShardSpec:
 @dataclass(frozen=True)
 class Composition:
     shards: object = ()
-    mesh: object = ()
 
     @property
     def sharded_paths(self):
@@ -210,16 +192,12 @@ def clean_name(name):
         name = name.replace(prefix, '')
     return name
 
-def mesh_for(comp, ctx):
-    return ctx.mesh((ctx.world_size,), ('shard',))
-
 @dataclass
 class Composed:
     model: object
     fsdp_roots: object = field(default_factory=list)
 
 def compose(model, comp, ctx, tree=None):
-    mesh = mesh_for(comp, ctx)
     for api, path in comp.steps():
         pass
     sharded = comp.sharded_paths
@@ -260,19 +238,12 @@ class Side:
     def model(self):
         return self.composed.model
 
-    def names(self):
-        current = {id(p): clean_name(n) for n, p in self.model.named_parameters()}
-        return {**self.param_names, **current}
-
 def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=(), fused=(), fqn_modifiers=DEFAULT_FQN_MODIFIERS):
     torch.manual_seed(seed)
     device = ctx.device
     model = build_model(tree, device).to(TORCH_DTYPES[training.dtype])
     composed = compose(model, comp, ctx)
     return Side(composed=composed, comp=comp, training=training, schedule=schedule)
-
-def change_requires_grad(side, step):
-    return
 
 def requires_grad(side):
     return {clean_name(n): p.requires_grad for n, p in side.model.named_parameters()}
@@ -290,9 +261,6 @@ def add_optimizer(side, training, *, frozen_in_optimizer=False, empty_group=Fals
 def body_optimizer(side, training, body):
     return add_optimizer(side, training, frozen_in_optimizer=False, empty_group=False)
 
-def seed_segment(case, ctx, segment):
-    torch.manual_seed((0 * 7919 + segment * 104729 + ctx.rank + 1) % 2 ** 63)
-
 def all_batches(case, training, steps, tree, ctx):
     return [step[0] for step in batches(case, replace(training, steps=steps), 2, ctx)]
 
@@ -300,7 +268,6 @@ def train_steps(side, data, ctx):
     assert side.opt is not None
     losses = []
     for x, y in data:
-        change_requires_grad(side, side.step)
         side.step += 1
         loss = F.mse_loss(side.model(x).to(y.dtype), y)
         loss.backward()
@@ -357,7 +324,6 @@ def run_state_dict(case, body, ctx):
     data = all_batches(case, t, 1, body.tree, ctx)
     src = build_side(body.tree, body.source, t, ctx, seed=0, schedule=(), fused=(), fqn_modifiers='_fqn_modifiers')
     body_optimizer(src, t, body)
-    seed_segment(case, ctx, 0)
     obs = {'losses_before': train_steps(src, data[:1], ctx)}
     msd, osd = _take(body, src)
     nested_osd = osd
@@ -379,6 +345,7 @@ def run_state_dict(case, body, ctx):
 
 def main():
     import os
+    os.environ['CUDA_VISIBLE_DEVICES'] = ''
     import torch
     import torch.distributed as dist
     case = Case(property='state_dict', world_size=2, seed=0, body=StateDictBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR),))), source=Composition(shards=(ShardSpec(path=''),)), target=Composition(shards=(ShardSpec(path=''),)), training=Training(momentum=0.9, steps=1, batch_per_rank=1), steps_after=0, api=Api.COMBINED, save=Options(full_state_dict=True), load=Options(full_state_dict=True, broadcast_from_rank0=True)))

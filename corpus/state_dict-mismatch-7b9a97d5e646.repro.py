@@ -1,18 +1,12 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=e9797d40ebc65ba7 sources=23436965d888924f seconds=562.8
+# shardfuzz reduced reproducer: entry=e9797d40ebc65ba7 sources=23436965d888924f seconds=1029.1
 """Reproduces shardfuzz corpus entry state_dict-mismatch-7b9a97d5e646.json: mismatch:state_dict@fsdp1_optim_state_dict:shard1
-
-Observed: FSDP1 HYBRID_SHARD with a shard dimension of size 1 never averages gradients across
-replicas; met here while resuming after an FSDP1 state-dict load. (0.weight[14] is
-0.18243764340877533 after resuming, uninterrupted 0.18939998745918274 (error 0.00696 > allowed
-2.89e-06))
 Known torch bug: FSDP1 HYBRID_SHARD with a shard dimension of size 1 never averages gradients
 across replicas; upstream: https://github.com/pytorch/pytorch/issues/154888.
-Expected: the property's judge finds nothing.
-
-    torchrun --nproc-per-node 2 THIS_FILE.py
-
-prints REPRODUCED and exits 1 while the failure is there, else exits 0.
+Observed: FSDP1 HYBRID_SHARD with a shard dimension of size 1 never averages gradients across
+replicas; met here while resuming after an FSDP1 state-dict load. (0.weight[14] is ...
+Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+failure is there, else exits 0 (expected: the property's judge finds nothing).
 """
 
 from __future__ import annotations
@@ -63,23 +57,6 @@ class Composition:
 @dataclass()
 class Training:
     dtype: object = Dtype.FLOAT32
-
-class Body:
-    pass
-
-@dataclass()
-class Case:
-    property: object
-    world_size: object
-    seed: object
-    body: object
-
-@dataclass()
-class StateDictBody(Body):
-    tree: object
-    source: object
-    target: object
-    training: object = field()
 
 class TreeBlock(nn.Module):
 
@@ -143,29 +120,10 @@ def build_side(tree, comp, training, ctx):
     composed = Composed(model=wrap_out, param_names=names)
     return Side(composed=composed, comp=comp, training=training)
 
-def train_steps(side, data):
-    x, y = next(iter(data))
-    loss = F.mse_loss(side.model(x).to(y.dtype), y)
-    loss.backward()
-    side.opt.step()
-
-class OutcomeKind(str, enum.Enum):
-    OK = 'ok'
-
 @dataclass()
 class RankReport:
     rank: object
     observation: object = None
-
-@dataclass()
-class Outcome:
-    kind: object
-    ranks: object
-    seconds: object
-
-    @property
-    def observations(self):
-        return [r.observation or {} for r in self.ranks]
 
 @dataclass()
 class KnownBug:
@@ -173,9 +131,6 @@ class KnownBug:
     title: object
     tag: object = ''
 FSDP1_HSDP_SHARD1 = KnownBug('fsdp1-hybrid-shard-dim-1', 'FSDP1 HYBRID_SHARD with a shard dimension of size 1 never averages gradients across replicas', tag=':shard1')
-
-def fsdp1_shard1(comp):
-    return comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD and (2, 1)[1] == 1 and ((2,)[0] > 1)
 
 @dataclass()
 class Signature:
@@ -230,19 +185,8 @@ def _check_resume(prop, where, observations):
     if bad_p is not None:
         return _mismatch(prop, 'resume_params', where, f'{name}[{bad_p.index}] is {bad_p.actual!r} after resuming, uninterrupted {bad_p.expected!r} (error {bad_p.error:.3g} > allowed {bad_p.allowed:.3g})')
 
-def judge_state_dict(case, outcome):
-    body = case.body
-    source = body.source
-    target = body.target
-    shard1_out = FSDP1_HSDP_SHARD1.tag if fsdp1_shard1(source) or fsdp1_shard1(target) else ''
-    prop, where = ('state_dict', 'fsdp1_optim_state_dict' + shard1_out)
-    observations = outcome.observations
-    failure_ = _check_resume(prop, where, observations)
-    return failure_
-
 def attempt(rank, world_size):
     import torch.distributed as dist
-    case = Case(property='state_dict', world_size=2, seed=32, body=StateDictBody(tree=ModuleTree(width=4, root=Block(children=())), source=Composition(), target=Composition(wrapper=Wrapper.FSDP1_HYBRID_SHARD), training=Training()))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
     t = Training()
@@ -267,10 +211,16 @@ def attempt(rank, world_size):
     result_ = tgt.model.load_state_dict(msd)
     data_ = data[2:]
     obs_ = {}
-    losses = train_steps(src, data_)
+    x_, y_ = next(iter(data_))
+    loss = F.mse_loss(src.model(x_).to(y_.dtype), y_)
+    loss.backward()
+    src.opt.step()
     with src.composed.full_parameters() as params__:
         out_ = {n: [float(v) for v in t_.double().cpu().flatten().tolist()] for n, t_ in params__.items()}
-    obs_['losses_target'] = train_steps(tgt, data_)
+    x__, y__ = next(iter(data_))
+    loss_ = F.mse_loss(tgt.model(x__).to(y__.dtype), y__)
+    loss_.backward()
+    tgt.opt.step()
     with tgt.composed.full_parameters() as params___:
         out__ = {n_: [float(v_) for v_ in t__.double().cpu().flatten().tolist()] for n_, t__ in params___.items()}
     obs_['final_source'], obs_['final_target'] = (out_, out__)
@@ -281,15 +231,19 @@ def attempt(rank, world_size):
     if rank != 0:
         return ''
     reports = tuple((RankReport(rank=r, observation=o) for r, o in enumerate(outs)))
-    failure = judge_state_dict(case, Outcome(kind=OutcomeKind.OK, ranks=reports, seconds=0.0))
-    if failure is not None and failure.signature in ['mismatch:dcp@async_save:shard1', 'mismatch:dcp@save:shard1', 'mismatch:state_dict@combined:shard1', 'mismatch:state_dict@fsdp1_optim_state_dict:shard1', 'mismatch:state_dict@split:shard1']:
+    shard1_out = FSDP1_HSDP_SHARD1.tag if False and 1 == 1 and (2 > 1) or (True and 1 == 1 and (2 > 1)) else ''
+    prop, where = ('state_dict', 'fsdp1_optim_state_dict' + shard1_out)
+    observations = [r.observation or {} for r in reports]
+    failure_ = _check_resume(prop, where, observations)
+    if failure_ is not None and failure_.signature in ['mismatch:dcp@async_save:shard1', 'mismatch:dcp@save:shard1', 'mismatch:state_dict@combined:shard1', 'mismatch:state_dict@fsdp1_optim_state_dict:shard1', 'mismatch:state_dict@split:shard1']:
         import hashlib
         observed = hashlib.sha256(json.dumps(outs, sort_keys=True).encode()).hexdigest()[:16]
-        return f'REPRODUCED {failure.signature}: observations {observed}: {failure.summary}'
-    return f'PASS or another failure: {failure and failure.signature}'
+        return f'REPRODUCED {failure_.signature}: observations {observed}: {failure_.summary}'
+    return f'PASS or another failure: {failure_ and failure_.signature}'
 
 def main():
     import os
+    os.environ['CUDA_VISIBLE_DEVICES'] = ''
     import sys
     import torch.distributed as dist
     dist.init_process_group('gloo')
