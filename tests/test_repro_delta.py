@@ -465,3 +465,21 @@ def test_a_local_bound_once_to_an_attribute_of_an_imported_module_is_replaced_by
     assert "dtype" not in ast.unparse(tree) and ".to(torch.float32)" in ast.unparse(tree)
     rebound = "import torch\ndef f(torch):\n    dtype = torch.float32\n    return dtype\n"
     assert "dtype = torch.float32" in ast.unparse(delta.propagate_aliases(ast.parse(rebound)))
+
+
+def test_a_nested_function_that_returns_an_expression_is_written_where_it_is_called() -> None:
+    code = (
+        "TABLE = {'a': 1}\n"
+        "def policy(k):\n"
+        "    def dt(d):\n"
+        "        return None if d is None else TABLE[d]\n"
+        "    return [dt(k), dt(g(k))]\n"
+        "def g(k):\n"
+        "    return k\n"
+    )
+    assert "policy.dt" in delta.expression_functions(code)
+    # ``d`` is read twice: ``g(k)`` would be computed twice where it was computed once
+    assert delta.inline_expression(code, "policy.dt") is None
+    once = code.replace("dt(g(k))", "dt(k)")
+    out = delta.inline_expression(once, "policy.dt")
+    assert out is not None and "def dt" not in out and "None if k is None else TABLE[k]" in out

@@ -357,3 +357,15 @@ def test_a_function_that_ends_in_if_return_returns_a_conditional_expression() ->
     assert namespace["f"](None) is None and namespace["f"](2) == 3
     two = "def f(bad):\n    if bad:\n        return 1\n    if bad is None:\n        return 2\n"
     assert "if bad is None:\n        return 2" in (simplify(two) or two)  # two returns: left
+
+
+def test_an_enum_member_is_never_none() -> None:
+    code = (
+        "import enum\n"
+        "class Kind(str, enum.Enum):\n"
+        "    A = 'a'\n"
+        "def f(table):\n"
+        "    return None if Kind.A is None else table[Kind.A]\n"
+    )
+    out = simplify(code)
+    assert out is not None and "return table[Kind.A]" in out

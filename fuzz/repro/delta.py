@@ -793,9 +793,9 @@ def inline_everywhere(code: str, name: str, frozen: Frozen = frozenset()) -> str
 
 
 def _expression(fn: ast.stmt, frozen: Frozen) -> ast.expr | None:
-    """What a plain function is, where it is one ``return`` of an expression that reads each
-    parameter at most once (so an argument written in its place is computed as often as the call
-    computed it): else None."""
+    """What a plain function is, where it is one ``return`` of an expression (not recursive):
+    else None. A parameter it reads more than once may only be given a name, a constant or an
+    attribute of a name (:func:`inline_expression`), so that no argument is computed twice."""
     if not isinstance(fn, ast.FunctionDef) or not _inlinable(fn, frozen):
         return None
     if fn.args.kwonlyargs or fn.args.vararg or fn.args.kwarg:
@@ -805,9 +805,8 @@ def _expression(fn: ast.stmt, frozen: Frozen) -> ast.expr | None:
         return None
     value = body[0].value
     reads = [n.id for n in ast.walk(value) if isinstance(n, ast.Name)]
-    params = [a.arg for a in [*fn.args.posonlyargs, *fn.args.args]]
-    if fn.name in reads or any(reads.count(p) > 1 for p in params):
-        return None  # recursive, or an argument computed twice
+    if fn.name in reads:
+        return None  # recursive
     if any(isinstance(n, (ast.Lambda, ast.NamedExpr, *_COMPREHENSIONS)) for n in ast.walk(value)):
         return None  # a scope of its own, or a binding: left to the statement inliner
     return value
@@ -816,19 +815,43 @@ def _expression(fn: ast.stmt, frozen: Frozen) -> ast.expr | None:
 _COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 
 
+def _plain(node: ast.expr) -> bool:
+    """A name, a constant or an attribute of a name: nothing computed where it is written again."""
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return isinstance(node, (ast.Name, ast.Constant))
+
+
+def _expression_functions(tree: ast.Module, frozen: Frozen) -> Iterator[tuple[str, ast.AST, ast.FunctionDef]]:
+    """(key, scope, function) of each function that is one ``return`` of an expression: at the
+    top (key: its name; scope: the module) or directly in the body of a top-level function
+    that may be cut (``outer.inner``; scope: that function), named in its scope only by calls
+    (recursion aside) and defined once there."""
+    candidates: list[tuple[str, ast.AST, ast.FunctionDef]] = []
+    for top in tree.body:
+        if isinstance(top, ast.FunctionDef):
+            candidates.append((top.name, tree, top))
+            if not _untouched(top, frozen) and not _harness(top):
+                candidates += [(f"{top.name}.{n.name}", top, n) for n in top.body if isinstance(n, ast.FunctionDef)]
+    for key, scope, fn in candidates:
+        if _expression(fn, frozen) is None:
+            continue
+        names = [n for n in ast.walk(scope) if isinstance(n, ast.Name) and n.id == fn.name]
+        called = [
+            n
+            for n in ast.walk(scope)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == fn.name
+        ]
+        defined = [n for n in ast.walk(scope) if isinstance(n, ast.FunctionDef) and n.name == fn.name]
+        if names and len(names) == len(called) and len(defined) == 1:
+            yield key, scope, fn
+
+
 def expression_functions(code: str, frozen: Frozen = frozenset()) -> list[str]:
-    """Top-level functions that are one ``return`` of an expression (:func:`_expression`), named
-    outside their definition only by calls."""
-    tree = ast.parse(code)
-    counts, calls = _name_counts(tree)
-    return [
-        n.name
-        for n in tree.body
-        if isinstance(n, ast.FunctionDef)
-        and _expression(n, frozen) is not None
-        and counts.get(n.name, 0) >= 1
-        and counts.get(n.name) == calls.get(n.name)
-    ]
+    """Functions that are one ``return`` of an expression (:func:`_expression`), top-level or
+    nested in a top-level function, named in their scope only by calls (see
+    :func:`_expression_functions`)."""
+    return [key for key, _, _ in _expression_functions(ast.parse(code), frozen)]
 
 
 def inline_expression(code: str, name: str, frozen: Frozen = frozenset()) -> str | None:
@@ -837,15 +860,21 @@ def inline_expression(code: str, name: str, frozen: Frozen = frozenset()) -> str
     function gone; None where a call passes what it does not take, or a name the expression
     reads freely is bound where the call is."""
     tree = ast.parse(code)
-    fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
-    value = _expression(fn, frozen) if fn is not None else None
-    if fn is None or value is None:
+    found = next(((scope, fn) for key, scope, fn in _expression_functions(tree, frozen) if key == name), None)
+    if found is None:
         return None
+    holder, fn = found
+    expression = _expression(fn, frozen)
+    assert expression is not None
+    value: ast.expr = expression
+    name = fn.name
     params = {a.arg for a in [*fn.args.posonlyargs, *fn.args.args]}
-    free = {n.id for n in ast.walk(value) if isinstance(n, ast.Name)} - params
-    scopes = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))]
+    reads = [n.id for n in ast.walk(value) if isinstance(n, ast.Name)]
+    twice = {p for p in params if reads.count(p) > 1}
+    free = set(reads) - params
+    scopes = [n for n in ast.walk(holder) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))]
     for scope in scopes:
-        if scope is fn:
+        if scope is fn or scope is holder:
             continue
         own = _stored(scope) if not isinstance(scope, ast.Lambda) else {a.arg for a in scope.args.args}
         if free & own and any(
@@ -860,14 +889,17 @@ def inline_expression(code: str, name: str, frozen: Frozen = frozenset()) -> str
             self.generic_visit(node)
             if not (isinstance(node.func, ast.Name) and node.func.id == name):
                 return node
-            bound = bind(fn, node) if not any(isinstance(a, ast.Starred) for a in node.args) else None
-            if bound is None or any(k.arg is None for k in node.keywords):
+            bound = bind(fn, node)
+            if bound is None or any(not _plain(bound[p]) for p in twice):
                 failed = True
                 return node
             return ast.copy_location(_Substitute(bound).visit(copy.deepcopy(value)), node)
 
-    tree.body.remove(fn)
-    _Calls().visit(tree)
+    block = holder.body  # type: ignore[attr-defined]
+    block.remove(fn)
+    if not block:
+        block.append(ast.Pass())
+    _Calls().visit(holder)
     return None if failed else _unparse(tree)
 
 
@@ -1479,7 +1511,7 @@ def _elements(tree: ast.Module, frozen: Frozen) -> list[tuple[ast.AST, str, int]
     seen: dict[int, tuple[ast.AST, str, int]] = {}
     statements = [stmt for stmt, _ in units(tree, frozen)]
     for top in tree.body:
-        if _harness(top):  # its own assignments, not those of its exception check
+        if isinstance(top, ast.FunctionDef) and _harness(top):  # not its exception check's
             statements += [n for n in top.body if isinstance(n, ast.Assign)]
     for stmt in statements:
         for node in ast.walk(stmt):

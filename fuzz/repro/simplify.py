@@ -14,9 +14,9 @@ left alone), repeated until none applies:
   changes and ``key`` is written as one of its keys, becomes that key's value;
 - **Enum aliases and tests**: a local bound once to an enum member (``item = Item.MODEL``)
   becomes the member; a comparison of two members of one enum (``is``, ``==``, ``in`` a tuple
-  of members) becomes its constant, and an ``if`` on a constant (or on a display of pure
-  elements, ``()`` being false) the branch it takes; ``a, b = (x, y)`` of names and constants
-  becomes two assignments;
+  of members) or of a member with None (``is None``) becomes its constant, and an ``if`` on a
+  constant (or on a display of pure elements, ``()`` being false) the branch it takes;
+  ``a, b = (x, y)`` of names and constants becomes two assignments;
 - **Bags**: a local bound to ``{}`` and only subscripted by constant keys becomes one local
   per key;
 - **Imports**: in functions, imported names nothing reads go, and neighbouring imports from one
@@ -520,7 +520,9 @@ class _EnumTests(ast.NodeTransformer):
         a = _member(left, self.enums, self.stores)
         if a is None:
             return node
-        if isinstance(op, (ast.Is, ast.IsNot, ast.Eq, ast.NotEq)):
+        if isinstance(op, (ast.Is, ast.IsNot)) and isinstance(right, ast.Constant) and right.value is None:
+            value = isinstance(op, ast.IsNot)  # a member is never None
+        elif isinstance(op, (ast.Is, ast.IsNot, ast.Eq, ast.NotEq)):
             b = _member(right, self.enums, self.stores)
             if b is None or b[0] != a[0]:
                 return node
