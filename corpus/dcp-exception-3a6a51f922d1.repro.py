@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=24cba4b5d3ca2075 sources=4cc18416ea30ea14 seconds=500.0
+# shardfuzz reduced reproducer: entry=24cba4b5d3ca2075 sources=4cc18416ea30ea14 seconds=720.7
 """Reproduces shardfuzz corpus entry dcp-exception-3a6a51f922d1.json: exception:dcp:builtins.ValueError@torch/distributed/fsdp/_optim_utils.py:_flatten_optim_state_dict
 Known torch bug: the classic FSDP1 DCP recipe with an optimizer without state:
 optim_state_dict_to_load refuses the dict without 'state'; upstream: none found.
@@ -44,9 +44,8 @@ def attempt(rank, world_size):
         count = getattr(ctx, '_cases', 0)
         path = os.path.join('/tmp/shardfuzz-dcp-5990', f'{digest}-{count}')
         build_model_out = TreeBlock([TreeBlock([], True)], False)
-        model = build_model_out.to(torch.float32)
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP__
-        wrap_out = FSDP__(model, device_id=torch.device('cpu'))
+        wrap_out = FSDP__(build_model_out, device_id=torch.device('cpu'))
         params = list(wrap_out.parameters())
         src_opt = torch.optim.SGD(params)
         out = {}
@@ -60,9 +59,8 @@ def attempt(rank, world_size):
         kwargs_['checkpoint_id'] = path
         dcp.save(state, **kwargs_)
         build_model_out_ = TreeBlock([TreeBlock([], True)], False)
-        model_ = build_model_out_.to(torch.float32)
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP___
-        wrap_out_ = FSDP___(model_, device_id=torch.device('cpu'))
+        wrap_out_ = FSDP___(build_model_out_, device_id=torch.device('cpu'))
         params_ = list(wrap_out_.parameters())
         tgt_opt = torch.optim.SGD(params_)
         import torch.distributed.checkpoint as dcp_

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=ddc9107588b830c3 sources=9d7be58e4208c9df seconds=130.0
+# shardfuzz reduced reproducer: entry=ddc9107588b830c3 sources=9d7be58e4208c9df seconds=380.1
 """Reproduces shardfuzz corpus entry dcp-exception-418da060d0db.json: exception:dcp:builtins.KeyError@torch/distributed/checkpoint/state_dict.py:_get_optim_state_dict
 Known torch bug: a frozen fully_shard unit without resharding under a replicate'd root is never
 resharded: a leaf unfrozen later never trains (KeyError in get_optimizer_state_dict); upstream:
@@ -18,29 +18,26 @@ class PointwiseConv1d(nn.Conv1d):
     pass
 
 def attempt(rank, world_size):
-    ctx_device = torch.device('cpu')
     import re
     import traceback
     try:
         x = torch.randn(world_size, 1)
         y = torch.randn(world_size, 1)
-        step_ = [(x[rank:rank + 1].to(ctx_device), y[rank:rank + 1].to(ctx_device))]
+        step_ = [(x[rank:rank + 1], y[rank:rank + 1])]
         build_model_out = nn.Sequential(PointwiseConv1d(1, 1, kernel_size=1))
-        model = build_model_out.to(torch.float32)
         from torch.distributed.fsdp import fully_shard
-        modules = [model.get_submodule('0')]
-        fully_shard(modules[0])
-        params = list(model.parameters())
+        fully_shard(build_model_out)
+        params = list(build_model_out.parameters())
         src_opt = torch.optim.SGD(params)
         data_ = [step_[0]][:1]
         x_, y_ = next(iter(data_))
-        loss = F.mse_loss(model(x_).to(y_.dtype), y_)
+        loss = F.mse_loss(build_model_out(x_), y_)
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-        out__counter = get_optimizer_state_dict(model, src_opt)
+        out__counter = get_optimizer_state_dict(build_model_out, src_opt)
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
+        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
         if found in ['builtins.KeyError@torch/distributed/checkpoint/state_dict.py:_get_optim_state_dict']:
             return f'REPRODUCED exception:dcp:builtins.KeyError@torch/distributed/checkpoint/state_dict.py:_get_optim_state_dict: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=32bab302165bedb8 sources=9d7be58e4208c9df seconds=282.5
+# shardfuzz reduced reproducer: entry=32bab302165bedb8 sources=9d7be58e4208c9df seconds=513.0
 """Reproduces shardfuzz corpus entry dcp-exception-4d02691a497a.json: exception:dcp:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out
 Known torch bug: fully_shard with an int reshard_after_forward and Shard(1) placements:
 IndexError in foreach_all_gather_copy_out; upstream: none found.
@@ -13,43 +13,33 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-def _placement_fn(shard_size):
+def _placement_fn():
     from torch.distributed.tensor import Shard
 
     def fn(param):
-        if param.ndim > 1 and param.shape[1] % shard_size == 0:
-            return Shard(1)
+        return Shard(1) if param.ndim > 1 else None
     return fn
 
 def attempt(rank, world_size):
-    ctx__meshes = {}
     import re
     import traceback
     try:
         x = torch.randn(world_size, 4)
         y = torch.randn(world_size, 4)
-        step_ = [(x[rank:rank + 1].to(torch.device('cpu')), y[rank:rank + 1].to(torch.device('cpu')))]
+        step_ = [(x[rank:rank + 1], y[rank:rank + 1])]
         build_model_out = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
-        model = build_model_out.to(torch.float32)
-        shape = (4,)
-        from torch.distributed.device_mesh import init_device_mesh
-        key = ()
-        ctx__meshes[key] = init_device_mesh(torch.device('cpu').type, shape)
-        mesh = ctx__meshes[key]
         from torch.distributed.fsdp import fully_shard
         kwargs = {'reshard_after_forward': 2}
-        shard_size = mesh.size(mesh.ndim - 1)
-        kwargs['shard_placement_fn'] = _placement_fn(shard_size)
-        modules = [model.get_submodule('1')]
-        fully_shard(modules[0], **kwargs)
+        kwargs['shard_placement_fn'] = _placement_fn()
+        fully_shard(build_model_out, **kwargs)
         data_ = [step_[0]][:1]
         x_, y_ = next(iter(data_))
-        loss = F.mse_loss(model(x_).to(y_.dtype), y_)
+        loss = F.mse_loss(build_model_out(x_), y_)
         loss.backward()
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
+        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
         if found in ['builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out']:
             return f'REPRODUCED exception:dcp:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

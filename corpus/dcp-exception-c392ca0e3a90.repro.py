@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=4b45c2168641062c sources=9d7be58e4208c9df seconds=251.9
+# shardfuzz reduced reproducer: entry=4b45c2168641062c sources=9d7be58e4208c9df seconds=474.5
 """Reproduces shardfuzz corpus entry dcp-exception-c392ca0e3a90.json: exception:dcp:builtins.KeyError@torch/distributed/fsdp/_optim_utils.py:_unflatten_param_groups
 Known torch bug: FSDP1 NO_SHARD with an auto-wrapped unit of frozen parameters: state_dict()
 after training raises 'FSDP assumes ... is in the state_dict'; upstream:
@@ -20,10 +20,9 @@ def attempt(rank, world_size):
     import re
     import traceback
     try:
-        dtype = torch.float64
-        x = torch.randn(world_size, 4, dtype=dtype)
+        x = torch.randn(world_size, 4, dtype=torch.float64)
         y = torch.randn(world_size, 4)
-        step_ = [(x[0:1].to(ctx_device), y[0:1].to(ctx_device))]
+        step_ = [(x[0:1], y[0:1])]
         module = nn.LayerNorm(4)
         module.requires_grad_(False)
         build_model_out = nn.Sequential(module, nn.Sequential(nn.Sequential(nn.LayerNorm(4))))
@@ -46,7 +45,7 @@ def attempt(rank, world_size):
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
+        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
         if found in ['builtins.KeyError@torch/distributed/fsdp/_optim_utils.py:_unflatten_param_groups']:
             return f'REPRODUCED exception:dcp:builtins.KeyError@torch/distributed/fsdp/_optim_utils.py:_unflatten_param_groups: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=bc8ec400c405abdb sources=9d7be58e4208c9df seconds=193.5
+# shardfuzz reduced reproducer: entry=bc8ec400c405abdb sources=9d7be58e4208c9df seconds=387.7
 """Reproduces shardfuzz corpus entry dcp-exception-d6daf354182c.json: exception:dcp:builtins.RuntimeError@torch/distributed/_shard/sharded_tensor/api.py:dispatch
 Known torch bug: dcp.async_save's default stager calls data_ptr() on ShardedTensors; upstream:
 none found.
@@ -31,13 +31,12 @@ def attempt(rank, world_size):
     import traceback
     try:
         build_model_out = TreeBlock([TreeBlock([], True)], False)
-        model = build_model_out.to(torch.float32)
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-        wrap_out = FSDP(model, device_id=ctx_device)
+        wrap_out = FSDP(build_model_out, device_id=ctx_device)
         from torch.distributed.fsdp import ShardedOptimStateDictConfig, ShardedStateDictConfig, StateDictType, FullyShardedDataParallel as FSDP_
         FSDP_.set_state_dict_type(wrap_out, StateDictType.SHARDED_STATE_DICT, ShardedStateDictConfig(), ShardedOptimStateDictConfig())
         out = {}
-        out[DcpItem.MODEL] = wrap_out.state_dict()
+        out[DcpItem.MODEL] = wrap_out
         order = range(1)
         state = {'model': out[DcpItem.MODEL] for i in order if (DcpItem.MODEL,)[i] in out}
         import torch.distributed.checkpoint as dcp

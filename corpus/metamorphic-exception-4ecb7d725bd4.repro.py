@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=046d6314125fae89 sources=ce057bc0da65e4dc seconds=300.3
+# shardfuzz reduced reproducer: entry=046d6314125fae89 sources=ce057bc0da65e4dc seconds=516.9
 """Reproduces shardfuzz corpus entry metamorphic-exception-4ecb7d725bd4.json: exception:metamorphic:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out
 Known torch bug: fully_shard with an int reshard_after_forward and Shard(1) placements:
 IndexError in foreach_all_gather_copy_out; upstream: none found.
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 class PointwiseConv1d(nn.Conv1d):
 
     def forward(self, x):
-        return super().forward(x.unsqueeze(-1)).squeeze(-1)
+        return super().forward(x.unsqueeze(-1))
 
 def _placement_fn():
     from torch.distributed.tensor import Shard
@@ -29,25 +29,22 @@ def attempt(rank, world_size):
     import re
     import traceback
     try:
-        dtype = torch.float32
         build_model_out = PointwiseConv1d(4, 4, kernel_size=1, bias=False)
-        model_ = build_model_out.to(dtype)
         from torch.distributed.fsdp import fully_shard
         kwargs = {'reshard_after_forward': 2}
         kwargs['shard_placement_fn'] = _placement_fn()
-        modules = [model_.get_submodule('')]
-        fully_shard(modules[0], **kwargs)
+        fully_shard(build_model_out, **kwargs)
         x_ = torch.randn(world_size, 4)
         y_ = torch.randn(world_size, 4)
-        step_ = [(x_[rank:rank + 1].to(torch.device('cpu')), y_[rank:rank + 1].to(torch.device('cpu')))]
+        step_ = [(x_[rank:rank + 1], y_[rank:rank + 1])]
         i, (x, y) = next(iter(enumerate(step_)))
-        out = model_(x)
-        loss = F.mse_loss(out.to(y.dtype), y)
+        out = build_model_out(x)
+        loss = F.mse_loss(out, y)
         loss.backward()
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
+        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
         if found in ['builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out']:
             return f'REPRODUCED exception:metamorphic:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=49e98a7a0cd611b2 sources=c819ef517160c7c9 seconds=273.0
+# shardfuzz reduced reproducer: entry=49e98a7a0cd611b2 sources=c819ef517160c7c9 seconds=526.8
 """Reproduces shardfuzz corpus entry mixed_precision-exception-6665b1eeed50.json: exception:mixed_precision:builtins.RuntimeError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_reduce
 Known torch bug: MixedPrecisionPolicy: a unit all frozen at lazy init gets no orig/reduce dtype;
 unfrozen later, its low-precision gradient is never cast back; upstream:
@@ -37,46 +37,43 @@ def mp_policy():
     return MixedPrecisionPolicy(param_dtype=dt(Dtype.BFLOAT16))
 
 def attempt(rank, world_size):
-    ctx_device = torch.device('cpu')
     import re
     import traceback
     try:
-        dtype = torch.float32
         module = PointwiseConv1d(1, 1, kernel_size=1)
         module.requires_grad_(False)
         build_model_out = nn.Sequential(PointwiseConv1d(1, 1, kernel_size=1), module)
-        model_ = build_model_out.to(dtype)
         from torch.distributed.fsdp import fully_shard
         kwargs = {}
         kwargs['mp_policy'] = mp_policy()
-        modules = [model_.get_submodule('0')]
+        modules = [build_model_out.get_submodule('0')]
         fully_shard(modules[0], **kwargs)
-        modules = [model_.get_submodule('')]
+        modules = [build_model_out]
         fully_shard(modules[0], **kwargs)
         out__ = {'1': []}
-        for name, p____ in model_.named_parameters():
+        for name, p____ in build_model_out.named_parameters():
             clean_name_out = name
-            owner = '.'.join((c for c in clean_name_out.split('.')[:-1] if c.isdigit()))
+            owner = '.'.join((c for c in clean_name_out.split('.')[:-1] if c))
             if owner in out__:
                 out__[owner].append(p____)
         out_ = []
         for _ in range(2):
             x_ = torch.randn(world_size, 1)
             y_ = torch.randn(world_size, 1)
-            step_ = [(x_[rank:rank + 1].to(ctx_device), y_[rank:rank + 1].to(ctx_device))]
+            step_ = [(x_[rank:rank + 1], y_[rank:rank + 1])]
             out_.append(step_)
         for s, step in enumerate(out_):
             for path__ in ['1' for u in (Unfreeze(path='1', step=1),) if 1 == s]:
                 p___ = next(iter(out__[path__]))
                 p___.requires_grad_(True)
             i, (x, y) = next(iter(enumerate(step)))
-            out = model_(x)
+            out = build_model_out(x)
             loss = F.mse_loss(out.to(y.dtype), y)
             loss.backward()
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
+        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
         if found in ['builtins.RuntimeError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_reduce']:
             return f'REPRODUCED exception:mixed_precision:builtins.RuntimeError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_reduce: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=b29b69107395f153 sources=c819ef517160c7c9 seconds=297.7
+# shardfuzz reduced reproducer: entry=b29b69107395f153 sources=c819ef517160c7c9 seconds=546.5
 """Reproduces shardfuzz corpus entry mixed_precision-exception-708c7ed7c223.json: exception:mixed_precision:builtins.AttributeError@torch/distributed/fsdp/_fully_shard/_fsdp_param.py:to_accumulated_grad_if_needed
 Known torch bug: MixedPrecisionPolicy(reduce_dtype) with set_requires_gradient_sync(False): a
 unit that never ran forward has no '_unsharded_param' in the root's post-backward; upstream:
@@ -41,35 +41,30 @@ def mp_policy():
     return MixedPrecisionPolicy(reduce_dtype=dt(Dtype.FLOAT32))
 
 def attempt(rank, world_size):
-    ctx_device = torch.device('cpu')
     import re
     import traceback
     try:
-        dtype = torch.float32
         build_model_out = TreeBlock([nn.LayerNorm(12), nn.LayerNorm(12)])
-        model__ = build_model_out.to(dtype)
         from torch.distributed.fsdp import fully_shard
         kwargs_ = {}
         kwargs_['mp_policy'] = mp_policy()
-        modules = [model__.get_submodule('1')]
+        modules = [build_model_out.get_submodule('1')]
         fully_shard(modules[0], **kwargs_)
-        modules = [model__.get_submodule('')]
+        modules = [build_model_out]
         fully_shard(modules[0], **kwargs_)
-        compose_out_fsdp_roots = [model__.get_submodule('')]
         lo = rank * 2
         x_ = torch.randn(4, 12)
         y_ = torch.randn(4, 12)
-        step_ = [(x_[lo:lo + 2].to(ctx_device), y_[lo:lo + 2].to(ctx_device))]
+        step_ = [(x_[lo:lo + 2], y_[lo:lo + 2])]
         i, (x, y) = next(iter(enumerate(step_)))
-        m_ = next(iter(compose_out_fsdp_roots))
-        m_.set_requires_gradient_sync(False)
-        out = model__(x)
-        loss = F.mse_loss(out.to(y.dtype), y)
+        build_model_out.set_requires_gradient_sync(False)
+        out = build_model_out(x)
+        loss = F.mse_loss(out, y)
         loss.backward()
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
+        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
         if found in ['builtins.AttributeError@torch/distributed/fsdp/_fully_shard/_fsdp_param.py:to_accumulated_grad_if_needed']:
             return f'REPRODUCED exception:mixed_precision:builtins.AttributeError@torch/distributed/fsdp/_fully_shard/_fsdp_param.py:to_accumulated_grad_if_needed: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=71d9601af2884473 sources=c819ef517160c7c9 seconds=151.9
+# shardfuzz reduced reproducer: entry=71d9601af2884473 sources=c819ef517160c7c9 seconds=364.9
 """Reproduces shardfuzz corpus entry parity-exception-3e90c3cc368a.json: exception:parity:builtins.ValueError@torch/utils/checkpoint.py:_checkpoint_without_reentrant_generator
 Known torch bug: composable checkpoint(module, debug=True) raises ValueError 'debug=True is
 incompatible with non-default context_fn' on the first forward whatever the caller passes: it
@@ -16,27 +16,24 @@ import torch
 from torch import nn
 
 def attempt(rank, world_size):
-    ctx_device = torch.device('cpu')
     import re
     import traceback
     try:
-        dtype = torch.float32
         build_model_out = nn.Sequential(nn.Linear(4, 4))
-        model_ = build_model_out.to(dtype)
         from torch.distributed._composable import checkpoint
         kwargs = {}
         kwargs['debug'] = True
-        checkpoint(model_.get_submodule('0'), **kwargs)
+        checkpoint(build_model_out, **kwargs)
         lo = rank * 2
         x_ = torch.randn(4, 4)
         y_ = torch.randn(4, 4)
-        step_ = [(x_[lo:lo + 2].to(ctx_device), y_[lo:lo + 2].to(ctx_device))]
+        step_ = [(x_[lo:lo + 2], y_[lo:lo + 2])]
         i, (x, y) = next(iter(enumerate(step_)))
-        out = model_(x)
+        out = build_model_out(x)
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
+        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
         if found in ['builtins.ValueError@torch/utils/checkpoint.py:_checkpoint_without_reentrant_generator']:
             return f'REPRODUCED exception:parity:builtins.ValueError@torch/utils/checkpoint.py:_checkpoint_without_reentrant_generator: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=6d0f1782b1a74e14 sources=c819ef517160c7c9 seconds=168.4
+# shardfuzz reduced reproducer: entry=6d0f1782b1a74e14 sources=c819ef517160c7c9 seconds=407.1
 """Reproduces shardfuzz corpus entry parity-exception-86a14603f6de.json: exception:parity:builtins.RuntimeError@torch/nn/parallel/distributed.py:_clear_grad_buffer
 Known torch bug: DistributedDataParallel(delay_all_reduce_named_params=...,
 param_to_hook_all_reduce=...) over parameters that are not float32: the delayed gradients'
@@ -17,31 +17,28 @@ import torch
 from torch import nn
 
 def attempt(rank, world_size):
-    ctx_device = torch.device('cpu')
     import re
     import traceback
     try:
-        dtype = torch.float64
         build_model_out = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
-        model_ = build_model_out.to(dtype)
+        model_ = build_model_out.to(torch.float64)
         from torch.distributed._composable import replicate
         kwargs = {}
         plan = ('0', ('1',))
         hook, delayed = plan
         kwargs['param_to_hook_all_reduce'] = model_.get_submodule(hook).get_parameter('bias')
         kwargs['delay_all_reduce_named_params'] = [(str(i_), model_.get_submodule(p__).get_parameter(name)) for i_, (p__, name) in enumerate([('1', 'bias')]) if p__ in delayed]
-        replicate(model_.get_submodule(''), **kwargs)
-        dtype_ = torch.float64
+        replicate(model_, **kwargs)
         lo = rank * 2
-        x_ = torch.randn(4, 4, dtype=dtype_)
+        x_ = torch.randn(4, 4, dtype=torch.float64)
         y_ = torch.randn(4, 4)
-        step_ = [(x_[lo:lo + 2].to(ctx_device), y_[lo:lo + 2].to(ctx_device))]
+        step_ = [(x_[lo:lo + 2], y_[lo:lo + 2])]
         i, (x, y) = next(iter(enumerate(step_)))
         out = model_(x)
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
+        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
         if found in ['builtins.RuntimeError@torch/nn/parallel/distributed.py:_clear_grad_buffer']:
             return f'REPRODUCED exception:parity:builtins.RuntimeError@torch/nn/parallel/distributed.py:_clear_grad_buffer: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

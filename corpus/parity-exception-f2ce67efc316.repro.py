@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=3951471a63742290 sources=c819ef517160c7c9 seconds=79.5
+# shardfuzz reduced reproducer: entry=3951471a63742290 sources=c819ef517160c7c9 seconds=320.1
 """Reproduces shardfuzz corpus entry parity-exception-f2ce67efc316.json: exception:parity:builtins.RuntimeError@torch/optim/sgd.py:_multi_tensor_sgd
 Known torch bug: foreach optimizers over a mix of DTensor (fully_shard) and plain (replicate)
 parameters raise; upstream: https://github.com/pytorch/pytorch/issues/183207.
@@ -15,30 +15,27 @@ from torch import nn
 import torch.nn.functional as F
 
 def attempt(rank, world_size):
-    ctx_device = torch.device('cpu')
     import re
     import traceback
     try:
-        dtype = torch.float32
         build_model_out = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
-        model_ = build_model_out.to(dtype)
         from torch.distributed.fsdp import fully_shard
-        modules = [model_.get_submodule('0')]
+        modules = [build_model_out.get_submodule('0')]
         fully_shard(modules[0])
-        params = model_.parameters()
+        params = build_model_out.parameters()
         opt = torch.optim.SGD(params, foreach=True)
         x_ = torch.randn(world_size, 2)
         y_ = torch.randn(world_size, 2)
-        step_ = [(x_[rank:rank + 1].to(ctx_device), y_[rank:rank + 1].to(ctx_device))]
+        step_ = [(x_[rank:rank + 1], y_[rank:rank + 1])]
         i, (x, y) = next(iter(enumerate(step_)))
-        out = model_(x)
-        loss = F.mse_loss(out.to(y.dtype), y)
+        out = build_model_out(x)
+        loss = F.mse_loss(out, y)
         loss.backward()
         opt.step()
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
+        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
         if found in ['builtins.RuntimeError@torch/distributed/tensor/_dispatch.py:_try_replicate_spec_for_scalar_tensor', 'builtins.RuntimeError@torch/optim/sgd.py:_multi_tensor_sgd']:
             return f'REPRODUCED exception:parity:builtins.RuntimeError@torch/optim/sgd.py:_multi_tensor_sgd: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=3602c42a89141394 sources=5c3a8b0f263890d1 seconds=469.9
+# shardfuzz reduced reproducer: entry=3602c42a89141394 sources=5c3a8b0f263890d1 seconds=686.1
 """Reproduces shardfuzz corpus entry state_dict-exception-67e354131411.json: exception:state_dict:builtins.KeyError@torch/distributed/checkpoint/state_dict.py:_get_model_state_dict
 Known torch bug: get_model_state_dict(ignore_frozen_params=True) raises KeyError for a frozen
 parameter of a module whose state-dict hooks hide a child (declared through its fqn modifiers
@@ -45,14 +45,13 @@ def attempt(rank, world_size):
         module_ = PointwiseConv1d(1, 1, kernel_size=1, bias=False)
         module_.requires_grad_(False)
         build_model_out = nn.Sequential(nn.Sequential(module, nn.Sequential(module_)))
-        model = build_model_out.to(torch.float64)
-        owner = model.get_submodule('0.1')
+        owner = build_model_out.get_submodule('0.1')
         owner.add_module('0', FusedLeaf(owner.get_submodule('0'), DEFAULT_FQN_MODIFIERS))
-        params = list(model.parameters())
+        params = list(build_model_out.parameters())
         src_opt = torch.optim.AdamW(params)
         from torch.distributed.checkpoint.state_dict import get_state_dict, StateDictOptions
         options = StateDictOptions(ignore_frozen_params=True)
-        msd, osd = get_state_dict(model, src_opt, options=options)
+        msd, osd = get_state_dict(build_model_out, src_opt, options=options)
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         at = [f'torch/{p.rpartition("/torch/")[2]}:{f}' for p, f in frames if '/torch/' in p and 'comp>' not in f]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=8a961ec26fda3260 sources=1ee5b339ab4179e7 seconds=118.8
+# shardfuzz reduced reproducer: entry=8a961ec26fda3260 sources=1ee5b339ab4179e7 seconds=322.8
 """Reproduces shardfuzz corpus entry state_dict-exception-ab49bbd468b0.json: exception:state_dict:builtins.AssertionError@torch/distributed/fsdp/_state_dict_utils.py:_common_unshard_post_state_dict_hook
 Known torch bug: FSDP1 NO_SHARD with an auto-wrapped unit of frozen parameters: state_dict()
 after training raises 'FSDP assumes ... is in the state_dict'; upstream:
@@ -23,26 +23,25 @@ def attempt(rank, world_size):
         lo = rank * 2
         x = torch.randn(4, 2)
         y = torch.randn(4, 2)
-        step_ = [(x[lo:lo + 2].to(ctx_device), y[lo:lo + 2].to(ctx_device))]
+        step_ = [(x[lo:lo + 2], y[lo:lo + 2])]
         module = nn.Linear(2, 2)
         module.requires_grad_(False)
         build_model_out = nn.Sequential(module, nn.Sequential(nn.Linear(2, 2)))
-        model = build_model_out.to(torch.float32)
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
         strategy = ShardingStrategy.NO_SHARD
         kwargs = {'sharding_strategy': strategy, 'device_id': ctx_device, 'use_orig_params': True}
         kwargs['auto_wrap_policy'] = ModuleWrapPolicy({nn.Sequential})
-        wrap_out = FSDP(model, **kwargs)
+        wrap_out = FSDP(build_model_out, **kwargs)
         data_ = [step_[0]][:2]
         x_, y_ = next(iter(data_))
-        loss = F.mse_loss(wrap_out(x_).to(y_.dtype), y_)
+        loss = F.mse_loss(wrap_out(x_), y_)
         loss.backward()
         msd, osd = (wrap_out.state_dict(), None)
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
-        at = [f"torch/{p.rpartition('/torch/')[2]}:{f}" for p, f in frames if '/torch/' in p and 'comp>' not in f]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@{(at or ['torch/?:?'])[-1]}"
+        at = [f'torch/{p.rpartition("/torch/")[2]}:{f}' for p, f in frames if '/torch/' in p and 'comp>' not in f]
+        found = f'{type(e).__module__}.{type(e).__qualname__}@{(at or ["torch/?:?"])[-1]}'
         if found in ['builtins.AssertionError@torch/distributed/fsdp/_state_dict_utils.py:_common_unshard_post_state_dict_hook'] and at[0] == 'torch/nn/modules/module.py:state_dict' and (re.sub('\\d+(?:\\.\\d+)*', '#', str(e).partition('\n')[0]) == "FSDP assumes #.weight is in the state_dict but the state_dict only has odict_keys(['#.weight', '#.bias']). prefix=, module_name=#., param_name=weight rank=#."):
             return f'REPRODUCED exception:state_dict:builtins.AssertionError@torch/distributed/fsdp/_state_dict_utils.py:_common_unshard_post_state_dict_hook: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

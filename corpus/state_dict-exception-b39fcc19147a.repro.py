@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=f79d1e3b59a0cdd2 sources=8dc1694f16ffdb1f seconds=170.8
+# shardfuzz reduced reproducer: entry=f79d1e3b59a0cdd2 sources=8dc1694f16ffdb1f seconds=380.7
 """Reproduces shardfuzz corpus entry state_dict-exception-b39fcc19147a.json: exception:state_dict:builtins.KeyError@torch/distributed/_state_dict_utils.py:_unflatten_state_dict
 Known torch bug: set_optimizer_state_dict(full_state_dict=True,
 flatten_optimizer_state_dict=True) raises KeyError 'param_groups.0.params.0' for any model: the
@@ -27,21 +27,19 @@ def attempt(rank, world_size):
     import traceback
     try:
         build_model_out = TreeBlock([TreeBlock([], True)], False)
-        model = build_model_out.to(torch.float64)
-        params = list(model.parameters())
+        params = list(build_model_out.parameters())
         groups = [{'params': params[0::2]}]
         src_opt = torch.optim.Adam(groups)
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-        msd_ = get_model_state_dict(model)
-        msd, osd = (msd_, get_optimizer_state_dict(model, src_opt))
+        msd_ = get_model_state_dict(build_model_out)
+        msd, osd = (msd_, get_optimizer_state_dict(build_model_out, src_opt))
         build_model_out_ = TreeBlock([TreeBlock([], True)], False)
-        model_ = build_model_out_.to(torch.float64)
-        params_ = list(model_.parameters())
+        params_ = list(build_model_out_.parameters())
         groups_ = [{'params': params_[0::2]}]
         tgt_opt = torch.optim.Adam(groups_)
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict, StateDictOptions
         options_ = StateDictOptions(full_state_dict=True, flatten_optimizer_state_dict=True)
-        set_optimizer_state_dict(model_, tgt_opt, osd, options=options_)
+        set_optimizer_state_dict(build_model_out_, tgt_opt, osd, options=options_)
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=c572371c336f35cd sources=5c3a8b0f263890d1 seconds=289.2
+# shardfuzz reduced reproducer: entry=c572371c336f35cd sources=5c3a8b0f263890d1 seconds=526.8
 """Reproduces shardfuzz corpus entry state_dict-exception-d4322b68deab.json: exception:state_dict:builtins.AttributeError@torch/nn/modules/module.py:__getattr__
 Known torch bug: get_model_state_dict / get_state_dict ignore
 StateDictOptions(dsd_fqn_modifiers=...): they map the model's state-dict keys to FQNs through a
@@ -13,7 +13,6 @@ failure is there, else exits 0 (expected: no rank raises).
 """
 
 from __future__ import annotations
-import torch
 from torch import nn
 
 class PointwiseConv1d(nn.Conv1d):
@@ -35,26 +34,23 @@ class FusedLeaf(nn.Module):
     @staticmethod
     def _hide(module, state_dict, prefix, local_metadata):
         atom = next(iter(module.key_modifiers()))
-        key = f'{prefix}{FUSED_CHILD}.{atom}'
-        state_dict[f'{prefix}{atom}'] = state_dict.pop(key)
+        state_dict[f'{prefix}{atom}'] = state_dict
 
 def attempt(rank, world_size):
     import re
     import traceback
     try:
         build_model_out = nn.Sequential(PointwiseConv1d(1, 1, kernel_size=1))
-        model = build_model_out.to(torch.float32)
-        owner = model.get_submodule('')
-        owner.add_module('0', FusedLeaf(owner.get_submodule('0')))
+        build_model_out.add_module('0', FusedLeaf(build_model_out.get_submodule('0')))
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, StateDictOptions
         extra = {}
         extra['dsd_fqn_modifiers'] = 'hidden_children'
         options = StateDictOptions(**extra)
-        msd_ = get_model_state_dict(model, options=options)
+        msd_ = get_model_state_dict(build_model_out, options=options)
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
-        at = [f"torch/{p.rpartition('/torch/')[2]}:{f}" for p, f in frames if '/torch/' in p and 'comp>' not in f]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@{(at or ['torch/?:?'])[-1]}"
+        at = [f'torch/{p.rpartition("/torch/")[2]}:{f}' for p, f in frames if '/torch/' in p and 'comp>' not in f]
+        found = f'{type(e).__module__}.{type(e).__qualname__}@{(at or ["torch/?:?"])[-1]}'
         if found in ['builtins.AttributeError@torch/nn/modules/module.py:__getattr__'] and at[0] == 'torch/distributed/checkpoint/state_dict.py:get_model_state_dict' and (re.sub('\\d+(?:\\.\\d+)*', '#', str(e).partition('\n')[0]) == "'FusedLeaf' object has no attribute 'weight'"):
             return f'REPRODUCED exception:state_dict:builtins.AttributeError@torch/nn/modules/module.py:__getattr__: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=af1b565e41fad220 sources=2836a7ca10136e42 seconds=172.1
+# shardfuzz reduced reproducer: entry=af1b565e41fad220 sources=2836a7ca10136e42 seconds=400.0
 """Reproduces shardfuzz corpus entry state_dict-exception-d75bbc271571.json: exception:state_dict:builtins.AssertionError@torch/distributed/checkpoint/state_dict.py:_load_optim_state_dict
 Known torch bug: set_optimizer_state_dict(full_state_dict=True) for an optimizer without tensor
 state: 'Expected device to be set'; upstream: https://github.com/pytorch/pytorch/issues/133415.
@@ -17,19 +17,17 @@ def attempt(rank, world_size):
     import traceback
     try:
         module = nn.Linear(2, 2)
-        model = module.to(torch.float32)
-        params = list(model.parameters())
+        params = list(module.parameters())
         src_opt = torch.optim.SGD(params)
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-        msd_ = get_model_state_dict(model)
-        msd, osd = (msd_, get_optimizer_state_dict(model, src_opt))
+        msd_ = get_model_state_dict(module)
+        msd, osd = (msd_, get_optimizer_state_dict(module, src_opt))
         module_ = nn.Linear(2, 2)
-        model_ = module_.to(torch.float32)
-        params_ = list(model_.parameters())
+        params_ = list(module_.parameters())
         tgt_opt = torch.optim.SGD(params_)
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict, StateDictOptions
         options_ = StateDictOptions(full_state_dict=True)
-        set_optimizer_state_dict(model_, tgt_opt, osd, options=options_)
+        set_optimizer_state_dict(module_, tgt_opt, osd, options=options_)
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]

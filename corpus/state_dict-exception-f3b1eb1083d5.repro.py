@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=05f2a60d585ed364 sources=5f5e88fa2ae7132f seconds=266.5
+# shardfuzz reduced reproducer: entry=05f2a60d585ed364 sources=5f5e88fa2ae7132f seconds=495.3
 """Reproduces shardfuzz corpus entry state_dict-exception-f3b1eb1083d5.json: exception:state_dict:builtins.RuntimeError@torch/distributed/checkpoint/state_dict.py:_split_optim_state_dict
 Known torch bug: a module whose state-dict hooks hide a child, declared through its fqn
 modifiers method (StateDictOptions.dsd_fqn_modifiers): get_optimizer_state_dict keys that
@@ -39,24 +39,22 @@ def attempt(rank, world_size):
     import traceback
     try:
         build_model_out = nn.Sequential(nn.Sequential(PointwiseConv1d(1, 1, kernel_size=1), PointwiseConv1d(1, 1, kernel_size=1), PointwiseConv1d(1, 1, kernel_size=1)))
-        model = build_model_out.to(torch.float32)
-        owner = model.get_submodule('0')
+        owner = build_model_out.get_submodule('0')
         owner.add_module('2', FusedLeaf(owner.get_submodule('2'), DEFAULT_FQN_MODIFIERS))
-        params = list(model.parameters())
+        params = list(build_model_out.parameters())
         src_opt = torch.optim.SGD(params, momentum=0.9)
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-        msd_ = get_model_state_dict(model)
-        msd, osd = (msd_, get_optimizer_state_dict(model, src_opt))
+        msd_ = get_model_state_dict(build_model_out)
+        msd, osd = (msd_, get_optimizer_state_dict(build_model_out, src_opt))
         build_model_out_ = nn.Sequential(nn.Sequential(PointwiseConv1d(1, 1, kernel_size=1), PointwiseConv1d(1, 1, kernel_size=1), PointwiseConv1d(1, 1, kernel_size=1)))
-        model_ = build_model_out_.to(torch.float32)
-        params_ = list(model_.parameters())
+        params_ = list(build_model_out_.parameters())
         tgt_opt = torch.optim.SGD(params_)
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
-        set_optimizer_state_dict(model_, tgt_opt, osd)
+        set_optimizer_state_dict(build_model_out_, tgt_opt, osd)
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
-        at = [f"torch/{p.rpartition('/torch/')[2]}:{f}" for p, f in frames if '/torch/' in p and 'comp>' not in f]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@{(at or ['torch/?:?'])[-1]}"
+        at = [f'torch/{p.rpartition("/torch/")[2]}:{f}' for p, f in frames if '/torch/' in p and 'comp>' not in f]
+        found = f'{type(e).__module__}.{type(e).__qualname__}@{(at or ["torch/?:?"])[-1]}'
         if found in ['builtins.AttributeError@torch/optim/sgd.py:_single_tensor_sgd', 'builtins.KeyError@torch/distributed/checkpoint/state_dict.py:_unflatten_optim_state_dict', 'builtins.KeyError@torch/optim/adam.py:step', 'builtins.KeyError@torch/optim/sgd.py:step', 'builtins.RuntimeError@torch/distributed/checkpoint/state_dict.py:_split_optim_state_dict', 'builtins.TypeError@torch/optim/adam.py:__setstate__'] and at[0] == 'torch/distributed/checkpoint/state_dict.py:set_optimizer_state_dict' and (re.sub('\\d+(?:\\.\\d+)*', '#', str(e).partition('\n')[0]) == "Missing optimizer state for parameter '#.weight' in checkpoint. The parameter requires gradients but has no saved optimizer state. To load anyway, use StateDictOptions(strict=False)."):
             return f'REPRODUCED exception:state_dict:builtins.RuntimeError@torch/distributed/checkpoint/state_dict.py:_split_optim_state_dict: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"
