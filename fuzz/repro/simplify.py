@@ -27,9 +27,11 @@ left alone), repeated until none applies:
 - **Identities**: ``x * 1``, ``x // 1``, ``x + 0``, ``x - 0``, ``[] + x`` and the like become
   ``x``, ``*()`` goes from a display or a call and ``*[a, b]`` becomes ``a, b``, and
   ``dict()``, ``list()``, ``tuple()`` become displays;
-- **Appends**: ``v = []`` followed by ``v.append(a)`` and ``v += [b]`` becomes ``v = [a, b]``;
+- **Appends**: ``v = []`` followed by ``v.append(a)`` and ``v += [b]`` becomes ``v = [a, b]``,
+  and ``d = {}`` followed by ``d['k'] = x`` becomes ``d = {'k': x}``;
 - **Keywords**: ``f(**kw)``, where ``kw`` is a local bound once to a dict display of string
-  keys and pure values and only unpacked so, becomes ``f(k=v, ...)``;
+  keys and pure values (or of any values, unpacked once in the next statement) and only
+  unpacked so, becomes ``f(k=v, ...)``;
 - **Last returns**: a function whose one ``return`` is in an ``if`` (no ``else``) that ends
   it, ``if t: return x``, ends in ``return x if t else None`` instead (what falling off its end
   returned), so that it has one ``return``, its last statement, and may be inlined.
@@ -1061,6 +1063,23 @@ def _extended(stmt: ast.stmt, name: str) -> ast.expr | None:
     return None if any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(stmt.value)) else stmt.value
 
 
+def _stored_item(stmt: ast.stmt, name: str) -> tuple[ast.expr, ast.expr] | None:
+    """(``k``, ``v``) of ``name[k] = v``, where ``k`` is a constant and ``v`` does not name
+    ``name``."""
+    if not (
+        isinstance(stmt, ast.Assign)
+        and len(stmt.targets) == 1
+        and isinstance(stmt.targets[0], ast.Subscript)
+        and isinstance(stmt.targets[0].value, ast.Name)
+        and stmt.targets[0].value.id == name
+        and isinstance(stmt.targets[0].slice, ast.Constant)
+    ):
+        return None
+    if any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(stmt.value)):
+        return None
+    return stmt.targets[0].slice, stmt.value
+
+
 def _mentions(stmt: ast.stmt, name: str) -> bool:
     return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(stmt))
 
@@ -1068,7 +1087,9 @@ def _mentions(stmt: ast.stmt, name: str) -> bool:
 def _appends(tree: ast.Module, frozen: Frozen) -> bool:
     """``v = []`` followed by ``v.append(a)`` and ``v += [b]`` statements becomes ``v = [a, b]``
     (or ``v = [x for ...]`` for a comprehension added to nothing), bound where the last of them
-    was: the statements between, which do not name ``v``, run before it as they did."""
+    was: the statements between, which do not name ``v``, run before it as they did. So does
+    ``d = {}`` (or a display of constant keys) followed by ``d['k'] = x``, a key it does not
+    hold yet: ``d = {'k': x}``."""
     changed = False
     for fn in _functions(tree, frozen):
         for holder, field_name, stmts in list(_statement_lists(fn)):
@@ -1081,12 +1102,29 @@ def _appends(tree: ast.Module, frozen: Frozen) -> bool:
                     isinstance(stmt, ast.Assign)
                     and len(stmt.targets) == 1
                     and isinstance(stmt.targets[0], ast.Name)
-                    and isinstance(stmt.value, ast.List)
+                    and isinstance(stmt.value, (ast.List, ast.Dict))
                 ):
                     continue
                 name, at = stmt.targets[0].id, i - 1
                 j = i
-                while j < len(out) and isinstance(stmt.value, ast.List):
+                while j < len(out) and isinstance(stmt.value, (ast.List, ast.Dict)):
+                    if isinstance(stmt.value, ast.Dict):
+                        entry = _stored_item(out[j], name)
+                        keys = [ast.dump(k) for k in stmt.value.keys if k is not None]
+                        if entry is not None and ast.dump(entry[0]) not in keys and None not in stmt.value.keys:
+                            stmt.value.keys.append(entry[0])
+                            stmt.value.values.append(entry[1])
+                        elif _mentions(out[j], name):
+                            break
+                        else:
+                            j += 1
+                            continue
+                        del out[j]
+                        out.insert(j, stmt)
+                        del out[at]
+                        at = j - 1
+                        changed = True
+                        continue
                     item, more = _appended(out[j], name), _extended(out[j], name)
                     if item is not None:
                         stmt.value.elts.append(item)
@@ -1135,12 +1173,13 @@ def _spread_keywords(tree: ast.Module, frozen: Frozen) -> bool:
                 and isinstance(node.value, ast.Dict)
                 and stores.get(node.targets[0].id) == 1
                 and all(isinstance(k, ast.Constant) and isinstance(k.value, str) for k in node.value.keys)
-                and all(_stable(v, stores) for v in node.value.values)
             ):
                 continue
             name, display = node.targets[0].id, node.value
             uses = [n for n in ast.walk(fn) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)]
             if not uses or any(id(u) not in unpacked for u in uses):
+                continue
+            if not all(_stable(v, stores) for v in display.values) and not _next_use(fn, node, uses):
                 continue
             for call in [n for n in ast.walk(fn) if isinstance(n, ast.Call)]:
                 spread: list[ast.keyword] = []
@@ -1157,6 +1196,21 @@ def _spread_keywords(tree: ast.Module, frozen: Frozen) -> bool:
             changed = True
             break
     return changed
+
+
+def _next_use(fn: _Function, binding: ast.stmt, uses: list[ast.Name]) -> bool:
+    """Whether the one read in ``uses`` is in the statement after ``binding`` in its block
+    (imports between aside): a value computed there is computed in the same order."""
+    if len(uses) != 1:
+        return False
+    for _, _, stmts in _statement_lists(fn):
+        if binding in stmts:
+            for stmt in stmts[stmts.index(binding) + 1 :]:
+                if any(n is uses[0] for n in ast.walk(stmt)):
+                    return True
+                if not isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                    return False
+    return False
 
 
 def _last_returns(tree: ast.Module, frozen: Frozen) -> bool:
