@@ -374,12 +374,7 @@ def test_an_enum_member_is_never_none() -> None:
 
 
 def test_a_dict_filled_key_by_key_and_unpacked_next_becomes_keywords() -> None:
-    code = (
-        "def f(m, g, make):\n"
-        "    kwargs = {}\n"
-        "    kwargs['policy'] = make()\n"
-        "    g(m, **kwargs)\n"
-    )
+    code = "def f(m, g, make):\n    kwargs = {}\n    kwargs['policy'] = make()\n    g(m, **kwargs)\n"
     out = simplify(code)
     assert out is not None and "g(m, policy=make())" in out and "kwargs" not in out
     # Read later than the next statement: ``make()`` stays where it was computed.
