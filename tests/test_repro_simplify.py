@@ -381,3 +381,21 @@ def test_a_dict_filled_key_by_key_and_unpacked_next_becomes_keywords() -> None:
     later = code.replace("    g(m, **kwargs)\n", "    print(m)\n    g(m, **kwargs)\n")
     out = simplify(later) or later
     assert "kwargs = {'policy': make()}" in out and "g(m, **kwargs)" in out
+
+
+def test_imports_of_one_thing_under_several_names_become_one() -> None:
+    code = (
+        "def f():\n"
+        "    import os.path as p_\n"
+        "    x = p_.join('a', 'b')\n"
+        "    import os.path as p\n"
+        "    from os import sep as SEP__\n"
+        "    from os import sep as SEP\n"
+        "    return (x, p.basename(x), SEP__, SEP)\n"
+    )
+    out = simplify(code)
+    assert out is not None and out.count("import") == 2, out
+    assert "import os.path as p\n" in out and "from os import sep as SEP\n" in out
+    namespace: dict[str, Any] = {}
+    exec(out, namespace)
+    assert namespace["f"]()[:2] == ("a/b", "b")

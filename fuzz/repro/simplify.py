@@ -19,8 +19,9 @@ left alone), repeated until none applies:
   ``a, b = (x, y)`` of names and constants becomes two assignments;
 - **Bags**: a local bound to ``{}`` and only subscripted by constant keys becomes one local
   per key;
-- **Imports**: in functions, imported names nothing reads go, and neighbouring imports from one
-  module become one;
+- **Imports**: in functions, imported names nothing reads go, neighbouring imports from one
+  module become one, and an import of what an earlier one in the block bound under another
+  name goes, its name replaced by the earlier one;
 - **Firsts and empties**: ``next(iter((a, b)))`` becomes ``a``; a comprehension over an empty
   display becomes an empty display, one over a display of one element the display of its
   item, and ``**{}`` goes from a call, with a local bound only to ``{}`` and only unpacked so;
@@ -953,6 +954,64 @@ def _imports(tree: ast.Module, frozen: Frozen) -> bool:
     return changed
 
 
+def _alias_key(stmt: ast.stmt, alias: ast.alias) -> tuple[str, str] | None:
+    """(from where, what) an import's ``alias`` binds, where it binds it by ``as`` or by the
+    imported name itself (not ``import a.b``, which binds ``a``), else None."""
+    if isinstance(stmt, ast.ImportFrom) and stmt.level == 0 and stmt.module and stmt.module != "__future__":
+        return None if alias.name == "*" else (stmt.module, alias.name)
+    if isinstance(stmt, ast.Import) and alias.asname:
+        return ("", alias.name)
+    return None
+
+
+def _duplicate_imports(tree: ast.Module, frozen: Frozen) -> bool:
+    """In a function, imports in one block of the same thing under several names (``import
+    torch.distributed.checkpoint as dcp_`` after ``... as dcp``, as inlining leaves them): the
+    first stays, bound to the shortest of the names, and the others go, their names replaced
+    by it."""
+    changed = False
+    for fn in _functions(tree, frozen):
+        stores = _stores(fn)
+        for holder, field_name, stmts in list(_statement_lists(fn)):
+            names: dict[tuple[str, str], list[str]] = {}
+            for stmt in stmts:
+                for alias in getattr(stmt, "names", []) if isinstance(stmt, (ast.Import, ast.ImportFrom)) else []:
+                    key = _alias_key(stmt, alias)
+                    if key is not None:
+                        names.setdefault(key, []).append(alias.asname or alias.name)
+            rename: dict[str, str] = {}
+            kept_name: dict[tuple[str, str], str] = {}
+            for key, bound in names.items():
+                if len(set(bound)) > 1 and all(stores.get(b) == 1 for b in bound):
+                    kept_name[key] = min(bound, key=lambda b: (len(b), b))
+                    rename.update({b: kept_name[key] for b in bound if b != kept_name[key]})
+            if not rename:
+                continue
+            kept: list[ast.stmt] = []
+            seen: set[tuple[str, str]] = set()
+            for stmt in stmts:
+                if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                    aliases = []
+                    for alias in stmt.names:
+                        key = _alias_key(stmt, alias)
+                        if key is None or key not in kept_name:
+                            aliases.append(alias)  # not one of the names merged
+                        elif key not in seen:  # the first import of it: bound to the kept name
+                            seen.add(key)
+                            alias.asname = None if kept_name[key] == alias.name else kept_name[key]
+                            aliases.append(alias)
+                    stmt.names = aliases
+                    if not stmt.names:
+                        continue
+                kept.append(stmt)
+            _set_list(holder, field_name, kept or [ast.Pass()])
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Name) and node.id in rename:
+                    node.id = rename[node.id]
+            changed = True
+    return changed
+
+
 def _neutral(node: ast.expr) -> str | None:
     """What neutral element ``node`` is: ``1``, ``0``, or an empty list or tuple display."""
     if isinstance(node, ast.Constant) and type(node.value) is int and node.value in (0, 1):
@@ -1242,6 +1301,7 @@ _REWRITES = (
     _constant_tests,
     _empties,
     _bags,
+    _duplicate_imports,
     _imports,
     _identities,
     _appends,
