@@ -141,7 +141,20 @@ _HARNESS_FUNCTIONS = frozenset({"main"})
 #: Modules whose names compute plain data from plain data: what the script binds by importing
 #: any other (torch, os, random) is a source of values the fold must not freeze.
 _PLAIN_MODULES = frozenset(
-    {"__future__", "dataclasses", "enum", "functools", "itertools", "collections", "re", "math", "typing", "operator"}
+    {
+        "__future__",
+        "dataclasses",
+        "enum",
+        "functools",
+        "itertools",
+        "collections",
+        "re",
+        "math",
+        "typing",
+        "operator",
+        "hashlib",  # a digest of plain data (a checkpoint directory's name from the case's JSON)
+        "json",
+    }
 )
 _GIVEN = frozenset(dir(builtins))
 _Scope = ast.FunctionDef | ast.AsyncFunctionDef
