@@ -483,3 +483,12 @@ def test_a_nested_function_that_returns_an_expression_is_written_where_it_is_cal
     once = code.replace("dt(g(k))", "dt(k)")
     out = delta.inline_expression(once, "policy.dt")
     assert out is not None and "def dt" not in out and "None if k is None else TABLE[k]" in out
+
+
+def test_a_cut_may_not_leave_a_function_reading_a_name_only_another_function_binds() -> None:
+    # ``case`` is a parameter of ``run``: cutting ``attempt``'s own binding of it left a
+    # NameError at run time that the module-wide check did not see.
+    assert delta.unbound_reads(SCRIPT) == frozenset()
+    cut = SCRIPT.replace("    case = Case(body=Body(width=3))\n", "")
+    assert delta.undefined(cut) == frozenset() and delta.unbound_reads(cut) == {"attempt:case"}
+    assert not reproduces(cut)

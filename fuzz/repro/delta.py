@@ -97,6 +97,44 @@ def undefined(code: str) -> frozenset[str]:
     return frozenset(read - bound)
 
 
+def unbound_reads(code: str) -> frozenset[str]:
+    """``function:name`` for each name a top-level function (or a method of a top-level class)
+    reads that neither it (anywhere in it, nested scopes included) nor the module's top level
+    binds, nor the builtins: what :func:`undefined` misses where the name is bound in another
+    function (``case``, a local of ``attempt`` and a parameter elsewhere), and what a cut of
+    its one binding leaves to fail at run time."""
+    tree = ast.parse(code)
+    module = set(_GIVEN)
+    for stmt in tree.body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            module.add(stmt.name)
+            continue
+        for n in ast.walk(stmt):
+            if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
+                module.add(n.id)
+            elif isinstance(n, ast.alias):
+                module.add(n.asname or n.name.split(".")[0])
+    functions: list[tuple[str, _Function]] = []
+    for stmt in tree.body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            functions.append((stmt.name, stmt))
+        elif isinstance(stmt, ast.ClassDef):
+            functions += [
+                (f"{stmt.name}.{m.name}", m)
+                for m in stmt.body
+                if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))
+            ]
+    out: set[str] = set()
+    for name, fn in functions:
+        bound = _stored(fn) | {a.arg for a in ast.walk(fn) if isinstance(a, ast.arg)}
+        for n in ast.walk(fn):
+            if isinstance(n, (ast.Global, ast.Nonlocal)):
+                bound.update(n.names)
+        read = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        out.update(f"{name}:{r}" for r in read - bound - module)
+    return frozenset(out)
+
+
 def _guard(node: ast.stmt) -> bool:
     return isinstance(node, ast.If) and "__name__" in ast.unparse(node.test)
 
@@ -468,7 +506,7 @@ def ddmin(
     what plain Python computes in it folded to the values an instrumented run saw
     (:mod:`fuzz.repro.values`), or None; tried once a round, after inlining."""
     current = code
-    dangling = undefined(code)  # what the script read without binding before any cut
+    dangling = undefined(code) | unbound_reads(code)  # what the script read without binding before any cut
     try:
         tidied = tidy(code)
     except (SyntaxError, ValueError, TypeError, KeyError, RecursionError):
@@ -495,7 +533,7 @@ def ddmin(
             if c == current or not (grow or _size(c) < _size(current)):
                 return False
             try:
-                return not undefined(c) - dangling  # a cut may not leave a name unbound
+                return not (undefined(c) | unbound_reads(c)) - dangling  # a cut may not leave a name unbound
             except SyntaxError:
                 return False
 
