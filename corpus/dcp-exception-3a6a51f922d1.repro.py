@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=24cba4b5d3ca2075 sources=4cc18416ea30ea14 seconds=720.7
+# shardfuzz reduced reproducer: entry=24cba4b5d3ca2075 sources=4cc18416ea30ea14 seconds=779.0
 """Reproduces shardfuzz corpus entry dcp-exception-3a6a51f922d1.json: exception:dcp:builtins.ValueError@torch/distributed/fsdp/_optim_utils.py:_flatten_optim_state_dict
 Known torch bug: the classic FSDP1 DCP recipe with an optimizer without state:
 optim_state_dict_to_load refuses the dict without 'state'; upstream: none found.
@@ -49,29 +49,23 @@ def attempt(rank, world_size):
         params = list(wrap_out.parameters())
         src_opt = torch.optim.SGD(params)
         out = {}
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP_
-        osd_ = FSDP_.optim_state_dict(wrap_out, src_opt)
+        osd_ = FSDP__.optim_state_dict(wrap_out, src_opt)
         out[DcpItem.OPTIMIZER] = osd_
         order = range(1)
         state = {(DcpItem.OPTIMIZER,)[i].value: out[DcpItem.OPTIMIZER] for i in order if (DcpItem.OPTIMIZER,)[i] in out}
         import torch.distributed.checkpoint as dcp
-        kwargs_ = {}
-        kwargs_['checkpoint_id'] = path
-        dcp.save(state, **kwargs_)
+        dcp.save(state, checkpoint_id=path)
         build_model_out_ = TreeBlock([TreeBlock([], True)], False)
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP___
-        wrap_out_ = FSDP___(build_model_out_, device_id=torch.device('cpu'))
+        wrap_out_ = FSDP__(build_model_out_, device_id=torch.device('cpu'))
         params_ = list(wrap_out_.parameters())
         tgt_opt = torch.optim.SGD(params_)
-        import torch.distributed.checkpoint as dcp_
         from torch.distributed.checkpoint.optimizer import load_sharded_optimizer_state_dict
-        loaded = load_sharded_optimizer_state_dict(model_state_dict=wrap_out_.state_dict(), optimizer_key='optimizer', storage_reader=dcp_.FileSystemReader(path))
+        loaded = load_sharded_optimizer_state_dict(model_state_dict=wrap_out_.state_dict(), optimizer_key='optimizer', storage_reader=dcp.FileSystemReader(path))
         osd = loaded['optimizer']
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-        tgt_opt.load_state_dict(FSDP.optim_state_dict_to_load(wrap_out_, tgt_opt, osd))
+        tgt_opt.load_state_dict(FSDP__.optim_state_dict_to_load(wrap_out_, tgt_opt, osd))
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
-        at = [f'torch/{p.rpartition("/torch/")[2]}:{f}' for p, f in frames if '/torch/' in p]
+        at = [f"torch/{p.rpartition('/torch/')[2]}:{f}" for p, f in frames if '/torch/' in p]
         found = f'{type(e).__module__}.{type(e).__qualname__}@{at[-1]}'
         if found in ['builtins.ValueError@torch/distributed/fsdp/_optim_utils.py:_flatten_optim_state_dict'] and at[0] == 'torch/distributed/fsdp/fully_sharded_data_parallel.py:optim_state_dict_to_load' and (re.sub('\\d+(?:\\.\\d+)*', '#', str(e).partition('\n')[0]) == '`optim_state_dict` must have the keys "state"to be a valid optimizer state dict'):
             return f'REPRODUCED exception:dcp:builtins.ValueError@torch/distributed/fsdp/_optim_utils.py:_flatten_optim_state_dict: rank {rank} raised {found}: {e}'

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=fcf8cd4586083371 sources=c819ef517160c7c9 seconds=424.2
+# shardfuzz reduced reproducer: entry=fcf8cd4586083371 sources=c819ef517160c7c9 seconds=523.3
 """Reproduces shardfuzz corpus entry mixed_precision-exception-0e5c9d1aa3c7.json: exception:mixed_precision:builtins.AssertionError@torch/distributed/fsdp/_fully_shard/_fsdp_common.py:_raise_assert_with_print
 Known torch bug: MixedPrecisionPolicy(reduce_dtype) with set_requires_gradient_sync(False) and a
 parameter unused on a no-sync microbatch: 'FSDP reduce-scatter expects uniform gradient dtype';
@@ -16,9 +16,6 @@ import enum
 from dataclasses import dataclass
 from torch import nn
 import torch.nn.functional as F
-
-class Dtype(str, enum.Enum):
-    BFLOAT16 = 'bfloat16'
 
 class AccumSync(str, enum.Enum):
     ALWAYS = 'always'
@@ -48,14 +45,6 @@ class TreeBlock(nn.Module):
 
 class PointwiseConv1d(nn.Conv1d):
     pass
-TORCH_DTYPES = {Dtype.BFLOAT16: torch.bfloat16}
-
-def mp_policy():
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
-    def dt(d):
-        return None if d is None else TORCH_DTYPES[d]
-    return MixedPrecisionPolicy(reduce_dtype=dt(Dtype.BFLOAT16))
 
 def attempt(rank, world_size):
     import re
@@ -63,10 +52,8 @@ def attempt(rank, world_size):
     try:
         training_skips = (Skip(path='0', step=0),)
         build_model_out = TreeBlock([PointwiseConv1d(1, 1, kernel_size=1)])
-        from torch.distributed.fsdp import fully_shard
-        kwargs = {}
-        kwargs['mp_policy'] = mp_policy()
-        fully_shard(build_model_out, **kwargs)
+        from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy
+        fully_shard(build_model_out, mp_policy=MixedPrecisionPolicy(reduce_dtype=torch.bfloat16))
         blocks = {'.'.join(()): m for name, m in build_model_out.named_modules() if isinstance(m, TreeBlock)}
         step_ = []
         for __ in range(2):
@@ -92,7 +79,7 @@ def attempt(rank, world_size):
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
-        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
+        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
         if found in ['builtins.AssertionError@torch/distributed/fsdp/_fully_shard/_fsdp_common.py:_raise_assert_with_print']:
             return f'REPRODUCED exception:mixed_precision:builtins.AssertionError@torch/distributed/fsdp/_fully_shard/_fsdp_common.py:_raise_assert_with_print: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

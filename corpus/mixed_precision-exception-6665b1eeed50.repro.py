@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=49e98a7a0cd611b2 sources=c819ef517160c7c9 seconds=526.8
+# shardfuzz reduced reproducer: entry=49e98a7a0cd611b2 sources=c819ef517160c7c9 seconds=568.3
 """Reproduces shardfuzz corpus entry mixed_precision-exception-6665b1eeed50.json: exception:mixed_precision:builtins.RuntimeError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_reduce
 Known torch bug: MixedPrecisionPolicy: a unit all frozen at lazy init gets no orig/reduce dtype;
 unfrozen later, its low-precision gradient is never cast back; upstream:
@@ -12,13 +12,9 @@ failure is there, else exits 0 (expected: no rank raises).
 
 from __future__ import annotations
 import torch
-import enum
 from dataclasses import dataclass
 from torch import nn
 import torch.nn.functional as F
-
-class Dtype(str, enum.Enum):
-    BFLOAT16 = 'bfloat16'
 
 @dataclass()
 class Unfreeze:
@@ -27,14 +23,6 @@ class Unfreeze:
 
 class PointwiseConv1d(nn.Conv1d):
     pass
-TORCH_DTYPES = {Dtype.BFLOAT16: torch.bfloat16}
-
-def mp_policy():
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
-    def dt(d):
-        return None if d is None else TORCH_DTYPES[d]
-    return MixedPrecisionPolicy(param_dtype=dt(Dtype.BFLOAT16))
 
 def attempt(rank, world_size):
     import re
@@ -45,7 +33,8 @@ def attempt(rank, world_size):
         build_model_out = nn.Sequential(PointwiseConv1d(1, 1, kernel_size=1), module)
         from torch.distributed.fsdp import fully_shard
         kwargs = {}
-        kwargs['mp_policy'] = mp_policy()
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+        kwargs['mp_policy'] = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
         modules = [build_model_out.get_submodule('0')]
         fully_shard(modules[0], **kwargs)
         modules = [build_model_out]
@@ -68,12 +57,12 @@ def attempt(rank, world_size):
                 p___.requires_grad_(True)
             i, (x, y) = next(iter(enumerate(step)))
             out = build_model_out(x)
-            loss = F.mse_loss(out.to(y.dtype), y)
+            loss = F.mse_loss(out, y)
             loss.backward()
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
-        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
+        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
         if found in ['builtins.RuntimeError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_reduce']:
             return f'REPRODUCED exception:mixed_precision:builtins.RuntimeError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_reduce: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=b29b69107395f153 sources=c819ef517160c7c9 seconds=546.5
+# shardfuzz reduced reproducer: entry=b29b69107395f153 sources=c819ef517160c7c9 seconds=656.4
 """Reproduces shardfuzz corpus entry mixed_precision-exception-708c7ed7c223.json: exception:mixed_precision:builtins.AttributeError@torch/distributed/fsdp/_fully_shard/_fsdp_param.py:to_accumulated_grad_if_needed
 Known torch bug: MixedPrecisionPolicy(reduce_dtype) with set_requires_gradient_sync(False): a
 unit that never ran forward has no '_unsharded_param' in the root's post-backward; upstream:
@@ -12,12 +12,8 @@ failure is there, else exits 0 (expected: no rank raises).
 
 from __future__ import annotations
 import torch
-import enum
 from torch import nn
 import torch.nn.functional as F
-
-class Dtype(str, enum.Enum):
-    FLOAT32 = 'float32'
 
 class TreeBlock(nn.Module):
 
@@ -31,27 +27,18 @@ class TreeBlock(nn.Module):
         y = x
         y = y * self.scale
         return x + y
-TORCH_DTYPES = {Dtype.FLOAT32: torch.float32}
-
-def mp_policy():
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
-    def dt(d):
-        return None if d is None else TORCH_DTYPES[d]
-    return MixedPrecisionPolicy(reduce_dtype=dt(Dtype.FLOAT32))
 
 def attempt(rank, world_size):
     import re
     import traceback
     try:
         build_model_out = TreeBlock([nn.LayerNorm(12), nn.LayerNorm(12)])
-        from torch.distributed.fsdp import fully_shard
-        kwargs_ = {}
-        kwargs_['mp_policy'] = mp_policy()
+        from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy
+        mp_policy_out = MixedPrecisionPolicy(reduce_dtype=torch.float32)
         modules = [build_model_out.get_submodule('1')]
-        fully_shard(modules[0], **kwargs_)
+        fully_shard(modules[0], mp_policy=mp_policy_out)
         modules = [build_model_out]
-        fully_shard(modules[0], **kwargs_)
+        fully_shard(modules[0])
         lo = rank * 2
         x_ = torch.randn(4, 12)
         y_ = torch.randn(4, 12)
@@ -64,7 +51,7 @@ def attempt(rank, world_size):
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
         path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
-        found = f'{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition("/torch/")[2]}:{fn}'
+        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
         if found in ['builtins.AttributeError@torch/distributed/fsdp/_fully_shard/_fsdp_param.py:to_accumulated_grad_if_needed']:
             return f'REPRODUCED exception:mixed_precision:builtins.AttributeError@torch/distributed/fsdp/_fully_shard/_fsdp_param.py:to_accumulated_grad_if_needed: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"

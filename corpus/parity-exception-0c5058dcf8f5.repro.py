@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=29068ea80b7f75eb sources=ce057bc0da65e4dc seconds=857.1
+# shardfuzz reduced reproducer: entry=29068ea80b7f75eb sources=ce057bc0da65e4dc seconds=1124.7
 """Reproduces shardfuzz corpus entry parity-exception-0c5058dcf8f5.json: exception:parity:torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/conv.py:_conv_forward
 Known torch bug: torch.compile over FSDP1 (use_orig_params=True, sharded): recompiling the
 wrapped module's forward while its parameters hold sharded gradients raises
@@ -52,32 +52,27 @@ class _Contracts:
         for h in self.handles:
             h.remove()
 
-def _compiled(model: nn.Module) -> Any:
-    return torch.compile(model)
-
 def attempt(rank, world_size):
     ctx_device = torch.device('cpu')
     import re
     import traceback
     try:
         comp = Composition()
-        dtype = torch.float64
         build_model_out = TreeBlock([nn.LayerNorm(2)])
-        model_ = build_model_out.to(dtype)
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-        wrap_out = FSDP(model_, device_id=ctx_device, use_orig_params=True)
-        contracts = _Contracts(model_) if comp is not None else None
-        forward = _compiled(wrap_out) if comp is not None else wrap_out
+        wrap_out = FSDP(build_model_out, device_id=ctx_device, use_orig_params=True)
+        contracts = _Contracts(build_model_out) if comp is not None else None
+        forward = torch.compile(wrap_out) if comp is not None else wrap_out
         step_ = []
         for _ in range(2):
             x_ = torch.randn(4, 2)
             y_ = torch.randn(4, 2)
-            step_.append((x_[rank:rank + 1].to(ctx_device), y_[rank:rank + 1].to(ctx_device)))
+            step_.append((x_[rank:rank + 1], y_[rank:rank + 1]))
         for i, (x, y) in enumerate(step_):
             skipped = None
             out = forward(x)
             obs_contracts = contracts.after_forward(skipped)
-            loss = F.mse_loss(out.to(y.dtype), y)
+            loss = F.mse_loss(out, y)
             loss.backward()
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=1c96dbc1c2137b8d sources=c819ef517160c7c9 seconds=198.2
+# shardfuzz reduced reproducer: entry=1c96dbc1c2137b8d sources=c819ef517160c7c9 seconds=262.2
 """Reproduces shardfuzz corpus entry parity-exception-3e0a93b8ec65.json: exception:parity:builtins.RuntimeError@torch/utils/checkpoint.py:__torch_dispatch__
 Known torch bug: selective activation checkpointing
 (context_fn=create_selective_checkpoint_contexts) over a region holding a fully_shard unit whose
@@ -29,37 +29,33 @@ def _save_matmuls_policy(ctx, op, *args, **kwargs):
     pass
 
 def attempt(rank, world_size):
-    ctx_device = torch.device('cpu')
     import re
     import traceback
     try:
-        dtype = torch.float32
         build_model_out = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
-        model_ = build_model_out.to(dtype)
         from torch.distributed._composable import checkpoint
-        kwargs = {}
         from torch.utils.checkpoint import create_selective_checkpoint_contexts
-        kwargs['context_fn'] = functools.partial(create_selective_checkpoint_contexts, _save_matmuls_policy)
+        kwargs = {'context_fn': functools.partial(create_selective_checkpoint_contexts, _save_matmuls_policy)}
         from torch.distributed.fsdp import fully_shard
-        modules = [model_.get_submodule('0')]
+        modules = [build_model_out.get_submodule('0')]
         fully_shard(modules[0])
-        checkpoint(model_.get_submodule(''), **kwargs)
-        modules = [model_.get_submodule('')]
+        checkpoint(build_model_out, **kwargs)
+        modules = [build_model_out]
         fully_shard(modules[0])
-        compose_out_fsdp_roots = [model_.get_submodule('0')]
+        compose_out_fsdp_roots = [build_model_out]
         compose_out_knobs = KnobState(compose_out_fsdp_roots)
         lo = rank * 2
         step_ = []
         for _ in range(2):
             x_ = torch.randn(4, 4)
             y_ = torch.randn(4, 4)
-            step_.append((x_[lo:lo + 2].to(ctx_device), y_[lo:lo + 2].to(ctx_device)))
+            step_.append((x_[lo:lo + 2], y_[lo:lo + 2]))
         for i, (x, y) in enumerate(step_):
             last = i == len(step_) - 1
             root = next(iter(compose_out_knobs.roots))
             root.set_reshard_after_backward(last)
-            out = model_(x)
-            loss = F.mse_loss(out.to(y.dtype), y)
+            out = build_model_out(x)
+            loss = F.mse_loss(out, y)
             loss.backward()
     except BaseException as e:
         frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
