@@ -1299,7 +1299,7 @@ def aliases_replaced(tree: ast.Module) -> bool:
                     continue
                 if isinstance(value, ast.Constant) or (isinstance(value, ast.Name) and stores.get(value.id, 0) <= 1):
                     alias[target] = value
-                elif _module_attribute(value, modules) and value_root(value) not in stores:
+                elif _module_attribute(value, modules, stores):
                     alias[target] = value  # dtype = torch.float32
         alias.update(_displays_read_once(fn, stores, alias))
         for name in list(alias):  # a chain ends at what its last alias is bound to
@@ -1315,17 +1315,18 @@ def aliases_replaced(tree: ast.Module) -> bool:
     return replaced
 
 
-def value_root(node: ast.expr) -> str | None:
+def chain_root(node: ast.expr) -> ast.Name | None:
     """The name an attribute chain starts at (``torch`` for ``torch.nn.Linear``), else None."""
     while isinstance(node, ast.Attribute):
         node = node.value
-    return node.id if isinstance(node, ast.Name) else None
+    return node if isinstance(node, ast.Name) else None
 
 
-def _module_attribute(node: ast.expr, modules: set[str]) -> bool:
-    """An attribute chain off a module the script imports at its top (``torch.float32``): the
-    same object wherever it is read."""
-    return isinstance(node, ast.Attribute) and value_root(node) in modules
+def _module_attribute(node: ast.expr, modules: set[str], stores: dict[str, int]) -> bool:
+    """An attribute chain off a module the script imports at its top and the function does not
+    rebind (``torch.float32``): the same object wherever it is read."""
+    root = chain_root(node)
+    return isinstance(node, ast.Attribute) and root is not None and root.id in modules and root.id not in stores
 
 
 def _settled(node: ast.expr, stores: dict[str, int]) -> bool:

@@ -56,6 +56,7 @@ from fuzz.repro.delta import (
     _unparse,
     _untouched,
     aliases_replaced,
+    chain_root,
     propagate_aliases,
 )
 from fuzz.repro.fold import clean
@@ -148,12 +149,6 @@ def _property(fn: ast.stmt) -> ast.expr | None:
     return body[0].value
 
 
-def _chain_root(node: ast.expr) -> ast.Name | None:
-    while isinstance(node, ast.Attribute):
-        node = node.value
-    return node if isinstance(node, ast.Name) else None
-
-
 def _pure(node: ast.expr | None) -> bool:
     """Constants, names and attributes of names, and displays of them."""
     if node is None:
@@ -161,7 +156,7 @@ def _pure(node: ast.expr | None) -> bool:
     if isinstance(node, ast.Constant):
         return True
     if isinstance(node, (ast.Name, ast.Attribute)):
-        return _chain_root(node) is not None
+        return chain_root(node) is not None
     if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
         return all(_pure(e) for e in node.elts)
     if isinstance(node, ast.Dict):
