@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -158,11 +159,14 @@ def test_portable_requotes_f_strings_only_where_the_code_is_unchanged() -> None:
 class _TorchrunStub:
     """An oracle whose pool kept scripts that torchrun confirms only up to ``last_good``."""
 
-    def __init__(self, last_good: int) -> None:
-        self.pool, self.last_good, self.runs, self.said = object(), last_good, 0, ""
+    def __init__(self, last_good: int, kind: str = "exception", pool: object = True) -> None:
+        self.pool, self.last_good, self.runs, self.said = pool, last_good, 0, ""
+        self.entry = SimpleNamespace(kind=kind)
+        self.full: list[bool] = []
 
-    def torchrun(self, code: str) -> bool:
+    def torchrun(self, code: str, full: bool = False) -> bool:
         self.runs += 1
+        self.full.append(full)
         return int(code) <= self.last_good
 
     def say(self, text: str) -> None:
@@ -178,6 +182,22 @@ def test_a_final_script_torchrun_refuses_falls_back_to_the_last_kept_one_it_conf
     out = _confirmed("99", "folded", stub, "delta-debugged", kept)  # type: ignore[arg-type]
     assert out == (str(last_good) if last_good >= 0 else "folded")
     assert stub.runs <= 1 + BISECTIONS
+
+
+def test_a_hang_script_reduced_with_the_short_wait_is_confirmed_with_the_full_one() -> None:
+    from fuzz.repro.reduce import QUICK_HANG_AFTER_S, _confirmed, quick_hang
+
+    stored = (ROOT / "corpus" / "state_dict-hang-dff6a54ad235.repro.py").read_text()
+    quick = quick_hang(stored)
+    assert f"time.sleep({QUICK_HANG_AFTER_S})" in quick and f"time.sleep({QUICK_HANG_AFTER_S} + 5)" in quick
+    assert "time.sleep(20" not in quick and "time.sleep(20" in stored
+    # No pool (a hang's attempts all run under torchrun): the final script still runs once more,
+    # with the full wait, and an earlier kept one is taken where it does not reproduce so.
+    stub = _TorchrunStub(5, kind="hang", pool=None)
+    assert _confirmed("9", "folded", stub, "delta-debugged", [str(i) for i in range(10)]) == "5"  # type: ignore[arg-type]
+    assert stub.full and all(stub.full)
+    plain = _TorchrunStub(5, kind="exception", pool=None)
+    assert _confirmed("9", "folded", plain, "delta-debugged", []) == "9" and plain.runs == 0  # type: ignore[arg-type]
 
 
 class _StalePool:

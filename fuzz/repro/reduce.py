@@ -71,7 +71,7 @@ from fuzz.pool import RankPool, ScriptOutcome
 from fuzz.properties import get_property
 from fuzz.repro import render_entry, values
 from fuzz.repro.delta import ddmin, drop_validation, frozen_for
-from fuzz.repro.harness import ATTEMPT, PASSING, POOLED_KINDS, main_source
+from fuzz.repro.harness import ATTEMPT, HANG_AFTER_S, PASSING, POOLED_KINDS, main_source
 from fuzz.repro.portable import portable
 from fuzz.repro.script import carried_modules, code_lines, imported_modules, relative, roots_for
 from fuzz.repro.specialize import Origins, fold_case_functions, initial, render_flat, specialize, tidy
@@ -102,6 +102,11 @@ BISECTIONS = 8
 #: there, and at least POOL_DEADLINE_MIN_S (a candidate that hangs costs no more than that).
 POOL_DEADLINE_FACTOR = 3.0
 POOL_DEADLINE_MIN_S = 15.0
+#: A hang script's watcher looks at the ranks after HANG_AFTER_S (20 s), and every rank waits as
+#: long before it exits, whether it hung or not: each torchrun attempt of a hang entry costs that
+#: at least. Candidates run with this wait instead (their text changed for the run, not the
+#: script kept); the script that is kept in the end is confirmed with the full wait.
+QUICK_HANG_AFTER_S = 10
 #: Scripts print ``REPRODUCED <signature>: <what>`` (the unreduced mismatch script
 #: ``REPRODUCED <signature> (<check>): <what>``); a signature holds neither ": " nor " (" but may
 #: hold a space (a crash's ``crash:dcp:signal SIGSEGV@...``).
@@ -642,11 +647,14 @@ class _Oracle:
     def attempts(self) -> int:
         return self.pool_attempts + self.torchrun_attempts
 
-    def torchrun(self, code: str) -> bool:
-        """Whether the flat script ``code`` reproduces under torchrun."""
+    def torchrun(self, code: str, full: bool = False) -> bool:
+        """Whether the flat script ``code`` reproduces under torchrun (a hang entry's with the
+        watcher's wait of :data:`QUICK_HANG_AFTER_S` unless ``full``)."""
         clear_checkpoints(code)
         self.torchrun_attempts += 1
         script = render_flat(self.entry, self.source, self.signature, code)
+        if self.entry.kind == "hang" and not full:
+            script = quick_hang(script)
         status, output, seconds = run_script(script, timeout=self.timeout, nproc=self.entry.case.world_size)
         self.torchrun_seconds += seconds
         ok = reproduced(status, output) == self.signature and self._same_observations(output)
@@ -865,7 +873,7 @@ def reduce_entry(
             except (KeyError, SyntaxError, ValueError) as e:  # a module the flattening cannot merge
                 say(f"  not flattened: {type(e).__name__}: {e}")
                 continue
-            if oracle.torchrun(candidate):
+            if oracle.torchrun(candidate, full=True):
                 code = candidate
                 break
         if code is None:
@@ -1030,13 +1038,26 @@ def _judge_side(code: str, entry: Entry, origins: Origins) -> frozenset[str]:
     return frozen_for(code, {flat_of.get((judge.__module__, judge.__name__), judge.__name__)})
 
 
+def quick_hang(script: str) -> str:
+    """A hang script with its watcher's wait (and the ranks' wait before they exit) of
+    :data:`QUICK_HANG_AFTER_S` instead of HANG_AFTER_S, where the script has them as written."""
+    for old, new in (
+        (f"time.sleep({HANG_AFTER_S})", f"time.sleep({QUICK_HANG_AFTER_S})"),
+        (f"time.sleep({HANG_AFTER_S} + 5)", f"time.sleep({QUICK_HANG_AFTER_S} + 5)"),
+    ):
+        script = script.replace(old, new)
+    return script
+
+
 def _confirmed(code: str, verified: str, oracle: _Oracle, what: str, kept: list[str] | None = None) -> str:
     """``code`` if it is ``verified`` or reproduces under torchrun, else ``verified`` (a script
-    that reproduced there). Needed only where the pool ran the attempts. Where the pool kept
+    that reproduced there). Needed only where the pool ran the attempts, or where a hang's ran
+    with the short wait (:func:`quick_hang`). Where the pool kept
     scripts on the way (``kept``, in order) that torchrun does not confirm at the end (a rank
     that carried state from one attempt to the next), the last of them that torchrun confirms
     is found by bisection (at most :data:`BISECTIONS` torchruns) before falling back."""
-    if code == verified or oracle.pool is None or oracle.torchrun(code):
+    quick = oracle.entry.kind == "hang"
+    if code == verified or (oracle.pool is None and not quick) or oracle.torchrun(code, full=True):
         return code
     lines = code_lines(verified)
     candidates = [c for c in (kept or []) if c != code]
@@ -1044,7 +1065,7 @@ def _confirmed(code: str, verified: str, oracle: _Oracle, what: str, kept: list[
     while bad - good > 1 and tries < BISECTIONS:  # kept[good] reproduces (or is ``verified``)
         middle = (good + bad) // 2
         tries += 1
-        if oracle.torchrun(candidates[middle]):
+        if oracle.torchrun(candidates[middle], full=True):
             good = middle
         else:
             bad = middle
