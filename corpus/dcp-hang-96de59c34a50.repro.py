@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=87e3671b7d30ca95 sources=001b716bb8af1bc0 seconds=1146.3
+# shardfuzz reduced reproducer: entry=87e3671b7d30ca95 sources=001b716bb8af1bc0 seconds=2150.6
 """Reproduces shardfuzz corpus entry dcp-hang-96de59c34a50.json: hang:dcp@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone
 Known torch bug: set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0
 pass an empty model state dict; upstream: https://github.com/pytorch/pytorch/issues/157781.
@@ -69,8 +69,6 @@ class RankContext:
         mine = torch.tensor([self._cases, self.rank], dtype=torch.int64)
         for group in groups:
             key = id(group if group is not None else dist.group.WORLD)
-            if key in seen or not _has_cpu_backend(group):
-                continue
             seen.add(key)
             size = dist.get_world_size(group)
             parts = [torch.zeros(2, dtype=torch.int64) for _ in range(size)]
@@ -82,12 +80,6 @@ class RankContext:
         self._check_in_step()
         self._cases += 1
         gc.collect(1 if self._cases % FULL_GC_EVERY else 2)
-
-def _has_cpu_backend(group):
-    import torch.distributed as dist
-    pg = group if group is not None else dist.group.WORLD
-    pg._get_backend(torch.device('cpu'))
-    return True
 
 class LeafKind(str, enum.Enum):
     LINEAR = 'linear'
@@ -124,17 +116,6 @@ class Block:
     def __post_init__(self):
         pass
 
-def iter_paths(block, prefix=''):
-    yield (prefix, block)
-    for i, child in enumerate(block.children):
-        path = f'{prefix}.{i}' if prefix else str(i)
-        yield (path, child)
-
-def owns_params(node):
-    if isinstance(node, Leaf):
-        return node.kind in PARAM_LEAVES
-    return node.scale
-
 def param_names(node):
     ...
 
@@ -147,7 +128,7 @@ class ModuleTree:
         pass
 
     def paths(self):
-        return dict(iter_paths(self.root))
+        pass
 
     @property
     def size(self):
@@ -184,20 +165,9 @@ class ShardSpec:
     def paths(self):
         return (self.path, *self.group)
 
-class ReplicateGroup(str, enum.Enum):
-    DEFAULT = 'default'
-    PROCESS_GROUP = 'process_group'
-    DEVICE_MESH = 'device_mesh'
-
-class ContextFn(str, enum.Enum):
-    NONE = 'none'
-    SAVE_MATMULS = 'save_matmuls'
-    SAVE_MATMULS_LIST = 'save_matmuls_list'
-
 @dataclass(frozen=True)
 class CheckpointOptions:
     preserve_rng_state: object = True
-    context_fn: object = ContextFn.NONE
     determinism_check: object = None
     debug: object = False
     early_stop: object = None
@@ -260,20 +230,10 @@ class Composition:
         if api == 'fully_shard':
             return next((s.paths for s in self.shards if s.path == path))
 
-class AccumSync(str, enum.Enum):
-    ALWAYS = 'always'
-    NO_GRAD_SYNC = 'no_grad_sync'
-    NO_ALL_REDUCE = 'no_all_reduce'
-
 class Optimizer(str, enum.Enum):
     SGD = 'sgd'
     ADAM = 'adam'
     ADAMW = 'adamw'
-
-class Compile(str, enum.Enum):
-    NONE = 'none'
-    EAGER = 'eager'
-    AOT_EAGER = 'aot_eager'
 
 @dataclass(frozen=True)
 class Training:
@@ -285,14 +245,12 @@ class Training:
     batch_per_rank: object = 2
     dtype: object = Dtype.FLOAT32
     grad_accum: object = 1
-    accum_sync: object = AccumSync.ALWAYS
     set_to_none: object = True
     same_input: object = False
     param_groups: object = 1
     foreach: object = None
     skips: object = ()
     unfreeze: object = ()
-    compile: object = Compile.NONE
 
     def __post_init__(self):
         pass
@@ -302,38 +260,6 @@ class Training:
 
     def unused_on_some_microbatches(self, tree):
         ...
-
-@dataclass(frozen=True)
-class Unit:
-    api: object
-    index: object
-    members: object
-
-    def covers(self, path):
-        ...
-
-def _check_replicate_options(tree, comp, where):
-    opts = comp.replicate_options
-    paths = tree.paths()
-    at = f'{where}.replicate_options.ignored_modules'
-
-def _check_ignored_params(tree, comp, where):
-    specs = [(i, s) for i, s in enumerate(comp.shards) if s.ignored]
-    if not specs:
-        return
-
-def _check_checkpoint_options(tree, comp, where):
-    if comp.checkpoint_options.preserve_rng_state:
-        return
-
-def _check_tp(tree, comp, where):
-    paths = tree.paths()
-    used = []
-
-def check_mesh(comp, world_size, where='composition'):
-    shard_size = comp.mesh[1] if comp.mesh else world_size // comp.tp_size
-    for i, spec in enumerate(comp.shards):
-        raf = spec.reshard_after_forward
 
 class Body:
     KIND: ClassVar[str]
@@ -385,12 +311,6 @@ DEFAULT_FQN_MODIFIERS = '_fqn_modifiers'
 def _check_side(comp, tree, where):
     pass
 
-def _check_common(tree, source, target, training, steps_after, meta):
-    _check_side(source, tree, 'source')
-    _check_side(target, tree, 'target')
-    for s in (*source.shards, *target.shards):
-        pass
-
 def _check_drop(drop):
     pass
 
@@ -412,11 +332,6 @@ class Options:
     strict: object = True
     ignore_frozen_params: object = False
     flatten_optimizer_state_dict: object = False
-
-class Overwrite(str, enum.Enum):
-    NONE = 'none'
-    TRUE = 'true'
-    FALSE = 'false'
 
 class DcpItem(str, enum.Enum):
     MODEL = 'model'
@@ -456,7 +371,6 @@ class DcpBody(Body):
     mode: object = DcpMode.ROUND_TRIP
     checkpoint_dir: object = ''
     deadlock: object = False
-    overwrite: object = Overwrite.NONE
     async_saves: object = 0
     cache_staged: object = False
     no_dist: object = False
@@ -480,7 +394,6 @@ class DcpBody(Body):
         ...
 
     def __post_init__(self):
-        _check_common(self.tree, self.source, self.target, self.training, self.steps_after, self.target_meta_init)
         _check_drop(self.drop)
         _check_frozen_in_optimizer(self.tree, self.frozen_in_optimizer)
         _check_schedule(self)
@@ -529,7 +442,7 @@ class DcpBody(Body):
     def validate_for(self, world_size):
         for where, comp in (('source', self.source), ('target', self.target)):
             if not is_plain(comp):
-                check_mesh(comp, world_size, where)
+                pass
         n = len(self.entries)
 
 class TreeBlock(nn.Module):
@@ -569,11 +482,6 @@ def fuse(model, paths, method=DEFAULT_FQN_MODIFIERS):
 def build_model(tree, device):
     with torch.device(device):
         return build_node(tree.root, tree.width)
-
-def checkpoint_kwargs(opts):
-    kwargs = {}
-    if not opts.is_set:
-        return kwargs
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
 _WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.', f'{FUSED_CHILD}.')
 
@@ -584,12 +492,6 @@ def clean_name(name):
 
 def mesh_for(comp, ctx):
     return ctx.mesh((ctx.world_size,), ('shard',))
-
-def apply_fully_shard(model, spec, mesh, spmd=False):
-    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
-    kwargs = {'mesh': mesh, 'reshard_after_forward': spec.reshard_after_forward}
-    modules = [model.get_submodule(p) for p in spec.paths]
-    fully_shard(modules if spec.group else modules[0], **kwargs)
 
 @dataclass
 class Composed:
@@ -615,12 +517,11 @@ class Composed:
 
 def compose(model, comp, ctx, tree=None):
     from torch.distributed._composable import checkpoint, replicate
-    ckpt_kwargs = checkpoint_kwargs(comp.checkpoint_options)
     mesh = mesh_for(comp, ctx)
     specs = {s.path: s for s in comp.shards}
     for api, path in comp.steps():
         if api == 'fully_shard':
-            apply_fully_shard(model, specs[path], mesh, comp.spmd)
+            pass
     sharded = comp.sharded_paths
     tops = [p for p in sharded if not any((is_ancestor(q, p) for q in sharded))]
     return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
@@ -635,21 +536,6 @@ def make_optimizer(params, training, later=()):
 
 def full_parameters(model):
     ...
-
-def batches(case, training, width, ctx, tp_size=1):
-    dtype = TORCH_DTYPES[training.dtype]
-    gen = torch.Generator().manual_seed(case.seed)
-    b = training.batch_per_rank
-    lo = 0 if training.same_input else ctx.rank // tp_size * b
-    out = []
-    for _ in range(training.steps):
-        step = []
-        for _ in range(training.grad_accum):
-            x = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
-            y = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
-            step.append((x[lo:lo + b].to(ctx.device), y[lo:lo + b].to(ctx.device)))
-        out.append(step)
-    return out
 PROBE_ROWS = 3
 FRESH_SEED = 24301
 
@@ -687,16 +573,6 @@ def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=(), fuse
     composed = Composed(model) if is_plain(comp) else compose(model, comp, ctx)
     return Side(composed=composed, comp=comp, training=training, schedule=schedule)
 
-def change_requires_grad(side, step):
-    changes = [c for c in side.schedule if c.step == step]
-    if not changes:
-        return
-
-def catch_up(side, steps):
-    for step in range(side.step, steps):
-        change_requires_grad(side, step)
-    side.step = max(side.step, steps)
-
 def requires_grad(side):
     return {clean_name(n): p.requires_grad for n, p in side.model.named_parameters()}
 
@@ -718,71 +594,7 @@ def seed_segment(case, ctx, segment):
     torch.manual_seed((case.seed * 7919 + segment * 104729 + ctx.rank + 1) % 2 ** 63)
 
 def all_batches(case, training, steps, tree, ctx):
-    return [step[0] for step in batches(case, replace(training, steps=steps), tree.width, ctx)]
-
-def _flat(t):
-    from torch.distributed.tensor import DTensor
-    if isinstance(t, DTensor):
-        t = t.full_tensor()
-    return [float(v) for v in t.detach().double().cpu().flatten().tolist()]
-
-def observe_model(side):
-    with side.composed.full_parameters() as params:
-        out = {n: [float(v) for v in t.double().cpu().flatten().tolist()] for n, t in params.items()}
-    return out
-
-def _jsonable(value):
-    if isinstance(value, torch.Tensor):
-        return _flat(value)
-    if isinstance(value, (bool, int, float, str)) or value is None:
-        return value
-
-def observe_groups(side):
-    names = side.names()
-    out = []
-    for group in side.opt.param_groups:
-        item = {k: _jsonable(v) for k, v in sorted(group.items()) if k != 'params'}
-        item['params'] = [names.get(id(p), '?') for p in group['params']]
-        out.append(item)
-    return out
-
-def observe_optimizer(side):
-    names = side.names()
-    out = {}
-    for group in side.opt.param_groups:
-        for p in group['params']:
-            state = side.opt.state.get(p, {})
-            entry = {key: _jsonable(state[key]) for key in sorted(state)}
-            if entry:
-                out[names.get(id(p), '?')] = entry
-    return out
-
-def probe(side, case, tree, ctx):
-    gen = torch.Generator().manual_seed(case.seed + 1)
-    x = torch.randn(PROBE_ROWS, tree.width, generator=gen, dtype=TORCH_DTYPES[side.training.dtype]).to(ctx.device)
-    seed_segment(case, ctx, 99)
-    with torch.no_grad():
-        out = _flat(side.model(x))
-    reshard(side.model)
-    return out
-
-def reshard(model):
-    from torch.distributed.fsdp import FSDPModule
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            module.reshard()
-
-def observe(side, case, tree, ctx, *, model=True):
-    obs = {'groups': observe_groups(side)}
-    if model:
-        params = observe_model(side)
-        optim = observe_optimizer(side)
-        out = probe(side, case, tree, ctx)
-        if ctx.rank == 0:
-            obs.update(model=params, probe=out)
-            if not side.fsdp1:
-                obs['optimizer'] = optim
-    return obs
+    pass
 
 def dropped_keys(side, drop):
     if not drop:
@@ -884,12 +696,6 @@ def _load(body, state, path):
 def _async_group(ctx):
     ...
 
-def _observe_entries(values):
-    out = {}
-    for entry, value in values.items():
-        pass
-    return out
-
 def run_dcp(case, body, ctx):
     if not body.process_checkpointer:
         return _run_dcp(case, body, ctx)
@@ -918,11 +724,9 @@ def _run_dcp(case, body, ctx):
         _save(body, state, own)
     tgt = build_side(body.tree, body.target, t, ctx, seed=case.seed + FRESH_SEED, meta=body.target_meta_init, schedule=body.requires_grad)
     body_optimizer(tgt, fresh_training(t), body)
-    catch_up(tgt, t.steps)
     prepare_side(body, tgt, put)
     dropped = dropped_keys(tgt, body.drop)
     obs['dropped'] = dropped
-    obs['fresh'] = observe(tgt, case, body.tree, ctx, model=not body.target_meta_init)
     values = _values(body, case, tgt, ctx, get_load, put, fresh=True, skip=body.skip)
     state = _arrange(body, values, ctx)
     plain = {k: v for k, v in state.items() if isinstance(v, (dict, torch.Tensor))}
@@ -932,7 +736,6 @@ def _run_dcp(case, body, ctx):
     obs['in_place'] = _in_place_problem(state, plain, tensors)
     _finish_load(body, tgt, values, put, own)
     obs['requires_grad'] = {'before': before, 'after': requires_grad(tgt)}
-    obs['loaded'] = {**observe(tgt, case, body.tree, ctx), **_observe_entries(values)}
     if body.mode is DcpMode.ROUND_TRIP:
         dist.barrier()
         if ctx.rank == 0:
@@ -961,7 +764,7 @@ def main():
     def watch():
         time.sleep(20)
         frames = traceback.extract_stack(sys._current_frames()[threading.main_thread().ident])
-        if any((f'torch/{f.filename.rpartition("/torch/")[2]}:{f.name}' in ['torch/distributed/_state_dict_utils.py:_broadcast_state_dict'] for f in frames)):
+        if any((f"torch/{f.filename.rpartition('/torch/')[2]}:{f.name}" in ['torch/distributed/_state_dict_utils.py:_broadcast_state_dict'] for f in frames)):
             print(f'REPRODUCED hang:dcp@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone: rank {ctx.rank} is stuck', flush=True)
             os._exit(1)
         if finished.is_set():

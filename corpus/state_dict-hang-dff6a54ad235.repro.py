@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=905c6279a12f4664 sources=73c958e26ffedc4f seconds=1457.7
+# shardfuzz reduced reproducer: entry=905c6279a12f4664 sources=73c958e26ffedc4f seconds=2457.9
 """Reproduces shardfuzz corpus entry state_dict-hang-dff6a54ad235.json: hang:state_dict@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone
 Known torch bug: set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0
 pass an empty model state dict; upstream: https://github.com/pytorch/pytorch/issues/157781.
@@ -22,7 +22,6 @@ from typing import ClassVar
 from torch import nn
 import copy
 import torch.distributed as dist
-import torch.nn.functional as F
 import inspect
 from dataclasses import dataclass, field, replace
 
@@ -57,8 +56,6 @@ class Leaf:
 @dataclass(frozen=True)
 class Block:
     children: object
-    residual: object = False
-    scale: object = False
 
 @dataclass(frozen=True)
 class ModuleTree:
@@ -78,13 +75,10 @@ class Composition:
         return [p for spec in self.shards for p in ('',)]
 
     def steps(self):
-        order = {'checkpoint': 0, 'fully_shard': 1, 'replicate': 2}
         items = [('fully_shard', '') for spec in self.shards]
 
         def key(item):
-            api, path = item
-            depth = min((q.count('.') + (q != '') for q in ('',)))
-            return (-depth, order[api], path)
+            pass
         return sorted(items, key=key)
 
 @dataclass(frozen=True)
@@ -95,7 +89,6 @@ class Training:
     steps: object = 2
     batch_per_rank: object = 2
     dtype: object = Dtype.FLOAT32
-    set_to_none: object = True
     foreach: object = None
 
 class Body:
@@ -104,8 +97,7 @@ class Body:
     registry: ClassVar[dict[str, type[Body]]] = {}
 
     def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        Body.registry[cls.KIND] = cls
+        pass
 
 @dataclass(frozen=True)
 class Case:
@@ -142,62 +134,31 @@ class StateDictBody(Body):
     api: object = Api.SPLIT
     save: object = field(default_factory=Options)
     load: object = field(default_factory=Options)
-    frozen_in_optimizer: object = False
-    empty_group: object = False
     requires_grad: object = ()
-    fused: object = ()
-    fqn_modifiers: object = DEFAULT_FQN_MODIFIERS
 
-    def __post_init__(self):
-        save, load = (self.save, self.load)
-
-class TreeBlock(nn.Module):
-
-    def __init__(self, children, residual, width, scale, buffer):
-        super().__init__()
-        for i, child in enumerate(children):
-            self.add_module(str(i), child)
-        self.residual = residual
-        self.scale = None
-        self.shift = None
-        self.skipped: frozenset[str] = frozenset()
-
-    def forward(self, x):
-        y = x
-        for name, child in self.named_children():
-            y = child(y)
-        return y
-
-def build_leaf(leaf, width):
-    module = _build_leaf(leaf, width)
+def build_leaf(width):
+    module = _build_leaf(width)
     return module
 
-def _build_leaf(leaf, width):
+def _build_leaf(width):
     return nn.Linear(width, width, bias=True)
 
 def build_node(node, width):
     if isinstance(node, Leaf):
-        return build_leaf(node, width)
-    return TreeBlock([build_node(c, width) for c in node.children], False, width, False, False)
-FUSED_CHILD = 'fused'
+        return build_leaf(width)
+    return nn.Sequential(*[build_node(c, width) for c in node.children])
 
 def build_model(tree, device):
     with torch.device(device):
         return build_node(tree.root, 2)
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
-_WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.', f'{FUSED_CHILD}.')
-
-def clean_name(name):
-    for prefix in _WRAPPER_PREFIXES:
-        name = name.replace(prefix, '')
-    return name
 
 @dataclass
 class Composed:
     model: object
     fsdp_roots: object = field(default_factory=list)
 
-def compose(model, comp, ctx, tree=None):
+def compose(model, comp):
     for api, path in comp.steps():
         pass
     sharded = comp.sharded_paths
@@ -210,16 +171,16 @@ def make_optimizer(params, training, later=()):
     groups = params
     return torch.optim.SGD(groups, lr=training.lr, momentum=training.momentum, foreach=None)
 
-def batches(case, training, width, ctx, tp_size=1):
+def batches(training, ctx):
     dtype = TORCH_DTYPES[training.dtype]
     gen = torch.Generator().manual_seed(0)
-    lo = ctx.rank // tp_size
+    lo = ctx.rank // 1
     out = []
     for _ in range(1):
         step = []
         for _ in range(1):
-            x = torch.randn(ctx.world_size, width, generator=gen, dtype=dtype)
-            y = torch.randn(ctx.world_size, width, generator=gen, dtype=dtype)
+            x = torch.randn(ctx.world_size, 2, generator=gen, dtype=dtype)
+            y = torch.randn(ctx.world_size, 2, generator=gen, dtype=dtype)
             step.append((x[lo:lo + 1].to(ctx.device), y[lo:lo + 1].to(ctx.device)))
         out.append(step)
     return out
@@ -232,68 +193,44 @@ class Side:
     training: object
     opt: object = None
     schedule: object = ()
-    step: object = 0
 
     @property
     def model(self):
         return self.composed.model
 
-def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=(), fused=(), fqn_modifiers=DEFAULT_FQN_MODIFIERS):
+def build_side(tree, comp, training, ctx, *, seed, schedule=()):
     torch.manual_seed(seed)
     device = ctx.device
     model = build_model(tree, device).to(TORCH_DTYPES[training.dtype])
-    composed = compose(model, comp, ctx)
+    composed = compose(model, comp)
     return Side(composed=composed, comp=comp, training=training, schedule=schedule)
 
 def requires_grad(side):
-    return {clean_name(n): p.requires_grad for n, p in side.model.named_parameters()}
+    pass
 
 def fresh_training(training):
     return replace(training, lr=0.1 * 0.37, momentum=0.5, eps=0.001 * 10)
 
-def add_optimizer(side, training, *, frozen_in_optimizer=False, empty_group=False):
+def add_optimizer(side, training):
     params = list(side.model.parameters())
     frozen = []
     side.opt = make_optimizer(params, training, later=frozen)
-    side.param_names = {id(p): clean_name(n) for n, p in side.model.named_parameters()}
     return side.opt
 
-def body_optimizer(side, training, body):
-    return add_optimizer(side, training, frozen_in_optimizer=False, empty_group=False)
+def body_optimizer(side, training):
+    return add_optimizer(side, training)
 
-def all_batches(case, training, steps, tree, ctx):
-    return [step[0] for step in batches(case, replace(training, steps=steps), 2, ctx)]
+def all_batches(training, ctx):
+    return [step[0] for step in batches(replace(training, steps=1), ctx)]
 
-def train_steps(side, data, ctx):
-    assert side.opt is not None
-    losses = []
-    for x, y in data:
-        side.step += 1
-        loss = F.mse_loss(side.model(x).to(y.dtype), y)
-        loss.backward()
-        side.opt.step()
-        side.opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-    return losses
-
-def _jsonable(value):
-    if isinstance(value, torch.Tensor):
-        pass
-    return value
+def train_steps(ctx):
+    pass
 
 def observe_state_dict_optimizer(osd):
-    out = {}
-    for fqn, state in sorted(osd.get('state', {}).items()):
-        entry = {key: _jsonable(state[key]) for key in sorted(state)}
-        if entry:
-            out[clean_name(fqn)] = entry
-    return out
+    pass
 
 def dropped_keys(side, drop):
     return []
-
-def fsdp1_optim_state_dict(side):
-    pass
 
 def torch_kwargs(fn, kwargs):
     params = inspect.signature(fn).parameters
@@ -321,10 +258,10 @@ def _put(body, side, msd, osd, ctx):
 
 def run_state_dict(case, body, ctx):
     t = body.training
-    data = all_batches(case, t, 1, body.tree, ctx)
-    src = build_side(body.tree, body.source, t, ctx, seed=0, schedule=(), fused=(), fqn_modifiers='_fqn_modifiers')
-    body_optimizer(src, t, body)
-    obs = {'losses_before': train_steps(src, data[:1], ctx)}
+    data = all_batches(t, ctx)
+    src = build_side(body.tree, body.source, t, ctx, seed=0, schedule=())
+    body_optimizer(src, t)
+    obs = {'losses_before': train_steps(ctx)}
     msd, osd = _take(body, src)
     nested_osd = osd
     ignored = []
@@ -332,8 +269,8 @@ def run_state_dict(case, body, ctx):
     if ctx.rank == 0:
         obs['taken_optimizer'] = taken
     msd, osd = copy.deepcopy((msd, osd))
-    tgt = build_side(body.tree, body.target, t, ctx, seed=FRESH_SEED, meta=False, schedule=(), fused=(), fqn_modifiers='_fqn_modifiers')
-    body_optimizer(tgt, fresh_training(t), body)
+    tgt = build_side(body.tree, body.target, t, ctx, seed=FRESH_SEED, schedule=())
+    body_optimizer(tgt, fresh_training(t))
     dropped = sorted(set(dropped_keys(src, ())) | set(ignored))
     obs['dropped'] = dropped
     if True and ctx.rank != 0:
@@ -361,7 +298,7 @@ def main():
     def watch():
         time.sleep(20)
         frames = traceback.extract_stack(sys._current_frames()[threading.main_thread().ident])
-        if any((f'torch/{f.filename.rpartition("/torch/")[2]}:{f.name}' in ['torch/distributed/_state_dict_utils.py:_broadcast_state_dict'] for f in frames)):
+        if any((f"torch/{f.filename.rpartition('/torch/')[2]}:{f.name}" in ['torch/distributed/_state_dict_utils.py:_broadcast_state_dict'] for f in frames)):
             print(f'REPRODUCED hang:state_dict@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone: rank {ctx.rank} is stuck', flush=True)
             os._exit(1)
         if finished.is_set():
