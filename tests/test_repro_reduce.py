@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -161,7 +160,7 @@ class _TorchrunStub:
 
     def __init__(self, last_good: int, kind: str = "exception", pool: object = True) -> None:
         self.pool, self.last_good, self.runs, self.said = pool, last_good, 0, ""
-        self.entry = SimpleNamespace(kind=kind)
+        self.quick_hang = kind == "hang"
         self.full: list[bool] = []
 
     def torchrun(self, code: str, full: bool = False) -> bool:

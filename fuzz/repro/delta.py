@@ -73,12 +73,22 @@ def _size(code: str) -> tuple[int, int]:
 _GIVEN = frozenset(dir(builtins)) | {"__file__", "__name__", "__builtins__", "__spec__", "__doc__"}
 
 
+def unbound(code: str) -> frozenset[str]:
+    """What a cut may not leave: :func:`undefined` and :func:`unbound_reads` of ``code``, parsed
+    once."""
+    tree = ast.parse(code)
+    return _undefined(tree) | _unbound_reads(tree)
+
+
 def undefined(code: str) -> frozenset[str]:
     """Names that ``code`` reads and binds nowhere (no assignment, parameter, definition, import
     or ``except ... as`` of that name anywhere in it): a cut that leaves one may still reproduce
     where the failure comes before the name is read, and then the script breaks on a build
     without the bug instead of saying PASS."""
-    tree = ast.parse(code)
+    return _undefined(ast.parse(code))
+
+
+def _undefined(tree: ast.Module) -> frozenset[str]:
     bound = set(_GIVEN)
     for n in ast.walk(tree):
         if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
@@ -103,7 +113,10 @@ def unbound_reads(code: str) -> frozenset[str]:
     binds, nor the builtins: what :func:`undefined` misses where the name is bound in another
     function (``case``, a local of ``attempt`` and a parameter elsewhere), and what a cut of
     its one binding leaves to fail at run time."""
-    tree = ast.parse(code)
+    return _unbound_reads(ast.parse(code))
+
+
+def _unbound_reads(tree: ast.Module) -> frozenset[str]:
     module = set(_GIVEN)
     for stmt in tree.body:
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -506,7 +519,7 @@ def ddmin(
     what plain Python computes in it folded to the values an instrumented run saw
     (:mod:`fuzz.repro.values`), or None; tried once a round, after inlining."""
     current = code
-    dangling = undefined(code) | unbound_reads(code)  # what the script read without binding before any cut
+    dangling = unbound(code)  # what the script read without binding before any cut
     try:
         tidied = tidy(code)
     except (SyntaxError, ValueError, TypeError, KeyError, RecursionError):
@@ -533,7 +546,7 @@ def ddmin(
             if c == current or not (grow or _size(c) < _size(current)):
                 return False
             try:
-                return not (undefined(c) | unbound_reads(c)) - dangling  # a cut may not leave a name unbound
+                return not unbound(c) - dangling  # a cut may not leave a name unbound
             except SyntaxError:
                 return False
 

@@ -647,13 +647,18 @@ class _Oracle:
     def attempts(self) -> int:
         return self.pool_attempts + self.torchrun_attempts
 
+    @property
+    def quick_hang(self) -> bool:
+        """Whether candidates run with the short wait of a hang script (:func:`quick_hang`)."""
+        return self.entry.kind == "hang"
+
     def torchrun(self, code: str, full: bool = False) -> bool:
         """Whether the flat script ``code`` reproduces under torchrun (a hang entry's with the
         watcher's wait of :data:`QUICK_HANG_AFTER_S` unless ``full``)."""
         clear_checkpoints(code)
         self.torchrun_attempts += 1
         script = render_flat(self.entry, self.source, self.signature, code)
-        if self.entry.kind == "hang" and not full:
+        if self.quick_hang and not full:
             script = quick_hang(script)
         status, output, seconds = run_script(script, timeout=self.timeout, nproc=self.entry.case.world_size)
         self.torchrun_seconds += seconds
@@ -1056,8 +1061,7 @@ def _confirmed(code: str, verified: str, oracle: _Oracle, what: str, kept: list[
     scripts on the way (``kept``, in order) that torchrun does not confirm at the end (a rank
     that carried state from one attempt to the next), the last of them that torchrun confirms
     is found by bisection (at most :data:`BISECTIONS` torchruns) before falling back."""
-    quick = oracle.entry.kind == "hang"
-    if code == verified or (oracle.pool is None and not quick) or oracle.torchrun(code, full=True):
+    if code == verified or (oracle.pool is None and not oracle.quick_hang) or oracle.torchrun(code, full=True):
         return code
     lines = code_lines(verified)
     candidates = [c for c in (kept or []) if c != code]

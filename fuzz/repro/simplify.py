@@ -970,7 +970,7 @@ def _duplicate_imports(tree: ast.Module, frozen: Frozen) -> bool:
         for holder, field_name, stmts in list(_statement_lists(fn)):
             names: dict[tuple[str, str], list[str]] = {}
             for stmt in stmts:
-                for alias in getattr(stmt, "names", []) if isinstance(stmt, (ast.Import, ast.ImportFrom)) else []:
+                for alias in stmt.names if isinstance(stmt, (ast.Import, ast.ImportFrom)) else []:
                     key = _alias_key(stmt, alias)
                     if key is not None:
                         names.setdefault(key, []).append(alias.asname or alias.name)
@@ -1138,6 +1138,32 @@ def _mentions(stmt: ast.stmt, name: str) -> bool:
     return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(stmt))
 
 
+def _absorbed(binding: ast.Assign, stmt: ast.stmt, name: str) -> bool:
+    """Whether ``stmt`` adds to the display ``binding`` binds to ``name`` (``name.append(a)``,
+    ``name += [b]``, ``name['k'] = x`` for a key it does not hold yet): if so, the display now
+    holds what it added."""
+    display = binding.value
+    if isinstance(display, ast.Dict):
+        entry = _stored_item(stmt, name)
+        keys = [ast.dump(k) for k in display.keys if k is not None]
+        if entry is None or ast.dump(entry[0]) in keys or None in display.keys:
+            return False
+        display.keys.append(entry[0])
+        display.values.append(entry[1])
+        return True
+    assert isinstance(display, ast.List)
+    item, more = _appended(stmt, name), _extended(stmt, name)
+    if item is not None:
+        display.elts.append(item)
+    elif isinstance(more, ast.List):
+        display.elts += more.elts
+    elif isinstance(more, ast.ListComp) and not display.elts:
+        binding.value = more
+    else:
+        return False
+    return True
+
+
 def _appends(tree: ast.Module, frozen: Frozen) -> bool:
     """``v = []`` followed by ``v.append(a)`` and ``v += [b]`` statements becomes ``v = [a, b]``
     (or ``v = [x for ...]`` for a comprehension added to nothing), bound where the last of them
@@ -1162,33 +1188,9 @@ def _appends(tree: ast.Module, frozen: Frozen) -> bool:
                 name, at = stmt.targets[0].id, i - 1
                 j = i
                 while j < len(out) and isinstance(stmt.value, (ast.List, ast.Dict)):
-                    if isinstance(stmt.value, ast.Dict):
-                        entry = _stored_item(out[j], name)
-                        keys = [ast.dump(k) for k in stmt.value.keys if k is not None]
-                        if entry is not None and ast.dump(entry[0]) not in keys and None not in stmt.value.keys:
-                            stmt.value.keys.append(entry[0])
-                            stmt.value.values.append(entry[1])
-                        elif _mentions(out[j], name):
+                    if not _absorbed(stmt, out[j], name):
+                        if _mentions(out[j], name):
                             break
-                        else:
-                            j += 1
-                            continue
-                        del out[j]
-                        out.insert(j, stmt)
-                        del out[at]
-                        at = j - 1
-                        changed = True
-                        continue
-                    item, more = _appended(out[j], name), _extended(out[j], name)
-                    if item is not None:
-                        stmt.value.elts.append(item)
-                    elif isinstance(more, ast.List):
-                        stmt.value.elts += more.elts
-                    elif isinstance(more, ast.ListComp) and not stmt.value.elts:
-                        stmt.value = more
-                    elif _mentions(out[j], name):
-                        break
-                    else:
                         j += 1
                         continue
                     del out[j]  # the binding moves down to where this statement was

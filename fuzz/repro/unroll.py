@@ -179,10 +179,10 @@ def _single_return(fn: ast.FunctionDef) -> bool:
     return len(returns) == 1 and fn.body[-1] is returns[0]
 
 
-def _literal_locals(tree: ast.Module, name: str, classes: dict[str, _Class], enums: set[str]) -> bool:
+def _literal_locals(tree: ast.Module, names: set[str], classes: dict[str, _Class], enums: set[str]) -> bool:
     """In each function, a local bound once (not in a loop) to a literal and read once, as an
-    argument of a call of ``name``, replaced there by the literal, its binding dropped: whether
-    any was."""
+    argument of a call of one of the functions ``names``, replaced there by the literal, its
+    binding dropped: whether any was."""
     changed = False
     for fn in [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
         if any(isinstance(n, (ast.Global, ast.Nonlocal, ast.ClassDef)) for n in ast.walk(fn)):
@@ -202,7 +202,7 @@ def _literal_locals(tree: ast.Module, name: str, classes: dict[str, _Class], enu
             if (
                 isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Name)
-                and node.func.id == name
+                and node.func.id in names
                 and id(node) not in own
             ):
                 for arg in [*node.args, *(k.value for k in node.keywords)]:
@@ -227,9 +227,7 @@ def unrollable(code: str, frozen: Frozen = frozenset()) -> list[str]:
     """Top-level functions called on literals (every argument a literal) somewhere."""
     tree = ast.parse(code)
     classes, enums = _classes(tree), _enums(tree)
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef):
-            _literal_locals(tree, node.name, classes, enums)
+    _literal_locals(tree, {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}, classes, enums)
     out: list[str] = []
     for node in tree.body:
         if not isinstance(node, ast.FunctionDef) or node.decorator_list or _fixed(node, frozen):
@@ -260,7 +258,7 @@ def unroll(code: str, name: str, frozen: Frozen = frozenset()) -> str | None:
     if name not in unrollable(code, frozen):
         return None
     tree = ast.parse(code)
-    _literal_locals(tree, name, _classes(tree), _enums(tree))
+    _literal_locals(tree, {name}, _classes(tree), _enums(tree))
     fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
     for _ in range(MAX_CALLS):
         classes, enums = _classes(tree), _enums(tree)
