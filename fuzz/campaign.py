@@ -155,6 +155,8 @@ def _child_argv(
         argv += ["--reruns", str(args.reruns)]
     for prefix in args.features:
         argv += ["--feature", prefix]
+    for bug_id in getattr(args, "fixes", []):
+        argv += ["--fix", bug_id]
     if args.max_examples is not None:
         argv += ["--max-examples", str(max(1, args.max_examples // args.pools))]
     for name in properties:
@@ -248,6 +250,7 @@ def merge(summaries: list[dict[str, Any]], *, seconds: float) -> dict[str, Any]:
         "backend": first.get("backend"),
         "world_size": first.get("world_size"),
         "pools": len(summaries),
+        "fixes": sorted({b for s in summaries for b in s.get("fixes", [])}),
         "properties": sorted({p for s in summaries for p in s.get("properties", [])}),
         "cases_per_property": add("cases_per_property"),
         "seconds_per_property": add("seconds_per_property"),

@@ -121,6 +121,16 @@ def build_parser() -> argparse.ArgumentParser:
         "e.g. knob: or writer:thread_count (repeatable: any of them); a soak of one path, best with --property",
     )
     ex.add_argument(
+        "--fix",
+        action="append",
+        dest="fixes",
+        default=[],
+        metavar="BUG",
+        help="run the ranks under the written fix of known bug BUG (fuzz/fixes/BUG.json, applied as torch is "
+        "imported; repeatable): the bug is then absent, its path is drawn as often as any other, and a failure "
+        "its corpus entry would take is reported as new; best with --feature and a copy of the corpus",
+    )
+    ex.add_argument(
         "--reruns",
         type=non_negative_int,
         default=None,
@@ -362,6 +372,8 @@ def _explore(args: argparse.Namespace) -> int:
             check_directory("--database", args.database)
         else:  # the default: $SHARDFUZZ_DATABASE where set
             check_directory(f"${ENV_VAR}" if os.environ.get(ENV_VAR) else "--database", default_directory())
+    if args.fixes:
+        _run_under_fixes(args.fixes)
     seed = args.seed if args.seed is not None else random.SystemRandom().getrandbits(32)
     launched = _torchrun_rank()
     if launched is not None:  # one campaign per process that torchrun starts (docs/campaigns.md)
@@ -374,6 +386,26 @@ def _explore(args: argparse.Namespace) -> int:
 
         return run_pools(args, seed, [p.name for p in props])
     return _explore_one(args, seed, props)
+
+
+def _run_under_fixes(bug_ids: list[str]) -> None:
+    """Set this process's environment (which its pools and ranks inherit) to run torch under the
+    fixes of ``bug_ids`` (:func:`fuzz.patching.fix_env`); the fault file lives as long as the
+    process."""
+    import atexit
+    import shutil
+    import tempfile
+
+    from fuzz.patching import fix_env
+
+    directory = tempfile.mkdtemp(prefix="shardfuzz-fix-")
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    try:
+        os.environ.update(fix_env(bug_ids, directory))
+    except ShardfuzzError:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    print(f"explore: ranks run under the fixes of {', '.join(dict.fromkeys(bug_ids))}", file=sys.stderr)
 
 
 def _torchrun_rank() -> tuple[int, int] | None:

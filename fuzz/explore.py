@@ -65,6 +65,7 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis.database import ExampleDatabase
 from hypothesis.errors import Flaky, HypothesisException
 
+from fuzz import known
 from fuzz.corpus import CorpusIndex, Entry, add_hits, entry_from_failure, load_corpus, save_entry
 from fuzz.database import FailuresOnly, database_key, use_database_key
 from fuzz.model import Case
@@ -351,6 +352,8 @@ class Progress:
             "backend": backend,
             "world_size": world_size,
             "pools": pools,
+            # the known bugs whose fixes the ranks ran under (explore --fix): absent from this run
+            "fixes": sorted(known.fixed()),
             "properties": sorted(self.weights or self.per_property),
             "cases_per_property": dict(self.per_property),
             "seconds_per_property": {k: round(v, 3) for k, v in self.seconds_per_property.items()},

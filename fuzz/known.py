@@ -20,6 +20,7 @@ Imports only the standard library, the model and the verdict types.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -661,6 +662,20 @@ def present(bug: KnownBug, torch_version: str) -> bool:
     return not bug.fixed_in or release < _release(bug.fixed_in)
 
 
+#: The environment variable that names the known bugs whose fixes the ranks run under
+#: (comma-separated ids; ``python -m fuzz explore --fix BUG`` sets it for the campaign and its
+#: ranks, beside the patch harness that applies the fixes, :func:`fuzz.patching.fix_env`).
+FIXED_ENV = "SHARDFUZZ_FIXED"
+
+
+def fixed() -> frozenset[str]:
+    """The ids of the known bugs whose fixes this campaign's ranks run under (:data:`FIXED_ENV`).
+    Such a bug is absent: no case meets its condition, no mismatch carries its tag, its corpus
+    entries take no failure (:func:`fuzz.corpus.CorpusIndex`), and the strategies draw its path
+    as often as any other (``strategies/_odds.py``), so that the path is soaked, not kept rare."""
+    return frozenset(filter(None, os.environ.get(FIXED_ENV, "").split(",")))
+
+
 def get(bug_id: str) -> KnownBug:
     """The record of ``bug_id``; KeyError names the ids there are."""
     try:
@@ -897,27 +912,28 @@ def mismatch_tags(
     degenerate setups the case meets, since known bugs live there. A corpus entry that marks a
     tagged family known then matches only cases that meet its setup, and hides no other
     mismatch (:func:`fuzz.signature.same_bug`)."""
-    tags = FSDP1_HSDP_SHARD1.tag if shard1(comp) else ""
+    met = [FSDP1_HSDP_SHARD1] if shard1(comp) else []
     if tree is not None and frozen_int_reshard_unit(tree, comp):
-        tags += FROZEN_INT_RESHARD.tag
+        met.append(FROZEN_INT_RESHARD)
     if tree is not None and training is not None:
         if unfrozen_unresharded_unit(tree, comp, training):
-            tags += UNFROZEN_UNRESHARDED.tag
+            met.append(UNFROZEN_UNRESHARDED)
         if unused_no_all_reduce(tree, comp, training):
-            tags += UNUSED_NO_ALL_REDUCE.tag
+            met.append(UNUSED_NO_ALL_REDUCE)
         if fsdp1_unfrozen_in_frozen_unit(tree, comp, training, world_size):
-            tags += FSDP1_UNFROZEN_FROZEN_UNIT.tag
+            met.append(FSDP1_UNFROZEN_FROZEN_UNIT)
     if training is not None and divide_factor_twice(comp, training, world_size):
-        tags += DIVIDE_FACTOR_TWICE.tag
+        met.append(DIVIDE_FACTOR_TWICE)
     if delayed_all_reduce(comp):
-        tags += DELAY_ALL_REDUCE_ROOT.tag
+        met.append(DELAY_ALL_REDUCE_ROOT)
     if training is not None and compiled_unfreeze_ignored(comp, training):
-        tags += COMPILED_UNFREEZE_PLAIN.tag
+        met.append(COMPILED_UNFREEZE_PLAIN)
     if tree is not None and spmd_tp_conv(tree, comp):
-        tags += DTENSOR_CONV_PARTIAL.tag
+        met.append(DTENSOR_CONV_PARTIAL)
     if spmd_mse_loss(comp):
-        tags += DTENSOR_MSE_LOSS.tag
-    return tags
+        met.append(DTENSOR_MSE_LOSS)
+    absent = fixed()  # a bug whose fix the ranks run under is not there to tag
+    return "".join(bug.tag for bug in met if bug.id not in absent)
 
 
 def _frozen_leaf(node: object) -> bool:
@@ -1290,11 +1306,12 @@ CONDITIONS: tuple[tuple[KnownBug, Callable[[Case], bool]], ...] = (
 
 def meets(case: Case, bug: KnownBug) -> bool:
     """Whether ``case`` meets ``bug``'s condition (False for a bug without one here)."""
-    return any(b is bug and condition(case) for b, condition in CONDITIONS)
+    return bug.id not in fixed() and any(b is bug and condition(case) for b, condition in CONDITIONS)
 
 
 def _met_in_order(case: Case) -> list[KnownBug]:
-    return [bug for bug, condition in CONDITIONS if condition(case)]
+    absent = fixed()
+    return [bug for bug, condition in CONDITIONS if bug.id not in absent and condition(case)]
 
 
 def known_bug(case: Case) -> str | None:

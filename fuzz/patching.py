@@ -51,3 +51,33 @@ def patch_env(patches: Sequence[known.Patch], directory: str) -> dict[str, str] 
         json.dump(fault, f)
     python_path = os.pathsep.join(p for p in (str(harness), os.environ.get("PYTHONPATH")) if p)
     return {"SHARDFUZZ_FAULT": path, "PYTHONPATH": python_path}
+
+
+def fix_env(bug_ids: Sequence[str], directory: str) -> dict[str, str]:
+    """The environment of a campaign whose ranks run under the fixes of the known bugs
+    ``bug_ids`` (``explore --fix``): :func:`patch_env` of their changes, and
+    :data:`fuzz.known.FIXED_ENV` naming them, so that the registry takes them for absent.
+    InvalidArgument names an unknown id, a bug without a written fix, or fixes that do not
+    apply to this torch."""
+    from fuzz.errors import InvalidArgument
+
+    bugs = []
+    for bug_id in dict.fromkeys(bug_ids):
+        bug = known.BUGS.get(bug_id)
+        if bug is None:
+            raise InvalidArgument(f"--fix {bug_id}: no known bug of that id; known: {', '.join(sorted(known.BUGS))}")
+        if not bug.fix:
+            with_fix = sorted(b.id for b in known.BUGS.values() if b.fix)
+            raise InvalidArgument(
+                f"--fix {bug_id}: the bug has no fix in fuzz/fixes/; bugs with one: {', '.join(with_fix)}"
+            )
+        bugs.append(bug)
+    env = patch_env([p for bug in bugs for p in bug.fix], directory)
+    if env is None:
+        import torch
+
+        raise InvalidArgument(
+            f"--fix {','.join(b.id for b in bugs)}: the fix does not apply to torch {torch.__version__} "
+            "(its text is not in this torch's source, or tests/faults/harness is missing)"
+        )
+    return {**env, known.FIXED_ENV: ",".join(b.id for b in bugs)}

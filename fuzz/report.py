@@ -313,6 +313,7 @@ def _header(s: Mapping[str, Any], title: str) -> str:
         ("backend", s.get("backend", "-")),
         ("world size", s.get("world_size", "-")),
         ("pools", s.get("pools", 1)),
+        ("under the fixes of", ", ".join(str(b) for b in _seq(s.get("fixes"))) or "none"),
         ("started", s.get("started_at", "-")),
         ("elapsed / budget", spent),
         ("cases", cases),

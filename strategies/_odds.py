@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from fuzz.known import KnownBug
+from fuzz.known import KnownBug, fixed
 
 #: About one composition with replicate calls in this many gets replicate's options (its
 #: DistributedDataParallel keywords, ignored_modules); the rest call replicate as before.
@@ -31,5 +31,7 @@ def one_in(draw: st.DrawFn, n: int) -> bool:
 
 
 def keep_known(draw: st.DrawFn, bug: KnownBug) -> bool:
-    """Whether a draw that meets ``bug`` keeps it: about once in ``bug.odds`` draws."""
-    return one_in(draw, bug.odds)
+    """Whether a draw that meets ``bug`` keeps it: about once in ``bug.odds`` draws; always
+    where the ranks run under the bug's fix (``explore --fix``, :func:`fuzz.known.fixed`), so
+    that a campaign soaks the path the bug kept rare."""
+    return one_in(draw, bug.odds) or bug.id in fixed()
