@@ -84,7 +84,9 @@ class Patch:
 
 
 #: One file per known bug whose fix is written: ``{"why": ..., "changes": [{"module", "old",
-#: "new"}, ...]}``, each ``old`` text once in its module of the torch the bug is present in.
+#: "new"}, ...]}``, each ``old`` text once in its module of the torch the bug is present in;
+#: ``"written_for": "2.13"`` where the text is that release's only (another release's source
+#: differs there, so the fix does not apply to it: :func:`fix_written_for`).
 FIXES = Path(__file__).resolve().parent / "fixes"
 
 
@@ -96,6 +98,14 @@ def fix_of(bug_id: str) -> tuple[Patch, ...]:
         return ()
     data = json.loads(path.read_text())
     return tuple(Patch(c["module"], c["old"], c["new"]) for c in data["changes"])
+
+
+@cache
+def fix_written_for(bug_id: str) -> str:
+    """The torch release whose source the fix of ``bug_id`` is written against, where it is one
+    release's only ("2.13"); "" for a fix written for every release the bug is in."""
+    path = FIXES / f"{bug_id}.json"
+    return str(json.loads(path.read_text()).get("written_for", "")) if path.is_file() else ""
 
 
 @dataclass(frozen=True)
@@ -646,7 +656,7 @@ BUGS: dict[str, KnownBug] = {
 }
 
 
-def _release(version: str) -> tuple[int, int]:
+def release(version: str) -> tuple[int, int]:
     """(major, minor) of a torch version string ("2.11.0+cu130", "2.13.0a0+git...")."""
     major, minor = [*version.split("+")[0].split("."), "0"][:2]
     return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
@@ -656,10 +666,10 @@ def present(bug: KnownBug, torch_version: str) -> bool:
     """Whether ``bug`` is in the torch of version ``torch_version`` (per ``introduced_in`` and
     ``fixed_in``): where it is not, its corpus entry cannot fail and the strategies need not
     keep it rare."""
-    release = _release(torch_version)
-    if bug.introduced_in and release < _release(bug.introduced_in):
+    here = release(torch_version)
+    if bug.introduced_in and here < release(bug.introduced_in):
         return False
-    return not bug.fixed_in or release < _release(bug.fixed_in)
+    return not bug.fixed_in or here < release(bug.fixed_in)
 
 
 #: The environment variable that names the known bugs whose fixes the ranks run under

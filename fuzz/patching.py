@@ -76,8 +76,12 @@ def fix_env(bug_ids: Sequence[str], directory: str) -> dict[str, str]:
     if env is None:
         import torch
 
+        written = "; ".join(
+            f"{b.id}'s for torch {known.fix_written_for(b.id)}" for b in bugs if known.fix_written_for(b.id)
+        )
         raise InvalidArgument(
             f"--fix {','.join(b.id for b in bugs)}: the fix does not apply to torch {torch.__version__} "
             "(its text is not in this torch's source, or tests/faults/harness is missing)"
+            + (f"; written against another release's source: {written}" if written else "")
         )
     return {**env, known.FIXED_ENV: ",".join(b.id for b in bugs)}

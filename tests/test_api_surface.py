@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
+from fuzz import known
 from fuzz.api_surface import (
     ACCELERATOR,
     DEPRECATED,
@@ -209,7 +210,7 @@ def _search(prop: Any, patterns: dict[str, str], seen: set[str], n: int) -> None
         draw()
 
 
-def test_drawn_patterns_match_emitted_features() -> None:
+def test_drawn_patterns_match_emitted_features(monkeypatch: pytest.MonkeyPatch) -> None:
     """A renamed feature must not leave an item counted as drawn with nothing to count: each
     pattern of USES (checklist items are checked by tests/test_report.py) matches a feature
     that the properties emit. Patterns too rare for the sample (options drawn in a few cases
@@ -220,9 +221,15 @@ def test_drawn_patterns_match_emitted_features() -> None:
     for name in ("state_dict", "dcp", "mixed_precision", "parity", "metamorphic"):
         _sample(get_property(name), seen)
 
+    # only what this torch offers: an item an older torch lacks (fully_shard(dp_mesh_dims) on
+    # 2.11) cannot be drawn there
+    groups = {item.name: item.group for item in installed_surface().items}
+
     def missing() -> dict[str, str]:
         return {
-            n: u.pattern for n, u in USES.items() if u.pattern and not any(re.fullmatch(u.pattern, f) for f in seen)
+            n: u.pattern
+            for n, u in USES.items()
+            if u.pattern and n in groups and not any(re.fullmatch(u.pattern, f) for f in seen)
         }
 
     # DCP's rare options (the process checkpointer, one async save in 20) are searched for in
@@ -237,10 +244,16 @@ def test_drawn_patterns_match_emitted_features() -> None:
         "DefaultLoadPlanner",
         "format_utils",
     }
-    groups = {item.name: item.group for item in installed_surface().items}
     dcp_missing = {n: p for n, p in missing().items() if groups.get(n) in dcp_groups}
     if dcp_missing:
         _search(get_property("dcp"), dcp_missing, seen, 1000)
+    dcp_missing = {n: p for n, p in missing().items() if groups.get(n) in dcp_groups}
+    if dcp_missing:
+        # Rarer still on an older torch, where an option's path meets a known bug the strategies
+        # keep rare (plan caching before 2.13): drawn as if every known bug were fixed, when
+        # each such path is kept (strategies/_odds.py); the names are what is checked here.
+        monkeypatch.setenv(known.FIXED_ENV, ",".join(known.BUGS))
+        _search(get_property("dcp"), dcp_missing, seen, 3000)
     for name in ("parity", "metamorphic"):
         if missing():
             _search(get_property(name), missing(), seen, 2000)
