@@ -922,7 +922,10 @@ def mismatch_tags(
     degenerate setups the case meets, since known bugs live there. A corpus entry that marks a
     tagged family known then matches only cases that meet its setup, and hides no other
     mismatch (:func:`fuzz.signature.same_bug`)."""
-    met = [FSDP1_HSDP_SHARD1] if shard1(comp) else []
+    # ``:shard1`` names the setup (a shard dimension of size 1, any wrapper), which other bugs'
+    # entries carry too (``...:shard1:divide-factor-twice``): written whatever is fixed
+    tags = FSDP1_HSDP_SHARD1.tag if shard1(comp) else ""
+    met: list[KnownBug] = []
     if tree is not None and frozen_int_reshard_unit(tree, comp):
         met.append(FROZEN_INT_RESHARD)
     if tree is not None and training is not None:
@@ -943,7 +946,7 @@ def mismatch_tags(
     if spmd_mse_loss(comp):
         met.append(DTENSOR_MSE_LOSS)
     absent = fixed()  # a bug whose fix the ranks run under is not there to tag
-    return "".join(bug.tag for bug in met if bug.id not in absent)
+    return tags + "".join(bug.tag for bug in met if bug.id not in absent)
 
 
 def _frozen_leaf(node: object) -> bool:

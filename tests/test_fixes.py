@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from fuzz import known, patching
 from fuzz.corpus import CorpusIndex, load_corpus, load_entry
 from fuzz.errors import InvalidArgument
+from fuzz.model import Composition, ShardSpec
 from strategies._odds import keep_known
 from strategies._options import has_dp_mesh_dims
 from tests.conftest import ROOT, run_cli
@@ -40,6 +41,15 @@ def test_a_bug_under_its_fix_is_met_by_no_case_and_tags_no_mismatch(monkeypatch:
     assert not known.meets(case, MSE)
     assert MSE not in known.explains(case, "mismatch")
     assert MSE.tag not in known.mismatch_tags(comp)
+
+
+def test_the_shard1_setup_tag_stays_under_the_fsdp1_bug_s_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``:shard1`` names a setup that other bugs' entries carry too (the divide factor's on a
+    (2, 1) mesh): fixing FSDP1's shard-dim-1 bug must not rename their mismatches."""
+    comp = Composition(shards=(ShardSpec(path=""),), mesh=(2, 1))
+    assert known.mismatch_tags(comp) == known.FSDP1_HSDP_SHARD1.tag
+    monkeypatch.setenv(known.FIXED_ENV, known.FSDP1_HSDP_SHARD1.id)
+    assert known.mismatch_tags(comp) == known.FSDP1_HSDP_SHARD1.tag
 
 
 def test_a_bug_under_its_fix_has_corpus_entries_that_take_no_failure(monkeypatch: pytest.MonkeyPatch) -> None:
