@@ -607,7 +607,7 @@ DTENSOR_MSE_LOSS = KnownBug(
     "sharding propagation and numel of a local shard, among them); related, not the same: nll_loss with "
     "weights over a sharded batch (a wrong forward value), DTensor.mean with uneven shards, loss parallel "
     "refusing 'mean' on N-D meshes; the decomposition-based propagation came with the last pull request",
-    state="present in torch 2.13.0",
+    state="present in torch 2.13.0 and 2.11.0 (its torch-only reproducer in docs/known_bugs.md, on CPU)",
     see_also=("pytorch/pytorch#185167", "pytorch/pytorch#162692", "pytorch/pytorch#180936", "pytorch/pytorch#171652"),
     ends_ranks=False,
     tag=":mse-loss",
