@@ -242,7 +242,8 @@ class CorpusIndex:
             if same_bug(sig, signature) and _condition_holds(entry, case):
                 return path, entry
         if case is not None and not _contract_check(signature):
-            bugs = {b.id for b in known.explains(case, kind)}
+            parsed = Signature.parse(signature)
+            bugs = {b.id for b in known.explains(case, kind, parsed.check if parsed else "")}
             candidates = [(p, e) for _, p, e in self._known if e.bug in bugs]
             candidates.sort(key=lambda pe: pe[1].case.property != case.property)
             if candidates:

@@ -142,6 +142,12 @@ class KnownBug:
     #: (:func:`meets`): for bugs whose exception type and innermost frame other bugs share
     #: (selective checkpointing's replay raises the same error for any mismatch it sees).
     conditional: bool = False
+    #: The bug changes only what a training step computes (a gradient, a forward value), the
+    #: same way in every run of one composition. In the state-dict and DCP properties it then
+    #: accounts for a mismatch only between trainings of two compositions (resuming into
+    #: another layout, :data:`RESUME_CHECKS`), never for a round trip's values or a resume into
+    #: the same composition, which meet it alike on both sides (:func:`explains`).
+    training_only: bool = False
 
     @property
     def fix(self) -> tuple[Patch, ...]:
@@ -410,6 +416,7 @@ DIVIDE_FACTOR_TWICE = KnownBug(
     see_also=("pytorch/pytorch#167178", "pytorch/pytorch#196348", "pytorch/pytorch#195732", "pytorch/pytorch#155903"),
     ends_ranks=False,
     tag=":divide-factor-twice",
+    training_only=True,
 )
 
 FROZEN_OPTIM_STATE_DROPPED = KnownBug(
@@ -611,6 +618,7 @@ DTENSOR_MSE_LOSS = KnownBug(
     see_also=("pytorch/pytorch#185167", "pytorch/pytorch#162692", "pytorch/pytorch#180936", "pytorch/pytorch#171652"),
     ends_ranks=False,
     tag=":mse-loss",
+    training_only=True,
 )
 BUGS: dict[str, KnownBug] = {
     b.id: b
@@ -1348,16 +1356,30 @@ def bugs_met(case: Case) -> list[KnownBug]:
     return [b for b in BUGS.values() if b.id in met]
 
 
-def explains(case: Case, kind: str) -> list[KnownBug]:
+#: The state-dict and DCP properties' checks that compare two trainings (the uninterrupted run
+#: on the source composition and the resumed one on the target's) rather than values before and
+#: after a state dict or checkpoint carried them.
+RESUME_LOSS, RESUME_PARAMS = "resume_loss", "resume_params"
+RESUME_CHECKS = (RESUME_LOSS, RESUME_PARAMS)
+
+
+def explains(case: Case, kind: str, check: str = "") -> list[KnownBug]:
     """The known bugs that account for a *mismatch* in ``case``: those whose condition the case
     meets and which show as wrong values. A bug shows through whatever the case checks (a loss,
     a parameter, an optimizer state after a load) and through any layout on the other side of
     a comparison, so a mismatch there is that bug, not a new one. Exceptions, crashes and hangs
     are matched by their own detail instead (:func:`fuzz.signature.same_bug`): an error in a
-    case that merely meets a bug's condition may well be another bug."""
+    case that merely meets a bug's condition may well be another bug. A ``training_only`` bug
+    accounts for a state-dict or DCP case's mismatch only where ``check`` (the failed check,
+    as its signature names it) compares trainings of two different compositions."""
     if kind != "mismatch":
         return []
-    return [b for b in bugs_met(case) if kind in b.symptoms]
+    bugs = [b for b in bugs_met(case) if kind in b.symptoms]
+    body = case.body
+    if isinstance(body, (StateDictBody, DcpBody)) and not (check in RESUME_CHECKS and body.source != body.target):
+        # a round trip, or a resume into the same composition: both sides meet it alike
+        bugs = [b for b in bugs if not b.training_only]
+    return bugs
 
 
 # --------------------------------------------------------------------------- deadlocks in stacks

@@ -27,6 +27,7 @@ import torch
 from fuzz import known
 from fuzz.corpus import load_entry
 from fuzz.errors import ShardfuzzError
+from fuzz.signature import Signature
 from tests.conftest import missing_api
 
 
@@ -107,7 +108,9 @@ def _expect_known_failure(entry: Any, pool: Any, path: Path) -> None:
     failure = run_case(pool, get_property(entry.case.property), entry.case)
     if failure is None:
         return  # torch fixed it: the strict xfail turns this pass into a failure
-    others = [b.id for b in known.explains(entry.case, failure.kind) if b.id != entry.bug]
+    parsed = Signature.parse(failure.signature)
+    check = parsed.check if parsed is not None else ""
+    others = [b.id for b in known.explains(entry.case, failure.kind, check) if b.id != entry.bug]
     if failure.signature not in entry.signatures and others:
         # the case meets another known bug's condition too, and on this torch shows as that one
         raise AssertionError(f"{entry.signature} shows as the known {others[0]} here: {failure.summary}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -165,3 +166,29 @@ def test_the_same_campaign_with_the_bug_there_reports_its_mismatch_as_new(tmp_pa
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     new = [f for f in summary["failures"] if not f["known"]]
     assert new and all(f["kind"] == "mismatch" and f["bug"] != MSE.id for f in new), new
+
+
+def test_a_training_only_bug_accounts_for_a_resume_into_another_layout_only() -> None:
+    """The mse bug doubles the gradient of an SPMD program with F.mse_loss: a resume from it into
+    another layout trains differently (its mismatch is the bug), a resume into the same
+    composition meets it alike on both sides, and a round trip carries values, not gradients."""
+    from fuzz.model import Case, DcpBody, DcpItem, Training
+
+    spmd = replace(load_entry(MSE_ENTRY).case.body.composition, spmd_mse_loss=True)  # type: ignore[union-attr]
+    tree = load_entry(MSE_ENTRY).case.body.tree  # type: ignore[union-attr]
+    other = Composition(shards=(ShardSpec(path=""),))
+    entries = (DcpItem.MODEL, DcpItem.OPTIMIZER)
+
+    def dcp(target: Composition) -> Case:
+        return Case("dcp", 2, 1, DcpBody(tree=tree, source=spmd, target=target, entries=entries, training=Training()))
+
+    assert MSE.training_only
+    assert MSE in known.explains(dcp(other), "mismatch", known.RESUME_PARAMS)
+    assert MSE in known.explains(dcp(other), "mismatch", known.RESUME_LOSS)
+    assert MSE not in known.explains(dcp(spmd), "mismatch", known.RESUME_PARAMS)
+    assert MSE not in known.explains(dcp(other), "mismatch", "model")
+    assert MSE not in known.explains(dcp(other), "mismatch", "optimizer")
+    index = CorpusIndex(load_corpus(ROOT / "corpus")[0])
+    hit = index.match("mismatch:dcp:resume_params@async_save", dcp(other), "mismatch")
+    assert hit is not None and hit[1].bug == MSE.id
+    assert index.match("mismatch:dcp:resume_params@async_save", dcp(spmd), "mismatch") is None

@@ -220,7 +220,7 @@ def _check_resume(prop: str, where: str, case: Case, same: bool, observations: l
         if bad is not None:
             return _mismatch(
                 prop,
-                "resume_loss",
+                known.RESUME_LOSS,
                 where,
                 f"rank {rank}: losses after the load {got} differ from the uninterrupted run's {want} "
                 + ("(must be equal: same composition)" if same else f"(beyond {tol})"),
@@ -234,7 +234,10 @@ def _check_resume(prop: str, where: str, case: Case, same: bool, observations: l
         diff = _first_difference(got_p, want_p)
         if diff:
             return _mismatch(
-                prop, "resume_params", where, f"parameters after resuming differ from the uninterrupted run's: {diff}"
+                prop,
+                known.RESUME_PARAMS,
+                where,
+                f"parameters after resuming differ from the uninterrupted run's: {diff}",
             )
         return None
     for name, want_v in want_p.items():
@@ -242,7 +245,7 @@ def _check_resume(prop: str, where: str, case: Case, same: bool, observations: l
         if bad_p is not None:
             return _mismatch(
                 prop,
-                "resume_params",
+                known.RESUME_PARAMS,
                 where,
                 f"{name}[{bad_p.index}] is {bad_p.actual!r} after resuming, uninterrupted {bad_p.expected!r} "
                 f"(error {bad_p.error:.3g} > allowed {bad_p.allowed:.3g})",
@@ -274,7 +277,7 @@ def judge_dcp(case: Case, outcome: Outcome) -> Failure | None:
 
 
 #: Checks that read the optimizer state a load restored, directly or through training on it.
-OPTIMIZER_CHECKS = ("optimizer", "resume_loss", "resume_params")
+OPTIMIZER_CHECKS = ("optimizer", *known.RESUME_CHECKS)
 
 
 def _hsdp_optimizer_load(case: Case, failure: Failure | None) -> Failure | None:
