@@ -102,6 +102,14 @@ def first_mismatch(actual: Sequence[float], expected: Sequence[float], tol: Tole
     return worst
 
 
+def judged_prefix(expected: Sequence[float]) -> int:
+    """How many leading values of a reference run come before its first NaN or infinity. Where
+    the reference overflowed, the plain training diverged (a large learning rate over a chain of
+    scale parameters, say) and what follows says nothing of the API under test; the values
+    before must agree (:func:`first_mismatch` passes no non-finite value)."""
+    return next((i for i, v in enumerate(expected) if not math.isfinite(v)), len(expected))
+
+
 def mixed_precision_tolerance(full: str, low: Sequence[str], data_parallel: int) -> Tolerance:
     """The policy for a run under a MixedPrecisionPolicy against its hand-cast reference:
     ``full`` is the parameters' dtype, ``low`` the policy's dtypes (param, reduce, output)."""

@@ -221,3 +221,40 @@ def test_training_is_judged_up_to_the_step_where_the_reference_overflows() -> No
     # an overflow of the composed run alone is a mismatch
     failure = compare_runs("parity", [_observation([[1.0], [math.inf], [1.0]], [[1.0], [1e30], [1.0]])] * 2, tol)
     assert failure is not None and "step 1" in failure.summary
+
+
+def test_judged_prefix_ends_at_the_reference_s_first_overflow() -> None:
+    from fuzz.tolerance import judged_prefix
+
+    assert judged_prefix([1.0, 2.0]) == 2
+    assert judged_prefix([2761931.25, math.inf]) == 1
+    assert judged_prefix([math.nan, 1.0]) == 0
+    assert judged_prefix([]) == 0
+
+
+def test_a_resume_is_judged_up_to_where_the_uninterrupted_run_overflows() -> None:
+    """A diverging SGD run (float32, 4 ranks: loss 2.8e6, then inf on both sides) was reported
+    as a resume mismatch, inf against inf; before the overflow the losses must still agree, and
+    a resumed run that overflows where the uninterrupted one did not is still a mismatch."""
+    from fuzz.model import Case, StateDictBody, Training
+    from fuzz.properties.state_dict import _check_resume
+    from tests.test_state_dict import TREE, fsdp
+
+    case = Case("state_dict", 2, 1, StateDictBody(tree=TREE, source=fsdp("1"), target=fsdp(), training=Training()))
+    params = {"0.weight": [1.0, 2.0]}
+
+    def obs(target: list[float], source: list[float], final: dict[str, list[float]] = params) -> dict[str, object]:
+        return {"losses_target": target, "losses_source": source, "final_target": final, "final_source": final}
+
+    for same in (False, True):
+        assert (
+            _check_resume("state_dict", "combined", case, same, [obs([2761931.25, math.inf], [2761931.25, math.inf])])
+            is None
+        )
+        assert _check_resume("state_dict", "combined", case, same, [obs([1.0, math.nan], [1.0, math.nan])]) is None
+        late = _check_resume("state_dict", "combined", case, same, [obs([1.0, math.inf], [1.0, 2.0])])
+        assert late is not None and late.signature == "mismatch:state_dict:resume_loss@combined"
+        early = _check_resume("state_dict", "combined", case, same, [obs([1.5, math.inf], [1.0, math.inf])])
+        assert early is not None and early.signature == "mismatch:state_dict:resume_loss@combined"
+    overflowed = {"0.weight": [math.inf, 2.0]}
+    assert _check_resume("state_dict", "combined", case, False, [obs([1.0], [1.0], overflowed)]) is None

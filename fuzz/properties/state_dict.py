@@ -59,7 +59,7 @@ from fuzz.model import (
 from fuzz.properties import Property, register, strategy
 from fuzz.properties.parity import SPMD_FEATURE
 from fuzz.signature import Failure, Signature, failure_from_outcome
-from fuzz.tolerance import first_mismatch, tolerance_for
+from fuzz.tolerance import first_mismatch, judged_prefix, tolerance_for
 from fuzz.verdict import Outcome
 
 # Round trips remove their checkpoints; one killed mid-case (a hang, a crash) cannot.
@@ -208,14 +208,18 @@ def _check_resume(prop: str, where: str, case: Case, same: bool, observations: l
     body = case.body
     assert isinstance(body, (StateDictBody, DcpBody))
     tol = tolerance_for(body.training.dtype.value)
+    diverged = False
     for rank, obs in enumerate(observations):
         if "losses_target" not in obs:
             return None
         got, want = obs["losses_target"], obs["losses_source"]
+        # judged up to where the uninterrupted run overflows (fuzz.tolerance.judged_prefix)
+        judged = judged_prefix(want)
+        diverged = diverged or judged < len(want)
         bad = (
-            first_mismatch(got, want, tol)
+            first_mismatch(got[:judged], want[:judged], tol)
             if not same
-            else next((i for i, (g, w) in enumerate(zip(got, want)) if g != w), None)
+            else next((i for i, (g, w) in enumerate(zip(got[:judged], want[:judged])) if g != w), None)
         )
         if bad is not None:
             return _mismatch(
@@ -230,6 +234,8 @@ def _check_resume(prop: str, where: str, case: Case, same: bool, observations: l
             )
     first = observations[0]
     got_p, want_p = first["final_target"], first["final_source"]
+    if diverged or any(judged_prefix(v) < len(v) for v in want_p.values()):
+        return None  # the uninterrupted run overflowed: its final parameters say nothing
     if same:
         diff = _first_difference(got_p, want_p)
         if diff:
