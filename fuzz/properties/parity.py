@@ -36,7 +36,7 @@ from fuzz.model import (
 )
 from fuzz.properties import Property, register, strategy
 from fuzz.signature import Failure, Signature, failure_from_outcome
-from fuzz.tolerance import Tolerance, first_mismatch, mixed_precision_tolerance, tolerance_for
+from fuzz.tolerance import Tolerance, first_mismatch, judged_prefix, mixed_precision_tolerance, tolerance_for
 from fuzz.verdict import Outcome
 
 
@@ -74,15 +74,15 @@ def api_of(
 def _judged_steps(observations: list[dict[str, Any]]) -> int:
     """The steps before the first one where the reference overflows on some rank, in its loss
     or in its parameters after the step (a float16 update that overflows): the plain model
-    diverged there (a large learning rate over a chain of scale parameters, say), and what
-    follows says nothing of the distributed API. Before it, values must agree."""
+    diverged there, and what follows says nothing of the distributed API
+    (:func:`fuzz.tolerance.judged_prefix`). Before it, values must agree."""
     steps = min(len(obs["ref"]["losses"]) for obs in observations)
     for obs in observations:
         ref = obs["ref"]
         after = ref.get("params", [])
         for step, losses in enumerate(ref["losses"]):
             params = after[step].values() if step < len(after) else ()
-            if not all(math.isfinite(v) for v in losses) or not all(math.isfinite(v) for p in params for v in p):
+            if judged_prefix(losses) < len(losses) or any(judged_prefix(p) < len(p) for p in params):
                 steps = min(steps, step)
                 break
     return steps
