@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from fuzz.model import (
     DEFAULT_FQN_MODIFIERS,
@@ -91,21 +92,22 @@ FIXES = Path(__file__).resolve().parent / "fixes"
 
 
 @cache
-def fix_of(bug_id: str) -> tuple[Patch, ...]:
-    """The changes of ``FIXES/<bug_id>.json``, () where there is no such file."""
+def _fix_file(bug_id: str) -> dict[str, Any]:
+    """``FIXES/<bug_id>.json`` as read once; {} where there is no such file."""
     path = FIXES / f"{bug_id}.json"
-    if not path.is_file():
-        return ()
-    data = json.loads(path.read_text())
-    return tuple(Patch(c["module"], c["old"], c["new"]) for c in data["changes"])
+    return dict(json.loads(path.read_text())) if path.is_file() else {}
 
 
 @cache
+def fix_of(bug_id: str) -> tuple[Patch, ...]:
+    """The changes of ``FIXES/<bug_id>.json``, () where there is no such file."""
+    return tuple(Patch(c["module"], c["old"], c["new"]) for c in _fix_file(bug_id).get("changes", ()))
+
+
 def fix_written_for(bug_id: str) -> str:
     """The torch release whose source the fix of ``bug_id`` is written against, where it is one
     release's only ("2.13"); "" for a fix written for every release the bug is in."""
-    path = FIXES / f"{bug_id}.json"
-    return str(json.loads(path.read_text()).get("written_for", "")) if path.is_file() else ""
+    return str(_fix_file(bug_id).get("written_for", ""))
 
 
 @dataclass(frozen=True)

@@ -350,6 +350,12 @@ def test_every_stored_script_passes_on_torch_with_its_bug_fixed(path: Path, tmp_
     _passes_with_the_fix(path, tmp_path)
 
 
+def test_fixes_are_written_for_bugs_of_this_torch() -> None:
+    import torch
+
+    assert len([b for b in known.BUGS.values() if b.fix and known.present(b, torch.__version__)]) >= 3
+
+
 @pytest.mark.parametrize("bug", [b for b in known.BUGS.values() if b.fix], ids=lambda b: b.id)
 def test_every_written_fix_applies_to_this_torch_where_its_bug_is_present(bug: known.KnownBug, tmp_path: Path) -> None:
     """A fix is written against one torch's code: where the bug is present here, its text must
