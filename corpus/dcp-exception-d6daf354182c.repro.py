@@ -1,13 +1,12 @@
 #!/usr/bin/env python3
 # shardfuzz reduced reproducer: entry=bc8ec400c405abdb sources=9d7be58e4208c9df seconds=387.7
-"""Reproduces shardfuzz corpus entry dcp-exception-d6daf354182c.json: exception:dcp:builtins.RuntimeError@torch/distributed/_shard/sharded_tensor/api.py:dispatch
-Known torch bug: dcp.async_save's default stager calls data_ptr() on ShardedTensors; upstream:
-none found.
-Observed: rank 0 raised builtins.RuntimeError: torch function 'data_ptr', with args:
-(ShardedTensor(ShardedTensorMetadata(shards_metadata=[ShardMetadata(shard_offsets=[0, 0], ...
-Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
-failure is there, else exits 0 (expected: no rank raises).
-"""
+# Reproduces shardfuzz corpus entry dcp-exception-d6daf354182c.json: exception:dcp:builtins.RuntimeError@torch/distributed/_shard/sharded_tensor/api.py:dispatch
+# Known torch bug: dcp.async_save's default stager calls data_ptr() on ShardedTensors; upstream:
+# none found.
+# Observed: rank 0 raised builtins.RuntimeError: torch function 'data_ptr', with args:
+# (ShardedTensor(ShardedTensorMetadata(shards_metadata=[ShardMetadata(shard_offsets=[0, 0], ...
+# Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+# failure is there, else exits 0 (expected: no rank raises).
 
 from __future__ import annotations
 import torch

@@ -1,13 +1,12 @@
 #!/usr/bin/env python3
 # shardfuzz reduced reproducer: entry=87e3671b7d30ca95 sources=001b716bb8af1bc0 seconds=2150.6
-"""Reproduces shardfuzz corpus entry dcp-hang-96de59c34a50.json: hang:dcp@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone
-Known torch bug: set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0
-pass an empty model state dict; upstream: https://github.com/pytorch/pytorch/issues/157781.
-Observed: rank 0 broadcasts state in _broadcast_state_dict that rank(s) [1] skipped (rank(s) 0,
-1 missed the deadline in torch/distributed/distributed_c10d.py:broadcast)
-Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
-failure is there, else exits 0 (expected: every rank finishes).
-"""
+# Reproduces shardfuzz corpus entry dcp-hang-96de59c34a50.json: hang:dcp@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone
+# Known torch bug: set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0
+# pass an empty model state dict; upstream: https://github.com/pytorch/pytorch/issues/157781.
+# Observed: rank 0 broadcasts state in _broadcast_state_dict that rank(s) [1] skipped (rank(s) 0,
+# 1 missed the deadline in torch/distributed/distributed_c10d.py:broadcast)
+# Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+# failure is there, else exits 0 (expected: every rank finishes).
 
 from __future__ import annotations
 import gc

@@ -1,13 +1,12 @@
 #!/usr/bin/env python3
 # shardfuzz reduced reproducer: entry=8fe6d7b1f8b8192a sources=7d6f5cb23a31c8e4 seconds=1964.2
-"""Reproduces shardfuzz corpus entry dcp-mismatch-175e579ba153.json: mismatch:dcp@async_save:fsdp1-hsdp-load_sharded_optimizer_state_dict
-Known torch bug: load_sharded_optimizer_state_dict chunks optimizer state over the whole world:
-wrong Adam state in FSDP1 HYBRID_SHARD over a 2-D mesh; upstream: none found.
-Observed: Into FSDP1 HYBRID_SHARD over a 2-D mesh, load_sharded_optimizer_state_dict lays the
-optimizer state out as chunks over the whole world instead of the model's DTensors over the ...
-Run: torchrun --nproc-per-node 4 THIS_FILE.py: prints REPRODUCED and exits 1 while the
-failure is there, else exits 0 (expected: the property's judge finds nothing).
-"""
+# Reproduces shardfuzz corpus entry dcp-mismatch-175e579ba153.json: mismatch:dcp@async_save:fsdp1-hsdp-load_sharded_optimizer_state_dict
+# Known torch bug: load_sharded_optimizer_state_dict chunks optimizer state over the whole world:
+# wrong Adam state in FSDP1 HYBRID_SHARD over a 2-D mesh; upstream: none found.
+# Observed: Into FSDP1 HYBRID_SHARD over a 2-D mesh, load_sharded_optimizer_state_dict lays the
+# optimizer state out as chunks over the whole world instead of the model's DTensors over the ...
+# Run: torchrun --nproc-per-node 4 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+# failure is there, else exits 0 (expected: the property's judge finds nothing).
 
 from __future__ import annotations
 import torch

@@ -1,14 +1,13 @@
 #!/usr/bin/env python3
 # shardfuzz reduced reproducer: entry=f8717496fe4a5c07 sources=7d6f5cb23a31c8e4 seconds=1016.9
-"""Reproduces shardfuzz corpus entry dcp-mismatch-566f97fe78ce.json: mismatch:dcp@set_optimizer_state_dict:frozen-optimizer-state-dropped
-Known torch bug: set_optimizer_state_dict drops the saved optimizer state of a parameter frozen
-(requires_grad=False) when it is loaded: a parameter trained, then frozen, checkpointed and
-unfrozen after resuming restarts with fresh optimizer state (get_optimizer_state_dict saved it);
-upstream: https://github.com/pytorch/pytorch/issues/192202.
-Observed: the optimizer state differs after the load: ['0.weight'] is missing
-Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
-failure is there, else exits 0 (expected: the property's judge finds nothing).
-"""
+# Reproduces shardfuzz corpus entry dcp-mismatch-566f97fe78ce.json: mismatch:dcp@set_optimizer_state_dict:frozen-optimizer-state-dropped
+# Known torch bug: set_optimizer_state_dict drops the saved optimizer state of a parameter frozen
+# (requires_grad=False) when it is loaded: a parameter trained, then frozen, checkpointed and
+# unfrozen after resuming restarts with fresh optimizer state (get_optimizer_state_dict saved it);
+# upstream: https://github.com/pytorch/pytorch/issues/192202.
+# Observed: the optimizer state differs after the load: ['0.weight'] is missing
+# Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+# failure is there, else exits 0 (expected: the property's judge finds nothing).
 
 from __future__ import annotations
 import torch

@@ -1,13 +1,12 @@
 #!/usr/bin/env python3
 # shardfuzz reduced reproducer: entry=63e5b277ec033028 sources=3ebb4d52c9cda72d seconds=1576.3
-"""Reproduces shardfuzz corpus entry dcp-mismatch-ada81405774d.json: mismatch:dcp@save:fsdp1-hsdp-load_sharded_optimizer_state_dict
-Known torch bug: load_sharded_optimizer_state_dict chunks optimizer state over the whole world:
-wrong Adam state in FSDP1 HYBRID_SHARD over a 2-D mesh; upstream: none found.
-Observed: rank 2's local optimizer state (FSDP1, one layout) differs after the load:
-['0.weight']['exp_avg'][0]: 0.0 != -0.016777848531689548
-Run: torchrun --nproc-per-node 4 THIS_FILE.py: prints REPRODUCED and exits 1 while the
-failure is there, else exits 0 (expected: the property's judge finds nothing).
-"""
+# Reproduces shardfuzz corpus entry dcp-mismatch-ada81405774d.json: mismatch:dcp@save:fsdp1-hsdp-load_sharded_optimizer_state_dict
+# Known torch bug: load_sharded_optimizer_state_dict chunks optimizer state over the whole world:
+# wrong Adam state in FSDP1 HYBRID_SHARD over a 2-D mesh; upstream: none found.
+# Observed: rank 2's local optimizer state (FSDP1, one layout) differs after the load:
+# ['0.weight']['exp_avg'][0]: 0.0 != -0.016777848531689548
+# Run: torchrun --nproc-per-node 4 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+# failure is there, else exits 0 (expected: the property's judge finds nothing).
 
 from __future__ import annotations
 import torch

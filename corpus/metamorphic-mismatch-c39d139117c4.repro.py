@@ -1,13 +1,12 @@
 #!/usr/bin/env python3
 # shardfuzz reduced reproducer: entry=c33cc422d730720c sources=83fa50b93cab1e70 seconds=868.9
-"""Reproduces shardfuzz corpus entry metamorphic-mismatch-c39d139117c4.json: mismatch:metamorphic@fsdp1:shard1
-Known torch bug: FSDP1 HYBRID_SHARD with a shard dimension of size 1 never averages gradients
-across replicas; upstream: https://github.com/pytorch/pytorch/issues/154888.
-Observed: 0.weight[1] after step 0 is -0.362216979265213, expected -0.32023686170578003 (error
-0.042 > allowed 4.2e-06)
-Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
-failure is there, else exits 0 (expected: the property's judge finds nothing).
-"""
+# Reproduces shardfuzz corpus entry metamorphic-mismatch-c39d139117c4.json: mismatch:metamorphic@fsdp1:shard1
+# Known torch bug: FSDP1 HYBRID_SHARD with a shard dimension of size 1 never averages gradients
+# across replicas; upstream: https://github.com/pytorch/pytorch/issues/154888.
+# Observed: 0.weight[1] after step 0 is -0.362216979265213, expected -0.32023686170578003 (error
+# 0.042 > allowed 4.2e-06)
+# Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+# failure is there, else exits 0 (expected: the property's judge finds nothing).
 
 from __future__ import annotations
 import torch

@@ -1,12 +1,11 @@
 #!/usr/bin/env python3
 # shardfuzz reduced reproducer: entry=67f5178c0d26f153 sources=ce057bc0da65e4dc seconds=921.2
-"""Reproduces shardfuzz corpus entry metamorphic-mismatch-fc5f66f774ab.json: mismatch:metamorphic@fsdp1:unfrozen-frozen-unit
-Known torch bug: FSDP1 NO_SHARD, a unit all frozen at wrapping: a leaf unfrozen later never
-trains; upstream: https://github.com/pytorch/pytorch/issues/85831.
-Observed: rank 0 gradient norm at step 1 is 0.8571569304369612, expected 0.011955796740949154
-Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
-failure is there, else exits 0 (expected: the property's judge finds nothing).
-"""
+# Reproduces shardfuzz corpus entry metamorphic-mismatch-fc5f66f774ab.json: mismatch:metamorphic@fsdp1:unfrozen-frozen-unit
+# Known torch bug: FSDP1 NO_SHARD, a unit all frozen at wrapping: a leaf unfrozen later never
+# trains; upstream: https://github.com/pytorch/pytorch/issues/85831.
+# Observed: rank 0 gradient norm at step 1 is 0.8571569304369612, expected 0.011955796740949154
+# Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+# failure is there, else exits 0 (expected: the property's judge finds nothing).
 
 from __future__ import annotations
 import torch

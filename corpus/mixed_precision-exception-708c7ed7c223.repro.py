@@ -1,14 +1,13 @@
 #!/usr/bin/env python3
 # shardfuzz reduced reproducer: entry=b29b69107395f153 sources=c819ef517160c7c9 seconds=656.4
-"""Reproduces shardfuzz corpus entry mixed_precision-exception-708c7ed7c223.json: exception:mixed_precision:builtins.AttributeError@torch/distributed/fsdp/_fully_shard/_fsdp_param.py:to_accumulated_grad_if_needed
-Known torch bug: MixedPrecisionPolicy(reduce_dtype) with set_requires_gradient_sync(False): a
-unit that never ran forward has no '_unsharded_param' in the root's post-backward; upstream:
-https://github.com/pytorch/pytorch/issues/194058.
-Observed: rank 0 raised builtins.AttributeError: 'FSDPParam' object has no attribute
-'_unsharded_param'
-Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
-failure is there, else exits 0 (expected: no rank raises).
-"""
+# Reproduces shardfuzz corpus entry mixed_precision-exception-708c7ed7c223.json: exception:mixed_precision:builtins.AttributeError@torch/distributed/fsdp/_fully_shard/_fsdp_param.py:to_accumulated_grad_if_needed
+# Known torch bug: MixedPrecisionPolicy(reduce_dtype) with set_requires_gradient_sync(False): a
+# unit that never ran forward has no '_unsharded_param' in the root's post-backward; upstream:
+# https://github.com/pytorch/pytorch/issues/194058.
+# Observed: rank 0 raised builtins.AttributeError: 'FSDPParam' object has no attribute
+# '_unsharded_param'
+# Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+# failure is there, else exits 0 (expected: no rank raises).
 
 from __future__ import annotations
 import torch

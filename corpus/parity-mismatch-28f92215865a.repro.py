@@ -1,16 +1,15 @@
 #!/usr/bin/env python3
 # shardfuzz reduced reproducer: entry=075f93630193a507 sources=07b3d4d4495c8add seconds=879.6
-"""Reproduces shardfuzz corpus entry parity-mismatch-28f92215865a.json: mismatch:parity@fsdp2:delay-all-reduce
-Known torch bug: DistributedDataParallel(delay_all_reduce_named_params=...,
-param_to_hook_all_reduce=...): a delayed parameter of the root module itself stays in the
-reducer too (the reducer leaves out f'{module_name}.{name}', which is '.<name>' for the root's
-own parameters), so it is all-reduced twice, racing, and its gradient is wrong now and then;
-every parameter replicate() hands DDP is one (an nn.ParameterList's); upstream: none found.
-Observed: replicate with delay_all_reduce_named_params / param_to_hook_all_reduce: DDP keeps the
-delayed parameters (all the root's own under replicate) in its reducer as well, which the ...
-Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
-failure is there, else exits 0 (expected: the property's judge finds nothing).
-"""
+# Reproduces shardfuzz corpus entry parity-mismatch-28f92215865a.json: mismatch:parity@fsdp2:delay-all-reduce
+# Known torch bug: DistributedDataParallel(delay_all_reduce_named_params=...,
+# param_to_hook_all_reduce=...): a delayed parameter of the root module itself stays in the
+# reducer too (the reducer leaves out f'{module_name}.{name}', which is '.<name>' for the root's
+# own parameters), so it is all-reduced twice, racing, and its gradient is wrong now and then;
+# every parameter replicate() hands DDP is one (an nn.ParameterList's); upstream: none found.
+# Observed: replicate with delay_all_reduce_named_params / param_to_hook_all_reduce: DDP keeps the
+# delayed parameters (all the root's own under replicate) in its reducer as well, which the ...
+# Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+# failure is there, else exits 0 (expected: the property's judge finds nothing).
 
 from __future__ import annotations
 import torch

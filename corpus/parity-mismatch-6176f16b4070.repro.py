@@ -1,15 +1,14 @@
 #!/usr/bin/env python3
 # shardfuzz reduced reproducer: entry=5c3349c879fbaf65 sources=ce057bc0da65e4dc seconds=1087.9
-"""Reproduces shardfuzz corpus entry parity-mismatch-6176f16b4070.json: mismatch:parity@fsdp2:compiled-unfreeze
-Known torch bug: torch.compile (aot_eager) of a module whose plain (non-DTensor) parameter was
-frozen when it was compiled: after requires_grad_(True) the compiled forward is reused without a
-recompile and the parameter gets no gradient (met through fully_shard's ignored_params, which
-stay plain tensors); upstream: https://github.com/pytorch/pytorch/issues/139476.
-Observed: torch.compile(backend='aot_eager') over fully_shard whose ignored_params (plain
-tensors) are frozen at the first compile and unfrozen before step 1: the compiled forward is ...
-Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
-failure is there, else exits 0 (expected: the property's judge finds nothing).
-"""
+# Reproduces shardfuzz corpus entry parity-mismatch-6176f16b4070.json: mismatch:parity@fsdp2:compiled-unfreeze
+# Known torch bug: torch.compile (aot_eager) of a module whose plain (non-DTensor) parameter was
+# frozen when it was compiled: after requires_grad_(True) the compiled forward is reused without a
+# recompile and the parameter gets no gradient (met through fully_shard's ignored_params, which
+# stay plain tensors); upstream: https://github.com/pytorch/pytorch/issues/139476.
+# Observed: torch.compile(backend='aot_eager') over fully_shard whose ignored_params (plain
+# tensors) are frozen at the first compile and unfrozen before step 1: the compiled forward is ...
+# Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+# failure is there, else exits 0 (expected: the property's judge finds nothing).
 
 from __future__ import annotations
 import torch

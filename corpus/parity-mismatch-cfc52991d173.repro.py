@@ -1,13 +1,12 @@
 #!/usr/bin/env python3
 # shardfuzz reduced reproducer: entry=c531a05db6eeabd5 sources=079f5bfb551ab12a seconds=1082.7
-"""Reproduces shardfuzz corpus entry parity-mismatch-cfc52991d173.json: mismatch:parity@fsdp2:unused-no-all-reduce
-Known torch bug: HSDP with set_requires_all_reduce(False): a unit unused on the last microbatch
-loses its accumulated gradient; upstream: none found.
-Observed: rank 0 loss at step 1, microbatch 1: 1.75269615650177, expected 1.7257918119430542
-(error 0.0269 > allowed 1.83e-05)
-Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
-failure is there, else exits 0 (expected: the property's judge finds nothing).
-"""
+# Reproduces shardfuzz corpus entry parity-mismatch-cfc52991d173.json: mismatch:parity@fsdp2:unused-no-all-reduce
+# Known torch bug: HSDP with set_requires_all_reduce(False): a unit unused on the last microbatch
+# loses its accumulated gradient; upstream: none found.
+# Observed: rank 0 loss at step 1, microbatch 1: 1.75269615650177, expected 1.7257918119430542
+# (error 0.0269 > allowed 1.83e-05)
+# Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+# failure is there, else exits 0 (expected: the property's judge finds nothing).
 
 from __future__ import annotations
 import torch

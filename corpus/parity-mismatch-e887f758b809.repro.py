@@ -1,13 +1,12 @@
 #!/usr/bin/env python3
 # shardfuzz reduced reproducer: entry=f0abe9d427fc1f83 sources=845e968d7c09e2fe seconds=1174.7
-"""Reproduces shardfuzz corpus entry parity-mismatch-e887f758b809.json: mismatch:parity@fsdp2:frozen-int-reshard
-Known torch bug: a frozen fully_shard unit with an int reshard_after_forward under a replicate'd
-root stays in its post-forward state; upstream: none found.
-Observed: FSDP2: a frozen fully_shard unit with an int reshard_after_forward under a replicate'd
-root stays in its post-forward state after backward (its output needs no gradient, so no ...
-Run: torchrun --nproc-per-node 4 THIS_FILE.py: prints REPRODUCED and exits 1 while the
-failure is there, else exits 0 (expected: the property's judge finds nothing).
-"""
+# Reproduces shardfuzz corpus entry parity-mismatch-e887f758b809.json: mismatch:parity@fsdp2:frozen-int-reshard
+# Known torch bug: a frozen fully_shard unit with an int reshard_after_forward under a replicate'd
+# root stays in its post-forward state; upstream: none found.
+# Observed: FSDP2: a frozen fully_shard unit with an int reshard_after_forward under a replicate'd
+# root stays in its post-forward state after backward (its output needs no gradient, so no ...
+# Run: torchrun --nproc-per-node 4 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+# failure is there, else exits 0 (expected: the property's judge finds nothing).
 
 from __future__ import annotations
 from typing import Any

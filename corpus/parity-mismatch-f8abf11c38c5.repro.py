@@ -1,15 +1,14 @@
 #!/usr/bin/env python3
 # shardfuzz reduced reproducer: entry=61b5b77232a1be4c sources=cc7a627a8c860e1e seconds=1042.0
-"""Reproduces shardfuzz corpus entry parity-mismatch-f8abf11c38c5.json: mismatch:parity@fsdp2+spmd:mse-loss
-Known torch bug: F.mse_loss (mean) of a DTensor sharded on the batch dimension: the value is the
-global mean, but aten.mse_loss_backward has no sharding strategy, so DTensor takes one from its
-decomposition at the global shape and runs the op on each rank's shard, which divides by the
-shard's element count: every gradient is the true one times the number of shards of the batch;
-upstream: none found.
-Observed: rank 0 gradient norm at step 0 is 7.011754035949707, expected 3.5058770179748535
-Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
-failure is there, else exits 0 (expected: the property's judge finds nothing).
-"""
+# Reproduces shardfuzz corpus entry parity-mismatch-f8abf11c38c5.json: mismatch:parity@fsdp2+spmd:mse-loss
+# Known torch bug: F.mse_loss (mean) of a DTensor sharded on the batch dimension: the value is the
+# global mean, but aten.mse_loss_backward has no sharding strategy, so DTensor takes one from its
+# decomposition at the global shape and runs the op on each rank's shard, which divides by the
+# shard's element count: every gradient is the true one times the number of shards of the batch;
+# upstream: none found.
+# Observed: rank 0 gradient norm at step 0 is 7.011754035949707, expected 3.5058770179748535
+# Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+# failure is there, else exits 0 (expected: the property's judge finds nothing).
 
 from __future__ import annotations
 from typing import Any

@@ -1,13 +1,12 @@
 #!/usr/bin/env python3
 # shardfuzz reduced reproducer: entry=627b92f9c75a2fc3 sources=14c7281674c70e1f seconds=511.6
-"""Reproduces shardfuzz corpus entry state_dict-crash-81ffab405f7f.json: crash:state_dict:signal SIGSEGV@torch/distributed/fsdp/_state_dict_utils.py:param_hook
-Known torch bug: FSDP1 FULL_STATE_DICT with offload_to_cpu on CPU: state_dict() clones a freed
-buffer (SIGSEGV), optim_state_dict aliases the gathered states; upstream:
-https://github.com/pytorch/pytorch/issues/188989.
-Observed: rank 0 died (signal SIGSEGV)
-Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
-failure is there, else exits 0 (expected: no rank dies).
-"""
+# Reproduces shardfuzz corpus entry state_dict-crash-81ffab405f7f.json: crash:state_dict:signal SIGSEGV@torch/distributed/fsdp/_state_dict_utils.py:param_hook
+# Known torch bug: FSDP1 FULL_STATE_DICT with offload_to_cpu on CPU: state_dict() clones a freed
+# buffer (SIGSEGV), optim_state_dict aliases the gathered states; upstream:
+# https://github.com/pytorch/pytorch/issues/188989.
+# Observed: rank 0 died (signal SIGSEGV)
+# Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+# failure is there, else exits 0 (expected: no rank dies).
 
 from __future__ import annotations
 from dataclasses import dataclass, field

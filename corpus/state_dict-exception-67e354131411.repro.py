@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=3602c42a89141394 sources=5c3a8b0f263890d1 seconds=686.1
-"""Reproduces shardfuzz corpus entry state_dict-exception-67e354131411.json: exception:state_dict:builtins.KeyError@torch/distributed/checkpoint/state_dict.py:_get_model_state_dict
-Known torch bug: get_model_state_dict(ignore_frozen_params=True) raises KeyError for a frozen
-parameter of a module whose state-dict hooks hide a child (declared through its fqn modifiers
-method): it pops the parameter's named_parameters name ('0.fused.weight'), which the state dict,
-keyed '0.weight', lacks; upstream: none found.
-Observed: rank 0 raised builtins.KeyError: '0.1.0.fused.weight'
-Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
-failure is there, else exits 0 (expected: no rank raises).
-"""
+# shardfuzz reduced reproducer: entry=3602c42a89141394 sources=5c3a8b0f263890d1 seconds=716.2
+# Reproduces shardfuzz corpus entry state_dict-exception-67e354131411.json: exception:state_dict:builtins.KeyError@torch/distributed/checkpoint/state_dict.py:_get_model_state_dict
+# Known torch bug: get_model_state_dict(ignore_frozen_params=True) raises KeyError for a frozen
+# parameter of a module whose state-dict hooks hide a child (declared through its fqn modifiers
+# method): it pops the parameter's named_parameters name ('0.fused.weight'), which the state dict,
+# keyed '0.weight', lacks; upstream: none found.
+# Observed: rank 0 raised builtins.KeyError: '0.1.0.fused.weight'
+# Run: torchrun --nproc-per-node 2 THIS_FILE.py: while the failure is there a rank raises
+# builtins.KeyError in torch/distributed/checkpoint/state_dict.py:_get_model_state_dict and
+# torchrun exits 1; else every rank prints PASS and it exits 0.
 
 from __future__ import annotations
 import torch
@@ -38,37 +38,23 @@ class FusedLeaf(nn.Module):
         state_dict[f'{prefix}{atom}'] = state_dict.pop(key)
 
 def attempt(rank, world_size):
-    import re
-    import traceback
-    try:
-        module = PointwiseConv1d(1, 1, kernel_size=1)
-        module_ = PointwiseConv1d(1, 1, kernel_size=1, bias=False)
-        module_.requires_grad_(False)
-        build_model_out = nn.Sequential(nn.Sequential(module, nn.Sequential(module_)))
-        owner = build_model_out.get_submodule('0.1')
-        owner.add_module('0', FusedLeaf(owner.get_submodule('0'), DEFAULT_FQN_MODIFIERS))
-        params = list(build_model_out.parameters())
-        src_opt = torch.optim.AdamW(params)
-        from torch.distributed.checkpoint.state_dict import get_state_dict, StateDictOptions
-        options = StateDictOptions(ignore_frozen_params=True)
-        msd, osd = get_state_dict(build_model_out, src_opt, options=options)
-    except BaseException as e:
-        frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
-        at = [f'torch/{p.rpartition("/torch/")[2]}:{f}' for p, f in frames if '/torch/' in p and 'comp>' not in f]
-        found = f'{type(e).__module__}.{type(e).__qualname__}@{(at or ["torch/?:?"])[-1]}'
-        if found in ['builtins.KeyError@torch/distributed/checkpoint/state_dict.py:_get_model_state_dict'] and at[0] == 'torch/distributed/checkpoint/state_dict.py:get_state_dict' and (re.sub('\\d+(?:\\.\\d+)*', '#', str(e).partition('\n')[0]) == "'#.fused.weight'"):
-            return f'REPRODUCED exception:state_dict:builtins.KeyError@torch/distributed/checkpoint/state_dict.py:_get_model_state_dict: rank {rank} raised {found}: {e}'
-        return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"
-    return 'PASS: no rank raised'
+    module = PointwiseConv1d(1, 1, kernel_size=1)
+    module_ = PointwiseConv1d(1, 1, kernel_size=1, bias=False)
+    module_.requires_grad_(False)
+    build_model_out = nn.Sequential(nn.Sequential(module, nn.Sequential(module_)))
+    owner = build_model_out.get_submodule('0.1')
+    owner.add_module('0', FusedLeaf(owner.get_submodule('0'), DEFAULT_FQN_MODIFIERS))
+    params = list(build_model_out.parameters())
+    src_opt = torch.optim.AdamW(params)
+    from torch.distributed.checkpoint.state_dict import get_state_dict, StateDictOptions
+    options = StateDictOptions(ignore_frozen_params=True)
+    msd, osd = get_state_dict(build_model_out, src_opt, options=options)
 
-def main():
+if __name__ == "__main__":
     import os
     os.environ['CUDA_VISIBLE_DEVICES'] = ''
     import torch.distributed as dist
-    dist.init_process_group('gloo')
-    verdict = attempt(dist.get_rank(), dist.get_world_size())
-    if verdict:
-        print(verdict, flush=True)
-    os._exit(1 if verdict.startswith('REPRODUCED') else 0)
-if __name__ == '__main__':
-    main()
+    dist.init_process_group("gloo")
+    attempt(dist.get_rank(), dist.get_world_size())
+    print('PASS: no rank raised', flush=True)
+    os._exit(0)  # a rank must not wait for the others at exit

@@ -1,14 +1,13 @@
 #!/usr/bin/env python3
 # shardfuzz reduced reproducer: entry=a7670fbac300d246 sources=2836a7ca10136e42 seconds=209.5
-"""Reproduces shardfuzz corpus entry state_dict-exception-6b7f874c0c8d.json: exception:state_dict:builtins.ValueError@torch/distributed/distributed_c10d.py:get_group_rank
-Known torch bug: set_optimizer_state_dict(full, cpu_offload) into FSDP1 HYBRID_SHARD with a
-shard dimension of 1 broadcasts from global rank 0 in a one-rank group; upstream:
-https://github.com/pytorch/pytorch/issues/155680.
-Observed: rank 1 raised builtins.ValueError: Global rank 0 is not part of group
-<torch.distributed.distributed_c10d.ProcessGroup object at 0x7f56a40e0bf0>
-Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
-failure is there, else exits 0 (expected: no rank raises).
-"""
+# Reproduces shardfuzz corpus entry state_dict-exception-6b7f874c0c8d.json: exception:state_dict:builtins.ValueError@torch/distributed/distributed_c10d.py:get_group_rank
+# Known torch bug: set_optimizer_state_dict(full, cpu_offload) into FSDP1 HYBRID_SHARD with a
+# shard dimension of 1 broadcasts from global rank 0 in a one-rank group; upstream:
+# https://github.com/pytorch/pytorch/issues/155680.
+# Observed: rank 1 raised builtins.ValueError: Global rank 0 is not part of group
+# <torch.distributed.distributed_c10d.ProcessGroup object at 0x7f56a40e0bf0>
+# Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+# failure is there, else exits 0 (expected: no rank raises).
 
 from __future__ import annotations
 import torch

@@ -1,16 +1,16 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=c572371c336f35cd sources=5c3a8b0f263890d1 seconds=526.8
-"""Reproduces shardfuzz corpus entry state_dict-exception-d4322b68deab.json: exception:state_dict:builtins.AttributeError@torch/nn/modules/module.py:__getattr__
-Known torch bug: get_model_state_dict / get_state_dict ignore
-StateDictOptions(dsd_fqn_modifiers=...): they map the model's state-dict keys to FQNs through a
-method of the default name (_fqn_modifiers), so for a module whose state-dict hooks hide a child
-and whose method has the name the option gives, _get_fqns raises AttributeError ('<module>
-object has no attribute <key atom>'). Only set_model_state_dict reads the option. Any model,
-sharded or not; upstream: none found.
-Observed: rank 0 raised builtins.AttributeError: 'FusedLeaf' object has no attribute 'weight'
-Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
-failure is there, else exits 0 (expected: no rank raises).
-"""
+# shardfuzz reduced reproducer: entry=c572371c336f35cd sources=5c3a8b0f263890d1 seconds=703.0
+# Reproduces shardfuzz corpus entry state_dict-exception-d4322b68deab.json: exception:state_dict:builtins.AttributeError@torch/nn/modules/module.py:__getattr__
+# Known torch bug: get_model_state_dict / get_state_dict ignore
+# StateDictOptions(dsd_fqn_modifiers=...): they map the model's state-dict keys to FQNs through a
+# method of the default name (_fqn_modifiers), so for a module whose state-dict hooks hide a child
+# and whose method has the name the option gives, _get_fqns raises AttributeError ('<module>
+# object has no attribute <key atom>'). Only set_model_state_dict reads the option. Any model,
+# sharded or not; upstream: none found.
+# Observed: rank 0 raised builtins.AttributeError: 'FusedLeaf' object has no attribute 'weight'
+# Run: torchrun --nproc-per-node 2 THIS_FILE.py: while the failure is there a rank raises
+# builtins.AttributeError in torch/nn/modules/module.py:__getattr__ and torchrun exits 1; else
+# every rank prints PASS and it exits 0.
 
 from __future__ import annotations
 from torch import nn
@@ -37,33 +37,17 @@ class FusedLeaf(nn.Module):
         state_dict[f'{prefix}{atom}'] = state_dict
 
 def attempt(rank, world_size):
-    import re
-    import traceback
-    try:
-        build_model_out = nn.Sequential(PointwiseConv1d(1, 1, kernel_size=1))
-        build_model_out.add_module('0', FusedLeaf(build_model_out.get_submodule('0')))
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict, StateDictOptions
-        extra = {}
-        extra['dsd_fqn_modifiers'] = 'hidden_children'
-        options = StateDictOptions(**extra)
-        msd_ = get_model_state_dict(build_model_out, options=options)
-    except BaseException as e:
-        frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
-        at = [f'torch/{p.rpartition("/torch/")[2]}:{f}' for p, f in frames if '/torch/' in p and 'comp>' not in f]
-        found = f'{type(e).__module__}.{type(e).__qualname__}@{(at or ["torch/?:?"])[-1]}'
-        if found in ['builtins.AttributeError@torch/nn/modules/module.py:__getattr__'] and at[0] == 'torch/distributed/checkpoint/state_dict.py:get_model_state_dict' and (re.sub('\\d+(?:\\.\\d+)*', '#', str(e).partition('\n')[0]) == "'FusedLeaf' object has no attribute 'weight'"):
-            return f'REPRODUCED exception:state_dict:builtins.AttributeError@torch/nn/modules/module.py:__getattr__: rank {rank} raised {found}: {e}'
-        return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"
-    return 'PASS: no rank raised'
+    build_model_out = nn.Sequential(PointwiseConv1d(1, 1, kernel_size=1))
+    build_model_out.add_module('0', FusedLeaf(build_model_out.get_submodule('0')))
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, StateDictOptions
+    options = StateDictOptions(dsd_fqn_modifiers='hidden_children')
+    msd_ = get_model_state_dict(build_model_out, options=options)
 
-def main():
+if __name__ == "__main__":
     import os
     os.environ['CUDA_VISIBLE_DEVICES'] = ''
     import torch.distributed as dist
-    dist.init_process_group('gloo')
-    verdict = attempt(dist.get_rank(), dist.get_world_size())
-    if verdict:
-        print(verdict, flush=True)
-    os._exit(1 if verdict.startswith('REPRODUCED') else 0)
-if __name__ == '__main__':
-    main()
+    dist.init_process_group("gloo")
+    attempt(dist.get_rank(), dist.get_world_size())
+    print('PASS: no rank raised', flush=True)
+    os._exit(0)  # a rank must not wait for the others at exit

@@ -1,13 +1,12 @@
 #!/usr/bin/env python3
 # shardfuzz reduced reproducer: entry=e9797d40ebc65ba7 sources=23436965d888924f seconds=1029.1
-"""Reproduces shardfuzz corpus entry state_dict-mismatch-7b9a97d5e646.json: mismatch:state_dict@fsdp1_optim_state_dict:shard1
-Known torch bug: FSDP1 HYBRID_SHARD with a shard dimension of size 1 never averages gradients
-across replicas; upstream: https://github.com/pytorch/pytorch/issues/154888.
-Observed: FSDP1 HYBRID_SHARD with a shard dimension of size 1 never averages gradients across
-replicas; met here while resuming after an FSDP1 state-dict load. (0.weight[14] is ...
-Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
-failure is there, else exits 0 (expected: the property's judge finds nothing).
-"""
+# Reproduces shardfuzz corpus entry state_dict-mismatch-7b9a97d5e646.json: mismatch:state_dict@fsdp1_optim_state_dict:shard1
+# Known torch bug: FSDP1 HYBRID_SHARD with a shard dimension of size 1 never averages gradients
+# across replicas; upstream: https://github.com/pytorch/pytorch/issues/154888.
+# Observed: FSDP1 HYBRID_SHARD with a shard dimension of size 1 never averages gradients across
+# replicas; met here while resuming after an FSDP1 state-dict load. (0.weight[14] is ...
+# Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
+# failure is there, else exits 0 (expected: the property's judge finds nothing).
 
 from __future__ import annotations
 import torch

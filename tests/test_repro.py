@@ -413,7 +413,7 @@ def test_all_fixed_runs_each_reduced_script_on_torch_with_its_bugs_fix(tmp_path:
             (corpus / f"{name}{suffix}").write_text((ROOT / "corpus" / f"{name}{suffix}").read_text())
     spoilt = corpus / "state_dict-exception-67e354131411.repro.py"
     text = spoilt.read_text()
-    exit_line = "os._exit(1 if verdict.startswith('REPRODUCED') else 0)"
+    exit_line = "os._exit(0)  # a rank must not wait for the others at exit"  # the plain form's last line
     assert exit_line in text
     spoilt.write_text(text.replace(exit_line, "os._exit(1)"))
     lines: list[str] = []

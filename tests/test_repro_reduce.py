@@ -18,7 +18,7 @@ import pytest
 from fuzz import known
 from fuzz.corpus import Entry, load_entry
 from fuzz.repro import render_entry
-from fuzz.repro.harness import HIDE_ACCELERATORS
+from fuzz.repro.harness import HIDE_ACCELERATORS, is_plain
 from fuzz.repro.portable import portable
 from fuzz.repro.reduce import (
     HEADER,
@@ -28,6 +28,7 @@ from fuzz.repro.reduce import (
     passed,
     reduce_and_store,
     reproduced,
+    run_kept,
     stored_path,
     stored_script,
 )
@@ -72,19 +73,21 @@ def test_delta_debugging_in_the_pool_shortens_a_script_that_still_reproduces_und
     said: list[str] = []
     text, result = reduce_and_store(path, entry, budget_s=15, say=said.append)
     assert result is not None
-    # Under torchrun: the flattened script and the final one, and the folded one where folding
+    # Under torchrun: the flattened script, the final one and its plain form, and the folded one where folding
     # kept a change (a fold the bug's fix rejects leaves the flattened script, confirmed already).
     refused = "does not pass with the bug's fix"
     folded_kept = not any(refused in a and "folded" in b for a, b in itertools.pairwise(said))
-    assert result.pool_attempts > 10 and result.torchrun_attempts == 2 + folded_kept, said
+    assert result.pool_attempts > 10 and result.torchrun_attempts == 3 + folded_kept, said  # and the plain form
     assert result.attempts == result.pool_attempts + result.torchrun_attempts
     assert any("statements cut" in line for line in said), said
     # Delta debugging cut the folded script (how far within 15 s depends on the machine's load).
     folded = [int(m[1]) for line in said if (m := re.match(r"\s*folded: (\d+) code lines", line))]
     assert len(folded) == 1 and code_lines(text) < folded[0], said
-    done = torchrun(stored_path(path), nproc=entry.case.world_size)
-    assert done.returncode == 1, done.stdout + done.stderr
-    assert f"REPRODUCED {entry.signature}" in done.stdout
+    # The kept script is the plain form: the exception propagates, its rule is read from outside.
+    assert is_plain(text) and "try:" not in text and any("the plain form" in line for line in said), said
+    status, output, _ = run_kept(stored_path(path).read_text(), entry, timeout=240)
+    assert status == 1, output[-3000:]
+    assert f"REPRODUCED {entry.signature}" in output
 
 
 def test_reducing_an_entry_that_does_not_reproduce_exits_2_and_changes_nothing(tmp_path: Path) -> None:
@@ -141,8 +144,13 @@ def test_every_stored_reduced_script_hides_the_accelerators_before_torch_starts(
     """A reduced script is a CPU program; a cut may have dropped what pinned a tensor or mesh to
     the CPU (``fully_shard`` without ``mesh=`` takes the GPU mesh where there is one), so on a
     GPU host its ``main`` hides the GPUs before anything else (fuzz.repro.harness)."""
-    tree = ast.parse(path.read_text())
-    main = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main")
+    text = path.read_text()
+    tree = ast.parse(text)
+    main = next(
+        n
+        for n in tree.body
+        if (isinstance(n, ast.FunctionDef) and n.name == "main") or (isinstance(n, ast.If) and is_plain(text))
+    )
     statements = [ast.unparse(s) for s in main.body]
     assert HIDE_ACCELERATORS in statements, statements[:4]
     assert statements.index(HIDE_ACCELERATORS) <= 1 and statements[0] == "import os", statements[:4]
@@ -288,9 +296,9 @@ def _reproduces_under_torchrun(path: Path) -> None:
         pytest.skip(f"{entry.bug} is not in this torch (its record's introduced_in, fixed_in)")
     if missing_api(entry.case):
         pytest.skip(f"{entry_path.name} is {missing_api(entry.case)}")
-    done = torchrun(path, nproc=entry.case.world_size)
-    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
-    assert reproduced(done.returncode, done.stdout) in (entry.signature, *entry.aliases), done.stdout[-2000:]
+    status, output, _ = run_kept(path.read_text(), entry, timeout=240)
+    assert status == 1, output[-3000:]
+    assert reproduced(status, output) in (entry.signature, *entry.aliases), output[-3000:]
 
 
 #: Stored scripts run under torchrun in every CI run (a few seconds each): one exception of

@@ -29,6 +29,7 @@ per candidate.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import enum
 import re
@@ -278,6 +279,16 @@ def _raised(entry: Entry) -> tuple[str | None, str | None]:
     return None, None
 
 
+def exception_rule(entry: Entry, signature: str) -> tuple[list[str], str | None, str | None]:
+    """What an exception must be to be the entry's: (``type@innermost torch frame`` of each of its
+    signatures, the torch API it entered by or None, its message's first line with numbers as
+    ``#`` or None). The checked script's ``attempt`` writes this rule out; :func:`raised_verdicts`
+    applies it to what a plain script's ranks printed."""
+    expected = _expected_exceptions(sorted({signature, entry.signature, *entry.signatures}))
+    entered, shape = _raised(entry)
+    return expected, entered, shape
+
+
 def main_source(entry: Entry, signature: str) -> tuple[str, list[str]]:
     """(the reduced script's ``main``, the carried modules it imports). ``signature`` is what
     the unreduced script printed for the entry. For the :data:`POOLED_KINDS` the source holds
@@ -307,8 +318,7 @@ def main_source(entry: Entry, signature: str) -> tuple[str, list[str]]:
         # The same failure entered torch by the same API, with the same message but for its
         # numbers: a generic innermost frame (nn.Module.__getattr__'s AttributeError) is met by
         # many a broken script, through the same API too.
-        expected = _expected_exceptions(signatures)
-        entered, shape = _raised(entry)
+        expected, entered, shape = exception_rule(entry, signature)
         match = f"found in {expected!r}" + (f" and at[0] == {entered!r}" if entered else "")
         match += f" and {_SHAPE_IN_SCRIPT} == {shape!r}" if shape else ""
         body = _EXCEPTION.format(match=match, **fields)
@@ -320,3 +330,167 @@ def main_source(entry: Entry, signature: str) -> tuple[str, list[str]]:
     if kind == "crash":
         head = _CRASH_HEAD.format(expected=_signal_names(_expected_exceptions(signatures)), **fields) + head
     return "def main():\n" + head + body, sorted(imports)
+
+
+# -- the plain form of an exception's script ---------------------------------------------------
+#
+# What a maintainer pastes into an issue: the case on every rank, and nothing around it. The
+# exception is left to propagate: torch's excepthook prints it on the rank's standard error
+# behind ``[rankN]: `` and torchrun exits 1, or every rank prints PASS and the script exits 0.
+# The check of the checked form (``attempt``'s ``try``) is then applied from outside, to what
+# the ranks printed (:func:`raised_verdicts`), by the same rule (:func:`exception_rule`).
+
+#: The verdict line of a plain script's rank that finished.
+PLAIN_PASS = "PASS: no rank raised"
+
+_PLAIN_MAIN = f"""\
+if __name__ == "__main__":
+    import os
+    {HIDE_ACCELERATORS}
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    attempt(dist.get_rank(), dist.get_world_size())
+    print({PLAIN_PASS!r}, flush=True)
+    os._exit(0)  # a rank must not wait for the others at exit
+"""
+
+
+def _attempt_of(tree: ast.Module) -> ast.FunctionDef | None:
+    return next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == ATTEMPT), None)
+
+
+def _is_check(node: ast.stmt) -> bool:
+    """Whether ``node`` is the checked form's ``try: ... except BaseException as e:``."""
+    return (
+        isinstance(node, ast.Try)
+        and len(node.handlers) == 1
+        and isinstance(node.handlers[0].type, ast.Name)
+        and node.handlers[0].type.id == "BaseException"
+        and not node.orelse
+        and not node.finalbody
+    )
+
+
+def _is_main(node: ast.stmt) -> bool:
+    if isinstance(node, ast.FunctionDef):
+        return node.name == "main"
+    return isinstance(node, ast.If) and "__name__" in ast.unparse(node.test)
+
+
+def is_plain(script: str) -> bool:
+    """Whether ``script`` is an exception's plain form (it prints no verdict of its own)."""
+    return "REPRODUCED" not in script and "def attempt(" in script
+
+
+def plain(code: str) -> str | None:
+    """The plain form of an exception's checked flat script ``code``: ``attempt`` without the
+    check around the case (nor the imports only the check used), under a ``__main__`` block that
+    runs it; None where ``code`` is not a checked exception script."""
+    tree = ast.parse(code)
+    fn = _attempt_of(tree)
+    if fn is None or sum(_is_check(n) for n in fn.body) != 1:
+        return None
+    body: list[ast.stmt] = []
+    for node in fn.body:
+        if _is_check(node):
+            assert isinstance(node, ast.Try)
+            body.extend(node.body)
+        elif isinstance(node, ast.Return) and isinstance(node.value, ast.Constant) and node.value.value == PLAIN_PASS:
+            continue
+        else:
+            body.append(node)
+    used = {n.id for stmt in body for n in ast.walk(stmt) if isinstance(n, ast.Name)}
+    fn.body = [
+        n
+        for n in body
+        if not (isinstance(n, ast.Import) and all(a.asname is None and a.name not in used for a in n.names))
+    ] or [ast.Pass()]
+    tree.body = [n for n in tree.body if not _is_main(n)]
+    return ast.unparse(ast.fix_missing_locations(tree)) + "\n\n" + _PLAIN_MAIN
+
+
+#: The modules the check of an exception's ``attempt`` imports (``_EXCEPTION``).
+_CHECK_IMPORTS = {"re", "traceback"}
+
+
+def checked(code: str, entry: Entry, signature: str) -> str:
+    """The checked form of a plain flat script ``code`` (:func:`plain` undone): ``attempt``'s
+    body inside the check of :func:`main_source`, under its ``main``; ``code`` itself where it
+    is not plain (or not an exception's)."""
+    tree = ast.parse(code)
+    fn = _attempt_of(tree)
+    if entry.kind != "exception" or fn is None or any(_is_check(n) for n in fn.body):
+        return code
+    source, _ = main_source(entry, signature)
+    template = ast.parse(source)
+    check_fn = _attempt_of(template)
+    assert check_fn is not None
+    wrapped: list[ast.stmt] = []
+    for node in check_fn.body:
+        if _is_check(node):
+            assert isinstance(node, ast.Try)
+            node.body = fn.body
+            wrapped.append(node)
+        elif wrapped or (isinstance(node, ast.Import) and {a.name for a in node.names} <= _CHECK_IMPORTS):
+            wrapped.append(node)  # the check's imports; its last return
+    fn.body = wrapped
+    tree.body = [n for n in tree.body if not _is_main(n)]
+    tree.body += [n for n in template.body if isinstance(n, ast.FunctionDef) and n.name == "main"]
+    tree.body += ast.parse('if __name__ == "__main__":\n    main()').body
+    return ast.unparse(ast.fix_missing_locations(tree)) + "\n"
+
+
+_RANK_LINE = re.compile(r"^\[rank(\d+)\]: ?(.*)$", re.MULTILINE)
+_CHAINED = re.compile(
+    r"^(?:The above exception was the direct cause of the following exception:"
+    r"|During handling of the above exception, another exception occurred:)$",
+    re.MULTILINE,
+)
+
+
+def _exception_line(text: str) -> tuple[str, str] | None:
+    """(the type as ``module.qualname``, the message's first line) of the last exception of a
+    traceback as Python prints it (a chain's last part; a message that holds tracebacks of its
+    own, as DCP's CheckpointException does, comes after the line read)."""
+    last = _CHAINED.split(text)[-1]
+    lines = last.splitlines()
+    try:
+        at = lines.index("Traceback (most recent call last):")
+    except ValueError:
+        return None
+    for line in lines[at + 1 :]:
+        if line.startswith(" ") or not line.strip():
+            continue
+        name, _, message = line.partition(": ")
+        name = name.rstrip(":")
+        return (name if "." in name else f"builtins.{name}"), message
+    return None
+
+
+def raised_verdicts(entry: Entry, output: str, signature: str | None = None) -> list[str]:
+    """The verdict line, as the checked form words it, of each rank whose uncaught exception
+    torch's excepthook printed into ``output`` (a plain script's, under torchrun): REPRODUCED
+    where the exception meets :func:`exception_rule`, else FAIL."""
+    from fuzz.signature import entry_point, location
+
+    signature = signature or entry.signature
+    expected, entered, shape = exception_rule(entry, signature)
+    by_rank: dict[int, list[str]] = {}
+    for line in _RANK_LINE.finditer(output):
+        by_rank.setdefault(int(line[1]), []).append(line[2])
+    verdicts = []
+    for rank, lines in sorted(by_rank.items()):
+        text = "\n".join(lines)
+        raised = _exception_line(text)
+        if raised is None:
+            continue
+        kind, message = raised
+        where = location(text)
+        found = f"{kind}@{where if where.startswith('torch/') else 'torch/?:?'}"
+        ok = found in expected and (entered is None or entry_point(text) == entered)
+        ok = ok and (shape is None or _NUMBERS.sub("#", message) == shape)
+        if ok:
+            verdicts.append(f"REPRODUCED {signature}: rank {rank} raised {found}: {message}")
+        else:
+            verdicts.append(f"FAIL (not the entry's failure): rank {rank} raised {found}: {message}")
+    return verdicts

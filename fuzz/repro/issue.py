@@ -14,8 +14,10 @@ from pathlib import Path
 from fuzz import known
 from fuzz.corpus import Entry
 from fuzz.properties import get_property
+from fuzz.repro.harness import is_plain
 from fuzz.repro.reduce import header_fields
 from fuzz.repro.script import code_lines, run_command, upstream_of
+from fuzz.signature import Signature
 
 #: Lines of a traceback quoted under "Observed".
 TRACEBACK_LINES = 30
@@ -45,6 +47,12 @@ def _first_error(entry: Entry) -> tuple[str, str] | None:
             tb = str(r.get("traceback") or "").strip().splitlines()
             return f"rank {r.get('rank')}: {r['exc_type']}: {r.get('message') or ''}", "\n".join(tb[-TRACEBACK_LINES:])
     return None
+
+
+def _raised(entry: Entry) -> str:
+    """The entry's exception as its signature names it: ``type`` in ``torch/x.py:function``."""
+    sig = Signature.parse(entry.signature)
+    return f"`{sig.check}` in `{sig.where}`" if sig is not None and sig.check else f"`{entry.signature}`"
 
 
 def _fence(text: str, lang: str = "") -> str:
@@ -91,8 +99,14 @@ def render_issue(entry: Entry, script: str, source: str = "") -> str:
         "",
         _fence(run_command(entry), "sh"),
         "",
-        "It exits 1 and its last line reads `REPRODUCED <signature>: ...` while the bug is present, and exits 0",
-        "with `PASS` once it is fixed. It needs only torch: "
+        (
+            f"While the bug is present a rank raises {_raised(entry)} (its traceback is printed) "
+            "and torchrun exits 1; once it is fixed every rank prints `PASS` and it exits 0."
+            if is_plain(script)
+            else "It exits 1 and its last line reads `REPRODUCED <signature>: ...` while the bug is present, "
+            "and exits 0 with `PASS` once it is fixed."
+        ),
+        "It needs only torch: "
         + (
             "it was cut down from the fuzzer's case while the same failure still reproduced."
             if reduced

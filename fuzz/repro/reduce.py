@@ -71,7 +71,17 @@ from fuzz.pool import RankPool, ScriptOutcome
 from fuzz.properties import get_property
 from fuzz.repro import render_entry, values
 from fuzz.repro.delta import ddmin, drop_validation, frozen_for
-from fuzz.repro.harness import ATTEMPT, HANG_AFTER_S, PASSING, POOLED_KINDS, main_source
+from fuzz.repro.harness import (
+    ATTEMPT,
+    HANG_AFTER_S,
+    PASSING,
+    POOLED_KINDS,
+    checked,
+    is_plain,
+    main_source,
+    plain,
+    raised_verdicts,
+)
 from fuzz.repro.portable import portable
 from fuzz.repro.script import carried_modules, code_lines, imported_modules, relative, roots_for
 from fuzz.repro.specialize import Origins, fold_case_functions, initial, render_flat, specialize, tidy
@@ -178,6 +188,23 @@ def _end_processes_running(file: str) -> None:
         with contextlib.suppress(OSError):
             if file in (proc / "cmdline").read_bytes().decode(errors="replace").split("\0"):
                 os.kill(int(proc.name), signal.SIGKILL)
+
+
+def with_verdicts(entry: Entry, script: str, output: str, signature: str | None = None) -> str:
+    """``output`` of ``script``, with the verdict lines of its ranks' exceptions where it is an
+    exception's plain form (:func:`fuzz.repro.harness.raised_verdicts`), which prints none."""
+    if not is_plain(script):
+        return output
+    return "\n".join([output, *raised_verdicts(entry, output, signature)]) + "\n"
+
+
+def run_kept(
+    script: str, entry: Entry, *, timeout: float, env: dict[str, str] | None = None
+) -> tuple[int | None, str, float]:
+    """:func:`run_script` of a reduced script under torchrun (the case's world size), its output
+    with the verdicts of a plain form's ranks (:func:`with_verdicts`)."""
+    status, output, seconds = run_script(script, timeout=timeout, env=env, nproc=entry.case.world_size)
+    return status, with_verdicts(entry, script, output), seconds
 
 
 def reproduced(status: int | None, output: str) -> str | None:
@@ -776,6 +803,31 @@ class _Oracle:
     def __call__(self, code: str) -> bool:
         return self.in_pool(code) if self.pool is not None else self.torchrun(code)
 
+    def plain_form(self, code: str) -> str | None:
+        """The plain form of an exception's checked script ``code``
+        (:func:`fuzz.repro.harness.plain`) if it reproduces under torchrun, its ranks'
+        tracebacks read by the check's rule, and passes with the bug's fix where that is
+        checked; else None."""
+        candidate = plain(code) if self.entry.kind == "exception" else None
+        if candidate is None:
+            return None
+        script = render_flat(self.entry, self.source, self.signature, candidate)
+        clear_checkpoints(candidate)
+        self.torchrun_attempts += 1
+        status, output, seconds = run_script(script, timeout=self.timeout, nproc=self.entry.case.world_size)
+        self.torchrun_seconds += seconds
+        output = with_verdicts(self.entry, script, output, self.signature)
+        ok = reproduced(status, output) == self.signature
+        if ok and self.fix_env is not None:
+            self.fixed_attempts += 1
+            status, fixed, _ = run_script(
+                script, timeout=self.timeout, nproc=self.entry.case.world_size, env=self.fix_env
+            )
+            if status != 0 or not passed(fixed):
+                ok, output = False, "does not pass with the bug's fix: " + fixed
+        self._said("torchrun, the plain form", candidate, ok, seconds, output)
+        return candidate if ok else None
+
     def fold_values(self, code: str, frozen: frozenset[str]) -> str | None:
         """``code`` with the plain values an instrumented torchrun of it saw folded in
         (:mod:`fuzz.repro.values`; the definitions in ``frozen`` are left as they are), or None
@@ -920,6 +972,7 @@ def reduce_entry(
             say=say,
         )
         code = _confirmed(code, verified, oracle, "delta-debugged", kept)
+        code = oracle.plain_form(code) or code
     finally:
         oracle.end()
     return _reduction(oracle, full, render_flat(entry, source, signature, code), began, name)
@@ -968,12 +1021,13 @@ def reduce_again(
     if tree.body and isinstance(tree.body[0], ast.Expr) and isinstance(tree.body[0].value, ast.Constant):
         tree.body = tree.body[1:]  # the docstring: rendered again
     code = ast.unparse(tree) + "\n"
-    status, output, seconds = run_script(kept, timeout=600.0, nproc=entry.case.world_size)
+    status, output, seconds = run_kept(kept, entry, timeout=600.0)
     signature = reproduced(status, output)
     if signature is None:
         last = output.strip().splitlines()[-1] if output.strip() else "no output"
         raise InvalidArgument(f"{name}: its kept script does not reproduce the failure here ({last[:300]})")
     say(f"{name}: the kept script reproduced {signature} in {seconds:.1f} s")
+    code = checked(code, entry, signature)  # the check the attempts are judged by
     oracle = _Oracle(entry, source, signature, seconds * TIMEOUT_FACTOR + TIMEOUT_SLACK_S, say)
     try:
         oracle.prepare_fix()
@@ -1001,6 +1055,7 @@ def reduce_again(
             say=say,
         )
         reduced = _confirmed(reduced, code, oracle, "delta-debugged", kept_on_way)
+        reduced = oracle.plain_form(reduced) or reduced
     finally:
         oracle.end()
     return _reduction(oracle, kept, render_flat(entry, source, signature, reduced), began, name)

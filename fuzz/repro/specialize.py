@@ -30,7 +30,8 @@ from fuzz.corpus import Entry
 from fuzz.repro import script as _script
 from fuzz.repro.flatten import flatten
 from fuzz.repro.fold import clean, fold, instrument, read_records
-from fuzz.repro.harness import ATTEMPT, case_expression, main_source
+from fuzz.repro.harness import ATTEMPT, case_expression, is_plain, main_source
+from fuzz.signature import Signature
 
 #: The module name a flat script's code is kept under by the reducer's passes.
 FLAT = "__main__"
@@ -57,10 +58,11 @@ def observed(entry: Entry) -> str:
     return " ".join(entry.summary.strip().partition("\n")[0].split())
 
 
-def docstring(entry: Entry, source: str, signature: str) -> str:
+def docstring(entry: Entry, source: str, signature: str, plain: bool = False) -> str:
     """What the reduced script reproduces (the entry, its signature, the known bug and its
     upstream issue), what was observed (the summary's first line, at most
-    :data:`OBSERVED_LINES`), and how to run it: short, as the head of a script for an issue."""
+    :data:`OBSERVED_LINES`), and how to run it: short, as the head of a script for an issue.
+    ``plain``: the script is an exception's plain form (:func:`fuzz.repro.harness.plain`)."""
     import textwrap
 
     name = Path(source).name if source else entry.file_name
@@ -78,10 +80,15 @@ def docstring(entry: Entry, source: str, signature: str) -> str:
         "hang": "every rank finishes",
         "mismatch": "the property's judge finds nothing",
     }[entry.kind]
-    lines += [
-        f"Run: torchrun --nproc-per-node {entry.case.world_size} THIS_FILE.py: prints REPRODUCED and exits 1 while the",
-        f"failure is there, else exits 0 (expected: {expected}).",
-    ]
+    run = f"Run: torchrun --nproc-per-node {entry.case.world_size} THIS_FILE.py"
+    if plain:
+        raised = Signature.parse(signature)
+        what = f"{raised.check} in {raised.where}" if raised is not None and raised.check else signature
+        said = f"{run}: while the failure is there a rank raises {what} and torchrun exits 1; "
+        said += "else every rank prints PASS and it exits 0."
+    else:
+        said = f"{run}: prints REPRODUCED and exits 1 while the failure is there, else exits 0 (expected: {expected})."
+    lines += textwrap.wrap(said, 96)
     return "\n".join(lines)
 
 
@@ -144,12 +151,10 @@ class _Annotations(ast.NodeTransformer):
 
 
 def render_flat(entry: Entry, source: str, signature: str, code: str, header: str = "") -> str:
-    """The script: shebang, header comment, docstring, then ``code`` (a flat module)."""
-    parts = [
-        "#!/usr/bin/env python3",
-        *([header] if header else []),
-        _script.literal(docstring(entry, source, signature)),
-    ]
+    """The script: shebang, header comment, :func:`docstring` as a comment (prose for the reader,
+    as in an issue's script), then ``code`` (a flat module)."""
+    said = docstring(entry, source, signature, plain=is_plain(code))
+    parts = ["#!/usr/bin/env python3", *([header] if header else []), *(f"# {line}" for line in said.splitlines())]
     return "\n".join(parts) + "\n\n" + code
 
 

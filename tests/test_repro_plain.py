@@ -1,0 +1,136 @@
+"""The plain form of an exception's reduced script (fuzz/repro/harness.py): the case without the
+check around it, the exception left to propagate; the check's rule applied from outside to what
+the ranks printed, and the checked form recovered from the plain one for a further reduction."""
+
+from __future__ import annotations
+
+import ast
+
+from fuzz.corpus import load_entry
+from fuzz.repro.harness import PLAIN_PASS, checked, exception_rule, is_plain, plain, raised_verdicts
+from fuzz.repro.specialize import render_flat
+from tests.conftest import ROOT
+
+#: An exception entry whose rule names its entry API and its message's shape.
+ENTRY = "state_dict-exception-b39fcc19147a"
+
+
+def _entry():  # type: ignore[no-untyped-def]
+    return load_entry(ROOT / "corpus" / f"{ENTRY}.json")
+
+
+def _checked_script() -> str:
+    """A checked flat script as the reducer holds one: ``attempt`` runs a case in the check."""
+    entry = _entry()
+    body = "    import torch\n    torch.zeros(1)\n    return None\n"
+    plain_code = f"import torch\n\ndef attempt(rank, world_size):\n{body}"
+    return checked(plain_code, entry, entry.signature)
+
+
+def test_the_plain_form_drops_the_check_and_keeps_the_case() -> None:
+    code = _checked_script()
+    assert "REPRODUCED" in code and "except BaseException" in code and not is_plain(code)
+    out = plain(code)
+    assert out is not None and is_plain(out)
+    assert "try:" not in out and "traceback" not in out and "import re" not in out
+    tree = ast.parse(out)
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "attempt")
+    assert [ast.unparse(s) for s in fn.body] == ["import torch", "torch.zeros(1)", "return None"]
+    assert not any(isinstance(n, ast.FunctionDef) and n.name == "main" for n in tree.body)
+    assert f"print({PLAIN_PASS!r}, flush=True)" in out
+    # Undone, it is the checked form again (the further reduction's attempts are judged by it).
+    assert ast.dump(ast.parse(checked(out, _entry(), _entry().signature))) == ast.dump(ast.parse(code))
+    assert plain(out) is None  # nothing to take out
+
+
+def test_a_plain_script_s_header_says_what_it_raises() -> None:
+    entry = _entry()
+    out = plain(_checked_script())
+    assert out is not None
+    script = render_flat(entry, "", entry.signature, out)
+    head = [line for line in script.splitlines() if line.startswith("# ")]
+    said = " ".join(line[2:] for line in head)
+    assert "builtins.KeyError in torch/distributed/_state_dict_utils.py:_unflatten_state_dict" in said
+    assert "torchrun exits 1" in said and "prints REPRODUCED" not in said
+    assert ast.get_docstring(ast.parse(script)) is None  # prose as comments, not code
+
+
+def _printed(rank: int, text: str) -> str:
+    """``text`` as torch's excepthook prints it on rank ``rank`` (blank lines bare)."""
+    return "\n".join(f"[rank{rank}]: {line}" if line else "" for line in text.splitlines())
+
+
+_SITE = "/venv/lib/python3.11/site-packages/torch"
+_TRACEBACK = f'''Traceback (most recent call last):
+  File "/tmp/repro.py", line 40, in <module>
+    attempt(dist.get_rank(), dist.get_world_size())
+  File "/tmp/repro.py", line 30, in attempt
+    set_optimizer_state_dict(model, opt, osd, options=options_)
+  File "{_SITE}/distributed/checkpoint/state_dict.py", line 1300, in set_optimizer_state_dict
+    _load_optim_state_dict(model, optimizers, optim_state_dict, info)
+  File "{_SITE}/distributed/_state_dict_utils.py", line 700, in _unflatten_state_dict
+    return state_dict[key]
+           ~~~~~~~~~~^^^^^
+KeyError: 'param_groups.0.params.0'
+'''
+
+
+def test_the_rule_read_from_the_ranks_tracebacks_matches_the_check_s() -> None:
+    entry = _entry()
+    expected, entered, shape = exception_rule(entry, entry.signature)
+    assert "builtins.KeyError@torch/distributed/_state_dict_utils.py:_unflatten_state_dict" in expected
+    assert entered == "torch/distributed/checkpoint/state_dict.py:set_optimizer_state_dict"
+    assert shape == "'param_groups.#.params.#'"
+    noise = "/tmp/repro.py:5: UserWarning: x\n  warnings.warn('x')\nW1128 some torchrun line\n"
+    output = noise + _printed(1, _TRACEBACK) + "\n" + _printed(0, _TRACEBACK)
+    verdicts = raised_verdicts(entry, output)
+    assert [v.split(": rank ")[1][:1] for v in verdicts] == ["0", "1"]
+    assert all(v.startswith(f"REPRODUCED {entry.signature}: rank ") for v in verdicts), verdicts
+    # Another exception at the same place, another message, another way in: not the entry's.
+    other = _TRACEBACK.replace("KeyError: 'param_groups.0.params.0'", "ValueError: bad")
+    assert raised_verdicts(entry, _printed(0, other))[0].startswith("FAIL (not the entry's failure): rank 0")
+    words = _TRACEBACK.replace("'param_groups.0.params.0'", "'state.0.exp_avg'")
+    assert raised_verdicts(entry, _printed(0, words))[0].startswith("FAIL")
+    elsewhere = _TRACEBACK.replace("in set_optimizer_state_dict", "in set_state_dict")
+    assert raised_verdicts(entry, _printed(0, elsewhere))[0].startswith("FAIL")
+    # No traceback printed (a rank that finished, or one torchrun ended): no verdict.
+    assert raised_verdicts(entry, f"{PLAIN_PASS}\n[rank1]: something else\n") == []
+
+
+def test_a_chained_exception_is_read_by_its_last_part_and_a_message_s_own_traceback_is_not() -> None:
+    entry = _entry()
+    cause = 'Traceback (most recent call last):\n  File "/x.py", line 1, in f\n    g()\nOSError: disk\n'
+    chained = f"{cause}\nThe above exception was the direct cause of the following exception:\n\n{_TRACEBACK}"
+    assert raised_verdicts(entry, _printed(0, chained))[0].startswith("REPRODUCED")
+    # DCP's CheckpointException holds the other ranks' tracebacks in its message.
+    message = _TRACEBACK.replace(
+        "KeyError: 'param_groups.0.params.0'",
+        "KeyError: 'param_groups.0.params.0'\nTraceback (most recent call last): (RANK 1)\n"
+        '  File "/x.py", line 3, in h\n    h()\nRuntimeError: other',
+    )
+    assert raised_verdicts(entry, _printed(0, message))[0].startswith("REPRODUCED"), raised_verdicts(
+        entry, _printed(0, message)
+    )
+
+
+def test_stored_exception_scripts_are_plain_where_they_were_confirmed_so() -> None:
+    """The reducer keeps the plain form of an exception's script only where it reproduced under
+    torchrun (and passed with the bug's fix where that is checked); the checked form otherwise."""
+    stored = sorted((ROOT / "corpus").glob("*-exception-*.repro.py"))
+    plain_ones = [p for p in stored if is_plain(p.read_text())]
+    assert len(plain_ones) >= len(stored) // 2, [p.name for p in stored if p not in plain_ones]
+    for path in plain_ones:
+        text = path.read_text()
+        tree = ast.parse(text)
+        assert "REPRODUCED" not in text and text.count("def attempt(") == 1, path.name
+        assert not any(isinstance(n, ast.FunctionDef) and n.name == "main" for n in tree.body), path.name
+        assert ast.unparse(tree.body[-1]).endswith("os._exit(0)") and f"print({PLAIN_PASS!r}" in text, path.name
+
+
+def test_a_mismatch_script_is_never_given_an_exception_s_check() -> None:
+    """A mismatch's ``attempt`` has no ``try`` either: :func:`checked` leaves it as it is."""
+    entry = load_entry(ROOT / "corpus" / "parity-mismatch-da0c9d4e06cd.json")
+    code = "def attempt(rank, world_size):\n    return 'PASS or another failure: None'\n"
+    assert checked(code, entry, entry.signature) == code
+    text = (ROOT / "corpus" / "parity-mismatch-da0c9d4e06cd.repro.py").read_text()
+    assert not is_plain(text) and checked(text, entry, entry.signature) == text
