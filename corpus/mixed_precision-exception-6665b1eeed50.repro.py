@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=49e98a7a0cd611b2 sources=c819ef517160c7c9 seconds=601.9
+# shardfuzz reduced reproducer: entry=49e98a7a0cd611b2 sources=c819ef517160c7c9 seconds=687.7
 # Reproduces shardfuzz corpus entry mixed_precision-exception-6665b1eeed50.json: exception:mixed_precision:builtins.RuntimeError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_reduce
 # Known torch bug: MixedPrecisionPolicy: a unit all frozen at lazy init gets no orig/reduce dtype;
 # unfrozen later, its low-precision gradient is never cast back; upstream:
@@ -28,10 +28,8 @@ def attempt(rank, world_size):
     module = PointwiseConv1d(1, 1, kernel_size=1)
     module.requires_grad_(False)
     build_model_out = nn.Sequential(PointwiseConv1d(1, 1, kernel_size=1), module)
-    from torch.distributed.fsdp import fully_shard
-    kwargs = {}
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-    kwargs['mp_policy'] = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+    from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy
+    kwargs = {'mp_policy': MixedPrecisionPolicy(param_dtype=torch.bfloat16)}
     modules = [build_model_out.get_submodule('0')]
     fully_shard(modules[0], **kwargs)
     modules = [build_model_out]

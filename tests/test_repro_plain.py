@@ -134,3 +134,23 @@ def test_a_mismatch_script_is_never_given_an_exception_s_check() -> None:
     assert checked(code, entry, entry.signature) == code
     text = (ROOT / "corpus" / "parity-mismatch-da0c9d4e06cd.repro.py").read_text()
     assert not is_plain(text) and checked(text, entry, entry.signature) == text
+
+
+def test_a_message_s_shape_is_the_same_in_the_script_and_outside_whatever_a_set_s_order() -> None:
+    """A set's repr in a message follows its items' hashes, which differ from one process to the
+    next ("expects uniform gradient dtype but got {torch.float32, torch.bfloat16}"): both orders
+    are one shape, in the checked script's own expression and in :func:`message_shape`."""
+    import re
+
+    from fuzz.repro.harness import _SHAPE_IN_SCRIPT, message_shape
+
+    one = "FSDP reduce-scatter expects uniform gradient dtype but got {torch.float32, torch.bfloat16}"
+    other = "FSDP reduce-scatter expects uniform gradient dtype but got {torch.bfloat16, torch.float32}\nmore"
+    assert (
+        message_shape(one)
+        == message_shape(other)
+        == ("FSDP reduce-scatter expects uniform gradient dtype but got {torch.bfloat#, torch.float#}")
+    )
+    for text in (one, other, "size 4 != 12 at 0.weight", "no braces", "{}", "{'b': 1, 'a': 22} and {x}"):
+        assert eval(_SHAPE_IN_SCRIPT, {"re": re, "e": ValueError(text)}) == message_shape(text), text
+    assert message_shape("got 'state.0.exp_avg'") != message_shape("got 'param_groups.0.params.0'")

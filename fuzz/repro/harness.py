@@ -261,9 +261,22 @@ def _signal_names(expected: list[str]) -> list[str]:
 
 #: What a message's first line keeps when compared: numbers (paths into the tree, values,
 #: sizes) change as a reduction drops modules and steps, so each run of digits and dots is one
-#: ``#`` (the script computes the same with the pattern written out).
+#: ``#``; and the items of a brace display (a set's repr, ``{torch.float32, torch.bfloat16}``,
+#: whose order follows the objects' hashes and so varies from one process to the next) are
+#: sorted. The checked script computes the same with the patterns written out
+#: (``_SHAPE_IN_SCRIPT``).
 _NUMBERS = re.compile(r"\d+(?:\.\d+)*")
-_SHAPE_IN_SCRIPT = r"""re.sub(r'\d+(?:\.\d+)*', '#', str(e).partition('\n')[0])"""
+_BRACES = re.compile(r"\{([^{}]*)\}")
+_SHAPE_IN_SCRIPT = (
+    r"""re.sub(r'\{([^{}]*)\}', lambda m: '{' + ', '.join(sorted(m[1].split(', '))) + '}', """
+    r"""re.sub(r'\d+(?:\.\d+)*', '#', str(e).partition('\n')[0]))"""
+)
+
+
+def message_shape(message: str) -> str:
+    """The shape of an exception message's first line (see ``_NUMBERS``)."""
+    numbered = _NUMBERS.sub("#", message.partition("\n")[0])
+    return _BRACES.sub(lambda m: "{" + ", ".join(sorted(m[1].split(", "))) + "}", numbered)
 
 
 def _raised(entry: Entry) -> tuple[str | None, str | None]:
@@ -275,7 +288,7 @@ def _raised(entry: Entry) -> tuple[str | None, str | None]:
         point = entry_point(rank.get("traceback")) if isinstance(rank, dict) else None
         if point:
             message = rank.get("message")
-            return point, _NUMBERS.sub("#", message.partition("\n")[0]) if isinstance(message, str) else None
+            return point, message_shape(message) if isinstance(message, str) else None
     return None, None
 
 
@@ -488,7 +501,7 @@ def raised_verdicts(entry: Entry, output: str, signature: str | None = None) -> 
         where = location(text)
         found = f"{kind}@{where if where.startswith('torch/') else 'torch/?:?'}"
         ok = found in expected and (entered is None or entry_point(text) == entered)
-        ok = ok and (shape is None or _NUMBERS.sub("#", message) == shape)
+        ok = ok and (shape is None or message_shape(message) == shape)
         if ok:
             verdicts.append(f"REPRODUCED {signature}: rank {rank} raised {found}: {message}")
         else:
