@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=f8717496fe4a5c07 sources=7d6f5cb23a31c8e4 seconds=1016.9
+# shardfuzz reduced reproducer: entry=f8717496fe4a5c07 sources=7d6f5cb23a31c8e4 seconds=1460.0
 # Reproduces shardfuzz corpus entry dcp-mismatch-566f97fe78ce.json: mismatch:dcp@set_optimizer_state_dict:frozen-optimizer-state-dropped
 # Known torch bug: set_optimizer_state_dict drops the saved optimizer state of a parameter frozen
 # (requires_grad=False) when it is loaded: a parameter trained, then frozen, checkpointed and
 # unfrozen after resuming restarts with fresh optimizer state (get_optimizer_state_dict saved it);
 # upstream: https://github.com/pytorch/pytorch/issues/192202.
 # Observed: the optimizer state differs after the load: ['0.weight'] is missing
-# Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
-# failure is there, else exits 0 (expected: the property's judge finds nothing).
+# Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the failure
+# is there, else exits 0 (expected: the property's judge finds nothing).
 
 from __future__ import annotations
 import torch
@@ -31,12 +31,6 @@ class RankContext:
 
 class LeafKind(str, enum.Enum):
     LINEAR = 'linear'
-
-class Dtype(str, enum.Enum):
-    FLOAT32 = 'float32'
-    FLOAT64 = 'float64'
-    BFLOAT16 = 'bfloat16'
-    FLOAT16 = 'float16'
 
 @dataclass()
 class Leaf:
@@ -74,7 +68,6 @@ class Training:
     optimizer: object = Optimizer.SGD
     lr: object = 0.1
     momentum: object = 0.0
-    dtype: object = Dtype.FLOAT32
     param_groups: object = 1
 
 class Body:
@@ -152,7 +145,7 @@ class Composed:
     def full_parameters(self):
         out = {}
         for n, p in self.model.named_parameters():
-            out[clean_name(n)] = p.detach()
+            out[clean_name(n)] = p
         yield out
 PROBE_ROWS = 3
 FRESH_SEED = 24301
@@ -176,8 +169,7 @@ class Side:
 def build_side(tree, comp, training, *, seed, schedule=()):
     torch.manual_seed(seed)
     build_model_out = build_node(tree.root, 2)
-    model = build_model_out.to(torch.float32)
-    composed = Composed(model)
+    composed = Composed(build_model_out)
     return Side(composed=composed, comp=comp, training=training, schedule=schedule)
 
 def change_requires_grad(side, step):
@@ -188,7 +180,7 @@ def change_requires_grad(side, step):
     paths = ['0' for c in changes]
     out = {path: [] for path in paths}
     name, p_ = next(iter(model.named_parameters()))
-    owner = '.'.join((c_ for c_ in name.split('.')[:-1] if c_.isdigit()))
+    owner = '.'.join((c_ for c_ in name.split('.')[:-1] if c_))
     out[owner].append(p_)
     p = next(iter(out['0']))
     p.requires_grad_(False)
@@ -201,7 +193,7 @@ def train_steps(side, data, ctx):
     for x, y in data:
         change_requires_grad(side, side.step)
         side.step += 1
-        loss = F.mse_loss(side.model(x).to(y.dtype), y)
+        loss = F.mse_loss(side.model(x), y)
         loss.backward()
         for p in side.model.parameters():
             if p.grad is not None:
@@ -214,7 +206,7 @@ def train_steps(side, data, ctx):
 
 def _jsonable(value):
     if isinstance(value, torch.Tensor):
-        return [float(v) for v in value.detach().double().cpu().flatten().tolist()]
+        return [float(v) for v in value.flatten()]
     return value
 
 def observe(side, ctx):
@@ -225,7 +217,7 @@ def observe(side, ctx):
     out_ = [item]
     obs = {'groups': out_}
     with side.composed.full_parameters() as params_:
-        out = {n: [float(v__) for v__ in t_.double().cpu().flatten().tolist()] for n, t_ in params_.items()}
+        out = {n: [float(v__) for v__ in t_.flatten()] for n, t_ in params_.items()}
     names_ = side.names()
     out__ = {}
     group_ = next(iter(side.opt.param_groups))
@@ -235,18 +227,13 @@ def observe(side, ctx):
         if entry:
             out__[names_.get(id(p_), '?')] = entry
     gen = torch.Generator().manual_seed(1)
-    x = torch.randn(PROBE_ROWS, 2, generator=gen).to(ctx.device)
+    x = torch.randn(PROBE_ROWS, 2, generator=gen)
     t = side.model(x)
-    out___ = [float(v_) for v_ in t.detach().double().cpu().flatten().tolist()]
+    out___ = [float(v_) for v_ in t.flatten()]
     if ctx.rank == 0:
         obs.update(model=out, probe=out___)
         obs['optimizer'] = out__
     return obs
-
-def case_dir(ctx):
-    digest = hashlib.sha1('{"body": {"absent": false, "async_save": false, "async_saves": 0, "cache_staged": false, "checkpoint_dir": "", "convert": false, "deadlock": false, "drop": [], "empty_group": false, "entries": ["model", "optimizer"], "frozen_in_optimizer": false, "kind": "dcp", "load_cpu_offload": false, "load_full_state_dict": false, "load_planner": null, "mode": "round_trip", "module_stateful": false, "no_dist": false, "orders": [], "overwrite": "none", "own_group": false, "patched": false, "process_checkpointer": false, "requires_grad": [{"path": "0", "step": 1, "trainable": false}], "save_cpu_offload": false, "save_full_state_dict": false, "save_planner": null, "skip": [], "source": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "none"}, "stager": null, "steps_after": 1, "storage_objects": false, "target": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "none"}, "target_meta_init": false, "torch_save_reader": false, "training": {"accum_sync": "always", "batch_per_rank": 1, "compile": "none", "dtype": "float32", "eps": 0.001, "foreach": null, "grad_accum": 1, "lr": 0.1, "momentum": 0.9, "optimizer": "sgd", "param_groups": 1, "same_input": false, "set_to_none": true, "skips": [], "steps": 2, "unfreeze": []}, "tree": {"root": {"buffer": false, "children": [{"bias": false, "frozen": false, "kind": "linear"}, {"bias": false, "frozen": false, "kind": "linear"}], "residual": false, "scale": false}, "width": 2}, "use_collectives": true, "writer": {"per_thread_copy_ahead": 10000000, "single_file_per_rank": true, "sync_files": true, "thread_count": 1}}, "property": "dcp", "schema": 1, "seed": 0, "world_size": 2}'.encode()).hexdigest()[:12]
-    count = getattr(ctx, '_cases', 0)
-    return os.path.join('/tmp/shardfuzz-dcp-18178', f'{digest}-{count}')
 
 def _values(side):
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
@@ -274,7 +261,7 @@ class Outcome:
 
     @property
     def observations(self):
-        return [r.observation or {} for r in self.ranks]
+        return [r.observation for r in self.ranks]
 KNOWN_BUG_ODDS = 16
 NONE_FOUND = 'none found'
 
@@ -429,18 +416,20 @@ def _check_dcp_options(prop, where, body, observations):
     return None
 
 def attempt(rank, world_size):
-    case = Case(property='dcp', world_size=2, seed=0, body=DcpBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR, bias=False), Leaf(kind=LeafKind.LINEAR, bias=False)))), source=Composition(), target=Composition(), entries=(DcpItem.MODEL, DcpItem.OPTIMIZER), training=Training(momentum=0.9), requires_grad=(RequiresGrad(path='0', step=1, trainable=False),)))
+    case = Case(property='dcp', world_size=2, seed=0, body=DcpBody(tree=ModuleTree(width=2, root=Block(children=())), source=Composition(), target=Composition(), entries=(DcpItem.OPTIMIZER,)))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
     t = Training()
-    path = '' or case_dir(ctx)
+    digest = hashlib.sha1('{"body": {"absent": false, "async_save": false, "async_saves": 0, "cache_staged": false, "checkpoint_dir": "", "convert": false, "deadlock": false, "drop": [], "empty_group": false, "entries": ["model", "optimizer"], "frozen_in_optimizer": false, "kind": "dcp", "load_cpu_offload": false, "load_full_state_dict": false, "load_planner": null, "mode": "round_trip", "module_stateful": false, "no_dist": false, "orders": [], "overwrite": "none", "own_group": false, "patched": false, "process_checkpointer": false, "requires_grad": [{"path": "0", "step": 1, "trainable": false}], "save_cpu_offload": false, "save_full_state_dict": false, "save_planner": null, "skip": [], "source": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "none"}, "stager": null, "steps_after": 1, "storage_objects": false, "target": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "none"}, "target_meta_init": false, "torch_save_reader": false, "training": {"accum_sync": "always", "batch_per_rank": 1, "compile": "none", "dtype": "float32", "eps": 0.001, "foreach": null, "grad_accum": 1, "lr": 0.1, "momentum": 0.9, "optimizer": "sgd", "param_groups": 1, "same_input": false, "set_to_none": true, "skips": [], "steps": 2, "unfreeze": []}, "tree": {"root": {"buffer": false, "children": [{"bias": false, "frozen": false, "kind": "linear"}, {"bias": false, "frozen": false, "kind": "linear"}], "residual": false, "scale": false}, "width": 2}, "use_collectives": true, "writer": {"per_thread_copy_ahead": 10000000, "single_file_per_rank": true, "sync_files": true, "thread_count": 1}}, "property": "dcp", "schema": 1, "seed": 0, "world_size": 2}'.encode()).hexdigest()[:12]
+    count = getattr(ctx, '_cases', 0)
+    path = os.path.join('/tmp/shardfuzz-dcp-18178', f'{digest}-{count}')
     obs__ = {}
     gen = torch.Generator().manual_seed(0)
     out__ = []
     for _ in range(3):
         x = torch.randn(world_size, 2, generator=gen)
         y = torch.randn(world_size, 2, generator=gen)
-        step__ = [(x[rank:rank + 1].to(torch.device('cpu')), y[rank:rank + 1].to(torch.device('cpu')))]
+        step__ = [(x[rank:rank + 1], y[rank:rank + 1])]
         out__.append(step__)
     data = [step_[0] for step_ in out__]
     src = build_side(ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR)))), Composition(), t, seed=0, schedule=(RequiresGrad(path='0', step=1, trainable=False),))
@@ -466,7 +455,7 @@ def attempt(rank, world_size):
         saved['taken_optimizer'] = out
     obs__['saved'] = saved
     import torch.distributed.checkpoint as dcp__
-    model = nn.Sequential(nn.Linear(2, 2, bias=False), nn.Linear(2, 2, bias=False)).to(torch.float32)
+    model = nn.Sequential(nn.Linear(2, 2, bias=False), nn.Linear(2, 2, bias=False))
     state__ = model.state_dict()
     dcp__.load({'model': state__}, checkpoint_id=path)
     out_ = {clean_name(k_): _jsonable(v_) for k_, v_ in state__.items()}
@@ -497,11 +486,11 @@ def attempt(rank, world_size):
     obs_ = {}
     losses = train_steps(src, data_, ctx)
     with src.composed.full_parameters() as params__:
-        out___ = {n__: [float(v__) for v__ in t_.double().cpu().flatten().tolist()] for n__, t_ in params__.items()}
+        out___ = {n__: [float(v__) for v__ in t_.flatten()] for n__, t_ in params__.items()}
     obs_['losses_source'] = losses
     obs_['losses_target'] = train_steps(tgt, data_, ctx)
     with tgt.composed.full_parameters() as params___:
-        out____ = {n___: [float(v___) for v___ in t__.double().cpu().flatten().tolist()] for n___, t__ in params___.items()}
+        out____ = {n___: [float(v___) for v___ in t__.flatten()] for n___, t__ in params___.items()}
     if rank == 0:
         obs_['final_source'], obs_['final_target'] = (out___, out____)
     obs__.update(obs_)

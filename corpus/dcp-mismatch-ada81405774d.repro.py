@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=63e5b277ec033028 sources=3ebb4d52c9cda72d seconds=1576.3
+# shardfuzz reduced reproducer: entry=63e5b277ec033028 sources=3ebb4d52c9cda72d seconds=1942.4
 # Reproduces shardfuzz corpus entry dcp-mismatch-ada81405774d.json: mismatch:dcp@save:fsdp1-hsdp-load_sharded_optimizer_state_dict
 # Known torch bug: load_sharded_optimizer_state_dict chunks optimizer state over the whole world:
 # wrong Adam state in FSDP1 HYBRID_SHARD over a 2-D mesh; upstream: none found.
 # Observed: rank 2's local optimizer state (FSDP1, one layout) differs after the load:
 # ['0.weight']['exp_avg'][0]: 0.0 != -0.016777848531689548
-# Run: torchrun --nproc-per-node 4 THIS_FILE.py: prints REPRODUCED and exits 1 while the
-# failure is there, else exits 0 (expected: the property's judge finds nothing).
+# Run: torchrun --nproc-per-node 4 THIS_FILE.py: prints REPRODUCED and exits 1 while the failure
+# is there, else exits 0 (expected: the property's judge finds nothing).
 
 from __future__ import annotations
 import torch
@@ -180,7 +180,7 @@ class Composed:
             out = {}
             name = next(iter(self.param_names))
             owner, _, attr = name.rpartition('.')
-            out[name] = getattr(modules[owner], attr).detach().clone()
+            out[name] = getattr(modules[owner], attr)
             yield out
 PROBE_ROWS = 3
 FRESH_SEED = 24301
@@ -222,7 +222,7 @@ def body_optimizer(side, training):
 
 def train_steps(side, data):
     x, y = next(iter(data))
-    loss = F.mse_loss(side.model(x).to(y.dtype), y)
+    loss = F.mse_loss(side.model(x), y)
     loss.backward()
     side.opt.step()
     side.opt.zero_grad()
@@ -231,7 +231,7 @@ def train_steps(side, data):
 
 def _jsonable(value):
     if isinstance(value, torch.Tensor):
-        return [float(v_) for v_ in value.detach().double().cpu().flatten().tolist()]
+        return [float(v_) for v_ in value.flatten()]
     return value
 
 def observe(side, ctx):
@@ -242,7 +242,7 @@ def observe(side, ctx):
     out_ = [item]
     obs = {'groups': out_}
     with side.composed.full_parameters() as params_:
-        out = {n: [float(v__) for v__ in t_.double().cpu().flatten().tolist()] for n, t_ in params_.items()}
+        out = {n: [float(v__) for v__ in t_.flatten()] for n, t_ in params_.items()}
     names_ = side.names()
     out__ = {}
     group_ = next(iter(side.opt.param_groups))
@@ -252,18 +252,13 @@ def observe(side, ctx):
     if entry:
         out__[names_.get(id(p_), '?')] = entry
     gen = torch.Generator().manual_seed(1)
-    x = torch.randn(PROBE_ROWS, 2, generator=gen, dtype=TORCH_DTYPES[side.training.dtype]).to(ctx.device)
+    x = torch.randn(PROBE_ROWS, 2, generator=gen, dtype=TORCH_DTYPES[side.training.dtype])
     t = side.model(x)
-    out___ = [float(v_) for v_ in t.detach().double().cpu().flatten().tolist()]
+    out___ = [float(v_) for v_ in t.flatten()]
     obs['optimizer_local'] = out__
     if ctx.rank == 0:
         obs.update(model=out, probe=out___)
     return obs
-
-def case_dir(ctx):
-    digest = hashlib.sha1('{"body": {"absent": false, "async_save": false, "async_saves": 0, "cache_staged": false, "checkpoint_dir": "", "convert": false, "deadlock": false, "drop": [], "empty_group": false, "entries": ["model", "optimizer"], "frozen_in_optimizer": false, "kind": "dcp", "load_cpu_offload": false, "load_full_state_dict": false, "load_planner": null, "mode": "round_trip", "module_stateful": false, "no_dist": false, "orders": [[0, 1], [0, 1], [0, 1], [0, 1]], "overwrite": "none", "own_group": false, "patched": false, "process_checkpointer": false, "requires_grad": [], "save_cpu_offload": false, "save_full_state_dict": false, "save_planner": null, "skip": [], "source": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "custom_all_gather": false, "custom_reduce_scatter": false, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "no_unshard_in_backward": false, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0, "separate_rs_group": false}, "mesh": [2, 2], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "fsdp1_hybrid_shard"}, "stager": null, "steps_after": 1, "storage_objects": false, "target": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "custom_all_gather": false, "custom_reduce_scatter": false, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "no_unshard_in_backward": false, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0, "separate_rs_group": false}, "mesh": [2, 2], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "fsdp1_hybrid_shard"}, "target_meta_init": false, "torch_save_reader": false, "training": {"accum_sync": "always", "batch_per_rank": 1, "compile": "none", "dtype": "float64", "eps": 0.0001, "foreach": null, "grad_accum": 1, "lr": 0.01, "momentum": 0.0, "optimizer": "adam", "param_groups": 1, "same_input": false, "set_to_none": false, "skips": [], "steps": 1, "unfreeze": []}, "tree": {"root": {"buffer": false, "children": [{"bias": false, "frozen": false, "kind": "conv1d"}], "residual": false, "scale": false}, "width": 2}, "use_collectives": true, "writer": {"per_thread_copy_ahead": 10000000, "single_file_per_rank": true, "sync_files": true, "thread_count": 1}}, "property": "dcp", "schema": 1, "seed": 0, "world_size": 4}'.encode()).hexdigest()[:12]
-    count = getattr(ctx, '_cases', 0)
-    return os.path.join('/tmp/shardfuzz-dcp-1645', f'{digest}-{count}')
 
 class OutcomeKind(str, enum.Enum):
     OK = 'ok'
@@ -425,15 +420,16 @@ def attempt(rank, world_size):
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
     t = Training(lr=0.01, eps=0.0001, dtype=Dtype.FLOAT64)
-    path = case_dir(ctx)
+    digest = hashlib.sha1('{"body": {"absent": false, "async_save": false, "async_saves": 0, "cache_staged": false, "checkpoint_dir": "", "convert": false, "deadlock": false, "drop": [], "empty_group": false, "entries": ["model", "optimizer"], "frozen_in_optimizer": false, "kind": "dcp", "load_cpu_offload": false, "load_full_state_dict": false, "load_planner": null, "mode": "round_trip", "module_stateful": false, "no_dist": false, "orders": [[0, 1], [0, 1], [0, 1], [0, 1]], "overwrite": "none", "own_group": false, "patched": false, "process_checkpointer": false, "requires_grad": [], "save_cpu_offload": false, "save_full_state_dict": false, "save_planner": null, "skip": [], "source": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "custom_all_gather": false, "custom_reduce_scatter": false, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "no_unshard_in_backward": false, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0, "separate_rs_group": false}, "mesh": [2, 2], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "fsdp1_hybrid_shard"}, "stager": null, "steps_after": 1, "storage_objects": false, "target": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "custom_all_gather": false, "custom_reduce_scatter": false, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "no_unshard_in_backward": false, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0, "separate_rs_group": false}, "mesh": [2, 2], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "fsdp1_hybrid_shard"}, "target_meta_init": false, "torch_save_reader": false, "training": {"accum_sync": "always", "batch_per_rank": 1, "compile": "none", "dtype": "float64", "eps": 0.0001, "foreach": null, "grad_accum": 1, "lr": 0.01, "momentum": 0.0, "optimizer": "adam", "param_groups": 1, "same_input": false, "set_to_none": false, "skips": [], "steps": 1, "unfreeze": []}, "tree": {"root": {"buffer": false, "children": [{"bias": false, "frozen": false, "kind": "conv1d"}], "residual": false, "scale": false}, "width": 2}, "use_collectives": true, "writer": {"per_thread_copy_ahead": 10000000, "single_file_per_rank": true, "sync_files": true, "thread_count": 1}}, "property": "dcp", "schema": 1, "seed": 0, "world_size": 4}'.encode()).hexdigest()[:12]
+    count = getattr(ctx, '_cases', 0)
+    path = os.path.join('/tmp/shardfuzz-dcp-1645', f'{digest}-{count}')
     obs__ = {}
-    dtype = torch.float64
     gen = torch.Generator().manual_seed(0)
     out = []
     for _ in range(2):
-        x = torch.randn(world_size, 2, generator=gen, dtype=dtype)
-        y = torch.randn(world_size, 2, generator=gen, dtype=dtype)
-        step_ = [(x[rank:rank + 1].to(torch.device('cpu')), y[rank:rank + 1].to(torch.device('cpu')))]
+        x = torch.randn(world_size, 2, generator=gen, dtype=torch.float64)
+        y = torch.randn(world_size, 2, generator=gen, dtype=torch.float64)
+        step_ = [(x[rank:rank + 1], y[rank:rank + 1])]
         out.append(step_)
     data = [step[0] for step in out]
     src = build_side(ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.CONV1D),))), Composition(), t, ctx, seed=0)
@@ -481,11 +477,11 @@ def attempt(rank, world_size):
     obs_ = {}
     losses = train_steps(src, data_)
     with src.composed.full_parameters() as params:
-        out_ = {n: [float(v_) for v_ in t_.double().cpu().flatten().tolist()] for n, t_ in params.items()}
+        out_ = {n: [float(v_) for v_ in t_.flatten()] for n, t_ in params.items()}
     obs_['losses_source'] = losses
     obs_['losses_target'] = train_steps(tgt, data_)
     with tgt.composed.full_parameters() as params_:
-        out__ = {n_: [float(v__) for v__ in t__.double().cpu().flatten().tolist()] for n_, t__ in params_.items()}
+        out__ = {n_: [float(v__) for v__ in t__.flatten()] for n_, t__ in params_.items()}
     if rank == 0:
         obs_['final_source'], obs_['final_target'] = (out_, out__)
     obs__.update(obs_)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=14b13112cdb7665b sources=ca590eb54ff975c7 seconds=1941.2
+# shardfuzz reduced reproducer: entry=14b13112cdb7665b sources=ca590eb54ff975c7 seconds=2411.7
 # Reproduces shardfuzz corpus entry metamorphic-exception-f2b0e694e1b5.json: exception:metamorphic:torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/conv.py:_conv_forward
 # Known torch bug: torch.compile over FSDP1 (use_orig_params=True, sharded): recompiling the
 # wrapped module's forward while its parameters hold sharded gradients raises
@@ -49,12 +49,6 @@ class LeafKind(str, enum.Enum):
     GELU = 'gelu'
     DROPOUT = 'dropout'
 
-class Dtype(str, enum.Enum):
-    FLOAT32 = 'float32'
-    FLOAT64 = 'float64'
-    BFLOAT16 = 'bfloat16'
-    FLOAT16 = 'float16'
-
 @dataclass(frozen=True)
 class Leaf:
     kind: object
@@ -89,34 +83,20 @@ class Wrapper(str, enum.Enum):
     FSDP1_HYBRID_SHARD = 'fsdp1_hybrid_shard'
 
 @dataclass(frozen=True)
-class Knobs:
-    abort_and_reset: object = False
-
-    def names(self) -> list[str]:
-        pass
-
-@dataclass(frozen=True)
 class Composition:
     shards: object = ()
     replicates: object = ()
-    checkpoints: object = ()
     checkpoint_first: object = True
     mesh: object = ()
     wrapper: object = Wrapper.NONE
     auto_wrap: object = False
-    knobs: object = field(default_factory=Knobs)
 
     @property
     def sharded_paths(self) -> list[str]:
         return [p for spec in self.shards for p in spec.paths]
 
     def steps(self) -> list[tuple[str, str]]:
-        items = [('checkpoint', p) for p in self.checkpoints] + [('replicate', p) for p in self.replicates]
-        items += [('fully_shard', spec.path) for spec in self.shards]
-
-        def key(item: tuple[str, str]) -> tuple[int, int, str]:
-            pass
-        return sorted(items, key=key)
+        pass
 
 class AccumSync(str, enum.Enum):
     ALWAYS = 'always'
@@ -135,7 +115,6 @@ class Training:
     eps: object = 0.001
     steps: object = 2
     batch_per_rank: object = 2
-    dtype: object = Dtype.FLOAT32
     accum_sync: object = AccumSync.ALWAYS
     set_to_none: object = True
     same_input: object = False
@@ -162,25 +141,15 @@ class MetamorphicBody(Body):
     variant: object
     training: object = field(default_factory=Training)
 
-@dataclass(frozen=True)
-class Case:
-    property: object
-    world_size: object
-    seed: object
-    body: object
-
 class TreeBlock(nn.Module):
 
-    def __init__(self, children: list[nn.Module], residual: bool, width: int, scale: bool, buffer: bool) -> None:
+    def __init__(self, children: list[nn.Module], width: int) -> None:
         super().__init__()
         for i, child in enumerate(children):
             self.add_module(str(i), child)
-        self.residual = residual
-        self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(width)) if scale else None
-        if buffer:
-            self.register_buffer('shift', 0.1 * torch.randn(width))
-        else:
-            self.shift = None
+        self.residual = True
+        self.scale = None
+        self.register_buffer('shift', 0.1 * torch.randn(width))
         self.skipped: frozenset[str] = frozenset()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -216,7 +185,7 @@ def build_node(node: Node, width: int) -> nn.Module:
     if isinstance(node, Leaf):
         module = _build_leaf(node, width)
         return module
-    return TreeBlock([build_node(c, width) for c in node.children], True, width, False, True)
+    return TreeBlock([build_node(c, width) for c in node.children], width)
 
 def build_model(tree: ModuleTree, device: torch.device) -> nn.Module:
     with torch.device(device):
@@ -266,13 +235,17 @@ def compose(model: nn.Module, comp: Composition, ctx: RankContext) -> Composed:
         names = [n for n, _ in model.named_parameters()]
         for path in ():
             checkpoint(model.get_submodule(path), **ckpt_kwargs)
-        return Composed(model=_wrap(model, comp, ctx), wrapper=Wrapper.FSDP1_FULL_SHARD, param_names=names)
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+        strategy = ShardingStrategy.FULL_SHARD
+        wrap_out = FSDP(model, sharding_strategy=strategy, device_id=ctx.device, use_orig_params=True, auto_wrap_policy=ModuleWrapPolicy({TreeBlock}))
+        return Composed(model=wrap_out, wrapper=Wrapper.FSDP1_FULL_SHARD, param_names=names)
     return Composed(model=model, fsdp_roots=[])
 
-def build_composed(tree: ModuleTree, comp: Composition, dtype: torch.dtype, ctx: RankContext, *, seed: int, desync: Training | None=None) -> tuple[nn.Module, Composed]:
-    torch.manual_seed(seed)
+def build_composed(tree: ModuleTree, comp: Composition, dtype: torch.dtype, ctx: RankContext) -> tuple[nn.Module, Composed]:
+    torch.manual_seed(5651)
     model = build_model(tree, ctx.device).to(dtype)
-    return (model, _with_knobs(compose(model, comp, ctx), comp))
+    return (model, compose(model, comp, ctx))
     from torch.distributed.tensor import DTensor, distribute_tensor
     values = build_model(tree, ctx.device).to(dtype).state_dict()
     model = build_model(tree, torch.device('meta')).to(dtype)
@@ -293,16 +266,7 @@ def build_composed(tree: ModuleTree, comp: Composition, dtype: torch.dtype, ctx:
                 for key, buf in module._buffers.items():
                     if buf is not None:
                         module._buffers[key] = buf.to(ctx.device)
-    return (model, _with_knobs(composed, comp))
-
-def _with_knobs(composed: Composed, comp: Composition) -> Composed:
-    return composed
-
-def _wrap(model: nn.Module, comp: Composition, ctx: RankContext) -> nn.Module:
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
-    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-    strategy = ShardingStrategy.FULL_SHARD
-    return FSDP(model, sharding_strategy=strategy, device_id=ctx.device, use_orig_params=True, auto_wrap_policy=ModuleWrapPolicy({TreeBlock}))
+    return (model, composed)
 
 class _Contracts:
 
@@ -338,8 +302,8 @@ class _Contracts:
             state[spec.path] = flags
         return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
 
-def train(case: Case, tree: ModuleTree, training: Training, comp: Composition | None, ctx: RankContext) -> dict[str, Any]:
-    model, composed = build_composed(tree, comp, torch.float32, ctx, seed=5651, desync=training)
+def train(tree: ModuleTree, training: Training, comp: Composition | None, ctx: RankContext) -> dict[str, Any]:
+    model, composed = build_composed(tree, comp, torch.float32, ctx)
     contracts = _Contracts(model, comp)
     obs = {}
     model_ = composed.model
@@ -354,7 +318,9 @@ def train(case: Case, tree: ModuleTree, training: Training, comp: Composition | 
     params = [p_ for p_ in params if p_.requires_grad or id(p_) in held]
     groups = params
     opt = torch.optim.AdamW(groups, lr=0.05, eps=0.001, foreach=None)
-    forward = _compiled(composed.model, training)
+    model__ = composed.model
+    torch._dynamo.reset()
+    forward = torch.compile(model__, backend='eager')
     losses = []
     params_per_step = []
     grad_norms = []
@@ -406,10 +372,6 @@ def train(case: Case, tree: ModuleTree, training: Training, comp: Composition | 
         obs['params'] = params_per_step
     return obs
 
-def _compiled(model: nn.Module, training: Training) -> Any:
-    torch._dynamo.reset()
-    return torch.compile(model, backend='eager')
-
 class _null:
 
     def __enter__(self) -> None:
@@ -421,11 +383,11 @@ class _null:
 def attempt(rank, world_size):
     import torch
     import torch.distributed as dist
-    case = Case(property='metamorphic', world_size=4, seed=5651, body=MetamorphicBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D),), residual=True, buffer=True)), composition=Composition(replicates=('',), checkpoint_first=False, mesh=(1, 4)), variant=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD, auto_wrap=True), training=Training(lr=0.05, momentum=0.9, steps=3, batch_per_rank=3, set_to_none=False, same_input=True, compile=Compile.EAGER)))
+    case_body = MetamorphicBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D),), residual=True, buffer=True)), composition=Composition(replicates=('',), checkpoint_first=False, mesh=(1, 4)), variant=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD, auto_wrap=True), training=Training(lr=0.05, momentum=0.9, steps=3, batch_per_rank=3, set_to_none=False, same_input=True, compile=Compile.EAGER))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     body = MetamorphicBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D),), residual=True, buffer=True)), composition=Composition(replicates=('',), checkpoint_first=False, mesh=(1, 4)), variant=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD, auto_wrap=True), training=Training(lr=0.05, momentum=0.9, steps=3, batch_per_rank=3, set_to_none=False, same_input=True, compile=Compile.EAGER))
-    first = train(case, body.tree, body.training, body.composition, ctx)
-    second = train(case, body.tree, body.training, body.variant, ctx)
+    first = train(ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D),), residual=True, buffer=True)), Training(lr=0.05, momentum=0.9, steps=3, batch_per_rank=3, set_to_none=False, same_input=True, compile=Compile.EAGER), Composition(replicates=('',), checkpoint_first=False, mesh=(1, 4)), ctx)
+    second = train(ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D),), residual=True, buffer=True)), Training(lr=0.05, momentum=0.9, steps=3, batch_per_rank=3, set_to_none=False, same_input=True, compile=Compile.EAGER), Composition(wrapper=Wrapper.FSDP1_FULL_SHARD, auto_wrap=True), ctx)
     {**first, 'ref': {k: second[k] for k in ('losses', 'params', 'grad_norms', 'knob_problems') if k in second}}
 
 if __name__ == "__main__":

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=c33cc422d730720c sources=83fa50b93cab1e70 seconds=868.9
+# shardfuzz reduced reproducer: entry=c33cc422d730720c sources=83fa50b93cab1e70 seconds=1030.2
 # Reproduces shardfuzz corpus entry metamorphic-mismatch-c39d139117c4.json: mismatch:metamorphic@fsdp1:shard1
 # Known torch bug: FSDP1 HYBRID_SHARD with a shard dimension of size 1 never averages gradients
 # across replicas; upstream: https://github.com/pytorch/pytorch/issues/154888.
 # Observed: 0.weight[1] after step 0 is -0.362216979265213, expected -0.32023686170578003 (error
 # 0.042 > allowed 4.2e-06)
-# Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
-# failure is there, else exits 0 (expected: the property's judge finds nothing).
+# Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the failure
+# is there, else exits 0 (expected: the property's judge finds nothing).
 
 from __future__ import annotations
 import torch
@@ -65,9 +65,7 @@ def compose(model, comp, ctx):
         names = [n for n, _ in model.named_parameters()]
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
         strategy = {Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[comp.wrapper]
-        kwargs_ = {'sharding_strategy': strategy, 'device_id': ctx.device, 'use_orig_params': True}
-        kwargs_['device_mesh'] = ctx.mesh(tuple((2, 1)), ())
-        wrap_out = FSDP(model, **kwargs_)
+        wrap_out = FSDP(model, sharding_strategy=strategy, device_id=ctx.device, use_orig_params=True, device_mesh=ctx.mesh(tuple((2, 1)), ()))
         return Composed(model=wrap_out, wrapper=comp.wrapper, param_names=names)
     from torch.distributed.fsdp import fully_shard
     fully_shard(model)
@@ -77,7 +75,6 @@ def train(comp, ctx):
     torch.manual_seed(1)
     module = nn.Linear(2, 2)
     composed_ = compose(module, comp, ctx)
-    obs = {}
     params = composed_.model.parameters()
     opt = torch.optim.SGD(params)
     model___ = composed_.model
@@ -93,7 +90,7 @@ def train(comp, ctx):
     opt.step()
     with composed_.full_parameters() as full:
         params_per_step.append({n: t.flatten().tolist() for n, t in full.items()})
-    obs['params'] = params_per_step
+    obs = {'params': params_per_step}
     return obs
 
 @dataclass()

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=d9f2fe49f54e84bd sources=83fa50b93cab1e70 seconds=1266.7
+# shardfuzz reduced reproducer: entry=d9f2fe49f54e84bd sources=83fa50b93cab1e70 seconds=1422.5
 # Reproduces shardfuzz corpus entry parity-mismatch-009298376223.json: mismatch:parity@fsdp2:shard1:divide-factor-twice
 # Known torch bug: set_gradient_divide_factor(f) on a fully_shard unit whose shard group is one
 # rank, with set_force_sum_reduction_for_comms(True) or a float16 / float64 reduce dtype:
 # gradients are divided by f twice (once where the single-rank branch copies the input, once more
 # as the post-divide); upstream: none found.
 # Observed: rank 0 gradient norm at step 0 is 1.7529385089874268, expected 3.5058770179748535
-# Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
-# failure is there, else exits 0 (expected: the property's judge finds nothing).
+# Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the failure
+# is there, else exits 0 (expected: the property's judge finds nothing).
 
 from __future__ import annotations
 import torch
@@ -62,7 +62,6 @@ def train(comp, ctx):
         torch.manual_seed(0)
         module_ = PointwiseConv1d(1, 1, kernel_size=1)
         composed = Composed(module_)
-    obs = {}
     forward = composed.model
     lo = ctx.rank
     x_ = torch.randn(ctx.world_size, 1)
@@ -83,7 +82,7 @@ def train(comp, ctx):
     total += g.sum()
     grad_norm_out = float(total)
     grad_norms = [grad_norm_out]
-    obs['grad_norms'] = grad_norms
+    obs = {'grad_norms': grad_norms}
     return obs
 
 @dataclass()

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=f0abe9d427fc1f83 sources=845e968d7c09e2fe seconds=1174.7
+# shardfuzz reduced reproducer: entry=f0abe9d427fc1f83 sources=845e968d7c09e2fe seconds=1616.2
 # Reproduces shardfuzz corpus entry parity-mismatch-e887f758b809.json: mismatch:parity@fsdp2:frozen-int-reshard
 # Known torch bug: a frozen fully_shard unit with an int reshard_after_forward under a replicate'd
 # root stays in its post-forward state; upstream: none found.
 # Observed: FSDP2: a frozen fully_shard unit with an int reshard_after_forward under a replicate'd
 # root stays in its post-forward state after backward (its output needs no gradient, so no ...
-# Run: torchrun --nproc-per-node 4 THIS_FILE.py: prints REPRODUCED and exits 1 while the
-# failure is there, else exits 0 (expected: the property's judge finds nothing).
+# Run: torchrun --nproc-per-node 4 THIS_FILE.py: prints REPRODUCED and exits 1 while the failure
+# is there, else exits 0 (expected: the property's judge finds nothing).
 
 from __future__ import annotations
 from typing import Any
@@ -181,11 +181,11 @@ def fsdp_sharded(p):
 
 class TreeBlock(nn.Module):
 
-    def __init__(self, children, residual, width, scale, buffer):
+    def __init__(self, children, width):
         super().__init__()
         for i, child in enumerate(children):
             self.add_module(str(i), child)
-        self.residual = residual
+        self.residual = False
         self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(width))
         self.shift = None
         self.skipped: frozenset[str] = frozenset()
@@ -202,26 +202,25 @@ class PointwiseConv1d(nn.Conv1d):
     def forward(self, x):
         return super().forward(x.unsqueeze(-1)).squeeze(-1)
 
-def build_leaf(leaf, width):
-    module = _build_leaf(leaf, width)
+def build_leaf(width):
+    module = _build_leaf(width)
     module.requires_grad_(False)
     return module
 
-def _build_leaf(leaf, width):
+def _build_leaf(width):
     return PointwiseConv1d(width, width, kernel_size=1, bias=False)
 
 def build_node(node, width):
     if isinstance(node, Leaf):
-        return build_leaf(node, width)
-    return TreeBlock([build_node(c, width) for c in node.children], False, width, True, False)
+        return build_leaf(width)
+    return TreeBlock([build_node(c, width) for c in node.children], width)
 
 def build_model(tree, device):
     with torch.device(device):
         return build_node(tree.root, 2)
 
-def replicate_kwargs(model, tree, comp, path, ctx):
-    kwargs = {'find_unused_parameters': False}
-    kwargs['device_ids'] = None
+def replicate_kwargs(path, ctx):
+    kwargs = {'find_unused_parameters': False, 'device_ids': None}
     return kwargs
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
 
@@ -257,7 +256,7 @@ def compose(model, comp, ctx, tree=None):
         if api == 'fully_shard':
             apply_fully_shard(model, specs[path], mesh)
         else:
-            replicate(model.get_submodule(path), **replicate_kwargs(model, tree, comp, path, ctx))
+            replicate(model.get_submodule(path), **replicate_kwargs(path, ctx))
     sharded = comp.sharded_paths
     tops = [p for p in sharded if not any((False for q in sharded))]
     return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])

@@ -492,3 +492,26 @@ def test_a_cut_may_not_leave_a_function_reading_a_name_only_another_function_bin
     cut = SCRIPT.replace("    case = Case(body=Body(width=3))\n", "")
     assert delta.undefined(cut) == frozenset() and delta.unbound_reads(cut) == {"attempt:case"}
     assert not reproduces(cut)
+
+
+def test_where_folding_every_plain_value_fails_each_site_is_tried_alone() -> None:
+    """``fold_values`` gives every site folded first, then each site alone: one bad site (a
+    value that differs where the fold is run) no longer costs the folds of the others."""
+    code = (
+        "def attempt(rank, world_size):\n"
+        "    a = len('xyz')\n"
+        "    b = len('pq')\n"
+        "    return 'REPRODUCED x' if a == 3 and b == 2 else 'PASS'\n"
+    )
+    bad_all = code.replace("len('xyz')", "4").replace("len('pq')", "2")  # the first site's fold is wrong
+    alone = code.replace("len('pq')", "2")
+    offered: list[list[str]] = []
+
+    def fold_values(text: str) -> list[str]:
+        out = [bad_all, alone] if text == code else []
+        offered.append(out)
+        return out
+
+    out = delta.ddmin(code, reproduces, time.monotonic() + 30, fold_values=fold_values)
+    assert offered and offered[0] == [bad_all, alone]
+    assert reproduces(out) and "len('pq')" not in out and "len('xyz')" in out, out

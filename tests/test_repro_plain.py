@@ -154,3 +154,18 @@ def test_a_message_s_shape_is_the_same_in_the_script_and_outside_whatever_a_set_
     for text in (one, other, "size 4 != 12 at 0.weight", "no braces", "{}", "{'b': 1, 'a': 22} and {x}"):
         assert eval(_SHAPE_IN_SCRIPT, {"re": re, "e": ValueError(text)}) == message_shape(text), text
     assert message_shape("got 'state.0.exp_avg'") != message_shape("got 'param_groups.0.params.0'")
+
+
+def test_python_s_did_you_mean_is_not_part_of_the_message() -> None:
+    """The traceback adds "Did you mean" to an AttributeError's line; ``str(e)``, which the
+    entry holds, has none."""
+    from fuzz.repro.harness import _exception_line
+
+    text = (
+        'Traceback (most recent call last):\n  File "/x/torch/a.py", line 1, in f\n    g()\n'
+        "AttributeError: 'FSDPParam' object has no attribute '_unsharded_param'. Did you mean: 'unsharded_param'?"
+    )
+    assert _exception_line(text) == (
+        "builtins.AttributeError",
+        "'FSDPParam' object has no attribute '_unsharded_param'",
+    )

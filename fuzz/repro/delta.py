@@ -509,7 +509,7 @@ def ddmin(
     frozen: Frozen = frozenset(),
     pretest: bool = False,
     kept: list[str] | None = None,
-    fold_values: Callable[[str], str | None] | None = None,
+    fold_values: Callable[[str], list[str]] | None = None,
     say: Callable[[str], None] = lambda _: None,
 ) -> str:
     """``code`` cut down while ``test`` holds, until ``time.monotonic()`` passes ``until``;
@@ -517,7 +517,8 @@ def ddmin(
     next to tidying (the pool runs them), so each cut is tested before it is tidied. ``kept``
     gets every script that became the current one, in order. ``fold_values``: the script with
     what plain Python computes in it folded to the values an instrumented run saw
-    (:mod:`fuzz.repro.values`), or None; tried once a round, after inlining."""
+    (:mod:`fuzz.repro.values`), as candidates in order (every site, then each alone), the first
+    that holds kept; tried once a round, after inlining."""
     current = code
     dangling = unbound(code)  # what the script read without binding before any cut
     try:
@@ -646,14 +647,17 @@ def ddmin(
         keep(simplify(current, frozen), grow=True)
         say(f"  delta {round_}: functions inlined and simplified, {code_lines(current)} code lines")
         if fold_values is not None and time.monotonic() < until:
-            folded = fold_values(current)
-            try:
-                folded = tidy(folded) if folded is not None else None
-            except (SyntaxError, ValueError, TypeError, KeyError, RecursionError):
-                folded = None
-            if folded is not None and code_lines(folded) <= code_lines(current) and keep(folded, grow=True):
-                keep(simplify(current, frozen), grow=True)
-                say(f"  delta {round_}: plain values folded, {code_lines(current)} code lines")
+            for folded in fold_values(current):  # every site at once, then each alone
+                try:
+                    folded = tidy(folded)
+                except (SyntaxError, ValueError, TypeError, KeyError, RecursionError):
+                    continue
+                if time.monotonic() >= until:
+                    break
+                if code_lines(folded) <= code_lines(current) and keep(folded, grow=True):
+                    keep(simplify(current, frozen), grow=True)
+                    say(f"  delta {round_}: plain values folded, {code_lines(current)} code lines")
+                    break
         each(literal_loops, written_out, grow=True)
         each(compounds, unwrap, grow=True)
         say(f"  delta {round_}: statements unwrapped, {code_lines(current)} code lines")

@@ -461,6 +461,11 @@ _CHAINED = re.compile(
 )
 
 
+#: What Python's traceback adds to an AttributeError's, a NameError's or an ImportError's
+#: message (not ``str(e)``, which the entry and the checked form read).
+_SUGGESTION = re.compile(r"\. Did you mean: '[^']*'\?$")
+
+
 def _exception_line(text: str) -> tuple[str, str] | None:
     """(the type as ``module.qualname``, the message's first line) of the last exception of a
     traceback as Python prints it (a chain's last part; a message that holds tracebacks of its
@@ -476,7 +481,7 @@ def _exception_line(text: str) -> tuple[str, str] | None:
             continue
         name, _, message = line.partition(": ")
         name = name.rstrip(":")
-        return (name if "." in name else f"builtins.{name}"), message
+        return (name if "." in name else f"builtins.{name}"), _SUGGESTION.sub("", message)
     return None
 
 

@@ -106,6 +106,9 @@ STALE_GROUP = "Could not resolve the process group registered under the name"
 #: equal but no longer the same object (the first attempt reproduces, every later one fails so,
 #: under torchrun none does). Such an attempt runs again on fresh ranks too.
 STALE_MESH = "Expected param's DTensor mesh to be the same mesh passed to fully_shard, but got different mesh objects"
+#: Where folding every plain value at once does not reproduce, each site is folded alone, at
+#: most this many (in the pool, an attempt each).
+SINGLE_SITES = 40
 #: Torchrun attempts at most to find the last pooled script that torchrun confirms.
 BISECTIONS = 8
 #: In the pool, a candidate may take this many times as long as the slowest that reproduced
@@ -828,10 +831,12 @@ class _Oracle:
         self._said("torchrun, the plain form", candidate, ok, seconds, output)
         return candidate if ok else None
 
-    def fold_values(self, code: str, frozen: frozenset[str]) -> str | None:
+    def fold_values(self, code: str, frozen: frozenset[str]) -> list[str]:
         """``code`` with the plain values an instrumented torchrun of it saw folded in
-        (:mod:`fuzz.repro.values`; the definitions in ``frozen`` are left as they are), or None
-        where the instrumented script does not reproduce or nothing folds."""
+        (:mod:`fuzz.repro.values`; the definitions in ``frozen`` are left as they are): first
+        with every site folded, then, where there are several, with each alone (at most
+        :data:`SINGLE_SITES`), for the attempts to take the first that reproduces; empty where
+        the instrumented script does not reproduce or nothing folds."""
         with tempfile.TemporaryDirectory(prefix="shardfuzz-values-") as tmp:
             script = render_flat(self.entry, self.source, self.signature, values.instrument(code, frozen, tmp))
             clear_checkpoints(code)
@@ -840,15 +845,23 @@ class _Oracle:
             self.torchrun_seconds += seconds
             if reproduced(status, output) != self.signature:
                 self.say("  values: the instrumented script does not reproduce; nothing folded")
-                return None
+                return []
             records = values.read_records(Path(tmp))
+        out = []
         try:
             folded, count = values.fold(code, records, frozen)
+            if count:
+                out.append(folded)
+            if count > 1:
+                for site in sorted(records)[:SINGLE_SITES]:
+                    one, folds = values.fold(code, {site: records[site]}, frozen)
+                    if folds and one not in out:
+                        out.append(one)
         except (SyntaxError, ValueError, TypeError, KeyError, RecursionError) as e:
             self.say(f"  values: not folded ({type(e).__name__}: {e})")
-            return None
-        self.say(f"  values: {count} sites folded")
-        return folded if count else None
+            return out
+        self.say(f"  values: {count} sites folded" + (f"; {len(out) - 1} of them alone" if count > 1 else ""))
+        return out
 
     def _said(self, where: str, code: str, ok: bool, seconds: float, output: str) -> None:
         self.say(
