@@ -390,17 +390,20 @@ def test_issue_of_an_exception_quotes_its_traceback() -> None:
 def test_all_prints_the_figures(tmp_path: Path) -> None:
     corpus = tmp_path / "corpus"
     corpus.mkdir()
-    for name in ("parity-mismatch-da0c9d4e06cd", "dcp-hang-96de59c34a50"):
-        (corpus / f"{name}.json").write_text((ROOT / "corpus" / f"{name}.json").read_text())
+    for name in ("parity-mismatch-da0c9d4e06cd", "dcp-hang-96de59c34a50", "state_dict-exception-b39fcc19147a"):
+        for suffix in (".json", ".repro.py"):
+            (corpus / f"{name}{suffix}").write_text((ROOT / "corpus" / f"{name}{suffix}").read_text())
     (corpus / "broken.json").write_text("{")
     lines: list[str] = []
     figures = bench_all(corpus, say=lines.append)
-    assert figures["rendered"] == 2 and figures["total"] == 3
-    assert "rendered: 2/3" in lines
+    assert figures["rendered"] == 3 and figures["total"] == 4 and figures["reduced"] == 3
+    assert "rendered: 3/4" in lines
+    assert figures["plain_forms"] == 1, lines  # the exception's kept script
+    assert "in the plain form (the exception left to propagate): 1 of the 1 exception entries" in lines
     assert any(line.startswith("code lines: median ") for line in lines)
     result = run_cli("repro", "--all", str(corpus))
     assert result.returncode == 0, result.stderr
-    assert "rendered: 2/3" in result.stdout
+    assert "rendered: 3/4" in result.stdout
 
 
 def test_all_fixed_runs_each_reduced_script_on_torch_with_its_bugs_fix(tmp_path: Path) -> None:

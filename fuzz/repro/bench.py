@@ -26,6 +26,7 @@ from fuzz import known
 from fuzz.corpus import Entry, load_corpus
 from fuzz.errors import ShardfuzzError
 from fuzz.repro import render_entry
+from fuzz.repro.harness import is_plain
 from fuzz.repro.script import code_lines, generated_lines
 
 #: Seconds a script may run under --run before it counts as timed out.
@@ -104,6 +105,7 @@ def bench_all(
     stale_lines: list[int] = []
     stale_seconds: list[float] = []
     older_sources = 0
+    plain_forms = 0  # exceptions' scripts in their plain form (fuzz.repro.harness.plain)
     with_fix: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="shardfuzz-repro-all-") as tmp:
         for path, entry in entries:
@@ -155,6 +157,7 @@ def bench_all(
                     older_sources += 1
                     row += "; reduced from older carried sources"
                 reduced_lines.append(code_lines(reduced))
+                plain_forms += is_plain(reduced)
                 took = header_fields(reduced).get("seconds")
                 if took is not None:
                     reduce_seconds.append(float(took))
@@ -182,11 +185,14 @@ def bench_all(
             median_reduced_lines=statistics.median(reduced_lines),
             max_reduced_lines=max(reduced_lines),
             older_sources=older_sources,
+            plain_forms=plain_forms,
         )
         say(
             f"reduced scripts' code lines: median {statistics.median(reduced_lines):g}, max {max(reduced_lines)}, "
             f"min {min(reduced_lines)}"
         )
+        exceptions = sum(e.kind == "exception" for _, e in entries)
+        say(f"in the plain form (the exception left to propagate): {plain_forms} of the {exceptions} exception entries")
         say(
             f"reduced from older carried sources (still standalone; --reduce --refresh reduces them again): "
             f"{older_sources}/{len(reduced_lines)}"
