@@ -853,7 +853,7 @@ class _Oracle:
             if count:
                 out.append(folded)
             if count > 1:
-                for site in sorted(records)[:SINGLE_SITES]:
+                for site in values.foldable(records)[:SINGLE_SITES]:
                     one, folds = values.fold(code, {site: records[site]}, frozen)
                     if folds and one not in out:
                         out.append(one)

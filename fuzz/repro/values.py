@@ -510,10 +510,15 @@ def read_records(directory: Path) -> dict[int, set[str]]:
     return read_tables(directory, "values")
 
 
+def foldable(records: dict[int, set[str]]) -> list[int]:
+    """The sites that saw one literal on every rank every time, in order."""
+    return sorted(site for site, seen in records.items() if len(seen) == 1 and "<object>" not in seen)
+
+
 def fold(code: str, records: dict[int, set[str]], skip: frozenset[str]) -> tuple[str, int]:
     """(``code`` with every site that saw one literal on every rank every time folded to it, and
     an ``if`` on a constant folded to its branch; how many sites were folded)."""
-    values = {site: next(iter(seen)) for site, seen in records.items() if len(seen) == 1 and "<object>" not in seen}
+    values = {site: next(iter(records[site])) for site in foldable(records)}
     tree = ast.parse(code)
     sites = _Sites(tree, skip, values)
     sites.visit(tree)
