@@ -399,3 +399,32 @@ def test_imports_of_one_thing_under_several_names_become_one() -> None:
     namespace: dict[str, Any] = {}
     exec(out, namespace)
     assert namespace["f"]()[:2] == ("a/b", "b")
+
+
+def test_getattr_of_an_object_built_in_place_and_its_none_tests_become_values() -> None:
+    out = _simplified(
+        """
+        side = Side(composed=Composed(1))
+        count = getattr(side, '_cases', 0)
+        given = getattr(side, 'training', 9)
+        known = 1 if side is not None else 2
+        return (count, given, known, side is None)
+        """
+    )
+    assert "getattr" not in out and " is " not in out, out
+    assert "(0, 3, 1, False)" in out, out
+
+
+def test_getattr_of_a_name_something_may_set_is_left() -> None:
+    code = _script(
+        """
+        def fill(s):
+            s._cases = 7
+        side = Side(composed=Composed(1))
+        fill(side)
+        return getattr(side, '_cases', 0)
+        """
+    )
+    out = simplify(code)
+    assert _run(out or code) == 7
+    assert out is None or "getattr(side, '_cases', 0)" in out

@@ -8,6 +8,9 @@ left alone), repeated until none applies:
   (``side = Side(composed=c, training=t)``) and nothing assigns ``obj.f``, becomes what the
   field was built with, or the field's default where the call does not give it; ``obj.p``,
   where ``p`` is a property that returns one expression, becomes that expression;
+  ``getattr(obj, 'name', default)`` becomes ``obj.name`` for a field, ``default`` where
+  nothing binds the name for it (the class and its bases do not, nothing assigns it on ``obj``,
+  which is handed to nothing); ``obj is None`` becomes False (``is not``: True);
 - **Scalars**: such a local that is only ever used as ``obj.attr`` (read or assigned) becomes
   one local per attribute (``side_opt``), its constructor's arguments assigned to them in order;
 - **Tables**: ``TABLE[key]``, where ``TABLE`` is a module-level dict display that nothing
@@ -71,6 +74,7 @@ class _Class:
     properties: dict[str, ast.expr] = field(default_factory=dict)
     plain: bool = True  # no methods but properties: its objects may become scalars
     frozen: bool = False  # ``@dataclass(frozen=True)``: nothing assigns its fields
+    names: set[str] = field(default_factory=set)  # every name its body (and its bases') binds
 
 
 def _is_dataclass(node: ast.ClassDef) -> bool:
@@ -89,6 +93,9 @@ def _classes(tree: ast.Module) -> dict[str, _Class]:
         for base in inherited:
             info.fields += base.fields
             info.defaults.update(base.defaults)
+            info.names |= base.names
+        info.names |= {n.id for stmt in node.body for n in ast.walk(stmt) if isinstance(n, ast.Name)}
+        info.names |= {n.name for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
         plain = all(b in out or b == "object" for b in bases) and len(bases) == len(node.bases)
         post_init = False
         for stmt in node.body:
@@ -206,11 +213,29 @@ def _stable(node: ast.expr, stores: dict[str, int]) -> bool:
 # -- objects: fields and properties ---------------------------------------------------------------
 
 
+def _getattr_of(node: ast.AST) -> tuple[str, str, ast.expr] | None:
+    """(object, attribute, default) of ``getattr(NAME, 'attr', default)``."""
+    if not (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "getattr"
+        and len(node.args) == 3
+        and not node.keywords
+    ):
+        return None
+    obj, attr, default = node.args
+    if isinstance(obj, ast.Name) and isinstance(attr, ast.Constant) and isinstance(attr.value, str):
+        return obj.id, attr.value, default
+    return None
+
+
 def _escaped(fn: _Function) -> set[str]:
-    """The names ``fn`` reads other than as the object of an attribute (``f(side)``)."""
+    """The names ``fn`` reads other than as the object of an attribute (``f(side)``,
+    ``getattr(side, 'x', d)`` with a constant name counting as an attribute)."""
     inside: set[int] = {
         id(n.value) for n in ast.walk(fn) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
     }
+    inside |= {id(n.args[0]) for n in ast.walk(fn) if _getattr_of(n) is not None}
     return {
         n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and id(n) not in inside
     }
@@ -274,6 +299,41 @@ class _Fields(ast.NodeTransformer):
             return node
         self.changed = True
         return ast.copy_location(copy.deepcopy(value), node)
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        """``getattr(obj, 'name', default)`` with a constant name: ``obj.name`` where the class
+        has that field, ``default`` where nothing binds the name for it (no field, method or
+        class attribute, and nothing assigns it on ``obj``, which is handed to nothing)."""
+        self.generic_visit(node)
+        found = _getattr_of(node)
+        call = self.objects.get(found[0]) if found is not None else None
+        if found is None or call is None or found[1].startswith("__"):
+            return node
+        base, attr, default = found
+        assert isinstance(call.func, ast.Name)
+        info = self.classes[call.func.id]
+        if attr in info.fields or attr in info.properties:
+            self.changed = True
+            return ast.copy_location(ast.Attribute(ast.Name(base, ast.Load()), attr, ast.Load()), node)
+        if attr in info.names or (base, attr) in self.assigned or base in self.escaped:
+            return node
+        self.changed = True
+        return default
+
+    def visit_Compare(self, node: ast.Compare) -> ast.AST:
+        """``obj is None`` / ``obj is not None``: an object built in place is never None."""
+        self.generic_visit(node)
+        if (
+            len(node.ops) == 1
+            and isinstance(node.ops[0], (ast.Is, ast.IsNot))
+            and isinstance(node.left, ast.Name)
+            and node.left.id in self.objects
+            and isinstance(node.comparators[0], ast.Constant)
+            and node.comparators[0].value is None
+        ):
+            self.changed = True
+            return ast.copy_location(ast.Constant(isinstance(node.ops[0], ast.IsNot)), node)
+        return node
 
 
 def _object_fields(tree: ast.Module, frozen: Frozen) -> bool:
