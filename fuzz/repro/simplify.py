@@ -235,7 +235,7 @@ def _escaped(fn: _Function) -> set[str]:
     inside: set[int] = {
         id(n.value) for n in ast.walk(fn) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
     }
-    inside |= {id(n.args[0]) for n in ast.walk(fn) if _getattr_of(n) is not None}
+    inside |= {id(n.args[0]) for n in ast.walk(fn) if isinstance(n, ast.Call) and _getattr_of(n) is not None}
     return {
         n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and id(n) not in inside
     }
