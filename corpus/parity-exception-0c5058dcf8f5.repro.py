@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=29068ea80b7f75eb sources=ce057bc0da65e4dc seconds=1166.3
+# shardfuzz reduced reproducer: entry=29068ea80b7f75eb sources=ce057bc0da65e4dc seconds=1449.1
 # Reproduces shardfuzz corpus entry parity-exception-0c5058dcf8f5.json: exception:parity:torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/conv.py:_conv_forward
 # Known torch bug: torch.compile over FSDP1 (use_orig_params=True, sharded): recompiling the
 # wrapped module's forward while its parameters hold sharded gradients raises
@@ -13,13 +13,8 @@
 
 from __future__ import annotations
 import torch
-from dataclasses import dataclass
 from torch import nn
 import torch.nn.functional as F
-
-@dataclass()
-class Composition:
-    pass
 
 class TreeBlock(nn.Module):
 
@@ -48,27 +43,22 @@ class _Contracts:
             pass
         return hook
 
-    def after_forward(self, skipped: list[str]) -> dict[()]:
-        for h in self.handles:
-            h.remove()
-
 def attempt(rank, world_size):
     ctx_device = torch.device('cpu')
-    comp = Composition()
     build_model_out = TreeBlock([nn.LayerNorm(2)])
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     wrap_out = FSDP(build_model_out, device_id=ctx_device, use_orig_params=True)
-    contracts = _Contracts(build_model_out) if comp is not None else None
-    forward = torch.compile(wrap_out) if comp is not None else wrap_out
+    contracts = _Contracts(build_model_out)
+    forward = torch.compile(wrap_out)
     step_ = []
     for _ in range(2):
         x_ = torch.randn(4, 2)
         y_ = torch.randn(4, 2)
         step_.append((x_[rank:rank + 1], y_[rank:rank + 1]))
     for i, (x, y) in enumerate(step_):
-        skipped = None
         out = forward(x)
-        obs_contracts = contracts.after_forward(skipped)
+        for h in contracts.handles:
+            h.remove()
         loss = F.mse_loss(out, y)
         loss.backward()
 
