@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=87e3671b7d30ca95 sources=001b716bb8af1bc0 seconds=2150.6
+# shardfuzz reduced reproducer: entry=87e3671b7d30ca95 sources=001b716bb8af1bc0 seconds=2646.0
 # Reproduces shardfuzz corpus entry dcp-hang-96de59c34a50.json: hang:dcp@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone
 # Known torch bug: set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0
 # pass an empty model state dict; upstream: https://github.com/pytorch/pytorch/issues/157781.
 # Observed: rank 0 broadcasts state in _broadcast_state_dict that rank(s) [1] skipped (rank(s) 0,
 # 1 missed the deadline in torch/distributed/distributed_c10d.py:broadcast)
-# Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
-# failure is there, else exits 0 (expected: every rank finishes).
+# Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the failure
+# is there, else exits 0 (expected: every rank finishes).
 
 from __future__ import annotations
 import gc
@@ -165,20 +165,6 @@ class ShardSpec:
         return (self.path, *self.group)
 
 @dataclass(frozen=True)
-class CheckpointOptions:
-    preserve_rng_state: object = True
-    determinism_check: object = None
-    debug: object = False
-    early_stop: object = None
-
-    @property
-    def is_set(self):
-        return self != CheckpointOptions()
-
-    def names(self):
-        ...
-
-@dataclass(frozen=True)
 class Composition:
     shards: object = ()
     replicates: object = ()
@@ -191,7 +177,6 @@ class Composition:
     tp: object = ()
     tp_size: object = 1
     find_unused: object = False
-    checkpoint_options: object = field(default_factory=CheckpointOptions)
     spmd: object = False
 
     def __post_init__(self):
@@ -317,11 +302,7 @@ def _check_frozen_in_optimizer(tree, frozen_in_optimizer):
     pass
 
 def _check_schedule(body):
-    problem = schedule_problem(body.tree, body.source, body.target, body.training, body.steps_after, body.requires_grad, body.frozen_in_optimizer)
-
-def schedule_problem(tree, source, target, training, steps_after, changes, frozen_in_optimizer):
-    if not changes:
-        return None
+    pass
 
 @dataclass(frozen=True)
 class Options:
@@ -657,10 +638,6 @@ def _in_place_problem(state, before, tensors):
     return ''
 _LAST_PLANNER = [None]
 
-def _save_planner(body):
-    if body.save_planner is None:
-        return {}
-
 def _load_planner(body):
     if body.load_planner is None:
         return {}
@@ -673,7 +650,6 @@ def _writer_kwargs(body, path, overwrite=None):
     kwargs = {'no_dist': True} if body.no_dist else {}
     kwargs.update(_group(body))
     kwargs['checkpoint_id'] = path
-    kwargs.update(_save_planner(body))
     return kwargs
 
 def _save(body, state, path, overwrite=None):
@@ -763,7 +739,7 @@ def main():
     def watch():
         time.sleep(20)
         frames = traceback.extract_stack(sys._current_frames()[threading.main_thread().ident])
-        if any((f"torch/{f.filename.rpartition('/torch/')[2]}:{f.name}" in ['torch/distributed/_state_dict_utils.py:_broadcast_state_dict'] for f in frames)):
+        if any((f'torch/{f.filename.rpartition("/torch/")[2]}:{f.name}' in ['torch/distributed/_state_dict_utils.py:_broadcast_state_dict'] for f in frames)):
             print(f'REPRODUCED hang:dcp@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone: rank {ctx.rank} is stuck', flush=True)
             os._exit(1)
         if finished.is_set():

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=f8717496fe4a5c07 sources=7d6f5cb23a31c8e4 seconds=1460.0
+# shardfuzz reduced reproducer: entry=f8717496fe4a5c07 sources=7d6f5cb23a31c8e4 seconds=1862.5
 # Reproduces shardfuzz corpus entry dcp-mismatch-566f97fe78ce.json: mismatch:dcp@set_optimizer_state_dict:frozen-optimizer-state-dropped
 # Known torch bug: set_optimizer_state_dict drops the saved optimizer state of a parameter frozen
 # (requires_grad=False) when it is loaded: a parameter trained, then frozen, checkpointed and
@@ -35,7 +35,6 @@ class LeafKind(str, enum.Enum):
 @dataclass()
 class Leaf:
     kind: object
-    bias: object = True
 
 @dataclass()
 class Block:

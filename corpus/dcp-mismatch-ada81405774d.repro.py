@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=63e5b277ec033028 sources=3ebb4d52c9cda72d seconds=1942.4
+# shardfuzz reduced reproducer: entry=63e5b277ec033028 sources=3ebb4d52c9cda72d seconds=2303.2
 # Reproduces shardfuzz corpus entry dcp-mismatch-ada81405774d.json: mismatch:dcp@save:fsdp1-hsdp-load_sharded_optimizer_state_dict
 # Known torch bug: load_sharded_optimizer_state_dict chunks optimizer state over the whole world:
 # wrong Adam state in FSDP1 HYBRID_SHARD over a 2-D mesh; upstream: none found.
@@ -47,7 +47,6 @@ class Dtype(str, enum.Enum):
 @dataclass()
 class Leaf:
     kind: object
-    bias: object = True
 
 @dataclass()
 class Block:
@@ -68,7 +67,6 @@ class Wrapper(str, enum.Enum):
 
 @dataclass()
 class Composition:
-    mesh: object = ()
     wrapper: object = Wrapper.NONE
 
 class Optimizer(str, enum.Enum):

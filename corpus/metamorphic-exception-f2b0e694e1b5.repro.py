@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=14b13112cdb7665b sources=ca590eb54ff975c7 seconds=2411.7
+# shardfuzz reduced reproducer: entry=14b13112cdb7665b sources=ca590eb54ff975c7 seconds=2841.7
 # Reproduces shardfuzz corpus entry metamorphic-exception-f2b0e694e1b5.json: exception:metamorphic:torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/conv.py:_conv_forward
 # Known torch bug: torch.compile over FSDP1 (use_orig_params=True, sharded): recompiling the
 # wrapped module's forward while its parameters hold sharded gradients raises
@@ -20,10 +20,9 @@ from dataclasses import dataclass
 from typing import Union
 from dataclasses import dataclass, field
 from dataclasses import replace
-from typing import Any, ClassVar
+from typing import Any
 from typing import Any, Union
 import os
-from typing import ClassVar
 from torch import nn
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -124,29 +123,12 @@ class Training:
     def skipped_at(self, step: int, microbatch: int) -> list[str]:
         pass
 
-class Body:
-    KIND: ClassVar[str]
-    PROGRAM: ClassVar[str]
-    registry: ClassVar[dict[str, type[Body]]] = {}
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        pass
-
-@dataclass(frozen=True)
-class MetamorphicBody(Body):
-    KIND: ClassVar[str] = 'metamorphic'
-    PROGRAM: ClassVar[str] = 'fuzz._rank.parity:run_metamorphic'
-    tree: object
-    composition: object
-    variant: object
-    training: object = field(default_factory=Training)
-
 class TreeBlock(nn.Module):
 
     def __init__(self, children: list[nn.Module], width: int) -> None:
         super().__init__()
-        for i, child in enumerate(children):
-            self.add_module(str(i), child)
+        i, child = next(iter(enumerate(children)))
+        self.add_module(str(i), child)
         self.residual = True
         self.scale = None
         self.register_buffer('shift', 0.1 * torch.randn(width))
@@ -160,8 +142,7 @@ class TreeBlock(nn.Module):
             y = child(y)
         if self.scale is not None:
             y = y * self.scale
-        if self.shift is not None:
-            y = y + self.shift
+        y = y + self.shift
         return x + y if self.residual else y
 
 class PointwiseConv1d(nn.Conv1d):
@@ -171,14 +152,10 @@ class PointwiseConv1d(nn.Conv1d):
 
 def _build_leaf(leaf: Leaf, width: int) -> nn.Module:
     return PointwiseConv1d(width, width, kernel_size=1, bias=True)
-    if leaf.kind is LeafKind.DROPOUT:
-        return nn.Dropout(0.5)
-    if leaf.kind is LeafKind.RELU:
-        return nn.ReLU()
-    if leaf.kind is LeafKind.TANH:
-        return nn.Tanh()
-    if leaf.kind is LeafKind.GELU:
-        return nn.GELU()
+    return nn.Dropout(0.5)
+    return nn.ReLU()
+    return nn.Tanh()
+    return nn.GELU()
     raise AssertionError(f'unhandled leaf kind {leaf.kind}')
 
 def build_node(node: Node, width: int) -> nn.Module:
@@ -188,13 +165,12 @@ def build_node(node: Node, width: int) -> nn.Module:
     return TreeBlock([build_node(c, width) for c in node.children], width)
 
 def build_model(tree: ModuleTree, device: torch.device) -> nn.Module:
-    with torch.device(device):
-        return build_node(tree.root, 1)
+    return build_node(tree.root, 1)
 _WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.')
 
 def clean_name(name: str) -> str:
-    for prefix in _WRAPPER_PREFIXES:
-        name = name.replace(prefix, '')
+    prefix = next(iter(_WRAPPER_PREFIXES))
+    name = name.replace(prefix, '')
     return name
 
 @dataclass
@@ -214,32 +190,29 @@ class Composed:
     @contextmanager
     def full_parameters(self) -> Iterator[dict[str, torch.Tensor]]:
         from torch.distributed.tensor import DTensor
-        if self.wrapper.value.startswith('fsdp1'):
-            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-            modules = {clean_name(n): m for n, m in self.model.named_modules()}
-            with FSDP.summon_full_params(self.model):
-                out = {}
-                for name in self.param_names:
-                    owner, _, attr = name.rpartition('.')
-                    out[name] = getattr(modules[owner], attr).detach().clone()
-                yield out
-            return
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        modules = {clean_name(n): m for n, m in self.model.named_modules()}
         out = {}
-        for n, p in self.model.named_parameters():
-            out[clean_name(n)] = (p.full_tensor() if isinstance(p, DTensor) else p).detach()
+        for name in self.param_names:
+            owner, _, attr = name.rpartition('.')
+            out[name] = getattr(modules[owner], attr).detach().clone()
+        yield out
+        return
+        out = {}
+        n, p = next(iter(self.model.named_parameters()))
+        out[clean_name(n)] = (p.full_tensor() if isinstance(p, DTensor) else p).detach()
         yield out
 
 def compose(model: nn.Module, comp: Composition, ctx: RankContext) -> Composed:
     from torch.distributed._composable import checkpoint
-    if comp.wrapper is not Wrapper.NONE:
-        names = [n for n, _ in model.named_parameters()]
-        for path in ():
-            checkpoint(model.get_submodule(path), **ckpt_kwargs)
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
-        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-        strategy = ShardingStrategy.FULL_SHARD
-        wrap_out = FSDP(model, sharding_strategy=strategy, device_id=ctx.device, use_orig_params=True, auto_wrap_policy=ModuleWrapPolicy({TreeBlock}))
-        return Composed(model=wrap_out, wrapper=Wrapper.FSDP1_FULL_SHARD, param_names=names)
+    names = [n for n, _ in model.named_parameters()]
+    for path in ():
+        checkpoint(model.get_submodule(path), **ckpt_kwargs)
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+    strategy = ShardingStrategy.FULL_SHARD
+    wrap_out = FSDP(model, sharding_strategy=strategy, device_id=ctx.device, use_orig_params=True, auto_wrap_policy=ModuleWrapPolicy({TreeBlock}))
+    return Composed(model=wrap_out, wrapper=Wrapper.FSDP1_FULL_SHARD, param_names=names)
     return Composed(model=model, fsdp_roots=[])
 
 def build_composed(tree: ModuleTree, comp: Composition, dtype: torch.dtype, ctx: RankContext) -> tuple[nn.Module, Composed]:
@@ -252,20 +225,12 @@ def build_composed(tree: ModuleTree, comp: Composition, dtype: torch.dtype, ctx:
     composed = compose(model, comp, ctx)
     offload = any((s.offload for s in comp.shards))
     model.to_empty(device='cpu' if offload else ctx.device)
-    with torch.no_grad():
-        for name, t in [*model.named_parameters(), *model.named_buffers()]:
-            src = values[clean_name(name)]
-            if isinstance(t, DTensor) and offload:
-                t.to_local().copy_(distribute_tensor(src, t.device_mesh, t.placements).to_local())
-            elif isinstance(t, DTensor):
-                t.copy_(distribute_tensor(src, t.device_mesh, t.placements))
-            else:
-                t.copy_(src)
-        if offload:
-            for module in model.modules():
-                for key, buf in module._buffers.items():
-                    if buf is not None:
-                        module._buffers[key] = buf.to(ctx.device)
+    name, t = next(iter([*model.named_parameters(), *model.named_buffers()]))
+    src = values[clean_name(name)]
+    t.to_local().copy_(distribute_tensor(src, t.device_mesh, t.placements).to_local())
+    module = next(iter(model.modules()))
+    key, buf = next(iter(module._buffers.items()))
+    module._buffers[key] = buf.to(ctx.device)
     return (model, composed)
 
 class _Contracts:
@@ -383,9 +348,7 @@ class _null:
 def attempt(rank, world_size):
     import torch
     import torch.distributed as dist
-    case_body = MetamorphicBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D),), residual=True, buffer=True)), composition=Composition(replicates=('',), checkpoint_first=False, mesh=(1, 4)), variant=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD, auto_wrap=True), training=Training(lr=0.05, momentum=0.9, steps=3, batch_per_rank=3, set_to_none=False, same_input=True, compile=Compile.EAGER))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
-    body = MetamorphicBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D),), residual=True, buffer=True)), composition=Composition(replicates=('',), checkpoint_first=False, mesh=(1, 4)), variant=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD, auto_wrap=True), training=Training(lr=0.05, momentum=0.9, steps=3, batch_per_rank=3, set_to_none=False, same_input=True, compile=Compile.EAGER))
     first = train(ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D),), residual=True, buffer=True)), Training(lr=0.05, momentum=0.9, steps=3, batch_per_rank=3, set_to_none=False, same_input=True, compile=Compile.EAGER), Composition(replicates=('',), checkpoint_first=False, mesh=(1, 4)), ctx)
     second = train(ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D),), residual=True, buffer=True)), Training(lr=0.05, momentum=0.9, steps=3, batch_per_rank=3, set_to_none=False, same_input=True, compile=Compile.EAGER), Composition(wrapper=Wrapper.FSDP1_FULL_SHARD, auto_wrap=True), ctx)
     {**first, 'ref': {k: second[k] for k in ('losses', 'params', 'grad_norms', 'knob_problems') if k in second}}

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=f1aad34c9feef555 sources=83fa50b93cab1e70 seconds=1177.3
+# shardfuzz reduced reproducer: entry=f1aad34c9feef555 sources=83fa50b93cab1e70 seconds=1605.8
 # Reproduces shardfuzz corpus entry parity-mismatch-5f3ad2a543cd.json: mismatch:parity@fsdp2:unfrozen-unresharded
 # Known torch bug: a frozen fully_shard unit without resharding under a replicate'd root is never
 # resharded: a leaf unfrozen later never trains (KeyError in get_optimizer_state_dict); upstream:
@@ -45,25 +45,8 @@ class ModuleTree:
     root: object
 
 @dataclass()
-class ShardSpec:
-    path: object
-    group: object = ()
-
-    @property
-    def paths(self):
-        return (self.path, *self.group)
-
-@dataclass()
 class Composition:
-    shards: object = ()
-    replicates: object = ()
-    checkpoints: object = ()
     tp_size: object = 1
-
-    def steps(self):
-        items = [() for p in self.checkpoints] + [() for p in self.replicates]
-        items += [('fully_shard', spec.path) for spec in self.shards]
-        return sorted(items)
 
 @dataclass()
 class Unfreeze:
@@ -77,22 +60,6 @@ class Training:
     same_input: object = False
     unfreeze: object = ()
 
-class Body:
-    pass
-
-@dataclass()
-class ParityBody(Body):
-    tree: object
-    composition: object
-    training: object = field()
-
-@dataclass()
-class Case:
-    property: object
-    world_size: object
-    seed: object
-    body: object
-
 def build_node(node, width):
     if isinstance(node, Leaf):
         module = nn.Linear(width, width)
@@ -105,25 +72,21 @@ def build_node(node, width):
 class Composed:
     model: object
 
-def train(case, tree, training, comp, ctx, tp_size=1):
+def train(tree, training, comp, ctx, tp_size=1):
     if comp is not None:
-        seed = case.seed
-        torch.manual_seed(seed)
-        build_model_out = build_node(tree.root, tree.width)
-        specs = {s_.path: s_ for s_ in comp.shards}
-        api, path_ = next(iter(comp.steps()))
-        spec = specs[path_]
+        torch.manual_seed(1)
+        build_model_out = build_node(tree.root, 4)
         from torch.distributed.fsdp import fully_shard
-        modules = [build_model_out.get_submodule(p____) for p____ in spec.paths]
-        fully_shard(modules if spec.group else modules[0])
+        modules = [build_model_out.get_submodule('0')]
+        fully_shard(modules[0])
         compose_out = Composed(model=build_model_out)
         composed = compose_out
     else:
-        torch.manual_seed(case.seed)
-        build_model_out_ = build_node(tree.root, tree.width)
+        torch.manual_seed(1)
+        build_model_out_ = build_node(tree.root, 4)
         composed = Composed(build_model_out_)
     model_ = composed.model
-    out__ = {u_.path: [] for u_ in training.unfreeze}
+    out__ = {'0': []}
     name, p_ = next(iter(model_.named_parameters()))
     owner = '.'.join((c for c in name.split('.')[:-1] if c))
     out__[owner].append(p_)
@@ -222,13 +185,12 @@ def compare_runs(observations, tol):
             return Failure('mismatch', str(signature), summary, {**details})
 
 def attempt(rank, world_size):
-    case = Case(property='parity', world_size=2, seed=1, body=ParityBody(tree=ModuleTree(width=4, root=Block(children=())), composition=Composition(), training=Training()))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
     tp = Composition().tp_size
-    comp = Composition(shards=(ShardSpec(path='0'),))
-    composed = train(case, ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR, frozen=True), Leaf(kind=LeafKind.LINEAR)))), Training(unfreeze=(Unfreeze(path='0', step=1),)), comp, ctx, tp)
-    reference = train(case, ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR, frozen=True), Leaf(kind=LeafKind.LINEAR)))), Training(unfreeze=(Unfreeze(path='0', step=1),)), None, ctx, tp)
+    comp = Composition()
+    composed = train(ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR, frozen=True), Leaf(kind=LeafKind.LINEAR)))), Training(unfreeze=(Unfreeze(path='0', step=1),)), comp, ctx, tp)
+    reference = train(ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR, frozen=True), Leaf(kind=LeafKind.LINEAR)))), Training(unfreeze=(Unfreeze(path='0', step=1),)), None, ctx, tp)
     run_parity_out = {**composed, 'ref': {k: reference[k] for k in ('grad_norms',) if k in reference}}
     obs = json.loads(json.dumps(run_parity_out))
     outs = [None] * world_size

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=f0abe9d427fc1f83 sources=845e968d7c09e2fe seconds=1616.2
+# shardfuzz reduced reproducer: entry=f0abe9d427fc1f83 sources=845e968d7c09e2fe seconds=2020.3
 # Reproduces shardfuzz corpus entry parity-mismatch-e887f758b809.json: mismatch:parity@fsdp2:frozen-int-reshard
 # Known torch bug: a frozen fully_shard unit with an int reshard_after_forward under a replicate'd
 # root stays in its post-forward state; upstream: none found.
@@ -219,7 +219,7 @@ def build_model(tree, device):
     with torch.device(device):
         return build_node(tree.root, 2)
 
-def replicate_kwargs(path, ctx):
+def replicate_kwargs():
     kwargs = {'find_unused_parameters': False, 'device_ids': None}
     return kwargs
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
@@ -227,10 +227,10 @@ TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtyp
 def clean_name(name):
     return name
 
-def mesh_for(comp, ctx):
+def mesh_for():
     pass
 
-def apply_fully_shard(model, spec, mesh):
+def apply_fully_shard(model, mesh):
     from torch.distributed.fsdp import fully_shard
     modules = [model.get_submodule('0')]
     fully_shard(modules[0], mesh=mesh, reshard_after_forward=2)
@@ -248,15 +248,14 @@ class Composed:
             out[clean_name(n)] = (p.full_tensor() if isinstance(p, DTensor) else p).detach()
         yield out
 
-def compose(model, comp, ctx, tree=None):
+def compose(model, comp):
     from torch.distributed._composable import replicate
-    mesh = mesh_for(comp, ctx)
-    specs = {'0': s for s in comp.shards}
+    mesh = mesh_for()
     for api, path in comp.steps():
         if api == 'fully_shard':
-            apply_fully_shard(model, specs[path], mesh)
+            apply_fully_shard(model, mesh)
         else:
-            replicate(model.get_submodule(path), **replicate_kwargs(path, ctx))
+            replicate(model.get_submodule(path), **replicate_kwargs())
     sharded = comp.sharded_paths
     tops = [p for p in sharded if not any((False for q in sharded))]
     return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
@@ -264,7 +263,7 @@ def compose(model, comp, ctx, tree=None):
 def build_composed(tree, comp, dtype, ctx, *, seed):
     torch.manual_seed(seed)
     model = build_model(tree, ctx.device).to(dtype)
-    return (model, _with_knobs(model, compose(model, comp, ctx, tree), comp, tree))
+    return (model, _with_knobs(model, compose(model, comp), comp, tree))
 
 def _with_knobs(model, composed, comp, tree):
     return composed

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=627b92f9c75a2fc3 sources=14c7281674c70e1f seconds=511.6
+# shardfuzz reduced reproducer: entry=627b92f9c75a2fc3 sources=14c7281674c70e1f seconds=886.1
 # Reproduces shardfuzz corpus entry state_dict-crash-81ffab405f7f.json: crash:state_dict:signal SIGSEGV@torch/distributed/fsdp/_state_dict_utils.py:param_hook
 # Known torch bug: FSDP1 FULL_STATE_DICT with offload_to_cpu on CPU: state_dict() clones a freed
 # buffer (SIGSEGV), optim_state_dict aliases the gathered states; upstream:
 # https://github.com/pytorch/pytorch/issues/188989.
 # Observed: rank 0 died (signal SIGSEGV)
-# Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
-# failure is there, else exits 0 (expected: no rank dies).
+# Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the failure
+# is there, else exits 0 (expected: no rank dies).
 
 from __future__ import annotations
 from dataclasses import dataclass, field
@@ -14,14 +14,13 @@ import torch
 import enum
 from dataclasses import dataclass
 from dataclasses import dataclass, field
-from dataclasses import replace
 from typing import ClassVar
 import os
 from typing import ClassVar
 from torch import nn
 import copy
 import torch.distributed as dist
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 @dataclass
 class RankContext:
@@ -97,9 +96,7 @@ class Training:
     steps: object = 2
     batch_per_rank: object = 2
     dtype: object = Dtype.FLOAT32
-    grad_accum: object = 1
     set_to_none: object = True
-    same_input: object = False
     foreach: object = None
 
 class Body:
@@ -194,8 +191,7 @@ def build_leaf(leaf, width):
     return module
 
 def _build_leaf(leaf, width):
-    if leaf.kind is LeafKind.CONV1D:
-        return PointwiseConv1d(width, width, kernel_size=1, bias=leaf.bias)
+    return PointwiseConv1d(width, width, kernel_size=1, bias=leaf.bias) if leaf.kind is LeafKind.CONV1D else None
 
 def build_node(node, width):
     if isinstance(node, Leaf):
@@ -231,23 +227,7 @@ def make_optimizer(params, training, later=()):
     params = [p for p in params if p.requires_grad or id(p) in held]
     groups = params
     foreach = training.foreach
-    if training.optimizer is Optimizer.SGD:
-        return torch.optim.SGD(groups, lr=training.lr, momentum=training.momentum, foreach=foreach)
-
-def batches(case, training, width, ctx, tp_size=1):
-    dtype = TORCH_DTYPES[training.dtype]
-    gen = torch.Generator().manual_seed(case.seed)
-    b = training.batch_per_rank
-    lo = 0 if training.same_input else ctx.rank // tp_size * b
-    out = []
-    for _ in range(training.steps):
-        step = []
-        for _ in range(training.grad_accum):
-            x = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
-            y = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
-            step.append((x[lo:lo + b].to(ctx.device), y[lo:lo + b].to(ctx.device)))
-        out.append(step)
-    return out
+    return torch.optim.SGD(groups, lr=training.lr, momentum=training.momentum, foreach=foreach) if training.optimizer is Optimizer.SGD else None
 FRESH_SEED = 24301
 
 @dataclass
@@ -288,14 +268,13 @@ def body_optimizer(side, training, body):
     return add_optimizer(side, training, frozen_in_optimizer=body.frozen_in_optimizer, empty_group=body.empty_group)
 
 def all_batches(case, training, steps, tree, ctx):
-    return [step[0] for step in batches(case, replace(training, steps=steps), tree.width, ctx)]
+    pass
 
 def train_steps(side, data, ctx):
     pass
 
 def dropped_keys(side, drop):
-    if not drop:
-        return []
+    return [] if not drop else None
 
 def fsdp1_state_dict_type(side, *, full, offload, rank0_only=False):
     from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig, StateDictType, FullyShardedDataParallel as FSDP
@@ -323,7 +302,6 @@ def run_state_dict(case, body, ctx):
     data = all_batches(case, t, t.steps + body.steps_after, body.tree, ctx)
     src = build_side(body.tree, body.source, t, ctx, seed=case.seed, schedule=body.requires_grad, fused=body.fused, fqn_modifiers=body.fqn_modifiers)
     body_optimizer(src, t, body)
-    obs = {'losses_before': train_steps(src, data[:t.steps], ctx)}
     msd, osd = _take(body, src)
     ignored = []
     msd, osd = copy.deepcopy((msd, osd))
@@ -331,10 +309,9 @@ def run_state_dict(case, body, ctx):
     if not body.target_meta_init:
         pass
     dropped = sorted(set(dropped_keys(src, body.drop)) | set(ignored))
-    obs['dropped'] = dropped
     before = requires_grad(tgt)
     result, after = _put(body, tgt, msd, osd, ctx)
-    obs['requires_grad'] = {'before': before, 'after': after}
+    obs = {'losses_before': train_steps(src, data[:t.steps], ctx), 'dropped': dropped, 'requires_grad': {'before': before, 'after': after}}
     if body.steps_after:
         pass
     return obs

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=905c6279a12f4664 sources=73c958e26ffedc4f seconds=2457.9
+# shardfuzz reduced reproducer: entry=905c6279a12f4664 sources=73c958e26ffedc4f seconds=2938.5
 # Reproduces shardfuzz corpus entry state_dict-hang-dff6a54ad235.json: hang:state_dict@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone
 # Known torch bug: set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0
 # pass an empty model state dict; upstream: https://github.com/pytorch/pytorch/issues/157781.
 # Observed: rank 0 broadcasts state in _broadcast_state_dict that rank(s) [1] skipped (rank(s) 0,
 # 1 missed the deadline in torch/distributed/distributed_c10d.py:broadcast)
-# Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
-# failure is there, else exits 0 (expected: every rank finishes).
+# Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the failure
+# is there, else exits 0 (expected: every rank finishes).
 
 from __future__ import annotations
 from dataclasses import dataclass, field
@@ -169,20 +169,6 @@ def make_optimizer(params, training, later=()):
     params = [p for p in params if p.requires_grad or id(p) in held]
     groups = params
     return torch.optim.SGD(groups, lr=training.lr, momentum=training.momentum, foreach=None)
-
-def batches(training, ctx):
-    dtype = TORCH_DTYPES[training.dtype]
-    gen = torch.Generator().manual_seed(0)
-    lo = ctx.rank // 1
-    out = []
-    for _ in range(1):
-        step = []
-        for _ in range(1):
-            x = torch.randn(ctx.world_size, 2, generator=gen, dtype=dtype)
-            y = torch.randn(ctx.world_size, 2, generator=gen, dtype=dtype)
-            step.append((x[lo:lo + 1].to(ctx.device), y[lo:lo + 1].to(ctx.device)))
-        out.append(step)
-    return out
 FRESH_SEED = 24301
 
 @dataclass
@@ -219,9 +205,6 @@ def add_optimizer(side, training):
 def body_optimizer(side, training):
     return add_optimizer(side, training)
 
-def all_batches(training, ctx):
-    return [step[0] for step in batches(replace(training, steps=1), ctx)]
-
 def train_steps(ctx):
     pass
 
@@ -257,7 +240,6 @@ def _put(body, side, msd, osd, ctx):
 
 def run_state_dict(case, body, ctx):
     t = body.training
-    data = all_batches(t, ctx)
     src = build_side(body.tree, body.source, t, ctx, seed=0, schedule=())
     body_optimizer(src, t)
     obs = {'losses_before': train_steps(ctx)}
@@ -297,7 +279,7 @@ def main():
     def watch():
         time.sleep(20)
         frames = traceback.extract_stack(sys._current_frames()[threading.main_thread().ident])
-        if any((f"torch/{f.filename.rpartition('/torch/')[2]}:{f.name}" in ['torch/distributed/_state_dict_utils.py:_broadcast_state_dict'] for f in frames)):
+        if any((f'torch/{f.filename.rpartition("/torch/")[2]}:{f.name}' in ['torch/distributed/_state_dict_utils.py:_broadcast_state_dict'] for f in frames)):
             print(f'REPRODUCED hang:state_dict@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone: rank {ctx.rank} is stuck', flush=True)
             os._exit(1)
         if finished.is_set():
