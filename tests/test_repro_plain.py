@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 
 from fuzz.corpus import load_entry
-from fuzz.repro.harness import PLAIN_PASS, checked, exception_rule, is_plain, plain, raised_verdicts
+from fuzz.repro.harness import NO_RANK_RAISED, checked, exception_rule, is_plain, plain, raised_verdicts
 from fuzz.repro.specialize import render_flat
 from tests.conftest import ROOT
 
@@ -37,7 +37,7 @@ def test_the_plain_form_drops_the_check_and_keeps_the_case() -> None:
     fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "attempt")
     assert [ast.unparse(s) for s in fn.body] == ["import torch", "torch.zeros(1)", "return None"]
     assert not any(isinstance(n, ast.FunctionDef) and n.name == "main" for n in tree.body)
-    assert f"print({PLAIN_PASS!r}, flush=True)" in out
+    assert f"print({NO_RANK_RAISED!r}, flush=True)" in out
     # Undone, it is the checked form again (the further reduction's attempts are judged by it).
     assert ast.dump(ast.parse(checked(out, _entry(), _entry().signature))) == ast.dump(ast.parse(code))
     assert plain(out) is None  # nothing to take out
@@ -94,7 +94,7 @@ def test_the_rule_read_from_the_ranks_tracebacks_matches_the_check_s() -> None:
     elsewhere = _TRACEBACK.replace("in set_optimizer_state_dict", "in set_state_dict")
     assert raised_verdicts(entry, _printed(0, elsewhere))[0].startswith("FAIL")
     # No traceback printed (a rank that finished, or one torchrun ended): no verdict.
-    assert raised_verdicts(entry, f"{PLAIN_PASS}\n[rank1]: something else\n") == []
+    assert raised_verdicts(entry, f"{NO_RANK_RAISED}\n[rank1]: something else\n") == []
 
 
 def test_a_chained_exception_is_read_by_its_last_part_and_a_message_s_own_traceback_is_not() -> None:
@@ -124,7 +124,7 @@ def test_stored_exception_scripts_are_plain_where_they_were_confirmed_so() -> No
         tree = ast.parse(text)
         assert "REPRODUCED" not in text and text.count("def attempt(") == 1, path.name
         assert not any(isinstance(n, ast.FunctionDef) and n.name == "main" for n in tree.body), path.name
-        assert ast.unparse(tree.body[-1]).endswith("os._exit(0)") and f"print({PLAIN_PASS!r}" in text, path.name
+        assert ast.unparse(tree.body[-1]).endswith("os._exit(0)") and f"print({NO_RANK_RAISED!r}" in text, path.name
 
 
 def test_a_mismatch_script_is_never_given_an_exception_s_check() -> None:

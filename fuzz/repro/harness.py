@@ -119,11 +119,14 @@ _PRELUDE = """\
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device("cpu"), backend="gloo")
 """
 
+#: The verdict line of an exception's script where no rank raised (the checked form's
+#: ``attempt`` returns it; every rank of the plain form prints it).
+NO_RANK_RAISED = "PASS: no rank raised"
 #: The verdict lines of a script that found nothing wrong, one per kind of check below: an
 #: exception, a mismatch, a hang, a crash.
 PASSING = frozenset(
     {
-        "PASS: no rank raised",
+        NO_RANK_RAISED,
         "PASS or another failure: None",
         "PASS: every rank finished",
         "PASS or another failure: exit 0",
@@ -158,7 +161,7 @@ _EXCEPTION = """\
         if {match}:
             return f"REPRODUCED {signature}: rank {{rank}} raised {{found}}: {{e}}"
         return f"FAIL (not the entry's failure): rank {{rank}} raised {{found}}: {{e}}"
-    return "PASS: no rank raised"
+    return {passing!r}
 """
 
 _MISMATCH = """\
@@ -334,7 +337,7 @@ def main_source(entry: Entry, signature: str) -> tuple[str, list[str]]:
         expected, entered, shape = exception_rule(entry, signature)
         match = f"found in {expected!r}" + (f" and at[0] == {entered!r}" if entered else "")
         match += f" and {_SHAPE_IN_SCRIPT} == {shape!r}" if shape else ""
-        body = _EXCEPTION.format(match=match, **fields)
+        body = _EXCEPTION.format(match=match, passing=NO_RANK_RAISED, **fields)
     lines = [f"    from {module} import {', '.join(sorted(set(names)))}" for module, names in sorted(imports.items())]
     if kind in POOLED_KINDS:
         head = _ATTEMPT_PRELUDE.format(imports="\n".join(lines), case=expression)
@@ -353,9 +356,6 @@ def main_source(entry: Entry, signature: str) -> tuple[str, list[str]]:
 # The check of the checked form (``attempt``'s ``try``) is then applied from outside, to what
 # the ranks printed (:func:`raised_verdicts`), by the same rule (:func:`exception_rule`).
 
-#: The verdict line of a plain script's rank that finished.
-PLAIN_PASS = "PASS: no rank raised"
-
 _PLAIN_MAIN = f"""\
 if __name__ == "__main__":
     import os
@@ -363,7 +363,7 @@ if __name__ == "__main__":
     import torch.distributed as dist
     dist.init_process_group("gloo")
     attempt(dist.get_rank(), dist.get_world_size())
-    print({PLAIN_PASS!r}, flush=True)
+    print({NO_RANK_RAISED!r}, flush=True)
     os._exit(0)  # a rank must not wait for the others at exit
 """
 
@@ -408,7 +408,9 @@ def plain(code: str) -> str | None:
         if _is_check(node):
             assert isinstance(node, ast.Try)
             body.extend(node.body)
-        elif isinstance(node, ast.Return) and isinstance(node.value, ast.Constant) and node.value.value == PLAIN_PASS:
+        elif (
+            isinstance(node, ast.Return) and isinstance(node.value, ast.Constant) and node.value.value == NO_RANK_RAISED
+        ):
             continue
         else:
             body.append(node)

@@ -692,6 +692,7 @@ class _Oracle:
             script = quick_hang(script)
         status, output, seconds = run_script(script, timeout=self.timeout, nproc=self.entry.case.world_size)
         self.torchrun_seconds += seconds
+        output = with_verdicts(self.entry, script, output, self.signature)
         ok = reproduced(status, output) == self.signature and self._same_observations(output)
         if ok and self.fix_env is not None:
             self.fixed_attempts += 1
@@ -810,26 +811,12 @@ class _Oracle:
         """The plain form of an exception's checked script ``code``
         (:func:`fuzz.repro.harness.plain`) if it reproduces under torchrun, its ranks'
         tracebacks read by the check's rule, and passes with the bug's fix where that is
-        checked; else None."""
+        checked (:meth:`torchrun`); else None."""
         candidate = plain(code) if self.entry.kind == "exception" else None
         if candidate is None:
             return None
-        script = render_flat(self.entry, self.source, self.signature, candidate)
-        clear_checkpoints(candidate)
-        self.torchrun_attempts += 1
-        status, output, seconds = run_script(script, timeout=self.timeout, nproc=self.entry.case.world_size)
-        self.torchrun_seconds += seconds
-        output = with_verdicts(self.entry, script, output, self.signature)
-        ok = reproduced(status, output) == self.signature
-        if ok and self.fix_env is not None:
-            self.fixed_attempts += 1
-            status, fixed, _ = run_script(
-                script, timeout=self.timeout, nproc=self.entry.case.world_size, env=self.fix_env
-            )
-            if status != 0 or not passed(fixed):
-                ok, output = False, "does not pass with the bug's fix: " + fixed
-        self._said("torchrun, the plain form", candidate, ok, seconds, output)
-        return candidate if ok else None
+        self.say("  the plain form (the check taken out, the exception left to propagate):")
+        return candidate if self.torchrun(candidate, full=True) else None
 
     def fold_values(self, code: str, frozen: frozenset[str]) -> list[str]:
         """``code`` with the plain values an instrumented torchrun of it saw folded in
