@@ -17,7 +17,10 @@ only what its failure needs to be seen, in the script's ``main``:
   stack of the rank, run as a child process.
 
 The check prints ``REPRODUCED <signature>`` and exits 1 only when the failure is there;
-otherwise the script exits 0.
+otherwise the script exits 0. An exception's reduced script is then kept in its plain form
+where that is confirmed (:func:`plain`, below): the case alone, the exception left to
+propagate, the same rule applied from outside to what the ranks printed
+(:func:`raised_verdicts`).
 
 For an exception or a mismatch (:data:`POOLED_KINDS`) the case and its check are a function of
 their own, ``attempt(rank, world_size)``, which returns the verdict line instead of printing it
