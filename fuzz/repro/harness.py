@@ -398,6 +398,10 @@ def is_plain(script: str) -> bool:
     return "REPRODUCED" not in script and "def attempt(" in script
 
 
+#: The modules the check of an exception's ``attempt`` imports (``_EXCEPTION``).
+_CHECK_IMPORTS = {"re", "traceback"}
+
+
 def plain(code: str) -> str | None:
     """The plain form of an exception's checked flat script ``code``: ``attempt`` without the
     check around the case (nor the imports only the check used), under a ``__main__`` block that
@@ -421,14 +425,10 @@ def plain(code: str) -> str | None:
     fn.body = [
         n
         for n in body
-        if not (isinstance(n, ast.Import) and all(a.asname is None and a.name not in used for a in n.names))
+        if not (isinstance(n, ast.Import) and all(a.name in _CHECK_IMPORTS and a.name not in used for a in n.names))
     ] or [ast.Pass()]
     tree.body = [n for n in tree.body if not _is_main(n)]
     return ast.unparse(ast.fix_missing_locations(tree)) + "\n\n" + _PLAIN_MAIN
-
-
-#: The modules the check of an exception's ``attempt`` imports (``_EXCEPTION``).
-_CHECK_IMPORTS = {"re", "traceback"}
 
 
 def checked(code: str, entry: Entry, signature: str) -> str:
