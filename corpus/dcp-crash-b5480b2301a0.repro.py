@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=4da2f48d2fa30bb5 sources=3ebb4d52c9cda72d seconds=2375.1
+# shardfuzz reduced reproducer: entry=4da2f48d2fa30bb5 sources=3ebb4d52c9cda72d seconds=2789.2
 # Reproduces shardfuzz corpus entry dcp-crash-b5480b2301a0.json: crash:dcp:signal SIGSEGV@torch/distributed/fsdp/_state_dict_utils.py:param_hook
 # Known torch bug: FSDP1 FULL_STATE_DICT with offload_to_cpu on CPU: state_dict() clones a freed
 # buffer (SIGSEGV), optim_state_dict aliases the gathered states; upstream:
@@ -30,13 +30,6 @@ class RankContext:
     world_size: object
     device: object
     backend: object
-    _meshes: object = field(default_factory=dict)
-
-    def mesh(self, shape, names):
-        from torch.distributed.device_mesh import init_device_mesh
-        key = (shape, names)
-        self._meshes[key] = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
-        return self._meshes[key]
     _cases: object = 0
 
 class LeafKind(str, enum.Enum):
@@ -90,7 +83,6 @@ class ShardSpec:
 class Composition:
     shards: object = ()
     checkpoint_first: object = True
-    mesh: object = ()
     wrapper: object = Wrapper.NONE
 
     def reshard_after_forward(self, spec):
@@ -137,9 +129,6 @@ class Case:
     seed: object
     body: object
 
-def is_fsdp1(comp):
-    return comp.wrapper.value.startswith('fsdp1')
-
 @dataclass(frozen=True)
 class Options:
     full_state_dict: object = False
@@ -173,7 +162,6 @@ class DcpBody(Body):
     patched: object = False
     frozen_in_optimizer: object = False
     empty_group: object = False
-    requires_grad: object = ()
 
 class TreeBlock(nn.Module):
 
@@ -216,9 +204,6 @@ def clean_name(name):
         name = name.replace(prefix, '')
     return name
 
-def mesh_for(comp, ctx):
-    return ctx.mesh((ctx.world_size,), ('shard',))
-
 @dataclass
 class Composed:
     model: object
@@ -230,7 +215,6 @@ def compose(model, comp, ctx, tree=None):
     if comp.wrapper is not Wrapper.NONE:
         names = [n for n, _ in model.named_parameters()]
         return Composed(model=_wrap(model, comp, ctx), wrapper=comp.wrapper, param_names=names)
-    mesh = mesh_for(comp, ctx)
     for api, path in comp.steps():
         pass
     sharded = comp.sharded_paths
@@ -266,10 +250,6 @@ class Side:
     def plain(self):
         pass
 
-    @property
-    def fsdp1(self):
-        return is_fsdp1(self.comp)
-
     def names(self):
         current = {id(p): clean_name(n) for n, p in self.model.named_parameters()}
         return {**self.param_names, **current}
@@ -280,9 +260,6 @@ def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=()):
     model = build_model(tree, device).to(TORCH_DTYPES[training.dtype])
     composed = compose(model, comp, ctx)
     return Side(composed=composed, comp=comp, training=training, schedule=schedule)
-
-def requires_grad(side):
-    return {clean_name(n): p.requires_grad for n, p in side.model.named_parameters()}
 
 def fresh_training(training):
     return replace(training, lr=0.01 * 0.37, momentum=0.0, eps=0.0001 * 10)
@@ -296,9 +273,6 @@ def add_optimizer(side, training, *, frozen_in_optimizer=False, empty_group=Fals
 
 def body_optimizer(side, training, body):
     return add_optimizer(side, training, frozen_in_optimizer=False, empty_group=False)
-
-def seed_segment(case, ctx, segment):
-    torch.manual_seed((0 * 7919 + segment * 104729 + ctx.rank + 1) % 2 ** 63)
 
 def all_batches(case, training, steps, tree, ctx):
     pass
@@ -377,7 +351,6 @@ def _run_dcp(case, body, ctx):
     src = build_side(body.tree, body.source, t, ctx, seed=0, schedule=())
     body_optimizer(src, t, body)
     prepare_side(body, src, get_save)
-    seed_segment(case, ctx, 0)
     values = _values(body, case, src, ctx, get_save, put, fresh=False, skip=())
     state = _arrange(body, values, ctx)
     tgt = build_side(body.tree, body.target, t, ctx, seed=FRESH_SEED, meta=False, schedule=())
@@ -388,7 +361,6 @@ def _run_dcp(case, body, ctx):
     state = _arrange(body, values, ctx)
     plain = {k: v for k, v in state.items() if isinstance(v, (dict, torch.Tensor))}
     tensors = {k: _tensors(v) for k, v in plain.items()}
-    before = requires_grad(tgt)
     _load(body, state, path)
 
 def main():

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=61b5b77232a1be4c sources=cc7a627a8c860e1e seconds=1611.1
+# shardfuzz reduced reproducer: entry=61b5b77232a1be4c sources=cc7a627a8c860e1e seconds=2533.7
 # Reproduces shardfuzz corpus entry parity-mismatch-f8abf11c38c5.json: mismatch:parity@fsdp2+spmd:mse-loss
 # Known torch bug: F.mse_loss (mean) of a DTensor sharded on the batch dimension: the value is the
 # global mean, but aten.mse_loss_backward has no sharding strategy, so DTensor takes one from its
@@ -15,13 +15,6 @@ from typing import Any
 from dataclasses import dataclass, field
 import torch
 import enum
-from dataclasses import dataclass
-from dataclasses import dataclass, field
-from typing import Any, ClassVar
-import json
-from typing import Any
-import os
-from typing import ClassVar
 from torch import nn
 from contextlib import contextmanager
 import torch.nn.functional as F
@@ -43,13 +36,7 @@ class RankContext:
         return self._meshes[key]
 
 class LeafKind(str, enum.Enum):
-    LINEAR = 'linear'
-    LAYER_NORM = 'layer_norm'
     CONV1D = 'conv1d'
-    RELU = 'relu'
-    TANH = 'tanh'
-    GELU = 'gelu'
-    DROPOUT = 'dropout'
 
 class Dtype(str, enum.Enum):
     FLOAT32 = 'float32'
@@ -61,7 +48,6 @@ class Dtype(str, enum.Enum):
 class Leaf:
     kind: object
     bias: object = True
-    frozen: object = False
 
 @dataclass(frozen=True)
 class Block:
@@ -81,53 +67,21 @@ class ShardSpec:
 class Composition:
     shards: object = ()
     checkpoint_first: object = True
-    mesh: object = ()
     spmd: object = False
     spmd_mse_loss: object = False
-
-    def reshard_after_forward(self, spec):
-        pass
 
     @property
     def sharded_paths(self):
         return [p for spec in self.shards for p in ('',)]
 
-    def steps(self):
-        items = [('fully_shard', '') for spec in self.shards]
-
-        def key(item):
-            pass
-        return sorted(items, key=key)
-
 @dataclass(frozen=True)
 class Training:
     lr: object = 0.1
-    momentum: object = 0.0
     eps: object = 0.001
     steps: object = 2
     batch_per_rank: object = 2
     dtype: object = Dtype.FLOAT32
     set_to_none: object = True
-    foreach: object = None
-
-    def skipped_at(self, step, microbatch):
-        pass
-
-class Body:
-    KIND: ClassVar[str]
-    PROGRAM: ClassVar[str]
-    registry: ClassVar[dict[str, type[Body]]] = {}
-
-    def __init_subclass__(cls, **kwargs):
-        pass
-
-@dataclass(frozen=True)
-class ParityBody(Body):
-    KIND: ClassVar[str] = 'parity'
-    PROGRAM: ClassVar[str] = 'fuzz._rank.parity:run_parity'
-    tree: object
-    composition: object
-    training: object = field(default_factory=Training)
 
 class PointwiseConv1d(nn.Conv1d):
 
@@ -135,24 +89,14 @@ class PointwiseConv1d(nn.Conv1d):
         return super().forward(_one_shard_per_dim(x).unsqueeze(-1)).squeeze(-1)
 
 def _one_shard_per_dim(x):
-    from torch.distributed.tensor import DTensor
-    return x
-    seen = set()
-    placements = []
-    p = next(iter(x.placements))
-    seen.add(p.dim)
-    placements.append(p)
     return x
 
 def build_node(node, width):
-    if isinstance(node, Leaf):
-        module = PointwiseConv1d(width, width, kernel_size=1, bias=False)
-        return module
-    return nn.Sequential(*[build_node(c, width) for c in node.children])
+    module = PointwiseConv1d(width, width, kernel_size=1, bias=False)
+    return module
 
 def build_model(tree, device):
-    with torch.device(device):
-        return build_node(tree.root, 1)
+    return build_node(tree.root, 1)
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
 
 def spmd_mesh(comp, ctx):
@@ -168,46 +112,13 @@ class Composed:
     @contextmanager
     def full_parameters(self):
         out = {}
-        for n, p in self.model.named_parameters():
-            pass
         yield out
 
 class _Contracts:
 
     def __init__(self, model, comp):
-        self.model = model
-        self.comp = comp
-        self.leaf_dtypes: dict[str, str] = {}
-        self.output_dtypes: dict[str, str] = {}
         self.handles: list[Any] = []
-        for path in comp.sharded_paths:
-            mod = model.get_submodule(path)
-            self.handles.append(mod.register_forward_hook(self._on_output(path)))
-        for name, mod in model.named_modules():
-            if any((True for _ in mod.parameters(recurse=False))):
-                self.handles.append(mod.register_forward_pre_hook(self._on_leaf(name)))
-
-    def _on_output(self, path):
-
-        def hook(module, args, output):
-            pass
-        return hook
-
-    def _on_leaf(self, name):
-
-        def hook(module, args):
-            pass
-        return hook
-
-    def after_forward(self, skipped):
-        for h in self.handles:
-            h.remove()
-        sharded = self.comp.sharded_paths + list(())
-        state = {}
-        for spec in self.comp.shards:
-            flags = []
-            state[''] = flags
-        return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
+        name, mod = next(iter(model.named_modules()))
 
 def train(tree, training, comp, ctx, grad_scales=None):
     if comp is not None:
@@ -216,16 +127,15 @@ def train(tree, training, comp, ctx, grad_scales=None):
         mesh = spmd_mesh(comp, ctx)
         from torch.distributed.tensor import Replicate, distribute_tensor
         names = list(mesh.mesh_dim_names)
-        for path_, module in model_.named_modules():
-            for name, p_ in list(module.named_parameters(recurse=False)):
-                placements = [Replicate()] * mesh.ndim
-                dt = distribute_tensor(p_.detach(), mesh, placements)
-                setattr(module, name, nn.Parameter(dt, requires_grad=p_.requires_grad))
-        for api, path in comp.steps():
-            from torch.distributed.fsdp import fully_shard, DataParallelMeshDims
-            kwargs = {'mesh': mesh, 'reshard_after_forward': False, 'dp_mesh_dims': DataParallelMeshDims(shard='shard', replicate=None)}
-            modules = [model_.get_submodule('')]
-            fully_shard(modules[0], **kwargs)
+        path_, module = next(iter(model_.named_modules()))
+        name, p_ = next(iter(list(module.named_parameters(recurse=False))))
+        placements = [Replicate()] * mesh.ndim
+        dt = distribute_tensor(p_.detach(), mesh, placements)
+        setattr(module, name, nn.Parameter(dt, requires_grad=p_.requires_grad))
+        from torch.distributed.fsdp import fully_shard, DataParallelMeshDims
+        kwargs = {'mesh': mesh, 'reshard_after_forward': False, 'dp_mesh_dims': DataParallelMeshDims(shard='shard', replicate=None)}
+        modules = [model_.get_submodule('')]
+        fully_shard(modules[0], **kwargs)
         sharded = comp.sharded_paths
         tops = [p__ for p__ in sharded if not any((False for q in sharded))]
         compose_out = Composed(model=model_, fsdp_roots=[model_.get_submodule(p__) for p__ in tops], spmd_mesh=mesh, spmd_mse_loss=True)
@@ -237,124 +147,75 @@ def train(tree, training, comp, ctx, grad_scales=None):
         composed = Composed(model)
     contracts = _Contracts(model, comp) if comp is not None else None
     obs = {}
-    model__ = composed.model
     out__ = {}
-    for name_, p____ in model__.named_parameters():
-        pass
+    pass
     params = composed.model.parameters()
     later_ = [p for ps in out__.values() for p in ps]
     held = {id(p___) for p___ in later_}
-    params = [p___ for p___ in params if p___.requires_grad or id(p___) in held]
-    groups = params
-    opt = torch.optim.SGD(groups, lr=0.01, momentum=0.0, foreach=None)
+    opt = torch.optim.SGD(params, lr=0.01, momentum=0.0, foreach=None)
     forward = composed.model
     spmd = composed.spmd_mesh
-    losses = []
     params_per_step = []
     grad_norms = []
     dtype_ = TORCH_DTYPES[training.dtype]
     gen = torch.Generator().manual_seed(0)
     lo = ctx.rank
     out_ = []
+    step_ = []
     for _ in range(1):
-        step_ = []
-        for _ in range(1):
-            x_ = torch.randn(ctx.world_size, 1, generator=gen, dtype=dtype_)
-            y_ = torch.randn(ctx.world_size, 1, generator=gen, dtype=dtype_)
-            step_.append((x_[lo:lo + 1].to(ctx.device), y_[lo:lo + 1].to(ctx.device)))
-        out_.append(step_)
-    for s, step in enumerate(out_):
-        step_losses = []
-        for i, (x, y) in enumerate(step):
-            if spmd is not None:
-                from torch.distributed.tensor import DTensor as DTensor_, Shard
-                batch_placements_out = [Shard(0) for name___ in spmd.mesh_dim_names]
-                x = DTensor_.from_local(x, spmd, batch_placements_out)
-            skipped = training.skipped_at(s, i)
-            last = i == len(step) - 1
-            ctx_mgr = _null()
-            with ctx_mgr:
-                out = forward(x)
-                if contracts is not None and comp is not None:
-                    obs['contracts'] = contracts.after_forward(skipped)
-                    obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
-                    contracts = None
-                if spmd is not None:
-                    from torch.distributed.tensor import DTensor as DTensor__, Shard as Shard_
-                    batch_placements_out_ = [Shard_(0) for name____ in spmd.mesh_dim_names]
-                    target = DTensor__.from_local(y, spmd, batch_placements_out_)
-                    (F.mse_loss(out.to(y.dtype), target) * (target.numel() / y.numel())).backward()
-                    mine = out.detach()
-                    loss = F.mse_loss(mine.to_local().to(y.dtype), y)
-                else:
-                    loss = F.mse_loss(out.to(y.dtype), y)
-                    loss.backward()
-            step_losses.append(loss.item())
-        if comp is None and None is None:
-            scales = grad_scales or {}
-            for name__, p_____ in model.named_parameters():
-                dist.all_reduce(p_____.grad)
-                p_____.grad /= ctx.world_size
-                scale = scales.get(name__.rpartition('.')[0], 1.0)
-        from torch.distributed.tensor import DTensor
-        total = torch.zeros((), dtype=torch.float64)
-        for p______ in composed.model.parameters():
-            g = p______.grad.full_tensor() if isinstance(p______.grad, DTensor) else p______.grad
-            total += g.double().pow(2).sum().cpu()
-        grad_norm_out = float(total.sqrt())
-        grad_norms.append(grad_norm_out)
-        opt.step()
-        opt.zero_grad(set_to_none=False)
-        losses.append(step_losses)
-        with composed.full_parameters() as full:
-            if ctx.rank == 0:
-                params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
-    obs['losses'] = losses
+        x_ = torch.randn(ctx.world_size, 1, generator=gen, dtype=dtype_)
+        y_ = torch.randn(ctx.world_size, 1, generator=gen, dtype=dtype_)
+        step_.append((x_[lo:lo + 1].to(ctx.device), y_[lo:lo + 1].to(ctx.device)))
+    out_.append(step_)
+    s, step = next(iter(enumerate(out_)))
+    i, (x, y) = next(iter(enumerate(step)))
+    if spmd is not None:
+        from torch.distributed.tensor import DTensor as DTensor_, Shard
+        batch_placements_out = [Shard(0) for name___ in spmd.mesh_dim_names]
+        x = DTensor_.from_local(x, spmd, batch_placements_out)
+    last = i == len(step) - 1
+    ctx_mgr = _null()
+    out = forward(x)
+    if spmd is not None:
+        from torch.distributed.tensor import DTensor as DTensor__, Shard as Shard_
+        batch_placements_out_ = [Shard_(0) for name____ in spmd.mesh_dim_names]
+        target = DTensor__.from_local(y, spmd, batch_placements_out_)
+        (F.mse_loss(out.to(y.dtype), target) * (target.numel() / y.numel())).backward()
+        mine = out.detach()
+        loss = F.mse_loss(mine.to_local().to(y.dtype), y)
+    else:
+        loss = F.mse_loss(out.to(y.dtype), y)
+        loss.backward()
+    if comp is None and None is None:
+        scales = grad_scales or {}
+        name__, p_____ = next(iter(model.named_parameters()))
+        dist.all_reduce(p_____.grad)
+        p_____.grad /= ctx.world_size
+        scale = scales.get(name__.rpartition('.')[0], 1.0)
+    from torch.distributed.tensor import DTensor
+    total = torch.zeros((), dtype=torch.float64)
+    p______ = next(iter(composed.model.parameters()))
+    g = p______.grad.full_tensor() if isinstance(p______.grad, DTensor) else p______.grad
+    total += g.double().pow(2).sum().cpu()
+    grad_norm_out = float(total.sqrt())
+    grad_norms.append(grad_norm_out)
+    with composed.full_parameters() as full:
+        if ctx.rank == 0:
+            params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
     obs['grad_norms'] = grad_norms
-    obs['knob_problems'] = []
-    if ctx.rank == 0:
-        obs['params'] = params_per_step
+    obs['params'] = params_per_step
     return obs
 
 class _null:
-
-    def __enter__(self):
-        pass
-
-    def __exit__(self, *exc):
-        pass
+    pass
 
 def grad_scales(tree, comp, world_size):
     pass
-
-class OutcomeKind(str, enum.Enum):
-    OK = 'ok'
-    EXCEPTION = 'exception'
-    HANG = 'hang'
-    CRASH = 'crash'
 
 @dataclass(frozen=True)
 class RankReport:
     rank: object
     observation: object = None
-    seconds: object = None
-
-@dataclass(frozen=True)
-class Outcome:
-    kind: object
-    ranks: object
-    seconds: object
-
-    @property
-    def ok(self):
-        pass
-
-    @property
-    def observations(self):
-        return [r.observation or {} for r in self.ranks]
-
-def spmd_mse_loss(comp):
-    pass
 
 @dataclass(frozen=True)
 class Signature:
@@ -366,8 +227,7 @@ class Signature:
 
     def __str__(self):
         text = f'{self.kind}:{self.property}'
-        if self.where:
-            text += f'@{self.where}'
+        text += f'@{self.where}'
         return text + ''.join((f':{t}' for t in self.tags))
 
 @dataclass(frozen=True)
@@ -393,45 +253,35 @@ class Mismatch:
 
 def first_mismatch(actual, expected, tol):
     worst = None
-    for i, (a, e) in enumerate(zip(actual, expected)):
-        allowed = tol.atol + tol.rtol * abs(e)
-        err = abs(a - e)
-        if not err <= allowed or not math.isfinite(e):
-            excess = err - allowed if err == err else float('inf')
-            if worst is None or excess > worst.error - worst.allowed:
-                worst = Mismatch(index=i, actual=a, expected=e, error=err, allowed=allowed)
+    i, (a, e) = next(iter(enumerate(zip(actual, expected))))
+    allowed = tol.atol + tol.rtol * abs(e)
+    err = abs(a - e)
+    if not err <= allowed or not math.isfinite(e):
+        excess = err - allowed if err == err else float('inf')
+        worst = Mismatch(index=i, actual=a, expected=e, error=err, allowed=allowed)
     return worst
 
 def compare_runs(observations, tol):
-    for rank, obs in enumerate(observations):
-        ref = obs['ref']
-        for step, (got, want) in enumerate(zip(obs['losses'][:None], ref['losses'][:None])):
-            bad = first_mismatch(got, want, tol)
-        norms = [(i, g, w) for i, (g, w) in enumerate(zip(obs['grad_norms'][:None], ref['grad_norms'][:None])) if not (math.isnan(g) or math.isnan(w))]
-        for step, got_norm, want_norm in norms:
-            bad = first_mismatch([got_norm], [want_norm], tol)
-            if bad is not None:
-                summary = f'rank {rank} gradient norm at step {step} is {got_norm!r}, expected {want_norm!r}'
-                details = {'rank': rank, 'step': step}
-                family, *tags = 'fsdp2+spmd:mse-loss'.split(':')
-                signature = Signature('mismatch', 'parity', where=family, tags=tuple(tags))
-                return Failure('mismatch', str(signature), summary, {'check': 'grad', **details})
+    rank, obs = next(iter(enumerate(observations)))
+    ref = obs['ref']
+    norms = [(i, g, w) for i, (g, w) in enumerate(zip(obs['grad_norms'][:None], ref['grad_norms'][:None])) if not (math.isnan(g) or math.isnan(w))]
+    step, got_norm, want_norm = next(iter(norms))
+    bad = first_mismatch([got_norm], [want_norm], tol)
+    if bad is not None:
+        summary = f'rank {rank} gradient norm at step {step} is {got_norm!r}, expected {want_norm!r}'
+        details = {'rank': rank, 'step': step}
+        family, *tags = 'fsdp2+spmd:mse-loss'.split(':')
+        signature = Signature('mismatch', 'parity', where=family, tags=tuple(tags))
+        return Failure('mismatch', str(signature), summary, {'check': 'grad', **details})
     first = observations[0]
-    for step, (got_params, want_params) in enumerate(zip(first['params'][:None], first['ref']['params'][:None])):
-        for name, want in want_params.items():
-            bad = first_mismatch(got_params[name], want, tol)
-    return None
+    step, (got_params, want_params) = next(iter(enumerate(zip(first['params'][:None], first['ref']['params'][:None]))))
 
 def check_replicas():
     pass
 
 def attempt(rank, world_size):
-    import torch
-    import torch.distributed as dist
-    case_body = ParityBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),))), composition=Composition(shards=(ShardSpec(path='', reshard_after_forward=False),), checkpoint_first=False, spmd=True, spmd_mse_loss=True), training=Training(lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, set_to_none=False))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
-    body = ParityBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),))), composition=Composition(shards=(ShardSpec(path='', reshard_after_forward=False),), checkpoint_first=False, spmd=True, spmd_mse_loss=True), training=Training(lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, set_to_none=False))
     comp = Composition(shards=(ShardSpec(path='', reshard_after_forward=False),), checkpoint_first=False, spmd=True, spmd_mse_loss=True)
     composed = train(ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),))), Training(lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, set_to_none=False), comp, ctx)
     scales = grad_scales(ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),))), comp, world_size)
@@ -443,13 +293,9 @@ def attempt(rank, world_size):
     if rank != 0:
         return ''
     reports = tuple((RankReport(rank=r, observation=o) for r, o in enumerate(outs)))
-    outcome = Outcome(kind=OutcomeKind.OK, ranks=reports, seconds=0.0)
-    body_ = ParityBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),))), composition=Composition(shards=(ShardSpec(path='', reshard_after_forward=False),), checkpoint_first=False, spmd=True, spmd_mse_loss=True), training=Training(lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, set_to_none=False))
-    assert isinstance(body_, ParityBody)
     obs_ = [r.observation or {} for r in reports]
     failure_ = compare_runs(obs_, POLICY['float32']) or check_replicas()
-    if failure_ is None and 'contracts' in obs_[0]:
-        pass
+    pass
     if failure_ is not None and failure_.signature in ['mismatch:parity@fsdp2+spmd:mse-loss', 'mismatch:parity@fsdp2+spmd:shard1:mse-loss']:
         import hashlib
         observed = hashlib.sha256(json.dumps(outs, sort_keys=True).encode()).hexdigest()[:16]

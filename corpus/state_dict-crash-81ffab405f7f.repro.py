@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=627b92f9c75a2fc3 sources=14c7281674c70e1f seconds=886.1
+# shardfuzz reduced reproducer: entry=627b92f9c75a2fc3 sources=14c7281674c70e1f seconds=1298.5
 # Reproduces shardfuzz corpus entry state_dict-crash-81ffab405f7f.json: crash:state_dict:signal SIGSEGV@torch/distributed/fsdp/_state_dict_utils.py:param_hook
 # Known torch bug: FSDP1 FULL_STATE_DICT with offload_to_cpu on CPU: state_dict() clones a freed
 # buffer (SIGSEGV), optim_state_dict aliases the gathered states; upstream:
@@ -174,10 +174,7 @@ class TreeBlock(nn.Module):
         self.skipped: frozenset[str] = frozenset()
 
     def forward(self, x):
-        y = x
-        for name, child in self.named_children():
-            y = child(y)
-        return x + y if self.residual else y
+        pass
 
 class PointwiseConv1d(nn.Conv1d):
 
