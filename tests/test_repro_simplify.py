@@ -428,3 +428,88 @@ def test_getattr_of_a_name_something_may_set_is_left() -> None:
     out = simplify(code)
     assert _run(out or code) == 7
     assert out is None or "getattr(side, '_cases', 0)" in out
+
+
+PARAMETERS = """
+@dataclass(frozen=True)
+class Training:
+    lr: object = 0.1
+    kind: object = Kind.A
+
+
+@dataclass(frozen=True)
+class Case:
+    training: object
+    steps: object = 2
+
+
+def train(case, n):
+    return (case.training.lr * n + case.steps, case.training.kind is Kind.A, case is None)
+
+
+def run(case, n):
+    return train(case, n)
+"""
+
+
+def _with_parameters(body: str) -> str:
+    return HEAD + PARAMETERS + "\n\ndef attempt():\n" + textwrap.indent(textwrap.dedent(body), "    ")
+
+
+def test_a_parameter_every_call_passes_the_same_build_reads_its_fields_across_the_calls() -> None:
+    code = _with_parameters(
+        """
+        case = Case(training=Training(lr=0.5))
+        return [run(case, 3), train(Case(Training(0.5)), 4)]
+        """
+    )
+    out = simplify(code)
+    assert out is not None
+    assert _run(out) == _run(code)
+    train = out[out.index("def train") : out.index("def run")]
+    # through the caller's local, the caller's own parameter, a positional build and a
+    # default: the fields of the one build every call passes
+    assert "case." not in train and "0.5 * n + 2" in train, train
+    assert "False" in train  # a parameter bound to a build is never None
+
+
+def test_a_parameter_calls_pass_different_builds_for_keeps_its_fields() -> None:
+    code = _with_parameters(
+        """
+        return [run(Case(Training(lr=0.5)), 3), train(Case(Training(lr=0.7)), 4)]
+        """
+    )
+    out = simplify(code) or code
+    assert _run(out) == _run(code)
+    train = out[out.index("def train") : out.index("def run")]
+    assert "case.training.lr" in train, train
+
+
+def test_a_function_named_other_than_in_a_call_keeps_its_parameters() -> None:
+    code = _with_parameters(
+        """
+        step = train
+        return [run(Case(Training(lr=0.5)), 3), step(Case(Training(lr=0.7)), 4)]
+        """
+    )
+    out = simplify(code) or code
+    assert _run(out) == _run(code)
+    train = out[out.index("def train") : out.index("def run")]
+    assert "case.training.lr" in train, train
+
+
+def test_a_build_of_a_mutable_dataclass_is_not_followed_across_calls() -> None:
+    code = HEAD + textwrap.dedent(
+        """
+        def peek(side):
+            return side.training
+
+
+        def attempt():
+            side = Side(composed=Composed(model=1), training=4)
+            side.training = 5
+            return peek(side)
+        """
+    )
+    out = simplify(code) or code
+    assert _run(out) == _run(code) == 5

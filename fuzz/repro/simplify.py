@@ -11,6 +11,10 @@ left alone), repeated until none applies:
   ``getattr(obj, 'name', default)`` becomes ``obj.name`` for a field, ``default`` where
   nothing binds the name for it (the class and its bases do not, nothing assigns it on ``obj``,
   which is handed to nothing); ``obj is None`` becomes False (``is not``: True);
+- **Parameters**: a parameter that every call of its function binds to one and the same build of
+  a frozen dataclass from constants and enum members (given in the call, or through the
+  caller's local or the caller's own such parameter) has its fields read as a local's are;
+  ``Training(lr=0.1).lr`` becomes ``0.1``;
 - **Scalars**: such a local that is only ever used as ``obj.attr`` (read or assigned) becomes
   one local per attribute (``side_opt``), its constructor's arguments assigned to them in order;
 - **Tables**: ``TABLE[key]``, where ``TABLE`` is a module-level dict display that nothing
@@ -256,10 +260,13 @@ def _given(call: ast.Call, info: _Class, attr: str) -> ast.expr | None:
 
 
 class _Fields(ast.NodeTransformer):
-    def __init__(self, fn: _Function, classes: dict[str, _Class]) -> None:
+    def __init__(
+        self, fn: _Function, classes: dict[str, _Class], given: dict[str, ast.Call], top: frozenset[str]
+    ) -> None:
         self.classes = classes
         self.stores = _stores(fn)
-        self.objects = _objects(fn, set(classes))
+        self.objects = {**given, **_objects(fn, set(classes))}
+        self.closed = _Closed(classes, {n for n, k in self.stores.items() if k and n in top}, top)
         self.assigned = {
             (n.value.id, n.attr)
             for n in ast.walk(fn)
@@ -270,7 +277,16 @@ class _Fields(ast.NodeTransformer):
 
     def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
         self.generic_visit(node)
-        if not isinstance(node.ctx, ast.Load) or not isinstance(node.value, ast.Name):
+        if not isinstance(node.ctx, ast.Load):
+            return node
+        if self.closed.build(node.value):  # ``Training(lr=0.1).lr``: what the build gives
+            assert isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name)
+            built = _given(node.value, self.classes[node.value.func.id], node.attr)
+            if built is not None and self.closed(built):
+                self.changed = True
+                return ast.copy_location(copy.deepcopy(built), node)
+            return node
+        if not isinstance(node.value, ast.Name):
             return node
         base = node.value.id
         call = self.objects.get(base)
@@ -295,7 +311,7 @@ class _Fields(ast.NodeTransformer):
             and not value.args
             and not value.keywords
         )
-        if not (_stable(value, self.stores) or empty_build):
+        if not (_stable(value, self.stores) or empty_build or self.closed(value)):
             return node
         self.changed = True
         return ast.copy_location(copy.deepcopy(value), node)
@@ -338,15 +354,162 @@ class _Fields(ast.NodeTransformer):
 
 def _object_fields(tree: ast.Module, frozen: Frozen) -> bool:
     classes = _classes(tree)
+    top = _class_names(tree)
+    given = _parameter_objects(tree, classes, top)
     changed = False
     for fn in _functions(tree, frozen):
-        visitor = _Fields(fn, classes)
+        visitor = _Fields(fn, classes, given.get(id(fn), {}), top)
         if not visitor.objects:
             continue
         for stmt in fn.body:
             visitor.visit(stmt)
         changed |= visitor.changed
     return changed
+
+
+# -- parameters: an object every call passes alike ------------------------------------------------
+
+
+@dataclass
+class _Closed:
+    """Whether an expression means the same in every function of the module: constants, the
+    members of its classes (``LeafKind.LINEAR``), displays of such, and builds of its frozen
+    dataclasses from such (nothing runs but the build, and nothing changes the object).
+    ``shadowed``: names a function binds, which then mean something else there."""
+
+    classes: dict[str, _Class]
+    shadowed: set[str]
+    top: frozenset[str]  # the module's classes (an enum's members are attributes of one)
+
+    def __call__(self, node: ast.expr | None) -> bool:
+        if node is None:
+            return False
+        if isinstance(node, ast.Constant):
+            return True
+        if isinstance(node, ast.UnaryOp):
+            return self(node.operand)
+        if isinstance(node, (ast.Tuple, ast.List)):
+            return all(self(e) for e in node.elts)
+        if isinstance(node, ast.Attribute):  # an enum member
+            return isinstance(node.value, ast.Name) and self._class_name(node.value.id)
+        return self.build(node)
+
+    def build(self, node: ast.expr) -> bool:
+        return (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in self.classes
+            and self.classes[node.func.id].frozen
+            and node.func.id not in self.shadowed
+            and all(self(a) for a in node.args)
+            and all(k.arg is not None and self(k.value) for k in node.keywords)
+        )
+
+    def _class_name(self, name: str) -> bool:
+        return name not in self.shadowed and name in self.top
+
+
+def _class_names(tree: ast.Module) -> frozenset[str]:
+    return frozenset(n.name for n in tree.body if isinstance(n, ast.ClassDef))
+
+
+def _parameter_objects(
+    tree: ast.Module, classes: dict[str, _Class], top: frozenset[str]
+) -> dict[int, dict[str, ast.Call]]:
+    """For each top-level function (by ``id``), the parameters that every call of it binds to
+    one and the same closed build of a frozen dataclass (:class:`_Closed`): given so, by the
+    caller's own local bound once to it, or by a parameter of the caller found so (repeated
+    until nothing more is found). A function named anywhere but as what a call calls, or a
+    parameter it binds again, is left out. ``_Fields`` then reads such a parameter's fields as
+    it does a local object's, across the call."""
+    functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    if len(functions) != len([n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]):
+        return {}  # a name defined twice: which one a call reaches is not plain
+    called: dict[str, list[tuple[ast.Call, ast.FunctionDef | None]]] = {name: [] for name in functions}
+    named_otherwise: set[str] = set()
+
+    def visit(node: ast.AST, caller: ast.FunctionDef | None, inside: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Call) and isinstance(child.func, ast.Name) and child.func.id in called:
+                called[child.func.id].append((child, caller if not inside else None))
+                for part in [*child.args, *child.keywords]:
+                    visit(part, caller, inside)
+                continue
+            if isinstance(child, ast.Name) and child.id in called:
+                named_otherwise.add(child.id)
+            nested = isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef))
+            if caller is None and isinstance(child, ast.FunctionDef) and child.name in functions and node is tree:
+                visit(child, child, False)
+            else:
+                visit(child, caller, inside or nested)
+
+    visit(tree, None, False)
+    found: dict[str, dict[str, ast.Call]] = {name: {} for name in functions}
+    for _ in range(len(functions) + 1):
+        grew = False
+        for name, fn in functions.items():
+            if name in named_otherwise or not called[name]:
+                continue
+            stores = _stores(fn)
+            shadowed = set(stores) - {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)}
+            closed = _Closed(classes, shadowed, top)
+            for param, value in _alike_arguments(fn, called[name], classes, found, top).items():
+                if param in found[name] or stores.get(param) != 1 or not closed.build(value):
+                    continue
+                found[name][param] = value  # type: ignore[assignment]
+                grew = True
+        if not grew:
+            break
+    return {id(functions[name]): params for name, params in found.items() if params}
+
+
+def _alike_arguments(
+    fn: ast.FunctionDef,
+    calls: list[tuple[ast.Call, ast.FunctionDef | None]],
+    classes: dict[str, _Class],
+    found: dict[str, dict[str, ast.Call]],
+    top: frozenset[str],
+) -> dict[str, ast.expr]:
+    """The parameters of ``fn`` that each of ``calls`` binds to the same closed build, seen
+    through the caller's locals and found parameters."""
+    from fuzz.repro.delta import bind
+
+    out: dict[str, ast.expr] | None = None
+    for call, caller in calls:
+        bound = bind(fn, call)
+        if bound is None:
+            return {}
+        resolved: dict[str, ast.expr] = {}
+        caller_objects = _objects(caller, set(classes)) if caller is not None else {}
+        caller_params = found.get(caller.name, {}) if caller is not None else {}
+        for param, value in bound.items():
+            if isinstance(value, ast.Name) and caller is not None:
+                value = caller_objects.get(value.id) or caller_params.get(value.id) or value
+            if _Closed(classes, set(), top).build(value):
+                resolved[param] = value
+        if out is None:
+            out = resolved
+        else:
+            out = {p: v for p, v in out.items() if p in resolved and _built_alike(resolved[p], v, classes)}
+    return out or {}
+
+
+def _built_alike(a: ast.expr | None, b: ast.expr | None, classes: dict[str, _Class]) -> bool:
+    """Whether two closed expressions build the same value: builds of one class compared field
+    by field (given by keyword, by position or by default)."""
+    if a is None or b is None:
+        return a is b
+    if isinstance(a, ast.Call) and isinstance(b, ast.Call):
+        if not (isinstance(a.func, ast.Name) and isinstance(b.func, ast.Name) and a.func.id == b.func.id):
+            return False
+        info = classes.get(a.func.id)
+        return info is not None and all(
+            _built_alike(_given(a, info, f), _given(b, info, f), classes) for f in info.fields
+        )
+    if isinstance(a, (ast.Tuple, ast.List)) and type(a) is type(b):
+        assert isinstance(b, (ast.Tuple, ast.List))
+        return len(a.elts) == len(b.elts) and all(_built_alike(x, y, classes) for x, y in zip(a.elts, b.elts))
+    return ast.dump(a) == ast.dump(b)
 
 
 # -- scalars: an object only used by its attributes -----------------------------------------------
