@@ -237,7 +237,8 @@ def test_an_attempt_that_meets_a_destroyed_process_group_runs_again_on_fresh_ran
     pool = _StalePool()
     oracle.pool = pool  # type: ignore[assignment]
     assert oracle.in_pool("def attempt(rank, world_size):\n    pass\n")
-    assert (pool.respawned, pool.runs, oracle.respawns) == (1, 2, 1)
+    # the first candidate runs twice (fresh_each): both times on the respawned ranks
+    assert (pool.respawned, pool.runs, oracle.respawns) == (1, 3, 1) and not oracle.fresh_each
     assert oracle.in_pool("def attempt(rank, world_size):\n    pass\n") and pool.respawned == 1
 
 
@@ -517,3 +518,43 @@ def test_a_fix_of_several_changes_is_applied_whole_at_import(tmp_path: Path) -> 
     absent = known.Patch("torch.optim.sgd", "no such text in sgd.py", "x")
     assert patch_env((*patches, absent), str(tmp_path)) is None
     assert patch_env((), str(tmp_path)) is None
+
+
+class _CachingPool:
+    """A pool whose ranks keep what an attempt leaves in torch (a process-wide cache): an
+    attempt reproduces only in ranks that have run none before."""
+
+    def __init__(self) -> None:
+        self.warm, self.respawned, self.runs = False, 0, 0
+
+    def run_script(self, code: str, *, function: str, deadline: float) -> object:
+        from fuzz.pool import ScriptOutcome
+
+        self.runs += 1
+        verdict = "PASS: no rank raised" if self.warm else "REPRODUCED exception:parity:x.Y@torch/a.py:f: boom"
+        self.warm = True
+        return ScriptOutcome({0: verdict}, {}, {}, 0.1, False)
+
+    def respawn(self) -> None:
+        self.warm = False
+        self.respawned += 1
+
+
+def test_attempts_run_on_fresh_ranks_where_the_first_does_not_reproduce_twice_in_the_same_ones() -> None:
+    from fuzz.repro.reduce import _Oracle
+
+    entry = load_entry(ROOT / "corpus" / f"{EXCEPTION}.json")
+    said: list[str] = []
+    oracle = _Oracle(entry, "", "exception:parity:x.Y@torch/a.py:f", 60.0, said.append)
+    pool = _CachingPool()
+    oracle.pool = pool  # type: ignore[assignment]
+    code = "def attempt(rank, world_size):\n    pass\n"
+    assert oracle.in_pool(code) and oracle.fresh_each and any("fresh ranks" in s for s in said)
+    assert oracle.in_pool(code) and oracle.in_pool(code)  # each on ranks of its own
+    assert pool.respawned == 2 and pool.runs == 4
+    # ranks that keep nothing: the pool stays warm
+    steady = _Oracle(entry, "", "exception:parity:x.Y@torch/a.py:f", 60.0, lambda _: None)
+    steady.pool = _StalePool()  # type: ignore[assignment]
+    steady.pool.stale = False  # type: ignore[attr-defined]
+    assert steady.in_pool(code) and steady.in_pool(code) and not steady.fresh_each
+    assert steady.pool.respawned == 0  # type: ignore[attr-defined]

@@ -640,6 +640,10 @@ class _Oracle:
         self.slowest = 0.0
         self.pool_attempts = self.torchrun_attempts = 0
         self.respawns = 0  # fresh ranks for an attempt that met a destroyed process group
+        #: Whether every attempt runs on fresh ranks: the first candidate reproduced in the
+        #: pool and then, run again in the same ranks, did not (what it left in torch, a
+        #: process-wide cache say, changes the next attempt's outcome; :meth:`in_pool`).
+        self.fresh_each = False
         self.pool_seconds = self.torchrun_seconds = 0.0
         #: A mismatch's observations as the first candidate that reproduced saw them: every
         #: later candidate must observe exactly the same, so that a cut can never make the
@@ -716,10 +720,17 @@ class _Oracle:
             return self.torchrun(code)
         self.pool_attempts += 1
         self.pool_seconds += outcome.seconds
-        ok = any(
-            reproduced(1, verdict) == self.signature and self._same_observations(verdict)
-            for verdict in outcome.verdicts.values()
-        )
+        ok = self._reproduced_in(outcome)
+        if ok and self.pool_attempts == 1:  # in the same ranks again: do they keep state?
+            again = self._attempt(self.pool, code)
+            self.pool_attempts += 1
+            self.pool_seconds += again.seconds
+            if not self._reproduced_in(again):
+                self.fresh_each = True
+                self.say(
+                    "  run twice in the same ranks, the first candidate did not reproduce the second time: "
+                    "every attempt runs on fresh ranks"
+                )
         if ok:  # a candidate may take POOL_DEADLINE_FACTOR times the slowest that reproduced
             self.slowest = max(self.slowest, outcome.seconds)
             self.deadline = min(self.timeout, max(POOL_DEADLINE_MIN_S, POOL_DEADLINE_FACTOR * self.slowest))
@@ -736,9 +747,20 @@ class _Oracle:
         self._said("pool", code, ok, outcome.seconds, "\n".join(s for s in said if s))
         return ok
 
+    def _reproduced_in(self, outcome: ScriptOutcome) -> bool:
+        return any(
+            reproduced(1, verdict) == self.signature and self._same_observations(verdict)
+            for verdict in outcome.verdicts.values()
+        )
+
     def _attempt(self, pool: RankPool, code: str) -> ScriptOutcome:
-        """``code``'s ``attempt`` in the ranks of ``pool``, on fresh ranks once more where an
-        earlier attempt left torch a destroyed group or a stale mesh (STALE_GROUP, STALE_MESH)."""
+        """``code``'s ``attempt`` in the ranks of ``pool``: on fresh ranks where attempts do not
+        leave the ranks as they found them (:attr:`fresh_each`), else on fresh ranks once more
+        where an earlier attempt left torch a destroyed group or a stale mesh (STALE_GROUP,
+        STALE_MESH)."""
+        if self.fresh_each:
+            pool.respawn()
+            self.respawns += 1
         outcome = pool.run_script(code, function=ATTEMPT, deadline=self.deadline)
         said = [*outcome.errors.values(), *outcome.verdicts.values()]
         if any(STALE_GROUP in text or STALE_MESH in text for text in said):
