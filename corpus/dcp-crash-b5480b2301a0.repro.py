@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=4da2f48d2fa30bb5 sources=3ebb4d52c9cda72d seconds=2789.2
+# shardfuzz reduced reproducer: entry=4da2f48d2fa30bb5 sources=3ebb4d52c9cda72d seconds=3183.7
 # Reproduces shardfuzz corpus entry dcp-crash-b5480b2301a0.json: crash:dcp:signal SIGSEGV@torch/distributed/fsdp/_state_dict_utils.py:param_hook
 # Known torch bug: FSDP1 FULL_STATE_DICT with offload_to_cpu on CPU: state_dict() clones a freed
 # buffer (SIGSEGV), optim_state_dict aliases the gathered states; upstream:
@@ -274,12 +274,6 @@ def add_optimizer(side, training, *, frozen_in_optimizer=False, empty_group=Fals
 def body_optimizer(side, training, body):
     return add_optimizer(side, training, frozen_in_optimizer=False, empty_group=False)
 
-def all_batches(case, training, steps, tree, ctx):
-    pass
-
-def dropped_keys(side, drop):
-    return []
-
 def torch_kwargs(fn, kwargs):
     params = inspect.signature(fn).parameters
     missing = sorted((k for k in kwargs if k not in params))
@@ -317,13 +311,7 @@ def prepare_side(body, side, options):
 def _arrange(body, values, ctx):
     order = ((0, 1), (0, 1))[ctx.rank]
     return {body.entries[i].value: values[body.entries[i]] for i in order if body.entries[i] in values}
-
-def _tensors(value, path=''):
-    pass
 _LAST_PLANNER = [None]
-
-def _load_planner(body):
-    return {}
 
 def _group(body):
     return {}
@@ -332,7 +320,6 @@ _CTX = [None]
 def _load(body, state, path):
     import torch.distributed.checkpoint as dcp
     kwargs = {}
-    kwargs.update(_load_planner(body))
     kwargs.update(_group(body))
     dcp.load(state, checkpoint_id=path, **kwargs)
 
@@ -346,7 +333,6 @@ def _run_dcp(case, body, ctx):
     put = _options(True, True, load=True, strict=not ())
     path = '' or case_dir(case, ctx)
     _LAST_PLANNER[0], _CTX[0] = (None, ctx)
-    data = all_batches(case, t, 1 + 1, body.tree, ctx)
     src = None
     src = build_side(body.tree, body.source, t, ctx, seed=0, schedule=())
     body_optimizer(src, t, body)
@@ -356,11 +342,9 @@ def _run_dcp(case, body, ctx):
     tgt = build_side(body.tree, body.target, t, ctx, seed=FRESH_SEED, meta=False, schedule=())
     body_optimizer(tgt, fresh_training(t), body)
     prepare_side(body, tgt, put)
-    dropped = dropped_keys(tgt, ())
     values = _values(body, case, tgt, ctx, get_load, put, fresh=True, skip=())
     state = _arrange(body, values, ctx)
     plain = {k: v for k, v in state.items() if isinstance(v, (dict, torch.Tensor))}
-    tensors = {k: _tensors(v) for k, v in plain.items()}
     _load(body, state, path)
 
 def main():

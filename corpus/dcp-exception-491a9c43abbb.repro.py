@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=46830f01210eaf42 sources=7d6f5cb23a31c8e4 seconds=478.7
+# shardfuzz reduced reproducer: entry=46830f01210eaf42 sources=7d6f5cb23a31c8e4 seconds=900.0
 # Reproduces shardfuzz corpus entry dcp-exception-491a9c43abbb.json: exception:dcp:torch.distributed.checkpoint.api.CheckpointException@torch/distributed/checkpoint/default_planner.py:_create_global_plan
 # Known torch bug: DefaultSavePlanner(enable_plan_caching=True): a save that fails
 # (FileSystemWriter(overwrite=False) refusing an existing checkpoint) leaves its plans cached; the
@@ -21,7 +21,6 @@ from dataclasses import dataclass, field, fields
 from typing import ClassVar
 import os
 from typing import ClassVar
-from torch import nn
 import torch.distributed as dist
 import inspect
 from dataclasses import dataclass, field
@@ -45,12 +44,6 @@ class LeafKind(str, enum.Enum):
     GELU = 'gelu'
     DROPOUT = 'dropout'
 
-class Dtype(str, enum.Enum):
-    FLOAT32 = 'float32'
-    FLOAT64 = 'float64'
-    BFLOAT16 = 'bfloat16'
-    FLOAT16 = 'float16'
-
 @dataclass(frozen=True)
 class Leaf:
     kind: object
@@ -60,8 +53,6 @@ class Leaf:
 @dataclass(frozen=True)
 class Block:
     children: object
-    residual: object = False
-    scale: object = False
 
 @dataclass(frozen=True)
 class ModuleTree:
@@ -84,7 +75,6 @@ class Training:
     optimizer: object = Optimizer.SGD
     steps: object = 2
     batch_per_rank: object = 2
-    dtype: object = Dtype.FLOAT32
 
 class Body:
     KIND: ClassVar[str]
@@ -92,8 +82,7 @@ class Body:
     registry: ClassVar[dict[str, type[Body]]] = {}
 
     def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        Body.registry[cls.KIND] = cls
+        pass
 
 @dataclass(frozen=True)
 class Case:
@@ -101,15 +90,6 @@ class Case:
     world_size: object
     seed: object
     body: object
-
-@dataclass(frozen=True)
-class Options:
-    full_state_dict: object = False
-    cpu_offload: object = False
-    broadcast_from_rank0: object = False
-    strict: object = True
-    ignore_frozen_params: object = False
-    flatten_optimizer_state_dict: object = False
 
 class Overwrite(str, enum.Enum):
     NONE = 'none'
@@ -136,11 +116,6 @@ class SavePlannerOptions:
     dedup_save_to_lowest_rank: object = False
     enable_plan_caching: object = False
 
-class DcpMode(str, enum.Enum):
-    ROUND_TRIP = 'round_trip'
-    SAVE_ONLY = 'save_only'
-    LOAD_ONLY = 'load_only'
-
 @dataclass(frozen=True)
 class DcpBody(Body):
     KIND: ClassVar[str] = 'dcp'
@@ -150,75 +125,13 @@ class DcpBody(Body):
     target: object
     entries: object
     training: object = field(default_factory=Training)
-    orders: object = ()
     skip: object = ()
     storage_objects: object = False
-    mode: object = DcpMode.ROUND_TRIP
     overwrite: object = Overwrite.NONE
-    writer: object = field(default_factory=WriterOptions)
     save_planner: object = None
-
-class TreeBlock(nn.Module):
-
-    def __init__(self, children, residual, width, scale, buffer):
-        super().__init__()
-        for i, child in enumerate(children):
-            self.add_module(str(i), child)
-        self.residual = residual
-        self.scale = None
-        self.shift = None
-        self.skipped: frozenset[str] = frozenset()
-
-    def forward(self, x):
-        y = x
-        for name, child in self.named_children():
-            y = child(y)
-        return y
-
-def build_leaf(leaf, width):
-    module = _build_leaf(leaf, width)
-    return module
-
-def _build_leaf(leaf, width):
-    return nn.Linear(width, width, bias=False)
-
-def build_node(node, width):
-    if isinstance(node, Leaf):
-        return build_leaf(node, width)
-    return TreeBlock([build_node(c, width) for c in node.children], False, width, False, False)
-
-def build_model(tree, device):
-    with torch.device(device):
-        return build_node(tree.root, 2)
-TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
-
-@dataclass
-class Composed:
-    model: object
 FRESH_SEED = 24301
 
-@dataclass
-class Side:
-    composed: object
-    comp: object
-    training: object
-    schedule: object = ()
-
-    @property
-    def model(self):
-        return self.composed.model
-
 def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=()):
-    torch.manual_seed(seed)
-    device = ctx.device
-    model = build_model(tree, device).to(TORCH_DTYPES[training.dtype])
-    composed = Composed(model)
-    return Side(composed=composed, comp=comp, training=training, schedule=schedule)
-
-def seed_segment(case, ctx, segment):
-    torch.manual_seed((0 * 7919 + segment * 104729 + ctx.rank + 1) % 2 ** 63)
-
-def all_batches(case, training, steps, tree, ctx):
     pass
 
 def torch_kwargs(fn, kwargs):
@@ -226,33 +139,26 @@ def torch_kwargs(fn, kwargs):
     missing = sorted((k for k in kwargs if k not in params))
     return kwargs
 
-def state_dict_options(o):
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-    extra = {n: True for n in ('ignore_frozen_params', 'flatten_optimizer_state_dict') if getattr(o, n)}
-    return StateDictOptions(full_state_dict=False, cpu_offload=False, broadcast_from_rank0=False, strict=True, **torch_kwargs(StateDictOptions, extra))
-
 def case_dir(case, ctx):
     digest = hashlib.sha1('{"body": {"absent": false, "async_save": false, "async_saves": 0, "cache_staged": false, "checkpoint_dir": "", "convert": false, "deadlock": false, "drop": [], "empty_group": false, "entries": ["model"], "frozen_in_optimizer": false, "kind": "dcp", "load_cpu_offload": false, "load_full_state_dict": false, "load_planner": null, "mode": "round_trip", "module_stateful": false, "no_dist": false, "orders": [], "overwrite": "false", "own_group": false, "patched": false, "process_checkpointer": false, "requires_grad": [], "save_cpu_offload": false, "save_full_state_dict": false, "save_planner": {"dedup_save_to_lowest_rank": false, "enable_plan_caching": true, "flatten_sharded_tensors": true}, "skip": [], "source": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "none"}, "stager": null, "steps_after": 1, "storage_objects": true, "target": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "none"}, "target_meta_init": false, "torch_save_reader": false, "training": {"accum_sync": "always", "batch_per_rank": 1, "compile": "none", "dtype": "float32", "eps": 0.001, "foreach": null, "grad_accum": 1, "lr": 0.1, "momentum": 0.0, "optimizer": "adam", "param_groups": 1, "same_input": false, "set_to_none": true, "skips": [], "steps": 1, "unfreeze": []}, "tree": {"root": {"buffer": false, "children": [{"bias": false, "frozen": false, "kind": "linear"}], "residual": false, "scale": false}, "width": 2}, "use_collectives": true, "writer": {"per_thread_copy_ahead": 10000000, "single_file_per_rank": true, "sync_files": true, "thread_count": 1}}, "property": "dcp", "schema": 1, "seed": 0, "world_size": 2}'.encode()).hexdigest()[:12]
     count = getattr(ctx, '_cases', 0)
     return os.path.join('/tmp/shardfuzz-dcp-1335', f'{digest}-{count}')
 
 def _options(full, offload, *, load, strict=True):
-    return Options(full_state_dict=full, cpu_offload=offload, broadcast_from_rank0=load and full and offload, strict=strict)
+    pass
 
 def _values(body, case, side, ctx, get, put, fresh, skip):
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
     out = {}
-    for entry in body.entries:
-        out[entry] = get_model_state_dict(side.model, options=state_dict_options(get))
     return out
 
 def _arrange(body, values, ctx):
-    order = body.orders[ctx.rank] if () else range(len(body.entries))
-    return {'model': values[body.entries[i]] for i in order if body.entries[i] in values}
+    order = range(len((DcpItem.MODEL,)))
+    return {'model': values[(DcpItem.MODEL,)[i]] for i in order if (DcpItem.MODEL,)[i] in values}
 
 def _writer(body, path, **options):
     import torch.distributed.checkpoint as dcp
-    return dcp.FileSystemWriter(path, **options, **torch_kwargs(dcp.FileSystemWriter, body.writer.changed()))
+    return dcp.FileSystemWriter(path, **options, **torch_kwargs(dcp.FileSystemWriter, WriterOptions().changed()))
 _RECORDING_PLANNER = None
 
 def _recording_planner_class():
@@ -265,47 +171,31 @@ def _recording_planner_class():
 
             def create_local_plan(self):
                 plan = super().create_local_plan()
-                self.local_items = [_index(item.index) for item in self.plan.items]
                 return plan
         _RECORDING_PLANNER = RecordingSavePlanner
     return _RECORDING_PLANNER
-
-def _index(index):
-    return [index.fqn, [int(o) for o in index.offset]]
-_LAST_PLANNER = [None]
 
 def _save_planner(body):
     from torch.distributed.checkpoint import DefaultSavePlanner
     options = {k: v for k, v in (('flatten_sharded_tensors', True), ('dedup_save_to_lowest_rank', False), ('enable_plan_caching', True)) if v != (k == 'flatten_sharded_tensors')}
     cls = _recording_planner_class()
     planner = cls(**torch_kwargs(DefaultSavePlanner.__init__, options))
-    _LAST_PLANNER[0] = planner
     return {'planner': planner}
-
-def _group(body):
-    return {}
-_CTX = [None]
 
 def _writer_kwargs(body, path, overwrite=None):
     kwargs = {}
-    kwargs.update(_group(body))
-    options = {'overwrite': overwrite}
-    kwargs['storage_writer'] = _writer(body, path, **options)
+    kwargs['storage_writer'] = _writer(body, path, overwrite=overwrite)
     kwargs.update(_save_planner(body))
     return kwargs
 
 def _save(body, state, path, overwrite=None):
     import torch.distributed.checkpoint as dcp
     kwargs = _writer_kwargs(body, path, overwrite)
-    kwargs.update(_collectives(body))
     dcp.save(state, **kwargs)
 
-def _collectives(body):
-    return {}
-
 def _earlier_checkpoint(body, case, ctx, path, get, put):
-    t = body.training
-    decoy = build_side(body.tree, body.source, t, ctx, seed=0 + 2 * FRESH_SEED)
+    t = Training(optimizer=Optimizer.ADAM, steps=1, batch_per_rank=1)
+    decoy = build_side(ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR, bias=False),))), Composition(), t, ctx, seed=2 * FRESH_SEED)
     values = _values(body, case, decoy, ctx, get, put, fresh=True, skip=())
     import torch.distributed.checkpoint as dcp
     dcp.save(_arrange(body, values, ctx), checkpoint_id=path)
@@ -326,23 +216,19 @@ def run_dcp(case, body, ctx):
     return _run_dcp(case, body, ctx)
 
 def _run_dcp(case, body, ctx):
-    t = body.training
+    t = Training(optimizer=Optimizer.ADAM, steps=1, batch_per_rank=1)
     get_save = _options(False, False, load=False)
     get_load = _options(False, False, load=False)
     put = _options(False, False, load=True, strict=not ())
     path = '' or case_dir(case, ctx)
-    _LAST_PLANNER[0], _CTX[0] = (None, ctx)
-    if body.mode is DcpMode.ROUND_TRIP and ctx.rank == 0:
+    if True and ctx.rank == 0:
         shutil.rmtree(path, ignore_errors=True)
-    obs = {}
-    data = all_batches(case, t, 1 + 1, body.tree, ctx)
     src = None
-    src = build_side(body.tree, body.source, t, ctx, seed=0, schedule=())
+    src = build_side(ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR, bias=False),))), Composition(), t, ctx, seed=0, schedule=())
     _earlier_checkpoint(body, case, ctx, path, get_save, put)
-    seed_segment(case, ctx, 0)
     values = _values(body, case, src, ctx, get_save, put, fresh=False, skip=())
     state = _arrange(body, values, ctx)
-    obs['overwrite'] = _save_over(body, state, path, ctx)
+    obs_overwrite = _save_over(body, state, path, ctx)
 
 def attempt(rank, world_size):
     import torch

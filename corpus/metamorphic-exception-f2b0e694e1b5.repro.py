@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=14b13112cdb7665b sources=ca590eb54ff975c7 seconds=3303.1
+# shardfuzz reduced reproducer: entry=14b13112cdb7665b sources=ca590eb54ff975c7 seconds=3749.5
 # Reproduces shardfuzz corpus entry metamorphic-exception-f2b0e694e1b5.json: exception:metamorphic:torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/conv.py:_conv_forward
 # Known torch bug: torch.compile over FSDP1 (use_orig_params=True, sharded): recompiling the
 # wrapped module's forward while its parameters hold sharded gradients raises
@@ -51,7 +51,6 @@ class Wrapper(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Composition:
-    shards: object = ()
     replicates: object = ()
     checkpoint_first: object = True
     mesh: object = ()
@@ -80,14 +79,11 @@ class TreeBlock(nn.Module):
         i, child = next(iter(enumerate(children)))
         self.add_module(str(i), child)
         self.residual = True
-        self.scale = None
-        self.register_buffer('shift', 0.1 * torch.randn(width))
-        self.skipped: frozenset[str] = frozenset()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = x
-        for name, child in self.named_children():
-            y = child(y)
+        name, child = next(iter(self.named_children()))
+        y = child(y)
         return x + y if self.residual else y
 
 class PointwiseConv1d(nn.Conv1d):
@@ -95,17 +91,11 @@ class PointwiseConv1d(nn.Conv1d):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return super().forward(x.unsqueeze(-1)).squeeze(-1)
 
-def _build_leaf(leaf: Leaf, width: int) -> nn.Module:
-    return PointwiseConv1d(width, width, kernel_size=1, bias=True)
-
 def build_node(node: Node, width: int) -> nn.Module:
     if isinstance(node, Leaf):
-        module = _build_leaf(node, width)
+        module = PointwiseConv1d(width, width, kernel_size=1, bias=True)
         return module
     return TreeBlock([build_node(c, width) for c in node.children], width)
-
-def clean_name(name: str) -> str:
-    return name
 
 @dataclass
 class Composed:
@@ -113,19 +103,15 @@ class Composed:
     wrapper: object = Wrapper.NONE
     param_names: object = field(default_factory=list)
 
-def compose(model: nn.Module, ctx: RankContext) -> Composed:
+def build_composed(tree: ModuleTree, dtype: torch.dtype, ctx: RankContext) -> tuple[nn.Module, Composed]:
+    model = build_node(tree.root, 1).to(dtype)
     names = [n for n, _ in model.named_parameters()]
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
     strategy = ShardingStrategy.FULL_SHARD
     wrap_out = FSDP(model, sharding_strategy=strategy, device_id=ctx.device, use_orig_params=True, auto_wrap_policy=ModuleWrapPolicy({TreeBlock}))
-    return Composed(model=wrap_out, wrapper=Wrapper.FSDP1_FULL_SHARD, param_names=names)
-
-def build_composed(tree: ModuleTree, comp: Composition, dtype: torch.dtype, ctx: RankContext) -> tuple[nn.Module, Composed]:
-    model = build_node(tree.root, 1).to(dtype)
-    return (model, compose(model, ctx))
-    offload = any((s.offload for s in comp.shards))
-    module = next(iter(model.modules()))
+    compose_out = Composed(model=wrap_out, wrapper=Wrapper.FSDP1_FULL_SHARD, param_names=names)
+    return (model, compose_out)
 
 class _Contracts:
 
@@ -143,47 +129,31 @@ class _Contracts:
             pass
         return hook
 
-    def after_forward(self, skipped: list[str]) -> dict[str, Any]:
-        for h in self.handles:
-            h.remove()
-        state = {}
-        return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
-
-def train(tree: ModuleTree, training: Training, comp: Composition | None, ctx: RankContext) -> dict[str, Any]:
-    model, composed = build_composed(tree, comp, torch.float32, ctx)
+def attempt(rank, world_size):
+    ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
+    tree = ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D),), residual=True, buffer=True))
+    training = Training(lr=0.05, momentum=0.9, steps=3, batch_per_rank=3, set_to_none=False, same_input=True, compile=Compile.EAGER)
+    comp = Composition(replicates=('',), checkpoint_first=False, mesh=(1, 4))
+    model, composed = build_composed(tree, torch.float32, ctx)
     contracts = _Contracts(model, comp)
-    obs = {}
-    model_ = composed.model
-    out__ = {}
-    name, p__ = next(iter(model_.named_parameters()))
-    owner = '.'.join((c for c in clean_name(name).split('.')[:-1] if c.isdigit()))
-    params = composed.model.parameters()
-    later_ = [p for ps in out__.values() for p in ps]
-    held = {id(p_) for p_ in later_}
     model__ = composed.model
     forward = torch.compile(model__, backend='eager')
-    params_per_step = []
     gen = torch.Generator().manual_seed(5651)
     out_ = []
     for _ in range(3):
-        step_ = []
         x_ = torch.randn(ctx.world_size * 3, 1, generator=gen, dtype=torch.float32)
         y_ = torch.randn(ctx.world_size * 3, 1, generator=gen, dtype=torch.float32)
-        step_.append((x_[0:3].to(ctx.device), y_[0:3].to(ctx.device)))
+        step_ = [(x_[0:3].to(ctx.device), y_[0:3].to(ctx.device))]
         out_.append(step_)
     for s, step in enumerate(out_):
         i, (x, y) = next(iter(enumerate(step)))
         skipped = training.skipped_at(s, i)
         last = i == len(step) - 1
         out = forward(x)
-        obs['contracts'] = contracts.after_forward(skipped)
+        for h in contracts.handles:
+            h.remove()
         loss = F.mse_loss(out.to(y.dtype), y)
         loss.backward()
-    obs['params'] = params_per_step
-
-def attempt(rank, world_size):
-    ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
-    first = train(ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D),), residual=True, buffer=True)), Training(lr=0.05, momentum=0.9, steps=3, batch_per_rank=3, set_to_none=False, same_input=True, compile=Compile.EAGER), Composition(replicates=('',), checkpoint_first=False, mesh=(1, 4)), ctx)
 
 if __name__ == "__main__":
     import os

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=9ff801546b7cc4d4 sources=417b1273247da170 seconds=1044.1
+# shardfuzz reduced reproducer: entry=9ff801546b7cc4d4 sources=417b1273247da170 seconds=2128.7
 # Reproduces shardfuzz corpus entry parity-exception-49c62d6cb7ad.json: exception:parity:builtins.RuntimeError@torch/distributed/tensor/_api.py:redistribute
 # Known torch bug: DTensor convolution runs the local op on its inputs as they are, not
 # redistributed to the placements its sharding propagation chose (convolution_handler ignores
@@ -22,7 +22,6 @@ import torch
 import enum
 from dataclasses import dataclass
 from dataclasses import dataclass, field
-from functools import cached_property
 import builtins
 from typing import Any, ClassVar
 from typing import Any
@@ -77,19 +76,6 @@ class Block:
     children: object
     residual: object = False
     scale: object = False
-    buffer: object = False
-
-def iter_paths(block, prefix=''):
-    yield (prefix, block)
-    for i, child in enumerate(block.children):
-        path = f'{prefix}.{i}' if prefix else str(i)
-        if isinstance(child, Block):
-            yield from iter_paths(child, path)
-        else:
-            yield (path, child)
-
-def owns_params(node):
-    pass
 
 @dataclass(frozen=True)
 class ModuleTree:
@@ -97,20 +83,16 @@ class ModuleTree:
     root: object
 
     def paths(self):
-        return dict(iter_paths(self.root))
+        pass
 
-def contains(outer, path):
-    return outer == path or outer == '' or path.startswith(outer + '.')
-
-def is_ancestor(ancestor, path):
-    return ancestor != path and contains(ancestor, path)
+def is_ancestor():
+    pass
 
 @dataclass(frozen=True)
 class ShardSpec:
     path: object
     reshard_after_forward: object = True
     group: object = ()
-    ignored: object = ()
 
     @property
     def paths(self):
@@ -122,20 +104,6 @@ class TpPair:
     rowwise: object
 
 @dataclass(frozen=True)
-class Knobs:
-
-    def names(self):
-        pass
-
-@dataclass(frozen=True)
-class ReplicateOptions:
-    dim: object = 0
-    ignored_modules: object = ()
-
-    def names(self):
-        pass
-
-@dataclass(frozen=True)
 class Composition:
     shards: object = ()
     replicates: object = ()
@@ -145,8 +113,6 @@ class Composition:
     meta_init: object = False
     tp: object = ()
     tp_size: object = 1
-    knobs: object = field(default_factory=Knobs)
-    replicate_options: object = field(default_factory=ReplicateOptions)
     spmd: object = False
 
     def reshard_after_forward(self, spec):
@@ -155,10 +121,6 @@ class Composition:
     @property
     def sharded_paths(self):
         return [p for spec in self.shards for p in spec.paths]
-
-    @property
-    def shard_ignored(self):
-        return frozenset((p for spec in self.shards for p in spec.ignored))
 
     def steps(self):
         order = {'checkpoint': 0 if self.checkpoint_first else 3, 'fully_shard': 1, 'replicate': 2}
@@ -172,8 +134,7 @@ class Composition:
         return sorted(items, key=key)
 
     def _spec_paths(self, api, path):
-        if api == 'fully_shard':
-            return next((s.paths for s in self.shards if s.path == path))
+        return next((s.paths for s in self.shards if s.path == path)) if api == 'fully_shard' else None
 
 class AccumSync(str, enum.Enum):
     ALWAYS = 'always'
@@ -203,47 +164,11 @@ class Training:
     set_to_none: object = True
     same_input: object = False
     foreach: object = None
-    skips: object = ()
     unfreeze: object = ()
     compile: object = Compile.NONE
 
     def skipped_at(self, step, microbatch):
-        return [s.path for s in self.skips if s.step == step and s.microbatch == microbatch]
-
-@dataclass(frozen=True)
-class Layout:
-    tree: object
-    comp: object
-
-    @cached_property
-    def paths(self):
-        return self.tree.paths()
-
-    @cached_property
-    def units(self):
         pass
-
-    @cached_property
-    def member_paths(self):
-        return tuple((m for u in self.units for m in u.members))
-
-    def member_of(self, path, api=None):
-        best = None
-        members = self.member_paths if api is None else [m for u in self.units if u.api == api for m in u.members]
-        for m in members:
-            if contains(m, path) and (best is None or is_ancestor(best, m)):
-                best = m
-        return best
-
-    def local(self):
-        ignored = self.comp.replicate_options.ignored_modules
-        by_shards = self.comp.shard_ignored
-        return [p for p, n in self.paths.items() if owns_params(n) and (any((contains(i, p) for i in ignored)) or p in by_shards) and (self.member_of(p) is None)]
-
-    def synced_at_init(self, training):
-        comp = self.comp
-        if comp.tp or comp.meta_init:
-            return ([], False)
 
 class Body:
     KIND: ClassVar[str]
@@ -251,9 +176,6 @@ class Body:
     registry: ClassVar[dict[str, type[Body]]] = {}
 
     def __init_subclass__(cls, **kwargs):
-        pass
-
-    def validate_for(self, world_size):
         pass
 
 @dataclass(frozen=True)
@@ -264,37 +186,12 @@ class ParityBody(Body):
     composition: object
     training: object = field(default_factory=Training)
 
-    def validate_for(self, world_size):
-        pass
-
 @dataclass(frozen=True)
 class Case:
     property: object
     world_size: object
     seed: object
     body: object
-
-    def __post_init__(self):
-        self.body.validate_for(self.world_size)
-
-class TreeBlock(nn.Module):
-
-    def __init__(self, children, residual, width, scale, buffer):
-        super().__init__()
-        for i, child in enumerate(children):
-            self.add_module(str(i), child)
-        self.residual = residual
-        self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(width)) if scale else None
-        self.shift = None
-        self.skipped: frozenset[str] = frozenset()
-
-    def forward(self, x):
-        y = x
-        for name, child in self.named_children():
-            y = child(y)
-        if self.scale is not None:
-            y = y * self.scale
-        return x + y if self.residual else y
 
 class PointwiseConv1d(nn.Conv1d):
 
@@ -313,10 +210,6 @@ def _one_shard_per_dim(x):
         placements.append(p)
     return x if tuple(placements) == tuple(x.placements) else x.redistribute(x.device_mesh, placements)
 
-def build_leaf(leaf, width):
-    module = _build_leaf(leaf, width)
-    return module
-
 def _build_leaf(leaf, width):
     if leaf.kind is LeafKind.LINEAR:
         return nn.Linear(width, width, bias=leaf.bias)
@@ -327,8 +220,9 @@ def _build_leaf(leaf, width):
 
 def build_node(node, width):
     if isinstance(node, Leaf):
-        return build_leaf(node, width)
-    return TreeBlock([build_node(c, width) for c in node.children], node.residual, width, node.scale, node.buffer)
+        module = _build_leaf(node, width)
+        return module
+    return nn.Sequential(*[build_node(c, width) for c in node.children])
 
 def build_model(tree, device):
     with torch.device(device):
@@ -338,49 +232,16 @@ TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtyp
 def tp_mesh(comp, ctx):
     return ctx.mesh((ctx.world_size // comp.tp_size, comp.tp_size), ('shard', 'tp'))
 
-def mesh_for(comp, ctx):
+def mesh_for():
     pass
-
-def as_spmd(model, mesh, comp):
-    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
-    names = list(mesh.mesh_dim_names)
-    split = {}
-    for pair in comp.tp:
-        split.update({f'{pair.colwise}.weight': Shard(0), f'{pair.colwise}.bias': Shard(0)})
-        split[f'{pair.rowwise}.weight'] = Shard(1)
-    for path, module in model.named_modules():
-        for name, p in list(module.named_parameters(recurse=False)):
-            placements = [Replicate()] * mesh.ndim
-            if f'{path}.{name}'.lstrip('.') in split:
-                placements[names.index('tp')] = split[f'{path}.{name}'.lstrip('.')]
-            dt = distribute_tensor(p.detach(), mesh, placements)
-            setattr(module, name, nn.Parameter(dt, requires_grad=p.requires_grad))
 
 def spmd_mesh(comp, ctx):
-    return tp_mesh(comp, ctx) if comp.tp else mesh_for(comp, ctx)
-
-def _batch_placements(mesh):
-    pass
+    return tp_mesh(comp, ctx) if comp.tp else mesh_for()
 
 def spmd_part(t, mesh):
     from torch.distributed.tensor import DTensor
-    return DTensor.from_local(t, mesh, _batch_placements(mesh))
-
-def spmd_backward(out, y, mesh):
-    err = out.to(y.dtype) - spmd_part(y, mesh)
-    (err * err).sum().div(y.numel()).backward()
-    mine = out.detach()
-    return F.mse_loss(mine.to_local().to(y.dtype), y)
-
-def apply_fully_shard(model, spec, mesh, spmd=False):
-    from torch.distributed.fsdp import fully_shard
-    kwargs = {'mesh': mesh, 'reshard_after_forward': spec.reshard_after_forward}
-    if spmd:
-        from torch.distributed.fsdp import DataParallelMeshDims
-        replicate = 'replicate' if 'replicate' in mesh.mesh_dim_names else None
-        kwargs['dp_mesh_dims'] = DataParallelMeshDims(shard='shard', replicate=replicate)
-    modules = [model.get_submodule(p) for p in spec.paths]
-    fully_shard(modules if spec.group else modules[0], **kwargs)
+    pass
+    return DTensor.from_local(t, mesh, None)
 
 @dataclass
 class Composed:
@@ -402,50 +263,34 @@ class Composed:
             pass
         yield out
 
-def compose(model, comp, ctx, tree=None):
-    mesh = spmd_mesh(comp, ctx) if comp.spmd else mesh_for(comp, ctx)
-    if comp.spmd:
-        as_spmd(model, mesh, comp)
-    specs = {s.path: s for s in comp.shards}
-    for api, path in comp.steps():
-        if api == 'fully_shard':
-            apply_fully_shard(model, specs[path], mesh, comp.spmd)
-    sharded = comp.sharded_paths
-    tops = [p for p in sharded if not any((is_ancestor(q, p) for q in sharded))]
-    return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops], spmd_mesh=mesh if comp.spmd else None)
-
 def build_composed(tree, comp, dtype, ctx, *, seed, desync=None):
     torch.manual_seed(seed)
     if not comp.meta_init:
         model = build_model(tree, ctx.device).to(dtype)
         if desync is not None:
-            paths, buffers = Layout(tree, comp).synced_at_init(desync)
-        return (model, _with_knobs(model, compose(model, comp, ctx, tree), comp, tree))
-
-def _with_knobs(model, composed, comp, tree):
-    return composed
-
-def make_optimizer(params, training, later=()):
-    held = {id(p) for p in later}
-    params = [p for p in params if p.requires_grad or id(p) in held]
-    groups = params
-    foreach = training.foreach
-    return torch.optim.AdamW(groups, lr=training.lr, eps=training.eps, foreach=foreach)
-
-def batches(case, training, width, ctx, tp_size=1):
-    dtype = TORCH_DTYPES[training.dtype]
-    gen = torch.Generator().manual_seed(case.seed)
-    b = training.batch_per_rank
-    lo = 0 if training.same_input else ctx.rank // tp_size * b
-    out = []
-    for _ in range(training.steps):
-        step = []
-        for _ in range(training.grad_accum):
-            x = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
-            y = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
-            step.append((x[lo:lo + b].to(ctx.device), y[lo:lo + b].to(ctx.device)))
-        out.append(step)
-    return out
+            pass
+        mesh = spmd_mesh(comp, ctx) if comp.spmd else mesh_for()
+        if comp.spmd:
+            from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+            names = list(mesh.mesh_dim_names)
+            split = {}
+            for pair in comp.tp:
+                split.update({f'{pair.colwise}.weight': Shard(0), f'{pair.colwise}.bias': Shard(0)})
+                split[f'{pair.rowwise}.weight'] = Shard(1)
+            for path_, module in model.named_modules():
+                for name, p_ in list(module.named_parameters(recurse=False)):
+                    placements = [Replicate()] * mesh.ndim
+                    if f'{path_}.{name}'.lstrip('.') in split:
+                        placements[names.index('tp')] = split[f'{path_}.{name}'.lstrip('.')]
+                    dt = distribute_tensor(p_.detach(), mesh, placements)
+                    setattr(module, name, nn.Parameter(dt, requires_grad=p_.requires_grad))
+        for api, path in comp.steps():
+            if api == 'fully_shard':
+                pass
+        sharded = comp.sharded_paths
+        tops = [p for p in sharded if not any((is_ancestor() for q in sharded))]
+        compose_out = Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops], spmd_mesh=mesh if comp.spmd else None)
+        return (model, compose_out)
 
 class _Contracts:
 
@@ -465,15 +310,13 @@ class _Contracts:
     def _on_output(self, path):
 
         def hook(module, args, output):
-            if isinstance(output, torch.Tensor):
-                self.output_dtypes.setdefault(path, str(output.dtype).removeprefix('torch.'))
+            pass
         return hook
 
     def _on_leaf(self, name):
 
         def hook(module, args):
-            p = next(module.parameters(recurse=False))
-            self.leaf_dtypes.setdefault(name, str(p.dtype).removeprefix('torch.'))
+            pass
         return hook
 
     def after_forward(self, skipped):
@@ -486,7 +329,7 @@ class _Contracts:
             state[spec.path] = flags
         return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
 
-def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precision=None, hsdp=None, local=frozenset()):
+def train(case, tree, training, comp, ctx, tp_size=1):
     dtype = TORCH_DTYPES[training.dtype]
     if comp is not None:
         model, composed = build_composed(tree, comp, dtype, ctx, seed=case.seed, desync=training)
@@ -496,14 +339,36 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
         composed = Composed(model)
     contracts = _Contracts(model, comp) if comp is not None else None
     obs = {}
-    later = _unfrozen_later(composed.model, training)
-    opt = make_optimizer(composed.model.parameters(), training, [p for ps in later.values() for p in ps])
+    model_ = composed.model
+    out__ = {u.path: [] for u in training.unfreeze}
+    for name, p__ in model_.named_parameters():
+        pass
+    params = composed.model.parameters()
+    later_ = [p for ps in out__.values() for p in ps]
+    held = {id(p_) for p_ in later_}
+    params = [p_ for p_ in params if p_.requires_grad or id(p_) in held]
+    groups = params
+    foreach = training.foreach
+    opt = torch.optim.AdamW(groups, lr=training.lr, eps=training.eps, foreach=foreach)
     forward = _compiled(composed.model, training) if comp is not None else composed.model
     spmd = composed.spmd_mesh
     losses = []
     params_per_step = []
     grad_norms = []
-    for s, step in enumerate(batches(case, training, tree.width, ctx, tp_size)):
+    width = tree.width
+    dtype_ = TORCH_DTYPES[training.dtype]
+    gen = torch.Generator().manual_seed(case.seed)
+    b = training.batch_per_rank
+    lo = 0 if training.same_input else ctx.rank // tp_size * b
+    out_ = []
+    for _ in range(training.steps):
+        step_ = []
+        for _ in range(training.grad_accum):
+            x_ = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype_)
+            y_ = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype_)
+            step_.append((x_[lo:lo + b].to(ctx.device), y_[lo:lo + b].to(ctx.device)))
+        out_.append(step_)
+    for s, step in enumerate(out_):
         step_losses = []
         for i, (x, y) in enumerate(step):
             if spmd is not None:
@@ -520,12 +385,15 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
                     obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
                     contracts = None
                 if spmd is not None:
-                    loss = spmd_backward(out, y, spmd)
+                    err = out.to(y.dtype) - spmd_part(y, spmd)
+                    (err * err).sum().div(y.numel()).backward()
+                    mine = out.detach()
+                    loss = F.mse_loss(mine.to_local().to(y.dtype), y)
                 else:
                     loss = F.mse_loss(out.to(y.dtype), y)
                     loss.backward()
             step_losses.append(loss.item())
-        if comp is None and precision is None:
+        if comp is None and None is None:
             pass
         opt.step()
         opt.zero_grad(set_to_none=training.set_to_none)
@@ -540,36 +408,26 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
         obs['params'] = params_per_step
     return obs
 
-def _unfrozen_later(model, training):
-    out = {u.path: [] for u in training.unfreeze}
-    for name, p in model.named_parameters():
-        pass
-    return out
-
 def _compiled(model, training):
-    if training.compile is Compile.NONE:
-        return model
+    return model if training.compile is Compile.NONE else None
 
 class _null:
 
     def __enter__(self):
-        return None
+        pass
 
     def __exit__(self, *exc):
-        return None
+        pass
 
-def grad_scales(tree, comp, world_size):
+def grad_scales():
     pass
-
-def _local_of(tree, comp):
-    return frozenset() if comp is None else frozenset(Layout(tree, comp).local())
 
 def run_parity(case, body, ctx):
     tp = body.composition.tp_size
     comp = body.composition
     composed = train(case, body.tree, body.training, comp, ctx, tp)
-    scales = grad_scales(body.tree, comp, ctx.world_size)
-    reference = train(case, body.tree, body.training, None, ctx, tp, scales, local=_local_of(body.tree, comp))
+    scales = grad_scales()
+    reference = train(case, body.tree, body.training, None, ctx, tp)
     return {**composed, 'ref': {k: reference[k] for k in ('losses', 'params', 'grad_norms') if k in reference}}
 
 def attempt(rank, world_size):

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=f0abe9d427fc1f83 sources=845e968d7c09e2fe seconds=2020.3
+# shardfuzz reduced reproducer: entry=f0abe9d427fc1f83 sources=845e968d7c09e2fe seconds=2440.2
 # Reproduces shardfuzz corpus entry parity-mismatch-e887f758b809.json: mismatch:parity@fsdp2:frozen-int-reshard
 # Known torch bug: a frozen fully_shard unit with an int reshard_after_forward under a replicate'd
 # root stays in its post-forward state; upstream: none found.
@@ -181,12 +181,12 @@ def fsdp_sharded(p):
 
 class TreeBlock(nn.Module):
 
-    def __init__(self, children, width):
+    def __init__(self, children):
         super().__init__()
         for i, child in enumerate(children):
             self.add_module(str(i), child)
         self.residual = False
-        self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(width))
+        self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(2))
         self.shift = None
         self.skipped: frozenset[str] = frozenset()
 
@@ -202,27 +202,15 @@ class PointwiseConv1d(nn.Conv1d):
     def forward(self, x):
         return super().forward(x.unsqueeze(-1)).squeeze(-1)
 
-def build_leaf(width):
-    module = _build_leaf(width)
-    module.requires_grad_(False)
-    return module
-
-def _build_leaf(width):
-    return PointwiseConv1d(width, width, kernel_size=1, bias=False)
-
-def build_node(node, width):
-    if isinstance(node, Leaf):
-        return build_leaf(width)
-    return TreeBlock([build_node(c, width) for c in node.children], width)
-
-def build_model(tree, device):
+def build_model(device):
     with torch.device(device):
-        return build_node(tree.root, 2)
+        module = PointwiseConv1d(2, 2, kernel_size=1, bias=False)
+        module.requires_grad_(False)
+        return TreeBlock([module])
 
 def replicate_kwargs():
     kwargs = {'find_unused_parameters': False, 'device_ids': None}
     return kwargs
-TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
 
 def clean_name(name):
     return name
@@ -260,12 +248,12 @@ def compose(model, comp):
     tops = [p for p in sharded if not any((False for q in sharded))]
     return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
 
-def build_composed(tree, comp, dtype, ctx, *, seed):
-    torch.manual_seed(seed)
-    model = build_model(tree, ctx.device).to(dtype)
-    return (model, _with_knobs(model, compose(model, comp), comp, tree))
+def build_composed(tree, comp, dtype, ctx):
+    torch.manual_seed(0)
+    model = build_model(ctx.device).to(dtype)
+    return (model, _with_knobs(compose(model, comp), tree))
 
-def _with_knobs(model, composed, comp, tree):
+def _with_knobs(composed, tree):
     return composed
 
 def make_optimizer(params, training, later=()):
@@ -275,15 +263,14 @@ def make_optimizer(params, training, later=()):
     return torch.optim.SGD(groups, lr=0.01, momentum=0.0, foreach=False)
 
 def batches(case, training, width, ctx, tp_size=1):
-    dtype = TORCH_DTYPES[training.dtype]
     gen = torch.Generator().manual_seed(0)
     lo = ctx.rank // tp_size
     out = []
     for _ in range(1):
         step = []
         for _ in range(1):
-            x = torch.randn(ctx.world_size, width, generator=gen, dtype=dtype)
-            y = torch.randn(ctx.world_size, width, generator=gen, dtype=dtype)
+            x = torch.randn(ctx.world_size, width, generator=gen, dtype=torch.float32)
+            y = torch.randn(ctx.world_size, width, generator=gen, dtype=torch.float32)
             step.append((x[lo:lo + 1].to(ctx.device), y[lo:lo + 1].to(ctx.device)))
         out.append(step)
     return out
@@ -342,12 +329,11 @@ def replicate_contract(model, comp, skipped=None):
     return out
 
 def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precision=None, local=frozenset()):
-    dtype = TORCH_DTYPES[training.dtype]
     if comp is not None:
-        model, composed = build_composed(tree, comp, dtype, ctx, seed=0)
+        model, composed = build_composed(tree, comp, torch.float32, ctx)
     else:
         torch.manual_seed(0)
-        model = build_model(tree, ctx.device).to(dtype)
+        model = build_model(ctx.device).to(torch.float32)
         composed = Composed(model)
     contracts = _Contracts(model, comp) if comp is not None else None
     obs = {}
@@ -433,10 +419,10 @@ def _local_replicated(model, local=frozenset()):
     return {n: p.detach().double().cpu().flatten().tolist() for n, p in model.named_parameters() if not isinstance(p, DTensor) and (not n.startswith('_fsdp_wrapped_module')) and ('_fsdp' not in n) and (clean_name(n).rpartition('.')[0] not in local)}
 
 def run_parity(case, body, ctx):
-    comp = body.composition
-    composed = train(case, body.tree, body.training, comp, ctx, 1)
-    scales = grad_scales(body.tree, comp, ctx.world_size)
-    reference = train(case, body.tree, body.training, None, ctx, 1, scales, local=_local_of(body.tree, comp))
+    comp = Composition(shards=(ShardSpec(path='0', reshard_after_forward=2),), replicates=('',), checkpoint_first=False)
+    composed = train(case, ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False, frozen=True),), scale=True)), Training(lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, set_to_none=False, foreach=False), comp, ctx, 1)
+    scales = grad_scales(ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False, frozen=True),), scale=True)), comp, ctx.world_size)
+    reference = train(case, ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False, frozen=True),), scale=True)), Training(lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, set_to_none=False, foreach=False), None, ctx, 1, scales, local=_local_of(ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False, frozen=True),), scale=True)), comp))
     return {**composed, 'ref': {k: reference[k] for k in ('losses', 'params', 'grad_norms') if k in reference}}
 
 class OutcomeKind(str, enum.Enum):
