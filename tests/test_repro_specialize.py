@@ -146,6 +146,25 @@ def test_clean_drops_what_nothing_reads_and_keeps_positional_fields() -> None:
     assert "step" not in code and "for name" not in code and "None" not in code
 
 
+def test_clean_keeps_the_methods_torch_calls_on_a_stateful_object() -> None:
+    """DCP saves and loads any object with ``state_dict`` / ``load_state_dict`` (the Stateful
+    protocol) through them, though the script never names them: they are not idle."""
+    from fuzz.repro.fold import clean
+
+    code = clean(
+        "class App:\n"
+        "    def state_dict(self):\n"
+        "        return {'step': 1}\n"
+        "    def load_state_dict(self, state_dict):\n"
+        "        pass\n"
+        "    def never_called(self):\n"
+        "        pass\n"
+        "state = {'app': App()}\n"
+    )
+    assert "def state_dict" in code and "def load_state_dict" in code
+    assert "never_called" not in code
+
+
 def test_a_judges_case_functions_become_their_value_for_the_case() -> None:
     from fuzz.properties.parity import api_of
     from fuzz.repro.specialize import fold_case_functions

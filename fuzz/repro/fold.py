@@ -357,9 +357,14 @@ def _dataclass_fields(tree: ast.Module) -> bool:
     return changed
 
 
+#: Methods torch calls on objects of any class, by duck typing: DCP saves and loads whatever
+#: implements the ``Stateful`` protocol (a runtime-checkable ``Protocol``) through these.
+PROTOCOL_METHODS = frozenset({"state_dict", "load_state_dict"})
+
+
 def _methods(tree: ast.Module, local: set[str]) -> bool:
     """Methods nothing calls by name, in classes whose bases are the script's own (torch calls
-    no method of those by a name the script does not write)."""
+    no method of those by a name the script does not write, but :data:`PROTOCOL_METHODS`)."""
     words: dict[str, int] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute):
@@ -383,7 +388,7 @@ def _methods(tree: ast.Module, local: set[str]) -> bool:
             if not (
                 isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
                 and (
-                    (not s.name.startswith("__") and s.name not in words)
+                    (not s.name.startswith("__") and s.name not in words and s.name not in PROTOCOL_METHODS)
                     or (s.name == "__post_init__" and all(_inert(b) for b in s.body))
                 )
             )
