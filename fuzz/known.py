@@ -87,15 +87,22 @@ class Patch:
 #: One file per known bug whose fix is written: ``{"why": ..., "changes": [{"module", "old",
 #: "new"}, ...]}``, each ``old`` text once in its module of the torch the bug is present in;
 #: ``"written_for": "2.13"`` where the text is that release's only (another release's source
-#: differs there, so the fix does not apply to it: :func:`fix_written_for`).
+#: differs there, so the fix does not apply to it: :func:`fix_written_for`). A bug with the
+#: same root cause as another's written fix says so instead of repeating it: ``{"why": ...,
+#: "same_as": "<bug id>"}`` takes that file's changes.
 FIXES = Path(__file__).resolve().parent / "fixes"
 
 
 @cache
 def _fix_file(bug_id: str) -> dict[str, Any]:
-    """``FIXES/<bug_id>.json`` as read once; {} where there is no such file."""
+    """``FIXES/<bug_id>.json`` as read once (with the changes of the bug it is the ``same_as``);
+    {} where there is no such file."""
     path = FIXES / f"{bug_id}.json"
-    return dict(json.loads(path.read_text())) if path.is_file() else {}
+    data = dict(json.loads(path.read_text())) if path.is_file() else {}
+    if "same_as" in data:
+        same = _fix_file(data["same_as"])
+        data.update({k: v for k, v in same.items() if k in ("changes", "written_for")})
+    return data
 
 
 @cache
