@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=87e3671b7d30ca95 sources=001b716bb8af1bc0 seconds=2646.0
+# shardfuzz reduced reproducer: entry=87e3671b7d30ca95 sources=001b716bb8af1bc0 seconds=4047.1
 # Reproduces shardfuzz corpus entry dcp-hang-96de59c34a50.json: hang:dcp@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone
 # Known torch bug: set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0
 # pass an empty model state dict; upstream: https://github.com/pytorch/pytorch/issues/157781.
@@ -9,25 +9,19 @@
 # is there, else exits 0 (expected: every rank finishes).
 
 from __future__ import annotations
-import gc
 from dataclasses import dataclass, field
 import torch
 import enum
 from dataclasses import dataclass
-from dataclasses import dataclass, field, fields
-from functools import cached_property
+from dataclasses import dataclass, field
 from dataclasses import replace
-import builtins
 from typing import ClassVar
-import dataclasses
 import json
 import os
 import tempfile
 from typing import ClassVar
 from torch import nn
-from contextlib import contextmanager
 import torch.distributed as dist
-import torch.nn.functional as F
 import inspect
 from dataclasses import dataclass, field, replace
 import hashlib
@@ -35,7 +29,6 @@ import shutil
 
 def __getattr__(name):
     raise AttributeError(f"module 'fuzz' has no attribute {name!r}")
-FULL_GC_EVERY = 50
 
 @dataclass
 class RankContext:
@@ -43,42 +36,10 @@ class RankContext:
     world_size: object
     device: object
     backend: object
-    _meshes: object = field(default_factory=dict)
-
-    def mesh(self, shape, names):
-        from torch.distributed.device_mesh import init_device_mesh
-        key = (shape, names)
-        if key not in self._meshes:
-            self._meshes[key] = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
-        return self._meshes[key]
     _cases: object = 0
-    extra_groups: object = field(default_factory=list)
-    _groups: object = field(default_factory=dict)
 
     def group(self, name):
-        ...
-
-    def _check_in_step(self):
-        import torch.distributed as dist
-        groups = [None]
-        for mesh in self._meshes.values():
-            groups.extend(mesh.get_all_groups())
-        groups.extend(self.extra_groups)
-        seen = set()
-        mine = torch.tensor([self._cases, self.rank], dtype=torch.int64)
-        for group in groups:
-            key = id(group if group is not None else dist.group.WORLD)
-            seen.add(key)
-            size = dist.get_world_size(group)
-            parts = [torch.zeros(2, dtype=torch.int64) for _ in range(size)]
-            dist.all_gather(parts, mine, group=group)
-            out = torch.cat(parts)
-            cases = out[0::2].tolist()
-
-    def end_case(self):
-        self._check_in_step()
-        self._cases += 1
-        gc.collect(1 if self._cases % FULL_GC_EVERY else 2)
+        pass
 
 class LeafKind(str, enum.Enum):
     LINEAR = 'linear'
@@ -94,16 +55,12 @@ class Dtype(str, enum.Enum):
     FLOAT64 = 'float64'
     BFLOAT16 = 'bfloat16'
     FLOAT16 = 'float16'
-PARAM_LEAVES = frozenset({LeafKind.LINEAR, LeafKind.LAYER_NORM, LeafKind.CONV1D})
 
 @dataclass(frozen=True)
 class Leaf:
     kind: object
     bias: object = True
     frozen: object = False
-
-    def __post_init__(self):
-        pass
 
 @dataclass(frozen=True)
 class Block:
@@ -112,26 +69,16 @@ class Block:
     scale: object = False
     buffer: object = False
 
-    def __post_init__(self):
-        pass
-
 def param_names(node):
-    ...
+    pass
 
 @dataclass(frozen=True)
 class ModuleTree:
     width: object
     root: object
 
-    def __post_init__(self):
-        pass
-
     def paths(self):
         pass
-
-    @property
-    def size(self):
-        ...
 
 def contains(outer, path):
     return outer == path or outer == '' or path.startswith(outer + '.')
@@ -150,15 +97,7 @@ class Wrapper(str, enum.Enum):
 @dataclass(frozen=True)
 class ShardSpec:
     path: object
-    reshard_after_forward: object = True
-    shard_dim: object = 0
     group: object = ()
-    mixed_precision: object = None
-    offload: object = False
-    ignored: object = ()
-
-    def __post_init__(self):
-        raf = self.reshard_after_forward
 
     @property
     def paths(self):
@@ -169,50 +108,19 @@ class Composition:
     shards: object = ()
     replicates: object = ()
     checkpoints: object = ()
-    checkpoint_first: object = True
-    mesh: object = ()
     wrapper: object = Wrapper.NONE
-    auto_wrap: object = False
-    meta_init: object = False
-    tp: object = ()
-    tp_size: object = 1
-    find_unused: object = False
-    spmd: object = False
-
-    def __post_init__(self):
-        pass
-
-    def _check_spmd(self):
-        ...
-
-    def uniform_precision(self):
-        ...
-
-    def reshard_after_forward(self, spec):
-        ...
 
     @property
     def sharded_paths(self):
         return [p for spec in self.shards for p in spec.paths]
 
-    @property
-    def shard_ignored(self):
-        return frozenset((p for spec in self.shards for p in spec.ignored))
-
     def steps(self):
-        order = {'checkpoint': 0 if self.checkpoint_first else 3, 'fully_shard': 1, 'replicate': 2}
         items = [('checkpoint', p) for p in self.checkpoints] + [('replicate', p) for p in self.replicates]
         items += [('fully_shard', spec.path) for spec in self.shards]
 
         def key(item):
-            api, path = item
-            depth = min((q.count('.') + (q != '') for q in self._spec_paths(api, path)))
-            return (-depth, order[api], path)
+            pass
         return sorted(items, key=key)
-
-    def _spec_paths(self, api, path):
-        if api == 'fully_shard':
-            return next((s.paths for s in self.shards if s.path == path))
 
 class Optimizer(str, enum.Enum):
     SGD = 'sgd'
@@ -228,22 +136,7 @@ class Training:
     steps: object = 2
     batch_per_rank: object = 2
     dtype: object = Dtype.FLOAT32
-    grad_accum: object = 1
-    set_to_none: object = True
-    same_input: object = False
-    param_groups: object = 1
     foreach: object = None
-    skips: object = ()
-    unfreeze: object = ()
-
-    def __post_init__(self):
-        pass
-
-    def skipped_at(self, step, microbatch):
-        ...
-
-    def unused_on_some_microbatches(self, tree):
-        ...
 
 class Body:
     KIND: ClassVar[str]
@@ -255,11 +148,7 @@ class Body:
         Body.registry[cls.KIND] = cls
 
     def validate_for(self, world_size):
-        ...
-
-    @property
-    def size(self):
-        ...
+        pass
 
 @dataclass(frozen=True)
 class Case:
@@ -270,11 +159,6 @@ class Case:
 
     def __post_init__(self):
         self.body.validate_for(self.world_size)
-
-    @builtins.property
-    def size(self):
-        ...
-SCHEMA_VERSION = 1
 
 def case_to_json(case):
     pass
@@ -287,22 +171,7 @@ def dcp_root(driver_pid):
 
 def is_plain(comp):
     return not comp.shards and (not comp.replicates) and (comp.wrapper is Wrapper.NONE)
-
-def is_fsdp1(comp):
-    return comp.wrapper.value.startswith('fsdp1')
 DEFAULT_FQN_MODIFIERS = '_fqn_modifiers'
-
-def _check_side(comp, tree, where):
-    pass
-
-def _check_drop(drop):
-    pass
-
-def _check_frozen_in_optimizer(tree, frozen_in_optimizer):
-    pass
-
-def _check_schedule(body):
-    pass
 
 @dataclass(frozen=True)
 class Options:
@@ -343,87 +212,20 @@ class DcpBody(Body):
     save_cpu_offload: object = False
     load_full_state_dict: object = False
     load_cpu_offload: object = False
-    module_stateful: object = False
-    patched: object = False
-    async_save: object = False
-    storage_objects: object = False
     target_meta_init: object = False
     mode: object = DcpMode.ROUND_TRIP
     checkpoint_dir: object = ''
-    deadlock: object = False
-    async_saves: object = 0
-    cache_staged: object = False
     no_dist: object = False
     frozen_in_optimizer: object = False
     empty_group: object = False
-    save_planner: object = None
     load_planner: object = None
-    absent: object = False
-    convert: object = False
     own_group: object = False
     requires_grad: object = ()
-    stager: object = None
     process_checkpointer: object = False
     use_collectives: object = True
-    torch_save_reader: object = False
-
-    def reloads_elsewhere(self):
-        pass
-
-    def reloads_in_half_world(self, world_size):
-        ...
-
-    def __post_init__(self):
-        _check_drop(self.drop)
-        _check_frozen_in_optimizer(self.tree, self.frozen_in_optimizer)
-        _check_schedule(self)
-        self._check_options()
-        self._check_async_options()
-        entries = self.entries
-        self._check_saves()
-
-    @property
-    def classic_fsdp1(self):
-        ...
-
-    def _check_fsdp1(self):
-        ...
-
-    def _check_saves(self):
-        round_trip = self.mode is DcpMode.ROUND_TRIP
-
-    def _check_options(self):
-        fsdp1 = is_fsdp1(self.source) or is_fsdp1(self.target)
-        for name in ('absent', 'convert'):
-            if not getattr(self, name):
-                continue
-
-    def _check_async_options(self):
-        for name in ('stager', 'process_checkpointer'):
-            if getattr(self, name) in (None, False):
-                continue
-
-    def _check_rank_local(self):
-        ...
-
-    def _check_torch_save_reader(self):
-        ...
-
-    def _check_no_dist(self):
-        ...
-
-    @property
-    def size(self):
-        ...
-
-    def collective_entries(self):
-        ...
 
     def validate_for(self, world_size):
-        for where, comp in (('source', self.source), ('target', self.target)):
-            if not is_plain(comp):
-                pass
-        n = len(self.entries)
+        pass
 
 class TreeBlock(nn.Module):
 
@@ -437,41 +239,27 @@ class TreeBlock(nn.Module):
         self.skipped: frozenset[str] = frozenset()
 
     def forward(self, x):
-        y = x
-        for name, child in self.named_children():
-            y = child(y)
-        return x + y if self.residual else y
+        pass
 
 def build_leaf(leaf, width):
     module = _build_leaf(leaf, width)
     return module
 
 def _build_leaf(leaf, width):
-    if leaf.kind is LeafKind.LINEAR:
-        return nn.Linear(width, width, bias=leaf.bias)
+    return nn.Linear(width, width, bias=leaf.bias) if leaf.kind is LeafKind.LINEAR else None
 
 def build_node(node, width):
     if isinstance(node, Leaf):
         return build_leaf(node, width)
     return TreeBlock([build_node(c, width) for c in node.children], node.residual, width, node.scale, node.buffer)
-FUSED_CHILD = 'fused'
-
-def fuse(model, paths, method=DEFAULT_FQN_MODIFIERS):
-    pass
 
 def build_model(tree, device):
     with torch.device(device):
         return build_node(tree.root, tree.width)
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
-_WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.', f'{FUSED_CHILD}.')
 
 def clean_name(name):
-    for prefix in _WRAPPER_PREFIXES:
-        name = name.replace(prefix, '')
     return name
-
-def mesh_for(comp, ctx):
-    return ctx.mesh((ctx.world_size,), ('shard',))
 
 @dataclass
 class Composed:
@@ -479,26 +267,8 @@ class Composed:
     fsdp_roots: object = field(default_factory=list)
     wrapper: object = Wrapper.NONE
     param_names: object = field(default_factory=list)
-    knobs: object = None
-
-    def no_sync(self):
-        ...
-
-    def set_sync(self, requires_gradient_sync=True, requires_all_reduce=True):
-        ...
-
-    @contextmanager
-    def full_parameters(self):
-        from torch.distributed.tensor import DTensor
-        out = {}
-        for n, p in self.model.named_parameters():
-            out[clean_name(n)] = (p.full_tensor() if isinstance(p, DTensor) else p).detach()
-        yield out
 
 def compose(model, comp, ctx, tree=None):
-    from torch.distributed._composable import checkpoint, replicate
-    mesh = mesh_for(comp, ctx)
-    specs = {s.path: s for s in comp.shards}
     for api, path in comp.steps():
         if api == 'fully_shard':
             pass
@@ -511,12 +281,7 @@ def make_optimizer(params, training, later=()):
     params = [p for p in params if p.requires_grad or id(p) in held]
     groups = params
     foreach = training.foreach
-    if training.optimizer is Optimizer.SGD:
-        return torch.optim.SGD(groups, lr=training.lr, momentum=training.momentum, foreach=foreach)
-
-def full_parameters(model):
-    ...
-PROBE_ROWS = 3
+    return torch.optim.SGD(groups, lr=training.lr, momentum=training.momentum, foreach=foreach) if training.optimizer is Optimizer.SGD else None
 FRESH_SEED = 24301
 
 @dataclass
@@ -527,7 +292,6 @@ class Side:
     opt: object = None
     param_names: object = field(default_factory=dict)
     schedule: object = ()
-    step: object = 0
 
     @property
     def model(self):
@@ -537,19 +301,10 @@ class Side:
     def plain(self):
         return is_plain(self.comp)
 
-    @property
-    def fsdp1(self):
-        return is_fsdp1(self.comp)
-
-    def names(self):
-        current = {id(p): clean_name(n) for n, p in self.model.named_parameters()}
-        return {**self.param_names, **current}
-
 def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=(), fused=(), fqn_modifiers=DEFAULT_FQN_MODIFIERS):
     torch.manual_seed(seed)
     device = torch.device('meta') if meta else ctx.device
     model = build_model(tree, device).to(TORCH_DTYPES[training.dtype])
-    fuse(model, fused, fqn_modifiers)
     composed = Composed(model) if is_plain(comp) else compose(model, comp, ctx)
     return Side(composed=composed, comp=comp, training=training, schedule=schedule)
 
@@ -577,8 +332,7 @@ def all_batches(case, training, steps, tree, ctx):
     pass
 
 def dropped_keys(side, drop):
-    if not drop:
-        return []
+    return [] if not drop else None
 
 def torch_kwargs(fn, kwargs):
     params = inspect.signature(fn).parameters
@@ -615,32 +369,24 @@ def _options(full, offload, *, load, strict=True):
     return Options(full_state_dict=full, cpu_offload=offload, broadcast_from_rank0=load and full and offload, strict=strict)
 
 def _values(body, case, side, ctx, get, put, fresh, skip):
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
     out = {}
-    salt = ctx.rank if body.no_dist else 0
-    classic = side.fsdp1 and body.classic_fsdp1
     for entry in body.entries:
         if entry is DcpItem.APP:
             out[entry] = App(side, get, put)
     return out
-
-def prepare_side(body, side, options):
-    pass
 
 def _arrange(body, values, ctx):
     order = body.orders[ctx.rank] if body.orders else range(len(body.entries))
     return {body.entries[i].value: values[body.entries[i]] for i in order if body.entries[i] in values}
 
 def _tensors(value, path=''):
-    ...
+    pass
 
 def _in_place_problem(state, before, tensors):
     return ''
-_LAST_PLANNER = [None]
 
 def _load_planner(body):
-    if body.load_planner is None:
-        return {}
+    return {} if body.load_planner is None else None
 
 def _group(body):
     return {'process_group': _async_group(_CTX[0])} if body.own_group else {}
@@ -669,11 +415,10 @@ def _load(body, state, path):
     dcp.load(state, checkpoint_id=path, **kwargs)
 
 def _async_group(ctx):
-    ...
+    pass
 
 def run_dcp(case, body, ctx):
-    if not body.process_checkpointer:
-        return _run_dcp(case, body, ctx)
+    return _run_dcp(case, body, ctx) if not body.process_checkpointer else None
 
 def _run_dcp(case, body, ctx):
     t = body.training
@@ -681,45 +426,33 @@ def _run_dcp(case, body, ctx):
     get_load = _options(body.load_full_state_dict, body.load_cpu_offload, load=False)
     put = _options(body.load_full_state_dict, body.load_cpu_offload, load=True, strict=not body.drop)
     path = body.checkpoint_dir or case_dir(case, ctx)
-    _LAST_PLANNER[0], _CTX[0] = (None, ctx)
     if body.mode is DcpMode.ROUND_TRIP and ctx.rank == 0:
         shutil.rmtree(path, ignore_errors=True)
     own = os.path.join(path, f'rank-{ctx.rank}') if body.no_dist else path
-    obs = {}
     data = all_batches(case, t, t.steps + body.steps_after, body.tree, ctx)
     src = None
-    source_done = None
     if body.mode is not DcpMode.LOAD_ONLY:
         src = build_side(body.tree, body.source, t, ctx, seed=case.seed, schedule=body.requires_grad)
         body_optimizer(src, t, body)
-        prepare_side(body, src, get_save)
         seed_segment(case, ctx, 0)
         values = _values(body, case, src, ctx, get_save, put, fresh=False, skip=())
         state = _arrange(body, values, ctx)
         _save(body, state, own)
     tgt = build_side(body.tree, body.target, t, ctx, seed=case.seed + FRESH_SEED, meta=body.target_meta_init, schedule=body.requires_grad)
     body_optimizer(tgt, fresh_training(t), body)
-    prepare_side(body, tgt, put)
     dropped = dropped_keys(tgt, body.drop)
-    obs['dropped'] = dropped
     values = _values(body, case, tgt, ctx, get_load, put, fresh=True, skip=body.skip)
     state = _arrange(body, values, ctx)
     plain = {k: v for k, v in state.items() if isinstance(v, (dict, torch.Tensor))}
     tensors = {k: _tensors(v) for k, v in plain.items()}
     before = requires_grad(tgt)
     _load(body, state, own)
-    obs['in_place'] = _in_place_problem(state, plain, tensors)
-    _finish_load(body, tgt, values, put, own)
-    obs['requires_grad'] = {'before': before, 'after': requires_grad(tgt)}
+    obs = {'dropped': dropped, 'in_place': _in_place_problem(state, plain, tensors), 'requires_grad': {'before': before, 'after': requires_grad(tgt)}}
     if body.mode is DcpMode.ROUND_TRIP:
         dist.barrier()
         if ctx.rank == 0:
             shutil.rmtree(path, ignore_errors=True)
     return obs
-
-def _finish_load(body, side, values, put, path):
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
-    options = state_dict_options(put)
 
 def main():
     import os
@@ -739,7 +472,7 @@ def main():
     def watch():
         time.sleep(20)
         frames = traceback.extract_stack(sys._current_frames()[threading.main_thread().ident])
-        if any((f'torch/{f.filename.rpartition("/torch/")[2]}:{f.name}' in ['torch/distributed/_state_dict_utils.py:_broadcast_state_dict'] for f in frames)):
+        if any((f"torch/{f.filename.rpartition('/torch/')[2]}:{f.name}" in ['torch/distributed/_state_dict_utils.py:_broadcast_state_dict'] for f in frames)):
             print(f'REPRODUCED hang:dcp@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone: rank {ctx.rank} is stuck', flush=True)
             os._exit(1)
         if finished.is_set():
