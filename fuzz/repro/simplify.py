@@ -63,6 +63,7 @@ from fuzz.repro.delta import (
     _unparse,
     _untouched,
     aliases_replaced,
+    bind,
     chain_root,
     propagate_aliases,
 )
@@ -373,7 +374,7 @@ def _object_fields(tree: ast.Module, frozen: Frozen) -> bool:
 @dataclass
 class _Closed:
     """Whether an expression means the same in every function of the module: constants, the
-    members of its classes (``LeafKind.LINEAR``), displays of such, and builds of its frozen
+    members of its classes (``LeafKind.LINEAR``), tuples of such, and builds of its frozen
     dataclasses from such (nothing runs but the build, and nothing changes the object).
     ``shadowed``: names a function binds, which then mean something else there."""
 
@@ -388,7 +389,7 @@ class _Closed:
             return True
         if isinstance(node, ast.UnaryOp):
             return self(node.operand)
-        if isinstance(node, (ast.Tuple, ast.List)):
+        if isinstance(node, ast.Tuple):  # not a list: one copy could be changed, not the other
             return all(self(e) for e in node.elts)
         if isinstance(node, ast.Attribute):  # an enum member
             return isinstance(node.value, ast.Name) and self._class_name(node.value.id)
@@ -472,8 +473,6 @@ def _alike_arguments(
 ) -> dict[str, ast.expr]:
     """The parameters of ``fn`` that each of ``calls`` binds to the same closed build, seen
     through the caller's locals and found parameters."""
-    from fuzz.repro.delta import bind
-
     out: dict[str, ast.expr] | None = None
     for call, caller in calls:
         bound = bind(fn, call)
@@ -506,8 +505,7 @@ def _built_alike(a: ast.expr | None, b: ast.expr | None, classes: dict[str, _Cla
         return info is not None and all(
             _built_alike(_given(a, info, f), _given(b, info, f), classes) for f in info.fields
         )
-    if isinstance(a, (ast.Tuple, ast.List)) and type(a) is type(b):
-        assert isinstance(b, (ast.Tuple, ast.List))
+    if isinstance(a, ast.Tuple) and isinstance(b, ast.Tuple):
         return len(a.elts) == len(b.elts) and all(_built_alike(x, y, classes) for x, y in zip(a.elts, b.elts))
     return ast.dump(a) == ast.dump(b)
 
