@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=87e3671b7d30ca95 sources=001b716bb8af1bc0 seconds=4047.1
+# shardfuzz reduced reproducer: entry=87e3671b7d30ca95 sources=001b716bb8af1bc0 seconds=5254.6
 # Reproduces shardfuzz corpus entry dcp-hang-96de59c34a50.json: hang:dcp@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone
 # Known torch bug: set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0
 # pass an empty model state dict; upstream: https://github.com/pytorch/pytorch/issues/157781.
@@ -26,9 +26,6 @@ import inspect
 from dataclasses import dataclass, field, replace
 import hashlib
 import shutil
-
-def __getattr__(name):
-    raise AttributeError(f"module 'fuzz' has no attribute {name!r}")
 
 @dataclass
 class RankContext:
@@ -69,9 +66,6 @@ class Block:
     scale: object = False
     buffer: object = False
 
-def param_names(node):
-    pass
-
 @dataclass(frozen=True)
 class ModuleTree:
     width: object
@@ -80,19 +74,8 @@ class ModuleTree:
     def paths(self):
         pass
 
-def contains(outer, path):
-    return outer == path or outer == '' or path.startswith(outer + '.')
-
 def is_ancestor(ancestor, path):
-    return ancestor != path and contains(ancestor, path)
-
-class Wrapper(str, enum.Enum):
-    NONE = 'none'
-    DDP = 'ddp'
-    FSDP1_FULL_SHARD = 'fsdp1_full_shard'
-    FSDP1_SHARD_GRAD_OP = 'fsdp1_shard_grad_op'
-    FSDP1_NO_SHARD = 'fsdp1_no_shard'
-    FSDP1_HYBRID_SHARD = 'fsdp1_hybrid_shard'
+    pass
 
 @dataclass(frozen=True)
 class ShardSpec:
@@ -108,7 +91,6 @@ class Composition:
     shards: object = ()
     replicates: object = ()
     checkpoints: object = ()
-    wrapper: object = Wrapper.NONE
 
     @property
     def sharded_paths(self):
@@ -144,10 +126,6 @@ class Body:
     registry: ClassVar[dict[str, type[Body]]] = {}
 
     def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        Body.registry[cls.KIND] = cls
-
-    def validate_for(self, world_size):
         pass
 
 @dataclass(frozen=True)
@@ -156,9 +134,6 @@ class Case:
     world_size: object
     seed: object
     body: object
-
-    def __post_init__(self):
-        self.body.validate_for(self.world_size)
 
 def case_to_json(case):
     pass
@@ -170,7 +145,7 @@ def dcp_root(driver_pid):
     return os.path.join(tempfile.gettempdir(), f'shardfuzz-dcp-{driver_pid}')
 
 def is_plain(comp):
-    return not comp.shards and (not comp.replicates) and (comp.wrapper is Wrapper.NONE)
+    pass
 DEFAULT_FQN_MODIFIERS = '_fqn_modifiers'
 
 @dataclass(frozen=True)
@@ -218,14 +193,8 @@ class DcpBody(Body):
     no_dist: object = False
     frozen_in_optimizer: object = False
     empty_group: object = False
-    load_planner: object = None
-    own_group: object = False
     requires_grad: object = ()
     process_checkpointer: object = False
-    use_collectives: object = True
-
-    def validate_for(self, world_size):
-        pass
 
 class TreeBlock(nn.Module):
 
@@ -258,15 +227,10 @@ def build_model(tree, device):
         return build_node(tree.root, tree.width)
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
 
-def clean_name(name):
-    return name
-
 @dataclass
 class Composed:
     model: object
     fsdp_roots: object = field(default_factory=list)
-    wrapper: object = Wrapper.NONE
-    param_names: object = field(default_factory=list)
 
 def compose(model, comp, ctx, tree=None):
     for api, path in comp.steps():
@@ -290,7 +254,6 @@ class Side:
     comp: object
     training: object
     opt: object = None
-    param_names: object = field(default_factory=dict)
     schedule: object = ()
 
     @property
@@ -299,7 +262,7 @@ class Side:
 
     @property
     def plain(self):
-        return is_plain(self.comp)
+        pass
 
 def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=(), fused=(), fqn_modifiers=DEFAULT_FQN_MODIFIERS):
     torch.manual_seed(seed)
@@ -309,7 +272,7 @@ def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=(), fuse
     return Side(composed=composed, comp=comp, training=training, schedule=schedule)
 
 def requires_grad(side):
-    return {clean_name(n): p.requires_grad for n, p in side.model.named_parameters()}
+    pass
 
 def fresh_training(training):
     momentum = 0.5 if training.optimizer is Optimizer.SGD and training.momentum else 0.0
@@ -319,17 +282,10 @@ def add_optimizer(side, training, *, frozen_in_optimizer=False, empty_group=Fals
     params = list(side.model.parameters())
     frozen = [p for p in params if not p.requires_grad] if frozen_in_optimizer else []
     side.opt = make_optimizer(params, training, later=frozen)
-    side.param_names = {id(p): clean_name(n) for n, p in side.model.named_parameters()}
     return side.opt
 
 def body_optimizer(side, training, body):
     return add_optimizer(side, training, frozen_in_optimizer=body.frozen_in_optimizer, empty_group=body.empty_group)
-
-def seed_segment(case, ctx, segment):
-    torch.manual_seed((case.seed * 7919 + segment * 104729 + ctx.rank + 1) % 2 ** 63)
-
-def all_batches(case, training, steps, tree, ctx):
-    pass
 
 def dropped_keys(side, drop):
     return [] if not drop else None
@@ -385,37 +341,20 @@ def _tensors(value, path=''):
 def _in_place_problem(state, before, tensors):
     return ''
 
-def _load_planner(body):
-    return {} if body.load_planner is None else None
-
-def _group(body):
-    return {'process_group': _async_group(_CTX[0])} if body.own_group else {}
-_CTX = [None]
-
 def _writer_kwargs(body, path, overwrite=None):
     kwargs = {'no_dist': True} if body.no_dist else {}
-    kwargs.update(_group(body))
     kwargs['checkpoint_id'] = path
     return kwargs
 
 def _save(body, state, path, overwrite=None):
     import torch.distributed.checkpoint as dcp
     kwargs = _writer_kwargs(body, path, overwrite)
-    kwargs.update(_collectives(body))
     dcp.save(state, **kwargs)
-
-def _collectives(body):
-    return {} if body.use_collectives else {'use_collectives': False}
 
 def _load(body, state, path):
     import torch.distributed.checkpoint as dcp
     kwargs = {'no_dist': True} if body.no_dist else {}
-    kwargs.update(_load_planner(body))
-    kwargs.update(_group(body))
     dcp.load(state, checkpoint_id=path, **kwargs)
-
-def _async_group(ctx):
-    pass
 
 def run_dcp(case, body, ctx):
     return _run_dcp(case, body, ctx) if not body.process_checkpointer else None
@@ -429,12 +368,10 @@ def _run_dcp(case, body, ctx):
     if body.mode is DcpMode.ROUND_TRIP and ctx.rank == 0:
         shutil.rmtree(path, ignore_errors=True)
     own = os.path.join(path, f'rank-{ctx.rank}') if body.no_dist else path
-    data = all_batches(case, t, t.steps + body.steps_after, body.tree, ctx)
     src = None
     if body.mode is not DcpMode.LOAD_ONLY:
         src = build_side(body.tree, body.source, t, ctx, seed=case.seed, schedule=body.requires_grad)
         body_optimizer(src, t, body)
-        seed_segment(case, ctx, 0)
         values = _values(body, case, src, ctx, get_save, put, fresh=False, skip=())
         state = _arrange(body, values, ctx)
         _save(body, state, own)

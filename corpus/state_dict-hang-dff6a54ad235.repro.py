@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=905c6279a12f4664 sources=73c958e26ffedc4f seconds=2938.5
+# shardfuzz reduced reproducer: entry=905c6279a12f4664 sources=73c958e26ffedc4f seconds=4156.1
 # Reproduces shardfuzz corpus entry state_dict-hang-dff6a54ad235.json: hang:state_dict@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone
 # Known torch bug: set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0
 # pass an empty model state dict; upstream: https://github.com/pytorch/pytorch/issues/157781.
@@ -104,7 +104,6 @@ class Case:
     world_size: object
     seed: object
     body: object
-DEFAULT_FQN_MODIFIERS = '_fqn_modifiers'
 
 class Api(str, enum.Enum):
     SPLIT = 'split'
@@ -135,16 +134,10 @@ class StateDictBody(Body):
     load: object = field(default_factory=Options)
     requires_grad: object = ()
 
-def build_leaf(width):
-    module = _build_leaf(width)
-    return module
-
-def _build_leaf(width):
-    return nn.Linear(width, width, bias=True)
-
 def build_node(node, width):
     if isinstance(node, Leaf):
-        return build_leaf(width)
+        module = nn.Linear(width, width, bias=True)
+        return module
     return nn.Sequential(*[build_node(c, width) for c in node.children])
 
 def build_model(tree, device):
@@ -156,19 +149,6 @@ TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtyp
 class Composed:
     model: object
     fsdp_roots: object = field(default_factory=list)
-
-def compose(model, comp):
-    for api, path in comp.steps():
-        pass
-    sharded = comp.sharded_paths
-    tops = [p for p in sharded if not any((False for q in sharded))]
-    return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
-
-def make_optimizer(params, training, later=()):
-    held = {id(p) for p in later}
-    params = [p for p in params if p.requires_grad or id(p) in held]
-    groups = params
-    return torch.optim.SGD(groups, lr=training.lr, momentum=training.momentum, foreach=None)
 FRESH_SEED = 24301
 
 @dataclass
@@ -187,77 +167,59 @@ def build_side(tree, comp, training, ctx, *, seed, schedule=()):
     torch.manual_seed(seed)
     device = ctx.device
     model = build_model(tree, device).to(TORCH_DTYPES[training.dtype])
-    composed = compose(model, comp)
+    for api, path in comp.steps():
+        pass
+    sharded = comp.sharded_paths
+    tops = [p for p in sharded if not any((False for q in sharded))]
+    composed = Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
     return Side(composed=composed, comp=comp, training=training, schedule=schedule)
 
 def requires_grad(side):
     pass
 
-def fresh_training(training):
-    return replace(training, lr=0.1 * 0.37, momentum=0.5, eps=0.001 * 10)
-
-def add_optimizer(side, training):
+def body_optimizer(side, training):
     params = list(side.model.parameters())
-    frozen = []
-    side.opt = make_optimizer(params, training, later=frozen)
+    params_ = params
+    held = set()
+    params_ = [p for p in params_ if p.requires_grad or id(p) in held]
+    groups = params_
+    side.opt = torch.optim.SGD(groups, lr=training.lr, momentum=training.momentum, foreach=None)
     return side.opt
 
-def body_optimizer(side, training):
-    return add_optimizer(side, training)
-
-def train_steps(ctx):
-    pass
-
-def observe_state_dict_optimizer(osd):
-    pass
-
-def dropped_keys(side, drop):
-    return []
-
-def torch_kwargs(fn, kwargs):
-    params = inspect.signature(fn).parameters
-    missing = sorted((k for k in kwargs if k not in params))
-    return kwargs
-
-def state_dict_options(o, fqn_modifiers=DEFAULT_FQN_MODIFIERS):
+def state_dict_options(o):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
     extra = {n: True for n in ('ignore_frozen_params', 'flatten_optimizer_state_dict') if getattr(o, n)}
-    return StateDictOptions(full_state_dict=True, cpu_offload=False, broadcast_from_rank0=o.broadcast_from_rank0, strict=True, **torch_kwargs(StateDictOptions, extra))
+    params = inspect.signature(StateDictOptions).parameters
+    missing = sorted((k for k in extra if k not in params))
+    return StateDictOptions(full_state_dict=True, cpu_offload=False, broadcast_from_rank0=o.broadcast_from_rank0, strict=True, **extra)
 
-def _take(body, side):
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-    options = state_dict_options(body.save, '_fqn_modifiers')
-    assert side.opt is not None
-    return get_state_dict(side.model, side.opt, options=options)
-
-def _put(body, side, msd, osd, ctx):
-    from torch.distributed.checkpoint.state_dict import set_state_dict
-    options = state_dict_options(body.load, '_fqn_modifiers')
-    fresh = fresh_training(body.training)
-    assert side.opt is not None
-    result = set_state_dict(side.model, side.opt, model_state_dict=msd, optim_state_dict=osd, options=options)
-    return (result, requires_grad(side))
-
-def run_state_dict(case, body, ctx):
+def run_state_dict(body, ctx):
     t = body.training
     src = build_side(body.tree, body.source, t, ctx, seed=0, schedule=())
     body_optimizer(src, t)
-    obs = {'losses_before': train_steps(ctx)}
-    msd, osd = _take(body, src)
-    nested_osd = osd
+    obs = {'losses_before': None}
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    options = state_dict_options(body.save)
+    assert src.opt is not None
+    msd, osd = get_state_dict(src.model, src.opt, options=options)
     ignored = []
-    taken = observe_state_dict_optimizer(nested_osd)
     if ctx.rank == 0:
-        obs['taken_optimizer'] = taken
+        obs['taken_optimizer'] = None
     msd, osd = copy.deepcopy((msd, osd))
     tgt = build_side(body.tree, body.target, t, ctx, seed=FRESH_SEED, schedule=())
-    body_optimizer(tgt, fresh_training(t))
-    dropped = sorted(set(dropped_keys(src, ())) | set(ignored))
+    body_optimizer(tgt, replace(t, lr=0.1 * 0.37, momentum=0.5, eps=0.001 * 10))
+    dropped_keys_out = []
+    dropped = sorted(set(dropped_keys_out) | set(ignored))
     obs['dropped'] = dropped
     if True and ctx.rank != 0:
         msd, osd = ({}, {})
     before = requires_grad(tgt)
-    result, after = _put(body, tgt, msd, osd, ctx)
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+    options_ = state_dict_options(body.load)
+    fresh = replace(body.training, lr=0.1 * 0.37, momentum=0.5, eps=0.001 * 10)
+    assert tgt.opt is not None
+    result_ = set_state_dict(tgt.model, tgt.opt, model_state_dict=msd, optim_state_dict=osd, options=options_)
+    result, after = (result_, requires_grad(tgt))
     obs['requires_grad'] = {'before': before, 'after': after}
     return obs
 
@@ -279,7 +241,7 @@ def main():
     def watch():
         time.sleep(20)
         frames = traceback.extract_stack(sys._current_frames()[threading.main_thread().ident])
-        if any((f'torch/{f.filename.rpartition("/torch/")[2]}:{f.name}' in ['torch/distributed/_state_dict_utils.py:_broadcast_state_dict'] for f in frames)):
+        if any((f"torch/{f.filename.rpartition('/torch/')[2]}:{f.name}" in ['torch/distributed/_state_dict_utils.py:_broadcast_state_dict'] for f in frames)):
             print(f'REPRODUCED hang:state_dict@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone: rank {ctx.rank} is stuck', flush=True)
             os._exit(1)
         if finished.is_set():
@@ -289,7 +251,7 @@ def main():
             print(f"FAIL (not the entry's failure): rank {ctx.rank} is still running, in {where}", flush=True)
         os._exit(0)
     threading.Thread(target=watch, daemon=True).start()
-    run_state_dict(case, case.body, ctx)
+    run_state_dict(case.body, ctx)
     finished.set()
     time.sleep(20 + 5)
     os._exit(0)
