@@ -722,6 +722,7 @@ class _Oracle:
         self.pool_seconds += outcome.seconds
         ok = self._reproduced_in(outcome)
         if ok and self.pool_attempts == 1:  # in the same ranks again: do they keep state?
+            clear_checkpoints(code)  # as before every attempt: the run's own files go
             again = self._attempt(self.pool, code)
             self.pool_attempts += 1
             self.pool_seconds += again.seconds
