@@ -550,11 +550,33 @@ def test_attempts_run_on_fresh_ranks_where_the_first_does_not_reproduce_twice_in
     oracle.pool = pool  # type: ignore[assignment]
     code = "def attempt(rank, world_size):\n    pass\n"
     assert oracle.in_pool(code) and oracle.fresh_each and any("fresh ranks" in s for s in said)
+    assert (pool.respawned, pool.runs) == (1, 3)  # again in the same ranks, then on fresh ones
     assert oracle.in_pool(code) and oracle.in_pool(code)  # each on ranks of its own
-    assert pool.respawned == 2 and pool.runs == 4
+    assert (pool.respawned, pool.runs) == (3, 5)
     # ranks that keep nothing: the pool stays warm
     steady = _Oracle(entry, "", "exception:parity:x.Y@torch/a.py:f", 60.0, lambda _: None)
     steady.pool = _StalePool()  # type: ignore[assignment]
     steady.pool.stale = False  # type: ignore[attr-defined]
     assert steady.in_pool(code) and steady.in_pool(code) and not steady.fresh_each
     assert steady.pool.respawned == 0  # type: ignore[attr-defined]
+
+
+class _VaryingPool(_CachingPool):
+    """A case that reproduces on its first run only, on whatever ranks: no state of the ranks'."""
+
+    def run_script(self, code: str, *, function: str, deadline: float) -> object:
+        self.warm = self.runs > 0
+        return super().run_script(code, function=function, deadline=deadline)
+
+
+def test_a_case_that_varies_from_run_to_run_keeps_the_pool_warm() -> None:
+    from fuzz.repro.reduce import _Oracle
+
+    entry = load_entry(ROOT / "corpus" / f"{EXCEPTION}.json")
+    said: list[str] = []
+    oracle = _Oracle(entry, "", "exception:parity:x.Y@torch/a.py:f", 60.0, said.append)
+    pool = _VaryingPool()
+    oracle.pool = pool  # type: ignore[assignment]
+    assert oracle.in_pool("def attempt(rank, world_size):\n    pass\n")
+    assert not oracle.fresh_each and any("varies from run to run" in s for s in said)
+    assert (pool.respawned, pool.runs) == (1, 3)

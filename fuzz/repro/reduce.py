@@ -722,16 +722,7 @@ class _Oracle:
         self.pool_seconds += outcome.seconds
         ok = self._reproduced_in(outcome)
         if ok and self.pool_attempts == 1:  # in the same ranks again: do they keep state?
-            clear_checkpoints(code)  # as before every attempt: the run's own files go
-            again = self._attempt(self.pool, code)
-            self.pool_attempts += 1
-            self.pool_seconds += again.seconds
-            if not self._reproduced_in(again):
-                self.fresh_each = True
-                self.say(
-                    "  run twice in the same ranks, the first candidate did not reproduce the second time: "
-                    "every attempt runs on fresh ranks"
-                )
+            self._check_ranks_kept(code)
         if ok:  # a candidate may take POOL_DEADLINE_FACTOR times the slowest that reproduced
             self.slowest = max(self.slowest, outcome.seconds)
             self.deadline = min(self.timeout, max(POOL_DEADLINE_MIN_S, POOL_DEADLINE_FACTOR * self.slowest))
@@ -747,6 +738,37 @@ class _Oracle:
         said += [f"rank {rank} {why}" for rank, why in outcome.missing.items()]
         self._said("pool", code, ok, outcome.seconds, "\n".join(s for s in said if s))
         return ok
+
+    def _check_ranks_kept(self, code: str) -> None:
+        """Run the first candidate that reproduced in the pool again, in the same ranks; where it
+        does not reproduce there but does on fresh ranks, what an attempt leaves in torch changes
+        the next one's outcome: every attempt from then on runs on fresh ranks
+        (:attr:`fresh_each`). Where it reproduces on neither, the case itself varies from run to
+        run, which fresh ranks do not change."""
+        assert self.pool is not None
+        why = ""
+        for fresh in (False, True):
+            if fresh:
+                self.pool.respawn()
+                self.respawns += 1
+            clear_checkpoints(code)  # as before every attempt: the run's own files go
+            again = self._attempt(self.pool, code)
+            self.pool_attempts += 1
+            self.pool_seconds += again.seconds
+            if self._reproduced_in(again):
+                if fresh:
+                    self.fresh_each = True
+                    self.say(
+                        f"  run again in the same ranks, the first candidate did not reproduce ({why}); "
+                        "on fresh ranks it did: every attempt runs on fresh ranks"
+                    )
+                return
+            said = [t for t in (*again.verdicts.values(), *again.errors.values(), *again.missing.values()) if t.strip()]
+            why = why or (said[0].strip().splitlines()[-1][:200] if said else "no verdict")
+        self.say(
+            f"  run again, the first candidate did not reproduce ({why}), on fresh ranks neither: "
+            "the case varies from run to run, and the ranks are kept warm"
+        )
 
     def _reproduced_in(self, outcome: ScriptOutcome) -> bool:
         return any(
