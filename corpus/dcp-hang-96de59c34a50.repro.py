@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=87e3671b7d30ca95 sources=001b716bb8af1bc0 seconds=5254.6
+# shardfuzz reduced reproducer: entry=87e3671b7d30ca95 sources=001b716bb8af1bc0 seconds=6695.1
 # Reproduces shardfuzz corpus entry dcp-hang-96de59c34a50.json: hang:dcp@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone
 # Known torch bug: set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0
 # pass an empty model state dict; upstream: https://github.com/pytorch/pytorch/issues/157781.
@@ -64,7 +64,6 @@ class Block:
     children: object
     residual: object = False
     scale: object = False
-    buffer: object = False
 
 @dataclass(frozen=True)
 class ModuleTree:
@@ -74,7 +73,7 @@ class ModuleTree:
     def paths(self):
         pass
 
-def is_ancestor(ancestor, path):
+def is_ancestor():
     pass
 
 @dataclass(frozen=True)
@@ -135,18 +134,17 @@ class Case:
     seed: object
     body: object
 
-def case_to_json(case):
+def case_to_json():
     pass
 
-def case_to_text(case):
-    return json.dumps(case_to_json(case), sort_keys=True)
+def case_to_text():
+    return json.dumps(case_to_json(), sort_keys=True)
 
 def dcp_root(driver_pid):
     return os.path.join(tempfile.gettempdir(), f'shardfuzz-dcp-{driver_pid}')
 
-def is_plain(comp):
+def is_plain():
     pass
-DEFAULT_FQN_MODIFIERS = '_fqn_modifiers'
 
 @dataclass(frozen=True)
 class Options:
@@ -181,7 +179,6 @@ class DcpBody(Body):
     training: object = field(default_factory=Training)
     steps_after: object = 1
     orders: object = ()
-    skip: object = ()
     drop: object = ()
     save_full_state_dict: object = False
     save_cpu_offload: object = False
@@ -192,13 +189,12 @@ class DcpBody(Body):
     checkpoint_dir: object = ''
     no_dist: object = False
     frozen_in_optimizer: object = False
-    empty_group: object = False
     requires_grad: object = ()
     process_checkpointer: object = False
 
 class TreeBlock(nn.Module):
 
-    def __init__(self, children, residual, width, scale, buffer):
+    def __init__(self, children, residual, width, scale):
         super().__init__()
         for i, child in enumerate(children):
             self.add_module(str(i), child)
@@ -220,7 +216,7 @@ def _build_leaf(leaf, width):
 def build_node(node, width):
     if isinstance(node, Leaf):
         return build_leaf(node, width)
-    return TreeBlock([build_node(c, width) for c in node.children], node.residual, width, node.scale, node.buffer)
+    return TreeBlock([build_node(c, width) for c in node.children], node.residual, width, node.scale)
 
 def build_model(tree, device):
     with torch.device(device):
@@ -232,12 +228,12 @@ class Composed:
     model: object
     fsdp_roots: object = field(default_factory=list)
 
-def compose(model, comp, ctx, tree=None):
+def compose(model, comp):
     for api, path in comp.steps():
         if api == 'fully_shard':
             pass
     sharded = comp.sharded_paths
-    tops = [p for p in sharded if not any((is_ancestor(q, p) for q in sharded))]
+    tops = [p for p in sharded if not any((is_ancestor() for q in sharded))]
     return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
 
 def make_optimizer(params, training, later=()):
@@ -264,11 +260,11 @@ class Side:
     def plain(self):
         pass
 
-def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=(), fused=(), fqn_modifiers=DEFAULT_FQN_MODIFIERS):
+def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=()):
     torch.manual_seed(seed)
     device = torch.device('meta') if meta else ctx.device
     model = build_model(tree, device).to(TORCH_DTYPES[training.dtype])
-    composed = Composed(model) if is_plain(comp) else compose(model, comp, ctx)
+    composed = Composed(model) if is_plain() else compose(model, comp)
     return Side(composed=composed, comp=comp, training=training, schedule=schedule)
 
 def requires_grad(side):
@@ -278,30 +274,30 @@ def fresh_training(training):
     momentum = 0.5 if training.optimizer is Optimizer.SGD and training.momentum else 0.0
     return replace(training, lr=training.lr * 0.37, momentum=momentum, eps=training.eps * 10)
 
-def add_optimizer(side, training, *, frozen_in_optimizer=False, empty_group=False):
+def add_optimizer(side, training, *, frozen_in_optimizer=False):
     params = list(side.model.parameters())
     frozen = [p for p in params if not p.requires_grad] if frozen_in_optimizer else []
     side.opt = make_optimizer(params, training, later=frozen)
     return side.opt
 
 def body_optimizer(side, training, body):
-    return add_optimizer(side, training, frozen_in_optimizer=body.frozen_in_optimizer, empty_group=body.empty_group)
+    return add_optimizer(side, training, frozen_in_optimizer=body.frozen_in_optimizer)
 
-def dropped_keys(side, drop):
-    return [] if not drop else None
+def dropped_keys():
+    pass
 
 def torch_kwargs(fn, kwargs):
     params = inspect.signature(fn).parameters
     missing = sorted((k for k in kwargs if k not in params))
     return kwargs
 
-def state_dict_options(o, fqn_modifiers=DEFAULT_FQN_MODIFIERS):
+def state_dict_options(o):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
     extra = {n: True for n in ('ignore_frozen_params', 'flatten_optimizer_state_dict') if getattr(o, n)}
     return StateDictOptions(full_state_dict=o.full_state_dict, cpu_offload=o.cpu_offload, broadcast_from_rank0=o.broadcast_from_rank0, strict=o.strict, **torch_kwargs(StateDictOptions, extra))
 
-def case_dir(case, ctx):
-    digest = hashlib.sha1(case_to_text(case).encode()).hexdigest()[:12]
+def case_dir(ctx):
+    digest = hashlib.sha1(case_to_text().encode()).hexdigest()[:12]
     count = getattr(ctx, '_cases', 0)
     return os.path.join(dcp_root(os.environ.get('SHARDFUZZ_PARENT_PID', os.getppid())), f'{digest}-{count}')
 
@@ -324,7 +320,7 @@ class App:
 def _options(full, offload, *, load, strict=True):
     return Options(full_state_dict=full, cpu_offload=offload, broadcast_from_rank0=load and full and offload, strict=strict)
 
-def _values(body, case, side, ctx, get, put, fresh, skip):
+def _values(body, side, get, put):
     out = {}
     for entry in body.entries:
         if entry is DcpItem.APP:
@@ -339,7 +335,7 @@ def _tensors(value, path=''):
     pass
 
 def _in_place_problem(state, before, tensors):
-    return ''
+    pass
 
 def _writer_kwargs(body, path, overwrite=None):
     kwargs = {'no_dist': True} if body.no_dist else {}
@@ -364,21 +360,21 @@ def _run_dcp(case, body, ctx):
     get_save = _options(body.save_full_state_dict, body.save_cpu_offload, load=False)
     get_load = _options(body.load_full_state_dict, body.load_cpu_offload, load=False)
     put = _options(body.load_full_state_dict, body.load_cpu_offload, load=True, strict=not body.drop)
-    path = body.checkpoint_dir or case_dir(case, ctx)
+    path = body.checkpoint_dir or case_dir(ctx)
     if body.mode is DcpMode.ROUND_TRIP and ctx.rank == 0:
         shutil.rmtree(path, ignore_errors=True)
     own = os.path.join(path, f'rank-{ctx.rank}') if body.no_dist else path
     src = None
     if body.mode is not DcpMode.LOAD_ONLY:
-        src = build_side(body.tree, body.source, t, ctx, seed=case.seed, schedule=body.requires_grad)
+        src = build_side(body.tree, body.source, t, ctx, seed=0, schedule=body.requires_grad)
         body_optimizer(src, t, body)
-        values = _values(body, case, src, ctx, get_save, put, fresh=False, skip=())
+        values = _values(body, src, get_save, put)
         state = _arrange(body, values, ctx)
         _save(body, state, own)
-    tgt = build_side(body.tree, body.target, t, ctx, seed=case.seed + FRESH_SEED, meta=body.target_meta_init, schedule=body.requires_grad)
+    tgt = build_side(body.tree, body.target, t, ctx, seed=FRESH_SEED, meta=body.target_meta_init, schedule=body.requires_grad)
     body_optimizer(tgt, fresh_training(t), body)
-    dropped = dropped_keys(tgt, body.drop)
-    values = _values(body, case, tgt, ctx, get_load, put, fresh=True, skip=body.skip)
+    dropped = dropped_keys()
+    values = _values(body, tgt, get_load, put)
     state = _arrange(body, values, ctx)
     plain = {k: v for k, v in state.items() if isinstance(v, (dict, torch.Tensor))}
     tensors = {k: _tensors(v) for k, v in plain.items()}
