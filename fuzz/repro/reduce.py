@@ -641,8 +641,9 @@ class _Oracle:
         self.pool_attempts = self.torchrun_attempts = 0
         self.respawns = 0  # fresh ranks for an attempt that met a destroyed process group
         #: Whether every attempt runs on fresh ranks: the first candidate reproduced in the
-        #: pool and then, run again in the same ranks, did not (what it left in torch, a
-        #: process-wide cache say, changes the next attempt's outcome; :meth:`in_pool`).
+        #: pool, then, run again in the same ranks, did not, and on fresh ranks did (what it
+        #: left in torch, a process-wide cache say, changes the next attempt's outcome;
+        #: :meth:`_check_ranks_kept`).
         self.fresh_each = False
         self.pool_seconds = self.torchrun_seconds = 0.0
         #: A mismatch's observations as the first candidate that reproduced saw them: every
@@ -711,18 +712,15 @@ class _Oracle:
     def in_pool(self, code: str) -> bool:
         """Whether ``code`` reproduces in the pool (whose ranks call its ``attempt``)."""
         assert self.pool is not None
-        clear_checkpoints(code)
         try:
-            outcome = self._attempt(self.pool, code)
+            outcome = self._pooled(code)
+            ok = self._reproduced_in(outcome)
+            if ok and self.pool_attempts == 1:  # in the same ranks again: do they keep state?
+                self._check_ranks_kept(code)
         except PoolError as e:  # fresh ranks did not start: torchrun still can
             self.say(f"  the pool failed ({e}): the attempts left run under torchrun")
             self.close()
             return self.torchrun(code)
-        self.pool_attempts += 1
-        self.pool_seconds += outcome.seconds
-        ok = self._reproduced_in(outcome)
-        if ok and self.pool_attempts == 1:  # in the same ranks again: do they keep state?
-            self._check_ranks_kept(code)
         if ok:  # a candidate may take POOL_DEADLINE_FACTOR times the slowest that reproduced
             self.slowest = max(self.slowest, outcome.seconds)
             self.deadline = min(self.timeout, max(POOL_DEADLINE_MIN_S, POOL_DEADLINE_FACTOR * self.slowest))
@@ -751,10 +749,7 @@ class _Oracle:
             if fresh:
                 self.pool.respawn()
                 self.respawns += 1
-            clear_checkpoints(code)  # as before every attempt: the run's own files go
-            again = self._attempt(self.pool, code)
-            self.pool_attempts += 1
-            self.pool_seconds += again.seconds
+            again = self._pooled(code)
             if self._reproduced_in(again):
                 if fresh:
                     self.fresh_each = True
@@ -769,6 +764,16 @@ class _Oracle:
             f"  run again, the first candidate did not reproduce ({why}), on fresh ranks neither: "
             "the case varies from run to run, and the ranks are kept warm"
         )
+
+    def _pooled(self, code: str) -> ScriptOutcome:
+        """One attempt of ``code`` in the pool, counted, after the checkpoint directories an
+        earlier run left are gone (:func:`clear_checkpoints`)."""
+        assert self.pool is not None
+        clear_checkpoints(code)
+        outcome = self._attempt(self.pool, code)
+        self.pool_attempts += 1
+        self.pool_seconds += outcome.seconds
+        return outcome
 
     def _reproduced_in(self, outcome: ScriptOutcome) -> bool:
         return any(

@@ -446,16 +446,18 @@ def _parameter_objects(
 
     visit(tree, None, False)
     found: dict[str, dict[str, ast.Call]] = {name: {} for name in functions}
+    # what the rounds below read and never change: each function's bindings and local objects
+    stores = {name: _stores(fn) for name, fn in functions.items()}
+    local_objects = {name: _objects(fn, set(classes)) for name, fn in functions.items()}
     for _ in range(len(functions) + 1):
         grew = False
         for name, fn in functions.items():
             if name in named_otherwise or not called[name]:
                 continue
-            stores = _stores(fn)
-            shadowed = set(stores) - {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)}
-            closed = _Closed(classes, shadowed, top)
-            for param, value in _alike_arguments(fn, called[name], classes, found, top).items():
-                if param in found[name] or stores.get(param) != 1 or not closed.build(value):
+            params = {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)}
+            closed = _Closed(classes, set(stores[name]) - params, top)
+            for param, value in _alike_arguments(fn, called[name], classes, found, local_objects, top).items():
+                if param in found[name] or stores[name].get(param) != 1 or not closed.build(value):
                     continue
                 found[name][param] = value  # type: ignore[assignment]
                 grew = True
@@ -469,22 +471,24 @@ def _alike_arguments(
     calls: list[tuple[ast.Call, ast.FunctionDef | None]],
     classes: dict[str, _Class],
     found: dict[str, dict[str, ast.Call]],
+    local_objects: dict[str, dict[str, ast.Call]],
     top: frozenset[str],
 ) -> dict[str, ast.expr]:
     """The parameters of ``fn`` that each of ``calls`` binds to the same closed build, seen
-    through the caller's locals and found parameters."""
+    through the caller's locals (``local_objects``) and found parameters."""
+    closed = _Closed(classes, set(), top)
     out: dict[str, ast.expr] | None = None
     for call, caller in calls:
         bound = bind(fn, call)
         if bound is None:
             return {}
         resolved: dict[str, ast.expr] = {}
-        caller_objects = _objects(caller, set(classes)) if caller is not None else {}
+        caller_objects = local_objects.get(caller.name, {}) if caller is not None else {}
         caller_params = found.get(caller.name, {}) if caller is not None else {}
         for param, value in bound.items():
             if isinstance(value, ast.Name) and caller is not None:
                 value = caller_objects.get(value.id) or caller_params.get(value.id) or value
-            if _Closed(classes, set(), top).build(value):
+            if closed.build(value):
                 resolved[param] = value
         if out is None:
             out = resolved
