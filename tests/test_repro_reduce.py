@@ -198,8 +198,9 @@ def test_a_hang_script_reduced_with_the_short_wait_is_confirmed_with_the_full_on
 
     stored = (ROOT / "corpus" / "state_dict-hang-dff6a54ad235.repro.py").read_text()
     quick = quick_hang(stored)
-    assert f"time.sleep({QUICK_HANG_AFTER_S})" in quick and f"time.sleep({QUICK_HANG_AFTER_S} + 5)" in quick
+    assert f"_quick_wait({QUICK_HANG_AFTER_S})" in quick and f"time.sleep({QUICK_HANG_AFTER_S} + 5)" in quick
     assert "time.sleep(20" not in quick and "time.sleep(20" in stored
+    compile(quick, "quick", "exec")
     # No pool (a hang's attempts all run under torchrun): the final script still runs once more,
     # with the full wait, and an earlier kept one is taken where it does not reproduce so.
     stub = _TorchrunStub(5, kind="hang", pool=None)
@@ -207,6 +208,40 @@ def test_a_hang_script_reduced_with_the_short_wait_is_confirmed_with_the_full_on
     assert stub.full and all(stub.full)
     plain = _TorchrunStub(5, kind="exception", pool=None)
     assert _confirmed("9", "folded", plain, "delta-debugged", []) == "9" and plain.runs == 0  # type: ignore[arg-type]
+
+
+_WATCHED = """\
+import os, threading, time
+
+
+def main():
+    finished = threading.Event()
+
+    def watch():
+        time.sleep(20)
+        print("PASS: every rank finished" if finished.is_set() else "still running", flush=True)
+        os._exit(0)
+
+    threading.Thread(target=watch, daemon=True).start()
+    finished.set()
+    time.sleep(20 + 5)
+    os._exit(0)
+if __name__ == '__main__':
+    main()
+"""
+
+
+def test_a_hang_candidate_that_passes_ends_once_every_rank_has_finished() -> None:
+    from fuzz.repro.reduce import QUICK_HANG_AFTER_S, quick_hang, run_script
+
+    quick = quick_hang(_WATCHED)
+    assert "_quick_done()" in quick
+    status, output, seconds = run_script(quick, timeout=60, env={"WORLD_SIZE": "1", "RANK": "0"})
+    assert status == 0 and "PASS: every rank finished" in output
+    assert seconds < QUICK_HANG_AFTER_S  # the watcher did not wait its whole wait
+    # A rank that has not finished is waited for: with two ranks and one file, the whole wait.
+    status, output, seconds = run_script(quick, timeout=60, env={"WORLD_SIZE": "2", "RANK": "0"})
+    assert status == 0 and seconds >= QUICK_HANG_AFTER_S
 
 
 class _StalePool:

@@ -1148,13 +1148,45 @@ def _judge_side(code: str, entry: Entry, origins: Origins) -> frozenset[str]:
     return frozen_for(code, {flat_of.get((judge.__module__, judge.__name__), judge.__name__)})
 
 
+#: What :func:`quick_hang` adds to a candidate: each rank that finishes the case leaves a file
+#: beside the script (a directory of the attempt's own, :func:`run_script`), and the watcher's
+#: wait ends as soon as every rank has left one, so a candidate that passes costs no wait.
+_QUICK_WAIT = """
+def _quick_wait(seconds):
+    import os, time
+    here = os.path.dirname(os.path.abspath(__file__))
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if sum(n.startswith("done-") for n in os.listdir(here)) >= int(os.environ["WORLD_SIZE"]):
+            return
+        time.sleep(0.2)
+
+
+def _quick_done():
+    import os
+    here = os.path.dirname(os.path.abspath(__file__))
+    open(os.path.join(here, "done-" + os.environ["RANK"]), "w").close()
+
+"""
+
+
 def quick_hang(script: str) -> str:
     """A hang script with its watcher's wait (and the ranks' wait before they exit) of
-    :data:`QUICK_HANG_AFTER_S` instead of HANG_AFTER_S, where the script has them as written."""
-    for old, new in (
-        (f"time.sleep({HANG_AFTER_S})", f"time.sleep({QUICK_HANG_AFTER_S})"),
-        (f"time.sleep({HANG_AFTER_S} + 5)", f"time.sleep({QUICK_HANG_AFTER_S} + 5)"),
-    ):
+    :data:`QUICK_HANG_AFTER_S` instead of HANG_AFTER_S, where the script has them as written;
+    where it also has its ``__main__`` block as written, the watcher stops waiting once every
+    rank has finished (:data:`_QUICK_WAIT`)."""
+    main = "\nif __name__ == '__main__':\n"
+    waits = f"time.sleep({HANG_AFTER_S})", f"time.sleep({HANG_AFTER_S} + 5)"
+    if main in script and all(script.count(w) == 1 for w in waits):
+        head, _, tail = script.rpartition(main)
+        script = head + _QUICK_WAIT + main + tail
+        replaced = (
+            (waits[0], f"_quick_wait({QUICK_HANG_AFTER_S})"),
+            (waits[1], f"_quick_done(); time.sleep({QUICK_HANG_AFTER_S} + 5)"),
+        )
+    else:
+        replaced = ((waits[0], f"time.sleep({QUICK_HANG_AFTER_S})"), (waits[1], f"time.sleep({QUICK_HANG_AFTER_S} + 5)"))
+    for old, new in replaced:
         script = script.replace(old, new)
     return script
 
