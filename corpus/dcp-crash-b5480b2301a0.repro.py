@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=4da2f48d2fa30bb5 sources=3ebb4d52c9cda72d seconds=3183.7
+# shardfuzz reduced reproducer: entry=4da2f48d2fa30bb5 sources=3ebb4d52c9cda72d seconds=3707.5
 # Reproduces shardfuzz corpus entry dcp-crash-b5480b2301a0.json: crash:dcp:signal SIGSEGV@torch/distributed/fsdp/_state_dict_utils.py:param_hook
 # Known torch bug: FSDP1 FULL_STATE_DICT with offload_to_cpu on CPU: state_dict() clones a freed
 # buffer (SIGSEGV), optim_state_dict aliases the gathered states; upstream:
@@ -175,11 +175,7 @@ class TreeBlock(nn.Module):
         self.skipped: frozenset[str] = frozenset()
 
     def forward(self, x):
-        y = x
-        for name, child in self.named_children():
-            y = child(y)
-        y = y * self.scale
-        return y
+        pass
 
 def build_leaf(leaf, width):
     module = _build_leaf(leaf, width)
@@ -197,11 +193,8 @@ def build_model(tree, device):
     with torch.device(device):
         return build_node(tree.root, 1)
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
-_WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.')
 
 def clean_name(name):
-    for prefix in _WRAPPER_PREFIXES:
-        name = name.replace(prefix, '')
     return name
 
 @dataclass
@@ -311,16 +304,10 @@ def prepare_side(body, side, options):
 def _arrange(body, values, ctx):
     order = ((0, 1), (0, 1))[ctx.rank]
     return {body.entries[i].value: values[body.entries[i]] for i in order if body.entries[i] in values}
-_LAST_PLANNER = [None]
-
-def _group(body):
-    return {}
-_CTX = [None]
 
 def _load(body, state, path):
     import torch.distributed.checkpoint as dcp
     kwargs = {}
-    kwargs.update(_group(body))
     dcp.load(state, checkpoint_id=path, **kwargs)
 
 def run_dcp(case, body, ctx):
@@ -332,7 +319,6 @@ def _run_dcp(case, body, ctx):
     get_load = _options(True, True, load=False)
     put = _options(True, True, load=True, strict=not ())
     path = '' or case_dir(case, ctx)
-    _LAST_PLANNER[0], _CTX[0] = (None, ctx)
     src = None
     src = build_side(body.tree, body.source, t, ctx, seed=0, schedule=())
     body_optimizer(src, t, body)

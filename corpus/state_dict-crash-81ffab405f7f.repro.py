@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=627b92f9c75a2fc3 sources=14c7281674c70e1f seconds=1298.5
+# shardfuzz reduced reproducer: entry=627b92f9c75a2fc3 sources=14c7281674c70e1f seconds=1820.1
 # Reproduces shardfuzz corpus entry state_dict-crash-81ffab405f7f.json: crash:state_dict:signal SIGSEGV@torch/distributed/fsdp/_state_dict_utils.py:param_hook
 # Known torch bug: FSDP1 FULL_STATE_DICT with offload_to_cpu on CPU: state_dict() clones a freed
 # buffer (SIGSEGV), optim_state_dict aliases the gathered states; upstream:
@@ -105,10 +105,6 @@ class Body:
     registry: ClassVar[dict[str, type[Body]]] = {}
 
     def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        Body.registry[cls.KIND] = cls
-
-    def validate_for(self, world_size):
         pass
 
 @dataclass(frozen=True)
@@ -117,9 +113,6 @@ class Case:
     world_size: object
     seed: object
     body: object
-
-    def __post_init__(self):
-        self.body.validate_for(self.world_size)
 
 def is_plain(comp):
     return not comp.shards and (not comp.replicates) and (comp.wrapper is Wrapper.NONE)
@@ -156,11 +149,6 @@ class StateDictBody(Body):
     requires_grad: object = ()
     fused: object = ()
     fqn_modifiers: object = DEFAULT_FQN_MODIFIERS
-
-    def validate_for(self, world_size):
-        for where, comp in (('source', self.source), ('target', self.target)):
-            if not is_plain(comp):
-                pass
 
 class TreeBlock(nn.Module):
 
@@ -241,8 +229,7 @@ class Side:
         return self.composed.model
 
     def names(self):
-        current = {id(p): clean_name(n) for n, p in self.model.named_parameters()}
-        return {**self.param_names, **current}
+        pass
 
 def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=(), fused=(), fqn_modifiers=DEFAULT_FQN_MODIFIERS):
     torch.manual_seed(seed)
@@ -279,10 +266,7 @@ def fsdp1_state_dict_type(side, *, full, offload, rank0_only=False):
         FSDP.set_state_dict_type(side.model, StateDictType.FULL_STATE_DICT, FullStateDictConfig(offload_to_cpu=offload, rank0_only=rank0_only), FullOptimStateDictConfig(offload_to_cpu=offload, rank0_only=rank0_only))
 
 def fsdp1_optim_state_dict(side):
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    assert side.opt is not None
-    osd = FSDP.optim_state_dict(side.model, side.opt)
-    return osd
+    pass
 
 def _take(body, side):
     assert side.opt is not None
