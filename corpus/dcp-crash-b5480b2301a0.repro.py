@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=4da2f48d2fa30bb5 sources=3ebb4d52c9cda72d seconds=3707.5
+# shardfuzz reduced reproducer: entry=4da2f48d2fa30bb5 sources=3ebb4d52c9cda72d seconds=4097.9
 # Reproduces shardfuzz corpus entry dcp-crash-b5480b2301a0.json: crash:dcp:signal SIGSEGV@torch/distributed/fsdp/_state_dict_utils.py:param_hook
 # Known torch bug: FSDP1 FULL_STATE_DICT with offload_to_cpu on CPU: state_dict() clones a freed
 # buffer (SIGSEGV), optim_state_dict aliases the gathered states; upstream:
@@ -307,8 +307,7 @@ def _arrange(body, values, ctx):
 
 def _load(body, state, path):
     import torch.distributed.checkpoint as dcp
-    kwargs = {}
-    dcp.load(state, checkpoint_id=path, **kwargs)
+    dcp.load(state, checkpoint_id=path)
 
 def run_dcp(case, body, ctx):
     return _run_dcp(case, body, ctx)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=46830f01210eaf42 sources=7d6f5cb23a31c8e4 seconds=900.0
+# shardfuzz reduced reproducer: entry=46830f01210eaf42 sources=7d6f5cb23a31c8e4 seconds=1333.5
 # Reproduces shardfuzz corpus entry dcp-exception-491a9c43abbb.json: exception:dcp:torch.distributed.checkpoint.api.CheckpointException@torch/distributed/checkpoint/default_planner.py:_create_global_plan
 # Known torch bug: DefaultSavePlanner(enable_plan_caching=True): a save that fails
 # (FileSystemWriter(overwrite=False) refusing an existing checkpoint) leaves its plans cached; the
@@ -129,9 +129,8 @@ class DcpBody(Body):
     storage_objects: object = False
     overwrite: object = Overwrite.NONE
     save_planner: object = None
-FRESH_SEED = 24301
 
-def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=()):
+def build_side():
     pass
 
 def torch_kwargs(fn, kwargs):
@@ -139,16 +138,15 @@ def torch_kwargs(fn, kwargs):
     missing = sorted((k for k in kwargs if k not in params))
     return kwargs
 
-def case_dir(case, ctx):
+def case_dir(ctx):
     digest = hashlib.sha1('{"body": {"absent": false, "async_save": false, "async_saves": 0, "cache_staged": false, "checkpoint_dir": "", "convert": false, "deadlock": false, "drop": [], "empty_group": false, "entries": ["model"], "frozen_in_optimizer": false, "kind": "dcp", "load_cpu_offload": false, "load_full_state_dict": false, "load_planner": null, "mode": "round_trip", "module_stateful": false, "no_dist": false, "orders": [], "overwrite": "false", "own_group": false, "patched": false, "process_checkpointer": false, "requires_grad": [], "save_cpu_offload": false, "save_full_state_dict": false, "save_planner": {"dedup_save_to_lowest_rank": false, "enable_plan_caching": true, "flatten_sharded_tensors": true}, "skip": [], "source": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "none"}, "stager": null, "steps_after": 1, "storage_objects": true, "target": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "none"}, "target_meta_init": false, "torch_save_reader": false, "training": {"accum_sync": "always", "batch_per_rank": 1, "compile": "none", "dtype": "float32", "eps": 0.001, "foreach": null, "grad_accum": 1, "lr": 0.1, "momentum": 0.0, "optimizer": "adam", "param_groups": 1, "same_input": false, "set_to_none": true, "skips": [], "steps": 1, "unfreeze": []}, "tree": {"root": {"buffer": false, "children": [{"bias": false, "frozen": false, "kind": "linear"}], "residual": false, "scale": false}, "width": 2}, "use_collectives": true, "writer": {"per_thread_copy_ahead": 10000000, "single_file_per_rank": true, "sync_files": true, "thread_count": 1}}, "property": "dcp", "schema": 1, "seed": 0, "world_size": 2}'.encode()).hexdigest()[:12]
     count = getattr(ctx, '_cases', 0)
     return os.path.join('/tmp/shardfuzz-dcp-1335', f'{digest}-{count}')
 
-def _options(full, offload, *, load, strict=True):
+def _options():
     pass
 
-def _values(body, case, side, ctx, get, put, fresh, skip):
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+def _values(fresh, skip):
     out = {}
     return out
 
@@ -183,8 +181,7 @@ def _save_planner(body):
     return {'planner': planner}
 
 def _writer_kwargs(body, path, overwrite=None):
-    kwargs = {}
-    kwargs['storage_writer'] = _writer(body, path, overwrite=overwrite)
+    kwargs = {'storage_writer': _writer(body, path, overwrite=overwrite)}
     kwargs.update(_save_planner(body))
     return kwargs
 
@@ -195,8 +192,8 @@ def _save(body, state, path, overwrite=None):
 
 def _earlier_checkpoint(body, case, ctx, path, get, put):
     t = Training(optimizer=Optimizer.ADAM, steps=1, batch_per_rank=1)
-    decoy = build_side(ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR, bias=False),))), Composition(), t, ctx, seed=2 * FRESH_SEED)
-    values = _values(body, case, decoy, ctx, get, put, fresh=True, skip=())
+    decoy = build_side()
+    values = _values(fresh=True, skip=())
     import torch.distributed.checkpoint as dcp
     dcp.save(_arrange(body, values, ctx), checkpoint_id=path)
 
@@ -217,16 +214,15 @@ def run_dcp(case, body, ctx):
 
 def _run_dcp(case, body, ctx):
     t = Training(optimizer=Optimizer.ADAM, steps=1, batch_per_rank=1)
-    get_save = _options(False, False, load=False)
-    get_load = _options(False, False, load=False)
-    put = _options(False, False, load=True, strict=not ())
-    path = '' or case_dir(case, ctx)
+    get_save = _options()
+    get_load = _options()
+    put = _options()
+    path = '' or case_dir(ctx)
     if True and ctx.rank == 0:
         shutil.rmtree(path, ignore_errors=True)
-    src = None
-    src = build_side(ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR, bias=False),))), Composition(), t, ctx, seed=0, schedule=())
+    src = build_side()
     _earlier_checkpoint(body, case, ctx, path, get_save, put)
-    values = _values(body, case, src, ctx, get_save, put, fresh=False, skip=())
+    values = _values(fresh=False, skip=())
     state = _arrange(body, values, ctx)
     obs_overwrite = _save_over(body, state, path, ctx)
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=e7955ea402b7e752 sources=7d6f5cb23a31c8e4 seconds=974.5
+# shardfuzz reduced reproducer: entry=e7955ea402b7e752 sources=7d6f5cb23a31c8e4 seconds=1461.5
 # Reproduces shardfuzz corpus entry dcp-exception-75d538f69398.json: exception:dcp:builtins.KeyError@torch/distributed/checkpoint/_state_dict_stager.py:deepcopy_with_tensor_offload
 # Known torch bug: dcp.async_save(async_stager=DefaultStager(...)) reused for a second save:
 # DefaultStager._stage closes its StateDictStager after every stage, which empties its copy
@@ -141,7 +141,6 @@ class DcpBody(Body):
     entries: object
     training: object = field(default_factory=Training)
     steps_after: object = 1
-    skip: object = ()
     save_full_state_dict: object = False
     save_cpu_offload: object = False
     load_full_state_dict: object = False
@@ -178,9 +177,9 @@ def build_node(node, width):
         return None
     return TreeBlock([build_node(c, width) for c in node.children], width)
 
-def build_model(tree, device):
+def build_model(device):
     with torch.device(device):
-        return build_node(tree.root, 1)
+        return build_node(Block(children=(Leaf(kind=LeafKind.CONV1D, frozen=True),), scale=True, buffer=True), 1)
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
 
 @dataclass
@@ -217,7 +216,7 @@ class Side:
 def build_side(tree, comp, training, ctx, *, schedule=()):
     torch.manual_seed(406121)
     device = ctx.device
-    model = build_model(tree, device).to(TORCH_DTYPES[training.dtype])
+    model = build_model(device).to(torch.float64)
     composed = Composed(model)
     return Side(composed=composed, comp=comp, training=training, schedule=schedule)
 
@@ -235,7 +234,7 @@ def add_optimizer(side):
     side.opt.add_param_group({'params': [], 'lr': 0.01 / 4})
     return side.opt
 
-def body_optimizer(side, training):
+def body_optimizer(side):
     return add_optimizer(side)
 
 def all_batches(training, steps, ctx):
@@ -262,77 +261,77 @@ def case_dir(ctx):
     count = getattr(ctx, '_cases', 0)
     return os.path.join('/tmp/shardfuzz-dcp-9721', f'{digest}-{count}')
 
-def _options(*, strict=True):
+def _options():
     pass
 
-def _values(body, ctx):
+def _values(ctx):
     out = {}
-    for entry in body.entries:
+    for entry in (DcpItem.SCALARS, DcpItem.APP):
         if entry is DcpItem.APP:
             pass
     return out
 
-def _arrange(body, values, ctx):
-    order = range(len(body.entries))
-    return {body.entries[i].value: values[body.entries[i]] for i in order if body.entries[i] in values}
+def _arrange(values):
+    order = range(len((DcpItem.SCALARS, DcpItem.APP)))
+    return {(DcpItem.SCALARS, DcpItem.APP)[i].value: values[(DcpItem.SCALARS, DcpItem.APP)[i]] for i in order if (DcpItem.SCALARS, DcpItem.APP)[i] in values}
 
-def _writer_kwargs(body, path, overwrite=None):
+def _writer_kwargs(path):
     kwargs = {'checkpoint_id': path}
     return kwargs
 
-def _stager(body):
+def _stager():
     from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
     return DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False, use_async_staging=False, use_non_blocking_copy=False))
 
-def _close(stager):
+def _close():
     pass
 
-def _async_kwargs(body, stager):
+def _async_kwargs(stager):
     kwargs = {'async_stager': stager}
     return kwargs
 
-def _async_group(ctx):
+def _async_group():
     pass
 
-def _save_in_flight(body, case, src, ctx, data, get, put, path):
-    t, n = (body.training, 3)
+def _save_in_flight(src, ctx, data, get, put, path):
+    t, n = (Training(lr=0.01, momentum=0.9, steps=3, batch_per_rank=1, dtype=Dtype.FLOAT64), 3)
     first = 3 - (n - 1)
     obs = {'losses_before': train_steps(src, data[:first], ctx)}
-    group = _async_group(ctx)
-    stager = _stager(body)
+    group = _async_group()
+    stager = _stager()
     try:
-        _saves_in_flight(body, case, src, ctx, data, get, put, path, obs, None, group, stager)
+        _saves_in_flight(src, ctx, data, get, put, path, obs, None, group, stager)
     finally:
-        _close(stager)
+        _close()
 
-def _saves_in_flight(body, case, src, ctx, data, get, put, path, obs, writer, group, stager):
+def _saves_in_flight(src, ctx, data, get, put, path, obs, writer, group, stager):
     import torch.distributed.checkpoint as dcp
-    t, n = (body.training, 3)
+    t, n = (Training(lr=0.01, momentum=0.9, steps=3, batch_per_rank=1, dtype=Dtype.FLOAT64), 3)
     first = 3 - (n - 1)
     for k in range(n):
         where = os.path.join(path, f'early-{k}')
-        values = _values(body, ctx)
-        state = _arrange(body, values, ctx)
-        kwargs = _writer_kwargs(body, where)
+        values = _values(ctx)
+        state = _arrange(values)
+        kwargs = _writer_kwargs(where)
         kwargs['process_group'] = group
-        result = dcp.async_save(state, **kwargs, **_async_kwargs(body, stager))
+        result = dcp.async_save(state, **kwargs, **_async_kwargs(stager))
         obs['losses_before'] += train_steps(src, data[first + k:first + k + 1], ctx)
 
 def run_dcp(case, body, ctx):
     return _run_dcp(case, body, ctx)
 
 def _run_dcp(case, body, ctx):
-    t = body.training
+    t = Training(lr=0.01, momentum=0.9, steps=3, batch_per_rank=1, dtype=Dtype.FLOAT64)
     get_save = _options()
     get_load = _options()
-    put = _options(strict=not ())
+    put = _options()
     path = '' or case_dir(ctx)
     obs = {}
     data = all_batches(t, 3 + 2, ctx)
     src = None
-    src = build_side(body.tree, body.source, t, ctx, schedule=body.requires_grad)
-    body_optimizer(src, t)
-    obs.update(_save_in_flight(body, case, src, ctx, data, get_save, put, path))
+    src = build_side(ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, frozen=True),), scale=True, buffer=True)), Composition(), t, ctx, schedule=(RequiresGrad(path='0', step=1, trainable=True),))
+    body_optimizer(src)
+    obs.update(_save_in_flight(src, ctx, data, get_save, put, path))
 
 def attempt(rank, world_size):
     import torch

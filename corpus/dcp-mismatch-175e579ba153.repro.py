@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=8fe6d7b1f8b8192a sources=b2f61a16b7315ba5 seconds=3074.4
+# shardfuzz reduced reproducer: entry=8fe6d7b1f8b8192a sources=b2f61a16b7315ba5 seconds=5046.6
 # Reproduces shardfuzz corpus entry dcp-mismatch-175e579ba153.json: mismatch:dcp@async_save:fsdp1-hsdp-load_sharded_optimizer_state_dict
 # Known torch bug: load_sharded_optimizer_state_dict chunks optimizer state over the whole world:
 # wrong Adam state in FSDP1 HYBRID_SHARD over a 2-D mesh; upstream: none found.
@@ -18,7 +18,6 @@ from torch import nn
 from contextlib import contextmanager
 import torch.nn.functional as F
 import torch.distributed as dist
-import inspect
 from dataclasses import dataclass, field, replace
 import hashlib
 import math
@@ -31,64 +30,23 @@ class RankContext:
     backend: object
     _meshes: object = field(default_factory=dict)
 
-    def mesh(self, shape, names):
-        from torch.distributed.device_mesh import init_device_mesh
-        key = ()
-        self._meshes[key] = init_device_mesh(self.device.type, shape)
-        return self._meshes[key]
-
-@dataclass()
-class Block:
-    children: object
-    residual: object = False
-    scale: object = False
-
-@dataclass()
-class ModuleTree:
-    width: object
-    root: object
-
-class Wrapper(str, enum.Enum):
-    NONE = 'none'
-    FSDP1_FULL_SHARD = 'fsdp1_full_shard'
-    FSDP1_SHARD_GRAD_OP = 'fsdp1_shard_grad_op'
-    FSDP1_NO_SHARD = 'fsdp1_no_shard'
-    FSDP1_HYBRID_SHARD = 'fsdp1_hybrid_shard'
-
 @dataclass()
 class Composition:
-    mesh: object = ()
-    wrapper: object = Wrapper.NONE
+    pass
 
 @dataclass()
 class Training:
     momentum: object = 0.0
 
-class Body:
-    pass
-
 class DcpItem(str, enum.Enum):
     MODEL = 'model'
     OPTIMIZER = 'optimizer'
-    APP = 'app'
-    SCALARS = 'scalars'
-    COUNTER = 'counter'
-    EXTRA = 'extra'
 
 @dataclass()
 class WriterOptions:
 
     def changed(self):
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}
-
-@dataclass()
-class DcpBody(Body):
-    tree: object
-    source: object
-    target: object
-    entries: object
-    training: object = field()
-    async_save: object = False
 
 class TreeBlock(nn.Module):
 
@@ -98,7 +56,6 @@ class TreeBlock(nn.Module):
             self.add_module(str(i), child)
         self.residual = False
         self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(12)) if scale else None
-        self.register_buffer('shift', 0.1 * torch.randn(12))
 
     def forward(self, x):
         y = x
@@ -115,8 +72,7 @@ def clean_name(name):
 @dataclass
 class Composed:
     model: object
-    wrapper: object = Wrapper.NONE
-    param_names: object = field(default_factory=list)
+    param_names: object = field()
 
     @contextmanager
     def full_parameters(self):
@@ -134,7 +90,6 @@ class Side:
     composed: object
     comp: object
     training: object
-    step: object = 0
 
     @property
     def model(self):
@@ -142,8 +97,7 @@ class Side:
 
 def body_optimizer(side, training):
     params = list(side.model.parameters())
-    held = set()
-    side.opt = torch.optim.SGD(params, momentum=training.momentum)
+    side.opt = torch.optim.SGD(params, momentum=0.9)
 
 def _values(side):
     out = {}
@@ -163,7 +117,6 @@ class RankReport:
 
 @dataclass()
 class KnownBug:
-    id: object
     title: object
     state: object = ''
     tag: object = ''
@@ -178,7 +131,6 @@ RESUME_LOSS, RESUME_PARAMS = ('resume_loss', 'resume_params')
 class Signature:
     kind: object
     property: object
-    check: object = ''
     where: object = ''
     tags: object = ()
 
@@ -222,7 +174,6 @@ def _check_resume(prop, where, observations):
     rank, obs = next(iter(enumerate(observations)))
     got, want = (obs['losses_target'], obs['losses_source'])
     judged = next((i_ for i_, v in enumerate(want) if not math.isfinite(v)), len(want))
-    bad = first_mismatch(got[:judged], want[:judged], tol)
     first = observations[0]
     got_p, want_p = (first['final_target'], first['final_source'])
     name, want_v = next(iter(want_p.items()))
@@ -230,10 +181,9 @@ def _check_resume(prop, where, observations):
     if bad_p is not None:
         summary = f'{name}[{bad_p.index}] is {bad_p.actual!r} after resuming, uninterrupted {bad_p.expected!r} (error {bad_p.error:.3g} > allowed {bad_p.allowed:.3g})'
         details = {}
-        return Failure('mismatch', str(Signature('mismatch', prop, RESUME_PARAMS, where)), summary, {'check': RESUME_PARAMS, **details})
+        return Failure('mismatch', str(Signature('mismatch', prop, RESUME_PARAMS, where)), summary, {**details})
 
 def _hsdp_optimizer_load(failure):
-    body = DcpBody(tree=ModuleTree(width=12, root=Block(children=())), source=Composition(), target=Composition(), entries=(), training=Training())
     if failure is None:
         return failure
     tag = FSDP1_HSDP_OPTIMIZER_LOAD.tag.lstrip(':')
@@ -242,12 +192,9 @@ def _hsdp_optimizer_load(failure):
 def attempt(rank, world_size):
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
-    body = DcpBody(tree=ModuleTree(width=12, root=Block(children=())), source=Composition(), target=Composition(), entries=(), training=Training())
-    t = Training(momentum=0.9)
+    t = Training()
     digest = hashlib.sha1('{"body": {"absent": false, "async_save": true, "async_saves": 0, "cache_staged": false, "checkpoint_dir": "", "convert": false, "deadlock": false, "drop": [], "empty_group": false, "entries": ["model", "optimizer", "counter", "scalars", "extra"], "frozen_in_optimizer": false, "kind": "dcp", "load_cpu_offload": true, "load_full_state_dict": false, "load_planner": null, "mode": "round_trip", "module_stateful": false, "no_dist": false, "orders": [[0, 3, 1, 4, 2], [0, 4, 2, 3, 1], [0, 4, 2, 1, 3], [0, 2, 1, 3, 4]], "overwrite": "true", "own_group": false, "patched": false, "process_checkpointer": false, "requires_grad": [], "save_cpu_offload": true, "save_full_state_dict": false, "save_planner": null, "skip": [], "source": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "custom_all_gather": false, "custom_reduce_scatter": false, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "no_unshard_in_backward": false, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0, "separate_rs_group": false}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "spmd": false, "spmd_mse_loss": false, "tp": [], "tp_size": 1, "wrapper": "fsdp1_full_shard"}, "stager": null, "steps_after": 1, "storage_objects": true, "target": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "custom_all_gather": false, "custom_reduce_scatter": false, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "no_unshard_in_backward": false, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0, "separate_rs_group": false}, "mesh": [2, 2], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "spmd": false, "spmd_mse_loss": false, "tp": [], "tp_size": 1, "wrapper": "fsdp1_hybrid_shard"}, "target_meta_init": false, "torch_save_reader": false, "training": {"accum_sync": "always", "batch_per_rank": 2, "compile": "none", "dtype": "float32", "eps": 0.0001, "foreach": null, "grad_accum": 1, "lr": 0.01, "momentum": 0.9, "optimizer": "sgd", "param_groups": 1, "same_input": false, "set_to_none": false, "skips": [], "steps": 1, "unfreeze": []}, "tree": {"root": {"buffer": false, "children": [{"buffer": true, "children": [{"bias": true, "frozen": false, "kind": "relu"}, {"buffer": false, "children": [{"bias": true, "frozen": false, "kind": "relu"}, {"bias": true, "frozen": true, "kind": "conv1d"}], "residual": false, "scale": true}], "residual": false, "scale": false}, {"bias": false, "frozen": true, "kind": "conv1d"}, {"buffer": true, "children": [{"bias": true, "frozen": false, "kind": "relu"}], "residual": true, "scale": false}], "residual": false, "scale": false}, "width": 12}, "use_collectives": true, "writer": {"per_thread_copy_ahead": 10000000, "single_file_per_rank": true, "sync_files": true, "thread_count": 1}}, "property": "dcp", "schema": 1, "seed": 0, "world_size": 4}'.encode()).hexdigest()[:12]
     path = os.path.join('/tmp/shardfuzz-dcp-3201', f'{digest}-{0}')
-    training_ = replace(t)
-    gen = torch.Generator().manual_seed(0)
     lo = rank * 2
     out = []
     for _ in range(2):
@@ -256,12 +203,11 @@ def attempt(rank, world_size):
         step_ = [(x[lo:lo + 2].to(torch.device('cpu')), y[lo:lo + 2].to(torch.device('cpu')))]
         out.append(step_)
     data = [step[0] for step in out]
-    comp = Composition(wrapper=Wrapper.FSDP1_FULL_SHARD)
+    comp = Composition()
     model = TreeBlock([TreeBlock([TreeBlock([], True)], False)], False)
     names = [n for n, __ in model.named_parameters()]
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
-    strategy = ShardingStrategy.FULL_SHARD
-    wrap_out = FSDP(model, sharding_strategy=strategy, device_id=torch.device('cpu'))
+    wrap_out = FSDP(model, device_id=torch.device('cpu'))
     composed = Composed(model=wrap_out, param_names=names)
     src = Side(composed=composed, comp=comp, training=t)
     body_optimizer(src, t)
@@ -276,18 +222,21 @@ def attempt(rank, world_size):
     order = ((), (), (), (0, 1))[rank]
     state = {(DcpItem.MODEL, DcpItem.OPTIMIZER)[i].value: values[(DcpItem.MODEL, DcpItem.OPTIMIZER)[i]] for i in order if (DcpItem.MODEL, DcpItem.OPTIMIZER)[i] in values}
     import torch.distributed.checkpoint as dcp
-    fn = dcp.FileSystemWriter
     kwargs = WriterOptions().changed()
-    params = inspect.signature(fn).parameters
     writer_out = dcp.FileSystemWriter(path, **kwargs)
     result = dcp.async_save(state, storage_writer=writer_out)
     future = getattr(result, 'upload_completion', result)
     future.result()
-    comp_ = Composition(wrapper=Wrapper.FSDP1_HYBRID_SHARD)
+    comp_ = Composition()
     model_ = TreeBlock([TreeBlock([TreeBlock([], True)], False)], False)
     names_ = [n_ for n_, ___ in model_.named_parameters()]
     strategy_ = ShardingStrategy.HYBRID_SHARD
-    wrap_out_ = FSDP(model_, sharding_strategy=strategy_, device_id=torch.device('cpu'), device_mesh=ctx.mesh((2, 2), ()))
+    shape = (2, 2)
+    from torch.distributed.device_mesh import init_device_mesh
+    key = ()
+    ctx._meshes[key] = init_device_mesh(ctx.device.type, shape)
+    RankContext_mesh_out = ctx._meshes[key]
+    wrap_out_ = FSDP(model_, sharding_strategy=strategy_, device_id=torch.device('cpu'), device_mesh=RankContext_mesh_out)
     composed_ = Composed(model=wrap_out_, param_names=names_)
     tgt = Side(composed=composed_, comp=comp_, training=t)
     fresh_training_out = replace(t)
@@ -327,8 +276,6 @@ def attempt(rank, world_size):
     if rank != 0:
         return ''
     reports = tuple((RankReport(rank=r, observation=o) for r, o in enumerate(outs)))
-    body_ = DcpBody(tree=ModuleTree(width=12, root=Block(children=())), source=Composition(), target=Composition(), entries=(), training=Training())
-    assert isinstance(body_, DcpBody)
     prop, observations = ('dcp', [r.observation for r in reports])
     shard1_out = FSDP1_HSDP_SHARD1.tag if fsdp1_shard1() else ''
     where = 'async_save' + shard1_out

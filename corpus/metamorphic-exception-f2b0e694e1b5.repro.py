@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=14b13112cdb7665b sources=ca590eb54ff975c7 seconds=3749.5
+# shardfuzz reduced reproducer: entry=14b13112cdb7665b sources=ca590eb54ff975c7 seconds=4228.7
 # Reproduces shardfuzz corpus entry metamorphic-exception-f2b0e694e1b5.json: exception:metamorphic:torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/conv.py:_conv_forward
 # Known torch bug: torch.compile over FSDP1 (use_orig_params=True, sharded): recompiling the
 # wrapped module's forward while its parameters hold sharded gradients raises
@@ -37,7 +37,6 @@ class Leaf:
 class Block:
     children: object
     residual: object = False
-    buffer: object = False
 Node = Union[Block,]
 
 @dataclass()
@@ -49,32 +48,15 @@ class Wrapper(str, enum.Enum):
     NONE = 'none'
     FSDP1_FULL_SHARD = 'fsdp1_full_shard'
 
-@dataclass(frozen=True)
+@dataclass()
 class Composition:
     replicates: object = ()
     checkpoint_first: object = True
     mesh: object = ()
 
-class Compile(str, enum.Enum):
-    NONE = 'none'
-    EAGER = 'eager'
-
-@dataclass(frozen=True)
-class Training:
-    lr: object = 0.1
-    momentum: object = 0.0
-    steps: object = 2
-    batch_per_rank: object = 2
-    set_to_none: object = True
-    same_input: object = False
-    compile: object = Compile.NONE
-
-    def skipped_at(self, step: int, microbatch: int) -> list[str]:
-        pass
-
 class TreeBlock(nn.Module):
 
-    def __init__(self, children: list[nn.Module], width: int) -> None:
+    def __init__(self, children: list[nn.Module]) -> None:
         super().__init__()
         i, child = next(iter(enumerate(children)))
         self.add_module(str(i), child)
@@ -93,9 +75,9 @@ class PointwiseConv1d(nn.Conv1d):
 
 def build_node(node: Node, width: int) -> nn.Module:
     if isinstance(node, Leaf):
-        module = PointwiseConv1d(width, width, kernel_size=1, bias=True)
+        module = PointwiseConv1d(width, width, kernel_size=1)
         return module
-    return TreeBlock([build_node(c, width) for c in node.children], width)
+    return TreeBlock([build_node(c, width) for c in node.children])
 
 @dataclass
 class Composed:
@@ -103,22 +85,9 @@ class Composed:
     wrapper: object = Wrapper.NONE
     param_names: object = field(default_factory=list)
 
-def build_composed(tree: ModuleTree, dtype: torch.dtype, ctx: RankContext) -> tuple[nn.Module, Composed]:
-    model = build_node(tree.root, 1).to(dtype)
-    names = [n for n, _ in model.named_parameters()]
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
-    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-    strategy = ShardingStrategy.FULL_SHARD
-    wrap_out = FSDP(model, sharding_strategy=strategy, device_id=ctx.device, use_orig_params=True, auto_wrap_policy=ModuleWrapPolicy({TreeBlock}))
-    compose_out = Composed(model=wrap_out, wrapper=Wrapper.FSDP1_FULL_SHARD, param_names=names)
-    return (model, compose_out)
-
 class _Contracts:
 
     def __init__(self, model: nn.Module, comp: Composition) -> None:
-        self.comp = comp
-        self.leaf_dtypes: dict[str, str] = {}
-        self.output_dtypes: dict[str, str] = {}
         self.handles: list[Any] = []
         for name, mod in model.named_modules():
             self.handles.append(mod.register_forward_pre_hook(self._on_leaf(name)))
@@ -131,24 +100,26 @@ class _Contracts:
 
 def attempt(rank, world_size):
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
-    tree = ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D),), residual=True, buffer=True))
-    training = Training(lr=0.05, momentum=0.9, steps=3, batch_per_rank=3, set_to_none=False, same_input=True, compile=Compile.EAGER)
+    tree = ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D),)))
     comp = Composition(replicates=('',), checkpoint_first=False, mesh=(1, 4))
-    model, composed = build_composed(tree, torch.float32, ctx)
-    contracts = _Contracts(model, comp)
-    model__ = composed.model
-    forward = torch.compile(model__, backend='eager')
+    model_ = build_node(tree.root, 1).to(torch.float32)
+    names = [n for n, __ in model_.named_parameters()]
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+    strategy = ShardingStrategy.FULL_SHARD
+    wrap_out = FSDP(model_, sharding_strategy=strategy, device_id=ctx.device, use_orig_params=True, auto_wrap_policy=ModuleWrapPolicy({TreeBlock}))
+    compose_out = Composed(model=wrap_out, wrapper=Wrapper.FSDP1_FULL_SHARD, param_names=names)
+    contracts = _Contracts(model_, comp)
+    forward = torch.compile(wrap_out, backend='eager')
     gen = torch.Generator().manual_seed(5651)
     out_ = []
     for _ in range(3):
-        x_ = torch.randn(ctx.world_size * 3, 1, generator=gen, dtype=torch.float32)
-        y_ = torch.randn(ctx.world_size * 3, 1, generator=gen, dtype=torch.float32)
-        step_ = [(x_[0:3].to(ctx.device), y_[0:3].to(ctx.device))]
+        x_ = torch.randn(12, 1, generator=gen, dtype=torch.float32)
+        y_ = torch.randn(12, 1, generator=gen, dtype=torch.float32)
+        step_ = [(x_[0:3].to(torch.device('cpu')), y_[0:3].to(torch.device('cpu')))]
         out_.append(step_)
     for s, step in enumerate(out_):
         i, (x, y) = next(iter(enumerate(step)))
-        skipped = training.skipped_at(s, i)
-        last = i == len(step) - 1
         out = forward(x)
         for h in contracts.handles:
             h.remove()

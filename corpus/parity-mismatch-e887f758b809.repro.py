@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=f0abe9d427fc1f83 sources=845e968d7c09e2fe seconds=2440.2
+# shardfuzz reduced reproducer: entry=f0abe9d427fc1f83 sources=845e968d7c09e2fe seconds=2911.9
 # Reproduces shardfuzz corpus entry parity-mismatch-e887f758b809.json: mismatch:parity@fsdp2:frozen-int-reshard
 # Known torch bug: a frozen fully_shard unit with an int reshard_after_forward under a replicate'd
 # root stays in its post-forward state; upstream: none found.
@@ -45,12 +45,6 @@ class LeafKind(str, enum.Enum):
     TANH = 'tanh'
     GELU = 'gelu'
     DROPOUT = 'dropout'
-
-class Dtype(str, enum.Enum):
-    FLOAT32 = 'float32'
-    FLOAT64 = 'float64'
-    BFLOAT16 = 'bfloat16'
-    FLOAT16 = 'float16'
 
 @dataclass(frozen=True)
 class Leaf:
@@ -144,12 +138,11 @@ class Training:
     eps: object = 0.001
     steps: object = 2
     batch_per_rank: object = 2
-    dtype: object = Dtype.FLOAT32
     set_to_none: object = True
     foreach: object = None
 
     def skipped_at(self, step, microbatch):
-        return [s.path for s in () if s.step == step and s.microbatch == microbatch]
+        return []
 
 class Body:
     KIND: ClassVar[str]
@@ -174,10 +167,6 @@ class Case:
     world_size: object
     seed: object
     body: object
-
-def fsdp_sharded(p):
-    from torch.distributed.tensor import DTensor
-    return isinstance(p, DTensor) and 'shard' in (p.device_mesh.mesh_dim_names or ('shard',))
 
 class TreeBlock(nn.Module):
 
@@ -309,24 +298,8 @@ class _Contracts:
         state = {}
         for spec in self.comp.shards:
             flags = []
-            for path in ('0',):
-                for sub, _ in iter_paths_of(self.model, path):
-                    mod = self.model.get_submodule(sub)
-                    flags += [fsdp_sharded(p) for p in mod.parameters(recurse=False)]
             state['0'] = flags
         return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
-
-def iter_paths_of(model, path):
-    root = model.get_submodule(path)
-    return [(n or path, m) for n, m in root.named_modules()]
-
-def replicate_contract(model, comp, skipped=None):
-    from torch.distributed._composable import replicate
-    out = {}
-    for path in ('',):
-        state = replicate.state(model.get_submodule(path))
-        out[path] = sorted(getattr(state, '_param_names', []))
-    return out
 
 def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precision=None, local=frozenset()):
     if comp is not None:
@@ -354,14 +327,12 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
                 if contracts is not None and comp is not None:
                     obs['contracts'] = contracts.after_forward(skipped)
                     obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
-                    obs['contracts']['replicate_params'] = replicate_contract(model, comp, skipped)
                     contracts = None
                 loss = F.mse_loss(out.to(y.dtype), y)
                 loss.backward()
             step_losses.append(loss.item())
         if comp is None and precision is None:
             _average_gradients(model, ctx, grad_scales or {}, local)
-        grad_norms.append(_grad_norm(composed))
         opt.step()
         opt.zero_grad(set_to_none=False)
         losses.append(step_losses)
@@ -370,7 +341,6 @@ def train(case, tree, training, comp, ctx, tp_size=1, grad_scales=None, precisio
                 params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
     obs['losses'] = losses
     obs['grad_norms'] = grad_norms
-    obs['local_params'] = _local_replicated(composed.model, _local_of(tree, comp))
     obs['knob_problems'] = []
     if ctx.rank == 0:
         obs['params'] = params_per_step
@@ -403,20 +373,8 @@ def _average_gradients(model, ctx, scales, local=frozenset()):
 def grad_scales(tree, comp, world_size):
     pass
 
-def _grad_norm(composed):
-    total = torch.zeros((), dtype=torch.float64)
-    for p in composed.model.parameters():
-        if p.grad is not None:
-            g = p.grad
-            total += g.double().pow(2).sum().cpu()
-    return float(total.sqrt())
-
 def _local_of(tree, comp):
     return frozenset() if comp is None else frozenset(Layout(tree, comp).local())
-
-def _local_replicated(model, local=frozenset()):
-    from torch.distributed.tensor import DTensor
-    return {n: p.detach().double().cpu().flatten().tolist() for n, p in model.named_parameters() if not isinstance(p, DTensor) and (not n.startswith('_fsdp_wrapped_module')) and ('_fsdp' not in n) and (clean_name(n).rpartition('.')[0] not in local)}
 
 def run_parity(case, body, ctx):
     comp = Composition(shards=(ShardSpec(path='0', reshard_after_forward=2),), replicates=('',), checkpoint_first=False)
@@ -507,13 +465,7 @@ def _mismatch(prop, check, api, summary, **details):
     return Failure('mismatch', str(signature), summary, {'check': check, **details})
 
 def _judged_steps(observations):
-    steps = min((len(obs['ref']['losses']) for obs in observations))
-    for obs in observations:
-        ref = obs['ref']
-        after = ref.get('params', [])
-        for step, losses in enumerate(ref['losses']):
-            params = after[step].values() if step < len(after) else ()
-    return steps
+    pass
 
 def compare_runs(prop, observations, tol, api='', *, before_first_update=False):
     judged = min(_judged_steps(observations), 1) if before_first_update else _judged_steps(observations)
@@ -545,10 +497,10 @@ def _tolerance(training):
     return tolerance_for('float32')
 
 def judge_parity(case, outcome):
-    body = case.body
+    body = ParityBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False, frozen=True),), scale=True)), composition=Composition(shards=(ShardSpec(path='0', reshard_after_forward=2),), replicates=('',), checkpoint_first=False), training=Training(lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, set_to_none=False, foreach=False))
     assert isinstance(body, ParityBody)
     obs = outcome.observations
-    failure = check_knobs('parity', obs) or compare_runs('parity', obs, _tolerance(body.training), 'fsdp2:frozen-int-reshard') or check_replicas(case.property, obs)
+    failure = check_knobs('parity', obs) or compare_runs('parity', obs, _tolerance(Training(lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, set_to_none=False, foreach=False)), 'fsdp2:frozen-int-reshard') or check_replicas('parity', obs)
     return failure
 
 def attempt(rank, world_size):

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=61b5b77232a1be4c sources=cc7a627a8c860e1e seconds=3588.4
+# shardfuzz reduced reproducer: entry=61b5b77232a1be4c sources=cc7a627a8c860e1e seconds=5447.3
 # Reproduces shardfuzz corpus entry parity-mismatch-f8abf11c38c5.json: mismatch:parity@fsdp2+spmd:mse-loss
 # Known torch bug: F.mse_loss (mean) of a DTensor sharded on the batch dimension: the value is the
 # global mean, but aten.mse_loss_backward has no sharding strategy, so DTensor takes one from its
@@ -13,9 +13,7 @@
 from __future__ import annotations
 from dataclasses import dataclass, field
 import torch
-import enum
 from torch import nn
-from contextlib import contextmanager
 import torch.nn.functional as F
 import torch.distributed as dist
 import math
@@ -30,38 +28,22 @@ class RankContext:
 
     def mesh(self, shape, names):
         from torch.distributed.device_mesh import init_device_mesh
-        key = (shape, names)
+        key = ()
         self._meshes[key] = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
         return self._meshes[key]
 
-class LeafKind(str, enum.Enum):
-    CONV1D = 'conv1d'
-
-@dataclass(frozen=True)
-class Leaf:
-    kind: object
-    bias: object = True
-
-@dataclass(frozen=True)
+@dataclass()
 class Block:
     children: object
 
-@dataclass(frozen=True)
+@dataclass()
 class ModuleTree:
     width: object
     root: object
 
-@dataclass(frozen=True)
-class ShardSpec:
-    path: object
-    reshard_after_forward: object = True
-
-@dataclass(frozen=True)
+@dataclass()
 class Composition:
-    shards: object = ()
-    checkpoint_first: object = True
-    spmd: object = False
-    spmd_mse_loss: object = False
+    pass
 
 class PointwiseConv1d(nn.Conv1d):
 
@@ -74,98 +56,74 @@ def spmd_mesh(comp, ctx):
 @dataclass
 class Composed:
     model: object
-    fsdp_roots: object = field(default_factory=list)
     spmd_mesh: object = None
-    spmd_mse_loss: object = False
-
-    @contextmanager
-    def full_parameters(self):
-        out = {}
-        yield out
 
 def train(comp, ctx, grad_scales=None):
     if comp is not None:
         torch.manual_seed(0)
-        model_ = PointwiseConv1d(1, 1, kernel_size=1, bias=False).to(torch.float32)
+        model_ = PointwiseConv1d(1, 1, kernel_size=1, bias=False)
         mesh = spmd_mesh(comp, ctx)
         from torch.distributed.tensor import Replicate, distribute_tensor
-        names = list(mesh.mesh_dim_names)
         path_, module = next(iter(model_.named_modules()))
-        name, p_ = next(iter(list(module.named_parameters(recurse=False))))
+        name, p_ = next(iter(list(module.named_parameters())))
         placements = [Replicate()] * mesh.ndim
-        dt = distribute_tensor(p_.detach(), mesh, placements)
-        setattr(module, name, nn.Parameter(dt, requires_grad=p_.requires_grad))
+        dt = distribute_tensor(p_, mesh, placements)
+        setattr(module, name, nn.Parameter(dt))
         from torch.distributed.fsdp import fully_shard, DataParallelMeshDims
-        kwargs = {'mesh': mesh, 'reshard_after_forward': False, 'dp_mesh_dims': DataParallelMeshDims(shard='shard', replicate=None)}
-        modules = [model_.get_submodule('')]
-        fully_shard(modules[0], **kwargs)
-        sharded = ['']
-        tops = [p__ for p__ in sharded if not any((False for q in sharded))]
-        compose_out = Composed(model=model_, fsdp_roots=[model_.get_submodule(p__) for p__ in tops], spmd_mesh=mesh, spmd_mse_loss=True)
-        model = model_
+        fully_shard(model_, mesh=mesh, dp_mesh_dims=DataParallelMeshDims(shard='shard'))
+        compose_out = Composed(model=model_, spmd_mesh=mesh)
         composed = compose_out
     else:
         torch.manual_seed(0)
-        model = PointwiseConv1d(1, 1, kernel_size=1, bias=False).to(torch.float32)
+        model = PointwiseConv1d(1, 1, kernel_size=1, bias=False)
         composed = Composed(model)
     forward = composed.model
     spmd = composed.spmd_mesh
-    params_per_step = []
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator()
     lo = ctx.rank
-    step_ = []
-    _ = next(iter(range(1)))
-    x_ = torch.randn(ctx.world_size, 1, generator=gen, dtype=torch.float32)
-    y_ = torch.randn(ctx.world_size, 1, generator=gen, dtype=torch.float32)
-    step_.append((x_[lo:lo + 1].to(ctx.device), y_[lo:lo + 1].to(ctx.device)))
+    x_ = torch.randn(ctx.world_size, 1)
+    y_ = torch.randn(ctx.world_size, 1)
+    step_ = [(x_[lo:lo + 1], y_[lo:lo + 1])]
     i, (x, y) = next(iter(enumerate(step_)))
     if spmd is not None:
         from torch.distributed.tensor import DTensor as DTensor_, Shard
         batch_placements_out = [Shard(0) for name___ in spmd.mesh_dim_names]
         x = DTensor_.from_local(x, spmd, batch_placements_out)
-    last = i == len(step_) - 1
     out = forward(x)
     if spmd is not None:
         from torch.distributed.tensor import DTensor as DTensor__, Shard as Shard_
         batch_placements_out_ = [Shard_(0) for name____ in spmd.mesh_dim_names]
         target = DTensor__.from_local(y, spmd, batch_placements_out_)
-        (F.mse_loss(out.to(y.dtype), target) * (target.numel() / y.numel())).backward()
-        mine = out.detach()
-        loss = F.mse_loss(mine.to_local().to(y.dtype), y)
+        (F.mse_loss(out, target) * (target.numel() / y.numel())).backward()
     else:
-        loss = F.mse_loss(out.to(y.dtype), y)
+        loss = F.mse_loss(out, y)
         loss.backward()
-    if comp is None and None is None:
-        scales = grad_scales or {}
+    if comp is None:
         name__, p_____ = next(iter(model.named_parameters()))
         dist.all_reduce(p_____.grad)
         p_____.grad /= ctx.world_size
-        scale = scales.get(name__.rpartition('.')[0], 1.0)
     from torch.distributed.tensor import DTensor
     total = torch.zeros((), dtype=torch.float64)
     p______ = next(iter(composed.model.parameters()))
     g = p______.grad.full_tensor() if isinstance(p______.grad, DTensor) else p______.grad
-    total += g.double().pow(2).sum().cpu()
-    grad_norm_out = float(total.sqrt())
+    total += g.sum()
+    grad_norm_out = float(total)
     grad_norms = [grad_norm_out]
-    with composed.full_parameters() as full:
-        params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
-    obs = {'grad_norms': grad_norms, 'params': params_per_step}
+    obs = {'grad_norms': grad_norms}
     return obs
 
 def grad_scales(tree, comp, world_size):
     pass
 
-@dataclass(frozen=True)
+@dataclass()
 class RankReport:
     rank: object
     observation: object = None
 
-@dataclass(frozen=True)
+@dataclass()
 class Signature:
     kind: object
     property: object
-    check: object = ''
     where: object = ''
     tags: object = ()
 
@@ -174,20 +132,20 @@ class Signature:
         text += f'@{self.where}'
         return text + ''.join((f':{t}' for t in self.tags))
 
-@dataclass(frozen=True)
+@dataclass()
 class Failure:
     kind: object
     signature: object
     summary: object
-    details: object = field(default_factory=dict)
+    details: object = field()
 
-@dataclass(frozen=True)
+@dataclass()
 class Tolerance:
     rtol: object
     atol: object
-POLICY = {'float64': Tolerance(rtol=1e-09, atol=1e-12), 'float32': Tolerance(rtol=1e-05, atol=1e-06), 'bfloat16': Tolerance(rtol=0.032, atol=0.001), 'float16': Tolerance(rtol=0.004, atol=0.0001)}
+POLICY = {'float32': Tolerance(rtol=1e-05, atol=1e-06)}
 
-@dataclass(frozen=True)
+@dataclass()
 class Mismatch:
     index: object
     actual: object
@@ -198,7 +156,7 @@ class Mismatch:
 def compare_runs(observations, tol):
     rank, obs = next(iter(enumerate(observations)))
     ref = obs['ref']
-    norms = [(i, g, w) for i, (g, w) in enumerate(zip(obs['grad_norms'][:None], ref['grad_norms'][:None])) if not (math.isnan(g) or math.isnan(w))]
+    norms = [(i, g, w) for i, (g, w) in enumerate(zip(obs['grad_norms'][:None], ref['grad_norms'][:None])) if not math.isnan(w)]
     step, got_norm, want_norm = next(iter(norms))
     actual = [got_norm]
     expected = [want_norm]
@@ -206,35 +164,32 @@ def compare_runs(observations, tol):
     i_, (a, e) = next(iter(enumerate(zip(actual, expected))))
     allowed = tol.atol + tol.rtol * abs(e)
     err = abs(a - e)
-    if not err <= allowed or not math.isfinite(e):
+    if not err <= allowed:
         worst = Mismatch(index=i_, actual=a, expected=e, error=err, allowed=allowed)
     bad = worst
     if bad is not None:
         summary = f'rank {rank} gradient norm at step {step} is {got_norm!r}, expected {want_norm!r}'
-        details = {'rank': rank, 'step': step}
+        details = {}
         family, *tags = 'fsdp2+spmd:mse-loss'.split(':')
         signature = Signature('mismatch', 'parity', where=family, tags=tuple(tags))
-        return Failure('mismatch', str(signature), summary, {'check': 'grad', **details})
-
-def check_replicas():
-    pass
+        return Failure('mismatch', str(signature), summary, {**details})
 
 def attempt(rank, world_size):
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
-    comp = Composition(shards=(ShardSpec(path='', reshard_after_forward=False),), checkpoint_first=False, spmd=True, spmd_mse_loss=True)
+    comp = Composition()
     composed = train(comp, ctx)
-    scales = grad_scales(ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False),))), comp, world_size)
+    scales = grad_scales(ModuleTree(width=1, root=Block(children=())), comp, world_size)
     reference = train(None, ctx, scales)
-    run_parity_out = {**composed, 'ref': {k: reference[k] for k in ('losses', 'params', 'grad_norms') if k in reference}}
+    run_parity_out = {**composed, 'ref': {k: reference[k] for k in ('grad_norms',) if k in reference}}
     obs = json.loads(json.dumps(run_parity_out))
     outs = [None] * world_size
     dist.all_gather_object(outs, obs)
     if rank != 0:
         return ''
     reports = tuple((RankReport(rank=r, observation=o) for r, o in enumerate(outs)))
-    obs_ = [r.observation or {} for r in reports]
-    failure_ = compare_runs(obs_, POLICY['float32']) or check_replicas()
+    obs_ = [r.observation for r in reports]
+    failure_ = compare_runs(obs_, POLICY['float32'])
     if failure_ is not None and failure_.signature in ['mismatch:parity@fsdp2+spmd:mse-loss', 'mismatch:parity@fsdp2+spmd:shard1:mse-loss']:
         import hashlib
         observed = hashlib.sha256(json.dumps(outs, sort_keys=True).encode()).hexdigest()[:16]
