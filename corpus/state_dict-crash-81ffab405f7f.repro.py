@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=627b92f9c75a2fc3 sources=14c7281674c70e1f seconds=1820.1
+# shardfuzz reduced reproducer: entry=627b92f9c75a2fc3 sources=14c7281674c70e1f seconds=2222.2
 # Reproduces shardfuzz corpus entry state_dict-crash-81ffab405f7f.json: crash:state_dict:signal SIGSEGV@torch/distributed/fsdp/_state_dict_utils.py:param_hook
 # Known torch bug: FSDP1 FULL_STATE_DICT with offload_to_cpu on CPU: state_dict() clones a freed
 # buffer (SIGSEGV), optim_state_dict aliases the gathered states; upstream:
@@ -188,9 +188,6 @@ def build_model(tree, device):
         return build_node(tree.root, tree.width)
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
 
-def clean_name(name):
-    return name
-
 @dataclass
 class Composed:
     model: object
@@ -239,13 +236,12 @@ def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=(), fuse
     return Side(composed=composed, comp=comp, training=training, schedule=schedule)
 
 def requires_grad(side):
-    return {clean_name(n): p.requires_grad for n, p in side.model.named_parameters()}
+    pass
 
 def add_optimizer(side, training, *, frozen_in_optimizer=False, empty_group=False):
     params = list(side.model.parameters())
     frozen = [p for p in params if not p.requires_grad] if frozen_in_optimizer else []
     side.opt = make_optimizer(params, training, later=frozen)
-    side.param_names = {id(p): clean_name(n) for n, p in side.model.named_parameters()}
     return side.opt
 
 def body_optimizer(side, training, body):
@@ -281,12 +277,12 @@ def _put(body, side, msd, osd, ctx):
 def run_state_dict(case, body, ctx):
     t = body.training
     data = all_batches(case, t, t.steps + body.steps_after, body.tree, ctx)
-    src = build_side(body.tree, body.source, t, ctx, seed=case.seed, schedule=body.requires_grad, fused=body.fused, fqn_modifiers=body.fqn_modifiers)
+    src = build_side(body.tree, body.source, t, ctx, seed=0, schedule=body.requires_grad, fused=body.fused, fqn_modifiers=body.fqn_modifiers)
     body_optimizer(src, t, body)
     msd, osd = _take(body, src)
     ignored = []
     msd, osd = copy.deepcopy((msd, osd))
-    tgt = build_side(body.tree, body.target, t, ctx, seed=case.seed + FRESH_SEED, meta=body.target_meta_init, schedule=body.requires_grad, fused=body.fused, fqn_modifiers=body.fqn_modifiers)
+    tgt = build_side(body.tree, body.target, t, ctx, seed=FRESH_SEED, meta=body.target_meta_init, schedule=body.requires_grad, fused=body.fused, fqn_modifiers=body.fqn_modifiers)
     if not body.target_meta_init:
         pass
     dropped = sorted(set(dropped_keys(src, body.drop)) | set(ignored))

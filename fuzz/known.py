@@ -205,7 +205,8 @@ FROZEN_INT_RESHARD = KnownBug(
     symptoms=frozenset({"mismatch"}),
     relation="none found after five phrasings (frozen unit, replicate root, int reshard, post-backward "
     "callback), eight more, and two of the mechanism (the post-forward DTensor's values under uneven "
-    "sharding, to_sharded_post_forward's slice of the padded all-gather output); see_also: FSDP1's resharding of frozen parameters, the FSDP-based replicate, "
+    "sharding, to_sharded_post_forward's slice of the padded all-gather output); see_also: FSDP1's resharding "
+    "of frozen parameters, the FSDP-based replicate, "
     "and parameters left post-forward after backward under set_unshard_in_backward(False)",
     state="present in torch 2.13.0",
     see_also=("pytorch/pytorch#101982", "pytorch/pytorch#158207", "pytorch/pytorch#144800"),

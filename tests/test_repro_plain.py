@@ -169,3 +169,33 @@ def test_python_s_did_you_mean_is_not_part_of_the_message() -> None:
         "builtins.AttributeError",
         "'FSDPParam' object has no attribute '_unsharded_param'",
     )
+
+
+_MISMATCH_CHECK = """\
+def attempt(rank, world_size):
+    failure = judge(rank)
+    if failure is not None and failure.signature in ['mismatch:parity@fsdp2:tag']:
+        import hashlib
+        observed = hashlib.sha256(b'x').hexdigest()[:16]
+        return f'REPRODUCED {failure.signature}: observations {observed}: {failure.summary}'
+    return f'PASS or another failure: {failure and failure.signature}'
+"""
+
+
+def test_the_signature_free_check_takes_any_failure_and_names_the_entry_s_signature() -> None:
+    from types import SimpleNamespace
+
+    from fuzz.repro.harness import signature_free
+    from fuzz.repro.reduce import passed, reproduced
+
+    free = signature_free(_MISMATCH_CHECK, "mismatch:parity@fsdp2:tag")
+    assert free is not None and ".signature" not in free and "hashlib" not in free
+    assert signature_free("def attempt(rank, world_size):\n    return ''\n", "x") is None
+    space: dict[str, object] = {}
+    found = SimpleNamespace(signature="mismatch:parity@fsdp2", summary="w[0] is 1.0, expected 2.0")
+    space["judge"] = lambda rank: found
+    exec(free, space)
+    verdict = space["attempt"](0, 2)  # type: ignore[operator]
+    assert reproduced(1, verdict) == "mismatch:parity@fsdp2:tag" and verdict.endswith(found.summary)
+    space["judge"] = lambda rank: None
+    assert passed(space["attempt"](0, 2))  # type: ignore[operator]

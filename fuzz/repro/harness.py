@@ -431,6 +431,50 @@ def plain(code: str) -> str | None:
     return ast.unparse(ast.fix_missing_locations(tree)) + "\n\n" + _PLAIN_MAIN
 
 
+def signature_free(code: str, signature: str) -> str | None:
+    """A mismatch script whose check takes any failure its judge reports, and says it is the
+    entry's ``signature`` (None where ``code`` has no such check). Only for a bug whose fix is
+    checked: a candidate must then also pass with the fix, so a failure that goes with the fix
+    is the bug's whatever the judge names it, and the code that names it (the signature, its
+    tags) is cut like the rest."""
+    tree = ast.parse(code)
+    fn = _attempt_of(tree)
+    if fn is None:
+        return None
+    found = False
+    failures: set[str] = set()
+    for node in ast.walk(fn):
+        if not (isinstance(node, ast.If) and isinstance(node.test, ast.BoolOp) and isinstance(node.test.op, ast.And)):
+            continue
+        named = [v for v in node.test.values if _signature_in(v)]
+        rest = [v for v in node.test.values if not _signature_in(v)]
+        if len(named) != 1 or not rest:
+            continue
+        failure = named[0].left.value  # type: ignore[attr-defined]
+        failures.add(ast.unparse(failure))
+        node.test = rest[0] if len(rest) == 1 else ast.BoolOp(op=ast.And(), values=rest)
+        said = ast.parse(f"return f{f'REPRODUCED {signature}: {{{ast.unparse(failure)}.summary}}'!r}").body[0]
+        node.body = [said]
+        found = True
+    if not found:
+        return None
+    for node in ast.walk(fn):  # the passing verdict names no signature either
+        if isinstance(node, ast.Attribute) and node.attr == "signature" and ast.unparse(node.value) in failures:
+            node.attr = "summary"
+    return ast.unparse(ast.fix_missing_locations(tree)) + "\n"
+
+
+def _signature_in(node: ast.expr) -> bool:
+    """``X.signature in [...]``: the check of the entry's signature."""
+    return (
+        isinstance(node, ast.Compare)
+        and isinstance(node.left, ast.Attribute)
+        and node.left.attr == "signature"
+        and len(node.ops) == 1
+        and isinstance(node.ops[0], ast.In)
+    )
+
+
 def checked(code: str, entry: Entry, signature: str) -> str:
     """The checked form of a plain flat script ``code`` (:func:`plain` undone): ``attempt``'s
     body inside the check of :func:`main_source`, under its ``main``; ``code`` itself where it

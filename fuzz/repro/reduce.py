@@ -81,6 +81,7 @@ from fuzz.repro.harness import (
     main_source,
     plain,
     raised_verdicts,
+    signature_free,
 )
 from fuzz.repro.portable import portable
 from fuzz.repro.script import carried_modules, code_lines, imported_modules, relative, roots_for
@@ -1002,6 +1003,7 @@ def reduce_entry(
         if oracle.judge_free:
             say("  the bug's fix is checked: the judge and the observations are cut like the rest")
             frozen: frozenset[str] = frozenset()
+            code = _signature_free(code, signature, oracle)
         else:
             frozen = _judge_side(code, entry, origins)
             unchecked = drop_validation(code, frozen)
@@ -1085,6 +1087,8 @@ def reduce_again(
             oracle.open_pool(code)
         oracle.open_fix(code)
         frozen: frozenset[str] = frozenset()
+        if oracle.judge_free:
+            code = _signature_free(code, signature, oracle)
         if entry.kind == "mismatch" and not oracle.judge_free:
             frozen = _judge_side(code, entry, {})
             if not frozen:
@@ -1170,6 +1174,20 @@ def _quick_done():
 """
 
 
+def _signature_free(code: str, signature: str, oracle: _Oracle) -> str:
+    """``code`` with the check that takes any failure of its judge (:func:`signature_free`)
+    where that reproduces (and passes with the bug's fix, which ``oracle`` checks), else
+    ``code``."""
+    free = signature_free(code, signature)
+    if free is None or free == code:
+        return code
+    if not oracle(free):
+        oracle.say("  the check that takes any failure of the judge did not reproduce: the signature stays checked")
+        return code
+    oracle.say("  the check takes any failure of the judge (the fix tells the bug's): its signature is cut too")
+    return free
+
+
 def quick_hang(script: str) -> str:
     """A hang script with its watcher's wait (and the ranks' wait before they exit) of
     :data:`QUICK_HANG_AFTER_S` instead of HANG_AFTER_S, where the script has them as written;
@@ -1185,7 +1203,10 @@ def quick_hang(script: str) -> str:
             (waits[1], f"_quick_done(); time.sleep({QUICK_HANG_AFTER_S} + 5)"),
         )
     else:
-        replaced = ((waits[0], f"time.sleep({QUICK_HANG_AFTER_S})"), (waits[1], f"time.sleep({QUICK_HANG_AFTER_S} + 5)"))
+        replaced = (
+            (waits[0], f"time.sleep({QUICK_HANG_AFTER_S})"),
+            (waits[1], f"time.sleep({QUICK_HANG_AFTER_S} + 5)"),
+        )
     for old, new in replaced:
         script = script.replace(old, new)
     return script
