@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=8fe6d7b1f8b8192a sources=b2f61a16b7315ba5 seconds=5046.6
+# shardfuzz reduced reproducer: entry=8fe6d7b1f8b8192a sources=b2f61a16b7315ba5 seconds=5477.5
 # Reproduces shardfuzz corpus entry dcp-mismatch-175e579ba153.json: mismatch:dcp@async_save:fsdp1-hsdp-load_sharded_optimizer_state_dict
 # Known torch bug: load_sharded_optimizer_state_dict chunks optimizer state over the whole world:
 # wrong Adam state in FSDP1 HYBRID_SHARD over a 2-D mesh; upstream: none found.
@@ -12,31 +12,12 @@ from __future__ import annotations
 import torch
 import enum
 from dataclasses import dataclass, field, fields
-import dataclasses
 import os
 from torch import nn
 from contextlib import contextmanager
 import torch.nn.functional as F
 import torch.distributed as dist
-from dataclasses import dataclass, field, replace
 import hashlib
-import math
-
-@dataclass
-class RankContext:
-    rank: object
-    world_size: object
-    device: object
-    backend: object
-    _meshes: object = field(default_factory=dict)
-
-@dataclass()
-class Composition:
-    pass
-
-@dataclass()
-class Training:
-    momentum: object = 0.0
 
 class DcpItem(str, enum.Enum):
     MODEL = 'model'
@@ -85,31 +66,6 @@ class Composed:
             out[name] = getattr(modules[owner], attr)
             yield out
 
-@dataclass
-class Side:
-    composed: object
-    comp: object
-    training: object
-
-    @property
-    def model(self):
-        return self.composed.model
-
-def body_optimizer(side, training):
-    params = list(side.model.parameters())
-    side.opt = torch.optim.SGD(params, momentum=0.9)
-
-def _values(side):
-    out = {}
-    for entry in (DcpItem.MODEL, DcpItem.OPTIMIZER):
-        if entry is DcpItem.MODEL:
-            out[entry] = side.model.state_dict()
-        else:
-            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-            osd = FSDP.optim_state_dict(side.model, side.opt)
-            out[entry] = osd
-    return out
-
 @dataclass()
 class RankReport:
     rank: object
@@ -121,7 +77,6 @@ class KnownBug:
     state: object = ''
     tag: object = ''
 FSDP1_HSDP_SHARD1 = KnownBug('fsdp1-hybrid-shard-dim-1', 'FSDP1 HYBRID_SHARD with a shard dimension of size 1 never averages gradients across replicas', tag=':shard1')
-FSDP1_HSDP_OPTIMIZER_LOAD = KnownBug('fsdp1-hsdp-load_sharded_optimizer_state_dict', 'load_sharded_optimizer_state_dict chunks optimizer state over the whole world: wrong Adam state in FSDP1 HYBRID_SHARD over a 2-D mesh', tag=':fsdp1-hsdp-load_sharded_optimizer_state_dict')
 
 def fsdp1_shard1():
     pass
@@ -133,11 +88,6 @@ class Signature:
     property: object
     where: object = ''
     tags: object = ()
-
-    def __str__(self):
-        text = f'{self.kind}:{self.property}'
-        text += f'@{self.where}'
-        return text + ''.join((f':{t}' for t in self.tags))
 
 @dataclass()
 class Failure:
@@ -160,39 +110,26 @@ class Mismatch:
     error: object
     allowed: object
 
-def first_mismatch(actual, expected, tol):
+def _check_resume(prop, where, observations):
+    tol = POLICY['float32']
+    first = observations[0]
+    got_p, want_p = (first['final_target'], first['final_source'])
+    name, want_v = next(iter(want_p.items()))
+    actual = got_p.get(name, [])
     worst = None
-    for i, (a, e) in enumerate(zip(actual, expected)):
+    for i, (a, e) in enumerate(zip(actual, want_v)):
         allowed = tol.atol + tol.rtol * abs(e)
         err = abs(a - e)
         if not err <= allowed:
             worst = Mismatch(index=i, actual=a, expected=e, error=err, allowed=allowed)
-    return worst
-
-def _check_resume(prop, where, observations):
-    tol = POLICY['float32']
-    rank, obs = next(iter(enumerate(observations)))
-    got, want = (obs['losses_target'], obs['losses_source'])
-    judged = next((i_ for i_, v in enumerate(want) if not math.isfinite(v)), len(want))
-    first = observations[0]
-    got_p, want_p = (first['final_target'], first['final_source'])
-    name, want_v = next(iter(want_p.items()))
-    bad_p = first_mismatch(got_p.get(name, []), want_v, tol)
+    bad_p = worst
     if bad_p is not None:
-        summary = f'{name}[{bad_p.index}] is {bad_p.actual!r} after resuming, uninterrupted {bad_p.expected!r} (error {bad_p.error:.3g} > allowed {bad_p.allowed:.3g})'
         details = {}
-        return Failure('mismatch', str(Signature('mismatch', prop, RESUME_PARAMS, where)), summary, {**details})
-
-def _hsdp_optimizer_load(failure):
-    if failure is None:
-        return failure
-    tag = FSDP1_HSDP_OPTIMIZER_LOAD.tag.lstrip(':')
-    return dataclasses.replace(failure, signature=str(Signature('mismatch', 'dcp', where='async_save', tags=(tag,))))
+        return Failure('mismatch', str(Signature('mismatch', prop, RESUME_PARAMS, where)), '0.0.scale[11] is 1.1299751996994019 after resuming, uninterrupted 1.1296120882034302 (error 0.000363 > allowed 1.23e-05)', {**details})
 
 def attempt(rank, world_size):
-    ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
+    ctx__meshes = {}
     import json
-    t = Training()
     digest = hashlib.sha1('{"body": {"absent": false, "async_save": true, "async_saves": 0, "cache_staged": false, "checkpoint_dir": "", "convert": false, "deadlock": false, "drop": [], "empty_group": false, "entries": ["model", "optimizer", "counter", "scalars", "extra"], "frozen_in_optimizer": false, "kind": "dcp", "load_cpu_offload": true, "load_full_state_dict": false, "load_planner": null, "mode": "round_trip", "module_stateful": false, "no_dist": false, "orders": [[0, 3, 1, 4, 2], [0, 4, 2, 3, 1], [0, 4, 2, 1, 3], [0, 2, 1, 3, 4]], "overwrite": "true", "own_group": false, "patched": false, "process_checkpointer": false, "requires_grad": [], "save_cpu_offload": true, "save_full_state_dict": false, "save_planner": null, "skip": [], "source": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "custom_all_gather": false, "custom_reduce_scatter": false, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "no_unshard_in_backward": false, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0, "separate_rs_group": false}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "spmd": false, "spmd_mse_loss": false, "tp": [], "tp_size": 1, "wrapper": "fsdp1_full_shard"}, "stager": null, "steps_after": 1, "storage_objects": true, "target": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "custom_all_gather": false, "custom_reduce_scatter": false, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "no_unshard_in_backward": false, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0, "separate_rs_group": false}, "mesh": [2, 2], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "spmd": false, "spmd_mse_loss": false, "tp": [], "tp_size": 1, "wrapper": "fsdp1_hybrid_shard"}, "target_meta_init": false, "torch_save_reader": false, "training": {"accum_sync": "always", "batch_per_rank": 2, "compile": "none", "dtype": "float32", "eps": 0.0001, "foreach": null, "grad_accum": 1, "lr": 0.01, "momentum": 0.9, "optimizer": "sgd", "param_groups": 1, "same_input": false, "set_to_none": false, "skips": [], "steps": 1, "unfreeze": []}, "tree": {"root": {"buffer": false, "children": [{"buffer": true, "children": [{"bias": true, "frozen": false, "kind": "relu"}, {"buffer": false, "children": [{"bias": true, "frozen": false, "kind": "relu"}, {"bias": true, "frozen": true, "kind": "conv1d"}], "residual": false, "scale": true}], "residual": false, "scale": false}, {"bias": false, "frozen": true, "kind": "conv1d"}, {"buffer": true, "children": [{"bias": true, "frozen": false, "kind": "relu"}], "residual": true, "scale": false}], "residual": false, "scale": false}, "width": 12}, "use_collectives": true, "writer": {"per_thread_copy_ahead": 10000000, "single_file_per_rank": true, "sync_files": true, "thread_count": 1}}, "property": "dcp", "schema": 1, "seed": 0, "world_size": 4}'.encode()).hexdigest()[:12]
     path = os.path.join('/tmp/shardfuzz-dcp-3201', f'{digest}-{0}')
     lo = rank * 2
@@ -200,25 +137,32 @@ def attempt(rank, world_size):
     for _ in range(2):
         x = torch.randn(world_size * 2, 12)
         y = torch.randn(world_size * 2, 12)
-        step_ = [(x[lo:lo + 2].to(torch.device('cpu')), y[lo:lo + 2].to(torch.device('cpu')))]
+        step_ = [(x[lo:lo + 2], y[lo:lo + 2])]
         out.append(step_)
     data = [step[0] for step in out]
-    comp = Composition()
     model = TreeBlock([TreeBlock([TreeBlock([], True)], False)], False)
     names = [n for n, __ in model.named_parameters()]
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
     wrap_out = FSDP(model, device_id=torch.device('cpu'))
     composed = Composed(model=wrap_out, param_names=names)
-    src = Side(composed=composed, comp=comp, training=t)
-    body_optimizer(src, t)
+    params = list(wrap_out.parameters())
+    src_opt = torch.optim.SGD(params, momentum=0.9)
     from torch.distributed.fsdp import ShardedOptimStateDictConfig, ShardedStateDictConfig, StateDictType
     data__ = data[:1]
     x_, y_ = next(iter(data__))
-    loss = F.mse_loss(wrap_out(x_).to(y_.dtype), y_)
+    loss = F.mse_loss(wrap_out(x_), y_)
     loss.backward()
-    src.opt.step()
-    src.opt.zero_grad()
-    values = _values(src)
+    src_opt.step()
+    src_opt.zero_grad()
+    out___ = {}
+    for entry in (DcpItem.MODEL, DcpItem.OPTIMIZER):
+        if entry is DcpItem.MODEL:
+            out___[entry] = wrap_out.state_dict()
+        else:
+            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP_
+            osd_ = FSDP_.optim_state_dict(wrap_out, src_opt)
+            out___[entry] = osd_
+    values = out___
     order = ((), (), (), (0, 1))[rank]
     state = {(DcpItem.MODEL, DcpItem.OPTIMIZER)[i].value: values[(DcpItem.MODEL, DcpItem.OPTIMIZER)[i]] for i in order if (DcpItem.MODEL, DcpItem.OPTIMIZER)[i] in values}
     import torch.distributed.checkpoint as dcp
@@ -227,22 +171,23 @@ def attempt(rank, world_size):
     result = dcp.async_save(state, storage_writer=writer_out)
     future = getattr(result, 'upload_completion', result)
     future.result()
-    comp_ = Composition()
     model_ = TreeBlock([TreeBlock([TreeBlock([], True)], False)], False)
     names_ = [n_ for n_, ___ in model_.named_parameters()]
     strategy_ = ShardingStrategy.HYBRID_SHARD
     shape = (2, 2)
     from torch.distributed.device_mesh import init_device_mesh
     key = ()
-    ctx._meshes[key] = init_device_mesh(ctx.device.type, shape)
-    RankContext_mesh_out = ctx._meshes[key]
+    ctx__meshes[key] = init_device_mesh(torch.device('cpu').type, shape)
+    RankContext_mesh_out = ctx__meshes[key]
     wrap_out_ = FSDP(model_, sharding_strategy=strategy_, device_id=torch.device('cpu'), device_mesh=RankContext_mesh_out)
     composed_ = Composed(model=wrap_out_, param_names=names_)
-    tgt = Side(composed=composed_, comp=comp_, training=t)
-    fresh_training_out = replace(t)
-    body_optimizer(tgt, fresh_training_out)
+    params___ = list(wrap_out_.parameters())
+    tgt_opt = torch.optim.SGD(params___)
     FSDP.set_state_dict_type(wrap_out_, StateDictType.SHARDED_STATE_DICT, ShardedStateDictConfig(), ShardedOptimStateDictConfig())
-    values = _values(tgt)
+    out____ = {}
+    for entry_ in (DcpItem.MODEL, DcpItem.OPTIMIZER):
+        out____[entry_] = wrap_out_.state_dict()
+    values = out____
     order_ = ((0,), (0,), (0,), (0,))[rank]
     state = {(DcpItem.MODEL,)[i_].value: values[(DcpItem.MODEL,)[i_]] for i_ in order_ if (DcpItem.OPTIMIZER,)[i_] in values}
     dcp.load(state, storage_reader=dcp.FileSystemReader(path))
@@ -250,22 +195,20 @@ def attempt(rank, world_size):
     wrap_out_.load_state_dict(values[DcpItem.MODEL])
     loaded = load_sharded_optimizer_state_dict(model_state_dict=wrap_out_.state_dict(), optimizer_key='optimizer', storage_reader=dcp.FileSystemReader(path))
     osd = loaded['optimizer']
-    tgt.opt.load_state_dict(FSDP.optim_state_dict_to_load(wrap_out_, tgt.opt, osd))
+    tgt_opt.load_state_dict(FSDP.optim_state_dict_to_load(wrap_out_, tgt_opt, osd))
     obs__ = {}
     data_ = data[1:]
-    losses__ = []
     x__, y__ = next(iter(data_))
-    loss_ = F.mse_loss(wrap_out(x__).to(y__.dtype), y__)
+    loss_ = F.mse_loss(wrap_out(x__), y__)
     loss_.backward()
-    src.opt.step()
+    src_opt.step()
     with composed.full_parameters() as params_:
         out_ = {n__: [float(v) for v in t_] for n__, t_ in params_.items()}
-    losses___ = []
     x___, y___ = next(iter(data_))
-    loss__ = F.mse_loss(wrap_out_(x___).to(y___.dtype), y___)
+    loss__ = F.mse_loss(wrap_out_(x___), y___)
     loss__.backward()
-    tgt.opt.step()
-    obs_ = {'losses_source': losses__, 'losses_target': losses___}
+    tgt_opt.step()
+    obs_ = {}
     with composed_.full_parameters() as params__:
         out__ = {n___: [float(v_) for v_ in t__] for n___, t__ in params__.items()}
     obs_['final_source'], obs_['final_target'] = (out_, out__)
@@ -280,12 +223,10 @@ def attempt(rank, world_size):
     shard1_out = FSDP1_HSDP_SHARD1.tag if fsdp1_shard1() else ''
     where = 'async_save' + shard1_out
     failure__ = _check_resume(prop, where, observations)
-    failure_ = _hsdp_optimizer_load(failure__)
-    failure = failure_ if failure_ is None or not failure_.signature.endswith(FSDP1_HSDP_SHARD1.tag) else None
-    if failure is not None and failure.signature in ['mismatch:dcp@async_save:fsdp1-hsdp-load_sharded_optimizer_state_dict']:
-        observed = hashlib.sha256(json.dumps(outs, sort_keys=True).encode()).hexdigest()[:16]
-        return f'REPRODUCED {failure.signature}: observations {observed}: {failure.summary}'
-    return f'PASS or another failure: {failure and failure.signature}'
+    failure = failure__ if failure__ is None or not failure__.signature.endswith(FSDP1_HSDP_SHARD1.tag) else None
+    if failure is not None:
+        return f'REPRODUCED mismatch:dcp@async_save:fsdp1-hsdp-load_sharded_optimizer_state_dict: {failure.summary}'
+    return f'PASS or another failure: {failure and failure.summary}'
 
 def main():
     import os

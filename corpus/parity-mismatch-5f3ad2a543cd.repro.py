@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=f1aad34c9feef555 sources=83fa50b93cab1e70 seconds=1978.6
+# shardfuzz reduced reproducer: entry=f1aad34c9feef555 sources=83fa50b93cab1e70 seconds=2051.4
 # Reproduces shardfuzz corpus entry parity-mismatch-5f3ad2a543cd.json: mismatch:parity@fsdp2:unfrozen-unresharded
 # Known torch bug: a frozen fully_shard unit without resharding under a replicate'd root is never
 # resharded: a leaf unfrozen later never trains (KeyError in get_optimizer_state_dict); upstream:
@@ -113,11 +113,9 @@ def attempt(rank, world_size):
     obs_ = [r.observation for r in reports]
     tolerance_out = POLICY['float32']
     failure_ = compare_runs(obs_, tolerance_out)
-    if failure_ is not None and failure_.signature in ['mismatch:parity@fsdp2:shard1:unfrozen-unresharded', 'mismatch:parity@fsdp2:unfrozen-unresharded']:
-        import hashlib
-        observed = hashlib.sha256(json.dumps(outs).encode()).hexdigest()[:16]
-        return f'REPRODUCED {failure_.signature}: observations {observed}: {failure_.summary}'
-    return f'PASS or another failure: {failure_ and failure_.signature}'
+    if failure_ is not None:
+        return f'REPRODUCED mismatch:parity@fsdp2:unfrozen-unresharded: {failure_.summary}'
+    return f'PASS or another failure: {failure_ and failure_.summary}'
 
 def main():
     import os

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=b7358e722268b335 sources=83fa50b93cab1e70 seconds=2430.9
+# shardfuzz reduced reproducer: entry=b7358e722268b335 sources=83fa50b93cab1e70 seconds=2528.9
 # Reproduces shardfuzz corpus entry parity-mismatch-da0c9d4e06cd.json: mismatch:parity@fsdp1:shard1
 # Known torch bug: FSDP1 HYBRID_SHARD with a shard dimension of size 1 never averages gradients
 # across replicas; upstream: https://github.com/pytorch/pytorch/issues/154888.
@@ -104,11 +104,9 @@ def attempt(rank, world_size):
         worst = Mismatch(index=i, actual=a, expected=e, error=err, allowed=4.640804588794708e-06)
     bad = worst
     failure_ = _mismatch('parity', 'param', 'fsdp1:shard1', 'weight[0] after step 0 is 0.3642132580280304, expected 0.3640804588794708 (error 0.000133 > allowed 4.64e-06)') if bad is not None else None
-    if failure_ is not None and failure_.signature in ['mismatch:parity@fsdp1:shard1']:
-        import hashlib
-        observed = hashlib.sha256(json.dumps(outs).encode()).hexdigest()[:16]
-        return f'REPRODUCED {failure_.signature}: observations {observed}: {failure_.summary}'
-    return f'PASS or another failure: {failure_ and failure_.signature}'
+    if failure_ is not None:
+        return f'REPRODUCED mismatch:parity@fsdp1:shard1: {failure_.summary}'
+    return f'PASS or another failure: {failure_ and failure_.summary}'
 
 def main():
     import os

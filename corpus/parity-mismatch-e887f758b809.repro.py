@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=f0abe9d427fc1f83 sources=845e968d7c09e2fe seconds=2911.9
+# shardfuzz reduced reproducer: entry=f0abe9d427fc1f83 sources=845e968d7c09e2fe seconds=3342.6
 # Reproduces shardfuzz corpus entry parity-mismatch-e887f758b809.json: mismatch:parity@fsdp2:frozen-int-reshard
 # Known torch bug: a frozen fully_shard unit with an int reshard_after_forward under a replicate'd
 # root stays in its post-forward state; upstream: none found.
@@ -142,7 +142,7 @@ class Training:
     foreach: object = None
 
     def skipped_at(self, step, microbatch):
-        return []
+        pass
 
 class Body:
     KIND: ClassVar[str]
@@ -150,8 +150,7 @@ class Body:
     registry: ClassVar[dict[str, type[Body]]] = {}
 
     def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        Body.registry[cls.KIND] = cls
+        pass
 
 @dataclass(frozen=True)
 class ParityBody(Body):
@@ -281,14 +280,13 @@ class _Contracts:
     def _on_output(self, path):
 
         def hook(module, args, output):
-            self.output_dtypes.setdefault(path, str(output.dtype).removeprefix('torch.'))
+            pass
         return hook
 
     def _on_leaf(self, name):
 
         def hook(module, args):
-            p = next(module.parameters(recurse=False))
-            self.leaf_dtypes.setdefault(name, str(p.dtype).removeprefix('torch.'))
+            pass
         return hook
 
     def after_forward(self, skipped):
@@ -374,7 +372,7 @@ def grad_scales(tree, comp, world_size):
     pass
 
 def _local_of(tree, comp):
-    return frozenset() if comp is None else frozenset(Layout(tree, comp).local())
+    return frozenset(Layout(tree, comp).local())
 
 def run_parity(case, body, ctx):
     comp = Composition(shards=(ShardSpec(path='0', reshard_after_forward=2),), replicates=('',), checkpoint_first=False)
@@ -487,12 +485,6 @@ def compare_runs(prop, observations, tol, api='', *, before_first_update=False):
 def check_replicas(prop, observations):
     pass
 
-def check_knobs(prop, observations):
-    for rank, obs in enumerate(observations):
-        for run in (obs, obs.get('ref', {})):
-            problems = run.get('knob_problems') or []
-    return None
-
 def _tolerance(training):
     return tolerance_for('float32')
 
@@ -500,7 +492,7 @@ def judge_parity(case, outcome):
     body = ParityBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False, frozen=True),), scale=True)), composition=Composition(shards=(ShardSpec(path='0', reshard_after_forward=2),), replicates=('',), checkpoint_first=False), training=Training(lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, set_to_none=False, foreach=False))
     assert isinstance(body, ParityBody)
     obs = outcome.observations
-    failure = check_knobs('parity', obs) or compare_runs('parity', obs, _tolerance(Training(lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, set_to_none=False, foreach=False)), 'fsdp2:frozen-int-reshard') or check_replicas('parity', obs)
+    failure = compare_runs('parity', obs, _tolerance(Training(lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, set_to_none=False, foreach=False)), 'fsdp2:frozen-int-reshard') or check_replicas('parity', obs)
     return failure
 
 def attempt(rank, world_size):
@@ -516,11 +508,9 @@ def attempt(rank, world_size):
         return ''
     reports = tuple((RankReport(rank=r, observation=o) for r, o in enumerate(outs)))
     failure = judge_parity(case, Outcome(kind=OutcomeKind.OK, ranks=reports, seconds=0.0))
-    if failure is not None and failure.signature in ['mismatch:parity@fsdp2:frozen-int-reshard']:
-        import hashlib
-        observed = hashlib.sha256(json.dumps(outs, sort_keys=True).encode()).hexdigest()[:16]
-        return f'REPRODUCED {failure.signature}: observations {observed}: {failure.summary}'
-    return f'PASS or another failure: {failure and failure.signature}'
+    if failure is not None:
+        return f'REPRODUCED mismatch:parity@fsdp2:frozen-int-reshard: {failure.summary}'
+    return f'PASS or another failure: {failure and failure.summary}'
 
 def main():
     import os
