@@ -291,6 +291,15 @@ def test_a_mismatch_judge_is_cut_only_where_the_bugs_fix_is_checked() -> None:
     assert oracle._same_observations(first) and not oracle._same_observations(other)
     oracle.fix_env = {"SHARDFUZZ_FAULT": "x"}
     assert oracle.judge_free and oracle._same_observations(other)
+    # A kept script whose check is signature-free prints no observations: while its fix is
+    # ready and not refused (the pool's first run comes before the fix is opened), that passes;
+    # once the fix is refused, nothing without the first observations does.
+    free = f"REPRODUCED {entry.signature}: x"
+    waiting = _Oracle(entry, "", entry.signature, 60.0, lambda _: None)
+    waiting._fix_ready = {"SHARDFUZZ_FAULT": "x"}
+    assert not waiting.judge_free and waiting._same_observations(free)
+    waiting._fix_ready = None
+    assert not waiting._same_observations(free)
     exception = load_entry(ROOT / "corpus" / f"{EXCEPTION}.json")
     checked = _Oracle(exception, "", exception.signature, 60.0, lambda _: None)
     checked.fix_env = {"SHARDFUZZ_FAULT": "x"}

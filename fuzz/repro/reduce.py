@@ -677,6 +677,10 @@ class _Oracle:
         digest = found.group(1) if found else None
         if self.observed is None:
             self.observed = digest
+        if self._fix_ready is not None:
+            # a fix that applies and is not refused yet (:meth:`open_fix`): a kept script whose
+            # check is signature-free (:func:`signature_free`) prints no observations to compare
+            return True
         return digest is not None and digest == self.observed
 
     @property
@@ -842,6 +846,7 @@ class _Oracle:
         status, output, _ = run_script(script, timeout=self.timeout, nproc=self.entry.case.world_size, env=env)
         if status != 0 or not passed(output):
             self.say(f"  the script does not pass with the fix of {bug}: the fix is not checked")
+            self._fix_ready = None
             return
         self.say(f"  every candidate must pass with the fix of {bug}")
         self.fix_env = env
@@ -1089,6 +1094,12 @@ def reduce_again(
         frozen: frozenset[str] = frozenset()
         if oracle.judge_free:
             code = _signature_free(code, signature, oracle)
+        elif entry.kind == "mismatch" and signature_free(code, signature) is None:
+            raise InvalidArgument(
+                f"{name}: the kept script's check takes any failure of its judge, which needs the bug's fix checked, "
+                "and it is not checked here: reduce it where the fix applies, or from the unreduced script "
+                "(--reduce --refresh)"
+            )
         if entry.kind == "mismatch" and not oracle.judge_free:
             frozen = _judge_side(code, entry, {})
             if not frozen:
