@@ -25,7 +25,9 @@ reproduces. The cuts, coarsest first, in rounds until a round keeps nothing or t
    reads, or for which every call passes the same constant (or leaves the same constant
    default), goes from the definition and from every call, the constant taking its place in the
    body (:func:`drop_parameter`; only where every reference to the function is a plain call, so
-   that all its calls are seen). Then a top-level function called once, with at most a final
+   that all its calls are seen). A method-less dataclass is collapsed to one of its fields
+   (:func:`fuzz.repro.records.collapse_record`: its calls become what they bind to the field,
+   reads of the field the object). Then a top-level function called once, with at most a final
    ``return``, is replaced by its body (its parameters bound by assignments, its locals renamed
    where the caller uses their names), before the statement that calls it where the call is not
    the statement itself (or a comprehension's first iterable, evaluated once before it runs);
@@ -586,6 +588,7 @@ def ddmin(
             tried.add(todo[0])
             keep(cut(current, todo[0], frozen), grow)
 
+    from fuzz.repro.records import collapse_record, record_fields
     from fuzz.repro.simplify import simplify
     from fuzz.repro.unroll import as_sequential, containers, unroll, unrollable
 
@@ -641,6 +644,8 @@ def ddmin(
         each(methods, hoist_method, grow=True)
         each(parameters, drop_parameter, grow=True)
         say(f"  delta {round_}: parameters dropped, {code_lines(current)} code lines")
+        each(record_fields, shorter(collapse_record), grow=True)
+        say(f"  delta {round_}: records collapsed to a field, {code_lines(current)} code lines")
         each(inlinable, inline, grow=True)
         each(expression_functions, inline_expression, grow=True)
         each(called_often, shorter(expanded), grow=True)
