@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=075f93630193a507 sources=07b3d4d4495c8add seconds=1724.6
+# shardfuzz reduced reproducer: entry=075f93630193a507 sources=07b3d4d4495c8add seconds=1393.7
 # Reproduces shardfuzz corpus entry parity-mismatch-28f92215865a.json: mismatch:parity@fsdp2:delay-all-reduce
 # Known torch bug: DistributedDataParallel(delay_all_reduce_named_params=...,
 # param_to_hook_all_reduce=...): a delayed parameter of the root module itself stays in the
@@ -55,8 +55,13 @@ class ModuleTree:
         return dict(iter_paths(self.root))
 
 @dataclass()
+class ReplicateOptions:
+    delay_all_reduce: object = False
+
+@dataclass()
 class Composition:
     tp_size: object = 1
+    replicate_options: object = field(default_factory=ReplicateOptions)
 
 class Optimizer(str, enum.Enum):
     SGD = 'sgd'
@@ -108,20 +113,26 @@ class Composed:
     model: object
 
 def train(case, tree, training, comp, ctx, tp_size=1):
-    torch.manual_seed(0)
-    model_ = build_node(tree.root, 4)
-    from torch.distributed._composable import replicate
-    layout = Layout(tree, comp)
-    plan = ('1', ('2',))
-    hook, delayed = plan
-    out__ = []
-    for path_, node in layout.paths.items():
-        out__.append(path_)
-    order = [(p____, name_) for p____ in out__ for name_ in (['weight', 'bias'] if isinstance(layout.paths[p____], Leaf) else None)]
-    replicate(model_, batched_grad_copy=True, param_to_hook_all_reduce=model_.get_submodule(hook).get_parameter(next((name__ for p___, name__ in order if p___ == hook))), delay_all_reduce_named_params=[(str(i_), model_.get_submodule(p___).get_parameter(name__)) for i_, (p___, name__) in enumerate(order) if p___ in delayed])
-    compose_out = Composed(model=model_)
-    model = model_
-    composed = compose_out
+    if comp is not None:
+        torch.manual_seed(0)
+        model_ = build_node(tree.root, 4)
+        from torch.distributed._composable import replicate
+        opts = comp.replicate_options
+        layout = Layout(tree, comp)
+        plan = ('1', tuple(['2'])) if opts.delay_all_reduce else None
+        hook, delayed = plan
+        out__ = []
+        for path_, node in layout.paths.items():
+            out__.append(path_)
+        order = [(p____, name_) for p____ in out__ for name_ in (['weight', 'bias'] if isinstance(layout.paths[p____], Leaf) else None)]
+        replicate(model_, batched_grad_copy=True, param_to_hook_all_reduce=model_.get_submodule(hook).get_parameter(next((name__ for p___, name__ in order if p___ == hook))), delay_all_reduce_named_params=[(str(i_), model_.get_submodule(p___).get_parameter(name__)) for i_, (p___, name__) in enumerate(order) if p___ in delayed])
+        compose_out = Composed(model=model_)
+        model = model_
+        composed = compose_out
+    else:
+        torch.manual_seed(case.seed)
+        model = build_node(tree.root, tree.width)
+        composed = Composed(model)
     params = composed.model.parameters()
     opt = torch.optim.SGD(params) if training.optimizer is Optimizer.SGD else None
     forward = (composed.model if training.compile is Compile.NONE else None) if comp is not None else composed.model
@@ -141,8 +152,8 @@ def train(case, tree, training, comp, ctx, tp_size=1):
         loss = F.mse_loss(out, y)
         loss.backward()
         step_losses = [loss.item()]
-        name, p__ = next(iter(model.named_parameters()))
-        dist.all_reduce(p__.grad)
+        for name, p__ in model.named_parameters():
+            dist.all_reduce(p__.grad)
         opt.step()
         losses.append(step_losses)
     obs = {'losses': losses}
@@ -156,7 +167,14 @@ class RankReport:
 @dataclass()
 class Signature:
     kind: object
+    property: object
+    where: object = ''
     tags: object = ()
+
+    def __str__(self):
+        text = f'{self.kind}:{self.property}'
+        text += f'@{self.where}'
+        return text + ''.join((f':{t}' for t in self.tags))
 
 @dataclass()
 class Failure:
@@ -193,7 +211,8 @@ def compare_runs(observations, tol):
         if bad is not None:
             summary = f'rank {rank} loss at step {step}, microbatch {bad.index}: {bad.actual!r}, expected {bad.expected!r} (error {bad.error:.3g} > allowed {bad.allowed:.3g})'
             details = {}
-            signature = Signature('mismatch', 'parity')
+            family, *tags = 'fsdp2:delay-all-reduce'.split(':')
+            signature = Signature('mismatch', 'parity', where=family, tags=tuple(tags))
             return Failure('mismatch', str(signature), summary, {**details})
 
 def attempt(rank, world_size):
@@ -201,7 +220,7 @@ def attempt(rank, world_size):
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
     tp = Composition().tp_size
-    comp = Composition()
+    comp = Composition(replicate_options=ReplicateOptions(delay_all_reduce=True))
     composed = train(case, ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR)))), Training(), comp, ctx, tp)
     reference = train(case, ModuleTree(width=4, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR)))), Training(), None, ctx, tp)
     run_parity_out = {**composed, 'ref': {k: reference[k] for k in ('losses',) if k in reference}}
@@ -215,9 +234,11 @@ def attempt(rank, world_size):
     dtype = Dtype.FLOAT32.value
     tolerance_out = POLICY[dtype]
     failure_ = compare_runs(obs_, tolerance_out)
-    if failure_ is not None:
-        return f'REPRODUCED mismatch:parity@fsdp2:delay-all-reduce: {failure_.summary}'
-    return f'PASS or another failure: {failure_ and failure_.summary}'
+    if failure_ is not None and failure_.signature in ['mismatch:parity:contract-delay-all-reduce', 'mismatch:parity@fsdp2:delay-all-reduce']:
+        import hashlib
+        observed = hashlib.sha256(json.dumps(outs, sort_keys=True).encode()).hexdigest()[:16]
+        return f'REPRODUCED {failure_.signature}: observations {observed}: {failure_.summary}'
+    return f'PASS or another failure: {failure_ and failure_.signature}'
 
 def main():
     import os
