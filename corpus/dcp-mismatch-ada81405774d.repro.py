@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=63e5b277ec033028 sources=b2f61a16b7315ba5 seconds=2169.6
+# shardfuzz reduced reproducer: entry=63e5b277ec033028 sources=b2f61a16b7315ba5 seconds=2684.8
 # Reproduces shardfuzz corpus entry dcp-mismatch-ada81405774d.json: mismatch:dcp@save:fsdp1-hsdp-load_sharded_optimizer_state_dict
 # Known torch bug: load_sharded_optimizer_state_dict chunks optimizer state over the whole world:
 # wrong Adam state in FSDP1 HYBRID_SHARD over a 2-D mesh; upstream: none found.
@@ -70,18 +70,6 @@ def observe(side):
     return obs
 
 @dataclass()
-class RankReport:
-    rank: object
-    observation: object = None
-
-@dataclass()
-class Signature:
-    kind: object
-    property: object
-    where: object = ''
-    tags: object = ()
-
-@dataclass()
 class Failure:
     kind: object
     signature: object
@@ -89,10 +77,10 @@ class Failure:
     details: object = field()
 
 def _mismatch(prop, check, where, summary, **details):
-    return Failure('mismatch', str(Signature('mismatch', prop, check, where)), summary, {**details})
+    return Failure('mismatch', str('mismatch'), summary, {**details})
 
 def _exact(prop, check, where, what, got, want, **details):
-    diff = '' if got == want else f'{""}: {got!r} != {want!r}'
+    diff = '' if got == want else f"{''}: {got!r} != {want!r}"
     if not diff:
         return None
     return _mismatch(prop, check, where, f'{what} differs after the load: {diff}', **details)
@@ -167,8 +155,8 @@ def attempt(rank, world_size):
     dist.all_gather_object(outs, obs)
     if rank != 0:
         return ''
-    reports = tuple((RankReport(rank=r, observation=o) for r, o in enumerate(outs)))
-    prop, observations = ('dcp', [r.observation for r in reports])
+    reports = tuple((o for r, o in enumerate(outs)))
+    prop, observations = ('dcp', [r for r in reports])
     failure__ = _check_optimizer(prop, observations)
     failure = failure__ if failure__ is None or not failure__.signature.endswith(':shard1') else None
     if failure is not None:
