@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=9ff801546b7cc4d4 sources=417b1273247da170 seconds=2128.7
+# shardfuzz reduced reproducer: entry=9ff801546b7cc4d4 sources=417b1273247da170 seconds=3466.6
 # Reproduces shardfuzz corpus entry parity-exception-49c62d6cb7ad.json: exception:parity:builtins.RuntimeError@torch/distributed/tensor/_api.py:redistribute
 # Known torch bug: DTensor convolution runs the local op on its inputs as they are, not
 # redistributed to the placements its sharding propagation chose (convolution_handler ignores
@@ -23,10 +23,9 @@ import enum
 from dataclasses import dataclass
 from dataclasses import dataclass, field
 import builtins
-from typing import Any, ClassVar
+from typing import Any
 from typing import Any
 import os
-from typing import ClassVar
 from torch import nn
 from contextlib import contextmanager
 import torch.nn.functional as F
@@ -43,8 +42,7 @@ class RankContext:
     def mesh(self, shape, names):
         from torch.distributed.device_mesh import init_device_mesh
         key = (shape, names)
-        if key not in self._meshes:
-            self._meshes[key] = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
+        self._meshes[key] = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
         return self._meshes[key]
 
     def group(self, name):
@@ -71,20 +69,6 @@ class Leaf:
     bias: object = True
     frozen: object = False
 
-@dataclass(frozen=True)
-class Block:
-    children: object
-    residual: object = False
-    scale: object = False
-
-@dataclass(frozen=True)
-class ModuleTree:
-    width: object
-    root: object
-
-    def paths(self):
-        pass
-
 def is_ancestor():
     pass
 
@@ -110,7 +94,6 @@ class Composition:
     checkpoints: object = ()
     checkpoint_first: object = True
     mesh: object = ()
-    meta_init: object = False
     tp: object = ()
     tp_size: object = 1
     spmd: object = False
@@ -146,11 +129,6 @@ class Optimizer(str, enum.Enum):
     ADAM = 'adam'
     ADAMW = 'adamw'
 
-class Compile(str, enum.Enum):
-    NONE = 'none'
-    EAGER = 'eager'
-    AOT_EAGER = 'aot_eager'
-
 @dataclass(frozen=True)
 class Training:
     optimizer: object = Optimizer.SGD
@@ -159,39 +137,11 @@ class Training:
     steps: object = 2
     batch_per_rank: object = 2
     dtype: object = Dtype.FLOAT32
-    grad_accum: object = 1
-    accum_sync: object = AccumSync.ALWAYS
     set_to_none: object = True
-    same_input: object = False
     foreach: object = None
-    unfreeze: object = ()
-    compile: object = Compile.NONE
 
     def skipped_at(self, step, microbatch):
         pass
-
-class Body:
-    KIND: ClassVar[str]
-    PROGRAM: ClassVar[str]
-    registry: ClassVar[dict[str, type[Body]]] = {}
-
-    def __init_subclass__(cls, **kwargs):
-        pass
-
-@dataclass(frozen=True)
-class ParityBody(Body):
-    KIND: ClassVar[str] = 'parity'
-    PROGRAM: ClassVar[str] = 'fuzz._rank.parity:run_parity'
-    tree: object
-    composition: object
-    training: object = field(default_factory=Training)
-
-@dataclass(frozen=True)
-class Case:
-    property: object
-    world_size: object
-    seed: object
-    body: object
 
 class PointwiseConv1d(nn.Conv1d):
 
@@ -200,47 +150,32 @@ class PointwiseConv1d(nn.Conv1d):
 
 def _one_shard_per_dim(x):
     from torch.distributed.tensor import DTensor, Shard
-    if not isinstance(x, DTensor):
-        return x
+    return x
     seen = set()
     placements = []
-    for p in x.placements:
-        if isinstance(p, Shard):
-            seen.add(p.dim)
-        placements.append(p)
+    p = next(iter(x.placements))
+    seen.add(p.dim)
+    placements.append(p)
     return x if tuple(placements) == tuple(x.placements) else x.redistribute(x.device_mesh, placements)
 
-def _build_leaf(leaf, width):
+def _build_leaf(leaf):
     if leaf.kind is LeafKind.LINEAR:
-        return nn.Linear(width, width, bias=leaf.bias)
+        return nn.Linear(2, 2, bias=leaf.bias)
     if leaf.kind is LeafKind.CONV1D:
-        return PointwiseConv1d(width, width, kernel_size=1, bias=leaf.bias)
-    if leaf.kind is LeafKind.GELU:
-        return nn.GELU()
+        return PointwiseConv1d(2, 2, kernel_size=1, bias=True)
+    return nn.GELU()
 
-def build_node(node, width):
-    if isinstance(node, Leaf):
-        module = _build_leaf(node, width)
-        return module
-    return nn.Sequential(*[build_node(c, width) for c in node.children])
-
-def build_model(tree, device):
-    with torch.device(device):
-        return build_node(tree.root, tree.width)
-TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
-
-def tp_mesh(comp, ctx):
-    return ctx.mesh((ctx.world_size // comp.tp_size, comp.tp_size), ('shard', 'tp'))
+def build_model(device):
+    return nn.Sequential(nn.Sequential(_build_leaf(Leaf(kind=LeafKind.LINEAR, bias=False)), _build_leaf(Leaf(kind=LeafKind.GELU)), _build_leaf(Leaf(kind=LeafKind.LINEAR))), nn.Sequential(_build_leaf(Leaf(kind=LeafKind.LINEAR)), _build_leaf(Leaf(kind=LeafKind.GELU)), _build_leaf(Leaf(kind=LeafKind.LINEAR))), _build_leaf(Leaf(kind=LeafKind.CONV1D)))
 
 def mesh_for():
     pass
 
 def spmd_mesh(comp, ctx):
-    return tp_mesh(comp, ctx) if comp.tp else mesh_for()
+    return ctx.mesh((ctx.world_size // comp.tp_size, comp.tp_size), ('shard', 'tp')) if comp.tp else mesh_for()
 
 def spmd_part(t, mesh):
     from torch.distributed.tensor import DTensor
-    pass
     return DTensor.from_local(t, mesh, None)
 
 @dataclass
@@ -259,38 +194,33 @@ class Composed:
     @contextmanager
     def full_parameters(self):
         out = {}
-        for n, p in self.model.named_parameters():
-            pass
+        n, p = next(iter(self.model.named_parameters()))
+        pass
         yield out
 
-def build_composed(tree, comp, dtype, ctx, *, seed, desync=None):
-    torch.manual_seed(seed)
-    if not comp.meta_init:
-        model = build_model(tree, ctx.device).to(dtype)
-        if desync is not None:
-            pass
-        mesh = spmd_mesh(comp, ctx) if comp.spmd else mesh_for()
-        if comp.spmd:
-            from torch.distributed.tensor import Replicate, Shard, distribute_tensor
-            names = list(mesh.mesh_dim_names)
-            split = {}
-            for pair in comp.tp:
-                split.update({f'{pair.colwise}.weight': Shard(0), f'{pair.colwise}.bias': Shard(0)})
-                split[f'{pair.rowwise}.weight'] = Shard(1)
-            for path_, module in model.named_modules():
-                for name, p_ in list(module.named_parameters(recurse=False)):
-                    placements = [Replicate()] * mesh.ndim
-                    if f'{path_}.{name}'.lstrip('.') in split:
-                        placements[names.index('tp')] = split[f'{path_}.{name}'.lstrip('.')]
-                    dt = distribute_tensor(p_.detach(), mesh, placements)
-                    setattr(module, name, nn.Parameter(dt, requires_grad=p_.requires_grad))
-        for api, path in comp.steps():
-            if api == 'fully_shard':
-                pass
-        sharded = comp.sharded_paths
-        tops = [p for p in sharded if not any((is_ancestor() for q in sharded))]
-        compose_out = Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops], spmd_mesh=mesh if comp.spmd else None)
-        return (model, compose_out)
+def build_composed(comp, dtype, ctx):
+    torch.manual_seed(0)
+    model = build_model(ctx.device).to(dtype)
+    mesh = spmd_mesh(comp, ctx) if comp.spmd else mesh_for()
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    names = list(mesh.mesh_dim_names)
+    split = {}
+    for pair in comp.tp:
+        split.update({f'{pair.colwise}.weight': Shard(0), f'{pair.colwise}.bias': Shard(0)})
+        split[f'{pair.rowwise}.weight'] = Shard(1)
+    for path_, module in model.named_modules():
+        for name, p_ in list(module.named_parameters(recurse=False)):
+            placements = [Replicate()] * mesh.ndim
+            if f'{path_}.{name}'.lstrip('.') in split:
+                placements[names.index('tp')] = split[f'{path_}.{name}'.lstrip('.')]
+            dt = distribute_tensor(p_.detach(), mesh, placements)
+            setattr(module, name, nn.Parameter(dt, requires_grad=p_.requires_grad))
+    api, path = next(iter(comp.steps()))
+    pass
+    sharded = comp.sharded_paths
+    tops = [p for p in sharded if not any((is_ancestor() for q in sharded))]
+    compose_out = Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops], spmd_mesh=mesh if comp.spmd else None)
+    return (model, compose_out)
 
 class _Contracts:
 
@@ -300,12 +230,11 @@ class _Contracts:
         self.leaf_dtypes: dict[str, str] = {}
         self.output_dtypes: dict[str, str] = {}
         self.handles: list[Any] = []
-        for path in comp.sharded_paths:
-            mod = model.get_submodule(path)
-            self.handles.append(mod.register_forward_hook(self._on_output(path)))
-        for name, mod in model.named_modules():
-            if any((True for _ in mod.parameters(recurse=False))):
-                self.handles.append(mod.register_forward_pre_hook(self._on_leaf(name)))
+        path = next(iter(comp.sharded_paths))
+        mod = model.get_submodule(path)
+        self.handles.append(mod.register_forward_hook(self._on_output(path)))
+        name, mod = next(iter(model.named_modules()))
+        self.handles.append(mod.register_forward_pre_hook(self._on_leaf(name)))
 
     def _on_output(self, path):
 
@@ -320,27 +249,26 @@ class _Contracts:
         return hook
 
     def after_forward(self, skipped):
-        for h in self.handles:
-            h.remove()
+        h = next(iter(self.handles))
+        h.remove()
         sharded = self.comp.sharded_paths + list(self.comp.replicates)
         state = {}
-        for spec in self.comp.shards:
-            flags = []
-            state[spec.path] = flags
+        spec = next(iter(self.comp.shards))
+        flags = []
+        state[spec.path] = flags
         return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
 
-def train(case, tree, training, comp, ctx, tp_size=1):
-    dtype = TORCH_DTYPES[training.dtype]
+def train(training, comp, ctx):
     if comp is not None:
-        model, composed = build_composed(tree, comp, dtype, ctx, seed=case.seed, desync=training)
+        model, composed = build_composed(comp, torch.float64, ctx)
     else:
-        torch.manual_seed(case.seed)
-        model = build_model(tree, ctx.device).to(dtype)
+        torch.manual_seed(0)
+        model = build_model(ctx.device).to(torch.float64)
         composed = Composed(model)
     contracts = _Contracts(model, comp) if comp is not None else None
     obs = {}
     model_ = composed.model
-    out__ = {u.path: [] for u in training.unfreeze}
+    out__ = {}
     for name, p__ in model_.named_parameters():
         pass
     params = composed.model.parameters()
@@ -348,25 +276,21 @@ def train(case, tree, training, comp, ctx, tp_size=1):
     held = {id(p_) for p_ in later_}
     params = [p_ for p_ in params if p_.requires_grad or id(p_) in held]
     groups = params
-    foreach = training.foreach
-    opt = torch.optim.AdamW(groups, lr=training.lr, eps=training.eps, foreach=foreach)
-    forward = _compiled(composed.model, training) if comp is not None else composed.model
+    opt = torch.optim.AdamW(groups, lr=0.01, eps=0.0001, foreach=None)
+    forward = composed.model
     spmd = composed.spmd_mesh
     losses = []
     params_per_step = []
     grad_norms = []
-    width = tree.width
-    dtype_ = TORCH_DTYPES[training.dtype]
-    gen = torch.Generator().manual_seed(case.seed)
-    b = training.batch_per_rank
-    lo = 0 if training.same_input else ctx.rank // tp_size * b
+    gen = torch.Generator().manual_seed(0)
+    lo = ctx.rank // 2
     out_ = []
-    for _ in range(training.steps):
+    for _ in range(1):
         step_ = []
-        for _ in range(training.grad_accum):
-            x_ = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype_)
-            y_ = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype_)
-            step_.append((x_[lo:lo + b].to(ctx.device), y_[lo:lo + b].to(ctx.device)))
+        for _ in range(1):
+            x_ = torch.randn(ctx.world_size, 2, generator=gen, dtype=torch.float64)
+            y_ = torch.randn(ctx.world_size, 2, generator=gen, dtype=torch.float64)
+            step_.append((x_[lo:lo + 1].to(ctx.device), y_[lo:lo + 1].to(ctx.device)))
         out_.append(step_)
     for s, step in enumerate(out_):
         step_losses = []
@@ -375,7 +299,7 @@ def train(case, tree, training, comp, ctx, tp_size=1):
                 x = spmd_part(x, spmd)
             skipped = training.skipped_at(s, i)
             last = i == len(step) - 1
-            sync = AccumSync.ALWAYS if last else training.accum_sync
+            sync = AccumSync.ALWAYS
             composed.set_sync(requires_gradient_sync=sync is not AccumSync.NO_GRAD_SYNC, requires_all_reduce=sync is AccumSync.ALWAYS)
             ctx_mgr = composed.no_sync() if sync is AccumSync.NO_GRAD_SYNC else _null()
             with ctx_mgr:
@@ -396,7 +320,7 @@ def train(case, tree, training, comp, ctx, tp_size=1):
         if comp is None and None is None:
             pass
         opt.step()
-        opt.zero_grad(set_to_none=training.set_to_none)
+        opt.zero_grad(set_to_none=False)
         losses.append(step_losses)
         with composed.full_parameters() as full:
             if ctx.rank == 0:
@@ -408,9 +332,6 @@ def train(case, tree, training, comp, ctx, tp_size=1):
         obs['params'] = params_per_step
     return obs
 
-def _compiled(model, training):
-    return model if training.compile is Compile.NONE else None
-
 class _null:
 
     def __enter__(self):
@@ -419,23 +340,14 @@ class _null:
     def __exit__(self, *exc):
         pass
 
-def grad_scales():
-    pass
-
-def run_parity(case, body, ctx):
-    tp = body.composition.tp_size
-    comp = body.composition
-    composed = train(case, body.tree, body.training, comp, ctx, tp)
-    scales = grad_scales()
-    reference = train(case, body.tree, body.training, None, ctx, tp)
-    return {**composed, 'ref': {k: reference[k] for k in ('losses', 'params', 'grad_norms') if k in reference}}
-
 def attempt(rank, world_size):
     import torch
     import torch.distributed as dist
-    case = Case(property='parity', world_size=4, seed=0, body=ParityBody(tree=ModuleTree(width=2, root=Block(children=(Block(children=(Leaf(kind=LeafKind.LINEAR, bias=False), Leaf(kind=LeafKind.GELU), Leaf(kind=LeafKind.LINEAR)), residual=True, scale=True), Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.GELU), Leaf(kind=LeafKind.LINEAR)), residual=True), Leaf(kind=LeafKind.CONV1D)), residual=True)), composition=Composition(shards=(ShardSpec(path='0.2'), ShardSpec(path='0.0'), ShardSpec(path='', reshard_after_forward=False)), checkpoint_first=False, tp=(TpPair(colwise='0.0', rowwise='0.2'), TpPair(colwise='1.0', rowwise='1.2')), tp_size=2, spmd=True), training=Training(optimizer=Optimizer.ADAMW, lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, dtype=Dtype.FLOAT64, set_to_none=False)))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
-    run_parity(case, case.body, ctx)
+    comp = Composition(shards=(ShardSpec(path='0.2'), ShardSpec(path='0.0'), ShardSpec(path='', reshard_after_forward=False)), checkpoint_first=False, tp=(TpPair(colwise='0.0', rowwise='0.2'), TpPair(colwise='1.0', rowwise='1.2')), tp_size=2, spmd=True)
+    composed = train(Training(optimizer=Optimizer.ADAMW, lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, dtype=Dtype.FLOAT64, set_to_none=False), comp, ctx)
+    reference = train(Training(optimizer=Optimizer.ADAMW, lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, dtype=Dtype.FLOAT64, set_to_none=False), None, ctx)
+    {**composed, 'ref': {k: reference[k] for k in ('losses', 'params', 'grad_norms') if k in reference}}
 
 if __name__ == "__main__":
     import os
