@@ -18,46 +18,17 @@ import ast
 import copy
 
 from fuzz.repro.delta import Frozen
+from fuzz.repro.simplify import _Class, _classes
 
 
-def _is_dataclass(node: ast.ClassDef) -> bool:
-    for d in node.decorator_list:
-        target = d.func if isinstance(d, ast.Call) else d
-        name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
-        if name == "dataclass":
-            return True
-    return False
-
-
-def _fields(node: ast.ClassDef) -> list[tuple[str, ast.expr | None]] | None:
-    """The fields of a method-less dataclass in order (name, default), or None for a class
-    with anything else in its body (methods, class variables that are not fields)."""
-    out: list[tuple[str, ast.expr | None]] = []
-    for stmt in node.body:
-        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
-            if "ClassVar" in ast.unparse(stmt.annotation):
-                return None
-            default = stmt.value
-            if isinstance(default, ast.Call) and ast.unparse(default.func).endswith("field"):
-                factory = next((k.value for k in default.keywords if k.arg == "default_factory"), None)
-                value = next((k.value for k in default.keywords if k.arg == "default"), None)
-                default = ast.Call(func=factory, args=[], keywords=[]) if factory is not None else value
-            out.append((stmt.target.id, default))
-        elif isinstance(stmt, ast.Pass) or (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)):
-            continue
-        else:
-            return None
-    return out
-
-
-def _records(tree: ast.Module, frozen: Frozen) -> dict[str, list[tuple[str, ast.expr | None]]]:
-    out = {}
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name not in frozen and not node.bases and _is_dataclass(node):
-            fields = _fields(node)
-            if fields:
-                out[node.name] = fields
-    return out
+def _records(tree: ast.Module, frozen: Frozen) -> dict[str, _Class]:
+    """The script's method-less dataclasses outside ``frozen`` (:func:`fuzz.repro.simplify._classes`:
+    fields in the order ``__init__`` takes them, with their defaults)."""
+    return {
+        name: info
+        for name, info in _classes(tree).items()
+        if name not in frozen and info.plain and not info.properties and info.fields
+    }
 
 
 def record_fields(code: str, frozen: Frozen) -> list[str]:
@@ -65,12 +36,12 @@ def record_fields(code: str, frozen: Frozen) -> list[str]:
     ``frozen``) whose class is called somewhere."""
     tree = ast.parse(code)
     called = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
-    return [f"{c}.{f}" for c, fields in _records(tree, frozen).items() if c in called for f, _ in fields]
+    return [f"{c}.{f}" for c, info in _records(tree, frozen).items() if c in called for f in info.fields]
 
 
 class _Collapse(ast.NodeTransformer):
-    def __init__(self, cls: str, fields: list[tuple[str, ast.expr | None]], keep: str) -> None:
-        self.cls, self.fields, self.keep = cls, fields, keep
+    def __init__(self, cls: str, info: _Class, keep: str) -> None:
+        self.cls, self.info, self.keep = cls, info, keep
         self.failed = False
 
     def visit_Call(self, node: ast.Call) -> ast.AST:
@@ -80,13 +51,12 @@ class _Collapse(ast.NodeTransformer):
         if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
             self.failed = True
             return node
-        names = [f for f, _ in self.fields]
-        index = names.index(self.keep)
+        index = self.info.fields.index(self.keep)
         given = next((k.value for k in node.keywords if k.arg == self.keep), None)
         if given is None and index < len(node.args):
             given = node.args[index]
         if given is None:
-            default = self.fields[index][1]
+            default = self.info.defaults.get(self.keep)
             if default is None:
                 self.failed = True
                 return node
@@ -110,10 +80,10 @@ def collapse_record(code: str, key: str, frozen: Frozen) -> str | None:
     (or a call of it passes ``*args`` / ``**kwargs``, or leaves the field without a value)."""
     cls, _, keep = key.partition(".")
     tree = ast.parse(code)
-    fields = _records(tree, frozen).get(cls)
-    if not fields or keep not in [f for f, _ in fields]:
+    info = _records(tree, frozen).get(cls)
+    if info is None or keep not in info.fields:
         return None
-    collapse = _Collapse(cls, fields, keep)
+    collapse = _Collapse(cls, info, keep)
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == cls:
             continue
