@@ -1163,6 +1163,20 @@ def _judge_side(code: str, entry: Entry, origins: Origins) -> frozenset[str]:
     return frozen_for(code, {flat_of.get((judge.__module__, judge.__name__), judge.__name__)})
 
 
+def _signature_free(code: str, signature: str, oracle: _Oracle) -> str:
+    """``code`` with the check that takes any failure of its judge (:func:`signature_free`)
+    where that reproduces (and passes with the bug's fix, which ``oracle`` checks), else
+    ``code``."""
+    free = signature_free(code, signature)
+    if free is None or free == code:
+        return code
+    if not oracle(free):
+        oracle.say("  the check that takes any failure of the judge did not reproduce: the signature stays checked")
+        return code
+    oracle.say("  the check takes any failure of the judge (the fix tells the bug's): its signature is cut too")
+    return free
+
+
 #: What :func:`quick_hang` adds to a candidate: each rank that finishes the case leaves a file
 #: beside the script (a directory of the attempt's own, :func:`run_script`), and the watcher's
 #: wait ends as soon as every rank has left one, so a candidate that passes costs no wait.
@@ -1185,20 +1199,6 @@ def _quick_done():
 """
 
 
-def _signature_free(code: str, signature: str, oracle: _Oracle) -> str:
-    """``code`` with the check that takes any failure of its judge (:func:`signature_free`)
-    where that reproduces (and passes with the bug's fix, which ``oracle`` checks), else
-    ``code``."""
-    free = signature_free(code, signature)
-    if free is None or free == code:
-        return code
-    if not oracle(free):
-        oracle.say("  the check that takes any failure of the judge did not reproduce: the signature stays checked")
-        return code
-    oracle.say("  the check takes any failure of the judge (the fix tells the bug's): its signature is cut too")
-    return free
-
-
 def quick_hang(script: str) -> str:
     """A hang script with its watcher's wait (and the ranks' wait before they exit) of
     :data:`QUICK_HANG_AFTER_S` instead of HANG_AFTER_S, where the script has them as written;
@@ -1206,21 +1206,12 @@ def quick_hang(script: str) -> str:
     rank has finished (:data:`_QUICK_WAIT`)."""
     main = "\nif __name__ == '__main__':\n"
     waits = f"time.sleep({HANG_AFTER_S})", f"time.sleep({HANG_AFTER_S} + 5)"
+    watch, ranks = f"time.sleep({QUICK_HANG_AFTER_S})", f"time.sleep({QUICK_HANG_AFTER_S} + 5)"
     if main in script and all(script.count(w) == 1 for w in waits):
         head, _, tail = script.rpartition(main)
         script = head + _QUICK_WAIT + main + tail
-        replaced = (
-            (waits[0], f"_quick_wait({QUICK_HANG_AFTER_S})"),
-            (waits[1], f"_quick_done(); time.sleep({QUICK_HANG_AFTER_S} + 5)"),
-        )
-    else:
-        replaced = (
-            (waits[0], f"time.sleep({QUICK_HANG_AFTER_S})"),
-            (waits[1], f"time.sleep({QUICK_HANG_AFTER_S} + 5)"),
-        )
-    for old, new in replaced:
-        script = script.replace(old, new)
-    return script
+        watch, ranks = f"_quick_wait({QUICK_HANG_AFTER_S})", f"_quick_done(); {ranks}"
+    return script.replace(waits[0], watch).replace(waits[1], ranks)
 
 
 def _confirmed(code: str, verified: str, oracle: _Oracle, what: str, kept: list[str] | None = None) -> str:
