@@ -624,3 +624,58 @@ def test_a_case_that_varies_from_run_to_run_keeps_the_pool_warm() -> None:
     assert oracle.in_pool("def attempt(rank, world_size):\n    pass\n")
     assert not oracle.fresh_each and any("varies from run to run" in s for s in said)
     assert (pool.respawned, pool.runs) == (1, 3)
+
+
+@pytest.mark.parametrize("name", ["state_dict-hang-dff6a54ad235", "dcp-crash-b5480b2301a0"])
+def test_a_hang_or_crash_script_runs_its_case_in_attempt_where_delta_may_cut_it(name: str) -> None:
+    """``main`` (its watcher, its child process) is left as it is by delta debugging; the case
+    is in ``attempt``, whose statements may all be cut."""
+    from fuzz.repro.delta import units
+    from fuzz.repro.harness import main_source
+
+    entry = load_entry(ROOT / "corpus" / f"{name}.json")
+    source, _ = main_source(entry, entry.signature)
+    tree = ast.parse(source)
+    functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    assert set(functions) == {"attempt", "main"}
+    main_reads = {n.id for n in ast.walk(functions["main"]) if isinstance(n, ast.Name)}
+    assert not main_reads & {"case", "ctx"} and "attempt" in main_reads
+    cuttable = {ast.unparse(node).partition(" =")[0] for node, _ in units(tree)}
+    assert {"case", "ctx"} <= cuttable
+
+
+_OLD_SHAPE = """\
+def main():
+    import os
+    case = 'the case'
+    rank, world_size = (0, 1)
+    ctx = dict(rank=rank)
+
+    def watch():
+        print(f'rank {ctx.rank} is stuck')
+    run_case(case, ctx)
+    finished.set()
+"""
+
+
+def test_a_kept_hang_or_crash_script_of_the_old_shape_has_its_case_lifted_into_attempt() -> None:
+    from fuzz.repro.harness import lift_attempt
+
+    hang = load_entry(ROOT / "corpus" / "state_dict-hang-dff6a54ad235.json")
+    lifted = lift_attempt(_OLD_SHAPE, hang)
+    assert lifted is not None
+    tree = ast.parse(lifted)
+    attempt, main = tree.body
+    assert isinstance(attempt, ast.FunctionDef) and attempt.name == "attempt"
+    assert [ast.unparse(s) for s in attempt.body[1:]] == [
+        "case = 'the case'",
+        "ctx = dict(rank=rank)",
+        "run_case(case, ctx)",
+    ]
+    assert "attempt(rank, world_size)" in ast.unparse(main) and "{rank}" in ast.unparse(main)
+    assert "ctx" not in ast.unparse(main) and "case" not in ast.unparse(main)
+    assert lift_attempt(lifted, hang) is None  # lifted already
+    exception = load_entry(ROOT / "corpus" / f"{EXCEPTION}.json")
+    assert lift_attempt(_OLD_SHAPE, exception) is None  # an exception's case is in attempt already
+    # main still reading the case elsewhere: left as it is
+    assert lift_attempt(_OLD_SHAPE.replace("finished.set()", "print(case)"), hang) is None

@@ -22,12 +22,14 @@ where that is confirmed (:func:`plain`, below): the case alone, the exception le
 propagate, the same rule applied from outside to what the ranks printed
 (:func:`raised_verdicts`).
 
-For an exception or a mismatch (:data:`POOLED_KINDS`) the case and its check are a function of
-their own, ``attempt(rank, world_size)``, which returns the verdict line instead of printing it
-and exiting; ``main`` brings up torchrun's process group, calls it, prints the verdict and exits
-1 if it says ``REPRODUCED``. The reducer runs ``attempt`` in the ranks of a warm
-:class:`fuzz.pool.RankPool` (:meth:`~fuzz.pool.RankPool.run_script`) rather than a torchrun
-per candidate.
+The case is in a function of its own, ``attempt(rank, world_size)``, which the reducer cuts
+like the rest of the script (it leaves ``main`` as it is). For an exception or a mismatch
+(:data:`POOLED_KINDS`) ``attempt`` holds the check too and returns the verdict line instead of
+printing it and exiting; ``main`` brings up torchrun's process group, calls it, prints the
+verdict and exits 1 if it says ``REPRODUCED``. The reducer runs ``attempt`` in the ranks of a
+warm :class:`fuzz.pool.RankPool` (:meth:`~fuzz.pool.RankPool.run_script`) rather than a
+torchrun per candidate. For a hang or a crash ``main`` holds the check (the watcher, the child
+process) around its call of ``attempt``.
 """
 
 from __future__ import annotations
@@ -110,16 +112,14 @@ def _expected_exceptions(signatures: list[str]) -> list[str]:
 #: So a GPU host runs it as a CPU-only host does.
 HIDE_ACCELERATORS = "os.environ['CUDA_VISIBLE_DEVICES'] = ''"
 
-_PRELUDE = """\
+#: The head of ``main`` for a hang or a crash, whose check is ``main``'s own (a watcher thread,
+#: a child process): torchrun's process group, then ``attempt(rank, world_size)``.
+_RANK_MAIN = """\
     import os
     {hide}
-    import torch
     import torch.distributed as dist
-{imports}
-    case = {case}
     dist.init_process_group("gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    ctx = RankContext(rank=rank, world_size=world_size, device=torch.device("cpu"), backend="gloo")
 """
 
 #: The verdict line of an exception's script where no rank raised (the checked form's
@@ -212,17 +212,17 @@ _HANG = """\
         time.sleep({after})
         frames = traceback.extract_stack(sys._current_frames()[threading.main_thread().ident])
         if any(f"torch/{{f.filename.rpartition('/torch/')[2]}}:{{f.name}}" in {expected!r} for f in frames):
-            print(f"REPRODUCED {signature}: rank {{ctx.rank}} is stuck", flush=True)
+            print(f"REPRODUCED {signature}: rank {{rank}} is stuck", flush=True)
             os._exit(1)
         if finished.is_set():
             print("PASS: every rank finished", flush=True)
         else:
             where = f"{{frames[-1].filename}}:{{frames[-1].name}}" if frames else "?"
-            print(f"FAIL (not the entry's failure): rank {{ctx.rank}} is still running, in {{where}}", flush=True)
+            print(f"FAIL (not the entry's failure): rank {{rank}} is still running, in {{where}}", flush=True)
         os._exit(0)
 
     threading.Thread(target=watch, daemon=True).start()
-    {program}(case, case.body, ctx)
+    attempt(rank, world_size)
     finished.set()
     time.sleep({after} + 5)  # the watcher decides; the group stays up for ranks still running
     os._exit(0)
@@ -247,7 +247,8 @@ _CRASH_HEAD = """\
     faulthandler.enable()
 """
 
-_CRASH = """\
+#: The body of ``attempt`` for a hang or a crash: the case alone (``main`` checks it).
+_RUN = """\
     {program}(case, case.body, ctx)
 """
 
@@ -310,10 +311,11 @@ def exception_rule(entry: Entry, signature: str) -> tuple[list[str], str | None,
 
 def main_source(entry: Entry, signature: str) -> tuple[str, list[str]]:
     """(the reduced script's ``main``, the carried modules it imports). ``signature`` is what
-    the unreduced script printed for the entry. For the :data:`POOLED_KINDS` the source holds
-    two functions: ``attempt(rank, world_size)``, the case and its check on one rank in a
-    process group already up, returning the verdict line, and ``main``, which brings up
-    torchrun's process group, prints the verdict and exits with it."""
+    the unreduced script printed for the entry. The source holds two functions:
+    ``attempt(rank, world_size)``, the case on one rank in a process group already up, and
+    ``main``, which brings up torchrun's process group and calls it. For the
+    :data:`POOLED_KINDS` ``attempt`` also checks the case and returns the verdict line, which
+    ``main`` prints and exits with; for a hang or a crash ``main`` checks it."""
     case = entry.case
     program_module, program = case.body.PROGRAM.split(":")
     judge = get_property(case.property).judge
@@ -332,7 +334,7 @@ def main_source(entry: Entry, signature: str) -> tuple[str, list[str]]:
         frames = sorted({":".join(e.split(":")[:2]) for e in _expected_exceptions(signatures)})
         body = _HANG.format(expected=frames, **fields)
     elif kind == "crash":
-        body = _CRASH.format(**fields)
+        body = "    attempt(rank, world_size)\n"
     else:
         # The same failure entered torch by the same API, with the same message but for its
         # numbers: a generic innermost frame (nn.Module.__getattr__'s AttributeError) is met by
@@ -342,13 +344,59 @@ def main_source(entry: Entry, signature: str) -> tuple[str, list[str]]:
         match += f" and {_SHAPE_IN_SCRIPT} == {shape!r}" if shape else ""
         body = _EXCEPTION.format(match=match, passing=NO_RANK_RAISED, **fields)
     lines = [f"    from {module} import {', '.join(sorted(set(names)))}" for module, names in sorted(imports.items())]
+    head = _ATTEMPT_PRELUDE.format(imports="\n".join(lines), case=expression)
     if kind in POOLED_KINDS:
-        head = _ATTEMPT_PRELUDE.format(imports="\n".join(lines), case=expression)
         return head + body + _ATTEMPT_MAIN.format(hide=HIDE_ACCELERATORS), sorted(imports)
-    head = _PRELUDE.format(imports="\n".join(lines), case=expression, hide=HIDE_ACCELERATORS)
+    main = _RANK_MAIN.format(hide=HIDE_ACCELERATORS)
     if kind == "crash":
-        head = _CRASH_HEAD.format(expected=_signal_names(_expected_exceptions(signatures)), **fields) + head
-    return "def main():\n" + head + body, sorted(imports)
+        main = _CRASH_HEAD.format(expected=_signal_names(_expected_exceptions(signatures)), **fields) + main
+    return head + _RUN.format(**fields) + "\n\ndef main():\n" + main + body, sorted(imports)
+
+
+class _RankOfContext(ast.NodeTransformer):
+    """``ctx.rank`` read as ``rank``."""
+
+    def visit_Attribute(self, node: ast.Attribute) -> ast.expr:
+        if node.attr == "rank" and isinstance(node.value, ast.Name) and node.value.id == "ctx":
+            return ast.copy_location(ast.Name("rank", ast.Load()), node)
+        return self.generic_visit(node)  # type: ignore[return-value]
+
+
+def lift_attempt(code: str, entry: Entry) -> str | None:
+    """A hang's or a crash's flat script ``code`` of the shape scripts were rendered in before
+    :func:`main_source` gave them ``attempt``: the case, its context and the program's call
+    taken out of ``main`` (which the reducer leaves as it is) into ``attempt(rank,
+    world_size)``, so that they are cut like the rest. None where ``code`` has ``attempt``
+    already, is of another kind, or its ``main`` reads the case or its context elsewhere."""
+    tree = ast.parse(code)
+    main = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main"), None)
+    if entry.kind not in ("hang", "crash") or main is None or _attempt_of(tree) is not None:
+        return None
+
+    def reads(node: ast.AST) -> set[str]:
+        return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in ("case", "ctx")}
+
+    moved: list[ast.stmt] = []
+    kept: list[ast.stmt] = []
+    for stmt in main.body:
+        assigned = isinstance(stmt, ast.Assign) and [ast.unparse(t) for t in stmt.targets] in (["case"], ["ctx"])
+        if assigned or (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and reads(stmt)):
+            moved.append(stmt)
+            if not assigned:
+                kept.append(ast.parse("attempt(rank, world_size)").body[0])
+        else:
+            kept.append(stmt)
+    if sum(not isinstance(s, ast.Assign) for s in moved) != 1:
+        return None
+    main.body = kept
+    main = _RankOfContext().visit(main)  # the watcher's rank
+    if reads(main):
+        return None
+    attempt = ast.parse("def attempt(rank, world_size):\n    import torch").body[0]
+    assert isinstance(attempt, ast.FunctionDef)
+    attempt.body += moved
+    tree.body.insert(tree.body.index(main), attempt)
+    return ast.unparse(ast.fix_missing_locations(tree)) + "\n"
 
 
 # -- the plain form of an exception's script ---------------------------------------------------

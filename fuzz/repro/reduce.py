@@ -78,6 +78,7 @@ from fuzz.repro.harness import (
     POOLED_KINDS,
     checked,
     is_plain,
+    lift_attempt,
     main_source,
     plain,
     raised_verdicts,
@@ -1078,6 +1079,7 @@ def reduce_again(
     if tree.body and isinstance(tree.body[0], ast.Expr) and isinstance(tree.body[0].value, ast.Constant):
         tree.body = tree.body[1:]  # the docstring: rendered again
     code = ast.unparse(tree) + "\n"
+    code = lift_attempt(code, entry) or code  # a hang's or a crash's case, out of ``main``
     status, output, seconds = run_kept(kept, entry, timeout=600.0)
     signature = reproduced(status, output)
     if signature is None:
