@@ -515,3 +515,26 @@ def test_where_folding_every_plain_value_fails_each_site_is_tried_alone() -> Non
     out = delta.ddmin(code, reproduces, time.monotonic() + 30, fold_values=fold_values)
     assert offered and offered[0] == [bad_all, alone]
     assert reproduces(out) and "len('pq')" not in out and "len('xyz')" in out, out
+
+
+def test_definitions_are_cut_a_group_at_a_time_before_one_at_a_time() -> None:
+    """Sixteen dead functions and one the failure needs: the first attempts cut several at once,
+    and the dead ones all go in fewer attempts than one each."""
+    dead = "".join(f"\n\ndef dead_{i}(x):\n    return x + {i}\n" for i in range(16))
+    code = (
+        "from __future__ import annotations\n"
+        + dead
+        + "\n\ndef needed():\n    return 'boom'\n\n\ndef attempt(rank, world_size):\n"
+        "    if needed() == 'boom':\n        return 'REPRODUCED x: boom'\n    return 'PASS'\n"
+    )
+    seen: list[str] = []
+
+    def test(candidate: str) -> bool:
+        seen.append(candidate)
+        return "def needed" in candidate
+
+    out = delta.ddmin(code, test, time.monotonic() + 60)
+    assert "dead_" not in out and "def needed" in out
+    cutting = [c for c in seen if c.count("def dead_") < 16]
+    assert cutting[0].count("def dead_") <= 16 - delta.SMALLEST_GROUP
+    assert len([c for c in cutting if "def needed" in c]) < 16
