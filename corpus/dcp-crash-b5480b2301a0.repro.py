@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=4da2f48d2fa30bb5 sources=3ebb4d52c9cda72d seconds=4097.9
+# shardfuzz reduced reproducer: entry=4da2f48d2fa30bb5 sources=3ebb4d52c9cda72d seconds=5827.9
 # Reproduces shardfuzz corpus entry dcp-crash-b5480b2301a0.json: crash:dcp:signal SIGSEGV@torch/distributed/fsdp/_state_dict_utils.py:param_hook
 # Known torch bug: FSDP1 FULL_STATE_DICT with offload_to_cpu on CPU: state_dict() clones a freed
 # buffer (SIGSEGV), optim_state_dict aliases the gathered states; upstream:
@@ -15,9 +15,7 @@ import enum
 from dataclasses import dataclass
 from dataclasses import dataclass, field
 from dataclasses import replace
-from typing import ClassVar
 import os
-from typing import ClassVar
 from torch import nn
 import torch.distributed as dist
 import inspect
@@ -32,39 +30,8 @@ class RankContext:
     backend: object
     _cases: object = 0
 
-class LeafKind(str, enum.Enum):
-    LINEAR = 'linear'
-    LAYER_NORM = 'layer_norm'
-    CONV1D = 'conv1d'
-    RELU = 'relu'
-    TANH = 'tanh'
-    GELU = 'gelu'
-    DROPOUT = 'dropout'
-
-class Dtype(str, enum.Enum):
-    FLOAT32 = 'float32'
-    FLOAT64 = 'float64'
-    BFLOAT16 = 'bfloat16'
-    FLOAT16 = 'float16'
-
-@dataclass(frozen=True)
-class Leaf:
-    kind: object
-    frozen: object = False
-
-@dataclass(frozen=True)
-class Block:
-    children: object
-    residual: object = False
-    scale: object = False
-
 def param_names(node):
     pass
-
-@dataclass(frozen=True)
-class ModuleTree:
-    width: object
-    root: object
 
 class Wrapper(str, enum.Enum):
     NONE = 'none'
@@ -93,13 +60,10 @@ class Composition:
         return [p for spec in self.shards for p in ('',)]
 
     def steps(self):
-        order = {'checkpoint': 0 if self.checkpoint_first else 3, 'fully_shard': 1, 'replicate': 2}
         items = [('fully_shard', '') for spec in self.shards]
 
         def key(item):
-            api, path = item
-            depth = min((q.count('.') + (q != '') for q in ('',)))
-            return (-depth, order[api], path)
+            pass
         return sorted(items, key=key)
 
 @dataclass(frozen=True)
@@ -109,25 +73,8 @@ class Training:
     eps: object = 0.001
     steps: object = 2
     batch_per_rank: object = 2
-    dtype: object = Dtype.FLOAT32
     set_to_none: object = True
     foreach: object = None
-
-class Body:
-    KIND: ClassVar[str]
-    PROGRAM: ClassVar[str]
-    registry: ClassVar[dict[str, type[Body]]] = {}
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        Body.registry[cls.KIND] = cls
-
-@dataclass(frozen=True)
-class Case:
-    property: object
-    world_size: object
-    seed: object
-    body: object
 
 @dataclass(frozen=True)
 class Options:
@@ -146,56 +93,27 @@ class DcpItem(str, enum.Enum):
     COUNTER = 'counter'
     EXTRA = 'extra'
 
-@dataclass(frozen=True)
-class DcpBody(Body):
-    KIND: ClassVar[str] = 'dcp'
-    PROGRAM: ClassVar[str] = 'fuzz._rank.dcp:run_dcp'
-    tree: object
-    source: object
-    target: object
-    entries: object
-    training: object = field(default_factory=Training)
-    orders: object = ()
-    skip: object = ()
-    load_full_state_dict: object = False
-    load_cpu_offload: object = False
-    patched: object = False
-    frozen_in_optimizer: object = False
-    empty_group: object = False
-
 class TreeBlock(nn.Module):
 
-    def __init__(self, children, residual, width, scale, buffer):
+    def __init__(self, children):
         super().__init__()
         for i, child in enumerate(children):
             self.add_module(str(i), child)
-        self.residual = residual
-        self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(width))
+        self.residual = False
+        self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(1))
         self.shift = None
         self.skipped: frozenset[str] = frozenset()
 
     def forward(self, x):
         pass
 
-def build_leaf(leaf, width):
-    module = _build_leaf(leaf, width)
-    return module
-
-def _build_leaf(leaf, width):
-    return nn.ReLU()
-
-def build_node(node, width):
-    if isinstance(node, Leaf):
-        return build_leaf(node, width)
-    return TreeBlock([build_node(c, width) for c in node.children], False, width, True, False)
-
-def build_model(tree, device):
+def build_model(device):
     with torch.device(device):
-        return build_node(tree.root, 1)
-TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
+        pass
+        return TreeBlock([None])
 
-def clean_name(name):
-    return name
+def clean_name():
+    pass
 
 @dataclass
 class Composed:
@@ -204,26 +122,18 @@ class Composed:
     wrapper: object = Wrapper.NONE
     param_names: object = field(default_factory=list)
 
-def compose(model, comp, ctx, tree=None):
+def compose(model, comp, ctx):
     if comp.wrapper is not Wrapper.NONE:
         names = [n for n, _ in model.named_parameters()]
-        return Composed(model=_wrap(model, comp, ctx), wrapper=comp.wrapper, param_names=names)
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
+        strategy = {Wrapper.FSDP1_FULL_SHARD: ShardingStrategy.FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP: ShardingStrategy.SHARD_GRAD_OP, Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD, Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[comp.wrapper]
+        wrap_out = FSDP(model, sharding_strategy=strategy, device_id=ctx.device, use_orig_params=True)
+        return Composed(model=wrap_out, wrapper=comp.wrapper, param_names=names)
     for api, path in comp.steps():
         pass
     sharded = comp.sharded_paths
     tops = [p for p in sharded if not any((False for q in sharded))]
     return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
-
-def _wrap(model, comp, ctx):
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
-    strategy = {Wrapper.FSDP1_FULL_SHARD: ShardingStrategy.FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP: ShardingStrategy.SHARD_GRAD_OP, Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD, Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[comp.wrapper]
-    return FSDP(model, sharding_strategy=strategy, device_id=ctx.device, use_orig_params=True)
-
-def make_optimizer(params, training, later=()):
-    held = {id(p) for p in later}
-    params = [p for p in params if p.requires_grad or id(p) in held]
-    groups = params
-    return torch.optim.SGD(groups, lr=training.lr, momentum=0.0, foreach=None)
 FRESH_SEED = 24301
 
 @dataclass
@@ -244,28 +154,30 @@ class Side:
         pass
 
     def names(self):
-        current = {id(p): clean_name(n) for n, p in self.model.named_parameters()}
-        return {**self.param_names, **current}
+        pass
 
-def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=()):
+def build_side(comp, training, ctx, *, seed, schedule=()):
     torch.manual_seed(seed)
     device = ctx.device
-    model = build_model(tree, device).to(TORCH_DTYPES[training.dtype])
+    model = build_model(device).to(torch.float32)
     composed = compose(model, comp, ctx)
     return Side(composed=composed, comp=comp, training=training, schedule=schedule)
 
 def fresh_training(training):
     return replace(training, lr=0.01 * 0.37, momentum=0.0, eps=0.0001 * 10)
 
-def add_optimizer(side, training, *, frozen_in_optimizer=False, empty_group=False):
+def add_optimizer(side, training):
     params = list(side.model.parameters())
-    frozen = []
-    side.opt = make_optimizer(params, training, later=frozen)
-    side.param_names = {id(p): clean_name(n) for n, p in side.model.named_parameters()}
+    params_ = params
+    held = {id(p_) for p_ in []}
+    params_ = [p_ for p_ in params_ if p_.requires_grad or id(p_) in held]
+    groups = params_
+    side.opt = torch.optim.SGD(groups, lr=training.lr, momentum=0.0, foreach=None)
+    side.param_names = {id(p): clean_name() for n, p in side.model.named_parameters()}
     return side.opt
 
-def body_optimizer(side, training, body):
-    return add_optimizer(side, training, frozen_in_optimizer=False, empty_group=False)
+def body_optimizer(side, training):
+    return add_optimizer(side, training)
 
 def torch_kwargs(fn, kwargs):
     params = inspect.signature(fn).parameters
@@ -277,7 +189,7 @@ def state_dict_options(o):
     extra = {n: True for n in ('ignore_frozen_params', 'flatten_optimizer_state_dict') if getattr(o, n)}
     return StateDictOptions(full_state_dict=o.full_state_dict, cpu_offload=o.cpu_offload, broadcast_from_rank0=o.broadcast_from_rank0, strict=True, **torch_kwargs(StateDictOptions, extra))
 
-def case_dir(case, ctx):
+def case_dir(ctx):
     digest = hashlib.sha1('{"body": {"absent": false, "async_save": false, "async_saves": 0, "cache_staged": false, "checkpoint_dir": "", "convert": false, "deadlock": false, "drop": [], "empty_group": false, "entries": ["model", "optimizer"], "frozen_in_optimizer": false, "kind": "dcp", "load_cpu_offload": true, "load_full_state_dict": true, "load_planner": null, "mode": "round_trip", "module_stateful": false, "no_dist": false, "orders": [[0, 1], [0, 1]], "overwrite": "none", "own_group": false, "patched": true, "process_checkpointer": false, "requires_grad": [], "save_cpu_offload": false, "save_full_state_dict": false, "save_planner": null, "skip": [], "source": {"auto_wrap": false, "checkpoint_first": false, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "custom_all_gather": false, "custom_reduce_scatter": false, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "no_unshard_in_backward": false, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0, "separate_rs_group": false}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [{"group": [], "ignored": [], "mixed_precision": null, "offload": false, "path": "", "reshard_after_forward": false, "shard_dim": 0}], "tp": [], "tp_size": 1, "wrapper": "none"}, "stager": null, "steps_after": 1, "storage_objects": false, "target": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "custom_all_gather": false, "custom_reduce_scatter": false, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "no_unshard_in_backward": false, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0, "separate_rs_group": false}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "fsdp1_full_shard"}, "target_meta_init": false, "torch_save_reader": false, "training": {"accum_sync": "always", "batch_per_rank": 1, "compile": "none", "dtype": "float32", "eps": 0.0001, "foreach": null, "grad_accum": 1, "lr": 0.01, "momentum": 0.0, "optimizer": "sgd", "param_groups": 1, "same_input": false, "set_to_none": false, "skips": [], "steps": 1, "unfreeze": []}, "tree": {"root": {"buffer": false, "children": [{"bias": true, "frozen": false, "kind": "relu"}], "residual": false, "scale": true}, "width": 1}, "use_collectives": true, "writer": {"per_thread_copy_ahead": 10000000, "single_file_per_rank": true, "sync_files": true, "thread_count": 1}}, "property": "dcp", "schema": 1, "seed": 0, "world_size": 2}'.encode()).hexdigest()[:12]
     count = getattr(ctx, '_cases', 0)
     return os.path.join('/tmp/shardfuzz-dcp-7050', f'{digest}-{count}')
@@ -285,9 +197,9 @@ def case_dir(case, ctx):
 def _options(full, offload, *, load, strict=True):
     return Options(full_state_dict=full, cpu_offload=offload, broadcast_from_rank0=load and full and offload, strict=strict)
 
-def _values(body, case, side, ctx, get, put, fresh, skip):
+def _values(side):
     out = {}
-    for entry in body.entries:
+    for entry in (DcpItem.MODEL, DcpItem.OPTIMIZER):
         if entry is DcpItem.MODEL:
             out[entry] = side.model
         else:
@@ -295,42 +207,47 @@ def _values(body, case, side, ctx, get, put, fresh, skip):
             out[entry] = side.opt
     return out
 
-def prepare_side(body, side, options):
+def prepare_side(side, options):
     from torch.distributed.checkpoint.state_dict import _patch_model_state_dict, _patch_optimizer_state_dict
     assert side.opt is not None
     _patch_model_state_dict(side.model, options=state_dict_options(options))
     _patch_optimizer_state_dict(side.model, optimizers=(side.opt,), options=state_dict_options(options))
 
-def _arrange(body, values, ctx):
+def _arrange(values, ctx):
     order = ((0, 1), (0, 1))[ctx.rank]
-    return {body.entries[i].value: values[body.entries[i]] for i in order if body.entries[i] in values}
+    return {(DcpItem.MODEL, DcpItem.OPTIMIZER)[i].value: values[(DcpItem.MODEL, DcpItem.OPTIMIZER)[i]] for i in order if (DcpItem.MODEL, DcpItem.OPTIMIZER)[i] in values}
 
-def _load(body, state, path):
+def _load(state, path):
     import torch.distributed.checkpoint as dcp
     dcp.load(state, checkpoint_id=path)
 
-def run_dcp(case, body, ctx):
-    return _run_dcp(case, body, ctx)
+def run_dcp(ctx):
+    return _run_dcp(ctx)
 
-def _run_dcp(case, body, ctx):
-    t = body.training
+def _run_dcp(ctx):
+    t = Training(lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, set_to_none=False)
     get_save = _options(False, False, load=False)
     get_load = _options(True, True, load=False)
     put = _options(True, True, load=True, strict=not ())
-    path = '' or case_dir(case, ctx)
+    path = '' or case_dir(ctx)
     src = None
-    src = build_side(body.tree, body.source, t, ctx, seed=0, schedule=())
-    body_optimizer(src, t, body)
-    prepare_side(body, src, get_save)
-    values = _values(body, case, src, ctx, get_save, put, fresh=False, skip=())
-    state = _arrange(body, values, ctx)
-    tgt = build_side(body.tree, body.target, t, ctx, seed=FRESH_SEED, meta=False, schedule=())
-    body_optimizer(tgt, fresh_training(t), body)
-    prepare_side(body, tgt, put)
-    values = _values(body, case, tgt, ctx, get_load, put, fresh=True, skip=())
-    state = _arrange(body, values, ctx)
+    src = build_side(Composition(shards=(ShardSpec(path='', reshard_after_forward=False),), checkpoint_first=False), t, ctx, seed=0, schedule=())
+    body_optimizer(src, t)
+    prepare_side(src, get_save)
+    values = _values(src)
+    state = _arrange(values, ctx)
+    tgt = build_side(Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), t, ctx, seed=FRESH_SEED, schedule=())
+    body_optimizer(tgt, fresh_training(t))
+    prepare_side(tgt, put)
+    values = _values(tgt)
+    state = _arrange(values, ctx)
     plain = {k: v for k, v in state.items() if isinstance(v, (dict, torch.Tensor))}
-    _load(body, state, path)
+    _load(state, path)
+
+def attempt(rank, world_size):
+    import torch
+    ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
+    run_dcp(ctx)
 
 def main():
     import os
@@ -344,7 +261,7 @@ def main():
         frames = re.findall('File "[^"]+/torch/([^"]+)", line \\d+ in (\\S+)', child.stderr)
         found = f'signal {child.returncode}@torch/{frames[0][0]}:{frames[0][1]}' if frames else ''
         if found in ['signal -11@torch/distributed/fsdp/_state_dict_utils.py:param_hook']:
-            print(f'REPRODUCED crash:dcp:signal SIGSEGV@torch/distributed/fsdp/_state_dict_utils.py:param_hook: rank {os.environ["RANK"]} died: {found}', flush=True)
+            print(f"REPRODUCED crash:dcp:signal SIGSEGV@torch/distributed/fsdp/_state_dict_utils.py:param_hook: rank {os.environ['RANK']} died: {found}", flush=True)
             sys.exit(1)
         print(f'PASS or another failure: exit {child.returncode}', flush=True)
         sys.exit(0)
@@ -353,10 +270,8 @@ def main():
     import os
     import torch
     import torch.distributed as dist
-    case = Case(property='dcp', world_size=2, seed=0, body=DcpBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.RELU),), scale=True)), source=Composition(shards=(ShardSpec(path='', reshard_after_forward=False),), checkpoint_first=False), target=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), entries=(DcpItem.MODEL, DcpItem.OPTIMIZER), training=Training(lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, set_to_none=False), orders=((0, 1), (0, 1)), load_full_state_dict=True, load_cpu_offload=True, patched=True))
     dist.init_process_group('gloo')
     rank, world_size = (dist.get_rank(), dist.get_world_size())
-    ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
-    run_dcp(case, case.body, ctx)
+    attempt(rank, world_size)
 if __name__ == '__main__':
     main()

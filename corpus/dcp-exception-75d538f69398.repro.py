@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=e7955ea402b7e752 sources=7d6f5cb23a31c8e4 seconds=1461.5
+# shardfuzz reduced reproducer: entry=e7955ea402b7e752 sources=7d6f5cb23a31c8e4 seconds=2786.4
 # Reproduces shardfuzz corpus entry dcp-exception-75d538f69398.json: exception:dcp:builtins.KeyError@torch/distributed/checkpoint/_state_dict_stager.py:deepcopy_with_tensor_offload
 # Known torch bug: dcp.async_save(async_stager=DefaultStager(...)) reused for a second save:
 # DefaultStager._stage closes its StateDictStager after every stage, which empties its copy
@@ -35,9 +35,6 @@ class RankContext:
     device: object
     backend: object
     _cases: object = 0
-
-    def group(self, name):
-        pass
 
 class LeafKind(str, enum.Enum):
     LINEAR = 'linear'
@@ -157,8 +154,8 @@ class TreeBlock(nn.Module):
 
     def __init__(self, children, width):
         super().__init__()
-        for i, child in enumerate(children):
-            self.add_module(str(i), child)
+        i, child = next(iter(enumerate(children)))
+        self.add_module(str(i), child)
         self.residual = False
         self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(width))
         self.register_buffer('shift', 0.1 * torch.randn(width))
@@ -172,33 +169,12 @@ class TreeBlock(nn.Module):
         y = y + self.shift
         return y
 
-def build_node(node, width):
-    if isinstance(node, Leaf):
-        return None
-    return TreeBlock([build_node(c, width) for c in node.children], width)
-
 def build_model(device):
-    with torch.device(device):
-        return build_node(Block(children=(Leaf(kind=LeafKind.CONV1D, frozen=True),), scale=True, buffer=True), 1)
-TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
+    return TreeBlock([None], 1)
 
 @dataclass
 class Composed:
     model: object
-
-def batches(training, ctx):
-    dtype = TORCH_DTYPES[training.dtype]
-    gen = torch.Generator().manual_seed(406121)
-    lo = ctx.rank
-    out = []
-    for _ in range(5):
-        step = []
-        for _ in range(1):
-            x = torch.randn(ctx.world_size, 1, generator=gen, dtype=dtype)
-            y = torch.randn(ctx.world_size, 1, generator=gen, dtype=dtype)
-            step.append((x[lo:lo + 1].to(ctx.device), y[lo:lo + 1].to(ctx.device)))
-        out.append(step)
-    return out
 
 @dataclass
 class Side:
@@ -213,32 +189,8 @@ class Side:
     def model(self):
         return self.composed.model
 
-def build_side(tree, comp, training, ctx, *, schedule=()):
-    torch.manual_seed(406121)
-    device = ctx.device
-    model = build_model(device).to(torch.float64)
-    composed = Composed(model)
-    return Side(composed=composed, comp=comp, training=training, schedule=schedule)
-
 def requires_grad(side):
     pass
-
-def add_optimizer(side):
-    params = list(side.model.parameters())
-    frozen = [p for p in params if not p.requires_grad]
-    params_ = params
-    held = {id(p_) for p_ in frozen}
-    params_ = [p_ for p_ in params_ if p_.requires_grad or id(p_) in held]
-    groups = params_
-    side.opt = torch.optim.SGD(groups, lr=0.01, momentum=0.9, foreach=None)
-    side.opt.add_param_group({'params': [], 'lr': 0.01 / 4})
-    return side.opt
-
-def body_optimizer(side):
-    return add_optimizer(side)
-
-def all_batches(training, steps, ctx):
-    return [step[0] for step in batches(replace(training, steps=steps), ctx)]
 
 def train_steps(side, data, ctx):
     assert side.opt is not None
@@ -261,84 +213,72 @@ def case_dir(ctx):
     count = getattr(ctx, '_cases', 0)
     return os.path.join('/tmp/shardfuzz-dcp-9721', f'{digest}-{count}')
 
-def _options():
-    pass
-
-def _values(ctx):
-    out = {}
-    for entry in (DcpItem.SCALARS, DcpItem.APP):
-        if entry is DcpItem.APP:
-            pass
-    return out
-
-def _arrange(values):
-    order = range(len((DcpItem.SCALARS, DcpItem.APP)))
-    return {(DcpItem.SCALARS, DcpItem.APP)[i].value: values[(DcpItem.SCALARS, DcpItem.APP)[i]] for i in order if (DcpItem.SCALARS, DcpItem.APP)[i] in values}
-
-def _writer_kwargs(path):
-    kwargs = {'checkpoint_id': path}
-    return kwargs
-
-def _stager():
-    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-    return DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False, use_async_staging=False, use_non_blocking_copy=False))
-
-def _close():
-    pass
-
-def _async_kwargs(stager):
-    kwargs = {'async_stager': stager}
-    return kwargs
-
-def _async_group():
-    pass
-
-def _save_in_flight(src, ctx, data, get, put, path):
-    t, n = (Training(lr=0.01, momentum=0.9, steps=3, batch_per_rank=1, dtype=Dtype.FLOAT64), 3)
-    first = 3 - (n - 1)
-    obs = {'losses_before': train_steps(src, data[:first], ctx)}
-    group = _async_group()
-    stager = _stager()
-    try:
-        _saves_in_flight(src, ctx, data, get, put, path, obs, None, group, stager)
-    finally:
-        _close()
-
-def _saves_in_flight(src, ctx, data, get, put, path, obs, writer, group, stager):
-    import torch.distributed.checkpoint as dcp
-    t, n = (Training(lr=0.01, momentum=0.9, steps=3, batch_per_rank=1, dtype=Dtype.FLOAT64), 3)
-    first = 3 - (n - 1)
-    for k in range(n):
-        where = os.path.join(path, f'early-{k}')
-        values = _values(ctx)
-        state = _arrange(values)
-        kwargs = _writer_kwargs(where)
-        kwargs['process_group'] = group
-        result = dcp.async_save(state, **kwargs, **_async_kwargs(stager))
-        obs['losses_before'] += train_steps(src, data[first + k:first + k + 1], ctx)
-
-def run_dcp(case, body, ctx):
-    return _run_dcp(case, body, ctx)
-
-def _run_dcp(case, body, ctx):
+def _run_dcp(ctx):
     t = Training(lr=0.01, momentum=0.9, steps=3, batch_per_rank=1, dtype=Dtype.FLOAT64)
-    get_save = _options()
-    get_load = _options()
-    put = _options()
     path = '' or case_dir(ctx)
     obs = {}
-    data = all_batches(t, 3 + 2, ctx)
+    training_ = replace(t, steps=5)
+    gen = torch.Generator().manual_seed(406121)
+    lo = ctx.rank
+    out = []
+    for _ in range(5):
+        step_ = []
+        for _ in range(1):
+            x = torch.randn(ctx.world_size, 1, generator=gen, dtype=torch.float64)
+            y = torch.randn(ctx.world_size, 1, generator=gen, dtype=torch.float64)
+            step_.append((x[lo:lo + 1].to(ctx.device), y[lo:lo + 1].to(ctx.device)))
+        out.append(step_)
+    data = [step[0] for step in out]
     src = None
-    src = build_side(ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, frozen=True),), scale=True, buffer=True)), Composition(), t, ctx, schedule=(RequiresGrad(path='0', step=1, trainable=True),))
-    body_optimizer(src)
-    obs.update(_save_in_flight(src, ctx, data, get_save, put, path))
+    comp = Composition()
+    schedule = (RequiresGrad(path='0', step=1, trainable=True),)
+    torch.manual_seed(406121)
+    device = ctx.device
+    model = build_model(device).to(torch.float64)
+    composed = Composed(model)
+    src = Side(composed=composed, comp=comp, training=t, schedule=schedule)
+    params = list(src.model.parameters())
+    frozen = [p for p in params if not p.requires_grad]
+    params_ = params
+    held = {id(p_) for p_ in frozen}
+    params_ = [p_ for p_ in params_ if p_.requires_grad or id(p_) in held]
+    groups = params_
+    src.opt = torch.optim.SGD(groups, lr=0.01, momentum=0.9, foreach=None)
+    src.opt.add_param_group({'params': [], 'lr': 0.0025})
+    src.opt
+    t_, n = (Training(lr=0.01, momentum=0.9, steps=3, batch_per_rank=1, dtype=Dtype.FLOAT64), 3)
+    obs_ = {'losses_before': train_steps(src, data[:1], ctx)}
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+    stager = DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False, use_async_staging=False, use_non_blocking_copy=False))
+    try:
+        import torch.distributed.checkpoint as dcp
+        t__, n_ = (Training(lr=0.01, momentum=0.9, steps=3, batch_per_rank=1, dtype=Dtype.FLOAT64), 3)
+        for k in range(n_):
+            where = os.path.join(path, f'early-{k}')
+            out_ = {}
+            for entry in (DcpItem.SCALARS, DcpItem.APP):
+                if entry is DcpItem.APP:
+                    pass
+            values = out_
+            order = range(2)
+            state = {(DcpItem.SCALARS, DcpItem.APP)[i].value: values[(DcpItem.SCALARS, DcpItem.APP)[i]] for i in order if (DcpItem.SCALARS, DcpItem.APP)[i] in values}
+            kwargs_ = {'checkpoint_id': where}
+            kwargs = kwargs_
+            kwargs['process_group'] = None
+            kwargs__ = {'async_stager': stager}
+            async_kwargs_out = kwargs__
+            result = dcp.async_save(state, **kwargs, **async_kwargs_out)
+            obs_['losses_before'] += train_steps(src, data[1 + k:1 + k + 1], ctx)
+    finally:
+        pass
+    obs.update(None)
 
 def attempt(rank, world_size):
     import torch
     import torch.distributed as dist
     case = Case(property='dcp', world_size=2, seed=406121, body=DcpBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, frozen=True),), scale=True, buffer=True)), source=Composition(), target=Composition(), entries=(DcpItem.SCALARS, DcpItem.APP), training=Training(lr=0.01, momentum=0.9, steps=3, batch_per_rank=1, dtype=Dtype.FLOAT64), steps_after=2, save_full_state_dict=True, save_cpu_offload=True, load_full_state_dict=True, async_save=True, async_saves=3, frozen_in_optimizer=True, empty_group=True, save_planner=SavePlannerOptions(dedup_save_to_lowest_rank=True), load_planner=LoadPlannerOptions(allow_partial_load=True), requires_grad=(RequiresGrad(path='0', step=1, trainable=True),), stager=StagerOptions()))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
-    run_dcp(case, DcpBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, frozen=True),), scale=True, buffer=True)), source=Composition(), target=Composition(), entries=(DcpItem.SCALARS, DcpItem.APP), training=Training(lr=0.01, momentum=0.9, steps=3, batch_per_rank=1, dtype=Dtype.FLOAT64), steps_after=2, save_full_state_dict=True, save_cpu_offload=True, load_full_state_dict=True, async_save=True, async_saves=3, frozen_in_optimizer=True, empty_group=True, save_planner=SavePlannerOptions(dedup_save_to_lowest_rank=True), load_planner=LoadPlannerOptions(allow_partial_load=True), requires_grad=(RequiresGrad(path='0', step=1, trainable=True),), stager=StagerOptions()), ctx)
+    _run_dcp(ctx)
 
 if __name__ == "__main__":
     import os

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=87e3671b7d30ca95 sources=001b716bb8af1bc0 seconds=6695.1
+# shardfuzz reduced reproducer: entry=87e3671b7d30ca95 sources=001b716bb8af1bc0 seconds=8002.8
 # Reproduces shardfuzz corpus entry dcp-hang-96de59c34a50.json: hang:dcp@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone
 # Known torch bug: set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0
 # pass an empty model state dict; upstream: https://github.com/pytorch/pytorch/issues/157781.
@@ -47,12 +47,6 @@ class LeafKind(str, enum.Enum):
     GELU = 'gelu'
     DROPOUT = 'dropout'
 
-class Dtype(str, enum.Enum):
-    FLOAT32 = 'float32'
-    FLOAT64 = 'float64'
-    BFLOAT16 = 'bfloat16'
-    FLOAT16 = 'float16'
-
 @dataclass(frozen=True)
 class Leaf:
     kind: object
@@ -62,8 +56,6 @@ class Leaf:
 @dataclass(frozen=True)
 class Block:
     children: object
-    residual: object = False
-    scale: object = False
 
 @dataclass(frozen=True)
 class ModuleTree:
@@ -91,10 +83,6 @@ class Composition:
     replicates: object = ()
     checkpoints: object = ()
 
-    @property
-    def sharded_paths(self):
-        return [p for spec in self.shards for p in spec.paths]
-
     def steps(self):
         items = [('checkpoint', p) for p in self.checkpoints] + [('replicate', p) for p in self.replicates]
         items += [('fully_shard', spec.path) for spec in self.shards]
@@ -116,7 +104,6 @@ class Training:
     eps: object = 0.001
     steps: object = 2
     batch_per_rank: object = 2
-    dtype: object = Dtype.FLOAT32
     foreach: object = None
 
 class Body:
@@ -163,11 +150,6 @@ class DcpItem(str, enum.Enum):
     COUNTER = 'counter'
     EXTRA = 'extra'
 
-class DcpMode(str, enum.Enum):
-    ROUND_TRIP = 'round_trip'
-    SAVE_ONLY = 'save_only'
-    LOAD_ONLY = 'load_only'
-
 @dataclass(frozen=True)
 class DcpBody(Body):
     KIND: ClassVar[str] = 'dcp'
@@ -178,50 +160,13 @@ class DcpBody(Body):
     entries: object
     training: object = field(default_factory=Training)
     steps_after: object = 1
-    orders: object = ()
-    drop: object = ()
-    save_full_state_dict: object = False
-    save_cpu_offload: object = False
     load_full_state_dict: object = False
     load_cpu_offload: object = False
-    target_meta_init: object = False
-    mode: object = DcpMode.ROUND_TRIP
-    checkpoint_dir: object = ''
-    no_dist: object = False
-    frozen_in_optimizer: object = False
     requires_grad: object = ()
-    process_checkpointer: object = False
 
-class TreeBlock(nn.Module):
-
-    def __init__(self, children, residual, width, scale):
-        super().__init__()
-        for i, child in enumerate(children):
-            self.add_module(str(i), child)
-        self.residual = residual
-        self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(width)) if scale else None
-        self.shift = None
-        self.skipped: frozenset[str] = frozenset()
-
-    def forward(self, x):
-        pass
-
-def build_leaf(leaf, width):
-    module = _build_leaf(leaf, width)
-    return module
-
-def _build_leaf(leaf, width):
-    return nn.Linear(width, width, bias=leaf.bias) if leaf.kind is LeafKind.LINEAR else None
-
-def build_node(node, width):
-    if isinstance(node, Leaf):
-        return build_leaf(node, width)
-    return TreeBlock([build_node(c, width) for c in node.children], node.residual, width, node.scale)
-
-def build_model(tree, device):
+def build_model(device):
     with torch.device(device):
-        return build_node(tree.root, tree.width)
-TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
+        return nn.Sequential(nn.Linear(2, 2, bias=True) if LeafKind.LINEAR is LeafKind.LINEAR else None)
 
 @dataclass
 class Composed:
@@ -232,7 +177,7 @@ def compose(model, comp):
     for api, path in comp.steps():
         if api == 'fully_shard':
             pass
-    sharded = comp.sharded_paths
+    sharded = [p for spec in (ShardSpec(path=''),) for p in spec.paths]
     tops = [p for p in sharded if not any((is_ancestor() for q in sharded))]
     return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
 
@@ -260,10 +205,10 @@ class Side:
     def plain(self):
         pass
 
-def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=()):
+def build_side(comp, training, ctx, *, seed, schedule=()):
     torch.manual_seed(seed)
-    device = torch.device('meta') if meta else ctx.device
-    model = build_model(tree, device).to(TORCH_DTYPES[training.dtype])
+    device = torch.device('meta') if False else ctx.device
+    model = build_model(device).to(torch.float32)
     composed = Composed(model) if is_plain() else compose(model, comp)
     return Side(composed=composed, comp=comp, training=training, schedule=schedule)
 
@@ -274,14 +219,14 @@ def fresh_training(training):
     momentum = 0.5 if training.optimizer is Optimizer.SGD and training.momentum else 0.0
     return replace(training, lr=training.lr * 0.37, momentum=momentum, eps=training.eps * 10)
 
-def add_optimizer(side, training, *, frozen_in_optimizer=False):
+def add_optimizer(side, training):
     params = list(side.model.parameters())
-    frozen = [p for p in params if not p.requires_grad] if frozen_in_optimizer else []
+    frozen = [p for p in params if not p.requires_grad] if False else []
     side.opt = make_optimizer(params, training, later=frozen)
     return side.opt
 
-def body_optimizer(side, training, body):
-    return add_optimizer(side, training, frozen_in_optimizer=body.frozen_in_optimizer)
+def body_optimizer(side, training):
+    return add_optimizer(side, training)
 
 def dropped_keys():
     pass
@@ -322,14 +267,14 @@ def _options(full, offload, *, load, strict=True):
 
 def _values(body, side, get, put):
     out = {}
-    for entry in body.entries:
+    for entry in (DcpItem.APP,):
         if entry is DcpItem.APP:
             out[entry] = App(side, get, put)
     return out
 
 def _arrange(body, values, ctx):
-    order = body.orders[ctx.rank] if body.orders else range(len(body.entries))
-    return {body.entries[i].value: values[body.entries[i]] for i in order if body.entries[i] in values}
+    order = range(len((DcpItem.APP,)))
+    return {(DcpItem.APP,)[i].value: values[(DcpItem.APP,)[i]] for i in order if (DcpItem.APP,)[i] in values}
 
 def _tensors(value, path=''):
     pass
@@ -338,8 +283,7 @@ def _in_place_problem(state, before, tensors):
     pass
 
 def _writer_kwargs(body, path, overwrite=None):
-    kwargs = {'no_dist': True} if body.no_dist else {}
-    kwargs['checkpoint_id'] = path
+    kwargs = {'checkpoint_id': path}
     return kwargs
 
 def _save(body, state, path, overwrite=None):
@@ -349,53 +293,53 @@ def _save(body, state, path, overwrite=None):
 
 def _load(body, state, path):
     import torch.distributed.checkpoint as dcp
-    kwargs = {'no_dist': True} if body.no_dist else {}
-    dcp.load(state, checkpoint_id=path, **kwargs)
+    dcp.load(state, checkpoint_id=path)
 
 def run_dcp(case, body, ctx):
-    return _run_dcp(case, body, ctx) if not body.process_checkpointer else None
+    return _run_dcp(case, body, ctx)
 
 def _run_dcp(case, body, ctx):
-    t = body.training
-    get_save = _options(body.save_full_state_dict, body.save_cpu_offload, load=False)
-    get_load = _options(body.load_full_state_dict, body.load_cpu_offload, load=False)
-    put = _options(body.load_full_state_dict, body.load_cpu_offload, load=True, strict=not body.drop)
-    path = body.checkpoint_dir or case_dir(ctx)
-    if body.mode is DcpMode.ROUND_TRIP and ctx.rank == 0:
+    t = Training(momentum=0.9, steps=1, batch_per_rank=1)
+    get_save = _options(False, False, load=False)
+    get_load = _options(True, True, load=False)
+    put = _options(True, True, load=True, strict=not ())
+    path = '' or case_dir(ctx)
+    if True and ctx.rank == 0:
         shutil.rmtree(path, ignore_errors=True)
-    own = os.path.join(path, f'rank-{ctx.rank}') if body.no_dist else path
     src = None
-    if body.mode is not DcpMode.LOAD_ONLY:
-        src = build_side(body.tree, body.source, t, ctx, seed=0, schedule=body.requires_grad)
-        body_optimizer(src, t, body)
-        values = _values(body, src, get_save, put)
-        state = _arrange(body, values, ctx)
-        _save(body, state, own)
-    tgt = build_side(body.tree, body.target, t, ctx, seed=FRESH_SEED, meta=body.target_meta_init, schedule=body.requires_grad)
-    body_optimizer(tgt, fresh_training(t), body)
+    src = build_side(Composition(shards=(ShardSpec(path=''),)), t, ctx, seed=0, schedule=())
+    body_optimizer(src, t)
+    values = _values(body, src, get_save, put)
+    state = _arrange(body, values, ctx)
+    _save(body, state, path)
+    tgt = build_side(Composition(shards=(ShardSpec(path=''),)), t, ctx, seed=FRESH_SEED, schedule=())
+    body_optimizer(tgt, fresh_training(t))
     dropped = dropped_keys()
     values = _values(body, tgt, get_load, put)
     state = _arrange(body, values, ctx)
     plain = {k: v for k, v in state.items() if isinstance(v, (dict, torch.Tensor))}
     tensors = {k: _tensors(v) for k, v in plain.items()}
     before = requires_grad(tgt)
-    _load(body, state, own)
+    _load(body, state, path)
     obs = {'dropped': dropped, 'in_place': _in_place_problem(state, plain, tensors), 'requires_grad': {'before': before, 'after': requires_grad(tgt)}}
-    if body.mode is DcpMode.ROUND_TRIP:
-        dist.barrier()
-        if ctx.rank == 0:
-            shutil.rmtree(path, ignore_errors=True)
+    dist.barrier()
+    if ctx.rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
     return obs
+
+def attempt(rank, world_size):
+    import torch
+    case = Case(property='dcp', world_size=2, seed=0, body=DcpBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR),))), source=Composition(shards=(ShardSpec(path=''),)), target=Composition(shards=(ShardSpec(path=''),)), entries=(DcpItem.APP,), training=Training(momentum=0.9, steps=1, batch_per_rank=1), steps_after=0, load_full_state_dict=True, load_cpu_offload=True))
+    ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
+    run_dcp(case, DcpBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR),))), source=Composition(shards=(ShardSpec(path=''),)), target=Composition(shards=(ShardSpec(path=''),)), entries=(DcpItem.APP,), training=Training(momentum=0.9, steps=1, batch_per_rank=1), steps_after=0, load_full_state_dict=True, load_cpu_offload=True), ctx)
 
 def main():
     import os
     os.environ['CUDA_VISIBLE_DEVICES'] = ''
     import torch
     import torch.distributed as dist
-    case = Case(property='dcp', world_size=2, seed=0, body=DcpBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR),))), source=Composition(shards=(ShardSpec(path=''),)), target=Composition(shards=(ShardSpec(path=''),)), entries=(DcpItem.APP,), training=Training(momentum=0.9, steps=1, batch_per_rank=1), steps_after=0, load_full_state_dict=True, load_cpu_offload=True))
     dist.init_process_group('gloo')
     rank, world_size = (dist.get_rank(), dist.get_world_size())
-    ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import sys
     import threading
     import time
@@ -405,17 +349,17 @@ def main():
     def watch():
         time.sleep(20)
         frames = traceback.extract_stack(sys._current_frames()[threading.main_thread().ident])
-        if any((f"torch/{f.filename.rpartition('/torch/')[2]}:{f.name}" in ['torch/distributed/_state_dict_utils.py:_broadcast_state_dict'] for f in frames)):
-            print(f'REPRODUCED hang:dcp@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone: rank {ctx.rank} is stuck', flush=True)
+        if any((f'torch/{f.filename.rpartition("/torch/")[2]}:{f.name}' in ['torch/distributed/_state_dict_utils.py:_broadcast_state_dict'] for f in frames)):
+            print(f'REPRODUCED hang:dcp@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone: rank {rank} is stuck', flush=True)
             os._exit(1)
         if finished.is_set():
             print('PASS: every rank finished', flush=True)
         else:
             where = f'{frames[-1].filename}:{frames[-1].name}' if frames else '?'
-            print(f"FAIL (not the entry's failure): rank {ctx.rank} is still running, in {where}", flush=True)
+            print(f"FAIL (not the entry's failure): rank {rank} is still running, in {where}", flush=True)
         os._exit(0)
     threading.Thread(target=watch, daemon=True).start()
-    run_dcp(case, case.body, ctx)
+    attempt(rank, world_size)
     finished.set()
     time.sleep(20 + 5)
     os._exit(0)

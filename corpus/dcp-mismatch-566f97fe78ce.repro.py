@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=f8717496fe4a5c07 sources=7d6f5cb23a31c8e4 seconds=1862.5
+# shardfuzz reduced reproducer: entry=f8717496fe4a5c07 sources=7d6f5cb23a31c8e4 seconds=2337.1
 # Reproduces shardfuzz corpus entry dcp-mismatch-566f97fe78ce.json: mismatch:dcp@set_optimizer_state_dict:frozen-optimizer-state-dropped
 # Known torch bug: set_optimizer_state_dict drops the saved optimizer state of a parameter frozen
 # (requires_grad=False) when it is loaded: a parameter trained, then frozen, checkpointed and
@@ -36,15 +36,6 @@ class LeafKind(str, enum.Enum):
 class Leaf:
     kind: object
 
-@dataclass()
-class Block:
-    children: object
-
-@dataclass()
-class ModuleTree:
-    width: object
-    root: object
-
 class Wrapper(str, enum.Enum):
     NONE = 'none'
     DDP = 'ddp'
@@ -52,10 +43,6 @@ class Wrapper(str, enum.Enum):
     FSDP1_SHARD_GRAD_OP = 'fsdp1_shard_grad_op'
     FSDP1_NO_SHARD = 'fsdp1_no_shard'
     FSDP1_HYBRID_SHARD = 'fsdp1_hybrid_shard'
-
-@dataclass()
-class Composition:
-    wrapper: object = Wrapper.NONE
 
 class Optimizer(str, enum.Enum):
     SGD = 'sgd'
@@ -81,19 +68,6 @@ class Body:
     @property
     def size(self):
         pass
-
-@dataclass()
-class Case:
-    property: object
-    world_size: object
-    seed: object
-    body: object
-
-@dataclass()
-class RequiresGrad:
-    path: object
-    step: object
-    trainable: object
 
 class DcpItem(str, enum.Enum):
     MODEL = 'model'
@@ -128,7 +102,7 @@ def build_node(node, width):
     if isinstance(node, Leaf):
         module = nn.Linear(width, width, bias=False)
         return module
-    return nn.Sequential(*[build_node(c, width) for c in node.children])
+    return nn.Sequential(*[build_node(c, width) for c in node])
 _WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', 'module.', '_checkpoint_wrapped_module.')
 
 def clean_name(name):
@@ -167,7 +141,7 @@ class Side:
 
 def build_side(tree, comp, training, *, seed, schedule=()):
     torch.manual_seed(seed)
-    build_model_out = build_node(tree.root, 2)
+    build_model_out = build_node(tree, 2)
     composed = Composed(build_model_out)
     return Side(composed=composed, comp=comp, training=training, schedule=schedule)
 
@@ -248,11 +222,6 @@ class OutcomeKind(str, enum.Enum):
     OK = 'ok'
 
 @dataclass()
-class RankReport:
-    rank: object
-    observation: object = None
-
-@dataclass()
 class Outcome:
     kind: object
     ranks: object
@@ -260,7 +229,7 @@ class Outcome:
 
     @property
     def observations(self):
-        return [r.observation for r in self.ranks]
+        return [r for r in self.ranks]
 KNOWN_BUG_ODDS = 16
 NONE_FOUND = 'none found'
 
@@ -281,10 +250,10 @@ FSDP1_HSDP_SHARD1 = KnownBug('fsdp1-hybrid-shard-dim-1', 'FSDP1 HYBRID_SHARD wit
 FROZEN_OPTIM_STATE_DROPPED = KnownBug('set_optimizer_state_dict-frozen-state-dropped', 'set_optimizer_state_dict drops the saved optimizer state of a parameter frozen (requires_grad=False) when it is loaded: a parameter trained, then frozen, checkpointed and unfrozen after resuming restarts with fresh optimizer state (get_optimizer_state_dict saved it)', symptoms=frozenset({'mismatch'}), upstream='pytorch/pytorch#192202', relation='same bug', state='open; fix pull request #192307 open, not in torch 2.13.0', see_also=('pytorch/pytorch#192307',), ends_ranks=False, tag=':frozen-optimizer-state-dropped', docs='docs/state_dict.md', odds=4)
 
 def fsdp1_shard1(comp):
-    return comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD and comp.mesh[1] == 1 and (comp.mesh[0] > 1)
+    return comp is Wrapper.FSDP1_HYBRID_SHARD and comp.mesh[1] == 1 and (comp.mesh[0] > 1)
 
 def fsdp1_hsdp_2d(comp):
-    return comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD and comp.mesh[0] > 1 and (comp.mesh[1] > 1)
+    return comp is Wrapper.FSDP1_HYBRID_SHARD and comp.mesh[0] > 1 and (comp.mesh[1] > 1)
 
 def hsdp_optimizer_load(body):
     return isinstance(body, DcpBody) and fsdp1_hsdp_2d(body.target) and body.classic_fsdp1 and (DcpItem.OPTIMIZER in body.entries) and (DcpItem.OPTIMIZER not in body.skip)
@@ -358,7 +327,7 @@ def judge_dcp(case, outcome):
 OPTIMIZER_CHECKS = ('optimizer', 'resume_loss', 'resume_params')
 
 def _hsdp_optimizer_load(case, failure):
-    body = case.body
+    body = case
     if failure is None or failure.kind != 'mismatch' or (not isinstance(body, DcpBody)) or (not hsdp_optimizer_load(body)) or (failure.details.get('check') not in OPTIMIZER_CHECKS):
         return failure
 
@@ -386,7 +355,7 @@ def _check_reloaded(prop, where, reloaded, model):
         return None
 
 def _judge_dcp(case, outcome):
-    body = case.body
+    body = case
     assert isinstance(body, DcpBody)
     prop, observations = ('dcp', outcome.observations)
     where = 'save' + _shard1(body.source, body.target)
@@ -415,7 +384,7 @@ def _check_dcp_options(prop, where, body, observations):
     return None
 
 def attempt(rank, world_size):
-    case = Case(property='dcp', world_size=2, seed=0, body=DcpBody(tree=ModuleTree(width=2, root=Block(children=())), source=Composition(), target=Composition(), entries=(DcpItem.OPTIMIZER,)))
+    case = DcpBody(tree=(), source=Wrapper.NONE, target=Wrapper.NONE, entries=(DcpItem.OPTIMIZER,))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
     t = Training()
@@ -431,7 +400,7 @@ def attempt(rank, world_size):
         step__ = [(x[rank:rank + 1], y[rank:rank + 1])]
         out__.append(step__)
     data = [step_[0] for step_ in out__]
-    src = build_side(ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR)))), Composition(), t, seed=0, schedule=(RequiresGrad(path='0', step=1, trainable=False),))
+    src = build_side((Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR)), Wrapper.NONE, t, seed=0, schedule=(False,))
     params = list(src.model.parameters())
     src.opt = torch.optim.SGD(params, lr=0.1, momentum=0.9)
     src.param_names = {id(p): clean_name(n) for n, p in src.model.named_parameters()}
@@ -460,7 +429,7 @@ def attempt(rank, world_size):
     out_ = {clean_name(k_): _jsonable(v_) for k_, v_ in state__.items()}
     if rank == 0:
         obs__['reloaded'] = out_
-    tgt = build_side(ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR)))), Composition(), t, seed=FRESH_SEED, schedule=(RequiresGrad(path='0', step=1, trainable=False),))
+    tgt = build_side((Leaf(kind=LeafKind.LINEAR), Leaf(kind=LeafKind.LINEAR)), Wrapper.NONE, t, seed=FRESH_SEED, schedule=(False,))
     params_ = list(tgt.model.parameters())
     tgt.opt = torch.optim.SGD(params_, lr=0.037, momentum=0.5)
     tgt.param_names = {id(p_): clean_name(n_) for n_, p_ in tgt.model.named_parameters()}
@@ -498,7 +467,7 @@ def attempt(rank, world_size):
     dist.all_gather_object(outs, obs)
     if rank != 0:
         return ''
-    reports = tuple((RankReport(rank=r, observation=o) for r, o in enumerate(outs)))
+    reports = tuple((o for r, o in enumerate(outs)))
     failure = judge_dcp(case, Outcome(kind=OutcomeKind.OK, ranks=reports, seconds=0.0))
     if failure is not None and failure.signature in ['mismatch:dcp@set_optimizer_state_dict:frozen-optimizer-state-dropped', 'mismatch:state_dict@set_optimizer_state_dict:frozen-optimizer-state-dropped']:
         observed = hashlib.sha256(json.dumps(outs, sort_keys=True).encode()).hexdigest()[:16]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=5c3349c879fbaf65 sources=ce057bc0da65e4dc seconds=1548.9
+# shardfuzz reduced reproducer: entry=5c3349c879fbaf65 sources=ce057bc0da65e4dc seconds=2093.8
 # Reproduces shardfuzz corpus entry parity-mismatch-6176f16b4070.json: mismatch:parity@fsdp2:compiled-unfreeze
 # Known torch bug: torch.compile (aot_eager) of a module whose plain (non-DTensor) parameter was
 # frozen when it was compiled: after requires_grad_(True) the compiled forward is reused without a
@@ -440,11 +440,6 @@ class OutcomeKind(str, enum.Enum):
     OK = 'ok'
 
 @dataclass()
-class RankReport:
-    rank: object
-    observation: object = None
-
-@dataclass()
 class Outcome:
     kind: object
     ranks: object
@@ -452,7 +447,7 @@ class Outcome:
 
     @property
     def observations(self):
-        return [r.observation for r in self.ranks]
+        return [r for r in self.ranks]
 
 @dataclass(frozen=True)
 class Signature:
@@ -550,7 +545,7 @@ def judge_parity(case, outcome):
     return failure
 
 def attempt(rank, world_size):
-    case = Case(property='parity', world_size=2, seed=0, body=ParityBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR, frozen=True), Leaf(kind=LeafKind.LINEAR)))), composition=Composition(shards=(ShardSpec(path='', ignored=('0',)),)), training=Training(lr=0.05, unfreeze=(Unfreeze(path='0', step=1),), compile=Compile.AOT_EAGER)))
+    case = Case(property='parity', world_size=2, seed=0, body=ParityBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR),))), composition=Composition()))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
     body = ParityBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR, frozen=True), Leaf(kind=LeafKind.LINEAR)))), composition=Composition(shards=(ShardSpec(path='', ignored=('0',)),)), training=Training(unfreeze=(Unfreeze(path='0', step=1),)))
@@ -563,7 +558,7 @@ def attempt(rank, world_size):
     dist.all_gather_object(outs, obs)
     if rank != 0:
         return ''
-    reports = tuple((RankReport(rank=r, observation=o) for r, o in enumerate(outs)))
+    reports = tuple((o for r, o in enumerate(outs)))
     failure = judge_parity(case, Outcome(kind=OutcomeKind.OK, ranks=reports, seconds=0.0))
     if failure is not None and failure.signature in ['mismatch:parity@fsdp2:compiled-unfreeze']:
         import hashlib

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=627b92f9c75a2fc3 sources=14c7281674c70e1f seconds=2222.2
+# shardfuzz reduced reproducer: entry=627b92f9c75a2fc3 sources=14c7281674c70e1f seconds=3412.8
 # Reproduces shardfuzz corpus entry state_dict-crash-81ffab405f7f.json: crash:state_dict:signal SIGSEGV@torch/distributed/fsdp/_state_dict_utils.py:param_hook
 # Known torch bug: FSDP1 FULL_STATE_DICT with offload_to_cpu on CPU: state_dict() clones a freed
 # buffer (SIGSEGV), optim_state_dict aliases the gathered states; upstream:
@@ -38,12 +38,6 @@ class LeafKind(str, enum.Enum):
     GELU = 'gelu'
     DROPOUT = 'dropout'
 
-class Dtype(str, enum.Enum):
-    FLOAT32 = 'float32'
-    FLOAT64 = 'float64'
-    BFLOAT16 = 'bfloat16'
-    FLOAT16 = 'float16'
-
 @dataclass(frozen=True)
 class Leaf:
     kind: object
@@ -53,9 +47,6 @@ class Leaf:
 @dataclass(frozen=True)
 class Block:
     children: object
-    residual: object = False
-    scale: object = False
-    buffer: object = False
 
 def param_names(node):
     pass
@@ -75,27 +66,18 @@ class Wrapper(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Composition:
-    shards: object = ()
-    replicates: object = ()
     wrapper: object = Wrapper.NONE
 
     def steps(self):
         pass
 
-class Optimizer(str, enum.Enum):
-    SGD = 'sgd'
-    ADAM = 'adam'
-    ADAMW = 'adamw'
-
 @dataclass(frozen=True)
 class Training:
-    optimizer: object = Optimizer.SGD
     lr: object = 0.1
     momentum: object = 0.0
     eps: object = 0.001
     steps: object = 2
     batch_per_rank: object = 2
-    dtype: object = Dtype.FLOAT32
     set_to_none: object = True
     foreach: object = None
 
@@ -114,9 +96,8 @@ class Case:
     seed: object
     body: object
 
-def is_plain(comp):
-    return not comp.shards and (not comp.replicates) and (comp.wrapper is Wrapper.NONE)
-DEFAULT_FQN_MODIFIERS = '_fqn_modifiers'
+def is_plain():
+    pass
 
 class Api(str, enum.Enum):
     SPLIT = 'split'
@@ -128,7 +109,6 @@ class Api(str, enum.Enum):
 class Options:
     full_state_dict: object = False
     cpu_offload: object = False
-    broadcast_from_rank0: object = False
 
 @dataclass(frozen=True)
 class StateDictBody(Body):
@@ -138,55 +118,22 @@ class StateDictBody(Body):
     source: object
     target: object
     training: object = field(default_factory=Training)
-    steps_after: object = 1
     api: object = Api.SPLIT
     save: object = field(default_factory=Options)
     load: object = field(default_factory=Options)
-    target_meta_init: object = False
-    drop: object = ()
-    frozen_in_optimizer: object = False
     empty_group: object = False
     requires_grad: object = ()
-    fused: object = ()
-    fqn_modifiers: object = DEFAULT_FQN_MODIFIERS
-
-class TreeBlock(nn.Module):
-
-    def __init__(self, children, residual, width, scale, buffer):
-        super().__init__()
-        for i, child in enumerate(children):
-            self.add_module(str(i), child)
-        self.residual = residual
-        self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(width)) if scale else None
-        self.shift = None
-        self.skipped: frozenset[str] = frozenset()
-
-    def forward(self, x):
-        pass
 
 class PointwiseConv1d(nn.Conv1d):
 
     def forward(self, x):
-        return super().forward(x.unsqueeze(-1)).squeeze(-1)
+        pass
 
-def build_leaf(leaf, width):
-    module = _build_leaf(leaf, width)
-    if leaf.frozen:
-        module.requires_grad_(False)
-    return module
-
-def _build_leaf(leaf, width):
-    return PointwiseConv1d(width, width, kernel_size=1, bias=leaf.bias) if leaf.kind is LeafKind.CONV1D else None
-
-def build_node(node, width):
-    if isinstance(node, Leaf):
-        return build_leaf(node, width)
-    return TreeBlock([build_node(c, width) for c in node.children], node.residual, width, node.scale, node.buffer)
-
-def build_model(tree, device):
+def build_model(device):
     with torch.device(device):
-        return build_node(tree.root, tree.width)
-TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.FLOAT64: torch.float64, Dtype.BFLOAT16: torch.bfloat16, Dtype.FLOAT16: torch.float16}
+        module = PointwiseConv1d(1, 1, kernel_size=1, bias=False) if LeafKind.CONV1D is LeafKind.CONV1D else None
+        module.requires_grad_(False)
+        return nn.Sequential(PointwiseConv1d(1, 1, kernel_size=1, bias=False) if LeafKind.CONV1D is LeafKind.CONV1D else None, module)
 
 @dataclass
 class Composed:
@@ -194,22 +141,20 @@ class Composed:
     wrapper: object = Wrapper.NONE
     param_names: object = field(default_factory=list)
 
-def compose(model, comp, ctx, tree=None):
-    if comp.wrapper is not Wrapper.NONE:
-        names = [n for n, _ in model.named_parameters()]
-        return Composed(model=_wrap(model, comp, ctx), wrapper=comp.wrapper, param_names=names)
+def compose(model, ctx):
+    names = [n for n, _ in model.named_parameters()]
+    return Composed(model=_wrap(model, ctx), wrapper=Wrapper.FSDP1_FULL_SHARD, param_names=names)
 
-def _wrap(model, comp, ctx):
+def _wrap(model, ctx):
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
-    strategy = {Wrapper.FSDP1_FULL_SHARD: ShardingStrategy.FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP: ShardingStrategy.SHARD_GRAD_OP, Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD, Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[comp.wrapper]
+    strategy = ShardingStrategy.FULL_SHARD
     return FSDP(model, sharding_strategy=strategy, device_id=ctx.device, use_orig_params=True)
 
-def make_optimizer(params, training, later=()):
+def make_optimizer(params, later=()):
     held = {id(p) for p in later}
     params = [p for p in params if p.requires_grad or id(p) in held]
     groups = params
-    foreach = training.foreach
-    return torch.optim.SGD(groups, lr=training.lr, momentum=training.momentum, foreach=foreach) if training.optimizer is Optimizer.SGD else None
+    return torch.optim.SGD(groups, lr=0.01, momentum=0.0, foreach=None)
 FRESH_SEED = 24301
 
 @dataclass
@@ -228,24 +173,24 @@ class Side:
     def names(self):
         pass
 
-def build_side(tree, comp, training, ctx, *, seed, meta=False, schedule=(), fused=(), fqn_modifiers=DEFAULT_FQN_MODIFIERS):
+def build_side(comp, training, ctx, *, seed, schedule=()):
     torch.manual_seed(seed)
-    device = torch.device('meta') if meta else ctx.device
-    model = build_model(tree, device).to(TORCH_DTYPES[training.dtype])
-    composed = Composed(model) if is_plain(comp) else compose(model, comp, ctx)
+    device = torch.device('meta') if False else ctx.device
+    model = build_model(device).to(torch.float32)
+    composed = Composed(model) if is_plain() else compose(model, ctx)
     return Side(composed=composed, comp=comp, training=training, schedule=schedule)
 
 def requires_grad(side):
     pass
 
-def add_optimizer(side, training, *, frozen_in_optimizer=False, empty_group=False):
+def add_optimizer(side, *, empty_group=False):
     params = list(side.model.parameters())
-    frozen = [p for p in params if not p.requires_grad] if frozen_in_optimizer else []
-    side.opt = make_optimizer(params, training, later=frozen)
+    frozen = [p for p in params if not p.requires_grad] if False else []
+    side.opt = make_optimizer(params, later=frozen)
     return side.opt
 
 def body_optimizer(side, training, body):
-    return add_optimizer(side, training, frozen_in_optimizer=body.frozen_in_optimizer, empty_group=body.empty_group)
+    return add_optimizer(side, empty_group=False)
 
 def all_batches(case, training, steps, tree, ctx):
     pass
@@ -254,7 +199,7 @@ def train_steps(side, data, ctx):
     pass
 
 def dropped_keys(side, drop):
-    return [] if not drop else None
+    pass
 
 def fsdp1_state_dict_type(side, *, full, offload, rank0_only=False):
     from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig, StateDictType, FullyShardedDataParallel as FSDP
@@ -266,32 +211,32 @@ def fsdp1_optim_state_dict(side):
 
 def _take(body, side):
     assert side.opt is not None
-    if body.api is Api.FSDP1:
-        only0 = body.load.broadcast_from_rank0
-        fsdp1_state_dict_type(side, full=body.save.full_state_dict, offload=body.save.cpu_offload, rank0_only=only0)
-        return (side.model.state_dict(), fsdp1_optim_state_dict(side))
+    fsdp1_state_dict_type(side, full=True, offload=True, rank0_only=False)
+    return (side.model.state_dict(), fsdp1_optim_state_dict(side))
 
 def _put(body, side, msd, osd, ctx):
     pass
 
 def run_state_dict(case, body, ctx):
-    t = body.training
-    data = all_batches(case, t, t.steps + body.steps_after, body.tree, ctx)
-    src = build_side(body.tree, body.source, t, ctx, seed=0, schedule=body.requires_grad, fused=body.fused, fqn_modifiers=body.fqn_modifiers)
+    t = Training(lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, set_to_none=False)
+    data = all_batches(case, t, 1 + 1, ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False), Leaf(kind=LeafKind.CONV1D, bias=False, frozen=True)))), ctx)
+    src = build_side(Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), t, ctx, seed=0, schedule=())
     body_optimizer(src, t, body)
     msd, osd = _take(body, src)
     ignored = []
     msd, osd = copy.deepcopy((msd, osd))
-    tgt = build_side(body.tree, body.target, t, ctx, seed=FRESH_SEED, meta=body.target_meta_init, schedule=body.requires_grad, fused=body.fused, fqn_modifiers=body.fqn_modifiers)
-    if not body.target_meta_init:
-        pass
-    dropped = sorted(set(dropped_keys(src, body.drop)) | set(ignored))
+    tgt = build_side(Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), t, ctx, seed=FRESH_SEED, schedule=())
+    dropped = sorted(set(dropped_keys(src, ())) | set(ignored))
     before = requires_grad(tgt)
     result, after = _put(body, tgt, msd, osd, ctx)
-    obs = {'losses_before': train_steps(src, data[:t.steps], ctx), 'dropped': dropped, 'requires_grad': {'before': before, 'after': after}}
-    if body.steps_after:
-        pass
+    obs = {'losses_before': train_steps(src, data[:1], ctx), 'dropped': dropped, 'requires_grad': {'before': before, 'after': after}}
     return obs
+
+def attempt(rank, world_size):
+    import torch
+    case = Case(property='state_dict', world_size=2, seed=0, body=StateDictBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False), Leaf(kind=LeafKind.CONV1D, bias=False, frozen=True)))), source=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), target=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), training=Training(lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, set_to_none=False), api=Api.FSDP1, save=Options(full_state_dict=True, cpu_offload=True), load=Options(full_state_dict=True)))
+    ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
+    run_state_dict(case, StateDictBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False), Leaf(kind=LeafKind.CONV1D, bias=False, frozen=True)))), source=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), target=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), training=Training(lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, set_to_none=False), api=Api.FSDP1, save=Options(full_state_dict=True, cpu_offload=True), load=Options(full_state_dict=True)), ctx)
 
 def main():
     import os
@@ -314,10 +259,8 @@ def main():
     import os
     import torch
     import torch.distributed as dist
-    case = Case(property='state_dict', world_size=2, seed=0, body=StateDictBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False), Leaf(kind=LeafKind.CONV1D, bias=False, frozen=True)))), source=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), target=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), training=Training(lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, set_to_none=False), api=Api.FSDP1, save=Options(full_state_dict=True, cpu_offload=True), load=Options(full_state_dict=True)))
     dist.init_process_group('gloo')
     rank, world_size = (dist.get_rank(), dist.get_world_size())
-    ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
-    run_state_dict(case, case.body, ctx)
+    attempt(rank, world_size)
 if __name__ == '__main__':
     main()
