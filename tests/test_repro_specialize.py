@@ -165,6 +165,32 @@ def test_clean_keeps_the_methods_torch_calls_on_a_stateful_object() -> None:
     assert "never_called" not in code
 
 
+def test_clean_drops_an_import_repeated_at_the_top_level_unless_the_name_is_bound_otherwise() -> None:
+    from fuzz.repro.fold import clean
+
+    code = clean(
+        "from dataclasses import dataclass, field\n"
+        "import os\n"
+        "from dataclasses import dataclass\n"
+        "from dataclasses import dataclass, field, replace\n"
+        "import os\n"
+        "import os.path\n"
+        "def f():\n"
+        "    import os\n"
+        "    return os, dataclass, field, replace\n"
+    )
+    tops = [line for line in code.splitlines() if line.startswith(("import", "from"))]
+    assert tops == [
+        "from dataclasses import dataclass, field",
+        "import os",
+        "from dataclasses import replace",
+        "import os.path",
+    ]
+    assert "    import os" in code  # a function's own import is its own
+    rebound = clean("import os\nos = None\nimport os\nprint(os)\n")
+    assert rebound.count("import os") == 2  # the second import undoes the assignment
+
+
 def test_a_judges_case_functions_become_their_value_for_the_case() -> None:
     from fuzz.properties.parity import api_of
     from fuzz.repro.specialize import fold_case_functions

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -397,10 +398,44 @@ def _methods(tree: ast.Module, local: set[str]) -> bool:
     return changed
 
 
+def _drop_repeated_imports(tree: ast.Module) -> None:
+    """The module's top-level imports without the names an earlier one imported already, the
+    same way (``from dataclasses import dataclass`` after ``from dataclasses import dataclass,
+    field``: inlining and unrolling bring a function's imports along); a name bound otherwise
+    at the top level too is left alone."""
+    bound: Counter[str] = Counter()
+    for node in tree.body:
+        for target in ast.walk(node) if not isinstance(node, (ast.Import, ast.ImportFrom)) else ():
+            if isinstance(target, ast.Name) and isinstance(target.ctx, ast.Store):
+                bound[target.id] += 1
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound[node.name] += 1
+    seen: set[tuple[str | None, str, str]] = set()
+    body: list[ast.stmt] = []
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and not (
+            isinstance(node, ast.ImportFrom) and node.module == "__future__"
+        ):
+            module = node.module if isinstance(node, ast.ImportFrom) else None
+            names = []
+            for alias in node.names:
+                key = (module, alias.name, alias.asname or alias.name)
+                if key in seen and not bound[key[2].split(".")[0]]:
+                    continue
+                seen.add(key)
+                names.append(alias)
+            if not names:
+                continue
+            node.names = names
+        body.append(node)
+    tree.body = body
+
+
 def clean(code: str) -> str:
-    """``code`` without what folding left idle (:class:`_Clean`), unread dataclass fields and
-    uncalled methods of its own classes."""
+    """``code`` without what folding left idle (:class:`_Clean`), unread dataclass fields,
+    uncalled methods of its own classes, and imports repeated at the top level."""
     tree = ast.parse(code)
+    _drop_repeated_imports(tree)
     local = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
     for _ in range(3):
         cleaner = _Clean()
