@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=e7955ea402b7e752 sources=7d6f5cb23a31c8e4 seconds=2786.4
+# shardfuzz reduced reproducer: entry=e7955ea402b7e752 sources=7d6f5cb23a31c8e4 seconds=3024.3
 # Reproduces shardfuzz corpus entry dcp-exception-75d538f69398.json: exception:dcp:builtins.KeyError@torch/distributed/checkpoint/_state_dict_stager.py:deepcopy_with_tensor_offload
 # Known torch bug: dcp.async_save(async_stager=DefaultStager(...)) reused for a second save:
 # DefaultStager._stage closes its StateDictStager after every stage, which empties its copy
@@ -13,19 +13,16 @@
 # exits 1; else every rank prints PASS and it exits 0.
 
 from __future__ import annotations
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 import torch
 import enum
 from dataclasses import dataclass
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 import builtins
-from typing import ClassVar
 import os
-from typing import ClassVar
 from torch import nn
 import torch.distributed as dist
-import torch.nn.functional as F
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 import hashlib
 
 @dataclass
@@ -36,37 +33,11 @@ class RankContext:
     backend: object
     _cases: object = 0
 
-class LeafKind(str, enum.Enum):
-    LINEAR = 'linear'
-    LAYER_NORM = 'layer_norm'
-    CONV1D = 'conv1d'
-    RELU = 'relu'
-    TANH = 'tanh'
-    GELU = 'gelu'
-    DROPOUT = 'dropout'
-
 class Dtype(str, enum.Enum):
     FLOAT32 = 'float32'
     FLOAT64 = 'float64'
     BFLOAT16 = 'bfloat16'
     FLOAT16 = 'float16'
-
-@dataclass(frozen=True)
-class Leaf:
-    kind: object
-    frozen: object = False
-
-@dataclass(frozen=True)
-class Block:
-    children: object
-    residual: object = False
-    scale: object = False
-    buffer: object = False
-
-@dataclass(frozen=True)
-class ModuleTree:
-    width: object
-    root: object
 
 @dataclass(frozen=True)
 class Composition:
@@ -81,23 +52,7 @@ class Training:
     steps: object = 2
     batch_per_rank: object = 2
     dtype: object = Dtype.FLOAT32
-    set_to_none: object = True
     foreach: object = None
-
-class Body:
-    KIND: ClassVar[str]
-    PROGRAM: ClassVar[str]
-    registry: ClassVar[dict[str, type[Body]]] = {}
-
-    def __init_subclass__(cls, **kwargs):
-        pass
-
-@dataclass(frozen=True)
-class Case:
-    property: object
-    world_size: object
-    seed: object
-    body: object
 
 @dataclass(frozen=True)
 class RequiresGrad:
@@ -112,43 +67,6 @@ class DcpItem(str, enum.Enum):
     SCALARS = 'scalars'
     COUNTER = 'counter'
     EXTRA = 'extra'
-
-@dataclass(frozen=True)
-class SavePlannerOptions:
-    dedup_save_to_lowest_rank: object = False
-
-@dataclass(frozen=True)
-class LoadPlannerOptions:
-    allow_partial_load: object = False
-
-@dataclass(frozen=True)
-class StagerOptions:
-    use_pinned_memory: object = False
-    use_shared_memory: object = False
-    use_async_staging: object = False
-    use_non_blocking_copy: object = False
-
-@dataclass(frozen=True)
-class DcpBody(Body):
-    KIND: ClassVar[str] = 'dcp'
-    PROGRAM: ClassVar[str] = 'fuzz._rank.dcp:run_dcp'
-    tree: object
-    source: object
-    target: object
-    entries: object
-    training: object = field(default_factory=Training)
-    steps_after: object = 1
-    save_full_state_dict: object = False
-    save_cpu_offload: object = False
-    load_full_state_dict: object = False
-    async_save: object = False
-    async_saves: object = 0
-    frozen_in_optimizer: object = False
-    empty_group: object = False
-    save_planner: object = None
-    load_planner: object = None
-    requires_grad: object = ()
-    stager: object = None
 
 class TreeBlock(nn.Module):
 
@@ -189,25 +107,6 @@ class Side:
     def model(self):
         return self.composed.model
 
-def requires_grad(side):
-    pass
-
-def train_steps(side, data, ctx):
-    assert side.opt is not None
-    losses = []
-    for x, y in data:
-        side.step += 1
-        loss = F.mse_loss(side.model(x).to(y.dtype), y)
-        loss.backward()
-        for p in side.model.parameters():
-            if p.grad is not None:
-                dist.all_reduce(p.grad)
-                p.grad /= ctx.world_size
-        side.opt.step()
-        side.opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-    return losses
-
 def case_dir(ctx):
     digest = hashlib.sha1('{"body": {"absent": false, "async_save": true, "async_saves": 3, "cache_staged": false, "checkpoint_dir": "", "convert": false, "deadlock": false, "drop": [], "empty_group": true, "entries": ["scalars", "app"], "frozen_in_optimizer": true, "kind": "dcp", "load_cpu_offload": false, "load_full_state_dict": true, "load_planner": {"allow_partial_load": true, "flatten_sharded_tensors": true}, "mode": "round_trip", "module_stateful": false, "no_dist": false, "orders": [], "overwrite": "none", "own_group": false, "patched": false, "process_checkpointer": false, "requires_grad": [{"path": "0", "step": 1, "trainable": true}], "save_cpu_offload": true, "save_full_state_dict": true, "save_planner": {"dedup_save_to_lowest_rank": true, "enable_plan_caching": false, "flatten_sharded_tensors": true}, "skip": [], "source": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "none"}, "stager": {"use_async_staging": false, "use_non_blocking_copy": false, "use_pinned_memory": false, "use_shared_memory": false}, "steps_after": 2, "storage_objects": false, "target": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "none"}, "target_meta_init": false, "torch_save_reader": false, "training": {"accum_sync": "always", "batch_per_rank": 1, "compile": "none", "dtype": "float64", "eps": 0.001, "foreach": null, "grad_accum": 1, "lr": 0.01, "momentum": 0.9, "optimizer": "sgd", "param_groups": 1, "same_input": false, "set_to_none": true, "skips": [], "steps": 3, "unfreeze": []}, "tree": {"root": {"buffer": true, "children": [{"bias": true, "frozen": true, "kind": "conv1d"}], "residual": false, "scale": true}, "width": 1}, "use_collectives": true, "writer": {"per_thread_copy_ahead": 10000000, "single_file_per_rank": true, "sync_files": true, "thread_count": 1}}, "property": "dcp", "schema": 1, "seed": 406121, "world_size": 2}'.encode()).hexdigest()[:12]
     count = getattr(ctx, '_cases', 0)
@@ -228,7 +127,6 @@ def _run_dcp(ctx):
             y = torch.randn(ctx.world_size, 1, generator=gen, dtype=torch.float64)
             step_.append((x[lo:lo + 1].to(ctx.device), y[lo:lo + 1].to(ctx.device)))
         out.append(step_)
-    data = [step[0] for step in out]
     src = None
     comp = Composition()
     schedule = (RequiresGrad(path='0', step=1, trainable=True),)
@@ -247,7 +145,6 @@ def _run_dcp(ctx):
     src.opt.add_param_group({'params': [], 'lr': 0.0025})
     src.opt
     t_, n = (Training(lr=0.01, momentum=0.9, steps=3, batch_per_rank=1, dtype=Dtype.FLOAT64), 3)
-    obs_ = {'losses_before': train_steps(src, data[:1], ctx)}
     from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
     stager = DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False, use_async_staging=False, use_non_blocking_copy=False))
     try:
@@ -268,7 +165,6 @@ def _run_dcp(ctx):
             kwargs__ = {'async_stager': stager}
             async_kwargs_out = kwargs__
             result = dcp.async_save(state, **kwargs, **async_kwargs_out)
-            obs_['losses_before'] += train_steps(src, data[1 + k:1 + k + 1], ctx)
     finally:
         pass
     obs.update(None)
@@ -276,7 +172,6 @@ def _run_dcp(ctx):
 def attempt(rank, world_size):
     import torch
     import torch.distributed as dist
-    case = Case(property='dcp', world_size=2, seed=406121, body=DcpBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, frozen=True),), scale=True, buffer=True)), source=Composition(), target=Composition(), entries=(DcpItem.SCALARS, DcpItem.APP), training=Training(lr=0.01, momentum=0.9, steps=3, batch_per_rank=1, dtype=Dtype.FLOAT64), steps_after=2, save_full_state_dict=True, save_cpu_offload=True, load_full_state_dict=True, async_save=True, async_saves=3, frozen_in_optimizer=True, empty_group=True, save_planner=SavePlannerOptions(dedup_save_to_lowest_rank=True), load_planner=LoadPlannerOptions(allow_partial_load=True), requires_grad=(RequiresGrad(path='0', step=1, trainable=True),), stager=StagerOptions()))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     _run_dcp(ctx)
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=8fe6d7b1f8b8192a sources=b2f61a16b7315ba5 seconds=7217.8
+# shardfuzz reduced reproducer: entry=8fe6d7b1f8b8192a sources=b2f61a16b7315ba5 seconds=7439.7
 # Reproduces shardfuzz corpus entry dcp-mismatch-175e579ba153.json: mismatch:dcp@async_save:fsdp1-hsdp-load_sharded_optimizer_state_dict
 # Known torch bug: load_sharded_optimizer_state_dict chunks optimizer state over the whole world:
 # wrong Adam state in FSDP1 HYBRID_SHARD over a 2-D mesh; upstream: none found.
@@ -11,7 +11,7 @@
 from __future__ import annotations
 import torch
 import enum
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 import os
 from torch import nn
 from contextlib import contextmanager
@@ -21,12 +21,6 @@ import torch.distributed as dist
 class DcpItem(str, enum.Enum):
     MODEL = 'model'
     OPTIMIZER = 'optimizer'
-
-@dataclass()
-class WriterOptions:
-
-    def changed(self):
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}
 
 class TreeBlock(nn.Module):
 
@@ -117,8 +111,7 @@ def attempt(rank, world_size):
     order = ((), (), (), (0, 1))[rank]
     state = {(DcpItem.MODEL, DcpItem.OPTIMIZER)[i].value: values[(DcpItem.MODEL, DcpItem.OPTIMIZER)[i]] for i in order if (DcpItem.MODEL, DcpItem.OPTIMIZER)[i] in values}
     import torch.distributed.checkpoint as dcp
-    kwargs = WriterOptions().changed()
-    writer_out = dcp.FileSystemWriter(path, **kwargs)
+    writer_out = dcp.FileSystemWriter(path)
     result = dcp.async_save(state, storage_writer=writer_out)
     future = getattr(result, 'upload_completion', result)
     future.result()

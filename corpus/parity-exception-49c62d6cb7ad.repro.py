@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=9ff801546b7cc4d4 sources=417b1273247da170 seconds=4731.4
+# shardfuzz reduced reproducer: entry=9ff801546b7cc4d4 sources=417b1273247da170 seconds=4965.0
 # Reproduces shardfuzz corpus entry parity-exception-49c62d6cb7ad.json: exception:parity:builtins.RuntimeError@torch/distributed/tensor/_api.py:redistribute
 # Known torch bug: DTensor convolution runs the local op on its inputs as they are, not
 # redistributed to the placements its sharding propagation chose (convolution_handler ignores
@@ -116,9 +116,6 @@ def _build_leaf(leaf):
 def mesh_for():
     pass
 
-def spmd_mesh(comp, ctx):
-    return ctx.mesh((ctx.world_size // comp.tp_size, comp.tp_size), ('shard', 'tp')) if comp.tp else mesh_for()
-
 def spmd_part(t, mesh):
     from torch.distributed.tensor import DTensor
     return DTensor.from_local(t, mesh, None)
@@ -137,13 +134,16 @@ class _Contracts:
         state = {}
         return {'sharded_after_forward': state, 'leaf_dtypes': self.leaf_dtypes, 'output_dtypes': self.output_dtypes}
 
-def train(training, comp, ctx):
+def attempt(rank, world_size):
+    ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
+    comp = Composition(shards=(ShardSpec(path='0.2'), ShardSpec(path='0.0'), ShardSpec(path='', reshard_after_forward=False)), checkpoint_first=False, tp=(TpPair(colwise='0.0', rowwise='0.2'), TpPair(colwise='1.0', rowwise='1.2')), tp_size=2, spmd=True)
+    training = Training(optimizer=Optimizer.ADAMW, lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, dtype=Dtype.FLOAT64, set_to_none=False)
     model__ = nn.Sequential(nn.Sequential(_build_leaf(Leaf(kind=LeafKind.LINEAR, bias=False)), _build_leaf(Leaf(kind=LeafKind.GELU)), _build_leaf(Leaf(kind=LeafKind.LINEAR))), nn.Sequential(_build_leaf(Leaf(kind=LeafKind.LINEAR)), _build_leaf(Leaf(kind=LeafKind.GELU)), _build_leaf(Leaf(kind=LeafKind.LINEAR))), _build_leaf(Leaf(kind=LeafKind.CONV1D))).to(torch.float64)
-    mesh = spmd_mesh(comp, ctx)
+    mesh = ctx.mesh((2, 2), ('shard', 'tp')) if (TpPair(colwise='0.0', rowwise='0.2'), TpPair(colwise='1.0', rowwise='1.2')) else mesh_for()
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
     names = list(mesh.mesh_dim_names)
     split = {}
-    for pair in comp.tp:
+    for pair in (TpPair(colwise='0.0', rowwise='0.2'), TpPair(colwise='1.0', rowwise='1.2')):
         split.update({f'{pair.colwise}.weight': Shard(0), f'{pair.colwise}.bias': Shard(0)})
         split[f'{pair.rowwise}.weight'] = Shard(1)
     for path_, module in model__.named_modules():
@@ -154,29 +154,22 @@ def train(training, comp, ctx):
             dt = distribute_tensor(p____.detach(), mesh, placements)
             setattr(module, name_, nn.Parameter(dt, requires_grad=p____.requires_grad))
     contracts = _Contracts(model__, comp)
-    obs = {}
     name, p__ = next(iter(model__.named_parameters()))
-    pass
     params = model__.parameters()
     held = set()
     opt = torch.optim.AdamW(params, lr=0.01, eps=0.0001, foreach=None)
     gen = torch.Generator().manual_seed(0)
-    lo = ctx.rank // 2
-    out_ = []
-    _ = next(iter(range(1)))
+    lo = rank // 2
     step_ = []
     for _ in range(1):
-        x_ = torch.randn(ctx.world_size, 2, generator=gen, dtype=torch.float64)
-        y_ = torch.randn(ctx.world_size, 2, generator=gen, dtype=torch.float64)
+        x_ = torch.randn(world_size, 2, generator=gen, dtype=torch.float64)
+        y_ = torch.randn(world_size, 2, generator=gen, dtype=torch.float64)
         step_.append((x_[lo:lo + 1].to(ctx.device), y_[lo:lo + 1].to(ctx.device)))
-    out_.append(step_)
-    s, step = next(iter(enumerate(out_)))
-    step_losses = []
-    i, (x, y) = next(iter(enumerate(step)))
+    i, (x, y) = next(iter(enumerate(step_)))
     x = spmd_part(x, mesh)
-    skipped = training.skipped_at(s, i)
+    skipped = training.skipped_at(0, i)
     out = model__(x)
-    obs['contracts'] = contracts.after_forward(skipped)
+    obs = {'contracts': contracts.after_forward(skipped)}
     obs['contracts']['output_dtype'] = str(out.dtype).removeprefix('torch.')
     contracts = None
     if mesh is not None:
@@ -186,13 +179,7 @@ def train(training, comp, ctx):
         loss = F.mse_loss(mine.to_local().to(y.dtype), y)
     else:
         loss = F.mse_loss(out.to(y.dtype), y)
-    step_losses.append(loss.item())
-    return obs
-
-def attempt(rank, world_size):
-    ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
-    comp = Composition(shards=(ShardSpec(path='0.2'), ShardSpec(path='0.0'), ShardSpec(path='', reshard_after_forward=False)), checkpoint_first=False, tp=(TpPair(colwise='0.0', rowwise='0.2'), TpPair(colwise='1.0', rowwise='1.2')), tp_size=2, spmd=True)
-    composed = train(Training(optimizer=Optimizer.ADAMW, lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, dtype=Dtype.FLOAT64, set_to_none=False), comp, ctx)
+    step_losses = [loss.item()]
 
 if __name__ == "__main__":
     import os

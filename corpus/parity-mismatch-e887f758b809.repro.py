@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=f0abe9d427fc1f83 sources=845e968d7c09e2fe seconds=9285.8
+# shardfuzz reduced reproducer: entry=f0abe9d427fc1f83 sources=845e968d7c09e2fe seconds=9516.4
 # Reproduces shardfuzz corpus entry parity-mismatch-e887f758b809.json: mismatch:parity@fsdp2:frozen-int-reshard
 # Known torch bug: a frozen fully_shard unit with an int reshard_after_forward under a replicate'd
 # root stays in its post-forward state; upstream: none found.
@@ -24,15 +24,6 @@ class RankContext:
     device: object
     backend: object
 
-@dataclass()
-class Training:
-    lr: object = 0.1
-    eps: object = 0.001
-    steps: object = 2
-    batch_per_rank: object = 2
-    set_to_none: object = True
-    foreach: object = None
-
 class PointwiseConv1d(nn.Conv1d):
 
     def forward(self, x):
@@ -55,7 +46,7 @@ class Composed:
         out[n] = (p.full_tensor() if isinstance(p, DTensor) else p).detach()
         yield out
 
-def train(training, comp, ctx):
+def train(comp, ctx):
     if comp is not None:
         torch.manual_seed(0)
         model_ = build_model().to(torch.float32)
@@ -121,8 +112,8 @@ def attempt(rank, world_size):
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
     import json
     comp = ('0',)
-    composed = train(Training(lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, set_to_none=False, foreach=False), comp, ctx)
-    reference = train(Training(lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, set_to_none=False, foreach=False), None, ctx)
+    composed = train(comp, ctx)
+    reference = train(None, ctx)
     run_parity_out = {**composed, 'ref': {k: reference[k] for k in ('losses', 'params', 'grad_norms') if k in reference}}
     obs = json.loads(json.dumps(run_parity_out))
     outs = [None] * world_size
