@@ -252,6 +252,11 @@ _RUN = """\
     {program}(case, case.body, ctx)
 """
 
+#: The rest of a crash's ``main`` (its check, the child process, is at its head).
+_CRASH = """\
+    attempt(rank, world_size)
+"""
+
 
 def _signal_names(expected: list[str]) -> list[str]:
     """``signal SIGSEGV@where`` as the child's status reads: ``signal -11@where``."""
@@ -334,7 +339,7 @@ def main_source(entry: Entry, signature: str) -> tuple[str, list[str]]:
         frames = sorted({":".join(e.split(":")[:2]) for e in _expected_exceptions(signatures)})
         body = _HANG.format(expected=frames, **fields)
     elif kind == "crash":
-        body = "    attempt(rank, world_size)\n"
+        body = _CRASH
     else:
         # The same failure entered torch by the same API, with the same message but for its
         # numbers: a generic innermost frame (nn.Module.__getattr__'s AttributeError) is met by
