@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=4da2f48d2fa30bb5 sources=3ebb4d52c9cda72d seconds=5827.9
+# shardfuzz reduced reproducer: entry=4da2f48d2fa30bb5 sources=3ebb4d52c9cda72d seconds=7247.4
 # Reproduces shardfuzz corpus entry dcp-crash-b5480b2301a0.json: crash:dcp:signal SIGSEGV@torch/distributed/fsdp/_state_dict_utils.py:param_hook
 # Known torch bug: FSDP1 FULL_STATE_DICT with offload_to_cpu on CPU: state_dict() clones a freed
 # buffer (SIGSEGV), optim_state_dict aliases the gathered states; upstream:
@@ -42,18 +42,10 @@ class Wrapper(str, enum.Enum):
     FSDP1_HYBRID_SHARD = 'fsdp1_hybrid_shard'
 
 @dataclass(frozen=True)
-class ShardSpec:
-    path: object
-    reshard_after_forward: object = True
-
-@dataclass(frozen=True)
 class Composition:
     shards: object = ()
     checkpoint_first: object = True
     wrapper: object = Wrapper.NONE
-
-    def reshard_after_forward(self, spec):
-        pass
 
     @property
     def sharded_paths(self):
@@ -109,11 +101,7 @@ class TreeBlock(nn.Module):
 
 def build_model(device):
     with torch.device(device):
-        pass
         return TreeBlock([None])
-
-def clean_name():
-    pass
 
 @dataclass
 class Composed:
@@ -163,21 +151,14 @@ def build_side(comp, training, ctx, *, seed, schedule=()):
     composed = compose(model, comp, ctx)
     return Side(composed=composed, comp=comp, training=training, schedule=schedule)
 
-def fresh_training(training):
-    return replace(training, lr=0.01 * 0.37, momentum=0.0, eps=0.0001 * 10)
-
-def add_optimizer(side, training):
+def body_optimizer(side, training):
     params = list(side.model.parameters())
     params_ = params
-    held = {id(p_) for p_ in []}
+    held = set()
     params_ = [p_ for p_ in params_ if p_.requires_grad or id(p_) in held]
     groups = params_
     side.opt = torch.optim.SGD(groups, lr=training.lr, momentum=0.0, foreach=None)
-    side.param_names = {id(p): clean_name() for n, p in side.model.named_parameters()}
     return side.opt
-
-def body_optimizer(side, training):
-    return add_optimizer(side, training)
 
 def torch_kwargs(fn, kwargs):
     params = inspect.signature(fn).parameters
@@ -231,13 +212,14 @@ def _run_dcp(ctx):
     put = _options(True, True, load=True, strict=not ())
     path = '' or case_dir(ctx)
     src = None
-    src = build_side(Composition(shards=(ShardSpec(path='', reshard_after_forward=False),), checkpoint_first=False), t, ctx, seed=0, schedule=())
+    src = build_side(Composition(shards=(False,), checkpoint_first=False), t, ctx, seed=0, schedule=())
     body_optimizer(src, t)
     prepare_side(src, get_save)
     values = _values(src)
     state = _arrange(values, ctx)
     tgt = build_side(Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), t, ctx, seed=FRESH_SEED, schedule=())
-    body_optimizer(tgt, fresh_training(t))
+    fresh_training_out = replace(t, lr=0.01 * 0.37, momentum=0.0, eps=0.0001 * 10)
+    body_optimizer(tgt, fresh_training_out)
     prepare_side(tgt, put)
     values = _values(tgt)
     state = _arrange(values, ctx)
