@@ -191,6 +191,30 @@ def test_clean_drops_an_import_repeated_at_the_top_level_unless_the_name_is_boun
     assert rebound.count("import os") == 2  # the second import undoes the assignment
 
 
+def test_a_function_nothing_names_goes_though_a_field_or_attribute_shares_its_name() -> None:
+    from fuzz.repro.fold import drop_unnamed_functions
+
+    source = (
+        "def param_names(node):\n"
+        "    pass\n"
+        "def called():\n"
+        "    return 1\n"
+        "def by_name():\n"
+        "    return 2\n"
+        "def only_itself(n):\n"
+        "    return only_itself(n - 1) if n else 0\n"
+        "class Side:\n"
+        "    param_names = ()\n"
+        "    def __init__(self):\n"
+        "        self.param_names = [called()]\n"
+        "PROGRAM = 'module:by_name'\n"
+        "print(Side().param_names, PROGRAM)\n"
+    )
+    code = ast.unparse(drop_unnamed_functions(ast.parse(source)))
+    assert "def param_names" not in code and "def only_itself" not in code
+    assert "def called" in code and "def by_name" in code  # read, and named by a string
+
+
 def test_a_judges_case_functions_become_their_value_for_the_case() -> None:
     from fuzz.properties.parity import api_of
     from fuzz.repro.specialize import fold_case_functions

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -429,6 +430,38 @@ def _drop_repeated_imports(tree: ast.Module) -> None:
             node.names = names
         body.append(node)
     tree.body = body
+
+
+def drop_unnamed_functions(tree: ast.Module) -> ast.Module:
+    """A whole program's top-level functions that nothing names (no name read, no word of a
+    string; only attributes and fields that share the name: ``side.param_names`` is not the
+    function ``param_names``), until none is left. Only for a script (its ``main`` runs it):
+    a module whose functions are called from outside keeps them by no name."""
+    while True:
+        named: Counter[str] = Counter()
+        for node in tree.body:
+            for n in ast.walk(node):
+                if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store):
+                    named[n.id] += 1
+                elif isinstance(n, ast.Constant) and isinstance(n.value, str):
+                    named.update(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", n.value))
+        own = {
+            id(n): Counter(m.id for m in ast.walk(n) if isinstance(m, ast.Name) and not isinstance(m.ctx, ast.Store))
+            for n in tree.body
+        }
+        body = [
+            n
+            for n in tree.body
+            if not (
+                isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and not n.name.startswith("__")
+                and n.name != "main"
+                and named[n.name] - own[id(n)][n.name] <= 0
+            )
+        ]
+        if len(body) == len(tree.body):
+            return tree
+        tree.body = body
 
 
 def clean(code: str) -> str:

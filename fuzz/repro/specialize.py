@@ -29,7 +29,7 @@ from typing import Any
 from fuzz.corpus import Entry
 from fuzz.repro import script as _script
 from fuzz.repro.flatten import flatten
-from fuzz.repro.fold import clean, fold, instrument, read_records
+from fuzz.repro.fold import clean, drop_unnamed_functions, fold, instrument, read_records
 from fuzz.repro.harness import ATTEMPT, case_expression, is_plain, main_source
 from fuzz.signature import Signature
 
@@ -258,11 +258,13 @@ def tidy(code: str, entry: Entry, origins: Origins) -> str:
     """``code`` without what a cut left idle: statements that only call a function without a
     body (:func:`fuzz.repro.delta.drop_idle_calls`), locals that only name another value
     (:func:`fuzz.repro.delta.propagate_aliases`), what folding's clean-up drops
-    (:func:`fuzz.repro.fold.clean`), the definitions and the case's fields nothing refers to."""
+    (:func:`fuzz.repro.fold.clean`), the definitions and the case's fields nothing refers to,
+    the functions nothing names (:func:`fuzz.repro.fold.drop_unnamed_functions`)."""
     from fuzz.repro.delta import drop_idle_calls, propagate_aliases
 
     code = clean(ast.unparse(propagate_aliases(drop_idle_calls(ast.parse(code)))) + "\n")
-    return shrink_case(ast.unparse(_drop_unused(ast.parse(code))) + "\n", entry, origins)
+    tree = drop_unnamed_functions(_drop_unused(ast.parse(code)))
+    return shrink_case(ast.unparse(tree) + "\n", entry, origins)
 
 
 def specialize(
