@@ -479,9 +479,21 @@ def test_a_refresh_that_is_no_shorter_keeps_the_stored_script(tmp_path: Path, mo
         return reduce_entry
 
     said: list[str] = []
+    with_fix: list[str] = []
+    monkeypatch.setattr(
+        "fuzz.repro.bench.run_fixed", lambda script, entry, directory: with_fix.append(script) or "passed"
+    )
     monkeypatch.setattr(reduce_module, "reduce_entry", fake(longer))
     kept, _ = reduce_module.reduce_and_store(path, entry, refresh=True, say=said.append)
     assert kept == older and stored_path(path).read_text() == older and "kept the stored script" in said[-1]
+    assert with_fix == [older]  # the stored script was run with its bug's fix, and passed
+    # A stored script that does not pass with its bug's fix (reduced before the fix was
+    # written) is replaced by the new reduction, which was checked with it, though longer.
+    monkeypatch.setattr("fuzz.repro.bench.run_fixed", lambda script, entry, directory: "exit 1 in 9.0 s: REPRODUCED")
+    replaced, _ = reduce_module.reduce_and_store(path, entry, refresh=True, say=said.append)
+    assert replaced != older and stored_path(path).read_text() == replaced and "does not pass with" in said[-1]
+    assert code_lines(replaced) > code_lines(older)
+    stored_path(path).write_text(older)
     monkeypatch.setattr(reduce_module, "reduce_entry", fake(shorter))
     new, _ = reduce_module.reduce_and_store(path, entry, refresh=True)
     assert new != older and stored_path(path).read_text() == new and code_lines(new) < code_lines(older)

@@ -1254,19 +1254,30 @@ def reduce_and_store(
     say: Callable[[str], None] = lambda _: None,
 ) -> tuple[str, Reduction | None]:
     """The entry's reduced script: the stored one if current (with ``refresh``, also reduced from
-    the carried sources as they are now, and kept only if that is shorter than the stored one),
-    else a new reduction, stored beside the entry (written whole, and only once it reproduced)."""
+    the carried sources as they are now, and kept only if that is shorter than the stored one
+    and the stored one passes with its bug's fix where one is written: a script reduced before
+    the fix was does not always), else a new reduction, stored beside the entry (written whole,
+    and only once it reproduced)."""
     stored = stored_script(entry_path, entry, refresh=refresh)
     if stored is not None:
         return stored, None
     result = reduce_entry(entry, str(entry_path), budget_s=budget_s, say=say)
     previous = stored_script(entry_path, entry)  # one reduced from older sources, with refresh
     if previous is not None and code_lines(previous) <= result.lines_after:
+        with tempfile.TemporaryDirectory(prefix="shardfuzz-fixed-") as tmp:
+            from fuzz.repro.bench import run_fixed
+
+            with_fix = run_fixed(previous, entry, Path(tmp))
+        if with_fix in (None, "passed"):
+            say(
+                f"{entry_path}: kept the stored script ({code_lines(previous)} code lines, reduced from older "
+                f"sources): the new reduction is no shorter ({result.lines_after})"
+            )
+            return previous, result
         say(
-            f"{entry_path}: kept the stored script ({code_lines(previous)} code lines, reduced from older "
-            f"sources): the new reduction is no shorter ({result.lines_after})"
+            f"{entry_path}: replaced the stored script ({code_lines(previous)} code lines, reduced from older "
+            f"sources) though it is shorter: it does not pass with its bug's fix ({with_fix})"
         )
-        return previous, result
     result.script = _store(stored_path(entry_path), result.script, stored_header(entry, result.seconds))
     return result.script, result
 
