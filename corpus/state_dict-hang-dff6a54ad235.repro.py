@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=905c6279a12f4664 sources=73c958e26ffedc4f seconds=5969.5
+# shardfuzz reduced reproducer: entry=905c6279a12f4664 sources=73c958e26ffedc4f seconds=7291.7
 # Reproduces shardfuzz corpus entry state_dict-hang-dff6a54ad235.json: hang:state_dict@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone
 # Known torch bug: set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0
 # pass an empty model state dict; upstream: https://github.com/pytorch/pytorch/issues/157781.
@@ -11,31 +11,14 @@
 from __future__ import annotations
 from dataclasses import dataclass, field
 import torch
-import enum
-from dataclasses import dataclass
-from typing import ClassVar
 from torch import nn
 import torch.distributed as dist
 import inspect
-from dataclasses import dataclass, field, replace
-
-@dataclass
-class RankContext:
-    rank: object
-    world_size: object
-    device: object
-    backend: object
+from dataclasses import replace
 
 @dataclass(frozen=True)
 class Composition:
     shards: object = ()
-
-    def steps(self):
-        items = [('fully_shard', '') for spec in self.shards]
-
-        def key(item):
-            pass
-        return sorted(items, key=key)
 
 @dataclass(frozen=True)
 class Training:
@@ -45,38 +28,6 @@ class Training:
     steps: object = 2
     batch_per_rank: object = 2
     foreach: object = None
-
-class Body:
-    pass
-
-class Api(str, enum.Enum):
-    SPLIT = 'split'
-    COMBINED = 'combined'
-    MODULE = 'module'
-    FSDP1 = 'fsdp1_optim_state_dict'
-
-@dataclass(frozen=True)
-class Options:
-    full_state_dict: object = False
-    cpu_offload: object = False
-    broadcast_from_rank0: object = False
-    strict: object = True
-
-@dataclass(frozen=True)
-class StateDictBody(Body):
-    KIND: ClassVar[str] = 'state_dict'
-    PROGRAM: ClassVar[str] = 'fuzz._rank.state_dict:run_state_dict'
-    tree: object
-    source: object
-    target: object
-    training: object = field(default_factory=Training)
-    steps_after: object = 1
-    api: object = Api.SPLIT
-    save: object = field(default_factory=Options)
-    load: object = field(default_factory=Options)
-
-def build_model(tree, device):
-    return nn.Sequential(nn.Linear(2, 2, bias=True))
 
 @dataclass
 class Composed:
@@ -89,63 +40,49 @@ class Side:
     composed: object
     comp: object
     training: object
-    opt: object = None
     schedule: object = ()
 
     @property
     def model(self):
         return self.composed.model
 
-def build_side(tree, comp, training, ctx, *, seed, schedule=()):
+def build_side(comp, training, *, seed, schedule=()):
     torch.manual_seed(seed)
-    device = ctx.device
-    model = build_model(tree, device).to(torch.float32)
+    build_model_out = nn.Sequential(nn.Linear(2, 2, bias=True))
+    model = build_model_out.to(torch.float32)
     composed = Composed(model=model, fsdp_roots=[model.get_submodule('')])
     return Side(composed=composed, comp=comp, training=training, schedule=schedule)
 
-def requires_grad(side):
-    pass
-
-def body_optimizer(side, training):
-    params = list(side.model.parameters())
-    side.opt = torch.optim.SGD(params, lr=training.lr, momentum=training.momentum, foreach=None)
-    return side.opt
-
-def state_dict_options(o):
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
+def run_state_dict(ctx):
+    t = Training(momentum=0.9, steps=1, batch_per_rank=1)
+    src = build_side(Composition(shards=('',)), t, seed=0, schedule=())
+    params__ = list(src.model.parameters())
+    src.opt = torch.optim.SGD(params__, lr=0.1, momentum=0.9, foreach=None)
+    from torch.distributed.checkpoint.state_dict import get_state_dict, StateDictOptions
     extra = {}
     params = inspect.signature(StateDictOptions).parameters
     missing = sorted((k for k in extra if k not in params))
-    return StateDictOptions(full_state_dict=True, cpu_offload=False, broadcast_from_rank0=o.broadcast_from_rank0, strict=True, **extra)
-
-def run_state_dict(ctx):
-    t = Training(momentum=0.9, steps=1, batch_per_rank=1)
-    src = build_side(2, Composition(shards=('',)), t, ctx, seed=0, schedule=())
-    body_optimizer(src, t)
-    obs = {'losses_before': None}
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-    options = state_dict_options(Options(full_state_dict=True))
-    assert src.opt is not None
+    options = StateDictOptions(full_state_dict=True, cpu_offload=False, broadcast_from_rank0=False, strict=True, **extra)
     msd, osd = get_state_dict(src.model, src.opt, options=options)
-    tgt = build_side(2, Composition(shards=('',)), t, ctx, seed=FRESH_SEED, schedule=())
-    body_optimizer(tgt, replace(t, lr=0.037, momentum=0.5, eps=0.01))
-    dropped = []
-    obs['dropped'] = dropped
-    if True and ctx.rank != 0:
+    tgt = build_side(Composition(shards=('',)), t, seed=FRESH_SEED, schedule=())
+    training = replace(t, lr=0.037, momentum=0.5, eps=0.01)
+    params___ = list(tgt.model.parameters())
+    tgt.opt = torch.optim.SGD(params___, lr=0.037, momentum=0.5, foreach=None)
+    tgt.opt
+    obs = {'losses_before': None, 'dropped': []}
+    if True and ctx != 0:
         msd, osd = ({}, {})
-    before = requires_grad(tgt)
     from torch.distributed.checkpoint.state_dict import set_state_dict
-    options_ = state_dict_options(Options(full_state_dict=True, broadcast_from_rank0=True))
-    fresh = replace(Training(momentum=0.9, steps=1, batch_per_rank=1), lr=0.037, momentum=0.5, eps=0.01)
+    extra_ = {}
+    params_ = inspect.signature(StateDictOptions).parameters
+    options_ = StateDictOptions(full_state_dict=True, cpu_offload=False, broadcast_from_rank0=True, strict=True, **extra_)
     assert tgt.opt is not None
     result_ = set_state_dict(tgt.model, tgt.opt, model_state_dict=msd, optim_state_dict=osd, options=options_)
     return obs
 
 def attempt(rank, world_size):
     import torch
-    case_body = StateDictBody(tree=2, source=Composition(shards=('',)), target=Composition(shards=('',)), training=Training(momentum=0.9, steps=1, batch_per_rank=1), steps_after=0, api=Api.COMBINED, save=Options(full_state_dict=True), load=Options(full_state_dict=True, broadcast_from_rank0=True))
-    ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
-    run_state_dict(ctx)
+    run_state_dict(rank)
 
 def main():
     import os
