@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=627b92f9c75a2fc3 sources=14c7281674c70e1f seconds=3412.8
+# shardfuzz reduced reproducer: entry=627b92f9c75a2fc3 sources=14c7281674c70e1f seconds=4234.1
 # Reproduces shardfuzz corpus entry state_dict-crash-81ffab405f7f.json: crash:state_dict:signal SIGSEGV@torch/distributed/fsdp/_state_dict_utils.py:param_hook
 # Known torch bug: FSDP1 FULL_STATE_DICT with offload_to_cpu on CPU: state_dict() clones a freed
 # buffer (SIGSEGV), optim_state_dict aliases the gathered states; upstream:
@@ -12,15 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 import torch
 import enum
-from dataclasses import dataclass
-from dataclasses import dataclass, field
 from typing import ClassVar
 import os
-from typing import ClassVar
 from torch import nn
 import copy
 import torch.distributed as dist
-from dataclasses import dataclass, field
 
 @dataclass
 class RankContext:
@@ -47,9 +43,6 @@ class Leaf:
 @dataclass(frozen=True)
 class Block:
     children: object
-
-def param_names(node):
-    pass
 
 @dataclass(frozen=True)
 class ModuleTree:
@@ -121,7 +114,6 @@ class StateDictBody(Body):
     api: object = Api.SPLIT
     save: object = field(default_factory=Options)
     load: object = field(default_factory=Options)
-    empty_group: object = False
     requires_grad: object = ()
 
 class PointwiseConv1d(nn.Conv1d):
@@ -131,9 +123,9 @@ class PointwiseConv1d(nn.Conv1d):
 
 def build_model(device):
     with torch.device(device):
-        module = PointwiseConv1d(1, 1, kernel_size=1, bias=False) if LeafKind.CONV1D is LeafKind.CONV1D else None
+        module = PointwiseConv1d(1, 1, kernel_size=1, bias=False)
         module.requires_grad_(False)
-        return nn.Sequential(PointwiseConv1d(1, 1, kernel_size=1, bias=False) if LeafKind.CONV1D is LeafKind.CONV1D else None, module)
+        return nn.Sequential(PointwiseConv1d(1, 1, kernel_size=1, bias=False), module)
 
 @dataclass
 class Composed:
@@ -175,7 +167,7 @@ class Side:
 
 def build_side(comp, training, ctx, *, seed, schedule=()):
     torch.manual_seed(seed)
-    device = torch.device('meta') if False else ctx.device
+    device = ctx.device
     model = build_model(device).to(torch.float32)
     composed = Composed(model) if is_plain() else compose(model, ctx)
     return Side(composed=composed, comp=comp, training=training, schedule=schedule)
@@ -183,60 +175,60 @@ def build_side(comp, training, ctx, *, seed, schedule=()):
 def requires_grad(side):
     pass
 
-def add_optimizer(side, *, empty_group=False):
+def add_optimizer(side):
     params = list(side.model.parameters())
-    frozen = [p for p in params if not p.requires_grad] if False else []
+    frozen = []
     side.opt = make_optimizer(params, later=frozen)
     return side.opt
 
-def body_optimizer(side, training, body):
-    return add_optimizer(side, empty_group=False)
+def body_optimizer(side):
+    return add_optimizer(side)
 
-def all_batches(case, training, steps, tree, ctx):
+def all_batches():
     pass
 
-def train_steps(side, data, ctx):
+def train_steps():
     pass
 
-def dropped_keys(side, drop):
+def dropped_keys():
     pass
 
-def fsdp1_state_dict_type(side, *, full, offload, rank0_only=False):
+def fsdp1_state_dict_type(side):
     from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig, StateDictType, FullyShardedDataParallel as FSDP
-    if full:
-        FSDP.set_state_dict_type(side.model, StateDictType.FULL_STATE_DICT, FullStateDictConfig(offload_to_cpu=offload, rank0_only=rank0_only), FullOptimStateDictConfig(offload_to_cpu=offload, rank0_only=rank0_only))
+    if True:
+        FSDP.set_state_dict_type(side.model, StateDictType.FULL_STATE_DICT, FullStateDictConfig(offload_to_cpu=True, rank0_only=False), FullOptimStateDictConfig(offload_to_cpu=True, rank0_only=False))
 
-def fsdp1_optim_state_dict(side):
+def fsdp1_optim_state_dict():
     pass
 
-def _take(body, side):
+def _take(side):
     assert side.opt is not None
-    fsdp1_state_dict_type(side, full=True, offload=True, rank0_only=False)
-    return (side.model.state_dict(), fsdp1_optim_state_dict(side))
+    fsdp1_state_dict_type(side)
+    return (side.model.state_dict(), fsdp1_optim_state_dict())
 
-def _put(body, side, msd, osd, ctx):
+def _put():
     pass
 
-def run_state_dict(case, body, ctx):
+def run_state_dict(ctx):
     t = Training(lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, set_to_none=False)
-    data = all_batches(case, t, 1 + 1, ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False), Leaf(kind=LeafKind.CONV1D, bias=False, frozen=True)))), ctx)
+    data = all_batches()
     src = build_side(Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), t, ctx, seed=0, schedule=())
-    body_optimizer(src, t, body)
-    msd, osd = _take(body, src)
+    body_optimizer(src)
+    msd, osd = _take(src)
     ignored = []
     msd, osd = copy.deepcopy((msd, osd))
     tgt = build_side(Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), t, ctx, seed=FRESH_SEED, schedule=())
-    dropped = sorted(set(dropped_keys(src, ())) | set(ignored))
+    dropped = sorted(set(dropped_keys()) | set(ignored))
     before = requires_grad(tgt)
-    result, after = _put(body, tgt, msd, osd, ctx)
-    obs = {'losses_before': train_steps(src, data[:1], ctx), 'dropped': dropped, 'requires_grad': {'before': before, 'after': after}}
+    result, after = _put()
+    obs = {'losses_before': train_steps(), 'dropped': dropped, 'requires_grad': {'before': before, 'after': after}}
     return obs
 
 def attempt(rank, world_size):
     import torch
     case = Case(property='state_dict', world_size=2, seed=0, body=StateDictBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False), Leaf(kind=LeafKind.CONV1D, bias=False, frozen=True)))), source=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), target=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), training=Training(lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, set_to_none=False), api=Api.FSDP1, save=Options(full_state_dict=True, cpu_offload=True), load=Options(full_state_dict=True)))
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
-    run_state_dict(case, StateDictBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False), Leaf(kind=LeafKind.CONV1D, bias=False, frozen=True)))), source=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), target=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), training=Training(lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, set_to_none=False), api=Api.FSDP1, save=Options(full_state_dict=True, cpu_offload=True), load=Options(full_state_dict=True)), ctx)
+    run_state_dict(ctx)
 
 def main():
     import os
@@ -250,7 +242,7 @@ def main():
         frames = re.findall('File "[^"]+/torch/([^"]+)", line \\d+ in (\\S+)', child.stderr)
         found = f'signal {child.returncode}@torch/{frames[0][0]}:{frames[0][1]}' if frames else ''
         if found in ['signal -11@torch/distributed/fsdp/_state_dict_utils.py:param_hook']:
-            print(f'REPRODUCED crash:state_dict:signal SIGSEGV@torch/distributed/fsdp/_state_dict_utils.py:param_hook: rank {os.environ["RANK"]} died: {found}', flush=True)
+            print(f"REPRODUCED crash:state_dict:signal SIGSEGV@torch/distributed/fsdp/_state_dict_utils.py:param_hook: rank {os.environ['RANK']} died: {found}", flush=True)
             sys.exit(1)
         print(f'PASS or another failure: exit {child.returncode}', flush=True)
         sys.exit(0)
