@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -436,18 +437,18 @@ def drop_unnamed_functions(tree: ast.Module) -> ast.Module:
     string; only attributes and fields that share the name: ``side.param_names`` is not the
     function ``param_names``), until none is left. Only for a script (its ``main`` runs it):
     a module whose functions are called from outside keeps them by no name."""
-    from fuzz.repro.reduce import _WORD
-
-    def words(node: ast.AST) -> Counter[str]:
-        strings = [n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
-        return Counter(w for text in strings for w in _WORD.findall(text))
-
-    while True:  # a function's own reads of its name (a recursion) do not keep it
+    while True:
+        named: Counter[str] = Counter()
+        for node in tree.body:
+            for n in ast.walk(node):
+                if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store):
+                    named[n.id] += 1
+                elif isinstance(n, ast.Constant) and isinstance(n.value, str):
+                    named.update(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", n.value))
         own = {
             id(n): Counter(m.id for m in ast.walk(n) if isinstance(m, ast.Name) and not isinstance(m.ctx, ast.Store))
             for n in tree.body
         }
-        named: Counter[str] = sum(own.values(), Counter()) + sum(map(words, tree.body), Counter())
         body = [
             n
             for n in tree.body
