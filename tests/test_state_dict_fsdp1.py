@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -222,6 +223,14 @@ _N = 500
 
 
 def _counts(strategy: Any, features: Any, world_size: int = 2) -> tuple[Counter[str], Counter[str | None], int]:
+    counts, bugs, n = _derandomized_counts(strategy, features, world_size)
+    return Counter(counts), Counter(bugs), n
+
+
+@cache  # derandomized: the same sample every time, so the tests of one worker share one draw
+def _derandomized_counts(
+    strategy: Any, features: Any, world_size: int
+) -> tuple[Counter[str], Counter[str | None], int]:
     counts: Counter[str] = Counter()
     bugs: Counter[str | None] = Counter()
     n = 0
@@ -263,7 +272,9 @@ def test_fsdp1_is_drawn_at_a_useful_rate() -> None:
     "strategy,bug,world_size",
     [
         (state_dict_cases, FSDP1_HSDP_SHARD1, 2),
-        (dcp_cases, FSDP1_HSDP_SHARD1, 2),
+        # A minute or more in CI: dcp_cases draws its FSDP1 sides from the same fsdp1_layouts
+        # (and its keep_known of this bug) that the state_dict_cases search above reaches.
+        pytest.param(dcp_cases, FSDP1_HSDP_SHARD1, 2, marks=pytest.mark.slow),
         (state_dict_cases, FSDP1_FULL_OFFLOAD, 2),
         # The known bugs of the DCP branch (FSDP1_DCP_STATELESS, FSDP1_ASYNC_DEFAULT_STAGER,
         # FSDP1_DCP_EMPTY_SHARD, FSDP1_FROZEN_UNIT) take conjunctions too rare for a find of
