@@ -538,3 +538,28 @@ def test_definitions_are_cut_a_group_at_a_time_before_one_at_a_time() -> None:
     cutting = [c for c in seen if c.count("def dead_") < 16]
     assert cutting[0].count("def dead_") <= 16 - delta.SMALLEST_GROUP
     assert len([c for c in cutting if "def needed" in c]) < 16
+
+
+def test_a_call_whose_value_is_used_may_become_one_of_its_arguments_or_theirs() -> None:
+    code = (
+        "import json\n"
+        "def run():\n"
+        "    obs = {'x': 4.0}\n"
+        "    out = json.loads(json.dumps(obs))\n"
+        "    print(len(out))\n"
+        "    return float(out['x'])\n"
+        "def attempt(rank, world_size):\n"
+        "    if run() == 4.0:\n"
+        "        return 'REPRODUCED x'\n"
+        "    return 'PASS'\n"
+    )
+    tree = ast.parse(code)
+    pairs = [(ast.unparse(c), ast.unparse(a)) for c, a in delta._arguments(tree, frozenset())]
+    loads = "json.loads(json.dumps(obs))"
+    assert (loads, "json.dumps(obs)") in pairs and (loads, "obs") in pairs  # an argument's argument too
+    assert ("float(out['x'])", "out['x']") in pairs
+    assert not any(c == "print(len(out))" for c, _ in pairs)  # a statement of its own: cut as a statement
+    assert not any(a == "4.0" for _, a in pairs)  # no constant takes a call's place
+    out = delta.cut_to_argument(code, pairs.index((loads, "obs")))
+    assert out is not None and "out = obs\n" in out and verdict(out) == verdict(code) == "REPRODUCED x"
+    assert not reproduces(delta.cut_to_argument(code, pairs.index((loads, "json.dumps(obs)"))) or "")

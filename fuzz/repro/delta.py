@@ -694,6 +694,8 @@ def ddmin(
         say(f"  delta {round_}: elements cut, {code_lines(current)} code lines")
         _each_receiver(lambda: current, keep, until, frozen)
         say(f"  delta {round_}: method calls cut to their objects, {code_lines(current)} code lines")
+        _each_argument(lambda: current, keep, until, frozen)
+        say(f"  delta {round_}: calls cut to an argument, {code_lines(current)} code lines")
         if current == before:
             break
         round_ += 1
@@ -1671,6 +1673,47 @@ def cut_receiver(code: str, index: int, frozen: Frozen = frozenset()) -> str | N
     return _unparse(tree)
 
 
+#: How deep :func:`_arguments` looks for a call's replacement: its arguments, and theirs.
+ARGUMENT_DEPTH = 2
+
+
+def _arguments(tree: ast.Module, frozen: Frozen) -> list[tuple[ast.Call, ast.expr]]:
+    """(call, expression) for every call in the statements that may be cut whose value is used
+    (not a statement of its own: cutting that statement is tried already) and each positional
+    argument of it that is not a constant, then each such argument of an argument that is a
+    call itself (:data:`ARGUMENT_DEPTH`), outermost calls first."""
+    seen: dict[tuple[int, int], tuple[ast.Call, ast.expr]] = {}
+
+    def positional(call: ast.Call) -> list[ast.expr]:
+        return [a for a in call.args if not isinstance(a, ast.Starred)]
+
+    for stmt, _ in units(tree, frozen):
+        statements = {id(n.value) for n in ast.walk(stmt) if isinstance(n, ast.Expr)}
+        for node in ast.walk(stmt):
+            if not isinstance(node, ast.Call) or id(node) in statements:
+                continue
+            level = positional(node)
+            for _ in range(ARGUMENT_DEPTH):
+                for arg in level:
+                    if not isinstance(arg, ast.Constant):  # a value in place of a call: rarely the same failure
+                        seen.setdefault((id(node), id(arg)), (node, arg))
+                level = [a for arg in level if isinstance(arg, ast.Call) for a in positional(arg)]
+    return list(seen.values())
+
+
+def cut_to_argument(code: str, index: int, frozen: Frozen = frozenset()) -> str | None:
+    """``code`` with the call of the pair numbered ``index`` in :func:`_arguments`' order
+    replaced by that pair's argument (``json.loads(json.dumps(obs))`` by ``obs``,
+    ``float(total)`` by ``total``: a conversion, copy or wrapper the failure does not need)."""
+    tree = ast.parse(code)
+    found = _arguments(tree, frozen)
+    if index >= len(found):
+        return None
+    call, arg = found[index]
+    _Replace(call, arg).visit(tree)
+    return _unparse(tree)
+
+
 def _each_position(
     count: Callable[[ast.Module, Frozen], int],
     cut: Callable[[str, int, Frozen], str | None],
@@ -1697,6 +1740,12 @@ def _each_receiver(
     current: Callable[[], str], keep: Callable[[str | None], bool], until: float, frozen: Frozen
 ) -> None:
     _each_position(lambda t, f: len(_receivers(t, f)), cut_receiver, current, keep, until, frozen)
+
+
+def _each_argument(
+    current: Callable[[], str], keep: Callable[[str | None], bool], until: float, frozen: Frozen
+) -> None:
+    _each_position(lambda t, f: len(_arguments(t, f)), cut_to_argument, current, keep, until, frozen)
 
 
 # -- cut 0: the case's objects by their fields ---------------------------------------------------
