@@ -563,3 +563,30 @@ def test_a_call_whose_value_is_used_may_become_one_of_its_arguments_or_theirs() 
     out = delta.cut_to_argument(code, pairs.index((loads, "obs")))
     assert out is not None and "out = obs\n" in out and verdict(out) == verdict(code) == "REPRODUCED x"
     assert not reproduces(delta.cut_to_argument(code, pairs.index((loads, "json.dumps(obs)"))) or "")
+
+
+def test_a_dataclass_field_nothing_reads_goes_from_the_class_and_its_calls() -> None:
+    code = (
+        "from dataclasses import dataclass, replace\n"
+        "@dataclass\n"
+        "class Side:\n"
+        "    model: object\n"
+        "    comp: object\n"
+        "    training: object = None\n"
+        "    label: object = None\n"
+        "def attempt(rank, world_size):\n"
+        "    side = Side(model=2, comp=[1], training=3, label=5)\n"
+        "    other = replace(side, training=4)\n"
+        "    if side.model + other.model + getattr(side, 'label') == 9:\n"
+        "        return 'REPRODUCED x'\n"
+        "    return 'PASS'\n"
+    )
+    keys = delta.fields(code)
+    # model is read; training is passed to replace() too; label is named by a string; comp is unread
+    assert keys == ["Side.comp"], keys
+    out = delta.drop_field(code, "Side.comp")
+    assert out is not None and "comp" not in out
+    assert verdict(out) == verdict(code) == "REPRODUCED x"
+    assert delta.drop_field(code, "Side.model") is None
+    positional = code.replace("Side(model=2, comp=[1]", "Side(2, [1]")
+    assert delta.fields(positional) == []  # passed by position: the call would shift

@@ -55,6 +55,7 @@ from __future__ import annotations
 import ast
 import builtins
 import copy
+import re
 import time
 from collections.abc import Callable, Iterator
 from typing import TypeGuard
@@ -665,7 +666,8 @@ def ddmin(
         each(containers, shorter(as_sequential), grow=True)
         each(methods, hoist_method, grow=True)
         each(parameters, drop_parameter, grow=True)
-        say(f"  delta {round_}: parameters dropped, {code_lines(current)} code lines")
+        each(fields, drop_field)
+        say(f"  delta {round_}: parameters and unread fields dropped, {code_lines(current)} code lines")
         each(record_fields, shorter(collapse_record), grow=True)
         say(f"  delta {round_}: records collapsed to a field, {code_lines(current)} code lines")
         each(inlinable, inline, grow=True)
@@ -1289,6 +1291,70 @@ def drop_parameter(code: str, key: str, frozen: Frozen = frozenset()) -> str | N
     else:
         at = next(i for i, a in enumerate(args.kwonlyargs) if a.arg == param)
         del args.kwonlyargs[at], args.kw_defaults[at]
+    return _unparse(tree)
+
+
+def _dataclass_fields(node: ast.ClassDef) -> list[ast.AnnAssign]:
+    """The fields of a dataclass of the script, in order (none if it is not one)."""
+    if not any("dataclass" in ast.unparse(d) for d in node.decorator_list):
+        return []
+    return [
+        s
+        for s in node.body
+        if isinstance(s, ast.AnnAssign)
+        and isinstance(s.target, ast.Name)
+        and "ClassVar" not in ast.unparse(s.annotation)
+    ]
+
+
+def fields(code: str, frozen: Frozen = frozenset()) -> list[str]:
+    """Keys ``Class.field`` of the fields of the script's own dataclasses that nothing reads:
+    no attribute and no word of a string has the field's name, every keyword of that name is
+    passed to the class itself, and no call of the class passes it by position."""
+    tree = ast.parse(code)
+    read: set[str] = set()
+    keywords: dict[str, set[int]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            read.add(node.attr)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            read.update(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", node.value))
+        elif isinstance(node, ast.Call):
+            for k in node.keywords:
+                if k.arg:
+                    keywords.setdefault(k.arg, set()).add(id(node))
+    out: list[str] = []
+    for node in tree.body:
+        if not isinstance(node, ast.ClassDef) or node.name in frozen:
+            continue
+        calls = _calls_of(tree, node.name)
+        positional = max((len(c.args) for c in calls), default=0)
+        if any(isinstance(a, ast.Starred) for c in calls for a in c.args) or any(
+            k.arg is None for c in calls for k in c.keywords
+        ):
+            continue  # what a call passes cannot be told
+        ours = {id(c) for c in calls}
+        for index, field in enumerate(_dataclass_fields(node)):
+            assert isinstance(field.target, ast.Name)
+            name = field.target.id
+            if name not in read and index >= positional and keywords.get(name, set()) <= ours:
+                out.append(f"{node.name}.{name}")
+    return out
+
+
+def drop_field(code: str, key: str, frozen: Frozen = frozenset()) -> str | None:
+    """``code`` without the field ``key`` (``Class.field``) of :func:`fields`: gone from the
+    class and from every call of it (what the calls passed for it goes with them)."""
+    if key not in fields(code, frozen):
+        return None
+    name, _, field = key.partition(".")
+    tree = ast.parse(code)
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name)
+    cls.body = [s for s in cls.body if not (isinstance(s, ast.AnnAssign) and ast.unparse(s.target) == field)] or [
+        ast.Pass()
+    ]
+    for call in _calls_of(tree, name):
+        call.keywords = [k for k in call.keywords if k.arg != field]
     return _unparse(tree)
 
 
