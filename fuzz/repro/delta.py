@@ -55,11 +55,11 @@ from __future__ import annotations
 import ast
 import builtins
 import copy
-import re
 import time
 from collections.abc import Callable, Iterator
 from typing import TypeGuard
 
+from fuzz.repro.fold import WORD
 from fuzz.repro.harness import ATTEMPT
 from fuzz.repro.script import code_lines
 
@@ -1318,7 +1318,7 @@ def fields(code: str, frozen: Frozen = frozenset()) -> list[str]:
         if isinstance(node, ast.Attribute):
             read.add(node.attr)
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            read.update(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", node.value))
+            read.update(WORD.findall(node.value))
         elif isinstance(node, ast.Call):
             for k in node.keywords:
                 if k.arg:

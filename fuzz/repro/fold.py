@@ -399,6 +399,11 @@ def _methods(tree: ast.Module, local: set[str]) -> bool:
     return changed
 
 
+#: A Python name as it may appear in a string (a field named in ``getattr(obj, 'f')``, a function
+#: named in a signature): what the reduction passes count as naming a definition.
+WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
 def _drop_repeated_imports(tree: ast.Module) -> None:
     """The module's top-level imports without the names an earlier one imported already, the
     same way (``from dataclasses import dataclass`` after ``from dataclasses import dataclass,
@@ -444,7 +449,7 @@ def drop_unnamed_functions(tree: ast.Module) -> ast.Module:
                 if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store):
                     named[n.id] += 1
                 elif isinstance(n, ast.Constant) and isinstance(n.value, str):
-                    named.update(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", n.value))
+                    named.update(WORD.findall(n.value))
         own = {
             id(n): Counter(m.id for m in ast.walk(n) if isinstance(m, ast.Name) and not isinstance(m.ctx, ast.Store))
             for n in tree.body

@@ -71,6 +71,7 @@ from fuzz.pool import RankPool, ScriptOutcome
 from fuzz.properties import get_property
 from fuzz.repro import render_entry, values
 from fuzz.repro.delta import ddmin, drop_validation, frozen_for
+from fuzz.repro.fold import WORD
 from fuzz.repro.harness import (
     ATTEMPT,
     HANG_AFTER_S,
@@ -128,7 +129,6 @@ QUICK_HANG_AFTER_S = 10
 _REPRODUCED = re.compile(r"^REPRODUCED (.+?)(?:: | \(|:?$)", re.MULTILINE)
 #: A mismatch script's digest of every rank's observation, beside REPRODUCED (fuzz.repro.harness).
 _OBSERVED = re.compile(r"^REPRODUCED \S+ observations ([0-9a-f]+)", re.MULTILINE)
-_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass
@@ -465,7 +465,7 @@ def _refs(node: ast.AST) -> Counter[str]:
         elif isinstance(n, ast.Attribute):
             out[n.attr] += 1
         elif isinstance(n, ast.Constant) and isinstance(n.value, str) and len(n.value) < 200:
-            out.update(_WORD.findall(n.value))
+            out.update(WORD.findall(n.value))
     return out
 
 
@@ -977,7 +977,7 @@ def reduce_entry(
         for module, lines in oracle.trace_fix(full, modules).items():
             ran.setdefault(module, set()).update(lines)
         main, roots = main_source(entry, signature)
-        extra = Counter(_WORD.findall(main))
+        extra = Counter(WORD.findall(main))
         code = None
         origins: Origins = {}
         tries: tuple[set[str] | None, ...] = (None, set())
