@@ -239,14 +239,15 @@ def test_a_judges_case_functions_become_their_value_for_the_case() -> None:
 def test_a_mismatch_freezes_its_judge_and_what_it_names_not_the_tags_it_is_charged() -> None:
     from collections import Counter
 
+    from fuzz.repro.fold import WORD
     from fuzz.repro.harness import main_source
-    from fuzz.repro.reduce import _WORD, _judge_side, prune, unreduced_modules
+    from fuzz.repro.reduce import _judge_side, prune, unreduced_modules
     from fuzz.repro.specialize import fold_case_functions, initial
 
     entry = load_entry(ROOT / "corpus" / "parity-mismatch-da0c9d4e06cd.json")
     signature = "mismatch:parity@fsdp1:shard1"
     main, roots = main_source(entry, signature)
-    pruned = prune(unreduced_modules(entry), {}, roots, Counter(_WORD.findall(main)), set())
+    pruned = prune(unreduced_modules(entry), {}, roots, Counter(WORD.findall(main)), set())
     code, origins = initial(entry, pruned, signature)
     folded = fold_case_functions(code, entry, origins)
     assert folded is not None
