@@ -77,3 +77,23 @@ def test_a_rank_left_waiting_is_replaced(pool: RankPool) -> None:
     assert outcome.seconds < 10.0  # the grace after rank 0's answer, not the deadline
     assert pool.restarts == restarts + 1
     assert pool.run_script(VERDICT.replace("RAISE", "False")).verdicts[1] == "REPRODUCED sum=[1.0, 1.0]"
+
+
+DRAWS = """
+import torch
+
+
+def attempt(rank, world_size):
+    if SEED is not None:
+        torch.manual_seed(SEED)  # what an earlier attempt may leave behind
+    return "PASS " + repr(torch.randn(3).tolist())
+"""
+
+
+def test_each_script_draws_as_a_fresh_process_would_whatever_ran_before(pool: RankPool) -> None:
+    """A script under torchrun starts with the generators torch seeded its process with; in the
+    pool each starts the same way, so what an attempt draws is not decided by earlier attempts."""
+    first = pool.run_script(DRAWS.replace("SEED", "None")).verdicts
+    pool.run_script(DRAWS.replace("SEED", "1234"))
+    again = pool.run_script(DRAWS.replace("SEED", "None")).verdicts
+    assert first == again and len(first) == 2, (first, again)

@@ -124,6 +124,8 @@ def main() -> int:
     from fuzz._rank.context import RankContext
     from fuzz._rank.programs import run_case
 
+    # The seed torch started this process with: each script starts from it (_run_script).
+    fresh_seed = torch.initial_seed()
     device = torch.device(device_name)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -151,7 +153,7 @@ def main() -> int:
             break
         if isinstance(msg, RunScript):
             groups = _process_groups()
-            _send(results, _run_script(msg, ctx))
+            _send(results, _run_script(msg, ctx, fresh_seed))
         elif isinstance(msg, Settle):
             _send(results, Settled(case_id=msg.case_id, rank=ctx.rank, error=_settle(ctx, groups)))
         elif isinstance(msg, RunCase):
@@ -195,11 +197,17 @@ def _run_one(msg: RunCase, ctx: Any, run_case: Any) -> CaseDone:
     )
 
 
-def _run_script(msg: RunScript, ctx: Any) -> ScriptDone:
+def _run_script(msg: RunScript, ctx: Any, fresh_seed: int) -> ScriptDone:
     """Run ``msg.code`` as a module of its own (registered in ``sys.modules`` while it runs, so
     that dataclasses and pickle find it; not ``__main__``, so its ``main`` does not run) and
-    call its ``msg.function(rank, world_size)``."""
+    call its ``msg.function(rank, world_size)``. Torch's random generators are seeded as this
+    process started (``fresh_seed``), as a script under torchrun finds them: what the scripts
+    before it drew does not decide what this one draws."""
     import types
+
+    import torch
+
+    torch.manual_seed(fresh_seed)
 
     name = f"_shardfuzz_script_{msg.case_id}"
     module = types.ModuleType(name)
