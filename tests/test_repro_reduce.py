@@ -691,3 +691,40 @@ def test_a_kept_hang_or_crash_script_of_the_old_shape_has_its_case_lifted_into_a
     assert lift_attempt(_OLD_SHAPE, exception) is None  # an exception's case is in attempt already
     # main still reading the case elsewhere: left as it is
     assert lift_attempt(_OLD_SHAPE.replace("finished.set()", "print(case)"), hang) is None
+
+
+class _FakePool:
+    """A pool that starts at once and counts the fresh ranks it is asked for."""
+
+    def __init__(self, **_: object) -> None:
+        self.respawned = 0
+        self.closed = False
+
+    def start(self) -> None:
+        pass
+
+    def respawn(self) -> None:
+        self.respawned += 1
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.parametrize(("outcomes", "pooled"), [([False, True], True), ([False, False], False), ([True], True)])
+def test_the_pool_is_taken_if_the_script_reproduces_on_its_ranks_or_on_fresh_ones(
+    monkeypatch: pytest.MonkeyPatch, outcomes: list[bool], pooled: bool
+) -> None:
+    """Each rank draws from the seed its process started with, as under torchrun: a failure
+    that one set of seeds misses gets a second set before every attempt goes to torchrun."""
+    from fuzz.repro import reduce
+
+    monkeypatch.setattr(reduce, "RankPool", _FakePool)
+    entry = load_entry(ROOT / "corpus" / f"{EXCEPTION}.json")
+    said: list[str] = []
+    oracle = reduce._Oracle(entry, "", entry.signature, 60.0, said.append)
+    left = list(outcomes)
+    monkeypatch.setattr(oracle, "in_pool", lambda code: left.pop(0))
+    oracle.open_pool("def attempt(rank, world_size):\n    pass\n")
+    assert not left  # each outcome asked for, no more
+    assert (oracle.pool is not None) == pooled
+    assert any("every attempt runs under torchrun" in s for s in said) != pooled
