@@ -1294,8 +1294,9 @@ def drop_parameter(code: str, key: str, frozen: Frozen = frozenset()) -> str | N
     return _unparse(tree)
 
 
-def _dataclass_fields(node: ast.ClassDef) -> list[ast.AnnAssign]:
-    """The fields of a dataclass of the script, in order (none if it is not one)."""
+def _own_fields(node: ast.ClassDef) -> list[ast.AnnAssign]:
+    """The fields a dataclass of the script declares itself, in order (none if it is not one;
+    a base's fields come first in its calls, so a field's index here is at most its position)."""
     if not any("dataclass" in ast.unparse(d) for d in node.decorator_list):
         return []
     return [
@@ -1334,7 +1335,7 @@ def fields(code: str, frozen: Frozen = frozenset()) -> list[str]:
         ):
             continue  # what a call passes cannot be told
         ours = {id(c) for c in calls}
-        for index, field in enumerate(_dataclass_fields(node)):
+        for index, field in enumerate(_own_fields(node)):
             assert isinstance(field.target, ast.Name)
             name = field.target.id
             if name not in read and index >= positional and keywords.get(name, set()) <= ours:

@@ -918,9 +918,9 @@ class _Oracle:
     def open_pool(self, code: str) -> None:
         """Start the pool and run ``code`` (which reproduced under torchrun) in it; the pool is
         used from now on only if it reproduces there too, on these ranks or, once, on fresh
-        ones (each rank draws from the seed torch started it with, which differs from one
-        process to the next as under torchrun: a failure that needs the ranks' data to differ
-        in some way may miss one set of seeds)."""
+        ones (each rank draws from the seed torch started it with, which torch 2.13 picks anew
+        for each process, as it does under torchrun: a failure that needs the ranks' data to
+        differ in some way may miss one set of seeds)."""
         if self.entry.kind not in POOLED_KINDS:
             return
         pool = RankPool(world_size=self.entry.case.world_size, backend="gloo", deadline=self.timeout)
