@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=63e5b277ec033028 sources=b2f61a16b7315ba5 seconds=2684.8
+# shardfuzz reduced reproducer: entry=63e5b277ec033028 sources=b2f61a16b7315ba5 seconds=4558.8
 # Reproduces shardfuzz corpus entry dcp-mismatch-ada81405774d.json: mismatch:dcp@save:fsdp1-hsdp-load_sharded_optimizer_state_dict
 # Known torch bug: load_sharded_optimizer_state_dict chunks optimizer state over the whole world:
 # wrong Adam state in FSDP1 HYBRID_SHARD over a 2-D mesh; upstream: none found.
@@ -17,14 +17,6 @@ import torch.nn.functional as F
 import torch.distributed as dist
 from dataclasses import dataclass, field
 
-@dataclass()
-class Composition:
-    pass
-
-@dataclass()
-class Training:
-    pass
-
 class DcpItem(str, enum.Enum):
     MODEL = 'model'
     OPTIMIZER = 'optimizer'
@@ -37,37 +29,8 @@ class PointwiseConv1d(nn.Conv1d):
 def clean_name():
     pass
 
-@dataclass
-class Composed:
-    model: object
-
-@dataclass
-class Side:
-    composed: object
-    comp: object
-    training: object
-
-    @property
-    def model(self):
-        return self.composed.model
-
-    def names(self):
-        current = {id(p): clean_name() for n, p in self.model.named_parameters()}
-        return {**self.param_names, **current}
-
 def _jsonable(value):
-    return [float(v_) for v_ in value.flatten()]
-
-def observe(side):
-    names = side.names()
-    out_ = {}
-    group = next(iter(side.opt.param_groups))
-    p = next(iter(group['params']))
-    state = side.opt.state.get(p, {})
-    entry = {key: _jsonable(state[key]) for key in sorted(state)}
-    out_[names.get(id(p), '?')] = entry
-    obs = {'optimizer_local': out_}
-    return obs
+    return [v_ for v_ in value.flatten()]
 
 @dataclass()
 class Failure:
@@ -77,7 +40,7 @@ class Failure:
     details: object = field()
 
 def _mismatch(prop, check, where, summary, **details):
-    return Failure('mismatch', str('mismatch'), summary, {**details})
+    return Failure('mismatch', 'mismatch', summary, {**details})
 
 def _exact(prop, check, where, what, got, want, **details):
     diff = '' if got == want else f"{''}: {got!r} != {want!r}"
@@ -87,22 +50,18 @@ def _exact(prop, check, where, what, got, want, **details):
 
 def _check_optimizer(prop, observations):
     for rank, obs in enumerate(observations):
-        failure = _exact(prop, 'optimizer', 'save', f"rank {rank}'s local optimizer state (FSDP1, one layout)", _holding_elements(obs['loaded']['optimizer_local']), _holding_elements(obs['saved']['optimizer_local']))
+        local = obs['saved']['optimizer_local']
+        holding_elements_out = {name: entry for name, entry in local.items() if not any((v == [] for v in entry))}
+        failure = _exact(prop, 'optimizer', 'save', f"rank {rank}'s local optimizer state (FSDP1, one layout)", obs['loaded']['optimizer_local'], holding_elements_out)
         if failure is not None:
             return failure
 
-def _holding_elements(local):
-    return {name: entry for name, entry in local.items() if not any((v == [] for v in entry))}
-
 def attempt(rank, world_size):
     ctx__meshes = {}
-    import json
-    t = Training()
     path = os.path.join('/tmp/shardfuzz-dcp-3246', 'bc6a61957b78-0')
     x = torch.randn(world_size, 2, dtype=torch.float64)
     y = torch.randn(world_size, 2)
     step_ = [(x[rank:rank + 1], y[rank:rank + 1])]
-    comp = Composition()
     model = nn.Sequential(PointwiseConv1d(2, 2, kernel_size=1)).to(torch.float64)
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
     strategy = ShardingStrategy.HYBRID_SHARD
@@ -112,50 +71,62 @@ def attempt(rank, world_size):
     ctx__meshes[key] = init_device_mesh(torch.device('cpu').type, shape)
     RankContext_mesh_out = ctx__meshes[key]
     wrap_out = FSDP(model, sharding_strategy=strategy, device_id=torch.device('cpu'), use_orig_params=True, device_mesh=RankContext_mesh_out)
-    composed = Composed(model=wrap_out)
-    src = Side(composed=composed, comp=comp, training=t)
-    params = list(wrap_out.parameters())
-    src.opt = torch.optim.Adam(params)
-    src.param_names = {id(p): clean_name() for n__, p in wrap_out.named_parameters()}
+    params = wrap_out.parameters()
+    src_opt = torch.optim.Adam(params)
+    src_param_names = {id(p): clean_name() for n__, p in wrap_out.named_parameters()}
     from torch.distributed.fsdp import ShardedOptimStateDictConfig, ShardedStateDictConfig, StateDictType
     FSDP.set_state_dict_type(wrap_out, StateDictType.SHARDED_STATE_DICT, ShardedStateDictConfig(), ShardedOptimStateDictConfig())
     data_ = [step_[0]][:1]
     x_, y_ = next(iter(data_))
-    loss = F.mse_loss(wrap_out(x_).to(y_.dtype), y_)
+    loss = F.mse_loss(wrap_out(x_), y_)
     loss.backward()
-    src.opt.step()
+    src_opt.step()
     out = {}
-    osd_ = FSDP.optim_state_dict(wrap_out, src.opt)
+    osd_ = FSDP.optim_state_dict(wrap_out, src_opt)
     out[DcpItem.OPTIMIZER] = osd_
     state = {(DcpItem.MODEL, DcpItem.OPTIMIZER)[i].value: out[(DcpItem.MODEL, DcpItem.OPTIMIZER)[i]] for i in (1,) if (DcpItem.MODEL, DcpItem.OPTIMIZER)[i] in out}
     import torch.distributed.checkpoint as dcp
     dcp.save(state, checkpoint_id=path)
     out_ = {}
-    saved = {**observe(src), **out_}
-    comp_ = Composition()
+    current = {id(p____): clean_name() for n, p____ in wrap_out.named_parameters()}
+    names = {**src_param_names, **current}
+    out___ = {}
+    group = next(iter(src_opt.param_groups))
+    p__ = next(iter(group['params']))
+    state_ = src_opt.state.get(p__, {})
+    entry = {key__: _jsonable(state_[key__]) for key__ in state_}
+    out___[names.get(id(p__), '?')] = entry
+    obs_ = {'optimizer_local': out___}
+    saved = {**obs_, **out_}
     model_ = nn.Sequential(PointwiseConv1d(2, 2, kernel_size=1)).to(torch.float64)
     strategy_ = ShardingStrategy.HYBRID_SHARD
     key_ = ()
     RankContext_mesh_out_ = ctx__meshes[key_]
     wrap_out_ = FSDP(model_, sharding_strategy=strategy_, device_id=torch.device('cpu'), use_orig_params=True, device_mesh=RankContext_mesh_out_)
-    composed_ = Composed(model=wrap_out_)
-    tgt = Side(composed=composed_, comp=comp_, training=t)
-    params_ = list(wrap_out_.parameters())
-    tgt.opt = torch.optim.Adam(params_)
-    tgt.param_names = {id(p_): clean_name() for n___, p_ in wrap_out_.named_parameters()}
+    params_ = wrap_out_.parameters()
+    tgt_opt = torch.optim.Adam(params_)
+    tgt_param_names = {id(p_): clean_name() for n___, p_ in wrap_out_.named_parameters()}
     FSDP.set_state_dict_type(wrap_out_, StateDictType.SHARDED_STATE_DICT, ShardedStateDictConfig(), ShardedOptimStateDictConfig())
     from torch.distributed.checkpoint.optimizer import load_sharded_optimizer_state_dict
     loaded = load_sharded_optimizer_state_dict(model_state_dict=wrap_out_.state_dict(), optimizer_key='optimizer', storage_reader=dcp.FileSystemReader(path))
     osd = loaded['optimizer']
-    tgt.opt.load_state_dict(FSDP.optim_state_dict_to_load(wrap_out_, tgt.opt, osd))
+    tgt_opt.load_state_dict(FSDP.optim_state_dict_to_load(wrap_out_, tgt_opt, osd))
     out__ = {}
-    obs__ = {'saved': saved, 'loaded': {**observe(tgt), **out__}}
-    obs = json.loads(json.dumps(obs__))
+    current_ = {id(p_____): clean_name() for n_, p_____ in wrap_out_.named_parameters()}
+    names_ = {**tgt_param_names, **current_}
+    out____ = {}
+    group_ = next(iter(tgt_opt.param_groups))
+    p___ = next(iter(group_['params']))
+    state__ = tgt_opt.state.get(p___, {})
+    entry_ = {key___: _jsonable(state__[key___]) for key___ in state__}
+    out____[names_.get(id(p___), '?')] = entry_
+    obs___ = {'optimizer_local': out____}
+    obs__ = {'saved': saved, 'loaded': {**obs___, **out__}}
     outs = [None, None, None, None]
-    dist.all_gather_object(outs, obs)
+    dist.all_gather_object(outs, obs__)
     if rank != 0:
         return ''
-    reports = tuple((o for r, o in enumerate(outs)))
+    reports = (o for r, o in enumerate(outs))
     prop, observations = ('dcp', [r for r in reports])
     failure__ = _check_optimizer(prop, observations)
     failure = failure__ if failure__ is None or not failure__.signature.endswith(':shard1') else None
