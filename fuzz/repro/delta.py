@@ -59,7 +59,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TypeGuard
 
-from fuzz.repro.fold import WORD
+from fuzz.repro.fold import WORD, is_dataclass
 from fuzz.repro.harness import ATTEMPT
 from fuzz.repro.script import code_lines
 
@@ -1297,7 +1297,7 @@ def drop_parameter(code: str, key: str, frozen: Frozen = frozenset()) -> str | N
 def _own_fields(node: ast.ClassDef) -> list[ast.AnnAssign]:
     """The fields a dataclass of the script declares itself, in order (none if it is not one;
     a base's fields come first in its calls, so a field's index here is at most its position)."""
-    if not any("dataclass" in ast.unparse(d) for d in node.decorator_list):
+    if not is_dataclass(node):
         return []
     return [
         s
@@ -1829,7 +1829,7 @@ def propagate_objects(code: str, frozen: Frozen = frozenset()) -> str | None:
         n.name
         for n in tree.body
         if isinstance(n, ast.ClassDef)
-        and any("dataclass" in ast.unparse(d) for d in n.decorator_list)
+        and is_dataclass(n)
         and not any(
             isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)) and s.name == "__post_init__" for s in n.body
         )

@@ -337,7 +337,7 @@ def _dataclass_fields(tree: ast.Module) -> bool:
     positional = _positional(tree)
     changed = False
     for node in ast.walk(tree):
-        if not (isinstance(node, ast.ClassDef) and any("dataclass" in ast.unparse(d) for d in node.decorator_list)):
+        if not (isinstance(node, ast.ClassDef) and is_dataclass(node)):
             continue
         body: list[ast.stmt] = []
         index = 0
@@ -397,6 +397,11 @@ def _methods(tree: ast.Module, local: set[str]) -> bool:
         ] or [ast.Pass()]
         changed |= len(node.body) != before
     return changed
+
+
+def is_dataclass(node: ast.ClassDef) -> bool:
+    """Whether a class of the script is decorated as a dataclass (``@dataclass``, ``@dataclass(frozen=True)``)."""
+    return any("dataclass" in ast.unparse(d) for d in node.decorator_list)
 
 
 #: A Python name as it may appear in a string (a field named in ``getattr(obj, 'f')``, a function

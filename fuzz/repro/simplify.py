@@ -67,7 +67,7 @@ from fuzz.repro.delta import (
     chain_root,
     propagate_aliases,
 )
-from fuzz.repro.fold import clean
+from fuzz.repro.fold import clean, is_dataclass
 
 _ROUNDS = 8
 
@@ -82,15 +82,11 @@ class _Class:
     names: set[str] = field(default_factory=set)  # every name its body (and its bases') binds
 
 
-def _is_dataclass(node: ast.ClassDef) -> bool:
-    return any("dataclass" in ast.unparse(d) for d in node.decorator_list)
-
-
 def _classes(tree: ast.Module) -> dict[str, _Class]:
     """The module's dataclasses without ``__post_init__`` (nothing runs when one is built)."""
     out: dict[str, _Class] = {}
     for node in tree.body:
-        if not isinstance(node, ast.ClassDef) or not _is_dataclass(node):
+        if not isinstance(node, ast.ClassDef) or not is_dataclass(node):
             continue
         info = _Class()
         bases = [b.id for b in node.bases if isinstance(b, ast.Name)]
