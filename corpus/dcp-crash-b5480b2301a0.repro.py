@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=4da2f48d2fa30bb5 sources=3ebb4d52c9cda72d seconds=7247.4
+# shardfuzz reduced reproducer: entry=4da2f48d2fa30bb5 sources=3ebb4d52c9cda72d seconds=7901.2
 # Reproduces shardfuzz corpus entry dcp-crash-b5480b2301a0.json: crash:dcp:signal SIGSEGV@torch/distributed/fsdp/_state_dict_utils.py:param_hook
 # Known torch bug: FSDP1 FULL_STATE_DICT with offload_to_cpu on CPU: state_dict() clones a freed
 # buffer (SIGSEGV), optim_state_dict aliases the gathered states; upstream:
@@ -9,17 +9,14 @@
 # is there, else exits 0 (expected: no rank dies).
 
 from __future__ import annotations
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 import torch
 import enum
-from dataclasses import dataclass
-from dataclasses import dataclass, field
 from dataclasses import replace
 import os
 from torch import nn
 import torch.distributed as dist
 import inspect
-from dataclasses import dataclass, field, replace
 import hashlib
 
 @dataclass
@@ -27,11 +24,7 @@ class RankContext:
     rank: object
     world_size: object
     device: object
-    backend: object
     _cases: object = 0
-
-def param_names(node):
-    pass
 
 class Wrapper(str, enum.Enum):
     NONE = 'none'
@@ -106,9 +99,7 @@ def build_model(device):
 @dataclass
 class Composed:
     model: object
-    fsdp_roots: object = field(default_factory=list)
     wrapper: object = Wrapper.NONE
-    param_names: object = field(default_factory=list)
 
 def compose(model, comp, ctx):
     if comp.wrapper is not Wrapper.NONE:
@@ -116,21 +107,19 @@ def compose(model, comp, ctx):
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
         strategy = {Wrapper.FSDP1_FULL_SHARD: ShardingStrategy.FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP: ShardingStrategy.SHARD_GRAD_OP, Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD, Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[comp.wrapper]
         wrap_out = FSDP(model, sharding_strategy=strategy, device_id=ctx.device, use_orig_params=True)
-        return Composed(model=wrap_out, wrapper=comp.wrapper, param_names=names)
+        return Composed(model=wrap_out, wrapper=comp.wrapper)
     for api, path in comp.steps():
         pass
     sharded = comp.sharded_paths
     tops = [p for p in sharded if not any((False for q in sharded))]
-    return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
+    return Composed(model=model)
 FRESH_SEED = 24301
 
 @dataclass
 class Side:
     composed: object
-    comp: object
     training: object
     opt: object = None
-    param_names: object = field(default_factory=dict)
     schedule: object = ()
 
     @property
@@ -149,7 +138,7 @@ def build_side(comp, training, ctx, *, seed, schedule=()):
     device = ctx.device
     model = build_model(device).to(torch.float32)
     composed = compose(model, comp, ctx)
-    return Side(composed=composed, comp=comp, training=training, schedule=schedule)
+    return Side(composed=composed, training=training, schedule=schedule)
 
 def body_optimizer(side, training):
     params = list(side.model.parameters())
@@ -228,7 +217,7 @@ def _run_dcp(ctx):
 
 def attempt(rank, world_size):
     import torch
-    ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
+    ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'))
     run_dcp(ctx)
 
 def main():
@@ -243,7 +232,7 @@ def main():
         frames = re.findall('File "[^"]+/torch/([^"]+)", line \\d+ in (\\S+)', child.stderr)
         found = f'signal {child.returncode}@torch/{frames[0][0]}:{frames[0][1]}' if frames else ''
         if found in ['signal -11@torch/distributed/fsdp/_state_dict_utils.py:param_hook']:
-            print(f"REPRODUCED crash:dcp:signal SIGSEGV@torch/distributed/fsdp/_state_dict_utils.py:param_hook: rank {os.environ['RANK']} died: {found}", flush=True)
+            print(f'REPRODUCED crash:dcp:signal SIGSEGV@torch/distributed/fsdp/_state_dict_utils.py:param_hook: rank {os.environ["RANK"]} died: {found}', flush=True)
             sys.exit(1)
         print(f'PASS or another failure: exit {child.returncode}', flush=True)
         sys.exit(0)

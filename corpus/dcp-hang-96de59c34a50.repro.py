@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=87e3671b7d30ca95 sources=001b716bb8af1bc0 seconds=8002.8
+# shardfuzz reduced reproducer: entry=87e3671b7d30ca95 sources=001b716bb8af1bc0 seconds=8749.1
 # Reproduces shardfuzz corpus entry dcp-hang-96de59c34a50.json: hang:dcp@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone
 # Known torch bug: set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0
 # pass an empty model state dict; upstream: https://github.com/pytorch/pytorch/issues/157781.
@@ -12,18 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 import torch
 import enum
-from dataclasses import dataclass
-from dataclasses import dataclass, field
 from dataclasses import replace
 from typing import ClassVar
 import json
 import os
 import tempfile
-from typing import ClassVar
 from torch import nn
 import torch.distributed as dist
 import inspect
-from dataclasses import dataclass, field, replace
 import hashlib
 import shutil
 
@@ -166,7 +162,7 @@ class DcpBody(Body):
 
 def build_model(device):
     with torch.device(device):
-        return nn.Sequential(nn.Linear(2, 2, bias=True) if LeafKind.LINEAR is LeafKind.LINEAR else None)
+        return nn.Sequential(nn.Linear(2, 2, bias=True))
 
 @dataclass
 class Composed:
@@ -207,7 +203,7 @@ class Side:
 
 def build_side(comp, training, ctx, *, seed, schedule=()):
     torch.manual_seed(seed)
-    device = torch.device('meta') if False else ctx.device
+    device = ctx.device
     model = build_model(device).to(torch.float32)
     composed = Composed(model) if is_plain() else compose(model, comp)
     return Side(composed=composed, comp=comp, training=training, schedule=schedule)
@@ -221,7 +217,7 @@ def fresh_training(training):
 
 def add_optimizer(side, training):
     params = list(side.model.parameters())
-    frozen = [p for p in params if not p.requires_grad] if False else []
+    frozen = []
     side.opt = make_optimizer(params, training, later=frozen)
     return side.opt
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=627b92f9c75a2fc3 sources=14c7281674c70e1f seconds=4234.1
+# shardfuzz reduced reproducer: entry=627b92f9c75a2fc3 sources=14c7281674c70e1f seconds=4886.6
 # Reproduces shardfuzz corpus entry state_dict-crash-81ffab405f7f.json: crash:state_dict:signal SIGSEGV@torch/distributed/fsdp/_state_dict_utils.py:param_hook
 # Known torch bug: FSDP1 FULL_STATE_DICT with offload_to_cpu on CPU: state_dict() clones a freed
 # buffer (SIGSEGV), optim_state_dict aliases the gathered states; upstream:
@@ -9,10 +9,9 @@
 # is there, else exits 0 (expected: no rank dies).
 
 from __future__ import annotations
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 import torch
 import enum
-from typing import ClassVar
 import os
 from torch import nn
 import copy
@@ -21,33 +20,7 @@ import torch.distributed as dist
 @dataclass
 class RankContext:
     rank: object
-    world_size: object
     device: object
-    backend: object
-
-class LeafKind(str, enum.Enum):
-    LINEAR = 'linear'
-    LAYER_NORM = 'layer_norm'
-    CONV1D = 'conv1d'
-    RELU = 'relu'
-    TANH = 'tanh'
-    GELU = 'gelu'
-    DROPOUT = 'dropout'
-
-@dataclass(frozen=True)
-class Leaf:
-    kind: object
-    bias: object = True
-    frozen: object = False
-
-@dataclass(frozen=True)
-class Block:
-    children: object
-
-@dataclass(frozen=True)
-class ModuleTree:
-    width: object
-    root: object
 
 class Wrapper(str, enum.Enum):
     NONE = 'none'
@@ -57,64 +30,8 @@ class Wrapper(str, enum.Enum):
     FSDP1_NO_SHARD = 'fsdp1_no_shard'
     FSDP1_HYBRID_SHARD = 'fsdp1_hybrid_shard'
 
-@dataclass(frozen=True)
-class Composition:
-    wrapper: object = Wrapper.NONE
-
-    def steps(self):
-        pass
-
-@dataclass(frozen=True)
-class Training:
-    lr: object = 0.1
-    momentum: object = 0.0
-    eps: object = 0.001
-    steps: object = 2
-    batch_per_rank: object = 2
-    set_to_none: object = True
-    foreach: object = None
-
-class Body:
-    KIND: ClassVar[str]
-    PROGRAM: ClassVar[str]
-    registry: ClassVar[dict[str, type[Body]]] = {}
-
-    def __init_subclass__(cls, **kwargs):
-        pass
-
-@dataclass(frozen=True)
-class Case:
-    property: object
-    world_size: object
-    seed: object
-    body: object
-
 def is_plain():
     pass
-
-class Api(str, enum.Enum):
-    SPLIT = 'split'
-    COMBINED = 'combined'
-    MODULE = 'module'
-    FSDP1 = 'fsdp1_optim_state_dict'
-
-@dataclass(frozen=True)
-class Options:
-    full_state_dict: object = False
-    cpu_offload: object = False
-
-@dataclass(frozen=True)
-class StateDictBody(Body):
-    KIND: ClassVar[str] = 'state_dict'
-    PROGRAM: ClassVar[str] = 'fuzz._rank.state_dict:run_state_dict'
-    tree: object
-    source: object
-    target: object
-    training: object = field(default_factory=Training)
-    api: object = Api.SPLIT
-    save: object = field(default_factory=Options)
-    load: object = field(default_factory=Options)
-    requires_grad: object = ()
 
 class PointwiseConv1d(nn.Conv1d):
 
@@ -131,11 +48,10 @@ def build_model(device):
 class Composed:
     model: object
     wrapper: object = Wrapper.NONE
-    param_names: object = field(default_factory=list)
 
 def compose(model, ctx):
     names = [n for n, _ in model.named_parameters()]
-    return Composed(model=_wrap(model, ctx), wrapper=Wrapper.FSDP1_FULL_SHARD, param_names=names)
+    return Composed(model=_wrap(model, ctx), wrapper=Wrapper.FSDP1_FULL_SHARD)
 
 def _wrap(model, ctx):
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
@@ -152,10 +68,7 @@ FRESH_SEED = 24301
 @dataclass
 class Side:
     composed: object
-    comp: object
-    training: object
     opt: object = None
-    param_names: object = field(default_factory=dict)
     schedule: object = ()
 
     @property
@@ -170,9 +83,9 @@ def build_side(comp, training, ctx, *, seed, schedule=()):
     device = ctx.device
     model = build_model(device).to(torch.float32)
     composed = Composed(model) if is_plain() else compose(model, ctx)
-    return Side(composed=composed, comp=comp, training=training, schedule=schedule)
+    return Side(composed=composed, schedule=schedule)
 
-def requires_grad(side):
+def requires_grad():
     pass
 
 def add_optimizer(side):
@@ -184,9 +97,6 @@ def add_optimizer(side):
 def body_optimizer(side):
     return add_optimizer(side)
 
-def all_batches():
-    pass
-
 def train_steps():
     pass
 
@@ -195,8 +105,7 @@ def dropped_keys():
 
 def fsdp1_state_dict_type(side):
     from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig, StateDictType, FullyShardedDataParallel as FSDP
-    if True:
-        FSDP.set_state_dict_type(side.model, StateDictType.FULL_STATE_DICT, FullStateDictConfig(offload_to_cpu=True, rank0_only=False), FullOptimStateDictConfig(offload_to_cpu=True, rank0_only=False))
+    FSDP.set_state_dict_type(side.model, StateDictType.FULL_STATE_DICT, FullStateDictConfig(offload_to_cpu=True, rank0_only=False), FullOptimStateDictConfig(offload_to_cpu=True, rank0_only=False))
 
 def fsdp1_optim_state_dict():
     pass
@@ -210,24 +119,21 @@ def _put():
     pass
 
 def run_state_dict(ctx):
-    t = Training(lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, set_to_none=False)
-    data = all_batches()
-    src = build_side(Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), t, ctx, seed=0, schedule=())
+    src = build_side(Wrapper.FSDP1_FULL_SHARD, 0.01, ctx, seed=0, schedule=())
     body_optimizer(src)
     msd, osd = _take(src)
     ignored = []
     msd, osd = copy.deepcopy((msd, osd))
-    tgt = build_side(Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), t, ctx, seed=FRESH_SEED, schedule=())
+    tgt = build_side(Wrapper.FSDP1_FULL_SHARD, 0.01, ctx, seed=FRESH_SEED, schedule=())
     dropped = sorted(set(dropped_keys()) | set(ignored))
-    before = requires_grad(tgt)
+    before = requires_grad()
     result, after = _put()
     obs = {'losses_before': train_steps(), 'dropped': dropped, 'requires_grad': {'before': before, 'after': after}}
     return obs
 
 def attempt(rank, world_size):
     import torch
-    case = Case(property='state_dict', world_size=2, seed=0, body=StateDictBody(tree=ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D, bias=False), Leaf(kind=LeafKind.CONV1D, bias=False, frozen=True)))), source=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), target=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), training=Training(lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, set_to_none=False), api=Api.FSDP1, save=Options(full_state_dict=True, cpu_offload=True), load=Options(full_state_dict=True)))
-    ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
+    ctx = RankContext(rank=rank, device=torch.device('cpu'))
     run_state_dict(ctx)
 
 def main():
@@ -242,7 +148,7 @@ def main():
         frames = re.findall('File "[^"]+/torch/([^"]+)", line \\d+ in (\\S+)', child.stderr)
         found = f'signal {child.returncode}@torch/{frames[0][0]}:{frames[0][1]}' if frames else ''
         if found in ['signal -11@torch/distributed/fsdp/_state_dict_utils.py:param_hook']:
-            print(f"REPRODUCED crash:state_dict:signal SIGSEGV@torch/distributed/fsdp/_state_dict_utils.py:param_hook: rank {os.environ['RANK']} died: {found}", flush=True)
+            print(f'REPRODUCED crash:state_dict:signal SIGSEGV@torch/distributed/fsdp/_state_dict_utils.py:param_hook: rank {os.environ["RANK"]} died: {found}', flush=True)
             sys.exit(1)
         print(f'PASS or another failure: exit {child.returncode}', flush=True)
         sys.exit(0)
