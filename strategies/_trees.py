@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from hypothesis import strategies as st
 
 from fuzz.model import MAX_DEPTH, PARAM_LEAVES, Block, Leaf, LeafKind, ModuleTree, Node, has_params
@@ -13,6 +15,7 @@ WIDTHS = (1, 2, 3, 4, 5, 7, 8, 12)
 ACTIVATIONS = (LeafKind.RELU, LeafKind.TANH, LeafKind.GELU)
 
 
+@functools.cache  # built once per set of arguments: Hypothesis validates each new strategy
 def leaves(*, dropout: bool = True, frozen: bool = True) -> st.SearchStrategy[Leaf]:
     """Any leaf; parameter-holding ones with and without bias, some frozen."""
     param = st.builds(
@@ -25,6 +28,7 @@ def leaves(*, dropout: bool = True, frozen: bool = True) -> st.SearchStrategy[Le
     return st.one_of(param, st.builds(Leaf, kind=st.sampled_from(kinds)))
 
 
+@functools.cache
 def _blocks(depth: int, max_children: int, leaf: st.SearchStrategy[Leaf], buffers: bool) -> st.SearchStrategy[Block]:
     child: st.SearchStrategy[Node] = (
         leaf if depth <= 1 else st.one_of(leaf, _blocks(depth - 1, max_children, leaf, buffers))
@@ -44,6 +48,16 @@ def _trainable(node: Node) -> bool:
     return node.scale or any(_trainable(c) for c in node.children)
 
 
+@functools.cache
+def _roots(max_depth: int, max_children: int, dropout: bool, frozen: bool, buffers: bool) -> st.SearchStrategy[Block]:
+    leaf = leaves(dropout=dropout, frozen=frozen)
+    return _blocks(max_depth, max_children, leaf, buffers).filter(_has_trainable_params)
+
+
+def _has_trainable_params(block: Block) -> bool:
+    return has_params(block) and _trainable(block)
+
+
 @st.composite
 def module_trees(
     draw: st.DrawFn,
@@ -60,7 +74,6 @@ def module_trees(
     activations, dropout; blocks with residual connections, parameters of their own and buffers."""
     check_bounds("max_depth", max_depth, "max_depth", max_depth, floor=1, ceiling=MAX_DEPTH)
     check_bounds("max_children", max_children, "max_children", max_children, floor=1, ceiling=8)
-    leaf = leaves(dropout=dropout, frozen=frozen)
-    root = draw(_blocks(max_depth, max_children, leaf, buffers).filter(lambda b: has_params(b) and _trainable(b)))
+    root = draw(_roots(max_depth, max_children, dropout, frozen, buffers))
     width = draw(widths if widths is not None else st.sampled_from(WIDTHS))
     return ModuleTree(width=width, root=root)
