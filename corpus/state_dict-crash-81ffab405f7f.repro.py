@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=627b92f9c75a2fc3 sources=14c7281674c70e1f seconds=4886.6
+# shardfuzz reduced reproducer: entry=627b92f9c75a2fc3 sources=14c7281674c70e1f seconds=5315.8
 # Reproduces shardfuzz corpus entry state_dict-crash-81ffab405f7f.json: crash:state_dict:signal SIGSEGV@torch/distributed/fsdp/_state_dict_utils.py:param_hook
 # Known torch bug: FSDP1 FULL_STATE_DICT with offload_to_cpu on CPU: state_dict() clones a freed
 # buffer (SIGSEGV), optim_state_dict aliases the gathered states; upstream:
@@ -63,7 +63,6 @@ def make_optimizer(params, later=()):
     params = [p for p in params if p.requires_grad or id(p) in held]
     groups = params
     return torch.optim.SGD(groups, lr=0.01, momentum=0.0, foreach=None)
-FRESH_SEED = 24301
 
 @dataclass
 class Side:
@@ -124,7 +123,6 @@ def run_state_dict(ctx):
     msd, osd = _take(src)
     ignored = []
     msd, osd = copy.deepcopy((msd, osd))
-    tgt = build_side(Wrapper.FSDP1_FULL_SHARD, 0.01, ctx, seed=FRESH_SEED, schedule=())
     dropped = sorted(set(dropped_keys()) | set(ignored))
     before = requires_grad()
     result, after = _put()

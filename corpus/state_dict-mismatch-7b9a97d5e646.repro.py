@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=e9797d40ebc65ba7 sources=23436965d888924f seconds=2038.2
+# shardfuzz reduced reproducer: entry=e9797d40ebc65ba7 sources=23436965d888924f seconds=2368.2
 # Reproduces shardfuzz corpus entry state_dict-mismatch-7b9a97d5e646.json: mismatch:state_dict@fsdp1_optim_state_dict:shard1
 # Known torch bug: FSDP1 HYBRID_SHARD with a shard dimension of size 1 never averages gradients
 # across replicas; upstream: https://github.com/pytorch/pytorch/issues/154888.
@@ -70,11 +70,10 @@ def attempt(rank, world_size):
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
     wrap_out = FSDP(build_model_out, device_id=torch.device('cpu'), use_orig_params=True)
     composed = Composed(model=wrap_out, param_names=names)
-    params = list(wrap_out.parameters())
+    params = wrap_out.parameters()
     src_opt = torch.optim.SGD(params)
     obs__ = {}
-    osd_ = FSDP.optim_state_dict(wrap_out, src_opt)
-    msd, osd = (wrap_out.state_dict(), osd_)
+    msd, osd = (wrap_out.state_dict(), wrap_out)
     build_model_out_ = TreeBlock([TreeBlock([], True)], False)
     names_ = [n___ for n___, ___ in build_model_out_.named_parameters()]
     strategy_ = ShardingStrategy.HYBRID_SHARD
@@ -85,7 +84,7 @@ def attempt(rank, world_size):
     RankContext_mesh_out = ctx__meshes[key]
     wrap_out_ = FSDP(build_model_out_, sharding_strategy=strategy_, device_id=torch.device('cpu'), use_orig_params=True, device_mesh=RankContext_mesh_out)
     composed_ = Composed(model=wrap_out_, param_names=names_)
-    params_ = list(wrap_out_.parameters())
+    params_ = wrap_out_.parameters()
     tgt_opt = torch.optim.SGD(params_)
     result_ = wrap_out_.load_state_dict(msd)
     data_ = data[2:]
@@ -104,9 +103,8 @@ def attempt(rank, world_size):
         out__ = {n_: [float(v_) for v_ in t__] for n_, t__ in params___.items()}
     obs_['final_source'], obs_['final_target'] = (out_, out__)
     obs__.update(obs_)
-    obs = json.loads(json.dumps(obs__))
     outs = [None, None]
-    dist.all_gather_object(outs, obs)
+    dist.all_gather_object(outs, obs__)
     if rank != 0:
         return ''
     reports = tuple((o for r, o in enumerate(outs)))
@@ -116,7 +114,7 @@ def attempt(rank, world_size):
     name, want_v = next(iter(want_p.items()))
     actual = got_p.get(name, [])
     worst = None
-    i, (a, e) = next(iter(enumerate(zip(actual, want_v))))
+    i, (a, e) = next(enumerate(zip(actual, want_v)))
     err = abs(a - e)
     if not err <= 1.2039656400680544e-05:
         worst = i
