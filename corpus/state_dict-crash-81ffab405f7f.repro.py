@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=627b92f9c75a2fc3 sources=14c7281674c70e1f seconds=5315.8
+# shardfuzz reduced reproducer: entry=627b92f9c75a2fc3 sources=14c7281674c70e1f seconds=5603.2
 # Reproduces shardfuzz corpus entry state_dict-crash-81ffab405f7f.json: crash:state_dict:signal SIGSEGV@torch/distributed/fsdp/_state_dict_utils.py:param_hook
 # Known torch bug: FSDP1 FULL_STATE_DICT with offload_to_cpu on CPU: state_dict() clones a freed
 # buffer (SIGSEGV), optim_state_dict aliases the gathered states; upstream:
@@ -11,7 +11,6 @@
 from __future__ import annotations
 from dataclasses import dataclass
 import torch
-import enum
 import os
 from torch import nn
 import copy
@@ -21,14 +20,6 @@ import torch.distributed as dist
 class RankContext:
     rank: object
     device: object
-
-class Wrapper(str, enum.Enum):
-    NONE = 'none'
-    DDP = 'ddp'
-    FSDP1_FULL_SHARD = 'fsdp1_full_shard'
-    FSDP1_SHARD_GRAD_OP = 'fsdp1_shard_grad_op'
-    FSDP1_NO_SHARD = 'fsdp1_no_shard'
-    FSDP1_HYBRID_SHARD = 'fsdp1_hybrid_shard'
 
 def is_plain():
     pass
@@ -47,11 +38,10 @@ def build_model(device):
 @dataclass
 class Composed:
     model: object
-    wrapper: object = Wrapper.NONE
 
 def compose(model, ctx):
     names = [n for n, _ in model.named_parameters()]
-    return Composed(model=_wrap(model, ctx), wrapper=Wrapper.FSDP1_FULL_SHARD)
+    return Composed(model=_wrap(model, ctx))
 
 def _wrap(model, ctx):
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
@@ -77,8 +67,8 @@ class Side:
     def names(self):
         pass
 
-def build_side(comp, training, ctx, *, seed, schedule=()):
-    torch.manual_seed(seed)
+def build_side(ctx, *, schedule=()):
+    torch.manual_seed(0)
     device = ctx.device
     model = build_model(device).to(torch.float32)
     composed = Composed(model) if is_plain() else compose(model, ctx)
@@ -118,7 +108,7 @@ def _put():
     pass
 
 def run_state_dict(ctx):
-    src = build_side(Wrapper.FSDP1_FULL_SHARD, 0.01, ctx, seed=0, schedule=())
+    src = build_side(ctx, schedule=())
     body_optimizer(src)
     msd, osd = _take(src)
     ignored = []
@@ -146,7 +136,7 @@ def main():
         frames = re.findall('File "[^"]+/torch/([^"]+)", line \\d+ in (\\S+)', child.stderr)
         found = f'signal {child.returncode}@torch/{frames[0][0]}:{frames[0][1]}' if frames else ''
         if found in ['signal -11@torch/distributed/fsdp/_state_dict_utils.py:param_hook']:
-            print(f'REPRODUCED crash:state_dict:signal SIGSEGV@torch/distributed/fsdp/_state_dict_utils.py:param_hook: rank {os.environ["RANK"]} died: {found}', flush=True)
+            print(f"REPRODUCED crash:state_dict:signal SIGSEGV@torch/distributed/fsdp/_state_dict_utils.py:param_hook: rank {os.environ['RANK']} died: {found}", flush=True)
             sys.exit(1)
         print(f'PASS or another failure: exit {child.returncode}', flush=True)
         sys.exit(0)

@@ -24,6 +24,7 @@ message, SIGTERM, SIGKILL) under one deadline by :meth:`RankPool.close`.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import fcntl
 import math
 import os
@@ -35,7 +36,7 @@ import sys
 import tempfile
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import IO, Any
 
@@ -48,6 +49,8 @@ BACKENDS = ("gloo", "nccl")
 #: How long the other ranks may take to report once one rank has failed, before their stacks
 #: are taken. Long enough for gloo to notice a closed peer, short against any case deadline.
 FAILURE_GRACE_S = 3.0
+#: Seconds a rank whose pipe closed is given to be reaped, so its exit status is known.
+DEATH_REAP_S = 2.0
 STACK_DUMP_WAIT_S = 1.0
 OUTPUT_TAIL_BYTES = 4000
 #: How often the driver reads the ranks' stack samples while a case runs past HANG_LOOK_AFTER_S.
@@ -125,6 +128,9 @@ class ScriptOutcome:
     seconds: float
     #: Whether the ranks were ended and fresh ones spawned after it.
     respawned: bool
+    #: The ranks that died in it: their exit status (-N for signal N) and what faulthandler
+    #: wrote as they died (a crash's check reads it: fuzz.repro.harness.crash_verdict).
+    died: dict[int, tuple[int, str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -351,21 +357,28 @@ class RankPool:
                 last = (m.traceback or "").strip().splitlines()[-1:] or [""]
                 errors[rank] = f"{m.exc_type}: {m.message} ({last[0][:300]})"
         missing = {}
+        died: dict[int, tuple[int, str]] = {}
         for r in self._ranks:
             if r.rank not in done:
                 status = r.proc.poll()
+                if status is None and r.eof:  # its pipe closed as it died: reap it
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        status = r.proc.wait(DEATH_REAP_S)
                 missing[r.rank] = f"died with status {status}" if status is not None else "missed the deadline"
+                if status is not None:
+                    died[r.rank] = (status, _read_from(r.stack_path, r.stack_offset))
         if not healthy:
             self.respawn()
         else:
             self._recycle_if_grown()
         self.cases_run += 1
-        return ScriptOutcome(verdicts, errors, missing, seconds, respawned=not healthy)
+        return ScriptOutcome(verdicts, errors, missing, seconds, respawned=not healthy, died=died)
 
     def _gather(self, kind: type, case_id: int, deadline: float, *, grace: bool) -> dict[int, Any]:
         """The messages of type ``kind`` for ``case_id`` from the ranks, by rank, until every rank
         sent one, died, or ``deadline`` passed (with ``grace``: or :data:`FAILURE_GRACE_S` after
-        the first answer that is a verdict line or an exception)."""
+        the first answer that is a verdict line or an exception, or the first rank's death: the
+        others would wait for it in their next collective)."""
         got: dict[int, Any] = {}
         until = deadline
         sel = selectors.DefaultSelector()
@@ -386,6 +399,8 @@ class RankPool:
                                 until = min(until, time.monotonic() + FAILURE_GRACE_S)
                     if r.eof:
                         sel.unregister(r.res_fd)
+                        if grace and r.rank not in got:
+                            until = min(until, time.monotonic() + FAILURE_GRACE_S)
         finally:
             sel.close()
         return got

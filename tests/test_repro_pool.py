@@ -97,3 +97,54 @@ def test_each_script_draws_as_a_fresh_process_would_whatever_ran_before(pool: Ra
     pool.run_script(DRAWS.replace("SEED", "1234"))
     again = pool.run_script(DRAWS.replace("SEED", "None")).verdicts
     assert first == again and len(first) == 2, (first, again)
+
+
+CRASH = """
+import ctypes
+
+import torch.distributed as dist
+
+
+def attempt(rank, world_size):
+    if rank == 1:
+        ctypes.string_at(0)  # a segmentation fault
+    dist.barrier()  # rank 1 never joins
+    return "PASS"
+"""
+
+
+def test_a_rank_that_dies_is_reported_with_its_status_and_stack_soon(pool: RankPool) -> None:
+    """A crash's attempts run in the pool (fuzz.repro.reduce): the dead rank's signal and what
+    faulthandler wrote as it died come back, after the grace the others get, not the deadline."""
+    outcome = pool.run_script(CRASH, deadline=30.0)
+    status, stack = outcome.died[1]
+    assert status == -11 and "Segmentation fault" in stack and "line 9 in attempt" in stack, stack
+    assert 0 not in outcome.died and outcome.respawned
+    assert outcome.seconds < 15.0  # the grace after rank 1's death, not the deadline
+    assert pool.run_script(VERDICT.replace("RAISE", "False")).verdicts[1] == "REPRODUCED sum=[1.0, 1.0]"
+
+
+def test_a_dead_rank_is_judged_by_the_crash_script_s_own_rule() -> None:
+    """crash_verdict reads the first frame of torch in faulthandler's output, as a crash
+    script's main does with its child's (fuzz.repro.harness._CRASH_HEAD), and names the entry's
+    crash only for its signal at its frame."""
+    from pathlib import Path
+
+    from fuzz.corpus import load_entry
+    from fuzz.repro.harness import crash_found, crash_verdict
+
+    entry = load_entry(Path(__file__).parent.parent / "corpus" / "state_dict-crash-81ffab405f7f.json")
+    stack = (
+        "Fatal Python error: Segmentation fault\n\n"
+        "Thread 0x00007f (most recent call first):\n"
+        '  File "/x/fuzz/_rank/worker.py", line 60 in run\n\n'
+        "Current thread 0x00007e (most recent call first):\n"
+        '  File "/site/torch/distributed/fsdp/_state_dict_utils.py", line 300 in param_hook\n'
+        '  File "/site/torch/nn/modules/module.py", line 2100 in state_dict\n'
+    )
+    assert crash_found(-11, stack) == "signal -11@torch/distributed/fsdp/_state_dict_utils.py:param_hook"
+    verdict = crash_verdict(entry, entry.signature, 1, -11, stack)
+    assert verdict is not None and verdict.startswith(f"REPRODUCED {entry.signature}: rank 1 died"), verdict
+    assert crash_verdict(entry, entry.signature, 1, -6, stack) is None  # another signal
+    assert crash_verdict(entry, entry.signature, 1, -11, stack.replace("param_hook", "other")) is None
+    assert crash_verdict(entry, entry.signature, 1, -11, "Fatal Python error: Segmentation fault\n") is None

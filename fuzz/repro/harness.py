@@ -228,6 +228,9 @@ _HANG = """\
     os._exit(0)
 """
 
+#: faulthandler's line for a frame of torch: the file under torch/ and the function.
+CRASH_FRAME = r'File "[^"]+/torch/([^"]+)", line \d+ in (\S+)'
+
 _CRASH_HEAD = """\
     import os
     import re
@@ -236,7 +239,7 @@ _CRASH_HEAD = """\
     if not os.environ.get("REPRO_CHILD"):
         env = {{**os.environ, "REPRO_CHILD": "1"}}
         child = subprocess.run([sys.executable, __file__], env=env, stderr=subprocess.PIPE, text=True)
-        frames = re.findall(r'File "[^"]+/torch/([^"]+)", line \\d+ in (\\S+)', child.stderr)
+        frames = re.findall({frame!r}, child.stderr)
         found = f"signal {{child.returncode}}@torch/{{frames[0][0]}}:{{frames[0][1]}}" if frames else ""
         if found in {expected!r}:
             print(f"REPRODUCED {signature}: rank {{os.environ['RANK']}} died: {{found}}", flush=True)
@@ -256,6 +259,26 @@ _RUN = """\
 _CRASH = """\
     attempt(rank, world_size)
 """
+
+
+def crash_found(status: int, stack: str) -> str:
+    """What a crash's check reads from a dead rank (its exit status, faulthandler's output):
+    ``signal -11@torch/FILE:FUNCTION`` of the innermost frame of torch, as ``_CRASH_HEAD`` does
+    in the script; "" where no frame of torch is in it."""
+    frames = re.findall(CRASH_FRAME, stack)
+    return f"signal {status}@torch/{frames[0][0]}:{frames[0][1]}" if frames else ""
+
+
+def crash_expected(entry: Entry, signature: str) -> list[str]:
+    """What a crash's check takes as the entry's crash (:func:`crash_found`'s form)."""
+    return _signal_names(_expected_exceptions(sorted({signature, entry.signature, *entry.signatures})))
+
+
+def crash_verdict(entry: Entry, signature: str, rank: int, status: int, stack: str) -> str | None:
+    """The verdict line a crash script prints for a rank that died so (``REPRODUCED``), or
+    None where it is not the entry's crash."""
+    found = crash_found(status, stack)
+    return f"REPRODUCED {signature}: rank {rank} died: {found}" if found in crash_expected(entry, signature) else None
 
 
 def _signal_names(expected: list[str]) -> list[str]:
@@ -354,7 +377,7 @@ def main_source(entry: Entry, signature: str) -> tuple[str, list[str]]:
         return head + body + _ATTEMPT_MAIN.format(hide=HIDE_ACCELERATORS), sorted(imports)
     main = _RANK_MAIN.format(hide=HIDE_ACCELERATORS)
     if kind == "crash":
-        main = _CRASH_HEAD.format(expected=_signal_names(_expected_exceptions(signatures)), **fields) + main
+        main = _CRASH_HEAD.format(expected=crash_expected(entry, signature), frame=CRASH_FRAME, **fields) + main
     return head + _RUN.format(**fields) + "\n\ndef main():\n" + main + body, sorted(imports)
 
 

@@ -32,9 +32,11 @@ Where the failure is an exception or a mismatch, the attempts of passes 4 and 5 
 :class:`~fuzz.pool.RankPool` (gloo, CPU, the case's world size) whose ranks execute the
 candidate's ``attempt`` function (:mod:`fuzz.repro.harness`), once the pool has reproduced the
 flattened script as torchrun did; the folded and the final scripts are verified under torchrun,
-and one that does not reproduce there is replaced by the last one that did. A hang or a crash
-is checked in ways a pool's rank cannot host (a watchdog that exits the process, a child
-process), so its attempts stay under torchrun.
+and one that does not reproduce there is replaced by the last one that did. A crash's attempts
+run in the pool as well: a rank that dies is judged by the crash script's own rule, applied to
+its exit status and faulthandler's output (:func:`fuzz.repro.harness.crash_verdict`). A hang is
+checked in a way a pool's rank cannot host (a watchdog that exits the process), so its
+attempts stay under torchrun.
 
 The reduced script is kept beside its entry (``NAME.repro.py`` for ``NAME.json``); its second
 line holds a hash of the entry and of the carried sources it was reduced from
@@ -78,6 +80,7 @@ from fuzz.repro.harness import (
     PASSING,
     POOLED_KINDS,
     checked,
+    crash_verdict,
     is_plain,
     lift_attempt,
     main_source,
@@ -782,9 +785,12 @@ class _Oracle:
         return outcome
 
     def _reproduced_in(self, outcome: ScriptOutcome) -> bool:
+        verdicts = list(outcome.verdicts.values())
+        if self.entry.kind == "crash":  # the rank died: the check main makes of its child, applied here
+            for rank, (status, stack) in outcome.died.items():
+                verdicts.append(crash_verdict(self.entry, self.signature, rank, status, stack) or "")
         return any(
-            reproduced(1, verdict) == self.signature and self._same_observations(verdict)
-            for verdict in outcome.verdicts.values()
+            reproduced(1, verdict) == self.signature and self._same_observations(verdict) for verdict in verdicts
         )
 
     def _attempt(self, pool: RankPool, code: str) -> ScriptOutcome:
@@ -921,7 +927,7 @@ class _Oracle:
         ones (each rank draws from the seed torch started it with, which torch 2.13 picks anew
         for each process, as it does under torchrun: a failure that needs the ranks' data to
         differ in some way may miss one set of seeds)."""
-        if self.entry.kind not in POOLED_KINDS:
+        if self.entry.kind not in (*POOLED_KINDS, "crash"):
             return
         pool = RankPool(world_size=self.entry.case.world_size, backend="gloo", deadline=self.timeout)
         try:
@@ -962,7 +968,7 @@ def reduce_entry(
     """The reduced script of ``entry``; InvalidArgument if its script does not reproduce here.
 
     Candidates run in a warm rank pool where the failure's kind allows it
-    (:data:`~fuzz.repro.harness.POOLED_KINDS`); what the pool kept is then verified under
+    (:data:`~fuzz.repro.harness.POOLED_KINDS`, and a crash); what the pool kept is then verified under
     torchrun, once after folding and once at the end, and a script that torchrun does not
     confirm is replaced by the last one it did."""
     began = time.monotonic()
