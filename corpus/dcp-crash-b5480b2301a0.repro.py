@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=4da2f48d2fa30bb5 sources=3ebb4d52c9cda72d seconds=7901.2
+# shardfuzz reduced reproducer: entry=4da2f48d2fa30bb5 sources=3ebb4d52c9cda72d seconds=8428.1
 # Reproduces shardfuzz corpus entry dcp-crash-b5480b2301a0.json: crash:dcp:signal SIGSEGV@torch/distributed/fsdp/_state_dict_utils.py:param_hook
 # Known torch bug: FSDP1 FULL_STATE_DICT with offload_to_cpu on CPU: state_dict() clones a freed
 # buffer (SIGSEGV), optim_state_dict aliases the gathered states; upstream:
@@ -31,8 +31,6 @@ class Wrapper(str, enum.Enum):
     DDP = 'ddp'
     FSDP1_FULL_SHARD = 'fsdp1_full_shard'
     FSDP1_SHARD_GRAD_OP = 'fsdp1_shard_grad_op'
-    FSDP1_NO_SHARD = 'fsdp1_no_shard'
-    FSDP1_HYBRID_SHARD = 'fsdp1_hybrid_shard'
 
 @dataclass(frozen=True)
 class Composition:
@@ -40,16 +38,10 @@ class Composition:
     checkpoint_first: object = True
     wrapper: object = Wrapper.NONE
 
-    @property
-    def sharded_paths(self):
-        return [p for spec in self.shards for p in ('',)]
-
     def steps(self):
-        items = [('fully_shard', '') for spec in self.shards]
 
         def key(item):
             pass
-        return sorted(items, key=key)
 
 @dataclass(frozen=True)
 class Training:
@@ -67,23 +59,17 @@ class Options:
     cpu_offload: object = False
     broadcast_from_rank0: object = False
     strict: object = True
-    ignore_frozen_params: object = False
-    flatten_optimizer_state_dict: object = False
 
 class DcpItem(str, enum.Enum):
     MODEL = 'model'
     OPTIMIZER = 'optimizer'
     APP = 'app'
-    SCALARS = 'scalars'
-    COUNTER = 'counter'
     EXTRA = 'extra'
 
 class TreeBlock(nn.Module):
 
     def __init__(self, children):
         super().__init__()
-        for i, child in enumerate(children):
-            self.add_module(str(i), child)
         self.residual = False
         self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(1))
         self.shift = None
@@ -93,8 +79,7 @@ class TreeBlock(nn.Module):
         pass
 
 def build_model(device):
-    with torch.device(device):
-        return TreeBlock([None])
+    return TreeBlock([None])
 
 @dataclass
 class Composed:
@@ -102,16 +87,11 @@ class Composed:
     wrapper: object = Wrapper.NONE
 
 def compose(model, comp, ctx):
-    if comp.wrapper is not Wrapper.NONE:
-        names = [n for n, _ in model.named_parameters()]
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
-        strategy = {Wrapper.FSDP1_FULL_SHARD: ShardingStrategy.FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP: ShardingStrategy.SHARD_GRAD_OP, Wrapper.FSDP1_NO_SHARD: ShardingStrategy.NO_SHARD, Wrapper.FSDP1_HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD}[comp.wrapper]
-        wrap_out = FSDP(model, sharding_strategy=strategy, device_id=ctx.device, use_orig_params=True)
-        return Composed(model=wrap_out, wrapper=comp.wrapper)
-    for api, path in comp.steps():
-        pass
-    sharded = comp.sharded_paths
-    tops = [p for p in sharded if not any((False for q in sharded))]
+    names = [n for n, _ in model.named_parameters()]
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
+    strategy = ShardingStrategy.FULL_SHARD
+    wrap_out = FSDP(model, sharding_strategy=strategy, device_id=ctx.device, use_orig_params=True)
+    return Composed(model=wrap_out, wrapper=Wrapper.FSDP1_FULL_SHARD)
     return Composed(model=model)
 FRESH_SEED = 24301
 
@@ -149,32 +129,22 @@ def body_optimizer(side, training):
     side.opt = torch.optim.SGD(groups, lr=training.lr, momentum=0.0, foreach=None)
     return side.opt
 
-def torch_kwargs(fn, kwargs):
-    params = inspect.signature(fn).parameters
-    missing = sorted((k for k in kwargs if k not in params))
-    return kwargs
-
 def state_dict_options(o):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
-    extra = {n: True for n in ('ignore_frozen_params', 'flatten_optimizer_state_dict') if getattr(o, n)}
-    return StateDictOptions(full_state_dict=o.full_state_dict, cpu_offload=o.cpu_offload, broadcast_from_rank0=o.broadcast_from_rank0, strict=True, **torch_kwargs(StateDictOptions, extra))
+    extra = {}
+    params = inspect.signature(StateDictOptions).parameters
+    missing = sorted((k for k in extra if k not in params))
+    return StateDictOptions(full_state_dict=o.full_state_dict, cpu_offload=o.cpu_offload, broadcast_from_rank0=o.broadcast_from_rank0, strict=True, **extra)
 
 def case_dir(ctx):
     digest = hashlib.sha1('{"body": {"absent": false, "async_save": false, "async_saves": 0, "cache_staged": false, "checkpoint_dir": "", "convert": false, "deadlock": false, "drop": [], "empty_group": false, "entries": ["model", "optimizer"], "frozen_in_optimizer": false, "kind": "dcp", "load_cpu_offload": true, "load_full_state_dict": true, "load_planner": null, "mode": "round_trip", "module_stateful": false, "no_dist": false, "orders": [[0, 1], [0, 1]], "overwrite": "none", "own_group": false, "patched": true, "process_checkpointer": false, "requires_grad": [], "save_cpu_offload": false, "save_full_state_dict": false, "save_planner": null, "skip": [], "source": {"auto_wrap": false, "checkpoint_first": false, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "custom_all_gather": false, "custom_reduce_scatter": false, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "no_unshard_in_backward": false, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0, "separate_rs_group": false}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [{"group": [], "ignored": [], "mixed_precision": null, "offload": false, "path": "", "reshard_after_forward": false, "shard_dim": 0}], "tp": [], "tp_size": 1, "wrapper": "none"}, "stager": null, "steps_after": 1, "storage_objects": false, "target": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "custom_all_gather": false, "custom_reduce_scatter": false, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "no_unshard_in_backward": false, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0, "separate_rs_group": false}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "fsdp1_full_shard"}, "target_meta_init": false, "torch_save_reader": false, "training": {"accum_sync": "always", "batch_per_rank": 1, "compile": "none", "dtype": "float32", "eps": 0.0001, "foreach": null, "grad_accum": 1, "lr": 0.01, "momentum": 0.0, "optimizer": "sgd", "param_groups": 1, "same_input": false, "set_to_none": false, "skips": [], "steps": 1, "unfreeze": []}, "tree": {"root": {"buffer": false, "children": [{"bias": true, "frozen": false, "kind": "relu"}], "residual": false, "scale": true}, "width": 1}, "use_collectives": true, "writer": {"per_thread_copy_ahead": 10000000, "single_file_per_rank": true, "sync_files": true, "thread_count": 1}}, "property": "dcp", "schema": 1, "seed": 0, "world_size": 2}'.encode()).hexdigest()[:12]
     count = getattr(ctx, '_cases', 0)
     return os.path.join('/tmp/shardfuzz-dcp-7050', f'{digest}-{count}')
 
-def _options(full, offload, *, load, strict=True):
-    return Options(full_state_dict=full, cpu_offload=offload, broadcast_from_rank0=load and full and offload, strict=strict)
-
 def _values(side):
     out = {}
-    for entry in (DcpItem.MODEL, DcpItem.OPTIMIZER):
-        if entry is DcpItem.MODEL:
-            out[entry] = side.model
-        else:
-            assert side.opt is not None
-            out[entry] = side.opt
+    entry = next(iter((DcpItem.MODEL, DcpItem.OPTIMIZER)))
+    out[entry] = side.model
     return out
 
 def prepare_side(side, options):
@@ -183,42 +153,33 @@ def prepare_side(side, options):
     _patch_model_state_dict(side.model, options=state_dict_options(options))
     _patch_optimizer_state_dict(side.model, optimizers=(side.opt,), options=state_dict_options(options))
 
-def _arrange(values, ctx):
-    order = ((0, 1), (0, 1))[ctx.rank]
-    return {(DcpItem.MODEL, DcpItem.OPTIMIZER)[i].value: values[(DcpItem.MODEL, DcpItem.OPTIMIZER)[i]] for i in order if (DcpItem.MODEL, DcpItem.OPTIMIZER)[i] in values}
-
-def _load(state, path):
-    import torch.distributed.checkpoint as dcp
-    dcp.load(state, checkpoint_id=path)
-
-def run_dcp(ctx):
-    return _run_dcp(ctx)
-
 def _run_dcp(ctx):
     t = Training(lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, set_to_none=False)
-    get_save = _options(False, False, load=False)
-    get_load = _options(True, True, load=False)
-    put = _options(True, True, load=True, strict=not ())
+    get_save = Options(full_state_dict=False, cpu_offload=False, broadcast_from_rank0=False, strict=True)
+    put = Options(full_state_dict=True, cpu_offload=True, broadcast_from_rank0=True, strict=True)
     path = '' or case_dir(ctx)
     src = None
     src = build_side(Composition(shards=(False,), checkpoint_first=False), t, ctx, seed=0, schedule=())
     body_optimizer(src, t)
     prepare_side(src, get_save)
     values = _values(src)
-    state = _arrange(values, ctx)
+    order = ((0, 1), (0, 1))[ctx.rank]
+    state = {(DcpItem.MODEL, DcpItem.OPTIMIZER)[i].value: values[(DcpItem.MODEL, DcpItem.OPTIMIZER)[i]] for i in order if (DcpItem.MODEL, DcpItem.OPTIMIZER)[i] in values}
     tgt = build_side(Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), t, ctx, seed=FRESH_SEED, schedule=())
-    fresh_training_out = replace(t, lr=0.01 * 0.37, momentum=0.0, eps=0.0001 * 10)
+    fresh_training_out = replace(t, lr=0.0037, momentum=0.0, eps=0.001)
     body_optimizer(tgt, fresh_training_out)
     prepare_side(tgt, put)
     values = _values(tgt)
-    state = _arrange(values, ctx)
+    order_ = ((0, 1), (0, 1))[ctx.rank]
+    state = {(DcpItem.MODEL, DcpItem.OPTIMIZER)[i_].value: values[(DcpItem.MODEL, DcpItem.OPTIMIZER)[i_]] for i_ in order_ if (DcpItem.MODEL, DcpItem.OPTIMIZER)[i_] in values}
     plain = {k: v for k, v in state.items() if isinstance(v, (dict, torch.Tensor))}
-    _load(state, path)
+    import torch.distributed.checkpoint as dcp
+    dcp.load(state, checkpoint_id=path)
 
 def attempt(rank, world_size):
     import torch
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'))
-    run_dcp(ctx)
+    _run_dcp(ctx)
 
 def main():
     import os
@@ -232,7 +193,7 @@ def main():
         frames = re.findall('File "[^"]+/torch/([^"]+)", line \\d+ in (\\S+)', child.stderr)
         found = f'signal {child.returncode}@torch/{frames[0][0]}:{frames[0][1]}' if frames else ''
         if found in ['signal -11@torch/distributed/fsdp/_state_dict_utils.py:param_hook']:
-            print(f'REPRODUCED crash:dcp:signal SIGSEGV@torch/distributed/fsdp/_state_dict_utils.py:param_hook: rank {os.environ["RANK"]} died: {found}', flush=True)
+            print(f"REPRODUCED crash:dcp:signal SIGSEGV@torch/distributed/fsdp/_state_dict_utils.py:param_hook: rank {os.environ['RANK']} died: {found}", flush=True)
             sys.exit(1)
         print(f'PASS or another failure: exit {child.returncode}', flush=True)
         sys.exit(0)

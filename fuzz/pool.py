@@ -131,6 +131,9 @@ class ScriptOutcome:
     #: The ranks that died in it: their exit status (-N for signal N) and what faulthandler
     #: wrote as they died (a crash's check reads it: fuzz.repro.harness.crash_verdict).
     died: dict[int, tuple[int, str]] = field(default_factory=dict)
+    #: The ranks that missed the deadline: their main thread's stack as last sampled (a hang's
+    #: check reads it: fuzz.repro.harness.hang_verdict).
+    stuck: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -358,6 +361,7 @@ class RankPool:
                 errors[rank] = f"{m.exc_type}: {m.message} ({last[0][:300]})"
         missing = {}
         died: dict[int, tuple[int, str]] = {}
+        stuck: dict[int, str] = {}
         for r in self._ranks:
             if r.rank not in done:
                 status = r.proc.poll()
@@ -367,12 +371,14 @@ class RankPool:
                 missing[r.rank] = f"died with status {status}" if status is not None else "missed the deadline"
                 if status is not None:
                     died[r.rank] = (status, _read_from(r.stack_path, r.stack_offset))
+                else:
+                    stuck[r.rank] = self._sample(r, case_id)
         if not healthy:
             self.respawn()
         else:
             self._recycle_if_grown()
         self.cases_run += 1
-        return ScriptOutcome(verdicts, errors, missing, seconds, respawned=not healthy, died=died)
+        return ScriptOutcome(verdicts, errors, missing, seconds, respawned=not healthy, died=died, stuck=stuck)
 
     def _gather(self, kind: type, case_id: int, deadline: float, *, grace: bool) -> dict[int, Any]:
         """The messages of type ``kind`` for ``case_id`` from the ranks, by rank, until every rank

@@ -148,3 +148,34 @@ def test_a_dead_rank_is_judged_by_the_crash_script_s_own_rule() -> None:
     assert crash_verdict(entry, entry.signature, 1, -6, stack) is None  # another signal
     assert crash_verdict(entry, entry.signature, 1, -11, stack.replace("param_hook", "other")) is None
     assert crash_verdict(entry, entry.signature, 1, -11, "Fatal Python error: Segmentation fault\n") is None
+
+
+def test_a_rank_still_running_at_the_deadline_comes_back_with_its_main_thread_s_stack(pool: RankPool) -> None:
+    """A hang's attempts run in the pool (fuzz.repro.reduce): a rank still running at the
+    deadline (the hang watcher's wait) comes back with its main thread's stack as last sampled."""
+    outcome = pool.run_script(STUCK, deadline=6.0)
+    assert outcome.verdicts == {0: "PASS"} and outcome.respawned and not outcome.died
+    stack = outcome.stuck[1]
+    assert "torch/distributed/distributed_c10d.py" in stack and "in barrier" in stack, stack
+
+
+def test_a_stuck_rank_is_judged_by_the_hang_script_s_own_rule() -> None:
+    """hang_verdict takes a stack with one of the entry's frames anywhere on it, as a hang
+    script's watcher does with the stuck main thread's (fuzz.repro.harness._HANG)."""
+    from pathlib import Path
+
+    from fuzz.corpus import load_entry
+    from fuzz.repro.harness import hang_verdict
+
+    entry = load_entry(Path(__file__).parent.parent / "corpus" / "state_dict-hang-dff6a54ad235.json")
+    stack = (
+        '  File "<_shardfuzz_script_7>", line 40, in attempt\n    x = get_state_dict(model, opt)\n'
+        '  File "/site/torch/distributed/_state_dict_utils.py", line 600, in _broadcast_state_dict\n'
+        "    dist.broadcast_object_list(keys)\n"
+        '  File "/site/torch/distributed/distributed_c10d.py", line 3300, in broadcast_object_list\n'
+        "    broadcast(...)\n"
+    )
+    verdict = hang_verdict(entry, entry.signature, 0, stack)
+    assert verdict == f"REPRODUCED {entry.signature}: rank 0 is stuck", verdict
+    assert hang_verdict(entry, entry.signature, 0, stack.replace("_broadcast_state_dict", "other")) is None
+    assert hang_verdict(entry, entry.signature, 0, "") is None  # never sampled

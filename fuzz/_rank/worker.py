@@ -153,7 +153,10 @@ def main() -> int:
             break
         if isinstance(msg, RunScript):
             groups = _process_groups()
-            _send(results, _run_script(msg, ctx, fresh_seed))
+            sampler.case = (msg.case_id, time.monotonic())  # a hang's attempt is judged by its stack
+            script_done = _run_script(msg, ctx, fresh_seed)
+            sampler.case = None
+            _send(results, script_done)
         elif isinstance(msg, Settle):
             _send(results, Settled(case_id=msg.case_id, rank=ctx.rank, error=_settle(ctx, groups)))
         elif isinstance(msg, RunCase):

@@ -261,6 +261,28 @@ _CRASH = """\
 """
 
 
+def hang_expected(entry: Entry, signature: str) -> list[str]:
+    """The frames (``torch/FILE:FUNCTION``) a hang's watcher takes as the entry's hang, one of
+    them anywhere on the stuck main thread's stack."""
+    signatures = sorted({signature, entry.signature, *entry.signatures})
+    return sorted({":".join(e.split(":")[:2]) for e in _expected_exceptions(signatures)})
+
+
+#: A frame of :func:`traceback.format_stack`'s text: the file and the function.
+_STACK_FRAME = re.compile(r'File "([^"]+)", line \d+, in (\S+)')
+
+
+def hang_verdict(entry: Entry, signature: str, rank: int, stack: str) -> str | None:
+    """The verdict line a hang script's watcher prints for a rank whose main thread is stuck
+    with ``stack`` (``traceback.format_stack``'s text): ``REPRODUCED`` where a frame of it is
+    one of the entry's (``_HANG``'s rule), else None."""
+    expected = hang_expected(entry, signature)
+    for file, function in _STACK_FRAME.findall(stack):
+        if f"torch/{file.rpartition('/torch/')[2]}:{function}" in expected:
+            return f"REPRODUCED {signature}: rank {rank} is stuck"
+    return None
+
+
 def crash_found(status: int, stack: str) -> str:
     """What a crash's check reads from a dead rank (its exit status, faulthandler's output):
     ``signal -11@torch/FILE:FUNCTION`` of the innermost frame of torch, as ``_CRASH_HEAD`` does
@@ -359,8 +381,7 @@ def main_source(entry: Entry, signature: str) -> tuple[str, list[str]]:
         imports.setdefault("fuzz.verdict", []).extend(["Outcome", "OutcomeKind", "RankReport"])
         body = _MISMATCH.format(judge=judge.__name__, expected=signatures, **fields)
     elif kind == "hang":
-        frames = sorted({":".join(e.split(":")[:2]) for e in _expected_exceptions(signatures)})
-        body = _HANG.format(expected=frames, **fields)
+        body = _HANG.format(expected=hang_expected(entry, signature), **fields)
     elif kind == "crash":
         body = _CRASH
     else:

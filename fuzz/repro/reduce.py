@@ -34,9 +34,10 @@ candidate's ``attempt`` function (:mod:`fuzz.repro.harness`), once the pool has 
 flattened script as torchrun did; the folded and the final scripts are verified under torchrun,
 and one that does not reproduce there is replaced by the last one that did. A crash's attempts
 run in the pool as well: a rank that dies is judged by the crash script's own rule, applied to
-its exit status and faulthandler's output (:func:`fuzz.repro.harness.crash_verdict`). A hang is
-checked in a way a pool's rank cannot host (a watchdog that exits the process), so its
-attempts stay under torchrun.
+its exit status and faulthandler's output (:func:`fuzz.repro.harness.crash_verdict`); and so do
+a hang's, with the deadline of the watcher's short wait (:data:`QUICK_HANG_AFTER_S`): a rank
+still running then is judged by the watcher's rule on its main thread's stack as the rank last
+sampled it (:func:`fuzz.repro.harness.hang_verdict`).
 
 The reduced script is kept beside its entry (``NAME.repro.py`` for ``NAME.json``); its second
 line holds a hash of the entry and of the carried sources it was reduced from
@@ -81,6 +82,7 @@ from fuzz.repro.harness import (
     POOLED_KINDS,
     checked,
     crash_verdict,
+    hang_verdict,
     is_plain,
     lift_attempt,
     main_source,
@@ -730,7 +732,9 @@ class _Oracle:
             self.say(f"  the pool failed ({e}): the attempts left run under torchrun")
             self.close()
             return self.torchrun(code)
-        if ok:  # a candidate may take POOL_DEADLINE_FACTOR times the slowest that reproduced
+        if (
+            ok and self.entry.kind != "hang"
+        ):  # a candidate may take POOL_DEADLINE_FACTOR times the slowest that reproduced
             self.slowest = max(self.slowest, outcome.seconds)
             self.deadline = min(self.timeout, max(POOL_DEADLINE_MIN_S, POOL_DEADLINE_FACTOR * self.slowest))
         said = [*outcome.verdicts.values(), *outcome.errors.values()]
@@ -789,6 +793,11 @@ class _Oracle:
         if self.entry.kind == "crash":  # the rank died: the check main makes of its child, applied here
             for rank, (status, stack) in outcome.died.items():
                 verdicts.append(crash_verdict(self.entry, self.signature, rank, status, stack) or "")
+        if self.entry.kind == "hang" and not outcome.errors and not outcome.died:
+            # a rank still running at the watcher's time, judged by its main thread's stack (under
+            # torchrun a rank that raises or dies ends the others before their watcher looks)
+            for rank, stack in outcome.stuck.items():
+                verdicts.append(hang_verdict(self.entry, self.signature, rank, stack) or "")
         return any(
             reproduced(1, verdict) == self.signature and self._same_observations(verdict) for verdict in verdicts
         )
@@ -927,8 +936,10 @@ class _Oracle:
         ones (each rank draws from the seed torch started it with, which torch 2.13 picks anew
         for each process, as it does under torchrun: a failure that needs the ranks' data to
         differ in some way may miss one set of seeds)."""
-        if self.entry.kind not in (*POOLED_KINDS, "crash"):
+        if self.entry.kind not in (*POOLED_KINDS, "crash", "hang"):
             return
+        if self.entry.kind == "hang":  # a candidate is stuck if still running at the watcher's time
+            self.deadline = QUICK_HANG_AFTER_S
         pool = RankPool(world_size=self.entry.case.world_size, backend="gloo", deadline=self.timeout)
         try:
             pool.start()
@@ -968,7 +979,7 @@ def reduce_entry(
     """The reduced script of ``entry``; InvalidArgument if its script does not reproduce here.
 
     Candidates run in a warm rank pool where the failure's kind allows it
-    (:data:`~fuzz.repro.harness.POOLED_KINDS`, and a crash); what the pool kept is then verified under
+    (:data:`~fuzz.repro.harness.POOLED_KINDS`, a crash and a hang); what the pool kept is then verified under
     torchrun, once after folding and once at the end, and a script that torchrun does not
     confirm is replaced by the last one it did."""
     began = time.monotonic()
