@@ -17,6 +17,7 @@ import pytest
 
 from fuzz import known
 from fuzz.corpus import Entry, load_entry
+from fuzz.pool import ScriptOutcome
 from fuzz.repro import render_entry
 from fuzz.repro.harness import HIDE_ACCELERATORS, is_plain
 from fuzz.repro.portable import portable
@@ -728,3 +729,55 @@ def test_the_pool_is_taken_if_the_script_reproduces_on_its_ranks_or_on_fresh_one
     assert not left  # each outcome asked for, no more
     assert (oracle.pool is not None) == pooled
     assert any("every attempt runs under torchrun" in s for s in said) != pooled
+
+
+_FAULTHANDLER = (
+    "Fatal Python error: Segmentation fault\n\nCurrent thread 0x1 (most recent call first):\n"
+    '  File "/site/torch/distributed/fsdp/_state_dict_utils.py", line 300 in param_hook\n'
+)
+_STUCK = '  File "/site/torch/distributed/_state_dict_utils.py", line 662, in _broadcast_state_dict\n'
+
+
+@pytest.mark.parametrize(
+    ("name", "outcome", "reproduces"),
+    [
+        (
+            "state_dict-crash-81ffab405f7f",
+            ScriptOutcome({}, {}, {1: "died"}, 1.0, True, died={1: (-11, _FAULTHANDLER)}),
+            True,
+        ),
+        (
+            "state_dict-crash-81ffab405f7f",
+            ScriptOutcome({}, {}, {1: "died"}, 1.0, True, died={1: (-6, _FAULTHANDLER)}),
+            False,
+        ),
+        ("state_dict-crash-81ffab405f7f", ScriptOutcome({0: "None"}, {}, {}, 1.0, False), False),
+        ("dcp-hang-96de59c34a50", ScriptOutcome({}, {}, {0: "late"}, 20.0, True, stuck={0: _STUCK}), True),
+        ("dcp-hang-96de59c34a50", ScriptOutcome({}, {}, {0: "late"}, 20.0, True, stuck={0: "elsewhere"}), False),
+        # under torchrun a rank that raises ends the others before their watcher looks
+        ("dcp-hang-96de59c34a50", ScriptOutcome({}, {1: "boom"}, {0: "late"}, 20.0, True, stuck={0: _STUCK}), False),
+    ],
+)
+def test_a_crash_s_or_a_hang_s_pooled_attempt_is_judged_by_its_script_s_rule(
+    name: str, outcome: ScriptOutcome, reproduces: bool
+) -> None:
+    from fuzz.repro import reduce
+
+    entry = load_entry(ROOT / "corpus" / f"{name}.json")
+    oracle = reduce._Oracle(entry, "", entry.signature, 60.0, lambda _: None)
+    assert oracle._reproduced_in(outcome) == reproduces
+
+
+@pytest.mark.parametrize(("missing", "passes"), [({}, True), ({0: "late"}, False)])
+def test_a_hang_passes_with_its_fix_when_every_rank_finishes_the_case(
+    monkeypatch: pytest.MonkeyPatch, missing: dict[int, str], passes: bool
+) -> None:
+    """A hang's attempt returns no verdict (its main's watcher checks it): with the bug's fix it
+    passes when every rank finishes."""
+    from fuzz.repro import reduce
+
+    entry = load_entry(ROOT / "corpus" / "dcp-hang-96de59c34a50.json")
+    oracle = reduce._Oracle(entry, "", entry.signature, 60.0, lambda _: None)
+    oracle.fixed = _FakePool()  # type: ignore[assignment]
+    monkeypatch.setattr(oracle, "_attempt", lambda pool, code: ScriptOutcome({}, {}, missing, 1.0, bool(missing)))
+    assert oracle._passes_fixed("") == passes

@@ -35,8 +35,9 @@ flattened script as torchrun did; the folded and the final scripts are verified 
 and one that does not reproduce there is replaced by the last one that did. A crash's attempts
 run in the pool as well: a rank that dies is judged by the crash script's own rule, applied to
 its exit status and faulthandler's output (:func:`fuzz.repro.harness.crash_verdict`); and so do
-a hang's, with the deadline of the watcher's short wait (:data:`QUICK_HANG_AFTER_S`): a rank
-still running then is judged by the watcher's rule on its main thread's stack as the rank last
+a hang's, with the deadline of the watcher's wait (:data:`~fuzz.repro.harness.HANG_AFTER_S`;
+the short one, :data:`QUICK_HANG_AFTER_S`, is too short for a loaded machine's ranks to reach
+the hang): a rank still running then is judged by the watcher's rule on its main thread's stack as the rank last
 sampled it (:func:`fuzz.repro.harness.hang_verdict`).
 
 The reduced script is kept beside its entry (``NAME.repro.py`` for ``NAME.json``); its second
@@ -819,10 +820,14 @@ class _Oracle:
         return outcome
 
     def _passes_fixed(self, code: str) -> bool:
-        """Whether ``code`` passes in the ranks of torch with the bug's fix (:func:`passed`)."""
+        """Whether ``code`` passes in the ranks of torch with the bug's fix (:func:`passed`; a
+        hang's or a crash's ``attempt`` returns no verdict, its ``main`` checks it: there, every
+        rank finishes the case)."""
         assert self.fixed is not None
         self.fixed_attempts += 1
         outcome = self._attempt(self.fixed, code)
+        if self.entry.kind in ("hang", "crash"):
+            return not outcome.errors and not outcome.missing
         return not outcome.errors and not outcome.missing and passed("\n".join(outcome.verdicts.values()))
 
     def trace_fix(self, full: str, modules: dict[str, str]) -> dict[str, set[int]]:
@@ -939,7 +944,7 @@ class _Oracle:
         if self.entry.kind not in (*POOLED_KINDS, "crash", "hang"):
             return
         if self.entry.kind == "hang":  # a candidate is stuck if still running at the watcher's time
-            self.deadline = QUICK_HANG_AFTER_S
+            self.deadline = HANG_AFTER_S
         pool = RankPool(world_size=self.entry.case.world_size, backend="gloo", deadline=self.timeout)
         try:
             pool.start()
