@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=87e3671b7d30ca95 sources=001b716bb8af1bc0 seconds=8749.1
+# shardfuzz reduced reproducer: entry=87e3671b7d30ca95 sources=001b716bb8af1bc0 seconds=9401.8
 # Reproduces shardfuzz corpus entry dcp-hang-96de59c34a50.json: hang:dcp@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone
 # Known torch bug: set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0
 # pass an empty model state dict; upstream: https://github.com/pytorch/pytorch/issues/157781.
@@ -28,7 +28,6 @@ class RankContext:
     rank: object
     world_size: object
     device: object
-    backend: object
     _cases: object = 0
 
     def group(self, name):
@@ -45,13 +44,12 @@ class LeafKind(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Leaf:
-    kind: object
     bias: object = True
     frozen: object = False
 
 @dataclass(frozen=True)
 class Block:
-    children: object
+    pass
 
 @dataclass(frozen=True)
 class ModuleTree:
@@ -261,40 +259,40 @@ class App:
 def _options(full, offload, *, load, strict=True):
     return Options(full_state_dict=full, cpu_offload=offload, broadcast_from_rank0=load and full and offload, strict=strict)
 
-def _values(body, side, get, put):
+def _values(side, get, put):
     out = {}
     for entry in (DcpItem.APP,):
         if entry is DcpItem.APP:
             out[entry] = App(side, get, put)
     return out
 
-def _arrange(body, values, ctx):
+def _arrange(values):
     order = range(len((DcpItem.APP,)))
     return {(DcpItem.APP,)[i].value: values[(DcpItem.APP,)[i]] for i in order if (DcpItem.APP,)[i] in values}
 
-def _tensors(value, path=''):
+def _tensors():
     pass
 
-def _in_place_problem(state, before, tensors):
+def _in_place_problem():
     pass
 
-def _writer_kwargs(body, path, overwrite=None):
+def _writer_kwargs(path):
     kwargs = {'checkpoint_id': path}
     return kwargs
 
-def _save(body, state, path, overwrite=None):
+def _save(state, path):
     import torch.distributed.checkpoint as dcp
-    kwargs = _writer_kwargs(body, path, overwrite)
+    kwargs = _writer_kwargs(path)
     dcp.save(state, **kwargs)
 
-def _load(body, state, path):
+def _load(state, path):
     import torch.distributed.checkpoint as dcp
     dcp.load(state, checkpoint_id=path)
 
-def run_dcp(case, body, ctx):
-    return _run_dcp(case, body, ctx)
+def run_dcp(ctx):
+    return _run_dcp(ctx)
 
-def _run_dcp(case, body, ctx):
+def _run_dcp(ctx):
     t = Training(momentum=0.9, steps=1, batch_per_rank=1)
     get_save = _options(False, False, load=False)
     get_load = _options(True, True, load=False)
@@ -305,19 +303,19 @@ def _run_dcp(case, body, ctx):
     src = None
     src = build_side(Composition(shards=(ShardSpec(path=''),)), t, ctx, seed=0, schedule=())
     body_optimizer(src, t)
-    values = _values(body, src, get_save, put)
-    state = _arrange(body, values, ctx)
-    _save(body, state, path)
+    values = _values(src, get_save, put)
+    state = _arrange(values)
+    _save(state, path)
     tgt = build_side(Composition(shards=(ShardSpec(path=''),)), t, ctx, seed=FRESH_SEED, schedule=())
     body_optimizer(tgt, fresh_training(t))
     dropped = dropped_keys()
-    values = _values(body, tgt, get_load, put)
-    state = _arrange(body, values, ctx)
+    values = _values(tgt, get_load, put)
+    state = _arrange(values)
     plain = {k: v for k, v in state.items() if isinstance(v, (dict, torch.Tensor))}
-    tensors = {k: _tensors(v) for k, v in plain.items()}
+    tensors = {k: _tensors() for k, v in plain.items()}
     before = requires_grad(tgt)
-    _load(body, state, path)
-    obs = {'dropped': dropped, 'in_place': _in_place_problem(state, plain, tensors), 'requires_grad': {'before': before, 'after': requires_grad(tgt)}}
+    _load(state, path)
+    obs = {'dropped': dropped, 'in_place': _in_place_problem(), 'requires_grad': {'before': before, 'after': requires_grad(tgt)}}
     dist.barrier()
     if ctx.rank == 0:
         shutil.rmtree(path, ignore_errors=True)
@@ -325,9 +323,9 @@ def _run_dcp(case, body, ctx):
 
 def attempt(rank, world_size):
     import torch
-    case = Case(property='dcp', world_size=2, seed=0, body=DcpBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR),))), source=Composition(shards=(ShardSpec(path=''),)), target=Composition(shards=(ShardSpec(path=''),)), entries=(DcpItem.APP,), training=Training(momentum=0.9, steps=1, batch_per_rank=1), steps_after=0, load_full_state_dict=True, load_cpu_offload=True))
-    ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
-    run_dcp(case, DcpBody(tree=ModuleTree(width=2, root=Block(children=(Leaf(kind=LeafKind.LINEAR),))), source=Composition(shards=(ShardSpec(path=''),)), target=Composition(shards=(ShardSpec(path=''),)), entries=(DcpItem.APP,), training=Training(momentum=0.9, steps=1, batch_per_rank=1), steps_after=0, load_full_state_dict=True, load_cpu_offload=True), ctx)
+    case = Case(property='dcp', world_size=2, seed=0, body=DcpBody(tree=ModuleTree(width=2, root=Block()), source=Composition(shards=(ShardSpec(path=''),)), target=Composition(shards=(ShardSpec(path=''),)), entries=(DcpItem.APP,), training=Training(momentum=0.9, steps=1, batch_per_rank=1), steps_after=0, load_full_state_dict=True, load_cpu_offload=True))
+    ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'))
+    run_dcp(ctx)
 
 def main():
     import os
@@ -345,7 +343,7 @@ def main():
     def watch():
         time.sleep(20)
         frames = traceback.extract_stack(sys._current_frames()[threading.main_thread().ident])
-        if any((f'torch/{f.filename.rpartition("/torch/")[2]}:{f.name}' in ['torch/distributed/_state_dict_utils.py:_broadcast_state_dict'] for f in frames)):
+        if any((f"torch/{f.filename.rpartition('/torch/')[2]}:{f.name}" in ['torch/distributed/_state_dict_utils.py:_broadcast_state_dict'] for f in frames)):
             print(f'REPRODUCED hang:dcp@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone: rank {rank} is stuck', flush=True)
             os._exit(1)
         if finished.is_set():
