@@ -261,11 +261,16 @@ _CRASH = """\
 """
 
 
+def _signatures(entry: Entry, signature: str) -> list[str]:
+    """The signatures a script's check takes as the entry's failure: ``signature`` (what the
+    unreduced script printed) and the entry's own."""
+    return sorted({signature, entry.signature, *entry.signatures})
+
+
 def hang_expected(entry: Entry, signature: str) -> list[str]:
     """The frames (``torch/FILE:FUNCTION``) a hang's watcher takes as the entry's hang, one of
     them anywhere on the stuck main thread's stack."""
-    signatures = sorted({signature, entry.signature, *entry.signatures})
-    return sorted({":".join(e.split(":")[:2]) for e in _expected_exceptions(signatures)})
+    return sorted({":".join(e.split(":")[:2]) for e in _expected_exceptions(_signatures(entry, signature))})
 
 
 #: A frame of :func:`traceback.format_stack`'s text: the file and the function.
@@ -293,7 +298,7 @@ def crash_found(status: int, stack: str) -> str:
 
 def crash_expected(entry: Entry, signature: str) -> list[str]:
     """What a crash's check takes as the entry's crash (:func:`crash_found`'s form)."""
-    return _signal_names(_expected_exceptions(sorted({signature, entry.signature, *entry.signatures})))
+    return _signal_names(_expected_exceptions(_signatures(entry, signature)))
 
 
 def crash_verdict(entry: Entry, signature: str, rank: int, status: int, stack: str) -> str | None:
@@ -354,7 +359,7 @@ def exception_rule(entry: Entry, signature: str) -> tuple[list[str], str | None,
     signatures, the torch API it entered by or None, its message's first line with numbers as
     ``#`` or None). The checked script's ``attempt`` writes this rule out; :func:`raised_verdicts`
     applies it to what a plain script's ranks printed."""
-    expected = _expected_exceptions(sorted({signature, entry.signature, *entry.signatures}))
+    expected = _expected_exceptions(_signatures(entry, signature))
     entered, shape = _raised(entry)
     return expected, entered, shape
 
@@ -369,7 +374,7 @@ def main_source(entry: Entry, signature: str) -> tuple[str, list[str]]:
     case = entry.case
     program_module, program = case.body.PROGRAM.split(":")
     judge = get_property(case.property).judge
-    signatures = sorted({signature, entry.signature, *entry.signatures})
+    signatures = _signatures(entry, signature)
     expression, classes = case_expression(case)
     imports = {"fuzz._rank.context": ["RankContext"], program_module: [program]}
     for name, module in classes.items():

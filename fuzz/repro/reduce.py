@@ -37,8 +37,8 @@ run in the pool as well: a rank that dies is judged by the crash script's own ru
 its exit status and faulthandler's output (:func:`fuzz.repro.harness.crash_verdict`); and so do
 a hang's, with the deadline of the watcher's wait (:data:`~fuzz.repro.harness.HANG_AFTER_S`;
 the short one, :data:`QUICK_HANG_AFTER_S`, is too short for a loaded machine's ranks to reach
-the hang): a rank still running then is judged by the watcher's rule on its main thread's stack as the rank last
-sampled it (:func:`fuzz.repro.harness.hang_verdict`).
+the hang): a rank still running then is judged by the watcher's rule on its main thread's
+stack as the rank last sampled it (:func:`fuzz.repro.harness.hang_verdict`).
 
 The reduced script is kept beside its entry (``NAME.repro.py`` for ``NAME.json``); its second
 line holds a hash of the entry and of the carried sources it was reduced from
@@ -733,9 +733,9 @@ class _Oracle:
             self.say(f"  the pool failed ({e}): the attempts left run under torchrun")
             self.close()
             return self.torchrun(code)
-        if (
-            ok and self.entry.kind != "hang"
-        ):  # a candidate may take POOL_DEADLINE_FACTOR times the slowest that reproduced
+        # A candidate may take POOL_DEADLINE_FACTOR times the slowest that reproduced (a hang's
+        # deadline is the watcher's wait, which every hang that reproduces takes whole).
+        if ok and self.entry.kind != "hang":
             self.slowest = max(self.slowest, outcome.seconds)
             self.deadline = min(self.timeout, max(POOL_DEADLINE_MIN_S, POOL_DEADLINE_FACTOR * self.slowest))
         said = [*outcome.verdicts.values(), *outcome.errors.values()]
@@ -984,9 +984,9 @@ def reduce_entry(
     """The reduced script of ``entry``; InvalidArgument if its script does not reproduce here.
 
     Candidates run in a warm rank pool where the failure's kind allows it
-    (:data:`~fuzz.repro.harness.POOLED_KINDS`, a crash and a hang); what the pool kept is then verified under
-    torchrun, once after folding and once at the end, and a script that torchrun does not
-    confirm is replaced by the last one it did."""
+    (:data:`~fuzz.repro.harness.POOLED_KINDS`, a crash and a hang); what the pool kept is then
+    verified under torchrun, once after folding and once at the end, and a script that torchrun
+    does not confirm is replaced by the last one it did."""
     began = time.monotonic()
     full = render_entry(entry, source=source)
     modules = unreduced_modules(entry)
