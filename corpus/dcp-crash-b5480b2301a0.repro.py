@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=4da2f48d2fa30bb5 sources=3ebb4d52c9cda72d seconds=8428.1
+# shardfuzz reduced reproducer: entry=4da2f48d2fa30bb5 sources=3ebb4d52c9cda72d seconds=8905.3
 # Reproduces shardfuzz corpus entry dcp-crash-b5480b2301a0.json: crash:dcp:signal SIGSEGV@torch/distributed/fsdp/_state_dict_utils.py:param_hook
 # Known torch bug: FSDP1 FULL_STATE_DICT with offload_to_cpu on CPU: state_dict() clones a freed
 # buffer (SIGSEGV), optim_state_dict aliases the gathered states; upstream:
@@ -15,7 +15,6 @@ import enum
 from dataclasses import replace
 import os
 from torch import nn
-import torch.distributed as dist
 import inspect
 import hashlib
 
@@ -24,24 +23,10 @@ class RankContext:
     rank: object
     world_size: object
     device: object
-    _cases: object = 0
 
 class Wrapper(str, enum.Enum):
     NONE = 'none'
-    DDP = 'ddp'
     FSDP1_FULL_SHARD = 'fsdp1_full_shard'
-    FSDP1_SHARD_GRAD_OP = 'fsdp1_shard_grad_op'
-
-@dataclass(frozen=True)
-class Composition:
-    shards: object = ()
-    checkpoint_first: object = True
-    wrapper: object = Wrapper.NONE
-
-    def steps(self):
-
-        def key(item):
-            pass
 
 @dataclass(frozen=True)
 class Training:
@@ -51,7 +36,6 @@ class Training:
     steps: object = 2
     batch_per_rank: object = 2
     set_to_none: object = True
-    foreach: object = None
 
 @dataclass(frozen=True)
 class Options:
@@ -63,77 +47,45 @@ class Options:
 class DcpItem(str, enum.Enum):
     MODEL = 'model'
     OPTIMIZER = 'optimizer'
-    APP = 'app'
-    EXTRA = 'extra'
 
 class TreeBlock(nn.Module):
 
-    def __init__(self, children):
+    def __init__(self):
         super().__init__()
-        self.residual = False
         self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(1))
-        self.shift = None
-        self.skipped: frozenset[str] = frozenset()
-
-    def forward(self, x):
-        pass
-
-def build_model(device):
-    return TreeBlock([None])
 
 @dataclass
 class Composed:
     model: object
     wrapper: object = Wrapper.NONE
 
-def compose(model, comp, ctx):
-    names = [n for n, _ in model.named_parameters()]
+def compose(model, ctx):
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
     strategy = ShardingStrategy.FULL_SHARD
     wrap_out = FSDP(model, sharding_strategy=strategy, device_id=ctx.device, use_orig_params=True)
     return Composed(model=wrap_out, wrapper=Wrapper.FSDP1_FULL_SHARD)
-    return Composed(model=model)
 FRESH_SEED = 24301
 
 @dataclass
 class Side:
     composed: object
     training: object
-    opt: object = None
     schedule: object = ()
 
     @property
     def model(self):
         return self.composed.model
 
-    @property
-    def plain(self):
-        pass
-
-    def names(self):
-        pass
-
-def build_side(comp, training, ctx, *, seed, schedule=()):
-    torch.manual_seed(seed)
-    device = ctx.device
-    model = build_model(device).to(torch.float32)
-    composed = compose(model, comp, ctx)
+def build_side(training, ctx, *, seed, schedule=()):
+    build_model_out = TreeBlock()
+    model = build_model_out.to(torch.float32)
+    composed = compose(model, ctx)
     return Side(composed=composed, training=training, schedule=schedule)
-
-def body_optimizer(side, training):
-    params = list(side.model.parameters())
-    params_ = params
-    held = set()
-    params_ = [p_ for p_ in params_ if p_.requires_grad or id(p_) in held]
-    groups = params_
-    side.opt = torch.optim.SGD(groups, lr=training.lr, momentum=0.0, foreach=None)
-    return side.opt
 
 def state_dict_options(o):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
     extra = {}
     params = inspect.signature(StateDictOptions).parameters
-    missing = sorted((k for k in extra if k not in params))
     return StateDictOptions(full_state_dict=o.full_state_dict, cpu_offload=o.cpu_offload, broadcast_from_rank0=o.broadcast_from_rank0, strict=True, **extra)
 
 def case_dir(ctx):
@@ -141,35 +93,24 @@ def case_dir(ctx):
     count = getattr(ctx, '_cases', 0)
     return os.path.join('/tmp/shardfuzz-dcp-7050', f'{digest}-{count}')
 
-def _values(side):
-    out = {}
-    entry = next(iter((DcpItem.MODEL, DcpItem.OPTIMIZER)))
-    out[entry] = side.model
-    return out
-
 def prepare_side(side, options):
     from torch.distributed.checkpoint.state_dict import _patch_model_state_dict, _patch_optimizer_state_dict
-    assert side.opt is not None
     _patch_model_state_dict(side.model, options=state_dict_options(options))
-    _patch_optimizer_state_dict(side.model, optimizers=(side.opt,), options=state_dict_options(options))
 
 def _run_dcp(ctx):
     t = Training(lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, set_to_none=False)
     get_save = Options(full_state_dict=False, cpu_offload=False, broadcast_from_rank0=False, strict=True)
     put = Options(full_state_dict=True, cpu_offload=True, broadcast_from_rank0=True, strict=True)
     path = '' or case_dir(ctx)
-    src = None
-    src = build_side(Composition(shards=(False,), checkpoint_first=False), t, ctx, seed=0, schedule=())
-    body_optimizer(src, t)
-    prepare_side(src, get_save)
-    values = _values(src)
-    order = ((0, 1), (0, 1))[ctx.rank]
-    state = {(DcpItem.MODEL, DcpItem.OPTIMIZER)[i].value: values[(DcpItem.MODEL, DcpItem.OPTIMIZER)[i]] for i in order if (DcpItem.MODEL, DcpItem.OPTIMIZER)[i] in values}
-    tgt = build_side(Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), t, ctx, seed=FRESH_SEED, schedule=())
+    src = build_side(t, ctx, seed=0, schedule=())
+    out = {}
+    values = out
+    tgt = build_side(t, ctx, seed=FRESH_SEED, schedule=())
     fresh_training_out = replace(t, lr=0.0037, momentum=0.0, eps=0.001)
-    body_optimizer(tgt, fresh_training_out)
     prepare_side(tgt, put)
-    values = _values(tgt)
+    out_ = {}
+    out_[DcpItem.MODEL] = tgt.model
+    values = out_
     order_ = ((0, 1), (0, 1))[ctx.rank]
     state = {(DcpItem.MODEL, DcpItem.OPTIMIZER)[i_].value: values[(DcpItem.MODEL, DcpItem.OPTIMIZER)[i_]] for i_ in order_ if (DcpItem.MODEL, DcpItem.OPTIMIZER)[i_] in values}
     plain = {k: v for k, v in state.items() if isinstance(v, (dict, torch.Tensor))}
