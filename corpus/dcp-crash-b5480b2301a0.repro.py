@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=4da2f48d2fa30bb5 sources=3ebb4d52c9cda72d seconds=8905.3
+# shardfuzz reduced reproducer: entry=4da2f48d2fa30bb5 sources=3ebb4d52c9cda72d seconds=9313.0
 # Reproduces shardfuzz corpus entry dcp-crash-b5480b2301a0.json: crash:dcp:signal SIGSEGV@torch/distributed/fsdp/_state_dict_utils.py:param_hook
 # Known torch bug: FSDP1 FULL_STATE_DICT with offload_to_cpu on CPU: state_dict() clones a freed
 # buffer (SIGSEGV), optim_state_dict aliases the gathered states; upstream:
@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 import torch
 import enum
-from dataclasses import replace
 import os
 from torch import nn
 import inspect
@@ -24,26 +23,6 @@ class RankContext:
     world_size: object
     device: object
 
-class Wrapper(str, enum.Enum):
-    NONE = 'none'
-    FSDP1_FULL_SHARD = 'fsdp1_full_shard'
-
-@dataclass(frozen=True)
-class Training:
-    lr: object = 0.1
-    momentum: object = 0.0
-    eps: object = 0.001
-    steps: object = 2
-    batch_per_rank: object = 2
-    set_to_none: object = True
-
-@dataclass(frozen=True)
-class Options:
-    full_state_dict: object = False
-    cpu_offload: object = False
-    broadcast_from_rank0: object = False
-    strict: object = True
-
 class DcpItem(str, enum.Enum):
     MODEL = 'model'
     OPTIMIZER = 'optimizer'
@@ -54,71 +33,28 @@ class TreeBlock(nn.Module):
         super().__init__()
         self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(1))
 
-@dataclass
-class Composed:
-    model: object
-    wrapper: object = Wrapper.NONE
-
-def compose(model, ctx):
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
-    strategy = ShardingStrategy.FULL_SHARD
-    wrap_out = FSDP(model, sharding_strategy=strategy, device_id=ctx.device, use_orig_params=True)
-    return Composed(model=wrap_out, wrapper=Wrapper.FSDP1_FULL_SHARD)
-FRESH_SEED = 24301
-
-@dataclass
-class Side:
-    composed: object
-    training: object
-    schedule: object = ()
-
-    @property
-    def model(self):
-        return self.composed.model
-
-def build_side(training, ctx, *, seed, schedule=()):
-    build_model_out = TreeBlock()
-    model = build_model_out.to(torch.float32)
-    composed = compose(model, ctx)
-    return Side(composed=composed, training=training, schedule=schedule)
-
-def state_dict_options(o):
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-    extra = {}
-    params = inspect.signature(StateDictOptions).parameters
-    return StateDictOptions(full_state_dict=o.full_state_dict, cpu_offload=o.cpu_offload, broadcast_from_rank0=o.broadcast_from_rank0, strict=True, **extra)
-
 def case_dir(ctx):
     digest = hashlib.sha1('{"body": {"absent": false, "async_save": false, "async_saves": 0, "cache_staged": false, "checkpoint_dir": "", "convert": false, "deadlock": false, "drop": [], "empty_group": false, "entries": ["model", "optimizer"], "frozen_in_optimizer": false, "kind": "dcp", "load_cpu_offload": true, "load_full_state_dict": true, "load_planner": null, "mode": "round_trip", "module_stateful": false, "no_dist": false, "orders": [[0, 1], [0, 1]], "overwrite": "none", "own_group": false, "patched": true, "process_checkpointer": false, "requires_grad": [], "save_cpu_offload": false, "save_full_state_dict": false, "save_planner": null, "skip": [], "source": {"auto_wrap": false, "checkpoint_first": false, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "custom_all_gather": false, "custom_reduce_scatter": false, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "no_unshard_in_backward": false, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0, "separate_rs_group": false}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [{"group": [], "ignored": [], "mixed_precision": null, "offload": false, "path": "", "reshard_after_forward": false, "shard_dim": 0}], "tp": [], "tp_size": 1, "wrapper": "none"}, "stager": null, "steps_after": 1, "storage_objects": false, "target": {"auto_wrap": false, "checkpoint_first": true, "checkpoint_options": {"context_fn": "none", "debug": false, "determinism_check": null, "early_stop": null, "preserve_rng_state": true}, "checkpoints": [], "find_unused": false, "knobs": {"abort_and_reset": false, "all_reduce_hook_scale": null, "backward_prefetch": 0, "custom_all_gather": false, "custom_reduce_scatter": false, "explicit_unshard": false, "force_sum_reduction": false, "forward_prefetch": 0, "gradient_divide_factor": null, "late_reshard_after_forward": null, "no_unshard_in_backward": false, "pg_allocator": false, "reduce_scatter_unused": false, "reshard_after_backward_last": false, "rs_max_buffers": 0, "separate_rs_group": false}, "mesh": [], "meta_init": false, "replicate_options": {"batched_grad_copy": false, "bucket_cap_mb": null, "bucket_cap_mb_list": [], "delay_all_reduce": false, "device_id": false, "dim": 0, "forward_sync_buffers": null, "gradient_as_bucket_view": false, "group": "default", "ignored_modules": [], "init_sync": true, "skip_all_reduce_unused_params": false, "static_graph": false}, "replicates": [], "shards": [], "tp": [], "tp_size": 1, "wrapper": "fsdp1_full_shard"}, "target_meta_init": false, "torch_save_reader": false, "training": {"accum_sync": "always", "batch_per_rank": 1, "compile": "none", "dtype": "float32", "eps": 0.0001, "foreach": null, "grad_accum": 1, "lr": 0.01, "momentum": 0.0, "optimizer": "sgd", "param_groups": 1, "same_input": false, "set_to_none": false, "skips": [], "steps": 1, "unfreeze": []}, "tree": {"root": {"buffer": false, "children": [{"bias": true, "frozen": false, "kind": "relu"}], "residual": false, "scale": true}, "width": 1}, "use_collectives": true, "writer": {"per_thread_copy_ahead": 10000000, "single_file_per_rank": true, "sync_files": true, "thread_count": 1}}, "property": "dcp", "schema": 1, "seed": 0, "world_size": 2}'.encode()).hexdigest()[:12]
-    count = getattr(ctx, '_cases', 0)
-    return os.path.join('/tmp/shardfuzz-dcp-7050', f'{digest}-{count}')
-
-def prepare_side(side, options):
-    from torch.distributed.checkpoint.state_dict import _patch_model_state_dict, _patch_optimizer_state_dict
-    _patch_model_state_dict(side.model, options=state_dict_options(options))
+    return f'{digest}-{ctx}'
 
 def _run_dcp(ctx):
-    t = Training(lr=0.01, eps=0.0001, steps=1, batch_per_rank=1, set_to_none=False)
-    get_save = Options(full_state_dict=False, cpu_offload=False, broadcast_from_rank0=False, strict=True)
-    put = Options(full_state_dict=True, cpu_offload=True, broadcast_from_rank0=True, strict=True)
-    path = '' or case_dir(ctx)
-    src = build_side(t, ctx, seed=0, schedule=())
-    out = {}
-    values = out
-    tgt = build_side(t, ctx, seed=FRESH_SEED, schedule=())
-    fresh_training_out = replace(t, lr=0.0037, momentum=0.0, eps=0.001)
-    prepare_side(tgt, put)
+    path = case_dir(ctx)
+    build_model_out = TreeBlock()
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    build_model_out_ = TreeBlock()
+    wrap_out_ = FSDP(build_model_out_, device_id=ctx.device, use_orig_params=True)
+    from torch.distributed.checkpoint.state_dict import _patch_model_state_dict, StateDictOptions
+    params = inspect.signature(StateDictOptions).parameters
+    state_dict_options_out = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    _patch_model_state_dict(wrap_out_, options=state_dict_options_out)
     out_ = {}
-    out_[DcpItem.MODEL] = tgt.model
-    values = out_
-    order_ = ((0, 1), (0, 1))[ctx.rank]
-    state = {(DcpItem.MODEL, DcpItem.OPTIMIZER)[i_].value: values[(DcpItem.MODEL, DcpItem.OPTIMIZER)[i_]] for i_ in order_ if (DcpItem.MODEL, DcpItem.OPTIMIZER)[i_] in values}
-    plain = {k: v for k, v in state.items() if isinstance(v, (dict, torch.Tensor))}
+    out_[DcpItem.MODEL] = wrap_out_
+    order_ = ((0,), (0,))[ctx.rank]
+    state = {(DcpItem.OPTIMIZER,)[i_].value: out_[(DcpItem.MODEL,)[i_]] for i_ in order_ if (DcpItem.MODEL,)[i_] in out_}
     import torch.distributed.checkpoint as dcp
     dcp.load(state, checkpoint_id=path)
 
 def attempt(rank, world_size):
-    import torch
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'))
     _run_dcp(ctx)
 
