@@ -6,10 +6,13 @@ than the grace period, or that leave the process group out of step, are replaced
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from fuzz.corpus import Entry, load_entry
 from fuzz.pool import RankPool
+from fuzz.repro.harness import crash_found, crash_verdict, hang_verdict
 
 VERDICT = """
 from __future__ import annotations
@@ -99,6 +102,10 @@ def test_each_script_draws_as_a_fresh_process_would_whatever_ran_before(pool: Ra
     assert first == again and len(first) == 2, (first, again)
 
 
+def _corpus_entry(name: str) -> Entry:
+    return load_entry(Path(__file__).parent.parent / "corpus" / f"{name}.json")
+
+
 CRASH = """
 import ctypes
 
@@ -128,12 +135,7 @@ def test_a_dead_rank_is_judged_by_the_crash_script_s_own_rule() -> None:
     """crash_verdict reads the first frame of torch in faulthandler's output, as a crash
     script's main does with its child's (fuzz.repro.harness._CRASH_HEAD), and names the entry's
     crash only for its signal at its frame."""
-    from pathlib import Path
-
-    from fuzz.corpus import load_entry
-    from fuzz.repro.harness import crash_found, crash_verdict
-
-    entry = load_entry(Path(__file__).parent.parent / "corpus" / "state_dict-crash-81ffab405f7f.json")
+    entry = _corpus_entry("state_dict-crash-81ffab405f7f")
     stack = (
         "Fatal Python error: Segmentation fault\n\n"
         "Thread 0x00007f (most recent call first):\n"
@@ -162,12 +164,7 @@ def test_a_rank_still_running_at_the_deadline_comes_back_with_its_main_thread_s_
 def test_a_stuck_rank_is_judged_by_the_hang_script_s_own_rule() -> None:
     """hang_verdict takes a stack with one of the entry's frames anywhere on it, as a hang
     script's watcher does with the stuck main thread's (fuzz.repro.harness._HANG)."""
-    from pathlib import Path
-
-    from fuzz.corpus import load_entry
-    from fuzz.repro.harness import hang_verdict
-
-    entry = load_entry(Path(__file__).parent.parent / "corpus" / "state_dict-hang-dff6a54ad235.json")
+    entry = _corpus_entry("state_dict-hang-dff6a54ad235")
     stack = (
         '  File "<_shardfuzz_script_7>", line 40, in attempt\n    x = get_state_dict(model, opt)\n'
         '  File "/site/torch/distributed/_state_dict_utils.py", line 600, in _broadcast_state_dict\n'
