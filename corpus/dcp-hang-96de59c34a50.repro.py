@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=87e3671b7d30ca95 sources=001b716bb8af1bc0 seconds=9401.8
+# shardfuzz reduced reproducer: entry=87e3671b7d30ca95 sources=001b716bb8af1bc0 seconds=10072.2
 # Reproduces shardfuzz corpus entry dcp-hang-96de59c34a50.json: hang:dcp@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone
 # Known torch bug: set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0
 # pass an empty model state dict; upstream: https://github.com/pytorch/pytorch/issues/157781.
@@ -26,37 +26,10 @@ import shutil
 @dataclass
 class RankContext:
     rank: object
-    world_size: object
     device: object
     _cases: object = 0
 
     def group(self, name):
-        pass
-
-class LeafKind(str, enum.Enum):
-    LINEAR = 'linear'
-    LAYER_NORM = 'layer_norm'
-    CONV1D = 'conv1d'
-    RELU = 'relu'
-    TANH = 'tanh'
-    GELU = 'gelu'
-    DROPOUT = 'dropout'
-
-@dataclass(frozen=True)
-class Leaf:
-    bias: object = True
-    frozen: object = False
-
-@dataclass(frozen=True)
-class Block:
-    pass
-
-@dataclass(frozen=True)
-class ModuleTree:
-    width: object
-    root: object
-
-    def paths(self):
         pass
 
 def is_ancestor():
@@ -97,32 +70,7 @@ class Training:
     momentum: object = 0.0
     eps: object = 0.001
     steps: object = 2
-    batch_per_rank: object = 2
     foreach: object = None
-
-class Body:
-    KIND: ClassVar[str]
-    PROGRAM: ClassVar[str]
-    registry: ClassVar[dict[str, type[Body]]] = {}
-
-    def __init_subclass__(cls, **kwargs):
-        pass
-
-@dataclass(frozen=True)
-class Case:
-    property: object
-    world_size: object
-    seed: object
-    body: object
-
-def case_to_json():
-    pass
-
-def case_to_text():
-    return json.dumps(case_to_json(), sort_keys=True)
-
-def dcp_root(driver_pid):
-    return os.path.join(tempfile.gettempdir(), f'shardfuzz-dcp-{driver_pid}')
 
 def is_plain():
     pass
@@ -144,20 +92,6 @@ class DcpItem(str, enum.Enum):
     COUNTER = 'counter'
     EXTRA = 'extra'
 
-@dataclass(frozen=True)
-class DcpBody(Body):
-    KIND: ClassVar[str] = 'dcp'
-    PROGRAM: ClassVar[str] = 'fuzz._rank.dcp:run_dcp'
-    tree: object
-    source: object
-    target: object
-    entries: object
-    training: object = field(default_factory=Training)
-    steps_after: object = 1
-    load_full_state_dict: object = False
-    load_cpu_offload: object = False
-    requires_grad: object = ()
-
 def build_model(device):
     with torch.device(device):
         return nn.Sequential(nn.Linear(2, 2, bias=True))
@@ -165,7 +99,6 @@ def build_model(device):
 @dataclass
 class Composed:
     model: object
-    fsdp_roots: object = field(default_factory=list)
 
 def compose(model, comp):
     for api, path in comp.steps():
@@ -173,21 +106,12 @@ def compose(model, comp):
             pass
     sharded = [p for spec in (ShardSpec(path=''),) for p in spec.paths]
     tops = [p for p in sharded if not any((is_ancestor() for q in sharded))]
-    return Composed(model=model, fsdp_roots=[model.get_submodule(p) for p in tops])
-
-def make_optimizer(params, training, later=()):
-    held = {id(p) for p in later}
-    params = [p for p in params if p.requires_grad or id(p) in held]
-    groups = params
-    foreach = training.foreach
-    return torch.optim.SGD(groups, lr=training.lr, momentum=training.momentum, foreach=foreach) if training.optimizer is Optimizer.SGD else None
+    return Composed(model=model)
 FRESH_SEED = 24301
 
 @dataclass
 class Side:
     composed: object
-    comp: object
-    training: object
     opt: object = None
     schedule: object = ()
 
@@ -204,26 +128,21 @@ def build_side(comp, training, ctx, *, seed, schedule=()):
     device = ctx.device
     model = build_model(device).to(torch.float32)
     composed = Composed(model) if is_plain() else compose(model, comp)
-    return Side(composed=composed, comp=comp, training=training, schedule=schedule)
+    return Side(composed=composed, schedule=schedule)
 
-def requires_grad(side):
+def requires_grad():
     pass
-
-def fresh_training(training):
-    momentum = 0.5 if training.optimizer is Optimizer.SGD and training.momentum else 0.0
-    return replace(training, lr=training.lr * 0.37, momentum=momentum, eps=training.eps * 10)
-
-def add_optimizer(side, training):
-    params = list(side.model.parameters())
-    frozen = []
-    side.opt = make_optimizer(params, training, later=frozen)
-    return side.opt
 
 def body_optimizer(side, training):
-    return add_optimizer(side, training)
-
-def dropped_keys():
-    pass
+    params = list(side.model.parameters())
+    frozen = []
+    params_ = params
+    held = {id(p) for p in frozen}
+    params_ = [p for p in params_ if p.requires_grad or id(p) in held]
+    groups = params_
+    foreach = training.foreach
+    side.opt = torch.optim.SGD(groups, lr=training.lr, momentum=training.momentum, foreach=foreach) if training.optimizer is Optimizer.SGD else None
+    return side.opt
 
 def torch_kwargs(fn, kwargs):
     params = inspect.signature(fn).parameters
@@ -236,9 +155,14 @@ def state_dict_options(o):
     return StateDictOptions(full_state_dict=o.full_state_dict, cpu_offload=o.cpu_offload, broadcast_from_rank0=o.broadcast_from_rank0, strict=o.strict, **torch_kwargs(StateDictOptions, extra))
 
 def case_dir(ctx):
-    digest = hashlib.sha1(case_to_text().encode()).hexdigest()[:12]
+    pass
+    case_to_json_out = None
+    case_to_text_out = json.dumps(case_to_json_out, sort_keys=True)
+    digest = hashlib.sha1(case_to_text_out.encode()).hexdigest()[:12]
     count = getattr(ctx, '_cases', 0)
-    return os.path.join(dcp_root(os.environ.get('SHARDFUZZ_PARENT_PID', os.getppid())), f'{digest}-{count}')
+    driver_pid = os.environ.get('SHARDFUZZ_PARENT_PID', os.getppid())
+    dcp_root_out = os.path.join(tempfile.gettempdir(), f'shardfuzz-dcp-{driver_pid}')
+    return os.path.join(dcp_root_out, f'{digest}-{count}')
 
 class App:
 
@@ -270,9 +194,6 @@ def _arrange(values):
     order = range(len((DcpItem.APP,)))
     return {(DcpItem.APP,)[i].value: values[(DcpItem.APP,)[i]] for i in order if (DcpItem.APP,)[i] in values}
 
-def _tensors():
-    pass
-
 def _in_place_problem():
     pass
 
@@ -293,7 +214,7 @@ def run_dcp(ctx):
     return _run_dcp(ctx)
 
 def _run_dcp(ctx):
-    t = Training(momentum=0.9, steps=1, batch_per_rank=1)
+    t = Training(momentum=0.9, steps=1)
     get_save = _options(False, False, load=False)
     get_load = _options(True, True, load=False)
     put = _options(True, True, load=True, strict=not ())
@@ -307,15 +228,17 @@ def _run_dcp(ctx):
     state = _arrange(values)
     _save(state, path)
     tgt = build_side(Composition(shards=(ShardSpec(path=''),)), t, ctx, seed=FRESH_SEED, schedule=())
-    body_optimizer(tgt, fresh_training(t))
-    dropped = dropped_keys()
+    momentum = 0.5 if t.optimizer is Optimizer.SGD and t.momentum else 0.0
+    fresh_training_out = replace(t, lr=t.lr * 0.37, momentum=momentum, eps=t.eps * 10)
+    body_optimizer(tgt, fresh_training_out)
+    pass
+    dropped = None
     values = _values(tgt, get_load, put)
     state = _arrange(values)
     plain = {k: v for k, v in state.items() if isinstance(v, (dict, torch.Tensor))}
-    tensors = {k: _tensors() for k, v in plain.items()}
-    before = requires_grad(tgt)
+    before = requires_grad()
     _load(state, path)
-    obs = {'dropped': dropped, 'in_place': _in_place_problem(), 'requires_grad': {'before': before, 'after': requires_grad(tgt)}}
+    obs = {'dropped': dropped, 'in_place': _in_place_problem(), 'requires_grad': {'before': before, 'after': requires_grad()}}
     dist.barrier()
     if ctx.rank == 0:
         shutil.rmtree(path, ignore_errors=True)
@@ -323,8 +246,7 @@ def _run_dcp(ctx):
 
 def attempt(rank, world_size):
     import torch
-    case = Case(property='dcp', world_size=2, seed=0, body=DcpBody(tree=ModuleTree(width=2, root=Block()), source=Composition(shards=(ShardSpec(path=''),)), target=Composition(shards=(ShardSpec(path=''),)), entries=(DcpItem.APP,), training=Training(momentum=0.9, steps=1, batch_per_rank=1), steps_after=0, load_full_state_dict=True, load_cpu_offload=True))
-    ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'))
+    ctx = RankContext(rank=rank, device=torch.device('cpu'))
     run_dcp(ctx)
 
 def main():
