@@ -826,7 +826,7 @@ class _Oracle:
         assert self.fixed is not None
         self.fixed_attempts += 1
         outcome = self._attempt(self.fixed, code)
-        if self.entry.kind in ("hang", "crash"):
+        if self.entry.kind not in POOLED_KINDS:
             return not outcome.errors and not outcome.missing
         return not outcome.errors and not outcome.missing and passed("\n".join(outcome.verdicts.values()))
 
