@@ -44,6 +44,7 @@ from fuzz._protocol import CaseDone, Ready, RunCase, RunScript, ScriptDone, Sett
 from fuzz.errors import InvalidArgument, PoolError
 from fuzz.model import Case, case_to_json
 from fuzz.verdict import WAITING_HANG, HangWatch, Outcome, OutcomeKind, RankReport, Stall
+from fuzz.zygote import ForkedRank, ZygoteError, zygote_for, zygotes_wanted
 
 BACKENDS = ("gloo", "nccl")
 #: How long the other ranks may take to report once one rank has failed, before their stacks
@@ -139,7 +140,7 @@ class ScriptOutcome:
 @dataclass
 class _Rank:
     rank: int
-    proc: subprocess.Popen[bytes]
+    proc: subprocess.Popen[bytes] | ForkedRank
     cmd: IO[bytes]
     res_fd: int
     stack_path: str
@@ -561,6 +562,9 @@ class RankPool:
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
         generation = self._generation
+        # Forked from this process's zygotes (fuzz.zygote), all asked for before the first fork
+        # so that they import torch side by side; started from scratch where that cannot be.
+        zygotes = [zygote_for(rank, env) for rank in range(self.world_size)] if zygotes_wanted(env) else None
         for rank in range(self.world_size):
             cmd_r, cmd_w = os.pipe()
             res_r, res_w = os.pipe()
@@ -581,14 +585,22 @@ class RankPool:
                 "SHARDFUZZ_RES_FD": str(res_w),
             }
             with open(log_path, "wb") as log:
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", "fuzz._rank.worker"],
-                    env=rank_env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    pass_fds=(cmd_r, res_w),
-                )
+                proc: subprocess.Popen[bytes] | ForkedRank | None = None
+                if zygotes is not None:
+                    try:
+                        proc = zygotes[rank].fork(rank_env, (cmd_r, res_w, log.fileno()))
+                    except ZygoteError as e:
+                        zygotes = None
+                        print(f"shardfuzz: ranks start from scratch: {e}", file=sys.stderr)
+                if proc is None:
+                    proc = subprocess.Popen(
+                        [sys.executable, "-m", "fuzz._rank.worker"],
+                        env=rank_env,
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        pass_fds=(cmd_r, res_w),
+                    )
             os.close(cmd_r)
             os.close(res_w)
             os.set_blocking(res_r, False)
@@ -727,7 +739,7 @@ class RankPool:
             os.close(r.res_fd)
 
 
-def _wait_all(procs: list[subprocess.Popen[bytes]], until: float) -> None:
+def _wait_all(procs: list[subprocess.Popen[bytes] | ForkedRank], until: float) -> None:
     for p in procs:
         remaining = until - time.monotonic()
         if remaining <= 0:

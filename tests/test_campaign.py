@@ -28,7 +28,7 @@ from fuzz.model import Case
 from fuzz.pool import Outcome, RankPool
 from fuzz.properties import get_property
 from fuzz.stop import request_stop, stop_requested
-from tests.conftest import ROOT, kill_leftovers, run_cli, wait_gone
+from tests.conftest import ROOT, kill_leftovers, pid_alive, run_cli, wait_gone
 
 STARTUP_TIMEOUT_S = 120.0
 EXIT_TIMEOUT_S = 30.0
@@ -213,6 +213,21 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
+def _ranks(pid: int) -> list[int]:
+    """The ranks among ``pid``'s descendants: forked by a zygote (fuzz.zygote), named
+    ``shardfuzz-rankN``, or started from scratch as ``python -m fuzz._rank.worker``."""
+    out = []
+    for p in _descendants(pid):
+        try:
+            comm = Path(f"/proc/{p}/comm").read_text().strip()
+            cmdline = Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if (comm.startswith("shardfuzz-rank") or b"fuzz._rank.worker" in cmdline) and pid_alive(p):
+            out.append(p)
+    return out
+
+
 def _entries(corpus: Path) -> list[Any]:
     entries, problems = load_corpus(corpus) if corpus.is_dir() else ([], [])
     assert not problems, problems
@@ -291,7 +306,10 @@ def test_signalling_ranks_keeps_the_campaign_going(tmp_path: Path) -> None:
     try:
         saved = {e.signature for _, e in _entries(corpus)}
         for sig in (signal.SIGINT, signal.SIGKILL, signal.SIGTERM):
-            ranks = _children(proc.pid)
+            ranks, end = _ranks(proc.pid), time.monotonic() + 10.0
+            while len(ranks) != 2 and time.monotonic() < end:  # the pool may be between two sets
+                time.sleep(0.1)
+                ranks = _ranks(proc.pid)
             assert len(ranks) == 2, ranks
             family.update(ranks)
             os.kill(ranks[1], sig)

@@ -1,6 +1,7 @@
 """Entry point of one rank: join the process group once, then run cases until told to stop.
 
-Started by :class:`fuzz.pool.RankPool` as ``python -m fuzz._rank.worker`` with its settings in
+Started by :class:`fuzz.pool.RankPool` as ``python -m fuzz._rank.worker``, or forked by a
+:mod:`fuzz._rank.zygote` that has imported torch already, with its settings in
 ``SHARDFUZZ_*`` environment variables and two inherited pipe descriptors (commands in, results
 out). The rank never decides whether a case passed: it sends back plain observations.
 
@@ -96,13 +97,15 @@ def _process_stats() -> dict[str, float]:
     return stats
 
 
-def main() -> int:
+def main(parent_pid: int | None = None) -> int:
+    """Run the rank; ``parent_pid``: the process it dies with, when that is not the driver (a
+    rank forked by :mod:`fuzz._rank.zygote`)."""
     env = os.environ
     rank = int(env["SHARDFUZZ_RANK"])
     world_size = int(env["SHARDFUZZ_WORLD_SIZE"])
     backend = env["SHARDFUZZ_BACKEND"]
     device_name = env["SHARDFUZZ_DEVICE"]
-    _die_with_parent(int(env["SHARDFUZZ_PARENT_PID"]))
+    _die_with_parent(parent_pid if parent_pid is not None else int(env["SHARDFUZZ_PARENT_PID"]))
     # Ctrl-C on a terminal reaches the whole foreground process group; the driver decides
     # when ranks end, in steps, so the ranks ignore it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
