@@ -52,6 +52,14 @@ PER_RANK = frozenset(
 )
 
 
+#: Variables that change while a process runs and that no import reads: not part of a zygote's
+#: key (the rank gets their values of the moment with the rest of its environment).
+VOLATILE = frozenset({"PYTEST_CURRENT_TEST"})
+#: A process keeps at most this many zygotes (about 300 MB each, torch imported); past it, the
+#: least recently used ones without ranks are ended first (:func:`zygote_for`).
+MAX_ZYGOTES = 6
+
+
 class ZygoteError(Exception):
     """A zygote could not fork a rank (it failed to start, died, or refused)."""
 
@@ -114,6 +122,11 @@ class Zygote:
         pid = int(str(reply["pid"]))
         self.children.add(pid)
         return ForkedRank(self, pid)
+
+    def idle(self) -> bool:
+        """Whether no rank forked by this zygote is still running."""
+        self.pump()
+        return self.children <= self.exits.keys()
 
     def output(self, limit: int = 4000) -> str:
         """The end of what the zygote wrote (its import errors, say)."""
@@ -249,15 +262,23 @@ def zygote_for(slot: int, env: Mapping[str, str]) -> Zygote:
     """This process's zygote for rank ``slot`` of pools whose ranks share ``env`` (the per-rank
     settings, :data:`PER_RANK`, aside), started if there is none or the last one has exited."""
     base = {k: v for k, v in env.items() if k not in PER_RANK}
-    key = (slot, tuple(sorted(base.items())))
+    key = (slot, tuple(sorted((k, v) for k, v in base.items() if k not in VOLATILE)))
     global _log_dir
     with _registry_lock:
-        zygote = _zygotes.get(key)
+        zygote = _zygotes.pop(key, None)  # put back last: the dict's order is the order of use
         if zygote is None or not zygote.alive:
+            for old_key in [k for k, z in _zygotes.items() if not z.alive]:
+                del _zygotes[old_key]
+            for old_key in list(_zygotes):  # least recently used first
+                if len(_zygotes) < MAX_ZYGOTES:
+                    break
+                if _zygotes[old_key].idle():
+                    _zygotes.pop(old_key).close()
             if _log_dir is None:
                 _log_dir = tempfile.mkdtemp(prefix="shardfuzz-zygotes-")
-            log_path = os.path.join(_log_dir, f"zygote{len(_zygotes)}-rank{slot}.log")
-            zygote = _zygotes[key] = Zygote(base, log_path)
+            log_path = tempfile.mktemp(prefix=f"rank{slot}-", suffix=".log", dir=_log_dir)
+            zygote = Zygote(base, log_path)
+        _zygotes[key] = zygote
         return zygote
 
 

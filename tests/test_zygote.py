@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from fuzz import zygote as zygote_module
 from fuzz._rank.zygote import TORCH_DEFAULT_SEED
 from fuzz.pool import RankPool
 from fuzz.zygote import Zygote, ZygoteError, zygotes_wanted
@@ -121,3 +122,26 @@ def test_a_forked_rank_is_waited_for_and_signalled_like_a_child(tmp_path: Path) 
         assert not pid_alive(proc.pid)
         proc.kill()  # already reaped: nothing is sent to whatever has the pid now
         assert proc.poll() == -signal.SIGTERM
+
+
+def test_a_process_keeps_few_zygotes_and_one_per_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test's name in the environment does not start a zygote per test, and past
+    MAX_ZYGOTES the least recently used zygotes without ranks are ended."""
+    fake = tmp_path / "torch"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('no torch in this environment')\n")
+    monkeypatch.setattr(zygote_module, "MAX_ZYGOTES", 2)
+    monkeypatch.setattr(zygote_module, "_zygotes", {})
+    base = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    made = []
+    try:
+        first = zygote_module.zygote_for(0, {**base, "PYTEST_CURRENT_TEST": "a"})
+        made.append(first)
+        assert zygote_module.zygote_for(0, {**base, "PYTEST_CURRENT_TEST": "b"}) is first
+        for n in range(3):
+            made.append(zygote_module.zygote_for(0, {**base, "SHARDFUZZ_TEST_ENV": str(n)}))
+            assert len(zygote_module._zygotes) <= 2
+        assert not first.alive and made[-1] in zygote_module._zygotes.values()
+    finally:
+        for z in made:
+            z.close()
