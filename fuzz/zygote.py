@@ -35,23 +35,6 @@ from collections.abc import Mapping
 
 #: Seconds a zygote may take to import torch and fork a rank before a fork request fails.
 FORK_TIMEOUT_S = 120.0
-#: The per-rank settings of a rank's environment; the rest is its zygote's (:func:`zygote_for`).
-PER_RANK = frozenset(
-    {
-        "SHARDFUZZ_RANK",
-        "SHARDFUZZ_WORLD_SIZE",
-        "SHARDFUZZ_BACKEND",
-        "SHARDFUZZ_DEVICE",
-        "SHARDFUZZ_STORE_PORT",
-        "SHARDFUZZ_PARENT_PID",
-        "SHARDFUZZ_STACK_FILE",
-        "SHARDFUZZ_SAMPLE_FILE",
-        "SHARDFUZZ_CMD_FD",
-        "SHARDFUZZ_RES_FD",
-    }
-)
-
-
 #: Variables that change while a process runs and that no import reads: not part of a zygote's
 #: key (the rank gets their values of the moment with the rest of its environment).
 VOLATILE = frozenset({"PYTEST_CURRENT_TEST"})
@@ -144,7 +127,7 @@ class Zygote:
             self._pump_locked(timeout)
 
     def _pump_locked(self, timeout: float) -> None:
-        wait: float | None = timeout
+        wait = timeout
         while self.alive:
             readable, _, _ = select.select([self._sock], [], [], wait)
             if not readable:
@@ -259,10 +242,10 @@ _log_dir: str | None = None
 
 
 def zygote_for(slot: int, env: Mapping[str, str]) -> Zygote:
-    """This process's zygote for rank ``slot`` of pools whose ranks share ``env`` (the per-rank
-    settings, :data:`PER_RANK`, aside), started if there is none or the last one has exited."""
-    base = {k: v for k, v in env.items() if k not in PER_RANK}
-    key = (slot, tuple(sorted((k, v) for k, v in base.items() if k not in VOLATILE)))
+    """This process's zygote for rank ``slot`` of pools whose ranks share the environment ``env``
+    (each rank's own settings come with its fork request), started if there is none or the last
+    one has exited."""
+    key = (slot, tuple(sorted((k, v) for k, v in env.items() if k not in VOLATILE)))
     global _log_dir
     with _registry_lock:
         zygote = _zygotes.pop(key, None)  # put back last: the dict's order is the order of use
@@ -277,7 +260,7 @@ def zygote_for(slot: int, env: Mapping[str, str]) -> Zygote:
             if _log_dir is None:
                 _log_dir = tempfile.mkdtemp(prefix="shardfuzz-zygotes-")
             log_path = tempfile.mktemp(prefix=f"rank{slot}-", suffix=".log", dir=_log_dir)
-            zygote = Zygote(base, log_path)
+            zygote = Zygote(env, log_path)
         _zygotes[key] = zygote
         return zygote
 
