@@ -32,6 +32,7 @@ from fuzz.repro.reduce import (
     run_kept,
     stored_path,
     stored_script,
+    why_not,
 )
 from fuzz.repro.script import code_lines
 from tests.conftest import ROOT, missing_api, run_cli, torchrun
@@ -781,3 +782,20 @@ def test_a_hang_passes_with_its_fix_when_every_rank_finishes_the_case(
     oracle.fixed = _FakePool()  # type: ignore[assignment]
     monkeypatch.setattr(oracle, "_attempt", lambda pool, code: ScriptOutcome({}, {}, missing, 1.0, bool(missing)))
     assert oracle._passes_fixed("") == passes
+
+
+def test_why_a_run_did_not_reproduce_is_said_in_words() -> None:
+    """torchrun ends a failed run with a rule of ``=`` signs: the error names the exception (or
+    the verdict) instead."""
+    torchrun_tail = (
+        'Traceback (most recent call last):\n  File "r.py", line 3, in <module>\n'
+        "RuntimeError: Expected all tensors to be on the same device\n"
+        "E1129 torch/distributed/elastic/multiprocessing/api.py: failed (exitcode: 1)\n"
+        "Traceback (most recent call last):\n"
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+        "============================================================\n"
+    )
+    assert why_not(1, torchrun_tail) == "exit 1: RuntimeError: Expected all tensors to be on the same device"
+    assert why_not(0, "PASS: no rank raised\n") == "exit 0: PASS: no rank raised"
+    assert why_not(None, "") == "timed out: no output"
+    assert why_not(1, "warming up\n=====\n") == "exit 1: warming up"

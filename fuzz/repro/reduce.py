@@ -224,6 +224,23 @@ def reproduced(status: int | None, output: str) -> str | None:
     return found.group(1).rstrip(":") if status == 1 and found else None
 
 
+_ERROR_LINE = re.compile(r"^\s*(?:[\w.]+(?:Error|Exception|Interrupt)|AssertionError)\b.*", re.MULTILINE)
+
+
+def why_not(status: int | None, output: str) -> str:
+    """One line on why a run did not reproduce, for an error message: its verdict where it printed
+    one, else the last exception a rank raised (not torchrun's own ``ChildFailedError``), else its
+    last line that has words (torchrun ends a failed run with a rule of ``=`` signs); with its exit
+    status or "timed out"."""
+    said = "timed out" if status is None else f"exit {status}"
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    verdicts = [line for line in lines if line.startswith(VERDICT_WORDS)]
+    errors = [e for e in _ERROR_LINE.findall(output) if "ChildFailedError" not in e]
+    worded = [line for line in lines if re.search(r"[A-Za-z]{2}", line)]
+    last = (verdicts or [e.strip() for e in errors] or worded or ["no output"])[-1]
+    return f"{said}: {last[:300]}"
+
+
 # -- hashes and the stored script ----------------------------------------------------------------
 
 
@@ -995,9 +1012,7 @@ def reduce_entry(
         status, output, seconds = run_script(full, timeout=600.0, env={"REPRO_TRACE": tmp})
         signature = reproduced(status, output)
         if signature is None:
-            last = output.strip().splitlines()[-1] if output.strip() else "no output"
-            said = "timed out" if status is None else f"exit {status}"
-            raise InvalidArgument(f"{name}: its script does not reproduce the failure here ({said}: {last[:300]})")
+            raise InvalidArgument(f"{name}: its script does not reproduce the failure here ({why_not(status, output)})")
         ran = read_trace(Path(tmp), modules)
     say(f"{name}: reproduced {signature} in {seconds:.1f} s (traced)")
     oracle = _Oracle(entry, source, signature, seconds * TIMEOUT_FACTOR + TIMEOUT_SLACK_S, say)
@@ -1111,8 +1126,9 @@ def reduce_again(
     status, output, seconds = run_kept(kept, entry, timeout=600.0)
     signature = reproduced(status, output)
     if signature is None:
-        last = output.strip().splitlines()[-1] if output.strip() else "no output"
-        raise InvalidArgument(f"{name}: its kept script does not reproduce the failure here ({last[:300]})")
+        raise InvalidArgument(
+            f"{name}: its kept script does not reproduce the failure here ({why_not(status, output)})"
+        )
     say(f"{name}: the kept script reproduced {signature} in {seconds:.1f} s")
     code = checked(code, entry, signature)  # the check the attempts are judged by
     oracle = _Oracle(entry, source, signature, seconds * TIMEOUT_FACTOR + TIMEOUT_SLACK_S, say)
