@@ -446,7 +446,9 @@ class RankPool:
                         # A deadlock the property names keeps its name, whichever rule saw it first.
                         named = stall is not None and stall.deadlocked(stacks)
                         return done, dead, stall.name if named and stall is not None else WAITING_HANG
-                for key, _ in sel.select(max(0.0, min(until, next_look) - now)):
+                # Once a rank has failed, the others are not looked at again: they get the grace.
+                wake = min(until, next_look) if first_failure is None else until
+                for key, _ in sel.select(max(0.0, wake - now)):
                     r = key.data
                     for m in self._read(r):
                         if isinstance(m, CaseDone) and m.case_id == case_id:

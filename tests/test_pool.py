@@ -7,6 +7,7 @@ also checks that the pool respawned its ranks and runs the next clean case corre
 from __future__ import annotations
 
 import os
+import selectors
 import time
 from typing import Any
 
@@ -263,6 +264,25 @@ def test_raise_on_one_rank_is_an_exception_with_every_rank_accounted_for(pool: R
 
     assert pool.restarts == restarts + 1
     assert_all_gone(old_pids)
+    assert_clean_case_ok(pool)
+
+
+def test_waiting_out_the_grace_after_a_failure_sleeps(pool: RankPool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After one rank raised, the driver waits for the others in select, not in a loop that
+    polls: a case's wait costs a few wake-ups (a message, a look at the stacks), not one per
+    microsecond of the grace period."""
+    waits: list[float] = []
+
+    class Counted(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
+        def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+            waits.append(-1.0 if timeout is None else timeout)
+            return super().select(timeout)
+
+    monkeypatch.setattr(selectors, "DefaultSelector", Counted)
+    outcome = pool.run(fault_case(FaultAction.RAISE))
+    assert outcome.kind is OutcomeKind.EXCEPTION, outcome.describe()
+    assert outcome.seconds > FAILURE_GRACE_S / 2, outcome.seconds  # the grace was waited out
+    assert len(waits) < 100, f"{len(waits)} waits in {outcome.seconds:.1f} s, {waits.count(0.0)} of them for 0 s"
     assert_clean_case_ok(pool)
 
 
