@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shutil
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from fuzz.repro.reduce import (
     reduce_and_store,
     reproduced,
     run_kept,
+    run_script,
     stored_path,
     stored_script,
     why_not,
@@ -799,3 +801,21 @@ def test_why_a_run_did_not_reproduce_is_said_in_words() -> None:
     assert why_not(0, "PASS: no rank raised\n") == "exit 0: PASS: no rank raised"
     assert why_not(None, "") == "timed out: no output"
     assert why_not(1, "warming up\n=====\n") == "exit 1: warming up"
+
+
+def test_a_stop_whose_keyboard_interrupt_was_lost_ends_the_reduction_at_its_next_run(tmp_path: Path) -> None:
+    """SIGINT or SIGTERM is recorded (fuzz.stop) before its KeyboardInterrupt unwinds; where that
+    KeyboardInterrupt is lost on its way, the reduction's next run raises it again instead of
+    starting anything."""
+    from fuzz.stop import clear_stop, request_stop
+
+    marker = tmp_path / "ran"
+    with pytest.raises(KeyboardInterrupt):
+        request_stop(signal.SIGTERM)  # what the handler does: record, then raise
+    try:
+        with pytest.raises(KeyboardInterrupt, match=f"signal {int(signal.SIGTERM)}"):
+            run_script(f"open({str(marker)!r}, 'w').close()\n", timeout=60)
+    finally:
+        clear_stop()
+    assert not marker.exists()
+    assert run_script(f"open({str(marker)!r}, 'w').close()\n", timeout=60)[0] == 0 and marker.exists()

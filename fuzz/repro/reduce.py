@@ -94,6 +94,7 @@ from fuzz.repro.harness import (
 from fuzz.repro.portable import portable
 from fuzz.repro.script import carried_modules, code_lines, imported_modules, relative, roots_for
 from fuzz.repro.specialize import Origins, fold_case_functions, initial, render_flat, specialize, tidy
+from fuzz.stop import raise_if_stopped
 
 #: Modules whose paths depend on timing (the judge polls, the samplers sample): the trace
 #: pass drops their functions that did not run, never a statement inside one that ran.
@@ -160,7 +161,9 @@ def run_script(
 ) -> tuple[int | None, str, float]:
     """(exit status or None on a timeout, stdout and stderr, seconds) of ``python FILE.py``, or
     with ``nproc`` of ``torchrun --standalone --nproc-per-node N FILE.py``. Every process still
-    running the file afterwards (torchrun puts ranks in sessions of their own) is ended by its pid."""
+    running the file afterwards (torchrun puts ranks in sessions of their own) is ended by its pid.
+    A stop already requested (:mod:`fuzz.stop`) is raised again instead of running anything."""
+    raise_if_stopped()  # a KeyboardInterrupt lost on its way must not leave the reduction going
     with tempfile.TemporaryDirectory(prefix="shardfuzz-reduce-") as tmp:
         file = Path(tmp) / "repro.py"
         file.write_text(text)
@@ -798,8 +801,10 @@ class _Oracle:
 
     def _pooled(self, code: str) -> ScriptOutcome:
         """One attempt of ``code`` in the pool, counted, after the checkpoint directories an
-        earlier run left are gone (:func:`clear_checkpoints`)."""
+        earlier run left are gone (:func:`clear_checkpoints`); a stop already requested is
+        raised again instead (:mod:`fuzz.stop`)."""
         assert self.pool is not None
+        raise_if_stopped()
         clear_checkpoints(code)
         outcome = self._attempt(self.pool, code)
         self.pool_attempts += 1
