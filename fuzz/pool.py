@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import IO, Any
 
+from fuzz._files import read_from, size, tail
 from fuzz._protocol import CaseDone, Ready, RunCase, RunScript, ScriptDone, Settle, Settled, Stop, decode, encode
 from fuzz.errors import InvalidArgument, PoolError
 from fuzz.model import Case, case_to_json
@@ -53,7 +54,6 @@ FAILURE_GRACE_S = 3.0
 #: Seconds a rank whose pipe closed is given to be reaped, so its exit status is known.
 DEATH_REAP_S = 2.0
 STACK_DUMP_WAIT_S = 1.0
-OUTPUT_TAIL_BYTES = 4000
 #: How often the driver reads the ranks' stack samples while a case runs past HANG_LOOK_AFTER_S.
 STALL_LOOK_EVERY_S = 0.5
 #: When the driver starts reading stack samples (the ranks sample from 2 s into a case).
@@ -310,7 +310,7 @@ class RankPool:
         start = time.monotonic()
         self._busy = True
         for r in self._ranks:
-            r.stack_offset = _size(r.stack_path)
+            r.stack_offset = size(r.stack_path)
             self._send(r, msg)
         watch = HangWatch(self.hang_hold(case.property))
         done, dead, stalled = self._collect(self._case_id, start, start + limit, stall, watch)
@@ -343,7 +343,7 @@ class RankPool:
         start = time.monotonic()
         self._busy = True
         for r in self._ranks:
-            r.stack_offset = _size(r.stack_path)
+            r.stack_offset = size(r.stack_path)
             self._send(r, RunScript(case_id=case_id, code=code, function=function))
         done = self._gather(ScriptDone, case_id, start + limit, grace=True)
         seconds = time.monotonic() - start
@@ -371,7 +371,7 @@ class RankPool:
                         status = r.proc.wait(DEATH_REAP_S)
                 missing[r.rank] = f"died with status {status}" if status is not None else "missed the deadline"
                 if status is not None:
-                    died[r.rank] = (status, _read_from(r.stack_path, r.stack_offset))
+                    died[r.rank] = (status, read_from(r.stack_path, r.stack_offset))
                 else:
                     stuck[r.rank] = self._sample(r, case_id)
         if not healthy:
@@ -485,7 +485,7 @@ class RankPool:
         reports = []
         for r in self._ranks:
             m = done.get(r.rank)
-            stack = _read_from(r.stack_path, r.stack_offset) or None
+            stack = read_from(r.stack_path, r.stack_offset) or None
             if m is not None:
                 reports.append(
                     RankReport(
@@ -501,7 +501,7 @@ class RankPool:
                 )
             else:
                 status = r.proc.returncode if r.rank in dead else None
-                reports.append(RankReport(rank=r.rank, stack=stack, exit_status=status, output_tail=_tail(r.log_path)))
+                reports.append(RankReport(rank=r.rank, stack=stack, exit_status=status, output_tail=tail(r.log_path)))
         if dead:
             kind = OutcomeKind.CRASH
         elif any(m.exc_type for m in done.values()):
@@ -618,7 +618,7 @@ class RankPool:
                     self._kill_all()
                     raise PoolError(
                         f"rank {r.rank} exited with status {r.proc.wait()} while starting; its output:\n"
-                        f"{_tail(r.log_path)}"
+                        f"{tail(r.log_path)}"
                     )
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -669,7 +669,7 @@ class RankPool:
         sizes: dict[int, int] = {}
         while time.monotonic() < end:  # wait until every dump has started and stopped growing
             time.sleep(0.05)
-            now = {r.rank: _size(r.stack_path) for r in ranks}
+            now = {r.rank: size(r.stack_path) for r in ranks}
             if now == sizes and all(now[r.rank] > r.stack_offset for r in ranks):
                 break
             sizes = now
@@ -750,24 +750,3 @@ def _wait_all(procs: list[subprocess.Popen[bytes] | ForkedRank], until: float) -
             p.wait(remaining)
         except subprocess.TimeoutExpired:
             return
-
-
-def _size(path: str) -> int:
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0
-
-
-def _read_from(path: str, offset: int) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            return f.read().decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _tail(path: str) -> str:
-    size = _size(path)
-    return _read_from(path, max(0, size - OUTPUT_TAIL_BYTES))

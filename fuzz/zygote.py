@@ -33,6 +33,8 @@ import threading
 import time
 from collections.abc import Mapping
 
+from fuzz._files import tail
+
 #: Seconds a zygote may take to import torch and fork a rank before a fork request fails.
 FORK_TIMEOUT_S = 120.0
 #: Variables that change while a process runs and that no import reads: not part of a zygote's
@@ -111,15 +113,9 @@ class Zygote:
         self.pump()
         return self.children <= self.exits.keys()
 
-    def output(self, limit: int = 4000) -> str:
+    def output(self) -> str:
         """The end of what the zygote wrote (its import errors, say)."""
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - limit))
-                return f.read().decode(errors="replace")
-        except OSError:
-            return ""
+        return tail(self.log_path)
 
     def pump(self, timeout: float = 0.0) -> None:
         """Read what the zygote has said, waiting up to ``timeout`` seconds for a first message."""
