@@ -151,6 +151,37 @@ def test_a_dict_of_constant_keys_becomes_locals_and_unread_imports_go() -> None:
     assert "from math import e\n" in out and "pi" not in out
 
 
+def test_a_dict_keyed_by_locals_bound_to_one_constant_becomes_one_local() -> None:
+    """``meshes[key] = ...`` then ``meshes[key_]``, ``key`` and ``key_`` both bound once to ``()``
+    (a cache of the rank context, flattened): one local, read twice."""
+    out = _simplified(
+        """
+        meshes = {}
+        key = ()
+        meshes[key] = [3]
+        first = meshes[key]
+        again = ()
+        second = meshes[again]
+        width = 2
+        return first is second, first * width
+        """
+    )
+    assert "meshes = {}" not in out and "key" not in out and "again" not in out, out
+    assert "meshes_empty = [3]" in out and "* 2" in out, out
+
+
+def test_a_local_bound_again_keeps_its_name() -> None:
+    code = _script(
+        """
+        width = 2
+        width = width + 1
+        return width
+        """
+    )
+    out = simplify(code)
+    assert out is None or "width = width + 1" in out
+
+
 def test_a_dict_handed_on_whole_stays_a_dict() -> None:
     code = _script(
         """

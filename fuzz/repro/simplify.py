@@ -24,6 +24,8 @@ left alone), repeated until none applies:
   of members) or of a member with None (``is None``) becomes its constant, and an ``if`` on a
   constant (or on a display of pure elements, ``()`` being false) the branch it takes;
   ``a, b = (x, y)`` of names and constants becomes two assignments;
+- **Constants**: a local bound once to a constant or a tuple of them (``key = ()``) becomes
+  that constant where it is read;
 - **Bags**: a local bound to ``{}`` and only subscripted by constant keys becomes one local
   per key;
 - **Imports**: in functions, imported names nothing reads go, neighbouring imports from one
@@ -721,6 +723,33 @@ def _enum_tests(tree: ast.Module, frozen: Frozen) -> bool:
     return changed
 
 
+def _constant_aliases(tree: ast.Module, frozen: Frozen) -> bool:
+    """A local bound once to a constant or a tuple of them (``key = ()``) and never rebound
+    becomes that constant where it is read: a key the bags rewrite can then read as one."""
+    changed = False
+    for fn in _functions(tree, frozen):
+        if _nested(fn):
+            continue
+        stores = _stores(fn)
+        aliases = {
+            node.targets[0].id: node.value
+            for node in ast.walk(fn)
+            if isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and stores.get(node.targets[0].id) == 1
+            and _constant(node.value)[0]
+        }
+        if not aliases:
+            continue
+        visitor = _EnumTests({}, stores, aliases)
+        for stmt in fn.body:
+            visitor.visit(stmt)
+        _drop_bindings(fn, set(aliases))
+        changed = True
+    return changed
+
+
 class _EnumTests(ast.NodeTransformer):
     def __init__(self, enums: dict[str, set[str]], stores: dict[str, int], aliases: dict[str, ast.expr]) -> None:
         self.enums, self.stores, self.aliases, self.changed = enums, stores, aliases, False
@@ -1076,11 +1105,16 @@ def _empties(tree: ast.Module, frozen: Frozen) -> bool:
 
 
 def _key_name(key: ast.expr) -> str | None:
-    """A local's name for a constant key (``'model'``, ``Item.MODEL``), None for another key."""
+    """A local's name for a constant key (``'model'``, ``Item.MODEL``, ``()``, ``0``), None for
+    another key."""
     if isinstance(key, ast.Constant) and isinstance(key.value, str) and key.value.isidentifier():
         return key.value
     if isinstance(key, ast.Attribute) and isinstance(key.value, ast.Name):
         return key.attr.lower()
+    if isinstance(key, ast.Tuple) and not key.elts:
+        return "empty"
+    if isinstance(key, ast.Constant) and type(key.value) is int and key.value >= 0:
+        return f"at{key.value}"
     return None
 
 
@@ -1516,6 +1550,7 @@ _REWRITES = (
     _scalars,
     _tables,
     _enum_tests,
+    _constant_aliases,
     _constant_tests,
     _empties,
     _bags,
