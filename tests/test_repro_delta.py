@@ -185,6 +185,14 @@ def test_an_element_goes_one_at_a_time() -> None:
     assert out is not None and "TABLE = {'b': 2}" in out
 
 
+def test_a_comprehension_s_condition_may_be_cut() -> None:
+    code = "def attempt():\n    out = {'b': 2}\n    state = {k: out[k] for k in ('b',) if k in out}\n    return state\n"
+    found = delta._elements(ast.parse(code), frozenset())
+    (index,) = [i for i, (node, field, _) in enumerate(found) if field == "ifs"]
+    out = delta.cut_element(code, index)
+    assert out is not None and "for k in ('b',)}" in out, out
+
+
 def test_fields_of_the_case_become_what_they_were_built_with() -> None:
     out = delta.propagate_objects(SCRIPT)
     assert out is None  # `case` is passed whole: nothing reads a field in the same function

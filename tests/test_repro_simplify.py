@@ -170,6 +170,17 @@ def test_a_dict_keyed_by_locals_bound_to_one_constant_becomes_one_local() -> Non
     assert "meshes_empty = [3]" in out and "* 2" in out, out
 
 
+def test_an_empty_dict_unpacked_into_a_display_goes() -> None:
+    out = _simplified(
+        """
+        extra = {}
+        seen = {'a': 1}
+        return {**seen, **extra}
+        """
+    )
+    assert "extra" not in out and "{**seen}" in out, out
+
+
 def test_a_local_bound_again_keeps_its_name() -> None:
     code = _script(
         """

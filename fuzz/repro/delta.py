@@ -1652,14 +1652,15 @@ def unroll_loop(code: str, key: str, frozen: Frozen = frozenset()) -> str | None
     return None
 
 
-# -- cut 5: an element of a literal, a keyword argument ------------------------------------------
+# -- cut 5: an element of a literal, a keyword argument, a comprehension's condition -------------
 
 
 def _elements(tree: ast.Module, frozen: Frozen) -> list[tuple[ast.AST, str, int]]:
     """(node, field, index) of every keyword argument of a call, every element of a dict,
-    list, tuple or set display and every operand of ``and`` / ``or`` in the statements that may
-    be cut, and in the assignments of the harness's own body (``failure = judge(...) or
-    check()``; not those of its exception check), in order."""
+    list, tuple or set display, every operand of ``and`` / ``or`` and every condition of a
+    comprehension (``for i in (1,) if key(i) in out``) in the statements that may be cut, and
+    in the assignments of the harness's own body (``failure = judge(...) or check()``; not
+    those of its exception check), in order."""
     seen: dict[int, tuple[ast.AST, str, int]] = {}
     statements = [stmt for stmt, _ in units(tree, frozen)]
     for top in tree.body:
@@ -1677,6 +1678,8 @@ def _elements(tree: ast.Module, frozen: Frozen) -> list[tuple[ast.AST, str, int]
                 getattr(node, "ctx", None), (ast.Store, ast.Del)
             ):
                 fields = [("elts", i) for i, e in enumerate(node.elts) if not isinstance(e, ast.Starred)]
+            elif isinstance(node, ast.comprehension):
+                fields = [("ifs", i) for i in range(len(node.ifs))]
             else:
                 continue
             for field, i in fields:

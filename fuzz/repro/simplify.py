@@ -33,7 +33,8 @@ left alone), repeated until none applies:
   name goes, its name replaced by the earlier one;
 - **Firsts and empties**: ``next(iter((a, b)))`` becomes ``a``; a comprehension over an empty
   display becomes an empty display, one over a display of one element the display of its
-  item, and ``**{}`` goes from a call, with a local bound only to ``{}`` and only unpacked so;
+  item, and ``**{}`` goes from a call or a dict display, with a local bound only to ``{}``
+  and only unpacked so;
 - **Identities**: ``x * 1``, ``x // 1``, ``x + 0``, ``x - 0``, ``[] + x`` and the like become
   ``x``, ``*()`` goes from a display or a call and ``*[a, b]`` becomes ``a, b``, and
   ``dict()``, ``list()``, ``tuple()`` become displays;
@@ -1082,6 +1083,13 @@ def _empties(tree: ast.Module, frozen: Frozen) -> bool:
             for k in n.keywords
             if k.arg is None and isinstance(k.value, ast.Name)
         }
+        unpacked |= {
+            id(v)
+            for n in ast.walk(fn)
+            if isinstance(n, ast.Dict)
+            for k, v in zip(n.keys, n.values)
+            if k is None and isinstance(v, ast.Name)
+        }
         for n in ast.walk(fn):
             if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id in empty and id(n) not in unpacked:
                 empty.discard(n.id)
@@ -1096,6 +1104,15 @@ def _empties(tree: ast.Module, frozen: Frozen) -> bool:
                 ]
                 if len(kept) != len(n.keywords):
                     n.keywords = kept
+                    changed = True
+            elif isinstance(n, ast.Dict):
+                items = [
+                    (k, v)
+                    for k, v in zip(n.keys, n.values)
+                    if not (k is None and isinstance(v, ast.Name) and v.id in empty)
+                ]
+                if len(items) != len(n.keys):
+                    n.keys, n.values = [k for k, _ in items], [v for _, v in items]
                     changed = True
         _drop_bindings(fn, empty)
     return changed
