@@ -819,3 +819,16 @@ def test_a_stop_whose_keyboard_interrupt_was_lost_ends_the_reduction_at_its_next
         clear_stop()
     assert not marker.exists()
     assert run_script(f"open({str(marker)!r}, 'w').close()\n", timeout=60)[0] == 0 and marker.exists()
+
+
+def test_each_run_of_a_script_has_a_temporary_directory_of_its_own() -> None:
+    """A candidate cut down to read what an earlier run left in the temporary directory (a
+    checkpoint loaded from ``tempfile.gettempdir()`` that it no longer saves) finds nothing."""
+    script = (
+        "import os, sys, tempfile\n"
+        "mark = os.path.join(tempfile.gettempdir(), 'left-by-an-earlier-run')\n"
+        "seen = os.path.exists(mark)\n"
+        "open(mark, 'w').close()\n"
+        "sys.exit(3 if seen else 0)\n"
+    )
+    assert [run_script(script, timeout=60)[0] for _ in range(2)] == [0, 0]

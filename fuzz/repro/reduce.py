@@ -162,11 +162,16 @@ def run_script(
     """(exit status or None on a timeout, stdout and stderr, seconds) of ``python FILE.py``, or
     with ``nproc`` of ``torchrun --standalone --nproc-per-node N FILE.py``. Every process still
     running the file afterwards (torchrun puts ranks in sessions of their own) is ended by its pid.
-    A stop already requested (:mod:`fuzz.stop`) is raised again instead of running anything."""
+    The run's temporary directory (``TMPDIR``, :func:`tempfile.gettempdir`) is a new empty one:
+    a candidate cut down to load a checkpoint from there without saving it first must not find
+    what an earlier run left. A stop already requested (:mod:`fuzz.stop`) is raised again
+    instead of running anything."""
     raise_if_stopped()  # a KeyboardInterrupt lost on its way must not leave the reduction going
     with tempfile.TemporaryDirectory(prefix="shardfuzz-reduce-") as tmp:
         file = Path(tmp) / "repro.py"
         file.write_text(text)
+        own_tmp = Path(tmp) / "tmp"
+        own_tmp.mkdir()
         log = Path(tmp) / "output"
         start = time.monotonic()
         status: int | None
@@ -177,7 +182,7 @@ def run_script(
             proc = subprocess.Popen(
                 command,
                 cwd=tmp,
-                env={**os.environ, **(env or {})},
+                env={**os.environ, "TMPDIR": str(own_tmp), **(env or {})},
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
