@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=32bab302165bedb8 sources=9d7be58e4208c9df seconds=569.4
+# shardfuzz reduced reproducer: entry=32bab302165bedb8 sources=9d7be58e4208c9df seconds=730.1
 # Reproduces shardfuzz corpus entry dcp-exception-4d02691a497a.json: exception:dcp:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out
 # Known torch bug: fully_shard with an int reshard_after_forward and Shard(1) placements:
 # IndexError in foreach_all_gather_copy_out; upstream: none found.
@@ -25,10 +25,9 @@ def attempt(rank, world_size):
     x = torch.randn(world_size, 4)
     y = torch.randn(world_size, 4)
     step_ = [(x[rank:rank + 1], y[rank:rank + 1])]
-    build_model_out = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    build_model_out = nn.Linear(4, 4)
     from torch.distributed.fsdp import fully_shard
-    kwargs = {'reshard_after_forward': 2}
-    kwargs['shard_placement_fn'] = _placement_fn()
+    kwargs = {'reshard_after_forward': 2, 'shard_placement_fn': _placement_fn()}
     fully_shard(build_model_out, **kwargs)
     data_ = [step_[0]][:1]
     x_, y_ = next(iter(data_))

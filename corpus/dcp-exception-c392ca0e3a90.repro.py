@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=4b45c2168641062c sources=9d7be58e4208c9df seconds=494.2
+# shardfuzz reduced reproducer: entry=4b45c2168641062c sources=9d7be58e4208c9df seconds=707.6
 # Reproduces shardfuzz corpus entry dcp-exception-c392ca0e3a90.json: exception:dcp:builtins.KeyError@torch/distributed/fsdp/_optim_utils.py:_unflatten_param_groups
 # Known torch bug: FSDP1 NO_SHARD with an auto-wrapped unit of frozen parameters: state_dict()
 # after training raises 'FSDP assumes ... is in the state_dict'; upstream:
@@ -22,13 +22,12 @@ def attempt(rank, world_size):
     step_ = [(x[0:1], y[0:1])]
     module = nn.LayerNorm(4)
     module.requires_grad_(False)
-    build_model_out = nn.Sequential(module, nn.Sequential(nn.Sequential(nn.LayerNorm(4))))
+    build_model_out = nn.Sequential(module, nn.Sequential(nn.LayerNorm(4)))
     model = build_model_out.to(torch.float64)
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
     strategy = ShardingStrategy.NO_SHARD
-    kwargs = {'sharding_strategy': strategy, 'device_id': ctx_device, 'use_orig_params': True}
-    kwargs['auto_wrap_policy'] = ModuleWrapPolicy({nn.Sequential})
+    kwargs = {'sharding_strategy': strategy, 'device_id': ctx_device, 'use_orig_params': True, 'auto_wrap_policy': ModuleWrapPolicy({nn.Sequential})}
     wrap_out = FSDP(model, **kwargs)
     params = list(wrap_out.parameters())
     groups = [{'params': params[1::2]}]
@@ -37,8 +36,7 @@ def attempt(rank, world_size):
     x_, y_ = next(iter(data_))
     loss = F.mse_loss(wrap_out(x_).to(y_.dtype), y_)
     loss.backward()
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP_
-    osd = FSDP_.optim_state_dict(wrap_out, src_opt)
+    osd = FSDP.optim_state_dict(wrap_out, src_opt)
 
 if __name__ == "__main__":
     import os

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=63e5b277ec033028 sources=b2f61a16b7315ba5 seconds=4558.8
+# shardfuzz reduced reproducer: entry=63e5b277ec033028 sources=b2f61a16b7315ba5 seconds=4895.1
 # Reproduces shardfuzz corpus entry dcp-mismatch-ada81405774d.json: mismatch:dcp@save:fsdp1-hsdp-load_sharded_optimizer_state_dict
 # Known torch bug: load_sharded_optimizer_state_dict chunks optimizer state over the whole world:
 # wrong Adam state in FSDP1 HYBRID_SHARD over a 2-D mesh; upstream: none found.
@@ -18,7 +18,6 @@ import torch.distributed as dist
 from dataclasses import dataclass, field
 
 class DcpItem(str, enum.Enum):
-    MODEL = 'model'
     OPTIMIZER = 'optimizer'
 
 class PointwiseConv1d(nn.Conv1d):
@@ -51,13 +50,12 @@ def _exact(prop, check, where, what, got, want, **details):
 def _check_optimizer(prop, observations):
     for rank, obs in enumerate(observations):
         local = obs['saved']['optimizer_local']
-        holding_elements_out = {name: entry for name, entry in local.items() if not any((v == [] for v in entry))}
+        holding_elements_out = {name: entry for name, entry in local.items()}
         failure = _exact(prop, 'optimizer', 'save', f"rank {rank}'s local optimizer state (FSDP1, one layout)", obs['loaded']['optimizer_local'], holding_elements_out)
         if failure is not None:
             return failure
 
 def attempt(rank, world_size):
-    ctx__meshes = {}
     path = os.path.join('/tmp/shardfuzz-dcp-3246', 'bc6a61957b78-0')
     x = torch.randn(world_size, 2, dtype=torch.float64)
     y = torch.randn(world_size, 2)
@@ -65,12 +63,9 @@ def attempt(rank, world_size):
     model = nn.Sequential(PointwiseConv1d(2, 2, kernel_size=1)).to(torch.float64)
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
     strategy = ShardingStrategy.HYBRID_SHARD
-    shape = (2, 2)
     from torch.distributed.device_mesh import init_device_mesh
-    key = ()
-    ctx__meshes[key] = init_device_mesh(torch.device('cpu').type, shape)
-    RankContext_mesh_out = ctx__meshes[key]
-    wrap_out = FSDP(model, sharding_strategy=strategy, device_id=torch.device('cpu'), use_orig_params=True, device_mesh=RankContext_mesh_out)
+    ctx__meshes_empty = init_device_mesh(torch.device('cpu').type, (2, 2))
+    wrap_out = FSDP(model, sharding_strategy=strategy, device_id=torch.device('cpu'), use_orig_params=True, device_mesh=ctx__meshes_empty)
     params = wrap_out.parameters()
     src_opt = torch.optim.Adam(params)
     src_param_names = {id(p): clean_name() for n__, p in wrap_out.named_parameters()}
@@ -81,13 +76,10 @@ def attempt(rank, world_size):
     loss = F.mse_loss(wrap_out(x_), y_)
     loss.backward()
     src_opt.step()
-    out = {}
     osd_ = FSDP.optim_state_dict(wrap_out, src_opt)
-    out[DcpItem.OPTIMIZER] = osd_
-    state = {(DcpItem.MODEL, DcpItem.OPTIMIZER)[i].value: out[(DcpItem.MODEL, DcpItem.OPTIMIZER)[i]] for i in (1,) if (DcpItem.MODEL, DcpItem.OPTIMIZER)[i] in out}
+    state = {DcpItem.OPTIMIZER.value: osd_}
     import torch.distributed.checkpoint as dcp
     dcp.save(state, checkpoint_id=path)
-    out_ = {}
     current = {id(p____): clean_name() for n, p____ in wrap_out.named_parameters()}
     names = {**src_param_names, **current}
     out___ = {}
@@ -97,12 +89,10 @@ def attempt(rank, world_size):
     entry = {key__: _jsonable(state_[key__]) for key__ in state_}
     out___[names.get(id(p__), '?')] = entry
     obs_ = {'optimizer_local': out___}
-    saved = {**obs_, **out_}
+    saved = {**obs_}
     model_ = nn.Sequential(PointwiseConv1d(2, 2, kernel_size=1)).to(torch.float64)
     strategy_ = ShardingStrategy.HYBRID_SHARD
-    key_ = ()
-    RankContext_mesh_out_ = ctx__meshes[key_]
-    wrap_out_ = FSDP(model_, sharding_strategy=strategy_, device_id=torch.device('cpu'), use_orig_params=True, device_mesh=RankContext_mesh_out_)
+    wrap_out_ = FSDP(model_, sharding_strategy=strategy_, device_id=torch.device('cpu'), use_orig_params=True, device_mesh=ctx__meshes_empty)
     params_ = wrap_out_.parameters()
     tgt_opt = torch.optim.Adam(params_)
     tgt_param_names = {id(p_): clean_name() for n___, p_ in wrap_out_.named_parameters()}
@@ -111,7 +101,6 @@ def attempt(rank, world_size):
     loaded = load_sharded_optimizer_state_dict(model_state_dict=wrap_out_.state_dict(), optimizer_key='optimizer', storage_reader=dcp.FileSystemReader(path))
     osd = loaded['optimizer']
     tgt_opt.load_state_dict(FSDP.optim_state_dict_to_load(wrap_out_, tgt_opt, osd))
-    out__ = {}
     current_ = {id(p_____): clean_name() for n_, p_____ in wrap_out_.named_parameters()}
     names_ = {**tgt_param_names, **current_}
     out____ = {}
@@ -121,7 +110,7 @@ def attempt(rank, world_size):
     entry_ = {key___: _jsonable(state__[key___]) for key___ in state__}
     out____[names_.get(id(p___), '?')] = entry_
     obs___ = {'optimizer_local': out____}
-    obs__ = {'saved': saved, 'loaded': {**obs___, **out__}}
+    obs__ = {'saved': saved, 'loaded': {**obs___}}
     outs = [None, None, None, None]
     dist.all_gather_object(outs, obs__)
     if rank != 0:

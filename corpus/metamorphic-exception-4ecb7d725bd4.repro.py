@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=046d6314125fae89 sources=ce057bc0da65e4dc seconds=548.6
+# shardfuzz reduced reproducer: entry=046d6314125fae89 sources=ce057bc0da65e4dc seconds=712.7
 # Reproduces shardfuzz corpus entry metamorphic-exception-4ecb7d725bd4.json: exception:metamorphic:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out
 # Known torch bug: fully_shard with an int reshard_after_forward and Shard(1) placements:
 # IndexError in foreach_all_gather_copy_out; upstream: none found.
@@ -29,13 +29,12 @@ def _placement_fn():
 def attempt(rank, world_size):
     build_model_out = PointwiseConv1d(4, 4, kernel_size=1, bias=False)
     from torch.distributed.fsdp import fully_shard
-    kwargs = {'reshard_after_forward': 2}
-    kwargs['shard_placement_fn'] = _placement_fn()
+    kwargs = {'reshard_after_forward': 2, 'shard_placement_fn': _placement_fn()}
     fully_shard(build_model_out, **kwargs)
     x_ = torch.randn(world_size, 4)
     y_ = torch.randn(world_size, 4)
     step_ = [(x_[rank:rank + 1], y_[rank:rank + 1])]
-    i, (x, y) = next(iter(enumerate(step_)))
+    i, (x, y) = next(enumerate(step_))
     out = build_model_out(x)
     loss = F.mse_loss(out, y)
     loss.backward()

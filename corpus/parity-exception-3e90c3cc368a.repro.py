@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=71d9601af2884473 sources=c819ef517160c7c9 seconds=396.3
+# shardfuzz reduced reproducer: entry=71d9601af2884473 sources=c819ef517160c7c9 seconds=568.8
 # Reproduces shardfuzz corpus entry parity-exception-3e90c3cc368a.json: exception:parity:builtins.ValueError@torch/utils/checkpoint.py:_checkpoint_without_reentrant_generator
 # Known torch bug: composable checkpoint(module, debug=True) raises ValueError 'debug=True is
 # incompatible with non-default context_fn' on the first forward whatever the caller passes: it
@@ -16,16 +16,15 @@ import torch
 from torch import nn
 
 def attempt(rank, world_size):
-    build_model_out = nn.Sequential(nn.Linear(4, 4))
+    build_model_out = nn.Linear(4, 4)
     from torch.distributed._composable import checkpoint
-    kwargs = {}
-    kwargs['debug'] = True
+    kwargs = {'debug': True}
     checkpoint(build_model_out, **kwargs)
     lo = rank * 2
     x_ = torch.randn(4, 4)
     y_ = torch.randn(4, 4)
     step_ = [(x_[lo:lo + 2], y_[lo:lo + 2])]
-    i, (x, y) = next(iter(enumerate(step_)))
+    i, (x, y) = next(enumerate(step_))
     out = build_model_out(x)
 
 if __name__ == "__main__":

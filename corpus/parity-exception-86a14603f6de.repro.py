@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=6d0f1782b1a74e14 sources=c819ef517160c7c9 seconds=447.5
+# shardfuzz reduced reproducer: entry=6d0f1782b1a74e14 sources=c819ef517160c7c9 seconds=677.1
 # Reproduces shardfuzz corpus entry parity-exception-86a14603f6de.json: exception:parity:builtins.RuntimeError@torch/nn/parallel/distributed.py:_clear_grad_buffer
 # Known torch bug: DistributedDataParallel(delay_all_reduce_named_params=...,
 # param_to_hook_all_reduce=...) over parameters that are not float32: the delayed gradients'
@@ -20,17 +20,15 @@ def attempt(rank, world_size):
     build_model_out = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
     model_ = build_model_out.to(torch.float64)
     from torch.distributed._composable import replicate
-    kwargs = {}
-    plan = ('0', ('1',))
+    plan = ('0', ())
     hook, delayed = plan
-    kwargs['param_to_hook_all_reduce'] = model_.get_submodule(hook).get_parameter('bias')
-    kwargs['delay_all_reduce_named_params'] = [(str(i_), model_.get_submodule(p__).get_parameter(name)) for i_, (p__, name) in enumerate([('1', 'bias')]) if p__ in delayed]
+    kwargs = {'param_to_hook_all_reduce': model_.get_submodule(hook).get_parameter('bias'), 'delay_all_reduce_named_params': [(i_, model_.get_submodule(p__).get_parameter(name)) for i_, (p__, name) in enumerate([('1', 'bias')])]}
     replicate(model_, **kwargs)
     lo = rank * 2
     x_ = torch.randn(4, 4, dtype=torch.float64)
     y_ = torch.randn(4, 4)
     step_ = [(x_[lo:lo + 2], y_[lo:lo + 2])]
-    i, (x, y) = next(iter(enumerate(step_)))
+    i, (x, y) = next(enumerate(step_))
     out = model_(x)
 
 if __name__ == "__main__":
