@@ -63,6 +63,7 @@ from fuzz.repro.delta import (
     _Function,
     _objects,
     _stores,
+    _Substitute,
     _unparse,
     _untouched,
     aliases_replaced,
@@ -743,9 +744,8 @@ def _constant_aliases(tree: ast.Module, frozen: Frozen) -> bool:
         }
         if not aliases:
             continue
-        visitor = _EnumTests({}, stores, aliases)
         for stmt in fn.body:
-            visitor.visit(stmt)
+            _Substitute(aliases).visit(stmt)
         _drop_bindings(fn, set(aliases))
         changed = True
     return changed
