@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import json
 import os
 import select
@@ -235,6 +236,7 @@ _registry_lock = threading.Lock()
 
 
 _log_dir: str | None = None
+_started = itertools.count()  # numbers the zygotes' logs in _log_dir
 
 
 def zygote_for(slot: int, env: Mapping[str, str]) -> Zygote:
@@ -255,7 +257,7 @@ def zygote_for(slot: int, env: Mapping[str, str]) -> Zygote:
                     _zygotes.pop(old_key).close()
             if _log_dir is None:
                 _log_dir = tempfile.mkdtemp(prefix="shardfuzz-zygotes-")
-            log_path = tempfile.mktemp(prefix=f"rank{slot}-", suffix=".log", dir=_log_dir)
+            log_path = os.path.join(_log_dir, f"zygote{next(_started)}-rank{slot}.log")
             zygote = Zygote(env, log_path)
         _zygotes[key] = zygote
         return zygote
