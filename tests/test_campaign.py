@@ -306,8 +306,10 @@ def test_signalling_ranks_keeps_the_campaign_going(tmp_path: Path) -> None:
     try:
         saved = {e.signature for _, e in _entries(corpus)}
         for sig in (signal.SIGINT, signal.SIGKILL, signal.SIGTERM):
-            ranks, end = _ranks(proc.pid), time.monotonic() + 10.0
-            while len(ranks) != 2 and time.monotonic() < end:  # the pool may be between two sets
+            # The pool may be between two sets. Seen once in a full run on 2 busy cores: no ranks for
+            # 10 s (cause not found). The bound only ends a stuck test: it is not what is checked.
+            ranks, end = _ranks(proc.pid), time.monotonic() + 30.0
+            while len(ranks) != 2 and time.monotonic() < end:
                 time.sleep(0.1)
                 ranks = _ranks(proc.pid)
             assert len(ranks) == 2, ranks
