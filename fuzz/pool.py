@@ -51,6 +51,9 @@ BACKENDS = ("gloo", "nccl")
 #: How long the other ranks may take to report once one rank has failed, before their stacks
 #: are taken. Long enough for gloo to notice a closed peer, short against any case deadline.
 FAILURE_GRACE_S = 3.0
+#: How many times in a row a start is tried again after a rank was killed by a signal while
+#: starting (RankPool._await_ready).
+START_KILLS = 2
 #: Seconds a rank whose pipe closed is given to be reaped, so its exit status is known.
 DEATH_REAP_S = 2.0
 STACK_DUMP_WAIT_S = 1.0
@@ -611,15 +614,33 @@ class RankPool:
             )
 
     def _await_ready(self) -> None:
+        """Wait for every rank to join. A rank killed by a signal while starting (from outside the
+        pool: an operator's kill, the OOM killer; seen in tests that signal the ranks of a campaign
+        whose pool respawns often) is replaced by a fresh set, up to :data:`START_KILLS` times in a
+        row; a rank that exits with a status of its own ends the start at once (it would again)."""
+        for kills_left in range(START_KILLS, -1, -1):
+            died = self._await_ready_once()
+            if died is None:
+                return
+            status, message = died
+            if status >= 0 or kills_left == 0:
+                raise PoolError(message)
+            self.restarts += 1
+            self._replace_ranks(kill=True, timeout=0)
+
+    def _await_ready_once(self) -> tuple[int, str] | None:
+        """None once every rank has joined; else the exit status of a rank that died while
+        starting, with the error to raise (the other ranks are ended)."""
         deadline = time.monotonic() + self.start_timeout
         for r in self._ranks:
             while r.ready is None:
                 if r.eof or r.proc.poll() is not None:
-                    self._kill_all()
-                    raise PoolError(
-                        f"rank {r.rank} exited with status {r.proc.wait()} while starting; its output:\n"
-                        f"{tail(r.log_path)}"
+                    status = r.proc.wait()
+                    message = (
+                        f"rank {r.rank} exited with status {status} while starting; its output:\n{tail(r.log_path)}"
                     )
+                    self._kill_all()
+                    return status, message
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     self._kill_all()
@@ -632,6 +653,7 @@ class RankPool:
                     if isinstance(m, Ready):
                         r.ready = m
                         self.versions = m.versions
+        return None
 
     def _read(self, r: _Rank) -> list[Any]:
         """Read what is available from one rank's result pipe and parse whole lines."""
