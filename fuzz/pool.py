@@ -625,8 +625,7 @@ class RankPool:
             status, message = died
             if status >= 0 or kills_left == 0:
                 raise PoolError(message)
-            self.restarts += 1
-            self._replace_ranks(kill=True, timeout=0)
+            self.respawn()
 
     def _await_ready_once(self) -> tuple[int, str] | None:
         """None once every rank has joined; else the exit status of a rank that died while
