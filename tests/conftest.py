@@ -46,6 +46,13 @@ def fault_env(name: str) -> dict[str, str]:
     return {"SHARDFUZZ_FAULT": str(path), "PYTHONPATH": os.pathsep.join([harness, os.environ.get("PYTHONPATH", "")])}
 
 
+def sigint_as_from_a_terminal() -> None:
+    """``preexec_fn`` of a process a test stops with SIGINT as Ctrl-C would: a test run started in
+    the background by a shell without job control inherits SIGINT ignored, the process would keep
+    it so (Python installs no handler for an ignored SIGINT), and the signal would do nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, **(env or {})}
     return subprocess.run(

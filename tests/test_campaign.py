@@ -28,7 +28,7 @@ from fuzz.model import Case
 from fuzz.pool import Outcome, RankPool
 from fuzz.properties import get_property
 from fuzz.stop import request_stop, stop_requested
-from tests.conftest import ROOT, kill_leftovers, pid_alive, run_cli, wait_gone
+from tests.conftest import ROOT, kill_leftovers, pid_alive, run_cli, sigint_as_from_a_terminal, wait_gone
 
 STARTUP_TIMEOUT_S = 120.0
 EXIT_TIMEOUT_S = 30.0
@@ -234,11 +234,6 @@ def _entries(corpus: Path) -> list[Any]:
     return entries
 
 
-def _sigint_as_from_a_terminal() -> None:
-    """A test run in the background inherits SIGINT ignored, and the campaign would keep it so."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def _start(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[bytes], Path, Path]:
     corpus, report = tmp_path / "corpus", tmp_path / "report"
     env = {
@@ -253,7 +248,7 @@ def _start(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[bytes], Path, 
     log = open(tmp_path / "explore.log", "wb")  # noqa: SIM115 - the child holds it
     out = {"stdin": subprocess.DEVNULL, "stdout": log, "stderr": subprocess.STDOUT}
     proc = subprocess.Popen(  # type: ignore[call-overload]
-        argv, cwd=tmp_path, env=env, start_new_session=True, preexec_fn=_sigint_as_from_a_terminal, **out
+        argv, cwd=tmp_path, env=env, start_new_session=True, preexec_fn=sigint_as_from_a_terminal, **out
     )
     log.close()
     end = time.monotonic() + STARTUP_TIMEOUT_S

@@ -47,7 +47,7 @@ from fuzz.repro.issue import render_issue
 from fuzz.repro.reduce import stored_path
 from fuzz.repro.script import ROOT as SOURCE_ROOT
 from fuzz.repro.script import STUBS, carried_modules, code_lines, relative
-from tests.conftest import ROOT, mutant_env, run_cli, torchrun, wait_gone
+from tests.conftest import ROOT, mutant_env, run_cli, sigint_as_from_a_terminal, torchrun, wait_gone
 
 CORPUS = sorted((ROOT / "corpus").glob("*.json"))
 
@@ -474,6 +474,7 @@ def test_a_reduction_stopped_by_a_signal_says_so_and_keeps_its_script(tmp_path: 
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=sigint_as_from_a_terminal,
     )
     try:
         deadline = time.monotonic() + 120
