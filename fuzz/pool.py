@@ -176,6 +176,11 @@ class RankPool:
     number of seconds a case may take. ``max_rank_threads``: after a case that ended ok, ranks
     are replaced by fresh ones once one of them has this many OS threads
     (:data:`MAX_RANK_THREADS`; ``None``: never, for the health check that measures the growth).
+    ``hash_seed_per_rank``: each rank is forked from a zygote of its own slot (:mod:`fuzz.zygote`),
+    so that the ranks hash strings differently, as processes started by torchrun do (iteration
+    orders of sets of names then differ between ranks, as they would); False forks every rank
+    from one zygote, one import of torch instead of ``world_size``, for a pool whose question
+    does not depend on that (whether a check notices an injected fault).
     """
 
     def __init__(
@@ -188,6 +193,7 @@ class RankPool:
         start_timeout: float = 180.0,
         env: dict[str, str] | None = None,
         max_rank_threads: int | None = MAX_RANK_THREADS,
+        hash_seed_per_rank: bool = True,
     ) -> None:
         if backend not in BACKENDS:
             raise InvalidArgument(f"backend={backend!r} is not one of {BACKENDS}")
@@ -200,6 +206,7 @@ class RankPool:
         self.deadline = deadline
         self.start_timeout = start_timeout
         self.max_rank_threads = max_rank_threads
+        self.hash_seed_per_rank = hash_seed_per_rank
         #: Fresh ranks spawned after a failure (``restarts``) and after ranks grew too many
         #: threads (``recycled``); ``_generation`` counts both.
         self.restarts = 0
@@ -569,7 +576,10 @@ class RankPool:
         generation = self._generation
         # Forked from this process's zygotes (fuzz.zygote), all asked for before the first fork
         # so that they import torch side by side; started from scratch where that cannot be.
-        zygotes = [zygote_for(rank, env) for rank in range(self.world_size)] if zygotes_wanted(env) else None
+        zygotes = None
+        if zygotes_wanted(env):
+            slots = range(self.world_size) if self.hash_seed_per_rank else [0] * self.world_size
+            zygotes = [zygote_for(slot, env, usual=not self._extra_env) for slot in slots]
         for rank in range(self.world_size):
             cmd_r, cmd_w = os.pipe()
             res_r, res_w = os.pipe()

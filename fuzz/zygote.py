@@ -78,6 +78,8 @@ class Zygote:
         self.log_path = log_path
         self.exits: dict[int, int] = {}  # pid -> status, of children reaped and not yet asked about
         self.children: set[int] = set()
+        #: Asked for by a pool without an environment of its own (:func:`zygote_for`).
+        self.usual = True
         self.alive = True
         self._replies: dict[int, dict[str, object]] = {}
         self._next_id = 0
@@ -239,10 +241,12 @@ _log_dir: str | None = None
 _started = itertools.count()  # numbers the zygotes' logs in _log_dir
 
 
-def zygote_for(slot: int, env: Mapping[str, str]) -> Zygote:
+def zygote_for(slot: int, env: Mapping[str, str], *, usual: bool = True) -> Zygote:
     """This process's zygote for rank ``slot`` of pools whose ranks share the environment ``env``
     (each rank's own settings come with its fork request), started if there is none or the last
-    one has exited."""
+    one has exited. Past :data:`MAX_ZYGOTES`, zygotes without ranks are ended, the least recently
+    used first, and those asked for with ``usual`` False (pools with an environment of their own:
+    an injected fault, a fix) before the process's usual ones, which its next pool will want."""
     key = (slot, tuple(sorted((k, v) for k, v in env.items() if k not in VOLATILE)))
     global _log_dir
     with _registry_lock:
@@ -250,7 +254,8 @@ def zygote_for(slot: int, env: Mapping[str, str]) -> Zygote:
         if zygote is None or not zygote.alive:
             for old_key in [k for k, z in _zygotes.items() if not z.alive]:
                 del _zygotes[old_key]
-            for old_key in list(_zygotes):  # least recently used first
+            # least recently used first (the dict's order), unusual ones before usual ones
+            for old_key in sorted(_zygotes, key=lambda k: _zygotes[k].usual):
                 if len(_zygotes) < MAX_ZYGOTES:
                     break
                 if _zygotes[old_key].idle():
@@ -259,6 +264,8 @@ def zygote_for(slot: int, env: Mapping[str, str]) -> Zygote:
                 _log_dir = tempfile.mkdtemp(prefix="shardfuzz-zygotes-")
             log_path = os.path.join(_log_dir, f"zygote{next(_started)}-rank{slot}.log")
             zygote = Zygote(env, log_path)
+            zygote.usual = False
+        zygote.usual = zygote.usual or usual
         _zygotes[key] = zygote
         return zygote
 

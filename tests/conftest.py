@@ -9,9 +9,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from fuzz.pool import RankPool
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Injected faults in torch (see ../shared/mutants/README.md), beside the checkout unless
@@ -44,6 +47,16 @@ def fault_env(name: str) -> dict[str, str]:
         pytest.skip(f"fault {name}: its text is not in this torch's {fault['module']}")
     harness = str(FAULTS / "harness")
     return {"SHARDFUZZ_FAULT": str(path), "PYTHONPATH": os.pathsep.join([harness, os.environ.get("PYTHONPATH", "")])}
+
+
+def fault_pool(env: dict[str, str], world_size: int = 2, deadline: float = 60.0) -> RankPool:
+    """A pool whose ranks import torch under ``env`` (:func:`fault_env`, :func:`mutant_env`, a
+    fix's), for a test of whether a check notices what that changes. Its ranks fork from one
+    zygote (``hash_seed_per_rank=False``): one import of torch per pool instead of one per rank,
+    their string hash seed shared, which such a question does not depend on."""
+    from fuzz.pool import RankPool
+
+    return RankPool(world_size=world_size, env=env, deadline=deadline, hash_seed_per_rank=False)
 
 
 def sigint_as_from_a_terminal() -> None:

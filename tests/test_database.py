@@ -20,7 +20,7 @@ from fuzz.model import Case
 from fuzz.pool import Outcome, RankPool
 from fuzz.properties import get_property
 from fuzz.verdict import OutcomeKind, RankReport
-from tests.conftest import mutant_env, run_cli
+from tests.conftest import fault_pool, mutant_env, run_cli
 
 
 class _Recording:
@@ -65,7 +65,7 @@ def test_a_failure_saved_by_one_campaign_is_the_first_case_of_the_next(tmp_path:
     prop = get_property("parity")
     db = example_database(tmp_path / "db")
     key = database_key("parity", 2)
-    with RankPool(world_size=2, env=mutant_env("P01_shard_dim_chunk"), deadline=30) as pool:
+    with fault_pool(mutant_env("P01_shard_dim_chunk"), world_size=2, deadline=30) as pool:
         first = _Recording(pool)
         found = explore(first, [prop], budget=60, max_examples=100, seed=3, database=db, reruns=0)
         assert found.new_failures, "the P01 fault was not found; the test needs a failure to save"

@@ -53,7 +53,7 @@ from fuzz.properties import get_property
 from fuzz.properties.state_dict import MISSING_KEY, features_dcp, features_state_dict, judge_dcp, judge_state_dict
 from fuzz.verdict import Outcome
 from strategies import dcp_cases, state_dict_cases
-from tests.conftest import fault_env
+from tests.conftest import fault_env, fault_pool
 from tests.test_state_dict import TREE, fsdp, reversed_orders
 
 ADAM = Training(optimizer=Optimizer.ADAM, lr=0.05, dtype=Dtype.FLOAT64, steps=2, param_groups=2)
@@ -329,7 +329,7 @@ def test_dedup_check_notices_a_planner_that_keeps_the_highest_rank() -> None:
     holds them."""
     env = fault_env("K08_dedup_to_highest_rank")
     body = _dcp(source=Composition(), target=fsdp("1"), save_planner=SavePlannerOptions(dedup_save_to_lowest_rank=True))
-    with RankPool(world_size=2, env=env, deadline=30) as pool:
+    with fault_pool(env, world_size=2, deadline=30) as pool:
         failure = run_case(pool, get_property("dcp"), Case("dcp", 2, 58, body))
     assert failure is not None and failure.signature == "mismatch:dcp:dedup@save", failure
 

@@ -36,7 +36,7 @@ from fuzz.pool import RankPool
 from fuzz.properties import get_property
 from fuzz.properties.state_dict import judge_dcp, judge_state_dict
 from fuzz.verdict import Outcome
-from tests.conftest import fault_env
+from tests.conftest import fault_env, fault_pool
 from tests.test_state_dict import TREE, fsdp
 
 ADAM = Training(optimizer=Optimizer.ADAM, lr=0.05, dtype=Dtype.FLOAT64, steps=2, set_to_none=True)
@@ -157,7 +157,7 @@ def test_one_rank_reload_notices_a_load_that_reads_one_chunk_of_several() -> Non
     """tests/faults/K21: a local chunk overlapping several saved chunks reads only the first.
     Between equal layouts every chunk loads 1:1, so only the reload on one process sees it."""
     env = fault_env("K21_reshard_reads_first_chunk")
-    with RankPool(world_size=2, env=env, deadline=30) as pool:
+    with fault_pool(env, world_size=2, deadline=30) as pool:
         failure = run_case(pool, get_property("dcp"), _reload_case())
     assert failure is not None and failure.signature == "mismatch:dcp:reload_one_rank@save", failure
 
@@ -167,10 +167,10 @@ def test_half_world_reload_notices_a_group_rank_taken_for_a_global_one() -> None
     rank. Saves and loads over every rank cannot tell them apart; the half of the ranks that
     does not hold global rank 0 can."""
     env = fault_env("K34_dcp_group_rank_as_global")
-    with RankPool(world_size=4, env=env, deadline=30) as pool:
+    with fault_pool(env, world_size=4, deadline=30) as pool:
         failure = run_case(pool, get_property("dcp"), _reload_case4())
     assert failure is not None, "K34 not noticed"
-    with RankPool(world_size=2, env=env, deadline=30) as pool:
+    with fault_pool(env, world_size=2, deadline=30) as pool:
         assert run_case(pool, get_property("dcp"), _reload_case()) is None  # one group: no difference
 
 
@@ -178,6 +178,6 @@ def test_taken_optimizer_notices_a_getter_that_drops_frozen_state() -> None:
     """tests/faults/K10: get_optimizer_state_dict leaves out frozen parameters' state; the
     case does not load the optimizer, so only the check of what was taken sees it."""
     env = fault_env("K10_optim_state_skips_frozen")
-    with RankPool(world_size=2, env=env, deadline=30) as pool:
+    with fault_pool(env, world_size=2, deadline=30) as pool:
         failure = run_case(pool, get_property("dcp"), _taken_case())
     assert failure is not None and failure.signature == "mismatch:dcp:taken_optimizer@save", failure

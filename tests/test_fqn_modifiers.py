@@ -43,7 +43,7 @@ from fuzz.model import (
 from fuzz.pool import RankPool
 from fuzz.properties.state_dict import features_state_dict, judge_state_dict
 from strategies import state_dict_cases
-from tests.conftest import fault_env
+from tests.conftest import fault_env, fault_pool
 from tests.test_dcp_options import _run, _tampered
 
 #: Leaf "0" trains, leaf "1.0" is frozen in the tree (the optimizer does not hold it).
@@ -200,7 +200,7 @@ def test_a_fault_that_stops_following_the_modifiers_is_caught() -> None:
     """tests/faults/K38: _get_fqns no longer follows a module's fqn modifiers."""
     env = fault_env("K38_fqn_modifiers_not_followed")
     case = Case("state_dict", 2, 21, _body())
-    with RankPool(world_size=2, env=env, deadline=30) as pool:
+    with fault_pool(env, world_size=2, deadline=30) as pool:
         failure = judge_state_dict(case, pool.run(case))
     assert not known.bugs_met(case)  # so the failure is the fault's, not a known bug's
     assert failure is not None and failure.kind == "exception", failure

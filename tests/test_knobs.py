@@ -38,7 +38,7 @@ from fuzz.model import (
 from fuzz.pool import RankPool
 from fuzz.properties import get_property
 from strategies import parity_cases
-from tests.conftest import fault_env
+from tests.conftest import fault_env, fault_pool
 
 FAULTS = Path(__file__).parent / "faults"
 
@@ -140,7 +140,7 @@ def test_each_knob_oracle_notices_its_fault(name: str) -> None:
     """Under the fault (applied in every rank by tests/faults/harness) the same case fails."""
     env = fault_env(name)
     case = CASES[name]
-    with RankPool(world_size=2, env=env, deadline=60) as pool:
+    with fault_pool(env, world_size=2, deadline=60) as pool:
         failure = run_case(pool, get_property(case.property), case)
     assert failure is not None, name
     assert failure.kind == "mismatch", (name, failure.summary)

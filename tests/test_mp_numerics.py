@@ -38,7 +38,7 @@ from fuzz.model import (
 from fuzz.pool import RankPool
 from fuzz.properties import get_property
 from fuzz.tolerance import mixed_precision_tolerance, tolerance_for
-from tests.conftest import fault_env
+from tests.conftest import fault_env, fault_pool
 
 FAULTS = Path(__file__).parent / "faults"
 TREE = ModuleTree(
@@ -110,7 +110,7 @@ def test_the_partial_reduction_fault_is_noticed(mesh: tuple[int, int]) -> None:
     (over (2, 1) the sum of two microbatches, over (1, 2) also the reduce-scatter)."""
     case = _case(Dtype.BFLOAT16, Dtype.FLOAT32, sync=AccumSync.NO_ALL_REDUCE, mesh=mesh)
     env = fault_env("K33_partial_reduction_in_compute_dtype")
-    with RankPool(world_size=2, env=env, deadline=60) as pool:
+    with fault_pool(env, world_size=2, deadline=60) as pool:
         failure = run_case(pool, get_property(case.property), case)
     assert failure is not None and failure.kind == "mismatch", failure and failure.summary
 
@@ -120,7 +120,7 @@ def test_the_unreduced_accumulation_fault_is_noticed() -> None:
     FSDP2 documents the sum in the reduce dtype; summing in bf16 instead rounds it."""
     case = _case(Dtype.BFLOAT16, Dtype.FLOAT32, sync=AccumSync.NO_GRAD_SYNC)
     env = fault_env("K17_unsynced_accumulation_not_upcast")
-    with RankPool(world_size=2, env=env, deadline=60) as pool:
+    with fault_pool(env, world_size=2, deadline=60) as pool:
         failure = run_case(pool, get_property(case.property), case)
     assert failure is not None and failure.kind == "mismatch", failure and failure.summary
 
@@ -130,7 +130,7 @@ def test_the_reduce_dtype_fault_is_noticed() -> None:
     float32 policy at two ranks notices."""
     case = _case(Dtype.BFLOAT16, Dtype.FLOAT32)
     env = fault_env("K07_reduce_dtype_ignored")
-    with RankPool(world_size=2, env=env, deadline=60) as pool:
+    with fault_pool(env, world_size=2, deadline=60) as pool:
         failure = run_case(pool, get_property(case.property), case)
     assert failure is not None and failure.kind == "mismatch", failure and failure.summary
 

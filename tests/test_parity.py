@@ -34,10 +34,9 @@ from fuzz.model import (
     Unfreeze,
     Wrapper,
 )
-from fuzz.pool import RankPool
 from fuzz.properties import get_property
 from strategies import invalid_cases, metamorphic_cases, mixed_precision_cases, parity_cases
-from tests.conftest import mutant_env
+from tests.conftest import fault_pool, mutant_env
 
 
 @given(data=st.data())
@@ -113,7 +112,7 @@ def test_properties_notice_real_faults_in_torch():
     """Each injected fault makes its case fail with a mismatch (the same cases pass above)."""
     for mutant, make in FAULTS:
         case = make()
-        with RankPool(world_size=2, env=mutant_env(mutant), deadline=30) as pool:
+        with fault_pool(mutant_env(mutant), world_size=2, deadline=30) as pool:
             failure = run_case(pool, get_property(case.property), case)
         assert failure is not None, mutant
         assert failure.kind == "mismatch", (mutant, failure.summary)

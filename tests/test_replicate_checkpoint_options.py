@@ -41,13 +41,12 @@ from fuzz.model import (
     case_to_json,
     check_training,
 )
-from fuzz.pool import RankPool
 from fuzz.properties import get_property
 from fuzz.properties.invalid import features as invalid_features
 from fuzz.properties.parity import features
 from strategies import invalid_cases, metamorphic_cases, parity_cases
 from strategies._options import checkpoint_takes, replicate_takes
-from tests.conftest import fault_env
+from tests.conftest import fault_env, fault_pool
 
 #: Root block: a Linear, a block of two Linears (and dropout-free activations), a Linear.
 TREE = ModuleTree(
@@ -205,7 +204,7 @@ def test_init_sync_broadcasts_what_rank_0_built(check_case: Any) -> None:
     case = _parity(comp)
     check_case(case)
     check_case(_parity(Composition(wrapper=Wrapper.DDP)))
-    with RankPool(world_size=2, env=fault_env("K12_init_sync_gated_on_buffers"), deadline=60) as pool:
+    with fault_pool(fault_env("K12_init_sync_gated_on_buffers"), world_size=2, deadline=60) as pool:
         failure = run_case(pool, get_property("parity"), case)
     assert failure is not None and failure.kind == "mismatch", failure and failure.summary
 

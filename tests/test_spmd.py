@@ -45,7 +45,7 @@ from fuzz.properties.state_dict import judge_state_dict
 from strategies import dcp_cases, metamorphic_cases, metamorphic_variants, parity_cases, state_dict_cases
 from strategies._cases import _maybe_spmd, spmd_of
 from strategies._options import has_dp_mesh_dims
-from tests.conftest import fault_env
+from tests.conftest import fault_env, fault_pool
 
 HAS_DP_MESH_DIMS = has_dp_mesh_dims()
 needs_dp_mesh_dims = pytest.mark.skipif(not HAS_DP_MESH_DIMS, reason="this torch's fully_shard has no dp_mesh_dims")
@@ -194,7 +194,7 @@ def test_an_spmd_case_passes_and_a_fault_in_its_gradient_path_is_caught() -> Non
         outcome = pool.run(case)
         assert outcome.ok, outcome.describe()
         assert judge_parity(case, outcome) is None
-    with RankPool(world_size=2, env=fault_env("K39_spmd_grad_reduced_twice"), deadline=60) as pool:
+    with fault_pool(fault_env("K39_spmd_grad_reduced_twice"), world_size=2, deadline=60) as pool:
         failure = judge_parity(case, pool.run(case))
     assert failure is not None and failure.signature.startswith("mismatch:parity@fsdp2+spmd"), failure
 
@@ -270,7 +270,7 @@ def test_a_fault_in_the_spmd_gradient_path_shows_when_a_state_dict_case_resumes(
     """K39 on the SPMD source: its training on after the load differs from the plain target's."""
     body = MOVES["full-spmd-to-plain"]
     case = Case(body.KIND, 2, 5, body)
-    with RankPool(world_size=2, env=fault_env("K39_spmd_grad_reduced_twice"), deadline=60) as pool:
+    with fault_pool(fault_env("K39_spmd_grad_reduced_twice"), world_size=2, deadline=60) as pool:
         failure = judge_state_dict(case, pool.run(case))
     assert failure is not None and failure.signature.startswith("mismatch:state_dict:resume"), failure
 
@@ -281,7 +281,7 @@ def test_a_full_load_that_skips_replicated_dtensors_is_caught_on_an_spmd_target(
     buffer) as the fresh target held it; the model check compares every buffer after the load."""
     body = StateDictBody(tree=TREE, source=PLAIN_FSDP, target=SPMD, training=ADAM, save=FULL, load=FULL)
     case = Case(body.KIND, 2, 5, body)
-    with RankPool(world_size=2, env=fault_env("K40_full_load_skips_replicated_dtensors"), deadline=60) as pool:
+    with fault_pool(fault_env("K40_full_load_skips_replicated_dtensors"), world_size=2, deadline=60) as pool:
         failure = judge_state_dict(case, pool.run(case))
     assert failure is not None and failure.signature == "mismatch:state_dict:model@split", failure
     assert "2.shift" in failure.summary, failure.summary

@@ -45,7 +45,7 @@ from fuzz.model import (
 from fuzz.pool import OutcomeKind, RankPool
 from fuzz.properties import get_property
 from strategies import dcp_cases, state_dict_cases
-from tests.conftest import MUTANTS
+from tests.conftest import MUTANTS, fault_pool
 
 TREE = ModuleTree(
     width=4,
@@ -367,7 +367,7 @@ def test_properties_notice_faults_in_torch(fault: str, tmp_path: Path) -> None:
     # A deadlock fault waits out the deadline; a mismatch fault's case must finish within it, on a
     # loaded machine too (seen: a 5 s deadline made full_load_first_shard's first case a "hang").
     deadline = 5.0 if fault in HANG_FAULTS else 60.0
-    with RankPool(world_size=case.world_size, env=env, deadline=deadline) as pool:
+    with fault_pool(env, world_size=case.world_size, deadline=deadline) as pool:
         failure = run_case(pool, get_property(case.property), case)
     assert failure is not None, f"{fault} went unnoticed"
     assert expected in failure.signature, failure.signature

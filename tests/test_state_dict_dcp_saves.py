@@ -44,7 +44,7 @@ from fuzz.pool import RankPool
 from fuzz.properties import get_property
 from fuzz.properties.state_dict import ALREADY_EXISTS, features_dcp, features_state_dict
 from strategies import dcp_cases, state_dict_cases
-from tests.conftest import MUTANTS
+from tests.conftest import MUTANTS, fault_pool
 from tests.test_state_dict import TREE, fsdp, reversed_orders
 
 CACHED_STAGING_NEEDS_ACCELERATOR = known.CACHED_STAGING_NEEDS_ACCELERATOR.id
@@ -329,6 +329,6 @@ def test_overwrite_check_notices_a_writer_that_ignores_overwrite_false(tmp_path:
         storage_objects=True,
         overwrite=Overwrite.FALSE,
     )
-    with RankPool(world_size=2, env=env, deadline=30) as pool:
+    with fault_pool(env, world_size=2, deadline=30) as pool:
         failure = run_case(pool, get_property("dcp"), Case("dcp", 2, 46, body))
     assert failure is not None and failure.signature == "mismatch:dcp:overwrite@save", failure

@@ -47,7 +47,7 @@ from fuzz.properties import get_property
 from fuzz.properties.state_dict import _hsdp_optimizer_load, features_dcp, features_state_dict
 from fuzz.signature import Failure
 from strategies import dcp_cases, state_dict_cases
-from tests.conftest import MUTANTS
+from tests.conftest import MUTANTS, fault_pool
 from tests.test_state_dict import TREE
 
 FSDP1_ASYNC_DEFAULT_STAGER = known.FSDP1_ASYNC_DEFAULT_STAGER.id
@@ -492,7 +492,7 @@ def test_fsdp1_resume_notices_aliased_optimizer_states(tmp_path: Path, rank0_onl
             load=Options(full_state_dict=True, broadcast_from_rank0=rank0_only),
         ),
     )
-    with RankPool(world_size=2, env=env, deadline=30) as pool:
+    with fault_pool(env, world_size=2, deadline=30) as pool:
         failure = run_case(pool, get_property("state_dict"), case)
     assert failure is not None, "aliased FSDP1 optimizer states went unnoticed"
     assert failure.signature.startswith("mismatch:state_dict:resume_"), failure.signature

@@ -47,7 +47,7 @@ from fuzz.properties import get_property
 from fuzz.properties.state_dict import _holding_elements, features_state_dict
 from fuzz.repro import render_entry
 from strategies import state_dict_cases
-from tests.conftest import ROOT
+from tests.conftest import ROOT, fault_pool
 from tests.test_state_dict import ADAM, SGD, TREE, fsdp
 from tests.test_state_dict_fsdp1 import aliased_optimizer_state_env
 
@@ -324,7 +324,7 @@ def test_resume_notices_aliased_fsdp1_optimizer_states_taken_by_get_optimizer_st
     body = StateDictBody(
         tree=TREE, source=fsdp1(Wrapper.FSDP1_FULL_SHARD), target=fsdp("1"), training=ADAM, save=FULL, load=FULL
     )
-    with RankPool(world_size=2, env=env, deadline=30) as pool:
+    with fault_pool(env, world_size=2, deadline=30) as pool:
         failure = run_case(pool, get_property("state_dict"), Case("state_dict", 2, 42, body))
     assert failure is not None, "aliased FSDP1 optimizer states went unnoticed"
     assert failure.signature.startswith("mismatch:state_dict:resume_"), failure.signature

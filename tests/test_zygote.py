@@ -67,6 +67,21 @@ def test_forked_ranks_start_as_fresh_processes_and_respawn_from_the_same_zygotes
 
 
 @pytest.mark.skipif(not zygotes_wanted(os.environ), reason="ranks start from scratch here (SHARDFUZZ_ZYGOTE=0)")
+def test_a_pool_without_a_hash_seed_per_rank_forks_every_rank_from_one_zygote() -> None:
+    """``hash_seed_per_rank=False``: one zygote (one import of torch) for the whole pool; its
+    ranks share the string hash seed and still start as fresh processes otherwise."""
+    with RankPool(world_size=2, env={"SHARDFUZZ_TEST_ENV": "one-zygote"}, hash_seed_per_rank=False) as pool:
+        assert pool.wait_ready(START_S)
+        seen = _probe(pool)
+        assert seen[0][0] == seen[1][0], "the ranks have zygotes of their own"
+        assert _ppid(int(seen[0][0])) == os.getpid()
+        assert seen[0][1] == seen[1][1]
+        assert [seen[r][3] for r in (0, 1)] == ["shardfuzz-rank0", "shardfuzz-rank1"]
+        if seen[0][2] != str(TORCH_DEFAULT_SEED):
+            assert seen[0][2] != seen[1][2]
+
+
+@pytest.mark.skipif(not zygotes_wanted(os.environ), reason="ranks start from scratch here (SHARDFUZZ_ZYGOTE=0)")
 def test_a_killed_zygote_takes_its_rank_along_and_the_pool_goes_on() -> None:
     with RankPool(world_size=2) as pool:
         assert pool.wait_ready(START_S)
@@ -142,6 +157,33 @@ def test_a_process_keeps_few_zygotes_and_one_per_environment(tmp_path: Path, mon
             made.append(zygote_module.zygote_for(0, {**base, "SHARDFUZZ_TEST_ENV": str(n)}))
             assert len(zygote_module._zygotes) <= 2
         assert not first.alive and made[-1] in zygote_module._zygotes.values()
+    finally:
+        for z in made:
+            z.close()
+
+
+def test_zygotes_of_pools_with_an_environment_of_their_own_are_ended_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past MAX_ZYGOTES, an idle zygote asked for by a pool with an environment of its own (a
+    fault's) is ended before the process's usual ones, even when it was used more recently."""
+    fake = tmp_path / "torch"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('no torch in this environment')\n")
+    monkeypatch.setattr(zygote_module, "MAX_ZYGOTES", 2)
+    monkeypatch.setattr(zygote_module, "_zygotes", {})
+    base = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    made = []
+    try:
+        usual = zygote_module.zygote_for(0, base)
+        made.append(usual)
+        for n in range(3):
+            made.append(zygote_module.zygote_for(0, {**base, "SHARDFUZZ_TEST_ENV": str(n)}, usual=False))
+            assert len(zygote_module._zygotes) <= 2
+        assert usual.alive and usual in zygote_module._zygotes.values()
+        assert [z.alive for z in made[1:]] == [False, False, True]
+        # asked for once as usual, it stays usual
+        assert zygote_module.zygote_for(0, base, usual=False) is usual and usual.usual
     finally:
         for z in made:
             z.close()
