@@ -579,7 +579,8 @@ COMPILED_UNFREEZE_PLAIN = KnownBug(
     symptoms=frozenset({"mismatch"}),
     upstream="pytorch/pytorch#139476",
     relation="same bug (Dynamo reuses a compiled frame when the requires_grad of module parameters changes)",
-    state="present in torch 2.11; torch 2.13.0 recompiles (the torch-only reproducer passes there)",
+    state="present in torch 2.11; torch 2.13.0 recompiles (the torch-only reproducer passes there); pull "
+    "request #177158 checks requires_grad on the guards' dict-tag fast path",
     fixed_in="2.13",
     ends_ranks=False,
     tag=":compiled-unfreeze",
