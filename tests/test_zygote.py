@@ -139,15 +139,21 @@ def test_a_forked_rank_is_waited_for_and_signalled_like_a_child(tmp_path: Path) 
         assert proc.poll() == -signal.SIGTERM
 
 
-def test_a_process_keeps_few_zygotes_and_one_per_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The test's name in the environment does not start a zygote per test, and past
-    MAX_ZYGOTES the least recently used zygotes without ranks are ended."""
+def _registry_of_two(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """An empty registry of at most 2 zygotes, and an environment whose zygotes start at once
+    (their torch fails to import): what the registry keeps, not what a zygote does."""
     fake = tmp_path / "torch"
     fake.mkdir()
     (fake / "__init__.py").write_text("raise ImportError('no torch in this environment')\n")
     monkeypatch.setattr(zygote_module, "MAX_ZYGOTES", 2)
     monkeypatch.setattr(zygote_module, "_zygotes", {})
-    base = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    return {**os.environ, "PYTHONPATH": str(tmp_path)}
+
+
+def test_a_process_keeps_few_zygotes_and_one_per_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test's name in the environment does not start a zygote per test, and past
+    MAX_ZYGOTES the least recently used zygotes without ranks are ended."""
+    base = _registry_of_two(tmp_path, monkeypatch)
     made = []
     try:
         first = zygote_module.zygote_for(0, {**base, "PYTEST_CURRENT_TEST": "a"})
@@ -167,12 +173,7 @@ def test_zygotes_of_pools_with_an_environment_of_their_own_are_ended_first(
 ) -> None:
     """Past MAX_ZYGOTES, an idle zygote asked for by a pool with an environment of its own (a
     fault's) is ended before the process's usual ones, even when it was used more recently."""
-    fake = tmp_path / "torch"
-    fake.mkdir()
-    (fake / "__init__.py").write_text("raise ImportError('no torch in this environment')\n")
-    monkeypatch.setattr(zygote_module, "MAX_ZYGOTES", 2)
-    monkeypatch.setattr(zygote_module, "_zygotes", {})
-    base = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    base = _registry_of_two(tmp_path, monkeypatch)
     made = []
     try:
         usual = zygote_module.zygote_for(0, base)
