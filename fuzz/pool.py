@@ -285,7 +285,10 @@ class RankPool:
         while True:
             for r in self._ranks:
                 if r.ready is None and (r.eof or r.proc.poll() is not None):
-                    self._await_ready()  # raises PoolError with the rank's output
+                    # a rank that exited while starting: PoolError with its output, or (killed by
+                    # a signal) a fresh set of ranks started and waited for whole
+                    self._await_ready()
+                    return True
                 for m in self._read(r):
                     if isinstance(m, Ready):
                         r.ready = m
