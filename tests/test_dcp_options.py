@@ -379,7 +379,14 @@ def test_new_dcp_options_are_drawn() -> None:
     if known.present(known.PLAN_CACHE_FAILED_SAVE, torch.__version__):
         wanted.remove("save_planner:enable_plan_caching")  # kept rare where its known bug is present
     missing = [f for f in wanted if counts[f] == 0]
-    assert not missing, (missing, n)
+    if missing:
+        # Hypothesis mixes the literal constants of the modules loaded so far into what it
+        # draws, so the first 400 derandomized cases differ between this file alone and a whole
+        # run (measured: absent:refused 0 of 400 alone, 12 after every test module was
+        # imported): a rare option missing from them is looked for in more cases.
+        more, n_more = _counts(dcp_cases, features_dcp, n=2000)
+        missing = [f for f in missing if more[f] == 0]
+        assert not missing, (missing, n_more)
     assert counts["save_planner"] > 0.1 * n and counts["load_planner"] > 0.1 * n, dict(counts)
 
 
