@@ -78,8 +78,8 @@ class Zygote:
         self.log_path = log_path
         self.exits: dict[int, int] = {}  # pid -> status, of children reaped and not yet asked about
         self.children: set[int] = set()
-        #: Asked for by a pool without an environment of its own (:func:`zygote_for`).
-        self.usual = True
+        #: Asked for by a pool without an environment of its own (set by :func:`zygote_for`).
+        self.usual = False
         self.alive = True
         self._replies: dict[int, dict[str, object]] = {}
         self._next_id = 0
@@ -264,7 +264,6 @@ def zygote_for(slot: int, env: Mapping[str, str], *, usual: bool = True) -> Zygo
                 _log_dir = tempfile.mkdtemp(prefix="shardfuzz-zygotes-")
             log_path = os.path.join(_log_dir, f"zygote{next(_started)}-rank{slot}.log")
             zygote = Zygote(env, log_path)
-            zygote.usual = False
         zygote.usual = zygote.usual or usual
         _zygotes[key] = zygote
         return zygote
