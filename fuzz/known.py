@@ -157,6 +157,11 @@ class KnownBug:
     #: another layout, :data:`RESUME_CHECKS`), never for a round trip's values or a resume into
     #: the same composition, which meet it alike on both sides (:func:`explains`).
     training_only: bool = False
+    #: The bug's failure races (a collective racing a hook, say): a case that meets it fails in
+    #: some runs only, and a cut of its reproducer may make that rarer without ending it, so a
+    #: reduction keeps a candidate only if it reproduces several times in a row
+    #: (:data:`fuzz.repro.reduce.RACE_VOTES`).
+    races: bool = False
 
     @property
     def fix(self) -> tuple[Patch, ...]:
@@ -545,7 +550,8 @@ DELAY_ALL_REDUCE_ROOT = KnownBug(
     see_also=("pytorch/pytorch#95669",),
     ends_ranks=False,
     tag=":delay-all-reduce",
-    # a racing mismatch: most cases that meet it pass, so it costs little to draw
+    races=True,
+    # most cases that meet it pass, so it costs little to draw
     odds=4,
 )
 DELAY_BUFFER_FLOAT32 = KnownBug(

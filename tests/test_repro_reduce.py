@@ -24,6 +24,7 @@ from fuzz.repro.harness import HIDE_ACCELERATORS, is_plain
 from fuzz.repro.portable import portable
 from fuzz.repro.reduce import (
     HEADER,
+    RATE_RUNS,
     from_current_sources,
     header_fields,
     is_current,
@@ -281,8 +282,9 @@ def test_an_attempt_that_meets_a_destroyed_process_group_runs_again_on_fresh_ran
     pool = _StalePool()
     oracle.pool = pool  # type: ignore[assignment]
     assert oracle.in_pool("def attempt(rank, world_size):\n    pass\n")
-    # the first candidate runs twice (fresh_each): both times on the respawned ranks
-    assert (pool.respawned, pool.runs, oracle.respawns) == (1, 3, 1) and not oracle.fresh_each
+    # the first candidate runs twice, then RATE_RUNS times more: all on the respawned ranks
+    assert (pool.respawned, pool.runs, oracle.respawns) == (1, 2 + RATE_RUNS, 1) and not oracle.fresh_each
+    assert oracle.votes == 1
     assert oracle.in_pool("def attempt(rank, world_size):\n    pass\n") and pool.respawned == 1
 
 
@@ -615,9 +617,10 @@ def test_attempts_run_on_fresh_ranks_where_the_first_does_not_reproduce_twice_in
     oracle.pool = pool  # type: ignore[assignment]
     code = "def attempt(rank, world_size):\n    pass\n"
     assert oracle.in_pool(code) and oracle.fresh_each and any("fresh ranks" in s for s in said)
-    assert (pool.respawned, pool.runs) == (1, 3)  # again in the same ranks, then on fresh ones
+    # again in the same ranks, then on fresh ones, RATE_RUNS times each
+    assert (pool.respawned, pool.runs) == (RATE_RUNS, 1 + 2 * RATE_RUNS)
     assert oracle.in_pool(code) and oracle.in_pool(code)  # each on ranks of its own
-    assert (pool.respawned, pool.runs) == (3, 5)
+    assert (pool.respawned, pool.runs) == (RATE_RUNS + 2, 3 + 2 * RATE_RUNS) and oracle.votes == 1
     # ranks that keep nothing: the pool stays warm
     steady = _Oracle(entry, "", "exception:parity:x.Y@torch/a.py:f", 60.0, lambda _: None)
     steady.pool = _StalePool()  # type: ignore[assignment]
@@ -644,7 +647,40 @@ def test_a_case_that_varies_from_run_to_run_keeps_the_pool_warm() -> None:
     oracle.pool = pool  # type: ignore[assignment]
     assert oracle.in_pool("def attempt(rank, world_size):\n    pass\n")
     assert not oracle.fresh_each and any("varies from run to run" in s for s in said)
-    assert (pool.respawned, pool.runs) == (1, 3)
+    assert (pool.respawned, pool.runs) == (RATE_RUNS, 1 + 2 * RATE_RUNS) and oracle.votes == 1
+
+
+class _RacingPool(_CachingPool):
+    """A racing case: whether a run reproduces follows ``pattern`` (R or P), on whatever ranks."""
+
+    def __init__(self, pattern: str) -> None:
+        super().__init__()
+        self.pattern = pattern
+
+    def run_script(self, code: str, *, function: str, deadline: float) -> object:
+        self.warm = self.pattern[self.runs % len(self.pattern)] == "P"
+        return super().run_script(code, function=function, deadline=deadline)
+
+
+def test_a_racing_failure_keeps_a_candidate_only_if_it_reproduces_every_time_of_several() -> None:
+    """A failure that reproduces now and then (a collective racing a hook): one lucky attempt of
+    a candidate that reproduces less often must not keep it."""
+    from fuzz.repro.reduce import RACE_VOTES, _Oracle
+
+    entry = load_entry(ROOT / "corpus" / f"{EXCEPTION}.json")
+    said: list[str] = []
+    oracle = _Oracle(entry, "", "exception:parity:x.Y@torch/a.py:f", 60.0, said.append)
+    # first attempt, RATE_RUNS in the same ranks (one passes), RATE_RUNS on fresh ones (one passes)
+    pool = _RacingPool("RRPR" + "R" * (RATE_RUNS - 2) + "P" + "R" * (RATE_RUNS - 1))
+    oracle.pool = pool  # type: ignore[assignment]
+    code = "def attempt(rank, world_size):\n    pass\n"
+    assert oracle.in_pool(code) and oracle.votes == RACE_VOTES and any("races" in s for s in said)
+    runs = pool.runs
+    pool.pattern, pool.runs = "R" * (RACE_VOTES - 1) + "P", 0  # passes at the last vote
+    assert not oracle.in_pool(code) and pool.runs == RACE_VOTES
+    pool.pattern, pool.runs = "R", 0
+    assert oracle.in_pool(code) and pool.runs == RACE_VOTES
+    assert runs == 1 + 2 * RATE_RUNS
 
 
 @pytest.mark.parametrize("name", ["state_dict-hang-dff6a54ad235", "dcp-crash-b5480b2301a0"])

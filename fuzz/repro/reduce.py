@@ -119,6 +119,22 @@ STALE_MESH = "Expected param's DTensor mesh to be the same mesh passed to fully_
 #: Where folding every plain value at once does not reproduce, each site is folded alone, at
 #: most this many (in the pool, an attempt each).
 SINGLE_SITES = 40
+#: The first candidate that reproduces in the pool runs RATE_RUNS times more there, in the same
+#: ranks, then (where one of those passes) RATE_RUNS times on fresh ranks: a failure that does not
+#: reproduce every time on either races (a collective racing a hook, say), as does one whose known
+#: bug's record says so (:attr:`fuzz.known.KnownBug.races`). Each candidate of such a
+#: failure is kept only if it reproduces RACE_VOTES times in a row, in the pool and under torchrun
+#: alike; else the cuts drift towards scripts that reproduce now and then, which one lucky
+#: attempt would keep and the final torchrun would refuse.
+RATE_RUNS = 4
+RACE_VOTES = 3
+#: Where a mismatch's judge is cut like the rest (its bug's fix is checked), a candidate must
+#: reproduce, and pass with the fix, this many times each: a cut of the judge (an ``abs``, the
+#: load that made both sides equal) can leave a comparison of values that torch draws anew in
+#: each process (torch 2.13 seeds each process at random), which reproduces and passes with the
+#: fix by turns; one attempt of each kept such a coin flip one time in four (a 4-rank DCP
+#: script reduced so compared two models initialised apart).
+JUDGE_FREE_VOTES = 2
 #: Torchrun attempts at most to find the last pooled script that torchrun confirms.
 BISECTIONS = 8
 #: In the pool, a candidate may take this many times as long as the slowest that reproduced
@@ -673,11 +689,21 @@ class _Oracle:
         self.slowest = 0.0
         self.pool_attempts = self.torchrun_attempts = 0
         self.respawns = 0  # fresh ranks for an attempt that met a destroyed process group
+        bug = known.BUGS.get(entry.bug or "")
+        races = bug is not None and bug.races
         #: Whether every attempt runs on fresh ranks: the first candidate reproduced in the
         #: pool, then, run again in the same ranks, did not, and on fresh ranks did (what it
         #: left in torch, a process-wide cache say, changes the next attempt's outcome;
-        #: :meth:`_check_ranks_kept`).
-        self.fresh_each = False
+        #: :meth:`_check_ranks_kept`). So too for a known bug that races: its race is timed as
+        #: under torchrun in ranks that have not run a case before (in warm ranks, cuts kept
+        #: there reproduced three times in a row and under torchrun one time in two).
+        self.fresh_each = races
+        #: How many times in a row a candidate must reproduce (and pass with the bug's fix, where
+        #: that is checked): RACE_VOTES where the failure races (its known bug's record says so,
+        #: or :meth:`_check_ranks_kept` finds it), at least JUDGE_FREE_VOTES where a mismatch's
+        #: judge is cut (:meth:`open_fix`), else once.
+        self.votes = RACE_VOTES if races else 1
+        self._rate_known = races  # else measured on the first candidate that reproduces
         self.pool_seconds = self.torchrun_seconds = 0.0
         #: A mismatch's observations as the first candidate that reproduced saw them: every
         #: later candidate must observe exactly the same, so that a cut can never make the
@@ -726,25 +752,38 @@ class _Oracle:
 
     def torchrun(self, code: str, full: bool = False) -> bool:
         """Whether the flat script ``code`` reproduces under torchrun (a hang entry's with the
-        watcher's wait of :data:`QUICK_HANG_AFTER_S` unless ``full``)."""
-        clear_checkpoints(code)
-        self.torchrun_attempts += 1
+        watcher's wait of :data:`QUICK_HANG_AFTER_S` unless ``full``), :attr:`votes` times in a
+        row, and passes with the bug's fix where that is checked."""
         script = render_flat(self.entry, self.source, self.signature, code)
         if self.quick_hang and not full:
             script = quick_hang(script)
-        status, output, seconds = run_script(script, timeout=self.timeout, nproc=self.entry.case.world_size)
-        self.torchrun_seconds += seconds
-        output = with_verdicts(self.entry, script, output, self.signature)
-        ok = reproduced(status, output) == self.signature and self._same_observations(output)
-        if ok and self.fix_env is not None:
+        ok, output, seconds = self._reproduces_under_torchrun(code, script, self.votes)
+        for _ in range(self.votes if ok and self.fix_env is not None else 0):
             self.fixed_attempts += 1
             status, fixed, _ = run_script(
                 script, timeout=self.timeout, nproc=self.entry.case.world_size, env=self.fix_env
             )
             if status != 0 or not passed(fixed):
                 ok, output = False, "does not pass with the bug's fix: " + fixed
+                break
         self._said("torchrun", code, ok, seconds, output)
         return ok
+
+    def _reproduces_under_torchrun(self, code: str, script: str, votes: int) -> tuple[bool, str, float]:
+        """Whether ``script`` (``code`` rendered) reproduces under torchrun ``votes`` times in a
+        row; what the last run printed, and the seconds of all."""
+        ok, output, seconds = False, "", 0.0
+        for _ in range(votes):
+            clear_checkpoints(code)
+            self.torchrun_attempts += 1
+            status, output, more = run_script(script, timeout=self.timeout, nproc=self.entry.case.world_size)
+            self.torchrun_seconds += more
+            seconds += more
+            output = with_verdicts(self.entry, script, output, self.signature)
+            ok = reproduced(status, output) == self.signature and self._same_observations(output)
+            if not ok:
+                break
+        return ok, output, seconds
 
     def in_pool(self, code: str) -> bool:
         """Whether ``code`` reproduces in the pool (whose ranks call its ``attempt``)."""
@@ -752,8 +791,16 @@ class _Oracle:
         try:
             outcome = self._pooled(code)
             ok = self._reproduced_in(outcome)
-            if ok and self.pool_attempts == 1:  # in the same ranks again: do they keep state?
+            votes = self.votes
+            if ok and not self._rate_known:  # again: do the ranks keep state, does it race?
                 self._check_ranks_kept(code)
+            for _ in range(votes - 1):  # a racing failure: again, every time
+                if not ok:
+                    break
+                seconds = outcome.seconds
+                outcome = self._pooled(code)
+                outcome.seconds = max(seconds, outcome.seconds)
+                ok = self._reproduced_in(outcome)
         except PoolError as e:  # fresh ranks did not start: torchrun still can
             self.say(f"  the pool failed ({e}): the attempts left run under torchrun")
             self.close()
@@ -777,31 +824,41 @@ class _Oracle:
         return ok
 
     def _check_ranks_kept(self, code: str) -> None:
-        """Run the first candidate that reproduced in the pool again, in the same ranks; where it
-        does not reproduce there but does on fresh ranks, what an attempt leaves in torch changes
-        the next one's outcome: every attempt from then on runs on fresh ranks
-        (:attr:`fresh_each`). Where it reproduces on neither, the case itself varies from run to
-        run, which fresh ranks do not change."""
+        """Run the first candidate that reproduced in the pool :data:`RATE_RUNS` times more, in
+        the same ranks. Where one of those does not reproduce, run it as often on fresh ranks:
+        where every one of those reproduces, what an attempt leaves in torch changes the next
+        one's outcome, and every attempt from then on runs on fresh ranks (:attr:`fresh_each`);
+        where one does not either, the failure races, and every candidate from then on must
+        reproduce :data:`RACE_VOTES` times in a row (:attr:`votes`), on fresh ranks where those
+        reproduced more often."""
         assert self.pool is not None
-        why = ""
-        for fresh in (False, True):
-            if fresh:
-                self.pool.respawn()
-                self.respawns += 1
-            again = self._pooled(code)
-            if self._reproduced_in(again):
-                if fresh:
-                    self.fresh_each = True
-                    self.say(
-                        f"  run again in the same ranks, the first candidate did not reproduce ({why}); "
-                        "on fresh ranks it did: every attempt runs on fresh ranks"
-                    )
-                return
-            said = [t for t in (*again.verdicts.values(), *again.errors.values(), *again.missing.values()) if t.strip()]
-            why = why or (said[0].strip().splitlines()[-1][:200] if said else "no verdict")
+        self._rate_known = True
+        same = sum(self._reproduced_in(self._pooled(code)) for _ in range(RATE_RUNS))
+        if same == RATE_RUNS:
+            return
+        fresh = 0
+        for _ in range(RATE_RUNS):
+            self.pool.respawn()
+            self.respawns += 1
+            fresh += self._reproduced_in(self._pooled(code))
+        self.fresh_each = fresh > same
+        if same + fresh == 0:
+            self.say(
+                f"  run again, the first candidate did not reproduce in {2 * RATE_RUNS} attempts, in the same ranks "
+                "or on fresh ones: the case varies from run to run, and the ranks are kept warm"
+            )
+            return
+        if fresh == RATE_RUNS:
+            self.say(
+                f"  run again in the same ranks, the first candidate reproduced {same} of {RATE_RUNS} times, "
+                f"on fresh ranks every time: every attempt runs on fresh ranks"
+            )
+            return
+        self.votes = RACE_VOTES
         self.say(
-            f"  run again, the first candidate did not reproduce ({why}), on fresh ranks neither: "
-            "the case varies from run to run, and the ranks are kept warm"
+            f"  run again, the first candidate reproduced {same} of {RATE_RUNS} times in the same ranks and "
+            f"{fresh} of {RATE_RUNS} on fresh ones: the failure races; a candidate must reproduce "
+            f"{RACE_VOTES} times in a row{', on fresh ranks' if self.fresh_each else ''}"
         )
 
     def _pooled(self, code: str) -> ScriptOutcome:
@@ -851,11 +908,15 @@ class _Oracle:
         hang's or a crash's ``attempt`` returns no verdict, its ``main`` checks it: there, every
         rank finishes the case)."""
         assert self.fixed is not None
-        self.fixed_attempts += 1
-        outcome = self._attempt(self.fixed, code)
-        if self.entry.kind not in POOLED_KINDS:
-            return not outcome.errors and not outcome.missing
-        return not outcome.errors and not outcome.missing and passed("\n".join(outcome.verdicts.values()))
+        for _ in range(self.votes):
+            self.fixed_attempts += 1
+            outcome = self._attempt(self.fixed, code)
+            ok = not outcome.errors and not outcome.missing
+            if self.entry.kind in POOLED_KINDS:
+                ok = ok and passed("\n".join(outcome.verdicts.values()))
+            if not ok:
+                return False
+        return True
 
     def trace_fix(self, full: str, modules: dict[str, str]) -> dict[str, set[int]]:
         """Where the entry's bug has a fix that applies to this torch: the lines of ``modules``
@@ -898,6 +959,8 @@ class _Oracle:
             return
         self.say(f"  every candidate must pass with the fix of {bug}")
         self.fix_env = env
+        if self.judge_free:
+            self.votes = max(self.votes, JUDGE_FREE_VOTES)
         if self.pool is not None:
             fixed = RankPool(world_size=self.entry.case.world_size, backend="gloo", deadline=self.timeout, env=env)
             try:
