@@ -598,3 +598,17 @@ def test_a_dataclass_field_nothing_reads_goes_from_the_class_and_its_calls() -> 
     assert delta.drop_field(code, "Side.model") is None
     positional = code.replace("Side(model=2, comp=[1]", "Side(2, [1]")
     assert delta.fields(positional) == []  # passed by position: the call would shift
+
+
+def test_a_definition_named_only_in_a_finally_block_is_cut_to_valid_code() -> None:
+    """A ``try``/``finally`` whose ``finally`` held only the definition's calls keeps a
+    ``finally: pass`` (a ``try`` with neither is no statement; the next cut could not parse it)."""
+    code = (
+        "def helper():\n    pass\n\n\n"
+        "def attempt(rank, world_size):\n    try:\n        x = 2\n    finally:\n        helper()\n    return str(x)\n"
+    )
+    out = delta.cut_definition(code, "helper")
+    assert out is not None and "helper" not in out
+    space: dict[str, object] = {}
+    exec(compile(out, "<cut>", "exec"), space)
+    assert space["attempt"](0, 1) == "2"  # type: ignore[operator]

@@ -104,6 +104,35 @@ def test_a_table_lookup_becomes_its_value_and_an_enum_test_its_branch() -> None:
     assert "if " not in body and "TABLE[" not in body and "next(" not in body and "extra" not in body
 
 
+def test_an_enum_members_value_becomes_its_constant_and_a_loop_over_members_is_written_out() -> None:
+    """``Kind.A.value`` is the constant the class assigns; a loop over a display of members is
+    written out like one over constants, and its tests of the member become branches taken."""
+    from fuzz.repro import delta
+
+    code = HEAD + textwrap.dedent(
+        """
+        def attempt():
+            out = {}
+            for kind in (Kind.A, Kind.B):
+                if kind is Kind.A:
+                    out[kind.value] = 1
+                else:
+                    out[kind.value] = 2
+            return out[Kind.B.value] + out[Kind.A.value]
+        """
+    )
+    (key,) = delta.literal_loops(code)
+    out = delta.unroll_loop(code, key)
+    assert out is not None and "for kind" not in out
+    out = simplify(out) or out
+    assert _run(out) == _run(code) == 3
+    body = out[out.index("def attempt") :]
+    assert ".value" not in body and "if " not in body, body
+    # a loop whose body rebinds the members' class is left
+    rebinding = code.replace("out[kind.value] = 2", "Kind = None")
+    assert delta.literal_loops(rebinding) == []
+
+
 def test_a_table_something_changes_is_left() -> None:
     code = HEAD + textwrap.dedent(
         """

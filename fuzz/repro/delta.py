@@ -383,6 +383,8 @@ def cut_definition(code: str, name: str, frozen: Frozen = frozenset()) -> str | 
                     if inner and _names(handler, name):
                         raise _Refused
                     handler.body = prune(handler.body, False, inner) or [ast.Pass()]
+                if isinstance(node, ast.Try) and not node.handlers and not node.finalbody:
+                    node.finalbody = [ast.Pass()]  # a try/finally whose finally named it all
                 out.append(node)
             elif (harness and _returns(node)) or (top and _fixed(node, frozen)):
                 raise _Refused
@@ -1592,12 +1594,22 @@ def _constants(node: ast.expr) -> bool:
     return isinstance(node, ast.Tuple) and all(_constants(e) for e in node.elts)
 
 
+def _class_attribute(node: ast.expr) -> bool:
+    """``Name.attr``: an enum member, a class's constant (what the loop body may not rebind)."""
+    return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and isinstance(node.ctx, ast.Load)
+
+
 def _loop_aliases(node: ast.For) -> list[dict[str, ast.expr]] | None:
     """Per item of ``node``'s literal iterable, what each target name is bound to, if the loop
-    can be written out: constants (or tuples of them) unpacked into names the body never binds,
+    can be written out: constants (or tuples of them) or class attributes (``Item.MODEL``, of
+    a name the body never binds) unpacked into names the body never binds,
     and no function or class in the body that could read a target name later."""
     items = node.iter.elts if isinstance(node.iter, (ast.List, ast.Tuple)) else None
-    if not items or len(items) > MAX_UNROLLED or not all(_constants(e) for e in items):
+    if not items or len(items) > MAX_UNROLLED or not all(_constants(e) or _class_attribute(e) for e in items):
+        return None
+    stored = (n for stmt in node.body for n in ast.walk(stmt) if isinstance(n, ast.Name))
+    bound = {n.id for n in stored if not isinstance(n.ctx, ast.Load)}
+    if any(isinstance(e, ast.Attribute) and isinstance(e.value, ast.Name) and e.value.id in bound for e in items):
         return None
     if len(node.body) > MAX_UNROLLED_BODY or node.orelse:
         return None

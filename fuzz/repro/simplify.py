@@ -20,10 +20,11 @@ left alone), repeated until none applies:
 - **Tables**: ``TABLE[key]``, where ``TABLE`` is a module-level dict display that nothing
   changes and ``key`` is written as one of its keys, becomes that key's value;
 - **Enum aliases and tests**: a local bound once to an enum member (``item = Item.MODEL``)
-  becomes the member; a comparison of two members of one enum (``is``, ``==``, ``in`` a tuple
-  of members) or of a member with None (``is None``) becomes its constant, and an ``if`` on a
-  constant (or on a display of pure elements, ``()`` being false) the branch it takes;
-  ``a, b = (x, y)`` of names and constants becomes two assignments;
+  becomes the member, and ``Item.MODEL.value`` the constant the class assigns it; a comparison
+  of two members of one enum (``is``, ``==``, ``in`` a tuple of members) or of a member with
+  None (``is None``) becomes its constant, and an ``if`` on a constant (or on a display of pure
+  elements, ``()`` being false) the branch it takes; ``a, b = (x, y)`` of names and constants
+  becomes two assignments;
 - **Constants**: a local bound once to a constant or a tuple of them (``key = ()``) becomes
   that constant where it is read;
 - **Bags**: a local bound to ``{}`` and only subscripted by constant keys becomes one local
@@ -703,10 +704,25 @@ def _member(node: ast.expr, enums: dict[str, set[str]], stores: dict[str, int]) 
     return None
 
 
+def _enum_values(tree: ast.Module) -> dict[tuple[str, str], ast.Constant]:
+    """The members of the module's enums that are assigned a constant, with it."""
+    enums = _enums(tree)
+    return {
+        (node.name, t.id): s.value
+        for node in tree.body
+        if isinstance(node, ast.ClassDef) and node.name in enums
+        for s in node.body
+        if isinstance(s, ast.Assign) and isinstance(s.value, ast.Constant)
+        for t in s.targets
+        if isinstance(t, ast.Name) and t.id in enums[node.name]
+    }
+
+
 def _enum_tests(tree: ast.Module, frozen: Frozen) -> bool:
     enums = _enums(tree)
     if not enums:
         return False
+    values = _enum_values(tree)
     changed = False
     for fn in _functions(tree, frozen):
         stores = _stores(fn)
@@ -716,7 +732,7 @@ def _enum_tests(tree: ast.Module, frozen: Frozen) -> bool:
                 name = node.targets[0].id
                 if stores.get(name) == 1 and _member(node.value, enums, stores):
                     aliases[name] = node.value
-        visitor = _EnumTests(enums, stores, aliases)
+        visitor = _EnumTests(enums, stores, aliases, values)
         for stmt in fn.body:
             visitor.visit(stmt)
         changed |= visitor.changed
@@ -752,8 +768,22 @@ def _constant_aliases(tree: ast.Module, frozen: Frozen) -> bool:
 
 
 class _EnumTests(ast.NodeTransformer):
-    def __init__(self, enums: dict[str, set[str]], stores: dict[str, int], aliases: dict[str, ast.expr]) -> None:
-        self.enums, self.stores, self.aliases, self.changed = enums, stores, aliases, False
+    def __init__(
+        self,
+        enums: dict[str, set[str]],
+        stores: dict[str, int],
+        aliases: dict[str, ast.expr],
+        values: dict[tuple[str, str], ast.Constant],
+    ) -> None:
+        self.enums, self.stores, self.aliases, self.values, self.changed = enums, stores, aliases, values, False
+
+    def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+        self.generic_visit(node)
+        member = _member(node.value, self.enums, self.stores) if node.attr == "value" else None
+        if member is None or member not in self.values or not isinstance(node.ctx, ast.Load):
+            return node
+        self.changed = True  # Item.MODEL.value: the member's constant
+        return ast.copy_location(copy.deepcopy(self.values[member]), node)
 
     def visit_Name(self, node: ast.Name) -> ast.AST:
         if isinstance(node.ctx, ast.Load) and node.id in self.aliases:
