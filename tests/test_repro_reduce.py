@@ -873,3 +873,19 @@ def test_each_run_of_a_script_has_a_temporary_directory_of_its_own() -> None:
         "sys.exit(3 if seen else 0)\n"
     )
     assert [run_script(script, timeout=60)[0] for _ in range(2)] == [0, 0]
+
+
+def test_a_known_bug_that_races_starts_its_reduction_with_votes_on_fresh_ranks() -> None:
+    """The delayed all-reduce's record says its failure races (fuzz.known.KnownBug.races): its
+    entry's candidates must reproduce RACE_VOTES times in a row, each on fresh ranks; an
+    entry whose bug does not race starts with one attempt in warm ranks."""
+    from fuzz.repro.reduce import RACE_VOTES, _Oracle
+
+    racing = load_entry(ROOT / "corpus" / "parity-mismatch-28f92215865a.json")
+    assert known.get(racing.bug or "").races
+    oracle = _Oracle(racing, "", racing.signature, 60.0, lambda _: None)
+    assert (oracle.votes, oracle.fresh_each) == (RACE_VOTES, True)
+    steady = load_entry(ROOT / "corpus" / f"{EXCEPTION}.json")
+    assert not known.get(steady.bug or "").races
+    oracle = _Oracle(steady, "", steady.signature, 60.0, lambda _: None)
+    assert (oracle.votes, oracle.fresh_each) == (1, False)
