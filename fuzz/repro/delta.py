@@ -1607,8 +1607,8 @@ def _loop_aliases(node: ast.For) -> list[dict[str, ast.expr]] | None:
     items = node.iter.elts if isinstance(node.iter, (ast.List, ast.Tuple)) else None
     if not items or len(items) > MAX_UNROLLED or not all(_constants(e) or _class_attribute(e) for e in items):
         return None
-    stored = (n for stmt in node.body for n in ast.walk(stmt) if isinstance(n, ast.Name))
-    bound = {n.id for n in stored if not isinstance(n.ctx, ast.Load)}
+    walked = [n for stmt in node.body for n in ast.walk(stmt)]
+    bound = {n.id for n in walked if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
     if any(isinstance(e, ast.Attribute) and isinstance(e.value, ast.Name) and e.value.id in bound for e in items):
         return None
     if len(node.body) > MAX_UNROLLED_BODY or node.orelse:
@@ -1624,12 +1624,8 @@ def _loop_aliases(node: ast.For) -> list[dict[str, ast.expr]] | None:
     else:
         return None
     late = (ast.Lambda, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Global, ast.Nonlocal)
-    for stmt in node.body:
-        for n in ast.walk(stmt):
-            if isinstance(n, (*late, ast.Break, ast.Continue)):
-                return None
-            if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load) and n.id in names:
-                return None
+    if bound & set(names) or any(isinstance(n, (*late, ast.Break, ast.Continue)) for n in walked):
+        return None
     return [dict(zip(names, row)) for row in rows]
 
 

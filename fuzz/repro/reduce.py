@@ -689,8 +689,9 @@ class _Oracle:
         self.slowest = 0.0
         self.pool_attempts = self.torchrun_attempts = 0
         self.respawns = 0  # fresh ranks for an attempt that met a destroyed process group
-        bug = known.BUGS.get(entry.bug or "")
-        races = bug is not None and bug.races
+        #: The entry's known bug's record, where it has one.
+        self.bug = known.BUGS.get(entry.bug or "")
+        races = self.bug is not None and self.bug.races
         #: Whether every attempt runs on fresh ranks: the first candidate reproduced in the
         #: pool, then, run again in the same ranks, did not, and on fresh ranks did (what it
         #: left in torch, a process-wide cache say, changes the next attempt's outcome;
@@ -934,7 +935,7 @@ class _Oracle:
     def prepare_fix(self) -> None:
         """Make the fix of the entry's bug ready to be checked (:meth:`open_fix`), where there is
         one that applies to this torch."""
-        bug = known.BUGS.get(self.entry.bug or "")
+        bug = self.bug
         if bug is None or not bug.fix:
             return
         self._fix_dir = tempfile.TemporaryDirectory(prefix="shardfuzz-fix-")

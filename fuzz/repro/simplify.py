@@ -704,9 +704,9 @@ def _member(node: ast.expr, enums: dict[str, set[str]], stores: dict[str, int]) 
     return None
 
 
-def _enum_values(tree: ast.Module) -> dict[tuple[str, str], ast.Constant]:
-    """The members of the module's enums that are assigned a constant, with it."""
-    enums = _enums(tree)
+def _enum_values(tree: ast.Module, enums: dict[str, set[str]]) -> dict[tuple[str, str], ast.Constant]:
+    """The members of the module's enums (``enums``: :func:`_enums`) that are assigned a
+    constant, with it."""
     return {
         (node.name, t.id): s.value
         for node in tree.body
@@ -722,7 +722,7 @@ def _enum_tests(tree: ast.Module, frozen: Frozen) -> bool:
     enums = _enums(tree)
     if not enums:
         return False
-    values = _enum_values(tree)
+    values = _enum_values(tree, enums)
     changed = False
     for fn in _functions(tree, frozen):
         stores = _stores(fn)
