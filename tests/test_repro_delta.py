@@ -343,6 +343,40 @@ def test_a_cut_may_not_leave_a_name_unbound() -> None:
     assert reproduces(out) and delta.undefined(out) == frozenset(), out
 
 
+def test_a_cut_may_not_leave_a_draw_unseeded() -> None:
+    """Comparing two draws reproduces with or without the seeds (the oracle here seeds nothing
+    and the draws differ), but a script without them compares values the process's start drew:
+    torch 2.13 seeds each process anew, so a one-sided comparison flips a coin. No cut may
+    lessen the seeding calls or the ``generator=`` keywords; the rest is cut."""
+    code = (
+        (
+            "import random\n"
+            "def draw(rng):\n"
+            "    return rng.random()\n"
+            "def attempt(rank, world_size):\n"
+            "    random.seed(0)\n"
+            "    a = random.random()\n"
+            "    gen = random.Random(1)\n"
+            "    b = draw(rng=gen)\n"
+            "    noise = [random.random() for _ in range(3)]\n"
+            "    if a != b:\n"
+            "        return 'REPRODUCED x: apart'\n"
+            "    return 'PASS'\n"
+            "def main():\n"
+            "    print(attempt(0, 1))\n"
+        )
+        .replace("rng=gen", "generator=gen")
+        .replace("def draw(rng)", "def draw(generator)")
+        .replace("return rng.random()", "return generator.random()")
+    )
+    assert delta.seeding(code) == 2  # random.seed(0) and generator=gen
+    assert delta.seeding(code.replace("    random.seed(0)\n", "")) == 1
+    out = delta.ddmin(code, reproduces, time.monotonic() + 60)
+    assert reproduces(out), out
+    assert "random.seed(0)" in out and "generator=gen" in out, out
+    assert "noise" not in out, out  # what draws nothing the judge reads is still cut
+
+
 def test_a_function_called_twice_is_inlined_at_both_calls() -> None:
     code = SCRIPT.replace("        run(case, log)\n", "        build(1)\n        run(case, log)\n")
     assert reproduces(code)
