@@ -377,6 +377,22 @@ def test_a_cut_may_not_leave_a_draw_unseeded() -> None:
     assert "noise" not in out, out  # what draws nothing the judge reads is still cut
 
 
+def test_a_decorators_arguments_are_not_elements() -> None:
+    """``frozen=True`` is a keyword of a call, but cutting it saves no line and hides from the
+    rewrites that nothing changes the class's objects."""
+    code = (
+        "from dataclasses import dataclass\n"
+        "@dataclass(frozen=True)\n"
+        "class T:\n"
+        "    a: object\n"
+        "def attempt(rank, world_size):\n"
+        "    t = T(a=dict(x=1))\n"
+        "    return 'REPRODUCED x: y'\n"
+    )
+    found = [ast.unparse(node) for node, _, _ in delta._elements(ast.parse(code), frozenset())]
+    assert found == ["T(a=dict(x=1))", "dict(x=1)"], found  # the keywords a= and x=, not frozen=
+
+
 def test_a_function_called_twice_is_inlined_at_both_calls() -> None:
     code = SCRIPT.replace("        run(case, log)\n", "        build(1)\n        run(case, log)\n")
     assert reproduces(code)

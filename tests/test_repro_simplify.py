@@ -133,6 +133,54 @@ def test_an_enum_members_value_becomes_its_constant_and_a_loop_over_members_is_w
     assert delta.literal_loops(rebinding) == []
 
 
+def test_a_table_of_builds_becomes_the_build_and_its_fields_their_values() -> None:
+    """``POLICY['float32'].atol``, where ``POLICY`` maps to builds of a dataclass whose fields
+    nothing in the script assigns (its decorator has lost ``frozen=True``), becomes the value."""
+    code = HEAD + textwrap.dedent(
+        """
+        @dataclass()
+        class Tolerance:
+            rtol: object
+            atol: object
+
+
+        POLICY = {'float32': Tolerance(rtol=1e-05, atol=1e-06)}
+
+
+        def attempt():
+            tol = POLICY['float32']
+            return tol.atol + tol.rtol * 2
+        """
+    )
+    out = simplify(code)
+    assert out is not None and _run(out) == _run(code)
+    body = out[out.index("def attempt") :]
+    assert "POLICY" not in body and "tol." not in body, body
+
+
+def test_a_table_of_builds_of_a_class_something_changes_is_left() -> None:
+    code = HEAD + textwrap.dedent(
+        """
+        @dataclass()
+        class Tolerance:
+            rtol: object
+            atol: object
+
+
+        POLICY = {'float32': Tolerance(rtol=1e-05, atol=1e-06)}
+
+
+        def attempt():
+            POLICY['float32'].atol = 0.5
+            tol = POLICY['float32']
+            return tol.atol
+        """
+    )
+    out = simplify(code)
+    assert _run(out or code) == 0.5
+    assert out is None or "POLICY['float32']" in out
+
+
 def test_a_table_something_changes_is_left() -> None:
     code = HEAD + textwrap.dedent(
         """
@@ -215,11 +263,24 @@ def test_a_local_bound_again_keeps_its_name() -> None:
         """
         width = 2
         width = width + 1
-        return width
+        print(width)
+        return width * 10
         """
     )
     out = simplify(code)
     assert out is None or "width = width + 1" in out
+    assert _run(out or code) == 30
+
+
+def test_a_local_returned_at_once_is_the_returned_expression() -> None:
+    out = _simplified(
+        """
+        width = 2
+        width = width + 1
+        return width
+        """
+    )
+    assert "return 2 + 1" in out, out
 
 
 def test_a_dict_handed_on_whole_stays_a_dict() -> None:
@@ -306,7 +367,7 @@ def test_appends_after_statements_that_do_not_name_the_list_move_its_binding_dow
         "    return str(f(1, 2))\n"
     )
     out = simplify(code)
-    assert out is not None and "step = [(x, b)]" in out and "out = [step]" in out, out
+    assert out is not None and "step = [(x, b)]" in out and "return [step]" in out, out  # out = [step]; return out
     assert out.index("x = a + 1") < out.index("step = [(x, b)]")
     scope: dict[str, Any] = {}
     exec(out, scope)

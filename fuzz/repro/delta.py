@@ -38,7 +38,9 @@ reproduces. The cuts, coarsest first, in rounds until a round keeps nothing or t
    halved down to single statements (ddmin without its complement steps);
 6. **Elements**: a keyword argument of a call, an entry of a dict, an element of a list, tuple
    or set display, one at a time (what is left to cut once the statements are 1-minimal: the
-   case's fields, a table's entries and the enum members only they name).
+   case's fields, a table's entries and the enum members only they name); then a method call
+   cut to its object, a call to one of its arguments, and a conditional expression to one of its
+   branches.
 
 No cut may leave a name the script binds unbound (:func:`unbound`), nor lessen its seeding
 calls and ``generator=`` keywords (:func:`seeding`): a reduced script draws what its source drew
@@ -166,8 +168,12 @@ def seeding(code: str) -> int:
     2.13 picks anew for each process and torch 2.11 does not: a judge then compares values drawn
     apart (two models initialised apart), which on 2.11 reproduces and passes with the fix alike
     in every attempt, and on 2.13 flips a coin (a one-sided comparison) in each run."""
+    return _seeding(ast.parse(code))
+
+
+def _seeding(tree: ast.Module) -> int:
     count = 0
-    for node in ast.walk(ast.parse(code)):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             func = node.func
             name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
@@ -582,9 +588,10 @@ def ddmin(
             if c == current or not (grow or _size(c) < _size(current)):
                 return False
             try:  # a cut may not leave a name unbound, nor a draw unseeded
-                return not unbound(c) - dangling and seeding(c) >= seeds
+                tree = ast.parse(c)
             except SyntaxError:
                 return False
+            return not (_undefined(tree) | _unbound_reads(tree)) - dangling and _seeding(tree) >= seeds
 
         def accept(script: str) -> bool:
             nonlocal current, best, seeds
@@ -726,6 +733,8 @@ def ddmin(
         say(f"  delta {round_}: method calls cut to their objects, {code_lines(current)} code lines")
         _each_argument(lambda: current, keep, until, frozen)
         say(f"  delta {round_}: calls cut to an argument, {code_lines(current)} code lines")
+        _each_branch(lambda: current, keep, until, frozen)
+        say(f"  delta {round_}: conditional expressions cut to a branch, {code_lines(current)} code lines")
         if current == before:
             break
         round_ += 1
@@ -1692,7 +1701,9 @@ def unroll_loop(code: str, key: str, frozen: Frozen = frozenset()) -> str | None
 def _elements(tree: ast.Module, frozen: Frozen) -> list[tuple[ast.AST, str, int]]:
     """(node, field, index) of every keyword argument of a call, every element of a dict,
     list, tuple or set display, every operand of ``and`` / ``or`` and every condition of a
-    comprehension (``for i in (1,) if key(i) in out``) in the statements that may be cut, and
+    comprehension (``for i in (1,) if key(i) in out``) in the statements that may be cut (not
+    in their decorators: a cut of ``frozen=True`` saves no line and hides that nothing changes
+    the class's objects from the rewrites of :mod:`fuzz.repro.simplify`), and
     in the assignments of the harness's own body (``failure = judge(...) or check()``; not
     those of its exception check), in order."""
     seen: dict[int, tuple[ast.AST, str, int]] = {}
@@ -1701,7 +1712,16 @@ def _elements(tree: ast.Module, frozen: Frozen) -> list[tuple[ast.AST, str, int]
         if isinstance(top, ast.FunctionDef) and _harness(top):  # not its exception check's
             statements += [n for n in top.body if isinstance(n, ast.Assign)]
     for stmt in statements:
+        decorators = {  # ``@dataclass(frozen=True)``: shorter without it, and the rewrites need it
+            id(n)
+            for d in ast.walk(stmt)
+            if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            for decorator in d.decorator_list
+            for n in ast.walk(decorator)
+        }
         for node in ast.walk(stmt):
+            if id(node) in decorators:
+                continue
             if isinstance(node, ast.BoolOp):
                 fields = [("values", i) for i in range(len(node.values))]
             elif isinstance(node, ast.Call):
@@ -1818,6 +1838,35 @@ def cut_to_argument(code: str, index: int, frozen: Frozen = frozenset()) -> str 
     return _unparse(tree)
 
 
+def _conditionals(tree: ast.Module, frozen: Frozen) -> list[tuple[ast.IfExp, ast.expr]]:
+    """(conditional expression, branch) for each branch of every ``a if t else b`` in the
+    statements :func:`_elements` looks in, outermost first."""
+    statements = [stmt for stmt, _ in units(tree, frozen)]
+    for top in tree.body:
+        if isinstance(top, ast.FunctionDef) and _harness(top):
+            statements += [n for n in top.body if isinstance(n, ast.Assign)]
+    seen: dict[int, ast.IfExp] = {}
+    for stmt in statements:
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.IfExp):
+                seen.setdefault(id(node), node)
+    return [(node, branch) for node in seen.values() for branch in (node.body, node.orelse)]
+
+
+def cut_to_branch(code: str, index: int, frozen: Frozen = frozenset()) -> str | None:
+    """``code`` with the conditional expression of the pair numbered ``index`` in
+    :func:`_conditionals`' order replaced by that pair's branch (``failure if failure is None or
+    not failure.signature.endswith(TAG) else None`` by ``failure``: a test the failure does not
+    need, with what only it read)."""
+    tree = ast.parse(code)
+    found = _conditionals(tree, frozen)
+    if index >= len(found):
+        return None
+    node, branch = found[index]
+    _Replace(node, branch).visit(tree)
+    return _unparse(tree)
+
+
 def _each_position(
     count: Callable[[ast.Module, Frozen], int],
     cut: Callable[[str, int, Frozen], str | None],
@@ -1838,6 +1887,10 @@ def _each_position(
 
 def _each_element(current: Callable[[], str], keep: Callable[[str | None], bool], until: float, frozen: Frozen) -> None:
     _each_position(lambda t, f: len(_elements(t, f)), cut_element, current, keep, until, frozen)
+
+
+def _each_branch(current: Callable[[], str], keep: Callable[[str | None], bool], until: float, frozen: Frozen) -> None:
+    _each_position(lambda t, f: len(_conditionals(t, f)), cut_to_branch, current, keep, until, frozen)
 
 
 def _each_receiver(

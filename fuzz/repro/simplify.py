@@ -44,6 +44,7 @@ left alone), repeated until none applies:
 - **Keywords**: ``f(**kw)``, where ``kw`` is a local bound once to a dict display of string
   keys and pure values (or of any values, unpacked once in the next statement) and only
   unpacked so, becomes ``f(k=v, ...)``;
+- **Returned at once**: ``x = e`` followed by ``return x`` becomes ``return e``;
 - **Last returns**: a function whose one ``return`` is in an ``if`` (no ``else``) that ends
   it, ``if t: return x``, ends in ``return x if t else None`` instead (what falling off its end
   returned), so that it has one ``return``, its last statement, and may be inlined.
@@ -83,13 +84,33 @@ class _Class:
     defaults: dict[str, ast.expr] = field(default_factory=dict)
     properties: dict[str, ast.expr] = field(default_factory=dict)
     plain: bool = True  # no methods but properties: its objects may become scalars
-    frozen: bool = False  # ``@dataclass(frozen=True)``: nothing assigns its fields
+    frozen: bool = False  # nothing assigns its fields (``frozen=True``, or so in the script)
     names: set[str] = field(default_factory=set)  # every name its body (and its bases') binds
 
 
+def _assigned(tree: ast.Module) -> set[str] | None:
+    """The attribute names the module assigns or deletes anywhere (``x.f = v``, ``del x.f``,
+    ``x.f += v``), or None where it may assign any (``setattr``, ``__setattr__``, ``__dict__``,
+    ``vars``)."""
+    out: set[str] = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Attribute):
+            if n.attr in ("__setattr__", "__dict__"):
+                return None
+            if not isinstance(n.ctx, ast.Load):
+                out.add(n.attr)
+        elif isinstance(n, ast.Name) and n.id in ("setattr", "vars", "delattr"):
+            return None
+    return out
+
+
 def _classes(tree: ast.Module) -> dict[str, _Class]:
-    """The module's dataclasses without ``__post_init__`` (nothing runs when one is built)."""
+    """The module's dataclasses without ``__post_init__`` (nothing runs when one is built). One
+    is frozen where its decorator says so, or where nothing in the script assigns an attribute
+    of any of its fields' names (its objects are then never changed: a reduction that cut
+    ``frozen=True`` from the decorator leaves what it meant)."""
     out: dict[str, _Class] = {}
+    assigned = _assigned(tree)
     for node in tree.body:
         if not isinstance(node, ast.ClassDef) or not is_dataclass(node):
             continue
@@ -130,7 +151,9 @@ def _classes(tree: ast.Module) -> dict[str, _Class]:
         if post_init:
             continue
         info.plain = plain
-        info.frozen = any("frozen=True" in ast.unparse(d) for d in node.decorator_list)
+        info.frozen = any("frozen=True" in ast.unparse(d) for d in node.decorator_list) or (
+            assigned is not None and not assigned & set(info.fields)
+        )
         out[node.name] = info
     return out
 
@@ -611,13 +634,16 @@ def _tables(tree: ast.Module, frozen: Frozen) -> bool:
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
             bound[node.id] = bound.get(node.id, 0) + 1
+    # values: pure, or builds of frozen dataclasses from constants (``Tolerance(rtol=1e-05, ...)``)
+    closed = _Closed(_classes(tree), {n for n, k in bound.items() if k}, _class_names(tree))
     for node in tree.body:
         if (
             isinstance(node, ast.Assign)
             and len(node.targets) == 1
             and isinstance(node.targets[0], ast.Name)
             and isinstance(node.value, ast.Dict)
-            and _pure(node.value)
+            and all(k is not None and _pure(k) for k in node.value.keys)
+            and all(_pure(v) or closed(v) for v in node.value.values)
             and bound.get(node.targets[0].id) == 1
         ):
             tables[node.targets[0].id] = node.value
@@ -1590,7 +1616,36 @@ def _last_returns(tree: ast.Module, frozen: Frozen) -> bool:
     return changed
 
 
+def _returned_at_once(tree: ast.Module, frozen: Frozen) -> bool:
+    """``x = e`` followed by ``return x`` becomes ``return e`` (``x`` a plain local: no nested
+    scope that could read it, no ``global`` or ``nonlocal``)."""
+    changed = False
+    for fn in _functions(tree, frozen):
+        if _nested(fn):
+            continue
+        for holder, name, stmts in list(_statement_lists(fn)):
+            out: list[ast.stmt] = []
+            for stmt in stmts:
+                prev = out[-1] if out else None
+                if (
+                    isinstance(stmt, ast.Return)
+                    and isinstance(stmt.value, ast.Name)
+                    and isinstance(prev, ast.Assign)
+                    and len(prev.targets) == 1
+                    and isinstance(prev.targets[0], ast.Name)
+                    and prev.targets[0].id == stmt.value.id
+                ):
+                    out[-1] = ast.copy_location(ast.Return(prev.value), prev)
+                    changed = True
+                    continue
+                out.append(stmt)
+            if len(out) != len(stmts):
+                _set_list(holder, name, out)
+    return changed
+
+
 _REWRITES = (
+    _returned_at_once,
     _last_returns,
     _spread_keywords,
     _object_fields,
