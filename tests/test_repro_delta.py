@@ -373,7 +373,7 @@ def test_a_cut_may_not_leave_a_draw_unseeded() -> None:
     assert delta.seeding(code.replace("    random.seed(0)\n", "")) == 1
     out = delta.ddmin(code, reproduces, time.monotonic() + 60)
     assert reproduces(out), out
-    assert "random.seed(0)" in out and "generator=gen" in out, out
+    assert "random.seed(0)" in out and "generator=" in out, out
     assert "noise" not in out, out  # what draws nothing the judge reads is still cut
 
 

@@ -44,7 +44,10 @@ left alone), repeated until none applies:
 - **Keywords**: ``f(**kw)``, where ``kw`` is a local bound once to a dict display of string
   keys and pure values (or of any values, unpacked once in the next statement) and only
   unpacked so, becomes ``f(k=v, ...)``;
-- **Returned at once**: ``x = e`` followed by ``return x`` becomes ``return e``;
+- **Read next**: ``x = v`` followed by a statement that reads ``x`` once, before it runs any
+  code, where nothing else reads or binds ``x``, becomes that statement with ``v`` in place of
+  ``x`` (``loss = f(out); loss.backward()``: ``f(out).backward()``); ``x = e`` followed by
+  ``return x`` becomes ``return e``;
 - **Last returns**: a function whose one ``return`` is in an ``if`` (no ``else``) that ends
   it, ``if t: return x``, ends in ``return x if t else None`` instead (what falling off its end
   returned), so that it has one ``return``, its last statement, and may be inlined.
@@ -57,6 +60,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import keyword
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -64,6 +68,7 @@ from fuzz.repro.delta import (
     Frozen,
     _Function,
     _objects,
+    _Replace,
     _stores,
     _Substitute,
     _unparse,
@@ -1350,7 +1355,8 @@ _EMPTY = {"dict": "{}", "list": "[]", "tuple": "()"}
 
 class _Identities(ast.NodeTransformer):
     """``x * 1``, ``1 * x``, ``x // 1``, ``x + 0``, ``0 + x``, ``x - 0``, ``[] + x``, ``x + []``
-    (and of ``()``) become ``x``; ``*()`` and ``*[]`` go from a display or a call."""
+    (and of ``()``) become ``x``; ``*()`` and ``*[]`` go from a display or a call, and
+    ``**{'k': v}`` becomes ``k=v`` in a call."""
 
     def __init__(self) -> None:
         self.changed = False
@@ -1386,6 +1392,30 @@ class _Identities(ast.NodeTransformer):
                 out.append(e)
         return out
 
+    def _spread(self, keywords: list[ast.keyword]) -> list[ast.keyword]:
+        """``**{'k': v}`` becomes ``k=v`` (string keys that are names, none given twice)."""
+        out: list[ast.keyword] = []
+        for kw in keywords:
+            display = kw.value
+            if kw.arg is None and isinstance(display, ast.Dict):
+                keys = [k.value if isinstance(k, ast.Constant) else None for k in display.keys]
+                given = {k.arg for k in keywords if k.arg} | {
+                    k.value
+                    for other in keywords
+                    if other is not kw and isinstance(other.value, ast.Dict)
+                    for k in other.value.keys
+                    if isinstance(k, ast.Constant)
+                }
+                if all(
+                    isinstance(k, str) and k.isidentifier() and not keyword.iskeyword(k) and k not in given
+                    for k in keys
+                ) and len(set(keys)) == len(keys):
+                    out += [ast.keyword(k, v) for k, v in zip(keys, display.values)]
+                    self.changed = True
+                    continue
+            out.append(kw)
+        return out
+
     def visit_Tuple(self, node: ast.Tuple) -> ast.AST:
         self.generic_visit(node)
         node.elts = self._starred(node.elts)
@@ -1399,6 +1429,7 @@ class _Identities(ast.NodeTransformer):
     def visit_Call(self, node: ast.Call) -> ast.AST:
         self.generic_visit(node)
         node.args = self._starred(node.args)
+        node.keywords = self._spread(node.keywords)
         if isinstance(node.func, ast.Name) and node.func.id in _EMPTY and not node.args and not node.keywords:
             self.changed = True
             return ast.parse(_EMPTY[node.func.id], mode="eval").body
@@ -1445,16 +1476,21 @@ def _extended(stmt: ast.stmt, name: str) -> ast.expr | None:
     return None if any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(stmt.value)) else stmt.value
 
 
-def _stored_item(stmt: ast.stmt, name: str) -> tuple[ast.expr, ast.expr] | None:
-    """(``k``, ``v``) of ``name[k] = v``, where ``k`` is a constant and ``v`` does not name
-    ``name``."""
+def _stored_item(stmt: ast.stmt, name: str, top: frozenset[str]) -> tuple[ast.expr, ast.expr] | None:
+    """(``k``, ``v``) of ``name[k] = v``, where ``k`` is a constant or an attribute of one of
+    the module's classes (an enum member, ``Item.MODEL``) and ``v`` does not name ``name``."""
     if not (
         isinstance(stmt, ast.Assign)
         and len(stmt.targets) == 1
         and isinstance(stmt.targets[0], ast.Subscript)
         and isinstance(stmt.targets[0].value, ast.Name)
         and stmt.targets[0].value.id == name
-        and isinstance(stmt.targets[0].slice, ast.Constant)
+    ):
+        return None
+    key = stmt.targets[0].slice
+    if not (
+        isinstance(key, ast.Constant)
+        or (isinstance(key, ast.Attribute) and isinstance(key.value, ast.Name) and key.value.id in top)
     ):
         return None
     if any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(stmt.value)):
@@ -1466,13 +1502,13 @@ def _mentions(stmt: ast.stmt, name: str) -> bool:
     return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(stmt))
 
 
-def _absorbed(binding: ast.Assign, stmt: ast.stmt, name: str) -> bool:
+def _absorbed(binding: ast.Assign, stmt: ast.stmt, name: str, top: frozenset[str]) -> bool:
     """Whether ``stmt`` adds to the display ``binding`` binds to ``name`` (``name.append(a)``,
     ``name += [b]``, ``name['k'] = x`` for a key it does not hold yet): if so, the display now
     holds what it added."""
     display = binding.value
     if isinstance(display, ast.Dict):
-        entry = _stored_item(stmt, name)
+        entry = _stored_item(stmt, name, top)
         keys = [ast.dump(k) for k in display.keys if k is not None]
         if entry is None or ast.dump(entry[0]) in keys or None in display.keys:
             return False
@@ -1499,7 +1535,9 @@ def _appends(tree: ast.Module, frozen: Frozen) -> bool:
     ``d = {}`` (or a display of constant keys) followed by ``d['k'] = x``, a key it does not
     hold yet: ``d = {'k': x}``."""
     changed = False
+    top = _class_names(tree)
     for fn in _functions(tree, frozen):
+        classes = top - {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
         for holder, field_name, stmts in list(_statement_lists(fn)):
             out = list(stmts)
             i = 0
@@ -1516,7 +1554,7 @@ def _appends(tree: ast.Module, frozen: Frozen) -> bool:
                 name, at = stmt.targets[0].id, i - 1
                 j = i
                 while j < len(out) and isinstance(stmt.value, (ast.List, ast.Dict)):
-                    if not _absorbed(stmt, out[j], name):
+                    if not _absorbed(stmt, out[j], name, classes):
                         if _mentions(out[j], name):
                             break
                         j += 1
@@ -1644,7 +1682,148 @@ def _returned_at_once(tree: ast.Module, frozen: Frozen) -> bool:
     return changed
 
 
+_RUNS_CODE = (
+    ast.Call,
+    ast.Yield,
+    ast.YieldFrom,
+    ast.Await,
+    ast.NamedExpr,
+    ast.ListComp,
+    ast.SetComp,
+    ast.DictComp,
+    ast.GeneratorExp,
+)
+
+
+def _evaluation(node: ast.AST, conditional: bool, out: list[tuple[ast.AST, bool]]) -> None:
+    """The nodes of expression ``node`` in ``out`` in the order Python evaluates them, each after
+    its operands, with whether it may not run (or may run again) when the expression does: a
+    later operand of ``and``/``or`` or of a chained comparison, a branch of a conditional
+    expression, the inside of a lambda or of a comprehension (but its first iterable)."""
+    if isinstance(node, ast.Lambda):
+        for child in ast.iter_child_nodes(node):
+            _evaluation(child, True, out)
+    elif isinstance(node, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+        _evaluation(node.generators[0].iter, conditional, out)
+        for child in ast.walk(node):
+            if child is not node and child is not node.generators[0].iter:
+                out.append((child, True))
+    elif isinstance(node, ast.BoolOp):
+        for i, value in enumerate(node.values):
+            _evaluation(value, conditional or i > 0, out)
+    elif isinstance(node, ast.IfExp):
+        _evaluation(node.test, conditional, out)
+        _evaluation(node.body, True, out)
+        _evaluation(node.orelse, True, out)
+    elif isinstance(node, ast.Compare):
+        _evaluation(node.left, conditional, out)
+        for i, value in enumerate(node.comparators):
+            _evaluation(value, conditional or i > 0, out)
+    elif isinstance(node, ast.Dict):
+        for key, value in zip(node.keys, node.values):
+            if key is not None:
+                _evaluation(key, conditional, out)
+            _evaluation(value, conditional, out)
+    else:
+        for child in ast.iter_child_nodes(node):
+            if not isinstance(child, ast.expr_context):
+                _evaluation(child, conditional, out)
+    out.append((node, conditional))
+
+
+def _heads(stmt: ast.stmt) -> list[ast.expr] | None:
+    """What ``stmt`` evaluates first, in order, each time it runs: a simple statement's
+    expressions (an assignment's value before its targets), a ``with``'s first context, a
+    ``for``'s iterable, an ``if``'s test; None for other statements."""
+    if isinstance(stmt, (ast.Expr, ast.Return)):
+        return [stmt.value] if stmt.value is not None else []
+    if isinstance(stmt, ast.Assign):
+        return [stmt.value, *stmt.targets]
+    if isinstance(stmt, ast.AnnAssign):
+        return [stmt.value, stmt.target] if stmt.value is not None else None
+    if isinstance(stmt, ast.AugAssign):
+        return [stmt.target, stmt.value]
+    if isinstance(stmt, ast.With):
+        return [stmt.items[0].context_expr]
+    if isinstance(stmt, ast.For):
+        return [stmt.iter]
+    if isinstance(stmt, ast.If):
+        return [stmt.test]
+    return None
+
+
+def _read_first(stmt: ast.stmt, name: str) -> ast.Name | None:
+    """The one read of ``name`` in ``stmt``, where ``stmt`` evaluates it once, every time it
+    runs, before it runs any code (a call, a comprehension, a ``yield``): what a value computed
+    in the statement before may be computed in its place."""
+    heads = _heads(stmt)
+    reads = [n for n in ast.walk(stmt) if isinstance(n, ast.Name) and n.id == name]
+    if heads is None or len(reads) != 1:
+        return None
+    order: list[tuple[ast.AST, bool]] = []
+    for head in heads:
+        _evaluation(head, False, order)
+    for node, conditional in order:
+        if node is reads[0]:
+            return reads[0] if not conditional and isinstance(node.ctx, ast.Load) else None
+        if isinstance(node, _RUNS_CODE):
+            return None
+    return None
+
+
+#: :func:`_read_next` leaves a statement longer than this (its first line, unparsed) as it is:
+#: a call nested in three others is shorter in lines and harder to read.
+MERGED_WIDTH = 120
+
+
+def _merged_fits(stmt: ast.stmt, read: ast.Name, value: ast.expr) -> bool:
+    text = ast.unparse(stmt).splitlines()[0]
+    return len(text) - len(read.id) + len(ast.unparse(value)) <= MERGED_WIDTH
+
+
+def _read_next(tree: ast.Module, frozen: Frozen) -> bool:
+    """``x = v`` followed by a statement that reads ``x`` once before it runs any code, where
+    nothing else reads or binds ``x``, becomes that statement with ``v`` in place of ``x``
+    (``loss = f(out); loss.backward()``: ``f(out).backward()``; ``params = m.parameters();
+    opt = SGD(params)``: ``opt = SGD(m.parameters())``): ``v`` is computed when it was, after the
+    statement before and before anything of the statement that reads it."""
+    changed = False
+    for fn in _functions(tree, frozen):
+        stores = _stores(fn)
+        reads: dict[str, int] = {}
+        for n in ast.walk(fn):
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
+                reads[n.id] = reads.get(n.id, 0) + 1
+        declared = {x for n in ast.walk(fn) if isinstance(n, (ast.Global, ast.Nonlocal)) for x in n.names}
+        for holder, field_name, stmts in list(_statement_lists(fn)):
+            out: list[ast.stmt] = []
+            for stmt in stmts:
+                prev = out[-1] if out else None
+                if (
+                    isinstance(prev, ast.Assign)
+                    and len(prev.targets) == 1
+                    and isinstance(prev.targets[0], ast.Name)
+                    and not any(isinstance(n, _RUNS_CODE[1:5]) for n in ast.walk(prev.value))
+                ):
+                    name = prev.targets[0].id
+                    read = (
+                        _read_first(stmt, name)
+                        if stores.get(name) == 1 and reads.get(name) == 1 and name not in declared
+                        else None
+                    )
+                    if read is not None and _merged_fits(stmt, read, prev.value):
+                        _Replace(read, prev.value).visit(stmt)
+                        out[-1] = stmt
+                        changed = True
+                        continue
+                out.append(stmt)
+            if len(out) != len(stmts):
+                _set_list(holder, field_name, out)
+    return changed
+
+
 _REWRITES = (
+    _read_next,
     _returned_at_once,
     _last_returns,
     _spread_keywords,
