@@ -685,3 +685,32 @@ def test_keys_of_enum_members_fill_a_dict_display() -> None:
         """
     )
     assert "out = {Kind.A: 1, Kind.B: 2}" in out or "return {Kind.A: 1, Kind.B: 2}" in out, out
+
+
+def test_a_tuple_assignment_of_any_values_splits_and_an_update_fills_the_display() -> None:
+    out = _simplified(
+        """
+        obs = {}
+        done = {}
+        done['a'], done['b'] = (len('xy'), [1])
+        obs.update(done)
+        seen = {}
+        seen.update({'k': sorted('ba')})
+        first, rest = (seen, obs)
+        return first, rest
+        """
+    )
+    assert "done" not in out and "update" not in out, out
+    assert "{'a': len('xy'), 'b': [1]}" in out and "{'k': sorted('ba')}" in out, out
+
+
+def test_a_tuple_assignment_whose_values_read_its_targets_stays() -> None:
+    code = _script(
+        """
+        d = {'a': 1}
+        d['a'], d['b'] = (2, d['a'])
+        return d
+        """
+    )
+    out = simplify(code) or code
+    assert _run(out) == _run(code) == {"a": 2, "b": 1}

@@ -46,7 +46,8 @@ left alone), repeated until none applies:
   unpacked so, becomes ``f(k=v, ...)``;
 - **Read next**: ``x = v`` followed by a statement that reads ``x`` once, before it runs any
   code, where nothing else reads or binds ``x``, becomes that statement with ``v`` in place of
-  ``x`` (``loss = f(out); loss.backward()``: ``f(out).backward()``); ``x = e`` followed by
+  ``x`` (``loss = f(out); loss.backward()``: ``f(out).backward()``), unless that makes the
+  statement wider than :data:`MERGED_WIDTH` (and wider than it was); ``x = e`` followed by
   ``return x`` becomes ``return e``;
 - **Last returns**: a function whose one ``return`` is in an ``if`` (no ``else``) that ends
   it, ``if t: return x``, ends in ``return x if t else None`` instead (what falling off its end
@@ -922,10 +923,23 @@ def _pure_test(test: ast.expr) -> bool:
     return _pure(test)
 
 
+def _bound_name(target: ast.expr) -> str | None:
+    """What an assignment to ``target`` changes: ``a`` of ``a`` or of ``a['k']``."""
+    if isinstance(target, ast.Name):
+        return target.id
+    if (
+        isinstance(target, ast.Subscript)
+        and isinstance(target.value, ast.Name)
+        and isinstance(target.slice, ast.Constant)
+    ):
+        return target.value.id
+    return None
+
+
 class _Constants(ast.NodeTransformer):
     """An ``if`` on a constant becomes the branch it takes (so does a conditional expression
-    whose branches are the same); ``a, b = (x, y)`` of names and
-    constants becomes ``a = x`` and ``b = y``."""
+    whose branches are the same); ``a, b = (x, y)`` becomes ``a = x`` and ``b = y`` where no
+    value reads what the targets change (``a``, ``b``, or ``d`` of ``d['k']``)."""
 
     def __init__(self) -> None:
         self.changed = False
@@ -947,11 +961,12 @@ class _Constants(ast.NodeTransformer):
         target, value = stmt.targets[0], stmt.value
         if not (isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple)) or len(target.elts) != len(value.elts):
             return None
-        names = [t.id for t in target.elts if isinstance(t, ast.Name)]
+        names = [_bound_name(t) for t in target.elts]
         read = {n.id for v in value.elts for n in ast.walk(v) if isinstance(n, ast.Name)}
-        if len(names) != len(target.elts) or len(set(names)) != len(names) or read & set(names):
+        written = [ast.dump(t) for t in target.elts]  # ``a`` or ``d['k']``: each once
+        if None in names or len(set(written)) != len(written) or read & set(names):
             return None
-        if not all(isinstance(v, (ast.Name, ast.Constant)) for v in value.elts):
+        if any(isinstance(v, ast.Starred) for v in value.elts):
             return None
         return [ast.Assign([t], v) for t, v in zip(target.elts, value.elts)]
 
@@ -1410,7 +1425,7 @@ class _Identities(ast.NodeTransformer):
                     isinstance(k, str) and k.isidentifier() and not keyword.iskeyword(k) and k not in given
                     for k in keys
                 ) and len(set(keys)) == len(keys):
-                    out += [ast.keyword(k, v) for k, v in zip(keys, display.values)]
+                    out += [ast.keyword(str(k), v) for k, v in zip(keys, display.values)]
                     self.changed = True
                     continue
             out.append(kw)
@@ -1498,22 +1513,47 @@ def _stored_item(stmt: ast.stmt, name: str, top: frozenset[str]) -> tuple[ast.ex
     return stmt.targets[0].slice, stmt.value
 
 
+def _updated_items(stmt: ast.stmt, name: str) -> list[tuple[ast.expr, ast.expr]] | None:
+    """The (key, value) pairs of ``name.update({'k': v, ...})``, keys constants, values not
+    naming ``name``."""
+    if not (
+        isinstance(stmt, ast.Expr)
+        and isinstance(stmt.value, ast.Call)
+        and isinstance(stmt.value.func, ast.Attribute)
+        and stmt.value.func.attr == "update"
+        and isinstance(stmt.value.func.value, ast.Name)
+        and stmt.value.func.value.id == name
+        and len(stmt.value.args) == 1
+        and not stmt.value.keywords
+        and isinstance(stmt.value.args[0], ast.Dict)
+    ):
+        return None
+    display = stmt.value.args[0]
+    if not all(isinstance(k, ast.Constant) for k in display.keys) or _mentions(ast.Expr(display), name):
+        return None
+    return [(k, v) for k, v in zip(display.keys, display.values) if k is not None]
+
+
 def _mentions(stmt: ast.stmt, name: str) -> bool:
     return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(stmt))
 
 
 def _absorbed(binding: ast.Assign, stmt: ast.stmt, name: str, top: frozenset[str]) -> bool:
     """Whether ``stmt`` adds to the display ``binding`` binds to ``name`` (``name.append(a)``,
-    ``name += [b]``, ``name['k'] = x`` for a key it does not hold yet): if so, the display now
-    holds what it added."""
+    ``name += [b]``, ``name['k'] = x`` or ``name.update({'k': x})`` for keys it does not hold
+    yet): if so, the display now holds what it added."""
     display = binding.value
     if isinstance(display, ast.Dict):
-        entry = _stored_item(stmt, name, top)
+        entries = _updated_items(stmt, name)
+        if entries is None:
+            entry = _stored_item(stmt, name, top)
+            entries = [entry] if entry is not None else None
         keys = [ast.dump(k) for k in display.keys if k is not None]
-        if entry is None or ast.dump(entry[0]) in keys or None in display.keys:
+        added = [ast.dump(k) for k, _ in entries or []]
+        if entries is None or set(added) & set(keys) or len(set(added)) != len(added) or None in display.keys:
             return False
-        display.keys.append(entry[0])
-        display.values.append(entry[1])
+        display.keys += [k for k, _ in entries]
+        display.values += [v for _, v in entries]
         return True
     assert isinstance(display, ast.List)
     item, more = _appended(stmt, name), _extended(stmt, name)
@@ -1778,7 +1818,8 @@ MERGED_WIDTH = 120
 
 def _merged_fits(stmt: ast.stmt, read: ast.Name, value: ast.expr) -> bool:
     text = ast.unparse(stmt).splitlines()[0]
-    return len(text) - len(read.id) + len(ast.unparse(value)) <= MERGED_WIDTH
+    width = len(text) - len(read.id) + len(ast.unparse(value))
+    return width <= MERGED_WIDTH or width <= len(text)
 
 
 def _read_next(tree: ast.Module, frozen: Frozen) -> bool:
