@@ -393,6 +393,25 @@ def test_a_decorators_arguments_are_not_elements() -> None:
     assert found == ["T(a=dict(x=1))", "dict(x=1)"], found  # the keywords a= and x=, not frozen=
 
 
+def test_a_conditional_expression_is_cut_to_a_branch_in_the_harness_too() -> None:
+    code = (
+        "TAG = ':shard1'\n"
+        "def judge():\n"
+        "    return 'mismatch:x'\n"
+        "def attempt(rank, world_size):\n"
+        "    found = judge()\n"
+        "    failure = found if found is None or not found.endswith(TAG) else None\n"
+        "    if failure is not None:\n"
+        "        return f'REPRODUCED x: {failure}'\n"
+        "    return 'PASS'\n"
+    )
+    pairs = [(ast.unparse(n), ast.unparse(b)) for n, b in delta._conditionals(ast.parse(code), frozenset())]
+    assert [b for _, b in pairs] == ["found", "None"], pairs
+    out = delta.cut_to_branch(code, 0)
+    assert out is not None and "failure = found\n" in out and reproduces(out)
+    assert delta.cut_to_branch(code, 2) is None
+
+
 def test_a_function_called_twice_is_inlined_at_both_calls() -> None:
     code = SCRIPT.replace("        run(case, log)\n", "        build(1)\n        run(case, log)\n")
     assert reproduces(code)
