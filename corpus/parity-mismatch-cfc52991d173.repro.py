@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=c531a05db6eeabd5 sources=079f5bfb551ab12a seconds=1775.7
+# shardfuzz reduced reproducer: entry=c531a05db6eeabd5 sources=079f5bfb551ab12a seconds=1853.8
 # Reproduces shardfuzz corpus entry parity-mismatch-cfc52991d173.json: mismatch:parity@fsdp2:unused-no-all-reduce
 # Known torch bug: HSDP with set_requires_all_reduce(False): a unit unused on the last microbatch
 # loses its accumulated gradient; upstream: none found.
@@ -11,7 +11,6 @@
 from __future__ import annotations
 import torch
 import enum
-from dataclasses import dataclass
 from torch import nn
 import torch.nn.functional as F
 import torch.distributed as dist
@@ -35,45 +34,31 @@ class TreeBlock(nn.Module):
             y = child(y)
         return y
 
-@dataclass()
-class Tolerance:
-    rtol: object
-    atol: object
-POLICY = {'float32': Tolerance(rtol=1e-05, atol=1e-06)}
-
-def compare_runs(observations, tol):
-    rank, obs = next(iter(enumerate(observations)))
+def compare_runs(observations):
+    rank, obs = next(enumerate(observations))
     for step, (got, want) in enumerate(zip(obs['losses'][:None], [[1.6378916501998901], [0.4070161283016205]])):
         worst = None
-        i_, (a, e) = next(iter(enumerate(zip(got, want))))
-        allowed = tol.atol + tol.rtol * abs(e)
-        err = abs(a - e)
+        i_, (a, e) = next(enumerate(zip(got, want)))
+        allowed = 1e-06 + 1e-05 * e
+        err = a - e
         if not err <= allowed:
             worst = i_
         bad = worst
         if bad is not None:
-            summary = 'rank 0 loss at step 1, microbatch 0: 0.4071689248085022, expected 0.4070161283016205 (error 0.000153 > allowed 5.07e-06)'
-            return summary
+            return 'rank 0 loss at step 1, microbatch 0: 0.4071689248085022, expected 0.4070161283016205 (error 0.000153 > allowed 5.07e-06)'
 
 def attempt(rank, world_size):
-    ctx__meshes = {}
-    import json
     torch.manual_seed(0)
     model__ = TreeBlock([nn.Linear(4, 4), nn.Linear(4, 4)])
-    shape = (1, 2)
-    names = ('replicate', 'shard')
     from torch.distributed.device_mesh import init_device_mesh
-    key = ()
-    ctx__meshes[key] = init_device_mesh(torch.device('cpu').type, shape, mesh_dim_names=names)
-    mesh = ctx__meshes[key]
+    ctx__meshes_empty = init_device_mesh(torch.device('cpu').type, (1, 2), mesh_dim_names=('replicate', 'shard'))
     from torch.distributed.fsdp import fully_shard
     modules = [model__.get_submodule('0')]
-    fully_shard(modules[0], mesh=mesh)
+    fully_shard(modules[0], mesh=ctx__meshes_empty)
     modules = [model__]
     fully_shard(modules[0])
     blocks = {'.'.join(()): m for name, m in model__.named_modules() if isinstance(m, TreeBlock)}
-    params = model__.parameters()
-    opt = torch.optim.SGD(params)
+    opt = torch.optim.SGD(model__.parameters())
     losses = []
     gen = torch.Generator().manual_seed(0)
     lo = rank * 2
@@ -94,7 +79,7 @@ def attempt(rank, world_size):
                 parent, _, name_ = path.rpartition('.')
                 skipped_[parent].add(name_)
             p_, block = next(iter(blocks.items()))
-            block.skipped = frozenset(skipped_[p_])
+            block.skipped = skipped_[p_]
             last = i == len(step) - 1
             sync = AccumSync.ALWAYS if last else AccumSync.NO_ALL_REDUCE
             requires_all_reduce = sync is AccumSync.ALWAYS
@@ -103,19 +88,15 @@ def attempt(rank, world_size):
             out = model__(x)
             loss = F.mse_loss(out, y)
             loss.backward()
-            step_losses.append(loss.item())
+            step_losses.append(loss)
         opt.step()
         losses.append(step_losses)
-    obs__ = {'losses': losses}
-    run_parity_out = {**obs__}
-    obs = json.loads(json.dumps(run_parity_out))
+    obs = {**{'losses': losses}}
     outs = [None, None]
     dist.all_gather_object(outs, obs)
     if rank != 0:
         return ''
-    reports = tuple((o for r, o in enumerate(outs)))
-    obs_ = [r for r in reports]
-    failure_ = compare_runs(obs_, POLICY['float32'])
+    failure_ = compare_runs([r for r in tuple((o for r, o in enumerate(outs)))])
     if failure_ is not None:
         return f'REPRODUCED mismatch:parity@fsdp2:unused-no-all-reduce: {failure_}'
     return f'PASS or another failure: {failure_ and failure_}'
