@@ -134,24 +134,32 @@ def test_an_enum_members_value_becomes_its_constant_and_a_loop_over_members_is_w
     assert delta.literal_loops(rebinding) == []
 
 
+#: A table of builds of a dataclass whose decorator has lost ``frozen=True``.
+POLICY = """
+
+@dataclass()
+class Tolerance:
+    rtol: object
+    atol: object
+
+
+POLICY = {'float32': Tolerance(rtol=1e-05, atol=1e-06)}
+"""
+
+
 def test_a_table_of_builds_becomes_the_build_and_its_fields_their_values() -> None:
     """``POLICY['float32'].atol``, where ``POLICY`` maps to builds of a dataclass whose fields
     nothing in the script assigns (its decorator has lost ``frozen=True``), becomes the value."""
-    code = HEAD + textwrap.dedent(
-        """
-        @dataclass()
-        class Tolerance:
-            rtol: object
-            atol: object
-
-
-        POLICY = {'float32': Tolerance(rtol=1e-05, atol=1e-06)}
-
-
+    code = (
+        HEAD
+        + POLICY
+        + textwrap.dedent(
+            """
         def attempt():
             tol = POLICY['float32']
             return tol.atol + tol.rtol * 2
         """
+        )
     )
     out = simplify(code)
     assert out is not None and _run(out) == _run(code)
@@ -160,22 +168,17 @@ def test_a_table_of_builds_becomes_the_build_and_its_fields_their_values() -> No
 
 
 def test_a_table_of_builds_of_a_class_something_changes_is_left() -> None:
-    code = HEAD + textwrap.dedent(
-        """
-        @dataclass()
-        class Tolerance:
-            rtol: object
-            atol: object
-
-
-        POLICY = {'float32': Tolerance(rtol=1e-05, atol=1e-06)}
-
-
+    code = (
+        HEAD
+        + POLICY
+        + textwrap.dedent(
+            """
         def attempt():
             POLICY['float32'].atol = 0.5
             tol = POLICY['float32']
             return tol.atol
         """
+        )
     )
     out = simplify(code)
     assert _run(out or code) == 0.5

@@ -1698,6 +1698,16 @@ def unroll_loop(code: str, key: str, frozen: Frozen = frozenset()) -> str | None
 # -- cut 5: an element of a literal, a keyword argument, a comprehension's condition -------------
 
 
+def _inner_statements(tree: ast.Module, frozen: Frozen) -> list[ast.stmt]:
+    """The statements whose parts the elements and branches cuts take: those that may be cut,
+    and the assignments of the harness's own body (not those of its exception check)."""
+    statements = [stmt for stmt, _ in units(tree, frozen)]
+    for top in tree.body:
+        if isinstance(top, ast.FunctionDef) and _harness(top):
+            statements += [n for n in top.body if isinstance(n, ast.Assign)]
+    return statements
+
+
 def _elements(tree: ast.Module, frozen: Frozen) -> list[tuple[ast.AST, str, int]]:
     """(node, field, index) of every keyword argument of a call, every element of a dict,
     list, tuple or set display, every operand of ``and`` / ``or`` and every condition of a
@@ -1707,11 +1717,7 @@ def _elements(tree: ast.Module, frozen: Frozen) -> list[tuple[ast.AST, str, int]
     in the assignments of the harness's own body (``failure = judge(...) or check()``; not
     those of its exception check), in order."""
     seen: dict[int, tuple[ast.AST, str, int]] = {}
-    statements = [stmt for stmt, _ in units(tree, frozen)]
-    for top in tree.body:
-        if isinstance(top, ast.FunctionDef) and _harness(top):  # not its exception check's
-            statements += [n for n in top.body if isinstance(n, ast.Assign)]
-    for stmt in statements:
+    for stmt in _inner_statements(tree, frozen):
         decorators = {  # ``@dataclass(frozen=True)``: shorter without it, and the rewrites need it
             id(n)
             for d in ast.walk(stmt)
@@ -1841,12 +1847,8 @@ def cut_to_argument(code: str, index: int, frozen: Frozen = frozenset()) -> str 
 def _conditionals(tree: ast.Module, frozen: Frozen) -> list[tuple[ast.IfExp, ast.expr]]:
     """(conditional expression, branch) for each branch of every ``a if t else b`` in the
     statements :func:`_elements` looks in, outermost first."""
-    statements = [stmt for stmt, _ in units(tree, frozen)]
-    for top in tree.body:
-        if isinstance(top, ast.FunctionDef) and _harness(top):
-            statements += [n for n in top.body if isinstance(n, ast.Assign)]
     seen: dict[int, ast.IfExp] = {}
-    for stmt in statements:
+    for stmt in _inner_statements(tree, frozen):
         for node in ast.walk(stmt):
             if isinstance(node, ast.IfExp):
                 seen.setdefault(id(node), node)

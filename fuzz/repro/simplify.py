@@ -1461,13 +1461,13 @@ def _identities(tree: ast.Module, frozen: Frozen) -> bool:
     return changed
 
 
-def _appended(stmt: ast.stmt, name: str) -> ast.expr | None:
-    """``e`` of ``name.append(e)``, where ``e`` does not name ``name``."""
+def _method_argument(stmt: ast.stmt, name: str, method: str) -> ast.expr | None:
+    """``e`` of the statement ``name.method(e)``, where ``e`` does not name ``name``."""
     if not (
         isinstance(stmt, ast.Expr)
         and isinstance(stmt.value, ast.Call)
         and isinstance(stmt.value.func, ast.Attribute)
-        and stmt.value.func.attr == "append"
+        and stmt.value.func.attr == method
         and isinstance(stmt.value.func.value, ast.Name)
         and stmt.value.func.value.id == name
         and len(stmt.value.args) == 1
@@ -1476,6 +1476,11 @@ def _appended(stmt: ast.stmt, name: str) -> ast.expr | None:
         return None
     item = stmt.value.args[0]
     return None if any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(item)) else item
+
+
+def _appended(stmt: ast.stmt, name: str) -> ast.expr | None:
+    """``e`` of ``name.append(e)``, where ``e`` does not name ``name``."""
+    return _method_argument(stmt, name, "append")
 
 
 def _extended(stmt: ast.stmt, name: str) -> ast.expr | None:
@@ -1516,20 +1521,8 @@ def _stored_item(stmt: ast.stmt, name: str, top: frozenset[str]) -> tuple[ast.ex
 def _updated_items(stmt: ast.stmt, name: str) -> list[tuple[ast.expr, ast.expr]] | None:
     """The (key, value) pairs of ``name.update({'k': v, ...})``, keys constants, values not
     naming ``name``."""
-    if not (
-        isinstance(stmt, ast.Expr)
-        and isinstance(stmt.value, ast.Call)
-        and isinstance(stmt.value.func, ast.Attribute)
-        and stmt.value.func.attr == "update"
-        and isinstance(stmt.value.func.value, ast.Name)
-        and stmt.value.func.value.id == name
-        and len(stmt.value.args) == 1
-        and not stmt.value.keywords
-        and isinstance(stmt.value.args[0], ast.Dict)
-    ):
-        return None
-    display = stmt.value.args[0]
-    if not all(isinstance(k, ast.Constant) for k in display.keys) or _mentions(ast.Expr(display), name):
+    display = _method_argument(stmt, name, "update")
+    if not isinstance(display, ast.Dict) or not all(isinstance(k, ast.Constant) for k in display.keys):
         return None
     return [(k, v) for k, v in zip(display.keys, display.values) if k is not None]
 
