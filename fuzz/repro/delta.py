@@ -62,7 +62,7 @@ import ast
 import builtins
 import copy
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TypeGuard
 
 from fuzz.repro.fold import WORD, is_dataclass
@@ -1831,17 +1831,28 @@ def _arguments(tree: ast.Module, frozen: Frozen) -> list[tuple[ast.Call, ast.exp
     return list(seen.values())
 
 
+def _replaced(
+    code: str,
+    index: int,
+    frozen: Frozen,
+    pairs: Callable[[ast.Module, Frozen], Sequence[tuple[ast.expr, ast.expr]]],
+) -> str | None:
+    """``code`` with the expression of the pair numbered ``index`` in ``pairs``' order replaced
+    by that pair's other expression, or None past the last pair."""
+    tree = ast.parse(code)
+    found = pairs(tree, frozen)
+    if index >= len(found):
+        return None
+    old, new = found[index]
+    _Replace(old, new).visit(tree)
+    return _unparse(tree)
+
+
 def cut_to_argument(code: str, index: int, frozen: Frozen = frozenset()) -> str | None:
     """``code`` with the call of the pair numbered ``index`` in :func:`_arguments`' order
     replaced by that pair's argument (``json.loads(json.dumps(obs))`` by ``obs``,
     ``float(total)`` by ``total``: a conversion, copy or wrapper the failure does not need)."""
-    tree = ast.parse(code)
-    found = _arguments(tree, frozen)
-    if index >= len(found):
-        return None
-    call, arg = found[index]
-    _Replace(call, arg).visit(tree)
-    return _unparse(tree)
+    return _replaced(code, index, frozen, _arguments)
 
 
 def _conditionals(tree: ast.Module, frozen: Frozen) -> list[tuple[ast.IfExp, ast.expr]]:
@@ -1860,13 +1871,7 @@ def cut_to_branch(code: str, index: int, frozen: Frozen = frozenset()) -> str | 
     :func:`_conditionals`' order replaced by that pair's branch (``failure if failure is None or
     not failure.signature.endswith(TAG) else None`` by ``failure``: a test the failure does not
     need, with what only it read)."""
-    tree = ast.parse(code)
-    found = _conditionals(tree, frozen)
-    if index >= len(found):
-        return None
-    node, branch = found[index]
-    _Replace(node, branch).visit(tree)
-    return _unparse(tree)
+    return _replaced(code, index, frozen, _conditionals)
 
 
 def _each_position(

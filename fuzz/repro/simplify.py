@@ -62,7 +62,7 @@ from __future__ import annotations
 import ast
 import copy
 import keyword
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from fuzz.repro.delta import (
@@ -1687,31 +1687,44 @@ def _last_returns(tree: ast.Module, frozen: Frozen) -> bool:
     return changed
 
 
+def _merge_neighbours(fn: _Function, merge: Callable[[ast.stmt, ast.stmt], ast.stmt | None]) -> bool:
+    """In every statement list of ``fn``, a statement and the one before it become what
+    ``merge(before, statement)`` returns, where it returns a statement."""
+    changed = False
+    for holder, field_name, stmts in list(_statement_lists(fn)):
+        out: list[ast.stmt] = []
+        for stmt in stmts:
+            merged = merge(out[-1], stmt) if out else None
+            if merged is None:
+                out.append(stmt)
+            else:
+                out[-1] = merged
+                changed = True
+        if len(out) != len(stmts):
+            _set_list(holder, field_name, out)
+    return changed
+
+
 def _returned_at_once(tree: ast.Module, frozen: Frozen) -> bool:
     """``x = e`` followed by ``return x`` becomes ``return e`` (``x`` a plain local: no nested
     scope that could read it, no ``global`` or ``nonlocal``)."""
+
+    def merge(prev: ast.stmt, stmt: ast.stmt) -> ast.stmt | None:
+        if (
+            isinstance(stmt, ast.Return)
+            and isinstance(stmt.value, ast.Name)
+            and isinstance(prev, ast.Assign)
+            and len(prev.targets) == 1
+            and isinstance(prev.targets[0], ast.Name)
+            and prev.targets[0].id == stmt.value.id
+        ):
+            return ast.copy_location(ast.Return(prev.value), prev)
+        return None
+
     changed = False
     for fn in _functions(tree, frozen):
-        if _nested(fn):
-            continue
-        for holder, name, stmts in list(_statement_lists(fn)):
-            out: list[ast.stmt] = []
-            for stmt in stmts:
-                prev = out[-1] if out else None
-                if (
-                    isinstance(stmt, ast.Return)
-                    and isinstance(stmt.value, ast.Name)
-                    and isinstance(prev, ast.Assign)
-                    and len(prev.targets) == 1
-                    and isinstance(prev.targets[0], ast.Name)
-                    and prev.targets[0].id == stmt.value.id
-                ):
-                    out[-1] = ast.copy_location(ast.Return(prev.value), prev)
-                    changed = True
-                    continue
-                out.append(stmt)
-            if len(out) != len(stmts):
-                _set_list(holder, name, out)
+        if not _nested(fn):
+            changed |= _merge_neighbours(fn, merge)
     return changed
 
 
@@ -1829,30 +1842,31 @@ def _read_next(tree: ast.Module, frozen: Frozen) -> bool:
             if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
                 reads[n.id] = reads.get(n.id, 0) + 1
         declared = {x for n in ast.walk(fn) if isinstance(n, (ast.Global, ast.Nonlocal)) for x in n.names}
-        for holder, field_name, stmts in list(_statement_lists(fn)):
-            out: list[ast.stmt] = []
-            for stmt in stmts:
-                prev = out[-1] if out else None
-                if (
-                    isinstance(prev, ast.Assign)
-                    and len(prev.targets) == 1
-                    and isinstance(prev.targets[0], ast.Name)
-                    and not any(isinstance(n, _RUNS_CODE[1:5]) for n in ast.walk(prev.value))
-                ):
-                    name = prev.targets[0].id
-                    read = (
-                        _read_first(stmt, name)
-                        if stores.get(name) == 1 and reads.get(name) == 1 and name not in declared
-                        else None
-                    )
-                    if read is not None and _merged_fits(stmt, read, prev.value):
-                        _Replace(read, prev.value).visit(stmt)
-                        out[-1] = stmt
-                        changed = True
-                        continue
-                out.append(stmt)
-            if len(out) != len(stmts):
-                _set_list(holder, field_name, out)
+
+        def merge(
+            prev: ast.stmt,
+            stmt: ast.stmt,
+            stores: dict[str, int] = stores,
+            reads: dict[str, int] = reads,
+            declared: set[str] = declared,
+        ) -> ast.stmt | None:
+            if not (
+                isinstance(prev, ast.Assign)
+                and len(prev.targets) == 1
+                and isinstance(prev.targets[0], ast.Name)
+                and not any(isinstance(n, _RUNS_CODE[1:5]) for n in ast.walk(prev.value))
+            ):
+                return None
+            name = prev.targets[0].id
+            if stores.get(name) != 1 or reads.get(name) != 1 or name in declared:
+                return None
+            read = _read_first(stmt, name)
+            if read is None or not _merged_fits(stmt, read, prev.value):
+                return None
+            _Replace(read, prev.value).visit(stmt)
+            return stmt
+
+        changed |= _merge_neighbours(fn, merge)
     return changed
 
 
