@@ -33,7 +33,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from fuzz.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from fuzz.exitcodes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NO_CASES, EXIT_OK, EXIT_USAGE, campaign_exit
 from fuzz.report import save_report
 
 #: Seconds between the pools' report rewrites, which the combined progress line reads.
@@ -132,14 +132,19 @@ def run_pools(args: argparse.Namespace, seed: int, properties: list[str]) -> int
     if fallback:
         print(f"explore: {fallback['reason']}; entries saved to {fallback['directory'] or 'nowhere'}", file=sys.stderr)
     codes = [p.returncode for p in procs]
+    ran = (EXIT_OK, EXIT_FAILED, EXIT_NO_CASES, EXIT_INTERRUPTED)  # a pool's own verdicts, not errors
     for i, code in enumerate(codes):
-        if code not in (EXIT_OK, EXIT_FAILED):
+        if code not in ran:
             print(f"explore: pool {i} exited with {code}; see {dirs[i] / 'explore.log'}", file=sys.stderr)
     if args.report is not None:
         print(f"explore: report {save_report(report, summary)}", file=sys.stderr)
-    if any(c not in (EXIT_OK, EXIT_FAILED) for c in codes) and not interrupted:
+    if any(c not in ran for c in codes) and not interrupted:
         return EXIT_USAGE
-    return EXIT_FAILED if EXIT_FAILED in codes or any(not f["known"] for f in summary["failures"]) else EXIT_OK
+    cases = int(summary.get("cases", 0))
+    if cases == 0 and not interrupted:
+        print(f"explore: error: no case ran within --budget {args.budget:.0f}s in any pool", file=sys.stderr)
+    new = EXIT_FAILED in codes or any(not f["known"] for f in summary["failures"])
+    return campaign_exit(new_failures=new, cases=cases, interrupted=interrupted)
 
 
 def _child_argv(

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from fuzz.errors import ShardfuzzError
-from fuzz.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from fuzz.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_USAGE, campaign_exit
 from fuzz.stop import request_stop, stop_signal
 
 # Imported where they are used, not here: fuzz.properties, fuzz.explore, fuzz.database, fuzz.bench
@@ -516,7 +516,13 @@ def _explore_one(args: argparse.Namespace, seed: int, props: list[Any]) -> int:
     if args.report is not None:
         html = save_report(args.report, progress.summary(seed=seed, backend=args.backend, world_size=args.world_size))
         print(f"explore: report {html}", file=sys.stderr)
-    return EXIT_FAILED if progress.new_failures else EXIT_OK
+    if progress.cases == 0 and not progress.interrupted:
+        print(
+            f"explore: error: no case ran within --budget {args.budget:.0f}s (the ranks were still starting); "
+            "give a longer --budget",
+            file=sys.stderr,
+        )
+    return campaign_exit(new_failures=bool(progress.new_failures), cases=progress.cases, interrupted=progress.by_ctrl_c)
 
 
 def check_directory(argument: str, path: Path) -> None:

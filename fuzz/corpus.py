@@ -334,24 +334,6 @@ def save_entry(directory: str | os.PathLike[str], entry: Entry) -> tuple[Path, E
     return path, entry
 
 
-def add_hits(path: str | os.PathLike[str], signature: str, hits: int) -> int | None:
-    """Add ``hits`` to the count of the entry at ``path`` (whose signature must be ``signature``),
-    rewriting it atomically; returns the new count, or None where the file is gone, unreadable
-    or now holds another signature. Every other field, and the file's own JSON layout, is kept."""
-    p = Path(path)
-    with _locked(p.parent):
-        try:
-            data = json.loads(p.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            return None
-        count = data.get("count", 1) if isinstance(data, dict) else None
-        if not isinstance(data, dict) or data.get("signature") != signature or not isinstance(count, int):
-            return None
-        data["count"] = count + hits
-        _atomic_write(p, json.dumps(data, indent=1, sort_keys=True) + "\n")
-    return int(data["count"])
-
-
 @contextlib.contextmanager
 def _locked(directory: Path) -> Iterator[None]:
     """An exclusive lock on the corpus directory itself (no lock file is left in it), so that

@@ -50,6 +50,7 @@ import math
 import os
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -66,14 +67,14 @@ from hypothesis.database import ExampleDatabase
 from hypothesis.errors import Flaky, HypothesisException
 
 from fuzz import known
-from fuzz.corpus import CorpusIndex, Entry, add_hits, entry_from_failure, load_corpus, save_entry
+from fuzz.corpus import CorpusIndex, Entry, entry_from_failure, load_corpus, save_entry
 from fuzz.database import FailuresOnly, database_key, use_database_key
 from fuzz.model import Case
 from fuzz.pool import RankPool
 from fuzz.properties import Property
 from fuzz.report import first_check, next_commands, upstream_url
 from fuzz.signature import Failure
-from fuzz.stop import clear_stop, raise_if_stopped, stop_requested
+from fuzz.stop import clear_stop, raise_if_stopped, stop_requested, stop_signal
 from fuzz.torch_coverage import ReachedLines, module_figures, torch_summary
 from fuzz.verdict import OutcomeKind, environment_fault
 
@@ -244,8 +245,6 @@ class Found:
     path: Path | None = None
     first_seen: float = 0.0  # seconds into the campaign
     in_corpus: bool = False  # counted against a corpus entry (known or not) that predates this campaign
-    #: Hits already added to that entry's count in the corpus file (fuzz.corpus.add_hits).
-    counted: int = 0
     #: Saved to a fallback directory because the corpus could not be written.
     fallback: bool = False
     #: Hypothesis finished shrinking it (False: the budget or a stop cut the shrink short, and
@@ -285,6 +284,8 @@ class Progress:
     #: (fuzz.verdict.ENVIRONMENT_ERRORS).
     environment: Counter[str] = field(default_factory=Counter)
     interrupted: bool = False
+    #: Interrupted by Ctrl-C (SIGINT), not SIGTERM: the command line exits 130 (fuzz.exitcodes).
+    by_ctrl_c: bool = False
     started_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     timeline: list[dict[str, Any]] = field(default_factory=list)
     weights: dict[str, float] = field(default_factory=dict)
@@ -564,8 +565,9 @@ def explore(
     ``fallback``: directories tried in turn, then one under the system's temporary directory,
     for an entry that cannot be written to ``corpus`` (disk full, directory removed or made
     read-only during the campaign): the failure is kept there, ``on_note`` (default: a line on
-    stderr) says where, and the campaign goes on. A corpus entry met again gets its count raised
-    by the new hits, in its file (after each chunk and at the end).
+    stderr) says where, and the campaign goes on. A corpus entry met again is counted in this
+    campaign's summary (``hits``), never in its file: a campaign that finds nothing new leaves
+    the corpus, which is under version control, as it was.
 
     ``torch_lines``: the torch lines the pool's ranks reach, where they measure them (the pool
     was made with :func:`fuzz.torch_coverage.rank_env`); read after every chunk, credited to the
@@ -631,7 +633,6 @@ def explore(
             )
             for found in pending:
                 _confirm_and_save(pool, prop, found, corpus, reruns, save, progress, clock.work_end)
-            _count_hits(progress)
             new_lines = torch_lines.update() if torch_lines is not None else 0
             progress.new_lines_per_property[prop.name] += new_lines
             scheduler.record(
@@ -655,10 +656,12 @@ def explore(
                     why = f"not confirmed: re-run 0 of {reruns} times, the campaign was stopped first"
                     found.unfinished.append(why)
                 save(found, _entry(pool, found, reruns=0, reproduced=0))
-    _count_hits(progress)
     if torch_lines is not None:
         torch_lines.update()  # a chunk cut short by a stop: its lines count in the figures, for no property
     progress.interrupted = progress.interrupted or stop_requested()
+    # SIGTERM (a scheduler, the pools parent's backstop) ends a campaign as its budget would;
+    # Ctrl-C, or a KeyboardInterrupt without a recorded signal, is an interruption (exit 130).
+    progress.by_ctrl_c = progress.interrupted and stop_signal() in (None, signal.SIGINT)
     clear_stop()
     progress.restarts = pool.restarts
     progress.recycled = pool.recycled
@@ -869,17 +872,6 @@ def _save(
     progress.corpus_fallback = {"directory": "", "reason": f"--corpus {corpus}: {reason}"}
     note(f"explore: cannot write to --corpus {corpus} ({reason}) nor to any fallback; {entry.signature} is not saved")
     return None, entry
-
-
-def _count_hits(progress: Progress) -> None:
-    """Add each corpus entry's new hits in this campaign to its count, in its file."""
-    for found in progress.found.values():
-        if found.in_corpus and found.path is not None and found.entry is not None and found.hits > found.counted:
-            try:
-                add_hits(found.path, found.entry.signature, found.hits - found.counted)
-            except OSError:
-                continue  # a read-only corpus: the count stays as it was, the campaign goes on
-            found.counted = found.hits
 
 
 def _note_on_stderr(message: str) -> None:

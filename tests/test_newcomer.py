@@ -15,7 +15,7 @@ import pytest
 
 import fuzz.explore
 from fuzz.cli import _full_summary
-from fuzz.corpus import Entry, add_hits, load_entry
+from fuzz.corpus import Entry, load_entry
 from fuzz.explore import StatusLine, explore, fit_line
 from fuzz.pool import RankPool
 from fuzz.properties import get_property
@@ -129,31 +129,24 @@ def test_an_entry_the_corpus_cannot_take_is_kept_elsewhere_and_counts_grow(
         assert len(notes) == 1 and str(fallback) in notes[0] and "--corpus" in notes[0]
 
         # The entry, now in the corpus and marked as a known bug: a campaign that meets it again
-        # reports it as known, in the corpus, and adds its hits to the entry's count.
+        # reports it as known, in the corpus, and counts its hits in its own summary: the entry's
+        # file (under version control) is left byte for byte as it was.
         corpus.mkdir()
         path = corpus / found.path.name
         data = json.loads(found.path.read_text())
         data.update(status="known", upstream="pytorch/pytorch#1", count=5)
-        path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        before = json.dumps(data, indent=1, sort_keys=True) + "\n"
+        path.write_text(before)
         again = _first_fault_entry(pool, corpus)
     (hit,) = again.found.values()
     assert hit.known and hit.hits >= 1
-    assert load_entry(path).count == 5 + hit.hits
+    assert path.read_text() == before and load_entry(path).count == 5
     (failure,) = again.summary(seed=1, backend="gloo", world_size=2)["failures"]
-    assert failure["in_corpus"] and failure["seen_before"] and failure["known"]
+    assert failure["in_corpus"] and failure["seen_before"] and failure["known"] and failure["hits"] == hit.hits
     assert failure["upstream_url"] == "https://github.com/pytorch/pytorch/issues/1"
     assert failure["entry_summary"] == data["summary"]
     assert failure["commands"] == [f"python -m fuzz replay {path}", f"python -m fuzz repro {path} -o repro.py"]
     assert not list(corpus.glob(".*")), "a temporary file was left in the corpus"
-
-
-def test_add_hits_leaves_another_signature_alone(tmp_path: Path) -> None:
-    path = tmp_path / "e.json"
-    path.write_text(json.dumps({"signature": "a", "count": 2}))
-    assert add_hits(path, "b", 3) is None
-    assert add_hits(path, "a", 3) == 5
-    assert json.loads(path.read_text()) == {"signature": "a", "count": 5}
-    assert add_hits(tmp_path / "gone.json", "a", 1) is None
 
 
 def test_replay_of_a_known_entry_says_so(tmp_path: Path) -> None:
@@ -171,3 +164,11 @@ def test_replay_of_a_known_entry_says_so(tmp_path: Path) -> None:
         "a known torch bug, upstream pytorch/pytorch#154888 (https://github.com/pytorch/pytorch/issues/154888): "
         "A torch bug, described in full." in result.stdout
     )
+
+
+def test_a_campaign_that_ran_no_case_is_not_a_success(tmp_path: Path) -> None:
+    # A budget that ends before the ranks are ready: no case runs, and the exit code says so.
+    result = run_cli("explore", "--budget", "0.5", "--no-database", "--corpus", str(tmp_path / "c"), timeout=120)
+    assert result.returncode == 3, result.stderr
+    (line,) = [x for x in result.stderr.splitlines() if "error:" in x]
+    assert "no case ran within --budget" in line
