@@ -231,6 +231,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     cp = sub.add_parser("corpus", help="list the corpus entries")
     cp.add_argument("--corpus", type=Path, default=Path("corpus"), help="corpus directory (default ./corpus)")
+    cp.add_argument(
+        "--by-bug",
+        action="store_true",
+        help="one line per torch bug: id, upstream issue or 'none found', entries, torch versions seen, title",
+    )
 
     cv = sub.add_parser(
         "coverage", help="what the suite draws of torch's API surface (--api), or which lines of torch it ran (--torch)"
@@ -705,13 +710,13 @@ def _corpus(args: argparse.Namespace) -> int:
     if not args.corpus.is_dir():
         what = "is not a directory" if args.corpus.exists() else "does not exist"
         raise ShardfuzzError(f"--corpus {args.corpus} {what}")
+    from fuzz.corpus_view import bug_counts, by_bug, by_entry
+
     entries, problems = load_corpus(args.corpus)
-    rows = [(e.signature, e.case.property, str(e.case.size), e.status, str(e.count), path.name) for path, e in entries]
-    header = ("signature", "property", "size", "status", "count", "file")  # size: (nodes, steps)
-    widths = [max([len(header[i])] + [len(r[i]) for r in rows]) for i in range(len(header) - 1)]
-    for row in (header, *rows):
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
-    if not entries and not problems:
+    if entries:
+        print("\n".join((by_bug if args.by_bug else by_entry)(entries)))
+        print(bug_counts(entries))
+    elif not problems:
         print(f"(no entries in {args.corpus})", file=sys.stderr)
     for problem in problems:
         print(f"python -m fuzz corpus: error: {problem}", file=sys.stderr)

@@ -94,10 +94,11 @@ def test_corpus_lists_what_it_can_read_and_names_what_it_cannot(tmp_path: Path) 
     good, corrupted, newer = _mixed_corpus(tmp_path)
     result = run_cli("corpus", "--corpus", str(tmp_path))
     assert result.returncode == 2
-    header, *rows = result.stdout.splitlines()
-    assert header.split() == ["signature", "property", "size", "status", "count", "file"]
+    header, *rows, counts = result.stdout.splitlines()
+    assert header.split() == ["file", "status", "size", "upstream", "bug", "/", "signature"]
     assert len(rows) == 1
-    assert rows[0].split() == ["mismatch:parity@fsdp2", "parity", "(2,", "1)", "new", "3", good.name]
+    assert rows[0].split() == [good.name, "new", "2x1", "not", "triaged", "mismatch:parity@fsdp2"]
+    assert counts == "1 entries, 1 bugs: 0 with no upstream issue found, 1 not triaged"
     errors = result.stderr.splitlines()
     assert any(str(corrupted) in line and "cannot read" in line for line in errors), result.stderr
     assert any(str(newer) in line and "newer" in line and "upgrade" in line for line in errors), result.stderr
@@ -168,3 +169,20 @@ def test_corpus_entries_run_as_regression_tests(tmp_path: Path) -> None:
     assert f"{broken}: cannot read corpus entry" in result.stdout
     assert any("--shardfuzz-world-size 4" in line and elsewhere.name in line for line in skipped), result.stdout
     assert result.returncode == 1
+
+
+def test_the_view_by_bug_names_each_bug_once_with_its_upstream_state(tmp_path: Path) -> None:
+    from fuzz import known
+
+    bug = next(b for b in known.BUGS.values() if b.upstream == known.NONE_FOUND)
+    case = _passing_case()
+    save_entry(tmp_path, _entry(case, "mismatch:parity@a", status="known", bug=bug.id))
+    save_entry(tmp_path, _entry(case, "mismatch:parity@b", status="known", bug=bug.id))
+    save_entry(tmp_path, _entry(case, "mismatch:parity@c"))
+    result = run_cli("corpus", "--corpus", str(tmp_path), "--by-bug")
+    assert result.returncode == 0, result.stderr
+    header, *rows, counts = result.stdout.splitlines()
+    assert header.split() == ["bug", "upstream", "entries", "torch", "title"]
+    (line,) = [r for r in rows if r.startswith(bug.id)]
+    assert line.split()[1:4] == ["none", "found", "2"] and line.endswith(bug.title)
+    assert counts == "3 entries, 2 bugs: 1 with no upstream issue found, 1 not triaged"
