@@ -7,13 +7,17 @@ The last line is ``speedup: <ratio>x`` (baseline seconds per case over pool seco
 
 ``python -m fuzz bench --hang`` measures instead what a deadlock costs: the seconds from the
 start of a case that deadlocks to its result (:func:`bench_hang`); ``python -m fuzz bench
---torch-coverage`` what measuring torch coverage costs (:func:`bench_torch_coverage`).
+--torch-coverage`` what measuring torch coverage costs (:func:`bench_torch_coverage`); ``python
+-m fuzz bench --startup`` a campaign's time to first case, cold and warm (:func:`bench_startup`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -388,3 +392,41 @@ def bench_faults(
     median = f", median {statistics.median(times):.1f} s, max {max(times):.1f} s" if times else ""
     print(f"caught: {len(caught)} of {len(runs)}{median}")
     return runs
+
+
+#: What the start-up benchmark's campaign runs: one parity case, no database, a fixed seed.
+_STARTUP_ARGS = ("explore", "--property", "parity", "--max-examples", "1", "--seed", "1", "--no-database")
+
+
+def bench_startup(
+    *, backend: str = "gloo", world_size: int = 2, runs: int = 3, out: Callable[[str], None] = print
+) -> dict[str, float]:
+    """Time to first case of ``python -m fuzz explore``: the seconds from the process's start to
+    the end of its first case (``first_case_s`` in its summary.json), the ranks' start-up
+    included. Cold: Python finds no compiled ``.pyc`` of anything (torch's, Hypothesis's, the
+    suite's), as in a fresh virtual environment (``PYTHONPYCACHEPREFIX`` set to an empty
+    directory); warm: the same command again, the ``.pyc`` files written by the cold run found.
+    Prints every run and the medians; returns the medians ({"cold": s, "warm": s})."""
+    figures: dict[str, list[float]] = {"cold": [], "warm": []}
+    for i in range(runs):
+        with tempfile.TemporaryDirectory(prefix="shardfuzz-startup-") as tmp:
+            env = {**os.environ, "PYTHONPYCACHEPREFIX": os.path.join(tmp, "pyc")}
+            for kind in ("cold", "warm"):
+                report = os.path.join(tmp, f"report-{kind}")
+                argv = [sys.executable, "-m", "fuzz", *_STARTUP_ARGS, "--backend", backend]
+                argv += ["--world-size", str(world_size), "--corpus", os.path.join(tmp, "corpus"), "--report", report]
+                done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+                summary_path = Path(report) / "summary.json"
+                if not summary_path.is_file():
+                    raise ShardfuzzError(f"bench --startup: the campaign wrote no summary: {done.stderr[-2000:]}")
+                first = json.loads(summary_path.read_text()).get("first_case_s")
+                if first is None:
+                    raise ShardfuzzError(f"bench --startup: the campaign ran no case: {done.stderr[-2000:]}")
+                figures[kind].append(float(first))
+                out(f"bench: startup run {i + 1}, {kind}: first case after {first:.1f}s")
+    medians = {kind: statistics.median(values) for kind, values in figures.items()}
+    out(
+        f"time to first case ({backend}, {world_size} ranks, {os.cpu_count()} CPUs, median of {runs}): "
+        f"cold {medians['cold']:.1f}s, warm {medians['warm']:.1f}s"
+    )
+    return medians

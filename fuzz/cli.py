@@ -298,6 +298,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="instead: seconds per case of every property without and with torch coverage, and cases per minute",
     )
     be.add_argument(
+        "--startup",
+        action="store_true",
+        help="instead: seconds from `python -m fuzz explore`'s start to its first case, cold (no .pyc, as in a "
+        "fresh virtual environment) and warm; --runs of each (default 1)",
+    )
+    be.add_argument(
         "--faults",
         type=Path,
         default=None,
@@ -849,6 +855,11 @@ def _bench(args: argparse.Namespace) -> int:
             passes=args.runs,
             seed=args.seed,
         )
+        return EXIT_OK
+    if args.startup:
+        from fuzz.bench import bench_startup
+
+        bench_startup(backend=args.backend, world_size=args.world_size or 2, runs=args.runs)
         return EXIT_OK
     if args.hang:
         sizes = (args.world_size,) if args.world_size is not None else (2, 4)

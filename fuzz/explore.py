@@ -272,6 +272,11 @@ class Progress:
     started: float
     budget: float
     cases: int = 0
+    #: Seconds from the campaign's start (the process's) to the end of its first case: the
+    #: start-up a user waits through (ranks importing torch, the process group). None before.
+    first_case_s: float | None = None
+    #: What the campaign waits for while no case has run yet, for the status line.
+    waiting: str = ""
     per_property: Counter[str] = field(default_factory=Counter)
     seconds_per_property: dict[str, float] = field(default_factory=dict)
     features: Counter[str] = field(default_factory=Counter)
@@ -328,6 +333,9 @@ class Progress:
     def line(self, width: int | None = None) -> str:
         """The status line; with ``width``, fitted to that many columns (:func:`fit_line`)."""
         rate = self.cases / self.elapsed if self.elapsed > 0 else 0.0
+        if self.waiting and not self.cases:
+            line = f"[{_clock(self.elapsed)} / {_clock(self.budget)}] {self.waiting}"
+            return line if width is None else _clip(line, width)
         return fit_line(
             f"[{_clock(self.elapsed)} / {_clock(self.budget)}] cases {self.cases}",
             [f"({rate:.1f}/s)", f"restarts {self.restarts}"]
@@ -346,6 +354,7 @@ class Progress:
             "budget": self.budget,
             "wall_limit": round(self.budget + grace(self.budget), 2) if math.isfinite(self.budget) else None,
             "cases": self.cases,
+            "first_case_s": self.first_case_s,
             "interrupted": self.interrupted,
             "restarts": self.restarts,
             "recycled": self.recycled,
@@ -610,6 +619,13 @@ def explore(
             # What the ranks reach starting up (imports, the process group) is no property's discovery.
             if pool.wait_ready(max(0.0, clock.work_end - progress.elapsed)):
                 torch_lines.update()
+        # The ranks' start-up (importing torch and its distributed modules, joining the process
+        # group) takes seconds: say so on the status line rather than show a frozen "cases 0".
+        progress.waiting = STARTING_RANKS
+        while not spent() and not pool.wait_ready(min(STATUS_EVERY_S, max(0.0, clock.work_end - progress.elapsed))):
+            if on_case is not None:
+                on_case(progress)
+        progress.waiting = ""
         while not spent():
             prop = by_name[scheduler.pick()]
             chunk = CHUNK_EXAMPLES if max_examples is None else min(CHUNK_EXAMPLES, max_examples - progress.cases)
@@ -668,6 +684,12 @@ def explore(
     progress.weights = scheduler.weights()
     progress.sample(force=True)
     return progress
+
+
+#: The status line while the ranks start.
+STARTING_RANKS = "starting ranks: importing torch, joining the process group"
+#: Seconds between status updates while the ranks start.
+STATUS_EVERY_S = 0.5
 
 
 def _run_chunk(
@@ -738,6 +760,8 @@ def _run_chunk(
             raise budget_spent()
         seconds = time.monotonic() - start
         progress.cases += 1
+        if progress.first_case_s is None:
+            progress.first_case_s = round(progress.elapsed, 2)
         progress.per_property[prop.name] += 1
         progress.seconds_per_property[prop.name] = progress.seconds_per_property.get(prop.name, 0.0) + seconds
         progress.restarts = pool.restarts

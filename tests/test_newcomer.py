@@ -172,3 +172,14 @@ def test_a_campaign_that_ran_no_case_is_not_a_success(tmp_path: Path) -> None:
     assert result.returncode == 3, result.stderr
     (line,) = [x for x in result.stderr.splitlines() if "error:" in x]
     assert "no case ran within --budget" in line
+
+
+def test_the_status_line_says_what_a_campaign_waits_for_before_its_first_case() -> None:
+    from fuzz.explore import STARTING_RANKS, Progress
+
+    progress = Progress(started=0.0, budget=120.0)
+    progress.waiting = STARTING_RANKS
+    assert STARTING_RANKS in progress.line(width=200) and "cases" not in progress.line()
+    progress.cases, progress.waiting = 1, ""
+    assert "cases 1" in progress.line()
+    assert progress.summary(seed=1, backend="gloo", world_size=2)["first_case_s"] is None
