@@ -427,14 +427,10 @@ def _failures_table(s: Mapping[str, Any], base: Path | None = None) -> str:
     for f in failures:
         tag = '<span class="tag known">known</span>' if f.get("known") else '<span class="tag new">new</span>'
         summary = str(f.get("summary") or "")
-        if f.get("known_as"):
-            summary = f"the known bug {f['known_as']}, met another way. {summary}"
-        about = [f"<div class=small>{_e(shorten(summary, 400))}</div>"]
+        about = [f"<div class=small><b>This run:</b> {_e(shorten(summary, 400))}</div>"]
         for note in _seq(f.get("unfinished")):
             about.append(f'<div class="small warn"><b>{_e(note)}</b></div>')
-        described = str(f.get("entry_summary") or "")
-        if f.get("known") and described and described != str(f.get("summary") or ""):
-            about.append(f"<div class=small><b>Known bug:</b> {_e(shorten(described, 600))}</div>")
+        about += _known_lines(f)
         upstream = f.get("upstream")
         if upstream:
             url = upstream_url(str(upstream))
@@ -468,6 +464,27 @@ def _failures_table(s: Mapping[str, Any], base: Path | None = None) -> str:
     return f"<h2>Failures ({len(failures)} distinct)</h2>{note}<table>{head}{''.join(body)}</table>"
 
 
+def _known_lines(f: Mapping[str, Any]) -> list[str]:
+    """For a failure counted as a known bug: which bug, and how this run's failure was matched to
+    it. The corpus entry's own summary (its values, its run) is not shown as if it were this
+    run's: only the bug's title, and for a bug met another way both signatures."""
+    if not f.get("known"):
+        return []
+    bug = str(f.get("bug") or "")
+    title = known.get(bug).title if bug in known.BUGS else str(f.get("entry_summary") or "")
+    lines = [f"<div class=small><b>Known bug{f' {_e(bug)}' if bug else ''}:</b> {_e(shorten(title, 300))}</div>"]
+    if f.get("known_as"):
+        how = (
+            f"met another way: this run's signature <code>{_e(f.get('signature'))}</code>, the corpus entry's "
+            f"<code>{_e(f['known_as'])}</code> (the same exception and innermost torch frame, or a mismatch of the "
+            "same API family in a case that meets the bug's condition)"
+        )
+    else:
+        how = "matched by the corpus entry's signature"
+    lines.append(f"<div class=small>{how}</div>")
+    return lines
+
+
 def _href(entry: str, base: Path | None) -> str:
     """A relative link from the page in ``base`` to the file ``entry`` (relative to the current
     directory, or absolute)."""
@@ -494,10 +511,17 @@ def _plots(s: Mapping[str, Any], names: list[str], colours: dict[str, str]) -> s
             pts.append((end, _num(final[n])))
         if any(y for _, y in pts):
             series.append((n, colours[n], pts, 1.5))
+    first = s.get("first_case_s")
+    startup = (
+        f"<div class=small>The first case ended at {_num(first):.1f} s: until then the ranks were starting "
+        "(importing torch, joining the process group), so the curve starts flat.</div>"
+        if first is not None
+        else ""
+    )
     cases_plot = _figure(
         "Cases over time",
         _line_chart(series, width=1090, height=280, y_label="cases"),
-        _legend(series) if total else "",
+        (_legend(series) if total else "") + startup,
     )
     distinct = [(_num(p.get("t")), _num(p.get("distinct_failures"))) for p in timeline]
     firsts = sorted(_num(f.get("first_seen")) for f in _seq(s.get("failures")) if isinstance(f, Mapping))
@@ -673,7 +697,11 @@ def _features_table(s: Mapping[str, Any]) -> str:
         )
     head = "<tr><th>feature</th><th class=n>count</th><th>by property</th><th>checklist items</th></tr>"
     shown = f"top {len(top)} of {len(features)}" if len(features) > len(top) else f"all {len(top)}"
-    return f"<h2>Top features ({shown})</h2><table>{head}{''.join(body)}</table>"
+    # Folded: a first reader wants the verdict and the failures; the features are for tuning.
+    return (
+        f"<h2>Top features ({shown})</h2><details><summary>show the table</summary>"
+        f"<table>{head}{''.join(body)}</table></details>"
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -789,6 +817,11 @@ def _line_chart(
     return "".join(out)
 
 
+#: The widest a character of the charts' 12 px sans-serif labels gets, in pixels (upper bound
+#: for lower-case and digits; a label cut by it fits its column in any browser).
+_CHAR_PX = 7.0
+
+
 def _bar_chart(
     bars: Sequence[tuple[str, float, str, str, bool]],
     *,
@@ -815,9 +848,12 @@ def _bar_chart(
         if highlight:
             out.append(f'<rect x="0" y="{y - 2}" width="{width}" height="{row + 4}" fill="{NEVER_COLOUR}"/>')
         label_colour = "#b3261e" if highlight else "#1d2330"
+        # A label longer than its column is cut at its end (the whole label in its tooltip),
+        # never at its start, which the SVG's left edge would clip.
+        shown = label if len(label) <= (room := int((label_width - 12) / _CHAR_PX)) else label[: room - 1] + "…"
         out.append(
             f'<text x="{label_width - 8}" y="{y + 15}" text-anchor="end" font-size="12" fill="{label_colour}">'
-            f"{_e(label)}</text>"
+            f"<title>{_e(label)}</title>{_e(shown)}</text>"
         )
         length = bar_w * scale(max(value, 0.0)) / hi
         if length > 0:

@@ -4,6 +4,7 @@ in headless Chromium (skipped where there is none)."""
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -486,6 +487,30 @@ def test_a_failure_says_what_it_is_and_what_to_run_next(tmp_path: Path, monkeypa
         assert f"<code>{command}</code>" in page
 
 
+def test_a_known_bug_met_another_way_shows_this_runs_failure_and_how_it_was_matched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bug = known.FROZEN_INT_RESHARD
+    failure = {
+        "signature": "exception:dcp:builtins.RuntimeError@torch/y.py:g",
+        "kind": "exception",
+        "property": "dcp",
+        "hits": 1,
+        "known": True,
+        "bug": bug.id,
+        "known_as": "mismatch:parity@fsdp2:frozen-int-reshard",
+        "summary": "rank 0 raised builtins.RuntimeError: this run's error",
+        "entry_summary": "losses differ: 1.6378916501998901 against 0.4070161283016205",
+        "first_seen": 1.0,
+    }
+    monkeypatch.chdir(tmp_path)
+    page = write_report(Path("r"), _summary(failures=[failure]))[1].read_text()
+    assert "This run:</b> rank 0 raised builtins.RuntimeError: this run&#x27;s error" in page
+    assert f"Known bug {bug.id}:</b> {html.escape(shorten(bug.title, 300))}" in page
+    assert "met another way" in page and failure["known_as"] in page
+    assert "1.6378916501998901" not in page  # the corpus entry's values are not this run's
+
+
 def test_long_summaries_are_cut_at_a_word() -> None:
     words = " ".join(f"word{i}" for i in range(200))
     short = shorten(words, 100)
@@ -600,3 +625,15 @@ def _e_title(text: str) -> str:
     import html
 
     return html.escape(text, quote=True)
+
+
+def test_long_bar_labels_are_cut_at_their_end_and_kept_whole_in_a_tooltip() -> None:
+    from fuzz.report import _bar_chart
+
+    label = "replicate with DistributedDataParallel's options " * 4
+    svg = _bar_chart([(label, 3.0, "#000", "3", False)], width=1090, label_width=430, empty="")
+    shown = html.unescape(svg.split("</title>")[1].split("</text>")[0])
+    assert f"<title>{html.escape(label)}</title>" in svg
+    assert shown.endswith("\u2026") and label.startswith(shown[:-1]) and len(shown) * 7.0 <= 430
+    page = render_html(_summary(first_case_s=12.5))
+    assert "The first case ended at 12.5 s" in page and "<details><summary>show the table</summary>" in page
