@@ -44,7 +44,7 @@ from fuzz.model import (
 )
 from fuzz.pool import RankPool
 from fuzz.properties import get_property
-from fuzz.properties.state_dict import _hsdp_optimizer_load, features_dcp, features_state_dict
+from fuzz.properties.state_dict import _named_by_known_bug, features_dcp, features_state_dict
 from fuzz.signature import Failure
 from strategies import dcp_cases, state_dict_cases
 from tests.conftest import MUTANTS, fault_pool
@@ -442,13 +442,13 @@ def test_hsdp_optimizer_load_is_named_by_its_mechanism(
         DcpBody(tree=TREE, source=fsdp1(Wrapper.FSDP1_FULL_SHARD), target=target, entries=entries, training=ADAM),
     )
     failure = Failure("mismatch", f"mismatch:dcp:{check}@save", "differs", {"check": check})
-    got = _hsdp_optimizer_load(case, failure)
+    got = _named_by_known_bug(case, failure)
     assert got is not None
     if renamed:
         assert got.signature == f"mismatch:dcp@save:{FSDP1_HSDP_OPTIMIZER_LOAD}"
     else:
         assert got is failure
-    assert _hsdp_optimizer_load(case, None) is None
+    assert _named_by_known_bug(case, None) is None
 
 
 # --------------------------------------------------------------------------------- sensitivity

@@ -136,13 +136,6 @@ def _where(comp: Composition) -> str:
     return name + (":hsdp" if comp.mesh else "") + (":spmd" if comp.spmd else "")
 
 
-def _shard1(source: Composition, target: Composition) -> str:
-    """``:shard1`` where a side is FSDP1 HYBRID_SHARD with a shard dimension of size 1, a
-    degenerate setup with a known bug (pytorch/pytorch#154888), as the training properties
-    name it: a corpus entry that marks it known must not hide other mismatches."""
-    return known.FSDP1_HSDP_SHARD1.tag if known.fsdp1_shard1(source) or known.fsdp1_shard1(target) else ""
-
-
 def _check_model(
     prop: str, where: str, saved: dict[str, Any], loaded: dict[str, Any], fresh: dict[str, Any] | None, dropped: list
 ) -> Failure | None:
@@ -260,80 +253,40 @@ def _check_resume(prop: str, where: str, case: Case, same: bool, observations: l
     return None
 
 
-def _one_bug(case: Case, failure: Failure | None) -> Failure | None:
-    """Under FSDP1 HYBRID_SHARD with a shard dimension of size 1 gradients are never averaged
-    across replicas (pytorch/pytorch#154888): whichever check meets it first (the model after
-    the load, the optimizer, resuming) is the same bug, so such a mismatch's signature leaves
-    the check out, as the training properties' signatures do."""
-    if failure is None or failure.kind != "mismatch" or not failure.signature.endswith(known.FSDP1_HSDP_SHARD1.tag):
+def _named_by_known_bug(case: Case, failure: Failure | None) -> Failure | None:
+    """A mismatch that a known bug's record renames (:attr:`fuzz.known.KnownBug.renames`,
+    :func:`fuzz.known.renaming`), named by that bug: whichever check meets the bug first (the
+    model after the load, the optimizer state, resuming), it is one bug. A bug that renames the
+    checks downstream of an optimizer load (its state loaded wrong or left out) names the call
+    (``mismatch:dcp:save:<tag>``, ``mismatch:state_dict:set_optimizer_state_dict:<tag>``), and
+    a wrong model after the load keeps its own signature; one that renames every check (FSDP1
+    HYBRID_SHARD with a shard dimension of size 1, whose gradients are never averaged across
+    replicas) keeps the API family and its tags and leaves the check out, as the training
+    properties' signatures do."""
+    if failure is None or failure.kind != "mismatch":
         return failure
-    signature = Signature.parse(failure.signature)
-    assert signature is not None and signature.where
-    family, *tags = signature.where.split(":")
-    renamed = Signature("mismatch", case.property, where=family, tags=(*tags, *signature.tags))
+    bug = known.renaming(case, str(failure.details.get("check", "")), failure.signature)
+    if bug is None:
+        return failure
+    if bug.renamed_at:
+        where = bug.renamed_at
+        if where == known.SAVE_CALL and isinstance(case.body, DcpBody) and case.body.async_save:
+            where = "async_save"
+        renamed = Signature("mismatch", case.property, where=where, tags=(bug.tag.lstrip(":"),))
+    else:
+        signature = Signature.parse(failure.signature)
+        assert signature is not None and signature.where
+        family, *tags = signature.where.split(":")
+        renamed = Signature("mismatch", case.property, where=family, tags=(*tags, *signature.tags))
     return dataclasses.replace(failure, signature=str(renamed))
 
 
 def judge_state_dict(case: Case, outcome: Outcome) -> Failure | None:
-    return _one_bug(case, _optimizer_load_bug(case, _judge_state_dict(case, outcome)))
+    return _named_by_known_bug(case, _judge_state_dict(case, outcome))
 
 
 def judge_dcp(case: Case, outcome: Outcome) -> Failure | None:
-    return _one_bug(case, _optimizer_load_bug(case, _hsdp_optimizer_load(case, _judge_dcp(case, outcome))))
-
-
-#: Checks that read the optimizer state a load restored, directly or through training on it.
-OPTIMIZER_CHECKS = ("optimizer", *known.RESUME_CHECKS)
-
-
-def _hsdp_optimizer_load(case: Case, failure: Failure | None) -> Failure | None:
-    """Into FSDP1 HYBRID_SHARD over a 2-D mesh, DCP's load_sharded_optimizer_state_dict lays the
-    optimizer state out as chunks over the whole world, not as the model's DTensors over the
-    mesh, and FSDP.optim_state_dict_to_load takes those chunks for its own shards (a torch bug,
-    docs/known_bugs.md). Whichever check meets the wrong state first (the optimizer state on an
-    unchanged layout; resuming on a changed one) it is one bug, so such a mismatch is named by
-    the mechanism. Only checks downstream of that optimizer load are renamed: a wrong model
-    after the load keeps its own signature."""
-    body = case.body
-    if (
-        failure is None
-        or failure.kind != "mismatch"
-        or not isinstance(body, DcpBody)
-        or not known.hsdp_optimizer_load(body)
-        or failure.details.get("check") not in OPTIMIZER_CHECKS
-    ):
-        return failure
-    where = "async_save" if body.async_save else "save"
-    tag = known.FSDP1_HSDP_OPTIMIZER_LOAD.tag.lstrip(":")
-    return dataclasses.replace(failure, signature=str(Signature("mismatch", case.property, where=where, tags=(tag,))))
-
-
-#: Bugs of set_optimizer_state_dict that show through whichever check reads the optimizer state
-#: a load restored first (the state after the load, resuming), in a case that meets their
-#: conditions (known.CONDITIONS): each is one bug there, named by the mechanism.
-#: ``FROZEN_OPTIM_STATE_DROPPED``: the saved state of a parameter frozen at the load is left out;
-#: ``FUSED_OPTIM_KEYS``: a fused module's parameters are saved under other keys than the load
-#: looks for (a non-strict load leaves them out).
-_OPTIMIZER_LOAD_BUGS = (known.FROZEN_OPTIM_STATE_DROPPED, known.FUSED_OPTIM_KEYS)
-
-
-def _optimizer_load_bug(case: Case, failure: Failure | None) -> Failure | None:
-    """A mismatch downstream of the optimizer load in a case that meets one of
-    :data:`_OPTIMIZER_LOAD_BUGS`, named by that bug (known bugs, docs/state_dict.md)."""
-    body = case.body
-    if (
-        failure is None
-        or failure.kind != "mismatch"
-        or not isinstance(body, (StateDictBody, DcpBody))
-        or failure.details.get("check") not in OPTIMIZER_CHECKS
-    ):
-        return failure
-    for bug in _OPTIMIZER_LOAD_BUGS:
-        if known.meets(case, bug):
-            tag = bug.tag.lstrip(":")
-            signature = Signature("mismatch", case.property, where="set_optimizer_state_dict", tags=(tag,))
-            return dataclasses.replace(failure, signature=str(signature))
-    return failure
+    return _named_by_known_bug(case, _judge_dcp(case, outcome))
 
 
 def _judge_state_dict(case: Case, outcome: Outcome) -> Failure | None:
@@ -341,7 +294,7 @@ def _judge_state_dict(case: Case, outcome: Outcome) -> Failure | None:
         return _failure(case.property, outcome)
     body = case.body
     assert isinstance(body, StateDictBody)
-    prop, where = case.property, body.api.value + _shard1(body.source, body.target)
+    prop, where = case.property, body.api.value + known.state_tags(case)
     observations = outcome.observations
     first = observations[0]
     saved, loaded, dropped = first["saved"], first["loaded"], first["dropped"]
@@ -483,7 +436,7 @@ def _judge_dcp(case: Case, outcome: Outcome) -> Failure | None:
     body = case.body
     assert isinstance(body, DcpBody)
     prop, observations = case.property, outcome.observations
-    where = ("async_save" if body.async_save else "save") + _shard1(body.source, body.target)
+    where = ("async_save" if body.async_save else "save") + known.state_tags(case)
     for rank, obs in enumerate(observations):
         if obs.get("in_place"):
             return _mismatch(prop, "in_place", "load", f"rank {rank}: {obs['in_place']}")
