@@ -51,7 +51,8 @@ _PR_SET_PDEATHSIG = 1
 def run_pools(args: argparse.Namespace, seed: int, properties: list[str]) -> int:
     """Run ``args.pools`` campaigns side by side; returns the worst exit code (2 > 1 > 0)."""
     # imports Hypothesis: not at the top, for `python -m fuzz` start-up
-    from fuzz.explore import StatusLine, grace, process_started
+    from fuzz.explore import grace, process_started
+    from fuzz.status import StatusLine
 
     started_at = process_started()
     limit = started_at + args.budget + grace(args.budget)
@@ -299,12 +300,12 @@ def _merge_timelines(timelines: list[list[dict[str, Any]]], failures: list[dict[
 
 
 def _line(summary: dict[str, Any], pools: int, width: int | None = None) -> str:
-    from fuzz.explore import _clock, fit_line
+    from fuzz.status import clock, fit_line
 
     seconds = summary.get("seconds", 0.0)
     rate = summary["cases"] / seconds if seconds > 0 else 0.0
     return fit_line(
-        f"[{_clock(seconds)} / {_clock(summary.get('budget') or 0.0)}] {pools} pools, cases {summary['cases']}",
+        f"[{clock(seconds)} / {clock(summary.get('budget') or 0.0)}] {pools} pools, cases {summary['cases']}",
         [f"({rate:.1f}/s)", f"restarts {summary['restarts']}"]
         + ([f"re-run for the machine {sum(reruns.values())}"] if (reruns := summary.get("environment_reruns")) else []),
         [f"{f['signature']} x{f['hits']}" for f in summary["failures"]],

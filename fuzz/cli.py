@@ -428,9 +428,10 @@ def _torchrun_rank() -> tuple[int, int] | None:
 
 def _explore_one(args: argparse.Namespace, seed: int, props: list[Any]) -> int:
     from fuzz.database import default_directory, example_database
-    from fuzz.explore import RERUNS, StatusLine, explore, grace, process_started
+    from fuzz.explore import RERUNS, explore, grace, process_started
     from fuzz.pool import RankPool
     from fuzz.report import save_report
+    from fuzz.status import StatusLine
 
     # The budget counts from this process's start (or its --pools parent's): README.md, "Budgets".
     started = args.started if args.started is not None else process_started()

@@ -45,17 +45,15 @@ ends the campaign as interrupted.
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
 import random
-import shutil
 import signal
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -73,7 +71,9 @@ from fuzz.model import Case
 from fuzz.pool import RankPool
 from fuzz.properties import Property
 from fuzz.report import first_check, next_commands, upstream_url
+from fuzz.scheduler import Discoveries, Scheduler
 from fuzz.signature import Failure
+from fuzz.status import clip, clock, fit_line
 from fuzz.stop import clear_stop, raise_if_stopped, stop_requested, stop_signal
 from fuzz.torch_coverage import ReachedLines, module_figures, torch_summary
 from fuzz.verdict import OutcomeKind, environment_fault
@@ -139,98 +139,6 @@ class Clock:
 
     def shrink_allowance(self) -> float:
         return max(SHRINK_MIN_S, SHRINK_SHARE * self.budget)
-
-
-class Scheduler:
-    """Which property runs the next chunk: the ones still discovering get more of the time.
-
-    Each property's rate is its discoveries per second over its recent chunks (an exponential
-    moving sum, ``decay`` per chunk, so the estimate follows a property as it saturates), with a
-    prior of half a discovery so that a property that found nothing yet keeps a chance. The
-    share of time is ``floor / n`` for every property plus ``1 - floor`` split by rate. Every
-    property runs once before any weighting, in the order given.
-
-    With ``line_share`` > 0 (a campaign that measures torch coverage), the torch lines a chunk
-    reached first in the campaign are a second signal: each property has a second rate, made
-    the same way from ``log2(1 + new lines)`` per chunk (a chunk that reaches hundreds of lines
-    at once, as the first chunks do, counts a few times one that reaches one, not hundreds of
-    times), and ``1 - floor`` is split ``line_share`` by the line rates and the rest by the
-    discovery rates. With ``line_share`` 0 the line counts are ignored: the shares are those
-    above, unchanged.
-    """
-
-    def __init__(
-        self,
-        names: Iterable[str],
-        rng: random.Random,
-        *,
-        floor: float = 0.2,
-        decay: float = 0.7,
-        line_share: float = 0.0,
-    ) -> None:
-        self.names = list(names)
-        if not self.names:
-            raise ValueError("a scheduler needs at least one property")
-        if not 0.0 <= line_share <= 1.0:
-            raise ValueError(f"line_share={line_share!r} must be between 0 and 1")
-        self.rng = rng
-        self.floor = floor
-        self.decay = decay
-        self.line_share = line_share
-        self.found: dict[str, float] = dict.fromkeys(self.names, 0.0)
-        self.lines: dict[str, float] = dict.fromkeys(self.names, 0.0)
-        self.seconds: dict[str, float] = dict.fromkeys(self.names, 0.0)
-        self.chunks: Counter[str] = Counter()
-
-    def record(self, name: str, *, seconds: float, discoveries: int, new_lines: int = 0) -> None:
-        self.found[name] = self.found[name] * self.decay + discoveries
-        self.lines[name] = self.lines[name] * self.decay + math.log2(1 + max(new_lines, 0))
-        self.seconds[name] = self.seconds[name] * self.decay + max(seconds, 1e-3)
-        self.chunks[name] += 1
-
-    def rates(self) -> dict[str, float]:
-        return {n: (self.found[n] + 0.5) / (self.seconds[n] + 1.0) for n in self.names}
-
-    def line_rates(self) -> dict[str, float]:
-        return {n: (self.lines[n] + 0.5) / (self.seconds[n] + 1.0) for n in self.names}
-
-    def weights(self) -> dict[str, float]:
-        rates = self.rates()
-        total = sum(rates.values())
-        n = len(self.names)
-        if self.line_share == 0:
-            return {k: self.floor / n + (1 - self.floor) * r / total for k, r in rates.items()}
-        lines = self.line_rates()
-        line_total = sum(lines.values())
-        share = {
-            k: (1 - self.line_share) * r / total + self.line_share * lines[k] / line_total for k, r in rates.items()
-        }
-        return {k: self.floor / n + (1 - self.floor) * v for k, v in share.items()}
-
-    def pick(self) -> str:
-        for name in self.names:
-            if not self.chunks[name]:
-                return name
-        weights = self.weights()
-        return self.rng.choices(self.names, weights=[weights[n] for n in self.names])[0]
-
-
-class Discoveries:
-    """What each property has produced so far: features, feature pairs, failure signatures."""
-
-    def __init__(self) -> None:
-        self.seen: dict[str, set[str]] = {}
-        self.total = 0
-
-    def add(self, prop: str, features: Iterable[str]) -> int:
-        """Record one case's features; returns how many features and pairs were new."""
-        seen = self.seen.setdefault(prop, set())
-        fs = sorted(set(features))
-        keys = fs + [f"{a}&{b}" for a, b in itertools.combinations(fs, 2)]
-        new = [k for k in keys if k not in seen]
-        seen.update(new)
-        self.total += len(new)
-        return len(new)
 
 
 @dataclass
@@ -334,10 +242,10 @@ class Progress:
         """The status line; with ``width``, fitted to that many columns (:func:`fit_line`)."""
         rate = self.cases / self.elapsed if self.elapsed > 0 else 0.0
         if self.waiting and not self.cases:
-            line = f"[{_clock(self.elapsed)} / {_clock(self.budget)}] {self.waiting}"
-            return line if width is None else _clip(line, width)
+            line = f"[{clock(self.elapsed)} / {clock(self.budget)}] {self.waiting}"
+            return line if width is None else clip(line, width)
         return fit_line(
-            f"[{_clock(self.elapsed)} / {_clock(self.budget)}] cases {self.cases}",
+            f"[{clock(self.elapsed)} / {clock(self.budget)}] cases {self.cases}",
             [f"({rate:.1f}/s)", f"restarts {self.restarts}"]
             + ([f"re-run for the machine {sum(self.environment.values())}"] if self.environment else []),
             [f"{f.failure.signature} x{f.hits}" for f in self.found.values()],
@@ -411,90 +319,6 @@ class Progress:
             return {}
         per_property = {name: self.new_lines_per_property.get(name, 0) for name in self.weights or self.per_property}
         return {"torch_coverage": torch_summary(self.torch, per_property=per_property, signal=self.torch_signal)}
-
-
-def fit_line(head: str, extras: Sequence[str], failures: Sequence[str], width: int | None) -> str:
-    """``head`` (always kept), then ``extras`` (most important first), then the failures.
-
-    Without ``width``, all of it. Within ``width`` columns, what is least important goes first:
-    the list of failure signatures is cut (their number stays), then the extras from the last,
-    and at last the line itself.
-    """
-    listed = "failures: " + (", ".join(failures) or "none")
-    line = " ".join([head, *extras, listed])
-    if width is None or len(line) <= width:
-        return line
-    count = f"failures: {len(failures)}" if failures else "failures: none"
-    for keep in range(len(extras), -1, -1):
-        short = " ".join([head, *extras[:keep], count])
-        if len(short) <= width:
-            room = width - len(short) - 3  # " (" and ")"
-            if failures and room >= 8:
-                short += f" ({_clip(', '.join(failures), room)})"
-            return short
-    return _clip(" ".join([head, count]), width)
-
-
-def _clip(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: max(width - 3, 0)] + "..."[: max(width, 0)]
-
-
-class StatusLine:
-    """The live progress line on stderr.
-
-    On a terminal it is redrawn in place (carriage return, erase line) at most every
-    ``every_tty`` seconds and fitted to the terminal's width less one column, so it never wraps
-    (a wrapped line is not erased by the next redraw, and copies would stack up). Elsewhere (a
-    log file, CI) the whole line is printed as a plain line at most every ``every_plain``
-    seconds. :meth:`note` prints a message on a line of its own without breaking the redraw.
-    """
-
-    def __init__(
-        self, stream: Any = None, *, tty: bool | None = None, every_tty: float = 0.5, every_plain: float = 10.0
-    ) -> None:
-        self.stream = stream if stream is not None else sys.stderr
-        self.tty = self.stream.isatty() if tty is None else tty
-        self.every = every_tty if self.tty else every_plain
-        self.last = -math.inf
-        self.drawn = False
-
-    def width(self) -> int:
-        return max(shutil.get_terminal_size().columns - 1, 20)
-
-    def show(self, make: Callable[[int | None], str], *, force: bool = False) -> bool:
-        """Draw ``make(width)`` (``width`` None off a terminal) if it is time; returns whether it drew."""
-        now = time.monotonic()
-        if not force and now - self.last < self.every:
-            return False
-        self.last = now
-        if self.tty:
-            self.stream.write("\r\x1b[K" + make(self.width()))
-            self.drawn = True
-        else:
-            self.stream.write(make(None) + "\n")
-        self.stream.flush()
-        return True
-
-    def note(self, message: str) -> None:
-        """``message`` on its own line; the status line is redrawn by the next :meth:`show`."""
-        self.stream.write(("\r\x1b[K" if self.drawn else "") + message + "\n")
-        self.stream.flush()
-        self.drawn = False
-        self.last = -math.inf
-
-    def end(self) -> None:
-        """Leave the line that was redrawn in place, so that what follows starts on a fresh one."""
-        if self.drawn:
-            self.stream.write("\n")
-            self.stream.flush()
-        self.drawn = False
-
-
-def _clock(seconds: float) -> str:
-    if math.isinf(seconds):
-        return "inf"
-    s = int(seconds)
-    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
 class _Failed(Exception):

@@ -10,7 +10,7 @@ gives its ranks :func:`rank_env`; each rank process then runs coverage.py over t
   directories, searched recursively: a report directory of several pools holds one coverage
   directory per pool), incrementally, and merges them: a statement is reached when any rank
   process ran it. :meth:`ReachedLines.update` returns how many statements are new since the
-  last call, the signal the campaign's scheduler follows (:class:`fuzz.explore.Scheduler`).
+  last call, the signal the campaign's scheduler follows (:class:`fuzz.scheduler.Scheduler`).
 - :func:`module_figures` compares them with the installed torch: for every ``.py`` file under
   the packages, its executable lines (statements, as coverage.py's report counts them: its file
   reporter of the plugin API decides, default exclusions applied), how many were reached, and the

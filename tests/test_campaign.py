@@ -23,10 +23,11 @@ import pytest
 
 from fuzz.campaign import merge
 from fuzz.corpus import load_corpus
-from fuzz.explore import Discoveries, Progress, Scheduler, explore
+from fuzz.explore import Progress, explore
 from fuzz.model import Case
 from fuzz.pool import Outcome, RankPool
 from fuzz.properties import get_property
+from fuzz.scheduler import Discoveries, Scheduler
 from fuzz.stop import request_stop, stop_requested
 from tests.conftest import ROOT, kill_leftovers, pid_alive, run_cli, sigint_as_from_a_terminal, wait_gone
 

@@ -16,10 +16,11 @@ import pytest
 import fuzz.explore
 from fuzz.cli import _full_summary
 from fuzz.corpus import Entry, load_entry
-from fuzz.explore import StatusLine, explore, fit_line
+from fuzz.explore import explore
 from fuzz.pool import RankPool
 from fuzz.properties import get_property
 from fuzz.signature import Failure
+from fuzz.status import StatusLine, fit_line
 from tests.conftest import run_cli
 
 SIGNATURES = [

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from fuzz.bench import bench_torch_coverage
-from fuzz.explore import LINE_SHARE, Scheduler
+from fuzz.explore import LINE_SHARE
 from fuzz.report import render_html
+from fuzz.scheduler import Scheduler
 from fuzz.torch_coverage import (
     PACKAGES,
     ReachedLines,
