@@ -34,12 +34,12 @@ from fuzz import known
 from fuzz.coverage import AREAS, CHECKLIST, coverage
 from fuzz.errors import ShardfuzzError
 from fuzz.signature import Signature
+from fuzz.svg import NEVER_COLOUR, bar_chart, empty, line_chart
 
 #: Colours of the plots (tests/test_report.py looks for them in a screenshot).
 TOTAL_COLOUR = "#202a44"
 FAILURE_COLOUR = "#d1495b"
 COVERAGE_COLOUR = "#2a9d8f"
-NEVER_COLOUR = "#fbe3e6"  # background of a checklist row never exercised
 PROPERTY_COLOURS = ("#3a86ff", "#fb8500", "#8338ec", "#55a630", "#ff006e", "#8d6e63", "#00b4d8", "#6c757d")
 
 _TOP_FEATURES = 40
@@ -520,7 +520,7 @@ def _plots(s: Mapping[str, Any], names: list[str], colours: dict[str, str]) -> s
     )
     cases_plot = _figure(
         "Cases over time",
-        _line_chart(series, width=1090, height=280, y_label="cases"),
+        line_chart(series, width=1090, height=280, y_label="cases"),
         (_legend(series) if total else "") + startup,
     )
     distinct = [(_num(p.get("t")), _num(p.get("distinct_failures"))) for p in timeline]
@@ -531,7 +531,7 @@ def _plots(s: Mapping[str, Any], names: list[str], colours: dict[str, str]) -> s
         distinct.append((seconds, distinct[-1][1]))
     fail_series = [("distinct failures", FAILURE_COLOUR, distinct, 2.0)]
     fail_plot = _figure(
-        "Distinct failures over time", _line_chart(fail_series, width=535, height=240, y_label="failures", step=True)
+        "Distinct failures over time", line_chart(fail_series, width=535, height=240, y_label="failures", step=True)
     )
     cases, secs = _mapping(s.get("cases_per_property")), _mapping(s.get("seconds_per_property"))
     bars = []
@@ -542,7 +542,7 @@ def _plots(s: Mapping[str, Any], names: list[str], colours: dict[str, str]) -> s
             bars.append((n, mean, colours[n], f"{mean:.3g} s ({int(c)} cases)", False))
     time_plot = _figure(
         "Time per case by property (mean seconds)",
-        _bar_chart(bars, width=535, label_width=120, empty="no case ran") if bars else _empty(535, 120, "no case ran"),
+        bar_chart(bars, width=535, label_width=120, empty="no case ran") if bars else empty(535, 120, "no case ran"),
     )
     return f'<h2>Progress</h2>{cases_plot}<div class="grid">{fail_plot}{time_plot}</div>'
 
@@ -592,7 +592,7 @@ def _coverage_section(rows: list[Any]) -> str:
             else:
                 text = "never exercised" + ("" if r.get("generated", True) else ": not generated yet")
             bars.append((str(r.get("label")), float(count), COVERAGE_COLOUR, text, not r.get("exercised")))
-        chart = _bar_chart(bars, width=1090, label_width=430, log=True, empty="")
+        chart = bar_chart(bars, width=1090, label_width=430, log=True, empty="")
         out.append(_figure(f"{area}: {done} of {len(group)} exercised", chart))
     return "".join(out)
 
@@ -646,7 +646,7 @@ def _torch_section(s: Mapping[str, Any]) -> str:
         pts = sorted((_num(p.get("t")), _num(p.get("torch_lines"))) for p in timeline)
         series = [("torch lines reached", COVERAGE_COLOUR, pts, 2.0)]
         out.append(
-            _figure("Torch lines reached over time", _line_chart(series, width=1090, height=220, y_label="lines"))
+            _figure("Torch lines reached over time", line_chart(series, width=1090, height=220, y_label="lines"))
         )
     body = []
     for m in _seq(t.get("modules")):
@@ -702,165 +702,3 @@ def _features_table(s: Mapping[str, Any]) -> str:
         f"<h2>Top features ({shown})</h2><details><summary>show the table</summary>"
         f"<table>{head}{''.join(body)}</table></details>"
     )
-
-
-# --------------------------------------------------------------------------------------------
-# Inline SVG
-
-
-def _nice_step(span: float, ticks: int = 5) -> float:
-    raw = span / max(ticks, 1)
-    magnitude = 10 ** math.floor(math.log10(raw))
-    for m in (1, 2, 2.5, 5, 10):
-        if m * magnitude >= raw:
-            return m * magnitude
-    return 10 * magnitude
-
-
-def _ticks(hi: float, ticks: int = 5) -> tuple[list[float], float]:
-    """Tick values from 0 to a rounded-up ``hi``, and that upper bound."""
-    if hi <= 0:
-        hi = 1.0
-    step = _nice_step(hi, ticks)
-    top = step * math.ceil(hi / step - 1e-9)
-    return [i * step for i in range(round(top / step) + 1)], top
-
-
-def _tick_text(value: float) -> str:
-    return f"{value:.0f}" if value == int(value) else f"{value:.3g}"
-
-
-def _svg_open(width: float, height: float) -> str:
-    # Scales to the width of its box, keeping its proportions.
-    return (
-        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" role="img" '
-        f'style="width:100%;max-width:{width}px;height:auto;display:block">'
-    )
-
-
-def _empty(width: int, height: int, text: str) -> str:
-    return (
-        _svg_open(width, height)
-        + f'<rect x="0.5" y="0.5" width="{width - 1}" height="{height - 1}" fill="#fafbfc" stroke="#d8dce3"/>'
-        f'<text x="{width / 2}" y="{height / 2}" text-anchor="middle" fill="#5a6375" font-size="13">{_e(text)}</text>'
-        "</svg>"
-    )
-
-
-def _line_chart(
-    series: Sequence[tuple[str, str, Sequence[tuple[float, float]], float]],
-    *,
-    width: int,
-    height: int,
-    y_label: str,
-    step: bool = False,
-) -> str:
-    """Lines (``step``: a staircase) over campaign time, x from 0 to the last point."""
-    points = [p for _, _, pts, _ in series for p in pts]
-    if not points:
-        return _empty(width, height, "no timeline was recorded")
-    left, right, top, bottom = 56, 28, 10, 36
-    plot_w, plot_h = width - left - right, height - top - bottom
-    div, unit = (1, "s") if max(x for x, _ in points) < 120 else (60, "min")
-    if max(x for x, _ in points) >= 7200:
-        div, unit = 3600, "h"
-    # The x axis ends at the last point (the end of the campaign), not at a rounded value.
-    x_hi = max(x for x, _ in points) or 1.0
-    x_ticks = [t * div for t in _ticks(x_hi / div)[0] if t * div <= x_hi * (1 + 1e-9)]
-    y_ticks, y_hi = _ticks(max(y for _, y in points), 4)
-
-    def px(x: float) -> float:
-        return left + plot_w * x / x_hi
-
-    def py(y: float) -> float:
-        return top + plot_h * (1 - y / y_hi)
-
-    out = [_svg_open(width, height)]
-    out.append(f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="#fff" stroke="#d8dce3"/>')
-    for y in y_ticks:
-        out.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{py(y):.1f}" y2="{py(y):.1f}" stroke="#eceff3"/>')
-        out.append(
-            f'<text x="{left - 6}" y="{py(y) + 4:.1f}" text-anchor="end" font-size="11" fill="#5a6375">'
-            f"{_tick_text(y)}</text>"
-        )
-    for x in x_ticks:
-        out.append(
-            f'<text x="{px(x):.1f}" y="{top + plot_h + 15}" text-anchor="middle" font-size="11" fill="#5a6375">'
-            f"{_tick_text(x / div) + ' ' + unit if x else '0'}</text>"
-        )
-    out.append(
-        f'<text x="{left + plot_w / 2}" y="{height - 4}" text-anchor="middle" font-size="11" fill="#5a6375">'
-        "time since the campaign started</text>"
-    )
-    out.append(
-        f'<text x="12" y="{top + plot_h / 2}" font-size="11" fill="#5a6375" text-anchor="middle" '
-        f'transform="rotate(-90 12 {top + plot_h / 2})">{_e(y_label)}</text>'
-    )
-    for name, colour, pts, stroke in series:
-        if not pts:
-            continue
-        coords = []
-        for i, (x, y) in enumerate(pts):
-            if step and i:
-                coords.append(f"{px(x):.1f},{py(pts[i - 1][1]):.1f}")
-            coords.append(f"{px(x):.1f},{py(y):.1f}")
-        out.append(f"<g><title>{_e(name)}</title>")
-        if len(pts) == 1:
-            out.append(f'<circle cx="{coords[0].split(",")[0]}" cy="{coords[0].split(",")[1]}" r="4" fill="{colour}"/>')
-        else:
-            out.append(
-                f'<polyline points="{" ".join(coords)}" fill="none" stroke="{colour}" stroke-width="{stroke}" '
-                'stroke-linejoin="round"/>'
-            )
-        out.append("</g>")
-    out.append("</svg>")
-    return "".join(out)
-
-
-#: The widest a character of the charts' 12 px sans-serif labels gets, in pixels (upper bound
-#: for lower-case and digits; a label cut by it fits its column in any browser).
-_CHAR_PX = 7.0
-
-
-def _bar_chart(
-    bars: Sequence[tuple[str, float, str, str, bool]],
-    *,
-    width: int,
-    label_width: int,
-    log: bool = False,
-    empty: str,
-) -> str:
-    """Horizontal bars: (label, value, colour, text after the bar, highlighted row)."""
-    if not bars:
-        return _empty(width, 60, empty)
-    row, gap = 22, 4
-    text_w = 150
-    bar_w = width - label_width - text_w - 8
-    height = len(bars) * (row + gap) + gap
-
-    def scale(v: float) -> float:
-        return math.log10(1 + v) if log else v
-
-    hi = max((scale(max(v, 0.0)) for _, v, _, _, _ in bars), default=0.0) or 1.0
-    out = [_svg_open(width, height)]
-    for i, (label, value, colour, text, highlight) in enumerate(bars):
-        y = gap + i * (row + gap)
-        if highlight:
-            out.append(f'<rect x="0" y="{y - 2}" width="{width}" height="{row + 4}" fill="{NEVER_COLOUR}"/>')
-        label_colour = "#b3261e" if highlight else "#1d2330"
-        # A label longer than its column is cut at its end (the whole label in its tooltip),
-        # never at its start, which the SVG's left edge would clip.
-        shown = label if len(label) <= (room := int((label_width - 12) / _CHAR_PX)) else label[: room - 1] + "…"
-        out.append(
-            f'<text x="{label_width - 8}" y="{y + 15}" text-anchor="end" font-size="12" fill="{label_colour}">'
-            f"<title>{_e(label)}</title>{_e(shown)}</text>"
-        )
-        length = bar_w * scale(max(value, 0.0)) / hi
-        if length > 0:
-            out.append(f'<rect x="{label_width}" y="{y + 2}" width="{length:.1f}" height="{row - 4}" fill="{colour}"/>')
-        out.append(
-            f'<text x="{label_width + length + 6:.1f}" y="{y + 15}" font-size="12" fill="{label_colour}">'
-            f"{_e(text)}</text>"
-        )
-    out.append("</svg>")
-    return "".join(out)

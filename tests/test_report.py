@@ -26,7 +26,6 @@ from fuzz.properties import all_properties
 from fuzz.report import (
     COVERAGE_COLOUR,
     FAILURE_COLOUR,
-    NEVER_COLOUR,
     PROPERTY_COLOURS,
     TOTAL_COLOUR,
     causes,
@@ -36,6 +35,7 @@ from fuzz.report import (
     upstream_url,
     write_report,
 )
+from fuzz.svg import NEVER_COLOUR
 
 PROPS = ["parity", "state_dict", "dcp"]
 
@@ -628,10 +628,10 @@ def _e_title(text: str) -> str:
 
 
 def test_long_bar_labels_are_cut_at_their_end_and_kept_whole_in_a_tooltip() -> None:
-    from fuzz.report import _bar_chart
+    from fuzz.svg import bar_chart
 
     label = "replicate with DistributedDataParallel's options " * 4
-    svg = _bar_chart([(label, 3.0, "#000", "3", False)], width=1090, label_width=430, empty="")
+    svg = bar_chart([(label, 3.0, "#000", "3", False)], width=1090, label_width=430, empty="")
     shown = html.unescape(svg.split("</title>")[1].split("</text>")[0])
     assert f"<title>{html.escape(label)}</title>" in svg
     assert shown.endswith("\u2026") and label.startswith(shown[:-1]) and len(shown) * 7.0 <= 430
