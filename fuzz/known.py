@@ -279,6 +279,33 @@ def renaming(case: Case, check: str, signature: str) -> KnownBug | None:
     return None
 
 
+# --------------------------------------------------------------------------- docs
+
+#: The lines around the table of :func:`upstream_table` in a doc (docs/known_bugs.md,
+#: docs/state_dict.md); tests/test_known.py checks that the doc holds the table as generated.
+UPSTREAM_TABLE_START = "<!-- upstream table: generated from fuzz/known_bugs.py by fuzz.known.upstream_table -->"
+UPSTREAM_TABLE_END = "<!-- end of the generated upstream table -->"
+
+
+def upstream_table(doc: str) -> str:
+    """The Markdown table of the upstream state of every record whose ``docs`` is ``doc``
+    (record, upstream reference or "none found", how it relates, what is known of its fix),
+    between :data:`UPSTREAM_TABLE_START` and :data:`UPSTREAM_TABLE_END`: the registry's words,
+    which a doc shows instead of restating them."""
+    rows = [
+        UPSTREAM_TABLE_START,
+        "",
+        "| record | upstream | relation | state |",
+        "| --- | --- | --- | --- |",
+    ]
+    for bug in RECORDS:
+        if bug.docs != doc:
+            continue
+        cells = (f"`{bug.id}`", bug.upstream, bug.relation, bug.state or "")
+        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join([*rows, "", UPSTREAM_TABLE_END])
+
+
 # --------------------------------------------------------------------------- deadlocks in stacks
 
 

@@ -415,9 +415,10 @@ FOREACH_MIXED = KnownBug(
 )
 FSDP1_COMPILE_SHARDED_GRAD = KnownBug(
     "fsdp1-compile-recompile-sharded-grad",
-    "torch.compile over FSDP1 (use_orig_params=True, sharded): recompiling the wrapped module's forward "
-    "while its parameters hold sharded gradients raises InternalTorchDynamoError 'attempting to assign a "
-    "gradient of size ...'",
+    "torch.compile over FSDP1 (use_orig_params=True, sharded): a recompilation of the wrapped module's forward "
+    "while its parameters hold sharded gradients (the suite's trees, a contract hook removed or a smaller "
+    "last batch; not every recompilation: an nn.Sequential variant passes) raises InternalTorchDynamoError "
+    "'attempting to assign a gradient of size ...'",
     upstream="pytorch/pytorch#111317",
     relation="same symptom (a comment there: SHARD_GRAD_OP, use_orig_params=True, float32)",
     state="open",
@@ -472,11 +473,16 @@ DELAY_ALL_REDUCE_ROOT = KnownBug(
     "ddp-delay-all-reduce-root-params-reduced-twice",
     "DistributedDataParallel(delay_all_reduce_named_params=..., param_to_hook_all_reduce=...): a delayed "
     "parameter of the root module itself stays in the reducer too (the reducer leaves out "
-    "f'{module_name}.{name}', which is '.<name>' for the root's own parameters), so it is all-reduced "
-    "twice, racing, and its gradient is wrong now and then; every parameter replicate() hands DDP is "
-    "one (an nn.ParameterList's)",
+    "f'{module_name}.{name}', which is '.<name>' for the root's own parameters), so it is registered "
+    "twice; with static_graph=True it is all-reduced twice, racing, and its gradient is wrong now and "
+    "then; every parameter replicate() hands DDP is one (an nn.ParameterList's)",
     symptoms=frozenset({"mismatch"}),
-    relation="none found after five phrasings; the option came with the pull request in see_also",
+    relation="none found after five phrasings; the option came with the pull request in see_also. Wider than "
+    "the delay: the same name (f'{module_name}.{name}') makes DDP._set_params_and_buffers_to_ignore_for_model "
+    "miss root-level parameters with no delayed all-reduce at all. Narrower than a wrong gradient each time: "
+    "without static_graph the root's delayed parameters are registered twice, but their gradients were right "
+    "in 5 of 5 runs (an independent reproduction); the wrong gradients need static_graph=True. The condition "
+    "keeps every delayed all-reduce under replicate (the double registration is there either way)",
     state="present in torch 2.13.0",
     see_also=("pytorch/pytorch#95669",),
     ends_ranks=False,
@@ -537,17 +543,19 @@ DTENSOR_CONV_PARTIAL = KnownBug(
     "channels, but got 1'",
     symptoms=frozenset({"exception", "mismatch"}),
     tag=":conv-partial",
-    relation="none found after seven phrasings (the error texts with convolution_backward and with convolution, "
-    "DTensor conv1d with a partial input, the handler's redistribute, the convolution's single-dimension "
-    "strategy, convolution_handler's dim_map, a channel-sharded conv1d input); related (see_also): the same "
-    "handler's wrong grad_input placement for a spatially sharded input and its fix, whose strategies filter "
-    "out layouts the handler's dim_map cannot represent; an open pull request whose description names the "
-    "handler running on still-sharded local tensors, for depthwise convolutions; a grad_input of None",
-    state="present in torch 2.13.0",
+    upstream="pytorch/pytorch#186129",
+    relation="related: an open pull request whose description names the same handler defect (the handler runs "
+    "the local op on still-sharded local tensors) for another layout, depthwise convolutions with a "
+    "channel-sharded weight; none found for these layouts after seven phrasings (the error texts with "
+    "convolution_backward and with convolution, DTensor conv1d with a partial input, the handler's "
+    "redistribute, the convolution's single-dimension strategy, convolution_handler's dim_map, a "
+    "channel-sharded conv1d input); related (see_also): the same handler's wrong grad_input placement for a "
+    "spatially sharded input and its fix, whose strategies filter out layouts the handler's dim_map cannot "
+    "represent; a grad_input of None",
+    state="present in torch 2.13.0 (the pull request is open)",
     see_also=(
         "pytorch/pytorch#191926",
         "pytorch/pytorch#192147",
-        "pytorch/pytorch#186129",
         "pytorch/pytorch#142278",
     ),
     # the frames are DTensor.redistribute's, DTensorSpec.dim_map's and OpOverload.__call__'s, which

@@ -274,3 +274,87 @@ def test_present_reads_the_release_a_bug_came_in() -> None:
     assert bug.introduced_in == "2.13" and not bug.fixed_in
     assert not known.present(bug, "2.11.0+cu130")
     assert known.present(bug, "2.13.0+cpu") and known.present(bug, "2.14.0")
+
+
+# --------------------------------------------------------------------------------- the docs
+
+ROOT = Path(__file__).resolve().parent.parent
+#: The docs that hold the known bugs' reproducers (``KnownBug.docs``).
+DOCS = sorted({b.docs for b in known.BUGS.values()})
+#: A doc's statement that no upstream issue was found, and that one was (an issue or pull request).
+NONE_STATED = re.compile(r"no upstream issues? found|upstream: (?:none|no issue) found", re.IGNORECASE)
+LINK_STATED = re.compile(
+    r"upstream(?: \(related\))?: (?:open |closed )?(?:pull requests? )?pytorch/pytorch#(\d+)", re.IGNORECASE
+)
+
+
+def _prose(doc: str) -> str:
+    """The doc's text without its generated upstream table and its code blocks."""
+    text = (ROOT / doc).read_text()
+    start, end = text.find(known.UPSTREAM_TABLE_START), text.find(known.UPSTREAM_TABLE_END)
+    if start >= 0 and end > start:
+        text = text[:start] + text[end + len(known.UPSTREAM_TABLE_END) :]
+    return re.sub(r"```.*?```", "", text, flags=re.DOTALL)
+
+
+def _blocks(text: str) -> list[str]:
+    """Paragraphs and list items, each on one line."""
+    blocks: list[list[str]] = [[]]
+    for line in text.splitlines():
+        if not line.strip() or line.startswith("#") or re.match(r"\s*(\d+\.|[-*]) ", line):
+            blocks.append([])
+        blocks[-1].append(line.strip())
+    return [" ".join(b) for b in blocks if any(b)]
+
+
+def _record_names() -> dict[str, known.KnownBug]:
+    """What a doc may name a record by: its id, its name in fuzz.known, the predicate its
+    condition is made of (whose docstring names the record first), its corpus entries."""
+    names: dict[str, known.KnownBug] = {}
+    for name in known.__all__:
+        value = getattr(known, name)
+        if isinstance(value, known.KnownBug):
+            names[f"fuzz.known.{name}"] = value
+        elif callable(value) and (m := re.search(r":data:`(\w+)`", value.__doc__ or "")):
+            record = getattr(known, m.group(1), None)
+            if isinstance(record, known.KnownBug):
+                names[f"fuzz.known.{name}`"] = record
+    for record in known.BUGS.values():
+        names[f"`{record.id}`"] = record
+    for path, entry in ENTRIES:
+        if entry.bug is not None:
+            names[path.stem] = known.BUGS[entry.bug]
+    return names
+
+
+def _numbers(record: known.KnownBug) -> set[str]:
+    return {ref.split("#")[1] for ref in (record.upstream, *record.see_also) if "#" in ref}
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_a_doc_shows_the_registrys_upstream_table(doc: str) -> None:
+    """The upstream state a doc lists for its records is the registry's, generated."""
+    generated = known.upstream_table(doc)
+    assert generated in (ROOT / doc).read_text(), f"{doc}: replace its upstream table with:\n{generated}"
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_a_doc_states_no_other_upstream_state_than_the_registry(doc: str) -> None:
+    """Where a paragraph that names records (by id, fuzz.known name, condition or corpus entry)
+    says no upstream issue was found, one of them has none; where it says "Upstream: #N", N is
+    one of theirs (their upstream or see_also)."""
+    names = _record_names()
+    wrong = []
+    for block in _blocks(_prose(doc)):
+        named = {r.id: r for name, r in names.items() if name in block}
+        if not named:
+            continue
+        if NONE_STATED.search(block) and all(r.upstream != known.NONE_FOUND for r in named.values()):
+            wrong.append(f"says no upstream issue found, but the registry links one for {sorted(named)}: {block}")
+        cited = set().union(*(_numbers(r) for r in named.values()))
+        wrong += [
+            f"cites #{n} as upstream, which no record of {sorted(named)} names: {block}"
+            for n in LINK_STATED.findall(block)
+            if n not in cited
+        ]
+    assert not wrong, "\n".join(wrong)
