@@ -112,6 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ex.add_argument("--seed", type=int, default=None, help="campaign seed (default: random)")
     ex.add_argument(
+        "--model",
+        default=None,
+        metavar="FILE.py:NAME",
+        help="fuzz your own model: FILE.py:NAME or module.path:NAME, NAME a zero-argument callable returning "
+        "(model, batch_fn, loss_fn); runs the user_parity and user_state properties over it (docs/user_models.md)",
+    )
+    ex.add_argument(
         "--feature",
         action="append",
         dest="features",
@@ -364,6 +371,7 @@ def _explore(args: argparse.Namespace) -> int:
     from fuzz.properties import all_properties, get_property
 
     props = [get_property(n) for n in args.properties] if args.properties else all_properties()
+    props = _with_model(args, props, explicit=bool(args.properties))
     too_small = [p.name for p in props if p.min_world_size > args.world_size]
     if too_small:
         raise ShardfuzzError(f"--world-size {args.world_size} is too small for {too_small}")
@@ -397,6 +405,44 @@ def _explore(args: argparse.Namespace) -> int:
 
         return run_pools(args, seed, [p.name for p in props])
     return _explore_one(args, seed, props)
+
+
+def _with_model(args: argparse.Namespace, props: list[Any], *, explicit: bool) -> list[Any]:
+    """The properties a campaign runs, given ``--model``: with it, the user-model properties
+    drawn over that model (checked and described here, before any rank starts: a bad model is
+    exit 2 naming what is wrong); without it, the suite's own (the user-model ones only where
+    named, over the shipped example)."""
+    import dataclasses
+    import functools
+
+    from fuzz.properties.user import NAMES, hooked
+
+    if args.model is None:
+        return props if explicit else [p for p in props if p.name not in NAMES]
+    others = [p.name for p in props if p.name not in NAMES]
+    if explicit and others:
+        raise ShardfuzzError(f"--property {others[0]} does not take --model; a model runs {', '.join(NAMES)}")
+    if args.pools > 1:
+        raise ShardfuzzError("--model runs in one pool for now; leave out --pools")
+    if not hooked():
+        raise ShardfuzzError(
+            "--model needs 'fuzz.model.user' in fuzz.model.case.BODY_MODULES (the ranks decode user cases "
+            "with it); this checkout lacks that line"
+        )
+    from fuzz.user_model import describe
+
+    info = describe(args.model, "--model")
+    chosen = props if explicit else [p for p in props if p.name in NAMES]
+    return [dataclasses.replace(p, cases=functools.partial(p.cases, model=info)) for p in chosen]
+
+
+def _check_model_of(case: Any) -> None:
+    """A case over a user's model: the model checked as explore checks it, before any rank starts."""
+    spec = getattr(case.body, "model", None)
+    if isinstance(spec, str):
+        from fuzz.user_model import describe
+
+        describe(spec, "the entry's model")
 
 
 def _run_under_fixes(bug_ids: list[str]) -> None:
@@ -596,6 +642,7 @@ def _replay(args: argparse.Namespace) -> int:
 
     entry = load_entry(args.entry)
     prop = get_property(entry.case.property)
+    _check_model_of(entry.case)
     world_size = entry.case.world_size
     with RankPool(world_size=world_size, backend=args.backend, deadline=args.deadline) as pool:
         failure = run_case(pool, prop, entry.case)

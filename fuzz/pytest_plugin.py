@@ -5,6 +5,17 @@ Options: ``--shardfuzz-backend`` (gloo | nccl), ``--shardfuzz-world-size``,
 expected failures, beside the suite's own known torch bugs, which are always expected).
 Fixtures: ``rank_pool`` (one pool per session, per xdist worker) and ``check_case`` (run a
 case on it and fail the test with every rank's account if the property does not hold).
+A user's own model: ``user_cases(factory)`` (a module-level function returning ``(model,
+batch_fn, loss_fn)``, or its spec ``"FILE.py:NAME"``) draws cases of the ``user_parity`` and
+``user_state`` properties over it, composable with the suite's strategies; ``check_case`` runs
+them (docs/user_models.md)::
+
+    from fuzz.pytest_plugin import user_cases
+
+    @given(user_cases(my_model))
+    def test_my_model(check_case, case):
+        check_case(case)
+
 Hypothesis profiles: ``ci`` (derandomized, no deadline, no database), ``dev`` (the default
 outside CI) and ``overnight``; ``--hypothesis-profile`` picks one, otherwise ``ci`` is loaded
 when the CI environment variable is set.
@@ -41,6 +52,16 @@ settings.register_profile(
     phases=tuple(Phase),
     suppress_health_check=[HealthCheck.too_slow],
 )
+
+
+def user_cases(model: Any, *, world_size: int = 2, max_steps: int = 3, max_units: int = 4) -> Any:
+    """Cases over a user's model (:func:`strategies._user.user_cases`): ``model`` is a factory
+    (module-level, returning ``(model, batch_fn, loss_fn)``) or its spec; checked and described
+    at once (InvalidArgument naming what is wrong). ``world_size`` must be the pool's
+    (``--shardfuzz-world-size``)."""
+    from strategies._user import user_cases as cases
+
+    return cases(model, world_size=world_size, max_steps=max_steps, max_units=max_units)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

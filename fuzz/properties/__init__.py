@@ -82,4 +82,4 @@ def all_properties() -> list[Property]:
 
 
 def _load() -> None:
-    from fuzz.properties import fault, invalid, parity, state_dict  # noqa: F401 - registers on import
+    from fuzz.properties import fault, invalid, parity, state_dict, user  # noqa: F401 - registers on import
