@@ -14,7 +14,7 @@ from strategies._cases import (
 )
 from strategies._compositions import compositions, meshes, mixed_precision_policies, reshard_values, wrappers
 from strategies._state_dict import checkpoint_entries, dcp_cases, layouts, rank_orders, state_dict_cases
-from strategies._trees import WIDTHS, leaves, module_trees
+from strategies._trees import WIDTHS, leaves, module_trees, tied_trees
 
 __all__ = [
     "WIDTHS",
@@ -34,6 +34,7 @@ __all__ = [
     "rank_orders",
     "reshard_values",
     "state_dict_cases",
+    "tied_trees",
     "trainings",
     "wrappers",
 ]

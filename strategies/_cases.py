@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from fuzz import known
 from fuzz.errors import CaseError
 from fuzz.model import (
+    MATRIX_LEAVES,
     AccumSync,
     Case,
     Compile,
@@ -55,8 +56,14 @@ from strategies._odds import (
     keep_known,
     one_in,
 )
-from strategies._options import checkpoint_options, checkpoint_takes, has_dp_mesh_dims, replicate_options
-from strategies._trees import WIDTHS, module_trees
+from strategies._options import (
+    checkpoint_options,
+    checkpoint_takes,
+    fully_shard_refuses_shared,
+    has_dp_mesh_dims,
+    replicate_options,
+)
+from strategies._trees import WIDTHS, module_trees, tied_trees
 from strategies._validation import check_bounds, check_world_size
 
 #: One parity case in this many, where the world size has a (shard, tp) mesh, is FSDP + TP.
@@ -67,14 +74,42 @@ TP_ODDS = 4
 COMPILE_ODDS = 32
 
 
+def accum_syncs(composition: Composition | None = None, *, hsdp: bool = False) -> list[AccumSync]:
+    """The gradient-sync modes of the microbatches before a step's last one that a composition
+    has a switch for (all but no_all_reduce without one): replicate has none (every microbatch
+    reduces); set_requires_all_reduce(False) (no_all_reduce) needs fully_shard on an HSDP mesh
+    (``hsdp`` where no composition is given)."""
+    if composition is None:
+        return [AccumSync.ALWAYS, AccumSync.NO_GRAD_SYNC] + ([AccumSync.NO_ALL_REDUCE] if hsdp else [])
+    if composition.replicates:
+        return [AccumSync.ALWAYS]
+    hsdp = bool(composition.mesh) and composition.wrapper is Wrapper.NONE
+    return [AccumSync.ALWAYS, AccumSync.NO_GRAD_SYNC] + ([AccumSync.NO_ALL_REDUCE] if hsdp else [])
+
+
 @st.composite
 def trainings(
-    draw: st.DrawFn, *, max_steps: int = 3, max_batch_per_rank: int = 3, accumulation: bool = True, hsdp: bool = False
+    draw: st.DrawFn,
+    *,
+    max_steps: int = 3,
+    max_batch_per_rank: int = 3,
+    accumulation: bool = True,
+    hsdp: bool = False,
+    composition: Composition | None = None,
 ) -> Training:
     """Optimizer, learning rate and schedule: SGD (with momentum), Adam, AdamW; one or two
     parameter groups; gradient accumulation with every sync mode; zero_grad with and without
     set_to_none; the same or different inputs per rank. Adam's eps stays >= 1e-4 and Adam runs in
-    float64 (see Training.eps and fuzz.tolerance)."""
+    float64 (see Training.eps and fuzz.tolerance).
+
+    ``composition``: only schedules that composition can train (:func:`accum_syncs`; ``hsdp``
+    then follows from it), so that a composition and a training drawn apart make a valid case::
+
+        tree = data.draw(module_trees())
+        comp = data.draw(compositions(tree, world_size=2))
+        training = data.draw(trainings(composition=comp))
+        case = Case("parity", 2, seed, ParityBody(tree=tree, composition=comp, training=training))
+    """
     check_bounds("max_steps", max_steps, "max_steps", max_steps, floor=1, ceiling=16)
     check_bounds(
         "max_batch_per_rank", max_batch_per_rank, "max_batch_per_rank", max_batch_per_rank, floor=1, ceiling=64
@@ -83,7 +118,7 @@ def trainings(
     momentum = draw(st.sampled_from((0.0, 0.9))) if optimizer is Optimizer.SGD else 0.0
     dtype = draw(st.sampled_from([Dtype.FLOAT32, Dtype.FLOAT64])) if optimizer is Optimizer.SGD else Dtype.FLOAT64
     grad_accum = draw(st.integers(1, 3)) if accumulation else 1
-    syncs = [AccumSync.ALWAYS, AccumSync.NO_GRAD_SYNC] + ([AccumSync.NO_ALL_REDUCE] if hsdp else [])
+    syncs = accum_syncs(composition, hsdp=hsdp)
     accum_sync = draw(st.sampled_from(syncs)) if grad_accum > 1 else AccumSync.ALWAYS
     return Training(
         optimizer=optimizer,
@@ -146,7 +181,8 @@ def training_schedules(draw: st.DrawFn, tree: ModuleTree, training: Training, *c
     paths = tree.paths()
     changes: dict[str, Any] = {}
     if draw(st.sampled_from((False, True, False))):
-        candidates = [p for p, n in paths.items() if p and has_params(n)] or [p for p in paths if p]
+        movable = [p for p in paths if p and p not in tree.shape_changing]  # rules: not the embedding or head
+        candidates = [p for p in movable if has_params(paths[p])] or movable
         slots = [(s, m) for s in range(training.steps) for m in range(training.grad_accum)]
         skips: list[Skip] = []
         for path in draw(st.lists(st.sampled_from(candidates), min_size=1, max_size=2, unique=True)):
@@ -333,9 +369,15 @@ def _rare_delay_not_float32(draw: st.DrawFn, training: Training, comp: Compositi
     return comp
 
 
-def _maybe_meta_init(draw: st.DrawFn, comp: Composition) -> Composition:
-    """About one in three fully_shard / checkpoint compositions starts from the meta device."""
-    if comp.wrapper is Wrapper.NONE and not comp.replicates and draw(st.sampled_from((False, True, False))):
+def _maybe_meta_init(draw: st.DrawFn, comp: Composition, tree: ModuleTree) -> Composition:
+    """About one in three fully_shard / checkpoint compositions starts from the meta device (not
+    a tree with tied weights, which ``to_empty`` unties: fuzz.model.rules)."""
+    if (
+        comp.wrapper is Wrapper.NONE
+        and not comp.replicates
+        and tree.tied is None
+        and draw(st.sampled_from((False, True, False)))
+    ):
         return replace(comp, meta_init=True)
     return comp
 
@@ -350,11 +392,11 @@ def parity_cases(
     check_world_size(world_size)
     if world_size >= 2 * TP_SIZE and world_size % TP_SIZE == 0 and one_in(draw, TP_ODDS):
         return draw(_tensor_parallel_parity_case(world_size, max_depth, max_steps))
-    tree = draw(module_trees(max_depth=max_depth))
+    tree = draw(module_trees(max_depth=max_depth, extended=True))
     if draw(st.sampled_from(["composable", "wrapper", "composable", "composable", "composable"])) == "wrapper":
         comp = draw(wrappers(tree, world_size=world_size))
     else:
-        comp = _maybe_meta_init(draw, draw(compositions(tree, world_size=world_size, offload=accelerator)))
+        comp = _maybe_meta_init(draw, draw(compositions(tree, world_size=world_size, offload=accelerator)), tree)
         if comp.shards and one_in(draw, KNOB_ODDS):
             knobs = draw(fsdp_knobs(comp, world_size=world_size, scaling=True, accelerator=accelerator, tree=tree))
             comp = replace(comp, knobs=knobs)
@@ -402,10 +444,11 @@ def mixed_precision_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 
     Trees have no buffers: FSDP2 does not cast buffers, so a float32 buffer would promote a
     low-precision activation by design."""
     check_world_size(world_size)
-    tree = draw(module_trees(max_depth=max_depth, buffers=False))
+    tree = draw(module_trees(max_depth=max_depth, buffers=False, extended=True))
     comp = _maybe_meta_init(
         draw,
         draw(compositions(tree, world_size=world_size, replicate=False, mixed_precision=True, offload=accelerator)),
+        tree,
     )
     training = _fit_training(draw(trainings(max_steps=2, hsdp=bool(comp.mesh))), comp)
     # Policies speak of float32 parameters (output_dtype=float32 meets float32 layers).
@@ -461,7 +504,7 @@ def metamorphic_variants(
         return replace(comp, shards=tuple(replace(s, offload=on) for s in comp.shards))
     if change == "find_unused" and comp.replicates:
         return replace(comp, find_unused=not comp.find_unused)
-    if change == "meta_init" and not comp.replicates:
+    if change == "meta_init" and not comp.replicates and tree.tied is None:
         return replace(comp, meta_init=not comp.meta_init)
     if change == "checkpoint":
         if comp.checkpoints:
@@ -496,7 +539,7 @@ def metamorphic_cases(
 ) -> Case:
     """Cases for ``metamorphic``: a composition and a variant that must train identically."""
     check_world_size(world_size)
-    tree = draw(module_trees(max_depth=max_depth))
+    tree = draw(module_trees(max_depth=max_depth, extended=True))
     comp = draw(compositions(tree, world_size=world_size, offload=accelerator))
     variant = draw(metamorphic_variants(tree, comp, world_size=world_size, accelerator=accelerator))
     training = draw(trainings(max_steps=max_steps, accumulation=False))
@@ -514,7 +557,7 @@ def metamorphic_cases(
 def _has_matrix(tree: ModuleTree, path: str) -> bool:
     node = tree.paths()[path]
     nodes = [n for _, n in iter_paths(node)] if not isinstance(node, _Leaf) else [node]
-    return any(isinstance(n, _Leaf) and n.kind in (LeafKind.LINEAR, LeafKind.CONV1D) for n in nodes)
+    return any(isinstance(n, _Leaf) and n.kind in MATRIX_LEAVES for n in nodes)
 
 
 @st.composite
@@ -525,12 +568,19 @@ def invalid_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 2, accel
     misuse = draw(st.sampled_from(Misuse))
     if misuse is Misuse.CHECKPOINT_USE_REENTRANT and not checkpoint_takes("use_reentrant"):
         misuse = Misuse.REPLICATE_AFTER_FULLY_SHARD
+    if misuse is Misuse.TIED_ACROSS_UNITS and not fully_shard_refuses_shared():
+        misuse = Misuse.REPLICATE_AFTER_FULLY_SHARD
+    if misuse is Misuse.TIED_ACROSS_UNITS:
+        tree = draw(tied_trees(max_depth=max_depth))
+        assert tree.tied is not None
+        body = InvalidBody(tree=tree, misuse=misuse, path=draw(st.sampled_from(tree.tied)))
+        return Case(property="invalid", world_size=world_size, seed=draw(st.integers(0, 2**32 - 1)), body=body)
     widths = None
     if misuse is Misuse.UNEVEN_SHARD_DIM_1:
         widths = st.sampled_from([w for w in range(1, 13) if w % world_size]) if world_size > 1 else None
         if widths is None:
             misuse = Misuse.REPLICATE_AFTER_FULLY_SHARD
-    tree = draw(module_trees(max_depth=max_depth, widths=widths))
+    tree = draw(module_trees(max_depth=max_depth, widths=widths, extended=True))
     paths = [p for p, n in tree.paths().items() if has_params(n)]
     if misuse is Misuse.UNEVEN_SHARD_DIM_1:
         paths = [p for p in paths if _has_matrix(tree, p)]

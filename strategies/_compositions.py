@@ -106,6 +106,18 @@ def rare_int_reshard_dim_1(draw: st.DrawFn, reshard: bool | int, shard_dim: int)
     return shard_dim
 
 
+def _tied_group(draw: st.DrawFn, tree: ModuleTree, chosen: list[str], mode: str) -> list[str]:
+    """Where the tree's head is tied to its embedding, fully_shard takes both in one unit or
+    neither (fuzz.model.rules, the invalid property's tied_across_units): takes them out of
+    ``chosen`` (in place) and returns the group ``[embedding, head]`` to shard where one of them
+    was drawn (both sit at depth 0, so they group), or nothing. Not under a replicated root,
+    where a group would be a root of its own."""
+    if tree.tied is None or not any(p in chosen for p in tree.tied):
+        return []
+    chosen[:] = [p for p in chosen if p not in tree.tied]
+    return list(tree.tied) if mode != "replicate-root" and draw(st.sampled_from((True, True, False))) else []
+
+
 @st.composite
 def compositions(
     draw: st.DrawFn,
@@ -131,9 +143,11 @@ def compositions(
     candidates = [p for p, n in paths.items() if p and has_params(n)]
     mode = draw(st.sampled_from(["fsdp", "replicate-root", "replicate-sub"])) if replicate else "fsdp"
     chosen = draw(st.lists(st.sampled_from(candidates), unique=True)) if candidates else []
+    tied = _tied_group(draw, tree, chosen, mode)
     replicates: list[str] = []
     if mode == "replicate-sub":
-        replicates = draw(_disjoint_subset([p for p in candidates if p not in chosen], [], min_size=1))
+        free = [p for p in candidates if p not in chosen and p not in (tree.tied or ())]
+        replicates = draw(_disjoint_subset(free, [], min_size=1))
     if mode == "replicate-root":
         replicates = [""]
     # DDP (inside replicate) refuses a module with no trainable parameter of its own to manage.
@@ -149,6 +163,8 @@ def compositions(
             groups[-1].append(p)
         else:
             groups.append([p])
+    if tied:
+        groups.append(tied)
     if mode != "replicate-root":
         groups.append([""])
     policy = draw(mixed_precision_policies()) if mixed_precision else None

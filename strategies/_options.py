@@ -73,6 +73,17 @@ def checkpoint_takes(option: str) -> bool:
     return f'"{option}"' in _source("torch.distributed._composable.checkpoint_activation", "checkpoint")
 
 
+@cache
+def fully_shard_refuses_shared() -> bool:
+    """Whether the installed torch's fully_shard refuses a parameter that two units manage
+    (``FSDPState._validate_no_duplicate_params``, torch 2.13; torch 2.11 raised nothing)."""
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
+    except ImportError:
+        return False
+    return hasattr(FSDPState, "_validate_no_duplicate_params")
+
+
 def _valid(tree: ModuleTree, comp: Composition) -> bool:
     try:
         check_composition(tree, comp)

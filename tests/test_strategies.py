@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import strategies._cases as strategies_cases
-from fuzz._rank.models import TreeBlock, build_model
+from fuzz._rank.models import Attention, Mlp, TreeBlock, build_model, sample_batch
 from fuzz.errors import InvalidArgument, ShardfuzzError
 from fuzz.model import Block, Case, Leaf, LeafKind, Optimizer, ParityBody, Wrapper, case_from_json, case_to_json
 from fuzz.properties.parity import features
@@ -46,6 +46,11 @@ _LEAF_TYPES = {
     LeafKind.GELU: nn.GELU,
     LeafKind.CONV1D: nn.Conv1d,
     LeafKind.DROPOUT: nn.Dropout,
+    LeafKind.RMS_NORM: nn.RMSNorm,
+    LeafKind.MLP: Mlp,
+    LeafKind.ATTENTION: Attention,
+    LeafKind.EMBEDDING: nn.Embedding,
+    LeafKind.HEAD: nn.Linear,
 }
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -78,12 +83,17 @@ def _check_case_builds(case: Case, world_size: int) -> None:
 
     dtype = _DTYPES[body.training.dtype.value]
     model = model.to(dtype)
-    x = torch.randn(2, tree.width, generator=torch.Generator().manual_seed(case.seed), dtype=dtype)
+    x, target = sample_batch(tree, 2, torch.Generator().manual_seed(case.seed), dtype)
     with torch.no_grad():
         y = model(x)
-    assert y.shape == (2, tree.width)
+    lead = (2, tree.seq) if tree.seq else (2,)
+    assert y.shape == (*lead, tree.vocab if tree.head is not None else tree.width)
+    assert target.shape == (lead if tree.head is not None else y.shape)
     assert y.dtype == dtype
     assert torch.isfinite(y).all()
+    if tree.tied is not None:
+        embedding, head = (model.get_submodule(p) for p in tree.tied)
+        assert head.weight is embedding.weight
 
 
 @FAST

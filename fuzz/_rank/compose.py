@@ -18,7 +18,7 @@ from torch import nn
 
 from fuzz._rank.context import RankContext
 from fuzz._rank.knobs import KnobState
-from fuzz._rank.models import FUSED_CHILD, build_model
+from fuzz._rank.models import FUSED_CHILD, build_model, own_parameters
 from fuzz._rank.options import checkpoint_kwargs, replicate_kwargs
 from fuzz.model import Composition, Dtype, Layout, MixedPrecision, ModuleTree, ShardSpec, Training, Wrapper, is_ancestor
 
@@ -191,9 +191,7 @@ def apply_fully_shard(model: nn.Module, spec: ShardSpec, mesh: Any, spmd: bool =
     if spec.offload:
         kwargs["offload_policy"] = CPUOffloadPolicy()
     if spec.ignored:
-        kwargs["ignored_params"] = {
-            p for path in spec.ignored for p in model.get_submodule(path).parameters(recurse=False)
-        }
+        kwargs["ignored_params"] = {p for path in spec.ignored for p in own_parameters(model.get_submodule(path))}
     modules = [model.get_submodule(p) for p in spec.paths]
     fully_shard(modules if spec.group else modules[0], **kwargs)
 
@@ -301,7 +299,7 @@ def desynchronize(model: nn.Module, paths: list[str], rank: int, buffers: bool) 
     with torch.no_grad():
         for path in paths:
             module = model.get_submodule(path)
-            tensors = [*module.parameters(recurse=False), *(module.buffers(recurse=False) if buffers else ())]
+            tensors = [*own_parameters(module), *(module.buffers(recurse=False) if buffers else ())]
             for t in tensors:
                 if t.is_floating_point():
                     t.add_(0.5 * rank)

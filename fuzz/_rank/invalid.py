@@ -11,10 +11,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from fuzz._rank.context import RankContext
-from fuzz._rank.models import build_model
+from fuzz._rank.models import build_model, loss_of, sample_batch
 from fuzz.model import Case, InvalidBody, Misuse
 
 
@@ -29,7 +28,9 @@ def run_invalid(case: Case, body: InvalidBody, ctx: RankContext) -> dict[str, An
     target = model.get_submodule(body.path)
     raised: dict[str, str] | None = None
     try:
-        if body.misuse is Misuse.REPLICATE_AFTER_FULLY_SHARD:
+        if body.misuse is Misuse.TIED_ACROSS_UNITS:
+            fully_shard(target, mesh=mesh)  # the other module of the tied pair stays in the root's unit
+        elif body.misuse is Misuse.REPLICATE_AFTER_FULLY_SHARD:
             fully_shard(target, mesh=mesh)
             replicate(target)
         elif body.misuse is Misuse.UNEVEN_SHARD_DIM_1:
@@ -38,8 +39,8 @@ def run_invalid(case: Case, body: InvalidBody, ctx: RankContext) -> dict[str, An
             checkpoint(target, use_reentrant=True)
         if body.path:
             fully_shard(model, mesh=mesh)
-        x = torch.randn(2, body.tree.width, device=ctx.device)
-        F.mse_loss(model(x), torch.zeros_like(x)).backward()
+        x, y = sample_batch(body.tree, 2, torch.Generator().manual_seed(case.seed), torch.float32)
+        loss_of(body.tree, model(x.to(ctx.device)), y.to(ctx.device), torch.float32).backward()
     except Exception as e:
         raised = {"type": f"{type(e).__module__}.{type(e).__qualname__}", "message": str(e)[:500]}
     dist.barrier()

@@ -10,9 +10,18 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from fuzz.model import DEFAULT_FQN_MODIFIERS, Leaf, LeafKind, ModuleTree, Node
+from fuzz.model import (
+    DEFAULT_FQN_MODIFIERS,
+    MLP_EXPAND,
+    Leaf,
+    LeafKind,
+    ModuleTree,
+    Node,
+    attention_heads,
+)
 
 
 class TreeBlock(nn.Module):
@@ -46,7 +55,9 @@ class TreeBlock(nn.Module):
 
 
 class PointwiseConv1d(nn.Conv1d):
-    """Conv1d with kernel 1 applied to (batch, width) as a length-1 sequence.
+    """Conv1d over the sequence of a (batch, seq, width) activation (moved to (batch, width,
+    seq) and back), or over (batch, width) as a length-1 sequence; kernel 1, or more with
+    padding 'same'.
 
     In an SPMD program with tensor parallelism, an activation after a rowwise pair's output
     (a LayerNorm, a residual add) may have its batch dimension sharded on two mesh dimensions
@@ -57,7 +68,50 @@ class PointwiseConv1d(nn.Conv1d):
     included, goes to the convolution as it is."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 3:
+            return super().forward(x.transpose(1, 2)).transpose(1, 2)
         return super().forward(_one_shard_per_dim(x).unsqueeze(-1)).squeeze(-1)
+
+
+class Attention(nn.Module):
+    """Self-attention over the sequence: q, k, v, o projections (Linear(W, W)) and
+    ``F.scaled_dot_product_attention`` with ``heads`` heads, causal or not. A (batch, width)
+    activation is a length-1 sequence."""
+
+    def __init__(self, width: int, bias: bool, causal: bool) -> None:
+        super().__init__()
+        # registered in ATTENTION_PARTS's order: q, k, v, o
+        self.q = nn.Linear(width, width, bias=bias)
+        self.k = nn.Linear(width, width, bias=bias)
+        self.v = nn.Linear(width, width, bias=bias)
+        self.o = nn.Linear(width, width, bias=bias)
+        self.heads = attention_heads(width)
+        self.causal = causal
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.unsqueeze(1) if x.dim() == 2 else x
+        b, s, w = h.shape
+
+        def split(t: torch.Tensor) -> torch.Tensor:
+            return t.reshape(b, s, self.heads, w // self.heads).transpose(1, 2)
+
+        q, k, v = split(self.q(h)), split(self.k(h)), split(self.v(h))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        out = self.o(out.transpose(1, 2).reshape(b, s, w))
+        return out.squeeze(1) if x.dim() == 2 else out
+
+
+class Mlp(nn.Module):
+    """up: Linear(W, MLP_EXPAND * W), GELU, down: Linear(MLP_EXPAND * W, W): Linears that change
+    the width inside a leaf that keeps it."""
+
+    def __init__(self, width: int, bias: bool) -> None:
+        super().__init__()
+        self.up = nn.Linear(width, MLP_EXPAND * width, bias=bias)
+        self.down = nn.Linear(MLP_EXPAND * width, width, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.gelu(self.up(x)))
 
 
 def _one_shard_per_dim(x: torch.Tensor) -> torch.Tensor:
@@ -77,20 +131,32 @@ def _one_shard_per_dim(x: torch.Tensor) -> torch.Tensor:
     return x if tuple(placements) == tuple(x.placements) else x.redistribute(x.device_mesh, placements)
 
 
-def build_leaf(leaf: Leaf, width: int) -> nn.Module:
-    module = _build_leaf(leaf, width)
+def build_leaf(leaf: Leaf, width: int, vocab: int = 0) -> nn.Module:
+    module = _build_leaf(leaf, width, vocab)
     if leaf.frozen:
         module.requires_grad_(False)
     return module
 
 
-def _build_leaf(leaf: Leaf, width: int) -> nn.Module:
+def _build_leaf(leaf: Leaf, width: int, vocab: int) -> nn.Module:
     if leaf.kind is LeafKind.LINEAR:
         return nn.Linear(width, width, bias=leaf.bias)
     if leaf.kind is LeafKind.LAYER_NORM:
         return nn.LayerNorm(width, bias=leaf.bias)
     if leaf.kind is LeafKind.CONV1D:
-        return PointwiseConv1d(width, width, kernel_size=1, bias=leaf.bias)
+        if leaf.kernel == 1:
+            return PointwiseConv1d(width, width, kernel_size=1, bias=leaf.bias)
+        return PointwiseConv1d(width, width, kernel_size=leaf.kernel, padding="same", bias=leaf.bias)
+    if leaf.kind is LeafKind.RMS_NORM:
+        return nn.RMSNorm(width)
+    if leaf.kind is LeafKind.MLP:
+        return Mlp(width, leaf.bias)
+    if leaf.kind is LeafKind.ATTENTION:
+        return Attention(width, leaf.bias, leaf.causal)
+    if leaf.kind is LeafKind.EMBEDDING:
+        return nn.Embedding(vocab, width, padding_idx=0 if leaf.padding else None)
+    if leaf.kind is LeafKind.HEAD:
+        return nn.Linear(width, vocab, bias=leaf.bias)
     if leaf.kind is LeafKind.DROPOUT:
         return nn.Dropout(0.5)
     if leaf.kind is LeafKind.RELU:
@@ -102,10 +168,16 @@ def _build_leaf(leaf: Leaf, width: int) -> nn.Module:
     raise AssertionError(f"unhandled leaf kind {leaf.kind}")
 
 
-def build_node(node: Node, width: int) -> nn.Module:
+def build_node(node: Node, width: int, vocab: int = 0) -> nn.Module:
+    """The module of ``node``; a block whose last child is a tied head gets the weight of its
+    first child (the embedding) there: one Parameter in two modules."""
     if isinstance(node, Leaf):
-        return build_leaf(node, width)
-    return TreeBlock([build_node(c, width) for c in node.children], node.residual, width, node.scale, node.buffer)
+        return build_leaf(node, width, vocab)
+    children = [build_node(c, width, vocab) for c in node.children]
+    last = node.children[-1]
+    if isinstance(last, Leaf) and last.kind is LeafKind.HEAD and last.tied:
+        children[-1].weight = children[0].weight
+    return TreeBlock(children, node.residual, width, node.scale, node.buffer)
 
 
 #: The name of the child a :class:`FusedLeaf` holds its leaf under: its state dict hides it.
@@ -159,9 +231,40 @@ def fuse(model: nn.Module, paths: tuple[str, ...], method: str = DEFAULT_FQN_MOD
         owner.add_module(name, FusedLeaf(owner.get_submodule(name), method))
 
 
+def own_parameters(module: nn.Module) -> list[nn.Parameter]:
+    """The parameters the tree node built as ``module`` holds as its own: a block's own (its
+    scale), a leaf's all (an attention's q, k, v, o; an MLP's up, down)."""
+    return list(module.parameters(recurse=not isinstance(module, TreeBlock)))
+
+
 def build_model(tree: ModuleTree, device: torch.device) -> nn.Module:
     with torch.device(device):
-        return build_node(tree.root, tree.width)
+        return build_node(tree.root, tree.width, tree.vocab)
+
+
+def sample_batch(tree: ModuleTree, rows: int, gen: torch.Generator, dtype: torch.dtype) -> tuple[Any, Any]:
+    """``rows`` inputs and targets for ``tree`` from ``gen``: float (rows, [seq,] width) inputs,
+    or integer tokens where the tree has a vocabulary; targets the output's shape (floats), or
+    tokens where the tree ends in a head (its loss is cross-entropy). A tree of the first kind
+    (no sequence, no vocabulary) draws what it always drew: corpus entries replay unchanged."""
+    lead = (rows, tree.seq) if tree.seq else (rows,)
+    if tree.vocab:
+        x = torch.randint(tree.vocab, lead, generator=gen)
+    else:
+        x = torch.randn(*lead, tree.width, generator=gen, dtype=dtype)
+    if tree.head is not None:
+        y = torch.randint(tree.vocab, lead, generator=gen)
+    else:
+        y = torch.randn(*lead, tree.width, generator=gen, dtype=dtype)
+    return x, y
+
+
+def loss_of(tree: ModuleTree, out: torch.Tensor, y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The loss the tree chooses: cross-entropy over the vocabulary where it ends in a head
+    (the logits in the training's ``dtype``), else MSE against ``y`` (in ``y``'s dtype)."""
+    if tree.head is not None:
+        return F.cross_entropy(out.to(dtype).reshape(-1, tree.vocab), y.reshape(-1))
+    return F.mse_loss(out.to(y.dtype), y)
 
 
 def tree_blocks(model: nn.Module) -> dict[str, TreeBlock]:

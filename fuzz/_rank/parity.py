@@ -19,21 +19,23 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 from fuzz._rank.compose import TORCH_DTYPES, Composed, build_composed, clean_name, mesh_for, spmd_backward, spmd_part
 from fuzz._rank.compose import apply_fully_shard as apply_fully_shard  # re-exported for other programs
 from fuzz._rank.context import RankContext
 from fuzz._rank.knobs import fsdp_sharded
-from fuzz._rank.models import build_model, set_skipped, tree_blocks
+from fuzz._rank.models import build_model, loss_of, sample_batch, set_skipped, tree_blocks
 from fuzz._rank.options import delay_problems, ignored_problems
 from fuzz.model import (
     AccumSync,
+    Block,
     Case,
     Compile,
     Composition,
     Layout,
+    Leaf,
+    LeafKind,
     MetamorphicBody,
     MixedPrecision,
     ModuleTree,
@@ -70,10 +72,14 @@ def full_parameters(model: nn.Module) -> dict[str, list[float]]:
 
 
 def batches(
-    case: Case, training: Training, width: int, ctx: RankContext, tp_size: int = 1
+    case: Case, training: Training, tree: ModuleTree | int, ctx: RankContext, tp_size: int = 1
 ) -> list[list[tuple[Any, Any]]]:
-    """Per step, per microbatch: this rank's (input, target), from a generator seeded by the case.
-    The ranks of one tensor-parallel group (``tp_size`` consecutive ranks) share their input."""
+    """Per step, per microbatch: this rank's (input, target), from a generator seeded by the case
+    (:func:`fuzz._rank.models.sample_batch`; an int ``tree`` is the width of a tree without
+    sequence or vocabulary). The ranks of one tensor-parallel group (``tp_size`` consecutive
+    ranks) share their input."""
+    if isinstance(tree, int):
+        tree = ModuleTree(width=tree, root=Block(children=(Leaf(LeafKind.LINEAR),)))
     dtype = TORCH_DTYPES[training.dtype]
     gen = torch.Generator().manual_seed(case.seed)
     b = training.batch_per_rank
@@ -82,8 +88,7 @@ def batches(
     for _ in range(training.steps):
         step = []
         for _ in range(training.grad_accum):
-            x = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
-            y = torch.randn(ctx.world_size * b, width, generator=gen, dtype=dtype)
+            x, y = sample_batch(tree, ctx.world_size * b, gen, dtype)
             step.append((x[lo : lo + b].to(ctx.device), y[lo : lo + b].to(ctx.device)))
         out.append(step)
     return out
@@ -148,7 +153,8 @@ class _Contracts:
                 continue
             for path in spec.paths:
                 for sub, _ in iter_paths_of(self.model, path):
-                    if (sub != path and _under_other_unit(sub, path, sharded)) or sub in spec.ignored:
+                    tree_path = ".".join(c for c in sub.split(".") if c.isdigit())  # a leaf's part is the leaf's
+                    if (sub != path and _under_other_unit(sub, path, sharded)) or tree_path in spec.ignored:
                         continue  # another unit's, or left unsharded by ignored_params
                     mod = self.model.get_submodule(sub)
                     flags += [fsdp_sharded(p) for p in mod.parameters(recurse=False)]
@@ -234,7 +240,7 @@ def train(
     params_per_step: list[dict[str, list[float]]] = []
     grad_norms: list[float] = []
     unreduced: dict[int, torch.Tensor] = {}  # the reference's unreduced gradient sums under `precision`
-    for s, step in enumerate(batches(case, training, tree.width, ctx, tp_size)):
+    for s, step in enumerate(batches(case, training, tree, ctx, tp_size)):
         for path in [u.path for u in training.unfreeze if u.step == s]:
             for p in later[path]:
                 p.requires_grad_(True)
@@ -256,7 +262,7 @@ def train(
             if composed.knobs is not None:
                 composed.knobs.before_microbatch(first=s == 0 and i == 0, last=last)
             if precision is not None:
-                loss = _low_precision_microbatch(model, x, y, precision, training, ctx, unreduced, sync, hsdp)
+                loss = _low_precision_microbatch(model, tree, x, y, precision, training, ctx, unreduced, sync, hsdp)
                 step_losses.append(loss.item())
                 continue
             with ctx_mgr:
@@ -274,7 +280,7 @@ def train(
                 if spmd is not None:
                     loss = spmd_backward(out, y, spmd, composed.spmd_mse_loss)
                 else:
-                    loss = F.mse_loss(out.to(y.dtype), y)
+                    loss = loss_of(tree, out, y, dtype)
                     loss.backward()
             step_losses.append(loss.item())
         if comp is None and precision is None:
@@ -303,9 +309,8 @@ def _unfrozen_later(model: nn.Module, training: Training) -> dict[str, list[nn.P
     plain-model names through any wrapper, before anything ran."""
     out: dict[str, list[nn.Parameter]] = {u.path: [] for u in training.unfreeze}
     for name, p in model.named_parameters():
-        owner = ".".join(c for c in clean_name(name).split(".")[:-1] if c.isdigit())
-        if owner in out:
-            out[owner].append(p)
+        if owner_path(name) in out:
+            out[owner_path(name)].append(p)
     return out
 
 
@@ -327,20 +332,28 @@ class _null:
         return None
 
 
+def owner_path(name: str) -> str:
+    """The tree path of the module that holds the parameter ``name`` as its own (through any
+    wrapper prefix, and through a leaf's parts: ``1.0.q.weight`` is the attention leaf ``1.0``'s):
+    tree paths are digits only, wrappers' and parts' names are not."""
+    return ".".join(c for c in clean_name(name).split(".")[:-1] if c.isdigit())
+
+
 def _average_gradients(
     model: nn.Module, ctx: RankContext, scales: dict[str, float], local: frozenset[str] = frozenset()
 ) -> None:
     for name, p in model.named_parameters():
-        if p.grad is not None and name.rpartition(".")[0] not in local:
+        if p.grad is not None and owner_path(name) not in local:
             dist.all_reduce(p.grad)
             p.grad /= ctx.world_size
-            scale = scales.get(name.rpartition(".")[0], 1.0)
+            scale = scales.get(owner_path(name), 1.0)
             if scale != 1.0:
                 p.grad *= scale
 
 
 def _low_precision_microbatch(
     model: nn.Module,
+    tree: ModuleTree,
     x: torch.Tensor,
     y: torch.Tensor,
     mp: MixedPrecision,
@@ -379,10 +392,10 @@ def _low_precision_microbatch(
     compute = TORCH_DTYPES[mp.param_dtype] if mp.param_dtype is not None else base
     reduce = TORCH_DTYPES[mp.reduce_dtype] if mp.reduce_dtype is not None else compute
     shadow = copy.deepcopy(model).to(compute)
-    out = shadow(x.to(compute))
+    out = shadow(x.to(compute) if x.is_floating_point() else x)  # cast_forward_inputs casts floats only
     if mp.output_dtype is not None:
         out = out.to(TORCH_DTYPES[mp.output_dtype])
-    loss = F.mse_loss(out.to(y.dtype), y)
+    loss = loss_of(tree, out, y, base)
     loss.backward()
     for i, (p, q) in enumerate(zip(model.parameters(), shadow.parameters())):
         if q.grad is None:
@@ -489,7 +502,7 @@ def _local_replicated(model: nn.Module, local: frozenset[str] = frozenset()) -> 
         if not isinstance(p, DTensor)
         and not n.startswith("_fsdp_wrapped_module")
         and "_fsdp" not in n
-        and clean_name(n).rpartition(".")[0] not in local
+        and owner_path(n) not in local
     }
 
 

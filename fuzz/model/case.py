@@ -14,7 +14,7 @@ from fuzz.errors import CaseError
 from fuzz.model.composition import Composition
 from fuzz.model.rules import check_composition, check_mesh, check_training
 from fuzz.model.training import AccumSync, Training
-from fuzz.model.tree import Block, Leaf, LeafKind, ModuleTree, has_params, iter_paths
+from fuzz.model.tree import MATRIX_LEAVES, Block, Leaf, ModuleTree, has_params, iter_paths
 
 MAX_WORLD_SIZE = 64
 
@@ -130,6 +130,12 @@ class Misuse(str, enum.Enum):
     #: composable ``checkpoint(module, use_reentrant=True)``: NotImplementedError ("use
     #: torch.utils.checkpoint.checkpoint instead")
     CHECKPOINT_USE_REENTRANT = "checkpoint_use_reentrant"
+    #: fully_shard on one module of a tied pair (embedding, head) and the other left to the
+    #: root's unit: ValueError at lazy init, "Parameter ... is shared with a parameter already
+    #: managed by another FSDP group. For shared/tied parameters, use fully_shard([module_a,
+    #: module_b])" (torch 2.13's FSDPState._validate_no_duplicate_params; torch 2.11 raised
+    #: nothing, so the strategies draw it only where torch has that check)
+    TIED_ACROSS_UNITS = "tied_across_units"
 
 
 @dataclass(frozen=True)
@@ -151,8 +157,10 @@ class InvalidBody(Body):
         if self.misuse is Misuse.UNEVEN_SHARD_DIM_1:
             sub = paths[self.path]
             matrices = [n for _, n in iter_paths(sub)] if isinstance(sub, Block) else [sub]
-            if not any(isinstance(n, Leaf) and n.kind in (LeafKind.LINEAR, LeafKind.CONV1D) for n in matrices):
+            if not any(isinstance(n, Leaf) and n.kind in MATRIX_LEAVES and has_params(n) for n in matrices):
                 raise CaseError("path", f"{self.path!r} has no weight matrix to shard on dim 1")
+        if self.misuse is Misuse.TIED_ACROSS_UNITS and (self.tree.tied is None or self.path not in self.tree.tied):
+            raise CaseError("path", f"{self.path!r} is not the embedding or the head of a tied pair")
 
     def validate_for(self, world_size: int) -> None:
         if self.misuse is Misuse.UNEVEN_SHARD_DIM_1 and self.tree.width % world_size == 0:

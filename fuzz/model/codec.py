@@ -18,7 +18,12 @@ from fuzz.errors import CaseError
 from fuzz.model.case import BODY_MODULES, Body, Case
 from fuzz.model.tree import Block, Leaf
 
-SCHEMA_VERSION = 1
+#: 2: trees with a sequence and a vocabulary (``ModuleTree.seq``, ``vocab``) and leaves with
+#: ``kernel``, ``causal``, ``padding``, ``tied`` (and the new leaf kinds). Schema 1 JSON has none
+#: of them and decodes with their defaults: the case it always was.
+SCHEMA_VERSION = 2
+#: Every schema this shardfuzz reads.
+READABLE_SCHEMAS = (1, 2)
 
 
 def _default(f: dataclasses.Field[Any]) -> Any:
@@ -66,12 +71,12 @@ def case_from_json(data: Any, path: str = "case") -> Case:
     if not isinstance(data, dict):
         raise CaseError(path, f"expected a JSON object, got {type(data).__name__}")
     schema = data.get("schema")
-    if isinstance(schema, bool) or not isinstance(schema, int) or schema != SCHEMA_VERSION:
-        if isinstance(schema, int) and schema > SCHEMA_VERSION:
+    if isinstance(schema, bool) or not isinstance(schema, int) or schema not in READABLE_SCHEMAS:
+        if isinstance(schema, int) and not isinstance(schema, bool) and schema > SCHEMA_VERSION:
             raise CaseError(
                 f"{path}.schema", f"schema {schema} is newer than this shardfuzz ({SCHEMA_VERSION}); upgrade shardfuzz"
             )
-        raise CaseError(f"{path}.schema", f"unsupported schema {schema!r}; expected {SCHEMA_VERSION}")
+        raise CaseError(f"{path}.schema", f"unsupported schema {schema!r}; expected one of {list(READABLE_SCHEMAS)}")
     body = {k: v for k, v in data.items() if k != "schema"}
     result = _decode(Case, body, path)
     assert isinstance(result, Case)

@@ -25,6 +25,7 @@ from fuzz.model.tree import (
     has_leaf,
     has_params,
     is_ancestor,
+    is_classic,
     owns_params,
 )
 
@@ -80,7 +81,12 @@ def check_composition(tree: ModuleTree, comp: Composition, where: str = "composi
         # Shard(0)]), which DTensor's convolution handler refuses: "DTensor operator
         # implementation does not support things like hybrid sharding strategies yet" (torch 2.13).
         raise CaseError(f"{where}.spmd", "an SPMD composition on an HSDP mesh is drawn for trees without conv1d")
+    if (comp.spmd or comp.tp) and not is_classic(tree):
+        # Not drawn yet: the SPMD program's loss and batch placements, and the tensor-parallel
+        # pairs' layouts, are written for (B, W) float activations of the first leaf kinds.
+        raise CaseError(f"{where}.{'spmd' if comp.spmd else 'tp'}", "drawn for trees of the first leaf kinds only")
     _check_tp(tree, comp, where)
+    _check_tied(tree, comp, where)
     _check_replicate_options(tree, comp, where)
     _check_checkpoint_options(tree, comp, where)
     _check_ignored_params(tree, comp, where)
@@ -97,6 +103,37 @@ def check_composition(tree: ModuleTree, comp: Composition, where: str = "composi
 
 
 TP_BETWEEN = frozenset({LeafKind.RELU, LeafKind.TANH, LeafKind.GELU})
+
+
+def _check_tied(tree: ModuleTree, comp: Composition, where: str) -> None:
+    """A tied embedding and head (one Parameter in two modules) are managed by one unit.
+    fully_shard's lazy init refuses a parameter two units manage: "Parameter ... is shared with
+    a parameter already managed by another FSDP group. For shared/tied parameters, use
+    fully_shard([module_a, module_b]) to place them in the same FSDP group" (torch 2.13,
+    FSDPState._validate_no_duplicate_params; the ``invalid`` property's tied_across_units), and
+    the same Parameter under fully_shard in one place and replicate in the other is a DTensor
+    and a plain tensor at once. Neither may be ignored by a unit (ignored_params,
+    ignored_modules): the other's unit would still manage it. Meta-device init is not drawn with
+    tying: ``to_empty`` materializes each module's parameters on its own, which unties them
+    (users tie again after it), and the suite copies values in without re-tying."""
+    tied = tree.tied
+    if tied is None or comp.wrapper is not Wrapper.NONE:
+        return  # DDP and FSDP1 wrap both in the root's unit (auto-wrapping takes blocks only)
+    embedding, head = tied
+    layout = Layout(tree, comp)
+    covering = [layout.unit_of(p) for p in tied]
+    if any(contains(i, p) for p in tied for i in comp.replicate_options.ignored_modules) or any(
+        p in comp.shard_ignored for p in tied
+    ):
+        raise CaseError(f"{where}.shards", f"the tied {embedding!r} / {head!r} are not drawn ignored by a unit")
+    if covering[0] != covering[1]:
+        raise CaseError(
+            f"{where}.shards",
+            f"the tied embedding {embedding!r} and head {head!r} are managed by two units "
+            f"({', '.join(repr(u and u.members) for u in covering)}): fully_shard([embedding, head]) or neither",
+        )
+    if comp.meta_init:
+        raise CaseError(f"{where}.meta_init", "meta-device init unties the tied embedding and head (to_empty)")
 
 
 def _trainable_params(node: Node) -> bool:
@@ -252,6 +289,10 @@ def check_training(tree: ModuleTree, comps: tuple[Composition, ...], t: Training
     for i, skip in enumerate(t.skips):
         if skip.path not in paths or skip.path == "":
             raise CaseError(f"{where}.skips[{i}].path", f"{skip.path!r} names no module below the root")
+        if skip.path in tree.shape_changing:
+            # A module left out passes its input on; tokens cannot stand for an embedding's
+            # output, nor the width for the vocabulary.
+            raise CaseError(f"{where}.skips[{i}].path", f"{skip.path!r} changes the activation's shape: not skipped")
     for i, later in enumerate(t.unfreeze):
         node = paths.get(later.path)
         if not (isinstance(node, Leaf) and node.frozen):

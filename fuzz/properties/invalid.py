@@ -15,6 +15,10 @@ EXPECTED: dict[Misuse, tuple[str, str]] = {
     Misuse.REPLICATE_AFTER_FULLY_SHARD: ("builtins.RuntimeError", r"Cannot apply `?replicate\(\)`?"),
     Misuse.UNEVEN_SHARD_DIM_1: ("builtins.NotImplementedError", r"uneven sharding on dim 1"),
     Misuse.CHECKPOINT_USE_REENTRANT: ("builtins.NotImplementedError", r"use_reentrant=True is not supported"),
+    Misuse.TIED_ACROSS_UNITS: (
+        "builtins.ValueError",
+        r"is shared with a parameter already managed by another FSDP group",
+    ),
 }
 
 

@@ -33,6 +33,7 @@ from fuzz.model import (
     Wrapper,
     has_params,
     mixed_precision_comparable,
+    param_names,
 )
 from fuzz.properties import Property, register, strategy
 from fuzz.signature import Failure, Signature, failure_from_outcome
@@ -247,12 +248,7 @@ def _replicated_names(tree: ModuleTree, comp: Composition, path: str) -> list[st
         node = layout.paths[sub]
         rel = sub[len(path) + 1 :] if path and sub != path else ("" if sub == path else sub)
         prefix = f"{rel}." if rel else ""
-        if isinstance(node, Leaf):
-            names.append(prefix + "weight")
-            if node.bias:
-                names.append(prefix + "bias")
-        elif isinstance(node, Block) and node.scale:
-            names.append(prefix + "scale")
+        names += [prefix + name for name in param_names(node)]
     return names
 
 
@@ -390,12 +386,27 @@ def composition_features(comp: Composition, world_size: int, prefix: str = "") -
 
 
 def tree_features(tree: ModuleTree, world_size: int) -> list[str]:
+    """What the tree is made of: its leaves (``leaf:<kind>``, with ``:no-bias``, conv1d's
+    ``:kernel>1``, attention's ``:causal``, an embedding's ``:padding_idx``, a head's ``:tied``),
+    its blocks' own parameters and buffers, its shards' evenness, and the model's shape
+    (``model:sequence``, ``model:tokens``, ``loss:cross_entropy``)."""
     out = ["shards:uneven" if tree.width % world_size else "shards:even"]
     if tree.width < world_size:
         out.append("shards:empty")
+    if tree.seq:
+        out.append("model:sequence")
+    if tree.vocab:
+        out.append("model:tokens")
+    if tree.head is not None:
+        out.append("loss:cross_entropy")  # else MSE, the loss of every tree of the first kind
     for node in tree.paths().values():
         if isinstance(node, Leaf):
             out.append(f"leaf:{node.kind.value}" + ("" if node.bias else ":no-bias"))
+            for flag, name in ((node.kernel > 1, "kernel>1"), (node.causal, "causal"), (node.padding, "padding_idx")):
+                if flag:
+                    out.append(f"leaf:{node.kind.value}:{name}")
+            if node.tied:
+                out.append("param:tied")
             if node.frozen:
                 out.append("param:frozen")
         elif isinstance(node, Block):

@@ -1,0 +1,354 @@
+"""The generated world holds the models people train (issue 46): sequences, token inputs
+through an embedding, a vocabulary head tied to it or not, cross-entropy, RMSNorm, MLPs that
+change the width, attention, convolutions over the sequence. Their validity rules, how they are
+built, how they shrink, and that they train like the reference on the session's rank pool."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, Phase, find, given, settings
+from hypothesis import strategies as st
+
+from fuzz._rank.models import build_leaf, build_model, loss_of, sample_batch
+from fuzz.errors import CaseError
+from fuzz.model import (
+    AccumSync,
+    Block,
+    Case,
+    Composition,
+    Dtype,
+    InvalidBody,
+    Leaf,
+    LeafKind,
+    MetamorphicBody,
+    Misuse,
+    MixedPrecision,
+    ModuleTree,
+    Optimizer,
+    ParityBody,
+    ShardSpec,
+    Skip,
+    Training,
+    Wrapper,
+    case_from_json,
+    case_to_json,
+    param_names,
+)
+from fuzz.properties import get_property
+from strategies import compositions, invalid_cases, module_trees, parity_cases, tied_trees, trainings
+from strategies._options import fully_shard_refuses_shared
+
+FAST = settings(
+    max_examples=50,
+    database=None,
+    deadline=None,
+    phases=[Phase.generate],
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+def _lm(*, seq: int = 3, vocab: int = 7, head: bool = True, tied: bool = True, bias: bool = True) -> ModuleTree:
+    """Embedding, an attention block (RMSNorm, causal attention, residual, own scale), an MLP
+    block, a convolution over the sequence, a head tied to the embedding."""
+    children: list[Any] = [Leaf(LeafKind.EMBEDDING, padding=True)] if vocab else []
+    children += [
+        Block(
+            children=(Leaf(LeafKind.RMS_NORM), Leaf(LeafKind.ATTENTION, causal=True, bias=bias)),
+            residual=True,
+            scale=True,
+        ),
+        Block(children=(Leaf(LeafKind.LAYER_NORM), Leaf(LeafKind.MLP, bias=bias)), residual=True),
+        Leaf(LeafKind.CONV1D, kernel=3),
+    ]
+    if head and vocab:
+        children.append(Leaf(LeafKind.HEAD, tied=tied, bias=bias))
+    return ModuleTree(width=4, seq=seq, vocab=vocab, root=Block(children=tuple(children)))
+
+
+# --------------------------------------------------------------------------------------------
+# Validity rules
+
+
+@pytest.mark.parametrize(
+    ("make", "path"),
+    [
+        (lambda: Leaf(LeafKind.LINEAR, kernel=3), "kernel"),
+        (lambda: Leaf(LeafKind.CONV1D, kernel=2), "kernel"),  # padding 'same' takes odd kernels
+        (lambda: Leaf(LeafKind.RMS_NORM, bias=False), "bias"),
+        (lambda: Leaf(LeafKind.EMBEDDING, bias=False), "bias"),
+        (lambda: Leaf(LeafKind.MLP, causal=True), "causal"),
+        (lambda: Leaf(LeafKind.LINEAR, padding=True), "padding"),
+        (lambda: Leaf(LeafKind.LINEAR, tied=True), "tied"),
+        (lambda: Leaf(LeafKind.HEAD, tied=True, frozen=True), "frozen"),
+        (lambda: ModuleTree(width=4, root=Block(children=(Leaf(LeafKind.EMBEDDING),))), "root.children[0]"),
+        (lambda: ModuleTree(width=4, vocab=5, root=Block(children=(Leaf(LeafKind.LINEAR),))), "root.children[0]"),
+        (
+            lambda: ModuleTree(
+                width=4,
+                vocab=5,
+                root=Block(children=(Leaf(LeafKind.EMBEDDING), Leaf(LeafKind.HEAD), Leaf(LeafKind.GELU))),
+            ),
+            "root.children[1]",
+        ),
+        (
+            lambda: ModuleTree(
+                width=4, vocab=5, root=Block(children=(Leaf(LeafKind.EMBEDDING), Leaf(LeafKind.HEAD)), scale=True)
+            ),
+            "root",
+        ),
+        (
+            lambda: ModuleTree(width=4, vocab=5, root=Block(children=(Leaf(LeafKind.EMBEDDING),), residual=True)),
+            "root.residual",
+        ),
+        (
+            lambda: ModuleTree(
+                width=4,
+                vocab=5,
+                root=Block(children=(Leaf(LeafKind.EMBEDDING, frozen=True), Leaf(LeafKind.HEAD, tied=True))),
+            ),
+            "root.children[0].frozen",
+        ),
+        (lambda: ModuleTree(width=4, seq=9, root=Block(children=(Leaf(LeafKind.LINEAR),))), "seq"),
+        (lambda: ModuleTree(width=4, vocab=1, root=Block(children=(Leaf(LeafKind.EMBEDDING),))), "vocab"),
+    ],
+)
+def test_malformed_trees_are_refused_with_the_field_named(make: Any, path: str) -> None:
+    with pytest.raises(CaseError) as err:
+        make()
+    assert err.value.path == path
+
+
+def test_a_tied_pair_split_over_two_units_is_refused_with_the_documented_reason() -> None:
+    tree = _lm()
+    split = Composition(shards=(ShardSpec(path="0"), ShardSpec(path="")))
+    with pytest.raises(CaseError, match=r"two units.*fully_shard\(\[embedding, head\]\)"):
+        ParityBody(tree=tree, composition=split)
+    with pytest.raises(CaseError, match="two units"):
+        ParityBody(tree=tree, composition=Composition(shards=(ShardSpec(path=""),), replicates=("4",)))
+    with pytest.raises(CaseError, match="unties"):
+        ParityBody(tree=tree, composition=Composition(shards=(ShardSpec(path=""),), meta_init=True))
+    # one unit for both: valid, grouped or under the root; and the wrappers take the whole model
+    ParityBody(tree=tree, composition=Composition(shards=(ShardSpec(path="0", group=("4",)), ShardSpec(path=""))))
+    ParityBody(tree=tree, composition=Composition(shards=(ShardSpec(path="1"), ShardSpec(path=""))))
+    ParityBody(tree=tree, composition=Composition(wrapper=Wrapper.DDP))
+    # untied, the same split is fine
+    ParityBody(tree=_lm(tied=False), composition=split)
+
+
+def test_the_embedding_and_the_head_are_never_left_out_of_forward() -> None:
+    tree = _lm()
+    comp = Composition(shards=(ShardSpec(path=""),))
+    for path in ("0", "4"):
+        with pytest.raises(CaseError, match="changes the activation's shape"):
+            ParityBody(tree=tree, composition=comp, training=Training(skips=(Skip(path=path, step=0),)))
+    ParityBody(tree=tree, composition=comp, training=Training(skips=(Skip(path="1", step=0),)))
+
+
+def test_spmd_and_tensor_parallel_compositions_keep_to_trees_of_the_first_kind() -> None:
+    with pytest.raises(CaseError, match="first leaf kinds"):
+        ParityBody(tree=_lm(), composition=Composition(shards=(ShardSpec(path=""),), spmd=True))
+
+
+def test_a_schema_1_entry_decodes_as_the_case_it_always_was() -> None:
+    tree = ModuleTree(width=3, root=Block(children=(Leaf(LeafKind.CONV1D), Leaf(LeafKind.LINEAR, bias=False))))
+    case = Case("parity", 2, 1, ParityBody(tree=tree, composition=Composition(shards=(ShardSpec(path=""),))))
+    data = case_to_json(case)
+    assert data["schema"] == 2
+    old = json.loads(json.dumps(data))
+    old["schema"] = 1
+    del old["body"]["tree"]["seq"], old["body"]["tree"]["vocab"]
+    for leaf in old["body"]["tree"]["root"]["children"]:
+        for name in ("kernel", "causal", "padding", "tied"):
+            del leaf[name]
+    assert case_from_json(old) == case
+    new = Case("parity", 2, 1, ParityBody(tree=_lm(), composition=Composition(shards=(ShardSpec(path=""),))))
+    assert case_from_json(json.loads(json.dumps(case_to_json(new)))) == new
+
+
+# --------------------------------------------------------------------------------------------
+# Building
+
+
+@pytest.mark.parametrize("kind", [LeafKind.MLP, LeafKind.ATTENTION, LeafKind.RMS_NORM, LeafKind.CONV1D])
+@pytest.mark.parametrize("bias", [True, False])
+def test_param_names_are_the_names_torch_registers(kind: LeafKind, bias: bool) -> None:
+    if kind is LeafKind.RMS_NORM and not bias:
+        return
+    leaf = Leaf(kind, bias=bias)
+    assert [n for n, _ in build_leaf(leaf, 4).named_parameters()] == param_names(leaf)
+
+
+def test_a_tied_head_holds_the_embeddings_parameter() -> None:
+    model = build_model(_lm(), torch.device("cpu"))
+    head, embedding = model.get_submodule("4"), model.get_submodule("0")
+    assert head.weight is embedding.weight
+    names = [n for n, _ in model.named_parameters()]
+    assert "0.weight" in names and "4.weight" not in names  # listed once, under the embedding
+    assert "4.weight" in [n for n, _ in model.named_parameters(remove_duplicate=False)]
+    untied = build_model(_lm(tied=False), torch.device("cpu"))
+    assert untied.get_submodule("4").weight is not untied.get_submodule("0").weight
+
+
+@pytest.mark.parametrize(("seq", "vocab", "head"), [(0, 0, False), (3, 0, False), (0, 5, False), (4, 5, True)])
+def test_batches_and_losses_have_the_trees_shapes(seq: int, vocab: int, head: bool) -> None:
+    tree = _lm(seq=seq, vocab=vocab, head=head)
+    x, y = sample_batch(tree, 6, torch.Generator().manual_seed(0), torch.float32)
+    lead = (6, seq) if seq else (6,)
+    assert x.shape == (lead if vocab else (*lead, 4))
+    assert x.dtype == (torch.int64 if vocab else torch.float32)
+    out = build_model(tree, torch.device("cpu"))(x)
+    assert out.shape == (*lead, vocab if head else 4)
+    loss = loss_of(tree, out, y, torch.float32)
+    assert loss.shape == () and torch.isfinite(loss)
+    if head:  # cross-entropy over the vocabulary
+        assert torch.allclose(loss, torch.nn.functional.cross_entropy(out.reshape(-1, vocab), y.reshape(-1)))
+
+
+def test_a_tree_of_the_first_kind_draws_the_batches_it_always_drew() -> None:
+    tree = ModuleTree(width=3, root=Block(children=(Leaf(LeafKind.LINEAR),)))
+    gen = torch.Generator().manual_seed(11)
+    x, y = sample_batch(tree, 4, gen, torch.float64)
+    again = torch.Generator().manual_seed(11)
+    assert torch.equal(x, torch.randn(4, 3, generator=again, dtype=torch.float64))
+    assert torch.equal(y, torch.randn(4, 3, generator=again, dtype=torch.float64))
+
+
+def test_attention_is_causal_when_asked() -> None:
+    torch.manual_seed(0)
+    causal = build_leaf(Leaf(LeafKind.ATTENTION, causal=True), 4)
+    x = torch.randn(1, 5, 4)
+    changed = x.clone()
+    changed[0, -1] += 1.0  # the last position cannot change the earlier ones under a causal mask
+    assert torch.equal(causal(x)[0, :-1], causal(changed)[0, :-1])
+    full = build_leaf(Leaf(LeafKind.ATTENTION), 4)
+    full.load_state_dict(causal.state_dict())
+    assert not torch.equal(full(x)[0, :-1], full(changed)[0, :-1])
+
+
+# --------------------------------------------------------------------------------------------
+# Drawing and shrinking
+
+
+@pytest.mark.parametrize(
+    ("condition", "check"),
+    [
+        (lambda t: t.tied is not None, lambda t: t.size == 4 and t.seq == 0 and not t.root.children[0].frozen),
+        (lambda t: t.seq > 0, lambda t: t.seq == 1 and t.vocab == 0),
+        (
+            lambda t: any(isinstance(n, Leaf) and n.kind is LeafKind.ATTENTION for n in t.paths().values()),
+            lambda t: t.size == 2 and t.vocab == 0 and t.seq == 0,
+        ),
+        (lambda t: t.head is not None and t.seq > 0, lambda t: t.seq == 1 and t.size == 4),
+    ],
+)
+@pytest.mark.slow  # 10-20 s each on 2 shared cores: Hypothesis shrinks a few hundred trees
+def test_new_ingredients_shrink_to_their_smallest_trees(condition: Any, check: Any) -> None:
+    smallest = find(
+        module_trees(extended=True), condition, settings=settings(database=None, max_examples=300, deadline=None)
+    )
+    assert check(smallest), smallest
+
+
+def test_extended_ingredients_are_drawn_at_a_useful_rate() -> None:
+    seen: dict[str, int] = {}
+
+    @FAST
+    @given(parity_cases(world_size=2))
+    def draw(case: Case) -> None:
+        for f in get_property("parity").features(case):
+            seen[f] = seen.get(f, 0) + 1
+
+    draw()
+    for feature in ("model:sequence", "model:tokens", "loss:cross_entropy", "leaf:attention", "leaf:embedding"):
+        assert seen.get(feature, 0) >= 3, (feature, seen)
+
+
+@FAST
+@given(st.data())
+def test_trainings_drawn_for_a_composition_make_valid_cases(data: st.DataObject) -> None:
+    """Issue 48 item 6: the public strategies drawn apart, README style, compose: no CaseError."""
+    tree = data.draw(module_trees(extended=True))
+    comp = data.draw(compositions(tree, world_size=2))
+    training = data.draw(trainings(composition=comp))
+    body = ParityBody(tree=tree, composition=comp, training=training)  # raises CaseError if invalid
+    assert Case(property="parity", world_size=2, seed=0, body=body).body is body
+    if comp.replicates:
+        assert training.accum_sync is AccumSync.ALWAYS
+
+
+@FAST
+@given(tied_trees())
+def test_tied_trees_tie(tree: ModuleTree) -> None:
+    assert tree.tied == ("0", tree.head)
+
+
+# --------------------------------------------------------------------------------------------
+# End to end on the rank pool
+
+_MP = MixedPrecision(param_dtype=Dtype.BFLOAT16, reduce_dtype=Dtype.FLOAT32, cast_forward_inputs=True)
+_CASES = [
+    ("parity", ParityBody(tree=_lm(), composition=Composition(shards=(ShardSpec(path=""),)))),
+    (
+        "parity",
+        ParityBody(
+            tree=_lm(),
+            composition=Composition(
+                shards=(ShardSpec(path="1", shard_dim=1), ShardSpec(path="0", group=("4",)), ShardSpec(path="")),
+                checkpoints=("2",),
+            ),
+            training=Training(steps=2, grad_accum=2, accum_sync=AccumSync.NO_GRAD_SYNC),
+        ),
+    ),
+    ("parity", ParityBody(tree=_lm(), composition=Composition(shards=(ShardSpec(path="2"),), replicates=("",)))),
+    ("parity", ParityBody(tree=_lm(seq=0, bias=False), composition=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD))),
+    (
+        "parity",
+        ParityBody(
+            tree=_lm(vocab=0),
+            composition=Composition(shards=(ShardSpec(path="1"), ShardSpec(path="")), meta_init=True),
+            training=Training(optimizer=Optimizer.ADAM, dtype=Dtype.FLOAT64),
+        ),
+    ),
+    (
+        "mixed_precision",
+        ParityBody(
+            tree=_lm(),
+            composition=Composition(
+                shards=(ShardSpec(path="1", mixed_precision=_MP), ShardSpec(path="", mixed_precision=_MP))
+            ),
+        ),
+    ),
+    (
+        "metamorphic",
+        MetamorphicBody(
+            tree=_lm(tied=False),
+            composition=Composition(shards=(ShardSpec(path="0"), ShardSpec(path="4"), ShardSpec(path=""))),
+            variant=Composition(wrapper=Wrapper.DDP),
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize(("prop", "body"), _CASES, ids=[f"{p}-{i}" for i, (p, _) in enumerate(_CASES)])
+def test_language_models_train_like_the_reference(rank_pool: Any, check_case: Any, prop: str, body: Any) -> None:
+    check_case(Case(property=prop, world_size=rank_pool.world_size, seed=3, body=body))
+
+
+@pytest.mark.skipif(not fully_shard_refuses_shared(), reason="torch before 2.13 accepts a parameter in two units")
+@pytest.mark.parametrize("path", ["0", "4"])
+def test_a_tied_pair_over_two_units_raises_on_every_rank(rank_pool: Any, check_case: Any, path: str) -> None:
+    body = InvalidBody(tree=_lm(), misuse=Misuse.TIED_ACROSS_UNITS, path=path)
+    check_case(Case(property="invalid", world_size=rank_pool.world_size, seed=0, body=body))
+
+
+@FAST
+@given(invalid_cases(world_size=2))
+def test_invalid_cases_over_extended_trees_are_valid(case: Case) -> None:
+    body = case.body
+    assert isinstance(body, InvalidBody)
+    if body.misuse is Misuse.TIED_ACROSS_UNITS:
+        assert body.tree.tied is not None and body.path in body.tree.tied
