@@ -52,3 +52,35 @@ def test_every_option_the_command_lines_name_exists() -> None:
 @pytest.mark.parametrize("path", sorted(set(re.findall(r"`((?:docs|scripts|examples|fuzz)/[\w./-]+)`", README))))
 def test_every_file_the_readme_names_exists(path: str) -> None:
     assert (ROOT / path.split(":")[0]).exists(), path
+
+
+def test_the_strategy_example_draws_50_valid_cases_with_no_reject() -> None:
+    """The README's pytest example, its fixtures stood in for: every drawn case is built (a
+        ParityBody validates itself: CaseError for what a composition cannot train), and no example
+        is rejected on its way there by reject() or assume() (Hypothesis's own discarded draws, past
+    the end of its buffer, are not rejections a user sees)."""
+    from types import SimpleNamespace
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+    from hypothesis.errors import UnsatisfiedAssumption
+
+    block = README.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict[str, object] = {}
+    exec(compile(block, "README.md", "exec"), namespace)
+    example = namespace["test_my_compositions_train_like_the_reference"].hypothesis.inner_test  # type: ignore[attr-defined]
+    pool = SimpleNamespace(world_size=2)
+    rejected: list[str] = []
+    cases: list[object] = []
+
+    @settings(max_examples=50, database=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(data=st.data())
+    def run(data: st.DataObject) -> None:
+        try:
+            example(pool, cases.append, data)
+        except UnsatisfiedAssumption as e:  # reject() or assume() on the way: the user would have to know
+            rejected.append(repr(e))
+            raise
+
+    run()
+    assert not rejected and len(cases) == 50
