@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 #: The areas of the design sketch's "What it tests", in its order.
-AREAS = ("fully_shard", "replicate+checkpoint", "FSDP1+DDP", "meshes", "state dicts+DCP")
+AREAS = ("fully_shard", "replicate+checkpoint", "FSDP1+DDP", "meshes", "models", "state dicts+DCP")
 
 #: Optional prefix of the training properties' features of a metamorphic variant.
 _V = "(?:variant:)?"
@@ -56,7 +56,7 @@ def _item(id: str, label: str, area: str, pattern: str, *, generated: bool = Tru
     return Item(id=id, label=label, area=area, pattern=pattern, generated=generated)
 
 
-_FS, _RC, _W, _M, _SD = AREAS
+_FS, _RC, _W, _M, _MO, _SD = AREAS
 
 CHECKLIST: tuple[Item, ...] = (
     # fully_shard (FSDP2)
@@ -196,6 +196,43 @@ CHECKLIST: tuple[Item, ...] = (
         _M,
         rf"{_V}tp:\w+",
     ),
+    # models as users train them (issue 46): the tree's ingredients, per property that draws them
+    _item("model.sequence", "activations with a sequence dimension (B, S, W)", _MO, r"model:sequence"),
+    _item("model.tokens", "integer token inputs through an embedding", _MO, r"model:tokens"),
+    _item("model.padding_idx", "embedding with padding_idx", _MO, r"leaf:embedding:padding_idx"),
+    _item("model.head", "vocabulary output projection", _MO, r"leaf:head(?::no-bias)?"),
+    _item("model.cross_entropy", "cross-entropy loss over the vocabulary", _MO, r"loss:cross_entropy"),
+    _item("model.tied", "weight tying: one Parameter in two modules (embedding, head)", _MO, r"param:tied"),
+    _item(
+        "model.tied_misuse",
+        "invalid: a tied Parameter in two fully_shard units raises",
+        _MO,
+        r"misuse:tied_across_units",
+    ),
+    _item("model.rms_norm", "RMSNorm", _MO, r"leaf:rms_norm"),
+    _item("model.mlp", "MLP whose Linears change the width (W -> 3W -> W)", _MO, r"leaf:mlp(?::no-bias)?"),
+    _item("model.attention", "attention: q/k/v/o and scaled_dot_product_attention", _MO, r"leaf:attention(?::\w+)?"),
+    _item("model.attention_causal", "causal attention", _MO, r"leaf:attention:causal"),
+    _item("model.conv_sequence", "conv1d with kernel > 1 over the sequence", _MO, r"leaf:conv1d:kernel>1"),
+    _item("model.block_param", "bare parameters on non-leaf modules", _MO, r"block:own-param"),
+    _item("model.buffer", "persistent buffers on non-leaf modules", _MO, r"block:buffer"),
+    # Not drawn yet (issue 46, items 4-6): the names such cases will emit.
+    _item("model.param_ranks", "bare parameters of rank 0, 2 and 3", _MO, r"param:rank[023]", generated=False),
+    _item("model.non_persistent", "non-persistent buffers", _MO, r"block:buffer:non-persistent", generated=False),
+    _item("model.containers", "ModuleList / ModuleDict containers", _MO, r"block:(?:list|dict)", generated=False),
+    _item("model.shared_module", "one submodule called twice in a forward", _MO, r"model:shared", generated=False),
+    _item("model.outputs", "tuple and dict outputs of a block", _MO, r"output:(?:tuple|dict)", generated=False),
+    _item("model.intermediate_loss", "a loss over an intermediate", _MO, r"loss:intermediate", generated=False),
+    _item(
+        "model.multi_forward",
+        "several forwards before one backward",
+        _MO,
+        r"training:forwards:[2-9]",
+        generated=False,
+    ),
+    _item("model.clip_grad", "clip_grad_norm_ over DTensors", _MO, r"training:clip_grad_norm", generated=False),
+    _item("model.eval", "eval / inference_mode forwards between steps", _MO, r"training:eval", generated=False),
+    _item("model.reinit", "parameters re-initialised after composing", _MO, r"training:reinit", generated=False),
     # state dicts and distributed checkpoint
     _item("sd.split", "get/set_model_state_dict + get/set_optimizer_state_dict", _SD, r"api:split"),
     _item("sd.combined", "get_state_dict / set_state_dict", _SD, r"api:combined"),
@@ -293,3 +330,38 @@ def _count(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return 0
     return max(int(value), 0)
+
+
+def coverage_per_property(features_per_property: Mapping[str, Any], area: str | None = None) -> list[dict[str, Any]]:
+    """The checklist's rows (of ``area`` only, where given) with ``per_property``: each
+    property's count of matching feature events (a campaign's ``summary.json``
+    ``features_per_property``), properties by name; ``count`` is their sum."""
+    per = {str(p): coverage(f if isinstance(f, Mapping) else {}) for p, f in (features_per_property or {}).items()}
+    rows = []
+    for i, item in enumerate(CHECKLIST):
+        if area is not None and item.area != area:
+            continue
+        counts = {p: per[p][i]["count"] for p in sorted(per)}
+        rows.append(
+            {
+                "id": item.id,
+                "label": item.label,
+                "area": item.area,
+                "generated": item.generated,
+                "per_property": counts,
+                "count": sum(counts.values()),
+            }
+        )
+    return rows
+
+
+def format_per_property(rows: list[dict[str, Any]]) -> str:
+    """:func:`coverage_per_property`'s rows as a text table: one column per property, ``-`` for
+    an item no strategy draws yet."""
+    props = sorted({p for r in rows for p in r["per_property"]})
+    width = max([len(r["id"]) for r in rows] + [4])
+    lines = ["  ".join([f"{'item':<{width}}", *(f"{p:>15}" for p in props), "  label"])]
+    for r in rows:
+        cells = [f"{(r['per_property'].get(p, 0) if r['generated'] else '-')!s:>15}" for p in props]
+        lines.append("  ".join([f"{r['id']:<{width}}", *cells, "  " + r["label"]]))
+    return "\n".join(lines) + "\n"

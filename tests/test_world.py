@@ -352,3 +352,35 @@ def test_invalid_cases_over_extended_trees_are_valid(case: Case) -> None:
     assert isinstance(body, InvalidBody)
     if body.misuse is Misuse.TIED_ACROSS_UNITS:
         assert body.tree.tied is not None and body.path in body.tree.tied
+
+
+# --------------------------------------------------------------------------------------------
+# Coverage
+
+
+def test_the_new_ingredients_are_checklist_items_counted_per_property() -> None:
+    from fuzz.coverage import CHECKLIST, coverage_per_property, format_per_property
+
+    models = [i for i in CHECKLIST if i.area == "models"]
+    assert {i.id for i in models if i.generated} >= {
+        "model.sequence",
+        "model.tokens",
+        "model.cross_entropy",
+        "model.tied",
+        "model.tied_misuse",
+        "model.rms_norm",
+        "model.mlp",
+        "model.attention",
+        "model.conv_sequence",
+    }
+    case = Case("parity", 2, 0, ParityBody(tree=_lm(), composition=Composition(shards=(ShardSpec(path=""),))))
+    names = get_property("parity").features(case)
+    counted = {"parity": dict.fromkeys(names, 2), "invalid": {"misuse:tied_across_units": 1}}
+    rows = {r["id"]: r for r in coverage_per_property(counted, "models")}
+    assert rows["model.tied"]["per_property"] == {"invalid": 0, "parity": 2}
+    assert rows["model.tied_misuse"]["per_property"] == {"invalid": 1, "parity": 0}
+    assert rows["model.attention"]["per_property"]["parity"] == 4  # leaf:attention and :causal
+    assert rows["model.clip_grad"]["count"] == 0 and not rows["model.clip_grad"]["generated"]
+    table = format_per_property(list(rows.values()))
+    assert table.splitlines()[0].split()[:3] == ["item", "invalid", "parity"]
+    assert "model.tied " in table

@@ -7,6 +7,7 @@ from typing import Any
 
 from fuzz.model import Case, InvalidBody, Misuse
 from fuzz.properties import Property, register
+from fuzz.properties.parity import tree_features
 from fuzz.signature import Failure, failure_from_outcome
 from fuzz.verdict import Outcome
 
@@ -48,7 +49,8 @@ def judge(case: Case, outcome: Outcome) -> Failure | None:
 def features(case: Case) -> list[str]:
     body = case.body
     assert isinstance(body, InvalidBody)
-    return [f"misuse:{body.misuse.value}", "misuse:on-root" if body.path == "" else "misuse:on-submodule"]
+    where = "misuse:on-root" if body.path == "" else "misuse:on-submodule"
+    return sorted({f"misuse:{body.misuse.value}", where, *tree_features(body.tree, case.world_size)})
 
 
 def _cases(*, world_size: int, **kwargs: Any) -> Any:
