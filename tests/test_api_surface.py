@@ -13,6 +13,17 @@ from hypothesis import HealthCheck, Phase, given, settings
 
 from fuzz import known
 from fuzz.api_surface import (
+    Source,
+    Surface,
+    SurfaceItem,
+    api_coverage,
+    format_table,
+    html_section,
+    installed_surface,
+    read_surface,
+    report_section,
+)
+from fuzz.api_uses import (
     ACCELERATOR,
     DEPRECATED,
     DRAWN,
@@ -21,16 +32,7 @@ from fuzz.api_surface import (
     PRIVATE,
     UNKNOWN,
     USES,
-    Source,
-    Surface,
-    SurfaceItem,
     Use,
-    api_coverage,
-    format_table,
-    html_section,
-    installed_surface,
-    read_surface,
-    report_section,
 )
 from tests.conftest import run_cli
 

@@ -143,22 +143,41 @@ class Knobs:
       and separate scaling; numerics as without it up to rounding).
     """
 
-    forward_prefetch: int = 0
-    backward_prefetch: int = 0
-    reshard_after_backward_last: bool = False
-    late_reshard_after_forward: bool | None = None
-    explicit_unshard: bool = False
-    all_reduce_hook_scale: float | None = None
-    gradient_divide_factor: float | None = None
-    force_sum_reduction: bool = False
-    abort_and_reset: bool = False
-    pg_allocator: bool = False
-    rs_max_buffers: int = 0
-    reduce_scatter_unused: bool = False
-    no_unshard_in_backward: bool = False
-    custom_all_gather: bool = False
-    custom_reduce_scatter: bool = False
-    separate_rs_group: bool = False
+    #: Each knob's field metadata ``"torch"`` names the FSDPModule methods it calls (the first the
+    #: one it stands for); ``"on"``, where the knob is that method called with the knob's value
+    #: (True for a flag) on every fully_shard unit (``"unit"``) or every FSDP root (``"root"``).
+    #: The API-surface table (fuzz/api_uses.py), the strategies' "does torch have it" and the
+    #: rank side read them there.
+    forward_prefetch: int = field(default=0, metadata={"torch": ("set_modules_to_forward_prefetch",)})
+    backward_prefetch: int = field(default=0, metadata={"torch": ("set_modules_to_backward_prefetch",)})
+    reshard_after_backward_last: bool = field(
+        default=False, metadata={"torch": ("set_reshard_after_backward", "set_is_last_backward")}
+    )
+    late_reshard_after_forward: bool | None = field(
+        default=None, metadata={"torch": ("set_reshard_after_forward",), "on": "root"}
+    )
+    explicit_unshard: bool = field(default=False, metadata={"torch": ("unshard", "reshard")})
+    all_reduce_hook_scale: float | None = field(default=None, metadata={"torch": ("set_all_reduce_hook",)})
+    gradient_divide_factor: float | None = field(
+        default=None, metadata={"torch": ("set_gradient_divide_factor",), "on": "unit"}
+    )
+    force_sum_reduction: bool = field(
+        default=False, metadata={"torch": ("set_force_sum_reduction_for_comms",), "on": "unit"}
+    )
+    abort_and_reset: bool = field(default=False, metadata={"torch": ("reset_iter_state",)})
+    pg_allocator: bool = field(
+        default=False, metadata={"torch": ("set_allocate_memory_from_process_group_for_comm",), "on": "unit"}
+    )
+    rs_max_buffers: int = field(default=0, metadata={"torch": ("set_reduce_scatter_max_input_buffers",), "on": "root"})
+    reduce_scatter_unused: bool = field(
+        default=False, metadata={"torch": ("set_reduce_scatter_unused_params",), "on": "root"}
+    )
+    no_unshard_in_backward: bool = field(default=False, metadata={"torch": ("set_unshard_in_backward",)})
+    custom_all_gather: bool = field(default=False, metadata={"torch": ("set_custom_all_gather",)})
+    custom_reduce_scatter: bool = field(default=False, metadata={"torch": ("set_custom_reduce_scatter",)})
+    separate_rs_group: bool = field(
+        default=False, metadata={"torch": ("set_separate_reduce_scatter_group",), "on": "root"}
+    )
 
     def __post_init__(self) -> None:
         if self.pg_allocator and (self.custom_all_gather or self.custom_reduce_scatter):
