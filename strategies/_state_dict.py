@@ -7,7 +7,7 @@ Stateful or patched state dicts (``DcpBody.patched``) to and from any layout, or
 FSDP1 models by the classic recipe.
 
 Everything drawn here is a case the documented API supports (the rules are in
-:mod:`fuzz.model.state`); where a draw would break a rule, it falls back to a valid choice
+:mod:`fuzz.model.state_dict_rules`); where a draw would break a rule, it falls back to a valid choice
 instead of being filtered away, so every draw yields a case. The known upstream deadlock of
 ``set_state_dict`` with ``broadcast_from_rank0`` (see docs/state_dict.md) stays in the space,
 drawn rarely: each hit costs a whole case deadline. So do the known errors, each hit a respawn
@@ -59,7 +59,7 @@ from fuzz.model import (
     takes_schedule,
     tensor_kind,
 )
-from fuzz.model.state import StagerOptions
+from fuzz.model.state_dict import StagerOptions
 from strategies._cases import _maybe_spmd, _rare_foreach_on_mixed_params, trainings
 from strategies._compositions import _disjoint_subset, compositions, meshes
 from strategies._odds import keep_known, one_in

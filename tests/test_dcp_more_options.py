@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from fuzz.errors import CaseError
 from fuzz.model import Case, Composition, DcpBody, DcpItem, Overwrite, Wrapper, case_from_json, case_to_json
-from fuzz.model.state import StagerOptions
+from fuzz.model.state_dict import StagerOptions
 from fuzz.pool import RankPool
 from fuzz.properties.state_dict import features_dcp, judge_dcp
 from tests.test_dcp_options import ENTRIES, _dcp

@@ -37,7 +37,7 @@ from fuzz.model import (
     TpPair,
     Training,
 )
-from fuzz.model.state import sharded_in_memory_problem, tensor_kind
+from fuzz.model.state_dict_rules import sharded_in_memory_problem, tensor_kind
 from fuzz.model.training import Compile
 from fuzz.pool import RankPool
 from fuzz.properties.parity import composition_features, judge_parity

@@ -10,7 +10,8 @@ driver) imports its names from here. It imports only the standard library and
 - :mod:`~fuzz.model.layout`: which unit manages which module's parameters;
 - :mod:`~fuzz.model.rules`: the validity rules against a tree;
 - :mod:`~fuzz.model.case`: cases and the training / invalid / fault bodies;
-- :mod:`~fuzz.model.state`: the state-dict and DCP bodies;
+- :mod:`~fuzz.model.state_dict`: the state-dict and DCP bodies; :mod:`~fuzz.model.state_dict_rules`:
+  their validity rules;
 - :mod:`~fuzz.model.codec`: the JSON codec with its schema version.
 """
 
@@ -41,9 +42,7 @@ from fuzz.model.composition import (
 )
 from fuzz.model.layout import Layout, Unit
 from fuzz.model.rules import TP_BETWEEN, check_composition, check_mesh, check_training
-from fuzz.model.state import (
-    CUSTOM_FQN_MODIFIERS,
-    DEFAULT_FQN_MODIFIERS,
+from fuzz.model.state_dict import (
     Api,
     DcpBody,
     DcpItem,
@@ -51,11 +50,16 @@ from fuzz.model.state import (
     LoadPlannerOptions,
     Options,
     Overwrite,
-    RequiresGrad,
     SavePlannerOptions,
     StateDictBody,
     WriterOptions,
     dcp_root,
+    trained_then_frozen,
+)
+from fuzz.model.state_dict_rules import (
+    CUSTOM_FQN_MODIFIERS,
+    DEFAULT_FQN_MODIFIERS,
+    RequiresGrad,
     fsdp1_gathers,
     fsdp1_in_memory_problem,
     fused_problem,
@@ -66,7 +70,6 @@ from fuzz.model.state import (
     takes_schedule,
     tensor_kind,
     trainable_at,
-    trained_then_frozen,
 )
 from fuzz.model.training import (
     MAX_STEPS,

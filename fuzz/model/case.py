@@ -1,6 +1,6 @@
 """Cases: one generated test case (property, world size, seed, body) and the bodies of the
 training, invalid-use and pool self-test properties. Bodies of the state-dict properties are
-in :mod:`fuzz.model.state`. Imports only the standard library and the model.
+in :mod:`fuzz.model.state_dict`. Imports only the standard library and the model.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class Body:
 
 
 #: Modules that define further case bodies (imported before decoding).
-BODY_MODULES: tuple[str, ...] = ("fuzz.model.state",)
+BODY_MODULES: tuple[str, ...] = ("fuzz.model.state_dict",)
 
 
 @dataclass(frozen=True)
