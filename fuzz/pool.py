@@ -26,7 +26,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import fcntl
-import math
 import os
 import selectors
 import shutil
@@ -44,21 +43,16 @@ from fuzz._files import read_from, size, tail
 from fuzz._protocol import CaseDone, Ready, RunCase, RunScript, ScriptDone, Settle, Settled, Stop, decode, encode
 from fuzz.errors import InvalidArgument, PoolError
 from fuzz.model import Case, case_to_json
-from fuzz.verdict import WAITING_HANG, HangWatch, Outcome, OutcomeKind, RankReport, Stall
+from fuzz.verdict import FAILURE_GRACE_S, Collect, HangWatch, Outcome, OutcomeKind, RankReport, Stall
 from fuzz.zygote import ForkedRank, ZygoteError, zygote_for, zygotes_wanted
 
 BACKENDS = ("gloo", "nccl")
-#: How long the other ranks may take to report once one rank has failed, before their stacks
-#: are taken. Long enough for gloo to notice a closed peer, short against any case deadline.
-FAILURE_GRACE_S = 3.0
 #: How many times in a row a start is tried again after a rank was killed by a signal while
 #: starting (RankPool._await_ready).
 START_KILLS = 2
 #: Seconds a rank whose pipe closed is given to be reaped, so its exit status is known.
 DEATH_REAP_S = 2.0
 STACK_DUMP_WAIT_S = 1.0
-#: How often the driver reads the ranks' stack samples while a case runs past HANG_LOOK_AFTER_S.
-STALL_LOOK_EVERY_S = 0.5
 #: When the driver starts reading stack samples (the ranks sample from 2 s into a case).
 HANG_LOOK_AFTER_S = 2.0
 #: The generic hang rule (:class:`HangWatch`): every rank still in the case waits in a blocking
@@ -428,55 +422,32 @@ class RankPool:
     def _collect(
         self, case_id: int, start: float, deadline: float, stall: Stall | None, watch: HangWatch | None = None
     ) -> tuple[dict[int, CaseDone], set[int], str | None]:
+        """The ranks' answers to case ``case_id`` by rank, the ranks that died, and the stall that
+        ended the case, by :class:`fuzz.verdict.Collect`'s rule over the ranks' pipes."""
         done: dict[int, CaseDone] = {}
-        dead: set[int] = set()
-        first_failure: float | None = None
-        named_from = start + stall.after if stall is not None else math.inf
-        next_look = min(named_from, start + HANG_LOOK_AFTER_S if watch is not None else math.inf)
-        held_since: float | None = None
+        rule = Collect(self.world_size, start, deadline, stall, watch, HANG_LOOK_AFTER_S)
         sel = selectors.DefaultSelector()
         for r in self._ranks:
             sel.register(r.res_fd, selectors.EVENT_READ, r)
         try:
-            while len(done) + len(dead) < self.world_size:
-                now = time.monotonic()
-                until = deadline if first_failure is None else min(deadline, first_failure + FAILURE_GRACE_S)
-                if now >= until:
-                    break
-                if first_failure is None and now >= next_look:
-                    next_look = now + STALL_LOOK_EVERY_S
-                    over = done.keys() | dead
-                    samples = [None if r.rank in over else self._sample(r, case_id) for r in self._ranks]
-                    stacks = [s or "" for s in samples]
-                    if stall is not None and now >= named_from:
-                        if not stall.deadlocked(stacks):
-                            held_since = None
-                        elif held_since is None:
-                            held_since = now
-                        elif now - held_since >= stall.hold:
-                            return done, dead, stall.name
-                    if watch is not None and watch.look(samples, now):
-                        # A deadlock the property names keeps its name, whichever rule saw it first.
-                        named = stall is not None and stall.deadlocked(stacks)
-                        return done, dead, stall.name if named and stall is not None else WAITING_HANG
-                # Once a rank has failed, the others are not looked at again: they get the grace.
-                wake = min(until, next_look) if first_failure is None else until
-                for key, _ in sel.select(max(0.0, wake - now)):
+            while rule.waiting(now := time.monotonic()):
+                if rule.wants_samples(now):
+                    samples = [None if rule.over(r.rank) else self._sample(r, case_id) for r in self._ranks]
+                    if rule.look(samples, now) is not None:
+                        break
+                for key, _ in sel.select(max(0.0, rule.wake(now) - now)):
                     r = key.data
                     for m in self._read(r):
                         if isinstance(m, CaseDone) and m.case_id == case_id:
                             done[r.rank] = m
-                            if m.exc_type is not None and first_failure is None:
-                                first_failure = time.monotonic()
+                            rule.report(r.rank, m.exc_type is not None, time.monotonic())
                     if r.eof:
                         sel.unregister(r.res_fd)
                         if r.rank not in done:
-                            dead.add(r.rank)
-                            if first_failure is None:
-                                first_failure = time.monotonic()
+                            rule.death(r.rank, time.monotonic())
         finally:
             sel.close()
-        return done, dead, None
+        return done, rule.dead, rule.stalled
 
     def _sample(self, r: _Rank, case_id: int) -> str:
         """The latest main-thread stack that rank ``r`` sampled in case ``case_id`` ("" if none)."""

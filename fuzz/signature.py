@@ -80,15 +80,27 @@ class Failure:
     details: dict[str, Any] = field(default_factory=dict)
 
 
-#: Frames of comprehensions, which Python 3.12 inlines into the function around them (PEP 709):
-#: a location names that function on every Python, so one bug keeps one signature.
-_INLINED = frozenset({"<listcomp>", "<dictcomp>", "<setcomp>"})
+def torch_frame(path: str, function: str) -> str | None:
+    """``torch/x/y.py:function`` for a frame of torch's own code, else None: the one rule of
+    "a frame inside torch", which :func:`location` and :func:`entry_point` read tracebacks by
+    and every reproducer script carries verbatim (:mod:`fuzz.repro.harness` embeds this
+    function's source, so it reads nothing outside itself). The last
+    "/torch/" is the package itself, wherever it is installed (".../torch/.venv/lib/.../
+    site-packages/torch/distributed/x.py"), unless another package lies below it (".../torch/
+    .venv/lib/.../site-packages/tqdm/_monitor.py") or the file is shardfuzz's (a path with
+    "/fuzz/"). Frames of comprehensions, which Python 3.12 inlines into the function around
+    them (PEP 709), count as no frame, so one bug keeps one signature on every Python."""
+    at = path.rfind("/torch/")
+    inner = path[at + 1 :]
+    if at < 0 or "/fuzz/" in path or "-packages/" in inner or function in ("<listcomp>", "<dictcomp>", "<setcomp>"):
+        return None
+    return f"{inner}:{function}"
 
 
 def location(text: str | None) -> str:
-    """The innermost frame inside torch (``torch/x/y.py:function``), else the innermost frame;
-    comprehensions count as the function they are written in."""
-    frames = [(path, fn) for path, fn in _FRAME.findall(_current_thread(text or "")) if fn not in _INLINED]
+    """The innermost frame inside torch (``torch/x/y.py:function``, :func:`torch_frame`), else the
+    innermost frame; comprehensions count as the function they are written in."""
+    frames = [(path, fn) for path, fn in _FRAME.findall(_current_thread(text or "")) if not fn.endswith("comp>")]
     if not frames:
         return "?"
     # faulthandler prints most recent call first, tracebacks last: normalise to innermost first.
@@ -97,30 +109,18 @@ def location(text: str | None) -> str:
     else:
         ordered = list(reversed(frames))
     for path, fn in ordered:
-        inside = _in_torch(path, fn)
+        inside = torch_frame(path, fn)
         if inside is not None:
             return inside
     path, fn = ordered[0]
     return f"{path.rsplit('/', 1)[-1]}:{fn}"
 
 
-def _in_torch(path: str, fn: str) -> str | None:
-    """``torch/x/y.py:fn`` for a frame inside torch, else None. The last "/torch/" is the
-    package itself, wherever it is installed (".../torch/.venv/lib/.../site-packages/torch/
-    distributed/x.py"), unless another package lies below it (".../torch/.venv/lib/.../
-    site-packages/tqdm/_monitor.py")."""
-    at = path.rfind("/torch/")
-    inner = path[at + 1 :]
-    if at >= 0 and "/fuzz/" not in path and "-packages/" not in inner:
-        return f"{inner}:{fn}"
-    return None
-
-
 def entry_point(text: str | None) -> str | None:
     """The outermost frame inside torch of a Python traceback (``torch/x/y.py:function``): the
     torch API the failing call entered by; None where the traceback has no torch frame."""
     for path, fn in _FRAME.findall(text or ""):
-        inside = _in_torch(path, fn) if fn not in _INLINED else None
+        inside = torch_frame(path, fn)
         if inside is not None:
             return inside
     return None

@@ -9,6 +9,7 @@ only the standard library.
 from __future__ import annotations
 
 import enum
+import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -139,6 +140,102 @@ class HangWatch:
             elif now - seen[1] < self.hold:
                 waiting = False
         return present and waiting
+
+
+#: How long the other ranks may take to report once one rank has failed (raised or died), before
+#: their stacks are taken. Long enough for gloo to notice a closed peer, short against any case
+#: deadline.
+FAILURE_GRACE_S = 3.0
+#: How often the ranks' stack samples are read while a stall or a hang is looked for.
+STALL_LOOK_EVERY_S = 0.5
+
+
+class Collect:
+    """The collect rule: when to stop waiting for the ranks of one case, and why. One home for
+    the pool's driver (:meth:`fuzz.pool.RankPool.run`, reading pipes) and an unreduced script's
+    judge (:mod:`fuzz.repro.runtime`, reading a shared directory); each feeds it what it sees.
+
+    - Every rank reports (:meth:`report`) or dies (:meth:`death`): the case is over.
+    - A rank fails (raises, or dies): the others get :data:`FAILURE_GRACE_S` more, and the
+      samples are not looked at again.
+    - From ``stall.after`` seconds into the case, the samples go to the :class:`Stall`'s
+      predicate every :data:`STALL_LOOK_EVERY_S`; once it has held for ``stall.hold`` the case
+      ends as that stall (:attr:`stalled`). From ``watch_after`` seconds they also go to the
+      generic :class:`HangWatch`; a deadlock the stall names keeps its name, whichever saw it
+      first.
+    - Else the deadline ends it; the ranks still in the case are stuck.
+    """
+
+    def __init__(
+        self,
+        world_size: int,
+        start: float,
+        deadline: float,
+        stall: Stall | None = None,
+        watch: HangWatch | None = None,
+        watch_after: float = 0.0,
+    ) -> None:
+        self.world_size = world_size
+        self.deadline = deadline
+        self.stall = stall
+        self.watch = watch
+        self.done: set[int] = set()
+        self.dead: set[int] = set()
+        self.stalled: str | None = None
+        self._first_failure: float | None = None
+        self._named_from = start + stall.after if stall is not None else math.inf
+        self._next_look = min(self._named_from, start + watch_after if watch is not None else math.inf)
+        self._held_since: float | None = None
+
+    def report(self, rank: int, failed: bool, now: float) -> None:
+        """Rank ``rank`` reported (``failed``: it raised)."""
+        self.done.add(rank)
+        if failed and self._first_failure is None:
+            self._first_failure = now
+
+    def death(self, rank: int, now: float) -> None:
+        """Rank ``rank`` died without reporting."""
+        self.dead.add(rank)
+        if self._first_failure is None:
+            self._first_failure = now
+
+    def over(self, rank: int) -> bool:
+        return rank in self.done or rank in self.dead
+
+    def until(self) -> float:
+        """When waiting ends: the deadline, or the grace after the first failure."""
+        if self._first_failure is None:
+            return self.deadline
+        return min(self.deadline, self._first_failure + FAILURE_GRACE_S)
+
+    def waiting(self, now: float) -> bool:
+        """Whether to wait on: ranks still in the case, no stall, time left."""
+        return len(self.done) + len(self.dead) < self.world_size and self.stalled is None and now < self.until()
+
+    def wants_samples(self, now: float) -> bool:
+        return self._first_failure is None and now >= self._next_look
+
+    def wake(self, now: float) -> float:
+        """When to look again at the latest: the next look at the samples, or :meth:`until`."""
+        return min(self.until(), self._next_look) if self._first_failure is None else self.until()
+
+    def look(self, samples: Sequence[str | None], now: float) -> str | None:
+        """Feed the latest samples (one per rank: None for a rank no longer in the case, "" for
+        one not sampled yet); the stall that ends the case, or None."""
+        self._next_look = now + STALL_LOOK_EVERY_S
+        stacks = [s or "" for s in samples]
+        stall = self.stall
+        if stall is not None and now >= self._named_from:
+            if not stall.deadlocked(stacks):
+                self._held_since = None
+            elif self._held_since is None:
+                self._held_since = now
+            elif now - self._held_since >= stall.hold:
+                self.stalled = stall.name
+        if self.stalled is None and self.watch is not None and self.watch.look(samples, now):
+            named = stall is not None and stall.deadlocked(stacks)
+            self.stalled = stall.name if named and stall is not None else WAITING_HANG
+        return self.stalled
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,10 @@ import pytest
 
 from fuzz.errors import InvalidArgument
 from fuzz.model import Case, FaultAction, FaultBody
-from fuzz.pool import FAILURE_GRACE_S, HANG_HOLD_MIN_S, HANG_HOLD_SLOWEST, OutcomeKind, RankPool, Stall
+from fuzz.pool import HANG_HOLD_MIN_S, HANG_HOLD_SLOWEST, OutcomeKind, RankPool, Stall
 from fuzz.pytest_plugin import HistoryDependentCrash, make_checker
 from fuzz.signature import failure_from_outcome
-from fuzz.verdict import WAITING_HANG, HangWatch, blocking_call
+from fuzz.verdict import FAILURE_GRACE_S, WAITING_HANG, HangWatch, blocking_call
 
 WORLD_SIZE = 2
 DEADLINE = 8.0

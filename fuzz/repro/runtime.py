@@ -9,7 +9,7 @@ then :meth:`fuzz._rank.context.RankContext.end_case`), with its :class:`~fuzz._r
 built from torchrun's environment, and writes what it did (an observation, or the exception
 with its traceback) to a directory all ranks share. Rank 0 watches that directory from a
 thread as the pool's driver watches its ranks (:mod:`fuzz.pool`): a rank that raised gives the
-others :data:`FAILURE_GRACE_S` to report; a rank that died (faulthandler's fatal-error text in
+others :data:`fuzz.verdict.FAILURE_GRACE_S` to report; a rank that died (faulthandler's fatal-error text in
 its stack file, or its process gone) makes the case a crash; ranks still in the case at the
 deadline, or in the property's :class:`~fuzz.verdict.Stall` for its ``hold``, are stuck, and
 write their main thread's stack (and every thread's, to stderr). Rank 0 then builds the
@@ -29,7 +29,6 @@ import argparse
 import contextlib
 import faulthandler
 import json
-import math
 import os
 import shutil
 import signal
@@ -41,14 +40,10 @@ import time
 import traceback
 from typing import Any
 
-#: As the pool (fuzz.pool.FAILURE_GRACE_S): once a rank fails, the others have this long to report.
-FAILURE_GRACE_S = 3.0
 #: The pool's default case deadline (``--deadline``).
 DEFAULT_TIMEOUT_S = 60.0
 #: How often rank 0 looks at the shared directory, and the other ranks for its verdict.
 POLL_S = 0.05
-#: How often rank 0 reads the stack samples while a stall is looked for (fuzz.pool.STALL_LOOK_EVERY_S).
-STALL_LOOK_EVERY_S = 0.5
 #: How long rank 0 waits for stuck ranks to write their stacks.
 DUMP_WAIT_S = 5.0
 #: faulthandler's fatal errors and the signals behind them.
@@ -416,40 +411,31 @@ def judge_process(case_text: str, expected: dict[str, Any], root: str, timeout: 
 def collect(
     run: Shared, start: float, deadline: float, stall: Any
 ) -> tuple[dict[int, dict[str, Any]], dict[int, int], str | None]:
-    """Reports by rank, dead ranks with their exit status, and the stall that ended the case:
-    :meth:`fuzz.pool.RankPool._collect` over the shared directory."""
+    """Reports by rank, dead ranks with their exit status, and the stall that ended the case, by
+    :class:`fuzz.verdict.Collect`'s rule (the pool's) over the shared directory."""
+    from fuzz.verdict import Collect
+
     done: dict[int, dict[str, Any]] = {}
     dead: dict[int, int] = {}
-    first_failure: float | None = None
-    next_look = start + stall.after if stall is not None else math.inf
-    held_since: float | None = None
-    while len(done) + len(dead) < run.world_size:
-        now = time.monotonic()
-        until = deadline if first_failure is None else min(deadline, first_failure + FAILURE_GRACE_S)
-        if now >= until:
-            break
-        if stall is not None and first_failure is None and now >= next_look:
-            next_look = now + STALL_LOOK_EVERY_S
-            stacks = ["" if r in done or r in dead else run.sample(r) for r in range(run.world_size)]
-            if not stall.deadlocked(stacks):
-                held_since = None
-            elif held_since is None:
-                held_since = now
-            elif now - held_since >= stall.hold:
-                return done, dead, stall.name
+    rule = Collect(run.world_size, start, deadline, stall)
+    while rule.waiting(now := time.monotonic()):
+        if rule.wants_samples(now):
+            samples = [None if rule.over(r) else run.sample(r) for r in range(run.world_size)]
+            if rule.look(samples, now) is not None:
+                break
         for r in range(run.world_size):
-            if r in done or r in dead:
+            if rule.over(r):
                 continue
             report = run.read("report", r)
             status = None if report is not None else run.died(r)
             if report is not None:
                 done[r] = report
+                rule.report(r, bool(report.get("exc_type")), time.monotonic())
             elif status is not None:
                 dead[r] = status
-            if (status is not None or (report and report.get("exc_type"))) and first_failure is None:
-                first_failure = time.monotonic()
+                rule.death(r, time.monotonic())
         time.sleep(POLL_S)
-    return done, dead, None
+    return done, dead, rule.stalled
 
 
 def outcome_of(run: Shared, start: float, timeout: float, stall: Any) -> Any:
