@@ -200,6 +200,17 @@ def plain(obj: Any) -> Any:
     return repr(obj)
 
 
+def _cloned(obj: Any) -> Any:
+    """A state dict with every tensor cloned (dicts and lists rebuilt)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: _cloned(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_cloned(v) for v in obj]
+    return obj
+
+
 def _probe(model: nn.Module, inputs: Any, case: Case, ctx: RankContext) -> list[float]:
     """Forward outputs on ``inputs`` without autograd, the RNG seeded as for the run (dropout
     draws the same masks before the save and after the load)."""
@@ -251,6 +262,11 @@ def run_user_state(case: Case, body: UserStateBody, ctx: RankContext) -> dict[st
 
             msd, osd = get_state_dict(composed2.model, opt2, options=options)
             dcp.load({"model": msd, "optim": osd}, checkpoint_id=directory)
+        else:
+            # A copy, as a save would make: torch's optimizer load keeps the tensors it is given
+            # (Optimizer.load_state_dict: "shallow copy"), and the source, which trains on
+            # uninterrupted below, would then share its state with the target.
+            msd, osd = _cloned(msd), _cloned(osd)
         set_state_dict(composed2.model, opt2, model_state_dict=msd, optim_state_dict=osd, options=options)
     finally:
         if directory is not None:
@@ -260,6 +276,29 @@ def run_user_state(case: Case, body: UserStateBody, ctx: RankContext) -> dict[st
     msd2, osd2 = get_state_dict(composed2.model, opt2, options=options)
     loaded = plain({"model": msd2, "optim": osd2})
     obs: dict[str, Any] = {"before": before, "after": _probe(composed2.model, probe, case, ctx)}
+    # Training resumed from the loaded state continues as the uninterrupted one: one more step
+    # of each on the held-out batch.
+    obs["resumed"] = _one_step(composed2, opt2, batches[-1], loss_fn, body.training, case, ctx)
+    obs["uninterrupted"] = _one_step(composed, opt, batches[-1], loss_fn, body.training, case, ctx)
     if ctx.rank == 0:
         obs["saved"], obs["loaded"] = saved, loaded
     return obs
+
+
+def _one_step(
+    composed: Composed, opt: Any, step: list[Any], loss_fn: Any, training: Training, case: Case, ctx: RankContext
+) -> dict[str, Any]:
+    """One optimizer step on ``step``'s microbatches: the losses, and (rank 0) the parameters after."""
+    _seed_for_run(case, ctx)
+    losses = []
+    for inputs, targets in step:
+        loss = loss_fn(call_model(composed.model, inputs), targets)
+        loss.backward()
+        losses.append(loss.item())
+    opt.step()
+    opt.zero_grad(set_to_none=training.set_to_none)
+    out: dict[str, Any] = {"losses": losses}
+    with composed.full_parameters() as full:
+        if ctx.rank == 0:
+            out["params"] = {n: t.double().cpu().flatten().tolist() for n, t in full.items()}
+    return out

@@ -280,8 +280,9 @@ class UserStateBody(Body):
     """Train the composed model ``training.steps`` steps, take model and optimizer state with
     ``get_state_dict``, move it (:class:`RoundTrip`) into a fresh model built from another seed
     under ``target`` (None: the same composition) and load it with ``set_state_dict``; the state
-    read back must equal the saved one exactly, and forward outputs after the load those before
-    the save (``fuzz._rank.user``)."""
+    read back must equal the saved one exactly, forward outputs after the load those before the
+    save, and one more step from the loaded state one more step of the uninterrupted run
+    (``fuzz._rank.user``)."""
 
     KIND: ClassVar[str] = "user_state"
     PROGRAM: ClassVar[str] = "fuzz._rank.user:run_user_state"

@@ -8,8 +8,9 @@
 - ``user_state``: model and optimizer state taken with ``get_state_dict`` after training, moved
   in memory or through a DCP checkpoint into a fresh model built from another seed (the same
   layout, or another one) and loaded with ``set_state_dict``: the state read back equals the
-  saved one exactly, and forward outputs after the load equal those before the save (exactly
-  in the same layout; under the dtype's tolerance in another).
+  saved one exactly, forward outputs after the load equal those before the save, and one more
+  step from the loaded state (losses, parameters) equals one more step of the uninterrupted run
+  (exactly in the same layout; under the dtype's tolerance in another).
 
 Without a model (``python -m fuzz explore`` without ``--model``, the health run, tests that
 sample every property) the cases are drawn over the shipped example, :data:`EXAMPLE`.
@@ -124,6 +125,28 @@ def judge_user_state(case: Case, outcome: Outcome) -> Failure | None:
                 f"rank {rank}: forward output[{bad.index}] after the load is {bad.actual!r}, before the save "
                 f"{bad.expected!r} (error {bad.error:.3g} > allowed {bad.allowed:.3g})",
                 rank=rank,
+            )
+        resumed, uninterrupted = obs["resumed"], obs["uninterrupted"]
+        bad = first_mismatch(resumed["losses"], uninterrupted["losses"], tol)
+        if bad is not None:
+            return _mismatch(
+                case.property,
+                "resume",
+                family,
+                f"rank {rank}: the loss of the step after the load is {bad.actual!r}, uninterrupted {bad.expected!r}",
+                rank=rank,
+            )
+    after = first["uninterrupted"].get("params", {})
+    for name, want in after.items():
+        bad = first_mismatch(first["resumed"]["params"].get(name, []), want, tol)
+        if bad is not None:
+            return _mismatch(
+                case.property,
+                "resume",
+                family,
+                f"{name}[{bad.index}] after a step from the loaded state is {bad.actual!r}, uninterrupted "
+                f"{bad.expected!r} (error {bad.error:.3g} > allowed {bad.allowed:.3g})",
+                param=name,
             )
     return None
 
