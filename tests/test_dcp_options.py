@@ -50,7 +50,8 @@ from fuzz.model import (
 )
 from fuzz.pool import RankPool
 from fuzz.properties import get_property
-from fuzz.properties.state_dict import MISSING_KEY, features_dcp, features_state_dict, judge_dcp, judge_state_dict
+from fuzz.properties.dcp_checks import MISSING_KEY
+from fuzz.properties.state_dict import features_dcp, features_state_dict, judge_dcp, judge_state_dict
 from fuzz.verdict import Outcome
 from strategies import dcp_cases, state_dict_cases
 from tests.conftest import fault_env, fault_pool

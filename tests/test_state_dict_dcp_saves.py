@@ -42,7 +42,8 @@ from fuzz.model import (
 )
 from fuzz.pool import RankPool
 from fuzz.properties import get_property
-from fuzz.properties.state_dict import ALREADY_EXISTS, features_dcp, features_state_dict
+from fuzz.properties.dcp_checks import ALREADY_EXISTS
+from fuzz.properties.state_dict import features_dcp, features_state_dict
 from strategies import dcp_cases, state_dict_cases
 from tests.conftest import MUTANTS, fault_pool
 from tests.test_state_dict import TREE, fsdp, reversed_orders

@@ -44,7 +44,8 @@ from fuzz.model import (
 )
 from fuzz.pool import RankPool
 from fuzz.properties import get_property
-from fuzz.properties.state_dict import _holding_elements, features_state_dict
+from fuzz.properties.state_dict import features_state_dict
+from fuzz.properties.state_dict_checks import holding_elements
 from fuzz.repro import render_entry
 from strategies import state_dict_cases
 from tests.conftest import ROOT, fault_pool
@@ -257,7 +258,7 @@ def test_stateless_optimizer_into_fsdp1_is_not_the_stateless_bug() -> None:
 
 def test_local_state_of_a_parameter_without_elements_on_the_rank_is_not_compared() -> None:
     local = {"scale": {"exp_avg": [], "exp_avg_sq": [], "step": [1.0]}, "w": {"exp_avg": [0.5], "step": [1.0]}}
-    assert _holding_elements(local) == {"w": {"exp_avg": [0.5], "step": [1.0]}}
+    assert holding_elements(local) == {"w": {"exp_avg": [0.5], "step": [1.0]}}
 
 
 # --------------------------------------------------------------------------------- draws, repro

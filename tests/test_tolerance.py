@@ -237,7 +237,7 @@ def test_a_resume_is_judged_up_to_where_the_uninterrupted_run_overflows() -> Non
     as a resume mismatch, inf against inf; before the overflow the losses must still agree, and
     a resumed run that overflows where the uninterrupted one did not is still a mismatch."""
     from fuzz.model import Case, StateDictBody, Training
-    from fuzz.properties.state_dict import _check_resume
+    from fuzz.properties.state_dict_checks import check_resume as _check_resume
     from tests.test_state_dict import TREE, fsdp
 
     case = Case("state_dict", 2, 1, StateDictBody(tree=TREE, source=fsdp("1"), target=fsdp(), training=Training()))
