@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fuzz import known
+from fuzz import known, known_bugs
 from fuzz.corpus import CorpusIndex, Entry, load_corpus
 from fuzz.signature import Signature
 
@@ -36,7 +36,7 @@ def test_every_known_entry_names_a_record_and_every_record_has_an_entry() -> Non
 
 
 def test_ids_are_unique_and_names_resolve() -> None:
-    records = [v for v in vars(known).values() if isinstance(v, known.KnownBug)]
+    records = [v for v in vars(known_bugs).values() if isinstance(v, known.KnownBug)]
     assert len({r.id for r in records}) == len(records) == len(known.BUGS)
     for r in records:
         assert known.get(r.id) is r
