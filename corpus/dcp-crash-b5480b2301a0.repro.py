@@ -5,8 +5,11 @@
 # buffer (SIGSEGV), optim_state_dict aliases the gathered states; upstream:
 # https://github.com/pytorch/pytorch/issues/188989.
 # Observed: rank 0 died (signal SIGSEGV)
-# Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the failure
-# is there, else exits 0 (expected: no rank dies).
+# Run: torchrun --nproc-per-node 2 THIS_FILE.py: while the failure is there a rank prints
+# REPRODUCED and exits 1; once it is gone rank 0 prints PASS and every rank exits 0 (expected: no
+# rank dies); a rank exits 2 where the script cannot run (not under torchrun, another world size)
+# or the case fails another way (it prints FAIL). torchrun's own status is 1 whenever a rank's is
+# not 0.
 
 from __future__ import annotations
 from dataclasses import dataclass
@@ -58,29 +61,58 @@ def attempt(rank, world_size):
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'))
     _run_dcp(ctx)
 
+def torch_frame(path: str, function: str) -> str | None:
+    at = path.rfind('/torch/')
+    inner = path[at + 1:]
+    if at < 0 or '/fuzz/' in path or '-packages/' in inner or (function in ('<listcomp>', '<dictcomp>', '<setcomp>')):
+        return None
+    return f'{inner}:{function}'
+
+
 def main():
     import os
     os.environ['CUDA_VISIBLE_DEVICES'] = ''
     import re
     import subprocess
     import sys
-    if not os.environ.get('REPRO_CHILD'):
-        env = {**os.environ, 'REPRO_CHILD': '1'}
+    if os.environ.get("WORLD_SIZE") == "2" and not os.environ.get("REPRO_CHILD"):
+        env = {**os.environ, "REPRO_CHILD": "1"}
         child = subprocess.run([sys.executable, __file__], env=env, stderr=subprocess.PIPE, text=True)
-        frames = re.findall('File "[^"]+/torch/([^"]+)", line \\d+ in (\\S+)', child.stderr)
-        found = f'signal {child.returncode}@torch/{frames[0][0]}:{frames[0][1]}' if frames else ''
+        sys.stderr.write(child.stderr)
+        frames = [torch_frame(p, f) for p, f in re.findall(r'File "([^"]+)", line \d+,? in (\S+)', child.stderr)]
+        found = f"signal {child.returncode}@{([f for f in frames if f] or ['?'])[0]}"
         if found in ['signal -11@torch/distributed/fsdp/_state_dict_utils.py:param_hook']:
             print(f"REPRODUCED crash:dcp:signal SIGSEGV@torch/distributed/fsdp/_state_dict_utils.py:param_hook: rank {os.environ['RANK']} died: {found}", flush=True)
             sys.exit(1)
-        print(f'PASS or another failure: exit {child.returncode}', flush=True)
-        sys.exit(0)
+        if child.returncode != 0:
+            print(f"FAIL (not the entry's failure): rank {os.environ['RANK']}: {found}", flush=True)
+            sys.exit(2)
+        import torch.distributed as dist
+        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+        store.add("repro-passed", 1)
+        until = time.monotonic() + 60
+        while store.add("repro-passed", 0) < world_size:
+            if time.monotonic() > until:
+                print(f"FAIL (not the entry's failure): rank {rank} finished, another rank did not", flush=True)
+                os._exit(2)
+            time.sleep(0.05)
+        if rank == 0:
+            print('PASS: no rank died', flush=True)
+        os._exit(0)  # a rank must not wait for the others at exit
     import faulthandler
     faulthandler.enable()
-    import os
-    import torch
+    import sys
+    import time
+    if os.environ.get("WORLD_SIZE") != "2":
+        print("run it with: torchrun --nproc-per-node 2 " + sys.argv[0], file=sys.stderr)
+        sys.exit(2)
     import torch.distributed as dist
-    dist.init_process_group('gloo')
-    rank, world_size = (dist.get_rank(), dist.get_world_size())
+    dist.init_process_group("gloo")
+    rank, world_size = dist.get_rank(), dist.get_world_size()
     attempt(rank, world_size)
-if __name__ == '__main__':
+    os._exit(0)
+
+
+if __name__ == "__main__":
     main()

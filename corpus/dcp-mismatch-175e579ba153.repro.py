@@ -5,8 +5,11 @@
 # wrong Adam state in FSDP1 HYBRID_SHARD over a 2-D mesh; upstream: none found.
 # Observed: Into FSDP1 HYBRID_SHARD over a 2-D mesh, load_sharded_optimizer_state_dict lays the
 # optimizer state out as chunks over the whole world instead of the model's DTensors over the ...
-# Run: torchrun --nproc-per-node 4 THIS_FILE.py: prints REPRODUCED and exits 1 while the failure
-# is there, else exits 0 (expected: the property's judge finds nothing).
+# Run: torchrun --nproc-per-node 4 THIS_FILE.py: while the failure is there a rank prints
+# REPRODUCED and exits 1; once it is gone rank 0 prints PASS and every rank exits 0 (expected: the
+# property's judge finds nothing); a rank exits 2 where the script cannot run (not under torchrun,
+# another world size) or the case fails another way (it prints FAIL). torchrun's own status is 1
+# whenever a rank's is not 0.
 
 from __future__ import annotations
 import torch
@@ -122,16 +125,41 @@ def attempt(rank, world_size):
         return f'REPRODUCED mismatch:dcp@async_save:fsdp1-hsdp-load_sharded_optimizer_state_dict: {failure__}'
     return f'PASS or another failure: {failure__ and failure__}'
 
+def torch_frame(path: str, function: str) -> str | None:
+    at = path.rfind('/torch/')
+    inner = path[at + 1:]
+    if at < 0 or '/fuzz/' in path or '-packages/' in inner or (function in ('<listcomp>', '<dictcomp>', '<setcomp>')):
+        return None
+    return f'{inner}:{function}'
+
 def main():
     import os
     os.environ['CUDA_VISIBLE_DEVICES'] = ''
     import sys
+    import time
+    if os.environ.get("WORLD_SIZE") != "4":
+        print("run it with: torchrun --nproc-per-node 4 " + sys.argv[0], file=sys.stderr)
+        sys.exit(2)
     import torch.distributed as dist
-    dist.init_process_group('gloo')
-    verdict = attempt(dist.get_rank(), dist.get_world_size())
-    if verdict:
-        sys.stdout.write(verdict + '\n')
+    dist.init_process_group("gloo")
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    verdict = attempt(rank, world_size)
+    if verdict and verdict not in ['PASS or another failure: None', 'PASS: every rank finished', 'PASS: no rank died', 'PASS: no rank raised']:
+        sys.stdout.write(verdict + "\n")  # one write: the ranks share torchrun's output
         sys.stdout.flush()
-    os._exit(1 if verdict.startswith('REPRODUCED') else 0)
-if __name__ == '__main__':
+        os._exit(1 if verdict.startswith("REPRODUCED") else 2)
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+    store.add("repro-passed", 1)
+    until = time.monotonic() + 60
+    while store.add("repro-passed", 0) < world_size:
+        if time.monotonic() > until:
+            print(f"FAIL (not the entry's failure): rank {rank} finished, another rank did not", flush=True)
+            os._exit(2)
+        time.sleep(0.05)
+    if rank == 0:
+        print(verdict or 'PASS: no rank raised', flush=True)
+    os._exit(0)  # a rank must not wait for the others at exit
+
+
+if __name__ == "__main__":
     main()

@@ -1,15 +1,19 @@
 #!/usr/bin/env python3
 # shardfuzz reduced reproducer: entry=29068ea80b7f75eb sources=ce057bc0da65e4dc seconds=1449.1
 # Reproduces shardfuzz corpus entry parity-exception-0c5058dcf8f5.json: exception:parity:torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/conv.py:_conv_forward
-# Known torch bug: torch.compile over FSDP1 (use_orig_params=True, sharded): recompiling the
-# wrapped module's forward while its parameters hold sharded gradients raises
-# InternalTorchDynamoError 'attempting to assign a gradient of size ...'; upstream:
+# Known torch bug: torch.compile over FSDP1 (use_orig_params=True, sharded): a recompilation of
+# the wrapped module's forward while its parameters hold sharded gradients (the suite's trees, a
+# contract hook removed or a smaller last batch; not every recompilation: an nn.Sequential variant
+# passes) raises InternalTorchDynamoError 'attempting to assign a gradient of size ...'; upstream:
 # https://github.com/pytorch/pytorch/issues/111317.
 # Observed: torch.compile over FSDP1 (use_orig_params=True, sharded): Dynamo recompiles the
 # wrapped module's forward while its parameters hold sharded gradients and fails ...
 # Run: torchrun --nproc-per-node 4 THIS_FILE.py: while the failure is there a rank raises
-# torch._dynamo.exc.InternalTorchDynamoError in torch/nn/modules/conv.py:_conv_forward and
-# torchrun exits 1; else every rank prints PASS and it exits 0.
+# torch._dynamo.exc.InternalTorchDynamoError in torch/nn/modules/conv.py:_conv_forward, prints its
+# traceback and REPRODUCED and exits 1; once it is gone rank 0 prints PASS and every rank exits 0
+# (expected: no rank raises); a rank exits 2 where the script cannot run (not under torchrun,
+# another world size) or the case fails another way (it prints FAIL). torchrun's own status is 1
+# whenever a rank's is not 0.
 
 from __future__ import annotations
 import torch
@@ -62,11 +66,47 @@ def attempt(rank, world_size):
         loss = F.mse_loss(out, y)
         loss.backward()
 
+def torch_frame(path: str, function: str) -> str | None:
+    at = path.rfind('/torch/')
+    inner = path[at + 1:]
+    if at < 0 or '/fuzz/' in path or '-packages/' in inner or (function in ('<listcomp>', '<dictcomp>', '<setcomp>')):
+        return None
+    return f'{inner}:{function}'
+
+
 if __name__ == "__main__":
     import os
     os.environ['CUDA_VISIBLE_DEVICES'] = ''
+    import sys
+    import time
+    if os.environ.get("WORLD_SIZE") != "4":
+        print("run it with: torchrun --nproc-per-node 4 " + sys.argv[0], file=sys.stderr)
+        sys.exit(2)
     import torch.distributed as dist
     dist.init_process_group("gloo")
-    attempt(dist.get_rank(), dist.get_world_size())
-    print('PASS: no rank raised', flush=True)
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    import re
+    import traceback
+    try:
+        attempt(rank, world_size)
+    except BaseException as e:  # torch's CheckpointException is a BaseException
+        text = traceback.format_exc()
+        sys.stderr.write("".join(f"[rank{rank}]: {line}\n" for line in text.splitlines()))
+        frames = [f for f in (torch_frame(p, f) for p, f in re.findall(r'File "([^"]+)", line \d+,? in (\S+)', text)) if f]
+        found = f"{type(e).__module__}.{type(e).__qualname__}@{(frames or ['torch/?:?'])[-1]}"
+        if found in ['torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/conv.py:_conv_forward', 'torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/linear.py:forward', 'torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/normalization.py:forward']:
+            print(f"REPRODUCED exception:parity:torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/conv.py:_conv_forward: rank {rank} raised {found}", flush=True)
+            os._exit(1)
+        print(f"FAIL (not the entry's failure): rank {rank} raised {found}", flush=True)
+        os._exit(2)
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+    store.add("repro-passed", 1)
+    until = time.monotonic() + 60
+    while store.add("repro-passed", 0) < world_size:
+        if time.monotonic() > until:
+            print(f"FAIL (not the entry's failure): rank {rank} finished, another rank did not", flush=True)
+            os._exit(2)
+        time.sleep(0.05)
+    if rank == 0:
+        print('PASS: no rank raised', flush=True)
     os._exit(0)  # a rank must not wait for the others at exit

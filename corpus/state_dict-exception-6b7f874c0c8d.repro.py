@@ -6,8 +6,11 @@
 # https://github.com/pytorch/pytorch/issues/155680.
 # Observed: rank 1 raised builtins.ValueError: Global rank 0 is not part of group
 # <torch.distributed.distributed_c10d.ProcessGroup object at 0x7f56a40e0bf0>
-# Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the
-# failure is there, else exits 0 (expected: no rank raises).
+# Run: torchrun --nproc-per-node 2 THIS_FILE.py: while the failure is there a rank prints
+# REPRODUCED and exits 1; once it is gone rank 0 prints PASS and every rank exits 0 (expected: no
+# rank raises); a rank exits 2 where the script cannot run (not under torchrun, another world
+# size) or the case fails another way (it prints FAIL). torchrun's own status is 1 whenever a
+# rank's is not 0.
 
 from __future__ import annotations
 import torch
@@ -39,22 +42,48 @@ def attempt(rank, world_size):
         msd_ = get_model_state_dict(wrap_out)
         msd, osd = (msd_, get_optimizer_state_dict(wrap_out, src_opt))
     except BaseException as e:
-        frames = re.findall('File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
-        path, fn = ([(p, f) for p, f in frames if '/torch/' in p and (not f.endswith('comp>'))] or [('?', '?')])[-1]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@torch/{path.rpartition('/torch/')[2]}:{fn}"
+        frames = [f for f in (torch_frame(p, f) for p, f in re.findall('File "([^"]+)", line \\d+,? in (\\S+)', traceback.format_exc())) if f]
+        found = f"{type(e).__module__}.{type(e).__qualname__}@{(frames or ['torch/?:?'])[-1]}"
         if found in ['builtins.ValueError@torch/distributed/distributed_c10d.py:get_group_rank']:
             return f'REPRODUCED exception:state_dict:builtins.ValueError@torch/distributed/distributed_c10d.py:get_group_rank: rank {rank} raised {found}: {e}'
         return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"
     return 'PASS: no rank raised'
 
+def torch_frame(path: str, function: str) -> str | None:
+    at = path.rfind('/torch/')
+    inner = path[at + 1:]
+    if at < 0 or '/fuzz/' in path or '-packages/' in inner or (function in ('<listcomp>', '<dictcomp>', '<setcomp>')):
+        return None
+    return f'{inner}:{function}'
+
 def main():
     import os
     os.environ['CUDA_VISIBLE_DEVICES'] = ''
+    import sys
+    import time
+    if os.environ.get("WORLD_SIZE") != "2":
+        print("run it with: torchrun --nproc-per-node 2 " + sys.argv[0], file=sys.stderr)
+        sys.exit(2)
     import torch.distributed as dist
-    dist.init_process_group('gloo')
-    verdict = attempt(dist.get_rank(), dist.get_world_size())
-    if verdict:
-        print(verdict, flush=True)
-    os._exit(1 if verdict.startswith('REPRODUCED') else 0)
-if __name__ == '__main__':
+    dist.init_process_group("gloo")
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    verdict = attempt(rank, world_size)
+    if verdict and verdict not in ['PASS or another failure: None', 'PASS: every rank finished', 'PASS: no rank died', 'PASS: no rank raised']:
+        sys.stdout.write(verdict + "\n")  # one write: the ranks share torchrun's output
+        sys.stdout.flush()
+        os._exit(1 if verdict.startswith("REPRODUCED") else 2)
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+    store.add("repro-passed", 1)
+    until = time.monotonic() + 60
+    while store.add("repro-passed", 0) < world_size:
+        if time.monotonic() > until:
+            print(f"FAIL (not the entry's failure): rank {rank} finished, another rank did not", flush=True)
+            os._exit(2)
+        time.sleep(0.05)
+    if rank == 0:
+        print(verdict or 'PASS: no rank raised', flush=True)
+    os._exit(0)  # a rank must not wait for the others at exit
+
+
+if __name__ == "__main__":
     main()

@@ -5,8 +5,11 @@
 # pass an empty model state dict; upstream: https://github.com/pytorch/pytorch/issues/157781.
 # Observed: rank 0 broadcasts state in _broadcast_state_dict that rank(s) [1] skipped (rank(s) 0,
 # 1 missed the deadline in torch/distributed/distributed_c10d.py:broadcast)
-# Run: torchrun --nproc-per-node 2 THIS_FILE.py: prints REPRODUCED and exits 1 while the failure
-# is there, else exits 0 (expected: every rank finishes).
+# Run: torchrun --nproc-per-node 2 THIS_FILE.py: while the failure is there a rank prints
+# REPRODUCED and exits 1; once it is gone rank 0 prints PASS and every rank exits 0 (expected:
+# every rank finishes); a rank exits 2 where the script cannot run (not under torchrun, another
+# world size) or the case fails another way (it prints FAIL). torchrun's own status is 1 whenever
+# a rank's is not 0.
 
 from __future__ import annotations
 from dataclasses import dataclass, field
@@ -84,35 +87,59 @@ def attempt(rank, world_size):
     import torch
     run_state_dict(rank)
 
+def torch_frame(path: str, function: str) -> str | None:
+    at = path.rfind('/torch/')
+    inner = path[at + 1:]
+    if at < 0 or '/fuzz/' in path or '-packages/' in inner or (function in ('<listcomp>', '<dictcomp>', '<setcomp>')):
+        return None
+    return f'{inner}:{function}'
+
+
 def main():
     import os
     os.environ['CUDA_VISIBLE_DEVICES'] = ''
-    import torch
-    import torch.distributed as dist
-    dist.init_process_group('gloo')
-    rank, world_size = (dist.get_rank(), dist.get_world_size())
     import sys
-    import threading
     import time
+    if os.environ.get("WORLD_SIZE") != "2":
+        print("run it with: torchrun --nproc-per-node 2 " + sys.argv[0], file=sys.stderr)
+        sys.exit(2)
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    import threading
     import traceback
     finished = threading.Event()
 
     def watch():
         time.sleep(20)
-        frames = traceback.extract_stack(sys._current_frames()[threading.main_thread().ident])
-        if any((f"torch/{f.filename.rpartition('/torch/')[2]}:{f.name}" in ['torch/distributed/_state_dict_utils.py:_broadcast_state_dict'] for f in frames)):
-            print(f'REPRODUCED hang:state_dict@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone: rank {rank} is stuck', flush=True)
-            os._exit(1)
         if finished.is_set():
-            print('PASS: every rank finished', flush=True)
-        else:
-            where = f'{frames[-1].filename}:{frames[-1].name}' if frames else '?'
-            print(f"FAIL (not the entry's failure): rank {rank} is still running, in {where}", flush=True)
-        os._exit(0)
+            return
+        stack = traceback.extract_stack(sys._current_frames()[threading.main_thread().ident])
+        frames = [torch_frame(f.filename, f.name) for f in stack]
+        print(f"rank {rank} is still in the case after 20 s:", file=sys.stderr)
+        sys.stderr.write("".join(traceback.format_list(stack)))
+        if any(f in ['torch/distributed/_state_dict_utils.py:_broadcast_state_dict'] for f in frames):
+            print(f"REPRODUCED hang:state_dict@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone: rank {rank} is stuck", flush=True)
+            os._exit(1)
+        where = ([f for f in frames if f] or ["?"])[-1]
+        print(f"FAIL (not the entry's failure): rank {rank} is still running, in {where}", flush=True)
+        os._exit(2)
+
     threading.Thread(target=watch, daemon=True).start()
     attempt(rank, world_size)
     finished.set()
-    time.sleep(20 + 5)
-    os._exit(0)
-if __name__ == '__main__':
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+    store.add("repro-passed", 1)
+    until = time.monotonic() + 60
+    while store.add("repro-passed", 0) < world_size:
+        if time.monotonic() > until:
+            print(f"FAIL (not the entry's failure): rank {rank} finished, another rank did not", flush=True)
+            os._exit(2)
+        time.sleep(0.05)
+    if rank == 0:
+        print('PASS: every rank finished', flush=True)
+    os._exit(0)  # a rank must not wait for the others at exit
+
+
+if __name__ == "__main__":
     main()

@@ -29,29 +29,33 @@ def _checked_script() -> str:
 
 def test_the_plain_form_drops_the_check_and_keeps_the_case() -> None:
     code = _checked_script()
+    entry = _entry()
     assert "REPRODUCED" in code and "except BaseException" in code and not is_plain(code)
-    out = plain(code)
+    out = plain(code, entry, entry.signature)
     assert out is not None and is_plain(out)
-    assert "try:" not in out and "traceback" not in out and "import re" not in out
     tree = ast.parse(out)
     fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "attempt")
     assert [ast.unparse(s) for s in fn.body] == ["import torch", "torch.zeros(1)", "return None"]
     assert not any(isinstance(n, ast.FunctionDef) and n.name == "main" for n in tree.body)
-    assert f"print({NO_RANK_RAISED!r}, flush=True)" in out
+    # the check is the __main__ block's: the signature's rule, exit 1 / 2, rank 0's PASS once all passed
+    block = ast.unparse(tree.body[-1])
+    assert "except BaseException" in block and "os._exit(2)" in block and "print('PASS: no rank raised'" in block
+    assert "torch_frame(p, f)" in block
     # Undone, it is the checked form again (the further reduction's attempts are judged by it).
-    assert ast.dump(ast.parse(checked(out, _entry(), _entry().signature))) == ast.dump(ast.parse(code))
-    assert plain(out) is None  # nothing to take out
+    assert ast.dump(ast.parse(checked(out, entry, entry.signature))) == ast.dump(ast.parse(code))
+    assert plain(out, entry, entry.signature) is None  # nothing to take out
 
 
 def test_a_plain_script_s_header_says_what_it_raises() -> None:
     entry = _entry()
-    out = plain(_checked_script())
+    out = plain(_checked_script(), entry, entry.signature)
     assert out is not None
     script = render_flat(entry, "", entry.signature, out)
     head = [line for line in script.splitlines() if line.startswith("# ")]
     said = " ".join(line[2:] for line in head)
     assert "builtins.KeyError in torch/distributed/_state_dict_utils.py:_unflatten_state_dict" in said
-    assert "torchrun exits 1" in said and "prints REPRODUCED" not in said
+    assert "a rank raises builtins.KeyError" in said and "prints its traceback and REPRODUCED and exits 1" in said
+    assert "rank 0 prints PASS" in said and "exits 2" in said
     assert ast.get_docstring(ast.parse(script)) is None  # prose as comments, not code
 
 
@@ -122,7 +126,7 @@ def test_stored_exception_scripts_are_plain_where_they_were_confirmed_so() -> No
     for path in plain_ones:
         text = path.read_text()
         tree = ast.parse(text)
-        assert "REPRODUCED" not in text and text.count("def attempt(") == 1, path.name
+        assert text.count("def attempt(") == 1, path.name
         assert not any(isinstance(n, ast.FunctionDef) and n.name == "main" for n in tree.body), path.name
         assert ast.unparse(tree.body[-1]).endswith("os._exit(0)") and f"print({NO_RANK_RAISED!r}" in text, path.name
 

@@ -3,6 +3,7 @@ parts that write back the same text, and text the suite did not write is refused
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
@@ -54,3 +55,30 @@ def test_shorten_cuts_at_a_word() -> None:
     assert len(out) <= 40 and out.endswith("…") and text.startswith(out[:-1]) and not out[:-1].endswith(" ")
     assert text[len(out) - 1] == " "
     assert shorten("short", 40) == "short"
+
+
+def test_the_torch_frame_rule_has_one_home_which_every_script_carries() -> None:
+    """fuzz.signature.torch_frame is the rule; scripts carry its source (without the docstring),
+    and what they carry behaves as it does."""
+    from fuzz.repro.harness import torch_frame_source
+    from fuzz.signature import location, torch_frame
+
+    carried: dict[str, object] = {}
+    exec(compile(torch_frame_source(), "carried", "exec"), carried)
+    frames = [
+        ("/venv/lib/python3.11/site-packages/torch/distributed/fsdp/_fully_shard/_fsdp_param.py", "shard"),
+        ("/home/u/torch/.venv/lib/python3.11/site-packages/tqdm/_monitor.py", "run"),  # another package
+        ("/work/fuzz/_rank/torch/x.py", "f"),  # shardfuzz's own
+        ("/venv/site-packages/torch/nn/modules/module.py", "<listcomp>"),  # inlined on 3.12
+        ("/tmp/repro.py", "attempt"),
+    ]
+    for path, function in frames:
+        assert carried["torch_frame"](path, function) == torch_frame(path, function)  # type: ignore[operator]
+    assert torch_frame(*frames[0]) == "torch/distributed/fsdp/_fully_shard/_fsdp_param.py:shard"
+    assert [torch_frame(*f) for f in frames[1:]] == [None] * 4
+    text = "".join(f'  File "{p}", line 1, in {f}\n' for p, f in frames[:2])
+    assert location(text) == torch_frame(*frames[0])
+    for path in sorted(CORPUS.glob("*.repro.py")):
+        tree = ast.parse(path.read_text())
+        kept = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "torch_frame"]
+        assert [ast.dump(n) for n in kept] == [ast.dump(ast.parse(torch_frame_source()).body[0])], path.name

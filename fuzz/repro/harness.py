@@ -37,12 +37,14 @@ from __future__ import annotations
 import ast
 import dataclasses
 import enum
+import inspect
 import re
+import textwrap
 from typing import Any
 
 from fuzz.corpus import Entry
 from fuzz.properties import get_property
-from fuzz.signature import Signature, entry_point
+from fuzz.signature import Signature, entry_point, torch_frame
 
 #: Seconds after which a rank still in a hang case is looked at.
 HANG_AFTER_S = 20
@@ -112,18 +114,51 @@ def _expected_exceptions(signatures: list[str]) -> list[str]:
 #: So a GPU host runs it as a CPU-only host does.
 HIDE_ACCELERATORS = "os.environ['CUDA_VISIBLE_DEVICES'] = ''"
 
-#: The head of ``main`` for a hang or a crash, whose check is ``main``'s own (a watcher thread,
-#: a child process): torchrun's process group, then ``attempt(rank, world_size)``.
-_RANK_MAIN = """\
-    import os
-    {hide}
+#: A script's exit status (every rank's, and ``python -m fuzz repro``'s account of it):
+#: :data:`EXIT_PASSED` where every rank finished and the check found nothing,
+#: :data:`EXIT_REPRODUCED` where the entry's failure is there, :data:`EXIT_OTHER` where the
+#: script could not run the case (not under torchrun, another world size) or the case failed in
+#: another way (another exception, another mismatch, a rank stuck elsewhere). torchrun's own
+#: status is 1 whenever a rank exits non-zero; its failure summary lists each rank's.
+EXIT_PASSED, EXIT_REPRODUCED, EXIT_OTHER = 0, 1, 2
+
+#: The first statements of every ``main``: the GPUs hidden before anything else.
+_FIRST = f"    import os\n    {HIDE_ACCELERATORS}\n"
+#: Then: refuse to run outside torchrun or at another world size (exit
+#: :data:`EXIT_OTHER`), bring up torchrun's process group.
+_HEAD = """\
+    import sys
+    import time
+    if os.environ.get("WORLD_SIZE") != "{world_size}":
+        print("run it with: torchrun --nproc-per-node {world_size} " + sys.argv[0], file=sys.stderr)
+        sys.exit(2)
     import torch.distributed as dist
     dist.init_process_group("gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
 """
 
+#: The end of every ``main`` for a rank that found nothing wrong: it waits (on torchrun's store,
+#: not a collective, which could unblock a rank stuck in the case) until every rank has found
+#: nothing, and rank 0 alone says PASS; a rank that reproduces or fails exits at once and
+#: torchrun ends the others, so no PASS is printed beside a failure.
+_PASSED = """\
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+    store.add("repro-passed", 1)
+    until = time.monotonic() + {wait}
+    while store.add("repro-passed", 0) < world_size:
+        if time.monotonic() > until:
+            print(f"FAIL (not the entry's failure): rank {{rank}} finished, another rank did not", flush=True)
+            os._exit(2)
+        time.sleep(0.05)
+    if rank == 0:
+        print({passing}, flush=True)
+    os._exit(0)  # a rank must not wait for the others at exit
+"""
+#: How long a rank that passed waits for the others to pass.
+PASS_WAIT_S = 60
+
 #: The verdict line of an exception's script where no rank raised (the checked form's
-#: ``attempt`` returns it; every rank of the plain form prints it).
+#: ``attempt`` returns it; rank 0 of the plain form prints it once every rank finished).
 NO_RANK_RAISED = "PASS: no rank raised"
 #: The verdict lines of a script that found nothing wrong, one per kind of check below: an
 #: exception, a mismatch, a hang, a crash.
@@ -132,7 +167,7 @@ PASSING = frozenset(
         NO_RANK_RAISED,
         "PASS or another failure: None",
         "PASS: every rank finished",
-        "PASS or another failure: exit 0",
+        "PASS: no rank died",
     }
 )
 
@@ -152,15 +187,17 @@ def attempt(rank, world_size):
     ctx = RankContext(rank=rank, world_size=world_size, device=torch.device("cpu"), backend="gloo")
 """
 
+#: A frame of a Python traceback or of faulthandler's output: the file and the function.
+FRAME = r'File "([^"]+)", line \d+,? in (\S+)'
+
 _EXCEPTION = """\
     import re
     import traceback
     try:
         {program}(case, case.body, ctx)
     except BaseException as e:  # torch's CheckpointException is a BaseException
-        frames = re.findall(r'File "([^"]+)", line \\d+, in (\\S+)', traceback.format_exc())
-        at = [f"torch/{{p.rpartition('/torch/')[2]}}:{{f}}" for p, f in frames if "/torch/" in p and "comp>" not in f]
-        found = f"{{type(e).__module__}}.{{type(e).__qualname__}}@{{(at or ['torch/?:?'])[-1]}}"
+        frames = [f for f in (torch_frame(p, f) for p, f in re.findall(r'{frame}', traceback.format_exc())) if f]
+        found = f"{{type(e).__module__}}.{{type(e).__qualname__}}@{{(frames or ['torch/?:?'])[-1]}}"
         if {match}:
             return f"REPRODUCED {signature}: rank {{rank}} raised {{found}}: {{e}}"
         return f"FAIL (not the entry's failure): rank {{rank}} raised {{found}}: {{e}}"
@@ -183,69 +220,67 @@ _MISMATCH = """\
     return f"PASS or another failure: {{failure and failure.signature}}"
 """
 
-#: ``main`` of a pooled script: torchrun's process group, the attempt, its verdict as the exit
-#: status (1: reproduced). ``os._exit``: a rank must not wait for the others at exit.
+#: ``main`` of a pooled script: its verdict as the exit status (1: reproduced, 2: another
+#: failure; a rank that passed, or one that does not judge, waits for the others: ``_PASSED``).
 _ATTEMPT_MAIN = """\
 
 def main():
-    import os
-    {hide}
-    import sys
-    import torch.distributed as dist
-    dist.init_process_group("gloo")
-    verdict = attempt(dist.get_rank(), dist.get_world_size())
-    if verdict:
+{head}\
+    verdict = attempt(rank, world_size)
+    if verdict and verdict not in {passing!r}:
         sys.stdout.write(verdict + "\\n")  # one write: the ranks share torchrun's output
         sys.stdout.flush()
-    os._exit(1 if verdict.startswith("REPRODUCED") else 0)
-"""
+        os._exit(1 if verdict.startswith("REPRODUCED") else 2)
+{passed}"""
 
+#: A hang's ``main``: a watcher thread looks at the main thread after ``{after}`` seconds; a
+#: rank still in the case is stuck in one of the entry's frames (exit 1) or elsewhere (exit 2).
 _HANG = """\
-    import sys
     import threading
-    import time
     import traceback
-
     finished = threading.Event()
 
     def watch():
         time.sleep({after})
-        frames = traceback.extract_stack(sys._current_frames()[threading.main_thread().ident])
-        if any(f"torch/{{f.filename.rpartition('/torch/')[2]}}:{{f.name}}" in {expected!r} for f in frames):
+        if finished.is_set():
+            return
+        stack = traceback.extract_stack(sys._current_frames()[threading.main_thread().ident])
+        frames = [torch_frame(f.filename, f.name) for f in stack]
+        print(f"rank {{rank}} is still in the case after {after} s:", file=sys.stderr)
+        sys.stderr.write("".join(traceback.format_list(stack)))
+        if any(f in {expected!r} for f in frames):
             print(f"REPRODUCED {signature}: rank {{rank}} is stuck", flush=True)
             os._exit(1)
-        if finished.is_set():
-            print("PASS: every rank finished", flush=True)
-        else:
-            where = f"{{frames[-1].filename}}:{{frames[-1].name}}" if frames else "?"
-            print(f"FAIL (not the entry's failure): rank {{rank}} is still running, in {{where}}", flush=True)
-        os._exit(0)
+        where = ([f for f in frames if f] or ["?"])[-1]
+        print(f"FAIL (not the entry's failure): rank {{rank}} is still running, in {{where}}", flush=True)
+        os._exit(2)
 
     threading.Thread(target=watch, daemon=True).start()
     attempt(rank, world_size)
     finished.set()
-    time.sleep({after} + 5)  # the watcher decides; the group stays up for ranks still running
-    os._exit(0)
 """
 
-#: faulthandler's line for a frame of torch: the file under torch/ and the function.
-CRASH_FRAME = r'File "[^"]+/torch/([^"]+)", line \d+ in (\S+)'
-
+#: A crash's ``main``: each rank runs the case in a child process (itself, with ``REPRO_CHILD``)
+#: and reads the signal and faulthandler's innermost frame of torch from what it wrote.
 _CRASH_HEAD = """\
-    import os
     import re
     import subprocess
     import sys
-    if not os.environ.get("REPRO_CHILD"):
+    if os.environ.get("WORLD_SIZE") == "{world_size}" and not os.environ.get("REPRO_CHILD"):
         env = {{**os.environ, "REPRO_CHILD": "1"}}
         child = subprocess.run([sys.executable, __file__], env=env, stderr=subprocess.PIPE, text=True)
-        frames = re.findall({frame!r}, child.stderr)
-        found = f"signal {{child.returncode}}@torch/{{frames[0][0]}}:{{frames[0][1]}}" if frames else ""
+        sys.stderr.write(child.stderr)
+        frames = [torch_frame(p, f) for p, f in re.findall(r'{frame}', child.stderr)]
+        found = f"signal {{child.returncode}}@{{([f for f in frames if f] or ['?'])[0]}}"
         if found in {expected!r}:
             print(f"REPRODUCED {signature}: rank {{os.environ['RANK']}} died: {{found}}", flush=True)
             sys.exit(1)
-        print(f"PASS or another failure: exit {{child.returncode}}", flush=True)
-        sys.exit(0)
+        if child.returncode != 0:
+            print(f"FAIL (not the entry's failure): rank {{os.environ['RANK']}}: {{found}}", flush=True)
+            sys.exit(2)
+        import torch.distributed as dist
+        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+{passed}\
     import faulthandler
     faulthandler.enable()
 """
@@ -255,10 +290,22 @@ _RUN = """\
     {program}(case, case.body, ctx)
 """
 
-#: The rest of a crash's ``main`` (its check, the child process, is at its head).
+#: The rest of a crash's ``main`` (its check, the child process, is at its head): the child
+#: runs the case and exits 0.
 _CRASH = """\
     attempt(rank, world_size)
+    os._exit(0)
 """
+
+
+def torch_frame_source() -> str:
+    """:func:`fuzz.signature.torch_frame` as a script carries it: the one rule of "a frame
+    inside torch", its source without the docstring."""
+    fn = ast.parse(textwrap.dedent(inspect.getsource(torch_frame))).body[0]
+    assert isinstance(fn, ast.FunctionDef)
+    if ast.get_docstring(fn) is not None:
+        fn.body = fn.body[1:]
+    return ast.unparse(fn) + "\n"
 
 
 def _signatures(entry: Entry, signature: str) -> list[str]:
@@ -273,18 +320,13 @@ def hang_expected(entry: Entry, signature: str) -> list[str]:
     return sorted({":".join(e.split(":")[:2]) for e in _expected_exceptions(_signatures(entry, signature))})
 
 
-#: A frame of :func:`traceback.format_stack`'s text: the file and the function.
-_STACK_FRAME = re.compile(r'File "([^"]+)", line \d+, in (\S+)')
-
-
 def hang_verdict(entry: Entry, signature: str, rank: int, stack: str) -> str | None:
     """The verdict line a hang script's watcher prints for a rank whose main thread is stuck
     with ``stack`` (``traceback.format_stack``'s text): ``REPRODUCED`` where a frame of it is
-    one of the entry's (``_HANG``'s rule), else None."""
+    one of the entry's (``_HANG``'s rule, by :func:`fuzz.signature.torch_frame`), else None."""
     expected = hang_expected(entry, signature)
-    for file, function in _STACK_FRAME.findall(stack):
-        if f"torch/{file.rpartition('/torch/')[2]}:{function}" in expected:
-            return f"REPRODUCED {signature}: rank {rank} is stuck"
+    if any(torch_frame(file, function) in expected for file, function in re.findall(FRAME, stack)):
+        return f"REPRODUCED {signature}: rank {rank} is stuck"
     return None
 
 
@@ -292,8 +334,8 @@ def crash_found(status: int, stack: str) -> str:
     """What a crash's check reads from a dead rank (its exit status, faulthandler's output):
     ``signal -11@torch/FILE:FUNCTION`` of the innermost frame of torch, as ``_CRASH_HEAD`` does
     in the script; "" where no frame of torch is in it."""
-    frames = re.findall(CRASH_FRAME, stack)
-    return f"signal {status}@torch/{frames[0][0]}:{frames[0][1]}" if frames else ""
+    frames = [f for f in (torch_frame(p, fn) for p, fn in re.findall(FRAME, stack)) if f]
+    return f"signal {status}@{frames[0]}" if frames else ""
 
 
 def crash_expected(entry: Entry, signature: str) -> list[str]:
@@ -364,11 +406,51 @@ def exception_rule(entry: Entry, signature: str) -> tuple[list[str], str | None,
     return expected, entered, shape
 
 
+def _expected_found(entry: Entry, signature: str) -> list[str]:
+    """What a plain exception script's ``main`` takes as the entry's exception: ``type@frame``
+    of each of its signatures (the signature's rule; the reducer applies the whole of
+    :func:`exception_rule` from outside)."""
+    return _expected_exceptions(_signatures(entry, signature))
+
+
+def _indent(text: str, by: str) -> str:
+    return textwrap.indent(text, by, lambda line: bool(line.strip()))
+
+
+def main_of(entry: Entry, signature: str, plain: bool = False) -> str:
+    """The harness of a script: :func:`fuzz.signature.torch_frame` as the script carries it, and
+    ``main`` (the ``__main__`` block of an exception's ``plain`` form), which runs ``attempt`` on
+    every rank under torchrun and exits :data:`EXIT_REPRODUCED`, :data:`EXIT_PASSED` or
+    :data:`EXIT_OTHER`."""
+    kind = entry.kind
+    n = entry.case.world_size
+    head = _HEAD.format(world_size=n)
+    fields: dict[str, Any] = {"signature": signature, "after": HANG_AFTER_S, "frame": FRAME, "world_size": n}
+    rule = torch_frame_source()
+    if plain:
+        expected = _expected_exceptions(_signatures(entry, signature))
+        main = _PLAIN_MAIN.format(head=_FIRST + head, expected=expected, **fields)
+        return rule + "\n\n" + main + _passed(NO_RANK_RAISED)
+    if kind in POOLED_KINDS:
+        return rule + _ATTEMPT_MAIN.format(head=_FIRST + head, passing=sorted(PASSING), passed=_passed(""))
+    if kind == "hang":
+        body = _HANG.format(expected=hang_expected(entry, signature), **fields)
+        return rule + "\n\ndef main():\n" + _FIRST + head + body + _passed("PASS: every rank finished")
+    passed = textwrap.indent(_passed("PASS: no rank died"), "    ")
+    crash = _CRASH_HEAD.format(expected=crash_expected(entry, signature), passed=passed, **fields)
+    return rule + "\n\ndef main():\n" + _FIRST + crash + head + _CRASH
+
+
+def _passed(passing: str) -> str:
+    """``_PASSED`` for a script whose rank 0 says ``passing`` (a pooled script: its verdict)."""
+    said = repr(passing) if passing else "verdict or " + repr(NO_RANK_RAISED)
+    return _PASSED.format(wait=PASS_WAIT_S, passing=said)
+
+
 def main_source(entry: Entry, signature: str) -> tuple[str, list[str]]:
-    """(the reduced script's ``main``, the carried modules it imports). ``signature`` is what
-    the unreduced script printed for the entry. The source holds two functions:
-    ``attempt(rank, world_size)``, the case on one rank in a process group already up, and
-    ``main``, which brings up torchrun's process group and calls it. For the
+    """(the reduced script's ``attempt`` and harness (:func:`main_of`), the carried modules it
+    imports). ``signature`` is what the unreduced script printed for the entry.
+    ``attempt(rank, world_size)`` is the case on one rank in a process group already up. For the
     :data:`POOLED_KINDS` ``attempt`` also checks the case and returns the verdict line, which
     ``main`` prints and exits with; for a hang or a crash ``main`` checks it."""
     case = entry.case
@@ -380,31 +462,24 @@ def main_source(entry: Entry, signature: str) -> tuple[str, list[str]]:
     for name, module in classes.items():
         imports.setdefault(module, []).append(name)
     kind = entry.kind
-    fields: dict[str, Any] = {"program": program, "signature": signature, "after": HANG_AFTER_S}
+    fields: dict[str, Any] = {"program": program, "signature": signature}
     if kind == "mismatch":
         imports.setdefault(judge.__module__, []).append(judge.__name__)
         imports.setdefault("fuzz.verdict", []).extend(["Outcome", "OutcomeKind", "RankReport"])
         body = _MISMATCH.format(judge=judge.__name__, expected=signatures, **fields)
-    elif kind == "hang":
-        body = _HANG.format(expected=hang_expected(entry, signature), **fields)
-    elif kind == "crash":
-        body = _CRASH
-    else:
+    elif kind == "exception":
         # The same failure entered torch by the same API, with the same message but for its
         # numbers: a generic innermost frame (nn.Module.__getattr__'s AttributeError) is met by
         # many a broken script, through the same API too.
         expected, entered, shape = exception_rule(entry, signature)
-        match = f"found in {expected!r}" + (f" and at[0] == {entered!r}" if entered else "")
+        match = f"found in {expected!r}" + (f" and frames[0] == {entered!r}" if entered else "")
         match += f" and {_SHAPE_IN_SCRIPT} == {shape!r}" if shape else ""
-        body = _EXCEPTION.format(match=match, passing=NO_RANK_RAISED, **fields)
+        body = _EXCEPTION.format(match=match, passing=NO_RANK_RAISED, frame=FRAME, **fields)
+    else:
+        body = _RUN.format(**fields)
     lines = [f"    from {module} import {', '.join(sorted(set(names)))}" for module, names in sorted(imports.items())]
     head = _ATTEMPT_PRELUDE.format(imports="\n".join(lines), case=expression)
-    if kind in POOLED_KINDS:
-        return head + body + _ATTEMPT_MAIN.format(hide=HIDE_ACCELERATORS), sorted(imports)
-    main = _RANK_MAIN.format(hide=HIDE_ACCELERATORS)
-    if kind == "crash":
-        main = _CRASH_HEAD.format(expected=crash_expected(entry, signature), frame=CRASH_FRAME, **fields) + main
-    return head + _RUN.format(**fields) + "\n\ndef main():\n" + main + body, sorted(imports)
+    return head + body + "\n\n" + main_of(entry, signature), sorted(imports)
 
 
 class _RankOfContext(ast.NodeTransformer):
@@ -461,15 +536,23 @@ def lift_attempt(code: str, entry: Entry) -> str | None:
 # The check of the checked form (``attempt``'s ``try``) is then applied from outside, to what
 # the ranks printed (:func:`raised_verdicts`), by the same rule (:func:`exception_rule`).
 
-_PLAIN_MAIN = f"""\
+_PLAIN_MAIN = """\
 if __name__ == "__main__":
-    import os
-    {HIDE_ACCELERATORS}
-    import torch.distributed as dist
-    dist.init_process_group("gloo")
-    attempt(dist.get_rank(), dist.get_world_size())
-    print({NO_RANK_RAISED!r}, flush=True)
-    os._exit(0)  # a rank must not wait for the others at exit
+{head}\
+    import re
+    import traceback
+    try:
+        attempt(rank, world_size)
+    except BaseException as e:  # torch's CheckpointException is a BaseException
+        text = traceback.format_exc()
+        sys.stderr.write("".join(f"[rank{{rank}}]: {{line}}\\n" for line in text.splitlines()))
+        frames = [f for f in (torch_frame(p, f) for p, f in re.findall(r'{frame}', text)) if f]
+        found = f"{{type(e).__module__}}.{{type(e).__qualname__}}@{{(frames or ['torch/?:?'])[-1]}}"
+        if found in {expected!r}:
+            print(f"REPRODUCED {signature}: rank {{rank}} raised {{found}}", flush=True)
+            os._exit(1)
+        print(f"FAIL (not the entry's failure): rank {{rank}} raised {{found}}", flush=True)
+        os._exit(2)
 """
 
 
@@ -491,23 +574,28 @@ def _is_check(node: ast.stmt) -> bool:
 
 def _is_main(node: ast.stmt) -> bool:
     if isinstance(node, ast.FunctionDef):
-        return node.name == "main"
+        return node.name in ("main", "torch_frame")
     return isinstance(node, ast.If) and "__name__" in ast.unparse(node.test)
 
 
 def is_plain(script: str) -> bool:
-    """Whether ``script`` is an exception's plain form (it prints no verdict of its own)."""
-    return "REPRODUCED" not in script and "def attempt(" in script
+    """Whether ``script`` is an exception's plain form: its ``__main__`` block runs ``attempt``,
+    which holds the case alone (the check is the block's)."""
+    tree = ast.parse(script)
+    block = next((n for n in tree.body if isinstance(n, ast.If) and "__name__" in ast.unparse(n.test)), None)
+    calls = [] if block is None else [n for n in ast.walk(block) if isinstance(n, ast.Call)]
+    return any(isinstance(c.func, ast.Name) and c.func.id == ATTEMPT for c in calls)
 
 
 #: The modules the check of an exception's ``attempt`` imports (``_EXCEPTION``).
 _CHECK_IMPORTS = {"re", "traceback"}
 
 
-def plain(code: str) -> str | None:
+def plain(code: str, entry: Entry, signature: str) -> str | None:
     """The plain form of an exception's checked flat script ``code``: ``attempt`` without the
     check around the case (nor the imports only the check used), under a ``__main__`` block that
-    runs it; None where ``code`` is not a checked exception script."""
+    runs it and checks what it raised (:func:`main_of`); None where ``code`` is not a checked
+    exception script."""
     tree = ast.parse(code)
     fn = _attempt_of(tree)
     if fn is None or sum(_is_check(n) for n in fn.body) != 1:
@@ -530,7 +618,36 @@ def plain(code: str) -> str | None:
         if not (isinstance(n, ast.Import) and all(a.name in _CHECK_IMPORTS and a.name not in used for a in n.names))
     ] or [ast.Pass()]
     tree.body = [n for n in tree.body if not _is_main(n)]
-    return ast.unparse(ast.fix_missing_locations(tree)) + "\n\n" + _PLAIN_MAIN
+    return ast.unparse(ast.fix_missing_locations(tree)) + "\n\n" + main_of(entry, signature, plain=True)
+
+
+def current_harness(script: str, entry: Entry) -> str:
+    """A kept script with the harness of :func:`main_of` as it is now (the reducer never cuts
+    ``main``, so a script reduced before keeps the harness it was reduced with): its leading
+    comments and the case as they are; ``torch_frame`` and ``main`` (or the ``__main__`` block)
+    anew, and a checked exception's ``except`` as :func:`main_source` writes it."""
+    lines = script.splitlines(keepends=True)
+    cut = next((i for i, line in enumerate(lines) if line.strip() and not line.startswith("#")), len(lines))
+    head, code = "".join(lines[:cut]), "".join(lines[cut:])
+    said = re.search(r"^# Reproduces shardfuzz corpus entry \S+: (.+)$", head, re.MULTILINE)
+    signature = said[1].strip() if said else entry.signature
+    was_plain = entry.kind == "exception" and is_plain(code)
+    tree = ast.parse(code)
+    tree.body = [n for n in tree.body if not _is_main(n)]
+    fn = _attempt_of(tree)
+    if entry.kind == "exception" and not was_plain and fn is not None:
+        # the signature's rule, the one the script was kept by (as its plain form's)
+        match = f"found in {_expected_exceptions(_signatures(entry, signature))!r}"
+        check = _EXCEPTION.format(match=match, passing=NO_RANK_RAISED, frame=FRAME, program="run", signature=signature)
+        handler = next(n for n in ast.parse(textwrap.dedent(check)).body if _is_check(n))
+        for node in fn.body:
+            if _is_check(node):
+                assert isinstance(node, ast.Try) and isinstance(handler, ast.Try)
+                node.handlers = handler.handlers
+    body = ast.unparse(ast.fix_missing_locations(tree)) + "\n\n"
+    if was_plain:
+        return head + body + main_of(entry, signature, plain=True)
+    return head + body + main_of(entry, signature) + '\n\nif __name__ == "__main__":\n    main()\n'
 
 
 def signature_free(code: str, signature: str) -> str | None:
@@ -599,7 +716,7 @@ def checked(code: str, entry: Entry, signature: str) -> str:
             wrapped.append(node)  # the check's imports; its last return
     fn.body = wrapped
     tree.body = [n for n in tree.body if not _is_main(n)]
-    tree.body += [n for n in template.body if isinstance(n, ast.FunctionDef) and n.name == "main"]
+    tree.body += [n for n in template.body if isinstance(n, ast.FunctionDef) and n.name in ("torch_frame", "main")]
     tree.body += ast.parse('if __name__ == "__main__":\n    main()').body
     return ast.unparse(ast.fix_missing_locations(tree)) + "\n"
 

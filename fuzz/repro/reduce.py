@@ -226,11 +226,13 @@ def _end_processes_running(file: str) -> None:
 
 
 def with_verdicts(entry: Entry, script: str, output: str, signature: str | None = None) -> str:
-    """``output`` of ``script``, with the verdict lines of its ranks' exceptions where it is an
-    exception's plain form (:func:`fuzz.repro.harness.raised_verdicts`), which prints none."""
+    """``output`` of ``script``; where it is an exception's plain form, its verdict lines are
+    those of the whole rule read from its ranks' tracebacks
+    (:func:`fuzz.repro.harness.raised_verdicts`), in place of its own (the signature's rule)."""
     if not is_plain(script):
         return output
-    return "\n".join([output, *raised_verdicts(entry, output, signature)]) + "\n"
+    own = [line for line in output.splitlines() if not line.startswith(("REPRODUCED ", "FAIL ("))]
+    return "\n".join([*own, *raised_verdicts(entry, output, signature)]) + "\n"
 
 
 def run_kept(
@@ -980,7 +982,7 @@ class _Oracle:
         (:func:`fuzz.repro.harness.plain`) if it reproduces under torchrun, its ranks'
         tracebacks read by the check's rule, and passes with the bug's fix where that is
         checked (:meth:`torchrun`); else None."""
-        candidate = plain(code) if self.entry.kind == "exception" else None
+        candidate = plain(code, self.entry, self.signature) if self.entry.kind == "exception" else None
         if candidate is None:
             return None
         self.say("  the plain form (the check taken out, the exception left to propagate):")
@@ -1297,41 +1299,11 @@ def _signature_free(code: str, signature: str, oracle: _Oracle) -> str:
     return free
 
 
-#: What :func:`quick_hang` adds to a candidate: each rank that finishes the case leaves a file
-#: beside the script (a directory of the attempt's own, :func:`run_script`), and the watcher's
-#: wait ends as soon as every rank has left one, so a candidate that passes costs no wait.
-_QUICK_WAIT = """
-def _quick_wait(seconds):
-    import os, time
-    here = os.path.dirname(os.path.abspath(__file__))
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        if sum(n.startswith("done-") for n in os.listdir(here)) >= int(os.environ["WORLD_SIZE"]):
-            return
-        time.sleep(0.2)
-
-
-def _quick_done():
-    import os
-    here = os.path.dirname(os.path.abspath(__file__))
-    open(os.path.join(here, "done-" + os.environ["RANK"]), "w").close()
-
-"""
-
-
 def quick_hang(script: str) -> str:
-    """A hang script with its watcher's wait (and the ranks' wait before they exit) of
-    :data:`QUICK_HANG_AFTER_S` instead of HANG_AFTER_S, where the script has them as written;
-    where it also has its ``__main__`` block as written, the watcher stops waiting once every
-    rank has finished (:data:`_QUICK_WAIT`)."""
-    main = "\nif __name__ == '__main__':\n"
-    waits = f"time.sleep({HANG_AFTER_S})", f"time.sleep({HANG_AFTER_S} + 5)"
-    watch, ranks = f"time.sleep({QUICK_HANG_AFTER_S})", f"time.sleep({QUICK_HANG_AFTER_S} + 5)"
-    if main in script and all(script.count(w) == 1 for w in waits):
-        head, _, tail = script.rpartition(main)
-        script = head + _QUICK_WAIT + main + tail
-        watch, ranks = f"_quick_wait({QUICK_HANG_AFTER_S})", f"_quick_done(); {ranks}"
-    return script.replace(waits[0], watch).replace(waits[1], ranks)
+    """A hang script with its watcher's wait of :data:`QUICK_HANG_AFTER_S` instead of
+    HANG_AFTER_S, where the script has it as written (a candidate that passes ends once every
+    rank has finished: the harness waits for no more)."""
+    return script.replace(f"time.sleep({HANG_AFTER_S})", f"time.sleep({QUICK_HANG_AFTER_S})")
 
 
 def _confirmed(code: str, verified: str, oracle: _Oracle, what: str, kept: list[str] | None = None) -> str:

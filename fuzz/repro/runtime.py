@@ -15,7 +15,8 @@ deadline, or in the property's :class:`~fuzz.verdict.Stall` for its ``hold``, ar
 write their main thread's stack (and every thread's, to stderr). Rank 0 then builds the
 :class:`~fuzz.verdict.Outcome` the pool would have built and judges it with the property's own
 judge. The exit status is 1 iff the judge's failure is the entry's: the same signature, or for
-a ``known`` entry the same bug (:func:`fuzz.signature.same_bug`); else 0; 2 for bad input.
+a ``known`` entry the same bug (:func:`fuzz.signature.same_bug`); 0 where the case passes; 2 for
+bad input, a failure that is not the entry's, or a run that could not be judged.
 
 Under torchrun the exit status of the whole run is 1 whenever any rank exits non-zero or dies.
 ``python FILE.py`` (not under torchrun) starts torchrun itself and exits with rank 0's status.
@@ -370,7 +371,7 @@ def _watch(run: Shared, rank: int) -> None:
             _exit(int(verdict) if rank == 0 and isinstance(verdict, int) else 0)
         if isinstance(judge_pid, int) and not _alive(judge_pid) and run.read("verdict") is None:
             print(f"repro: error: rank {rank}: the judge process ended without a verdict", file=sys.stderr)
-            _exit(1)
+            _exit(2)
         if not dumped and os.path.exists(run.path("dump")):
             dumped = True
             if not os.path.exists(run.path("report", rank)):
@@ -384,14 +385,14 @@ def judge_process(case_text: str, expected: dict[str, Any], root: str, timeout: 
     say what happened, and hand the verdict to the ranks."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # torchrun signals rank 0's process group
     run = Shared(root, int(expected["world_size"]))
-    code = 1
+    code = 2
     try:
         case = decode(case_text)
         until = time.monotonic() + timeout
         while run.read("start") is None:
             if time.monotonic() >= until or run.died(0) is not None:
                 print("repro: error: the ranks never started the case", file=sys.stderr)
-                raise SystemExit(1)
+                raise SystemExit(2)
             time.sleep(POLL_S)
         code = judge(run, case, expected, time.monotonic(), timeout)
     except SystemExit as e:
@@ -519,7 +520,7 @@ def judge(run: Shared, case: Any, expected: dict[str, Any], start: float, timeou
         print(f"REPRODUCED {said}")
         return 1
     print(f"FAIL (not the entry's failure, {expected['signature']}): {said}")
-    return 0
+    return 2
 
 
 def _save_observations(outcome: Any, failure: Any) -> None:

@@ -20,6 +20,7 @@ The oracle runs the script under ``torchrun --standalone --nproc-per-node N``.
 from __future__ import annotations
 
 import ast
+import re
 import tempfile
 from collections import Counter
 from collections.abc import Callable
@@ -30,7 +31,7 @@ from fuzz.corpus import Entry
 from fuzz.repro import script as _script
 from fuzz.repro.flatten import flatten
 from fuzz.repro.fold import clean, drop_unnamed_functions, fold, instrument, read_records
-from fuzz.repro.harness import ATTEMPT, case_expression, is_plain, main_source
+from fuzz.repro.harness import ATTEMPT, case_expression, current_harness, is_plain, main_source
 from fuzz.signature import Signature
 
 #: The module name a flat script's code is kept under by the reducer's passes.
@@ -84,12 +85,30 @@ def docstring(entry: Entry, source: str, signature: str, plain: bool = False) ->
     if plain:
         raised = Signature.parse(signature)
         what = f"{raised.check} in {raised.where}" if raised is not None and raised.check else signature
-        said = f"{run}: while the failure is there a rank raises {what} and torchrun exits 1; "
-        said += "else every rank prints PASS and it exits 0."
+        said = f"{run}: while the failure is there a rank raises {what}, prints its traceback and REPRODUCED "
+        said += "and exits 1;"
     else:
-        said = f"{run}: prints REPRODUCED and exits 1 while the failure is there, else exits 0 (expected: {expected})."
+        said = f"{run}: while the failure is there a rank prints REPRODUCED and exits 1;"
+    said += f" once it is gone rank 0 prints PASS and every rank exits 0 (expected: {expected});"
+    said += " a rank exits 2 where the script cannot run (not under torchrun, another world size) or the case"
+    said += " fails another way (it prints FAIL). torchrun's own status is 1 whenever a rank's is not 0."
     lines += textwrap.wrap(said, 96)
     return "\n".join(lines)
+
+
+def current(script: str, entry: Entry, source: str = "") -> str:
+    """A kept script with the harness (:func:`fuzz.repro.harness.current_harness`) and the
+    comments that say how to run it as they are now; its header line and its case unchanged."""
+    from fuzz.repro.reduce import HEADER
+
+    text = current_harness(script, entry)
+    lines = text.splitlines(keepends=True)
+    cut = next((i for i, line in enumerate(lines) if line.strip() and not line.startswith("#")), len(lines))
+    head = [line for line in lines[:cut] if line.startswith(("#!", HEADER))]
+    said = re.search(r"^# Reproduces shardfuzz corpus entry \S+: (.+)$", "".join(lines[:cut]), re.MULTILINE)
+    signature = said[1].strip() if said else entry.signature
+    comments = docstring(entry, source, signature, plain=is_plain(text)).splitlines()
+    return "".join(head) + "".join(f"# {line}\n" for line in comments) + "\n" + "".join(lines[cut:])
 
 
 #: Where each top-level name of a flat script came from: flat name -> (module, name).
