@@ -80,7 +80,10 @@ def bench_all(
     scripts kept beside the entries (``NAME.repro.py``) that are current are counted too; with
     ``reduce``, every entry without one is reduced first (:mod:`fuzz.repro.reduce`), and with
     ``refresh`` also every entry whose script was reduced from older carried sources, and with
-    ``again`` every kept script is reduced further (:func:`fuzz.repro.reduce.reduce_kept_again`)."""
+    ``again`` every kept script is reduced further (:func:`fuzz.repro.reduce.reduce_kept_again`).
+    Unreadable entries are named as they are met and, once the rest is done, in the
+    :class:`~fuzz.errors.ShardfuzzError` raised (``python -m fuzz repro --all`` exits 2, as
+    ``python -m fuzz corpus`` does)."""
     from fuzz.repro.reduce import (
         DEFAULT_BUDGET_S,
         from_current_sources,
@@ -230,4 +233,7 @@ def bench_all(
             exits[key] = exits.get(key, 0) + 1
         figures["exits"] = exits
         say("torchrun: " + ", ".join(f"{k}: {v}" for k, v in sorted(exits.items())))
+    if problems:  # as ``python -m fuzz corpus``: the rest done, then exit 2 naming them
+        figures["unreadable"] = len(problems)
+        raise ShardfuzzError(f"{len(problems)} of {total} entries unreadable: " + "; ".join(problems))
     return figures
