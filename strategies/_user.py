@@ -16,7 +16,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from fuzz.model import AccumSync, Case, Composition, Dtype, Optimizer, ShardSpec, Training
+from fuzz.model import Case, Composition, Dtype, Optimizer, ShardSpec, Training
 from fuzz.model.user import ModelInfo, RoundTrip, UserParityBody, UserStateBody, composition_problem
 from fuzz.user_model import describe, spec_of
 from strategies._cases import trainings
@@ -80,16 +80,9 @@ def user_compositions(
     return comp
 
 
-def _fit(training: Training, comp: Composition, info: ModelInfo) -> Training:
-    """Gradient-sync modes the composition has a switch for (replicate: none; no_all_reduce only
-    on an HSDP mesh); float32 with SGD where the model does not train in float64 (Adam is paired
-    with float64, fuzz.tolerance)."""
-    sync = training.accum_sync
-    if comp.replicates:
-        sync = AccumSync.ALWAYS
-    elif sync is AccumSync.NO_ALL_REDUCE and not comp.mesh:
-        sync = AccumSync.NO_GRAD_SYNC
-    training = replace(training, accum_sync=sync)
+def _fit(training: Training, info: ModelInfo) -> Training:
+    """Float32 with SGD where the model does not train in float64 (Adam is paired with float64,
+    fuzz.tolerance)."""
     if not info.float64 and training.dtype is Dtype.FLOAT64:
         training = replace(training, dtype=Dtype.FLOAT32, optimizer=Optimizer.SGD, momentum=0.9)
     return training
@@ -104,8 +97,8 @@ def _case(prop: str, world_size: int, body: Any) -> Any:
 @st.composite
 def _parity_body(draw: st.DrawFn, info: ModelInfo, world_size: int, max_steps: int, max_units: int) -> UserParityBody:
     comp = draw(user_compositions(info, world_size=world_size, max_units=max_units))
-    training = draw(trainings(max_steps=max_steps, max_batch_per_rank=2, hsdp=bool(comp.mesh)))
-    return UserParityBody(model=info.spec, composition=comp, training=_fit(training, comp, info), digest=info.digest)
+    training = draw(trainings(max_steps=max_steps, max_batch_per_rank=2, composition=comp))
+    return UserParityBody(model=info.spec, composition=comp, training=_fit(training, info), digest=info.digest)
 
 
 def user_parity_cases(
@@ -126,7 +119,7 @@ def user_parity_cases(
 @st.composite
 def _state_body(draw: st.DrawFn, info: ModelInfo, world_size: int, max_steps: int, max_units: int) -> UserStateBody:
     comp = draw(user_compositions(info, world_size=world_size, max_units=max_units))
-    training = _fit(draw(trainings(max_steps=max_steps, max_batch_per_rank=2, accumulation=False)), comp, info)
+    training = _fit(draw(trainings(max_steps=max_steps, max_batch_per_rank=2, accumulation=False)), info)
     if training.optimizer is Optimizer.SGD and not training.momentum:
         training = replace(training, momentum=0.9)  # an optimizer with state to move
     mode = draw(st.sampled_from(RoundTrip))
