@@ -218,9 +218,9 @@ CHECKLIST: tuple[Item, ...] = (
     _item("model.buffer", "persistent buffers on non-leaf modules", _MO, r"block:buffer"),
     # Not drawn yet (issue 46, items 4-6): the names such cases will emit.
     _item("model.param_ranks", "bare parameters of rank 0, 2 and 3", _MO, r"param:rank[023]", generated=False),
-    _item("model.non_persistent", "non-persistent buffers", _MO, r"block:buffer:non-persistent", generated=False),
+    _item("model.non_persistent", "non-persistent buffers", _MO, r"block:buffer:non-persistent"),
     _item("model.containers", "ModuleList / ModuleDict containers", _MO, r"block:(?:list|dict)", generated=False),
-    _item("model.shared_module", "one submodule called twice in a forward", _MO, r"model:shared", generated=False),
+    _item("model.shared_module", "submodules called twice in one forward", _MO, r"model:shared:called-twice"),
     _item("model.outputs", "tuple and dict outputs of a block", _MO, r"output:(?:tuple|dict)", generated=False),
     _item("model.intermediate_loss", "a loss over an intermediate", _MO, r"loss:intermediate", generated=False),
     _item(

@@ -386,7 +386,13 @@ def fsdp_knobs(
     if _fsdp_has("set_reduce_scatter_unused_params"):
         # dropped again where the training skips modules (fuzz.model.rules.check_training)
         fields["reduce_scatter_unused"] = draw(st.sampled_from([False, False, True]))
-    if tree is not None and _fsdp_has("set_unshard_in_backward") and Layout(tree, comp).unneeded_in_backward():
+    repeats = tree is not None and any(isinstance(n, Block) and n.repeat for n in tree.paths().values())
+    if (
+        tree is not None
+        and not repeats  # fuzz.model.rules: not with modules called twice
+        and _fsdp_has("set_unshard_in_backward")
+        and Layout(tree, comp).unneeded_in_backward()
+    ):
         fields["no_unshard_in_backward"] = draw(st.booleans())
     if scaling:
         fields["all_reduce_hook_scale"] = draw(st.sampled_from([None, 2.0, None, 0.5]))

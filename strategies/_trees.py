@@ -66,16 +66,25 @@ def leaves(*, dropout: bool = True, frozen: bool = True, extended: bool = False)
 
 
 @functools.cache
-def _blocks(depth: int, max_children: int, leaf: st.SearchStrategy[Leaf], buffers: bool) -> st.SearchStrategy[Block]:
+def _blocks(
+    depth: int, max_children: int, leaf: st.SearchStrategy[Leaf], buffers: bool, extended: bool = False
+) -> st.SearchStrategy[Block]:
     child: st.SearchStrategy[Node] = (
-        leaf if depth <= 1 else st.one_of(leaf, _blocks(depth - 1, max_children, leaf, buffers))
+        leaf if depth <= 1 else st.one_of(leaf, _blocks(depth - 1, max_children, leaf, buffers, extended))
     )
-    return st.builds(
+    blocks = st.builds(
         Block,
         children=st.lists(child, min_size=1, max_size=max_children).map(tuple),
         residual=st.booleans(),
         scale=st.booleans(),
         buffer=st.booleans() if buffers else st.just(False),
+    )
+    if not extended:
+        return blocks
+    # non-persistent buffers (out of the state dict), and blocks that run their children twice
+    # over (each child module called twice in one forward); both shrink to off
+    return st.tuples(blocks, st.booleans(), st.sampled_from((False, False, True))).map(
+        lambda b: replace(b[0], persistent=b[1] or not b[0].buffer, repeat=b[2])
     )
 
 
@@ -90,7 +99,7 @@ def _roots(
     max_depth: int, max_children: int, dropout: bool, frozen: bool, buffers: bool, extended: bool = False
 ) -> st.SearchStrategy[Block]:
     leaf = leaves(dropout=dropout, frozen=frozen, extended=extended)
-    return _blocks(max_depth, max_children, leaf, buffers).filter(_has_trainable_params)
+    return _blocks(max_depth, max_children, leaf, buffers, extended).filter(_has_trainable_params)
 
 
 def _has_trainable_params(block: Block) -> bool:

@@ -229,6 +229,32 @@ def test_attention_is_causal_when_asked() -> None:
     assert not torch.equal(full(x)[0, :-1], full(changed)[0, :-1])
 
 
+def test_a_repeated_block_calls_its_children_twice_and_keeps_a_non_persistent_buffer_out() -> None:
+    block = Block(children=(Leaf(LeafKind.LINEAR), Leaf(LeafKind.TANH)), buffer=True, persistent=False, repeat=True)
+    torch.manual_seed(0)
+    model = build_model(ModuleTree(width=3, root=block), torch.device("cpu"))
+    assert "shift" not in model.state_dict() and "shift" in dict(model.named_buffers())
+    calls: list[int] = []
+    model.get_submodule("0").register_forward_hook(lambda *_: calls.append(1))
+    x = torch.randn(2, 3)
+    once = torch.tanh(model.get_submodule("0")(x))
+    calls.clear()
+    out = model(x)
+    assert len(calls) == 2
+    assert torch.allclose(out, torch.tanh(model.get_submodule("0")(once)) + model.shift)
+    with pytest.raises(CaseError, match="persistent"):
+        Block(children=(Leaf(LeafKind.LINEAR),), persistent=False)
+
+
+def test_unshard_in_backward_is_not_drawn_over_modules_called_twice() -> None:
+    from fuzz.model import Knobs
+
+    tree = ModuleTree(width=4, root=Block(children=(Block(children=(Leaf(LeafKind.LINEAR),), repeat=True),)))
+    comp = Composition(shards=(ShardSpec(path="0.0"), ShardSpec(path="")), knobs=Knobs(no_unshard_in_backward=True))
+    with pytest.raises(CaseError, match="twice"):
+        ParityBody(tree=tree, composition=comp)
+
+
 # --------------------------------------------------------------------------------------------
 # Drawing and shrinking
 
@@ -290,8 +316,39 @@ def test_tied_trees_tie(tree: ModuleTree) -> None:
 # End to end on the rank pool
 
 _MP = MixedPrecision(param_dtype=Dtype.BFLOAT16, reduce_dtype=Dtype.FLOAT32, cast_forward_inputs=True)
+_REPEATED = ModuleTree(
+    width=4,
+    root=Block(
+        children=(
+            Leaf(LeafKind.LINEAR),
+            Block(
+                children=(Leaf(LeafKind.LINEAR), Leaf(LeafKind.TANH), Block(children=(Leaf(LeafKind.LAYER_NORM),))),
+                repeat=True,
+                buffer=True,
+                persistent=False,
+            ),
+        ),
+        buffer=True,
+        persistent=False,
+    ),
+)
 _CASES = [
     ("parity", ParityBody(tree=_lm(), composition=Composition(shards=(ShardSpec(path=""),)))),
+    (
+        "parity",
+        ParityBody(
+            tree=_REPEATED,
+            composition=Composition(shards=(ShardSpec(path="1.0"), ShardSpec(path="1.2"), ShardSpec(path=""))),
+            training=Training(steps=2, grad_accum=2, accum_sync=AccumSync.NO_GRAD_SYNC),
+        ),
+    ),
+    (
+        "parity",
+        ParityBody(
+            tree=_REPEATED, composition=Composition(shards=(ShardSpec(path="1.0"), ShardSpec(path="")), meta_init=True)
+        ),
+    ),
+    ("parity", ParityBody(tree=_REPEATED, composition=Composition(shards=(ShardSpec(path=""),), replicates=("1.0",)))),
     (
         "parity",
         ParityBody(

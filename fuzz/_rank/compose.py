@@ -334,7 +334,9 @@ def build_composed(
         return model, _with_knobs(model, compose(model, comp, ctx, tree), comp, tree)
     from torch.distributed.tensor import DTensor, distribute_tensor
 
-    values = build_model(tree, ctx.device).to(dtype).state_dict()
+    built = build_model(tree, ctx.device).to(dtype)
+    # the state dict and the non-persistent buffers, which it leaves out
+    values = {**built.state_dict(), **dict(built.named_buffers())}
     model = build_model(tree, torch.device("meta")).to(dtype)
     composed = compose(model, comp, ctx, tree)
     # CPUOffloadPolicy keeps the sharded parameters on the CPU, and fully_shard's lazy init

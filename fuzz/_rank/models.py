@@ -25,28 +25,41 @@ from fuzz.model import (
 
 
 class TreeBlock(nn.Module):
-    """Runs its children in order, then ``* scale`` (its own parameter), ``+ shift`` (its
-    buffer) and ``+ input`` (residual), each if the block has it."""
+    """Runs its children in order (twice over with ``repeat``), then ``* scale`` (its own
+    parameter), ``+ shift`` (its buffer, persistent or not) and ``+ input`` (residual), each if
+    the block has it."""
 
-    def __init__(self, children: list[nn.Module], residual: bool, width: int, scale: bool, buffer: bool) -> None:
+    def __init__(
+        self,
+        children: list[nn.Module],
+        residual: bool,
+        width: int,
+        scale: bool,
+        buffer: bool,
+        persistent: bool = True,
+        repeat: bool = False,
+    ) -> None:
         super().__init__()
         for i, child in enumerate(children):
             self.add_module(str(i), child)
         self.residual = residual
         self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(width)) if scale else None
         if buffer:
-            self.register_buffer("shift", 0.1 * torch.randn(width))
+            self.register_buffer("shift", 0.1 * torch.randn(width), persistent=persistent)
         else:
             self.shift = None
+        #: Runs the children twice over (each child module called twice in one forward).
+        self.repeat = repeat
         #: Names of children left out of forward (``Training.skips``); set by :func:`set_skipped`.
         self.skipped: frozenset[str] = frozenset()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = x
-        for name, child in self.named_children():
-            if name in self.skipped:
-                continue
-            y = child(y)
+        for _ in range(2 if self.repeat else 1):
+            for name, child in self.named_children():
+                if name in self.skipped:
+                    continue
+                y = child(y)
         if self.scale is not None:
             y = y * self.scale
         if self.shift is not None:
@@ -177,7 +190,7 @@ def build_node(node: Node, width: int, vocab: int = 0) -> nn.Module:
     last = node.children[-1]
     if isinstance(last, Leaf) and last.kind is LeafKind.HEAD and last.tied:
         children[-1].weight = children[0].weight
-    return TreeBlock(children, node.residual, width, node.scale, node.buffer)
+    return TreeBlock(children, node.residual, width, node.scale, node.buffer, node.persistent, node.repeat)
 
 
 #: The name of the child a :class:`FusedLeaf` holds its leaf under: its state dict hides it.

@@ -90,6 +90,10 @@ def check_composition(tree: ModuleTree, comp: Composition, where: str = "composi
     _check_replicate_options(tree, comp, where)
     _check_checkpoint_options(tree, comp, where)
     _check_ignored_params(tree, comp, where)
+    if comp.knobs.no_unshard_in_backward and any(isinstance(n, Block) and n.repeat for n in paths.values()):
+        # Layout.unneeded_in_backward reasons about one call per module: a module called twice
+        # feeds its own second call, whose input gradient needs its parameters in backward.
+        raise CaseError(f"{where}.knobs.no_unshard_in_backward", "not drawn with blocks that run their children twice")
     if comp.knobs.no_unshard_in_backward and not Layout(tree, comp).unneeded_in_backward():
         raise CaseError(
             f"{where}.knobs.no_unshard_in_backward",

@@ -116,18 +116,24 @@ class Leaf:
 
 @dataclass(frozen=True)
 class Block:
-    """A container: runs its children in order, then multiplies by its own ``scale`` parameter
-    (a parameter held by a non-leaf module), adds its ``shift`` buffer, and with ``residual``
-    adds its input."""
+    """A container: runs its children in order (twice over with ``repeat``: each child module
+    called twice in one forward, its parameters used twice), then multiplies by its own
+    ``scale`` parameter (a parameter held by a non-leaf module), adds its ``shift`` buffer
+    (registered non-persistent, out of the state dict, without ``persistent``), and with
+    ``residual`` adds its input."""
 
     children: tuple[Node, ...]
     residual: bool = False
     scale: bool = False
     buffer: bool = False
+    persistent: bool = True
+    repeat: bool = False
 
     def __post_init__(self) -> None:
         if not self.children:
             raise CaseError("children", "a block needs at least one child")
+        if not self.persistent and not self.buffer:
+            raise CaseError("persistent", "persistent=False applies to a block's buffer: it has none")
 
 
 Node = Union[Leaf, Block]
@@ -219,11 +225,14 @@ def attention_heads(width: int) -> int:
 
 def is_classic(tree: ModuleTree) -> bool:
     """True for a tree of the first kind: (B, W) activations, float inputs, the first leaf kinds
-    (linear, layer_norm, conv1d of kernel 1, activations, dropout)."""
+    (linear, layer_norm, conv1d of kernel 1, activations, dropout), blocks that run once and
+    hold persistent buffers."""
     if tree.seq or tree.vocab:
         return False
     return all(
-        not isinstance(n, Leaf) or ((n.kind not in PARAM_LEAVES or n.kind in CLASSIC_PARAM_LEAVES) and n.kernel == 1)
+        (n.persistent and not n.repeat)
+        if isinstance(n, Block)
+        else (n.kind not in PARAM_LEAVES or n.kind in CLASSIC_PARAM_LEAVES) and n.kernel == 1
         for _, n in iter_paths(tree.root)
     )
 

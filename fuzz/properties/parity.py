@@ -415,7 +415,9 @@ def tree_features(tree: ModuleTree, world_size: int) -> list[str]:
             if node.scale:
                 out.append("block:own-param")
             if node.buffer:
-                out.append("block:buffer")
+                out.append("block:buffer" if node.persistent else "block:buffer:non-persistent")
+            if node.repeat:
+                out.append("model:shared:called-twice")
     return out
 
 
