@@ -71,8 +71,9 @@ from fuzz.known_record import (
 
 INT_RESHARD_DIM1 = KnownBug(
     "fully_shard-int-reshard-shard-dim-1",
-    "fully_shard with an int reshard_after_forward and Shard(1) placements: IndexError in foreach_all_gather_copy_out",
-    relation="none found after five phrasings (the error text and frame, the two options, the symptom); "
+    "fully_shard with an int reshard_after_forward and Shard(1) placements: IndexError in foreach_all_gather_copy_out, "
+    "or (a dim-1 size the post-forward mesh splits unevenly) as_strided out of bounds in to_sharded_post_forward",
+    relation="none found after eight phrasings (the error texts and frames, the two options, the symptom); "
     "see_also: the pull requests that added shard_placement_fn and the int reshard_after_forward",
     state="present in torch 2.13.0",
     see_also=("pytorch/pytorch#137496", "pytorch/pytorch#118017"),
