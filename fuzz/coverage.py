@@ -230,7 +230,7 @@ CHECKLIST: tuple[Item, ...] = (
         r"training:forwards:[2-9]",
         generated=False,
     ),
-    _item("model.clip_grad", "clip_grad_norm_ over DTensors", _MO, r"training:clip_grad_norm", generated=False),
+    _item("model.clip_grad", "clip_grad_norm_ (over DTensors, FSDP1's method)", _MO, r"training:clip_grad_norm"),
     _item("model.eval", "eval / inference_mode forwards between steps", _MO, r"training:eval", generated=False),
     _item("model.reinit", "parameters re-initialised after composing", _MO, r"training:reinit", generated=False),
     # state dicts and distributed checkpoint

@@ -30,6 +30,7 @@ from fuzz.model import (
     Wrapper,
     check_composition,
     check_training,
+    clip_problem,
     contains,
     has_leaf,
     has_params,
@@ -96,14 +97,19 @@ def trainings(
     accumulation: bool = True,
     hsdp: bool = False,
     composition: Composition | None = None,
+    clipping: bool = False,
 ) -> Training:
     """Optimizer, learning rate and schedule: SGD (with momentum), Adam, AdamW; one or two
     parameter groups; gradient accumulation with every sync mode; zero_grad with and without
     set_to_none; the same or different inputs per rank. Adam's eps stays >= 1e-4 and Adam runs in
     float64 (see Training.eps and fuzz.tolerance).
 
+    ``clipping``: half the time ``clip_grad_norm_`` before each step (max_norm 0.1, which
+    clips most steps here, or 1.0).
+
     ``composition``: only schedules that composition can train (:func:`accum_syncs`; ``hsdp``
-    then follows from it), so that a composition and a training drawn apart make a valid case::
+    then follows from it; no clipping where :func:`fuzz.model.clip_problem` says why), so that a
+    composition and a training drawn apart make a valid case::
 
         tree = data.draw(module_trees())
         comp = data.draw(compositions(tree, world_size=2))
@@ -120,7 +126,8 @@ def trainings(
     grad_accum = draw(st.integers(1, 3)) if accumulation else 1
     syncs = accum_syncs(composition, hsdp=hsdp)
     accum_sync = draw(st.sampled_from(syncs)) if grad_accum > 1 else AccumSync.ALWAYS
-    return Training(
+    clip = draw(st.sampled_from((None, 0.1, None, 1.0))) if clipping else None
+    training = Training(
         optimizer=optimizer,
         lr=draw(st.sampled_from((0.01, 0.05, 0.1))),
         momentum=momentum,
@@ -137,7 +144,11 @@ def trainings(
         # pytorch/pytorch#183207); its minimal cases are kept there, the strategy draws the rest.
         # None is foreach on CUDA: see _rare_foreach_on_mixed_params.
         foreach=draw(st.sampled_from((None, False))),
+        clip_grad_norm=clip,
     )
+    if composition is not None and clip_problem(composition, training) is not None:
+        return replace(training, clip_grad_norm=None)
+    return training
 
 
 def _tp_layer_norm_in_float64(training: Training, tree: ModuleTree, *comps: Composition) -> Training:
@@ -161,6 +172,8 @@ def _fit_training(training: Training, comp: Composition) -> Training:
         sync = AccumSync.NO_GRAD_SYNC
     if comp.spmd and training.compile is not Compile.NONE:
         training = replace(training, compile=Compile.NONE)  # not drawn together yet
+    if clip_problem(comp, training) is not None:
+        training = replace(training, clip_grad_norm=None)
     return training if sync is training.accum_sync else replace(training, accum_sync=sync)
 
 
@@ -401,7 +414,7 @@ def parity_cases(
             knobs = draw(fsdp_knobs(comp, world_size=world_size, scaling=True, accelerator=accelerator, tree=tree))
             comp = replace(comp, knobs=knobs)
     comp = _maybe_spmd(draw, tree, _maybe_ignored_params(draw, tree, _maybe_api_options(draw, tree, comp)))
-    training = _fit_training(draw(trainings(max_steps=max_steps, hsdp=bool(comp.mesh))), comp)
+    training = _fit_training(draw(trainings(max_steps=max_steps, hsdp=bool(comp.mesh), clipping=True)), comp)
     training = _rare_foreach_on_mixed_params(draw, training, comp)
     training = _rare_unused_after_partial_reduce(draw, tree, draw(training_schedules(tree, training, comp)), comp)
     training = _rare_unfrozen_unresharded(draw, tree, training, comp, world_size=world_size)
@@ -542,7 +555,9 @@ def metamorphic_cases(
     tree = draw(module_trees(max_depth=max_depth, extended=True))
     comp = draw(compositions(tree, world_size=world_size, offload=accelerator))
     variant = draw(metamorphic_variants(tree, comp, world_size=world_size, accelerator=accelerator))
-    training = draw(trainings(max_steps=max_steps, accumulation=False))
+    training = draw(trainings(max_steps=max_steps, accumulation=False, clipping=True))
+    if clip_problem(comp, training) is not None:
+        training = replace(training, clip_grad_norm=None)
     training = _fit_training(training, variant)  # no accumulation here: only an SPMD variant's compile goes
     training = _tp_layer_norm_in_float64(training, tree, comp, variant)
     training = _rare_foreach_on_mixed_params(draw, training, comp, variant)

@@ -255,6 +255,21 @@ def test_unshard_in_backward_is_not_drawn_over_modules_called_twice() -> None:
         ParityBody(tree=tree, composition=comp)
 
 
+def test_clipping_is_drawn_where_torch_can_clip() -> None:
+    tree = _lm(vocab=0)
+    clip = Training(clip_grad_norm=0.1)
+    ParityBody(tree=tree, composition=Composition(shards=(ShardSpec(path="1"), ShardSpec(path=""))), training=clip)
+    ParityBody(tree=tree, composition=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), training=clip)
+    mixed = Composition(shards=(ShardSpec(path=""),), replicates=("1",))
+    with pytest.raises(CaseError, match="mix of DTensor and plain"):
+        ParityBody(tree=tree, composition=mixed, training=clip)
+    fsdp1_double = Training(clip_grad_norm=0.1, optimizer=Optimizer.ADAM, dtype=Dtype.FLOAT64)
+    with pytest.raises(CaseError, match="float64"):
+        ParityBody(tree=tree, composition=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), training=fsdp1_double)
+    with pytest.raises(CaseError, match="positive"):
+        Training(clip_grad_norm=0.0)
+
+
 # --------------------------------------------------------------------------------------------
 # Drawing and shrinking
 
@@ -353,6 +368,20 @@ _CASES = [
         "parity",
         ParityBody(
             tree=_lm(),
+            composition=Composition(shards=(ShardSpec(path="1"), ShardSpec(path="")), mesh=(2, 1)),
+            training=Training(steps=2, clip_grad_norm=0.1, optimizer=Optimizer.ADAM, dtype=Dtype.FLOAT64),
+        ),
+    ),
+    (
+        "parity",
+        ParityBody(
+            tree=_lm(), composition=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), training=Training(clip_grad_norm=0.1)
+        ),
+    ),
+    (
+        "parity",
+        ParityBody(
+            tree=_lm(),
             composition=Composition(
                 shards=(ShardSpec(path="1", shard_dim=1), ShardSpec(path="0", group=("4",)), ShardSpec(path="")),
                 checkpoints=("2",),
@@ -437,7 +466,7 @@ def test_the_new_ingredients_are_checklist_items_counted_per_property() -> None:
     assert rows["model.tied"]["per_property"] == {"invalid": 0, "parity": 2}
     assert rows["model.tied_misuse"]["per_property"] == {"invalid": 1, "parity": 0}
     assert rows["model.attention"]["per_property"]["parity"] == 4  # leaf:attention and :causal
-    assert rows["model.clip_grad"]["count"] == 0 and not rows["model.clip_grad"]["generated"]
+    assert rows["model.reinit"]["count"] == 0 and not rows["model.reinit"]["generated"]
     table = format_per_property(list(rows.values()))
     assert table.splitlines()[0].split()[:3] == ["item", "invalid", "parity"]
     assert "model.tied " in table

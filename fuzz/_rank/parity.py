@@ -285,6 +285,8 @@ def train(
             step_losses.append(loss.item())
         if comp is None and precision is None:
             _average_gradients(model, ctx, grad_scales or {}, local)
+        if training.clip_grad_norm is not None:
+            clip_gradients(composed, training.clip_grad_norm)
         if composed.wrapper.value.startswith("fsdp1") and composed.wrapper.value != "fsdp1_no_shard":
             grad_norms.append(float("nan"))  # FSDP1 keeps local shards of gradients: not comparable
         else:
@@ -330,6 +332,17 @@ class _null:
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+def clip_gradients(composed: Composed, max_norm: float) -> None:
+    """``clip_grad_norm_`` as a user of the API calls it: FSDP1's own method on its wrapper
+    (its gradients are local shards), else ``torch.nn.utils.clip_grad_norm_`` over the
+    parameters (DTensors under fully_shard, whose norm is the full gradients')."""
+    model = composed.model
+    if composed.wrapper.value.startswith("fsdp1"):
+        model.clip_grad_norm_(max_norm)  # type: ignore[operator]
+    else:
+        torch.nn.utils.clip_grad_norm_(list(model.parameters()), max_norm)
 
 
 def owner_path(name: str) -> str:

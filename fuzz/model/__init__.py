@@ -41,7 +41,7 @@ from fuzz.model.composition import (
     Wrapper,
 )
 from fuzz.model.layout import Layout, Unit
-from fuzz.model.rules import TP_BETWEEN, check_composition, check_mesh, check_training
+from fuzz.model.rules import TP_BETWEEN, check_composition, check_mesh, check_training, clip_problem
 from fuzz.model.state_dict import (
     Api,
     DcpBody,
@@ -184,6 +184,7 @@ __all__ = [
     "check_composition",
     "check_mesh",
     "check_training",
+    "clip_problem",
     "contains",
     "dcp_root",
     "forward_order",

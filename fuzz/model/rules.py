@@ -16,6 +16,7 @@ from fuzz.model.training import AccumSync, Compile, Optimizer, Skip, Training
 from fuzz.model.tree import (
     PARAM_LEAVES,
     Block,
+    Dtype,
     Leaf,
     LeafKind,
     ModuleTree,
@@ -318,6 +319,9 @@ def check_training(tree: ModuleTree, comps: tuple[Composition, ...], t: Training
                 # NO_SHARD, not reduced to a torch-only reproduction yet): left out until it is.
                 raise CaseError(f"{where}.unfreeze[{i}].path", "FSDP1 no_sync() with a leaf unfrozen later")
     for comp in comps:
+        clip = clip_problem(comp, t)
+        if clip is not None:
+            raise CaseError(f"{where}.clip_grad_norm", clip)
         k = comp.knobs
         if k.reduce_scatter_unused and t.skips:
             # zero gradients for the skipped modules' parameters would move them under momentum or
@@ -365,6 +369,27 @@ def check_training(tree: ModuleTree, comps: tuple[Composition, ...], t: Training
             continue  # an activation left out: no parameter goes unused
         for comp in comps:
             _check_unused(tree, comp, t, skip, at)
+
+
+def clip_problem(comp: Composition, t: Training) -> str | None:
+    """Why ``Training.clip_grad_norm`` is not drawn with ``comp``, or None. Over a mix of
+    fully_shard's DTensor gradients and plain ones (replicate's, ignored parameters')
+    ``torch.nn.utils.clip_grad_norm_`` raises "aten._foreach_norm.Scalar got mixed torch.Tensor
+    and DTensor, need to convert all torch.Tensor to DTensor before calling distributed
+    operators!" (torch 2.13): the user converts or clips per group, which the suite does not
+    model yet. FSDP1's ``clip_grad_norm_`` takes each gradient's norm with ``dtype=float32``,
+    which ``linalg.vector_norm`` refuses for float64 gradients ("should be convertible without
+    narrowing"): a torch bug (issue 46's report), so FSDP1 clips float32 models only. Tensor
+    parallelism and SPMD programs are left for later."""
+    if t.clip_grad_norm is None:
+        return None
+    if comp.tp or comp.spmd:
+        return "not drawn with tensor parallelism or SPMD programs yet"
+    if comp.shards and (comp.replicates or comp.shard_ignored):
+        return "clip_grad_norm_ raises over a mix of DTensor and plain gradients"
+    if comp.wrapper.value.startswith("fsdp1") and t.dtype is not Dtype.FLOAT32:
+        return "FSDP1's clip_grad_norm_ raises for float64 gradients (a torch bug)"
+    return None
 
 
 def _check_replicate_training(comp: Composition, t: Training, where: str) -> None:

@@ -87,6 +87,10 @@ class Training:
     #: Frozen leaves unfrozen between steps (see :func:`check_training`).
     unfreeze: tuple[Unfreeze, ...] = ()
     compile: Compile = Compile.NONE
+    #: ``clip_grad_norm_(parameters, max_norm)`` after each step's gradients are complete (the
+    #: reference's averaged, the composed model's reduced: over DTensors for fully_shard,
+    #: FSDP1's own ``clip_grad_norm_`` method for its wrapper), before the optimizer steps.
+    clip_grad_norm: float | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.steps <= MAX_STEPS:
@@ -101,6 +105,8 @@ class Training:
             raise CaseError("eps", f"eps={self.eps} must be positive")
         if self.dtype not in (Dtype.FLOAT32, Dtype.FLOAT64):
             raise CaseError("dtype", f"dtype={self.dtype.value}: low precision comes from a MixedPrecision policy")
+        if self.clip_grad_norm is not None and not self.clip_grad_norm > 0.0:
+            raise CaseError("clip_grad_norm", f"clip_grad_norm={self.clip_grad_norm} must be positive")
         if not 1 <= self.grad_accum <= 4:
             raise CaseError("grad_accum", f"grad_accum={self.grad_accum} is outside 1..4")
         if self.param_groups not in (1, 2):

@@ -435,6 +435,8 @@ def training_features(t: Training) -> list[str]:
         out.append("sgd:momentum")
     if t.foreach is not None:
         out.append(f"optimizer:foreach={t.foreach}")
+    if t.clip_grad_norm is not None:
+        out.append("training:clip_grad_norm")
     return out
 
 
