@@ -207,6 +207,52 @@ def test_drawn_cases_pass_on_unmutated_torch(rank_pool: object) -> None:
         assert failure is None, f"{failure.signature}: {failure.summary}"
 
 
+OTHER_MODEL = """
+import torch
+from torch import nn
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.Linear(4, 8)
+        self.drop = nn.Dropout(0.3)
+        self.heads = nn.ModuleDict({"a": nn.Linear(8, 2), "b": nn.Linear(8, 3)})
+        self.spare = nn.Linear(8, 8)  # never used
+
+    def forward(self, x, scale):
+        h = self.drop(torch.tanh(self.enc(x))) * scale
+        return {"a": self.heads["a"](h), "b": self.heads["b"](h)}, h
+
+def batch(n, generator):
+    return {"x": torch.randn(n, 4, generator=generator), "scale": 2.0}, torch.randn(n, 2, generator=generator)
+
+def loss(out, y):
+    heads, h = out
+    return ((heads["a"] - y) ** 2).mean() + heads["b"].pow(2).mean() + 0.1 * h.mean()
+
+def build():
+    return Net(), batch, loss
+"""
+
+
+@needs_hook
+def test_keyword_inputs_dict_outputs_dropout_and_an_unused_layer_pass(tmp_path: Path, rank_pool: object) -> None:
+    """Inputs as keyword arguments (a float among them), a dict and a tuple as outputs, dropout
+    under checkpoint, a layer forward never calls (replicate then needs find_unused)."""
+    from fuzz.explore import run_case
+
+    path = tmp_path / "other_model.py"
+    path.write_text(OTHER_MODEL)
+    info = describe(f"{path}:build")
+    assert info.module("spare").unused and not info.module("enc").unused  # type: ignore[union-attr]
+    spec = f"{path}:build"
+    drawn = _cases(user_parity_cases(spec, world_size=2), 4) + _cases(user_state_cases(spec, world_size=2), 3)
+    assert any(c.body.composition.replicates and c.body.composition.find_unused for c in drawn)
+    for case in drawn:
+        failure = run_case(rank_pool, get_property(case.property), case)  # type: ignore[arg-type]
+        assert failure is None, f"{failure.signature}: {failure.summary}"
+
+
 def _fault(tmp_path: Path, module: str, old: str, new: str) -> dict[str, str]:
     # one file per fault: a pool's zygote is kept per environment, and would keep an earlier fault
     path = tmp_path / f"fault-{abs(hash((module, old, new)))}.json"
