@@ -11,7 +11,21 @@ from typing import Any
 import torch
 from torch import nn
 
-from fuzz.model import Composition, Knobs, Layout, ModuleTree, ShardSpec, contains, forward_order, is_ancestor
+from fuzz._rank.activations import ActivationRecorder
+from fuzz._rank.memory import UnitMemory, freed_problem, manages_params
+from fuzz._rank.memory import name as unit_name
+from fuzz._rank.order import OrderRecorder
+from fuzz.model import (
+    Composition,
+    Knobs,
+    Layout,
+    ModuleTree,
+    ShardSpec,
+    Wrapper,
+    contains,
+    forward_order,
+    is_ancestor,
+)
 
 
 def fsdp_sharded(p: torch.Tensor) -> bool:
@@ -62,7 +76,18 @@ def by_root(comp: Composition) -> list[list[ShardSpec]]:
 
 class KnobState:
     """The knobs of one composed model: applied at construction, then driven by the training
-    loop (:meth:`before_microbatch`), with the contract violations seen (:attr:`problems`)."""
+    loop (:meth:`before_microbatch`), with the contract violations seen (:attr:`problems`).
+
+    It also carries the order, memory and activation contracts of every fully_shard and
+    checkpoint composition (:mod:`fuzz._rank.order`, :mod:`fuzz._rank.memory`,
+    :mod:`fuzz._rank.activations`; docs/contracts.md), checked between microbatches
+    (:meth:`before_microbatch`) and after the last one (:meth:`final_problems`)."""
+
+    @staticmethod
+    def wanted(comp: Composition) -> bool:
+        """Whether a composition gets a KnobState: knobs set, or composable fully_shard or
+        checkpoint (whose contracts it checks) without a wrapper."""
+        return comp.knobs.is_set or (comp.wrapper is Wrapper.NONE and bool(comp.shards or comp.checkpoints))
 
     def __init__(self, model: nn.Module, comp: Composition, tree: ModuleTree, roots: list[nn.Module]) -> None:
         self.model = model
@@ -74,7 +99,10 @@ class KnobState:
         self._checked_unshard = False
         self._gathers: list[tuple[_CheckedComm, nn.Module]] = []
         self._scatters: list[_CheckedComm] = []
+        self._inner_comms: dict[tuple[str, str], _CheckedComm] = {}
         self._ran: set[str] = set()
+        self._prev_last = True
+        self._finished = False
         k = self.knobs
         for units in by_root(comp):
             self._prefetch(units)
@@ -107,6 +135,41 @@ class KnobState:
                 spec = next(s for s in comp.shards if s.path == path)
                 if comp.reshard_after_forward(spec) is True and path not in comp.shard_ignored:
                     module.register_forward_hook(self._sharded_in_backward(path))
+        self._observe(model, comp, tree, roots)
+
+    def _observe(self, model: nn.Module, comp: Composition, tree: ModuleTree, roots: list[nn.Module]) -> None:
+        """The recorders of the order, memory and activation contracts."""
+        self.memory: UnitMemory | None = None
+        self.order: OrderRecorder | None = None
+        self.activations: ActivationRecorder | None = None
+        if comp.shards:
+            groups = by_root(comp)
+            k = self.knobs
+            targets = {
+                s.path: [t.path for t in units[i + 1 : i + 1 + k.forward_prefetch]]
+                for units in groups
+                for i, s in enumerate(units)
+            }
+            self.memory = UnitMemory(model, comp, roots, self.problems, targets)
+            unneeded = Layout(tree, comp).unneeded_in_backward() if k.no_unshard_in_backward else []
+            self.order = OrderRecorder(model, comp, groups, self.memory, self.problems, self._inner_comms, unneeded)
+        if comp.checkpoints:
+            self.activations = ActivationRecorder(model, comp, self.problems)
+
+    def _pause(self, paused: bool) -> None:
+        for recorder in (self.memory, self.order, self.activations):
+            if recorder is not None:
+                recorder.paused = paused
+
+    def _microbatch_done(self) -> None:
+        """After a microbatch's backward (before the next one, or the end of training)."""
+        resharded = not (self.knobs.reshard_after_backward_last and not self._prev_last)
+        if self.memory is not None:
+            self.memory.next_microbatch(resharded)
+        if self.order is not None:
+            self.order.next_microbatch(resharded)
+        if self.activations is not None:
+            self.activations.next_microbatch()
 
     def _custom_comms(self, spec: ShardSpec, module: nn.Module) -> None:
         """``set_custom_all_gather`` / ``set_custom_reduce_scatter`` on the unit at
@@ -121,19 +184,26 @@ class KnobState:
             gather = _CheckedComm("all_gather", spec.path, shard_size, self.problems, post_forward)
             module.set_custom_all_gather(gather)  # type: ignore[operator]
             self._gathers.append((gather, module))
+            self._inner_comms[("all_gather", spec.path)] = gather
             module.register_forward_pre_hook(lambda *_: self._ran.add(spec.path))
         if self.knobs.custom_reduce_scatter:
             scatter = _CheckedComm("reduce_scatter", spec.path, shard_size, self.problems)
             module.set_custom_reduce_scatter(scatter)  # type: ignore[operator]
             self._scatters.append(scatter)
+            self._inner_comms[("reduce_scatter", spec.path)] = scatter
 
     def final_problems(self) -> list[str]:
         """:attr:`problems`, and after training what only the whole run shows: every unit with
         a custom all-gather that ran forward, manages parameters and shards them over more
         than one rank had its comm called (FSDP2 all-gathers such a unit's parameters before
-        its forward, through the comm ``set_custom_all_gather`` set)."""
+        its forward, through the comm ``set_custom_all_gather`` set); the last microbatch's
+        order, memory and activation contracts."""
+        if not self._finished:
+            self._finished = True
+            self._microbatch_done()
+            self.problems[:] = list(dict.fromkeys(self.problems))  # each message once
         for gather, module in self._gathers:
-            if gather.calls == 0 and gather.path in self._ran and gather.world() > 1 and _manages_params(module):
+            if gather.calls == 0 and gather.path in self._ran and gather.world() > 1 and manages_params(module):
                 self.problems.append(f"set_custom_all_gather on {gather.path!r}: the comm was never called")
         if self.knobs.separate_rs_group:
             gathered = {id(g) for gather, _ in self._gathers for g in gather.groups}
@@ -206,6 +276,7 @@ class KnobState:
             raise _Aborted(f"abort in forward of {inner[-1]!r}")
 
         handle = target.register_forward_hook(abort)
+        self._pause(True)
         devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
         try:
             with torch.random.fork_rng(devices=devices):
@@ -215,8 +286,13 @@ class KnobState:
             pass
         finally:
             handle.remove()
+            self._pause(False)
         for root in self.roots:
             root.reset_iter_state()  # type: ignore[operator]
+        for spec in self.comp.shards:
+            message = freed_problem(self.model.get_submodule(spec.path), unit_name(spec.path), "reset_iter_state()")
+            if message is not None:
+                self.problems.append(message)
         for root in self.roots:
             for sub, module, name in self._units_params(root):
                 if not fsdp_sharded(getattr(module, name)):
@@ -237,8 +313,10 @@ class KnobState:
         return out
 
     def before_microbatch(self, first: bool, last: bool) -> None:
-        """Called before each microbatch's forward."""
+        """Called before each microbatch's forward (after the previous one's backward)."""
         k = self.knobs
+        self._microbatch_done()
+        self._prev_last = last
         if k.reshard_after_backward_last:
             for root in self.roots:
                 root.set_reshard_after_backward(last)  # type: ignore[operator]
@@ -292,6 +370,8 @@ class KnobState:
                 elif not torch.equal(_whole(p).detach().cpu(), expected.to(p.dtype).cpu()):
                     self.problems.append(f"after unshard(), {where} differs from its sharded values")
             root.reshard()  # type: ignore[operator]
+            if (message := freed_problem(root, "the root unit", "reshard()")) is not None:
+                self.problems.append(message)
             for sub, module, name in own:
                 if full[(sub, name)] is not None and not fsdp_sharded(getattr(module, name)):
                     where = f"{sub}.{name}" if sub else name
@@ -362,17 +442,6 @@ class _CheckedComm:
         if scatter is not None:
             return scatter(output=output_tensor, input=input_tensor, group=group, op=op, async_op=async_op)
         return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
-
-
-def _manages_params(module: nn.Module) -> bool:
-    """Whether the fully_shard unit ``module`` manages parameters of its own (has an FSDP
-    parameter group: not every one is in a nested unit or ignored)."""
-    state = module._get_fsdp_state()  # type: ignore[operator]
-    groups = getattr(state, "_fsdp_param_groups", None)
-    if groups is None:  # torch before per-parameter meshes: one group or None
-        group = getattr(state, "_fsdp_param_group", None)
-        groups = [] if group is None else [group]
-    return any(g.fsdp_params for g in groups)
 
 
 class _Aborted(RuntimeError):
