@@ -1,169 +1,145 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=f0abe9d427fc1f83 sources=845e968d7c09e2fe seconds=9516.4
-# Reproduces shardfuzz corpus entry parity-mismatch-e887f758b809.json: mismatch:parity@fsdp2:frozen-int-reshard
+# shardfuzz reduced reproducer: entry=f0abe9d427fc1f83 sources=90cf73bd7a48258d seconds=22.0
 # Known torch bug: a frozen fully_shard unit with an int reshard_after_forward under a replicate'd
 # root stays in its post-forward state; upstream: none found.
-# Observed: FSDP2: a frozen fully_shard unit with an int reshard_after_forward under a replicate'd
-# root stays in its post-forward state after backward (its output needs no gradient, so no ...
-# Run: torchrun --nproc-per-node 4 THIS_FILE.py: while the failure is there a rank prints
-# REPRODUCED and exits 1; once it is gone rank 0 prints PASS and every rank exits 0 (expected: the
-# property's judge finds nothing); a rank exits 2 where the script cannot run (not under torchrun,
-# another world size) or the case fails another way (it prints FAIL). torchrun's own status is 1
-# whenever a rank's is not 0.
+# Trains the composed model and, as the reference, the same plain model on the same data with its
+# gradients all-reduced and averaged, and names the first loss, gradient or parameter that differs
+# (the tolerance policy below).
+# Run: torchrun --nproc-per-node 4 THIS_FILE.py: rank 0 prints REPRODUCED and every rank exits 1
+# while the bug is there; rank 0 prints PASS and they exit 0 once it is gone; a rank exits 2 where
+# the script cannot run (not under torchrun, another world size) or the case fails another way.
 
-from __future__ import annotations
 import torch
-from dataclasses import dataclass, field
-from torch import nn
-from contextlib import contextmanager
 import torch.distributed as dist
 import torch.nn.functional as F
-import math
+from torch import nn
+from torch.distributed._composable import replicate
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
 
-@dataclass
-class RankContext:
-    rank: object
-    world_size: object
-    device: object
-    backend: object
 
-class PointwiseConv1d(nn.Conv1d):
+RTOL, ATOL = 1e-05, 1e-06  # the tolerance policy for float32
+REFERENCE = 'the plain model with averaged gradients'
+
+
+class Block(nn.Module):
+    def __init__(self, children, width, scale=False):
+        super().__init__()
+        for i, child in enumerate(children):
+            self.add_module(str(i), child)
+        self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(width)) if scale else None
+
+    def forward(self, x):
+        y = x
+        for child in self.children():
+            y = child(y)
+        y = y if self.scale is None else y * self.scale
+        return y
+
+
+class Conv(nn.Conv1d):
+    """A one-tap Conv1d over a (batch, width) activation, as a length-1 sequence."""
 
     def forward(self, x):
         return super().forward(x.unsqueeze(-1)).squeeze(-1)
 
-def build_model():
-    module = PointwiseConv1d(2, 2, kernel_size=1)
-    return nn.Sequential(module)
 
-@dataclass
-class Composed:
-    model: object
-    fsdp_roots: object = field(default_factory=list)
+def build():
+    return Block([Conv(2, 2, 1, bias=False).requires_grad_(False)], 2, scale=True)
 
-    @contextmanager
-    def full_parameters(self):
-        from torch.distributed.tensor import DTensor
-        out = {}
-        n, p = next(iter(self.model.named_parameters()))
-        out[n] = (p.full_tensor() if isinstance(p, DTensor) else p).detach()
-        yield out
 
-def train(comp, ctx):
-    if comp is not None:
-        torch.manual_seed(0)
-        model_ = build_model().to(torch.float32)
-        from torch.distributed.fsdp import fully_shard
-        modules = [model_.get_submodule('0')]
-        fully_shard(modules[0], mesh=None, reshard_after_forward=2)
-        compose_out = Composed(model=model_, fsdp_roots=[model_.get_submodule('0')])
-        composed = compose_out
-    else:
-        torch.manual_seed(0)
-        model = build_model().to(torch.float32)
-        composed = Composed(model)
-    params = composed.model.parameters()
-    forward = composed.model
-    params_per_step = []
+def compose(model):
+    fully_shard(model.get_submodule("0"), reshard_after_forward=2)
+    replicate(model)
+
+
+def full(t):  # gathered where fully_shard shards it
+    return None if t is None else (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone()
+
+
+def train(model, rank, world_size, composed):
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(params, lr=0.01, foreach=False)
     gen = torch.Generator().manual_seed(0)
-    lo = ctx.rank
-    x_ = torch.randn(ctx.world_size, 2)
-    y_ = torch.randn(ctx.world_size, 2)
-    step_ = [(x_[lo:lo + 1].to(ctx.device), y_[lo:lo + 1].to(ctx.device))]
-    i, (x, y) = next(iter(enumerate(step_)))
-    out = forward(x)
-    loss = F.mse_loss(out.to(y.dtype), y)
-    with composed.full_parameters() as full:
-        params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
-    obs = {'params': params_per_step}
-    return obs
+    seen = []
+    for _ in range(1):
+        losses = []
+        for _ in range(1):
+            x = torch.randn(world_size * 1, 2, generator=gen)[rank * 1 :][:1]
+            y = torch.randn(world_size * 1, 2, generator=gen)[rank * 1 :][:1]
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            losses.append(loss.item())
+        if not composed:  # the reference: gradients averaged over the ranks
+            for p in model.parameters():
+                if p.grad is not None:
+                    dist.all_reduce(p.grad)
+                    p.grad /= world_size
+        grads = {n: full(p.grad) for n, p in model.named_parameters()}
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+        seen.append((losses, grads, {n: full(p) for n, p in model.named_parameters()}))
+    return seen
 
-@dataclass(frozen=True)
-class Tolerance:
-    rtol: object
-    atol: object
-POLICY = {'float64': Tolerance(rtol=1e-09, atol=1e-12), 'float32': Tolerance(rtol=1e-05, atol=1e-06), 'bfloat16': Tolerance(rtol=0.032, atol=0.001), 'float16': Tolerance(rtol=0.004, atol=0.0001)}
 
-@dataclass(frozen=True)
-class Mismatch:
-    index: object
-    actual: object
-    expected: object
-    error: object
-    allowed: object
+def run(rank, world_size, compose=None):
+    torch.manual_seed(0)  # every rank builds the same weights
+    model = build()
+    if compose is not None:
+        compose(model)
+    return train(model, rank, world_size, composed=compose is not None)
 
-def compare_runs(observations, tol):
-    first = observations[0]
-    step, (got_params, want_params) = next(iter(enumerate(zip(first['params'][:None], first['ref']['params'][:None]))))
-    name, want = next(iter(want_params.items()))
-    actual = got_params[name]
-    worst = None
-    for i, (a, e) in enumerate(zip(actual, want)):
-        allowed = tol.atol + tol.rtol * abs(e)
-        err = abs(a - e)
-        if not err <= allowed or not math.isfinite(e):
-            worst = Mismatch(index=i, actual=a, expected=e, error=err, allowed=allowed)
-    bad = worst
-    if bad is not None:
-        summary = f'{name}[{bad.index}] after step {step} is {bad.actual!r}, expected {bad.expected!r} (error {bad.error:.3g} > allowed {bad.allowed:.3g})'
-        return summary
 
-def check_replicas():
-    pass
-
-def attempt(rank, world_size):
-    ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
-    import json
-    comp = ('0',)
-    composed = train(comp, ctx)
-    reference = train(None, ctx)
-    run_parity_out = {**composed, 'ref': {k: reference[k] for k in ('losses', 'params', 'grad_norms') if k in reference}}
-    obs = json.loads(json.dumps(run_parity_out))
-    outs = [None] * world_size
-    dist.all_gather_object(outs, obs)
-    if rank != 0:
-        return ''
-    reports = tuple((o for r, o in enumerate(outs)))
-    obs_ = [r or {} for r in reports]
-    failure_ = compare_runs(obs_, POLICY['float32']) or check_replicas()
-    if failure_ is not None:
-        return f'REPRODUCED mismatch:parity@fsdp2:frozen-int-reshard: {failure_}'
-    return f'PASS or another failure: {failure_ and failure_}'
-
-def torch_frame(path: str, function: str) -> str | None:
-    at = path.rfind('/torch/')
-    inner = path[at + 1:]
-    if at < 0 or '/fuzz/' in path or '-packages/' in inner or (function in ('<listcomp>', '<dictcomp>', '<setcomp>')):
+def differs(what, got, want):
+    """Why ``got`` is not ``want`` within the tolerance, or None (no gradient counts as zeros)."""
+    if got is None and want is None:
         return None
-    return f'{inner}:{function}'
+    got = (torch.zeros_like(want) if got is None else got).double()
+    want = (torch.zeros_like(got) if want is None else want).double()
+    over = (got - want).abs() - (ATOL + RTOL * want.abs())
+    if not bool((over > 0).any()):
+        return None
+    i = int(over.flatten().argmax())
+    said = f"{what}: {float(got.flatten()[i]):.9g} where {REFERENCE} has {float(want.flatten()[i]):.9g}"
+    said += f" (element {i}; {int((over > 0).sum())} of {over.numel()} outside rtol={RTOL}, atol={ATOL})"
+    factors = [f for f in (2, 3, 4, 1 / 2, 1 / 3, 1 / 4) if torch.allclose(got, f * want, rtol=1e-4, atol=ATOL)]
+    return said + "".join(f": {f:.4g} times {REFERENCE}'s" for f in factors[:1])
+
+
+def compared(got, want, losses):
+    """(what, value, reference) in the order training computes them: every rank's losses, then each
+    parameter's gradient, then each parameter after the step, step by step."""
+    for step, ((_, got_grads, got_params), (_, grads, params)) in enumerate(zip(got, want, strict=True)):
+        for rank, (mine, theirs) in enumerate(losses):
+            for micro, (a, e) in enumerate(zip(mine[step], theirs[step], strict=True)):
+                yield f"loss of rank {rank} at step {step}, microbatch {micro}", torch.tensor([a]), torch.tensor([e])
+        yield from ((f"gradient of {n} at step {step}", got_grads[n], grads[n]) for n in grads)
+        yield from ((f"{n} after step {step}", got_params[n], params[n]) for n in params)
+
 
 def main():
     import os
-    os.environ['CUDA_VISIBLE_DEVICES'] = ''
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
     import sys
-    import time
+    import traceback
     if os.environ.get("WORLD_SIZE") != "4":
-        print("run it with: torchrun --nproc-per-node 4 " + sys.argv[0], file=sys.stderr)
-        sys.exit(2)
-    import torch.distributed as dist
+        sys.exit("run it with: torchrun --nproc-per-node 4 " + sys.argv[0])  # exit status 2
     dist.init_process_group("gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    verdict = attempt(rank, world_size)
-    if verdict and verdict not in ['PASS or another failure: None', 'PASS: every rank finished', 'PASS: no rank died', 'PASS: no rank raised']:
-        sys.stdout.write(verdict + "\n")  # one write: the ranks share torchrun's output
-        sys.stdout.flush()
-        os._exit(1 if verdict.startswith("REPRODUCED") else 2)
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
-    store.add("repro-passed", 1)
-    until = time.monotonic() + 60
-    while store.add("repro-passed", 0) < world_size:
-        if time.monotonic() > until:
-            print(f"FAIL (not the entry's failure): rank {rank} finished, another rank did not", flush=True)
-            os._exit(2)
-        time.sleep(0.05)
+    try:
+        got, want = run(rank, world_size, compose), run(rank, world_size, None)
+        losses = [None] * world_size
+        dist.all_gather_object(losses, ([s[0] for s in got], [s[0] for s in want]))
+        verdict = [next(filter(None, (differs(*c) for c in compared(got, want, losses))), None)]
+        dist.broadcast_object_list(verdict, src=0)
+    except Exception as e:
+        traceback.print_exc()
+        print(f"FAIL (the case failed another way): rank {rank} raised {type(e).__name__}: {e}", flush=True)
+        os._exit(2)
     if rank == 0:
-        print(verdict or 'PASS: no rank raised', flush=True)
-    os._exit(0)  # a rank must not wait for the others at exit
+        print(f"REPRODUCED: {verdict[0]}" if verdict[0] else "PASS: every loss, gradient and parameter agrees")
+    sys.stdout.flush()
+    os._exit(1 if verdict[0] else 0)
 
 
 if __name__ == "__main__":

@@ -168,6 +168,7 @@ PASSING = frozenset(
         "PASS or another failure: None",
         "PASS: every rank finished",
         "PASS: no rank died",
+        "PASS: every loss, gradient and parameter agrees",  # a printed script's (fuzz.repro.printed)
     }
 )
 

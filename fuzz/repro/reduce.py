@@ -92,6 +92,7 @@ from fuzz.repro.harness import (
     signature_free,
 )
 from fuzz.repro.portable import portable
+from fuzz.repro.printed import comments, print_case, printable
 from fuzz.repro.script import carried_modules, code_lines, imported_modules, relative, roots_for
 from fuzz.repro.specialize import Origins, fold_case_functions, initial, render_flat, specialize, tidy
 from fuzz.stop import raise_if_stopped
@@ -1351,6 +1352,8 @@ def reduce_and_store(
     stored = stored_script(entry_path, entry, refresh=refresh)
     if stored is not None:
         return stored, None
+    if printable(entry):
+        return store_printed(entry_path, entry, say=say), None
     result = reduce_entry(entry, str(entry_path), budget_s=budget_s, say=say)
     previous = stored_script(entry_path, entry)  # one reduced from older sources, with refresh
     if previous is not None and code_lines(previous) <= result.lines_after:
@@ -1370,6 +1373,28 @@ def reduce_and_store(
         )
     result.script = _store(stored_path(entry_path), result.script, stored_header(entry, result.seconds))
     return result.script, result
+
+
+def store_printed(entry_path: Path, entry: Entry, *, say: Callable[[str], None] = lambda _: None) -> str:
+    """A parity or metamorphic mismatch's script printed from its case (:mod:`fuzz.repro.printed`),
+    stored beside the entry once it reproduces under torchrun here (exit 1) and passes with its
+    bug's fix where one is written (exit 0); else InvalidArgument, and nothing is stored."""
+    from fuzz.repro.bench import run_fixed
+
+    start = time.monotonic()
+    code = print_case(entry.case)
+    script = "\n".join(["#!/usr/bin/env python3", *comments(entry)]) + "\n\n" + code
+    status, output, seconds = run_script(script, timeout=600.0, nproc=entry.case.world_size)
+    said = [line for line in output.splitlines() if line.startswith(VERDICT_WORDS)]
+    if status != 1 or not any(line.startswith("REPRODUCED") for line in said):
+        raise InvalidArgument(f"{entry_path}: its printed script does not reproduce here ({why_not(status, output)})")
+    say(f"{entry_path}: printed, {code_lines(script)} code lines, reproduced in {seconds:.1f} s: {said[0][:200]}")
+    with tempfile.TemporaryDirectory(prefix="shardfuzz-fixed-") as tmp:
+        with_fix = run_fixed(script, entry, Path(tmp))
+    if with_fix not in (None, "passed"):
+        raise InvalidArgument(f"{entry_path}: its printed script does not pass with its bug's fix ({with_fix})")
+    say(f"{entry_path}: with its bug's fix: {with_fix or 'no fix written'}")
+    return _store(stored_path(entry_path), script, stored_header(entry, time.monotonic() - start))
 
 
 def _store(path: Path, script: str, header: str) -> str:

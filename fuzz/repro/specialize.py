@@ -32,6 +32,7 @@ from fuzz.repro import script as _script
 from fuzz.repro.flatten import flatten
 from fuzz.repro.fold import clean, drop_unnamed_functions, fold, instrument, read_records
 from fuzz.repro.harness import ATTEMPT, case_expression, current_harness, is_plain, main_source
+from fuzz.repro.printed import is_printed
 from fuzz.signature import Signature
 
 #: The module name a flat script's code is kept under by the reducer's passes.
@@ -101,6 +102,8 @@ def current(script: str, entry: Entry, source: str = "") -> str:
     comments that say how to run it as they are now; its header line and its case unchanged."""
     from fuzz.repro.reduce import HEADER
 
+    if is_printed(script):  # printed from the case: no carried harness
+        return script
     text = current_harness(script, entry)
     lines = text.splitlines(keepends=True)
     cut = next((i for i, line in enumerate(lines) if line.strip() and not line.startswith("#")), len(lines))
