@@ -1,115 +1,134 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=d9f2fe49f54e84bd sources=83fa50b93cab1e70 seconds=2015.7
-# Reproduces shardfuzz corpus entry parity-mismatch-009298376223.json: mismatch:parity@fsdp2:shard1:divide-factor-twice
+# shardfuzz reduced reproducer: entry=d9f2fe49f54e84bd sources=14332b545f8daba5 seconds=31.0
 # Known torch bug: set_gradient_divide_factor(f) on a fully_shard unit whose shard group is one
 # rank, with set_force_sum_reduction_for_comms(True) or a float16 / float64 reduce dtype:
 # gradients are divided by f twice (once where the single-rank branch copies the input, once more
 # as the post-divide); upstream: none found.
-# Observed: rank 0 gradient norm at step 0 is 1.7529385089874268, expected 3.5058770179748535
-# Run: torchrun --nproc-per-node 2 THIS_FILE.py: while the failure is there a rank prints
-# REPRODUCED and exits 1; once it is gone rank 0 prints PASS and every rank exits 0 (expected: the
-# property's judge finds nothing); a rank exits 2 where the script cannot run (not under torchrun,
-# another world size) or the case fails another way (it prints FAIL). torchrun's own status is 1
-# whenever a rank's is not 0.
+# Trains the composed model and, as the reference, the same plain model on the same data with its
+# gradients all-reduced and averaged, and names the first loss, gradient or parameter that differs
+# (the tolerance policy below).
+# Run: torchrun --nproc-per-node 2 THIS_FILE.py: rank 0 prints REPRODUCED and every rank exits 1
+# while the bug is there; rank 0 prints PASS and they exit 0 once it is gone; a rank exits 2 where
+# the script cannot run (not under torchrun, another world size) or the case fails another way.
 
-from __future__ import annotations
 import torch
-from torch import nn
-import torch.nn.functional as F
 import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
 
-class KnobState:
 
-    def __init__(self, model):
-        model.set_force_sum_reduction_for_comms(True)
-        model.set_gradient_divide_factor(2.0)
+RTOL, ATOL = 1e-05, 1e-06  # the tolerance policy for float32
+REFERENCE = 'the plain model with averaged gradients'
 
-class PointwiseConv1d(nn.Conv1d):
-    pass
 
-def _mismatch(prop, check, api, summary, **details):
-    return summary
+class Conv(nn.Conv1d):
+    """A one-tap Conv1d over a (batch, width) activation, as a length-1 sequence."""
 
-def attempt(rank, world_size):
-    torch.manual_seed(0)
-    module = PointwiseConv1d(1, 1, kernel_size=1)
-    from torch.distributed.device_mesh import init_device_mesh
-    ctx__meshes_empty = init_device_mesh(torch.device('cpu').type, (2, 1), mesh_dim_names=('replicate', 'shard'))
-    from torch.distributed.fsdp import fully_shard
-    fully_shard(module, mesh=ctx__meshes_empty)
-    compose_out_knobs = KnobState(module)
-    x_ = torch.randn(world_size, 1)
-    y_ = torch.randn(world_size, 1)
-    step_ = [(x_[rank:rank + 1], y_[rank:rank + 1])]
-    i__, (x, y) = next(enumerate(step_))
-    out = module(x)
-    loss = F.mse_loss(out, y)
-    loss.backward()
-    from torch.distributed.tensor import DTensor
-    total = torch.zeros(())
-    p_____ = next(module.parameters())
-    g_ = p_____.grad.full_tensor() if DTensor else p_____.grad
-    total += g_.sum()
-    grad_norm_out = total
-    grad_norms = [grad_norm_out]
-    obs___ = {'grad_norms': grad_norms}
-    run_parity_out = {**obs___}
-    outs = [None, None]
-    dist.all_gather_object(outs, run_parity_out)
-    if rank != 0:
-        return ''
-    reports = (o for r, o in enumerate(outs))
-    obs_ = [r for r in reports]
-    rank_, obs__ = obs_
-    norms = [(i, g, w) for i, (g, w) in enumerate(zip(obs__['grad_norms'][:None], [-1.10770845413208]))]
-    step, got_norm, want_norm = next(iter(norms))
-    actual = [got_norm]
-    expected = [-1.10770845413208]
-    worst = None
-    i_, (a, e) = next(enumerate(zip(actual, expected)))
-    err = a - e
-    if not err <= 1.2077084541320802e-05:
-        worst = e
-    bad = worst
-    failure_ = _mismatch('parity', 'grad', 'fsdp2:shard1:divide-factor-twice', 'rank 0 gradient norm at step 0 is -0.55385422706604, expected -1.10770845413208') if bad is not None else None
-    if failure_ is not None:
-        return f'REPRODUCED mismatch:parity@fsdp2:shard1:divide-factor-twice: {failure_}'
-    return f'PASS or another failure: {failure_ and failure_}'
+    def forward(self, x):
+        return super().forward(x.unsqueeze(-1)).squeeze(-1)
 
-def torch_frame(path: str, function: str) -> str | None:
-    at = path.rfind('/torch/')
-    inner = path[at + 1:]
-    if at < 0 or '/fuzz/' in path or '-packages/' in inner or (function in ('<listcomp>', '<dictcomp>', '<setcomp>')):
+
+def build():
+    return nn.Sequential(Conv(1, 1, 1, bias=False))
+
+
+def compose(model):
+    mesh = init_device_mesh("cpu", (2, 1), mesh_dim_names=("replicate", "shard"))
+    fully_shard(model, mesh=mesh, reshard_after_forward=False)
+    model.set_force_sum_reduction_for_comms(True)
+    model.set_gradient_divide_factor(2.0)
+
+
+def full(t):  # gathered where fully_shard shards it
+    return None if t is None else (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone()
+
+
+def train(model, rank, world_size, composed):
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(params, lr=0.01)
+    gen = torch.Generator().manual_seed(0)
+    seen = []
+    for _ in range(1):
+        losses = []
+        for _ in range(1):
+            x = torch.randn(world_size * 1, 1, generator=gen)[rank * 1 :][:1]
+            y = torch.randn(world_size * 1, 1, generator=gen)[rank * 1 :][:1]
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            losses.append(loss.item())
+        if not composed:  # the reference: gradients averaged over the ranks
+            for p in model.parameters():
+                if p.grad is not None:
+                    dist.all_reduce(p.grad)
+                    p.grad /= world_size
+        grads = {n: full(p.grad) for n, p in model.named_parameters()}
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+        seen.append((losses, grads, {n: full(p) for n, p in model.named_parameters()}))
+    return seen
+
+
+def run(rank, world_size, compose=None):
+    torch.manual_seed(0)  # every rank builds the same weights
+    model = build()
+    if compose is not None:
+        compose(model)
+    return train(model, rank, world_size, composed=compose is not None)
+
+
+def differs(what, got, want):
+    """Why ``got`` is not ``want`` within the tolerance, or None (no gradient counts as zeros)."""
+    if got is None and want is None:
         return None
-    return f'{inner}:{function}'
+    got = (torch.zeros_like(want) if got is None else got).double()
+    want = (torch.zeros_like(got) if want is None else want).double()
+    over = (got - want).abs() - (ATOL + RTOL * want.abs())
+    if not bool((over > 0).any()):
+        return None
+    i = int(over.flatten().argmax())
+    said = f"{what}: {float(got.flatten()[i]):.9g} where {REFERENCE} has {float(want.flatten()[i]):.9g}"
+    said += f" (element {i}; {int((over > 0).sum())} of {over.numel()} outside rtol={RTOL}, atol={ATOL})"
+    factors = [f for f in (2, 3, 4, 1 / 2, 1 / 3, 1 / 4) if torch.allclose(got, f * want, rtol=1e-4, atol=ATOL)]
+    return said + "".join(f": {f:.4g} times {REFERENCE}'s" for f in factors[:1])
+
+
+def compared(got, want, losses):
+    """(what, value, reference) in the order training computes them: every rank's losses, then each
+    parameter's gradient, then each parameter after the step, step by step."""
+    for step, ((_, got_grads, got_params), (_, grads, params)) in enumerate(zip(got, want, strict=True)):
+        for rank, (mine, theirs) in enumerate(losses):
+            for micro, (a, e) in enumerate(zip(mine[step], theirs[step], strict=True)):
+                yield f"loss of rank {rank} at step {step}, microbatch {micro}", torch.tensor([a]), torch.tensor([e])
+        yield from ((f"gradient of {n} at step {step}", got_grads[n], grads[n]) for n in grads)
+        yield from ((f"{n} after step {step}", got_params[n], params[n]) for n in params)
+
 
 def main():
     import os
-    os.environ['CUDA_VISIBLE_DEVICES'] = ''
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
     import sys
-    import time
+    import traceback
     if os.environ.get("WORLD_SIZE") != "2":
-        print("run it with: torchrun --nproc-per-node 2 " + sys.argv[0], file=sys.stderr)
-        sys.exit(2)
-    import torch.distributed as dist
+        sys.exit("run it with: torchrun --nproc-per-node 2 " + sys.argv[0])  # exit status 2
     dist.init_process_group("gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    verdict = attempt(rank, world_size)
-    if verdict and verdict not in ['PASS or another failure: None', 'PASS: every rank finished', 'PASS: no rank died', 'PASS: no rank raised']:
-        sys.stdout.write(verdict + "\n")  # one write: the ranks share torchrun's output
-        sys.stdout.flush()
-        os._exit(1 if verdict.startswith("REPRODUCED") else 2)
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
-    store.add("repro-passed", 1)
-    until = time.monotonic() + 60
-    while store.add("repro-passed", 0) < world_size:
-        if time.monotonic() > until:
-            print(f"FAIL (not the entry's failure): rank {rank} finished, another rank did not", flush=True)
-            os._exit(2)
-        time.sleep(0.05)
+    try:
+        got, want = run(rank, world_size, compose), run(rank, world_size, None)
+        losses = [None] * world_size
+        dist.all_gather_object(losses, ([s[0] for s in got], [s[0] for s in want]))
+        verdict = [next(filter(None, (differs(*c) for c in compared(got, want, losses))), None)]
+        dist.broadcast_object_list(verdict, src=0)
+    except Exception as e:
+        traceback.print_exc()
+        print(f"FAIL (the case failed another way): rank {rank} raised {type(e).__name__}: {e}", flush=True)
+        os._exit(2)
     if rank == 0:
-        print(verdict or 'PASS: no rank raised', flush=True)
-    os._exit(0)  # a rank must not wait for the others at exit
+        print(f"REPRODUCED: {verdict[0]}" if verdict[0] else "PASS: every loss, gradient and parameter agrees")
+    sys.stdout.flush()
+    os._exit(1 if verdict[0] else 0)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ from fuzz.model import (
     Compile,
     Composition,
     Dtype,
+    Layout,
     Leaf,
     LeafKind,
     ModuleTree,
@@ -116,8 +117,9 @@ def _check_tree(tree: ModuleTree) -> None:
     visit(tree.root, "")
 
 
-def _check_composition(comp: Composition, where: str) -> None:
-    _check_default(comp, _COMPOSITION_FIELDS, where)
+def _check_composition(comp: Composition, where: str, knobs: bool = False) -> None:
+    _check_default(comp, _COMPOSITION_FIELDS | ({"knobs"} if knobs else set()), where)
+    _check_default(comp.knobs, {"force_sum_reduction", "gradient_divide_factor"}, f"{where}.knobs")
     for spec in comp.shards:
         _check_default(spec, {"path", "reshard_after_forward"}, f"{where}.shards[{spec.path!r}]")
 
@@ -128,7 +130,9 @@ def check_printable(case: Case) -> None:
     if case.property not in PRINTED:
         raise _refuse(f"a {case.property} case")
     _check_tree(body.tree)
-    _check_composition(body.composition, "composition")
+    _check_composition(body.composition, "composition", knobs=case.property == "parity")
+    if case.property == "parity" and len(set(_scales(case).values())) > 1:
+        raise _refuse("gradient scales that differ between modules")
     if case.property == "metamorphic":
         _check_composition(body.variant, "variant")
     training: Training = body.training
@@ -139,6 +143,14 @@ def check_printable(case: Case) -> None:
         for comp in (body.composition, *([body.variant] if case.property == "metamorphic" else [])):
             if "" not in {s.path for s in comp.shards}:
                 raise _refuse("a gradient-sync switch without fully_shard on the root")
+
+
+def _scales(case: Case) -> dict[str, float]:
+    """Per module path holding parameters: what the composition's knobs scale its averaged
+    gradient by, as documented (:meth:`fuzz.model.Layout.gradient_scale`)."""
+    body: Any = case.body
+    layout = Layout(body.tree, body.composition)
+    return {path: layout.gradient_scale(path, case.world_size) for path in layout.paths}
 
 
 # -- the program -------------------------------------------------------------------------------
@@ -232,6 +244,12 @@ def _compose(comp: Composition, name: str) -> list[str]:
             lines.append(f"fully_shard({module}{kwargs})")
         else:
             lines.append(f"{api}({module})")
+    for spec in comp.shards:
+        module = "model" if spec.path == "" else f'model.get_submodule("{spec.path}")'
+        if comp.knobs.force_sum_reduction:
+            lines.append(f"{module}.set_force_sum_reduction_for_comms(True)")
+        if comp.knobs.gradient_divide_factor is not None:
+            lines.append(f"{module}.set_gradient_divide_factor({comp.knobs.gradient_divide_factor!r})")
     return [f"def {name}(model):", *(f"    {line}" for line in lines or ["pass"])]
 
 
@@ -304,6 +322,12 @@ def _train(case: Case, training: Training, sharded: bool, metamorphic: bool) -> 
             "                    dist.all_reduce(p.grad)",
             "                    p.grad /= world_size",
         ]
+        factor = case.body.composition.knobs.gradient_divide_factor  # type: ignore[attr-defined]
+        if factor is not None and set(_scales(case).values()) != {1.0}:
+            d = case.world_size
+            lines.append(
+                f"                    p.grad *= {d} / {factor!r}  # documented: the sum over {d} ranks / {factor!r}"
+            )
     lines += [
         "        grads = {n: full(p.grad) for n, p in model.named_parameters()}",
         "        opt.step()",
