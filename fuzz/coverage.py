@@ -231,7 +231,7 @@ CHECKLIST: tuple[Item, ...] = (
         generated=False,
     ),
     _item("model.clip_grad", "clip_grad_norm_ (over DTensors, FSDP1's method)", _MO, r"training:clip_grad_norm"),
-    _item("model.eval", "eval / inference_mode forwards between steps", _MO, r"training:eval", generated=False),
+    _item("model.eval", "eval / inference_mode forwards between steps", _MO, r"training:eval:inference_mode"),
     _item("model.reinit", "parameters re-initialised after composing", _MO, r"training:reinit", generated=False),
     # state dicts and distributed checkpoint
     _item("sd.split", "get/set_model_state_dict + get/set_optimizer_state_dict", _SD, r"api:split"),

@@ -32,6 +32,7 @@ from fuzz.model import (
     check_training,
     clip_problem,
     contains,
+    eval_problem,
     has_leaf,
     has_params,
     iter_paths,
@@ -98,6 +99,7 @@ def trainings(
     hsdp: bool = False,
     composition: Composition | None = None,
     clipping: bool = False,
+    evaluation: bool = False,
 ) -> Training:
     """Optimizer, learning rate and schedule: SGD (with momentum), Adam, AdamW; one or two
     parameter groups; gradient accumulation with every sync mode; zero_grad with and without
@@ -106,6 +108,7 @@ def trainings(
 
     ``clipping``: half the time ``clip_grad_norm_`` before each step (max_norm 0.1, which
     clips most steps here, or 1.0).
+    ``evaluation``: one time in three an eval / inference_mode forward after each step.
 
     ``composition``: only schedules that composition can train (:func:`accum_syncs`; ``hsdp``
     then follows from it; no clipping where :func:`fuzz.model.clip_problem` says why), so that a
@@ -145,9 +148,21 @@ def trainings(
         # None is foreach on CUDA: see _rare_foreach_on_mixed_params.
         foreach=draw(st.sampled_from((None, False))),
         clip_grad_norm=clip,
+        eval_forward=draw(st.sampled_from((False, True, False))) if evaluation else False,
     )
-    if composition is not None and clip_problem(composition, training) is not None:
-        return replace(training, clip_grad_norm=None)
+    if composition is not None:
+        return _fit_extras(training, composition)
+    return training
+
+
+def _fit_extras(training: Training, *comps: Composition) -> Training:
+    """``training`` without the clipping or eval forwards a composition cannot take
+    (:func:`fuzz.model.clip_problem`, :func:`fuzz.model.eval_problem`)."""
+    for comp in comps:
+        if clip_problem(comp, training) is not None:
+            training = replace(training, clip_grad_norm=None)
+        if eval_problem(comp, training) is not None:
+            training = replace(training, eval_forward=False)
     return training
 
 
@@ -172,8 +187,7 @@ def _fit_training(training: Training, comp: Composition) -> Training:
         sync = AccumSync.NO_GRAD_SYNC
     if comp.spmd and training.compile is not Compile.NONE:
         training = replace(training, compile=Compile.NONE)  # not drawn together yet
-    if clip_problem(comp, training) is not None:
-        training = replace(training, clip_grad_norm=None)
+    training = _fit_extras(training, comp)
     return training if sync is training.accum_sync else replace(training, accum_sync=sync)
 
 
@@ -224,6 +238,8 @@ def training_schedules(draw: st.DrawFn, tree: ModuleTree, training: Training, *c
                 out = replace(out, skips=())
             elif e.path.startswith("training.unfreeze") and out.unfreeze:
                 out = replace(out, unfreeze=())
+            elif e.path.startswith("training.eval_forward") and out.eval_forward:
+                out = replace(out, eval_forward=False)  # compile was drawn over it: one or the other
             elif e.path.startswith("training.compile") and out.compile is not Compile.NONE:
                 fallback = Compile.EAGER if out.compile is Compile.AOT_EAGER else Compile.NONE
                 out = replace(out, compile=fallback)
@@ -414,7 +430,9 @@ def parity_cases(
             knobs = draw(fsdp_knobs(comp, world_size=world_size, scaling=True, accelerator=accelerator, tree=tree))
             comp = replace(comp, knobs=knobs)
     comp = _maybe_spmd(draw, tree, _maybe_ignored_params(draw, tree, _maybe_api_options(draw, tree, comp)))
-    training = _fit_training(draw(trainings(max_steps=max_steps, hsdp=bool(comp.mesh), clipping=True)), comp)
+    training = _fit_training(
+        draw(trainings(max_steps=max_steps, hsdp=bool(comp.mesh), clipping=True, evaluation=True)), comp
+    )
     training = _rare_foreach_on_mixed_params(draw, training, comp)
     training = _rare_unused_after_partial_reduce(draw, tree, draw(training_schedules(tree, training, comp)), comp)
     training = _rare_unfrozen_unresharded(draw, tree, training, comp, world_size=world_size)
@@ -555,9 +573,9 @@ def metamorphic_cases(
     tree = draw(module_trees(max_depth=max_depth, extended=True))
     comp = draw(compositions(tree, world_size=world_size, offload=accelerator))
     variant = draw(metamorphic_variants(tree, comp, world_size=world_size, accelerator=accelerator))
-    training = draw(trainings(max_steps=max_steps, accumulation=False, clipping=True))
-    if clip_problem(comp, training) is not None:
-        training = replace(training, clip_grad_norm=None)
+    training = _fit_extras(
+        draw(trainings(max_steps=max_steps, accumulation=False, clipping=True, evaluation=True)), comp
+    )
     training = _fit_training(training, variant)  # no accumulation here: only an SPMD variant's compile goes
     training = _tp_layer_norm_in_float64(training, tree, comp, variant)
     training = _rare_foreach_on_mixed_params(draw, training, comp, variant)

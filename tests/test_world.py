@@ -270,6 +270,20 @@ def test_clipping_is_drawn_where_torch_can_clip() -> None:
         Training(clip_grad_norm=0.0)
 
 
+def test_eval_forwards_are_drawn_where_the_oracles_describe_them() -> None:
+    from fuzz.model import Knobs, Unfreeze
+
+    tree = ModuleTree(width=4, root=Block(children=(Leaf(LeafKind.LINEAR), Leaf(LeafKind.LAYER_NORM, frozen=True))))
+    evaluate = Training(eval_forward=True, steps=2, unfreeze=(Unfreeze(path="1", step=1),))
+    ParityBody(tree=tree, composition=Composition(shards=(ShardSpec(path=""),)), training=evaluate)
+    kept = Composition(shards=(ShardSpec(path="", reshard_after_forward=False),))
+    with pytest.raises(CaseError, match="torch bug"):  # the unfreeze after an inference forward
+        ParityBody(tree=tree, composition=kept, training=evaluate)
+    knobs = Composition(shards=(ShardSpec(path=""),), knobs=Knobs(forward_prefetch=1))
+    with pytest.raises(CaseError, match="knobs"):
+        ParityBody(tree=tree, composition=knobs, training=Training(eval_forward=True))
+
+
 # --------------------------------------------------------------------------------------------
 # Drawing and shrinking
 
@@ -377,6 +391,18 @@ _CASES = [
         ParityBody(
             tree=_lm(), composition=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), training=Training(clip_grad_norm=0.1)
         ),
+    ),
+    (
+        "parity",
+        ParityBody(
+            tree=_REPEATED,
+            composition=Composition(shards=(ShardSpec(path="1", reshard_after_forward=False), ShardSpec(path=""))),
+            training=Training(steps=2, eval_forward=True),
+        ),
+    ),
+    (
+        "parity",
+        ParityBody(tree=_lm(), composition=Composition(wrapper=Wrapper.DDP), training=Training(eval_forward=True)),
     ),
     (
         "parity",

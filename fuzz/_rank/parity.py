@@ -237,6 +237,7 @@ def train(
     spmd = composed.spmd_mesh
     _seed_for_run(case, ctx, tp_size)
     losses: list[list[float]] = []
+    eval_losses: list[float] = []
     params_per_step: list[dict[str, list[float]]] = []
     grad_norms: list[float] = []
     unreduced: dict[int, torch.Tensor] = {}  # the reference's unreduced gradient sums under `precision`
@@ -294,11 +295,15 @@ def train(
         opt.step()
         opt.zero_grad(set_to_none=training.set_to_none)
         losses.append(step_losses)
+        if training.eval_forward:
+            eval_losses.append(_eval_loss(composed.model, forward, tree, step[0], dtype, spmd))
         with composed.full_parameters() as full:
             if ctx.rank == 0:
                 params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
     obs["losses"] = losses
     obs["grad_norms"] = grad_norms
+    if training.eval_forward:
+        obs["eval_losses"] = eval_losses
     obs["local_params"] = _local_replicated(composed.model, _local_of(tree, comp))
     obs["knob_problems"] = [] if composed.knobs is None else composed.knobs.final_problems()
     if ctx.rank == 0:
@@ -332,6 +337,20 @@ class _null:
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+def _eval_loss(model: nn.Module, forward: Any, tree: ModuleTree, batch: Any, dtype: torch.dtype, spmd: Any) -> float:
+    """``model.eval()``, the loss of one forward of ``batch`` under ``torch.inference_mode()``
+    (dropout off: deterministic), then ``model.train()`` again."""
+    x, y = batch
+    if spmd is not None:
+        x = spmd_part(x, spmd)
+    model.eval()
+    try:
+        with torch.inference_mode():
+            return float(loss_of(tree, forward(x), y, dtype).item())
+    finally:
+        model.train()
 
 
 def clip_gradients(composed: Composed, max_norm: float) -> None:
@@ -523,7 +542,7 @@ def run_parity(case: Case, body: ParityBody, ctx: RankContext) -> dict[str, Any]
     tp = body.composition.tp_size
     comp = body.composition
     composed = train(case, body.tree, body.training, comp, ctx, tp)
-    keys = ("losses", "params", "grad_norms")
+    keys = ("losses", "params", "grad_norms", "eval_losses")
     if any(s.mixed_precision is not None for s in comp.shards):
         # Under a MixedPrecisionPolicy the reference applies the policy's casts by hand, where
         # one policy covers the model (fuzz.model.Composition.uniform_precision) and the
@@ -546,7 +565,7 @@ def run_parity(case: Case, body: ParityBody, ctx: RankContext) -> dict[str, Any]
 def run_metamorphic(case: Case, body: MetamorphicBody, ctx: RankContext) -> dict[str, Any]:
     first = train(case, body.tree, body.training, body.composition, ctx)
     second = train(case, body.tree, body.training, body.variant, ctx)
-    keys = ("losses", "params", "grad_norms", "knob_problems")
+    keys = ("losses", "params", "grad_norms", "knob_problems", "eval_losses")
     return {**first, "ref": {k: second[k] for k in keys if k in second}}
 
 

@@ -41,7 +41,7 @@ from fuzz.model.composition import (
     Wrapper,
 )
 from fuzz.model.layout import Layout, Unit
-from fuzz.model.rules import TP_BETWEEN, check_composition, check_mesh, check_training, clip_problem
+from fuzz.model.rules import TP_BETWEEN, check_composition, check_mesh, check_training, clip_problem, eval_problem
 from fuzz.model.state_dict import (
     Api,
     DcpBody,
@@ -187,6 +187,7 @@ __all__ = [
     "clip_problem",
     "contains",
     "dcp_root",
+    "eval_problem",
     "forward_order",
     "fsdp1_gathers",
     "fsdp1_in_memory_problem",

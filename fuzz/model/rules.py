@@ -322,6 +322,9 @@ def check_training(tree: ModuleTree, comps: tuple[Composition, ...], t: Training
         clip = clip_problem(comp, t)
         if clip is not None:
             raise CaseError(f"{where}.clip_grad_norm", clip)
+        evaluation = eval_problem(comp, t)
+        if evaluation is not None:
+            raise CaseError(f"{where}.eval_forward", evaluation)
         k = comp.knobs
         if k.reduce_scatter_unused and t.skips:
             # zero gradients for the skipped modules' parameters would move them under momentum or
@@ -389,6 +392,32 @@ def clip_problem(comp: Composition, t: Training) -> str | None:
         return "clip_grad_norm_ raises over a mix of DTensor and plain gradients"
     if comp.wrapper.value.startswith("fsdp1") and t.dtype is not Dtype.FLOAT32:
         return "FSDP1's clip_grad_norm_ raises for float64 gradients (a torch bug)"
+    return None
+
+
+def eval_problem(comp: Composition, t: Training) -> str | None:
+    """Why ``Training.eval_forward`` is not drawn with ``comp``, or None: not with a
+    MixedPrecisionPolicy (the hand-cast reference casts training microbatches only), FSDPModule
+    knobs, torch.compile (a recompile per mode), tensor parallelism or SPMD programs (not drawn
+    yet)."""
+    if not t.eval_forward:
+        return None
+    if any(s.mixed_precision is not None for s in comp.shards):
+        return "not drawn with a MixedPrecisionPolicy yet"
+    if comp.knobs.is_set:
+        # The knobs' order and memory contracts record each training forward and backward
+        # (fuzz._rank.knobs); an inference forward between steps is not what they describe:
+        # with reshard_after_forward=False it leaves unsharded storage that no backward frees.
+        return "not drawn with FSDPModule knobs yet"
+    if t.compile is not Compile.NONE or comp.tp or comp.spmd:
+        return "not drawn with torch.compile, tensor parallelism or SPMD programs yet"
+    if t.unfreeze and any(s.reshard_after_forward is False for s in comp.shards):
+        # A torch bug (issue 46's report, a torch-only reproducer there): the inference forward
+        # leaves a reshard_after_forward=False unit unsharded, and fully_shard copies a
+        # parameter's requires_grad to its unsharded one only when it unshards, so a leaf
+        # unfrozen before the next step does not train in it. The mechanism of the registry's
+        # fully_shard-unfrozen-unresharded met another way; kept out until the registry has it.
+        return "an inference forward before a leaf is unfrozen under reshard_after_forward=False (a torch bug)"
     return None
 
 

@@ -91,6 +91,9 @@ class Training:
     #: reference's averaged, the composed model's reduced: over DTensors for fully_shard,
     #: FSDP1's own ``clip_grad_norm_`` method for its wrapper), before the optimizer steps.
     clip_grad_norm: float | None = None
+    #: After each optimizer step, ``model.eval()`` and one forward of the step's first
+    #: microbatch under ``torch.inference_mode()``, its loss recorded; then ``model.train()``.
+    eval_forward: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.steps <= MAX_STEPS:

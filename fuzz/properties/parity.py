@@ -117,6 +117,19 @@ def compare_runs(
                     observed=obs["losses"],
                     expected=ref["losses"],
                 )
+        evals = zip(obs.get("eval_losses", [])[:judged], ref.get("eval_losses", [])[:judged])
+        for step, (got_eval, want_eval) in enumerate(evals):
+            bad = first_mismatch([got_eval], [want_eval], tol)
+            if bad is not None:
+                return _mismatch(
+                    prop,
+                    "eval-loss",
+                    api,
+                    f"rank {rank} loss of the eval / inference_mode forward after step {step}: {got_eval!r}, "
+                    f"expected {want_eval!r} (error {bad.error:.3g} > allowed {bad.allowed:.3g})",
+                    rank=rank,
+                    step=step,
+                )
         norms = [
             (i, g, w)
             for i, (g, w) in enumerate(zip(obs["grad_norms"][:judged], ref["grad_norms"][:judged]))
@@ -437,6 +450,8 @@ def training_features(t: Training) -> list[str]:
         out.append(f"optimizer:foreach={t.foreach}")
     if t.clip_grad_norm is not None:
         out.append("training:clip_grad_norm")
+    if t.eval_forward:
+        out.append("training:eval:inference_mode")
     return out
 
 
