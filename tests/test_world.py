@@ -241,7 +241,7 @@ def test_a_repeated_block_calls_its_children_twice_and_keeps_a_non_persistent_bu
     calls.clear()
     out = model(x)
     assert len(calls) == 2
-    assert torch.allclose(out, torch.tanh(model.get_submodule("0")(once)) + model.shift)
+    assert torch.allclose(out, torch.tanh(model.get_submodule("0")(once)) + model.get_buffer("shift"))
     with pytest.raises(CaseError, match="persistent"):
         Block(children=(Leaf(LeafKind.LINEAR),), persistent=False)
 
