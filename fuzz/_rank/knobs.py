@@ -101,7 +101,6 @@ class KnobState:
         self._scatters: list[_CheckedComm] = []
         self._inner_comms: dict[tuple[str, str], _CheckedComm] = {}
         self._ran: set[str] = set()
-        self._prev_last = True
         self._finished = False
         k = self.knobs
         for units in by_root(comp):
@@ -161,13 +160,14 @@ class KnobState:
             if recorder is not None:
                 recorder.paused = paused
 
-    def _microbatch_done(self) -> None:
-        """After a microbatch's backward (before the next one, or the end of training)."""
-        resharded = not (self.knobs.reshard_after_backward_last and not self._prev_last)
+    def _next_microbatch(self, last: bool) -> None:
+        """Before a microbatch's forward: the recorders forget the last microbatch (whose end
+        of backward they checked) and learn whether this one's backward reshards."""
+        resharded = not (self.knobs.reshard_after_backward_last and not last)
         if self.memory is not None:
             self.memory.next_microbatch(resharded)
         if self.order is not None:
-            self.order.next_microbatch(resharded)
+            self.order.next_microbatch()
         if self.activations is not None:
             self.activations.next_microbatch()
 
@@ -200,7 +200,8 @@ class KnobState:
         order, memory and activation contracts."""
         if not self._finished:
             self._finished = True
-            self._microbatch_done()
+            if self.activations is not None:
+                self.activations.next_microbatch()
             self.problems[:] = list(dict.fromkeys(self.problems))  # each message once
         for gather, module in self._gathers:
             if gather.calls == 0 and gather.path in self._ran and gather.world() > 1 and manages_params(module):
@@ -315,8 +316,7 @@ class KnobState:
     def before_microbatch(self, first: bool, last: bool) -> None:
         """Called before each microbatch's forward (after the previous one's backward)."""
         k = self.knobs
-        self._microbatch_done()
-        self._prev_last = last
+        self._next_microbatch(last)
         if k.reshard_after_backward_last:
             for root in self.roots:
                 root.set_reshard_after_backward(last)  # type: ignore[operator]

@@ -20,8 +20,8 @@ Contracts:
 - after the root's forward, a unit that ran with ``reshard_after_forward`` True or an int holds
   no unsharded storage ("reshards parameters after forward"; an int: "the parameters resharded
   to the smaller mesh"), and one with False still holds it;
-- after a backward with ``set_reshard_after_backward(True)`` (the default), no unit of a root
-  whose backward ran holds unsharded storage;
+- at the end of a backward with ``set_reshard_after_backward(True)`` (the default), no unit of
+  a root whose backward ran holds unsharded storage;
 - after ``reshard()`` ("freeing the unsharded parameters if they are allocated") and after
   ``reset_iter_state()`` ("reshards every parameter group"), the unit holds none
   (:func:`freed_problem`, called from :mod:`fuzz._rank.knobs`).
@@ -138,7 +138,11 @@ class UnitMemory:
         self.pending: dict[str, set[str]] = {}  # unit -> members whose forward has not ended, this pass
         self.ended: set[str] = set()  # unit paths whose forward ended (every member) this microbatch
         self.at_start: set[str] = set()  # units holding unsharded storage when the microbatch started
-        self.backward_ran: set[str] = set()  # root paths whose output got a gradient
+        self.backward_ran: set[str] = set()  # root paths whose output got a gradient, this microbatch
+        #: set_reshard_after_backward's value for this microbatch's backward (KnobState sets it)
+        self.reshard_after_backward = True
+        #: called at the end of each backward that reached a root, after FSDP2's own end of backward
+        self.on_backward_done: list[Callable[[bool], None]] = []
         self.prefetched: set[str] = set()
         self.peak_bytes = 0
         self._worlds: dict[str, int] = {}
@@ -206,7 +210,7 @@ class UnitMemory:
             self._after_root_forward(root)
             for t in _tensors(output):
                 if t.requires_grad:
-                    t.register_hook(lambda grad: self.backward_ran.add(root))
+                    t.register_hook(lambda grad: self._backward_reached(root))
 
         return hook
 
@@ -251,21 +255,42 @@ class UnitMemory:
             ) is not None:
                 self.problems.append(message)
 
-    def next_microbatch(self, resharded_after_backward: bool) -> None:
-        """Between microbatches (and after the last one): with ``set_reshard_after_backward(True)``
-        no unit of a root whose backward ran holds unsharded storage."""
-        if resharded_after_backward and not self.disabled:
-            for root in sorted(self.backward_ran):
-                for unit in self._under(root):
-                    message = freed_problem(self.modules[unit], name(unit), "backward with reshard_after_backward=True")
-                    if message is not None:
-                        self.problems.append(message)
+    def _backward_reached(self, root: str) -> None:
+        """The root's output got its gradient: at the end of this backward (a callback that the
+        autograd engine runs after the callbacks queued before it, FSDP2's end of backward
+        among them, since that one is queued by FSDP2's pre-backward hook), check the state."""
+        if root in self.backward_ran:
+            return
+        self.backward_ran.add(root)
+        from torch.autograd import Variable
+
+        def done() -> None:
+            Variable._execution_engine.queue_callback(lambda: self._backward_done(root))
+
+        Variable._execution_engine.queue_callback(done)
+
+    def _backward_done(self, root: str) -> None:
+        """After a backward: with ``set_reshard_after_backward(True)`` no unit of the root holds
+        unsharded storage."""
+        if self.disabled or self.paused:
+            return
+        if self.reshard_after_backward:
+            for unit in self._under(root):
+                message = freed_problem(self.modules[unit], name(unit), "backward with reshard_after_backward=True")
+                if message is not None:
+                    self.problems.append(message)
+        for callback in self.on_backward_done:
+            callback(self.reshard_after_backward)
+
+    def next_microbatch(self, reshard_after_backward: bool) -> None:
+        """Before a microbatch whose backward reshards as given: forget the last one."""
         self.started.clear()
         self.pending.clear()
         self.ended.clear()
         self.backward_ran.clear()
         self.prefetched.clear()
         self.at_start = {u for u, m in self.modules.items() if unsharded_bytes(m)}
+        self.reshard_after_backward = reshard_after_backward
 
 
 def _tensors(output: Any) -> list[torch.Tensor]:

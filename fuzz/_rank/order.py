@@ -118,6 +118,7 @@ class OrderRecorder:
                 module.set_custom_reduce_scatter(RecordingComm("reduce_scatter", spec.path, self, scatter))  # type: ignore[operator]
                 self.recorded.add(spec.path)
         memory.on_unit_forward.append(self._on_unit_forward)
+        memory.on_backward_done.append(self._on_backward_done)
 
     @property
     def active(self) -> bool:
@@ -192,19 +193,31 @@ class OrderRecorder:
                 f"{name(path)} resharded after forward, not all-gathered in backward before its reduce"
             )
 
-    def next_microbatch(self, resharded_after_backward: bool) -> None:
-        """Between microbatches: where the last backward did not reshard, the units all-gathered
-        in it must still hold their unsharded parameters."""
-        left: set[str] = set()
-        if not resharded_after_backward:
-            for kind, path, backward in self.log:
-                if kind != "all_gather" or not backward or path in left:
-                    continue
-                if not self._held(path):
-                    self.problems.append(
-                        f"set_reshard_after_backward(False) on {name(path)}: resharded between microbatches"
-                    )
-                left.add(path)
-        self.left_unsharded = left
+    def _on_backward_done(self, resharded: bool) -> None:
+        if resharded:
+            self.forget_unsharded()
+        else:
+            self.backward_done(resharded)
+
+    def backward_done(self, resharded: bool) -> None:
+        """At the end of a backward that did not reshard, the units all-gathered in it must
+        still hold their unsharded parameters (and are not all-gathered again before their
+        next forward)."""
+        if self.paused or resharded:
+            return
+        for kind, path, backward in self.log:
+            if kind != "all_gather" or not backward or path in self.left_unsharded:
+                continue
+            if not self._held(path):
+                self.problems.append(f"set_reshard_after_backward(False) on {name(path)}: resharded after backward")
+            self.left_unsharded.add(path)
+
+    def next_microbatch(self) -> None:
+        """Before a microbatch: forget the last one's events (what it left unsharded stays
+        known for this one's forward)."""
         self.log.clear()
         self.seen.clear()
+
+    def forget_unsharded(self) -> None:
+        """After a backward that resharded: nothing is left unsharded by it."""
+        self.left_unsharded = set()
