@@ -236,9 +236,14 @@ def build():
 
 
 @needs_hook
-def test_keyword_inputs_dict_outputs_dropout_and_an_unused_layer_pass(tmp_path: Path, rank_pool: object) -> None:
+def test_keyword_inputs_dict_outputs_dropout_and_an_unused_layer(tmp_path: Path, rank_pool: object) -> None:
     """Inputs as keyword arguments (a float among them), a dict and a tuple as outputs, dropout
-    under checkpoint, a layer forward never calls (replicate then needs find_unused)."""
+    under checkpoint, a layer forward never calls (replicate then needs find_unused).
+
+    A round trip of such a model's state meets a torch bug (2.13; pytorch/pytorch#192202, fix
+    in review #192307): get_state_dict saves no optimizer state for a trainable parameter that
+    never had a gradient while others have state, and the load then refuses the checkpoint
+    (set_state_dict: "Missing optimizer state for parameter 'spare.weight'", DCP: a missing key)."""
     from fuzz.explore import run_case
 
     path = tmp_path / "other_model.py"
@@ -246,10 +251,14 @@ def test_keyword_inputs_dict_outputs_dropout_and_an_unused_layer_pass(tmp_path: 
     info = describe(f"{path}:build")
     assert info.module("spare").unused and not info.module("enc").unused  # type: ignore[union-attr]
     spec = f"{path}:build"
-    drawn = _cases(user_parity_cases(spec, world_size=2), 4) + _cases(user_state_cases(spec, world_size=2), 3)
+    drawn = _cases(user_parity_cases(spec, world_size=2), 3) + _cases(user_state_cases(spec, world_size=2), 2)
     assert any(c.body.composition.replicates and c.body.composition.find_unused for c in drawn)
     for case in drawn:
         failure = run_case(rank_pool, get_property(case.property), case)  # type: ignore[arg-type]
+        if case.property == "user_state":
+            assert failure is not None and "RuntimeError" in failure.signature, case
+            assert "spare.weight" in json.dumps(failure.details), failure.summary
+            continue
         assert failure is None, f"{failure.signature}: {failure.summary}"
 
 
