@@ -2,7 +2,8 @@
 # shardfuzz reduced reproducer: entry=046d6314125fae89 sources=ce057bc0da65e4dc seconds=712.7
 # Reproduces shardfuzz corpus entry metamorphic-exception-4ecb7d725bd4.json: exception:metamorphic:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out
 # Known torch bug: fully_shard with an int reshard_after_forward and Shard(1) placements:
-# IndexError in foreach_all_gather_copy_out; upstream: none found.
+# IndexError in foreach_all_gather_copy_out, or (a dim-1 size the post-forward mesh splits
+# unevenly) as_strided out of bounds in to_sharded_post_forward; upstream: none found.
 # Observed: rank 0 raised builtins.IndexError: list index out of range
 # Run: torchrun --nproc-per-node 4 THIS_FILE.py: while the failure is there a rank raises
 # builtins.IndexError in
@@ -70,7 +71,7 @@ if __name__ == "__main__":
         sys.stderr.write("".join(f"[rank{rank}]: {line}\n" for line in text.splitlines()))
         frames = [f for f in (torch_frame(p, f) for p, f in re.findall(r'File "([^"]+)", line \d+,? in (\S+)', text)) if f]
         found = f"{type(e).__module__}.{type(e).__qualname__}@{(frames or ['torch/?:?'])[-1]}"
-        if found in ['builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out']:
+        if found in ['builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out', 'builtins.RuntimeError@torch/distributed/fsdp/_fully_shard/_fsdp_param.py:to_sharded_post_forward']:
             print(f"REPRODUCED exception:metamorphic:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out: rank {rank} raised {found}", flush=True)
             os._exit(1)
         print(f"FAIL (not the entry's failure): rank {rank} raised {found}", flush=True)

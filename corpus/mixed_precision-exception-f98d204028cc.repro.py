@@ -2,7 +2,8 @@
 # shardfuzz reduced reproducer: entry=d27b23cefa09317c sources=c819ef517160c7c9 seconds=432.8
 # Reproduces shardfuzz corpus entry mixed_precision-exception-f98d204028cc.json: exception:mixed_precision:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out
 # Known torch bug: fully_shard with an int reshard_after_forward and Shard(1) placements:
-# IndexError in foreach_all_gather_copy_out; upstream: none found.
+# IndexError in foreach_all_gather_copy_out, or (a dim-1 size the post-forward mesh splits
+# unevenly) as_strided out of bounds in to_sharded_post_forward; upstream: none found.
 # Observed: rank 0 raised builtins.IndexError: list index out of range
 # Run: torchrun --nproc-per-node 4 THIS_FILE.py: while the failure is there a rank raises
 # builtins.IndexError in

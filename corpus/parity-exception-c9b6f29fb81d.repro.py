@@ -2,7 +2,8 @@
 # shardfuzz reduced reproducer: entry=8b7ebc3b68aad9f0 sources=c819ef517160c7c9 seconds=555.9
 # Reproduces shardfuzz corpus entry parity-exception-c9b6f29fb81d.json: exception:parity:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out
 # Known torch bug: fully_shard with an int reshard_after_forward and Shard(1) placements:
-# IndexError in foreach_all_gather_copy_out; upstream: none found.
+# IndexError in foreach_all_gather_copy_out, or (a dim-1 size the post-forward mesh splits
+# unevenly) as_strided out of bounds in to_sharded_post_forward; upstream: none found.
 # Observed: rank 0 raised builtins.IndexError: list index out of range
 # Run: torchrun --nproc-per-node 4 THIS_FILE.py: while the failure is there a rank raises
 # builtins.IndexError in

@@ -537,7 +537,10 @@ def test_every_stored_script_has_the_current_harness() -> None:
     (fuzz.repro.specialize.current), and every stored one is."""
     from fuzz.repro.specialize import current
 
+    def code(text: str) -> str:  # the comments follow the registry's wording, which others edit
+        return "\n".join(line for line in text.splitlines() if not line.startswith("#"))
+
     for path in sorted((ROOT / "corpus").glob("*.repro.py")):
         source = path.with_name(path.name.removesuffix(".repro.py") + ".json")
         text = path.read_text()
-        assert current(text, load_entry(source), str(source)) == text, path.name
+        assert code(current(text, load_entry(source), str(source))) == code(text), path.name

@@ -154,6 +154,13 @@ _PASSED = """\
         print({passing}, flush=True)
     os._exit(0)  # a rank must not wait for the others at exit
 """
+#: The end of a mismatch's ``main``: rank 0's verdict is the script's (every rank has gathered
+#: its observation to it); a passing verdict is printed by rank 0 alone.
+_JUDGED = """\
+    if verdict:
+        print(verdict, flush=True)
+    os._exit(0)
+"""
 #: How long a rank that passed waits for the others to pass.
 PASS_WAIT_S = 60
 
@@ -432,6 +439,9 @@ def main_of(entry: Entry, signature: str, plain: bool = False) -> str:
         expected = _expected_exceptions(_signatures(entry, signature))
         main = _PLAIN_MAIN.format(head=_FIRST + head, expected=expected, **fields)
         return rule + "\n\n" + main + _passed(NO_RANK_RAISED)
+    if kind == "mismatch":  # every rank took part in the gather rank 0 judged: it alone speaks
+        head = head.replace("    import time\n", "")
+        return _ATTEMPT_MAIN.format(head=_FIRST + head, passing=sorted(PASSING), passed=_JUDGED)
     if kind in POOLED_KINDS:
         return rule + _ATTEMPT_MAIN.format(head=_FIRST + head, passing=sorted(PASSING), passed=_passed(""))
     if kind == "hang":
