@@ -202,7 +202,7 @@ def test_batches_and_losses_have_the_trees_shapes(seq: int, vocab: int, head: bo
     assert x.dtype == (torch.int64 if vocab else torch.float32)
     out = build_model(tree, torch.device("cpu"))(x)
     assert out.shape == (*lead, vocab if head else 4)
-    loss = loss_of(tree, out, y, torch.float32)
+    loss = loss_of(out, y, torch.float32)
     assert loss.shape == () and torch.isfinite(loss)
     if head:  # cross-entropy over the vocabulary
         assert torch.allclose(loss, torch.nn.functional.cross_entropy(out.reshape(-1, vocab), y.reshape(-1)))

@@ -272,11 +272,12 @@ def sample_batch(tree: ModuleTree, rows: int, gen: torch.Generator, dtype: torch
     return x, y
 
 
-def loss_of(tree: ModuleTree, out: torch.Tensor, y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The loss the tree chooses: cross-entropy over the vocabulary where it ends in a head
-    (the logits in the training's ``dtype``), else MSE against ``y`` (in ``y``'s dtype)."""
-    if tree.head is not None:
-        return F.cross_entropy(out.to(dtype).reshape(-1, tree.vocab), y.reshape(-1))
+def loss_of(out: torch.Tensor, y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The loss the tree chose through its targets (:func:`sample_batch`): token targets (a tree
+    that ends in a head) take cross-entropy over the last dimension, the vocabulary (the logits
+    in the training's ``dtype``); float targets MSE (in ``y``'s dtype)."""
+    if not y.is_floating_point():
+        return F.cross_entropy(out.to(dtype).reshape(-1, out.shape[-1]), y.reshape(-1))
     return F.mse_loss(out.to(y.dtype), y)
 
 

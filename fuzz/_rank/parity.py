@@ -263,7 +263,7 @@ def train(
             if composed.knobs is not None:
                 composed.knobs.before_microbatch(first=s == 0 and i == 0, last=last)
             if precision is not None:
-                loss = _low_precision_microbatch(model, tree, x, y, precision, training, ctx, unreduced, sync, hsdp)
+                loss = _low_precision_microbatch(model, x, y, precision, training, ctx, unreduced, sync, hsdp)
                 step_losses.append(loss.item())
                 continue
             with ctx_mgr:
@@ -281,7 +281,7 @@ def train(
                 if spmd is not None:
                     loss = spmd_backward(out, y, spmd, composed.spmd_mse_loss)
                 else:
-                    loss = loss_of(tree, out, y, dtype)
+                    loss = loss_of(out, y, dtype)
                     loss.backward()
             step_losses.append(loss.item())
         if comp is None and precision is None:
@@ -296,7 +296,7 @@ def train(
         opt.zero_grad(set_to_none=training.set_to_none)
         losses.append(step_losses)
         if training.eval_forward:
-            eval_losses.append(_eval_loss(composed.model, forward, tree, step[0], dtype, spmd))
+            eval_losses.append(_eval_loss(composed.model, forward, step[0], dtype, spmd))
         with composed.full_parameters() as full:
             if ctx.rank == 0:
                 params_per_step.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
@@ -339,7 +339,7 @@ class _null:
         return None
 
 
-def _eval_loss(model: nn.Module, forward: Any, tree: ModuleTree, batch: Any, dtype: torch.dtype, spmd: Any) -> float:
+def _eval_loss(model: nn.Module, forward: Any, batch: Any, dtype: torch.dtype, spmd: Any) -> float:
     """``model.eval()``, the loss of one forward of ``batch`` under ``torch.inference_mode()``
     (dropout off: deterministic), then ``model.train()`` again."""
     x, y = batch
@@ -348,7 +348,7 @@ def _eval_loss(model: nn.Module, forward: Any, tree: ModuleTree, batch: Any, dty
     model.eval()
     try:
         with torch.inference_mode():
-            return float(loss_of(tree, forward(x), y, dtype).item())
+            return float(loss_of(forward(x), y, dtype).item())
     finally:
         model.train()
 
@@ -385,7 +385,6 @@ def _average_gradients(
 
 def _low_precision_microbatch(
     model: nn.Module,
-    tree: ModuleTree,
     x: torch.Tensor,
     y: torch.Tensor,
     mp: MixedPrecision,
@@ -427,7 +426,7 @@ def _low_precision_microbatch(
     out = shadow(x.to(compute) if x.is_floating_point() else x)  # cast_forward_inputs casts floats only
     if mp.output_dtype is not None:
         out = out.to(TORCH_DTYPES[mp.output_dtype])
-    loss = loss_of(tree, out, y, base)
+    loss = loss_of(out, y, base)
     loss.backward()
     for i, (p, q) in enumerate(zip(model.parameters(), shadow.parameters())):
         if q.grad is None:
