@@ -67,10 +67,17 @@ def leaves(*, dropout: bool = True, frozen: bool = True, extended: bool = False)
 
 @functools.cache
 def _blocks(
-    depth: int, max_children: int, leaf: st.SearchStrategy[Leaf], buffers: bool, extended: bool = False
+    depth: int,
+    max_children: int,
+    leaf: st.SearchStrategy[Leaf],
+    buffers: bool,
+    extended: bool = False,
+    non_persistent: bool = True,
 ) -> st.SearchStrategy[Block]:
     child: st.SearchStrategy[Node] = (
-        leaf if depth <= 1 else st.one_of(leaf, _blocks(depth - 1, max_children, leaf, buffers, extended))
+        leaf
+        if depth <= 1
+        else st.one_of(leaf, _blocks(depth - 1, max_children, leaf, buffers, extended, non_persistent))
     )
     blocks = st.builds(
         Block,
@@ -83,7 +90,8 @@ def _blocks(
         return blocks
     # non-persistent buffers (out of the state dict), and blocks that run their children twice
     # over (each child module called twice in one forward); both shrink to off
-    return st.tuples(blocks, st.booleans(), st.sampled_from((False, False, True))).map(
+    persistent = st.booleans() if non_persistent else st.just(True)
+    return st.tuples(blocks, persistent, st.sampled_from((False, False, True))).map(
         lambda b: replace(b[0], persistent=b[1] or not b[0].buffer, repeat=b[2])
     )
 
@@ -96,10 +104,17 @@ def _trainable(node: Node) -> bool:
 
 @functools.cache
 def _roots(
-    max_depth: int, max_children: int, dropout: bool, frozen: bool, buffers: bool, extended: bool = False
+    max_depth: int,
+    max_children: int,
+    dropout: bool,
+    frozen: bool,
+    buffers: bool,
+    extended: bool = False,
+    non_persistent: bool = True,
 ) -> st.SearchStrategy[Block]:
     leaf = leaves(dropout=dropout, frozen=frozen, extended=extended)
-    return _blocks(max_depth, max_children, leaf, buffers, extended).filter(_has_trainable_params)
+    blocks = _blocks(max_depth, max_children, leaf, buffers, extended, non_persistent)
+    return blocks.filter(_has_trainable_params)
 
 
 def _has_trainable_params(block: Block) -> bool:
@@ -108,14 +123,20 @@ def _has_trainable_params(block: Block) -> bool:
 
 @st.composite
 def language_models(
-    draw: st.DrawFn, root: Block, *, frozen: bool = True, tied: bool | None = None, max_depth: int = MAX_DEPTH
+    draw: st.DrawFn,
+    root: Block,
+    *,
+    frozen: bool = True,
+    tied: bool | None = None,
+    max_depth: int = MAX_DEPTH,
+    tying: bool = True,
 ) -> tuple[Block, int]:
     """``root`` as the body of a language model: an embedding (padding_idx or not) before its
     children, a head after them two times in three (with ``tied``: always, tied or not as
     asked), its weight tied to the embedding's two times in three; and the vocabulary. The embedding
     and the head are added around the drawn blocks, so shrinking the blocks keeps them."""
     head = True if tied is not None else draw(st.sampled_from((False, True, True)))
-    tie = (draw(st.sampled_from((False, True, True))) if tied is None else tied) if head else False
+    tie = (draw(st.sampled_from((False, True, True))) if tied is None else tied) if head and tying else False
     embedding = Leaf(
         LeafKind.EMBEDDING,
         # a tied pair's weight is frozen or not through one flag: the embedding's (ModuleTree)
@@ -154,6 +175,8 @@ def module_trees(
     frozen: bool = True,
     buffers: bool = True,
     extended: bool = False,
+    tying: bool = True,
+    non_persistent: bool = True,
 ) -> ModuleTree:
     """Module trees of at most ``max_depth`` levels of blocks with at least one trainable
     parameter: linear / layer_norm / conv1d leaves (with and without bias, some frozen),
@@ -163,17 +186,18 @@ def module_trees(
     RMSNorm / MLP / attention leaves and conv1d kernels over 1 (:func:`leaves`), and half the time
     two times in three a language model (:func:`language_models`: token inputs, an embedding, a vocabulary head,
     maybe tied, cross-entropy loss). Each shrinks away: to no sequence, no vocabulary, the
-    first leaf kinds."""
+    first leaf kinds. ``tying`` / ``non_persistent`` False: no tied head, no non-persistent
+    buffer (for oracles that do not model them yet)."""
     check_bounds("max_depth", max_depth, "max_depth", max_depth, floor=1, ceiling=MAX_DEPTH)
     check_bounds("max_children", max_children, "max_children", max_children, floor=1, ceiling=8)
-    root = draw(_roots(max_depth, max_children, dropout, frozen, buffers, extended))
+    root = draw(_roots(max_depth, max_children, dropout, frozen, buffers, extended, non_persistent))
     width = draw(widths if widths is not None else st.sampled_from(WIDTHS))
     if not extended:
         return ModuleTree(width=width, root=root)
     seq = draw(st.integers(0, MAX_DRAWN_SEQ))
     vocab = 0
     if draw(st.sampled_from((False, True, True))):
-        root, vocab = draw(language_models(root, frozen=frozen, max_depth=max_depth))
+        root, vocab = draw(language_models(root, frozen=frozen, max_depth=max_depth, tying=tying))
     return ModuleTree(width=width, root=root, seq=seq, vocab=vocab)
 
 
