@@ -231,6 +231,8 @@ def check_user_composition(info: ModelInfo, comp: Composition, where: str = "com
 def _check_training(training: Training, comp: Composition) -> None:
     if training.skips or training.unfreeze or training.compile is not Compile.NONE:
         raise CaseError("training", "skips, unfreezing and compile are not drawn for user models")
+    if training.clip_grad_norm is not None or training.eval_forward:
+        raise CaseError("training", "gradient clipping and eval forwards are not drawn for user models yet")
     if training.accum_sync is AccumSync.NO_ALL_REDUCE and not comp.mesh:
         raise CaseError("training.accum_sync", "no_all_reduce needs an HSDP (replicate, shard) mesh")
     if training.accum_sync is not AccumSync.ALWAYS and comp.replicates:
