@@ -147,6 +147,12 @@ class UnitMemory:
         self.peak_bytes = 0
         self._worlds: dict[str, int] = {}
         self._forward_targets = forward_targets
+        #: grouped units whose forward passes are counted as FSDP2 counts them only where torch
+        #: completes a partly run group at the root's post-forward (2.13); before that, a group
+        #: a member of which runs more often than the others may stay unsharded without bound,
+        #: and such units are always allowed (not checked)
+        self._completes = _completes_partial_groups()
+        self.loose = set() if self._completes else {p for p, s in self.specs.items() if s.group}
         for spec in comp.shards:
             for member in spec.paths:
                 m = model.get_submodule(member)
@@ -207,6 +213,9 @@ class UnitMemory:
         def hook(module: nn.Module, args: Any, output: Any) -> None:
             if self._skip():
                 return
+            if self._completes:  # torch completed the groups partly run (``_force_complete_incomplete_states``)
+                for unit in self._under(root):
+                    self.pending[unit] = set()
             self._after_root_forward(root)
             for t in _tensors(output):
                 if t.requires_grad:
@@ -224,7 +233,7 @@ class UnitMemory:
         if manages_params(module) and not holds_unsharded(module):
             self.problems.append(f"{name(unit)} does not hold its unsharded parameters when its forward starts")
         self.prefetched.update(self._forward_targets.get(unit, []))
-        allowed = {unit} | self.at_start | self.prefetched
+        allowed = {unit} | self.at_start | self.prefetched | self.loose
         allowed |= {u for u, members in self.pending.items() if members}
         allowed |= {u for u in self.ended if self.comp.reshard_after_forward(self.specs[u]) is False}
         held = {u: unsharded_bytes(m) for u, m in self.modules.items()}
@@ -241,7 +250,7 @@ class UnitMemory:
 
     def _after_root_forward(self, root: str) -> None:
         for unit in self._under(root):
-            if unit not in self.ended:
+            if unit not in self.ended or unit in self.loose:
                 continue
             module = self.modules[unit]
             raf = self.comp.reshard_after_forward(self.specs[unit])
@@ -291,6 +300,15 @@ class UnitMemory:
         self.prefetched.clear()
         self.at_start = {u for u, m in self.modules.items() if unsharded_bytes(m)}
         self.reshard_after_backward = reshard_after_backward
+
+
+def _completes_partial_groups() -> bool:
+    """Whether this torch reshards a grouped unit some of whose members did not run (or ran
+    fewer times) from the root's post-forward (``FSDPState._force_complete_incomplete_states``,
+    torch 2.13 and later)."""
+    from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
+
+    return hasattr(FSDPState, "_force_complete_incomplete_states")
 
 
 def _tensors(output: Any) -> list[torch.Tensor]:

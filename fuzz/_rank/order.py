@@ -49,9 +49,12 @@ def comm_recordable(module: nn.Module, knobs: Any) -> bool:
     interface, the unit has one parameter group (``set_custom_all_gather`` refuses several),
     and no process-group allocator is set (documented: not together with custom comms)."""
     from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp._fully_shard import _fsdp_collectives as coll
 
     if not hasattr(FSDPModule, "set_custom_all_gather") or knobs.pg_allocator:
         return False
+    if not (hasattr(coll, "DefaultAllGather") and hasattr(coll, "DefaultReduceScatter")):
+        return False  # nothing of torch's to delegate to
     return len(param_groups(module)) == 1
 
 
