@@ -167,6 +167,8 @@ def _child_argv(
         argv += ["--max-examples", str(max(1, args.max_examples // args.pools))]
     for name in properties:
         argv += ["--property", name]
+    if getattr(args, "model", None):
+        argv += ["--model", args.model]
     if getattr(args, "torch_coverage", False):
         argv.append("--torch-coverage")  # each pool's data in its REPORT/pool-i/torch-coverage
         if args.no_coverage_signal:

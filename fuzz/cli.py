@@ -415,20 +415,13 @@ def _with_model(args: argparse.Namespace, props: list[Any], *, explicit: bool) -
     import dataclasses
     import functools
 
-    from fuzz.properties.user import NAMES, hooked
+    from fuzz.properties.user import NAMES
 
     if args.model is None:
         return props if explicit else [p for p in props if p.name not in NAMES]
     others = [p.name for p in props if p.name not in NAMES]
     if explicit and others:
         raise ShardfuzzError(f"--property {others[0]} does not take --model; a model runs {', '.join(NAMES)}")
-    if args.pools > 1:
-        raise ShardfuzzError("--model runs in one pool for now; leave out --pools")
-    if not hooked():
-        raise ShardfuzzError(
-            "--model needs 'fuzz.model.user' in fuzz.model.case.BODY_MODULES (the ranks decode user cases "
-            "with it); this checkout lacks that line"
-        )
     from fuzz.user_model import describe
 
     info = describe(args.model, "--model")

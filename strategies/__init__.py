@@ -15,6 +15,7 @@ from strategies._cases import (
 from strategies._compositions import compositions, meshes, mixed_precision_policies, reshard_values, wrappers
 from strategies._state_dict import checkpoint_entries, dcp_cases, layouts, rank_orders, state_dict_cases
 from strategies._trees import WIDTHS, leaves, module_trees, tied_trees
+from strategies._user import user_cases, user_compositions, user_parity_cases, user_state_cases
 
 __all__ = [
     "WIDTHS",
@@ -36,6 +37,10 @@ __all__ = [
     "state_dict_cases",
     "tied_trees",
     "trainings",
+    "user_cases",
+    "user_compositions",
+    "user_parity_cases",
+    "user_state_cases",
     "wrappers",
 ]
 

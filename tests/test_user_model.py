@@ -17,7 +17,6 @@ from fuzz.errors import CaseError, InvalidArgument
 from fuzz.model import Case, Composition, ShardSpec, Training, case_from_json, case_to_json
 from fuzz.model.user import RoundTrip, UserParityBody, UserStateBody, composition_problem, parse_spec
 from fuzz.properties import get_property
-from fuzz.properties.user import hooked
 from fuzz.pytest_plugin import user_cases
 from fuzz.user_model import describe, spec_of
 from strategies import parity_cases
@@ -26,7 +25,6 @@ from tests.conftest import ROOT, fault_pool, run_cli
 
 EXAMPLE = "examples/tiny_transformer.py:tiny_transformer"
 #: Ranks decode user cases only where fuzz.model.case.BODY_MODULES names fuzz.model.user.
-needs_hook = pytest.mark.skipif(not hooked(), reason="fuzz.model.case.BODY_MODULES lacks 'fuzz.model.user'")
 HARNESS = ROOT / "tests" / "faults" / "harness"
 
 BAD_MODELS = """
@@ -196,7 +194,6 @@ def _cases(strategy: st.SearchStrategy[Case], n: int) -> list[Case]:
     return out
 
 
-@needs_hook
 def test_drawn_cases_pass_on_unmutated_torch(rank_pool: object) -> None:
     from fuzz.explore import run_case
 
@@ -235,7 +232,6 @@ def build():
 """
 
 
-@needs_hook
 def test_keyword_inputs_dict_outputs_dropout_and_an_unused_layer(tmp_path: Path, rank_pool: object) -> None:
     """Inputs as keyword arguments (a float among them), a dict and a tuple as outputs, dropout
     under checkpoint, a layer forward never calls (replicate then needs find_unused).
@@ -287,7 +283,6 @@ NO_OPTIM_LOAD = (
 )
 
 
-@needs_hook
 def test_faults_are_caught(tmp_path: Path) -> None:
     parity = Case(
         "user_parity",
@@ -313,14 +308,12 @@ def test_faults_are_caught(tmp_path: Path) -> None:
             assert "optim.state" in failure.summary, failure.summary
 
 
-@needs_hook
 def test_explore_with_a_bad_model_exits_2_with_one_line(bad_models: Path) -> None:
     result = run_cli("explore", "--model", f"{bad_models}:no_params", "--budget", "5", "--no-database")
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "--model" in result.stderr and "no parameters" in result.stderr
 
 
-@needs_hook
 @pytest.mark.slow
 def test_a_failure_is_saved_replayed_and_rendered(tmp_path: Path) -> None:
     """Under the summing fault a campaign over the example saves a shrunk user_parity failure;
@@ -341,7 +334,6 @@ def test_a_failure_is_saved_replayed_and_rendered(tmp_path: Path) -> None:
     assert EXAMPLE in script.read_text()
 
 
-@needs_hook
 @settings(max_examples=3, derandomize=True, suppress_health_check=list(HealthCheck), deadline=None, database=None)
 @given(case=user_cases(EXAMPLE) | parity_cases(world_size=2))
 def test_pytest_route_checks_user_cases_beside_the_suites_own(check_case: object, case: Case) -> None:

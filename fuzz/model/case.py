@@ -61,7 +61,7 @@ class Body:
 
 
 #: Modules that define further case bodies (imported before decoding).
-BODY_MODULES: tuple[str, ...] = ("fuzz.model.state_dict",)
+BODY_MODULES: tuple[str, ...] = ("fuzz.model.state_dict", "fuzz.model.user")
 
 
 @dataclass(frozen=True)

@@ -191,42 +191,25 @@ def features(case: Case) -> list[str]:
     return sorted(set(out))
 
 
-def hooked() -> bool:
-    """Whether the decoder knows the user bodies (``fuzz.model.user`` in
-    ``fuzz.model.case.BODY_MODULES``): ranks decode a case before they import its program, so
-    without it they cannot read a user case, and the properties are not registered."""
-    from fuzz.model.case import BODY_MODULES
-
-    return "fuzz.model.user" in BODY_MODULES
-
-
-USER_PARITY = (
-    None
-    if not hooked()
-    else register(
-        Property(
-            name="user_parity",
-            description="the user's model (--model FILE.py:NAME) composed trains like its plain all-reduce reference",
-            cases=_cases("user_parity_cases"),
-            judge=judge_user_parity,
-            features=features,
-            body=UserParityBody,
-            repro="fuzz.repro.script:render",
-        )
+USER_PARITY = register(
+    Property(
+        name="user_parity",
+        description="the user's model (--model FILE.py:NAME) composed trains like its plain all-reduce reference",
+        cases=_cases("user_parity_cases"),
+        judge=judge_user_parity,
+        features=features,
+        body=UserParityBody,
+        repro="fuzz.repro.script:render",
     )
 )
-USER_STATE = (
-    None
-    if not hooked()
-    else register(
-        Property(
-            name="user_state",
-            description="the user's model: get/set_state_dict and DCP round trips restore model and optimizer exactly",
-            cases=_cases("user_state_cases"),
-            judge=judge_user_state,
-            features=features,
-            body=UserStateBody,
-            repro="fuzz.repro.script:render",
-        )
+USER_STATE = register(
+    Property(
+        name="user_state",
+        description="the user's model: get/set_state_dict and DCP round trips restore model and optimizer exactly",
+        cases=_cases("user_state_cases"),
+        judge=judge_user_state,
+        features=features,
+        body=UserStateBody,
+        repro="fuzz.repro.script:render",
     )
 )
