@@ -43,7 +43,7 @@ def svg_open(width: float, height: float) -> str:
     )
 
 
-def empty(width: int, height: int, text: str) -> str:
+def empty_chart(width: int, height: int, text: str) -> str:
     return (
         svg_open(width, height)
         + f'<rect x="0.5" y="0.5" width="{width - 1}" height="{height - 1}" fill="#fafbfc" stroke="#d8dce3"/>'
@@ -64,7 +64,7 @@ def line_chart(
     """Lines (``step``: a staircase) over campaign time, x from 0 to the last point."""
     points = [p for _, _, pts, _ in series for p in pts]
     if not points:
-        return empty(width, height, "no timeline was recorded")
+        return empty_chart(width, height, "no timeline was recorded")
     left, right, top, bottom = 56, 28, 10, 36
     plot_w, plot_h = width - left - right, height - top - bottom
     div, unit = (1, "s") if max(x for x, _ in points) < 120 else (60, "min")
@@ -138,7 +138,7 @@ def bar_chart(
 ) -> str:
     """Horizontal bars: (label, value, colour, text after the bar, highlighted row)."""
     if not bars:
-        return empty(width, 60, empty)
+        return empty_chart(width, 60, empty)
     row, gap = 22, 4
     text_w = 150
     bar_w = width - label_width - text_w - 8

@@ -637,3 +637,10 @@ def test_long_bar_labels_are_cut_at_their_end_and_kept_whole_in_a_tooltip() -> N
     assert shown.endswith("\u2026") and label.startswith(shown[:-1]) and len(shown) * 7.0 <= 430
     page = render_html(_summary(first_case_s=12.5))
     assert "The first case ended at 12.5 s" in page and "<details><summary>show the table</summary>" in page
+
+
+def test_charts_with_nothing_to_draw_say_so() -> None:
+    from fuzz.svg import bar_chart, line_chart
+
+    assert "no case ran" in bar_chart([], width=535, label_width=120, empty="no case ran")
+    assert "no timeline was recorded" in line_chart([("all", "#000", [], 1.0)], width=535, height=240, y_label="cases")
