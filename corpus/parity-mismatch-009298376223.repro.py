@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=d9f2fe49f54e84bd sources=14332b545f8daba5 seconds=31.0
+# shardfuzz reduced reproducer: entry=d9f2fe49f54e84bd sources=160bdd6cfe3e23e0 seconds=20.0
 # Known torch bug: set_gradient_divide_factor(f) on a fully_shard unit whose shard group is one
 # rank, with set_force_sum_reduction_for_comms(True) or a float16 / float64 reduce dtype:
 # gradients are divided by f twice (once where the single-rank branch copies the input, once more
@@ -40,6 +40,11 @@ def compose(model):
     fully_shard(model, mesh=mesh, reshard_after_forward=False)
     model.set_force_sum_reduction_for_comms(True)
     model.set_gradient_divide_factor(2.0)
+    return model
+
+
+def named(model):
+    return dict(model.named_parameters())
 
 
 def full(t):  # gathered where fully_shard shards it
@@ -64,10 +69,10 @@ def train(model, rank, world_size, composed):
                 if p.grad is not None:
                     dist.all_reduce(p.grad)
                     p.grad /= world_size
-        grads = {n: full(p.grad) for n, p in model.named_parameters()}
+        grads = {n: full(p.grad) for n, p in named(model).items()}
         opt.step()
         opt.zero_grad(set_to_none=False)
-        seen.append((losses, grads, {n: full(p) for n, p in model.named_parameters()}))
+        seen.append((losses, grads, {n: full(p) for n, p in named(model).items()}))
     return seen
 
 
@@ -75,7 +80,7 @@ def run(rank, world_size, compose=None):
     torch.manual_seed(0)  # every rank builds the same weights
     model = build()
     if compose is not None:
-        compose(model)
+        model = compose(model)
     return train(model, rank, world_size, composed=compose is not None)
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=f1aad34c9feef555 sources=1d72910fadd9b50e seconds=41.4
+# shardfuzz reduced reproducer: entry=f1aad34c9feef555 sources=160bdd6cfe3e23e0 seconds=20.2
 # Known torch bug: a frozen fully_shard unit without resharding under a replicate'd root is never
 # resharded: a leaf unfrozen later never trains (KeyError in get_optimizer_state_dict); upstream:
 # none found.
@@ -30,6 +30,11 @@ def build():
 def compose(model):
     fully_shard(model.get_submodule("0"), reshard_after_forward=False)
     replicate(model)
+    return model
+
+
+def named(model):
+    return dict(model.named_parameters())
 
 
 def full(t):  # gathered where fully_shard shards it
@@ -37,7 +42,8 @@ def full(t):  # gathered where fully_shard shards it
 
 
 def train(model, rank, world_size, composed):
-    later = {"0": [*model.get_submodule("0").parameters()]}  # frozen now, unfrozen later: the optimizer holds them
+    # frozen now, unfrozen later: the optimizer holds them
+    later = {"0": [q for n, q in named(model).items() if n.rpartition(".")[0] == "0"]}
     held = [q for ps in later.values() for q in ps]
     params = [p for p in model.parameters() if p.requires_grad or any(p is q for q in held)]
     opt = torch.optim.SGD(params, lr=0.1)
@@ -59,10 +65,10 @@ def train(model, rank, world_size, composed):
                 if p.grad is not None:
                     dist.all_reduce(p.grad)
                     p.grad /= world_size
-        grads = {n: full(p.grad) for n, p in model.named_parameters()}
+        grads = {n: full(p.grad) for n, p in named(model).items()}
         opt.step()
         opt.zero_grad(set_to_none=True)
-        seen.append((losses, grads, {n: full(p) for n, p in model.named_parameters()}))
+        seen.append((losses, grads, {n: full(p) for n, p in named(model).items()}))
     return seen
 
 
@@ -70,7 +76,7 @@ def run(rank, world_size, compose=None):
     torch.manual_seed(1)  # every rank builds the same weights
     model = build()
     if compose is not None:
-        compose(model)
+        model = compose(model)
     return train(model, rank, world_size, composed=compose is not None)
 
 

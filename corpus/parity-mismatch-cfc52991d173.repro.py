@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=c531a05db6eeabd5 sources=1d72910fadd9b50e seconds=30.5
+# shardfuzz reduced reproducer: entry=c531a05db6eeabd5 sources=160bdd6cfe3e23e0 seconds=32.1
 # Known torch bug: HSDP with set_requires_all_reduce(False): a unit unused on the last microbatch
 # loses its accumulated gradient; upstream: none found.
 # Trains the composed model and, as the reference, the same plain model on the same data with its
@@ -45,6 +45,11 @@ def compose(model):
     mesh = init_device_mesh("cpu", (1, 2), mesh_dim_names=("replicate", "shard"))
     fully_shard(model.get_submodule("0"), mesh=mesh)
     fully_shard(model, mesh=mesh)
+    return model
+
+
+def named(model):
+    return dict(model.named_parameters())
 
 
 def full(t):  # gathered where fully_shard shards it
@@ -75,10 +80,10 @@ def train(model, rank, world_size, composed):
                 if p.grad is not None:
                     dist.all_reduce(p.grad)
                     p.grad /= world_size
-        grads = {n: full(p.grad) for n, p in model.named_parameters()}
+        grads = {n: full(p.grad) for n, p in named(model).items()}
         opt.step()
         opt.zero_grad(set_to_none=True)
-        seen.append((losses, grads, {n: full(p) for n, p in model.named_parameters()}))
+        seen.append((losses, grads, {n: full(p) for n, p in named(model).items()}))
     return seen
 
 
@@ -86,7 +91,7 @@ def run(rank, world_size, compose=None):
     torch.manual_seed(0)  # every rank builds the same weights
     model = build()
     if compose is not None:
-        compose(model)
+        model = compose(model)
     return train(model, rank, world_size, composed=compose is not None)
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=f0abe9d427fc1f83 sources=90cf73bd7a48258d seconds=22.0
+# shardfuzz reduced reproducer: entry=f0abe9d427fc1f83 sources=160bdd6cfe3e23e0 seconds=26.7
 # Known torch bug: a frozen fully_shard unit with an int reshard_after_forward under a replicate'd
 # root stays in its post-forward state; upstream: none found.
 # Trains the composed model and, as the reference, the same plain model on the same data with its
@@ -51,6 +51,11 @@ def build():
 def compose(model):
     fully_shard(model.get_submodule("0"), reshard_after_forward=2)
     replicate(model)
+    return model
+
+
+def named(model):
+    return dict(model.named_parameters())
 
 
 def full(t):  # gathered where fully_shard shards it
@@ -75,10 +80,10 @@ def train(model, rank, world_size, composed):
                 if p.grad is not None:
                     dist.all_reduce(p.grad)
                     p.grad /= world_size
-        grads = {n: full(p.grad) for n, p in model.named_parameters()}
+        grads = {n: full(p.grad) for n, p in named(model).items()}
         opt.step()
         opt.zero_grad(set_to_none=False)
-        seen.append((losses, grads, {n: full(p) for n, p in model.named_parameters()}))
+        seen.append((losses, grads, {n: full(p) for n, p in named(model).items()}))
     return seen
 
 
@@ -86,7 +91,7 @@ def run(rank, world_size, compose=None):
     torch.manual_seed(0)  # every rank builds the same weights
     model = build()
     if compose is not None:
-        compose(model)
+        model = compose(model)
     return train(model, rank, world_size, composed=compose is not None)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, reject, settings
+from hypothesis import HealthCheck, example, given, reject, settings
 from hypothesis import strategies as st
 
 from fuzz.corpus import load_entry
@@ -30,6 +30,7 @@ from fuzz.model import (
     ParityBody,
     ShardSpec,
     Training,
+    Wrapper,
 )
 from fuzz.repro.printed import NotPrintable, comments, is_printed, print_case
 from tests.conftest import ROOT
@@ -52,6 +53,7 @@ _COMPOSITIONS = [
     Composition(shards=(ShardSpec(path="0"), ShardSpec(path="")), mesh=(1, 2)),
     Composition(shards=(ShardSpec(path=""),), mesh=(2, 1)),
     Composition(replicates=("",), shards=(ShardSpec(path="0"),)),
+    Composition(wrapper=Wrapper.FSDP1_NO_SHARD, auto_wrap=True),
 ]
 
 
@@ -59,7 +61,8 @@ _COMPOSITIONS = [
 def printable_parity_cases(draw: st.DrawFn) -> Case:
     """Parity cases of what fuzz.repro.printed writes: Linear, LayerNorm, one-tap Conv and
     activation leaves in blocks with a scale, a buffer or a residual, fully_shard (nested, HSDP)
-    or replicate over fully_shard, SGD or Adam, microbatches with a gradient-sync switch."""
+    or replicate over fully_shard, or FSDP1's NO_SHARD; SGD or Adam, microbatches with a
+    gradient-sync switch."""
     kinds = draw(st.lists(_LEAVES, min_size=0, max_size=2))
     leaves = [Leaf(k, bias=(k in _WEIGHTED and draw(st.booleans())) or k not in _WEIGHTED) for k in kinds]
     inner = Block(children=(Leaf(LeafKind.LINEAR), *leaves[:1]), scale=draw(st.booleans()))
@@ -86,7 +89,20 @@ def printable_parity_cases(draw: st.DrawFn) -> Case:
         reject()
 
 
-@settings(max_examples=4, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+_FSDP1 = Case(
+    "parity",
+    2,
+    1,
+    ParityBody(
+        tree=ModuleTree(width=3, root=Block(children=(Block(children=(Leaf(LeafKind.LINEAR),)), Leaf(LeafKind.TANH)))),
+        composition=_COMPOSITIONS[-1],
+        training=Training(steps=2),
+    ),
+)
+
+
+@settings(max_examples=3, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@example(case=_FSDP1)
 @given(case=printable_parity_cases())
 def test_a_printed_script_observes_what_the_pool_observes(rank_pool: Any, case: Case) -> None:
     """Differential: the printed program's composed run (its losses on every rank, its full
@@ -117,7 +133,7 @@ def test_what_cannot_be_printed_yet_is_refused_by_name() -> None:
     with pytest.raises(NotPrintable, match=r"cannot print composition\.replicate_options\.static_graph=True yet"):
         print_case(entry.case)
     entry = load_entry(ROOT / "corpus" / "metamorphic-mismatch-c39d139117c4.json")
-    with pytest.raises(NotPrintable, match=r"cannot print variant\.wrapper=<Wrapper\.FSDP1_HYBRID_SHARD"):
+    with pytest.raises(NotPrintable, match=r"cannot print variant\.wrapper=fsdp1_hybrid_shard yet"):
         print_case(entry.case)
 
 
@@ -131,7 +147,7 @@ def test_stored_printed_scripts_are_current_clean_and_compute_what_they_compare(
     policy, the optimizer's options, the knobs' values, the weights' own initialisation and the
     factors named."""
     stored = _stored_printed()
-    assert len(stored) >= 4
+    assert len(stored) >= 6
     for path in stored:
         text = path.read_text()
         entry = load_entry(path.with_name(path.name.removesuffix(".repro.py") + ".json"))

@@ -47,13 +47,19 @@ from fuzz.model import (
     ModuleTree,
     Optimizer,
     Training,
+    Wrapper,
 )
 from fuzz.tolerance import tolerance_for
 
 #: The properties whose mismatches are printed.
 PRINTED = ("parity", "metamorphic")
 #: Composition fields a printed script writes; every other must hold its default.
-_COMPOSITION_FIELDS = {"shards", "replicates", "checkpoints", "checkpoint_first", "mesh"}
+_COMPOSITION_FIELDS = {"shards", "replicates", "checkpoints", "checkpoint_first", "mesh", "wrapper", "auto_wrap"}
+#: FSDP1 wrappers whose parameters and gradients stay whole on every rank, so that a script reads
+#: them by their plain names: NO_SHARD. (HYBRID_SHARD over one-rank shard groups looks whole, but
+#: on a torch with its shard-dimension fix the gradients read off the parameters are local
+#: shards: not printed yet.)
+_WRAPPERS = {Wrapper.NONE: "", Wrapper.FSDP1_NO_SHARD: "NO_SHARD"}
 #: Training fields a printed script writes.
 _TRAINING_FIELDS = {
     "optimizer",
@@ -119,6 +125,8 @@ def _check_tree(tree: ModuleTree) -> None:
 
 def _check_composition(comp: Composition, where: str, knobs: bool = False) -> None:
     _check_default(comp, _COMPOSITION_FIELDS | ({"knobs"} if knobs else set()), where)
+    if comp.wrapper not in _WRAPPERS:
+        raise _refuse(f"{where}.wrapper={comp.wrapper.value}")
     _check_default(comp.knobs, {"force_sum_reduction", "gradient_divide_factor"}, f"{where}.knobs")
     for spec in comp.shards:
         _check_default(spec, {"path", "reshard_after_forward"}, f"{where}.shards[{spec.path!r}]")
@@ -143,6 +151,25 @@ def check_printable(case: Case) -> None:
         for comp in (body.composition, *([body.variant] if case.property == "metamorphic" else [])):
             if "" not in {s.path for s in comp.shards}:
                 raise _refuse("a gradient-sync switch without fully_shard on the root")
+
+
+def _param_names(tree: ModuleTree) -> list[str]:
+    """The plain model's parameter names, in registration order (children, then a block's scale)."""
+
+    def visit(node: Any, prefix: str) -> list[str]:
+        if isinstance(node, Leaf):
+            own = (
+                ["weight", "bias"]
+                if node.bias and node.kind in (LeafKind.LINEAR, LeafKind.LAYER_NORM, LeafKind.CONV1D)
+                else []
+            )
+            own = own or (["weight"] if node.kind in (LeafKind.LINEAR, LeafKind.LAYER_NORM, LeafKind.CONV1D) else [])
+            return [f"{prefix}{n}" for n in own]
+        names = [] if not node.scale else [f"{prefix}scale"]
+        children = [n for i, c in enumerate(node.children) for n in visit(c, f"{prefix}{i}.")]
+        return names + children
+
+    return visit(tree.root, "")
 
 
 def _scales(case: Case) -> dict[str, float]:
@@ -228,8 +255,20 @@ class Conv(nn.Conv1d):
 
 
 def _compose(comp: Composition, name: str) -> list[str]:
-    """The body of a function that composes ``model`` as ``comp`` says."""
+    """A function that composes ``model`` as ``comp`` says and returns what trains."""
     lines = []
+    if comp.wrapper is not Wrapper.NONE:
+        lines += [f'checkpoint(model.get_submodule("{p}"))' for p in comp.checkpoints]
+        kwargs = f"sharding_strategy=ShardingStrategy.{_WRAPPERS[comp.wrapper]}, use_orig_params=True"
+        if comp.mesh:
+            dims = ", ".join(str(d) for d in comp.mesh)
+            lines.append(f'mesh = init_device_mesh("cpu", ({dims}), mesh_dim_names=("replicate", "shard"))')
+            kwargs += ", device_mesh=mesh"
+        if comp.auto_wrap:
+            kwargs += ", auto_wrap_policy=ModuleWrapPolicy({Block})"
+        args = ["model", *kwargs.split(", "), 'device_id=torch.device("cpu")']
+        lines += ["return FSDP(", *(f"    {a}," for a in args), ")"]
+        return [f"def {name}(model):", *(f"    {line}" for line in lines)]
     if comp.mesh:
         dims = ", ".join(str(d) for d in comp.mesh)
         lines.append(f'mesh = init_device_mesh("cpu", ({dims}), mesh_dim_names=("replicate", "shard"))')
@@ -250,7 +289,7 @@ def _compose(comp: Composition, name: str) -> list[str]:
             lines.append(f"{module}.set_force_sum_reduction_for_comms(True)")
         if comp.knobs.gradient_divide_factor is not None:
             lines.append(f"{module}.set_gradient_divide_factor({comp.knobs.gradient_divide_factor!r})")
-    return [f"def {name}(model):", *(f"    {line}" for line in lines or ["pass"])]
+    return [f"def {name}(model):", *(f"    {line}" for line in [*lines, "return model"])]
 
 
 def _optimizer(training: Training) -> str:
@@ -273,8 +312,8 @@ def _train(case: Case, training: Training, sharded: bool, metamorphic: bool) -> 
     uses_micro = bool(training.skips) or (training.grad_accum > 1 and training.accum_sync is not AccumSync.ALWAYS)
     lines = ["def train(model, rank, world_size, composed):"]
     if later:
-        held = ", ".join(f'"{p}": [*model.get_submodule("{p}").parameters()]' for p in later)
-        lines += [f"    later = {{{held}}}  # frozen now, unfrozen later: the optimizer holds them"]
+        held = ", ".join(f'"{p}": [q for n, q in named(model).items() if n.rpartition(".")[0] == "{p}"]' for p in later)
+        lines += ["    # frozen now, unfrozen later: the optimizer holds them", f"    later = {{{held}}}"]
         lines += ["    held = [q for ps in later.values() for q in ps]"]
         lines += ["    params = [p for p in model.parameters() if p.requires_grad or any(p is q for q in held)]"]
     else:
@@ -329,14 +368,25 @@ def _train(case: Case, training: Training, sharded: bool, metamorphic: bool) -> 
                 f"                    p.grad *= {d} / {factor!r}  # documented: the sum over {d} ranks / {factor!r}"
             )
     lines += [
-        "        grads = {n: full(p.grad) for n, p in model.named_parameters()}",
+        "        grads = {n: full(p.grad) for n, p in named(model).items()}",
         "        opt.step()",
         f"        opt.zero_grad(set_to_none={training.set_to_none})",
-        "        seen.append((losses, grads, {n: full(p) for n, p in model.named_parameters()}))",
+        "        seen.append((losses, grads, {n: full(p) for n, p in named(model).items()}))",
         "    return seen",
     ]
     return lines
 
+
+_NAMED_PLAIN = """\
+def named(model):
+    return dict(model.named_parameters())"""
+
+_NAMED_WRAPPED = """\
+def named(model):
+    \"\"\"Every parameter by its plain name (NAMES), read off its module through FSDP1's wrappers,
+    which leave some out of named_parameters() (pytorch/pytorch#85831).\"\"\"
+    modules = {".".join(c for c in n.split(".") if c != "_fsdp_wrapped_module"): m for n, m in model.named_modules()}
+    return {n: getattr(modules[n.rpartition(".")[0]], n.rpartition(".")[2]) for n in NAMES}"""
 
 _FULL_SHARDED = """\
 def full(t):  # gathered where fully_shard shards it
@@ -414,7 +464,11 @@ def print_case(case: Case) -> str:
     comps = [body.composition, *([body.variant] if metamorphic else [])]
     api = {api for comp in comps for api, _ in comp.steps()}
     skips = bool(training.skips)
-    sequential = not skips and not _uses(tree, lambda n: isinstance(n, Block) and (n.scale or n.buffer or n.residual))
+    sequential = (
+        not skips
+        and not any(c.auto_wrap for c in comps)
+        and not _uses(tree, lambda n: isinstance(n, Block) and (n.scale or n.buffer or n.residual))
+    )
     tol = tolerance_for(training.dtype.value)
     imports = [
         "import torch",
@@ -426,6 +480,10 @@ def print_case(case: Case) -> str:
         imports.append(
             f"from torch.distributed._composable import {', '.join(sorted(api & {'checkpoint', 'replicate'}))}"
         )
+    if any(comp.wrapper is not Wrapper.NONE for comp in comps):
+        imports.append("from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy")
+    if any(comp.auto_wrap for comp in comps):
+        imports.append("from torch.distributed.fsdp.wrap import ModuleWrapPolicy")
     if any(comp.mesh for comp in comps):
         imports.append("from torch.distributed.device_mesh import init_device_mesh")
     if "fully_shard" in api:
@@ -445,6 +503,12 @@ def print_case(case: Case) -> str:
     parts.append("\n".join(_compose(body.composition, "compose")))
     if metamorphic:
         parts.append("\n".join(_compose(body.variant, "compose_variant")))
+    wrapped = any(comp.wrapper is not Wrapper.NONE for comp in comps)
+    if wrapped:
+        names = ", ".join(repr(n) for n in _param_names(tree))
+        parts.append(f"NAMES = [{names}]  # the plain model's parameters\n\n\n" + _NAMED_WRAPPED)
+    else:
+        parts.append(_NAMED_PLAIN)
     parts.append(_FULL_SHARDED if "fully_shard" in api else _FULL_PLAIN)
     parts.append("\n".join(_train(case, training, "fully_shard" in api, metamorphic)))
     run = [
@@ -452,7 +516,7 @@ def print_case(case: Case) -> str:
         f"    torch.manual_seed({case.seed})  # every rank builds the same weights",
         "    model = build()",
         "    if compose is not None:",
-        "        compose(model)",
+        "        model = compose(model)",
         f"    return train(model, rank, world_size, composed={'True' if metamorphic else 'compose is not None'})",
     ]
     parts.append("\n".join(run))
