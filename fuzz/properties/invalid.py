@@ -50,7 +50,8 @@ def features(case: Case) -> list[str]:
     body = case.body
     assert isinstance(body, InvalidBody)
     where = "misuse:on-root" if body.path == "" else "misuse:on-submodule"
-    return sorted({f"misuse:{body.misuse.value}", where, *tree_features(body.tree, case.world_size)})
+    tree = sorted(set(tree_features(body.tree, case.world_size)))
+    return [f"misuse:{body.misuse.value}", where, *tree]
 
 
 def _cases(*, world_size: int, **kwargs: Any) -> Any:
