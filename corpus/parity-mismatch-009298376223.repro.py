@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=d9f2fe49f54e84bd sources=160bdd6cfe3e23e0 seconds=20.0
+# shardfuzz reduced reproducer: entry=d9f2fe49f54e84bd sources=160bdd6cfe3e23e0 seconds=43.3
 # Known torch bug: set_gradient_divide_factor(f) on a fully_shard unit whose shard group is one
 # rank, with set_force_sum_reduction_for_comms(True) or a float16 / float64 reduce dtype:
 # gradients are divided by f twice (once where the single-rank branch copies the input, once more
@@ -117,7 +117,8 @@ def main():
     import sys
     import traceback
     if os.environ.get("WORLD_SIZE") != "2":
-        sys.exit("run it with: torchrun --nproc-per-node 2 " + sys.argv[0])  # exit status 2
+        print("run it with: torchrun --nproc-per-node 2 " + sys.argv[0], file=sys.stderr)
+        sys.exit(2)
     dist.init_process_group("gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
     try:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=fa2d3ff0502bcfd3 sources=160bdd6cfe3e23e0 seconds=31.3
+# shardfuzz reduced reproducer: entry=fa2d3ff0502bcfd3 sources=160bdd6cfe3e23e0 seconds=42.0
 # Known torch bug: FSDP1 NO_SHARD, a unit all frozen at wrapping: a leaf unfrozen later never
 # trains; upstream: https://github.com/pytorch/pytorch/issues/85831.
 # Trains the composed model and, as the reference, the same plain model on the same data with its
@@ -141,7 +141,8 @@ def main():
     import sys
     import traceback
     if os.environ.get("WORLD_SIZE") != "2":
-        sys.exit("run it with: torchrun --nproc-per-node 2 " + sys.argv[0])  # exit status 2
+        print("run it with: torchrun --nproc-per-node 2 " + sys.argv[0], file=sys.stderr)
+        sys.exit(2)
     dist.init_process_group("gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
     try:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=f1aad34c9feef555 sources=160bdd6cfe3e23e0 seconds=20.2
+# shardfuzz reduced reproducer: entry=f1aad34c9feef555 sources=160bdd6cfe3e23e0 seconds=26.5
 # Known torch bug: a frozen fully_shard unit without resharding under a replicate'd root is never
 # resharded: a leaf unfrozen later never trains (KeyError in get_optimizer_state_dict); upstream:
 # none found.
@@ -113,7 +113,8 @@ def main():
     import sys
     import traceback
     if os.environ.get("WORLD_SIZE") != "2":
-        sys.exit("run it with: torchrun --nproc-per-node 2 " + sys.argv[0])  # exit status 2
+        print("run it with: torchrun --nproc-per-node 2 " + sys.argv[0], file=sys.stderr)
+        sys.exit(2)
     dist.init_process_group("gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
     try:

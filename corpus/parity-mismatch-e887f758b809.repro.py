@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=f0abe9d427fc1f83 sources=160bdd6cfe3e23e0 seconds=26.7
+# shardfuzz reduced reproducer: entry=f0abe9d427fc1f83 sources=160bdd6cfe3e23e0 seconds=32.0
 # Known torch bug: a frozen fully_shard unit with an int reshard_after_forward under a replicate'd
 # root stays in its post-forward state; upstream: none found.
 # Trains the composed model and, as the reference, the same plain model on the same data with its
@@ -128,7 +128,8 @@ def main():
     import sys
     import traceback
     if os.environ.get("WORLD_SIZE") != "4":
-        sys.exit("run it with: torchrun --nproc-per-node 4 " + sys.argv[0])  # exit status 2
+        print("run it with: torchrun --nproc-per-node 4 " + sys.argv[0], file=sys.stderr)
+        sys.exit(2)
     dist.init_process_group("gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
     try:

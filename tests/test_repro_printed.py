@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -160,3 +161,12 @@ def test_stored_printed_scripts_are_current_clean_and_compute_what_they_compare(
     lint = [sys.executable, "-m", "ruff", "check", "--no-cache", "--select", "F,E,B,SIM", *map(str, stored)]
     done = subprocess.run(lint, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout
+
+
+def test_a_printed_script_outside_torchrun_exits_2_with_one_line(tmp_path: Path) -> None:
+    entry = load_entry(ROOT / "corpus" / "parity-mismatch-009298376223.json")
+    script = tmp_path / "repro.py"
+    script.write_text(print_case(entry.case))
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK")}
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.strip() == f"run it with: torchrun --nproc-per-node 2 {script}"

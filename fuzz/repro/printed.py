@@ -430,7 +430,8 @@ def main():
     import sys
     import traceback
     if os.environ.get("WORLD_SIZE") != "{world_size}":
-        sys.exit("run it with: torchrun --nproc-per-node {world_size} " + sys.argv[0])  # exit status 2
+        print("run it with: torchrun --nproc-per-node {world_size} " + sys.argv[0], file=sys.stderr)
+        sys.exit(2)
     dist.init_process_group("gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
     try:

@@ -110,7 +110,12 @@ def carried_modules(roots: list[str]) -> dict[str, str]:
 
 
 def roots_for(prop: Property, program: str) -> list[str]:
-    return [*ENTRY_POINTS, program.split(":")[0], prop.judge.__module__]
+    """The modules a script runs: :data:`ENTRY_POINTS`, the body's program, the judge's module,
+    and the modules of the case's bodies, which the decoder imports by name
+    (:data:`fuzz.model.case.BODY_MODULES`)."""
+    from fuzz.model.case import BODY_MODULES
+
+    return [*ENTRY_POINTS, program.split(":")[0], prop.judge.__module__, *BODY_MODULES]
 
 
 def literal(text: str) -> str:
