@@ -404,14 +404,8 @@ def _rare_delay_not_float32(draw: st.DrawFn, training: Training, comp: Compositi
 
 
 def _maybe_meta_init(draw: st.DrawFn, comp: Composition, tree: ModuleTree) -> Composition:
-    """About one in three fully_shard / checkpoint compositions starts from the meta device (not
-    a tree with tied weights, which ``to_empty`` unties: fuzz.model.rules)."""
-    if (
-        comp.wrapper is Wrapper.NONE
-        and not comp.replicates
-        and tree.tied is None
-        and draw(st.sampled_from((False, True, False)))
-    ):
+    """About one in three fully_shard / checkpoint compositions starts from the meta device."""
+    if comp.wrapper is Wrapper.NONE and not comp.replicates and draw(st.sampled_from((False, True, False))):
         return replace(comp, meta_init=True)
     return comp
 
@@ -540,7 +534,7 @@ def metamorphic_variants(
         return replace(comp, shards=tuple(replace(s, offload=on) for s in comp.shards))
     if change == "find_unused" and comp.replicates:
         return replace(comp, find_unused=not comp.find_unused)
-    if change == "meta_init" and not comp.replicates and tree.tied is None:
+    if change == "meta_init" and not comp.replicates:
         return replace(comp, meta_init=not comp.meta_init)
     if change == "checkpoint":
         if comp.checkpoints:

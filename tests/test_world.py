@@ -129,8 +129,6 @@ def test_a_tied_pair_split_over_two_units_is_refused_with_the_documented_reason(
         ParityBody(tree=tree, composition=split)
     with pytest.raises(CaseError, match="two units"):
         ParityBody(tree=tree, composition=Composition(shards=(ShardSpec(path=""),), replicates=("4",)))
-    with pytest.raises(CaseError, match="unties"):
-        ParityBody(tree=tree, composition=Composition(shards=(ShardSpec(path=""),), meta_init=True))
     # one unit for both: valid, grouped or under the root; and the wrappers take the whole model
     ParityBody(tree=tree, composition=Composition(shards=(ShardSpec(path="0", group=("4",)), ShardSpec(path=""))))
     ParityBody(tree=tree, composition=Composition(shards=(ShardSpec(path="1"), ShardSpec(path=""))))
@@ -363,6 +361,16 @@ _REPEATED = ModuleTree(
 )
 _CASES = [
     ("parity", ParityBody(tree=_lm(), composition=Composition(shards=(ShardSpec(path=""),)))),
+    (
+        "parity",  # meta-device init keeps the tie: the unit sets the shared Parameter on both modules
+        ParityBody(
+            tree=_lm(),
+            composition=Composition(
+                shards=(ShardSpec(path="0", group=("4",)), ShardSpec(path="1"), ShardSpec(path="")), meta_init=True
+            ),
+            training=Training(steps=2),
+        ),
+    ),
     (
         "parity",
         ParityBody(

@@ -118,9 +118,9 @@ def _check_tied(tree: ModuleTree, comp: Composition, where: str) -> None:
     FSDPState._validate_no_duplicate_params; the ``invalid`` property's tied_across_units), and
     the same Parameter under fully_shard in one place and replicate in the other is a DTensor
     and a plain tensor at once. Neither may be ignored by a unit (ignored_params,
-    ignored_modules): the other's unit would still manage it. Meta-device init is not drawn with
-    tying: ``to_empty`` materializes each module's parameters on its own, which unties them
-    (users tie again after it), and the suite copies values in without re-tying."""
+    ignored_modules): the other's unit would still manage it. Meta-device init keeps the tie:
+    the unit manages the shared Parameter once and sets it on both modules (a plain module's
+    ``to_empty`` would untie them)."""
     tied = tree.tied
     if tied is None or comp.wrapper is not Wrapper.NONE:
         return  # DDP and FSDP1 wrap both in the root's unit (auto-wrapping takes blocks only)
@@ -137,8 +137,6 @@ def _check_tied(tree: ModuleTree, comp: Composition, where: str) -> None:
             f"the tied embedding {embedding!r} and head {head!r} are managed by two units "
             f"({', '.join(repr(u and u.members) for u in covering)}): fully_shard([embedding, head]) or neither",
         )
-    if comp.meta_init:
-        raise CaseError(f"{where}.meta_init", "meta-device init unties the tied embedding and head (to_empty)")
 
 
 def _trainable_params(node: Node) -> bool:
