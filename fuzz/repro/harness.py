@@ -414,17 +414,6 @@ def exception_rule(entry: Entry, signature: str) -> tuple[list[str], str | None,
     return expected, entered, shape
 
 
-def _expected_found(entry: Entry, signature: str) -> list[str]:
-    """What a plain exception script's ``main`` takes as the entry's exception: ``type@frame``
-    of each of its signatures (the signature's rule; the reducer applies the whole of
-    :func:`exception_rule` from outside)."""
-    return _expected_exceptions(_signatures(entry, signature))
-
-
-def _indent(text: str, by: str) -> str:
-    return textwrap.indent(text, by, lambda line: bool(line.strip()))
-
-
 def main_of(entry: Entry, signature: str, plain: bool = False) -> str:
     """The harness of a script: :func:`fuzz.signature.torch_frame` as the script carries it, and
     ``main`` (the ``__main__`` block of an exception's ``plain`` form), which runs ``attempt`` on
