@@ -196,7 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         metavar="DIR",
-        help="render every entry of a corpus directory and print the figures (rendered, code lines)",
+        help="render every entry of a corpus directory and print the figures (rendered, code lines); "
+        "exits 2 naming unreadable entries after the rest",
     )
     rr.add_argument(
         "--run", action="store_true", help="with --all: run each script under torchrun, print exit statuses"
@@ -724,8 +725,18 @@ def _repro(args: argparse.Namespace) -> int:
         # The reduced script kept beside the entry is what a reader wants; the unreduced one
         # (every carried module) only where none is kept, or with --full.
         kept = None if args.full else stored_script(args.entry, entry)
+        if kept is None and not args.full:
+            from fuzz.repro.printed import comments, print_case, printable
+
+            if printable(entry):  # a parity/metamorphic mismatch: printed from its case
+                kept = "\n".join(["#!/usr/bin/env python3", *comments(entry)]) + "\n\n" + print_case(entry.case)
         script = kept if kept is not None else render_entry(entry, source=str(args.entry))
-    which = "reduced, kept beside the entry" if header_fields(script) else "unreduced"
+    from fuzz.repro.printed import is_printed
+
+    if is_printed(script):
+        which = "printed from the case"
+    else:
+        which = "reduced, kept beside the entry" if header_fields(script) else "unreduced"
     which = f"{which}; {code_lines(script)} code lines"
     if args.issue:
         from fuzz.repro.issue import render_issue
