@@ -361,7 +361,7 @@ def build_composed(
 
 
 def _with_knobs(model: nn.Module, composed: Composed, comp: Composition, tree: ModuleTree) -> Composed:
-    if comp.knobs.is_set:
+    if KnobState.wanted(comp):
         composed.knobs = KnobState(model, comp, tree, composed.fsdp_roots)
     return composed
 
