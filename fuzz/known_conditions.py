@@ -95,6 +95,35 @@ def unfrozen_unresharded_unit(tree: ModuleTree, comp: Composition, training: Tra
     return any(p in unfrozen for p in unresharded_frozen(tree, comp))
 
 
+def frozen_unit_run_twice_checkpointed(tree: ModuleTree, comp: Composition) -> bool:
+    """:data:`FROZEN_UNIT_RECOMPUTED_UNRESHARDED`: a composable fully_shard unit that manages only
+    frozen parameters runs more than once in one forward (a block with ``repeat`` at or above it)
+    and lies at or under a checkpointed module. FSDP2 leaves such a unit unsharded after
+    backward although reshard_after_backward is True (docs/known_bugs.md)."""
+    if comp.wrapper is not Wrapper.NONE or not comp.checkpoints:
+        return False
+    layout = Layout(tree, comp)
+    twice = {p for p in layout.paths if _runs_twice(layout, p)}
+    for unit in layout.units:
+        if unit.api != "fully_shard" or not layout.frozen_only(unit):
+            continue
+        for member in unit.members:
+            if member in twice and any(contains(ck, member) for ck in comp.checkpoints):
+                return True
+    return False
+
+
+def _runs_twice(layout: Layout, path: str) -> bool:
+    """Whether the module at ``path`` runs more than once in one forward: a block above it
+    (its parent or further up) calls each child twice (``Block.repeat``)."""
+    parts = path.split(".") if path else []
+    for i in range(len(parts)):
+        parent = layout.paths.get(".".join(parts[:i]))
+        if isinstance(parent, Block) and parent.repeat:
+            return True
+    return False
+
+
 def unresharded_frozen(tree: ModuleTree, comp: Composition) -> list[str]:
     """The modules whose parameters :data:`UNFROZEN_UNRESHARDED` leaves unsharded after backward:
     those of a fully_shard unit with reshard_after_forward not True inside an outermost unit

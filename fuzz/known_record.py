@@ -207,7 +207,9 @@ class KnownBug:
     id: str
     title: str
     #: What the bug shows as: "mismatch" (wrong values, ranks alive), "exception", "crash",
-    #: "hang". A mismatch met in a case that meets the bug's condition is this bug whatever
+    #: "hang", "contract" (a documented state violated, no value wrong: its entries match by
+    #: signature, in cases that meet its condition). A mismatch met in a case that meets the
+    #: bug's condition is this bug whatever
     #: property, layout or check it shows through (:func:`fuzz.known.explains`).
     symptoms: frozenset[str] = frozenset({"exception"})
     upstream: str = NONE_FOUND
