@@ -6,6 +6,7 @@ messages for the judge (``contracts["knobs"]``); numerics are judged by the prop
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -74,6 +75,16 @@ def by_root(comp: Composition) -> list[list[ShardSpec]]:
     ]
 
 
+def call_knob_methods(module: nn.Module, knobs: Knobs, on: str) -> None:
+    """On ``module``, a fully_shard unit (``on="unit"``) or an FSDP root (``on="root"``), call the
+    FSDPModule method of every knob set whose field metadata says the knob is that method
+    called with its value there (``"on"``; the method is the first of ``"torch"``)."""
+    for f in dataclasses.fields(knobs):
+        value = getattr(knobs, f.name)
+        if f.metadata.get("on") == on and value != f.default:
+            getattr(module, f.metadata["torch"][0])(value)
+
+
 class KnobState:
     """The knobs of one composed model: applied at construction, then driven by the training
     loop (:meth:`before_microbatch`), with the contract violations seen (:attr:`problems`).
@@ -109,24 +120,11 @@ class KnobState:
             module = model.get_submodule(spec.path)
             if k.all_reduce_hook_scale is not None:
                 module.set_all_reduce_hook(self._hook(spec, k.all_reduce_hook_scale))  # type: ignore[operator]
-            if k.force_sum_reduction:
-                module.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]
-            if k.gradient_divide_factor is not None:
-                module.set_gradient_divide_factor(k.gradient_divide_factor)  # type: ignore[operator]
-            if k.pg_allocator:
-                module.set_allocate_memory_from_process_group_for_comm(True)  # type: ignore[operator]
+            call_knob_methods(module, k, "unit")
             if k.custom_all_gather or k.custom_reduce_scatter:
                 self._custom_comms(spec, module)
-        if k.late_reshard_after_forward is not None:
-            for root in roots:
-                root.set_reshard_after_forward(k.late_reshard_after_forward)  # type: ignore[operator]
         for root in roots:
-            if k.rs_max_buffers:
-                root.set_reduce_scatter_max_input_buffers(k.rs_max_buffers)  # type: ignore[operator]
-            if k.reduce_scatter_unused:
-                root.set_reduce_scatter_unused_params(True)  # type: ignore[operator]
-            if k.separate_rs_group:
-                root.set_separate_reduce_scatter_group(True)  # type: ignore[operator]
+            call_knob_methods(root, k, "root")
         if k.no_unshard_in_backward:
             for path in Layout(tree, comp).unneeded_in_backward():
                 module = model.get_submodule(path)

@@ -177,6 +177,10 @@ class OrderRecorder:
                 continue
             if self._held(target) or not self.memory.ran_whole(target):
                 continue
+            if not any(p.requires_grad for p in self.model.get_submodule(target).parameters()):
+                # A unit of frozen parameters only: not triaged (docs/contracts.md, "Narrowed"):
+                # found sharded, never all-gathered, at the prefetching unit's reduce-scatter.
+                continue
             self.problems.append(
                 f"set_modules_to_backward_prefetch on {name(path)}: {name(target)} not all-gathered before "
                 f"{name(path)}'s reduce-scatter"
