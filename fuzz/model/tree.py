@@ -237,6 +237,11 @@ def is_classic(tree: ModuleTree) -> bool:
     )
 
 
+def has_repeat(tree: ModuleTree) -> bool:
+    """True if a block of ``tree`` runs its children twice (modules called twice in a forward)."""
+    return any(isinstance(n, Block) and n.repeat for _, n in iter_paths(tree.root))
+
+
 def tree_depth(node: Node) -> int:
     if isinstance(node, Leaf):
         return 0

@@ -32,6 +32,7 @@ from fuzz.model import (
     Unit,
     Wrapper,
     has_params,
+    has_repeat,
     mixed_precision_comparable,
     param_names,
 )
@@ -478,7 +479,11 @@ def features(case: Case) -> list[str]:
     if isinstance(body, ParityBody):
         comp = composition_features(body.composition, case.world_size)
         training = training_features(body.training) + schedule_features(body.tree, body.training)
-        if body.composition.uniform_precision() is not None and mixed_precision_comparable(body.training):
+        if (
+            body.composition.uniform_precision() is not None
+            and mixed_precision_comparable(body.training)
+            and not has_repeat(body.tree)  # fuzz._rank.parity.run_parity: not compared yet
+        ):
             training.append("mp:numerics")  # compared with the hand-cast reference
             if body.training.grad_accum > 1 and body.training.accum_sync is AccumSync.NO_GRAD_SYNC:
                 training.append("mp:numerics:unreduced_accumulation")
