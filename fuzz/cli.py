@@ -254,6 +254,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="the API-surface table, read from the installed torch: each item drawn (with its count) or why not",
     )
     cv.add_argument(
+        "--checklist",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="AREA",
+        help="the feature checklist (fuzz.coverage) with each item's count per property, from --report's "
+        "summary.json; only AREA's items (e.g. models) where given",
+    )
+    cv.add_argument(
         "--report",
         type=Path,
         default=None,
@@ -788,6 +797,8 @@ def _coverage(args: argparse.Namespace) -> int:
 
     if args.api and args.torch is not None:
         raise ShardfuzzError("--api and --torch measure different things; name one")
+    if args.checklist is not None:
+        return _coverage_checklist(args)
     if args.torch is not None:
         return _coverage_torch(args)
     if args.corpus is not None:
@@ -811,6 +822,29 @@ def _coverage(args: argparse.Namespace) -> int:
         raw = summary.get("features") if isinstance(summary, dict) else None
         features = raw if isinstance(raw, dict) else {}
     sys.stdout.write(format_table(api_coverage(features)))
+    return EXIT_OK
+
+
+def _coverage_checklist(args: argparse.Namespace) -> int:
+    """The checklist's rows (of one area where given) with their counts per property."""
+    import json
+
+    from fuzz.coverage import AREAS, coverage_per_property, format_per_property
+
+    area = args.checklist or None
+    if area is not None and area not in AREAS:
+        raise ShardfuzzError(f"--checklist {area}: not an area of the checklist ({', '.join(AREAS)})")
+    if args.report is None:
+        raise ShardfuzzError("--checklist reads a campaign's counts: give --report DIR")
+    path = args.report / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except OSError as e:
+        raise ShardfuzzError(f"--report {args.report}: cannot read {path}: {e.strerror or e}") from None
+    except ValueError as e:
+        raise ShardfuzzError(f"--report {args.report}: {path} is not JSON: {e}") from None
+    per = summary.get("features_per_property") if isinstance(summary, dict) else None
+    sys.stdout.write(format_per_property(coverage_per_property(per if isinstance(per, dict) else {}, area)))
     return EXIT_OK
 
 

@@ -3,6 +3,7 @@ which options, on which mesh; or a whole-model wrapper (DDP, FSDP1)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import replace
 
 from hypothesis import strategies as st
@@ -328,6 +329,13 @@ def tensor_parallel(draw: st.DrawFn, tree: ModuleTree, *, world_size: int, check
 KNOB_ODDS = 3
 
 
+def _knob_in_torch(name: str) -> bool:
+    """Whether the installed torch has every FSDPModule method the knob ``name`` calls (the
+    field metadata "torch" of :class:`fuzz.model.Knobs`)."""
+    methods = next(f.metadata["torch"] for f in dataclasses.fields(Knobs) if f.name == name)
+    return all(_fsdp_has(m) for m in methods)
+
+
 def _fsdp_has(method: str) -> bool:
     """Whether the installed torch's FSDPModule has ``method`` (False without torch)."""
     try:
@@ -369,28 +377,28 @@ def fsdp_knobs(
         "" in comp.sharded_paths
         and not comp.replicates
         and not fields["explicit_unshard"]
-        and _fsdp_has("reset_iter_state")
+        and _knob_in_torch("abort_and_reset")
     ):
         fields["abort_and_reset"] = draw(st.sampled_from([False, False, True]))
-    if _fsdp_has("set_custom_all_gather"):
+    if _knob_in_torch("custom_all_gather"):
         fields["custom_all_gather"] = draw(st.sampled_from([False, False, True]))
         fields["custom_reduce_scatter"] = draw(st.sampled_from([False, False, True]))
-    if _fsdp_has("set_separate_reduce_scatter_group"):
+    if _knob_in_torch("separate_rs_group"):
         # rare: each call makes a process group
         fields["separate_rs_group"] = draw(st.sampled_from([False, False, False, True]))
     custom = fields.get("custom_all_gather") or fields.get("custom_reduce_scatter")
-    if _fsdp_has("set_allocate_memory_from_process_group_for_comm") and not custom:
+    if _knob_in_torch("pg_allocator") and not custom:
         fields["pg_allocator"] = draw(st.sampled_from([False, False, True]))
-    if _fsdp_has("set_reduce_scatter_max_input_buffers"):
+    if _knob_in_torch("rs_max_buffers"):
         fields["rs_max_buffers"] = draw(st.sampled_from([0, 0, 1, 2, 3]))
-    if _fsdp_has("set_reduce_scatter_unused_params"):
+    if _knob_in_torch("reduce_scatter_unused"):
         # dropped again where the training skips modules (fuzz.model.rules.check_training)
         fields["reduce_scatter_unused"] = draw(st.sampled_from([False, False, True]))
     repeats = tree is not None and any(isinstance(n, Block) and n.repeat for n in tree.paths().values())
     if (
         tree is not None
         and not repeats  # fuzz.model.rules: not with modules called twice
-        and _fsdp_has("set_unshard_in_backward")
+        and _knob_in_torch("no_unshard_in_backward")
         and Layout(tree, comp).unneeded_in_backward()
     ):
         fields["no_unshard_in_backward"] = draw(st.booleans())

@@ -28,7 +28,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 from fuzz._rank.compose import (
@@ -41,7 +40,7 @@ from fuzz._rank.compose import (
     spmd_replicated,
 )
 from fuzz._rank.context import RankContext
-from fuzz._rank.models import build_model, fuse, leaf_parameters
+from fuzz._rank.models import build_model, fuse, leaf_parameters, loss_of, sample_batch
 from fuzz._rank.parity import batches, make_optimizer
 from fuzz.model import (
     DEFAULT_FQN_MODIFIERS,
@@ -191,7 +190,7 @@ def seed_segment(case: Case, ctx: RankContext, segment: int) -> None:
 
 def all_batches(case: Case, training: Training, steps: int, tree: ModuleTree, ctx: RankContext) -> list[Any]:
     """This rank's (input, target) for ``steps`` steps: the parity programs' data."""
-    return [step[0] for step in batches(case, replace(training, steps=steps), tree.width, ctx)]
+    return [step[0] for step in batches(case, replace(training, steps=steps), tree, ctx)]
 
 
 def train_steps(side: Side, data: list[Any], ctx: RankContext) -> list[float]:
@@ -205,7 +204,7 @@ def train_steps(side: Side, data: list[Any], ctx: RankContext) -> list[float]:
         if mesh is not None:
             loss = spmd_backward(side.model(spmd_part(x, mesh)), y, mesh, side.composed.spmd_mse_loss)
         else:
-            loss = F.mse_loss(side.model(x).to(y.dtype), y)
+            loss = loss_of(side.model(x), y, TORCH_DTYPES[side.training.dtype])
             loss.backward()
         if side.plain:
             for p in side.model.parameters():
@@ -295,7 +294,7 @@ def observe_state_dict_optimizer(osd: dict[str, Any]) -> dict[str, dict[str, lis
 def probe(side: Side, case: Case, tree: ModuleTree, ctx: RankContext) -> list[float]:
     """The model's output on a fixed input (a forward on every rank)."""
     gen = torch.Generator().manual_seed(case.seed + 1)
-    x = torch.randn(PROBE_ROWS, tree.width, generator=gen, dtype=TORCH_DTYPES[side.training.dtype]).to(ctx.device)
+    x = sample_batch(tree, PROBE_ROWS, gen, TORCH_DTYPES[side.training.dtype])[0].to(ctx.device)
     seed_segment(case, ctx, 99)
     if side.composed.spmd_mesh is not None:
         x = spmd_replicated(x, side.composed.spmd_mesh)

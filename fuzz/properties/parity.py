@@ -338,12 +338,8 @@ def judge_metamorphic(case: Case, outcome: Outcome) -> Failure | None:
     # The base composition is always composable (fully_shard / replicate); the variant is what
     # changed, so the mismatch is charged to it.
     api = api_of(body.variant, body.tree, body.training, case.world_size)
-    for bug, met in (
-        (known.FROZEN_INT_RESHARD, known.frozen_int_reshard_unit(body.tree, body.composition)),
-        (known.UNFROZEN_UNRESHARDED, known.unfrozen_unresharded_unit(body.tree, body.composition, body.training)),
-    ):
-        if met and bug.tag not in api:
-            api += bug.tag
+    # bugs met through the base composition tag the variant's mismatch too (KnownBug.tags_through_base)
+    api += known.base_tags(body.composition, body.tree, body.training, case.world_size, api)
     return check_knobs(case.property, outcome.observations) or compare_runs(
         case.property, outcome.observations, _tolerance(body.training), api
     )
