@@ -177,9 +177,11 @@ class OrderRecorder:
                 continue
             if self._held(target) or not self.memory.ran_whole(target):
                 continue
-            if not any(p.requires_grad for p in self.model.get_submodule(target).parameters()):
-                # A unit of frozen parameters only: not triaged (docs/contracts.md, "Narrowed"):
-                # found sharded, never all-gathered, at the prefetching unit's reduce-scatter.
+            target_spec = next(s for s in self.comp.shards if s.path == target)
+            if self.comp.reshard_after_forward(target_spec) is False:
+                # Not resharded after forward, a target needs no all-gather in backward; found
+                # sharded and never all-gathered there anyway, it is not triaged yet
+                # (docs/contracts.md, "Narrowed").
                 continue
             self.problems.append(
                 f"set_modules_to_backward_prefetch on {name(path)}: {name(target)} not all-gathered before "
