@@ -143,7 +143,7 @@ def run_pools(args: argparse.Namespace, seed: int, properties: list[str]) -> int
         return EXIT_USAGE
     cases = int(summary.get("cases", 0))
     if cases == 0 and not interrupted:
-        print(f"explore: error: no case ran within --budget {args.budget:.0f}s in any pool", file=sys.stderr)
+        print(f"explore: error: no case ran within --budget {args.budget:g}s in any pool", file=sys.stderr)
     new = EXIT_FAILED in codes or any(not f["known"] for f in summary["failures"])
     return campaign_exit(new_failures=new, cases=cases, interrupted=interrupted)
 
