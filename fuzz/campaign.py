@@ -35,6 +35,7 @@ from typing import Any
 
 from fuzz.exitcodes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NO_CASES, EXIT_OK, EXIT_USAGE, campaign_exit
 from fuzz.report import save_report
+from fuzz.stop import stop_signal
 
 #: Seconds between the pools' report rewrites, which the combined progress line reads.
 POOL_REPORT_EVERY_S = 2.0
@@ -68,7 +69,7 @@ def run_pools(args: argparse.Namespace, seed: int, properties: list[str]) -> int
     )
     started = started_at
     status = StatusLine(every_tty=1.0)
-    interrupted = False
+    interrupted = by_ctrl_c = False
     try:
         for i, d in enumerate(dirs):
             d.mkdir(parents=True, exist_ok=True)
@@ -100,6 +101,8 @@ def run_pools(args: argparse.Namespace, seed: int, properties: list[str]) -> int
             status.show(lambda width: _line(merge(_read(dirs), seconds=time.monotonic() - started), args.pools, width))
     except KeyboardInterrupt:
         interrupted = True
+        # Ctrl-C exits 130; SIGTERM (a scheduler) ends the campaign as its budget would (fuzz.exitcodes)
+        by_ctrl_c = stop_signal() in (None, signal.SIGINT)
         for p in procs:
             with contextlib.suppress(ProcessLookupError):
                 p.send_signal(signal.SIGTERM)
@@ -145,7 +148,7 @@ def run_pools(args: argparse.Namespace, seed: int, properties: list[str]) -> int
     if cases == 0 and not interrupted:
         print(f"explore: error: no case ran within --budget {args.budget:g}s in any pool", file=sys.stderr)
     new = EXIT_FAILED in codes or any(not f["known"] for f in summary["failures"])
-    return campaign_exit(new_failures=new, cases=cases, interrupted=interrupted)
+    return campaign_exit(new_failures=new, cases=cases, interrupted=by_ctrl_c)
 
 
 def _child_argv(

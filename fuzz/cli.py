@@ -480,10 +480,11 @@ def _repro(args: argparse.Namespace) -> int:
         script = kept if kept is not None else render_entry(entry, source=str(args.entry))
     from fuzz.repro.printed import is_printed
 
-    if is_printed(script):
-        which = "printed from the case"
+    if header_fields(script):  # a script stored beside the entry
+        which = "printed from the case" if is_printed(script) else "reduced"
+        which += ", kept beside the entry"
     else:
-        which = "reduced, kept beside the entry" if header_fields(script) else "unreduced"
+        which = "printed from the case" if is_printed(script) else "unreduced"
     which = f"{which}; {code_lines(script)} code lines"
     if args.issue:
         from fuzz.repro.issue import render_issue

@@ -293,7 +293,7 @@ def state_dict_cases(
     (``accelerator`` changes nothing here: CPU offload is the training properties')."""
     check_world_size(world_size)
     check_bounds("max_steps", max_steps, "max_steps", max_steps, floor=1, ceiling=16)
-    tree = draw(module_trees(max_depth=max_depth, extended=True, tying=False, non_persistent=False))
+    tree = draw(module_trees(max_depth=max_depth))
     if draw(st.sampled_from(["layouts", "layouts", "layouts", "layouts", "fsdp1"])) == "fsdp1":
         return _fsdp1_state_dict_case(draw, tree, world_size, max_steps)
     # get/set_*_state_dict take FSDP1 models too: FSDP1 on either side, or both.
@@ -467,7 +467,7 @@ def dcp_cases(
     checkpoints of a plain model saved and loaded with no_dist."""
     check_world_size(world_size)
     check_bounds("max_steps", max_steps, "max_steps", max_steps, floor=1, ceiling=16)
-    tree = draw(module_trees(max_depth=max_depth, extended=True, tying=False, non_persistent=False))
+    tree = draw(module_trees(max_depth=max_depth))
     kind = draw(st.sampled_from(["layouts", "layouts", "layouts", "fsdp1", "fsdp1", "no_dist"]))
     fsdp1, no_dist = kind == "fsdp1", kind == "no_dist"
     # How an FSDP1 side's state moves: the classic recipe (FSDP1 on both sides), or through

@@ -258,7 +258,7 @@ def test_drawn_patterns_match_emitted_features(monkeypatch: pytest.MonkeyPatch) 
         _search(get_property("dcp"), dcp_missing, seen, 3000)
     for name in ("parity", "metamorphic"):
         if missing():
-            _search(get_property(name), missing(), seen, 2000)
+            _search(get_property(name), missing(), seen, 4000)
     assert missing() == {}
 
 

@@ -399,7 +399,7 @@ def test_repro_writes_the_kept_reduced_script_and_full_the_unreduced_one(tmp_pat
     result = run_cli("repro", str(path), "-o", str(out))
     assert result.returncode == 0, result.stderr
     assert out.read_text() == stored_path(path).read_text()
-    assert "(reduced, kept beside the entry;" in result.stderr
+    assert ", kept beside the entry;" in result.stderr
     result = run_cli("repro", str(path), "--full", "-o", str(out))
     assert result.returncode == 0, result.stderr
     assert out.read_text() == render_entry(entry, source=str(path))

@@ -113,6 +113,7 @@ from fuzz.model.tree import (
     owns_params,
     param_names,
     tree_depth,
+    tree_features,
 )
 
 __all__ = [
@@ -213,4 +214,5 @@ __all__ = [
     "trainable_at",
     "trained_then_frozen",
     "tree_depth",
+    "tree_features",
 ]

@@ -5,9 +5,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from fuzz.model import Case, InvalidBody, Misuse
+from fuzz.model import Case, InvalidBody, Misuse, tree_features
 from fuzz.properties import Property, register
-from fuzz.properties.parity import tree_features
 from fuzz.signature import Failure, failure_from_outcome
 from fuzz.verdict import Outcome
 

@@ -19,12 +19,10 @@ from typing import Any
 from fuzz import known
 from fuzz.model import (
     AccumSync,
-    Block,
     Case,
     Compile,
     Composition,
     Layout,
-    Leaf,
     MetamorphicBody,
     ModuleTree,
     ParityBody,
@@ -35,6 +33,7 @@ from fuzz.model import (
     has_repeat,
     mixed_precision_comparable,
     param_names,
+    tree_features,
 )
 from fuzz.properties import Property, register, strategy
 from fuzz.signature import Failure, Signature, failure_from_outcome
@@ -392,42 +391,6 @@ def composition_features(comp: Composition, world_size: int, prefix: str = "") -
         out.append(f"{prefix}loss:F.mse_loss(DTensor)")
     out += [f"{prefix}knob:{name}" for name in comp.knobs.names()]
     out.append(f"{prefix}fully_shard:count:{min(len(comp.shards), 4)}")
-    return out
-
-
-def tree_features(tree: ModuleTree, world_size: int) -> list[str]:
-    """What the tree is made of: its leaves (``leaf:<kind>``, with ``:no-bias``, conv1d's
-    ``:kernel>1``, attention's ``:causal``, an embedding's ``:padding_idx``, a head's ``:tied``),
-    its blocks' own parameters and buffers, its shards' evenness, and the model's shape
-    (``model:sequence``, ``model:tokens``, ``loss:cross_entropy``)."""
-    out = ["shards:uneven" if tree.width % world_size else "shards:even"]
-    if tree.width < world_size:
-        out.append("shards:empty")
-    if tree.seq:
-        out.append("model:sequence")
-    if tree.vocab:
-        out.append("model:tokens")
-    if tree.head is not None:
-        out.append("loss:cross_entropy")  # else MSE, the loss of every tree of the first kind
-    for node in tree.paths().values():
-        if isinstance(node, Leaf):
-            out.append(f"leaf:{node.kind.value}" + ("" if node.bias else ":no-bias"))
-            for flag, name in ((node.kernel > 1, "kernel>1"), (node.causal, "causal"), (node.padding, "padding_idx")):
-                if flag:
-                    out.append(f"leaf:{node.kind.value}:{name}")
-            if node.tied:
-                out.append("param:tied")
-            if node.frozen:
-                out.append("param:frozen")
-        elif isinstance(node, Block):
-            if node.residual:
-                out.append("block:residual")
-            if node.scale:
-                out.append("block:own-param")
-            if node.buffer:
-                out.append("block:buffer" if node.persistent else "block:buffer:non-persistent")
-            if node.repeat:
-                out.append("model:shared:called-twice")
     return out
 
 
