@@ -405,13 +405,15 @@ def bench_startup(
     the end of its first case (``first_case_s`` in its summary.json), the ranks' start-up
     included. Cold: Python finds no compiled ``.pyc`` of anything (torch's, Hypothesis's, the
     suite's), as in a fresh virtual environment (``PYTHONPYCACHEPREFIX`` set to an empty
-    directory); warm: the same command again, the ``.pyc`` files written by the cold run found.
+    directory); warm: the same command as a second run in the installed environment finds it
+    (its ``__pycache__`` directories, no prefix).
     Prints every run and the medians; returns the medians ({"cold": s, "warm": s})."""
     figures: dict[str, list[float]] = {"cold": [], "warm": []}
     for i in range(runs):
         with tempfile.TemporaryDirectory(prefix="shardfuzz-startup-") as tmp:
-            env = {**os.environ, "PYTHONPYCACHEPREFIX": os.path.join(tmp, "pyc")}
-            for kind in ("cold", "warm"):
+            cold = {**os.environ, "PYTHONPYCACHEPREFIX": os.path.join(tmp, "pyc")}
+            warm = {k: v for k, v in os.environ.items() if k != "PYTHONPYCACHEPREFIX"}
+            for kind, env in (("cold", cold), ("warm", warm)):
                 report = os.path.join(tmp, f"report-{kind}")
                 argv = [sys.executable, "-m", "fuzz", *_STARTUP_ARGS, "--backend", backend]
                 argv += ["--world-size", str(world_size), "--corpus", os.path.join(tmp, "corpus"), "--report", report]
