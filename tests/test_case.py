@@ -434,3 +434,16 @@ def test_children_not_a_list() -> None:
     err = _decode_error(data)
     assert err.path == "case.body.tree.root.children"
     assert "list" in str(err)
+
+
+def test_clipping_is_not_drawn_beside_replicates_ignored_modules() -> None:
+    """Their rank-local gradients make clip_grad_norm_'s coefficient differ per rank, so the
+    replicated parameters' replicas diverge by design (a 60 s campaign met it as a replicas
+    mismatch that passes without clipping): the case is refused, naming why."""
+    from fuzz.model import Block, Composition, Leaf, LeafKind, ModuleTree, ParityBody, ReplicateOptions, Training
+
+    tree = ModuleTree(width=2, root=Block(children=(Leaf(LeafKind.LAYER_NORM), Leaf(LeafKind.LAYER_NORM))))
+    comp = Composition(replicates=("",), replicate_options=ReplicateOptions(ignored_modules=("0",)))
+    ParityBody(tree=tree, composition=comp, training=Training(clip_grad_norm=None))
+    with pytest.raises(CaseError, match="clip coefficient would differ per rank"):
+        ParityBody(tree=tree, composition=comp, training=Training(clip_grad_norm=0.1))

@@ -380,7 +380,8 @@ def clip_problem(comp: Composition, t: Training) -> str | None:
     operators!" (torch 2.13): the user converts or clips per group, which the suite does not
     model yet. FSDP1's ``clip_grad_norm_`` takes each gradient's norm with ``dtype=float32``,
     which ``linalg.vector_norm`` refuses for float64 gradients ("should be convertible without
-    narrowing"): a torch bug (issue 46's report), so FSDP1 clips float32 models only. Tensor
+    narrowing"): a torch bug, so FSDP1 clips float32 models only. Not with replicate's
+    ignored_modules, whose rank-local gradients make the clip coefficient differ per rank. Tensor
     parallelism and SPMD programs are left for later."""
     if t.clip_grad_norm is None:
         return None
@@ -388,6 +389,11 @@ def clip_problem(comp: Composition, t: Training) -> str | None:
         return "not drawn with tensor parallelism or SPMD programs yet"
     if comp.shards and (comp.replicates or comp.shard_ignored):
         return "clip_grad_norm_ raises over a mix of DTensor and plain gradients"
+    if comp.replicate_options.ignored_modules:
+        # Their gradients stay rank-local, so the total norm, and with it the clip coefficient,
+        # differs per rank: the replicated parameters are scaled differently on each rank and
+        # their replicas diverge by design (torch is right; a user clips the synced ones).
+        return "not with replicate's ignored_modules: the clip coefficient would differ per rank"
     if comp.wrapper.value.startswith("fsdp1") and t.dtype is not Dtype.FLOAT32:
         return "FSDP1's clip_grad_norm_ raises for float64 gradients (a torch bug)"
     return None
