@@ -61,7 +61,6 @@ from fuzz._rank.models import build_model
 from fuzz._rank.state_dict import (
     FRESH_SEED,
     Side,
-    _jsonable,
     all_batches,
     body_optimizer,
     build_side,
@@ -71,6 +70,7 @@ from fuzz._rank.state_dict import (
     fsdp1_load_optimizer,
     fsdp1_optim_state_dict,
     fsdp1_state_dict_type,
+    jsonable,
     observe,
     observe_state_dict_optimizer,
     requires_grad,
@@ -571,7 +571,7 @@ def _reload_on_one_rank(body: DcpBody, case: Case, ctx: RankContext, path: str) 
         model = build_model(body.tree, torch.device("cpu")).to(TORCH_DTYPES[body.training.dtype])
         state = model.state_dict()
         dcp.load({DcpItem.MODEL.value: state}, checkpoint_id=path, no_dist=True)
-        out = {clean_name(k): _jsonable(v) for k, v in state.items()}
+        out = {clean_name(k): jsonable(v) for k, v in state.items()}
     dist.barrier()
     return out
 
@@ -601,7 +601,7 @@ def _reload_in_half_world(body: DcpBody, case: Case, ctx: RankContext, path: str
     dist.barrier()
     if half.get_local_rank() != 0:
         return None
-    return {"ranks": half.size(), "values": {clean_name(k): _jsonable(v) for k, v in full.items()}}
+    return {"ranks": half.size(), "values": {clean_name(k): jsonable(v) for k, v in full.items()}}
 
 
 def _observe_dedup(ctx: RankContext, path: str) -> dict[str, Any]:
@@ -626,19 +626,19 @@ def _observe_torch_save(data: dict[str, Any]) -> dict[str, Any]:
     model = data.get("model", app.get("model") if isinstance(app, dict) else None)
     optim = data.get("optimizer", app.get("optimizer") if isinstance(app, dict) else None)
     if isinstance(model, dict):
-        out["model"] = {clean_name(k): _jsonable(v) for k, v in model.items()}
+        out["model"] = {clean_name(k): jsonable(v) for k, v in model.items()}
     if isinstance(optim, dict):
         out["optimizer"] = observe_state_dict_optimizer(optim)
         out["groups"] = [
-            {k: [clean_name(p) for p in v] if k == "params" else _jsonable(v) for k, v in sorted(g.items())}
+            {k: [clean_name(p) for p in v] if k == "params" else jsonable(v) for k, v in sorted(g.items())}
             for g in optim.get("param_groups", [])
         ]
     for key in ("scalars", "extra"):
         value = data.get(key)
         if isinstance(value, dict):
-            out[key] = {k: _jsonable(v) for k, v in value.items()}
+            out[key] = {k: jsonable(v) for k, v in value.items()}
         elif value is not None:
-            out[key] = _jsonable(value)
+            out[key] = jsonable(value)
     return out
 
 

@@ -234,11 +234,11 @@ def observe_model(side: Side) -> dict[str, list[float]]:
     return out
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return _flat(value)
     if isinstance(value, (tuple, list)):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     if isinstance(value, (bool, int, float, str)) or value is None:
         return value
     return repr(value)
@@ -251,7 +251,7 @@ def observe_groups(side: Side) -> list[dict[str, Any]]:
     names = side.names()
     out = []
     for group in side.opt.param_groups:
-        item = {k: _jsonable(v) for k, v in sorted(group.items()) if k != "params"}
+        item = {k: jsonable(v) for k, v in sorted(group.items()) if k != "params"}
         item["params"] = [names.get(id(p), "?") for p in group["params"]]
         out.append(item)
     return out
@@ -269,7 +269,7 @@ def observe_optimizer(side: Side) -> dict[str, dict[str, list[float]]]:
     for group in side.opt.param_groups:
         for p in group["params"]:
             state = side.opt.state.get(p, {})
-            entry = {key: _jsonable(state[key]) for key in sorted(state)}
+            entry = {key: jsonable(state[key]) for key in sorted(state)}
             if entry:
                 out[names.get(id(p), "?")] = entry
     return out
@@ -285,7 +285,7 @@ def observe_state_dict_optimizer(osd: dict[str, Any]) -> dict[str, dict[str, lis
     (full_state_dict with cpu_offload)."""
     out: dict[str, dict[str, list[float]]] = {}
     for fqn, state in sorted(osd.get("state", {}).items()):
-        entry = {key: _jsonable(state[key]) for key in sorted(state)}
+        entry = {key: jsonable(state[key]) for key in sorted(state)}
         if entry:
             out[clean_name(fqn)] = entry
     return out
@@ -440,13 +440,13 @@ def observe_flat_optimizer(body: StateDictBody, side: Side, flat: dict[str, Any]
         options=state_dict_options(replace(body.save, flatten_optimizer_state_dict=False), body.fqn_modifiers),
     )
     obs = {
-        "flat": {k: _jsonable(flat[k]) for k in sorted(flat)},
+        "flat": {k: jsonable(flat[k]) for k in sorted(flat)},
         "nested": {
             "state": {
-                fqn: {k: _jsonable(v) for k, v in sorted(st.items())}
+                fqn: {k: jsonable(v) for k, v in sorted(st.items())}
                 for fqn, st in sorted(nested.get("state", {}).items())
             },
-            "param_groups": [{k: _jsonable(v) for k, v in sorted(g.items())} for g in nested.get("param_groups", [])],
+            "param_groups": [{k: jsonable(v) for k, v in sorted(g.items())} for g in nested.get("param_groups", [])],
         },
     }
     return obs, nested

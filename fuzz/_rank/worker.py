@@ -38,7 +38,7 @@ SAMPLE_AFTER_S = 2.0
 SAMPLE_EVERY_S = 1.0
 
 
-class _Sampler(threading.Thread):
+class Sampler(threading.Thread):
     """Writes ``<case id>\n<main thread's stack>`` to ``path`` (replaced whole) while a case runs
     long. A thread of Python: it runs while the main thread waits in a collective, which releases
     the GIL; a main thread that holds the GIL simply goes unsampled."""
@@ -147,7 +147,7 @@ def main(parent_pid: int | None = None) -> int:
         recorder.started()  # what start-up reaches, saved before the first case
     _send(results, Ready(rank=rank, pid=os.getpid(), versions=versions))
 
-    sampler = _Sampler(env["SHARDFUZZ_SAMPLE_FILE"])
+    sampler = Sampler(env["SHARDFUZZ_SAMPLE_FILE"])
     sampler.start()
     groups: set[Any] = set()  # the process groups there were before the latest script
     for line in commands:

@@ -10,56 +10,26 @@ turns a corpus entry into a standalone script (``repro``). The CLI's property li
 the pytest plugin, the health run and ``repro`` all ask this registry.
 
 Adding a property: a body in :mod:`fuzz.model` (its ``KIND`` and ``PROGRAM``), the rank program
-in :mod:`fuzz._rank`, a module here that calls :func:`register`, and its name in :func:`_load`.
+in :mod:`fuzz._rank`, a module here whose ``PROPERTIES`` tuple holds its :class:`Property` (built
+from :mod:`fuzz.properties.spec`, never from this package, which imports the module), and the
+module's name in :data:`MODULES`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+import importlib
 
 from fuzz.errors import InvalidArgument
-from fuzz.model import Body, Case
-from fuzz.signature import Failure
-from fuzz.verdict import Outcome, Stall
-
-
-@dataclass(frozen=True)
-class Property:
-    name: str
-    description: str
-    cases: Callable[..., Any]  # (world_size=...) -> SearchStrategy[Case]
-    judge: Callable[[Case, Outcome], Failure | None]
-    features: Callable[[Case], list[str]]
-    min_world_size: int = 1
-    #: A deadlock its cases can be seen in before their deadline (fuzz.verdict.Stall).
-    stall: Stall | None = None
-    #: The body class its cases carry.
-    body: type[Body] | None = None
-    #: What renders a corpus entry of this property as a standalone script: "module:function"
-    #: (imported when used), taking (entry, source name) and returning the script's text.
-    repro: str | None = None
-    #: Why repro refuses this property's entries on purpose, if it does.
-    repro_refusal: str | None = None
-
-
-def strategy(name: str) -> Callable[..., Any]:
-    """``Property.cases`` for the strategy ``strategies.<name>``, imported when first drawn (the
-    registry loads without Hypothesis strategies being built)."""
-
-    def cases(*, world_size: int, **kwargs: Any) -> Any:
-        import strategies
-
-        return getattr(strategies, name)(world_size=world_size, **kwargs)
-
-    return cases
-
+from fuzz.properties.spec import Property, strategy
 
 _REGISTRY: dict[str, Property] = {}
 
 
-def register(prop: Property) -> Property:
+#: The modules that define properties, each in its ``PROPERTIES`` tuple.
+MODULES = ("fault", "invalid", "parity", "state_dict", "user")
+
+
+def _register(prop: Property) -> Property:
     if prop.name in _REGISTRY:
         raise ValueError(f"property {prop.name!r} is registered twice")
     _REGISTRY[prop.name] = prop
@@ -82,4 +52,11 @@ def all_properties() -> list[Property]:
 
 
 def _load() -> None:
-    from fuzz.properties import fault, invalid, parity, state_dict, user  # noqa: F401 - registers on import
+    if _REGISTRY:
+        return
+    for module in MODULES:
+        for prop in importlib.import_module(f"fuzz.properties.{module}").PROPERTIES:
+            _register(prop)
+
+
+__all__ = ["MODULES", "Property", "all_properties", "get_property", "strategy"]

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from fuzz.errors import InvalidArgument
 from fuzz.model import Case, FaultAction, FaultBody
-from fuzz.properties import Property, register
+from fuzz.properties.spec import Property
 from fuzz.signature import Failure, failure_from_outcome
 from fuzz.verdict import Outcome
 
@@ -55,16 +55,16 @@ def _cases(*, world_size: int, **_: Any) -> Any:
     )
 
 
-FAULT = register(
-    Property(
-        name="_fault",
-        description="pool self-test: inject a fault into one rank",
-        cases=_cases,
-        judge=judge,
-        features=lambda case: [f"fault:{getattr(case.body, 'action', None)}"],
-        body=FaultBody,
-        repro_refusal=(
-            "fault cases are the rank pool's self-test (an injected fault), not a torch bug; nothing to reproduce"
-        ),
-    )
+FAULT = Property(
+    name="_fault",
+    description="pool self-test: inject a fault into one rank",
+    cases=_cases,
+    judge=judge,
+    features=lambda case: [f"fault:{getattr(case.body, 'action', None)}"],
+    body=FaultBody,
+    repro_refusal=(
+        "fault cases are the rank pool's self-test (an injected fault), not a torch bug; nothing to reproduce"
+    ),
 )
+#: The properties this module defines (collected by :mod:`fuzz.properties`).
+PROPERTIES = (FAULT,)

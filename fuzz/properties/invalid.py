@@ -6,7 +6,7 @@ import re
 from typing import Any
 
 from fuzz.model import Case, InvalidBody, Misuse, tree_features
-from fuzz.properties import Property, register
+from fuzz.properties.spec import Property
 from fuzz.signature import Failure, failure_from_outcome
 from fuzz.verdict import Outcome
 
@@ -59,14 +59,14 @@ def _cases(*, world_size: int, **kwargs: Any) -> Any:
     return invalid_cases(world_size=world_size, **kwargs)
 
 
-INVALID = register(
-    Property(
-        name="invalid",
-        description="documented misuses of composable APIs raise the documented error on every rank, no hang",
-        cases=_cases,
-        judge=judge,
-        features=features,
-        body=InvalidBody,
-        repro="fuzz.repro.script:render",
-    )
+INVALID = Property(
+    name="invalid",
+    description="documented misuses of composable APIs raise the documented error on every rank, no hang",
+    cases=_cases,
+    judge=judge,
+    features=features,
+    body=InvalidBody,
+    repro="fuzz.repro.script:render",
 )
+#: The properties this module defines (collected by :mod:`fuzz.properties`).
+PROPERTIES = (INVALID,)

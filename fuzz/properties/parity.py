@@ -35,13 +35,13 @@ from fuzz.model import (
     param_names,
     tree_features,
 )
-from fuzz.properties import Property, register, strategy
+from fuzz.properties.spec import Property, strategy
 from fuzz.signature import Failure, Signature, failure_from_outcome
 from fuzz.tolerance import Tolerance, first_mismatch, judged_prefix, mixed_precision_tolerance, tolerance_for
 from fuzz.verdict import Outcome
 
 
-def _mismatch(prop: str, check: str, api: str, summary: str, **details: Any) -> Failure:
+def mismatch_failure(prop: str, check: str, api: str, summary: str, **details: Any) -> Failure:
     """A numeric mismatch is charged to the property and the API family (not to the quantity
     that disagreed: one bug shows as a wrong loss, gradient or parameter case by case)."""
     if api:
@@ -106,7 +106,7 @@ def compare_runs(
         for step, (got, want) in enumerate(zip(obs["losses"][:judged], ref["losses"][:judged])):
             bad = first_mismatch(got, want, tol)
             if bad is not None:
-                return _mismatch(
+                return mismatch_failure(
                     prop,
                     "loss",
                     api,
@@ -121,7 +121,7 @@ def compare_runs(
         for step, (got_eval, want_eval) in enumerate(evals):
             bad = first_mismatch([got_eval], [want_eval], tol)
             if bad is not None:
-                return _mismatch(
+                return mismatch_failure(
                     prop,
                     "eval-loss",
                     api,
@@ -138,7 +138,7 @@ def compare_runs(
         for step, got_norm, want_norm in norms:
             bad = first_mismatch([got_norm], [want_norm], tol)
             if bad is not None:
-                return _mismatch(
+                return mismatch_failure(
                     prop,
                     "grad",
                     api,
@@ -150,7 +150,7 @@ def compare_runs(
     updated = 0 if before_first_update else judged
     for step, (got_params, want_params) in enumerate(zip(first["params"][:updated], first["ref"]["params"][:updated])):
         if set(got_params) != set(want_params):
-            return _mismatch(
+            return mismatch_failure(
                 prop,
                 "param-names",
                 api,
@@ -159,7 +159,7 @@ def compare_runs(
         for name, want in want_params.items():
             bad = first_mismatch(got_params[name], want, tol)
             if bad is not None:
-                return _mismatch(
+                return mismatch_failure(
                     prop,
                     "param",
                     api,
@@ -179,7 +179,7 @@ def check_replicas(prop: str, observations: list[dict[str, Any]]) -> Failure | N
     for rank, obs in enumerate(observations[1:], start=1):
         for name, values in base.items():
             if obs["local_params"].get(name) != values:
-                return _mismatch(prop, "replicas", "", f"replica of {name} on rank {rank} differs from rank 0's")
+                return mismatch_failure(prop, "replicas", "", f"replica of {name} on rank {rank} differs from rank 0's")
     return None
 
 
@@ -189,7 +189,7 @@ def check_contracts(prop: str, comp: Composition, tree: ModuleTree, contracts: d
         raf = comp.reshard_after_forward(spec)
         if isinstance(raf, bool) and flags and any(f != raf for f in flags):
             state = "sharded" if raf else "unsharded"
-            return _mismatch(
+            return mismatch_failure(
                 prop,
                 "contract-reshard",
                 "",
@@ -200,7 +200,7 @@ def check_contracts(prop: str, comp: Composition, tree: ModuleTree, contracts: d
         if mp is not None and mp.output_dtype is not None:
             got = contracts["output_dtypes"].get(spec.path)
             if got is not None and got != mp.output_dtype.value:
-                return _mismatch(
+                return mismatch_failure(
                     prop,
                     "contract-output-dtype",
                     "",
@@ -209,7 +209,7 @@ def check_contracts(prop: str, comp: Composition, tree: ModuleTree, contracts: d
         if mp is not None and mp.param_dtype is not None:
             for leaf, dtype in contracts["leaf_dtypes"].items():
                 if _unit_of(leaf, comp, tree) == spec.path and dtype != mp.param_dtype.value:
-                    return _mismatch(
+                    return mismatch_failure(
                         prop,
                         "contract-param-dtype",
                         "",
@@ -217,16 +217,16 @@ def check_contracts(prop: str, comp: Composition, tree: ModuleTree, contracts: d
                     )
     delayed = contracts.get("delayed") or []
     if delayed:
-        return _mismatch(prop, "contract-delay-all-reduce", "", delayed[0])
+        return mismatch_failure(prop, "contract-delay-all-reduce", "", delayed[0])
     ignored = contracts.get("ignored") or []
     if ignored:
-        return _mismatch(
+        return mismatch_failure(
             prop, "contract-ignored", "", f"{ignored[0]} (ignored_modules and ignored_params stay plain and local)"
         )
     for path, names in contracts.get("replicate_params", {}).items():
         expected = sorted(_replicated_names(tree, comp, path))
         if names != expected:
-            return _mismatch(
+            return mismatch_failure(
                 prop,
                 "contract-replicate",
                 "",
@@ -242,7 +242,9 @@ def check_knobs(prop: str, observations: list[dict[str, Any]]) -> Failure | None
         for run in (obs, obs.get("ref", {})):
             problems = run.get("knob_problems") or []
             if problems:
-                return _mismatch(prop, "contract-knobs", "", f"rank {rank}: {problems[0]}", problems=problems[:5])
+                return mismatch_failure(
+                    prop, "contract-knobs", "", f"rank {rank}: {problems[0]}", problems=problems[:5]
+                )
     return None
 
 
@@ -461,38 +463,34 @@ def features(case: Case) -> list[str]:
     )
 
 
-PARITY = register(
-    Property(
-        name="parity",
-        description="composed models (fully_shard, replicate, checkpoint, HSDP, DDP, FSDP1) train like "
-        "the all-reduce reference, step by step; API contracts hold",
-        cases=strategy("parity_cases"),
-        judge=judge_parity,
-        features=features,
-        body=ParityBody,
-        repro="fuzz.repro.script:render",
-    )
+PARITY = Property(
+    name="parity",
+    description="composed models (fully_shard, replicate, checkpoint, HSDP, DDP, FSDP1) train like "
+    "the all-reduce reference, step by step; API contracts hold",
+    cases=strategy("parity_cases"),
+    judge=judge_parity,
+    features=features,
+    body=ParityBody,
+    repro="fuzz.repro.script:render",
 )
-MIXED_PRECISION = register(
-    Property(
-        name="mixed_precision",
-        description="fully_shard's MixedPrecisionPolicy: parameter dtype in forward, output dtype, sharding",
-        cases=strategy("mixed_precision_cases"),
-        judge=judge_mixed_precision,
-        features=features,
-        body=ParityBody,
-        repro="fuzz.repro.script:render",
-    )
+MIXED_PRECISION = Property(
+    name="mixed_precision",
+    description="fully_shard's MixedPrecisionPolicy: parameter dtype in forward, output dtype, sharding",
+    cases=strategy("mixed_precision_cases"),
+    judge=judge_mixed_precision,
+    features=features,
+    body=ParityBody,
+    repro="fuzz.repro.script:render",
 )
-METAMORPHIC = register(
-    Property(
-        name="metamorphic",
-        description="meta-device init, checkpoint on/off, reshard_after_forward, mesh shape, FSDP2/FSDP1/DDP do not "
-        "change numerics",
-        cases=strategy("metamorphic_cases"),
-        judge=judge_metamorphic,
-        features=features,
-        body=MetamorphicBody,
-        repro="fuzz.repro.script:render",
-    )
+METAMORPHIC = Property(
+    name="metamorphic",
+    description="meta-device init, checkpoint on/off, reshard_after_forward, mesh shape, FSDP2/FSDP1/DDP do not "
+    "change numerics",
+    cases=strategy("metamorphic_cases"),
+    judge=judge_metamorphic,
+    features=features,
+    body=MetamorphicBody,
+    repro="fuzz.repro.script:render",
 )
+#: The properties this module defines (collected by :mod:`fuzz.properties`).
+PROPERTIES = (PARITY, MIXED_PRECISION, METAMORPHIC)

@@ -45,10 +45,10 @@ from fuzz.model import (
     StateDictBody,
     dcp_root,
 )
-from fuzz.properties import Property, register, strategy
 from fuzz.properties.dcp_checks import (
     judge_dcp_outcome,
 )
+from fuzz.properties.spec import Property, strategy
 from fuzz.properties.state_dict_checks import (
     check_model,
     check_optimizer,
@@ -193,28 +193,26 @@ def _check_flat_optimizer(prop: str, where: str, observed: dict[str, Any]) -> Fa
     )
 
 
-STATE_DICT = register(
-    Property(
-        name="state_dict",
-        description="get/set_*_state_dict (and FSDP2's own) move model and optimizer state exactly, across layouts",
-        cases=strategy("state_dict_cases"),
-        judge=judge_state_dict,
-        features=features_state_dict,
-        stall=known.ALONE_IN_BROADCAST_STALL,
-        body=StateDictBody,
-        repro="fuzz.repro.script:render",
-    )
+STATE_DICT = Property(
+    name="state_dict",
+    description="get/set_*_state_dict (and FSDP2's own) move model and optimizer state exactly, across layouts",
+    cases=strategy("state_dict_cases"),
+    judge=judge_state_dict,
+    features=features_state_dict,
+    stall=known.ALONE_IN_BROADCAST_STALL,
+    body=StateDictBody,
+    repro="fuzz.repro.script:render",
 )
 
-DCP = register(
-    Property(
-        name="dcp",
-        description="DCP save/async_save/load with Stateful objects and per-rank key orders round-trip exactly",
-        cases=strategy("dcp_cases"),
-        judge=judge_dcp,
-        features=features_dcp,
-        stall=known.ALONE_IN_BROADCAST_STALL,
-        body=DcpBody,
-        repro="fuzz.repro.script:render",
-    )
+DCP = Property(
+    name="dcp",
+    description="DCP save/async_save/load with Stateful objects and per-rank key orders round-trip exactly",
+    cases=strategy("dcp_cases"),
+    judge=judge_dcp,
+    features=features_dcp,
+    stall=known.ALONE_IN_BROADCAST_STALL,
+    body=DcpBody,
+    repro="fuzz.repro.script:render",
 )
+#: The properties this module defines (collected by :mod:`fuzz.properties`).
+PROPERTIES = (STATE_DICT, DCP)

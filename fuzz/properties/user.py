@@ -24,16 +24,16 @@ from typing import Any, cast
 
 from fuzz.model import Case, ModuleTree
 from fuzz.model.user import RoundTrip, UserParityBody, UserStateBody
-from fuzz.properties import Property, register
 from fuzz.properties.parity import (
-    _mismatch,
     api_of,
     check_contracts,
     check_replicas,
     compare_runs,
     composition_features,
+    mismatch_failure,
     training_features,
 )
+from fuzz.properties.spec import Property
 from fuzz.signature import Failure, failure_from_outcome
 from fuzz.tolerance import Tolerance, first_mismatch, tolerance_for
 from fuzz.verdict import Outcome
@@ -47,9 +47,9 @@ NAMES = ("user_parity", "user_state")
 
 def _cases(name: str) -> Any:
     def cases(*, world_size: int, model: Any = None, **kwargs: Any) -> Any:
-        from strategies import _user
+        import strategies
 
-        return getattr(_user, name)(EXAMPLE if model is None else model, world_size=world_size, **kwargs)
+        return getattr(strategies, name)(EXAMPLE if model is None else model, world_size=world_size, **kwargs)
 
     return cases
 
@@ -111,7 +111,7 @@ def judge_user_state(case: Case, outcome: Outcome) -> Failure | None:
     first = outcome.observations[0]
     found = _difference(first["saved"], first["loaded"], "")
     if found is not None:
-        return _mismatch(case.property, "state", family, f"state dict: {found}")
+        return mismatch_failure(case.property, "state", family, f"state dict: {found}")
     # Forward in the same layout runs the same operations on the same values: exact. In another
     # layout (replicate for fully_shard, another mesh) the dtype's policy.
     tol = EXACT if body.target is None else tolerance_for(body.training.dtype.value)
@@ -124,7 +124,7 @@ def judge_user_state(case: Case, outcome: Outcome) -> Failure | None:
     for rank, obs in enumerate(outcome.observations):
         bad = first_mismatch(obs["after"], obs["before"], tol)
         if bad is not None:
-            return _mismatch(
+            return mismatch_failure(
                 case.property,
                 "outputs",
                 family,
@@ -135,7 +135,7 @@ def judge_user_state(case: Case, outcome: Outcome) -> Failure | None:
         resumed, uninterrupted = obs["resumed"], obs["uninterrupted"]
         bad = first_mismatch(resumed["losses"], uninterrupted["losses"], resume_tol)
         if bad is not None:
-            return _mismatch(
+            return mismatch_failure(
                 case.property,
                 "resume",
                 family,
@@ -146,7 +146,7 @@ def judge_user_state(case: Case, outcome: Outcome) -> Failure | None:
     for name, want in after.items():
         bad = first_mismatch(first["resumed"]["params"].get(name, []), want, resume_tol)
         if bad is not None:
-            return _mismatch(
+            return mismatch_failure(
                 case.property,
                 "resume",
                 family,
@@ -191,25 +191,23 @@ def features(case: Case) -> list[str]:
     return sorted(set(out))
 
 
-USER_PARITY = register(
-    Property(
-        name="user_parity",
-        description="the user's model (--model FILE.py:NAME) composed trains like its plain all-reduce reference",
-        cases=_cases("user_parity_cases"),
-        judge=judge_user_parity,
-        features=features,
-        body=UserParityBody,
-        repro="fuzz.repro.script:render",
-    )
+USER_PARITY = Property(
+    name="user_parity",
+    description="the user's model (--model FILE.py:NAME) composed trains like its plain all-reduce reference",
+    cases=_cases("user_parity_cases"),
+    judge=judge_user_parity,
+    features=features,
+    body=UserParityBody,
+    repro="fuzz.repro.script:render",
 )
-USER_STATE = register(
-    Property(
-        name="user_state",
-        description="the user's model: get/set_state_dict and DCP round trips restore model and optimizer exactly",
-        cases=_cases("user_state_cases"),
-        judge=judge_user_state,
-        features=features,
-        body=UserStateBody,
-        repro="fuzz.repro.script:render",
-    )
+USER_STATE = Property(
+    name="user_state",
+    description="the user's model: get/set_state_dict and DCP round trips restore model and optimizer exactly",
+    cases=_cases("user_state_cases"),
+    judge=judge_user_state,
+    features=features,
+    body=UserStateBody,
+    repro="fuzz.repro.script:render",
 )
+#: The properties this module defines (collected by :mod:`fuzz.properties`).
+PROPERTIES = (USER_PARITY, USER_STATE)

@@ -56,7 +56,7 @@ FATAL_SIGNALS = {
     "Floating point exception": signal.SIGFPE,
     "Illegal instruction": signal.SIGILL,
 }
-#: The case number the ranks' stack samplers write (fuzz._rank.worker._Sampler).
+#: The case number the ranks' stack samplers write (fuzz._rank.worker.Sampler).
 CASE_ID = 1
 
 
@@ -222,7 +222,7 @@ def run_rank(case_text: str, expected: dict[str, Any], backend: str) -> int:
 
     from fuzz._rank.context import RankContext
     from fuzz._rank.programs import run_case
-    from fuzz._rank.worker import _Sampler
+    from fuzz._rank.worker import Sampler
 
     shared: list[Any] = [None]
     if rank == 0:  # the judge: a process of its own, so that it outlives a rank that dies
@@ -247,7 +247,7 @@ def run_rank(case_text: str, expected: dict[str, Any], backend: str) -> int:
         f.write(str(os.getpid()))
     # torchrun ends the other ranks when one dies; they stay until the judge has judged.
     signal.signal(signal.SIGTERM, lambda *_: None)
-    sampler = _Sampler(run.path("sample", rank))
+    sampler = Sampler(run.path("sample", rank))
     sampler.start()
     threading.Thread(target=_watch, args=(run, rank), name="repro-watch", daemon=True).start()
     dist.barrier()  # every rank watched before the case starts
@@ -501,10 +501,8 @@ def judge(run: Shared, case: Any, expected: dict[str, Any], start: float, timeou
     """Rank 0: wait for the case on every rank, judge it as the property does, say what happened."""
     import importlib
 
-    importlib.import_module(expected["judge"])  # registers the property
-    from fuzz.properties import _REGISTRY
-
-    prop = _REGISTRY[case.property]
+    defined = importlib.import_module(expected["judge"]).PROPERTIES  # only the case's property module
+    prop = next(p for p in defined if p.name == case.property)
     outcome = outcome_of(run, start, timeout, prop.stall)
     failure = prop.judge(case, outcome)
     _save_observations(outcome, failure)
