@@ -473,10 +473,10 @@ def _repro(args: argparse.Namespace) -> int:
         # (every carried module) only where none is kept, or with --full.
         kept = None if args.full else stored_script(args.entry, entry)
         if kept is None and not args.full:
-            from fuzz.repro.printed import comments, print_case, printable
+            from fuzz.repro.printed import print_entry, printable
 
-            if printable(entry):  # a parity/metamorphic mismatch: printed from its case
-                kept = "\n".join(["#!/usr/bin/env python3", *comments(entry)]) + "\n\n" + print_case(entry.case)
+            if printable(entry):  # printed from its case by its property's printer
+                kept = print_entry(entry)
         script = kept if kept is not None else render_entry(entry, source=str(args.entry))
     from fuzz.repro.printed import is_printed
 

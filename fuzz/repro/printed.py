@@ -29,37 +29,27 @@ it, rather than printing a program that is not the case's.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from fuzz.corpus import Entry
-from fuzz.errors import InvalidArgument
-from fuzz.model import (
-    AccumSync,
-    Block,
-    Case,
-    Compile,
-    Composition,
-    Dtype,
-    Layout,
-    Leaf,
-    LeafKind,
-    ModuleTree,
-    Optimizer,
-    Training,
-    Wrapper,
+from fuzz.model import AccumSync, Case, Compile, Dtype, Layout, ModuleTree, Optimizer, Training, Wrapper
+from fuzz.repro.print_model import (
+    PRINTED_MARK,
+    NotPrintable,
+    build_lines,
+    check_composition,
+    check_default,
+    check_tree,
+    compose_imports,
+    compose_lines,
+    model_source,
+    param_names,
+    refuse,
 )
 from fuzz.tolerance import tolerance_for
 
 #: The properties whose mismatches are printed.
 PRINTED = ("parity", "metamorphic")
-#: Composition fields a printed script writes; every other must hold its default.
-_COMPOSITION_FIELDS = {"shards", "replicates", "checkpoints", "checkpoint_first", "mesh", "wrapper", "auto_wrap"}
-#: FSDP1 wrappers whose parameters and gradients stay whole on every rank, so that a script reads
-#: them by their plain names: NO_SHARD. (HYBRID_SHARD over one-rank shard groups looks whole, but
-#: on a torch with its shard-dimension fix the gradients read off the parameters are local
-#: shards: not printed yet.)
-_WRAPPERS = {Wrapper.NONE: "", Wrapper.FSDP1_NO_SHARD: "NO_SHARD"}
 #: Training fields a printed script writes.
 _TRAINING_FIELDS = {
     "optimizer",
@@ -77,99 +67,27 @@ _TRAINING_FIELDS = {
     "unfreeze",
     "foreach",
 }
-_LEAVES = {LeafKind.LINEAR, LeafKind.LAYER_NORM, LeafKind.CONV1D, LeafKind.RELU, LeafKind.TANH, LeafKind.GELU}
-
-
-class NotPrintable(InvalidArgument):
-    """The case uses something :mod:`fuzz.repro.printed` does not write yet."""
-
-
-def _refuse(what: str) -> NotPrintable:
-    return NotPrintable(f"cannot print {what} yet")
-
-
-def _check_default(obj: Any, written: set[str], where: str) -> None:
-    """Every field of ``obj`` but those ``written`` holds its default (a dataclass field's own
-    fields, where it is one, named one by one)."""
-    for f in dataclasses.fields(obj):
-        if f.name in written or not f.init:
-            continue
-        value = getattr(obj, f.name)
-        factory: Any = f.default_factory
-        default = f.default if f.default is not dataclasses.MISSING else factory()
-        if value == default:
-            continue
-        if dataclasses.is_dataclass(value) and type(value) is type(default):
-            _check_default(value, set(), f"{where}.{f.name}")
-        raise _refuse(f"{where}.{f.name}={value!r}")
-
-
-def _check_tree(tree: ModuleTree) -> None:
-    if getattr(tree, "seq", 0) or getattr(tree, "vocab", 0):
-        raise _refuse("a tree with a sequence or a vocabulary")
-
-    def visit(node: Any, path: str) -> None:
-        if isinstance(node, Leaf):
-            if node.kind not in _LEAVES:
-                raise _refuse(f"leaf kind {node.kind.value} (at {path or 'the root'})")
-            _check_default(node, {"kind", "bias", "frozen"}, f"leaf {path}")
-            return
-        if not isinstance(node, Block):
-            raise _refuse(f"node {type(node).__name__} (at {path or 'the root'})")
-        _check_default(node, {"children", "residual", "scale", "buffer"}, f"block {path or 'root'}")
-        for i, child in enumerate(node.children):
-            visit(child, f"{path}.{i}" if path else str(i))
-
-    visit(tree.root, "")
-
-
-def _check_composition(comp: Composition, where: str, knobs: bool = False) -> None:
-    _check_default(comp, _COMPOSITION_FIELDS | ({"knobs"} if knobs else set()), where)
-    if comp.wrapper not in _WRAPPERS:
-        raise _refuse(f"{where}.wrapper={comp.wrapper.value}")
-    _check_default(comp.knobs, {"force_sum_reduction", "gradient_divide_factor"}, f"{where}.knobs")
-    for spec in comp.shards:
-        _check_default(spec, {"path", "reshard_after_forward"}, f"{where}.shards[{spec.path!r}]")
 
 
 def check_printable(case: Case) -> None:
     """Raise :class:`NotPrintable` naming the first thing of ``case`` this module does not write."""
     body: Any = case.body
     if case.property not in PRINTED:
-        raise _refuse(f"a {case.property} case")
-    _check_tree(body.tree)
-    _check_composition(body.composition, "composition", knobs=case.property == "parity")
+        raise refuse(f"a {case.property} case")
+    check_tree(body.tree)
+    check_composition(body.composition, "composition", knobs=case.property == "parity")
     if case.property == "parity" and len(set(_scales(case).values())) > 1:
-        raise _refuse("gradient scales that differ between modules")
+        raise refuse("gradient scales that differ between modules")
     if case.property == "metamorphic":
-        _check_composition(body.variant, "variant")
+        check_composition(body.variant, "variant")
     training: Training = body.training
-    _check_default(training, _TRAINING_FIELDS, "training")
+    check_default(training, _TRAINING_FIELDS, "training")
     if training.compile is not Compile.NONE:
-        raise _refuse("training.compile")
+        raise refuse("training.compile")
     if training.accum_sync is not AccumSync.ALWAYS and training.grad_accum > 1:
         for comp in (body.composition, *([body.variant] if case.property == "metamorphic" else [])):
             if "" not in {s.path for s in comp.shards}:
-                raise _refuse("a gradient-sync switch without fully_shard on the root")
-
-
-def _param_names(tree: ModuleTree) -> list[str]:
-    """The plain model's parameter names, in registration order (children, then a block's scale)."""
-
-    def visit(node: Any, prefix: str) -> list[str]:
-        if isinstance(node, Leaf):
-            own = (
-                ["weight", "bias"]
-                if node.bias and node.kind in (LeafKind.LINEAR, LeafKind.LAYER_NORM, LeafKind.CONV1D)
-                else []
-            )
-            own = own or (["weight"] if node.kind in (LeafKind.LINEAR, LeafKind.LAYER_NORM, LeafKind.CONV1D) else [])
-            return [f"{prefix}{n}" for n in own]
-        names = [] if not node.scale else [f"{prefix}scale"]
-        children = [n for i, c in enumerate(node.children) for n in visit(c, f"{prefix}{i}.")]
-        return names + children
-
-    return visit(tree.root, "")
+                raise refuse("a gradient-sync switch without fully_shard on the root")
 
 
 def _scales(case: Case) -> dict[str, float]:
@@ -178,118 +96,6 @@ def _scales(case: Case) -> dict[str, float]:
     body: Any = case.body
     layout = Layout(body.tree, body.composition)
     return {path: layout.gradient_scale(path, case.world_size) for path in layout.paths}
-
-
-# -- the program -------------------------------------------------------------------------------
-
-
-def _uses(tree: ModuleTree, test: Any) -> bool:
-    def visit(node: Any) -> bool:
-        return test(node) or (isinstance(node, Block) and any(visit(c) for c in node.children))
-
-    return visit(tree.root)
-
-
-def _node(node: Any, width: int, sequential: bool) -> str:
-    if isinstance(node, Leaf):
-        bias = "" if node.bias else ", bias=False"
-        code = {
-            LeafKind.LINEAR: f"nn.Linear({width}, {width}{bias})",
-            LeafKind.LAYER_NORM: f"nn.LayerNorm({width}{bias})",
-            LeafKind.CONV1D: f"Conv({width}, {width}, 1{bias})",
-            LeafKind.RELU: "nn.ReLU()",
-            LeafKind.TANH: "nn.Tanh()",
-            LeafKind.GELU: "nn.GELU()",
-        }[node.kind]
-        return f"{code}.requires_grad_(False)" if node.frozen else code
-    children = ", ".join(_node(c, width, sequential) for c in node.children)
-    if sequential:
-        return f"nn.Sequential({children})"
-    extra = "".join(f", {name}=True" for name in ("scale", "buffer", "residual") if getattr(node, name))
-    return f"Block([{children}], {width}{extra})"
-
-
-def _block_class(tree: ModuleTree, skips: bool) -> str:
-    """``Block``: runs its children (those not ``skipped``), then the features the tree uses."""
-    scale = _uses(tree, lambda n: isinstance(n, Block) and n.scale)
-    buffer = _uses(tree, lambda n: isinstance(n, Block) and n.buffer)
-    residual = _uses(tree, lambda n: isinstance(n, Block) and n.residual)
-    params = "".join(
-        f", {n}=False" for n, used in (("scale", scale), ("buffer", buffer), ("residual", residual)) if used
-    )
-    lines = [
-        "class Block(nn.Module):",
-        f"    def __init__(self, children, width{params}):",
-        "        super().__init__()",
-        "        for i, child in enumerate(children):",
-        "            self.add_module(str(i), child)",
-    ]
-    if scale:
-        lines.append("        self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(width)) if scale else None")
-    if buffer:
-        lines.append("        self.register_buffer('shift', 0.1 * torch.randn(width) if buffer else None)")
-    if residual:
-        lines.append("        self.residual = residual")
-    if skips:
-        lines.append("        self.skipped = set()  # children left out of forward")
-    lines += ["", "    def forward(self, x):", "        y = x"]
-    if skips:
-        lines += ["        for name, child in self.named_children():", "            if name not in self.skipped:"]
-        lines.append("                y = child(y)")
-    else:
-        lines += ["        for child in self.children():", "            y = child(y)"]
-    if scale:
-        lines.append("        y = y if self.scale is None else y * self.scale")
-    if buffer:
-        lines.append("        y = y if self.shift is None else y + self.shift")
-    lines.append("        return x + y if self.residual else y" if residual else "        return y")
-    return "\n".join(lines)
-
-
-_CONV = """\
-class Conv(nn.Conv1d):
-    \"\"\"A one-tap Conv1d over a (batch, width) activation, as a length-1 sequence.\"\"\"
-
-    def forward(self, x):
-        return super().forward(x.unsqueeze(-1)).squeeze(-1)"""
-
-
-def _compose(comp: Composition, name: str) -> list[str]:
-    """A function that composes ``model`` as ``comp`` says and returns what trains."""
-    lines = []
-    if comp.wrapper is not Wrapper.NONE:
-        lines += [f'checkpoint(model.get_submodule("{p}"))' for p in comp.checkpoints]
-        kwargs = f"sharding_strategy=ShardingStrategy.{_WRAPPERS[comp.wrapper]}, use_orig_params=True"
-        if comp.mesh:
-            dims = ", ".join(str(d) for d in comp.mesh)
-            lines.append(f'mesh = init_device_mesh("cpu", ({dims}), mesh_dim_names=("replicate", "shard"))')
-            kwargs += ", device_mesh=mesh"
-        if comp.auto_wrap:
-            kwargs += ", auto_wrap_policy=ModuleWrapPolicy({Block})"
-        args = ["model", *kwargs.split(", "), 'device_id=torch.device("cpu")']
-        lines += ["return FSDP(", *(f"    {a}," for a in args), ")"]
-        return [f"def {name}(model):", *(f"    {line}" for line in lines)]
-    if comp.mesh:
-        dims = ", ".join(str(d) for d in comp.mesh)
-        lines.append(f'mesh = init_device_mesh("cpu", ({dims}), mesh_dim_names=("replicate", "shard"))')
-    specs = {s.path: s for s in comp.shards}
-    for api, path in comp.steps():
-        module = "model" if path == "" else f'model.get_submodule("{path}")'
-        if api == "fully_shard":
-            spec = specs[path]
-            kwargs = ", mesh=mesh" if comp.mesh else ""
-            if spec.reshard_after_forward is not True:
-                kwargs += f", reshard_after_forward={spec.reshard_after_forward!r}"
-            lines.append(f"fully_shard({module}{kwargs})")
-        else:
-            lines.append(f"{api}({module})")
-    for spec in comp.shards:
-        module = "model" if spec.path == "" else f'model.get_submodule("{spec.path}")'
-        if comp.knobs.force_sum_reduction:
-            lines.append(f"{module}.set_force_sum_reduction_for_comms(True)")
-        if comp.knobs.gradient_divide_factor is not None:
-            lines.append(f"{module}.set_gradient_divide_factor({comp.knobs.gradient_divide_factor!r})")
-    return [f"def {name}(model):", *(f"    {line}" for line in [*lines, "return model"])]
 
 
 def _optimizer(training: Training) -> str:
@@ -465,48 +271,30 @@ def print_case(case: Case) -> str:
     comps = [body.composition, *([body.variant] if metamorphic else [])]
     api = {api for comp in comps for api, _ in comp.steps()}
     skips = bool(training.skips)
-    sequential = (
-        not skips
-        and not any(c.auto_wrap for c in comps)
-        and not _uses(tree, lambda n: isinstance(n, Block) and (n.scale or n.buffer or n.residual))
-    )
+    auto_wrap = any(c.auto_wrap for c in comps)
     tol = tolerance_for(training.dtype.value)
     imports = [
         "import torch",
         "import torch.distributed as dist",
         "import torch.nn.functional as F",
         "from torch import nn",
+        *compose_imports(comps),
+        *(["from torch.distributed.tensor import DTensor"] if "fully_shard" in api else []),
     ]
-    if "checkpoint" in api or "replicate" in api:
-        imports.append(
-            f"from torch.distributed._composable import {', '.join(sorted(api & {'checkpoint', 'replicate'}))}"
-        )
-    if any(comp.wrapper is not Wrapper.NONE for comp in comps):
-        imports.append("from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy")
-    if any(comp.auto_wrap for comp in comps):
-        imports.append("from torch.distributed.fsdp.wrap import ModuleWrapPolicy")
-    if any(comp.mesh for comp in comps):
-        imports.append("from torch.distributed.device_mesh import init_device_mesh")
-    if "fully_shard" in api:
-        imports += ["from torch.distributed.fsdp import fully_shard", "from torch.distributed.tensor import DTensor"]
     reference = "the run with the variant composition" if metamorphic else "the plain model with averaged gradients"
     parts = [
         "\n".join(imports),
         f"RTOL, ATOL = {tol.rtol!r}, {tol.atol!r}  # the tolerance policy for {training.dtype.value}\n"
         f"REFERENCE = {reference!r}",
     ]
-    if not sequential:
-        parts.append(_block_class(tree, skips))
-    if _uses(tree, lambda n: isinstance(n, Leaf) and n.kind is LeafKind.CONV1D):
-        parts.append(_CONV)
-    to = ".to(torch.float64)" if training.dtype is Dtype.FLOAT64 else ""
-    parts.append(f"def build():\n    return {_node(tree.root, tree.width, sequential)}{to}")
-    parts.append("\n".join(_compose(body.composition, "compose")))
+    parts += model_source(tree, skips=skips, auto_wrap=auto_wrap).split("\n\n\n")[1:]
+    parts.append("\n".join(build_lines(tree, skips=skips, auto_wrap=auto_wrap, dtype=training.dtype)))
+    parts.append("\n".join(compose_lines(body.composition, "compose")))
     if metamorphic:
-        parts.append("\n".join(_compose(body.variant, "compose_variant")))
+        parts.append("\n".join(compose_lines(body.variant, "compose_variant")))
     wrapped = any(comp.wrapper is not Wrapper.NONE for comp in comps)
     if wrapped:
-        names = ", ".join(repr(n) for n in _param_names(tree))
+        names = ", ".join(repr(n) for n in param_names(tree))
         parts.append(f"NAMES = [{names}]  # the plain model's parameters\n\n\n" + _NAMED_WRAPPED)
     else:
         parts.append(_NAMED_PLAIN)
@@ -560,16 +348,53 @@ def comments(entry: Entry) -> list[str]:
 
 
 def is_printed(script: str) -> bool:
-    """Whether ``script`` was printed by this module (it has no carried harness to refresh)."""
-    return "\ndef compared(" in script
+    """Whether ``script`` was printed from its case (it has no carried harness to refresh)."""
+    return PRINTED_MARK in script or "\ndef compared(" in script
+
+
+def _state_printer() -> Any:
+    """:mod:`fuzz.repro.print_state` (the state_dict and dcp printer), or None where it is absent."""
+    try:
+        from fuzz.repro import print_state  # type: ignore[attr-defined, unused-ignore]
+    except ImportError as e:
+        if e.name not in ("fuzz.repro.print_state", None):
+            raise
+        return None
+    return print_state
 
 
 def printable(entry: Entry) -> bool:
-    """Whether ``entry`` is a mismatch this module prints."""
-    if entry.kind != "mismatch" or entry.case.property not in PRINTED:
+    """Whether ``entry``'s script is printed from its case: a training property's by this module,
+    a state_dict or dcp entry's by :mod:`fuzz.repro.print_state` (where that module is there)."""
+    case = entry.case
+    if case.property in ("state_dict", "dcp"):
+        printer = _state_printer()
+        if printer is None:
+            return False
+        try:
+            printer.check_printable(case)
+        except NotPrintable:
+            return False
+        return True
+    if entry.kind != "mismatch" or case.property not in PRINTED:
         return False
     try:
-        check_printable(entry.case)
+        check_printable(case)
     except NotPrintable:
         return False
     return True
+
+
+def print_entry(entry: Entry) -> str:
+    """The script of ``entry`` printed from its case, from ``#!/usr/bin/env python3`` on, by the
+    printer of its property; :class:`NotPrintable` naming what it does not write."""
+    case = entry.case
+    if case.property in ("state_dict", "dcp"):
+        printer = _state_printer()
+        if printer is None:
+            raise refuse(f"a {case.property} case")
+        script = str(printer.print_case(case, entry))
+        return script if script.startswith("#!") else "#!/usr/bin/env python3\n" + script
+    if entry.kind != "mismatch":
+        raise refuse(f"a {case.property} {entry.kind}")
+    return "\n".join(["#!/usr/bin/env python3", *comments(entry)]) + "\n\n" + print_case(case)

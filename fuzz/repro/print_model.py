@@ -1,0 +1,302 @@
+"""The model half of a printed script: a case's tree as plain module code, and its compositions
+as the calls they make. Shared by every printer (:mod:`fuzz.repro.printed` for the training
+properties, :mod:`fuzz.repro.print_state` for state_dict and dcp).
+
+Public names (stable):
+
+- :class:`NotPrintable`: the :class:`~fuzz.errors.InvalidArgument` a printer raises naming what
+  of a case it does not write (``cannot print X yet``); :func:`refuse` builds one.
+- :func:`check_tree`, :func:`check_composition`, :func:`check_default`: raise it for a tree, a
+  composition, or any dataclass field away from its default that is not written.
+- :func:`model_source` ``(tree, *, skips=False, auto_wrap=False) -> str``: the imports and class
+  definitions (``Block``, ``Conv``) the model needs, "" after the imports where plain
+  ``nn.Sequential`` does.
+- :func:`build_lines` ``(tree, *, skips=False, auto_wrap=False, dtype=None, seed=None) ->
+  list[str]``: ``def build():`` returning the model (seeded with ``torch.manual_seed(seed)``
+  first where ``seed`` is given, so every rank builds the pool's weights).
+- :func:`compose_lines` ``(comp, name) -> list[str]``: ``def NAME(model):`` making the
+  composition's calls in its order and returning what trains; :func:`compose_imports`
+  ``(comps) -> list[str]`` the imports those calls need.
+- :func:`param_names` ``(tree) -> list[str]``: the plain model's parameter names, in order.
+- :data:`PRINTED_MARK`: a comment line every printed script carries (how
+  :func:`fuzz.repro.printed.is_printed` tells it from a reduced one).
+- :func:`assemble` ``(parts) -> str``: the parts of a script joined, their import lines hoisted
+  to the top once each.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from fuzz.errors import InvalidArgument
+from fuzz.model import Block, Composition, Dtype, Leaf, LeafKind, ModuleTree, Wrapper
+
+#: The comment line that marks a script printed from its case.
+PRINTED_MARK = "# Printed from the case by shardfuzz (python -m fuzz repro)."
+#: Composition fields a printed script writes; every other must hold its default.
+COMPOSITION_FIELDS = {"shards", "replicates", "checkpoints", "checkpoint_first", "mesh", "wrapper", "auto_wrap"}
+#: FSDP1 wrappers whose parameters and gradients stay whole on every rank, so that a script reads
+#: them by their plain names: NO_SHARD. (HYBRID_SHARD over one-rank shard groups looks whole, but
+#: on a torch with its shard-dimension fix the gradients read off the parameters are local
+#: shards: not printed yet.)
+WRAPPERS = {Wrapper.NONE: "", Wrapper.FSDP1_NO_SHARD: "NO_SHARD"}
+LEAVES = {LeafKind.LINEAR, LeafKind.LAYER_NORM, LeafKind.CONV1D, LeafKind.RELU, LeafKind.TANH, LeafKind.GELU}
+_WEIGHTED = (LeafKind.LINEAR, LeafKind.LAYER_NORM, LeafKind.CONV1D)
+
+
+class NotPrintable(InvalidArgument):
+    """The case uses something the printers (:mod:`fuzz.repro.printed`, :mod:`fuzz.repro.print_state`)
+    do not write yet."""
+
+
+def refuse(what: str) -> NotPrintable:
+    return NotPrintable(f"cannot print {what} yet")
+
+
+def check_default(obj: Any, written: set[str], where: str) -> None:
+    """Every field of ``obj`` but those ``written`` holds its default (a dataclass field's own
+    fields, where it is one, named one by one)."""
+    for f in dataclasses.fields(obj):
+        if f.name in written or not f.init:
+            continue
+        value = getattr(obj, f.name)
+        factory: Any = f.default_factory
+        default = f.default if f.default is not dataclasses.MISSING else factory()
+        if value == default:
+            continue
+        if dataclasses.is_dataclass(value) and type(value) is type(default):
+            check_default(value, set(), f"{where}.{f.name}")
+        raise refuse(f"{where}.{f.name}={value!r}")
+
+
+def check_tree(tree: ModuleTree) -> None:
+    if getattr(tree, "seq", 0) or getattr(tree, "vocab", 0):
+        raise refuse("a tree with a sequence or a vocabulary")
+
+    def visit(node: Any, path: str) -> None:
+        if isinstance(node, Leaf):
+            if node.kind not in LEAVES:
+                raise refuse(f"leaf kind {node.kind.value} (at {path or 'the root'})")
+            check_default(node, {"kind", "bias", "frozen"}, f"leaf {path}")
+            return
+        if not isinstance(node, Block):
+            raise refuse(f"node {type(node).__name__} (at {path or 'the root'})")
+        check_default(node, {"children", "residual", "scale", "buffer"}, f"block {path or 'root'}")
+        for i, child in enumerate(node.children):
+            visit(child, f"{path}.{i}" if path else str(i))
+
+    visit(tree.root, "")
+
+
+def check_composition(comp: Composition, where: str, knobs: bool = False) -> None:
+    check_default(comp, COMPOSITION_FIELDS | ({"knobs"} if knobs else set()), where)
+    if comp.wrapper not in WRAPPERS:
+        raise refuse(f"{where}.wrapper={comp.wrapper.value}")
+    check_default(comp.knobs, {"force_sum_reduction", "gradient_divide_factor"}, f"{where}.knobs")
+    for spec in comp.shards:
+        check_default(spec, {"path", "reshard_after_forward"}, f"{where}.shards[{spec.path!r}]")
+
+
+def param_names(tree: ModuleTree) -> list[str]:
+    """The plain model's parameter names, in registration order (children, then a block's scale)."""
+
+    def visit(node: Any, prefix: str) -> list[str]:
+        if isinstance(node, Leaf):
+            if node.kind not in _WEIGHTED:
+                return []
+            return [f"{prefix}{n}" for n in (["weight", "bias"] if node.bias else ["weight"])]
+        names = [] if not node.scale else [f"{prefix}scale"]
+        children = [n for i, c in enumerate(node.children) for n in visit(c, f"{prefix}{i}.")]
+        return names + children
+
+    return visit(tree.root, "")
+
+
+def uses(tree: ModuleTree, test: Callable[[Any], bool]) -> bool:
+    """Whether a node of ``tree`` passes ``test``."""
+
+    def visit(node: Any) -> bool:
+        return test(node) or (isinstance(node, Block) and any(visit(c) for c in node.children))
+
+    return visit(tree.root)
+
+
+def _sequential(tree: ModuleTree, skips: bool, auto_wrap: bool) -> bool:
+    """Whether ``nn.Sequential`` does for every block (no feature, no skip, no wrap policy on Block)."""
+    featured = uses(tree, lambda n: isinstance(n, Block) and (n.scale or n.buffer or n.residual))
+    return not (skips or auto_wrap or featured)
+
+
+def _node(node: Any, width: int, sequential: bool) -> str:
+    if isinstance(node, Leaf):
+        bias = "" if node.bias else ", bias=False"
+        code = {
+            LeafKind.LINEAR: f"nn.Linear({width}, {width}{bias})",
+            LeafKind.LAYER_NORM: f"nn.LayerNorm({width}{bias})",
+            LeafKind.CONV1D: f"Conv({width}, {width}, 1{bias})",
+            LeafKind.RELU: "nn.ReLU()",
+            LeafKind.TANH: "nn.Tanh()",
+            LeafKind.GELU: "nn.GELU()",
+        }[node.kind]
+        return f"{code}.requires_grad_(False)" if node.frozen else code
+    children = ", ".join(_node(c, width, sequential) for c in node.children)
+    if sequential:
+        return f"nn.Sequential({children})"
+    extra = "".join(f", {name}=True" for name in ("scale", "buffer", "residual") if getattr(node, name))
+    return f"Block([{children}], {width}{extra})"
+
+
+def _block_class(tree: ModuleTree, skips: bool) -> str:
+    """``Block``: runs its children (those not ``skipped``), then the features the tree uses."""
+    scale = uses(tree, lambda n: isinstance(n, Block) and n.scale)
+    buffer = uses(tree, lambda n: isinstance(n, Block) and n.buffer)
+    residual = uses(tree, lambda n: isinstance(n, Block) and n.residual)
+    params = "".join(
+        f", {n}=False" for n, used in (("scale", scale), ("buffer", buffer), ("residual", residual)) if used
+    )
+    lines = [
+        "class Block(nn.Module):",
+        f"    def __init__(self, children, width{params}):",
+        "        super().__init__()",
+        "        for i, child in enumerate(children):",
+        "            self.add_module(str(i), child)",
+    ]
+    if scale:
+        lines.append("        self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(width)) if scale else None")
+    if buffer:
+        lines.append("        self.register_buffer('shift', 0.1 * torch.randn(width) if buffer else None)")
+    if residual:
+        lines.append("        self.residual = residual")
+    if skips:
+        lines.append("        self.skipped = set()  # children left out of forward")
+    lines += ["", "    def forward(self, x):", "        y = x"]
+    if skips:
+        lines += ["        for name, child in self.named_children():", "            if name not in self.skipped:"]
+        lines.append("                y = child(y)")
+    else:
+        lines += ["        for child in self.children():", "            y = child(y)"]
+    if scale:
+        lines.append("        y = y if self.scale is None else y * self.scale")
+    if buffer:
+        lines.append("        y = y if self.shift is None else y + self.shift")
+    lines.append("        return x + y if self.residual else y" if residual else "        return y")
+    return "\n".join(lines)
+
+
+_CONV = """\
+class Conv(nn.Conv1d):
+    \"\"\"A one-tap Conv1d over a (batch, width) activation, as a length-1 sequence.\"\"\"
+
+    def forward(self, x):
+        return super().forward(x.unsqueeze(-1)).squeeze(-1)"""
+
+
+def model_source(tree: ModuleTree, *, skips: bool = False, auto_wrap: bool = False) -> str:
+    """The imports and class definitions the model of ``tree`` needs (``Block`` where a block has
+    a feature, children left out of forward (``skips``) or a wrap policy names it (``auto_wrap``);
+    ``Conv`` for a one-tap convolution)."""
+    parts = ["import torch\nfrom torch import nn"]
+    if not _sequential(tree, skips, auto_wrap):
+        parts.append(_block_class(tree, skips))
+    if uses(tree, lambda n: isinstance(n, Leaf) and n.kind is LeafKind.CONV1D):
+        parts.append(_CONV)
+    return "\n\n\n".join(parts)
+
+
+def build_lines(
+    tree: ModuleTree,
+    *,
+    skips: bool = False,
+    auto_wrap: bool = False,
+    dtype: Dtype | None = None,
+    seed: int | None = None,
+) -> list[str]:
+    """``def build():`` returning the model of ``tree`` (in ``dtype`` where it is float64),
+    seeded first where ``seed`` is given."""
+    to = ".to(torch.float64)" if dtype is Dtype.FLOAT64 else ""
+    seeded = [] if seed is None else [f"    torch.manual_seed({seed})  # every rank builds the same weights"]
+    return [
+        "def build():",
+        *seeded,
+        f"    return {_node(tree.root, tree.width, _sequential(tree, skips, auto_wrap))}{to}",
+    ]
+
+
+def compose_imports(comps: Iterable[Composition]) -> list[str]:
+    """The imports the calls of ``comps`` (:func:`compose_lines`) need."""
+    comps = list(comps)
+    api = {api for comp in comps for api, _ in comp.steps()}
+    lines = []
+    if "checkpoint" in api or "replicate" in api:
+        lines.append(
+            f"from torch.distributed._composable import {', '.join(sorted(api & {'checkpoint', 'replicate'}))}"
+        )
+    if any(comp.wrapper is not Wrapper.NONE for comp in comps):
+        lines.append("from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy")
+    if any(comp.auto_wrap for comp in comps):
+        lines.append("from torch.distributed.fsdp.wrap import ModuleWrapPolicy")
+    if any(comp.mesh for comp in comps):
+        lines.append("from torch.distributed.device_mesh import init_device_mesh")
+    if "fully_shard" in api:
+        lines.append("from torch.distributed.fsdp import fully_shard")
+    return lines
+
+
+def compose_lines(comp: Composition, name: str) -> list[str]:
+    """``def NAME(model):`` composing ``model`` as ``comp`` says and returning what trains."""
+    lines = []
+    if comp.wrapper is not Wrapper.NONE:
+        lines += [f'checkpoint(model.get_submodule("{p}"))' for p in comp.checkpoints]
+        kwargs = f"sharding_strategy=ShardingStrategy.{WRAPPERS[comp.wrapper]}, use_orig_params=True"
+        if comp.mesh:
+            dims = ", ".join(str(d) for d in comp.mesh)
+            lines.append(f'mesh = init_device_mesh("cpu", ({dims}), mesh_dim_names=("replicate", "shard"))')
+            kwargs += ", device_mesh=mesh"
+        if comp.auto_wrap:
+            kwargs += ", auto_wrap_policy=ModuleWrapPolicy({Block})"
+        args = ["model", *kwargs.split(", "), 'device_id=torch.device("cpu")']
+        lines += ["return FSDP(", *(f"    {a}," for a in args), ")"]
+        return [f"def {name}(model):", *(f"    {line}" for line in lines)]
+    if comp.mesh:
+        dims = ", ".join(str(d) for d in comp.mesh)
+        lines.append(f'mesh = init_device_mesh("cpu", ({dims}), mesh_dim_names=("replicate", "shard"))')
+    specs = {s.path: s for s in comp.shards}
+    for api, path in comp.steps():
+        module = "model" if path == "" else f'model.get_submodule("{path}")'
+        if api == "fully_shard":
+            spec = specs[path]
+            kwargs = ", mesh=mesh" if comp.mesh else ""
+            if spec.reshard_after_forward is not True:
+                kwargs += f", reshard_after_forward={spec.reshard_after_forward!r}"
+            lines.append(f"fully_shard({module}{kwargs})")
+        else:
+            lines.append(f"{api}({module})")
+    for spec in comp.shards:
+        module = "model" if spec.path == "" else f'model.get_submodule("{spec.path}")'
+        if comp.knobs.force_sum_reduction:
+            lines.append(f"{module}.set_force_sum_reduction_for_comms(True)")
+        if comp.knobs.gradient_divide_factor is not None:
+            lines.append(f"{module}.set_gradient_divide_factor({comp.knobs.gradient_divide_factor!r})")
+    return [f"def {name}(model):", *(f"    {line}" for line in [*lines, "return model"])]
+
+
+def assemble(parts: Iterable[str]) -> str:
+    """The script of ``parts`` (top-level definitions), two blank lines apart, with every
+    top-level import line hoisted to the top once, plain imports before ``from`` imports."""
+    imports: list[str] = []
+    bodies = []
+    for part in parts:
+        kept = []
+        for line in part.splitlines():
+            if line.startswith(("import ", "from ")):
+                if line not in imports:
+                    imports.append(line)
+            else:
+                kept.append(line)
+        body = "\n".join(kept).strip("\n")
+        if body:
+            bodies.append(body)
+    head = sorted(i for i in imports if i.startswith("import ")) + sorted(i for i in imports if i.startswith("from "))
+    return "\n\n\n".join(["\n".join(head), *bodies]) + "\n"
