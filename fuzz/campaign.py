@@ -33,7 +33,15 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from fuzz.exitcodes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NO_CASES, EXIT_OK, EXIT_USAGE, campaign_exit
+from fuzz.exitcodes import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_NO_CASES,
+    EXIT_OK,
+    EXIT_USAGE,
+    campaign_exit,
+    no_cases_line,
+)
 from fuzz.report import save_report
 from fuzz.stop import stop_signal
 
@@ -146,7 +154,7 @@ def run_pools(args: argparse.Namespace, seed: int, properties: list[str]) -> int
         return EXIT_USAGE
     cases = int(summary.get("cases", 0))
     if cases == 0 and not interrupted:
-        print(f"explore: error: no case ran within --budget {args.budget:g}s in any pool", file=sys.stderr)
+        print(no_cases_line(args.budget, pools=len(codes)), file=sys.stderr)
     new = EXIT_FAILED in codes or any(not f["known"] for f in summary["failures"])
     return campaign_exit(new_failures=new, cases=cases, interrupted=by_ctrl_c)
 

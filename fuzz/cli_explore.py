@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from fuzz.errors import ShardfuzzError
-from fuzz.exitcodes import campaign_exit
+from fuzz.exitcodes import campaign_exit, no_cases_line
 
 
 def explore_command(args: argparse.Namespace) -> int:
@@ -219,11 +219,7 @@ def _explore_one(args: argparse.Namespace, seed: int, props: list[Any]) -> int:
         html = save_report(args.report, progress.summary(seed=seed, backend=args.backend, world_size=args.world_size))
         print(f"explore: report {html}", file=sys.stderr)
     if progress.cases == 0 and not progress.interrupted:
-        print(
-            f"explore: error: no case ran within --budget {args.budget:g}s (the ranks were still starting); "
-            "give a longer --budget",
-            file=sys.stderr,
-        )
+        print(no_cases_line(args.budget), file=sys.stderr)
     return campaign_exit(new_failures=bool(progress.new_failures), cases=progress.cases, interrupted=progress.by_ctrl_c)
 
 

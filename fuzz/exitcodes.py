@@ -25,3 +25,12 @@ def campaign_exit(*, new_failures: bool, cases: int, interrupted: bool) -> int:
     if new_failures:
         return EXIT_FAILED
     return EXIT_NO_CASES if cases == 0 else EXIT_OK
+
+
+def no_cases_line(budget: float, pools: int = 1) -> str:
+    """What a campaign that ran no case (exit 3) says on stderr, with one pool or several."""
+    where = " in any pool" if pools > 1 else ""
+    return (
+        f"explore: error: no case ran within --budget {budget:g}s{where} (the ranks were still starting); "
+        "give a longer --budget"
+    )
