@@ -63,6 +63,12 @@ def resharded_after_forward() -> Case:
     return parity(Composition(shards=THREE_UNITS, knobs=Knobs(force_sum_reduction=True)))
 
 
+def plain_units() -> Case:
+    """Three units, no knob: the contracts every fully_shard case carries (the reduce-scatter
+    order, the memory in backward)."""
+    return parity(Composition(shards=THREE_UNITS))
+
+
 def checkpointed(context_fn: ContextFn = ContextFn.NONE) -> Case:
     """A checkpointed block (Linear, ReLU) inside the root unit."""
     comp = Composition(
@@ -82,4 +88,6 @@ FAULT_CASES = {
     "C04_reshard_keeps_unsharded_storage": resharded_after_forward,
     "C05_checkpoint_region_not_checkpointed": checkpointed,
     "C06_sac_must_save_recomputed": lambda: checkpointed(ContextFn.SAVE_MATMULS),
+    "C07_reduce_scatter_deferred_to_final_callback": plain_units,
+    "C08_reshard_after_backward_deferred": plain_units,
 }

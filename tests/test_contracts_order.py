@@ -18,6 +18,8 @@ ORDER = {
     "C01_forward_prefetch_not_issued": "set_modules_to_forward_prefetch on the root: '0' not all-gathered",
     "C02_backward_prefetch_not_issued": "set_modules_to_backward_prefetch on '1': '0' not all-gathered before",
     "C03_reshard_after_backward_ignored": "set_reshard_after_backward(False) on",
+    "C07_reduce_scatter_deferred_to_final_callback": "reduce-scatter order: '0' reduce-scattered before '1'",
+    "C08_reshard_after_backward_deferred": "memory: at '1''s reduce-scatter, [\"'1'\"] hold",
 }
 
 

@@ -149,7 +149,9 @@ class KnobState:
             }
             self.memory = UnitMemory(model, comp, roots, self.problems, targets)
             unneeded = Layout(tree, comp).unneeded_in_backward() if k.no_unshard_in_backward else []
-            self.order = OrderRecorder(model, comp, groups, self.memory, self.problems, self._inner_comms, unneeded)
+            self.order = OrderRecorder(
+                model, comp, groups, self.memory, self.problems, self._inner_comms, unneeded, tied=tree.tied is not None
+            )
         if comp.checkpoints:
             self.activations = ActivationRecorder(model, comp, self.problems)
 

@@ -217,7 +217,7 @@ class UnitMemory:
                 for unit in self._under(root):
                     self.pending[unit] = set()
             self._after_root_forward(root)
-            for t in _tensors(output):
+            for t in output_tensors(output):
                 if t.requires_grad:
                     t.register_hook(lambda grad: self._backward_reached(root))
 
@@ -311,11 +311,12 @@ def _completes_partial_groups() -> bool:
     return hasattr(FSDPState, "_force_complete_incomplete_states")
 
 
-def _tensors(output: Any) -> list[torch.Tensor]:
+def output_tensors(output: Any) -> list[torch.Tensor]:
+    """The tensors in a module's output (or arguments): nested in tuples, lists and dicts."""
     if isinstance(output, torch.Tensor):
         return [output]
     if isinstance(output, dict):
-        return [t for v in output.values() for t in _tensors(v)]
+        return [t for v in output.values() for t in output_tensors(v)]
     if isinstance(output, (list, tuple)):
-        return [t for v in output for t in _tensors(v)]
+        return [t for v in output for t in output_tensors(v)]
     return []

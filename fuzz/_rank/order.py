@@ -26,6 +26,16 @@ Contracts (each checked where a case uses the knob):
   microbatches: a unit all-gathered in a backward holds its unsharded parameters at the next
   microbatch ("the unsharded parameters do not need to be re-all-gathered before the next
   forward"), and is not all-gathered again before its next forward.
+- reduce-scatters in reverse order of the forward, where autograd fixes that order
+  (``fully_shard``: "After gradient computation, FSDP frees the unsharded parameters and
+  reduce-scatters the unsharded gradients", by a backward hook of each unit): a unit whose
+  forward consumed another unit's output reduce-scatters before that unit (:class:`Flow`).
+- the memory contract in backward (``fully_shard``: "frees the unsharded parameters and
+  reduce-scatters"): with ``set_reshard_after_backward(True)``, at each reduce-scatter the unit
+  and every unit that reduce-scattered before it in this backward hold no unsharded storage.
+
+The reduce-scatter comm is recorded on every unit that can take one (the all-gather comm only
+where a case uses an order knob), so the last two are checked on every fully_shard case.
 """
 
 from __future__ import annotations
@@ -35,7 +45,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from fuzz._rank.memory import UnitMemory, holds_unsharded, manages_params, name, param_groups, pending_gather
+from fuzz._rank.memory import (
+    UnitMemory,
+    full_bytes,
+    holds_unsharded,
+    manages_params,
+    name,
+    output_tensors,
+    param_groups,
+    pending_gather,
+    unsharded_bytes,
+)
 from fuzz.model import Composition, ShardSpec
 
 
@@ -91,6 +111,7 @@ class OrderRecorder:
         problems: list[str],
         inner_comms: dict[tuple[str, str], Any],
         unneeded: list[str],
+        tied: bool = False,
     ) -> None:
         self.model, self.comp, self.memory, self.problems = model, comp, memory, problems
         k = comp.knobs
@@ -99,6 +120,7 @@ class OrderRecorder:
         #: (kind, unit path, in backward) per call, this microbatch
         self.log: list[tuple[str, str, bool]] = []
         self.recorded: set[str] = set()  # units whose all-gathers are seen
+        self.scattered: set[str] = set()  # units whose reduce-scatters are seen
         self.forward_targets: dict[str, list[str]] = {}
         self.backward_targets: dict[str, list[str]] = {}
         self.left_unsharded: set[str] = set()  # by the previous backward (reshard_after_backward False)
@@ -114,18 +136,24 @@ class OrderRecorder:
         wanted = wanted or k.reshard_after_backward_last
         for spec in comp.shards:
             module = model.get_submodule(spec.path)
-            if wanted and comm_recordable(module, k):
+            if not comm_recordable(module, k):
+                continue
+            if wanted:
                 gather = inner_comms.get(("all_gather", spec.path)) or _default_comm("all_gather")
                 module.set_custom_all_gather(RecordingComm("all_gather", spec.path, self, gather))  # type: ignore[operator]
-                scatter = inner_comms.get(("reduce_scatter", spec.path)) or _default_comm("reduce_scatter")
-                module.set_custom_reduce_scatter(RecordingComm("reduce_scatter", spec.path, self, scatter))  # type: ignore[operator]
                 self.recorded.add(spec.path)
+            scatter = inner_comms.get(("reduce_scatter", spec.path)) or _default_comm("reduce_scatter")
+            module.set_custom_reduce_scatter(RecordingComm("reduce_scatter", spec.path, self, scatter))  # type: ignore[operator]
+            self.scattered.add(spec.path)
+        #: the units' data flow in forward, for the reduce-scatter order; left out where a
+        #: parameter is used by two modules (a tied head): its gradient then comes from both
+        self.flow = Flow(model, comp, memory) if self.scattered and not tied else None
         memory.on_unit_forward.append(self._on_unit_forward)
         memory.on_backward_done.append(self._on_backward_done)
 
     @property
     def active(self) -> bool:
-        return bool(self.recorded)
+        return bool(self.recorded or self.scattered)
 
     def note(self, kind: str, path: str) -> None:
         backward = in_backward()
@@ -136,6 +164,8 @@ class OrderRecorder:
         if kind == "reduce_scatter" and backward:
             self._check_before_reduce_scatter(path)
         self.log.append((kind, path, backward))
+        if kind == "reduce_scatter" and backward:
+            self._check_freed_at_reduce_scatter(path)
 
     def _gathered(self, path: str, backward: bool) -> bool:
         return any(k == "all_gather" and p == path and b == backward for k, p, b in self.log)
@@ -202,7 +232,29 @@ class OrderRecorder:
                 f"{name(path)} resharded after forward, not all-gathered in backward before its reduce"
             )
 
+    def _check_freed_at_reduce_scatter(self, path: str) -> None:
+        """At the reduce-scatter of the unit at ``path`` in a backward that reshards: it and the
+        units that reduce-scattered before it in this backward (each run once in forward: a unit
+        run twice is all-gathered again for its other call's backward) hold no unsharded
+        storage; the rest may hold theirs (the bound: their unsharded bytes)."""
+        if self.flow is None or not self.memory.reshard_after_backward or self.memory.disabled:
+            return
+        done = dict.fromkeys(p for k, p, b in self.log if k == "reduce_scatter" and b)
+        held = {u: unsharded_bytes(self.model.get_submodule(u)) for u in done if self.flow.runs.get(u) == 1}
+        extra = sorted(u for u, b in held.items() if b and u not in self.memory.loose)
+        if extra:
+            rest = [u for u in self.memory.modules if u not in done]
+            bound = sum(full_bytes(self.memory.modules[u]) for u in rest)
+            self.problems.append(
+                f"memory: at {name(path)}'s reduce-scatter, {[name(u) for u in extra]} hold "
+                f"{sum(held[u] for u in extra)} bytes of unsharded parameters, reduce-scattered in this backward with "
+                f"reshard_after_backward=True (the composition allows {bound} bytes: units not reduce-scattered yet)"
+            )
+
     def _on_backward_done(self, resharded: bool) -> None:
+        if self.flow is not None and not self.memory.disabled and not self.paused:
+            scatters = [p for k, p, b in self.log if k == "reduce_scatter" and b]
+            self.problems.extend(self.flow.order_problems(scatters))
         if resharded:
             self.forget_unsharded()
         else:
@@ -226,7 +278,118 @@ class OrderRecorder:
         known for this one's forward)."""
         self.log.clear()
         self.seen.clear()
+        if self.flow is not None:
+            self.flow.clear()
 
     def forget_unsharded(self) -> None:
         """After a backward that resharded: nothing is left unsharded by it."""
         self.left_unsharded = set()
+
+
+def _grad_nodes(value: Any) -> set[Any]:
+    """The autograd nodes of the tensors (requiring grad, not leaves) in ``value``, a module's
+    arguments or output."""
+    return {t.grad_fn for t in output_tensors(value) if t.grad_fn is not None}
+
+
+def _reaches(starts: set[Any], goals: set[Any]) -> set[Any]:
+    """The nodes of ``goals`` reachable from ``starts`` through the autograd graph (towards the
+    leaves), not walking past them."""
+    found: set[Any] = set()
+    seen: set[Any] = set()
+    todo = list(starts)
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if node in goals:
+            found.add(node)
+            continue
+        todo.extend(n for n, _ in node.next_functions)
+    return found
+
+
+class Flow:
+    """Which unit consumed which unit's output in forward, read from the autograd graph, and the
+    reduce-scatter order that follows from it.
+
+    A unit ``b`` whose (FSDP2-wrapped) inputs were computed from unit ``a``'s output gets its
+    gradients before ``a``: autograd runs ``a``'s nodes only after every node feeding them. FSDP2
+    reduce-scatters a unit from the backward of the node it puts on the unit's inputs (its
+    post-backward), or from the root's final callback where no input requires grad, so ``b``
+    reduce-scatters before ``a`` where ``b``'s output got a gradient and depends on ``b``'s
+    inputs, ``a``'s outputs depend on ``a``'s inputs (or none of them requires grad), and both ran
+    forward once this microbatch (a unit run twice reduce-scatters once per call). Grouped units
+    are left out."""
+
+    def __init__(self, model: nn.Module, comp: Composition, memory: UnitMemory) -> None:
+        self.memory = memory
+        self.runs: dict[str, int] = {}
+        self._inputs: dict[str, set[Any]] = {}
+        self._outputs: dict[Any, set[str]] = {}  # node -> units whose output it is
+        self._after: dict[str, set[str]] = {}  # unit -> units whose output its inputs came from
+        self._closed: set[str] = set()  # units whose outputs all depend on their inputs
+        self._live: set[str] = set()  # units whose output got a gradient
+        for spec in comp.shards:
+            if spec.group:
+                continue
+            module = model.get_submodule(spec.path)
+            module.register_forward_pre_hook(torch.compiler.disable(self._pre(spec.path)), with_kwargs=True)
+            module.register_forward_hook(torch.compiler.disable(self._post(spec.path)), always_call=True)
+
+    def _skip(self) -> bool:
+        return self.memory.paused or self.memory.disabled or in_backward() or not torch.is_grad_enabled()
+
+    def _pre(self, path: str) -> Any:
+        def hook(module: nn.Module, args: Any, kwargs: Any) -> None:
+            if self._skip():
+                return
+            self.runs[path] = self.runs.get(path, 0) + 1
+            inputs = _grad_nodes((args, kwargs))
+            self._inputs[path] = inputs
+            sources = _reaches(inputs, set(self._outputs))
+            self._after[path] = {u for node in sources for u in self._outputs[node]}
+
+        return hook
+
+    def _post(self, path: str) -> Any:
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            if self._skip() or self.runs.get(path) != 1:
+                return
+            nodes = _grad_nodes(output)
+            inputs = self._inputs.get(path, set())
+            if not inputs or all(_reaches({n}, inputs) for n in nodes):
+                self._closed.add(path)
+            for node in nodes:
+                self._outputs.setdefault(node, set()).add(path)
+            for t in output_tensors(output):
+                if t.requires_grad:
+                    t.register_hook(lambda grad: self._live.add(path))
+
+        return hook
+
+    def order_problems(self, scatters: list[str]) -> list[str]:
+        """At the end of a backward whose reduce-scatters were ``scatters`` (unit paths, in
+        order): a unit reduce-scattered before a unit that consumed its output."""
+        first = {p: i for i, p in reversed(list(enumerate(scatters)))}
+        out = []
+        for later, sources in self._after.items():
+            if later not in first or later not in self._live or later not in self._closed:
+                continue
+            for earlier in sorted(sources):
+                ran_once = self.runs.get(earlier) == 1 and self.runs.get(later) == 1
+                if ran_once and earlier in first and earlier in self._closed and first[earlier] < first[later]:
+                    out.append(
+                        f"reduce-scatter order: {name(earlier)} reduce-scattered before {name(later)}, whose forward "
+                        f"consumed its output (reverse order of the forward: {name(later)} first)"
+                    )
+        return out
+
+    def clear(self) -> None:
+        self.runs.clear()
+        self._inputs.clear()
+        self._outputs.clear()
+        self._after.clear()
+        self._closed.clear()
+        self._live.clear()
