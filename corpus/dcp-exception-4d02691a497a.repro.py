@@ -1,84 +1,107 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=32bab302165bedb8 sources=9d7be58e4208c9df seconds=730.1
-# Reproduces shardfuzz corpus entry dcp-exception-4d02691a497a.json: exception:dcp:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out
+# Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: fully_shard with an int reshard_after_forward and Shard(1) placements:
 # IndexError in foreach_all_gather_copy_out, or (a dim-1 size the post-forward mesh splits
 # unevenly) as_strided out of bounds in to_sharded_post_forward; upstream: none found.
-# Observed: rank 0 raised builtins.IndexError: list index out of range
-# Run: torchrun --nproc-per-node 4 THIS_FILE.py: while the failure is there a rank raises
-# builtins.IndexError in
-# torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out, prints its
-# traceback and REPRODUCED and exits 1; once it is gone rank 0 prints PASS and every rank exits 0
-# (expected: no rank raises); a rank exits 2 where the script cannot run (not under torchrun,
-# another world size) or the case fails another way (it prints FAIL). torchrun's own status is 1
-# whenever a rank's is not 0.
-
-from __future__ import annotations
+# Trains a model, saves its state with dcp.save into a fresh directory, loads it with dcp.load
+# into a freshly built one and trains both on.
+# Run: torchrun --nproc-per-node 4 THIS_FILE.py. Exit 1 (REPRODUCED): a rank raised the exception
+# named below in the same torch function; 0 (PASS): every rank ran through; 2: it failed another
+# way.
+import os
+import re
+import tempfile
 import torch
-from torch import nn
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
+import traceback
+from functools import partial
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_model_state_dict
+from torch.distributed.checkpoint.state_dict import set_model_state_dict
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import Shard
 
-def _placement_fn():
-    from torch.distributed.tensor import Shard
 
-    def fn(param):
-        return Shard(1) if param.ndim > 1 else None
-    return fn
+def build():
+    return nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
 
-def attempt(rank, world_size):
-    x = torch.randn(world_size, 4)
-    y = torch.randn(world_size, 4)
-    step_ = [(x[rank:rank + 1], y[rank:rank + 1])]
-    build_model_out = nn.Linear(4, 4)
-    from torch.distributed.fsdp import fully_shard
-    kwargs = {'reshard_after_forward': 2, 'shard_placement_fn': _placement_fn()}
-    fully_shard(build_model_out, **kwargs)
-    data_ = [step_[0]][:1]
-    x_, y_ = next(iter(data_))
-    loss = F.mse_loss(build_model_out(x_), y_)
-    loss.backward()
 
-def torch_frame(path: str, function: str) -> str | None:
-    at = path.rfind('/torch/')
-    inner = path[at + 1:]
-    if at < 0 or '/fuzz/' in path or '-packages/' in inner or (function in ('<listcomp>', '<dictcomp>', '<setcomp>')):
+def on_dim1(p):  # Shard(1) where it splits evenly, else Shard(0) (uneven sharding: dim 0 only)
+    return Shard(1) if p.ndim > 1 and p.shape[1] % 4 == 0 else None
+
+
+def compose_source(model):
+    fully_shard(model.get_submodule("1"), reshard_after_forward=2, shard_placement_fn=on_dim1)
+    fully_shard(model)
+    return model
+
+
+def compose_target(model):
+    fully_shard(model.get_submodule("1"), reshard_after_forward=2, shard_placement_fn=on_dim1)
+    fully_shard(model)
+    return model
+
+
+def optimizer(model, lr, momentum):
+    return torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+
+
+def train(model, opt, batches):
+    for x, y in batches:
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def main(rank, world_size):
+    gen = torch.Generator().manual_seed(0)  # the global batches, the same on every rank
+    draw = partial(torch.randn, world_size, 4, generator=gen)
+    rows = slice(rank, rank + 1)
+    data = [(draw()[rows], draw()[rows]) for _ in range(1)]
+    path = [tempfile.mkdtemp(prefix="dcp-") if rank == 0 else None]
+    dist.broadcast_object_list(path)  # one fresh directory for every rank
+    torch.manual_seed(0)
+    model = compose_source(build())
+    opt = optimizer(model, 0.1, 0.9)
+    train(model, opt, data[0:1])
+    state = {"model": get_model_state_dict(model)}
+    dcp.save(state, checkpoint_id=path[0])
+    torch.manual_seed(0 + 0x5EED)  # other weights: a load that does nothing shows
+    target = compose_target(build())
+    state = {"model": get_model_state_dict(target)}
+    dcp.load(state, checkpoint_id=path[0])  # in place
+    set_model_state_dict(target, state["model"])
+
+
+RAISED = {  # the entry's exception: its type, raised in this function of torch
+    'builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out',
+}
+
+
+def torch_frame(path, function):  # fuzz.signature.torch_frame: a frame of torch's own code
+    at = path.rfind("/torch/")
+    inner = path[at + 1 :]
+    if at < 0 or "/fuzz/" in path or "-packages/" in inner or function in ("<listcomp>", "<dictcomp>", "<setcomp>"):
         return None
-    return f'{inner}:{function}'
+    return f"{inner}:{function}"
 
 
 if __name__ == "__main__":
-    import os
-    os.environ['CUDA_VISIBLE_DEVICES'] = ''
-    import sys
-    import time
-    if os.environ.get("WORLD_SIZE") != "4":
-        print("run it with: torchrun --nproc-per-node 4 " + sys.argv[0], file=sys.stderr)
-        sys.exit(2)
-    import torch.distributed as dist
-    dist.init_process_group("gloo")
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    import re
-    import traceback
     try:
-        attempt(rank, world_size)
-    except BaseException as e:  # torch's CheckpointException is a BaseException
+        dist.init_process_group("gloo")
+        if dist.get_world_size() != 4:
+            raise SystemExit("run it with: torchrun --nproc-per-node 4 THIS_FILE.py")
+        main(dist.get_rank(), dist.get_world_size())
+        dist.barrier()  # every rank ran through
+    except BaseException as e:  # DCP's CheckpointException is a BaseException
         text = traceback.format_exc()
-        sys.stderr.write("".join(f"[rank{rank}]: {line}\n" for line in text.splitlines()))
-        frames = [f for f in (torch_frame(p, f) for p, f in re.findall(r'File "([^"]+)", line \d+,? in (\S+)', text)) if f]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@{(frames or ['torch/?:?'])[-1]}"
-        if found in ['builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out']:
-            print(f"REPRODUCED exception:dcp:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out: rank {rank} raised {found}", flush=True)
-            os._exit(1)
-        print(f"FAIL (not the entry's failure): rank {rank} raised {found}", flush=True)
-        os._exit(2)
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
-    store.add("repro-passed", 1)
-    until = time.monotonic() + 60
-    while store.add("repro-passed", 0) < world_size:
-        if time.monotonic() > until:
-            print(f"FAIL (not the entry's failure): rank {rank} finished, another rank did not", flush=True)
-            os._exit(2)
-        time.sleep(0.05)
-    if rank == 0:
-        print('PASS: no rank raised', flush=True)
-    os._exit(0)  # a rank must not wait for the others at exit
+        frames = [torch_frame(p, f) for p, f in re.findall(r'File "([^"]+)", line \d+, in (\S+)', text)]
+        raised = f"{type(e).__module__}.{type(e).__qualname__}@{([f for f in frames if f] or ['?'])[-1]}"
+        verdict = "REPRODUCED" if raised in RAISED else "FAIL (another failure)"
+        print(f"{text}{verdict}: rank {os.environ.get('RANK')} raised {raised}", flush=True)
+        os._exit(1 if raised in RAISED else 2)
+    if dist.get_rank() == 0:
+        print("PASS: no rank raised", flush=True)
+    os._exit(0)

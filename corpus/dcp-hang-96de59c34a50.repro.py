@@ -1,141 +1,118 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=87e3671b7d30ca95 sources=001b716bb8af1bc0 seconds=11751.2
-# Reproduces shardfuzz corpus entry dcp-hang-96de59c34a50.json: hang:dcp@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone
+# Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0
 # pass an empty model state dict; upstream: https://github.com/pytorch/pytorch/issues/157781.
-# Observed: rank 0 broadcasts state in _broadcast_state_dict that rank(s) [1] skipped (rank(s) 0,
-# 1 missed the deadline in torch/distributed/distributed_c10d.py:broadcast)
-# Run: torchrun --nproc-per-node 2 THIS_FILE.py: while the failure is there a rank prints
-# REPRODUCED and exits 1; once it is gone rank 0 prints PASS and every rank exits 0 (expected:
-# every rank finishes); a rank exits 2 where the script cannot run (not under torchrun, another
-# world size) or the case fails another way (it prints FAIL). torchrun's own status is 1 whenever
-# a rank's is not 0.
-
-from __future__ import annotations
-from dataclasses import dataclass
-import torch
-import enum
+# Trains a model, saves its state with dcp.save into a fresh directory, loads it with dcp.load
+# into a freshly built one and trains both on.
+# Run: torchrun --nproc-per-node 2 THIS_FILE.py. Exit 1 (REPRODUCED): a rank was still running
+# after 60 s (its stacks are printed); 0 (PASS): every rank ran through; 2: it failed another way.
+import faulthandler
+import os
+import re
 import tempfile
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.nn.functional as F
+import traceback
+from functools import partial
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+from torch.distributed.checkpoint.state_dict import set_state_dict
+from torch.distributed.fsdp import fully_shard
 
-@dataclass()
-class Options:
-    full_state_dict: object = False
-    cpu_offload: object = False
-    broadcast_from_rank0: object = False
-
-class DcpItem(str, enum.Enum):
-    APP = 'app'
-
-@dataclass
-class Composed:
-    model: object
-
-@dataclass
-class Side:
-    composed: object
-
-    @property
-    def model(self):
-        return self.composed.model
-
-def build_side():
-    build_model_out = nn.Linear(2, 2)
-    composed = Composed(model=build_model_out)
-    return Side(composed=composed)
 
 class App:
+    """A Stateful over the model and its optimizer, as DCP's recipe writes it."""
 
-    def __init__(self, side, get, put):
-        self.side, self.get, self.put = (side, get, put)
+    def __init__(self, model, opt, get, put):
+        self.model, self.opt, self.get, self.put = model, opt, get, put
 
     def state_dict(self):
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-        msd, osd = get_state_dict(self.side.model, self.side.opt, options=self.get)
-        return {'model': msd, 'optimizer': osd}
+        model_sd, optim_sd = get_state_dict(self.model, self.opt, options=self.get)
+        return {"model": model_sd, "optimizer": optim_sd}
 
     def load_state_dict(self, state_dict):
-        from torch.distributed.checkpoint.state_dict import set_state_dict
-        set_state_dict(self.side.model, self.side.opt, model_state_dict=state_dict['model'], optim_state_dict=state_dict['optimizer'], options=self.put)
+        model_sd, optim_sd = state_dict["model"], state_dict["optimizer"]
+        set_state_dict(self.model, self.opt, model_state_dict=model_sd, optim_state_dict=optim_sd, options=self.put)
 
-def attempt(rank, world_size):
-    get_save = Options()
-    get_load = Options(full_state_dict=True, cpu_offload=True)
-    put = Options(full_state_dict=True, broadcast_from_rank0=True)
-    dcp_root_out = tempfile.gettempdir()
-    src = build_side()
-    params = src.model.parameters()
-    src.opt = torch.optim.SGD(params, momentum=0.9)
-    out = {}
-    out[DcpItem.APP] = App(src, get_save, put)
-    values = out
-    order = range(1)
-    state = {(DcpItem.APP,)[i].value: values[DcpItem.APP] for i in order if (DcpItem.APP,)[i] in values}
-    import torch.distributed.checkpoint as dcp
-    dcp.save(state, checkpoint_id=dcp_root_out)
-    tgt = build_side()
-    params_ = tgt.model.parameters()
-    tgt.opt = torch.optim.SGD(params_, momentum=0.9)
-    out_ = {}
-    out_[DcpItem.APP] = App(tgt, get_load, put)
-    values = out_
-    order_ = range(1)
-    state = {(DcpItem.APP,)[i_].value: values[DcpItem.APP] for i_ in order_ if (DcpItem.APP,)[i_] in values}
-    dcp.load(state, checkpoint_id=dcp_root_out)
 
-def torch_frame(path: str, function: str) -> str | None:
-    at = path.rfind('/torch/')
-    inner = path[at + 1:]
-    if at < 0 or '/fuzz/' in path or '-packages/' in inner or (function in ('<listcomp>', '<dictcomp>', '<setcomp>')):
+def build():
+    return nn.Sequential(nn.Linear(2, 2))
+
+
+def compose_source(model):
+    fully_shard(model)
+    return model
+
+
+def compose_target(model):
+    fully_shard(model)
+    return model
+
+
+def optimizer(model, lr, momentum):
+    return torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+
+
+def train(model, opt, batches):
+    for x, y in batches:
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def main(rank, world_size):
+    gen = torch.Generator().manual_seed(0)  # the global batches, the same on every rank
+    draw = partial(torch.randn, world_size, 2, generator=gen)
+    rows = slice(rank, rank + 1)
+    data = [(draw()[rows], draw()[rows]) for _ in range(1)]
+    path = [tempfile.mkdtemp(prefix="dcp-") if rank == 0 else None]
+    dist.broadcast_object_list(path)  # one fresh directory for every rank
+    torch.manual_seed(0)
+    model = compose_source(build())
+    opt = optimizer(model, 0.1, 0.9)
+    train(model, opt, data[0:1])
+    state = {"app": App(model, opt, None, None)}
+    dcp.save(state, checkpoint_id=path[0])
+    torch.manual_seed(0 + 0x5EED)  # other weights: a load that does nothing shows
+    target = compose_target(build())
+    target_opt = optimizer(target, 0.1 * 0.37, 0.5)  # other hyperparameters, which the load restores
+    template = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    load = StateDictOptions(full_state_dict=True, cpu_offload=True, broadcast_from_rank0=True)
+    state = {"app": App(target, target_opt, template, load)}
+    dcp.load(state, checkpoint_id=path[0])  # in place
+
+
+RAISED = {  # the entry's exception: its type, raised in this function of torch
+}
+
+
+def torch_frame(path, function):  # fuzz.signature.torch_frame: a frame of torch's own code
+    at = path.rfind("/torch/")
+    inner = path[at + 1 :]
+    if at < 0 or "/fuzz/" in path or "-packages/" in inner or function in ("<listcomp>", "<dictcomp>", "<setcomp>"):
         return None
-    return f'{inner}:{function}'
-
-
-def main():
-    import os
-    os.environ['CUDA_VISIBLE_DEVICES'] = ''
-    import sys
-    import time
-    if os.environ.get("WORLD_SIZE") != "2":
-        print("run it with: torchrun --nproc-per-node 2 " + sys.argv[0], file=sys.stderr)
-        sys.exit(2)
-    import torch.distributed as dist
-    dist.init_process_group("gloo")
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    import threading
-    import traceback
-    finished = threading.Event()
-
-    def watch():
-        time.sleep(20)
-        if finished.is_set():
-            return
-        stack = traceback.extract_stack(sys._current_frames()[threading.main_thread().ident])
-        frames = [torch_frame(f.filename, f.name) for f in stack]
-        print(f"rank {rank} is still in the case after 20 s:", file=sys.stderr)
-        sys.stderr.write("".join(traceback.format_list(stack)))
-        if any(f in ['torch/distributed/_state_dict_utils.py:_broadcast_state_dict'] for f in frames):
-            print(f"REPRODUCED hang:dcp@torch/distributed/_state_dict_utils.py:_broadcast_state_dict:rank0-alone: rank {rank} is stuck", flush=True)
-            os._exit(1)
-        where = ([f for f in frames if f] or ["?"])[-1]
-        print(f"FAIL (not the entry's failure): rank {rank} is still running, in {where}", flush=True)
-        os._exit(2)
-
-    threading.Thread(target=watch, daemon=True).start()
-    attempt(rank, world_size)
-    finished.set()
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
-    store.add("repro-passed", 1)
-    until = time.monotonic() + 60
-    while store.add("repro-passed", 0) < world_size:
-        if time.monotonic() > until:
-            print(f"FAIL (not the entry's failure): rank {rank} finished, another rank did not", flush=True)
-            os._exit(2)
-        time.sleep(0.05)
-    if rank == 0:
-        print('PASS: every rank finished', flush=True)
-    os._exit(0)  # a rank must not wait for the others at exit
+    return f"{inner}:{function}"
 
 
 if __name__ == "__main__":
-    main()
+    faulthandler.dump_traceback_later(60, exit=True)  # the watchdog: stacks, then exit 1
+    try:
+        dist.init_process_group("gloo")
+        if dist.get_world_size() != 2:
+            raise SystemExit("run it with: torchrun --nproc-per-node 2 THIS_FILE.py")
+        main(dist.get_rank(), dist.get_world_size())
+        faulthandler.cancel_dump_traceback_later()  # a rank stuck in a collective is the one to report
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+        store.set(f"finished {dist.get_rank()}", "1")  # no collective: a rank stuck in one is seen
+        store.wait([f"finished {r}" for r in range(dist.get_world_size())])
+    except BaseException as e:  # DCP's CheckpointException is a BaseException
+        text = traceback.format_exc()
+        frames = [torch_frame(p, f) for p, f in re.findall(r'File "([^"]+)", line \d+, in (\S+)', text)]
+        raised = f"{type(e).__module__}.{type(e).__qualname__}@{([f for f in frames if f] or ['?'])[-1]}"
+        print(f"{text}FAIL (another failure): rank {os.environ.get('RANK')} raised {raised}", flush=True)
+        os._exit(2)
+    if dist.get_rank() == 0:
+        print("PASS: every rank finished", flush=True)
+    os._exit(0)

@@ -1,75 +1,92 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=af1b565e41fad220 sources=2836a7ca10136e42 seconds=433.1
-# Reproduces shardfuzz corpus entry state_dict-exception-d75bbc271571.json: exception:state_dict:builtins.AssertionError@torch/distributed/checkpoint/state_dict.py:_load_optim_state_dict
+# Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: set_optimizer_state_dict(full_state_dict=True) for an optimizer without tensor
 # state: 'Expected device to be set'; upstream: https://github.com/pytorch/pytorch/issues/133415.
-# Observed: rank 0 raised builtins.AssertionError: Expected device to be set
-# Run: torchrun --nproc-per-node 2 THIS_FILE.py: while the failure is there a rank raises
-# builtins.AssertionError in torch/distributed/checkpoint/state_dict.py:_load_optim_state_dict,
-# prints its traceback and REPRODUCED and exits 1; once it is gone rank 0 prints PASS and every
-# rank exits 0 (expected: no rank raises); a rank exits 2 where the script cannot run (not under
-# torchrun, another world size) or the case fails another way (it prints FAIL). torchrun's own
-# status is 1 whenever a rank's is not 0.
-
-from __future__ import annotations
+# Trains a model, moves its state into a freshly built one in memory through
+# get/set_model_state_dict and get/set_optimizer_state_dict, and trains both on.
+# Run: torchrun --nproc-per-node 2 THIS_FILE.py. Exit 1 (REPRODUCED): a rank raised the exception
+# named below in the same torch function; 0 (PASS): every rank ran through; 2: it failed another
+# way.
+import copy
+import os
+import re
 import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+import traceback
+from functools import partial
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
-def attempt(rank, world_size):
-    module = nn.Linear(2, 2)
-    params = list(module.parameters())
-    src_opt = torch.optim.SGD(params)
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-    msd_ = get_model_state_dict(module)
-    msd, osd = (msd_, get_optimizer_state_dict(module, src_opt))
-    module_ = nn.Linear(2, 2)
-    params_ = list(module_.parameters())
-    tgt_opt = torch.optim.SGD(params_)
-    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict, StateDictOptions
-    options_ = StateDictOptions(full_state_dict=True)
-    set_optimizer_state_dict(module_, tgt_opt, osd, options=options_)
 
-def torch_frame(path: str, function: str) -> str | None:
-    at = path.rfind('/torch/')
-    inner = path[at + 1:]
-    if at < 0 or '/fuzz/' in path or '-packages/' in inner or (function in ('<listcomp>', '<dictcomp>', '<setcomp>')):
+def build():
+    return nn.Sequential(nn.Linear(2, 2))
+
+
+def optimizer(model, lr):
+    return torch.optim.SGD(model.parameters(), lr=lr)
+
+
+def train(model, opt, batches):
+    for x, y in batches:
+        F.mse_loss(model(x), y).backward()
+        for p in model.parameters():  # a plain model: data-parallel by hand
+            if p.grad is not None:
+                dist.all_reduce(p.grad)
+                p.grad /= dist.get_world_size()
+        opt.step()
+        opt.zero_grad()
+
+
+def main(rank, world_size):
+    gen = torch.Generator().manual_seed(0)  # the global batches, the same on every rank
+    draw = partial(torch.randn, world_size, 2, generator=gen)
+    rows = slice(rank, rank + 1)
+    data = [(draw()[rows], draw()[rows]) for _ in range(1)]
+    torch.manual_seed(0)
+    model = build()
+    opt = optimizer(model, 0.1)
+    train(model, opt, data[0:1])
+    save = StateDictOptions(full_state_dict=True)
+    model_sd = get_model_state_dict(model, options=save)
+    optim_sd = get_optimizer_state_dict(model, opt, options=save)
+    model_sd, optim_sd = copy.deepcopy((model_sd, optim_sd))  # as a checkpoint read back would be
+    torch.manual_seed(0 + 0x5EED)  # other weights: a load that does nothing shows
+    target = build()
+    target_opt = optimizer(target, 0.1 * 0.37)  # other hyperparameters, which the load restores
+    load = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(target, model_sd, options=load)
+    set_optimizer_state_dict(target, target_opt, optim_sd, options=load)
+
+
+RAISED = {  # the entry's exception: its type, raised in this function of torch
+    'builtins.AssertionError@torch/distributed/checkpoint/state_dict.py:_load_optim_state_dict',
+}
+
+
+def torch_frame(path, function):  # fuzz.signature.torch_frame: a frame of torch's own code
+    at = path.rfind("/torch/")
+    inner = path[at + 1 :]
+    if at < 0 or "/fuzz/" in path or "-packages/" in inner or function in ("<listcomp>", "<dictcomp>", "<setcomp>"):
         return None
-    return f'{inner}:{function}'
+    return f"{inner}:{function}"
 
 
 if __name__ == "__main__":
-    import os
-    os.environ['CUDA_VISIBLE_DEVICES'] = ''
-    import sys
-    import time
-    if os.environ.get("WORLD_SIZE") != "2":
-        print("run it with: torchrun --nproc-per-node 2 " + sys.argv[0], file=sys.stderr)
-        sys.exit(2)
-    import torch.distributed as dist
-    dist.init_process_group("gloo")
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    import re
-    import traceback
     try:
-        attempt(rank, world_size)
-    except BaseException as e:  # torch's CheckpointException is a BaseException
+        dist.init_process_group("gloo")
+        if dist.get_world_size() != 2:
+            raise SystemExit("run it with: torchrun --nproc-per-node 2 THIS_FILE.py")
+        main(dist.get_rank(), dist.get_world_size())
+        dist.barrier()  # every rank ran through
+    except BaseException as e:  # DCP's CheckpointException is a BaseException
         text = traceback.format_exc()
-        sys.stderr.write("".join(f"[rank{rank}]: {line}\n" for line in text.splitlines()))
-        frames = [f for f in (torch_frame(p, f) for p, f in re.findall(r'File "([^"]+)", line \d+,? in (\S+)', text)) if f]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@{(frames or ['torch/?:?'])[-1]}"
-        if found in ['builtins.AssertionError@torch/distributed/checkpoint/state_dict.py:_load_optim_state_dict']:
-            print(f"REPRODUCED exception:state_dict:builtins.AssertionError@torch/distributed/checkpoint/state_dict.py:_load_optim_state_dict: rank {rank} raised {found}", flush=True)
-            os._exit(1)
-        print(f"FAIL (not the entry's failure): rank {rank} raised {found}", flush=True)
-        os._exit(2)
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
-    store.add("repro-passed", 1)
-    until = time.monotonic() + 60
-    while store.add("repro-passed", 0) < world_size:
-        if time.monotonic() > until:
-            print(f"FAIL (not the entry's failure): rank {rank} finished, another rank did not", flush=True)
-            os._exit(2)
-        time.sleep(0.05)
-    if rank == 0:
-        print('PASS: no rank raised', flush=True)
-    os._exit(0)  # a rank must not wait for the others at exit
+        frames = [torch_frame(p, f) for p, f in re.findall(r'File "([^"]+)", line \d+, in (\S+)', text)]
+        raised = f"{type(e).__module__}.{type(e).__qualname__}@{([f for f in frames if f] or ['?'])[-1]}"
+        verdict = "REPRODUCED" if raised in RAISED else "FAIL (another failure)"
+        print(f"{text}{verdict}: rank {os.environ.get('RANK')} raised {raised}", flush=True)
+        os._exit(1 if raised in RAISED else 2)
+    if dist.get_rank() == 0:
+        print("PASS: no rank raised", flush=True)
+    os._exit(0)

@@ -1,6 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=05f2a60d585ed364 sources=5f5e88fa2ae7132f seconds=524.9
-# Reproduces shardfuzz corpus entry state_dict-exception-f3b1eb1083d5.json: exception:state_dict:builtins.RuntimeError@torch/distributed/checkpoint/state_dict.py:_split_optim_state_dict
+# Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: a module whose state-dict hooks hide a child, declared through its fqn
 # modifiers method (StateDictOptions.dsd_fqn_modifiers): get_optimizer_state_dict keys that
 # child's parameters by named_parameters' names ('0.fused.weight'), set_optimizer_state_dict looks
@@ -8,91 +7,159 @@
 # strict raises RuntimeError 'Missing optimizer state for parameter', non-strict drops that state,
 # flattened raises KeyError 'param_groups.<fqn>.lr'. Any model, sharded or not; upstream: none
 # found.
-# Observed: rank 0 raised builtins.RuntimeError: Missing optimizer state for parameter
-# '0.1.weight' in checkpoint. The parameter requires gradients but has no saved optimizer ...
-# Run: torchrun --nproc-per-node 2 THIS_FILE.py: while the failure is there a rank raises
-# builtins.RuntimeError in torch/distributed/checkpoint/state_dict.py:_split_optim_state_dict,
-# prints its traceback and REPRODUCED and exits 1; once it is gone rank 0 prints PASS and every
-# rank exits 0 (expected: no rank raises); a rank exits 2 where the script cannot run (not under
-# torchrun, another world size) or the case fails another way (it prints FAIL). torchrun's own
-# status is 1 whenever a rank's is not 0.
-
-from __future__ import annotations
+# Trains a model, moves its state into a freshly built one in memory through
+# get/set_model_state_dict and get/set_optimizer_state_dict, and trains both on.
+# Run: torchrun --nproc-per-node 2 THIS_FILE.py. Exit 1 (REPRODUCED): a rank raised the exception
+# named below in the same torch function; 0 (PASS): every rank ran through; 2: it failed another
+# way.
+import copy
+import os
+import re
 import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+import traceback
+from functools import partial
 from torch import nn
-DEFAULT_FQN_MODIFIERS = '_fqn_modifiers'
+from torch.distributed._composable import checkpoint
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+from torch.distributed.fsdp import fully_shard
 
-class PointwiseConv1d(nn.Conv1d):
-    pass
-FUSED_CHILD = 'fused'
 
-class FusedLeaf(nn.Module):
-
-    def __init__(self, leaf, method=DEFAULT_FQN_MODIFIERS):
+class Block(nn.Module):
+    def __init__(self, children, width, scale=False, residual=False):
         super().__init__()
-        self.add_module(FUSED_CHILD, leaf)
-        self._atoms = [n for n, _ in leaf.named_parameters()]
-        object.__setattr__(self, method, self.key_modifiers)
+        for i, child in enumerate(children):
+            self.add_module(str(i), child)
+        self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(width)) if scale else None
+        self.residual = residual
 
-    def key_modifiers(self):
-        return {atom: FUSED_CHILD for atom in self._atoms}
+    def forward(self, x):
+        y = x
+        for child in self.children():
+            y = child(y)
+        y = y if self.scale is None else y * self.scale
+        return x + y if self.residual else y
 
-def attempt(rank, world_size):
-    build_model_out = nn.Sequential(nn.Sequential(PointwiseConv1d(1, 1, kernel_size=1), PointwiseConv1d(1, 1, kernel_size=1), PointwiseConv1d(1, 1, kernel_size=1)))
-    owner = build_model_out.get_submodule('0')
-    owner.add_module('2', FusedLeaf(owner.get_submodule('2'), DEFAULT_FQN_MODIFIERS))
-    params = list(build_model_out.parameters())
-    src_opt = torch.optim.SGD(params, momentum=0.9)
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-    msd_ = get_model_state_dict(build_model_out)
-    msd, osd = (msd_, get_optimizer_state_dict(build_model_out, src_opt))
-    build_model_out_ = nn.Sequential(nn.Sequential(PointwiseConv1d(1, 1, kernel_size=1), PointwiseConv1d(1, 1, kernel_size=1), PointwiseConv1d(1, 1, kernel_size=1)))
-    params_ = list(build_model_out_.parameters())
-    tgt_opt = torch.optim.SGD(params_)
-    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
-    set_optimizer_state_dict(build_model_out_, tgt_opt, osd)
 
-def torch_frame(path: str, function: str) -> str | None:
-    at = path.rfind('/torch/')
-    inner = path[at + 1:]
-    if at < 0 or '/fuzz/' in path or '-packages/' in inner or (function in ('<listcomp>', '<dictcomp>', '<setcomp>')):
+class Conv(nn.Conv1d):
+    """A one-tap Conv1d over a (batch, width) activation, as a length-1 sequence."""
+
+    def forward(self, x):
+        return super().forward(x.unsqueeze(-1)).squeeze(-1)
+
+
+class Fused(nn.Module):
+    """A leaf held under a child, "fused", that its state dict hides (as fused modules keep the keys
+    of the module they replaced); _fqn_modifiers tells the distributed state-dict API so."""
+
+    def __init__(self, leaf):
+        super().__init__()
+        self.fused = leaf
+        self.register_state_dict_post_hook(lambda m, sd, prefix, _: m.rename(sd, prefix + "fused.", prefix))
+        self.register_load_state_dict_pre_hook(lambda m, sd, prefix, *_: m.rename(sd, prefix, prefix + "fused."))
+
+    def _fqn_modifiers(self):
+        return {name: "fused" for name, _ in self.fused.named_parameters()}
+
+    def forward(self, x):
+        return self.fused(x)
+
+    def rename(self, state_dict, old, new):
+        for name in self._fqn_modifiers():
+            if old + name in state_dict:
+                state_dict[new + name] = state_dict.pop(old + name)
+
+
+def fuse(model):
+    for path in ('0.1', '0.2'):  # the leaves built as fused modules
+        owner, _, name = path.rpartition(".")
+        model.get_submodule(owner).add_module(name, Fused(model.get_submodule(path)))
+    return model
+
+
+def build():
+    return Block([Block([nn.ReLU(), Conv(1, 1, 1), Conv(1, 1, 1, bias=False)], 1, scale=True, residual=True)], 1)
+
+
+def compose_source(model):
+    fully_shard(model, reshard_after_forward=False)
+    return model
+
+
+def compose_target(model):
+    checkpoint(model)
+    fully_shard(model)
+    return model
+
+
+def optimizer(model, lr, momentum):
+    return torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+
+
+def train(model, opt, batches):
+    for x, y in batches:
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def main(rank, world_size):
+    gen = torch.Generator().manual_seed(6424)  # the global batches, the same on every rank
+    draw = partial(torch.randn, world_size * 2, 1, generator=gen)
+    rows = slice(0, 2)  # every rank trains on the same rows
+    data = [(draw()[rows], draw()[rows]) for _ in range(2)]
+    torch.manual_seed(6424)
+    model = compose_source(fuse(build()))
+    opt = optimizer(model, 0.01, 0.9)
+    train(model, opt, data[0:2])
+    save = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_sd = get_model_state_dict(model, options=save)
+    optim_sd = get_optimizer_state_dict(model, opt, options=save)
+    model_sd, optim_sd = copy.deepcopy((model_sd, optim_sd))  # as a checkpoint read back would be
+    torch.manual_seed(6424 + 0x5EED)  # other weights: a load that does nothing shows
+    target = compose_target(fuse(build()))
+    target_opt = optimizer(target, 0.01 * 0.37, 0.5)  # other hyperparameters, which the load restores
+    if rank != 0:
+        model_sd, optim_sd = {}, {}  # broadcast_from_rank0: rank 0 alone holds the state
+    load = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(target, model_sd, options=load)
+    set_optimizer_state_dict(target, target_opt, optim_sd, options=load)
+
+
+RAISED = {  # the entry's exception: its type, raised in this function of torch
+    'builtins.AttributeError@torch/optim/sgd.py:_single_tensor_sgd',
+    'builtins.KeyError@torch/distributed/checkpoint/state_dict.py:_unflatten_optim_state_dict',
+    'builtins.KeyError@torch/optim/adam.py:step',
+    'builtins.KeyError@torch/optim/sgd.py:step',
+    'builtins.RuntimeError@torch/distributed/checkpoint/state_dict.py:_split_optim_state_dict',
+    'builtins.TypeError@torch/optim/adam.py:__setstate__',
+}
+
+
+def torch_frame(path, function):  # fuzz.signature.torch_frame: a frame of torch's own code
+    at = path.rfind("/torch/")
+    inner = path[at + 1 :]
+    if at < 0 or "/fuzz/" in path or "-packages/" in inner or function in ("<listcomp>", "<dictcomp>", "<setcomp>"):
         return None
-    return f'{inner}:{function}'
+    return f"{inner}:{function}"
 
 
 if __name__ == "__main__":
-    import os
-    os.environ['CUDA_VISIBLE_DEVICES'] = ''
-    import sys
-    import time
-    if os.environ.get("WORLD_SIZE") != "2":
-        print("run it with: torchrun --nproc-per-node 2 " + sys.argv[0], file=sys.stderr)
-        sys.exit(2)
-    import torch.distributed as dist
-    dist.init_process_group("gloo")
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    import re
-    import traceback
     try:
-        attempt(rank, world_size)
-    except BaseException as e:  # torch's CheckpointException is a BaseException
+        dist.init_process_group("gloo")
+        if dist.get_world_size() != 2:
+            raise SystemExit("run it with: torchrun --nproc-per-node 2 THIS_FILE.py")
+        main(dist.get_rank(), dist.get_world_size())
+        dist.barrier()  # every rank ran through
+    except BaseException as e:  # DCP's CheckpointException is a BaseException
         text = traceback.format_exc()
-        sys.stderr.write("".join(f"[rank{rank}]: {line}\n" for line in text.splitlines()))
-        frames = [f for f in (torch_frame(p, f) for p, f in re.findall(r'File "([^"]+)", line \d+,? in (\S+)', text)) if f]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@{(frames or ['torch/?:?'])[-1]}"
-        if found in ['builtins.AttributeError@torch/optim/sgd.py:_single_tensor_sgd', 'builtins.KeyError@torch/distributed/checkpoint/state_dict.py:_unflatten_optim_state_dict', 'builtins.KeyError@torch/optim/adam.py:step', 'builtins.KeyError@torch/optim/sgd.py:step', 'builtins.RuntimeError@torch/distributed/checkpoint/state_dict.py:_split_optim_state_dict', 'builtins.TypeError@torch/optim/adam.py:__setstate__']:
-            print(f"REPRODUCED exception:state_dict:builtins.RuntimeError@torch/distributed/checkpoint/state_dict.py:_split_optim_state_dict: rank {rank} raised {found}", flush=True)
-            os._exit(1)
-        print(f"FAIL (not the entry's failure): rank {rank} raised {found}", flush=True)
-        os._exit(2)
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
-    store.add("repro-passed", 1)
-    until = time.monotonic() + 60
-    while store.add("repro-passed", 0) < world_size:
-        if time.monotonic() > until:
-            print(f"FAIL (not the entry's failure): rank {rank} finished, another rank did not", flush=True)
-            os._exit(2)
-        time.sleep(0.05)
-    if rank == 0:
-        print('PASS: no rank raised', flush=True)
-    os._exit(0)  # a rank must not wait for the others at exit
+        frames = [torch_frame(p, f) for p, f in re.findall(r'File "([^"]+)", line \d+, in (\S+)', text)]
+        raised = f"{type(e).__module__}.{type(e).__qualname__}@{([f for f in frames if f] or ['?'])[-1]}"
+        verdict = "REPRODUCED" if raised in RAISED else "FAIL (another failure)"
+        print(f"{text}{verdict}: rank {os.environ.get('RANK')} raised {raised}", flush=True)
+        os._exit(1 if raised in RAISED else 2)
+    if dist.get_rank() == 0:
+        print("PASS: no rank raised", flush=True)
+    os._exit(0)

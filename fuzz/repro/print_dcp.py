@@ -1,0 +1,221 @@
+"""The dcp property's scripts printed from the case (:mod:`fuzz.repro.print_parts` says what every
+round trip script does and how it judges): a :class:`~fuzz.model.DcpBody`'s program, as
+:mod:`fuzz._rank.dcp` runs it. The source trains, its model and optimizer go into ``dcp.save`` as
+get_*_state_dict's state dicts or inside an app Stateful over get/set_state_dict, into a fresh
+temporary directory (one for every rank); a fresh target builds the same dict, ``dcp.load`` fills it
+in place and set_*_state_dict hands it to the target (the app entry loads itself); both train on.
+
+Written so far: round trips of the model, optimizer and app entries, in one order on every rank,
+with the state-dict options of the case, a requires_grad schedule, frozen parameters in the
+optimizer and an empty param group. Anything else (the other entries, async saves, storage
+objects, planners, FSDP1's classic recipe, partial loads, ...) is refused by name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fuzz.model import Case, DcpBody, DcpItem, DcpMode, is_fsdp1, is_plain
+from fuzz.repro.print_model import (
+    assemble,
+    build_lines,
+    check_default,
+    compose_helpers,
+    compose_imports,
+    compose_lines,
+    model_source,
+    refuse,
+)
+from fuzz.repro.print_parts import (
+    FRESH_SEED,
+    catch_up,
+    check_sides,
+    check_training,
+    composed,
+    data_lines,
+    differs_def,
+    full_def,
+    header,
+    main_block,
+    optimizer_call,
+    optimizer_def,
+    raised_lines,
+    side_line,
+    torch_frame_lines,
+    train_calls,
+    train_def,
+)
+
+#: DcpBody fields a script writes; every other must hold its default.
+_BODY_FIELDS = {
+    "tree",
+    "source",
+    "target",
+    "entries",
+    "training",
+    "steps_after",
+    "orders",
+    "save_full_state_dict",
+    "save_cpu_offload",
+    "load_full_state_dict",
+    "load_cpu_offload",
+    "frozen_in_optimizer",
+    "empty_group",
+    "requires_grad",
+}
+_ENTRIES = {DcpItem.MODEL, DcpItem.OPTIMIZER, DcpItem.APP}
+
+
+def check_printable(case: Case) -> None:
+    """Raise :class:`~fuzz.repro.print_model.NotPrintable` naming what of ``case`` is not written."""
+    body: Any = case.body
+    check_sides(body.tree, body.source, body.target)
+    check_training(body.training)
+    check_default(body, _BODY_FIELDS, "body")
+    for entry in body.entries:
+        if entry not in _ENTRIES:
+            raise refuse(f"the {entry.value} entry")
+    if any(list(order) != sorted(order) for order in body.orders):
+        raise refuse("per-rank orders of the entries")
+    if body.mode is not DcpMode.ROUND_TRIP:
+        raise refuse(f"mode={body.mode.value}")
+    if is_fsdp1(body.source) or is_fsdp1(body.target):
+        raise refuse("FSDP1's classic recipe through DCP")
+
+
+def _options(full: bool, offload: bool, load: bool) -> str:
+    """StateDictOptions arguments as :func:`fuzz._rank.dcp._options` makes them."""
+    args = [n for n, on in (("full_state_dict", full), ("cpu_offload", offload)) if on]
+    args += ["broadcast_from_rank0"] if load and full and offload else []
+    return ", ".join(f"{a}=True" for a in args)
+
+
+_APP = '''\
+class App:
+    """A Stateful over the model and its optimizer, as DCP's recipe writes it."""
+
+    def __init__(self, model, opt, get, put):
+        self.model, self.opt, self.get, self.put = model, opt, get, put
+
+    def state_dict(self):
+        model_sd, optim_sd = get_state_dict(self.model, self.opt, options=self.get)
+        return {"model": model_sd, "optimizer": optim_sd}
+
+    def load_state_dict(self, state_dict):
+        model_sd, optim_sd = state_dict["model"], state_dict["optimizer"]
+        set_state_dict(self.model, self.opt, model_state_dict=model_sd, optim_state_dict=optim_sd, options=self.put)'''
+
+
+def _state(body: DcpBody, model: str, opt: str, options: str, put: str = "") -> list[str]:
+    """``state = {...}``: the top-level dict of ``model`` and ``opt``, its entries in the case's order."""
+    kw = f", options={options}" if options else ""
+    value = {
+        DcpItem.MODEL: f"get_model_state_dict({model}{kw})",
+        DcpItem.OPTIMIZER: f"get_optimizer_state_dict({model}, {opt}{kw})",
+        DcpItem.APP: f"App({model}, {opt}, {options or 'None'}, {put or 'None'})",
+    }
+    items = [f'"{e.value}": {value[e]}' for e in body.entries]
+    one = "    state = {" + ", ".join(items) + "}"
+    return [one] if len(one) <= 110 else ["    state = {", *(f"        {i}," for i in items), "    }"]
+
+
+def print_case(case: Case, entry: Any = None) -> str:
+    check_printable(case)
+    body: DcpBody = case.body  # type: ignore[assignment]
+    judged = entry is None or entry.kind == "mismatch"
+    t = body.training
+    sides = [body.source, body.target]
+    sharded = any(c.shards for c in sides)
+    wrap = any(c.auto_wrap for c in sides)
+    app = DcpItem.APP in body.entries
+    options = (body.save_full_state_dict, body.save_cpu_offload, body.load_full_state_dict, body.load_cpu_offload)
+    names = ["StateDictOptions"] if any(options) else []
+    names += ["get_state_dict", "set_state_dict"] if app else []
+    if DcpItem.MODEL in body.entries:
+        names += ["get_model_state_dict", "set_model_state_dict"]
+    if DcpItem.OPTIMIZER in body.entries:
+        names += ["get_optimizer_state_dict", "set_optimizer_state_dict"]
+    names.sort()
+    half = (len(names) + 1) // 2
+    imports = ["import tempfile", "import torch.distributed as dist", "import torch.distributed.checkpoint as dcp"]
+    imports += ["import torch.nn.functional as F", *compose_imports(sides)]
+    imports += [
+        f"from torch.distributed.checkpoint.state_dict import {', '.join(n)}" for n in (names[:half], names[half:]) if n
+    ]
+    if judged and sharded:
+        imports.append("from torch.distributed.tensor import DTensor")
+    parts = [model_source(body.tree, auto_wrap=wrap), "\n".join(imports)]
+    if app:
+        parts.append(_APP)
+    parts.append("\n".join(build_lines(body.tree, auto_wrap=wrap, dtype=t.dtype)))
+    parts += compose_helpers(sides, case.world_size)
+    for comp, name in ((body.source, "compose_source"), (body.target, "compose_target")):
+        if composed(comp):
+            parts.append("\n".join(compose_lines(comp, name)))
+    parts.append("\n".join(optimizer_def(body.tree, t, body.frozen_in_optimizer, body.empty_group)))
+    parts.append("\n".join(train_def(sides, t)))
+    if judged:
+        parts += ["\n".join(full_def(sharded)), "\n".join(differs_def(t.dtype))]
+    parts.append("\n".join(_main(case, body, judged)))
+    tail = [] if judged else ["\n".join(raised_lines(entry))]
+    tail += ["\n".join(torch_frame_lines()), "\n".join(main_block(case, entry))]
+    imports_tail = ["import os", "import re", "import traceback", "from functools import partial"]
+    if entry is not None and entry.kind in ("hang", "crash"):
+        imports_tail.append("import faulthandler")
+    what = (
+        "Trains a model, saves its state with dcp.save into a fresh directory, loads it with dcp.load "
+        "into a freshly built one and trains both on."
+    )
+    head = "\n".join(["#!/usr/bin/env python3", *header(case, entry, what)])
+    return head + "\n" + assemble([*parts, "\n".join(imports_tail), *tail])
+
+
+def _main(case: Case, body: DcpBody, judged: bool) -> list[str]:
+    t = body.training
+    avg_src = avg_tgt = ""
+    if is_plain(body.source) != is_plain(body.target):
+        avg_src, avg_tgt = f", {is_plain(body.source)}", f", {is_plain(body.target)}"
+    lines = ["def main(rank, world_size):", *data_lines(case, body.tree, t, t.steps + body.steps_after)]
+    lines += [
+        '    path = [tempfile.mkdtemp(prefix="dcp-") if rank == 0 else None]',
+        "    dist.broadcast_object_list(path)  # one fresh directory for every rank",
+        f"    torch.manual_seed({case.seed})",
+        side_line("model", body.source, False),
+        f"    opt = {optimizer_call('model', t, fresh=False)}",
+    ]
+    lines += train_calls("model", "opt", 0, t.steps, body.requires_grad, avg_src)
+    save = _options(body.save_full_state_dict, body.save_cpu_offload, load=False)
+    template = _options(body.load_full_state_dict, body.load_cpu_offload, load=False)
+    put = _options(body.load_full_state_dict, body.load_cpu_offload, load=True)
+    lines += [f"    save = StateDictOptions({save})"] if save else []
+    lines += _state(body, "model", "opt", "save" if save else "")
+    lines.append("    dcp.save(state, checkpoint_id=path[0])")
+    if judged:
+        lines.append("    saved = full(model, opt)")
+    lines += [
+        f"    torch.manual_seed({case.seed} + 0x{FRESH_SEED:X})  # other weights: a load that does nothing shows",
+        side_line("target", body.target, False),
+    ]
+    loads_all = DcpItem.APP in body.entries or {DcpItem.MODEL, DcpItem.OPTIMIZER} <= set(body.entries)
+    if judged or loads_all or DcpItem.OPTIMIZER in body.entries:
+        fresh = optimizer_call("target", t, fresh=True)
+        lines.append(f"    target_opt = {fresh}  # other hyperparameters, which the load restores")
+    lines += catch_up("target", t.steps, body.requires_grad)
+    lines += [f"    template = StateDictOptions({template})"] if template else []
+    lines += [f"    load = StateDictOptions({put})"] if put else []
+    lines += _state(body, "target", "target_opt", "template" if template else "", "load" if put else "")
+    lines.append("    dcp.load(state, checkpoint_id=path[0])  # in place")
+    kw = ", options=load" if put else ""
+    if DcpItem.MODEL in body.entries:
+        lines.append(f'    set_model_state_dict(target, state["model"]{kw})')
+    if DcpItem.OPTIMIZER in body.entries:
+        lines.append(f'    set_optimizer_state_dict(target, target_opt, state["optimizer"]{kw})')
+    if judged:
+        lines += ['    said = differs("after the load", full(target, target_opt), saved, exact=True)']
+    if body.steps_after and loads_all:
+        after = t.steps + body.steps_after
+        lines += train_calls("model", "opt", t.steps, after, body.requires_grad, avg_src)
+        lines += train_calls("target", "target_opt", t.steps, after, body.requires_grad, avg_tgt)
+        if judged:
+            lines.append('    said = said or differs("after training on", full(target), full(model), exact=False)')
+    return [*lines, "    return said"] if judged else lines

@@ -1,0 +1,140 @@
+"""Scripts printed from the case for state_dict and dcp (fuzz/repro/print_state.py, print_dcp.py,
+print_parts.py): a printed round trip judges as the pool does, what cannot be printed is refused
+by name, and the stored ones are current and clean and carry the one rule of a torch frame."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, reject, settings
+from hypothesis import strategies as st
+
+from fuzz._rank.state_dict import FRESH_SEED
+from fuzz.corpus import load_entry
+from fuzz.errors import CaseError
+from fuzz.model import (
+    Api,
+    Block,
+    Case,
+    Composition,
+    Leaf,
+    LeafKind,
+    ModuleTree,
+    Optimizer,
+    Options,
+    ShardSpec,
+    StateDictBody,
+    Training,
+)
+from fuzz.repro import print_parts, print_state
+from fuzz.repro.printed import is_printed, print_entry
+from fuzz.signature import torch_frame
+from tests.conftest import ROOT
+
+_SIDES = [
+    Composition(),
+    Composition(shards=(ShardSpec(path=""),)),
+    Composition(shards=(ShardSpec(path="0", reshard_after_forward=False), ShardSpec(path=""))),
+]
+
+
+@st.composite
+def printable_state_dict_cases(draw: st.DrawFn) -> Case:
+    """state_dict cases of what print_state writes: plain or fully_shard sides, the split, combined
+    or module API, full or sharded state dicts, SGD or Adam, training on after the load."""
+    inner = Block(children=(Leaf(LeafKind.LINEAR), Leaf(LeafKind.TANH)), scale=draw(st.booleans()))
+    tree = ModuleTree(width=draw(st.sampled_from([2, 3])), root=Block(children=(inner, Leaf(LeafKind.LINEAR))))
+    full = draw(st.booleans())
+    try:
+        body = StateDictBody(
+            tree=tree,
+            source=draw(st.sampled_from(_SIDES)),
+            target=draw(st.sampled_from(_SIDES)),
+            training=Training(
+                optimizer=draw(st.sampled_from([Optimizer.SGD, Optimizer.ADAM])),
+                momentum=0.9,
+                steps=draw(st.integers(1, 2)),
+                param_groups=draw(st.integers(1, 2)),
+            ),
+            steps_after=draw(st.integers(0, 1)),
+            api=draw(st.sampled_from([Api.SPLIT, Api.COMBINED, Api.MODULE])),
+            save=Options(full_state_dict=full),
+            load=Options(full_state_dict=full),
+        )
+    except CaseError:
+        reject()
+    return Case(property="state_dict", world_size=2, seed=draw(st.integers(0, 3)), body=body)
+
+
+@settings(max_examples=2, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(case=printable_state_dict_cases())
+def test_a_printed_round_trip_judges_as_the_pool(rank_pool: Any, case: Case) -> None:
+    """Differential: where the pool's run of a case passes, the printed script's ``main`` finds
+    nothing that differs on any rank; where the pool's raises, the script's raises too."""
+    if rank_pool.world_size != 2 or rank_pool.backend != "gloo":
+        pytest.skip("compares with a 2-rank gloo pool")
+    code = print_state.print_case(case)
+    outcome = rank_pool.run(case)
+    ran = rank_pool.run_script(code, function="main", deadline=120)
+    assert not ran.missing, ran.missing
+    differs = {rank: v for rank, v in ran.verdicts.items() if v != "None"}  # what main found to differ
+    if outcome.ok:
+        assert not ran.errors and not differs, (ran.errors, differs)
+    else:
+        assert ran.errors or differs, outcome
+
+
+def test_what_cannot_be_printed_yet_is_refused_by_name() -> None:
+    refused = {
+        "dcp-exception-11c7f72baa01": r"cannot print source\.wrapper=fsdp1_full_shard yet",
+        "dcp-exception-491a9c43abbb": r"cannot print body\.storage_objects=True yet",
+        "state_dict-exception-d4322b68deab": r"cannot print target\.wrapper=ddp yet",
+    }
+    for name, said in refused.items():
+        entry = load_entry(ROOT / "corpus" / f"{name}.json")
+        with pytest.raises(print_state.NotPrintable, match=said):
+            print_state.print_case(entry.case, entry)
+
+
+def test_the_target_seed_is_the_rank_sides() -> None:
+    assert print_parts.FRESH_SEED == FRESH_SEED
+
+
+def _stored() -> list[Path]:
+    paths = [
+        *sorted((ROOT / "corpus").glob("state_dict-*.repro.py")),
+        *sorted((ROOT / "corpus").glob("dcp-*.repro.py")),
+    ]
+    return [p for p in paths if is_printed(p.read_text())]
+
+
+def _body(function: Any) -> str:
+    """A function's body as source, without its docstring and annotations (ast.unparse)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(function)) if callable(function) else function)
+    node = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef))
+    body = [s for s in node.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    return "\n".join(ast.unparse(s) for s in body)
+
+
+def test_stored_printed_scripts_are_current_clean_and_carry_the_torch_frame_rule() -> None:
+    """Each stored printed state_dict / dcp script is what printing its entry gives now; ruff finds
+    nothing in it (F, E, B, SIM); its torch_frame is fuzz.signature.torch_frame's body."""
+    stored = _stored()
+    assert len(stored) >= 8
+    rule = _body(torch_frame)
+    for path in stored:
+        text = path.read_text()
+        entry = load_entry(path.with_name(path.name.removesuffix(".repro.py") + ".json"))
+        assert text == print_entry(entry), path.name
+        mine = next(n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name == "torch_frame")
+        assert _body(ast.unparse(mine)) == rule, path.name
+    lint = [sys.executable, "-m", "ruff", "check", "--no-cache", "--select", "F,E,B,SIM", *map(str, stored)]
+    done = subprocess.run(lint, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout
