@@ -1,36 +1,49 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=71d9601af2884473 sources=c819ef517160c7c9 seconds=568.8
-# Reproduces shardfuzz corpus entry parity-exception-3e90c3cc368a.json: exception:parity:builtins.ValueError@torch/utils/checkpoint.py:_checkpoint_without_reentrant_generator
+# shardfuzz reduced reproducer: entry=71d9601af2884473 sources=76efda80b8085560 seconds=16.8
 # Known torch bug: composable checkpoint(module, debug=True) raises ValueError 'debug=True is
 # incompatible with non-default context_fn' on the first forward whatever the caller passes: it
 # always hands torch.utils.checkpoint a context_fn of its own; upstream:
 # https://github.com/pytorch/pytorch/issues/185285.
-# Observed: composable checkpoint(debug=True) always raises ValueError 'debug=True is incompatible
-# with non-default context_fn' (it passes torch.utils.checkpoint a context_fn of its own); met ...
-# Run: torchrun --nproc-per-node 2 THIS_FILE.py: while the failure is there a rank raises
-# builtins.ValueError in torch/utils/checkpoint.py:_checkpoint_without_reentrant_generator, prints
-# its traceback and REPRODUCED and exits 1; once it is gone rank 0 prints PASS and every rank
-# exits 0 (expected: no rank raises); a rank exits 2 where the script cannot run (not under
-# torchrun, another world size) or the case fails another way (it prints FAIL). torchrun's own
-# status is 1 whenever a rank's is not 0.
+# Runs the case's training. Run: torchrun --nproc-per-node 2 THIS_FILE.py: a rank that raises the
+# entry's exception (EXPECTED: its type @ the innermost frame of torch's own code) prints
+# REPRODUCED and exits 1; one that raises another exits 2 (FAIL); where none raises, rank 0 prints
+# PASS and every rank exits 0.
+# Outside torchrun --nproc-per-node 2 the script prints how to run it and exits 2.
+# Printed from the case by shardfuzz (python -m fuzz repro).
 
-from __future__ import annotations
+import os
+import sys
 import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+import traceback
 from torch import nn
+from torch.distributed._composable import checkpoint
+from torch.distributed.fsdp import fully_shard
 
-def attempt(rank, world_size):
-    build_model_out = nn.Linear(4, 4)
-    from torch.distributed._composable import checkpoint
-    kwargs = {'debug': True}
-    checkpoint(build_model_out, **kwargs)
-    lo = rank * 2
-    x_ = torch.randn(4, 4)
-    y_ = torch.randn(4, 4)
-    step_ = [(x_[lo:lo + 2], y_[lo:lo + 2])]
-    i, (x, y) = next(enumerate(step_))
-    out = build_model_out(x)
 
-def torch_frame(path: str, function: str) -> str | None:
+def train(rank, world_size):
+    torch.manual_seed(0)  # every rank builds the same weights
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    checkpoint(model.get_submodule("0"), debug=True)
+    fully_shard(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(2):
+        for _ in range(2):
+            x, y = (torch.randn(world_size * 2, 4, generator=gen)[rank * 2 :][:2] for _ in range(2))
+            F.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+# the entry's exception: its type @ the innermost frame of torch's own code
+EXPECTED = {
+    'builtins.ValueError@torch/utils/checkpoint.py:_checkpoint_without_reentrant_generator',
+}
+
+
+def torch_frame(path, function):  # a frame of torch's own code (fuzz.signature.torch_frame)
     at = path.rfind('/torch/')
     inner = path[at + 1:]
     if at < 0 or '/fuzz/' in path or '-packages/' in inner or (function in ('<listcomp>', '<dictcomp>', '<setcomp>')):
@@ -39,38 +52,20 @@ def torch_frame(path: str, function: str) -> str | None:
 
 
 if __name__ == "__main__":
-    import os
-    os.environ['CUDA_VISIBLE_DEVICES'] = ''
-    import sys
-    import time
     if os.environ.get("WORLD_SIZE") != "2":
         print("run it with: torchrun --nproc-per-node 2 " + sys.argv[0], file=sys.stderr)
         sys.exit(2)
-    import torch.distributed as dist
     dist.init_process_group("gloo")
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    import re
-    import traceback
+    rank = dist.get_rank()
     try:
-        attempt(rank, world_size)
-    except BaseException as e:  # torch's CheckpointException is a BaseException
-        text = traceback.format_exc()
-        sys.stderr.write("".join(f"[rank{rank}]: {line}\n" for line in text.splitlines()))
-        frames = [f for f in (torch_frame(p, f) for p, f in re.findall(r'File "([^"]+)", line \d+,? in (\S+)', text)) if f]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@{(frames or ['torch/?:?'])[-1]}"
-        if found in ['builtins.ValueError@torch/utils/checkpoint.py:_checkpoint_without_reentrant_generator']:
-            print(f"REPRODUCED exception:parity:builtins.ValueError@torch/utils/checkpoint.py:_checkpoint_without_reentrant_generator: rank {rank} raised {found}", flush=True)
-            os._exit(1)
-        print(f"FAIL (not the entry's failure): rank {rank} raised {found}", flush=True)
-        os._exit(2)
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
-    store.add("repro-passed", 1)
-    until = time.monotonic() + 60
-    while store.add("repro-passed", 0) < world_size:
-        if time.monotonic() > until:
-            print(f"FAIL (not the entry's failure): rank {rank} finished, another rank did not", flush=True)
-            os._exit(2)
-        time.sleep(0.05)
+        train(rank, dist.get_world_size())
+        dist.barrier()
+    except Exception as e:
+        traceback.print_exc()
+        frames = [torch_frame(f.filename, f.name) for f in traceback.extract_tb(e.__traceback__)]
+        found = f"{type(e).__module__}.{type(e).__qualname__}@{([f for f in frames if f] or ['?'])[-1]}"
+        said = "REPRODUCED" if found in EXPECTED else "FAIL (not the entry's exception)"
+        print(f"{said}: rank {rank} raised {found}: {e}", flush=True)
+        os._exit(1 if found in EXPECTED else 2)
     if rank == 0:
-        print('PASS: no rank raised', flush=True)
-    os._exit(0)  # a rank must not wait for the others at exit
+        print("PASS: no rank raised", flush=True)

@@ -1,6 +1,7 @@
-"""Scripts printed from the case (fuzz/repro/printed.py): what they observe is what the pool
-observes, they refuse by name what they cannot print, and the stored ones are current, clean and
-compute every value they compare."""
+"""Scripts printed from the case (fuzz/repro/printed.py and its print_* modules): what they
+observe is what the pool observes (losses and parameters, or the exception and where torch
+raised it), they refuse by name what they cannot print, the stored ones are current, clean and
+compute every value they compare, and a bad entry changes nothing."""
 
 from __future__ import annotations
 
@@ -33,17 +34,36 @@ from fuzz.model import (
     Training,
     Wrapper,
 )
-from fuzz.repro.printed import NotPrintable, comments, is_printed, print_case
+from fuzz.repro.print_check import torch_frame_source
+from fuzz.repro.printed import NotPrintable, is_printed, print_case, print_entry, printable
+from fuzz.signature import location, torch_frame
 from tests.conftest import ROOT
 
-#: What the test adds to a printed script to read its composed run as the pool's observations.
+#: What the test adds to a printed mismatch script to read its composed run as the pool's
+#: observations (each step's losses, and its parameters after the step).
 _OBSERVE = """
 
 def observe(rank, world_size):
     import json
-    seen = run(rank, world_size, compose)
-    params = [{n: t.double().flatten().tolist() for n, t in s[2].items()} for s in seen]
-    return json.dumps({"losses": [s[0] for s in seen], "params": params})
+    seen = train(rank, world_size, compose)
+    steps = sorted({int(k.split()[3].rstrip(",")) for k in seen if k.startswith("loss at step ")})
+    losses = [[float(v) for k, v in seen.items() if k.startswith(f"loss at step {s},")] for s in steps]
+    params = [{k.split()[0]: v.double().flatten().tolist() for k, v in seen.items() if k.endswith(f" after step {s}")}
+              for s in steps]
+    return json.dumps({"losses": losses, "params": params})
+"""
+
+#: What the test adds to a printed exception script: the exception its training raises on this
+#: rank as the script names it (type@innermost torch frame), or "ok".
+_RAISED = """
+
+def raised(rank, world_size):
+    try:
+        train(rank, world_size)
+    except Exception as e:
+        frames = [torch_frame(f.filename, f.name) for f in traceback.extract_tb(e.__traceback__)]
+        return f"{type(e).__module__}.{type(e).__qualname__}@{([f for f in frames if f] or ['?'])[-1]}"
+    return "ok"
 """
 
 _LEAVES = st.sampled_from([LeafKind.LINEAR, LeafKind.LAYER_NORM, LeafKind.CONV1D, LeafKind.TANH, LeafKind.RELU])
@@ -62,8 +82,9 @@ _COMPOSITIONS = [
 def printable_parity_cases(draw: st.DrawFn) -> Case:
     """Parity cases of what fuzz.repro.printed writes: Linear, LayerNorm, one-tap Conv and
     activation leaves in blocks with a scale, a buffer or a residual, fully_shard (nested, HSDP)
-    or replicate over fully_shard, or FSDP1's NO_SHARD; SGD or Adam, microbatches with a
-    gradient-sync switch."""
+    or replicate over fully_shard, or FSDP1's NO_SHARD; SGD or Adam, foreach or not (foreach
+    over replicate and fully_shard raises on torch 2.13), microbatches with a gradient-sync
+    switch."""
     kinds = draw(st.lists(_LEAVES, min_size=0, max_size=2))
     leaves = [Leaf(k, bias=(k in _WEIGHTED and draw(st.booleans())) or k not in _WEIGHTED) for k in kinds]
     inner = Block(children=(Leaf(LeafKind.LINEAR), *leaves[:1]), scale=draw(st.booleans()))
@@ -79,6 +100,7 @@ def printable_parity_cases(draw: st.DrawFn) -> Case:
             accum_sync=draw(st.sampled_from([AccumSync.ALWAYS, AccumSync.NO_GRAD_SYNC]))
             if accum > 1
             else AccumSync.ALWAYS,
+            foreach=draw(st.sampled_from([None, True])),
         )
         body = ParityBody(
             tree=ModuleTree(width=draw(st.sampled_from([2, 3, 5])), root=root),
@@ -102,22 +124,39 @@ _FSDP1 = Case(
 )
 
 
-@settings(max_examples=3, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+_FOREACH = load_entry(ROOT / "corpus" / "parity-exception-f2ce67efc316.json").case
+
+
+def _found(report: Any) -> str:
+    """What a rank of the pool raised, as a printed script names it."""
+    return f"{report.exc_type}@{location(report.traceback)}"
+
+
+@settings(max_examples=4, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 @example(case=_FSDP1)
+@example(case=_FOREACH)
 @given(case=printable_parity_cases())
 def test_a_printed_script_observes_what_the_pool_observes(rank_pool: Any, case: Case) -> None:
-    """Differential: the printed program's composed run (its losses on every rank, its full
-    parameters after every step) equals the pool's run of the same case, bit for bit."""
+    """Differential: where the pool's run of a case passes, the printed mismatch program's
+    composed run (its losses on every rank, its full parameters after every step) equals it bit
+    for bit, and the printed exception program raises nowhere; where a rank of the pool raises,
+    the exception program raises the same type in the same innermost torch frame there."""
     if rank_pool.world_size != 2 or rank_pool.backend != "gloo":
         pytest.skip("compares with a 2-rank gloo pool")
     try:
-        code = print_case(case)
+        code = print_case(case, ["builtins.Exception@torch/?"])
     except NotPrintable:
         reject()
     outcome = rank_pool.run(case)
+    raised = rank_pool.run_script(code + _RAISED, function="raised", deadline=120)
+    assert not raised.errors and not raised.missing, (raised.errors, raised.missing)
     if not outcome.ok:
-        reject()  # the pool's own failure: its script is another test's
-    ran = rank_pool.run_script(code + _OBSERVE, function="observe", deadline=120)
+        pool = {r.rank: _found(r) for r in outcome.ranks if r.exc_type}
+        assert pool, outcome.kind
+        assert {rank: raised.verdicts[rank] for rank in pool} == pool
+        return
+    assert set(raised.verdicts.values()) == {"ok"}
+    ran = rank_pool.run_script(print_case(case) + _OBSERVE, function="observe", deadline=120)
     assert not ran.errors and not ran.missing, (ran.errors, ran.missing)
     for rank, observation in enumerate(outcome.observations):
         mine = json.loads(ran.verdicts[rank])
@@ -126,47 +165,115 @@ def test_a_printed_script_observes_what_the_pool_observes(rank_pool: Any, case: 
 
 
 def test_what_cannot_be_printed_yet_is_refused_by_name() -> None:
-    tree = ModuleTree(width=2, root=Block(children=(Leaf(LeafKind.LINEAR), Leaf(LeafKind.DROPOUT))))
+    tree = ModuleTree(width=2, root=Block(children=(Leaf(LeafKind.LINEAR), Leaf(LeafKind.RMS_NORM))))
     case = Case("parity", 2, 0, ParityBody(tree=tree, composition=_COMPOSITIONS[0]))
-    with pytest.raises(NotPrintable, match=r"cannot print leaf kind dropout \(at 1\) yet"):
+    with pytest.raises(NotPrintable, match=r"cannot print leaf kind rms_norm \(at 1\) yet"):
         print_case(case)
-    entry = load_entry(ROOT / "corpus" / "parity-mismatch-28f92215865a.json")
-    with pytest.raises(NotPrintable, match=r"cannot print composition\.replicate_options\.static_graph=True yet"):
-        print_case(entry.case)
-    entry = load_entry(ROOT / "corpus" / "metamorphic-mismatch-c39d139117c4.json")
-    with pytest.raises(NotPrintable, match=r"cannot print variant\.wrapper=fsdp1_hybrid_shard yet"):
-        print_case(entry.case)
+    refused = {
+        "parity-mismatch-28f92215865a": r"composition\.replicate_options\.static_graph=True",
+        "metamorphic-mismatch-c39d139117c4": r"variant\.wrapper=fsdp1_hybrid_shard",
+        "parity-exception-49c62d6cb7ad": r"composition\.tp=",
+    }
+    for name, what in refused.items():
+        entry = load_entry(ROOT / "corpus" / f"{name}.json")
+        with pytest.raises(NotPrintable, match=rf"cannot print {what}.* yet"):
+            print_entry(entry)
+        assert not printable(entry)
 
 
 def _stored_printed() -> list[Path]:
     return [p for p in sorted((ROOT / "corpus").glob("*.repro.py")) if is_printed(p.read_text())]
 
 
+def _rule_copy(text: str) -> ast.FunctionDef | None:
+    found = [n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name == "torch_frame"]
+    return found[0] if found else None
+
+
 def test_stored_printed_scripts_are_current_clean_and_compute_what_they_compare() -> None:
     """Each stored printed script is what printing its entry gives now; ruff finds nothing in it
-    (F, E, B, SIM); and no float in it is a value to compare against: only the tolerance
-    policy, the optimizer's options, the knobs' values, the weights' own initialisation and the
-    factors named."""
-    stored = _stored_printed()
+    (F, E, B, SIM); no float in it is a value to compare against (only the tolerance policy,
+    the optimizer's options, the knobs' values, the weights' own initialisation, dropout's
+    probability and the factors named); an exception's copy of the innermost-torch-frame rule is
+    the rule (fuzz.signature.torch_frame)."""
+    stored = [p for p in _stored_printed() if p.name.startswith(("parity-", "metamorphic-", "mixed_precision-"))]
     assert len(stored) >= 6
+    rule = ast.dump(ast.parse(torch_frame_source()).body[0])
     for path in stored:
         text = path.read_text()
         entry = load_entry(path.with_name(path.name.removesuffix(".repro.py") + ".json"))
-        assert text.split("\n", 2)[2] == "\n".join(comments(entry)) + "\n\n" + print_case(entry.case), path.name
+        assert text.split("\n", 2)[2] == print_entry(entry).split("\n", 1)[1], path.name
         training = entry.case.body.training  # type: ignore[attr-defined]
         factor = entry.case.body.composition.knobs.gradient_divide_factor  # type: ignore[attr-defined]
-        allowed = {1e-05, 1e-06, 1e-09, 1e-12, training.lr, training.momentum, training.eps, 0.1, 1.0, 1e-4, factor}
+        allowed = {1e-05, 1e-06, 1e-09, 1e-12, training.lr, training.momentum, training.eps, 0.1, 0.5, 1.0, factor}
         floats = {n.value for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Constant) and type(n.value) is float}
         assert floats <= allowed, (path.name, floats - allowed)
+        copy = _rule_copy(text)
+        assert (copy is not None) == (entry.kind == "exception"), path.name
+        if copy is not None:
+            assert ast.dump(copy) == rule, path.name
     lint = [sys.executable, "-m", "ruff", "check", "--no-cache", "--select", "F,E,B,SIM", *map(str, stored)]
     done = subprocess.run(lint, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout
 
 
+def test_the_rule_a_script_carries_reads_frames_as_the_signature_does() -> None:
+    """The printed copy of torch_frame, run, answers as fuzz.signature.torch_frame does."""
+    space: dict[str, Any] = {}
+    exec(torch_frame_source(), space)  # the printed copy, as a script runs it
+    frames = [
+        ("/usr/lib/python3.11/site-packages/torch/optim/sgd.py", "_multi_tensor_sgd"),
+        ("/x/torch/.venv/lib/python3.11/site-packages/tqdm/_monitor.py", "run"),
+        ("/work/main/fuzz/_rank/parity.py", "train"),
+        ("/usr/lib/python3.11/site-packages/torch/nn/modules/module.py", "<listcomp>"),
+        ("repro.py", "train"),
+    ]
+    for path, function in frames:
+        assert space["torch_frame"](path, function) == torch_frame(path, function)
+
+
+def test_an_exception_script_reproduces_under_torchrun_and_says_so(tmp_path: Path) -> None:
+    """A stored exception script, run as a reader runs it: exit 1, REPRODUCED naming the entry's
+    exception on the ranks that raise it, no PASS."""
+    path = ROOT / "corpus" / "parity-exception-f2ce67efc316.repro.py"
+    if not is_printed(path.read_text()):
+        pytest.skip("its stored script is not printed")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(path)]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    said = [line for line in done.stdout.splitlines() if line.startswith(("REPRODUCED", "PASS", "FAIL"))]
+    assert done.returncode == 1 and said, done.stdout + done.stderr
+    assert all(line.startswith("REPRODUCED: rank") and "torch/optim/sgd.py:_multi_tensor_sgd" in line for line in said)
+
+
 def test_a_printed_script_outside_torchrun_exits_2_with_one_line(tmp_path: Path) -> None:
-    entry = load_entry(ROOT / "corpus" / "parity-mismatch-009298376223.json")
-    script = tmp_path / "repro.py"
-    script.write_text(print_case(entry.case))
-    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK")}
-    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and done.stderr.strip() == f"run it with: torchrun --nproc-per-node 2 {script}"
+    for name in ("parity-mismatch-009298376223", "parity-exception-f2ce67efc316"):
+        entry = load_entry(ROOT / "corpus" / f"{name}.json")
+        script = tmp_path / "repro.py"
+        script.write_text(print_entry(entry))
+        env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK")}
+        done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and done.stderr.strip() == f"run it with: torchrun --nproc-per-node 2 {script}"
+
+
+@pytest.mark.parametrize("bad", ["corrupt", "newer schema"])
+def test_a_bad_entry_gets_one_line_and_exit_2_and_changes_nothing(tmp_path: Path, bad: str) -> None:
+    source = ROOT / "corpus" / "parity-exception-f2ce67efc316.json"
+    entry = tmp_path / source.name
+    if bad == "corrupt":
+        entry.write_text(source.read_text()[:200])
+    else:
+        data = json.loads(source.read_text())
+        data["schema"] += 1
+        entry.write_text(json.dumps(data))
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    out = tmp_path / "out.py"
+    done = subprocess.run(
+        [sys.executable, "-m", "fuzz", "repro", str(entry), "-o", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and str(entry) in done.stderr, done.stderr
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before

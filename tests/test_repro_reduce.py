@@ -364,8 +364,9 @@ def _reproduces_under_torchrun(path: Path) -> None:
         pytest.skip(f"{entry_path.name} is {missing_api(entry.case)}")
     status, output, _ = run_kept(path.read_text(), entry, timeout=240)
     assert status == 1, output[-3000:]
-    if is_printed(path.read_text()):  # printed from the case: it names the tensor, not a signature
-        assert re.search(r"^REPRODUCED: .+ where the .+ has ", output, re.MULTILINE), output[-3000:]
+    if is_printed(path.read_text()):  # printed from the case: it names the tensor, or where torch raised
+        said = r"^REPRODUCED: .+ where the .+ has " if entry.kind == "mismatch" else r"^REPRODUCED: rank \d+ raised "
+        assert re.search(said, output, re.MULTILINE), output[-3000:]
         return
     assert reproduced(status, output) in (entry.signature, *entry.aliases), output[-3000:]
 

@@ -17,6 +17,8 @@ Public names (stable):
 - :func:`compose_lines` ``(comp, name) -> list[str]``: ``def NAME(model):`` making the
   composition's calls in its order and returning what trains; :func:`compose_imports`
   ``(comps) -> list[str]`` the imports those calls need.
+- :func:`compose_helpers` ``(comps, world_size) -> list[str]``: top-level functions those calls
+  name (a shard placement function, a selective-checkpoint policy).
 - :func:`param_names` ``(tree) -> list[str]``: the plain model's parameter names, in order.
 - :data:`PRINTED_MARK`: a comment line every printed script carries (how
   :func:`fuzz.repro.printed.is_printed` tells it from a reduced one).
@@ -31,18 +33,56 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from fuzz.errors import InvalidArgument
-from fuzz.model import Block, Composition, Dtype, Leaf, LeafKind, ModuleTree, Wrapper
+from fuzz.model import (
+    Block,
+    Composition,
+    ContextFn,
+    Dtype,
+    Leaf,
+    LeafKind,
+    MixedPrecision,
+    ModuleTree,
+    ShardSpec,
+    Wrapper,
+)
 
 #: The comment line that marks a script printed from its case.
 PRINTED_MARK = "# Printed from the case by shardfuzz (python -m fuzz repro)."
 #: Composition fields a printed script writes; every other must hold its default.
-COMPOSITION_FIELDS = {"shards", "replicates", "checkpoints", "checkpoint_first", "mesh", "wrapper", "auto_wrap"}
+COMPOSITION_FIELDS = {
+    "shards",
+    "replicates",
+    "checkpoints",
+    "checkpoint_first",
+    "mesh",
+    "wrapper",
+    "auto_wrap",
+    "checkpoint_options",
+}
+#: ShardSpec fields a printed ``fully_shard`` call writes.
+SHARD_FIELDS = {"path", "reshard_after_forward", "shard_dim", "mixed_precision"}
 #: FSDP1 wrappers whose parameters and gradients stay whole on every rank, so that a script reads
 #: them by their plain names: NO_SHARD. (HYBRID_SHARD over one-rank shard groups looks whole, but
 #: on a torch with its shard-dimension fix the gradients read off the parameters are local
 #: shards: not printed yet.)
 WRAPPERS = {Wrapper.NONE: "", Wrapper.FSDP1_NO_SHARD: "NO_SHARD"}
-LEAVES = {LeafKind.LINEAR, LeafKind.LAYER_NORM, LeafKind.CONV1D, LeafKind.RELU, LeafKind.TANH, LeafKind.GELU}
+#: Every FSDP1 strategy :func:`compose_lines` writes, for a script that reads no parameter (an
+#: exception's): HYBRID_SHARD over the case's (replicate, shard) mesh.
+ALL_WRAPPERS = {
+    **WRAPPERS,
+    Wrapper.FSDP1_FULL_SHARD: "FULL_SHARD",
+    Wrapper.FSDP1_SHARD_GRAD_OP: "SHARD_GRAD_OP",
+    Wrapper.FSDP1_HYBRID_SHARD: "HYBRID_SHARD",
+}
+LEAVES = {
+    LeafKind.LINEAR,
+    LeafKind.LAYER_NORM,
+    LeafKind.CONV1D,
+    LeafKind.RELU,
+    LeafKind.TANH,
+    LeafKind.GELU,
+    LeafKind.DROPOUT,
+}
 _WEIGHTED = (LeafKind.LINEAR, LeafKind.LAYER_NORM, LeafKind.CONV1D)
 
 
@@ -90,13 +130,23 @@ def check_tree(tree: ModuleTree) -> None:
     visit(tree.root, "")
 
 
-def check_composition(comp: Composition, where: str, knobs: bool = False) -> None:
+def check_composition(
+    comp: Composition, where: str, knobs: bool = False, wrappers: dict[Wrapper, str] = WRAPPERS
+) -> None:
+    """Raise :class:`NotPrintable` naming the first field of ``comp`` (at ``where``) that
+    :func:`compose_lines` does not write: ``knobs`` where the caller writes the knobs' per-step
+    calls, ``wrappers`` the whole-model wrappers the caller can read parameters through."""
     check_default(comp, COMPOSITION_FIELDS | ({"knobs"} if knobs else set()), where)
-    if comp.wrapper not in WRAPPERS:
+    if comp.wrapper not in wrappers or (comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD and not comp.mesh):
         raise refuse(f"{where}.wrapper={comp.wrapper.value}")
-    check_default(comp.knobs, {"force_sum_reduction", "gradient_divide_factor"}, f"{where}.knobs")
+    check_default(
+        comp.knobs, {"force_sum_reduction", "gradient_divide_factor", "reshard_after_backward_last"}, f"{where}.knobs"
+    )
+    check_default(comp.checkpoint_options, {"debug", "context_fn"}, f"{where}.checkpoint_options")
     for spec in comp.shards:
-        check_default(spec, {"path", "reshard_after_forward"}, f"{where}.shards[{spec.path!r}]")
+        check_default(spec, SHARD_FIELDS, f"{where}.shards[{spec.path!r}]")
+    if comp.checkpoint_options.is_set and comp.wrapper is not Wrapper.NONE:
+        raise refuse(f"{where}.checkpoint_options with a wrapper")
 
 
 def param_names(tree: ModuleTree) -> list[str]:
@@ -129,7 +179,12 @@ def _sequential(tree: ModuleTree, skips: bool, auto_wrap: bool) -> bool:
     return not (skips or auto_wrap or featured)
 
 
-def _node(node: Any, width: int, sequential: bool) -> str:
+def _featured(tree: ModuleTree, skips: bool) -> bool:
+    """Whether ``Block`` needs its own forward (a feature, or children left out of forward)."""
+    return skips or uses(tree, lambda n: isinstance(n, Block) and (n.scale or n.buffer or n.residual))
+
+
+def _node(node: Any, width: int, sequential: bool, featured: bool = True) -> str:
     if isinstance(node, Leaf):
         bias = "" if node.bias else ", bias=False"
         code = {
@@ -139,17 +194,20 @@ def _node(node: Any, width: int, sequential: bool) -> str:
             LeafKind.RELU: "nn.ReLU()",
             LeafKind.TANH: "nn.Tanh()",
             LeafKind.GELU: "nn.GELU()",
+            LeafKind.DROPOUT: "nn.Dropout(0.5)",
         }[node.kind]
         return f"{code}.requires_grad_(False)" if node.frozen else code
-    children = ", ".join(_node(c, width, sequential) for c in node.children)
+    children = ", ".join(_node(c, width, sequential, featured) for c in node.children)
     if sequential:
         return f"nn.Sequential({children})"
+    if not featured:
+        return f"Block({children})"
     extra = "".join(f", {name}=True" for name in ("scale", "buffer", "residual") if getattr(node, name))
     return f"Block([{children}], {width}{extra})"
 
 
 def _block_class(tree: ModuleTree, skips: bool) -> str:
-    """``Block``: runs its children (those not ``skipped``), then the features the tree uses."""
+    """``Block``: runs its children (but those in ``SKIPPED``), then the features the tree uses."""
     scale = uses(tree, lambda n: isinstance(n, Block) and n.scale)
     buffer = uses(tree, lambda n: isinstance(n, Block) and n.buffer)
     residual = uses(tree, lambda n: isinstance(n, Block) and n.residual)
@@ -169,12 +227,9 @@ def _block_class(tree: ModuleTree, skips: bool) -> str:
         lines.append("        self.register_buffer('shift', 0.1 * torch.randn(width) if buffer else None)")
     if residual:
         lines.append("        self.residual = residual")
-    if skips:
-        lines.append("        self.skipped = set()  # children left out of forward")
     lines += ["", "    def forward(self, x):", "        y = x"]
     if skips:
-        lines += ["        for name, child in self.named_children():", "            if name not in self.skipped:"]
-        lines.append("                y = child(y)")
+        lines += ["        for child in self.children():", "            y = y if child in SKIPPED else child(y)"]
     else:
         lines += ["        for child in self.children():", "            y = child(y)"]
     if scale:
@@ -198,8 +253,12 @@ def model_source(tree: ModuleTree, *, skips: bool = False, auto_wrap: bool = Fal
     a feature, children left out of forward (``skips``) or a wrap policy names it (``auto_wrap``);
     ``Conv`` for a one-tap convolution)."""
     parts = ["import torch\nfrom torch import nn"]
-    if not _sequential(tree, skips, auto_wrap):
+    if not _featured(tree, skips) and auto_wrap:
+        parts.append("class Block(nn.Sequential):  # a class of its own, for FSDP1's wrap policy\n    pass")
+    elif not _sequential(tree, skips, auto_wrap):
         parts.append(_block_class(tree, skips))
+    if skips:
+        parts.insert(1, "SKIPPED = []  # the modules left out of forward now")
     if uses(tree, lambda n: isinstance(n, Leaf) and n.kind is LeafKind.CONV1D):
         parts.append(_CONV)
     return "\n\n\n".join(parts)
@@ -220,7 +279,7 @@ def build_lines(
     return [
         "def build():",
         *seeded,
-        f"    return {_node(tree.root, tree.width, _sequential(tree, skips, auto_wrap))}{to}",
+        f"    return {_node(tree.root, tree.width, _sequential(tree, skips, auto_wrap), _featured(tree, skips))}{to}",
     ]
 
 
@@ -237,11 +296,89 @@ def compose_imports(comps: Iterable[Composition]) -> list[str]:
         lines.append("from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy")
     if any(comp.auto_wrap for comp in comps):
         lines.append("from torch.distributed.fsdp.wrap import ModuleWrapPolicy")
-    if any(comp.mesh for comp in comps):
+    if any(comp.mesh and (comp.shards or comp.wrapper is not Wrapper.NONE) for comp in comps):
         lines.append("from torch.distributed.device_mesh import init_device_mesh")
     if "fully_shard" in api:
         lines.append("from torch.distributed.fsdp import fully_shard")
+    specs = [spec for comp in comps for spec in comp.shards]
+    if any(spec.mixed_precision is not None for spec in specs):
+        lines.append("from torch.distributed.fsdp import MixedPrecisionPolicy")
+    if any(spec.shard_dim for spec in specs):
+        lines.append("from torch.distributed.tensor import Shard")
+    if any(comp.checkpoint_options.context_fn is not ContextFn.NONE for comp in comps):
+        lines.append("import functools")
+        lines.append("from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts")
     return lines
+
+
+def _mp_policy(mp: MixedPrecision) -> str:
+    args = [
+        f"{f}=torch.{getattr(mp, f).value}" for f in ("param_dtype", "reduce_dtype", "output_dtype") if getattr(mp, f)
+    ]
+    return (
+        f"MixedPrecisionPolicy({', '.join(args + ([] if mp.cast_forward_inputs else ['cast_forward_inputs=False']))})"
+    )
+
+
+def _shard_kwargs(comp: Composition, spec: ShardSpec) -> str:
+    """The keyword arguments of ``spec``'s ``fully_shard`` call, from ", " on ("" without any)."""
+    kwargs = ["mesh=mesh"] if comp.mesh else []
+    if spec.reshard_after_forward is not True:
+        kwargs.append(f"reshard_after_forward={spec.reshard_after_forward!r}")
+    if spec.shard_dim:
+        kwargs.append(f"shard_placement_fn=on_dim{spec.shard_dim}")
+    if spec.mixed_precision is not None:
+        kwargs.append("mp_policy=mp")
+    return "".join(f", {k}" for k in kwargs)
+
+
+def _checkpoint_kwargs(comp: Composition) -> str:
+    opts = comp.checkpoint_options
+    kwargs = []
+    if opts.context_fn is ContextFn.SAVE_MATMULS:
+        kwargs.append("context_fn=functools.partial(create_selective_checkpoint_contexts, save_matmuls)")
+    elif opts.context_fn is ContextFn.SAVE_MATMULS_LIST:
+        ops = "[torch.ops.aten.mm.default, torch.ops.aten.addmm.default]"
+        kwargs.append(f"context_fn=functools.partial(create_selective_checkpoint_contexts, {ops})")
+    if opts.debug:
+        kwargs.append("debug=True")
+    return "".join(f", {k}" for k in kwargs)
+
+
+def _packed(head: str, args: list[str], tail: str, width: int = 100) -> list[str]:
+    """``head`` + ``args`` joined + ``tail``, on as few lines of about ``width`` as they fit, later
+    lines aligned under the first argument."""
+    lines = [head]
+    for i, arg in enumerate(args):
+        piece = arg + (", " if i < len(args) - 1 else tail)
+        if len(lines[-1]) + len(piece.rstrip()) > width and lines[-1].strip() != head.strip():
+            lines[-1] = lines[-1].rstrip()
+            lines.append(" " * len(head))
+        lines[-1] += piece
+    return lines
+
+
+def compose_helpers(comps: Iterable[Composition], world_size: int) -> list[str]:
+    """Top-level functions the calls of ``comps`` name: a shard placement per ``shard_dim``, the
+    selective checkpoint's policy."""
+    comps = list(comps)
+    out = []
+    for d in sorted({s.shard_dim for c in comps for s in c.shards if s.shard_dim}):
+        sizes = {c.mesh[-1] if c.mesh else world_size for c in comps for s in c.shards if s.shard_dim == d}
+        size = sizes.pop() if len(sizes) == 1 else None
+        if size is None:
+            raise refuse("one shard_dim over shard groups of several sizes")
+        out.append(
+            f"def on_dim{d}(p):  # Shard({d}) where it splits evenly, else Shard(0) (uneven sharding: dim 0 only)\n"
+            f"    return Shard({d}) if p.ndim > {d} and p.shape[{d}] % {size} == 0 else None"
+        )
+    if any(c.checkpoint_options.context_fn is ContextFn.SAVE_MATMULS for c in comps):
+        out.append(
+            "def save_matmuls(ctx, op, *args, **kwargs):  # saves the matmuls, recomputes the rest\n"
+            "    matmuls = [torch.ops.aten.mm.default, torch.ops.aten.addmm.default]\n"
+            "    return CheckpointPolicy.MUST_SAVE if op in matmuls else CheckpointPolicy.PREFER_RECOMPUTE"
+        )
+    return out
 
 
 def compose_lines(comp: Composition, name: str) -> list[str]:
@@ -249,7 +386,7 @@ def compose_lines(comp: Composition, name: str) -> list[str]:
     lines = []
     if comp.wrapper is not Wrapper.NONE:
         lines += [f'checkpoint(model.get_submodule("{p}"))' for p in comp.checkpoints]
-        kwargs = f"sharding_strategy=ShardingStrategy.{WRAPPERS[comp.wrapper]}, use_orig_params=True"
+        kwargs = f"sharding_strategy=ShardingStrategy.{ALL_WRAPPERS[comp.wrapper]}, use_orig_params=True"
         if comp.mesh:
             dims = ", ".join(str(d) for d in comp.mesh)
             lines.append(f'mesh = init_device_mesh("cpu", ({dims}), mesh_dim_names=("replicate", "shard"))')
@@ -257,20 +394,22 @@ def compose_lines(comp: Composition, name: str) -> list[str]:
         if comp.auto_wrap:
             kwargs += ", auto_wrap_policy=ModuleWrapPolicy({Block})"
         args = ["model", *kwargs.split(", "), 'device_id=torch.device("cpu")']
-        lines += ["return FSDP(", *(f"    {a}," for a in args), ")"]
+        lines += _packed("return FSDP(", args, ")")
         return [f"def {name}(model):", *(f"    {line}" for line in lines)]
-    if comp.mesh:
+    if comp.mesh and comp.shards:  # fully_shard's (replicate, shard) mesh
         dims = ", ".join(str(d) for d in comp.mesh)
         lines.append(f'mesh = init_device_mesh("cpu", ({dims}), mesh_dim_names=("replicate", "shard"))')
     specs = {s.path: s for s in comp.shards}
+    checkpoint_kwargs = _checkpoint_kwargs(comp)
     for api, path in comp.steps():
         module = "model" if path == "" else f'model.get_submodule("{path}")'
         if api == "fully_shard":
-            spec = specs[path]
-            kwargs = ", mesh=mesh" if comp.mesh else ""
-            if spec.reshard_after_forward is not True:
-                kwargs += f", reshard_after_forward={spec.reshard_after_forward!r}"
-            lines.append(f"fully_shard({module}{kwargs})")
+            mp = specs[path].mixed_precision
+            if mp is not None:
+                lines.append(f"mp = {_mp_policy(mp)}")
+            lines.append(f"fully_shard({module}{_shard_kwargs(comp, specs[path])})")
+        elif api == "checkpoint":
+            lines.append(f"checkpoint({module}{checkpoint_kwargs})")
         else:
             lines.append(f"{api}({module})")
     for spec in comp.shards:

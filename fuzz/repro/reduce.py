@@ -92,7 +92,7 @@ from fuzz.repro.harness import (
     signature_free,
 )
 from fuzz.repro.portable import portable
-from fuzz.repro.printed import comments, print_case, printable
+from fuzz.repro.printed import print_entry, printable
 from fuzz.repro.script import carried_modules, code_lines, imported_modules, relative, roots_for
 from fuzz.repro.specialize import Origins, fold_case_functions, initial, render_flat, specialize, tidy
 from fuzz.stop import raise_if_stopped
@@ -1376,14 +1376,13 @@ def reduce_and_store(
 
 
 def store_printed(entry_path: Path, entry: Entry, *, say: Callable[[str], None] = lambda _: None) -> str:
-    """A parity or metamorphic mismatch's script printed from its case (:mod:`fuzz.repro.printed`),
+    """An entry's script printed from its case (:func:`fuzz.repro.printed.print_entry`),
     stored beside the entry once it reproduces under torchrun here (exit 1) and passes with its
     bug's fix where one is written (exit 0); else InvalidArgument, and nothing is stored."""
     from fuzz.repro.bench import run_fixed
 
     start = time.monotonic()
-    code = print_case(entry.case)
-    script = "\n".join(["#!/usr/bin/env python3", *comments(entry)]) + "\n\n" + code
+    script = print_entry(entry)
     status, output, seconds = run_script(script, timeout=600.0, nproc=entry.case.world_size)
     said = [line for line in output.splitlines() if line.startswith(VERDICT_WORDS)]
     if status != 1 or not any(line.startswith("REPRODUCED") for line in said):

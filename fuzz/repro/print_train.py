@@ -1,0 +1,203 @@
+"""The training half of a printed script (:mod:`fuzz.repro.printed`): ``train(rank,
+world_size, compose)``, the case's training as the ranks run it (:mod:`fuzz._rank.parity`).
+
+The model is built under the case's seed and composed (``compose`` None: the plain model, the
+parity reference, which averages its gradients over the ranks itself); each rank trains on its
+slice of batches drawn from a generator seeded by the case, with the case's optimizer, steps,
+microbatches, gradient-sync switch, modules left out of forward and leaves unfrozen between
+steps. Where the script compares (a mismatch), ``train`` returns what each step saw: the
+losses, the full gradients and the full parameters after the step, by parameter name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fuzz.model import AccumSync, Case, Compile, Composition, Dtype, Layout, LeafKind, Optimizer, Training, Wrapper
+from fuzz.repro.print_model import check_default, refuse, uses
+
+#: Training fields a printed script writes.
+TRAINING_FIELDS = {
+    "optimizer",
+    "lr",
+    "momentum",
+    "eps",
+    "steps",
+    "batch_per_rank",
+    "dtype",
+    "grad_accum",
+    "accum_sync",
+    "set_to_none",
+    "same_input",
+    "skips",
+    "unfreeze",
+    "foreach",
+    "param_groups",
+}
+
+
+def compositions(case: Case) -> list[Composition]:
+    """The compositions ``case`` trains under: its own, and a metamorphic case's variant."""
+    body: Any = case.body
+    return [body.composition, *([body.variant] if case.property == "metamorphic" else [])]
+
+
+def scales(case: Case) -> dict[str, float]:
+    """Per module path holding parameters: what the composition's knobs scale its averaged
+    gradient by, as documented (:meth:`fuzz.model.Layout.gradient_scale`)."""
+    body: Any = case.body
+    layout = Layout(body.tree, body.composition)
+    return {path: layout.gradient_scale(path, case.world_size) for path in layout.paths}
+
+
+def check_training(case: Case, exception: bool = False) -> None:
+    """Raise :class:`~fuzz.repro.print_model.NotPrintable` naming the first training field (or
+    use of one) :func:`train_lines` does not write (``compile`` only where the script compares
+    nothing: an ``exception``'s)."""
+    training: Training = case.body.training  # type: ignore[attr-defined]
+    check_default(training, TRAINING_FIELDS | ({"compile"} if exception else set()), "training")
+    if training.skips and any(c.wrapper is not Wrapper.NONE for c in compositions(case)):
+        raise refuse("training.skips under a wrapper")
+    switched = training.grad_accum > 1 and training.accum_sync is not AccumSync.ALWAYS
+    last = any(c.knobs.reshard_after_backward_last for c in compositions(case))
+    for comp in compositions(case):
+        if (switched or last) and "" not in {s.path for s in comp.shards}:
+            raise refuse("a gradient-sync switch or a per-microbatch knob without fully_shard on the root")
+
+
+def _optimizer(training: Training) -> str:
+    foreach = "" if training.foreach is None else f", foreach={training.foreach}"
+    if training.optimizer is Optimizer.SGD:
+        extra = f", momentum={training.momentum!r}" if training.momentum else ""
+        return f"torch.optim.SGD(params, lr={training.lr!r}{extra}{foreach})"
+    name = "Adam" if training.optimizer is Optimizer.ADAM else "AdamW"
+    return f"torch.optim.{name}(params, lr={training.lr!r}, eps={training.eps!r}{foreach})"
+
+
+def _inline(build: list[str], compose: list[str]) -> list[str]:
+    """The body of ``build()`` then of ``compose(model)``, as statements on ``model`` in ``train``."""
+    model = ["    model = " + build[-1].strip().removeprefix("return ")]
+    calls = [line.replace("return FSDP(", "model = FSDP(") for line in compose[1:] if line != "    return model"]
+    return model + calls
+
+
+def _loop(var: str, count: int, body: list[str]) -> list[str]:
+    """``for VAR in range(COUNT):`` around ``body``, or ``body`` alone where it runs once and needs no ``VAR``."""
+    if count == 1 and var == "_":
+        return body
+    return [f"for {var} in range({count}):", *(f"    {line}" for line in body)]
+
+
+def train_lines(
+    case: Case,
+    *,
+    observe: bool,
+    named: str = "model.named_parameters()",
+    inline: tuple[list[str], list[str]] | None = None,
+) -> list[str]:
+    """``def train(rank, world_size, compose):``; with ``observe`` it returns what each step saw
+    by name, in the order training computes it (each microbatch's loss, each gradient, each
+    parameter after the step), read through ``named`` (an expression of ``model``
+    giving (name, parameter) pairs) and gathered by ``full``. With ``inline`` (the lines of
+    ``build`` and of ``compose``) it is ``train(rank, world_size)`` building and composing the
+    model itself."""
+    body: Any = case.body
+    training: Training = body.training
+    tree = body.tree
+    parity = case.property != "metamorphic"
+    b, w, steps, micros = training.batch_per_rank, tree.width, training.steps, training.grad_accum
+    dtype = ", dtype=torch.float64" if training.dtype is Dtype.FLOAT64 else ""
+    lo = "0" if training.same_input else ("rank" if b == 1 else f"rank * {b}")
+    rows = "world_size" if b == 1 else f"world_size * {b}"
+    switched = micros > 1 and training.accum_sync is not AccumSync.ALWAYS
+    last_knob = any(c.knobs.reshard_after_backward_last for c in compositions(case))
+    wrapped = any(c.wrapper is not Wrapper.NONE for c in compositions(case))
+    by_step = bool(training.skips or training.unfreeze) or observe
+    by_micro = bool(training.skips) or switched or last_knob or observe
+    table: dict[tuple[int, int], list[str]] = {}
+    for s in training.skips:
+        table.setdefault((s.step, s.microbatch), []).append(s.path)
+    skips = [f"SKIPS = {table!r}  # (step, microbatch): the modules left out of forward then"] if table else []
+    lines = [f"torch.manual_seed({case.seed})  # every rank builds the same weights"]
+    if inline is not None:
+        lines += [line.removeprefix("    ") for line in _inline(*inline)]
+    else:
+        build = "build() if compose is None else compose(build())" if observe and parity else "compose(build())"
+        lines += [f"model = {build}"]
+    if training.compile is not Compile.NONE:
+        lines += [f'forward = torch.compile(model, backend="{training.compile.value}")']
+    params = "model.parameters()"  # an optimizer skips the parameters without a gradient
+    frozen = uses(tree, lambda n: getattr(n, "frozen", False))
+    if training.param_groups == 2:
+        if frozen and not training.unfreeze:
+            lines += ["params = [p for p in model.parameters() if p.requires_grad]"]
+        else:
+            lines += ["params = list(model.parameters())"]
+        lines += [f'params = [{{"params": params[0::2]}}, {{"params": params[1::2], "lr": {training.lr!r} / 2}}]']
+        params = "params"
+    lines += [f"opt = {_optimizer(training).replace('(params', '(' + params)}"]
+    lines += [f"gen = torch.Generator().manual_seed({case.seed})"]
+    if uses(tree, lambda n: getattr(n, "kind", None) is LeafKind.DROPOUT):
+        lines += [f"torch.manual_seed({case.seed * 7919 + 1} + rank)  # dropout: the same masks on both runs of a rank"]
+    if observe:
+        lines += ["seen = {}  # every loss, gradient and parameter after the step, by name, in order"]
+    if training.unfreeze:  # the parameters as built: the optimizer holds them, whatever the module holds later
+        held = {
+            u.path: f'[q for n, q in {named} if n.rpartition(".")[0] == "{u.path}"]'
+            if wrapped
+            else f'list(model.get_submodule("{u.path}").parameters())'
+            for u in training.unfreeze
+        }
+        lines += ["later = {" + ", ".join(f'"{p}": {h}' for p, h in held.items()) + "}  # frozen now, unfrozen later"]
+    step = []
+    for u in training.unfreeze:
+        step += [f"if step == {u.step}:", f'    for p in later["{u.path}"]:', "        p.requires_grad_(True)"]
+    micro = [f"x, y = (torch.randn({rows}, {w}, generator=gen{dtype})[{lo} :][:{b}] for _ in range(2))"]
+    if training.skips:
+        micro += ["SKIPPED[:] = [model.get_submodule(p) for p in SKIPS.get((step, micro), [])]"]
+    last = micros - 1
+    per_micro = []
+    if switched:
+        switch = {
+            AccumSync.NO_GRAD_SYNC: "set_requires_gradient_sync",
+            AccumSync.NO_ALL_REDUCE: "set_requires_all_reduce",
+        }
+        per_micro.append(f"model.{switch[training.accum_sync]}(micro == {last})")
+    if last_knob:
+        per_micro += [
+            f"model.set_reshard_after_backward(micro == {last})",
+            f"model.set_is_last_backward(micro == {last})",
+        ]
+    if per_micro and observe and parity:
+        micro += ["if compose is not None:", *(f"    {line}" for line in per_micro)]
+    else:
+        micro += per_micro
+    mp = any(s.mixed_precision is not None for c in compositions(case) for s in c.shards)
+    forward = "model" if training.compile is Compile.NONE else "forward"
+    out = f"{forward}(x).to(y.dtype)" if mp else f"{forward}(x)"
+    if observe:
+        micro += [f"loss = F.mse_loss({out}, y)", "loss.backward()"]
+        micro += ['seen[f"loss at step {step}, microbatch {micro}"] = loss.detach()']
+    else:
+        micro += [f"F.mse_loss({out}, y).backward()"]
+    step += _loop("micro" if by_micro else "_", micros, micro)
+    if observe and parity:
+        step += [
+            "for p in [p for p in model.parameters() if compose is None and p.grad is not None]:",
+            "    dist.all_reduce(p.grad)  # the reference averages its gradients over the ranks",
+            "    p.grad /= world_size",
+        ]
+        factor = body.composition.knobs.gradient_divide_factor
+        if factor is not None and set(scales(case).values()) != {1.0}:
+            d = case.world_size
+            step += [f"    p.grad *= {d} / {factor!r}  # documented: the sum over {d} ranks / {factor!r}"]
+    if observe:
+        step += [f'seen.update({{f"gradient of {{n}} at step {{step}}": full(p.grad) for n, p in {named}}})']
+    step += ["opt.step()", f"opt.zero_grad(set_to_none={training.set_to_none})"]
+    if observe:
+        step += [f'seen.update({{f"{{n}} after step {{step}}": full(p) for n, p in {named}}})']
+    lines += _loop("step" if by_step else "_", steps, step)
+    if observe:
+        lines += ["return seen"]
+    head = "def train(rank, world_size):" if inline is not None else "def train(rank, world_size, compose):"
+    return [*skips, *([""] * 2 * bool(skips)), head, *(f"    {line}" for line in lines)]
