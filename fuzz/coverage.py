@@ -216,10 +216,24 @@ CHECKLIST: tuple[Item, ...] = (
     _item("model.conv_sequence", "conv1d with kernel > 1 over the sequence", _MO, r"leaf:conv1d:kernel>1"),
     _item("model.block_param", "bare parameters on non-leaf modules", _MO, r"block:own-param"),
     _item("model.buffer", "persistent buffers on non-leaf modules", _MO, r"block:buffer"),
-    # Not drawn yet (issue 46, items 4-6): the names such cases will emit.
-    _item("model.param_ranks", "bare parameters of rank 0, 2 and 3", _MO, r"param:rank[023]", generated=False),
+    # Not drawn yet: the names such cases will emit.
+    _item("model.param_rank0", "bare scalar parameters (rank 0; replicate / DDP)", _MO, r"param:rank0"),
+    _item("model.param_rank2", "bare parameters of rank 2 (a position embedding)", _MO, r"param:rank2"),
+    _item("model.param_rank3", "bare parameters of rank 3 (a 3-D weight)", _MO, r"param:rank3"),
+    _item(
+        "model.scalar_misuse",
+        "invalid: fully_shard over a scalar parameter raises",
+        _MO,
+        r"misuse:scalar_under_fully_shard",
+    ),
     _item("model.non_persistent", "non-persistent buffers", _MO, r"block:buffer:non-persistent"),
-    _item("model.containers", "ModuleList / ModuleDict containers", _MO, r"block:(?:list|dict)", generated=False),
+    _item("model.containers", "ModuleList / ModuleDict containers", _MO, r"block:(?:list|dict)"),
+    _item(
+        "model.container_misuse",
+        "invalid: fully_shard on a ModuleList / ModuleDict raises",
+        _MO,
+        r"misuse:container_unit",
+    ),
     _item("model.shared_module", "submodules called twice in one forward", _MO, r"model:shared:called-twice"),
     _item("model.outputs", "tuple and dict outputs of a block", _MO, r"output:(?:tuple|dict)", generated=False),
     _item("model.intermediate_loss", "a loss over an intermediate", _MO, r"loss:intermediate", generated=False),

@@ -300,7 +300,7 @@ def _frozen_leaf(node: object) -> bool:
 def _frozen_fsdp1_unit(node: object) -> bool:
     """A block FSDP1's auto-wrapping makes a unit of, whose parameters are all frozen (a block
     without its own scale whose parameter leaves are all frozen)."""
-    if not isinstance(node, Block) or node.scale:
+    if not isinstance(node, Block) or owns_params(node):
         return False
     leaves = [c for c in node.children if isinstance(c, Leaf) and c.kind in PARAM_LEAVES]
     return bool(leaves) and all(c.frozen for c in leaves)

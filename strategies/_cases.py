@@ -31,12 +31,16 @@ from fuzz.model import (
     check_composition,
     check_training,
     clip_problem,
+    containers,
     contains,
     eval_problem,
     has_leaf,
     has_params,
     iter_paths,
+    saves_nothing,
+    scalar_problem,
 )
+from fuzz.model import Block as _Block
 from fuzz.model import Leaf as _Leaf
 from strategies._compositions import (
     KNOB_ODDS,
@@ -65,7 +69,14 @@ from strategies._options import (
     has_dp_mesh_dims,
     replicate_options,
 )
-from strategies._trees import WIDTHS, module_trees, tied_trees
+from strategies._trees import (
+    WIDTHS,
+    module_trees,
+    tied_trees,
+    with_gain,
+    without_gains,
+    without_refused_scalars,
+)
 from strategies._validation import check_bounds, check_world_size
 
 #: One parity case in this many, where the world size has a (shard, tp) mesh, is FSDP + TP.
@@ -158,6 +169,30 @@ def trainings(
     if composition is not None:
         return _fit_extras(training, composition)
     return training
+
+
+def without_container_units(tree: ModuleTree, comp: Composition) -> Composition:
+    """``comp`` without fully_shard, replicate or checkpoint on the tree's nn.ModuleList /
+    nn.ModuleDict blocks (fuzz.model.rules: fully_shard and replicate refuse them); their
+    parameters go to the unit above, their items keep theirs. Nor checkpoint over a module
+    that saves nothing for backward (fuzz.model.rules.saves_nothing)."""
+    paths = tree.paths()
+    held = set(containers(tree))
+    empty = {p for p in comp.checkpoints if saves_nothing(paths[p])}
+    if not held and not empty:
+        return comp
+    shards = []
+    for spec in comp.shards:
+        members = [p for p in spec.paths if p not in held]
+        if members:
+            shards.append(replace(spec, path=members[0], group=tuple(members[1:])))
+    return replace(
+        comp,
+        shards=tuple(shards),
+        replicates=tuple(p for p in comp.replicates if p not in held),
+        checkpoints=tuple(p for p in comp.checkpoints if p not in held | empty),
+        find_unused=comp.find_unused and bool([p for p in comp.replicates if p not in held]),
+    )
 
 
 def _fit_extras(training: Training, *comps: Composition) -> Training:
@@ -420,11 +455,15 @@ def parity_cases(
     check_world_size(world_size)
     if world_size >= 2 * TP_SIZE and world_size % TP_SIZE == 0 and one_in(draw, TP_ODDS):
         return draw(_tensor_parallel_parity_case(world_size, max_depth, max_steps))
-    tree = draw(module_trees(max_depth=max_depth, extended=draw(st.booleans())))
+    extended = draw(st.booleans())
+    tree = draw(module_trees(max_depth=max_depth, extended=extended, scalars=extended, containers=extended))
     if draw(st.sampled_from(["composable", "wrapper", "composable", "composable", "composable"])) == "wrapper":
-        comp = draw(wrappers(tree, world_size=world_size))
+        comp = without_container_units(tree, draw(wrappers(tree, world_size=world_size)))
+        tree = without_refused_scalars(tree, comp)
     else:
-        comp = _maybe_meta_init(draw, draw(compositions(tree, world_size=world_size, offload=accelerator)), tree)
+        comp = without_container_units(tree, draw(compositions(tree, world_size=world_size, offload=accelerator)))
+        tree = without_refused_scalars(tree, comp)
+        comp = _maybe_meta_init(draw, comp, tree)
         if comp.shards and one_in(draw, KNOB_ODDS):
             knobs = draw(fsdp_knobs(comp, world_size=world_size, scaling=True, accelerator=accelerator, tree=tree))
             comp = replace(comp, knobs=knobs)
@@ -474,10 +513,14 @@ def mixed_precision_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 
     Trees have no buffers: FSDP2 does not cast buffers, so a float32 buffer would promote a
     low-precision activation by design."""
     check_world_size(world_size)
-    tree = draw(module_trees(max_depth=max_depth, buffers=False, extended=draw(st.booleans())))
+    extended = draw(st.booleans())
+    tree = draw(module_trees(max_depth=max_depth, buffers=False, extended=extended, containers=extended))
     comp = _maybe_meta_init(
         draw,
-        draw(compositions(tree, world_size=world_size, replicate=False, mixed_precision=True, offload=accelerator)),
+        without_container_units(
+            tree,
+            draw(compositions(tree, world_size=world_size, replicate=False, mixed_precision=True, offload=accelerator)),
+        ),
         tree,
     )
     training = _fit_training(draw(trainings(max_steps=2, hsdp=bool(comp.mesh))), comp)
@@ -571,9 +614,15 @@ def metamorphic_cases(
 ) -> Case:
     """Cases for ``metamorphic``: a composition and a variant that must train identically."""
     check_world_size(world_size)
-    tree = draw(module_trees(max_depth=max_depth, extended=draw(st.booleans())))
-    comp = draw(compositions(tree, world_size=world_size, offload=accelerator))
+    extended = draw(st.booleans())
+    tree = draw(module_trees(max_depth=max_depth, extended=extended, scalars=extended, containers=extended))
+    comp = without_container_units(tree, draw(compositions(tree, world_size=world_size, offload=accelerator)))
+    tree = without_refused_scalars(tree, comp)
     variant = draw(metamorphic_variants(tree, comp, world_size=world_size, accelerator=accelerator))
+    if scalar_problem(tree, variant) is not None:  # a variant of fully_shard or FSDP1 over a gain
+        tree = without_gains(tree)
+        variant = draw(metamorphic_variants(tree, comp, world_size=world_size, accelerator=accelerator))
+    variant = without_container_units(tree, variant)
     training = _fit_extras(
         draw(trainings(max_steps=max_steps, accumulation=False, clipping=True, evaluation=True)), comp
     )
@@ -604,6 +653,19 @@ def invalid_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 2, accel
         misuse = Misuse.REPLICATE_AFTER_FULLY_SHARD
     if misuse is Misuse.TIED_ACROSS_UNITS and not fully_shard_refuses_shared():
         misuse = Misuse.REPLICATE_AFTER_FULLY_SHARD
+    if misuse is Misuse.CONTAINER_UNIT:
+        tree = draw(module_trees(max_depth=max(max_depth, 2), extended=True, containers=True))
+        held = [p for p in containers(tree) if has_params(tree.paths()[p])]
+        if held:
+            body = InvalidBody(tree=tree, misuse=misuse, path=draw(st.sampled_from(held)))
+            return Case(property="invalid", world_size=world_size, seed=draw(st.integers(0, 2**32 - 1)), body=body)
+        misuse = Misuse.REPLICATE_AFTER_FULLY_SHARD
+    if misuse is Misuse.SCALAR_UNDER_FULLY_SHARD:
+        tree = draw(module_trees(max_depth=max_depth, extended=draw(st.booleans())))
+        blocks = [p for p, n in tree.paths().items() if isinstance(n, _Block) and (p or tree.head is None)]
+        path = draw(st.sampled_from(blocks))
+        body = InvalidBody(tree=with_gain(tree, path), misuse=misuse, path=path)
+        return Case(property="invalid", world_size=world_size, seed=draw(st.integers(0, 2**32 - 1)), body=body)
     if misuse is Misuse.TIED_ACROSS_UNITS:
         tree = draw(tied_trees(max_depth=max_depth))
         assert tree.tied is not None

@@ -16,11 +16,14 @@ from fuzz.model import (
     PARAM_LEAVES,
     UNBIASED_LEAVES,
     Block,
+    Composition,
+    Container,
     Leaf,
     LeafKind,
     ModuleTree,
     Node,
     has_params,
+    scalar_problem,
     tree_depth,
 )
 from strategies._validation import check_bounds
@@ -73,11 +76,16 @@ def _blocks(
     buffers: bool,
     extended: bool = False,
     non_persistent: bool = True,
+    scalars: bool = False,
+    held: bool = False,
+    inner: bool = False,
 ) -> st.SearchStrategy[Block]:
     child: st.SearchStrategy[Node] = (
         leaf
         if depth <= 1
-        else st.one_of(leaf, _blocks(depth - 1, max_children, leaf, buffers, extended, non_persistent))
+        else st.one_of(
+            leaf, _blocks(depth - 1, max_children, leaf, buffers, extended, non_persistent, scalars, held, True)
+        )
     )
     blocks = st.builds(
         Block,
@@ -91,15 +99,40 @@ def _blocks(
     # non-persistent buffers (out of the state dict), and blocks that run their children twice
     # over (each child module called twice in one forward); both shrink to off
     persistent = st.booleans() if non_persistent else st.just(True)
-    return st.tuples(blocks, persistent, st.sampled_from((False, False, True))).map(
-        lambda b: replace(b[0], persistent=b[1] or not b[0].buffer, repeat=b[2])
+    rare = st.sampled_from((False, False, True))
+    # bare parameters of rank 2 and 3 (a position embedding, a 3-D weight) and, with
+    # ``scalars``, of rank 0 (a gain) on blocks that train without it: the case strategies take
+    # the gain away where a fully_shard unit would manage it (fuzz.model.scalar_problem), which
+    # then leaves the block's other parameters to the composition drawn for it
+    ranked = st.tuples(blocks, persistent, rare, st.tuples(rare, rare, rare if scalars else st.just(False))).map(
+        lambda b: replace(
+            b[0],
+            persistent=b[1] or not b[0].buffer,
+            repeat=b[2],
+            position=b[3][0],
+            mix=b[3][1],
+            gain=b[3][2] and _has_trainable_params(b[0]),
+        )
     )
+    if not (held and inner):
+        return ranked
+    # with ``containers``, a block below the root is sometimes an nn.ModuleList / nn.ModuleDict
+    # (its children only; shrinks to a plain block): the case strategies take the APIs off it
+    # (without_container_units in the case strategies)
+    kinds = st.sampled_from((Container.NONE, Container.NONE, Container.NONE, Container.LIST, Container.DICT))
+    return st.tuples(ranked, kinds).map(lambda b: _as_container(b[0], b[1]))
+
+
+def _as_container(block: Block, kind: Container) -> Block:
+    if kind is Container.NONE:
+        return block
+    return Block(children=block.children, container=kind)
 
 
 def _trainable(node: Node) -> bool:
     if isinstance(node, Leaf):
         return node.kind in PARAM_LEAVES and not node.frozen
-    return node.scale or any(_trainable(c) for c in node.children)
+    return node.own_params or any(_trainable(c) for c in node.children)
 
 
 @functools.cache
@@ -111,9 +144,11 @@ def _roots(
     buffers: bool,
     extended: bool = False,
     non_persistent: bool = True,
+    scalars: bool = False,
+    held: bool = False,
 ) -> st.SearchStrategy[Block]:
     leaf = leaves(dropout=dropout, frozen=frozen, extended=extended)
-    blocks = _blocks(max_depth, max_children, leaf, buffers, extended, non_persistent)
+    blocks = _blocks(max_depth, max_children, leaf, buffers, extended, non_persistent, scalars, held)
     return blocks.filter(_has_trainable_params)
 
 
@@ -153,11 +188,11 @@ def language_models(
                 frozen=draw(st.booleans()) if frozen and not tie else False,
             ),
         )
-    # A root with a residual, scale or buffer becomes one block between the two (the model's
-    # root takes tokens and returns logits: none of those) where the depth allows, else its
-    # children go there (and the embedding trains if nothing else is left to).
+    # A root with a residual, own parameters or buffer becomes one block between the two (the
+    # model's root takes tokens and returns logits: none of those) where the depth allows, else
+    # its children go there (and the embedding trains if nothing else is left to).
     inner = root.children
-    if (root.residual or root.scale or root.buffer) and tree_depth(root) < max_depth:
+    if (root.residual or root.own_params or root.buffer) and tree_depth(root) < max_depth:
         inner = (root,)
     elif not any(_trainable(c) for c in inner) and embedding.frozen:
         embedding = replace(embedding, frozen=False)
@@ -177,6 +212,8 @@ def module_trees(
     extended: bool = False,
     tying: bool = True,
     non_persistent: bool = True,
+    scalars: bool = False,
+    containers: bool = False,
 ) -> ModuleTree:
     """Module trees of at most ``max_depth`` levels of blocks with at least one trainable
     parameter: linear / layer_norm / conv1d leaves (with and without bias, some frozen),
@@ -187,10 +224,17 @@ def module_trees(
     two times in three a language model (:func:`language_models`: token inputs, an embedding, a vocabulary head,
     maybe tied, cross-entropy loss). Each shrinks away: to no sequence, no vocabulary, the
     first leaf kinds. ``tying`` / ``non_persistent`` False: no tied head, no non-persistent
-    buffer (for oracles that do not model them yet)."""
+    buffer (for oracles that do not model them yet). Blocks with ``extended`` hold bare
+    parameters of rank 2 and 3 sometimes; with ``scalars`` of rank 0 too, which fully_shard
+    and FSDP1 refuse: a composition drawn for such a tree must go through
+    :func:`without_refused_scalars`. ``containers``: blocks below the root are sometimes
+    nn.ModuleList / nn.ModuleDict containers, which no API may be applied to: a composition
+    drawn for such a tree goes through the case strategies' ``without_container_units``."""
     check_bounds("max_depth", max_depth, "max_depth", max_depth, floor=1, ceiling=MAX_DEPTH)
     check_bounds("max_children", max_children, "max_children", max_children, floor=1, ceiling=8)
-    root = draw(_roots(max_depth, max_children, dropout, frozen, buffers, extended, non_persistent))
+    root = draw(
+        _roots(max_depth, max_children, dropout, frozen, buffers, extended, non_persistent, scalars, containers)
+    )
     width = draw(widths if widths is not None else st.sampled_from(WIDTHS))
     if not extended:
         return ModuleTree(width=width, root=root)
@@ -211,3 +255,41 @@ def tied_trees(draw: st.DrawFn, *, max_depth: int = 2, widths: st.SearchStrategy
     seq = draw(st.integers(0, MAX_DRAWN_SEQ))
     body, vocab = draw(language_models(root, tied=True, max_depth=max_depth))
     return ModuleTree(width=width, root=body, seq=seq, vocab=vocab)
+
+
+def without_gains(tree: ModuleTree) -> ModuleTree:
+    """``tree`` with no block's scalar parameter (``Block.gain``); paths and everything else as
+    they were (a gain is drawn only on blocks that train without it)."""
+
+    def strip(node: Node) -> Node:
+        if isinstance(node, Leaf):
+            return node
+        return replace(node, gain=False, children=tuple(strip(c) for c in node.children))
+
+    root = strip(tree.root)
+    assert isinstance(root, Block)
+    return replace(tree, root=root)
+
+
+def without_refused_scalars(tree: ModuleTree, *comps: Composition) -> ModuleTree:
+    """``tree`` without its scalar parameters where one of ``comps`` would manage one by an API
+    that refuses it (:func:`fuzz.model.scalar_problem`), else ``tree``."""
+    if any(scalar_problem(tree, c) is not None for c in comps):
+        return without_gains(tree)
+    return tree
+
+
+def with_gain(tree: ModuleTree, path: str) -> ModuleTree:
+    """``tree`` with a scalar parameter (``Block.gain``) on the block at ``path``."""
+
+    def put(node: Node, at: list[str]) -> Node:
+        assert isinstance(node, Block)
+        if not at:
+            return replace(node, gain=True)
+        i = int(at[0])
+        children = (*node.children[:i], put(node.children[i], at[1:]), *node.children[i + 1 :])
+        return replace(node, children=children)
+
+    root = put(tree.root, path.split(".") if path else [])
+    assert isinstance(root, Block)
+    return replace(tree, root=root)

@@ -20,6 +20,7 @@ from fuzz.model import (
     Block,
     Case,
     Composition,
+    Container,
     Dtype,
     InvalidBody,
     Leaf,
@@ -67,6 +68,13 @@ def _lm(*, seq: int = 3, vocab: int = 7, head: bool = True, tied: bool = True, b
     if head and vocab:
         children.append(Leaf(LeafKind.HEAD, tied=tied, bias=bias))
     return ModuleTree(width=4, seq=seq, vocab=vocab, root=Block(children=tuple(children)))
+
+
+def _ranked(*, seq: int = 3, gain: bool = True) -> ModuleTree:
+    """A block holding bare parameters of rank 0 (with ``gain``), 1, 2 and 3 around an MLP
+    block, after a linear leaf."""
+    inner = Block(children=(Leaf(LeafKind.LINEAR), Leaf(LeafKind.MLP)), scale=True, gain=gain, position=True, mix=True)
+    return ModuleTree(width=4, seq=seq, root=Block(children=(Leaf(LeafKind.LINEAR), inner), position=True))
 
 
 # --------------------------------------------------------------------------------------------
@@ -137,6 +145,63 @@ def test_a_tied_pair_split_over_two_units_is_refused_with_the_documented_reason(
     ParityBody(tree=_lm(tied=False), composition=split)
 
 
+def test_a_scalar_parameter_is_managed_by_replicate_or_ddp_only() -> None:
+    tree = _ranked()
+    for refused in (
+        Composition(shards=(ShardSpec(path=""),)),
+        Composition(shards=(ShardSpec(path="1"), ShardSpec(path="")), replicates=()),
+        Composition(wrapper=Wrapper.FSDP1_FULL_SHARD),
+    ):
+        with pytest.raises(CaseError, match="scalar parameter"):
+            ParityBody(tree=tree, composition=refused)
+    ParityBody(tree=tree, composition=Composition(replicates=("",)))
+    ParityBody(tree=tree, composition=Composition(shards=(ShardSpec(path="0"), ShardSpec(path="")), replicates=("1",)))
+    ParityBody(tree=tree, composition=Composition(wrapper=Wrapper.DDP))
+    ParityBody(tree=_ranked(gain=False), composition=Composition(shards=(ShardSpec(path="1"), ShardSpec(path=""))))
+    with pytest.raises(CaseError, match="no block with a scalar"):
+        InvalidBody(tree=_ranked(gain=False), misuse=Misuse.SCALAR_UNDER_FULLY_SHARD, path="1")
+
+
+def _held(kind: Container = Container.LIST) -> ModuleTree:
+    """A root over a linear leaf and a container of two blocks (each a linear leaf and a tanh)."""
+    layer = Block(children=(Leaf(LeafKind.LINEAR), Leaf(LeafKind.TANH)), residual=True)
+    return ModuleTree(
+        width=4, root=Block(children=(Leaf(LeafKind.LINEAR), Block(children=(layer, layer), container=kind)))
+    )
+
+
+def test_no_api_is_applied_to_a_container() -> None:
+    tree = _held()
+    for refused in (
+        Composition(shards=(ShardSpec(path="1"), ShardSpec(path=""))),
+        Composition(shards=(ShardSpec(path="0"),), replicates=("1",)),
+        Composition(shards=(ShardSpec(path=""),), checkpoints=("1",)),
+    ):
+        with pytest.raises(CaseError, match="container without forward"):
+            ParityBody(tree=tree, composition=refused)
+    ParityBody(
+        tree=tree,
+        composition=Composition(shards=(ShardSpec(path="1.0"), ShardSpec(path="1.1", group=()), ShardSpec(path=""))),
+    )
+    with pytest.raises(CaseError, match="no residual"):
+        Block(children=(Leaf(LeafKind.LINEAR),), container=Container.DICT, residual=True)
+    with pytest.raises(CaseError, match="root.container"):
+        ModuleTree(width=4, root=Block(children=(Leaf(LeafKind.LINEAR),), container=Container.LIST))
+
+
+@pytest.mark.parametrize("kind", [Container.LIST, Container.DICT])
+def test_a_container_is_a_torch_container_its_parent_iterates(kind: Container) -> None:
+    torch.manual_seed(0)
+    model = build_model(_held(kind), torch.device("cpu"))
+    held = model.get_submodule("1")
+    assert isinstance(held, torch.nn.ModuleList if kind is Container.LIST else torch.nn.ModuleDict)
+    x = torch.randn(2, 4)
+    expected = model.get_submodule("0")(x)
+    for name in ("1.0", "1.1"):
+        expected = model.get_submodule(name)(expected)
+    assert torch.equal(model(x), expected)
+
+
 def test_the_embedding_and_the_head_are_never_left_out_of_forward() -> None:
     tree = _lm()
     comp = Composition(shards=(ShardSpec(path=""),))
@@ -178,6 +243,22 @@ def test_param_names_are_the_names_torch_registers(kind: LeafKind, bias: bool) -
         return
     leaf = Leaf(kind, bias=bias)
     assert [n for n, _ in build_leaf(leaf, 4).named_parameters()] == param_names(leaf)
+
+
+@pytest.mark.parametrize("seq", [0, 3])
+def test_bare_parameters_have_their_ranks_and_the_names_torch_registers(seq: int) -> None:
+    tree = _ranked(seq=seq)
+    model = build_model(tree, torch.device("cpu"))
+    block = model.get_submodule("1")
+    assert [n for n, _ in block.named_parameters(recurse=False)] == param_names(tree.paths()["1"])
+    shapes = {n: tuple(p.shape) for n, p in block.named_parameters(recurse=False)}
+    assert shapes == {"scale": (4,), "gain": (), "position": (max(seq, 1), 4), "mix": (2, 4, 4)}
+    x, _ = sample_batch(tree, 2, torch.Generator().manual_seed(0), torch.float32)
+    out = model(x)
+    assert out.shape == x.shape
+    for name in ("gain", "position", "mix"):  # each takes part in forward
+        grad = torch.autograd.grad(out.sum(), getattr(block, name), retain_graph=True)[0]
+        assert grad.abs().sum() > 0, name
 
 
 def test_a_tied_head_holds_the_embeddings_parameter() -> None:
@@ -289,13 +370,15 @@ def test_eval_forwards_are_drawn_where_the_oracles_describe_them() -> None:
 @pytest.mark.parametrize(
     ("condition", "check"),
     [
-        (lambda t: t.tied is not None, lambda t: t.size == 4 and t.seq == 0 and not t.root.children[0].frozen),
+        # 4 nodes (embedding, a linear leaf, head, root) or 5 (a parameter-free leaf under a block
+        # with its own scale): the shrinker stops at either
+        (lambda t: t.tied is not None, lambda t: t.size <= 5 and t.seq == 0 and not t.root.children[0].frozen),
         (lambda t: t.seq > 0, lambda t: t.seq == 1 and t.vocab == 0),
         (
             lambda t: any(isinstance(n, Leaf) and n.kind is LeafKind.ATTENTION for n in t.paths().values()),
             lambda t: t.size == 2 and t.vocab == 0 and t.seq == 0,
         ),
-        (lambda t: t.head is not None and t.seq > 0, lambda t: t.seq == 1 and t.size == 4),
+        (lambda t: t.head is not None and t.seq > 0, lambda t: t.seq == 1 and t.size <= 5),
     ],
 )
 @pytest.mark.slow  # 10-20 s each on 2 shared cores: Hypothesis shrinks a few hundred trees
@@ -360,6 +443,59 @@ _REPEATED = ModuleTree(
     ),
 )
 _CASES = [
+    (
+        "parity",  # ranks 1-3 under fully_shard, dim 1 where it splits; the scalar under replicate
+        ParityBody(
+            tree=_ranked(),
+            composition=Composition(
+                shards=(ShardSpec(path="0", shard_dim=1), ShardSpec(path="")), replicates=("1",), find_unused=True
+            ),
+            training=Training(steps=2, optimizer=Optimizer.ADAM, dtype=Dtype.FLOAT64),
+        ),
+    ),
+    ("parity", ParityBody(tree=_ranked(), composition=Composition(wrapper=Wrapper.DDP), training=Training(steps=2))),
+    (
+        "parity",
+        ParityBody(
+            tree=_ranked(gain=False),
+            composition=Composition(shards=(ShardSpec(path="1", shard_dim=1), ShardSpec(path="")), meta_init=True),
+            training=Training(steps=2, clip_grad_norm=0.1),
+        ),
+    ),
+    (
+        "mixed_precision",
+        ParityBody(
+            tree=_ranked(gain=False),
+            composition=Composition(
+                shards=(ShardSpec(path="1", mixed_precision=_MP), ShardSpec(path="", mixed_precision=_MP))
+            ),
+        ),
+    ),
+    (
+        "metamorphic",
+        MetamorphicBody(
+            tree=_ranked(gain=False),
+            composition=Composition(shards=(ShardSpec(path="1"), ShardSpec(path=""))),
+            variant=Composition(wrapper=Wrapper.FSDP1_SHARD_GRAD_OP),
+        ),
+    ),
+    ("invalid", InvalidBody(tree=_ranked(), misuse=Misuse.SCALAR_UNDER_FULLY_SHARD, path="1")),
+    ("invalid", InvalidBody(tree=_held(Container.DICT), misuse=Misuse.CONTAINER_UNIT, path="1")),
+    (
+        "parity",  # the items of a list as units (the layers of a model), one left out at a microbatch
+        ParityBody(
+            tree=_held(),
+            composition=Composition(shards=(ShardSpec(path="1.0"), ShardSpec(path="1.1"), ShardSpec(path=""))),
+            training=Training(steps=2, grad_accum=2, skips=(Skip(path="1.1", step=1, microbatch=0),)),
+        ),
+    ),
+    (
+        "parity",
+        ParityBody(
+            tree=_held(Container.DICT),
+            composition=Composition(shards=(ShardSpec(path=""),), replicates=("1.1",), checkpoints=("1.0",)),
+        ),
+    ),
     ("parity", ParityBody(tree=_lm(), composition=Composition(shards=(ShardSpec(path=""),)))),
     (
         "parity",  # meta-device init keeps the tie: the unit sets the shared Parameter on both modules

@@ -28,8 +28,9 @@ def run_invalid(case: Case, body: InvalidBody, ctx: RankContext) -> dict[str, An
     target = model.get_submodule(body.path)
     raised: dict[str, str] | None = None
     try:
-        if body.misuse is Misuse.TIED_ACROSS_UNITS:
-            fully_shard(target, mesh=mesh)  # the other module of the tied pair stays in the root's unit
+        if body.misuse in (Misuse.TIED_ACROSS_UNITS, Misuse.SCALAR_UNDER_FULLY_SHARD, Misuse.CONTAINER_UNIT):
+            # the other module of a tied pair stays in the root's unit; a scalar raises at the call
+            fully_shard(target, mesh=mesh)
         elif body.misuse is Misuse.REPLICATE_AFTER_FULLY_SHARD:
             fully_shard(target, mesh=mesh)
             replicate(target)

@@ -16,6 +16,7 @@ from torch import nn
 from fuzz.model import (
     DEFAULT_FQN_MODIFIERS,
     MLP_EXPAND,
+    Container,
     Leaf,
     LeafKind,
     ModuleTree,
@@ -26,8 +27,8 @@ from fuzz.model import (
 
 class TreeBlock(nn.Module):
     """Runs its children in order (twice over with ``repeat``), then ``* scale`` (its own
-    parameter), ``+ shift`` (its buffer, persistent or not) and ``+ input`` (residual), each if
-    the block has it."""
+    parameter), ``* gain`` (rank 0), ``+ position`` (rank 2), ``+ y @ mix`` (rank 3), ``+ shift``
+    (its buffer, persistent or not) and ``+ input`` (residual), each if the block has it."""
 
     def __init__(
         self,
@@ -38,12 +39,20 @@ class TreeBlock(nn.Module):
         buffer: bool,
         persistent: bool = True,
         repeat: bool = False,
+        ranks: tuple[bool, bool, bool] = (False, False, False),
+        seq: int = 0,
     ) -> None:
         super().__init__()
         for i, child in enumerate(children):
             self.add_module(str(i), child)
         self.residual = residual
+        # registered in BLOCK_PARAMS's order: scale, gain, position, mix (drawn from the RNG
+        # only where present, so trees without the later ones build what they always built)
         self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(width)) if scale else None
+        gain, position, mix = ranks
+        self.gain = nn.Parameter(1.0 + 0.1 * torch.randn(())) if gain else None
+        self.position = nn.Parameter(0.1 * torch.randn(max(seq, 1), width)) if position else None
+        self.mix = nn.Parameter(0.1 * torch.randn(2, width, width) / width**0.5) if mix else None
         if buffer:
             self.register_buffer("shift", 0.1 * torch.randn(width), persistent=persistent)
         else:
@@ -56,15 +65,42 @@ class TreeBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = x
         for _ in range(2 if self.repeat else 1):
-            for name, child in self.named_children():
-                if name in self.skipped:
-                    continue
-                y = child(y)
+            y = run_children(self, y)
         if self.scale is not None:
             y = y * self.scale
+        if self.gain is not None:
+            y = y * self.gain
+        if self.position is not None:
+            y = y + self.position  # (S, W) over (B, S, W); (1, W) over (B, W)
+        if self.mix is not None:
+            y = y + torch.einsum("...i,kij->...j", y, self.mix)
         if self.shift is not None:
             y = y + self.shift
         return x + y if self.residual else y
+
+
+class TreeList(nn.ModuleList):
+    """A block built as an nn.ModuleList: no forward; its parent calls each item in order."""
+
+    skipped: frozenset[str] = frozenset()
+
+
+class TreeDict(nn.ModuleDict):
+    """A block built as an nn.ModuleDict (keys "0", "1", ...: the tree's paths): no forward;
+    its parent calls each item in insertion order."""
+
+    skipped: frozenset[str] = frozenset()
+
+
+def run_children(holder: nn.Module, y: Any) -> Any:
+    """Call ``holder``'s children in order on ``y``, but those it skips; a container child
+    (:class:`TreeList`, :class:`TreeDict`) is iterated over, as a model iterates over its layers."""
+    items = holder.items() if isinstance(holder, TreeDict) else holder.named_children()
+    for name, child in items:
+        if name in holder.skipped:  # type: ignore[operator]
+            continue
+        y = run_children(child, y) if isinstance(child, (TreeList, TreeDict)) else child(y)
+    return y
 
 
 class PointwiseConv1d(nn.Conv1d):
@@ -181,16 +217,21 @@ def _build_leaf(leaf: Leaf, width: int, vocab: int) -> nn.Module:
     raise AssertionError(f"unhandled leaf kind {leaf.kind}")
 
 
-def build_node(node: Node, width: int, vocab: int = 0) -> nn.Module:
+def build_node(node: Node, width: int, vocab: int = 0, seq: int = 0) -> nn.Module:
     """The module of ``node``; a block whose last child is a tied head gets the weight of its
     first child (the embedding) there: one Parameter in two modules."""
     if isinstance(node, Leaf):
         return build_leaf(node, width, vocab)
-    children = [build_node(c, width, vocab) for c in node.children]
+    children = [build_node(c, width, vocab, seq) for c in node.children]
     last = node.children[-1]
     if isinstance(last, Leaf) and last.kind is LeafKind.HEAD and last.tied:
         children[-1].weight = children[0].weight
-    return TreeBlock(children, node.residual, width, node.scale, node.buffer, node.persistent, node.repeat)
+    if node.container is Container.LIST:
+        return TreeList(children)
+    if node.container is Container.DICT:
+        return TreeDict({str(i): c for i, c in enumerate(children)})
+    ranks = (node.gain, node.position, node.mix)
+    return TreeBlock(children, node.residual, width, node.scale, node.buffer, node.persistent, node.repeat, ranks, seq)
 
 
 #: The name of the child a :class:`FusedLeaf` holds its leaf under: its state dict hides it.
@@ -247,12 +288,14 @@ def fuse(model: nn.Module, paths: tuple[str, ...], method: str = DEFAULT_FQN_MOD
 def own_parameters(module: nn.Module) -> list[nn.Parameter]:
     """The parameters the tree node built as ``module`` holds as its own: a block's own (its
     scale), a leaf's all (an attention's q, k, v, o; an MLP's up, down)."""
+    if isinstance(module, (TreeList, TreeDict)):
+        return []
     return list(module.parameters(recurse=not isinstance(module, TreeBlock)))
 
 
 def build_model(tree: ModuleTree, device: torch.device) -> nn.Module:
     with torch.device(device):
-        return build_node(tree.root, tree.width, tree.vocab)
+        return build_node(tree.root, tree.width, tree.vocab, tree.seq)
 
 
 def sample_batch(tree: ModuleTree, rows: int, gen: torch.Generator, dtype: torch.dtype) -> tuple[Any, Any]:
@@ -281,17 +324,18 @@ def loss_of(out: torch.Tensor, y: torch.Tensor, dtype: torch.dtype) -> torch.Ten
     return F.mse_loss(out.to(y.dtype), y)
 
 
-def tree_blocks(model: nn.Module) -> dict[str, TreeBlock]:
-    """The blocks of a built tree by their case paths, through any wrapper (DDP's ``module``,
-    FSDP1's ``_fsdp_wrapped_module``, checkpoint wrappers): tree paths are digits only."""
+def tree_blocks(model: nn.Module) -> dict[str, Any]:
+    """The blocks of a built tree by their case paths (containers too), through any wrapper
+    (DDP's ``module``, FSDP1's ``_fsdp_wrapped_module``, checkpoint wrappers): tree paths are
+    digits only."""
     return {
         ".".join(c for c in name.split(".") if c.isdigit()): m
         for name, m in model.named_modules()
-        if isinstance(m, TreeBlock)
+        if isinstance(m, (TreeBlock, TreeList, TreeDict))
     }
 
 
-def set_skipped(blocks: dict[str, TreeBlock], paths: list[str]) -> None:
+def set_skipped(blocks: dict[str, Any], paths: list[str]) -> None:
     """Leave the modules at ``paths`` out of forward until the next call (the rest run)."""
     skipped: dict[str, set[str]] = {p: set() for p in blocks}
     for path in paths:

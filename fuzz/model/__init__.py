@@ -41,7 +41,16 @@ from fuzz.model.composition import (
     Wrapper,
 )
 from fuzz.model.layout import Layout, Unit
-from fuzz.model.rules import TP_BETWEEN, check_composition, check_mesh, check_training, clip_problem, eval_problem
+from fuzz.model.rules import (
+    TP_BETWEEN,
+    check_composition,
+    check_mesh,
+    check_training,
+    clip_problem,
+    eval_problem,
+    saves_nothing,
+    scalar_problem,
+)
 from fuzz.model.state_dict import (
     Api,
     DcpBody,
@@ -95,12 +104,14 @@ from fuzz.model.tree import (
     PARAM_LEAVES,
     UNBIASED_LEAVES,
     Block,
+    Container,
     Dtype,
     Leaf,
     LeafKind,
     ModuleTree,
     Node,
     attention_heads,
+    containers,
     contains,
     forward_order,
     has_dropout,
@@ -143,6 +154,7 @@ __all__ = [
     "CheckpointOptions",
     "Compile",
     "Composition",
+    "Container",
     "ContextFn",
     "DcpBody",
     "DcpItem",
@@ -187,6 +199,7 @@ __all__ = [
     "check_mesh",
     "check_training",
     "clip_problem",
+    "containers",
     "contains",
     "dcp_root",
     "eval_problem",
@@ -206,6 +219,8 @@ __all__ = [
     "mixed_precision_comparable",
     "owns_params",
     "param_names",
+    "saves_nothing",
+    "scalar_problem",
     "schedule_problem",
     "sharded_in_memory_problem",
     "takes_schedule",

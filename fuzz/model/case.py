@@ -14,7 +14,7 @@ from fuzz.errors import CaseError
 from fuzz.model.composition import Composition
 from fuzz.model.rules import check_composition, check_mesh, check_training
 from fuzz.model.training import AccumSync, Training
-from fuzz.model.tree import MATRIX_LEAVES, Block, Leaf, ModuleTree, has_params, iter_paths
+from fuzz.model.tree import MATRIX_LEAVES, Block, Leaf, ModuleTree, containers, has_params, iter_paths
 
 MAX_WORLD_SIZE = 64
 
@@ -136,6 +136,14 @@ class Misuse(str, enum.Enum):
     #: module_b])" (torch 2.13's FSDPState._validate_no_duplicate_params; torch 2.11 raised
     #: nothing, so the strategies draw it only where torch has that check)
     TIED_ACROSS_UNITS = "tied_across_units"
+    #: fully_shard on a block holding a scalar parameter (``Block.gain``, rank 0): ValueError at
+    #: the call, "fully_shard doesn't support scalar parameters. Change gain to a 1D tensor with
+    #: numel equal to 1" (torch 2.13's ``_verify_managed_param``)
+    SCALAR_UNDER_FULLY_SHARD = "scalar_under_fully_shard"
+    #: fully_shard on an nn.ModuleList / nn.ModuleDict block: ValueError at the call,
+    #: "fully_shard does not support containers that do not implement forward" (torch 2.13's
+    #: ``_validate_module``)
+    CONTAINER_UNIT = "container_unit"
 
 
 @dataclass(frozen=True)
@@ -161,6 +169,12 @@ class InvalidBody(Body):
                 raise CaseError("path", f"{self.path!r} has no weight matrix to shard on dim 1")
         if self.misuse is Misuse.TIED_ACROSS_UNITS and (self.tree.tied is None or self.path not in self.tree.tied):
             raise CaseError("path", f"{self.path!r} is not the embedding or the head of a tied pair")
+        if self.misuse is Misuse.CONTAINER_UNIT and self.path not in containers(self.tree):
+            raise CaseError("path", f"{self.path!r} is no nn.ModuleList / nn.ModuleDict block")
+        if self.misuse is Misuse.SCALAR_UNDER_FULLY_SHARD:
+            node = paths[self.path]
+            if not (isinstance(node, Block) and node.gain):
+                raise CaseError("path", f"{self.path!r} is no block with a scalar parameter")
 
     def validate_for(self, world_size: int) -> None:
         if self.misuse is Misuse.UNEVEN_SHARD_DIM_1 and self.tree.width % world_size == 0:

@@ -21,12 +21,14 @@ from fuzz.model.tree import (
     LeafKind,
     ModuleTree,
     Node,
+    containers,
     contains,
     has_dropout,
     has_leaf,
     has_params,
     is_ancestor,
     is_classic,
+    iter_paths,
     owns_params,
 )
 
@@ -88,6 +90,12 @@ def check_composition(tree: ModuleTree, comp: Composition, where: str = "composi
         raise CaseError(f"{where}.{'spmd' if comp.spmd else 'tp'}", "drawn for trees of the first leaf kinds only")
     _check_tp(tree, comp, where)
     _check_tied(tree, comp, where)
+    _check_scalars(tree, comp, where)
+    _check_containers(tree, comp, where)
+    paths = tree.paths()
+    for i, path in enumerate(comp.checkpoints):
+        if saves_nothing(paths[path]):
+            raise CaseError(f"{where}.checkpoints[{i}]", f"{path!r} saves nothing for backward: not drawn yet")
     _check_replicate_options(tree, comp, where)
     _check_checkpoint_options(tree, comp, where)
     _check_ignored_params(tree, comp, where)
@@ -137,6 +145,60 @@ def _check_tied(tree: ModuleTree, comp: Composition, where: str) -> None:
             f"the tied embedding {embedding!r} and head {head!r} are managed by two units "
             f"({', '.join(repr(u and u.members) for u in covering)}): fully_shard([embedding, head]) or neither",
         )
+
+
+def scalar_problem(tree: ModuleTree, comp: Composition) -> str | None:
+    """Why a block's scalar parameter (``Block.gain``, rank 0) cannot be managed as ``comp``
+    manages it, or None: fully_shard refuses it at the call ("fully_shard doesn't support
+    scalar parameters. Change gain to a 1D tensor with numel equal to 1", torch 2.13's
+    ``_verify_managed_param``; the ``invalid`` property's scalar_under_fully_shard), and FSDP1
+    the same way ("FSDP doesn't support scalar parameters"). replicate and DDP take it, and so
+    does fully_shard where the block is in its ``ignored_params``."""
+    gains = [p for p, n in tree.paths().items() if isinstance(n, Block) and n.gain]
+    if not gains:
+        return None
+    if comp.wrapper is not Wrapper.NONE:
+        return None if comp.wrapper is Wrapper.DDP else f"FSDP1 refuses the scalar parameter of {gains[0]!r}"
+    layout = Layout(tree, comp)
+    for path in gains:
+        unit = layout.unit_of(path)
+        if unit is not None and unit.api == "fully_shard" and path not in comp.shard_ignored:
+            return f"fully_shard refuses the scalar parameter (rank 0) of {path!r}"
+    return None
+
+
+def saves_nothing(node: Node) -> bool:
+    """True if the module of ``node`` may save no tensor for backward: no parameter leaf, and
+    blocks whose only own parameter is an additive ``position`` (an add saves nothing). Its
+    checkpointed region then has nothing to recompute, which the activation contract
+    (fuzz._rank.activations) does not model yet."""
+    for _, n in iter_paths(node) if isinstance(node, Block) else [("", node)]:
+        if isinstance(n, Leaf) and n.kind in PARAM_LEAVES:
+            return False
+        if isinstance(n, Block) and (n.scale or n.gain or n.mix):
+            return False
+    return isinstance(node, Block) and any(n.position for _, n in iter_paths(node) if isinstance(n, Block))
+
+
+def _check_containers(tree: ModuleTree, comp: Composition, where: str) -> None:
+    """No API on an nn.ModuleList / nn.ModuleDict block: fully_shard and replicate refuse one
+    ("fully_shard does not support containers that do not implement forward", torch 2.13's
+    ``_validate_module``; the ``invalid`` property's container_unit), and composable checkpoint
+    hooks a forward that never runs (undocumented: not drawn). Their items take any API."""
+    held = containers(tree)
+    if not held:
+        return
+    named = [("shards", p) for s in comp.shards for p in s.paths]
+    named += [("replicates", p) for p in comp.replicates] + [("checkpoints", p) for p in comp.checkpoints]
+    for field_name, path in named:
+        if path in held:
+            raise CaseError(f"{where}.{field_name}", f"{path!r} is an nn.Module container without forward")
+
+
+def _check_scalars(tree: ModuleTree, comp: Composition, where: str) -> None:
+    problem = scalar_problem(tree, comp)
+    if problem is not None:
+        raise CaseError(f"{where}.shards", problem)
 
 
 def _trainable_params(node: Node) -> bool:
@@ -282,7 +344,7 @@ def _trainable_used(node: Node, path: str, skipped: list[str], unfrozen: set[str
     if isinstance(node, Leaf):
         return node.kind in PARAM_LEAVES and (not node.frozen or path in unfrozen)
     children = ((f"{path}.{i}" if path else str(i), c) for i, c in enumerate(node.children))
-    return node.scale or any(_trainable_used(c, p, skipped, unfrozen) for p, c in children)
+    return node.own_params or any(_trainable_used(c, p, skipped, unfrozen) for p, c in children)
 
 
 def check_training(tree: ModuleTree, comps: tuple[Composition, ...], t: Training, where: str = "training") -> None:

@@ -55,6 +55,16 @@ class LeafKind(str, enum.Enum):
     HEAD = "head"
 
 
+class Container(str, enum.Enum):
+    """What a block is built as: a module that runs its children (``none``), or an
+    ``nn.ModuleList`` / ``nn.ModuleDict`` holding them (no forward of its own: its parent
+    iterates over it and calls each item, as models do with ``for layer in self.layers``)."""
+
+    NONE = "none"
+    LIST = "list"
+    DICT = "dict"
+
+
 class Dtype(str, enum.Enum):
     FLOAT32 = "float32"
     FLOAT64 = "float64"
@@ -74,6 +84,9 @@ UNBIASED_LEAVES = frozenset({LeafKind.RMS_NORM, LeafKind.EMBEDDING})
 MATRIX_LEAVES = frozenset(
     {LeafKind.LINEAR, LeafKind.CONV1D, LeafKind.MLP, LeafKind.ATTENTION, LeafKind.EMBEDDING, LeafKind.HEAD}
 )
+#: A block's own parameters, in registration order, and their ranks.
+BLOCK_PARAMS = ("scale", "gain", "position", "mix")
+BLOCK_PARAM_RANKS = {"scale": 1, "gain": 0, "position": 2, "mix": 3}
 #: The submodules an attention leaf and an MLP leaf are made of, in forward order.
 ATTENTION_PARTS = ("q", "k", "v", "o")
 MLP_PARTS = ("up", "down")
@@ -118,9 +131,11 @@ class Leaf:
 class Block:
     """A container: runs its children in order (twice over with ``repeat``: each child module
     called twice in one forward, its parameters used twice), then multiplies by its own
-    ``scale`` parameter (a parameter held by a non-leaf module), adds its ``shift`` buffer
-    (registered non-persistent, out of the state dict, without ``persistent``), and with
-    ``residual`` adds its input."""
+    ``scale`` parameter (a parameter held by a non-leaf module, shape (W,)) and its ``gain``
+    (rank 0), adds its ``position`` parameter (rank 2, (max(seq, 1), W): a position embedding
+    held as a bare parameter) and ``y @ mix`` summed over its first dimension (rank 3, (2, W,
+    W)), adds its ``shift`` buffer (registered non-persistent, out of the state dict, without
+    ``persistent``), and with ``residual`` adds its input."""
 
     children: tuple[Node, ...]
     residual: bool = False
@@ -128,12 +143,33 @@ class Block:
     buffer: bool = False
     persistent: bool = True
     repeat: bool = False
+    #: A scalar parameter (rank 0). fully_shard refuses it ("fully_shard doesn't support scalar
+    #: parameters", torch 2.13): only replicate, DDP or FSDP1 manage it (fuzz.model.rules).
+    gain: bool = False
+    #: A (max(seq, 1), W) parameter added to the activation (rank 2).
+    position: bool = False
+    #: A (2, W, W) parameter (rank 3): ``y + einsum("...i,kij->...j", y, mix)``.
+    mix: bool = False
+    #: Built as an nn.ModuleList / nn.ModuleDict its parent iterates over (never the root):
+    #: nothing of its own, and fully_shard and replicate refuse it ("does not support containers
+    #: that do not implement forward", torch 2.13; the ``invalid`` property's container_unit).
+    container: Container = Container.NONE
 
     def __post_init__(self) -> None:
         if not self.children:
             raise CaseError("children", "a block needs at least one child")
         if not self.persistent and not self.buffer:
             raise CaseError("persistent", "persistent=False applies to a block's buffer: it has none")
+        if self.container is not Container.NONE and (self.residual or self.own_params or self.buffer or self.repeat):
+            raise CaseError(
+                "container",
+                f"a {self.container.value} container has no forward: no residual, parameters, buffer or repeat",
+            )
+
+    @property
+    def own_params(self) -> bool:
+        """True if the block registers parameters of its own (not only its children's)."""
+        return self.scale or self.gain or self.position or self.mix
 
 
 Node = Union[Leaf, Block]
@@ -159,7 +195,7 @@ def has_params(node: Node) -> bool:
     the embedding's weight)."""
     if isinstance(node, Leaf):
         return node.kind in PARAM_LEAVES
-    return node.scale or any(has_params(c) for c in node.children)
+    return node.own_params or any(has_params(c) for c in node.children)
 
 
 def has_leaf(node: Node, kind: LeafKind) -> bool:
@@ -179,7 +215,7 @@ def owns_params(node: Node) -> bool:
     parts, an attention's ``q`` or an MLP's ``up``, count as the leaf's own)."""
     if isinstance(node, Leaf):
         return node.kind in PARAM_LEAVES
-    return node.scale
+    return node.own_params
 
 
 def forward_order(block: Block, prefix: str = "") -> list[str]:
@@ -192,7 +228,7 @@ def forward_order(block: Block, prefix: str = "") -> list[str]:
             out += forward_order(child, path)
         elif owns_params(child):
             out.append(path)
-    if block.scale:
+    if block.own_params:
         out.append(prefix)
     return out
 
@@ -214,7 +250,8 @@ def param_names(node: Node) -> list[str]:
         if node.kind is LeafKind.MLP:
             return [f"{part}.{name}" for part in MLP_PARTS for name in own]
         return own
-    return ["scale"] if node.scale else []
+    flags = (node.scale, node.gain, node.position, node.mix)
+    return [name for name, on in zip(BLOCK_PARAMS, flags) if on]
 
 
 def attention_heads(width: int) -> int:
@@ -230,11 +267,16 @@ def is_classic(tree: ModuleTree) -> bool:
     if tree.seq or tree.vocab:
         return False
     return all(
-        (n.persistent and not n.repeat)
+        (n.persistent and not n.repeat and not (n.gain or n.position or n.mix) and n.container is Container.NONE)
         if isinstance(n, Block)
         else (n.kind not in PARAM_LEAVES or n.kind in CLASSIC_PARAM_LEAVES) and n.kernel == 1
         for _, n in iter_paths(tree.root)
     )
+
+
+def containers(tree: ModuleTree) -> list[str]:
+    """Paths of the blocks built as nn.ModuleList / nn.ModuleDict (never called themselves)."""
+    return [p for p, n in iter_paths(tree.root) if isinstance(n, Block) and n.container is not Container.NONE]
 
 
 def has_repeat(tree: ModuleTree) -> bool:
@@ -265,6 +307,8 @@ class ModuleTree:
             raise CaseError("root", f"tree depth {tree_depth(self.root)} exceeds {MAX_DEPTH}")
         if not 0 <= self.seq <= MAX_SEQ:
             raise CaseError("seq", f"seq={self.seq} is outside 0..{MAX_SEQ}")
+        if self.root.container is not Container.NONE:
+            raise CaseError("root.container", "the root is called: it is no container")
         if self.vocab and not 2 <= self.vocab <= MAX_VOCAB:
             raise CaseError("vocab", f"vocab={self.vocab} is outside 2..{MAX_VOCAB} (or 0: no vocabulary)")
         children = self.root.children
@@ -285,9 +329,9 @@ class ModuleTree:
             # The validity rules read requires_grad per leaf; a weight frozen through the
             # embedding would be frozen in the head too, which its own flag would not say.
             raise CaseError("root.children[0].frozen", "a tied embedding is not frozen")
-        if self.head is not None and (self.root.scale or self.root.buffer):
+        if self.head is not None and (self.root.own_params or self.root.buffer):
             # The root's scale and shift have the width, its output (the head's) the vocabulary.
-            raise CaseError("root", "the root of a tree with a head has no scale or buffer")
+            raise CaseError("root", "the root of a tree with a head has no parameters of its own or buffer")
 
     def paths(self) -> dict[str, Node]:
         return dict(iter_paths(self.root))
@@ -361,8 +405,13 @@ def tree_features(tree: ModuleTree, world_size: int) -> list[str]:
                 out.append("block:residual")
             if node.scale:
                 out.append("block:own-param")
+            for name, on in (("gain", node.gain), ("position", node.position), ("mix", node.mix)):
+                if on:
+                    out.append(f"param:rank{BLOCK_PARAM_RANKS[name]}")
             if node.buffer:
                 out.append("block:buffer" if node.persistent else "block:buffer:non-persistent")
             if node.repeat:
                 out.append("model:shared:called-twice")
+            if node.container is not Container.NONE:
+                out.append(f"block:{node.container.value}")
     return out

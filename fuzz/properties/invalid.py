@@ -19,6 +19,8 @@ EXPECTED: dict[Misuse, tuple[str, str]] = {
         "builtins.ValueError",
         r"is shared with a parameter already managed by another FSDP group",
     ),
+    Misuse.SCALAR_UNDER_FULLY_SHARD: ("builtins.ValueError", r"fully_shard doesn't support scalar parameters"),
+    Misuse.CONTAINER_UNIT: ("builtins.ValueError", r"does not support containers that do not implement forward"),
 }
 
 
