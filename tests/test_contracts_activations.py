@@ -20,6 +20,9 @@ from tests.contract_cases import FAULT_CASES
 ACTIVATIONS = {
     "C05_checkpoint_region_not_checkpointed": "checkpoint on '1': a (2, 4) torch.float32 tensor saved for backward",
     "C06_sac_must_save_recomputed": "selective checkpoint: '1.0''s matmul (MUST_SAVE) was recomputed",
+    "C09_checkpoint_early_stop_ignored": "checkpoint early_stop=True on '1': the recomputation ran",
+    "C10_sac_prefer_recompute_saved": "selective checkpoint: '1.1''s ReLU (PREFER_RECOMPUTE) was not recomputed",
+    "C11_checkpoint_rng_state_not_restored": "preserve_rng_state=True on '1': the recomputation does not start",
 }
 
 

@@ -18,6 +18,17 @@ Contracts:
   elementwise activation's (ReLU, Tanh, GELU) is computed anew (another storage, while the
   forward's is kept alive here). Regions holding a fully_shard unit are left out (a known torch
   bug, ``fuzz.known.SAC_OVER_FSDP_UNIT``).
+- ``early_stop`` ("If ``True``, non-reentrant checkpoint stops recomputation as soon as it has
+  computed all needed Tensors"; the default): a recomputed region's forward does not run to its
+  end in backward (the recomputation stops at the last tensor saved, inside the forward); with
+  ``early_stop=False`` it does.
+- ``preserve_rng_state`` (True, the default: "stashing and restoring the RNG state during each
+  checkpoint"): a region's recomputation starts from the CPU RNG state its forward started
+  from. With False nothing is checked: without restoring, the state there is whatever the
+  forward left, the same as restored where nothing drew random numbers in between.
+
+Regions nested in one another are left out of the last two (an inner region's checkpoint runs
+again inside the outer one's recomputation).
 """
 
 from __future__ import annotations
@@ -53,6 +64,14 @@ class ActivationRecorder:
         self.got_grad: set[str] = set()
         self.recomputed: set[str] = set()
         self.saved_inside = 0  # tensors saved inside regions (all microbatches): for tests
+        self.completed: set[str] = set()  # regions whose recomputation ran their forward to its end
+        self._rng: dict[str, list[bytes]] = {}  # CPU RNG states at each region forward's start
+        opts = comp.checkpoint_options
+        self.early_stop = opts.early_stop is not False  # None: the option left out, default True
+        self.preserve_rng_state = opts.preserve_rng_state
+        self.nested = {
+            r for r in self.regions if any(o != r and (contains(o, r) or contains(r, o)) for o in self.regions)
+        }
         self._forward_out: dict[int, list[torch.Tensor]] = {}
         model.register_forward_pre_hook(torch.compiler.disable(self._enter), prepend=True)
         model.register_forward_hook(torch.compiler.disable(self._exit), always_call=True)
@@ -64,6 +83,7 @@ class ActivationRecorder:
             module.register_forward_hook(
                 torch.compiler.disable(self._region_post(region)), prepend=True, always_call=True
             )
+            module.register_forward_hook(torch.compiler.disable(self._region_done(region)))
             for name, sub in module.named_modules():
                 if any(p.requires_grad for p in sub.parameters(recurse=False)):
                     sub.register_forward_pre_hook(torch.compiler.disable(self._use(region)))
@@ -110,8 +130,26 @@ class ActivationRecorder:
                 return
             if _in_backward():
                 self.recomputed.add(region)
+                states = self._rng.get(region, [])
+                if self.preserve_rng_state and region not in self.nested and states and _rng_state() not in states:
+                    self.problems.append(
+                        f"checkpoint preserve_rng_state=True on {region!r}: the recomputation does not start from "
+                        "the CPU RNG state of the forward"
+                    )
             elif torch.is_grad_enabled():
                 self.depth[region] += 1
+                if region not in self.nested:
+                    self._rng.setdefault(region, []).append(_rng_state())
+
+        return hook
+
+    def _region_done(self, region: str) -> Any:
+        """A forward hook that runs only when the region's forward returns (not where an
+        exception, checkpoint's early stop, left it)."""
+
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            if not self._skip() and _in_backward():
+                self.completed.add(region)
 
         return hook
 
@@ -164,11 +202,30 @@ class ActivationRecorder:
             for region in self.regions:
                 if region in self.used and region in self.got_grad and region not in self.recomputed:
                     self.problems.append(f"checkpoint on {region!r}: not recomputed in backward")
+            for region in sorted(self.recomputed - self.nested):
+                if self.early_stop and region in self.completed:
+                    self.problems.append(
+                        f"checkpoint early_stop=True on {region!r}: the recomputation ran the region's forward to "
+                        "its end"
+                    )
+                elif not self.early_stop and region not in self.completed:
+                    self.problems.append(
+                        f"checkpoint early_stop=False on {region!r}: the recomputation stopped before the region's "
+                        "forward ended"
+                    )
         self.used.clear()
+        self.completed.clear()
+        self._rng.clear()
         self.got_grad.clear()
         self.recomputed.clear()
         self._forward_out.clear()
         self.depth = {r: 0 for r in self.regions}
+
+
+def _rng_state() -> bytes:
+    """The CPU RNG state, read without a tensor op (inside a region, selective checkpointing's
+    dispatch mode would record one in forward and look it up in the recomputation)."""
+    return bytes(torch.get_rng_state().numpy().tobytes())
 
 
 def _unpack(t: torch.Tensor) -> torch.Tensor:
