@@ -31,6 +31,19 @@ TREE = ModuleTree(
         )
     ),
 )
+#: the same with a Dropout after the block: the RNG moves between the block's forward and its
+#: recomputation, which draws nothing itself.
+DROPOUT_TREE = ModuleTree(
+    width=4,
+    root=Block(
+        children=(
+            Leaf(LeafKind.LINEAR),
+            Block(children=(Leaf(LeafKind.LINEAR), Leaf(LeafKind.RELU))),
+            Leaf(LeafKind.DROPOUT),
+            Leaf(LeafKind.LINEAR),
+        )
+    ),
+)
 TRAINING = Training(optimizer=Optimizer.SGD, lr=0.05, steps=2, batch_per_rank=2, grad_accum=2)
 THREE_UNITS = (
     ShardSpec(path="", reshard_after_forward=True),
@@ -39,9 +52,9 @@ THREE_UNITS = (
 )
 
 
-def parity(comp: Composition, seed: int = 21, training: Training = TRAINING) -> Case:
+def parity(comp: Composition, seed: int = 21, training: Training = TRAINING, tree: ModuleTree = TREE) -> Case:
     return Case(
-        property="parity", world_size=2, seed=seed, body=ParityBody(tree=TREE, composition=comp, training=training)
+        property="parity", world_size=2, seed=seed, body=ParityBody(tree=tree, composition=comp, training=training)
     )
 
 
@@ -51,6 +64,25 @@ def forward_prefetch() -> Case:
 
 def backward_prefetch() -> Case:
     return parity(Composition(shards=THREE_UNITS, knobs=Knobs(backward_prefetch=1)))
+
+
+def backward_prefetch_kept_unsharded() -> Case:
+    """Every unit with reshard_after_forward=False, the first one frozen: its output needs no
+    gradient, so the next unit's post-backward (and reduce-scatter) runs from the root's final
+    callback, after the frozen target's own has resharded it; the prefetch itself finds the
+    target unsharded (the case a check at the reduce-scatter misread)."""
+    tree = ModuleTree(
+        width=4,
+        root=Block(
+            children=(
+                Leaf(LeafKind.LINEAR, frozen=True),
+                Block(children=(Leaf(LeafKind.LINEAR), Leaf(LeafKind.RELU))),
+                Leaf(LeafKind.LINEAR),
+            )
+        ),
+    )
+    units = tuple(ShardSpec(path=p, reshard_after_forward=False) for p in ("", "0", "1"))
+    return parity(Composition(shards=units, knobs=Knobs(backward_prefetch=1)), tree=tree)
 
 
 def reshard_after_backward_last() -> Case:
@@ -69,15 +101,17 @@ def plain_units() -> Case:
     return parity(Composition(shards=THREE_UNITS))
 
 
-def checkpointed(context_fn: ContextFn = ContextFn.NONE) -> Case:
+def checkpointed(
+    context_fn: ContextFn = ContextFn.NONE, early_stop: bool | None = None, tree: ModuleTree = TREE
+) -> Case:
     """A checkpointed block (Linear, ReLU) inside the root unit."""
     comp = Composition(
         shards=(ShardSpec(path="", reshard_after_forward=True),),
         checkpoints=("1",),
-        checkpoint_options=CheckpointOptions(context_fn=context_fn),
+        checkpoint_options=CheckpointOptions(context_fn=context_fn, early_stop=early_stop),
         knobs=Knobs(force_sum_reduction=True),
     )
-    return parity(comp)
+    return parity(comp, tree=tree)
 
 
 #: fault file -> the case whose contract must notice it
@@ -90,4 +124,9 @@ FAULT_CASES = {
     "C06_sac_must_save_recomputed": lambda: checkpointed(ContextFn.SAVE_MATMULS),
     "C07_reduce_scatter_deferred_to_final_callback": plain_units,
     "C08_reshard_after_backward_deferred": plain_units,
+    "C09_checkpoint_early_stop_ignored": checkpointed,
+    # early_stop=False: the block's ReLU, its last op, is recomputed in full (an early stop ends
+    # the recomputation inside it, before its module's forward hook)
+    "C10_sac_prefer_recompute_saved": lambda: checkpointed(ContextFn.SAVE_MATMULS, early_stop=False),
+    "C11_checkpoint_rng_state_not_restored": lambda: checkpointed(tree=DROPOUT_TREE),
 }

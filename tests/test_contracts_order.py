@@ -16,7 +16,7 @@ from tests.contract_cases import FAULT_CASES
 #: fault -> words the failure's message must hold (the contract that noticed it)
 ORDER = {
     "C01_forward_prefetch_not_issued": "set_modules_to_forward_prefetch on the root: '0' not all-gathered",
-    "C02_backward_prefetch_not_issued": "set_modules_to_backward_prefetch on '1': '0' not all-gathered before",
+    "C02_backward_prefetch_not_issued": "backward_prefetch on '1': '0' not all-gathered before '1''s backward",
     "C03_reshard_after_backward_ignored": "set_reshard_after_backward(False) on",
     "C07_reduce_scatter_deferred_to_final_callback": "reduce-scatter order: '0' reduce-scattered before '1'",
     "C08_reshard_after_backward_deferred": "memory: at '1''s reduce-scatter, [\"'1'\"] hold",
@@ -46,6 +46,12 @@ def test_each_order_contract_notices_its_fault(name: str) -> None:
     assert failure.kind == "mismatch", failure.summary
     assert "contract-knobs" in failure.signature
     assert ORDER[name] in failure.summary, failure.summary
+
+
+def test_backward_prefetch_of_a_target_kept_unsharded_passes(check_case: Any) -> None:
+    from tests.contract_cases import backward_prefetch_kept_unsharded
+
+    check_case(backward_prefetch_kept_unsharded())
 
 
 def test_recording_comm_delegates_and_notes_each_call() -> None:

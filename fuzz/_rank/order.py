@@ -16,8 +16,8 @@ Contracts (each checked where a case uses the knob):
 - ``set_modules_to_forward_prefetch``: "The prefetching runs after this module's all-gather
   copy-out": when a unit's forward starts, each of its targets has been all-gathered in this
   forward, or holds unsharded parameters already.
-- ``set_modules_to_backward_prefetch``: the targets are all-gathered in backward before the
-  unit's reduce-scatter (which follows its backward), or hold unsharded parameters then.
+- ``set_modules_to_backward_prefetch``: right after the unit's pre-backward (which prefetches),
+  each target holds its unsharded parameters or has an all-gather pending.
 - ``set_unshard_in_backward(False)``: the unit is never all-gathered in backward.
 - a unit resharded after forward is all-gathered in backward before its reduce-scatter
   (``reshard_after_forward``: "reshards parameters after forward and re-all-gathers in
@@ -145,6 +145,12 @@ class OrderRecorder:
             scatter = inner_comms.get(("reduce_scatter", spec.path)) or _default_comm("reduce_scatter")
             module.set_custom_reduce_scatter(RecordingComm("reduce_scatter", spec.path, self, scatter))  # type: ignore[operator]
             self.scattered.add(spec.path)
+        for spec in comp.shards:
+            if self.backward_targets.get(spec.path) and spec.path in self.recorded:
+                for member in spec.paths:
+                    hook = torch.compiler.disable(self._watch_backward(spec.path))
+                    model.get_submodule(member).register_forward_hook(hook)
+        self.prefetch_checked: set[str] = set()
         #: the units' data flow in forward, for the reduce-scatter order; left out where a
         #: parameter is used by two modules (a tied head): its gradient then comes from both
         self.flow = Flow(model, comp, memory) if self.scattered and not tied else None
@@ -199,24 +205,43 @@ class OrderRecorder:
                 f"set_reshard_after_backward(False) on {name(path)}: all-gathered again before its next forward"
             )
 
-    def _check_before_reduce_scatter(self, path: str) -> None:
-        """The unit at ``path`` reduce-scatters (its backward is done): its backward-prefetch
-        targets, and itself where resharded after forward, were all-gathered in backward."""
+    def _watch_backward(self, path: str) -> Any:
+        """A forward hook of a member of the unit at ``path`` (registered after fully_shard's, so
+        its tensor hook on the output runs after FSDP2's pre-backward hook there, which
+        prefetches): checks the backward-prefetch targets when the output's gradient arrives."""
+
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            if self.paused or self.memory.disabled or in_backward() or not torch.is_grad_enabled():
+                return
+            for t in output_tensors(output):
+                if t.requires_grad:
+                    t.register_hook(lambda grad: self._after_pre_backward(path))
+
+        return hook
+
+    def _after_pre_backward(self, path: str) -> None:
+        """FSDP2's pre-backward of the unit at ``path`` ran (its parameter group is in
+        ``PRE_BACKWARD``), once per microbatch: each backward-prefetch target that ran forward
+        and needs unsharding in backward holds its unsharded parameters or has an all-gather
+        pending ("explicitly prefetch all-gathers in backward")."""
+        if self.paused or path in self.prefetch_checked:
+            return
+        groups = param_groups(self.model.get_submodule(path))
+        if not groups or getattr(groups[0]._training_state, "name", None) != "PRE_BACKWARD":
+            return
+        self.prefetch_checked.add(path)
         for target in self.backward_targets.get(path, []):
-            if target in self.unneeded or not self._needs_gather(target) or self._gathered(target, True):
+            if target in self.unneeded or not self._needs_gather(target) or not self.memory.ran_whole(target):
                 continue
-            if self._held(target) or not self.memory.ran_whole(target):
-                continue
-            target_spec = next(s for s in self.comp.shards if s.path == target)
-            if self.comp.reshard_after_forward(target_spec) is False:
-                # Not resharded after forward, a target needs no all-gather in backward; found
-                # sharded and never all-gathered there anyway, it is not triaged yet
-                # (docs/contracts.md, "Narrowed").
-                continue
-            self.problems.append(
-                f"set_modules_to_backward_prefetch on {name(path)}: {name(target)} not all-gathered before "
-                f"{name(path)}'s reduce-scatter"
-            )
+            if not self._held(target):
+                self.problems.append(
+                    f"set_modules_to_backward_prefetch on {name(path)}: {name(target)} not all-gathered before "
+                    f"{name(path)}'s backward (neither holding its unsharded parameters nor an all-gather pending)"
+                )
+
+    def _check_before_reduce_scatter(self, path: str) -> None:
+        """The unit at ``path`` reduce-scatters (its backward is done): where resharded after
+        forward, it was all-gathered in backward."""
         spec = next(s for s in self.comp.shards if s.path == path)
         resharded = self.comp.reshard_after_forward(spec) is not False
         if (
@@ -278,6 +303,7 @@ class OrderRecorder:
         known for this one's forward)."""
         self.log.clear()
         self.seen.clear()
+        self.prefetch_checked.clear()
         if self.flow is not None:
             self.flow.clear()
 
