@@ -1,49 +1,78 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=10600d5ba9b8994c sources=ce057bc0da65e4dc seconds=712.7
-# Reproduces shardfuzz corpus entry metamorphic-exception-4ecb7d725bd4.json: exception:metamorphic:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out
+# shardfuzz reduced reproducer: entry=10600d5ba9b8994c sources=76efda80b8085560 seconds=26.5
 # Known torch bug: fully_shard with an int reshard_after_forward and Shard(1) placements:
 # IndexError in foreach_all_gather_copy_out, or (a dim-1 size the post-forward mesh splits
 # unevenly) as_strided out of bounds in to_sharded_post_forward; upstream: none found.
-# Observed: rank 0 raised builtins.IndexError: list index out of range
-# Run: torchrun --nproc-per-node 4 THIS_FILE.py: while the failure is there a rank raises
-# builtins.IndexError in
-# torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out, prints its
-# traceback and REPRODUCED and exits 1; once it is gone rank 0 prints PASS and every rank exits 0
-# (expected: no rank raises); a rank exits 2 where the script cannot run (not under torchrun,
-# another world size) or the case fails another way (it prints FAIL). torchrun's own status is 1
-# whenever a rank's is not 0.
+# Runs the case's training under both compositions. Run: torchrun --nproc-per-node 4 THIS_FILE.py:
+# a rank that raises the entry's exception (EXPECTED: its type @ the innermost frame of torch's
+# own code) prints REPRODUCED and exits 1; one that raises another exits 2 (FAIL); where none
+# raises, rank 0 prints PASS and every rank exits 0.
+# Outside torchrun --nproc-per-node 4 the script prints how to run it and exits 2.
+# Printed from the case by shardfuzz (python -m fuzz repro).
 
-from __future__ import annotations
+import os
+import sys
 import torch
-from torch import nn
+import torch.distributed as dist
 import torch.nn.functional as F
+import traceback
+from torch import nn
+from torch.distributed._composable import checkpoint
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import Shard
 
-class PointwiseConv1d(nn.Conv1d):
+
+class Conv(nn.Conv1d):
+    """A one-tap Conv1d over a (batch, width) activation, as a length-1 sequence."""
 
     def forward(self, x):
-        return super().forward(x.unsqueeze(-1))
+        return super().forward(x.unsqueeze(-1)).squeeze(-1)
 
-def _placement_fn():
-    from torch.distributed.tensor import Shard
 
-    def fn(param):
-        return Shard(1)
-    return fn
+def on_dim1(p):  # Shard(1) where it splits evenly, else Shard(0) (uneven sharding: dim 0 only)
+    return Shard(1) if p.ndim > 1 and p.shape[1] % 4 == 0 else None
 
-def attempt(rank, world_size):
-    build_model_out = PointwiseConv1d(4, 4, kernel_size=1, bias=False)
-    from torch.distributed.fsdp import fully_shard
-    kwargs = {'reshard_after_forward': 2, 'shard_placement_fn': _placement_fn()}
-    fully_shard(build_model_out, **kwargs)
-    x_ = torch.randn(world_size, 4)
-    y_ = torch.randn(world_size, 4)
-    step_ = [(x_[rank:rank + 1], y_[rank:rank + 1])]
-    i, (x, y) = next(enumerate(step_))
-    out = build_model_out(x)
-    loss = F.mse_loss(out, y)
-    loss.backward()
 
-def torch_frame(path: str, function: str) -> str | None:
+def build():
+    return nn.Sequential(nn.Sequential(Conv(4, 4, 1, bias=False), Conv(4, 4, 1, bias=False)), Conv(4, 4, 1, bias=False))
+
+
+def compose(model):
+    fully_shard(model.get_submodule("0.0"), reshard_after_forward=False)
+    fully_shard(model.get_submodule("0.1"), reshard_after_forward=False)
+    fully_shard(model.get_submodule("0"), reshard_after_forward=False)
+    fully_shard(model, reshard_after_forward=2, shard_placement_fn=on_dim1)
+    return model
+
+
+def compose_variant(model):
+    fully_shard(model.get_submodule("0.0"), reshard_after_forward=False)
+    fully_shard(model.get_submodule("0.1"), reshard_after_forward=False)
+    fully_shard(model.get_submodule("0"), reshard_after_forward=False)
+    fully_shard(model, reshard_after_forward=2, shard_placement_fn=on_dim1)
+    checkpoint(model)
+    return model
+
+
+def train(rank, world_size, compose):
+    torch.manual_seed(0)  # every rank builds the same weights
+    model = compose(build())
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    gen = torch.Generator().manual_seed(0)
+    x, y = (torch.randn(world_size, 4, generator=gen)[rank :][:1] for _ in range(2))
+    F.mse_loss(model(x), y).backward()
+    opt.step()
+    opt.zero_grad(set_to_none=False)
+
+
+# the entry's exception: its type @ the innermost frame of torch's own code
+EXPECTED = {
+    'builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out',
+    'builtins.RuntimeError@torch/distributed/fsdp/_fully_shard/_fsdp_param.py:to_sharded_post_forward',
+}
+
+
+def torch_frame(path, function):  # a frame of torch's own code (fuzz.signature.torch_frame)
     at = path.rfind('/torch/')
     inner = path[at + 1:]
     if at < 0 or '/fuzz/' in path or '-packages/' in inner or (function in ('<listcomp>', '<dictcomp>', '<setcomp>')):
@@ -52,38 +81,21 @@ def torch_frame(path: str, function: str) -> str | None:
 
 
 if __name__ == "__main__":
-    import os
-    os.environ['CUDA_VISIBLE_DEVICES'] = ''
-    import sys
-    import time
     if os.environ.get("WORLD_SIZE") != "4":
         print("run it with: torchrun --nproc-per-node 4 " + sys.argv[0], file=sys.stderr)
         sys.exit(2)
-    import torch.distributed as dist
     dist.init_process_group("gloo")
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    import re
-    import traceback
+    rank = dist.get_rank()
     try:
-        attempt(rank, world_size)
-    except BaseException as e:  # torch's CheckpointException is a BaseException
-        text = traceback.format_exc()
-        sys.stderr.write("".join(f"[rank{rank}]: {line}\n" for line in text.splitlines()))
-        frames = [f for f in (torch_frame(p, f) for p, f in re.findall(r'File "([^"]+)", line \d+,? in (\S+)', text)) if f]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@{(frames or ['torch/?:?'])[-1]}"
-        if found in ['builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out', 'builtins.RuntimeError@torch/distributed/fsdp/_fully_shard/_fsdp_param.py:to_sharded_post_forward']:
-            print(f"REPRODUCED exception:metamorphic:builtins.IndexError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_all_gather_copy_out: rank {rank} raised {found}", flush=True)
-            os._exit(1)
-        print(f"FAIL (not the entry's failure): rank {rank} raised {found}", flush=True)
-        os._exit(2)
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
-    store.add("repro-passed", 1)
-    until = time.monotonic() + 60
-    while store.add("repro-passed", 0) < world_size:
-        if time.monotonic() > until:
-            print(f"FAIL (not the entry's failure): rank {rank} finished, another rank did not", flush=True)
-            os._exit(2)
-        time.sleep(0.05)
+        for composition in (compose, compose_variant):
+            train(rank, dist.get_world_size(), composition)
+        dist.barrier()
+    except Exception as e:
+        traceback.print_exc()
+        frames = [torch_frame(f.filename, f.name) for f in traceback.extract_tb(e.__traceback__)]
+        found = f"{type(e).__module__}.{type(e).__qualname__}@{([f for f in frames if f] or ['?'])[-1]}"
+        said = "REPRODUCED" if found in EXPECTED else "FAIL (not the entry's exception)"
+        print(f"{said}: rank {rank} raised {found}: {e}", flush=True)
+        os._exit(1 if found in EXPECTED else 2)
     if rank == 0:
-        print('PASS: no rank raised', flush=True)
-    os._exit(0)  # a rank must not wait for the others at exit
+        print("PASS: no rank raised", flush=True)

@@ -1,39 +1,61 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=aa96ea87f1dc4963 sources=c819ef517160c7c9 seconds=339.7
-# Reproduces shardfuzz corpus entry metamorphic-exception-7ac48053331b.json: exception:metamorphic:builtins.RuntimeError@torch/optim/sgd.py:_multi_tensor_sgd
+# shardfuzz reduced reproducer: entry=aa96ea87f1dc4963 sources=76efda80b8085560 seconds=15.5
 # Known torch bug: foreach optimizers over a mix of DTensor (fully_shard) and plain (replicate)
 # parameters raise; upstream: https://github.com/pytorch/pytorch/issues/183207.
-# Observed: rank 0 raised builtins.RuntimeError: aten._foreach_add_.List got mixed torch.Tensor
-# and DTensor, need to convert all torch.Tensor to DTensor before calling distributed operators!
-# Run: torchrun --nproc-per-node 2 THIS_FILE.py: while the failure is there a rank raises
-# builtins.RuntimeError in torch/optim/sgd.py:_multi_tensor_sgd, prints its traceback and
-# REPRODUCED and exits 1; once it is gone rank 0 prints PASS and every rank exits 0 (expected: no
-# rank raises); a rank exits 2 where the script cannot run (not under torchrun, another world
-# size) or the case fails another way (it prints FAIL). torchrun's own status is 1 whenever a
-# rank's is not 0.
+# Runs the case's training under both compositions. Run: torchrun --nproc-per-node 2 THIS_FILE.py:
+# a rank that raises the entry's exception (EXPECTED: its type @ the innermost frame of torch's
+# own code) prints REPRODUCED and exits 1; one that raises another exits 2 (FAIL); where none
+# raises, rank 0 prints PASS and every rank exits 0.
+# Outside torchrun --nproc-per-node 2 the script prints how to run it and exits 2.
+# Printed from the case by shardfuzz (python -m fuzz repro).
 
-from __future__ import annotations
+import os
+import sys
 import torch
-from torch import nn
+import torch.distributed as dist
 import torch.nn.functional as F
+import traceback
+from torch import nn
+from torch.distributed._composable import checkpoint, replicate
+from torch.distributed.fsdp import fully_shard
 
-def attempt(rank, world_size):
-    build_model_out = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
-    from torch.distributed.fsdp import fully_shard
-    modules = [build_model_out.get_submodule('0')]
-    fully_shard(modules[0])
-    params = build_model_out.parameters()
-    opt = torch.optim.SGD(params, foreach=True)
-    x_ = torch.randn(world_size, 2)
-    y_ = torch.randn(world_size, 2)
-    step_ = [(x_[rank:rank + 1], y_[rank:rank + 1])]
-    i, (x, y) = next(iter(enumerate(step_)))
-    out = build_model_out(x)
-    loss = F.mse_loss(out, y)
-    loss.backward()
+
+def build():
+    return nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+
+
+def compose(model):
+    fully_shard(model.get_submodule("0"))
+    replicate(model)
+    return model
+
+
+def compose_variant(model):
+    checkpoint(model.get_submodule("1"))
+    fully_shard(model.get_submodule("0"))
+    replicate(model)
+    return model
+
+
+def train(rank, world_size, compose):
+    torch.manual_seed(0)  # every rank builds the same weights
+    model = compose(build())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, foreach=True)
+    gen = torch.Generator().manual_seed(0)
+    x, y = (torch.randn(world_size, 2, generator=gen)[rank :][:1] for _ in range(2))
+    F.mse_loss(model(x), y).backward()
     opt.step()
+    opt.zero_grad(set_to_none=True)
 
-def torch_frame(path: str, function: str) -> str | None:
+
+# the entry's exception: its type @ the innermost frame of torch's own code
+EXPECTED = {
+    'builtins.RuntimeError@torch/distributed/tensor/_dispatch.py:_try_replicate_spec_for_scalar_tensor',
+    'builtins.RuntimeError@torch/optim/sgd.py:_multi_tensor_sgd',
+}
+
+
+def torch_frame(path, function):  # a frame of torch's own code (fuzz.signature.torch_frame)
     at = path.rfind('/torch/')
     inner = path[at + 1:]
     if at < 0 or '/fuzz/' in path or '-packages/' in inner or (function in ('<listcomp>', '<dictcomp>', '<setcomp>')):
@@ -42,38 +64,21 @@ def torch_frame(path: str, function: str) -> str | None:
 
 
 if __name__ == "__main__":
-    import os
-    os.environ['CUDA_VISIBLE_DEVICES'] = ''
-    import sys
-    import time
     if os.environ.get("WORLD_SIZE") != "2":
         print("run it with: torchrun --nproc-per-node 2 " + sys.argv[0], file=sys.stderr)
         sys.exit(2)
-    import torch.distributed as dist
     dist.init_process_group("gloo")
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    import re
-    import traceback
+    rank = dist.get_rank()
     try:
-        attempt(rank, world_size)
-    except BaseException as e:  # torch's CheckpointException is a BaseException
-        text = traceback.format_exc()
-        sys.stderr.write("".join(f"[rank{rank}]: {line}\n" for line in text.splitlines()))
-        frames = [f for f in (torch_frame(p, f) for p, f in re.findall(r'File "([^"]+)", line \d+,? in (\S+)', text)) if f]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@{(frames or ['torch/?:?'])[-1]}"
-        if found in ['builtins.RuntimeError@torch/distributed/tensor/_dispatch.py:_try_replicate_spec_for_scalar_tensor', 'builtins.RuntimeError@torch/optim/sgd.py:_multi_tensor_sgd']:
-            print(f"REPRODUCED exception:metamorphic:builtins.RuntimeError@torch/optim/sgd.py:_multi_tensor_sgd: rank {rank} raised {found}", flush=True)
-            os._exit(1)
-        print(f"FAIL (not the entry's failure): rank {rank} raised {found}", flush=True)
-        os._exit(2)
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
-    store.add("repro-passed", 1)
-    until = time.monotonic() + 60
-    while store.add("repro-passed", 0) < world_size:
-        if time.monotonic() > until:
-            print(f"FAIL (not the entry's failure): rank {rank} finished, another rank did not", flush=True)
-            os._exit(2)
-        time.sleep(0.05)
+        for composition in (compose, compose_variant):
+            train(rank, dist.get_world_size(), composition)
+        dist.barrier()
+    except Exception as e:
+        traceback.print_exc()
+        frames = [torch_frame(f.filename, f.name) for f in traceback.extract_tb(e.__traceback__)]
+        found = f"{type(e).__module__}.{type(e).__qualname__}@{([f for f in frames if f] or ['?'])[-1]}"
+        said = "REPRODUCED" if found in EXPECTED else "FAIL (not the entry's exception)"
+        print(f"{said}: rank {rank} raised {found}: {e}", flush=True)
+        os._exit(1 if found in EXPECTED else 2)
     if rank == 0:
-        print('PASS: no rank raised', flush=True)
-    os._exit(0)  # a rank must not wait for the others at exit
+        print("PASS: no rank raised", flush=True)

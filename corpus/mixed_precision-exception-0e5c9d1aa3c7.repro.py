@@ -1,84 +1,78 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=fcf8cd4586083371 sources=c819ef517160c7c9 seconds=557.0
-# Reproduces shardfuzz corpus entry mixed_precision-exception-0e5c9d1aa3c7.json: exception:mixed_precision:builtins.AssertionError@torch/distributed/fsdp/_fully_shard/_fsdp_common.py:_raise_assert_with_print
+# shardfuzz reduced reproducer: entry=fcf8cd4586083371 sources=c63308a0cfa16dd8 seconds=41.4
 # Known torch bug: MixedPrecisionPolicy(reduce_dtype) with set_requires_gradient_sync(False) and a
 # parameter unused on a no-sync microbatch: 'FSDP reduce-scatter expects uniform gradient dtype';
 # upstream: https://github.com/pytorch/pytorch/issues/196996.
-# Observed: rank 0 raised builtins.AssertionError: FSDP reduce-scatter expects uniform gradient
-# dtype but got {torch.bfloat16, torch.float32}
-# Run: torchrun --nproc-per-node 2 THIS_FILE.py: while the failure is there a rank raises
-# builtins.AssertionError in
-# torch/distributed/fsdp/_fully_shard/_fsdp_common.py:_raise_assert_with_print, prints its
-# traceback and REPRODUCED and exits 1; once it is gone rank 0 prints PASS and every rank exits 0
-# (expected: no rank raises); a rank exits 2 where the script cannot run (not under torchrun,
-# another world size) or the case fails another way (it prints FAIL). torchrun's own status is 1
-# whenever a rank's is not 0.
+# Runs the case's training. Run: torchrun --nproc-per-node 2 THIS_FILE.py: a rank that raises the
+# entry's exception (EXPECTED: its type @ the innermost frame of torch's own code) prints
+# REPRODUCED and exits 1; one that raises another exits 2 (FAIL); where none raises, rank 0 prints
+# PASS and every rank exits 0.
+# Outside torchrun --nproc-per-node 2 the script prints how to run it and exits 2.
+# Printed from the case by shardfuzz (python -m fuzz repro).
 
-from __future__ import annotations
+import os
+import sys
 import torch
-import enum
-from dataclasses import dataclass
-from torch import nn
+import torch.distributed as dist
 import torch.nn.functional as F
+import traceback
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy
+from torch.distributed.fsdp import fully_shard
 
-class AccumSync(str, enum.Enum):
-    ALWAYS = 'always'
-    NO_GRAD_SYNC = 'no_grad_sync'
 
-@dataclass()
-class Skip:
-    path: object
-    step: object
+SKIPPED = []  # the modules left out of forward now
 
-class TreeBlock(nn.Module):
 
-    def __init__(self, children):
+class Block(nn.Module):
+    def __init__(self, children, width, scale=False):
         super().__init__()
-        i, child = next(iter(enumerate(children)))
-        self.add_module(str(i), child)
-        self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(1))
+        for i, child in enumerate(children):
+            self.add_module(str(i), child)
+        self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(width)) if scale else None
 
     def forward(self, x):
         y = x
-        for name, child in self.named_children():
-            if name in self.skipped:
-                continue
-            y = child(y)
-        y = y * self.scale
+        for child in self.children():
+            y = y if child in SKIPPED else child(y)
+        y = y if self.scale is None else y * self.scale
         return y
 
-class PointwiseConv1d(nn.Conv1d):
-    pass
 
-def attempt(rank, world_size):
-    training_skips = (Skip(path='0', step=0),)
-    build_model_out = TreeBlock([PointwiseConv1d(1, 1, kernel_size=1)])
-    from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy
-    fully_shard(build_model_out, mp_policy=MixedPrecisionPolicy(reduce_dtype=torch.bfloat16))
-    blocks = {'.'.join(()): m for name, m in build_model_out.named_modules() if isinstance(m, TreeBlock)}
-    step_ = []
-    for __ in range(2):
-        x_ = torch.randn(world_size, 1)
-        y_ = torch.randn(world_size, 1)
-        step_.append((x_[rank:rank + 1], y_[rank:rank + 1]))
-    for i, (x, y) in enumerate(step_):
-        skipped = ['0' for s_ in training_skips if 0 == i]
-        skipped_ = {p__: set() for p__ in blocks}
-        for path__ in skipped:
-            parent, _, name_ = path__.rpartition('.')
-            skipped_[parent].add(name_)
-        p__, block = next(iter(blocks.items()))
-        block.skipped = frozenset(skipped_[p__])
-        last = i == len(step_) - 1
-        sync = AccumSync.ALWAYS if last else AccumSync.NO_GRAD_SYNC
-        requires_gradient_sync = sync is not AccumSync.NO_GRAD_SYNC
-        m_ = build_model_out
-        m_.set_requires_gradient_sync(requires_gradient_sync)
-        out = build_model_out(x)
-        loss = F.mse_loss(out, y)
-        loss.backward()
+class Conv(nn.Conv1d):
+    """A one-tap Conv1d over a (batch, width) activation, as a length-1 sequence."""
 
-def torch_frame(path: str, function: str) -> str | None:
+    def forward(self, x):
+        return super().forward(x.unsqueeze(-1)).squeeze(-1)
+
+
+SKIPS = {(0, 0): ['0']}  # (step, microbatch): the modules left out of forward then
+
+
+def train(rank, world_size):
+    torch.manual_seed(0)  # every rank builds the same weights
+    model = Block([Conv(1, 1, 1, bias=False)], 1, scale=True)
+    mp = MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)
+    fully_shard(model, reshard_after_forward=False, mp_policy=mp)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    gen = torch.Generator().manual_seed(0)
+    for step in range(1):
+        for micro in range(2):
+            x, y = (torch.randn(world_size, 1, generator=gen)[rank :][:1] for _ in range(2))
+            SKIPPED[:] = [model.get_submodule(p) for p in SKIPS.get((step, micro), [])]
+            model.set_requires_gradient_sync(micro == 1)
+            F.mse_loss(model(x).to(y.dtype), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+
+
+# the entry's exception: its type @ the innermost frame of torch's own code
+EXPECTED = {
+    'builtins.AssertionError@torch/distributed/fsdp/_fully_shard/_fsdp_common.py:_raise_assert_with_print',
+}
+
+
+def torch_frame(path, function):  # a frame of torch's own code (fuzz.signature.torch_frame)
     at = path.rfind('/torch/')
     inner = path[at + 1:]
     if at < 0 or '/fuzz/' in path or '-packages/' in inner or (function in ('<listcomp>', '<dictcomp>', '<setcomp>')):
@@ -87,38 +81,20 @@ def torch_frame(path: str, function: str) -> str | None:
 
 
 if __name__ == "__main__":
-    import os
-    os.environ['CUDA_VISIBLE_DEVICES'] = ''
-    import sys
-    import time
     if os.environ.get("WORLD_SIZE") != "2":
         print("run it with: torchrun --nproc-per-node 2 " + sys.argv[0], file=sys.stderr)
         sys.exit(2)
-    import torch.distributed as dist
     dist.init_process_group("gloo")
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    import re
-    import traceback
+    rank = dist.get_rank()
     try:
-        attempt(rank, world_size)
-    except BaseException as e:  # torch's CheckpointException is a BaseException
-        text = traceback.format_exc()
-        sys.stderr.write("".join(f"[rank{rank}]: {line}\n" for line in text.splitlines()))
-        frames = [f for f in (torch_frame(p, f) for p, f in re.findall(r'File "([^"]+)", line \d+,? in (\S+)', text)) if f]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@{(frames or ['torch/?:?'])[-1]}"
-        if found in ['builtins.AssertionError@torch/distributed/fsdp/_fully_shard/_fsdp_common.py:_raise_assert_with_print']:
-            print(f"REPRODUCED exception:mixed_precision:builtins.AssertionError@torch/distributed/fsdp/_fully_shard/_fsdp_common.py:_raise_assert_with_print: rank {rank} raised {found}", flush=True)
-            os._exit(1)
-        print(f"FAIL (not the entry's failure): rank {rank} raised {found}", flush=True)
-        os._exit(2)
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
-    store.add("repro-passed", 1)
-    until = time.monotonic() + 60
-    while store.add("repro-passed", 0) < world_size:
-        if time.monotonic() > until:
-            print(f"FAIL (not the entry's failure): rank {rank} finished, another rank did not", flush=True)
-            os._exit(2)
-        time.sleep(0.05)
+        train(rank, dist.get_world_size())
+        dist.barrier()
+    except Exception as e:
+        traceback.print_exc()
+        frames = [torch_frame(f.filename, f.name) for f in traceback.extract_tb(e.__traceback__)]
+        found = f"{type(e).__module__}.{type(e).__qualname__}@{([f for f in frames if f] or ['?'])[-1]}"
+        said = "REPRODUCED" if found in EXPECTED else "FAIL (not the entry's exception)"
+        print(f"{said}: rank {rank} raised {found}: {e}", flush=True)
+        os._exit(1 if found in EXPECTED else 2)
     if rank == 0:
-        print('PASS: no rank raised', flush=True)
-    os._exit(0)  # a rank must not wait for the others at exit
+        print("PASS: no rank raised", flush=True)

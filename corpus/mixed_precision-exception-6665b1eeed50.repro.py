@@ -1,65 +1,60 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=49e98a7a0cd611b2 sources=c819ef517160c7c9 seconds=687.7
-# Reproduces shardfuzz corpus entry mixed_precision-exception-6665b1eeed50.json: exception:mixed_precision:builtins.RuntimeError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_reduce
+# shardfuzz reduced reproducer: entry=49e98a7a0cd611b2 sources=c63308a0cfa16dd8 seconds=40.9
 # Known torch bug: MixedPrecisionPolicy: a unit all frozen at lazy init gets no orig/reduce dtype;
 # unfrozen later, its low-precision gradient is never cast back; upstream:
 # https://github.com/pytorch/pytorch/issues/186998.
-# Observed: rank 0 raised builtins.RuntimeError: attempting to assign a gradient with dtype
-# 'c10::BFloat16' to a tensor with grad_dtype 'Float'. The gradient must match the tensor's ...
-# Run: torchrun --nproc-per-node 2 THIS_FILE.py: while the failure is there a rank raises
-# builtins.RuntimeError in
-# torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_reduce, prints its traceback
-# and REPRODUCED and exits 1; once it is gone rank 0 prints PASS and every rank exits 0 (expected:
-# no rank raises); a rank exits 2 where the script cannot run (not under torchrun, another world
-# size) or the case fails another way (it prints FAIL). torchrun's own status is 1 whenever a
-# rank's is not 0.
+# Runs the case's training. Run: torchrun --nproc-per-node 2 THIS_FILE.py: a rank that raises the
+# entry's exception (EXPECTED: its type @ the innermost frame of torch's own code) prints
+# REPRODUCED and exits 1; one that raises another exits 2 (FAIL); where none raises, rank 0 prints
+# PASS and every rank exits 0.
+# Outside torchrun --nproc-per-node 2 the script prints how to run it and exits 2.
+# Printed from the case by shardfuzz (python -m fuzz repro).
 
-from __future__ import annotations
+import os
+import sys
 import torch
-from dataclasses import dataclass
-from torch import nn
+import torch.distributed as dist
 import torch.nn.functional as F
+import traceback
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy
+from torch.distributed.fsdp import fully_shard
 
-@dataclass()
-class Unfreeze:
-    path: object
-    step: object
 
-class PointwiseConv1d(nn.Conv1d):
-    pass
+class Conv(nn.Conv1d):
+    """A one-tap Conv1d over a (batch, width) activation, as a length-1 sequence."""
 
-def attempt(rank, world_size):
-    module = PointwiseConv1d(1, 1, kernel_size=1)
-    module.requires_grad_(False)
-    build_model_out = nn.Sequential(PointwiseConv1d(1, 1, kernel_size=1), module)
-    from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy
-    kwargs = {'mp_policy': MixedPrecisionPolicy(param_dtype=torch.bfloat16)}
-    modules = [build_model_out.get_submodule('0')]
-    fully_shard(modules[0], **kwargs)
-    modules = [build_model_out]
-    fully_shard(modules[0], **kwargs)
-    out__ = {'1': []}
-    for name, p____ in build_model_out.named_parameters():
-        clean_name_out = name
-        owner = '.'.join((c for c in clean_name_out.split('.')[:-1] if c))
-        if owner in out__:
-            out__[owner].append(p____)
-    out_ = []
-    for _ in range(2):
-        x_ = torch.randn(world_size, 1)
-        y_ = torch.randn(world_size, 1)
-        step_ = [(x_[rank:rank + 1], y_[rank:rank + 1])]
-        out_.append(step_)
-    for s, step in enumerate(out_):
-        for path__ in ['1' for u in (Unfreeze(path='1', step=1),) if 1 == s]:
-            p___ = next(iter(out__[path__]))
-            p___.requires_grad_(True)
-        i, (x, y) = next(iter(enumerate(step)))
-        out = build_model_out(x)
-        loss = F.mse_loss(out, y)
-        loss.backward()
+    def forward(self, x):
+        return super().forward(x.unsqueeze(-1)).squeeze(-1)
 
-def torch_frame(path: str, function: str) -> str | None:
+
+def train(rank, world_size):
+    torch.manual_seed(0)  # every rank builds the same weights
+    model = nn.Sequential(Conv(1, 1, 1, bias=False), Conv(1, 1, 1, bias=False).requires_grad_(False))
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, cast_forward_inputs=False)
+    fully_shard(model.get_submodule("0"), reshard_after_forward=False, mp_policy=mp)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+    fully_shard(model, reshard_after_forward=False, mp_policy=mp)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    gen = torch.Generator().manual_seed(0)
+    later = {"1": list(model.get_submodule("1").parameters())}  # frozen now, unfrozen later
+    for step in range(2):
+        if step == 1:
+            for p in later["1"]:
+                p.requires_grad_(True)
+        x, y = (torch.randn(world_size, 1, generator=gen)[rank :][:1] for _ in range(2))
+        F.mse_loss(model(x).to(y.dtype), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+
+
+# the entry's exception: its type @ the innermost frame of torch's own code
+EXPECTED = {
+    'builtins.RuntimeError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_reduce',
+}
+
+
+def torch_frame(path, function):  # a frame of torch's own code (fuzz.signature.torch_frame)
     at = path.rfind('/torch/')
     inner = path[at + 1:]
     if at < 0 or '/fuzz/' in path or '-packages/' in inner or (function in ('<listcomp>', '<dictcomp>', '<setcomp>')):
@@ -68,38 +63,20 @@ def torch_frame(path: str, function: str) -> str | None:
 
 
 if __name__ == "__main__":
-    import os
-    os.environ['CUDA_VISIBLE_DEVICES'] = ''
-    import sys
-    import time
     if os.environ.get("WORLD_SIZE") != "2":
         print("run it with: torchrun --nproc-per-node 2 " + sys.argv[0], file=sys.stderr)
         sys.exit(2)
-    import torch.distributed as dist
     dist.init_process_group("gloo")
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    import re
-    import traceback
+    rank = dist.get_rank()
     try:
-        attempt(rank, world_size)
-    except BaseException as e:  # torch's CheckpointException is a BaseException
-        text = traceback.format_exc()
-        sys.stderr.write("".join(f"[rank{rank}]: {line}\n" for line in text.splitlines()))
-        frames = [f for f in (torch_frame(p, f) for p, f in re.findall(r'File "([^"]+)", line \d+,? in (\S+)', text)) if f]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@{(frames or ['torch/?:?'])[-1]}"
-        if found in ['builtins.RuntimeError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_reduce']:
-            print(f"REPRODUCED exception:mixed_precision:builtins.RuntimeError@torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:foreach_reduce: rank {rank} raised {found}", flush=True)
-            os._exit(1)
-        print(f"FAIL (not the entry's failure): rank {rank} raised {found}", flush=True)
-        os._exit(2)
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
-    store.add("repro-passed", 1)
-    until = time.monotonic() + 60
-    while store.add("repro-passed", 0) < world_size:
-        if time.monotonic() > until:
-            print(f"FAIL (not the entry's failure): rank {rank} finished, another rank did not", flush=True)
-            os._exit(2)
-        time.sleep(0.05)
+        train(rank, dist.get_world_size())
+        dist.barrier()
+    except Exception as e:
+        traceback.print_exc()
+        frames = [torch_frame(f.filename, f.name) for f in traceback.extract_tb(e.__traceback__)]
+        found = f"{type(e).__module__}.{type(e).__qualname__}@{([f for f in frames if f] or ['?'])[-1]}"
+        said = "REPRODUCED" if found in EXPECTED else "FAIL (not the entry's exception)"
+        print(f"{said}: rank {rank} raised {found}: {e}", flush=True)
+        os._exit(1 if found in EXPECTED else 2)
     if rank == 0:
-        print('PASS: no rank raised', flush=True)
-    os._exit(0)  # a rank must not wait for the others at exit
+        print("PASS: no rank raised", flush=True)

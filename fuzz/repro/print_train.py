@@ -50,12 +50,14 @@ def scales(case: Case) -> dict[str, float]:
     return {path: layout.gradient_scale(path, case.world_size) for path in layout.paths}
 
 
-def check_training(case: Case, exception: bool = False) -> None:
+def check_training(case: Case) -> None:
     """Raise :class:`~fuzz.repro.print_model.NotPrintable` naming the first training field (or
-    use of one) :func:`train_lines` does not write (``compile`` only where the script compares
-    nothing: an ``exception``'s)."""
+    use of one) :func:`train_lines` does not write."""
     training: Training = case.body.training  # type: ignore[attr-defined]
-    check_default(training, TRAINING_FIELDS | ({"compile"} if exception else set()), "training")
+    # compile is written, but the two compiled entries' printed scripts (FSDP1 with torch.compile,
+    # one raising in Dynamo) ran through here where the pool's case raises: refused until the
+    # difference is known.
+    check_default(training, TRAINING_FIELDS, "training")
     if training.skips and any(c.wrapper is not Wrapper.NONE for c in compositions(case)):
         raise refuse("training.skips under a wrapper")
     switched = training.grad_accum > 1 and training.accum_sync is not AccumSync.ALWAYS

@@ -89,7 +89,7 @@ def check_printable(case: Case, kind: str = "mismatch") -> None:
         check_composition(body.variant, "variant", wrappers=wrappers)
     if kind == "mismatch" and case.property == "parity" and len(set(scales(case).values())) > 1:
         raise refuse("gradient scales that differ between modules")
-    check_training(case, exception=kind == "exception")
+    check_training(case)
 
 
 def print_case(case: Case, expected: list[str] | None = None) -> str:
