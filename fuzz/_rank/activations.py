@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fuzz._rank.memory import compiled_caller
+from fuzz._rank.memory import compiled_caller, tally
 from fuzz.model import Composition, ContextFn, contains
 
 #: Modules whose output a matmul writes (MUST_SAVE under the suite's policy) / an elementwise op.
@@ -116,6 +116,8 @@ class ActivationRecorder:
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         inside = [r for r, d in self.depth.items() if d > 0]
+        if any(d > 0 for d in self.depth.values()):
+            tally("activations:nothing_saved")
         if inside:
             self.saved_inside += 1
             self.problems.append(
@@ -131,6 +133,8 @@ class ActivationRecorder:
             if _in_backward():
                 self.recomputed.add(region)
                 states = self._rng.get(region, [])
+                if self.preserve_rng_state and region not in self.nested and states:
+                    tally("activations:preserve_rng_state")
                 if self.preserve_rng_state and region not in self.nested and states and _rng_state() not in states:
                     self.problems.append(
                         f"checkpoint preserve_rng_state=True on {region!r}: the recomputation does not start from "
@@ -186,6 +190,7 @@ class ActivationRecorder:
                 return
             # a module called more than once is recomputed in reverse order of its calls: any of them
             same = output.untyped_storage().data_ptr() in {t.untyped_storage().data_ptr() for t in outs}
+            tally("activations:sac_must_save" if saved else "activations:sac_prefer_recompute")
             if saved and not same:
                 self.problems.append(f"selective checkpoint: {path!r}'s matmul (MUST_SAVE) was recomputed")
             elif not saved and same:
@@ -203,6 +208,7 @@ class ActivationRecorder:
                 if region in self.used and region in self.got_grad and region not in self.recomputed:
                     self.problems.append(f"checkpoint on {region!r}: not recomputed in backward")
             for region in sorted(self.recomputed - self.nested):
+                tally(f"activations:early_stop:{self.early_stop}")
                 if self.early_stop and region in self.completed:
                     self.problems.append(
                         f"checkpoint early_stop=True on {region!r}: the recomputation ran the region's forward to "

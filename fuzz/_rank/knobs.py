@@ -7,13 +7,15 @@ messages for the judge (``contracts["knobs"]``); numerics are judged by the prop
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 from typing import Any
 
 import torch
 from torch import nn
 
 from fuzz._rank.activations import ActivationRecorder
-from fuzz._rank.memory import UnitMemory, freed_problem, manages_params
+from fuzz._rank.memory import TALLY, UnitMemory, freed_problem, manages_params
 from fuzz._rank.memory import name as unit_name
 from fuzz._rank.order import OrderRecorder
 from fuzz.model import (
@@ -113,6 +115,7 @@ class KnobState:
         self._inner_comms: dict[tuple[str, str], _CheckedComm] = {}
         self._ran: set[str] = set()
         self._finished = False
+        TALLY.clear()
         k = self.knobs
         for units in by_root(comp):
             self._prefetch(units)
@@ -203,6 +206,7 @@ class KnobState:
             if self.activations is not None:
                 self.activations.next_microbatch()
             self.problems[:] = list(dict.fromkeys(self.problems))  # each message once
+            _write_tally()
         for gather, module in self._gathers:
             if gather.calls == 0 and gather.path in self._ran and gather.world() > 1 and manages_params(module):
                 self.problems.append(f"set_custom_all_gather on {gather.path!r}: the comm was never called")
@@ -376,6 +380,17 @@ class KnobState:
                 if full[(sub, name)] is not None and not fsdp_sharded(getattr(module, name)):
                     where = f"{sub}.{name}" if sub else name
                     self.problems.append(f"after reshard(), {where} is not registered sharded")
+
+
+def _write_tally() -> None:
+    """Where ``SHARDFUZZ_CONTRACT_TALLY`` names a file, append the contract checks this case
+    evaluated (rank 0; a measurement of the share of cases carrying each check)."""
+    import torch.distributed as dist
+
+    path = os.environ.get("SHARDFUZZ_CONTRACT_TALLY")
+    if path and (not dist.is_initialized() or dist.get_rank() == 0):
+        with open(path, "a") as f:
+            f.write(json.dumps(sorted(TALLY)) + "\n")
 
 
 class _CheckedComm:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import itertools
 import sys
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -38,6 +39,16 @@ import torch
 from torch import nn
 
 from fuzz.model import Composition, ShardSpec, contains
+
+#: How often each contract check was evaluated since the case's contract state was built (a
+#: measurement of which cases carry which check: ``KnobState`` writes the names it saw where
+#: ``SHARDFUZZ_CONTRACT_TALLY`` names a file; nothing else reads it).
+TALLY: Counter[str] = Counter()
+
+
+def tally(check: str) -> None:
+    """Note that the contract check ``check`` was evaluated (whether or not it found anything)."""
+    TALLY[check] += 1
 
 
 def name(path: str) -> str:
@@ -103,6 +114,35 @@ def freed_problem(module: nn.Module, where: str, after: str) -> str | None:
     if held:
         return f"after {after}, {where} still holds {held} bytes of unsharded parameter storage"
     return None
+
+
+def offload_problems(module: nn.Module, where: str) -> list[str]:
+    """``CPUOffloadPolicy`` on the unit ``module`` whose compute device is an accelerator: its
+    sharded parameters and their gradients are on the CPU ("offloads parameters, gradients, and
+    optimizer states to CPU"), the parameters pinned where ``pin_memory`` (the default: "Whether
+    to pin sharded parameter and gradient memory"; a gradient copied back synchronously, when it
+    accumulates, is not pinned, so gradients are not asked to be). On a CPU device every tensor
+    is on the CPU: nothing to check there."""
+    out: list[str] = []
+    for group in param_groups(module):
+        if getattr(group, "device", torch.device("cpu")).type == "cpu":
+            continue
+        for fp in group.fsdp_params:
+            if not getattr(fp, "offload_to_cpu", False):
+                continue
+            param = fp.sharded_param
+            grad = param.grad
+            for what, t in (("parameter", param), ("gradient", grad)):
+                local = getattr(t, "_local_tensor", t)
+                if local is None:
+                    continue
+                if local.device.type != "cpu":
+                    out.append(f"CPUOffloadPolicy on {where}: a sharded {what} ({fp._param_fqn}) on {local.device}")
+                elif getattr(fp, "pin_memory", False) and local.numel() and not local.is_pinned():
+                    out.append(
+                        f"CPUOffloadPolicy(pin_memory=True) on {where}: a sharded {what} ({fp._param_fqn}) not pinned"
+                    )
+    return out
 
 
 def compiled_caller() -> bool:
@@ -230,6 +270,7 @@ class UnitMemory:
         """The unit's forward starts: it holds its unsharded parameters, and only documented
         units hold any."""
         module = self.modules[unit]
+        tally("memory:forward")
         if manages_params(module) and not holds_unsharded(module):
             self.problems.append(f"{name(unit)} does not hold its unsharded parameters when its forward starts")
         self.prefetched.update(self._forward_targets.get(unit, []))
@@ -283,7 +324,12 @@ class UnitMemory:
         unsharded storage."""
         if self.disabled or self.paused:
             return
+        for unit in self._under(root):
+            if self.specs[unit].offload:
+                tally("memory:offload")
+                self.problems.extend(offload_problems(self.modules[unit], name(unit)))
         if self.reshard_after_backward:
+            tally("memory:after_backward")
             for unit in self._under(root):
                 message = freed_problem(self.modules[unit], name(unit), "backward with reshard_after_backward=True")
                 if message is not None:

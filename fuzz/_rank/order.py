@@ -54,6 +54,7 @@ from fuzz._rank.memory import (
     output_tensors,
     param_groups,
     pending_gather,
+    tally,
     unsharded_bytes,
 )
 from fuzz.model import Composition, ShardSpec
@@ -193,6 +194,8 @@ class OrderRecorder:
         if self.paused:
             return
         for target in self.forward_targets.get(path, []):
+            if self._needs_gather(target):
+                tally("order:forward_prefetch")
             if not self._needs_gather(target) or self._gathered(target, False) or self._held(target):
                 continue
             self.problems.append(
@@ -233,6 +236,7 @@ class OrderRecorder:
         for target in self.backward_targets.get(path, []):
             if target in self.unneeded or not self._needs_gather(target) or not self.memory.ran_whole(target):
                 continue
+            tally("order:backward_prefetch")
             if not self._held(target):
                 self.problems.append(
                     f"set_modules_to_backward_prefetch on {name(path)}: {name(target)} not all-gathered before "
@@ -266,6 +270,8 @@ class OrderRecorder:
             return
         done = dict.fromkeys(p for k, p, b in self.log if k == "reduce_scatter" and b)
         held = {u: unsharded_bytes(self.model.get_submodule(u)) for u in done if self.flow.runs.get(u) == 1}
+        if held:
+            tally("memory:reduce_scatter")
         extra = sorted(u for u, b in held.items() if b and u not in self.memory.loose)
         if extra:
             rest = [u for u in self.memory.modules if u not in done]
@@ -405,7 +411,10 @@ class Flow:
                 continue
             for earlier in sorted(sources):
                 ran_once = self.runs.get(earlier) == 1 and self.runs.get(later) == 1
-                if ran_once and earlier in first and earlier in self._closed and first[earlier] < first[later]:
+                if not (ran_once and earlier in first and earlier in self._closed):
+                    continue
+                tally("order:reduce_scatter")
+                if first[earlier] < first[later]:
                     out.append(
                         f"reduce-scatter order: {name(earlier)} reduce-scattered before {name(later)}, whose forward "
                         f"consumed its output (reverse order of the forward: {name(later)} first)"
