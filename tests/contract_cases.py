@@ -17,6 +17,7 @@ from fuzz.model import (
     Optimizer,
     ParityBody,
     ShardSpec,
+    Skip,
     Training,
 )
 
@@ -99,6 +100,19 @@ def plain_units() -> Case:
     """Three units, no knob: the contracts every fully_shard case carries (the reduce-scatter
     order, the memory in backward)."""
     return parity(Composition(shards=THREE_UNITS))
+
+
+def partial_group_twice() -> Case:
+    """A grouped unit (the two Linears "0" and "2", reshard_after_forward=False) whose member
+    "0" is skipped on step 0, two forwards per microbatch: torch 2.13 completes the partly run
+    group at the root's post-forward, after which it holds its unsharded parameters as any unit
+    kept unsharded after forward (the second forward's start must allow it)."""
+    units = (
+        ShardSpec(path="", reshard_after_forward=False),
+        ShardSpec(path="0", group=("2",), reshard_after_forward=False),
+    )
+    training = Training(optimizer=Optimizer.SGD, lr=0.05, steps=2, batch_per_rank=2, forwards=2, skips=(Skip("0", 0),))
+    return parity(Composition(shards=units), training=training)
 
 
 def checkpointed(

@@ -32,6 +32,12 @@ def test_memory_contract_notices_storage_kept_after_reshard() -> None:
     assert "the composition allows 160 bytes" in failure.summary
 
 
+def test_a_group_completed_at_the_root_post_forward_may_stay_unsharded(check_case: Any) -> None:
+    from tests.contract_cases import partial_group_twice
+
+    check_case(partial_group_twice())
+
+
 @pytest.mark.parametrize(
     ("path", "expected"),
     [("", "the root"), ("1.0", "'1.0'")],

@@ -255,6 +255,8 @@ class UnitMemory:
                 return
             if self._completes:  # torch completed the groups partly run (``_force_complete_incomplete_states``)
                 for unit in self._under(root):
+                    if self.pending.get(unit):  # its post-forward ran there: it ended as any other
+                        self.ended.add(unit)
                     self.pending[unit] = set()
             self._after_root_forward(root)
             for t in output_tensors(output):
