@@ -98,3 +98,29 @@ def test_hooks_leave_no_saved_tensor_hooks_behind_an_aborted_forward() -> None:
     handle.remove()
     assert recorder._ctx is None
     assert recorder.depth == {"1": 0}
+
+
+def test_a_region_that_saves_nothing_needs_no_recomputation() -> None:
+    """A checkpointed module that only adds a parameter saves no tensor for backward, so
+    checkpoint has nothing to recompute (it recomputes when backward unpacks a saved tensor):
+    no problem, though its forward used a trainable parameter and its output got a gradient."""
+    from torch.distributed._composable import checkpoint
+
+    from fuzz._rank.activations import ActivationRecorder
+
+    class AddParam(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.p = nn.Parameter(torch.ones(4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.p
+
+    model = nn.Sequential(nn.Linear(4, 4), AddParam())
+    checkpoint(model[1])
+    comp = Composition(shards=(ShardSpec(path=""),), checkpoints=("1",))
+    problems: list[str] = []
+    recorder = ActivationRecorder(model, comp, problems)
+    model(torch.randn(2, 4)).sum().backward()
+    recorder.next_microbatch()
+    assert problems == []

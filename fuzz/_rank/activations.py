@@ -65,6 +65,7 @@ class ActivationRecorder:
         self.recomputed: set[str] = set()
         self.saved_inside = 0  # tensors saved inside regions (all microbatches): for tests
         self.completed: set[str] = set()  # regions whose recomputation ran their forward to its end
+        self.saving: set[str] = set()  # regions whose forward saved a tensor for backward
         self._rng: dict[str, list[bytes]] = {}  # CPU RNG states at each region forward's start
         opts = comp.checkpoint_options
         self.early_stop = opts.early_stop is not False  # None: the option left out, default True
@@ -116,8 +117,6 @@ class ActivationRecorder:
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         inside = [r for r, d in self.depth.items() if d > 0]
-        if any(d > 0 for d in self.depth.values()):
-            tally("activations:nothing_saved")
         if inside:
             self.saved_inside += 1
             self.problems.append(
@@ -141,6 +140,7 @@ class ActivationRecorder:
                         "the CPU RNG state of the forward"
                     )
             elif torch.is_grad_enabled():
+                tally("activations:nothing_saved")
                 self.depth[region] += 1
                 if region not in self.nested:
                     self._rng.setdefault(region, []).append(_rng_state())
@@ -164,6 +164,8 @@ class ActivationRecorder:
             self.depth[region] -= 1
             if isinstance(output, torch.Tensor) and output.requires_grad:
                 output.register_hook(lambda grad: self.got_grad.add(region))
+                if _saves(output.grad_fn, {t.grad_fn for t in args if isinstance(t, torch.Tensor)}):
+                    self.saving.add(region)
 
         return hook
 
@@ -205,7 +207,8 @@ class ActivationRecorder:
         parameter in forward and got a gradient ran its forward again."""
         if not self.disabled:
             for region in self.regions:
-                if region in self.used and region in self.got_grad and region not in self.recomputed:
+                expected = region in self.used and region in self.got_grad and region in self.saving
+                if expected and region not in self.recomputed:
                     self.problems.append(f"checkpoint on {region!r}: not recomputed in backward")
             for region in sorted(self.recomputed - self.nested):
                 tally(f"activations:early_stop:{self.early_stop}")
@@ -220,12 +223,31 @@ class ActivationRecorder:
                         "forward ended"
                     )
         self.used.clear()
+        self.saving.clear()
         self.completed.clear()
         self._rng.clear()
         self.got_grad.clear()
         self.recomputed.clear()
         self._forward_out.clear()
         self.depth = {r: 0 for r in self.regions}
+
+
+def _saves(node: Any, stop: set[Any]) -> bool:
+    """Whether an autograd node between ``node`` (a region's output's) and ``stop`` (its
+    inputs') saved a tensor for backward (a ``_raw_saved_*`` field; read without unpacking it,
+    which would start the recomputation). A region that saved none (additions of a parameter,
+    say) has nothing to recompute: checkpoint recomputes when backward unpacks a saved tensor."""
+    seen: set[Any] = set()
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        if n is None or n in seen or n in stop:
+            continue
+        seen.add(n)
+        if any(name.startswith("_raw_saved_") for name in dir(n)):
+            return True
+        todo.extend(m for m, _ in n.next_functions)
+    return False
 
 
 def _rng_state() -> bytes:

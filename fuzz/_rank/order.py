@@ -152,9 +152,11 @@ class OrderRecorder:
                     hook = torch.compiler.disable(self._watch_backward(spec.path))
                     model.get_submodule(member).register_forward_hook(hook)
         self.prefetch_checked: set[str] = set()
-        #: the units' data flow in forward, for the reduce-scatter order; left out where a
-        #: parameter is used by two modules (a tied head): its gradient then comes from both
-        self.flow = Flow(model, comp, memory) if self.scattered and not tied else None
+        #: the units' data flow in forward (and how often each ran), for the reduce-scatter
+        #: order, which is left out where a parameter is used by two modules (a tied head: its
+        #: gradient then comes from both)
+        self.flow = Flow(model, comp, memory) if self.scattered else None
+        self.tied = tied
         memory.on_unit_forward.append(self._on_unit_forward)
         memory.on_backward_done.append(self._on_backward_done)
 
@@ -283,7 +285,7 @@ class OrderRecorder:
             )
 
     def _on_backward_done(self, resharded: bool) -> None:
-        if self.flow is not None and not self.memory.disabled and not self.paused:
+        if self.flow is not None and not self.tied and not self.memory.disabled and not self.paused:
             scatters = [p for k, p, b in self.log if k == "reduce_scatter" and b]
             self.problems.extend(self.flow.order_problems(scatters))
         if resharded:
