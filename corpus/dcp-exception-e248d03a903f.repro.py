@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
+# shardfuzz reduced reproducer: entry=891107a19cd069f6 sources=8b0898b9263cec87 seconds=31.1
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: set_optimizer_state_dict(full_state_dict=True) for an optimizer without tensor
 # state: 'Expected device to be set'; upstream: https://github.com/pytorch/pytorch/issues/133415.
 # Trains a model, saves its state with dcp.save into a fresh directory, loads it with dcp.load
 # into a freshly built one and trains both on.
 # Run: torchrun --nproc-per-node 2 THIS_FILE.py. Exit 1 (REPRODUCED): a rank raised the exception
-# named below in the same torch function; 0 (PASS): every rank ran through; 2: it failed another
-# way.
+# in RAISED (its type, in that function of torch); 0 (PASS): every rank ran through; 2: it failed
+# another way.
 import os
 import re
 import tempfile
@@ -15,7 +16,6 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
 import traceback
-from functools import partial
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
@@ -25,37 +25,34 @@ def build():
     return nn.Sequential(nn.Linear(2, 2))
 
 
-def optimizer(model, lr):
-    return torch.optim.SGD(model.parameters(), lr=lr)
-
-
 def train(model, opt, batches):
     for x, y in batches:
         F.mse_loss(model(x), y).backward()
-        for p in model.parameters():  # a plain model: data-parallel by hand
-            if p.grad is not None:
-                dist.all_reduce(p.grad)
-                p.grad /= dist.get_world_size()
+        for p in [p for p in model.parameters() if p.grad is not None]:
+            dist.all_reduce(p.grad)  # a plain model, data-parallel by hand: gradients averaged
+            p.grad /= dist.get_world_size()
         opt.step()
         opt.zero_grad()
 
 
+RAISED = {'AssertionError@torch/distributed/checkpoint/state_dict.py:_load_optim_state_dict'}
+
+
 def main(rank, world_size):
     gen = torch.Generator().manual_seed(0)  # the global batches, the same on every rank
-    draw = partial(torch.randn, world_size, 2, generator=gen)
-    rows = slice(rank, rank + 1)
-    data = [(draw()[rows], draw()[rows]) for _ in range(1)]
+    batches = (torch.randn(world_size, 2, generator=gen)[rank :][:1] for _ in range(2 * 1))
+    data = [(x, next(batches)) for x in batches]  # (input, target) of each step
     path = [tempfile.mkdtemp(prefix="dcp-") if rank == 0 else None]
     dist.broadcast_object_list(path)  # one fresh directory for every rank
     torch.manual_seed(0)
     model = build()
-    opt = optimizer(model, 0.1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     train(model, opt, data[0:1])
     state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, opt)}
     dcp.save(state, checkpoint_id=path[0])
     torch.manual_seed(0 + 0x5EED)  # other weights: a load that does nothing shows
     target = build()
-    target_opt = optimizer(target, 0.1 * 0.37)  # other hyperparameters, which the load restores
+    target_opt = torch.optim.SGD(target.parameters(), lr=0.1)
     template = StateDictOptions(full_state_dict=True)
     load = StateDictOptions(full_state_dict=True)
     state = {
@@ -67,33 +64,17 @@ def main(rank, world_size):
     set_optimizer_state_dict(target, target_opt, state["optimizer"], options=load)
 
 
-RAISED = {  # the entry's exception: its type, raised in this function of torch
-    'builtins.AssertionError@torch/distributed/checkpoint/state_dict.py:_load_optim_state_dict',
-}
-
-
-def torch_frame(path, function):  # fuzz.signature.torch_frame: a frame of torch's own code
-    at = path.rfind("/torch/")
-    inner = path[at + 1 :]
-    if at < 0 or "/fuzz/" in path or "-packages/" in inner or function in ("<listcomp>", "<dictcomp>", "<setcomp>"):
-        return None
-    return f"{inner}:{function}"
-
-
 if __name__ == "__main__":
     try:
         dist.init_process_group("gloo")
-        if dist.get_world_size() != 2:
-            raise SystemExit("run it with: torchrun --nproc-per-node 2 THIS_FILE.py")
         main(dist.get_rank(), dist.get_world_size())
-        dist.barrier()  # every rank ran through
-    except BaseException as e:  # DCP's CheckpointException is a BaseException
+        dist.barrier()
+    except BaseException as e:  # DCP's CheckpointException is one; its text has the ranks' tracebacks
         text = traceback.format_exc()
-        frames = [torch_frame(p, f) for p, f in re.findall(r'File "([^"]+)", line \d+, in (\S+)', text)]
-        raised = f"{type(e).__module__}.{type(e).__qualname__}@{([f for f in frames if f] or ['?'])[-1]}"
-        verdict = "REPRODUCED" if raised in RAISED else "FAIL (another failure)"
-        print(f"{text}{verdict}: rank {os.environ.get('RANK')} raised {raised}", flush=True)
+        frames = re.findall(r'File "[^"]*/(torch/[^"-]+)", line \d+, in (?!<\w+comp>)(\S+)', text)  # torch's own
+        raised = f"{type(e).__name__}@{':'.join(frames[-1]) if frames else '?'}"
+        said = "REPRODUCED" if raised in RAISED else "FAIL (another failure)"
+        print(f"{text}{said}: rank {os.environ.get('RANK')} raised {raised}", flush=True)
         os._exit(1 if raised in RAISED else 2)
-    if dist.get_rank() == 0:
-        print("PASS: no rank raised", flush=True)
+    print("PASS: no rank raised", flush=True)
     os._exit(0)

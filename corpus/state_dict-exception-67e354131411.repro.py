@@ -1,99 +1,144 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=3602c42a89141394 sources=5c3a8b0f263890d1 seconds=716.2
-# Reproduces shardfuzz corpus entry state_dict-exception-67e354131411.json: exception:state_dict:builtins.KeyError@torch/distributed/checkpoint/state_dict.py:_get_model_state_dict
+# shardfuzz reduced reproducer: entry=3602c42a89141394 sources=1ec0d853e8accfc8 seconds=31.8
+# Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: get_model_state_dict(ignore_frozen_params=True) raises KeyError for a frozen
 # parameter of a module whose state-dict hooks hide a child (declared through its fqn modifiers
 # method): it pops the parameter's named_parameters name ('0.fused.weight'), which the state dict,
 # keyed '0.weight', lacks; upstream: none found.
-# Observed: rank 0 raised builtins.KeyError: '0.1.0.fused.weight'
-# Run: torchrun --nproc-per-node 2 THIS_FILE.py: while the failure is there a rank raises
-# builtins.KeyError in torch/distributed/checkpoint/state_dict.py:_get_model_state_dict, prints
-# its traceback and REPRODUCED and exits 1; once it is gone rank 0 prints PASS and every rank
-# exits 0 (expected: no rank raises); a rank exits 2 where the script cannot run (not under
-# torchrun, another world size) or the case fails another way (it prints FAIL). torchrun's own
-# status is 1 whenever a rank's is not 0.
-
-from __future__ import annotations
+# Trains a model, moves its state into a freshly built one in memory through get_state_dict /
+# set_state_dict, and trains both on.
+# Run: torchrun --nproc-per-node 2 THIS_FILE.py. Exit 1 (REPRODUCED): a rank raised the exception
+# in RAISED (its type, in that function of torch); 0 (PASS): every rank ran through; 2: it failed
+# another way.
+import copy
+import os
+import re
 import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+import traceback
 from torch import nn
-DEFAULT_FQN_MODIFIERS = '_fqn_modifiers'
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+from torch.distributed.checkpoint.state_dict import set_state_dict
+from torch.distributed.fsdp import fully_shard
 
-class PointwiseConv1d(nn.Conv1d):
-    pass
-FUSED_CHILD = 'fused'
 
-class FusedLeaf(nn.Module):
-
-    def __init__(self, leaf, method=DEFAULT_FQN_MODIFIERS):
+class Block(nn.Module):
+    def __init__(self, children, width, scale=False, residual=False):
         super().__init__()
-        self.add_module(FUSED_CHILD, leaf)
-        self._atoms = [n for n, _ in leaf.named_parameters()]
-        object.__setattr__(self, method, self.key_modifiers)
-        self.register_state_dict_post_hook(FusedLeaf._hide)
+        for i, child in enumerate(children):
+            self.add_module(str(i), child)
+        self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(width)) if scale else None
+        self.residual = residual
 
-    def key_modifiers(self):
-        return {atom: FUSED_CHILD for atom in self._atoms}
+    def forward(self, x):
+        y = x
+        for child in self.children():
+            y = child(y)
+        y = y if self.scale is None else y * self.scale
+        return x + y if self.residual else y
 
-    @staticmethod
-    def _hide(module, state_dict, prefix, local_metadata):
-        atom = next(iter(module.key_modifiers()))
-        key = f'{prefix}{FUSED_CHILD}.{atom}'
-        state_dict[f'{prefix}{atom}'] = state_dict.pop(key)
 
-def attempt(rank, world_size):
-    module = PointwiseConv1d(1, 1, kernel_size=1)
-    module_ = PointwiseConv1d(1, 1, kernel_size=1, bias=False)
-    module_.requires_grad_(False)
-    build_model_out = nn.Sequential(nn.Sequential(module, nn.Sequential(module_)))
-    owner = build_model_out.get_submodule('0.1')
-    owner.add_module('0', FusedLeaf(owner.get_submodule('0'), DEFAULT_FQN_MODIFIERS))
-    params = list(build_model_out.parameters())
-    src_opt = torch.optim.AdamW(params)
-    from torch.distributed.checkpoint.state_dict import get_state_dict, StateDictOptions
-    options = StateDictOptions(ignore_frozen_params=True)
-    msd, osd = get_state_dict(build_model_out, src_opt, options=options)
+class Conv(nn.Conv1d):
+    """A one-tap Conv1d over a (batch, width) activation, as a length-1 sequence."""
 
-def torch_frame(path: str, function: str) -> str | None:
-    at = path.rfind('/torch/')
-    inner = path[at + 1:]
-    if at < 0 or '/fuzz/' in path or '-packages/' in inner or (function in ('<listcomp>', '<dictcomp>', '<setcomp>')):
-        return None
-    return f'{inner}:{function}'
+    def forward(self, x):
+        return super().forward(x.unsqueeze(-1)).squeeze(-1)
+
+
+class Fused(nn.Module):
+    """A leaf held under a child, "fused", that its state dict hides (as fused modules keep the keys
+    of the module they replaced); _fqn_modifiers tells the distributed state-dict API so."""
+
+    def __init__(self, leaf):
+        super().__init__()
+        self.fused = leaf
+        self.register_state_dict_post_hook(lambda m, sd, prefix, _: m.rename(sd, prefix + "fused.", prefix))
+        self.register_load_state_dict_pre_hook(lambda m, sd, prefix, *_: m.rename(sd, prefix, prefix + "fused."))
+
+    def _fqn_modifiers(self):
+        return {name: "fused" for name, _ in self.fused.named_parameters()}
+
+    def forward(self, x):
+        return self.fused(x)
+
+    def rename(self, state_dict, old, new):
+        for name in self._fqn_modifiers():
+            if old + name in state_dict:
+                state_dict[new + name] = state_dict.pop(old + name)
+
+
+def fuse(model):
+    for path in ('0.1.0',):  # the leaves built as fused modules
+        owner, _, name = path.rpartition(".")
+        model.get_submodule(owner).add_module(name, Fused(model.get_submodule(path)))
+    return model
+
+
+def build():
+    return Block([
+        Block([
+            nn.ReLU(),
+            Block([Conv(1, 1, 1, bias=False).requires_grad_(False), nn.ReLU(), Conv(1, 1, 1)], 1, scale=True),
+            nn.ReLU(),
+        ], 1, residual=True),
+        nn.ReLU(),
+    ], 1).to(torch.float64)
+
+
+def compose_source(model):
+    fully_shard(model, reshard_after_forward=False)
+    return model
+
+
+def compose_target(model):
+    fully_shard(model, reshard_after_forward=False)
+    return model
+
+
+def train(model, opt, batches):
+    for x, y in batches:
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+
+
+RAISED = {'KeyError@torch/distributed/checkpoint/state_dict.py:_get_model_state_dict'}
+
+
+def main(rank, world_size):
+    gen = torch.Generator().manual_seed(0)  # the global batches, the same on every rank
+    batches = (torch.randn(world_size, 1, generator=gen, dtype=torch.float64)[rank :][:1] for _ in range(2 * 2))
+    data = [(x, next(batches)) for x in batches]  # (input, target) of each step
+    torch.manual_seed(0)
+    model = compose_source(fuse(build()))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.01, eps=0.0001)
+    opt.add_param_group({"params": [], "lr": 0.01 / 4})
+    train(model, opt, data[0:1])
+    save = StateDictOptions(full_state_dict=True, ignore_frozen_params=True)
+    model_sd, optim_sd = get_state_dict(model, opt, options=save)
+    model_sd, optim_sd = copy.deepcopy((model_sd, optim_sd))  # as a checkpoint read back would be
+    torch.manual_seed(0 + 0x5EED)  # other weights: a load that does nothing shows
+    target = compose_target(fuse(build()))
+    target_opt = torch.optim.AdamW([p for p in target.parameters() if p.requires_grad], lr=0.01, eps=0.0001)
+    target_opt.add_param_group({"params": [], "lr": 0.01 / 4})
+    load = StateDictOptions(full_state_dict=True, strict=False)
+    set_state_dict(target, target_opt, model_state_dict=model_sd, optim_state_dict=optim_sd, options=load)
+    train(model, opt, data[1:2])
+    train(target, target_opt, data[1:2])
 
 
 if __name__ == "__main__":
-    import os
-    os.environ['CUDA_VISIBLE_DEVICES'] = ''
-    import sys
-    import time
-    if os.environ.get("WORLD_SIZE") != "2":
-        print("run it with: torchrun --nproc-per-node 2 " + sys.argv[0], file=sys.stderr)
-        sys.exit(2)
-    import torch.distributed as dist
-    dist.init_process_group("gloo")
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    import re
-    import traceback
     try:
-        attempt(rank, world_size)
-    except BaseException as e:  # torch's CheckpointException is a BaseException
+        dist.init_process_group("gloo")
+        main(dist.get_rank(), dist.get_world_size())
+        dist.barrier()
+    except BaseException as e:  # DCP's CheckpointException is one; its text has the ranks' tracebacks
         text = traceback.format_exc()
-        sys.stderr.write("".join(f"[rank{rank}]: {line}\n" for line in text.splitlines()))
-        frames = [f for f in (torch_frame(p, f) for p, f in re.findall(r'File "([^"]+)", line \d+,? in (\S+)', text)) if f]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@{(frames or ['torch/?:?'])[-1]}"
-        if found in ['builtins.KeyError@torch/distributed/checkpoint/state_dict.py:_get_model_state_dict']:
-            print(f"REPRODUCED exception:state_dict:builtins.KeyError@torch/distributed/checkpoint/state_dict.py:_get_model_state_dict: rank {rank} raised {found}", flush=True)
-            os._exit(1)
-        print(f"FAIL (not the entry's failure): rank {rank} raised {found}", flush=True)
-        os._exit(2)
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
-    store.add("repro-passed", 1)
-    until = time.monotonic() + 60
-    while store.add("repro-passed", 0) < world_size:
-        if time.monotonic() > until:
-            print(f"FAIL (not the entry's failure): rank {rank} finished, another rank did not", flush=True)
-            os._exit(2)
-        time.sleep(0.05)
-    if rank == 0:
-        print('PASS: no rank raised', flush=True)
-    os._exit(0)  # a rank must not wait for the others at exit
+        frames = re.findall(r'File "[^"]*/(torch/[^"-]+)", line \d+, in (?!<\w+comp>)(\S+)', text)  # torch's own
+        raised = f"{type(e).__name__}@{':'.join(frames[-1]) if frames else '?'}"
+        said = "REPRODUCED" if raised in RAISED else "FAIL (another failure)"
+        print(f"{text}{said}: rank {os.environ.get('RANK')} raised {raised}", flush=True)
+        os._exit(1 if raised in RAISED else 2)
+    print("PASS: no rank raised", flush=True)
+    os._exit(0)

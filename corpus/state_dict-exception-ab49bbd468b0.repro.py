@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# shardfuzz reduced reproducer: entry=8a961ec26fda3260 sources=1ec0d853e8accfc8 seconds=31.8
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: FSDP1 NO_SHARD with an auto-wrapped unit of frozen parameters: state_dict()
 # after training raises 'FSDP assumes ... is in the state_dict'; upstream:
@@ -6,8 +7,8 @@
 # Trains a model, moves its state into a freshly built one in memory through FSDP1's
 # state_dict_type, FSDP.optim_state_dict and FSDP.optim_state_dict_to_load, and trains both on.
 # Run: torchrun --nproc-per-node 2 THIS_FILE.py. Exit 1 (REPRODUCED): a rank raised the exception
-# named below in the same torch function; 0 (PASS): every rank ran through; 2: it failed another
-# way.
+# in RAISED (its type, in that function of torch); 0 (PASS): every rank ran through; 2: it failed
+# another way.
 import copy
 import os
 import re
@@ -15,7 +16,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 import traceback
-from functools import partial
 from torch import nn
 from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig, StateDictType
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
@@ -40,11 +40,6 @@ def compose_target(model):
                 device_id=torch.device("cpu"))
 
 
-def optimizer(model, lr, momentum):
-    params = [p for p in model.parameters() if p.requires_grad]
-    return torch.optim.SGD(params, lr=lr, momentum=momentum)
-
-
 def train(model, opt, batches):
     for x, y in batches:
         F.mse_loss(model(x), y).backward()
@@ -52,21 +47,23 @@ def train(model, opt, batches):
         opt.zero_grad()
 
 
+RAISED = {'AssertionError@torch/distributed/fsdp/_state_dict_utils.py:_common_unshard_post_state_dict_hook'}
+
+
 def main(rank, world_size):
     gen = torch.Generator().manual_seed(37)  # the global batches, the same on every rank
-    draw = partial(torch.randn, world_size * 2, 2, generator=gen)
-    rows = slice(rank * 2, rank * 2 + 2)
-    data = [(draw()[rows], draw()[rows]) for _ in range(3)]
+    batches = (torch.randn(world_size * 2, 2, generator=gen)[rank * 2 :][:2] for _ in range(2 * 3))
+    data = [(x, next(batches)) for x in batches]  # (input, target) of each step
     torch.manual_seed(37)
     model = compose_source(build())
-    opt = optimizer(model, 0.1, 0.9)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1, momentum=0.9)
     train(model, opt, data[0:2])
     FSDP.set_state_dict_type(model, StateDictType.FULL_STATE_DICT, FullStateDictConfig(), FullOptimStateDictConfig())
     model_sd, optim_sd = model.state_dict(), FSDP.optim_state_dict(model, opt)
     model_sd, optim_sd = copy.deepcopy((model_sd, optim_sd))  # as a checkpoint read back would be
     torch.manual_seed(37 + 0x5EED)  # other weights: a load that does nothing shows
     target = compose_target(build())
-    target_opt = optimizer(target, 0.1 * 0.37, 0.5)  # other hyperparameters, which the load restores
+    target_opt = torch.optim.SGD([p for p in target.parameters() if p.requires_grad], lr=0.1, momentum=0.9)
     FSDP.set_state_dict_type(target, StateDictType.FULL_STATE_DICT, FullStateDictConfig(), FullOptimStateDictConfig())
     target.load_state_dict(model_sd)
     target_opt.load_state_dict(FSDP.optim_state_dict_to_load(target, target_opt, optim_sd))
@@ -74,33 +71,17 @@ def main(rank, world_size):
     train(target, target_opt, data[2:3])
 
 
-RAISED = {  # the entry's exception: its type, raised in this function of torch
-    'builtins.AssertionError@torch/distributed/fsdp/_state_dict_utils.py:_common_unshard_post_state_dict_hook',
-}
-
-
-def torch_frame(path, function):  # fuzz.signature.torch_frame: a frame of torch's own code
-    at = path.rfind("/torch/")
-    inner = path[at + 1 :]
-    if at < 0 or "/fuzz/" in path or "-packages/" in inner or function in ("<listcomp>", "<dictcomp>", "<setcomp>"):
-        return None
-    return f"{inner}:{function}"
-
-
 if __name__ == "__main__":
     try:
         dist.init_process_group("gloo")
-        if dist.get_world_size() != 2:
-            raise SystemExit("run it with: torchrun --nproc-per-node 2 THIS_FILE.py")
         main(dist.get_rank(), dist.get_world_size())
-        dist.barrier()  # every rank ran through
-    except BaseException as e:  # DCP's CheckpointException is a BaseException
+        dist.barrier()
+    except BaseException as e:  # DCP's CheckpointException is one; its text has the ranks' tracebacks
         text = traceback.format_exc()
-        frames = [torch_frame(p, f) for p, f in re.findall(r'File "([^"]+)", line \d+, in (\S+)', text)]
-        raised = f"{type(e).__module__}.{type(e).__qualname__}@{([f for f in frames if f] or ['?'])[-1]}"
-        verdict = "REPRODUCED" if raised in RAISED else "FAIL (another failure)"
-        print(f"{text}{verdict}: rank {os.environ.get('RANK')} raised {raised}", flush=True)
+        frames = re.findall(r'File "[^"]*/(torch/[^"-]+)", line \d+, in (?!<\w+comp>)(\S+)', text)  # torch's own
+        raised = f"{type(e).__name__}@{':'.join(frames[-1]) if frames else '?'}"
+        said = "REPRODUCED" if raised in RAISED else "FAIL (another failure)"
+        print(f"{text}{said}: rank {os.environ.get('RANK')} raised {raised}", flush=True)
         os._exit(1 if raised in RAISED else 2)
-    if dist.get_rank() == 0:
-        print("PASS: no rank raised", flush=True)
+    print("PASS: no rank raised", flush=True)
     os._exit(0)

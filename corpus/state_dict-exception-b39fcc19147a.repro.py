@@ -1,87 +1,105 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=f79d1e3b59a0cdd2 sources=8dc1694f16ffdb1f seconds=411.0
-# Reproduces shardfuzz corpus entry state_dict-exception-b39fcc19147a.json: exception:state_dict:builtins.KeyError@torch/distributed/_state_dict_utils.py:_unflatten_state_dict
+# shardfuzz reduced reproducer: entry=f79d1e3b59a0cdd2 sources=1ec0d853e8accfc8 seconds=32.7
+# Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: set_optimizer_state_dict(full_state_dict=True,
 # flatten_optimizer_state_dict=True) raises KeyError 'param_groups.0.params.0' for any model: the
 # full-state branch takes the optimizer's local state dict with the flatten option still on, so
 # the loaded and the local dicts have different keys; upstream: none found.
-# Observed: rank 0 raised builtins.KeyError: 'param_groups.0.params.0'
-# Run: torchrun --nproc-per-node 2 THIS_FILE.py: while the failure is there a rank raises
-# builtins.KeyError in torch/distributed/_state_dict_utils.py:_unflatten_state_dict, prints its
-# traceback and REPRODUCED and exits 1; once it is gone rank 0 prints PASS and every rank exits 0
-# (expected: no rank raises); a rank exits 2 where the script cannot run (not under torchrun,
-# another world size) or the case fails another way (it prints FAIL). torchrun's own status is 1
-# whenever a rank's is not 0.
-
-from __future__ import annotations
+# Trains a model, moves its state into a freshly built one in memory through
+# get/set_model_state_dict and get/set_optimizer_state_dict, and trains both on.
+# Run: torchrun --nproc-per-node 2 THIS_FILE.py. Exit 1 (REPRODUCED): a rank raised the exception
+# in RAISED (its type, in that function of torch); 0 (PASS): every rank ran through; 2: it failed
+# another way.
+import copy
+import os
+import re
 import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+import traceback
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
-class TreeBlock(nn.Module):
 
-    def __init__(self, children, scale):
+class Block(nn.Module):
+    def __init__(self, children, width, scale=False, buffer=False):
         super().__init__()
         for i, child in enumerate(children):
             self.add_module(str(i), child)
-        self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(4)) if scale else None
+        self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(width)) if scale else None
+        self.register_buffer('shift', 0.1 * torch.randn(width) if buffer else None)
 
-def attempt(rank, world_size):
-    build_model_out = TreeBlock([TreeBlock([], True)], False)
-    params = list(build_model_out.parameters())
-    groups = [{'params': params[0::2]}]
-    src_opt = torch.optim.Adam(groups)
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-    msd_ = get_model_state_dict(build_model_out)
-    msd, osd = (msd_, get_optimizer_state_dict(build_model_out, src_opt))
-    build_model_out_ = TreeBlock([TreeBlock([], True)], False)
-    params_ = list(build_model_out_.parameters())
-    groups_ = [{'params': params_[0::2]}]
-    tgt_opt = torch.optim.Adam(groups_)
-    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict, StateDictOptions
-    options_ = StateDictOptions(full_state_dict=True, flatten_optimizer_state_dict=True)
-    set_optimizer_state_dict(build_model_out_, tgt_opt, osd, options=options_)
+    def forward(self, x):
+        y = x
+        for child in self.children():
+            y = child(y)
+        y = y if self.scale is None else y * self.scale
+        y = y if self.shift is None else y + self.shift
+        return y
 
-def torch_frame(path: str, function: str) -> str | None:
-    at = path.rfind('/torch/')
-    inner = path[at + 1:]
-    if at < 0 or '/fuzz/' in path or '-packages/' in inner or (function in ('<listcomp>', '<dictcomp>', '<setcomp>')):
-        return None
-    return f'{inner}:{function}'
+
+def build():
+    return Block([
+        nn.Linear(4, 4),
+        Block([nn.Linear(4, 4), nn.Tanh(), nn.LayerNorm(4)], 4, scale=True),
+        nn.Linear(4, 4, bias=False),
+    ], 4, buffer=True).to(torch.float64)
+
+
+def train(model, opt, batches):
+    for x, y in batches:
+        F.mse_loss(model(x), y).backward()
+        for p in [p for p in model.parameters() if p.grad is not None]:
+            dist.all_reduce(p.grad)  # a plain model, data-parallel by hand: gradients averaged
+            p.grad /= dist.get_world_size()
+        opt.step()
+        opt.zero_grad()
+
+
+RAISED = {
+    'KeyError@torch/distributed/_state_dict_utils.py:_unflatten_state_dict',
+    'KeyError@torch/optim/optimizer.py:load_state_dict',
+}
+
+
+def main(rank, world_size):
+    gen = torch.Generator().manual_seed(57)  # the global batches, the same on every rank
+    batches = (torch.randn(world_size * 2, 4, generator=gen, dtype=torch.float64)[rank * 2 :][:2] for _ in range(2 * 3))
+    data = [(x, next(batches)) for x in batches]  # (input, target) of each step
+    torch.manual_seed(57)
+    model = build()
+    params = list(model.parameters())
+    params = [{"params": params[0::2]}, {"params": params[1::2], "lr": 0.05 / 2}]
+    opt = torch.optim.Adam(params, lr=0.05, eps=0.001)
+    train(model, opt, data[0:2])
+    save = StateDictOptions(full_state_dict=True, flatten_optimizer_state_dict=True)
+    model_sd = get_model_state_dict(model, options=save)
+    optim_sd = get_optimizer_state_dict(model, opt, options=save)
+    model_sd, optim_sd = copy.deepcopy((model_sd, optim_sd))  # as a checkpoint read back would be
+    torch.manual_seed(57 + 0x5EED)  # other weights: a load that does nothing shows
+    target = build()
+    params = list(target.parameters())
+    params = [{"params": params[0::2]}, {"params": params[1::2], "lr": 0.05 / 2}]
+    target_opt = torch.optim.Adam(params, lr=0.05, eps=0.001)
+    load = StateDictOptions(full_state_dict=True, flatten_optimizer_state_dict=True)
+    set_model_state_dict(target, model_sd, options=load)
+    set_optimizer_state_dict(target, target_opt, optim_sd, options=load)
+    train(model, opt, data[2:3])
+    train(target, target_opt, data[2:3])
 
 
 if __name__ == "__main__":
-    import os
-    os.environ['CUDA_VISIBLE_DEVICES'] = ''
-    import sys
-    import time
-    if os.environ.get("WORLD_SIZE") != "2":
-        print("run it with: torchrun --nproc-per-node 2 " + sys.argv[0], file=sys.stderr)
-        sys.exit(2)
-    import torch.distributed as dist
-    dist.init_process_group("gloo")
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    import re
-    import traceback
     try:
-        attempt(rank, world_size)
-    except BaseException as e:  # torch's CheckpointException is a BaseException
+        dist.init_process_group("gloo")
+        main(dist.get_rank(), dist.get_world_size())
+        dist.barrier()
+    except BaseException as e:  # DCP's CheckpointException is one; its text has the ranks' tracebacks
         text = traceback.format_exc()
-        sys.stderr.write("".join(f"[rank{rank}]: {line}\n" for line in text.splitlines()))
-        frames = [f for f in (torch_frame(p, f) for p, f in re.findall(r'File "([^"]+)", line \d+,? in (\S+)', text)) if f]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@{(frames or ['torch/?:?'])[-1]}"
-        if found in ['builtins.KeyError@torch/distributed/_state_dict_utils.py:_unflatten_state_dict', 'builtins.KeyError@torch/optim/optimizer.py:load_state_dict']:
-            print(f"REPRODUCED exception:state_dict:builtins.KeyError@torch/distributed/_state_dict_utils.py:_unflatten_state_dict: rank {rank} raised {found}", flush=True)
-            os._exit(1)
-        print(f"FAIL (not the entry's failure): rank {rank} raised {found}", flush=True)
-        os._exit(2)
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
-    store.add("repro-passed", 1)
-    until = time.monotonic() + 60
-    while store.add("repro-passed", 0) < world_size:
-        if time.monotonic() > until:
-            print(f"FAIL (not the entry's failure): rank {rank} finished, another rank did not", flush=True)
-            os._exit(2)
-        time.sleep(0.05)
-    if rank == 0:
-        print('PASS: no rank raised', flush=True)
-    os._exit(0)  # a rank must not wait for the others at exit
+        frames = re.findall(r'File "[^"]*/(torch/[^"-]+)", line \d+, in (?!<\w+comp>)(\S+)', text)  # torch's own
+        raised = f"{type(e).__name__}@{':'.join(frames[-1]) if frames else '?'}"
+        said = "REPRODUCED" if raised in RAISED else "FAIL (another failure)"
+        print(f"{text}{said}: rank {os.environ.get('RANK')} raised {raised}", flush=True)
+        os._exit(1 if raised in RAISED else 2)
+    print("PASS: no rank raised", flush=True)
+    os._exit(0)

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# shardfuzz reduced reproducer: entry=05f2a60d585ed364 sources=1ec0d853e8accfc8 seconds=49.6
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: a module whose state-dict hooks hide a child, declared through its fqn
 # modifiers method (StateDictOptions.dsd_fqn_modifiers): get_optimizer_state_dict keys that
@@ -10,8 +11,8 @@
 # Trains a model, moves its state into a freshly built one in memory through
 # get/set_model_state_dict and get/set_optimizer_state_dict, and trains both on.
 # Run: torchrun --nproc-per-node 2 THIS_FILE.py. Exit 1 (REPRODUCED): a rank raised the exception
-# named below in the same torch function; 0 (PASS): every rank ran through; 2: it failed another
-# way.
+# in RAISED (its type, in that function of torch); 0 (PASS): every rank ran through; 2: it failed
+# another way.
 import copy
 import os
 import re
@@ -19,7 +20,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 import traceback
-from functools import partial
 from torch import nn
 from torch.distributed._composable import checkpoint
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
@@ -94,10 +94,6 @@ def compose_target(model):
     return model
 
 
-def optimizer(model, lr, momentum):
-    return torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
-
-
 def train(model, opt, batches):
     for x, y in batches:
         F.mse_loss(model(x), y).backward()
@@ -105,14 +101,23 @@ def train(model, opt, batches):
         opt.zero_grad()
 
 
+RAISED = {
+    'AttributeError@torch/optim/sgd.py:_single_tensor_sgd',
+    'KeyError@torch/distributed/checkpoint/state_dict.py:_unflatten_optim_state_dict',
+    'KeyError@torch/optim/adam.py:step',
+    'KeyError@torch/optim/sgd.py:step',
+    'RuntimeError@torch/distributed/checkpoint/state_dict.py:_split_optim_state_dict',
+    'TypeError@torch/optim/adam.py:__setstate__',
+}
+
+
 def main(rank, world_size):
     gen = torch.Generator().manual_seed(6424)  # the global batches, the same on every rank
-    draw = partial(torch.randn, world_size * 2, 1, generator=gen)
-    rows = slice(0, 2)  # every rank trains on the same rows
-    data = [(draw()[rows], draw()[rows]) for _ in range(2)]
+    batches = (torch.randn(world_size * 2, 1, generator=gen)[0 :][:2] for _ in range(2 * 2))
+    data = [(x, next(batches)) for x in batches]  # (input, target) of each step
     torch.manual_seed(6424)
     model = compose_source(fuse(build()))
-    opt = optimizer(model, 0.01, 0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     train(model, opt, data[0:2])
     save = StateDictOptions(full_state_dict=True, cpu_offload=True)
     model_sd = get_model_state_dict(model, options=save)
@@ -120,7 +125,7 @@ def main(rank, world_size):
     model_sd, optim_sd = copy.deepcopy((model_sd, optim_sd))  # as a checkpoint read back would be
     torch.manual_seed(6424 + 0x5EED)  # other weights: a load that does nothing shows
     target = compose_target(fuse(build()))
-    target_opt = optimizer(target, 0.01 * 0.37, 0.5)  # other hyperparameters, which the load restores
+    target_opt = torch.optim.SGD(target.parameters(), lr=0.01, momentum=0.9)
     if rank != 0:
         model_sd, optim_sd = {}, {}  # broadcast_from_rank0: rank 0 alone holds the state
     load = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
@@ -128,38 +133,17 @@ def main(rank, world_size):
     set_optimizer_state_dict(target, target_opt, optim_sd, options=load)
 
 
-RAISED = {  # the entry's exception: its type, raised in this function of torch
-    'builtins.AttributeError@torch/optim/sgd.py:_single_tensor_sgd',
-    'builtins.KeyError@torch/distributed/checkpoint/state_dict.py:_unflatten_optim_state_dict',
-    'builtins.KeyError@torch/optim/adam.py:step',
-    'builtins.KeyError@torch/optim/sgd.py:step',
-    'builtins.RuntimeError@torch/distributed/checkpoint/state_dict.py:_split_optim_state_dict',
-    'builtins.TypeError@torch/optim/adam.py:__setstate__',
-}
-
-
-def torch_frame(path, function):  # fuzz.signature.torch_frame: a frame of torch's own code
-    at = path.rfind("/torch/")
-    inner = path[at + 1 :]
-    if at < 0 or "/fuzz/" in path or "-packages/" in inner or function in ("<listcomp>", "<dictcomp>", "<setcomp>"):
-        return None
-    return f"{inner}:{function}"
-
-
 if __name__ == "__main__":
     try:
         dist.init_process_group("gloo")
-        if dist.get_world_size() != 2:
-            raise SystemExit("run it with: torchrun --nproc-per-node 2 THIS_FILE.py")
         main(dist.get_rank(), dist.get_world_size())
-        dist.barrier()  # every rank ran through
-    except BaseException as e:  # DCP's CheckpointException is a BaseException
+        dist.barrier()
+    except BaseException as e:  # DCP's CheckpointException is one; its text has the ranks' tracebacks
         text = traceback.format_exc()
-        frames = [torch_frame(p, f) for p, f in re.findall(r'File "([^"]+)", line \d+, in (\S+)', text)]
-        raised = f"{type(e).__module__}.{type(e).__qualname__}@{([f for f in frames if f] or ['?'])[-1]}"
-        verdict = "REPRODUCED" if raised in RAISED else "FAIL (another failure)"
-        print(f"{text}{verdict}: rank {os.environ.get('RANK')} raised {raised}", flush=True)
+        frames = re.findall(r'File "[^"]*/(torch/[^"-]+)", line \d+, in (?!<\w+comp>)(\S+)', text)  # torch's own
+        raised = f"{type(e).__name__}@{':'.join(frames[-1]) if frames else '?'}"
+        said = "REPRODUCED" if raised in RAISED else "FAIL (another failure)"
+        print(f"{text}{said}: rank {os.environ.get('RANK')} raised {raised}", flush=True)
         os._exit(1 if raised in RAISED else 2)
-    if dist.get_rank() == 0:
-        print("PASS: no rank raised", flush=True)
+    print("PASS: no rank raised", flush=True)
     os._exit(0)

@@ -16,35 +16,18 @@ from __future__ import annotations
 from typing import Any
 
 from fuzz.model import Case, DcpBody, DcpItem, DcpMode, is_fsdp1, is_plain
-from fuzz.repro.print_model import (
-    assemble,
-    build_lines,
-    check_default,
-    compose_helpers,
-    compose_imports,
-    compose_lines,
-    model_source,
-    refuse,
-)
+from fuzz.repro.print_model import check_default, refuse
 from fuzz.repro.print_parts import (
     FRESH_SEED,
     catch_up,
     check_sides,
-    check_training,
-    composed,
     data_lines,
-    differs_def,
-    full_def,
-    header,
-    main_block,
-    optimizer_call,
-    optimizer_def,
-    raised_lines,
+    optimizer_lines,
+    round_trip,
     side_line,
-    torch_frame_lines,
     train_calls,
-    train_def,
 )
+from fuzz.repro.print_train import check_training
 
 #: DcpBody fields a script writes; every other must hold its default.
 _BODY_FIELDS = {
@@ -70,7 +53,7 @@ def check_printable(case: Case) -> None:
     """Raise :class:`~fuzz.repro.print_model.NotPrintable` naming what of ``case`` is not written."""
     body: Any = case.body
     check_sides(body.tree, body.source, body.target)
-    check_training(body.training)
+    check_training(body.training, loop=False)
     check_default(body, _BODY_FIELDS, "body")
     for entry in body.entries:
         if entry not in _ENTRIES:
@@ -123,10 +106,6 @@ def print_case(case: Case, entry: Any = None) -> str:
     check_printable(case)
     body: DcpBody = case.body  # type: ignore[assignment]
     judged = entry is None or entry.kind == "mismatch"
-    t = body.training
-    sides = [body.source, body.target]
-    sharded = any(c.shards for c in sides)
-    wrap = any(c.auto_wrap for c in sides)
     app = DcpItem.APP in body.entries
     options = (body.save_full_state_dict, body.save_cpu_offload, body.load_full_state_dict, body.load_cpu_offload)
     names = ["StateDictOptions"] if any(options) else []
@@ -137,37 +116,12 @@ def print_case(case: Case, entry: Any = None) -> str:
         names += ["get_optimizer_state_dict", "set_optimizer_state_dict"]
     names.sort()
     half = (len(names) + 1) // 2
-    imports = ["import tempfile", "import torch.distributed as dist", "import torch.distributed.checkpoint as dcp"]
-    imports += ["import torch.nn.functional as F", *compose_imports(sides)]
+    imports = ["import tempfile", "import torch.distributed.checkpoint as dcp"]
     imports += [
         f"from torch.distributed.checkpoint.state_dict import {', '.join(n)}" for n in (names[:half], names[half:]) if n
     ]
-    if judged and sharded:
-        imports.append("from torch.distributed.tensor import DTensor")
-    parts = [model_source(body.tree, auto_wrap=wrap), "\n".join(imports)]
-    if app:
-        parts.append(_APP)
-    parts.append("\n".join(build_lines(body.tree, auto_wrap=wrap, dtype=t.dtype)))
-    parts += compose_helpers(sides, case.world_size)
-    for comp, name in ((body.source, "compose_source"), (body.target, "compose_target")):
-        if composed(comp):
-            parts.append("\n".join(compose_lines(comp, name)))
-    parts.append("\n".join(optimizer_def(body.tree, t, body.frozen_in_optimizer, body.empty_group)))
-    parts.append("\n".join(train_def(sides, t)))
-    if judged:
-        parts += ["\n".join(full_def(sharded)), "\n".join(differs_def(t.dtype))]
-    parts.append("\n".join(_main(case, body, judged)))
-    tail = [] if judged else ["\n".join(raised_lines(entry))]
-    tail += ["\n".join(torch_frame_lines()), "\n".join(main_block(case, entry))]
-    imports_tail = ["import os", "import re", "import traceback", "from functools import partial"]
-    if entry is not None and entry.kind in ("hang", "crash"):
-        imports_tail.append("import faulthandler")
-    what = (
-        "Trains a model, saves its state with dcp.save into a fresh directory, loads it with dcp.load "
-        "into a freshly built one and trains both on."
-    )
-    head = "\n".join(["#!/usr/bin/env python3", *header(case, entry, what)])
-    return head + "\n" + assemble([*parts, "\n".join(imports_tail), *tail])
+    extra = [_APP] if app else []
+    return round_trip(case, entry, body, imports=imports, extra=extra, main=_main(case, body, judged))
 
 
 def _main(case: Case, body: DcpBody, judged: bool) -> list[str]:
@@ -181,7 +135,7 @@ def _main(case: Case, body: DcpBody, judged: bool) -> list[str]:
         "    dist.broadcast_object_list(path)  # one fresh directory for every rank",
         f"    torch.manual_seed({case.seed})",
         side_line("model", body.source, False),
-        f"    opt = {optimizer_call('model', t, fresh=False)}",
+        *optimizer_lines("opt", "model", body.tree, t, body, fresh=False),
     ]
     lines += train_calls("model", "opt", 0, t.steps, body.requires_grad, avg_src)
     save = _options(body.save_full_state_dict, body.save_cpu_offload, load=False)
@@ -191,15 +145,14 @@ def _main(case: Case, body: DcpBody, judged: bool) -> list[str]:
     lines += _state(body, "model", "opt", "save" if save else "")
     lines.append("    dcp.save(state, checkpoint_id=path[0])")
     if judged:
-        lines.append("    saved = full(model, opt)")
+        lines.append("    saved = snapshot(model, opt)")
     lines += [
         f"    torch.manual_seed({case.seed} + 0x{FRESH_SEED:X})  # other weights: a load that does nothing shows",
         side_line("target", body.target, False),
     ]
     loads_all = DcpItem.APP in body.entries or {DcpItem.MODEL, DcpItem.OPTIMIZER} <= set(body.entries)
     if judged or loads_all or DcpItem.OPTIMIZER in body.entries:
-        fresh = optimizer_call("target", t, fresh=True)
-        lines.append(f"    target_opt = {fresh}  # other hyperparameters, which the load restores")
+        lines += optimizer_lines("target_opt", "target", body.tree, t, body, fresh=judged)
     lines += catch_up("target", t.steps, body.requires_grad)
     lines += [f"    template = StateDictOptions({template})"] if template else []
     lines += [f"    load = StateDictOptions({put})"] if put else []
@@ -211,11 +164,11 @@ def _main(case: Case, body: DcpBody, judged: bool) -> list[str]:
     if DcpItem.OPTIMIZER in body.entries:
         lines.append(f'    set_optimizer_state_dict(target, target_opt, state["optimizer"]{kw})')
     if judged:
-        lines += ['    said = differs("after the load", full(target, target_opt), saved, exact=True)']
+        lines += ["    said = differs(snapshot(target, target_opt), saved, exact=True)  # right after the load"]
     if body.steps_after and loads_all:
         after = t.steps + body.steps_after
         lines += train_calls("model", "opt", t.steps, after, body.requires_grad, avg_src)
         lines += train_calls("target", "target_opt", t.steps, after, body.requires_grad, avg_tgt)
         if judged:
-            lines.append('    said = said or differs("after training on", full(target), full(model), exact=False)')
+            lines.append("    said = said or differs(snapshot(target), snapshot(model))  # after training on")
     return [*lines, "    return said"] if judged else lines

@@ -276,11 +276,22 @@ def build_lines(
     seeded first where ``seed`` is given."""
     to = ".to(torch.float64)" if dtype is Dtype.FLOAT64 else ""
     seeded = [] if seed is None else [f"    torch.manual_seed({seed})  # every rank builds the same weights"]
-    return [
-        "def build():",
-        *seeded,
-        f"    return {_node(tree.root, tree.width, _sequential(tree, skips, auto_wrap), _featured(tree, skips))}{to}",
-    ]
+    sequential, featured = _sequential(tree, skips, auto_wrap), _featured(tree, skips)
+
+    def lines(node: Any, indent: str, head: str, end: str) -> list[str]:
+        """``node`` after ``head``, on one line where it fits, else one child a line."""
+        one = f"{indent}{head}{_node(node, tree.width, sequential, featured)}{end}"
+        if len(one) <= 116 or not isinstance(node, Block):
+            return [one]
+        placeholder = dataclasses.replace(node, children=(Leaf(LeafKind.RELU),))
+        opening, closing = _node(placeholder, tree.width, sequential, featured).split("nn.ReLU()")
+        children = [line for c in node.children for line in lines(c, indent + "    ", "", ",")]
+        return [f"{indent}{head}{opening}", *children, f"{indent}{closing}{end}"]
+
+    model = lines(tree.root, "    ", "return ", to)
+    if max(len(line) for line in model) > 116:
+        raise refuse("a module of more than 116 characters a line")
+    return ["def build():", *seeded, *model]
 
 
 def compose_imports(comps: Iterable[Composition]) -> list[str]:

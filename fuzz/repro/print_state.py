@@ -19,38 +19,20 @@ from typing import Any
 from fuzz.model import Api, Case, Options, StateDictBody, is_plain
 from fuzz.model.state_dict_rules import DEFAULT_FQN_MODIFIERS
 from fuzz.repro import print_dcp
-from fuzz.repro.print_model import (
-    NotPrintable,
-    assemble,
-    build_lines,
-    check_default,
-    compose_helpers,
-    compose_imports,
-    compose_lines,
-    model_source,
-    refuse,
-)
+from fuzz.repro.print_model import NotPrintable, check_default, refuse
 from fuzz.repro.print_parts import (
     FRESH_SEED,
     catch_up,
     check_sides,
-    check_training,
-    composed,
     data_lines,
-    differs_def,
-    full_def,
     fused_lines,
-    header,
-    main_block,
     meta_side_lines,
-    optimizer_call,
-    optimizer_def,
-    raised_lines,
+    optimizer_lines,
+    round_trip,
     side_line,
-    torch_frame_lines,
     train_calls,
-    train_def,
 )
+from fuzz.repro.print_train import check_training
 
 __all__ = ["NotPrintable", "check_printable", "print_case"]
 
@@ -82,7 +64,7 @@ def check_printable(case: Case) -> None:
         raise refuse(f"a {case.property} case")
     body: Any = case.body
     check_sides(body.tree, body.source, body.target)
-    check_training(body.training)
+    check_training(body.training, loop=False)
     check_default(body, _BODY_FIELDS, "body")
 
 
@@ -96,49 +78,9 @@ def print_case(case: Case, entry: Any = None) -> str:
     judged = entry is None or entry.kind == "mismatch"
     if judged and body.save.ignore_frozen_params:
         raise refuse("a judged state_dict case with save.ignore_frozen_params (frozen parameters keep fresh values)")
-    t = body.training
-    sides = [body.source, body.target]
-    sharded = any(c.shards for c in sides)
-    fsdp1 = body.api is Api.FSDP1
-    imports = ["import copy", "import torch.distributed as dist", "import torch.nn.functional as F"]
-    imports += compose_imports(sides)
-    if fsdp1:
-        imports.append(_fsdp1_import(body.save))
-    else:
-        imports.append(_dsd_import(body))
-    if judged and sharded:
-        imports.append("from torch.distributed.tensor import DTensor")
-    wrap = any(c.auto_wrap for c in sides)
-    parts = [model_source(body.tree, auto_wrap=wrap), "\n".join(imports)]
-    if body.fused:
-        parts.append("\n".join(fused_lines(body.fused, body.fqn_modifiers)))
-    parts.append("\n".join(build_lines(body.tree, auto_wrap=wrap, dtype=t.dtype)))
-    parts += compose_helpers(sides, case.world_size)
-    for comp, name in ((body.source, "compose_source"), (body.target, "compose_target")):
-        if composed(comp):
-            parts.append("\n".join(compose_lines(comp, name)))
-    parts.append("\n".join(optimizer_def(body.tree, t, body.frozen_in_optimizer, body.empty_group)))
-    parts.append("\n".join(train_def(sides, t)))
-    if judged:
-        parts += ["\n".join(full_def(sharded)), "\n".join(differs_def(t.dtype))]
-    parts.append("\n".join(_main(case, body, judged)))
-    tail = [] if judged else ["\n".join(raised_lines(entry))]
-    tail += ["\n".join(torch_frame_lines()), "\n".join(main_block(case, entry))]
-    imports_tail = ["import os", "import re", "import traceback", "from functools import partial"]
-    if entry is not None and entry.kind in ("hang", "crash"):
-        imports_tail.append("import faulthandler")
-    head = "\n".join(["#!/usr/bin/env python3", *header(case, entry, _what(body))])
-    return head + "\n" + assemble([*parts, "\n".join(imports_tail), *tail])
-
-
-def _what(body: StateDictBody) -> str:
-    calls = {
-        Api.SPLIT: "get/set_model_state_dict and get/set_optimizer_state_dict",
-        Api.COMBINED: "get_state_dict / set_state_dict",
-        Api.MODULE: "FSDP2's own state_dict / load_state_dict and get/set_optimizer_state_dict",
-        Api.FSDP1: "FSDP1's state_dict_type, FSDP.optim_state_dict and FSDP.optim_state_dict_to_load",
-    }[body.api]
-    return f"Trains a model, moves its state into a freshly built one in memory through {calls}, and trains both on."
+    imports = ["import copy", _fsdp1_import(body.save) if body.api is Api.FSDP1 else _dsd_import(body)]
+    extra = ["\n".join(fused_lines(body.fused, body.fqn_modifiers))] if body.fused else []
+    return round_trip(case, entry, body, imports=imports, extra=extra, main=_main(case, body, judged))
 
 
 def _dsd_import(body: StateDictBody) -> str:
@@ -198,7 +140,7 @@ def _take(body: StateDictBody) -> list[str]:
     return [*lines, f"    model_sd = {take}", f"    optim_sd = get_optimizer_state_dict(model, opt{kw})"]
 
 
-def _put(body: StateDictBody) -> list[str]:
+def _put(body: StateDictBody, judged: bool) -> list[str]:
     if body.api is Api.FSDP1:
         lines = [_fsdp1_type("target", body.load, body.load.broadcast_from_rank0)]
         if body.load.broadcast_from_rank0:
@@ -225,9 +167,7 @@ def _put(body: StateDictBody) -> list[str]:
     else:
         lines.append(f"    set_model_state_dict(target, model_sd{kw})")
     if body.target_meta_init:
-        lines.append(
-            f"    target_opt = {optimizer_call('target', body.training, fresh=True)}  # built once it has weights"
-        )
+        lines += optimizer_lines("target_opt", "target", body.tree, body.training, body, fresh=judged)
         lines += catch_up("target", body.training.steps, body.requires_grad)
     return [*lines, f"    set_optimizer_state_dict(target, target_opt, optim_sd{kw})"]
 
@@ -239,12 +179,12 @@ def _main(case: Case, body: StateDictBody, judged: bool) -> list[str]:
         avg_src, avg_tgt = f", {is_plain(body.source)}", f", {is_plain(body.target)}"
     lines = ["def main(rank, world_size):", *data_lines(case, body.tree, t, t.steps + body.steps_after)]
     lines += [f"    torch.manual_seed({case.seed})", side_line("model", body.source, bool(body.fused))]
-    lines.append(f"    opt = {optimizer_call('model', t, fresh=False)}")
+    lines += optimizer_lines("opt", "model", body.tree, t, body, fresh=False)
     lines += train_calls("model", "opt", 0, t.steps, body.requires_grad, avg_src)
     lines += _take(body)
     lines.append("    model_sd, optim_sd = copy.deepcopy((model_sd, optim_sd))  # as a checkpoint read back would be")
     if judged:
-        lines.append("    saved = full(model, opt)")
+        lines.append("    saved = snapshot(model, opt)")
     lines.append(
         f"    torch.manual_seed({case.seed} + 0x{FRESH_SEED:X})  # other weights: a load that does nothing shows"
     )
@@ -252,21 +192,19 @@ def _main(case: Case, body: StateDictBody, judged: bool) -> list[str]:
         lines += meta_side_lines(body.target, bool(body.fused))
     else:
         lines.append(side_line("target", body.target, bool(body.fused)))
-        lines.append(
-            f"    target_opt = {optimizer_call('target', t, fresh=True)}  # other hyperparameters, which the load restores"  # noqa: E501
-        )
+        lines += optimizer_lines("target_opt", "target", body.tree, t, body, fresh=judged)
         lines += catch_up("target", t.steps, body.requires_grad)
     if body.load.broadcast_from_rank0 and body.api is not Api.FSDP1:
         lines += [
             "    if rank != 0:",
             "        model_sd, optim_sd = {}, {}  # broadcast_from_rank0: rank 0 alone holds the state",
         ]
-    lines += _put(body)
+    lines += _put(body, judged)
     after = t.steps + body.steps_after
     if judged:
-        lines += ['    said = differs("after the load", full(target, target_opt), saved, exact=True)']
+        lines += ["    said = differs(snapshot(target, target_opt), saved, exact=True)  # right after the load"]
     lines += train_calls("model", "opt", t.steps, after, body.requires_grad, avg_src)
     lines += train_calls("target", "target_opt", t.steps, after, body.requires_grad, avg_tgt)
     if judged:
-        lines.append('    return said or differs("after training on", full(target), full(model), exact=False)')
+        lines.append("    return said or differs(snapshot(target), snapshot(model))  # after training on")
     return lines

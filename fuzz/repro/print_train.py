@@ -16,7 +16,8 @@ from typing import Any
 from fuzz.model import AccumSync, Case, Compile, Composition, Dtype, Layout, LeafKind, Optimizer, Training, Wrapper
 from fuzz.repro.print_model import check_default, refuse, uses
 
-#: Training fields a printed script writes.
+#: Training fields every printed script writes (the optimizer, the steps and the data); every
+#: other must hold its default.
 TRAINING_FIELDS = {
     "optimizer",
     "lr",
@@ -25,15 +26,13 @@ TRAINING_FIELDS = {
     "steps",
     "batch_per_rank",
     "dtype",
-    "grad_accum",
-    "accum_sync",
-    "set_to_none",
     "same_input",
-    "skips",
-    "unfreeze",
-    "foreach",
+    "set_to_none",
     "param_groups",
 }
+#: Those the training properties' loop (:func:`train_lines`) writes besides: microbatches, a
+#: gradient-sync switch, modules left out of forward, leaves unfrozen later, foreach.
+LOOP_FIELDS = {"grad_accum", "accum_sync", "skips", "unfreeze", "foreach"}
 
 
 def compositions(case: Case) -> list[Composition]:
@@ -50,14 +49,21 @@ def scales(case: Case) -> dict[str, float]:
     return {path: layout.gradient_scale(path, case.world_size) for path in layout.paths}
 
 
-def check_training(case: Case) -> None:
-    """Raise :class:`~fuzz.repro.print_model.NotPrintable` naming the first training field (or
-    use of one) :func:`train_lines` does not write."""
-    training: Training = case.body.training  # type: ignore[attr-defined]
+def check_training(training: Training, *, loop: bool = True) -> None:
+    """Raise :class:`~fuzz.repro.print_model.NotPrintable` naming the first training field a
+    printed script does not write (``loop``: the training properties' loop, :func:`train_lines`,
+    which writes :data:`LOOP_FIELDS` too)."""
     # compile is written, but the two compiled entries' printed scripts (FSDP1 with torch.compile,
     # one raising in Dynamo) ran through here where the pool's case raises: refused until the
     # difference is known.
-    check_default(training, TRAINING_FIELDS, "training")
+    check_default(training, TRAINING_FIELDS | (LOOP_FIELDS if loop else set()), "training")
+
+
+def check_loop(case: Case) -> None:
+    """Raise :class:`~fuzz.repro.print_model.NotPrintable` naming the first training field (or
+    use of one) :func:`train_lines` does not write."""
+    training: Training = case.body.training  # type: ignore[attr-defined]
+    check_training(training)
     if training.skips and any(c.wrapper is not Wrapper.NONE for c in compositions(case)):
         raise refuse("training.skips under a wrapper")
     switched = training.grad_accum > 1 and training.accum_sync is not AccumSync.ALWAYS
@@ -67,18 +73,50 @@ def check_training(case: Case) -> None:
             raise refuse("a gradient-sync switch or a per-microbatch knob without fully_shard on the root")
 
 
-def _optimizer(training: Training) -> str:
+def optimizer(training: Training, params: str, *, fresh: bool = False) -> str:
+    """``torch.optim.X(PARAMS, lr=...)``: the case's optimizer (:func:`fuzz._rank.parity.make_optimizer`)
+    over ``params``; ``fresh``: with other hyperparameters, which a load must bring back
+    (:func:`fuzz._rank.state_dict.fresh_training`)."""
+    lr = f"{training.lr!r} * 0.37" if fresh else repr(training.lr)
     foreach = "" if training.foreach is None else f", foreach={training.foreach}"
     if training.optimizer is Optimizer.SGD:
-        extra = f", momentum={training.momentum!r}" if training.momentum else ""
-        return f"torch.optim.SGD(params, lr={training.lr!r}{extra}{foreach})"
+        momentum = ("0.5" if fresh else repr(training.momentum)) if training.momentum else ""
+        extra = f", momentum={momentum}" if momentum else ""
+        return f"torch.optim.SGD({params}, lr={lr}{extra}{foreach})"
     name = "Adam" if training.optimizer is Optimizer.ADAM else "AdamW"
-    return f"torch.optim.{name}(params, lr={training.lr!r}, eps={training.eps!r}{foreach})"
+    eps = f"{training.eps!r} * 10" if fresh else repr(training.eps)
+    return f"torch.optim.{name}({params}, lr={lr}, eps={eps}{foreach})"
+
+
+def draw(case: Case, training: Training, width: int) -> str:
+    """This rank's (input, target) of one step or microbatch, drawn from ``gen``
+    (:func:`fuzz._rank.parity.batches`)."""
+    b = training.batch_per_rank
+    dtype = ", dtype=torch.float64" if training.dtype is Dtype.FLOAT64 else ""
+    lo = "0" if training.same_input else ("rank" if b == 1 else f"rank * {b}")
+    rows = "world_size" if b == 1 else f"world_size * {b}"
+    return f"(torch.randn({rows}, {width}, generator=gen{dtype})[{lo} :][:{b}] for _ in range(2))"
+
+
+def average_lines(condition: str = "") -> list[str]:
+    """A plain model's data parallelism by hand, where ``condition`` holds: its gradients averaged
+    over the ranks (the parity reference; a plain side of a round trip)."""
+    only = f"{condition} and " if condition else ""
+    return [
+        f"for p in [p for p in model.parameters() if {only}p.grad is not None]:",
+        "    dist.all_reduce(p.grad)  # a plain model, data-parallel by hand: gradients averaged",
+        "    p.grad /= dist.get_world_size()",
+    ]
+
+
+def step_lines(training: Training) -> list[str]:
+    """The optimizer's step and zeroing of the gradients."""
+    return ["opt.step()", "opt.zero_grad()" if training.set_to_none else "opt.zero_grad(set_to_none=False)"]
 
 
 def _inline(build: list[str], compose: list[str]) -> list[str]:
     """The body of ``build()`` then of ``compose(model)``, as statements on ``model`` in ``train``."""
-    model = ["    model = " + build[-1].strip().removeprefix("return ")]
+    model = [line.replace("    return ", "    model = ", 1) for line in build[1:]]
     calls = [line.replace("return FSDP(", "model = FSDP(") for line in compose[1:] if line != "    return model"]
     return model + calls
 
@@ -102,15 +140,12 @@ def train_lines(
     parameter after the step), read through ``named`` (an expression of ``model``
     giving (name, parameter) pairs) and gathered by ``full``. With ``inline`` (the lines of
     ``build`` and of ``compose``) it is ``train(rank, world_size)`` building and composing the
-    model itself."""
+    model itself, the script's ``main``."""
     body: Any = case.body
     training: Training = body.training
     tree = body.tree
     parity = case.property != "metamorphic"
-    b, w, steps, micros = training.batch_per_rank, tree.width, training.steps, training.grad_accum
-    dtype = ", dtype=torch.float64" if training.dtype is Dtype.FLOAT64 else ""
-    lo = "0" if training.same_input else ("rank" if b == 1 else f"rank * {b}")
-    rows = "world_size" if b == 1 else f"world_size * {b}"
+    steps, micros = training.steps, training.grad_accum
     switched = micros > 1 and training.accum_sync is not AccumSync.ALWAYS
     last_knob = any(c.knobs.reshard_after_backward_last for c in compositions(case))
     wrapped = any(c.wrapper is not Wrapper.NONE for c in compositions(case))
@@ -137,7 +172,7 @@ def train_lines(
             lines += ["params = list(model.parameters())"]
         lines += [f'params = [{{"params": params[0::2]}}, {{"params": params[1::2], "lr": {training.lr!r} / 2}}]']
         params = "params"
-    lines += [f"opt = {_optimizer(training).replace('(params', '(' + params)}"]
+    lines += [f"opt = {optimizer(training, params)}"]
     lines += [f"gen = torch.Generator().manual_seed({case.seed})"]
     if uses(tree, lambda n: getattr(n, "kind", None) is LeafKind.DROPOUT):
         lines += [f"torch.manual_seed({case.seed * 7919 + 1} + rank)  # dropout: the same masks on both runs of a rank"]
@@ -154,7 +189,7 @@ def train_lines(
     step = []
     for u in training.unfreeze:
         step += [f"if step == {u.step}:", f'    for p in later["{u.path}"]:', "        p.requires_grad_(True)"]
-    micro = [f"x, y = (torch.randn({rows}, {w}, generator=gen{dtype})[{lo} :][:{b}] for _ in range(2))"]
+    micro = [f"x, y = {draw(case, training, tree.width)}"]
     if training.skips:
         micro += ["SKIPPED[:] = [model.get_submodule(p) for p in SKIPS.get((step, micro), [])]"]
     last = micros - 1
@@ -184,22 +219,21 @@ def train_lines(
         micro += [f"F.mse_loss({out}, y).backward()"]
     step += _loop("micro" if by_micro else "_", micros, micro)
     if observe and parity:
-        step += [
-            "for p in [p for p in model.parameters() if compose is None and p.grad is not None]:",
-            "    dist.all_reduce(p.grad)  # the reference averages its gradients over the ranks",
-            "    p.grad /= world_size",
-        ]
+        step += average_lines("compose is None")
         factor = body.composition.knobs.gradient_divide_factor
         if factor is not None and set(scales(case).values()) != {1.0}:
             d = case.world_size
             step += [f"    p.grad *= {d} / {factor!r}  # documented: the sum over {d} ranks / {factor!r}"]
     if observe:
-        step += [f'seen.update({{f"gradient of {{n}} at step {{step}}": full(p.grad) for n, p in {named}}})']
-    step += ["opt.step()", f"opt.zero_grad(set_to_none={training.set_to_none})"]
+        step += [
+            f"for n, p in {named}:  # no gradient counts as zeros",
+            '    seen[f"gradient of {n} at step {step}"] = full(p.grad) if p.grad is not None else torch.zeros(p.shape)',  # noqa: E501
+        ]
+    step += step_lines(training)
     if observe:
         step += [f'seen.update({{f"{{n}} after step {{step}}": full(p) for n, p in {named}}})']
     lines += _loop("step" if by_step else "_", steps, step)
     if observe:
         lines += ["return seen"]
-    head = "def train(rank, world_size):" if inline is not None else "def train(rank, world_size, compose):"
+    head = "def main(rank, world_size):" if inline is not None else "def train(rank, world_size, compose):"
     return [*skips, *([""] * 2 * bool(skips)), head, *(f"    {line}" for line in lines)]

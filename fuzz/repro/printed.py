@@ -28,7 +28,7 @@ from typing import Any
 
 from fuzz.corpus import Entry
 from fuzz.model import Case, Wrapper
-from fuzz.repro.print_check import compare_lines, exception_lines
+from fuzz.repro.print_check import compare_parts, expected_raised, header, main_block, main_imports, raised_line
 from fuzz.repro.print_model import (
     ALL_WRAPPERS,
     PRINTED_MARK,
@@ -45,8 +45,7 @@ from fuzz.repro.print_model import (
     param_names,
     refuse,
 )
-from fuzz.repro.print_train import check_training, compositions, scales, train_lines
-from fuzz.tolerance import tolerance_for
+from fuzz.repro.print_train import check_loop, compositions, scales, train_lines
 
 #: The properties whose entries this module prints.
 PRINTED = ("parity", "metamorphic", "mixed_precision")
@@ -54,24 +53,9 @@ PRINTED = ("parity", "metamorphic", "mixed_precision")
 KINDS = ("exception", "mismatch")
 
 _NAMED_WRAPPED = """\
-def named(model):
-    \"\"\"Every parameter by its plain name (NAMES), read off its module through FSDP1's wrappers,
-    which leave some out of named_parameters() (pytorch/pytorch#85831).\"\"\"
+def named(model):  # by plain name, off its module: FSDP1 leaves some out of named_parameters (#85831)
     modules = {".".join(c for c in n.split(".") if c != "_fsdp_wrapped_module"): m for n, m in model.named_modules()}
     return [(n, getattr(modules[n.rpartition(".")[0]], n.rpartition(".")[2])) for n in NAMES]"""
-
-_FULL = """\
-def full(t):  # whole: gathered where fully_shard shards it
-    return None if t is None else (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone()"""
-
-_FULL_PLAIN = """\
-def full(t):
-    return None if t is None else t.detach().clone()"""
-
-
-def expected_of(signature: str) -> str:
-    """``type@torch/x.py:function`` of an exception's signature (``exception:PROPERTY:...``)."""
-    return signature.split(":", 2)[2]
 
 
 def check_printable(case: Case, kind: str = "mismatch") -> None:
@@ -89,12 +73,12 @@ def check_printable(case: Case, kind: str = "mismatch") -> None:
         check_composition(body.variant, "variant", wrappers=wrappers)
     if kind == "mismatch" and case.property == "parity" and len(set(scales(case).values())) > 1:
         raise refuse("gradient scales that differ between modules")
-    check_training(case)
+    check_loop(case)
 
 
 def print_case(case: Case, expected: list[str] | None = None) -> str:
     """The torch program of ``case``: a mismatch's with its own reference and comparison, or with
-    ``expected`` (``type@torch/x.py:function`` of the entry's exception) an exception's.
+    ``expected`` (``Type@torch/x.py:function`` of the entry's exception) an exception's.
     :class:`NotPrintable` where it uses what the printers do not write yet."""
     check_printable(case, "mismatch" if expected is None else "exception")
     body: Any = case.body
@@ -103,74 +87,49 @@ def print_case(case: Case, expected: list[str] | None = None) -> str:
     metamorphic = case.property == "metamorphic"
     skips, auto_wrap = bool(training.skips), any(c.auto_wrap for c in comps)
     sharded = any(api == "fully_shard" for c in comps for api, _ in c.steps())
-    imports = ["import os", "import sys", "import traceback", "import torch.distributed as dist"]
-    imports += ["import torch.nn.functional as F", *compose_imports(comps)]
+    kind = "mismatch" if expected is None else "exception"
+    imports = ["import torch.nn.functional as F", *main_imports(kind), *compose_imports(comps)]
     parts = ["\n".join(imports), model_source(tree, skips=skips, auto_wrap=auto_wrap)]
     parts += compose_helpers(comps, case.world_size)
+    raised = [] if expected is None else [raised_line(expected)]
     build = build_lines(tree, skips=skips, auto_wrap=auto_wrap, dtype=training.dtype)
     names = ["compose", *(["compose_variant"] if metamorphic else [])]
     composes = [compose_lines(comp, name) for comp, name in zip(comps, names, strict=True)]
-    if expected is not None and not metamorphic:  # one composition: train builds and composes the model itself
+    if expected is not None and not metamorphic:  # one composition: main builds and composes the model itself
         parts.append("\n".join(train_lines(case, observe=False, inline=(build, composes[0]))))
-        parts += exception_lines(expected, case.world_size, [])
-        return assemble(parts)
+        return assemble([*parts, *raised, main_block(kind)])
     parts += ["\n".join(build), *("\n".join(lines) for lines in composes)]
     if expected is not None:
         parts.append("\n".join(train_lines(case, observe=False)))
-        parts += exception_lines(expected, case.world_size, names)
-    else:
-        named = "model.named_parameters()"
-        if any(c.wrapper is not Wrapper.NONE for c in comps):
-            parts.append(f"NAMES = {param_names(tree)!r}  # the plain model's parameters\n\n\n{_NAMED_WRAPPED}")
-            named = "named(model)"
-        if sharded:
-            parts.append("from torch.distributed.tensor import DTensor\n" + _FULL)
-        else:
-            parts.append(_FULL_PLAIN)
-        parts.append("\n".join(train_lines(case, observe=True, named=named)))
-        reference = "the run with the variant composition" if metamorphic else "the plain model with averaged gradients"
-        tol = tolerance_for(training.dtype.value)
-        ref_fn = "compose_variant" if metamorphic else "None"
-        parts += compare_lines(tol, training.dtype.value, reference, case.world_size, ref_fn)
-    return assemble(parts)
+        run = "for composition in (compose, compose_variant):\n        train(rank, world_size, composition)"
+        parts += [*raised, f"def main(rank, world_size):\n    {run}"]
+        return assemble([*parts, main_block(kind)])
+    named = "model.named_parameters()"
+    if any(c.wrapper is not Wrapper.NONE for c in comps):
+        parts.append(f"NAMES = {param_names(tree)!r}  # the plain model's parameters\n\n\n{_NAMED_WRAPPED}")
+        named = "named(model)"
+    reference = "the run with the variant composition" if metamorphic else "the plain model with averaged gradients"
+    parts += compare_parts(training.dtype, reference, sharded)
+    parts.append("\n".join(train_lines(case, observe=True, named=named)))
+    ref_fn = "compose_variant" if metamorphic else "None"
+    parts.append(
+        "def main(rank, world_size):  # what differs first, step by step: losses, gradients, parameters\n"
+        f"    return differs(train(rank, world_size, compose), train(rank, world_size, {ref_fn}))"
+    )
+    return assemble([*parts, main_block(kind)])
 
 
-def comments(entry: Entry) -> list[str]:
-    """What a printed script says of itself, as comments: the bug, what it does, how to run it
-    and what its exit status means. Nothing the pool observed: the script computes that."""
-    import textwrap
-
-    from fuzz import known
-    from fuzz.repro.script import upstream_of
-
-    case = entry.case
-    said = []
-    if entry.bug:
-        upstream, url = upstream_of(entry)
-        said.append(f"Known torch bug: {known.get(entry.bug).title}; upstream: {url or upstream or 'none found'}.")
-    n = case.world_size
-    if entry.kind == "exception":
-        said.append(
-            f"Runs the case's training{' under both compositions' if case.property == 'metamorphic' else ''}. "
-            f"Run: torchrun --nproc-per-node {n} THIS_FILE.py: a rank that raises the entry's exception "
-            "(EXPECTED: its type @ the innermost frame of torch's own code) prints REPRODUCED and exits 1; "
-            "one that raises another exits 2 (FAIL); where none raises, rank 0 prints PASS and every rank exits 0."
-        )
-    else:
-        said.append(
-            "Trains the model under one composition and under a variant that must not change the numerics"
-            if case.property == "metamorphic"
-            else "Trains the composed model and, as the reference, the same plain model on the same data with its "
-            "gradients all-reduced and averaged"
-        )
-        said[-1] += ", and names the first loss, gradient or parameter that differs (the tolerance policy below)."
-        said.append(
-            f"Run: torchrun --nproc-per-node {n} THIS_FILE.py: rank 0 prints REPRODUCED and every rank exits 1 "
-            "while the bug is there; rank 0 prints PASS and they exit 0 once it is gone; a rank exits 2 where "
-            "the case fails another way."
-        )
-    said.append(f"Outside torchrun --nproc-per-node {n} the script prints how to run it and exits 2.")
-    return [f"# {line}" for text in said for line in textwrap.wrap(text, 96)]
+def what(case: Case, kind: str) -> str:
+    """What a printed training script does, said in its header."""
+    if kind == "exception":
+        both = " under both compositions" if case.property == "metamorphic" else ""
+        return f"Runs the case's training{both}."
+    if case.property == "metamorphic":
+        return "Trains the model under one composition and under a variant that must not change the numerics."
+    return (
+        "Trains the composed model and, as the reference, the same plain model on the same data with its "
+        "gradients all-reduced and averaged."
+    )
 
 
 def is_printed(script: str) -> bool:
@@ -223,6 +182,6 @@ def print_entry(entry: Entry) -> str:
         return script if script.startswith("#!") else "#!/usr/bin/env python3\n" + script
     if entry.kind not in KINDS or case.property not in PRINTED:
         raise refuse(f"a {case.property} {entry.kind}")
-    expected = None if entry.kind == "mismatch" else [expected_of(s) for s in (entry.signature, *entry.aliases)]
+    expected = None if entry.kind == "mismatch" else expected_raised(entry)
     body = print_case(case, expected)
-    return "\n".join(["#!/usr/bin/env python3", *comments(entry), PRINTED_MARK]) + "\n\n" + body
+    return "\n".join(["#!/usr/bin/env python3", *header(entry, what(case, entry.kind), case.world_size)]) + "\n" + body
