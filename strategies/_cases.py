@@ -585,7 +585,7 @@ def metamorphic_variants(
         if comp.checkpoints:
             return replace(comp, checkpoints=())
         blocked = list(comp.replicates)
-        free = [p for p in tree.paths() if not any(contains(b, p) for b in blocked)]
+        free = [p for p in tree.paths() if not any(contains(b, p) or contains(p, b) for b in blocked)]
         return replace(comp, checkpoints=tuple(free[:1]))
     if change == "checkpoint_order":
         return replace(comp, checkpoint_first=not comp.checkpoint_first)

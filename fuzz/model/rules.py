@@ -96,6 +96,11 @@ def check_composition(tree: ModuleTree, comp: Composition, where: str = "composi
     for i, path in enumerate(comp.checkpoints):
         if saves_nothing(paths[path]):
             raise CaseError(f"{where}.checkpoints[{i}]", f"{path!r} saves nothing for backward: not drawn yet")
+        for held in [r for r in comp.replicates if contains(path, r)][:1]:
+            # The recomputation in backward calls the replicate'd module's forward (DDP's) again
+            # while its reducer is mid-backward: "Expected to have finished reduction in the prior
+            # iteration". DDP's docs speak of checkpointing inside the model it wraps.
+            raise CaseError(f"{where}.checkpoints[{i}]", f"{path!r} holds replicate({held!r}): not checkpointed")
     _check_replicate_options(tree, comp, where)
     _check_checkpoint_options(tree, comp, where)
     _check_ignored_params(tree, comp, where)
