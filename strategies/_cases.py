@@ -24,6 +24,8 @@ from fuzz.model import (
     ModuleTree,
     Optimizer,
     ParityBody,
+    Reinit,
+    ReinitHow,
     Skip,
     Training,
     Unfreeze,
@@ -37,6 +39,7 @@ from fuzz.model import (
     has_leaf,
     has_params,
     iter_paths,
+    owns_params,
     saves_nothing,
     scalar_problem,
 )
@@ -116,6 +119,7 @@ def trainings(
     composition: Composition | None = None,
     clipping: bool = False,
     evaluation: bool = False,
+    forwards: bool = False,
 ) -> Training:
     """Optimizer, learning rate and schedule: SGD (with momentum), Adam, AdamW; one or two
     parameter groups; gradient accumulation with every sync mode; zero_grad with and without
@@ -125,6 +129,7 @@ def trainings(
     ``clipping``: half the time ``clip_grad_norm_`` before each step (max_norm 0.1, which
     clips most steps here, or 1.0).
     ``evaluation``: one time in three an eval / inference_mode forward after each step.
+    ``forwards``: one time in four two or three forwards per microbatch before its backward.
 
     ``composition``: only schedules that composition can train (:func:`accum_syncs`; ``hsdp``
     then follows from it; no clipping where :func:`fuzz.model.clip_problem` says why), so that a
@@ -165,6 +170,7 @@ def trainings(
         foreach=draw(st.sampled_from((None, False))),
         clip_grad_norm=clip,
         eval_forward=draw(st.sampled_from((False, True, False))) if evaluation else False,
+        forwards=draw(st.sampled_from((1, 1, 1, 1, 1, 1, 2, 3))) if forwards else 1,
     )
     if composition is not None:
         return _fit_extras(training, composition)
@@ -227,6 +233,8 @@ def _fit_training(training: Training, comp: Composition) -> Training:
         sync = AccumSync.NO_GRAD_SYNC
     if comp.spmd and training.compile is not Compile.NONE:
         training = replace(training, compile=Compile.NONE)  # not drawn together yet
+    if (comp.spmd or comp.tp) and training.forwards > 1:
+        training = replace(training, forwards=1)  # not drawn together yet
     training = _fit_extras(training, comp)
     return training if sync is training.accum_sync else replace(training, accum_sync=sync)
 
@@ -243,7 +251,8 @@ def _rare_foreach_on_mixed_params(draw: st.DrawFn, training: Training, *comps: C
 @st.composite
 def training_schedules(draw: st.DrawFn, tree: ModuleTree, training: Training, *comps: Composition) -> Training:
     """``training`` with, sometimes, modules left out of forward on some microbatches (unused
-    parameters), frozen leaves unfrozen between steps, and torch.compile of the composed model;
+    parameters), frozen leaves unfrozen between steps, parameters re-initialised or replaced
+    after composing (``Training.reinit``), and torch.compile of the composed model;
     only where :func:`fuzz.model.check_training` accepts them for ``comps``."""
     paths = tree.paths()
     changes: dict[str, Any] = {}
@@ -260,6 +269,12 @@ def training_schedules(draw: st.DrawFn, tree: ModuleTree, training: Training, *c
     if frozen and training.steps > 1 and draw(st.booleans()):
         chosen = draw(st.lists(st.sampled_from(frozen), min_size=1, max_size=2, unique=True))
         changes["unfreeze"] = tuple(Unfreeze(path=p, step=draw(st.integers(1, training.steps - 1))) for p in chosen)
+    # parameters re-initialised or replaced by user code after composing; shrinks to none,
+    # then to an in-place scale
+    owners = [p for p, n in paths.items() if owns_params(n)]
+    if draw(st.sampled_from((False, False, False, True))):
+        chosen = draw(st.lists(st.sampled_from(owners), min_size=1, max_size=2, unique=True))
+        changes["reinit"] = tuple(Reinit(path=p, how=draw(st.sampled_from(ReinitHow))) for p in chosen)
     if one_in(draw, COMPILE_ODDS):
         changes["compile"] = draw(st.sampled_from([Compile.EAGER, Compile.AOT_EAGER]))
     if not changes:
@@ -278,6 +293,13 @@ def training_schedules(draw: st.DrawFn, tree: ModuleTree, training: Training, *c
                 out = replace(out, skips=())
             elif e.path.startswith("training.unfreeze") and out.unfreeze:
                 out = replace(out, unfreeze=())
+            elif e.path.startswith("training.reinit[") and out.reinit:
+                i = int(e.path.split("[")[1].split("]")[0])
+                again = out.reinit[i]
+                kept = () if again.how is ReinitHow.SCALE else (replace(again, how=ReinitHow.SCALE),)
+                out = replace(out, reinit=out.reinit[:i] + kept + out.reinit[i + 1 :])
+            elif e.path.startswith("training.forwards") and out.forwards > 1:
+                out = replace(out, forwards=1)  # compile was drawn over it: one or the other
             elif e.path.startswith("training.eval_forward") and out.eval_forward:
                 out = replace(out, eval_forward=False)  # compile was drawn over it: one or the other
             elif e.path.startswith("training.compile") and out.compile is not Compile.NONE:
@@ -469,7 +491,8 @@ def parity_cases(
             comp = replace(comp, knobs=knobs)
     comp = _maybe_spmd(draw, tree, _maybe_ignored_params(draw, tree, _maybe_api_options(draw, tree, comp)))
     training = _fit_training(
-        draw(trainings(max_steps=max_steps, hsdp=bool(comp.mesh), clipping=True, evaluation=True)), comp
+        draw(trainings(max_steps=max_steps, hsdp=bool(comp.mesh), clipping=True, evaluation=True, forwards=True)),
+        comp,
     )
     training = _rare_foreach_on_mixed_params(draw, training, comp)
     training = _rare_unused_after_partial_reduce(draw, tree, draw(training_schedules(tree, training, comp)), comp)
@@ -523,7 +546,7 @@ def mixed_precision_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 
         ),
         tree,
     )
-    training = _fit_training(draw(trainings(max_steps=2, hsdp=bool(comp.mesh))), comp)
+    training = _fit_training(draw(trainings(max_steps=2, hsdp=bool(comp.mesh), forwards=True)), comp)
     # Policies speak of float32 parameters (output_dtype=float32 meets float32 layers).
     training = replace(training, dtype=Dtype.FLOAT32)
     training = _rare_unused_after_partial_reduce(draw, tree, draw(training_schedules(tree, training, comp)), comp)
@@ -624,7 +647,8 @@ def metamorphic_cases(
         variant = draw(metamorphic_variants(tree, comp, world_size=world_size, accelerator=accelerator))
     variant = without_container_units(tree, variant)
     training = _fit_extras(
-        draw(trainings(max_steps=max_steps, accumulation=False, clipping=True, evaluation=True)), comp
+        draw(trainings(max_steps=max_steps, accumulation=False, clipping=True, evaluation=True, forwards=True)),
+        comp,
     )
     training = _fit_training(training, variant)  # no accumulation here: only an SPMD variant's compile goes
     training = _tp_layer_norm_in_float64(training, tree, comp, variant)

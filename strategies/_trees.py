@@ -22,6 +22,7 @@ from fuzz.model import (
     LeafKind,
     ModuleTree,
     Node,
+    Output,
     has_params,
     scalar_problem,
     tree_depth,
@@ -104,7 +105,13 @@ def _blocks(
     # ``scalars``, of rank 0 (a gain) on blocks that train without it: the case strategies take
     # the gain away where a fully_shard unit would manage it (fuzz.model.scalar_problem), which
     # then leaves the block's other parameters to the composition drawn for it
-    ranked = st.tuples(blocks, persistent, rare, st.tuples(rare, rare, rare if scalars else st.just(False))).map(
+    # and blocks that return a tuple or a dict around their activation (their parent, and the
+    # loss at the root, read its first element), or stash it for the loss (a loss over an
+    # intermediate); all shrink to off
+    outputs = st.sampled_from((Output.TENSOR, Output.TENSOR, Output.TENSOR, Output.TUPLE, Output.DICT))
+    ranked = st.tuples(
+        blocks, persistent, rare, st.tuples(rare, rare, rare if scalars else st.just(False)), st.tuples(outputs, rare)
+    ).map(
         lambda b: replace(
             b[0],
             persistent=b[1] or not b[0].buffer,
@@ -112,6 +119,8 @@ def _blocks(
             position=b[3][0],
             mix=b[3][1],
             gain=b[3][2] and _has_trainable_params(b[0]),
+            output=b[4][0],
+            stash=b[4][1],
         )
     )
     if not (held and inner):

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import strategies._cases as strategies_cases
-from fuzz._rank.models import Attention, Mlp, TreeBlock, build_model, sample_batch
+from fuzz._rank.models import Attention, Mlp, TreeBlock, TreeDict, TreeList, build_model, main_output, sample_batch
 from fuzz.errors import InvalidArgument, ShardfuzzError
 from fuzz.model import Block, Case, Leaf, LeafKind, Optimizer, ParityBody, Wrapper, case_from_json, case_to_json
 from fuzz.properties.parity import features
@@ -75,7 +75,7 @@ def _check_case_builds(case: Case, world_size: int) -> None:
         if isinstance(node, Leaf):
             assert isinstance(module, _LEAF_TYPES[node.kind]), (path, node, module)
         else:
-            assert isinstance(module, TreeBlock), (path, node, module)
+            assert isinstance(module, (TreeBlock, TreeList, TreeDict)), (path, node, module)  # containers too
             assert len(list(module.children())) == len(node.children)
     for spec in body.composition.shards:
         assert any(p.numel() for p in model.get_submodule(spec.path).parameters()), spec.path
@@ -85,7 +85,7 @@ def _check_case_builds(case: Case, world_size: int) -> None:
     model = model.to(dtype)
     x, target = sample_batch(tree, 2, torch.Generator().manual_seed(case.seed), dtype)
     with torch.no_grad():
-        y = model(x)
+        y = main_output(model(x))  # a root returning a tuple or a dict: its first element
     lead = (2, tree.seq) if tree.seq else (2,)
     assert y.shape == (*lead, tree.vocab if tree.head is not None else tree.width)
     assert target.shape == (lead if tree.head is not None else y.shape)

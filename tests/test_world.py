@@ -6,6 +6,7 @@ built, how they shrink, and that they train like the reference on the session's 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -29,14 +30,19 @@ from fuzz.model import (
     Misuse,
     MixedPrecision,
     ModuleTree,
+    Node,
     Optimizer,
+    Output,
     ParityBody,
+    Reinit,
+    ReinitHow,
     ShardSpec,
     Skip,
     Training,
     Wrapper,
     case_from_json,
     case_to_json,
+    is_classic,
     param_names,
 )
 from fuzz.properties import get_property
@@ -75,6 +81,18 @@ def _ranked(*, seq: int = 3, gain: bool = True) -> ModuleTree:
     block, after a linear leaf."""
     inner = Block(children=(Leaf(LeafKind.LINEAR), Leaf(LeafKind.MLP)), scale=True, gain=gain, position=True, mix=True)
     return ModuleTree(width=4, seq=seq, root=Block(children=(Leaf(LeafKind.LINEAR), inner), position=True))
+
+
+def _outputs(*, root: Output = Output.TUPLE, stash: bool = True, vocab: int = 0) -> ModuleTree:
+    """A root (returning ``root``) over a block that returns a tuple and stashes its activation
+    for the loss (with ``stash``) and a block that returns a dict; behind an embedding and
+    before a head with ``vocab``."""
+    pair = Block(children=(Leaf(LeafKind.LINEAR), Leaf(LeafKind.TANH)), output=Output.TUPLE, stash=stash)
+    named = Block(children=(Leaf(LeafKind.LAYER_NORM), Leaf(LeafKind.LINEAR)), residual=True, output=Output.DICT)
+    children: tuple[Node, ...] = (Leaf(LeafKind.LINEAR), pair, named)
+    if vocab:
+        children = (Leaf(LeafKind.EMBEDDING), pair, named, Leaf(LeafKind.HEAD, tied=True))
+    return ModuleTree(width=4, seq=2 if vocab else 0, vocab=vocab, root=Block(children=children, output=root))
 
 
 # --------------------------------------------------------------------------------------------
@@ -185,7 +203,7 @@ def test_no_api_is_applied_to_a_container() -> None:
     )
     with pytest.raises(CaseError, match="no residual"):
         Block(children=(Leaf(LeafKind.LINEAR),), container=Container.DICT, residual=True)
-    with pytest.raises(CaseError, match="root.container"):
+    with pytest.raises(CaseError, match=r"root\.container"):
         ModuleTree(width=4, root=Block(children=(Leaf(LeafKind.LINEAR),), container=Container.LIST))
 
 
@@ -259,6 +277,30 @@ def test_bare_parameters_have_their_ranks_and_the_names_torch_registers(seq: int
     for name in ("gain", "position", "mix"):  # each takes part in forward
         grad = torch.autograd.grad(out.sum(), getattr(block, name), retain_graph=True)[0]
         assert grad.abs().sum() > 0, name
+
+
+def test_outputs_are_read_by_their_first_element_and_a_stash_enters_the_loss() -> None:
+    from fuzz._rank.models import main_output, tree_blocks, tree_loss
+
+    torch.manual_seed(0)
+    model = build_model(_outputs(), torch.device("cpu"))
+    x, y = sample_batch(_outputs(), 2, torch.Generator().manual_seed(0), torch.float32)
+    out = model(x)
+    assert isinstance(out, tuple) and out[1] is x
+    pair = model.get_submodule("1")(model.get_submodule("0")(x))
+    assert isinstance(pair, tuple) and isinstance(model.get_submodule("2")(pair[0]), dict)
+    assert torch.equal(main_output(out), main_output(model.get_submodule("2")(pair[0])))
+    blocks = tree_blocks(model)
+    stashed = blocks["1"].stashed
+    assert stashed is not None and torch.equal(stashed, pair[0])
+    loss = tree_loss(out, y, torch.float32, blocks)
+    expected = loss_of(out, y, torch.float32) + 0.1 * stashed.pow(2).mean()
+    assert torch.allclose(loss, expected) and blocks["1"].stashed is None
+    assert not is_classic(_outputs(stash=False)) and not is_classic(
+        replace(_outputs(), root=Block(children=(Leaf(LeafKind.LINEAR),), stash=True))
+    )
+    with pytest.raises(CaseError, match="no forward"):
+        Block(children=(Leaf(LeafKind.LINEAR),), container=Container.LIST, output=Output.TUPLE)
 
 
 def test_a_tied_head_holds_the_embeddings_parameter() -> None:
@@ -442,7 +484,143 @@ _REPEATED = ModuleTree(
         persistent=False,
     ),
 )
+_MP_OUT = MixedPrecision(param_dtype=Dtype.BFLOAT16, reduce_dtype=Dtype.FLOAT32, output_dtype=Dtype.FLOAT32)
+_SCALE, _CONST, _NEW = ReinitHow.SCALE, ReinitHow.CONSTANT, ReinitHow.REPLACE
 _CASES = [
+    (
+        "parity",  # parameters replaced and re-initialised after fully_shard, before its lazy init
+        ParityBody(
+            tree=_ranked(gain=False),
+            composition=Composition(shards=(ShardSpec(path="1"), ShardSpec(path=""))),
+            training=Training(steps=2, reinit=(Reinit("1.1", _NEW), Reinit("1", _NEW), Reinit("0", _CONST))),
+        ),
+    ),
+    (
+        "parity",  # after meta-device construction, under shard_dim 1
+        ParityBody(
+            tree=_lm(),
+            composition=Composition(shards=(ShardSpec(path="1", shard_dim=1), ShardSpec(path="")), meta_init=True),
+            training=Training(steps=2, reinit=(Reinit("1", _NEW), Reinit("0", _SCALE))),
+        ),
+    ),
+    (
+        "parity",
+        ParityBody(
+            tree=_ranked(), composition=Composition(wrapper=Wrapper.DDP), training=Training(reinit=(Reinit("1"),))
+        ),
+    ),
+    (
+        "parity",
+        ParityBody(
+            tree=_lm(seq=0),
+            composition=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD),
+            training=Training(reinit=(Reinit("1", _CONST), Reinit("4"))),
+        ),
+    ),
+    (
+        "mixed_precision",
+        ParityBody(
+            tree=_lm(),
+            composition=Composition(
+                shards=(ShardSpec(path="1", mixed_precision=_MP), ShardSpec(path="", mixed_precision=_MP))
+            ),
+            training=Training(reinit=(Reinit("1", _NEW), Reinit("2.1", _CONST))),
+        ),
+    ),
+    (
+        "metamorphic",
+        MetamorphicBody(
+            tree=_lm(),
+            composition=Composition(shards=(ShardSpec(path="1"), ShardSpec(path=""))),
+            variant=Composition(replicates=("",)),
+            training=Training(steps=2, reinit=(Reinit("1", _CONST), Reinit("0"))),
+        ),
+    ),
+    (
+        "parity",  # units returning a tuple and a dict, one checkpointed, a stashed activation in the loss
+        ParityBody(
+            tree=_outputs(),
+            composition=Composition(
+                shards=(ShardSpec(path="1"), ShardSpec(path="2"), ShardSpec(path="")), checkpoints=("1",)
+            ),
+            training=Training(steps=2, grad_accum=2, forwards=2),
+        ),
+    ),
+    (
+        "parity",
+        ParityBody(
+            tree=_outputs(root=Output.DICT, vocab=7),
+            composition=Composition(
+                shards=(ShardSpec(path="2"), ShardSpec(path="")), replicates=(), checkpoints=("1",)
+            ),
+            training=Training(steps=2, eval_forward=True, skips=(Skip(path="1", step=1),)),
+        ),
+    ),
+    ("parity", ParityBody(tree=_outputs(), composition=Composition(wrapper=Wrapper.DDP), training=Training(steps=2))),
+    (
+        "parity",
+        ParityBody(tree=_outputs(), composition=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), training=Training()),
+    ),
+    (
+        "mixed_precision",  # output_dtype casts the tuple's and the dict's tensors
+        ParityBody(
+            tree=_outputs(),
+            composition=Composition(shards=(ShardSpec(path="", mixed_precision=_MP_OUT),), checkpoints=("1",)),
+        ),
+    ),
+    (
+        "metamorphic",
+        MetamorphicBody(
+            tree=_outputs(vocab=7),
+            composition=Composition(shards=(ShardSpec(path="1"), ShardSpec(path=""))),
+            variant=Composition(replicates=("",)),
+            training=Training(steps=2),
+        ),
+    ),
+    (
+        "parity",  # two forwards of a unit resharded after each, their losses summed, one backward
+        ParityBody(
+            tree=_lm(),
+            composition=Composition(
+                shards=(ShardSpec(path="1"), ShardSpec(path="0", group=("4",)), ShardSpec(path=""))
+            ),
+            training=Training(steps=2, grad_accum=2, accum_sync=AccumSync.NO_GRAD_SYNC, forwards=2),
+        ),
+    ),
+    (
+        "parity",
+        ParityBody(
+            tree=_REPEATED,
+            composition=Composition(shards=(ShardSpec(path="1"),), replicates=("",), checkpoints=("1.2",)),
+            training=Training(steps=2, forwards=3),
+        ),
+    ),
+    ("parity", ParityBody(tree=_ranked(), composition=Composition(wrapper=Wrapper.DDP), training=Training(forwards=2))),
+    (
+        "parity",
+        ParityBody(
+            tree=_lm(seq=0), composition=Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), training=Training(forwards=2)
+        ),
+    ),
+    (
+        "mixed_precision",
+        ParityBody(
+            tree=_lm(),
+            composition=Composition(
+                shards=(ShardSpec(path="1", mixed_precision=_MP), ShardSpec(path="", mixed_precision=_MP))
+            ),
+            training=Training(forwards=2),
+        ),
+    ),
+    (
+        "metamorphic",
+        MetamorphicBody(
+            tree=_ranked(gain=False),
+            composition=Composition(shards=(ShardSpec(path="1"), ShardSpec(path=""))),
+            variant=Composition(shards=(ShardSpec(path="1", reshard_after_forward=False), ShardSpec(path=""))),
+            training=Training(forwards=2, eval_forward=True),
+        ),
+    ),
     (
         "parity",  # ranks 1-3 under fully_shard, dim 1 where it splits; the scalar under replicate
         ParityBody(
@@ -628,6 +806,11 @@ def test_the_new_ingredients_are_checklist_items_counted_per_property() -> None:
         "model.mlp",
         "model.attention",
         "model.conv_sequence",
+        "model.multi_forward",
+        "model.outputs",
+        "model.intermediate_loss",
+        "model.reinit",
+        "model.replaced",
     }
     case = Case("parity", 2, 0, ParityBody(tree=_lm(), composition=Composition(shards=(ShardSpec(path=""),))))
     names = get_property("parity").features(case)
@@ -636,7 +819,7 @@ def test_the_new_ingredients_are_checklist_items_counted_per_property() -> None:
     assert rows["model.tied"]["per_property"] == {"invalid": 0, "parity": 2}
     assert rows["model.tied_misuse"]["per_property"] == {"invalid": 1, "parity": 0}
     assert rows["model.attention"]["per_property"]["parity"] == 4  # leaf:attention and :causal
-    assert rows["model.reinit"]["count"] == 0 and not rows["model.reinit"]["generated"]
+    assert rows["model.reinit"]["count"] == 0 and rows["model.reinit"]["generated"]
     table = format_per_property(list(rows.values()))
     assert table.splitlines()[0].split()[:3] == ["item", "invalid", "parity"]
     assert "model.tied " in table

@@ -16,11 +16,13 @@ from torch import nn
 from fuzz.model import (
     DEFAULT_FQN_MODIFIERS,
     MLP_EXPAND,
+    STASH_WEIGHT,
     Container,
     Leaf,
     LeafKind,
     ModuleTree,
     Node,
+    Output,
     attention_heads,
 )
 
@@ -28,7 +30,9 @@ from fuzz.model import (
 class TreeBlock(nn.Module):
     """Runs its children in order (twice over with ``repeat``), then ``* scale`` (its own
     parameter), ``* gain`` (rank 0), ``+ position`` (rank 2), ``+ y @ mix`` (rank 3), ``+ shift``
-    (its buffer, persistent or not) and ``+ input`` (residual), each if the block has it."""
+    (its buffer, persistent or not) and ``+ input`` (residual), each if the block has it; keeps
+    that activation in ``stashed`` for the loss (``stash``), and returns it alone or with its
+    input in a tuple or a dict (``output``)."""
 
     def __init__(
         self,
@@ -41,6 +45,8 @@ class TreeBlock(nn.Module):
         repeat: bool = False,
         ranks: tuple[bool, bool, bool] = (False, False, False),
         seq: int = 0,
+        output: Output = Output.TENSOR,
+        stash: bool = False,
     ) -> None:
         super().__init__()
         for i, child in enumerate(children):
@@ -61,8 +67,12 @@ class TreeBlock(nn.Module):
         self.repeat = repeat
         #: Names of children left out of forward (``Training.skips``); set by :func:`set_skipped`.
         self.skipped: frozenset[str] = frozenset()
+        self.output = output
+        self.stash = stash
+        #: The activation of the last forward, for the loss (:func:`stashed_loss`).
+        self.stashed: torch.Tensor | None = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> Any:
         y = x
         for _ in range(2 if self.repeat else 1):
             y = run_children(self, y)
@@ -76,7 +86,25 @@ class TreeBlock(nn.Module):
             y = y + torch.einsum("...i,kij->...j", y, self.mix)
         if self.shift is not None:
             y = y + self.shift
-        return x + y if self.residual else y
+        if self.residual:
+            y = x + y
+        if self.stash:
+            self.stashed = y
+        if self.output is Output.TUPLE:
+            return y, x
+        if self.output is Output.DICT:
+            return {"out": y, "input": x}
+        return y
+
+
+def main_output(out: Any) -> Any:
+    """What a parent and the loss read of a block's output: the activation, also from a tuple
+    or a dict (``Block.output``)."""
+    if isinstance(out, tuple):
+        return out[0]
+    if isinstance(out, dict):
+        return out["out"]
+    return out
 
 
 class TreeList(nn.ModuleList):
@@ -99,7 +127,7 @@ def run_children(holder: nn.Module, y: Any) -> Any:
     for name, child in items:
         if name in holder.skipped:  # type: ignore[operator]
             continue
-        y = run_children(child, y) if isinstance(child, (TreeList, TreeDict)) else child(y)
+        y = run_children(child, y) if isinstance(child, (TreeList, TreeDict)) else main_output(child(y))
     return y
 
 
@@ -231,7 +259,19 @@ def build_node(node: Node, width: int, vocab: int = 0, seq: int = 0) -> nn.Modul
     if node.container is Container.DICT:
         return TreeDict({str(i): c for i, c in enumerate(children)})
     ranks = (node.gain, node.position, node.mix)
-    return TreeBlock(children, node.residual, width, node.scale, node.buffer, node.persistent, node.repeat, ranks, seq)
+    return TreeBlock(
+        children,
+        node.residual,
+        width,
+        node.scale,
+        node.buffer,
+        node.persistent,
+        node.repeat,
+        ranks,
+        seq,
+        node.output,
+        node.stash,
+    )
 
 
 #: The name of the child a :class:`FusedLeaf` holds its leaf under: its state dict hides it.
@@ -315,13 +355,37 @@ def sample_batch(tree: ModuleTree, rows: int, gen: torch.Generator, dtype: torch
     return x, y
 
 
-def loss_of(out: torch.Tensor, y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The loss the tree chose through its targets (:func:`sample_batch`): token targets (a tree
-    that ends in a head) take cross-entropy over the last dimension, the vocabulary (the logits
-    in the training's ``dtype``); float targets MSE (in ``y``'s dtype)."""
+def loss_of(out: Any, y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The loss the tree chose through its targets (:func:`sample_batch`) over the model's
+    output (its first element, :func:`main_output`): token targets (a tree that ends in a head)
+    take cross-entropy over the last dimension, the vocabulary (the logits in the training's
+    ``dtype``); float targets MSE (in ``y``'s dtype)."""
+    out = main_output(out)
     if not y.is_floating_point():
         return F.cross_entropy(out.to(dtype).reshape(-1, out.shape[-1]), y.reshape(-1))
     return F.mse_loss(out.to(y.dtype), y)
+
+
+def tree_loss(out: Any, y: torch.Tensor, dtype: torch.dtype, blocks: dict[str, Any]) -> torch.Tensor:
+    """The training loss of the forward just run: :func:`loss_of` its output, plus
+    ``STASH_WEIGHT`` times the mean square (in ``dtype``) of each activation its blocks
+    (:func:`tree_blocks`) stashed (``Block.stash``: a loss over an intermediate); the stashes
+    are cleared (:func:`clear_stashed`)."""
+    loss = loss_of(out, y, dtype)
+    for path in sorted(blocks):
+        held = getattr(blocks[path], "stashed", None)
+        if held is not None:
+            loss = loss + STASH_WEIGHT * held.to(dtype).pow(2).mean()
+    clear_stashed(blocks)
+    return loss
+
+
+def clear_stashed(blocks: dict[str, Any]) -> None:
+    """Forget stashed activations: before a forward (a block left out of it stashes nothing),
+    and after a backward (a checkpointed region's recomputation stashes again)."""
+    for block in blocks.values():
+        if getattr(block, "stashed", None) is not None:
+            block.stashed = None
 
 
 def tree_blocks(model: nn.Module) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from dataclasses import replace
 from fuzz.errors import CaseError
 from fuzz.model.composition import Composition, Wrapper
 from fuzz.model.layout import Layout
-from fuzz.model.training import AccumSync, Compile, Optimizer, Skip, Training
+from fuzz.model.training import AccumSync, Compile, Optimizer, Reinit, ReinitHow, Skip, Training
 from fuzz.model.tree import (
     PARAM_LEAVES,
     Block,
@@ -383,6 +383,13 @@ def check_training(tree: ModuleTree, comps: tuple[Composition, ...], t: Training
                 # no_sync() it trains the unfrozen parameter with a wrong gradient (seen with
                 # NO_SHARD, not reduced to a torch-only reproduction yet): left out until it is.
                 raise CaseError(f"{where}.unfreeze[{i}].path", "FSDP1 no_sync() with a leaf unfrozen later")
+    for i, again in enumerate(t.reinit):
+        if again.path not in paths or not owns_params(paths[again.path]):
+            raise CaseError(f"{where}.reinit[{i}].path", f"{again.path!r} names no module with parameters of its own")
+        for comp in comps:
+            problem = reinit_problem(tree, comp, t, again)
+            if problem is not None:
+                raise CaseError(f"{where}.reinit[{i}]", problem)
     for comp in comps:
         clip = clip_problem(comp, t)
         if clip is not None:
@@ -408,6 +415,9 @@ def check_training(tree: ModuleTree, comps: tuple[Composition, ...], t: Training
                 f"{where}.skips", "prefetch, explicit unshard and reshard_after_backward are drawn without skips"
             )
         _check_replicate_training(comp, t, where)
+        if t.forwards > 1 and (comp.spmd or comp.tp or t.compile is not Compile.NONE):
+            # Not drawn yet: the SPMD program's loss takes one output, and compile is left out.
+            raise CaseError(f"{where}.forwards", "several forwards per backward: not with SPMD, TP or compile yet")
         if comp.spmd and t.compile is not Compile.NONE:
             raise CaseError(f"{where}.compile", "an SPMD composition is not drawn with torch.compile yet")
         if (comp.replicate_options.is_set or comp.checkpoint_options.is_set) and t.compile is not Compile.NONE:
@@ -437,6 +447,34 @@ def check_training(tree: ModuleTree, comps: tuple[Composition, ...], t: Training
             continue  # an activation left out: no parameter goes unused
         for comp in comps:
             _check_unused(tree, comp, t, skip, at)
+
+
+def reinit_problem(tree: ModuleTree, comp: Composition, t: Training, again: Reinit) -> str | None:
+    """Why ``comp`` does not take ``again`` (``Training.reinit``), or None. In-place
+    re-initialisations under ``torch.no_grad()`` change what each API registers (a DTensor
+    shard, an FSDP1 view, a replica) alike on every rank: every composition takes them but
+    tensor parallelism and SPMD programs (not drawn yet). A replaced parameter is taken where
+    fully_shard manages it (its lazy init picks the new sharded parameter up: "Users may change
+    or register parameters after construction time", ``FSDPParamGroup.lazy_init``) or no API
+    does; not where DDP or replicate manages it ("No parameters should be added nor removed
+    later", DistributedDataParallel's docs: its reducer keeps the old one), nor under FSDP1
+    (its FlatParameter holds the old values), nor a tied weight (a new Parameter in one module
+    unties the pair), fully_shard's ignored parameters or a leaf unfrozen later (the training
+    holds its old parameters from the start)."""
+    if comp.tp or comp.spmd:
+        return "not drawn with tensor parallelism or SPMD programs yet"
+    if again.how is not ReinitHow.REPLACE:
+        return None
+    if comp.wrapper is not Wrapper.NONE:
+        return "DDP and FSDP1 keep the parameters they were built with: none is replaced"
+    if tree.tied is not None and again.path in tree.tied:
+        return "a new Parameter in one module of a tied pair unties it"
+    if again.path in comp.shard_ignored or any(u.path == again.path for u in t.unfreeze):
+        return "fully_shard's ignored parameters and leaves unfrozen later are not replaced"
+    unit = Layout(tree, comp).unit_of(again.path)
+    if unit is not None and unit.api == "replicate":
+        return "replicate keeps the parameters it was built with: none is replaced"
+    return None
 
 
 def clip_problem(comp: Composition, t: Training) -> str | None:

@@ -1,5 +1,6 @@
-"""Training schedules: optimizer, steps, microbatches, modules skipped on some microbatches,
-leaves unfrozen between steps, compile; and the rules per API that keep a schedule one the
+"""Training schedules: optimizer, steps, microbatches, forwards per backward, modules skipped
+on some microbatches, leaves unfrozen between steps, parameters re-initialised after composing,
+compile; and the rules per API that keep a schedule one the
 APIs support. Imports only the standard library and the model.
 """
 
@@ -12,6 +13,7 @@ from fuzz.errors import CaseError
 from fuzz.model.tree import Dtype, ModuleTree, has_params
 
 MAX_STEPS = 16
+MAX_FORWARDS = 3
 
 
 class AccumSync(str, enum.Enum):
@@ -56,6 +58,35 @@ class Unfreeze:
     step: int
 
 
+class ReinitHow(str, enum.Enum):
+    """How user code re-initialises a module's own parameters after composing, under
+    ``torch.no_grad()`` (:class:`Reinit`)."""
+
+    #: ``p.mul_(REINIT_SCALE)`` in place (as GPT-2 scales its residual projections after
+    #: construction), on whatever the module registers: a DTensor shard, an FSDP1 view.
+    SCALE = "scale"
+    #: ``nn.init.constant_(p, REINIT_CONSTANT)`` in place (as an adapter zeroes its up-projection).
+    CONSTANT = "constant"
+    #: A new ``nn.Parameter`` of ``REINIT_SCALE`` times the registered one set on the module
+    #: (``setattr``), as adapters swap weights: fully_shard picks a replaced sharded parameter up
+    #: at its lazy init ("Users may change or register parameters after construction time").
+    REPLACE = "replace"
+
+
+#: The factor and the value of :class:`ReinitHow`'s re-initialisations.
+REINIT_SCALE = 0.5
+REINIT_CONSTANT = 0.05
+
+
+@dataclass(frozen=True)
+class Reinit:
+    """Before the first step, after composing, user code re-initialises the parameters the
+    module at ``path`` holds as its own (a leaf's, parts included; a block's bare ones)."""
+
+    path: str
+    how: ReinitHow = ReinitHow.SCALE
+
+
 @dataclass(frozen=True)
 class Training:
     optimizer: Optimizer = Optimizer.SGD
@@ -94,8 +125,17 @@ class Training:
     #: After each optimizer step, ``model.eval()`` and one forward of the step's first
     #: microbatch under ``torch.inference_mode()``, its loss recorded; then ``model.train()``.
     eval_forward: bool = False
+    #: Forwards per microbatch before its one backward, each over a batch of its own, their
+    #: losses summed (as DPO-style training runs a chosen and a rejected batch): every module
+    #: runs ``forwards`` times before the backward that reduces its gradients.
+    forwards: int = 1
+    #: Parameters re-initialised or replaced by user code after composing (see
+    #: :func:`fuzz.model.check_training` for what each API takes).
+    reinit: tuple[Reinit, ...] = ()
 
     def __post_init__(self) -> None:
+        if not 1 <= self.forwards <= MAX_FORWARDS:
+            raise CaseError("forwards", f"forwards={self.forwards} is outside 1..{MAX_FORWARDS}")
         if not 1 <= self.steps <= MAX_STEPS:
             raise CaseError("steps", f"steps={self.steps} is outside 1..{MAX_STEPS}")
         if not 1 <= self.batch_per_rank <= 64:
@@ -134,6 +174,9 @@ class Training:
                 )
             if any(u.path == later.path for u in self.unfreeze[:i]):
                 raise CaseError(f"unfreeze[{i}].path", f"{later.path!r} is unfrozen twice")
+        for i, again in enumerate(self.reinit):
+            if any(r.path == again.path for r in self.reinit[:i]):
+                raise CaseError(f"reinit[{i}].path", f"{again.path!r} is re-initialised twice")
 
     def skipped_at(self, step: int, microbatch: int) -> list[str]:
         """The paths left out of forward on ``microbatch`` of ``step``."""

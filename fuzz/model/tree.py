@@ -29,6 +29,8 @@ MAX_VOCAB = 32
 MAX_KERNEL = 5
 #: An MLP leaf maps W -> MLP_EXPAND * W -> W (3: an odd width stays odd, so its shards stay uneven).
 MLP_EXPAND = 3
+#: The weight of a stashed activation's mean square in the loss (``Block.stash``).
+STASH_WEIGHT = 0.1
 
 
 class LeafKind(str, enum.Enum):
@@ -62,6 +64,16 @@ class Container(str, enum.Enum):
 
     NONE = "none"
     LIST = "list"
+    DICT = "dict"
+
+
+class Output(str, enum.Enum):
+    """What a block returns: its activation (``tensor``), or that and its input as a tuple
+    ``(y, x)`` or a dict ``{"out": y, "input": x}``; its parent, and the loss for the root,
+    read the first element (the rest is returned unused, as models return auxiliary outputs)."""
+
+    TENSOR = "tensor"
+    TUPLE = "tuple"
     DICT = "dict"
 
 
@@ -154,16 +166,24 @@ class Block:
     #: nothing of its own, and fully_shard and replicate refuse it ("does not support containers
     #: that do not implement forward", torch 2.13; the ``invalid`` property's container_unit).
     container: Container = Container.NONE
+    #: Returns a tuple or a dict around its activation (:class:`Output`).
+    output: Output = Output.TENSOR
+    #: Keeps its activation (the first element of what it returns) for the loss, which adds
+    #: ``STASH_WEIGHT`` times its mean square: a loss over an intermediate, as auxiliary losses
+    #: read stashed activations.
+    stash: bool = False
 
     def __post_init__(self) -> None:
         if not self.children:
             raise CaseError("children", "a block needs at least one child")
         if not self.persistent and not self.buffer:
             raise CaseError("persistent", "persistent=False applies to a block's buffer: it has none")
-        if self.container is not Container.NONE and (self.residual or self.own_params or self.buffer or self.repeat):
+        forward_only = self.residual or self.own_params or self.buffer or self.repeat or self.stash
+        if self.container is not Container.NONE and (forward_only or self.output is not Output.TENSOR):
             raise CaseError(
                 "container",
-                f"a {self.container.value} container has no forward: no residual, parameters, buffer or repeat",
+                f"a {self.container.value} container has no forward: no residual, parameters, buffer, repeat,"
+                " output or stash",
             )
 
     @property
@@ -267,7 +287,12 @@ def is_classic(tree: ModuleTree) -> bool:
     if tree.seq or tree.vocab:
         return False
     return all(
-        (n.persistent and not n.repeat and not (n.gain or n.position or n.mix) and n.container is Container.NONE)
+        (
+            n.persistent
+            and not (n.repeat or n.gain or n.position or n.mix or n.stash)
+            and n.container is Container.NONE
+            and n.output is Output.TENSOR
+        )
         if isinstance(n, Block)
         else (n.kind not in PARAM_LEAVES or n.kind in CLASSIC_PARAM_LEAVES) and n.kernel == 1
         for _, n in iter_paths(tree.root)
@@ -277,6 +302,11 @@ def is_classic(tree: ModuleTree) -> bool:
 def containers(tree: ModuleTree) -> list[str]:
     """Paths of the blocks built as nn.ModuleList / nn.ModuleDict (never called themselves)."""
     return [p for p, n in iter_paths(tree.root) if isinstance(n, Block) and n.container is not Container.NONE]
+
+
+def stashes(tree: ModuleTree) -> list[str]:
+    """Paths of the blocks whose activation the loss reads too (``Block.stash``)."""
+    return [p for p, n in iter_paths(tree.root) if isinstance(n, Block) and n.stash]
 
 
 def has_repeat(tree: ModuleTree) -> bool:
@@ -379,7 +409,8 @@ def is_ancestor(ancestor: str, path: str) -> bool:
 def tree_features(tree: ModuleTree, world_size: int) -> list[str]:
     """What the tree is made of: its leaves (``leaf:<kind>``, with ``:no-bias``, conv1d's
     ``:kernel>1``, attention's ``:causal``, an embedding's ``:padding_idx``, a head's ``:tied``),
-    its blocks' own parameters and buffers, its shards' evenness, and the model's shape
+    its blocks' own parameters and buffers, tuple and dict outputs (``output:tuple``), stashed
+    activations in the loss (``loss:intermediate``), its shards' evenness, and the model's shape
     (``model:sequence``, ``model:tokens``, ``loss:cross_entropy``)."""
     out = ["shards:uneven" if tree.width % world_size else "shards:even"]
     if tree.width < world_size:
@@ -414,4 +445,8 @@ def tree_features(tree: ModuleTree, world_size: int) -> list[str]:
                 out.append("model:shared:called-twice")
             if node.container is not Container.NONE:
                 out.append(f"block:{node.container.value}")
+            if node.output is not Output.TENSOR:
+                out.append(f"output:{node.output.value}")
+            if node.stash:
+                out.append("loss:intermediate")
     return out

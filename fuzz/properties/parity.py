@@ -414,6 +414,9 @@ def training_features(t: Training) -> list[str]:
         out.append("training:clip_grad_norm")
     if t.eval_forward:
         out.append("training:eval:inference_mode")
+    if t.forwards > 1:
+        out.append(f"training:forwards:{t.forwards}")
+    out += sorted({f"training:reinit:{r.how.value}" for r in t.reinit})
     return out
 
 
