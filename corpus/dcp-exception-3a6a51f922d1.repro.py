@@ -1,98 +1,111 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=24cba4b5d3ca2075 sources=4cc18416ea30ea14 seconds=891.9
-# Reproduces shardfuzz corpus entry dcp-exception-3a6a51f922d1.json: exception:dcp:builtins.ValueError@torch/distributed/fsdp/_optim_utils.py:_flatten_optim_state_dict
+# shardfuzz reduced reproducer: entry=24cba4b5d3ca2075 sources=19706e21e034fc8a seconds=54.0
+# Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: the classic FSDP1 DCP recipe with an optimizer without state:
 # optim_state_dict_to_load refuses the dict without 'state'; upstream: none found.
-# Observed: rank 0 raised builtins.ValueError: `optim_state_dict` must have the keys "state"to be
-# a valid optimizer state dict
-# Run: torchrun --nproc-per-node 2 THIS_FILE.py: while the failure is there a rank raises
-# builtins.ValueError in torch/distributed/fsdp/_optim_utils.py:_flatten_optim_state_dict, prints
-# its traceback and REPRODUCED and exits 1; once it is gone rank 0 prints PASS and every rank
-# exits 0 (expected: no rank raises); a rank exits 2 where the script cannot run (not under
-# torchrun, another world size) or the case fails another way (it prints FAIL). torchrun's own
-# status is 1 whenever a rank's is not 0.
-
-from __future__ import annotations
-import torch
-import enum
+# Trains a model, saves its state with dcp.save into a fresh directory, loads it with dcp.load
+# into a freshly built one and trains both on.
+# Run: torchrun --nproc-per-node 2 THIS_FILE.py. Exit 1 (REPRODUCED): a rank raised the exception
+# in RAISED (its type, in that function of torch); 0 (PASS): every rank ran through; 2: it failed
+# another way.
 import os
+import re
+import tempfile
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.nn.functional as F
+import traceback
 from torch import nn
+from torch.distributed.checkpoint.optimizer import load_sharded_optimizer_state_dict
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
+from torch.distributed.fsdp import StateDictType
 
-class DcpItem(str, enum.Enum):
-    OPTIMIZER = 'optimizer'
 
-class TreeBlock(nn.Module):
-
-    def __init__(self, children, scale):
+class Block(nn.Module):
+    def __init__(self, children, width, scale=False, buffer=False):
         super().__init__()
         for i, child in enumerate(children):
             self.add_module(str(i), child)
-        self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(4)) if scale else None
+        self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(width)) if scale else None
+        self.register_buffer('shift', 0.1 * torch.randn(width) if buffer else None)
 
-def attempt(rank, world_size):
-    path = os.path.join('/tmp/shardfuzz-dcp-5990', '9d803fd3a9b4-0')
-    build_model_out = TreeBlock([TreeBlock([], True)], False)
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP__
-    wrap_out = FSDP__(build_model_out, device_id=torch.device('cpu'))
-    params = list(wrap_out.parameters())
-    src_opt = torch.optim.SGD(params)
-    out = {}
-    osd_ = FSDP__.optim_state_dict(wrap_out, src_opt)
-    out[DcpItem.OPTIMIZER] = osd_
-    order = range(1)
-    state = {(DcpItem.OPTIMIZER,)[i].value: out[DcpItem.OPTIMIZER] for i in order if (DcpItem.OPTIMIZER,)[i] in out}
-    import torch.distributed.checkpoint as dcp
-    dcp.save(state, checkpoint_id=path)
-    build_model_out_ = TreeBlock([TreeBlock([], True)], False)
-    wrap_out_ = FSDP__(build_model_out_, device_id=torch.device('cpu'))
-    params_ = list(wrap_out_.parameters())
-    tgt_opt = torch.optim.SGD(params_)
-    from torch.distributed.checkpoint.optimizer import load_sharded_optimizer_state_dict
-    loaded = load_sharded_optimizer_state_dict(model_state_dict=wrap_out_.state_dict(), optimizer_key='optimizer', storage_reader=dcp.FileSystemReader(path))
-    osd = loaded['optimizer']
-    tgt_opt.load_state_dict(FSDP__.optim_state_dict_to_load(wrap_out_, tgt_opt, osd))
+    def forward(self, x):
+        y = x
+        for child in self.children():
+            y = child(y)
+        y = y if self.scale is None else y * self.scale
+        y = y if self.shift is None else y + self.shift
+        return y
 
-def torch_frame(path: str, function: str) -> str | None:
-    at = path.rfind('/torch/')
-    inner = path[at + 1:]
-    if at < 0 or '/fuzz/' in path or '-packages/' in inner or (function in ('<listcomp>', '<dictcomp>', '<setcomp>')):
-        return None
-    return f'{inner}:{function}'
+
+def build():
+    return Block([
+        nn.Linear(4, 4),
+        Block([nn.Linear(4, 4), nn.Tanh(), nn.LayerNorm(4)], 4, scale=True),
+        nn.Linear(4, 4, bias=False),
+    ], 4, buffer=True)
+
+
+def compose_source(model):
+    return FSDP(model, sharding_strategy=ShardingStrategy.FULL_SHARD, use_orig_params=True,
+                device_id=torch.device("cpu"))
+
+
+def compose_target(model):
+    return FSDP(model, sharding_strategy=ShardingStrategy.FULL_SHARD, use_orig_params=True,
+                device_id=torch.device("cpu"))
+
+
+def train(model, opt, batches):
+    for x, y in batches:
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+
+
+RAISED = {'ValueError@torch/distributed/fsdp/_optim_utils.py:_flatten_optim_state_dict'}
+
+
+def main(rank, world_size):
+    gen = torch.Generator().manual_seed(33)  # the global batches, the same on every rank
+    batches = (torch.randn(world_size * 2, 4, generator=gen)[rank * 2 :][:2] for _ in range(2 * 2))
+    data = [(x, next(batches)) for x in batches]  # (input, target) of each step
+    path = [tempfile.mkdtemp(prefix="dcp-") if rank == 0 else None]
+    dist.broadcast_object_list(path)  # one fresh directory for every rank
+    torch.manual_seed(33)
+    model = compose_source(build())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    train(model, opt, data[0:1])
+    FSDP.set_state_dict_type(model, StateDictType.SHARDED_STATE_DICT)
+    state = {"model": model.state_dict(), "optimizer": FSDP.optim_state_dict(model, opt)}
+    dcp.save(state, checkpoint_id=path[0])
+    torch.manual_seed(33 + 0x5EED)  # other weights: a load that does nothing shows
+    target = compose_target(build())
+    target_opt = torch.optim.SGD(target.parameters(), lr=0.1)
+    FSDP.set_state_dict_type(target, StateDictType.SHARDED_STATE_DICT)
+    state = {"model": target.state_dict()}
+    dcp.load(state, checkpoint_id=path[0])  # in place
+    target.load_state_dict(state["model"])
+    loaded = load_sharded_optimizer_state_dict(
+        target.state_dict(), "optimizer", storage_reader=dcp.FileSystemReader(path[0])
+    )
+    target_opt.load_state_dict(FSDP.optim_state_dict_to_load(target, target_opt, loaded["optimizer"]))
+    train(model, opt, data[1:2])
+    train(target, target_opt, data[1:2])
 
 
 if __name__ == "__main__":
-    import os
-    os.environ['CUDA_VISIBLE_DEVICES'] = ''
-    import sys
-    import time
-    if os.environ.get("WORLD_SIZE") != "2":
-        print("run it with: torchrun --nproc-per-node 2 " + sys.argv[0], file=sys.stderr)
-        sys.exit(2)
-    import torch.distributed as dist
-    dist.init_process_group("gloo")
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    import re
-    import traceback
     try:
-        attempt(rank, world_size)
-    except BaseException as e:  # torch's CheckpointException is a BaseException
+        dist.init_process_group("gloo")
+        main(dist.get_rank(), dist.get_world_size())
+        dist.barrier()
+    except BaseException as e:  # DCP's CheckpointException is one; its text has the ranks' tracebacks
         text = traceback.format_exc()
-        sys.stderr.write("".join(f"[rank{rank}]: {line}\n" for line in text.splitlines()))
-        frames = [f for f in (torch_frame(p, f) for p, f in re.findall(r'File "([^"]+)", line \d+,? in (\S+)', text)) if f]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@{(frames or ['torch/?:?'])[-1]}"
-        if found in ['builtins.ValueError@torch/distributed/fsdp/_optim_utils.py:_flatten_optim_state_dict']:
-            print(f"REPRODUCED exception:dcp:builtins.ValueError@torch/distributed/fsdp/_optim_utils.py:_flatten_optim_state_dict: rank {rank} raised {found}", flush=True)
-            os._exit(1)
-        print(f"FAIL (not the entry's failure): rank {rank} raised {found}", flush=True)
-        os._exit(2)
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
-    store.add("repro-passed", 1)
-    until = time.monotonic() + 60
-    while store.add("repro-passed", 0) < world_size:
-        if time.monotonic() > until:
-            print(f"FAIL (not the entry's failure): rank {rank} finished, another rank did not", flush=True)
-            os._exit(2)
-        time.sleep(0.05)
-    if rank == 0:
-        print('PASS: no rank raised', flush=True)
-    os._exit(0)  # a rank must not wait for the others at exit
+        frames = re.findall(r'File "[^"]*/(torch/[^"-]+)", line \d+, in (?!<\w+comp>)(\S+)', text)  # torch's own
+        raised = f"{type(e).__name__}@{':'.join(frames[-1]) if frames else '?'}"
+        said = "REPRODUCED" if raised in RAISED else "FAIL (another failure)"
+        print(f"{text}{said}: rank {os.environ.get('RANK')} raised {raised}", flush=True)
+        os._exit(1 if raised in RAISED else 2)
+    print("PASS: no rank raised", flush=True)
+    os._exit(0)

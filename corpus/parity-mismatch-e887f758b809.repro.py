@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=f0abe9d427fc1f83 sources=ec6b690fb3f55ec9 seconds=38.1
+# shardfuzz reduced reproducer: entry=f0abe9d427fc1f83 sources=d5a68bd81b5ecf55 seconds=40.7
 # Printed from the case by shardfuzz (python -m fuzz repro).
-# Known torch bug: a frozen fully_shard unit with an int reshard_after_forward under a replicate'd
-# root stays in its post-forward state; upstream: none found.
+# Known torch bug: a fully_shard unit with an int reshard_after_forward left in its post-forward
+# state (a frozen unit under a replicate'd root after backward, or any such unit after an
+# inference forward): under uneven sharding the post-forward DTensor's full_tensor() is wrong;
+# upstream: none found.
 # Trains the composed model and, as the reference, the same plain model on the same data with its
 # gradients all-reduced and averaged.
 # Run: torchrun --nproc-per-node 4 THIS_FILE.py. Exit 1 (REPRODUCED): a value differs from the

@@ -1,89 +1,94 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=a7670fbac300d246 sources=2836a7ca10136e42 seconds=209.5
-# Reproduces shardfuzz corpus entry state_dict-exception-6b7f874c0c8d.json: exception:state_dict:builtins.ValueError@torch/distributed/distributed_c10d.py:get_group_rank
+# shardfuzz reduced reproducer: entry=a7670fbac300d246 sources=fe28ecec5414cc8c seconds=35.6
+# Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: set_optimizer_state_dict(full, cpu_offload) into FSDP1 HYBRID_SHARD with a
 # shard dimension of 1 broadcasts from global rank 0 in a one-rank group; upstream:
 # https://github.com/pytorch/pytorch/issues/155680.
-# Observed: rank 1 raised builtins.ValueError: Global rank 0 is not part of group
-# <torch.distributed.distributed_c10d.ProcessGroup object at 0x7f56a40e0bf0>
-# Run: torchrun --nproc-per-node 2 THIS_FILE.py: while the failure is there a rank prints
-# REPRODUCED and exits 1; once it is gone rank 0 prints PASS and every rank exits 0 (expected: no
-# rank raises); a rank exits 2 where the script cannot run (not under torchrun, another world
-# size) or the case fails another way (it prints FAIL). torchrun's own status is 1 whenever a
-# rank's is not 0.
-
-from __future__ import annotations
+# Trains a model, moves its state into a freshly built one in memory through
+# get/set_model_state_dict and get/set_optimizer_state_dict, and trains both on.
+# Run: torchrun --nproc-per-node 2 THIS_FILE.py. Exit 1 (REPRODUCED): a rank raised the exception
+# in RAISED (its type, in that function of torch); 0 (PASS): every rank ran through; 2: it failed
+# another way.
+import copy
+import os
+import re
 import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+import traceback
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
+from torch.distributed.fsdp import fully_shard
 
-class PointwiseConv1d(nn.Conv1d):
-    pass
 
-def attempt(rank, world_size):
-    ctx_device = torch.device('cpu')
-    ctx__meshes = {}
-    import re
-    import traceback
-    try:
-        module = PointwiseConv1d(1, 1, kernel_size=1)
-        model = module.to(torch.float32)
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
-        strategy = ShardingStrategy.HYBRID_SHARD
-        kwargs = {'sharding_strategy': strategy, 'device_id': torch.device('cpu')}
-        shape = (2, 1)
-        from torch.distributed.device_mesh import init_device_mesh
-        key = ()
-        ctx__meshes[key] = init_device_mesh(ctx_device.type, shape)
-        kwargs['device_mesh'] = ctx__meshes[key]
-        wrap_out = FSDP(model, **kwargs)
-        params = list(wrap_out.parameters())
-        src_opt = torch.optim.SGD(params)
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-        msd_ = get_model_state_dict(wrap_out)
-        msd, osd = (msd_, get_optimizer_state_dict(wrap_out, src_opt))
-    except BaseException as e:
-        frames = [f for f in (torch_frame(p, f) for p, f in re.findall('File "([^"]+)", line \\d+,? in (\\S+)', traceback.format_exc())) if f]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@{(frames or ['torch/?:?'])[-1]}"
-        if found in ['builtins.ValueError@torch/distributed/distributed_c10d.py:get_group_rank']:
-            return f'REPRODUCED exception:state_dict:builtins.ValueError@torch/distributed/distributed_c10d.py:get_group_rank: rank {rank} raised {found}: {e}'
-        return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"
-    return 'PASS: no rank raised'
+class Conv(nn.Conv1d):
+    """A one-tap Conv1d over a (batch, width) activation, as a length-1 sequence."""
 
-def torch_frame(path: str, function: str) -> str | None:
-    at = path.rfind('/torch/')
-    inner = path[at + 1:]
-    if at < 0 or '/fuzz/' in path or '-packages/' in inner or (function in ('<listcomp>', '<dictcomp>', '<setcomp>')):
-        return None
-    return f'{inner}:{function}'
+    def forward(self, x):
+        return super().forward(x.unsqueeze(-1)).squeeze(-1)
 
-def main():
-    import os
-    os.environ['CUDA_VISIBLE_DEVICES'] = ''
-    import sys
-    import time
-    if os.environ.get("WORLD_SIZE") != "2":
-        print("run it with: torchrun --nproc-per-node 2 " + sys.argv[0], file=sys.stderr)
-        sys.exit(2)
-    import torch.distributed as dist
-    dist.init_process_group("gloo")
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    verdict = attempt(rank, world_size)
-    if verdict and verdict not in ['PASS or another failure: None', 'PASS: every loss, gradient and parameter agrees', 'PASS: every rank finished', 'PASS: no rank died', 'PASS: no rank raised']:
-        sys.stdout.write(verdict + "\n")  # one write: the ranks share torchrun's output
-        sys.stdout.flush()
-        os._exit(1 if verdict.startswith("REPRODUCED") else 2)
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
-    store.add("repro-passed", 1)
-    until = time.monotonic() + 60
-    while store.add("repro-passed", 0) < world_size:
-        if time.monotonic() > until:
-            print(f"FAIL (not the entry's failure): rank {rank} finished, another rank did not", flush=True)
-            os._exit(2)
-        time.sleep(0.05)
-    if rank == 0:
-        print(verdict or 'PASS: no rank raised', flush=True)
-    os._exit(0)  # a rank must not wait for the others at exit
+
+def build():
+    return nn.Sequential(Conv(1, 1, 1, bias=False))
+
+
+def compose_source(model):
+    fully_shard(model, reshard_after_forward=False)
+    return model
+
+
+def compose_target(model):
+    mesh = init_device_mesh("cpu", (2, 1), mesh_dim_names=("replicate", "shard"))
+    return FSDP(model, sharding_strategy=ShardingStrategy.HYBRID_SHARD, use_orig_params=True,
+                device_mesh=mesh, device_id=torch.device("cpu"))
+
+
+def train(model, opt, batches):
+    for x, y in batches:
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+
+
+RAISED = {'ValueError@torch/distributed/distributed_c10d.py:get_group_rank'}
+
+
+def main(rank, world_size):
+    gen = torch.Generator().manual_seed(0)  # the global batches, the same on every rank
+    batches = (torch.randn(world_size, 1, generator=gen)[rank :][:1] for _ in range(2 * 2))
+    data = [(x, next(batches)) for x in batches]  # (input, target) of each step
+    torch.manual_seed(0)
+    model = compose_source(build())
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    train(model, opt, data[0:1])
+    save = StateDictOptions(full_state_dict=True)
+    model_sd = get_model_state_dict(model, options=save)
+    optim_sd = get_optimizer_state_dict(model, opt, options=save)
+    model_sd, optim_sd = copy.deepcopy((model_sd, optim_sd))  # as a checkpoint read back would be
+    torch.manual_seed(0 + 0x5EED)  # other weights: a load that does nothing shows
+    target = compose_target(build())
+    target_opt = torch.optim.SGD(target.parameters(), lr=0.01)
+    load = StateDictOptions(full_state_dict=True, cpu_offload=True, strict=False)
+    set_model_state_dict(target, model_sd, options=load)
+    set_optimizer_state_dict(target, target_opt, optim_sd, options=load)
+    train(model, opt, data[1:2])
+    train(target, target_opt, data[1:2])
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        dist.init_process_group("gloo")
+        main(dist.get_rank(), dist.get_world_size())
+        dist.barrier()
+    except BaseException as e:  # DCP's CheckpointException is one; its text has the ranks' tracebacks
+        text = traceback.format_exc()
+        frames = re.findall(r'File "[^"]*/(torch/[^"-]+)", line \d+, in (?!<\w+comp>)(\S+)', text)  # torch's own
+        raised = f"{type(e).__name__}@{':'.join(frames[-1]) if frames else '?'}"
+        said = "REPRODUCED" if raised in RAISED else "FAIL (another failure)"
+        print(f"{text}{said}: rank {os.environ.get('RANK')} raised {raised}", flush=True)
+        os._exit(1 if raised in RAISED else 2)
+    print("PASS: no rank raised", flush=True)
+    os._exit(0)

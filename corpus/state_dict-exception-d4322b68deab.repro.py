@@ -1,92 +1,138 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=c572371c336f35cd sources=5c3a8b0f263890d1 seconds=703.0
-# Reproduces shardfuzz corpus entry state_dict-exception-d4322b68deab.json: exception:state_dict:builtins.AttributeError@torch/nn/modules/module.py:__getattr__
+# shardfuzz reduced reproducer: entry=c572371c336f35cd sources=fe28ecec5414cc8c seconds=32.9
+# Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: get_model_state_dict / get_state_dict ignore
 # StateDictOptions(dsd_fqn_modifiers=...): they map the model's state-dict keys to FQNs through a
 # method of the default name (_fqn_modifiers), so for a module whose state-dict hooks hide a child
 # and whose method has the name the option gives, _get_fqns raises AttributeError ('<module>
 # object has no attribute <key atom>'). Only set_model_state_dict reads the option. Any model,
 # sharded or not; upstream: none found.
-# Observed: rank 0 raised builtins.AttributeError: 'FusedLeaf' object has no attribute 'weight'
-# Run: torchrun --nproc-per-node 2 THIS_FILE.py: while the failure is there a rank raises
-# builtins.AttributeError in torch/nn/modules/module.py:__getattr__, prints its traceback and
-# REPRODUCED and exits 1; once it is gone rank 0 prints PASS and every rank exits 0 (expected: no
-# rank raises); a rank exits 2 where the script cannot run (not under torchrun, another world
-# size) or the case fails another way (it prints FAIL). torchrun's own status is 1 whenever a
-# rank's is not 0.
-
-from __future__ import annotations
+# Trains a model, moves its state into a freshly built one in memory through
+# get/set_model_state_dict and get/set_optimizer_state_dict, and trains both on.
+# Run: torchrun --nproc-per-node 2 THIS_FILE.py. Exit 1 (REPRODUCED): a rank raised the exception
+# in RAISED (its type, in that function of torch); 0 (PASS): every rank ran through; 2: it failed
+# another way.
+import copy
+import os
+import re
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+import traceback
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+from torch.distributed.fsdp import fully_shard
+from torch.nn.parallel import DistributedDataParallel as DDP
 
-class PointwiseConv1d(nn.Conv1d):
-    pass
-FUSED_CHILD = 'fused'
 
-class FusedLeaf(nn.Module):
+class Block(nn.Module):
+    def __init__(self, children, width, scale=False):
+        super().__init__()
+        for i, child in enumerate(children):
+            self.add_module(str(i), child)
+        self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(width)) if scale else None
+
+    def forward(self, x):
+        y = x
+        for child in self.children():
+            y = child(y)
+        y = y if self.scale is None else y * self.scale
+        return y
+
+
+class Conv(nn.Conv1d):
+    """A one-tap Conv1d over a (batch, width) activation, as a length-1 sequence."""
+
+    def forward(self, x):
+        return super().forward(x.unsqueeze(-1)).squeeze(-1)
+
+
+class Fused(nn.Module):
+    """A leaf held under a child, "fused", that its state dict hides (as fused modules keep the keys
+    of the module they replaced); hidden_children tells the distributed state-dict API so."""
 
     def __init__(self, leaf):
         super().__init__()
-        self.add_module(FUSED_CHILD, leaf)
-        self._atoms = [n for n, _ in leaf.named_parameters()]
-        object.__setattr__(self, 'hidden_children', self.key_modifiers)
-        self.register_state_dict_post_hook(FusedLeaf._hide)
+        self.fused = leaf
+        self.register_state_dict_post_hook(lambda m, sd, prefix, _: m.rename(sd, prefix + "fused.", prefix))
+        self.register_load_state_dict_pre_hook(lambda m, sd, prefix, *_: m.rename(sd, prefix, prefix + "fused."))
 
-    def key_modifiers(self):
-        return {atom: FUSED_CHILD for atom in self._atoms}
+    def hidden_children(self):
+        return {name: "fused" for name, _ in self.fused.named_parameters()}
 
-    @staticmethod
-    def _hide(module, state_dict, prefix, local_metadata):
-        atom = next(iter(module.key_modifiers()))
-        state_dict[f'{prefix}{atom}'] = state_dict
+    def forward(self, x):
+        return self.fused(x)
 
-def attempt(rank, world_size):
-    build_model_out = nn.Sequential(PointwiseConv1d(1, 1, kernel_size=1))
-    build_model_out.add_module('0', FusedLeaf(build_model_out.get_submodule('0')))
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, StateDictOptions
-    options = StateDictOptions(dsd_fqn_modifiers='hidden_children')
-    msd_ = get_model_state_dict(build_model_out, options=options)
+    def rename(self, state_dict, old, new):
+        for name in self.hidden_children():
+            if old + name in state_dict:
+                state_dict[new + name] = state_dict.pop(old + name)
 
-def torch_frame(path: str, function: str) -> str | None:
-    at = path.rfind('/torch/')
-    inner = path[at + 1:]
-    if at < 0 or '/fuzz/' in path or '-packages/' in inner or (function in ('<listcomp>', '<dictcomp>', '<setcomp>')):
-        return None
-    return f'{inner}:{function}'
+
+def fuse(model):
+    for path in ('0',):  # the leaves built as fused modules
+        owner, _, name = path.rpartition(".")
+        model.get_submodule(owner).add_module(name, Fused(model.get_submodule(path)))
+    return model
+
+
+def build():
+    return Block([Conv(1, 1, 1, bias=False).requires_grad_(False)], 1, scale=True)
+
+
+def compose_source(model):
+    fully_shard(model, reshard_after_forward=False)
+    return model
+
+
+def compose_target(model):
+    return DDP(model)
+
+
+def train(model, opt, batches):
+    for x, y in batches:
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+
+
+RAISED = {'AttributeError@torch/nn/modules/module.py:__getattr__'}
+
+
+def main(rank, world_size):
+    gen = torch.Generator().manual_seed(0)  # the global batches, the same on every rank
+    batches = (torch.randn(world_size, 1, generator=gen)[rank :][:1] for _ in range(2 * 2))
+    data = [(x, next(batches)) for x in batches]  # (input, target) of each step
+    torch.manual_seed(0)
+    model = compose_source(fuse(build()))
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.01, momentum=0.9)
+    train(model, opt, data[0:1])
+    save = StateDictOptions(full_state_dict=True, dsd_fqn_modifiers='hidden_children')
+    model_sd = get_model_state_dict(model, options=save)
+    optim_sd = get_optimizer_state_dict(model, opt, options=save)
+    model_sd, optim_sd = copy.deepcopy((model_sd, optim_sd))  # as a checkpoint read back would be
+    torch.manual_seed(0 + 0x5EED)  # other weights: a load that does nothing shows
+    target = compose_target(fuse(build()))
+    target_opt = torch.optim.SGD([p for p in target.parameters() if p.requires_grad], lr=0.01, momentum=0.9)
+    load = StateDictOptions(full_state_dict=True, dsd_fqn_modifiers='hidden_children')
+    set_model_state_dict(target, model_sd, options=load)
+    set_optimizer_state_dict(target, target_opt, optim_sd, options=load)
+    train(model, opt, data[1:2])
+    train(target, target_opt, data[1:2])
 
 
 if __name__ == "__main__":
-    import os
-    os.environ['CUDA_VISIBLE_DEVICES'] = ''
-    import sys
-    import time
-    if os.environ.get("WORLD_SIZE") != "2":
-        print("run it with: torchrun --nproc-per-node 2 " + sys.argv[0], file=sys.stderr)
-        sys.exit(2)
-    import torch.distributed as dist
-    dist.init_process_group("gloo")
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    import re
-    import traceback
     try:
-        attempt(rank, world_size)
-    except BaseException as e:  # torch's CheckpointException is a BaseException
+        dist.init_process_group("gloo")
+        main(dist.get_rank(), dist.get_world_size())
+        dist.barrier()
+    except BaseException as e:  # DCP's CheckpointException is one; its text has the ranks' tracebacks
         text = traceback.format_exc()
-        sys.stderr.write("".join(f"[rank{rank}]: {line}\n" for line in text.splitlines()))
-        frames = [f for f in (torch_frame(p, f) for p, f in re.findall(r'File "([^"]+)", line \d+,? in (\S+)', text)) if f]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@{(frames or ['torch/?:?'])[-1]}"
-        if found in ['builtins.AttributeError@torch/nn/modules/module.py:__getattr__']:
-            print(f"REPRODUCED exception:state_dict:builtins.AttributeError@torch/nn/modules/module.py:__getattr__: rank {rank} raised {found}", flush=True)
-            os._exit(1)
-        print(f"FAIL (not the entry's failure): rank {rank} raised {found}", flush=True)
-        os._exit(2)
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
-    store.add("repro-passed", 1)
-    until = time.monotonic() + 60
-    while store.add("repro-passed", 0) < world_size:
-        if time.monotonic() > until:
-            print(f"FAIL (not the entry's failure): rank {rank} finished, another rank did not", flush=True)
-            os._exit(2)
-        time.sleep(0.05)
-    if rank == 0:
-        print('PASS: no rank raised', flush=True)
-    os._exit(0)  # a rank must not wait for the others at exit
+        frames = re.findall(r'File "[^"]*/(torch/[^"-]+)", line \d+, in (?!<\w+comp>)(\S+)', text)  # torch's own
+        raised = f"{type(e).__name__}@{':'.join(frames[-1]) if frames else '?'}"
+        said = "REPRODUCED" if raised in RAISED else "FAIL (another failure)"
+        print(f"{text}{said}: rank {os.environ.get('RANK')} raised {raised}", flush=True)
+        os._exit(1 if raised in RAISED else 2)
+    print("PASS: no rank raised", flush=True)
+    os._exit(0)

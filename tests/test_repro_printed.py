@@ -76,6 +76,8 @@ _COMPOSITIONS = [
     Composition(shards=(ShardSpec(path=""),), mesh=(2, 1)),
     Composition(replicates=("",), shards=(ShardSpec(path="0"),)),
     Composition(wrapper=Wrapper.FSDP1_NO_SHARD, auto_wrap=True),
+    Composition(wrapper=Wrapper.FSDP1_FULL_SHARD, auto_wrap=True),
+    Composition(wrapper=Wrapper.FSDP1_HYBRID_SHARD, mesh=(1, 2)),
 ]
 
 
@@ -83,7 +85,8 @@ _COMPOSITIONS = [
 def printable_parity_cases(draw: st.DrawFn) -> Case:
     """Parity cases of what fuzz.repro.printed writes: Linear, LayerNorm, one-tap Conv and
     activation leaves in blocks with a scale, a buffer or a residual, fully_shard (nested, HSDP)
-    or replicate over fully_shard, or FSDP1's NO_SHARD; SGD or Adam, foreach or not (foreach
+    or replicate over fully_shard, or FSDP1 (NO_SHARD, FULL_SHARD, HYBRID_SHARD, whose parameters
+    are read whole); SGD or Adam, foreach or not (foreach
     over replicate and fully_shard raises on torch 2.13), microbatches with a gradient-sync
     switch."""
     kinds = draw(st.lists(_LEAVES, min_size=0, max_size=2))
@@ -119,7 +122,7 @@ _FSDP1 = Case(
     1,
     ParityBody(
         tree=ModuleTree(width=3, root=Block(children=(Block(children=(Leaf(LeafKind.LINEAR),)), Leaf(LeafKind.TANH)))),
-        composition=_COMPOSITIONS[-1],
+        composition=_COMPOSITIONS[-2],
         training=Training(steps=2),
     ),
 )
@@ -172,7 +175,7 @@ def test_what_cannot_be_printed_yet_is_refused_by_name() -> None:
         print_case(case)
     refused = {
         "parity-mismatch-28f92215865a": r"composition\.replicate_options\.static_graph=True",
-        "metamorphic-mismatch-c39d139117c4": r"variant\.wrapper=fsdp1_hybrid_shard",
+        "parity-mismatch-565dd6c849aa": r"block 1\.repeat=True",
         "parity-exception-49c62d6cb7ad": r"composition\.tp=",
     }
     for name, what in refused.items():

@@ -61,19 +61,19 @@ COMPOSITION_FIELDS = {
 }
 #: ShardSpec fields a printed ``fully_shard`` call writes.
 SHARD_FIELDS = {"path", "reshard_after_forward", "shard_dim", "mixed_precision"}
-#: FSDP1 wrappers whose parameters and gradients stay whole on every rank, so that a script reads
-#: them by their plain names: NO_SHARD. (HYBRID_SHARD over one-rank shard groups looks whole, but
-#: on a torch with its shard-dimension fix the gradients read off the parameters are local
-#: shards: not printed yet.)
-WRAPPERS = {Wrapper.NONE: "", Wrapper.FSDP1_NO_SHARD: "NO_SHARD"}
-#: Every FSDP1 strategy :func:`compose_lines` writes, for a script that reads no parameter (an
-#: exception's): HYBRID_SHARD over the case's (replicate, shard) mesh.
-ALL_WRAPPERS = {
-    **WRAPPERS,
+#: The whole-model wrappers :func:`compose_lines` writes: FSDP1's strategies (HYBRID_SHARD over the
+#: case's (replicate, shard) mesh). A script reads a sharded one's parameters and gradients whole
+#: under ``FSDP.summon_full_params`` (:data:`SHARDED_FSDP1`).
+WRAPPERS = {
+    Wrapper.NONE: "",
+    Wrapper.FSDP1_NO_SHARD: "NO_SHARD",
     Wrapper.FSDP1_FULL_SHARD: "FULL_SHARD",
     Wrapper.FSDP1_SHARD_GRAD_OP: "SHARD_GRAD_OP",
     Wrapper.FSDP1_HYBRID_SHARD: "HYBRID_SHARD",
+    Wrapper.DDP: "",  # written where the script compares no parameter by name (DDP prefixes "module.")
 }
+#: FSDP1 strategies whose parameters (outside forward) are views of this rank's shard.
+SHARDED_FSDP1 = {Wrapper.FSDP1_FULL_SHARD, Wrapper.FSDP1_SHARD_GRAD_OP, Wrapper.FSDP1_HYBRID_SHARD}
 LEAVES = {
     LeafKind.LINEAR,
     LeafKind.LAYER_NORM,
@@ -130,14 +130,13 @@ def check_tree(tree: ModuleTree) -> None:
     visit(tree.root, "")
 
 
-def check_composition(
-    comp: Composition, where: str, knobs: bool = False, wrappers: dict[Wrapper, str] = WRAPPERS
-) -> None:
+def check_composition(comp: Composition, where: str, knobs: bool = False, judged: bool = True) -> None:
     """Raise :class:`NotPrintable` naming the first field of ``comp`` (at ``where``) that
     :func:`compose_lines` does not write: ``knobs`` where the caller writes the knobs' per-step
-    calls, ``wrappers`` the whole-model wrappers the caller can read parameters through."""
+    calls; ``judged`` where the script compares parameters by name (DDP is not written then)."""
     check_default(comp, COMPOSITION_FIELDS | ({"knobs"} if knobs else set()), where)
-    if comp.wrapper not in wrappers or (comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD and not comp.mesh):
+    hybrid = comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD
+    if comp.wrapper not in WRAPPERS or (hybrid and not comp.mesh) or (judged and comp.wrapper is Wrapper.DDP):
         raise refuse(f"{where}.wrapper={comp.wrapper.value}")
     check_default(
         comp.knobs, {"force_sum_reduction", "gradient_divide_factor", "reshard_after_backward_last"}, f"{where}.knobs"
@@ -303,7 +302,9 @@ def compose_imports(comps: Iterable[Composition]) -> list[str]:
         lines.append(
             f"from torch.distributed._composable import {', '.join(sorted(api & {'checkpoint', 'replicate'}))}"
         )
-    if any(comp.wrapper is not Wrapper.NONE for comp in comps):
+    if any(comp.wrapper is Wrapper.DDP for comp in comps):
+        lines.append("from torch.nn.parallel import DistributedDataParallel as DDP")
+    if any(comp.wrapper not in (Wrapper.NONE, Wrapper.DDP) for comp in comps):
         lines.append("from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy")
     if any(comp.auto_wrap for comp in comps):
         lines.append("from torch.distributed.fsdp.wrap import ModuleWrapPolicy")
@@ -395,9 +396,12 @@ def compose_helpers(comps: Iterable[Composition], world_size: int) -> list[str]:
 def compose_lines(comp: Composition, name: str) -> list[str]:
     """``def NAME(model):`` composing ``model`` as ``comp`` says and returning what trains."""
     lines = []
+    if comp.wrapper is Wrapper.DDP:
+        lines += [f'checkpoint(model.get_submodule("{p}"))' for p in comp.checkpoints]
+        return [f"def {name}(model):", *(f"    {line}" for line in [*lines, "return DDP(model)"])]
     if comp.wrapper is not Wrapper.NONE:
         lines += [f'checkpoint(model.get_submodule("{p}"))' for p in comp.checkpoints]
-        kwargs = f"sharding_strategy=ShardingStrategy.{ALL_WRAPPERS[comp.wrapper]}, use_orig_params=True"
+        kwargs = f"sharding_strategy=ShardingStrategy.{WRAPPERS[comp.wrapper]}, use_orig_params=True"
         if comp.mesh:
             dims = ", ".join(str(d) for d in comp.mesh)
             lines.append(f'mesh = init_device_mesh("cpu", ({dims}), mesh_dim_names=("replicate", "shard"))')

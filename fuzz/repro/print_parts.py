@@ -21,9 +21,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from fuzz.model import Api, Case, Composition, Leaf, ModuleTree, RequiresGrad, Training, is_plain
+from fuzz.model import Api, Case, Composition, Leaf, ModuleTree, RequiresGrad, Training, Wrapper, is_plain
 from fuzz.repro.print_check import compare_parts, expected_raised, header, main_block, main_imports, raised_line
 from fuzz.repro.print_model import (
+    SHARDED_FSDP1,
     assemble,
     build_lines,
     check_composition,
@@ -41,10 +42,12 @@ from fuzz.repro.print_train import average_lines, draw, optimizer, step_lines
 FRESH_SEED = 0x5EED
 
 
-def check_sides(tree: ModuleTree, source: Composition, target: Composition) -> None:
+def check_sides(tree: ModuleTree, source: Composition, target: Composition, kind: str) -> None:
+    """Raise :class:`~fuzz.repro.print_model.NotPrintable` for what of the tree or a side (of an
+    entry of ``kind``) is not written."""
     check_tree(tree)
-    check_composition(source, "source")
-    check_composition(target, "target")
+    check_composition(source, "source", judged=kind == "mismatch")
+    check_composition(target, "target", judged=kind == "mismatch")
 
 
 def composed(comp: Composition) -> bool:
@@ -188,17 +191,30 @@ def fused_lines(fused: tuple[str, ...], method: str) -> list[str]:
     ]
 
 
-def snapshot_def() -> str:
+def snapshot_def(sides: list[Composition]) -> str:
     """``def snapshot(model, opt=None)``: every parameter and buffer (and the optimizer's state and
-    each group's lr), gathered in full (``full``), by name: what a mismatch script compares."""
-    return (
-        "def snapshot(model, opt=None):  # every parameter and buffer (its optimizer state, each group's lr), in full\n"
-        "    out = {n: full(t) for n, t in [*model.named_parameters(), *model.named_buffers()]}\n"
-        "    for name, p in model.named_parameters() if opt is not None else ():\n"
-        '        out.update({f"{name} {k}": full(t) for k, t in opt.state.get(p, {}).items() if torch.is_tensor(t)})\n'
-        '    out.update({f"lr of group {i}": torch.tensor(g["lr"]) for i, g in enumerate(opt.param_groups if opt else ())})\n'  # noqa: E501
-        "    return out"
-    )
+    each group's lr), gathered in full (``full``), by name: what a mismatch script compares. Where a
+    side is FSDP1's, read under ``FSDP.summon_full_params`` (whole, by plain name); where one shards,
+    without the optimizer's state (FSDP1 keeps this rank's flat shard of it; training on shows it)."""
+    fsdp1 = any(c.wrapper is not Wrapper.NONE for c in sides)
+    sharded = any(c.wrapper in SHARDED_FSDP1 for c in sides)
+    lines = [
+        "def snapshot(model, opt=None):  # every parameter and buffer"
+        + (", each group's lr" if sharded else " (its optimizer state, each group's lr)")
+        + ", in full",
+        *(["    with FSDP.summon_full_params(model):  # whole, by plain name"] if fsdp1 else []),
+        f"    {'    ' * fsdp1}out = {{n: full(t) for n, t in [*model.named_parameters(), *model.named_buffers()]}}",
+    ]
+    if not sharded:
+        lines += [
+            "    for name, p in model.named_parameters() if opt is not None else ():",
+            '        out.update({f"{name} {k}": full(t) for k, t in opt.state.get(p, {}).items() if torch.is_tensor(t)})',  # noqa: E501
+        ]
+    lines += [
+        '    out.update({f"lr of group {i}": torch.tensor(g["lr"]) for i, g in enumerate(opt.param_groups if opt else ())})',  # noqa: E501
+        "    return out",
+    ]
+    return "\n".join(lines)
 
 
 def round_trip(case: Case, entry: Any, body: Any, *, imports: list[str], extra: list[str], main: list[str]) -> str:
@@ -218,7 +234,7 @@ def round_trip(case: Case, entry: Any, body: Any, *, imports: list[str], extra: 
     parts += ["\n".join(compose_lines(c, n)) for c, n in zip(sides, names, strict=True) if composed(c)]
     parts.append("\n".join(train_def(sides, t)))
     if kind == "mismatch":
-        parts += [*compare_parts(t.dtype, "the source", any(c.shards for c in sides)), snapshot_def()]
+        parts += [*compare_parts(t.dtype, "the source", any(c.shards for c in sides)), snapshot_def(sides)]
     elif kind == "exception":
         parts.append(raised_line(expected_raised(entry)))
     what = (

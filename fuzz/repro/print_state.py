@@ -55,15 +55,18 @@ _BODY_FIELDS = {
 }
 
 
-def check_printable(case: Case) -> None:
-    """Raise :class:`NotPrintable` naming the first thing of ``case`` no printer here writes."""
+def check_printable(case: Case, kind: str = "mismatch") -> None:
+    """Raise :class:`NotPrintable` naming the first thing of ``case`` (of an entry of ``kind``) no
+    printer here writes."""
+    if kind == "crash":  # torchrun stops the other ranks once one dies: no rank is left to say so
+        raise refuse("a crash (the rank that dies prints no verdict)")
     if case.property == "dcp":
-        print_dcp.check_printable(case)
+        print_dcp.check_printable(case, kind)
         return
     if case.property != "state_dict":
         raise refuse(f"a {case.property} case")
     body: Any = case.body
-    check_sides(body.tree, body.source, body.target)
+    check_sides(body.tree, body.source, body.target, kind)
     check_training(body.training, loop=False)
     check_default(body, _BODY_FIELDS, "body")
 
@@ -71,7 +74,7 @@ def check_printable(case: Case) -> None:
 def print_case(case: Case, entry: Any = None) -> str:
     """The script of ``case``; ``entry`` (a corpus entry, or None for a case drawn in a test) sets
     its verdict (:mod:`fuzz.repro.print_parts`)."""
-    check_printable(case)
+    check_printable(case, "mismatch" if entry is None else entry.kind)
     if case.property == "dcp":
         return print_dcp.print_case(case, entry)
     body: StateDictBody = case.body  # type: ignore[assignment]

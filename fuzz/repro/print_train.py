@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from fuzz.model import AccumSync, Case, Compile, Composition, Dtype, Layout, LeafKind, Optimizer, Training, Wrapper
-from fuzz.repro.print_model import check_default, refuse, uses
+from fuzz.repro.print_model import SHARDED_FSDP1, check_default, refuse, uses
 
 #: Training fields every printed script writes (the optimizer, the steps and the data); every
 #: other must hold its default.
@@ -121,6 +121,12 @@ def _inline(build: list[str], compose: list[str]) -> list[str]:
     return model + calls
 
 
+def _whole(lines: list[str], args: str) -> list[str]:
+    """``lines`` under ``FSDP.summon_full_params(ARGS)``: FSDP1's sharded parameters (and gradients)
+    read whole, on every rank (a plain model has nothing to gather)."""
+    return [f"with FSDP.summon_full_params({args}):  # whole, not this rank's shard", *(f"    {x}" for x in lines)]
+
+
 def _loop(var: str, count: int, body: list[str]) -> list[str]:
     """``for VAR in range(COUNT):`` around ``body``, or ``body`` alone where it runs once and needs no ``VAR``."""
     if count == 1 and var == "_":
@@ -224,14 +230,17 @@ def train_lines(
         if factor is not None and set(scales(case).values()) != {1.0}:
             d = case.world_size
             step += [f"    p.grad *= {d} / {factor!r}  # documented: the sum over {d} ranks / {factor!r}"]
+    whole = any(c.wrapper in SHARDED_FSDP1 for c in compositions(case))
     if observe:
-        step += [
+        grads = [
             f"for n, p in {named}:  # no gradient counts as zeros",
             '    seen[f"gradient of {n} at step {step}"] = full(p.grad) if p.grad is not None else torch.zeros(p.shape)',  # noqa: E501
         ]
+        step += _whole(grads, "model, with_grads=True") if whole else grads
     step += step_lines(training)
     if observe:
-        step += [f'seen.update({{f"{{n}} after step {{step}}": full(p) for n, p in {named}}})']
+        after = [f'seen.update({{f"{{n}} after step {{step}}": full(p) for n, p in {named}}})']
+        step += _whole(after, "model") if whole else after
     lines += _loop("step" if by_step else "_", steps, step)
     if observe:
         lines += ["return seen"]

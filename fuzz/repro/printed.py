@@ -30,9 +30,7 @@ from fuzz.corpus import Entry
 from fuzz.model import Case, Wrapper
 from fuzz.repro.print_check import compare_parts, expected_raised, header, main_block, main_imports, raised_line
 from fuzz.repro.print_model import (
-    ALL_WRAPPERS,
     PRINTED_MARK,
-    WRAPPERS,
     NotPrintable,
     assemble,
     build_lines,
@@ -67,10 +65,10 @@ def check_printable(case: Case, kind: str = "mismatch") -> None:
     if kind == "mismatch" and case.property == "mixed_precision":
         raise refuse("a mixed_precision mismatch")
     check_tree(body.tree)
-    wrappers = ALL_WRAPPERS if kind == "exception" else WRAPPERS
-    check_composition(body.composition, "composition", knobs=case.property != "metamorphic", wrappers=wrappers)
+    judged = kind == "mismatch"
+    check_composition(body.composition, "composition", knobs=case.property != "metamorphic", judged=judged)
     if case.property == "metamorphic":
-        check_composition(body.variant, "variant", wrappers=wrappers)
+        check_composition(body.variant, "variant", judged=judged)
     if kind == "mismatch" and case.property == "parity" and len(set(scales(case).values())) > 1:
         raise refuse("gradient scales that differ between modules")
     check_loop(case)
@@ -157,7 +155,7 @@ def printable(entry: Entry) -> bool:
         if printer is None:
             return False
         try:
-            printer.check_printable(case)
+            printer.check_printable(case, entry.kind)
         except NotPrintable:
             return False
         return True
