@@ -42,6 +42,7 @@ from fuzz.known_conditions import (
     fused_in_optimizer,
     hsdp_optimizer_load,
     int_reshard_dim1,
+    int_reshard_inference,
     never_run_under_no_sync,
     optimizer_holds_unresharded,
     plan_cache_failed_save,
@@ -317,19 +318,26 @@ FROZEN_OPTIM_STATE_DROPPED = KnownBug(
 )
 FROZEN_INT_RESHARD = KnownBug(
     "fully_shard-frozen-int-reshard",
-    "a frozen fully_shard unit with an int reshard_after_forward under a replicate'd root stays in its "
-    "post-forward state",
+    "a fully_shard unit with an int reshard_after_forward left in its post-forward state (a frozen unit "
+    "under a replicate'd root after backward, or any such unit after an inference forward): under uneven "
+    "sharding the post-forward DTensor's full_tensor() is wrong",
     symptoms=frozenset({"mismatch"}),
     relation="none found after five phrasings (frozen unit, replicate root, int reshard, post-backward "
     "callback), eight more, and two of the mechanism (the post-forward DTensor's values under uneven "
     "sharding, to_sharded_post_forward's slice of the padded all-gather output); see_also: FSDP1's resharding "
     "of frozen parameters, the FSDP-based replicate, "
-    "and parameters left post-forward after backward under set_unshard_in_backward(False)",
-    state="present in torch 2.13.0",
-    see_also=("pytorch/pytorch#101982", "pytorch/pytorch#158207", "pytorch/pytorch#144800"),
+    "and parameters left post-forward after backward under set_unshard_in_backward(False); three more for "
+    "the inference forward (int reshard_after_forward with inference, the post-forward DTensor after an eval "
+    "forward, FSDP2 parameters wrong after an eval forward): the option's pull request, whose review says "
+    "these DTensors are only meant for FSDP's all-gather, not for reading (see_also)",
+    state="present in torch 2.13.0 (and 2.11.0, where a campaign met its inference form)",
+    see_also=("pytorch/pytorch#101982", "pytorch/pytorch#158207", "pytorch/pytorch#144800", "pytorch/pytorch#118017"),
     ends_ranks=False,
     tag=":frozen-int-reshard",
-    condition=OfTree(frozen_int_reshard_unit),
+    condition=AnyOf(
+        OfTree(frozen_int_reshard_unit),
+        OfTreeAndTraining(lambda tree, comp, training, _: int_reshard_inference(comp, training)),
+    ),
     tags_through_base=True,
 )
 UNFROZEN_UNRESHARDED = KnownBug(

@@ -83,6 +83,14 @@ def frozen_int_reshard_unit(tree: ModuleTree, comp: Composition) -> bool:
     )
 
 
+def int_reshard_inference(comp: Composition, training: Training) -> bool:
+    """:data:`FROZEN_INT_RESHARD` met through an inference forward: a fully_shard unit with an int
+    reshard_after_forward, and ``Training.eval_forward``. The inference forward after a step
+    leaves the unit in its post-forward state (no backward follows to reshard it), and the
+    parameters read then are that state's DTensors."""
+    return training.eval_forward and any(not isinstance(s.reshard_after_forward, bool) for s in comp.shards)
+
+
 def unfrozen_unresharded_unit(tree: ModuleTree, comp: Composition, training: Training) -> bool:
     """:data:`UNFROZEN_UNRESHARDED`: a leaf unfrozen later lies in a fully_shard unit whose
     reshard_after_forward is not True, inside an outermost fully_shard unit (one no other
