@@ -180,6 +180,30 @@ def test_a_scalar_parameter_is_managed_by_replicate_or_ddp_only() -> None:
         InvalidBody(tree=_ranked(gain=False), misuse=Misuse.SCALAR_UNDER_FULLY_SHARD, path="1")
 
 
+def test_a_parameter_is_replaced_only_where_fully_shard_or_no_api_manages_it() -> None:
+    replaced = Training(reinit=(Reinit("1", ReinitHow.REPLACE),))
+    for refused, reason in (
+        (Composition(wrapper=Wrapper.DDP), "DDP and FSDP1"),
+        (Composition(wrapper=Wrapper.FSDP1_FULL_SHARD), "DDP and FSDP1"),
+        (Composition(shards=(ShardSpec(path="0"),), replicates=("",)), "replicate keeps"),
+    ):
+        with pytest.raises(CaseError, match=reason):
+            ParityBody(tree=_ranked(gain=False), composition=refused, training=replaced)
+    with pytest.raises(CaseError, match="unties"):
+        ParityBody(
+            tree=_lm(),
+            composition=Composition(shards=(ShardSpec(path=""),)),
+            training=Training(reinit=(Reinit("4", ReinitHow.REPLACE),)),
+        )
+    with pytest.raises(CaseError, match="no module with parameters"):  # a container holds none of its own
+        ParityBody(tree=_held(), composition=Composition(replicates=("",)), training=Training(reinit=(Reinit("1"),)))
+    units = Composition(shards=(ShardSpec(path="1"), ShardSpec(path="")))
+    ParityBody(tree=_ranked(gain=False), composition=units, training=replaced)
+    ParityBody(tree=_ranked(), composition=Composition(wrapper=Wrapper.DDP), training=Training(reinit=(Reinit("1"),)))
+    with pytest.raises(CaseError, match="twice"):
+        Training(reinit=(Reinit("1"), Reinit("1", ReinitHow.CONSTANT)))
+
+
 def _held(kind: Container = Container.LIST) -> ModuleTree:
     """A root over a linear leaf and a container of two blocks (each a linear leaf and a tanh)."""
     layer = Block(children=(Leaf(LeafKind.LINEAR), Leaf(LeafKind.TANH)), residual=True)
@@ -443,6 +467,9 @@ def test_extended_ingredients_are_drawn_at_a_useful_rate() -> None:
     draw()
     for feature in ("model:sequence", "model:tokens", "loss:cross_entropy", "leaf:attention", "leaf:embedding"):
         assert seen.get(feature, 0) >= 3, (feature, seen)
+    later = ("output:tuple", "output:dict", "loss:intermediate", "training:forwards:2", "training:reinit:scale")
+    for feature in (*later, "training:reinit:replace"):
+        assert seen.get(feature, 0) >= 2, (feature, seen)
 
 
 @FAST
