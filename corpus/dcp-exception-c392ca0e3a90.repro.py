@@ -1,87 +1,181 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=4b45c2168641062c sources=9d7be58e4208c9df seconds=707.6
-# Reproduces shardfuzz corpus entry dcp-exception-c392ca0e3a90.json: exception:dcp:builtins.KeyError@torch/distributed/fsdp/_optim_utils.py:_unflatten_param_groups
+# shardfuzz reduced reproducer: entry=4b45c2168641062c sources=19706e21e034fc8a seconds=46.2
+# Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: FSDP1 NO_SHARD with an auto-wrapped unit of frozen parameters: state_dict()
 # after training raises 'FSDP assumes ... is in the state_dict'; upstream:
 # https://github.com/pytorch/pytorch/issues/85831.
-# Observed: rank 0 raised builtins.KeyError: Parameter containing: tensor([[[-0.3736], ...]],
-# dtype=torch.float64)
-# Run: torchrun --nproc-per-node 2 THIS_FILE.py: while the failure is there a rank raises
-# builtins.KeyError in torch/distributed/fsdp/_optim_utils.py:_unflatten_param_groups, prints its
-# traceback and REPRODUCED and exits 1; once it is gone rank 0 prints PASS and every rank exits 0
-# (expected: no rank raises); a rank exits 2 where the script cannot run (not under torchrun,
-# another world size) or the case fails another way (it prints FAIL). torchrun's own status is 1
-# whenever a rank's is not 0.
-
-from __future__ import annotations
+# Trains a model, saves its state with dcp.save into a fresh directory, loads it with dcp.load
+# into a freshly built one and trains both on.
+# Run: torchrun --nproc-per-node 2 THIS_FILE.py. Exit 1 (REPRODUCED): a rank raised the exception
+# in RAISED (its type, in that function of torch); 0 (PASS): every rank ran through; 2: it failed
+# another way.
+import os
+import re
+import tempfile
 import torch
-from torch import nn
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
+import traceback
+from torch import nn
+from torch.distributed._composable import checkpoint
+from torch.distributed.checkpoint.optimizer import load_sharded_optimizer_state_dict
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
+from torch.distributed.fsdp import StateDictType
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-def attempt(rank, world_size):
-    ctx_device = torch.device('cpu')
-    x = torch.randn(world_size, 4, dtype=torch.float64)
-    y = torch.randn(world_size, 4)
-    step_ = [(x[0:1], y[0:1])]
-    module = nn.LayerNorm(4)
-    module.requires_grad_(False)
-    build_model_out = nn.Sequential(module, nn.Sequential(nn.LayerNorm(4)))
-    model = build_model_out.to(torch.float64)
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
-    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-    strategy = ShardingStrategy.NO_SHARD
-    kwargs = {'sharding_strategy': strategy, 'device_id': ctx_device, 'use_orig_params': True, 'auto_wrap_policy': ModuleWrapPolicy({nn.Sequential})}
-    wrap_out = FSDP(model, **kwargs)
-    params = list(wrap_out.parameters())
-    groups = [{'params': params[1::2]}]
-    src_opt = torch.optim.SGD(groups)
-    data_ = [step_[0]][:1]
-    x_, y_ = next(iter(data_))
-    loss = F.mse_loss(wrap_out(x_).to(y_.dtype), y_)
-    loss.backward()
-    osd = FSDP.optim_state_dict(wrap_out, src_opt)
 
-def torch_frame(path: str, function: str) -> str | None:
-    at = path.rfind('/torch/')
-    inner = path[at + 1:]
-    if at < 0 or '/fuzz/' in path or '-packages/' in inner or (function in ('<listcomp>', '<dictcomp>', '<setcomp>')):
-        return None
-    return f'{inner}:{function}'
+class Block(nn.Module):
+    def __init__(self, children, width, buffer=False, residual=False):
+        super().__init__()
+        for i, child in enumerate(children):
+            self.add_module(str(i), child)
+        self.register_buffer('shift', 0.1 * torch.randn(width) if buffer else None)
+        self.residual = residual
+
+    def forward(self, x):
+        y = x
+        for child in self.children():
+            y = child(y)
+        y = y if self.shift is None else y + self.shift
+        return x + y if self.residual else y
+
+
+class Conv(nn.Conv1d):
+    """A one-tap Conv1d over a (batch, width) activation, as a length-1 sequence."""
+
+    def forward(self, x):
+        return super().forward(x.unsqueeze(-1)).squeeze(-1)
+
+
+class Counter:
+    """A Stateful whose state_dict and load_state_dict all-reduce on every rank."""
+
+    def __init__(self, value):
+        self.value = torch.tensor([value], dtype=torch.float64)
+
+    def state_dict(self):
+        total = self.value.clone()
+        dist.all_reduce(total)
+        return {"value": self.value, "total": total}
+
+    def load_state_dict(self, state_dict):
+        self.value = state_dict["value"]
+        dist.all_reduce(self.value.clone())
+
+
+def build():
+    return Block([
+        Conv(4, 4, 1).requires_grad_(False),
+        Block([
+            Conv(4, 4, 1, bias=False),
+            Block([
+                Conv(4, 4, 1, bias=False),
+                Conv(4, 4, 1, bias=False),
+                nn.LayerNorm(4, bias=False),
+            ], 4, residual=True),
+        ], 4, buffer=True),
+    ], 4).to(torch.float64)
+
+
+def compose_source(model):
+    return FSDP(model, sharding_strategy=ShardingStrategy.NO_SHARD, use_orig_params=True,
+                auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=torch.device("cpu"))
+
+
+def compose_target(model):
+    checkpoint(model.get_submodule("1.1.1"))
+    checkpoint(model.get_submodule("1.0"))
+    checkpoint(model.get_submodule("0"))
+    checkpoint(model.get_submodule("1.1.0"))
+    checkpoint(model.get_submodule("1.1.2"))
+    return FSDP(model, sharding_strategy=ShardingStrategy.SHARD_GRAD_OP, use_orig_params=True,
+                auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=torch.device("cpu"))
+
+
+def train(model, opt, batches):
+    for x, y in batches:
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+
+
+RAISED = {'KeyError@torch/distributed/fsdp/_optim_utils.py:_unflatten_param_groups'}
+
+
+def main(rank, world_size):
+    gen = torch.Generator().manual_seed(501)  # the global batches, the same on every rank
+    batches = (torch.randn(world_size, 4, generator=gen, dtype=torch.float64)[0 :][:1] for _ in range(2 * 5))
+    data = [(x, next(batches)) for x in batches]  # (input, target) of each step
+    path = [tempfile.mkdtemp(prefix="dcp-") if rank == 0 else None]
+    dist.broadcast_object_list(path)  # one fresh directory for every rank
+    torch.manual_seed(501)
+    model = compose_source(build())
+    params = list(model.parameters())
+    params = [{"params": params[0::2]}, {"params": params[1::2], "lr": 0.05 / 2}]
+    opt = torch.optim.SGD(params, lr=0.05, momentum=0.9)
+    train(model, opt, data[0:1])
+    FSDP.set_state_dict_type(model, StateDictType.SHARDED_STATE_DICT)
+    group = dist.new_group(backend="gloo")  # the saves' collectives run beside the training's
+    values = {
+        "counter": Counter(501.5),
+        "optimizer": FSDP.optim_state_dict(model, opt),
+        "model": model.state_dict(),
+    }
+    order = [["model", "counter", "optimizer"], ["optimizer", "counter", "model"]][rank]  # this rank"s order
+    state = {k: values[k] for k in order}
+    future = dcp.async_save(state, checkpoint_id=os.path.join(path[0], "early-0"), process_group=group)
+    train(model, opt, data[1:2])
+    future.result()  # written
+    values = {
+        "counter": Counter(501.5),
+        "optimizer": FSDP.optim_state_dict(model, opt),
+        "model": model.state_dict(),
+    }
+    order = [["model", "counter", "optimizer"], ["optimizer", "counter", "model"]][rank]  # this rank"s order
+    state = {k: values[k] for k in order}
+    future = dcp.async_save(state, checkpoint_id=os.path.join(path[0], "early-1"), process_group=group)
+    train(model, opt, data[2:3])
+    future.result()  # written
+    values = {
+        "counter": Counter(501.5),
+        "optimizer": FSDP.optim_state_dict(model, opt),
+        "model": model.state_dict(),
+    }
+    order = [["model", "counter", "optimizer"], ["optimizer", "counter", "model"]][rank]  # this rank"s order
+    state = {k: values[k] for k in order}
+    future = dcp.async_save(state, checkpoint_id=path[0], process_group=group)
+    train(model, opt, data[3:5])
+    future.result()  # written
+    torch.manual_seed(501 + 0x5EED)  # other weights: a load that does nothing shows
+    target = compose_target(build())
+    params = list(target.parameters())
+    params = [{"params": params[0::2]}, {"params": params[1::2], "lr": 0.05 / 2}]
+    target_opt = torch.optim.SGD(params, lr=0.05, momentum=0.9)
+    FSDP.set_state_dict_type(target, StateDictType.SHARDED_STATE_DICT)
+    values = {"counter": Counter(0.0), "model": target.state_dict()}
+    order = [["model", "counter"], ["counter", "model"]][rank]  # this rank"s order
+    state = {k: values[k] for k in order}
+    dcp.load(state, checkpoint_id=path[0])  # in place
+    target.load_state_dict(state["model"])
+    loaded = load_sharded_optimizer_state_dict(
+        target.state_dict(), "optimizer", storage_reader=dcp.FileSystemReader(path[0])
+    )
+    target_opt.load_state_dict(FSDP.optim_state_dict_to_load(target, target_opt, loaded["optimizer"]))
+    train(target, target_opt, data[3:5])
 
 
 if __name__ == "__main__":
-    import os
-    os.environ['CUDA_VISIBLE_DEVICES'] = ''
-    import sys
-    import time
-    if os.environ.get("WORLD_SIZE") != "2":
-        print("run it with: torchrun --nproc-per-node 2 " + sys.argv[0], file=sys.stderr)
-        sys.exit(2)
-    import torch.distributed as dist
-    dist.init_process_group("gloo")
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    import re
-    import traceback
     try:
-        attempt(rank, world_size)
-    except BaseException as e:  # torch's CheckpointException is a BaseException
+        dist.init_process_group("gloo")
+        main(dist.get_rank(), dist.get_world_size())
+        dist.barrier()
+    except BaseException as e:  # DCP's CheckpointException is one; its text has the ranks' tracebacks
         text = traceback.format_exc()
-        sys.stderr.write("".join(f"[rank{rank}]: {line}\n" for line in text.splitlines()))
-        frames = [f for f in (torch_frame(p, f) for p, f in re.findall(r'File "([^"]+)", line \d+,? in (\S+)', text)) if f]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@{(frames or ['torch/?:?'])[-1]}"
-        if found in ['builtins.KeyError@torch/distributed/fsdp/_optim_utils.py:_unflatten_param_groups']:
-            print(f"REPRODUCED exception:dcp:builtins.KeyError@torch/distributed/fsdp/_optim_utils.py:_unflatten_param_groups: rank {rank} raised {found}", flush=True)
-            os._exit(1)
-        print(f"FAIL (not the entry's failure): rank {rank} raised {found}", flush=True)
-        os._exit(2)
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
-    store.add("repro-passed", 1)
-    until = time.monotonic() + 60
-    while store.add("repro-passed", 0) < world_size:
-        if time.monotonic() > until:
-            print(f"FAIL (not the entry's failure): rank {rank} finished, another rank did not", flush=True)
-            os._exit(2)
-        time.sleep(0.05)
-    if rank == 0:
-        print('PASS: no rank raised', flush=True)
-    os._exit(0)  # a rank must not wait for the others at exit
+        frames = re.findall(r'File "[^"]*/(torch/[^"-]+)", line \d+, in (?!<\w+comp>)(\S+)', text)  # torch's own
+        raised = f"{type(e).__name__}@{':'.join(frames[-1]) if frames else '?'}"
+        said = "REPRODUCED" if raised in RAISED else "FAIL (another failure)"
+        print(f"{text}{said}: rank {os.environ.get('RANK')} raised {raised}", flush=True)
+        os._exit(1 if raised in RAISED else 2)
+    print("PASS: no rank raised", flush=True)
+    os._exit(0)

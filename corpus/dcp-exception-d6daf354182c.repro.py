@@ -1,91 +1,103 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=bc8ec400c405abdb sources=9d7be58e4208c9df seconds=387.7
-# Reproduces shardfuzz corpus entry dcp-exception-d6daf354182c.json: exception:dcp:builtins.RuntimeError@torch/distributed/_shard/sharded_tensor/api.py:dispatch
+# shardfuzz reduced reproducer: entry=bc8ec400c405abdb sources=19706e21e034fc8a seconds=60.0
+# Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: dcp.async_save's default stager calls data_ptr() on ShardedTensors; upstream:
 # none found.
-# Observed: rank 0 raised builtins.RuntimeError: torch function 'data_ptr', with args:
-# (ShardedTensor(ShardedTensorMetadata(shards_metadata=[ShardMetadata(shard_offsets=[0, 0], ...
-# Run: torchrun --nproc-per-node 2 THIS_FILE.py: while the failure is there a rank prints
-# REPRODUCED and exits 1; once it is gone rank 0 prints PASS and every rank exits 0 (expected: no
-# rank raises); a rank exits 2 where the script cannot run (not under torchrun, another world
-# size) or the case fails another way (it prints FAIL). torchrun's own status is 1 whenever a
-# rank's is not 0.
-
-from __future__ import annotations
+# Trains a model, saves its state with dcp.save into a fresh directory, loads it with dcp.load
+# into a freshly built one and trains both on.
+# Run: torchrun --nproc-per-node 2 THIS_FILE.py. Exit 1 (REPRODUCED): a rank raised the exception
+# in RAISED (its type, in that function of torch); 0 (PASS): every rank ran through; 2: it failed
+# another way.
+import os
+import re
+import tempfile
 import torch
-import enum
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.nn.functional as F
+import traceback
 from torch import nn
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
+from torch.distributed.fsdp import StateDictType
 
-class DcpItem(str, enum.Enum):
-    MODEL = 'model'
 
-class TreeBlock(nn.Module):
-
-    def __init__(self, children, scale):
+class Block(nn.Module):
+    def __init__(self, children, width, scale=False, buffer=False):
         super().__init__()
         for i, child in enumerate(children):
             self.add_module(str(i), child)
-        self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(4)) if scale else None
+        self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(width)) if scale else None
+        self.register_buffer('shift', 0.1 * torch.randn(width) if buffer else None)
 
-def attempt(rank, world_size):
-    ctx_device = torch.device('cpu')
-    import re
-    import traceback
-    try:
-        build_model_out = TreeBlock([TreeBlock([], True)], False)
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-        wrap_out = FSDP(build_model_out, device_id=ctx_device)
-        from torch.distributed.fsdp import ShardedOptimStateDictConfig, ShardedStateDictConfig, StateDictType, FullyShardedDataParallel as FSDP_
-        FSDP_.set_state_dict_type(wrap_out, StateDictType.SHARDED_STATE_DICT, ShardedStateDictConfig(), ShardedOptimStateDictConfig())
-        out = {}
-        out[DcpItem.MODEL] = wrap_out
-        order = range(1)
-        state = {'model': out[DcpItem.MODEL] for i in order if (DcpItem.MODEL,)[i] in out}
-        import torch.distributed.checkpoint as dcp
-        result = dcp.async_save(state)
-    except BaseException as e:
-        frames = [f for f in (torch_frame(p, f) for p, f in re.findall('File "([^"]+)", line \\d+,? in (\\S+)', traceback.format_exc())) if f]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@{(frames or ['torch/?:?'])[-1]}"
-        if found in ['builtins.RuntimeError@torch/distributed/_shard/sharded_tensor/api.py:dispatch']:
-            return f'REPRODUCED exception:dcp:builtins.RuntimeError@torch/distributed/_shard/sharded_tensor/api.py:dispatch: rank {rank} raised {found}: {e}'
-        return f"FAIL (not the entry's failure): rank {rank} raised {found}: {e}"
-    return 'PASS: no rank raised'
+    def forward(self, x):
+        y = x
+        for child in self.children():
+            y = child(y)
+        y = y if self.scale is None else y * self.scale
+        y = y if self.shift is None else y + self.shift
+        return y
 
-def torch_frame(path: str, function: str) -> str | None:
-    at = path.rfind('/torch/')
-    inner = path[at + 1:]
-    if at < 0 or '/fuzz/' in path or '-packages/' in inner or (function in ('<listcomp>', '<dictcomp>', '<setcomp>')):
-        return None
-    return f'{inner}:{function}'
 
-def main():
-    import os
-    os.environ['CUDA_VISIBLE_DEVICES'] = ''
-    import sys
-    import time
-    if os.environ.get("WORLD_SIZE") != "2":
-        print("run it with: torchrun --nproc-per-node 2 " + sys.argv[0], file=sys.stderr)
-        sys.exit(2)
-    import torch.distributed as dist
-    dist.init_process_group("gloo")
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    verdict = attempt(rank, world_size)
-    if verdict and verdict not in ['PASS or another failure: None', 'PASS: every loss, gradient and parameter agrees', 'PASS: every rank finished', 'PASS: no rank died', 'PASS: no rank raised']:
-        sys.stdout.write(verdict + "\n")  # one write: the ranks share torchrun's output
-        sys.stdout.flush()
-        os._exit(1 if verdict.startswith("REPRODUCED") else 2)
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
-    store.add("repro-passed", 1)
-    until = time.monotonic() + 60
-    while store.add("repro-passed", 0) < world_size:
-        if time.monotonic() > until:
-            print(f"FAIL (not the entry's failure): rank {rank} finished, another rank did not", flush=True)
-            os._exit(2)
-        time.sleep(0.05)
-    if rank == 0:
-        print(verdict or 'PASS: no rank raised', flush=True)
-    os._exit(0)  # a rank must not wait for the others at exit
+def build():
+    return Block([
+        nn.Linear(4, 4),
+        Block([nn.Linear(4, 4), nn.Tanh(), nn.LayerNorm(4)], 4, scale=True),
+        nn.Linear(4, 4, bias=False),
+    ], 4, buffer=True)
+
+
+def compose_source(model):
+    return FSDP(model, sharding_strategy=ShardingStrategy.FULL_SHARD, use_orig_params=True,
+                device_id=torch.device("cpu"))
+
+
+def compose_target(model):
+    return FSDP(model, sharding_strategy=ShardingStrategy.FULL_SHARD, use_orig_params=True,
+                device_id=torch.device("cpu"))
+
+
+def train(model, opt, batches):
+    for x, y in batches:
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+
+
+RAISED = {'RuntimeError@torch/distributed/_shard/sharded_tensor/api.py:dispatch'}
+
+
+def main(rank, world_size):
+    gen = torch.Generator().manual_seed(35)  # the global batches, the same on every rank
+    batches = (torch.randn(world_size * 2, 4, generator=gen)[rank * 2 :][:2] for _ in range(2 * 3))
+    data = [(x, next(batches)) for x in batches]  # (input, target) of each step
+    path = [tempfile.mkdtemp(prefix="dcp-") if rank == 0 else None]
+    dist.broadcast_object_list(path)  # one fresh directory for every rank
+    torch.manual_seed(35)
+    model = compose_source(build())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    train(model, opt, data[0:2])
+    FSDP.set_state_dict_type(model, StateDictType.SHARDED_STATE_DICT)
+    state = {"model": model.state_dict()}
+    dcp.async_save(state, checkpoint_id=path[0]).result()  # written
+    torch.manual_seed(35 + 0x5EED)  # other weights: a load that does nothing shows
+    target = compose_target(build())
+    FSDP.set_state_dict_type(target, StateDictType.SHARDED_STATE_DICT)
+    state = {"model": target.state_dict()}
+    dcp.load(state, checkpoint_id=path[0])  # in place
+    target.load_state_dict(state["model"])
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        dist.init_process_group("gloo")
+        main(dist.get_rank(), dist.get_world_size())
+        dist.barrier()
+    except BaseException as e:  # DCP's CheckpointException is one; its text has the ranks' tracebacks
+        text = traceback.format_exc()
+        frames = re.findall(r'File "[^"]*/(torch/[^"-]+)", line \d+, in (?!<\w+comp>)(\S+)', text)  # torch's own
+        raised = f"{type(e).__name__}@{':'.join(frames[-1]) if frames else '?'}"
+        said = "REPRODUCED" if raised in RAISED else "FAIL (another failure)"
+        print(f"{text}{said}: rank {os.environ.get('RANK')} raised {raised}", flush=True)
+        os._exit(1 if raised in RAISED else 2)
+    print("PASS: no rank raised", flush=True)
+    os._exit(0)
