@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=93f443fd28251a3e sources=19706e21e034fc8a seconds=44.8
+# shardfuzz reduced reproducer: entry=93f443fd28251a3e sources=99e3150823d32513 seconds=34.8
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: FileSystemWriter(cache_staged_state_dict=True) pins its staging copy:
 # async_save fails on a host without an accelerator; upstream: none found.
@@ -66,19 +66,12 @@ def main(rank, world_size):
     FSDP.set_state_dict_type(model, StateDictType.SHARDED_STATE_DICT)
     group = dist.new_group(backend="gloo")  # the saves' collectives run beside the training's
     writer = dcp.FileSystemWriter(path[0], cache_staged_state_dict=True)  # one writer stages every save
-    state = {"model": model.state_dict(), "optimizer": FSDP.optim_state_dict(model, opt)}
-    future = dcp.async_save(
-        state,
-        checkpoint_id=os.path.join(path[0], "early-0"),
-        storage_writer=writer,
-        process_group=group,
-    )
-    train(model, opt, data[1:2])
-    future.result()  # written
-    state = {"model": model.state_dict(), "optimizer": FSDP.optim_state_dict(model, opt)}
-    future = dcp.async_save(state, checkpoint_id=path[0], storage_writer=writer, process_group=group)
-    train(model, opt, data[2:3])
-    future.result()  # written
+    saves = [os.path.join(path[0], f"early-{i}") for i in range(1)] + [path[0]]  # the last into the checkpoint's
+    for k, where in enumerate(saves):
+        state = {"model": model.state_dict(), "optimizer": FSDP.optim_state_dict(model, opt)}
+        future = dcp.async_save(state, checkpoint_id=where, storage_writer=writer, process_group=group)
+        train(model, opt, data[1 + k : 2 + k] if k < 1 else data[2:3])  # on while it is written
+        future.result()  # written
     torch.manual_seed(0 + 0x5EED)  # other weights: a load that does nothing shows
     target = compose_target(build())
     target_opt = torch.optim.Adam(target.parameters(), lr=0.01, eps=0.0001)

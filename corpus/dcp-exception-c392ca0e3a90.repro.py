@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=4b45c2168641062c sources=19706e21e034fc8a seconds=46.2
+# shardfuzz reduced reproducer: entry=4b45c2168641062c sources=19706e21e034fc8a seconds=43.5
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: FSDP1 NO_SHARD with an auto-wrapped unit of frozen parameters: state_dict()
 # after training raises 'FSDP assumes ... is in the state_dict'; upstream:
@@ -117,36 +117,18 @@ def main(rank, world_size):
     train(model, opt, data[0:1])
     FSDP.set_state_dict_type(model, StateDictType.SHARDED_STATE_DICT)
     group = dist.new_group(backend="gloo")  # the saves' collectives run beside the training's
-    values = {
-        "counter": Counter(501.5),
-        "optimizer": FSDP.optim_state_dict(model, opt),
-        "model": model.state_dict(),
-    }
-    order = [["model", "counter", "optimizer"], ["optimizer", "counter", "model"]][rank]  # this rank"s order
-    state = {k: values[k] for k in order}
-    future = dcp.async_save(state, checkpoint_id=os.path.join(path[0], "early-0"), process_group=group)
-    train(model, opt, data[1:2])
-    future.result()  # written
-    values = {
-        "counter": Counter(501.5),
-        "optimizer": FSDP.optim_state_dict(model, opt),
-        "model": model.state_dict(),
-    }
-    order = [["model", "counter", "optimizer"], ["optimizer", "counter", "model"]][rank]  # this rank"s order
-    state = {k: values[k] for k in order}
-    future = dcp.async_save(state, checkpoint_id=os.path.join(path[0], "early-1"), process_group=group)
-    train(model, opt, data[2:3])
-    future.result()  # written
-    values = {
-        "counter": Counter(501.5),
-        "optimizer": FSDP.optim_state_dict(model, opt),
-        "model": model.state_dict(),
-    }
-    order = [["model", "counter", "optimizer"], ["optimizer", "counter", "model"]][rank]  # this rank"s order
-    state = {k: values[k] for k in order}
-    future = dcp.async_save(state, checkpoint_id=path[0], process_group=group)
-    train(model, opt, data[3:5])
-    future.result()  # written
+    saves = [os.path.join(path[0], f"early-{i}") for i in range(2)] + [path[0]]  # the last into the checkpoint's
+    for k, where in enumerate(saves):
+        values = {
+            "counter": Counter(501.5),
+            "optimizer": FSDP.optim_state_dict(model, opt),
+            "model": model.state_dict(),
+        }
+        order = [["model", "counter", "optimizer"], ["optimizer", "counter", "model"]][rank]  # this rank's order
+        state = {key: values[key] for key in order}
+        future = dcp.async_save(state, checkpoint_id=where, process_group=group)
+        train(model, opt, data[1 + k : 2 + k] if k < 2 else data[3:5])  # on while it is written
+        future.result()  # written
     torch.manual_seed(501 + 0x5EED)  # other weights: a load that does nothing shows
     target = compose_target(build())
     params = list(target.parameters())
@@ -154,8 +136,8 @@ def main(rank, world_size):
     target_opt = torch.optim.SGD(params, lr=0.05, momentum=0.9)
     FSDP.set_state_dict_type(target, StateDictType.SHARDED_STATE_DICT)
     values = {"counter": Counter(0.0), "model": target.state_dict()}
-    order = [["model", "counter"], ["counter", "model"]][rank]  # this rank"s order
-    state = {k: values[k] for k in order}
+    order = [["model", "counter"], ["counter", "model"]][rank]  # this rank's order
+    state = {key: values[key] for key in order}
     dcp.load(state, checkpoint_id=path[0])  # in place
     target.load_state_dict(state["model"])
     loaded = load_sharded_optimizer_state_dict(

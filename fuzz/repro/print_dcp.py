@@ -208,8 +208,8 @@ def _state(
     orders = [[body.entries[i].value for i in order if body.entries[i] in entries] for order in body.orders]
     return [
         *lines,
-        f"    order = {orders!r}[rank]  # this rank's order".replace("'", '"'),
-        "    state = {k: values[k] for k in order}",
+        f"    order = {orders!r}[rank]".replace("'", '"') + "  # this rank's order",
+        "    state = {key: values[key] for key in order}",
     ]
 
 
@@ -407,6 +407,20 @@ def _saves_in_flight(body: DcpBody, options: str, judged: bool, counter: float) 
         writer = ", ".join(["path[0]", "cache_staged_state_dict=True", *_changed(body.writer)])
         lines.append(f"    writer = dcp.FileSystemWriter({writer})  # one writer stages every save")
     lines += _stager(body)
+    after = t.steps + body.steps_after
+    if not judged and not any(first <= c.step < after for c in body.requires_grad):  # one loop
+        early = f'[os.path.join(path[0], f"early-{{i}}") for i in range({n - 1})]'
+        train = f"data[{first} + k : {first + 1} + k] if k < {n - 1} else data[{t.steps}:{after}]"
+        return [
+            *lines,
+            f"    saves = {early} + [path[0]]  # the last into the checkpoint's",
+            "    for k, where in enumerate(saves):",
+            *(f"    {line}" for line in _state(body, "model", "opt", options, counter=counter)),
+            *_save(body, "where", indent="        "),
+            f"        train(model, opt, {train})  # on while it is written",
+            "        future.result()  # written",
+            *(["    stager.close()"] if body.stager is not None else []),
+        ]
     for k in range(n):
         last = k == n - 1
         lines += _state(body, "model", "opt", options, counter=counter)
