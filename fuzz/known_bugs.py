@@ -361,14 +361,20 @@ UNFROZEN_UNRESHARDED = KnownBug(
 FROZEN_UNIT_RECOMPUTED_UNRESHARDED = KnownBug(
     "fully_shard-frozen-unit-recomputed-unresharded",
     "a fully_shard unit of frozen parameters that runs twice in one forward inside a checkpointed region "
-    "stays unsharded after backward although reshard_after_backward is True",
+    "stays unsharded after backward although reshard_after_backward is True; unfrozen later (through the "
+    "sharded parameter), its registered unsharded parameters keep requires_grad=False in the next forward "
+    "and the recomputation raises CheckpointError 'Recomputed values ... different metadata'",
     # Wrong memory, no wrong number: only the after-backward memory contract sees it, and a
-    # numeric mismatch in such a case is not this bug (fuzz.known.explains).
-    symptoms=frozenset({"contract"}),
+    # numeric mismatch in such a case is not this bug (fuzz.known.explains); its exception
+    # form needs a leaf of the unit unfrozen later.
+    symptoms=frozenset({"contract", "exception"}),
     relation="none found after five phrasings (FSDP2, checkpoint, a module called twice, frozen parameters, "
-    "not resharded after backward); related: FSDP1's fixes for frozen parameters used more than once",
-    state="present in torch 2.13.0",
-    see_also=("pytorch/pytorch#110948", "pytorch/pytorch#95805"),
+    "not resharded after backward), and three for the exception form (the CheckpointError text with FSDP2 and a "
+    "frozen parameter, unfreezing an FSDP2 parameter before a recomputation, requires_grad not reaching the "
+    "unsharded parameter); related: FSDP1's fixes for frozen parameters used more than once, and FSDP1's "
+    "requires_grad change lost while a FlatParameter stays unsharded",
+    state="present in torch 2.13.0 (the exception form found on torch 2.11)",
+    see_also=("pytorch/pytorch#110948", "pytorch/pytorch#95805", "pytorch/pytorch#105371"),
     ends_ranks=False,
     conditional=True,
     condition=OfTree(frozen_unit_run_twice_checkpointed),
