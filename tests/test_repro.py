@@ -162,7 +162,8 @@ def test_a_script_carries_only_what_its_case_runs() -> None:
     """An invalid case carries no training, state-dict or DCP code; a DCP case carries them."""
     invalid = carried_modules(["fuzz.repro.runtime", "fuzz._rank.invalid", "fuzz.properties.invalid"])
     assert "fuzz._rank.parity" not in invalid and "fuzz._rank.dcp" not in invalid
-    assert not any(name.startswith("fuzz.properties.") and name != "fuzz.properties.invalid" for name in invalid)
+    properties = {n for n in invalid if n.startswith("fuzz.properties.")}
+    assert properties == {"fuzz.properties.invalid", "fuzz.properties.spec"}
     dcp = carried_modules(["fuzz._rank.dcp"])
     assert {"fuzz._rank.state_dict", "fuzz._rank.parity", "fuzz._rank.compose"} <= set(dcp)
     assert relative("fuzz.repro") == "fuzz/repro/__init__.py"
@@ -411,7 +412,7 @@ def test_repro_writes_the_kept_reduced_script_and_full_the_unreduced_one(tmp_pat
 def test_all_prints_the_figures(tmp_path: Path) -> None:
     corpus = tmp_path / "corpus"
     corpus.mkdir()
-    for name in ("parity-mismatch-da0c9d4e06cd", "dcp-hang-96de59c34a50", "state_dict-exception-b39fcc19147a"):
+    for name in ("parity-mismatch-da0c9d4e06cd", "dcp-hang-96de59c34a50", "parity-exception-86a14603f6de"):
         for suffix in (".json", ".repro.py"):
             (corpus / f"{name}{suffix}").write_text((ROOT / "corpus" / f"{name}{suffix}").read_text())
     (corpus / "broken.json").write_text("{")
@@ -419,8 +420,10 @@ def test_all_prints_the_figures(tmp_path: Path) -> None:
     with pytest.raises(ShardfuzzError, match=r"1 of 4 entries unreadable: .*broken\.json"):
         bench_all(corpus, say=lines.append)  # the rest done first, then the unreadable one named
     assert "rendered: 3/4" in lines
-    assert "reduced (a current NAME.repro.py): 3/4" in lines
-    assert "in the plain form (the exception left to propagate): 1 of the 1 exception entries" in lines
+    assert "printed from the case (NAME.repro.py): 2/4" in lines
+    assert "reduced (a current NAME.repro.py): 1/4" in lines
+    assert "in the plain form (the exception left to propagate): 1 of the reduced exception scripts" in lines
+    assert any(line.startswith("printed scripts' code lines: median ") for line in lines)
     assert any(line.startswith("code lines: median ") for line in lines)
     result = run_cli("repro", "--all", str(corpus))
     assert result.returncode == 2 and "broken.json" in result.stderr.splitlines()[-1], result.stderr
@@ -428,10 +431,11 @@ def test_all_prints_the_figures(tmp_path: Path) -> None:
     (corpus / "broken.json").unlink()
     figures = bench_all(corpus, say=lines.append)
     assert figures["rendered"] == 3 and figures["total"] == 3 and figures["plain_forms"] == 1
+    assert figures["printed"] == 2 and figures["reduced"] == 1
 
 
-def test_all_fixed_runs_each_reduced_script_on_torch_with_its_bugs_fix(tmp_path: Path) -> None:
-    """``--fixed``: a reduced script whose bug has a fix written passes on torch with it; one
+def test_all_fixed_runs_each_stored_script_on_torch_with_its_bugs_fix(tmp_path: Path) -> None:
+    """``--fixed``: a stored script whose bug has a fix written passes on torch with it; one
     that fails there anyway (here made to exit 1 whatever it finds) is counted as not passing."""
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -440,9 +444,8 @@ def test_all_fixed_runs_each_reduced_script_on_torch_with_its_bugs_fix(tmp_path:
             (corpus / f"{name}{suffix}").write_text((ROOT / "corpus" / f"{name}{suffix}").read_text())
     spoilt = corpus / "state_dict-exception-67e354131411.repro.py"
     text = spoilt.read_text()
-    exit_line = "os._exit(0)  # a rank must not wait for the others at exit"  # the plain form's last line
-    assert exit_line in text
-    spoilt.write_text(text.replace(exit_line, "os._exit(1)"))
+    assert text.rstrip().endswith("os._exit(0)")  # where a script that ran through ends
+    spoilt.write_text(text.rstrip().removesuffix("os._exit(0)") + "os._exit(1)\n")
     lines: list[str] = []
     figures = bench_all(corpus, fixed=True, say=lines.append)
     assert figures["fixed_run"] == 2 and figures["fixed_passed"] == 1, lines

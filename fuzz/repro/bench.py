@@ -27,6 +27,7 @@ from fuzz.corpus import Entry, load_corpus
 from fuzz.errors import ShardfuzzError
 from fuzz.repro import render_entry
 from fuzz.repro.harness import is_plain
+from fuzz.repro.printed import is_printed
 from fuzz.repro.script import code_lines, generated_lines
 
 #: Seconds a script may run under --run before it counts as timed out.
@@ -108,6 +109,7 @@ def bench_all(
     stale_lines: list[int] = []
     stale_seconds: list[float] = []
     older_sources = 0
+    printed_lines: list[int] = []  # scripts printed from the case (fuzz.repro.printed)
     plain_forms = 0  # exceptions' scripts in their plain form (fuzz.repro.harness.plain)
     with_fix: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="shardfuzz-repro-all-") as tmp:
@@ -155,7 +157,10 @@ def bench_all(
                 if took is not None:
                     stale_seconds.append(float(took))
                 row += f"; kept reduced script is stale: {stale_lines[-1]} code lines"
-            if reduced is not None:
+            if reduced is not None and is_printed(reduced):
+                printed_lines.append(code_lines(reduced))
+                row += f"; printed from the case: {printed_lines[-1]} code lines"
+            elif reduced is not None:
                 if not from_current_sources(reduced, entry):
                     older_sources += 1
                     row += "; reduced from older carried sources"
@@ -165,14 +170,19 @@ def bench_all(
                 if took is not None:
                     reduce_seconds.append(float(took))
                 row += f"; reduced: {reduced_lines[-1]} code lines" + (f" (reduced in {took} s)" if took else "")
-                if fixed:
-                    with tempfile.TemporaryDirectory(dir=tmp) as fix_dir:
-                        ran = run_fixed(reduced, entry, Path(fix_dir))
-                    if ran is not None:
-                        with_fix[path.name] = ran
-                        row += f"; with its bug's fix: {ran}"
+            if reduced is not None and fixed:
+                with tempfile.TemporaryDirectory(dir=tmp) as fix_dir:
+                    ran = run_fixed(reduced, entry, Path(fix_dir))
+                if ran is not None:
+                    with_fix[path.name] = ran
+                    row += f"; with its bug's fix: {ran}"
             say(row)
-    figures: dict[str, object] = {"rendered": len(lines), "total": total, "reduced": len(reduced_lines)}
+    figures: dict[str, object] = {
+        "rendered": len(lines),
+        "total": total,
+        "printed": len(printed_lines),
+        "reduced": len(reduced_lines),
+    }
     say(f"rendered: {len(lines)}/{total}")
     if lines:
         figures.update(median_lines=statistics.median(lines), max_lines=max(lines))
@@ -181,6 +191,13 @@ def bench_all(
         say(
             f"written for the entry (the rest is carried modules): median {statistics.median(generated):g}, "
             f"max {max(generated)}"
+        )
+    say(f"printed from the case (NAME.repro.py): {len(printed_lines)}/{total}")
+    if printed_lines:
+        figures.update(median_printed_lines=statistics.median(printed_lines), max_printed_lines=max(printed_lines))
+        say(
+            f"printed scripts' code lines: median {statistics.median(printed_lines):g}, max {max(printed_lines)}, "
+            f"min {min(printed_lines)}"
         )
     say(f"reduced (a current NAME.repro.py): {len(reduced_lines)}/{total}")
     if reduced_lines:
@@ -194,8 +211,7 @@ def bench_all(
             f"reduced scripts' code lines: median {statistics.median(reduced_lines):g}, max {max(reduced_lines)}, "
             f"min {min(reduced_lines)}"
         )
-        exceptions = sum(e.kind == "exception" for _, e in entries)
-        say(f"in the plain form (the exception left to propagate): {plain_forms} of the {exceptions} exception entries")
+        say(f"in the plain form (the exception left to propagate): {plain_forms} of the reduced exception scripts")
         say(
             f"reduced from older carried sources (still standalone; --reduce --refresh reduces them again): "
             f"{older_sources}/{len(reduced_lines)}"
@@ -223,7 +239,7 @@ def bench_all(
         good = sum(ran == "passed" for ran in with_fix.values())
         figures.update(fixed_passed=good, fixed_run=len(with_fix), bugs_with_fix=len(written), bugs=len(bugs))
         say(
-            f"with their bug's fix: {good}/{len(with_fix)} reduced scripts pass (exit 0, PASS); "
+            f"with their bug's fix: {good}/{len(with_fix)} stored scripts pass (exit 0, PASS); "
             f"fixes written for {len(written)} of the {len(bugs)} known bugs with entries here"
         )
     if run:

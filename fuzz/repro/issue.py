@@ -124,8 +124,9 @@ _VERDICT = re.compile(r"^(REPRODUCED|FAIL \(|PASS)")
 
 def observed(output: str, status: int | None) -> str:
     """What a maintainer needs of a run's output: the first rank's traceback (at most
-    :data:`TRACEBACK_LINES` lines, from "Traceback"), the stuck rank's stack, and the verdict
-    lines; torchrun's and torch's warnings left out."""
+    :data:`TRACEBACK_LINES` lines, from "Traceback": torch's ``[rankN]:`` lines, or the first
+    traceback a script printed itself), the stuck rank's stack, and the verdict lines;
+    torchrun's and torch's warnings and torchrun's own traceback left out."""
     by_rank: dict[int, list[str]] = {}
     for line in output.splitlines():
         m = _RANK_LINE.match(line)
@@ -137,7 +138,12 @@ def observed(output: str, status: int | None) -> str:
         if starts:
             quoted = [f"rank {rank}:", *lines[starts[0] :][-TRACEBACK_LINES:]]
             break
-    stack = [line for line in output.splitlines() if line.startswith("  File ") or line.startswith("    ")]
+    lines = output.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
+    if not quoted and starts:  # a script that prints its rank's traceback itself, before its verdict
+        end = next((j for j in range(starts[0], len(lines)) if _VERDICT.match(lines[j])), len(lines))
+        quoted = lines[starts[0] : end][-TRACEBACK_LINES:]
+    stack = [line for line in lines if line.startswith("  File ") or line.startswith("    ")]
     if not quoted and stack:
         quoted = stack[-TRACEBACK_LINES:]
     verdicts = [line for line in output.splitlines() if _VERDICT.match(line)]
