@@ -17,6 +17,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from fuzz.model import Case, Composition, Dtype, Optimizer, ShardSpec, Training
+from fuzz.model.rules import checkpoint_over_replicate
 from fuzz.model.user import ModelInfo, RoundTrip, UserParityBody, UserStateBody, composition_problem
 from fuzz.user_model import describe, spec_of
 from strategies._cases import trainings
@@ -69,9 +70,11 @@ def user_compositions(
         kw["mesh"] = (2, world_size // 2)
     units = [("", root[0], root[1])]
     for unit in inner:
-        if composition_problem(info, _compose(info, [*units, unit], checkpoints, **kw)) is None:
+        if composition_problem(info, _compose(info, [*units, unit], [], **kw)) is None:
             units.append(unit)
     comp = _compose(info, units, checkpoints, **kw)
+    while (over := checkpoint_over_replicate(comp)) is not None:  # the units win; the checkpoint goes
+        comp = replace(comp, checkpoints=tuple(c for c in comp.checkpoints if c != over[1]))
     if kw.get("mesh") and not comp.shards:
         comp = replace(comp, mesh=())
     problem = composition_problem(info, comp)

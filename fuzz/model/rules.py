@@ -33,6 +33,19 @@ from fuzz.model.tree import (
 )
 
 
+def checkpoint_over_replicate(comp: Composition) -> tuple[int, str, str] | None:
+    """The first checkpoint at or above a replicate'd module, as (its index, its path, the
+    replicate's path), or None. The recomputation in backward calls the replicate'd module's
+    forward (DDP's) again while its reducer is mid-backward ("Expected to have finished reduction
+    in the prior iteration"); DDP's docs speak of checkpointing inside the model it wraps.
+    Generated trees and users' models both follow it."""
+    for i, path in enumerate(comp.checkpoints):
+        for held in comp.replicates:
+            if contains(path, held):
+                return i, path, held
+    return None
+
+
 def check_composition(tree: ModuleTree, comp: Composition, where: str = "composition") -> None:
     """Structural checks of a composition against its tree (CaseError on the first problem)."""
     paths = tree.paths()
@@ -96,11 +109,10 @@ def check_composition(tree: ModuleTree, comp: Composition, where: str = "composi
     for i, path in enumerate(comp.checkpoints):
         if saves_nothing(paths[path]):
             raise CaseError(f"{where}.checkpoints[{i}]", f"{path!r} saves nothing for backward: not drawn yet")
-        for held in [r for r in comp.replicates if contains(path, r)][:1]:
-            # The recomputation in backward calls the replicate'd module's forward (DDP's) again
-            # while its reducer is mid-backward: "Expected to have finished reduction in the prior
-            # iteration". DDP's docs speak of checkpointing inside the model it wraps.
-            raise CaseError(f"{where}.checkpoints[{i}]", f"{path!r} holds replicate({held!r}): not checkpointed")
+    over = checkpoint_over_replicate(comp)
+    if over is not None:
+        i, path, held = over
+        raise CaseError(f"{where}.checkpoints[{i}]", f"{path!r} holds replicate({held!r}): not checkpointed")
     _check_replicate_options(tree, comp, where)
     _check_checkpoint_options(tree, comp, where)
     _check_ignored_params(tree, comp, where)

@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 from fuzz.errors import CaseError, InvalidArgument
 from fuzz.model.case import Body
 from fuzz.model.composition import Composition
+from fuzz.model.rules import checkpoint_over_replicate
 from fuzz.model.training import AccumSync, Compile, Training
 from fuzz.model.tree import contains, is_ancestor
 
@@ -166,6 +167,7 @@ def composition_problem(info: ModelInfo, comp: Composition) -> str | None:
     - a replicate unit keeps a trainable parameter of its own (DDP refuses a module without one);
     - the modules sharing a parameter (tied weights) belong to one unit: FSDP2 and DDP manage a
       parameter in one unit, and a tied parameter split over two is not a documented use;
+    - no checkpoint at or above a replicate'd module (:func:`fuzz.model.rules.checkpoint_over_replicate`);
     - fully_shard / replicate only on modules holding parameters; no wrappers, tensor
       parallelism, knobs, options, SPMD or meta-device init yet (docs/user_models.md).
     """
@@ -216,6 +218,11 @@ def composition_problem(info: ModelInfo, comp: Composition) -> str | None:
             return (
                 f"the modules {list(group)} share a parameter but belong to different units {sorted(map(str, units))}"
             )
+    over = checkpoint_over_replicate(comp)
+    if over is not None:
+        return (
+            f"checkpoints: {over[1]!r} holds replicate({over[2]!r}), whose forward its recomputation would call again"
+        )
     unused = any(m.unused and owners.get(m.path) in comp.replicates for m in info.modules)
     if unused and not comp.find_unused:
         return "replicate over parameters that get no gradient needs find_unused"
