@@ -166,7 +166,7 @@ def trainings(
         param_groups=draw(st.sampled_from((1, 2))),
         # foreach=True over fully_shard + replicate parameters hits a known torch bug (corpus:
         # pytorch/pytorch#183207); its minimal cases are kept there, the strategy draws the rest.
-        # None is foreach on CUDA: see _rare_foreach_on_mixed_params.
+        # None is foreach on CUDA: see rare_foreach_on_mixed_params.
         foreach=draw(st.sampled_from((None, False))),
         clip_grad_norm=clip,
         eval_forward=draw(st.sampled_from((False, True, False))) if evaluation else False,
@@ -239,7 +239,7 @@ def _fit_training(training: Training, comp: Composition) -> Training:
     return training if sync is training.accum_sync else replace(training, accum_sync=sync)
 
 
-def _rare_foreach_on_mixed_params(draw: st.DrawFn, training: Training, *comps: Composition) -> Training:
+def rare_foreach_on_mixed_params(draw: st.DrawFn, training: Training, *comps: Composition) -> Training:
     """foreach=None means the foreach kernels on CUDA, which meet the known bug over a mix of
     fully_shard (DTensor) and replicate (plain tensor) parameters: keep that rare. (On CPU None
     is the per-parameter loop, like False, so CPU cases are unchanged.)"""
@@ -441,7 +441,7 @@ def _spmd_keeping_known(draw: st.DrawFn, tree: ModuleTree, comp: Composition) ->
     return candidate
 
 
-def _maybe_spmd(draw: st.DrawFn, tree: ModuleTree, comp: Composition) -> Composition:
+def maybe_spmd(draw: st.DrawFn, tree: ModuleTree, comp: Composition) -> Composition:
     """About one in SPMD_ODDS compositions that can be one become an SPMD program; rarely, one
     whose loss is F.mse_loss of the DTensors (a known bug: known.DTENSOR_MSE_LOSS)."""
     candidate = _spmd_keeping_known(draw, tree, comp)
@@ -489,12 +489,12 @@ def parity_cases(
         if comp.shards and one_in(draw, KNOB_ODDS):
             knobs = draw(fsdp_knobs(comp, world_size=world_size, scaling=True, accelerator=accelerator, tree=tree))
             comp = replace(comp, knobs=knobs)
-    comp = _maybe_spmd(draw, tree, _maybe_ignored_params(draw, tree, _maybe_api_options(draw, tree, comp)))
+    comp = maybe_spmd(draw, tree, _maybe_ignored_params(draw, tree, _maybe_api_options(draw, tree, comp)))
     training = _fit_training(
         draw(trainings(max_steps=max_steps, hsdp=bool(comp.mesh), clipping=True, evaluation=True, forwards=True)),
         comp,
     )
-    training = _rare_foreach_on_mixed_params(draw, training, comp)
+    training = rare_foreach_on_mixed_params(draw, training, comp)
     training = _rare_unused_after_partial_reduce(draw, tree, draw(training_schedules(tree, training, comp)), comp)
     training = _rare_unfrozen_unresharded(draw, tree, training, comp, world_size=world_size)
     training = _rare_fsdp1_compiled(draw, training, world_size, comp)
@@ -523,7 +523,7 @@ def _tensor_parallel_parity_case(draw: st.DrawFn, world_size: int, max_depth: in
     about one in SPMD_ODDS as an SPMD program on the (shard, tp) mesh, where torch has it."""
     widths = st.sampled_from([w for w in WIDTHS if w % TP_SIZE == 0])
     tree = draw(with_tp_blocks(draw(module_trees(max_depth=max_depth, widths=widths))))
-    comp = _maybe_spmd(draw, tree, draw(tensor_parallel(tree, world_size=world_size)))
+    comp = maybe_spmd(draw, tree, draw(tensor_parallel(tree, world_size=world_size)))
     training = _fit_training(draw(trainings(max_steps=max_steps, hsdp=False)), comp)
     training = _tp_layer_norm_in_float64(training, tree, comp)
     body = ParityBody(tree=tree, composition=comp, training=training)
@@ -652,7 +652,7 @@ def metamorphic_cases(
     )
     training = _fit_training(training, variant)  # no accumulation here: only an SPMD variant's compile goes
     training = _tp_layer_norm_in_float64(training, tree, comp, variant)
-    training = _rare_foreach_on_mixed_params(draw, training, comp, variant)
+    training = rare_foreach_on_mixed_params(draw, training, comp, variant)
     training = draw(training_schedules(tree, training, comp, variant))
     training = _rare_unfrozen_unresharded(draw, tree, training, comp, variant, world_size=world_size)
     training = _rare_fsdp1_compiled(draw, training, world_size, comp, variant)

@@ -87,7 +87,7 @@ def _trainable_left(tree: ModuleTree, path: str, sharded: list[str]) -> bool:
 
 
 @st.composite
-def _disjoint_subset(draw: st.DrawFn, candidates: list[str], exclude: list[str], min_size: int = 0) -> list[str]:
+def disjoint_subset(draw: st.DrawFn, candidates: list[str], exclude: list[str], min_size: int = 0) -> list[str]:
     out: list[str] = []
     if not candidates:
         return out
@@ -148,7 +148,7 @@ def compositions(
     replicates: list[str] = []
     if mode == "replicate-sub":
         free = [p for p in candidates if p not in chosen and p not in (tree.tied or ())]
-        replicates = draw(_disjoint_subset(free, [], min_size=1))
+        replicates = draw(disjoint_subset(free, [], min_size=1))
     if mode == "replicate-root":
         replicates = [""]
     # DDP (inside replicate) refuses a module with no trainable parameter of its own to manage.
@@ -194,7 +194,7 @@ def compositions(
                 offload=offloaded,
             )
         )
-    checkpoints = draw(_disjoint_subset(list(paths), replicates)) if checkpoint else []
+    checkpoints = draw(disjoint_subset(list(paths), replicates)) if checkpoint else []
     return Composition(
         shards=tuple(specs),
         replicates=tuple(replicates),
@@ -223,7 +223,7 @@ def wrappers(draw: st.DrawFn, tree: ModuleTree, *, world_size: int, checkpoint: 
             mesh = (1, world_size)
     auto_wrap = draw(st.booleans()) if wrapper.value.startswith("fsdp1") else False
     submodules = [p for p in tree.paths() if p]
-    checkpoints = draw(_disjoint_subset(submodules, [])) if checkpoint else []
+    checkpoints = draw(disjoint_subset(submodules, [])) if checkpoint else []
     find_unused = wrapper is Wrapper.DDP and draw(st.booleans())
     return Composition(
         wrapper=wrapper, mesh=mesh, auto_wrap=auto_wrap, checkpoints=tuple(checkpoints), find_unused=find_unused

@@ -60,8 +60,8 @@ from fuzz.model import (
     tensor_kind,
 )
 from fuzz.model.state_dict import StagerOptions
-from strategies._cases import _maybe_spmd, _rare_foreach_on_mixed_params, trainings
-from strategies._compositions import _disjoint_subset, compositions, meshes
+from strategies._cases import maybe_spmd, rare_foreach_on_mixed_params, trainings
+from strategies._compositions import compositions, disjoint_subset, meshes
 from strategies._odds import keep_known, one_in
 from strategies._options import torch_has
 from strategies._trees import module_trees
@@ -87,7 +87,7 @@ def layouts(draw: st.DrawFn, tree: ModuleTree, *, world_size: int, fsdp1: bool =
         return Composition(wrapper=Wrapper.DDP)
     # compositions() keeps the known int-reshard / Shard(1) FSDP2 bug rare.
     comp: Composition = draw(compositions(tree, world_size=world_size, replicate=kind == "composable"))
-    return _maybe_spmd(draw, tree, comp)
+    return maybe_spmd(draw, tree, comp)
 
 
 FSDP1_WRAPPERS = (
@@ -113,7 +113,7 @@ def fsdp1_layouts(draw: st.DrawFn, tree: ModuleTree, *, world_size: int) -> Comp
             draw, known.FSDP1_HSDP_SHARD1
         ):
             mesh = (1, world_size)
-    checkpoints = draw(_disjoint_subset([p for p in tree.paths() if p], []))
+    checkpoints = draw(disjoint_subset([p for p in tree.paths() if p], []))
     comp = Composition(wrapper=wrapper, mesh=mesh, auto_wrap=draw(st.booleans()), checkpoints=tuple(checkpoints))
     if known.fsdp1_frozen_unit(comp, tree) and not keep_known(draw, known.FSDP1_FROZEN_UNIT):
         comp = replace(comp, auto_wrap=False)  # a known FSDP1 bug with a unit of frozen parameters: rarely
@@ -335,7 +335,7 @@ def state_dict_cases(
     if ignore_frozen:
         strict, meta = False, False
     training = _stateful_optimizer(draw, draw(trainings(max_steps=max_steps, accumulation=False)), stateless_bug)
-    training = _rare_foreach_on_mixed_params(draw, training, source, target)
+    training = rare_foreach_on_mixed_params(draw, training, source, target)
     frozen_in_optimizer, empty_group = _optimizer_options(draw, tree)
     # flatten_optimizer_state_dict, half the time (not with an empty param group: the flat
     # format keys hyperparameters by parameter). With full state dicts set_optimizer_state_dict
@@ -566,7 +566,7 @@ def dcp_cases(
     # FSDP1 recipe (fsdp1_dcp_stateless): rarely.
     stateless_bug = known.stateless_full_path(load_full, target) or how == "classic"
     training = _stateful_optimizer(draw, training, stateless_bug and optimizer_loaded)
-    training = _rare_foreach_on_mixed_params(draw, training, source, target)
+    training = rare_foreach_on_mixed_params(draw, training, source, target)
     steps_after = draw(st.sampled_from((1, 2) if fsdp1 else (1, 2, 0)))
     # async_save(no_dist=True) where this torch takes it: each rank saves alone, asynchronously
     async_save = draw(st.booleans()) and (

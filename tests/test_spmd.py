@@ -43,7 +43,7 @@ from fuzz.pool import RankPool
 from fuzz.properties.parity import composition_features, judge_parity
 from fuzz.properties.state_dict import judge_state_dict
 from strategies import dcp_cases, metamorphic_cases, metamorphic_variants, parity_cases, state_dict_cases
-from strategies._cases import _maybe_spmd, spmd_of
+from strategies._cases import maybe_spmd, spmd_of
 from strategies._options import has_dp_mesh_dims
 from tests.conftest import fault_env, fault_pool
 
@@ -311,7 +311,7 @@ def test_the_strategies_draw_f_mse_loss_of_dtensors_rarely() -> None:
 
     @st.composite
     def compositions(draw: st.DrawFn) -> Composition:
-        return _maybe_spmd(draw, TREE, base)  # as parity, state_dict and dcp cases draw theirs
+        return maybe_spmd(draw, TREE, base)  # as parity, state_dict and dcp cases draw theirs
 
     found = find(compositions(), lambda c: c.spmd_mse_loss, settings=FIRST_FOUND)
     assert found == replace(SPMD, spmd_mse_loss=True)

@@ -116,13 +116,13 @@ def forwards_of(batch: tuple[Any, Any]) -> tuple[list[Any], list[Any]]:
     return (x, y) if isinstance(x, list) else ([x], [y])
 
 
-def _seed_for_run(case: Case, ctx: RankContext, tp_size: int = 1) -> None:
+def seed_for_run(case: Case, ctx: RankContext, tp_size: int = 1) -> None:
     # Same on both runs of one rank (dropout masks agree), different across data-parallel
     # ranks; the same within a tensor-parallel group, whose ranks compute one activation.
     torch.manual_seed((case.seed * 7919 + ctx.rank // tp_size + 1) % 2**63)
 
 
-class _Contracts:
+class RankContracts:
     """Hooks that record API contracts during the composed run's first forward."""
 
     def __init__(self, model: nn.Module, comp: Composition) -> None:
@@ -252,14 +252,14 @@ def train(
         model = build_model(tree, ctx.device).to(dtype)
         composed = Composed(model)
     reinitialise(composed.model, training)
-    contracts = _Contracts(model, comp) if comp is not None else None
+    contracts = RankContracts(model, comp) if comp is not None else None
     obs: dict[str, Any] = {}
     blocks = tree_blocks(composed.model)
     later = _unfrozen_later(composed.model, training)
     opt = make_optimizer(composed.model.parameters(), training, [p for ps in later.values() for p in ps])
     forward = _compiled(composed.model, training) if comp is not None else composed.model
     spmd = composed.spmd_mesh
-    _seed_for_run(case, ctx, tp_size)
+    seed_for_run(case, ctx, tp_size)
     losses: list[list[float]] = []
     eval_losses: list[float] = []
     params_per_step: list[dict[str, list[float]]] = []
@@ -315,13 +315,13 @@ def train(
                     clear_stashed(blocks)
             step_losses.append(loss.item())
         if comp is None and precision is None:
-            _average_gradients(model, ctx, grad_scales or {}, local)
+            average_gradients(model, ctx, grad_scales or {}, local)
         if training.clip_grad_norm is not None:
             clip_gradients(composed, training.clip_grad_norm)
         if composed.wrapper.value.startswith("fsdp1") and composed.wrapper.value != "fsdp1_no_shard":
             grad_norms.append(float("nan"))  # FSDP1 keeps local shards of gradients: not comparable
         else:
-            grad_norms.append(_grad_norm(composed))
+            grad_norms.append(grad_norm(composed))
         opt.step()
         opt.zero_grad(set_to_none=training.set_to_none)
         losses.append(step_losses)
@@ -334,7 +334,7 @@ def train(
     obs["grad_norms"] = grad_norms
     if training.eval_forward:
         obs["eval_losses"] = eval_losses
-    obs["local_params"] = _local_replicated(composed.model, _local_of(tree, comp))
+    obs["local_params"] = local_replicated(composed.model, _local_of(tree, comp))
     obs["knob_problems"] = [] if composed.knobs is None else composed.knobs.final_problems()
     if ctx.rank == 0:
         obs["params"] = params_per_step
@@ -428,7 +428,7 @@ def owner_path(name: str) -> str:
     return ".".join(c for c in clean_name(name).split(".")[:-1] if c.isdigit())
 
 
-def _average_gradients(
+def average_gradients(
     model: nn.Module, ctx: RankContext, scales: dict[str, float], local: frozenset[str] = frozenset()
 ) -> None:
     for name, p in model.named_parameters():
@@ -567,7 +567,7 @@ def grad_scales(tree: ModuleTree, comp: Composition, world_size: int) -> dict[st
     return {path: scale for path, scale in scales.items() if scale != 1.0}
 
 
-def _grad_norm(composed: Composed) -> float:
+def grad_norm(composed: Composed) -> float:
     """Squared-norm of this rank's (local shard of the) gradients, summed over ranks' view."""
     from torch.distributed.tensor import DTensor
 
@@ -585,7 +585,7 @@ def _local_of(tree: ModuleTree, comp: Composition | None) -> frozenset[str]:
     return frozenset() if comp is None else frozenset(Layout(tree, comp).local())
 
 
-def _local_replicated(model: nn.Module, local: frozenset[str] = frozenset()) -> dict[str, list[float]]:
+def local_replicated(model: nn.Module, local: frozenset[str] = frozenset()) -> dict[str, list[float]]:
     """Parameters held whole on every rank (replicate, DDP): must be equal across ranks. Those of
     the modules in ``local`` (replicate's ignored ones) train on each rank's own data: left out."""
     from torch.distributed.tensor import DTensor

@@ -24,12 +24,12 @@ from torch import nn
 from fuzz._rank.compose import TORCH_DTYPES, Composed, compose
 from fuzz._rank.context import RankContext
 from fuzz._rank.parity import (
-    _average_gradients,
-    _Contracts,
-    _grad_norm,
-    _local_replicated,
-    _seed_for_run,
+    RankContracts,
+    average_gradients,
+    grad_norm,
+    local_replicated,
     make_optimizer,
+    seed_for_run,
 )
 from fuzz.model import AccumSync, Case, Composition, Dtype, Training
 from fuzz.model.user import RoundTrip, UserParityBody, UserStateBody, digest, load_factory
@@ -131,12 +131,12 @@ def train_user(
     :func:`fuzz.properties.parity.compare_runs` reads."""
     model = composed.model
     opt = make_optimizer(model.parameters(), training)
-    contracts = _Contracts(model, comp) if comp is not None else None
+    contracts = RankContracts(model, comp) if comp is not None else None
     obs: dict[str, Any] = {}
     losses: list[list[float]] = []
     grad_norms: list[float] = []
     params: list[dict[str, list[float]]] = []
-    _seed_for_run(case, ctx)
+    seed_for_run(case, ctx)
     for step in batches:
         step_losses = []
         for i, (inputs, targets) in enumerate(step):
@@ -153,8 +153,8 @@ def train_user(
             loss.backward()
             step_losses.append(loss.item())
         if comp is None:
-            _average_gradients(model, ctx, {})
-        grad_norms.append(_grad_norm(composed))
+            average_gradients(model, ctx, {})
+        grad_norms.append(grad_norm(composed))
         opt.step()
         opt.zero_grad(set_to_none=training.set_to_none)
         losses.append(step_losses)
@@ -163,7 +163,7 @@ def train_user(
                 params.append({n: t.double().cpu().flatten().tolist() for n, t in full.items()})
     obs["losses"] = losses
     obs["grad_norms"] = grad_norms
-    obs["local_params"] = _local_replicated(model)
+    obs["local_params"] = local_replicated(model)
     obs["knob_problems"] = []
     if ctx.rank == 0:
         obs["params"] = params
@@ -214,7 +214,7 @@ def _cloned(obj: Any) -> Any:
 def _probe(model: nn.Module, inputs: Any, case: Case, ctx: RankContext) -> list[float]:
     """Forward outputs on ``inputs`` without autograd, the RNG seeded as for the run (dropout
     draws the same masks before the save and after the load)."""
-    _seed_for_run(case, ctx)
+    seed_for_run(case, ctx)
     with torch.no_grad():
         return flat_values(call_model(model, inputs))
 
@@ -236,7 +236,7 @@ def run_user_state(case: Case, body: UserStateBody, ctx: RankContext) -> dict[st
     batches = user_batches(case, body.training, batch_fn, ctx, extra=1)
     composed = compose(model, body.composition, ctx)
     opt = make_optimizer(composed.model.parameters(), body.training)
-    _seed_for_run(case, ctx)
+    seed_for_run(case, ctx)
     for step in batches[:-1]:
         for inputs, targets in step:
             loss_fn(call_model(composed.model, inputs), targets).backward()
@@ -289,7 +289,7 @@ def _one_step(
     composed: Composed, opt: Any, step: list[Any], loss_fn: Any, training: Training, case: Case, ctx: RankContext
 ) -> dict[str, Any]:
     """One optimizer step on ``step``'s microbatches: the losses, and (rank 0) the parameters after."""
-    _seed_for_run(case, ctx)
+    seed_for_run(case, ctx)
     losses = []
     for inputs, targets in step:
         loss = loss_fn(call_model(composed.model, inputs), targets)
