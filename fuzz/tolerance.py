@@ -33,9 +33,11 @@ Values are compared elementwise as ``|actual - expected| <= atol + rtol * |expec
   Over more ranks a low-precision sum of three or more terms depends on its order, and the
   policy of the least precise dtype the run computes, reduces or outputs in applies. So it
   does where the backward itself adds three or more terms in another order: a fully_shard unit
-  that splits the uses of an activation across its boundary (a residual inside it and one
-  around it), whose terms FSDP2's backward hook adds first (bfloat16: a difference of one ulp
-  in the first layer's gradient, measured; :meth:`fuzz.model.Layout.regroups_input_gradients`),
+  that splits the uses of an activation across its boundary (a residual, or an attention's q, k
+  and v, inside it and a residual around it), whose terms FSDP2's backward hook adds first
+  (bfloat16: a difference of one ulp in the first layer's gradient, measured; with an
+  attention at two ranks, gradient norms 6e-4 apart in bfloat16 and 2e-5 in float16, measured;
+  :meth:`fuzz.model.Layout.regroups_input_gradients`),
   and a two-stage (replicate, shard) reduction over more than two ranks (over two, one stage
   is a single rank's; ``fuzz.properties.parity.judge_mixed_precision``).
   Where the sums are inexact, only what comes before the first update is compared (the first

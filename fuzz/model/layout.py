@@ -34,6 +34,11 @@ from fuzz.model.tree import (
     param_names,
 )
 
+#: Leaves whose forward reads its input in several autograd operations, so that the input's
+#: gradient is a sum of their terms: an attention's q, k and v projections; an RMSNorm, which
+#: torch computes as ``x * rsqrt(mean(x ** 2) + eps)`` (a LayerNorm is one native operation).
+REUSES_INPUT = frozenset({LeafKind.ATTENTION, LeafKind.RMS_NORM})
+
 
 @dataclass(frozen=True)
 class Unit:
@@ -200,8 +205,9 @@ class Layout:
     def regroups_input_gradients(self) -> bool:
         """Whether a fully_shard unit other than the root splits the uses of one activation:
         its input is used twice or more inside it (its module, or the first child of a block
-        down from it, adds a residual) and again outside it (it begins the children of a
-        residual block above it, whose skip adds the same tensor). That activation's gradient
+        down from it, adds a residual; or the first leaf down from it is one that reads its
+        input twice or more, :data:`REUSES_INPUT`) and again outside it (it begins the children
+        of a residual block above it, whose skip adds the same tensor). That activation's gradient
         is then a sum of three or more terms, and FSDP2's per-unit backward hook adds the
         unit's own terms first, where plain autograd adds them in another order: in a low
         precision the sums round apart (bfloat16, a (2, 1)-ulp difference in the first
@@ -214,6 +220,7 @@ class Layout:
                 if not node.children:
                     break
                 node = node.children[0]
+            inside = inside or (isinstance(node, Leaf) and node.kind in REUSES_INPUT)
             parts = member.split(".")
             outside = any(
                 isinstance(self.paths[".".join(parts[:i])], Block)
