@@ -363,7 +363,8 @@ FROZEN_UNIT_RECOMPUTED_UNRESHARDED = KnownBug(
     "a fully_shard unit of frozen parameters that runs twice in one forward inside a checkpointed region "
     "stays unsharded after backward although reshard_after_backward is True; unfrozen later (through the "
     "sharded parameter), its registered unsharded parameters keep requires_grad=False in the next forward "
-    "and the recomputation raises CheckpointError 'Recomputed values ... different metadata'",
+    "and the recomputation raises CheckpointError 'Recomputed values ... different metadata'; so does, "
+    "without unfreezing, a second forward before one backward (the region recomputed twice in it)",
     # Wrong memory, no wrong number: only the after-backward memory contract sees it, and a
     # numeric mismatch in such a case is not this bug (fuzz.known.explains); its exception
     # form needs a leaf of the unit unfrozen later.

@@ -133,6 +133,35 @@ def test_a_conditional_bugs_exact_signature_elsewhere_is_another_bug() -> None:
     assert _index().match(entry.signature, default, "exception") is None
 
 
+def test_a_frozen_unit_recomputed_twice_in_one_backward_is_the_unresharded_bug() -> None:
+    """Two forwards before one backward recompute a checkpointed region twice in that backward;
+    a frozen fully_shard unit the region runs twice (a repeat block) then makes the second
+    recomputation save other tensors than its forward did (CheckpointError at step 0, no
+    unfreezing): the case meets fully_shard-frozen-unit-recomputed-unresharded and is its
+    exception form. Run once per forward (no repeat), the case meets no condition of it."""
+    import json
+    from dataclasses import replace
+
+    from fuzz.model import case_from_json
+
+    path = Path(__file__).parent / "regressions" / "ckpt-frozen-unit-twice-two-forwards.json"
+    case = case_from_json(json.loads(path.read_text()))
+    signature = _entry("parity-exception-b2e07543b1f2.json").signature
+    assert case.body.training.forwards == 2 and not case.body.training.unfreeze  # type: ignore[union-attr]
+    assert known.meets(case, known_bugs.FROZEN_UNIT_RECOMPUTED_UNRESHARDED)
+    hit = _index().match(signature, case, "exception")
+    assert hit is not None and hit[1].bug == known_bugs.FROZEN_UNIT_RECOMPUTED_UNRESHARDED.id
+    root = case.body.tree.root  # type: ignore[union-attr]
+    block = root.children[1].children[1]
+    assert block.repeat
+    once = replace(block, repeat=False)
+    middle = replace(root.children[1], children=(root.children[1].children[0], once, *root.children[1].children[2:]))
+    tree = replace(case.body.tree, root=replace(root, children=(root.children[0], middle, *root.children[2:])))  # type: ignore[union-attr]
+    plain = replace(case, body=replace(case.body, tree=tree))
+    assert not known.meets(plain, known_bugs.FROZEN_UNIT_RECOMPUTED_UNRESHARDED)
+    assert _index().match(signature, plain, "exception") is None
+
+
 def test_foreach_reduces_runtime_error_is_the_bug_whose_condition_the_case_meets() -> None:
     """foreach_reduce raises RuntimeError for two known bugs (a unit all frozen at lazy init under
     mixed precision; a changing set of used parameters under set_requires_all_reduce(False)):
