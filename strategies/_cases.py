@@ -40,7 +40,6 @@ from fuzz.model import (
     has_params,
     iter_paths,
     owns_params,
-    saves_nothing,
     scalar_problem,
 )
 from fuzz.model import Block as _Block
@@ -180,12 +179,9 @@ def trainings(
 def without_container_units(tree: ModuleTree, comp: Composition) -> Composition:
     """``comp`` without fully_shard, replicate or checkpoint on the tree's nn.ModuleList /
     nn.ModuleDict blocks (fuzz.model.rules: fully_shard and replicate refuse them); their
-    parameters go to the unit above, their items keep theirs. Nor checkpoint over a module
-    that saves nothing for backward (fuzz.model.rules.saves_nothing)."""
-    paths = tree.paths()
+    parameters go to the unit above, their items keep theirs."""
     held = set(containers(tree))
-    empty = {p for p in comp.checkpoints if saves_nothing(paths[p])}
-    if not held and not empty:
+    if not held:
         return comp
     shards = []
     for spec in comp.shards:
@@ -196,7 +192,7 @@ def without_container_units(tree: ModuleTree, comp: Composition) -> Composition:
         comp,
         shards=tuple(shards),
         replicates=tuple(p for p in comp.replicates if p not in held),
-        checkpoints=tuple(p for p in comp.checkpoints if p not in held | empty),
+        checkpoints=tuple(p for p in comp.checkpoints if p not in held),
         find_unused=comp.find_unused and bool([p for p in comp.replicates if p not in held]),
     )
 

@@ -49,7 +49,6 @@ from fuzz.model.rules import (
     clip_problem,
     eval_problem,
     reinit_problem,
-    saves_nothing,
     scalar_problem,
 )
 from fuzz.model.state_dict import (
@@ -236,7 +235,6 @@ __all__ = [
     "owns_params",
     "param_names",
     "reinit_problem",
-    "saves_nothing",
     "scalar_problem",
     "schedule_problem",
     "sharded_in_memory_problem",

@@ -28,7 +28,6 @@ from fuzz.model.tree import (
     has_params,
     is_ancestor,
     is_classic,
-    iter_paths,
     owns_params,
 )
 
@@ -105,10 +104,6 @@ def check_composition(tree: ModuleTree, comp: Composition, where: str = "composi
     _check_tied(tree, comp, where)
     _check_scalars(tree, comp, where)
     _check_containers(tree, comp, where)
-    paths = tree.paths()
-    for i, path in enumerate(comp.checkpoints):
-        if saves_nothing(paths[path]):
-            raise CaseError(f"{where}.checkpoints[{i}]", f"{path!r} saves nothing for backward: not drawn yet")
     over = checkpoint_over_replicate(comp)
     if over is not None:
         i, path, held = over
@@ -182,19 +177,6 @@ def scalar_problem(tree: ModuleTree, comp: Composition) -> str | None:
         if unit is not None and unit.api == "fully_shard" and path not in comp.shard_ignored:
             return f"fully_shard refuses the scalar parameter (rank 0) of {path!r}"
     return None
-
-
-def saves_nothing(node: Node) -> bool:
-    """True if the module of ``node`` may save no tensor for backward: no parameter leaf, and
-    blocks whose only own parameter is an additive ``position`` (an add saves nothing). Its
-    checkpointed region then has nothing to recompute, which the activation contract
-    (fuzz._rank.activations) does not model yet."""
-    for _, n in iter_paths(node) if isinstance(node, Block) else [("", node)]:
-        if isinstance(n, Leaf) and n.kind in PARAM_LEAVES:
-            return False
-        if isinstance(n, Block) and (n.scale or n.gain or n.mix):
-            return False
-    return isinstance(node, Block) and any(n.position for _, n in iter_paths(node) if isinstance(n, Block))
 
 
 def _check_containers(tree: ModuleTree, comp: Composition, where: str) -> None:
