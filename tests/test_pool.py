@@ -190,7 +190,9 @@ def test_the_hold_follows_the_property_s_slowest_healthy_case(pool: RankPool) ->
 
 
 def test_wait_ready_gives_up_without_ending_starting_ranks() -> None:
-    p = RankPool(world_size=WORLD_SIZE, backend="gloo", deadline=DEADLINE)
+    # Ranks started from scratch, not forked from this process's zygotes (fuzz.zygote): a forked
+    # rank may join within the first look, a fresh one spends seconds importing torch.
+    p = RankPool(world_size=WORLD_SIZE, backend="gloo", deadline=DEADLINE, env={"SHARDFUZZ_ZYGOTE": "0"})
     try:
         p.start()
         pids = p.pids
