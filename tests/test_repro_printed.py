@@ -173,11 +173,11 @@ def test_what_cannot_be_printed_yet_is_refused_by_name() -> None:
     case = Case("parity", 2, 0, ParityBody(tree=tree, composition=_COMPOSITIONS[0]))
     with pytest.raises(NotPrintable, match=r"cannot print leaf kind rms_norm \(at 1\) yet"):
         print_case(case)
-    refused = {
-        "parity-mismatch-28f92215865a": r"composition\.replicate_options\.static_graph=True",
-        "parity-mismatch-565dd6c849aa": r"block 1\.repeat=True",
-        "parity-exception-49c62d6cb7ad": r"composition\.tp=",
-    }
+    plain = ModuleTree(width=2, root=Block(children=(Leaf(LeafKind.LINEAR),)))
+    unused = Case("parity", 2, 0, ParityBody(tree=plain, composition=Composition(replicates=("",), find_unused=True)))
+    with pytest.raises(NotPrintable, match=r"cannot print composition\.find_unused=True yet"):
+        print_case(unused)
+    refused = {"parity-mismatch-565dd6c849aa": r"block 1\.repeat=True"}
     for name, what in refused.items():
         entry = load_entry(ROOT / "corpus" / f"{name}.json")
         with pytest.raises(NotPrintable, match=rf"cannot print {what}.* yet"):

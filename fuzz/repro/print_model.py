@@ -38,6 +38,7 @@ from fuzz.model import (
     Composition,
     ContextFn,
     Dtype,
+    Layout,
     Leaf,
     LeafKind,
     MixedPrecision,
@@ -58,7 +59,15 @@ COMPOSITION_FIELDS = {
     "wrapper",
     "auto_wrap",
     "checkpoint_options",
+    "replicate_options",
+    "tp",
+    "tp_size",
+    "spmd",
+    "spmd_mse_loss",
 }
+#: ReplicateOptions fields a printed ``replicate`` call writes (``delay_all_reduce`` where the
+#: tree is known: its plan is the tree's).
+REPLICATE_FIELDS = {"bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "init_sync", "delay_all_reduce"}
 #: ShardSpec fields a printed ``fully_shard`` call writes.
 SHARD_FIELDS = {"path", "reshard_after_forward", "shard_dim", "mixed_precision"}
 #: The whole-model wrappers :func:`compose_lines` writes: FSDP1's strategies (HYBRID_SHARD over the
@@ -130,11 +139,16 @@ def check_tree(tree: ModuleTree) -> None:
     visit(tree.root, "")
 
 
-def check_composition(comp: Composition, where: str, knobs: bool = False, judged: bool = True) -> None:
+def check_composition(
+    comp: Composition, where: str, knobs: bool = False, judged: bool = True, tree: ModuleTree | None = None
+) -> None:
     """Raise :class:`NotPrintable` naming the first field of ``comp`` (at ``where``) that
     :func:`compose_lines` does not write: ``knobs`` where the caller writes the knobs' per-step
-    calls; ``judged`` where the script compares parameters by name (DDP is not written then)."""
+    calls; ``judged`` where the script compares parameters by name (DDP is not written then);
+    ``tree`` where the caller hands :func:`compose_lines` the tree (a delayed all-reduce's plan)."""
     check_default(comp, COMPOSITION_FIELDS | ({"knobs"} if knobs else set()), where)
+    written = REPLICATE_FIELDS - ({"delay_all_reduce"} if tree is None else set())
+    check_default(comp.replicate_options, written, f"{where}.replicate_options")
     hybrid = comp.wrapper is Wrapper.FSDP1_HYBRID_SHARD
     if comp.wrapper not in WRAPPERS or (hybrid and not comp.mesh) or (judged and comp.wrapper is Wrapper.DDP):
         raise refuse(f"{where}.wrapper={comp.wrapper.value}")
@@ -146,6 +160,8 @@ def check_composition(comp: Composition, where: str, knobs: bool = False, judged
         check_default(spec, SHARD_FIELDS, f"{where}.shards[{spec.path!r}]")
     if comp.checkpoint_options.is_set and comp.wrapper is not Wrapper.NONE:
         raise refuse(f"{where}.checkpoint_options with a wrapper")
+    if (comp.tp or comp.spmd) and tree is None:
+        raise refuse(f"{where}.{'spmd' if comp.spmd else 'tp'} here")
 
 
 def param_names(tree: ModuleTree) -> list[str]:
@@ -308,14 +324,22 @@ def compose_imports(comps: Iterable[Composition]) -> list[str]:
         lines.append("from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy")
     if any(comp.auto_wrap for comp in comps):
         lines.append("from torch.distributed.fsdp.wrap import ModuleWrapPolicy")
-    if any(comp.mesh and (comp.shards or comp.wrapper is not Wrapper.NONE) for comp in comps):
+    if any((comp.mesh and (comp.shards or comp.wrapper is not Wrapper.NONE)) or comp.tp or comp.spmd for comp in comps):
         lines.append("from torch.distributed.device_mesh import init_device_mesh")
+    if any(comp.tp and not comp.spmd for comp in comps):
+        lines.append(
+            "from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module"
+        )
+    if any(comp.spmd for comp in comps):
+        lines.append("from torch.distributed.fsdp import DataParallelMeshDims")
+        lines.append("from torch.distributed.tensor import DTensor")
+        lines.append("from torch.distributed.tensor import Replicate, Shard, distribute_tensor")
     if "fully_shard" in api:
         lines.append("from torch.distributed.fsdp import fully_shard")
     specs = [spec for comp in comps for spec in comp.shards]
     if any(spec.mixed_precision is not None for spec in specs):
         lines.append("from torch.distributed.fsdp import MixedPrecisionPolicy")
-    if any(spec.shard_dim for spec in specs):
+    if any(spec.shard_dim for spec in specs) and not any(comp.spmd for comp in comps):
         lines.append("from torch.distributed.tensor import Shard")
     if any(comp.checkpoint_options.context_fn is not ContextFn.NONE for comp in comps):
         lines.append("import functools")
@@ -334,13 +358,16 @@ def _mp_policy(mp: MixedPrecision) -> str:
 
 def _shard_kwargs(comp: Composition, spec: ShardSpec) -> str:
     """The keyword arguments of ``spec``'s ``fully_shard`` call, from ", " on ("" without any)."""
-    kwargs = ["mesh=mesh"] if comp.mesh else []
+    kwargs = ["mesh=mesh"] if comp.mesh or comp.spmd else (['mesh=mesh["shard"]'] if comp.tp else [])
     if spec.reshard_after_forward is not True:
         kwargs.append(f"reshard_after_forward={spec.reshard_after_forward!r}")
     if spec.shard_dim:
         kwargs.append(f"shard_placement_fn=on_dim{spec.shard_dim}")
     if spec.mixed_precision is not None:
         kwargs.append("mp_policy=mp")
+    if comp.spmd:
+        dims = 'shard="shard", replicate="replicate"' if comp.mesh else 'shard="shard"'
+        kwargs.append(f"dp_mesh_dims=DataParallelMeshDims({dims})")
     return "".join(f", {k}" for k in kwargs)
 
 
@@ -393,8 +420,96 @@ def compose_helpers(comps: Iterable[Composition], world_size: int) -> list[str]:
     return out
 
 
-def compose_lines(comp: Composition, name: str) -> list[str]:
-    """``def NAME(model):`` composing ``model`` as ``comp`` says and returning what trains."""
+def _replicate_call(comp: Composition, path: str, module: str, tree: ModuleTree | None) -> list[str]:
+    """``replicate(MODULE, ...)`` with the options ``comp`` sets (:func:`fuzz._rank.options.replicate_kwargs`)."""
+    opts = comp.replicate_options
+    kwargs = []
+    if opts.bucket_cap_mb is not None:
+        kwargs.append(f"bucket_cap_mb={opts.bucket_cap_mb!r}")
+    kwargs += [f"{n}=True" for n in ("gradient_as_bucket_view", "static_graph") if getattr(opts, n)]
+    if not opts.init_sync:
+        kwargs.append("init_sync=False")
+    plan = None if not opts.delay_all_reduce or tree is None else Layout(tree, comp).delay_plan(path)
+    if plan is None or tree is None:
+        return (
+            _packed(f"replicate({module}" + (", " if kwargs else ""), kwargs, ")")
+            if kwargs
+            else [f"replicate({module})"]
+        )
+    hook, delayed = plan
+    order = Layout(tree, comp).replicated_params(path)  # replicate's nn.ParameterList: DDP names them by index
+
+    def param(p: str, n: str) -> str:
+        return f'model.get_parameter("{p}.{n}")' if p else f'model.get_parameter("{n}")'
+
+    first = next(n for p, n in order if p == hook)
+    named = [f'("{i}", {param(p, n)})' for i, (p, n) in enumerate(order) if p in delayed]
+    return [
+        f"# when {hook}'s gradient is ready (backward reaches it last), the parameters of the modules after",
+        "# it are all-reduced (named by their index in the parameter list replicate hands DDP)",
+        *_packed(f"replicate({module}, ", [*kwargs, f"param_to_hook_all_reduce={param(hook, first)}"], ","),
+        *_packed("          delay_all_reduce_named_params=[", named, "])"),
+    ]
+
+
+def mesh_line(comp: Composition, world_size: int) -> str:
+    """``mesh = init_device_mesh(...)``: the mesh of a tensor-parallel or SPMD composition
+    (:func:`fuzz._rank.compose.spmd_mesh`): (shard, tp), (replicate, shard) or (shard,)."""
+    dims: tuple[int, ...]
+    names: tuple[str, ...]
+    if comp.tp:
+        dims, names = (world_size // comp.tp_size, comp.tp_size), ("shard", "tp")
+    elif comp.mesh:
+        dims, names = tuple(comp.mesh), ("replicate", "shard")
+    else:
+        dims, names = (world_size,), ("shard",)
+    quoted = "".join(f'"{n}", ' for n in names).rstrip(" ") if len(names) == 1 else ", ".join(f'"{n}"' for n in names)
+    return f'mesh = init_device_mesh("cpu", {dims!r}, mesh_dim_names=({quoted}))'
+
+
+def batch_placements(comp: Composition) -> str:
+    """A global batch's placements on an SPMD mesh (:func:`fuzz._rank.compose.spmd_part`): split
+    on dim 0 over every data-parallel dimension, whole on ``tp``."""
+    return "[Shard(0), Replicate()]" if comp.tp else ("[Shard(0), Shard(0)]" if comp.mesh else "[Shard(0)]")
+
+
+def _spmd_lines(comp: Composition, tree: ModuleTree) -> list[str]:
+    """Every parameter and buffer made a DTensor on the whole mesh (:func:`fuzz._rank.compose.as_spmd`),
+    a tensor-parallel pair's split on ``tp``."""
+    n = 2 if comp.tp or comp.mesh else 1
+    lines = []
+    if comp.tp:
+        split: dict[str, str] = {}
+        for pair in comp.tp:
+            split |= {f"{pair.colwise}.weight": "Shard(0)", f"{pair.colwise}.bias": "Shard(0)"}
+            split[f"{pair.rowwise}.weight"] = "Shard(1)"
+        names = set(param_names(tree))
+        items = [f'"{k}": {v}' for k, v in split.items() if k in names]
+        lines += _packed("split = {", items, "}  # on tp: colwise (dim 0), rowwise (dim 1)")
+        placements = "[Replicate(), split.get(name, Replicate())]"
+    else:
+        placements = f"[Replicate()] * {n}" if n > 1 else "[Replicate()]"
+    lines += [
+        "for name, p in list(model.named_parameters()):  # an SPMD program: DTensors on the whole mesh",
+        '    holder, _, attr = name.rpartition(".")',
+        f"    dt = distribute_tensor(p.detach(), mesh, {placements})",
+        "    setattr(model.get_submodule(holder), attr, nn.Parameter(dt, requires_grad=p.requires_grad))",
+    ]
+    if uses(tree, lambda node: isinstance(node, Block) and node.buffer):
+        replicated = f"[Replicate()] * {n}" if n > 1 else "[Replicate()]"
+        lines += [
+            "for name, b in list(model.named_buffers()):",
+            '    holder, _, attr = name.rpartition(".")',
+            f"    model.get_submodule(holder).register_buffer(attr, distribute_tensor(b, mesh, {replicated}))",
+        ]
+    return lines
+
+
+def compose_lines(comp: Composition, name: str, tree: ModuleTree | None = None) -> list[str]:
+    """``def NAME(model):`` composing ``model`` as ``comp`` says and returning what trains
+    (``tree``: the model's, which a delayed all-reduce's plan and an SPMD program need). A
+    tensor-parallel or SPMD composition is ``def NAME(model, mesh):`` over the mesh of
+    :func:`mesh_line`."""
     lines = []
     if comp.wrapper is Wrapper.DDP:
         lines += [f'checkpoint(model.get_submodule("{p}"))' for p in comp.checkpoints]
@@ -411,7 +526,12 @@ def compose_lines(comp: Composition, name: str) -> list[str]:
         args = ["model", *kwargs.split(", "), 'device_id=torch.device("cpu")']
         lines += _packed("return FSDP(", args, ")")
         return [f"def {name}(model):", *(f"    {line}" for line in lines)]
-    if comp.mesh and comp.shards:  # fully_shard's (replicate, shard) mesh
+    if comp.tp and not comp.spmd:
+        plan = ", ".join(f'"{p.colwise}": ColwiseParallel(), "{p.rowwise}": RowwiseParallel()' for p in comp.tp)
+        lines += _packed('parallelize_module(model, mesh["tp"], {', plan.split(", "), "})")
+    if comp.spmd and tree is not None:
+        lines += _spmd_lines(comp, tree)
+    if comp.mesh and comp.shards and not comp.spmd:  # fully_shard's (replicate, shard) mesh
         dims = ", ".join(str(d) for d in comp.mesh)
         lines.append(f'mesh = init_device_mesh("cpu", ({dims}), mesh_dim_names=("replicate", "shard"))')
     specs = {s.path: s for s in comp.shards}
@@ -426,14 +546,15 @@ def compose_lines(comp: Composition, name: str) -> list[str]:
         elif api == "checkpoint":
             lines.append(f"checkpoint({module}{checkpoint_kwargs})")
         else:
-            lines.append(f"{api}({module})")
+            lines += _replicate_call(comp, path, module, tree)
     for spec in comp.shards:
         module = "model" if spec.path == "" else f'model.get_submodule("{spec.path}")'
         if comp.knobs.force_sum_reduction:
             lines.append(f"{module}.set_force_sum_reduction_for_comms(True)")
         if comp.knobs.gradient_divide_factor is not None:
             lines.append(f"{module}.set_gradient_divide_factor({comp.knobs.gradient_divide_factor!r})")
-    return [f"def {name}(model):", *(f"    {line}" for line in [*lines, "return model"])]
+    head = f"def {name}(model, mesh):" if comp.tp or comp.spmd else f"def {name}(model):"
+    return [head, *(f"    {line}" for line in [*lines, "return model"])]
 
 
 def assemble(parts: Iterable[str]) -> str:

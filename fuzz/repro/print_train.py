@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from fuzz.model import AccumSync, Case, Compile, Composition, Dtype, Layout, LeafKind, Optimizer, Training, Wrapper
-from fuzz.repro.print_model import SHARDED_FSDP1, check_default, refuse, uses
+from fuzz.repro.print_model import SHARDED_FSDP1, batch_placements, check_default, mesh_line, refuse, uses
 
 #: Training fields every printed script writes (the optimizer, the steps and the data); every
 #: other must hold its default.
@@ -32,7 +32,7 @@ TRAINING_FIELDS = {
 }
 #: Those the training properties' loop (:func:`train_lines`) writes besides: microbatches, a
 #: gradient-sync switch, modules left out of forward, leaves unfrozen later, foreach.
-LOOP_FIELDS = {"grad_accum", "accum_sync", "skips", "unfreeze", "foreach"}
+LOOP_FIELDS = {"grad_accum", "accum_sync", "skips", "unfreeze", "foreach", "compile"}
 
 
 def compositions(case: Case) -> list[Composition]:
@@ -68,6 +68,9 @@ def check_loop(case: Case) -> None:
         raise refuse("training.skips under a wrapper")
     switched = training.grad_accum > 1 and training.accum_sync is not AccumSync.ALWAYS
     last = any(c.knobs.reshard_after_backward_last for c in compositions(case))
+    meshed = [c for c in compositions(case) if c.tp or c.spmd]
+    if meshed and (case.property == "metamorphic" or training.skips or training.unfreeze):
+        raise refuse("tensor parallelism or SPMD with a variant, skips or unfreezing")
     for comp in compositions(case):
         if (switched or last) and "" not in {s.path for s in comp.shards}:
             raise refuse("a gradient-sync switch or a per-microbatch knob without fully_shard on the root")
@@ -88,12 +91,13 @@ def optimizer(training: Training, params: str, *, fresh: bool = False) -> str:
     return f"torch.optim.{name}({params}, lr={lr}, eps={eps}{foreach})"
 
 
-def draw(case: Case, training: Training, width: int) -> str:
+def draw(case: Case, training: Training, width: int, tp_size: int = 1) -> str:
     """This rank's (input, target) of one step or microbatch, drawn from ``gen``
-    (:func:`fuzz._rank.parity.batches`)."""
+    (:func:`fuzz._rank.parity.batches`; a tensor-parallel group's ``tp_size`` ranks share theirs)."""
     b = training.batch_per_rank
     dtype = ", dtype=torch.float64" if training.dtype is Dtype.FLOAT64 else ""
-    lo = "0" if training.same_input else ("rank" if b == 1 else f"rank * {b}")
+    r = "rank" if tp_size == 1 else f"(rank // {tp_size})"
+    lo = "0" if training.same_input else (r if b == 1 else f"{r} * {b}")
     rows = "world_size" if b == 1 else f"world_size * {b}"
     return f"(torch.randn({rows}, {width}, generator=gen{dtype})[{lo} :][:{b}] for _ in range(2))"
 
@@ -112,6 +116,28 @@ def average_lines(condition: str = "") -> list[str]:
 def step_lines(training: Training) -> list[str]:
     """The optimizer's step and zeroing of the gradients."""
     return ["opt.step()", "opt.zero_grad()" if training.set_to_none else "opt.zero_grad(set_to_none=False)"]
+
+
+def spmd_lines(comp: Composition, world_size: int, observe: bool) -> list[str]:
+    """One microbatch of an SPMD program (:func:`fuzz._rank.compose.spmd_backward`): this rank's
+    rows as its part of the global batch, backward from the sum of the ranks' mean losses (whose
+    gradient fully_shard averages); with ``observe`` this rank's loss as ``loss``."""
+    batch = batch_placements(comp)
+    shards = world_size // comp.tp_size
+    lines = [f"out = model(DTensor.from_local(x, mesh, {batch}))  # this rank's rows of the global batch"]
+    if comp.spmd_mse_loss:
+        lines += [
+            f"target = DTensor.from_local(y, mesh, {batch})",
+            f"(F.mse_loss(out, target) * {shards}).backward()  # the global mean, times the {shards} shards",
+        ]
+    else:
+        lines += [
+            f"err = out - DTensor.from_local(y, mesh, {batch})",
+            "(err * err).sum().div(y.numel()).backward()  # the sum of the ranks' mean losses",
+        ]
+    if observe:
+        lines.append(f"loss = F.mse_loss(out.detach().redistribute(mesh, {batch}).to_local(), y)")
+    return lines
 
 
 def _inline(build: list[str], compose: list[str]) -> list[str]:
@@ -161,14 +187,20 @@ def train_lines(
     for s in training.skips:
         table.setdefault((s.step, s.microbatch), []).append(s.path)
     skips = [f"SKIPS = {table!r}  # (step, microbatch): the modules left out of forward then"] if table else []
-    lines = [f"torch.manual_seed({case.seed})  # every rank builds the same weights"]
+    meshed = next((c for c in compositions(case) if c.tp or c.spmd), None)
+    lines = [] if meshed is None else [mesh_line(meshed, case.world_size)]
+    lines += [f"torch.manual_seed({case.seed})  # every rank builds the same weights"]
     if inline is not None:
         lines += [line.removeprefix("    ") for line in _inline(*inline)]
     else:
-        build = "build() if compose is None else compose(build())" if observe and parity else "compose(build())"
+        args = "build()" if meshed is None else "build(), mesh"
+        build = f"build() if compose is None else compose({args})" if observe and parity else f"compose({args})"
         lines += [f"model = {build}"]
-    if training.compile is not Compile.NONE:
-        lines += [f'forward = torch.compile(model, backend="{training.compile.value}")']
+    if training.compile is not Compile.NONE:  # the suite's first forward runs under hooks that record dtypes
+        lines += [
+            f'forward = torch.compile(model, backend="{training.compile.value}")',
+            "hooks = [m.register_forward_pre_hook(lambda *_: None) for m in model.modules() if list(m.parameters(0))]",
+        ]
     params = "model.parameters()"  # an optimizer skips the parameters without a gradient
     frozen = uses(tree, lambda n: getattr(n, "frozen", False))
     if training.param_groups == 2:
@@ -195,7 +227,8 @@ def train_lines(
     step = []
     for u in training.unfreeze:
         step += [f"if step == {u.step}:", f'    for p in later["{u.path}"]:', "        p.requires_grad_(True)"]
-    micro = [f"x, y = {draw(case, training, tree.width)}"]
+    tp_size = 1 if meshed is None else meshed.tp_size
+    micro = [f"x, y = {draw(case, training, tree.width, tp_size)}"]
     if training.skips:
         micro += ["SKIPPED[:] = [model.get_submodule(p) for p in SKIPS.get((step, micro), [])]"]
     last = micros - 1
@@ -218,11 +251,19 @@ def train_lines(
     mp = any(s.mixed_precision is not None for c in compositions(case) for s in c.shards)
     forward = "model" if training.compile is Compile.NONE else "forward"
     out = f"{forward}(x).to(y.dtype)" if mp else f"{forward}(x)"
+    spmd = [] if meshed is None or not meshed.spmd else spmd_lines(meshed, case.world_size, observe)
     if observe:
-        micro += [f"loss = F.mse_loss({out}, y)", "loss.backward()"]
-        micro += ['seen[f"loss at step {step}, microbatch {micro}"] = loss.detach()']
+        plain = [f"loss = F.mse_loss({out}, y)", "loss.backward()"]
+        if spmd:
+            plain = ["if compose is None:", *(f"    {x}" for x in plain), "else:", *(f"    {x}" for x in spmd)]
+        micro += [*plain, 'seen[f"loss at step {step}, microbatch {micro}"] = loss.detach()']
     else:
-        micro += [f"F.mse_loss({out}, y).backward()"]
+        micro += spmd or [f"F.mse_loss({out}, y).backward()"]
+    if training.compile is not Compile.NONE:
+        micro += [
+            "while hooks:  # removed after the first forward: the next one is compiled again",
+            "    hooks.pop().remove()",
+        ]
     step += _loop("micro" if by_micro else "_", micros, micro)
     if observe and parity:
         step += average_lines("compose is None")

@@ -66,9 +66,10 @@ def check_printable(case: Case, kind: str = "mismatch") -> None:
         raise refuse("a mixed_precision mismatch")
     check_tree(body.tree)
     judged = kind == "mismatch"
-    check_composition(body.composition, "composition", knobs=case.property != "metamorphic", judged=judged)
+    knobs = case.property != "metamorphic"
+    check_composition(body.composition, "composition", knobs=knobs, judged=judged, tree=body.tree)
     if case.property == "metamorphic":
-        check_composition(body.variant, "variant", judged=judged)
+        check_composition(body.variant, "variant", judged=judged, tree=body.tree)
     if kind == "mismatch" and case.property == "parity" and len(set(scales(case).values())) > 1:
         raise refuse("gradient scales that differ between modules")
     check_loop(case)
@@ -92,7 +93,7 @@ def print_case(case: Case, expected: list[str] | None = None) -> str:
     raised = [] if expected is None else [raised_line(expected)]
     build = build_lines(tree, skips=skips, auto_wrap=auto_wrap, dtype=training.dtype)
     names = ["compose", *(["compose_variant"] if metamorphic else [])]
-    composes = [compose_lines(comp, name) for comp, name in zip(comps, names, strict=True)]
+    composes = [compose_lines(comp, name, tree) for comp, name in zip(comps, names, strict=True)]
     if expected is not None and not metamorphic:  # one composition: main builds and composes the model itself
         parts.append("\n".join(train_lines(case, observe=False, inline=(build, composes[0]))))
         return assemble([*parts, *raised, main_block(kind)])
