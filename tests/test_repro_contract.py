@@ -1,0 +1,146 @@
+"""Contract failures' printed scripts (fuzz/repro/print_contract.py): printed from the case, they
+record under torchrun what the rank recorder recorded, through torch's own observation points,
+print it against what the composition and the docstring's rule document, and exit 1 with
+``REPRODUCED:`` under the contract's fault (tests/faults/C*), 0 with ``PASS:`` without it."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fuzz.corpus import Entry, entry_from_failure
+from fuzz.explore import run_case
+from fuzz.model import Knobs, MetamorphicBody
+from fuzz.properties import get_property
+from fuzz.repro.print_contract import CONTRACTS, NotPrintable, check_printable, failed_contract, print_entry
+from tests.conftest import fault_env, fault_pool, torchrun
+from tests.contract_cases import FAULT_CASES
+
+#: fault -> the contract whose script its failure gets (the first message a script can observe)
+SCRIPTS = {
+    "C01_forward_prefetch_not_issued": "forward_prefetch",
+    "C07_reduce_scatter_deferred_to_final_callback": "reduce_scatter_order",
+    "C04_reshard_keeps_unsharded_storage": "after_forward",
+    "C08_reshard_after_backward_deferred": "freed_at_reduce_scatter",
+    "C05_checkpoint_region_not_checkpointed": "saved_inside",
+}
+
+
+def _entry(name: str, message: str) -> Entry:
+    """A contract failure of the fault ``name``'s case whose recorder said ``message`` (the words
+    of the recorder's message that name its contract, :data:`CONTRACTS`)."""
+    case = FAULT_CASES[name]()
+    return Entry(
+        case=case,
+        kind="mismatch",
+        signature=f"mismatch:{case.property}:contract-knobs",
+        summary=f"rank 0: {message}",
+        details={"problems": [message]},
+    )
+
+
+def _contract(name: str) -> Any:
+    return next(c for c in CONTRACTS if c.name == name)
+
+
+def _run(script: str, tmp_path: Path, env: dict[str, str] | None = None) -> tuple[str, str]:
+    """torchrun's 2 ranks on ``script``: the verdict ("REPRODUCED", "PASS" or "FAIL") and stdout."""
+    path = tmp_path / "contract.repro.py"
+    path.write_text(script)
+    out = torchrun(path, env=env)
+    verdicts = [line.split(":")[0] for line in out.stdout.splitlines() if line.startswith(("REPRODUCED:", "PASS:"))]
+    failed_another_way = "exitcode  : 2" in out.stderr or "FAIL (" in out.stdout
+    if failed_another_way or len(verdicts) != 1:
+        return "FAIL", out.stdout + out.stderr[-3000:]
+    if (verdicts[0] == "PASS") != (out.returncode == 0):  # PASS exits 0, REPRODUCED 1
+        return "FAIL", out.stdout + out.stderr[-3000:]
+    return verdicts[0], out.stdout
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_the_printed_text_carries_the_recorder_the_rule_and_the_observation_point(name: str) -> None:
+    contract = _contract(SCRIPTS[name])
+    script = print_entry(_entry(name, f"{contract.mark}(the recorder's words)"))
+    compile(script, "contract.repro.py", "exec")
+    assert contract.recorder in script
+    assert " ".join(contract.rule.split()[:6]) in " ".join(line.lstrip("# ") for line in script.splitlines())
+    point = {
+        "forward_prefetch": "set_custom_all_gather(",
+        "reduce_scatter_order": "set_custom_reduce_scatter(",
+        "freed_at_reduce_scatter": "set_custom_reduce_scatter(",
+        "after_forward": "unsharded_bytes(UNIT[path])",
+        "saved_inside": "saved_tensors_hooks(",
+    }[contract.name]
+    assert point in script
+    assert "import fuzz" not in script and "from fuzz" not in script  # torch only
+    lint = [sys.executable, "-m", "ruff", "check", "--no-cache", "--select", "F,E,B,SIM", "--stdin-filename", "s.py"]
+    out = subprocess.run([*lint, "-"], input=script, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout
+
+
+def test_only_the_failed_contract_is_observed() -> None:
+    """A failure with messages of several contracts gets the first one's observation alone."""
+    name = "C04_reshard_keeps_unsharded_storage"
+    entry = _entry(name, "after forward with reshard_after_forward=True, '0' still holds 80 bytes")
+    entry.details["problems"].insert(0, "memory: when '1''s forward starts, [\"'0'\"] hold unsharded parameters")
+    contract, message = failed_contract(entry.case, entry)
+    assert contract.name == "after_forward" and message.startswith("after forward")
+    script = print_entry(entry)
+    assert "set_custom_reduce_scatter" not in script and "saved_tensors_hooks" not in script
+
+
+def test_what_it_does_not_print_is_named() -> None:
+    name = "C02_backward_prefetch_not_issued"
+    backward = _entry(name, "set_modules_to_backward_prefetch on '1': '0' not all-gathered before '1''s backward")
+    with pytest.raises(NotPrintable, match="the contract failure"):
+        check_printable(backward.case, backward)
+    other = _entry("C07_reduce_scatter_deferred_to_final_callback", "a parameter differs")
+    other = dataclasses.replace(other, signature="mismatch:parity:parameters")
+    with pytest.raises(NotPrintable, match="as a contract failure"):
+        check_printable(other.case, other)
+    entry = _entry("C01_forward_prefetch_not_issued", "set_modules_to_forward_prefetch on the root: '0'")
+    parity: Any = entry.case.body
+    body = MetamorphicBody(
+        tree=parity.tree, composition=parity.composition, variant=parity.composition, training=parity.training
+    )
+    metamorphic = dataclasses.replace(entry.case, property="metamorphic", body=body)
+    with pytest.raises(NotPrintable, match="a metamorphic contract failure"):
+        check_printable(metamorphic, entry)
+    comp = dataclasses.replace(parity.composition, knobs=Knobs(explicit_unshard=True))
+    knobbed = dataclasses.replace(entry.case, body=dataclasses.replace(parity, composition=comp))
+    with pytest.raises(NotPrintable, match="explicit_unshard"):
+        check_printable(knobbed, entry)
+
+
+def test_a_printed_order_script_reproduces_under_its_fault(tmp_path: Path) -> None:
+    """The one torchrun run of the default tier: the reduce-scatter order's script, printed from
+    an entry of C07's case, under C07 (torch called unchanged otherwise)."""
+    name = "C07_reduce_scatter_deferred_to_final_callback"
+    env = fault_env(name)
+    contract = _contract("reduce_scatter_order")
+    verdict, out = _run(print_entry(_entry(name, f"{contract.mark}'0' before '1'")), tmp_path, env)
+    assert verdict == "REPRODUCED", out
+    assert "documented: '1' before '0'" in out and "reduce-scatters in backward: ['', '0', '1']" in out, out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_a_contract_failure_reproduces_under_its_fault_and_passes_without(name: str, tmp_path: Path) -> None:
+    """The failing case run on the pool under the fault, its entry's script printed, then run
+    under torchrun: REPRODUCED with the fault applied, PASS without it."""
+    env = fault_env(name)
+    case = FAULT_CASES[name]()
+    with fault_pool(env, world_size=2, deadline=60) as pool:
+        failure = run_case(pool, get_property(case.property), case)
+    assert failure is not None and failure.signature.endswith(":contract-knobs"), failure
+    entry = entry_from_failure(case, failure, versions={}, backend="gloo", device_kind="cpu", reruns=1, reproduced=1)
+    assert failed_contract(case, entry)[0].name == SCRIPTS[name]
+    script = print_entry(entry)
+    assert _run(script, tmp_path, env)[0] == "REPRODUCED"
+    verdict, out = _run(script, tmp_path)
+    assert verdict == "PASS", out
