@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=ddc9107588b830c3 sources=19706e21e034fc8a seconds=69.9
+# shardfuzz printed reproducer: entry=ddc9107588b830c3 seconds=69.9
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: a frozen fully_shard unit without resharding under a replicate'd root is never
 # resharded: a leaf unfrozen later never trains (KeyError in get_optimizer_state_dict); upstream:

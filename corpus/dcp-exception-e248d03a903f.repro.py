@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=891107a19cd069f6 sources=8b0898b9263cec87 seconds=31.1
+# shardfuzz printed reproducer: entry=891107a19cd069f6 seconds=31.1
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: set_optimizer_state_dict(full_state_dict=True) for an optimizer without tensor
 # state: 'Expected device to be set'; upstream: https://github.com/pytorch/pytorch/issues/133415.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=87e3671b7d30ca95 sources=8b0898b9263cec87 seconds=111.0
+# shardfuzz printed reproducer: entry=87e3671b7d30ca95 seconds=111.0
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0
 # pass an empty model state dict; upstream: https://github.com/pytorch/pytorch/issues/157781.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=f8717496fe4a5c07 sources=8b0898b9263cec87 seconds=27.0
+# shardfuzz printed reproducer: entry=f8717496fe4a5c07 seconds=27.0
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: set_optimizer_state_dict drops the saved optimizer state of a parameter frozen
 # (requires_grad=False) when it is loaded: a parameter trained, then frozen, checkpointed and

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=63e5b277ec033028 sources=19706e21e034fc8a seconds=47.4
+# shardfuzz printed reproducer: entry=63e5b277ec033028 seconds=47.4
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: load_sharded_optimizer_state_dict chunks optimizer state over the whole world:
 # wrong Adam state in FSDP1 HYBRID_SHARD over a 2-D mesh; upstream: none found.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=aa96ea87f1dc4963 sources=ec6b690fb3f55ec9 seconds=27.7
+# shardfuzz printed reproducer: entry=aa96ea87f1dc4963 seconds=27.7
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: foreach optimizers over a mix of DTensor (fully_shard) and plain (replicate)
 # parameters raise; upstream: https://github.com/pytorch/pytorch/issues/183207.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=c33cc422d730720c sources=f87f1a6068af1126 seconds=24.2
+# shardfuzz printed reproducer: entry=c33cc422d730720c seconds=24.2
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: FSDP1 HYBRID_SHARD with a shard dimension of size 1 never averages gradients
 # across replicas; upstream: https://github.com/pytorch/pytorch/issues/154888.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=67f5178c0d26f153 sources=ec6b690fb3f55ec9 seconds=35.7
+# shardfuzz printed reproducer: entry=67f5178c0d26f153 seconds=35.7
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: FSDP1 NO_SHARD, a unit all frozen at wrapping: a leaf unfrozen later never
 # trains; upstream: https://github.com/pytorch/pytorch/issues/85831.

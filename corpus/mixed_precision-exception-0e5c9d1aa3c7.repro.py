@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=fcf8cd4586083371 sources=ec6b690fb3f55ec9 seconds=35.1
+# shardfuzz printed reproducer: entry=fcf8cd4586083371 seconds=35.1
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: MixedPrecisionPolicy(reduce_dtype) with set_requires_gradient_sync(False) and a
 # parameter unused on a no-sync microbatch: 'FSDP reduce-scatter expects uniform gradient dtype';

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=49e98a7a0cd611b2 sources=ec6b690fb3f55ec9 seconds=28.7
+# shardfuzz printed reproducer: entry=49e98a7a0cd611b2 seconds=28.7
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: MixedPrecisionPolicy: a unit all frozen at lazy init gets no orig/reduce dtype;
 # unfrozen later, its low-precision gradient is never cast back; upstream:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=b29b69107395f153 sources=ec6b690fb3f55ec9 seconds=32.3
+# shardfuzz printed reproducer: entry=b29b69107395f153 seconds=32.3
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: MixedPrecisionPolicy(reduce_dtype) with set_requires_gradient_sync(False): a
 # unit that never ran forward has no '_unsharded_param' in the root's post-backward; upstream:

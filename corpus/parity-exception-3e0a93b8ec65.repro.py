@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=1c96dbc1c2137b8d sources=ec6b690fb3f55ec9 seconds=40.8
+# shardfuzz printed reproducer: entry=1c96dbc1c2137b8d seconds=40.8
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: selective activation checkpointing
 # (context_fn=create_selective_checkpoint_contexts) over a region holding a fully_shard unit whose

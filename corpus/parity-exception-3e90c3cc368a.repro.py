@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=71d9601af2884473 sources=ec6b690fb3f55ec9 seconds=28.7
+# shardfuzz printed reproducer: entry=71d9601af2884473 seconds=28.7
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: composable checkpoint(module, debug=True) raises ValueError 'debug=True is
 # incompatible with non-default context_fn' on the first forward whatever the caller passes: it

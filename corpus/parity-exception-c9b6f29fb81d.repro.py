@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=8b7ebc3b68aad9f0 sources=ec6b690fb3f55ec9 seconds=34.4
+# shardfuzz printed reproducer: entry=8b7ebc3b68aad9f0 seconds=34.4
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: fully_shard with an int reshard_after_forward and Shard(1) placements:
 # IndexError in foreach_all_gather_copy_out, or (a dim-1 size the post-forward mesh splits

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=3951471a63742290 sources=056ad3c4794d8231 seconds=44.0
+# shardfuzz printed reproducer: entry=3951471a63742290 seconds=44.0
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: foreach optimizers over a mix of DTensor (fully_shard) and plain (replicate)
 # parameters raise; upstream: https://github.com/pytorch/pytorch/issues/183207.

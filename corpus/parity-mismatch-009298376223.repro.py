@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=d9f2fe49f54e84bd sources=ec6b690fb3f55ec9 seconds=31.9
+# shardfuzz printed reproducer: entry=d9f2fe49f54e84bd seconds=31.9
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: set_gradient_divide_factor(f) on a fully_shard unit whose shard group is one
 # rank, with set_force_sum_reduction_for_comms(True) or a float16 / float64 reduce dtype:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=fa2d3ff0502bcfd3 sources=ec6b690fb3f55ec9 seconds=27.9
+# shardfuzz printed reproducer: entry=fa2d3ff0502bcfd3 seconds=27.9
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: FSDP1 NO_SHARD, a unit all frozen at wrapping: a leaf unfrozen later never
 # trains; upstream: https://github.com/pytorch/pytorch/issues/85831.

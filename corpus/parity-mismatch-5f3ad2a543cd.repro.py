@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=f1aad34c9feef555 sources=ec6b690fb3f55ec9 seconds=29.7
+# shardfuzz printed reproducer: entry=f1aad34c9feef555 seconds=29.7
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: a frozen fully_shard unit without resharding under a replicate'd root is never
 # resharded: a leaf unfrozen later never trains (KeyError in get_optimizer_state_dict); upstream:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=c531a05db6eeabd5 sources=ec6b690fb3f55ec9 seconds=36.4
+# shardfuzz printed reproducer: entry=c531a05db6eeabd5 seconds=36.4
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: HSDP with set_requires_all_reduce(False): a unit unused on the last microbatch
 # loses its accumulated gradient; upstream: none found.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=f0abe9d427fc1f83 sources=d5a68bd81b5ecf55 seconds=40.7
+# shardfuzz printed reproducer: entry=f0abe9d427fc1f83 seconds=40.7
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: a fully_shard unit with an int reshard_after_forward left in its post-forward
 # state (a frozen unit under a replicate'd root after backward, or any such unit after an

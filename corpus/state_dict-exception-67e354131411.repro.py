@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=3602c42a89141394 sources=1ec0d853e8accfc8 seconds=31.8
+# shardfuzz printed reproducer: entry=3602c42a89141394 seconds=31.8
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: get_model_state_dict(ignore_frozen_params=True) raises KeyError for a frozen
 # parameter of a module whose state-dict hooks hide a child (declared through its fqn modifiers

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=a7670fbac300d246 sources=fe28ecec5414cc8c seconds=35.6
+# shardfuzz printed reproducer: entry=a7670fbac300d246 seconds=35.6
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: set_optimizer_state_dict(full, cpu_offload) into FSDP1 HYBRID_SHARD with a
 # shard dimension of 1 broadcasts from global rank 0 in a one-rank group; upstream:

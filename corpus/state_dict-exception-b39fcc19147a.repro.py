@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=f79d1e3b59a0cdd2 sources=1ec0d853e8accfc8 seconds=32.7
+# shardfuzz printed reproducer: entry=f79d1e3b59a0cdd2 seconds=32.7
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: set_optimizer_state_dict(full_state_dict=True,
 # flatten_optimizer_state_dict=True) raises KeyError 'param_groups.0.params.0' for any model: the

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=e5539532b13e61d5 sources=1ec0d853e8accfc8 seconds=28.8
+# shardfuzz printed reproducer: entry=e5539532b13e61d5 seconds=28.8
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: fully_shard with an int reshard_after_forward and Shard(1) placements:
 # IndexError in foreach_all_gather_copy_out, or (a dim-1 size the post-forward mesh splits

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=c572371c336f35cd sources=fe28ecec5414cc8c seconds=32.9
+# shardfuzz printed reproducer: entry=c572371c336f35cd seconds=32.9
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: get_model_state_dict / get_state_dict ignore
 # StateDictOptions(dsd_fqn_modifiers=...): they map the model's state-dict keys to FQNs through a

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=af1b565e41fad220 sources=1ec0d853e8accfc8 seconds=37.3
+# shardfuzz printed reproducer: entry=af1b565e41fad220 seconds=37.3
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: set_optimizer_state_dict(full_state_dict=True) for an optimizer without tensor
 # state: 'Expected device to be set'; upstream: https://github.com/pytorch/pytorch/issues/133415.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=05f2a60d585ed364 sources=1ec0d853e8accfc8 seconds=49.6
+# shardfuzz printed reproducer: entry=05f2a60d585ed364 seconds=49.6
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: a module whose state-dict hooks hide a child, declared through its fqn
 # modifiers method (StateDictOptions.dsd_fqn_modifiers): get_optimizer_state_dict keys that

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=905c6279a12f4664 sources=1ec0d853e8accfc8 seconds=90.0
+# shardfuzz printed reproducer: entry=905c6279a12f4664 seconds=90.0
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0
 # pass an empty model state dict; upstream: https://github.com/pytorch/pytorch/issues/157781.

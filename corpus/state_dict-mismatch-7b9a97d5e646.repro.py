@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=e9797d40ebc65ba7 sources=fe28ecec5414cc8c seconds=33.7
+# shardfuzz printed reproducer: entry=e9797d40ebc65ba7 seconds=33.7
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: FSDP1 HYBRID_SHARD with a shard dimension of size 1 never averages gradients
 # across replicas; upstream: https://github.com/pytorch/pytorch/issues/154888.

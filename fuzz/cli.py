@@ -187,15 +187,15 @@ def build_parser() -> argparse.ArgumentParser:
     rr.add_argument(
         "--full",
         action="store_true",
-        help="the unreduced script (every carried module), even where a reduced one is kept beside the entry",
+        help="the unreduced script (every carried module), even where one is stored beside the entry or printed",
     )
     rr.add_argument(
         "--all",
         type=Path,
         default=None,
         metavar="DIR",
-        help="render every entry of a corpus directory and print the figures (rendered, code lines); "
-        "exits 2 naming unreadable entries after the rest",
+        help="render every entry of a corpus directory and print the figures (rendered, code lines, stored scripts "
+        "printed and kept reduced, time to store); exits 2 naming unreadable entries after the rest",
     )
     rr.add_argument(
         "--run", action="store_true", help="with --all: run each script under torchrun, print exit statuses"
@@ -203,34 +203,15 @@ def build_parser() -> argparse.ArgumentParser:
     rr.add_argument(
         "--fixed",
         action="store_true",
-        help="with --all: run each reduced script whose known bug has a fix written on torch with that fix "
+        help="with --all: run each stored script whose known bug has a fix written on torch with that fix "
         "(it must exit 0 and say PASS), print how many do",
     )
     rr.add_argument(
         "--reduce",
         action="store_true",
-        help="write the reduced script, kept beside the entry as NAME.repro.py and reduced again when the entry "
-        "changes (each attempt runs the script); with --all: reduce every entry not yet reduced",
-    )
-    rr.add_argument(
-        "--refresh",
-        action="store_true",
-        help="with --reduce: also reduce again a kept script that was reduced from older carried sources",
-    )
-    rr.add_argument(
-        "--again",
-        action="store_true",
-        help="with --reduce: reduce the kept reduced script further (delta debugging and the folding of plain "
-        "values, from it rather than from the unreduced script); it is replaced only if the result is shorter. "
-        "With --all: every entry that has one",
-    )
-    rr.add_argument(
-        "--budget",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="with --reduce: seconds of delta debugging per entry, after the trace passes and folding (default 240; "
-        "an exception's or a mismatch's attempts run in a warm rank pool, a fraction of a second each)",
+        help="store the script printed from the case beside the entry as NAME.repro.py, once it reproduces under "
+        "torchrun here (and passes with its bug's fix where one is written); exit 2 naming what the printers do "
+        "not write yet where they cannot print the entry. With --all: every entry the printers write",
     )
 
     sub.add_parser("properties", help="list the property names")
@@ -357,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         # Ctrl-C or SIGTERM outside a campaign (which saves what it found and returns): the pools
-        # are closed on the way out, and a reduction keeps its script only once it is confirmed
+        # are closed on the way out, and a stored script is written only once it is confirmed
         # (written whole, as corpus entries are), so a stop loses only the work in progress.
         signum = stop_signal() or signal.SIGINT
         print(f"python -m fuzz {args.command}: stopped by {signal.Signals(signum).name}", file=sys.stderr)
@@ -420,71 +401,39 @@ def _repro(args: argparse.Namespace) -> int:
     from fuzz.corpus import load_entry
     from fuzz.repro import render_entry
 
-    if args.refresh and not args.reduce:
-        raise ShardfuzzError("--refresh goes with --reduce")
-    if args.again and not args.reduce:
-        raise ShardfuzzError("--again goes with --reduce")
-    if args.again and args.refresh:
-        raise ShardfuzzError("--again and --refresh exclude each other: --again starts from the kept script")
     if args.all is not None:
         if args.entry is not None or args.output is not None or args.issue or args.full:
             raise ShardfuzzError("--all DIR takes no ENTRY, -o, --issue or --full")
         from fuzz.repro.bench import bench_all
 
-        bench_all(
-            args.all,
-            run=args.run,
-            reduce=args.reduce,
-            refresh=args.refresh,
-            again=args.again,
-            budget_s=args.budget,
-            fixed=args.fixed,
-        )
+        bench_all(args.all, run=args.run, reduce=args.reduce, fixed=args.fixed)
         return EXIT_OK
     if args.entry is None:
         raise ShardfuzzError("name a corpus entry (ENTRY.json), or a corpus directory with --all DIR")
     if args.run or args.fixed:
         raise ShardfuzzError(f"{'--run' if args.run else '--fixed'} goes with --all DIR")
-    if args.budget is not None and not args.reduce:
-        raise ShardfuzzError("--budget goes with --reduce")
     if args.full and args.reduce:
         raise ShardfuzzError("--full and --reduce exclude each other: --full writes the unreduced script")
     entry = load_entry(args.entry)
     if args.output is not None:
         check_output_file("-o", args.output)
-    from fuzz.repro.reduce import (
-        DEFAULT_BUDGET_S,
-        header_fields,
-        reduce_and_store,
-        reduce_kept_again,
-        stored_script,
-    )
+    from fuzz.repro.printed import is_printed, print_entry, printable
     from fuzz.repro.script import code_lines
+    from fuzz.repro.store import header_fields, store_printed, stored_script
 
     if args.reduce:
-        budget = DEFAULT_BUDGET_S if args.budget is None else args.budget
         say = (lambda line: print(line, file=sys.stderr)) if args.output is not None else (lambda _: None)
-        if args.again:
-            script, _ = reduce_kept_again(args.entry, entry, budget_s=budget, say=say)
-        else:
-            script, _ = reduce_and_store(args.entry, entry, budget_s=budget, refresh=args.refresh, say=say)
+        script = store_printed(args.entry, entry, say=say)  # NotPrintable names what is not printed yet
     else:
-        # The reduced script kept beside the entry is what a reader wants; the unreduced one
-        # (every carried module) only where none is kept, or with --full.
+        # The script stored beside the entry is what a reader wants, else the one printed from the
+        # case; the unreduced one (every carried module) where neither is, or with --full.
         kept = None if args.full else stored_script(args.entry, entry)
-        if kept is None and not args.full:
-            from fuzz.repro.printed import print_entry, printable
-
-            if printable(entry):  # printed from its case by its property's printer
-                kept = print_entry(entry)
+        if kept is None and not args.full and printable(entry):
+            kept = print_entry(entry)
         script = kept if kept is not None else render_entry(entry, source=str(args.entry))
-    from fuzz.repro.printed import is_printed
-
+    which = "printed from the case" if is_printed(script) else "unreduced"
     if header_fields(script):  # a script stored beside the entry
-        which = "printed from the case" if is_printed(script) else "reduced"
-        which += ", kept beside the entry"
-    else:
-        which = "printed from the case" if is_printed(script) else "unreduced"
+        which = ("printed from the case" if is_printed(script) else "reduced") + ", kept beside the entry"
     which = f"{which}; {code_lines(script)} code lines"
     if args.issue:
         from fuzz.repro.issue import render_issue

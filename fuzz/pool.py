@@ -127,10 +127,9 @@ class ScriptOutcome:
     #: Whether the ranks were ended and fresh ones spawned after it.
     respawned: bool
     #: The ranks that died in it: their exit status (-N for signal N) and what faulthandler
-    #: wrote as they died (a crash's check reads it: fuzz.repro.harness.crash_verdict).
+    #: wrote as they died.
     died: dict[int, tuple[int, str]] = field(default_factory=dict)
-    #: The ranks that missed the deadline: their main thread's stack as last sampled (a hang's
-    #: check reads it: fuzz.repro.harness.hang_verdict).
+    #: The ranks that missed the deadline: their main thread's stack as last sampled.
     stuck: dict[int, str] = field(default_factory=dict)
 
 
@@ -332,8 +331,8 @@ class RankPool:
         return outcome
 
     def run_script(self, code: str, *, function: str = "attempt", deadline: float | None = None) -> ScriptOutcome:
-        """Run a script's ``function(rank, world_size)`` on every rank (the reducer's attempts,
-        :mod:`fuzz.repro.reduce`); never raises for anything the script does.
+        """Run a script's ``function(rank, world_size)`` on every rank (the printed scripts'
+        differential tests, tests/test_repro_printed.py); never raises for anything the script does.
 
         ``code`` is executed on each rank as a module of its own, in the pool's process group.
         Once one rank has answered with a verdict or an exception, the others get

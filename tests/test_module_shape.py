@@ -11,20 +11,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_LINES = 800
-#: The reducer's modules, which cut a carried program down to a case; printed reproducers
-#: (fuzz.repro.printed and its siblings) replace them. Until they are removed they are the only
-#: modules allowed past these limits; nothing may join them.
-REDUCER = {
-    "fuzz.repro.bench",
-    "fuzz.repro.delta",
-    "fuzz.repro.fold",
-    "fuzz.repro.records",
-    "fuzz.repro.reduce",
-    "fuzz.repro.simplify",
-    "fuzz.repro.specialize",
-    "fuzz.repro.unroll",
-    "fuzz.repro.values",
-}
 
 
 def _modules(root: Path) -> dict[str, Path]:
@@ -134,20 +120,16 @@ def long_modules(root: Path) -> list[str]:
     ]
 
 
-def _outside_reducer(findings: list[str]) -> list[str]:
-    return [f for f in findings if f.split(" ")[0].rstrip(":") not in REDUCER]
-
-
 def test_no_module_is_over_800_lines() -> None:
-    assert _outside_reducer(long_modules(ROOT)) == []
+    assert long_modules(ROOT) == []
 
 
 def test_no_module_reaches_itself_through_imports() -> None:
-    assert [group for group in circles(ROOT) if not set(group) <= REDUCER] == []
+    assert circles(ROOT) == []
 
 
 def test_no_private_name_is_imported_from_another_module() -> None:
-    assert _outside_reducer(private_imports(ROOT)) == []
+    assert private_imports(ROOT) == []
 
 
 @pytest.fixture

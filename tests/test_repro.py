@@ -1,7 +1,10 @@
 """Reproducer scripts (fuzz/repro/): every corpus entry renders into a script that carries the
 rank side's own modules verbatim and imports nothing else of shardfuzz; under torchrun a script
 observes exactly what the pool observes for the same case, judges it as the property does, and
-exits 1 iff the entry's failure reproduces; bad input exits 2 with one line."""
+exits 1 iff the entry's failure reproduces; bad input exits 2 with one line. The scripts stored
+beside the entries (fuzz/repro/store.py) are current, reproduce under torchrun (a sample in CI,
+all in the slow tier) and pass with their bug's fix; ``--reduce`` stores a printed one only once
+it does, and refuses what it cannot store with one line, changing nothing."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +24,7 @@ from typing import Any
 import pytest
 import torch
 
+from fuzz import known
 from fuzz.corpus import Entry, load_entry, save_entry
 from fuzz.errors import InvalidArgument, ShardfuzzError
 from fuzz.model import (
@@ -41,14 +46,26 @@ from fuzz.model import (
     ShardSpec,
     Training,
 )
+from fuzz.patching import patch_env
 from fuzz.properties import all_properties, get_property
 from fuzz.repro import render_entry
 from fuzz.repro.bench import bench_all
 from fuzz.repro.issue import render_issue, without_header
-from fuzz.repro.reduce import stored_path
+from fuzz.repro.printed import is_printed
 from fuzz.repro.script import ROOT as SOURCE_ROOT
 from fuzz.repro.script import STUBS, carried_modules, code_lines, relative
-from tests.conftest import ROOT, mutant_env, run_cli, sigint_as_from_a_terminal, torchrun, wait_gone
+from fuzz.repro.store import (
+    PRINTED_HEADER,
+    REDUCED_HEADER,
+    entry_hash,
+    is_current,
+    passed,
+    run_fixed,
+    run_script,
+    stored_path,
+    why_not,
+)
+from tests.conftest import ROOT, missing_api, mutant_env, run_cli, sigint_as_from_a_terminal, torchrun, wait_gone
 
 CORPUS = sorted((ROOT / "corpus").glob("*.json"))
 
@@ -393,7 +410,7 @@ def test_issue_observed_is_the_run_s_traceback_and_verdict_without_torchrun_s_no
     assert "# corpus entry" not in text and "print(1)" in text
 
 
-def test_repro_writes_the_kept_reduced_script_and_full_the_unreduced_one(tmp_path: Path) -> None:
+def test_repro_writes_the_stored_script_and_full_the_unreduced_one(tmp_path: Path) -> None:
     path = ROOT / "corpus" / "parity-mismatch-009298376223.json"
     entry = load_entry(path)
     out = tmp_path / "r.py"
@@ -412,26 +429,28 @@ def test_repro_writes_the_kept_reduced_script_and_full_the_unreduced_one(tmp_pat
 def test_all_prints_the_figures(tmp_path: Path) -> None:
     corpus = tmp_path / "corpus"
     corpus.mkdir()
-    for name in ("parity-mismatch-da0c9d4e06cd", "dcp-hang-96de59c34a50", "parity-exception-86a14603f6de"):
+    names = ["parity-mismatch-da0c9d4e06cd", "dcp-hang-96de59c34a50", *REDUCED[:1]]
+    for name in names:
         for suffix in (".json", ".repro.py"):
             (corpus / f"{name}{suffix}").write_text((ROOT / "corpus" / f"{name}{suffix}").read_text())
     (corpus / "broken.json").write_text("{")
     lines: list[str] = []
-    with pytest.raises(ShardfuzzError, match=r"1 of 4 entries unreadable: .*broken\.json"):
+    total = len(names) + 1
+    with pytest.raises(ShardfuzzError, match=rf"1 of {total} entries unreadable: .*broken\.json"):
         bench_all(corpus, say=lines.append)  # the rest done first, then the unreadable one named
-    assert "rendered: 3/4" in lines
-    assert "printed from the case (NAME.repro.py): 2/4" in lines
-    assert "reduced (a current NAME.repro.py): 1/4" in lines
-    assert "in the plain form (the exception left to propagate): 1 of the reduced exception scripts" in lines
+    assert f"rendered: {len(names)}/{total}" in lines
+    assert f"printed from the case (NAME.repro.py): 2/{total}" in lines
+    assert f"kept reduced (a current NAME.repro.py the printers do not write): {len(names) - 2}/{total}" in lines
     assert any(line.startswith("printed scripts' code lines: median ") for line in lines)
+    assert any(line.startswith("time to store a printed script: median ") for line in lines)
     assert any(line.startswith("code lines: median ") for line in lines)
     result = run_cli("repro", "--all", str(corpus))
     assert result.returncode == 2 and "broken.json" in result.stderr.splitlines()[-1], result.stderr
-    assert "rendered: 3/4" in result.stdout
+    assert f"rendered: {len(names)}/{total}" in result.stdout
     (corpus / "broken.json").unlink()
     figures = bench_all(corpus, say=lines.append)
-    assert figures["rendered"] == 3 and figures["total"] == 3 and figures["plain_forms"] == 1
-    assert figures["printed"] == 2 and figures["reduced"] == 1
+    assert figures["rendered"] == figures["total"] == len(names)
+    assert figures["printed"] == 2 and figures["reduced"] == len(names) - 2
 
 
 def test_all_fixed_runs_each_stored_script_on_torch_with_its_bugs_fix(tmp_path: Path) -> None:
@@ -454,46 +473,84 @@ def test_all_fixed_runs_each_stored_script_on_torch_with_its_bugs_fix(tmp_path: 
     assert any("67e354131411" in line and "with its bug's fix: exit 1" in line for line in lines), lines
 
 
-def test_again_refuses_bad_input_with_exit_2_and_changes_nothing(tmp_path: Path) -> None:
-    """--again goes with --reduce, not with --refresh; it needs a kept script, and one that
-    reproduces here (the compile bug's is of torch 2.11 only: on a later torch it passes)."""
-    import shutil
+# -- stored scripts (fuzz/repro/store.py) --------------------------------------------------------
 
-    name = "parity-mismatch-6176f16b4070"
-    shutil.copy(ROOT / "corpus" / f"{name}.json", tmp_path / f"{name}.json")
-    entry = tmp_path / f"{name}.json"
-    for args, said in (
-        (("--again",), "--again goes with --reduce"),
-        (("--reduce", "--again", "--refresh"), "exclude each other"),
-        (("--reduce", "--again"), "no current reduced script is kept beside it"),
-    ):
-        result = run_cli("repro", str(entry), *args)
-        assert result.returncode == 2 and said in result.stderr, (args, result.stderr)
-    kept = tmp_path / f"{name}.repro.py"
-    shutil.copy(ROOT / "corpus" / f"{name}.repro.py", kept)
-    before = kept.read_text()
-    from fuzz import known
+STORED = sorted((ROOT / "corpus").glob("*.repro.py"))
+#: The stored scripts kept from the reducer that came before printing (the rest are printed).
+REDUCED = [p.name.removesuffix(".repro.py") for p in STORED if not is_printed(p.read_text())]
 
-    if known.present(known.BUGS[load_entry(entry).bug or ""], torch.__version__):
-        pytest.skip("the compile bug is in this torch: its kept script reproduces")
-    result = run_cli("repro", str(entry), "--reduce", "--again", "--budget", "5")
-    assert result.returncode == 2 and "its kept script does not reproduce the failure here" in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1 and kept.read_text() == before
+
+def _snapshot(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+
+
+@pytest.mark.parametrize("path", STORED, ids=[p.name.removesuffix(".repro.py") for p in STORED])
+def test_every_stored_script_is_current_and_parses_on_this_python(path: Path) -> None:
+    """Store it again (``python -m fuzz repro ENTRY --reduce``) when this fails: the entry changed
+    since. A printed script's header says so; a kept reduced one keeps the reducer's."""
+    entry_path = path.with_name(path.name.removesuffix(".repro.py") + ".json")
+    assert entry_path.exists(), f"{path.name} has no entry"
+    text = path.read_text()
+    assert is_current(text, load_entry(entry_path)), f"{path.name} is stale: run repro {entry_path.name} --reduce"
+    header = PRINTED_HEADER if is_printed(text) else REDUCED_HEADER
+    assert text.splitlines()[1].startswith(f"{header} entry="), text.splitlines()[1]
+    compile(text, str(path), "exec")
+
+
+def test_reduce_of_an_entry_the_printers_do_not_write_exits_2_naming_what(tmp_path: Path) -> None:
+    """No script is stored for such an entry: one line names what the printers do not write yet."""
+    tree = ModuleTree(width=2, root=Block(children=(Leaf(LeafKind.LINEAR), Leaf(LeafKind.RMS_NORM))))
+    composition = Composition(shards=(ShardSpec(path=""),))
+    case = Case("parity", 2, 0, ParityBody(tree=tree, composition=composition, training=Training()))
+    path, _ = save_entry(tmp_path, _entry(case))
+    before = _snapshot(tmp_path)
+    result = run_cli("repro", str(path), "--reduce", "-o", str(tmp_path / "r.py"))
+    assert result.returncode == 2, result.stderr
+    errors = result.stderr.strip().splitlines()
+    assert len(errors) == 1 and "cannot print leaf kind rms_norm (at 1) yet" in errors[0], result.stderr
+    assert _snapshot(tmp_path) == before
+
+
+def test_reducing_an_entry_that_does_not_reproduce_exits_2_and_changes_nothing(tmp_path: Path) -> None:
+    """dcp-exception-1638758deb73 is a GPU-only bug: on CPU its printed script does not reproduce."""
+    path = tmp_path / "dcp-exception-1638758deb73.json"
+    shutil.copy(ROOT / "corpus" / path.name, path)
+    before = _snapshot(tmp_path)
+    out = tmp_path / "r.py"
+    result = run_cli("repro", str(path), "--reduce", "-o", str(out))
+    assert result.returncode == 2, result.stderr
+    errors = result.stderr.strip().splitlines()
+    assert len(errors) == 1 and str(path) in errors[0] and "does not reproduce" in errors[0], result.stderr
+    assert _snapshot(tmp_path) == before
+
+
+def test_reduce_refuses_corrupt_and_newer_entries_with_one_line(tmp_path: Path) -> None:
+    good = ROOT / "corpus" / "parity-mismatch-da0c9d4e06cd.json"
+    corrupt = tmp_path / "corrupt.json"
+    corrupt.write_text(good.read_text()[:200])
+    newer = tmp_path / "newer.json"
+    data = json.loads(good.read_text())
+    data["case"]["schema"] = 99
+    newer.write_text(json.dumps(data))
+    before = _snapshot(tmp_path)
+    for bad in (corrupt, newer):
+        result = run_cli("repro", str(bad), "--reduce")
+        assert result.returncode == 2, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1 and str(bad) in result.stderr, result.stderr
+    assert _snapshot(tmp_path) == before
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_a_reduction_stopped_by_a_signal_says_so_and_keeps_its_script(tmp_path: Path, signum: int) -> None:
-    """SIGTERM (a timeout, a scheduler) or Ctrl-C in the middle of ``--reduce --again``: one line,
-    no traceback, exit 128 + the signal, the kept script as it was, and no process left behind."""
-    import shutil
-
-    name = "parity-exception-3e90c3cc368a"
-    for suffix in (".json", ".repro.py"):
-        shutil.copy(ROOT / "corpus" / f"{name}{suffix}", tmp_path / f"{name}{suffix}")
+def test_storing_stopped_by_a_signal_says_so_and_keeps_the_stored_script(tmp_path: Path, signum: int) -> None:
+    """SIGTERM (a timeout, a scheduler) or Ctrl-C while ``--reduce`` runs the printed script: one
+    line, no traceback, exit 128 + the signal, the stored script as it was, no process left."""
+    name = "parity-mismatch-009298376223"
+    shutil.copy(ROOT / "corpus" / f"{name}.json", tmp_path / f"{name}.json")
     kept = tmp_path / f"{name}.repro.py"
+    kept.write_text((ROOT / "corpus" / f"{name}.repro.py").read_text() + "# not what printing gives\n")
     before = kept.read_text()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fuzz", "repro", str(tmp_path / f"{name}.json"), "--reduce", "--again"],
+        [sys.executable, "-m", "fuzz", "repro", str(tmp_path / f"{name}.json"), "--reduce"],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -504,14 +561,12 @@ def test_a_reduction_stopped_by_a_signal_says_so_and_keeps_its_script(tmp_path: 
         deadline = time.monotonic() + 120
         children: list[int] = []
         while time.monotonic() < deadline and proc.poll() is None and not children:
-            time.sleep(0.5)  # until the reduction runs something (the traced script, the pool)
+            time.sleep(0.5)  # until it runs the printed script under torchrun
             children = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
-        assert proc.poll() is None and children, "the reduction ended before it could be stopped"
+        assert proc.poll() is None and children, "storing ended before it could be stopped"
         time.sleep(2)
         proc.send_signal(signum)
-        # Ending the pools takes up to 10 s each (fuzz.pool.RankPool.close); on a machine loaded
-        # beyond its cores the whole unwinding once took over a minute.
-        _, err = proc.communicate(timeout=180)
+        _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -521,29 +576,195 @@ def test_a_reduction_stopped_by_a_signal_says_so_and_keeps_its_script(tmp_path: 
         f"stopped by {signal.Signals(signum).name}"
     ), err
     assert kept.read_text() == before
-    assert not wait_gone(children, timeout=30), "a process of the reduction outlived it"
+    assert not wait_gone(children, timeout=30), "a process it started outlived it"
 
 
-@pytest.mark.parametrize("name", ["state_dict-exception-d4322b68deab", "state_dict-hang-dff6a54ad235"])
-def test_a_reduced_script_s_main_hides_the_accelerators_first(name: str) -> None:
-    from fuzz.repro.harness import HIDE_ACCELERATORS, main_source
-
-    entry = load_entry(ROOT / "corpus" / f"{name}.json")
-    source, _ = main_source(entry, entry.signature)
-    main = source[source.index("def main():") :].splitlines()
-    assert main[1:3] == ["    import os", f"    {HIDE_ACCELERATORS}"], main[:4]
+def _present_here(entry: Entry) -> bool:
+    return bool(entry.bug) and known.present(known.get(entry.bug), torch.__version__)
 
 
-def test_every_stored_script_has_the_current_harness() -> None:
-    """The reducer never cuts ``main``: a kept script's harness (exit codes, the torch-frame
-    rule, rank 0's PASS) and its run comments are rewritten as they are now
-    (fuzz.repro.specialize.current), and every stored one is."""
-    from fuzz.repro.specialize import current
+def _reproduces_under_torchrun(path: Path) -> None:
+    entry = load_entry(path.with_name(path.name.removesuffix(".repro.py") + ".json"))
+    if not _present_here(entry):
+        pytest.skip(f"{entry.bug} is not in this torch (its record's introduced_in, fixed_in)")
+    if missing_api(entry.case):
+        pytest.skip(f"{path.name} is {missing_api(entry.case)}")
+    status, output, _ = run_script(path.read_text(), timeout=240, nproc=entry.case.world_size)
+    assert status == 1, output[-3000:]
+    if is_printed(path.read_text()):  # printed from the case: it names the tensor, or where torch raised
+        said = r"^REPRODUCED: .+ where the .+ has " if entry.kind == "mismatch" else r"^REPRODUCED: rank \d+ "
+        assert re.search(said, output, re.MULTILINE), output[-3000:]
+        return
+    assert any(f"REPRODUCED {s}" in output for s in entry.signatures), output[-3000:]  # a kept reduced one
 
-    def code(text: str) -> str:  # the comments follow the registry's wording, which others edit
-        return "\n".join(line for line in text.splitlines() if not line.startswith("#"))
 
-    for path in sorted((ROOT / "corpus").glob("*.repro.py")):
-        source = path.with_name(path.name.removesuffix(".repro.py") + ".json")
-        text = path.read_text()
-        assert code(current(text, load_entry(source), str(source))) == code(text), path.name
+#: Stored scripts run under torchrun in every CI run (a few seconds each): printed exceptions of
+#: two body kinds, printed mismatches, and a kept reduced script where one of its bug is present.
+SAMPLE = [
+    "dcp-exception-d6daf354182c",
+    "state_dict-exception-d75bbc271571",
+    "parity-mismatch-da0c9d4e06cd",
+    "parity-mismatch-009298376223",
+    *[n for n in REDUCED if _present_here(load_entry(ROOT / "corpus" / f"{n}.json"))][:1],
+]
+
+
+@pytest.mark.parametrize("name", SAMPLE)
+def test_sample_stored_scripts_reproduce_under_torchrun(name: str) -> None:
+    _reproduces_under_torchrun(ROOT / "corpus" / f"{name}.repro.py")
+
+
+@pytest.mark.slow  # 50 torchruns, 5 to 60 s each
+@pytest.mark.parametrize("path", STORED, ids=[p.name.removesuffix(".repro.py") for p in STORED])
+def test_every_stored_script_reproduces_under_torchrun_where_its_bug_is_present(path: Path) -> None:
+    _reproduces_under_torchrun(path)
+
+
+def _passes_with_the_fix(path: Path, tmp: Path) -> None:
+    """The stored script exits 0 saying PASS on torch with its known bug's fix."""
+    entry = load_entry(path.with_name(path.name.removesuffix(".repro.py") + ".json"))
+    assert known.get(entry.bug or "").fix
+    if missing_api(entry.case):
+        pytest.skip(f"{path.name} is {missing_api(entry.case)}")
+    ran = run_fixed(path.read_text(), entry, tmp)
+    if ran is None:
+        pytest.skip(f"the fix of {entry.bug} does not apply to this torch")
+    assert ran == "passed", ran
+
+
+#: The stored scripts of known bugs that have a fix written (fuzz.known.KnownBug.fix).
+FIXED = [
+    p
+    for p in STORED
+    if (bug := load_entry(p.with_name(p.name.removesuffix(".repro.py") + ".json")).bug) and known.get(bug).fix
+]
+
+
+@pytest.mark.parametrize("name", ["state_dict-exception-d4322b68deab", "parity-mismatch-da0c9d4e06cd"])
+def test_a_stored_script_passes_on_torch_with_its_bug_fixed(name: str, tmp_path: Path) -> None:
+    """The second oracle, on an exception's script and a mismatch's, in every CI run: the bug's
+    fix turns the failure off."""
+    path = ROOT / "corpus" / f"{name}.repro.py"
+    assert path in FIXED
+    _passes_with_the_fix(path, tmp_path)
+
+
+@pytest.mark.slow  # a torchrun each
+@pytest.mark.parametrize("path", FIXED, ids=[p.name.removesuffix(".repro.py") for p in FIXED])
+def test_every_stored_script_passes_on_torch_with_its_bug_fixed(path: Path, tmp_path: Path) -> None:
+    _passes_with_the_fix(path, tmp_path)
+
+
+def test_fixes_are_written_for_bugs_of_this_torch() -> None:
+    assert len([b for b in known.BUGS.values() if b.fix and known.present(b, torch.__version__)]) >= 3
+
+
+@pytest.mark.parametrize("bug", [b for b in known.BUGS.values() if b.fix], ids=lambda b: b.id)
+def test_every_written_fix_applies_to_this_torch_where_its_bug_is_present(bug: known.KnownBug, tmp_path: Path) -> None:
+    """A fix is written against one torch's code: where the bug is present here, its text must
+    be there to replace (else the second oracle would go unchecked without a word). A fix
+    written against one release's source only says so (``written_for``) and is skipped, with
+    that word, on another."""
+    if not known.present(bug, torch.__version__):
+        pytest.skip(f"{bug.id} is not in torch {torch.__version__}")
+    if patch_env(bug.fix, str(tmp_path)) is not None:
+        return
+    written_for = known.fix_written_for(bug.id)
+    if written_for and known.release(written_for) != known.release(torch.__version__):
+        pytest.skip(
+            f"the fix is written against torch {written_for}'s source: on {torch.__version__} its entries' "
+            "check with the fix in place does not run"
+        )
+    pytest.fail(f"the fix of {bug.id} does not apply to torch {torch.__version__}")
+
+
+def test_a_fix_of_several_changes_is_applied_whole_at_import(tmp_path: Path) -> None:
+    """A known bug's fix may change several places (fuzz.known.KnownBug.fix): the patch harness
+    applies every change, in each module it names, and refuses a change whose text is not there
+    exactly once."""
+    probe = (
+        "import torch.distributed.checkpoint.state_dict as sd, torch.optim.sgd as sgd;"
+        "print(sd.FIX_A, sd.FIX_B, sgd.FIX_C)"
+    )
+    patches = (
+        known.Patch(
+            "torch.distributed.checkpoint.state_dict", "\nimport contextlib\n", "\nimport contextlib\nFIX_A = 1\n"
+        ),
+        known.Patch(
+            "torch.distributed.checkpoint.state_dict", "\nimport functools\n", "\nimport functools\nFIX_B = 2\n"
+        ),
+        known.Patch("torch.optim.sgd", "\nimport torch\n", "\nimport torch\nFIX_C = 3\n"),
+    )
+    env = patch_env(patches, str(tmp_path))
+    assert env is not None
+    done = subprocess.run([sys.executable, "-c", probe], env={**os.environ, **env}, capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.split() == ["1", "2", "3"], done.stderr[-2000:]
+    absent = known.Patch("torch.optim.sgd", "no such text in sgd.py", "x")
+    assert patch_env((*patches, absent), str(tmp_path)) is None
+    assert patch_env((), str(tmp_path)) is None
+
+
+def test_the_entry_hash_ignores_counters_and_fields_at_their_defaults() -> None:
+    """A campaign that meets the entry again (its count) leaves its stored script current; a
+    change to its case does not."""
+    entry = _corpus_entry("parity-mismatch-da0c9d4e06cd")
+    counted = dataclasses.replace(entry, count=entry.count + 5, reruns=9, reproduced=9)
+    assert entry_hash(counted) == entry_hash(entry)
+    moved = dataclasses.replace(entry, case=dataclasses.replace(entry.case, seed=entry.case.seed + 1))
+    assert entry_hash(moved) != entry_hash(entry)
+
+
+def test_a_script_passes_only_when_every_verdict_says_so() -> None:
+    assert passed("PASS: no rank raised\nPASS: no rank raised\n")
+    assert passed("noise\nPASS: every loss, gradient and parameter agrees\n")
+    assert passed("PASS: no rank raisedPASS: no rank raised\n")  # two ranks' prints on one line
+    assert not passed("PASS: no rank raised\nFAIL (another failure): rank 1 raised KeyError@torch/x.py:f\n")
+    assert not passed("PASS or another failure: mismatch:parity@fsdp2\n")
+    assert not passed("REPRODUCED: rank 0 raised ...\n")
+    assert not passed("")  # a script that said nothing did not pass
+
+
+def test_why_a_run_did_not_reproduce_is_said_in_words() -> None:
+    """torchrun ends a failed run with a rule of ``=`` signs: the error names the exception (or
+    the verdict) instead."""
+    torchrun_tail = (
+        'Traceback (most recent call last):\n  File "r.py", line 3, in <module>\n'
+        "RuntimeError: Expected all tensors to be on the same device\n"
+        "E1129 torch/distributed/elastic/multiprocessing/api.py: failed (exitcode: 1)\n"
+        "Traceback (most recent call last):\n"
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+        "============================================================\n"
+    )
+    assert why_not(1, torchrun_tail) == "exit 1: RuntimeError: Expected all tensors to be on the same device"
+    assert why_not(0, "PASS: no rank raised\n") == "exit 0: PASS: no rank raised"
+    assert why_not(None, "") == "timed out: no output"
+    assert why_not(1, "warming up\n=====\n") == "exit 1: warming up"
+
+
+def test_a_stop_whose_keyboard_interrupt_was_lost_ends_storing_at_its_next_run(tmp_path: Path) -> None:
+    """SIGINT or SIGTERM is recorded (fuzz.stop) before its KeyboardInterrupt unwinds; where that
+    KeyboardInterrupt is lost on its way, the next run raises it again instead of starting."""
+    from fuzz.stop import clear_stop, request_stop
+
+    marker = tmp_path / "ran"
+    with pytest.raises(KeyboardInterrupt):
+        request_stop(signal.SIGTERM)  # what the handler does: record, then raise
+    try:
+        with pytest.raises(KeyboardInterrupt, match=f"signal {int(signal.SIGTERM)}"):
+            run_script(f"open({str(marker)!r}, 'w').close()\n", timeout=60)
+    finally:
+        clear_stop()
+    assert not marker.exists()
+    assert run_script(f"open({str(marker)!r}, 'w').close()\n", timeout=60)[0] == 0 and marker.exists()
+
+
+def test_each_run_of_a_script_has_a_temporary_directory_of_its_own() -> None:
+    """A script that reads what an earlier run left in the temporary directory finds nothing."""
+    script = (
+        "import os, sys, tempfile\n"
+        "mark = os.path.join(tempfile.gettempdir(), 'left-by-an-earlier-run')\n"
+        "seen = os.path.exists(mark)\n"
+        "open(mark, 'w').close()\n"
+        "sys.exit(3 if seen else 0)\n"
+    )
+    assert [run_script(script, timeout=60)[0] for _ in range(2)] == [0, 0]

@@ -6,8 +6,10 @@ the script, :mod:`fuzz.repro.script`), judges it on rank 0 with the property's o
 (:mod:`fuzz.repro.runtime`), and exits 1 iff the entry's failure reproduces. ``--issue`` writes
 the same as Markdown for an upstream issue (:mod:`fuzz.repro.issue`); ``--all DIR`` renders
 (and with ``--run`` runs) every entry of a corpus and prints figures (:mod:`fuzz.repro.bench`).
-``--reduce`` writes the script cut down to what the entry's failure needs, kept beside the
-entry as ``NAME.repro.py`` (:mod:`fuzz.repro.reduce`).
+Where the printers write the entry's case (:mod:`fuzz.repro.printed`), the script is printed
+from the case instead: the torch program a maintainer would write, with its reference computed
+in the script; ``--reduce`` stores that one beside the entry as ``NAME.repro.py`` once it
+reproduces here (:mod:`fuzz.repro.store`), and ``repro ENTRY.json`` writes the stored one first.
 
 Properties name their renderer (:attr:`fuzz.properties.Property.repro`, "module:function"
 taking the entry and its source name); a property that refuses on purpose says why

@@ -153,7 +153,7 @@ def observed(output: str, status: int | None) -> str:
 
 def run_for_issue(script: str, entry: Entry) -> tuple[int | None, str]:
     """``script`` run under torchrun here: (exit status, output)."""
-    from fuzz.repro.reduce import run_script
+    from fuzz.repro.store import run_script
 
     status, output, _ = run_script(script, timeout=RUN_TIMEOUT_S, nproc=entry.case.world_size)
     return status, re.sub(r'File "[^"]*/repro\.py"', 'File "repro.py"', output)  # where it ran here

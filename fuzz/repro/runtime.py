@@ -73,8 +73,6 @@ def main(case_text: str, expected: dict[str, Any], argv: list[str] | None = None
         help=f"seconds before ranks still in the case are stuck: a hang (default {DEFAULT_TIMEOUT_S:g})",
     )
     args = parser.parse_args(argv)
-    if os.environ.get("REPRO_TRACE"):
-        _trace(os.environ["REPRO_TRACE"])
     if os.environ.get("REPRO_JUDGE"):
         return judge_process(case_text, expected, os.environ["REPRO_JUDGE"], args.timeout)
     if "LOCAL_RANK" not in os.environ:
@@ -106,62 +104,11 @@ def _one_line(text: object) -> str:
     return " ".join(str(text).split())
 
 
-#: The lines of the carried modules this process ran, under REPRO_TRACE (see :func:`_trace`).
-_TRACED: set[tuple[str, int]] = set()
-
-
-def _trace(directory: str) -> None:
-    """For shardfuzz's reducer (REPRO_TRACE=DIR, fuzz/repro/reduce.py): record every line of the
-    carried modules that this process runs, in every thread, and write them to DIR/lines-PID.json
-    when the process ends (:func:`_exit`, or at exit)."""
-    import atexit
-
-    def local(frame: Any, event: str, arg: Any) -> Any:
-        if event == "line":
-            _TRACED.add((frame.f_code.co_filename, frame.f_lineno))
-        return local
-
-    def call(frame: Any, event: str, arg: Any) -> Any:
-        if not frame.f_code.co_filename.startswith("shardfuzz/"):
-            return None
-        _TRACED.add((frame.f_code.co_filename, frame.f_lineno))
-        return local
-
-    def dump() -> None:
-        for _ in range(5):  # other threads may still add lines
-            with contextlib.suppress(RuntimeError):
-                lines = sorted(_TRACED)
-                break
-        else:
-            return
-        with contextlib.suppress(OSError), open(os.path.join(directory, f"lines-{os.getpid()}.json"), "w") as f:
-            json.dump(lines, f)
-
-    global _dump_trace
-    _dump_trace = dump
-    atexit.register(dump)
-    threading.settrace(call)
-    sys.settrace(call)
-    frame: Any = sys._getframe(1)
-    while frame is not None:  # the frames already running (main) are traced from here on
-        if frame.f_code.co_filename.startswith("shardfuzz/"):
-            frame.f_trace = local
-            # what ran before is not known line by line: count every line up to here as run
-            first = frame.f_code.co_firstlineno
-            _TRACED.update((frame.f_code.co_filename, n) for n in range(first, frame.f_lineno + 1))
-        frame = frame.f_back
-
-
-def _dump_trace() -> None:
-    """Replaced by :func:`_trace` when tracing."""
-
-
 def _exit(code: int) -> None:
     """End this process now (see the module's docstring)."""
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
-    _dump_trace()
     os._exit(code)
 
 
@@ -402,7 +349,6 @@ def judge_process(case_text: str, expected: dict[str, Any], root: str, timeout: 
         print("repro: error: the script could not judge the case (above)", file=sys.stderr)
     _status(code)
     sys.stdout.flush()
-    _dump_trace()  # the ranks end on the verdict, and torchrun with them ends this process
     run.write("verdict", None, code)
     time.sleep(1.0)  # the ranks see the verdict, then the directory goes
     shutil.rmtree(run.root, ignore_errors=True)

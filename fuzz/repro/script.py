@@ -152,7 +152,7 @@ def run_command(entry: Entry, script: str = "repro.py") -> str:
     return f"torchrun --nproc-per-node {entry.case.world_size} {script}{backend}"
 
 
-def _docstring(entry: Entry, source: str, reduced: bool = False) -> str:
+def _docstring(entry: Entry, source: str) -> str:
     name = Path(source).name if source else entry.file_name
     width = 96
     lines = [f"Reproduces shardfuzz corpus entry {name}: {entry.signature}", ""]
@@ -175,14 +175,6 @@ def _docstring(entry: Entry, source: str, reduced: bool = False) -> str:
     ]
     if gpu:
         lines += ["", f"This case was found with {entry.backend} on {entry.device_kind}: it needs GPUs, one per rank."]
-    if reduced:
-        lines += [
-            "",
-            "Every rank runs the case below (CASE) with the code shardfuzz's ranks run, reduced to what this",
-            "failure needs (SOURCES, imported from memory): only torch needs to be installed. Rank 0 judges",
-            "the case with the property's own judge and prints the verdict.",
-        ]
-        return "\n".join(lines)
     lines += [
         "",
         "Every rank runs the case below (CASE) with the code shardfuzz's ranks run, carried verbatim",
@@ -223,20 +215,16 @@ def main():
 '''
 
 
-def render(entry: Entry, source: str = "", modules: dict[str, str] | None = None, header: str = "") -> str:
-    """The script for ``entry`` (``source`` names the entry's file in its docstring). The reducer
-    (:mod:`fuzz.repro.reduce`) passes the reduced ``modules`` to carry and a ``header`` comment."""
+def render(entry: Entry, source: str = "") -> str:
+    """The script for ``entry`` (``source`` names the entry's file in its docstring)."""
     case = entry.case
     prop = get_property(case.property)
-    reduced = modules is not None
-    if modules is None:
-        modules = carried_modules(roots_for(prop, case.body.PROGRAM))
+    modules = carried_modules(roots_for(prop, case.body.PROGRAM))
     files = {relative(name): text for name, text in modules.items()}
     case_text = json.dumps(case_to_json(case), indent=1, sort_keys=True)
     parts = [
         "#!/usr/bin/env python3",
-        *([header] if header else []),
-        literal(_docstring(entry, source, reduced=reduced)),
+        literal(_docstring(entry, source)),
         "",
         "import importlib.abc",
         "import importlib.util",
