@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=0845a1e0c476c07f sources=19706e21e034fc8a seconds=37.3
+# shardfuzz printed reproducer: entry=0845a1e0c476c07f seconds=37.3
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: dcp.load of an FSDP1 sharded state dict where a rank holds no chunk of a
 # parameter: the planner guesses a pre-2.4 checkpoint, 'Missing key in checkpoint state_dict';

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=24cba4b5d3ca2075 sources=19706e21e034fc8a seconds=54.0
+# shardfuzz printed reproducer: entry=24cba4b5d3ca2075 seconds=54.0
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: the classic FSDP1 DCP recipe with an optimizer without state:
 # optim_state_dict_to_load refuses the dict without 'state'; upstream: none found.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=32bab302165bedb8 sources=ea510fcd75d722b2 seconds=46.5
+# shardfuzz printed reproducer: entry=32bab302165bedb8 seconds=46.5
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: fully_shard with an int reshard_after_forward and Shard(1) placements:
 # IndexError in foreach_all_gather_copy_out, or (a dim-1 size the post-forward mesh splits

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=93f443fd28251a3e sources=99e3150823d32513 seconds=34.8
+# shardfuzz printed reproducer: entry=93f443fd28251a3e seconds=34.8
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: FileSystemWriter(cache_staged_state_dict=True) pins its staging copy:
 # async_save fails on a host without an accelerator; upstream: none found.

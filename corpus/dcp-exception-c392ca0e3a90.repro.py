@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=4b45c2168641062c sources=19706e21e034fc8a seconds=43.5
+# shardfuzz printed reproducer: entry=4b45c2168641062c seconds=43.5
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: FSDP1 NO_SHARD with an auto-wrapped unit of frozen parameters: state_dict()
 # after training raises 'FSDP assumes ... is in the state_dict'; upstream:

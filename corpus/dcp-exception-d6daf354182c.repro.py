@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=bc8ec400c405abdb sources=19706e21e034fc8a seconds=60.0
+# shardfuzz printed reproducer: entry=bc8ec400c405abdb seconds=60.0
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: dcp.async_save's default stager calls data_ptr() on ShardedTensors; upstream:
 # none found.
