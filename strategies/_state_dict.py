@@ -54,17 +54,19 @@ from fuzz.model import (
     has_params,
     is_fsdp1,
     is_plain,
+    scalar_problem,
     schedule_problem,
     sharded_in_memory_problem,
     takes_schedule,
     tensor_kind,
 )
 from fuzz.model.state_dict import StagerOptions
-from strategies._cases import maybe_spmd, rare_foreach_on_mixed_params, trainings
+from fuzz.model.state_dict_rules import meta_target_problem
+from strategies._cases import maybe_spmd, rare_foreach_on_mixed_params, trainings, without_container_units
 from strategies._compositions import compositions, disjoint_subset, meshes
 from strategies._odds import keep_known, one_in
 from strategies._options import torch_has
-from strategies._trees import module_trees
+from strategies._trees import module_trees, without_refused_scalars
 from strategies._validation import check_bounds, check_world_size
 
 
@@ -85,9 +87,10 @@ def layouts(draw: st.DrawFn, tree: ModuleTree, *, world_size: int, fsdp1: bool =
         return Composition()
     if kind == "ddp":
         return Composition(wrapper=Wrapper.DDP)
-    # compositions() keeps the known int-reshard / Shard(1) FSDP2 bug rare.
+    # compositions() keeps the known int-reshard / Shard(1) FSDP2 bug rare; no API goes on an
+    # nn.ModuleList / nn.ModuleDict block (without_container_units).
     comp: Composition = draw(compositions(tree, world_size=world_size, replicate=kind == "composable"))
-    return maybe_spmd(draw, tree, comp)
+    return maybe_spmd(draw, tree, without_container_units(tree, comp))
 
 
 FSDP1_WRAPPERS = (
@@ -115,6 +118,7 @@ def fsdp1_layouts(draw: st.DrawFn, tree: ModuleTree, *, world_size: int) -> Comp
             mesh = (1, world_size)
     checkpoints = draw(disjoint_subset([p for p in tree.paths() if p], []))
     comp = Composition(wrapper=wrapper, mesh=mesh, auto_wrap=draw(st.booleans()), checkpoints=tuple(checkpoints))
+    comp = without_container_units(tree, comp)  # no checkpoint on a container: it has no forward
     if known.fsdp1_frozen_unit(comp, tree) and not keep_known(draw, known.FSDP1_FROZEN_UNIT):
         comp = replace(comp, auto_wrap=False)  # a known FSDP1 bug with a unit of frozen parameters: rarely
     return comp
@@ -280,8 +284,35 @@ def _stateful_optimizer(draw: st.DrawFn, training: Training, full_load: bool) ->
     return training
 
 
-def _meta_ok(target: Composition) -> bool:
-    return not target.replicates and target.wrapper is Wrapper.NONE and not target.spmd
+def _meta_ok(target: Composition, tree: ModuleTree, *, assigns: bool = False) -> bool:
+    """A meta-device target (fuzz.model.state_dict_rules.meta_target_problem)."""
+    return meta_target_problem(tree, target, assigns=assigns) is None
+
+
+def _keeping_scalars(
+    draw: st.DrawFn, tree: ModuleTree, source: Composition, target: Composition
+) -> tuple[Composition, Composition]:
+    """Half the time a side whose API refuses the tree's scalar parameter
+    (fuzz.model.scalar_problem: fully_shard, FSDP1) becomes a DDP or plain model, which take
+    it; the other half the case strategies take the scalar away (without_refused_scalars).
+    Most layouts shard, so without this a scalar parameter would reach few cases."""
+    sides = [source, target]
+    for i, side in enumerate(sides):
+        if scalar_problem(tree, side) is not None and draw(st.booleans()):
+            sides[i] = draw(st.sampled_from([Composition(wrapper=Wrapper.DDP), Composition()]))
+    return sides[0], sides[1]
+
+
+@st.composite
+def state_trees(draw: st.DrawFn, *, max_depth: int = 3) -> ModuleTree:
+    """The trees of the state-dict and DCP cases: half from the extended world (the models
+    people train: token embeddings, a head tied to the embedding, RMSNorm, attention, MLPs,
+    non-persistent buffers, bare parameters of rank 0 to 3, nn.ModuleList / nn.ModuleDict
+    blocks), half from the first one, whose rare option paths keep their rates. The case
+    strategies take a scalar parameter away where a side's API refuses it
+    (strategies.without_refused_scalars) and the APIs off containers (layouts)."""
+    extended = draw(st.booleans())
+    return draw(module_trees(max_depth=max_depth, extended=extended, scalars=extended, containers=extended))
 
 
 @st.composite
@@ -293,12 +324,14 @@ def state_dict_cases(
     (``accelerator`` changes nothing here: CPU offload is the training properties')."""
     check_world_size(world_size)
     check_bounds("max_steps", max_steps, "max_steps", max_steps, floor=1, ceiling=16)
-    tree = draw(module_trees(max_depth=max_depth))
+    tree = draw(state_trees(max_depth=max_depth))
     if draw(st.sampled_from(["layouts", "layouts", "layouts", "layouts", "fsdp1"])) == "fsdp1":
         return _fsdp1_state_dict_case(draw, tree, world_size, max_steps)
     # get/set_*_state_dict take FSDP1 models too: FSDP1 on either side, or both.
     source = draw(layouts(tree, world_size=world_size, fsdp1=True))
     target = _target(draw, tree, source, world_size, fsdp1=True)
+    source, target = _keeping_scalars(draw, tree, source, target)
+    tree = without_refused_scalars(tree, source, target)
     fsdp1_side = is_fsdp1(source) or is_fsdp1(target)
     full = draw(st.booleans())
     if not full and not _in_memory_sharded_ok(source, target):
@@ -322,7 +355,7 @@ def state_dict_cases(
         if known.broadcast_empty_combined(api, broadcast) and not keep_known(draw, known.BROADCAST_EMPTY):
             api = Api.SPLIT
     strict = draw(st.booleans())
-    meta = api is not Api.COMBINED and _meta_ok(target) and one_in(draw, 6)
+    meta = api is not Api.COMBINED and _meta_ok(target, tree, assigns=full) and one_in(draw, 6)
     drop: tuple[int, ...] = ()
     if not strict and not meta:
         drop = tuple(draw(st.lists(st.integers(0, 31), unique=True, max_size=3)))
@@ -412,6 +445,7 @@ def _fsdp1_state_dict_case(draw: st.DrawFn, tree: ModuleTree, world_size: int, m
     fsdp1_in_memory_problem); offload_to_cpu from save.cpu_offload."""
     source = draw(fsdp1_layouts(tree, world_size=world_size))
     target = source if one_in(draw, 4) else draw(fsdp1_layouts(tree, world_size=world_size))
+    tree = without_refused_scalars(tree, source, target)
     full = draw(st.booleans()) or fsdp1_in_memory_problem(source, target) is not None
     frozen_in_optimizer, empty_group = _optimizer_options(draw, tree)
     body = StateDictBody(
@@ -467,7 +501,7 @@ def dcp_cases(
     checkpoints of a plain model saved and loaded with no_dist."""
     check_world_size(world_size)
     check_bounds("max_steps", max_steps, "max_steps", max_steps, floor=1, ceiling=16)
-    tree = draw(module_trees(max_depth=max_depth))
+    tree = draw(state_trees(max_depth=max_depth))
     kind = draw(st.sampled_from(["layouts", "layouts", "layouts", "fsdp1", "fsdp1", "no_dist"]))
     fsdp1, no_dist = kind == "fsdp1", kind == "no_dist"
     # How an FSDP1 side's state moves: the classic recipe (FSDP1 on both sides), or through
@@ -489,6 +523,8 @@ def dcp_cases(
     else:
         source = draw(layouts(tree, world_size=world_size))
         target = _target(draw, tree, source, world_size)
+        source, target = _keeping_scalars(draw, tree, source, target)
+    tree = without_refused_scalars(tree, source, target)
     entries = draw(checkpoint_entries())
     if how in ("classic", "patched") and DcpItem.APP in entries:
         # the model and optimizer entries: FSDP1's own state dicts, or the patched objects
@@ -547,7 +583,7 @@ def dcp_cases(
     if len(entries) > 1 and one_in(draw, 4):
         skip = tuple(draw(st.lists(st.sampled_from(entries), unique=True, min_size=1, max_size=len(entries) - 1)))
     loads_model = any(e in entries and e not in skip for e in (DcpItem.MODEL, DcpItem.APP))
-    meta = loads_model and _meta_ok(target) and (is_plain(target) or bool(target.shards)) and one_in(draw, 6)
+    meta = loads_model and _meta_ok(target, tree) and (is_plain(target) or bool(target.shards)) and one_in(draw, 6)
     drop: tuple[int, ...] = ()
     droppable = (
         DcpItem.MODEL in entries

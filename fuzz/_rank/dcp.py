@@ -65,6 +65,7 @@ from fuzz._rank.state_dict import (
     body_optimizer,
     build_side,
     catch_up,
+    constants,
     dropped_keys,
     fresh_training,
     fsdp1_load_optimizer,
@@ -77,6 +78,7 @@ from fuzz._rank.state_dict import (
     resume_both,
     resume_source,
     seed_segment,
+    set_constants,
     state_dict_options,
     train_steps,
 )
@@ -519,15 +521,17 @@ def _run_dcp(case: Case, body: DcpBody, ctx: RankContext) -> dict[str, Any]:
         seed=case.seed + FRESH_SEED,
         meta=body.target_meta_init,
         schedule=body.requires_grad,
+        constants_seed=case.seed,
     )
     if body.target_meta_init:
         tgt.model.to_empty(device=ctx.device)  # DCP loads in place: the parameters need storage
+        set_constants(tgt.model, constants(body.tree, t, case.seed), ctx)  # see meta_target_problem
     body_optimizer(tgt, fresh_training(t), body)
     catch_up(tgt, t.steps)
     # A patched target's state_dict (what dcp.load loads into) and load_state_dict share one
     # set of options: the load's.
     prepare_side(body, tgt, put)
-    dropped = dropped_keys(tgt, body.drop)
+    dropped = dropped_keys(tgt, body.drop, body.tree)
     obs["dropped"] = dropped
     # A meta-device model has no values before the load (to_empty leaves garbage).
     obs["fresh"] = observe(tgt, case, body.tree, ctx, model=not body.target_meta_init)

@@ -40,7 +40,7 @@ from fuzz._rank.compose import (
     spmd_replicated,
 )
 from fuzz._rank.context import RankContext
-from fuzz._rank.models import build_model, fuse, leaf_parameters, loss_of, sample_batch
+from fuzz._rank.models import build_model, fuse, leaf_parameters, loss_of, main_output, sample_batch
 from fuzz._rank.parity import batches, make_optimizer
 from fuzz.model import (
     DEFAULT_FQN_MODIFIERS,
@@ -110,15 +110,62 @@ def build_side(
     schedule: tuple[RequiresGrad, ...] = (),
     fused: tuple[str, ...] = (),
     fqn_modifiers: str = DEFAULT_FQN_MODIFIERS,
+    constants_seed: int | None = None,
 ) -> Side:
     """Build the tree (on the meta device if ``meta``), with the leaves at ``fused`` as fused
-    modules (:func:`fuzz._rank.models.fuse`), and apply ``comp``; no optimizer yet."""
+    modules (:func:`fuzz._rank.models.fuse`), and apply ``comp``; no optimizer yet. With
+    ``constants_seed`` its non-persistent buffers are those of the tree built from that seed
+    (:func:`constants`; a meta-device model gets them after the load, :func:`set_constants`)."""
+    values = constants(tree, training, constants_seed) if constants_seed is not None and not meta else {}
     torch.manual_seed(seed)
     device = torch.device("meta") if meta else ctx.device
     model = build_model(tree, device).to(TORCH_DTYPES[training.dtype])
+    set_constants(model, values, ctx)
     fuse(model, fused, fqn_modifiers)
     composed = Composed(model) if is_plain(comp) else compose(model, comp, ctx)
     return Side(composed=composed, comp=comp, training=training, schedule=schedule)
+
+
+def constants(tree: ModuleTree, training: Training, seed: int) -> dict[str, torch.Tensor]:
+    """The non-persistent buffers of ``tree`` built from ``seed``, by name (on the CPU).
+
+    No state dict holds a non-persistent buffer: a model's constructor computes it (a causal
+    mask, rotary frequencies), the same in every fresh model. The trees draw it from the seed,
+    so a target built from another seed gets the source's (``build_side(constants_seed=)``),
+    as the same constructor would give it; a load that changed one would show in the forward
+    probe and the resumed training."""
+    torch.manual_seed(seed)
+    model = build_model(tree, torch.device("cpu")).to(TORCH_DTYPES[training.dtype])
+    out = {}
+    for path, module in model.named_modules():
+        for name in sorted(module._non_persistent_buffers_set):
+            buf = module._buffers.get(name)
+            if buf is not None:
+                out[f"{path}.{name}" if path else name] = buf.detach().clone()
+    return out
+
+
+def set_constants(model: nn.Module, values: dict[str, torch.Tensor], ctx: RankContext) -> None:
+    """Set ``model``'s non-persistent buffers to ``values`` (from :func:`constants`), on the
+    rank's device, as a user initialises them after materialising a meta-device model (an
+    assigning load leaves them on the meta device, ``to_empty`` uninitialised); a DTensor
+    buffer (SPMD) is set to the value distributed with its placements."""
+    if not values:
+        return
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    for path, module in model.named_modules():
+        for name in sorted(module._non_persistent_buffers_set):
+            buf = module._buffers.get(name)
+            key = clean_name(f"{path}.{name}" if path else name)
+            if buf is None or key not in values:
+                continue
+            value = values[key].to(device=ctx.device, dtype=buf.dtype)
+            with torch.no_grad():
+                if isinstance(buf, DTensor):
+                    buf.copy_(distribute_tensor(value, buf.device_mesh, buf.placements))
+                else:
+                    module._buffers[name] = value
 
 
 def change_requires_grad(side: Side, step: int) -> None:
@@ -226,11 +273,30 @@ def _flat(t: Any) -> list[float]:
 
 
 def observe_model(side: Side) -> dict[str, list[float]]:
-    """Every parameter and buffer, full size, by its plain-model name (collective)."""
+    """Every parameter and persistent buffer (what a state dict holds; a non-persistent one is
+    the same in both models by construction, :func:`constants`, and the forward probe reads
+    it), full size, by its plain-model name (collective)."""
     with side.composed.full_parameters() as params:
         out = {n: [float(v) for v in t.double().cpu().flatten().tolist()] for n, t in params.items()}
-    for n, b in side.model.named_buffers():
-        out[clean_name(n)] = _flat(b)
+    for path, module in side.model.named_modules():
+        for name, b in module.named_buffers(recurse=False):
+            if b is not None and name not in module._non_persistent_buffers_set:
+                out[clean_name(f"{path}.{name}" if path else name)] = _flat(b)
+    return out
+
+
+def with_tied_names(model: dict[str, list[float]], tree: ModuleTree) -> dict[str, list[float]]:
+    """``model`` (observe_model's) with a tied weight under each of its names, as the state
+    dict holds it (``state_dict`` and ``get_model_state_dict`` keep both keys of a tied pair;
+    named_parameters, which observe_model reads, names it once). A name observed already (a
+    load that untied the pair registers the head's own Parameter) keeps its own value."""
+    if tree.tied is None:
+        return model
+    first, *others = [f"{path}.weight" for path in tree.tied]
+    out = dict(model)
+    for name in others:
+        if first in out:
+            out.setdefault(name, out[first])
     return out
 
 
@@ -299,7 +365,7 @@ def probe(side: Side, case: Case, tree: ModuleTree, ctx: RankContext) -> list[fl
     if side.composed.spmd_mesh is not None:
         x = spmd_replicated(x, side.composed.spmd_mesh)
     with torch.no_grad():
-        out = _flat(side.model(x))
+        out = _flat(main_output(side.model(x)))  # a tuple or dict output's activation
     reshard(side.model)
     return out
 
@@ -322,7 +388,7 @@ def observe(side: Side, case: Case, tree: ModuleTree, ctx: RankContext, *, model
     state is this rank's local shards (``optimizer_local``, on every rank)."""
     obs: dict[str, Any] = {"groups": observe_groups(side)}
     if model:
-        params = observe_model(side)
+        params = with_tied_names(observe_model(side), tree)
         optim = observe_optimizer(side)
         out = probe(side, case, tree, ctx)
         if side.fsdp1:
@@ -339,11 +405,22 @@ def model_keys(side: Side) -> list[str]:
     return sorted(clean_name(k) for k in side.model.state_dict())
 
 
-def dropped_keys(side: Side, drop: tuple[int, ...]) -> list[str]:
+def dropped_keys(side: Side, drop: tuple[int, ...], tree: ModuleTree) -> list[str]:
+    """The state-dict keys left out of the load: those at the positions ``drop`` (modulo the
+    number of keys), with the other names of a tied weight: a tied pair's two keys
+    (``get_model_state_dict`` keeps both, as ``state_dict`` does) load one Parameter, so
+    leaving out one name alone leaves nothing out."""
     if not drop:
         return []
     keys = model_keys(side)
-    return sorted({keys[i % len(keys)] for i in drop}) if keys else []
+    if not keys:
+        return []
+    chosen = {keys[i % len(keys)] for i in drop}
+    if tree.tied is not None:
+        aliases = {f"{path}.weight" for path in tree.tied}
+        if chosen & aliases:
+            chosen |= aliases & set(keys)
+    return sorted(chosen)
 
 
 def fsdp1_state_dict_type(side: Side, *, full: bool, offload: bool, rank0_only: bool = False) -> None:
@@ -471,7 +548,7 @@ def _take(body: StateDictBody, side: Side) -> tuple[dict[str, Any], dict[str, An
 
 
 def _put(
-    body: StateDictBody, side: Side, msd: dict[str, Any], osd: dict[str, Any], ctx: RankContext
+    body: StateDictBody, side: Side, msd: dict[str, Any], osd: dict[str, Any], ctx: RankContext, seed: int
 ) -> tuple[Any, dict[str, bool]]:
     """Load into ``side``; builds its optimizer after the model load for a meta-device target
     (and then replays the requires_grad schedule, before the optimizer load, as for any other
@@ -504,6 +581,8 @@ def _put(
         result = side.model.load_state_dict(msd, strict=body.load.strict)
     else:
         result = set_model_state_dict(side.model, msd, options=options)
+    if body.target_meta_init:
+        set_constants(side.model, constants(body.tree, body.training, seed), ctx)  # see meta_target_problem
     flags = requires_grad(side)
     opt = side.opt if side.opt is not None else body_optimizer(side, fresh, body)
     catch_up(side, body.training.steps)
@@ -578,12 +657,13 @@ def run_state_dict(case: Case, body: StateDictBody, ctx: RankContext) -> dict[st
         seed=case.seed + FRESH_SEED,
         meta=body.target_meta_init,
         schedule=body.requires_grad,
+        constants_seed=case.seed,
         **fused,
     )
     if not body.target_meta_init:
         body_optimizer(tgt, fresh_training(t), body)
         catch_up(tgt, t.steps)
-    dropped = sorted(set(dropped_keys(src, body.drop)) | set(ignored))
+    dropped = sorted(set(dropped_keys(src, body.drop, body.tree)) | set(ignored))
     obs["dropped"] = dropped
     if dropped:
         obs["fresh"] = observe(tgt, case, body.tree, ctx)
@@ -595,7 +675,7 @@ def run_state_dict(case: Case, body: StateDictBody, ctx: RankContext) -> dict[st
     elif body.load.broadcast_from_rank0 and ctx.rank != 0:
         msd, osd = {}, {}  # the documented use: only rank 0 holds the full state
     before = requires_grad(tgt)
-    result, after = _put(body, tgt, msd, osd, ctx)
+    result, after = _put(body, tgt, msd, osd, ctx, case.seed)
     obs["load_result"] = incompatible(result)
     obs["requires_grad"] = {"before": before, "after": after}
     obs["loaded"] = observe(tgt, case, body.tree, ctx)

@@ -50,7 +50,7 @@ from fuzz.model.state_dict_rules import (
     trainable_at,
 )
 from fuzz.model.training import Training
-from fuzz.model.tree import ModuleTree
+from fuzz.model.tree import Block, ModuleTree
 
 
 def dcp_root(driver_pid: int | str) -> str:
@@ -152,7 +152,11 @@ class StateDictBody(Body):
     fqn_modifiers: str = DEFAULT_FQN_MODIFIERS
 
     def __post_init__(self) -> None:
-        check_common(self.tree, self.source, self.target, self.training, self.steps_after, self.target_meta_init)
+        # a meta-device target's full load assigns (fuzz._rank.state_dict's _put)
+        assigns = self.load.full_state_dict
+        check_common(
+            self.tree, self.source, self.target, self.training, self.steps_after, self.target_meta_init, assigns
+        )
         self._check_fused()
         check_drop(self.drop)
         check_frozen_in_optimizer(self.tree, self.frozen_in_optimizer)
@@ -493,7 +497,16 @@ class DcpBody(Body):
     def reloads_in_half_world(self, world_size: int) -> bool:
         """Whether each half of ``world_size`` ranks also loads the checkpoint, sharded over
         its own ranks (:meth:`reloads_elsewhere`; an even world of four ranks or more)."""
-        return self.reloads_elsewhere() and world_size >= 4 and world_size % 2 == 0
+        # The half-world reload shards every parameter leaf and the root: not a tree whose
+        # tied pair would then span two units, nor one with a scalar parameter, which
+        # fully_shard refuses (fuzz.model.rules: _check_tied, scalar_problem).
+        return (
+            self.reloads_elsewhere()
+            and world_size >= 4
+            and world_size % 2 == 0
+            and self.tree.tied is None
+            and not any(isinstance(n, Block) and n.gain for n in self.tree.paths().values())
+        )
 
     def __post_init__(self) -> None:
         check_common(self.tree, self.source, self.target, self.training, self.steps_after, self.target_meta_init)

@@ -100,8 +100,16 @@ def check_side(comp: Composition, tree: ModuleTree, where: str) -> None:
 
 
 def check_common(
-    tree: ModuleTree, source: Composition, target: Composition, training: Training, steps_after: int, meta: bool
+    tree: ModuleTree,
+    source: Composition,
+    target: Composition,
+    training: Training,
+    steps_after: int,
+    meta: bool,
+    assigns: bool = False,
 ) -> None:
+    """The rules both bodies share; ``assigns``: a meta-device target's load assigns the
+    state dict's tensors (a full state dict, ``meta_target_problem``)."""
     if not has_params(tree.root):
         raise CaseError("tree", "the tree has no parameters")
     check_side(source, tree, "source")
@@ -115,18 +123,39 @@ def check_common(
         raise CaseError("steps_after", f"steps_after={steps_after} is outside 0..{MAX_STEPS}")
     if training.grad_accum != 1:
         raise CaseError("training.grad_accum", "state-dict cases train one microbatch per step")
-    if meta and target.spmd:
-        raise CaseError("target_meta_init", "an SPMD composition is not built on the meta device yet")
-    if meta and (target.replicates or target.wrapper is not Wrapper.NONE):
-        # DDP (and replicate) broadcast parameter values when applied: there are none on meta.
-        # FSDP1 materializes a meta module when it wraps it (reset_parameters or its
-        # param_init_fn), so its target would not be on meta when the state is loaded.
-        raise CaseError(
-            "target_meta_init", "a meta-device target takes fully_shard or nothing, not DDP/replicate/FSDP1"
-        )
+    problem = meta_target_problem(tree, target, assigns=assigns) if meta else None
+    if problem is not None:
+        raise CaseError("target_meta_init", problem)
     for s in (*source.shards, *target.shards):
         if s.mixed_precision is not None or s.offload:
             raise CaseError("source.shards", "mixed precision and CPU offload are covered by the training properties")
+
+
+def meta_target_problem(tree: ModuleTree, target: Composition, *, assigns: bool = False) -> str | None:
+    """Why ``target`` cannot be built on the meta device and loaded into, or None; ``assigns``:
+    the load assigns a full state dict's tensors (set_model_state_dict into a meta model).
+
+    Non-persistent buffers are out of every state dict: after the load a meta-device target
+    holds them on the meta device (an assigning full load) or uninitialised (``to_empty``),
+    and the program sets them as the model's initialisation would, as a user does after
+    materialising a meta-device model."""
+    if target.spmd:
+        return "an SPMD composition is not built on the meta device yet"
+    if target.replicates or target.wrapper is not Wrapper.NONE:
+        # DDP (and replicate) broadcast parameter values when applied: there are none on meta.
+        # FSDP1 materializes a meta module when it wraps it (reset_parameters or its
+        # param_init_fn), so its target would not be on meta when the state is loaded.
+        return "a meta-device target takes fully_shard or nothing, not DDP/replicate/FSDP1"
+    if tree.tied is not None and (assigns or not target.shards):
+        # nn.Module.to_empty on a plain model and load_state_dict(assign=True) (a full load
+        # into a meta model, also under fully_shard) give each module of a tied pair a
+        # Parameter of its own (torch 2.13: _apply makes a new Parameter per module when the
+        # device changes; assign sets each key's tensor): the head is untied, and re-tying
+        # after materialising is the user's job (as transformers' tie_weights does), which a
+        # state-dict load does not do. fully_shard's to_empty keeps the pair (its parameters
+        # are managed by the unit), so a sharded or DCP load (in place) into it is drawn.
+        return "a meta-device model unties its tied head when materialised or assigned"
+    return None
 
 
 def check_drop(drop: tuple[int, ...]) -> None:

@@ -1,6 +1,7 @@
 """What a state_dict or dcp case exercises, as feature names (``features(case)`` of the two
-properties, counted in a campaign's summary): the layouts on both sides, the requires_grad
-schedule, the optimizer's parameters, the API and options of the move.
+properties, counted in a campaign's summary): the tree (fuzz.model.tree_features), the layouts
+on both sides, the requires_grad schedule, the optimizer's parameters, the API and options of
+the move.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from fuzz.model import (
     is_fsdp1,
     is_plain,
     tensor_kind,
+    tree_features,
 )
 from fuzz.properties.parity import SPMD_FEATURE
 from fuzz.properties.state_dict_checks import (
@@ -100,6 +102,7 @@ def features_state_dict(case: Case) -> list[str]:
         # get/set_*_state_dict on FSDP1 models: e.g. split:fsdp1_source, combined:fsdp1_both
         out.append(f"{body.api.value}:fsdp1_{'both' if len(fsdp1_sides) == 2 else fsdp1_sides[0]}")
     out += _optimizer_features(body.tree, body.frozen_in_optimizer, body.empty_group) + _schedule_features(body)
+    out += tree_features(body.tree, case.world_size)
     return sorted(set(out + _layout_features(body.source, body.target)))
 
 
@@ -147,7 +150,7 @@ def features_dcp(case: Case) -> list[str]:
         if body.async_save:
             out.append("no_dist:async_save")
     out += _optimizer_features(body.tree, body.frozen_in_optimizer, body.empty_group) + _schedule_features(body)
-    out += _dcp_option_features(body)
+    out += _dcp_option_features(body) + tree_features(body.tree, case.world_size)
     return sorted(set(out + _layout_features(body.source, body.target)))
 
 
