@@ -56,8 +56,8 @@ class CaseDone:
 @dataclass(frozen=True)
 class RunScript:
     """Driver -> rank: run ``code`` (a script's source) as a fresh module, not as ``__main__``,
-    and call its ``function(rank, world_size)``, which returns a verdict line (the reducer's
-    attempts: :func:`fuzz.repro.harness.main_source`)."""
+    and call its ``function(rank, world_size)``, which returns a line (the printed scripts'
+    differential tests)."""
 
     case_id: int
     code: str

@@ -243,9 +243,7 @@ class KnownBug:
     #: the same composition, which meet it alike on both sides (:func:`fuzz.known.explains`).
     training_only: bool = False
     #: The bug's failure races (a collective racing a hook, say): a case that meets it fails in
-    #: some runs only, and a cut of its reproducer may make that rarer without ending it, so a
-    #: reduction keeps a candidate only if it reproduces several times in a row
-    #: (:data:`fuzz.repro.reduce.RACE_VOTES`).
+    #: some runs only.
     races: bool = False
     #: When a case meets the bug (None: no case can tell, the bug needs what the case does not
     #: say, an accelerator). The one place a bug's condition is written: strategies keep it

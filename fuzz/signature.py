@@ -83,8 +83,8 @@ class Failure:
 def torch_frame(path: str, function: str) -> str | None:
     """``torch/x/y.py:function`` for a frame of torch's own code, else None: the one rule of
     "a frame inside torch", which :func:`location` and :func:`entry_point` read tracebacks by
-    and every reproducer script carries verbatim (:mod:`fuzz.repro.harness` embeds this
-    function's source, so it reads nothing outside itself). The last
+    and the kept reduced reproducer scripts carry verbatim (this function's source, so it reads
+    nothing outside itself). The last
     "/torch/" is the package itself, wherever it is installed (".../torch/.venv/lib/.../
     site-packages/torch/distributed/x.py"), unless another package lies below it (".../torch/
     .venv/lib/.../site-packages/tqdm/_monitor.py") or the file is shardfuzz's (a path with

@@ -37,7 +37,7 @@ def _default(f: dataclasses.Field[Any]) -> Any:
 def to_jsonable(value: Any, *, sparse: bool = False) -> Any:
     """``value`` as JSON; with ``sparse``, dataclass fields equal to their defaults are left out
     (so a field the model adds later, with a default, leaves the encoding of older values as it
-    was: :func:`fuzz.repro.reduce.entry_hash`)."""
+    was: :func:`fuzz.repro.store.entry_hash`)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         out: dict[str, Any] = {}
         kind = getattr(type(value), "KIND", None)
