@@ -24,22 +24,28 @@ Values are compared elementwise as ``|actual - expected| <= atol + rtol * |expec
   reference computes it, and float32 keeps them.
 - bfloat16 and float16 are compared against a reference that applies the same casts, so only
   rounding of the low-precision operands differs: a few units of their 8- and 11-bit mantissas.
-- Mixed precision (:func:`mixed_precision_tolerance`): the reference applies the policy's casts
-  by hand (fuzz/_rank/parity.py:_low_precision_microbatch). Over at most two data-parallel
+- Mixed precision (:func:`mixed_precision_tolerance`): the reference applies the policies'
+  casts by hand, unit by unit (fuzz/_rank/parity.py:HandCast). Over at most two data-parallel
   ranks both runs then perform the same low-precision operations on the same values: the
   reduction is one addition and a halving, exact in any order, so nothing but a bug separates
   them, and the policy is that of the full-precision dtype the parameters and the optimizer
   keep (float32: measured, 0.0 difference in losses over 40 cases of 13 dtype combinations).
   Over more ranks a low-precision sum of three or more terms depends on its order, and the
-  policy of the least precise dtype the run computes, reduces or outputs in applies. So it
-  does where the backward itself adds three or more terms in another order: a fully_shard unit
+  policy of the least precise dtype a judged value went through applies: the rule is the
+  lowest precision among every dtype of every unit's policy (param, reduce, output), since a
+  loss, a gradient norm and the parameters after an update each pass through every unit's
+  forward and gradient reduction. So it does where the backward itself adds three or more
+  terms in another order: a fully_shard unit
   that splits the uses of an activation across its boundary (a residual, or an attention's q, k
   and v, inside it and a residual around it), whose terms FSDP2's backward hook adds first
   (bfloat16: a difference of one ulp in the first layer's gradient, measured; with an
   attention at two ranks, gradient norms 6e-4 apart in bfloat16 and 2e-5 in float16, measured;
   :meth:`fuzz.model.Layout.regroups_input_gradients`),
-  and a two-stage (replicate, shard) reduction over more than two ranks (over two, one stage
-  is a single rank's; ``fuzz.properties.parity.judge_mixed_precision``).
+  a two-stage (replicate, shard) reduction over more than two ranks (over two, one stage
+  is a single rank's), tensor parallelism (a rowwise pair adds its ranks' partial products
+  in the compute dtype, the reference's matmul rounds the whole sum once) and a gradient
+  divide factor (FSDP2 divides in the reduce dtype, the reference scales in full precision)
+  (``fuzz.properties.parity._mixed_precision_exact``).
   Where the sums are inexact, only what comes before the first update is compared (the first
   step's losses and gradient norms): an update moves a parameter by the learning rate times a
   gradient rounded apart by an ulp of the gradient, which no tolerance relative to the

@@ -48,6 +48,7 @@ from strategies._compositions import (
     KNOB_ODDS,
     TP_SIZE,
     compositions,
+    fitted_precision,
     fsdp_knobs,
     meshes,
     rare_int_reshard_dim_1,
@@ -528,25 +529,51 @@ def _tensor_parallel_parity_case(draw: st.DrawFn, world_size: int, max_depth: in
 
 @st.composite
 def mixed_precision_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 3, accelerator: bool = False) -> Case:
-    """Cases for ``mixed_precision``: fully_shard with MixedPrecisionPolicy on every unit.
-    Trees have no buffers: FSDP2 does not cast buffers, so a float32 buffer would promote a
-    low-precision activation by design."""
+    """Cases for ``mixed_precision``: fully_shard with a MixedPrecisionPolicy on every unit, one
+    per unit (param, reduce and output dtypes and input casts that differ between units where
+    the dtypes their layers meet allow it: strategies.mixed_precision_policies); one composition
+    in KNOB_ODDS with FSDPModule knobs (``fsdp_knobs``, the gradient-scaling ones too: the
+    hand-cast reference scales as they do); one case in TP_ODDS, where the world size has a
+    (shard, tp) mesh, FSDP + TP. Trees have no buffers: FSDP2 does not cast buffers, so a
+    float32 buffer would promote a low-precision activation by design."""
     check_world_size(world_size)
+    if world_size >= 2 * TP_SIZE and world_size % TP_SIZE == 0 and one_in(draw, TP_ODDS):
+        return draw(_tensor_parallel_mixed_precision_case(world_size, max_depth))
     extended = draw(st.booleans())
     tree = draw(module_trees(max_depth=max_depth, buffers=False, extended=extended, containers=extended))
-    comp = _maybe_meta_init(
-        draw,
-        without_container_units(
-            tree,
-            draw(compositions(tree, world_size=world_size, replicate=False, mixed_precision=True, offload=accelerator)),
-        ),
-        tree,
-    )
+    drawn = draw(compositions(tree, world_size=world_size, replicate=False, mixed_precision=True, offload=accelerator))
+    # without a container's unit, the units inside it meet the dtype of the unit above
+    comp = _maybe_meta_init(draw, fitted_precision(without_container_units(tree, drawn)), tree)
+    if comp.shards and one_in(draw, KNOB_ODDS):
+        knobs = draw(fsdp_knobs(comp, world_size=world_size, scaling=True, accelerator=accelerator, tree=tree))
+        comp = replace(comp, knobs=knobs)
     training = _fit_training(draw(trainings(max_steps=2, hsdp=bool(comp.mesh), forwards=True)), comp)
     # Policies speak of float32 parameters (output_dtype=float32 meets float32 layers).
     training = replace(training, dtype=Dtype.FLOAT32)
     training = _rare_unused_after_partial_reduce(draw, tree, draw(training_schedules(tree, training, comp)), comp)
     training = _rare_unfrozen_unresharded(draw, tree, training, comp, world_size=world_size)
+    training = _rare_never_run_under_no_sync(draw, tree, training, comp)
+    if known.unfrozen_in_frozen_mp_unit(tree, comp, training) and not keep_known(draw, known.MP_FROZEN_AT_LAZY_INIT):
+        training = _checked(tree, replace(training, unfreeze=()), comp)
+    if comp.knobs.is_set:
+        training = _checked(tree, training, comp)  # the rare branches above may add skips
+    if known.divide_factor_twice(comp, training, world_size) and not keep_known(draw, known.DIVIDE_FACTOR_TWICE):
+        comp = replace(comp, knobs=replace(comp.knobs, gradient_divide_factor=None))
+    body = ParityBody(tree=tree, composition=comp, training=training)
+    return Case(property="mixed_precision", world_size=world_size, seed=draw(st.integers(0, 2**32 - 1)), body=body)
+
+
+@st.composite
+def _tensor_parallel_mixed_precision_case(draw: st.DrawFn, world_size: int, max_depth: int) -> Case:
+    """A mixed_precision case of FSDP + TP: the parity path's tree (a width the tp ranks split
+    evenly, MLP-like blocks inserted for the Linear pairs; no buffers, as above) and mesh, a
+    MixedPrecisionPolicy per fully_shard unit; trained in float32 without skips, unfreeze or
+    compile (the parity path's TP cases draw none)."""
+    widths = st.sampled_from([w for w in WIDTHS if w % TP_SIZE == 0])
+    tree = draw(with_tp_blocks(draw(module_trees(max_depth=max_depth, widths=widths, buffers=False)), buffers=False))
+    comp = draw(tensor_parallel(tree, world_size=world_size, mixed_precision=True))
+    training = _fit_training(draw(trainings(max_steps=2, hsdp=False)), comp)
+    training = replace(training, dtype=Dtype.FLOAT32)
     body = ParityBody(tree=tree, composition=comp, training=training)
     return Case(property="mixed_precision", world_size=world_size, seed=draw(st.integers(0, 2**32 - 1)), body=body)
 

@@ -28,6 +28,7 @@ from fuzz.model import (
     Wrapper,
     contains,
     has_params,
+    is_ancestor,
 )
 from strategies._odds import keep_known
 from strategies._validation import check_world_size
@@ -56,20 +57,79 @@ def meshes(world_size: int) -> st.SearchStrategy[tuple[int, ...]]:
     return st.sampled_from([(), *shapes])
 
 
+def _depth(path: str) -> int:
+    return path.count(".") + 1 if path else 0
+
+
 @st.composite
-def mixed_precision_policies(draw: st.DrawFn) -> MixedPrecision:
-    """Policies for the units inside the root. Their outputs flow into layers of the enclosing
-    unit without a cast, so output_dtype is the unit's own compute dtype or unset (anything
-    else is a dtype mismatch by construction, not a bug)."""
-    low = st.sampled_from([Dtype.BFLOAT16, Dtype.FLOAT16])
-    param = draw(st.one_of(st.none(), low))
+def mixed_precision_policies(draw: st.DrawFn, *, context: Dtype | None = None, root: bool = False) -> MixedPrecision:
+    """Policies for one fully_shard unit. A unit's floating input arrives in ``context`` (the
+    compute dtype of the unit around it; the parameters' dtype, float32, at the root) and its
+    output flows on into layers of that unit without a cast, so a unit that computes in another
+    dtype casts its inputs to its ``param_dtype`` and its outputs back to ``context``
+    (``output_dtype``, which MixedPrecisionPolicy documents for "different modules [with]
+    different mixed precision policies"); one that computes in ``context`` may leave either
+    unset. Anything else is a dtype mismatch by construction, not a bug. An unset
+    ``param_dtype`` computes in the parameters' dtype and casts nothing, so in a low-precision
+    context it is the context's dtype. ``context`` None: the unit's own compute dtype. The
+    ``root``'s output leaves the model: any ``output_dtype``."""
+    param = draw(st.one_of(st.none(), st.sampled_from([Dtype.BFLOAT16, Dtype.FLOAT16, Dtype.FLOAT32])))
+    if param is None and context not in (None, Dtype.FLOAT32):
+        param = context
     compute = param if param is not None else Dtype.FLOAT32
-    return MixedPrecision(
-        param_dtype=param,
-        reduce_dtype=draw(st.one_of(st.none(), st.just(Dtype.FLOAT32), low)),
-        output_dtype=draw(st.sampled_from([None, compute])),
-        cast_forward_inputs=draw(st.booleans()),
-    )
+    context = compute if context is None else context
+    reduce = draw(st.one_of(st.none(), st.sampled_from([Dtype.FLOAT32, Dtype.BFLOAT16, Dtype.FLOAT16])))
+    if root:
+        output = draw(st.sampled_from([None, Dtype.FLOAT32, Dtype.BFLOAT16, Dtype.FLOAT16]))
+    elif compute != context:
+        output = context
+    else:
+        output = draw(st.sampled_from([None, context]))
+    cast = compute != context or draw(st.booleans())
+    return MixedPrecision(param_dtype=param, reduce_dtype=reduce, output_dtype=output, cast_forward_inputs=cast)
+
+
+def _fit_precision(mp: MixedPrecision | None, context: Dtype, root: bool) -> MixedPrecision | None:
+    """``mp`` made to keep to ``context`` as :func:`mixed_precision_policies` draws it."""
+    if mp is None:
+        return None if context is Dtype.FLOAT32 else MixedPrecision(param_dtype=context)
+    param = mp.param_dtype if mp.param_dtype is not None or context is Dtype.FLOAT32 else context
+    compute = param if param is not None else Dtype.FLOAT32
+    output = mp.output_dtype
+    if not root and compute != context:
+        output = context
+    elif not root and output not in (None, context):
+        output = None
+    cast = mp.cast_forward_inputs or compute != context
+    return replace(mp, param_dtype=param, output_dtype=output, cast_forward_inputs=cast)
+
+
+def fitted_precision(comp: Composition) -> Composition:
+    """``comp`` whose fully_shard units' policies keep the dtypes their layers meet
+    (:func:`mixed_precision_policies`), from the root down: for use after a strategy took units
+    out (the unit around another changes its context) or where units were grouped whose members
+    sit in units of different compute dtypes (such a group is split: one output_dtype cannot
+    return to both). Policies speak of float32 parameters."""
+    if not any(s.mixed_precision is not None for s in comp.shards):
+        return comp
+    computes: dict[str, Dtype] = {}
+
+    def context(member: str) -> Dtype:
+        around = [m for m in computes if is_ancestor(m, member)]
+        return computes[max(around, key=_depth)] if around else Dtype.FLOAT32
+
+    fitted: dict[int, list[ShardSpec]] = {}
+    for i in sorted(range(len(comp.shards)), key=lambda i: _depth(comp.shards[i].path)):
+        spec = comp.shards[i]
+        contexts = {context(m) for m in spec.paths}
+        parts = [spec] if len(contexts) == 1 else [replace(spec, path=m, group=()) for m in spec.paths]
+        fitted[i] = []
+        for part in parts:
+            mp = _fit_precision(part.mixed_precision, context(part.path), part.path == "")
+            for m in part.paths:
+                computes[m] = mp.param_dtype if mp is not None and mp.param_dtype is not None else Dtype.FLOAT32
+            fitted[i].append(replace(part, mixed_precision=mp))
+    return replace(comp, shards=tuple(s for i in range(len(comp.shards)) for s in fitted[i]))
 
 
 def _trainable_left(tree: ModuleTree, path: str, sharded: list[str]) -> bool:
@@ -134,9 +194,11 @@ def compositions(
     """Composable APIs on a tree: fully_shard on the root (or replicate on it) and on any
     subset of the other parameter-holding modules, some grouped; replicate on submodules (half
     the time with find_unused_parameters=True); checkpoint anywhere, before or after
-    fully_shard; a 1D or HSDP mesh. With ``offload`` (ranks with an accelerator: FSDP2's
-    CPUOffloadPolicy keeps parameters on the CPU and moves them to the accelerator for
-    compute), a third of the compositions take CPUOffloadPolicy in every fully_shard call."""
+    fully_shard; a 1D or HSDP mesh. With ``mixed_precision``, a MixedPrecisionPolicy on every
+    fully_shard call, one per unit (:func:`mixed_precision_policies`). With ``offload`` (ranks
+    with an accelerator: FSDP2's CPUOffloadPolicy keeps parameters on the CPU and moves them to
+    the accelerator for compute), a third of the compositions take CPUOffloadPolicy in every
+    fully_shard call."""
     check_world_size(world_size)
     paths = tree.paths()
     mesh = draw(meshes(world_size)) if hsdp else ()
@@ -168,21 +230,22 @@ def compositions(
         groups.append(tied)
     if mode != "replicate-root":
         groups.append([""])
-    policy = draw(mixed_precision_policies()) if mixed_precision else None
-    # One policy for the model: under the meta-device path every parameter is materialized on
-    # the CPU at once (fuzz/_rank/compose.py:build_composed).
+    # A policy per unit, drawn from the root down: each unit's input arrives in the compute
+    # dtype of the unit around it (mixed_precision_policies).
+    policies: dict[int, MixedPrecision] = {}
+    computes: dict[str, Dtype] = {}
+    for i in sorted(range(len(groups)), key=lambda i: _depth(groups[i][0])) if mixed_precision else ():
+        around = [m for m in computes if is_ancestor(m, groups[i][0])]
+        context = computes[max(around, key=_depth)] if around else Dtype.FLOAT32
+        policies[i] = draw(mixed_precision_policies(context=context, root=groups[i] == [""]))
+        for m in groups[i]:
+            computes[m] = policies[i].param_dtype or Dtype.FLOAT32
+    # One offload policy for the model: under the meta-device path every parameter is
+    # materialized on the CPU at once (fuzz/_rank/compose.py:build_composed).
     offloaded = offload and draw(st.sampled_from((False, False, True)))
     specs = []
-    for group in groups:
-        mp = policy
-        if policy is not None and group == [""]:
-            # The root receives the (fp32) input: it must cast it for the low-precision units.
-            mp = MixedPrecision(
-                param_dtype=policy.param_dtype,
-                reduce_dtype=policy.reduce_dtype,
-                output_dtype=draw(st.sampled_from([None, Dtype.FLOAT32, Dtype.BFLOAT16, Dtype.FLOAT16])),
-                cast_forward_inputs=True,
-            )
+    for i, group in enumerate(groups):
+        mp = policies.get(i)
         reshard = draw(reshard_values(shard_size))
         specs.append(
             ShardSpec(
@@ -195,7 +258,7 @@ def compositions(
             )
         )
     checkpoints = draw(disjoint_subset(list(paths), replicates)) if checkpoint else []
-    return Composition(
+    composition = Composition(
         shards=tuple(specs),
         replicates=tuple(replicates),
         checkpoints=tuple(checkpoints),
@@ -203,6 +266,7 @@ def compositions(
         mesh=mesh,
         find_unused=bool(replicates) and draw(st.booleans()),
     )
+    return fitted_precision(composition)
 
 
 @st.composite
@@ -276,8 +340,9 @@ def _insert(node: Block, at: list[str], index: int, child: Node) -> Block:
 
 
 @st.composite
-def tp_blocks(draw: st.DrawFn) -> Block:
-    """An MLP-like block: Linear, an activation or none, Linear (a tensor-parallel pair)."""
+def tp_blocks(draw: st.DrawFn, *, buffers: bool = True) -> Block:
+    """An MLP-like block: Linear, an activation or none, Linear (a tensor-parallel pair); a
+    buffer of its own only with ``buffers``."""
     act = draw(st.one_of(st.none(), st.sampled_from(sorted(TP_BETWEEN, key=lambda k: k.value))))
     return Block(
         children=(
@@ -287,13 +352,13 @@ def tp_blocks(draw: st.DrawFn) -> Block:
         ),
         residual=draw(st.booleans()),
         scale=draw(st.booleans()),
-        buffer=draw(st.booleans()),
+        buffer=draw(st.booleans()) if buffers else False,
     )
 
 
 @st.composite
-def with_tp_blocks(draw: st.DrawFn, tree: ModuleTree) -> ModuleTree:
-    """``tree`` with one or two MLP-like blocks inserted at random places."""
+def with_tp_blocks(draw: st.DrawFn, tree: ModuleTree, *, buffers: bool = True) -> ModuleTree:
+    """``tree`` with one or two MLP-like blocks inserted at random places (:func:`tp_blocks`)."""
     root = tree.root
     assert isinstance(root, Block)
     for _ in range(draw(st.integers(1, 2))):
@@ -302,15 +367,18 @@ def with_tp_blocks(draw: st.DrawFn, tree: ModuleTree) -> ModuleTree:
         parent = ModuleTree(width=tree.width, root=root).paths()[at]
         assert isinstance(parent, Block)
         index = draw(st.integers(0, len(parent.children)))
-        root = _insert(root, at.split(".") if at else [], index, draw(tp_blocks()))
+        root = _insert(root, at.split(".") if at else [], index, draw(tp_blocks(buffers=buffers)))
     return ModuleTree(width=tree.width, root=root)
 
 
 @st.composite
-def tensor_parallel(draw: st.DrawFn, tree: ModuleTree, *, world_size: int, checkpoint: bool = True) -> Composition:
+def tensor_parallel(
+    draw: st.DrawFn, tree: ModuleTree, *, world_size: int, checkpoint: bool = True, mixed_precision: bool = False
+) -> Composition:
     """FSDP + TP on a (world_size / 2, 2) mesh: ColwiseParallel / RowwiseParallel on some of the
     tree's Linear pairs (``tp_candidates``, at least one), then fully_shard over the other mesh
-    dimension on the root and any other modules (shard placement Shard(0)), checkpoint anywhere."""
+    dimension on the root and any other modules (shard placement Shard(0)), checkpoint anywhere;
+    with ``mixed_precision``, a MixedPrecisionPolicy per fully_shard unit (:func:`compositions`)."""
     check_world_size(world_size)
     if world_size % TP_SIZE or world_size < 2 * TP_SIZE:
         raise InvalidArgument(f"world_size={world_size} has no (shard, tp) mesh with tp={TP_SIZE} and shard > 1")
@@ -319,7 +387,14 @@ def tensor_parallel(draw: st.DrawFn, tree: ModuleTree, *, world_size: int, check
         raise InvalidArgument("the tree has no Linear pair for tensor parallelism (see with_tp_blocks)")
     pairs = [c for c in candidates if draw(st.sampled_from([True, True, False]))] or candidates[:1]
     base = draw(
-        compositions(tree, world_size=world_size // TP_SIZE, replicate=False, checkpoint=checkpoint, hsdp=False)
+        compositions(
+            tree,
+            world_size=world_size // TP_SIZE,
+            replicate=False,
+            checkpoint=checkpoint,
+            hsdp=False,
+            mixed_precision=mixed_precision,
+        )
     )
     shards = tuple(replace(s, shard_dim=0) for s in base.shards)
     return replace(base, shards=shards, tp=tuple(pairs), tp_size=TP_SIZE)

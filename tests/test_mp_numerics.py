@@ -1,10 +1,12 @@
 """mixed_precision's numerics: training under a MixedPrecisionPolicy matches a reference that
-applies the policy's casts by hand (fuzz/_rank/parity.py:_low_precision_microbatch), with every
+applies the policy's casts by hand (fuzz/_rank/parity.py:HandCast), with every
 microbatch reduced, with the ones before a step's last accumulated unreduced
 (``set_requires_gradient_sync(False)``) or, on an HSDP mesh, reduce-scattered without the
 all-reduce (``set_requires_all_reduce(False)``); the comparison notices a fault that reduces in
 the wrong dtype (tests/faults/K07), one that accumulates unreduced gradients in the compute
-dtype (tests/faults/K17) and one that keeps the partial reduction in it (tests/faults/K33)."""
+dtype (tests/faults/K17) and one that keeps the partial reduction in it (tests/faults/K33).
+Also with a policy per unit (the reference casts at each unit's boundary), with FSDPModule knobs
+(the reference scales gradients as the knobs do) and with tensor parallelism."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from fuzz.model import (
     Case,
     Composition,
     Dtype,
+    Knobs,
     Layout,
     Leaf,
     LeafKind,
@@ -31,6 +34,7 @@ from fuzz.model import (
     ParityBody,
     ShardSpec,
     Skip,
+    TpPair,
     Training,
     case_from_json,
     mixed_precision_comparable,
@@ -137,9 +141,10 @@ def test_the_reduce_dtype_fault_is_noticed() -> None:
 
 def test_which_cases_are_compared() -> None:
     comp = _case(Dtype.BFLOAT16, None).body.composition  # type: ignore[attr-defined]
-    assert comp.uniform_precision() is not None
+    assert comp.hand_castable()
     no_root = Composition(shards=(ShardSpec(path="1", mixed_precision=MixedPrecision(param_dtype=Dtype.BFLOAT16)),))
-    assert no_root.uniform_precision() is None  # the input is not cast by a root unit
+    assert not no_root.hand_castable()  # a parameter under no unit, the input not cast by a root unit
+    assert not replace(comp, shards=tuple(replace(s, mixed_precision=None) for s in comp.shards)).hand_castable()
     assert mixed_precision_comparable(Training(grad_accum=2, accum_sync=AccumSync.NO_GRAD_SYNC))
     assert mixed_precision_comparable(Training(grad_accum=2, accum_sync=AccumSync.NO_ALL_REDUCE))
     assert not mixed_precision_comparable(Training(steps=2, skips=(Skip(path="1", step=0),)))
@@ -215,3 +220,109 @@ def test_adam_over_an_inexact_reduction_is_judged_before_its_first_update() -> N
     with RankPool(world_size=4, deadline=60) as pool:
         failure = run_case(pool, get_property(case.property), case)
     assert failure is None, failure.summary
+
+
+# --------------------------------------------------------------------------------------------
+# A policy per unit, FSDPModule knobs, tensor parallelism
+
+BF16, FP16, FP32 = Dtype.BFLOAT16, Dtype.FLOAT16, Dtype.FLOAT32
+
+
+def _per_unit_case(
+    inner: MixedPrecision,
+    root: MixedPrecision,
+    sync: AccumSync = AccumSync.ALWAYS,
+    knobs: Knobs | None = None,
+) -> Case:
+    comp = Composition(
+        shards=(ShardSpec(path="1", mixed_precision=inner), ShardSpec(path="", mixed_precision=root)),
+        knobs=knobs or Knobs(),
+    )
+    training = Training(optimizer=Optimizer.SGD, lr=0.1, steps=2, batch_per_rank=3, grad_accum=2, accum_sync=sync)
+    body = ParityBody(tree=TREE, composition=comp, training=training)
+    return Case(property="mixed_precision", world_size=2, seed=5, body=body)
+
+
+PER_UNIT = [
+    # a float32 island in a bfloat16 model: the unit casts its input up and its output back
+    (MixedPrecision(param_dtype=FP32, output_dtype=BF16), MixedPrecision(param_dtype=BF16)),
+    # a float16 unit reducing in float32 in a float32 model
+    (MixedPrecision(param_dtype=FP16, reduce_dtype=FP32, output_dtype=FP32), MixedPrecision(output_dtype=BF16)),
+    # a bfloat16 model whose inner unit reduces in float32 and leaves its input uncast
+    (
+        MixedPrecision(param_dtype=BF16, reduce_dtype=FP32, cast_forward_inputs=False),
+        MixedPrecision(param_dtype=BF16, reduce_dtype=BF16),
+    ),
+]
+
+
+@pytest.mark.parametrize("sync", [AccumSync.ALWAYS, AccumSync.NO_GRAD_SYNC], ids=lambda s: s.value)
+@pytest.mark.parametrize("policies", PER_UNIT, ids=["fp32-island", "fp16-unit", "reduce-per-unit"])
+def test_a_policy_per_unit_matches_the_hand_cast_reference(check_case: Any, policies: Any, sync: AccumSync) -> None:
+    case = _per_unit_case(*policies, sync=sync)
+    assert isinstance(case.body, ParityBody) and case.body.composition.hand_castable()
+    check_case(case)
+
+
+def test_a_reduce_dtype_of_one_unit_is_judged() -> None:
+    """Only the inner unit reduces in float32 (its compute dtype bfloat16, the root's float32):
+    reducing it in bfloat16 instead is noticed."""
+    case = _per_unit_case(MixedPrecision(param_dtype=BF16, reduce_dtype=FP32, output_dtype=FP32), MixedPrecision())
+    with fault_pool(fault_env("K07_reduce_dtype_ignored"), world_size=2, deadline=60) as pool:
+        failure = run_case(pool, get_property(case.property), case)
+    assert failure is not None and failure.kind == "mismatch", failure and failure.summary
+
+
+KNOBS = Knobs(forward_prefetch=1, backward_prefetch=1, explicit_unshard=True, all_reduce_hook_scale=2.0)
+
+
+def test_knobs_under_a_policy_per_unit_match_the_hand_cast_reference(check_case: Any) -> None:
+    check_case(_per_unit_case(*PER_UNIT[0], knobs=KNOBS))
+
+
+def test_the_all_reduce_hook_under_mixed_precision_is_judged() -> None:
+    """The reference scales the gradients by the hook's factor: a hook never called is noticed."""
+    case = _per_unit_case(*PER_UNIT[0], knobs=KNOBS)
+    with fault_pool(fault_env("K02_all_reduce_hook_skipped"), world_size=2, deadline=60) as pool:
+        failure = run_case(pool, get_property(case.property), case)
+    assert failure is not None and failure.kind == "mismatch", failure and failure.summary
+
+
+TP_TREE = ModuleTree(
+    width=4,
+    root=Block(
+        children=(
+            Leaf(LeafKind.LINEAR),
+            Block(children=(Leaf(LeafKind.LINEAR), Leaf(LeafKind.GELU), Leaf(LeafKind.LINEAR)), residual=True),
+        )
+    ),
+)
+
+
+def _tp_case(reduce: Dtype) -> Case:
+    inner = MixedPrecision(param_dtype=BF16, reduce_dtype=reduce, output_dtype=FP32)
+    comp = Composition(
+        shards=(ShardSpec(path="1", mixed_precision=inner), ShardSpec(path="", mixed_precision=MixedPrecision())),
+        tp=(TpPair("1.0", "1.2"),),
+        tp_size=2,
+    )
+    training = Training(optimizer=Optimizer.SGD, lr=0.1, steps=2, batch_per_rank=2)
+    body = ParityBody(tree=TP_TREE, composition=comp, training=training)
+    return Case(property="mixed_precision", world_size=4, seed=3, body=body)
+
+
+def test_tensor_parallelism_under_a_policy_matches_the_hand_cast_reference() -> None:
+    case = _tp_case(FP32)
+    assert isinstance(case.body, ParityBody) and case.body.composition.hand_castable()
+    with RankPool(world_size=4, deadline=60) as pool:
+        failure = run_case(pool, get_property(case.property), case)
+    assert failure is None, failure.summary
+
+
+def test_tensor_parallelism_under_a_policy_is_judged() -> None:
+    """float16 reduced over the two data-parallel ranks, divided twice by a fault: noticed at
+    the float16 policy that tensor parallelism's inexact sums bring."""
+    case = _tp_case(FP16)
+    with fault_pool(fault_env("K16_fp16_postdivide_whole_factor"), world_size=4, deadline=60) as pool:
+        failure = run_case(pool, get_property(case.property), case)
+    assert failure is not None and failure.kind == "mismatch", failure and failure.summary

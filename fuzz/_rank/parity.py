@@ -229,7 +229,7 @@ def train(
     ctx: RankContext,
     tp_size: int = 1,
     grad_scales: dict[str, float] | None = None,
-    precision: MixedPrecision | None = None,
+    precision: HandCast | None = None,
     hsdp: tuple[Any, Any] | None = None,
     local: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
@@ -241,9 +241,10 @@ def train(
     (what the composition's knobs do to them by design), and leaves the gradients of the
     parameters held by the modules in ``local`` as they are (replicate's ignored modules: not
     averaged by design; :meth:`fuzz.model.Layout.local`). With ``precision`` (a reference
-    only) each microbatch applies that MixedPrecisionPolicy's casts by hand instead
-    (:func:`_low_precision_microbatch`); ``hsdp``: the (shard, replicate) groups of the HSDP
-    mesh, where the schedule skips the all-reduce (no_all_reduce)."""
+    only) each microbatch applies the composition's MixedPrecisionPolicies by hand instead
+    (:func:`_low_precision_microbatch`), and scales the gradients by ``grad_scales`` there;
+    ``hsdp``: the (shard, replicate) groups of the HSDP mesh, where the schedule skips the
+    all-reduce (no_all_reduce)."""
     dtype = TORCH_DTYPES[training.dtype]
     if comp is not None:
         model, composed = build_composed(tree, comp, dtype, ctx, seed=case.seed, desync=training)
@@ -289,7 +290,9 @@ def train(
             if composed.knobs is not None:
                 composed.knobs.before_microbatch(first=s == 0 and i == 0, last=last)
             if precision is not None:
-                loss = _low_precision_microbatch(model, xs, ys, precision, training, ctx, unreduced, sync, hsdp)
+                loss = _low_precision_microbatch(
+                    model, xs, ys, precision, training, ctx, unreduced, sync, hsdp, grad_scales or {}
+                )
                 step_losses.append(loss.item())
                 continue
             with ctx_mgr:
@@ -440,35 +443,104 @@ def average_gradients(
                 p.grad *= scale
 
 
+class HandCast:
+    """The casts a composition's MixedPrecisionPolicies make, unit by unit, for a reference to
+    apply by hand as FSDP2 documents them (:meth:`fuzz.model.Composition.hand_castable`): each
+    unit's parameters in its ``param_dtype`` (else ``full``, the parameters' own dtype), the
+    floating inputs of each of its modules cast to it before that module's forward where
+    ``cast_forward_inputs`` (for a group, per module), their floating outputs cast to its
+    ``output_dtype`` after it; its gradients reduced in its ``reduce_dtype``, else in its
+    compute dtype. Buffers keep their dtype (FSDP2 does not cast them)."""
+
+    def __init__(self, tree: ModuleTree, comp: Composition, full: torch.dtype) -> None:
+        self.layout = Layout(tree, comp)
+        self.policies = {m: s.mixed_precision for s in comp.shards for m in s.paths}
+        self.full = full
+
+    def policy(self, name: str) -> MixedPrecision | None:
+        """The policy of the unit that manages the parameter ``name`` (a plain model's name)."""
+        member = self.layout.member_of(owner_path(name), api="fully_shard")
+        return None if member is None else self.policies[member]
+
+    def compute(self, mp: MixedPrecision | None) -> torch.dtype:
+        return TORCH_DTYPES[mp.param_dtype] if mp is not None and mp.param_dtype is not None else self.full
+
+    def reduce(self, mp: MixedPrecision | None) -> torch.dtype:
+        return TORCH_DTYPES[mp.reduce_dtype] if mp is not None and mp.reduce_dtype is not None else self.compute(mp)
+
+    def shadow(self, model: nn.Module) -> nn.Module:
+        """A copy of ``model`` whose parameters and module boundaries make the policies' casts."""
+        shadow = copy.deepcopy(model)
+        with torch.no_grad():
+            for name, p in shadow.named_parameters():
+                p.data = p.data.to(self.compute(self.policy(name)))
+        for member, mp in self.policies.items():
+            if mp is None:
+                continue
+            module = shadow.get_submodule(member)
+            if mp.cast_forward_inputs and mp.param_dtype is not None:
+                module.register_forward_pre_hook(_input_cast(TORCH_DTYPES[mp.param_dtype]), with_kwargs=True)
+            if mp.output_dtype is not None:
+                module.register_forward_hook(_output_cast(TORCH_DTYPES[mp.output_dtype]))
+        return shadow
+
+
+def _floats_to(dtype: torch.dtype, value: Any) -> Any:
+    """``value`` with its floating tensors (in tuples, lists, dicts) cast to ``dtype``."""
+    from torch.utils._pytree import tree_map
+
+    def cast(t: Any) -> Any:
+        return t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+
+    return tree_map(cast, value)
+
+
+def _input_cast(dtype: torch.dtype) -> Any:
+    def hook(module: nn.Module, args: Any, kwargs: Any) -> Any:
+        return _floats_to(dtype, args), _floats_to(dtype, kwargs)
+
+    return hook
+
+
+def _output_cast(dtype: torch.dtype) -> Any:
+    def hook(module: nn.Module, args: Any, output: Any) -> Any:
+        return _floats_to(dtype, output)
+
+    return hook
+
+
 def _low_precision_microbatch(
     model: nn.Module,
     xs: list[torch.Tensor],
     ys: list[torch.Tensor],
-    mp: MixedPrecision,
+    cast: HandCast,
     training: Training,
     ctx: RankContext,
     unreduced: dict[int, torch.Tensor],
     sync: AccumSync = AccumSync.ALWAYS,
     hsdp: tuple[Any, Any] | None = None,
+    scales: dict[str, float] | None = None,
 ) -> torch.Tensor:
-    """One microbatch of the reference for a MixedPrecisionPolicy, the casts applied by hand as
-    FSDP2 documents them: forward and backward on a copy of the (full-precision) parameters
-    cast to ``param_dtype``, the input cast to it too (the root's ``cast_forward_inputs``), the
-    output cast to ``output_dtype``; each gradient cast to ``reduce_dtype`` (else the compute
-    dtype), summed over the ranks and divided by their number in that dtype, then cast to the
-    parameter's dtype and accumulated there. Returns the loss.
+    """One microbatch of the reference for the composition's MixedPrecisionPolicies, the casts
+    applied by hand (:class:`HandCast`): forward and backward on a copy of the (full-precision)
+    parameters cast to their units' ``param_dtype``, inputs and outputs cast at the units'
+    boundaries; each gradient cast to its unit's reduce dtype, summed over the ranks and
+    divided by their number in that dtype, then cast to the parameter's dtype, multiplied by
+    what the knobs scale it by (``scales`` per module path: a power of two, or a divide factor's
+    ``d / f``; :meth:`fuzz.model.Layout.gradient_scale`) and accumulated there. Returns the loss.
 
     A microbatch that does not reduce (``sync`` NO_GRAD_SYNC: ``set_requires_gradient_sync(False)``)
     keeps its gradients unreduced in ``unreduced`` (by parameter index): the first one cast to
-    ``reduce_dtype`` where it is set and differs from the gradient's dtype (FSDP2 upcasts
-    "to accumulate in the reduce dtype"), else left in the compute dtype; later ones are added
-    in the dtype the sum has. The microbatch that reduces adds its gradients to that sum first.
+    the reduce dtype where the unit's ``reduce_dtype`` is set and differs from the gradient's
+    dtype (FSDP2 upcasts "to accumulate in the reduce dtype"), else left in the compute dtype;
+    later ones are added in the dtype the sum has. The microbatch that reduces adds its
+    gradients to that sum first.
 
     With ``hsdp`` (the shard and replicate groups; a schedule whose microbatches but the last
     skip the all-reduce, ``set_requires_all_reduce(False)``) every microbatch reduces in two
     stages as FSDP2 does on a (replicate, shard) mesh: the reduce-scatter's average over the
-    shard group, in ``reduce_dtype``; a microbatch that skips the all-reduce adds that to a
-    partial sum kept in ``reduce_dtype`` (``unreduced``); the last adds the partial sum to its
+    shard group, in the reduce dtype; a microbatch that skips the all-reduce adds that to a
+    partial sum kept in the reduce dtype (``unreduced``); the last adds the partial sum to its
     own and averages over the replicas.
 
     Where FSDP2 sees an overflow risk (a reduce dtype other than float32 / bfloat16), it divides
@@ -477,33 +549,31 @@ def _low_precision_microbatch(
     splits the division the same way (:func:`_divide_split`), which differs from dividing after
     the sum where float16 gradients are subnormal."""
     base = TORCH_DTYPES[training.dtype]
-    compute = TORCH_DTYPES[mp.param_dtype] if mp.param_dtype is not None else base
-    reduce = TORCH_DTYPES[mp.reduce_dtype] if mp.reduce_dtype is not None else compute
-    shadow = copy.deepcopy(model).to(compute)
+    shadow = cast.shadow(model)
     blocks = tree_blocks(shadow)
     loss = None
     for xi, yi in zip(xs, ys):  # Training.forwards: their losses summed, one backward
         clear_stashed(blocks)
-        out = main_output(shadow(xi.to(compute) if xi.is_floating_point() else xi))  # floats only are cast
-        if mp.output_dtype is not None:
-            out = out.to(TORCH_DTYPES[mp.output_dtype])
-        more = tree_loss(out, yi, base, blocks)
+        more = tree_loss(main_output(shadow(xi)), yi, base, blocks)
         loss = more if loss is None else loss + more
     assert loss is not None
     loss.backward()
-    for i, (p, q) in enumerate(zip(model.parameters(), shadow.parameters())):
+    for i, ((name, p), q) in enumerate(zip(model.named_parameters(), shadow.parameters())):
         if q.grad is None:
             continue
+        mp = cast.policy(name)
+        reduce = cast.reduce(mp)
+        scale = (scales or {}).get(owner_path(name), 1.0)
         g = q.grad
         before, after = _divide_split(reduce, ctx.world_size)
         if hsdp is not None:
-            p.grad = _two_stage(g.to(reduce), p, i, unreduced, sync, hsdp, before, after)
+            p.grad = _two_stage(g.to(reduce), p, i, unreduced, sync, hsdp, before, after, scale)
             continue
         held = unreduced.pop(i, None)
         if held is not None:
             g = (held + g).to(held.dtype)
         if sync is AccumSync.NO_GRAD_SYNC:
-            first = held is None and mp.reduce_dtype is not None and g.dtype != reduce
+            first = held is None and mp is not None and mp.reduce_dtype is not None and g.dtype != reduce
             unreduced[i] = g.to(reduce) if first else g
             continue
         g = g.to(reduce)
@@ -511,6 +581,8 @@ def _low_precision_microbatch(
             g = g / before
         dist.all_reduce(g)
         g = (g / after).to(p.dtype)
+        if scale != 1.0:
+            g = g * scale
         p.grad = g if p.grad is None else p.grad + g
     return loss
 
@@ -524,6 +596,7 @@ def _two_stage(
     hsdp: tuple[Any, Any],
     before: int,
     after: float,
+    scale: float = 1.0,
 ) -> torch.Tensor | None:
     """One gradient ``g`` (in the reduce dtype) of parameter ``p`` (index ``i``) through HSDP's
     two reductions (:func:`_low_precision_microbatch`); ``p``'s new gradient. Where FSDP2 sees
@@ -544,6 +617,8 @@ def _two_stage(
         g = g + held
     dist.all_reduce(g, group=replicate)
     g = (g / (replicate.size() if averages else after)).to(p.dtype)
+    if scale != 1.0:
+        g = g * scale
     return g if p.grad is None else p.grad + g
 
 
@@ -605,12 +680,12 @@ def run_parity(case: Case, body: ParityBody, ctx: RankContext) -> dict[str, Any]
     comp = body.composition
     composed = train(case, body.tree, body.training, comp, ctx, tp)
     keys = ("losses", "params", "grad_norms", "eval_losses")
+    scales = grad_scales(body.tree, comp, ctx.world_size)
     if any(s.mixed_precision is not None for s in comp.shards):
-        # Under a MixedPrecisionPolicy the reference applies the policy's casts by hand, where
-        # one policy covers the model (fuzz.model.Composition.uniform_precision) and the
-        # schedule allows it (fuzz.model.mixed_precision_comparable); otherwise only the
+        # Under MixedPrecisionPolicies the reference applies their casts by hand, unit by unit
+        # (HandCast), where the composition lets it (fuzz.model.Composition.hand_castable) and
+        # the schedule allows it (fuzz.model.mixed_precision_comparable); otherwise only the
         # contracts are judged.
-        precision = comp.uniform_precision()
         # Not yet with modules called twice in a forward: the first such case (bfloat16 reduce,
         # 0.06% apart in a step-0 gradient norm) is not triaged (rounding order or a bug); nor
         # with several forwards per backward: FSDP2 registers a unit's backward hooks once per
@@ -618,15 +693,15 @@ def run_parity(case: Case, body: ParityBody, ctx: RankContext) -> dict[str, Any]
         # of a gradient is not modelled by the hand-cast reference (one sum in the compute
         # dtype); the contracts are still judged.
         repeated = has_repeat(body.tree) or body.training.forwards > 1
-        if precision is None or not mixed_precision_comparable(body.training) or repeated:
+        if not comp.hand_castable() or not mixed_precision_comparable(body.training) or repeated:
             return composed
         hsdp = None
         if body.training.accum_sync is AccumSync.NO_ALL_REDUCE and body.training.grad_accum > 1:
             mesh = mesh_for(comp, ctx)
             hsdp = (mesh["shard"].get_group(), mesh["replicate"].get_group())
-        reference = train(case, body.tree, body.training, None, ctx, tp, precision=precision, hsdp=hsdp)
+        cast = HandCast(body.tree, comp, TORCH_DTYPES[body.training.dtype])
+        reference = train(case, body.tree, body.training, None, ctx, tp, scales, precision=cast, hsdp=hsdp)
         return {**composed, "ref": {k: reference[k] for k in keys if k in reference}}
-    scales = grad_scales(body.tree, comp, ctx.world_size)
     reference = train(case, body.tree, body.training, None, ctx, tp, scales, local=_local_of(body.tree, comp))
     return {**composed, "ref": {k: reference[k] for k in keys if k in reference}}
 

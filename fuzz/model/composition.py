@@ -460,26 +460,19 @@ class Composition:
         if any(s.mixed_precision is not None or s.offload for s in self.shards):
             raise CaseError("spmd", "not drawn with mixed precision or offload yet")
 
-    def uniform_precision(self) -> MixedPrecision | None:
-        """The one MixedPrecisionPolicy a reference can apply by hand, or None: fully_shard on the
-        root and every unit with the same param and reduce dtypes, no replicate, wrapper or tensor
-        parallelism, and inner units whose output_dtype is their compute dtype or unset (so no
-        cast happens between units). The root's ``output_dtype`` is kept: the reference casts
-        the model's output to it."""
-        specs = self.shards
-        if not specs or self.replicates or self.wrapper is not Wrapper.NONE or self.tp:
-            return None
-        root = next((s for s in specs if s.path == ""), None)
-        if root is None or root.mixed_precision is None or not root.mixed_precision.cast_forward_inputs:
-            return None
-        policy = root.mixed_precision
-        for spec in specs:
-            mp = spec.mixed_precision
-            if mp is None or (mp.param_dtype, mp.reduce_dtype) != (policy.param_dtype, policy.reduce_dtype):
-                return None
-            if spec is not root and mp.output_dtype not in (None, mp.param_dtype):
-                return None
-        return policy
+    def hand_castable(self) -> bool:
+        """Whether a reference can apply the composition's MixedPrecisionPolicies by hand, unit
+        by unit (fuzz/_rank/parity.py:HandCast): some fully_shard unit has one, fully_shard is
+        on the root (every parameter under a unit, the model's input and output passing the
+        root's casts), and no replicate or wrapper. Units may have different policies (torch
+        documents per-module policies: output_dtype is for them), and tensor parallelism may
+        split the units' Linear layers."""
+        return (
+            any(s.mixed_precision is not None for s in self.shards)
+            and "" in self.sharded_paths
+            and not self.replicates
+            and self.wrapper is Wrapper.NONE
+        )
 
     def reshard_after_forward(self, spec: ShardSpec) -> bool | int:
         """The ``reshard_after_forward`` a unit has at run time: ``spec``'s, or the value

@@ -4,9 +4,9 @@
   HSDP meshes, DDP and FSDP1 wrappers) trains like the all-reduce reference: every rank's loss
   on every microbatch, the gradient norm and the gathered parameters after every step agree
   under the dtype's tolerance; plus the API contracts recorded on the way.
-- ``mixed_precision``: fully_shard with MixedPrecisionPolicy: the contracts (parameter dtype
-  inside forward, output dtype, sharding state), not numerics against a full-precision
-  reference.
+- ``mixed_precision``: fully_shard with MixedPrecisionPolicies (one per unit, FSDPModule knobs,
+  tensor parallelism): the contracts (parameter dtype inside forward, output dtype, sharding
+  state, the knobs'), and numerics against a reference that applies the policies' casts by hand.
 - ``metamorphic``: two compositions that must not change numerics (checkpoint on or off,
   reshard_after_forward values, mesh shape, FSDP2 vs FSDP1 vs DDP) agree with each other.
 """
@@ -290,36 +290,61 @@ def judge_parity(case: Case, outcome: Outcome) -> Failure | None:
     )
 
 
+def _mixed_precision_exact(case: Case, body: ParityBody) -> bool:
+    """Whether the composed run and the hand-cast reference do the same low-precision operations
+    on the same values (fuzz.tolerance: then nothing but a bug separates them). fuzz.tolerance
+    holds the reduction over at most two data-parallel ranks exact: one sum of two values,
+    rounded as the reference's is. Not so:
+
+    - a (replicate, shard) mesh over more ranks, which reduces in two stages (a reduce-scatter
+      over the shard dimension, an all-reduce over the replicas, each with its own division)
+      that round apart from the reference's one sum; over two ranks one stage is a single
+      rank's, so the other is the one sum of two values; with set_requires_all_reduce(False)
+      the reference keeps the partial sums as FSDP2 does (fuzz/_rank/parity.py:_two_stage);
+    - a unit that splits the uses of an activation across its boundary: FSDP2's backward adds
+      that activation's gradient terms in another order than the reference
+      (fuzz.model.Layout.regroups_input_gradients);
+    - tensor parallelism: a rowwise pair adds its ranks' partial products in the compute dtype,
+      where the reference's matmul rounds the whole sum once;
+    - a gradient divide factor: FSDP2 divides the sum by it in the reduce dtype, where the
+      reference scales the average in full precision (a power of two, as the all-reduce hook's
+      scale, is exact either way; a divide factor of 3 is not)."""
+    comp = body.composition
+    ranks = case.world_size // comp.tp_size
+    regrouped = Layout(body.tree, comp).regroups_input_gradients()
+    return ranks <= 2 and not regrouped and not comp.tp and comp.knobs.gradient_divide_factor is None
+
+
 def judge_mixed_precision(case: Case, outcome: Outcome) -> Failure | None:
     if not outcome.ok:
         return failure_from_outcome(case.property, outcome)
     body = case.body
     assert isinstance(body, ParityBody)
+    comp = body.composition
     for obs in outcome.observations:
-        failure = check_contracts(case.property, body.composition, body.tree, obs["contracts"])
+        failure = check_contracts(case.property, comp, body.tree, obs["contracts"])
         if failure is not None:
             return failure
-    policy = body.composition.uniform_precision()
-    if policy is None or "ref" not in outcome.observations[0]:
-        return None
-    # Numerics against the reference that applies the policy's casts by hand
-    # (fuzz/_rank/parity.py:_low_precision_microbatch), under fuzz.tolerance's written policy.
-    low = [d.value for d in (policy.param_dtype, policy.reduce_dtype, policy.output_dtype) if d is not None]
-    # fuzz.tolerance holds the reduction over at most two ranks exact: one sum of two values,
-    # rounded as the reference's is. A (replicate, shard) mesh reduces in two stages (a
-    # reduce-scatter over the shard dimension, an all-reduce over the replicas, each with its
-    # own division), which over more ranks round apart from the reference's one sum: judged as
-    # a reduction over more ranks. Over two ranks one stage is a single rank's, so the other is
-    # the one sum of two values; with set_requires_all_reduce(False) the reference keeps the
-    # partial sums as FSDP2 does (fuzz/_rank/parity.py:_two_stage).
-    # So does a unit that splits the uses of an activation across its boundary: FSDP2's
-    # backward adds that activation's gradient terms in another order than the reference
-    # (fuzz.model.Layout.regroups_input_gradients).
-    ranks = case.world_size // body.composition.tp_size
-    regrouped = Layout(body.tree, body.composition).regroups_input_gradients()
-    exact = ranks <= 2 and not regrouped
+    failure = check_knobs(case.property, outcome.observations)
+    if failure is not None or not comp.hand_castable() or "ref" not in outcome.observations[0]:
+        return failure
+    # Numerics against the reference that applies the policies' casts by hand, unit by unit
+    # (fuzz/_rank/parity.py:HandCast), under fuzz.tolerance's written policy: every judged value
+    # (a loss, a gradient norm, a parameter) has gone through every unit's forward or gradient
+    # reduction, so the dtypes of every unit's policy count.
+    low = sorted(
+        {
+            d.value
+            for s in comp.shards
+            if s.mixed_precision is not None
+            for d in (s.mixed_precision.param_dtype, s.mixed_precision.reduce_dtype, s.mixed_precision.output_dtype)
+            if d is not None
+        }
+    )
+    exact = _mixed_precision_exact(case, body)
+    ranks = case.world_size // comp.tp_size
     tol = mixed_precision_tolerance(body.training.dtype.value, low, ranks if exact else max(ranks, 3))
-    api = api_of(body.composition, body.tree, body.training, case.world_size)
+    api = api_of(comp, body.tree, body.training, case.world_size)
     # Where the low-precision sums are inexact, an update moves a parameter by the learning rate
     # times a gradient rounded apart by an ulp of that gradient, not of the parameter: with SGD
     # over large gradients that is many times the parameter's own tolerance (bfloat16, 4 ranks:
@@ -377,6 +402,8 @@ def composition_features(comp: Composition, world_size: int, prefix: str = "") -
                     out.append(f"{prefix}mp:{name}:{value.value}")
             if not mp.cast_forward_inputs:
                 out.append(f"{prefix}mp:no_cast_forward_inputs")
+    if len({s.mixed_precision for s in comp.shards if s.mixed_precision is not None}) > 1:
+        out.append(f"{prefix}mp:per_unit")  # units with different policies
     if comp.replicates:
         out.append(f"{prefix}replicate" + (":root" if "" in comp.replicates else ":sub"))
     if comp.find_unused:
@@ -444,7 +471,7 @@ def features(case: Case) -> list[str]:
         comp = composition_features(body.composition, case.world_size)
         training = training_features(body.training) + schedule_features(body.tree, body.training)
         if (
-            body.composition.uniform_precision() is not None
+            body.composition.hand_castable()
             and mixed_precision_comparable(body.training)
             and not has_repeat(body.tree)  # fuzz._rank.parity.run_parity: not compared yet
         ):
