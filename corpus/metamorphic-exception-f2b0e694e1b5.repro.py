@@ -1,176 +1,99 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=14b13112cdb7665b sources=ca590eb54ff975c7 seconds=4228.7
-# Reproduces shardfuzz corpus entry metamorphic-exception-f2b0e694e1b5.json: exception:metamorphic:torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/conv.py:_conv_forward
+# shardfuzz printed reproducer: entry=14b13112cdb7665b seconds=24.0
+# Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: torch.compile over FSDP1 (use_orig_params=True, sharded): a recompilation of
 # the wrapped module's forward while its parameters hold sharded gradients (the suite's trees, a
 # contract hook removed or a smaller last batch; not every recompilation: an nn.Sequential variant
 # passes) raises InternalTorchDynamoError 'attempting to assign a gradient of size ...'; upstream:
 # https://github.com/pytorch/pytorch/issues/111317.
-# Observed: torch.compile over FSDP1 (use_orig_params=True, sharded): Dynamo recompiles the
-# wrapped module's forward while its parameters hold sharded gradients and fails ...
-# Run: torchrun --nproc-per-node 4 THIS_FILE.py: while the failure is there a rank raises
-# torch._dynamo.exc.InternalTorchDynamoError in torch/nn/modules/conv.py:_conv_forward, prints its
-# traceback and REPRODUCED and exits 1; once it is gone rank 0 prints PASS and every rank exits 0
-# (expected: no rank raises); a rank exits 2 where the script cannot run (not under torchrun,
-# another world size) or the case fails another way (it prints FAIL). torchrun's own status is 1
-# whenever a rank's is not 0.
-
-from __future__ import annotations
-from dataclasses import dataclass, field
+# Runs the case's training under both compositions.
+# Run: torchrun --nproc-per-node 4 THIS_FILE.py. Exit 1 (REPRODUCED): a rank raised the exception
+# in RAISED (its type, in that function of torch); 0 (PASS): every rank ran through; 2: it failed
+# another way.
+import os
+import re
 import torch
-import enum
-from typing import Any, Union
-from torch import nn
+import torch.distributed as dist
 import torch.nn.functional as F
+import traceback
+from torch import nn
+from torch.distributed._composable import replicate
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-@dataclass
-class RankContext:
-    rank: object
-    world_size: object
-    device: object
-    backend: object
 
-class LeafKind(str, enum.Enum):
-    CONV1D = 'conv1d'
-
-@dataclass()
-class Leaf:
-    kind: object
-
-@dataclass()
-class Block:
-    children: object
-    residual: object = False
-Node = Union[Block,]
-
-@dataclass()
-class ModuleTree:
-    width: object
-    root: object
-
-class Wrapper(str, enum.Enum):
-    NONE = 'none'
-    FSDP1_FULL_SHARD = 'fsdp1_full_shard'
-
-@dataclass()
-class Composition:
-    replicates: object = ()
-    checkpoint_first: object = True
-    mesh: object = ()
-
-class TreeBlock(nn.Module):
-
-    def __init__(self, children: list[nn.Module]) -> None:
+class Block(nn.Module):
+    def __init__(self, children, width, buffer=False, residual=False):
         super().__init__()
-        i, child = next(iter(enumerate(children)))
-        self.add_module(str(i), child)
-        self.residual = True
+        for i, child in enumerate(children):
+            self.add_module(str(i), child)
+        self.register_buffer('shift', 0.1 * torch.randn(width) if buffer else None)
+        self.residual = residual
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x):
         y = x
-        name, child = next(iter(self.named_children()))
-        y = child(y)
+        for child in self.children():
+            y = child(y)
+        y = y if self.shift is None else y + self.shift
         return x + y if self.residual else y
 
-class PointwiseConv1d(nn.Conv1d):
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+class Conv(nn.Conv1d):
+    """A one-tap Conv1d over a (batch, width) activation, as a length-1 sequence."""
+
+    def forward(self, x):
         return super().forward(x.unsqueeze(-1)).squeeze(-1)
 
-def build_node(node: Node, width: int) -> nn.Module:
-    if isinstance(node, Leaf):
-        module = PointwiseConv1d(width, width, kernel_size=1)
-        return module
-    return TreeBlock([build_node(c, width) for c in node.children])
 
-@dataclass
-class Composed:
-    model: object
-    wrapper: object = Wrapper.NONE
-    param_names: object = field(default_factory=list)
+def build():
+    return Block([Conv(1, 1, 1)], 1, buffer=True, residual=True)
 
-class _Contracts:
 
-    def __init__(self, model: nn.Module, comp: Composition) -> None:
-        self.handles: list[Any] = []
-        for name, mod in model.named_modules():
-            self.handles.append(mod.register_forward_pre_hook(self._on_leaf(name)))
+def compose(model):
+    replicate(model)
+    return model
 
-    def _on_leaf(self, name: str) -> Any:
 
-        def hook(module: nn.Module, args: Any) -> None:
-            pass
-        return hook
+def compose_variant(model):
+    return FSDP(model, sharding_strategy=ShardingStrategy.FULL_SHARD, use_orig_params=True,
+                auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=torch.device("cpu"))
 
-def attempt(rank, world_size):
-    ctx = RankContext(rank=rank, world_size=world_size, device=torch.device('cpu'), backend='gloo')
-    tree = ModuleTree(width=1, root=Block(children=(Leaf(kind=LeafKind.CONV1D),)))
-    comp = Composition(replicates=('',), checkpoint_first=False, mesh=(1, 4))
-    model_ = build_node(tree.root, 1).to(torch.float32)
-    names = [n for n, __ in model_.named_parameters()]
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
-    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-    strategy = ShardingStrategy.FULL_SHARD
-    wrap_out = FSDP(model_, sharding_strategy=strategy, device_id=ctx.device, use_orig_params=True, auto_wrap_policy=ModuleWrapPolicy({TreeBlock}))
-    compose_out = Composed(model=wrap_out, wrapper=Wrapper.FSDP1_FULL_SHARD, param_names=names)
-    contracts = _Contracts(model_, comp)
-    forward = torch.compile(wrap_out, backend='eager')
+
+def train(rank, world_size, compose):
+    torch.manual_seed(5651)  # every rank builds the same weights
+    model = compose(build())
+    forward = torch.compile(model, backend="eager")
+    hooks = [m.register_forward_pre_hook(lambda *_: None) for m in model.modules() if list(m.parameters(0))]
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     gen = torch.Generator().manual_seed(5651)
-    out_ = []
     for _ in range(3):
-        x_ = torch.randn(12, 1, generator=gen, dtype=torch.float32)
-        y_ = torch.randn(12, 1, generator=gen, dtype=torch.float32)
-        step_ = [(x_[0:3].to(torch.device('cpu')), y_[0:3].to(torch.device('cpu')))]
-        out_.append(step_)
-    for s, step in enumerate(out_):
-        i, (x, y) = next(iter(enumerate(step)))
-        out = forward(x)
-        for h in contracts.handles:
-            h.remove()
-        loss = F.mse_loss(out.to(y.dtype), y)
-        loss.backward()
+        x, y = (torch.randn(world_size * 3, 1, generator=gen)[0 :][:3] for _ in range(2))
+        F.mse_loss(forward(x), y).backward()
+        while hooks:  # removed after the first forward: the next one is compiled again
+            hooks.pop().remove()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
 
-def torch_frame(path: str, function: str) -> str | None:
-    at = path.rfind('/torch/')
-    inner = path[at + 1:]
-    if at < 0 or '/fuzz/' in path or '-packages/' in inner or (function in ('<listcomp>', '<dictcomp>', '<setcomp>')):
-        return None
-    return f'{inner}:{function}'
+
+RAISED = {'InternalTorchDynamoError@torch/nn/modules/conv.py:_conv_forward'}
+
+
+def main(rank, world_size):
+    for composition in (compose, compose_variant):
+        train(rank, world_size, composition)
 
 
 if __name__ == "__main__":
-    import os
-    os.environ['CUDA_VISIBLE_DEVICES'] = ''
-    import sys
-    import time
-    if os.environ.get("WORLD_SIZE") != "4":
-        print("run it with: torchrun --nproc-per-node 4 " + sys.argv[0], file=sys.stderr)
-        sys.exit(2)
-    import torch.distributed as dist
-    dist.init_process_group("gloo")
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    import re
-    import traceback
     try:
-        attempt(rank, world_size)
-    except BaseException as e:  # torch's CheckpointException is a BaseException
+        dist.init_process_group("gloo")
+        main(dist.get_rank(), dist.get_world_size())
+        dist.barrier()
+    except BaseException as e:  # DCP's CheckpointException is one; its text has the ranks' tracebacks
         text = traceback.format_exc()
-        sys.stderr.write("".join(f"[rank{rank}]: {line}\n" for line in text.splitlines()))
-        frames = [f for f in (torch_frame(p, f) for p, f in re.findall(r'File "([^"]+)", line \d+,? in (\S+)', text)) if f]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@{(frames or ['torch/?:?'])[-1]}"
-        if found in ['torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/conv.py:_conv_forward']:
-            print(f"REPRODUCED exception:metamorphic:torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/conv.py:_conv_forward: rank {rank} raised {found}", flush=True)
-            os._exit(1)
-        print(f"FAIL (not the entry's failure): rank {rank} raised {found}", flush=True)
-        os._exit(2)
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
-    store.add("repro-passed", 1)
-    until = time.monotonic() + 60
-    while store.add("repro-passed", 0) < world_size:
-        if time.monotonic() > until:
-            print(f"FAIL (not the entry's failure): rank {rank} finished, another rank did not", flush=True)
-            os._exit(2)
-        time.sleep(0.05)
-    if rank == 0:
-        print('PASS: no rank raised', flush=True)
-    os._exit(0)  # a rank must not wait for the others at exit
+        frames = re.findall(r'File "[^"]*/(torch/[^"-]+)", line \d+, in (?!<\w+comp>)(\S+)', text)  # torch's own
+        raised = f"{type(e).__name__}@{':'.join(frames[-1]) if frames else '?'}"
+        said = "REPRODUCED" if raised in RAISED else "FAIL (another failure)"
+        print(f"{text}{said}: rank {os.environ.get('RANK')} raised {raised}", flush=True)
+        os._exit(1 if raised in RAISED else 2)
+    print("PASS: no rank raised", flush=True)
+    os._exit(0)

@@ -1,112 +1,85 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=29068ea80b7f75eb sources=ce057bc0da65e4dc seconds=1449.1
-# Reproduces shardfuzz corpus entry parity-exception-0c5058dcf8f5.json: exception:parity:torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/conv.py:_conv_forward
+# shardfuzz printed reproducer: entry=29068ea80b7f75eb seconds=20.9
+# Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: torch.compile over FSDP1 (use_orig_params=True, sharded): a recompilation of
 # the wrapped module's forward while its parameters hold sharded gradients (the suite's trees, a
 # contract hook removed or a smaller last batch; not every recompilation: an nn.Sequential variant
 # passes) raises InternalTorchDynamoError 'attempting to assign a gradient of size ...'; upstream:
 # https://github.com/pytorch/pytorch/issues/111317.
-# Observed: torch.compile over FSDP1 (use_orig_params=True, sharded): Dynamo recompiles the
-# wrapped module's forward while its parameters hold sharded gradients and fails ...
-# Run: torchrun --nproc-per-node 4 THIS_FILE.py: while the failure is there a rank raises
-# torch._dynamo.exc.InternalTorchDynamoError in torch/nn/modules/conv.py:_conv_forward, prints its
-# traceback and REPRODUCED and exits 1; once it is gone rank 0 prints PASS and every rank exits 0
-# (expected: no rank raises); a rank exits 2 where the script cannot run (not under torchrun,
-# another world size) or the case fails another way (it prints FAIL). torchrun's own status is 1
-# whenever a rank's is not 0.
-
-from __future__ import annotations
+# Runs the case's training.
+# Run: torchrun --nproc-per-node 4 THIS_FILE.py. Exit 1 (REPRODUCED): a rank raised the exception
+# in RAISED (its type, in that function of torch); 0 (PASS): every rank ran through; 2: it failed
+# another way.
+import os
+import re
 import torch
-from torch import nn
+import torch.distributed as dist
 import torch.nn.functional as F
+import traceback
+from torch import nn
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
 
-class TreeBlock(nn.Module):
 
-    def __init__(self, children: list[nn.Module]) -> None:
+class Block(nn.Module):
+    def __init__(self, children, width, buffer=False, residual=False):
         super().__init__()
-        i, child = next(iter(enumerate(children)))
-        self.add_module(str(i), child)
-        self.residual = True
+        for i, child in enumerate(children):
+            self.add_module(str(i), child)
+        self.register_buffer('shift', 0.1 * torch.randn(width) if buffer else None)
+        self.residual = residual
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x):
         y = x
-        name, child = next(iter(self.named_children()))
-        y = child(y)
+        for child in self.children():
+            y = child(y)
+        y = y if self.shift is None else y + self.shift
         return x + y if self.residual else y
 
-class _Contracts:
 
-    def __init__(self, model: nn.Module) -> None:
-        self.handles: list[Any] = []
-        for name, mod in model.named_modules():
-            self.handles.append(mod.register_forward_pre_hook(self._on_leaf(name)))
+class Conv(nn.Conv1d):
+    """A one-tap Conv1d over a (batch, width) activation, as a length-1 sequence."""
 
-    def _on_leaf(self, name: str) -> Any:
+    def forward(self, x):
+        return super().forward(x.unsqueeze(-1)).squeeze(-1)
 
-        def hook(module: nn.Module, args: Any) -> None:
-            pass
-        return hook
 
-def attempt(rank, world_size):
-    ctx_device = torch.device('cpu')
-    build_model_out = TreeBlock([nn.LayerNorm(2)])
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    wrap_out = FSDP(build_model_out, device_id=ctx_device, use_orig_params=True)
-    contracts = _Contracts(build_model_out)
-    forward = torch.compile(wrap_out)
-    step_ = []
+def main(rank, world_size):
+    torch.manual_seed(3539)  # every rank builds the same weights
+    model = Block([Conv(2, 2, 1, bias=False)], 2, buffer=True, residual=True).to(torch.float64)
+    model = FSDP(model, sharding_strategy=ShardingStrategy.SHARD_GRAD_OP, use_orig_params=True,
+                device_id=torch.device("cpu"))
+    forward = torch.compile(model, backend="eager")
+    hooks = [m.register_forward_pre_hook(lambda *_: None) for m in model.modules() if list(m.parameters(0))]
+    opt = torch.optim.Adam(model.parameters(), lr=0.05, eps=0.001)
+    gen = torch.Generator().manual_seed(3539)
     for _ in range(2):
-        x_ = torch.randn(4, 2)
-        y_ = torch.randn(4, 2)
-        step_.append((x_[rank:rank + 1], y_[rank:rank + 1]))
-    for i, (x, y) in enumerate(step_):
-        out = forward(x)
-        for h in contracts.handles:
-            h.remove()
-        loss = F.mse_loss(out, y)
-        loss.backward()
+        for _ in range(2):
+            x, y = (torch.randn(world_size, 2, generator=gen, dtype=torch.float64)[rank :][:1] for _ in range(2))
+            F.mse_loss(forward(x), y).backward()
+            while hooks:  # removed after the first forward: the next one is compiled again
+                hooks.pop().remove()
+        opt.step()
+        opt.zero_grad()
 
-def torch_frame(path: str, function: str) -> str | None:
-    at = path.rfind('/torch/')
-    inner = path[at + 1:]
-    if at < 0 or '/fuzz/' in path or '-packages/' in inner or (function in ('<listcomp>', '<dictcomp>', '<setcomp>')):
-        return None
-    return f'{inner}:{function}'
+
+RAISED = {
+    'InternalTorchDynamoError@torch/nn/modules/conv.py:_conv_forward',
+    'InternalTorchDynamoError@torch/nn/modules/linear.py:forward',
+    'InternalTorchDynamoError@torch/nn/modules/normalization.py:forward',
+}
 
 
 if __name__ == "__main__":
-    import os
-    os.environ['CUDA_VISIBLE_DEVICES'] = ''
-    import sys
-    import time
-    if os.environ.get("WORLD_SIZE") != "4":
-        print("run it with: torchrun --nproc-per-node 4 " + sys.argv[0], file=sys.stderr)
-        sys.exit(2)
-    import torch.distributed as dist
-    dist.init_process_group("gloo")
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    import re
-    import traceback
     try:
-        attempt(rank, world_size)
-    except BaseException as e:  # torch's CheckpointException is a BaseException
+        dist.init_process_group("gloo")
+        main(dist.get_rank(), dist.get_world_size())
+        dist.barrier()
+    except BaseException as e:  # DCP's CheckpointException is one; its text has the ranks' tracebacks
         text = traceback.format_exc()
-        sys.stderr.write("".join(f"[rank{rank}]: {line}\n" for line in text.splitlines()))
-        frames = [f for f in (torch_frame(p, f) for p, f in re.findall(r'File "([^"]+)", line \d+,? in (\S+)', text)) if f]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@{(frames or ['torch/?:?'])[-1]}"
-        if found in ['torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/conv.py:_conv_forward', 'torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/linear.py:forward', 'torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/normalization.py:forward']:
-            print(f"REPRODUCED exception:parity:torch._dynamo.exc.InternalTorchDynamoError@torch/nn/modules/conv.py:_conv_forward: rank {rank} raised {found}", flush=True)
-            os._exit(1)
-        print(f"FAIL (not the entry's failure): rank {rank} raised {found}", flush=True)
-        os._exit(2)
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
-    store.add("repro-passed", 1)
-    until = time.monotonic() + 60
-    while store.add("repro-passed", 0) < world_size:
-        if time.monotonic() > until:
-            print(f"FAIL (not the entry's failure): rank {rank} finished, another rank did not", flush=True)
-            os._exit(2)
-        time.sleep(0.05)
-    if rank == 0:
-        print('PASS: no rank raised', flush=True)
-    os._exit(0)  # a rank must not wait for the others at exit
+        frames = re.findall(r'File "[^"]*/(torch/[^"-]+)", line \d+, in (?!<\w+comp>)(\S+)', text)  # torch's own
+        raised = f"{type(e).__name__}@{':'.join(frames[-1]) if frames else '?'}"
+        said = "REPRODUCED" if raised in RAISED else "FAIL (another failure)"
+        print(f"{text}{said}: rank {os.environ.get('RANK')} raised {raised}", flush=True)
+        os._exit(1 if raised in RAISED else 2)
+    print("PASS: no rank raised", flush=True)
+    os._exit(0)

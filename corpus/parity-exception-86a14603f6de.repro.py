@@ -1,80 +1,55 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=6d0f1782b1a74e14 sources=c819ef517160c7c9 seconds=677.1
-# Reproduces shardfuzz corpus entry parity-exception-86a14603f6de.json: exception:parity:builtins.RuntimeError@torch/nn/parallel/distributed.py:_clear_grad_buffer
+# shardfuzz printed reproducer: entry=6d0f1782b1a74e14 seconds=42.2
+# Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: DistributedDataParallel(delay_all_reduce_named_params=...,
 # param_to_hook_all_reduce=...) over parameters that are not float32: the delayed gradients'
 # buffer is made with torch.zeros and no dtype, and _clear_grad_buffer raises 'attempting to
 # assign a gradient with dtype 'float' to a tensor with grad_dtype 'Double''; upstream: none
 # found.
-# Observed: replicate with delay_all_reduce_named_params over float64 parameters: DDP's delayed-
-# gradient buffer is float32 (torch.zeros without a dtype) and _clear_grad_buffer raises on ...
-# Run: torchrun --nproc-per-node 2 THIS_FILE.py: while the failure is there a rank raises
-# builtins.RuntimeError in torch/nn/parallel/distributed.py:_clear_grad_buffer, prints its
-# traceback and REPRODUCED and exits 1; once it is gone rank 0 prints PASS and every rank exits 0
-# (expected: no rank raises); a rank exits 2 where the script cannot run (not under torchrun,
-# another world size) or the case fails another way (it prints FAIL). torchrun's own status is 1
-# whenever a rank's is not 0.
-
-from __future__ import annotations
+# Runs the case's training.
+# Run: torchrun --nproc-per-node 2 THIS_FILE.py. Exit 1 (REPRODUCED): a rank raised the exception
+# in RAISED (its type, in that function of torch); 0 (PASS): every rank ran through; 2: it failed
+# another way.
+import os
+import re
 import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+import traceback
 from torch import nn
+from torch.distributed._composable import replicate
 
-def attempt(rank, world_size):
-    build_model_out = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
-    model_ = build_model_out.to(torch.float64)
-    from torch.distributed._composable import replicate
-    plan = ('0', ())
-    hook, delayed = plan
-    kwargs = {'param_to_hook_all_reduce': model_.get_submodule(hook).get_parameter('bias'), 'delay_all_reduce_named_params': [(i_, model_.get_submodule(p__).get_parameter(name)) for i_, (p__, name) in enumerate([('1', 'bias')])]}
-    replicate(model_, **kwargs)
-    lo = rank * 2
-    x_ = torch.randn(4, 4, dtype=torch.float64)
-    y_ = torch.randn(4, 4)
-    step_ = [(x_[lo:lo + 2], y_[lo:lo + 2])]
-    i, (x, y) = next(enumerate(step_))
-    out = model_(x)
 
-def torch_frame(path: str, function: str) -> str | None:
-    at = path.rfind('/torch/')
-    inner = path[at + 1:]
-    if at < 0 or '/fuzz/' in path or '-packages/' in inner or (function in ('<listcomp>', '<dictcomp>', '<setcomp>')):
-        return None
-    return f'{inner}:{function}'
+def main(rank, world_size):
+    torch.manual_seed(0)  # every rank builds the same weights
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4)).to(torch.float64)
+    # when 0's gradient is ready (backward reaches it last), the parameters of the modules after
+    # it are all-reduced (named by their index in the parameter list replicate hands DDP)
+    replicate(model, param_to_hook_all_reduce=model.get_parameter("0.weight"),
+              delay_all_reduce_named_params=[("2", model.get_parameter("1.weight")),
+                                             ("3", model.get_parameter("1.bias"))])
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    gen = torch.Generator().manual_seed(0)
+    x, y = (torch.randn(world_size * 2, 4, generator=gen, dtype=torch.float64)[rank * 2 :][:2] for _ in range(2))
+    F.mse_loss(model(x), y).backward()
+    opt.step()
+    opt.zero_grad()
+
+
+RAISED = {'RuntimeError@torch/nn/parallel/distributed.py:_clear_grad_buffer'}
 
 
 if __name__ == "__main__":
-    import os
-    os.environ['CUDA_VISIBLE_DEVICES'] = ''
-    import sys
-    import time
-    if os.environ.get("WORLD_SIZE") != "2":
-        print("run it with: torchrun --nproc-per-node 2 " + sys.argv[0], file=sys.stderr)
-        sys.exit(2)
-    import torch.distributed as dist
-    dist.init_process_group("gloo")
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    import re
-    import traceback
     try:
-        attempt(rank, world_size)
-    except BaseException as e:  # torch's CheckpointException is a BaseException
+        dist.init_process_group("gloo")
+        main(dist.get_rank(), dist.get_world_size())
+        dist.barrier()
+    except BaseException as e:  # DCP's CheckpointException is one; its text has the ranks' tracebacks
         text = traceback.format_exc()
-        sys.stderr.write("".join(f"[rank{rank}]: {line}\n" for line in text.splitlines()))
-        frames = [f for f in (torch_frame(p, f) for p, f in re.findall(r'File "([^"]+)", line \d+,? in (\S+)', text)) if f]
-        found = f"{type(e).__module__}.{type(e).__qualname__}@{(frames or ['torch/?:?'])[-1]}"
-        if found in ['builtins.RuntimeError@torch/nn/parallel/distributed.py:_clear_grad_buffer']:
-            print(f"REPRODUCED exception:parity:builtins.RuntimeError@torch/nn/parallel/distributed.py:_clear_grad_buffer: rank {rank} raised {found}", flush=True)
-            os._exit(1)
-        print(f"FAIL (not the entry's failure): rank {rank} raised {found}", flush=True)
-        os._exit(2)
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
-    store.add("repro-passed", 1)
-    until = time.monotonic() + 60
-    while store.add("repro-passed", 0) < world_size:
-        if time.monotonic() > until:
-            print(f"FAIL (not the entry's failure): rank {rank} finished, another rank did not", flush=True)
-            os._exit(2)
-        time.sleep(0.05)
-    if rank == 0:
-        print('PASS: no rank raised', flush=True)
-    os._exit(0)  # a rank must not wait for the others at exit
+        frames = re.findall(r'File "[^"]*/(torch/[^"-]+)", line \d+, in (?!<\w+comp>)(\S+)', text)  # torch's own
+        raised = f"{type(e).__name__}@{':'.join(frames[-1]) if frames else '?'}"
+        said = "REPRODUCED" if raised in RAISED else "FAIL (another failure)"
+        print(f"{text}{said}: rank {os.environ.get('RANK')} raised {raised}", flush=True)
+        os._exit(1 if raised in RAISED else 2)
+    print("PASS: no rank raised", flush=True)
+    os._exit(0)

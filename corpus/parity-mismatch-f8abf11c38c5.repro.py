@@ -1,87 +1,113 @@
 #!/usr/bin/env python3
-# shardfuzz reduced reproducer: entry=61b5b77232a1be4c sources=cc7a627a8c860e1e seconds=8899.9
-# Reproduces shardfuzz corpus entry parity-mismatch-f8abf11c38c5.json: mismatch:parity@fsdp2+spmd:mse-loss
+# shardfuzz printed reproducer: entry=61b5b77232a1be4c seconds=61.5
+# Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: F.mse_loss (mean) of a DTensor sharded on the batch dimension: the value is the
 # global mean, but aten.mse_loss_backward has no sharding strategy, so DTensor takes one from its
 # decomposition at the global shape and runs the op on each rank's shard, which divides by the
 # shard's element count: every gradient is the true one times the number of shards of the batch;
 # upstream: none found.
-# Observed: rank 0 gradient norm at step 0 is 7.011754035949707, expected 3.5058770179748535
-# Run: torchrun --nproc-per-node 2 THIS_FILE.py: while the failure is there a rank prints
-# REPRODUCED and exits 1; once it is gone rank 0 prints PASS and every rank exits 0 (expected: the
-# property's judge finds nothing); a rank exits 2 where the script cannot run (not under torchrun,
-# another world size) or the case fails another way (it prints FAIL). torchrun's own status is 1
-# whenever a rank's is not 0.
-
-from __future__ import annotations
+# Trains the composed model and, as the reference, the same plain model on the same data with its
+# gradients all-reduced and averaged.
+# Run: torchrun --nproc-per-node 2 THIS_FILE.py. Exit 1 (REPRODUCED): a value differs from the
+# reference (named at run time); 0 (PASS): every rank ran through; 2: it failed another way.
+import os
 import torch
-from torch import nn
-import torch.nn.functional as F
 import torch.distributed as dist
+import torch.nn.functional as F
+import traceback
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import DataParallelMeshDims
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
-class PointwiseConv1d(nn.Conv1d):
+
+class Conv(nn.Conv1d):
+    """A one-tap Conv1d over a (batch, width) activation, as a length-1 sequence."""
 
     def forward(self, x):
         return super().forward(x.unsqueeze(-1)).squeeze(-1)
 
-def attempt(rank, world_size):
-    torch.manual_seed(0)
-    model_ = PointwiseConv1d(1, 1, kernel_size=1, bias=False)
-    from torch.distributed.device_mesh import init_device_mesh
-    ctx__meshes_empty = init_device_mesh(torch.device('cpu').type, (2,), mesh_dim_names=('shard',))
-    from torch.distributed.tensor import Replicate, distribute_tensor
-    path_, module = next(model_.named_modules())
-    name, p_ = next(module.named_parameters())
-    setattr(module, name, nn.Parameter(distribute_tensor(p_, ctx__meshes_empty, [Replicate()] * ctx__meshes_empty.ndim)))
-    from torch.distributed.fsdp import fully_shard, DataParallelMeshDims
-    fully_shard(model_, mesh=ctx__meshes_empty, dp_mesh_dims=DataParallelMeshDims(shard='shard'))
-    i, (x, y) = (0, (torch.randn(world_size, 1)[rank:rank + 1], torch.randn(world_size, 1)[rank:rank + 1]))
-    from torch.distributed.tensor import DTensor, Shard
-    x = DTensor.from_local(x, ctx__meshes_empty, [Shard(0) for name___ in ctx__meshes_empty.mesh_dim_names])
-    out = model_(x)
-    target = DTensor.from_local(y, ctx__meshes_empty, [Shard(0) for name____ in ctx__meshes_empty.mesh_dim_names])
-    (F.mse_loss(out, target) * (target.numel() / y.numel())).backward()
-    total = torch.zeros(())
-    total += next(model_.parameters()).grad.full_tensor().sum()
-    obs = {**{'grad_norms': [total]}}
-    outs = [None, None]
-    dist.all_gather_object(outs, obs)
-    if rank != 0:
-        return ''
-    rank_, obs_ = [r for r in (o for r, o in enumerate(outs))]
-    norms = [(i__, g, w) for i__, (g, w) in enumerate(zip(obs_['grad_norms'][:None], [-0.1879635602235794]))]
-    step, got_norm, want_norm = next(iter(norms))
-    actual = [got_norm]
-    expected = [-0.1879635602235794]
-    worst = None
-    i_, (a, e) = next(enumerate(zip(actual, expected)))
-    if not abs(a - e) <= 2.879635602235794e-06:
-        worst = i_
-    failure_ = f'rank {rank_} gradient norm at step {step} is {got_norm!r}, expected {want_norm!r}' if worst is not None else None
-    if failure_ is not None:
-        return f'REPRODUCED mismatch:parity@fsdp2+spmd:mse-loss: {failure_}'
-    return f'PASS or another failure: {failure_ and failure_}'
+
+def build():
+    return nn.Sequential(Conv(1, 1, 1, bias=False))
 
 
-def main():
-    import os
-    os.environ['CUDA_VISIBLE_DEVICES'] = ''
-    import sys
-    if os.environ.get("WORLD_SIZE") != "2":
-        print("run it with: torchrun --nproc-per-node 2 " + sys.argv[0], file=sys.stderr)
-        sys.exit(2)
-    import torch.distributed as dist
-    dist.init_process_group("gloo")
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    verdict = attempt(rank, world_size)
-    if verdict and verdict not in ['PASS or another failure: None', 'PASS: every loss, gradient and parameter agrees', 'PASS: every rank finished', 'PASS: no rank died', 'PASS: no rank raised']:
-        sys.stdout.write(verdict + "\n")  # one write: the ranks share torchrun's output
-        sys.stdout.flush()
-        os._exit(1 if verdict.startswith("REPRODUCED") else 2)
-    if verdict:
-        print(verdict, flush=True)
-    os._exit(0)
+def compose(model, mesh):
+    for name, p in list(model.named_parameters()):  # an SPMD program: DTensors on the whole mesh
+        holder, _, attr = name.rpartition(".")
+        dt = distribute_tensor(p.detach(), mesh, [Replicate()])
+        setattr(model.get_submodule(holder), attr, nn.Parameter(dt, requires_grad=p.requires_grad))
+    fully_shard(model, mesh=mesh, reshard_after_forward=False, dp_mesh_dims=DataParallelMeshDims(shard="shard"))
+    return model
+
+
+RTOL, ATOL = 1e-05, 1e-06  # the tolerance policy for float32
+REFERENCE = 'the plain model with averaged gradients'
+
+
+def full(t):
+    return (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone()
+
+
+def differs(got, want, exact=False):
+    for key, e in want.items():
+        if key not in got:
+            return f"{key} is missing"
+        a, e = got[key].double(), e.double()
+        bad = a != e if exact else ~torch.isclose(a, e, rtol=RTOL, atol=ATOL)
+        if bad.any():
+            i = int(bad.flatten().nonzero()[0])
+            factor = [f"; {f:.3g} times as much" for f in (2, 3, 4, 1 / 2, 1 / 3, 1 / 4) if torch.allclose(a, f * e)]
+            return (f"{key}: {float(a.flatten()[i]):.9g} where {REFERENCE} has {float(e.flatten()[i]):.9g} "
+                    f"({int(bad.sum())} of {bad.numel()} elements differ{''.join(factor[:1])})")
+    return None
+
+
+def train(rank, world_size, compose):
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("shard",))
+    torch.manual_seed(0)  # every rank builds the same weights
+    model = build() if compose is None else compose(build(), mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    gen = torch.Generator().manual_seed(0)
+    seen = {}  # every loss, gradient and parameter after the step, by name, in order
+    for step in range(1):
+        for micro in range(1):
+            x, y = (torch.randn(world_size, 1, generator=gen)[rank :][:1] for _ in range(2))
+            if compose is None:
+                loss = F.mse_loss(model(x), y)
+                loss.backward()
+            else:
+                out = model(DTensor.from_local(x, mesh, [Shard(0)]))  # this rank's rows of the global batch
+                target = DTensor.from_local(y, mesh, [Shard(0)])
+                (F.mse_loss(out, target) * 2).backward()  # the global mean, times the 2 shards
+                loss = F.mse_loss(out.detach().redistribute(mesh, [Shard(0)]).to_local(), y)
+            seen[f"loss at step {step}, microbatch {micro}"] = loss.detach()
+        for p in [p for p in model.parameters() if compose is None and p.grad is not None]:
+            dist.all_reduce(p.grad)  # a plain model, data-parallel by hand: gradients averaged
+            p.grad /= dist.get_world_size()
+        for n, p in model.named_parameters():  # no gradient counts as zeros
+            seen[f"gradient of {n} at step {step}"] = full(p.grad) if p.grad is not None else torch.zeros(p.shape)
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+        seen.update({f"{n} after step {step}": full(p) for n, p in model.named_parameters()})
+    return seen
+
+
+def main(rank, world_size):  # what differs first, step by step: losses, gradients, parameters
+    return differs(train(rank, world_size, compose), train(rank, world_size, None))
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        dist.init_process_group("gloo")
+        said = [None] * dist.get_world_size()  # what each rank found to differ first
+        dist.all_gather_object(said, main(dist.get_rank(), dist.get_world_size()))
+    except BaseException:
+        traceback.print_exc()
+        os._exit(2)  # it failed another way
+    said = next(filter(None, said), None)
+    if dist.get_rank() == 0:
+        print(f"REPRODUCED: {said}" if said else "PASS: every loss, gradient and parameter agrees", flush=True)
+    os._exit(1 if said else 0)

@@ -45,6 +45,7 @@ from fuzz.model import (
     ModuleTree,
     ShardSpec,
     Wrapper,
+    attention_heads,
 )
 
 #: The comment line that marks a script printed from its case.
@@ -69,7 +70,7 @@ COMPOSITION_FIELDS = {
 #: tree is known: its plan is the tree's).
 REPLICATE_FIELDS = {"bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "init_sync", "delay_all_reduce"}
 #: ShardSpec fields a printed ``fully_shard`` call writes.
-SHARD_FIELDS = {"path", "reshard_after_forward", "shard_dim", "mixed_precision"}
+SHARD_FIELDS = {"path", "reshard_after_forward", "shard_dim", "mixed_precision", "ignored"}
 #: The whole-model wrappers :func:`compose_lines` writes: FSDP1's strategies (HYBRID_SHARD over the
 #: case's (replicate, shard) mesh). A script reads a sharded one's parameters and gradients whole
 #: under ``FSDP.summon_full_params`` (:data:`SHARDED_FSDP1`).
@@ -91,7 +92,10 @@ LEAVES = {
     LeafKind.TANH,
     LeafKind.GELU,
     LeafKind.DROPOUT,
+    LeafKind.ATTENTION,
 }
+#: What a Block of the tree may have that ``Block`` then writes (its ``__init__``'s flags).
+FEATURES = ("scale", "buffer", "residual", "repeat")
 _WEIGHTED = (LeafKind.LINEAR, LeafKind.LAYER_NORM, LeafKind.CONV1D)
 
 
@@ -132,7 +136,7 @@ def check_tree(tree: ModuleTree) -> None:
             return
         if not isinstance(node, Block):
             raise refuse(f"node {type(node).__name__} (at {path or 'the root'})")
-        check_default(node, {"children", "residual", "scale", "buffer"}, f"block {path or 'root'}")
+        check_default(node, {"children", *FEATURES}, f"block {path or 'root'}")
         for i, child in enumerate(node.children):
             visit(child, f"{path}.{i}" if path else str(i))
 
@@ -169,9 +173,10 @@ def param_names(tree: ModuleTree) -> list[str]:
 
     def visit(node: Any, prefix: str) -> list[str]:
         if isinstance(node, Leaf):
-            if node.kind not in _WEIGHTED:
-                return []
-            return [f"{prefix}{n}" for n in (["weight", "bias"] if node.bias else ["weight"])]
+            own = ["weight", "bias"] if node.bias else ["weight"]
+            if node.kind is LeafKind.ATTENTION:
+                return [f"{prefix}{part}.{n}" for part in "qkvo" for n in own]
+            return [f"{prefix}{n}" for n in own] if node.kind in _WEIGHTED else []
         names = [] if not node.scale else [f"{prefix}scale"]
         children = [n for i, c in enumerate(node.children) for n in visit(c, f"{prefix}{i}.")]
         return names + children
@@ -188,15 +193,19 @@ def uses(tree: ModuleTree, test: Callable[[Any], bool]) -> bool:
     return visit(tree.root)
 
 
+def _blocks(node: Any) -> list[Block]:
+    """Every block at or under ``node``."""
+    return [node, *(b for c in node.children for b in _blocks(c))] if isinstance(node, Block) else []
+
+
 def _sequential(tree: ModuleTree, skips: bool, auto_wrap: bool) -> bool:
     """Whether ``nn.Sequential`` does for every block (no feature, no skip, no wrap policy on Block)."""
-    featured = uses(tree, lambda n: isinstance(n, Block) and (n.scale or n.buffer or n.residual))
-    return not (skips or auto_wrap or featured)
+    return not (skips or auto_wrap or _featured(tree, False))
 
 
 def _featured(tree: ModuleTree, skips: bool) -> bool:
     """Whether ``Block`` needs its own forward (a feature, or children left out of forward)."""
-    return skips or uses(tree, lambda n: isinstance(n, Block) and (n.scale or n.buffer or n.residual))
+    return skips or uses(tree, lambda n: isinstance(n, Block) and any(getattr(n, f) for f in FEATURES))
 
 
 def _node(node: Any, width: int, sequential: bool, featured: bool = True) -> str:
@@ -210,6 +219,7 @@ def _node(node: Any, width: int, sequential: bool, featured: bool = True) -> str
             LeafKind.TANH: "nn.Tanh()",
             LeafKind.GELU: "nn.GELU()",
             LeafKind.DROPOUT: "nn.Dropout(0.5)",
+            LeafKind.ATTENTION: f"Attention({width}{bias})",
         }[node.kind]
         return f"{code}.requires_grad_(False)" if node.frozen else code
     children = ", ".join(_node(c, width, sequential, featured) for c in node.children)
@@ -217,18 +227,15 @@ def _node(node: Any, width: int, sequential: bool, featured: bool = True) -> str
         return f"nn.Sequential({children})"
     if not featured:
         return f"Block({children})"
-    extra = "".join(f", {name}=True" for name in ("scale", "buffer", "residual") if getattr(node, name))
+    extra = "".join(f", {name}=True" for name in FEATURES if getattr(node, name))
     return f"Block([{children}], {width}{extra})"
 
 
 def _block_class(tree: ModuleTree, skips: bool) -> str:
     """``Block``: runs its children (but those in ``SKIPPED``), then the features the tree uses."""
-    scale = uses(tree, lambda n: isinstance(n, Block) and n.scale)
-    buffer = uses(tree, lambda n: isinstance(n, Block) and n.buffer)
-    residual = uses(tree, lambda n: isinstance(n, Block) and n.residual)
-    params = "".join(
-        f", {n}=False" for n, used in (("scale", scale), ("buffer", buffer), ("residual", residual)) if used
-    )
+    used = {f for n in _blocks(tree.root) for f in FEATURES if getattr(n, f)}
+    scale, buffer, residual, repeat = (f in used for f in FEATURES)
+    params = "".join(f", {f}=False" for f in FEATURES if f in used)
     lines = [
         "class Block(nn.Module):",
         f"    def __init__(self, children, width{params}):",
@@ -242,11 +249,16 @@ def _block_class(tree: ModuleTree, skips: bool) -> str:
         lines.append("        self.register_buffer('shift', 0.1 * torch.randn(width) if buffer else None)")
     if residual:
         lines.append("        self.residual = residual")
+    if repeat:
+        lines.append("        self.repeat = repeat  # its children run twice over")
     lines += ["", "    def forward(self, x):", "        y = x"]
-    if skips:
-        lines += ["        for child in self.children():", "            y = y if child in SKIPPED else child(y)"]
-    else:
-        lines += ["        for child in self.children():", "            y = child(y)"]
+    run = [
+        "for child in self.children():",
+        "    y = y if child in SKIPPED else child(y)" if skips else "    y = child(y)",
+    ]
+    if repeat:
+        run = ["for _ in range(2 if self.repeat else 1):", *(f"    {line}" for line in run)]
+    lines += [f"        {line}" for line in run]
     if scale:
         lines.append("        y = y if self.scale is None else y * self.scale")
     if buffer:
@@ -263,6 +275,23 @@ class Conv(nn.Conv1d):
         return super().forward(x.unsqueeze(-1)).squeeze(-1)"""
 
 
+_ATTENTION = """\
+class Attention(nn.Module):
+    \"\"\"Self-attention (q, k, v, o projections, HEADS heads) over a (batch, width) activation, as a
+    length-1 sequence.\"\"\"
+
+    def __init__(self, width, bias=True):
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(width, width, bias=bias) for _ in range(4))
+
+    def forward(self, x):
+        h = x.unsqueeze(1)
+        b, s, w = h.shape
+        q, k, v = (t(h).reshape(b, s, HEADS, w // HEADS).transpose(1, 2) for t in (self.q, self.k, self.v))
+        out = F.scaled_dot_product_attention(q, k, v)
+        return self.o(out.transpose(1, 2).reshape(b, s, w)).squeeze(1)"""
+
+
 def model_source(tree: ModuleTree, *, skips: bool = False, auto_wrap: bool = False) -> str:
     """The imports and class definitions the model of ``tree`` needs (``Block`` where a block has
     a feature, children left out of forward (``skips``) or a wrap policy names it (``auto_wrap``);
@@ -276,6 +305,14 @@ def model_source(tree: ModuleTree, *, skips: bool = False, auto_wrap: bool = Fal
         parts.insert(1, "SKIPPED = []  # the modules left out of forward now")
     if uses(tree, lambda n: isinstance(n, Leaf) and n.kind is LeafKind.CONV1D):
         parts.append(_CONV)
+    if uses(tree, lambda n: isinstance(n, Leaf) and n.kind is LeafKind.ATTENTION):
+        heads = attention_heads(tree.width)
+        parts.append(
+            "import torch.nn.functional as F\n"
+            + _ATTENTION.replace("HEADS heads", f"{heads} head" + "s" * (heads > 1)).replace(
+                "HEADS, w // HEADS", "1, w" if heads == 1 else f"{heads}, w // {heads}"
+            )
+        )
     return "\n\n\n".join(parts)
 
 
@@ -365,6 +402,9 @@ def _shard_kwargs(comp: Composition, spec: ShardSpec) -> str:
         kwargs.append(f"shard_placement_fn=on_dim{spec.shard_dim}")
     if spec.mixed_precision is not None:
         kwargs.append("mp_policy=mp")
+    if spec.ignored:
+        own = [f'*model.get_submodule("{p}").parameters(recurse=False)' for p in spec.ignored]
+        kwargs.append(f"ignored_params={{{', '.join(own)}}}")
     if comp.spmd:
         dims = 'shard="shard", replicate="replicate"' if comp.mesh else 'shard="shard"'
         kwargs.append(f"dp_mesh_dims=DataParallelMeshDims({dims})")

@@ -69,8 +69,9 @@ def check_loop(case: Case) -> None:
     switched = training.grad_accum > 1 and training.accum_sync is not AccumSync.ALWAYS
     last = any(c.knobs.reshard_after_backward_last for c in compositions(case))
     meshed = [c for c in compositions(case) if c.tp or c.spmd]
-    if meshed and (case.property == "metamorphic" or training.skips or training.unfreeze):
-        raise refuse("tensor parallelism or SPMD with a variant, skips or unfreezing")
+    dropout = uses(case.body.tree, lambda n: getattr(n, "kind", None) is LeafKind.DROPOUT)  # type: ignore[attr-defined]
+    if meshed and (case.property == "metamorphic" or training.skips or training.unfreeze or dropout):
+        raise refuse("tensor parallelism or SPMD with a variant, skips, unfreezing or dropout")
     for comp in compositions(case):
         if (switched or last) and "" not in {s.path for s in comp.shards}:
             raise refuse("a gradient-sync switch or a per-microbatch knob without fully_shard on the root")
@@ -197,10 +198,11 @@ def train_lines(
         build = f"build() if compose is None else compose({args})" if observe and parity else f"compose({args})"
         lines += [f"model = {build}"]
     if training.compile is not Compile.NONE:  # the suite's first forward runs under hooks that record dtypes
-        lines += [
-            f'forward = torch.compile(model, backend="{training.compile.value}")',
-            "hooks = [m.register_forward_pre_hook(lambda *_: None) for m in model.modules() if list(m.parameters(0))]",
-        ]
+        compiled = f'torch.compile(model, backend="{training.compile.value}")'
+        hooks = "[m.register_forward_pre_hook(lambda *_: None) for m in model.modules() if list(m.parameters(0))]"
+        if observe and parity:  # the reference runs eagerly
+            compiled = f"model if compose is None else {compiled}"
+        lines += [f"forward = {compiled}", f"hooks = {hooks}"]
     params = "model.parameters()"  # an optimizer skips the parameters without a gradient
     frozen = uses(tree, lambda n: getattr(n, "frozen", False))
     if training.param_groups == 2:
@@ -265,8 +267,12 @@ def train_lines(
             "    hooks.pop().remove()",
         ]
     step += _loop("micro" if by_micro else "_", micros, micro)
+    local = sorted(body.composition.shard_ignored) if parity else []
+    if observe and parity and local:
+        mine = " | ".join(f'set(model.get_submodule("{p}").parameters(recurse=False))' for p in local)
+        lines += [f"ignored = {mine}  # fully_shard's ignored_params: each rank's own"]
     if observe and parity:
-        step += average_lines("compose is None")
+        step += average_lines("compose is None and p not in ignored" if local else "compose is None")
         factor = body.composition.knobs.gradient_divide_factor
         if factor is not None and set(scales(case).values()) != {1.0}:
             d = case.world_size

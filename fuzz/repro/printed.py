@@ -49,6 +49,9 @@ from fuzz.repro.print_train import check_loop, compositions, scales, train_lines
 PRINTED = ("parity", "metamorphic", "mixed_precision")
 #: The kinds of entry it prints.
 KINDS = ("exception", "mismatch")
+#: Mismatch checks that what a printed script compares (losses, gradients, parameters) does not
+#: see: a contract observed inside the run (which units hold unsharded storage, when).
+UNSEEN = ("contract-knobs",)
 
 _NAMED_WRAPPED = """\
 def named(model):  # by plain name, off its module: FSDP1 leaves some out of named_parameters (#85831)
@@ -87,7 +90,12 @@ def print_case(case: Case, expected: list[str] | None = None) -> str:
     skips, auto_wrap = bool(training.skips), any(c.auto_wrap for c in comps)
     sharded = any(api == "fully_shard" for c in comps for api, _ in c.steps())
     kind = "mismatch" if expected is None else "exception"
-    imports = ["import torch.nn.functional as F", *main_imports(kind), *compose_imports(comps)]
+    pointwise = expected is not None and any(c.spmd and not c.spmd_mse_loss for c in comps)  # no F.mse_loss
+    imports = [
+        *([] if pointwise else ["import torch.nn.functional as F"]),
+        *main_imports(kind),
+        *compose_imports(comps),
+    ]
     parts = ["\n".join(imports), model_source(tree, skips=skips, auto_wrap=auto_wrap)]
     parts += compose_helpers(comps, case.world_size)
     raised = [] if expected is None else [raised_line(expected)]
@@ -147,6 +155,13 @@ def _state_printer() -> Any:
     return print_state
 
 
+def _check_seen(entry: Entry) -> None:
+    """Raise :class:`NotPrintable` for a mismatch whose check a printed comparison does not see."""
+    check = entry.signature.rpartition(":")[2]
+    if entry.kind == "mismatch" and check in UNSEEN:
+        raise refuse(f"a {check} mismatch (an observation inside the run)")
+
+
 def printable(entry: Entry) -> bool:
     """Whether ``entry``'s script is printed from its case: a training property's by this module,
     a state_dict or dcp entry's by :mod:`fuzz.repro.print_state` (where that module is there)."""
@@ -163,6 +178,7 @@ def printable(entry: Entry) -> bool:
     if entry.kind not in KINDS or case.property not in PRINTED:
         return False
     try:
+        _check_seen(entry)
         check_printable(case, entry.kind)
     except NotPrintable:
         return False
@@ -181,6 +197,7 @@ def print_entry(entry: Entry) -> str:
         return script if script.startswith("#!") else "#!/usr/bin/env python3\n" + script
     if entry.kind not in KINDS or case.property not in PRINTED:
         raise refuse(f"a {case.property} {entry.kind}")
+    _check_seen(entry)
     expected = None if entry.kind == "mismatch" else expected_raised(entry)
     body = print_case(case, expected)
     return "\n".join(["#!/usr/bin/env python3", *header(entry, what(case, entry.kind), case.world_size)]) + "\n" + body
