@@ -21,14 +21,18 @@ from fuzz.repro.print_contract import CONTRACTS, NotPrintable, check_printable, 
 from tests.conftest import fault_env, fault_pool, torchrun
 from tests.contract_cases import FAULT_CASES
 
-#: fault -> the contract whose script its failure gets (the first message a script can observe)
-SCRIPTS = {
-    "C01_forward_prefetch_not_issued": "forward_prefetch",
-    "C07_reduce_scatter_deferred_to_final_callback": "reduce_scatter_order",
-    "C04_reshard_keeps_unsharded_storage": "after_forward",
-    "C08_reshard_after_backward_deferred": "freed_at_reduce_scatter",
-    "C05_checkpoint_region_not_checkpointed": "saved_inside",
-}
+#: (fault, a contract its failure breaks): each script shown to reproduce under the fault
+SCRIPTS = [
+    ("C01_forward_prefetch_not_issued", "forward_prefetch"),
+    ("C02_backward_prefetch_not_issued", "backward_prefetch"),
+    ("C04_reshard_keeps_unsharded_storage", "forward_bound"),
+    ("C04_reshard_keeps_unsharded_storage", "after_forward"),
+    ("C05_checkpoint_region_not_checkpointed", "saved_inside"),
+    ("C07_reduce_scatter_deferred_to_final_callback", "reduce_scatter_order"),
+    ("C08_reshard_after_backward_deferred", "freed_at_reduce_scatter"),
+    ("C09_checkpoint_early_stop_ignored", "early_stop"),
+    ("C11_checkpoint_rng_state_not_restored", "rng"),
+]
 
 
 def _entry(name: str, message: str) -> Entry:
@@ -62,19 +66,25 @@ def _run(script: str, tmp_path: Path, env: dict[str, str] | None = None) -> tupl
     return verdicts[0], out.stdout
 
 
-@pytest.mark.parametrize("name", sorted(SCRIPTS))
-def test_the_printed_text_carries_the_recorder_the_rule_and_the_observation_point(name: str) -> None:
-    contract = _contract(SCRIPTS[name])
+@pytest.mark.parametrize(("name", "contract_name"), SCRIPTS)
+def test_the_printed_text_carries_the_recorder_the_rule_and_the_observation_point(
+    name: str, contract_name: str
+) -> None:
+    contract = _contract(contract_name)
     script = print_entry(_entry(name, f"{contract.mark}(the recorder's words)"))
     compile(script, "contract.repro.py", "exec")
     assert contract.recorder in script
     assert " ".join(contract.rule.split()[:6]) in " ".join(line.lstrip("# ") for line in script.splitlines())
     point = {
         "forward_prefetch": "set_custom_all_gather(",
+        "backward_prefetch": "_training_state.name",
         "reduce_scatter_order": "set_custom_reduce_scatter(",
         "freed_at_reduce_scatter": "set_custom_reduce_scatter(",
+        "forward_bound": "full_bytes(UNIT[u]) for u in allowed",
         "after_forward": "unsharded_bytes(UNIT[path])",
         "saved_inside": "saved_tensors_hooks(",
+        "early_stop": "RETURNED.add(path)",
+        "rng": "rng_state() in STATES",
     }[contract.name]
     assert point in script
     assert "import fuzz" not in script and "from fuzz" not in script  # torch only
@@ -84,21 +94,25 @@ def test_the_printed_text_carries_the_recorder_the_rule_and_the_observation_poin
 
 
 def test_only_the_failed_contract_is_observed() -> None:
-    """A failure with messages of several contracts gets the first one's observation alone."""
+    """A failure with messages of several contracts gets the first printable one's observation
+    alone."""
     name = "C04_reshard_keeps_unsharded_storage"
     entry = _entry(name, "after forward with reshard_after_forward=True, '0' still holds 80 bytes")
-    entry.details["problems"].insert(0, "memory: when '1''s forward starts, [\"'0'\"] hold unsharded parameters")
+    entry.details["problems"].insert(0, "selective checkpoint: '1.0''s matmul (MUST_SAVE) was recomputed")
+    entry.details["problems"].append("memory: when '1''s forward starts, [\"'0'\"] hold unsharded parameters")
     contract, message = failed_contract(entry.case, entry)
     assert contract.name == "after_forward" and message.startswith("after forward")
     script = print_entry(entry)
+    assert "unsharded_bytes(UNIT[path])" in script
     assert "set_custom_reduce_scatter" not in script and "saved_tensors_hooks" not in script
+    assert "def at_forward" not in script  # the forward-start bound's
 
 
 def test_what_it_does_not_print_is_named() -> None:
-    name = "C02_backward_prefetch_not_issued"
-    backward = _entry(name, "set_modules_to_backward_prefetch on '1': '0' not all-gathered before '1''s backward")
+    name = "C06_sac_must_save_recomputed"
+    between = _entry(name, "selective checkpoint: '1.0''s matmul (MUST_SAVE) was recomputed")
     with pytest.raises(NotPrintable, match="the contract failure"):
-        check_printable(backward.case, backward)
+        check_printable(between.case, between)
     other = _entry("C07_reduce_scatter_deferred_to_final_callback", "a parameter differs")
     other = dataclasses.replace(other, signature="mismatch:parity:parameters")
     with pytest.raises(NotPrintable, match="as a contract failure"):
@@ -129,17 +143,24 @@ def test_a_printed_order_script_reproduces_under_its_fault(tmp_path: Path) -> No
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(SCRIPTS))
-def test_a_contract_failure_reproduces_under_its_fault_and_passes_without(name: str, tmp_path: Path) -> None:
-    """The failing case run on the pool under the fault, its entry's script printed, then run
-    under torchrun: REPRODUCED with the fault applied, PASS without it."""
+@pytest.mark.parametrize(("name", "contract_name"), SCRIPTS)
+def test_a_contract_failure_reproduces_under_its_fault_and_passes_without(
+    name: str, contract_name: str, tmp_path: Path
+) -> None:
+    """The failing case run on the pool under the fault, the script of its entry (its messages
+    of the contract alone) printed, then run under torchrun: REPRODUCED with the fault applied,
+    PASS without it."""
     env = fault_env(name)
     case = FAULT_CASES[name]()
     with fault_pool(env, world_size=2, deadline=60) as pool:
         failure = run_case(pool, get_property(case.property), case)
     assert failure is not None and failure.signature.endswith(":contract-knobs"), failure
     entry = entry_from_failure(case, failure, versions={}, backend="gloo", device_kind="cpu", reruns=1, reproduced=1)
-    assert failed_contract(case, entry)[0].name == SCRIPTS[name]
+    contract = _contract(contract_name)
+    problems = [p for p in entry.details["problems"] if contract.mark in p]
+    assert problems, entry.details["problems"]
+    entry = dataclasses.replace(entry, details={**entry.details, "problems": problems})
+    assert failed_contract(case, entry)[0] is contract
     script = print_entry(entry)
     assert _run(script, tmp_path, env)[0] == "REPRODUCED"
     verdict, out = _run(script, tmp_path)

@@ -22,7 +22,7 @@ from typing import Any
 
 from fuzz._rank.knobs import by_root
 from fuzz.corpus import Entry
-from fuzz.model import Case, Composition, Wrapper
+from fuzz.model import Case, Composition, Wrapper, contains
 from fuzz.repro import print_observe as observe
 from fuzz.repro.print_model import (
     PRINTED_MARK,
@@ -58,7 +58,7 @@ class Contract:
     observes: str
 
 
-CONTRACTS = (
+CONTRACTS: tuple[Contract, ...] = (
     Contract(
         "forward_prefetch",
         "set_modules_to_forward_prefetch on ",
@@ -68,6 +68,16 @@ CONTRACTS = (
         "every all-gather through set_custom_all_gather, and at each unit's forward start (a forward pre-hook "
         "behind FSDP2's) whether each prefetch target was all-gathered, holds its unsharded parameters or has "
         "an all-gather pending",
+    ),
+    Contract(
+        "backward_prefetch",
+        "set_modules_to_backward_prefetch on ",
+        "fuzz/_rank/order.py",
+        "set_modules_to_backward_prefetch",
+        "explicitly prefetch all-gathers in backward. This overrides the default backward prefetching",
+        "at each unit's backward start (a gradient hook on its output behind FSDP2's pre-backward, which "
+        "prefetches) whether each prefetch target that ran forward holds its unsharded parameters or has an "
+        "all-gather pending",
     ),
     Contract(
         "reduce_scatter_order",
@@ -87,6 +97,16 @@ CONTRACTS = (
         "After gradient computation, FSDP frees the unsharded parameters and reduce-scatters the unsharded gradients",
         "the unsharded bytes held (the storage of each unit's all-gather outputs) at each reduce-scatter in "
         "backward, through set_custom_reduce_scatter",
+    ),
+    Contract(
+        "forward_bound",
+        "memory: when ",
+        "fuzz/_rank/memory.py",
+        "fully_shard(reshard_after_forward=...), set_modules_to_forward_prefetch",
+        "If True, then this reshards parameters after forward and re-all-gathers in backward. If False, then this "
+        "keeps the unsharded parameters in memory after forward (prefetching: will use more reserved memory)",
+        "the unsharded bytes each unit holds (the storage of its all-gather outputs) at each unit's forward start, "
+        "through a forward pre-hook behind FSDP2's",
     ),
     Contract(
         "after_forward",
@@ -111,6 +131,29 @@ CONTRACTS = (
 )
 
 
+_CHECKPOINT = "fuzz/_rank/activations.py"
+CONTRACTS += (
+    Contract(
+        "early_stop",
+        "checkpoint early_stop=True on ",
+        _CHECKPOINT,
+        "checkpoint(early_stop=True), the default",
+        "If True, non-reentrant checkpoint stops recomputation as soon as it has computed all needed Tensors",
+        "whether each checkpointed region's forward, recomputed in backward, returns (a forward hook without "
+        "always_call is called only then)",
+    ),
+    Contract(
+        "rng",
+        "checkpoint preserve_rng_state=True on ",
+        _CHECKPOINT,
+        "checkpoint(preserve_rng_state=True, the default; what False does is quoted)",
+        "Omit stashing and restoring the RNG state during each checkpoint",
+        "the CPU RNG state at each checkpointed region's forward start, and at its recomputation's start in "
+        "backward (a forward pre-hook behind checkpoint's, which restores it)",
+    ),
+)
+
+
 def is_contract_entry(entry: Entry) -> bool:
     """Whether ``entry`` is a contract failure (``mismatch:...:contract-knobs``) whose messages
     name one of :data:`CONTRACTS` (printable or not)."""
@@ -130,13 +173,21 @@ def _unprintable(contract: Contract, comp: Composition) -> str | None:
     """Why ``contract`` cannot be observed for ``comp`` by a script printed on this torch."""
     from torch.distributed.fsdp import FSDPModule
 
-    order = contract.name in ("forward_prefetch", "reduce_scatter_order", "freed_at_reduce_scatter")
+    order = contract.name in (
+        "forward_prefetch",
+        "backward_prefetch",
+        "reduce_scatter_order",
+        "freed_at_reduce_scatter",
+    )
     if order and not hasattr(FSDPModule, "set_custom_reduce_scatter"):
         return "an order contract on a torch without FSDP2's custom comm interface"
     if contract.name == "freed_at_reduce_scatter" and comp.knobs.reshard_after_backward_last:
         return "the memory at a reduce-scatter with a per-microbatch reshard_after_backward"
-    if contract.name == "saved_inside" and not comp.checkpoints:
+    if contract.recorder == _CHECKPOINT and not comp.checkpoints:
         return "a checkpoint contract without checkpoint"
+    nested = any(a != b and contains(a, b) for a in comp.checkpoints for b in comp.checkpoints)
+    if contract.name in ("early_stop", "rng") and nested:
+        return f"the {contract.name} contract over nested checkpointed regions"
     return None
 
 
@@ -178,12 +229,19 @@ def check_printable(case: Case, entry: Entry) -> None:
 def _piece(contract: Contract, comp: Composition) -> observe.Piece:
     if contract.name == "forward_prefetch":
         return observe.forward_prefetch()
+    if contract.name == "backward_prefetch":
+        return observe.backward_prefetch()
     if contract.name == "reduce_scatter_order":
         return observe.reduce_scatter_order()
     if contract.name == "freed_at_reduce_scatter":
         return observe.freed_at_reduce_scatter()
+    if contract.name == "forward_bound":
+        resharded = {s.path: comp.reshard_after_forward(s) for s in comp.shards}
+        return observe.forward_bound(resharded, bool(comp.knobs.forward_prefetch))
     if contract.name == "after_forward":
         return observe.after_forward({s.path: comp.reshard_after_forward(s) for s in comp.shards})
+    if contract.name in ("early_stop", "rng"):
+        return observe.recomputed(list(comp.checkpoints), contract.name)
     return observe.saved_inside(list(comp.checkpoints))
 
 

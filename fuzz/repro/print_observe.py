@@ -187,6 +187,59 @@ def forward_prefetch() -> Piece:
     return Piece([RECORDING, check], install, ["LOG.clear()"], imports=[_COMMS + "DefaultAllGather"])
 
 
+def backward_prefetch() -> Piece:
+    """``set_modules_to_backward_prefetch``: right after a unit's pre-backward (which prefetches;
+    a gradient hook on its output, behind FSDP2's), once per microbatch, each target
+    (``BACKWARD_PREFETCH``, the composition's) that ran forward holds its unsharded parameters or
+    has an all-gather pending."""
+    check = textwrap.dedent(
+        """\
+        RAN, CHECKED = set(), set()  # units run forward this microbatch; units whose prefetch was looked at
+
+
+        def gathers(unit):  # whether an all-gather of it is a collective: parameters, over more than one rank
+            return any(g.fsdp_params for g in groups(unit)) and groups(unit)[0].mesh_info.shard_mesh_size > 1
+
+
+        def ran(path):
+            def hook(module, args):
+                if not in_backward() and torch.is_grad_enabled():
+                    RAN.add(path)
+
+            return hook
+
+
+        def at_backward(path):  # FSDP2's pre-backward of the unit ran (and prefetched its targets)
+            if path in CHECKED or groups(UNIT[path])[0]._training_state.name != "PRE_BACKWARD":
+                return
+            CHECKED.add(path)
+            for target in [t for t in BACKWARD_PREFETCH.get(path, []) if t in RAN and gathers(UNIT[t])]:
+                pending = any(getattr(g, "_all_gather_result", None) is not None for g in groups(UNIT[target]))
+                held = unsharded_bytes(UNIT[target])
+                said = f"at {path!r}'s backward start: {target!r} holds {held} unsharded bytes, all-gather pending: "
+                SEEN.append((not held and not pending, f"{said}{pending}; documented: {target!r} all-gathered "
+                                                       f"(prefetched by {path!r}'s pre-backward)"))
+
+
+        def watched(path):  # behind FSDP2's post-forward, which hooks its pre-backward on the output first
+            def hook(module, args, output):
+                if not in_backward() and torch.is_grad_enabled():
+                    for t in [t for t in tensors(output) if t.requires_grad]:
+                        t.register_hook(lambda grad: at_backward(path))
+
+            return hook"""
+    )
+    install = [
+        "for path in UNIT:",
+        '    UNIT[path].set_custom_all_gather(Recording("all-gather", path, DefaultAllGather()))',
+        "    UNIT[path].register_forward_pre_hook(ran(path))",
+        "    if BACKWARD_PREFETCH.get(path):",
+        "        UNIT[path].register_forward_hook(watched(path))",
+    ]
+    clear = ["LOG.clear()", "RAN.clear()", "CHECKED.clear()"]
+    return Piece([RECORDING, check], install, clear, imports=[_COMMS + "DefaultAllGather"])
+
+
 def reduce_scatter_order() -> Piece:
     """A unit whose forward consumed another unit's output reduce-scatters before it (where
     autograd fixes that order: both ran once, neither nested, both outputs depend on their inputs
@@ -277,6 +330,54 @@ def after_forward(resharded: dict[str, bool | int]) -> Piece:
     return Piece([documented, check], install, ["ENDED.clear()"])
 
 
+def forward_bound(resharded: dict[str, bool | int], prefetch: bool) -> Piece:
+    """At each unit's forward start (after FSDP2's pre-forward), only the documented units hold
+    unsharded parameters: the unit, units whose forward has not ended, units ended with
+    ``reshard_after_forward=False``, forward-prefetch targets, and what was held when the
+    microbatch started; the bound is their unsharded bytes."""
+    targets = "FORWARD_PREFETCH.get(path, [])" if prefetch else "[]"
+    check = textwrap.dedent(
+        """\
+        RUNNING, ENDED, PREFETCHED, AT_START = set(), set(), set(), set()  # this microbatch's forwards
+
+
+        def at_forward(path):  # after FSDP2's pre-forward, which all-gathers the unit
+            def hook(module, args):
+                if in_backward():
+                    return
+                RUNNING.add(path)
+                ENDED.discard(path)
+                PREFETCHED.update(@TARGETS@)
+                kept = {u for u in ENDED if RESHARD_AFTER_FORWARD[u] is False}
+                allowed = {path} | RUNNING | kept | PREFETCHED | AT_START
+                held = {u: unsharded_bytes(UNIT[u]) for u in UNIT}
+                bound = sum(full_bytes(UNIT[u]) for u in allowed)
+                broken = any(b and u not in allowed for u, b in held.items())
+                said = f"at {path!r}'s forward start: unsharded bytes held {held}, {sum(held.values())} in all"
+                SEEN.append((broken, f"{said}; documented: only {sorted(allowed)} may hold any, {bound} bytes"))
+
+            return hook
+
+
+        def ended(path):
+            def hook(module, args, output):
+                if not in_backward():
+                    RUNNING.discard(path)
+                    ENDED.add(path)
+
+            return hook"""
+    ).replace("@TARGETS@", targets)
+    documented = f"RESHARD_AFTER_FORWARD = {resharded!r}  # each unit's fully_shard(reshard_after_forward=...)"
+    install = [
+        "for path in UNIT:",
+        "    UNIT[path].register_forward_pre_hook(at_forward(path))",
+        "    UNIT[path].register_forward_hook(ended(path), always_call=True)",
+    ]
+    clear = ["for seen in (RUNNING, ENDED, PREFETCHED, AT_START):", "    seen.clear()"]
+    clear += ["AT_START.update(u for u in UNIT if unsharded_bytes(UNIT[u]))  # held when the microbatch starts"]
+    return Piece([documented, check], install, clear)
+
+
 def saved_inside(regions: list[str]) -> Piece:
     """``checkpoint``: no tensor saved for backward inside a checkpointed region reaches
     ``saved_tensors_hooks`` entered outside it (checkpoint's own, entered in its pre-hook, are
@@ -330,6 +431,78 @@ def saved_inside(regions: list[str]) -> Piece:
     return Piece([documented, check], install, clear)
 
 
+def recomputed(regions: list[str], contract: str) -> Piece:
+    """What a checkpointed region's recomputation does in backward: ``contract`` "early_stop"
+    (the default True: "stops recomputation as soon as it has computed all needed Tensors", so
+    the region's forward does not return in backward: a forward hook without ``always_call`` is
+    not called) or "rng" (``preserve_rng_state=True``: the recomputation starts from the CPU RNG
+    state its forward started from, read as bytes, through no tensor op)."""
+    check = textwrap.dedent(
+        """\
+        STATES, RECOMPUTED, RETURNED = {}, set(), set()  # RNG states at forward starts; regions run again in backward
+
+
+        def rng_state():
+            return torch.get_rng_state().numpy().tobytes()
+
+
+        def started(path):  # after checkpoint()'s pre-hook (in backward: after it restored the RNG state)
+            def hook(module, args):
+                if not in_backward():
+                    STATES.setdefault(path, []).append(rng_state())
+                elif path not in RECOMPUTED:
+                    RECOMPUTED.add(path)
+                    @AT_RECOMPUTE@
+
+            return hook
+
+
+        def returned(path):  # a forward hook: called only where the forward returns
+            def hook(module, args, output):
+                if in_backward():
+                    RETURNED.add(path)
+
+            return hook"""
+    )
+    if contract == "rng":
+        at = textwrap.dedent(
+            """\
+            restored = rng_state() in STATES.get(path, [])
+            said = f"{path!r}'s recomputation starts from its forward's CPU RNG state: {restored}"
+            SEEN.append((not restored, f"{said}; documented with preserve_rng_state=True: it does (restored)"))"""
+        )
+        check = _fill(check, "@AT_RECOMPUTE@", at)
+        judge = ["STATES.clear()", "RECOMPUTED.clear()"]
+    else:
+        check = _fill(check, "@AT_RECOMPUTE@", "")
+        check += "\n\n\n" + textwrap.dedent(
+            """\
+            def judge_returned():
+                for path in sorted(RECOMPUTED):
+                    said = f"{path!r}'s forward, recomputed in backward, returned: {path in RETURNED}"
+                    SEEN.append((path in RETURNED, f"{said}; documented with early_stop=True: it stops at the last "
+                                                   "tensor saved, inside the forward"))"""
+        )
+        judge = ["judge_returned()", "STATES.clear()", "RECOMPUTED.clear()", "RETURNED.clear()"]
+    documented = f"REGIONS = {regions!r}  # the modules checkpoint() was applied to"
+    install = [
+        "for path in REGIONS:",
+        "    model.get_submodule(path).register_forward_pre_hook(started(path))",
+        "    model.get_submodule(path).register_forward_hook(returned(path))",
+    ]
+    return Piece([documented, check], install, judge)
+
+
+def _fill(text: str, token: str, code: str) -> str:
+    """``text`` with the line holding ``token`` replaced by ``code`` at that line's indentation
+    (the line removed where ``code`` is empty)."""
+    lines = text.split("\n")
+    i = next(i for i, line in enumerate(lines) if token in line)
+    indent = lines[i][: len(lines[i]) - len(lines[i].lstrip())]
+    lines[i : i + 1] = [indent + line if line else line for line in code.split("\n")] if code else []
+    return "\n".join(lines)
+
+
 def observe_lines(piece: Piece, units: list[str], knob_lines: list[str]) -> list[str]:
     """``observed(model)``: the composition, its knobs, then the piece's observation points
     (hooks registered after ``fully_shard``'s run after FSDP2's own), and
@@ -354,10 +527,4 @@ def observe_lines(piece: Piece, units: list[str], knob_lines: list[str]) -> list
 
 def definitions(piece: Piece) -> list[str]:
     """The piece's definitions, the recording comm's call line filled in."""
-    called = textwrap.indent(piece.called, " " * 8).strip() if piece.called else ""
-    out = []
-    for text in piece.definitions:
-        if "@CALLED@" in text:
-            text = text.replace("        @CALLED@\n", "") if not called else text.replace("@CALLED@", called)
-        out.append(text)
-    return out
+    return [_fill(text, "@CALLED@", piece.called) if "@CALLED@" in text else text for text in piece.definitions]
