@@ -43,7 +43,8 @@ from strategies import dcp_cases, state_dict_cases
 
 #: A language model: a token embedding (padding_idx) and a head tied to it, around an
 #: attention block with a non-persistent buffer and bare parameters of rank 2 and 3, an MLP
-#: and an RMSNorm inside an nn.ModuleList, and a block returning a tuple.
+#: and an RMSNorm inside an nn.ModuleList, and a block returning a tuple whose activation the
+#: loss reads too (a stash).
 LM = ModuleTree(
     width=4,
     seq=3,
@@ -60,7 +61,7 @@ LM = ModuleTree(
                 mix=True,
             ),
             Block(children=(Leaf(LeafKind.MLP), Leaf(LeafKind.RMS_NORM)), container=Container.LIST),
-            Block(children=(Leaf(LeafKind.LINEAR),), buffer=True, output=Output.TUPLE),
+            Block(children=(Leaf(LeafKind.LINEAR),), buffer=True, output=Output.TUPLE, stash=True),
             Leaf(LeafKind.HEAD, tied=True),
         )
     ),

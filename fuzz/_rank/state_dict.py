@@ -40,7 +40,7 @@ from fuzz._rank.compose import (
     spmd_replicated,
 )
 from fuzz._rank.context import RankContext
-from fuzz._rank.models import build_model, fuse, leaf_parameters, loss_of, main_output, sample_batch
+from fuzz._rank.models import build_model, fuse, leaf_parameters, main_output, sample_batch, tree_blocks, tree_loss
 from fuzz._rank.parity import batches, make_optimizer
 from fuzz.model import (
     DEFAULT_FQN_MODIFIERS,
@@ -244,6 +244,7 @@ def train_steps(side: Side, data: list[Any], ctx: RankContext) -> list[float]:
     """One optimizer step per batch; a plain model averages its gradients over the ranks."""
     assert side.opt is not None
     losses = []
+    blocks = tree_blocks(side.model)
     for x, y in data:
         change_requires_grad(side, side.step)
         side.step += 1
@@ -251,7 +252,8 @@ def train_steps(side: Side, data: list[Any], ctx: RankContext) -> list[float]:
         if mesh is not None:
             loss = spmd_backward(side.model(spmd_part(x, mesh)), y, mesh, side.composed.spmd_mse_loss)
         else:
-            loss = loss_of(side.model(x), y, TORCH_DTYPES[side.training.dtype])
+            # the tree's loss: its output's, and a stashed intermediate's (Block.stash)
+            loss = tree_loss(side.model(x), y, TORCH_DTYPES[side.training.dtype], blocks)
             loss.backward()
         if side.plain:
             for p in side.model.parameters():
