@@ -240,6 +240,58 @@ def backward_prefetch() -> Piece:
     return Piece([RECORDING, check], install, clear, imports=[_COMMS + "DefaultAllGather"])
 
 
+def between_microbatches(microbatches: int) -> Piece:
+    """``set_reshard_after_backward(False)`` with ``set_is_last_backward(False)`` on every
+    microbatch but a step's last: after such a backward, each unit all-gathered in it still holds
+    its unsharded parameters (or has an all-gather pending), and is not all-gathered again
+    before its next forward."""
+    check = textwrap.dedent(
+        """\
+        CALLS, LEFT, FORWARDED = [0], set(), set()  # boundaries passed; left unsharded; forward started this microbatch
+
+
+        def judge_left():  # the microbatch just done: did its backward reshard (the step's last) or not
+            if CALLS[0] and (CALLS[0] - 1) % MICROBATCHES == MICROBATCHES - 1:
+                LEFT.clear()
+            elif CALLS[0]:
+                for path in dict.fromkeys(u for kind, u, backward in LOG if kind == "all-gather" and backward):
+                    if path in LEFT:
+                        continue
+                    LEFT.add(path)
+                    pending = any(getattr(g, "_all_gather_result", None) is not None for g in groups(UNIT[path]))
+                    held = unsharded_bytes(UNIT[path])
+                    said = f"after a backward with set_reshard_after_backward(False), {path!r} (all-gathered in it)"
+                    said += f" holds {held} unsharded bytes, all-gather pending: {pending}"
+                    SEEN.append((not held and not pending, f"{said}; documented: still unsharded"))
+            CALLS[0] += 1
+            FORWARDED.clear()
+
+
+        def at_forward(path):  # after FSDP2's pre-forward
+            def hook(module, args):
+                if in_backward() or path in FORWARDED:
+                    return
+                FORWARDED.add(path)
+                if path in LEFT:
+                    again = [u for kind, u, backward in LOG if kind == "all-gather" and not backward].count(path)
+                    SEEN.append((again > 0, f"{path!r}'s first forward after a backward that left it unsharded: "
+                                            f"all-gathered {again} times since the microbatch began; documented: 0"))
+
+            return hook"""
+    )
+    documented = (
+        f"MICROBATCHES = {microbatches}  # a step's; set_reshard_after_backward(False) on every one but its last"
+    )
+    install = [
+        "for path in UNIT:",
+        '    UNIT[path].set_custom_all_gather(Recording("all-gather", path, DefaultAllGather()))',
+        "    UNIT[path].register_forward_pre_hook(at_forward(path))",
+    ]
+    return Piece(
+        [documented, RECORDING, check], install, ["judge_left()", "LOG.clear()"], imports=[_COMMS + "DefaultAllGather"]
+    )
+
+
 def reduce_scatter_order() -> Piece:
     """A unit whose forward consumed another unit's output reduce-scatters before it (where
     autograd fixes that order: both ran once, neither nested, both outputs depend on their inputs
@@ -491,6 +543,43 @@ def recomputed(regions: list[str], contract: str) -> Piece:
         "    model.get_submodule(path).register_forward_hook(returned(path))",
     ]
     return Piece([documented, check], install, judge)
+
+
+def selective(regions: list[str]) -> Piece:
+    """Selective checkpointing under the script's policy (matmuls ``MUST_SAVE``, the rest
+    ``PREFER_RECOMPUTE``): in the recomputation, a ``Linear``'s output (a matmul's) is the
+    tensor saved in forward (the same storage), an elementwise activation's is computed anew
+    (another storage, the forward's kept alive here)."""
+    check = textwrap.dedent(
+        """\
+        KEPT = {}  # module -> its outputs in forward, kept alive (a recomputed one cannot take their storage)
+
+
+        def output_storage(path, saved):  # a Linear's output is a matmul's (MUST_SAVE); the rest PREFER_RECOMPUTE
+            def hook(module, args, output):
+                if type(output) is not torch.Tensor or output.numel() == 0:
+                    return
+                if not in_backward():
+                    if torch.is_grad_enabled():
+                        KEPT.setdefault(path, []).append(output)
+                    return
+                if path in KEPT:
+                    same = output.untyped_storage().data_ptr() in {t.untyped_storage().data_ptr() for t in KEPT[path]}
+                    got, want = ("the forward's" if same else "new"), ("the forward's" if saved else "new")
+                    SEEN.append((same != saved, f"{path!r}'s output recomputed in backward: {got} storage; documented: "
+                                                f"{want} ({'MUST_SAVE' if saved else 'PREFER_RECOMPUTE'})"))
+
+            return hook"""
+    )
+    documented = f"REGIONS = {regions!r}  # the selectively checkpointed modules holding no fully_shard unit"
+    install = [
+        "for region in REGIONS:",
+        "    for name, sub in model.get_submodule(region).named_modules():",
+        '        if isinstance(sub, (nn.Linear, nn.ReLU, nn.Tanh, nn.GELU)) and not getattr(sub, "inplace", False):',
+        '            path = f"{region}.{name}".strip(".")',
+        "            sub.register_forward_hook(output_storage(path, saved=isinstance(sub, nn.Linear)))",
+    ]
+    return Piece([documented, check], install, ["KEPT.clear()"])
 
 
 def _fill(text: str, token: str, code: str) -> str:
