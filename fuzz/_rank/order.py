@@ -219,7 +219,14 @@ class OrderRecorder:
             if self.paused or self.memory.disabled or in_backward() or not torch.is_grad_enabled():
                 return
             for t in output_tensors(output):
-                if t.requires_grad:
+                if not t.requires_grad:
+                    continue
+                node = t.grad_fn
+                if type(node).__name__ == "ToCopyBackward0" and node.next_functions[0][0] is not None:
+                    # fully_shard's output_dtype cast follows its pre-backward hook, which sits on
+                    # the uncast output: watch there (its node's pre-hooks run after that hook)
+                    node.next_functions[0][0].register_prehook(lambda grad: self._after_pre_backward(path))
+                else:
                     t.register_hook(lambda grad: self._after_pre_backward(path))
 
         return hook
