@@ -222,7 +222,7 @@ class OrderRecorder:
                 if not t.requires_grad:
                     continue
                 node = t.grad_fn
-                if type(node).__name__ == "ToCopyBackward0" and node.next_functions[0][0] is not None:
+                if node is not None and type(node).__name__ == "ToCopyBackward0" and node.next_functions[0][0]:
                     # fully_shard's output_dtype cast follows its pre-backward hook, which sits on
                     # the uncast output: watch there (its node's pre-hooks run after that hook)
                     node.next_functions[0][0].register_prehook(lambda grad: self._after_pre_backward(path))
