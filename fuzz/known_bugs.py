@@ -40,6 +40,7 @@ from fuzz.known_conditions import (
     fused_custom_name,
     fused_ignore_frozen,
     fused_in_optimizer,
+    group_recomputed_in_part,
     hsdp_optimizer_load,
     int_reshard_dim1,
     int_reshard_inference,
@@ -485,6 +486,20 @@ CHECKPOINT_DEBUG = KnownBug(
     see_also=("pytorch/pytorch#175338",),
     conditional=True,
     condition=OfComposition(checkpoint_debug),
+)
+GROUP_FORCED_IN_RECOMPUTE = KnownBug(
+    "fully_shard-group-force-completed-in-recompute",
+    "grouped fully_shard([a, b]) with an output_dtype, one member recomputed by activation checkpointing: the "
+    "group stays incomplete in backward, and a fully_shard unit recomputed inside another checkpoint region "
+    "claims the forward root and force-completes that group, casting its own output to the group's "
+    "output_dtype (CheckpointError: recomputed values have different metadata than during the forward pass)",
+    relation="none found after four phrasings; related: the partial group forward support that added the "
+    "force-completion at the forward root, a recomputation dtype mismatch fixed before torch 2.13, a grouped "
+    "module reused in one iteration (see_also)",
+    state="present in torch 2.13.0",
+    see_also=("pytorch/pytorch#180426", "pytorch/pytorch#180428", "pytorch/pytorch#159359", "pytorch/pytorch#183702"),
+    conditional=True,
+    condition=OfComposition(group_recomputed_in_part),
 )
 SAC_OVER_FSDP_UNIT = KnownBug(
     "selective-checkpoint-over-fully_shard-unit",

@@ -37,6 +37,7 @@ from fuzz.model import (
     fsdp1_gathers,
     has_leaf,
     has_params,
+    is_ancestor,
     is_fsdp1,
     owns_params,
     tensor_kind,
@@ -260,6 +261,25 @@ def unfrozen_in_frozen_mp_unit(tree: ModuleTree, comp: Composition, training: Tr
         if layout.frozen_only(unit) and any(p in unfrozen for p in layout.owned_by(unit)):
             return True
     return False
+
+
+def group_recomputed_in_part(comp: Composition) -> bool:
+    """:data:`GROUP_FORCED_IN_RECOMPUTE`: a grouped fully_shard unit with an output_dtype, some
+    but not all of whose modules a checkpoint region recomputes (the group stays incomplete in
+    backward), and a fully_shard unit strictly inside a checkpoint region (recomputed outside
+    its backward state, it claims the forward root and force-completes that group, casting its
+    own output to the group's output_dtype)."""
+    grouped = [
+        s
+        for s in comp.shards
+        if s.group and s.mixed_precision is not None and s.mixed_precision.output_dtype is not None
+    ]
+    partial = any(
+        any(contains(c, m) for m in s.paths) and not all(contains(c, m) for m in s.paths)
+        for s in grouped
+        for c in comp.checkpoints
+    )
+    return partial and any(is_ancestor(c, m) for c in comp.checkpoints for m in comp.sharded_paths)
 
 
 def checkpoint_debug(comp: Composition) -> bool:

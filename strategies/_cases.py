@@ -38,6 +38,7 @@ from fuzz.model import (
     eval_problem,
     has_leaf,
     has_params,
+    is_ancestor,
     iter_paths,
     owns_params,
     scalar_problem,
@@ -543,7 +544,9 @@ def mixed_precision_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 
     tree = draw(module_trees(max_depth=max_depth, buffers=False, extended=extended, containers=extended))
     drawn = draw(compositions(tree, world_size=world_size, replicate=False, mixed_precision=True, offload=accelerator))
     # without a container's unit, the units inside it meet the dtype of the unit above
-    comp = _maybe_meta_init(draw, fitted_precision(without_container_units(tree, drawn)), tree)
+    comp = _maybe_meta_init(
+        draw, _rare_group_recomputed(draw, fitted_precision(without_container_units(tree, drawn))), tree
+    )
     if comp.shards and one_in(draw, KNOB_ODDS):
         knobs = draw(fsdp_knobs(comp, world_size=world_size, scaling=True, accelerator=accelerator, tree=tree))
         comp = replace(comp, knobs=knobs)
@@ -563,6 +566,16 @@ def mixed_precision_cases(draw: st.DrawFn, *, world_size: int, max_depth: int = 
     return Case(property="mixed_precision", world_size=world_size, seed=draw(st.integers(0, 2**32 - 1)), body=body)
 
 
+def _rare_group_recomputed(draw: st.DrawFn, comp: Composition) -> Composition:
+    """A grouped unit with an output_dtype recomputed in part, and a unit recomputed inside a
+    checkpoint region, meet a known FSDP2 bug (known.GROUP_FORCED_IN_RECOMPUTE): keep it rare,
+    else leave out the checkpoints over a unit."""
+    if known.group_recomputed_in_part(comp) and not keep_known(draw, known.GROUP_FORCED_IN_RECOMPUTE):
+        over_unit = {c for c in comp.checkpoints if any(is_ancestor(c, m) for m in comp.sharded_paths)}
+        return replace(comp, checkpoints=tuple(c for c in comp.checkpoints if c not in over_unit))
+    return comp
+
+
 @st.composite
 def _tensor_parallel_mixed_precision_case(draw: st.DrawFn, world_size: int, max_depth: int) -> Case:
     """A mixed_precision case of FSDP + TP: the parity path's tree (a width the tp ranks split
@@ -571,7 +584,7 @@ def _tensor_parallel_mixed_precision_case(draw: st.DrawFn, world_size: int, max_
     compile (the parity path's TP cases draw none)."""
     widths = st.sampled_from([w for w in WIDTHS if w % TP_SIZE == 0])
     tree = draw(with_tp_blocks(draw(module_trees(max_depth=max_depth, widths=widths, buffers=False)), buffers=False))
-    comp = draw(tensor_parallel(tree, world_size=world_size, mixed_precision=True))
+    comp = _rare_group_recomputed(draw, draw(tensor_parallel(tree, world_size=world_size, mixed_precision=True)))
     training = _fit_training(draw(trainings(max_steps=2, hsdp=False)), comp)
     training = replace(training, dtype=Dtype.FLOAT32)
     body = ParityBody(tree=tree, composition=comp, training=training)
