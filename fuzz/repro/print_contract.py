@@ -128,6 +128,15 @@ CONTRACTS: tuple[Contract, ...] = (
         "through a forward hook behind FSDP2's",
     ),
     Contract(
+        "after_backward",
+        "after backward with reshard_after_backward=True",
+        "fuzz/_rank/memory.py",
+        "set_reshard_after_backward(True), the default",
+        "Sets if the module should reshard parameters after backward",
+        "the unsharded bytes each unit of a root whose backward ran holds (the storage of its all-gather "
+        "outputs) after each backward that reshards, read before the next forward",
+    ),
+    Contract(
         "saved_inside",
         "saved for backward inside the checkpointed region",
         "fuzz/_rank/activations.py",
@@ -269,6 +278,8 @@ def _piece(contract: Contract, case: Case) -> observe.Piece:
     comp: Composition = body.composition
     if contract.name == "between_microbatches":
         return observe.between_microbatches(body.training.grad_accum)
+    if contract.name == "after_backward":
+        return observe.after_backward(body.training.grad_accum if comp.knobs.reshard_after_backward_last else 1)
     if contract.name == "forward_prefetch":
         return observe.forward_prefetch()
     if contract.name == "backward_prefetch":

@@ -430,6 +430,39 @@ def forward_bound(resharded: dict[str, bool | int], prefetch: bool) -> Piece:
     return Piece([documented, check], install, clear)
 
 
+def after_backward(microbatches: int) -> Piece:
+    """After each backward with ``set_reshard_after_backward(True)`` (every microbatch, or a
+    step's last where the case turns it off before the others: ``microbatches``), no unit of a
+    root whose backward ran holds unsharded storage; read before the next forward (nothing in
+    between unshards) and after training."""
+    check = textwrap.dedent(
+        """\
+        CALLS, REACHED = [0], set()  # boundaries passed; units of the roots whose backward ran this microbatch
+
+
+        def reached(units):  # a root's forward hook: its output's gradient means its backward runs
+            def hook(module, args, output):
+                if not in_backward() and torch.is_grad_enabled():
+                    for t in [t for t in tensors(output) if t.requires_grad]:
+                        t.register_hook(lambda grad: REACHED.update(units))
+
+            return hook
+
+
+        def judge_freed():  # the microbatch just done, where its backward resharded
+            if CALLS[0] and (CALLS[0] - 1) % MICROBATCHES == MICROBATCHES - 1:
+                for path in [u for u in UNIT if u in REACHED]:
+                    held = unsharded_bytes(UNIT[path])
+                    SEEN.append((held > 0, f"after a backward with set_reshard_after_backward(True), {path!r} holds "
+                                           f"{held} unsharded bytes; documented: 0 (freed)"))
+            CALLS[0] += 1
+            REACHED.clear()"""
+    )
+    documented = f"MICROBATCHES = {microbatches}  # a step's backwards: the last reshards (all where this is 1)"
+    install = ["for units in ROOTS:", "    UNIT[units[0]].register_forward_hook(reached(units))"]
+    return Piece([documented, check], install, ["judge_freed()"])
+
+
 def saved_inside(regions: list[str]) -> Piece:
     """``checkpoint``: no tensor saved for backward inside a checkpointed region reaches
     ``saved_tensors_hooks`` entered outside it (checkpoint's own, entered in its pre-hook, are
