@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz printed reproducer: entry=0845a1e0c476c07f seconds=37.3
+# shardfuzz printed reproducer: entry=0845a1e0c476c07f seconds=54.8
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: dcp.load of an FSDP1 sharded state dict where a rank holds no chunk of a
 # parameter: the planner guesses a pre-2.4 checkpoint, 'Missing key in checkpoint state_dict';
@@ -60,12 +60,7 @@ def build():
     ], 1, buffer=True)
 
 
-def compose_source(model):
-    return FSDP(model, sharding_strategy=ShardingStrategy.FULL_SHARD, use_orig_params=True,
-                device_id=torch.device("cpu"))
-
-
-def compose_target(model):
+def compose(model):
     return FSDP(model, sharding_strategy=ShardingStrategy.FULL_SHARD, use_orig_params=True,
                 device_id=torch.device("cpu"))
 
@@ -96,14 +91,14 @@ def main(rank, world_size):
         'history': [11.333333333333334, -1.5, 1e-300],
     }
     torch.manual_seed(34)
-    model = compose_source(build())
+    model = compose(build())
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     train(model, opt, data[0:2])
     FSDP.set_state_dict_type(model, StateDictType.SHARDED_STATE_DICT)
     state = {"model": model.state_dict(), "scalars": Scalars(scalars)}
     dcp.save(state, checkpoint_id=path[0])
     torch.manual_seed(34 + 0x5EED)  # other weights: a load that does nothing shows
-    target = compose_target(build())
+    target = compose(build())
     FSDP.set_state_dict_type(target, StateDictType.SHARDED_STATE_DICT)
     state = {"model": target.state_dict(), "scalars": Scalars({k: type(v)() for k, v in scalars.items()})}
     dcp.load(state, checkpoint_id=path[0])  # in place

@@ -1,11 +1,10 @@
 #!/usr/bin/env python3
-# shardfuzz printed reproducer: entry=32bab302165bedb8 seconds=46.5
+# shardfuzz printed reproducer: entry=32bab302165bedb8 seconds=45.7
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: fully_shard with an int reshard_after_forward and Shard(1) placements:
 # IndexError in foreach_all_gather_copy_out, or (a dim-1 size the post-forward mesh splits
 # unevenly) as_strided out of bounds in to_sharded_post_forward; upstream: none found.
-# Trains a model, saves its state with dcp.save into a fresh directory, loads it with dcp.load
-# into a freshly built one and trains both on.
+# Trains a model: the case fails there (what would follow is not printed).
 # Run: torchrun --nproc-per-node 4 THIS_FILE.py. Exit 1 (REPRODUCED): a rank raised the exception
 # in RAISED (its type, in that function of torch); 0 (PASS): every rank ran through; 2: it failed
 # another way.
@@ -14,12 +13,9 @@ import re
 import tempfile
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
 import traceback
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_model_state_dict
-from torch.distributed.checkpoint.state_dict import set_model_state_dict
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import Shard
 
@@ -32,13 +28,7 @@ def on_dim1(p):  # Shard(1) where it splits evenly, else Shard(0) (uneven shardi
     return Shard(1) if p.ndim > 1 and p.shape[1] % 4 == 0 else None
 
 
-def compose_source(model):
-    fully_shard(model.get_submodule("1"), reshard_after_forward=2, shard_placement_fn=on_dim1)
-    fully_shard(model)
-    return model
-
-
-def compose_target(model):
+def compose(model):
     fully_shard(model.get_submodule("1"), reshard_after_forward=2, shard_placement_fn=on_dim1)
     fully_shard(model)
     return model
@@ -61,16 +51,9 @@ def main(rank, world_size):
     path = [tempfile.mkdtemp(prefix="dcp-") if rank == 0 else None]
     dist.broadcast_object_list(path)  # one fresh directory for every rank
     torch.manual_seed(0)
-    model = compose_source(build())
+    model = compose(build())
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     train(model, opt, data[0:1])
-    state = {"model": get_model_state_dict(model)}
-    dcp.save(state, checkpoint_id=path[0])
-    torch.manual_seed(0 + 0x5EED)  # other weights: a load that does nothing shows
-    target = compose_target(build())
-    state = {"model": get_model_state_dict(target)}
-    dcp.load(state, checkpoint_id=path[0])  # in place
-    set_model_state_dict(target, state["model"])
 
 
 if __name__ == "__main__":

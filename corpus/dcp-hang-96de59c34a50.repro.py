@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz printed reproducer: entry=87e3671b7d30ca95 seconds=111.0
+# shardfuzz printed reproducer: entry=87e3671b7d30ca95 seconds=94.3
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0
 # pass an empty model state dict; upstream: https://github.com/pytorch/pytorch/issues/157781.
@@ -41,12 +41,7 @@ def build():
     return nn.Sequential(nn.Linear(2, 2))
 
 
-def compose_source(model):
-    fully_shard(model)
-    return model
-
-
-def compose_target(model):
+def compose(model):
     fully_shard(model)
     return model
 
@@ -65,13 +60,13 @@ def main(rank, world_size):
     path = [tempfile.mkdtemp(prefix="dcp-") if rank == 0 else None]
     dist.broadcast_object_list(path)  # one fresh directory for every rank
     torch.manual_seed(0)
-    model = compose_source(build())
+    model = compose(build())
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     train(model, opt, data[0:1])
     state = {"app": App(model, opt, None, None)}
     dcp.save(state, checkpoint_id=path[0])
     torch.manual_seed(0 + 0x5EED)  # other weights: a load that does nothing shows
-    target = compose_target(build())
+    target = compose(build())
     target_opt = torch.optim.SGD(target.parameters(), lr=0.1, momentum=0.9)
     template = StateDictOptions(full_state_dict=True, cpu_offload=True)
     load = StateDictOptions(full_state_dict=True, cpu_offload=True, broadcast_from_rank0=True)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz printed reproducer: entry=63e5b277ec033028 seconds=47.4
+# shardfuzz printed reproducer: entry=63e5b277ec033028 seconds=39.6
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: load_sharded_optimizer_state_dict chunks optimizer state over the whole world:
 # wrong Adam state in FSDP1 HYBRID_SHARD over a 2-D mesh; upstream: none found.
@@ -32,13 +32,7 @@ def build():
     return nn.Sequential(Conv(2, 2, 1, bias=False)).to(torch.float64)
 
 
-def compose_source(model):
-    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
-    return FSDP(model, sharding_strategy=ShardingStrategy.HYBRID_SHARD, use_orig_params=True,
-                device_mesh=mesh, device_id=torch.device("cpu"))
-
-
-def compose_target(model):
+def compose(model):
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
     return FSDP(model, sharding_strategy=ShardingStrategy.HYBRID_SHARD, use_orig_params=True,
                 device_mesh=mesh, device_id=torch.device("cpu"))
@@ -87,7 +81,7 @@ def main(rank, world_size):
     path = [tempfile.mkdtemp(prefix="dcp-") if rank == 0 else None]
     dist.broadcast_object_list(path)  # one fresh directory for every rank
     torch.manual_seed(0)
-    model = compose_source(build())
+    model = compose(build())
     opt = torch.optim.Adam(model.parameters(), lr=0.01, eps=0.0001)
     train(model, opt, data[0:1])
     FSDP.set_state_dict_type(model, StateDictType.SHARDED_STATE_DICT)
@@ -95,7 +89,7 @@ def main(rank, world_size):
     dcp.save(state, checkpoint_id=path[0])
     saved = snapshot(model, opt)
     torch.manual_seed(0 + 0x5EED)  # other weights: a load that does nothing shows
-    target = compose_target(build())
+    target = compose(build())
     target_opt = torch.optim.Adam(target.parameters(), lr=0.01 * 0.37, eps=0.0001 * 10)
     FSDP.set_state_dict_type(target, StateDictType.SHARDED_STATE_DICT)
     state = {"model": target.state_dict()}

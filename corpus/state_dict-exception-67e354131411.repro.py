@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-# shardfuzz printed reproducer: entry=3602c42a89141394 seconds=31.8
+# shardfuzz printed reproducer: entry=3602c42a89141394 seconds=43.9
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: get_model_state_dict(ignore_frozen_params=True) raises KeyError for a frozen
 # parameter of a module whose state-dict hooks hide a child (declared through its fqn modifiers
 # method): it pops the parameter's named_parameters name ('0.fused.weight'), which the state dict,
 # keyed '0.weight', lacks; upstream: none found.
-# Trains a model, moves its state into a freshly built one in memory through get_state_dict /
-# set_state_dict, and trains both on.
+# Trains a model and takes its state through get_state_dict / set_state_dict: the case fails there
+# (what would follow is not printed).
 # Run: torchrun --nproc-per-node 2 THIS_FILE.py. Exit 1 (REPRODUCED): a rank raised the exception
 # in RAISED (its type, in that function of torch); 0 (PASS): every rank ran through; 2: it failed
 # another way.
@@ -19,7 +19,6 @@ import torch.nn.functional as F
 import traceback
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-from torch.distributed.checkpoint.state_dict import set_state_dict
 from torch.distributed.fsdp import fully_shard
 
 
@@ -86,12 +85,7 @@ def build():
     ], 1).to(torch.float64)
 
 
-def compose_source(model):
-    fully_shard(model, reshard_after_forward=False)
-    return model
-
-
-def compose_target(model):
+def compose(model):
     fully_shard(model, reshard_after_forward=False)
     return model
 
@@ -111,21 +105,13 @@ def main(rank, world_size):
     batches = (torch.randn(world_size, 1, generator=gen, dtype=torch.float64)[rank :][:1] for _ in range(2 * 2))
     data = [(x, next(batches)) for x in batches]  # (input, target) of each step
     torch.manual_seed(0)
-    model = compose_source(fuse(build()))
+    model = compose(fuse(build()))
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.01, eps=0.0001)
     opt.add_param_group({"params": [], "lr": 0.01 / 4})
     train(model, opt, data[0:1])
     save = StateDictOptions(full_state_dict=True, ignore_frozen_params=True)
     model_sd, optim_sd = get_state_dict(model, opt, options=save)
     model_sd, optim_sd = copy.deepcopy((model_sd, optim_sd))  # as a checkpoint read back would be
-    torch.manual_seed(0 + 0x5EED)  # other weights: a load that does nothing shows
-    target = compose_target(fuse(build()))
-    target_opt = torch.optim.AdamW([p for p in target.parameters() if p.requires_grad], lr=0.01, eps=0.0001)
-    target_opt.add_param_group({"params": [], "lr": 0.01 / 4})
-    load = StateDictOptions(full_state_dict=True, strict=False)
-    set_state_dict(target, target_opt, model_state_dict=model_sd, optim_state_dict=optim_sd, options=load)
-    train(model, opt, data[1:2])
-    train(target, target_opt, data[1:2])
 
 
 if __name__ == "__main__":

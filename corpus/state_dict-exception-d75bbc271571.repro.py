@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-# shardfuzz printed reproducer: entry=af1b565e41fad220 seconds=37.3
+# shardfuzz printed reproducer: entry=af1b565e41fad220 seconds=56.3
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: set_optimizer_state_dict(full_state_dict=True) for an optimizer without tensor
 # state: 'Expected device to be set'; upstream: https://github.com/pytorch/pytorch/issues/133415.
-# Trains a model, moves its state into a freshly built one in memory through
-# get/set_model_state_dict and get/set_optimizer_state_dict, and trains both on.
+# Trains a model, takes its state through get/set_model_state_dict and
+# get/set_optimizer_state_dict and loads it into a freshly built one in memory: the case fails
+# there (what would follow is not printed).
 # Run: torchrun --nproc-per-node 2 THIS_FILE.py. Exit 1 (REPRODUCED): a rank raised the exception
 # in RAISED (its type, in that function of torch); 0 (PASS): every rank ran through; 2: it failed
 # another way.

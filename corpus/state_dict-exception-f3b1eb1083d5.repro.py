@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz printed reproducer: entry=05f2a60d585ed364 seconds=49.6
+# shardfuzz printed reproducer: entry=05f2a60d585ed364 seconds=48.9
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: a module whose state-dict hooks hide a child, declared through its fqn
 # modifiers method (StateDictOptions.dsd_fqn_modifiers): get_optimizer_state_dict keys that
@@ -8,8 +8,9 @@
 # strict raises RuntimeError 'Missing optimizer state for parameter', non-strict drops that state,
 # flattened raises KeyError 'param_groups.<fqn>.lr'. Any model, sharded or not; upstream: none
 # found.
-# Trains a model, moves its state into a freshly built one in memory through
-# get/set_model_state_dict and get/set_optimizer_state_dict, and trains both on.
+# Trains a model, takes its state through get/set_model_state_dict and
+# get/set_optimizer_state_dict and loads it into a freshly built one in memory: the case fails
+# there (what would follow is not printed).
 # Run: torchrun --nproc-per-node 2 THIS_FILE.py. Exit 1 (REPRODUCED): a rank raised the exception
 # in RAISED (its type, in that function of torch); 0 (PASS): every rank ran through; 2: it failed
 # another way.

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-# shardfuzz printed reproducer: entry=e9797d40ebc65ba7 seconds=33.7
+# shardfuzz printed reproducer: entry=e9797d40ebc65ba7 seconds=47.4
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: FSDP1 HYBRID_SHARD with a shard dimension of size 1 never averages gradients
 # across replicas; upstream: https://github.com/pytorch/pytorch/issues/154888.
-# Trains a model, moves its state into a freshly built one in memory through FSDP1's
-# state_dict_type, FSDP.optim_state_dict and FSDP.optim_state_dict_to_load, and trains both on.
+# Trains a model, takes its state through FSDP1's state_dict_type, FSDP.optim_state_dict and
+# FSDP.optim_state_dict_to_load, loads it into a freshly built one in memory and trains both on.
 # Run: torchrun --nproc-per-node 2 THIS_FILE.py. Exit 1 (REPRODUCED): a value differs from the
 # reference (named at run time); 0 (PASS): every rank ran through; 2: it failed another way.
 import copy
@@ -99,14 +99,18 @@ def main(rank, world_size):
     model = compose_source(build())
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     train(model, opt, data[0:2])
-    FSDP.set_state_dict_type(model, StateDictType.FULL_STATE_DICT, FullStateDictConfig(), FullOptimStateDictConfig())
+    FSDP.set_state_dict_type(
+        model, StateDictType.FULL_STATE_DICT, FullStateDictConfig(), FullOptimStateDictConfig()
+    )
     model_sd, optim_sd = model.state_dict(), FSDP.optim_state_dict(model, opt)
     model_sd, optim_sd = copy.deepcopy((model_sd, optim_sd))  # as a checkpoint read back would be
     saved = snapshot(model, opt)
     torch.manual_seed(32 + 0x5EED)  # other weights: a load that does nothing shows
     target = compose_target(build())
     target_opt = torch.optim.SGD(target.parameters(), lr=0.1 * 0.37, momentum=0.5)
-    FSDP.set_state_dict_type(target, StateDictType.FULL_STATE_DICT, FullStateDictConfig(), FullOptimStateDictConfig())
+    FSDP.set_state_dict_type(
+        target, StateDictType.FULL_STATE_DICT, FullStateDictConfig(), FullOptimStateDictConfig()
+    )
     target.load_state_dict(model_sd)
     target_opt.load_state_dict(FSDP.optim_state_dict_to_load(target, target_opt, optim_sd))
     said = differs(snapshot(target, target_opt), saved, exact=True)  # right after the load

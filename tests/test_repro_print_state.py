@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +29,13 @@ from fuzz.model import (
     ModuleTree,
     Optimizer,
     Options,
+    Overwrite,
     ShardSpec,
     StateDictBody,
     Training,
     WriterOptions,
 )
-from fuzz.repro import print_parts, print_state
+from fuzz.repro import print_cut, print_parts, print_state
 from fuzz.repro.print_check import FRAME
 from fuzz.repro.printed import is_printed, print_entry
 from tests.conftest import ROOT
@@ -93,14 +95,16 @@ def test_a_printed_round_trip_judges_as_the_pool(rank_pool: Any, case: Case) -> 
 
 @st.composite
 def printable_dcp_cases(draw: st.DrawFn) -> Case:
-    """dcp round trips of what print_dcp writes: the model and optimizer entries with a Stateful
-    (scalars, counter) in per-rank orders, a save or async saves a training step apart (one
-    cache-staging writer for them), storage objects."""
+    """dcp round trips of what print_dcp writes: the model and optimizer entries (their state
+    dicts, or the objects with patched state_dict methods) with a Stateful (scalars, counter) or
+    the extra tensor in per-rank orders, a save or async saves a training step apart (one
+    cache-staging writer for them), storage objects, a save over an earlier checkpoint."""
     inner = Block(children=(Leaf(LeafKind.LINEAR), Leaf(LeafKind.TANH)))
     tree = ModuleTree(width=2, root=Block(children=(inner, Leaf(LeafKind.LINEAR))))
-    stateful = draw(st.sampled_from([DcpItem.SCALARS, DcpItem.COUNTER]))
+    stateful = draw(st.sampled_from([DcpItem.SCALARS, DcpItem.COUNTER, DcpItem.EXTRA]))
     entries = (DcpItem.MODEL, DcpItem.OPTIMIZER, stateful)
     async_saves = draw(st.sampled_from([0, 0, 2]))
+    storage_objects = draw(st.booleans())
     try:
         body = DcpBody(
             tree=tree,
@@ -112,8 +116,10 @@ def printable_dcp_cases(draw: st.DrawFn) -> Case:
             async_save=async_saves > 0 or draw(st.booleans()),
             async_saves=async_saves,
             cache_staged=async_saves > 0 and draw(st.booleans()),
-            storage_objects=draw(st.booleans()),
+            storage_objects=storage_objects,
             writer=WriterOptions(thread_count=draw(st.sampled_from([1, 2]))),
+            patched=draw(st.booleans()),
+            overwrite=Overwrite.TRUE if storage_objects and not async_saves and draw(st.booleans()) else Overwrite.NONE,
         )
     except CaseError:
         reject()
@@ -139,17 +145,41 @@ def test_a_printed_dcp_round_trip_judges_as_the_pool(rank_pool: Any, case: Case)
 
 
 def test_what_cannot_be_printed_yet_is_refused_by_name() -> None:
-    refused = {
-        "dcp-mismatch-175e579ba153": r"cannot print the extra entry yet",
-        "dcp-crash-b5480b2301a0": r"cannot print a crash",
-    }
-    for name, said in refused.items():
-        entry = load_entry(ROOT / "corpus" / f"{name}.json")
-        with pytest.raises(print_state.NotPrintable, match=said):
-            print_state.print_case(entry.case, entry)
+    entry = load_entry(ROOT / "corpus" / "dcp-mismatch-175e579ba153.json")
+    partial = replace(entry.case, body=replace(entry.case.body, skip=(DcpItem.SCALARS,)))  # a partial load
+    with pytest.raises(print_state.NotPrintable, match=r"cannot print body\.skip=.* yet"):
+        print_state.print_case(partial, entry)
     ddp = load_entry(ROOT / "corpus" / "state_dict-exception-d4322b68deab.json").case  # printed as an exception
     with pytest.raises(print_state.NotPrintable, match=r"cannot print target\.wrapper=ddp yet"):
         print_state.print_case(ddp)  # judged: DDP's "module." names are not compared
+
+
+def test_a_failing_script_ends_with_the_phase_its_case_failed_in() -> None:
+    """The phase is read off the rank side's functions in the failing ranks' tracebacks and
+    stacks; the script stops there and says so. Where no frame tells (a function run in two
+    phases) and for a mismatch, the script runs whole."""
+    phases = {
+        "state_dict-crash-81ffab405f7f": "save",  # state_dict() of the source died
+        "state_dict-exception-b39fcc19147a": "load",
+        "state_dict-hang-dff6a54ad235": "load",  # rank 1's stack (an observation) tells nothing
+        "state_dict-exception-bf9272b690b5": "train",
+        "dcp-exception-c392ca0e3a90": "save",  # inside the loop of async saves
+        "dcp-exception-418da060d0db": None,  # _values: the source's or the target's
+        "dcp-mismatch-175e579ba153": None,
+    }
+    for name, phase in phases.items():
+        entry = load_entry(ROOT / "corpus" / f"{name}.json")
+        assert print_cut.failed_phase(entry) == phase, name
+        main = print_entry(entry).split("\ndef main(", 1)[1].split("\nif __name__", 1)[0]
+        assert ("target = " in main) == (phase in (None, "load")), name
+        assert ("train(target" in main) == (phase is None), name
+
+
+def test_prune_drops_what_nothing_left_reads() -> None:
+    head = ["import os", "import re", "from torch import nn, optim as o"]
+    parts = ["def used():\n    return nn.Linear(1, 1)", "def unused():\n    return re.compile('x')", "X = 1"]
+    kept = ['def main():\n    print(f"{os.getpid()} {used()}")']  # names read in an f-string count
+    assert print_cut.prune(head, parts, kept) == (["import os", "from torch import nn"], [parts[0]])
 
 
 def test_the_target_seed_is_the_rank_sides() -> None:

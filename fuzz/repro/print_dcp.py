@@ -5,15 +5,18 @@ get_*_state_dict's state dicts or inside an app Stateful over get/set_state_dict
 temporary directory (one for every rank); a fresh target builds the same dict, ``dcp.load`` fills it
 in place and set_*_state_dict hands it to the target (the app entry loads itself); both train on.
 
-Written so far: round trips of the model, optimizer, app and scalars entries, in one order on
-every rank, with the state-dict options of the case, a requires_grad schedule, frozen parameters
-in the optimizer, an empty param group, FSDP1's classic recipe, FileSystemWriter / Reader objects
-with the writer's options, the save and load planners' options, and ``dcp.async_save``: one save
-waited on at once, or several a training step apart over a gloo group of their own (the source
-trains on before each future is waited on; one ``FileSystemWriter(cache_staged_state_dict=True)``
-or one explicit ``DefaultStager`` for all of them, closed after the last), as
-:mod:`fuzz._rank.dcp` runs them. Anything else (the other entries, per-rank
-orders, overwrites, partial loads, ...) is refused by name.
+Written so far: round trips of the model, optimizer, app, scalars, counter and extra entries
+(the model and optimizer as get_*_state_dict's state dicts, as Statefuls of their own, or with
+their state_dict methods patched to the distributed state-dict functions), in one order on every
+rank or each rank's own (``ORDERS``), with the state-dict options of the case, a requires_grad
+schedule, frozen parameters in the optimizer, an empty param group, FSDP1's classic recipe,
+FileSystemWriter / Reader objects with the writer's options, a save over an earlier checkpoint
+(``overwrite=True``) or refused by one (``overwrite=False``), the save and load planners'
+options, and ``dcp.async_save``: one save waited on at once, or several a training step apart
+over a gloo group of their own (the source trains on before each future is waited on; one
+``FileSystemWriter(cache_staged_state_dict=True)`` or one explicit ``DefaultStager`` for all of
+them, closed after the last), as :mod:`fuzz._rank.dcp` runs them. Anything else (partial loads,
+an asynchronous stager, the other modes, ...) is refused by name.
 """
 
 from __future__ import annotations
@@ -22,9 +25,11 @@ from dataclasses import fields, replace
 from typing import Any
 
 from fuzz.model import Case, DcpBody, DcpItem, DcpMode, Overwrite, is_plain
+from fuzz.repro.print_cut import mark
 from fuzz.repro.print_model import check_default, refuse
 from fuzz.repro.print_parts import (
     FRESH_SEED,
+    call_lines,
     catch_up,
     check_sides,
     data_lines,
@@ -61,8 +66,9 @@ _BODY_FIELDS = {
     "load_planner",
     "overwrite",
     "module_stateful",
+    "patched",
 }
-_ENTRIES = {DcpItem.MODEL, DcpItem.OPTIMIZER, DcpItem.APP, DcpItem.SCALARS, DcpItem.COUNTER}
+_ENTRIES = {DcpItem.MODEL, DcpItem.OPTIMIZER, DcpItem.APP, DcpItem.SCALARS, DcpItem.COUNTER, DcpItem.EXTRA}
 
 
 def check_printable(case: Case, kind: str = "mismatch") -> None:
@@ -79,8 +85,6 @@ def check_printable(case: Case, kind: str = "mismatch") -> None:
         raise refuse(f"mode={body.mode.value}")
     if body.module_stateful and body.classic_fsdp1:
         raise refuse("module_stateful with FSDP1's classic recipe")
-    if body.overwrite is Overwrite.TRUE:
-        raise refuse("overwrite=True (a save over an earlier checkpoint)")
     if body.overwrite is not Overwrite.NONE and (body.async_saves or not body.storage_objects):
         raise refuse(f"overwrite={body.overwrite.value} with async_saves or without storage_objects")
     if body.stager is not None and body.stager.use_async_staging:
@@ -145,14 +149,6 @@ def _changed(options: Any) -> list[str]:
     return [f"{f.name}={getattr(options, f.name)!r}" for f in fields(options) if getattr(options, f.name) != f.default]
 
 
-def _call(indent: str, head: str, args: list[str], tail: str = "") -> list[str]:
-    """``head(args)tail`` on one line, or one argument a line where it is long."""
-    one = f"{indent}{head}({', '.join(args)}){tail}"
-    if len(one) <= 116:
-        return [one]
-    return [f"{indent}{head}(", *(f"{indent}    {a}," for a in args), f"{indent}){tail}"]
-
-
 def _save(body: DcpBody, where: str, indent: str = "    ", tail: str = "", overwrite: str = "") -> list[str]:
     """dcp.save / dcp.async_save of ``state`` into ``where`` with what the case passes (as
     :func:`fuzz._rank.dcp_calls.writer_kwargs` and ``async_kwargs`` make it)."""
@@ -168,7 +164,7 @@ def _save(body: DcpBody, where: str, indent: str = "    ", tail: str = "", overw
     args += ["process_group=group"] if body.async_saves else []
     args += ["async_stager=stager"] if body.stager is not None else []
     head = "future = dcp.async_save" if body.async_saves else "dcp.async_save" if body.async_save else "dcp.save"
-    return _call(indent, head, ["state", *args], tail)
+    return call_lines(indent, head, ["state", *args], tail)
 
 
 def _load(body: DcpBody) -> list[str]:
@@ -176,7 +172,7 @@ def _load(body: DcpBody) -> list[str]:
     args = ["storage_reader=dcp.FileSystemReader(path[0])" if body.storage_objects else "checkpoint_id=path[0]"]
     if body.load_planner is not None and _changed(body.load_planner):
         args.append(f"planner=DefaultLoadPlanner({', '.join(_changed(body.load_planner))})")
-    return _call("    ", "dcp.load", ["state", *args], "  # in place")
+    return call_lines("    ", "dcp.load", ["state", *args], "  # in place")
 
 
 def _state(
@@ -195,6 +191,9 @@ def _state(
         value = {DcpItem.MODEL: f"{model}.state_dict()", DcpItem.OPTIMIZER: f"FSDP.optim_state_dict({model}, {opt})"}
     if body.module_stateful:
         value[DcpItem.MODEL] = f"{model}  # its own state_dict / load_state_dict"
+    if body.patched:  # their state_dict / load_state_dict patched to get/set_*_state_dict
+        value[DcpItem.MODEL], value[DcpItem.OPTIMIZER] = model, opt
+    value[DcpItem.EXTRA] = "torch.zeros(5, dtype=torch.float64)" if fresh else "extra"
     fresh_scalars = "{k: type(v)() for k, v in scalars.items()}"  # as the rank side makes them
     value[DcpItem.SCALARS] = f"Scalars({fresh_scalars if fresh else 'scalars'})"
     value[DcpItem.COUNTER] = f"Counter({0.0 if fresh else counter!r})"
@@ -205,11 +204,18 @@ def _state(
     lines = [one] if len(one) <= 110 and "#" not in one else [f"    {name} = {{", *(_item(i) for i in items), "    }"]
     if not _per_rank(body):
         return lines
-    orders = [[body.entries[i].value for i in order if body.entries[i] in entries] for order in body.orders]
+    return [*lines, "    state = {k: values[k] for k in ORDERS[rank] if k in values}  # in this rank's order"]
+
+
+def _orders(body: DcpBody) -> list[str]:
+    """``ORDERS = [...]``: each rank's order of the top-level dict, where the ranks' differ."""
+    if not _per_rank(body):
+        return []
+    rows = [[body.entries[i].value for i in order] for order in body.orders]
     return [
-        *lines,
-        f"    order = {orders!r}[rank]".replace("'", '"') + "  # this rank's order",
-        "    state = {key: values[key] for key in order}",
+        "ORDERS = [  # each rank's order of the top-level dict",
+        *(f"    {r!r},".replace("'", '"') for r in rows),
+        "]",
     ]
 
 
@@ -233,9 +239,11 @@ def print_case(case: Case, entry: Any = None) -> str:
     names = ["StateDictOptions"] if any(options) else []
     names = [] if body.classic_fsdp1 else names
     names += ["get_state_dict", "set_state_dict"] if app else []
-    if DcpItem.MODEL in body.entries and not (body.classic_fsdp1 or body.module_stateful):
+    if body.patched:
+        names += ["_patch_model_state_dict"] + (["_patch_optimizer_state_dict"] if _patches_opt(body) else [])
+    elif DcpItem.MODEL in body.entries and not (body.classic_fsdp1 or body.module_stateful):
         names += ["get_model_state_dict", "set_model_state_dict"]
-    if DcpItem.OPTIMIZER in body.entries and not body.classic_fsdp1:
+    if DcpItem.OPTIMIZER in body.entries and not (body.classic_fsdp1 or body.patched):
         names += ["get_optimizer_state_dict", "set_optimizer_state_dict"]
     names.sort()
     half = (len(names) + 1) // 2
@@ -262,18 +270,46 @@ def print_case(case: Case, entry: Any = None) -> str:
         for e, text in ((DcpItem.APP, _APP), (DcpItem.SCALARS, _SCALARS), (DcpItem.COUNTER, _COUNTER))
         if e in body.entries
     ]
+    extra += ["\n".join(_orders(body))] if _per_rank(body) else []
     return round_trip(case, entry, body, imports=imports, extra=extra, main=_main(case, body, judged))
 
 
-def _sharded(model: str, offload: bool) -> str:
-    """FSDP1's SHARDED_STATE_DICT on ``model`` (offloaded to the CPU where ``offload``)."""
-    if not offload:
-        return f"    FSDP.set_state_dict_type({model}, StateDictType.SHARDED_STATE_DICT)"
-    a = "offload_to_cpu=True"
-    return (
-        f"    FSDP.set_state_dict_type({model}, StateDictType.SHARDED_STATE_DICT, ShardedStateDictConfig({a}), "
-        f"ShardedOptimStateDictConfig({a}))"
+def _patches_opt(body: DcpBody) -> bool:
+    """Whether the optimizer's state_dict is patched too (where it is saved)."""
+    return body.patched and DcpItem.OPTIMIZER in body.entries
+
+
+def _patch(body: DcpBody, model: str, opt: str, options: str) -> list[str]:
+    """``_patch_model_state_dict`` (and ``_patch_optimizer_state_dict``) on a side, with
+    ``options``: its state_dict / load_state_dict, which DCP calls, go through
+    get/set_*_state_dict (as torch's e2e test_e2e_save_and_load does)."""
+    if not body.patched:
+        return []
+    kw = f", options={options}" if options else ""
+    lines = [f"    _patch_model_state_dict({model}{kw})"]
+    return lines + (
+        [f"    _patch_optimizer_state_dict({model}, optimizers=({opt},){kw})"] if _patches_opt(body) else []
     )
+
+
+def _saved(body: DcpBody) -> str:
+    """``saved = ...``: what a mismatch script compares the target with right after the load."""
+    extra = ', "extra": extra' if DcpItem.EXTRA in body.entries else ""
+    return f"    saved = {{**snapshot(model, opt){extra}}}" if extra else "    saved = snapshot(model, opt)"
+
+
+def _sharded(model: str, offload: bool) -> str:
+    """FSDP1's SHARDED_STATE_DICT on ``model`` (offloaded to the CPU where ``offload``: ``offload``,
+    :func:`_offload`)."""
+    return f"    FSDP.set_state_dict_type({model}, StateDictType.SHARDED_STATE_DICT{', *offload' if offload else ''})"
+
+
+def _offload(body: DcpBody) -> list[str]:
+    """``offload = ...``: FSDP1's sharded state dict configs offloading to the CPU, where a side uses them."""
+    if not (body.classic_fsdp1 and (body.save_cpu_offload or body.load_cpu_offload)):
+        return []
+    a = "offload_to_cpu=True"
+    return [f"    offload = ShardedStateDictConfig({a}), ShardedOptimStateDictConfig({a})"]
 
 
 def _classic_load(body: DcpBody) -> list[str]:
@@ -301,36 +337,42 @@ def _main(case: Case, body: DcpBody, judged: bool) -> list[str]:
         '    path = [tempfile.mkdtemp(prefix="dcp-") if rank == 0 else None]',
         "    dist.broadcast_object_list(path)  # one fresh directory for every rank",
         *_scalars(case, body),
+        *_extra(case, body),
+        *_offload(body),
         f"    torch.manual_seed({case.seed})",
-        side_line("model", body.source, False),
+        side_line("model", body, False),
         *optimizer_lines("opt", "model", body.tree, t, body, fresh=False),
     ]
     first = t.steps - max(body.async_saves - 1, 0)  # the steps before the first save
     save = _options(body.save_full_state_dict, body.save_cpu_offload, load=False)
+    if body.patched:
+        lines += [f"    save = StateDictOptions({save})"] if save else []
+        lines += _patch(body, "model", "opt", "save" if save else "")
     if body.overwrite is not Overwrite.NONE:
-        lines += [f"    save = StateDictOptions({save})"] if save and not body.classic_fsdp1 else []
+        lines += [f"    save = StateDictOptions({save})"] if save and not (body.classic_fsdp1 or body.patched) else []
         lines += _earlier(case, body, "save" if save and not body.classic_fsdp1 else "")
-    lines += train_calls("model", "opt", 0, first, body.requires_grad, avg_src)
+    lines += [*train_calls("model", "opt", 0, first, body.requires_grad, avg_src), mark("save")]
     template = _options(body.load_full_state_dict, body.load_cpu_offload, load=False)
     put = _options(body.load_full_state_dict, body.load_cpu_offload, load=True)
     classic = body.classic_fsdp1
     if classic:  # FSDP1's own sharded state dicts
         lines.append(_sharded("model", body.save_cpu_offload))
-    elif save and body.overwrite is Overwrite.NONE:  # else written before the earlier checkpoint
+    elif save and body.overwrite is Overwrite.NONE and not body.patched:  # else written before
         lines.append(f"    save = StateDictOptions({save})")
     if body.async_saves:
         lines += _saves_in_flight(body, "save" if save else "", judged, counter)
     elif body.overwrite is Overwrite.FALSE:
         lines += _state(body, "model", "opt", "save" if save else "", counter=counter)
         lines += _refused_save(body)
-        lines += ["    saved = snapshot(model, opt)"] if judged else []
+        lines += [_saved(body)] if judged else []
     else:
         lines += _state(body, "model", "opt", "save" if save else "", counter=counter)
-        lines += _one_save(body)
-        lines += ["    saved = snapshot(model, opt)"] if judged else []
+        lines += _one_save(body, "True" if body.overwrite is Overwrite.TRUE else "")
+        lines += [_saved(body)] if judged else []
     lines += [
+        mark("load"),
         f"    torch.manual_seed({case.seed} + 0x{FRESH_SEED:X})  # other weights: a load that does nothing shows",
-        side_line("target", body.target, False),
+        side_line("target", body, False),
     ]
     loads_all = DcpItem.APP in body.entries or {DcpItem.MODEL, DcpItem.OPTIMIZER} <= set(body.entries)
     if judged or loads_all or DcpItem.OPTIMIZER in body.entries:
@@ -339,20 +381,25 @@ def _main(case: Case, body: DcpBody, judged: bool) -> list[str]:
     if classic:
         template = put = ""
         lines.append(_sharded("target", body.load_cpu_offload))
+    template = "" if body.patched else template
     lines += [f"    template = StateDictOptions({template})"] if template else []
     lines += [f"    load = StateDictOptions({put})"] if put else []
+    lines += _patch(body, "target", "target_opt", "load" if put else "")
     lines += _state(body, "target", "target_opt", "template" if template else "", "load" if put else "", fresh=True)
     lines += _load(body)
     kw = ", options=load" if put else ""
     if classic:
         lines += _classic_load(body)
-    elif DcpItem.MODEL in body.entries and not body.module_stateful:
+    elif DcpItem.MODEL in body.entries and not (body.module_stateful or body.patched):
         lines.append(f'    set_model_state_dict(target, state["model"]{kw})')
-    if DcpItem.OPTIMIZER in body.entries and not classic:
+    if DcpItem.OPTIMIZER in body.entries and not (classic or body.patched):
         lines.append(f'    set_optimizer_state_dict(target, target_opt, state["optimizer"]{kw})')
     if judged:
-        lines += ["    said = differs(snapshot(target, target_opt), saved, exact=True)  # right after the load"]
+        loaded = "snapshot(target, target_opt)"
+        loaded = f'{{**{loaded}, "extra": state["extra"]}}' if DcpItem.EXTRA in body.entries else loaded
+        lines += [f"    said = differs({loaded}, saved, exact=True)  # right after the load"]
     if body.steps_after and loads_all:
+        lines.append(mark("resume"))
         after = t.steps + body.steps_after
         if not body.async_saves:  # else the source trained on while its last save was written
             lines += train_calls("model", "opt", t.steps, after, body.requires_grad, avg_src)
@@ -369,7 +416,7 @@ def _stager(body: DcpBody) -> list[str]:
     if o is None:
         return []
     args = [f"{f.name}={getattr(o, f.name)!r}" for f in fields(o)]
-    return [*_call("    ", "options = StagingOptions", args), "    stager = DefaultStager(options)"]
+    return [*call_lines("    ", "options = StagingOptions", args), "    stager = DefaultStager(options)"]
 
 
 def _scalars(case: Case, body: DcpBody) -> list[str]:
@@ -387,13 +434,21 @@ def _scalars(case: Case, body: DcpBody) -> list[str]:
     )
 
 
-def _one_save(body: DcpBody) -> list[str]:
+def _extra(case: Case, body: DcpBody) -> list[str]:
+    """``extra = ...``: the tensor the extra entry saves (:func:`fuzz._rank.dcp.extra_value`)."""
+    if DcpItem.EXTRA not in body.entries:
+        return []
+    value = (case.seed % 97) + 0.25
+    return [f"    extra = torch.arange(5, dtype=torch.float64) * {value!r}  # what the extra entry saves"]
+
+
+def _one_save(body: DcpBody, overwrite: str = "") -> list[str]:
     """The save, an async one waited on at once (its stager closed after it, as async_save
-    documents for a stager the caller provides)."""
+    documents for a stager the caller provides); ``overwrite``: the writer's option, written."""
     if not body.async_save:
-        return _save(body, "path[0]")
+        return _save(body, "path[0]", overwrite=overwrite)
     closed = ["    stager.close()"] if body.stager is not None else []
-    return [*_stager(body), *_save(body, "path[0]", tail=".result()  # written"), *closed]
+    return [*_stager(body), *_save(body, "path[0]", tail=".result()  # written", overwrite=overwrite), *closed]
 
 
 def _saves_in_flight(body: DcpBody, options: str, judged: bool, counter: float) -> list[str]:
@@ -425,7 +480,7 @@ def _saves_in_flight(body: DcpBody, options: str, judged: bool, counter: float) 
         last = k == n - 1
         lines += _state(body, "model", "opt", options, counter=counter)
         lines += _save(body, "path[0]" if last else f'os.path.join(path[0], "early-{k}")')
-        lines += ["    saved = snapshot(model, opt)"] if judged and last else []
+        lines += [_saved(body)] if judged and last else []
         lo, hi = (t.steps, t.steps + body.steps_after) if last else (first + k, first + k + 1)
         lines += train_calls("model", "opt", lo, hi, body.requires_grad)
         lines.append("    future.result()  # written")
@@ -438,12 +493,13 @@ def _earlier(case: Case, body: DcpBody, options: str) -> list[str]:
     must refuse to overwrite."""
     lines = [
         f"    torch.manual_seed({case.seed} + 2 * 0x{FRESH_SEED:X})  # an earlier checkpoint in the directory",
-        side_line("decoy", body.source, False).replace("compose_target", "compose_source"),
+        side_line("decoy", body, False),
     ]
-    if {DcpItem.OPTIMIZER, DcpItem.APP} & set(body.entries):
+    if DcpItem.APP in body.entries or (DcpItem.OPTIMIZER in body.entries and not body.classic_fsdp1):
         lines += optimizer_lines("decoy_opt", "decoy", body.tree, body.training, body, fresh=True)
     if body.classic_fsdp1:
         lines.append(_sharded("decoy", body.save_cpu_offload))
+    lines += _patch(body, "decoy", "decoy_opt", options)
     lines += _state(body, "decoy", "decoy_opt", options, fresh=True)
     return [*lines, "    dcp.save(state, checkpoint_id=path[0])"]
 

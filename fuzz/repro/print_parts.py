@@ -8,13 +8,18 @@ built model under the target composition (other weights, other hyperparameters, 
 that does nothing shows), and trains both on over the same batches, as the rank programs do
 (:mod:`fuzz._rank.state_dict`, :mod:`fuzz._rank.dcp`). Its verdict, by the entry's kind:
 
-- an exception, a hang or a crash: the ranks run the program (:func:`fuzz.repro.print_check.main_block`);
-  the target's optimizer has the source's hyperparameters;
+- an exception, a hang or a crash: the ranks run the program (:func:`fuzz.repro.print_check.main_block`;
+  a crash's in a child process each, :mod:`fuzz.repro.print_crash`) up to the end of the phase
+  the case failed in (:mod:`fuzz.repro.print_cut`); the target's optimizer has the source's
+  hyperparameters;
 - a mismatch (and a case printed without an entry): the target's optimizer has other
   hyperparameters, and the program compares the target, right after the load, with the source
   right after its state was taken (every parameter and buffer, its optimizer state and each
   group's lr, gathered in full; exactly), and both after training on (within the tolerance policy
   of :mod:`fuzz.tolerance`), and names the first that differs.
+
+Where the sides are composed alike one ``compose`` serves both; a definition or an imported name
+that nothing left reads is not printed.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from typing import Any
 
 from fuzz.model import Api, Case, Composition, Leaf, ModuleTree, RequiresGrad, Training, Wrapper, is_plain
 from fuzz.repro.print_check import compare_parts, expected_raised, header, main_block, main_imports, raised_line
+from fuzz.repro.print_crash import crash_header, crash_imports, crash_main_block, died_line
+from fuzz.repro.print_cut import PHASES, cut_main, failed_phase, prune
 from fuzz.repro.print_model import (
     SHARDED_FSDP1,
     assemble,
@@ -55,20 +62,27 @@ def composed(comp: Composition) -> bool:
     return comp != Composition()
 
 
-def side_line(name: str, comp: Composition, fused: bool) -> str:
-    """``model = compose_source(build())`` (or ``target``, ``compose_target``)."""
+def composer(body: Any, side: str) -> str:
+    """The name of the function composing ``side`` ("source", "target"): one ``compose`` where
+    both sides are composed alike."""
+    return "compose" if body.source == body.target else f"compose_{side}"
+
+
+def side_line(name: str, body: Any, fused: bool) -> str:
+    """``model = compose_source(build())`` (``target`` the target, any other name the source)."""
+    side = "target" if name == "target" else "source"
     built = "fuse(build())" if fused else "build()"
-    compose = "compose_source" if name == "model" else "compose_target"
-    return f"    {name} = {compose}({built})" if composed(comp) else f"    {name} = {built}"
+    comp = body.target if side == "target" else body.source
+    return f"    {name} = {composer(body, side)}({built})" if composed(comp) else f"    {name} = {built}"
 
 
-def meta_side_lines(comp: Composition, fused: bool) -> list[str]:
+def meta_side_lines(body: Any, fused: bool) -> list[str]:
     """The target built on the meta device, then composed."""
     lines = [
         '    with torch.device("meta"):  # no storage until the load',
         f"        target = {'fuse(build())' if fused else 'build()'}",
     ]
-    return lines + (["    target = compose_target(target)"] if composed(comp) else [])
+    return lines + ([f"    target = {composer(body, 'target')}(target)"] if composed(body.target) else [])
 
 
 def data_lines(case: Case, tree: ModuleTree, training: Training, steps: int) -> list[str]:
@@ -109,6 +123,18 @@ def optimizer_lines(
     if body.empty_group:
         lines.append(f'    {name}.add_param_group({{"params": [], "lr": {lr} / 4}})')
     return lines
+
+
+def call_lines(indent: str, head: str, args: list[str], tail: str = "") -> list[str]:
+    """``head(args)tail`` on one line; where that is long, the arguments on a line of their own,
+    or one argument a line."""
+    one = f"{indent}{head}({', '.join(args)}){tail}"
+    if len(one) <= 116:
+        return [one]
+    inner = f"{indent}    {', '.join(args)}"
+    if len(inner) <= 116:
+        return [f"{indent}{head}(", inner, f"{indent}){tail}"]
+    return [f"{indent}{head}(", *(f"{indent}    {a}," for a in args), f"{indent}){tail}"]
 
 
 def train_def(comps: list[Composition], training: Training) -> list[str]:
@@ -224,28 +250,54 @@ def round_trip(case: Case, entry: Any, body: Any, *, imports: list[str], extra: 
     kind = "mismatch" if entry is None else entry.kind
     sides, t = [body.source, body.target], body.training
     wrap = any(c.auto_wrap for c in sides)
-    head = ["import torch.nn.functional as F", *main_imports(kind), *compose_imports(sides), *imports]
-    parts = ["\n".join(head), model_source(body.tree, auto_wrap=wrap), *extra]
+    checks = crash_imports() if kind == "crash" else main_imports(kind)
+    head = ["import torch.nn.functional as F", *checks, *compose_imports(sides), *imports]
+    parts = [model_source(body.tree, auto_wrap=wrap), *extra]
     parts += [
         "\n".join(build_lines(body.tree, auto_wrap=wrap, dtype=t.dtype)),
         *compose_helpers(sides, case.world_size),
     ]
-    names = ("compose_source", "compose_target")
-    parts += ["\n".join(compose_lines(c, n)) for c, n in zip(sides, names, strict=True) if composed(c)]
+    names = [composer(body, "source"), composer(body, "target")]
+    parts += list(
+        dict.fromkeys("\n".join(compose_lines(c, n)) for c, n in zip(sides, names, strict=True) if composed(c))
+    )
     parts.append("\n".join(train_def(sides, t)))
     if kind == "mismatch":
         parts += [*compare_parts(t.dtype, "the source", any(c.shards for c in sides)), snapshot_def(sides)]
     elif kind == "exception":
         parts.append(raised_line(expected_raised(entry)))
-    what = (
-        "Trains a model, saves its state with dcp.save into a fresh directory, loads it with dcp.load into a "
-        "freshly built one and trains both on."
-        if case.property == "dcp"
-        else f"Trains a model, moves its state into a freshly built one in memory through {_CALLS[body.api]}, and "
-        "trains both on."
-    )
-    script = assemble([*parts, "\n".join(main), main_block(kind)])
-    return "\n".join(["#!/usr/bin/env python3", *header(entry, what, case.world_size), script])
+    elif kind == "crash":
+        parts.append(died_line(entry))
+    main, cut = cut_main(main, entry)
+    kept = ["\n".join(main), crash_main_block() if kind == "crash" else main_block(kind)]
+    head, parts = prune(head, parts, kept)
+    script = assemble(["\n".join(head), *parts, *kept])
+    what = _what(case, body, failed_phase(entry) if cut else None)
+    said = (crash_header if kind == "crash" else header)(entry, what, case.world_size)
+    return "\n".join(["#!/usr/bin/env python3", *said, script])
+
+
+def _what(case: Case, body: Any, phase: str | None) -> str:
+    """What a round trip script does, said in its header (up to ``phase``, where it ends there)."""
+    if case.property == "dcp":
+        steps = [
+            "Trains a model",
+            "saves its state with dcp.save into a fresh directory",
+            "loads it with dcp.load into a freshly built one",
+            "trains both on",
+        ]
+    else:
+        steps = [
+            "Trains a model",
+            f"takes its state through {_CALLS[body.api]}",
+            "loads it into a freshly built one in memory",
+            "trains both on",
+        ]
+    if phase is None:
+        return f"{', '.join(steps[:-1])} and {steps[-1]}."
+    done = steps[: PHASES.index(phase) + 1]
+    said = f"{', '.join(done[:-1])} and {done[-1]}" if len(done) > 1 else done[0]
+    return f"{said}: the case fails there (what would follow is not printed)."
 
 
 _CALLS = {

@@ -19,9 +19,11 @@ from typing import Any
 from fuzz.model import Api, Case, Options, StateDictBody, is_plain
 from fuzz.model.state_dict_rules import DEFAULT_FQN_MODIFIERS
 from fuzz.repro import print_dcp
+from fuzz.repro.print_cut import mark
 from fuzz.repro.print_model import NotPrintable, check_default, refuse
 from fuzz.repro.print_parts import (
     FRESH_SEED,
+    call_lines,
     catch_up,
     check_sides,
     data_lines,
@@ -58,8 +60,6 @@ _BODY_FIELDS = {
 def check_printable(case: Case, kind: str = "mismatch") -> None:
     """Raise :class:`NotPrintable` naming the first thing of ``case`` (of an entry of ``kind``) no
     printer here writes."""
-    if kind == "crash":  # torchrun stops the other ranks once one dies: no rank is left to say so
-        raise refuse("a crash (the rank that dies prints no verdict)")
     if case.property == "dcp":
         print_dcp.check_printable(case, kind)
         return
@@ -119,19 +119,20 @@ def _options(o: Options, body: StateDictBody) -> str:
     return ", ".join(args)
 
 
-def _fsdp1_type(model: str, o: Options, rank0_only: bool) -> str:
+def _fsdp1_type(model: str, o: Options, rank0_only: bool) -> list[str]:
     kind = "FULL" if o.full_state_dict else "SHARDED"
     cfg = "Full" if o.full_state_dict else "Sharded"
     args = ["offload_to_cpu=True"] if o.cpu_offload else []
     args += ["rank0_only=True"] if rank0_only and o.full_state_dict else []
     a = ", ".join(args)
-    return f"    FSDP.set_state_dict_type({model}, StateDictType.{kind}_STATE_DICT, {cfg}StateDictConfig({a}), {cfg}OptimStateDictConfig({a}))"  # noqa: E501
+    configs = [f"StateDictType.{kind}_STATE_DICT", f"{cfg}StateDictConfig({a})", f"{cfg}OptimStateDictConfig({a})"]
+    return call_lines("    ", "FSDP.set_state_dict_type", [model, *configs])
 
 
 def _take(body: StateDictBody) -> list[str]:
     if body.api is Api.FSDP1:
         return [
-            _fsdp1_type("model", body.save, body.load.broadcast_from_rank0),
+            *_fsdp1_type("model", body.save, body.load.broadcast_from_rank0),
             "    model_sd, optim_sd = model.state_dict(), FSDP.optim_state_dict(model, opt)",
         ]
     opts = _options(body.save, body)
@@ -145,7 +146,7 @@ def _take(body: StateDictBody) -> list[str]:
 
 def _put(body: StateDictBody, judged: bool) -> list[str]:
     if body.api is Api.FSDP1:
-        lines = [_fsdp1_type("target", body.load, body.load.broadcast_from_rank0)]
+        lines = _fsdp1_type("target", body.load, body.load.broadcast_from_rank0)
         if body.load.broadcast_from_rank0:
             lines += [
                 "    shared = [model_sd]  # rank0_only: rank 0's state, as the others would read it from its file",
@@ -181,20 +182,20 @@ def _main(case: Case, body: StateDictBody, judged: bool) -> list[str]:
     if is_plain(body.source) != is_plain(body.target):
         avg_src, avg_tgt = f", {is_plain(body.source)}", f", {is_plain(body.target)}"
     lines = ["def main(rank, world_size):", *data_lines(case, body.tree, t, t.steps + body.steps_after)]
-    lines += [f"    torch.manual_seed({case.seed})", side_line("model", body.source, bool(body.fused))]
+    lines += [f"    torch.manual_seed({case.seed})", side_line("model", body, bool(body.fused))]
     lines += optimizer_lines("opt", "model", body.tree, t, body, fresh=False)
     lines += train_calls("model", "opt", 0, t.steps, body.requires_grad, avg_src)
-    lines += _take(body)
+    lines += [mark("save"), *_take(body)]
     lines.append("    model_sd, optim_sd = copy.deepcopy((model_sd, optim_sd))  # as a checkpoint read back would be")
-    if judged:
-        lines.append("    saved = snapshot(model, opt)")
+    lines += ["    saved = snapshot(model, opt)"] if judged else []
+    lines.append(mark("load"))
     lines.append(
         f"    torch.manual_seed({case.seed} + 0x{FRESH_SEED:X})  # other weights: a load that does nothing shows"
     )
     if body.target_meta_init:
-        lines += meta_side_lines(body.target, bool(body.fused))
+        lines += meta_side_lines(body, bool(body.fused))
     else:
-        lines.append(side_line("target", body.target, bool(body.fused)))
+        lines.append(side_line("target", body, bool(body.fused)))
         lines += optimizer_lines("target_opt", "target", body.tree, t, body, fresh=judged)
         lines += catch_up("target", t.steps, body.requires_grad)
     if body.load.broadcast_from_rank0 and body.api is not Api.FSDP1:
@@ -206,6 +207,7 @@ def _main(case: Case, body: StateDictBody, judged: bool) -> list[str]:
     after = t.steps + body.steps_after
     if judged:
         lines += ["    said = differs(snapshot(target, target_opt), saved, exact=True)  # right after the load"]
+    lines.append(mark("resume"))
     lines += train_calls("model", "opt", t.steps, after, body.requires_grad, avg_src)
     lines += train_calls("target", "target_opt", t.steps, after, body.requires_grad, avg_tgt)
     if judged:
