@@ -292,13 +292,14 @@ def _meta_ok(target: Composition, tree: ModuleTree, *, assigns: bool = False) ->
 def _keeping_scalars(
     draw: st.DrawFn, tree: ModuleTree, source: Composition, target: Composition
 ) -> tuple[Composition, Composition]:
-    """Half the time a side whose API refuses the tree's scalar parameter
+    """Three times in four a side whose API refuses the tree's scalar parameter
     (fuzz.model.scalar_problem: fully_shard, FSDP1) becomes a DDP or plain model, which take
-    it; the other half the case strategies take the scalar away (without_refused_scalars).
-    Most layouts shard, so without this a scalar parameter would reach few cases."""
+    it; else the case strategies take the scalar away (without_refused_scalars). Most layouts
+    shard, so without this a scalar parameter would reach few cases (6 of 200 state_dict
+    cases in a 300 s campaign with half the sides kept)."""
     sides = [source, target]
     for i, side in enumerate(sides):
-        if scalar_problem(tree, side) is not None and draw(st.booleans()):
+        if scalar_problem(tree, side) is not None and not one_in(draw, 4):
             sides[i] = draw(st.sampled_from([Composition(wrapper=Wrapper.DDP), Composition()]))
     return sides[0], sides[1]
 
