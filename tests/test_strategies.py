@@ -556,3 +556,102 @@ def test_dropping_unfrozen_leaves_keeps_the_skips_valid() -> None:
     from fuzz.bench import sample_cases
 
     assert len(sample_cases(1, 200, 0)) == 200
+
+
+# --------------------------------------------------------------------------------------------
+# mixed_precision: a policy per unit, FSDPModule knobs, tensor parallelism
+
+
+@cache
+def _mixed_precision_sample(world_size: int) -> tuple[Case, ...]:
+    cases: list[Case] = []
+
+    @settings(
+        max_examples=_N_FEATURE_EXAMPLES,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(mixed_precision_cases(world_size=world_size))
+    def collect(case: Case) -> None:
+        cases.append(case)
+
+    collect()
+    return tuple(cases)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_mixed_precision_draws_per_unit_policies_knobs_and_tp_and_judges_them(world_size: int) -> None:
+    """Each new dimension is drawn in a useful share of the cases, and in cases whose numerics
+    are compared with the hand-cast reference (feature mp:numerics), not only their contracts."""
+    cases = _mixed_precision_sample(world_size)
+    n = len(cases)
+    per_case = [set(features(c)) for c in cases]
+    dimensions = {
+        "per-unit policies": lambda fs: "mp:per_unit" in fs,
+        "a float32 unit": lambda fs: "mp:param_dtype:float32" in fs,
+        "knobs": lambda fs: any(f.startswith("knob:") for f in fs),
+    }
+    if world_size == 4:
+        dimensions["tensor parallelism"] = lambda fs: "tp:size2" in fs
+    for name, has in dimensions.items():
+        drawn = sum(1 for fs in per_case if has(fs))
+        judged = sum(1 for fs in per_case if has(fs) and "mp:numerics" in fs)
+        assert drawn >= _MIN_RATE * n, (name, drawn, n)
+        assert judged >= 0.4 * drawn, (name, judged, drawn)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_mixed_precision_policies_meet_the_dtypes_their_layers_run_in(world_size: int) -> None:
+    """Every drawn composition keeps to the dtypes its units' inputs arrive in (fitting it
+    changes nothing), and the plain model under its casts, as the hand-cast reference applies
+    them, runs forward: no dtype mismatch by construction."""
+    from fuzz._rank.parity import HandCast
+    from strategies._compositions import fitted_precision
+
+    for case in _mixed_precision_sample(world_size)[:150]:
+        body = case.body
+        assert isinstance(body, ParityBody)
+        comp = body.composition
+        assert fitted_precision(comp) == comp
+        model = build_model(body.tree, torch.device("cpu"))
+        x, _ = sample_batch(body.tree, 2, torch.Generator().manual_seed(case.seed), torch.float32)
+        with torch.no_grad():
+            HandCast(body.tree, comp, torch.float32).shadow(model)(x)
+
+
+def test_fitted_precision_repairs_what_a_dropped_unit_or_a_group_breaks() -> None:
+    from fuzz.model import Composition, Dtype, MixedPrecision, ShardSpec
+    from strategies._compositions import fitted_precision
+
+    bf16, fp32 = Dtype.BFLOAT16, Dtype.FLOAT32
+    low = MixedPrecision(param_dtype=bf16)
+    # '0.0' was drawn inside a float32 unit on '0'; without it, it sits in the root's bfloat16
+    comp = Composition(
+        shards=(ShardSpec(path="0.0", mixed_precision=MixedPrecision()), ShardSpec(path="", mixed_precision=low))
+    )
+    inner = fitted_precision(comp).shards[0].mixed_precision
+    assert inner == MixedPrecision(param_dtype=bf16)  # computes in the dtype its input arrives in
+    island = Composition(
+        shards=(
+            ShardSpec(path="0.0", mixed_precision=MixedPrecision(param_dtype=fp32, cast_forward_inputs=False)),
+            ShardSpec(path="", mixed_precision=low),
+        )
+    )
+    assert fitted_precision(island).shards[0].mixed_precision == MixedPrecision(
+        param_dtype=fp32, output_dtype=bf16, cast_forward_inputs=True
+    )
+    # a group whose members sit in units of different compute dtypes is split
+    group = Composition(
+        shards=(
+            ShardSpec(path="0.0", group=("1.0",), mixed_precision=MixedPrecision()),
+            ShardSpec(path="0", mixed_precision=MixedPrecision(param_dtype=bf16, output_dtype=fp32)),
+            ShardSpec(path=""),
+        )
+    )
+    split = fitted_precision(group)
+    assert [s.path for s in split.shards] == ["0.0", "1.0", "0", ""]
+    assert split.shards[0].mixed_precision == MixedPrecision(param_dtype=bf16)
+    assert split.shards[1].mixed_precision == MixedPrecision()
