@@ -119,8 +119,10 @@ def judged_prefix(expected: Sequence[float]) -> int:
 
 
 def mixed_precision_tolerance(full: str, low: Sequence[str], data_parallel: int) -> Tolerance:
-    """The policy for a run under a MixedPrecisionPolicy against its hand-cast reference:
-    ``full`` is the parameters' dtype, ``low`` the policy's dtypes (param, reduce, output)."""
+    """The policy for a run under MixedPrecisionPolicies against its hand-cast reference:
+    ``full`` is the parameters' dtype, ``low`` the dtypes of every unit's policy (param, reduce,
+    output), ``data_parallel`` the ranks a gradient is reduced over (more than two where the
+    sums are inexact for another reason: ``fuzz.properties.parity._mixed_precision_exact``)."""
     if data_parallel <= 2 or not low:
         return tolerance_for(full)
     return max((tolerance_for(d) for d in (full, *low)), key=lambda t: t.rtol)
