@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz printed reproducer: entry=f1aad34c9feef555 seconds=29.7
+# shardfuzz printed reproducer: entry=f1aad34c9feef555 seconds=48.7
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: a frozen fully_shard unit without resharding under a replicate'd root is never
 # resharded: a leaf unfrozen later never trains (KeyError in get_optimizer_state_dict); upstream:
@@ -62,11 +62,10 @@ def train(rank, world_size, compose):
         if step == 1:
             for p in later["0"]:
                 p.requires_grad_(True)
-        for micro in range(1):
-            x, y = (torch.randn(world_size * 2, 4, generator=gen)[rank * 2 :][:2] for _ in range(2))
-            loss = F.mse_loss(model(x), y)
-            loss.backward()
-            seen[f"loss at step {step}, microbatch {micro}"] = loss.detach()
+        x, y = (torch.randn(world_size * 2, 4, generator=gen)[rank * 2 :][:2] for _ in range(2))
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        seen[f"loss at step {step}"] = loss.detach()
         for p in [p for p in model.parameters() if compose is None and p.grad is not None]:
             dist.all_reduce(p.grad)  # a plain model, data-parallel by hand: gradients averaged
             p.grad /= dist.get_world_size()

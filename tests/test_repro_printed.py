@@ -48,7 +48,7 @@ def observe(rank, world_size):
     import json
     seen = train(rank, world_size, compose)
     steps = sorted({int(k.split()[3].rstrip(",")) for k in seen if k.startswith("loss at step ")})
-    losses = [[float(v) for k, v in seen.items() if k.startswith(f"loss at step {s},")] for s in steps]
+    losses = [[float(v) for k, v in seen.items() if k.split(",")[0] == f"loss at step {s}"] for s in steps]
     params = [{k.split()[0]: v.double().flatten().tolist() for k, v in seen.items() if k.endswith(f" after step {s}")}
               for s in steps]
     return json.dumps({"losses": losses, "params": params})

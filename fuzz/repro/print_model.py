@@ -7,16 +7,22 @@ Public names (stable):
 - :class:`NotPrintable`: the :class:`~fuzz.errors.InvalidArgument` a printer raises naming what
   of a case it does not write (``cannot print X yet``); :func:`refuse` builds one.
 - :func:`check_tree`, :func:`check_composition`, :func:`check_default`: raise it for a tree, a
-  composition, or any dataclass field away from its default that is not written.
+  composition, or any dataclass field away from its default that is not written
+  (``check_composition(comp, where, knobs=False, judged=True, tree=None)``: with the ``tree``,
+  which the caller then hands :func:`compose_lines`, a delayed all-reduce, tensor parallelism
+  and SPMD are written too).
 - :func:`model_source` ``(tree, *, skips=False, auto_wrap=False) -> str``: the imports and class
-  definitions (``Block``, ``Conv``) the model needs, "" after the imports where plain
-  ``nn.Sequential`` does.
+  definitions (``Block`` with the features the tree's blocks use, ``Conv``, ``Attention``) the
+  model needs, "" after the imports where plain ``nn.Sequential`` does.
 - :func:`build_lines` ``(tree, *, skips=False, auto_wrap=False, dtype=None, seed=None) ->
   list[str]``: ``def build():`` returning the model (seeded with ``torch.manual_seed(seed)``
   first where ``seed`` is given, so every rank builds the pool's weights).
-- :func:`compose_lines` ``(comp, name) -> list[str]``: ``def NAME(model):`` making the
-  composition's calls in its order and returning what trains; :func:`compose_imports`
-  ``(comps) -> list[str]`` the imports those calls need.
+- :func:`compose_lines` ``(comp, name, tree=None) -> list[str]``: ``def NAME(model):`` making
+  the composition's calls in its order (replicate's options, ``parallelize_module``, an SPMD
+  program's DTensors, ``fully_shard`` with its options) and returning what trains; a
+  tensor-parallel or SPMD one is ``def NAME(model, mesh):`` over :func:`mesh_line`'s mesh, whose
+  global batch :func:`batch_placements` places; :func:`compose_imports` ``(comps) -> list[str]``
+  the imports those calls need.
 - :func:`compose_helpers` ``(comps, world_size) -> list[str]``: top-level functions those calls
   name (a shard placement function, a selective-checkpoint policy).
 - :func:`param_names` ``(tree) -> list[str]``: the plain model's parameter names, in order.

@@ -33,6 +33,9 @@ TRAINING_FIELDS = {
 #: Those the training properties' loop (:func:`train_lines`) writes besides: microbatches, a
 #: gradient-sync switch, modules left out of forward, leaves unfrozen later, foreach.
 LOOP_FIELDS = {"grad_accum", "accum_sync", "skips", "unfreeze", "foreach", "compile"}
+#: The first forward of a compiled run is under forward pre-hooks that are removed after it, as
+#: the pool's is (it records dtypes there): the next forward is compiled again, which some bugs
+#: need (FSDP1's sharded gradients met by a recompilation).
 
 
 def compositions(case: Case) -> list[Composition]:
@@ -53,9 +56,6 @@ def check_training(training: Training, *, loop: bool = True) -> None:
     """Raise :class:`~fuzz.repro.print_model.NotPrintable` naming the first training field a
     printed script does not write (``loop``: the training properties' loop, :func:`train_lines`,
     which writes :data:`LOOP_FIELDS` too)."""
-    # compile is written, but the two compiled entries' printed scripts (FSDP1 with torch.compile,
-    # one raising in Dynamo) ran through here where the pool's case raises: refused until the
-    # difference is known.
     check_default(training, TRAINING_FIELDS | (LOOP_FIELDS if loop else set()), "training")
 
 
@@ -183,7 +183,7 @@ def train_lines(
     last_knob = any(c.knobs.reshard_after_backward_last for c in compositions(case))
     wrapped = any(c.wrapper is not Wrapper.NONE for c in compositions(case))
     by_step = bool(training.skips or training.unfreeze) or observe
-    by_micro = bool(training.skips) or switched or last_knob or observe
+    by_micro = bool(training.skips) or switched or last_knob or (observe and micros > 1)
     table: dict[tuple[int, int], list[str]] = {}
     for s in training.skips:
         table.setdefault((s.step, s.microbatch), []).append(s.path)
@@ -258,7 +258,8 @@ def train_lines(
         plain = [f"loss = F.mse_loss({out}, y)", "loss.backward()"]
         if spmd:
             plain = ["if compose is None:", *(f"    {x}" for x in plain), "else:", *(f"    {x}" for x in spmd)]
-        micro += [*plain, 'seen[f"loss at step {step}, microbatch {micro}"] = loss.detach()']
+        key = "loss at step {step}, microbatch {micro}" if by_micro else "loss at step {step}"
+        micro += [*plain, f'seen[f"{key}"] = loss.detach()']
     else:
         micro += spmd or [f"F.mse_loss({out}, y).backward()"]
     if training.compile is not Compile.NONE:
