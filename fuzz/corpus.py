@@ -233,17 +233,28 @@ class CorpusIndex:
         condition of a known bug that shows as a mismatch (:func:`fuzz.known.explains`) is
         counted against that bug's entry, preferring one of the same property. A violated
         contract (``mismatch:PROP:contract-*``: the state or dtype an API documents, checked on
-        the rank) is not a wrong value: it matches by signature only, so that it is not taken
-        for a numerics bug the case also meets."""
+        the rank) is not a wrong value: it matches by signature, or a conditional bug's entry
+        with the same contract in a case that meets its condition, so that it is not taken for
+        a numerics bug the case also meets."""
         for hit in self._exact.get(signature, []):
             if _condition_holds(hit[1], case):
                 return hit
         for sig, path, entry in self._known:
             if same_bug(sig, signature) and _condition_holds(entry, case):
                 return path, entry
-        if case is not None and not _contract_check(signature):
-            parsed = Signature.parse(signature)
-            bugs = {b.id for b in known.explains(case, kind, parsed.check if parsed else "")}
+        found = Signature.parse(signature)
+        if case is not None and found is not None and found.contract:
+            # A contract is the API's, the property only the scenario: a conditional bug's
+            # entry takes the same violated contract met through another property in a case
+            # that meets the bug's condition.
+            for sig, path, entry in self._known:
+                record, theirs = known.BUGS.get(entry.bug or ""), Signature.parse(sig)
+                if record is None or not record.conditional or theirs is None or not theirs.contract:
+                    continue
+                if theirs.check == found.check and _condition_holds(entry, case):
+                    return path, entry
+        if case is not None and not (found is not None and found.contract):
+            bugs = {b.id for b in known.explains(case, kind, found.check if found else "")}
             candidates = [(p, e) for _, p, e in self._known if e.bug in bugs]
             candidates.sort(key=lambda pe: pe[1].case.property != case.property)
             if candidates:
@@ -254,12 +265,6 @@ class CorpusIndex:
         """The ``known`` entry whose bug a failure signed ``signature`` is, or None."""
         hit = self.match(signature, case, kind)
         return hit[1] if hit is not None and hit[1].status == "known" else None
-
-
-def _contract_check(signature: str) -> bool:
-    """Whether ``signature`` is a mismatch charged to a contract check (``contract-*``)."""
-    parsed = Signature.parse(signature)
-    return parsed is not None and parsed.kind == "mismatch" and parsed.check.startswith("contract-")
 
 
 class KnownBugs(Mapping[str, str]):

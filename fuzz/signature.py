@@ -40,6 +40,12 @@ class Signature:
     where: str = ""
     tags: tuple[str, ...] = ()
 
+    @property
+    def contract(self) -> bool:
+        """Whether this is a violated contract: a mismatch charged to a ``contract-*`` check
+        alone (a documented state or dtype checked on the rank, no value wrong)."""
+        return self.kind == "mismatch" and self.check.startswith("contract-") and not self.where
+
     def __str__(self) -> str:
         text = f"{self.kind}:{self.property}"
         if self.check:
@@ -205,7 +211,9 @@ def same_bug(entry: str, found: str) -> bool:
       state-dict judges append, such as ``:shard1`` or ``:unfrozen-unresharded``) include all of
       the entry's, which must have at least one: the case meets that bug's conditions, and
       possibly another's too. A mismatch charged to a check (``mismatch:prop:check``) has no
-      family and matches only itself.
+      family and matches only itself (a violated contract met through another property is the
+      same bug only where a conditional bug's condition says so:
+      :meth:`fuzz.corpus.CorpusIndex.match`).
     """
     if entry == found:
         return True

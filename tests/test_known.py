@@ -162,6 +162,29 @@ def test_a_frozen_unit_recomputed_twice_in_one_backward_is_the_unresharded_bug()
     assert _index().match(signature, plain, "exception") is None
 
 
+def test_a_contract_the_known_bug_breaks_through_another_property_is_that_bug() -> None:
+    """The after-backward memory contract fully_shard-frozen-unit-recomputed-unresharded breaks
+    in a parity case (its entry) breaks the same way in a metamorphic case that meets the bug's
+    condition (met on torch 2.11 and 2.13): the same bug, not a new one. Without the repeated
+    block the case meets no condition of it, and the same violated contract is new."""
+    import json
+    from dataclasses import replace
+
+    from fuzz.model import case_from_json
+
+    path = Path(__file__).parent / "regressions" / "ckpt-frozen-unit-twice-metamorphic-contract.json"
+    case = case_from_json(json.loads(path.read_text()))
+    signature = "mismatch:metamorphic:contract-knobs"
+    assert case.property == "metamorphic" and _entry("parity-mismatch-565dd6c849aa.json").signature != signature
+    hit = _index().match(signature, case, "mismatch")
+    assert hit is not None and hit[1].bug == known_bugs.FROZEN_UNIT_RECOMPUTED_UNRESHARDED.id
+    root = case.body.tree.root  # type: ignore[union-attr]
+    assert root.repeat
+    plain = replace(case, body=replace(case.body, tree=replace(case.body.tree, root=replace(root, repeat=False))))  # type: ignore[union-attr]
+    assert not known.meets(plain, known_bugs.FROZEN_UNIT_RECOMPUTED_UNRESHARDED)
+    assert _index().match(signature, plain, "mismatch") is None
+
+
 def test_foreach_reduces_runtime_error_is_the_bug_whose_condition_the_case_meets() -> None:
     """foreach_reduce raises RuntimeError for two known bugs (a unit all frozen at lazy init under
     mixed precision; a changing set of used parameters under set_requires_all_reduce(False)):
