@@ -185,3 +185,33 @@ def test_a_contract_failure_reproduces_under_its_fault_and_passes_without(
     assert _run(script, tmp_path, env)[0] == "REPRODUCED"
     verdict, out = _run(script, tmp_path)
     assert verdict == "PASS" and PASSED in out, out
+
+
+def _stored_contract_entries() -> list[Path]:
+    """The corpus's contract failures of known torch bugs found on this torch."""
+    import torch
+
+    from fuzz.corpus import load_entry
+
+    found = []
+    for path in sorted((Path(__file__).parent.parent / "corpus").glob("parity-mismatch-*.json")):
+        entry = load_entry(path)
+        if (
+            entry.signature.endswith(":contract-knobs")
+            and entry.bug
+            and entry.versions.get("torch") == torch.__version__
+        ):
+            found.append(path)
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", _stored_contract_entries(), ids=lambda p: p.stem)
+def test_a_stored_contract_failure_of_a_torch_bug_reproduces_on_unmutated_torch(path: Path, tmp_path: Path) -> None:
+    """A contract failure the campaigns found in torch itself (a known bug, met on this torch):
+    its printed script reproduces it with torch as installed."""
+    from fuzz.corpus import load_entry
+
+    entry = load_entry(path)
+    verdict, out = _run(print_entry(entry), tmp_path)
+    assert verdict == "REPRODUCED", out
