@@ -1,8 +1,8 @@
 """Printed training scripts of the features beyond the plain composition: replicate's options
 (static_graph, a delayed all-reduce), tensor parallelism, SPMD programs, torch.compile, a block
-run twice over (with an attention leaf) and fully_shard's ignored_params. Each entry's script
-makes the feature's call; a generated case of each observes what the pool observes (the
-differential check of tests/test_repro_printed.py); one runs under torchrun."""
+run twice over (with an attention leaf), fully_shard's ignored_params and a unit of several
+modules. Each entry's script makes the feature's call; a case of each observes what the pool
+observes (the differential check of tests/test_repro_printed.py); one runs under torchrun."""
 
 from __future__ import annotations
 
@@ -47,6 +47,7 @@ CALLS = {
     "metamorphic-exception-f2b0e694e1b5": ['torch.compile(model, backend="eager")', "compose_variant"],
     "parity-exception-b2e07543b1f2": ["class Attention(nn.Module):", "for _ in range(2 if self.repeat else 1):"],
     "parity-mismatch-6176f16b4070": ["ignored_params={*", "p not in ignored", 'backend="aot_eager"'],
+    "mixed_precision-exception-becbed954123": ['fully_shard([model.get_submodule("2"), model.get_submodule("0")], mp_'],
 }
 
 
@@ -81,6 +82,7 @@ _LINEARS = ModuleTree(width=3, root=Block(children=(Leaf(LeafKind.LINEAR), Leaf(
 _CASES = {
     "static_graph": Composition(replicates=("",), replicate_options=ReplicateOptions(static_graph=True)),
     "ignored_params": Composition(shards=(ShardSpec(path="", ignored=("0",)),)),
+    "group": Composition(shards=(ShardSpec(path="0", group=("2",)), ShardSpec(path=""))),
 }
 
 

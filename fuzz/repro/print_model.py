@@ -76,7 +76,7 @@ COMPOSITION_FIELDS = {
 #: tree is known: its plan is the tree's).
 REPLICATE_FIELDS = {"bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "init_sync", "delay_all_reduce"}
 #: ShardSpec fields a printed ``fully_shard`` call writes.
-SHARD_FIELDS = {"path", "reshard_after_forward", "shard_dim", "mixed_precision", "ignored"}
+SHARD_FIELDS = {"path", "reshard_after_forward", "shard_dim", "mixed_precision", "ignored", "group"}
 #: The whole-model wrappers :func:`compose_lines` writes: FSDP1's strategies (HYBRID_SHARD over the
 #: case's (replicate, shard) mesh). A script reads a sharded one's parameters and gradients whole
 #: under ``FSDP.summon_full_params`` (:data:`SHARDED_FSDP1`).
@@ -588,6 +588,10 @@ def compose_lines(comp: Composition, name: str, tree: ModuleTree | None = None) 
             mp = specs[path].mixed_precision
             if mp is not None:
                 lines.append(f"mp = {_mp_policy(mp)}")
+            if specs[path].group:  # one unit of several modules
+                module = (
+                    "[" + ", ".join(f'model.get_submodule("{p}")' if p else "model" for p in specs[path].paths) + "]"
+                )
             lines.append(f"fully_shard({module}{_shard_kwargs(comp, specs[path])})")
         elif api == "checkpoint":
             lines.append(f"checkpoint({module}{checkpoint_kwargs})")
