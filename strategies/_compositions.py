@@ -104,6 +104,13 @@ def _fit_precision(mp: MixedPrecision | None, context: Dtype, root: bool) -> Mix
     return replace(mp, param_dtype=param, output_dtype=output, cast_forward_inputs=cast)
 
 
+def _context(member: str, computes: dict[str, Dtype]) -> Dtype:
+    """The dtype the input of the unit member at ``member`` arrives in: the compute dtype of the
+    innermost unit member above it in ``computes``, else the parameters' (float32)."""
+    around = [m for m in computes if is_ancestor(m, member)]
+    return computes[max(around, key=_depth)] if around else Dtype.FLOAT32
+
+
 def fitted_precision(comp: Composition) -> Composition:
     """``comp`` whose fully_shard units' policies keep the dtypes their layers meet
     (:func:`mixed_precision_policies`), from the root down: for use after a strategy took units
@@ -113,19 +120,14 @@ def fitted_precision(comp: Composition) -> Composition:
     if not any(s.mixed_precision is not None for s in comp.shards):
         return comp
     computes: dict[str, Dtype] = {}
-
-    def context(member: str) -> Dtype:
-        around = [m for m in computes if is_ancestor(m, member)]
-        return computes[max(around, key=_depth)] if around else Dtype.FLOAT32
-
     fitted: dict[int, list[ShardSpec]] = {}
     for i in sorted(range(len(comp.shards)), key=lambda i: _depth(comp.shards[i].path)):
         spec = comp.shards[i]
-        contexts = {context(m) for m in spec.paths}
+        contexts = {_context(m, computes) for m in spec.paths}
         parts = [spec] if len(contexts) == 1 else [replace(spec, path=m, group=()) for m in spec.paths]
         fitted[i] = []
         for part in parts:
-            mp = _fit_precision(part.mixed_precision, context(part.path), part.path == "")
+            mp = _fit_precision(part.mixed_precision, _context(part.path, computes), part.path == "")
             for m in part.paths:
                 computes[m] = mp.param_dtype if mp is not None and mp.param_dtype is not None else Dtype.FLOAT32
             fitted[i].append(replace(part, mixed_precision=mp))
@@ -235,9 +237,7 @@ def compositions(
     policies: dict[int, MixedPrecision] = {}
     computes: dict[str, Dtype] = {}
     for i in sorted(range(len(groups)), key=lambda i: _depth(groups[i][0])) if mixed_precision else ():
-        around = [m for m in computes if is_ancestor(m, groups[i][0])]
-        context = computes[max(around, key=_depth)] if around else Dtype.FLOAT32
-        policies[i] = draw(mixed_precision_policies(context=context, root=groups[i] == [""]))
+        policies[i] = draw(mixed_precision_policies(context=_context(groups[i][0], computes), root=groups[i] == [""]))
         for m in groups[i]:
             computes[m] = policies[i].param_dtype or Dtype.FLOAT32
     # One offload policy for the model: under the meta-device path every parameter is
