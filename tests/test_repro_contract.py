@@ -128,6 +128,9 @@ def test_what_it_does_not_print_is_named() -> None:
     between = _entry(name, "selective checkpoint: '1.1''s ReLU (PREFER_RECOMPUTE) was not recomputed")
     with pytest.raises(NotPrintable, match="early_stop"):
         check_printable(between.case, between)
+    unset = _entry("C07_reduce_scatter_deferred_to_final_callback", "set_modules_to_forward_prefetch on the root: '0'")
+    with pytest.raises(NotPrintable, match="sets no forward_prefetch"):
+        check_printable(unset.case, unset)
     unknown = _entry("C07_reduce_scatter_deferred_to_final_callback", "set_custom_all_gather on '0': never called")
     with pytest.raises(NotPrintable, match="the contract failure"):
         check_printable(unknown.case, unknown)

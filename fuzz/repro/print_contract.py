@@ -217,6 +217,9 @@ def _unprintable(contract: Contract, comp: Composition) -> str | None:
         return "an order contract on a torch without FSDP2's custom comm interface"
     if contract.name == "freed_at_reduce_scatter" and comp.knobs.reshard_after_backward_last:
         return "the memory at a reduce-scatter with a per-microbatch reshard_after_backward"
+    for knob in ("forward_prefetch", "backward_prefetch"):
+        if contract.name == knob and not getattr(comp.knobs, knob):
+            return f"the {knob} contract where the case sets no {knob}"
     if contract.name == "between_microbatches" and not comp.knobs.reshard_after_backward_last:
         return "set_reshard_after_backward(False) where the case does not call it"
     if contract.recorder == _CHECKPOINT and not comp.checkpoints:
