@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz printed reproducer: entry=627b92f9c75a2fc3 seconds=25.2
+# shardfuzz printed reproducer: entry=627b92f9c75a2fc3 seconds=45.1
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: FSDP1 FULL_STATE_DICT with offload_to_cpu on CPU: state_dict() clones a freed
 # buffer (SIGSEGV), optim_state_dict aliases the gathered states; upstream:

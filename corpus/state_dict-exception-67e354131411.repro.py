@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz printed reproducer: entry=3602c42a89141394 seconds=43.9
+# shardfuzz printed reproducer: entry=3602c42a89141394 seconds=105.4
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: get_model_state_dict(ignore_frozen_params=True) raises KeyError for a frozen
 # parameter of a module whose state-dict hooks hide a child (declared through its fqn modifiers
@@ -45,10 +45,7 @@ class Conv(nn.Conv1d):
         return super().forward(x.unsqueeze(-1)).squeeze(-1)
 
 
-class Fused(nn.Module):
-    """A leaf held under a child, "fused", that its state dict hides (as fused modules keep the keys
-    of the module they replaced); _fqn_modifiers tells the distributed state-dict API so."""
-
+class Fused(nn.Module):  # a leaf under a child "fused" that its state dict hides; _fqn_modifiers says so
     def __init__(self, leaf):
         super().__init__()
         self.fused = leaf

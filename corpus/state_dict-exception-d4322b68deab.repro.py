@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz printed reproducer: entry=c572371c336f35cd seconds=49.1
+# shardfuzz printed reproducer: entry=c572371c336f35cd seconds=32.9
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: get_model_state_dict / get_state_dict ignore
 # StateDictOptions(dsd_fqn_modifiers=...): they map the model's state-dict keys to FQNs through a
@@ -46,10 +46,7 @@ class Conv(nn.Conv1d):
         return super().forward(x.unsqueeze(-1)).squeeze(-1)
 
 
-class Fused(nn.Module):
-    """A leaf held under a child, "fused", that its state dict hides (as fused modules keep the keys
-    of the module they replaced); hidden_children tells the distributed state-dict API so."""
-
+class Fused(nn.Module):  # a leaf under a child "fused" that its state dict hides; hidden_children says so
     def __init__(self, leaf):
         super().__init__()
         self.fused = leaf

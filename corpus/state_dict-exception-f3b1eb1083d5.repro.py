@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz printed reproducer: entry=05f2a60d585ed364 seconds=48.9
+# shardfuzz printed reproducer: entry=05f2a60d585ed364 seconds=46.9
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: a module whose state-dict hooks hide a child, declared through its fqn
 # modifiers method (StateDictOptions.dsd_fqn_modifiers): get_optimizer_state_dict keys that
@@ -51,10 +51,7 @@ class Conv(nn.Conv1d):
         return super().forward(x.unsqueeze(-1)).squeeze(-1)
 
 
-class Fused(nn.Module):
-    """A leaf held under a child, "fused", that its state dict hides (as fused modules keep the keys
-    of the module they replaced); _fqn_modifiers tells the distributed state-dict API so."""
-
+class Fused(nn.Module):  # a leaf under a child "fused" that its state dict hides; _fqn_modifiers says so
     def __init__(self, leaf):
         super().__init__()
         self.fused = leaf

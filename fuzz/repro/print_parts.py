@@ -179,11 +179,8 @@ def _requires_grad(model: str, change: RequiresGrad) -> str:
     return f'    {model}.get_submodule("{change.path}").requires_grad_({change.trainable})'
 
 
-FUSED = '''\
-class Fused(nn.Module):
-    """A leaf held under a child, "fused", that its state dict hides (as fused modules keep the keys
-    of the module they replaced); {method} tells the distributed state-dict API so."""
-
+FUSED = """\
+class Fused(nn.Module):  # a leaf under a child "fused" that its state dict hides; {method} says so
     def __init__(self, leaf):
         super().__init__()
         self.fused = leaf
@@ -199,7 +196,7 @@ class Fused(nn.Module):
     def rename(self, state_dict, old, new):
         for name in self.{method}():
             if old + name in state_dict:
-                state_dict[new + name] = state_dict.pop(old + name)'''
+                state_dict[new + name] = state_dict.pop(old + name)"""
 
 
 def fused_lines(fused: tuple[str, ...], method: str) -> list[str]:
