@@ -41,6 +41,7 @@ from fuzz.known_conditions import (
     fused_ignore_frozen,
     fused_in_optimizer,
     group_recomputed_in_part,
+    grouped_member_run_twice,
     hsdp_optimizer_load,
     int_reshard_dim1,
     int_reshard_inference,
@@ -380,6 +381,27 @@ FROZEN_UNIT_RECOMPUTED_UNRESHARDED = KnownBug(
     ends_ranks=False,
     conditional=True,
     condition=OfTree(frozen_unit_run_twice_checkpointed),
+)
+GROUPED_MEMBER_REUSED = KnownBug(
+    "fully_shard-grouped-member-reused",
+    "fully_shard([a, b]) (one unit over two modules) where a module of the group runs again after "
+    "every module of the group has run in that forward: the unit stays unsharded after forward although "
+    "reshard_after_forward is True, or the module runs with its parameters sharded (mixed torch.Tensor "
+    "and DTensor), and FSDP warns that a module that ran did not run forward",
+    symptoms=frozenset({"contract", "exception"}),
+    upstream="pytorch/pytorch#183702",
+    relation="related: the same trigger, a grouped module reused later in the same iteration (there an "
+    "out-of-bounds storage in backward, open); the force-completion of incomplete groups at the forward "
+    "root and the unshard gated on the group's state rather than on the modules still to run (pull "
+    "request #180428) are in torch 2.13, where this reproducer passes",
+    state="present in torch 2.11 (device, CPU, gloo); torch 2.13.0 passes its reproducer",
+    see_also=("pytorch/pytorch#180428", "pytorch/pytorch#127786"),
+    fixed_in="2.13",
+    ends_ranks=False,
+    # its exception (linear's mixed Tensor and DTensor) is raised by any module given a sharded
+    # parameter; the contracts (sharded after forward, all-gathered in backward) by other bugs
+    conditional=True,
+    condition=OfTree(grouped_member_run_twice),
 )
 UNUSED_NO_ALL_REDUCE = KnownBug(
     "fully_shard-unused-no-all-reduce",

@@ -122,6 +122,18 @@ def frozen_unit_run_twice_checkpointed(tree: ModuleTree, comp: Composition) -> b
     return False
 
 
+def grouped_member_run_twice(tree: ModuleTree, comp: Composition) -> bool:
+    """:data:`GROUPED_MEMBER_REUSED`: a fully_shard unit over several modules (``group``), one of
+    which runs more than once in one forward (a block with ``repeat`` above it). Torch 2.11 tracks
+    a group's forward by the set of its modules still to run: a member that runs again after the
+    set emptied unshards the unit and leaves it unsharded after forward, or runs with its
+    parameters sharded (docs/known_bugs.md)."""
+    if comp.wrapper is not Wrapper.NONE or not any(s.group for s in comp.shards):
+        return False
+    layout = Layout(tree, comp)
+    return any(_runs_twice(layout, member) for s in comp.shards if s.group for member in s.paths)
+
+
 def _runs_twice(layout: Layout, path: str) -> bool:
     """Whether the module at ``path`` runs more than once in one forward: a block above it
     (its parent or further up) calls each child twice (``Block.repeat``)."""
