@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz printed reproducer: entry=61b5b77232a1be4c seconds=93.7
+# shardfuzz printed reproducer: entry=61b5b77232a1be4c seconds=37.4
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: F.mse_loss (mean) of a DTensor sharded on the batch dimension: the value is the
 # global mean, but aten.mse_loss_backward has no sharding strategy, so DTensor takes one from its
@@ -72,25 +72,24 @@ def train(rank, world_size, compose):
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     gen = torch.Generator().manual_seed(0)
     seen = {}  # every loss, gradient and parameter after the step, by name, in order
-    for step in range(1):
-        x, y = (torch.randn(world_size, 1, generator=gen)[rank :][:1] for _ in range(2))
-        if compose is None:
-            loss = F.mse_loss(model(x), y)
-            loss.backward()
-        else:
-            out = model(DTensor.from_local(x, mesh, [Shard(0)]))  # this rank's rows of the global batch
-            target = DTensor.from_local(y, mesh, [Shard(0)])
-            (F.mse_loss(out, target) * 2).backward()  # the global mean, times the 2 shards
-            loss = F.mse_loss(out.detach().redistribute(mesh, [Shard(0)]).to_local(), y)
-        seen[f"loss at step {step}"] = loss.detach()
-        for p in [p for p in model.parameters() if compose is None and p.grad is not None]:
-            dist.all_reduce(p.grad)  # a plain model, data-parallel by hand: gradients averaged
-            p.grad /= dist.get_world_size()
-        for n, p in model.named_parameters():  # no gradient counts as zeros
-            seen[f"gradient of {n} at step {step}"] = full(p.grad) if p.grad is not None else torch.zeros(p.shape)
-        opt.step()
-        opt.zero_grad(set_to_none=False)
-        seen.update({f"{n} after step {step}": full(p) for n, p in model.named_parameters()})
+    x, y = (torch.randn(world_size, 1, generator=gen)[rank :][:1] for _ in range(2))
+    if compose is None:
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+    else:
+        out = model(DTensor.from_local(x, mesh, [Shard(0)]))  # this rank's rows of the global batch
+        target = DTensor.from_local(y, mesh, [Shard(0)])
+        (F.mse_loss(out, target) * 2).backward()  # the global mean, times the 2 shards
+        loss = F.mse_loss(out.detach().redistribute(mesh, [Shard(0)]).to_local(), y)
+    seen["loss at step 0"] = loss.detach()
+    for p in [p for p in model.parameters() if compose is None and p.grad is not None]:
+        dist.all_reduce(p.grad)  # a plain model, data-parallel by hand: gradients averaged
+        p.grad /= dist.get_world_size()
+    for n, p in model.named_parameters():  # no gradient counts as zeros
+        seen[f"gradient of {n} at step 0"] = full(p.grad) if p.grad is not None else torch.zeros(p.shape)
+    opt.step()
+    opt.zero_grad(set_to_none=False)
+    seen.update({f"{n} after step 0": full(p) for n, p in model.named_parameters()})
     return seen
 
 

@@ -182,7 +182,8 @@ def train_lines(
     switched = micros > 1 and training.accum_sync is not AccumSync.ALWAYS
     last_knob = any(c.knobs.reshard_after_backward_last for c in compositions(case))
     wrapped = any(c.wrapper is not Wrapper.NONE for c in compositions(case))
-    by_step = bool(training.skips or training.unfreeze) or observe
+    by_step = bool(training.skips or training.unfreeze) or (observe and steps > 1)
+    at = "{step}" if by_step else "0"  # the step a name says
     by_micro = bool(training.skips) or switched or last_knob or (observe and micros > 1)
     table: dict[tuple[int, int], list[str]] = {}
     for s in training.skips:
@@ -258,8 +259,8 @@ def train_lines(
         plain = [f"loss = F.mse_loss({out}, y)", "loss.backward()"]
         if spmd:
             plain = ["if compose is None:", *(f"    {x}" for x in plain), "else:", *(f"    {x}" for x in spmd)]
-        key = "loss at step {step}, microbatch {micro}" if by_micro else "loss at step {step}"
-        micro += [*plain, f'seen[f"{key}"] = loss.detach()']
+        key = f"loss at step {at}, microbatch {{micro}}" if by_micro else f"loss at step {at}"
+        micro += [*plain, f'seen[{"f" * ("{" in key)}"{key}"] = loss.detach()']
     else:
         micro += spmd or [f"F.mse_loss({out}, y).backward()"]
     if training.compile is not Compile.NONE:
@@ -282,12 +283,12 @@ def train_lines(
     if observe:
         grads = [
             f"for n, p in {named}:  # no gradient counts as zeros",
-            '    seen[f"gradient of {n} at step {step}"] = full(p.grad) if p.grad is not None else torch.zeros(p.shape)',  # noqa: E501
+            f'    seen[f"gradient of {{n}} at step {at}"] = full(p.grad) if p.grad is not None else torch.zeros(p.shape)',  # noqa: E501
         ]
         step += _whole(grads, "model, with_grads=True") if whole else grads
     step += step_lines(training)
     if observe:
-        after = [f'seen.update({{f"{{n}} after step {{step}}": full(p) for n, p in {named}}})']
+        after = [f'seen.update({{f"{{n}} after step {at}": full(p) for n, p in {named}}})']
         step += _whole(after, "model") if whole else after
     lines += _loop("step" if by_step else "_", steps, step)
     if observe:
