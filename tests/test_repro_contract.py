@@ -150,6 +150,11 @@ def test_what_it_does_not_print_is_named() -> None:
     knobbed = dataclasses.replace(entry.case, body=dataclasses.replace(parity, composition=comp))
     with pytest.raises(NotPrintable, match="explicit_unshard"):
         check_printable(knobbed, entry)
+    replicated = dataclasses.replace(parity.composition, shards=(), replicates=("",), knobs=Knobs())
+    plain = dataclasses.replace(entry.case, body=dataclasses.replace(parity, composition=replicated))
+    after = _entry("C04_reshard_keeps_unsharded_storage", "after forward with reshard_after_forward=True, '0'")
+    with pytest.raises(NotPrintable, match="without fully_shard"):
+        check_printable(plain, after)
 
 
 def test_a_printed_order_script_reproduces_under_its_fault(tmp_path: Path) -> None:

@@ -222,6 +222,8 @@ def _unprintable(contract: Contract, comp: Composition) -> str | None:
             return f"the {knob} contract where the case sets no {knob}"
     if contract.name == "between_microbatches" and not comp.knobs.reshard_after_backward_last:
         return "set_reshard_after_backward(False) where the case does not call it"
+    if contract.recorder != _CHECKPOINT and not comp.shards:
+        return f"the {contract.name} contract without fully_shard"
     if contract.recorder == _CHECKPOINT and not comp.checkpoints:
         return "a checkpoint contract without checkpoint"
     nested = any(a != b and contains(a, b) for a in comp.checkpoints for b in comp.checkpoints)
