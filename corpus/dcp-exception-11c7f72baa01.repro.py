@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz printed reproducer: entry=0845a1e0c476c07f seconds=54.8
+# shardfuzz printed reproducer: entry=0845a1e0c476c07f seconds=41.1
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: dcp.load of an FSDP1 sharded state dict where a rank holds no chunk of a
 # parameter: the planner guesses a pre-2.4 checkpoint, 'Missing key in checkpoint state_dict';
@@ -39,8 +39,7 @@ class Block(nn.Module):
         return y
 
 
-class Scalars:
-    """A Stateful holding Python scalars."""
+class Scalars:  # a Stateful holding Python scalars
 
     def __init__(self, values):
         self.values = dict(values)
@@ -84,10 +83,7 @@ def main(rank, world_size):
     path = [tempfile.mkdtemp(prefix="dcp-") if rank == 0 else None]
     dist.broadcast_object_list(path)  # one fresh directory for every rank
     scalars = {  # what the scalars entry saves
-        'step': 2,
-        'loss': 4.857142857142857,
-        'tag': 'case-34',
-        'done': False,
+        'step': 2, 'loss': 4.857142857142857, 'tag': 'case-34', 'done': False,
         'history': [11.333333333333334, -1.5, 1e-300],
     }
     torch.manual_seed(34)

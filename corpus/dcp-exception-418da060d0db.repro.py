@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz printed reproducer: entry=ddc9107588b830c3 seconds=69.9
+# shardfuzz printed reproducer: entry=ddc9107588b830c3 seconds=37.2
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: a frozen fully_shard unit without resharding under a replicate'd root is never
 # resharded: a leaf unfrozen later never trains (KeyError in get_optimizer_state_dict); upstream:
@@ -32,8 +32,7 @@ class Conv(nn.Conv1d):
         return super().forward(x.unsqueeze(-1)).squeeze(-1)
 
 
-class Scalars:
-    """A Stateful holding Python scalars."""
+class Scalars:  # a Stateful holding Python scalars
 
     def __init__(self, values):
         self.values = dict(values)
@@ -45,8 +44,7 @@ class Scalars:
         self.values = dict(state_dict)
 
 
-class Counter:
-    """A Stateful whose state_dict and load_state_dict all-reduce on every rank."""
+class Counter:  # a Stateful whose state_dict and load_state_dict all-reduce on every rank
 
     def __init__(self, value):
         self.value = torch.tensor([value], dtype=torch.float64)
@@ -94,11 +92,7 @@ def main(rank, world_size):
     path = [tempfile.mkdtemp(prefix="dcp-") if rank == 0 else None]
     dist.broadcast_object_list(path)  # one fresh directory for every rank
     scalars = {  # what the scalars entry saves
-        'step': 1,
-        'loss': 0.0,
-        'tag': 'case-0',
-        'done': False,
-        'history': [0.0, -1.5, 1e-300],
+        'step': 1, 'loss': 0.0, 'tag': 'case-0', 'done': False, 'history': [0.0, -1.5, 1e-300],
     }
     torch.manual_seed(0)
     model = compose_source(build())
@@ -106,9 +100,7 @@ def main(rank, world_size):
     train(model, opt, data[0:1])
     state = {
         "model": model,  # its own state_dict / load_state_dict
-        "optimizer": get_optimizer_state_dict(model, opt),
-        "scalars": Scalars(scalars),
-        "counter": Counter(0.5),
+        "optimizer": get_optimizer_state_dict(model, opt), "scalars": Scalars(scalars), "counter": Counter(0.5),
     }
     dcp.save(state, checkpoint_id=path[0])
     torch.manual_seed(0 + 0x5EED)  # other weights: a load that does nothing shows
@@ -117,8 +109,7 @@ def main(rank, world_size):
     state = {
         "model": target,  # its own state_dict / load_state_dict
         "optimizer": get_optimizer_state_dict(target, target_opt),
-        "scalars": Scalars({k: type(v)() for k, v in scalars.items()}),
-        "counter": Counter(0.0),
+        "scalars": Scalars({k: type(v)() for k, v in scalars.items()}), "counter": Counter(0.0),
     }
     dcp.load(state, checkpoint_id=path[0])  # in place
     set_optimizer_state_dict(target, target_opt, state["optimizer"])

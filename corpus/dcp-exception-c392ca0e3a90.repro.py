@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz printed reproducer: entry=4b45c2168641062c seconds=48.3
+# shardfuzz printed reproducer: entry=4b45c2168641062c seconds=35.7
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: FSDP1 NO_SHARD with an auto-wrapped unit of frozen parameters: state_dict()
 # after training raises 'FSDP assumes ... is in the state_dict'; upstream:
@@ -46,8 +46,7 @@ class Conv(nn.Conv1d):
         return super().forward(x.unsqueeze(-1)).squeeze(-1)
 
 
-class Counter:
-    """A Stateful whose state_dict and load_state_dict all-reduce on every rank."""
+class Counter:  # a Stateful whose state_dict and load_state_dict all-reduce on every rank
 
     def __init__(self, value):
         self.value = torch.tensor([value], dtype=torch.float64)
@@ -114,9 +113,7 @@ def main(rank, world_size):
     saves = [os.path.join(path[0], f"early-{i}") for i in range(2)] + [path[0]]  # the last into the checkpoint's
     for k, where in enumerate(saves):
         values = {
-            "counter": Counter(501.5),
-            "optimizer": FSDP.optim_state_dict(model, opt),
-            "model": model.state_dict(),
+            "counter": Counter(501.5), "optimizer": FSDP.optim_state_dict(model, opt), "model": model.state_dict(),
         }
         state = {k: values[k] for k in ORDERS[rank] if k in values}  # in this rank's order
         future = dcp.async_save(state, checkpoint_id=where, process_group=group)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz printed reproducer: entry=87e3671b7d30ca95 seconds=94.3
+# shardfuzz printed reproducer: entry=87e3671b7d30ca95 seconds=93.6
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0
 # pass an empty model state dict; upstream: https://github.com/pytorch/pytorch/issues/157781.
@@ -22,8 +22,7 @@ from torch.distributed.checkpoint.state_dict import set_state_dict
 from torch.distributed.fsdp import fully_shard
 
 
-class App:
-    """A Stateful over the model and its optimizer, as DCP's recipe writes it."""
+class App:  # a Stateful over the model and its optimizer, as DCP's recipe writes it
 
     def __init__(self, model, opt, get, put):
         self.model, self.opt, self.get, self.put = model, opt, get, put

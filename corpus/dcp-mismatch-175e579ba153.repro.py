@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz printed reproducer: entry=8fe6d7b1f8b8192a seconds=51.8
+# shardfuzz printed reproducer: entry=8fe6d7b1f8b8192a seconds=33.0
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: load_sharded_optimizer_state_dict chunks optimizer state over the whole world:
 # wrong Adam state in FSDP1 HYBRID_SHARD over a 2-D mesh; upstream: none found.
@@ -46,8 +46,7 @@ class Conv(nn.Conv1d):
         return super().forward(x.unsqueeze(-1)).squeeze(-1)
 
 
-class Scalars:
-    """A Stateful holding Python scalars."""
+class Scalars:  # a Stateful holding Python scalars
 
     def __init__(self, values):
         self.values = dict(values)
@@ -59,8 +58,7 @@ class Scalars:
         self.values = dict(state_dict)
 
 
-class Counter:
-    """A Stateful whose state_dict and load_state_dict all-reduce on every rank."""
+class Counter:  # a Stateful whose state_dict and load_state_dict all-reduce on every rank
 
     def __init__(self, value):
         self.value = torch.tensor([value], dtype=torch.float64)
@@ -148,11 +146,7 @@ def main(rank, world_size):
     path = [tempfile.mkdtemp(prefix="dcp-") if rank == 0 else None]
     dist.broadcast_object_list(path)  # one fresh directory for every rank
     scalars = {  # what the scalars entry saves
-        'step': 1,
-        'loss': 0.0,
-        'tag': 'case-0',
-        'done': False,
-        'history': [0.0, -1.5, 1e-300],
+        'step': 1, 'loss': 0.0, 'tag': 'case-0', 'done': False, 'history': [0.0, -1.5, 1e-300],
     }
     extra = torch.arange(5, dtype=torch.float64) * 0.25  # what the extra entry saves
     offload = ShardedStateDictConfig(offload_to_cpu=True), ShardedOptimStateDictConfig(offload_to_cpu=True)
@@ -163,8 +157,7 @@ def main(rank, world_size):
     decoy = compose_source(build())
     FSDP.set_state_dict_type(decoy, StateDictType.SHARDED_STATE_DICT, *offload)
     values = {
-        "model": decoy.state_dict(),
-        "counter": Counter(0.0),
+        "model": decoy.state_dict(), "counter": Counter(0.0),
         "scalars": Scalars({k: type(v)() for k, v in scalars.items()}),
         "extra": torch.zeros(5, dtype=torch.float64),
     }
@@ -173,11 +166,8 @@ def main(rank, world_size):
     train(model, opt, data[0:1])
     FSDP.set_state_dict_type(model, StateDictType.SHARDED_STATE_DICT, *offload)
     values = {
-        "model": model.state_dict(),
-        "optimizer": FSDP.optim_state_dict(model, opt),
-        "counter": Counter(0.5),
-        "scalars": Scalars(scalars),
-        "extra": extra,
+        "model": model.state_dict(), "optimizer": FSDP.optim_state_dict(model, opt), "counter": Counter(0.5),
+        "scalars": Scalars(scalars), "extra": extra,
     }
     state = {k: values[k] for k in ORDERS[rank] if k in values}  # in this rank's order
     dcp.async_save(state, storage_writer=dcp.FileSystemWriter(path[0], overwrite=True)).result()  # written
@@ -187,8 +177,7 @@ def main(rank, world_size):
     target_opt = torch.optim.SGD([p for p in target.parameters() if p.requires_grad], lr=0.01 * 0.37, momentum=0.5)
     FSDP.set_state_dict_type(target, StateDictType.SHARDED_STATE_DICT, *offload)
     values = {
-        "model": target.state_dict(),
-        "counter": Counter(0.0),
+        "model": target.state_dict(), "counter": Counter(0.0),
         "scalars": Scalars({k: type(v)() for k, v in scalars.items()}),
         "extra": torch.zeros(5, dtype=torch.float64),
     }

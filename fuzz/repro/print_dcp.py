@@ -98,9 +98,8 @@ def _options(full: bool, offload: bool, load: bool) -> str:
     return ", ".join(f"{a}=True" for a in args)
 
 
-_APP = '''\
-class App:
-    """A Stateful over the model and its optimizer, as DCP's recipe writes it."""
+_APP = """\
+class App:  # a Stateful over the model and its optimizer, as DCP's recipe writes it
 
     def __init__(self, model, opt, get, put):
         self.model, self.opt, self.get, self.put = model, opt, get, put
@@ -111,11 +110,10 @@ class App:
 
     def load_state_dict(self, state_dict):
         model_sd, optim_sd = state_dict["model"], state_dict["optimizer"]
-        set_state_dict(self.model, self.opt, model_state_dict=model_sd, optim_state_dict=optim_sd, options=self.put)'''
+        set_state_dict(self.model, self.opt, model_state_dict=model_sd, optim_state_dict=optim_sd, options=self.put)"""
 
-_SCALARS = '''\
-class Scalars:
-    """A Stateful holding Python scalars."""
+_SCALARS = """\
+class Scalars:  # a Stateful holding Python scalars
 
     def __init__(self, values):
         self.values = dict(values)
@@ -124,11 +122,10 @@ class Scalars:
         return dict(self.values)
 
     def load_state_dict(self, state_dict):
-        self.values = dict(state_dict)'''
+        self.values = dict(state_dict)"""
 
-_COUNTER = '''\
-class Counter:
-    """A Stateful whose state_dict and load_state_dict all-reduce on every rank."""
+_COUNTER = """\
+class Counter:  # a Stateful whose state_dict and load_state_dict all-reduce on every rank
 
     def __init__(self, value):
         self.value = torch.tensor([value], dtype=torch.float64)
@@ -140,7 +137,7 @@ class Counter:
 
     def load_state_dict(self, state_dict):
         self.value = state_dict["value"]
-        dist.all_reduce(self.value.clone())'''
+        dist.all_reduce(self.value.clone())"""
 
 
 def _changed(options: Any) -> list[str]:
@@ -201,7 +198,7 @@ def _state(
     items = [f'"{e.value}": {value[e]}' for e in entries]
     name = "values" if _per_rank(body) else "state"
     one = f"    {name} = {{" + ", ".join(items) + "}"
-    lines = [one] if len(one) <= 110 and "#" not in one else [f"    {name} = {{", *(_item(i) for i in items), "    }"]
+    lines = [one] if len(one) <= 110 and "#" not in one else [f"    {name} = {{", *_packed(items), "    }"]
     if not _per_rank(body):
         return lines
     return [*lines, "    state = {k: values[k] for k in ORDERS[rank] if k in values}  # in this rank's order"]
@@ -219,10 +216,20 @@ def _orders(body: DcpBody) -> list[str]:
     ]
 
 
-def _item(item: str) -> str:
-    """A dict item on a line of its own (its comma before a comment)."""
-    code, _, comment = item.partition("  # ")
-    return f"        {code}," + (f"  # {comment}" if comment else "")
+def _packed(items: list[str]) -> list[str]:
+    """A dict's items, as many a line as fit (an item with a comment ends its line)."""
+    lines: list[str] = []
+    line = ""
+    for item in items:
+        code, _, comment = item.partition("  # ")
+        if line and len(f"{line} {code},") > 116:
+            lines.append(line)
+            line = ""
+        line = f"{line} {code}," if line else f"        {code},"
+        if comment:
+            lines.append(f"{line}  # {comment}")
+            line = ""
+    return lines + ([line] if line else [])
 
 
 def _per_rank(body: DcpBody) -> bool:
@@ -427,11 +434,7 @@ def _scalars(case: Case, body: DcpBody) -> list[str]:
 
     items = [f"{k!r}: {v!r}" for k, v in scalar_values(case, body).items()]
     one = "    scalars = {" + ", ".join(items) + "}  # what the scalars entry saves"
-    return (
-        [one]
-        if len(one) <= 116
-        else ["    scalars = {  # what the scalars entry saves", *(f"        {i}," for i in items), "    }"]
-    )
+    return [one] if len(one) <= 116 else ["    scalars = {  # what the scalars entry saves", *_packed(items), "    }"]
 
 
 def _extra(case: Case, body: DcpBody) -> list[str]:
