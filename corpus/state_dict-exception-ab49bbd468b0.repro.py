@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz printed reproducer: entry=8a961ec26fda3260 seconds=46.2
+# shardfuzz printed reproducer: entry=8a961ec26fda3260 seconds=45.8
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: FSDP1 NO_SHARD with an auto-wrapped unit of frozen parameters: state_dict()
 # after training raises 'FSDP assumes ... is in the state_dict'; upstream:
@@ -17,8 +17,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 import traceback
 from torch import nn
-from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig, StateDictType
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
+from torch.distributed.fsdp import StateDictType
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 
@@ -53,9 +53,7 @@ def main(rank, world_size):
     model = compose_source(build())
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1, momentum=0.9)
     train(model, opt, data[0:2])
-    FSDP.set_state_dict_type(
-        model, StateDictType.FULL_STATE_DICT, FullStateDictConfig(), FullOptimStateDictConfig()
-    )
+    FSDP.set_state_dict_type(model, StateDictType.FULL_STATE_DICT)
     model_sd, optim_sd = model.state_dict(), FSDP.optim_state_dict(model, opt)
     model_sd, optim_sd = copy.deepcopy((model_sd, optim_sd))  # as a checkpoint read back would be
 

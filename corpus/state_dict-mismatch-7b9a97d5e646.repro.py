@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz printed reproducer: entry=e9797d40ebc65ba7 seconds=47.4
+# shardfuzz printed reproducer: entry=e9797d40ebc65ba7 seconds=54.1
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: FSDP1 HYBRID_SHARD with a shard dimension of size 1 never averages gradients
 # across replicas; upstream: https://github.com/pytorch/pytorch/issues/154888.
@@ -15,8 +15,8 @@ import torch.nn.functional as F
 import traceback
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig, StateDictType
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
+from torch.distributed.fsdp import StateDictType
 
 
 class Block(nn.Module):
@@ -99,18 +99,14 @@ def main(rank, world_size):
     model = compose_source(build())
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     train(model, opt, data[0:2])
-    FSDP.set_state_dict_type(
-        model, StateDictType.FULL_STATE_DICT, FullStateDictConfig(), FullOptimStateDictConfig()
-    )
+    FSDP.set_state_dict_type(model, StateDictType.FULL_STATE_DICT)
     model_sd, optim_sd = model.state_dict(), FSDP.optim_state_dict(model, opt)
     model_sd, optim_sd = copy.deepcopy((model_sd, optim_sd))  # as a checkpoint read back would be
     saved = snapshot(model, opt)
     torch.manual_seed(32 + 0x5EED)  # other weights: a load that does nothing shows
     target = compose_target(build())
     target_opt = torch.optim.SGD(target.parameters(), lr=0.1 * 0.37, momentum=0.5)
-    FSDP.set_state_dict_type(
-        target, StateDictType.FULL_STATE_DICT, FullStateDictConfig(), FullOptimStateDictConfig()
-    )
+    FSDP.set_state_dict_type(target, StateDictType.FULL_STATE_DICT)
     target.load_state_dict(model_sd)
     target_opt.load_state_dict(FSDP.optim_state_dict_to_load(target, target_opt, optim_sd))
     said = differs(snapshot(target, target_opt), saved, exact=True)  # right after the load

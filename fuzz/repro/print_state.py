@@ -125,7 +125,8 @@ def _fsdp1_type(model: str, o: Options, rank0_only: bool) -> list[str]:
     args = ["offload_to_cpu=True"] if o.cpu_offload else []
     args += ["rank0_only=True"] if rank0_only and o.full_state_dict else []
     a = ", ".join(args)
-    configs = [f"StateDictType.{kind}_STATE_DICT", f"{cfg}StateDictConfig({a})", f"{cfg}OptimStateDictConfig({a})"]
+    configs = [f"StateDictType.{kind}_STATE_DICT"]
+    configs += [f"{cfg}StateDictConfig({a})", f"{cfg}OptimStateDictConfig({a})"] if a else []  # else the defaults
     return call_lines("    ", "FSDP.set_state_dict_type", [model, *configs])
 
 
