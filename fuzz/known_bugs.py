@@ -514,7 +514,12 @@ GROUP_FORCED_IN_RECOMPUTE = KnownBug(
     "grouped fully_shard([a, b]) with an output_dtype, one member recomputed by activation checkpointing: the "
     "group stays incomplete in backward, and a fully_shard unit recomputed inside another checkpoint region "
     "claims the forward root and force-completes that group, casting its own output to the group's "
-    "output_dtype (CheckpointError: recomputed values have different metadata than during the forward pass)",
+    "output_dtype (CheckpointError: recomputed values have different metadata than during the forward pass; "
+    "where nothing saved changes dtype, wrong gradients); also where the whole group is recomputed and the "
+    "unit sits in its later module",
+    symptoms=frozenset({"exception", "mismatch"}),
+    ends_ranks=False,
+    tag=":group-recompute-cast",
     relation="none found after four phrasings; related: the partial group forward support that added the "
     "force-completion at the forward root, a recomputation dtype mismatch fixed before torch 2.13, a grouped "
     "module reused in one iteration (see_also)",

@@ -276,21 +276,18 @@ def unfrozen_in_frozen_mp_unit(tree: ModuleTree, comp: Composition, training: Tr
 
 
 def group_recomputed_in_part(comp: Composition) -> bool:
-    """:data:`GROUP_FORCED_IN_RECOMPUTE`: a grouped fully_shard unit with an output_dtype, some
-    but not all of whose modules a checkpoint region recomputes (the group stays incomplete in
-    backward), and a fully_shard unit strictly inside a checkpoint region (recomputed outside
-    its backward state, it claims the forward root and force-completes that group, casting its
-    own output to the group's output_dtype)."""
+    """:data:`GROUP_FORCED_IN_RECOMPUTE`: a grouped fully_shard unit with an output_dtype, a
+    module of which a checkpoint region recomputes (the group is incomplete in backward until
+    every module has run again, for good where some is not recomputed), and a fully_shard unit
+    strictly inside a checkpoint region (recomputed outside its backward state, it claims the
+    forward root and force-completes that group, casting its own output to the group's
+    output_dtype)."""
     grouped = [
         s
         for s in comp.shards
         if s.group and s.mixed_precision is not None and s.mixed_precision.output_dtype is not None
     ]
-    partial = any(
-        any(contains(c, m) for m in s.paths) and not all(contains(c, m) for m in s.paths)
-        for s in grouped
-        for c in comp.checkpoints
-    )
+    partial = any(contains(c, m) for s in grouped for m in s.paths for c in comp.checkpoints)
     return partial and any(is_ancestor(c, m) for c in comp.checkpoints for m in comp.sharded_paths)
 
 
