@@ -38,7 +38,7 @@ from fuzz.model import (
 from fuzz.repro import print_cut, print_parts, print_state
 from fuzz.repro.print_check import FRAME
 from fuzz.repro.printed import is_printed, print_entry
-from tests.conftest import ROOT
+from tests.conftest import ROOT, torchrun
 
 _SIDES = [
     Composition(),
@@ -142,6 +142,25 @@ def test_a_printed_dcp_round_trip_judges_as_the_pool(rank_pool: Any, case: Case)
         assert not ran.errors and not differs, (ran.errors, differs)
     else:
         assert ran.errors or differs, outcome
+
+
+def test_saves_in_flight_between_a_plain_and_a_sharded_side_pass_under_torchrun(tmp_path: Path) -> None:
+    """The plain source averages its gradients by hand while its async saves are in flight too
+    (a case the differential test drew: train() was called without that argument)."""
+    inner = Block(children=(Leaf(LeafKind.LINEAR), Leaf(LeafKind.TANH)))
+    body = DcpBody(
+        tree=ModuleTree(width=2, root=Block(children=(inner, Leaf(LeafKind.LINEAR)))),
+        source=_SIDES[0],
+        target=_SIDES[1],
+        entries=(DcpItem.MODEL, DcpItem.OPTIMIZER, DcpItem.SCALARS),
+        training=Training(momentum=0.9, steps=2),
+        async_save=True,
+        async_saves=2,
+    )
+    script = tmp_path / "repro.py"
+    script.write_text(print_state.print_case(Case(property="dcp", world_size=2, seed=0, body=body)))
+    done = torchrun(script)
+    assert done.returncode == 0 and "PASS" in done.stdout, done.stdout + done.stderr
 
 
 def test_what_cannot_be_printed_yet_is_refused_by_name() -> None:

@@ -367,7 +367,7 @@ def _main(case: Case, body: DcpBody, judged: bool) -> list[str]:
     elif save and body.overwrite is Overwrite.NONE and not body.patched:  # else written before
         lines.append(f"    save = StateDictOptions({save})")
     if body.async_saves:
-        lines += _saves_in_flight(body, "save" if save else "", judged, counter)
+        lines += _saves_in_flight(body, "save" if save else "", judged, counter, avg_src)
     elif body.overwrite is Overwrite.FALSE:
         lines += _state(body, "model", "opt", "save" if save else "", counter=counter)
         lines += _refused_save(body)
@@ -454,7 +454,7 @@ def _one_save(body: DcpBody, overwrite: str = "") -> list[str]:
     return [*_stager(body), *_save(body, "path[0]", tail=".result()  # written", overwrite=overwrite), *closed]
 
 
-def _saves_in_flight(body: DcpBody, options: str, judged: bool, counter: float) -> list[str]:
+def _saves_in_flight(body: DcpBody, options: str, judged: bool, counter: float, average: str) -> list[str]:
     """``body.async_saves`` async saves a training step apart, each into its own directory (the
     last into the checkpoint's), the source training on before each future is waited on (after
     the last: its steps_after steps), over a gloo group of their own."""
@@ -475,7 +475,7 @@ def _saves_in_flight(body: DcpBody, options: str, judged: bool, counter: float) 
             "    for k, where in enumerate(saves):",
             *(f"    {line}" for line in _state(body, "model", "opt", options, counter=counter)),
             *_save(body, "where", indent="        "),
-            f"        train(model, opt, {train})  # on while it is written",
+            f"        train(model, opt, {train}{average})  # on while it is written",
             "        future.result()  # written",
             *(["    stager.close()"] if body.stager is not None else []),
         ]
@@ -485,7 +485,7 @@ def _saves_in_flight(body: DcpBody, options: str, judged: bool, counter: float) 
         lines += _save(body, "path[0]" if last else f'os.path.join(path[0], "early-{k}")')
         lines += [_saved(body)] if judged and last else []
         lo, hi = (t.steps, t.steps + body.steps_after) if last else (first + k, first + k + 1)
-        lines += train_calls("model", "opt", lo, hi, body.requires_grad)
+        lines += train_calls("model", "opt", lo, hi, body.requires_grad, average)
         lines.append("    future.result()  # written")
     return lines + (["    stager.close()"] if body.stager is not None else [])
 
