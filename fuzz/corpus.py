@@ -243,17 +243,17 @@ class CorpusIndex:
             if same_bug(sig, signature) and _condition_holds(entry, case):
                 return path, entry
         found = Signature.parse(signature)
-        if case is not None and found is not None and found.contract:
+        if case is not None and found is not None and found.is_contract():
             # A contract is the API's, the property only the scenario: a conditional bug's
             # entry takes the same violated contract met through another property in a case
             # that meets the bug's condition.
             for sig, path, entry in self._known:
                 record, theirs = known.BUGS.get(entry.bug or ""), Signature.parse(sig)
-                if record is None or not record.conditional or theirs is None or not theirs.contract:
+                if record is None or not record.conditional or theirs is None or not theirs.is_contract():
                     continue
                 if theirs.check == found.check and _condition_holds(entry, case):
                     return path, entry
-        if case is not None and not (found is not None and found.contract):
+        if case is not None and not (found is not None and found.is_contract()):
             bugs = {b.id for b in known.explains(case, kind, found.check if found else "")}
             candidates = [(p, e) for _, p, e in self._known if e.bug in bugs]
             candidates.sort(key=lambda pe: pe[1].case.property != case.property)

@@ -40,8 +40,7 @@ class Signature:
     where: str = ""
     tags: tuple[str, ...] = ()
 
-    @property
-    def contract(self) -> bool:
+    def is_contract(self) -> bool:
         """Whether this is a violated contract: a mismatch charged to a ``contract-*`` check
         alone (a documented state or dtype checked on the rank, no value wrong)."""
         return self.kind == "mismatch" and self.check.startswith("contract-") and not self.where

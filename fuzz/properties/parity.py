@@ -37,7 +37,15 @@ from fuzz.model import (
 )
 from fuzz.properties.spec import Property, strategy
 from fuzz.signature import Failure, Signature, failure_from_outcome
-from fuzz.tolerance import Tolerance, first_mismatch, judged_prefix, mixed_precision_tolerance, tolerance_for
+from fuzz.tolerance import (
+    Tolerance,
+    after_updates,
+    first_mismatch,
+    judged_prefix,
+    mixed_precision_tolerance,
+    tolerance_for,
+    update_gain,
+)
 from fuzz.verdict import Outcome
 
 
@@ -96,10 +104,13 @@ def compare_runs(
     api: str = "",
     *,
     before_first_update: bool = False,
+    gain: float = 0.0,
 ) -> Failure | None:
     """Composed run (top level of each observation) against ``obs["ref"]``, step by step, up to
     the step where the reference overflows (:func:`_judged_steps`); with ``before_first_update``
-    only the first step's losses and gradient norms (no optimizer step has acted on them)."""
+    only the first step's losses and gradient norms (no optimizer step has acted on them). The
+    parameters after step k are judged by ``tol`` carried through k + 1 updates of the
+    optimizer's ``gain`` (:func:`fuzz.tolerance.after_updates`)."""
     judged = min(_judged_steps(observations), 1) if before_first_update else _judged_steps(observations)
     for rank, obs in enumerate(observations):
         ref = obs["ref"]
@@ -156,8 +167,9 @@ def compare_runs(
                 api,
                 f"parameter names differ: {sorted(set(got_params) ^ set(want_params))}",
             )
+        step_tol = after_updates(tol, step + 1, gain)
         for name, want in want_params.items():
-            bad = first_mismatch(got_params[name], want, tol)
+            bad = first_mismatch(got_params[name], want, step_tol)
             if bad is not None:
                 return mismatch_failure(
                     prop,
@@ -271,6 +283,11 @@ def _tolerance(training: Training) -> Tolerance:
     return tolerance_for(training.dtype.value)
 
 
+def optimizer_gain(training: Training) -> float:
+    """The gain of ``training``'s optimizer step (:func:`fuzz.tolerance.update_gain`)."""
+    return update_gain(training.optimizer.value, training.lr, training.eps)
+
+
 def judge_parity(case: Case, outcome: Outcome) -> Failure | None:
     if not outcome.ok:
         return failure_from_outcome(case.property, outcome)
@@ -285,7 +302,7 @@ def judge_parity(case: Case, outcome: Outcome) -> Failure | None:
     return (
         (check_contracts(case.property, body.composition, body.tree, contracts) if contracts is not None else None)
         or check_knobs(case.property, obs)
-        or compare_runs(case.property, obs, _tolerance(body.training), api)
+        or compare_runs(case.property, obs, _tolerance(body.training), api, gain=optimizer_gain(body.training))
         or check_replicas(case.property, obs)
     )
 
@@ -353,7 +370,8 @@ def judge_mixed_precision(case: Case, outcome: Outcome) -> Failure | None:
     # magnitude, can flip a near-zero gradient's sign and move its parameter by twice the
     # learning rate. There only what comes before the first update is compared: the first
     # step's losses and gradient norms.
-    return compare_runs(case.property, outcome.observations, tol, api, before_first_update=not exact)
+    gain = optimizer_gain(body.training)
+    return compare_runs(case.property, outcome.observations, tol, api, before_first_update=not exact, gain=gain)
 
 
 def judge_metamorphic(case: Case, outcome: Outcome) -> Failure | None:
@@ -367,7 +385,7 @@ def judge_metamorphic(case: Case, outcome: Outcome) -> Failure | None:
     # bugs met through the base composition tag the variant's mismatch too (KnownBug.tags_through_base)
     api += known.base_tags(body.composition, body.tree, body.training, case.world_size, api)
     return check_knobs(case.property, outcome.observations) or compare_runs(
-        case.property, outcome.observations, _tolerance(body.training), api
+        case.property, outcome.observations, _tolerance(body.training), api, gain=optimizer_gain(body.training)
     )
 
 

@@ -31,6 +31,7 @@ from fuzz.properties.parity import (
     compare_runs,
     composition_features,
     mismatch_failure,
+    optimizer_gain,
     training_features,
 )
 from fuzz.properties.spec import Property
@@ -67,7 +68,9 @@ def judge_user_parity(case: Case, outcome: Outcome) -> Failure | None:
     no_tree = cast(ModuleTree, None)
     return (
         (check_contracts(case.property, body.composition, no_tree, contracts) if contracts is not None else None)
-        or compare_runs(case.property, obs, tolerance_for(body.training.dtype.value), api)
+        or compare_runs(
+            case.property, obs, tolerance_for(body.training.dtype.value), api, gain=optimizer_gain(body.training)
+        )
         or check_replicas(case.property, obs)
     )
 
