@@ -19,7 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, assume, given, settings
+from hypothesis import HealthCheck, Phase, assume, given, seed, settings
 from hypothesis import strategies as st
 
 from fuzz import known
@@ -319,9 +319,13 @@ def test_fsdp1_through_the_state_dict_functions_is_drawn_at_a_useful_rate() -> N
     bugs: Counter[str | None] = Counter()
     n = 0
 
+    # A fixed seed rather than derandomize, as test_state_dict_dcp_saves' _counts: a
+    # derandomized run explores from its own earlier examples, so its sample follows the shape
+    # of the draws (with the extended trees it clustered on one known bug, 8 of 83 cases).
+    @seed(20261124)
     @settings(
         max_examples=400,
-        derandomize=True,
+        derandomize=False,
         database=None,
         deadline=None,
         phases=[Phase.generate],

@@ -204,3 +204,20 @@ def test_checkpoints_of_the_extended_world(meta: bool, rank_pool: RankPool, chec
         drop=() if meta else (0,),  # 0.weight, the embedding's key
     )
     check_case(Case("dcp", rank_pool.world_size, 32, body))
+
+
+def test_state_dict_keys_are_the_plain_models() -> None:
+    """For a tree with a tied weight or a non-persistent buffer the judge holds the state dict
+    taken to the plain model's keys: a tied name missing, or a non-persistent buffer present,
+    is a mismatch (check ``state_dict_keys``)."""
+    from fuzz._rank.state_dict import keyed_apart, plain_keys
+    from fuzz.properties.state_dict import check_model_keys
+
+    body = StateDictBody(tree=LM, source=fsdp("1", "3"), target=fsdp("1", "3"), training=ADAM)
+    assert keyed_apart(LM)
+    want = plain_keys(LM)
+    assert "4.weight" in want and "0.weight" in want and "1.shift" not in want and "3.shift" in want
+    assert check_model_keys("state_dict", "w", body, {"keys": want, "expected": want}) is None
+    for keys in ([k for k in want if k != "4.weight"], sorted([*want, "1.shift"])):
+        failure = check_model_keys("state_dict", "w", body, {"keys": keys, "expected": want})
+        assert failure is not None and failure.details["check"] == "state_dict_keys"

@@ -407,6 +407,18 @@ def model_keys(side: Side) -> list[str]:
     return sorted(clean_name(k) for k in side.model.state_dict())
 
 
+def keyed_apart(tree: ModuleTree) -> bool:
+    """Whether the tree's state-dict keys are not simply its parameters and buffers: a tied
+    weight (two keys, one parameter) or a non-persistent buffer (no key)."""
+    return tree.tied is not None or any(not getattr(n, "persistent", True) for n in tree.paths().values())
+
+
+def plain_keys(tree: ModuleTree) -> list[str]:
+    """The state-dict keys of the plain model built from ``tree`` (on the meta device: no
+    values, no draws from the CPU generator), sorted."""
+    return sorted(build_model(tree, torch.device("meta")).state_dict())
+
+
 def dropped_keys(side: Side, drop: tuple[int, ...], tree: ModuleTree) -> list[str]:
     """The state-dict keys left out of the load: those at the positions ``drop`` (modulo the
     number of keys), with the other names of a tied weight: a tied pair's two keys
@@ -624,10 +636,12 @@ def run_state_dict(case: Case, body: StateDictBody, ctx: RankContext) -> dict[st
         # get_model_state_dict must leave out exactly the frozen parameters; they are left
         # out of the load too, so they keep their fresh values (as dropped keys do).
         ignored = frozen_names(src)
-    if body.save.ignore_frozen_params or body.fused:
+    if body.save.ignore_frozen_params or body.fused or keyed_apart(body.tree):
         # The keys taken are the model's own state-dict keys (those its hooks make, for fused
-        # leaves), less the frozen parameters with ignore_frozen_params.
-        every = model_keys(src)  # on every rank: an FSDP1 model's state_dict gathers
+        # leaves), less the frozen parameters with ignore_frozen_params; without fused leaves
+        # those of the plain model built from the tree (nn.Module's contract: a tied weight
+        # under each name, persistent buffers only), which the wrapped model must keep.
+        every = model_keys(src) if body.fused else plain_keys(body.tree)  # model_keys gathers (FSDP1)
         if ctx.rank == 0:
             obs["model_keys"] = {
                 "keys": sorted(clean_name(k) for k in msd),

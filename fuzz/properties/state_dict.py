@@ -119,7 +119,7 @@ def _judge_state_dict(case: Case, outcome: Outcome) -> Failure | None:
     saved, loaded, dropped = first["saved"], first["loaded"], first["dropped"]
     failure = check_requires_grad(prop, where, observations)
     if failure is None:
-        failure = _check_model_keys(prop, where, body, first.get("model_keys"))
+        failure = check_model_keys(prop, where, body, first.get("model_keys"))
     if failure is None and "flat_optimizer" in first:
         failure = _check_flat_optimizer(prop, where, first["flat_optimizer"])
     if failure is None and "taken_optimizer" in first:
@@ -145,10 +145,12 @@ def _judge_state_dict(case: Case, outcome: Outcome) -> Failure | None:
     return failure
 
 
-def _check_model_keys(prop: str, where: str, body: StateDictBody, observed: dict[str, Any] | None) -> Failure | None:
+def check_model_keys(prop: str, where: str, body: StateDictBody, observed: dict[str, Any] | None) -> Failure | None:
     """The keys get_model_state_dict returned are the model's own state-dict keys: the keys
     fused modules' hooks make, which the method ``StateDictOptions.dsd_fqn_modifiers`` names
-    tells the API about (pytorch/pytorch#146557); with ``ignore_frozen_params``, "the returned
+    tells the API about (pytorch/pytorch#146557); for a tree with a tied weight or a
+    non-persistent buffer, the plain model's (both names of the tied weight, no
+    non-persistent buffer: nn.Module.state_dict's contract); with ``ignore_frozen_params``, "the returned
     state_dict won't contain any frozen parameters": less exactly the frozen parameters
     (buffers and trainable parameters all kept)."""
     if observed is None:
@@ -160,9 +162,12 @@ def _check_model_keys(prop: str, where: str, body: StateDictBody, observed: dict
     if body.save.ignore_frozen_params:
         check, what = "ignore_frozen_params", "get_model_state_dict(ignore_frozen_params=True) returned keys"
         summary = f"{what} {extra} it should leave out and lacks {missing}"
-    else:
+    elif body.fused:
         check, what = "dsd_fqn_modifiers", "get_model_state_dict of a model with fused modules returned keys"
         summary = f"{what} {extra} its state dict does not have and lacks {missing}"
+    else:
+        check = "state_dict_keys"
+        summary = f"the state dict taken has keys {extra} the plain model's does not have and lacks {missing}"
     return mismatch(prop, check, where, summary, observed=keys, expected=want)
 
 
