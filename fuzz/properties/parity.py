@@ -523,7 +523,10 @@ PARITY = Property(
 )
 MIXED_PRECISION = Property(
     name="mixed_precision",
-    description="fully_shard's MixedPrecisionPolicy: parameter dtype in forward, output dtype, sharding",
+    description=(
+        "fully_shard's MixedPrecisionPolicy, per unit, with knobs and FSDP + TP: dtypes in forward, "
+        "output dtype, sharding, training against a hand-cast reference"
+    ),
     cases=strategy("mixed_precision_cases"),
     judge=judge_mixed_precision,
     features=features,
