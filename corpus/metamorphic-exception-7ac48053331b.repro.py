@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz printed reproducer: entry=aa96ea87f1dc4963 seconds=27.7
+# shardfuzz printed reproducer: entry=aa96ea87f1dc4963 seconds=20.8
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: foreach optimizers over a mix of DTensor (fully_shard) and plain (replicate)
 # parameters raise; upstream: https://github.com/pytorch/pytorch/issues/183207.
@@ -23,14 +23,14 @@ def build():
 
 
 def compose(model):
-    fully_shard(model.get_submodule("0"))
+    fully_shard(model.get_submodule("0"), reshard_after_forward=True)
     replicate(model)
     return model
 
 
 def compose_variant(model):
     checkpoint(model.get_submodule("1"))
-    fully_shard(model.get_submodule("0"))
+    fully_shard(model.get_submodule("0"), reshard_after_forward=True)
     replicate(model)
     return model
 

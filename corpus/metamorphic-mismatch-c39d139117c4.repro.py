@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz printed reproducer: entry=c33cc422d730720c seconds=36.5
+# shardfuzz printed reproducer: entry=c33cc422d730720c seconds=17.6
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: FSDP1 HYBRID_SHARD with a shard dimension of size 1 never averages gradients
 # across replicas; upstream: https://github.com/pytorch/pytorch/issues/154888.
@@ -23,7 +23,7 @@ def build():
 
 
 def compose(model):
-    fully_shard(model)
+    fully_shard(model, reshard_after_forward=True)
     return model
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz printed reproducer: entry=1c96dbc1c2137b8d seconds=40.8
+# shardfuzz printed reproducer: entry=1c96dbc1c2137b8d seconds=12.0
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: selective activation checkpointing
 # (context_fn=create_selective_checkpoint_contexts) over a region holding a fully_shard unit whose
@@ -35,7 +35,7 @@ def main(rank, world_size):
     model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
     fully_shard(model.get_submodule("0"))
     checkpoint(model, context_fn=functools.partial(create_selective_checkpoint_contexts, save_matmuls))
-    fully_shard(model)
+    fully_shard(model, reshard_after_forward=True)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     gen = torch.Generator().manual_seed(0)
     for _ in range(2):

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz printed reproducer: entry=71d9601af2884473 seconds=28.7
+# shardfuzz printed reproducer: entry=71d9601af2884473 seconds=15.6
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: composable checkpoint(module, debug=True) raises ValueError 'debug=True is
 # incompatible with non-default context_fn' on the first forward whatever the caller passes: it
@@ -24,7 +24,7 @@ def main(rank, world_size):
     torch.manual_seed(0)  # every rank builds the same weights
     model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
     checkpoint(model.get_submodule("0"), debug=True)
-    fully_shard(model)
+    fully_shard(model, reshard_after_forward=True)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     gen = torch.Generator().manual_seed(0)
     for _ in range(2):

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz printed reproducer: entry=8b7ebc3b68aad9f0 seconds=34.4
+# shardfuzz printed reproducer: entry=8b7ebc3b68aad9f0 seconds=19.1
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: fully_shard with an int reshard_after_forward and Shard(1) placements:
 # IndexError in foreach_all_gather_copy_out, or (a dim-1 size the post-forward mesh splits
@@ -27,7 +27,7 @@ def main(rank, world_size):
     torch.manual_seed(0)  # every rank builds the same weights
     model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
     fully_shard(model.get_submodule("1"), reshard_after_forward=2, shard_placement_fn=on_dim1)
-    fully_shard(model)
+    fully_shard(model, reshard_after_forward=True)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     gen = torch.Generator().manual_seed(0)
     x, y = (torch.randn(world_size, 4, generator=gen)[rank :][:1] for _ in range(2))

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz printed reproducer: entry=3951471a63742290 seconds=44.0
+# shardfuzz printed reproducer: entry=3951471a63742290 seconds=11.4
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: foreach optimizers over a mix of DTensor (fully_shard) and plain (replicate)
 # parameters raise; upstream: https://github.com/pytorch/pytorch/issues/183207.
@@ -21,7 +21,7 @@ from torch.distributed.fsdp import fully_shard
 def main(rank, world_size):
     torch.manual_seed(0)  # every rank builds the same weights
     model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
-    fully_shard(model.get_submodule("0"))
+    fully_shard(model.get_submodule("0"), reshard_after_forward=True)
     replicate(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, foreach=True)
     gen = torch.Generator().manual_seed(0)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz printed reproducer: entry=e5539532b13e61d5 seconds=42.2
+# shardfuzz printed reproducer: entry=e5539532b13e61d5 seconds=14.1
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: fully_shard with an int reshard_after_forward and Shard(1) placements:
 # IndexError in foreach_all_gather_copy_out, or (a dim-1 size the post-forward mesh splits
@@ -29,7 +29,7 @@ def on_dim1(p):  # Shard(1) where it splits evenly, else Shard(0) (uneven shardi
 
 def compose(model):
     fully_shard(model.get_submodule("1"), reshard_after_forward=2, shard_placement_fn=on_dim1)
-    fully_shard(model)
+    fully_shard(model, reshard_after_forward=True)
     return model
 
 

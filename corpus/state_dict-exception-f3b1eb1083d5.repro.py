@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz printed reproducer: entry=05f2a60d585ed364 seconds=46.9
+# shardfuzz printed reproducer: entry=05f2a60d585ed364 seconds=9.8
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: a module whose state-dict hooks hide a child, declared through its fqn
 # modifiers method (StateDictOptions.dsd_fqn_modifiers): get_optimizer_state_dict keys that
@@ -88,7 +88,7 @@ def compose_source(model):
 
 def compose_target(model):
     checkpoint(model)
-    fully_shard(model)
+    fully_shard(model, reshard_after_forward=True)
     return model
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# shardfuzz printed reproducer: entry=905c6279a12f4664 seconds=110.9
+# shardfuzz printed reproducer: entry=905c6279a12f4664 seconds=69.6
 # Printed from the case by shardfuzz (python -m fuzz repro).
 # Known torch bug: set_state_dict(broadcast_from_rank0=True) deadlocks when ranks other than 0
 # pass an empty model state dict; upstream: https://github.com/pytorch/pytorch/issues/157781.
@@ -26,7 +26,7 @@ def build():
 
 
 def compose(model):
-    fully_shard(model)
+    fully_shard(model, reshard_after_forward=True)
     return model
 
 

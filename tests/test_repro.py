@@ -51,7 +51,7 @@ from fuzz.properties import all_properties, get_property
 from fuzz.repro import render_entry
 from fuzz.repro.bench import bench_all
 from fuzz.repro.issue import render_issue, without_header
-from fuzz.repro.printed import is_printed
+from fuzz.repro.printed import is_printed, print_entry, printable
 from fuzz.repro.script import ROOT as SOURCE_ROOT
 from fuzz.repro.script import STUBS, carried_modules, code_lines, relative
 from fuzz.repro.store import (
@@ -358,9 +358,13 @@ def test_cli_writes_the_script(tmp_path: Path) -> None:
     out = tmp_path / "repro.py"
     result = run_cli("repro", str(path), "-o", str(out))
     assert result.returncode == 0, result.stderr
-    assert out.read_text() == render_entry(load_entry(path), source=str(path))
+    entry = load_entry(path)
+    assert printable(entry)  # a grouped unit, Shard(1), a frozen leaf: all printed from the case
+    assert out.read_text() == print_entry(entry)
     assert f"--nproc-per-node 2 {out}" in result.stderr
     assert run_cli("repro", str(path)).stdout == out.read_text()
+    full = run_cli("repro", str(path), "--full")
+    assert full.returncode == 0 and full.stdout == render_entry(entry, source=str(path))
 
 
 def test_issue_markdown_is_pasted_upstream_as_it_is(tmp_path: Path) -> None:

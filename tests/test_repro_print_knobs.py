@@ -70,7 +70,7 @@ def _tp_case(spmd: bool) -> Case:
 def test_tensor_parallelism_without_spmd_is_parallelize_module_over_the_tp_dimension() -> None:
     text = print_case(_tp_case(spmd=False))
     assert 'parallelize_module(model, mesh["tp"], {"0.0": ColwiseParallel(), "0.2": RowwiseParallel()})' in text
-    assert 'fully_shard(model, mesh=mesh["shard"])' in text
+    assert 'fully_shard(model, mesh=mesh["shard"], reshard_after_forward=True)' in text  # the root's, written out
     assert "[(rank // 2) * 2 :]" in text  # a tensor-parallel group shares its input
 
 

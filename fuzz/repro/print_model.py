@@ -52,6 +52,7 @@ from fuzz.model import (
     ShardSpec,
     Wrapper,
     attention_heads,
+    is_ancestor,
 )
 
 #: The comment line that marks a script printed from its case.
@@ -402,7 +403,10 @@ def _mp_policy(mp: MixedPrecision) -> str:
 def _shard_kwargs(comp: Composition, spec: ShardSpec) -> str:
     """The keyword arguments of ``spec``'s ``fully_shard`` call, from ", " on ("" without any)."""
     kwargs = ["mesh=mesh"] if comp.mesh or comp.spmd else (['mesh=mesh["shard"]'] if comp.tp else [])
-    if spec.reshard_after_forward is not True:
+    # fully_shard's default (None since torch 2.13) reshards every unit after forward but the
+    # root, which stays unsharded: an outermost unit's True is written out.
+    outermost = not any(is_ancestor(q, p) for other in comp.shards for q in other.paths for p in spec.paths)
+    if spec.reshard_after_forward is not True or outermost:
         kwargs.append(f"reshard_after_forward={spec.reshard_after_forward!r}")
     if spec.shard_dim:
         kwargs.append(f"shard_placement_fn=on_dim{spec.shard_dim}")

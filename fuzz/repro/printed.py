@@ -28,6 +28,7 @@ from typing import Any
 
 from fuzz.corpus import Entry
 from fuzz.model import Case, Wrapper
+from fuzz.repro import print_contract
 from fuzz.repro.print_check import compare_parts, expected_raised, header, main_block, main_imports, raised_line
 from fuzz.repro.print_model import (
     PRINTED_MARK,
@@ -175,6 +176,12 @@ def printable(entry: Entry) -> bool:
         except NotPrintable:
             return False
         return True
+    if print_contract.is_contract_entry(entry):
+        try:
+            print_contract.check_printable(case, entry)
+        except NotPrintable:
+            return False
+        return True
     if entry.kind not in KINDS or case.property not in PRINTED:
         return False
     try:
@@ -195,6 +202,8 @@ def print_entry(entry: Entry) -> str:
             raise refuse(f"a {case.property} case")
         script = str(printer.print_case(case, entry))
         return script if script.startswith("#!") else "#!/usr/bin/env python3\n" + script
+    if print_contract.is_contract_entry(entry):
+        return print_contract.print_entry(entry)
     if entry.kind not in KINDS or case.property not in PRINTED:
         raise refuse(f"a {case.property} {entry.kind}")
     _check_seen(entry)

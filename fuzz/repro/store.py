@@ -32,6 +32,7 @@ from fuzz.corpus import Entry
 from fuzz.errors import InvalidArgument
 from fuzz.model import to_jsonable
 from fuzz.patching import patch_env
+from fuzz.repro import print_contract
 from fuzz.repro.printed import print_entry
 from fuzz.repro.script import code_lines
 from fuzz.stop import raise_if_stopped
@@ -53,6 +54,7 @@ PASSING = frozenset(
         "PASS: no rank died",
         "PASS: every loss, gradient and parameter agrees",
         "PASS or another failure: None",
+        print_contract.PASSED,
     }
 )
 _VERDICT_START = re.compile(r"(?=PASS|FAIL \(|REPRODUCED)")
