@@ -337,6 +337,7 @@ def test_signalling_ranks_keeps_the_campaign_going(tmp_path: Path) -> None:
         kill_leftovers(proc, list(family))
 
 
+@pytest.mark.slow  # 31 s; one pool signalled, and two pools' one report, stay in the default tier
 def test_signalling_several_pools_stops_each_and_keeps_their_failures(tmp_path: Path) -> None:
     proc, corpus, report = _start(tmp_path, "--pools", "2")
     family: list[int] = []

@@ -89,6 +89,7 @@ def test_a_feature_filter_goes_to_every_pool():
     assert argv[argv.index("--feature") :][:4] == ["--feature", "knob:", "--feature", "writer:"]
 
 
+@pytest.mark.slow  # a campaign end to end (35 s); the matching itself: tests/test_corpus.py, tests/test_known.py
 def test_a_known_bug_met_through_another_property_is_not_new(tmp_path):
     """A known entry's exception met through another property is that known bug: reported as
     such (naming the entry), not saved again, exit 0. The pool self-test's raising rank stands
@@ -199,6 +200,7 @@ def test_a_read_only_corpus_is_refused_before_the_campaign_starts(tmp_path):
     assert line.startswith(f"python -m fuzz explore: error: --corpus {corpus}: not writable ("), line
 
 
+@pytest.mark.slow  # the benchmark run whole (28 s); hangs ended before the deadline: tests/test_pool.py
 def test_bench_hang_prints_the_cost_of_each_planted_deadlock():
     """Not timed: the figures are the benchmark's output. Each plant deadlocks where it says and
     ends as a hang before the 60 s deadline."""

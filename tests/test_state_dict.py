@@ -219,6 +219,7 @@ def test_deadlock_inside_dcp_save_is_a_hang_with_every_ranks_stack(rank_pool: Ra
     assert run_case(rank_pool, get_property("dcp"), healthy) is None
 
 
+@pytest.mark.slow  # 13 s each; the entries themselves replay in tests/test_corpus_entries.py
 @pytest.mark.parametrize("name", ["state_dict-hang-dff6a54ad235.json", "dcp-hang-96de59c34a50.json"])
 def test_the_known_broadcast_deadlock_ends_long_before_the_deadline(rank_pool: RankPool, name: str) -> None:
     """Rank 0 waits alone in _broadcast_state_dict (set_state_dict's broadcast_from_rank0): the
