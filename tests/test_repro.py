@@ -457,6 +457,7 @@ def test_all_prints_the_figures(tmp_path: Path) -> None:
     assert figures["printed"] == 2 and figures["reduced"] == len(names) - 2
 
 
+@pytest.mark.slow  # 25 s; storing a script runs it with its bug's fix already (fuzz/repro/store.py)
 def test_all_fixed_runs_each_stored_script_on_torch_with_its_bugs_fix(tmp_path: Path) -> None:
     """``--fixed``: a stored script whose bug has a fix written passes on torch with it; one
     that fails there anyway (here made to exit 1 whatever it finds) is counted as not passing."""

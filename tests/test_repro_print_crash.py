@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from fuzz.corpus import load_entry
 from fuzz.repro.print_crash import STACK, crash_imports, crash_main_block
 from fuzz.repro.print_model import assemble
@@ -49,6 +51,7 @@ def _verdicts(done: subprocess.CompletedProcess[str]) -> list[str]:
     return [line for line in done.stdout.splitlines() if line.startswith(("REPRODUCED", "PASS", "FAIL"))]
 
 
+@pytest.mark.slow  # three torchrun runs (27 s); the crash entries' scripts reproduce when stored, and stay current
 def test_a_crash_script_says_which_rank_died_and_where(tmp_path: Path) -> None:
     """The rank whose child dies as in DIED prints REPRODUCED (exit 1); one that dies of another
     signal fails another way (exit 2); where no child dies, every rank prints PASS (exit 0)."""
